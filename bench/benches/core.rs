@@ -1,0 +1,194 @@
+//! Criterion micro-benchmarks of the bucket store beside governor's keyed limiter, same workload
+//! in the same run: one hot key, 1M keys uniform, 1M keys Zipf, and 2 threads on one key.
+//!
+//! Both sides use a fake clock advanced 1 µs per check, keys are u64 (floodgate hashes their
+//! bytes into a `BucketKey`, governor hashes them in its DashMap), the limit is 1,000/s with a
+//! burst of 50, and every key is inserted before timing starts.
+
+use std::hint::black_box;
+use std::num::NonZeroU32;
+use std::sync::{Arc, Barrier};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use floodgate::{BucketKey, BucketStore, Limit, NANOS_PER_SEC, StoreConfig};
+use governor::clock::FakeRelativeClock;
+use governor::{Quota, RateLimiter};
+use rand::{Rng, SeedableRng, rngs::StdRng};
+use rand_distr::{Distribution, Zipf};
+
+const KEYS: u64 = 1_000_000;
+const SEQUENCE: usize = 1 << 20;
+const STEP_NS: u64 = 1_000;
+
+type Governor = RateLimiter<
+    u64,
+    governor::state::keyed::DefaultKeyedStateStore<u64>,
+    FakeRelativeClock,
+    governor::middleware::NoOpMiddleware<governor::nanos::Nanos>,
+>;
+
+fn floodgate_limit() -> Limit {
+    Limit::gcra(1_000, NANOS_PER_SEC, 50).unwrap()
+}
+
+fn governor_limiter(clock: &FakeRelativeClock) -> Governor {
+    let quota = Quota::per_second(NonZeroU32::new(1_000).unwrap())
+        .allow_burst(NonZeroU32::new(50).unwrap());
+    RateLimiter::dashmap_with_clock(quota, clock.clone())
+}
+
+fn floodgate_store() -> BucketStore {
+    BucketStore::new(StoreConfig {
+        max_keys: 4 << 20,
+        shards: 64,
+    })
+    .unwrap()
+}
+
+fn bucket(k: u64) -> BucketKey {
+    BucketKey::new(b"bench", &k.to_le_bytes())
+}
+
+/// Key sequences replayed by both systems: uniform over 1M, or Zipf (s = 1.0) over 1M.
+fn sequence(zipf: bool) -> Vec<u64> {
+    let mut rng = StdRng::seed_from_u64(7);
+    let dist = Zipf::new(KEYS as f64, 1.0).unwrap();
+    (0..SEQUENCE)
+        .map(|_| {
+            if zipf {
+                dist.sample(&mut rng) as u64 - 1
+            } else {
+                rng.random_range(0..KEYS)
+            }
+        })
+        .collect()
+}
+
+fn keyed_workload(c: &mut Criterion, name: &str, keys: &[u64]) {
+    let mut group = c.benchmark_group(name);
+    group.throughput(Throughput::Elements(1));
+
+    let store = floodgate_store();
+    let limit = floodgate_limit();
+    for k in 0..KEYS {
+        store.check(bucket(k), &limit, 1, 0).unwrap();
+    }
+    let mut now = NANOS_PER_SEC;
+    let mut i = 0;
+    group.bench_function("floodgate", |b| {
+        b.iter(|| {
+            now += STEP_NS;
+            i = (i + 1) & (SEQUENCE - 1);
+            black_box(store.check(bucket(keys[i]), &limit, 1, now).unwrap())
+        })
+    });
+
+    let clock = FakeRelativeClock::default();
+    let governor = governor_limiter(&clock);
+    for k in 0..KEYS {
+        let _ = governor.check_key(&k);
+    }
+    let mut i = 0;
+    group.bench_function("governor", |b| {
+        b.iter(|| {
+            clock.advance(Duration::from_nanos(STEP_NS));
+            i = (i + 1) & (SEQUENCE - 1);
+            black_box(governor.check_key(&keys[i]).is_ok())
+        })
+    });
+    group.finish();
+}
+
+fn hot_key(c: &mut Criterion) {
+    let keys = vec![42; SEQUENCE];
+    let mut group = c.benchmark_group("hot_key");
+    group.throughput(Throughput::Elements(1));
+    let store = floodgate_store();
+    let limit = floodgate_limit();
+    let mut now = NANOS_PER_SEC;
+    group.bench_function("floodgate", |b| {
+        b.iter(|| {
+            now += STEP_NS;
+            black_box(store.check(bucket(keys[0]), &limit, 1, now).unwrap())
+        })
+    });
+    let clock = FakeRelativeClock::default();
+    let governor = governor_limiter(&clock);
+    group.bench_function("governor", |b| {
+        b.iter(|| {
+            clock.advance(Duration::from_nanos(STEP_NS));
+            black_box(governor.check_key(&keys[0]).is_ok())
+        })
+    });
+    group.finish();
+}
+
+fn uniform(c: &mut Criterion) {
+    keyed_workload(c, "uniform_1m", &sequence(false));
+}
+
+fn zipf(c: &mut Criterion) {
+    keyed_workload(c, "zipf_1m", &sequence(true));
+}
+
+/// Two threads checking one hot key at once; one iteration is one check on each thread, so the
+/// time reported is per pair of concurrent checks. The clock is frozen mid-way through a period
+/// for both, so both spend the run on the same mix of allows and denials.
+fn contention(c: &mut Criterion) {
+    let mut group = c.benchmark_group("contention_2_threads");
+    group.throughput(Throughput::Elements(2));
+    let store = Arc::new(floodgate_store());
+    group.bench_function("floodgate", |b| {
+        b.iter_custom(|iters| {
+            let now = NANOS_PER_SEC;
+            run_pair(iters, {
+                let store = store.clone();
+                move || {
+                    black_box(store.check(bucket(7), &floodgate_limit(), 1, now).unwrap());
+                }
+            })
+        })
+    });
+    let clock = FakeRelativeClock::default();
+    let governor = Arc::new(governor_limiter(&clock));
+    group.bench_function("governor", |b| {
+        b.iter_custom(|iters| {
+            run_pair(iters, {
+                let governor = governor.clone();
+                move || {
+                    black_box(governor.check_key(&7).is_ok());
+                }
+            })
+        })
+    });
+    group.finish();
+}
+
+/// Runs `op` `iters` times on each of two threads started together; returns the wall time.
+fn run_pair(iters: u64, op: impl Fn() + Send + Clone + 'static) -> Duration {
+    let barrier = Arc::new(Barrier::new(3));
+    let workers: Vec<_> = (0..2)
+        .map(|_| {
+            let (barrier, op) = (barrier.clone(), op.clone());
+            thread::spawn(move || {
+                barrier.wait();
+                for _ in 0..iters {
+                    op();
+                }
+            })
+        })
+        .collect();
+    barrier.wait();
+    let start = Instant::now();
+    workers.into_iter().for_each(|w| w.join().unwrap());
+    start.elapsed()
+}
+
+criterion_group! {
+    name = benches;
+    config = Criterion::default().sample_size(30).warm_up_time(Duration::from_secs(1)).measurement_time(Duration::from_secs(3));
+    targets = hot_key, uniform, zipf, contention
+}
+criterion_main!(benches);

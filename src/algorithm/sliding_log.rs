@@ -1,0 +1,83 @@
+//! Sliding-window log: exact. Keeps one timestamp per admitted unit of cost and admits when the
+//! units in the trailing period `(now - period, now]` plus the cost fit the limit.
+//!
+//! Memory per key is at most `limit` timestamps, which is why [`crate::SLIDING_LOG_MAX_LIMIT`]
+//! caps the limit.
+
+use std::collections::VecDeque;
+
+use crate::{Decision, Limit};
+
+/// The admission times of one key, oldest first.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SlidingLog {
+    times_ns: VecDeque<u64>,
+}
+
+impl SlidingLog {
+    /// Decides `cost` and, when allowed, records it. Forgetting expired entries first changes no
+    /// decision. Undo an admitted cost with [`SlidingLog::undo`].
+    pub fn decide(&mut self, limit: &Limit, now_ns: u64, cost: u64) -> Decision {
+        let cap = limit.burst();
+        if cost > cap {
+            return Decision::CostExceedsBurst { burst: cap };
+        }
+        let period = limit.period_ns();
+        self.forget_expired(limit, now_ns);
+        // Entries within the period number at most `cap`, so this cannot underflow below.
+        let used = self.times_ns.len() as u64;
+        if used + cost <= cap {
+            self.times_ns
+                .extend(std::iter::repeat_n(now_ns, cost as usize));
+            Decision::Allowed {
+                remaining: cap - used - cost,
+                reset_after_ns: self.reset_after(period, now_ns),
+            }
+        } else {
+            // The oldest `used + cost - cap` units must leave the window first.
+            let must_leave = (used + cost - cap) as usize;
+            let leaves_at = self.times_ns[must_leave - 1] + period;
+            Decision::Denied {
+                remaining: cap.saturating_sub(used),
+                retry_after_ns: leaves_at.saturating_sub(now_ns),
+                reset_after_ns: self.reset_after(period, now_ns),
+            }
+        }
+    }
+
+    /// Removes the last `cost` admitted units (rolls back an admission of a multi-check).
+    pub fn undo(&mut self, cost: u64) {
+        let keep = self.times_ns.len().saturating_sub(cost as usize);
+        self.times_ns.truncate(keep);
+    }
+
+    /// Drops the entries that have left the trailing period.
+    pub fn forget_expired(&mut self, limit: &Limit, now_ns: u64) {
+        let horizon = now_ns.saturating_sub(limit.period_ns());
+        while self.times_ns.front().is_some_and(|&t| t <= horizon) {
+            self.times_ns.pop_front();
+        }
+    }
+
+    /// True when no entry is within the period any more.
+    pub fn is_expired(&self, limit: &Limit, now_ns: u64) -> bool {
+        self.times_ns
+            .back()
+            .is_none_or(|&t| t + limit.period_ns() <= now_ns)
+    }
+
+    /// Number of recorded units (for memory accounting and tests).
+    pub fn len(&self) -> usize {
+        self.times_ns.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.times_ns.is_empty()
+    }
+
+    fn reset_after(&self, period: u64, now_ns: u64) -> u64 {
+        self.times_ns
+            .back()
+            .map_or(0, |&t| (t + period).saturating_sub(now_ns))
+    }
+}

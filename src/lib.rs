@@ -1,0 +1,29 @@
+//! floodgate's decision core: pure, no I/O, no runtime, no clock reads.
+//!
+//! - [`limit`]: [`Limit`], a rate limit that cannot be invalid, and parsing of rates and durations.
+//! - [`decision`]: [`Decision`], the answer to one check, as a value.
+//! - [`algorithm`]: GCRA, fixed window, sliding-window counter and sliding-window log, each a pure
+//!   function of `(limit, state, now, cost)`.
+//! - [`key`]: [`BucketKey`], the fixed-size identity of a (rule, key) bucket.
+//! - [`store`]: [`BucketStore`], the sharded concurrent map of buckets, with expiry, bounded size
+//!   and all-or-nothing multi-checks.
+//! - [`clock`]: the [`Clock`] trait and the [`FakeClock`] tests use.
+//!
+//! Time is always `now_ns`: nanoseconds from an origin the caller picks (the node uses the Unix
+//! epoch) and that never goes backwards.
+
+pub mod algorithm;
+pub mod clock;
+pub mod decision;
+pub mod key;
+pub mod limit;
+pub mod store;
+
+pub use clock::{Clock, FakeClock};
+pub use decision::Decision;
+pub use key::BucketKey;
+pub use limit::{
+    Algorithm, Limit, LimitError, MAX_BURST, MAX_PERIOD_NS, MIN_PERIOD_NS, NANOS_PER_SEC,
+    SLIDING_LOG_MAX_LIMIT, parse_duration_ns, parse_rate,
+};
+pub use store::{BucketStore, Check, StoreConfig, StoreError, StoreStats};

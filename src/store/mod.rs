@@ -1,0 +1,237 @@
+//! The bucket store: a sharded concurrent map from [`BucketKey`] to bucket state.
+//!
+//! Each shard is a `parking_lot::RwLock` over hash tables. A check on a known key takes the
+//! shard's lock *shared* and updates the bucket in place (GCRA by compare-and-swap on one
+//! `AtomicU64`, so concurrent checks on the same or different keys never wait for each other).
+//! Only the first consuming check of a new key, expiry sweeps and multi-checks take a shard
+//! exclusively.
+//!
+//! Bounds: at most `max_keys` buckets (split evenly over the shards). A full shard first forgets
+//! buckets that are full again (which changes no decision), then evicts non-denying buckets
+//! closest to being full again; an evicted key that returns starts full, so it regains at most
+//! the tokens it had already consumed. A denying bucket is never evicted: if every bucket in the
+//! shard is denying, the new key's check fails with [`StoreError::Full`] (counted) rather than
+//! forgetting someone who is being limited.
+
+mod shard;
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+
+use parking_lot::{RwLock, RwLockWriteGuard};
+
+use self::shard::{Shard, Undo};
+use crate::{BucketKey, Decision, Limit};
+
+/// Sizing of a [`BucketStore`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StoreConfig {
+    /// Most buckets kept at once, over all shards.
+    pub max_keys: usize,
+    /// Number of shards (a power of two); more shards, less contention on inserts.
+    pub shards: usize,
+}
+
+impl Default for StoreConfig {
+    fn default() -> Self {
+        StoreConfig {
+            max_keys: 4 << 20,
+            shards: 64,
+        }
+    }
+}
+
+/// Why a store could not be built or a check could not be recorded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum StoreError {
+    #[error("the bucket store is full of keys that are being denied; the new key was not tracked")]
+    Full,
+    #[error("shards must be a power of two between 1 and 65536, got {0}")]
+    BadShardCount(usize),
+    #[error("max_keys must be at least the number of shards ({shards}), got {max_keys}")]
+    TooFewKeys { max_keys: usize, shards: usize },
+}
+
+/// One check of a multi-check.
+#[derive(Debug, Clone, Copy)]
+pub struct Check {
+    pub key: BucketKey,
+    pub limit: Limit,
+    pub cost: u64,
+}
+
+/// Counters the store keeps about itself, readable at any time.
+#[derive(Debug, Default)]
+pub struct StoreStats {
+    /// Non-denying buckets dropped to make room for new keys.
+    pub evicted: AtomicU64,
+    /// Buckets forgotten because they were full again (no decision changed).
+    pub expired: AtomicU64,
+    /// New keys refused because every bucket in their shard was denying.
+    pub refused: AtomicU64,
+}
+
+#[repr(align(128))] // one shard lock per cache line pair: no false sharing between shards
+#[derive(Debug, Default)]
+struct PaddedShard(RwLock<Shard>);
+
+/// The sharded concurrent bucket map. Share it behind an `Arc`; every method takes `&self`.
+#[derive(Debug)]
+pub struct BucketStore {
+    shards: Box<[PaddedShard]>,
+    shard_mask: usize,
+    keys_per_shard: usize,
+    stats: StoreStats,
+    sweep_cursor: AtomicUsize,
+}
+
+impl BucketStore {
+    pub fn new(config: StoreConfig) -> Result<Self, StoreError> {
+        let StoreConfig { max_keys, shards } = config;
+        if !shards.is_power_of_two() || shards > 65_536 {
+            return Err(StoreError::BadShardCount(shards));
+        }
+        if max_keys < shards {
+            return Err(StoreError::TooFewKeys { max_keys, shards });
+        }
+        Ok(BucketStore {
+            shards: (0..shards).map(|_| PaddedShard::default()).collect(),
+            shard_mask: shards - 1,
+            keys_per_shard: max_keys / shards,
+            stats: StoreStats::default(),
+            sweep_cursor: AtomicUsize::new(0),
+        })
+    }
+
+    fn shard_index(&self, key: BucketKey) -> usize {
+        key.check as usize & self.shard_mask
+    }
+
+    /// Decides one check and records what it consumed.
+    pub fn check(
+        &self,
+        key: BucketKey,
+        limit: &Limit,
+        cost: u64,
+        now_ns: u64,
+    ) -> Result<Decision, StoreError> {
+        let shard = &self.shards[self.shard_index(key)].0;
+        if let Some((decision, _)) = shard.read().decide_existing(key, limit, cost, now_ns) {
+            return Ok(decision);
+        }
+        let (decision, consumes) = shard::decide_fresh(limit, now_ns, cost);
+        if !consumes {
+            return Ok(decision);
+        }
+        let mut shard = shard.write();
+        let (decision, _) =
+            shard.decide_or_insert(key, limit, cost, now_ns, self.keys_per_shard, &self.stats)?;
+        Ok(decision)
+    }
+
+    /// Decides several checks all-or-nothing: if any is denied (or can never pass), none of them
+    /// consumes. Returns one decision per check, in order; the checks that would have passed
+    /// report the bucket as it stays (their cost-0 view). Holds every shard involved exclusively
+    /// while deciding, so no other check sees a consumption that is then taken back.
+    pub fn check_all(
+        &self,
+        checks: &[Check],
+        now_ns: u64,
+        decisions: &mut Vec<Decision>,
+    ) -> Result<bool, StoreError> {
+        decisions.clear();
+        let mut indices: Vec<usize> = checks.iter().map(|c| self.shard_index(c.key)).collect();
+        indices.sort_unstable();
+        indices.dedup();
+        // Lock in ascending shard order: two multi-checks can never wait on each other in a cycle.
+        let mut guards: Vec<RwLockWriteGuard<'_, Shard>> =
+            indices.iter().map(|&i| self.shards[i].0.write()).collect();
+        let mut undos: Vec<(usize, BucketKey, Undo)> = Vec::with_capacity(checks.len());
+        let mut all_allowed = true;
+        let mut failure = None;
+        for check in checks {
+            // The index is present: `indices` holds every check's shard.
+            let at = indices
+                .binary_search(&self.shard_index(check.key))
+                .unwrap_or(0);
+            match guards[at].decide_or_insert(
+                check.key,
+                &check.limit,
+                check.cost,
+                now_ns,
+                self.keys_per_shard,
+                &self.stats,
+            ) {
+                Ok((decision, undo)) => {
+                    all_allowed &= decision.is_allowed();
+                    decisions.push(decision);
+                    undos.push((at, check.key, undo));
+                }
+                Err(e) => {
+                    failure = Some(e);
+                    break;
+                }
+            }
+        }
+        if all_allowed && failure.is_none() {
+            return Ok(true);
+        }
+        for &(at, key, undo) in undos.iter().rev() {
+            guards[at].undo(key, undo);
+        }
+        if let Some(e) = failure {
+            decisions.clear();
+            return Err(e);
+        }
+        for (i, check) in checks.iter().enumerate() {
+            if decisions[i].is_allowed() {
+                let at = indices
+                    .binary_search(&self.shard_index(check.key))
+                    .unwrap_or(0);
+                // A peek consumes nothing, so it cannot need room and cannot fail.
+                if let Ok((peek, _)) = guards[at].decide_or_insert(
+                    check.key,
+                    &check.limit,
+                    0,
+                    now_ns,
+                    usize::MAX,
+                    &self.stats,
+                ) {
+                    decisions[i] = peek;
+                }
+            }
+        }
+        Ok(false)
+    }
+
+    /// Forgets expired buckets in the next `shard_count` shards (round robin), bounding the work
+    /// of one call. Returns how many were forgotten. Changes no decision.
+    pub fn sweep_expired(&self, now_ns: u64, shard_count: usize) -> usize {
+        let mut forgotten = 0;
+        for _ in 0..shard_count.min(self.shards.len()) {
+            let i = self.sweep_cursor.fetch_add(1, Ordering::Relaxed) & self.shard_mask;
+            forgotten += self.shards[i].0.write().forget_expired(now_ns);
+        }
+        self.stats
+            .expired
+            .fetch_add(forgotten as u64, Ordering::Relaxed);
+        forgotten
+    }
+
+    /// Buckets currently kept (a snapshot: shards are read one at a time).
+    pub fn len(&self) -> usize {
+        self.shards.iter().map(|s| s.0.read().len()).sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Most buckets this store keeps.
+    pub fn max_keys(&self) -> usize {
+        self.keys_per_shard * self.shards.len()
+    }
+
+    pub fn stats(&self) -> &StoreStats {
+        &self.stats
+    }
+}

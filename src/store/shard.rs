@@ -1,0 +1,397 @@
+//! One shard of the bucket store: a table of buckets per algorithm family, plus the expiry and
+//! eviction that keep the shard within its share of `max_keys`.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use hashbrown::HashTable;
+use parking_lot::Mutex;
+
+use super::{StoreError, StoreStats};
+use crate::algorithm::{SlidingLog, WindowState, fixed_window, gcra, sliding_window};
+use crate::{Algorithm, BucketKey, Decision, Limit};
+
+/// A GCRA bucket: 24 bytes, the common case, kept lock-free.
+#[derive(Debug)]
+pub(super) struct GcraEntry {
+    hash: u64,
+    check: u32,
+    /// How far (in whole ms, rounded down) the TAT may run ahead of `now` while a cost of 1 still
+    /// passes. Lets eviction tell a denying bucket without knowing its limit; rounding down can
+    /// only make a bucket look denying, which protects it.
+    margin_ms: u32,
+    /// Theoretical arrival time. Updated by compare-and-swap: the value is the whole state, so
+    /// `Relaxed` suffices (every update is a read-modify-write of this one atomic).
+    tat_ns: AtomicU64,
+}
+
+/// A fixed- or sliding-window bucket. The small mutex is uncontended except on one hot key.
+#[derive(Debug)]
+pub(super) struct WindowEntry {
+    hash: u64,
+    check: u32,
+    slot: Mutex<(Limit, WindowState)>,
+}
+
+/// A sliding-log bucket (at most `SLIDING_LOG_MAX_LIMIT` timestamps).
+#[derive(Debug)]
+pub(super) struct LogEntry {
+    hash: u64,
+    check: u32,
+    slot: Mutex<(Limit, SlidingLog)>,
+}
+
+/// What to restore to take back an admission (multi-checks that end up denied).
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Undo {
+    Nothing,
+    Gcra { tat_ns: u64 },
+    Window { state: WindowState },
+    Log { cost: u64 },
+}
+
+#[derive(Debug, Default)]
+pub(super) struct Shard {
+    gcra: HashTable<GcraEntry>,
+    windows: HashTable<WindowEntry>,
+    logs: HashTable<LogEntry>,
+}
+
+fn same<'a, E: Identified>(key: BucketKey) -> impl Fn(&E) -> bool + 'a {
+    move |e| e.hash() == key.hash && e.check() == key.check
+}
+
+impl Shard {
+    pub(super) fn len(&self) -> usize {
+        self.gcra.len() + self.windows.len() + self.logs.len()
+    }
+
+    /// Decides against the key's existing bucket; `None` if it has none. Callable under a shared
+    /// lock: GCRA updates by CAS, windows and logs under their entry mutex.
+    pub(super) fn decide_existing(
+        &self,
+        key: BucketKey,
+        limit: &Limit,
+        cost: u64,
+        now_ns: u64,
+    ) -> Option<(Decision, Undo)> {
+        match limit.algorithm() {
+            Algorithm::Gcra => {
+                let entry = self.gcra.find(key.hash, same(key))?;
+                let mut tat = entry.tat_ns.load(Ordering::Relaxed);
+                loop {
+                    let (decision, new_tat) = gcra::decide(limit, tat, now_ns, cost);
+                    let Some(new_tat) = new_tat else {
+                        return Some((decision, Undo::Nothing));
+                    };
+                    match entry.tat_ns.compare_exchange_weak(
+                        tat,
+                        new_tat,
+                        Ordering::Relaxed,
+                        Ordering::Relaxed,
+                    ) {
+                        Ok(_) => return Some((decision, Undo::Gcra { tat_ns: tat })),
+                        Err(actual) => tat = actual,
+                    }
+                }
+            }
+            Algorithm::FixedWindow | Algorithm::SlidingWindow => {
+                let entry = self.windows.find(key.hash, same(key))?;
+                let mut slot = entry.slot.lock();
+                let (decision, new_state) = decide_window(limit, &slot.1, now_ns, cost);
+                let undo = match new_state {
+                    Some(new_state) => Undo::Window {
+                        state: std::mem::replace(&mut slot.1, new_state),
+                    },
+                    None => Undo::Nothing,
+                };
+                slot.0 = *limit;
+                Some((decision, undo))
+            }
+            Algorithm::SlidingLog => {
+                let entry = self.logs.find(key.hash, same(key))?;
+                let mut slot = entry.slot.lock();
+                let decision = slot.1.decide(limit, now_ns, cost);
+                slot.0 = *limit;
+                let undo = if decision.is_allowed() && cost > 0 {
+                    Undo::Log { cost }
+                } else {
+                    Undo::Nothing
+                };
+                Some((decision, undo))
+            }
+        }
+    }
+
+    /// Decides, creating the bucket when the check consumes from a key not seen before (peeks
+    /// and denials of unknown keys leave no entry). Makes room first when the shard is full.
+    pub(super) fn decide_or_insert(
+        &mut self,
+        key: BucketKey,
+        limit: &Limit,
+        cost: u64,
+        now_ns: u64,
+        max_len: usize,
+        stats: &StoreStats,
+    ) -> Result<(Decision, Undo), StoreError> {
+        if let Some(found) = self.decide_existing(key, limit, cost, now_ns) {
+            return Ok(found);
+        }
+        let (decision, consumed) = decide_fresh(limit, now_ns, cost);
+        if !consumed {
+            return Ok((decision, Undo::Nothing));
+        }
+        if self.len() >= max_len {
+            self.make_room(now_ns, stats)?;
+        }
+        match limit.algorithm() {
+            Algorithm::Gcra => {
+                let (_, new_tat) = gcra::decide(limit, 0, now_ns, cost);
+                let margin_ns = (limit.burst() - 1) * limit.interval_ns();
+                let entry = GcraEntry {
+                    hash: key.hash,
+                    check: key.check,
+                    margin_ms: u32::try_from(margin_ns / 1_000_000).unwrap_or(u32::MAX),
+                    // `consumed` means decide returned a new TAT.
+                    tat_ns: AtomicU64::new(new_tat.unwrap_or(0)),
+                };
+                self.gcra.insert_unique(key.hash, entry, |e| e.hash);
+                Ok((decision, Undo::Gcra { tat_ns: 0 }))
+            }
+            Algorithm::FixedWindow | Algorithm::SlidingWindow => {
+                let (_, state) = decide_window(limit, &WindowState::default(), now_ns, cost);
+                let slot = Mutex::new((*limit, state.unwrap_or_default()));
+                self.windows.insert_unique(
+                    key.hash,
+                    WindowEntry {
+                        hash: key.hash,
+                        check: key.check,
+                        slot,
+                    },
+                    |e| e.hash,
+                );
+                Ok((
+                    decision,
+                    Undo::Window {
+                        state: WindowState::default(),
+                    },
+                ))
+            }
+            Algorithm::SlidingLog => {
+                let mut log = SlidingLog::default();
+                log.decide(limit, now_ns, cost);
+                let slot = Mutex::new((*limit, log));
+                self.logs.insert_unique(
+                    key.hash,
+                    LogEntry {
+                        hash: key.hash,
+                        check: key.check,
+                        slot,
+                    },
+                    |e| e.hash,
+                );
+                Ok((decision, Undo::Log { cost }))
+            }
+        }
+    }
+
+    /// Takes back an admission recorded by `decide_*` (the caller holds the shard exclusively, so
+    /// nothing else changed the bucket in between).
+    pub(super) fn undo(&mut self, key: BucketKey, undo: Undo) {
+        match undo {
+            Undo::Nothing => {}
+            Undo::Gcra { tat_ns } => {
+                if let Some(e) = self.gcra.find_mut(key.hash, same(key)) {
+                    *e.tat_ns.get_mut() = tat_ns;
+                }
+            }
+            Undo::Window { state } => {
+                if let Some(e) = self.windows.find_mut(key.hash, same(key)) {
+                    e.slot.get_mut().1 = state;
+                }
+            }
+            Undo::Log { cost } => {
+                if let Some(e) = self.logs.find_mut(key.hash, same(key)) {
+                    e.slot.get_mut().1.undo(cost);
+                }
+            }
+        }
+    }
+
+    /// Drops every bucket that is full again; returns how many. Changes no decision.
+    pub(super) fn forget_expired(&mut self, now_ns: u64) -> usize {
+        let before = self.len();
+        self.gcra
+            .retain(|e| !gcra::is_expired(*e.tat_ns.get_mut(), now_ns));
+        self.windows.retain(|e| !e.is_expired(now_ns));
+        self.logs.retain(|e| !e.is_expired(now_ns));
+        before - self.len()
+    }
+
+    /// Frees space in a full shard: first by forgetting expired buckets, then by evicting the
+    /// non-denying buckets closest to expiry (about 1/16 of the shard at once, so the scan is
+    /// amortised). A bucket that is denying is never evicted: when every bucket is denying, the
+    /// new key is refused with [`StoreError::Full`] instead of silently resetting someone.
+    fn make_room(&mut self, now_ns: u64, stats: &StoreStats) -> Result<(), StoreError> {
+        let expired = self.forget_expired(now_ns);
+        stats.expired.fetch_add(expired as u64, Ordering::Relaxed);
+        if expired > 0 {
+            return Ok(());
+        }
+        let mut candidates: Vec<(u64, Family, BucketKey)> = Vec::new();
+        collect_evictable(&mut self.gcra, Family::Gcra, now_ns, &mut candidates);
+        collect_evictable(&mut self.windows, Family::Window, now_ns, &mut candidates);
+        collect_evictable(&mut self.logs, Family::Log, now_ns, &mut candidates);
+        if candidates.is_empty() {
+            stats.refused.fetch_add(1, Ordering::Relaxed);
+            return Err(StoreError::Full);
+        }
+        let evict = (self.len() / 16).clamp(1, candidates.len());
+        candidates.select_nth_unstable_by_key(evict - 1, |c| c.0);
+        for &(_, family, key) in &candidates[..evict] {
+            match family {
+                Family::Gcra => remove(&mut self.gcra, key),
+                Family::Window => remove(&mut self.windows, key),
+                Family::Log => remove(&mut self.logs, key),
+            }
+        }
+        stats.evicted.fetch_add(evict as u64, Ordering::Relaxed);
+        Ok(())
+    }
+}
+
+fn decide_window(
+    limit: &Limit,
+    state: &WindowState,
+    now_ns: u64,
+    cost: u64,
+) -> (Decision, Option<WindowState>) {
+    match limit.algorithm() {
+        Algorithm::SlidingWindow => sliding_window::decide(limit, state, now_ns, cost),
+        _ => fixed_window::decide(limit, state, now_ns, cost),
+    }
+}
+
+/// The decision for a key with no bucket, and whether it consumed (so a bucket must be made).
+pub(super) fn decide_fresh(limit: &Limit, now_ns: u64, cost: u64) -> (Decision, bool) {
+    match limit.algorithm() {
+        Algorithm::Gcra => {
+            let (d, new) = gcra::decide(limit, 0, now_ns, cost);
+            (d, new.is_some())
+        }
+        Algorithm::FixedWindow | Algorithm::SlidingWindow => {
+            let (d, new) = decide_window(limit, &WindowState::default(), now_ns, cost);
+            (d, new.is_some())
+        }
+        Algorithm::SlidingLog => {
+            let d = SlidingLog::default().decide(limit, now_ns, cost);
+            (d, d.is_allowed() && cost > 0)
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Family {
+    Gcra,
+    Window,
+    Log,
+}
+
+/// What expiry and eviction need to know of any bucket.
+trait Identified {
+    fn hash(&self) -> u64;
+    fn check(&self) -> u32;
+    /// Time until the bucket is full again (0 = expired).
+    fn expires_in(&mut self, now_ns: u64) -> u64;
+    /// True when a cost of 1 would be denied now: such a bucket must not be evicted.
+    fn is_denying(&mut self, now_ns: u64) -> bool;
+    fn is_expired(&mut self, now_ns: u64) -> bool {
+        self.expires_in(now_ns) == 0
+    }
+}
+
+impl Identified for GcraEntry {
+    fn hash(&self) -> u64 {
+        self.hash
+    }
+    fn check(&self) -> u32 {
+        self.check
+    }
+    fn expires_in(&mut self, now_ns: u64) -> u64 {
+        self.tat_ns.get_mut().saturating_sub(now_ns)
+    }
+    fn is_denying(&mut self, now_ns: u64) -> bool {
+        self.expires_in(now_ns) > u64::from(self.margin_ms) * 1_000_000
+    }
+}
+
+impl Identified for WindowEntry {
+    fn hash(&self) -> u64 {
+        self.hash
+    }
+    fn check(&self) -> u32 {
+        self.check
+    }
+    fn expires_in(&mut self, now_ns: u64) -> u64 {
+        let (limit, state) = self.slot.get_mut();
+        let expired = match limit.algorithm() {
+            Algorithm::SlidingWindow => sliding_window::is_expired(limit, state, now_ns),
+            _ => fixed_window::is_expired(limit, state, now_ns),
+        };
+        if expired {
+            0
+        } else {
+            decide_window(limit, state, now_ns, 0)
+                .0
+                .reset_after_ns()
+                .max(1)
+        }
+    }
+    fn is_denying(&mut self, now_ns: u64) -> bool {
+        let (limit, state) = self.slot.get_mut();
+        !decide_window(limit, state, now_ns, 1).0.is_allowed()
+    }
+}
+
+impl Identified for LogEntry {
+    fn hash(&self) -> u64 {
+        self.hash
+    }
+    fn check(&self) -> u32 {
+        self.check
+    }
+    fn expires_in(&mut self, now_ns: u64) -> u64 {
+        let (limit, log) = self.slot.get_mut();
+        if log.is_expired(limit, now_ns) {
+            0
+        } else {
+            log.clone().decide(limit, now_ns, 0).reset_after_ns().max(1)
+        }
+    }
+    fn is_denying(&mut self, now_ns: u64) -> bool {
+        let (limit, log) = self.slot.get_mut();
+        !log.clone().decide(limit, now_ns, 1).is_allowed()
+    }
+}
+
+fn collect_evictable<E: Identified>(
+    table: &mut HashTable<E>,
+    family: Family,
+    now_ns: u64,
+    out: &mut Vec<(u64, Family, BucketKey)>,
+) {
+    for entry in table.iter_mut() {
+        if !entry.is_denying(now_ns) {
+            let key = BucketKey {
+                hash: entry.hash(),
+                check: entry.check(),
+            };
+            out.push((entry.expires_in(now_ns), family, key));
+        }
+    }
+}
+
+fn remove<E: Identified>(table: &mut HashTable<E>, key: BucketKey) {
+    if let Ok(entry) = table.find_entry(key.hash, same(key)) {
+        entry.remove();
+    }
+}

@@ -1,0 +1,298 @@
+//! The bucket store under concurrency, expiry and eviction (DESIGN.md "The core": the bucket
+//! store and multi-check; issue: core, "Must show").
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::thread;
+
+use floodgate::{
+    Algorithm, BucketKey, BucketStore, Check, Decision, Limit, NANOS_PER_SEC, StoreConfig,
+    StoreError,
+};
+use proptest::prelude::*;
+
+const HOUR: u64 = 3_600 * NANOS_PER_SEC;
+const NOW: u64 = 1_000 * NANOS_PER_SEC;
+
+fn key(name: &str) -> BucketKey {
+    BucketKey::new(b"test-rule", name.as_bytes())
+}
+
+fn store(max_keys: usize, shards: usize) -> Arc<BucketStore> {
+    Arc::new(BucketStore::new(StoreConfig { max_keys, shards }).unwrap())
+}
+
+/// Threads hammering one key with a frozen clock admit exactly the burst: no lost update.
+#[test]
+fn hammering_one_key_admits_exactly_the_burst_for_every_algorithm() {
+    for algorithm in Algorithm::ALL {
+        let limit = Limit::new(algorithm, 1_000, HOUR, 1_000).unwrap();
+        let store = store(1 << 16, 64);
+        let allowed = Arc::new(AtomicU64::new(0));
+        let threads: Vec<_> = (0..4)
+            .map(|_| {
+                let (store, allowed) = (store.clone(), allowed.clone());
+                thread::spawn(move || {
+                    for _ in 0..5_000 {
+                        if store
+                            .check(key("hot"), &limit, 1, NOW)
+                            .unwrap()
+                            .is_allowed()
+                        {
+                            allowed.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                })
+            })
+            .collect();
+        threads.into_iter().for_each(|t| t.join().unwrap());
+        assert_eq!(allowed.load(Ordering::Relaxed), 1_000, "{algorithm}");
+    }
+}
+
+/// Multi-checks and single checks racing on shared keys: a group that is denied consumes
+/// nothing, so the first key's tokens go exactly to admitted singles and admitted groups, and the
+/// second key's tokens only to admitted groups.
+#[test]
+fn multi_check_is_all_or_nothing_under_hammering() {
+    let wide = Limit::gcra(1_000, HOUR, 1_000).unwrap();
+    let narrow = Limit::gcra(300, HOUR, 300).unwrap();
+    let store = store(1 << 16, 64);
+    let group = [
+        Check {
+            key: key("a"),
+            limit: wide,
+            cost: 1,
+        },
+        Check {
+            key: key("b"),
+            limit: narrow,
+            cost: 1,
+        },
+    ];
+    let (groups_ok, singles_ok) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let threads: Vec<_> = (0..4)
+        .map(|t| {
+            let (store, groups_ok, singles_ok) =
+                (store.clone(), groups_ok.clone(), singles_ok.clone());
+            thread::spawn(move || {
+                let mut decisions = Vec::new();
+                for _ in 0..2_000 {
+                    if t % 2 == 0 {
+                        if store.check_all(&group, NOW, &mut decisions).unwrap() {
+                            groups_ok.fetch_add(1, Ordering::Relaxed);
+                        }
+                        assert_eq!(decisions.len(), 2);
+                    } else if store.check(key("a"), &wide, 1, NOW).unwrap().is_allowed() {
+                        singles_ok.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            })
+        })
+        .collect();
+    threads.into_iter().for_each(|t| t.join().unwrap());
+    let (groups, singles) = (
+        groups_ok.load(Ordering::Relaxed),
+        singles_ok.load(Ordering::Relaxed),
+    );
+    let a_left = store.check(key("a"), &wide, 0, NOW).unwrap().remaining();
+    let b_left = store.check(key("b"), &narrow, 0, NOW).unwrap().remaining();
+    assert_eq!(
+        groups + singles + a_left,
+        1_000,
+        "a's tokens went to admitted checks only"
+    );
+    assert_eq!(
+        groups + b_left,
+        300,
+        "b's tokens went to admitted groups only"
+    );
+    assert!(groups <= 300);
+}
+
+/// A denied group reports the others' buckets as they stay, and a cost that can never pass
+/// denies the whole group too.
+#[test]
+fn a_denied_group_leaves_the_other_buckets_untouched() {
+    let store = store(1 << 10, 4);
+    let five = Limit::gcra(5, HOUR, 5).unwrap();
+    let one = Limit::gcra(1, HOUR, 1).unwrap();
+    let mut out = Vec::new();
+    assert!(store.check(key("one"), &one, 1, NOW).unwrap().is_allowed());
+    let group = [
+        Check {
+            key: key("five"),
+            limit: five,
+            cost: 2,
+        },
+        Check {
+            key: key("one"),
+            limit: one,
+            cost: 1,
+        },
+    ];
+    assert!(!store.check_all(&group, NOW, &mut out).unwrap());
+    assert_eq!(
+        out[0],
+        Decision::Allowed {
+            remaining: 5,
+            reset_after_ns: 0
+        }
+    );
+    assert!(matches!(out[1], Decision::Denied { remaining: 0, .. }));
+    let never = [
+        Check {
+            key: key("five"),
+            limit: five,
+            cost: 1,
+        },
+        Check {
+            key: key("x"),
+            limit: five,
+            cost: 6,
+        },
+    ];
+    assert!(!store.check_all(&never, NOW, &mut out).unwrap());
+    assert_eq!(out[1], Decision::CostExceedsBurst { burst: 5 });
+    assert_eq!(
+        store.check(key("five"), &five, 0, NOW).unwrap().remaining(),
+        5
+    );
+    // The same key twice in one group counts both costs.
+    let twice = [
+        Check {
+            key: key("five"),
+            limit: five,
+            cost: 3,
+        },
+        Check {
+            key: key("five"),
+            limit: five,
+            cost: 3,
+        },
+    ];
+    assert!(!store.check_all(&twice, NOW, &mut out).unwrap());
+    assert_eq!(
+        store.check(key("five"), &five, 0, NOW).unwrap().remaining(),
+        5
+    );
+}
+
+proptest! {
+    /// Forgetting expired buckets at any moment changes no decision.
+    #[test]
+    fn expiry_never_changes_a_decision(
+        algorithm in prop::sample::select(Algorithm::ALL.to_vec()),
+        steps in prop::collection::vec((0u8..6, 0u64..400_000_000, 0u64..4, any::<bool>()), 1..300),
+    ) {
+        let limit = Limit::new(algorithm, 3, NANOS_PER_SEC / 2, 3).unwrap();
+        let (plain, swept) = (store(1 << 10, 4), store(1 << 10, 4));
+        let mut now = NOW;
+        for (k, gap, cost, sweep) in steps {
+            now += gap;
+            if sweep {
+                swept.sweep_expired(now, 4);
+            }
+            let k = key(&k.to_string());
+            prop_assert_eq!(plain.check(k, &limit, cost, now), swept.check(k, &limit, cost, now));
+        }
+    }
+}
+
+/// Idle buckets are forgotten; the count of keys stays bounded by `max_keys` under a flood of new
+/// keys, with evictions counted.
+#[test]
+fn a_flood_of_new_keys_stays_within_max_keys() {
+    let store = store(256, 4);
+    let limit = Limit::gcra(10, HOUR, 10).unwrap();
+    for i in 0..10_000 {
+        assert!(
+            store
+                .check(key(&format!("k{i}")), &limit, 1, NOW)
+                .unwrap()
+                .is_allowed()
+        );
+        assert!(store.len() <= 256);
+    }
+    assert!(store.stats().evicted.load(Ordering::Relaxed) > 0);
+    // After the buckets refill, a sweep forgets them all.
+    let kept = store.len();
+    assert_eq!(store.sweep_expired(NOW + HOUR, 4), kept);
+    assert!(store.is_empty());
+}
+
+/// Eviction never forgets a denying key: with half the store denying, a flood of new keys
+/// leaves every denying key denied; when every key is denying, a new key is refused, not tracked.
+#[test]
+fn eviction_spares_denying_keys_and_refuses_when_all_deny() {
+    let store = store(64, 1);
+    let strict = Limit::gcra(1, HOUR, 1).unwrap();
+    let loose = Limit::gcra(10, HOUR, 10).unwrap();
+    for i in 0..32 {
+        assert!(
+            store
+                .check(key(&format!("denied{i}")), &strict, 1, NOW)
+                .unwrap()
+                .is_allowed()
+        );
+    }
+    for i in 0..1_000 {
+        store
+            .check(key(&format!("new{i}")), &loose, 1, NOW)
+            .unwrap();
+    }
+    for i in 0..32 {
+        assert!(
+            !store
+                .check(key(&format!("denied{i}")), &strict, 1, NOW)
+                .unwrap()
+                .is_allowed(),
+            "denied{i} was forgotten"
+        );
+    }
+    for i in 32..64 {
+        store
+            .check(key(&format!("denied{i}")), &strict, 1, NOW)
+            .unwrap();
+    }
+    let refused_before = store.stats().refused.load(Ordering::Relaxed);
+    let mut refused = 0;
+    for i in 0..100 {
+        if store.check(key(&format!("late{i}")), &loose, 1, NOW) == Err(StoreError::Full) {
+            refused += 1;
+        }
+    }
+    assert!(
+        refused > 0,
+        "a store full of denying keys must refuse new keys"
+    );
+    assert_eq!(
+        store.stats().refused.load(Ordering::Relaxed) - refused_before,
+        refused
+    );
+    for i in 0..64 {
+        let d = store
+            .check(key(&format!("denied{i}")), &strict, 1, NOW)
+            .unwrap();
+        assert!(!d.is_allowed(), "denied{i} was forgotten");
+    }
+}
+
+#[test]
+fn bad_store_configs_are_refused() {
+    assert_eq!(
+        BucketStore::new(StoreConfig {
+            max_keys: 100,
+            shards: 3
+        })
+        .unwrap_err(),
+        StoreError::BadShardCount(3)
+    );
+    assert!(matches!(
+        BucketStore::new(StoreConfig {
+            max_keys: 2,
+            shards: 4
+        }),
+        Err(StoreError::TooFewKeys { .. })
+    ));
+}
