@@ -4,7 +4,7 @@
 //! key's length; at 96 bits two keys collide with probability about n² / 2⁹⁷ (1e-17 for a
 //! million keys). xxh3 is stable across builds and platforms.
 
-use xxhash_rust::xxh3::Xxh3;
+use xxhash_rust::xxh3::{xxh3_64, xxh3_128_with_seed};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct BucketKey {
@@ -15,14 +15,11 @@ pub struct BucketKey {
 }
 
 impl BucketKey {
-    /// The bucket of `key` under `rule`. The rule is length-prefixed so ("ab", "c") and
-    /// ("a", "bc") differ.
+    /// The bucket of `key` under `rule`. The rule's own hash seeds the key's, so ("ab", "c") and
+    /// ("a", "bc") differ. Both are one-shot hashes: the streaming hasher costs more to set up
+    /// than a short key costs to hash.
     pub fn new(rule: &[u8], key: &[u8]) -> Self {
-        let mut hasher = Xxh3::new();
-        hasher.update(&(rule.len() as u64).to_le_bytes());
-        hasher.update(rule);
-        hasher.update(key);
-        Self::from_u128(hasher.digest128())
+        Self::from_u128(xxh3_128_with_seed(key, xxh3_64(rule)))
     }
 
     /// Builds a key from a 128-bit hash computed elsewhere (e.g. sent over the wire).
