@@ -7,6 +7,7 @@
 //! - [`key`]: [`BucketKey`], the fixed-size identity of a (rule, key) bucket.
 //! - [`store`]: [`BucketStore`], the sharded concurrent map of buckets, with expiry, bounded size
 //!   and all-or-nothing multi-checks.
+//! - [`wire`]: the frame format and messages between clients and nodes (rkyv, validated).
 //! - [`clock`]: the [`Clock`] trait and the [`FakeClock`] tests use.
 //!
 //! Time is always `now_ns`: nanoseconds from an origin the caller picks (the node uses the Unix
@@ -18,6 +19,7 @@ pub mod decision;
 pub mod key;
 pub mod limit;
 pub mod store;
+pub mod wire;
 
 pub use clock::{Clock, FakeClock};
 pub use decision::Decision;

@@ -1,0 +1,167 @@
+//! Framing: encoding a frame, and `FrameReader`, which cuts a byte stream into validated frames.
+
+use rkyv::util::AlignedVec;
+
+use super::{ErrorCode, FrameKind, HEADER_BYTES, MAGIC, PROTOCOL_VERSION};
+
+/// One received frame: its header fields and its payload copied into an aligned buffer (rkyv
+/// needs alignment; the bytes as received carry none).
+#[derive(Debug)]
+pub struct Frame {
+    pub kind: FrameKind,
+    pub request_id: u64,
+    pub payload: AlignedVec,
+}
+
+/// Why the byte stream could not be cut into frames. Every such error closes the stream.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{code}: {message}")]
+pub struct FrameError {
+    pub code: ErrorCode,
+    /// The request id, when the header got far enough to have one.
+    pub request_id: u64,
+    pub message: String,
+}
+
+/// Appends one frame to `out`.
+pub fn encode_frame(out: &mut Vec<u8>, kind: FrameKind, request_id: u64, payload: &[u8]) {
+    // The caller's payloads are built by this crate and bounded well below 4 GiB.
+    let len = u32::try_from(payload.len()).unwrap_or(u32::MAX);
+    out.reserve(HEADER_BYTES + payload.len());
+    out.extend_from_slice(&MAGIC);
+    out.push(PROTOCOL_VERSION);
+    out.push(kind as u8);
+    out.extend_from_slice(&len.to_le_bytes());
+    out.extend_from_slice(&request_id.to_le_bytes());
+    out.extend_from_slice(payload);
+}
+
+/// Serializes `message` with rkyv and appends it as one frame to `out`.
+pub fn encode_message<T>(out: &mut Vec<u8>, kind: FrameKind, request_id: u64, message: &T)
+where
+    T: for<'a> rkyv::Serialize<
+            rkyv::api::high::HighSerializer<
+                AlignedVec,
+                rkyv::ser::allocator::ArenaHandle<'a>,
+                rkyv::rancor::Error,
+            >,
+        >,
+{
+    // Serializing plain structs of vectors into memory cannot fail; an empty payload would be
+    // refused by the receiver's validation, never misread.
+    let bytes = rkyv::to_bytes::<rkyv::rancor::Error>(message).unwrap_or_default();
+    encode_frame(out, kind, request_id, &bytes);
+}
+
+/// Cuts a byte stream into frames. Feed it whatever bytes arrive (`extend`), then take every
+/// complete frame (`next_frame`). Memory is bounded by one frame plus one read.
+#[derive(Debug)]
+pub struct FrameReader {
+    buf: Vec<u8>,
+    start: usize,
+    max_frame_bytes: usize,
+}
+
+impl FrameReader {
+    /// A reader refusing payloads over `max_frame_bytes`.
+    pub fn new(max_frame_bytes: usize) -> Self {
+        FrameReader {
+            buf: Vec::new(),
+            start: 0,
+            max_frame_bytes,
+        }
+    }
+
+    /// Appends received bytes.
+    pub fn extend(&mut self, data: &[u8]) {
+        if self.start > 0 && self.start == self.buf.len() {
+            self.buf.clear();
+            self.start = 0;
+        } else if self.start > 64 * 1024 && self.start * 2 > self.buf.len() {
+            // Compact once the consumed prefix dominates, so the buffer never keeps old frames.
+            self.buf.drain(..self.start);
+            self.start = 0;
+        }
+        self.buf.extend_from_slice(data);
+    }
+
+    /// Bytes received but not yet returned as frames.
+    pub fn buffered(&self) -> usize {
+        self.buf.len() - self.start
+    }
+
+    /// The next complete frame, `Ok(None)` if more bytes are needed, or the error that makes the
+    /// rest of the stream unreadable.
+    pub fn next_frame(&mut self) -> Result<Option<Frame>, FrameError> {
+        let bytes = &self.buf[self.start..];
+        if bytes.len() < 4 {
+            if !MAGIC.starts_with(&bytes[..bytes.len().min(2)]) {
+                return Err(self.error(ErrorCode::BadMagic, 0, "frame does not start with \"FG\""));
+            }
+            return Ok(None);
+        }
+        if bytes[..2] != MAGIC {
+            return Err(self.error(ErrorCode::BadMagic, 0, "frame does not start with \"FG\""));
+        }
+        if bytes[2] != PROTOCOL_VERSION {
+            let message = format!(
+                "protocol version {} is not supported (this node speaks {PROTOCOL_VERSION})",
+                bytes[2]
+            );
+            return Err(self.error(ErrorCode::UnsupportedVersion, 0, &message));
+        }
+        if bytes.len() < HEADER_BYTES {
+            return Ok(None);
+        }
+        let kind_byte = bytes[3];
+        let len = u32::from_le_bytes([bytes[4], bytes[5], bytes[6], bytes[7]]) as usize;
+        let request_id = u64::from_le_bytes(bytes[8..16].try_into().unwrap_or_default());
+        if len > self.max_frame_bytes {
+            let message = format!(
+                "frame of {len} bytes exceeds the maximum of {}",
+                self.max_frame_bytes
+            );
+            return Err(self.error(ErrorCode::FrameTooLarge, request_id, &message));
+        }
+        if bytes.len() < HEADER_BYTES + len {
+            return Ok(None);
+        }
+        let Some(kind) = FrameKind::from_u8(kind_byte) else {
+            // Framing is intact, so the stream survives: skip the frame and report it.
+            self.start += HEADER_BYTES + len;
+            return Err(FrameError {
+                code: ErrorCode::UnknownKind,
+                request_id,
+                message: format!("unknown frame kind {kind_byte}"),
+            });
+        };
+        let mut payload = AlignedVec::with_capacity(len);
+        payload.extend_from_slice(&bytes[HEADER_BYTES..HEADER_BYTES + len]);
+        self.start += HEADER_BYTES + len;
+        Ok(Some(Frame {
+            kind,
+            request_id,
+            payload,
+        }))
+    }
+
+    /// Call at the end of the stream: an error if it stopped in the middle of a frame.
+    pub fn finish(&self) -> Result<(), FrameError> {
+        match self.buffered() {
+            0 => Ok(()),
+            n => Err(FrameError {
+                code: ErrorCode::Truncated,
+                request_id: 0,
+                message: format!("stream ended inside a frame ({n} bytes left over)"),
+            }),
+        }
+    }
+
+    fn error(&self, code: ErrorCode, request_id: u64, message: &str) -> FrameError {
+        FrameError {
+            code,
+            request_id,
+            message: message.to_owned(),
+        }
+    }
+}

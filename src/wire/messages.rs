@@ -1,0 +1,268 @@
+//! The messages frames carry, as rkyv types, and their validated decoding into core types.
+
+use rkyv::rancor;
+use rkyv::{Archive, Deserialize, Serialize};
+
+use super::ErrorCode;
+use crate::{Algorithm, BucketKey, Decision, Limit};
+
+/// One check as sent: the key bytes and everything needed to enforce it, so a node needs no
+/// configuration. The key bytes are the bucket's whole identity (clients prefix the rule name).
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub struct WireCheck {
+    pub key: Vec<u8>,
+    /// `Algorithm` in wire order: 0 gcra, 1 fixed-window, 2 sliding-window, 3 sliding-log.
+    pub algorithm: u8,
+    pub rate: u64,
+    pub period_ns: u64,
+    pub burst: u64,
+    pub cost: u64,
+}
+
+/// Client → node: groups of checks. Each group decides all-or-nothing (one gateway request's
+/// checks); groups are independent. Decisions come back flattened, in order.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq, Default)]
+pub struct CheckBatch {
+    pub groups: Vec<Vec<WireCheck>>,
+}
+
+/// One decision as sent. `outcome`: 0 allowed, 1 denied, 2 cost exceeds burst (`remaining` then
+/// holds the burst), 3 error (`error_code` says which).
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct WireDecision {
+    pub outcome: u8,
+    pub error_code: u16,
+    pub remaining: u64,
+    pub retry_after_ns: u64,
+    pub reset_after_ns: u64,
+}
+
+/// Node → client: one decision per check of the batch, in order.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq, Default)]
+pub struct DecisionBatch {
+    pub decisions: Vec<WireDecision>,
+}
+
+/// Either way: why a request (or, with request id 0, the stream) was refused.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub struct ErrorFrame {
+    pub code: u16,
+    pub message: String,
+}
+
+/// What a node accepts; everything else is refused with an error code.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WireLimits {
+    pub max_batch: usize,
+    pub max_key_bytes: usize,
+}
+
+impl Default for WireLimits {
+    fn default() -> Self {
+        WireLimits {
+            max_batch: 4_096,
+            max_key_bytes: 256,
+        }
+    }
+}
+
+/// A check that passed validation, ready for the store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ValidCheck {
+    pub key: BucketKey,
+    pub limit: Limit,
+    pub cost: u64,
+}
+
+impl WireCheck {
+    pub fn new(key: impl Into<Vec<u8>>, limit: &Limit, cost: u64) -> Self {
+        WireCheck {
+            key: key.into(),
+            algorithm: algorithm_to_wire(limit.algorithm()),
+            rate: limit.rate(),
+            period_ns: limit.period_ns(),
+            burst: limit.burst(),
+            cost,
+        }
+    }
+}
+
+pub fn algorithm_to_wire(algorithm: Algorithm) -> u8 {
+    match algorithm {
+        Algorithm::Gcra => 0,
+        Algorithm::FixedWindow => 1,
+        Algorithm::SlidingWindow => 2,
+        Algorithm::SlidingLog => 3,
+    }
+}
+
+impl From<Decision> for WireDecision {
+    fn from(decision: Decision) -> Self {
+        match decision {
+            Decision::Allowed {
+                remaining,
+                reset_after_ns,
+            } => WireDecision {
+                outcome: 0,
+                error_code: 0,
+                remaining,
+                retry_after_ns: 0,
+                reset_after_ns,
+            },
+            Decision::Denied {
+                remaining,
+                retry_after_ns,
+                reset_after_ns,
+            } => WireDecision {
+                outcome: 1,
+                error_code: 0,
+                remaining,
+                retry_after_ns,
+                reset_after_ns,
+            },
+            Decision::CostExceedsBurst { burst } => WireDecision {
+                outcome: 2,
+                error_code: 0,
+                remaining: burst,
+                retry_after_ns: 0,
+                reset_after_ns: 0,
+            },
+        }
+    }
+}
+
+impl WireDecision {
+    /// A check the node could not decide (e.g. its store was full).
+    pub fn error(code: ErrorCode) -> Self {
+        WireDecision {
+            outcome: 3,
+            error_code: code as u16,
+            ..WireDecision::default()
+        }
+    }
+
+    /// The decision, or the error code the node gave for this check.
+    pub fn to_decision(&self) -> Result<Decision, ErrorCode> {
+        match self.outcome {
+            0 => Ok(Decision::Allowed {
+                remaining: self.remaining,
+                reset_after_ns: self.reset_after_ns,
+            }),
+            1 => Ok(Decision::Denied {
+                remaining: self.remaining,
+                retry_after_ns: self.retry_after_ns,
+                reset_after_ns: self.reset_after_ns,
+            }),
+            2 => Ok(Decision::CostExceedsBurst {
+                burst: self.remaining,
+            }),
+            3 => Err(ErrorCode::from_u16(self.error_code).unwrap_or(ErrorCode::MalformedPayload)),
+            _ => Err(ErrorCode::MalformedPayload),
+        }
+    }
+}
+
+/// Why a payload was refused: the code to send back and a message for the operator.
+pub type Refusal = (ErrorCode, String);
+
+/// Validates a check batch payload and converts it: every group's checks, in order. Nothing is
+/// read from `payload` before rkyv has validated the whole archive.
+pub fn decode_check_batch(
+    payload: &[u8],
+    limits: &WireLimits,
+) -> Result<Vec<Vec<ValidCheck>>, Refusal> {
+    let batch = rkyv::access::<ArchivedCheckBatch, rancor::Error>(payload).map_err(|e| {
+        (
+            ErrorCode::MalformedPayload,
+            format!("invalid check batch: {e}"),
+        )
+    })?;
+    let total: usize = batch.groups.iter().map(|g| g.len()).sum();
+    if total > limits.max_batch {
+        return Err((
+            ErrorCode::BatchTooLarge,
+            format!(
+                "{total} checks in one frame; the maximum is {}",
+                limits.max_batch
+            ),
+        ));
+    }
+    let mut groups = Vec::with_capacity(batch.groups.len());
+    for group in batch.groups.iter() {
+        if group.is_empty() {
+            return Err((ErrorCode::MalformedPayload, "empty check group".to_owned()));
+        }
+        let mut checks = Vec::with_capacity(group.len());
+        for check in group.iter() {
+            checks.push(validate_check(check, limits)?);
+        }
+        groups.push(checks);
+    }
+    Ok(groups)
+}
+
+fn validate_check(check: &ArchivedWireCheck, limits: &WireLimits) -> Result<ValidCheck, Refusal> {
+    if check.key.len() > limits.max_key_bytes {
+        let message = format!(
+            "key of {} bytes exceeds the maximum of {}",
+            check.key.len(),
+            limits.max_key_bytes
+        );
+        return Err((ErrorCode::KeyTooLong, message));
+    }
+    let algorithm = *Algorithm::ALL
+        .get(usize::from(check.algorithm))
+        .ok_or_else(|| {
+            (
+                ErrorCode::InvalidLimit,
+                format!("unknown algorithm {}", check.algorithm),
+            )
+        })?;
+    let limit = Limit::new(
+        algorithm,
+        check.rate.to_native(),
+        check.period_ns.to_native(),
+        check.burst.to_native(),
+    )
+    .map_err(|e| (ErrorCode::InvalidLimit, e.to_string()))?;
+    Ok(ValidCheck {
+        key: BucketKey::new(b"", check.key.as_slice()),
+        limit,
+        cost: check.cost.to_native(),
+    })
+}
+
+/// Validates a decision batch payload (client side; nodes are not trusted blindly either).
+pub fn decode_decision_batch(payload: &[u8]) -> Result<Vec<WireDecision>, Refusal> {
+    let batch = rkyv::access::<ArchivedDecisionBatch, rancor::Error>(payload).map_err(|e| {
+        (
+            ErrorCode::MalformedPayload,
+            format!("invalid decision batch: {e}"),
+        )
+    })?;
+    Ok(batch
+        .decisions
+        .iter()
+        .map(|d| WireDecision {
+            outcome: d.outcome,
+            error_code: d.error_code.to_native(),
+            remaining: d.remaining.to_native(),
+            retry_after_ns: d.retry_after_ns.to_native(),
+            reset_after_ns: d.reset_after_ns.to_native(),
+        })
+        .collect())
+}
+
+/// Validates an error frame payload.
+pub fn decode_error_frame(payload: &[u8]) -> Result<ErrorFrame, Refusal> {
+    let frame = rkyv::access::<ArchivedErrorFrame, rancor::Error>(payload).map_err(|e| {
+        (
+            ErrorCode::MalformedPayload,
+            format!("invalid error frame: {e}"),
+        )
+    })?;
+    Ok(ErrorFrame {
+        code: frame.code.to_native(),
+        message: frame.message.as_str().to_owned(),
+    })
+}

@@ -1,0 +1,145 @@
+//! The wire protocol between gateways (the client) and nodes: length-prefixed frames with a fixed
+//! 16-byte header and an rkyv payload. Pure: bytes in, frames out; the node and client own I/O.
+//!
+//! ```text
+//! offset  size  field
+//! 0       2     magic "FG"
+//! 2       1     protocol version (1)
+//! 3       1     frame kind (FrameKind)
+//! 4       4     payload length, little-endian u32 (at most the receiver's max frame bytes)
+//! 8       8     request id, little-endian u64 (answers carry the id of their request)
+//! 16      n     payload: an rkyv archive, validated before any field is read
+//! ```
+//!
+//! See PROTOCOL.md for the messages, error codes and what a receiver does with bad input.
+
+mod frame;
+mod messages;
+
+pub use frame::{Frame, FrameError, FrameReader, encode_frame, encode_message};
+pub use messages::{
+    ArchivedCheckBatch, ArchivedDecisionBatch, ArchivedErrorFrame, ArchivedWireCheck, CheckBatch,
+    DecisionBatch, ErrorFrame, ValidCheck, WireCheck, WireDecision, WireLimits, decode_check_batch,
+    decode_decision_batch, decode_error_frame,
+};
+
+/// First two bytes of every frame.
+pub const MAGIC: [u8; 2] = *b"FG";
+/// The protocol version this build speaks; a frame with another version is refused.
+pub const PROTOCOL_VERSION: u8 = 1;
+/// Bytes before the payload. A multiple of 16, so a payload read into an aligned buffer right
+/// after its header stays aligned for rkyv.
+pub const HEADER_BYTES: usize = 16;
+/// ALPN protocol id of a floodgate QUIC connection.
+pub const ALPN: &[u8] = b"floodgate/1";
+
+/// What a frame carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum FrameKind {
+    /// Client → node: a [`CheckBatch`].
+    CheckBatch = 1,
+    /// Node → client: a [`DecisionBatch`], one decision per check, in order.
+    DecisionBatch = 2,
+    /// Either way: an [`ErrorFrame`] about the request with the same id (0: the stream).
+    Error = 3,
+}
+
+impl FrameKind {
+    pub fn from_u8(byte: u8) -> Option<Self> {
+        match byte {
+            1 => Some(FrameKind::CheckBatch),
+            2 => Some(FrameKind::DecisionBatch),
+            3 => Some(FrameKind::Error),
+            _ => None,
+        }
+    }
+}
+
+/// Error codes, carried in error frames, per-check error decisions, and as the QUIC application
+/// error code when a stream or connection is closed. Stable: never renumber.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u16)]
+pub enum ErrorCode {
+    /// The frame did not start with "FG": the stream is out of sync. Stream closed.
+    BadMagic = 1,
+    /// The header's protocol version is not one this node speaks. Stream closed.
+    UnsupportedVersion = 2,
+    /// The length prefix exceeds the receiver's max frame bytes. Stream closed.
+    FrameTooLarge = 3,
+    /// The payload failed rkyv validation or is not the message its kind says. Frame refused.
+    MalformedPayload = 4,
+    /// A key is longer than the node's max key bytes. Frame refused.
+    KeyTooLong = 5,
+    /// More checks in one frame than the node's max batch. Frame refused.
+    BatchTooLarge = 6,
+    /// A check's limit is invalid (zero rate, unknown algorithm, ...). Frame refused.
+    InvalidLimit = 7,
+    /// A frame kind this receiver does not accept. Frame refused.
+    UnknownKind = 8,
+    /// The node's bucket store is full of denying keys; this check was not tracked.
+    StoreFull = 9,
+    /// The node is shutting down; retry on another node. Stream or connection closed.
+    ShuttingDown = 10,
+    /// The stream ended in the middle of a frame. Stream closed.
+    Truncated = 11,
+    /// Too many connections or streams. Connection refused or closed.
+    Overloaded = 12,
+}
+
+impl ErrorCode {
+    pub const ALL: [ErrorCode; 12] = [
+        ErrorCode::BadMagic,
+        ErrorCode::UnsupportedVersion,
+        ErrorCode::FrameTooLarge,
+        ErrorCode::MalformedPayload,
+        ErrorCode::KeyTooLong,
+        ErrorCode::BatchTooLarge,
+        ErrorCode::InvalidLimit,
+        ErrorCode::UnknownKind,
+        ErrorCode::StoreFull,
+        ErrorCode::ShuttingDown,
+        ErrorCode::Truncated,
+        ErrorCode::Overloaded,
+    ];
+
+    pub fn from_u16(code: u16) -> Option<Self> {
+        ErrorCode::ALL.into_iter().find(|c| *c as u16 == code)
+    }
+
+    /// Short snake_case name, used in metrics labels and logs.
+    pub fn name(self) -> &'static str {
+        match self {
+            ErrorCode::BadMagic => "bad_magic",
+            ErrorCode::UnsupportedVersion => "unsupported_version",
+            ErrorCode::FrameTooLarge => "frame_too_large",
+            ErrorCode::MalformedPayload => "malformed_payload",
+            ErrorCode::KeyTooLong => "key_too_long",
+            ErrorCode::BatchTooLarge => "batch_too_large",
+            ErrorCode::InvalidLimit => "invalid_limit",
+            ErrorCode::UnknownKind => "unknown_kind",
+            ErrorCode::StoreFull => "store_full",
+            ErrorCode::ShuttingDown => "shutting_down",
+            ErrorCode::Truncated => "truncated",
+            ErrorCode::Overloaded => "overloaded",
+        }
+    }
+
+    /// True when the stream cannot continue after this error (framing is lost).
+    pub fn closes_stream(self) -> bool {
+        matches!(
+            self,
+            ErrorCode::BadMagic
+                | ErrorCode::UnsupportedVersion
+                | ErrorCode::FrameTooLarge
+                | ErrorCode::Truncated
+                | ErrorCode::ShuttingDown
+        )
+    }
+}
+
+impl std::fmt::Display for ErrorCode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} ({})", self.name(), *self as u16)
+    }
+}

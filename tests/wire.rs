@@ -1,0 +1,202 @@
+//! The wire protocol refuses hostile bytes with the documented code and never panics
+//! (DESIGN.md "The node": limits on everything from outside; PROTOCOL.md).
+
+use floodgate::wire::{
+    CheckBatch, DecisionBatch, ErrorCode, FrameKind, FrameReader, HEADER_BYTES, WireCheck,
+    WireDecision, WireLimits, decode_check_batch, decode_decision_batch, encode_frame,
+    encode_message,
+};
+use floodgate::{Decision, Limit, NANOS_PER_SEC};
+use proptest::prelude::*;
+
+const MAX_FRAME: usize = 64 * 1024;
+
+fn batch(keys: &[&str]) -> CheckBatch {
+    let limit = Limit::gcra(10, NANOS_PER_SEC, 10).unwrap();
+    CheckBatch {
+        groups: keys
+            .iter()
+            .map(|k| vec![WireCheck::new(k.as_bytes(), &limit, 1)])
+            .collect(),
+    }
+}
+
+fn one_frame(bytes: &[u8]) -> Result<Option<floodgate::wire::Frame>, floodgate::wire::FrameError> {
+    let mut reader = FrameReader::new(MAX_FRAME);
+    reader.extend(bytes);
+    reader.next_frame()
+}
+
+#[test]
+fn a_check_batch_round_trips_byte_by_byte() {
+    let mut bytes = Vec::new();
+    encode_message(&mut bytes, FrameKind::CheckBatch, 7, &batch(&["a", "b"]));
+    encode_message(&mut bytes, FrameKind::CheckBatch, 8, &batch(&["c"]));
+    let mut reader = FrameReader::new(MAX_FRAME);
+    let mut frames = Vec::new();
+    // Fed one byte at a time, as the worst network would deliver it.
+    for byte in &bytes {
+        reader.extend(std::slice::from_ref(byte));
+        while let Some(frame) = reader.next_frame().unwrap() {
+            frames.push(frame);
+        }
+    }
+    reader.finish().unwrap();
+    assert_eq!(frames.len(), 2);
+    assert_eq!(
+        (frames[0].kind, frames[0].request_id, frames[1].request_id),
+        (FrameKind::CheckBatch, 7, 8)
+    );
+    let groups = decode_check_batch(&frames[0].payload, &WireLimits::default()).unwrap();
+    assert_eq!(groups.len(), 2);
+    assert_eq!(groups[0][0].cost, 1);
+    assert_eq!(
+        groups[0][0].limit,
+        Limit::gcra(10, NANOS_PER_SEC, 10).unwrap()
+    );
+}
+
+#[test]
+fn decisions_round_trip() {
+    let decisions = [
+        Decision::Allowed {
+            remaining: 3,
+            reset_after_ns: 5,
+        },
+        Decision::Denied {
+            remaining: 0,
+            retry_after_ns: 9,
+            reset_after_ns: 11,
+        },
+        Decision::CostExceedsBurst { burst: 4 },
+    ];
+    let mut wire: Vec<WireDecision> = decisions.iter().map(|&d| d.into()).collect();
+    wire.push(WireDecision::error(ErrorCode::StoreFull));
+    let mut bytes = Vec::new();
+    encode_message(
+        &mut bytes,
+        FrameKind::DecisionBatch,
+        1,
+        &DecisionBatch { decisions: wire },
+    );
+    let frame = one_frame(&bytes).unwrap().unwrap();
+    let back = decode_decision_batch(&frame.payload).unwrap();
+    for (sent, got) in decisions.iter().zip(&back) {
+        assert_eq!(got.to_decision(), Ok(*sent));
+    }
+    assert_eq!(back[3].to_decision(), Err(ErrorCode::StoreFull));
+}
+
+#[test]
+fn framing_errors_carry_their_codes() {
+    assert_eq!(
+        one_frame(b"GET / HTTP/1.1\r\n").unwrap_err().code,
+        ErrorCode::BadMagic
+    );
+    let mut wrong_version = Vec::new();
+    encode_frame(&mut wrong_version, FrameKind::CheckBatch, 1, b"");
+    wrong_version[2] = 9;
+    assert_eq!(
+        one_frame(&wrong_version).unwrap_err().code,
+        ErrorCode::UnsupportedVersion
+    );
+    let mut oversized = Vec::new();
+    encode_frame(&mut oversized, FrameKind::CheckBatch, 1, b"");
+    oversized[4..8].copy_from_slice(&(MAX_FRAME as u32 + 1).to_le_bytes());
+    assert_eq!(
+        one_frame(&oversized).unwrap_err().code,
+        ErrorCode::FrameTooLarge
+    );
+    let mut truncated = Vec::new();
+    encode_message(&mut truncated, FrameKind::CheckBatch, 1, &batch(&["a"]));
+    truncated.truncate(truncated.len() - 3);
+    let mut reader = FrameReader::new(MAX_FRAME);
+    reader.extend(&truncated);
+    assert!(reader.next_frame().unwrap().is_none());
+    assert_eq!(reader.finish().unwrap_err().code, ErrorCode::Truncated);
+    let mut unknown = Vec::new();
+    encode_frame(&mut unknown, FrameKind::CheckBatch, 4, b"xx");
+    unknown[3] = 200;
+    let err = one_frame(&unknown).unwrap_err();
+    assert_eq!(
+        (err.code, err.request_id, err.code.closes_stream()),
+        (ErrorCode::UnknownKind, 4, false)
+    );
+}
+
+#[test]
+fn payload_errors_carry_their_codes() {
+    let limits = WireLimits {
+        max_batch: 3,
+        max_key_bytes: 8,
+    };
+    let encode = |b: &CheckBatch| rkyv::to_bytes::<rkyv::rancor::Error>(b).unwrap();
+    assert_eq!(
+        decode_check_batch(b"\x01\x02\x03 definitely not rkyv", &limits)
+            .unwrap_err()
+            .0,
+        ErrorCode::MalformedPayload
+    );
+    assert_eq!(
+        decode_check_batch(&encode(&batch(&["a", "b", "c", "d"])), &limits)
+            .unwrap_err()
+            .0,
+        ErrorCode::BatchTooLarge
+    );
+    assert_eq!(
+        decode_check_batch(&encode(&batch(&["123456789"])), &limits)
+            .unwrap_err()
+            .0,
+        ErrorCode::KeyTooLong
+    );
+    let mut bad = batch(&["a"]);
+    bad.groups[0][0].rate = 0;
+    assert_eq!(
+        decode_check_batch(&encode(&bad), &limits).unwrap_err().0,
+        ErrorCode::InvalidLimit
+    );
+    bad.groups[0][0].rate = 1;
+    bad.groups[0][0].algorithm = 9;
+    assert_eq!(
+        decode_check_batch(&encode(&bad), &limits).unwrap_err().0,
+        ErrorCode::InvalidLimit
+    );
+    let empty_group = CheckBatch {
+        groups: vec![vec![]],
+    };
+    assert_eq!(
+        decode_check_batch(&encode(&empty_group), &limits)
+            .unwrap_err()
+            .0,
+        ErrorCode::MalformedPayload
+    );
+}
+
+#[test]
+fn every_error_code_round_trips_through_its_number() {
+    for code in ErrorCode::ALL {
+        assert_eq!(ErrorCode::from_u16(code as u16), Some(code));
+    }
+    assert_eq!(ErrorCode::from_u16(0), None);
+    assert_eq!(HEADER_BYTES % 16, 0);
+}
+
+proptest! {
+    /// Random bytes, as a stream or as a payload, never panic: they become frames or errors.
+    #[test]
+    fn random_bytes_never_panic(bytes in prop::collection::vec(any::<u8>(), 0..600), header_ok in any::<bool>()) {
+        let mut input = bytes.clone();
+        if header_ok {
+            let mut framed = Vec::new();
+            encode_frame(&mut framed, FrameKind::CheckBatch, 1, &bytes);
+            input = framed;
+        }
+        let mut reader = FrameReader::new(MAX_FRAME);
+        reader.extend(&input);
+        while let Ok(Some(frame)) = reader.next_frame() {
+            let _ = decode_check_batch(&frame.payload, &WireLimits::default());
+            let _ = decode_decision_batch(&frame.payload);
+        }
+        let _ = decode_check_batch(&bytes, &WireLimits::default());
+    }
+}
