@@ -1,0 +1,112 @@
+//! Node configuration: where to listen, which certificates, and the limits on everything that
+//! comes from outside. The binary fills it from flags; tests build it directly.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use floodgate::StoreConfig;
+use floodgate::wire::WireLimits;
+
+use crate::certs::DevCerts;
+
+#[derive(Debug, Clone)]
+pub struct NodeConfig {
+    /// UDP address of the QUIC endpoint.
+    pub listen: SocketAddr,
+    /// TCP address of the admin HTTP server (`/metrics`, `/healthz`, `/readyz`); `None`: off.
+    pub admin: Option<SocketAddr>,
+    pub tls: TlsConfig,
+    pub limits: NodeLimits,
+    pub store: StoreConfig,
+}
+
+#[derive(Debug, Clone)]
+pub struct TlsConfig {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    /// When set, clients must present a certificate signed by this CA (mutual TLS).
+    pub client_ca: Option<PathBuf>,
+}
+
+/// Bounds on what peers can make the node hold or do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NodeLimits {
+    /// Largest frame payload accepted; a larger length prefix closes the stream.
+    pub max_frame_bytes: usize,
+    /// Most checks in one frame.
+    pub max_batch: usize,
+    /// Longest key, in bytes.
+    pub max_key_bytes: usize,
+    /// Most concurrent client connections; more are refused.
+    pub max_connections: usize,
+    /// Most concurrent streams per connection (QUIC flow control enforces it).
+    pub max_streams_per_connection: u32,
+}
+
+impl Default for NodeLimits {
+    fn default() -> Self {
+        NodeLimits {
+            max_frame_bytes: 1 << 20,
+            max_batch: 4_096,
+            max_key_bytes: 256,
+            max_connections: 1_024,
+            max_streams_per_connection: 16,
+        }
+    }
+}
+
+impl NodeLimits {
+    pub fn wire(&self) -> WireLimits {
+        WireLimits {
+            max_batch: self.max_batch,
+            max_key_bytes: self.max_key_bytes,
+        }
+    }
+
+    /// Checks the cross-field rules once, at start.
+    pub fn validate(&self) -> anyhow::Result<()> {
+        anyhow::ensure!(
+            self.max_frame_bytes >= 1024,
+            "max frame bytes must be at least 1024"
+        );
+        anyhow::ensure!(
+            self.max_frame_bytes <= 64 << 20,
+            "max frame bytes must be at most 64 MiB"
+        );
+        anyhow::ensure!(self.max_batch >= 1, "max batch must be at least 1");
+        anyhow::ensure!(
+            (1..=65_535).contains(&self.max_key_bytes),
+            "max key bytes must be in 1..=65535"
+        );
+        anyhow::ensure!(
+            self.max_connections >= 1,
+            "max connections must be at least 1"
+        );
+        anyhow::ensure!(
+            self.max_streams_per_connection >= 1,
+            "max streams per connection must be at least 1"
+        );
+        Ok(())
+    }
+}
+
+impl NodeConfig {
+    /// A node on 127.0.0.1 with an OS-chosen port, no admin server, default limits, and the
+    /// development certificates: what in-process tests start.
+    pub fn for_tests(dev: &DevCerts) -> Self {
+        NodeConfig {
+            listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            admin: None,
+            tls: TlsConfig {
+                cert: dev.node_cert.clone(),
+                key: dev.node_key.clone(),
+                client_ca: None,
+            },
+            limits: NodeLimits::default(),
+            store: StoreConfig {
+                max_keys: 1 << 20,
+                shards: 64,
+            },
+        }
+    }
+}

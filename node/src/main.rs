@@ -1,0 +1,150 @@
+//! `floodgate-node`: parses flags, starts a node, and stops it gracefully on SIGINT or SIGTERM.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{Context, bail};
+use clap::Parser;
+use floodgate::StoreConfig;
+use floodgate_node::{Node, NodeConfig, NodeLimits, TlsConfig, ensure_dev_certs};
+
+/// A floodgate limiter node: answers batched rate-limit checks over QUIC (TLS 1.3, ALPN
+/// floodgate/1).
+#[derive(Debug, Parser)]
+#[command(name = "floodgate-node", version)]
+struct Flags {
+    /// UDP address for the QUIC endpoint.
+    #[arg(long, default_value = "127.0.0.1:7100")]
+    listen: SocketAddr,
+    /// TCP address of the admin HTTP server (/metrics, /healthz, /readyz), or `off`. Loopback
+    /// unless you give another address.
+    #[arg(long, default_value = "127.0.0.1:9100")]
+    admin: String,
+    /// Development mode: create (once) and use a CA, node and client certificates in DIR
+    /// (ca.pem, node.pem, node.key, client.pem, client.key).
+    #[arg(long, value_name = "DIR")]
+    data_dir: Option<PathBuf>,
+    /// The node's certificate chain (PEM); overrides the one in --data-dir.
+    #[arg(long, requires = "key")]
+    cert: Option<PathBuf>,
+    /// The node's private key (PEM).
+    #[arg(long, requires = "cert")]
+    key: Option<PathBuf>,
+    /// Require client certificates signed by this CA (mutual TLS).
+    #[arg(long, value_name = "PEM")]
+    client_ca: Option<PathBuf>,
+    /// Largest frame payload accepted, in bytes.
+    #[arg(long, default_value_t = NodeLimits::default().max_frame_bytes)]
+    max_frame_bytes: usize,
+    /// Most checks in one frame.
+    #[arg(long, default_value_t = NodeLimits::default().max_batch)]
+    max_batch: usize,
+    /// Longest key accepted, in bytes.
+    #[arg(long, default_value_t = NodeLimits::default().max_key_bytes)]
+    max_key_bytes: usize,
+    /// Most concurrent client connections.
+    #[arg(long, default_value_t = NodeLimits::default().max_connections)]
+    max_connections: usize,
+    /// Most buckets held at once; beyond it, idle then least-loaded buckets are evicted.
+    #[arg(long, default_value_t = StoreConfig::default().max_keys)]
+    max_keys: usize,
+    /// Runtime worker threads (default: one per core).
+    #[arg(long)]
+    worker_threads: Option<usize>,
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let flags = Flags::parse();
+    let result = (|| {
+        let mut runtime = tokio::runtime::Builder::new_multi_thread();
+        if let Some(n) = flags.worker_threads {
+            anyhow::ensure!(n >= 1, "--worker-threads must be at least 1");
+            runtime.worker_threads(n);
+        }
+        runtime.enable_all().build()?.block_on(run(flags))
+    })();
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("floodgate-node: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+async fn run(flags: Flags) -> anyhow::Result<()> {
+    let config = config_from(&flags)?;
+    let node = Node::start(config).await?;
+    if let Some(dir) = &flags.data_dir {
+        eprintln!(
+            "floodgate-node: serving on {} (CA for clients: {})",
+            node.local_addr(),
+            dir.join("ca.pem").display()
+        );
+    }
+    wait_for_signal().await?;
+    tracing::info!("signal received: draining and stopping");
+    node.shutdown().await;
+    Ok(())
+}
+
+fn config_from(flags: &Flags) -> anyhow::Result<NodeConfig> {
+    let admin = match flags.admin.as_str() {
+        "off" => None,
+        addr => Some(
+            addr.parse::<SocketAddr>()
+                .with_context(|| format!("--admin {addr}: expected HOST:PORT or off"))?,
+        ),
+    };
+    let tls = match (&flags.cert, &flags.key, &flags.data_dir) {
+        (Some(cert), Some(key), _) => TlsConfig {
+            cert: cert.clone(),
+            key: key.clone(),
+            client_ca: flags.client_ca.clone(),
+        },
+        (_, _, Some(dir)) => {
+            let dev = ensure_dev_certs(dir)?;
+            TlsConfig {
+                cert: dev.node_cert,
+                key: dev.node_key,
+                client_ca: flags.client_ca.clone(),
+            }
+        }
+        _ => bail!("give --data-dir DIR (development certificates) or --cert and --key"),
+    };
+    let limits = NodeLimits {
+        max_frame_bytes: flags.max_frame_bytes,
+        max_batch: flags.max_batch,
+        max_key_bytes: flags.max_key_bytes,
+        max_connections: flags.max_connections,
+        ..NodeLimits::default()
+    };
+    limits.validate()?;
+    let store = StoreConfig {
+        max_keys: flags.max_keys,
+        ..StoreConfig::default()
+    };
+    Ok(NodeConfig {
+        listen: flags.listen,
+        admin,
+        tls,
+        limits,
+        store,
+    })
+}
+
+async fn wait_for_signal() -> anyhow::Result<()> {
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        result = tokio::signal::ctrl_c() => result?,
+        _ = terminate.recv() => {}
+    }
+    Ok(())
+}

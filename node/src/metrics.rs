@@ -1,0 +1,123 @@
+//! The node's Prometheus metrics: names, handles registered once, and the process recorder.
+//!
+//! Handles are resolved at start so the hot path only does atomic adds; per-check counts are
+//! accumulated per frame and added once.
+
+use std::sync::OnceLock;
+
+use floodgate::wire::ErrorCode;
+use floodgate::{Algorithm, Decision};
+use metrics::{Counter, Gauge, Histogram, counter, gauge, histogram};
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+
+/// Installs the process-wide recorder once and returns its handle (several in-process nodes, as
+/// in tests, share it).
+pub fn recorder() -> &'static PrometheusHandle {
+    static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+    HANDLE.get_or_init(|| {
+        let builder = PrometheusBuilder::new()
+            .set_buckets_for_metric(
+                metrics_exporter_prometheus::Matcher::Full("floodgate_batch_checks".into()),
+                &[
+                    1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 4096.0,
+                ],
+            )
+            .and_then(|b| {
+                b.set_buckets_for_metric(
+                    metrics_exporter_prometheus::Matcher::Full("floodgate_frame_seconds".into()),
+                    &[
+                        1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 5e-3,
+                    ],
+                )
+            });
+        // The buckets above are valid (non-empty), so the builder is Ok; fall back to a plain one.
+        let builder = builder.unwrap_or_else(|_| PrometheusBuilder::new());
+        match builder.install_recorder() {
+            Ok(handle) => handle,
+            // Another recorder is installed (an embedding program's): keep a private one.
+            Err(_) => PrometheusBuilder::new().build_recorder().handle(),
+        }
+    })
+}
+
+const OUTCOMES: [&str; 4] = ["allowed", "denied", "cost_exceeds_burst", "error"];
+
+/// Handles of every metric the node writes.
+#[derive(Debug)]
+pub struct NodeMetrics {
+    decisions: [[Counter; 4]; 4],
+    pub batch_checks: Histogram,
+    pub frame_seconds: Histogram,
+    pub live_buckets: Gauge,
+    pub evicted: Counter,
+    pub expired: Counter,
+    pub refused_keys: Counter,
+    pub connections: Gauge,
+    pub connections_refused: Counter,
+    frame_errors: Vec<(ErrorCode, Counter)>,
+}
+
+impl NodeMetrics {
+    pub fn register() -> Self {
+        recorder();
+        let decisions = Algorithm::ALL.map(|a| {
+            OUTCOMES.map(
+                |o| counter!("floodgate_decisions_total", "algorithm" => a.name(), "outcome" => o),
+            )
+        });
+        NodeMetrics {
+            decisions,
+            batch_checks: histogram!("floodgate_batch_checks"),
+            frame_seconds: histogram!("floodgate_frame_seconds"),
+            live_buckets: gauge!("floodgate_live_buckets"),
+            evicted: counter!("floodgate_evicted_buckets_total"),
+            expired: counter!("floodgate_expired_buckets_total"),
+            refused_keys: counter!("floodgate_refused_keys_total"),
+            connections: gauge!("floodgate_connections"),
+            connections_refused: counter!("floodgate_connections_refused_total"),
+            frame_errors: ErrorCode::ALL
+                .iter()
+                .map(|&c| {
+                    (
+                        c,
+                        counter!("floodgate_frame_errors_total", "code" => c.name()),
+                    )
+                })
+                .collect(),
+        }
+    }
+
+    pub fn frame_error(&self, code: ErrorCode) {
+        if let Some((_, counter)) = self.frame_errors.iter().find(|(c, _)| *c == code) {
+            counter.increment(1);
+        }
+    }
+
+    pub fn add_decisions(&self, tally: &DecisionTally) {
+        for (a, row) in tally.counts.iter().enumerate() {
+            for (o, &n) in row.iter().enumerate() {
+                if n > 0 {
+                    self.decisions[a][o].increment(n);
+                }
+            }
+        }
+    }
+}
+
+/// Decisions of one frame, counted locally before one add per (algorithm, outcome).
+#[derive(Debug, Default)]
+pub struct DecisionTally {
+    counts: [[u64; 4]; 4],
+}
+
+impl DecisionTally {
+    pub fn record(&mut self, algorithm: Algorithm, decision: Result<&Decision, ErrorCode>) {
+        let outcome = match decision {
+            Ok(Decision::Allowed { .. }) => 0,
+            Ok(Decision::Denied { .. }) => 1,
+            Ok(Decision::CostExceedsBurst { .. }) => 2,
+            Err(_) => 3,
+        };
+        self.counts[algorithm as usize][outcome] += 1;
+    }
+}

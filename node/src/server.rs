@@ -1,0 +1,336 @@
+//! The running node: the QUIC endpoint's accept loop, one task per connection and per stream,
+//! the expiry sweeper, the admin server, and graceful shutdown.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use floodgate::wire::{ErrorCode, FrameReader};
+use floodgate::{BucketStore, Clock};
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+
+use crate::clock::NodeClock;
+use crate::config::NodeConfig;
+use crate::metrics::NodeMetrics;
+use crate::service::{answer_frame, encode_error};
+use crate::{admin, tls};
+
+/// How long shutdown waits for in-flight work before closing connections regardless.
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(2);
+/// Bytes read from a stream at once.
+const READ_CHUNK: usize = 64 * 1024;
+/// How often idle buckets are swept (a fraction of the shards each time).
+const SWEEP_INTERVAL: Duration = Duration::from_millis(250);
+
+/// What every connection and stream task shares.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    pub(crate) config: NodeConfig,
+    pub(crate) store: BucketStore,
+    pub(crate) clock: NodeClock,
+    pub(crate) metrics: NodeMetrics,
+    pub(crate) connections: AtomicUsize,
+    pub(crate) ready: AtomicBool,
+}
+
+/// A running node. Dropping it without [`Node::shutdown`] aborts its tasks.
+#[derive(Debug)]
+pub struct Node {
+    local_addr: SocketAddr,
+    admin_addr: Option<SocketAddr>,
+    shutdown: watch::Sender<bool>,
+    tasks: JoinSet<()>,
+    endpoint: quinn::Endpoint,
+    shared: Arc<Shared>,
+}
+
+impl Node {
+    /// Binds the endpoint (and the admin server, if configured) and starts serving.
+    pub async fn start(config: NodeConfig) -> anyhow::Result<Node> {
+        config.limits.validate()?;
+        let server_config = tls::server_config(&config.tls, &config.limits)?;
+        let endpoint = quinn::Endpoint::server(server_config, config.listen)
+            .with_context(|| format!("binding the QUIC endpoint on {}", config.listen))?;
+        let local_addr = endpoint.local_addr()?;
+        let store = BucketStore::new(config.store)?;
+        let shared = Arc::new(Shared {
+            store,
+            clock: NodeClock::new(),
+            metrics: NodeMetrics::register(),
+            connections: AtomicUsize::new(0),
+            ready: AtomicBool::new(true),
+            config,
+        });
+        let (shutdown, shutdown_rx) = watch::channel(false);
+        let mut tasks = JoinSet::new();
+        let admin_addr = match shared.config.admin {
+            Some(addr) => {
+                let listener = tokio::net::TcpListener::bind(addr)
+                    .await
+                    .with_context(|| format!("binding the admin server on {addr}"))?;
+                let admin_addr = listener.local_addr()?;
+                tasks.spawn(admin::serve(listener, shared.clone(), shutdown_rx.clone()));
+                Some(admin_addr)
+            }
+            None => None,
+        };
+        tasks.spawn(accept_loop(
+            endpoint.clone(),
+            shared.clone(),
+            shutdown_rx.clone(),
+        ));
+        tasks.spawn(sweep_loop(shared.clone(), shutdown_rx));
+        tracing::info!(%local_addr, ?admin_addr, "floodgate node listening");
+        Ok(Node {
+            local_addr,
+            admin_addr,
+            shutdown,
+            tasks,
+            endpoint,
+            shared,
+        })
+    }
+
+    /// The QUIC address clients connect to.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// The admin HTTP address, when enabled.
+    pub fn admin_addr(&self) -> Option<SocketAddr> {
+        self.admin_addr
+    }
+
+    /// Buckets currently held (for tests and status).
+    pub fn live_buckets(&self) -> usize {
+        self.shared.store.len()
+    }
+
+    /// Graceful stop: refuse new connections, answer every frame already received, finish each
+    /// stream, close connections with `ShuttingDown`, and wait (bounded) for peers to see it.
+    pub async fn shutdown(mut self) {
+        self.shared.ready.store(false, Ordering::Relaxed);
+        let _ = self.shutdown.send(true);
+        let drained = tokio::time::timeout(DRAIN_TIMEOUT, async {
+            while self.tasks.join_next().await.is_some() {}
+        })
+        .await;
+        if drained.is_err() {
+            tracing::warn!("shutdown: in-flight work did not finish within {DRAIN_TIMEOUT:?}");
+            self.tasks.abort_all();
+        }
+        self.endpoint.close(
+            quinn::VarInt::from_u32(ErrorCode::ShuttingDown as u32),
+            b"node shutting down",
+        );
+        let _ = tokio::time::timeout(DRAIN_TIMEOUT, self.endpoint.wait_idle()).await;
+        tracing::info!(addr = %self.local_addr, "floodgate node stopped");
+    }
+}
+
+async fn accept_loop(
+    endpoint: quinn::Endpoint,
+    shared: Arc<Shared>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let mut connections = JoinSet::new();
+    loop {
+        let incoming = tokio::select! {
+            incoming = endpoint.accept() => incoming,
+            _ = shutdown.changed() => break,
+        };
+        let Some(incoming) = incoming else { break };
+        if shared.connections.load(Ordering::Relaxed) >= shared.config.limits.max_connections {
+            shared.metrics.connections_refused.increment(1);
+            incoming.refuse();
+            continue;
+        }
+        // Reap finished connection tasks so the set stays bounded by live connections.
+        while connections.try_join_next().is_some() {}
+        connections.spawn(serve_connection(incoming, shared.clone(), shutdown.clone()));
+    }
+    while connections.join_next().await.is_some() {}
+}
+
+/// Counts a connection for as long as it lives.
+struct ConnectionSlot(Arc<Shared>);
+
+impl ConnectionSlot {
+    fn take(shared: &Arc<Shared>) -> Self {
+        let now = shared.connections.fetch_add(1, Ordering::Relaxed) + 1;
+        shared.metrics.connections.set(now as f64);
+        ConnectionSlot(shared.clone())
+    }
+}
+
+impl Drop for ConnectionSlot {
+    fn drop(&mut self) {
+        let now = self.0.connections.fetch_sub(1, Ordering::Relaxed) - 1;
+        self.0.metrics.connections.set(now as f64);
+    }
+}
+
+async fn serve_connection(
+    incoming: quinn::Incoming,
+    shared: Arc<Shared>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let _slot = ConnectionSlot::take(&shared);
+    let connection = match incoming.await {
+        Ok(connection) => connection,
+        Err(e) => {
+            tracing::debug!("handshake failed: {e}");
+            return;
+        }
+    };
+    let mut streams = JoinSet::new();
+    loop {
+        let accepted = tokio::select! {
+            accepted = connection.accept_bi() => accepted,
+            _ = shutdown.changed() => break,
+        };
+        match accepted {
+            Ok((send, recv)) => {
+                while streams.try_join_next().is_some() {}
+                streams.spawn(serve_stream(send, recv, shared.clone(), shutdown.clone()));
+            }
+            Err(e) => {
+                tracing::debug!(peer = %connection.remote_address(), "connection ended: {e}");
+                break;
+            }
+        }
+    }
+    // Let every stream answer what it has received, then tell the peer why we are closing.
+    while streams.join_next().await.is_some() {}
+    if *shutdown.borrow() {
+        connection.close(
+            quinn::VarInt::from_u32(ErrorCode::ShuttingDown as u32),
+            b"node shutting down",
+        );
+    }
+}
+
+/// Serves one long-lived stream: reads whatever bytes arrive, answers every complete frame, and
+/// writes all answers of one read at once.
+async fn serve_stream(
+    mut send: quinn::SendStream,
+    mut recv: quinn::RecvStream,
+    shared: Arc<Shared>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let limits = shared.config.limits;
+    let wire_limits = limits.wire();
+    let mut reader = FrameReader::new(limits.max_frame_bytes);
+    let mut chunk = vec![0u8; READ_CHUNK];
+    let mut out = Vec::new();
+    loop {
+        let read = tokio::select! {
+            read = recv.read(&mut chunk) => read,
+            _ = shutdown.changed() => {
+                // Everything read so far has been answered (answers are written before the next
+                // read), so finishing here drops nothing the node accepted.
+                let _ = send.finish();
+                return;
+            }
+        };
+        let fatal = match read {
+            Ok(Some(n)) => {
+                reader.extend(&chunk[..n]);
+                answer_available(&shared, &wire_limits, &mut reader, &mut out)
+            }
+            Ok(None) => reader.finish().err().map(|e| {
+                shared.metrics.frame_error(e.code);
+                encode_error(&mut out, e.request_id, e.code, e.message);
+                e.code
+            }),
+            Err(_) => return,
+        };
+        if !out.is_empty() {
+            if send.write_all(&out).await.is_err() {
+                return;
+            }
+            out.clear();
+        }
+        if let Some(code) = fatal {
+            let _ = send.finish();
+            let _ = recv.stop(quinn::VarInt::from_u32(code as u32));
+            return;
+        }
+        if matches!(read, Ok(None)) {
+            let _ = send.finish();
+            return;
+        }
+    }
+}
+
+/// Answers every complete frame in `reader`; returns the code of an error that ends the stream.
+fn answer_available(
+    shared: &Shared,
+    wire_limits: &floodgate::wire::WireLimits,
+    reader: &mut FrameReader,
+    out: &mut Vec<u8>,
+) -> Option<ErrorCode> {
+    // One clock read for all frames of this read: checks that arrive together decide at one instant.
+    let now_ns = shared.clock.now_ns();
+    let started = Instant::now();
+    let mut frames = 0;
+    let fatal = loop {
+        match reader.next_frame() {
+            Ok(Some(frame)) => {
+                frames += 1;
+                if let Some(code) = answer_frame(
+                    &shared.store,
+                    wire_limits,
+                    &shared.metrics,
+                    now_ns,
+                    &frame,
+                    out,
+                ) {
+                    shared.metrics.frame_error(code);
+                }
+            }
+            Ok(None) => break None,
+            Err(e) => {
+                shared.metrics.frame_error(e.code);
+                encode_error(out, e.request_id, e.code, e.message);
+                if e.code.closes_stream() {
+                    break Some(e.code);
+                }
+            }
+        }
+    };
+    if frames > 0 {
+        shared
+            .metrics
+            .frame_seconds
+            .record(started.elapsed().as_secs_f64() / f64::from(frames));
+    }
+    fatal
+}
+
+/// Forgets expired buckets a few shards at a time and publishes the store's counters.
+async fn sweep_loop(shared: Arc<Shared>, mut shutdown: watch::Receiver<bool>) {
+    let mut ticker = tokio::time::interval(SWEEP_INTERVAL);
+    let stats = shared.store.stats();
+    let (mut evicted, mut expired, mut refused) = (0, 0, 0);
+    loop {
+        tokio::select! {
+            _ = ticker.tick() => {}
+            _ = shutdown.changed() => return,
+        }
+        shared.store.sweep_expired(shared.clock.now_ns(), 8);
+        shared.metrics.live_buckets.set(shared.store.len() as f64);
+        let publish =
+            |counter: &metrics::Counter, total: &std::sync::atomic::AtomicU64, seen: &mut u64| {
+                let now = total.load(Ordering::Relaxed);
+                counter.increment(now - *seen);
+                *seen = now;
+            };
+        publish(&shared.metrics.evicted, &stats.evicted, &mut evicted);
+        publish(&shared.metrics.expired, &stats.expired, &mut expired);
+        publish(&shared.metrics.refused_keys, &stats.refused, &mut refused);
+    }
+}

@@ -1,0 +1,127 @@
+//! Shared test helpers: a node on 127.0.0.1:0 with development certificates, and a raw QUIC
+//! connection to it that speaks frames directly (no client crate), for hostile input.
+
+#![allow(dead_code)]
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use floodgate::wire::{
+    CheckBatch, ErrorCode, FrameKind, FrameReader, WireCheck, decode_decision_batch,
+    decode_error_frame, encode_message,
+};
+use floodgate::{Decision, Limit, NANOS_PER_SEC};
+use floodgate_node::{DevCerts, Node, NodeConfig, ensure_dev_certs};
+use rustls::pki_types::CertificateDer;
+use rustls::pki_types::pem::PemObject;
+
+pub struct TestNode {
+    pub node: Node,
+    pub certs: DevCerts,
+    _dir: tempfile::TempDir,
+}
+
+pub async fn start_node(adjust: impl FnOnce(&mut NodeConfig)) -> TestNode {
+    let dir = tempfile::tempdir().unwrap();
+    let certs = ensure_dev_certs(dir.path()).unwrap();
+    let mut config = NodeConfig::for_tests(&certs);
+    adjust(&mut config);
+    let node = Node::start(config).await.unwrap();
+    TestNode {
+        node,
+        certs,
+        _dir: dir,
+    }
+}
+
+pub fn client_config(certs: &DevCerts, with_client_cert: bool) -> quinn::ClientConfig {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_file_iter(&certs.ca).unwrap() {
+        roots.add(cert.unwrap()).unwrap();
+    }
+    let builder = rustls::ClientConfig::builder_with_provider(provider)
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .unwrap()
+        .with_root_certificates(roots);
+    let mut tls = if with_client_cert {
+        let chain = CertificateDer::pem_file_iter(&certs.client_cert)
+            .unwrap()
+            .map(Result::unwrap)
+            .collect();
+        let key = rustls::pki_types::PrivateKeyDer::from_pem_file(&certs.client_key).unwrap();
+        builder.with_client_auth_cert(chain, key).unwrap()
+    } else {
+        builder.with_no_client_auth()
+    };
+    tls.alpn_protocols = vec![floodgate::wire::ALPN.to_vec()];
+    quinn::ClientConfig::new(Arc::new(
+        quinn::crypto::rustls::QuicClientConfig::try_from(tls).unwrap(),
+    ))
+}
+
+pub async fn connect(addr: SocketAddr, config: quinn::ClientConfig) -> quinn::Connection {
+    let mut endpoint = quinn::Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
+    endpoint.set_default_client_config(config);
+    endpoint.connect(addr, "localhost").unwrap().await.unwrap()
+}
+
+/// What came back on a stream: decoded frames until the node finished or reset the stream.
+#[derive(Debug, Default)]
+pub struct Answers {
+    pub decisions: Vec<(u64, Vec<Result<Decision, ErrorCode>>)>,
+    pub errors: Vec<(u64, ErrorCode, String)>,
+}
+
+/// Sends raw bytes on a new stream, finishes it, and reads every answer until the stream ends.
+pub async fn exchange(connection: &quinn::Connection, bytes: &[u8]) -> Answers {
+    let (mut send, mut recv) = connection.open_bi().await.unwrap();
+    send.write_all(bytes).await.unwrap();
+    let _ = send.finish();
+    let received = recv.read_to_end(16 << 20).await.unwrap_or_default();
+    parse_answers(&received)
+}
+
+pub fn parse_answers(bytes: &[u8]) -> Answers {
+    let mut reader = FrameReader::new(16 << 20);
+    reader.extend(bytes);
+    let mut answers = Answers::default();
+    while let Some(frame) = reader.next_frame().unwrap() {
+        match frame.kind {
+            FrameKind::DecisionBatch => {
+                let decisions = decode_decision_batch(&frame.payload).unwrap();
+                answers.decisions.push((
+                    frame.request_id,
+                    decisions.iter().map(|d| d.to_decision()).collect(),
+                ));
+            }
+            FrameKind::Error => {
+                let error = decode_error_frame(&frame.payload).unwrap();
+                answers.errors.push((
+                    frame.request_id,
+                    ErrorCode::from_u16(error.code).unwrap(),
+                    error.message,
+                ));
+            }
+            FrameKind::CheckBatch => panic!("a node never sends check batches to a client"),
+        }
+    }
+    answers
+}
+
+pub fn per_hour(n: u64) -> Limit {
+    Limit::gcra(n, 3_600 * NANOS_PER_SEC, n).unwrap()
+}
+
+/// A frame with one single-check group per key.
+pub fn check_frame(request_id: u64, keys: &[&[u8]], limit: &Limit) -> Vec<u8> {
+    let batch = CheckBatch {
+        groups: keys
+            .iter()
+            .map(|k| vec![WireCheck::new(k.to_vec(), limit, 1)])
+            .collect(),
+    };
+    let mut out = Vec::new();
+    encode_message(&mut out, FrameKind::CheckBatch, request_id, &batch);
+    out
+}
