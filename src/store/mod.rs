@@ -14,6 +14,7 @@
 //! forgetting someone who is being limited.
 
 mod shard;
+mod table;
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
@@ -70,9 +71,52 @@ pub struct StoreStats {
     pub refused: AtomicU64,
 }
 
-#[repr(align(128))] // one shard lock per cache line pair: no false sharing between shards
+/// A shard and, beside its lock, where its GCRA slots live: read without the lock to prefetch a
+/// key's slot ahead of time. Updated after every exclusive access; a stale value only makes a
+/// prefetch useless, never wrong.
+#[repr(align(128))] // one shard per cache line pair: no false sharing between shards
 #[derive(Debug, Default)]
-struct PaddedShard(RwLock<Shard>);
+struct PaddedShard {
+    lock: RwLock<Shard>,
+    slots_addr: AtomicUsize,
+    slots_mask: AtomicUsize,
+}
+
+impl PaddedShard {
+    fn write(&self) -> ShardWriteGuard<'_> {
+        ShardWriteGuard {
+            guard: self.lock.write(),
+            shard: self,
+        }
+    }
+}
+
+/// Exclusive access to a shard that refreshes the prefetch hint when released.
+struct ShardWriteGuard<'a> {
+    guard: RwLockWriteGuard<'a, Shard>,
+    shard: &'a PaddedShard,
+}
+
+impl std::ops::Deref for ShardWriteGuard<'_> {
+    type Target = Shard;
+    fn deref(&self) -> &Shard {
+        &self.guard
+    }
+}
+
+impl std::ops::DerefMut for ShardWriteGuard<'_> {
+    fn deref_mut(&mut self) -> &mut Shard {
+        &mut self.guard
+    }
+}
+
+impl Drop for ShardWriteGuard<'_> {
+    fn drop(&mut self) {
+        let (addr, mask) = self.guard.gcra.layout();
+        self.shard.slots_addr.store(addr, Ordering::Relaxed);
+        self.shard.slots_mask.store(mask, Ordering::Relaxed);
+    }
+}
 
 /// The sharded concurrent bucket map. Share it behind an `Arc`; every method takes `&self`.
 #[derive(Debug)]
@@ -114,8 +158,8 @@ impl BucketStore {
         cost: u64,
         now_ns: u64,
     ) -> Result<Decision, StoreError> {
-        let shard = &self.shards[self.shard_index(key)].0;
-        if let Some((decision, _)) = shard.read().decide_existing(key, limit, cost, now_ns) {
+        let shard = &self.shards[self.shard_index(key)];
+        if let Some((decision, _)) = shard.lock.read().decide_existing(key, limit, cost, now_ns) {
             return Ok(decision);
         }
         let (decision, consumes) = shard::decide_fresh(limit, now_ns, cost);
@@ -126,6 +170,19 @@ impl BucketStore {
         let (decision, _) =
             shard.decide_or_insert(key, limit, cost, now_ns, self.keys_per_shard, &self.stats)?;
         Ok(decision)
+    }
+
+    /// Starts loading `key`'s GCRA bucket into the cache without waiting for it. Callers that
+    /// decide a batch prefetch a few keys ahead, so cache misses on cold keys overlap instead of
+    /// adding up. Purely a hint: it reads no bucket and takes no lock.
+    #[inline]
+    pub fn prefetch(&self, key: BucketKey) {
+        let shard = &self.shards[self.shard_index(key)];
+        let layout = (
+            shard.slots_addr.load(Ordering::Relaxed),
+            shard.slots_mask.load(Ordering::Relaxed),
+        );
+        table::prefetch(layout, key);
     }
 
     /// Decides several checks all-or-nothing: if any is denied (or can never pass), none of them
@@ -143,8 +200,8 @@ impl BucketStore {
         indices.sort_unstable();
         indices.dedup();
         // Lock in ascending shard order: two multi-checks can never wait on each other in a cycle.
-        let mut guards: Vec<RwLockWriteGuard<'_, Shard>> =
-            indices.iter().map(|&i| self.shards[i].0.write()).collect();
+        let mut guards: Vec<ShardWriteGuard<'_>> =
+            indices.iter().map(|&i| self.shards[i].write()).collect();
         let mut undos: Vec<(usize, BucketKey, Undo)> = Vec::with_capacity(checks.len());
         let mut all_allowed = true;
         let mut failure = None;
@@ -209,7 +266,7 @@ impl BucketStore {
         let mut forgotten = 0;
         for _ in 0..shard_count.min(self.shards.len()) {
             let i = self.sweep_cursor.fetch_add(1, Ordering::Relaxed) & self.shard_mask;
-            forgotten += self.shards[i].0.write().forget_expired(now_ns);
+            forgotten += self.shards[i].write().forget_expired(now_ns);
         }
         self.stats
             .expired
@@ -219,7 +276,7 @@ impl BucketStore {
 
     /// Buckets currently kept (a snapshot: shards are read one at a time).
     pub fn len(&self) -> usize {
-        self.shards.iter().map(|s| s.0.read().len()).sum()
+        self.shards.iter().map(|s| s.lock.read().len()).sum()
     }
 
     pub fn is_empty(&self) -> bool {

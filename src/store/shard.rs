@@ -6,23 +6,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use hashbrown::HashTable;
 use parking_lot::Mutex;
 
+use super::table::{GcraEntry, GcraTable};
 use super::{StoreError, StoreStats};
 use crate::algorithm::{SlidingLog, WindowState, fixed_window, gcra, sliding_window};
 use crate::{Algorithm, BucketKey, Decision, Limit};
-
-/// A GCRA bucket: 24 bytes, the common case, kept lock-free.
-#[derive(Debug)]
-pub(super) struct GcraEntry {
-    hash: u64,
-    check: u32,
-    /// How far (in whole ms, rounded down) the TAT may run ahead of `now` while a cost of 1 still
-    /// passes. Lets eviction tell a denying bucket without knowing its limit; rounding down can
-    /// only make a bucket look denying, which protects it.
-    margin_ms: u32,
-    /// Theoretical arrival time. Updated by compare-and-swap: the value is the whole state, so
-    /// `Relaxed` suffices (every update is a read-modify-write of this one atomic).
-    tat_ns: AtomicU64,
-}
 
 /// A fixed- or sliding-window bucket. The small mutex is uncontended except on one hot key.
 #[derive(Debug)]
@@ -51,7 +38,7 @@ pub(super) enum Undo {
 
 #[derive(Debug, Default)]
 pub(super) struct Shard {
-    gcra: HashTable<GcraEntry>,
+    pub(super) gcra: GcraTable,
     windows: HashTable<WindowEntry>,
     logs: HashTable<LogEntry>,
 }
@@ -76,7 +63,7 @@ impl Shard {
     ) -> Option<(Decision, Undo)> {
         match limit.algorithm() {
             Algorithm::Gcra => {
-                let entry = self.gcra.find(key.hash, same(key))?;
+                let entry = self.gcra.find(key)?;
                 let mut tat = entry.tat_ns.load(Ordering::Relaxed);
                 loop {
                     let (decision, new_tat) = gcra::decide(limit, tat, now_ns, cost);
@@ -154,7 +141,7 @@ impl Shard {
                     // `consumed` means decide returned a new TAT.
                     tat_ns: AtomicU64::new(new_tat.unwrap_or(0)),
                 };
-                self.gcra.insert_unique(key.hash, entry, |e| e.hash);
+                self.gcra.insert(entry);
                 Ok((decision, Undo::Gcra { tat_ns: 0 }))
             }
             Algorithm::FixedWindow | Algorithm::SlidingWindow => {
@@ -200,7 +187,7 @@ impl Shard {
         match undo {
             Undo::Nothing => {}
             Undo::Gcra { tat_ns } => {
-                if let Some(e) = self.gcra.find_mut(key.hash, same(key)) {
+                if let Some(e) = self.gcra.find_mut(key) {
                     *e.tat_ns.get_mut() = tat_ns;
                 }
             }
@@ -238,7 +225,11 @@ impl Shard {
             return Ok(());
         }
         let mut candidates: Vec<(u64, Family, BucketKey)> = Vec::new();
-        collect_evictable(&mut self.gcra, Family::Gcra, now_ns, &mut candidates);
+        for entry in self.gcra.iter_mut() {
+            if !entry.is_denying(now_ns) {
+                candidates.push((entry.expires_in(now_ns), Family::Gcra, entry.key()));
+            }
+        }
         collect_evictable(&mut self.windows, Family::Window, now_ns, &mut candidates);
         collect_evictable(&mut self.logs, Family::Log, now_ns, &mut candidates);
         if candidates.is_empty() {
@@ -249,7 +240,7 @@ impl Shard {
         candidates.select_nth_unstable_by_key(evict - 1, |c| c.0);
         for &(_, family, key) in &candidates[..evict] {
             match family {
-                Family::Gcra => remove(&mut self.gcra, key),
+                Family::Gcra => self.gcra.remove(key),
                 Family::Window => remove(&mut self.windows, key),
                 Family::Log => remove(&mut self.logs, key),
             }

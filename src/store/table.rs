@@ -1,0 +1,262 @@
+//! `GcraTable`: the open-addressing table that holds GCRA buckets, built for one cache miss per
+//! lookup and for prefetching.
+//!
+//! Each slot is a whole bucket (24 bytes: hash, check, margin, TAT), found by linear probing from
+//! `hash & mask`, so a lookup touches the slot's cache line and rarely the next; a general-purpose
+//! map would first read a control byte elsewhere (a second miss on a cold key). Load stays at
+//! most 3/4, so every probe ends at an empty slot; removal shifts the following run back
+//! (no tombstones). A slot with `hash == 0` is empty: `BucketKey` never has a zero hash.
+
+use std::sync::atomic::AtomicU64;
+
+use crate::BucketKey;
+
+/// A GCRA bucket: 24 bytes.
+#[derive(Debug, Default)]
+pub(super) struct GcraEntry {
+    pub(super) hash: u64,
+    pub(super) check: u32,
+    /// How far (in whole ms, rounded down) the TAT may run ahead of `now` while a cost of 1 still
+    /// passes. Lets eviction tell a denying bucket without knowing its limit; rounding down can
+    /// only make a bucket look denying, which protects it.
+    pub(super) margin_ms: u32,
+    /// Theoretical arrival time. Updated by compare-and-swap: the value is the whole state, so
+    /// `Relaxed` suffices (every update is a read-modify-write of this one atomic).
+    pub(super) tat_ns: AtomicU64,
+}
+
+impl GcraEntry {
+    fn is_empty(&self) -> bool {
+        self.hash == 0
+    }
+
+    fn is(&self, key: BucketKey) -> bool {
+        self.hash == key.hash && self.check == key.check
+    }
+
+    pub(super) fn key(&self) -> BucketKey {
+        BucketKey {
+            hash: self.hash,
+            check: self.check,
+        }
+    }
+}
+
+const MIN_SLOTS: usize = 16;
+
+#[derive(Debug)]
+pub(super) struct GcraTable {
+    slots: Box<[GcraEntry]>,
+    len: usize,
+}
+
+impl Default for GcraTable {
+    fn default() -> Self {
+        GcraTable::with_slots(MIN_SLOTS)
+    }
+}
+
+impl GcraTable {
+    fn with_slots(slots: usize) -> Self {
+        debug_assert!(slots.is_power_of_two());
+        GcraTable {
+            slots: (0..slots).map(|_| GcraEntry::default()).collect(),
+            len: 0,
+        }
+    }
+
+    fn mask(&self) -> usize {
+        self.slots.len() - 1
+    }
+
+    pub(super) fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Address of the slot where `key`'s probe starts and the table's mask, for prefetch hints.
+    pub(super) fn layout(&self) -> (usize, usize) {
+        (self.slots.as_ptr() as usize, self.mask())
+    }
+
+    fn index_of(&self, key: BucketKey) -> Option<usize> {
+        let mask = self.mask();
+        let mut i = key.hash as usize & mask;
+        loop {
+            let slot = &self.slots[i];
+            if slot.is(key) {
+                return Some(i);
+            }
+            if slot.is_empty() {
+                return None;
+            }
+            i = (i + 1) & mask;
+        }
+    }
+
+    pub(super) fn find(&self, key: BucketKey) -> Option<&GcraEntry> {
+        self.index_of(key).map(|i| &self.slots[i])
+    }
+
+    pub(super) fn find_mut(&mut self, key: BucketKey) -> Option<&mut GcraEntry> {
+        self.index_of(key).map(|i| &mut self.slots[i])
+    }
+
+    /// Inserts an entry whose key is not in the table.
+    pub(super) fn insert(&mut self, entry: GcraEntry) {
+        debug_assert!(!entry.is_empty() && self.index_of(entry.key()).is_none());
+        if (self.len + 1) * 4 > self.slots.len() * 3 {
+            self.rebuild(self.slots.len() * 2);
+        }
+        self.place(entry);
+    }
+
+    fn place(&mut self, entry: GcraEntry) {
+        let mask = self.mask();
+        let mut i = entry.hash as usize & mask;
+        while !self.slots[i].is_empty() {
+            i = (i + 1) & mask;
+        }
+        self.slots[i] = entry;
+        self.len += 1;
+    }
+
+    /// Removes `key` if present, shifting the rest of its probe run back so no lookup breaks.
+    pub(super) fn remove(&mut self, key: BucketKey) {
+        let Some(mut hole) = self.index_of(key) else {
+            return;
+        };
+        let mask = self.mask();
+        let mut next = hole;
+        loop {
+            next = (next + 1) & mask;
+            if self.slots[next].is_empty() {
+                break;
+            }
+            let home = self.slots[next].hash as usize & mask;
+            // Move `next` into the hole unless its home lies cyclically in (hole, next].
+            let stays = if hole <= next {
+                hole < home && home <= next
+            } else {
+                hole < home || home <= next
+            };
+            if !stays {
+                self.slots.swap(hole, next);
+                hole = next;
+            }
+        }
+        self.slots[hole] = GcraEntry::default();
+        self.len -= 1;
+    }
+
+    /// Keeps only the entries for which `keep` is true; shrinks when mostly empty. Returns how
+    /// many were dropped.
+    pub(super) fn retain(&mut self, mut keep: impl FnMut(&mut GcraEntry) -> bool) -> usize {
+        let before = self.len;
+        let survivors: Vec<GcraEntry> = self
+            .slots
+            .iter_mut()
+            .filter(|e| !e.is_empty())
+            .filter_map(|e| keep(e).then(|| std::mem::take(e)))
+            .collect();
+        let mut slots = self.slots.len();
+        while slots > MIN_SLOTS && survivors.len() * 8 < slots {
+            slots /= 2;
+        }
+        *self = GcraTable::with_slots(slots);
+        for entry in survivors {
+            self.place(entry);
+        }
+        before - self.len
+    }
+
+    pub(super) fn iter_mut(&mut self) -> impl Iterator<Item = &mut GcraEntry> {
+        self.slots.iter_mut().filter(|e| !e.is_empty())
+    }
+
+    fn rebuild(&mut self, slots: usize) {
+        let old = std::mem::replace(self, GcraTable::with_slots(slots));
+        for entry in Vec::from(old.slots) {
+            if !entry.is_empty() {
+                self.place(entry);
+            }
+        }
+    }
+}
+
+/// Asks the CPU to start loading `key`'s first probe slot, given a table layout read earlier
+/// (possibly stale). A hint only: no memory is read here, so a stale address is harmless.
+#[inline]
+pub(super) fn prefetch(layout: (usize, usize), key: BucketKey) {
+    let (base, mask) = layout;
+    let addr = base.wrapping_add((key.hash as usize & mask).wrapping_mul(size_of::<GcraEntry>()));
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: PREFETCHT0 is a hint that never faults and has no architectural effect, whatever
+    // the address; SSE is part of the x86_64 baseline.
+    #[allow(unsafe_code)]
+    unsafe {
+        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(addr as *const i8);
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = addr;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::Ordering;
+
+    fn entry(hash: u64, tat: u64) -> GcraEntry {
+        GcraEntry {
+            hash,
+            check: hash as u32,
+            margin_ms: 0,
+            tat_ns: AtomicU64::new(tat),
+        }
+    }
+
+    fn key(hash: u64) -> BucketKey {
+        BucketKey {
+            hash,
+            check: hash as u32,
+        }
+    }
+
+    /// Inserts, removes and lookups agree with a plain map, including across wrap-around and
+    /// clustered hashes (many keys with the same home slot).
+    #[test]
+    fn behaves_like_a_map() {
+        let mut table = GcraTable::default();
+        let mut model = std::collections::HashMap::new();
+        let mut x = 0x9E37_79B9_7F4A_7C15u64;
+        for step in 0..20_000u64 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            // Small hash space: clusters and repeats; low bits shared to force collisions.
+            let hash = (x % 700 + 1) * 64 + 15;
+            if x % 3 == 0 {
+                table.remove(key(hash));
+                model.remove(&hash);
+            } else if table.find(key(hash)).is_none() {
+                table.insert(entry(hash, step));
+                model.insert(hash, step);
+            }
+            if step % 1_000 == 0 {
+                let dropped = table.retain(|e| e.tat_ns.load(Ordering::Relaxed) % 5 != 0);
+                let before = model.len();
+                model.retain(|_, t| *t % 5 != 0);
+                assert_eq!(dropped, before - model.len());
+            }
+            assert_eq!(table.len(), model.len());
+        }
+        for (&hash, &tat) in &model {
+            assert_eq!(
+                table
+                    .find(key(hash))
+                    .map(|e| e.tat_ns.load(Ordering::Relaxed)),
+                Some(tat)
+            );
+        }
+        assert_eq!(table.iter_mut().count(), model.len());
+    }
+}
