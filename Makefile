@@ -1,5 +1,5 @@
 # floodgate: thin, documented targets. CI runs `bash .ci/run`, which calls `make lint` and `make test`.
-.PHONY: help test lint fmt bench bench-core
+.PHONY: help test lint fmt bench bench-core bench-load run
 
 CARGO ?= cargo
 
@@ -19,8 +19,19 @@ lint:            ## rustfmt check and clippy with -D warnings
 fmt:             ## format the code
 	$(CARGO) fmt --all
 
-bench: bench-core ## every benchmark (a few minutes)
+run:             ## build in release, start one node with development certificates in .run/node (Ctrl-C stops it)
+	$(CARGO) build --release --locked -p floodgate-node -p floodgate-client
+	@echo "floodgate node on 127.0.0.1:7100 (admin: http://127.0.0.1:9100/metrics). In another shell:"
+	@echo "  ./target/release/floodgate check --node 127.0.0.1:7100 --ca .run/node/ca.pem user:42 --limit 10/s --count 12"
+	./target/release/floodgate-node --data-dir .run/node --listen 127.0.0.1:7100 --admin 127.0.0.1:9100
+
+bench: bench-core bench-load ## every benchmark (several minutes)
 
 bench-core:      ## criterion micro-benchmarks of the bucket store beside governor, and bytes per active key
 	$(CARGO) bench -p floodgate-bench --bench core --locked
 	$(CARGO) bench -p floodgate-bench --bench memory --locked
+
+bench-load:      ## floodgate beside Redis + Lua, same workloads, one run: markdown table, target/bench/{report.json,latency.svg}
+	@command -v redis-server >/dev/null || (apt-get install -y redis-server >/dev/null 2>&1 || echo "redis-server missing and not installable: the Redis baseline will be skipped")
+	$(CARGO) build --release --locked -p floodgate-node -p floodgate-bench
+	./target/release/floodgate-bench load --out target/bench

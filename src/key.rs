@@ -31,6 +31,12 @@ impl BucketKey {
         }
     }
 
+    /// The cluster slot of this bucket (0..4096): the top 12 bits of `check`, independent of the
+    /// bits that pick the store shard (the low ones) and the table slot (`hash`).
+    pub fn slot(self) -> u16 {
+        (self.check >> 20) as u16
+    }
+
     /// The 96 significant bits, for the wire and for logs.
     pub fn to_u128(self) -> u128 {
         u128::from(self.hash) | (u128::from(self.check) << 64)

@@ -8,6 +8,8 @@
 //! - [`store`]: [`BucketStore`], the sharded concurrent map of buckets, with expiry, bounded size
 //!   and all-or-nothing multi-checks.
 //! - [`wire`]: the frame format and messages between clients and nodes (rkyv, validated).
+//! - [`policy`]: the rules file, request → checks → verdict, and the HTTP answer (429/503 fields).
+//! - [`cluster`]: slots and ownership (the slot table), sans I/O.
 //! - [`clock`]: the [`Clock`] trait and the [`FakeClock`] tests use.
 //!
 //! Time is always `now_ns`: nanoseconds from an origin the caller picks (the node uses the Unix
@@ -15,9 +17,11 @@
 
 pub mod algorithm;
 pub mod clock;
+pub mod cluster;
 pub mod decision;
 pub mod key;
 pub mod limit;
+pub mod policy;
 pub mod store;
 pub mod wire;
 
@@ -28,4 +32,4 @@ pub use limit::{
     Algorithm, Limit, LimitError, MAX_BURST, MAX_PERIOD_NS, MIN_PERIOD_NS, NANOS_PER_SEC,
     SLIDING_LOG_MAX_LIMIT, parse_duration_ns, parse_rate,
 };
-pub use store::{BucketStore, Check, StoreConfig, StoreError, StoreStats};
+pub use store::{BucketState, BucketStore, Check, StoreConfig, StoreError, StoreStats};

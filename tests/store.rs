@@ -296,3 +296,82 @@ fn bad_store_configs_are_refused() {
         Err(StoreError::TooFewKeys { .. })
     ));
 }
+
+/// A refund gives back what a request took, never more than a fresh bucket holds; windows only
+/// within the same window.
+#[test]
+fn refunds_give_back_what_was_taken_and_no_more() {
+    let store = store(1 << 10, 4);
+    let limit = Limit::gcra(10, HOUR, 10).unwrap();
+    for _ in 0..4 {
+        store.check(key("r"), &limit, 1, NOW).unwrap();
+    }
+    store.refund(key("r"), &limit, 3, NOW);
+    assert_eq!(
+        store.check(key("r"), &limit, 0, NOW).unwrap().remaining(),
+        9
+    );
+    store.refund(key("r"), &limit, 50, NOW);
+    assert_eq!(
+        store.check(key("r"), &limit, 0, NOW).unwrap().remaining(),
+        10,
+        "never past full"
+    );
+    let window = Limit::window(Algorithm::FixedWindow, 5, HOUR).unwrap();
+    for _ in 0..5 {
+        store.check(key("w"), &window, 1, NOW).unwrap();
+    }
+    store.refund(key("w"), &window, 2, NOW);
+    assert_eq!(
+        store.check(key("w"), &window, 0, NOW).unwrap().remaining(),
+        2
+    );
+    store.refund(key("w"), &window, 2, NOW + HOUR);
+    assert_eq!(
+        store
+            .check(key("w"), &window, 0, NOW + HOUR)
+            .unwrap()
+            .remaining(),
+        5
+    );
+}
+
+/// Replication: changed buckets are reported once per change; merging them into another store
+/// reproduces the same decisions, and a merge never loosens a bucket (the later TAT wins).
+#[test]
+fn changed_buckets_replicate_and_merge_conservatively() {
+    let (owner, successor) = (store(1 << 10, 4), store(1 << 10, 4));
+    let limit = Limit::gcra(5, HOUR, 5).unwrap();
+    for i in 0..20 {
+        owner
+            .check(key(&format!("k{i}")), &limit, 1 + i % 3, NOW)
+            .unwrap();
+    }
+    let mut changed = Vec::new();
+    owner.take_changed(NOW, &mut changed);
+    assert_eq!(changed.len(), 20);
+    let mut again = Vec::new();
+    owner.take_changed(NOW, &mut again);
+    assert!(again.is_empty(), "a bucket is reported once per change");
+    assert_eq!(successor.merge(&changed, NOW), 0);
+    for i in 0..20 {
+        let k = key(&format!("k{i}"));
+        assert_eq!(
+            owner.check(k, &limit, 0, NOW),
+            successor.check(k, &limit, 0, NOW)
+        );
+    }
+    // The successor's own (later) consumption is kept when older state arrives.
+    successor.check(key("k0"), &limit, 2, NOW).unwrap();
+    successor.merge(&changed, NOW);
+    assert_eq!(
+        successor
+            .check(key("k0"), &limit, 0, NOW)
+            .unwrap()
+            .remaining(),
+        2
+    );
+    let mut exported = Vec::new();
+    successor.export(NOW, &|k| k == key("k0"), &mut exported);
+    assert_eq!(exported.len(), 1);
+}

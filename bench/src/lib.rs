@@ -2,6 +2,8 @@
 //!
 //! - [`replay`]: replays a trace of arrival times through one algorithm ("what would this limit
 //!   do to my traffic?").
+//! - [`load`]: the load generator, floodgate beside Redis + Lua in one run.
 //! - `benches/core.rs`: criterion micro-benchmarks of the bucket store beside `governor`.
 
+pub mod load;
 pub mod replay;

@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use floodgate::{Algorithm, Limit, parse_duration_ns};
-use floodgate_bench::replay;
+use floodgate_bench::{load, replay};
 
 #[derive(Debug, Parser)]
 #[command(name = "floodgate-bench", version, about = "Measure floodgate")]
@@ -36,6 +36,9 @@ enum Command {
         #[arg(long, default_value_t = 1)]
         cost: u64,
     },
+    /// Drive floodgate and Redis + Lua with the same workloads in one run and compare them:
+    /// markdown on stdout, report.json and latency.svg in --out.
+    Load(load::LoadArgs),
 }
 
 fn main() -> ExitCode {
@@ -62,6 +65,13 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             let summary = replay::replay(io::stdin().lock(), &limit, cost)?;
             println!("{limit}, cost {cost}");
             println!("allowed {} of {}", summary.allowed, summary.total);
+            Ok(())
+        }
+        Command::Load(args) => {
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()?;
+            runtime.block_on(load::run(args))?;
             Ok(())
         }
     }

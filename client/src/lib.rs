@@ -1,7 +1,57 @@
-//! floodgate-client: the thin client gateways embed.
+//! floodgate-client: the thin client gateways embed (batched QUIC checks, failure modes).
 //!
-//! It will carry transport, batching, routing and failure modes (see DESIGN.md and the open
-//! issues). Nothing is built here yet; the core (`floodgate`) is usable in-process today.
+//! Checks go to floodgate nodes in shared frames over long-lived QUIC streams; when a node
+//! cannot answer, each check's failure mode decides.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), floodgate_client::ClientError> {
+//! use floodgate_client::{Check, Client, ClientConfig, FailureMode, all_allowed};
+//! use floodgate_client::core::Limit;
+//!
+//! let config = ClientConfig::with_ca_file("certs/ca.pem");
+//! let client = Client::connect(&["127.0.0.1:7100".parse().unwrap()], config).await?;
+//! let per_ip = Limit::gcra(10, 60_000_000_000, 10).expect("a valid limit");
+//! let verdicts = client
+//!     .check(&[Check::new("login:ip:203.0.113.9", per_ip).failure_mode(FailureMode::Closed)])
+//!     .await?;
+//! if !all_allowed(&verdicts) { /* answer 429 */ }
+//! # Ok(()) }
+//! ```
+//!
+//! Modules, from the caller inwards:
+//! - `client`: [`Client`]: `connect` and `check` (validation, routing, breaker, timeout).
+//! - `verdict`: [`Check`], [`FailureMode`], [`Verdict`], [`Source`], [`DegradedReason`].
+//! - `config`: [`ClientConfig`] and its validation; `tls`: the QUIC/TLS 1.3 client config.
+//! - `error`: [`ClientError`], [`ConfigError`] and their [`ErrorKind`].
+//! - `router`: which node a call goes to (a stable hash until slot tables arrive).
+//! - `breaker`: the per-node circuit breaker; `backoff`: reconnect delays.
+//! - `queue`: the per-node call queue that coalesces concurrent calls into frames.
+//! - `link`: connection supervisor (reconnects) and stream tasks (frames in, answers out).
+//! - `fallback`: failure modes, with a local bucket store for `Open` checks; `clock`: its time.
+//!
+//! The `floodgate` binary (`src/bin/floodgate.rs`, feature `cli`) sends checks from a shell.
 
-/// The core whose types the client speaks, re-exported for gateways.
+mod backoff;
+mod breaker;
+mod client;
+mod clock;
+mod config;
+mod error;
+mod fallback;
+mod link;
+mod queue;
+mod router;
+mod tls;
+mod verdict;
+
+pub use client::Client;
+pub use config::{
+    BackoffConfig, BreakerConfig, CaSource, ClientAuth, ClientConfig, MAX_CHECKS_PER_FRAME,
+    MAX_KEY_BYTES, MAX_STREAMS_PER_CONNECTION,
+};
+pub use error::{ClientError, ConfigError, ErrorKind, classify_code};
+pub use link::{LinkState, NodeStatus};
+pub use verdict::{Check, DegradedReason, FailureMode, Source, Verdict, all_allowed};
+
+/// The core whose types the client speaks (`Limit`, `Decision`, ...), re-exported for gateways.
 pub use floodgate as core;

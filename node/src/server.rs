@@ -231,8 +231,10 @@ async fn serve_stream(
             read = recv.read(&mut chunk) => read,
             _ = shutdown.changed() => {
                 // Everything read so far has been answered (answers are written before the next
-                // read), so finishing here drops nothing the node accepted.
+                // read), so finishing here drops nothing the node accepted. Wait until the peer
+                // has the answers (the connection is closed right after), bounded by the drain.
                 let _ = send.finish();
+                let _ = send.stopped().await;
                 return;
             }
         };

@@ -20,6 +20,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use parking_lot::{RwLock, RwLockWriteGuard};
 
+pub use self::shard::BucketState;
 use self::shard::{Shard, Undo};
 use crate::{BucketKey, Decision, Limit};
 
@@ -258,6 +259,46 @@ impl BucketStore {
             }
         }
         Ok(false)
+    }
+
+    /// Gives back units a request took but did not use (see `Shard::refund`): for requests whose
+    /// checks span nodes, where one node denied after another had admitted.
+    pub fn refund(&self, key: BucketKey, limit: &Limit, cost: u64, now_ns: u64) {
+        self.shards[self.shard_index(key)]
+            .lock
+            .read()
+            .refund(key, limit, cost, now_ns);
+    }
+
+    /// The GCRA buckets changed since the last call and still in use: what an owner replicates to
+    /// its successor each round. Window and log buckets are not replicated.
+    pub fn take_changed(&self, now_ns: u64, out: &mut Vec<BucketState>) {
+        for shard in self.shards.iter() {
+            shard.lock.read().take_changed(now_ns, out);
+        }
+    }
+
+    /// Every GCRA bucket in use whose key passes `filter`: what a node hands over.
+    pub fn export(
+        &self,
+        now_ns: u64,
+        filter: &dyn Fn(BucketKey) -> bool,
+        out: &mut Vec<BucketState>,
+    ) {
+        for shard in self.shards.iter() {
+            shard.lock.read().export(now_ns, filter, out);
+        }
+    }
+
+    /// Merges buckets received from a peer (the later TAT wins). Returns how many could not be
+    /// stored for lack of room.
+    pub fn merge(&self, states: &[BucketState], now_ns: u64) -> usize {
+        let mut refused = 0;
+        for state in states {
+            let mut shard = self.shards[self.shard_index(state.key)].write();
+            refused += usize::from(!shard.merge(state, now_ns, self.keys_per_shard, &self.stats));
+        }
+        refused
     }
 
     /// Forgets expired buckets in the next `shard_count` shards (round robin), bounding the work

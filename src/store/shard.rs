@@ -1,7 +1,7 @@
 //! One shard of the bucket store: a table of buckets per algorithm family, plus the expiry and
 //! eviction that keep the shard within its share of `max_keys`.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 
 use hashbrown::HashTable;
 use parking_lot::Mutex;
@@ -76,7 +76,10 @@ impl Shard {
                         Ordering::Relaxed,
                         Ordering::Relaxed,
                     ) {
-                        Ok(_) => return Some((decision, Undo::Gcra { tat_ns: tat })),
+                        Ok(_) => {
+                            entry.mark_dirty();
+                            return Some((decision, Undo::Gcra { tat_ns: tat }));
+                        }
                         Err(actual) => tat = actual,
                     }
                 }
@@ -133,15 +136,9 @@ impl Shard {
         match limit.algorithm() {
             Algorithm::Gcra => {
                 let (_, new_tat) = gcra::decide(limit, 0, now_ns, cost);
-                let margin_ns = (limit.burst() - 1) * limit.interval_ns();
-                let entry = GcraEntry {
-                    hash: key.hash,
-                    check: key.check,
-                    margin_ms: u32::try_from(margin_ns / 1_000_000).unwrap_or(u32::MAX),
-                    // `consumed` means decide returned a new TAT.
-                    tat_ns: AtomicU64::new(new_tat.unwrap_or(0)),
-                };
-                self.gcra.insert(entry);
+                // `consumed` means decide returned a new TAT.
+                self.gcra
+                    .insert(GcraEntry::new(key, margin_ns(limit), new_tat.unwrap_or(0)));
                 Ok((decision, Undo::Gcra { tat_ns: 0 }))
             }
             Algorithm::FixedWindow | Algorithm::SlidingWindow => {
@@ -179,6 +176,117 @@ impl Shard {
                 Ok((decision, Undo::Log { cost }))
             }
         }
+    }
+
+    /// Gives back `cost` units a request took but did not use (its other checks were denied on
+    /// another node). Never makes a bucket fuller than it would be had the units not been taken:
+    /// GCRA moves the TAT back by `cost` intervals, not before `now`; a window lowers its count
+    /// only within the same window; a log drops its newest entries.
+    pub(super) fn refund(&self, key: BucketKey, limit: &Limit, cost: u64, now_ns: u64) {
+        match limit.algorithm() {
+            Algorithm::Gcra => {
+                let Some(entry) = self.gcra.find(key) else {
+                    return;
+                };
+                let back = cost.min(limit.burst()) * limit.interval_ns();
+                let mut tat = entry.tat_ns.load(Ordering::Relaxed);
+                while tat > now_ns {
+                    let new_tat = tat.saturating_sub(back).max(now_ns);
+                    match entry.tat_ns.compare_exchange_weak(
+                        tat,
+                        new_tat,
+                        Ordering::Relaxed,
+                        Ordering::Relaxed,
+                    ) {
+                        Ok(_) => {
+                            entry.mark_dirty();
+                            return;
+                        }
+                        Err(actual) => tat = actual,
+                    }
+                }
+            }
+            Algorithm::FixedWindow | Algorithm::SlidingWindow => {
+                let Some(entry) = self.windows.find(key.hash, same(key)) else {
+                    return;
+                };
+                let mut slot = entry.slot.lock();
+                if slot.1.window == now_ns / limit.period_ns() {
+                    slot.1.count = slot.1.count.saturating_sub(cost);
+                }
+            }
+            Algorithm::SlidingLog => {
+                if let Some(entry) = self.logs.find(key.hash, same(key)) {
+                    entry.slot.lock().1.undo(cost);
+                }
+            }
+        }
+    }
+
+    /// Appends the GCRA buckets changed since the last call (clearing their mark) that are
+    /// still in use at `now`.
+    pub(super) fn take_changed(&self, now_ns: u64, out: &mut Vec<BucketState>) {
+        for entry in self.gcra.iter() {
+            if entry.take_dirty() {
+                let tat_ns = entry.tat_ns.load(Ordering::Relaxed);
+                if tat_ns > now_ns {
+                    out.push(BucketState {
+                        key: entry.key(),
+                        tat_ns,
+                        margin_ms: entry.margin_ms(),
+                    });
+                }
+            }
+        }
+    }
+
+    /// Appends every GCRA bucket in use at `now` whose key passes `filter`.
+    pub(super) fn export(
+        &self,
+        now_ns: u64,
+        filter: &dyn Fn(BucketKey) -> bool,
+        out: &mut Vec<BucketState>,
+    ) {
+        for entry in self.gcra.iter() {
+            let tat_ns = entry.tat_ns.load(Ordering::Relaxed);
+            if tat_ns > now_ns && filter(entry.key()) {
+                out.push(BucketState {
+                    key: entry.key(),
+                    tat_ns,
+                    margin_ms: entry.margin_ms(),
+                });
+            }
+        }
+    }
+
+    /// Merges a bucket received from a peer: the later TAT wins (it has admitted more), so a
+    /// merge can only make a decision stricter. Returns false when there was no room.
+    pub(super) fn merge(
+        &mut self,
+        state: &BucketState,
+        now_ns: u64,
+        max_len: usize,
+        stats: &StoreStats,
+    ) -> bool {
+        if state.tat_ns <= now_ns {
+            return true;
+        }
+        if let Some(entry) = self.gcra.find(state.key) {
+            entry.tat_ns.fetch_max(state.tat_ns, Ordering::Relaxed);
+            return true;
+        }
+        if self.len() >= max_len && self.make_room(now_ns, stats).is_err() {
+            return false;
+        }
+        let entry = GcraEntry::new(
+            state.key,
+            u64::from(state.margin_ms) * 1_000_000,
+            state.tat_ns,
+        );
+        // Received state is not ours to replicate onward until it changes here.
+        entry.take_dirty();
+        self.gcra.insert(entry);
+        true
     }
 
     /// Takes back an admission recorded by `decide_*` (the caller holds the shard exclusively, so
@@ -250,6 +358,19 @@ impl Shard {
     }
 }
 
+/// A GCRA bucket as replicated or handed over between nodes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BucketState {
+    pub key: BucketKey,
+    pub tat_ns: u64,
+    /// See `GcraEntry::meta`: how far the TAT may run ahead while a cost of 1 still passes.
+    pub margin_ms: u32,
+}
+
+fn margin_ns(limit: &Limit) -> u64 {
+    (limit.burst() - 1) * limit.interval_ns()
+}
+
 fn decide_window(
     limit: &Limit,
     state: &WindowState,
@@ -311,7 +432,7 @@ impl Identified for GcraEntry {
         self.tat_ns.get_mut().saturating_sub(now_ns)
     }
     fn is_denying(&mut self, now_ns: u64) -> bool {
-        self.expires_in(now_ns) > u64::from(self.margin_ms) * 1_000_000
+        self.expires_in(now_ns) > u64::from(self.margin_ms()) * 1_000_000
     }
 }
 

@@ -7,7 +7,7 @@
 //! most 3/4, so every probe ends at an empty slot; removal shifts the following run back
 //! (no tombstones). A slot with `hash == 0` is empty: `BucketKey` never has a zero hash.
 
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use crate::BucketKey;
 
@@ -16,16 +16,50 @@ use crate::BucketKey;
 pub(super) struct GcraEntry {
     pub(super) hash: u64,
     pub(super) check: u32,
-    /// How far (in whole ms, rounded down) the TAT may run ahead of `now` while a cost of 1 still
-    /// passes. Lets eviction tell a denying bucket without knowing its limit; rounding down can
-    /// only make a bucket look denying, which protects it.
-    pub(super) margin_ms: u32,
+    /// Low 31 bits: how far (in whole ms, rounded down, at most ~24 days) the TAT may run ahead
+    /// of `now` while a cost of 1 still passes; lets eviction tell a denying bucket without
+    /// knowing its limit (rounding down only makes a bucket look denying, which protects it).
+    /// Top bit: changed since the last replication round.
+    pub(super) meta: AtomicU32,
     /// Theoretical arrival time. Updated by compare-and-swap: the value is the whole state, so
     /// `Relaxed` suffices (every update is a read-modify-write of this one atomic).
     pub(super) tat_ns: AtomicU64,
 }
 
+/// `meta` bit marking a bucket changed since it was last replicated.
+const DIRTY: u32 = 1 << 31;
+
 impl GcraEntry {
+    pub(super) fn new(key: BucketKey, margin_ns: u64, tat_ns: u64) -> Self {
+        let margin_ms = u32::try_from(margin_ns / 1_000_000)
+            .unwrap_or(u32::MAX)
+            .min(!DIRTY);
+        GcraEntry {
+            hash: key.hash,
+            check: key.check,
+            meta: AtomicU32::new(margin_ms | DIRTY),
+            tat_ns: AtomicU64::new(tat_ns),
+        }
+    }
+
+    pub(super) fn margin_ms(&self) -> u32 {
+        self.meta.load(Ordering::Relaxed) & !DIRTY
+    }
+
+    /// Marks the bucket changed; the load first keeps an already-dirty hot bucket's line shared.
+    #[inline]
+    pub(super) fn mark_dirty(&self) {
+        if self.meta.load(Ordering::Relaxed) & DIRTY == 0 {
+            self.meta.fetch_or(DIRTY, Ordering::Relaxed);
+        }
+    }
+
+    /// Clears the changed mark; true if it was set.
+    pub(super) fn take_dirty(&self) -> bool {
+        self.meta.load(Ordering::Relaxed) & DIRTY != 0
+            && self.meta.fetch_and(!DIRTY, Ordering::Relaxed) & DIRTY != 0
+    }
+
     fn is_empty(&self) -> bool {
         self.hash == 0
     }
@@ -169,6 +203,10 @@ impl GcraTable {
         before - self.len
     }
 
+    pub(super) fn iter(&self) -> impl Iterator<Item = &GcraEntry> {
+        self.slots.iter().filter(|e| !e.is_empty())
+    }
+
     pub(super) fn iter_mut(&mut self) -> impl Iterator<Item = &mut GcraEntry> {
         self.slots.iter_mut().filter(|e| !e.is_empty())
     }
@@ -203,15 +241,9 @@ pub(super) fn prefetch(layout: (usize, usize), key: BucketKey) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::atomic::Ordering;
 
     fn entry(hash: u64, tat: u64) -> GcraEntry {
-        GcraEntry {
-            hash,
-            check: hash as u32,
-            margin_ms: 0,
-            tat_ns: AtomicU64::new(tat),
-        }
+        GcraEntry::new(key(hash), 0, tat)
     }
 
     fn key(hash: u64) -> BucketKey {
@@ -234,7 +266,7 @@ mod tests {
             x ^= x << 17;
             // Small hash space: clusters and repeats; low bits shared to force collisions.
             let hash = (x % 700 + 1) * 64 + 15;
-            if x % 3 == 0 {
+            if x.is_multiple_of(3) {
                 table.remove(key(hash));
                 model.remove(&hash);
             } else if table.find(key(hash)).is_none() {

@@ -1,0 +1,225 @@
+//! Drives a target: closed loop (N callers as fast as they can) and open loop (a fixed arrival
+//! rate, latency measured from each request's *scheduled* time, so a stalled server cannot hide
+//! its queueing: no coordinated omission). Both record into an HDR histogram.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use hdrhistogram::Histogram;
+use parking_lot::Mutex;
+use rand::SeedableRng;
+use rand::rngs::SmallRng;
+
+use super::target::{Outcome, Target};
+use super::workload::KeyGen;
+
+/// Most requests in flight in an open-loop step; beyond it the target is saturated and the step
+/// ends early (its achieved rate then says so).
+const MAX_IN_FLIGHT: u64 = 200_000;
+
+/// What one run measured.
+#[derive(Debug)]
+pub struct RunResult {
+    pub requests: u64,
+    pub checks: u64,
+    pub allowed: u64,
+    pub degraded: u64,
+    pub errors: u64,
+    pub elapsed: Duration,
+    /// Latency in microseconds.
+    pub latency_us: Histogram<u64>,
+    /// The open loop stopped early because too many requests were in flight.
+    pub saturated: bool,
+}
+
+impl RunResult {
+    pub fn checks_per_second(&self) -> f64 {
+        self.checks as f64 / self.elapsed.as_secs_f64()
+    }
+
+    pub fn requests_per_second(&self) -> f64 {
+        self.requests as f64 / self.elapsed.as_secs_f64()
+    }
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    requests: AtomicU64,
+    checks: AtomicU64,
+    allowed: AtomicU64,
+    degraded: AtomicU64,
+    errors: AtomicU64,
+}
+
+impl Counters {
+    fn record(&self, keys: usize, outcome: &anyhow::Result<Outcome>) {
+        self.requests.fetch_add(1, Ordering::Relaxed);
+        self.checks.fetch_add(keys as u64, Ordering::Relaxed);
+        match outcome {
+            Ok(Outcome::Allowed) => self.allowed.fetch_add(1, Ordering::Relaxed),
+            Ok(Outcome::Denied) => 0,
+            Ok(Outcome::Degraded) => self.degraded.fetch_add(1, Ordering::Relaxed),
+            Err(_) => self.errors.fetch_add(1, Ordering::Relaxed),
+        };
+    }
+
+    fn finish(self, elapsed: Duration, latency_us: Histogram<u64>, saturated: bool) -> RunResult {
+        RunResult {
+            requests: self.requests.into_inner(),
+            checks: self.checks.into_inner(),
+            allowed: self.allowed.into_inner(),
+            degraded: self.degraded.into_inner(),
+            errors: self.errors.into_inner(),
+            elapsed,
+            latency_us,
+            saturated,
+        }
+    }
+}
+
+fn histogram() -> Histogram<u64> {
+    // 1 µs to 100 s at 3 significant digits: bounds are valid constants.
+    Histogram::new_with_bounds(1, 100_000_000, 3).unwrap_or_else(|_| unreachable!("valid bounds"))
+}
+
+fn record_latency(histogram: &Mutex<Histogram<u64>>, since: Instant) {
+    let us = since.elapsed().as_micros().clamp(1, 100_000_000) as u64;
+    histogram.lock().saturating_record(us);
+}
+
+/// `callers` tasks each sending one request, awaiting it, and sending the next, for `duration`.
+pub async fn closed_loop(
+    target: Arc<Target>,
+    keys: Arc<KeyGen>,
+    callers: usize,
+    duration: Duration,
+    seed: u64,
+) -> RunResult {
+    let counters = Arc::new(Counters::default());
+    let latency = Arc::new(Mutex::new(histogram()));
+    let stop = Arc::new(AtomicBool::new(false));
+    let start = Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    for caller in 0..callers {
+        let (target, keys, counters, latency, stop) = (
+            target.clone(),
+            keys.clone(),
+            counters.clone(),
+            latency.clone(),
+            stop.clone(),
+        );
+        tasks.spawn(async move {
+            let mut rng = SmallRng::seed_from_u64(seed ^ caller as u64);
+            let mut request = Vec::new();
+            while !stop.load(Ordering::Relaxed) {
+                keys.request(&mut rng, &mut request);
+                let sent = Instant::now();
+                let outcome = target.check(&request).await;
+                record_latency(&latency, sent);
+                counters.record(request.len(), &outcome);
+            }
+        });
+    }
+    tokio::time::sleep(duration).await;
+    stop.store(true, Ordering::Relaxed);
+    while tasks.join_next().await.is_some() {}
+    let elapsed = start.elapsed();
+    let counters = Arc::try_unwrap(counters).unwrap_or_default();
+    let latency = Arc::try_unwrap(latency)
+        .map(Mutex::into_inner)
+        .unwrap_or_else(|_| histogram());
+    counters.finish(elapsed, latency, false)
+}
+
+/// Requests at `rate` per second for `duration`, each timed from when it was due.
+///
+/// A dedicated pacing thread issues the requests (tokio's timers tick per millisecond, which
+/// would release requests in 1 ms bursts and charge both systems up to 1 ms of generator delay);
+/// it sleeps until the next request is due, or issues every due one at once when it is late.
+pub async fn open_loop(
+    target: Arc<Target>,
+    keys: Arc<KeyGen>,
+    rate: u64,
+    duration: Duration,
+    seed: u64,
+) -> RunResult {
+    let counters = Arc::new(Counters::default());
+    let latency = Arc::new(Mutex::new(histogram()));
+    let runtime = tokio::runtime::Handle::current();
+    let pacer = {
+        let (counters, latency) = (counters.clone(), latency.clone());
+        std::thread::spawn(move || {
+            pace(
+                runtime, target, keys, rate, duration, seed, counters, latency,
+            )
+        })
+    };
+    let (start, saturated, tasks) = tokio::task::spawn_blocking(move || pacer.join())
+        .await
+        .ok()
+        .and_then(Result::ok)
+        .unwrap_or_else(|| (Instant::now(), true, Vec::new()));
+    for task in tasks {
+        let _ = task.await;
+    }
+    let elapsed = start.elapsed();
+    let counters = Arc::try_unwrap(counters).unwrap_or_default();
+    let latency = Arc::try_unwrap(latency)
+        .map(Mutex::into_inner)
+        .unwrap_or_else(|_| histogram());
+    counters.finish(elapsed, latency, saturated)
+}
+
+type Pacing = (Instant, bool, Vec<tokio::task::JoinHandle<()>>);
+
+#[allow(clippy::too_many_arguments)]
+fn pace(
+    runtime: tokio::runtime::Handle,
+    target: Arc<Target>,
+    keys: Arc<KeyGen>,
+    rate: u64,
+    duration: Duration,
+    seed: u64,
+    counters: Arc<Counters>,
+    latency: Arc<Mutex<Histogram<u64>>>,
+) -> Pacing {
+    let in_flight = Arc::new(AtomicU64::new(0));
+    let mut rng = SmallRng::seed_from_u64(seed);
+    let total = (rate as f64 * duration.as_secs_f64()) as u64;
+    let interval = Duration::from_secs_f64(1.0 / rate as f64);
+    let mut tasks = Vec::new();
+    let start = Instant::now();
+    let mut issued = 0u64;
+    while issued < total {
+        let scheduled = start + interval.mul_f64(issued as f64);
+        let now = Instant::now();
+        if scheduled > now {
+            std::thread::sleep(scheduled - now);
+        }
+        if in_flight.load(Ordering::Relaxed) >= MAX_IN_FLIGHT {
+            return (start, true, tasks);
+        }
+        let mut request = Vec::with_capacity(3);
+        keys.request(&mut rng, &mut request);
+        let (target, counters, latency, in_flight) = (
+            target.clone(),
+            counters.clone(),
+            latency.clone(),
+            in_flight.clone(),
+        );
+        in_flight.fetch_add(1, Ordering::Relaxed);
+        tasks.push(runtime.spawn(async move {
+            let outcome = target.check(&request).await;
+            record_latency(&latency, scheduled);
+            counters.record(request.len(), &outcome);
+            in_flight.fetch_sub(1, Ordering::Relaxed);
+        }));
+        issued += 1;
+        if tasks.len() >= 4_096 {
+            // Keep the handle list bounded: drop the finished ones (they are detached, not lost).
+            tasks.retain(|t| !t.is_finished());
+        }
+    }
+    (start, false, tasks)
+}

@@ -1,0 +1,167 @@
+//! The server processes under test: a floodgate node and redis-server, started on free loopback
+//! ports, read from /proc for CPU time and resident memory, and stopped at the end.
+
+use std::io::{BufRead, BufReader};
+use std::net::{SocketAddr, TcpStream, UdpSocket};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+
+/// A child server process, killed when dropped.
+#[derive(Debug)]
+pub struct Server {
+    pub addr: SocketAddr,
+    child: Child,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Server {
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// User + system CPU seconds used so far.
+    pub fn cpu_seconds(&self) -> anyhow::Result<f64> {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.pid()))?;
+        // Fields after the command name (which may hold spaces) start after the last ')'.
+        let fields: Vec<&str> = stat
+            .rsplit_once(')')
+            .map(|(_, rest)| rest)
+            .unwrap_or("")
+            .split_whitespace()
+            .collect();
+        let ticks = |i: usize| {
+            fields
+                .get(i)
+                .and_then(|f| f.parse::<f64>().ok())
+                .unwrap_or(0.0)
+        };
+        // utime and stime are fields 14 and 15 of stat, so 11 and 12 counted from field 3.
+        Ok((ticks(11) + ticks(12)) / clock_ticks_per_second())
+    }
+
+    /// Resident memory in bytes.
+    pub fn rss_bytes(&self) -> anyhow::Result<u64> {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid()))?;
+        let line = status
+            .lines()
+            .find(|l| l.starts_with("VmRSS:"))
+            .context("no VmRSS")?;
+        let kib: u64 = line
+            .split_whitespace()
+            .nth(1)
+            .context("bad VmRSS")?
+            .parse()?;
+        Ok(kib * 1024)
+    }
+}
+
+fn clock_ticks_per_second() -> f64 {
+    // Linux reports CPU time in USER_HZ ticks, 100 on every mainstream architecture.
+    Command::new("getconf")
+        .arg("CLK_TCK")
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8(o.stdout).ok())
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(100.0)
+}
+
+fn free_port(udp: bool) -> anyhow::Result<u16> {
+    // Bind port 0, read the port, release it: another process could take it in between, which
+    // the start-up check below would then report.
+    Ok(if udp {
+        UdpSocket::bind("127.0.0.1:0")?.local_addr()?.port()
+    } else {
+        std::net::TcpListener::bind("127.0.0.1:0")?
+            .local_addr()?
+            .port()
+    })
+}
+
+/// The `floodgate-node` binary beside this one (both are built into the same target folder).
+pub fn default_node_binary() -> PathBuf {
+    let me = std::env::current_exe().unwrap_or_default();
+    me.with_file_name("floodgate-node")
+}
+
+/// Starts a node with development certificates in `data_dir`; returns once it serves.
+pub fn start_node(binary: &Path, data_dir: &Path) -> anyhow::Result<Server> {
+    let port = free_port(true)?;
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    let mut child = Command::new(binary)
+        .args([
+            "--listen",
+            &addr.to_string(),
+            "--admin",
+            "off",
+            "--max-keys",
+            "8388608",
+        ])
+        .arg("--data-dir")
+        .arg(data_dir)
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .with_context(|| {
+            format!(
+                "starting {} (build it with `cargo build --release -p floodgate-node`)",
+                binary.display()
+            )
+        })?;
+    let stderr = child.stderr.take().context("no stderr")?;
+    let mut lines = BufReader::new(stderr).lines();
+    // The node prints "serving on" once it accepts connections, or exits with an error (EOF).
+    for line in lines.by_ref() {
+        let line = line?;
+        if line.contains("serving on") {
+            // Keep draining its stderr so the node never blocks on a full pipe.
+            std::thread::spawn(move || for _ in lines {});
+            return Ok(Server { addr, child });
+        }
+    }
+    let status = child.wait()?;
+    bail!("floodgate-node exited during start-up ({status})");
+}
+
+/// Starts redis-server with persistence off on a free port; returns once it answers.
+pub fn start_redis() -> anyhow::Result<Server> {
+    let port = free_port(false)?;
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    let child = Command::new("redis-server")
+        .args([
+            "--port",
+            &port.to_string(),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ])
+        .args(["--daemonize", "no", "--loglevel", "warning"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .context("redis-server is not on PATH: install it with `apt-get install redis-server`")?;
+    let server = Server { addr, child };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while TcpStream::connect_timeout(&addr, Duration::from_millis(100)).is_err() {
+        if Instant::now() > deadline {
+            bail!("redis-server did not listen on {addr} within 10 s");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Ok(server)
+}

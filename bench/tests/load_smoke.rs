@@ -1,0 +1,92 @@
+//! A few seconds of `floodgate-bench load` against a real node it starts (and Redis when
+//! installed): the report is well formed — every record has its fields, both modes appear, the
+//! markdown table is printed. It never judges speed (issue: benchmark harness, item 6).
+
+use std::path::Path;
+use std::process::Command;
+
+#[test]
+fn a_short_load_run_writes_a_well_formed_report() {
+    let bench = Path::new(env!("CARGO_BIN_EXE_floodgate-bench"));
+    let node = bench.with_file_name("floodgate-node");
+    assert!(
+        node.exists(),
+        "{} is missing: run through `make test` (cargo test --workspace --bins builds it)",
+        node.display()
+    );
+    let out = tempfile::tempdir().unwrap();
+    let output = Command::new(bench)
+        .args([
+            "load",
+            "--seconds",
+            "0.3",
+            "--keys",
+            "2000",
+            "--rates",
+            "500,1000",
+            "--callers",
+            "8",
+            "--quiet",
+        ])
+        .args(["--spreads", "uniform", "--three-checks", "true"])
+        .arg("--out")
+        .arg(out.path())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stdout}\n{stderr}");
+    assert!(stdout.contains("### Throughput (closed loop)"), "{stdout}");
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.path().join("report.json")).unwrap())
+            .unwrap();
+    let records = report.as_array().unwrap();
+    let redis_ran = !stderr.contains("skipping the Redis baseline");
+    // Per system: 2 workloads x (1 closed + 2 open steps), unless a step saturates.
+    let systems = if redis_ran { 2 } else { 1 };
+    assert!(
+        records.len() >= systems * 2 && records.len() <= systems * 6,
+        "{records:?}"
+    );
+    for record in records {
+        for field in [
+            "system",
+            "workload",
+            "mode",
+            "offered_rate",
+            "achieved_rate",
+            "p50_us",
+            "p99_us",
+            "p999_us",
+            "cpu_s_per_million",
+            "bytes_per_key",
+        ] {
+            assert!(record.get(field).is_some(), "{field} missing in {record}");
+        }
+        let mode = record["mode"].as_str().unwrap();
+        assert_eq!(
+            mode == "closed",
+            record["offered_rate"].as_u64() == Some(0),
+            "{record}"
+        );
+        assert!(
+            record["p50_us"].as_u64() <= record["p99_us"].as_u64(),
+            "{record}"
+        );
+        assert_eq!(record["errors"].as_u64(), Some(0), "{record}");
+    }
+    assert!(
+        records
+            .iter()
+            .any(|r| r["system"] == "floodgate" && r["mode"] == "open")
+    );
+    if redis_ran {
+        assert!(
+            records
+                .iter()
+                .any(|r| r["system"] == "redis+lua" && r["mode"] == "closed")
+        );
+    }
+    let svg = std::fs::read_to_string(out.path().join("latency.svg")).unwrap();
+    assert!(svg.starts_with("<svg") && svg.contains("</svg>"));
+}

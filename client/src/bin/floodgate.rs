@@ -1,0 +1,353 @@
+//! `floodgate`: send rate-limit checks to a node from a shell and print each decision.
+
+use std::io::Write;
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+use floodgate_client::core::{Algorithm, Decision, Limit, parse_duration_ns, parse_rate};
+use floodgate_client::{Check, ClientAuth, ClientConfig, FailureMode, Verdict};
+
+const CHECK_HELP: &str = "\
+Output: one line per decision, starting with `allow` or `deny`:
+  allow remaining=9 reset_after=100ms
+  deny remaining=0 retry_after=100ms reset_after=1s
+  deny cost_exceeds_burst burst=5
+
+Exit status:
+  0  the last check was allowed
+  1  the last check was denied by the node
+  2  error: bad arguments, unreadable certificates, or no decision from the node (unreachable,
+     timed out, refused our certificate). A check the node did not decide is never reported as
+     `deny`, so a script can tell \"rate limited\" (1) from \"could not ask\" (2).";
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "floodgate",
+    version,
+    about = "Talk to floodgate rate-limiter nodes"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Consume from a key's bucket COUNT times, one check at a time, printing each decision.
+    #[command(after_help = CHECK_HELP)]
+    Check(CheckArgs),
+}
+
+#[derive(Debug, Args)]
+struct CheckArgs {
+    /// Node address, HOST:PORT (repeat for several nodes; the key picks one).
+    #[arg(long, required = true, value_parser = parse_node)]
+    node: Vec<SocketAddr>,
+    /// PEM file of the CA that signs the node certificates.
+    #[arg(long)]
+    ca: PathBuf,
+    /// The key to check; its bytes are the bucket's identity on the node.
+    key: String,
+    /// The rate: N/s, N/min, N/h, N/d, or N per a duration (5/10s).
+    #[arg(long, value_parser = parse_rate_arg)]
+    limit: (u64, u64),
+    /// gcra, fixed-window, sliding-window or sliding-log.
+    #[arg(long, default_value = "gcra", value_parser = parse_algorithm)]
+    algorithm: Algorithm,
+    /// Most units that may pass at once (gcra only; defaults to the rate's count).
+    #[arg(long)]
+    burst: Option<u64>,
+    /// Units each check consumes (0 peeks).
+    #[arg(long, default_value_t = 1)]
+    cost: u64,
+    /// Number of checks to send.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
+    count: u64,
+    /// Client certificate (PEM), for nodes that require mutual TLS.
+    #[arg(long, requires = "client_key")]
+    client_cert: Option<PathBuf>,
+    /// Key of the client certificate (PEM).
+    #[arg(long, requires = "client_cert")]
+    client_key: Option<PathBuf>,
+    /// Longest wait for each answer and for the connection, e.g. 500ms, 2s.
+    #[arg(long, default_value = "2s", value_parser = parse_duration_arg)]
+    timeout: Duration,
+    /// Name the node's certificate must carry.
+    #[arg(long, default_value = "localhost")]
+    server_name: String,
+}
+
+/// HOST:PORT, resolved; IPv4 preferred, since `localhost` often lists `::1` first while nodes
+/// listen on 127.0.0.1 by default.
+fn parse_node(text: &str) -> Result<SocketAddr, String> {
+    let addrs: Vec<SocketAddr> = text
+        .to_socket_addrs()
+        .map_err(|e| format!("`{text}` is not HOST:PORT: {e}"))?
+        .collect();
+    addrs
+        .iter()
+        .find(|a| a.is_ipv4())
+        .or(addrs.first())
+        .copied()
+        .ok_or_else(|| format!("`{text}` resolves to no address"))
+}
+
+fn parse_rate_arg(text: &str) -> Result<(u64, u64), String> {
+    parse_rate(text).map_err(|e| e.to_string())
+}
+
+fn parse_algorithm(text: &str) -> Result<Algorithm, String> {
+    text.parse()
+        .map_err(|e: floodgate_client::core::LimitError| e.to_string())
+}
+
+fn parse_duration_arg(text: &str) -> Result<Duration, String> {
+    let ns = parse_duration_ns(text).map_err(|e| e.to_string())?;
+    if ns == 0 {
+        return Err("the timeout must be more than zero".to_owned());
+    }
+    Ok(Duration::from_nanos(ns))
+}
+
+impl CheckArgs {
+    fn limit(&self) -> Result<Limit, String> {
+        let (rate, period_ns) = self.limit;
+        Limit::new(self.algorithm, rate, period_ns, self.burst.unwrap_or(rate))
+            .map_err(|e| format!("invalid --limit/--burst: {e}"))
+    }
+
+    fn client_config(&self) -> ClientConfig {
+        let mut config = ClientConfig::with_ca_file(&self.ca);
+        config.client_auth = match (&self.client_cert, &self.client_key) {
+            (Some(cert), Some(key)) => Some(ClientAuth {
+                cert: cert.clone(),
+                key: key.clone(),
+            }),
+            // clap makes each require the other.
+            _ => None,
+        };
+        config.server_name = self.server_name.clone();
+        config.timeout = self.timeout;
+        config.connect_timeout = self.timeout;
+        config
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Check(args) => {
+            let runtime = match tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(runtime) => runtime,
+                Err(e) => {
+                    eprintln!("floodgate: cannot start the runtime: {e}");
+                    return ExitCode::from(2);
+                }
+            };
+            match runtime.block_on(run_check(&args, &mut std::io::stdout())) {
+                Ok(true) => ExitCode::SUCCESS,
+                Ok(false) => ExitCode::from(1),
+                Err(message) => {
+                    eprintln!("floodgate: {message}");
+                    ExitCode::from(2)
+                }
+            }
+        }
+    }
+}
+
+/// Sends the checks; `Ok(allowed)` is the last decision, `Err` a message for stderr.
+async fn run_check(args: &CheckArgs, out: &mut impl Write) -> Result<bool, String> {
+    let limit = args.limit()?;
+    let client = floodgate_client::Client::connect(&args.node, args.client_config())
+        .await
+        .map_err(|e| e.to_string())?;
+    // Closed: a node we cannot reach must never look like an `allow`; the source then turns
+    // it into an error (exit 2) rather than a `deny`.
+    let check = Check::new(args.key.as_bytes(), limit)
+        .cost(args.cost)
+        .failure_mode(FailureMode::Closed);
+    let mut allowed = false;
+    for _ in 0..args.count {
+        let verdicts = client
+            .check(std::slice::from_ref(&check))
+            .await
+            .map_err(|e| e.to_string())?;
+        let Some(&Verdict { decision, source }) = verdicts.first() else {
+            return Err("no verdict for the check".to_owned());
+        };
+        if let Some(reason) = source.degraded() {
+            let detail = client
+                .nodes()
+                .into_iter()
+                .find_map(|n| n.last_error.map(|e| format!(" ({}: {e})", n.addr)))
+                .unwrap_or_default();
+            client.close().await;
+            return Err(format!("no decision from the node: {reason}{detail}"));
+        }
+        writeln!(out, "{}", format_decision(&decision)).map_err(|e| e.to_string())?;
+        allowed = decision.is_allowed();
+    }
+    client.close().await;
+    Ok(allowed)
+}
+
+fn format_decision(decision: &Decision) -> String {
+    match *decision {
+        Decision::Allowed {
+            remaining,
+            reset_after_ns,
+        } => format!(
+            "allow remaining={remaining} reset_after={}",
+            format_duration(reset_after_ns)
+        ),
+        Decision::Denied {
+            remaining,
+            retry_after_ns,
+            reset_after_ns,
+        } => format!(
+            "deny remaining={remaining} retry_after={} reset_after={}",
+            format_duration(retry_after_ns),
+            format_duration(reset_after_ns)
+        ),
+        Decision::CostExceedsBurst { burst } => format!("deny cost_exceeds_burst burst={burst}"),
+    }
+}
+
+/// Milliseconds below a second, seconds above (`250ms`, `1s`, `1.5s`), rounded *up* to the
+/// millisecond so a script that waits `retry_after` is never early.
+fn format_duration(ns: u64) -> String {
+    let ms = ns.div_ceil(1_000_000);
+    if ms < 1_000 {
+        return format!("{ms}ms");
+    }
+    let (secs, frac) = (ms / 1_000, ms % 1_000);
+    if frac == 0 {
+        return format!("{secs}s");
+    }
+    let frac = format!("{frac:03}");
+    format!("{secs}.{}s", frac.trim_end_matches('0'))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Parses `floodgate check` with a node, a CA, the rate `limit`, then `extra`.
+    fn parse_limit(limit: &str, extra: &[&str]) -> Result<CheckArgs, clap::Error> {
+        let base = [
+            "floodgate",
+            "check",
+            "--node",
+            "127.0.0.1:7100",
+            "--ca",
+            "ca.pem",
+        ];
+        let argv = base
+            .into_iter()
+            .chain(["--limit", limit])
+            .chain(extra.iter().copied());
+        Cli::try_parse_from(argv).map(|cli| match cli.command {
+            Command::Check(args) => args,
+        })
+    }
+
+    fn parse(extra: &[&str]) -> Result<CheckArgs, clap::Error> {
+        parse_limit("10/s", extra)
+    }
+
+    #[test]
+    fn defaults_and_a_full_command_line() {
+        let args = parse(&["user:1"]).unwrap();
+        assert_eq!(args.node, ["127.0.0.1:7100".parse::<SocketAddr>().unwrap()]);
+        assert_eq!(args.limit, (10, 1_000_000_000));
+        assert_eq!(args.algorithm, Algorithm::Gcra);
+        assert_eq!((args.cost, args.count, args.burst), (1, 1, None));
+        assert_eq!(args.timeout, Duration::from_secs(2));
+        assert_eq!(
+            args.limit().unwrap(),
+            Limit::gcra(10, 1_000_000_000, 10).unwrap()
+        );
+
+        let args = parse(&[
+            "k",
+            "--algorithm",
+            "sliding-window",
+            "--cost",
+            "3",
+            "--count",
+            "5",
+            "--timeout",
+            "250ms",
+            "--client-cert",
+            "c.pem",
+            "--client-key",
+            "c.key",
+        ])
+        .unwrap();
+        assert_eq!(args.algorithm, Algorithm::SlidingWindow);
+        assert_eq!((args.cost, args.count), (3, 5));
+        assert_eq!(args.timeout, Duration::from_millis(250));
+        let config = args.client_config();
+        assert_eq!(config.timeout, Duration::from_millis(250));
+        assert_eq!(config.client_auth.unwrap().key, PathBuf::from("c.key"));
+    }
+
+    #[test]
+    fn every_rate_unit_parses() {
+        for (text, period_s) in [("5/s", 1), ("5/min", 60), ("5/h", 3_600), ("5/d", 86_400)] {
+            let args = parse_limit(text, &["k"]).unwrap();
+            assert_eq!(args.limit, (5, period_s * 1_000_000_000), "{text}");
+        }
+    }
+
+    #[test]
+    fn bad_arguments_are_usage_errors() {
+        let err = parse_limit("ten per second", &["k"]).unwrap_err();
+        assert_eq!(err.kind(), clap::error::ErrorKind::ValueValidation);
+        assert!(err.to_string().contains("not a rate"), "{err}");
+        assert!(parse(&["k", "--count", "0"]).is_err());
+        assert!(parse(&["k", "--client-cert", "c.pem"]).is_err());
+        assert!(parse(&["k", "--algorithm", "leaky"]).is_err());
+        assert!(parse(&["k", "--timeout", "0s"]).is_err());
+        assert!(parse(&[]).is_err(), "the key is required");
+        // Parses, but a burst on a window algorithm is not a valid limit.
+        let args = parse(&["k", "--algorithm", "fixed-window", "--burst", "3"]).unwrap();
+        assert!(args.limit().unwrap_err().contains("burst"));
+        assert_eq!(err.exit_code(), 2);
+    }
+
+    #[test]
+    fn decisions_print_as_documented() {
+        assert_eq!(
+            format_decision(&Decision::Allowed {
+                remaining: 9,
+                reset_after_ns: 100_000_000
+            }),
+            "allow remaining=9 reset_after=100ms"
+        );
+        assert_eq!(
+            format_decision(&Decision::Denied {
+                remaining: 0,
+                retry_after_ns: 100_000_000,
+                reset_after_ns: 1_000_000_000
+            }),
+            "deny remaining=0 retry_after=100ms reset_after=1s"
+        );
+        assert_eq!(
+            format_decision(&Decision::CostExceedsBurst { burst: 5 }),
+            "deny cost_exceeds_burst burst=5"
+        );
+        assert_eq!(format_duration(0), "0ms");
+        assert_eq!(format_duration(1), "1ms", "rounded up, never early");
+        assert_eq!(format_duration(1_500_000_000), "1.5s");
+        assert_eq!(format_duration(1_799_990_000_000), "1799.99s");
+        assert_eq!(format_duration(3_600_000_000_000), "3600s");
+    }
+}

@@ -1,0 +1,497 @@
+//! `Client`: connect to nodes, send checks, and apply failure modes when nodes cannot answer.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use floodgate::wire::{WireCheck, WireDecision};
+use parking_lot::Mutex;
+use tokio::sync::{oneshot, watch};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use crate::breaker::Admit;
+use crate::config::{ClientConfig, MAX_KEY_BYTES, validate_nodes};
+use crate::error::{ClientError, ConfigError};
+use crate::fallback::Fallback;
+use crate::link::{self, LinkSettings, LinkState, NodeLink, NodeStatus};
+use crate::queue::{Call, Reply};
+use crate::router::Router;
+use crate::tls;
+use crate::verdict::{Check, DegradedReason, Source, Verdict};
+
+/// A connection to a set of floodgate nodes. Cheap to clone (an `Arc` inside) and safe to use
+/// from many tasks at once; concurrent calls to one node are coalesced into shared frames.
+///
+/// Needs a tokio runtime with time and I/O enabled. When the last clone is dropped, background
+/// tasks stop and connections close.
+#[derive(Debug, Clone)]
+pub struct Client {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    links: Vec<Arc<NodeLink>>,
+    router: Router,
+    fallback: Fallback,
+    timeout: Duration,
+    max_checks: usize,
+    /// Dropping it (with the last `Client`) also stops the supervisors.
+    shutdown: watch::Sender<bool>,
+    /// Each node's supervisor and reaper tasks.
+    supervisors: Mutex<Vec<JoinHandle<()>>>,
+}
+
+impl Client {
+    /// Validates `config`, then connects to every node in the background. Waits for the first
+    /// connection attempts to finish (at most `config.connect_timeout`), so calls made right
+    /// after find their nodes connected; nodes that could not be reached are retried with
+    /// backoff while calls to them follow their failure modes.
+    ///
+    /// Fails only for a bad configuration: no nodes, invalid settings, unreadable certificates.
+    pub async fn connect(
+        nodes: &[SocketAddr],
+        config: ClientConfig,
+    ) -> Result<Client, ClientError> {
+        validate_nodes(nodes)?;
+        config.validate()?;
+        let quic = tls::quinn_config(&config)?;
+        let cooldown_ns = u64::try_from(config.breaker.cooldown.as_nanos()).unwrap_or(u64::MAX);
+        let fallback = Fallback::new(config.fallback_store, cooldown_ns).map_err(|e| {
+            ConfigError::Invalid {
+                field: "fallback_store",
+                problem: e.to_string(),
+            }
+        })?;
+        let settings = Arc::new(LinkSettings::new(&config));
+        let shutdown = watch::Sender::new(false);
+        let mut links = Vec::with_capacity(nodes.len());
+        let mut supervisors = Vec::with_capacity(nodes.len());
+        for &addr in nodes {
+            let endpoint = link::endpoint_for(addr, quic.clone())?;
+            let link = Arc::new(NodeLink::new(addr, &config));
+            supervisors.push(tokio::spawn(link::supervise(
+                link.clone(),
+                endpoint,
+                settings.clone(),
+                shutdown.subscribe(),
+            )));
+            supervisors.push(tokio::spawn(link::reap(link.clone(), shutdown.subscribe())));
+            links.push(link);
+        }
+        let client = Client {
+            inner: Arc::new(Inner {
+                router: Router::new(links.len()),
+                links,
+                fallback,
+                timeout: config.timeout,
+                max_checks: config.max_checks_per_frame,
+                shutdown,
+                supervisors: Mutex::new(supervisors),
+            }),
+        };
+        // Each attempt is bounded by `connect_timeout` already; the margin only guards this wait.
+        let settle = config.connect_timeout + Duration::from_millis(100);
+        let _ =
+            tokio::time::timeout(settle, client.wait_until(|s| s != LinkState::Connecting)).await;
+        Ok(client)
+    }
+
+    /// Decides `checks` as one all-or-nothing group on the node that owns the first key: if any
+    /// is denied, none consumes. Returns one verdict per check, in order; the request may
+    /// proceed only if every verdict is allowed ([`crate::all_allowed`]).
+    ///
+    /// Returns within the configured timeout whatever the nodes do: a check the node cannot
+    /// decide is decided by its failure mode, which the verdict's source shows. Errors are only
+    /// for invalid calls (no checks, too many, a key too long) and nodes refusing the request
+    /// as invalid.
+    pub async fn check(&self, checks: &[Check]) -> Result<Vec<Verdict>, ClientError> {
+        let inner = &*self.inner;
+        inner.validate(checks)?;
+        let link = &inner.links[inner.router.route(&checks[0].key)];
+        if let Admit::Reject { .. } = link.breaker.admit() {
+            return Ok(inner
+                .fallback
+                .resolve_all(checks, DegradedReason::CircuitOpen));
+        }
+        let (reply, answer) = oneshot::channel();
+        let wire = checks
+            .iter()
+            .map(|c| WireCheck::new(c.key.as_slice(), &c.limit, c.cost))
+            .collect();
+        // The timeout is a deadline carried by the call: the queue's reaper or the stream task
+        // holding the call answers `Timeout` when it passes (one timer per queue or frame, not
+        // per call; see `queue`).
+        let deadline = Instant::now() + inner.timeout;
+        if let Err((_, reason)) = link.queue.push(Call {
+            checks: wire,
+            reply,
+            deadline,
+        }) {
+            return Ok(inner.fallback.resolve_all(checks, reason));
+        }
+        // Every holder of a call answers it by its deadline or drops it; a dropped call (the
+        // runtime shutting down) reads as unreachable.
+        let reply = answer
+            .await
+            .unwrap_or(Reply::Failed(DegradedReason::Unreachable));
+        match reply {
+            Reply::Decided { decisions, start } => {
+                link.breaker.on_success();
+                Ok(inner.verdicts_from_node(checks, decisions.get(start..start + checks.len())))
+            }
+            Reply::Refused { code, message } => {
+                link.breaker.on_success();
+                Err(ClientError::Rejected {
+                    node: link.addr,
+                    code,
+                    message,
+                })
+            }
+            Reply::Failed(reason) => {
+                link.breaker.on_failure();
+                Ok(inner.fallback.resolve_all(checks, reason))
+            }
+        }
+    }
+
+    /// Each node's link, in the order given to `connect`.
+    pub fn nodes(&self) -> Vec<NodeStatus> {
+        self.inner.links.iter().map(|l| l.status()).collect()
+    }
+
+    /// Resolves once every node is connected (wrap it in a timeout). For start-up readiness
+    /// checks and tests; `check` never needs it.
+    pub async fn wait_connected(&self) {
+        self.wait_until(|s| s == LinkState::Connected).await;
+    }
+
+    /// Resolves once no node is connected (wrap it in a timeout). For tests and health checks.
+    pub async fn wait_disconnected(&self) {
+        self.wait_until(|s| s == LinkState::Disconnected).await;
+    }
+
+    async fn wait_until(&self, done: impl Fn(LinkState) -> bool) {
+        for link in &self.inner.links {
+            let mut state = link.subscribe();
+            // Fails only if the link is gone, which cannot happen while `self` holds it.
+            let _ = state.wait_for(|&s| done(s)).await;
+        }
+    }
+
+    /// Closes every connection and stops the background tasks; later calls fail over
+    /// (`Unreachable`). Dropping the last clone does the same without waiting.
+    pub async fn close(&self) {
+        self.inner.shutdown.send_replace(true);
+        let supervisors = std::mem::take(&mut *self.inner.supervisors.lock());
+        for supervisor in supervisors {
+            let _ = supervisor.await;
+        }
+    }
+}
+
+impl Inner {
+    fn validate(&self, checks: &[Check]) -> Result<(), ClientError> {
+        if checks.is_empty() {
+            return Err(ClientError::BadRequest(
+                "a check call needs at least one check".to_owned(),
+            ));
+        }
+        if checks.len() > self.max_checks {
+            return Err(ClientError::BadRequest(format!(
+                "{} checks in one call; the maximum is {} (max_checks_per_frame)",
+                checks.len(),
+                self.max_checks
+            )));
+        }
+        if let Some((i, check)) = checks
+            .iter()
+            .enumerate()
+            .find(|(_, c)| c.key.len() > MAX_KEY_BYTES)
+        {
+            return Err(ClientError::BadRequest(format!(
+                "check {i}: key of {} bytes exceeds the maximum of {MAX_KEY_BYTES}",
+                check.key.len()
+            )));
+        }
+        Ok(())
+    }
+
+    /// Verdicts from the node's decisions; checks it could not decide (e.g. `StoreFull`) follow
+    /// their failure mode.
+    fn verdicts_from_node(
+        &self,
+        checks: &[Check],
+        decisions: Option<&[WireDecision]>,
+    ) -> Vec<Verdict> {
+        let Some(decisions) = decisions else {
+            // The stream task checked the count, so this cannot happen; fail over if it does.
+            return self.fallback.resolve_all(checks, DegradedReason::Protocol);
+        };
+        let mut verdicts = Vec::with_capacity(checks.len());
+        for wire in decisions {
+            match wire.to_decision() {
+                Ok(decision) => verdicts.push(Verdict {
+                    decision,
+                    source: Source::Node,
+                }),
+                Err(_) => break,
+            }
+        }
+        if verdicts.len() == checks.len() {
+            return verdicts;
+        }
+        let answers: Vec<_> = decisions
+            .iter()
+            .map(|d| d.to_decision().map_err(DegradedReason::Refused))
+            .collect();
+        self.fallback.resolve(checks, &answers)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use floodgate::wire::ErrorCode;
+    use floodgate::{Decision, Limit};
+
+    use super::*;
+    use crate::config::BreakerConfig;
+    use crate::verdict::FailureMode;
+
+    /// A client whose links never connect and whose tests play the node by taking calls from
+    /// the queues directly: the caller's side (validation, timeouts, breaker, failure modes)
+    /// without sockets, so paused time works.
+    fn offline_client(config: &ClientConfig, nodes: usize) -> Client {
+        let links = (0..nodes)
+            .map(|i| {
+                Arc::new(NodeLink::new(
+                    ([127, 0, 0, 1], 7100 + i as u16).into(),
+                    config,
+                ))
+            })
+            .collect::<Vec<_>>();
+        let shutdown = watch::Sender::new(false);
+        let reapers = links
+            .iter()
+            .map(|l| tokio::spawn(link::reap(l.clone(), shutdown.subscribe())))
+            .collect();
+        Client {
+            inner: Arc::new(Inner {
+                router: Router::new(nodes),
+                links,
+                fallback: Fallback::new(config.fallback_store, 1_000_000_000).unwrap(),
+                timeout: config.timeout,
+                max_checks: config.max_checks_per_frame,
+                shutdown,
+                supervisors: Mutex::new(reapers),
+            }),
+        }
+    }
+
+    fn config() -> ClientConfig {
+        let mut config = ClientConfig::with_ca_file("unused.pem");
+        config.breaker = BreakerConfig {
+            failure_threshold: 2,
+            cooldown: Duration::from_secs(1),
+        };
+        config
+    }
+
+    fn limit() -> Limit {
+        Limit::gcra(2, 3_600_000_000_000, 2).unwrap()
+    }
+
+    /// Plays a node on connection generation 1: answers every frame with "allowed", `frames`
+    /// times, and returns the number of calls in each frame.
+    fn fake_node(link: Arc<NodeLink>, frames: usize) -> JoinHandle<Vec<usize>> {
+        link.queue.set_up(1);
+        tokio::spawn(async move {
+            let mut sizes = Vec::new();
+            let mut calls = Vec::new();
+            for _ in 0..frames {
+                assert!(link.queue.next_batch(1, 1_024, &mut calls).await);
+                sizes.push(calls.len());
+                let total: usize = calls.iter().map(|c| c.checks.len()).sum();
+                let decisions = Arc::new(vec![
+                    WireDecision::from(Decision::Allowed {
+                        remaining: 1,
+                        reset_after_ns: 1
+                    });
+                    total
+                ]);
+                let mut start = 0;
+                for call in calls.drain(..) {
+                    let len = call.checks.len();
+                    let _ = call.reply.send(Reply::Decided {
+                        decisions: decisions.clone(),
+                        start,
+                    });
+                    start += len;
+                }
+            }
+            sizes
+        })
+    }
+
+    #[test]
+    fn a_client_is_shareable_between_tasks_and_threads() {
+        fn assert_shareable<T: Send + Sync + Clone + 'static>() {}
+        assert_shareable::<Client>();
+    }
+
+    #[tokio::test]
+    async fn invalid_calls_are_bad_requests() {
+        let client = offline_client(&config(), 1);
+        let err = client.check(&[]).await.unwrap_err();
+        assert_eq!(err.kind(), crate::ErrorKind::BadRequest);
+        let long = Check::new(vec![b'k'; MAX_KEY_BYTES + 1], limit());
+        let err = client.check(&[long]).await.unwrap_err();
+        assert!(err.to_string().contains("257 bytes"), "{err}");
+        let many = vec![Check::new("k", limit()); 1_025];
+        let err = client.check(&many).await.unwrap_err();
+        assert!(err.to_string().contains("1025 checks"), "{err}");
+        // The longest allowed key is fine.
+        let mut config = config();
+        config.timeout = Duration::from_millis(1);
+        let client = offline_client(&config, 1);
+        client.inner.links[0].queue.set_down();
+        let ok = Check::new(vec![b'k'; MAX_KEY_BYTES], limit());
+        assert!(client.check(&[ok]).await.is_ok());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn concurrent_calls_share_frames_and_get_their_own_decisions() {
+        let client = offline_client(&config(), 1);
+        // Queue three calls before the node takes anything: they must go out as one frame.
+        let calls: Vec<_> = (0..3)
+            .map(|i| {
+                let client = client.clone();
+                tokio::spawn(async move {
+                    let checks = vec![Check::new(format!("k{i}"), limit()); i + 1];
+                    client.check(&checks).await.unwrap()
+                })
+            })
+            .collect();
+        for _ in 0..3 {
+            tokio::task::yield_now().await;
+        }
+        let node = fake_node(client.inner.links[0].clone(), 1);
+        for (i, call) in calls.into_iter().enumerate() {
+            let verdicts = call.await.unwrap();
+            assert_eq!(verdicts.len(), i + 1);
+            assert!(verdicts.iter().all(|v| v.source == Source::Node));
+        }
+        assert_eq!(node.await.unwrap(), [3]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn timeouts_follow_failure_modes_then_open_the_breaker_until_a_probe_succeeds() {
+        let client = offline_client(&config(), 1);
+        let link = client.inner.links[0].clone();
+        link.queue.set_up(1); // connected, but nobody answers
+        let open = [Check::new("a", limit())];
+        let closed = [Check::new("b", limit()).failure_mode(FailureMode::Closed)];
+
+        let v = client.check(&open).await.unwrap();
+        assert_eq!(v[0].source, Source::Fallback(DegradedReason::Timeout));
+        assert!(v[0].is_allowed());
+        let v = client.check(&closed).await.unwrap();
+        assert_eq!(v[0].source, Source::FailClosed(DegradedReason::Timeout));
+        assert_eq!(
+            v[0].decision,
+            Decision::Denied {
+                remaining: 0,
+                retry_after_ns: 1_000_000_000,
+                reset_after_ns: 1_000_000_000
+            }
+        );
+
+        // Two consecutive failures opened the circuit: calls fail over without waiting.
+        let before = tokio::time::Instant::now();
+        let v = client.check(&open).await.unwrap();
+        assert_eq!(v[0].source, Source::Fallback(DegradedReason::CircuitOpen));
+        assert_eq!(tokio::time::Instant::now(), before);
+
+        // After the cooldown one probe goes to the node; its success closes the circuit.
+        tokio::time::advance(Duration::from_secs(1)).await;
+        let probe = tokio::spawn({
+            let client = client.clone();
+            async move { client.check(&[Check::new("c", limit())]).await.unwrap() }
+        });
+        tokio::task::yield_now().await;
+        let v = client.check(&open).await.unwrap();
+        assert_eq!(
+            v[0].source,
+            Source::Fallback(DegradedReason::CircuitOpen),
+            "only one probe at a time"
+        );
+        let node = fake_node(link.clone(), 2);
+        assert_eq!(probe.await.unwrap()[0].source, Source::Node);
+        let v = client.check(&open).await.unwrap();
+        assert_eq!(v[0].source, Source::Node);
+        node.await.unwrap();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_down_node_fails_over_at_once_and_store_full_follows_the_failure_mode() {
+        let client = offline_client(&config(), 1);
+        let link = client.inner.links[0].clone();
+        link.queue.set_down();
+        let before = tokio::time::Instant::now();
+        let v = client
+            .check(&[Check::new("a", limit()).failure_mode(FailureMode::Closed)])
+            .await
+            .unwrap();
+        assert_eq!(v[0].source, Source::FailClosed(DegradedReason::Unreachable));
+        assert_eq!(
+            tokio::time::Instant::now(),
+            before,
+            "did not wait for the timeout"
+        );
+
+        // A node answer of StoreFull for one check: that check alone follows its mode.
+        let checks = [Check::new("x", limit()), Check::new("y", limit())];
+        let decisions = [
+            WireDecision::from(Decision::Allowed {
+                remaining: 3,
+                reset_after_ns: 7,
+            }),
+            WireDecision::error(ErrorCode::StoreFull),
+        ];
+        let v = client.inner.verdicts_from_node(&checks, Some(&decisions));
+        assert_eq!(v[0].source, Source::Node);
+        assert_eq!(
+            v[1].source,
+            Source::Fallback(DegradedReason::Refused(ErrorCode::StoreFull))
+        );
+        assert!(v[1].is_allowed());
+    }
+
+    #[tokio::test]
+    async fn calls_route_by_their_first_key() {
+        let client = offline_client(&config(), 3);
+        let router = &client.inner.router;
+        let first = router.route(b"user:1");
+        let check = |key: &str| Check::new(key.to_owned(), limit());
+        // Every link down except the first key's: that call reaches a queue that accepts it.
+        for (i, link) in client.inner.links.iter().enumerate() {
+            if i == first {
+                link.queue.set_up(1);
+            } else {
+                link.queue.set_down();
+            }
+        }
+        let node = fake_node(client.inner.links[first].clone(), 1);
+        let other = (0..100)
+            .map(|i| format!("other:{i}"))
+            .find(|k| router.route(k.as_bytes()) != first)
+            .unwrap();
+        let v = client
+            .check(&[check("user:1"), check(&other)])
+            .await
+            .unwrap();
+        assert!(v.iter().all(|v| v.source == Source::Node));
+        node.await.unwrap();
+    }
+}

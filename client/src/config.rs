@@ -1,0 +1,333 @@
+//! `ClientConfig`: every knob of the client, its defaults, and validation done once at connect.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use floodgate::StoreConfig;
+
+use crate::error::ConfigError;
+
+/// Longest key a node accepts (the protocol's default `max_key_bytes`); longer keys are refused
+/// client-side so one bad call can never get a shared frame refused.
+pub const MAX_KEY_BYTES: usize = 256;
+
+/// Most checks one frame may carry: the node's default `max_batch` (a node refuses larger
+/// frames, and a refused shared frame is resent call by call).
+pub const MAX_CHECKS_PER_FRAME: usize = 4_096;
+
+/// Most streams per connection: the node's default stream limit per connection. Streams past a
+/// node's limit would wait for credit forever (holding no calls, but useless), and more streams
+/// buy little anyway (CRATE-NOTES: add connections, not streams).
+pub const MAX_STREAMS_PER_CONNECTION: usize = 16;
+
+/// Where the certificate authorities that sign node certificates come from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CaSource {
+    /// A PEM file with one or more CA certificates.
+    File(PathBuf),
+    /// The same, already in memory.
+    Pem(Vec<u8>),
+}
+
+/// A client certificate chain and its key (PEM files), for nodes that require mutual TLS.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClientAuth {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+}
+
+/// When a node's circuit opens and for how long.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BreakerConfig {
+    /// Consecutive failed calls (timeouts, lost answers) that open the circuit.
+    pub failure_threshold: u32,
+    /// How long an open circuit sends calls straight to their failure mode before letting one
+    /// probe through. Also the `retry_after` of fail-closed denials.
+    pub cooldown: Duration,
+}
+
+impl Default for BreakerConfig {
+    fn default() -> Self {
+        BreakerConfig {
+            failure_threshold: 5,
+            cooldown: Duration::from_secs(1),
+        }
+    }
+}
+
+/// Reconnect delays: exponential from `initial` to `max`, each randomised ("equal jitter") so
+/// gateways that lost a node together do not return in lockstep.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BackoffConfig {
+    pub initial: Duration,
+    pub max: Duration,
+}
+
+impl Default for BackoffConfig {
+    fn default() -> Self {
+        BackoffConfig {
+            initial: Duration::from_millis(20),
+            max: Duration::from_secs(2),
+        }
+    }
+}
+
+/// Everything [`crate::Client::connect`] needs besides the node addresses.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClientConfig {
+    /// CAs that sign the nodes' certificates.
+    pub ca: CaSource,
+    /// Our certificate, for nodes that require mutual TLS.
+    pub client_auth: Option<ClientAuth>,
+    /// Name the node certificates must carry (a DNS name or an IP address).
+    pub server_name: String,
+    /// Longest a `check` call waits for a node before its failure mode decides.
+    pub timeout: Duration,
+    /// Longest one connection attempt (QUIC + TLS handshake) may take; `connect` waits at most
+    /// this long for the first attempts.
+    pub connect_timeout: Duration,
+    /// Long-lived streams per connection, each carrying one frame at a time.
+    pub streams_per_connection: usize,
+    /// Most checks coalesced into one frame (and so the most one `check` call may carry).
+    pub max_checks_per_frame: usize,
+    /// Most checks waiting for a free stream per node; beyond, calls fail over at once
+    /// ([`crate::DegradedReason::Backlog`]) instead of waiting out their timeout.
+    pub max_queued_checks: usize,
+    /// A connection with no traffic (keep-alives included) for this long is dead.
+    pub idle_timeout: Duration,
+    pub breaker: BreakerConfig,
+    pub reconnect: BackoffConfig,
+    /// Size of the local store that decides `FailureMode::Open` checks while a node is away.
+    pub fallback_store: StoreConfig,
+}
+
+impl ClientConfig {
+    /// Defaults for a gateway beside its nodes: a 5 ms call timeout, 4 streams, frames of up to
+    /// 1,024 checks.
+    pub fn new(ca: CaSource) -> Self {
+        ClientConfig {
+            ca,
+            client_auth: None,
+            server_name: "localhost".to_owned(),
+            timeout: Duration::from_millis(5),
+            connect_timeout: Duration::from_secs(1),
+            streams_per_connection: 4,
+            max_checks_per_frame: 1_024,
+            max_queued_checks: 64 * 1_024,
+            idle_timeout: Duration::from_secs(3),
+            breaker: BreakerConfig::default(),
+            reconnect: BackoffConfig::default(),
+            fallback_store: StoreConfig {
+                max_keys: 64 * 1_024,
+                shards: 16,
+            },
+        }
+    }
+
+    /// The same with a CA file.
+    pub fn with_ca_file(path: impl Into<PathBuf>) -> Self {
+        ClientConfig::new(CaSource::File(path.into()))
+    }
+
+    /// Checks every field and their combinations; file contents are checked when the TLS
+    /// configuration is built.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let invalid = |field, problem: &str| {
+            Err(ConfigError::Invalid {
+                field,
+                problem: problem.to_owned(),
+            })
+        };
+        if rustls::pki_types::ServerName::try_from(self.server_name.as_str()).is_err() {
+            return invalid(
+                "server_name",
+                &format!("`{}` is not a DNS name or IP address", self.server_name),
+            );
+        }
+        if self.timeout.is_zero() {
+            return invalid("timeout", "must be more than zero");
+        }
+        if self.connect_timeout.is_zero() {
+            return invalid("connect_timeout", "must be more than zero");
+        }
+        if !(1..=MAX_STREAMS_PER_CONNECTION).contains(&self.streams_per_connection) {
+            return invalid(
+                "streams_per_connection",
+                &format!(
+                    "{} is outside 1..={MAX_STREAMS_PER_CONNECTION}",
+                    self.streams_per_connection
+                ),
+            );
+        }
+        if !(1..=MAX_CHECKS_PER_FRAME).contains(&self.max_checks_per_frame) {
+            return invalid(
+                "max_checks_per_frame",
+                &format!(
+                    "{} is outside 1..={MAX_CHECKS_PER_FRAME} (a node refuses larger frames)",
+                    self.max_checks_per_frame
+                ),
+            );
+        }
+        if self.max_queued_checks < self.max_checks_per_frame {
+            return invalid(
+                "max_queued_checks",
+                &format!(
+                    "{} is below max_checks_per_frame ({}): a full call could never queue",
+                    self.max_queued_checks, self.max_checks_per_frame
+                ),
+            );
+        }
+        // quinn needs an idle timeout it can encode (below 2^62 ms) and at least one keep-alive
+        // interval (1 s) inside it, or idle connections would die between keep-alives.
+        if self.idle_timeout < Duration::from_secs(2)
+            || quinn::IdleTimeout::try_from(self.idle_timeout).is_err()
+        {
+            return invalid(
+                "idle_timeout",
+                "must be at least 2 s (keep-alives go every 1 s)",
+            );
+        }
+        if self.breaker.failure_threshold == 0 {
+            return invalid("breaker.failure_threshold", "must be at least 1");
+        }
+        if self.breaker.cooldown.is_zero() {
+            return invalid("breaker.cooldown", "must be more than zero");
+        }
+        if self.reconnect.initial.is_zero() {
+            return invalid("reconnect.initial", "must be more than zero");
+        }
+        if self.reconnect.max < self.reconnect.initial {
+            return invalid(
+                "reconnect.max",
+                &format!(
+                    "{:?} is below reconnect.initial ({:?})",
+                    self.reconnect.max, self.reconnect.initial
+                ),
+            );
+        }
+        if let Err(e) = floodgate::BucketStore::new(self.fallback_store) {
+            return invalid("fallback_store", &e.to_string());
+        }
+        Ok(())
+    }
+}
+
+/// Checks the node list: at least one, none twice.
+pub(crate) fn validate_nodes(nodes: &[SocketAddr]) -> Result<(), ConfigError> {
+    if nodes.is_empty() {
+        return Err(ConfigError::NoNodes);
+    }
+    for (i, node) in nodes.iter().enumerate() {
+        if nodes[..i].contains(node) {
+            return Err(ConfigError::DuplicateNode(*node));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config() -> ClientConfig {
+        ClientConfig::with_ca_file("/nonexistent/ca.pem")
+    }
+
+    fn field_of(config: &ClientConfig) -> &'static str {
+        match config.validate() {
+            Err(ConfigError::Invalid { field, .. }) => field,
+            other => panic!("expected an invalid field, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn defaults_are_valid() {
+        assert_eq!(config().validate(), Ok(()));
+    }
+
+    #[test]
+    fn each_bad_field_is_named() {
+        type Edit = Box<dyn Fn(&mut ClientConfig)>;
+        let cases: Vec<(&str, Edit)> = vec![
+            (
+                "server_name",
+                Box::new(|c| c.server_name = "no spaces".into()),
+            ),
+            ("timeout", Box::new(|c| c.timeout = Duration::ZERO)),
+            (
+                "connect_timeout",
+                Box::new(|c| c.connect_timeout = Duration::ZERO),
+            ),
+            (
+                "streams_per_connection",
+                Box::new(|c| c.streams_per_connection = 0),
+            ),
+            (
+                "streams_per_connection",
+                Box::new(|c| c.streams_per_connection = 17),
+            ),
+            (
+                "max_checks_per_frame",
+                Box::new(|c| c.max_checks_per_frame = 0),
+            ),
+            (
+                "max_checks_per_frame",
+                Box::new(|c| c.max_checks_per_frame = 4_097),
+            ),
+            ("max_queued_checks", Box::new(|c| c.max_queued_checks = 10)),
+            (
+                "idle_timeout",
+                Box::new(|c| c.idle_timeout = Duration::from_millis(500)),
+            ),
+            (
+                "breaker.failure_threshold",
+                Box::new(|c| c.breaker.failure_threshold = 0),
+            ),
+            (
+                "breaker.cooldown",
+                Box::new(|c| c.breaker.cooldown = Duration::ZERO),
+            ),
+            (
+                "reconnect.initial",
+                Box::new(|c| c.reconnect.initial = Duration::ZERO),
+            ),
+            (
+                "reconnect.max",
+                Box::new(|c| c.reconnect.max = Duration::from_millis(1)),
+            ),
+            ("fallback_store", Box::new(|c| c.fallback_store.shards = 3)),
+        ];
+        for (field, edit) in cases {
+            let mut c = config();
+            edit(&mut c);
+            assert_eq!(field_of(&c), field);
+        }
+    }
+
+    #[test]
+    fn protocol_bounds_match_the_node_defaults() {
+        let node = floodgate::wire::WireLimits::default();
+        assert_eq!(MAX_CHECKS_PER_FRAME, node.max_batch);
+        assert_eq!(MAX_KEY_BYTES, node.max_key_bytes);
+    }
+
+    #[test]
+    fn an_ip_address_is_a_valid_server_name() {
+        let mut c = config();
+        c.server_name = "127.0.0.1".into();
+        assert_eq!(c.validate(), Ok(()));
+    }
+
+    #[test]
+    fn node_lists_must_be_non_empty_and_distinct() {
+        let a: SocketAddr = "127.0.0.1:7100".parse().unwrap();
+        let b: SocketAddr = "127.0.0.1:7101".parse().unwrap();
+        assert_eq!(validate_nodes(&[]), Err(ConfigError::NoNodes));
+        assert_eq!(
+            validate_nodes(&[a, b, a]),
+            Err(ConfigError::DuplicateNode(a))
+        );
+        assert_eq!(validate_nodes(&[a, b]), Ok(()));
+    }
+}

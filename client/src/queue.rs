@@ -1,0 +1,448 @@
+//! The per-node call queue: callers push their check groups, stream tasks drain them into frames.
+//!
+//! Adaptive batching falls out of the shape: an idle stream task is woken by the first call and
+//! sends it alone at once; calls that arrive while every stream has a frame in flight wait here
+//! and the next free stream takes all of them (up to the frame's bound) in one frame.
+//!
+//! Timeouts are deadlines carried by each call, enforced by whoever holds the call: here by the
+//! reaper ([`CallQueue::reap_expired`]: one timer for the whole queue, set for its oldest call),
+//! in flight by the stream task (one timer per frame). A tokio timer per call cost about a fifth
+//! of the client's throughput (registering and clearing it takes the timer driver's lock).
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+use floodgate::wire::{ErrorCode, WireCheck, WireDecision};
+use parking_lot::Mutex;
+use tokio::sync::{Notify, oneshot};
+use tokio::time::Instant;
+
+use crate::verdict::DegradedReason;
+
+/// One `check` call waiting for its answer.
+#[derive(Debug)]
+pub(crate) struct Call {
+    pub(crate) checks: Vec<WireCheck>,
+    pub(crate) reply: oneshot::Sender<Reply>,
+    /// When the caller stops waiting: whoever holds the call then answers `Timeout`.
+    pub(crate) deadline: Instant,
+}
+
+impl Call {
+    fn time_out(self) {
+        // A caller that gave up has nobody to tell.
+        let _ = self.reply.send(Reply::Failed(DegradedReason::Timeout));
+    }
+}
+
+/// What a stream task hands back to a caller.
+#[derive(Debug)]
+pub(crate) enum Reply {
+    /// The node decided: this call's decisions are `decisions[start..start + checks]`. The
+    /// frame's decisions are shared by all its calls, so answering costs no allocation per call.
+    Decided {
+        decisions: Arc<Vec<WireDecision>>,
+        start: usize,
+    },
+    /// The node refused the call itself as invalid (a bad-request code).
+    Refused { code: ErrorCode, message: String },
+    /// No answer from the node.
+    Failed(DegradedReason),
+}
+
+/// Whether calls can be served, as stream tasks see it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Link {
+    /// The first connection attempt is under way: calls wait for it (bounded by their timeout).
+    Connecting,
+    /// Connected; only stream tasks of this connection generation may take calls.
+    Up(u64),
+    /// No connection: calls fail over at once instead of waiting out their timeout.
+    Down,
+}
+
+#[derive(Debug)]
+struct Inner {
+    link: Link,
+    calls: VecDeque<Call>,
+    queued_checks: usize,
+}
+
+/// What `drain` found.
+#[derive(Debug, PartialEq, Eq)]
+enum Drained {
+    Taken,
+    Empty,
+    /// This stream task's connection is gone: it must stop.
+    Stale,
+}
+
+/// A multi-producer, multi-consumer queue of calls for one node. A `parking_lot` mutex around a
+/// `VecDeque` is held for a few pointer moves per call; `Notify` gives one wake-up per call to an
+/// idle stream task (or stores a single permit when all are busy, costing nothing more).
+#[derive(Debug)]
+pub(crate) struct CallQueue {
+    inner: Mutex<Inner>,
+    ready: Notify,
+    /// Wakes the reaper when a call arrives in an empty queue (it sleeps otherwise).
+    first_call: Notify,
+    max_queued_checks: usize,
+}
+
+impl CallQueue {
+    pub(crate) fn new(max_queued_checks: usize) -> Self {
+        CallQueue {
+            inner: Mutex::new(Inner {
+                link: Link::Connecting,
+                calls: VecDeque::new(),
+                queued_checks: 0,
+            }),
+            ready: Notify::new(),
+            first_call: Notify::new(),
+            max_queued_checks,
+        }
+    }
+
+    /// Queues a call, or gives it back with the reason it cannot be served now.
+    // The error carries the call back so the caller still owns its data; it is not an error type
+    // worth boxing.
+    #[allow(clippy::result_large_err)]
+    pub(crate) fn push(&self, call: Call) -> Result<(), (Call, DegradedReason)> {
+        let mut inner = self.inner.lock();
+        if inner.link == Link::Down {
+            return Err((call, DegradedReason::Unreachable));
+        }
+        if inner.queued_checks + call.checks.len() > self.max_queued_checks {
+            return Err((call, DegradedReason::Backlog));
+        }
+        let was_empty = inner.calls.is_empty();
+        inner.queued_checks += call.checks.len();
+        inner.calls.push_back(call);
+        drop(inner);
+        self.ready.notify_one();
+        if was_empty {
+            self.first_call.notify_one();
+        }
+        Ok(())
+    }
+
+    /// Waits for calls and moves them into `out`: at least one, and then as many as fit in
+    /// `max_checks`. Returns false, taking nothing, once connection `generation` is gone.
+    pub(crate) async fn next_batch(
+        &self,
+        generation: u64,
+        max_checks: usize,
+        out: &mut Vec<Call>,
+    ) -> bool {
+        loop {
+            // Registered before looking, so a push between the look and the wait still wakes us.
+            let notified = self.ready.notified();
+            let mut notified = std::pin::pin!(notified);
+            notified.as_mut().enable();
+            match self.drain(generation, max_checks, out) {
+                Drained::Taken => return true,
+                Drained::Stale => return false,
+                Drained::Empty => notified.await,
+            }
+        }
+    }
+
+    fn drain(&self, generation: u64, max_checks: usize, out: &mut Vec<Call>) -> Drained {
+        let now = Instant::now();
+        let mut expired = Vec::new();
+        let mut inner = self.inner.lock();
+        if inner.link != Link::Up(generation) {
+            return Drained::Stale;
+        }
+        let mut taken = 0;
+        let mut dropped = 0;
+        while let Some(front) = inner.calls.front() {
+            let len = front.checks.len();
+            // A caller that gave up, or whose deadline passed, decides through its failure mode:
+            // sending its checks now would consume tokens for a request answered without them.
+            if front.reply.is_closed() || front.deadline <= now {
+                dropped += len;
+                expired.extend(inner.calls.pop_front());
+                continue;
+            }
+            if taken > 0 && taken + len > max_checks {
+                break;
+            }
+            taken += len;
+            out.extend(inner.calls.pop_front());
+        }
+        inner.queued_checks -= taken + dropped;
+        let more = !inner.calls.is_empty();
+        drop(inner);
+        expired.into_iter().for_each(Call::time_out);
+        if more {
+            // Hand the rest to another idle stream rather than leaving it for our next turn.
+            self.ready.notify_one();
+        }
+        if taken == 0 {
+            Drained::Empty
+        } else {
+            Drained::Taken
+        }
+    }
+
+    /// Answers `Timeout` to the queued calls whose deadline has passed; returns the deadline of
+    /// the oldest call left. Calls queue in deadline order (one timeout per client), so only the
+    /// head is ever due.
+    fn expire(&self, now: Instant) -> Option<Instant> {
+        let mut expired = Vec::new();
+        let mut inner = self.inner.lock();
+        while let Some(front) = inner.calls.front() {
+            if front.deadline > now && !front.reply.is_closed() {
+                break;
+            }
+            inner.queued_checks -= front.checks.len();
+            expired.extend(inner.calls.pop_front());
+        }
+        let next = inner.calls.front().map(|c| c.deadline);
+        drop(inner);
+        expired.into_iter().for_each(Call::time_out);
+        next
+    }
+
+    /// Runs forever, timing out queued calls when no stream task takes them in time (all busy,
+    /// or the first connection attempt still under way). Sleeps on one timer, for the oldest
+    /// call; when that call has already left, it wakes once for nothing and sleeps again.
+    pub(crate) async fn reap_expired(&self) {
+        loop {
+            let first_call = self.first_call.notified();
+            let mut first_call = std::pin::pin!(first_call);
+            first_call.as_mut().enable();
+            match self.expire(Instant::now()) {
+                Some(deadline) => tokio::time::sleep_until(deadline).await,
+                None => first_call.await,
+            }
+        }
+    }
+
+    /// A connection of `generation` is up: its stream tasks may take calls.
+    pub(crate) fn set_up(&self, generation: u64) {
+        self.inner.lock().link = Link::Up(generation);
+        self.ready.notify_waiters();
+    }
+
+    /// No connection: fail every queued call and refuse new ones until `set_up`.
+    pub(crate) fn set_down(&self) {
+        let calls = {
+            let mut inner = self.inner.lock();
+            inner.link = Link::Down;
+            inner.queued_checks = 0;
+            std::mem::take(&mut inner.calls)
+        };
+        // Wake every waiting stream task of the old connection so it sees `Stale` and ends.
+        self.ready.notify_waiters();
+        for call in calls {
+            // A caller that gave up has nobody to tell.
+            let _ = call.reply.send(Reply::Failed(DegradedReason::Unreachable));
+        }
+    }
+
+    #[cfg(test)]
+    fn queued_checks(&self) -> usize {
+        self.inner.lock().queued_checks
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use floodgate::Limit;
+
+    use super::*;
+
+    fn call(checks: usize) -> (Call, oneshot::Receiver<Reply>) {
+        call_due(checks, Duration::from_secs(3_600))
+    }
+
+    fn call_due(checks: usize, after: Duration) -> (Call, oneshot::Receiver<Reply>) {
+        let limit = Limit::gcra(10, 1_000_000_000, 10).unwrap();
+        let (reply, rx) = oneshot::channel();
+        let checks = (0..checks)
+            .map(|i| WireCheck::new(format!("k{i}"), &limit, 1))
+            .collect();
+        let deadline = Instant::now() + after;
+        (
+            Call {
+                checks,
+                reply,
+                deadline,
+            },
+            rx,
+        )
+    }
+
+    fn timed_out(reply: Result<Reply, oneshot::error::RecvError>) -> bool {
+        matches!(reply, Ok(Reply::Failed(DegradedReason::Timeout)))
+    }
+
+    fn sizes(calls: &[Call]) -> Vec<usize> {
+        calls.iter().map(|c| c.checks.len()).collect()
+    }
+
+    #[tokio::test]
+    async fn calls_queued_while_busy_are_coalesced_up_to_the_bound() {
+        let queue = CallQueue::new(1_000);
+        queue.set_up(1);
+        let mut receivers = Vec::new();
+        for n in [3, 4, 2, 5] {
+            let (c, rx) = call(n);
+            queue.push(c).unwrap();
+            receivers.push(rx);
+        }
+        let mut out = Vec::new();
+        assert!(queue.next_batch(1, 10, &mut out).await);
+        // 3 + 4 + 2 = 9 fit in 10; the call of 5 would overflow and waits for the next frame.
+        assert_eq!(sizes(&out), [3, 4, 2]);
+        out.clear();
+        assert!(queue.next_batch(1, 10, &mut out).await);
+        assert_eq!(sizes(&out), [5]);
+        assert_eq!(queue.queued_checks(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_call_is_never_split_and_always_taken_when_first() {
+        let queue = CallQueue::new(1_000);
+        queue.set_up(1);
+        let (c, _rx) = call(8);
+        queue.push(c).unwrap();
+        let mut out = Vec::new();
+        assert!(queue.next_batch(1, 4, &mut out).await);
+        assert_eq!(sizes(&out), [8]);
+    }
+
+    #[tokio::test]
+    async fn calls_whose_caller_gave_up_are_not_sent() {
+        let queue = CallQueue::new(1_000);
+        queue.set_up(1);
+        let (gone, rx) = call(2);
+        drop(rx);
+        let (kept, _rx) = call(1);
+        queue.push(gone).unwrap();
+        queue.push(kept).unwrap();
+        let mut out = Vec::new();
+        assert!(queue.next_batch(1, 10, &mut out).await);
+        assert_eq!(sizes(&out), [1]);
+        assert_eq!(queue.queued_checks(), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_idle_stream_is_woken_by_the_first_call() {
+        let queue = Arc::new(CallQueue::new(1_000));
+        queue.set_up(7);
+        let consumer = tokio::spawn({
+            let queue = queue.clone();
+            async move {
+                let mut out = Vec::new();
+                assert!(queue.next_batch(7, 10, &mut out).await);
+                sizes(&out)
+            }
+        });
+        tokio::task::yield_now().await; // the consumer is now waiting on an empty queue
+        let (c, _rx) = call(1);
+        queue.push(c).unwrap();
+        assert_eq!(consumer.await.unwrap(), [1]);
+    }
+
+    #[tokio::test]
+    async fn going_down_fails_queued_calls_refuses_new_ones_and_stops_streams() {
+        let queue = Arc::new(CallQueue::new(1_000));
+        queue.set_up(1);
+        let (c, rx) = call(1);
+        queue.push(c).unwrap();
+        let waiting = tokio::spawn({
+            let queue = queue.clone();
+            async move {
+                let mut out = Vec::new();
+                // Takes the queued call, then waits for more until the link goes down.
+                assert!(queue.next_batch(1, 1, &mut out).await);
+                out.clear();
+                queue.next_batch(1, 1, &mut out).await
+            }
+        });
+        // Wait until the consumer has taken the call (its caller sees nothing yet).
+        while queue.queued_checks() != 0 {
+            tokio::task::yield_now().await;
+        }
+        let (c2, rx2) = call(1);
+        queue.push(c2).unwrap();
+        queue.set_down();
+        assert!(matches!(
+            rx2.await,
+            Ok(Reply::Failed(DegradedReason::Unreachable))
+        ));
+        assert!(!waiting.await.unwrap());
+        drop(rx);
+        let (c3, _rx3) = call(1);
+        assert!(matches!(
+            queue.push(c3),
+            Err((_, DegradedReason::Unreachable))
+        ));
+    }
+
+    #[tokio::test]
+    async fn streams_of_an_old_connection_take_nothing() {
+        let queue = CallQueue::new(1_000);
+        queue.set_up(2);
+        let (c, _rx) = call(1);
+        queue.push(c).unwrap();
+        let mut out = Vec::new();
+        assert!(!queue.next_batch(1, 10, &mut out).await);
+        assert!(out.is_empty());
+        assert!(queue.next_batch(2, 10, &mut out).await);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_reaper_times_out_calls_nobody_takes_at_their_deadline() {
+        let queue = Arc::new(CallQueue::new(1_000));
+        let reaper = tokio::spawn({
+            let queue = queue.clone();
+            async move { queue.reap_expired().await }
+        });
+        let start = Instant::now();
+        let (a, rx_a) = call_due(1, Duration::from_millis(5));
+        let (b, rx_b) = call_due(2, Duration::from_millis(8));
+        queue.push(a).unwrap();
+        queue.push(b).unwrap();
+        assert!(timed_out(rx_a.await));
+        assert_eq!(Instant::now() - start, Duration::from_millis(5));
+        assert!(timed_out(rx_b.await));
+        assert_eq!(Instant::now() - start, Duration::from_millis(8));
+        assert_eq!(queue.queued_checks(), 0);
+        // Idle again, the reaper waits for the next first call, then its deadline.
+        let (c, rx_c) = call_due(1, Duration::from_millis(3));
+        queue.push(c).unwrap();
+        assert!(timed_out(rx_c.await));
+        assert_eq!(Instant::now() - start, Duration::from_millis(11));
+        reaper.abort();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn expired_calls_are_answered_not_sent() {
+        let queue = CallQueue::new(1_000);
+        queue.set_up(1);
+        let (late, rx_late) = call_due(1, Duration::from_millis(1));
+        let (fresh, _rx) = call(1);
+        queue.push(late).unwrap();
+        queue.push(fresh).unwrap();
+        tokio::time::advance(Duration::from_millis(1)).await;
+        let mut out = Vec::new();
+        assert!(queue.next_batch(1, 10, &mut out).await);
+        assert_eq!(sizes(&out), [1]);
+        assert!(timed_out(rx_late.await));
+    }
+
+    #[test]
+    fn the_backlog_is_bounded() {
+        let queue = CallQueue::new(5);
+        let (a, _ra) = call(3);
+        let (b, _rb) = call(3);
+        queue.push(a).unwrap();
+        assert!(matches!(queue.push(b), Err((_, DegradedReason::Backlog))));
+    }
+}

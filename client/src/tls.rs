@@ -1,0 +1,110 @@
+//! Builds the QUIC + TLS 1.3 client configuration (ring provider, ALPN, optional client cert).
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use rustls::RootCertStore;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+
+use crate::config::{CaSource, ClientConfig};
+use crate::error::ConfigError;
+
+/// Keep-alive interval: a dead node is noticed within the idle timeout even when no checks flow.
+const KEEP_ALIVE: Duration = Duration::from_secs(1);
+
+/// The quinn client configuration for `config` (already validated).
+pub(crate) fn quinn_config(config: &ClientConfig) -> Result<quinn::ClientConfig, ConfigError> {
+    // The provider is passed explicitly: relying on the process default panics when ring and
+    // aws-lc-rs both end up in a build with none installed (CRATE-NOTES, quinn).
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = rustls::ClientConfig::builder_with_provider(provider)
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .map_err(|e| ConfigError::Tls(e.to_string()))?
+        .with_root_certificates(load_roots(&config.ca)?);
+    let mut tls = match &config.client_auth {
+        Some(auth) => {
+            let chain = load_certs(&auth.cert, "client certificate")?;
+            let key = PrivateKeyDer::from_pem_file(&auth.key).map_err(|e| ConfigError::File {
+                what: "client key",
+                path: auth.key.clone(),
+                problem: e.to_string(),
+            })?;
+            builder
+                .with_client_auth_cert(chain, key)
+                .map_err(|e| ConfigError::Tls(format!("client certificate and key: {e}")))?
+        }
+        None => builder.with_no_client_auth(),
+    };
+    tls.alpn_protocols = vec![floodgate::wire::ALPN.to_vec()];
+    // Never 0-RTT: early data can be replayed, and a replayed check consumes tokens twice.
+    tls.enable_early_data = false;
+    let quic = quinn::crypto::rustls::QuicClientConfig::try_from(tls)
+        .map_err(|e| ConfigError::Tls(e.to_string()))?;
+    let mut client = quinn::ClientConfig::new(Arc::new(quic));
+    client.transport_config(Arc::new(transport(config)?));
+    Ok(client)
+}
+
+fn transport(config: &ClientConfig) -> Result<quinn::TransportConfig, ConfigError> {
+    let mut transport = quinn::TransportConfig::default();
+    transport.keep_alive_interval(Some(KEEP_ALIVE));
+    let idle =
+        quinn::IdleTimeout::try_from(config.idle_timeout).map_err(|_| ConfigError::Invalid {
+            field: "idle_timeout",
+            problem: "too large".to_owned(),
+        })?;
+    transport.max_idle_timeout(Some(idle));
+    // Nodes never open streams towards a client.
+    transport.max_concurrent_bidi_streams(0u32.into());
+    transport.max_concurrent_uni_streams(0u32.into());
+    Ok(transport)
+}
+
+fn load_roots(ca: &CaSource) -> Result<RootCertStore, ConfigError> {
+    let (certs, path) = match ca {
+        CaSource::File(path) => (load_certs(path, "CA certificates")?, path.clone()),
+        CaSource::Pem(pem) => {
+            let certs = CertificateDer::pem_slice_iter(pem)
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| ConfigError::Tls(format!("CA certificates (in memory): {e}")))?;
+            (certs, "<in memory>".into())
+        }
+    };
+    if certs.is_empty() {
+        return Err(ConfigError::File {
+            what: "CA certificates",
+            path,
+            problem: "no PEM certificate found".to_owned(),
+        });
+    }
+    let mut roots = RootCertStore::empty();
+    for cert in certs {
+        roots.add(cert).map_err(|e| ConfigError::File {
+            what: "CA certificates",
+            path: path.clone(),
+            problem: e.to_string(),
+        })?;
+    }
+    Ok(roots)
+}
+
+fn load_certs(
+    path: &Path,
+    what: &'static str,
+) -> Result<Vec<CertificateDer<'static>>, ConfigError> {
+    let file_error = |problem: String| ConfigError::File {
+        what,
+        path: path.to_owned(),
+        problem,
+    };
+    let certs = CertificateDer::pem_file_iter(path)
+        .map_err(|e| file_error(e.to_string()))?
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| file_error(e.to_string()))?;
+    if certs.is_empty() {
+        return Err(file_error("no PEM certificate found".to_owned()));
+    }
+    Ok(certs)
+}

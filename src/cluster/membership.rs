@@ -1,0 +1,368 @@
+//! Membership without consensus: a gossip-style failure detector (van Renesse et al.).
+//!
+//! Every node bumps its own heartbeat each gossip round and sends its view (every member's
+//! incarnation and heartbeat) to a few random peers. A member whose heartbeat has not advanced
+//! for `suspect_after` is suspect; after `dead_after`, dead, and its slots move. A restarted node
+//! comes back with a larger incarnation (its start time), so it is never mistaken for its old
+//! self. A graceful leave is gossiped as `Left`. Sans I/O: `handle_gossip(now, msg)` and
+//! `poll(now)` return what to send; the node owns sockets and timers.
+
+use std::collections::BTreeMap;
+
+use rkyv::{Archive, Deserialize, Serialize};
+
+/// Timings and bounds. Defaults: a silent node is suspect after 500 ms and dead after 1 s.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MembershipConfig {
+    pub gossip_interval_ns: u64,
+    /// Peers each round's gossip goes to.
+    pub fanout: usize,
+    pub suspect_after_ns: u64,
+    pub dead_after_ns: u64,
+    /// How long a dead or departed member is remembered (so stale gossip cannot revive it).
+    pub forget_after_ns: u64,
+    /// Most members tracked; gossip naming more is ignored.
+    pub max_members: usize,
+}
+
+impl Default for MembershipConfig {
+    fn default() -> Self {
+        MembershipConfig {
+            gossip_interval_ns: 100_000_000,
+            fanout: 3,
+            suspect_after_ns: 500_000_000,
+            dead_after_ns: 1_000_000_000,
+            forget_after_ns: 30_000_000_000,
+            max_members: 1_024,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum MemberState {
+    Alive,
+    /// Silent for `suspect_after`: still owns its slots.
+    Suspect,
+    /// Silent for `dead_after`: its slots have moved.
+    Dead,
+    /// Announced a graceful leave.
+    Left,
+}
+
+impl MemberState {
+    pub fn name(self) -> &'static str {
+        match self {
+            MemberState::Alive => "alive",
+            MemberState::Suspect => "suspect",
+            MemberState::Dead => "dead",
+            MemberState::Left => "left",
+        }
+    }
+
+    /// Alive and suspect members own slots; dead and departed ones do not.
+    pub fn owns_slots(self) -> bool {
+        matches!(self, MemberState::Alive | MemberState::Suspect)
+    }
+}
+
+/// Who a member is: a stable id, the address peers and clients reach it at, and its region.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct MemberInfo {
+    pub id: String,
+    pub addr: String,
+    pub region: String,
+}
+
+/// One member as gossiped.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub struct MemberDigest {
+    pub info: MemberInfo,
+    pub incarnation: u64,
+    pub heartbeat: u64,
+    /// `true` once the member announced a graceful leave.
+    pub left: bool,
+}
+
+/// A gossip message: the sender's view of every member it considers alive, suspect or departed.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq, Default)]
+pub struct Gossip {
+    pub members: Vec<MemberDigest>,
+}
+
+/// A message to send.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Outgoing {
+    /// Peer address (a member's `addr`, or a seed).
+    pub to: String,
+    pub gossip: Gossip,
+}
+
+#[derive(Debug, Clone)]
+struct Member {
+    info: MemberInfo,
+    incarnation: u64,
+    heartbeat: u64,
+    state: MemberState,
+    /// When the heartbeat last advanced (or the state last changed).
+    since_ns: u64,
+}
+
+/// One node's view of the cluster.
+#[derive(Debug)]
+pub struct Membership {
+    me: String,
+    members: BTreeMap<String, Member>,
+    seeds: Vec<String>,
+    config: MembershipConfig,
+    next_round_ns: u64,
+    rng: u64,
+    epoch: u64,
+}
+
+impl Membership {
+    /// A node's membership, starting alone. `incarnation` must grow across restarts of the same
+    /// id (the start time in ms does); `seed` makes peer choice reproducible.
+    pub fn new(
+        me: MemberInfo,
+        incarnation: u64,
+        seeds: Vec<String>,
+        config: MembershipConfig,
+        now_ns: u64,
+        seed: u64,
+    ) -> Self {
+        let id = me.id.clone();
+        let member = Member {
+            info: me,
+            incarnation,
+            heartbeat: 0,
+            state: MemberState::Alive,
+            since_ns: now_ns,
+        };
+        let seeds = seeds
+            .into_iter()
+            .filter(|s| *s != member.info.addr)
+            .collect();
+        Membership {
+            me: id.clone(),
+            members: BTreeMap::from([(id, member)]),
+            seeds,
+            config,
+            next_round_ns: now_ns,
+            rng: seed | 1,
+            epoch: 1,
+        }
+    }
+
+    pub fn me(&self) -> &str {
+        &self.me
+    }
+
+    /// Increments whenever the set of slot-owning members changes.
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    /// Every known member with its state, sorted by id.
+    pub fn members(&self) -> impl Iterator<Item = (&MemberInfo, MemberState)> {
+        self.members.values().map(|m| (&m.info, m.state))
+    }
+
+    /// Ids of the members that own slots (alive or suspect), sorted.
+    pub fn owners(&self) -> Vec<String> {
+        self.members
+            .values()
+            .filter(|m| m.state.owns_slots())
+            .map(|m| m.info.id.clone())
+            .collect()
+    }
+
+    pub fn state_of(&self, id: &str) -> Option<MemberState> {
+        self.members.get(id).map(|m| m.state)
+    }
+
+    pub fn info(&self, id: &str) -> Option<&MemberInfo> {
+        self.members.get(id).map(|m| &m.info)
+    }
+
+    /// When `poll` next has work.
+    pub fn next_deadline_ns(&self) -> u64 {
+        self.next_round_ns
+    }
+
+    /// Merges a peer's view. Heartbeats only move forward; a larger incarnation is a restart.
+    pub fn handle_gossip(&mut self, now_ns: u64, gossip: &Gossip) {
+        let owners_before = self.owners();
+        for digest in &gossip.members {
+            let id = &digest.info.id;
+            if *id == self.me {
+                continue; // Nobody else speaks for us.
+            }
+            let version = (digest.incarnation, digest.heartbeat);
+            let room = self.members.len() < self.config.max_members;
+            match self.members.get_mut(id) {
+                Some(member) => {
+                    if digest.left && digest.incarnation >= member.incarnation {
+                        if member.state != MemberState::Left {
+                            member.state = MemberState::Left;
+                            member.since_ns = now_ns;
+                        }
+                    } else if version > (member.incarnation, member.heartbeat) && !digest.left {
+                        let restarted = digest.incarnation > member.incarnation;
+                        // A departed or dead member comes back only with progress: a new
+                        // incarnation, or (for dead) a heartbeat it had not reached.
+                        if member.state != MemberState::Left || restarted {
+                            member.incarnation = digest.incarnation;
+                            member.heartbeat = digest.heartbeat;
+                            member.info = digest.info.clone();
+                            member.state = MemberState::Alive;
+                            member.since_ns = now_ns;
+                        }
+                    }
+                }
+                None if room => {
+                    let state = if digest.left {
+                        MemberState::Left
+                    } else {
+                        MemberState::Alive
+                    };
+                    self.members.insert(
+                        id.clone(),
+                        Member {
+                            info: digest.info.clone(),
+                            incarnation: digest.incarnation,
+                            heartbeat: digest.heartbeat,
+                            state,
+                            since_ns: now_ns,
+                        },
+                    );
+                }
+                None => {}
+            }
+        }
+        self.bump_epoch_if_changed(&owners_before);
+    }
+
+    /// Advances timers: bumps our heartbeat, ages silent members, and when a gossip round is
+    /// due returns the messages to send.
+    pub fn poll(&mut self, now_ns: u64) -> Vec<Outgoing> {
+        let owners_before = self.owners();
+        let config = self.config;
+        for member in self.members.values_mut().filter(|m| m.info.id != self.me) {
+            let silent = now_ns.saturating_sub(member.since_ns);
+            match member.state {
+                MemberState::Alive if silent >= config.suspect_after_ns => {
+                    member.state = MemberState::Suspect
+                }
+                MemberState::Suspect if silent >= config.dead_after_ns => {
+                    member.state = MemberState::Dead
+                }
+                _ => {}
+            }
+        }
+        self.members.retain(|_, m| {
+            m.state.owns_slots() || now_ns.saturating_sub(m.since_ns) < config.forget_after_ns
+        });
+        self.bump_epoch_if_changed(&owners_before);
+        if now_ns < self.next_round_ns {
+            return Vec::new();
+        }
+        self.next_round_ns = now_ns + config.gossip_interval_ns;
+        if let Some(me) = self.members.get_mut(&self.me) {
+            me.heartbeat += 1;
+            me.since_ns = now_ns;
+        }
+        let gossip = self.digest();
+        self.targets()
+            .into_iter()
+            .map(|to| Outgoing {
+                to,
+                gossip: gossip.clone(),
+            })
+            .collect()
+    }
+
+    /// Announces a graceful leave: returns the message for every other known member.
+    pub fn leave(&mut self, now_ns: u64) -> Vec<Outgoing> {
+        if let Some(me) = self.members.get_mut(&self.me) {
+            me.state = MemberState::Left;
+            me.since_ns = now_ns;
+        }
+        let gossip = self.digest();
+        self.members
+            .values()
+            .filter(|m| m.info.id != self.me && m.state.owns_slots())
+            .map(|m| Outgoing {
+                to: m.info.addr.clone(),
+                gossip: gossip.clone(),
+            })
+            .collect()
+    }
+
+    fn digest(&self) -> Gossip {
+        let members = self
+            .members
+            .values()
+            .filter(|m| m.state != MemberState::Dead)
+            .map(|m| MemberDigest {
+                info: m.info.clone(),
+                incarnation: m.incarnation,
+                heartbeat: m.heartbeat,
+                left: m.state == MemberState::Left,
+            })
+            .collect();
+        Gossip { members }
+    }
+
+    /// `fanout` random live peers; plus one dead member or unknown seed per round, so
+    /// partitions heal and a lone node keeps knocking on its seeds.
+    fn targets(&mut self) -> Vec<String> {
+        let mut live: Vec<String> = self
+            .members
+            .values()
+            .filter(|m| m.info.id != self.me && m.state.owns_slots())
+            .map(|m| m.info.addr.clone())
+            .collect();
+        let mut targets = Vec::with_capacity(self.config.fanout + 1);
+        while targets.len() < self.config.fanout && !live.is_empty() {
+            let i = self.next_random() as usize % live.len();
+            targets.push(live.swap_remove(i));
+        }
+        let known: Vec<&str> = self
+            .members
+            .values()
+            .filter(|m| m.state.owns_slots())
+            .map(|m| m.info.addr.as_str())
+            .collect();
+        let mut outside: Vec<String> = self
+            .members
+            .values()
+            .filter(|m| m.state == MemberState::Dead)
+            .map(|m| m.info.addr.clone())
+            .collect();
+        outside.extend(
+            self.seeds
+                .iter()
+                .filter(|s| !known.contains(&s.as_str()))
+                .cloned(),
+        );
+        if !outside.is_empty() {
+            let i = self.next_random() as usize % outside.len();
+            targets.push(outside.swap_remove(i));
+        }
+        targets
+    }
+
+    fn bump_epoch_if_changed(&mut self, owners_before: &[String]) {
+        if self.owners() != owners_before {
+            self.epoch += 1;
+        }
+    }
+
+    fn next_random(&mut self) -> u64 {
+        // xorshift64: reproducible from the seed, good enough to spread gossip.
+        self.rng ^= self.rng << 13;
+        self.rng ^= self.rng >> 7;
+        self.rng ^= self.rng << 17;
+        self.rng
+    }
+}

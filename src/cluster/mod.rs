@@ -1,0 +1,10 @@
+//! The cluster's sans-I/O parts: who owns which slot. Driven by the node; pure here.
+//!
+//! - [`membership`]: who is in the cluster: gossip of heartbeats, suspect and dead by silence.
+//! - [`slots`]: keys → slots → nodes through a consistent-hash ring, with each slot's successor.
+
+pub mod membership;
+pub mod slots;
+
+pub use membership::{Gossip, MemberInfo, MemberState, Membership, MembershipConfig, Outgoing};
+pub use slots::{SLOTS, SlotTable, slot_of};

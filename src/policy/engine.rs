@@ -1,0 +1,178 @@
+//! Planning: a request's attributes → the matching rules → one check per rule, with its key.
+//!
+//! A rule applies to a request when its method and path match, the request's plan has a limit
+//! under it (not `unlimited`), and the request has every attribute the rule's key needs: a rule
+//! keyed by `user` does not apply to anonymous requests (add an `ip`-keyed rule to cover those).
+//! Empty attribute strings count as missing.
+
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use xxhash_rust::xxh3::xxh3_128;
+
+use super::pattern::{joined_path, normalize_path};
+use super::rules::{FailureMode, KeyPart, Mode, Policy, Rule, RuleLimit};
+use crate::{BucketKey, Check, Limit};
+
+/// Longest key a node accepts (the wire's default `max_key_bytes`); longer keys are hashed.
+pub const MAX_KEY_BYTES: usize = 256;
+/// Separates the rule name and the key parts inside a key (ASCII unit separator).
+pub const KEY_SEPARATOR: char = '\u{1f}';
+
+/// What the gateway knows about a request. The gateway's auth step sets `user`, `tenant` and
+/// `plan`; `client_ip` comes from [`super::client_ip()`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RequestAttributes<'a> {
+    pub method: &'a str,
+    pub path: &'a str,
+    pub user: Option<&'a str>,
+    pub client_ip: Option<IpAddr>,
+    pub api_key: Option<&'a str>,
+    pub tenant: Option<&'a str>,
+    /// The request's plan; when absent, the API-key table in the rules file is asked.
+    pub plan: Option<&'a str>,
+}
+
+/// One check a request needs: which bucket, under which limit, and how to treat the answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PlannedCheck {
+    pub rule: Arc<str>,
+    /// The bucket's identity on the node: `rule ␟ part:value ␟ ...` (see [`Policy::checks_for`]).
+    pub key: Vec<u8>,
+    pub limit: Limit,
+    pub cost: u64,
+    pub failure_mode: FailureMode,
+    /// Shadow rules count but never deny. Decide shadow checks in a different all-or-nothing
+    /// group than enforced ones: a group's denial undoes the whole group, so a shadow denial
+    /// in the same group would undo the enforced checks of a request that passes.
+    pub shadow: bool,
+    /// Longest this rule lets a request wait instead of denying it (0: never).
+    pub max_wait_ns: u64,
+}
+
+impl PlannedCheck {
+    /// The bucket the node keeps for this key (as the wire decoder computes it).
+    pub fn bucket_key(&self) -> BucketKey {
+        BucketKey::new(b"", &self.key)
+    }
+
+    /// This check for an in-process [`crate::BucketStore`].
+    pub fn store_check(&self) -> Check {
+        Check {
+            key: self.bucket_key(),
+            limit: self.limit,
+            cost: self.cost,
+        }
+    }
+}
+
+impl Policy {
+    /// The plan of a request: its `plan` attribute, else the API-key table's entry for its key.
+    pub fn resolve_plan<'a>(&'a self, attrs: &RequestAttributes<'a>) -> Option<&'a str> {
+        present(attrs.plan)
+            .or_else(|| present(attrs.api_key).and_then(|k| self.plan_for_api_key(k)))
+    }
+
+    /// One check per rule that applies to the request, in rule order.
+    ///
+    /// Keys start with the rule's name and a separator, so two rules never share a bucket;
+    /// each part is written `name:value` (`holds␟user:42`). `%` and the separator inside values
+    /// are percent-escaped so values cannot forge parts; API keys are replaced by their hash so
+    /// secrets never reach the limiter; a key longer than [`MAX_KEY_BYTES`] keeps the rule name
+    /// and hashes the rest.
+    pub fn checks_for(&self, attrs: &RequestAttributes<'_>) -> Vec<PlannedCheck> {
+        let segments = normalize_path(attrs.path);
+        let plan = self.resolve_plan(attrs);
+        let mut path = None;
+        let mut checks = Vec::new();
+        for rule in &self.rules {
+            let method_ok = rule.methods.is_empty()
+                || rule
+                    .methods
+                    .iter()
+                    .any(|m| m.eq_ignore_ascii_case(attrs.method));
+            if !method_ok || !rule.path.matches(&segments) {
+                continue;
+            }
+            let Some(RuleLimit::Limited(limit)) = rule.limit_for(plan) else {
+                continue;
+            };
+            let path = path.get_or_insert_with(|| joined_path(&segments));
+            let Some(key) = build_key(rule, attrs, plan, path) else {
+                continue;
+            };
+            checks.push(PlannedCheck {
+                rule: Arc::clone(&rule.name),
+                key,
+                limit,
+                cost: rule.cost,
+                failure_mode: rule.failure_mode,
+                shadow: rule.mode == Mode::Shadow,
+                max_wait_ns: rule.max_wait_ns,
+            });
+        }
+        checks
+    }
+}
+
+fn present(value: Option<&str>) -> Option<&str> {
+    value.filter(|v| !v.is_empty())
+}
+
+/// The rule's key for this request, or `None` when an attribute it needs is missing.
+fn build_key(
+    rule: &Rule,
+    attrs: &RequestAttributes<'_>,
+    plan: Option<&str>,
+    path: &str,
+) -> Option<Vec<u8>> {
+    let mut key = String::with_capacity(64);
+    key.push_str(&rule.name);
+    for &part in &rule.key {
+        key.push(KEY_SEPARATOR);
+        key.push_str(part.name());
+        if part == KeyPart::Global {
+            continue;
+        }
+        key.push(':');
+        match part {
+            KeyPart::User => escape_into(&mut key, present(attrs.user)?),
+            KeyPart::Ip => key.push_str(&attrs.client_ip?.to_canonical().to_string()),
+            KeyPart::ApiKey => {
+                let api_key = present(attrs.api_key)?;
+                key.push_str(&format!("#{:032x}", xxh3_128(api_key.as_bytes())));
+            }
+            KeyPart::Tenant => escape_into(&mut key, present(attrs.tenant)?),
+            KeyPart::Plan => escape_into(&mut key, plan?),
+            KeyPart::Method => {
+                escape_into(&mut key, &present(Some(attrs.method))?.to_ascii_uppercase())
+            }
+            KeyPart::Path => escape_into(&mut key, path),
+            KeyPart::Endpoint => {
+                escape_into(&mut key, &present(Some(attrs.method))?.to_ascii_uppercase());
+                key.push(' ');
+                escape_into(&mut key, path);
+            }
+            KeyPart::Global => {}
+        }
+    }
+    if key.len() > MAX_KEY_BYTES {
+        let rest = &key[rule.name.len() + KEY_SEPARATOR.len_utf8()..];
+        let hashed = format!("#{:032x}", xxh3_128(rest.as_bytes()));
+        key.truncate(rule.name.len() + KEY_SEPARATOR.len_utf8());
+        key.push_str(&hashed);
+    }
+    Some(key.into_bytes())
+}
+
+/// Appends `value`, percent-escaping `%` and the separator so a value can never look like a
+/// separator and a further part.
+fn escape_into(key: &mut String, value: &str) {
+    for ch in value.chars() {
+        match ch {
+            '%' => key.push_str("%25"),
+            KEY_SEPARATOR => key.push_str("%1F"),
+            _ => key.push(ch),
+        }
+    }
+}

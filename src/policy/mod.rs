@@ -1,0 +1,50 @@
+//! The policy: the rules file, matching requests to rules, and turning decisions into a verdict
+//! and its HTTP answer. Pure: callers read files, clocks and sockets.
+//!
+//! The path of one request:
+//!
+//! 1. [`Policy::from_yaml`] validates a rules file once (errors carry line and column).
+//! 2. The gateway builds [`RequestAttributes`], with the client's address from [`client_ip()`].
+//! 3. [`Policy::checks_for`] plans one [`PlannedCheck`] per rule that applies.
+//! 4. The client decides them (nodes, or fallback buckets) and reports one [`CheckOutcome`] each.
+//! 5. [`Policy::verdict`] combines them into a [`Verdict`]: allow, wait, deny or unavailable, with
+//!    the checks to refund when the request does not pass.
+//! 6. [`Verdict::http`] gives the status, `Retry-After`, `RateLimit-Policy`, `RateLimit` and the
+//!    problem body.
+//!
+//! Modules:
+//! - [`rules`]: the validated model ([`Policy`], [`Rule`]) and `describe()`.
+//! - `parse`, `parse_limit` and `yaml`: the rules-file schema and position-carrying YAML reading.
+//! - [`pattern`]: path globs and request-path normalization.
+//! - [`engine`]: request attributes → planned checks and their keys.
+//! - [`verdict`](mod@verdict): outcomes → verdict and refunds; [`wait`]: the bound on waiting
+//!   requests.
+//! - [`http`]: the HTTP contract; [`json`]: string escaping for the problem body.
+//! - [`client_ip`](mod@client_ip): trusted proxies and `X-Forwarded-For`.
+
+pub mod client_ip;
+pub mod engine;
+mod error;
+pub mod http;
+pub mod json;
+mod parse;
+mod parse_limit;
+pub mod pattern;
+pub mod rules;
+pub mod verdict;
+pub mod wait;
+mod yaml;
+
+pub use client_ip::{Cidr, TrustedProxies, client_ip};
+pub use engine::{KEY_SEPARATOR, MAX_KEY_BYTES, PlannedCheck, RequestAttributes};
+pub use error::PolicyError;
+pub use http::HttpResponse;
+pub use parse::{DEFAULT_MAX_WAITING, MAX_RULES, MAX_WAITING};
+pub use parse_limit::MAX_WAIT_NS;
+pub use rules::{FailureMode, KeyPart, Mode, Policy, Rule, RuleLimit};
+pub use verdict::{
+    Action, CheckOutcome, RuleReport, RuleState, Source, UNAVAILABLE_RETRY_AFTER_NS, Verdict,
+    verdict,
+};
+pub use wait::{WaitBound, WaitPermit};
+pub use yaml::MAX_RULES_FILE_BYTES;

@@ -1,0 +1,312 @@
+//! The rules-file schema: YAML nodes → a validated [`Policy`], every error at a line and column.
+//!
+//! The schema is documented by example in `rules/example.yaml`.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use xxhash_rust::xxh3::xxh3_64;
+
+use super::PolicyError;
+use super::client_ip::{Cidr, TrustedProxies};
+use super::parse_limit::{
+    parse_algorithm, parse_cost, parse_limit, parse_max_wait, parse_rule_plans,
+};
+use super::pattern::{PathPattern, parse_method};
+use super::rules::{FailureMode, KeyPart, Mode, Policy, Rule};
+use super::yaml::{self, Fields, Node, error_at};
+use crate::Algorithm;
+
+/// Largest `max_waiting` accepted.
+pub const MAX_WAITING: u64 = 1_000_000;
+/// `max_waiting` when the file does not say.
+pub const DEFAULT_MAX_WAITING: usize = 1_000;
+/// Most rules in one file: every request is matched against each of them.
+pub const MAX_RULES: usize = 1_000;
+
+const TOP_FIELDS: &[&str] = &[
+    "plans",
+    "api_keys",
+    "max_waiting",
+    "trusted_proxies",
+    "rules",
+];
+const RULE_FIELDS: &[&str] = &[
+    "name",
+    "method",
+    "path",
+    "key",
+    "limit",
+    "burst",
+    "algorithm",
+    "plans",
+    "cost",
+    "failure_mode",
+    "mode",
+    "max_wait",
+];
+
+/// Parses and validates a whole rules file.
+pub(crate) fn parse_policy(text: &str) -> Result<Policy, PolicyError> {
+    let root = yaml::load(text)?;
+    let top = Fields::new(&root, "the rules file", TOP_FIELDS)?;
+    let plans = match top.get("plans") {
+        Some(node) => parse_plans(node)?,
+        None => Vec::new(),
+    };
+    let api_keys = match top.get("api_keys") {
+        Some(node) => parse_api_keys(node, &plans)?,
+        None => HashMap::new(),
+    };
+    let max_waiting = match top.get("max_waiting") {
+        Some(node) => {
+            let n = yaml::unsigned(node, "`max_waiting`")?;
+            if n > MAX_WAITING {
+                return Err(error_at(
+                    node,
+                    format!("max_waiting {n} is above {MAX_WAITING}"),
+                ));
+            }
+            n as usize
+        }
+        None => DEFAULT_MAX_WAITING,
+    };
+    let trusted_proxies = match top.get("trusted_proxies") {
+        Some(node) => parse_trusted_proxies(node)?,
+        None => TrustedProxies::none(),
+    };
+    let rules_node = top.require("rules")?;
+    let items = yaml::sequence(rules_node, "`rules`")?;
+    if items.len() > MAX_RULES {
+        return Err(error_at(
+            rules_node,
+            format!("{} rules; the maximum is {MAX_RULES}", items.len()),
+        ));
+    }
+    let mut rules: Vec<Rule> = Vec::with_capacity(items.len());
+    let mut seen: HashMap<String, usize> = HashMap::new();
+    for item in items {
+        let (rule, name_node) = parse_rule(item, &plans)?;
+        if let Some(line) = seen.get(rule.name()) {
+            return Err(error_at(
+                name_node,
+                format!(
+                    "duplicate rule name `{}` (first defined on line {line})",
+                    rule.name()
+                ),
+            ));
+        }
+        seen.insert(rule.name().to_owned(), name_node.span.start.line());
+        rules.push(rule);
+    }
+    Ok(Policy {
+        version: format!("{:016x}", xxh3_64(text.as_bytes())),
+        rules,
+        plans,
+        api_keys,
+        max_waiting,
+        trusted_proxies,
+    })
+}
+
+/// A name for a rule or plan: 1 to 64 of `A-Z a-z 0-9 . _ -`, starting with a letter or digit.
+/// Rule names appear quoted in HTTP fields and in keys, so they need no escaping anywhere.
+fn check_name(node: &Node<'_>, what: &str) -> Result<String, PolicyError> {
+    let name = yaml::string(node, what)?;
+    let ok = (1..=64).contains(&name.len())
+        && name.starts_with(|c: char| c.is_ascii_alphanumeric())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b));
+    if !ok {
+        return Err(error_at(
+            node,
+            format!(
+                "{what} `{name}` must be 1 to 64 letters, digits, `.`, `_` or `-`, starting with a letter or digit"
+            ),
+        ));
+    }
+    Ok(name.to_owned())
+}
+
+fn parse_plans(node: &Node<'_>) -> Result<Vec<String>, PolicyError> {
+    let mut plans: Vec<String> = Vec::new();
+    for item in yaml::sequence(node, "`plans`")? {
+        let name = check_name(item, "a plan name")?;
+        if plans.contains(&name) {
+            return Err(error_at(item, format!("plan `{name}` is listed twice")));
+        }
+        plans.push(name);
+    }
+    Ok(plans)
+}
+
+/// Checks that `name` is a declared plan.
+pub(super) fn known_plan(node: &Node<'_>, name: &str, plans: &[String]) -> Result<(), PolicyError> {
+    if plans.iter().any(|p| p == name) {
+        return Ok(());
+    }
+    let declared = if plans.is_empty() {
+        "none; list them under `plans:`".to_owned()
+    } else {
+        plans.join(", ")
+    };
+    Err(error_at(
+        node,
+        format!("unknown plan `{name}` (declared plans: {declared})"),
+    ))
+}
+
+fn parse_api_keys(
+    node: &Node<'_>,
+    plans: &[String],
+) -> Result<HashMap<String, String>, PolicyError> {
+    let mut keys = HashMap::new();
+    for (api_key, key_node, value) in yaml::mapping(node, "`api_keys`")? {
+        if api_key.is_empty() {
+            return Err(error_at(key_node, "an API key cannot be empty"));
+        }
+        let plan = yaml::string(value, "the plan of an API key")?;
+        known_plan(value, plan, plans)?;
+        keys.insert(api_key.to_owned(), plan.to_owned());
+    }
+    Ok(keys)
+}
+
+fn parse_trusted_proxies(node: &Node<'_>) -> Result<TrustedProxies, PolicyError> {
+    let mut networks = Vec::new();
+    for (text, item) in yaml::strings(node, "`trusted_proxies`")? {
+        let cidr: Cidr = text.parse().map_err(|e: String| error_at(item, e))?;
+        networks.push(cidr);
+    }
+    Ok(TrustedProxies::from_networks(networks))
+}
+
+/// One rule, and the node of its name (for duplicate-name errors).
+fn parse_rule<'n, 'a>(
+    node: &'n Node<'a>,
+    plans: &[String],
+) -> Result<(Rule, &'n Node<'a>), PolicyError> {
+    let fields = Fields::new(node, "a rule", RULE_FIELDS)?;
+    let name_node = fields.require("name")?;
+    let name = check_name(name_node, "a rule name")?;
+    let mut methods = Vec::new();
+    if let Some(method_node) = fields.get("method") {
+        for (text, item) in yaml::strings(method_node, "`method`")? {
+            let method = parse_method(text).map_err(|e| error_at(item, e))?;
+            if !methods.contains(&method) {
+                methods.push(method);
+            }
+        }
+    }
+    let path_node = fields.require("path")?;
+    let path = PathPattern::parse(yaml::string(path_node, "`path`")?)
+        .map_err(|e| error_at(path_node, e))?;
+    let key = parse_key(fields.require("key")?)?;
+    let algorithm = match fields.get("algorithm") {
+        Some(n) => parse_algorithm(n)?,
+        None => Algorithm::Gcra,
+    };
+    let limit = match fields.get("limit") {
+        Some(limit_node) => Some(parse_limit(limit_node, fields.get("burst"), algorithm)?),
+        None => {
+            if let Some(burst) = fields.get("burst") {
+                return Err(error_at(burst, "`burst` needs a `limit` beside it"));
+            }
+            None
+        }
+    };
+    let rule_plans = match fields.get("plans") {
+        Some(plans_node) => parse_rule_plans(plans_node, plans, algorithm)?,
+        None => Vec::new(),
+    };
+    if limit.is_none() && rule_plans.is_empty() {
+        return Err(error_at(
+            fields.node(),
+            format!("rule `{name}` needs a `limit`, per-plan limits under `plans`, or both"),
+        ));
+    }
+    let cost = match fields.get("cost") {
+        Some(cost_node) => parse_cost(
+            cost_node,
+            limit.iter().chain(rule_plans.iter().map(|p| &p.1)),
+        )?,
+        None => 1,
+    };
+    let failure_mode = match fields.get("failure_mode") {
+        Some(n) => match yaml::string(n, "`failure_mode`")? {
+            "open" => FailureMode::Open,
+            "closed" => FailureMode::Closed,
+            other => {
+                return Err(error_at(
+                    n,
+                    format!("failure_mode `{other}`: expected open or closed"),
+                ));
+            }
+        },
+        None => FailureMode::Open,
+    };
+    let mode = match fields.get("mode") {
+        Some(n) => match yaml::string(n, "`mode`")? {
+            "enforce" => Mode::Enforce,
+            "shadow" => Mode::Shadow,
+            other => {
+                return Err(error_at(
+                    n,
+                    format!("mode `{other}`: expected enforce or shadow"),
+                ));
+            }
+        },
+        None => Mode::Enforce,
+    };
+    let max_wait_ns = match fields.get("max_wait") {
+        Some(n) => parse_max_wait(n)?,
+        None => 0,
+    };
+    let rule = Rule {
+        name: Arc::from(name),
+        methods,
+        path,
+        key,
+        limit,
+        plans: rule_plans,
+        cost,
+        failure_mode,
+        mode,
+        max_wait_ns,
+    };
+    Ok((rule, name_node))
+}
+
+fn parse_key(node: &Node<'_>) -> Result<Vec<KeyPart>, PolicyError> {
+    let mut parts = Vec::new();
+    for (text, item) in yaml::strings(node, "`key`")? {
+        let part = KeyPart::from_name(text).ok_or_else(|| {
+            let names: Vec<&str> = KeyPart::ALL.iter().map(|p| p.name()).collect();
+            error_at(
+                item,
+                format!(
+                    "unknown key part `{text}`; expected one of: {}",
+                    names.join(", ")
+                ),
+            )
+        })?;
+        if parts.contains(&part) {
+            return Err(error_at(item, format!("key part `{text}` is listed twice")));
+        }
+        parts.push(part);
+    }
+    if parts.is_empty() {
+        return Err(error_at(
+            node,
+            "`key` needs at least one part (e.g. `user`)",
+        ));
+    }
+    if parts.len() > 1 && parts.contains(&KeyPart::Global) {
+        return Err(error_at(
+            node,
+            "`global` is one key for everyone: it cannot be combined",
+        ));
+    }
+    Ok(parts)
+}

@@ -1,0 +1,278 @@
+//! The validated policy: rules, plans, the API-key table and the bounds, plus `describe()`.
+
+use std::collections::HashMap;
+use std::fmt::{self, Write as _};
+use std::sync::Arc;
+
+use super::client_ip::TrustedProxies;
+use super::pattern::PathPattern;
+use crate::Limit;
+use crate::limit::format_period;
+
+/// What to do with a rule's check when the limiter cannot decide it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum FailureMode {
+    /// Decide through the client's local fallback bucket: degraded, not gone. The default.
+    #[default]
+    Open,
+    /// Refuse the request (`503`): for limits that protect something, like logins.
+    Closed,
+}
+
+/// Whether a rule's denials are enforced or only reported.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Mode {
+    #[default]
+    Enforce,
+    /// Count and report, never deny: to try a rule on real traffic before enforcing it.
+    Shadow,
+}
+
+/// One request attribute a rule's key is built from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum KeyPart {
+    User,
+    Ip,
+    ApiKey,
+    Tenant,
+    Plan,
+    Method,
+    /// The request's normalized path.
+    Path,
+    /// Method and normalized path together (`POST /v1/x`): per endpoint.
+    Endpoint,
+    /// One bucket for every request the rule matches.
+    Global,
+}
+
+impl KeyPart {
+    pub const ALL: [KeyPart; 9] = [
+        KeyPart::User,
+        KeyPart::Ip,
+        KeyPart::ApiKey,
+        KeyPart::Tenant,
+        KeyPart::Plan,
+        KeyPart::Method,
+        KeyPart::Path,
+        KeyPart::Endpoint,
+        KeyPart::Global,
+    ];
+
+    /// The name used in rules files and in keys.
+    pub fn name(self) -> &'static str {
+        match self {
+            KeyPart::User => "user",
+            KeyPart::Ip => "ip",
+            KeyPart::ApiKey => "api_key",
+            KeyPart::Tenant => "tenant",
+            KeyPart::Plan => "plan",
+            KeyPart::Method => "method",
+            KeyPart::Path => "path",
+            KeyPart::Endpoint => "endpoint",
+            KeyPart::Global => "global",
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<Self> {
+        KeyPart::ALL.into_iter().find(|p| p.name() == name)
+    }
+}
+
+/// A rule's limit for some plan (or by default): a [`Limit`] or none at all.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RuleLimit {
+    Limited(Limit),
+    /// Matching requests are not counted by this rule.
+    Unlimited,
+}
+
+impl fmt::Display for RuleLimit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RuleLimit::Limited(limit) => write!(f, "{limit}"),
+            RuleLimit::Unlimited => f.write_str("unlimited"),
+        }
+    }
+}
+
+/// One validated rule of a [`Policy`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rule {
+    pub(crate) name: Arc<str>,
+    pub(crate) methods: Vec<String>,
+    pub(crate) path: PathPattern,
+    pub(crate) key: Vec<KeyPart>,
+    pub(crate) limit: Option<RuleLimit>,
+    pub(crate) plans: Vec<(String, RuleLimit)>,
+    pub(crate) cost: u64,
+    pub(crate) failure_mode: FailureMode,
+    pub(crate) mode: Mode,
+    pub(crate) max_wait_ns: u64,
+}
+
+impl Rule {
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Methods the rule applies to, upper-case; empty for every method.
+    pub fn methods(&self) -> &[String] {
+        &self.methods
+    }
+
+    pub fn path(&self) -> &PathPattern {
+        &self.path
+    }
+
+    pub fn key(&self) -> &[KeyPart] {
+        &self.key
+    }
+
+    /// The limit for requests whose plan has no entry in [`Rule::plans`]; `None` when the rule
+    /// applies only to the plans it lists.
+    pub fn default_limit(&self) -> Option<RuleLimit> {
+        self.limit
+    }
+
+    /// Per-plan limits, in file order.
+    pub fn plans(&self) -> &[(String, RuleLimit)] {
+        &self.plans
+    }
+
+    /// The limit for a request on `plan`: the plan's entry, else the default.
+    pub fn limit_for(&self, plan: Option<&str>) -> Option<RuleLimit> {
+        plan.and_then(|p| self.plans.iter().find(|(name, _)| name == p))
+            .map(|&(_, limit)| limit)
+            .or(self.limit)
+    }
+
+    /// Units each matching request consumes (1 unless the file says).
+    pub fn cost(&self) -> u64 {
+        self.cost
+    }
+
+    pub fn failure_mode(&self) -> FailureMode {
+        self.failure_mode
+    }
+
+    pub fn mode(&self) -> Mode {
+        self.mode
+    }
+
+    /// Longest a request may wait for this rule instead of being denied (0: never waits).
+    pub fn max_wait_ns(&self) -> u64 {
+        self.max_wait_ns
+    }
+
+    /// One line: what the rule matches, its key and what it enforces.
+    pub fn describe(&self) -> String {
+        let methods = if self.methods.is_empty() {
+            "*".to_owned()
+        } else {
+            self.methods.join("|")
+        };
+        let key: Vec<&str> = self.key.iter().map(|p| p.name()).collect();
+        let mut line = format!(
+            "{}: {methods} {} per {}:",
+            self.name,
+            self.path,
+            key.join("+")
+        );
+        let mut limits = Vec::new();
+        if let Some(limit) = self.limit {
+            limits.push(format!(" {limit}"));
+        }
+        for (plan, limit) in &self.plans {
+            limits.push(format!(" plan {plan} {limit}"));
+        }
+        line.push_str(&limits.join(";"));
+        if self.limit.is_none() {
+            line.push_str("; other plans not limited");
+        }
+        if self.cost != 1 {
+            let _ = write!(line, "; cost {}", self.cost);
+        }
+        if self.failure_mode == FailureMode::Closed {
+            line.push_str("; fails closed");
+        }
+        if self.mode == Mode::Shadow {
+            line.push_str("; shadow (never denies)");
+        }
+        if self.max_wait_ns > 0 {
+            let _ = write!(line, "; waits up to {}", format_period(self.max_wait_ns));
+        }
+        line
+    }
+}
+
+/// A validated rules file: immutable once built. Share it behind an `Arc` (a node swaps the whole
+/// `Arc` on reload, so a request sees one policy from planning to verdict).
+#[derive(Debug, Clone)]
+pub struct Policy {
+    pub(crate) version: String,
+    pub(crate) rules: Vec<Rule>,
+    pub(crate) plans: Vec<String>,
+    pub(crate) api_keys: HashMap<String, String>,
+    pub(crate) max_waiting: usize,
+    pub(crate) trusted_proxies: TrustedProxies,
+}
+
+impl Policy {
+    /// Parses and validates a rules file (see `rules/example.yaml` for the schema).
+    pub fn from_yaml(text: &str) -> Result<Self, super::PolicyError> {
+        super::parse::parse_policy(text)
+    }
+
+    /// A content hash of the file the policy was read from (16 hex digits of xxh3-64): two nodes
+    /// with the same version enforce the same rules.
+    pub fn version(&self) -> &str {
+        &self.version
+    }
+
+    pub fn rules(&self) -> &[Rule] {
+        &self.rules
+    }
+
+    pub fn rule(&self, name: &str) -> Option<&Rule> {
+        self.rules.iter().find(|r| r.name() == name)
+    }
+
+    /// The plans the file declares.
+    pub fn plans(&self) -> &[String] {
+        &self.plans
+    }
+
+    /// The plan the file's API-key table gives `api_key`, if any.
+    pub fn plan_for_api_key(&self, api_key: &str) -> Option<&str> {
+        self.api_keys.get(api_key).map(String::as_str)
+    }
+
+    /// Most requests that may wait (`max_wait`) at once, per client; the rest are denied.
+    pub fn max_waiting(&self) -> usize {
+        self.max_waiting
+    }
+
+    /// Proxies whose `X-Forwarded-For` entries are believed (see [`super::client_ip()`]).
+    pub fn trusted_proxies(&self) -> &TrustedProxies {
+        &self.trusted_proxies
+    }
+
+    /// What the policy enforces, one rule per line after a header line: what
+    /// `floodgate rules check FILE` prints.
+    pub fn describe(&self) -> String {
+        let mut out = format!(
+            "policy {}: {} rules, plans [{}], {} API keys, max {} waiting, {} trusted proxies\n",
+            self.version,
+            self.rules.len(),
+            self.plans.join(", "),
+            self.api_keys.len(),
+            self.max_waiting,
+            self.trusted_proxies.len(),
+        );
+        for rule in &self.rules {
+            out.push_str(&rule.describe());
+            out.push('\n');
+        }
+        out
+    }
+}

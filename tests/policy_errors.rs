@@ -1,0 +1,281 @@
+//! Broken rules files are refused with the line and column of the mistake, and the error shows
+//! where (issue 6 item 1: "validated with clear errors that give line and column").
+
+use floodgate::policy::{Policy, PolicyError};
+
+const BASE: &str = "\
+plans: [free, paid]
+rules:
+  - name: holds
+    path: /v1/events/*/holds
+    key: user
+    limit: 5/min
+";
+
+/// `BASE` with line `line` (from 1) replaced.
+fn with_line(line: usize, text: &str) -> String {
+    let mut lines: Vec<&str> = BASE.lines().collect();
+    lines[line - 1] = text;
+    lines.join("\n") + "\n"
+}
+
+fn error(text: &str) -> PolicyError {
+    match Policy::from_yaml(text) {
+        Ok(_) => panic!("accepted:\n{text}"),
+        Err(e) => e,
+    }
+}
+
+#[track_caller]
+fn assert_error(text: &str, line: usize, column: usize, message: &str) {
+    let e = error(text);
+    assert_eq!(
+        (e.line, e.column),
+        (line, column),
+        "{}",
+        e.render("rules.yaml", text)
+    );
+    assert!(e.message.contains(message), "{e}");
+}
+
+#[test]
+fn the_base_file_is_valid() {
+    Policy::from_yaml(BASE).unwrap();
+}
+
+#[test]
+fn errors_point_at_line_and_column() {
+    let cases: Vec<(String, usize, usize, &str)> = vec![
+        (
+            with_line(6, "    limt: 5/min"),
+            6,
+            5,
+            "unknown field `limt` in a rule",
+        ),
+        (
+            with_line(6, "    limit: 10/fortnight"),
+            6,
+            12,
+            "`10/fortnight` is not a rate",
+        ),
+        (
+            with_line(6, "    limit: 0/min"),
+            6,
+            12,
+            "rate must be at least 1",
+        ),
+        (
+            with_line(6, "    limit: 100"),
+            6,
+            12,
+            "expected a string for `limit`",
+        ),
+        (
+            with_line(4, "    path: /v1/**/holds"),
+            4,
+            11,
+            "`**` is only allowed as the last",
+        ),
+        (
+            with_line(4, "    path: v1/holds"),
+            4,
+            11,
+            "must start with `/`",
+        ),
+        (
+            with_line(5, "    key: [user, shoe]"),
+            5,
+            17,
+            "unknown key part `shoe`",
+        ),
+        (
+            with_line(5, "    key: [global, user]"),
+            5,
+            10,
+            "cannot be combined",
+        ),
+        (
+            with_line(1, "plans: [free, free]"),
+            1,
+            15,
+            "plan `free` is listed twice",
+        ),
+        (
+            with_line(1, "plan: [free]"),
+            1,
+            1,
+            "unknown field `plan` in the rules file",
+        ),
+        (
+            with_line(3, "  - name: \"holds now\""),
+            3,
+            11,
+            "rule name `holds now` must be",
+        ),
+        (with_line(4, "    pth: /x"), 4, 5, "unknown field `pth`"),
+        (
+            format!("{BASE}    burst: \"200\"\n"),
+            7,
+            12,
+            "expected a non-negative integer",
+        ),
+        (
+            format!("{BASE}    burst: 0\n"),
+            7,
+            12,
+            "burst must be at least 1",
+        ),
+        (
+            format!("{BASE}    algorithm: leaky\n"),
+            7,
+            16,
+            "unknown algorithm `leaky`",
+        ),
+        (
+            format!("{BASE}    algorithm: fixed-window\n    burst: 10\n"),
+            8,
+            12,
+            "burst is a gcra setting",
+        ),
+        (
+            format!("{BASE}    cost: 6\n"),
+            7,
+            11,
+            "cost 6 exceeds the burst 5",
+        ),
+        (
+            format!("{BASE}    max_wait: 11s\n"),
+            7,
+            15,
+            "above the maximum of 10s",
+        ),
+        (
+            format!("{BASE}    max_wait: soon\n"),
+            7,
+            15,
+            "`soon` is not a duration",
+        ),
+        (
+            format!("{BASE}    mode: loud\n"),
+            7,
+            11,
+            "expected enforce or shadow",
+        ),
+        (
+            format!("{BASE}    failure_mode: shut\n"),
+            7,
+            19,
+            "expected open or closed",
+        ),
+        (
+            format!("{BASE}    plans: {{ gold: 1/s }}\n"),
+            7,
+            14,
+            "unknown plan `gold`",
+        ),
+        (
+            format!("{BASE}    plans:\n      free: {{ limit: 1/s, unlimited: true }}\n"),
+            8,
+            38,
+            "either `limit: RATE` or `unlimited: true`",
+        ),
+        (
+            format!("{BASE}api_keys: {{ k1: gold }}\n"),
+            7,
+            17,
+            "unknown plan `gold`",
+        ),
+        (
+            format!("{BASE}trusted_proxies: [10.0.0.1/8]\n"),
+            7,
+            19,
+            "bits set after",
+        ),
+        (
+            format!("{BASE}max_waiting: -1\n"),
+            7,
+            14,
+            "non-negative integer",
+        ),
+        (
+            format!("{BASE}  - name: holds\n    path: /x\n    key: ip\n    limit: 1/s\n"),
+            7,
+            11,
+            "duplicate rule name `holds` (first defined on line 3)",
+        ),
+        (
+            "rules:\n  - name: a\n    key: ip\n    limit: 1/s\n".to_owned(),
+            2,
+            5,
+            "missing field `path` in a rule",
+        ),
+        (
+            "rules:\n  - name: a\n    path: /\n    key: ip\n".to_owned(),
+            2,
+            5,
+            "needs a `limit`, per-plan limits",
+        ),
+        ("# nothing\n".to_owned(), 1, 1, "the rules file is empty"),
+        ("plans: []\n".to_owned(), 1, 1, "missing field `rules`"),
+        (
+            "rules: {}\n".to_owned(),
+            1,
+            8,
+            "expected a list for `rules`",
+        ),
+        (
+            "x: &a [1]\ny: *a\n".to_owned(),
+            2,
+            4,
+            "aliases (`*name`) are not supported",
+        ),
+        (
+            "rules: []\n---\nrules: []\n".to_owned(),
+            2,
+            1,
+            "one YAML document",
+        ),
+    ];
+    for (text, line, column, message) in &cases {
+        assert_error(text, *line, *column, message);
+    }
+}
+
+#[test]
+fn yaml_syntax_errors_point_at_the_broken_line() {
+    let e = error(&with_line(5, "    key: [user"));
+    assert!(e.message.starts_with("YAML syntax:"), "{e}");
+    assert_eq!(e.line, 6, "{e}");
+    let e = error(&with_line(5, "     key: user"));
+    assert!(e.message.starts_with("YAML syntax:"), "{e}");
+    assert_eq!(e.line, 5, "{e}");
+    let e = error("rules:\n\t- name: x\n");
+    assert!(e.message.starts_with("YAML syntax:"), "{e}");
+    assert_eq!(e.line, 2, "{e}");
+}
+
+#[test]
+fn errors_display_with_the_file_name_and_a_caret() {
+    let text = with_line(6, "    limit: 10/fortnight");
+    let e = error(&text);
+    let shown = e.in_file("rules.yaml").to_string();
+    assert!(
+        shown.starts_with("rules.yaml:6:12: `10/fortnight` is not a rate"),
+        "{shown}"
+    );
+    assert_eq!(
+        e.render("rules.yaml", &text),
+        format!("{shown}\n  |\n6 |     limit: 10/fortnight\n  |            ^\n")
+    );
+}
+
+#[test]
+fn deeply_nested_or_huge_files_are_refused_before_building_a_tree() {
+    let deep = format!("rules: {}{}\n", "[".repeat(100), "]".repeat(100));
+    assert!(error(&deep).message.contains("nesting deeper than"));
+    let huge = format!(
+        "rules: []\n#{}\n",
+        "x".repeat(floodgate::policy::MAX_RULES_FILE_BYTES)
+    );
+    assert!(error(&huge).message.contains("the maximum is"));
+}
