@@ -670,6 +670,8 @@ fn answer_from(frame: Frame, request_id: u64) -> Result<Answer, Failure> {
                 message: error.message,
             })
         }
-        FrameKind::CheckBatch => Err(Failure::protocol("a node sent a check batch")),
+        other => Err(Failure::protocol(format!(
+            "a node answered a check batch with {other:?}"
+        ))),
     }
 }

@@ -46,6 +46,22 @@ pub fn answer_frame(
         if let Some(ahead) = groups.get(i + PREFETCH_AHEAD) {
             store.prefetch(ahead[0].key);
         }
+        if group[0].refund {
+            // Refunds are never denied; each answers with the bucket as it now stands.
+            for refund in group {
+                store.refund(refund.key, &refund.limit, refund.cost, now_ns);
+                let result = store
+                    .check(refund.key, &refund.limit, 0, now_ns)
+                    .map_err(|_| ErrorCode::StoreFull);
+                push_decision(
+                    &mut answer,
+                    &mut tally,
+                    refund,
+                    result.as_ref().map_err(|c| *c),
+                );
+            }
+            continue;
+        }
         if let [single] = group.as_slice() {
             let result = store
                 .check(single.key, &single.limit, single.cost, now_ns)

@@ -146,3 +146,42 @@ async fn http_get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
         .unwrap_or_default();
     (status, body)
 }
+
+#[tokio::test]
+async fn refunds_give_back_and_cannot_mix_with_checks() {
+    let node = start_node(|_| {}).await;
+    let connection = connect(node.node.local_addr(), client_config(&node.certs, false)).await;
+    let limit = per_hour(5);
+    let take = vec![WireCheck::new(b"r".to_vec(), &limit, 3)];
+    let give = vec![WireCheck::refund(b"r".to_vec(), &limit, 2)];
+    let mut bytes = Vec::new();
+    encode_message(
+        &mut bytes,
+        FrameKind::CheckBatch,
+        1,
+        &CheckBatch {
+            groups: vec![take.clone(), give.clone()],
+        },
+    );
+    encode_message(
+        &mut bytes,
+        FrameKind::CheckBatch,
+        2,
+        &CheckBatch {
+            groups: vec![[take, give].concat()],
+        },
+    );
+    let answers = exchange(&connection, &bytes).await;
+    assert_eq!(answers.decisions[0].1[0].unwrap().remaining(), 2);
+    assert_eq!(
+        answers.decisions[0].1[1].unwrap().remaining(),
+        4,
+        "the refund gave 2 back"
+    );
+    assert_eq!(answers.errors[0].0, 2);
+    assert_eq!(
+        answers.errors[0].1,
+        floodgate::wire::ErrorCode::MalformedPayload
+    );
+    node.node.shutdown().await;
+}

@@ -17,6 +17,9 @@ pub struct WireCheck {
     pub period_ns: u64,
     pub burst: u64,
     pub cost: u64,
+    /// Give `cost` back instead of taking it (a request denied on another node). A group is
+    /// either all refunds or none; refunds are never denied.
+    pub refund: bool,
 }
 
 /// Client → node: groups of checks. Each group decides all-or-nothing (one gateway request's
@@ -72,6 +75,7 @@ pub struct ValidCheck {
     pub key: BucketKey,
     pub limit: Limit,
     pub cost: u64,
+    pub refund: bool,
 }
 
 impl WireCheck {
@@ -83,6 +87,15 @@ impl WireCheck {
             period_ns: limit.period_ns(),
             burst: limit.burst(),
             cost,
+            refund: false,
+        }
+    }
+
+    /// A check that gives `cost` back to the bucket of `key`.
+    pub fn refund(key: impl Into<Vec<u8>>, limit: &Limit, cost: u64) -> Self {
+        WireCheck {
+            refund: true,
+            ..WireCheck::new(key, limit, cost)
         }
     }
 }
@@ -196,6 +209,12 @@ pub fn decode_check_batch(
         for check in group.iter() {
             checks.push(validate_check(check, limits)?);
         }
+        if checks.iter().any(|c| c.refund) && !checks.iter().all(|c| c.refund) {
+            return Err((
+                ErrorCode::MalformedPayload,
+                "a group mixes refunds and checks".to_owned(),
+            ));
+        }
         groups.push(checks);
     }
     Ok(groups)
@@ -229,6 +248,7 @@ fn validate_check(check: &ArchivedWireCheck, limits: &WireLimits) -> Result<Vali
         key: BucketKey::new(b"", check.key.as_slice()),
         limit,
         cost: check.cost.to_native(),
+        refund: check.refund,
     })
 }
 

@@ -43,6 +43,18 @@ pub enum FrameKind {
     DecisionBatch = 2,
     /// Either way: an [`ErrorFrame`] about the request with the same id (0: the stream).
     Error = 3,
+    /// Node → node: a membership [`crate::cluster::Gossip`] message.
+    Gossip = 4,
+    /// Client → node: asks for the node's slot table (empty payload).
+    TableRequest = 5,
+    /// Node → client: the node's slot table and members.
+    SlotTable = 6,
+    /// Node → node: bucket states replicated to a successor or handed over to a new owner.
+    Replicate = 7,
+    /// Client → node: asks for the node's current rules (payload: the version the client has).
+    PolicyRequest = 8,
+    /// Node → client: the rules in force (version and text).
+    Policy = 9,
 }
 
 impl FrameKind {
@@ -51,6 +63,12 @@ impl FrameKind {
             1 => Some(FrameKind::CheckBatch),
             2 => Some(FrameKind::DecisionBatch),
             3 => Some(FrameKind::Error),
+            4 => Some(FrameKind::Gossip),
+            5 => Some(FrameKind::TableRequest),
+            6 => Some(FrameKind::SlotTable),
+            7 => Some(FrameKind::Replicate),
+            8 => Some(FrameKind::PolicyRequest),
+            9 => Some(FrameKind::Policy),
             _ => None,
         }
     }

@@ -103,7 +103,7 @@ pub fn parse_answers(bytes: &[u8]) -> Answers {
                     error.message,
                 ));
             }
-            FrameKind::CheckBatch => panic!("a node never sends check batches to a client"),
+            other => panic!("a node never answers a check batch with {other:?}"),
         }
     }
     answers
