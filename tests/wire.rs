@@ -77,7 +77,10 @@ fn decisions_round_trip() {
         &mut bytes,
         FrameKind::DecisionBatch,
         1,
-        &DecisionBatch { decisions: wire },
+        &DecisionBatch {
+            decisions: wire,
+            table_version: 0,
+        },
     );
     let frame = one_frame(&bytes).unwrap().unwrap();
     let back = decode_decision_batch(&frame.payload).unwrap();

@@ -8,6 +8,7 @@ use floodgate::StoreConfig;
 use floodgate::wire::WireLimits;
 
 use crate::certs::DevCerts;
+use crate::cluster::ClusterConfig;
 
 #[derive(Debug, Clone)]
 pub struct NodeConfig {
@@ -18,6 +19,10 @@ pub struct NodeConfig {
     pub tls: TlsConfig,
     pub limits: NodeLimits,
     pub store: StoreConfig,
+    pub cluster: ClusterConfig,
+    /// The rules file (`--rules`): loaded at start, hot-reloaded, served to clients; `None`: the
+    /// node serves no rules (clients then bring their own).
+    pub rules: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone)]
@@ -26,6 +31,9 @@ pub struct TlsConfig {
     pub key: PathBuf,
     /// When set, clients must present a certificate signed by this CA (mutual TLS).
     pub client_ca: Option<PathBuf>,
+    /// The CA that signs the other nodes' certificates: peers are verified against it and this
+    /// node presents its own certificate to them. Without it the node cannot join a cluster.
+    pub peer_ca: Option<PathBuf>,
 }
 
 /// Bounds on what peers can make the node hold or do.
@@ -101,12 +109,15 @@ impl NodeConfig {
                 cert: dev.node_cert.clone(),
                 key: dev.node_key.clone(),
                 client_ca: None,
+                peer_ca: Some(dev.ca.clone()),
             },
             limits: NodeLimits::default(),
             store: StoreConfig {
                 max_keys: 1 << 20,
                 shards: 64,
             },
+            cluster: ClusterConfig::default(),
+            rules: None,
         }
     }
 }

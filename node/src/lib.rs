@@ -6,21 +6,28 @@
 //! - `tls`: the QUIC server configuration (TLS 1.3, ALPN `floodgate/1`, optional mutual TLS).
 //! - `server`: [`Node`]: accept loop, connection and stream tasks, sweeper, graceful shutdown.
 //! - `service`: the pure step from a received frame to the bytes of its answer.
+//! - [`cluster`]: membership gossip, the slot table, replication and hand-off between nodes.
+//! - `forward`: checks for slots another node owns go there once.
+//! - [`rules`]: `--rules FILE`: validation, versions, hot reload, serving rules to clients.
 //! - `admin`: `/metrics`, `/healthz`, `/readyz`.
 //! - `metrics`: metric names and handles.
 //! - `clock`: epoch-based nanoseconds that never go backwards.
 
 pub mod certs;
 pub mod clock;
+pub mod cluster;
 pub mod config;
 
 mod admin;
+mod forward;
 mod metrics;
+pub mod rules;
 mod server;
 mod service;
 mod tls;
 
 pub use certs::{DevCerts, ensure_dev_certs};
+pub use cluster::ClusterConfig;
 pub use config::{NodeConfig, NodeLimits, TlsConfig};
 pub use server::Node;
 

@@ -7,7 +7,10 @@ use std::process::ExitCode;
 use anyhow::{Context, bail};
 use clap::Parser;
 use floodgate::StoreConfig;
-use floodgate_node::{Node, NodeConfig, NodeLimits, TlsConfig, ensure_dev_certs};
+use std::time::Duration;
+
+use floodgate::cluster::MembershipConfig;
+use floodgate_node::{ClusterConfig, Node, NodeConfig, NodeLimits, TlsConfig, ensure_dev_certs};
 
 /// A floodgate limiter node: answers batched rate-limit checks over QUIC (TLS 1.3, ALPN
 /// floodgate/1).
@@ -49,9 +52,37 @@ struct Flags {
     /// Most buckets held at once; beyond it, idle then least-loaded buckets are evicted.
     #[arg(long, default_value_t = StoreConfig::default().max_keys)]
     max_keys: usize,
+    /// This node's id in the cluster (default: its advertised address).
+    #[arg(long)]
+    node_id: Option<String>,
+    /// This node's region.
+    #[arg(long, default_value = "local")]
+    region: String,
+    /// Members to join through, HOST:PORT,... (any subset of the cluster).
+    #[arg(long, value_delimiter = ',')]
+    seeds: Vec<SocketAddr>,
+    /// Address peers and clients reach this node at (default: --listen).
+    #[arg(long)]
+    advertise: Option<SocketAddr>,
+    /// CA of the other nodes' certificates (default with --data-dir: its ca.pem).
+    #[arg(long, value_name = "PEM")]
+    peer_ca: Option<PathBuf>,
+    /// A member silent this long is suspect.
+    #[arg(long, default_value = "500ms", value_parser = parse_duration)]
+    suspect_after: Duration,
+    /// A member silent this long is dead and its slots move.
+    #[arg(long, default_value = "1s", value_parser = parse_duration)]
+    dead_after: Duration,
+    /// How often changed buckets are sent to each slot's successor.
+    #[arg(long, default_value = "100ms", value_parser = parse_duration)]
+    sync_interval: Duration,
     /// Runtime worker threads (default: one per core).
     #[arg(long)]
     worker_threads: Option<usize>,
+    /// The rules file: validated at start (errors name line and column), hot-reloaded when it
+    /// changes (a bad edit is rejected and the old rules stay), and served to clients.
+    #[arg(long, value_name = "FILE")]
+    rules: Option<PathBuf>,
 }
 
 fn main() -> ExitCode {
@@ -108,6 +139,7 @@ fn config_from(flags: &Flags) -> anyhow::Result<NodeConfig> {
             cert: cert.clone(),
             key: key.clone(),
             client_ca: flags.client_ca.clone(),
+            peer_ca: flags.peer_ca.clone(),
         },
         (_, _, Some(dir)) => {
             let dev = ensure_dev_certs(dir)?;
@@ -115,6 +147,7 @@ fn config_from(flags: &Flags) -> anyhow::Result<NodeConfig> {
                 cert: dev.node_cert,
                 key: dev.node_key,
                 client_ca: flags.client_ca.clone(),
+                peer_ca: Some(flags.peer_ca.clone().unwrap_or(dev.ca)),
             }
         }
         _ => bail!("give --data-dir DIR (development certificates) or --cert and --key"),
@@ -131,13 +164,46 @@ fn config_from(flags: &Flags) -> anyhow::Result<NodeConfig> {
         max_keys: flags.max_keys,
         ..StoreConfig::default()
     };
+    anyhow::ensure!(
+        flags.seeds.is_empty() || tls.peer_ca.is_some() || tls.client_ca.is_some(),
+        "--seeds needs --peer-ca (or --data-dir) to verify the other nodes"
+    );
+    anyhow::ensure!(
+        flags.dead_after > flags.suspect_after,
+        "--dead-after must be longer than --suspect-after"
+    );
+    let membership = MembershipConfig {
+        suspect_after_ns: nanos(flags.suspect_after),
+        dead_after_ns: nanos(flags.dead_after),
+        ..MembershipConfig::default()
+    };
+    let cluster = ClusterConfig {
+        node_id: flags.node_id.clone(),
+        region: flags.region.clone(),
+        advertise: flags.advertise,
+        seeds: flags.seeds.clone(),
+        membership,
+        sync_interval: flags.sync_interval,
+    };
     Ok(NodeConfig {
         listen: flags.listen,
         admin,
         tls,
         limits,
         store,
+        cluster,
+        rules: flags.rules.clone(),
     })
+}
+
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+fn parse_duration(text: &str) -> Result<Duration, String> {
+    floodgate::parse_duration_ns(text)
+        .map(Duration::from_nanos)
+        .map_err(|e| e.to_string())
 }
 
 async fn wait_for_signal() -> anyhow::Result<()> {

@@ -55,6 +55,17 @@ pub struct NodeMetrics {
     pub connections: Gauge,
     pub connections_refused: Counter,
     frame_errors: Vec<(ErrorCode, Counter)>,
+    /// Members by state: alive, suspect, dead, left.
+    pub members: [Gauge; 4],
+    pub table_epoch: Gauge,
+    /// Checks sent on to their owner.
+    pub forwarded: Counter,
+    /// Buckets sent to successors / received as replicas.
+    pub replicated: Counter,
+    pub received_replicas: Counter,
+    /// Buckets handed to new owners / received in hand-offs.
+    pub handed_off: Counter,
+    pub received_handoff: Counter,
 }
 
 impl NodeMetrics {
@@ -75,6 +86,14 @@ impl NodeMetrics {
             refused_keys: counter!("floodgate_refused_keys_total"),
             connections: gauge!("floodgate_connections"),
             connections_refused: counter!("floodgate_connections_refused_total"),
+            members: ["alive", "suspect", "dead", "left"]
+                .map(|s| gauge!("floodgate_members", "state" => s)),
+            table_epoch: gauge!("floodgate_slot_table_epoch"),
+            forwarded: counter!("floodgate_forwarded_checks_total"),
+            replicated: counter!("floodgate_replicated_buckets_total", "direction" => "sent"),
+            received_replicas: counter!("floodgate_replicated_buckets_total", "direction" => "received"),
+            handed_off: counter!("floodgate_handoff_buckets_total", "direction" => "sent"),
+            received_handoff: counter!("floodgate_handoff_buckets_total", "direction" => "received"),
             frame_errors: ErrorCode::ALL
                 .iter()
                 .map(|&c| {

@@ -13,10 +13,12 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 
 use crate::clock::NodeClock;
+use crate::cluster::Cluster;
 use crate::config::NodeConfig;
 use crate::metrics::NodeMetrics;
 use crate::service::{answer_frame, encode_error};
-use crate::{admin, tls};
+use crate::{admin, cluster, forward, tls};
+use floodgate::wire::{Frame, FrameKind, decode_gossip, decode_replicate, encode_message};
 
 /// How long shutdown waits for in-flight work before closing connections regardless.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(2);
@@ -34,6 +36,10 @@ pub(crate) struct Shared {
     pub(crate) metrics: NodeMetrics,
     pub(crate) connections: AtomicUsize,
     pub(crate) ready: AtomicBool,
+    /// Membership, slot table and peers (a node alone is a cluster of one).
+    pub(crate) cluster: Cluster,
+    /// The rules file in force (`--rules`), served to clients and hot-reloaded.
+    pub(crate) rules: Option<Arc<crate::rules::RulesHandle>>,
 }
 
 /// A running node. Dropping it without [`Node::shutdown`] aborts its tasks.
@@ -56,12 +62,28 @@ impl Node {
             .with_context(|| format!("binding the QUIC endpoint on {}", config.listen))?;
         let local_addr = endpoint.local_addr()?;
         let store = BucketStore::new(config.store)?;
+        let rules = config
+            .rules
+            .as_deref()
+            .map(crate::rules::RulesHandle::load)
+            .transpose()?;
+        let clock = NodeClock::new();
+        let peer_config = tls::peer_client_config(&config.tls)?;
+        let cluster = Cluster::new(
+            config.cluster.clone(),
+            local_addr,
+            endpoint.clone(),
+            peer_config,
+            clock.now_ns(),
+        );
         let shared = Arc::new(Shared {
             store,
-            clock: NodeClock::new(),
+            clock,
             metrics: NodeMetrics::register(),
             connections: AtomicUsize::new(0),
             ready: AtomicBool::new(true),
+            cluster,
+            rules,
             config,
         });
         let (shutdown, shutdown_rx) = watch::channel(false);
@@ -82,7 +104,11 @@ impl Node {
             shared.clone(),
             shutdown_rx.clone(),
         ));
-        tasks.spawn(sweep_loop(shared.clone(), shutdown_rx));
+        tasks.spawn(sweep_loop(shared.clone(), shutdown_rx.clone()));
+        if let Some(rules) = &shared.rules {
+            tasks.spawn(crate::rules::watch_file(rules.clone(), shutdown_rx.clone()));
+        }
+        tasks.spawn(cluster::run(shared.clone(), shutdown_rx));
         tracing::info!(%local_addr, ?admin_addr, "floodgate node listening");
         Ok(Node {
             local_addr,
@@ -109,10 +135,43 @@ impl Node {
         self.shared.store.len()
     }
 
+    /// The rules in force, when started with `--rules`.
+    pub fn rules(&self) -> Option<&Arc<crate::rules::RulesHandle>> {
+        self.shared.rules.as_ref()
+    }
+
+    /// This node's id in the cluster.
+    pub fn node_id(&self) -> &str {
+        &self.shared.cluster.me.id
+    }
+
+    /// Ids of the members this node currently counts as owners of slots.
+    pub fn owners(&self) -> Vec<String> {
+        self.shared.cluster.table().nodes().to_vec()
+    }
+
+    /// The current slot table.
+    pub fn slot_table(&self) -> Arc<floodgate::cluster::SlotTable> {
+        self.shared.cluster.table()
+    }
+
+    /// Every new slot table, as it is adopted (await `changed()` instead of polling).
+    pub fn watch_slot_table(&self) -> watch::Receiver<Arc<floodgate::cluster::SlotTable>> {
+        self.shared.cluster.watch_table()
+    }
+
+    /// Stops abruptly, as a crash would: no leave, no hand-off, no drain.
+    pub fn crash(mut self) {
+        self.tasks.abort_all();
+        self.endpoint.close(quinn::VarInt::from_u32(0), b"");
+    }
+
     /// Graceful stop: refuse new connections, answer every frame already received, finish each
     /// stream, close connections with `ShuttingDown`, and wait (bounded) for peers to see it.
     pub async fn shutdown(mut self) {
         self.shared.ready.store(false, Ordering::Relaxed);
+        // Leave first: peers stop routing here and receive our buckets before we stop answering.
+        self.shared.cluster.leave(&self.shared).await;
         let _ = self.shutdown.send(true);
         let drained = tokio::time::timeout(DRAIN_TIMEOUT, async {
             while self.tasks.join_next().await.is_some() {}
@@ -189,14 +248,26 @@ async fn serve_connection(
     let mut streams = JoinSet::new();
     loop {
         let accepted = tokio::select! {
-            accepted = connection.accept_bi() => accepted,
+            accepted = connection.accept_bi() => accepted.map(Some),
+            accepted = connection.accept_uni() => accepted.map(|recv| {
+                // Peers authenticate with a certificate from the cluster CA; only they may gossip
+                // or replicate (with --client-ca every client has one and is trusted alike). Read
+                // here, not at accept: a server's connection is up before the client's
+                // certificate has arrived.
+                let is_peer = connection.peer_identity().is_some();
+                if is_peer && streams.len() < 256 {
+                    streams.spawn(serve_peer_message(recv, shared.clone()));
+                }
+                None
+            }),
             _ = shutdown.changed() => break,
         };
         match accepted {
-            Ok((send, recv)) => {
+            Ok(Some((send, recv))) => {
                 while streams.try_join_next().is_some() {}
                 streams.spawn(serve_stream(send, recv, shared.clone(), shutdown.clone()));
             }
+            Ok(None) => {}
             Err(e) => {
                 tracing::debug!(peer = %connection.remote_address(), "connection ended: {e}");
                 break;
@@ -221,9 +292,7 @@ async fn serve_stream(
     shared: Arc<Shared>,
     mut shutdown: watch::Receiver<bool>,
 ) {
-    let limits = shared.config.limits;
-    let wire_limits = limits.wire();
-    let mut reader = FrameReader::new(limits.max_frame_bytes);
+    let mut reader = FrameReader::new(shared.config.limits.max_frame_bytes);
     let mut chunk = vec![0u8; READ_CHUNK];
     let mut out = Vec::new();
     loop {
@@ -241,7 +310,7 @@ async fn serve_stream(
         let fatal = match read {
             Ok(Some(n)) => {
                 reader.extend(&chunk[..n]);
-                answer_available(&shared, &wire_limits, &mut reader, &mut out)
+                answer_available(&shared, &mut reader, &mut out).await
             }
             Ok(None) => reader.finish().err().map(|e| {
                 shared.metrics.frame_error(e.code);
@@ -269,9 +338,8 @@ async fn serve_stream(
 }
 
 /// Answers every complete frame in `reader`; returns the code of an error that ends the stream.
-fn answer_available(
+async fn answer_available(
     shared: &Shared,
-    wire_limits: &floodgate::wire::WireLimits,
     reader: &mut FrameReader,
     out: &mut Vec<u8>,
 ) -> Option<ErrorCode> {
@@ -283,14 +351,7 @@ fn answer_available(
         match reader.next_frame() {
             Ok(Some(frame)) => {
                 frames += 1;
-                if let Some(code) = answer_frame(
-                    &shared.store,
-                    wire_limits,
-                    &shared.metrics,
-                    now_ns,
-                    &frame,
-                    out,
-                ) {
+                if let Some(code) = answer(shared, &frame, now_ns, out).await {
                     shared.metrics.frame_error(code);
                 }
             }
@@ -311,6 +372,87 @@ fn answer_available(
             .record(started.elapsed().as_secs_f64() / f64::from(frames));
     }
     fatal
+}
+
+/// Answers one frame received on a bidirectional stream.
+async fn answer(
+    shared: &Shared,
+    frame: &Frame,
+    now_ns: u64,
+    out: &mut Vec<u8>,
+) -> Option<ErrorCode> {
+    let cluster = &shared.cluster;
+    match frame.kind {
+        // The common case, a node alone or every group here, stays synchronous.
+        FrameKind::CheckBatch if cluster.table().nodes().len() > 1 => {
+            forward::answer_check_batch(shared, frame, now_ns, out).await
+        }
+        FrameKind::CheckBatch | FrameKind::ForwardedCheckBatch => {
+            let version = cluster.table().version();
+            answer_frame(
+                &shared.store,
+                &shared.config.limits.wire(),
+                &shared.metrics,
+                now_ns,
+                version,
+                frame,
+                out,
+            )
+        }
+        FrameKind::PolicyRequest => {
+            crate::rules::answer_policy_request(shared.rules.as_deref(), frame, out)
+        }
+        FrameKind::TableRequest => {
+            encode_message(
+                out,
+                FrameKind::SlotTable,
+                frame.request_id,
+                &cluster.table_message(),
+            );
+            None
+        }
+        other => {
+            encode_error(
+                out,
+                frame.request_id,
+                ErrorCode::UnknownKind,
+                format!("a node does not accept {other:?} frames on this stream"),
+            );
+            Some(ErrorCode::UnknownKind)
+        }
+    }
+}
+
+/// Handles one message a peer sent on a unidirectional stream: gossip or buckets.
+async fn serve_peer_message(mut recv: quinn::RecvStream, shared: Arc<Shared>) {
+    let max = shared.config.limits.max_frame_bytes;
+    let Ok(bytes) = recv.read_to_end(max + 16).await else {
+        return;
+    };
+    let mut reader = FrameReader::new(max);
+    reader.extend(&bytes);
+    while let Ok(Some(frame)) = reader.next_frame() {
+        let now_ns = shared.clock.now_ns();
+        match frame.kind {
+            FrameKind::Gossip => match decode_gossip(&frame.payload) {
+                Ok(gossip) => shared.cluster.handle_gossip(&shared, now_ns, &gossip),
+                Err((code, _)) => shared.metrics.frame_error(code),
+            },
+            FrameKind::Replicate => match decode_replicate(&frame.payload) {
+                Ok((_, handoff, buckets)) => {
+                    let refused = shared.store.merge(&buckets, now_ns);
+                    let counter = if handoff {
+                        &shared.metrics.received_handoff
+                    } else {
+                        &shared.metrics.received_replicas
+                    };
+                    counter.increment((buckets.len() - refused) as u64);
+                }
+                Err((code, _)) => shared.metrics.frame_error(code),
+            },
+            _ => shared.metrics.frame_error(ErrorCode::UnknownKind),
+        }
+    }
 }
 
 /// Forgets expired buckets a few shards at a time and publishes the store's counters.

@@ -128,6 +128,14 @@ impl SlotTable {
         self.epoch
     }
 
+    /// Equal for every node with the same owners, whatever their epochs: a hash of the ids.
+    pub fn version(&self) -> u64 {
+        if self.nodes.is_empty() {
+            return 0;
+        }
+        xxh3_64(self.nodes.join("\0").as_bytes()).max(1)
+    }
+
     pub fn nodes(&self) -> &[String] {
         &self.nodes
     }

@@ -44,6 +44,9 @@ pub struct WireDecision {
 #[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq, Default)]
 pub struct DecisionBatch {
     pub decisions: Vec<WireDecision>,
+    /// The version of the answering node's slot table (0: not in a cluster). A client whose
+    /// table has another version asks for the new one (`FrameKind::TableRequest`).
+    pub table_version: u64,
 }
 
 /// Either way: why a request (or, with request id 0, the stream) was refused.
@@ -254,13 +257,18 @@ fn validate_check(check: &ArchivedWireCheck, limits: &WireLimits) -> Result<Vali
 
 /// Validates a decision batch payload (client side; nodes are not trusted blindly either).
 pub fn decode_decision_batch(payload: &[u8]) -> Result<Vec<WireDecision>, Refusal> {
+    decode_decisions(payload).map(|(decisions, _)| decisions)
+}
+
+/// Validates a decision batch payload; returns the decisions and the node's slot-table version.
+pub fn decode_decisions(payload: &[u8]) -> Result<(Vec<WireDecision>, u64), Refusal> {
     let batch = rkyv::access::<ArchivedDecisionBatch, rancor::Error>(payload).map_err(|e| {
         (
             ErrorCode::MalformedPayload,
             format!("invalid decision batch: {e}"),
         )
     })?;
-    Ok(batch
+    let decisions = batch
         .decisions
         .iter()
         .map(|d| WireDecision {
@@ -270,7 +278,8 @@ pub fn decode_decision_batch(payload: &[u8]) -> Result<Vec<WireDecision>, Refusa
             retry_after_ns: d.retry_after_ns.to_native(),
             reset_after_ns: d.reset_after_ns.to_native(),
         })
-        .collect())
+        .collect();
+    Ok((decisions, batch.table_version.to_native()))
 }
 
 /// Validates an error frame payload.

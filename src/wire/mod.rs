@@ -13,14 +13,24 @@
 //!
 //! See PROTOCOL.md for the messages, error codes and what a receiver does with bad input.
 
+mod cluster_messages;
 mod frame;
 mod messages;
+mod policy_messages;
 
+pub use cluster_messages::{
+    ReplicateMessage, SlotTableMessage, TableMember, WireBucket, decode_gossip, decode_replicate,
+    decode_slot_table, member_state_from_wire, member_state_to_wire,
+};
 pub use frame::{Frame, FrameError, FrameReader, encode_frame, encode_message};
 pub use messages::{
     ArchivedCheckBatch, ArchivedDecisionBatch, ArchivedErrorFrame, ArchivedWireCheck, CheckBatch,
     DecisionBatch, ErrorFrame, ValidCheck, WireCheck, WireDecision, WireLimits, decode_check_batch,
-    decode_decision_batch, decode_error_frame,
+    decode_decision_batch, decode_decisions, decode_error_frame,
+};
+pub use policy_messages::{
+    MAX_POLICY_TEXT_BYTES, PolicyMessage, PolicyRequest, decode_policy_message,
+    decode_policy_request,
 };
 
 /// First two bytes of every frame.
@@ -55,6 +65,9 @@ pub enum FrameKind {
     PolicyRequest = 8,
     /// Node → client: the rules in force (version and text).
     Policy = 9,
+    /// Node → node: a check batch forwarded by a node that does not own its slots; decided
+    /// where it lands, never forwarded again.
+    ForwardedCheckBatch = 10,
 }
 
 impl FrameKind {
@@ -69,6 +82,7 @@ impl FrameKind {
             7 => Some(FrameKind::Replicate),
             8 => Some(FrameKind::PolicyRequest),
             9 => Some(FrameKind::Policy),
+            10 => Some(FrameKind::ForwardedCheckBatch),
             _ => None,
         }
     }
