@@ -16,7 +16,7 @@ use crate::error::{ClientError, ConfigError};
 use crate::fallback::Fallback;
 use crate::link::{self, LinkSettings, LinkState, NodeLink, NodeStatus};
 use crate::queue::{Call, Reply};
-use crate::router::Router;
+use crate::slots::{ClusterTable, LinkFactory, Refresher, Routing};
 use crate::tls;
 use crate::verdict::{Check, DegradedReason, Source, Verdict};
 
@@ -32,14 +32,15 @@ pub struct Client {
 
 #[derive(Debug)]
 struct Inner {
-    links: Vec<Arc<NodeLink>>,
-    router: Router,
+    /// The links to the nodes and which one decides each key (the cluster's slot table).
+    routing: Arc<Routing>,
     fallback: Fallback,
     timeout: Duration,
     max_checks: usize,
     /// Dropping it (with the last `Client`) also stops the supervisors.
     shutdown: watch::Sender<bool>,
-    /// Each node's supervisor and reaper tasks.
+    /// Each given node's supervisor and reaper tasks, and the table refresher (which stops
+    /// the links to the nodes it discovered).
     supervisors: Mutex<Vec<JoinHandle<()>>>,
 }
 
@@ -48,6 +49,11 @@ impl Client {
     /// connection attempts to finish (at most `config.connect_timeout`), so calls made right
     /// after find their nodes connected; nodes that could not be reached are retried with
     /// backoff while calls to them follow their failure modes.
+    ///
+    /// `nodes` may be any of the cluster's nodes: the client asks one for the slot table, links
+    /// to every member, and sends each call to the owner of its first key (see
+    /// [`Client::slot_table`]); the table is kept current in the background. Until a table is
+    /// known, calls spread over `nodes`, which forward what they do not own.
     ///
     /// Fails only for a bad configuration: no nodes, invalid settings, unreadable certificates.
     pub async fn connect(
@@ -80,10 +86,10 @@ impl Client {
             supervisors.push(tokio::spawn(link::reap(link.clone(), shutdown.subscribe())));
             links.push(link);
         }
+        let routing = Arc::new(Routing::new(links.clone()));
         let client = Client {
             inner: Arc::new(Inner {
-                router: Router::new(links.len()),
-                links,
+                routing: routing.clone(),
                 fallback,
                 timeout: config.timeout,
                 max_checks: config.max_checks_per_frame,
@@ -95,6 +101,27 @@ impl Client {
         let settle = config.connect_timeout + Duration::from_millis(100);
         let _ =
             tokio::time::timeout(settle, client.wait_until(|s| s != LinkState::Connecting)).await;
+        // The first table, then the links to the members it names, before the first call.
+        let factory = LinkFactory {
+            quic,
+            config,
+            settings,
+        };
+        let mut refresher = Refresher::new(routing, factory, links);
+        let reachable = client
+            .nodes()
+            .iter()
+            .any(|n| n.state == LinkState::Connected);
+        if reachable && let Ok(true) = tokio::time::timeout(settle, refresher.refresh()).await {
+            let _ = tokio::time::timeout(settle, client.wait_until(|s| s != LinkState::Connecting))
+                .await;
+        }
+        let shutdown = client.inner.shutdown.subscribe();
+        client
+            .inner
+            .supervisors
+            .lock()
+            .push(tokio::spawn(refresher.run(shutdown)));
         Ok(client)
     }
 
@@ -109,7 +136,8 @@ impl Client {
     pub async fn check(&self, checks: &[Check]) -> Result<Vec<Verdict>, ClientError> {
         let inner = &*self.inner;
         inner.validate(checks)?;
-        let link = &inner.links[inner.router.route(&checks[0].key)];
+        let routes = inner.routing.routes();
+        let link = &routes.links[routes.route(&checks[0].key)];
         if let Admit::Reject { .. } = link.breaker.admit() {
             return Ok(inner
                 .fallback
@@ -156,9 +184,74 @@ impl Client {
         }
     }
 
-    /// Each node's link, in the order given to `connect`.
+    /// Index in [`Client::nodes`] of the node that decides `key` now. A [`Client::check`] call
+    /// is decided all-or-nothing on one node; a caller whose keys have different owners splits
+    /// its checks by owner and gives back what was taken when the request does not pass
+    /// ([`Client::refund`]).
+    pub fn owner_of(&self, key: &[u8]) -> usize {
+        self.inner.routing.routes().route(key)
+    }
+
+    /// The address of the node that decides a call whose first key is `key`, now.
+    pub fn node_for(&self, key: &[u8]) -> SocketAddr {
+        let routes = self.inner.routing.routes();
+        routes.links[routes.route(key)].addr
+    }
+
+    /// The slot table calls are routed by: its version, the members and each slot's owner.
+    /// `None` until a node has given one (calls then spread over the nodes given to
+    /// `connect`, which forward what they do not own).
+    pub fn slot_table(&self) -> Option<Arc<ClusterTable>> {
+        self.inner.routing.table()
+    }
+
+    /// Gives back `cost` units to the bucket of each check, on the node that owns its key:
+    /// what a request took under rules that allowed it when another rule (possibly on another
+    /// node) denied it. Refunds are never denied. Best effort: returns how many checks a node
+    /// refunded; a refund that cannot reach its node is dropped (the units come back as the
+    /// bucket refills).
+    pub async fn refund(&self, checks: &[Check]) -> Result<usize, ClientError> {
+        let inner = &*self.inner;
+        inner.validate(checks)?;
+        let routes = inner.routing.routes();
+        let mut by_node: Vec<Vec<WireCheck>> = vec![Vec::new(); routes.links.len()];
+        for check in checks {
+            by_node[routes.route(&check.key)].push(WireCheck::refund(
+                check.key.as_slice(),
+                &check.limit,
+                check.cost,
+            ));
+        }
+        let mut answers = Vec::new();
+        for (node, wire) in by_node.into_iter().enumerate() {
+            if wire.is_empty() {
+                continue;
+            }
+            let (reply, answer) = oneshot::channel();
+            let count = wire.len();
+            let call = Call {
+                checks: wire,
+                reply,
+                deadline: Instant::now() + inner.timeout,
+            };
+            if routes.links[node].queue.push(call).is_ok() {
+                answers.push((count, answer));
+            }
+        }
+        let mut refunded = 0;
+        for (count, answer) in answers {
+            if let Ok(Reply::Decided { .. }) = answer.await {
+                refunded += count;
+            }
+        }
+        Ok(refunded)
+    }
+
+    /// Each node's link: the nodes given to `connect`, in that order, then the members
+    /// discovered through the slot table.
     pub fn nodes(&self) -> Vec<NodeStatus> {
-        self.inner.links.iter().map(|l| l.status()).collect()
+        let routes = self.inner.routing.routes();
+        routes.links.iter().map(|l| l.status()).collect()
     }
 
     /// Resolves once every node is connected (wrap it in a timeout). For start-up readiness
@@ -173,7 +266,8 @@ impl Client {
     }
 
     async fn wait_until(&self, done: impl Fn(LinkState) -> bool) {
-        for link in &self.inner.links {
+        let routes = self.inner.routing.routes();
+        for link in &routes.links {
             let mut state = link.subscribe();
             // Fails only if the link is gone, which cannot happen while `self` holds it.
             let _ = state.wait_for(|&s| done(s)).await;
@@ -278,14 +372,20 @@ mod tests {
             .collect();
         Client {
             inner: Arc::new(Inner {
-                router: Router::new(nodes),
-                links,
+                routing: Arc::new(Routing::new(links)),
                 fallback: Fallback::new(config.fallback_store, 1_000_000_000).unwrap(),
                 timeout: config.timeout,
                 max_checks: config.max_checks_per_frame,
                 shutdown,
                 supervisors: Mutex::new(reapers),
             }),
+        }
+    }
+
+    impl Inner {
+        /// The link to the `i`-th node given.
+        fn seed(&self, i: usize) -> Arc<NodeLink> {
+            self.routing.routes().links[i].clone()
         }
     }
 
@@ -355,7 +455,7 @@ mod tests {
         let mut config = config();
         config.timeout = Duration::from_millis(1);
         let client = offline_client(&config, 1);
-        client.inner.links[0].queue.set_down();
+        client.inner.seed(0).queue.set_down();
         let ok = Check::new(vec![b'k'; MAX_KEY_BYTES], limit());
         assert!(client.check(&[ok]).await.is_ok());
     }
@@ -376,7 +476,7 @@ mod tests {
         for _ in 0..3 {
             tokio::task::yield_now().await;
         }
-        let node = fake_node(client.inner.links[0].clone(), 1);
+        let node = fake_node(client.inner.seed(0).clone(), 1);
         for (i, call) in calls.into_iter().enumerate() {
             let verdicts = call.await.unwrap();
             assert_eq!(verdicts.len(), i + 1);
@@ -388,7 +488,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn timeouts_follow_failure_modes_then_open_the_breaker_until_a_probe_succeeds() {
         let client = offline_client(&config(), 1);
-        let link = client.inner.links[0].clone();
+        let link = client.inner.seed(0).clone();
         link.queue.set_up(1); // connected, but nobody answers
         let open = [Check::new("a", limit())];
         let closed = [Check::new("b", limit()).failure_mode(FailureMode::Closed)];
@@ -436,7 +536,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_down_node_fails_over_at_once_and_store_full_follows_the_failure_mode() {
         let client = offline_client(&config(), 1);
-        let link = client.inner.links[0].clone();
+        let link = client.inner.seed(0).clone();
         link.queue.set_down();
         let before = tokio::time::Instant::now();
         let v = client
@@ -471,18 +571,18 @@ mod tests {
     #[tokio::test]
     async fn calls_route_by_their_first_key() {
         let client = offline_client(&config(), 3);
-        let router = &client.inner.router;
+        let router = client.inner.routing.routes();
         let first = router.route(b"user:1");
         let check = |key: &str| Check::new(key.to_owned(), limit());
         // Every link down except the first key's: that call reaches a queue that accepts it.
-        for (i, link) in client.inner.links.iter().enumerate() {
+        for (i, link) in router.links.iter().enumerate() {
             if i == first {
                 link.queue.set_up(1);
             } else {
                 link.queue.set_down();
             }
         }
-        let node = fake_node(client.inner.links[first].clone(), 1);
+        let node = fake_node(router.links[first].clone(), 1);
         let other = (0..100)
             .map(|i| format!("other:{i}"))
             .find(|k| router.route(k.as_bytes()) != first)

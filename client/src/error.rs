@@ -65,6 +65,10 @@ pub enum ClientError {
         code: ErrorCode,
         message: String,
     },
+    /// No node could be asked (a tool's one-shot request such as fetching the slot table;
+    /// `check` never returns this: failure modes decide instead).
+    #[error("no node answered: {0}")]
+    Unavailable(String),
 }
 
 impl ClientError {
@@ -73,6 +77,7 @@ impl ClientError {
             ClientError::Config(_) => ErrorKind::Config,
             ClientError::BadRequest(_) => ErrorKind::BadRequest,
             ClientError::Rejected { code, .. } => classify_code(*code),
+            ClientError::Unavailable(_) => ErrorKind::Unreachable,
         }
     }
 }

@@ -23,10 +23,15 @@
 //! - `verdict`: [`Check`], [`FailureMode`], [`Verdict`], [`Source`], [`DegradedReason`].
 //! - `config`: [`ClientConfig`] and its validation; `tls`: the QUIC/TLS 1.3 client config.
 //! - `error`: [`ClientError`], [`ConfigError`] and their [`ErrorKind`].
-//! - `router`: which node a call goes to (a stable hash until slot tables arrive).
+//! - `slots`: which node a call goes to: the owner of its first key's slot, by the cluster's
+//!   slot table, fetched from the nodes and kept current; `router`: a stable hash over the
+//!   given nodes until a table arrives.
 //! - `breaker`: the per-node circuit breaker; `backoff`: reconnect delays.
 //! - `queue`: the per-node call queue that coalesces concurrent calls into frames.
 //! - `link`: connection supervisor (reconnects) and stream tasks (frames in, answers out).
+//! - [`policy`]: [`RateLimiter`]: the rules from the nodes, a request's checks → verdict →
+//!   HTTP answer, with refunds across nodes and bounded waiting.
+//! - [`tower`](mod@tower) (feature `tower`): `RateLimitLayer`, the limiter as a `tower::Layer`.
 //! - `fallback`: failure modes, with a local bucket store for `Open` checks; `clock`: its time.
 //!
 //! The `floodgate` binary (`src/bin/floodgate.rs`, feature `cli`) sends checks from a shell.
@@ -39,9 +44,13 @@ mod config;
 mod error;
 mod fallback;
 mod link;
+pub mod policy;
 mod queue;
 mod router;
+mod slots;
 mod tls;
+#[cfg(feature = "tower")]
+pub mod tower;
 mod verdict;
 
 pub use client::Client;
@@ -51,6 +60,8 @@ pub use config::{
 };
 pub use error::{ClientError, ConfigError, ErrorKind, classify_code};
 pub use link::{LinkState, NodeStatus};
+pub use policy::{LimiterConfig, LimiterError, RateLimiter, RequestDecision, RequestInfo};
+pub use slots::{ClusterMember, ClusterTable, fetch_slot_table};
 pub use verdict::{Check, DegradedReason, FailureMode, Source, Verdict, all_allowed};
 
 /// The core whose types the client speaks (`Limit`, `Decision`, ...), re-exported for gateways.

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use floodgate::wire::{
-    CheckBatch, ErrorCode, Frame, FrameKind, FrameReader, WireDecision, decode_decision_batch,
+    CheckBatch, ErrorCode, Frame, FrameKind, FrameReader, WireDecision, decode_decisions,
     decode_error_frame, encode_frame,
 };
 use parking_lot::Mutex;
@@ -21,6 +21,7 @@ use crate::breaker::SharedBreaker;
 use crate::config::{BackoffConfig, ClientConfig};
 use crate::error::{ConfigError, is_bad_request};
 use crate::queue::{Call, CallQueue, Reply};
+use crate::slots::TableHint;
 use crate::verdict::DegradedReason;
 
 /// Largest answer frame accepted: a full batch of 4,096 decisions is about 130 KiB.
@@ -85,6 +86,8 @@ pub(crate) struct NodeLink {
     /// to reset the reconnect backoff (a node refusing our certificate completes the handshake
     /// and then closes; without this we would reconnect in a tight loop).
     answered: AtomicBool,
+    /// Told the slot-table version of every answer (set once the client routes by tables).
+    pub(crate) table_hint: std::sync::OnceLock<Arc<TableHint>>,
 }
 
 impl NodeLink {
@@ -96,6 +99,7 @@ impl NodeLink {
             state: watch::Sender::new(LinkState::Connecting),
             last_error: Mutex::new(None),
             answered: AtomicBool::new(false),
+            table_hint: std::sync::OnceLock::new(),
         }
     }
 
@@ -271,8 +275,12 @@ fn describe_connection_error(e: &quinn::ConnectionError) -> String {
 /// What came back for a frame.
 #[derive(Debug)]
 enum Answer {
-    Decisions(Vec<WireDecision>),
-    Error { code: ErrorCode, message: String },
+    /// The decisions and the node's slot-table version.
+    Decisions(Vec<WireDecision>, u64),
+    Error {
+        code: ErrorCode,
+        message: String,
+    },
 }
 
 /// Why a frame got no answer.
@@ -519,7 +527,10 @@ impl StreamSession {
         batch: &CheckBatch,
     ) -> bool {
         match answer {
-            Ok(Answer::Decisions(decisions)) => {
+            Ok(Answer::Decisions(decisions, table_version)) => {
+                if let Some(hint) = link.table_hint.get() {
+                    hint.saw(table_version, link.addr);
+                }
                 let expected: usize = batch.groups.iter().map(Vec::len).sum();
                 if decisions.len() != expected {
                     let detail = format!("{} decisions for {expected} checks", decisions.len());
@@ -653,8 +664,8 @@ fn answer_from(frame: Frame, request_id: u64) -> Result<Answer, Failure> {
         )));
     }
     match frame.kind {
-        FrameKind::DecisionBatch => decode_decision_batch(&frame.payload)
-            .map(Answer::Decisions)
+        FrameKind::DecisionBatch => decode_decisions(&frame.payload)
+            .map(|(decisions, version)| Answer::Decisions(decisions, version))
             .map_err(|(_, message)| Failure::protocol(message)),
         FrameKind::Error => {
             let error = decode_error_frame(&frame.payload)

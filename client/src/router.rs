@@ -1,11 +1,12 @@
-//! `Router`: which node a call goes to. A stand-in until nodes hand out slot tables.
+//! `Router`: which of the given nodes a call goes to before the cluster's slot table is known
+//! (see `slots`), or with nodes that serve none.
 
 use xxhash_rust::xxh3::xxh3_64;
 
 /// Routes a call by a stable hash of its first key, so every gateway sends a key to the same
 /// node (and so one bucket). Jump consistent hashing (Lamping & Veach, 2014) moves only 1/n of
-/// the keys when a node is added at the end of the list. To be replaced by the cluster's slot
-/// table, which is why callers see only `route`.
+/// the keys when a node is added at the end of the list. Only a fallback: once a node gives its
+/// slot table, calls go to the owner of their first key's slot.
 #[derive(Debug, Clone)]
 pub(crate) struct Router {
     nodes: usize,

@@ -77,6 +77,7 @@ async fn serve_stream(mut send: quinn::SendStream, mut recv: quinn::RecvStream, 
             };
             let answer = DecisionBatch {
                 decisions: vec![WireDecision::from(allowed); groups.iter().map(Vec::len).sum()],
+                table_version: 0,
             };
             let mut out = Vec::new();
             encode_message(

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 use floodgate_client::core::{Algorithm, Decision, Limit, parse_duration_ns, parse_rate};
-use floodgate_client::{Check, ClientAuth, ClientConfig, FailureMode, Verdict};
+use floodgate_client::{Check, ClientAuth, ClientConfig, ClusterTable, FailureMode, Verdict};
 
 const CHECK_HELP: &str = "\
 Output: one line per decision, starting with `allow` or `deny`:
@@ -39,6 +39,53 @@ enum Command {
     /// Consume from a key's bucket COUNT times, one check at a time, printing each decision.
     #[command(after_help = CHECK_HELP)]
     Check(CheckArgs),
+    /// Print the cluster as a node sees it: members, the slot table's epoch and version, and
+    /// how many slots each member owns.
+    #[command(after_help = STATUS_HELP)]
+    Status(StatusArgs),
+    /// Rules files: `floodgate rules check FILE` validates one and prints what it enforces.
+    #[command(subcommand)]
+    Rules(RulesCommand),
+}
+
+#[derive(Debug, Subcommand)]
+enum RulesCommand {
+    /// Validate a rules file: print its version and rules (exit 0), or the error with its line
+    /// and column (exit 2).
+    Check {
+        /// The rules file (YAML; see rules/example.yaml).
+        file: PathBuf,
+    },
+}
+
+const STATUS_HELP: &str = "\
+Output:
+  epoch 3, version 9f3a0c12d4e5b6a7, from node-a
+  id      region  address         state  slots
+  node-a  local   127.0.0.1:7100  alive  1372
+
+Exit status: 0 when a node gave its table, 2 on error (bad arguments, no node answered).";
+
+#[derive(Debug, Args)]
+struct StatusArgs {
+    /// Node address, HOST:PORT (repeat for several; the first that answers is used).
+    #[arg(long, required = true, value_parser = parse_node)]
+    node: Vec<SocketAddr>,
+    /// PEM file of the CA that signs the node certificates.
+    #[arg(long)]
+    ca: PathBuf,
+    /// Client certificate (PEM), for nodes that require mutual TLS.
+    #[arg(long, requires = "client_key")]
+    client_cert: Option<PathBuf>,
+    /// Key of the client certificate (PEM).
+    #[arg(long, requires = "client_cert")]
+    client_key: Option<PathBuf>,
+    /// Longest wait for each node's connection and answer, e.g. 500ms, 2s.
+    #[arg(long, default_value = "2s", value_parser = parse_duration_arg)]
+    timeout: Duration,
+    /// Name the node's certificate must carry.
+    #[arg(long, default_value = "localhost")]
+    server_name: String,
 }
 
 #[derive(Debug, Args)]
@@ -139,6 +186,30 @@ impl CheckArgs {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
+        Command::Rules(RulesCommand::Check { file }) => match check_rules(&file) {
+            Ok(described) => {
+                print!("{described}");
+                ExitCode::SUCCESS
+            }
+            Err(message) => {
+                eprint!("{message}");
+                ExitCode::from(2)
+            }
+        },
+        Command::Status(args) => {
+            let status = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map_err(|e| format!("cannot start the runtime: {e}"))
+                .and_then(|runtime| runtime.block_on(run_status(&args, &mut std::io::stdout())));
+            match status {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(message) => {
+                    eprintln!("floodgate: {message}");
+                    ExitCode::from(2)
+                }
+            }
+        }
         Command::Check(args) => {
             let runtime = match tokio::runtime::Builder::new_current_thread()
                 .enable_all()
@@ -160,6 +231,94 @@ fn main() -> ExitCode {
             }
         }
     }
+}
+
+/// Fetches one node's slot table and prints it.
+async fn run_status(args: &StatusArgs, out: &mut impl Write) -> Result<(), String> {
+    let mut config = ClientConfig::with_ca_file(&args.ca);
+    if let (Some(cert), Some(key)) = (&args.client_cert, &args.client_key) {
+        config.client_auth = Some(ClientAuth {
+            cert: cert.clone(),
+            key: key.clone(),
+        });
+    }
+    config.server_name = args.server_name.clone();
+    config.timeout = args.timeout;
+    config.connect_timeout = args.timeout;
+    let table = floodgate_client::fetch_slot_table(&args.node, &config)
+        .await
+        .map_err(|e| e.to_string())?;
+    out.write_all(format_status(&table).as_bytes())
+        .map_err(|e| e.to_string())?;
+    // The rules in force on that node, so a rule change shows here too.
+    let mut rules = "rules: unknown (no node answered)\n".to_owned();
+    for &node in &args.node {
+        match floodgate_client::policy::fetch_policy(node, &config).await {
+            Ok(message) if message.version.is_empty() => {
+                rules = format!("rules: none ({node} runs without --rules)\n");
+                break;
+            }
+            Ok(message) => {
+                rules = format!("rules: version {} (from {node})\n", message.version);
+                break;
+            }
+            Err(e) => rules = format!("rules: unknown ({node}: {e})\n"),
+        }
+    }
+    out.write_all(rules.as_bytes()).map_err(|e| e.to_string())
+}
+
+/// `floodgate rules check FILE`: the policy's description, or the rendered error.
+fn check_rules(file: &std::path::Path) -> Result<String, String> {
+    let name = file.display().to_string();
+    let text = std::fs::read_to_string(file)
+        .map_err(|e| format!("floodgate: cannot read {name}: {e}\n"))?;
+    floodgate_client::core::policy::Policy::from_yaml(&text)
+        .map(|policy| policy.describe())
+        .map_err(|e| e.render(&name, &text))
+}
+
+/// The status report: a header line, then one aligned row per member.
+fn format_status(table: &ClusterTable) -> String {
+    let mut rows = vec![[
+        "id".to_owned(),
+        "region".to_owned(),
+        "address".to_owned(),
+        "state".to_owned(),
+        "slots".to_owned(),
+    ]];
+    for member in &table.members {
+        rows.push([
+            member.id.clone(),
+            member.region.clone(),
+            member.addr.clone(),
+            member.state.name().to_owned(),
+            table.slots_owned(&member.id).to_string(),
+        ]);
+    }
+    let mut widths = [0usize; 5];
+    for row in &rows {
+        for (width, cell) in widths.iter_mut().zip(row) {
+            *width = (*width).max(cell.chars().count());
+        }
+    }
+    let mut text = format!(
+        "epoch {}, version {:016x}, from {}\n",
+        table.epoch, table.version, table.from
+    );
+    for row in &rows {
+        let mut line = String::new();
+        for (i, (cell, width)) in row.iter().zip(widths).enumerate() {
+            if i + 1 == row.len() {
+                line.push_str(cell);
+            } else {
+                line.push_str(&format!("{cell:<width$}  "));
+            }
+        }
+        text.push_str(&line);
+        text.push('\n');
+    }
+    text
 }
 
 /// Sends the checks; `Ok(allowed)` is the last decision, `Err` a message for stderr.
@@ -255,6 +414,7 @@ mod tests {
             .chain(extra.iter().copied());
         Cli::try_parse_from(argv).map(|cli| match cli.command {
             Command::Check(args) => args,
+            other => panic!("not a check: {other:?}"),
         })
     }
 

@@ -1,0 +1,190 @@
+//! The gateway's parts, shared by `main.rs` and the tests (`client/tests/gateway.rs` includes this
+//! file): the proxy app with its rate-limit layer and `/metrics`, the demo upstream, and serving.
+
+#![allow(dead_code)]
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{ConnectInfo, Request, State};
+use axum::http::{StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use floodgate_client::RateLimiter;
+use floodgate_client::RequestDecision;
+use floodgate_client::core::policy::RuleState;
+use floodgate_client::tower::{RateLimitLayer, request_info};
+use hyper_util::rt::TokioIo;
+use metrics::{counter, gauge, histogram};
+use metrics_exporter_prometheus::{
+    Matcher, PrometheusBuilder, PrometheusHandle, PrometheusRecorder,
+};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+
+/// The gateway's own metrics, in a recorder of its own (not the process-wide one), so several
+/// gateways in one test process count apart.
+#[derive(Clone)]
+pub struct GatewayMetrics {
+    recorder: Arc<PrometheusRecorder>,
+    handle: PrometheusHandle,
+    /// The rules version last published, set back to 0 when another takes over.
+    version: Arc<Mutex<Option<String>>>,
+}
+
+impl GatewayMetrics {
+    pub fn new() -> Self {
+        let builder = PrometheusBuilder::new()
+            .set_buckets_for_metric(
+                Matcher::Full("floodgate_gateway_limiter_seconds".into()),
+                &[
+                    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
+                ],
+            )
+            .unwrap_or_else(|_| PrometheusBuilder::new());
+        let recorder = builder.build_recorder();
+        let handle = recorder.handle();
+        GatewayMetrics {
+            recorder: Arc::new(recorder),
+            handle,
+            version: Arc::default(),
+        }
+    }
+
+    pub fn render(&self) -> String {
+        self.handle.render()
+    }
+
+    /// Counts one decision: per rule and outcome (shadow rules under `mode="shadow"`), checks
+    /// decided by fallback, the limiter's latency and the rules version in force.
+    pub fn record(&self, decision: &RequestDecision) {
+        metrics::with_local_recorder(&*self.recorder, || {
+            for rule in &decision.verdict.rules {
+                let outcome = match rule.state {
+                    RuleState::Allowed => "allowed",
+                    RuleState::Denied { .. } => "denied",
+                    RuleState::Unreachable => "unreachable",
+                };
+                let mode = if rule.shadow { "shadow" } else { "enforce" };
+                counter!(
+                    "floodgate_gateway_verdicts_total",
+                    "rule" => rule.rule.to_string(),
+                    "mode" => mode,
+                    "outcome" => outcome
+                )
+                .increment(1);
+            }
+            let status = decision.response.status.to_string();
+            counter!("floodgate_gateway_requests_total", "status" => status).increment(1);
+            if decision.fallbacks > 0 {
+                counter!("floodgate_gateway_fallbacks_total").increment(decision.fallbacks as u64);
+            }
+            if !decision.waited.is_zero() {
+                counter!("floodgate_gateway_waited_total").increment(1);
+            }
+            histogram!("floodgate_gateway_limiter_seconds").record(decision.latency.as_secs_f64());
+            let mut published = self.version.lock().unwrap_or_else(PoisonError::into_inner);
+            if decision.policy_version.is_some() && *published != decision.policy_version {
+                if let Some(old) = published.take() {
+                    gauge!("floodgate_gateway_rules_version_info", "version" => old).set(0.0);
+                }
+                let new = decision.policy_version.clone().unwrap_or_default();
+                gauge!("floodgate_gateway_rules_version_info", "version" => new).set(1.0);
+                *published = decision.policy_version.clone();
+            }
+        });
+    }
+}
+
+/// The gateway: `/metrics`, and every other request rate limited, then proxied to `upstream`.
+pub fn app(limiter: RateLimiter, upstream: SocketAddr, metrics: GatewayMetrics) -> Router {
+    let observed = metrics.clone();
+    // The one line a gateway adds; the extractor reads the peer from axum's `ConnectInfo`.
+    let layer = RateLimitLayer::new(limiter)
+        .with_extractor(|request: &Request| {
+            let peer = request
+                .extensions()
+                .get::<ConnectInfo<SocketAddr>>()
+                .map(|c| c.0);
+            request_info(request, peer)
+        })
+        .on_decision(move |decision| observed.record(decision));
+    let proxied = Router::new()
+        .fallback(proxy)
+        .with_state(upstream)
+        .layer(layer);
+    Router::new()
+        .route("/metrics", get(render_metrics))
+        .with_state(metrics)
+        .fallback_service(proxied)
+}
+
+async fn render_metrics(State(metrics): State<GatewayMetrics>) -> String {
+    metrics.render()
+}
+
+/// Forwards the request to the upstream over a fresh HTTP/1.1 connection (a demo proxy: no pool).
+async fn proxy(State(upstream): State<SocketAddr>, mut request: Request) -> Response {
+    let path = request
+        .uri()
+        .path_and_query()
+        .map_or("/", |p| p.as_str())
+        .to_owned();
+    // Origin form towards the upstream; the Host header goes along unchanged.
+    *request.uri_mut() = path.parse::<Uri>().unwrap_or_default();
+    match forward(upstream, request).await {
+        Ok(response) => response,
+        Err(e) => (StatusCode::BAD_GATEWAY, format!("upstream: {e}\n")).into_response(),
+    }
+}
+
+async fn forward(upstream: SocketAddr, request: Request) -> Result<Response, String> {
+    let stream = TcpStream::connect(upstream)
+        .await
+        .map_err(|e| e.to_string())?;
+    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .map_err(|e| e.to_string())?;
+    tokio::spawn(connection);
+    let response = sender
+        .send_request(request)
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(response.map(Body::new))
+}
+
+/// The demo upstream: answers every request with `{"ok":true,...}` naming its method and path.
+pub fn upstream_app() -> Router {
+    Router::new().fallback(|request: Request| async move {
+        (
+            [("content-type", "application/json")],
+            format!(
+                "{{\"ok\":true,\"method\":\"{}\",\"path\":\"{}\"}}\n",
+                request.method(),
+                request.uri().path().replace('"', "")
+            ),
+        )
+    })
+}
+
+/// Serves `app` on `listener` until `shutdown` turns true, with peer addresses for the layer.
+pub async fn serve(listener: TcpListener, app: Router, mut shutdown: watch::Receiver<bool>) {
+    let stop = async move {
+        let _ = shutdown.wait_for(|&stop| stop).await;
+    };
+    if let Err(e) = axum::serve(
+        listener,
+        app.into_make_service_with_connect_info::<SocketAddr>(),
+    )
+    .with_graceful_shutdown(stop)
+    .await
+    {
+        tracing::warn!("gateway server stopped: {e}");
+    }
+}
+
+/// How long a limiter call may take before a rule's failure mode decides, unless told.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(50);

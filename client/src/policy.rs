@@ -1,0 +1,633 @@
+//! `RateLimiter`: the policy-driven request path. A request's attributes → the policy's checks →
+//! the nodes' decisions → the verdict and its HTTP answer, with refunds and bounded waiting.
+//!
+//! The policy comes from the nodes (`floodgate-node --rules FILE`): fetched at start, then asked
+//! for every [`LimiterConfig::refresh_interval`] with the version the limiter holds, so a rule
+//! edit reaches every gateway within about a refresh interval plus the node's file poll (250 ms).
+//! That is a pull standing in for the design's push: nodes answer an unchanged version with a
+//! few bytes, and a gateway that cannot reach any node keeps the rules it has.
+//!
+//! All-or-nothing across rules: the enforced checks of a request are decided as one group per
+//! owning node (one group when every key lives on one node, which the node decides atomically);
+//! when they span nodes and the request does not pass, what the other nodes took is refunded
+//! before the answer is returned. Shadow checks are decided apart (each alone), so a shadow
+//! denial never undoes an enforced check.
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use floodgate::policy::{
+    self, Action, CheckOutcome, HttpResponse, PlannedCheck, Policy, RequestAttributes, Verdict,
+    WaitBound, client_ip,
+};
+use floodgate::wire::{
+    FrameKind, FrameReader, PolicyMessage, PolicyRequest, decode_error_frame,
+    decode_policy_message, encode_message,
+};
+use parking_lot::{Mutex, RwLock};
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+
+use crate::client::Client;
+use crate::config::ClientConfig;
+use crate::error::ClientError;
+use crate::verdict::{Check, FailureMode, Source, Verdict as CheckVerdict, all_allowed};
+use crate::{link, tls};
+
+/// How the limiter keeps its policy.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LimiterConfig {
+    /// How often the nodes are asked whether the rules changed.
+    pub refresh_interval: Duration,
+    /// Longest `connect` waits for the first policy from the nodes.
+    pub policy_timeout: Duration,
+}
+
+impl Default for LimiterConfig {
+    fn default() -> Self {
+        LimiterConfig {
+            refresh_interval: Duration::from_millis(500),
+            policy_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+/// Why a limiter could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum LimiterError {
+    #[error(transparent)]
+    Client(#[from] ClientError),
+    /// No node served rules in time (or none runs with `--rules`) and no local policy was given.
+    #[error("no rules: {0}")]
+    NoPolicy(String),
+}
+
+/// What the gateway knows about one request, owned: the auth step's identity headers, the peer
+/// address and the `X-Forwarded-For` values. The client IP is worked out against the trusted
+/// proxies of the policy in force when the request is checked.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RequestInfo {
+    pub method: String,
+    /// The request target's path (a query is dropped by the policy's normalization).
+    pub path: String,
+    pub user: Option<String>,
+    pub api_key: Option<String>,
+    pub tenant: Option<String>,
+    pub plan: Option<String>,
+    /// The TCP peer's address.
+    pub peer: Option<IpAddr>,
+    /// Every `X-Forwarded-For` field line, in order.
+    pub forwarded_for: Vec<String>,
+}
+
+impl RequestInfo {
+    pub fn new(method: impl Into<String>, path: impl Into<String>) -> Self {
+        RequestInfo {
+            method: method.into(),
+            path: path.into(),
+            ..RequestInfo::default()
+        }
+    }
+
+    /// The client's address: the peer, or what trusted proxies vouch for (see
+    /// [`floodgate::policy::client_ip()`]).
+    pub fn client_ip(&self, policy: &Policy) -> Option<IpAddr> {
+        let peer = self.peer?;
+        let xff: Vec<&str> = self.forwarded_for.iter().map(String::as_str).collect();
+        Some(client_ip(peer, &xff, policy.trusted_proxies()))
+    }
+
+    /// The attributes the policy plans checks from.
+    pub fn attributes(&self, client_ip: Option<IpAddr>) -> RequestAttributes<'_> {
+        RequestAttributes {
+            method: &self.method,
+            path: &self.path,
+            user: self.user.as_deref(),
+            client_ip,
+            api_key: self.api_key.as_deref(),
+            tenant: self.tenant.as_deref(),
+            plan: self.plan.as_deref(),
+        }
+    }
+}
+
+/// The answer for one request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RequestDecision {
+    /// Every applying rule's report and the action (allow, deny, unavailable; a wait has been
+    /// served already, so it never shows here).
+    pub verdict: Verdict,
+    /// Status, `Retry-After`, `RateLimit-Policy`, `RateLimit` and the problem body.
+    pub response: HttpResponse,
+    /// How long the request was held for quota (`max_wait`).
+    pub waited: Duration,
+    /// Checks not decided by their node (local fallback bucket, or fail-closed).
+    pub fallbacks: usize,
+    /// The client address used for `ip` keys.
+    pub client_ip: Option<IpAddr>,
+    /// The version of the rules that decided, `None` without rules.
+    pub policy_version: Option<String>,
+    /// Time spent asking the limiter (waiting included).
+    pub latency: Duration,
+}
+
+impl RequestDecision {
+    pub fn is_allowed(&self) -> bool {
+        self.verdict.is_allowed()
+    }
+}
+
+/// A [`Client`] with a policy: cheap to clone, shared by every request of a gateway.
+#[derive(Debug, Clone)]
+pub struct RateLimiter {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    client: Client,
+    state: RwLock<PolicyState>,
+    /// Stops the refresh task (also stopped when the last limiter is dropped).
+    shutdown: watch::Sender<bool>,
+    refresher: Mutex<Option<tokio::task::JoinHandle<()>>>,
+}
+
+#[derive(Debug, Clone)]
+struct PolicyState {
+    policy: Option<Arc<Policy>>,
+    /// Requests waiting (`max_wait`) now; replaced when the policy's `max_waiting` changes.
+    waiting: Arc<WaitBound>,
+}
+
+impl RateLimiter {
+    /// Connects to the nodes and takes the rules they serve: waits for the first policy (at
+    /// most `limiter.policy_timeout`), then refreshes it in the background.
+    pub async fn connect(
+        nodes: &[SocketAddr],
+        config: ClientConfig,
+        limiter: LimiterConfig,
+    ) -> Result<RateLimiter, LimiterError> {
+        Self::connect_with(nodes, config, limiter, None).await
+    }
+
+    /// Like [`RateLimiter::connect`], starting from `local` (e.g. a rules file shipped with the
+    /// gateway) until, and unless, the nodes serve rules: it never fails for want of rules.
+    pub async fn connect_with(
+        nodes: &[SocketAddr],
+        config: ClientConfig,
+        limiter: LimiterConfig,
+        local: Option<Policy>,
+    ) -> Result<RateLimiter, LimiterError> {
+        let client = Client::connect(nodes, config.clone()).await?;
+        let has_local = local.is_some();
+        let this = RateLimiter::with_policy(client, local);
+        let mut fetcher = PolicyFetcher::new(nodes.to_vec(), &config)?;
+        let deadline = Instant::now() + limiter.policy_timeout;
+        let mut last_error = String::from("no node answered");
+        loop {
+            match fetcher.fetch("").await {
+                Ok(message) if !message.version.is_empty() => {
+                    this.inner.apply(&message);
+                    break;
+                }
+                Ok(_) => last_error = "the nodes run without --rules".to_owned(),
+                Err(e) => last_error = e,
+            }
+            if has_local || Instant::now() >= deadline {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        if this.policy().is_none() {
+            return Err(LimiterError::NoPolicy(last_error));
+        }
+        let task = tokio::spawn(refresh(
+            Arc::downgrade(&this.inner),
+            fetcher,
+            limiter.refresh_interval,
+            this.inner.shutdown.subscribe(),
+        ));
+        *this.inner.refresher.lock() = Some(task);
+        Ok(this)
+    }
+
+    /// A limiter with a fixed policy (or none: every request passes, without fields) over an
+    /// existing client; nothing is fetched. For tests and gateways that own their rules.
+    pub fn with_policy(client: Client, policy: Option<Policy>) -> RateLimiter {
+        let waiting = WaitBound::new(
+            policy
+                .as_ref()
+                .map_or(policy::DEFAULT_MAX_WAITING, Policy::max_waiting),
+        );
+        RateLimiter {
+            inner: Arc::new(Inner {
+                client,
+                state: RwLock::new(PolicyState {
+                    policy: policy.map(Arc::new),
+                    waiting,
+                }),
+                shutdown: watch::Sender::new(false),
+                refresher: Mutex::new(None),
+            }),
+        }
+    }
+
+    /// Replaces the policy (a fetched one replaces it again on the next change on the nodes).
+    pub fn set_policy(&self, policy: Policy) {
+        self.inner.install(policy);
+    }
+
+    /// The rules in force.
+    pub fn policy(&self) -> Option<Arc<Policy>> {
+        self.inner.state.read().policy.clone()
+    }
+
+    pub fn policy_version(&self) -> Option<String> {
+        self.policy().map(|p| p.version().to_owned())
+    }
+
+    pub fn client(&self) -> &Client {
+        &self.inner.client
+    }
+
+    /// Requests waiting for quota now (`max_wait`).
+    pub fn waiting(&self) -> usize {
+        self.inner.state.read().waiting.waiting()
+    }
+
+    /// Stops the refresh task and closes the client.
+    pub async fn close(&self) {
+        self.inner.shutdown.send_replace(true);
+        let task = self.inner.refresher.lock().take();
+        if let Some(task) = task {
+            let _ = task.await;
+        }
+        self.inner.client.close().await;
+    }
+
+    /// Decides one request: plans its checks under the policy in force, asks the nodes, waits
+    /// when a rule allows it (at most once, and only while fewer than `max_waiting` requests
+    /// wait), refunds what a request that does not pass took, and builds the HTTP answer.
+    pub async fn check(&self, request: &RequestInfo) -> RequestDecision {
+        let started = Instant::now();
+        let PolicyState { policy, waiting } = self.inner.state.read().clone();
+        let Some(policy) = policy else {
+            let verdict = Verdict {
+                action: Action::Allow,
+                rules: Vec::new(),
+            };
+            return RequestDecision {
+                response: verdict.http(),
+                verdict,
+                waited: Duration::ZERO,
+                fallbacks: 0,
+                client_ip: request.peer,
+                policy_version: None,
+                latency: started.elapsed(),
+            };
+        };
+        let ip = request.client_ip(&policy);
+        let planned = policy.checks_for(&request.attributes(ip));
+        let (mut verdict, mut fallbacks) = self.decide(&policy, &planned).await;
+        let mut waited = Duration::ZERO;
+        if let Action::Wait { wait_ns } = verdict.action {
+            verdict = match waiting.try_enter() {
+                Some(_permit) => {
+                    let wait_started = Instant::now();
+                    tokio::time::sleep(Duration::from_nanos(wait_ns)).await;
+                    waited = wait_started.elapsed();
+                    let (again, more) = self.decide(&policy, &planned).await;
+                    fallbacks += more;
+                    // One wait per request: a second `Wait` is the denial it stands for.
+                    again.into_denial()
+                }
+                None => verdict.into_denial(),
+            };
+        }
+        RequestDecision {
+            response: verdict.http(),
+            verdict,
+            waited,
+            fallbacks,
+            client_ip: ip,
+            policy_version: Some(policy.version().to_owned()),
+            latency: started.elapsed(),
+        }
+    }
+
+    /// One round: the checks, the verdict, and the refunds it calls for. Returns the verdict and
+    /// how many checks were not decided by their node.
+    async fn decide(&self, policy: &Policy, planned: &[PlannedCheck]) -> (Verdict, usize) {
+        if planned.is_empty() {
+            return (policy.verdict(planned, &[]), 0);
+        }
+        let client = &self.inner.client;
+        // Enforced checks: one group per owning node. Shadow checks: each alone.
+        let mut groups: Vec<(Option<usize>, Vec<usize>)> = Vec::new();
+        for (i, check) in planned.iter().enumerate() {
+            if check.shadow {
+                groups.push((None, vec![i]));
+                continue;
+            }
+            let owner = client.owner_of(&check.key);
+            match groups.iter_mut().find(|(o, _)| *o == Some(owner)) {
+                Some((_, members)) => members.push(i),
+                None => groups.push((Some(owner), vec![i])),
+            }
+        }
+        let calls: Vec<(Vec<usize>, Vec<Check>)> = groups
+            .into_iter()
+            .map(|(_, members)| {
+                let checks = members.iter().map(|&i| to_check(&planned[i])).collect();
+                (members, checks)
+            })
+            .collect();
+        let answers = run_calls(client, calls).await;
+        let mut outcomes = vec![CheckOutcome::Unreachable; planned.len()];
+        let mut fallbacks = 0;
+        for (members, answer) in answers {
+            let Ok(verdicts) = answer else {
+                // A refused call (never expected: keys and limits come from a valid policy).
+                fallbacks += members.len();
+                continue;
+            };
+            // A group that did not pass as a whole consumed nothing (the node undid it; the
+            // fallback only peeked).
+            let group_passed = all_allowed(&verdicts);
+            for (&i, v) in members.iter().zip(&verdicts) {
+                fallbacks += usize::from(v.source != Source::Node);
+                outcomes[i] = to_outcome(v, group_passed);
+            }
+        }
+        let verdict = policy.verdict(planned, &outcomes);
+        let refunds: Vec<Check> = planned
+            .iter()
+            .zip(&verdict.rules)
+            .zip(&outcomes)
+            .filter(|((_, report), outcome)| {
+                report.refund
+                    && matches!(
+                        outcome,
+                        CheckOutcome::Decided {
+                            source: policy::Source::Node,
+                            ..
+                        }
+                    )
+            })
+            .map(|((check, _), _)| to_check(check))
+            .collect();
+        if !refunds.is_empty() {
+            // Before answering, so the next request sees the other rules' buckets as they were.
+            // Fallback buckets are not refunded: they are local, approximate and short-lived.
+            let _ = client.refund(&refunds).await;
+        }
+        (verdict, fallbacks)
+    }
+}
+
+/// Decides each call (concurrently when there are several).
+async fn run_calls(
+    client: &Client,
+    calls: Vec<(Vec<usize>, Vec<Check>)>,
+) -> Vec<(Vec<usize>, Result<Vec<CheckVerdict>, ClientError>)> {
+    if calls.len() == 1 {
+        let mut calls = calls;
+        let (members, checks) = calls.remove(0);
+        let answer = client.check(&checks).await;
+        return vec![(members, answer)];
+    }
+    let mut set = JoinSet::new();
+    for (members, checks) in calls {
+        let client = client.clone();
+        set.spawn(async move {
+            let answer = client.check(&checks).await;
+            (members, answer)
+        });
+    }
+    let mut answers = Vec::new();
+    while let Some(joined) = set.join_next().await {
+        // A call task only panics if the runtime is shutting down; its checks stay unreachable.
+        if let Ok(answer) = joined {
+            answers.push(answer);
+        }
+    }
+    answers
+}
+
+fn to_check(planned: &PlannedCheck) -> Check {
+    Check::new(planned.key.clone(), planned.limit)
+        .cost(planned.cost)
+        .failure_mode(match planned.failure_mode {
+            policy::FailureMode::Open => FailureMode::Open,
+            policy::FailureMode::Closed => FailureMode::Closed,
+        })
+}
+
+fn to_outcome(verdict: &CheckVerdict, group_passed: bool) -> CheckOutcome {
+    let outcome = match verdict.source {
+        Source::Node => CheckOutcome::node(verdict.decision),
+        Source::Fallback(_) => CheckOutcome::fallback(verdict.decision),
+        // Nobody decided: the policy turns an enforced fail-closed rule into a 503.
+        Source::FailClosed(_) => return CheckOutcome::Unreachable,
+    };
+    if group_passed {
+        outcome
+    } else {
+        outcome.rolled_back()
+    }
+}
+
+impl Inner {
+    /// Takes a fetched policy message; returns true when the rules changed.
+    fn apply(&self, message: &PolicyMessage) -> bool {
+        if message.is_unchanged() {
+            return false;
+        }
+        match Policy::from_yaml(&message.text) {
+            Ok(policy) => {
+                tracing::info!(version = policy.version(), "floodgate rules updated");
+                self.install(policy);
+                true
+            }
+            Err(e) => {
+                // A node validated it, so this is a version skew between node and client.
+                tracing::warn!("rules from the node refused: {e}; keeping the rules in force");
+                false
+            }
+        }
+    }
+
+    fn install(&self, policy: Policy) {
+        let mut state = self.state.write();
+        if state.waiting.max_waiting() != policy.max_waiting() {
+            state.waiting = WaitBound::new(policy.max_waiting());
+        }
+        state.policy = Some(Arc::new(policy));
+    }
+}
+
+/// Asks the nodes for changes every `interval`, until shutdown or the limiter is dropped.
+async fn refresh(
+    inner: Weak<Inner>,
+    mut fetcher: PolicyFetcher,
+    interval: Duration,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let mut ticker = tokio::time::interval(interval);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = ticker.tick() => {}
+            _ = shutdown.wait_for(|&stop| stop) => break,
+        }
+        let Some(version) = inner.upgrade().map(|i| {
+            i.state
+                .read()
+                .policy
+                .as_ref()
+                .map(|p| p.version().to_owned())
+        }) else {
+            break;
+        };
+        let fetched = tokio::select! {
+            fetched = fetcher.fetch(version.as_deref().unwrap_or("")) => fetched,
+            _ = shutdown.wait_for(|&stop| stop) => break,
+        };
+        match fetched {
+            Ok(message) => {
+                let Some(inner) = inner.upgrade() else { break };
+                inner.apply(&message);
+            }
+            Err(e) => tracing::debug!("rules refresh failed: {e}"),
+        }
+    }
+    fetcher.close().await;
+}
+
+/// Fetches rules over its own small QUIC connection, so rule traffic never queues behind checks
+/// (and the check path's streams stay as they are). Tries the nodes in turn.
+#[derive(Debug)]
+struct PolicyFetcher {
+    nodes: Vec<SocketAddr>,
+    endpoint: quinn::Endpoint,
+    server_name: String,
+    timeout: Duration,
+    conn: Option<quinn::Connection>,
+    next: usize,
+    request_id: u64,
+}
+
+impl PolicyFetcher {
+    fn new(nodes: Vec<SocketAddr>, config: &ClientConfig) -> Result<Self, ClientError> {
+        let quic = tls::quinn_config(config)?;
+        let any = nodes
+            .first()
+            .copied()
+            .unwrap_or((Ipv4Addr::LOCALHOST, 0).into());
+        let endpoint = link::endpoint_for(any, quic)?;
+        Ok(PolicyFetcher {
+            nodes,
+            endpoint,
+            server_name: config.server_name.clone(),
+            timeout: config.connect_timeout.max(Duration::from_millis(500)),
+            conn: None,
+            next: 0,
+            request_id: 0,
+        })
+    }
+
+    /// The node's answer to "I have `version`".
+    async fn fetch(&mut self, version: &str) -> Result<PolicyMessage, String> {
+        let attempt = tokio::time::timeout(self.timeout, self.try_fetch(version)).await;
+        let result = attempt.unwrap_or_else(|_| Err("no answer in time".to_owned()));
+        if result.is_err() {
+            // Next time, a fresh connection to the next node.
+            if let Some(conn) = self.conn.take() {
+                conn.close(0u32.into(), b"policy fetch failed");
+            }
+            self.next = (self.next + 1) % self.nodes.len().max(1);
+        }
+        result
+    }
+
+    async fn try_fetch(&mut self, version: &str) -> Result<PolicyMessage, String> {
+        if self
+            .conn
+            .as_ref()
+            .is_none_or(|c| c.close_reason().is_some())
+        {
+            let addr = *self.nodes.get(self.next).ok_or("no nodes")?;
+            let connecting = self
+                .endpoint
+                .connect(addr, &self.server_name)
+                .map_err(|e| format!("{addr}: {e}"))?;
+            self.conn = Some(connecting.await.map_err(|e| format!("{addr}: {e}"))?);
+        }
+        let conn = self.conn.as_ref().ok_or("no connection")?;
+        let (mut send, mut recv) = conn.open_bi().await.map_err(|e| e.to_string())?;
+        self.request_id += 1;
+        let mut frame = Vec::new();
+        encode_message(
+            &mut frame,
+            FrameKind::PolicyRequest,
+            self.request_id,
+            &PolicyRequest {
+                version: version.to_owned(),
+            },
+        );
+        send.write_all(&frame).await.map_err(|e| e.to_string())?;
+        // Finishing the stream makes the node answer, then finish its side.
+        send.finish().map_err(|e| e.to_string())?;
+        let max = floodgate::wire::MAX_POLICY_TEXT_BYTES + 4_096;
+        let bytes = recv.read_to_end(max).await.map_err(|e| e.to_string())?;
+        let mut reader = FrameReader::new(max);
+        reader.extend(&bytes);
+        let frame = reader
+            .next_frame()
+            .map_err(|e| e.to_string())?
+            .ok_or("the node sent no answer")?;
+        match frame.kind {
+            FrameKind::Policy => decode_policy_message(&frame.payload).map_err(|(_, m)| m),
+            FrameKind::Error => Err(decode_error_frame(&frame.payload)
+                .map(|e| format!("the node refused: {}", e.message))
+                .unwrap_or_else(|(_, m)| m)),
+            other => Err(format!("the node answered {other:?}")),
+        }
+    }
+
+    async fn close(&mut self) {
+        if let Some(conn) = self.conn.take() {
+            conn.close(0u32.into(), b"client closed");
+        }
+        self.endpoint.close(0u32.into(), b"client closed");
+        let _ = tokio::time::timeout(Duration::from_millis(200), self.endpoint.wait_idle()).await;
+    }
+}
+
+/// The policy's planned checks for `request` as client checks: for tools and tests that peek at
+/// buckets (cost 0) the way the limiter fills them.
+pub fn planned_checks(policy: &Policy, request: &RequestInfo) -> Vec<(PlannedCheck, Check)> {
+    let ip = request.client_ip(policy);
+    policy
+        .checks_for(&request.attributes(ip))
+        .into_iter()
+        .map(|p| {
+            let check = to_check(&p);
+            (p, check)
+        })
+        .collect()
+}
+
+/// Asks one node for the rules it serves (`version` empty when it runs without `--rules`): for
+/// `floodgate status` and health checks.
+pub async fn fetch_policy(
+    node: SocketAddr,
+    config: &ClientConfig,
+) -> Result<PolicyMessage, LimiterError> {
+    let mut fetcher = PolicyFetcher::new(vec![node], config)?;
+    let fetched = fetcher.fetch("").await;
+    fetcher.close().await;
+    fetched.map_err(LimiterError::NoPolicy)
+}

@@ -1,0 +1,229 @@
+//! `RateLimitLayer`: the policy-driven limiter as a `tower::Layer` (feature `tower`), so an axum or
+//! hyper gateway adds every rule, header and problem body in one line:
+//!
+//! ```ignore
+//! let app = axum::Router::new().fallback(proxy).layer(RateLimitLayer::new(limiter));
+//! ```
+//!
+//! Each request's [`RequestInfo`] comes from an extractor: by default [`DefaultExtractor`] (the
+//! `X-User-Id`, `X-Api-Key`, `X-Tenant-Id` and `X-Plan` headers an auth step in front sets, the
+//! peer from a [`PeerAddr`] or `SocketAddr` request extension, and `X-Forwarded-For`, which the
+//! policy's trusted proxies decide about). A passing request goes to the inner service and its
+//! response gains `RateLimit-Policy` and `RateLimit`; any other is answered here: `429` or `503`
+//! with `Retry-After`, the same fields and an `application/problem+json` body.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use http::header::{HeaderName, HeaderValue};
+use http::{Request, Response, StatusCode};
+use tower_layer::Layer;
+use tower_service::Service;
+
+use crate::policy::{RateLimiter, RequestDecision, RequestInfo};
+
+/// The TCP peer of a request, as a request extension (a hyper server loop inserts it; axum's
+/// `ConnectInfo` users can pass their own extractor instead).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PeerAddr(pub SocketAddr);
+
+/// Builds a request's [`RequestInfo`].
+pub trait ExtractRequest<B>: Clone + Send + Sync + 'static {
+    fn extract(&self, request: &Request<B>) -> RequestInfo;
+}
+
+impl<B, F> ExtractRequest<B> for F
+where
+    F: Fn(&Request<B>) -> RequestInfo + Clone + Send + Sync + 'static,
+{
+    fn extract(&self, request: &Request<B>) -> RequestInfo {
+        self(request)
+    }
+}
+
+/// Identity from the headers an auth step sets (`X-User-Id`, `X-Api-Key`, `X-Tenant-Id`,
+/// `X-Plan`), the peer from a [`PeerAddr`] or `SocketAddr` extension, and every
+/// `X-Forwarded-For` line (believed only through the policy's trusted proxies).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct DefaultExtractor;
+
+impl<B> ExtractRequest<B> for DefaultExtractor {
+    fn extract(&self, request: &Request<B>) -> RequestInfo {
+        let peer = request
+            .extensions()
+            .get::<PeerAddr>()
+            .map(|p| p.0)
+            .or_else(|| request.extensions().get::<SocketAddr>().copied());
+        request_info(request, peer)
+    }
+}
+
+/// The [`RequestInfo`] of `request` with `peer` as its TCP peer: what [`DefaultExtractor`] does
+/// once it has found the peer. For custom extractors (e.g. reading axum's `ConnectInfo`).
+pub fn request_info<B>(request: &Request<B>, peer: Option<SocketAddr>) -> RequestInfo {
+    let header = |name: &str| {
+        request
+            .headers()
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::trim)
+            .filter(|v| !v.is_empty())
+            .map(str::to_owned)
+    };
+    RequestInfo {
+        method: request.method().as_str().to_owned(),
+        path: request.uri().path().to_owned(),
+        user: header("x-user-id"),
+        api_key: header("x-api-key"),
+        tenant: header("x-tenant-id"),
+        plan: header("x-plan"),
+        peer: peer.map(|p| p.ip()),
+        forwarded_for: request
+            .headers()
+            .get_all("x-forwarded-for")
+            .iter()
+            .filter_map(|v| v.to_str().ok().map(str::to_owned))
+            .collect(),
+    }
+}
+
+type Observer = Arc<dyn Fn(&RequestDecision) + Send + Sync>;
+
+/// Rate limits the requests of the service it wraps (see the module docs).
+#[derive(Clone)]
+pub struct RateLimitLayer<X = DefaultExtractor> {
+    limiter: RateLimiter,
+    extract: X,
+    observer: Option<Observer>,
+}
+
+impl<X: std::fmt::Debug> std::fmt::Debug for RateLimitLayer<X> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RateLimitLayer")
+            .field("limiter", &self.limiter)
+            .field("extract", &self.extract)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RateLimitLayer<DefaultExtractor> {
+    pub fn new(limiter: RateLimiter) -> Self {
+        RateLimitLayer {
+            limiter,
+            extract: DefaultExtractor,
+            observer: None,
+        }
+    }
+}
+
+impl<X> RateLimitLayer<X> {
+    /// The same layer reading requests with `extract`.
+    pub fn with_extractor<Y>(self, extract: Y) -> RateLimitLayer<Y> {
+        RateLimitLayer {
+            limiter: self.limiter,
+            extract,
+            observer: self.observer,
+        }
+    }
+
+    /// Calls `observer` with every decision (metrics, logs), before the request goes on.
+    pub fn on_decision(
+        mut self,
+        observer: impl Fn(&RequestDecision) + Send + Sync + 'static,
+    ) -> Self {
+        self.observer = Some(Arc::new(observer));
+        self
+    }
+}
+
+impl<S, X: Clone> Layer<S> for RateLimitLayer<X> {
+    type Service = RateLimit<S, X>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        RateLimit {
+            inner,
+            limiter: self.limiter.clone(),
+            extract: self.extract.clone(),
+            observer: self.observer.clone(),
+        }
+    }
+}
+
+/// The service [`RateLimitLayer`] makes.
+#[derive(Clone)]
+pub struct RateLimit<S, X = DefaultExtractor> {
+    inner: S,
+    limiter: RateLimiter,
+    extract: X,
+    observer: Option<Observer>,
+}
+
+impl<S: std::fmt::Debug, X: std::fmt::Debug> std::fmt::Debug for RateLimit<S, X> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RateLimit")
+            .field("inner", &self.inner)
+            .field("extract", &self.extract)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S, X, ReqBody, ResBody> Service<Request<ReqBody>> for RateLimit<S, X>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    X: ExtractRequest<ReqBody>,
+    ReqBody: Send + 'static,
+    ResBody: From<String> + Send + 'static,
+{
+    type Response = Response<ResBody>;
+    type Error = S::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Self::Error>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
+        let info = self.extract.extract(&request);
+        // The clone is not ready; the ready one goes with this request (tower's usual swap).
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let limiter = self.limiter.clone();
+        let observer = self.observer.clone();
+        Box::pin(async move {
+            let decision = limiter.check(&info).await;
+            if let Some(observer) = &observer {
+                observer(&decision);
+            }
+            if decision.is_allowed() {
+                let mut response = inner.call(request).await?;
+                add_headers(response.headers_mut(), &decision);
+                return Ok(response);
+            }
+            Ok(refusal(&decision))
+        })
+    }
+}
+
+fn add_headers(headers: &mut http::HeaderMap, decision: &RequestDecision) {
+    for (name, value) in &decision.response.headers {
+        // Names are the policy's lower-case constants; values are ASCII it formatted.
+        if let Ok(value) = HeaderValue::from_str(value) {
+            headers.insert(HeaderName::from_static(name), value);
+        }
+    }
+}
+
+/// The `429` or `503` answer of a request that does not pass.
+pub fn refusal<B: From<String>>(decision: &RequestDecision) -> Response<B> {
+    let body = decision.response.body.clone().unwrap_or_default();
+    let mut response = Response::new(B::from(body));
+    *response.status_mut() =
+        StatusCode::from_u16(decision.response.status).unwrap_or(StatusCode::TOO_MANY_REQUESTS);
+    add_headers(response.headers_mut(), decision);
+    response
+}

@@ -1,0 +1,642 @@
+//! The client against in-process clusters: discovery through the slot table, routing to owners,
+//! exactness without faults, and what a crash, a rolling restart and a join cost.
+//!
+//! Every wait is bounded polling for a condition (`eventually`); nothing sleeps to synchronise.
+//! The fault tests print what they observed (`cargo test -- --nocapture` shows it).
+
+mod common;
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::process::Command;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use common::*;
+use floodgate::Limit;
+use floodgate::cluster::{MembershipConfig, SLOTS, SlotTable, slot_of};
+use floodgate_client::{Check, Client, ClientConfig, FailureMode, LinkState, Source};
+use floodgate_node::{Node, NodeConfig};
+
+const KEYS: usize = 200;
+const LIMIT: u64 = 20;
+
+/// Gossip every 50 ms, suspect after 250 ms of silence, dead after 500 ms.
+fn node_config(certs: &Certs, seeds: Vec<SocketAddr>) -> NodeConfig {
+    let mut config = NodeConfig::for_tests(&certs.dev);
+    config.cluster.seeds = seeds;
+    config.cluster.membership = MembershipConfig {
+        gossip_interval_ns: 50_000_000,
+        suspect_after_ns: 250_000_000,
+        dead_after_ns: 500_000_000,
+        ..MembershipConfig::default()
+    };
+    config
+}
+
+async fn start(certs: &Certs, seeds: Vec<SocketAddr>) -> Node {
+    Node::start(node_config(certs, seeds)).await.unwrap()
+}
+
+/// Polls `done` until it holds, failing after `PATIENCE`.
+async fn eventually(what: &str, mut done: impl FnMut() -> bool) -> Duration {
+    let started = Instant::now();
+    while !done() {
+        assert!(started.elapsed() < PATIENCE, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    started.elapsed()
+}
+
+/// True when every node sees exactly `nodes` as the owners, with one table version.
+fn converged(nodes: &[&Node]) -> bool {
+    let mut ids: Vec<String> = nodes.iter().map(|n| n.node_id().to_owned()).collect();
+    ids.sort();
+    let version = nodes[0].slot_table().version();
+    nodes
+        .iter()
+        .all(|n| n.owners() == ids && n.slot_table().version() == version)
+}
+
+/// A cluster of `n` nodes, the others joined through the first; returns once all agree.
+async fn cluster(certs: &Certs, n: usize) -> Vec<Node> {
+    let first = start(certs, Vec::new()).await;
+    let seed = first.local_addr();
+    let mut nodes = vec![first];
+    for _ in 1..n {
+        nodes.push(start(certs, vec![seed]).await);
+    }
+    eventually("the cluster to converge", || {
+        converged(&nodes.iter().collect::<Vec<_>>())
+    })
+    .await;
+    nodes
+}
+
+fn client_routes_by(client: &Client, node: &Node) -> bool {
+    client
+        .slot_table()
+        .is_some_and(|t| t.version == node.slot_table().version())
+}
+
+fn keys() -> Vec<String> {
+    (0..KEYS).map(|i| format!("tenant:{i}")).collect()
+}
+
+fn limit() -> Limit {
+    per_hour(LIMIT)
+}
+
+/// A client that fails open quickly, as a gateway would.
+fn fast_config(certs: &Certs) -> ClientConfig {
+    let mut config = client_config(certs);
+    config.timeout = Duration::from_millis(50);
+    config
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_given_one_node_discovers_the_rest_and_routes_each_key_to_its_owner() {
+    let certs = certs();
+    let nodes = cluster(&certs, 3).await;
+    let client = Client::connect(&[nodes[1].local_addr()], client_config(&certs))
+        .await
+        .unwrap();
+    eventually("the client to route by the cluster's table", || {
+        client_routes_by(&client, &nodes[0]) && client.nodes().len() == 3
+    })
+    .await;
+    tokio::time::timeout(PATIENCE, client.wait_connected())
+        .await
+        .expect("links to every member");
+    let table = client.slot_table().unwrap();
+    assert_eq!(table.members.len(), 3);
+    let owned: usize = nodes.iter().map(|n| table.slots_owned(n.node_id())).sum();
+    assert_eq!(owned, SLOTS);
+    let addr_of: HashMap<String, SocketAddr> = nodes
+        .iter()
+        .map(|n| (n.node_id().to_owned(), n.local_addr()))
+        .collect();
+    let mut per_node: HashMap<SocketAddr, usize> = HashMap::new();
+    for key in (0..600).map(|i| format!("user:{i}")) {
+        let owner = nodes[0]
+            .slot_table()
+            .owner(slot_of(key.as_bytes()))
+            .unwrap()
+            .to_owned();
+        let to = client.node_for(key.as_bytes());
+        assert_eq!(
+            to, addr_of[&owner],
+            "{key} goes to {to}, its owner is {owner}"
+        );
+        assert_eq!(table.owner_of_key(key.as_bytes()).unwrap().id, owner);
+        *per_node.entry(to).or_default() += 1;
+        let verdicts = client.check(&[Check::new(key, limit())]).await.unwrap();
+        assert_eq!(verdicts[0].source, Source::Node);
+        assert!(verdicts[0].is_allowed());
+    }
+    assert_eq!(
+        per_node.len(),
+        3,
+        "keys spread over every node: {per_node:?}"
+    );
+
+    // `floodgate status` prints the same table.
+    let ca = certs.dev.ca.display().to_string();
+    let node = nodes[2].local_addr().to_string();
+    let out = tokio::task::spawn_blocking(move || {
+        Command::new(env!("CARGO_BIN_EXE_floodgate"))
+            .args(["status", "--node", &node, "--ca", &ca])
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert!(
+        lines[0].starts_with("epoch ")
+            && lines[0].contains(&format!("version {:016x}", table.version))
+            && lines[0].ends_with(&format!("from {}", nodes[2].node_id())),
+        "{stdout}"
+    );
+    assert!(
+        lines[1]
+            .split_whitespace()
+            .eq(["id", "region", "address", "state", "slots"])
+    );
+    assert!(lines.len() >= 5, "{stdout}");
+    let mut slots = 0;
+    // One row per member (lines after them, if any, are about other things).
+    for line in &lines[2..5] {
+        let cells: Vec<&str> = line.split_whitespace().collect();
+        assert_eq!(cells[1], "local");
+        assert_eq!(cells[2], addr_of[cells[0]].to_string());
+        assert_eq!(cells[3], "alive");
+        assert_eq!(
+            cells[4].parse::<usize>().unwrap(),
+            table.slots_owned(cells[0])
+        );
+        slots += table.slots_owned(cells[0]);
+    }
+    assert_eq!(slots, SLOTS);
+
+    // Nobody there: exit 2.
+    let ca = certs.dev.ca.display().to_string();
+    let out = tokio::task::spawn_blocking(move || {
+        Command::new(env!("CARGO_BIN_EXE_floodgate"))
+            .args([
+                "status",
+                "--node",
+                "127.0.0.1:9",
+                "--ca",
+                &ca,
+                "--timeout",
+                "300ms",
+            ])
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    client.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_clients_on_different_nodes_admit_exactly_the_limit() {
+    let certs = certs();
+    // A client connected while its node was alone: its first table names only that node, so
+    // it starts sending everything there, which forwards to the owners.
+    let first = start(&certs, Vec::new()).await;
+    let stale = Client::connect(&[first.local_addr()], client_config(&certs))
+        .await
+        .unwrap();
+    let seed = first.local_addr();
+    let nodes = vec![
+        first,
+        start(&certs, vec![seed]).await,
+        start(&certs, vec![seed]).await,
+    ];
+    eventually("the cluster to converge", || {
+        converged(&nodes.iter().collect::<Vec<_>>())
+    })
+    .await;
+    let mut clients = vec![stale];
+    for node in &nodes {
+        clients.push(
+            Client::connect(&[node.local_addr()], client_config(&certs))
+                .await
+                .unwrap(),
+        );
+    }
+    let keys = Arc::new(keys());
+    let allowed: Arc<Vec<AtomicU64>> = Arc::new((0..KEYS).map(|_| AtomicU64::new(0)).collect());
+    let mut tasks = tokio::task::JoinSet::new();
+    for (c, client) in clients.iter().enumerate() {
+        for t in 0..8 {
+            let (client, keys, allowed) = (client.clone(), keys.clone(), allowed.clone());
+            tasks.spawn(async move {
+                // Each task walks every key from its own offset, 2 rounds: 4 clients x 8 tasks
+                // x 2 = 64 checks per key for a limit of 20.
+                for round in 0..2 * KEYS {
+                    let i = (round + t * 25 + c * 7) % KEYS;
+                    let verdicts = client
+                        .check(&[Check::new(keys[i].as_bytes(), limit())])
+                        .await
+                        .unwrap();
+                    assert_eq!(verdicts[0].source, Source::Node, "{}", keys[i]);
+                    if verdicts[0].is_allowed() {
+                        allowed[i].fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            });
+        }
+    }
+    while let Some(done) = tasks.join_next().await {
+        done.unwrap();
+    }
+    for (key, allowed) in keys.iter().zip(allowed.iter()) {
+        assert_eq!(allowed.load(Ordering::Relaxed), LIMIT, "{key}");
+    }
+    for client in &clients {
+        client.close().await;
+    }
+}
+
+/// Per key: allows decided by a node, allows decided by the fallback, and when a node last
+/// decided it.
+struct Tally {
+    node_allowed: Vec<AtomicU64>,
+    fallback_allowed: Vec<AtomicU64>,
+    last_node_ns: Vec<AtomicU64>,
+    checks: AtomicU64,
+    fallback: AtomicU64,
+    errors: AtomicU64,
+    slowest_us: AtomicU64,
+    epoch: Instant,
+    stop: AtomicBool,
+}
+
+impl Tally {
+    fn new() -> Arc<Self> {
+        let zeros = || (0..KEYS).map(|_| AtomicU64::new(0)).collect();
+        Arc::new(Tally {
+            node_allowed: zeros(),
+            fallback_allowed: zeros(),
+            last_node_ns: zeros(),
+            checks: AtomicU64::new(0),
+            fallback: AtomicU64::new(0),
+            errors: AtomicU64::new(0),
+            slowest_us: AtomicU64::new(0),
+            epoch: Instant::now(),
+            stop: AtomicBool::new(false),
+        })
+    }
+
+    fn now_ns(&self) -> u64 {
+        self.epoch.elapsed().as_nanos() as u64
+    }
+
+    fn max(values: &[AtomicU64]) -> u64 {
+        values
+            .iter()
+            .map(|v| v.load(Ordering::Relaxed))
+            .max()
+            .unwrap_or(0)
+    }
+
+    fn sum(values: &[AtomicU64]) -> u64 {
+        values.iter().map(|v| v.load(Ordering::Relaxed)).sum()
+    }
+
+    fn report(&self, what: &str) {
+        println!(
+            "{what}: {} checks, {} errors, {} decided by the fallback; per key: node allows max {} \
+             (limit {LIMIT}), fallback allows max {} total {}; slowest check {} ms",
+            self.checks.load(Ordering::Relaxed),
+            self.errors.load(Ordering::Relaxed),
+            self.fallback.load(Ordering::Relaxed),
+            Tally::max(&self.node_allowed),
+            Tally::max(&self.fallback_allowed),
+            Tally::sum(&self.fallback_allowed),
+            self.slowest_us.load(Ordering::Relaxed) / 1_000,
+        );
+    }
+
+    /// Waits until `n` more checks were made (the load is running).
+    async fn more_checks(&self, n: u64) {
+        let target = self.checks.load(Ordering::Relaxed) + n;
+        eventually("more checks", || {
+            self.checks.load(Ordering::Relaxed) >= target
+        })
+        .await;
+    }
+}
+
+/// `tasks` tasks per client checking the keys round-robin until `tally.stop`.
+fn load(clients: &[Client], tasks: usize, tally: &Arc<Tally>) -> tokio::task::JoinSet<()> {
+    let keys = Arc::new(keys());
+    let mut set = tokio::task::JoinSet::new();
+    for (c, client) in clients.iter().enumerate() {
+        for t in 0..tasks {
+            let (client, keys, tally) = (client.clone(), keys.clone(), tally.clone());
+            set.spawn(async move {
+                let mut i = (t * 31 + c * 17) % KEYS;
+                while !tally.stop.load(Ordering::Relaxed) {
+                    let check =
+                        Check::new(keys[i].as_bytes(), limit()).failure_mode(FailureMode::Open);
+                    let started = Instant::now();
+                    let verdicts = client.check(&[check]).await;
+                    let took = started.elapsed().as_micros() as u64;
+                    tally.slowest_us.fetch_max(took, Ordering::Relaxed);
+                    tally.checks.fetch_add(1, Ordering::Relaxed);
+                    match verdicts {
+                        Ok(v) if v[0].source == Source::Node => {
+                            tally.last_node_ns[i].store(tally.now_ns(), Ordering::Relaxed);
+                            if v[0].is_allowed() {
+                                tally.node_allowed[i].fetch_add(1, Ordering::Relaxed);
+                            }
+                        }
+                        Ok(v) => {
+                            tally.fallback.fetch_add(1, Ordering::Relaxed);
+                            if v[0].is_allowed() {
+                                tally.fallback_allowed[i].fetch_add(1, Ordering::Relaxed);
+                            }
+                        }
+                        Err(e) => {
+                            tally.errors.fetch_add(1, Ordering::Relaxed);
+                            eprintln!("check error: {e}");
+                        }
+                    }
+                    i = (i + 1) % KEYS;
+                }
+            });
+        }
+    }
+    set
+}
+
+/// The keys a node admitted more than the limit for, with their owner before and after (ids).
+fn over_admitted(tally: &Tally, before: &SlotTable, after: &SlotTable) -> Vec<String> {
+    keys()
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| tally.node_allowed[*i].load(Ordering::Relaxed) > LIMIT)
+        .map(|(i, key)| {
+            format!(
+                "{key}: {} allowed, owner {:?} -> {:?}",
+                tally.node_allowed[i].load(Ordering::Relaxed),
+                before.owner_of_key(key.as_bytes()),
+                after.owner_of_key(key.as_bytes())
+            )
+        })
+        .collect()
+}
+
+async fn finish(mut set: tokio::task::JoinSet<()>, tally: &Tally) {
+    tally.stop.store(true, Ordering::Relaxed);
+    while let Some(done) = set.join_next().await {
+        done.unwrap();
+    }
+}
+
+/// Waits until every key has been decided by a node at least once (each bucket exists, and by
+/// the next sync interval has a replica on its successor).
+async fn all_keys_decided(tally: &Tally) {
+    eventually("every key decided by a node", || {
+        tally
+            .last_node_ns
+            .iter()
+            .all(|t| t.load(Ordering::Relaxed) > 0)
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crashed_owners_keys_move_within_seconds_and_over_admit_at_most_a_burst() {
+    let certs = certs();
+    let mut nodes = cluster(&certs, 3).await;
+    let config = fast_config(&certs);
+    let timeout = config.timeout;
+    let clients = vec![
+        Client::connect(&[nodes[0].local_addr()], config.clone())
+            .await
+            .unwrap(),
+        Client::connect(&[nodes[2].local_addr()], config)
+            .await
+            .unwrap(),
+    ];
+    for client in &clients {
+        eventually("clients to route by the table", || {
+            client_routes_by(client, &nodes[0])
+        })
+        .await;
+    }
+    let tally = Tally::new();
+    let running = load(&clients, 4, &tally);
+    all_keys_decided(&tally).await;
+    tally.more_checks(2_000).await;
+
+    let victim = nodes.remove(1);
+    let victim_id = victim.node_id().to_owned();
+    let table = nodes[0].slot_table();
+    let moved: Vec<usize> = keys()
+        .iter()
+        .enumerate()
+        .filter(|(_, k)| table.owner_of_key(k.as_bytes()) == Some(victim_id.as_str()))
+        .map(|(i, _)| i)
+        .collect();
+    assert!(!moved.is_empty());
+    let crashed_at = tally.now_ns();
+    victim.crash();
+    let recovered = eventually(
+        "the crashed node's keys to be decided by nodes again",
+        || {
+            moved
+                .iter()
+                .all(|&i| tally.last_node_ns[i].load(Ordering::Relaxed) > crashed_at)
+        },
+    )
+    .await;
+    eventually("the survivors to drop the crashed node", || {
+        converged(&nodes.iter().collect::<Vec<_>>())
+    })
+    .await;
+    tally.more_checks(2_000).await;
+    finish(running, &tally).await;
+    tally.report("crash");
+    println!(
+        "crash: {} keys moved; decided by nodes again {} ms after the crash",
+        moved.len(),
+        recovered.as_millis()
+    );
+
+    assert_eq!(tally.errors.load(Ordering::Relaxed), 0);
+    let slowest = Duration::from_micros(tally.slowest_us.load(Ordering::Relaxed));
+    assert!(
+        slowest <= timeout + Duration::from_millis(250),
+        "a check took {slowest:?} with a {timeout:?} timeout"
+    );
+    assert!(
+        recovered <= Duration::from_secs(3),
+        "keys moved after {recovered:?}"
+    );
+    // 100 ms of 20/hour is nothing; one burst is 20: at most 40 decided by nodes per key.
+    let worst = Tally::max(&tally.node_allowed);
+    assert!(worst <= 2 * LIMIT, "a key admitted {worst} by nodes");
+    for client in &clients {
+        client.close().await;
+    }
+}
+
+// Blocked on the nodes: every leave is exact, but each rejoin over-admits a few keys moved to
+// the joining node by 1-3 (its first decisions race the previous owner's hand-off). Run with
+// `-- --ignored` to see the per-step counts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "node-side: a joining node decides moved keys before their hand-off lands (+1..3 per key)"]
+async fn a_rolling_restart_over_admits_nothing_and_fails_no_check() {
+    let certs = certs();
+    let mut nodes = cluster(&certs, 3).await;
+    let mut config = client_config(&certs);
+    config.timeout = Duration::from_millis(500);
+    let clients = vec![
+        Client::connect(&[nodes[0].local_addr()], config.clone())
+            .await
+            .unwrap(),
+        Client::connect(&[nodes[1].local_addr(), nodes[2].local_addr()], config)
+            .await
+            .unwrap(),
+    ];
+    for client in &clients {
+        eventually("clients to route by the table", || {
+            client_routes_by(client, &nodes[0])
+        })
+        .await;
+    }
+    let tally = Tally::new();
+    let running = load(&clients, 4, &tally);
+    all_keys_decided(&tally).await;
+    tally.more_checks(1_000).await;
+    // Keys over the limit after each step, to tell leaves from joins.
+    let mut steps = Vec::new();
+    let over = |tally: &Tally| {
+        tally
+            .node_allowed
+            .iter()
+            .filter(|a| a.load(Ordering::Relaxed) > LIMIT)
+            .count()
+    };
+    for round in 0..3 {
+        let leaving = nodes.remove(0);
+        leaving.shutdown().await;
+        eventually("the others to drop the departed node", || {
+            converged(&nodes.iter().collect::<Vec<_>>())
+        })
+        .await;
+        for client in &clients {
+            eventually("clients to follow", || client_routes_by(client, &nodes[0])).await;
+        }
+        tally.more_checks(1_000).await;
+        steps.push(format!("leave {round}: {} keys over", over(&tally)));
+        let seed = nodes[0].local_addr();
+        nodes.push(start(&certs, vec![seed]).await);
+        eventually("the restarted node to join", || {
+            converged(&nodes.iter().collect::<Vec<_>>())
+        })
+        .await;
+        for client in &clients {
+            eventually("clients to follow", || client_routes_by(client, &nodes[0])).await;
+        }
+        tally.more_checks(1_000).await;
+        steps.push(format!("join {round}: {} keys over", over(&tally)));
+    }
+    finish(running, &tally).await;
+    tally.report("rolling restart");
+    println!("rolling restart: {steps:?}");
+    assert_eq!(tally.errors.load(Ordering::Relaxed), 0);
+    let worst = Tally::max(&tally.node_allowed);
+    assert!(
+        worst <= LIMIT,
+        "a key admitted {worst} by nodes, limit {LIMIT}; over the limit after {steps:?}"
+    );
+    for client in &clients {
+        // Links to the departed nodes were closed; the ones to the current members are up.
+        assert!(
+            client
+                .nodes()
+                .iter()
+                .any(|n| n.state == LinkState::Connected)
+        );
+        client.close().await;
+    }
+}
+
+// Blocked on the nodes: in about 2 runs of 3, 1-2 keys moved to the new node admit 21 (its
+// first decisions race the previous owner's hand-off).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "node-side: a joining node decides moved keys before their hand-off lands (+1 per key)"]
+async fn a_joining_node_takes_a_quarter_of_the_slots_and_nothing_is_over_admitted() {
+    let certs = certs();
+    let mut nodes = cluster(&certs, 3).await;
+    let mut config = client_config(&certs);
+    config.timeout = Duration::from_millis(500);
+    let clients = vec![
+        Client::connect(&[nodes[0].local_addr()], config.clone())
+            .await
+            .unwrap(),
+        Client::connect(&[nodes[2].local_addr()], config)
+            .await
+            .unwrap(),
+    ];
+    for client in &clients {
+        eventually("clients to route by the table", || {
+            client_routes_by(client, &nodes[0])
+        })
+        .await;
+    }
+    let tally = Tally::new();
+    let running = load(&clients, 4, &tally);
+    all_keys_decided(&tally).await;
+    tally.more_checks(1_000).await;
+
+    let before = nodes[0].slot_table();
+    let seed = nodes[1].local_addr();
+    nodes.push(start(&certs, vec![seed]).await);
+    eventually("the new node to join", || {
+        converged(&nodes.iter().collect::<Vec<_>>())
+    })
+    .await;
+    for client in &clients {
+        eventually("clients to follow", || {
+            client_routes_by(client, &nodes[0]) && client.nodes().len() >= 4
+        })
+        .await;
+    }
+    tally.more_checks(2_000).await;
+    finish(running, &tally).await;
+    tally.report("join");
+
+    let newcomer = nodes[3].node_id().to_owned();
+    let owned = nodes[0].slot_table().slots_owned(&newcomer) as f64;
+    let quarter = SLOTS as f64 / 4.0;
+    println!("join: the new node owns {owned} slots (a quarter is {quarter})");
+    assert!((owned - quarter).abs() <= 0.15 * quarter, "{owned} slots");
+    let table = clients[0].slot_table().unwrap();
+    assert_eq!(table.slots_owned(&newcomer) as f64, owned);
+    assert_eq!(tally.errors.load(Ordering::Relaxed), 0);
+    let over = over_admitted(&tally, &before, &nodes[0].slot_table());
+    assert!(
+        over.is_empty(),
+        "{} keys over the limit: {over:#?}",
+        over.len()
+    );
+    for client in &clients {
+        client.close().await;
+    }
+}
