@@ -499,7 +499,7 @@ async fn a_crashed_owners_keys_move_within_seconds_and_over_admit_at_most_a_burs
 // the joining node by 1-3 (its first decisions race the previous owner's hand-off). Run with
 // `-- --ignored` to see the per-step counts.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "node-side: a joining node decides moved keys before their hand-off lands (+1..3 per key)"]
+#[ignore = "known weak: in about half the runs 1-3 keys (of 200) admit 21 of 20 around a leave or join; run with --ignored to see per-step counts"]
 async fn a_rolling_restart_over_admits_nothing_and_fails_no_check() {
     let certs = certs();
     let mut nodes = cluster(&certs, 3).await;
@@ -580,7 +580,6 @@ async fn a_rolling_restart_over_admits_nothing_and_fails_no_check() {
 // Blocked on the nodes: in about 2 runs of 3, 1-2 keys moved to the new node admit 21 (its
 // first decisions race the previous owner's hand-off).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "node-side: a joining node decides moved keys before their hand-off lands (+1 per key)"]
 async fn a_joining_node_takes_a_quarter_of_the_slots_and_nothing_is_over_admitted() {
     let certs = certs();
     let mut nodes = cluster(&certs, 3).await;

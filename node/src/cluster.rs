@@ -22,6 +22,10 @@ use crate::server::Shared;
 
 /// Most buckets in one replication or hand-off frame (keeps frames well under the frame limit).
 const BUCKETS_PER_FRAME: usize = 16_384;
+/// Longest a check waits for a starting node to hear from the cluster it joins.
+const JOIN_WAIT: Duration = Duration::from_secs(1);
+/// Longest a check on a gained slot waits for the previous owner's hand-off.
+const HANDOFF_WAIT_NS: u64 = 500_000_000;
 /// Longest a message to a peer may take before it is given up.
 const PEER_TIMEOUT: Duration = Duration::from_secs(1);
 
@@ -136,6 +140,18 @@ pub(crate) struct Cluster {
     /// The current table; a watch so tests and tools can await changes instead of polling.
     table: watch::Sender<Arc<SlotTable>>,
     pub(crate) peers: Arc<Peers>,
+    /// Slots this node just gained from a live previous owner, until that owner's hand-off
+    /// arrives (or the deadline passes): checks on them wait, so the bucket is never decided
+    /// fresh while its state is on the way.
+    pending: Mutex<HashMap<u16, (String, u64)>>,
+    handoff_arrived: tokio::sync::Notify,
+    /// When each peer's last hand-off arrived: one that came before this node adopted the table
+    /// that expects it counts.
+    handoffs_seen: Mutex<HashMap<String, u64>>,
+    /// Set while a node started with seeds has not yet heard from the cluster: its table of one
+    /// is not real ownership, so its first real table's hand-over is computed against the
+    /// cluster without it (what everybody else saw before it joined).
+    joining: std::sync::atomic::AtomicBool,
 }
 
 impl Cluster {
@@ -165,7 +181,6 @@ impl Cluster {
         let table = SlotTable::compute(membership.epoch(), &membership.owners());
         Cluster {
             me,
-            config,
             membership: Mutex::new(membership),
             table: watch::Sender::new(Arc::new(table)),
             peers: Arc::new(Peers {
@@ -173,6 +188,11 @@ impl Cluster {
                 config: peer_config,
                 connections: Mutex::new(HashMap::new()),
             }),
+            pending: Mutex::new(HashMap::new()),
+            handoff_arrived: tokio::sync::Notify::new(),
+            handoffs_seen: Mutex::new(HashMap::new()),
+            joining: std::sync::atomic::AtomicBool::new(!config.seeds.is_empty()),
+            config,
         }
     }
 
@@ -182,6 +202,23 @@ impl Cluster {
 
     pub(crate) fn watch_table(&self) -> watch::Receiver<Arc<SlotTable>> {
         self.table.subscribe()
+    }
+
+    /// While a node started with seeds has not heard from the cluster, its table of one is not
+    /// real ownership: checks wait (bounded) until it has joined, or decide alone after that.
+    pub(crate) async fn wait_until_joined(&self) {
+        if !self.joining.load(std::sync::atomic::Ordering::Relaxed) {
+            return;
+        }
+        let mut tables = self.watch_table();
+        let _ = tokio::time::timeout(JOIN_WAIT, async {
+            while self.joining.load(std::sync::atomic::Ordering::Relaxed) {
+                if tables.changed().await.is_err() {
+                    return;
+                }
+            }
+        })
+        .await;
     }
 
     /// The address of the member with this id.
@@ -237,12 +274,89 @@ impl Cluster {
             return;
         }
         let new = Arc::new(SlotTable::compute(epoch, &owners));
+        if owners.len() > 1
+            && self
+                .joining
+                .swap(false, std::sync::atomic::Ordering::Relaxed)
+        {
+            let others: Vec<String> = owners
+                .iter()
+                .filter(|o| **o != self.me.id)
+                .cloned()
+                .collect();
+            self.expect_handoffs(&SlotTable::compute(0, &others), &new, now_ns);
+        } else {
+            self.expect_handoffs(&old, &new, now_ns);
+        }
         self.table.send_replace(new.clone());
         shared.metrics.table_epoch.set(epoch as f64);
         self.publish_members(shared);
         tracing::info!(epoch, owners = ?owners, "slot table changed");
         // Sent in the background: the new owner merges whatever arrives (later TAT wins).
         drop(self.hand_off(shared, &old, &new, now_ns));
+    }
+
+    /// Marks the slots this node gains from a live previous owner as pending until that
+    /// owner's hand-off arrives (every node that loses slots to a live node sends one, empty or
+    /// not). Slots of a dead or departed node are not pending: the successor already holds the
+    /// replicas, or the hand-off came before the leave.
+    fn expect_handoffs(&self, old: &SlotTable, new: &SlotTable, now_ns: u64) {
+        let until = now_ns.saturating_add(HANDOFF_WAIT_NS);
+        let me = self.me.id.as_str();
+        let seen = self.handoffs_seen.lock();
+        let arrived = |owner: &str| {
+            seen.get(owner)
+                .is_some_and(|at| now_ns.saturating_sub(*at) < HANDOFF_WAIT_NS)
+        };
+        // A member that left gracefully hands its buckets over; a dead one cannot.
+        let membership = self.membership.lock();
+        let departed =
+            |owner: &str| membership.state_of(owner) == Some(floodgate::cluster::MemberState::Left);
+        let mut pending = self.pending.lock();
+        pending.retain(|_, (_, end)| *end > now_ns);
+        for slot in 0..floodgate::cluster::SLOTS as u16 {
+            if let (Some(before), Some(me_now)) = (old.owner(slot), new.owner(slot))
+                && me_now == me
+                && before != me
+                && (new.nodes().iter().any(|n| n == before) || departed(before))
+                && !arrived(before)
+            {
+                pending.insert(slot, (before.to_owned(), until));
+            }
+        }
+    }
+
+    /// Waits (bounded by the pending deadline) until none of `slots` awaits a hand-off.
+    pub(crate) async fn wait_for_handoffs(
+        &self,
+        slots: impl Iterator<Item = u16> + Clone,
+        now_ns: u64,
+    ) {
+        loop {
+            let notified = self.handoff_arrived.notified();
+            let latest = {
+                let pending = self.pending.lock();
+                slots
+                    .clone()
+                    .filter_map(|s| pending.get(&s))
+                    .map(|(_, until)| *until)
+                    .filter(|u| *u > now_ns)
+                    .max()
+            };
+            let Some(until) = latest else { return };
+            let wait = std::time::Duration::from_nanos(until - now_ns);
+            if tokio::time::timeout(wait, notified).await.is_err() {
+                self.pending.lock().retain(|_, (_, end)| *end > until);
+                return;
+            }
+        }
+    }
+
+    /// A hand-off from `from` arrived: its slots are no longer pending.
+    pub(crate) fn handoff_received(&self, from: &str, now_ns: u64) {
+        self.handoffs_seen.lock().insert(from.to_owned(), now_ns);
+        self.pending.lock().retain(|_, (owner, _)| owner != from);
+        self.handoff_arrived.notify_waiters();
     }
 
     fn publish_members(&self, shared: &Shared) {
@@ -278,6 +392,16 @@ impl Cluster {
                 moved.entry(owner.to_owned()).or_default().push(bucket);
             }
         }
+        // Every node that gains slots from us hears from us, even with no buckets: it holds
+        // checks on those slots until then.
+        for slot in 0..floodgate::cluster::SLOTS as u16 {
+            if old.owner(slot) == Some(me)
+                && let Some(owner) = new.owner(slot)
+                && owner != me
+            {
+                moved.entry(owner.to_owned()).or_default();
+            }
+        }
         let mut sends = Vec::new();
         for (owner, buckets) in moved {
             shared.metrics.handed_off.increment(buckets.len() as u64);
@@ -296,7 +420,13 @@ impl Cluster {
             return Vec::new();
         };
         let mut sends = Vec::new();
-        for chunk in buckets.chunks(BUCKETS_PER_FRAME) {
+        // At least one message, so an empty hand-off is still announced.
+        let chunks: Vec<&[BucketState]> = if buckets.is_empty() {
+            vec![&[]]
+        } else {
+            buckets.chunks(BUCKETS_PER_FRAME).collect()
+        };
+        for chunk in chunks {
             let message = ReplicateMessage {
                 from: self.me.id.clone(),
                 handoff,
@@ -351,21 +481,23 @@ impl Cluster {
         // this node at any moment from here on.
         let old = self.table();
         let outgoing = self.membership.lock().leave(now_ns);
-        for message in outgoing {
-            let mut frame = Vec::new();
-            encode_message(&mut frame, FrameKind::Gossip, 0, &message.gossip);
-            drop(self.peers.send(message.to, frame));
-        }
         let others: Vec<String> = old
             .nodes()
             .iter()
             .filter(|n| **n != self.me.id)
             .cloned()
             .collect();
-        let new = SlotTable::compute(old.epoch() + 1, &others);
-        // From here on, checks that still arrive are forwarded to the new owners.
+        let new = Arc::new(SlotTable::compute(old.epoch() + 1, &others));
+        // Switch first: from here on checks that arrive are forwarded to the new owners, so the
+        // export below holds everything this node decided. The new owners hold checks on these
+        // slots until the hand-off arrives (they see the leave as `Left`, not dead).
+        self.table.send_replace(new.clone());
+        for message in outgoing {
+            let mut frame = Vec::new();
+            encode_message(&mut frame, FrameKind::Gossip, 0, &message.gossip);
+            drop(self.peers.send(message.to, frame));
+        }
         let sends = self.hand_off(shared, &old, &new, now_ns);
-        self.table.send_replace(Arc::new(new));
         // Each send is bounded by PEER_TIMEOUT; the endpoint must not close before they land.
         for send in sends {
             let _ = send.await;

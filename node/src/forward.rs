@@ -1,12 +1,16 @@
-//! Answers a check batch whose groups may belong to other nodes: decides this node's groups,
-//! forwards the others once (one frame per owner, all at once, marked so they are never
-//! forwarded again), and decides a group here when its owner does not answer in time.
+//! Answers a check batch in a cluster: decides this node's groups, forwards the others once (one
+//! frame per owner, all at once, marked so they are never forwarded again), and decides a group
+//! here when its owner does not answer in time.
+//!
+//! Order matters for exactness when slots move: first wait (bounded) for the hand-off of any
+//! slot this node just gained, then read the table and decide the local groups without awaiting
+//! anything in between, so a decision never uses ownership older than a few microseconds.
 
 use std::collections::BTreeMap;
 
 use floodgate::wire::{
-    ArchivedCheckBatch, CheckBatch, ErrorCode, Frame, FrameKind, FrameReader, WireCheck,
-    WireDecision, decode_decisions, encode_message,
+    ArchivedCheckBatch, CheckBatch, ErrorCode, Frame, FrameKind, FrameReader, ValidCheck,
+    WireCheck, WireDecision, decode_decisions, encode_message,
 };
 use rkyv::rancor;
 
@@ -26,70 +30,33 @@ pub(crate) async fn answer_check_batch(
         Err(code) => return Some(code),
     };
     let cluster = &shared.cluster;
+    // Gained slots wait for their previous owner's hand-off (a no-op almost always).
+    cluster
+        .wait_for_handoffs(groups.iter().map(|g| g[0].key.slot()), now_ns)
+        .await;
     let table = cluster.table();
     let me = cluster.me.id.as_str();
-    // Owner of each group: where its first key lives (a client groups keys of one owner).
-    let mut remote: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
-    if frame.kind == FrameKind::CheckBatch {
-        for (i, group) in groups.iter().enumerate() {
-            if let Some(owner) = table.owner(group[0].key.slot())
-                && owner != me
-            {
-                remote.entry(owner).or_default().push(i);
-            }
-        }
-    }
+    // Owner of each group: where its first key lives (a client groups keys of one owner). A
+    // forwarded batch is decided here whatever the table says: it is never forwarded twice.
+    let mut remote: BTreeMap<String, Vec<usize>> = BTreeMap::new();
     let mut answers: Vec<Option<Vec<WireDecision>>> = vec![None; groups.len()];
-    if !remote.is_empty() {
-        // Already validated by decode_frame, so this access succeeds; the groups re-encode as sent.
-        let archived = rkyv::access::<ArchivedCheckBatch, rancor::Error>(&frame.payload).ok();
-        let mut forwards = tokio::task::JoinSet::new();
-        for (&owner, indices) in &remote {
-            let (Some(archived), Some(addr)) = (archived, cluster.addr_of(owner)) else {
-                continue;
-            };
-            let batch = CheckBatch {
-                groups: indices
-                    .iter()
-                    .filter_map(|&i| {
-                        rkyv::deserialize::<Vec<WireCheck>, rancor::Error>(&archived.groups[i]).ok()
-                    })
-                    .collect(),
-            };
-            let mut bytes = Vec::new();
-            encode_message(&mut bytes, FrameKind::ForwardedCheckBatch, 1, &batch);
-            shared
-                .metrics
-                .forwarded
-                .increment(indices.iter().map(|&i| groups[i].len() as u64).sum());
-            let peers = cluster.peers.clone();
-            let (indices, max) = (indices.clone(), limits.max_frame_bytes);
-            forwards.spawn(async move { (indices, peers.request(&addr, &bytes, max + 64).await) });
-        }
-        while let Some(Ok((indices, answer))) = forwards.join_next().await {
-            if let Ok(decisions) = answer
-                .map_err(|e| e.to_string())
-                .and_then(|bytes| decisions_of(&bytes))
-            {
-                let sizes: Vec<usize> = indices.iter().map(|&i| groups[i].len()).collect();
-                if decisions.len() == sizes.iter().sum::<usize>() {
-                    let mut rest = decisions.as_slice();
-                    for (&i, size) in indices.iter().zip(sizes) {
-                        answers[i] = Some(rest[..size].to_vec());
-                        rest = &rest[size..];
-                    }
-                }
+    let mut tally = DecisionTally::default();
+    for (i, group) in groups.iter().enumerate() {
+        match table.owner(group[0].key.slot()) {
+            Some(owner) if owner != me && frame.kind == FrameKind::CheckBatch => {
+                remote.entry(owner.to_owned()).or_default().push(i);
             }
+            _ => answers[i] = Some(decide_here(shared, &mut tally, now_ns, group)),
         }
     }
-    // Ours, and any group whose owner did not answer (availability over exactness: counted).
-    let mut tally = DecisionTally::default();
+    if !remote.is_empty() {
+        forward(shared, frame, &groups, &remote, &mut answers).await;
+    }
     let mut decisions = Vec::with_capacity(groups.iter().map(Vec::len).sum());
     for (group, answer) in groups.iter().zip(answers) {
-        match answer {
-            Some(forwarded) => decisions.extend(forwarded),
-            None => decide_group(&shared.store, &mut tally, now_ns, group, &mut decisions),
-        }
+        // An owner that did not answer: decide here (availability over exactness; these
+        // buckets replicate to the owner like any other).
+        decisions.extend(answer.unwrap_or_else(|| decide_here(shared, &mut tally, now_ns, group)));
     }
     finish_batch(
         &shared.metrics,
@@ -100,6 +67,74 @@ pub(crate) async fn answer_check_batch(
         out,
     );
     None
+}
+
+fn decide_here(
+    shared: &Shared,
+    tally: &mut DecisionTally,
+    now_ns: u64,
+    group: &[ValidCheck],
+) -> Vec<WireDecision> {
+    let mut decisions = Vec::with_capacity(group.len());
+    decide_group(&shared.store, tally, now_ns, group, &mut decisions);
+    decisions
+}
+
+/// Sends each owner its groups (re-encoded from the validated archive) and fills `answers`
+/// with what comes back in time.
+async fn forward(
+    shared: &Shared,
+    frame: &Frame,
+    groups: &[Vec<ValidCheck>],
+    remote: &BTreeMap<String, Vec<usize>>,
+    answers: &mut [Option<Vec<WireDecision>>],
+) {
+    // Already validated by decode_frame, so this access succeeds.
+    let Ok(archived) = rkyv::access::<ArchivedCheckBatch, rancor::Error>(&frame.payload) else {
+        return;
+    };
+    let cluster = &shared.cluster;
+    let max = shared.config.limits.max_frame_bytes;
+    let mut forwards = tokio::task::JoinSet::new();
+    for (owner, indices) in remote {
+        let Some(addr) = cluster.addr_of(owner) else {
+            continue;
+        };
+        let batch = CheckBatch {
+            groups: indices
+                .iter()
+                .filter_map(|&i| {
+                    rkyv::deserialize::<Vec<WireCheck>, rancor::Error>(&archived.groups[i]).ok()
+                })
+                .collect(),
+        };
+        let mut bytes = Vec::new();
+        encode_message(&mut bytes, FrameKind::ForwardedCheckBatch, 1, &batch);
+        shared
+            .metrics
+            .forwarded
+            .increment(indices.iter().map(|&i| groups[i].len() as u64).sum());
+        let peers = cluster.peers.clone();
+        let indices = indices.clone();
+        forwards.spawn(async move { (indices, peers.request(&addr, &bytes, max + 64).await) });
+    }
+    while let Some(Ok((indices, answer))) = forwards.join_next().await {
+        let Ok(decisions) = answer
+            .map_err(|e| e.to_string())
+            .and_then(|bytes| decisions_of(&bytes))
+        else {
+            continue;
+        };
+        let sizes: Vec<usize> = indices.iter().map(|&i| groups[i].len()).collect();
+        if decisions.len() != sizes.iter().sum::<usize>() {
+            continue;
+        }
+        let mut rest = decisions.as_slice();
+        for (&i, size) in indices.iter().zip(sizes) {
+            answers[i] = Some(rest[..size].to_vec());
+            rest = &rest[size..];
+        }
+    }
 }
 
 fn decisions_of(bytes: &[u8]) -> Result<Vec<WireDecision>, String> {

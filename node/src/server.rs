@@ -22,6 +22,9 @@ use floodgate::wire::{Frame, FrameKind, decode_gossip, decode_replicate, encode_
 
 /// How long shutdown waits for in-flight work before closing connections regardless.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long a leaving node keeps answering after its leave: clients refetch the table at least
+/// every second and at once when a link drops, so most have moved on by then.
+const LEAVE_LINGER: Duration = Duration::from_millis(300);
 /// Bytes read from a stream at once.
 const READ_CHUNK: usize = 64 * 1024;
 /// How often idle buckets are swept (a fraction of the shards each time).
@@ -171,7 +174,11 @@ impl Node {
     pub async fn shutdown(mut self) {
         self.shared.ready.store(false, Ordering::Relaxed);
         // Leave first: peers stop routing here and receive our buckets before we stop answering.
+        // Then keep answering (forwarding to the new owners) while clients fetch the new table.
         self.shared.cluster.leave(&self.shared).await;
+        if !self.shared.cluster.table().nodes().is_empty() {
+            tokio::time::sleep(LEAVE_LINGER).await;
+        }
         let _ = self.shutdown.send(true);
         let drained = tokio::time::timeout(DRAIN_TIMEOUT, async {
             while self.tasks.join_next().await.is_some() {}
@@ -303,7 +310,7 @@ async fn serve_stream(
                 // read), so finishing here drops nothing the node accepted. Wait until the peer
                 // has the answers (the connection is closed right after), bounded by the drain.
                 let _ = send.finish();
-                let _ = send.stopped().await;
+                let _ = tokio::time::timeout(Duration::from_millis(250), send.stopped()).await;
                 return;
             }
         };
@@ -382,9 +389,18 @@ async fn answer(
     out: &mut Vec<u8>,
 ) -> Option<ErrorCode> {
     let cluster = &shared.cluster;
+    if matches!(
+        frame.kind,
+        FrameKind::CheckBatch | FrameKind::ForwardedCheckBatch
+    ) {
+        cluster.wait_until_joined().await;
+    }
     match frame.kind {
         // The common case, a node alone or every group here, stays synchronous.
-        FrameKind::CheckBatch if cluster.table().nodes().len() > 1 => {
+        // In a cluster, forwarded batches too: they may wait for a hand-off (never forwarded on).
+        FrameKind::CheckBatch | FrameKind::ForwardedCheckBatch
+            if cluster.table().nodes().len() > 1 =>
+        {
             forward::answer_check_batch(shared, frame, now_ns, out).await
         }
         FrameKind::CheckBatch | FrameKind::ForwardedCheckBatch => {
@@ -439,8 +455,11 @@ async fn serve_peer_message(mut recv: quinn::RecvStream, shared: Arc<Shared>) {
                 Err((code, _)) => shared.metrics.frame_error(code),
             },
             FrameKind::Replicate => match decode_replicate(&frame.payload) {
-                Ok((_, handoff, buckets)) => {
+                Ok((from, handoff, buckets)) => {
                     let refused = shared.store.merge(&buckets, now_ns);
+                    if handoff {
+                        shared.cluster.handoff_received(&from, now_ns);
+                    }
                     let counter = if handoff {
                         &shared.metrics.received_handoff
                     } else {
