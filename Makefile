@@ -19,17 +19,22 @@ lint:            ## rustfmt check and clippy with -D warnings
 fmt:             ## format the code
 	$(CARGO) fmt --all
 
-run:             ## build in release, start a node serving rules/example.yaml and the example gateway on 127.0.0.1:8080 (Ctrl-C stops all)
+run:             ## build in release, start a 3-node cluster serving rules/example.yaml and the example gateway on 127.0.0.1:8080 (Ctrl-C stops all)
 	$(CARGO) build --release --locked -p floodgate-node -p floodgate-client --bin floodgate-node --bin floodgate --example gateway
 	@mkdir -p .run
 	@set -e; \
 	trap 'for f in .run/*.pid; do [ -f "$$f" ] && kill "$$(cat "$$f")" 2>/dev/null; rm -f "$$f"; done' EXIT INT TERM; \
-	: "--- nodes: one node with development certificates in .run/node (the cluster block) ---"; \
-	./target/release/floodgate-node --data-dir .run/node --listen 127.0.0.1:7100 --admin 127.0.0.1:9100 \
-	    --rules rules/example.yaml 2>.run/node.log & echo $$! > .run/node.pid; \
+	: "--- nodes: a 3-node cluster on 127.0.0.1:7100-7102 (admin 9100-9102), certificates in .run/node ---"; \
+	for i in 0 1 2; do \
+	  seeds=""; [ $$i -gt 0 ] && seeds="--seeds 127.0.0.1:7100"; \
+	  ./target/release/floodgate-node --data-dir .run/node --node-id node-$$i --listen 127.0.0.1:710$$i \
+	      --admin 127.0.0.1:910$$i --rules rules/example.yaml $$seeds 2>.run/node-$$i.log & echo $$! > .run/node-$$i.pid; \
+	  for t in $$(seq 100); do curl -fs http://127.0.0.1:910$$i/readyz >/dev/null 2>&1 && break; sleep 0.1; done; \
+	done; \
 	: "--- end of nodes ---"; \
-	for i in $$(seq 100); do curl -fs http://127.0.0.1:9100/readyz >/dev/null 2>&1 && break; sleep 0.1; done; \
-	echo "node on 127.0.0.1:7100 (log .run/node.log, metrics http://127.0.0.1:9100/metrics)"; \
+	echo "cluster: nodes on 127.0.0.1:7100-7102 (logs .run/node-*.log, metrics http://127.0.0.1:9100/metrics)"; \
+	echo "  ./target/release/floodgate status --node 127.0.0.1:7100 --ca .run/node/ca.pem"; \
+	echo "  ./target/release/floodgate check --node 127.0.0.1:7100 --ca .run/node/ca.pem user:42 --limit 10/s --count 12"; \
 	echo "gateway on http://127.0.0.1:8080 (metrics /metrics). Try, in another shell (README: Walkthrough: the gateway):"; \
 	echo "  curl -si -H 'X-Tenant-Id: acme' -H 'X-Plan: free' http://127.0.0.1:8080/v1/data"; \
 	echo "  curl -si -X POST -H 'X-User-Id: 42' http://127.0.0.1:8080/v1/events/7/holds"; \

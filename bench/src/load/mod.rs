@@ -67,6 +67,9 @@ pub struct LoadArgs {
     /// CA certificate of the `--nodes`.
     #[arg(long)]
     pub ca: Option<PathBuf>,
+    /// Runtime threads of the node started (default: its own, one per core).
+    #[arg(long)]
+    pub node_threads: Option<usize>,
     /// Where report.json and latency.svg go.
     #[arg(long, default_value = "target/bench")]
     pub out: PathBuf,
@@ -132,7 +135,7 @@ pub async fn run(args: LoadArgs) -> anyhow::Result<Vec<Record>> {
             .clone()
             .unwrap_or_else(process::default_node_binary);
         let data_dir = args.out.join("node-data");
-        let server = process::start_node(&binary, &data_dir)?;
+        let server = process::start_node(&binary, &data_dir, args.node_threads)?;
         let target =
             Target::floodgate(server.addr, &data_dir.join("ca.pem"), bench_limit()).await?;
         (Some(server), target)

@@ -94,7 +94,11 @@ pub fn default_node_binary() -> PathBuf {
 }
 
 /// Starts a node with development certificates in `data_dir`; returns once it serves.
-pub fn start_node(binary: &Path, data_dir: &Path) -> anyhow::Result<Server> {
+pub fn start_node(
+    binary: &Path,
+    data_dir: &Path,
+    worker_threads: Option<usize>,
+) -> anyhow::Result<Server> {
     let port = free_port(true)?;
     let addr = SocketAddr::from(([127, 0, 0, 1], port));
     let mut child = Command::new(binary)
@@ -106,6 +110,11 @@ pub fn start_node(binary: &Path, data_dir: &Path) -> anyhow::Result<Server> {
             "--max-keys",
             "8388608",
         ])
+        .args(
+            worker_threads
+                .map(|n| vec!["--worker-threads".to_owned(), n.to_string()])
+                .unwrap_or_default(),
+        )
         .arg("--data-dir")
         .arg(data_dir)
         .env("RUST_LOG", "warn")

@@ -94,8 +94,12 @@ fn ratio(a: f64, b: f64) -> String {
 /// The markdown comparison: closed-loop throughput and open-loop latency, side by side.
 pub fn markdown(records: &[Record]) -> String {
     let mut out = String::new();
-    let mut workloads: Vec<&str> = records.iter().map(|r| r.workload.as_str()).collect();
-    workloads.dedup();
+    let mut workloads: Vec<&str> = Vec::new();
+    for record in records {
+        if !workloads.contains(&record.workload.as_str()) {
+            workloads.push(&record.workload);
+        }
+    }
     let _ = writeln!(out, "### Throughput (closed loop)\n");
     let _ = writeln!(
         out,
