@@ -452,6 +452,11 @@ impl Cluster {
 
     fn replicate(&self, shared: &Shared, now_ns: u64) {
         let table = self.table();
+        // Alone, there is nobody to replicate to; changed marks stay set, so a node that joins
+        // later still receives them (through the hand-off first).
+        if table.nodes().len() < 2 {
+            return;
+        }
         let mut changed = Vec::new();
         shared.store.take_changed(now_ns, &mut changed);
         let me = self.me.id.as_str();

@@ -64,6 +64,19 @@ impl Counters {
         };
     }
 
+    fn absorb(&self, other: Counters) {
+        self.requests
+            .fetch_add(other.requests.into_inner(), Ordering::Relaxed);
+        self.checks
+            .fetch_add(other.checks.into_inner(), Ordering::Relaxed);
+        self.allowed
+            .fetch_add(other.allowed.into_inner(), Ordering::Relaxed);
+        self.degraded
+            .fetch_add(other.degraded.into_inner(), Ordering::Relaxed);
+        self.errors
+            .fetch_add(other.errors.into_inner(), Ordering::Relaxed);
+    }
+
     fn finish(self, elapsed: Duration, latency_us: Histogram<u64>, saturated: bool) -> RunResult {
         RunResult {
             requests: self.requests.into_inner(),
@@ -89,6 +102,8 @@ fn record_latency(histogram: &Mutex<Histogram<u64>>, since: Instant) {
 }
 
 /// `callers` tasks each sending one request, awaiting it, and sending the next, for `duration`.
+/// Each task counts into its own counters and into one of a few striped histograms (a histogram
+/// per task would cost megabytes of cold counters), so the generator adds little shared state.
 pub async fn closed_loop(
     target: Arc<Target>,
     keys: Arc<KeyGen>,
@@ -96,40 +111,43 @@ pub async fn closed_loop(
     duration: Duration,
     seed: u64,
 ) -> RunResult {
-    let counters = Arc::new(Counters::default());
-    let latency = Arc::new(Mutex::new(histogram()));
+    const STRIPES: usize = 16;
+    let stripes: Arc<Vec<Mutex<Histogram<u64>>>> =
+        Arc::new((0..STRIPES).map(|_| Mutex::new(histogram())).collect());
     let stop = Arc::new(AtomicBool::new(false));
     let start = Instant::now();
     let mut tasks = tokio::task::JoinSet::new();
     for caller in 0..callers {
-        let (target, keys, counters, latency, stop) = (
-            target.clone(),
-            keys.clone(),
-            counters.clone(),
-            latency.clone(),
-            stop.clone(),
-        );
+        let (target, keys, stop, stripes) =
+            (target.clone(), keys.clone(), stop.clone(), stripes.clone());
         tasks.spawn(async move {
+            let counters = Counters::default();
+            let latency = &stripes[caller % STRIPES];
             let mut rng = SmallRng::seed_from_u64(seed ^ caller as u64);
             let mut request = Vec::new();
             while !stop.load(Ordering::Relaxed) {
                 keys.request(&mut rng, &mut request);
                 let sent = Instant::now();
                 let outcome = target.check(&request).await;
-                record_latency(&latency, sent);
+                record_latency(latency, sent);
                 counters.record(request.len(), &outcome);
             }
+            counters
         });
     }
     tokio::time::sleep(duration).await;
     stop.store(true, Ordering::Relaxed);
-    while tasks.join_next().await.is_some() {}
-    let elapsed = start.elapsed();
-    let counters = Arc::try_unwrap(counters).unwrap_or_default();
-    let latency = Arc::try_unwrap(latency)
-        .map(Mutex::into_inner)
-        .unwrap_or_else(|_| histogram());
-    counters.finish(elapsed, latency, false)
+    let total = Counters::default();
+    let mut latency = histogram();
+    while let Some(joined) = tasks.join_next().await {
+        if let Ok(counters) = joined {
+            total.absorb(counters);
+        }
+    }
+    for stripe in stripes.iter() {
+        let _ = latency.add(&*stripe.lock());
+    }
+    total.finish(start.elapsed(), latency, false)
 }
 
 /// Requests at `rate` per second for `duration`, each timed from when it was due.

@@ -57,17 +57,27 @@ impl KeyGen {
 
     /// The keys of one request, written into `out` (cleared first).
     pub fn request(&self, rng: &mut SmallRng, out: &mut Vec<String>) {
-        out.clear();
+        // Keep the strings' buffers: only their text is rewritten.
+        out.truncate(0);
         let index = match self.workload.spread {
             KeySpread::Uniform => rng.random_range(0..self.keys),
             KeySpread::Zipf => self.zipf.sample(rng) as u64 - 1,
             KeySpread::Hot => 0,
         };
-        out.push(format!("user:{index}"));
+        push_key(out, "user:", index);
         if self.workload.checks_per_request == 3 {
             // The IP and API key of a request follow its user, spread over the same key space.
-            out.push(format!("ip:{}", index.wrapping_mul(7_919) % self.keys));
-            out.push(format!("key:{}", index.wrapping_mul(104_729) % self.keys));
+            push_key(out, "ip:", index.wrapping_mul(7_919) % self.keys);
+            push_key(out, "key:", index.wrapping_mul(104_729) % self.keys);
         }
     }
+}
+
+/// Writes `prefix` and `index` as a key without a formatting allocation per request.
+fn push_key(out: &mut Vec<String>, prefix: &str, index: u64) {
+    use std::fmt::Write as _;
+    let mut key = String::with_capacity(prefix.len() + 20);
+    key.push_str(prefix);
+    let _ = write!(key, "{index}");
+    out.push(key);
 }
