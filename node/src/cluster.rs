@@ -518,6 +518,7 @@ pub(crate) async fn run(shared: Arc<Shared>, mut shutdown: watch::Receiver<bool>
     let mut ticker = tokio::time::interval(tick);
     let sync_ns = u64::try_from(cluster.config.sync_interval.as_nanos()).unwrap_or(u64::MAX);
     let mut next_sync_ns = 0;
+    let mut last_sync_ns = 0;
     loop {
         tokio::select! {
             _ = ticker.tick() => {}
@@ -527,6 +528,13 @@ pub(crate) async fn run(shared: Arc<Shared>, mut shutdown: watch::Receiver<bool>
         cluster.gossip_round(&shared, now_ns);
         if now_ns >= next_sync_ns {
             cluster.replicate(&shared, now_ns);
+            if last_sync_ns > 0 {
+                shared
+                    .metrics
+                    .replication_lag
+                    .set((now_ns - last_sync_ns) as f64 / 1e9);
+            }
+            last_sync_ns = now_ns;
             next_sync_ns = now_ns + sync_ns;
         }
     }

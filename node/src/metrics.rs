@@ -58,6 +58,8 @@ pub struct NodeMetrics {
     /// Members by state: alive, suspect, dead, left.
     pub members: [Gauge; 4],
     pub table_epoch: Gauge,
+    /// Seconds between the last two replication rounds: how stale a successor's copy can be.
+    pub replication_lag: Gauge,
     /// Checks sent on to their owner.
     pub forwarded: Counter,
     /// Buckets sent to successors / received as replicas.
@@ -89,6 +91,7 @@ impl NodeMetrics {
             members: ["alive", "suspect", "dead", "left"]
                 .map(|s| gauge!("floodgate_members", "state" => s)),
             table_epoch: gauge!("floodgate_slot_table_epoch"),
+            replication_lag: gauge!("floodgate_replication_lag_seconds"),
             forwarded: counter!("floodgate_forwarded_checks_total"),
             replicated: counter!("floodgate_replicated_buckets_total", "direction" => "sent"),
             received_replicas: counter!("floodgate_replicated_buckets_total", "direction" => "received"),
