@@ -18,6 +18,9 @@ use crate::metrics::DecisionTally;
 use crate::server::Shared;
 use crate::service::{decide_group, decode_frame, finish_batch};
 
+/// Longest a node waits for its slot table to catch up with a peer that forwarded it checks.
+const TABLE_CATCH_UP: std::time::Duration = std::time::Duration::from_millis(300);
+
 pub(crate) async fn answer_check_batch(
     shared: &Shared,
     frame: &Frame,
@@ -30,6 +33,21 @@ pub(crate) async fn answer_check_batch(
         Err(code) => return Some(code),
     };
     let cluster = &shared.cluster;
+    if frame.kind == FrameKind::ForwardedCheckBatch {
+        // The sender's table already names this node as owner; if ours does not yet, ours is
+        // the older one: wait (bounded) for it, so the hand-off wait below sees the change.
+        let mut tables = cluster.watch_table();
+        let me = cluster.me.id.clone();
+        let not_mine = |table: &floodgate::cluster::SlotTable| {
+            groups
+                .iter()
+                .any(|g| table.owner(g[0].key.slot()) != Some(me.as_str()))
+        };
+        let behind = not_mine(&tables.borrow_and_update());
+        if behind {
+            let _ = tokio::time::timeout(TABLE_CATCH_UP, tables.changed()).await;
+        }
+    }
     // Gained slots wait for their previous owner's hand-off (a no-op almost always).
     cluster
         .wait_for_handoffs(groups.iter().map(|g| g[0].key.slot()), now_ns)
@@ -53,10 +71,18 @@ pub(crate) async fn answer_check_batch(
         forward(shared, frame, &groups, &remote, &mut answers).await;
     }
     let mut decisions = Vec::with_capacity(groups.iter().map(Vec::len).sum());
+    // A node that has left (it is not in its own table) must not decide: its buckets are gone
+    // to their new owners, so a decision here would be fresh. The client's failure mode decides.
+    let leaving = !table.nodes().iter().any(|n| n == me);
     for (group, answer) in groups.iter().zip(answers) {
-        // An owner that did not answer: decide here (availability over exactness; these
-        // buckets replicate to the owner like any other).
-        decisions.extend(answer.unwrap_or_else(|| decide_here(shared, &mut tally, now_ns, group)));
+        let decided = match answer {
+            Some(decided) => decided,
+            None if leaving => vec![WireDecision::error(ErrorCode::ShuttingDown); group.len()],
+            // An owner that did not answer: decide here (availability over exactness; these
+            // buckets replicate to the owner like any other).
+            None => decide_here(shared, &mut tally, now_ns, group),
+        };
+        decisions.extend(decided);
     }
     finish_batch(
         &shared.metrics,
