@@ -205,6 +205,11 @@ impl Client {
         self.inner.routing.table()
     }
 
+    /// Wakes on every change of [`Client::slot_table`] and the links it routes to.
+    pub fn table_changes(&self) -> crate::slots::TableChanges {
+        self.inner.routing.changes()
+    }
+
     /// Gives back `cost` units to the bucket of each check, on the node that owns its key:
     /// what a request took under rules that allowed it when another rule (possibly on another
     /// node) denied it. Refunds are never denied. Best effort: returns how many checks a node

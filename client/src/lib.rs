@@ -60,8 +60,10 @@ pub use config::{
 };
 pub use error::{ClientError, ConfigError, ErrorKind, classify_code};
 pub use link::{LinkState, NodeStatus};
-pub use policy::{LimiterConfig, LimiterError, RateLimiter, RequestDecision, RequestInfo};
-pub use slots::{ClusterMember, ClusterTable, fetch_slot_table};
+pub use policy::{
+    LimiterConfig, LimiterError, PolicyChanges, RateLimiter, RequestDecision, RequestInfo,
+};
+pub use slots::{ClusterMember, ClusterTable, TableChanges, fetch_slot_table};
 pub use verdict::{Check, DegradedReason, FailureMode, Source, Verdict, all_allowed};
 
 /// The core whose types the client speaks (`Limit`, `Decision`, ...), re-exported for gateways.

@@ -25,7 +25,7 @@ use floodgate::wire::{
     FrameKind, FrameReader, PolicyMessage, PolicyRequest, decode_error_frame,
     decode_policy_message, encode_message,
 };
-use parking_lot::{Mutex, RwLock};
+use parking_lot::Mutex;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
@@ -139,6 +139,17 @@ impl RequestDecision {
     }
 }
 
+/// Wakes each time the limiter installs new rules.
+#[derive(Debug)]
+pub struct PolicyChanges(watch::Receiver<PolicyState>);
+
+impl PolicyChanges {
+    /// Waits for the next change; false once the limiter is gone.
+    pub async fn changed(&mut self) -> bool {
+        self.0.changed().await.is_ok()
+    }
+}
+
 /// A [`Client`] with a policy: cheap to clone, shared by every request of a gateway.
 #[derive(Debug, Clone)]
 pub struct RateLimiter {
@@ -148,7 +159,8 @@ pub struct RateLimiter {
 #[derive(Debug)]
 struct Inner {
     client: Client,
-    state: RwLock<PolicyState>,
+    /// The rules in force; a watch, so callers can await a change ([`PolicyChanges`]).
+    state: watch::Sender<PolicyState>,
     /// Stops the refresh task (also stopped when the last limiter is dropped).
     shutdown: watch::Sender<bool>,
     refresher: Mutex<Option<tokio::task::JoinHandle<()>>>,
@@ -224,7 +236,7 @@ impl RateLimiter {
         RateLimiter {
             inner: Arc::new(Inner {
                 client,
-                state: RwLock::new(PolicyState {
+                state: watch::Sender::new(PolicyState {
                     policy: policy.map(Arc::new),
                     waiting,
                 }),
@@ -241,7 +253,12 @@ impl RateLimiter {
 
     /// The rules in force.
     pub fn policy(&self) -> Option<Arc<Policy>> {
-        self.inner.state.read().policy.clone()
+        self.inner.state.borrow().policy.clone()
+    }
+
+    /// Wakes on every change of [`RateLimiter::policy`].
+    pub fn policy_changes(&self) -> PolicyChanges {
+        PolicyChanges(self.inner.state.subscribe())
     }
 
     pub fn policy_version(&self) -> Option<String> {
@@ -254,7 +271,7 @@ impl RateLimiter {
 
     /// Requests waiting for quota now (`max_wait`).
     pub fn waiting(&self) -> usize {
-        self.inner.state.read().waiting.waiting()
+        self.inner.state.borrow().waiting.waiting()
     }
 
     /// Stops the refresh task and closes the client.
@@ -272,7 +289,7 @@ impl RateLimiter {
     /// wait), refunds what a request that does not pass took, and builds the HTTP answer.
     pub async fn check(&self, request: &RequestInfo) -> RequestDecision {
         let started = Instant::now();
-        let PolicyState { policy, waiting } = self.inner.state.read().clone();
+        let PolicyState { policy, waiting } = self.inner.state.borrow().clone();
         let Some(policy) = policy else {
             let verdict = Verdict {
                 action: Action::Allow,
@@ -460,11 +477,12 @@ impl Inner {
     }
 
     fn install(&self, policy: Policy) {
-        let mut state = self.state.write();
-        if state.waiting.max_waiting() != policy.max_waiting() {
-            state.waiting = WaitBound::new(policy.max_waiting());
-        }
-        state.policy = Some(Arc::new(policy));
+        self.state.send_modify(|state| {
+            if state.waiting.max_waiting() != policy.max_waiting() {
+                state.waiting = WaitBound::new(policy.max_waiting());
+            }
+            state.policy = Some(Arc::new(policy));
+        });
     }
 }
 
@@ -484,7 +502,7 @@ async fn refresh(
         }
         let Some(version) = inner.upgrade().map(|i| {
             i.state
-                .read()
+                .borrow()
                 .policy
                 .as_ref()
                 .map(|p| p.version().to_owned())

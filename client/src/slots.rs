@@ -28,7 +28,7 @@ use floodgate::wire::{
     FrameKind, FrameReader, SlotTableMessage, decode_error_frame, decode_slot_table, encode_frame,
     member_state_from_wire,
 };
-use parking_lot::{Mutex, RwLock};
+use parking_lot::Mutex;
 use tokio::sync::{Notify, watch};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -179,10 +179,11 @@ impl TableHint {
     }
 }
 
-/// The routing state the client reads on every call and the refresher replaces.
+/// The routing state the client reads on every call and the refresher replaces. A watch, so
+/// callers can also await the next table ([`TableChanges`]).
 #[derive(Debug)]
 pub(crate) struct Routing {
-    routes: RwLock<Arc<Routes>>,
+    routes: watch::Sender<Arc<Routes>>,
     pub(crate) hint: Arc<TableHint>,
 }
 
@@ -194,19 +195,35 @@ impl Routing {
             let _ = link.table_hint.set(hint.clone());
         }
         Routing {
-            routes: RwLock::new(Arc::new(Routes::seeds_only(seeds))),
+            routes: watch::Sender::new(Arc::new(Routes::seeds_only(seeds))),
             hint,
         }
     }
 
     /// The current routes (a cheap snapshot: one reference count).
     pub(crate) fn routes(&self) -> Arc<Routes> {
-        self.routes.read().clone()
+        self.routes.borrow().clone()
     }
 
     /// The table calls are routed by, once one was fetched.
     pub(crate) fn table(&self) -> Option<Arc<ClusterTable>> {
-        self.routes.read().table.clone()
+        self.routes.borrow().table.clone()
+    }
+
+    pub(crate) fn changes(&self) -> TableChanges {
+        TableChanges(self.routes.subscribe())
+    }
+}
+
+/// Wakes each time the client adopts new routes (a new slot table, or links to new members):
+/// for tools and tests that wait for discovery instead of polling.
+#[derive(Debug)]
+pub struct TableChanges(watch::Receiver<Arc<Routes>>);
+
+impl TableChanges {
+    /// Waits for the next change; false once the client is gone.
+    pub async fn changed(&mut self) -> bool {
+        self.0.changed().await.is_ok()
     }
 }
 
@@ -507,7 +524,7 @@ impl Refresher {
             table: Some(table.clone()),
             slot_link,
         };
-        *self.routing.routes.write() = Arc::new(routes);
+        self.routing.routes.send_replace(Arc::new(routes));
         self.last_table = Some(table);
     }
 

@@ -1,7 +1,9 @@
 //! The client against in-process clusters: discovery through the slot table, routing to owners,
 //! exactness without faults, and what a crash, a rolling restart and a join cost.
 //!
-//! Every wait is bounded polling for a condition (`eventually`); nothing sleeps to synchronise.
+//! Every wait is for a condition, re-checked whenever something it depends on changes (a node's
+//! or client's slot table, a check recorded by the load: see `PULSE`), bounded by `PATIENCE`;
+//! nothing sleeps.
 //! The fault tests print what they observed (`cargo test -- --nocapture` shows it).
 
 mod common;
@@ -12,6 +14,8 @@ use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
+
+use tokio::sync::Notify;
 
 use common::*;
 use floodgate::Limit;
@@ -36,17 +40,48 @@ fn node_config(certs: &Certs, seeds: Vec<SocketAddr>) -> NodeConfig {
 }
 
 async fn start(certs: &Certs, seeds: Vec<SocketAddr>) -> Node {
-    Node::start(node_config(certs, seeds)).await.unwrap()
+    let node = Node::start(node_config(certs, seeds)).await.unwrap();
+    let mut tables = node.watch_slot_table();
+    tokio::spawn(async move {
+        while tables.changed().await.is_ok() {
+            PULSE.notify_waiters();
+        }
+    });
+    node
 }
 
-/// Polls `done` until it holds, failing after `PATIENCE`.
+/// A client whose table changes wake `eventually`.
+async fn connect(nodes: &[SocketAddr], config: ClientConfig) -> Client {
+    let client = Client::connect(nodes, config).await.unwrap();
+    let mut changes = client.table_changes();
+    tokio::spawn(async move {
+        while changes.changed().await {
+            PULSE.notify_waiters();
+        }
+    });
+    client
+}
+
+/// Rung whenever something a test waits on may have changed: a node's or a client's slot table,
+/// or a check the load recorded. Waiters re-check their condition, so a wake-up meant for
+/// another test only costs a look.
+static PULSE: Notify = Notify::const_new();
+
+/// Waits until `done` holds, re-checking it at every `PULSE`; fails after `PATIENCE`.
 async fn eventually(what: &str, mut done: impl FnMut() -> bool) -> Duration {
     let started = Instant::now();
-    while !done() {
-        assert!(started.elapsed() < PATIENCE, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
+    loop {
+        let pulse = PULSE.notified();
+        tokio::pin!(pulse);
+        // Registered before the check, so a change between the check and the wait still wakes.
+        pulse.as_mut().enable();
+        if done() {
+            return started.elapsed();
+        }
+        let left = PATIENCE.saturating_sub(started.elapsed());
+        assert!(!left.is_zero(), "timed out waiting for {what}");
+        let _ = tokio::time::timeout(left, pulse).await;
     }
-    started.elapsed()
 }
 
 /// True when every node sees exactly `nodes` as the owners, with one table version.
@@ -99,9 +134,7 @@ fn fast_config(certs: &Certs) -> ClientConfig {
 async fn a_client_given_one_node_discovers_the_rest_and_routes_each_key_to_its_owner() {
     let certs = certs();
     let nodes = cluster(&certs, 3).await;
-    let client = Client::connect(&[nodes[1].local_addr()], client_config(&certs))
-        .await
-        .unwrap();
+    let client = connect(&[nodes[1].local_addr()], client_config(&certs)).await;
     eventually("the client to route by the cluster's table", || {
         client_routes_by(&client, &nodes[0]) && client.nodes().len() == 3
     })
@@ -214,9 +247,7 @@ async fn concurrent_clients_on_different_nodes_admit_exactly_the_limit() {
     // A client connected while its node was alone: its first table names only that node, so
     // it starts sending everything there, which forwards to the owners.
     let first = start(&certs, Vec::new()).await;
-    let stale = Client::connect(&[first.local_addr()], client_config(&certs))
-        .await
-        .unwrap();
+    let stale = connect(&[first.local_addr()], client_config(&certs)).await;
     let seed = first.local_addr();
     let nodes = vec![
         first,
@@ -229,11 +260,7 @@ async fn concurrent_clients_on_different_nodes_admit_exactly_the_limit() {
     .await;
     let mut clients = vec![stale];
     for node in &nodes {
-        clients.push(
-            Client::connect(&[node.local_addr()], client_config(&certs))
-                .await
-                .unwrap(),
-        );
+        clients.push(connect(&[node.local_addr()], client_config(&certs)).await);
     }
     let keys = Arc::new(keys());
     let allowed: Arc<Vec<AtomicU64>> = Arc::new((0..KEYS).map(|_| AtomicU64::new(0)).collect());
@@ -374,6 +401,7 @@ fn load(clients: &[Client], tasks: usize, tally: &Arc<Tally>) -> tokio::task::Jo
                             eprintln!("check error: {e}");
                         }
                     }
+                    PULSE.notify_waiters();
                     i = (i + 1) % KEYS;
                 }
             });
@@ -425,12 +453,8 @@ async fn a_crashed_owners_keys_move_within_seconds_and_over_admit_at_most_a_burs
     let config = fast_config(&certs);
     let timeout = config.timeout;
     let clients = vec![
-        Client::connect(&[nodes[0].local_addr()], config.clone())
-            .await
-            .unwrap(),
-        Client::connect(&[nodes[2].local_addr()], config)
-            .await
-            .unwrap(),
+        connect(&[nodes[0].local_addr()], config.clone()).await,
+        connect(&[nodes[2].local_addr()], config).await,
     ];
     for client in &clients {
         eventually("clients to route by the table", || {
@@ -506,12 +530,8 @@ async fn a_rolling_restart_over_admits_nothing_and_fails_no_check() {
     let mut config = client_config(&certs);
     config.timeout = Duration::from_millis(500);
     let clients = vec![
-        Client::connect(&[nodes[0].local_addr()], config.clone())
-            .await
-            .unwrap(),
-        Client::connect(&[nodes[1].local_addr(), nodes[2].local_addr()], config)
-            .await
-            .unwrap(),
+        connect(&[nodes[0].local_addr()], config.clone()).await,
+        connect(&[nodes[1].local_addr(), nodes[2].local_addr()], config).await,
     ];
     for client in &clients {
         eventually("clients to route by the table", || {
@@ -586,12 +606,8 @@ async fn a_joining_node_takes_a_quarter_of_the_slots_and_nothing_is_over_admitte
     let mut config = client_config(&certs);
     config.timeout = Duration::from_millis(500);
     let clients = vec![
-        Client::connect(&[nodes[0].local_addr()], config.clone())
-            .await
-            .unwrap(),
-        Client::connect(&[nodes[2].local_addr()], config)
-            .await
-            .unwrap(),
+        connect(&[nodes[0].local_addr()], config.clone()).await,
+        connect(&[nodes[2].local_addr()], config).await,
     ];
     for client in &clients {
         eventually("clients to route by the table", || {

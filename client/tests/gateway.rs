@@ -4,7 +4,7 @@
 //!
 //! Each test starts its own node(s) on 127.0.0.1:0 with `--rules`, a gateway (the example's
 //! `app.rs`) connected to them with the real client, and sends hand-written HTTP/1.1 requests.
-//! Nothing sleeps to synchronize: waits are for events, polled and bounded by `PATIENCE`.
+//! Nothing sleeps to synchronize: waits are for change events (slot tables, rules), bounded.
 //!
 //! On exact counts under GCRA: a bucket of `burst` refills one unit per `period / rate`, so a
 //! sequence of requests admits exactly `burst` only if it finishes within one interval (600 ms
@@ -200,20 +200,46 @@ fn problem_429(rule: &str, retry: u64) -> String {
     )
 }
 
-/// Polls `done` every 20 ms until it holds, bounded by `bound`; returns the time it took.
-async fn eventually<F, Fut>(bound: Duration, mut done: F) -> Duration
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let started = Instant::now();
-    loop {
-        if done().await {
-            return started.elapsed();
-        }
-        assert!(started.elapsed() < bound, "not within {bound:?}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
+/// Something that wakes when what a test waits on may have changed.
+trait Changes {
+    /// Waits for the next change; false once its source is gone.
+    async fn next(&mut self) -> bool;
+}
+
+impl Changes for floodgate_client::TableChanges {
+    async fn next(&mut self) -> bool {
+        self.changed().await
     }
+}
+
+impl Changes for floodgate_client::PolicyChanges {
+    async fn next(&mut self) -> bool {
+        self.changed().await
+    }
+}
+
+impl<T> Changes for watch::Receiver<T> {
+    async fn next(&mut self) -> bool {
+        self.changed().await.is_ok()
+    }
+}
+
+/// Waits until `done()` holds, re-checking it after each change of `changes` (a new slot table,
+/// new rules, a rules edit), bounded by `bound`; returns the time it took.
+async fn until(
+    bound: Duration,
+    changes: &mut impl Changes,
+    mut done: impl FnMut() -> bool,
+) -> Duration {
+    let started = Instant::now();
+    while !done() {
+        let left = bound.saturating_sub(started.elapsed());
+        assert!(!left.is_zero(), "not within {bound:?}");
+        if let Ok(alive) = tokio::time::timeout(left, changes.next()).await {
+            assert!(alive, "what the test waits on is gone");
+        }
+    }
+    started.elapsed()
 }
 
 /// Rule `holds` (POST /v1/events/*/holds, 5/min per user): five pass, the sixth gets a 429 with
@@ -513,7 +539,8 @@ async fn a_denied_request_consumes_nothing_from_rules_on_other_nodes() {
             .map(|i| owners(&format!("u-split-{i}")))
             .find(|(a, b, _)| a != b)
     };
-    eventually(PATIENCE, || std::future::ready(split().is_some())).await;
+    let mut tables = client.table_changes();
+    until(PATIENCE, &mut tables, || split().is_some()).await;
     let (holds, user_endpoint, info) = split().unwrap();
     assert_ne!(holds, user_endpoint);
     let user = info.user.clone().unwrap();
@@ -607,22 +634,30 @@ async fn rule_edits_apply_without_restart_and_broken_files_are_rejected() {
     assert_eq!(allowed, 3);
     let v1 = stack.limiter.policy_version().unwrap();
 
+    let mut policies = stack.limiter.policy_changes();
     write_rules(&stack.rules, &RELOAD_RULES.replace("3/min", "6/min"));
-    let mut n = 0;
+    // Requests keep being answered while the edit travels from the file to the gateway.
     let gateway = &stack;
-    let took = eventually(Duration::from_secs(3), || {
-        n += 1;
+    let probe = |n: u32| {
         let user = format!("probe-{n}");
         async move {
             let response = gateway
                 .send("GET", "/v1/items", &[("X-User-Id", user.as_str())])
                 .await;
-            // No failed request while the rules change.
             assert_eq!(response.status, 200, "{response:?}");
-            response.header("ratelimit-policy") == Some("\"items\";q=6;w=60")
+            response
         }
+    };
+    probe(0).await;
+    let took = until(Duration::from_secs(3), &mut policies, || {
+        stack.limiter.policy_version().as_ref() != Some(&v1)
     })
     .await;
+    let response = probe(1).await;
+    assert_eq!(
+        response.header("ratelimit-policy"),
+        Some("\"items\";q=6;w=60")
+    );
     assert!(took <= Duration::from_secs(3));
     let v2 = stack.limiter.policy_version().unwrap();
     assert_ne!(v1, v2);
@@ -640,11 +675,8 @@ async fn rule_edits_apply_without_restart_and_broken_files_are_rejected() {
     // A broken edit: the node rejects it (with line and column) and the old rules stay.
     write_rules(&stack.rules, &RELOAD_RULES.replace("3/min", "lots"));
     let rules = stack.nodes[0].rules().unwrap().clone();
-    eventually(PATIENCE, || {
-        let rules = rules.clone();
-        async move { rules.rejected() >= 1 }
-    })
-    .await;
+    let mut reloads = rules.watch_reloads();
+    until(PATIENCE, &mut reloads, || rules.rejected() >= 1).await;
     let error = rules.last_error().unwrap();
     assert!(error.contains("rules.yaml:5:12"), "{error}");
     assert_eq!(rules.current().version(), v2);

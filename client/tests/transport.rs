@@ -8,6 +8,8 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::sync::Notify;
+
 use common::*;
 use floodgate::Decision;
 use floodgate::wire::{
@@ -19,13 +21,13 @@ use floodgate_client::{
 };
 
 /// How a scripted node treats each frame.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 enum Script {
     /// Reads every frame, answers none.
     Silent,
     /// Answers every check "allowed, remaining = the frame's request id", the first frame of
-    /// each stream only after this delay.
-    SlowFirst(Duration),
+    /// each stream only once the test releases it (after its callers have timed out).
+    HoldFirst(Arc<Notify>),
 }
 
 /// A QUIC endpoint with the dev node certificate that follows `script`.
@@ -46,10 +48,11 @@ fn scripted_node(certs: &Certs, script: Script) -> SocketAddr {
     let addr = endpoint.local_addr().unwrap();
     tokio::spawn(async move {
         while let Some(incoming) = endpoint.accept().await {
+            let script = script.clone();
             tokio::spawn(async move {
                 let Ok(conn) = incoming.await else { return };
                 while let Ok((send, recv)) = conn.accept_bi().await {
-                    tokio::spawn(serve_stream(send, recv, script));
+                    tokio::spawn(serve_stream(send, recv, script.clone()));
                 }
             });
         }
@@ -63,12 +66,15 @@ async fn serve_stream(mut send: quinn::SendStream, mut recv: quinn::RecvStream, 
     while let Ok(Some(chunk)) = recv.read_chunk(usize::MAX, true).await {
         reader.extend(&chunk.bytes);
         while let Ok(Some(frame)) = reader.next_frame() {
-            let Script::SlowFirst(delay) = script else {
+            let Script::HoldFirst(release) = &script else {
                 continue;
             };
+            // Only check batches are scripted (the client also asks for a slot table).
+            if frame.kind != FrameKind::CheckBatch {
+                continue;
+            }
             if std::mem::take(&mut first) {
-                // The scripted slowness under test, not a wait for an event.
-                tokio::time::sleep(delay).await;
+                release.notified().await;
             }
             let groups = decode_check_batch(&frame.payload, &WireLimits::default()).unwrap();
             let allowed = Decision::Allowed {
@@ -133,15 +139,17 @@ async fn a_silent_node_times_calls_out_then_opens_the_breaker() {
 #[tokio::test]
 async fn a_late_answer_is_dropped_not_given_to_the_next_caller() {
     let certs = certs();
-    let addr = scripted_node(&certs, Script::SlowFirst(Duration::from_millis(400)));
+    let release = Arc::new(Notify::new());
+    let addr = scripted_node(&certs, Script::HoldFirst(release.clone()));
     let mut config = client_config(&certs);
     config.timeout = Duration::from_millis(300);
     config.streams_per_connection = 1;
     let client = Client::connect(&[addr], config).await.unwrap();
     let first = one(&client, &closed_check()).await;
     assert_eq!(first.source, Source::FailClosed(DegradedReason::Timeout));
-    // Sent once the late answer to request 1 is in (at 400 ms, well before this call's
-    // deadline at about 600 ms), on the same stream.
+    // The answer to request 1 arrives late, now; the next call goes out on the same stream once
+    // it is in, well within its own deadline.
+    release.notify_one();
     let second = one(&client, &closed_check()).await;
     assert_eq!(second.source, Source::Node);
     assert_eq!(second.decision.remaining(), 2, "the answer to request 2");

@@ -9,7 +9,6 @@
 //! is ever served.
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
 use std::time::{Duration, SystemTime};
 
@@ -59,14 +58,21 @@ pub enum ReloadOutcome {
     Rejected { error: String },
 }
 
+/// Counts of edits to the rules file since start.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ReloadCounts {
+    pub applied: u64,
+    pub rejected: u64,
+}
+
 /// The rules in force on this node, swapped whole on reload (a request sees one version).
 #[derive(Debug)]
 pub struct RulesHandle {
     path: PathBuf,
     current: RwLock<Arc<LoadedRules>>,
     watch: Mutex<WatchState>,
-    reloads: AtomicU64,
-    rejected: AtomicU64,
+    /// Edits applied and rejected since start; a watch, so tests and tools can await the next.
+    outcomes: watch::Sender<ReloadCounts>,
     last_error: Mutex<Option<String>>,
 }
 
@@ -105,8 +111,7 @@ impl RulesHandle {
                 seen: metadata(path),
                 ..WatchState::default()
             }),
-            reloads: AtomicU64::new(0),
-            rejected: AtomicU64::new(0),
+            outcomes: watch::Sender::new(ReloadCounts::default()),
             last_error: Mutex::new(None),
         });
         let current = handle.current();
@@ -131,12 +136,17 @@ impl RulesHandle {
 
     /// Successful reloads since start (the first load not counted).
     pub fn reloads(&self) -> u64 {
-        self.reloads.load(Ordering::Relaxed)
+        self.outcomes.borrow().applied
     }
 
     /// Rejected edits since start.
     pub fn rejected(&self) -> u64 {
-        self.rejected.load(Ordering::Relaxed)
+        self.outcomes.borrow().rejected
+    }
+
+    /// Wakes after every applied or rejected edit.
+    pub fn watch_reloads(&self) -> watch::Receiver<ReloadCounts> {
+        self.outcomes.subscribe()
     }
 
     /// The rendered error of the last rejected edit, if the file is still in that state.
@@ -185,7 +195,7 @@ impl RulesHandle {
                 watch.rejected_text = None;
                 watch.recheck = 0;
                 *lock(&self.last_error) = None;
-                self.reloads.fetch_add(1, Ordering::Relaxed);
+                self.outcomes.send_modify(|c| c.applied += 1);
                 counter!("floodgate_rules_reloads_total", "result" => "ok").increment(1);
                 publish_version(
                     Some(old.version()),
@@ -213,7 +223,7 @@ impl RulesHandle {
     fn reject(&self, watch: &mut WatchState, text: String, error: String) -> ReloadOutcome {
         watch.rejected_text = Some(text);
         watch.recheck = RECHECKS_AFTER_REJECT;
-        self.rejected.fetch_add(1, Ordering::Relaxed);
+        self.outcomes.send_modify(|c| c.rejected += 1);
         counter!("floodgate_rules_reloads_total", "result" => "rejected").increment(1);
         tracing::warn!(
             version = read(&self.current).version(),

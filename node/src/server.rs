@@ -43,6 +43,8 @@ pub(crate) struct Shared {
     pub(crate) cluster: Cluster,
     /// The rules file in force (`--rules`), served to clients and hot-reloaded.
     pub(crate) rules: Option<Arc<crate::rules::RulesHandle>>,
+    /// Buckets merged from peers (replicas and hand-offs) since start.
+    pub(crate) received: watch::Sender<u64>,
 }
 
 /// A running node. Dropping it without [`Node::shutdown`] aborts its tasks.
@@ -87,6 +89,7 @@ impl Node {
             ready: AtomicBool::new(true),
             cluster,
             rules,
+            received: watch::Sender::new(0),
             config,
         });
         let (shutdown, shutdown_rx) = watch::channel(false);
@@ -156,6 +159,12 @@ impl Node {
     /// The current slot table.
     pub fn slot_table(&self) -> Arc<floodgate::cluster::SlotTable> {
         self.shared.cluster.table()
+    }
+
+    /// Counts buckets merged from peers (replicas and hand-offs); await a change instead of
+    /// polling.
+    pub fn watch_received_buckets(&self) -> watch::Receiver<u64> {
+        self.shared.received.subscribe()
     }
 
     /// Every new slot table, as it is adopted (await `changed()` instead of polling).
@@ -466,6 +475,9 @@ async fn serve_peer_message(mut recv: quinn::RecvStream, shared: Arc<Shared>) {
                         &shared.metrics.received_replicas
                     };
                     counter.increment((buckets.len() - refused) as u64);
+                    shared
+                        .received
+                        .send_modify(|n| *n += (buckets.len() - refused) as u64);
                 }
                 Err((code, _)) => shared.metrics.frame_error(code),
             },

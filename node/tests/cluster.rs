@@ -128,11 +128,16 @@ async fn a_crash_loses_at_most_one_sync_interval_of_consumption() {
     assert_eq!(check(&victim, &first.certs, &key, &limit, 10).await, 10);
     // Let one replication round carry the state to the successor, then crash without a word.
     let mut tables = survivor.watch_slot_table();
+    let (mut at_survivor, mut at_first) = (
+        survivor.watch_received_buckets(),
+        first.node.watch_received_buckets(),
+    );
     tokio::time::timeout(Duration::from_secs(2), async {
-        // Two table changes cannot happen without a membership change, so wait on replication
-        // by checking the successor's buckets (bounded).
-        while survivor.live_buckets() + first.node.live_buckets() == 0 {
-            tokio::task::yield_now().await;
+        while *at_survivor.borrow_and_update() + *at_first.borrow_and_update() == 0 {
+            tokio::select! {
+                _ = at_survivor.changed() => {}
+                _ = at_first.changed() => {}
+            }
         }
     })
     .await
