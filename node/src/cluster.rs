@@ -332,10 +332,17 @@ impl Cluster {
         slots: impl Iterator<Item = u16> + Clone,
         now_ns: u64,
     ) {
+        // `now_ns` is when the frame was read; deadlines count from then, however often a
+        // hand-off from another peer wakes this loop.
+        let started = tokio::time::Instant::now();
         loop {
+            // Created before the look, so a hand-off arriving in between still wakes it.
             let notified = self.handoff_arrived.notified();
             let latest = {
                 let pending = self.pending.lock();
+                if pending.is_empty() {
+                    return;
+                }
                 slots
                     .clone()
                     .filter_map(|s| pending.get(&s))
@@ -344,8 +351,8 @@ impl Cluster {
                     .max()
             };
             let Some(until) = latest else { return };
-            let wait = std::time::Duration::from_nanos(until - now_ns);
-            if tokio::time::timeout(wait, notified).await.is_err() {
+            let deadline = started + std::time::Duration::from_nanos(until - now_ns);
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
                 self.pending.lock().retain(|_, (_, end)| *end > until);
                 return;
             }

@@ -57,33 +57,50 @@ pub(crate) async fn answer_check_batch(
     // Owner of each group: where its first key lives (a client groups keys of one owner). A
     // forwarded batch is decided here whatever the table says: it is never forwarded twice.
     let mut remote: BTreeMap<String, Vec<usize>> = BTreeMap::new();
-    let mut answers: Vec<Option<Vec<WireDecision>>> = vec![None; groups.len()];
+    let mut local = Vec::with_capacity(groups.iter().map(Vec::len).sum());
+    let mut placed = Vec::with_capacity(groups.len());
     let mut tally = DecisionTally::default();
     for (i, group) in groups.iter().enumerate() {
         match table.owner(group[0].key.slot()) {
             Some(owner) if owner != me && frame.kind == FrameKind::CheckBatch => {
                 remote.entry(owner.to_owned()).or_default().push(i);
+                placed.push(Placed::Forwarded(None));
             }
-            _ => answers[i] = Some(decide_here(shared, &mut tally, now_ns, group)),
+            _ => {
+                let start = local.len();
+                decide_group(&shared.store, &mut tally, now_ns, group, &mut local);
+                placed.push(Placed::Here(start..local.len()));
+            }
         }
     }
-    if !remote.is_empty() {
-        forward(shared, frame, &groups, &remote, &mut answers).await;
-    }
-    let mut decisions = Vec::with_capacity(groups.iter().map(Vec::len).sum());
-    // A node that has left (it is not in its own table) must not decide: its buckets are gone
-    // to their new owners, so a decision here would be fresh. The client's failure mode decides.
-    let leaving = !table.nodes().iter().any(|n| n == me);
-    for (group, answer) in groups.iter().zip(answers) {
-        let decided = match answer {
-            Some(decided) => decided,
-            None if leaving => vec![WireDecision::error(ErrorCode::ShuttingDown); group.len()],
-            // An owner that did not answer: decide here (availability over exactness; these
-            // buckets replicate to the owner like any other).
-            None => decide_here(shared, &mut tally, now_ns, group),
-        };
-        decisions.extend(decided);
-    }
+    let decisions = if remote.is_empty() {
+        local
+    } else {
+        forward(shared, frame, &groups, &remote, &mut placed).await;
+        // A node that has left (it is not in its own table) must not decide: its buckets are
+        // gone to their new owners, so a decision here would be fresh. The client's failure mode
+        // decides instead.
+        let leaving = !table.nodes().iter().any(|n| n == me);
+        let mut decisions = Vec::with_capacity(local.capacity());
+        for (group, place) in groups.iter().zip(placed) {
+            match place {
+                Placed::Here(range) => decisions.extend_from_slice(&local[range]),
+                Placed::Forwarded(Some(answer)) => decisions.extend(answer),
+                Placed::Forwarded(None) if leaving => {
+                    decisions.extend(std::iter::repeat_n(
+                        WireDecision::error(ErrorCode::ShuttingDown),
+                        group.len(),
+                    ));
+                }
+                // An owner that did not answer: decide here (availability over exactness;
+                // these buckets replicate to the owner like any other).
+                Placed::Forwarded(None) => {
+                    decide_group(&shared.store, &mut tally, now_ns, group, &mut decisions)
+                }
+            }
+        }
+        decisions
+    };
     finish_batch(
         &shared.metrics,
         &tally,
@@ -95,25 +112,21 @@ pub(crate) async fn answer_check_batch(
     None
 }
 
-fn decide_here(
-    shared: &Shared,
-    tally: &mut DecisionTally,
-    now_ns: u64,
-    group: &[ValidCheck],
-) -> Vec<WireDecision> {
-    let mut decisions = Vec::with_capacity(group.len());
-    decide_group(&shared.store, tally, now_ns, group, &mut decisions);
-    decisions
+/// Where a group's decisions are: decided here (a range of the local decisions), or expected
+/// from its owner (`None` until an answer arrives in time).
+enum Placed {
+    Here(std::ops::Range<usize>),
+    Forwarded(Option<Vec<WireDecision>>),
 }
 
-/// Sends each owner its groups (re-encoded from the validated archive) and fills `answers`
+/// Sends each owner its groups (re-encoded from the validated archive) and fills `placed`
 /// with what comes back in time.
 async fn forward(
     shared: &Shared,
     frame: &Frame,
     groups: &[Vec<ValidCheck>],
     remote: &BTreeMap<String, Vec<usize>>,
-    answers: &mut [Option<Vec<WireDecision>>],
+    placed: &mut [Placed],
 ) {
     // Already validated by decode_frame, so this access succeeds.
     let Ok(archived) = rkyv::access::<ArchivedCheckBatch, rancor::Error>(&frame.payload) else {
@@ -157,7 +170,7 @@ async fn forward(
         }
         let mut rest = decisions.as_slice();
         for (&i, size) in indices.iter().zip(sizes) {
-            answers[i] = Some(rest[..size].to_vec());
+            placed[i] = Placed::Forwarded(Some(rest[..size].to_vec()));
             rest = &rest[size..];
         }
     }

@@ -398,31 +398,26 @@ async fn answer(
     out: &mut Vec<u8>,
 ) -> Option<ErrorCode> {
     let cluster = &shared.cluster;
-    if matches!(
-        frame.kind,
-        FrameKind::CheckBatch | FrameKind::ForwardedCheckBatch
-    ) {
-        cluster.wait_until_joined().await;
-    }
     match frame.kind {
-        // The common case, a node alone or every group here, stays synchronous.
-        // In a cluster, forwarded batches too: they may wait for a hand-off (never forwarded on).
-        FrameKind::CheckBatch | FrameKind::ForwardedCheckBatch
-            if cluster.table().nodes().len() > 1 =>
-        {
-            forward::answer_check_batch(shared, frame, now_ns, out).await
-        }
         FrameKind::CheckBatch | FrameKind::ForwardedCheckBatch => {
-            let version = cluster.table().version();
-            answer_frame(
-                &shared.store,
-                &shared.config.limits.wire(),
-                &shared.metrics,
-                now_ns,
-                version,
-                frame,
-                out,
-            )
+            cluster.wait_until_joined().await;
+            let table = cluster.table();
+            if table.nodes().len() > 1 {
+                // Groups may belong to other nodes, and gained slots may wait for a hand-off.
+                forward::answer_check_batch(shared, frame, now_ns, out).await
+            } else {
+                // A node alone decides everything here, synchronously.
+                let limits = shared.config.limits.wire();
+                answer_frame(
+                    &shared.store,
+                    &limits,
+                    &shared.metrics,
+                    now_ns,
+                    table.version(),
+                    frame,
+                    out,
+                )
+            }
         }
         FrameKind::PolicyRequest => {
             crate::rules::answer_policy_request(shared.rules.as_deref(), frame, out)

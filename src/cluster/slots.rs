@@ -88,6 +88,8 @@ const NONE: u16 = u16::MAX;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SlotTable {
     epoch: u64,
+    /// A hash of the node ids (see [`SlotTable::version`]), computed once: answers carry it.
+    version: u64,
     /// Node ids, sorted; `owner` and `successor` index into it.
     nodes: Vec<String>,
     owner: Vec<u16>,
@@ -116,8 +118,14 @@ impl SlotTable {
                 }
             }
         }
+        let version = if nodes.is_empty() {
+            0
+        } else {
+            xxh3_64(nodes.join("\0").as_bytes()).max(1)
+        };
         SlotTable {
             epoch,
+            version,
             nodes,
             owner,
             successor,
@@ -130,10 +138,7 @@ impl SlotTable {
 
     /// Equal for every node with the same owners, whatever their epochs: a hash of the ids.
     pub fn version(&self) -> u64 {
-        if self.nodes.is_empty() {
-            return 0;
-        }
-        xxh3_64(self.nodes.join("\0").as_bytes()).max(1)
+        self.version
     }
 
     pub fn nodes(&self) -> &[String] {

@@ -64,24 +64,23 @@ impl Shard {
         match limit.algorithm() {
             Algorithm::Gcra => {
                 let entry = self.gcra.find(key)?;
-                let mut tat = entry.tat_ns.load(Ordering::Relaxed);
-                loop {
-                    let (decision, new_tat) = gcra::decide(limit, tat, now_ns, cost);
-                    let Some(new_tat) = new_tat else {
-                        return Some((decision, Undo::Nothing));
-                    };
-                    match entry.tat_ns.compare_exchange_weak(
-                        tat,
-                        new_tat,
-                        Ordering::Relaxed,
-                        Ordering::Relaxed,
-                    ) {
-                        Ok(_) => {
-                            entry.mark_dirty();
-                            return Some((decision, Undo::Gcra { tat_ns: tat }));
-                        }
-                        Err(actual) => tat = actual,
+                // Compare-and-swap, retried on a race; the closure runs at least once, so
+                // `decision` is always set. Relaxed suffices: the TAT is the whole state.
+                let mut decision = Decision::CostExceedsBurst { burst: 0 };
+                let stored =
+                    entry
+                        .tat_ns
+                        .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |tat| {
+                            let (decided, new_tat) = gcra::decide(limit, tat, now_ns, cost);
+                            decision = decided;
+                            new_tat
+                        });
+                match stored {
+                    Ok(tat_ns) => {
+                        entry.mark_dirty();
+                        Some((decision, Undo::Gcra { tat_ns }))
                     }
+                    Err(_) => Some((decision, Undo::Nothing)),
                 }
             }
             Algorithm::FixedWindow | Algorithm::SlidingWindow => {
@@ -189,21 +188,14 @@ impl Shard {
                     return;
                 };
                 let back = cost.min(limit.burst()) * limit.interval_ns();
-                let mut tat = entry.tat_ns.load(Ordering::Relaxed);
-                while tat > now_ns {
-                    let new_tat = tat.saturating_sub(back).max(now_ns);
-                    match entry.tat_ns.compare_exchange_weak(
-                        tat,
-                        new_tat,
-                        Ordering::Relaxed,
-                        Ordering::Relaxed,
-                    ) {
-                        Ok(_) => {
-                            entry.mark_dirty();
-                            return;
-                        }
-                        Err(actual) => tat = actual,
-                    }
+                let refunded =
+                    entry
+                        .tat_ns
+                        .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |tat| {
+                            (tat > now_ns).then(|| tat.saturating_sub(back).max(now_ns))
+                        });
+                if refunded.is_ok() {
+                    entry.mark_dirty();
                 }
             }
             Algorithm::FixedWindow | Algorithm::SlidingWindow => {

@@ -68,7 +68,14 @@ Exit status: 0 when a node gave its table, 2 on error (bad arguments, no node an
 
 #[derive(Debug, Args)]
 struct StatusArgs {
-    /// Node address, HOST:PORT (repeat for several; the first that answers is used).
+    #[command(flatten)]
+    connection: ConnectionArgs,
+}
+
+/// How to reach the nodes: shared by every subcommand that talks to them.
+#[derive(Debug, Args)]
+struct ConnectionArgs {
+    /// Node address, HOST:PORT (repeat for several; any one is enough, the rest are discovered).
     #[arg(long, required = true, value_parser = parse_node)]
     node: Vec<SocketAddr>,
     /// PEM file of the CA that signs the node certificates.
@@ -80,7 +87,7 @@ struct StatusArgs {
     /// Key of the client certificate (PEM).
     #[arg(long, requires = "client_cert")]
     client_key: Option<PathBuf>,
-    /// Longest wait for each node's connection and answer, e.g. 500ms, 2s.
+    /// Longest wait for each answer and for the connection, e.g. 500ms, 2s.
     #[arg(long, default_value = "2s", value_parser = parse_duration_arg)]
     timeout: Duration,
     /// Name the node's certificate must carry.
@@ -90,12 +97,8 @@ struct StatusArgs {
 
 #[derive(Debug, Args)]
 struct CheckArgs {
-    /// Node address, HOST:PORT (repeat for several nodes; the key picks one).
-    #[arg(long, required = true, value_parser = parse_node)]
-    node: Vec<SocketAddr>,
-    /// PEM file of the CA that signs the node certificates.
-    #[arg(long)]
-    ca: PathBuf,
+    #[command(flatten)]
+    connection: ConnectionArgs,
     /// The key to check; its bytes are the bucket's identity on the node.
     key: String,
     /// The rate: N/s, N/min, N/h, N/d, or N per a duration (5/10s).
@@ -113,18 +116,6 @@ struct CheckArgs {
     /// Number of checks to send.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
     count: u64,
-    /// Client certificate (PEM), for nodes that require mutual TLS.
-    #[arg(long, requires = "client_key")]
-    client_cert: Option<PathBuf>,
-    /// Key of the client certificate (PEM).
-    #[arg(long, requires = "client_cert")]
-    client_key: Option<PathBuf>,
-    /// Longest wait for each answer and for the connection, e.g. 500ms, 2s.
-    #[arg(long, default_value = "2s", value_parser = parse_duration_arg)]
-    timeout: Duration,
-    /// Name the node's certificate must carry.
-    #[arg(long, default_value = "localhost")]
-    server_name: String,
 }
 
 /// HOST:PORT, resolved; IPv4 preferred, since `localhost` often lists `::1` first while nodes
@@ -165,7 +156,9 @@ impl CheckArgs {
         Limit::new(self.algorithm, rate, period_ns, self.burst.unwrap_or(rate))
             .map_err(|e| format!("invalid --limit/--burst: {e}"))
     }
+}
 
+impl ConnectionArgs {
     fn client_config(&self) -> ClientConfig {
         let mut config = ClientConfig::with_ca_file(&self.ca);
         config.client_auth = match (&self.client_cert, &self.client_key) {
@@ -235,16 +228,8 @@ fn main() -> ExitCode {
 
 /// Fetches one node's slot table and prints it.
 async fn run_status(args: &StatusArgs, out: &mut impl Write) -> Result<(), String> {
-    let mut config = ClientConfig::with_ca_file(&args.ca);
-    if let (Some(cert), Some(key)) = (&args.client_cert, &args.client_key) {
-        config.client_auth = Some(ClientAuth {
-            cert: cert.clone(),
-            key: key.clone(),
-        });
-    }
-    config.server_name = args.server_name.clone();
-    config.timeout = args.timeout;
-    config.connect_timeout = args.timeout;
+    let args = &args.connection;
+    let config = args.client_config();
     let table = floodgate_client::fetch_slot_table(&args.node, &config)
         .await
         .map_err(|e| e.to_string())?;
@@ -324,9 +309,10 @@ fn format_status(table: &ClusterTable) -> String {
 /// Sends the checks; `Ok(allowed)` is the last decision, `Err` a message for stderr.
 async fn run_check(args: &CheckArgs, out: &mut impl Write) -> Result<bool, String> {
     let limit = args.limit()?;
-    let client = floodgate_client::Client::connect(&args.node, args.client_config())
-        .await
-        .map_err(|e| e.to_string())?;
+    let client =
+        floodgate_client::Client::connect(&args.connection.node, args.connection.client_config())
+            .await
+            .map_err(|e| e.to_string())?;
     // Closed: a node we cannot reach must never look like an `allow`; the source then turns
     // it into an error (exit 2) rather than a `deny`.
     let check = Check::new(args.key.as_bytes(), limit)
@@ -425,11 +411,14 @@ mod tests {
     #[test]
     fn defaults_and_a_full_command_line() {
         let args = parse(&["user:1"]).unwrap();
-        assert_eq!(args.node, ["127.0.0.1:7100".parse::<SocketAddr>().unwrap()]);
+        assert_eq!(
+            args.connection.node,
+            ["127.0.0.1:7100".parse::<SocketAddr>().unwrap()]
+        );
         assert_eq!(args.limit, (10, 1_000_000_000));
         assert_eq!(args.algorithm, Algorithm::Gcra);
         assert_eq!((args.cost, args.count, args.burst), (1, 1, None));
-        assert_eq!(args.timeout, Duration::from_secs(2));
+        assert_eq!(args.connection.timeout, Duration::from_secs(2));
         assert_eq!(
             args.limit().unwrap(),
             Limit::gcra(10, 1_000_000_000, 10).unwrap()
@@ -453,8 +442,8 @@ mod tests {
         .unwrap();
         assert_eq!(args.algorithm, Algorithm::SlidingWindow);
         assert_eq!((args.cost, args.count), (3, 5));
-        assert_eq!(args.timeout, Duration::from_millis(250));
-        let config = args.client_config();
+        assert_eq!(args.connection.timeout, Duration::from_millis(250));
+        let config = args.connection.client_config();
         assert_eq!(config.timeout, Duration::from_millis(250));
         assert_eq!(config.client_auth.unwrap().key, PathBuf::from("c.key"));
     }
