@@ -6,18 +6,20 @@
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use anyhow::Context;
 use floodgate::cluster::{Gossip, MemberInfo, Membership, MembershipConfig, SlotTable};
 use floodgate::wire::{
-    FrameKind, ReplicateMessage, SlotTableMessage, TableMember, WireBucket, encode_message,
-    member_state_to_wire,
+    FrameKind, HandoffPart, ReplicateMessage, SlotTableMessage, TableMember, WireBucket,
+    encode_message, member_state_to_wire,
 };
 use floodgate::{BucketState, Clock};
 use parking_lot::Mutex;
 use tokio::sync::watch;
 
+use crate::handoff::Handoffs;
 use crate::server::Shared;
 
 /// Most buckets in one replication or hand-off frame (keeps frames well under the frame limit).
@@ -28,6 +30,8 @@ const JOIN_WAIT: Duration = Duration::from_secs(1);
 const HANDOFF_WAIT_NS: u64 = 500_000_000;
 /// Longest a message to a peer may take before it is given up.
 const PEER_TIMEOUT: Duration = Duration::from_secs(1);
+/// How many earlier table versions a node remembers (to tell a peer that is behind).
+const PAST_VERSIONS: usize = 32;
 
 /// How this node takes part in a cluster.
 #[derive(Debug, Clone)]
@@ -140,18 +144,35 @@ pub(crate) struct Cluster {
     /// The current table; a watch so tests and tools can await changes instead of polling.
     table: watch::Sender<Arc<SlotTable>>,
     pub(crate) peers: Arc<Peers>,
-    /// Slots this node just gained from a live previous owner, until that owner's hand-off
-    /// arrives (or the deadline passes): checks on them wait, so the bucket is never decided
-    /// fresh while its state is on the way.
-    pending: Mutex<HashMap<u16, (String, u64)>>,
+    /// Slots this node just gained from a previous owner that hands them over, until that
+    /// hand-off arrives (or the deadline passes): checks on them wait, so the bucket is never
+    /// decided fresh while its state is on the way.
+    handoffs: Mutex<Handoffs>,
     handoff_arrived: tokio::sync::Notify,
-    /// When each peer's last hand-off arrived: one that came before this node adopted the table
-    /// that expects it counts.
-    handoffs_seen: Mutex<HashMap<String, u64>>,
+    /// Versions of the tables this node had before its current one (the latest few): a peer
+    /// forwarding under one of them is behind this node.
+    past_versions: Mutex<std::collections::VecDeque<u64>>,
+    /// Ids of this node's hand-offs (starting from the start time, so a restart does not reuse
+    /// the ids of its previous life).
+    next_handoff_id: AtomicU64,
     /// Set while a node started with seeds has not yet heard from the cluster: its table of one
     /// is not real ownership, so its first real table's hand-over is computed against the
     /// cluster without it (what everybody else saw before it joined).
     joining: std::sync::atomic::AtomicBool,
+    /// Set when a joining node gave up waiting and decided alone: it may hold state for slots
+    /// others own, so it does not announce that it holds none.
+    decided_alone: std::sync::atomic::AtomicBool,
+    /// Held shared while a batch reads the table and decides its groups, exclusively while the
+    /// table is switched: once a switch returns, no decision made under the old table is still
+    /// in flight, so the hand-off exported after it holds every decision made here.
+    deciding: parking_lot::RwLock<()>,
+    /// One table update at a time (gossip, the gossip loop, a leave), so a leave's hand-off is
+    /// the one it waits for.
+    updating: Mutex<()>,
+    /// Slots this node handed to another owner and does not own again since: their state is
+    /// with the new owner, so this node never decides them (a peer with an older table that
+    /// forwards one here is told `not_owner`).
+    given_away: Mutex<Vec<bool>>,
 }
 
 impl Cluster {
@@ -188,10 +209,15 @@ impl Cluster {
                 config: peer_config,
                 connections: Mutex::new(HashMap::new()),
             }),
-            pending: Mutex::new(HashMap::new()),
+            handoffs: Mutex::new(Handoffs::default()),
             handoff_arrived: tokio::sync::Notify::new(),
-            handoffs_seen: Mutex::new(HashMap::new()),
+            past_versions: Mutex::new(std::collections::VecDeque::new()),
+            next_handoff_id: AtomicU64::new(now_ns),
             joining: std::sync::atomic::AtomicBool::new(!config.seeds.is_empty()),
+            decided_alone: std::sync::atomic::AtomicBool::new(false),
+            deciding: parking_lot::RwLock::new(()),
+            updating: Mutex::new(()),
+            given_away: Mutex::new(vec![false; floodgate::cluster::SLOTS]),
             config,
         }
     }
@@ -202,6 +228,67 @@ impl Cluster {
 
     pub(crate) fn watch_table(&self) -> watch::Receiver<Arc<SlotTable>> {
         self.table.subscribe()
+    }
+
+    /// Held while deciding: the table read under it stays this node's table until it is
+    /// dropped. Never held across an await.
+    pub(crate) fn deciding(&self) -> parking_lot::RwLockReadGuard<'_, ()> {
+        self.deciding.read()
+    }
+
+    /// True when this node handed `slot` to another owner and has not owned it again since.
+    pub(crate) fn gave_away(&self, slot: u16) -> bool {
+        self.given_away
+            .lock()
+            .get(usize::from(slot))
+            .copied()
+            .unwrap_or(false)
+    }
+
+    /// True when `version` is that of a table this node had before its current one.
+    pub(crate) fn had_version(&self, version: u64) -> bool {
+        version != self.table().version() && self.past_versions.lock().contains(&version)
+    }
+
+    /// Waits until `done` holds for this node's table, or `limit` passes.
+    pub(crate) async fn wait_for_table(&self, limit: Duration, done: impl Fn(&SlotTable) -> bool) {
+        let mut tables = self.watch_table();
+        let _ = tokio::time::timeout(limit, async {
+            while !done(&tables.borrow_and_update()) {
+                if tables.changed().await.is_err() {
+                    return;
+                }
+            }
+        })
+        .await;
+    }
+
+    /// Makes `new` this node's table once no decision under the old one is in flight, and
+    /// records the slots it gives away. Returns the old table.
+    fn switch_table(&self, new: Arc<SlotTable>) -> Arc<SlotTable> {
+        let _no_decisions = self.deciding.write();
+        let old = self.table.send_replace(new.clone());
+        if old.version() != new.version() {
+            let mut past = self.past_versions.lock();
+            past.retain(|v| *v != old.version());
+            past.push_back(old.version());
+            if past.len() > PAST_VERSIONS {
+                past.pop_front();
+            }
+        }
+        let me = Some(self.me.id.as_str());
+        let mut given_away = self.given_away.lock();
+        let mut handoffs = self.handoffs.lock();
+        for (slot, given) in given_away.iter_mut().enumerate() {
+            let slot = slot as u16;
+            if new.owner(slot) == me {
+                *given = false;
+            } else if old.owner(slot) == me {
+                *given = true;
+                handoffs.gave_away(slot);
+            }
+        }
+        old
     }
 
     /// While a node started with seeds has not heard from the cluster, its table of one is not
@@ -219,6 +306,10 @@ impl Cluster {
             }
         })
         .await;
+        if self.joining.load(std::sync::atomic::Ordering::Relaxed) {
+            self.decided_alone
+                .store(true, std::sync::atomic::Ordering::Relaxed);
+        }
     }
 
     /// The address of the member with this id.
@@ -227,8 +318,9 @@ impl Cluster {
     }
 
     pub(crate) fn handle_gossip(&self, shared: &Shared, now_ns: u64, gossip: &Gossip) {
-        self.membership.lock().handle_gossip(now_ns, gossip);
-        self.refresh_table(shared, now_ns);
+        drop(self.update_table(shared, now_ns, |membership| {
+            membership.handle_gossip(now_ns, gossip)
+        }));
     }
 
     /// The slot table and members, as clients and `floodgate status` receive them.
@@ -262,66 +354,95 @@ impl Cluster {
         }
     }
 
-    /// Recomputes the slot table when the owners changed, and hands the buckets of every slot
-    /// this node no longer owns to its new owner.
-    fn refresh_table(&self, shared: &Shared, now_ns: u64) {
+    /// Applies `change` to the membership; when the owners changed, switches to the new slot
+    /// table and hands the buckets of every slot this node no longer owns to its new owner.
+    /// Returns the hand-off sends (already running).
+    fn update_table(
+        &self,
+        shared: &Shared,
+        now_ns: u64,
+        change: impl FnOnce(&mut Membership),
+    ) -> Vec<tokio::task::JoinHandle<()>> {
+        let _one_at_a_time = self.updating.lock();
         let (epoch, owners) = {
-            let membership = self.membership.lock();
+            let mut membership = self.membership.lock();
+            change(&mut membership);
             (membership.epoch(), membership.owners())
         };
         let old = self.table();
         if old.epoch() == epoch {
-            return;
+            return Vec::new();
         }
         let new = Arc::new(SlotTable::compute(epoch, &owners));
-        if owners.len() > 1
+        // A node that just joined owned nothing before: its table of one was not ownership.
+        // What it gains comes from the cluster as it was without it.
+        let joined_now = owners.len() > 1
             && self
                 .joining
-                .swap(false, std::sync::atomic::Ordering::Relaxed)
-        {
+                .swap(false, std::sync::atomic::Ordering::Relaxed);
+        let before = if joined_now {
             let others: Vec<String> = owners
                 .iter()
                 .filter(|o| **o != self.me.id)
                 .cloned()
                 .collect();
-            self.expect_handoffs(&SlotTable::compute(0, &others), &new, now_ns);
+            Arc::new(SlotTable::compute(0, &others))
         } else {
-            self.expect_handoffs(&old, &new, now_ns);
-        }
-        self.table.send_replace(new.clone());
+            old
+        };
+        self.expect_handoffs(&before, &new, now_ns);
+        self.switch_table(new.clone());
         shared.metrics.table_epoch.set(epoch as f64);
         self.publish_members(shared);
         tracing::info!(epoch, owners = ?owners, "slot table changed");
-        // Sent in the background: the new owner merges whatever arrives (later TAT wins).
-        drop(self.hand_off(shared, &old, &new, now_ns));
+        // No decision under the old table is in flight any more: the export holds them all.
+        let mut sends = self.hand_off(shared, &before, &new, now_ns);
+        if joined_now
+            && !self
+                .decided_alone
+                .load(std::sync::atomic::Ordering::Relaxed)
+        {
+            sends.extend(self.announce_no_state(&new));
+        }
+        sends
     }
 
-    /// Marks the slots this node gains from a live previous owner as pending until that
-    /// owner's hand-off arrives (every node that loses slots to a live node sends one, empty or
-    /// not). Slots of a dead or departed node are not pending: the successor already holds the
-    /// replicas, or the hand-off came before the leave.
+    /// Tells every other member that this node, just joined, holds no state for the slots it
+    /// does not own: a member that expects a hand-off from it for one of them (because its
+    /// view had this node owning the slot before this node knew the cluster) need not wait.
+    fn announce_no_state(&self, table: &SlotTable) -> Vec<tokio::task::JoinHandle<()>> {
+        let me = Some(self.me.id.as_str());
+        let slots: Vec<u16> = (0..floodgate::cluster::SLOTS as u16)
+            .filter(|&s| table.owner(s) != me)
+            .collect();
+        let mut sends = Vec::new();
+        for node in table.nodes().iter().filter(|n| Some(n.as_str()) != me) {
+            let id = self.next_handoff_id.fetch_add(1, Ordering::Relaxed);
+            sends.extend(self.send_buckets(node, Some((id, slots.clone())), &[]));
+        }
+        sends
+    }
+
+    /// Marks the slots this node gains from a live or departed previous owner as pending
+    /// until that owner's hand-off for `new` arrives (every node that loses slots to a live node
+    /// sends one, empty or not). Slots of a dead node are not pending: the successor already
+    /// holds the replicas.
     fn expect_handoffs(&self, old: &SlotTable, new: &SlotTable, now_ns: u64) {
-        let until = now_ns.saturating_add(HANDOFF_WAIT_NS);
         let me = self.me.id.as_str();
-        let seen = self.handoffs_seen.lock();
-        let arrived = |owner: &str| {
-            seen.get(owner)
-                .is_some_and(|at| now_ns.saturating_sub(*at) < HANDOFF_WAIT_NS)
-        };
-        // A member that left gracefully hands its buckets over; a dead one cannot.
         let membership = self.membership.lock();
-        let departed =
-            |owner: &str| membership.state_of(owner) == Some(floodgate::cluster::MemberState::Left);
-        let mut pending = self.pending.lock();
-        pending.retain(|_, (_, end)| *end > now_ns);
+        let hands_over = |owner: &str| {
+            new.nodes().iter().any(|n| n == owner)
+                || membership.state_of(owner) == Some(floodgate::cluster::MemberState::Left)
+        };
+        let mut handoffs = self.handoffs.lock();
+        handoffs.expire(now_ns);
         for slot in 0..floodgate::cluster::SLOTS as u16 {
             if let (Some(before), Some(me_now)) = (old.owner(slot), new.owner(slot))
                 && me_now == me
                 && before != me
-                && (new.nodes().iter().any(|n| n == before) || departed(before))
-                && !arrived(before)
+                && hands_over(before)
             {
-                pending.insert(slot, (before.to_owned(), until));
+                handoffs.expect(slot, before, now_ns, HANDOFF_WAIT_NS);
             }
         }
     }
@@ -339,31 +460,26 @@ impl Cluster {
             // Created before the look, so a hand-off arriving in between still wakes it.
             let notified = self.handoff_arrived.notified();
             let latest = {
-                let pending = self.pending.lock();
-                if pending.is_empty() {
+                let handoffs = self.handoffs.lock();
+                if handoffs.is_empty() {
                     return;
                 }
-                slots
-                    .clone()
-                    .filter_map(|s| pending.get(&s))
-                    .map(|(_, until)| *until)
-                    .filter(|u| *u > now_ns)
-                    .max()
+                handoffs.deadline(slots.clone(), now_ns)
             };
             let Some(until) = latest else { return };
             let deadline = started + std::time::Duration::from_nanos(until - now_ns);
             if tokio::time::timeout_at(deadline, notified).await.is_err() {
-                self.pending.lock().retain(|_, (_, end)| *end > until);
+                self.handoffs.lock().expire(until);
                 return;
             }
         }
     }
 
-    /// A hand-off from `from` arrived: its slots are no longer pending.
-    pub(crate) fn handoff_received(&self, from: &str, now_ns: u64) {
-        self.handoffs_seen.lock().insert(from.to_owned(), now_ns);
-        self.pending.lock().retain(|_, (owner, _)| owner != from);
-        self.handoff_arrived.notify_waiters();
+    /// A part of a hand-off from `from` arrived (its buckets already merged).
+    pub(crate) fn handoff_received(&self, from: &str, part: &HandoffPart, now_ns: u64) {
+        if self.handoffs.lock().received(from, part, now_ns) {
+            self.handoff_arrived.notify_waiters();
+        }
     }
 
     fn publish_members(&self, shared: &Shared) {
@@ -401,26 +517,31 @@ impl Cluster {
         }
         // Every node that gains slots from us hears from us, even with no buckets: it holds
         // checks on those slots until then.
+        let mut slots: HashMap<String, Vec<u16>> = HashMap::new();
         for slot in 0..floodgate::cluster::SLOTS as u16 {
             if old.owner(slot) == Some(me)
                 && let Some(owner) = new.owner(slot)
                 && owner != me
             {
-                moved.entry(owner.to_owned()).or_default();
+                slots.entry(owner.to_owned()).or_default().push(slot);
             }
         }
         let mut sends = Vec::new();
-        for (owner, buckets) in moved {
+        for (owner, slots) in slots {
+            let buckets = moved.remove(&owner).unwrap_or_default();
             shared.metrics.handed_off.increment(buckets.len() as u64);
-            sends.extend(self.send_buckets(&owner, true, &buckets));
+            let id = self.next_handoff_id.fetch_add(1, Ordering::Relaxed);
+            sends.extend(self.send_buckets(&owner, Some((id, slots)), &buckets));
         }
         sends
     }
 
+    /// Sends `buckets` to a node, split into frames; `handoff` is the hand-off's id and the
+    /// slots it carries (`None`: replicas).
     fn send_buckets(
         &self,
         owner_id: &str,
-        handoff: bool,
+        handoff: Option<(u64, Vec<u16>)>,
         buckets: &[BucketState],
     ) -> Vec<tokio::task::JoinHandle<()>> {
         let Some(addr) = self.addr_of(owner_id) else {
@@ -433,10 +554,16 @@ impl Cluster {
         } else {
             buckets.chunks(BUCKETS_PER_FRAME).collect()
         };
-        for chunk in chunks {
+        let parts = chunks.len() as u32;
+        for (part, chunk) in chunks.into_iter().enumerate() {
             let message = ReplicateMessage {
                 from: self.me.id.clone(),
-                handoff,
+                handoff: handoff.as_ref().map(|(id, slots)| HandoffPart {
+                    id: *id,
+                    part: part as u32,
+                    parts,
+                    slots: slots.clone(),
+                }),
                 buckets: chunk.iter().map(WireBucket::from).collect(),
             };
             let mut frame = Vec::new();
@@ -454,7 +581,8 @@ impl Cluster {
             encode_message(&mut frame, FrameKind::Gossip, 0, &message.gossip);
             self.peers.send(message.to, frame);
         }
-        self.refresh_table(shared, now_ns);
+        // Members declared suspect or dead by `poll` change the owners.
+        drop(self.update_table(shared, now_ns, |_| {}));
     }
 
     fn replicate(&self, shared: &Shared, now_ns: u64) {
@@ -482,34 +610,25 @@ impl Cluster {
         }
         for (target, buckets) in by_target {
             shared.metrics.replicated.increment(buckets.len() as u64);
-            drop(self.send_buckets(target, false, &buckets));
+            drop(self.send_buckets(target, None, &buckets));
         }
     }
 
     /// Announces a graceful leave and hands every bucket to its owner without this node.
     pub(crate) async fn leave(&self, shared: &Shared) {
         let now_ns = shared.clock.now_ns();
-        // The table as it stands before the leave: the gossip loop may adopt the table without
-        // this node at any moment from here on.
-        let old = self.table();
-        let outgoing = self.membership.lock().leave(now_ns);
-        let others: Vec<String> = old
-            .nodes()
-            .iter()
-            .filter(|n| **n != self.me.id)
-            .cloned()
-            .collect();
-        let new = Arc::new(SlotTable::compute(old.epoch() + 1, &others));
-        // Switch first: from here on checks that arrive are forwarded to the new owners, so the
-        // export below holds everything this node decided. The new owners hold checks on these
-        // slots until the hand-off arrives (they see the leave as `Left`, not dead).
-        self.table.send_replace(new.clone());
+        let mut outgoing = Vec::new();
+        // From the switch on, checks that arrive are forwarded to the new owners, and forwarded
+        // checks for these slots are answered `not_owner`; the new owners hold checks on them
+        // until the hand-off arrives (they see the leave as `Left`, not dead).
+        let sends = self.update_table(shared, now_ns, |membership| {
+            outgoing = membership.leave(now_ns)
+        });
         for message in outgoing {
             let mut frame = Vec::new();
             encode_message(&mut frame, FrameKind::Gossip, 0, &message.gossip);
             drop(self.peers.send(message.to, frame));
         }
-        let sends = self.hand_off(shared, &old, &new, now_ns);
         // Each send is bounded by PEER_TIMEOUT; the endpoint must not close before they land.
         for send in sends {
             let _ = send.await;

@@ -1,13 +1,21 @@
-//! Answers a check batch in a cluster: decides this node's groups, forwards the others once (one
-//! frame per owner, all at once, marked so they are never forwarded again), and decides a group
-//! here when its owner does not answer in time.
+//! Answers a check batch in a cluster: decides this node's groups, forwards the others (one
+//! frame per owner, all at once), and places again what an owner refused as `not_owner`.
 //!
-//! Order matters for exactness when slots move: first wait (bounded) for the hand-off of any
-//! slot this node just gained, then read the table and decide the local groups without awaiting
-//! anything in between, so a decision never uses ownership older than a few microseconds.
+//! What keeps each key decided by one bucket while slots move:
+//! - groups are decided under `Cluster::deciding`, with the table read under it: a table switch
+//!   waits for them, so the hand-off exported after a switch holds every decision made here;
+//! - a gained slot waits (bounded) for its previous owner's hand-off before it is decided;
+//! - a slot this node handed off is never decided here again: a forwarded check for it is
+//!   answered `not_owner`; the forwarder waits (bounded) for its own table to catch up and
+//!   places the check again, here or with the owner its table now names. A check travels at
+//!   most two forwards, and a forwarded check is never forwarded on.
 
 use std::collections::BTreeMap;
+use std::ops::Range;
+use std::time::Duration;
 
+use floodgate::Clock;
+use floodgate::cluster::SlotTable;
 use floodgate::wire::{
     ArchivedCheckBatch, CheckBatch, ErrorCode, Frame, FrameKind, FrameReader, ValidCheck,
     WireCheck, WireDecision, decode_decisions, encode_message,
@@ -18,8 +26,83 @@ use crate::metrics::DecisionTally;
 use crate::server::Shared;
 use crate::service::{decide_group, decode_frame, finish_batch};
 
-/// Longest a node waits for its slot table to catch up with a peer that forwarded it checks.
-const TABLE_CATCH_UP: std::time::Duration = std::time::Duration::from_millis(300);
+/// Longest a node waits for its slot table to catch up with a peer's.
+const TABLE_CATCH_UP: Duration = Duration::from_millis(300);
+
+/// Where a group's decisions come from.
+#[derive(Debug, Clone, PartialEq)]
+enum Placed {
+    /// Decided here: a range of the local decisions.
+    Here(Range<usize>),
+    /// To be sent to this owner.
+    Remote(String),
+    /// The owner's answer.
+    Answered(Vec<WireDecision>),
+    /// The owner it was sent to answered `not_owner` (it had handed the slot off).
+    NotOwner(String),
+    /// Sent, but no answer came in time.
+    Unanswered,
+    /// Not decided: every check of the group answers this code.
+    Refused(ErrorCode),
+}
+
+/// Where a group on a slot goes first, by this node's table (`None` means decide here).
+fn first_place(
+    table: &SlotTable,
+    me: &str,
+    slot: u16,
+    forwarded: bool,
+    gave_away: impl Fn(u16) -> bool,
+) -> Option<Placed> {
+    let owner = table.owner(slot);
+    if owner == Some(me) {
+        return None;
+    }
+    if forwarded {
+        // The sender's table names this node. A slot handed off (or a node that left) is
+        // never decided here; a slot never held is decided once, here (our table did not catch
+        // up in time; forwarding on could loop).
+        let left = !table.nodes().iter().any(|n| n == me);
+        return (left || gave_away(slot)).then_some(Placed::Refused(ErrorCode::NotOwner));
+    }
+    Some(match owner {
+        Some(owner) => Placed::Remote(owner.to_owned()),
+        // A node that has left, and was the last: nobody owns anything.
+        None => Placed::Refused(ErrorCode::ShuttingDown),
+    })
+}
+
+/// Where a group goes after its first forward failed.
+fn next_place(
+    table: &SlotTable,
+    me: &str,
+    slot: u16,
+    failed: &Placed,
+    last_round: bool,
+    gave_away: impl Fn(u16) -> bool,
+) -> Option<Placed> {
+    let owner = table.owner(slot);
+    match failed {
+        Placed::NotOwner(refuser) => match owner {
+            Some(owner) if owner == me => None,
+            Some(owner) if owner != refuser && !last_round => {
+                Some(Placed::Remote(owner.to_owned()))
+            }
+            _ => Some(Placed::Refused(ErrorCode::ShuttingDown)),
+        },
+        // An owner that does not answer (slow, or crashed and not yet declared dead): decide
+        // here rather than fail (availability over exactness; the bucket replicates to the
+        // owner like any other), unless this node has left or handed the slot off.
+        _ => {
+            let left = !table.nodes().iter().any(|n| n == me);
+            if owner.is_none() || left || gave_away(slot) {
+                Some(Placed::Refused(ErrorCode::ShuttingDown))
+            } else {
+                None
+            }
+        }
+    }
+}
 
 pub(crate) async fn answer_check_batch(
     shared: &Shared,
@@ -33,70 +116,111 @@ pub(crate) async fn answer_check_batch(
         Err(code) => return Some(code),
     };
     let cluster = &shared.cluster;
-    if frame.kind == FrameKind::ForwardedCheckBatch {
-        // The sender's table already names this node as owner; if ours does not yet, ours is
-        // the older one: wait (bounded) for it, so the hand-off wait below sees the change.
-        let mut tables = cluster.watch_table();
-        let me = cluster.me.id.clone();
-        let not_mine = |table: &floodgate::cluster::SlotTable| {
-            groups
-                .iter()
-                .any(|g| table.owner(g[0].key.slot()) != Some(me.as_str()))
-        };
-        let behind = not_mine(&tables.borrow_and_update());
-        if behind {
-            let _ = tokio::time::timeout(TABLE_CATCH_UP, tables.changed()).await;
-        }
+    let me = cluster.me.id.as_str();
+    let slot = |i: usize| groups[i].first().map_or(0, |c| c.key.slot());
+    let forwarded = frame.kind == FrameKind::ForwardedCheckBatch;
+    // A forwarded frame's request id is the version of the sender's table, which names this
+    // node as the owner. If that is a table this node had before, the sender is behind: what
+    // this node does not own now is refused at once. Otherwise ours may be the older table:
+    // wait (bounded) for it to name this node, so the hand-off wait below sees the change.
+    let sender_behind = forwarded && cluster.had_version(frame.request_id);
+
+    if forwarded && !sender_behind {
+        cluster
+            .wait_for_table(TABLE_CATCH_UP, |table| {
+                !table.nodes().iter().any(|n| n == me)
+                    || (0..groups.len()).all(|i| table.owner(slot(i)) == Some(me))
+            })
+            .await;
     }
     // Gained slots wait for their previous owner's hand-off (a no-op almost always).
     cluster
-        .wait_for_handoffs(groups.iter().map(|g| g[0].key.slot()), now_ns)
+        .wait_for_handoffs((0..groups.len()).map(slot), now_ns)
         .await;
-    let table = cluster.table();
-    let me = cluster.me.id.as_str();
-    // Owner of each group: where its first key lives (a client groups keys of one owner). A
-    // forwarded batch is decided here whatever the table says: it is never forwarded twice.
-    let mut remote: BTreeMap<String, Vec<usize>> = BTreeMap::new();
-    let mut local = Vec::with_capacity(groups.iter().map(Vec::len).sum());
-    let mut placed = Vec::with_capacity(groups.len());
+
     let mut tally = DecisionTally::default();
-    for (i, group) in groups.iter().enumerate() {
-        match table.owner(group[0].key.slot()) {
-            Some(owner) if owner != me && frame.kind == FrameKind::CheckBatch => {
-                remote.entry(owner.to_owned()).or_default().push(i);
-                placed.push(Placed::Forwarded(None));
+    let mut local = Vec::with_capacity(groups.iter().map(Vec::len).sum());
+    let mut decide_here = |i: usize, local: &mut Vec<WireDecision>| {
+        let start = local.len();
+        decide_group(&shared.store, &mut tally, now_ns, &groups[i], local);
+        Placed::Here(start..local.len())
+    };
+    let (mut placed, table_version) = {
+        let _deciding = cluster.deciding();
+        let table = cluster.table();
+        let placed: Vec<Placed> = (0..groups.len())
+            .map(|i| {
+                first_place(&table, me, slot(i), forwarded, |s| {
+                    sender_behind || cluster.gave_away(s)
+                })
+                .unwrap_or_else(|| decide_here(i, &mut local))
+            })
+            .collect();
+        (placed, table.version())
+    };
+
+    if placed.iter().any(|p| matches!(p, Placed::Remote(_))) {
+        // Already validated by decode_frame, so this access succeeds.
+        let archived = rkyv::access::<ArchivedCheckBatch, rancor::Error>(&frame.payload).ok();
+        let mut version = table_version;
+        for last_round in [false, true] {
+            if !placed.iter().any(|p| matches!(p, Placed::Remote(_))) {
+                break;
             }
-            _ => {
-                let start = local.len();
-                decide_group(&shared.store, &mut tally, now_ns, group, &mut local);
-                placed.push(Placed::Here(start..local.len()));
+            forward(shared, archived, &groups, &mut placed, version).await;
+            let failed: Vec<usize> = (0..placed.len())
+                .filter(|&i| matches!(placed[i], Placed::NotOwner(_) | Placed::Unanswered))
+                .collect();
+            if failed.is_empty() {
+                break;
+            }
+            if !last_round {
+                // A refuser handed the slot off after our table was read: wait for ours to
+                // name someone else, then for that hand-off if the slot is now ours.
+                let refused: Vec<(u16, String)> = failed
+                    .iter()
+                    .filter_map(|&i| match &placed[i] {
+                        Placed::NotOwner(by) => Some((slot(i), by.clone())),
+                        _ => None,
+                    })
+                    .collect();
+                if !refused.is_empty() {
+                    cluster
+                        .wait_for_table(TABLE_CATCH_UP, |table| {
+                            refused.iter().all(|(s, by)| table.owner(*s) != Some(by))
+                        })
+                        .await;
+                    cluster
+                        .wait_for_handoffs(refused.iter().map(|(s, _)| *s), shared.clock.now_ns())
+                        .await;
+                }
+            }
+            let _deciding = cluster.deciding();
+            let table = cluster.table();
+            version = table.version();
+            for i in failed {
+                let gave_away = |s| cluster.gave_away(s);
+                placed[i] = next_place(&table, me, slot(i), &placed[i], last_round, gave_away)
+                    .unwrap_or_else(|| decide_here(i, &mut local));
             }
         }
     }
-    let decisions = if remote.is_empty() {
+
+    let decisions = if placed.iter().all(|p| matches!(p, Placed::Here(_))) {
         local
     } else {
-        forward(shared, frame, &groups, &remote, &mut placed).await;
-        // A node that has left (it is not in its own table) must not decide: its buckets are
-        // gone to their new owners, so a decision here would be fresh. The client's failure mode
-        // decides instead.
-        let leaving = !table.nodes().iter().any(|n| n == me);
         let mut decisions = Vec::with_capacity(local.capacity());
         for (group, place) in groups.iter().zip(placed) {
             match place {
                 Placed::Here(range) => decisions.extend_from_slice(&local[range]),
-                Placed::Forwarded(Some(answer)) => decisions.extend(answer),
-                Placed::Forwarded(None) if leaving => {
-                    decisions.extend(std::iter::repeat_n(
-                        WireDecision::error(ErrorCode::ShuttingDown),
-                        group.len(),
-                    ));
+                Placed::Answered(answer) => decisions.extend(answer),
+                Placed::Refused(code) => {
+                    decisions.extend(std::iter::repeat_n(WireDecision::error(code), group.len()))
                 }
-                // An owner that did not answer: decide here (availability over exactness;
-                // these buckets replicate to the owner like any other).
-                Placed::Forwarded(None) => {
-                    decide_group(&shared.store, &mut tally, now_ns, group, &mut decisions)
-                }
+                // Every forward was resolved above; answer as the node that could not decide.
+                Placed::Remote(_) | Placed::NotOwner(_) | Placed::Unanswered => decisions.extend(
+                    std::iter::repeat_n(WireDecision::error(ErrorCode::ShuttingDown), group.len()),
+                ),
             }
         }
         decisions
@@ -106,37 +230,37 @@ pub(crate) async fn answer_check_batch(
         &tally,
         frame.request_id,
         decisions,
-        table.version(),
+        table_version,
         out,
     );
     None
 }
 
-/// Where a group's decisions are: decided here (a range of the local decisions), or expected
-/// from its owner (`None` until an answer arrives in time).
-enum Placed {
-    Here(std::ops::Range<usize>),
-    Forwarded(Option<Vec<WireDecision>>),
-}
-
-/// Sends each owner its groups (re-encoded from the validated archive) and fills `placed`
-/// with what comes back in time.
+/// Sends each owner its `Remote` groups (re-encoded from the validated archive) as one
+/// forwarded frame, all owners at once, and records what comes back in time. The frames carry
+/// `table_version` (the table that placed them) as their request id.
 async fn forward(
     shared: &Shared,
-    frame: &Frame,
+    archived: Option<&ArchivedCheckBatch>,
     groups: &[Vec<ValidCheck>],
-    remote: &BTreeMap<String, Vec<usize>>,
     placed: &mut [Placed],
+    table_version: u64,
 ) {
-    // Already validated by decode_frame, so this access succeeds.
-    let Ok(archived) = rkyv::access::<ArchivedCheckBatch, rancor::Error>(&frame.payload) else {
+    let mut remote: BTreeMap<String, Vec<usize>> = BTreeMap::new();
+    for (i, place) in placed.iter_mut().enumerate() {
+        if let Placed::Remote(owner) = place {
+            remote.entry(std::mem::take(owner)).or_default().push(i);
+            *place = Placed::Unanswered;
+        }
+    }
+    let Some(archived) = archived else {
         return;
     };
     let cluster = &shared.cluster;
     let max = shared.config.limits.max_frame_bytes;
     let mut forwards = tokio::task::JoinSet::new();
     for (owner, indices) in remote {
-        let Some(addr) = cluster.addr_of(owner) else {
+        let Some(addr) = cluster.addr_of(&owner) else {
             continue;
         };
         let batch = CheckBatch {
@@ -148,16 +272,23 @@ async fn forward(
                 .collect(),
         };
         let mut bytes = Vec::new();
-        encode_message(&mut bytes, FrameKind::ForwardedCheckBatch, 1, &batch);
+        encode_message(
+            &mut bytes,
+            FrameKind::ForwardedCheckBatch,
+            table_version,
+            &batch,
+        );
         shared
             .metrics
             .forwarded
             .increment(indices.iter().map(|&i| groups[i].len() as u64).sum());
         let peers = cluster.peers.clone();
-        let indices = indices.clone();
-        forwards.spawn(async move { (indices, peers.request(&addr, &bytes, max + 64).await) });
+        forwards.spawn(async move {
+            let answer = peers.request(&addr, &bytes, max + 64).await;
+            (owner, indices, answer)
+        });
     }
-    while let Some(Ok((indices, answer))) = forwards.join_next().await {
+    while let Some(Ok((owner, indices, answer))) = forwards.join_next().await {
         let Ok(decisions) = answer
             .map_err(|e| e.to_string())
             .and_then(|bytes| decisions_of(&bytes))
@@ -170,7 +301,16 @@ async fn forward(
         }
         let mut rest = decisions.as_slice();
         for (&i, size) in indices.iter().zip(sizes) {
-            placed[i] = Placed::Forwarded(Some(rest[..size].to_vec()));
+            let answer = &rest[..size];
+            placed[i] = if answer
+                .first()
+                .is_some_and(|d| d.to_decision() == Err(ErrorCode::NotOwner))
+            {
+                shared.metrics.forward_refused.increment(size as u64);
+                Placed::NotOwner(owner.clone())
+            } else {
+                Placed::Answered(answer.to_vec())
+            };
             rest = &rest[size..];
         }
     }
@@ -186,5 +326,96 @@ fn decisions_of(bytes: &[u8]) -> Result<Vec<WireDecision>, String> {
                 .map_err(|(_, m)| m)
         }
         other => Err(format!("unexpected answer to a forwarded batch: {other:?}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn table(nodes: &[&str]) -> SlotTable {
+        let nodes: Vec<String> = nodes.iter().map(|n| n.to_string()).collect();
+        SlotTable::compute(1, &nodes)
+    }
+
+    fn slot_owned_by(table: &SlotTable, node: &str) -> u16 {
+        (0..floodgate::cluster::SLOTS as u16)
+            .find(|&s| table.owner(s) == Some(node))
+            .unwrap()
+    }
+
+    const NEVER: fn(u16) -> bool = |_| false;
+    const ALWAYS: fn(u16) -> bool = |_| true;
+
+    #[test]
+    fn a_client_check_is_decided_by_its_owner_and_forwarded_otherwise() {
+        let t = table(&["a", "b", "c"]);
+        let mine = slot_owned_by(&t, "a");
+        let theirs = slot_owned_by(&t, "b");
+        assert_eq!(first_place(&t, "a", mine, false, NEVER), None);
+        assert_eq!(
+            first_place(&t, "a", theirs, false, NEVER),
+            Some(Placed::Remote("b".into()))
+        );
+    }
+
+    #[test]
+    fn a_forwarded_check_for_a_slot_handed_off_or_after_leaving_is_refused() {
+        let t = table(&["a", "b", "c"]);
+        let theirs = slot_owned_by(&t, "b");
+        let refused = Some(Placed::Refused(ErrorCode::NotOwner));
+        assert_eq!(first_place(&t, "a", theirs, true, ALWAYS), refused);
+        // Never held: the sender's table is newer; decided here, never forwarded on.
+        assert_eq!(first_place(&t, "a", theirs, true, NEVER), None);
+        // A node that left is in nobody's table, its own included.
+        let after_leave = table(&["b", "c"]);
+        let slot = slot_owned_by(&after_leave, "b");
+        assert_eq!(first_place(&after_leave, "a", slot, true, NEVER), refused);
+        assert_eq!(
+            first_place(&after_leave, "a", slot, false, NEVER),
+            Some(Placed::Remote("b".into()))
+        );
+        assert_eq!(
+            first_place(&table(&[]), "a", 7, false, NEVER),
+            Some(Placed::Refused(ErrorCode::ShuttingDown))
+        );
+    }
+
+    #[test]
+    fn a_refused_check_goes_to_the_owner_the_table_names_now_at_most_once_more() {
+        let t = table(&["a", "b", "c"]);
+        let mine = slot_owned_by(&t, "a");
+        let cs = slot_owned_by(&t, "c");
+        let by_b = Placed::NotOwner("b".into());
+        assert_eq!(next_place(&t, "a", mine, &by_b, false, NEVER), None);
+        assert_eq!(
+            next_place(&t, "a", cs, &by_b, false, NEVER),
+            Some(Placed::Remote("c".into()))
+        );
+        let shutting_down = Some(Placed::Refused(ErrorCode::ShuttingDown));
+        assert_eq!(next_place(&t, "a", cs, &by_b, true, NEVER), shutting_down);
+        // Our table still names the refuser: it did not catch up in time.
+        let bs = slot_owned_by(&t, "b");
+        assert_eq!(next_place(&t, "a", bs, &by_b, false, NEVER), shutting_down);
+    }
+
+    #[test]
+    fn an_unanswered_check_is_decided_here_unless_the_slot_was_handed_off() {
+        let t = table(&["a", "b"]);
+        let bs = slot_owned_by(&t, "b");
+        assert_eq!(
+            next_place(&t, "a", bs, &Placed::Unanswered, false, NEVER),
+            None
+        );
+        let shutting_down = Some(Placed::Refused(ErrorCode::ShuttingDown));
+        assert_eq!(
+            next_place(&t, "a", bs, &Placed::Unanswered, false, ALWAYS),
+            shutting_down
+        );
+        let after_leave = table(&["b"]);
+        assert_eq!(
+            next_place(&after_leave, "a", bs, &Placed::Unanswered, true, NEVER),
+            shutting_down
+        );
     }
 }

@@ -7,7 +7,8 @@
 //! - `server`: [`Node`]: accept loop, connection and stream tasks, sweeper, graceful shutdown.
 //! - `service`: the pure step from a received frame to the bytes of its answer.
 //! - [`cluster`]: membership gossip, the slot table, replication and hand-off between nodes.
-//! - `forward`: checks for slots another node owns go there once.
+//! - `handoff`: which gained slots wait for their previous owner's hand-off.
+//! - `forward`: checks for slots another node owns go to their owner; refusals are placed again.
 //! - [`rules`]: `--rules FILE`: validation, versions, hot reload, serving rules to clients.
 //! - `admin`: `/metrics`, `/healthz`, `/readyz`.
 //! - `metrics`: metric names and handles.
@@ -20,6 +21,7 @@ pub mod config;
 
 mod admin;
 mod forward;
+mod handoff;
 mod metrics;
 pub mod rules;
 mod server;

@@ -62,6 +62,9 @@ pub struct NodeMetrics {
     pub replication_lag: Gauge,
     /// Checks sent on to their owner.
     pub forwarded: Counter,
+    /// Forwarded checks the receiver answered `not_owner` (it had handed the slot off), each
+    /// then placed again.
+    pub forward_refused: Counter,
     /// Buckets sent to successors / received as replicas.
     pub replicated: Counter,
     pub received_replicas: Counter,
@@ -93,6 +96,7 @@ impl NodeMetrics {
             table_epoch: gauge!("floodgate_slot_table_epoch"),
             replication_lag: gauge!("floodgate_replication_lag_seconds"),
             forwarded: counter!("floodgate_forwarded_checks_total"),
+            forward_refused: counter!("floodgate_forward_refused_checks_total"),
             replicated: counter!("floodgate_replicated_buckets_total", "direction" => "sent"),
             received_replicas: counter!("floodgate_replicated_buckets_total", "direction" => "received"),
             handed_off: counter!("floodgate_handoff_buckets_total", "direction" => "sent"),

@@ -18,7 +18,9 @@ use crate::config::NodeConfig;
 use crate::metrics::NodeMetrics;
 use crate::service::{answer_frame, encode_error};
 use crate::{admin, cluster, forward, tls};
-use floodgate::wire::{Frame, FrameKind, decode_gossip, decode_replicate, encode_message};
+use floodgate::wire::{
+    Frame, FrameKind, Replicated, decode_gossip, decode_replicate, encode_message,
+};
 
 /// How long shutdown waits for in-flight work before closing connections regardless.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(2);
@@ -401,12 +403,17 @@ async fn answer(
     match frame.kind {
         FrameKind::CheckBatch | FrameKind::ForwardedCheckBatch => {
             cluster.wait_until_joined().await;
+            let deciding = cluster.deciding();
             let table = cluster.table();
-            if table.nodes().len() > 1 {
+            // Alone (or the last to leave): nobody else owns anything.
+            let alone = table.nodes().iter().all(|n| *n == cluster.me.id);
+            if !alone {
+                drop(deciding);
                 // Groups may belong to other nodes, and gained slots may wait for a hand-off.
                 forward::answer_check_batch(shared, frame, now_ns, out).await
             } else {
-                // A node alone decides everything here, synchronously.
+                // A node alone decides everything here, synchronously, with the table held: a
+                // node that joins meanwhile receives these decisions in its hand-off.
                 let limits = shared.config.limits.wire();
                 answer_frame(
                     &shared.store,
@@ -459,12 +466,16 @@ async fn serve_peer_message(mut recv: quinn::RecvStream, shared: Arc<Shared>) {
                 Err((code, _)) => shared.metrics.frame_error(code),
             },
             FrameKind::Replicate => match decode_replicate(&frame.payload) {
-                Ok((from, handoff, buckets)) => {
+                Ok(Replicated {
+                    from,
+                    handoff,
+                    buckets,
+                }) => {
                     let refused = shared.store.merge(&buckets, now_ns);
-                    if handoff {
-                        shared.cluster.handoff_received(&from, now_ns);
+                    if let Some(part) = &handoff {
+                        shared.cluster.handoff_received(&from, part, now_ns);
                     }
-                    let counter = if handoff {
+                    let counter = if handoff.is_some() {
                         &shared.metrics.received_handoff
                     } else {
                         &shared.metrics.received_replicas

@@ -283,10 +283,12 @@ impl Membership {
 
     /// Announces a graceful leave: returns the message for every other known member.
     pub fn leave(&mut self, now_ns: u64) -> Vec<Outgoing> {
+        let owners_before = self.owners();
         if let Some(me) = self.members.get_mut(&self.me) {
             me.state = MemberState::Left;
             me.since_ns = now_ns;
         }
+        self.bump_epoch_if_changed(&owners_before);
         let gossip = self.digest();
         self.members
             .values()

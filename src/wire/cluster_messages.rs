@@ -44,8 +44,30 @@ pub struct WireBucket {
 #[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq, Default)]
 pub struct ReplicateMessage {
     pub from: String,
-    pub handoff: bool,
+    /// Set when these buckets are (part of) a hand-off; replicas otherwise.
+    pub handoff: Option<HandoffPart>,
     pub buckets: Vec<WireBucket>,
+}
+
+/// Which hand-off a message belongs to: hand-off `id` of its sender, sent as `parts` messages
+/// (which may arrive in any order), carrying the state of `slots` (every part lists them all).
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub struct HandoffPart {
+    pub id: u64,
+    pub part: u32,
+    pub parts: u32,
+    pub slots: Vec<u16>,
+}
+
+/// Most messages one hand-off may be split into (far above what a full store needs).
+pub const MAX_HANDOFF_PARTS: u32 = 1 << 16;
+
+/// A validated replicate message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Replicated {
+    pub from: String,
+    pub handoff: Option<HandoffPart>,
+    pub buckets: Vec<BucketState>,
 }
 
 pub fn member_state_to_wire(state: MemberState) -> u8 {
@@ -98,12 +120,32 @@ pub fn decode_gossip(payload: &[u8]) -> Result<Gossip, Refusal> {
     rkyv::deserialize::<Gossip, rancor::Error>(archived).map_err(|e| malformed("gossip", e))
 }
 
-/// Validates a replication payload; returns the sender, whether it is a hand-off, and the buckets.
-pub fn decode_replicate(payload: &[u8]) -> Result<(String, bool, Vec<BucketState>), Refusal> {
+/// Validates a replication payload.
+pub fn decode_replicate(payload: &[u8]) -> Result<Replicated, Refusal> {
     let message = rkyv::access::<ArchivedReplicateMessage, rancor::Error>(payload)
         .map_err(|e| malformed("replication", e))?;
-    let buckets = message.buckets.iter().map(BucketState::from).collect();
-    Ok((message.from.as_str().to_owned(), message.handoff, buckets))
+    let handoff = message.handoff.as_ref().map(|h| HandoffPart {
+        id: h.id.to_native(),
+        part: h.part.to_native(),
+        parts: h.parts.to_native(),
+        slots: h.slots.iter().map(|s| s.to_native()).collect(),
+    });
+    if let Some(h) = &handoff {
+        if h.parts == 0 || h.parts > MAX_HANDOFF_PARTS || h.part >= h.parts {
+            return Err(malformed(
+                "replication",
+                format!("hand-off part {} of {}", h.part, h.parts),
+            ));
+        }
+        if h.slots.len() > SLOTS || h.slots.iter().any(|&s| usize::from(s) >= SLOTS) {
+            return Err(malformed("replication", "hand-off slots out of range"));
+        }
+    }
+    Ok(Replicated {
+        from: message.from.as_str().to_owned(),
+        handoff,
+        buckets: message.buckets.iter().map(BucketState::from).collect(),
+    })
 }
 
 /// Validates a slot table payload (client side) and checks its shape.

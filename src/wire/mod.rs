@@ -19,8 +19,9 @@ mod messages;
 mod policy_messages;
 
 pub use cluster_messages::{
-    ReplicateMessage, SlotTableMessage, TableMember, WireBucket, decode_gossip, decode_replicate,
-    decode_slot_table, member_state_from_wire, member_state_to_wire,
+    HandoffPart, MAX_HANDOFF_PARTS, ReplicateMessage, Replicated, SlotTableMessage, TableMember,
+    WireBucket, decode_gossip, decode_replicate, decode_slot_table, member_state_from_wire,
+    member_state_to_wire,
 };
 pub use frame::{Frame, FrameError, FrameReader, encode_frame, encode_message};
 pub use messages::{
@@ -117,10 +118,14 @@ pub enum ErrorCode {
     Truncated = 11,
     /// Too many connections or streams. Connection refused or closed.
     Overloaded = 12,
+    /// Node to node only: a forwarded check for a slot this node has handed to another owner
+    /// (or never received). Nothing was decided; the forwarder places the check again once its
+    /// slot table has caught up.
+    NotOwner = 13,
 }
 
 impl ErrorCode {
-    pub const ALL: [ErrorCode; 12] = [
+    pub const ALL: [ErrorCode; 13] = [
         ErrorCode::BadMagic,
         ErrorCode::UnsupportedVersion,
         ErrorCode::FrameTooLarge,
@@ -133,6 +138,7 @@ impl ErrorCode {
         ErrorCode::ShuttingDown,
         ErrorCode::Truncated,
         ErrorCode::Overloaded,
+        ErrorCode::NotOwner,
     ];
 
     pub fn from_u16(code: u16) -> Option<Self> {
@@ -154,6 +160,7 @@ impl ErrorCode {
             ErrorCode::ShuttingDown => "shutting_down",
             ErrorCode::Truncated => "truncated",
             ErrorCode::Overloaded => "overloaded",
+            ErrorCode::NotOwner => "not_owner",
         }
     }
 

@@ -1,0 +1,171 @@
+//! Which gained slots wait for their previous owner's hand-off, and which hand-offs arrived.
+//!
+//! Every hand-off names the slots it carries. A slot gained from a node waits until a complete
+//! hand-off from that node carrying that slot has been merged (every part of it: parts arrive
+//! in any order), or until its deadline. A hand-off that arrived shortly before this node
+//! switched tables counts; one for a slot this node has since given away does not (the slot's
+//! state moved on after it). Pure bookkeeping: the node calls it under a lock.
+
+use std::collections::HashMap;
+
+use floodgate::wire::HandoffPart;
+
+/// Most hand-offs being received at once (each holds the list of its slots).
+const MAX_PARTIAL: usize = 256;
+/// A hand-off whose parts have not all arrived after this long is forgotten.
+const PARTIAL_TTL_NS: u64 = 10_000_000_000;
+
+#[derive(Debug, Default)]
+pub(crate) struct Handoffs {
+    /// Gained slots whose state is on its way: from whom, and until when they wait.
+    pending: HashMap<u16, (String, u64)>,
+    /// Slots a complete hand-off carried here: from whom, and when.
+    arrived: HashMap<u16, (String, u64)>,
+    /// Hand-offs still missing parts, by sender and hand-off id.
+    partial: HashMap<(String, u64), Partial>,
+}
+
+#[derive(Debug, Default)]
+struct Partial {
+    parts_seen: u32,
+    slots: Vec<u16>,
+    first_ns: u64,
+}
+
+impl Handoffs {
+    /// `slot` was gained from `from`: it waits (until `now_ns + wait_ns`) for `from`'s hand-off,
+    /// unless one carrying it arrived within the last `wait_ns`.
+    pub(crate) fn expect(&mut self, slot: u16, from: &str, now_ns: u64, wait_ns: u64) {
+        let arrived = self
+            .arrived
+            .get(&slot)
+            .is_some_and(|(by, at)| by == from && now_ns.saturating_sub(*at) < wait_ns);
+        if !arrived {
+            self.pending
+                .insert(slot, (from.to_owned(), now_ns.saturating_add(wait_ns)));
+        }
+    }
+
+    /// Records one part of a hand-off (its buckets already merged); returns true when that
+    /// completed the hand-off.
+    pub(crate) fn received(&mut self, from: &str, part: &HandoffPart, now_ns: u64) -> bool {
+        let slots = if part.parts <= 1 {
+            part.slots.clone()
+        } else {
+            self.partial
+                .retain(|_, p| now_ns.saturating_sub(p.first_ns) < PARTIAL_TTL_NS);
+            let key = (from.to_owned(), part.id);
+            if !self.partial.contains_key(&key) && self.partial.len() >= MAX_PARTIAL {
+                // Too many unfinished hand-offs: this one's slots simply wait their deadline.
+                return false;
+            }
+            let partial = self.partial.entry(key.clone()).or_insert(Partial {
+                first_ns: now_ns,
+                ..Partial::default()
+            });
+            partial.parts_seen += 1;
+            if partial.slots.is_empty() {
+                partial.slots = part.slots.clone();
+            }
+            if partial.parts_seen < part.parts {
+                return false;
+            }
+            self.partial
+                .remove(&key)
+                .map(|p| p.slots)
+                .unwrap_or_default()
+        };
+        for slot in slots {
+            if self.pending.get(&slot).is_some_and(|(by, _)| by == from) {
+                self.pending.remove(&slot);
+            }
+            self.arrived.insert(slot, (from.to_owned(), now_ns));
+        }
+        true
+    }
+
+    /// This node gave `slot` away: what arrived for it before is stale from now on.
+    pub(crate) fn gave_away(&mut self, slot: u16) {
+        self.arrived.remove(&slot);
+        self.pending.remove(&slot);
+    }
+
+    /// Forgets expectations whose deadline passed: those slots are decided from what is here.
+    pub(crate) fn expire(&mut self, now_ns: u64) {
+        self.pending.retain(|_, (_, until)| *until > now_ns);
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.pending.is_empty()
+    }
+
+    /// The latest deadline among `slots` that still wait, if any does.
+    pub(crate) fn deadline(&self, slots: impl Iterator<Item = u16>, now_ns: u64) -> Option<u64> {
+        slots
+            .filter_map(|s| self.pending.get(&s))
+            .map(|(_, until)| *until)
+            .filter(|until| *until > now_ns)
+            .max()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const WAIT: u64 = 500;
+
+    fn part(id: u64, part: u32, parts: u32, slots: &[u16]) -> HandoffPart {
+        HandoffPart {
+            id,
+            part,
+            parts,
+            slots: slots.to_vec(),
+        }
+    }
+
+    #[test]
+    fn a_gained_slot_waits_for_every_part_of_a_hand_off_carrying_it() {
+        let mut h = Handoffs::default();
+        h.expect(7, "x", 0, WAIT);
+        assert!(h.deadline([7u16].into_iter(), 0).is_some());
+        // A hand-off from x that does not carry slot 7, and one from y that does.
+        assert!(h.received("x", &part(1, 0, 1, &[8]), 1));
+        assert!(h.received("y", &part(2, 0, 1, &[7]), 1));
+        assert!(h.deadline([7u16].into_iter(), 1).is_some());
+        assert!(!h.received("x", &part(3, 1, 2, &[7, 8]), 2));
+        assert!(h.deadline([7u16].into_iter(), 2).is_some());
+        assert!(h.received("x", &part(3, 0, 2, &[7, 8]), 3));
+        assert!(h.deadline([7u16].into_iter(), 3).is_none());
+        assert!(h.is_empty());
+    }
+
+    #[test]
+    fn a_hand_off_that_came_first_counts_while_recent_and_until_the_slot_is_given_away() {
+        let mut h = Handoffs::default();
+        h.received("x", &part(1, 0, 1, &[1, 2, 3]), 100);
+        h.expect(1, "x", 100 + WAIT - 1, WAIT);
+        assert!(h.is_empty());
+        h.expect(2, "x", 100 + WAIT, WAIT);
+        assert!(h.deadline([2u16].into_iter(), 100 + WAIT).is_some());
+        h.gave_away(3);
+        h.expect(3, "x", 101, WAIT);
+        assert!(h.deadline([3u16].into_iter(), 101).is_some());
+    }
+
+    #[test]
+    fn expectations_end_at_their_deadline_and_unfinished_hand_offs_stay_bounded() {
+        let mut h = Handoffs::default();
+        h.expect(1, "x", 0, WAIT);
+        assert_eq!(h.deadline([1u16, 2].into_iter(), 0), Some(WAIT));
+        h.expire(WAIT);
+        assert!(h.is_empty());
+        for id in 0..(MAX_PARTIAL as u64 + 10) {
+            h.received("x", &part(id, 0, 2, &[1]), 0);
+        }
+        assert!(h.partial.len() <= MAX_PARTIAL);
+        // Forgotten after their time to live.
+        h.received("x", &part(9_999, 0, 2, &[1]), PARTIAL_TTL_NS);
+        assert_eq!(h.partial.len(), 1);
+    }
+}
