@@ -32,4 +32,6 @@ pub use limit::{
     Algorithm, Limit, LimitError, MAX_BURST, MAX_PERIOD_NS, MIN_PERIOD_NS, NANOS_PER_SEC,
     SLIDING_LOG_MAX_LIMIT, parse_duration_ns, parse_rate,
 };
-pub use store::{BucketState, BucketStore, Check, StoreConfig, StoreError, StoreStats};
+pub use store::{
+    BucketState, BucketStore, BucketValue, Check, StoreConfig, StoreError, StoreStats,
+};

@@ -375,3 +375,55 @@ fn changed_buckets_replicate_and_merge_conservatively() {
     successor.export(NOW, &|k| k == key("k0"), &mut exported);
     assert_eq!(exported.len(), 1);
 }
+
+/// Every algorithm's buckets replicate and hand over: a store that merges what another exported
+/// decides exactly as the other would, a bucket is reported once per change, and merging an
+/// older copy over later consumption keeps the consumption.
+#[test]
+fn buckets_of_every_algorithm_replicate_and_merge_conservatively() {
+    for algorithm in Algorithm::ALL {
+        let (owner, successor) = (store(1 << 10, 4), store(1 << 10, 4));
+        let limit = Limit::new(algorithm, 5, HOUR, 5).unwrap();
+        for i in 0..20u64 {
+            owner
+                .check(key(&format!("k{i}")), &limit, 1 + i % 3, NOW + i)
+                .unwrap();
+        }
+        let later = NOW + 100;
+        let mut changed = Vec::new();
+        owner.take_changed(later, &mut changed);
+        assert_eq!(changed.len(), 20, "{algorithm:?}");
+        let mut again = Vec::new();
+        owner.take_changed(later, &mut again);
+        assert!(again.is_empty(), "{algorithm:?}: reported once per change");
+        assert_eq!(successor.merge(&changed, later), 0);
+        for i in 0..20 {
+            let k = key(&format!("k{i}"));
+            assert_eq!(
+                owner.check(k, &limit, 0, later),
+                successor.check(k, &limit, 0, later),
+                "{algorithm:?} k{i}"
+            );
+        }
+        // The successor consumes 2 more of k0 (3 left of 5 after the first unit), then the
+        // owner's older copy arrives again: the consumption stays.
+        successor.check(key("k0"), &limit, 2, later).unwrap();
+        successor.merge(&changed, later);
+        let remaining = successor
+            .check(key("k0"), &limit, 0, later)
+            .unwrap()
+            .remaining();
+        assert_eq!(remaining, 2, "{algorithm:?}");
+        // What the successor exports carries that consumption to a third store.
+        let third = store(1 << 10, 4);
+        let mut exported = Vec::new();
+        successor.export(later, &|k| k == key("k0"), &mut exported);
+        assert_eq!(exported.len(), 1, "{algorithm:?}");
+        third.merge(&exported, later);
+        let remaining = third
+            .check(key("k0"), &limit, 0, later)
+            .unwrap()
+            .remaining();
+        assert_eq!(remaining, 2, "{algorithm:?}");
+    }
+}

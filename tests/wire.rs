@@ -203,3 +203,83 @@ proptest! {
         let _ = decode_check_batch(&bytes, &WireLimits::default());
     }
 }
+
+/// Replicated buckets of every algorithm survive the wire; a bucket with an invalid limit, an
+/// unknown algorithm or a log longer than its limit, or a hand-off with impossible parts, is
+/// refused as malformed.
+#[test]
+fn replicate_messages_round_trip_and_bad_ones_are_refused() {
+    use floodgate::algorithm::WindowState;
+    use floodgate::wire::{HandoffPart, ReplicateMessage, WireBucket, decode_replicate};
+    use floodgate::{Algorithm, BucketKey, BucketState, BucketValue};
+
+    let key = |name: &str| BucketKey::new(b"", name.as_bytes());
+    let hour = 3_600 * NANOS_PER_SEC;
+    let window = Limit::new(Algorithm::SlidingWindow, 10, hour, 10).unwrap();
+    let log = Limit::new(Algorithm::SlidingLog, 3, hour, 3).unwrap();
+    let buckets = vec![
+        BucketState {
+            key: key("g"),
+            value: BucketValue::Gcra {
+                tat_ns: 42,
+                margin_ms: 7,
+            },
+        },
+        BucketState {
+            key: key("w"),
+            value: BucketValue::Window {
+                limit: window,
+                state: WindowState {
+                    window: 5,
+                    count: 3,
+                    previous: 9,
+                },
+            },
+        },
+        BucketState {
+            key: key("l"),
+            value: BucketValue::Log {
+                limit: log,
+                times_ns: vec![1, 2, 3],
+            },
+        },
+    ];
+    let encode = |message: &ReplicateMessage| {
+        let mut bytes = Vec::new();
+        encode_message(&mut bytes, FrameKind::Replicate, 0, message);
+        one_frame(&bytes).unwrap().unwrap().payload
+    };
+    let handoff = HandoffPart {
+        id: 9,
+        part: 0,
+        parts: 1,
+        slots: vec![1, 4_095],
+    };
+    let message = ReplicateMessage {
+        from: "a".into(),
+        handoff: Some(handoff.clone()),
+        buckets: buckets.iter().map(WireBucket::from).collect(),
+    };
+    let decoded = decode_replicate(&encode(&message)).unwrap();
+    assert_eq!(decoded.from, "a");
+    assert_eq!(decoded.handoff, Some(handoff.clone()));
+    assert_eq!(decoded.buckets, buckets);
+
+    let refused = |change: &dyn Fn(&mut ReplicateMessage)| {
+        let mut bad = message.clone();
+        change(&mut bad);
+        decode_replicate(&encode(&bad)).unwrap_err().0
+    };
+    let malformed = ErrorCode::MalformedPayload;
+    assert_eq!(refused(&|m| m.buckets[1].rate = 0), malformed);
+    assert_eq!(refused(&|m| m.buckets[1].algorithm = 9), malformed);
+    assert_eq!(refused(&|m| m.buckets[2].times_ns.push(4)), malformed);
+    assert_eq!(
+        refused(&|m| m.handoff.as_mut().unwrap().part = 1),
+        malformed
+    );
+    assert_eq!(
+        refused(&|m| m.handoff.as_mut().unwrap().slots.push(4_096)),
+        malformed
+    );
+}

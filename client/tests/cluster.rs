@@ -123,6 +123,13 @@ fn limit() -> Limit {
     per_hour(LIMIT)
 }
 
+/// The limit of key `i` under load: every algorithm, in turn, so moves carry each kind of
+/// bucket (LIMIT an hour; for GCRA a burst of LIMIT).
+fn limit_of(i: usize) -> Limit {
+    let algorithm = floodgate::Algorithm::ALL[i % floodgate::Algorithm::ALL.len()];
+    Limit::new(algorithm, LIMIT, 3_600 * floodgate::NANOS_PER_SEC, LIMIT).unwrap()
+}
+
 /// A client that fails open quickly, as a gateway would.
 fn fast_config(certs: &Certs) -> ClientConfig {
     let mut config = client_config(certs);
@@ -383,7 +390,8 @@ impl Tally {
     }
 }
 
-/// `tasks` tasks per client checking the keys round-robin until `tally.stop`.
+/// `tasks` tasks per client checking the keys round-robin (each with its `limit_of`) until
+/// `tally.stop`.
 fn load(clients: &[Client], tasks: usize, tally: &Arc<Tally>) -> tokio::task::JoinSet<()> {
     let keys = Arc::new(keys());
     let mut set = tokio::task::JoinSet::new();
@@ -394,7 +402,7 @@ fn load(clients: &[Client], tasks: usize, tally: &Arc<Tally>) -> tokio::task::Jo
                 let mut i = (t * 31 + c * 17) % KEYS;
                 while !tally.stop.load(Ordering::Relaxed) {
                     let check =
-                        Check::new(keys[i].as_bytes(), limit()).failure_mode(FailureMode::Open);
+                        Check::new(keys[i].as_bytes(), limit_of(i)).failure_mode(FailureMode::Open);
                     let started = Instant::now();
                     let verdicts = client.check(&[check]).await;
                     let took = started.elapsed().as_micros() as u64;
@@ -441,7 +449,8 @@ fn over_admitted(tally: &Tally, before: &SlotTable, after: &SlotTable) -> Vec<St
         .filter(|(i, _)| tally.admitted(*i) > LIMIT)
         .map(|(i, key)| {
             format!(
-                "{key}: {} allowed ({} by fallbacks), owner {:?} -> {:?}",
+                "{key} ({:?}): {} allowed ({} by fallbacks), owner {:?} -> {:?}",
+                limit_of(i).algorithm(),
                 tally.admitted(i),
                 tally.fallback_allowed[i].load(Ordering::Relaxed),
                 before.owner_of_key(key.as_bytes()),
@@ -597,7 +606,9 @@ async fn a_rolling_restart_over_admits_nothing_and_fails_no_check() {
     let worst = tally.most_admitted();
     assert!(
         worst <= LIMIT,
-        "a key admitted {worst} (nodes and fallbacks), limit {LIMIT}; over the limit after {steps:?}"
+        "a key admitted {worst} (nodes and fallbacks), limit {LIMIT}; over the limit after \
+         {steps:?}: {:#?}",
+        over_admitted(&tally, &nodes[0].slot_table(), &nodes[0].slot_table())
     );
     for client in &clients {
         // Links to the departed nodes were closed; the ones to the current members are up.

@@ -162,6 +162,8 @@ pub(crate) struct Cluster {
     /// Set when a joining node gave up waiting and decided alone: it may hold state for slots
     /// others own, so it does not announce that it holds none.
     decided_alone: std::sync::atomic::AtomicBool,
+    /// Rung when a joining node has its first real table.
+    joined: tokio::sync::Notify,
     /// Held shared while a batch reads the table and decides its groups, exclusively while the
     /// table is switched: once a switch returns, no decision made under the old table is still
     /// in flight, so the hand-off exported after it holds every decision made here.
@@ -215,6 +217,7 @@ impl Cluster {
             next_handoff_id: AtomicU64::new(now_ns),
             joining: std::sync::atomic::AtomicBool::new(!config.seeds.is_empty()),
             decided_alone: std::sync::atomic::AtomicBool::new(false),
+            joined: tokio::sync::Notify::new(),
             deciding: parking_lot::RwLock::new(()),
             updating: Mutex::new(()),
             given_away: Mutex::new(vec![false; floodgate::cluster::SLOTS]),
@@ -297,12 +300,16 @@ impl Cluster {
         if !self.joining.load(std::sync::atomic::Ordering::Relaxed) {
             return;
         }
-        let mut tables = self.watch_table();
         let _ = tokio::time::timeout(JOIN_WAIT, async {
-            while self.joining.load(std::sync::atomic::Ordering::Relaxed) {
-                if tables.changed().await.is_err() {
+            loop {
+                // Registered before the look, so a join in between still wakes it.
+                let joined = self.joined.notified();
+                tokio::pin!(joined);
+                joined.as_mut().enable();
+                if !self.joining.load(std::sync::atomic::Ordering::Relaxed) {
                     return;
                 }
+                joined.await;
             }
         })
         .await;
@@ -376,10 +383,8 @@ impl Cluster {
         let new = Arc::new(SlotTable::compute(epoch, &owners));
         // A node that just joined owned nothing before: its table of one was not ownership.
         // What it gains comes from the cluster as it was without it.
-        let joined_now = owners.len() > 1
-            && self
-                .joining
-                .swap(false, std::sync::atomic::Ordering::Relaxed);
+        let joined_now =
+            owners.len() > 1 && self.joining.load(std::sync::atomic::Ordering::Relaxed);
         let before = if joined_now {
             let others: Vec<String> = owners
                 .iter()
@@ -392,6 +397,12 @@ impl Cluster {
         };
         self.expect_handoffs(&before, &new, now_ns);
         self.switch_table(new.clone());
+        // Only now: a check that sees the node joined must also see its real table.
+        if joined_now {
+            self.joining
+                .store(false, std::sync::atomic::Ordering::Relaxed);
+            self.joined.notify_waiters();
+        }
         shared.metrics.table_epoch.set(epoch as f64);
         self.publish_members(shared);
         tracing::info!(epoch, owners = ?owners, "slot table changed");

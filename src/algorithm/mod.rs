@@ -18,3 +18,29 @@ pub struct WindowState {
     pub count: u64,
     pub previous: u64,
 }
+
+impl WindowState {
+    /// Combines two copies of one bucket (a replica and the owner's state): per window, the
+    /// larger count, so merging never loosens the limit.
+    pub fn merge(self, other: WindowState) -> WindowState {
+        let (older, newer) = if self.window <= other.window {
+            (self, other)
+        } else {
+            (other, self)
+        };
+        if older.window == newer.window {
+            WindowState {
+                window: newer.window,
+                count: older.count.max(newer.count),
+                previous: older.previous.max(newer.previous),
+            }
+        } else if older.window + 1 == newer.window {
+            WindowState {
+                previous: newer.previous.max(older.count),
+                ..newer
+            }
+        } else {
+            newer
+        }
+    }
+}

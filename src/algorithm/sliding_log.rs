@@ -66,6 +66,34 @@ impl SlidingLog {
             .is_none_or(|&t| t + limit.period_ns() <= now_ns)
     }
 
+    /// A log holding these admission times (replicated from a peer); at most `limit`'s burst
+    /// of the newest, oldest first.
+    pub fn from_times(limit: &Limit, times_ns: &[u64]) -> Self {
+        let mut times: Vec<u64> = times_ns.to_vec();
+        times.sort_unstable();
+        let keep = times.len().saturating_sub(limit.burst() as usize);
+        SlidingLog {
+            times_ns: times.split_off(keep).into(),
+        }
+    }
+
+    /// The admission times, oldest first.
+    pub fn times(&self) -> impl Iterator<Item = u64> + '_ {
+        self.times_ns.iter().copied()
+    }
+
+    /// Takes a peer's copy of this log when it holds more admissions in the period now (ties:
+    /// the one with the later admission): merging never loosens the limit.
+    pub fn merge(&mut self, limit: &Limit, other: SlidingLog, now_ns: u64) {
+        let mut other = other;
+        self.forget_expired(limit, now_ns);
+        other.forget_expired(limit, now_ns);
+        let fuller = (other.len(), other.times_ns.back()) > (self.len(), self.times_ns.back());
+        if fuller {
+            *self = other;
+        }
+    }
+
     /// Number of recorded units (for memory accounting and tests).
     pub fn len(&self) -> usize {
         self.times_ns.len()

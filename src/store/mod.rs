@@ -20,7 +20,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use parking_lot::{RwLock, RwLockWriteGuard};
 
-pub use self::shard::BucketState;
+pub use self::shard::{BucketState, BucketValue};
 use self::shard::{Shard, Undo};
 use crate::{BucketKey, Decision, Limit};
 
@@ -278,7 +278,7 @@ impl BucketStore {
         }
     }
 
-    /// Every GCRA bucket in use whose key passes `filter`: what a node hands over.
+    /// Every bucket in use whose key passes `filter`: what a node hands over.
     pub fn export(
         &self,
         now_ns: u64,

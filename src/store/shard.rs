@@ -1,7 +1,7 @@
 //! One shard of the bucket store: a table of buckets per algorithm family, plus the expiry and
 //! eviction that keep the shard within its share of `max_keys`.
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use hashbrown::HashTable;
 use parking_lot::Mutex;
@@ -17,6 +17,8 @@ pub(super) struct WindowEntry {
     hash: u64,
     check: u32,
     slot: Mutex<(Limit, WindowState)>,
+    /// Changed since the last replication round.
+    dirty: AtomicBool,
 }
 
 /// A sliding-log bucket (at most `SLIDING_LOG_MAX_LIMIT` timestamps).
@@ -25,6 +27,8 @@ pub(super) struct LogEntry {
     hash: u64,
     check: u32,
     slot: Mutex<(Limit, SlidingLog)>,
+    /// Changed since the last replication round.
+    dirty: AtomicBool,
 }
 
 /// What to restore to take back an admission (multi-checks that end up denied).
@@ -88,9 +92,12 @@ impl Shard {
                 let mut slot = entry.slot.lock();
                 let (decision, new_state) = decide_window(limit, &slot.1, now_ns, cost);
                 let undo = match new_state {
-                    Some(new_state) => Undo::Window {
-                        state: std::mem::replace(&mut slot.1, new_state),
-                    },
+                    Some(new_state) => {
+                        entry.dirty.store(true, Ordering::Relaxed);
+                        Undo::Window {
+                            state: std::mem::replace(&mut slot.1, new_state),
+                        }
+                    }
                     None => Undo::Nothing,
                 };
                 slot.0 = *limit;
@@ -102,6 +109,7 @@ impl Shard {
                 let decision = slot.1.decide(limit, now_ns, cost);
                 slot.0 = *limit;
                 let undo = if decision.is_allowed() && cost > 0 {
+                    entry.dirty.store(true, Ordering::Relaxed);
                     Undo::Log { cost }
                 } else {
                     Undo::Nothing
@@ -149,6 +157,7 @@ impl Shard {
                         hash: key.hash,
                         check: key.check,
                         slot,
+                        dirty: AtomicBool::new(true),
                     },
                     |e| e.hash,
                 );
@@ -169,6 +178,7 @@ impl Shard {
                         hash: key.hash,
                         check: key.check,
                         slot,
+                        dirty: AtomicBool::new(true),
                     },
                     |e| e.hash,
                 );
@@ -205,54 +215,75 @@ impl Shard {
                 let mut slot = entry.slot.lock();
                 if slot.1.window == now_ns / limit.period_ns() {
                     slot.1.count = slot.1.count.saturating_sub(cost);
+                    entry.dirty.store(true, Ordering::Relaxed);
                 }
             }
             Algorithm::SlidingLog => {
                 if let Some(entry) = self.logs.find(key.hash, same(key)) {
                     entry.slot.lock().1.undo(cost);
+                    entry.dirty.store(true, Ordering::Relaxed);
                 }
             }
         }
     }
 
-    /// Appends the GCRA buckets changed since the last call (clearing their mark) that are
-    /// still in use at `now`.
+    /// Appends the buckets changed since the last call (clearing their mark) that are still
+    /// in use at `now`.
     pub(super) fn take_changed(&self, now_ns: u64, out: &mut Vec<BucketState>) {
         for entry in self.gcra.iter() {
-            if entry.take_dirty() {
-                let tat_ns = entry.tat_ns.load(Ordering::Relaxed);
-                if tat_ns > now_ns {
-                    out.push(BucketState {
-                        key: entry.key(),
-                        tat_ns,
-                        margin_ms: entry.margin_ms(),
-                    });
-                }
+            if entry.take_dirty()
+                && let Some(state) = gcra_state(entry, now_ns)
+            {
+                out.push(state);
+            }
+        }
+        for entry in self.windows.iter() {
+            if entry.dirty.swap(false, Ordering::Relaxed)
+                && let Some(state) = entry.state(now_ns)
+            {
+                out.push(state);
+            }
+        }
+        for entry in self.logs.iter() {
+            if entry.dirty.swap(false, Ordering::Relaxed)
+                && let Some(state) = entry.state(now_ns)
+            {
+                out.push(state);
             }
         }
     }
 
-    /// Appends every GCRA bucket in use at `now` whose key passes `filter`.
+    /// Appends every bucket in use at `now` whose key passes `filter`.
     pub(super) fn export(
         &self,
         now_ns: u64,
         filter: &dyn Fn(BucketKey) -> bool,
         out: &mut Vec<BucketState>,
     ) {
-        for entry in self.gcra.iter() {
-            let tat_ns = entry.tat_ns.load(Ordering::Relaxed);
-            if tat_ns > now_ns && filter(entry.key()) {
-                out.push(BucketState {
-                    key: entry.key(),
-                    tat_ns,
-                    margin_ms: entry.margin_ms(),
-                });
-            }
-        }
+        let wanted = |key| filter(key);
+        out.extend(
+            self.gcra
+                .iter()
+                .filter(|e| wanted(e.key()))
+                .filter_map(|e| gcra_state(e, now_ns)),
+        );
+        out.extend(
+            self.windows
+                .iter()
+                .filter(|e| wanted(BucketKey::of(*e)))
+                .filter_map(|e| e.state(now_ns)),
+        );
+        out.extend(
+            self.logs
+                .iter()
+                .filter(|e| wanted(BucketKey::of(*e)))
+                .filter_map(|e| e.state(now_ns)),
+        );
     }
 
-    /// Merges a bucket received from a peer: the later TAT wins (it has admitted more), so a
-    /// merge can only make a decision stricter. Returns false when there was no room.
+    /// Merges a bucket received from a peer so that a merge can only make a decision stricter:
+    /// GCRA keeps the later TAT (it has admitted more), a window the larger count per window, a
+    /// log the copy holding more admissions. Returns false when there was no room.
     pub(super) fn merge(
         &mut self,
         state: &BucketState,
@@ -260,24 +291,61 @@ impl Shard {
         max_len: usize,
         stats: &StoreStats,
     ) -> bool {
-        if state.tat_ns <= now_ns {
-            return true;
+        let key = state.key;
+        match &state.value {
+            BucketValue::Gcra { tat_ns, margin_ms } => {
+                if *tat_ns <= now_ns {
+                    return true;
+                }
+                if let Some(entry) = self.gcra.find(key) {
+                    entry.tat_ns.fetch_max(*tat_ns, Ordering::Relaxed);
+                    return true;
+                }
+                if self.len() >= max_len && self.make_room(now_ns, stats).is_err() {
+                    return false;
+                }
+                let entry = GcraEntry::new(key, u64::from(*margin_ms) * 1_000_000, *tat_ns);
+                // Received state is not ours to replicate onward until it changes here.
+                entry.take_dirty();
+                self.gcra.insert(entry);
+            }
+            BucketValue::Window { limit, state } => {
+                if let Some(entry) = self.windows.find(key.hash, same(key)) {
+                    let mut slot = entry.slot.lock();
+                    slot.1 = slot.1.merge(*state);
+                    return true;
+                }
+                if self.len() >= max_len && self.make_room(now_ns, stats).is_err() {
+                    return false;
+                }
+                let entry = WindowEntry {
+                    hash: key.hash,
+                    check: key.check,
+                    slot: Mutex::new((*limit, *state)),
+                    dirty: AtomicBool::new(false),
+                };
+                self.windows.insert_unique(key.hash, entry, |e| e.hash);
+            }
+            BucketValue::Log { limit, times_ns } => {
+                let log = SlidingLog::from_times(limit, times_ns);
+                if let Some(entry) = self.logs.find(key.hash, same(key)) {
+                    let mut slot = entry.slot.lock();
+                    let limit = slot.0;
+                    slot.1.merge(&limit, log, now_ns);
+                    return true;
+                }
+                if self.len() >= max_len && self.make_room(now_ns, stats).is_err() {
+                    return false;
+                }
+                let entry = LogEntry {
+                    hash: key.hash,
+                    check: key.check,
+                    slot: Mutex::new((*limit, log)),
+                    dirty: AtomicBool::new(false),
+                };
+                self.logs.insert_unique(key.hash, entry, |e| e.hash);
+            }
         }
-        if let Some(entry) = self.gcra.find(state.key) {
-            entry.tat_ns.fetch_max(state.tat_ns, Ordering::Relaxed);
-            return true;
-        }
-        if self.len() >= max_len && self.make_room(now_ns, stats).is_err() {
-            return false;
-        }
-        let entry = GcraEntry::new(
-            state.key,
-            u64::from(state.margin_ms) * 1_000_000,
-            state.tat_ns,
-        );
-        // Received state is not ours to replicate onward until it changes here.
-        entry.take_dirty();
-        self.gcra.insert(entry);
         true
     }
 
@@ -350,13 +418,76 @@ impl Shard {
     }
 }
 
-/// A GCRA bucket as replicated or handed over between nodes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// A bucket as replicated or handed over between nodes.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BucketState {
     pub key: BucketKey,
-    pub tat_ns: u64,
-    /// See `GcraEntry::meta`: how far the TAT may run ahead while a cost of 1 still passes.
-    pub margin_ms: u32,
+    pub value: BucketValue,
+}
+
+/// The state of one bucket, by algorithm family.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BucketValue {
+    Gcra {
+        tat_ns: u64,
+        /// See `GcraEntry::meta`: how far the TAT may run ahead while a cost of 1 still passes.
+        margin_ms: u32,
+    },
+    /// A fixed or sliding window (the limit says which).
+    Window { limit: Limit, state: WindowState },
+    /// A sliding log: its admission times, oldest first.
+    Log { limit: Limit, times_ns: Vec<u64> },
+}
+
+/// A GCRA bucket's state, if it is still in use at `now`.
+fn gcra_state(entry: &GcraEntry, now_ns: u64) -> Option<BucketState> {
+    let tat_ns = entry.tat_ns.load(Ordering::Relaxed);
+    (tat_ns > now_ns).then(|| BucketState {
+        key: entry.key(),
+        value: BucketValue::Gcra {
+            tat_ns,
+            margin_ms: entry.margin_ms(),
+        },
+    })
+}
+
+impl WindowEntry {
+    /// The bucket's state, if it is still in use at `now`.
+    fn state(&self, now_ns: u64) -> Option<BucketState> {
+        let (limit, state) = *self.slot.lock();
+        let expired = match limit.algorithm() {
+            Algorithm::SlidingWindow => sliding_window::is_expired(&limit, &state, now_ns),
+            _ => fixed_window::is_expired(&limit, &state, now_ns),
+        };
+        (!expired).then(|| BucketState {
+            key: BucketKey::of(self),
+            value: BucketValue::Window { limit, state },
+        })
+    }
+}
+
+impl LogEntry {
+    /// The bucket's state, if it is still in use at `now`.
+    fn state(&self, now_ns: u64) -> Option<BucketState> {
+        let slot = self.slot.lock();
+        let (limit, log) = (&slot.0, &slot.1);
+        (!log.is_expired(limit, now_ns)).then(|| BucketState {
+            key: BucketKey::of(self),
+            value: BucketValue::Log {
+                limit: *limit,
+                times_ns: log.times().collect(),
+            },
+        })
+    }
+}
+
+impl BucketKey {
+    fn of(entry: &impl Identified) -> BucketKey {
+        BucketKey {
+            hash: entry.hash(),
+            check: entry.check(),
+        }
+    }
 }
 
 fn margin_ns(limit: &Limit) -> u64 {

@@ -6,8 +6,10 @@ use rkyv::{Archive, Deserialize, Serialize};
 
 use super::ErrorCode;
 use super::messages::Refusal;
+use super::messages::algorithm_to_wire;
+use crate::algorithm::WindowState;
 use crate::cluster::{Gossip, MemberState, SLOTS};
-use crate::{BucketKey, BucketState};
+use crate::{Algorithm, BucketKey, BucketState, BucketValue, Limit};
 
 /// A member as a client sees it.
 #[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
@@ -32,12 +34,26 @@ pub struct SlotTableMessage {
     pub owners: Vec<u16>,
 }
 
-/// One replicated bucket: its key bits, theoretical arrival time and margin.
-#[derive(Archive, Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
+/// One replicated bucket: its key bits and its state, flat (fields another algorithm does not
+/// use are zero).
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq, Default)]
 pub struct WireBucket {
     pub key: u128,
+    /// `Algorithm` in wire order: 0 gcra, 1 fixed-window, 2 sliding-window, 3 sliding-log.
+    pub algorithm: u8,
+    /// GCRA: the theoretical arrival time and the margin (ms).
     pub tat_ns: u64,
     pub margin_ms: u32,
+    /// Windows and logs: their limit.
+    pub rate: u64,
+    pub period_ns: u64,
+    pub burst: u64,
+    /// Windows: the window's index, the units admitted in it and in the one before.
+    pub window: u64,
+    pub count: u64,
+    pub previous: u64,
+    /// Logs: the admission times, oldest first (at most the limit's burst).
+    pub times_ns: Vec<u64>,
 }
 
 /// Node → node: buckets for a successor (every sync interval) or a new owner (hand-off).
@@ -90,22 +106,76 @@ pub fn member_state_from_wire(state: u8) -> MemberState {
 
 impl From<&BucketState> for WireBucket {
     fn from(state: &BucketState) -> Self {
-        WireBucket {
-            key: state.key.to_u128(),
-            tat_ns: state.tat_ns,
-            margin_ms: state.margin_ms,
+        let key = state.key.to_u128();
+        let with_limit = |limit: &Limit| WireBucket {
+            key,
+            algorithm: algorithm_to_wire(limit.algorithm()),
+            rate: limit.rate(),
+            period_ns: limit.period_ns(),
+            burst: limit.burst(),
+            ..WireBucket::default()
+        };
+        match &state.value {
+            BucketValue::Gcra { tat_ns, margin_ms } => WireBucket {
+                key,
+                algorithm: algorithm_to_wire(Algorithm::Gcra),
+                tat_ns: *tat_ns,
+                margin_ms: *margin_ms,
+                ..WireBucket::default()
+            },
+            BucketValue::Window { limit, state } => WireBucket {
+                window: state.window,
+                count: state.count,
+                previous: state.previous,
+                ..with_limit(limit)
+            },
+            BucketValue::Log { limit, times_ns } => WireBucket {
+                times_ns: times_ns.clone(),
+                ..with_limit(limit)
+            },
         }
     }
 }
 
-impl From<&ArchivedWireBucket> for BucketState {
-    fn from(bucket: &ArchivedWireBucket) -> Self {
-        BucketState {
-            key: BucketKey::from_u128(bucket.key.to_native()),
+/// Validates one received bucket: a known algorithm, a valid limit, a log no longer than it.
+fn bucket_from_wire(bucket: &ArchivedWireBucket) -> Result<BucketState, Refusal> {
+    let key = BucketKey::from_u128(bucket.key.to_native());
+    let algorithm = *Algorithm::ALL
+        .get(usize::from(bucket.algorithm))
+        .ok_or_else(|| malformed("bucket", format!("unknown algorithm {}", bucket.algorithm)))?;
+    let value = if algorithm == Algorithm::Gcra {
+        BucketValue::Gcra {
             tat_ns: bucket.tat_ns.to_native(),
             margin_ms: bucket.margin_ms.to_native(),
         }
-    }
+    } else {
+        let limit = Limit::new(
+            algorithm,
+            bucket.rate.to_native(),
+            bucket.period_ns.to_native(),
+            bucket.burst.to_native(),
+        )
+        .map_err(|e| malformed("bucket", e))?;
+        if algorithm == Algorithm::SlidingLog {
+            if bucket.times_ns.len() as u64 > limit.burst() {
+                return Err(malformed("bucket", "log longer than its limit"));
+            }
+            BucketValue::Log {
+                limit,
+                times_ns: bucket.times_ns.iter().map(|t| t.to_native()).collect(),
+            }
+        } else {
+            BucketValue::Window {
+                limit,
+                state: WindowState {
+                    window: bucket.window.to_native(),
+                    count: bucket.count.to_native(),
+                    previous: bucket.previous.to_native(),
+                },
+            }
+        }
+    };
+    Ok(BucketState { key, value })
 }
 
 fn malformed(what: &str, e: impl std::fmt::Display) -> Refusal {
@@ -144,7 +214,11 @@ pub fn decode_replicate(payload: &[u8]) -> Result<Replicated, Refusal> {
     Ok(Replicated {
         from: message.from.as_str().to_owned(),
         handoff,
-        buckets: message.buckets.iter().map(BucketState::from).collect(),
+        buckets: message
+            .buckets
+            .iter()
+            .map(bucket_from_wire)
+            .collect::<Result<_, _>>()?,
     })
 }
 

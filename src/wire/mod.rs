@@ -118,9 +118,10 @@ pub enum ErrorCode {
     Truncated = 11,
     /// Too many connections or streams. Connection refused or closed.
     Overloaded = 12,
-    /// Node to node only: a forwarded check for a slot this node has handed to another owner
-    /// (or never received). Nothing was decided; the forwarder places the check again once its
-    /// slot table has caught up.
+    /// Node to node only: a forwarded check for a slot this node has handed to another owner,
+    /// sent after this node left, or sent under a table this node had before (the sender is
+    /// behind). Nothing was decided; the forwarder places the check again once its slot table
+    /// has caught up.
     NotOwner = 13,
 }
 
