@@ -20,6 +20,12 @@ use crate::slots::{ClusterTable, LinkFactory, Refresher, Routing};
 use crate::tls;
 use crate::verdict::{Check, DegradedReason, Source, Verdict};
 
+/// What one node made of a call: an answer for the caller, or why it gave none.
+enum Attempt {
+    Answered(Result<Vec<Verdict>, ClientError>),
+    Failed(DegradedReason),
+}
+
 /// A connection to a set of floodgate nodes. Cheap to clone (an `Arc` inside) and safe to use
 /// from many tasks at once; concurrent calls to one node are coalesced into shared frames.
 ///
@@ -136,52 +142,42 @@ impl Client {
     pub async fn check(&self, checks: &[Check]) -> Result<Vec<Verdict>, ClientError> {
         let inner = &*self.inner;
         inner.validate(checks)?;
-        let routes = inner.routing.routes();
-        let link = &routes.links[routes.route(&checks[0].key)];
-        if let Admit::Reject { .. } = link.breaker.admit() {
-            return Ok(inner
-                .fallback
-                .resolve_all(checks, DegradedReason::CircuitOpen));
-        }
-        let (reply, answer) = oneshot::channel();
-        let wire = checks
-            .iter()
-            .map(|c| WireCheck::new(c.key.as_slice(), &c.limit, c.cost))
-            .collect();
         // The timeout is a deadline carried by the call: the queue's reaper or the stream task
         // holding the call answers `Timeout` when it passes (one timer per queue or frame, not
         // per call; see `queue`).
         let deadline = Instant::now() + inner.timeout;
-        if let Err((_, reason)) = link.queue.push(Call {
-            checks: wire,
-            reply,
-            deadline,
-        }) {
-            return Ok(inner.fallback.resolve_all(checks, reason));
+        let routes = inner.routing.routes();
+        let key = &checks[0].key;
+        let owner = &routes.links[routes.route(key)];
+        let successor = routes
+            .successor(key)
+            .map(|i| &routes.links[i])
+            .filter(|s| !Arc::ptr_eq(s, owner) && s.is_connected());
+        // The owner decides; when it cannot be reached, its successor takes over from its
+        // replicas (better than each client's fallback bucket deciding alone).
+        let first_is_takeover = owner.is_down() && successor.is_some();
+        let first = if first_is_takeover {
+            successor.unwrap_or(owner)
+        } else {
+            owner
+        };
+        let reason = match inner.send(first, checks, first_is_takeover, deadline).await {
+            Attempt::Answered(result) => return result,
+            Attempt::Failed(reason) => reason,
+        };
+        let unreachable = matches!(
+            reason,
+            DegradedReason::Unreachable | DegradedReason::CircuitOpen
+        );
+        if !first_is_takeover
+            && unreachable
+            && let Some(successor) = successor
+            && Instant::now() < deadline
+            && let Attempt::Answered(result) = inner.send(successor, checks, true, deadline).await
+        {
+            return result;
         }
-        // Every holder of a call answers it by its deadline or drops it; a dropped call (the
-        // runtime shutting down) reads as unreachable.
-        let reply = answer
-            .await
-            .unwrap_or(Reply::Failed(DegradedReason::Unreachable));
-        match reply {
-            Reply::Decided { decisions, start } => {
-                link.breaker.on_success();
-                Ok(inner.verdicts_from_node(checks, decisions.get(start..start + checks.len())))
-            }
-            Reply::Refused { code, message } => {
-                link.breaker.on_success();
-                Err(ClientError::Rejected {
-                    node: link.addr,
-                    code,
-                    message,
-                })
-            }
-            Reply::Failed(reason) => {
-                link.breaker.on_failure();
-                Ok(inner.fallback.resolve_all(checks, reason))
-            }
-        }
+        Ok(inner.fallback.resolve_all(checks, reason))
     }
 
     /// Index in [`Client::nodes`] of the node that decides `key` now. A [`Client::check`] call
@@ -315,6 +311,60 @@ impl Inner {
             )));
         }
         Ok(())
+    }
+
+    /// Sends `checks` to one node (marked as a takeover when it is the owner's successor) and
+    /// waits for its answer, at most until `deadline`.
+    async fn send(
+        &self,
+        link: &NodeLink,
+        checks: &[Check],
+        takeover: bool,
+        deadline: Instant,
+    ) -> Attempt {
+        if let Admit::Reject { .. } = link.breaker.admit() {
+            return Attempt::Failed(DegradedReason::CircuitOpen);
+        }
+        let (reply, answer) = oneshot::channel();
+        let wire = checks
+            .iter()
+            .map(|c| WireCheck {
+                takeover,
+                ..WireCheck::new(c.key.as_slice(), &c.limit, c.cost)
+            })
+            .collect();
+        if let Err((_, reason)) = link.queue.push(Call {
+            checks: wire,
+            reply,
+            deadline,
+        }) {
+            return Attempt::Failed(reason);
+        }
+        // Every holder of a call answers it by its deadline or drops it; a dropped call (the
+        // runtime shutting down) reads as unreachable.
+        let reply = answer
+            .await
+            .unwrap_or(Reply::Failed(DegradedReason::Unreachable));
+        match reply {
+            Reply::Decided { decisions, start } => {
+                link.breaker.on_success();
+                Attempt::Answered(Ok(
+                    self.verdicts_from_node(checks, decisions.get(start..start + checks.len()))
+                ))
+            }
+            Reply::Refused { code, message } => {
+                link.breaker.on_success();
+                Attempt::Answered(Err(ClientError::Rejected {
+                    node: link.addr,
+                    code,
+                    message,
+                }))
+            }
+            Reply::Failed(reason) => {
+                link.breaker.on_failure();
+                Attempt::Failed(reason)
+            }
+        }
     }
 
     /// Verdicts from the node's decisions; checks it could not decide (e.g. `StoreFull`) follow

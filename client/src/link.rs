@@ -103,6 +103,17 @@ impl NodeLink {
         }
     }
 
+    /// True while the link has a connection (cheap: one watch read).
+    pub(crate) fn is_connected(&self) -> bool {
+        *self.state.borrow() == LinkState::Connected
+    }
+
+    /// True when the link had a connection and lost it (not while a new link first connects:
+    /// its node may be up and deciding for others).
+    pub(crate) fn is_down(&self) -> bool {
+        *self.state.borrow() == LinkState::Disconnected
+    }
+
     pub(crate) fn status(&self) -> NodeStatus {
         NodeStatus {
             addr: self.addr,

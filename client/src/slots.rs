@@ -10,8 +10,10 @@
 //!   answer says so,
 //!
 //! by one background task ([`Refresher`]): at most one fetch in flight, at most one every
-//! [`MIN_FETCH_INTERVAL`]. A call whose owner is down follows its failure mode: it is never sent
-//! to another node, since only the owner decides exactly. Before any table is known (or from
+//! [`MIN_FETCH_INTERVAL`]. A call whose owner cannot be reached (its link is down or its breaker
+//! open, or the call failed on it) goes to the slot's successor, marked as a takeover: the
+//! successor holds the owner's replicas (at most one sync interval old) and decides from them.
+//! Only when neither can be reached does the failure mode decide. Before any table is known (or from
 //! nodes that serve none) calls spread over the seeds by a stable hash ([`Router`]); the nodes
 //! forward what they do not own.
 //!
@@ -76,6 +78,8 @@ pub struct ClusterTable {
     pub members: Vec<ClusterMember>,
     /// `owners[slot]` indexes `members`; `NONE`: nobody.
     owners: Vec<u16>,
+    /// `successors[slot]`: who holds the slot's replicas and takes it over if its owner fails.
+    successors: Vec<u16>,
 }
 
 impl ClusterTable {
@@ -96,12 +100,19 @@ impl ClusterTable {
                 })
                 .collect(),
             owners: message.owners,
+            successors: message.successors,
         }
     }
 
     /// The member that owns `slot`.
     pub fn owner(&self, slot: u16) -> Option<&ClusterMember> {
         let index = *self.owners.get(usize::from(slot))?;
+        self.members.get(usize::from(index))
+    }
+
+    /// The member that takes `slot` over if its owner fails (it holds the replicas).
+    pub fn successor(&self, slot: u16) -> Option<&ClusterMember> {
+        let index = *self.successors.get(usize::from(slot))?;
         self.members.get(usize::from(index))
     }
 
@@ -127,6 +138,8 @@ pub(crate) struct Routes {
     table: Option<Arc<ClusterTable>>,
     /// Per slot, the index in `links` of its owner's link (`NONE`: no table, or no link).
     slot_link: Box<[u16]>,
+    /// Per slot, the index in `links` of its successor's link (`NONE`: none).
+    successor_link: Box<[u16]>,
     /// Before a table is known: a stable hash over the seeds.
     fallback: Router,
 }
@@ -138,6 +151,7 @@ impl Routes {
             links: seeds,
             table: None,
             slot_link: vec![NONE; SLOTS].into_boxed_slice(),
+            successor_link: vec![NONE; SLOTS].into_boxed_slice(),
         }
     }
 
@@ -150,6 +164,13 @@ impl Routes {
             }
         }
         self.fallback.route(key)
+    }
+
+    /// Index in `links` of the node that takes over `key`'s slot when its owner is
+    /// unreachable, if the table names one with a link.
+    pub(crate) fn successor(&self, key: &[u8]) -> Option<usize> {
+        let index = self.successor_link[usize::from(slot_of(key))];
+        (index != NONE).then_some(usize::from(index))
     }
 }
 
@@ -448,8 +469,13 @@ impl Refresher {
             .store(table.version, Ordering::Relaxed);
         // Another node's copy of the same table differs only in `from` and `epoch`.
         if let Some(last) = &self.last_table
-            && (last.version, &last.members, &last.owners)
-                == (table.version, &table.members, &table.owners)
+            && (last.version, &last.members, &last.owners, &last.successors)
+                == (
+                    table.version,
+                    &table.members,
+                    &table.owners,
+                    &table.successors,
+                )
         {
             return;
         }
@@ -506,11 +532,14 @@ impl Refresher {
                     .unwrap_or(NONE)
             })
             .collect();
-        let slot_link = table
-            .owners
-            .iter()
-            .map(|&o| member_link.get(usize::from(o)).copied().unwrap_or(NONE))
-            .collect();
+        let link_of = |members: &[u16]| {
+            members
+                .iter()
+                .map(|&m| member_link.get(usize::from(m)).copied().unwrap_or(NONE))
+                .collect()
+        };
+        let slot_link = link_of(&table.owners);
+        let successor_link = link_of(&table.successors);
         let table = Arc::new(table);
         tracing::debug!(
             version = table.version,
@@ -523,6 +552,7 @@ impl Refresher {
             links,
             table: Some(table.clone()),
             slot_link,
+            successor_link,
         };
         self.routing.routes.send_replace(Arc::new(routes));
         self.last_table = Some(table);
@@ -681,18 +711,18 @@ mod tests {
                 state: member_state_to_wire(MemberState::Alive),
             })
             .collect();
-        let owners = (0..SLOTS as u16)
-            .map(|s| {
-                let owner = table.owner(s).unwrap();
-                ids.iter().position(|id| id == owner).unwrap() as u16
-            })
-            .collect();
+        let index = |id: Option<&str>| {
+            id.map_or(NONE, |id| ids.iter().position(|i| i == id).unwrap() as u16)
+        };
         SlotTableMessage {
             version: table.version(),
             epoch: table.epoch(),
             from: ids[0].clone(),
             members,
-            owners,
+            owners: (0..SLOTS as u16).map(|s| index(table.owner(s))).collect(),
+            successors: (0..SLOTS as u16)
+                .map(|s| index(table.successor(s)))
+                .collect(),
         }
     }
 

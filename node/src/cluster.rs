@@ -319,6 +319,14 @@ impl Cluster {
         }
     }
 
+    /// True when this node has not heard from the member for a while (suspect or dead).
+    pub(crate) fn suspects(&self, id: &str) -> bool {
+        matches!(
+            self.membership.lock().state_of(id),
+            Some(floodgate::cluster::MemberState::Suspect | floodgate::cluster::MemberState::Dead)
+        )
+    }
+
     /// The address of the member with this id.
     pub(crate) fn addr_of(&self, id: &str) -> Option<String> {
         self.membership.lock().info(id).map(|m| m.addr.clone())
@@ -352,12 +360,16 @@ impl Cluster {
         let owners = (0..floodgate::cluster::SLOTS as u16)
             .map(|s| table.owner(s).map_or(u16::MAX, index))
             .collect();
+        let successors = (0..floodgate::cluster::SLOTS as u16)
+            .map(|s| table.successor(s).map_or(u16::MAX, index))
+            .collect();
         SlotTableMessage {
             version: table.version(),
             epoch: table.epoch(),
             from: self.me.id.clone(),
             members,
             owners,
+            successors,
         }
     }
 

@@ -46,24 +46,51 @@ enum Placed {
     Refused(ErrorCode),
 }
 
+/// How a group reached this node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Arrival {
+    /// From a client that routes it to the owner (or does not know the owner).
+    Client,
+    /// From a client that cannot reach the owner, to the slot's successor.
+    Takeover,
+    /// From a node that does not own it.
+    Forwarded,
+}
+
+/// What this node knows that placement depends on, besides its table.
+struct Knowledge<G, S> {
+    /// This node handed the slot off (or the sender is behind).
+    gave_away: G,
+    /// This node has not heard from the member for a while (suspect or dead).
+    suspects: S,
+}
+
 /// Where a group on a slot goes first, by this node's table (`None` means decide here).
 fn first_place(
     table: &SlotTable,
     me: &str,
     slot: u16,
-    forwarded: bool,
-    gave_away: impl Fn(u16) -> bool,
+    arrival: Arrival,
+    knows: &Knowledge<impl Fn(u16) -> bool, impl Fn(&str) -> bool>,
 ) -> Option<Placed> {
     let owner = table.owner(slot);
     if owner == Some(me) {
         return None;
     }
-    if forwarded {
+    let left = !table.nodes().iter().any(|n| n == me);
+    if arrival == Arrival::Takeover && table.successor(slot) == Some(me) && !left {
+        // The client cannot reach the owner. When this node cannot hear it either, it decides
+        // from its replicas (at most one sync interval old), as it will once the owner is
+        // declared dead. An owner it still hears may be reachable by others (or be leaving and
+        // handing its buckets over): refuse at once, and the client's failure mode decides.
+        let silent = owner.is_some_and(|o| (knows.suspects)(o));
+        return (!silent).then_some(Placed::Refused(ErrorCode::NotOwner));
+    }
+    if arrival == Arrival::Forwarded {
         // The sender's table names this node. A slot handed off (or a node that left) is
         // never decided here; a slot never held is decided once, here (our table did not catch
         // up in time; forwarding on could loop).
-        let left = !table.nodes().iter().any(|n| n == me);
-        return (left || gave_away(slot)).then_some(Placed::Refused(ErrorCode::NotOwner));
+        return (left || (knows.gave_away)(slot)).then_some(Placed::Refused(ErrorCode::NotOwner));
     }
     Some(match owner {
         Some(owner) => Placed::Remote(owner.to_owned()),
@@ -145,19 +172,32 @@ pub(crate) async fn answer_check_batch(
         decide_group(&shared.store, &mut tally, now_ns, &groups[i], local);
         Placed::Here(start..local.len())
     };
+    let arrival = |i: usize| match groups[i].first() {
+        _ if forwarded => Arrival::Forwarded,
+        Some(check) if check.takeover => Arrival::Takeover,
+        _ => Arrival::Client,
+    };
+    let knows = Knowledge {
+        gave_away: |s| sender_behind || cluster.gave_away(s),
+        suspects: |id: &str| cluster.suspects(id),
+    };
+    let mut taken_over = 0;
     let (mut placed, table_version) = {
         let _deciding = cluster.deciding();
         let table = cluster.table();
         let placed: Vec<Placed> = (0..groups.len())
             .map(|i| {
-                first_place(&table, me, slot(i), forwarded, |s| {
-                    sender_behind || cluster.gave_away(s)
+                first_place(&table, me, slot(i), arrival(i), &knows).unwrap_or_else(|| {
+                    if table.owner(slot(i)) != Some(me) && arrival(i) == Arrival::Takeover {
+                        taken_over += groups[i].len() as u64;
+                    }
+                    decide_here(i, &mut local)
                 })
-                .unwrap_or_else(|| decide_here(i, &mut local))
             })
             .collect();
         (placed, table.version())
     };
+    shared.metrics.taken_over.increment(taken_over);
 
     if placed.iter().any(|p| matches!(p, Placed::Remote(_))) {
         // Already validated by decode_frame, so this access succeeds.
@@ -346,15 +386,29 @@ mod tests {
 
     const NEVER: fn(u16) -> bool = |_| false;
     const ALWAYS: fn(u16) -> bool = |_| true;
+    const TRUSTED: fn(&str) -> bool = |_| false;
+
+    type Known = Knowledge<fn(u16) -> bool, fn(&str) -> bool>;
+
+    /// What a node knows: whether it gave every slot away, and whom it suspects.
+    fn knows(gave_away: fn(u16) -> bool, suspects: fn(&str) -> bool) -> Known {
+        Knowledge {
+            gave_away,
+            suspects,
+        }
+    }
 
     #[test]
     fn a_client_check_is_decided_by_its_owner_and_forwarded_otherwise() {
         let t = table(&["a", "b", "c"]);
         let mine = slot_owned_by(&t, "a");
         let theirs = slot_owned_by(&t, "b");
-        assert_eq!(first_place(&t, "a", mine, false, NEVER), None);
         assert_eq!(
-            first_place(&t, "a", theirs, false, NEVER),
+            first_place(&t, "a", mine, Arrival::Client, &knows(NEVER, TRUSTED)),
+            None
+        );
+        assert_eq!(
+            first_place(&t, "a", theirs, Arrival::Client, &knows(NEVER, TRUSTED)),
             Some(Placed::Remote("b".into()))
         );
     }
@@ -364,20 +418,64 @@ mod tests {
         let t = table(&["a", "b", "c"]);
         let theirs = slot_owned_by(&t, "b");
         let refused = Some(Placed::Refused(ErrorCode::NotOwner));
-        assert_eq!(first_place(&t, "a", theirs, true, ALWAYS), refused);
+        assert_eq!(
+            first_place(&t, "a", theirs, Arrival::Forwarded, &knows(ALWAYS, TRUSTED)),
+            refused
+        );
         // Never held: the sender's table is newer; decided here, never forwarded on.
-        assert_eq!(first_place(&t, "a", theirs, true, NEVER), None);
+        assert_eq!(
+            first_place(&t, "a", theirs, Arrival::Forwarded, &knows(NEVER, TRUSTED)),
+            None
+        );
         // A node that left is in nobody's table, its own included.
         let after_leave = table(&["b", "c"]);
         let slot = slot_owned_by(&after_leave, "b");
-        assert_eq!(first_place(&after_leave, "a", slot, true, NEVER), refused);
         assert_eq!(
-            first_place(&after_leave, "a", slot, false, NEVER),
+            first_place(
+                &after_leave,
+                "a",
+                slot,
+                Arrival::Forwarded,
+                &knows(NEVER, TRUSTED)
+            ),
+            refused
+        );
+        assert_eq!(
+            first_place(
+                &after_leave,
+                "a",
+                slot,
+                Arrival::Client,
+                &knows(NEVER, TRUSTED)
+            ),
             Some(Placed::Remote("b".into()))
         );
         assert_eq!(
-            first_place(&table(&[]), "a", 7, false, NEVER),
+            first_place(&table(&[]), "a", 7, Arrival::Client, &knows(NEVER, TRUSTED)),
             Some(Placed::Refused(ErrorCode::ShuttingDown))
+        );
+    }
+
+    #[test]
+    fn a_takeover_is_decided_by_the_successor_only_when_it_too_cannot_hear_the_owner() {
+        let t = table(&["a", "b", "c"]);
+        let slot = (0..floodgate::cluster::SLOTS as u16)
+            .find(|&s| t.owner(s) == Some("b") && t.successor(s) == Some("a"))
+            .unwrap();
+        let suspects_b: fn(&str) -> bool = |id| id == "b";
+        assert_eq!(
+            first_place(&t, "a", slot, Arrival::Takeover, &knows(NEVER, suspects_b)),
+            None
+        );
+        assert_eq!(
+            first_place(&t, "a", slot, Arrival::Takeover, &knows(NEVER, TRUSTED)),
+            Some(Placed::Refused(ErrorCode::NotOwner)),
+            "an owner still heard may be up: refused at once"
+        );
+        assert_eq!(
+            first_place(&t, "c", slot, Arrival::Takeover, &knows(NEVER, TRUSTED)),
+            Some(Placed::Remote("b".into())),
+            "not the successor: to the owner"
         );
     }
 

@@ -65,6 +65,8 @@ pub struct NodeMetrics {
     /// Forwarded checks the receiver answered `not_owner` (it had handed the slot off), each
     /// then placed again.
     pub forward_refused: Counter,
+    /// Checks decided here as the slot's successor for a client that could not reach the owner.
+    pub taken_over: Counter,
     /// Buckets sent to successors / received as replicas.
     pub replicated: Counter,
     pub received_replicas: Counter,
@@ -97,6 +99,7 @@ impl NodeMetrics {
             replication_lag: gauge!("floodgate_replication_lag_seconds"),
             forwarded: counter!("floodgate_forwarded_checks_total"),
             forward_refused: counter!("floodgate_forward_refused_checks_total"),
+            taken_over: counter!("floodgate_takeover_checks_total"),
             replicated: counter!("floodgate_replicated_buckets_total", "direction" => "sent"),
             received_replicas: counter!("floodgate_replicated_buckets_total", "direction" => "received"),
             handed_off: counter!("floodgate_handoff_buckets_total", "direction" => "sent"),

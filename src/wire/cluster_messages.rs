@@ -32,6 +32,9 @@ pub struct SlotTableMessage {
     pub from: String,
     pub members: Vec<TableMember>,
     pub owners: Vec<u16>,
+    /// `successors[slot]`: who takes the slot over if its owner fails (it holds the replicas);
+    /// indexes `members` like `owners`.
+    pub successors: Vec<u16>,
 }
 
 /// One replicated bucket: its key bits and its state, flat (fields another algorithm does not
@@ -228,18 +231,20 @@ pub fn decode_slot_table(payload: &[u8]) -> Result<SlotTableMessage, Refusal> {
         .map_err(|e| malformed("slot table", e))?;
     let table: SlotTableMessage = rkyv::deserialize::<SlotTableMessage, rancor::Error>(archived)
         .map_err(|e| malformed("slot table", e))?;
-    if table.owners.len() != SLOTS {
+    if table.owners.len() != SLOTS || table.successors.len() != SLOTS {
         return Err((
             ErrorCode::MalformedPayload,
             format!(
-                "slot table with {} slots, expected {SLOTS}",
-                table.owners.len()
+                "slot table with {} owners and {} successors, expected {SLOTS}",
+                table.owners.len(),
+                table.successors.len()
             ),
         ));
     }
     if table
         .owners
         .iter()
+        .chain(&table.successors)
         .any(|&o| o != u16::MAX && usize::from(o) >= table.members.len())
     {
         return Err((

@@ -20,6 +20,10 @@ pub struct WireCheck {
     /// Give `cost` back instead of taking it (a request denied on another node). A group is
     /// either all refunds or none; refunds are never denied.
     pub refund: bool,
+    /// Sent to the slot's successor because the client cannot reach the owner: the successor
+    /// decides it from its replica of the owner's buckets instead of forwarding it. Read on a
+    /// group's first check.
+    pub takeover: bool,
 }
 
 /// Client → node: groups of checks. Each group decides all-or-nothing (one gateway request's
@@ -79,6 +83,7 @@ pub struct ValidCheck {
     pub limit: Limit,
     pub cost: u64,
     pub refund: bool,
+    pub takeover: bool,
 }
 
 impl WireCheck {
@@ -91,6 +96,7 @@ impl WireCheck {
             burst: limit.burst(),
             cost,
             refund: false,
+            takeover: false,
         }
     }
 
@@ -252,6 +258,7 @@ fn validate_check(check: &ArchivedWireCheck, limits: &WireLimits) -> Result<Vali
         limit,
         cost: check.cost.to_native(),
         refund: check.refund,
+        takeover: check.takeover,
     })
 }
 
