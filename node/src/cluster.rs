@@ -92,11 +92,12 @@ impl Peers {
     }
 
     /// Sends one frame on its own unidirectional stream, in the background (gossip, replication).
+    /// The task ends true once the peer has the whole frame.
     pub(crate) fn send(
         self: &Arc<Self>,
         addr: String,
         frame: Vec<u8>,
-    ) -> tokio::task::JoinHandle<()> {
+    ) -> tokio::task::JoinHandle<bool> {
         let peers = self.clone();
         tokio::spawn(async move {
             let sent = tokio::time::timeout(PEER_TIMEOUT, async {
@@ -110,9 +111,11 @@ impl Peers {
                 anyhow::Ok(())
             })
             .await;
-            if !matches!(sent, Ok(Ok(()))) {
+            let delivered = matches!(sent, Ok(Ok(())));
+            if !delivered {
                 tracing::debug!(%addr, "peer message not delivered");
             }
+            delivered
         })
     }
 
@@ -381,7 +384,7 @@ impl Cluster {
         shared: &Shared,
         now_ns: u64,
         change: impl FnOnce(&mut Membership),
-    ) -> Vec<tokio::task::JoinHandle<()>> {
+    ) -> Vec<tokio::task::JoinHandle<bool>> {
         let _one_at_a_time = self.updating.lock();
         let (epoch, owners) = {
             let mut membership = self.membership.lock();
@@ -433,7 +436,7 @@ impl Cluster {
     /// Tells every other member that this node, just joined, holds no state for the slots it
     /// does not own: a member that expects a hand-off from it for one of them (because its
     /// view had this node owning the slot before this node knew the cluster) need not wait.
-    fn announce_no_state(&self, table: &SlotTable) -> Vec<tokio::task::JoinHandle<()>> {
+    fn announce_no_state(&self, table: &SlotTable) -> Vec<tokio::task::JoinHandle<bool>> {
         let me = Some(self.me.id.as_str());
         let slots: Vec<u16> = (0..floodgate::cluster::SLOTS as u16)
             .filter(|&s| table.owner(s) != me)
@@ -522,7 +525,7 @@ impl Cluster {
         old: &SlotTable,
         new: &SlotTable,
         now_ns: u64,
-    ) -> Vec<tokio::task::JoinHandle<()>> {
+    ) -> Vec<tokio::task::JoinHandle<bool>> {
         let me = self.me.id.as_str();
         let mut moved: HashMap<String, Vec<BucketState>> = HashMap::new();
         let mut buckets = Vec::new();
@@ -566,7 +569,7 @@ impl Cluster {
         owner_id: &str,
         handoff: Option<(u64, Vec<u16>)>,
         buckets: &[BucketState],
-    ) -> Vec<tokio::task::JoinHandle<()>> {
+    ) -> Vec<tokio::task::JoinHandle<bool>> {
         let Some(addr) = self.addr_of(owner_id) else {
             return Vec::new();
         };
@@ -608,12 +611,14 @@ impl Cluster {
         drop(self.update_table(shared, now_ns, |_| {}));
     }
 
-    fn replicate(&self, shared: &Shared, now_ns: u64) {
+    /// Sends the buckets changed since the last round to their slots' successors; returns the
+    /// sends (each ends true once delivered).
+    fn replicate(&self, shared: &Shared, now_ns: u64) -> Vec<tokio::task::JoinHandle<bool>> {
         let table = self.table();
         // Alone, there is nobody to replicate to; changed marks stay set, so a node that joins
         // later still receives them (through the hand-off first).
         if table.nodes().len() < 2 {
-            return;
+            return Vec::new();
         }
         let mut changed = Vec::new();
         shared.store.take_changed(now_ns, &mut changed);
@@ -631,10 +636,12 @@ impl Cluster {
                 by_target.entry(target).or_default().push(bucket);
             }
         }
+        let mut sends = Vec::new();
         for (target, buckets) in by_target {
             shared.metrics.replicated.increment(buckets.len() as u64);
-            drop(self.send_buckets(target, None, &buckets));
+            sends.extend(self.send_buckets(target, None, &buckets));
         }
+        sends
     }
 
     /// Announces a graceful leave and hands every bucket to its owner without this node.
@@ -660,6 +667,9 @@ impl Cluster {
 }
 
 /// Runs gossip rounds and replication until shutdown.
+///
+/// The replication lag gauge is the time since the start of the last round whose every message
+/// the successors acknowledged: how old their copies can be now (it grows while one is down).
 pub(crate) async fn run(shared: Arc<Shared>, mut shutdown: watch::Receiver<bool>) {
     let cluster = &shared.cluster;
     let tick = Duration::from_nanos(cluster.config.membership.gossip_interval_ns / 2)
@@ -667,7 +677,7 @@ pub(crate) async fn run(shared: Arc<Shared>, mut shutdown: watch::Receiver<bool>
     let mut ticker = tokio::time::interval(tick);
     let sync_ns = u64::try_from(cluster.config.sync_interval.as_nanos()).unwrap_or(u64::MAX);
     let mut next_sync_ns = 0;
-    let mut last_sync_ns = 0;
+    let replicated_through = Arc::new(AtomicU64::new(shared.clock.now_ns()));
     loop {
         tokio::select! {
             _ = ticker.tick() => {}
@@ -676,15 +686,20 @@ pub(crate) async fn run(shared: Arc<Shared>, mut shutdown: watch::Receiver<bool>
         let now_ns = shared.clock.now_ns();
         cluster.gossip_round(&shared, now_ns);
         if now_ns >= next_sync_ns {
-            cluster.replicate(&shared, now_ns);
-            if last_sync_ns > 0 {
-                shared
-                    .metrics
-                    .replication_lag
-                    .set((now_ns - last_sync_ns) as f64 / 1e9);
-            }
-            last_sync_ns = now_ns;
+            let sends = cluster.replicate(&shared, now_ns);
+            let through = replicated_through.clone();
+            // One waiter per round, each bounded by the sends' own timeout.
+            tokio::spawn(async move {
+                for send in sends {
+                    if !matches!(send.await, Ok(true)) {
+                        return;
+                    }
+                }
+                through.fetch_max(now_ns, Ordering::Relaxed);
+            });
             next_sync_ns = now_ns + sync_ns;
         }
+        let lag_ns = now_ns.saturating_sub(replicated_through.load(Ordering::Relaxed));
+        shared.metrics.replication_lag.set(lag_ns as f64 / 1e9);
     }
 }

@@ -58,7 +58,8 @@ pub struct NodeMetrics {
     /// Members by state: alive, suspect, dead, left.
     pub members: [Gauge; 4],
     pub table_epoch: Gauge,
-    /// Seconds between the last two replication rounds: how stale a successor's copy can be.
+    /// Seconds since the start of the last replication round that every successor acknowledged:
+    /// how old their copies can be (grows while a successor is unreachable).
     pub replication_lag: Gauge,
     /// Checks sent on to their owner.
     pub forwarded: Counter,

@@ -223,13 +223,14 @@ impl RulesHandle {
     fn reject(&self, watch: &mut WatchState, text: String, error: String) -> ReloadOutcome {
         watch.rejected_text = Some(text);
         watch.recheck = RECHECKS_AFTER_REJECT;
+        // The error first: whoever the count wakes must find it.
+        *lock(&self.last_error) = Some(error.clone());
         self.outcomes.send_modify(|c| c.rejected += 1);
         counter!("floodgate_rules_reloads_total", "result" => "rejected").increment(1);
         tracing::warn!(
             version = read(&self.current).version(),
             "rules edit rejected, the rules in force stay:\n{error}"
         );
-        *lock(&self.last_error) = Some(error.clone());
         ReloadOutcome::Rejected { error }
     }
 
