@@ -322,14 +322,6 @@ impl Cluster {
         }
     }
 
-    /// True when this node has not heard from the member for a while (suspect or dead).
-    pub(crate) fn suspects(&self, id: &str) -> bool {
-        matches!(
-            self.membership.lock().state_of(id),
-            Some(floodgate::cluster::MemberState::Suspect | floodgate::cluster::MemberState::Dead)
-        )
-    }
-
     /// The address of the member with this id.
     pub(crate) fn addr_of(&self, id: &str) -> Option<String> {
         self.membership.lock().info(id).map(|m| m.addr.clone())

@@ -57,21 +57,13 @@ enum Arrival {
     Forwarded,
 }
 
-/// What this node knows that placement depends on, besides its table.
-struct Knowledge<G, S> {
-    /// This node handed the slot off (or the sender is behind).
-    gave_away: G,
-    /// This node has not heard from the member for a while (suspect or dead).
-    suspects: S,
-}
-
 /// Where a group on a slot goes first, by this node's table (`None` means decide here).
 fn first_place(
     table: &SlotTable,
     me: &str,
     slot: u16,
     arrival: Arrival,
-    knows: &Knowledge<impl Fn(u16) -> bool, impl Fn(&str) -> bool>,
+    gave_away: impl Fn(u16) -> bool,
 ) -> Option<Placed> {
     let owner = table.owner(slot);
     if owner == Some(me) {
@@ -79,18 +71,17 @@ fn first_place(
     }
     let left = !table.nodes().iter().any(|n| n == me);
     if arrival == Arrival::Takeover && table.successor(slot) == Some(me) && !left {
-        // The client cannot reach the owner. When this node cannot hear it either, it decides
-        // from its replicas (at most one sync interval old), as it will once the owner is
-        // declared dead. An owner it still hears may be reachable by others (or be leaving and
-        // handing its buckets over): refuse at once, and the client's failure mode decides.
-        let silent = owner.is_some_and(|o| (knows.suspects)(o));
-        return (!silent).then_some(Placed::Refused(ErrorCode::NotOwner));
+        // The client lost its link to the owner. This node holds the owner's replicas (at most
+        // one sync interval old) and decides from them, as it will once the owner is declared
+        // dead: one shared decider, where otherwise every client's fallback bucket would decide
+        // alone. Its decisions replicate to the owner, should the owner be alive after all.
+        return None;
     }
     if arrival == Arrival::Forwarded {
         // The sender's table names this node. A slot handed off (or a node that left) is
         // never decided here; a slot never held is decided once, here (our table did not catch
         // up in time; forwarding on could loop).
-        return (left || (knows.gave_away)(slot)).then_some(Placed::Refused(ErrorCode::NotOwner));
+        return (left || gave_away(slot)).then_some(Placed::Refused(ErrorCode::NotOwner));
     }
     Some(match owner {
         Some(owner) => Placed::Remote(owner.to_owned()),
@@ -177,17 +168,14 @@ pub(crate) async fn answer_check_batch(
         Some(check) if check.takeover => Arrival::Takeover,
         _ => Arrival::Client,
     };
-    let knows = Knowledge {
-        gave_away: |s| sender_behind || cluster.gave_away(s),
-        suspects: |id: &str| cluster.suspects(id),
-    };
+    let gave_away = |s| sender_behind || cluster.gave_away(s);
     let mut taken_over = 0;
     let (mut placed, table_version) = {
         let _deciding = cluster.deciding();
         let table = cluster.table();
         let placed: Vec<Placed> = (0..groups.len())
             .map(|i| {
-                first_place(&table, me, slot(i), arrival(i), &knows).unwrap_or_else(|| {
+                first_place(&table, me, slot(i), arrival(i), gave_away).unwrap_or_else(|| {
                     if table.owner(slot(i)) != Some(me) && arrival(i) == Arrival::Takeover {
                         taken_over += groups[i].len() as u64;
                     }
@@ -386,29 +374,15 @@ mod tests {
 
     const NEVER: fn(u16) -> bool = |_| false;
     const ALWAYS: fn(u16) -> bool = |_| true;
-    const TRUSTED: fn(&str) -> bool = |_| false;
-
-    type Known = Knowledge<fn(u16) -> bool, fn(&str) -> bool>;
-
-    /// What a node knows: whether it gave every slot away, and whom it suspects.
-    fn knows(gave_away: fn(u16) -> bool, suspects: fn(&str) -> bool) -> Known {
-        Knowledge {
-            gave_away,
-            suspects,
-        }
-    }
 
     #[test]
     fn a_client_check_is_decided_by_its_owner_and_forwarded_otherwise() {
         let t = table(&["a", "b", "c"]);
         let mine = slot_owned_by(&t, "a");
         let theirs = slot_owned_by(&t, "b");
+        assert_eq!(first_place(&t, "a", mine, Arrival::Client, NEVER), None);
         assert_eq!(
-            first_place(&t, "a", mine, Arrival::Client, &knows(NEVER, TRUSTED)),
-            None
-        );
-        assert_eq!(
-            first_place(&t, "a", theirs, Arrival::Client, &knows(NEVER, TRUSTED)),
+            first_place(&t, "a", theirs, Arrival::Client, NEVER),
             Some(Placed::Remote("b".into()))
         );
     }
@@ -419,63 +393,48 @@ mod tests {
         let theirs = slot_owned_by(&t, "b");
         let refused = Some(Placed::Refused(ErrorCode::NotOwner));
         assert_eq!(
-            first_place(&t, "a", theirs, Arrival::Forwarded, &knows(ALWAYS, TRUSTED)),
+            first_place(&t, "a", theirs, Arrival::Forwarded, ALWAYS),
             refused
         );
         // Never held: the sender's table is newer; decided here, never forwarded on.
         assert_eq!(
-            first_place(&t, "a", theirs, Arrival::Forwarded, &knows(NEVER, TRUSTED)),
+            first_place(&t, "a", theirs, Arrival::Forwarded, NEVER),
             None
         );
         // A node that left is in nobody's table, its own included.
         let after_leave = table(&["b", "c"]);
         let slot = slot_owned_by(&after_leave, "b");
         assert_eq!(
-            first_place(
-                &after_leave,
-                "a",
-                slot,
-                Arrival::Forwarded,
-                &knows(NEVER, TRUSTED)
-            ),
+            first_place(&after_leave, "a", slot, Arrival::Forwarded, NEVER),
             refused
         );
         assert_eq!(
-            first_place(
-                &after_leave,
-                "a",
-                slot,
-                Arrival::Client,
-                &knows(NEVER, TRUSTED)
-            ),
+            first_place(&after_leave, "a", slot, Arrival::Client, NEVER),
             Some(Placed::Remote("b".into()))
         );
         assert_eq!(
-            first_place(&table(&[]), "a", 7, Arrival::Client, &knows(NEVER, TRUSTED)),
+            first_place(&table(&[]), "a", 7, Arrival::Client, NEVER),
             Some(Placed::Refused(ErrorCode::ShuttingDown))
         );
     }
 
     #[test]
-    fn a_takeover_is_decided_by_the_successor_only_when_it_too_cannot_hear_the_owner() {
+    fn a_takeover_is_decided_by_its_successor_and_forwarded_by_anyone_else() {
         let t = table(&["a", "b", "c"]);
         let slot = (0..floodgate::cluster::SLOTS as u16)
             .find(|&s| t.owner(s) == Some("b") && t.successor(s) == Some("a"))
             .unwrap();
-        let suspects_b: fn(&str) -> bool = |id| id == "b";
+        assert_eq!(first_place(&t, "a", slot, Arrival::Takeover, NEVER), None);
         assert_eq!(
-            first_place(&t, "a", slot, Arrival::Takeover, &knows(NEVER, suspects_b)),
-            None
-        );
-        assert_eq!(
-            first_place(&t, "a", slot, Arrival::Takeover, &knows(NEVER, TRUSTED)),
-            Some(Placed::Refused(ErrorCode::NotOwner)),
-            "an owner still heard may be up: refused at once"
-        );
-        assert_eq!(
-            first_place(&t, "c", slot, Arrival::Takeover, &knows(NEVER, TRUSTED)),
+            first_place(&t, "c", slot, Arrival::Takeover, NEVER),
             Some(Placed::Remote("b".into())),
             "not the successor: to the owner"
+        );
+        let after_leave = table(&["b", "c"]);
+        assert_eq!(
+            first_place(&after_leave, "a", slot, Arrival::Takeover, NEVER),
+            Some(Placed::Remote("b".into())),
+            "a node that left takes nothing over"
         );
     }
 
