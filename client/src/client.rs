@@ -78,11 +78,16 @@ impl Client {
         })?;
         let settings = Arc::new(LinkSettings::new(&config));
         let shutdown = watch::Sender::new(false);
+        let mut endpoints = Vec::with_capacity(nodes.len());
         let mut links = Vec::with_capacity(nodes.len());
-        let mut supervisors = Vec::with_capacity(nodes.len());
         for &addr in nodes {
-            let endpoint = link::endpoint_for(addr, quic.clone())?;
-            let link = Arc::new(NodeLink::new(addr, &config));
+            endpoints.push(link::endpoint_for(addr, quic.clone())?);
+            links.push(Arc::new(NodeLink::new(addr, &config)));
+        }
+        // Before the links connect: each subscribes to its node's table pushes on connecting.
+        let routing = Arc::new(Routing::new(links.clone()));
+        let mut supervisors = Vec::with_capacity(2 * nodes.len());
+        for (link, endpoint) in links.iter().zip(endpoints) {
             supervisors.push(tokio::spawn(link::supervise(
                 link.clone(),
                 endpoint,
@@ -90,9 +95,7 @@ impl Client {
                 shutdown.subscribe(),
             )));
             supervisors.push(tokio::spawn(link::reap(link.clone(), shutdown.subscribe())));
-            links.push(link);
         }
-        let routing = Arc::new(Routing::new(links.clone()));
         let client = Client {
             inner: Arc::new(Inner {
                 routing: routing.clone(),

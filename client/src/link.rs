@@ -201,6 +201,14 @@ pub(crate) async fn supervise(
                 link.queue.set_up(generation);
                 link.state.send_replace(LinkState::Connected);
                 tracing::info!(node = %link.addr, "connected to floodgate node");
+                if let Some(hint) = link.table_hint.get() {
+                    // Ends with the connection.
+                    tokio::spawn(crate::slots::follow_pushes(
+                        conn.clone(),
+                        hint.clone(),
+                        link.addr,
+                    ));
+                }
                 for _ in 0..settings.streams {
                     tokio::spawn(run_stream(
                         link.clone(),

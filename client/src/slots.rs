@@ -3,7 +3,9 @@
 //! A client starts from the nodes it was given (the seeds) and asks one of them for the slot
 //! table (`TableRequest` → `SlotTable`). From then on a call goes to the owner of the slot of its
 //! first key, over a link to every member that owns slots (alive or suspect), whether or not it
-//! was a seed. The table is fetched again
+//! was a seed. Each link subscribes to its node's pushes (a `TableRequest` on a unidirectional
+//! stream): a node sends its new table to its clients as soon as it changes, and the client
+//! routes by it at once ([`follow_pushes`]). The table is also fetched again
 //! - when an answer carries another table version than ours (the node's view changed),
 //! - when a link goes down (its node may have left or crashed),
 //! - and every [`REFRESH_PERIOD`] in any case, so a crashed owner's slots move even when no
@@ -182,6 +184,8 @@ pub(crate) struct TableHint {
     current: AtomicU64,
     /// The node that last reported another version: asked first.
     from: Mutex<Option<SocketAddr>>,
+    /// The latest table a node pushed, not yet applied.
+    pushed: Mutex<Option<ClusterTable>>,
     wake: Notify,
 }
 
@@ -195,8 +199,54 @@ impl TableHint {
         self.wake.notify_one();
     }
 
+    /// A node pushed its table: routed by at once when it is another version.
+    pub(crate) fn pushed(&self, table: ClusterTable) {
+        if table.version == self.current.load(Ordering::Relaxed) {
+            return;
+        }
+        *self.pushed.lock() = Some(table);
+        self.wake.notify_one();
+    }
+
     fn poke(&self) {
         self.wake.notify_one();
+    }
+}
+
+/// Subscribes to `node`'s table pushes over `conn` (a `TableRequest` on a unidirectional
+/// stream) and hands every table it pushes to the refresher, until the connection ends.
+pub(crate) async fn follow_pushes(conn: quinn::Connection, hint: Arc<TableHint>, node: SocketAddr) {
+    let subscribed = async {
+        let mut frame = Vec::new();
+        encode_frame(&mut frame, FrameKind::TableRequest, 0, &[]);
+        let mut stream = conn.open_uni().await.map_err(|e| e.to_string())?;
+        stream.write_all(&frame).await.map_err(|e| e.to_string())?;
+        stream.finish().map_err(|e| e.to_string())
+    };
+    if let Err(why) = tokio::time::timeout(FETCH_TIMEOUT, subscribed)
+        .await
+        .unwrap_or_else(|_| Err("timed out".to_owned()))
+    {
+        tracing::debug!(%node, "no table pushes: {why}");
+        return;
+    }
+    while let Ok(mut recv) = conn.accept_uni().await {
+        let Ok(Ok(bytes)) =
+            tokio::time::timeout(FETCH_TIMEOUT, recv.read_to_end(MAX_TABLE_BYTES)).await
+        else {
+            continue;
+        };
+        let mut reader = FrameReader::new(MAX_TABLE_BYTES);
+        reader.extend(&bytes);
+        match reader.next_frame() {
+            Ok(Some(frame)) if frame.kind == FrameKind::SlotTable => {
+                match decode_slot_table(&frame.payload) {
+                    Ok(message) => hint.pushed(ClusterTable::from_message(message)),
+                    Err((_, why)) => tracing::debug!(%node, "bad pushed table: {why}"),
+                }
+            }
+            other => tracing::debug!(%node, "unexpected push: {other:?}"),
+        }
     }
 }
 
@@ -342,6 +392,13 @@ impl Refresher {
                 }
                 () = hint.wake.notified() => {}
                 () = tokio::time::sleep_until(last + REFRESH_PERIOD) => {}
+            }
+            // A pushed table needs no fetch.
+            let pushed = hint.pushed.lock().take();
+            if let Some(table) = pushed {
+                self.apply(table);
+                last = Instant::now();
+                continue;
             }
             let earliest = last + MIN_FETCH_INTERVAL;
             if Instant::now() < earliest {

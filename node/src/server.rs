@@ -27,6 +27,8 @@ const DRAIN_TIMEOUT: Duration = Duration::from_secs(2);
 /// How long a leaving node keeps answering after its leave: clients refetch the table at least
 /// every second and at once when a link drops, so most have moved on by then.
 const LEAVE_LINGER: Duration = Duration::from_millis(300);
+/// Longest one slot-table push to a client may take.
+const PUSH_TIMEOUT: Duration = Duration::from_secs(1);
 /// Bytes read from a stream at once.
 const READ_CHUNK: usize = 64 * 1024;
 /// How often idle buckets are swept (a fraction of the shards each time).
@@ -264,6 +266,7 @@ async fn serve_connection(
         }
     };
     let mut streams = JoinSet::new();
+    let subscribed = Arc::new(AtomicBool::new(false));
     loop {
         let accepted = tokio::select! {
             accepted = connection.accept_bi() => accepted.map(Some),
@@ -273,8 +276,13 @@ async fn serve_connection(
                 // here, not at accept: a server's connection is up before the client's
                 // certificate has arrived.
                 let is_peer = connection.peer_identity().is_some();
-                if is_peer && streams.len() < 256 {
-                    streams.spawn(serve_peer_message(recv, shared.clone()));
+                if streams.len() < 256 {
+                    let from = UniSender {
+                        connection: connection.clone(),
+                        is_peer,
+                        subscribed: subscribed.clone(),
+                    };
+                    streams.spawn(serve_uni_message(recv, from, shared.clone(), shutdown.clone()));
                 }
                 None
             }),
@@ -450,8 +458,24 @@ async fn answer(
     }
 }
 
-/// Handles one message a peer sent on a unidirectional stream: gossip or buckets.
-async fn serve_peer_message(mut recv: quinn::RecvStream, shared: Arc<Shared>) {
+/// Who sent a message on a unidirectional stream.
+struct UniSender {
+    connection: quinn::Connection,
+    /// Holds a cluster certificate: may gossip and replicate.
+    is_peer: bool,
+    /// The connection already receives table pushes.
+    subscribed: Arc<AtomicBool>,
+}
+
+/// Handles one message sent on a unidirectional stream: from peers, gossip or buckets; from
+/// anyone, a `TableRequest`, which subscribes the connection to table pushes (this task then
+/// pushes until the connection or the node ends).
+async fn serve_uni_message(
+    mut recv: quinn::RecvStream,
+    from: UniSender,
+    shared: Arc<Shared>,
+    shutdown: watch::Receiver<bool>,
+) {
     let max = shared.config.limits.max_frame_bytes;
     let Ok(bytes) = recv.read_to_end(max + 16).await else {
         return;
@@ -461,6 +485,15 @@ async fn serve_peer_message(mut recv: quinn::RecvStream, shared: Arc<Shared>) {
     while let Ok(Some(frame)) = reader.next_frame() {
         let now_ns = shared.clock.now_ns();
         match frame.kind {
+            FrameKind::TableRequest => {
+                if !from.subscribed.swap(true, Ordering::Relaxed) {
+                    push_tables(from.connection.clone(), &shared, shutdown.clone()).await;
+                }
+                return;
+            }
+            // A peer pushing its table to this node as to any client: nodes keep their own.
+            FrameKind::SlotTable if from.is_peer => {}
+            _ if !from.is_peer => shared.metrics.frame_error(ErrorCode::UnknownKind),
             FrameKind::Gossip => match decode_gossip(&frame.payload) {
                 Ok(gossip) => shared.cluster.handle_gossip(&shared, now_ns, &gossip),
                 Err((code, _)) => shared.metrics.frame_error(code),
@@ -488,6 +521,42 @@ async fn serve_peer_message(mut recv: quinn::RecvStream, shared: Arc<Shared>) {
                 Err((code, _)) => shared.metrics.frame_error(code),
             },
             _ => shared.metrics.frame_error(ErrorCode::UnknownKind),
+        }
+    }
+}
+
+/// Sends the slot table on a new unidirectional stream each time it changes, until the
+/// connection closes or the node shuts down: clients route by the new table without waiting for
+/// an answer to hint at it.
+async fn push_tables(
+    connection: quinn::Connection,
+    shared: &Shared,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let mut tables = shared.cluster.watch_table();
+    tables.borrow_and_update();
+    loop {
+        tokio::select! {
+            changed = tables.changed() => if changed.is_err() { return },
+            _ = connection.closed() => return,
+            _ = shutdown.changed() => return,
+        }
+        let mut frame = Vec::new();
+        encode_message(
+            &mut frame,
+            FrameKind::SlotTable,
+            0,
+            &shared.cluster.table_message(),
+        );
+        let pushed = tokio::time::timeout(PUSH_TIMEOUT, async {
+            let mut stream = connection.open_uni().await?;
+            stream.write_all(&frame).await?;
+            stream.finish()?;
+            anyhow::Ok(())
+        })
+        .await;
+        if !matches!(pushed, Ok(Ok(()))) {
+            tracing::debug!(peer = %connection.remote_address(), "slot table push failed");
         }
     }
 }

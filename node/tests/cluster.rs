@@ -209,3 +209,52 @@ async fn a_graceful_leave_and_a_join_hand_buckets_over() {
     }
     first.node.shutdown().await;
 }
+
+/// A client that subscribes (a `TableRequest` on a unidirectional stream) is sent the node's
+/// slot table each time it changes, unasked: here when a second node joins. A client that does
+/// not subscribe is sent nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn subscribed_clients_are_pushed_every_new_slot_table() {
+    use floodgate::wire::{FrameKind, FrameReader, decode_slot_table, encode_frame};
+
+    let first = start_node(fast).await;
+    let subscriber = connect(first.node.local_addr(), client_config(&first.certs, false)).await;
+    let bystander = connect(first.node.local_addr(), client_config(&first.certs, false)).await;
+    let mut frame = Vec::new();
+    encode_frame(&mut frame, FrameKind::TableRequest, 0, &[]);
+    let mut stream = subscriber.open_uni().await.unwrap();
+    stream.write_all(&frame).await.unwrap();
+    stream.finish().unwrap();
+    // The subscription is read before the join below changes the table: wait for the stream to
+    // be taken in full.
+    stream.stopped().await.unwrap();
+
+    let second = join(&first, first.node.local_addr()).await;
+    converge(&first.node, 2).await;
+    let pushed = tokio::time::timeout(Duration::from_secs(5), async {
+        loop {
+            let mut recv = subscriber.accept_uni().await.unwrap();
+            let bytes = recv.read_to_end(1 << 20).await.unwrap();
+            let mut reader = FrameReader::new(1 << 20);
+            reader.extend(&bytes);
+            let frame = reader.next_frame().unwrap().unwrap();
+            assert_eq!(frame.kind, FrameKind::SlotTable);
+            let table = decode_slot_table(&frame.payload).unwrap();
+            if table.members.len() == 2 {
+                return table;
+            }
+        }
+    })
+    .await
+    .expect("no table with both nodes was pushed");
+    assert_eq!(pushed.version, first.node.slot_table().version());
+    let owners: std::collections::HashSet<u16> = pushed.owners.iter().copied().collect();
+    assert_eq!(owners.len(), 2, "both nodes own slots in the pushed table");
+    assert!(
+        tokio::time::timeout(Duration::from_millis(50), bystander.accept_uni())
+            .await
+            .is_err(),
+        "a connection that did not subscribe is pushed nothing"
+    );
+    second.shutdown().await;
+}
