@@ -477,7 +477,9 @@ async fn serve_uni_message(
     shutdown: watch::Receiver<bool>,
 ) {
     let max = shared.config.limits.max_frame_bytes;
-    let Ok(bytes) = recv.read_to_end(max + 16).await else {
+    // A client may only subscribe (an empty frame): it gets no room for more.
+    let readable = if from.is_peer { max + 16 } else { 64 };
+    let Ok(bytes) = recv.read_to_end(readable).await else {
         return;
     };
     let mut reader = FrameReader::new(max);

@@ -173,3 +173,41 @@ async fn an_invalid_limit_is_refused() {
     assert_eq!(only_error(&answers), ErrorCode::InvalidLimit);
     node.node.shutdown().await;
 }
+
+/// A client without a cluster certificate cannot gossip or replicate: replicated buckets sent on
+/// a unidirectional stream change nothing (the witness's bucket stays as it was), and a large
+/// unidirectional stream is cut off after a few bytes. The node keeps serving.
+#[tokio::test]
+async fn a_client_cannot_replicate_or_gossip_on_unidirectional_streams() {
+    use floodgate::wire::{ReplicateMessage, WireBucket};
+    use floodgate::{BucketKey, BucketState, BucketValue};
+
+    let node = start_node(|_| {}).await;
+    let mut witness = Witness::new(&node).await;
+    witness.still_served().await;
+    let attacker = connect(node.node.local_addr(), client_config(&node.certs, false)).await;
+    // A far-future TAT for the witness's key would deny it, were it merged.
+    let forged = BucketState {
+        key: BucketKey::new(b"", b"witness"),
+        value: BucketValue::Gcra {
+            tat_ns: u64::MAX / 2,
+            margin_ms: 0,
+        },
+    };
+    let message = ReplicateMessage {
+        from: "mallory".into(),
+        handoff: None,
+        buckets: vec![WireBucket::from(&forged)],
+    };
+    let mut frame = Vec::new();
+    encode_message(&mut frame, FrameKind::Replicate, 0, &message);
+    for payload in [frame, vec![0u8; 1 << 20]] {
+        let mut stream = attacker.open_uni().await.unwrap();
+        // The node may stop reading (and the stream) early: either way nothing is merged.
+        let _ = stream.write_all(&payload).await;
+        let _ = stream.finish();
+        let _ = stream.stopped().await;
+    }
+    witness.still_served().await;
+    witness.still_served().await;
+}
