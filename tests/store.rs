@@ -427,3 +427,58 @@ fn buckets_of_every_algorithm_replicate_and_merge_conservatively() {
         assert_eq!(remaining, 2, "{algorithm:?}");
     }
 }
+
+/// Received state is made safe before it is used: a window from the future or a count past the
+/// limit (a peer with other rules, or a hostile one) only denies, and log times in the future
+/// count as now; a limit lowered under a bucket's count denies too. Nothing overflows.
+#[test]
+fn implausible_received_state_and_lowered_limits_only_deny() {
+    use floodgate::algorithm::WindowState;
+    use floodgate::{BucketState, BucketValue};
+
+    for algorithm in [Algorithm::FixedWindow, Algorithm::SlidingWindow] {
+        let store = store(1 << 10, 4);
+        let limit = Limit::new(algorithm, 5, HOUR, 5).unwrap();
+        let hostile = BucketState {
+            key: key("w"),
+            value: BucketValue::Window {
+                limit,
+                state: WindowState {
+                    window: u64::MAX,
+                    count: u64::MAX,
+                    previous: u64::MAX,
+                },
+            },
+        };
+        assert_eq!(store.merge(std::slice::from_ref(&hostile), NOW), 0);
+        let decision = store.check(key("w"), &limit, 1, NOW).unwrap();
+        assert!(!decision.is_allowed(), "{algorithm:?}: {decision:?}");
+        // Lowered from 5 to 3 with 5 taken: denied, nothing remains.
+        let lowered = Limit::new(algorithm, 3, HOUR, 3).unwrap();
+        for _ in 0..5 {
+            store.check(key("x"), &limit, 1, NOW).unwrap();
+        }
+        let decision = store.check(key("x"), &lowered, 1, NOW).unwrap();
+        assert!(!decision.is_allowed(), "{algorithm:?}: {decision:?}");
+        assert_eq!(decision.remaining(), 0);
+    }
+    let store = store(1 << 10, 4);
+    let limit = Limit::new(Algorithm::SlidingLog, 3, HOUR, 3).unwrap();
+    let future = BucketState {
+        key: key("l"),
+        value: BucketValue::Log {
+            limit,
+            times_ns: vec![u64::MAX; 3],
+        },
+    };
+    store.merge(std::slice::from_ref(&future), NOW);
+    let decision = store.check(key("l"), &limit, 1, NOW).unwrap();
+    assert!(!decision.is_allowed());
+    // Taken as admitted now: free again one period later.
+    assert!(
+        store
+            .check(key("l"), &limit, 1, NOW + HOUR)
+            .unwrap()
+            .is_allowed()
+    );
+}

@@ -23,7 +23,10 @@ use crate::verdict::{Check, DegradedReason, Source, Verdict};
 /// What one node made of a call: an answer for the caller, or why it gave none.
 enum Attempt {
     Answered(Result<Vec<Verdict>, ClientError>),
+    /// Sent, but no answer came (it may have been decided).
     Failed(DegradedReason),
+    /// Never sent (breaker open, link down, queue full).
+    NotSent(DegradedReason),
 }
 
 /// A connection to a set of floodgate nodes. Cheap to clone (an `Arc` inside) and safe to use
@@ -164,16 +167,21 @@ impl Client {
         } else {
             owner
         };
-        let reason = match inner.send(first, checks, first_is_takeover, deadline).await {
+        let (reason, sent) = match inner.send(first, checks, first_is_takeover, deadline).await {
             Attempt::Answered(result) => return result,
-            Attempt::Failed(reason) => reason,
+            Attempt::Failed(reason) => (reason, true),
+            Attempt::NotSent(reason) => (reason, false),
         };
-        let unreachable = matches!(
+        // Only a call the owner never received, because its link is down or its breaker open,
+        // goes to the successor: one that was sent may have been decided, and must not consume
+        // twice; a backlog means the owner is busy, not gone.
+        let owner_gone = matches!(
             reason,
             DegradedReason::Unreachable | DegradedReason::CircuitOpen
         );
         if !first_is_takeover
-            && unreachable
+            && !sent
+            && owner_gone
             && let Some(successor) = successor
             && Instant::now() < deadline
             && let Attempt::Answered(result) = inner.send(successor, checks, true, deadline).await
@@ -326,7 +334,7 @@ impl Inner {
         deadline: Instant,
     ) -> Attempt {
         if let Admit::Reject { .. } = link.breaker.admit() {
-            return Attempt::Failed(DegradedReason::CircuitOpen);
+            return Attempt::NotSent(DegradedReason::CircuitOpen);
         }
         let (reply, answer) = oneshot::channel();
         let wire = checks
@@ -341,7 +349,7 @@ impl Inner {
             reply,
             deadline,
         }) {
-            return Attempt::Failed(reason);
+            return Attempt::NotSent(reason);
         }
         // Every holder of a call answers it by its deadline or drops it; a dropped call (the
         // runtime shutting down) reads as unreachable.

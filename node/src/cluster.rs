@@ -22,8 +22,9 @@ use tokio::sync::watch;
 use crate::handoff::Handoffs;
 use crate::server::Shared;
 
-/// Most buckets in one replication or hand-off frame (keeps frames well under the frame limit).
-const BUCKETS_PER_FRAME: usize = 16_384;
+/// Most encoded bytes of buckets in one replication or hand-off frame: well under the smallest
+/// frame limit a node accepts (`NodeLimits` refuses less than this plus room for the rest).
+const BUCKET_BYTES_PER_FRAME: usize = 256 * 1024;
 /// Longest a check waits for a starting node to hear from the cluster it joins.
 const JOIN_WAIT: Duration = Duration::from_secs(1);
 /// Longest a check on a gained slot waits for the previous owner's hand-off.
@@ -106,9 +107,12 @@ impl Peers {
                 stream.write_all(&frame).await?;
                 stream.finish()?;
                 // Done only once the peer has acknowledged the data: a leaving node closes its
-                // endpoint right after its hand-off, which would drop unacknowledged bytes.
-                stream.stopped().await?;
-                anyhow::Ok(())
+                // endpoint right after its hand-off, which would drop unacknowledged bytes. A
+                // peer that stopped the stream (say, a frame over its limit) did not take it.
+                match stream.stopped().await? {
+                    None => anyhow::Ok(()),
+                    Some(code) => Err(anyhow::anyhow!("stopped by the peer with code {code}")),
+                }
             })
             .await;
             let delivered = matches!(sent, Ok(Ok(())));
@@ -158,6 +162,8 @@ pub(crate) struct Cluster {
     /// Ids of this node's hand-offs (starting from the start time, so a restart does not reuse
     /// the ids of its previous life).
     next_handoff_id: AtomicU64,
+    /// Encoded bucket bytes per replication or hand-off frame.
+    bucket_bytes_per_frame: usize,
     /// Set while a node started with seeds has not yet heard from the cluster: its table of one
     /// is not real ownership, so its first real table's hand-over is computed against the
     /// cluster without it (what everybody else saw before it joined).
@@ -218,6 +224,7 @@ impl Cluster {
             handoff_arrived: tokio::sync::Notify::new(),
             past_versions: Mutex::new(std::collections::VecDeque::new()),
             next_handoff_id: AtomicU64::new(now_ns),
+            bucket_bytes_per_frame: BUCKET_BYTES_PER_FRAME,
             joining: std::sync::atomic::AtomicBool::new(!config.seeds.is_empty()),
             decided_alone: std::sync::atomic::AtomicBool::new(false),
             joined: tokio::sync::Notify::new(),
@@ -226,6 +233,13 @@ impl Cluster {
             given_away: Mutex::new(vec![false; floodgate::cluster::SLOTS]),
             config,
         }
+    }
+
+    /// Sizes replication frames for peers that accept frames of `max_frame_bytes` (half of it
+    /// for buckets, at most `BUCKET_BYTES_PER_FRAME`).
+    pub(crate) fn with_frame_limit(mut self, max_frame_bytes: usize) -> Self {
+        self.bucket_bytes_per_frame = (max_frame_bytes / 2).min(BUCKET_BYTES_PER_FRAME);
+        self
     }
 
     pub(crate) fn table(&self) -> Arc<SlotTable> {
@@ -493,6 +507,12 @@ impl Cluster {
         }
     }
 
+    /// True when one of `slots` still waits for a hand-off at `now_ns`.
+    pub(crate) fn awaits_handoff(&self, slots: impl Iterator<Item = u16>, now_ns: u64) -> bool {
+        let handoffs = self.handoffs.lock();
+        !handoffs.is_empty() && handoffs.deadline(slots, now_ns).is_some()
+    }
+
     /// A part of a hand-off from `from` arrived (its buckets already merged).
     pub(crate) fn handoff_received(&self, from: &str, part: &HandoffPart, now_ns: u64) {
         if self.handoffs.lock().received(from, part, now_ns) {
@@ -567,11 +587,7 @@ impl Cluster {
         };
         let mut sends = Vec::new();
         // At least one message, so an empty hand-off is still announced.
-        let chunks: Vec<&[BucketState]> = if buckets.is_empty() {
-            vec![&[]]
-        } else {
-            buckets.chunks(BUCKETS_PER_FRAME).collect()
-        };
+        let chunks = chunk_by_size(buckets, self.bucket_bytes_per_frame);
         let parts = chunks.len() as u32;
         for (part, chunk) in chunks.into_iter().enumerate() {
             let message = ReplicateMessage {
@@ -658,6 +674,30 @@ impl Cluster {
     }
 }
 
+/// Splits `buckets` into runs of at most `budget` encoded bytes (a bucket larger than the
+/// budget, a long log, goes alone); always at least one run, empty when there are no buckets.
+fn chunk_by_size(buckets: &[BucketState], budget: usize) -> Vec<&[BucketState]> {
+    // A flat WireBucket archives to under 128 bytes plus 8 per log entry.
+    let size = |b: &BucketState| {
+        128 + match &b.value {
+            floodgate::BucketValue::Log { times_ns, .. } => 8 * times_ns.len(),
+            _ => 0,
+        }
+    };
+    let mut chunks = Vec::new();
+    let (mut start, mut bytes) = (0, 0);
+    for (i, bucket) in buckets.iter().enumerate() {
+        let next = size(bucket);
+        if i > start && bytes + next > budget {
+            chunks.push(&buckets[start..i]);
+            (start, bytes) = (i, 0);
+        }
+        bytes += next;
+    }
+    chunks.push(&buckets[start..]);
+    chunks
+}
+
 /// Runs gossip rounds and replication until shutdown.
 ///
 /// The replication lag gauge is the time since the start of the last round whose every message
@@ -693,5 +733,66 @@ pub(crate) async fn run(shared: Arc<Shared>, mut shutdown: watch::Receiver<bool>
         }
         let lag_ns = now_ns.saturating_sub(replicated_through.load(Ordering::Relaxed));
         shared.metrics.replication_lag.set(lag_ns as f64 / 1e9);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use floodgate::algorithm::WindowState;
+    use floodgate::{Algorithm, BucketKey, BucketValue, Limit};
+
+    use super::*;
+
+    /// Every chunk of buckets, encoded as a replicate message, fits in a frame twice the budget
+    /// (what `with_frame_limit` assumes), whatever the mix of algorithms and log lengths.
+    #[test]
+    fn replication_chunks_fit_the_frame_limit() {
+        let hour = 3_600 * floodgate::NANOS_PER_SEC;
+        let window = Limit::new(Algorithm::SlidingWindow, 100, hour, 100).unwrap();
+        let log = Limit::new(Algorithm::SlidingLog, 1_000, hour, 1_000).unwrap();
+        let buckets: Vec<BucketState> = (0..6_000u32)
+            .map(|i| {
+                let key = BucketKey::new(b"", &i.to_le_bytes());
+                let value = match i % 3 {
+                    0 => BucketValue::Gcra {
+                        tat_ns: u64::from(i),
+                        margin_ms: 1,
+                    },
+                    1 => BucketValue::Window {
+                        limit: window,
+                        state: WindowState {
+                            window: 1,
+                            count: 2,
+                            previous: 3,
+                        },
+                    },
+                    _ => BucketValue::Log {
+                        limit: log,
+                        times_ns: (0..u64::from(i % 1_000)).collect(),
+                    },
+                };
+                BucketState { key, value }
+            })
+            .collect();
+        let budget = 64 * 1024;
+        let chunks = chunk_by_size(&buckets, budget);
+        assert!(chunks.len() > 1);
+        assert_eq!(chunks.iter().map(|c| c.len()).sum::<usize>(), buckets.len());
+        for chunk in chunks {
+            let message = ReplicateMessage {
+                from: "node-with-a-long-id:65535".into(),
+                handoff: Some(HandoffPart {
+                    id: u64::MAX,
+                    part: 0,
+                    parts: 1,
+                    slots: (0..floodgate::cluster::SLOTS as u16).collect(),
+                }),
+                buckets: chunk.iter().map(WireBucket::from).collect(),
+            };
+            let mut frame = Vec::new();
+            encode_message(&mut frame, FrameKind::Replicate, 0, &message);
+            assert!(frame.len() <= 2 * budget, "{} bytes", frame.len());
+        }
+        assert_eq!(chunk_by_size(&[], budget), vec![&[] as &[BucketState]]);
     }
 }

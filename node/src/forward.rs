@@ -4,11 +4,14 @@
 //! What keeps each key decided by one bucket while slots move:
 //! - groups are decided under `Cluster::deciding`, with the table read under it: a table switch
 //!   waits for them, so the hand-off exported after a switch holds every decision made here;
-//! - a gained slot waits (bounded) for its previous owner's hand-off before it is decided;
-//! - a slot this node handed off is never decided here again: a forwarded check for it is
+//! - a gained slot waits (bounded) for its previous owner's hand-off before it is decided, and
+//!   is looked at again under the gate (the table may switch after the wait);
+//! - a slot this node handed off is not decided here again: a forwarded check for it is
 //!   answered `not_owner`; the forwarder waits (bounded) for its own table to catch up and
 //!   places the check again, here or with the owner its table now names. A check travels at
-//!   most two forwards, and a forwarded check is never forwarded on.
+//!   most two forwards, and a forwarded check is never forwarded on. The one exception is a
+//!   takeover: as the slot's successor this node receives the owner's replicas, so it decides
+//!   for a client that lost the owner.
 
 use std::collections::BTreeMap;
 use std::ops::Range;
@@ -151,11 +154,6 @@ pub(crate) async fn answer_check_batch(
             })
             .await;
     }
-    // Gained slots wait for their previous owner's hand-off (a no-op almost always).
-    cluster
-        .wait_for_handoffs((0..groups.len()).map(slot), now_ns)
-        .await;
-
     let mut tally = DecisionTally::default();
     let mut local = Vec::with_capacity(groups.iter().map(Vec::len).sum());
     let mut decide_here = |i: usize, local: &mut Vec<WireDecision>| {
@@ -168,10 +166,26 @@ pub(crate) async fn answer_check_batch(
         Some(check) if check.takeover => Arrival::Takeover,
         _ => Arrival::Client,
     };
-    let gave_away = |s| sender_behind || cluster.gave_away(s);
+    // A sender that is behind learns `not_owner` only for slots this node gave away; a slot it
+    // never held is decided once, here (see `first_place`).
+    let gave_away = |s| cluster.gave_away(s);
     let mut taken_over = 0;
+    // Gained slots wait for their previous owner's hand-off (a no-op almost always). Looked at
+    // again under the gate: the table may have switched after the wait.
+    let mut attempts = 0;
+    let deciding = loop {
+        cluster
+            .wait_for_handoffs((0..groups.len()).map(slot), now_ns)
+            .await;
+        let deciding = cluster.deciding();
+        attempts += 1;
+        let waiting = cluster.awaits_handoff((0..groups.len()).map(slot), shared.clock.now_ns());
+        if !waiting || attempts == 3 {
+            break deciding;
+        }
+    };
     let (mut placed, table_version) = {
-        let _deciding = cluster.deciding();
+        let _deciding = deciding;
         let table = cluster.table();
         let placed: Vec<Placed> = (0..groups.len())
             .map(|i| {
@@ -226,10 +240,18 @@ pub(crate) async fn answer_check_batch(
             let _deciding = cluster.deciding();
             let table = cluster.table();
             version = table.version();
+            let now = shared.clock.now_ns();
             for i in failed {
                 let gave_away = |s| cluster.gave_away(s);
                 placed[i] = next_place(&table, me, slot(i), &placed[i], last_round, gave_away)
-                    .unwrap_or_else(|| decide_here(i, &mut local));
+                    .unwrap_or_else(|| {
+                        // Gained meanwhile, and its state not here yet: not decided fresh.
+                        if cluster.awaits_handoff(std::iter::once(slot(i)), now) {
+                            Placed::Refused(ErrorCode::ShuttingDown)
+                        } else {
+                            decide_here(i, &mut local)
+                        }
+                    });
             }
         }
     }

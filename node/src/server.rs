@@ -84,7 +84,8 @@ impl Node {
             endpoint.clone(),
             peer_config,
             clock.now_ns(),
-        );
+        )
+        .with_frame_limit(config.limits.max_frame_bytes);
         let shared = Arc::new(Shared {
             store,
             clock,
@@ -276,6 +277,9 @@ async fn serve_connection(
                 // here, not at accept: a server's connection is up before the client's
                 // certificate has arrived.
                 let is_peer = connection.peer_identity().is_some();
+                // Finished tasks count until joined: gossip and replication use one stream per
+                // message, so without this a quiet connection would drop every message after 256.
+                while streams.try_join_next().is_some() {}
                 if streams.len() < 256 {
                     let from = UniSender {
                         connection: connection.clone(),

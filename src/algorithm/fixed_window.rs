@@ -40,7 +40,8 @@ pub fn decide(
         (decision, new)
     } else {
         let decision = Decision::Denied {
-            remaining: cap - count,
+            // A count over the limit (the limit was lowered) denies; nothing remains.
+            remaining: cap.saturating_sub(count),
             retry_after_ns: until_end,
             reset_after_ns: until_end,
         };

@@ -312,7 +312,8 @@ impl Shard {
             BucketValue::Window { limit, state } => {
                 if let Some(entry) = self.windows.find(key.hash, same(key)) {
                     let mut slot = entry.slot.lock();
-                    slot.1 = slot.1.merge(*state);
+                    let received = plausible_window(&slot.0, state, now_ns);
+                    slot.1 = slot.1.merge(received);
                     return true;
                 }
                 if self.len() >= max_len && self.make_room(now_ns, stats).is_err() {
@@ -321,19 +322,22 @@ impl Shard {
                 let entry = WindowEntry {
                     hash: key.hash,
                     check: key.check,
-                    slot: Mutex::new((*limit, *state)),
+                    slot: Mutex::new((*limit, plausible_window(limit, state, now_ns))),
                     dirty: AtomicBool::new(false),
                 };
                 self.windows.insert_unique(key.hash, entry, |e| e.hash);
             }
             BucketValue::Log { limit, times_ns } => {
-                let log = SlidingLog::from_times(limit, times_ns);
+                // Admissions are never in the future: later times are taken as now.
+                let times: Vec<u64> = times_ns.iter().map(|t| (*t).min(now_ns)).collect();
                 if let Some(entry) = self.logs.find(key.hash, same(key)) {
                     let mut slot = entry.slot.lock();
                     let limit = slot.0;
+                    let log = SlidingLog::from_times(&limit, &times);
                     slot.1.merge(&limit, log, now_ns);
                     return true;
                 }
+                let log = SlidingLog::from_times(limit, &times);
                 if self.len() >= max_len && self.make_room(now_ns, stats).is_err() {
                     return false;
                 }
@@ -437,6 +441,18 @@ pub enum BucketValue {
     Window { limit: Limit, state: WindowState },
     /// A sliding log: its admission times, oldest first.
     Log { limit: Limit, times_ns: Vec<u64> },
+}
+
+/// A received window state made safe to decide with under `limit`: no window after `now`'s
+/// and no count above the limit (a peer with other rules, or a hostile one, cannot make the
+/// arithmetic overflow; a count clamped to the limit only denies).
+fn plausible_window(limit: &Limit, state: &WindowState, now_ns: u64) -> WindowState {
+    let cap = limit.burst();
+    WindowState {
+        window: state.window.min(now_ns / limit.period_ns()),
+        count: state.count.min(cap),
+        previous: state.previous.min(cap),
+    }
 }
 
 /// A GCRA bucket's state, if it is still in use at `now`.
