@@ -258,3 +258,50 @@ async fn subscribed_clients_are_pushed_every_new_slot_table() {
     );
     second.shutdown().await;
 }
+
+/// A peer connection carries any number of one-way messages (gossip, replicas, hand-offs each
+/// take their own stream): the 300th is taken like the first. (Finished stream tasks used to
+/// count against the 256 a connection may run, so an idle cluster stopped hearing itself.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_connection_takes_any_number_of_one_way_messages() {
+    use floodgate::wire::{FrameKind, ReplicateMessage, WireBucket, encode_message};
+    use floodgate::{BucketKey, BucketState, BucketValue};
+
+    let node = start_node(|_| {}).await;
+    let peer = connect(node.node.local_addr(), client_config(&node.certs, true)).await;
+    let mut received = node.node.watch_received_buckets();
+    let in_an_hour = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64
+        + 3_600 * floodgate::NANOS_PER_SEC;
+    const MESSAGES: u64 = 300;
+    for i in 0..MESSAGES {
+        let bucket = BucketState {
+            key: BucketKey::new(b"", format!("k{i}").as_bytes()),
+            value: BucketValue::Gcra {
+                tat_ns: in_an_hour,
+                margin_ms: 0,
+            },
+        };
+        let message = ReplicateMessage {
+            from: "peer".into(),
+            handoff: None,
+            buckets: vec![WireBucket::from(&bucket)],
+        };
+        let mut frame = Vec::new();
+        encode_message(&mut frame, FrameKind::Replicate, 0, &message);
+        let mut stream = peer.open_uni().await.unwrap();
+        stream.write_all(&frame).await.unwrap();
+        stream.finish().unwrap();
+        assert_eq!(stream.stopped().await.unwrap(), None, "message {i} refused");
+    }
+    let all = tokio::time::timeout(
+        Duration::from_secs(5),
+        received.wait_for(|n| *n >= MESSAGES),
+    )
+    .await
+    .is_ok();
+    assert!(all, "received {} of {MESSAGES}", *received.borrow());
+    assert_eq!(node.node.live_buckets(), MESSAGES as usize);
+}
