@@ -136,145 +136,21 @@ pub(crate) async fn answer_check_batch(
         Ok(groups) => groups,
         Err(code) => return Some(code),
     };
-    let cluster = &shared.cluster;
-    let me = cluster.me.id.as_str();
-    let slot = |i: usize| groups[i].first().map_or(0, |c| c.key.slot());
+    let mut batch = Batch::new(shared, &groups, now_ns);
     let forwarded = frame.kind == FrameKind::ForwardedCheckBatch;
-    // A forwarded frame's request id is the version of the sender's table, which names this
-    // node as the owner. If that is a table this node had before, the sender is behind: what
-    // this node does not own now is refused at once. Otherwise ours may be the older table:
-    // wait (bounded) for it to name this node, so the hand-off wait below sees the change.
-    let sender_behind = forwarded && cluster.had_version(frame.request_id);
-
-    if forwarded && !sender_behind {
-        cluster
-            .wait_for_table(TABLE_CATCH_UP, |table| {
-                !table.nodes().iter().any(|n| n == me)
-                    || (0..groups.len()).all(|i| table.owner(slot(i)) == Some(me))
-            })
-            .await;
+    if forwarded {
+        batch.catch_up(frame.request_id).await;
     }
-    let mut tally = DecisionTally::default();
-    let mut local = Vec::with_capacity(groups.iter().map(Vec::len).sum());
-    let mut decide_here = |i: usize, local: &mut Vec<WireDecision>| {
-        let start = local.len();
-        decide_group(&shared.store, &mut tally, now_ns, &groups[i], local);
-        Placed::Here(start..local.len())
-    };
-    let arrival = |i: usize| match groups[i].first() {
-        _ if forwarded => Arrival::Forwarded,
-        Some(check) if check.takeover => Arrival::Takeover,
-        _ => Arrival::Client,
-    };
-    // A sender that is behind learns `not_owner` only for slots this node gave away; a slot it
-    // never held is decided once, here (see `first_place`).
-    let gave_away = |s| cluster.gave_away(s);
-    let mut taken_over = 0;
-    // Gained slots wait for their previous owner's hand-off (a no-op almost always). Looked at
-    // again under the gate: the table may have switched after the wait.
-    let mut attempts = 0;
-    let deciding = loop {
-        cluster
-            .wait_for_handoffs((0..groups.len()).map(slot), now_ns)
-            .await;
-        let deciding = cluster.deciding();
-        attempts += 1;
-        let waiting = cluster.awaits_handoff((0..groups.len()).map(slot), shared.clock.now_ns());
-        if !waiting || attempts == 3 {
-            break deciding;
-        }
-    };
-    let (mut placed, table_version) = {
-        let _deciding = deciding;
-        let table = cluster.table();
-        let placed: Vec<Placed> = (0..groups.len())
-            .map(|i| {
-                first_place(&table, me, slot(i), arrival(i), gave_away).unwrap_or_else(|| {
-                    if table.owner(slot(i)) != Some(me) && arrival(i) == Arrival::Takeover {
-                        taken_over += groups[i].len() as u64;
-                    }
-                    decide_here(i, &mut local)
-                })
-            })
-            .collect();
-        (placed, table.version())
-    };
-    shared.metrics.taken_over.increment(taken_over);
-
+    let (mut placed, table_version) = batch.place_first(forwarded).await;
     if placed.iter().any(|p| matches!(p, Placed::Remote(_))) {
         // Already validated by decode_frame, so this access succeeds.
         let archived = rkyv::access::<ArchivedCheckBatch, rancor::Error>(&frame.payload).ok();
-        let mut version = table_version;
-        for last_round in [false, true] {
-            if !placed.iter().any(|p| matches!(p, Placed::Remote(_))) {
-                break;
-            }
-            forward(shared, archived, &groups, &mut placed, version).await;
-            let failed: Vec<usize> = (0..placed.len())
-                .filter(|&i| matches!(placed[i], Placed::NotOwner(_) | Placed::Unanswered))
-                .collect();
-            if failed.is_empty() {
-                break;
-            }
-            if !last_round {
-                // A refuser handed the slot off after our table was read: wait for ours to
-                // name someone else, then for that hand-off if the slot is now ours.
-                let refused: Vec<(u16, String)> = failed
-                    .iter()
-                    .filter_map(|&i| match &placed[i] {
-                        Placed::NotOwner(by) => Some((slot(i), by.clone())),
-                        _ => None,
-                    })
-                    .collect();
-                if !refused.is_empty() {
-                    cluster
-                        .wait_for_table(TABLE_CATCH_UP, |table| {
-                            refused.iter().all(|(s, by)| table.owner(*s) != Some(by))
-                        })
-                        .await;
-                    cluster
-                        .wait_for_handoffs(refused.iter().map(|(s, _)| *s), shared.clock.now_ns())
-                        .await;
-                }
-            }
-            let _deciding = cluster.deciding();
-            let table = cluster.table();
-            version = table.version();
-            let now = shared.clock.now_ns();
-            for i in failed {
-                let gave_away = |s| cluster.gave_away(s);
-                placed[i] = next_place(&table, me, slot(i), &placed[i], last_round, gave_away)
-                    .unwrap_or_else(|| {
-                        // Gained meanwhile, and its state not here yet: not decided fresh.
-                        if cluster.awaits_handoff(std::iter::once(slot(i)), now) {
-                            Placed::Refused(ErrorCode::ShuttingDown)
-                        } else {
-                            decide_here(i, &mut local)
-                        }
-                    });
-            }
-        }
+        batch
+            .forward_rounds(archived, &mut placed, table_version)
+            .await;
     }
-
-    let decisions = if placed.iter().all(|p| matches!(p, Placed::Here(_))) {
-        local
-    } else {
-        let mut decisions = Vec::with_capacity(local.capacity());
-        for (group, place) in groups.iter().zip(placed) {
-            match place {
-                Placed::Here(range) => decisions.extend_from_slice(&local[range]),
-                Placed::Answered(answer) => decisions.extend(answer),
-                Placed::Refused(code) => {
-                    decisions.extend(std::iter::repeat_n(WireDecision::error(code), group.len()))
-                }
-                // Every forward was resolved above; answer as the node that could not decide.
-                Placed::Remote(_) | Placed::NotOwner(_) | Placed::Unanswered => decisions.extend(
-                    std::iter::repeat_n(WireDecision::error(ErrorCode::ShuttingDown), group.len()),
-                ),
-            }
-        }
-        decisions
-    };
+    let Batch { tally, local, .. } = batch;
+    let decisions = assemble(&groups, placed, local);
     finish_batch(
         &shared.metrics,
         &tally,
@@ -284,6 +160,203 @@ pub(crate) async fn answer_check_batch(
         out,
     );
     None
+}
+
+/// One batch's groups, and the decisions made here so far.
+struct Batch<'a> {
+    shared: &'a Shared,
+    groups: &'a [Vec<ValidCheck>],
+    now_ns: u64,
+    tally: DecisionTally,
+    /// Decisions made here, in the order made; `Placed::Here` holds ranges of it.
+    local: Vec<WireDecision>,
+}
+
+impl<'a> Batch<'a> {
+    fn new(shared: &'a Shared, groups: &'a [Vec<ValidCheck>], now_ns: u64) -> Self {
+        Batch {
+            shared,
+            groups,
+            now_ns,
+            tally: DecisionTally::default(),
+            local: Vec::with_capacity(groups.iter().map(Vec::len).sum()),
+        }
+    }
+
+    /// The slot of group `i` (where its first key lives: a client groups keys of one owner).
+    fn slot(&self, i: usize) -> u16 {
+        self.groups[i].first().map_or(0, |c| c.key.slot())
+    }
+
+    fn slots(&self) -> impl Iterator<Item = u16> + Clone + '_ {
+        (0..self.groups.len()).map(|i| self.slot(i))
+    }
+
+    fn arrival(&self, i: usize, forwarded: bool) -> Arrival {
+        match self.groups[i].first() {
+            _ if forwarded => Arrival::Forwarded,
+            Some(check) if check.takeover => Arrival::Takeover,
+            _ => Arrival::Client,
+        }
+    }
+
+    /// Decides group `i` here.
+    fn decide(&mut self, i: usize) -> Placed {
+        let start = self.local.len();
+        let store = &self.shared.store;
+        decide_group(
+            store,
+            &mut self.tally,
+            self.now_ns,
+            &self.groups[i],
+            &mut self.local,
+        );
+        Placed::Here(start..self.local.len())
+    }
+
+    /// A forwarded batch's request id is the version of the sender's table, which names this
+    /// node as the owner. Unless that is a table this node had before (the sender is behind),
+    /// ours may be the older one: wait (bounded) for it to name this node, so the hand-off wait
+    /// that follows sees the change.
+    async fn catch_up(&self, sender_version: u64) {
+        let cluster = &self.shared.cluster;
+        if cluster.had_version(sender_version) {
+            return;
+        }
+        let me = cluster.me.id.as_str();
+        cluster
+            .wait_for_table(TABLE_CATCH_UP, |table| {
+                !table.nodes().iter().any(|n| n == me)
+                    || self.slots().all(|s| table.owner(s) == Some(me))
+            })
+            .await;
+    }
+
+    /// Decides what is this node's, and marks the rest for forwarding or refusal. Returns the
+    /// placements and the version of the table they were made by.
+    async fn place_first(&mut self, forwarded: bool) -> (Vec<Placed>, u64) {
+        let shared = self.shared;
+        let cluster = &shared.cluster;
+        // Gained slots wait for their previous owner's hand-off (a no-op almost always). Looked
+        // at again under the gate: the table may have switched after the wait.
+        let mut attempts = 0;
+        let deciding = loop {
+            cluster.wait_for_handoffs(self.slots(), self.now_ns).await;
+            let deciding = cluster.deciding();
+            attempts += 1;
+            if attempts == 3 || !cluster.awaits_handoff(self.slots(), shared.clock.now_ns()) {
+                break deciding;
+            }
+        };
+        let table = cluster.table();
+        let me = cluster.me.id.as_str();
+        let mut taken_over = 0;
+        let mut placed = Vec::with_capacity(self.groups.len());
+        for i in 0..self.groups.len() {
+            let (slot, arrival) = (self.slot(i), self.arrival(i, forwarded));
+            // Slots this node gave away are refused to a forwarder (`first_place`).
+            let place = first_place(&table, me, slot, arrival, |s| cluster.gave_away(s));
+            placed.push(place.unwrap_or_else(|| {
+                if table.owner(slot) != Some(me) && arrival == Arrival::Takeover {
+                    taken_over += self.groups[i].len() as u64;
+                }
+                self.decide(i)
+            }));
+        }
+        drop(deciding);
+        shared.metrics.taken_over.increment(taken_over);
+        (placed, table.version())
+    }
+
+    /// Forwards the `Remote` groups; those refused (`not_owner`) or unanswered are placed again
+    /// once (see `next_place`) and, if sent on, their answers taken as they come.
+    async fn forward_rounds(
+        &mut self,
+        archived: Option<&ArchivedCheckBatch>,
+        placed: &mut [Placed],
+        table_version: u64,
+    ) {
+        let shared = self.shared;
+        let cluster = &shared.cluster;
+        let me = cluster.me.id.as_str();
+        let mut version = table_version;
+        for last_round in [false, true] {
+            if !placed.iter().any(|p| matches!(p, Placed::Remote(_))) {
+                return;
+            }
+            forward(shared, archived, self.groups, placed, version).await;
+            let failed: Vec<usize> = (0..placed.len())
+                .filter(|&i| matches!(placed[i], Placed::NotOwner(_) | Placed::Unanswered))
+                .collect();
+            if failed.is_empty() {
+                return;
+            }
+            if !last_round {
+                // A refuser handed the slot off after our table was read: wait for ours to
+                // name someone else, then for that hand-off if the slot is now ours.
+                let refused: Vec<(u16, String)> = failed
+                    .iter()
+                    .filter_map(|&i| match &placed[i] {
+                        Placed::NotOwner(by) => Some((self.slot(i), by.clone())),
+                        _ => None,
+                    })
+                    .collect();
+                if !refused.is_empty() {
+                    cluster
+                        .wait_for_table(TABLE_CATCH_UP, |table| {
+                            refused.iter().all(|(s, by)| table.owner(*s) != Some(by))
+                        })
+                        .await;
+                    let slots = refused.iter().map(|(s, _)| *s);
+                    cluster
+                        .wait_for_handoffs(slots, shared.clock.now_ns())
+                        .await;
+                }
+            }
+            let _deciding = cluster.deciding();
+            let table = cluster.table();
+            version = table.version();
+            let now = shared.clock.now_ns();
+            for i in failed {
+                let slot = self.slot(i);
+                let gave_away = |s| cluster.gave_away(s);
+                placed[i] = match next_place(&table, me, slot, &placed[i], last_round, gave_away) {
+                    Some(place) => place,
+                    // Gained meanwhile, and its state not here yet: not decided fresh.
+                    None if cluster.awaits_handoff(std::iter::once(slot), now) => {
+                        Placed::Refused(ErrorCode::ShuttingDown)
+                    }
+                    None => self.decide(i),
+                };
+            }
+        }
+    }
+}
+
+/// The batch's decisions in request order, from where each group was placed.
+fn assemble(
+    groups: &[Vec<ValidCheck>],
+    placed: Vec<Placed>,
+    local: Vec<WireDecision>,
+) -> Vec<WireDecision> {
+    if placed.iter().all(|p| matches!(p, Placed::Here(_))) {
+        // Decided here in order: nothing to rearrange.
+        return local;
+    }
+    let mut decisions = Vec::with_capacity(local.capacity());
+    for (group, place) in groups.iter().zip(placed) {
+        let refused = |code| std::iter::repeat_n(WireDecision::error(code), group.len());
+        match place {
+            Placed::Here(range) => decisions.extend_from_slice(&local[range]),
+            Placed::Answered(answer) => decisions.extend(answer),
+            Placed::Refused(code) => decisions.extend(refused(code)),
+            // Every forward was resolved before; answer as a node that could not decide.
+            Placed::Remote(_) | Placed::NotOwner(_) | Placed::Unanswered => {
+                decisions.extend(refused(ErrorCode::ShuttingDown))
+            }
+        }
+    }
+    decisions
 }
 
 /// Sends each owner its `Remote` groups (re-encoded from the validated archive) as one
