@@ -172,6 +172,15 @@ mod tests {
         )
     }
 
+    /// A breaker opened at `t0` by three failures.
+    fn opened(t0: Instant) -> Breaker {
+        let mut b = breaker();
+        for _ in 0..3 {
+            b.on_failure(t0);
+        }
+        b
+    }
+
     #[test]
     fn opens_after_threshold_consecutive_failures_only() {
         let t0 = Instant::now();
@@ -201,10 +210,7 @@ mod tests {
     #[test]
     fn after_cooldown_one_probe_passes_and_its_success_closes() {
         let t0 = Instant::now();
-        let mut b = breaker();
-        for _ in 0..3 {
-            b.on_failure(t0);
-        }
+        let mut b = opened(t0);
         let t1 = t0 + COOLDOWN;
         assert_eq!(b.admit(t1), Admit::Probe);
         // Only one probe at a time.
@@ -217,10 +223,7 @@ mod tests {
     #[test]
     fn a_failed_probe_reopens_for_a_full_cooldown() {
         let t0 = Instant::now();
-        let mut b = breaker();
-        for _ in 0..3 {
-            b.on_failure(t0);
-        }
+        let mut b = opened(t0);
         let t1 = t0 + COOLDOWN;
         assert_eq!(b.admit(t1), Admit::Probe);
         b.on_failure(t1);
@@ -236,10 +239,7 @@ mod tests {
     #[test]
     fn a_lost_probe_lets_another_through_after_the_probe_timeout() {
         let t0 = Instant::now();
-        let mut b = breaker();
-        for _ in 0..3 {
-            b.on_failure(t0);
-        }
+        let mut b = opened(t0);
         let t1 = t0 + COOLDOWN;
         assert_eq!(b.admit(t1), Admit::Probe);
         assert!(matches!(b.admit(t1 + PROBE / 2), Admit::Reject { .. }));
@@ -249,10 +249,7 @@ mod tests {
     #[test]
     fn late_failures_do_not_extend_an_open_circuit() {
         let t0 = Instant::now();
-        let mut b = breaker();
-        for _ in 0..3 {
-            b.on_failure(t0);
-        }
+        let mut b = opened(t0);
         b.on_failure(t0 + COOLDOWN / 2);
         assert_eq!(b.admit(t0 + COOLDOWN), Admit::Probe);
     }
@@ -260,10 +257,7 @@ mod tests {
     #[test]
     fn reset_closes_the_circuit() {
         let t0 = Instant::now();
-        let mut b = breaker();
-        for _ in 0..3 {
-            b.on_failure(t0);
-        }
+        let mut b = opened(t0);
         b.reset();
         assert_eq!(b.admit(t0), Admit::Pass);
     }

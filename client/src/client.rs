@@ -155,19 +155,21 @@ impl Client {
         let routes = inner.routing.routes();
         let key = &checks[0].key;
         let owner = &routes.links[routes.route(key)];
-        let successor = routes
-            .successor(key)
-            .map(|i| &routes.links[i])
-            .filter(|s| !Arc::ptr_eq(s, owner) && s.is_connected());
+        // Looked up only when the owner cannot be reached (it hashes the key again).
+        let successor = || {
+            routes
+                .successor(key)
+                .map(|i| &routes.links[i])
+                .filter(|s| !Arc::ptr_eq(s, owner) && s.is_connected())
+        };
         // The owner decides; when it cannot be reached, its successor takes over from its
         // replicas (better than each client's fallback bucket deciding alone).
-        let first_is_takeover = owner.is_down() && successor.is_some();
-        let first = if first_is_takeover {
-            successor.unwrap_or(owner)
-        } else {
-            owner
-        };
-        let (reason, sent) = match inner.send(first, checks, first_is_takeover, deadline).await {
+        let takeover = if owner.is_down() { successor() } else { None };
+        let first = takeover.unwrap_or(owner);
+        let (reason, sent) = match inner
+            .send(first, checks, takeover.is_some(), deadline)
+            .await
+        {
             Attempt::Answered(result) => return result,
             Attempt::Failed(reason) => (reason, true),
             Attempt::NotSent(reason) => (reason, false),
@@ -179,10 +181,10 @@ impl Client {
             reason,
             DegradedReason::Unreachable | DegradedReason::CircuitOpen
         );
-        if !first_is_takeover
+        if takeover.is_none()
             && !sent
             && owner_gone
-            && let Some(successor) = successor
+            && let Some(successor) = successor()
             && Instant::now() < deadline
             && let Attempt::Answered(result) = inner.send(successor, checks, true, deadline).await
         {

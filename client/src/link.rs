@@ -191,7 +191,7 @@ pub(crate) async fn supervise(
         let attempt = tokio::select! {
             biased;
             () = shutdown_requested(&mut shutdown) => break,
-            attempt = connect(&endpoint, link.addr, &settings) => attempt,
+            attempt = connect(&endpoint, link.addr, &settings.server_name, settings.connect_timeout) => attempt,
         };
         match attempt {
             Ok(conn) => {
@@ -246,21 +246,22 @@ pub(crate) async fn supervise(
     let _ = tokio::time::timeout(Duration::from_millis(200), endpoint.wait_idle()).await;
 }
 
-async fn connect(
+/// Connects to a node, the handshake bounded by `timeout`; the error says why in words.
+pub(crate) async fn connect(
     endpoint: &quinn::Endpoint,
     addr: SocketAddr,
-    settings: &LinkSettings,
+    server_name: &str,
+    timeout: Duration,
 ) -> Result<quinn::Connection, String> {
     let connecting = endpoint
-        .connect(addr, &settings.server_name)
+        .connect(addr, server_name)
         .map_err(|e| format!("cannot start a connection: {e}"))?;
     // Awaited in full, never `into_0rtt`: checks must not travel as replayable early data.
-    match tokio::time::timeout(settings.connect_timeout, connecting).await {
+    match tokio::time::timeout(timeout, connecting).await {
         Ok(Ok(conn)) => Ok(conn),
         Ok(Err(e)) => Err(describe_connection_error(&e)),
         Err(_) => Err(format!(
-            "no handshake within {:?} (is a node listening at {addr}?)",
-            settings.connect_timeout
+            "no handshake within {timeout:?} (is a node listening at {addr}?)"
         )),
     }
 }

@@ -506,7 +506,8 @@ impl Refresher {
                         endpoint
                     }
                 };
-                let conn = connect(&endpoint, addr, &self.factory.config.server_name).await?;
+                let server_name = &self.factory.config.server_name;
+                let conn = link::connect(&endpoint, addr, server_name, FETCH_TIMEOUT).await?;
                 self.control = Some((addr, conn.clone()));
                 conn
             }
@@ -663,21 +664,6 @@ fn parse_addr(addr: &str) -> Option<SocketAddr> {
     addr.parse().ok()
 }
 
-async fn connect(
-    endpoint: &quinn::Endpoint,
-    addr: SocketAddr,
-    server_name: &str,
-) -> Result<quinn::Connection, String> {
-    let connecting = endpoint
-        .connect(addr, server_name)
-        .map_err(|e| format!("cannot start a connection: {e}"))?;
-    match tokio::time::timeout(FETCH_TIMEOUT, connecting).await {
-        Ok(Ok(conn)) => Ok(conn),
-        Ok(Err(e)) => Err(format!("connection failed: {e}")),
-        Err(_) => Err(format!("no handshake within {FETCH_TIMEOUT:?}")),
-    }
-}
-
 /// Asks for the table on a fresh stream of `conn` and validates the answer.
 async fn request_table(conn: &quinn::Connection) -> Result<SlotTableMessage, String> {
     const REQUEST_ID: u64 = 1;
@@ -727,12 +713,8 @@ pub async fn fetch_slot_table(
     for &addr in nodes {
         let endpoint = link::endpoint_for(addr, quic.clone())?;
         let fetched = tokio::time::timeout(config.connect_timeout, async {
-            let connecting = endpoint
-                .connect(addr, &config.server_name)
-                .map_err(|e| format!("cannot start a connection: {e}"))?;
-            let conn = connecting
-                .await
-                .map_err(|e| format!("connection failed: {e}"))?;
+            let conn =
+                link::connect(&endpoint, addr, &config.server_name, config.connect_timeout).await?;
             let table = request_table(&conn).await;
             conn.close(0u32.into(), b"done");
             table

@@ -467,6 +467,30 @@ async fn finish(mut set: tokio::task::JoinSet<()>, tally: &Tally) {
     }
 }
 
+/// Two clients, each given the nodes of one entry, routing by the table, with the load
+/// running until every key was decided by a node at least once.
+async fn loaded(
+    nodes: &[Node],
+    entries: [Vec<SocketAddr>; 2],
+    config: ClientConfig,
+) -> (Vec<Client>, Arc<Tally>, tokio::task::JoinSet<()>) {
+    let [first, second] = entries;
+    let clients = vec![
+        connect(&first, config.clone()).await,
+        connect(&second, config).await,
+    ];
+    for client in &clients {
+        eventually("clients to route by the table", || {
+            client_routes_by(client, &nodes[0])
+        })
+        .await;
+    }
+    let tally = Tally::new();
+    let running = load(&clients, 4, &tally);
+    all_keys_decided(&tally).await;
+    (clients, tally, running)
+}
+
 /// Waits until every key has been decided by a node at least once (each bucket exists, and by
 /// the next sync interval has a replica on its successor).
 async fn all_keys_decided(tally: &Tally) {
@@ -485,19 +509,8 @@ async fn a_crashed_owners_keys_move_within_seconds_and_over_admit_at_most_a_burs
     let mut nodes = cluster(&certs, 3).await;
     let config = fast_config(&certs);
     let timeout = config.timeout;
-    let clients = vec![
-        connect(&[nodes[0].local_addr()], config.clone()).await,
-        connect(&[nodes[2].local_addr()], config).await,
-    ];
-    for client in &clients {
-        eventually("clients to route by the table", || {
-            client_routes_by(client, &nodes[0])
-        })
-        .await;
-    }
-    let tally = Tally::new();
-    let running = load(&clients, 4, &tally);
-    all_keys_decided(&tally).await;
+    let entries = [vec![nodes[0].local_addr()], vec![nodes[2].local_addr()]];
+    let (clients, tally, running) = loaded(&nodes, entries, config).await;
     tally.more_checks(2_000).await;
 
     let victim = nodes.remove(1);
@@ -562,19 +575,11 @@ async fn a_rolling_restart_over_admits_nothing_and_fails_no_check() {
     let mut nodes = cluster(&certs, 3).await;
     let mut config = client_config(&certs);
     config.timeout = Duration::from_millis(500);
-    let clients = vec![
-        connect(&[nodes[0].local_addr()], config.clone()).await,
-        connect(&[nodes[1].local_addr(), nodes[2].local_addr()], config).await,
+    let entries = [
+        vec![nodes[0].local_addr()],
+        vec![nodes[1].local_addr(), nodes[2].local_addr()],
     ];
-    for client in &clients {
-        eventually("clients to route by the table", || {
-            client_routes_by(client, &nodes[0])
-        })
-        .await;
-    }
-    let tally = Tally::new();
-    let running = load(&clients, 4, &tally);
-    all_keys_decided(&tally).await;
+    let (clients, tally, running) = loaded(&nodes, entries, config).await;
     tally.more_checks(1_000).await;
     // Keys over the limit after each step, to tell leaves from joins.
     let mut steps = Vec::new();
@@ -632,19 +637,8 @@ async fn a_joining_node_takes_a_quarter_of_the_slots_and_nothing_is_over_admitte
     let mut nodes = cluster(&certs, 3).await;
     let mut config = client_config(&certs);
     config.timeout = Duration::from_millis(500);
-    let clients = vec![
-        connect(&[nodes[0].local_addr()], config.clone()).await,
-        connect(&[nodes[2].local_addr()], config).await,
-    ];
-    for client in &clients {
-        eventually("clients to route by the table", || {
-            client_routes_by(client, &nodes[0])
-        })
-        .await;
-    }
-    let tally = Tally::new();
-    let running = load(&clients, 4, &tally);
-    all_keys_decided(&tally).await;
+    let entries = [vec![nodes[0].local_addr()], vec![nodes[2].local_addr()]];
+    let (clients, tally, running) = loaded(&nodes, entries, config).await;
     tally.more_checks(1_000).await;
 
     let before = nodes[0].slot_table();

@@ -27,7 +27,7 @@ use rkyv::rancor;
 
 use crate::metrics::DecisionTally;
 use crate::server::Shared;
-use crate::service::{decide_group, decode_frame, finish_batch};
+use crate::service::{decide_group, decode_frame, finish_batch, prefetch_ahead};
 
 /// Longest a node waits for its slot table to catch up with a peer's.
 const TABLE_CATCH_UP: Duration = Duration::from_millis(300);
@@ -253,6 +253,7 @@ impl<'a> Batch<'a> {
         let mut taken_over = 0;
         let mut placed = Vec::with_capacity(self.groups.len());
         for i in 0..self.groups.len() {
+            prefetch_ahead(&shared.store, self.groups, i);
             let (slot, arrival) = (self.slot(i), self.arrival(i, forwarded));
             // Slots this node gave away are refused to a forwarder (`first_place`).
             let place = first_place(&table, me, slot, arrival, |s| cluster.gave_away(s));

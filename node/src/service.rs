@@ -30,10 +30,7 @@ pub fn answer_frame(
     let mut decisions = Vec::with_capacity(groups.iter().map(Vec::len).sum());
     let mut tally = DecisionTally::default();
     for (i, group) in groups.iter().enumerate() {
-        // Start loading a bucket a few groups ahead so cold keys' cache misses overlap.
-        if let Some(ahead) = groups.get(i + PREFETCH_AHEAD) {
-            store.prefetch(ahead[0].key);
-        }
+        prefetch_ahead(store, &groups, i);
         decide_group(store, &mut tally, now_ns, group, &mut decisions);
     }
     finish_batch(
@@ -45,6 +42,14 @@ pub fn answer_frame(
         out,
     );
     None
+}
+
+/// Called before deciding group `i`: starts loading the bucket of the group a few ahead, so cold
+/// keys' cache misses overlap instead of adding up.
+pub fn prefetch_ahead(store: &BucketStore, groups: &[Vec<ValidCheck>], i: usize) {
+    if let Some(check) = groups.get(i + PREFETCH_AHEAD).and_then(|g| g.first()) {
+        store.prefetch(check.key);
+    }
 }
 
 /// Validates a check batch frame; on refusal appends the error frame and returns its code.

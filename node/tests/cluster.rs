@@ -85,12 +85,7 @@ async fn check(
     }
     let answers = exchange(&connection, &bytes).await;
     assert!(answers.errors.is_empty(), "{:?}", answers.errors);
-    answers
-        .decisions
-        .iter()
-        .flat_map(|(_, d)| d)
-        .filter(|d| d.unwrap().is_allowed())
-        .count()
+    answers.allowed()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -73,6 +73,17 @@ pub struct Answers {
     pub errors: Vec<(u64, ErrorCode, String)>,
 }
 
+impl Answers {
+    /// How many checks were allowed (every decision must be one, not an error).
+    pub fn allowed(&self) -> usize {
+        self.decisions
+            .iter()
+            .flat_map(|(_, d)| d)
+            .filter(|d| d.unwrap().is_allowed())
+            .count()
+    }
+}
+
 /// Sends raw bytes on a new stream, finishes it, and reads every answer until the stream ends.
 pub async fn exchange(connection: &quinn::Connection, bytes: &[u8]) -> Answers {
     let (mut send, mut recv) = connection.open_bi().await.unwrap();
