@@ -6,6 +6,10 @@
 
 use xxhash_rust::xxh3::{xxh3_64, xxh3_128_with_seed};
 
+/// `xxh3_64(b"")`: the seed of keys under the empty rule ([`BucketKey::for_key`]), computed once
+/// (a unit test pins it).
+const EMPTY_RULE_SEED: u64 = 0x2d06_8005_38d3_94c2;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct BucketKey {
     /// Hashes the key inside its shard's table.
@@ -20,6 +24,12 @@ impl BucketKey {
     /// than a short key costs to hash.
     pub fn new(rule: &[u8], key: &[u8]) -> Self {
         Self::from_u128(xxh3_128_with_seed(key, xxh3_64(rule)))
+    }
+
+    /// The bucket of key bytes that already carry their rule (what clients send, and what the
+    /// cluster routes by): `new(b"", key)` without hashing the empty rule each time.
+    pub fn for_key(key: &[u8]) -> Self {
+        Self::from_u128(xxh3_128_with_seed(key, EMPTY_RULE_SEED))
     }
 
     /// Builds a key from a 128-bit hash computed elsewhere (e.g. sent over the wire).
@@ -40,5 +50,19 @@ impl BucketKey {
     /// The 96 significant bits, for the wire and for logs.
     pub fn to_u128(self) -> u128 {
         u128::from(self.hash) | (u128::from(self.check) << 64)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn for_key_is_the_key_under_the_empty_rule() {
+        assert_eq!(EMPTY_RULE_SEED, xxh3_64(b""));
+        assert_eq!(
+            BucketKey::for_key(b"user:42"),
+            BucketKey::new(b"", b"user:42")
+        );
     }
 }

@@ -131,7 +131,7 @@ impl Fallback {
 
 /// The same identity the node gives a key: the key bytes alone, under the empty rule.
 fn bucket_key(key: &[u8]) -> BucketKey {
-    BucketKey::new(b"", key)
+    BucketKey::for_key(key)
 }
 
 #[cfg(test)]

@@ -269,9 +269,7 @@ pub(crate) async fn connect(
 fn describe_connection_error(e: &quinn::ConnectionError) -> String {
     match e {
         quinn::ConnectionError::ApplicationClosed(close) => {
-            let code = u16::try_from(close.error_code.into_inner())
-                .ok()
-                .and_then(ErrorCode::from_u16);
+            let code = node_code(close.error_code);
             let reason = String::from_utf8_lossy(&close.reason);
             match code {
                 Some(code) => format!("closed by the node: {code}: {reason}"),
@@ -365,10 +363,14 @@ fn reason_for_code(code: ErrorCode) -> DegradedReason {
 
 /// The same for a QUIC stream error code (a node resetting or stopping a stream).
 fn reason_for_stream_code(code: quinn::VarInt) -> DegradedReason {
+    node_code(code).map_or(DegradedReason::Protocol, reason_for_code)
+}
+
+/// The node's error code a QUIC application code carries, if it is one.
+fn node_code(code: quinn::VarInt) -> Option<ErrorCode> {
     u16::try_from(code.into_inner())
         .ok()
         .and_then(ErrorCode::from_u16)
-        .map_or(DegradedReason::Protocol, reason_for_code)
 }
 
 /// An open bidirectional stream and the frames read from it so far.

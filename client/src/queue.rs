@@ -29,6 +29,11 @@ pub(crate) struct Call {
 }
 
 impl Call {
+    /// The caller gave up, or its deadline passed: it decides through its failure mode.
+    fn is_due(&self, now: Instant) -> bool {
+        self.reply.is_closed() || self.deadline <= now
+    }
+
     fn time_out(self) {
         // A caller that gave up has nobody to tell.
         let _ = self.reply.send(Reply::Failed(DegradedReason::Timeout));
@@ -160,7 +165,7 @@ impl CallQueue {
             let len = front.checks.len();
             // A caller that gave up, or whose deadline passed, decides through its failure mode:
             // sending its checks now would consume tokens for a request answered without them.
-            if front.reply.is_closed() || front.deadline <= now {
+            if front.is_due(now) {
                 dropped += len;
                 expired.extend(inner.calls.pop_front());
                 continue;
@@ -193,7 +198,7 @@ impl CallQueue {
         let mut expired = Vec::new();
         let mut inner = self.inner.lock();
         while let Some(front) = inner.calls.front() {
-            if front.deadline > now && !front.reply.is_closed() {
+            if !front.is_due(now) {
                 break;
             }
             inner.queued_checks -= front.checks.len();

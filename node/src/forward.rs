@@ -72,7 +72,7 @@ fn first_place(
     if owner == Some(me) {
         return None;
     }
-    let left = !table.nodes().iter().any(|n| n == me);
+    let left = !table.contains(me);
     if arrival == Arrival::Takeover && table.successor(slot) == Some(me) && !left {
         // The client lost its link to the owner. This node holds the owner's replicas (at most
         // one sync interval old) and decides from them, as it will once the owner is declared
@@ -115,7 +115,7 @@ fn next_place(
         // here rather than fail (availability over exactness; the bucket replicates to the
         // owner like any other), unless this node has left or handed the slot off.
         _ => {
-            let left = !table.nodes().iter().any(|n| n == me);
+            let left = !table.contains(me);
             if owner.is_none() || left || gave_away(slot) {
                 Some(Placed::Refused(ErrorCode::ShuttingDown))
             } else {
@@ -226,8 +226,7 @@ impl<'a> Batch<'a> {
         let me = cluster.me.id.as_str();
         cluster
             .wait_for_table(TABLE_CATCH_UP, |table| {
-                !table.nodes().iter().any(|n| n == me)
-                    || self.slots().all(|s| table.owner(s) == Some(me))
+                !table.contains(me) || self.slots().all(|s| table.owner(s) == Some(me))
             })
             .await;
     }

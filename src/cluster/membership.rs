@@ -184,11 +184,6 @@ impl Membership {
         self.members.get(id).map(|m| &m.info)
     }
 
-    /// When `poll` next has work.
-    pub fn next_deadline_ns(&self) -> u64 {
-        self.next_round_ns
-    }
-
     /// Merges a peer's view. Heartbeats only move forward; a larger incarnation is a restart.
     pub fn handle_gossip(&mut self, now_ns: u64, gossip: &Gossip) {
         let owners_before = self.owners();

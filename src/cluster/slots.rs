@@ -20,7 +20,7 @@ pub const VIRTUAL_NODES: u16 = 1024;
 /// The slot of a key: from its bucket hash, so a node can tell the slot of every bucket it holds
 /// (the client and every node compute the same).
 pub fn slot_of(key: &[u8]) -> u16 {
-    crate::BucketKey::new(b"", key).slot()
+    crate::BucketKey::for_key(key).slot()
 }
 
 /// A `BuildHasher` for the ring: collects the written bytes and hashes them once with xxh3
@@ -145,6 +145,11 @@ impl SlotTable {
         &self.nodes
     }
 
+    /// True when `node` owns slots in this table.
+    pub fn contains(&self, node: &str) -> bool {
+        self.nodes.iter().any(|n| n == node)
+    }
+
     pub fn owner(&self, slot: u16) -> Option<&str> {
         self.node(*self.owner.get(usize::from(slot))?)
     }
@@ -163,12 +168,6 @@ impl SlotTable {
             Some(i) => self.owner.iter().filter(|&&o| usize::from(o) == i).count(),
             None => 0,
         }
-    }
-
-    /// The slots `node` owns.
-    pub fn owned_by<'a>(&'a self, node: &'a str) -> impl Iterator<Item = u16> + 'a {
-        let index = self.nodes.iter().position(|n| n == node).map(|i| i as u16);
-        (0..SLOTS as u16).filter(move |&s| Some(self.owner[usize::from(s)]) == index)
     }
 
     fn node(&self, index: u16) -> Option<&str> {

@@ -53,7 +53,7 @@ pub struct PlannedCheck {
 impl PlannedCheck {
     /// The bucket the node keeps for this key (as the wire decoder computes it).
     pub fn bucket_key(&self) -> BucketKey {
-        BucketKey::new(b"", &self.key)
+        BucketKey::for_key(&self.key)
     }
 
     /// This check for an in-process [`crate::BucketStore`].

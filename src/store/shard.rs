@@ -471,11 +471,7 @@ impl WindowEntry {
     /// The bucket's state, if it is still in use at `now`.
     fn state(&self, now_ns: u64) -> Option<BucketState> {
         let (limit, state) = *self.slot.lock();
-        let expired = match limit.algorithm() {
-            Algorithm::SlidingWindow => sliding_window::is_expired(&limit, &state, now_ns),
-            _ => fixed_window::is_expired(&limit, &state, now_ns),
-        };
-        (!expired).then(|| BucketState {
+        (!window_is_expired(&limit, &state, now_ns)).then(|| BucketState {
             key: BucketKey::of(self),
             value: BucketValue::Window { limit, state },
         })
@@ -508,6 +504,14 @@ impl BucketKey {
 
 fn margin_ns(limit: &Limit) -> u64 {
     (limit.burst() - 1) * limit.interval_ns()
+}
+
+/// True when a window bucket is full again (expiry, not a decision).
+fn window_is_expired(limit: &Limit, state: &WindowState, now_ns: u64) -> bool {
+    match limit.algorithm() {
+        Algorithm::SlidingWindow => sliding_window::is_expired(limit, state, now_ns),
+        _ => fixed_window::is_expired(limit, state, now_ns),
+    }
 }
 
 fn decide_window(
@@ -584,11 +588,7 @@ impl Identified for WindowEntry {
     }
     fn expires_in(&mut self, now_ns: u64) -> u64 {
         let (limit, state) = self.slot.get_mut();
-        let expired = match limit.algorithm() {
-            Algorithm::SlidingWindow => sliding_window::is_expired(limit, state, now_ns),
-            _ => fixed_window::is_expired(limit, state, now_ns),
-        };
-        if expired {
+        if window_is_expired(limit, state, now_ns) {
             0
         } else {
             decide_window(limit, state, now_ns, 0)
@@ -596,6 +596,10 @@ impl Identified for WindowEntry {
                 .reset_after_ns()
                 .max(1)
         }
+    }
+    fn is_expired(&mut self, now_ns: u64) -> bool {
+        let (limit, state) = self.slot.get_mut();
+        window_is_expired(limit, state, now_ns)
     }
     fn is_denying(&mut self, now_ns: u64) -> bool {
         let (limit, state) = self.slot.get_mut();
@@ -617,6 +621,10 @@ impl Identified for LogEntry {
         } else {
             log.clone().decide(limit, now_ns, 0).reset_after_ns().max(1)
         }
+    }
+    fn is_expired(&mut self, now_ns: u64) -> bool {
+        let (limit, log) = self.slot.get_mut();
+        log.is_expired(limit, now_ns)
     }
     fn is_denying(&mut self, now_ns: u64) -> bool {
         let (limit, log) = self.slot.get_mut();

@@ -254,7 +254,7 @@ fn validate_check(check: &ArchivedWireCheck, limits: &WireLimits) -> Result<Vali
     )
     .map_err(|e| (ErrorCode::InvalidLimit, e.to_string()))?;
     Ok(ValidCheck {
-        key: BucketKey::new(b"", check.key.as_slice()),
+        key: BucketKey::for_key(check.key.as_slice()),
         limit,
         cost: check.cost.to_native(),
         refund: check.refund,
