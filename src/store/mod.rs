@@ -14,6 +14,7 @@
 //! forgetting someone who is being limited.
 
 mod shard;
+pub mod snapshot;
 mod table;
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -287,6 +288,21 @@ impl BucketStore {
     ) {
         for shard in self.shards.iter() {
             shard.lock.read().export(now_ns, filter, out);
+        }
+    }
+
+    /// Every bucket in use that `keep` accepts (what a snapshot holds), filtered one shard at a
+    /// time so the scratch space is one shard's buckets, not the whole store's.
+    pub fn export_matching(
+        &self,
+        now_ns: u64,
+        keep: &dyn Fn(&BucketState) -> bool,
+        out: &mut Vec<BucketState>,
+    ) {
+        let mut scratch = Vec::new();
+        for shard in self.shards.iter() {
+            shard.lock.read().export(now_ns, &|_| true, &mut scratch);
+            out.extend(scratch.drain(..).filter(|state| keep(state)));
         }
     }
 
