@@ -23,6 +23,8 @@ pub struct NodeConfig {
     /// The rules file (`--rules`): loaded at start, hot-reloaded, served to clients; `None`: the
     /// node serves no rules (clients then bring their own).
     pub rules: Option<PathBuf>,
+    /// `--state-dir`: where long-period buckets are snapshotted and loaded from; `None`: nowhere.
+    pub state_dir: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone)]
@@ -118,6 +120,7 @@ impl NodeConfig {
             },
             cluster: ClusterConfig::default(),
             rules: None,
+            state_dir: None,
         }
     }
 }

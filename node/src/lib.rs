@@ -12,6 +12,8 @@
 //! - [`rules`]: `--rules FILE`: validation, versions, hot reload, serving rules to clients.
 //! - `admin`: `/metrics`, `/healthz`, `/readyz`.
 //! - `metrics`: metric names and handles.
+//! - [`snapshot`]: `--state-dir`: long-period buckets saved every second and at shutdown, loaded
+//!   at start.
 //! - `clock`: epoch-based nanoseconds that never go backwards.
 
 pub mod certs;
@@ -26,6 +28,7 @@ mod metrics;
 pub mod rules;
 mod server;
 mod service;
+pub mod snapshot;
 mod tls;
 
 pub use certs::{DevCerts, ensure_dev_certs};

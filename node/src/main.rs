@@ -83,6 +83,10 @@ struct Flags {
     /// changes (a bad edit is rejected and the old rules stay), and served to clients.
     #[arg(long, value_name = "FILE")]
     rules: Option<PathBuf>,
+    /// Keep buckets of limits of an hour or more (daily quotas) across restarts: snapshotted to
+    /// DIR every second when changed and on SIGTERM, loaded at start.
+    #[arg(long, value_name = "DIR")]
+    state_dir: Option<PathBuf>,
 }
 
 fn main() -> ExitCode {
@@ -193,6 +197,7 @@ fn config_from(flags: &Flags) -> anyhow::Result<NodeConfig> {
         store,
         cluster,
         rules: flags.rules.clone(),
+        state_dir: flags.state_dir.clone(),
     })
 }
 

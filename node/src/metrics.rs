@@ -74,6 +74,15 @@ pub struct NodeMetrics {
     /// Buckets handed to new owners / received in hand-offs.
     pub handed_off: Counter,
     pub received_handoff: Counter,
+    /// `--state-dir`: snapshots written, writes that failed, snapshot files refused at start,
+    /// the last written file's size and buckets, and how long since the file last matched the
+    /// store (0 after a write or a check that found nothing new; grows while writes fail).
+    pub snapshot_writes: Counter,
+    pub snapshot_failures: Counter,
+    pub snapshot_refused: Counter,
+    pub snapshot_bytes: Gauge,
+    pub snapshot_buckets: Gauge,
+    pub snapshot_age: Gauge,
 }
 
 impl NodeMetrics {
@@ -105,6 +114,12 @@ impl NodeMetrics {
             received_replicas: counter!("floodgate_replicated_buckets_total", "direction" => "received"),
             handed_off: counter!("floodgate_handoff_buckets_total", "direction" => "sent"),
             received_handoff: counter!("floodgate_handoff_buckets_total", "direction" => "received"),
+            snapshot_writes: counter!("floodgate_snapshot_writes_total"),
+            snapshot_failures: counter!("floodgate_snapshot_failures_total"),
+            snapshot_refused: counter!("floodgate_snapshot_refused_total"),
+            snapshot_bytes: gauge!("floodgate_snapshot_bytes"),
+            snapshot_buckets: gauge!("floodgate_snapshot_buckets"),
+            snapshot_age: gauge!("floodgate_snapshot_age_seconds"),
             frame_errors: ErrorCode::ALL
                 .iter()
                 .map(|&c| {

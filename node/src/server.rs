@@ -60,6 +60,7 @@ pub struct Node {
     tasks: JoinSet<()>,
     endpoint: quinn::Endpoint,
     shared: Arc<Shared>,
+    snapshots: Option<Arc<crate::snapshot::Snapshots>>,
 }
 
 impl Node {
@@ -71,6 +72,11 @@ impl Node {
             .with_context(|| format!("binding the QUIC endpoint on {}", config.listen))?;
         let local_addr = endpoint.local_addr()?;
         let store = BucketStore::new(config.store)?;
+        let snapshots = config
+            .state_dir
+            .as_deref()
+            .map(crate::snapshot::Snapshots::open)
+            .transpose()?;
         let rules = config
             .rules
             .as_deref()
@@ -97,8 +103,19 @@ impl Node {
             received: watch::Sender::new(0),
             config,
         });
+        if let Some(snapshots) = &snapshots {
+            // Before the first check is served: a restored daily quota counts from the start.
+            snapshots.load(&shared);
+        }
         let (shutdown, shutdown_rx) = watch::channel(false);
         let mut tasks = JoinSet::new();
+        if let Some(snapshots) = &snapshots {
+            tasks.spawn(crate::snapshot::run(
+                snapshots.clone(),
+                shared.clone(),
+                shutdown_rx.clone(),
+            ));
+        }
         let admin_addr = match shared.config.admin {
             Some(addr) => {
                 let listener = tokio::net::TcpListener::bind(addr)
@@ -128,6 +145,7 @@ impl Node {
             tasks,
             endpoint,
             shared,
+            snapshots,
         })
     }
 
@@ -201,6 +219,10 @@ impl Node {
         if drained.is_err() {
             tracing::warn!("shutdown: in-flight work did not finish within {DRAIN_TIMEOUT:?}");
             self.tasks.abort_all();
+        }
+        // Every received check has been answered: the last snapshot holds all of them.
+        if let Some(snapshots) = &self.snapshots {
+            crate::snapshot::snapshot_once(snapshots, &self.shared).await;
         }
         self.endpoint.close(
             quinn::VarInt::from_u32(ErrorCode::ShuttingDown as u32),
