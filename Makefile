@@ -28,7 +28,7 @@ run:             ## build in release, start a 3-node cluster serving rules/examp
 	for i in 0 1 2; do \
 	  seeds=""; [ $$i -gt 0 ] && seeds="--seeds 127.0.0.1:7100"; \
 	  ./target/release/floodgate-node --data-dir .run/node --node-id node-$$i --listen 127.0.0.1:710$$i \
-	      --admin 127.0.0.1:910$$i --rules rules/example.yaml $$seeds 2>.run/node-$$i.log & echo $$! > .run/node-$$i.pid; \
+	      --admin 127.0.0.1:910$$i --rules rules/example.yaml --state-dir .run/state-node-$$i $$seeds 2>.run/node-$$i.log & echo $$! > .run/node-$$i.pid; \
 	  for t in $$(seq 100); do curl -fs http://127.0.0.1:910$$i/readyz >/dev/null 2>&1 && break; sleep 0.1; done; \
 	done; \
 	: "--- end of nodes ---"; \
