@@ -579,11 +579,12 @@ mod tests {
 
     #[test]
     fn invalid_buckets_are_refused_even_with_a_valid_checksum() {
-        let first = SNAPSHOT_HEADER_BYTES;
-        let tag = first + 12;
-        let cases: Vec<(Box<dyn Fn(&mut Vec<u8>)>, &str)> = vec![
-            (Box::new(|b| b[tag] = 9), "unknown algorithm 9"),
-            (Box::new(|b| b[first..first + 8].fill(0)), "hash is zero"),
+        const FIRST: usize = SNAPSHOT_HEADER_BYTES;
+        let first = FIRST;
+        type Corruption = fn(&mut [u8]);
+        let cases: [(Corruption, &str); 2] = [
+            (|b| b[FIRST + 12] = 9, "unknown algorithm 9"),
+            (|b| b[FIRST..FIRST + 8].fill(0), "hash is zero"),
         ];
         for (corrupt, expected) in cases {
             let mut bytes = encoded(&samples());
