@@ -262,3 +262,57 @@ pub(crate) async fn run(
         snapshot_once(&snapshots, &shared).await;
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use floodgate::{BucketKey, Limit, NANOS_PER_SEC, StoreConfig};
+
+    use super::*;
+
+    const NOW: u64 = 1_700_000_000 * NANOS_PER_SEC;
+
+    #[test]
+    fn writes_only_when_the_long_period_buckets_changed() {
+        let dir = tempfile::tempdir().unwrap();
+        let snapshots = Snapshots::open(dir.path()).unwrap();
+        let store = BucketStore::new(StoreConfig {
+            max_keys: 64,
+            shards: 4,
+        })
+        .unwrap();
+        let written = |now| snapshots.write_if_changed(&store, now).unwrap();
+        assert_eq!(
+            written(NOW),
+            Outcome::Written {
+                buckets: 0,
+                bytes: 40
+            }
+        );
+        assert_eq!(written(NOW + 1), Outcome::Unchanged);
+        // A per-second key is not worth keeping: nothing to write.
+        let per_second = Limit::gcra(10, NANOS_PER_SEC, 10).unwrap();
+        store
+            .check(BucketKey::for_key(b"burst"), &per_second, 5, NOW)
+            .unwrap();
+        assert_eq!(written(NOW + 2), Outcome::Unchanged);
+        let daily = Limit::gcra(5, 86_400 * NANOS_PER_SEC, 5).unwrap();
+        store
+            .check(BucketKey::for_key(b"quota"), &daily, 1, NOW)
+            .unwrap();
+        assert!(matches!(
+            written(NOW + 3),
+            Outcome::Written { buckets: 1, .. }
+        ));
+        assert_eq!(written(NOW + 4), Outcome::Unchanged);
+        assert!(!snapshots.temp_path().exists());
+    }
+
+    #[test]
+    fn an_unfinished_temporary_file_is_removed_at_open() {
+        let dir = tempfile::tempdir().unwrap();
+        let temp = dir.path().join(format!("{SNAPSHOT_FILE}.tmp"));
+        fs::write(&temp, b"half a snapshot").unwrap();
+        Snapshots::open(dir.path()).unwrap();
+        assert!(!temp.exists());
+    }
+}
