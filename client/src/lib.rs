@@ -61,7 +61,8 @@ pub use config::{
 pub use error::{ClientError, ConfigError, ErrorKind, classify_code};
 pub use link::{LinkState, NodeStatus};
 pub use policy::{
-    LimiterConfig, LimiterError, PolicyChanges, RateLimiter, RequestDecision, RequestInfo,
+    LimiterConfig, LimiterError, PolicyChanges, PolicySource, RateLimiter, RequestDecision,
+    RequestInfo,
 };
 pub use slots::{ClusterMember, ClusterTable, TableChanges, fetch_slot_table};
 pub use verdict::{Check, DegradedReason, FailureMode, Source, Verdict, all_allowed};
