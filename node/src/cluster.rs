@@ -399,7 +399,7 @@ impl Cluster {
         let (epoch, owners) = {
             let mut membership = self.membership.lock();
             change(&mut membership);
-            self.member_log.lock().observe(&membership);
+            drop(self.member_log.lock().observe(&membership));
             (membership.epoch(), membership.owners())
         };
         let old = self.table();
