@@ -36,12 +36,12 @@ impl MemberLog {
                 (_, MemberState::Suspect) => tracing::warn!(
                     peer = id,
                     %addr,
-                    "peer suspected: no word from it within suspect_after; it keeps its slots for now"
+                    "peer suspected: silent longer than --suspect-after; it keeps its slots for now"
                 ),
                 (_, MemberState::Dead) => tracing::warn!(
                     peer = id,
                     %addr,
-                    "peer declared dead: silent past dead_after; its slots move to their successors"
+                    "peer declared dead: silent longer than --dead-after; its slots move to their successors"
                 ),
                 (_, MemberState::Left) => {
                     tracing::info!(peer = id, %addr, "peer left the cluster (announced leave)")
