@@ -489,8 +489,23 @@ impl Inner {
         }
         match Policy::from_yaml(&message.text) {
             Ok(policy) => {
-                let was_local = matches!(self.state.borrow().source, Some(PolicySource::Local));
-                if was_local {
+                let (was_local, same_version) = {
+                    let state = self.state.borrow();
+                    (
+                        matches!(state.source, Some(PolicySource::Local)),
+                        state
+                            .policy
+                            .as_ref()
+                            .is_some_and(|p| p.version() == policy.version()),
+                    )
+                };
+                if was_local && same_version {
+                    tracing::info!(
+                        version = policy.version(),
+                        node = %from,
+                        "floodgate rules received from a node: the same version as the local rules"
+                    );
+                } else if was_local {
                     tracing::info!(
                         version = policy.version(),
                         node = %from,
@@ -543,12 +558,16 @@ async fn refresh(
             _ = ticker.tick() => {}
             _ = shutdown.wait_for(|&stop| stop) => break,
         }
+        // Local rules ask for the full text (version ""): a node serving the same version is
+        // then recorded as the source, so the gateway can say so and cache it.
         let Some(version) = inner.upgrade().map(|i| {
-            i.state
-                .borrow()
-                .policy
-                .as_ref()
-                .map(|p| p.version().to_owned())
+            let state = i.state.borrow();
+            match state.source {
+                Some(PolicySource::Node { .. }) => {
+                    state.policy.as_ref().map(|p| p.version().to_owned())
+                }
+                _ => None,
+            }
         }) else {
             break;
         };

@@ -229,6 +229,44 @@ async fn unknown_plans_are_limited_by_default_and_counted() {
     limiter.close().await;
 }
 
+/// A node serving the very rules the gateway started from becomes their source (the start-up
+/// file is no longer what the gateway relies on, and the cache can be filled).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_serving_the_same_rules_becomes_their_source() {
+    let certs = certs();
+    let dir = tempfile::tempdir().unwrap();
+    let node_rules = dir.path().join("rules.yaml");
+    std::fs::write(&node_rules, EXAMPLE).unwrap();
+    let addr = {
+        let (socket, addr) = silent_node();
+        drop(socket);
+        addr
+    };
+    let limiter = RateLimiter::connect_with(
+        &[addr],
+        offline_config(&certs),
+        limiter_config(),
+        Some(Policy::from_yaml(EXAMPLE).unwrap()),
+    )
+    .await
+    .unwrap();
+    let version = limiter.policy_version();
+    let mut changes = limiter.policy_changes();
+    let node = start_node_with_rules(&certs, addr, &node_rules).await;
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while limiter.policy_source() == Some(PolicySource::Local) {
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        assert!(!left.is_zero(), "the node never became the source");
+        let _ = tokio::time::timeout(left, changes.changed()).await;
+    }
+    assert!(
+        matches!(limiter.policy_source(), Some(PolicySource::Node { addr: from, .. }) if from == addr)
+    );
+    assert_eq!(limiter.policy_version(), version);
+    limiter.close().await;
+    node.shutdown().await;
+}
+
 #[test]
 fn a_broken_rules_file_is_an_error_and_a_broken_cache_is_skipped() {
     let dir = tempfile::tempdir().unwrap();

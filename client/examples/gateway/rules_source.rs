@@ -26,9 +26,11 @@ impl fmt::Display for LocalRules {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             LocalRules::File(path) => write!(f, "the rules file {}", path.display()),
-            LocalRules::Cache(path) => {
-                write!(f, "the cache of a node's rules {}", path.display())
-            }
+            LocalRules::Cache(path) => write!(
+                f,
+                "the rules cache {} (what a node served last)",
+                path.display()
+            ),
         }
     }
 }
