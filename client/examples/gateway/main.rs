@@ -14,7 +14,6 @@
 //! ```
 
 mod app;
-mod logging;
 mod rules_source;
 
 use std::net::SocketAddr;
@@ -24,6 +23,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Parser;
 use floodgate_client::core::parse_duration_ns;
+use floodgate_client::logging::{self, LogFormat};
 use floodgate_client::{ClientConfig, LimiterConfig, LimiterError, RateLimiter};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -59,14 +59,14 @@ struct Flags {
     rules_cache: Option<PathBuf>,
     /// Log lines as `text` or `json` (one object per line), on stderr; `RUST_LOG` filters them
     /// (default `info`).
-    #[arg(long, value_enum, default_value_t = logging::LogFormat::Text)]
-    log_format: logging::LogFormat,
+    #[arg(long, value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
 }
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let flags = Flags::parse();
-    logging::init(flags.log_format);
+    logging::init(flags.log_format, "info");
     let timeout = parse_duration_ns(&flags.timeout)
         .map(Duration::from_nanos)
         .map_err(|e| anyhow::anyhow!("--timeout {}: {e}", flags.timeout))?;

@@ -1,6 +1,6 @@
-//! Log output of the example gateway: `RUST_LOG` filtering (default `info`), plain text or JSON
-//! lines on stderr, ANSI colours only when stderr is a terminal (so files and journald get clean
-//! text).
+//! Log output of the client crate's programs (the `floodgate` command and the example gateway):
+//! `RUST_LOG` filtering, plain text or JSON lines on stderr, ANSI colours only when stderr is a
+//! terminal (so files and journald get clean text). Feature `cli`.
 
 use std::io::IsTerminal;
 
@@ -16,9 +16,11 @@ pub enum LogFormat {
     Json,
 }
 
-/// Installs the process-wide subscriber; call once, first thing.
-pub fn init(format: LogFormat) {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+/// Installs the process-wide subscriber, filtering by `RUST_LOG`, else by `default_filter`
+/// (e.g. `info`). Call once, first thing.
+pub fn init(format: LogFormat, default_filter: &str) {
+    let filter =
+        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_filter));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);
