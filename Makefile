@@ -39,7 +39,7 @@ run:             ## build in release, start a 3-node cluster serving rules/examp
 	echo "  curl -si -H 'X-Tenant-Id: acme' -H 'X-Plan: free' http://127.0.0.1:8080/v1/data"; \
 	echo "  curl -si -X POST -H 'X-User-Id: 42' http://127.0.0.1:8080/v1/events/7/holds"; \
 	./target/release/examples/gateway --listen 127.0.0.1:8080 --upstream 127.0.0.1:8081 \
-	    --node 127.0.0.1:7100 --ca .run/node/ca.pem
+	    --node 127.0.0.1:7100 --ca .run/node/ca.pem --rules-cache .run/gateway-rules.yaml
 
 bench: bench-core bench-load ## every benchmark (several minutes)
 

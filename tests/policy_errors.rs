@@ -242,6 +242,57 @@ fn errors_point_at_line_and_column() {
 }
 
 #[test]
+fn unknown_methods_are_refused_at_their_line_and_column() {
+    let method_line = |method: &str| {
+        let mut text = BASE.replace(
+            "    path: /v1",
+            &format!("    method: {method}\n    path: /v1"),
+        );
+        text.push('\n');
+        text
+    };
+    // A typo would otherwise be a rule that never matches: a fail-closed login rule disabled.
+    assert_error(&method_line("PSOT"), 4, 13, "did you mean `POST`");
+    assert_error(
+        &method_line("[GET, PURGE]"),
+        4,
+        19,
+        "`PURGE` is not a standard HTTP method",
+    );
+    assert_error(&method_line("ext:GET"), 4, 13, "is a standard method");
+    assert_error(
+        &method_line("\"ext:BAD METHOD\""),
+        4,
+        13,
+        "token characters",
+    );
+    let policy = Policy::from_yaml(&method_line("[post, ext:purge, Patch]")).unwrap();
+    assert_eq!(policy.rules()[0].methods(), ["POST", "PURGE", "PATCH"]);
+}
+
+#[test]
+fn default_plans_must_be_declared() {
+    assert_error(
+        &format!("default_plan: Free\n{BASE}"),
+        1,
+        15,
+        "unknown plan `Free` (declared plans: free, paid)",
+    );
+    assert_error(
+        &format!("{BASE}    default_plan: gold\n"),
+        7,
+        19,
+        "unknown plan `gold`",
+    );
+    assert_error(
+        &format!("{BASE}    default_plan: [free]\n"),
+        7,
+        19,
+        "`default_plan`",
+    );
+}
+
+#[test]
 fn yaml_syntax_errors_point_at_the_broken_line() {
     let e = error(&with_line(5, "    key: [user"));
     assert!(e.message.starts_with("YAML syntax:"), "{e}");

@@ -110,7 +110,8 @@ fn describe_lists_what_each_rule_enforces() {
     assert_eq!(
         lines[0],
         format!(
-            "policy {}: 7 rules, plans [free, paid, partner, internal], 3 API keys, \
+            "policy {}: 7 rules, plans [free, paid, partner, internal] (unknown plans as free), \
+             3 API keys, \
              max 1000 waiting, 2 trusted proxies",
             policy.version()
         )
@@ -122,7 +123,7 @@ fn describe_lists_what_each_rule_enforces() {
             "api-key: * /v1/** per api_key: gcra 1000/1min burst 200; \
              plan partner gcra 10000/1min; plan internal unlimited",
             "tenant: * /v1/** per tenant: plan free gcra 100/1min; plan paid gcra 10000/1min; \
-             other plans not limited",
+             other declared plans not limited",
             "login: POST /v1/auth/login per ip: gcra 10/1min; fails closed",
             "global: * /** per global: gcra 2000/1s",
             "user-endpoint: * /v1/** per user+endpoint: sliding-log 60/1min",

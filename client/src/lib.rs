@@ -34,7 +34,8 @@
 //! - [`tower`](mod@tower) (feature `tower`): `RateLimitLayer`, the limiter as a `tower::Layer`.
 //! - `fallback`: failure modes, with a local bucket store for `Open` checks; `clock`: its time.
 //!
-//! The `floodgate` binary (`src/bin/floodgate.rs`, feature `cli`) sends checks from a shell.
+//! The `floodgate` binary (`src/bin/floodgate.rs`, feature `cli`) sends checks from a shell;
+//! [`logging`] (feature `cli`) sets up its log output and the example gateway's.
 
 mod backoff;
 mod breaker;
@@ -44,6 +45,8 @@ mod config;
 mod error;
 mod fallback;
 mod link;
+#[cfg(feature = "cli")]
+pub mod logging;
 pub mod policy;
 mod queue;
 mod router;
@@ -61,7 +64,8 @@ pub use config::{
 pub use error::{ClientError, ConfigError, ErrorKind, classify_code};
 pub use link::{LinkState, NodeStatus};
 pub use policy::{
-    LimiterConfig, LimiterError, PolicyChanges, RateLimiter, RequestDecision, RequestInfo,
+    LimiterConfig, LimiterError, PolicyChanges, PolicySource, RateLimiter, RequestDecision,
+    RequestInfo,
 };
 pub use slots::{ClusterMember, ClusterTable, TableChanges, fetch_slot_table};
 pub use verdict::{Check, DegradedReason, FailureMode, Source, Verdict, all_allowed};

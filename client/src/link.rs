@@ -130,10 +130,17 @@ impl NodeLink {
     /// failed reconnect attempts are logged at debug level.
     fn went_down(&self, why: String) {
         self.queue.set_down();
-        if *self.state.borrow() == LinkState::Disconnected {
-            tracing::debug!(node = %self.addr, "reconnect failed: {why}");
-        } else {
-            tracing::warn!(node = %self.addr, "floodgate node unavailable: {why}");
+        let state = *self.state.borrow();
+        match state {
+            LinkState::Disconnected => {
+                tracing::debug!(node = %self.addr, "reconnect failed: {why}")
+            }
+            LinkState::Connecting => {
+                tracing::warn!(node = %self.addr, "cannot reach floodgate node: {why}")
+            }
+            LinkState::Connected => {
+                tracing::warn!(node = %self.addr, "lost connection to floodgate node: {why}")
+            }
         }
         // The reason first: whoever waits for `Disconnected` may read it at once.
         *self.last_error.lock() = Some(why);

@@ -7,6 +7,11 @@
 //! That is a pull standing in for the design's push: nodes answer an unchanged version with a
 //! few bytes, and a gateway that cannot reach any node keeps the rules it has.
 //!
+//! A gateway may also start from local rules (a file it ships, or a cache of what the nodes
+//! served last: [`RateLimiter::connect_with`]) when no node answers; every rule's failure mode
+//! applies meanwhile. [`RateLimiter::policy_source`] says where the rules in force came from, and
+//! the switch to a node's rules is logged.
+//!
 //! All-or-nothing across rules: the enforced checks of a request are decided as one group per
 //! owning node (one group when every key lives on one node, which the node decides atomically);
 //! when they span nodes and the request does not pass, what the other nodes took is refunded
@@ -60,7 +65,7 @@ pub enum LimiterError {
     #[error(transparent)]
     Client(#[from] ClientError),
     /// No node served rules in time (or none runs with `--rules`) and no local policy was given.
-    #[error("no rules: {0}")]
+    #[error("no rules: no node served rules ({0}), and no local rules were given to start from")]
     NoPolicy(String),
 }
 
@@ -139,6 +144,16 @@ impl RequestDecision {
     }
 }
 
+/// Where the rules in force came from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PolicySource {
+    /// Given by the caller (a rules file, a cache, a test): no node has served rules since.
+    Local,
+    /// Served by this node. `text` is the rules file as it was served, e.g. to cache it for a
+    /// start when no node answers.
+    Node { addr: SocketAddr, text: Arc<str> },
+}
+
 /// Wakes each time the limiter installs new rules.
 #[derive(Debug)]
 pub struct PolicyChanges(watch::Receiver<PolicyState>);
@@ -169,6 +184,7 @@ struct Inner {
 #[derive(Debug, Clone)]
 struct PolicyState {
     policy: Option<Arc<Policy>>,
+    source: Option<PolicySource>,
     /// Requests waiting (`max_wait`) now; replaced when the policy's `max_waiting` changes.
     waiting: Arc<WaitBound>,
 }
@@ -200,8 +216,8 @@ impl RateLimiter {
         let mut last_error = String::from("no node answered");
         loop {
             match fetcher.fetch("").await {
-                Ok(message) if !message.version.is_empty() => {
-                    this.inner.apply(&message);
+                Ok((message, from)) if !message.version.is_empty() => {
+                    this.inner.apply(&message, from);
                     break;
                 }
                 Ok(_) => last_error = "the nodes run without --rules".to_owned(),
@@ -233,11 +249,13 @@ impl RateLimiter {
                 .as_ref()
                 .map_or(policy::DEFAULT_MAX_WAITING, Policy::max_waiting),
         );
+        let source = policy.as_ref().map(|_| PolicySource::Local);
         RateLimiter {
             inner: Arc::new(Inner {
                 client,
                 state: watch::Sender::new(PolicyState {
                     policy: policy.map(Arc::new),
+                    source,
                     waiting,
                 }),
                 shutdown: watch::Sender::new(false),
@@ -248,7 +266,12 @@ impl RateLimiter {
 
     /// Replaces the policy (a fetched one replaces it again on the next change on the nodes).
     pub fn set_policy(&self, policy: Policy) {
-        self.inner.install(policy);
+        self.inner.install(policy, PolicySource::Local);
+    }
+
+    /// Where the rules in force came from; `None` without rules.
+    pub fn policy_source(&self) -> Option<PolicySource> {
+        self.inner.state.borrow().source.clone()
     }
 
     /// The rules in force.
@@ -289,7 +312,9 @@ impl RateLimiter {
     /// wait), refunds what a request that does not pass took, and builds the HTTP answer.
     pub async fn check(&self, request: &RequestInfo) -> RequestDecision {
         let started = Instant::now();
-        let PolicyState { policy, waiting } = self.inner.state.borrow().clone();
+        let PolicyState {
+            policy, waiting, ..
+        } = self.inner.state.borrow().clone();
         let Some(policy) = policy else {
             let verdict = Verdict {
                 action: Action::Allow,
@@ -457,15 +482,47 @@ fn to_outcome(verdict: &CheckVerdict, group_passed: bool) -> CheckOutcome {
 }
 
 impl Inner {
-    /// Takes a fetched policy message; returns true when the rules changed.
-    fn apply(&self, message: &PolicyMessage) -> bool {
+    /// Takes a policy message fetched from node `from`; returns true when the rules changed.
+    fn apply(&self, message: &PolicyMessage, from: SocketAddr) -> bool {
         if message.is_unchanged() {
             return false;
         }
         match Policy::from_yaml(&message.text) {
             Ok(policy) => {
-                tracing::info!(version = policy.version(), "floodgate rules updated");
-                self.install(policy);
+                let (was_local, same_version) = {
+                    let state = self.state.borrow();
+                    (
+                        matches!(state.source, Some(PolicySource::Local)),
+                        state
+                            .policy
+                            .as_ref()
+                            .is_some_and(|p| p.version() == policy.version()),
+                    )
+                };
+                if was_local && same_version {
+                    tracing::info!(
+                        version = policy.version(),
+                        node = %from,
+                        "floodgate rules received from a node: the same version as the local rules"
+                    );
+                } else if was_local {
+                    tracing::info!(
+                        version = policy.version(),
+                        node = %from,
+                        "floodgate rules received from a node: they replace the local rules"
+                    );
+                } else {
+                    tracing::info!(
+                        version = policy.version(),
+                        node = %from,
+                        "floodgate rules received from a node"
+                    );
+                }
+                let source = PolicySource::Node {
+                    addr: from,
+                    text: Arc::from(message.text.as_str()),
+                };
+                self.install(policy, source);
                 true
             }
             Err(e) => {
@@ -476,12 +533,13 @@ impl Inner {
         }
     }
 
-    fn install(&self, policy: Policy) {
+    fn install(&self, policy: Policy, source: PolicySource) {
         self.state.send_modify(|state| {
             if state.waiting.max_waiting() != policy.max_waiting() {
                 state.waiting = WaitBound::new(policy.max_waiting());
             }
             state.policy = Some(Arc::new(policy));
+            state.source = Some(source);
         });
     }
 }
@@ -500,12 +558,16 @@ async fn refresh(
             _ = ticker.tick() => {}
             _ = shutdown.wait_for(|&stop| stop) => break,
         }
+        // Local rules ask for the full text (version ""): a node serving the same version is
+        // then recorded as the source, so the gateway can say so and cache it.
         let Some(version) = inner.upgrade().map(|i| {
-            i.state
-                .borrow()
-                .policy
-                .as_ref()
-                .map(|p| p.version().to_owned())
+            let state = i.state.borrow();
+            match state.source {
+                Some(PolicySource::Node { .. }) => {
+                    state.policy.as_ref().map(|p| p.version().to_owned())
+                }
+                _ => None,
+            }
         }) else {
             break;
         };
@@ -514,9 +576,9 @@ async fn refresh(
             _ = shutdown.wait_for(|&stop| stop) => break,
         };
         match fetched {
-            Ok(message) => {
+            Ok((message, from)) => {
                 let Some(inner) = inner.upgrade() else { break };
-                inner.apply(&message);
+                inner.apply(&message, from);
             }
             Err(e) => tracing::debug!("rules refresh failed: {e}"),
         }
@@ -556,10 +618,15 @@ impl PolicyFetcher {
         })
     }
 
-    /// The node's answer to "I have `version`".
-    async fn fetch(&mut self, version: &str) -> Result<PolicyMessage, String> {
+    /// The node's answer to "I have `version`", and which node answered.
+    async fn fetch(&mut self, version: &str) -> Result<(PolicyMessage, SocketAddr), String> {
+        let node = self.nodes.get(self.next).copied();
         let attempt = tokio::time::timeout(self.timeout, self.try_fetch(version)).await;
-        let result = attempt.unwrap_or_else(|_| Err("no answer in time".to_owned()));
+        let result = attempt.unwrap_or_else(|_| match node {
+            Some(node) => Err(format!("{node}: no answer within {:?}", self.timeout)),
+            None => Err("no nodes".to_owned()),
+        });
+        let result = result.and_then(|message| Ok((message, node.ok_or("no nodes")?)));
         if result.is_err() {
             // Next time, a fresh connection to the next node.
             if let Some(conn) = self.conn.take() {
@@ -647,5 +714,7 @@ pub async fn fetch_policy(
     let mut fetcher = PolicyFetcher::new(vec![node], config)?;
     let fetched = fetcher.fetch("").await;
     fetcher.close().await;
-    fetched.map_err(LimiterError::NoPolicy)
+    fetched
+        .map(|(message, _)| message)
+        .map_err(LimiterError::NoPolicy)
 }

@@ -568,7 +568,7 @@ impl Refresher {
         let retire_at = Instant::now() + self.grace;
         for addr in departed {
             if let Some(entry) = self.discovered.remove(&addr) {
-                tracing::info!(node = %addr, "floodgate node left the cluster");
+                log_departure(&table, addr);
                 self.retiring.push((retire_at, entry));
             }
         }
@@ -658,6 +658,28 @@ fn watch_link(link: &NodeLink, hint: Arc<TableHint>) {
             was = now;
         }
     });
+}
+
+/// Says why a member no longer owns slots, as the cluster reported it: only a member that
+/// announced its leave "left"; a killed or unreachable one was declared dead by its peers.
+fn log_departure(table: &ClusterTable, addr: SocketAddr) {
+    let state = table
+        .members
+        .iter()
+        .find(|m| parse_addr(&m.addr) == Some(addr))
+        .map(|m| m.state);
+    match state {
+        Some(MemberState::Left) => {
+            tracing::info!(node = %addr, "floodgate node left the cluster (announced leave)")
+        }
+        Some(MemberState::Dead) => tracing::warn!(
+            node = %addr,
+            "floodgate node declared dead by the cluster (lost, not a graceful leave); its slots moved to their successors"
+        ),
+        _ => {
+            tracing::info!(node = %addr, "floodgate node no longer owns slots in the cluster's table")
+        }
+    }
 }
 
 fn parse_addr(addr: &str) -> Option<SocketAddr> {

@@ -20,6 +20,7 @@ use parking_lot::Mutex;
 use tokio::sync::watch;
 
 use crate::handoff::Handoffs;
+use crate::member_log::MemberLog;
 use crate::server::Shared;
 
 /// Most encoded bytes of buckets in one replication or hand-off frame: well under the smallest
@@ -184,6 +185,8 @@ pub(crate) struct Cluster {
     /// with the new owner, so this node never decides them (a peer with an older table that
     /// forwards one here is told `not_owner`).
     given_away: Mutex<Vec<bool>>,
+    /// Members' states as last logged: suspicion and death are logged at WARN as they happen.
+    member_log: Mutex<MemberLog>,
 }
 
 impl Cluster {
@@ -231,6 +234,7 @@ impl Cluster {
             deciding: parking_lot::RwLock::new(()),
             updating: Mutex::new(()),
             given_away: Mutex::new(vec![false; floodgate::cluster::SLOTS]),
+            member_log: Mutex::new(MemberLog::default()),
             config,
         }
     }
@@ -395,6 +399,7 @@ impl Cluster {
         let (epoch, owners) = {
             let mut membership = self.membership.lock();
             change(&mut membership);
+            drop(self.member_log.lock().observe(&membership));
             (membership.epoch(), membership.owners())
         };
         let old = self.table();

@@ -8,6 +8,7 @@
 //! - `service`: the pure step from a received frame to the bytes of its answer.
 //! - [`cluster`]: membership gossip, the slot table, replication and hand-off between nodes.
 //! - `handoff`: which gained slots wait for their previous owner's hand-off.
+//! - `member_log`: peers suspected or declared dead logged at WARN as it happens.
 //! - `forward`: checks for slots another node owns go to their owner; refusals are placed again.
 //! - [`rules`]: `--rules FILE`: validation, versions, hot reload, serving rules to clients.
 //! - `admin`: `/metrics`, `/healthz`, `/readyz`.
@@ -24,6 +25,7 @@ pub mod config;
 mod admin;
 mod forward;
 mod handoff;
+mod member_log;
 mod metrics;
 pub mod rules;
 mod server;

@@ -12,6 +12,9 @@ use std::time::Duration;
 use floodgate::cluster::MembershipConfig;
 use floodgate_node::{ClusterConfig, Node, NodeConfig, NodeLimits, TlsConfig, ensure_dev_certs};
 
+mod logging;
+use logging::LogFormat;
+
 /// A floodgate limiter node: answers batched rate-limit checks over QUIC (TLS 1.3, ALPN
 /// floodgate/1).
 #[derive(Debug, Parser)]
@@ -87,16 +90,15 @@ struct Flags {
     /// DIR every second when changed and on SIGTERM, loaded at start.
     #[arg(long, value_name = "DIR")]
     state_dir: Option<PathBuf>,
+    /// Log lines as `text` or `json` (one object per line), on stderr; `RUST_LOG` filters them
+    /// (default `info`).
+    #[arg(long, value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
 }
 
 fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
     let flags = Flags::parse();
+    logging::init(flags.log_format);
     let result = (|| {
         let mut runtime = tokio::runtime::Builder::new_multi_thread();
         if let Some(n) = flags.worker_threads {

@@ -4,6 +4,10 @@
 //! under it (not `unlimited`), and the request has every attribute the rule's key needs: a rule
 //! keyed by `user` does not apply to anonymous requests (add an `ip`-keyed rule to cover those).
 //! Empty attribute strings count as missing.
+//!
+//! A plan the file does not declare (`Free` when it declares `free`; plan names are
+//! case-sensitive) is never silently unlimited: see [`Rule::limit_for_unknown_plan`]. Such checks
+//! are marked [`PlannedCheck::unknown_plan`] so gateways can count them.
 
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -48,6 +52,9 @@ pub struct PlannedCheck {
     pub shadow: bool,
     /// Longest this rule lets a request wait instead of denying it (0: never).
     pub max_wait_ns: u64,
+    /// The request's plan is not one the file declares, and this rule's limit or key depends on
+    /// the plan: the limit came from the documented default (for metrics and logs).
+    pub unknown_plan: bool,
 }
 
 impl PlannedCheck {
@@ -94,11 +101,19 @@ impl Policy {
             if !method_ok || !rule.path.matches(&segments) {
                 continue;
             }
-            let Some(RuleLimit::Limited(limit)) = rule.limit_for(plan) else {
+            let unknown_plan =
+                plan.is_some_and(|p| !self.declares_plan(p)) && rule.depends_on_plan();
+            let (rule_plan, limit) = if unknown_plan {
+                let (substitute, limit) = rule.limit_for_unknown_plan(self.default_plan());
+                (substitute.or(plan), limit)
+            } else {
+                (plan, rule.limit_for(plan))
+            };
+            let Some(RuleLimit::Limited(limit)) = limit else {
                 continue;
             };
             let path = path.get_or_insert_with(|| joined_path(&segments));
-            let Some(key) = build_key(rule, attrs, plan, path) else {
+            let Some(key) = build_key(rule, attrs, rule_plan, path) else {
                 continue;
             };
             checks.push(PlannedCheck {
@@ -109,6 +124,7 @@ impl Policy {
                 failure_mode: rule.failure_mode,
                 shadow: rule.mode == Mode::Shadow,
                 max_wait_ns: rule.max_wait_ns,
+                unknown_plan,
             });
         }
         checks

@@ -15,7 +15,7 @@
 //! Modules:
 //! - [`rules`]: the validated model ([`Policy`], [`Rule`]) and `describe()`.
 //! - `parse`, `parse_limit` and `yaml`: the rules-file schema and position-carrying YAML reading.
-//! - [`pattern`]: path globs and request-path normalization.
+//! - [`pattern`]: path globs and request-path normalization; [`method`]: HTTP methods in rules.
 //! - [`engine`]: request attributes → planned checks and their keys.
 //! - [`verdict`](mod@verdict): outcomes → verdict and refunds; [`wait`]: the bound on waiting
 //!   requests.
@@ -27,6 +27,7 @@ pub mod engine;
 mod error;
 pub mod http;
 pub mod json;
+pub mod method;
 mod parse;
 mod parse_limit;
 pub mod pattern;

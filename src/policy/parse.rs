@@ -9,10 +9,11 @@ use xxhash_rust::xxh3::xxh3_64;
 
 use super::PolicyError;
 use super::client_ip::{Cidr, TrustedProxies};
+use super::method::parse_method;
 use super::parse_limit::{
     parse_algorithm, parse_cost, parse_limit, parse_max_wait, parse_rule_plans,
 };
-use super::pattern::{PathPattern, parse_method};
+use super::pattern::PathPattern;
 use super::rules::{FailureMode, KeyPart, Mode, Policy, Rule};
 use super::yaml::{self, Fields, Node, error_at};
 use crate::Algorithm;
@@ -26,6 +27,7 @@ pub const MAX_RULES: usize = 1_000;
 
 const TOP_FIELDS: &[&str] = &[
     "plans",
+    "default_plan",
     "api_keys",
     "max_waiting",
     "trusted_proxies",
@@ -40,6 +42,7 @@ const RULE_FIELDS: &[&str] = &[
     "burst",
     "algorithm",
     "plans",
+    "default_plan",
     "cost",
     "failure_mode",
     "mode",
@@ -53,6 +56,10 @@ pub(crate) fn parse_policy(text: &str) -> Result<Policy, PolicyError> {
     let plans = match top.get("plans") {
         Some(node) => parse_plans(node)?,
         None => Vec::new(),
+    };
+    let default_plan = match top.get("default_plan") {
+        Some(node) => Some(parse_default_plan(node, &plans)?),
+        None => None,
     };
     let api_keys = match top.get("api_keys") {
         Some(node) => parse_api_keys(node, &plans)?,
@@ -103,6 +110,7 @@ pub(crate) fn parse_policy(text: &str) -> Result<Policy, PolicyError> {
         version: format!("{:016x}", xxh3_64(text.as_bytes())),
         rules,
         plans,
+        default_plan,
         api_keys,
         max_waiting,
         trusted_proxies,
@@ -155,6 +163,13 @@ pub(super) fn known_plan(node: &Node<'_>, name: &str, plans: &[String]) -> Resul
         node,
         format!("unknown plan `{name}` (declared plans: {declared})"),
     ))
+}
+
+/// `default_plan: PLAN`, a declared plan.
+fn parse_default_plan(node: &Node<'_>, plans: &[String]) -> Result<String, PolicyError> {
+    let plan = yaml::string(node, "`default_plan` (a plan name)")?;
+    known_plan(node, plan, plans)?;
+    Ok(plan.to_owned())
 }
 
 fn parse_api_keys(
@@ -220,6 +235,10 @@ fn parse_rule<'n, 'a>(
         Some(plans_node) => parse_rule_plans(plans_node, plans, algorithm)?,
         None => Vec::new(),
     };
+    let default_plan = match fields.get("default_plan") {
+        Some(node) => Some(parse_default_plan(node, plans)?),
+        None => None,
+    };
     if limit.is_none() && rule_plans.is_empty() {
         return Err(error_at(
             fields.node(),
@@ -270,6 +289,7 @@ fn parse_rule<'n, 'a>(
         key,
         limit,
         plans: rule_plans,
+        default_plan,
         cost,
         failure_mode,
         mode,

@@ -165,14 +165,6 @@ pub fn joined_path<S: AsRef<str>>(segments: &[S]) -> String {
     out
 }
 
-/// Validates an HTTP method token from a rules file and returns it upper-cased.
-pub fn parse_method(text: &str) -> Result<String, String> {
-    if text.is_empty() || !text.bytes().all(|b| b.is_ascii_alphabetic()) {
-        return Err(format!("`{text}` is not an HTTP method (e.g. GET, POST)"));
-    }
-    Ok(text.to_ascii_uppercase())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

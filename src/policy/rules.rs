@@ -104,6 +104,9 @@ pub struct Rule {
     pub(crate) key: Vec<KeyPart>,
     pub(crate) limit: Option<RuleLimit>,
     pub(crate) plans: Vec<(String, RuleLimit)>,
+    /// The plan a request on an undeclared plan is treated as under this rule (overrides the
+    /// file's `default_plan`).
+    pub(crate) default_plan: Option<String>,
     pub(crate) cost: u64,
     pub(crate) failure_mode: FailureMode,
     pub(crate) mode: Mode,
@@ -144,6 +147,60 @@ impl Rule {
         plan.and_then(|p| self.plans.iter().find(|(name, _)| name == p))
             .map(|&(_, limit)| limit)
             .or(self.limit)
+    }
+
+    /// The rule's own `default_plan`, if it names one.
+    pub fn default_plan(&self) -> Option<&str> {
+        self.default_plan.as_deref()
+    }
+
+    /// Whether a request's plan changes this rule's limit or key.
+    pub fn depends_on_plan(&self) -> bool {
+        !self.plans.is_empty() || self.key.contains(&KeyPart::Plan)
+    }
+
+    /// The plan a request on a plan the file does not declare (`Free` when only `free` is) is
+    /// treated as, and its limit. Never unlimited unless the file says so:
+    ///
+    /// 1. the rule's `default_plan`, else the file's (`file_default`): treated as that plan;
+    /// 2. else the rule's own `limit`, with the plan as sent (`None` as the plan);
+    /// 3. else (a rule with per-plan limits only) its strictest listed plan.
+    pub fn limit_for_unknown_plan<'a>(
+        &'a self,
+        file_default: Option<&'a str>,
+    ) -> (Option<&'a str>, Option<RuleLimit>) {
+        if let Some(plan) = self.default_plan.as_deref().or(file_default) {
+            return (Some(plan), self.limit_for(Some(plan)));
+        }
+        if self.limit.is_some() {
+            return (None, self.limit);
+        }
+        match self.strictest_plan() {
+            Some((plan, limit)) => (Some(plan), Some(limit)),
+            // Every listed plan is unlimited: the file said so.
+            None => (None, Some(RuleLimit::Unlimited)),
+        }
+    }
+
+    /// The listed plan with the lowest sustained rate (then the smallest burst), if any is
+    /// limited.
+    fn strictest_plan(&self) -> Option<(&str, RuleLimit)> {
+        let mut best: Option<(&str, crate::Limit)> = None;
+        for (plan, limit) in &self.plans {
+            let RuleLimit::Limited(limit) = *limit else {
+                continue;
+            };
+            // rate/period compared as rate_a * period_b < rate_b * period_a, without division.
+            let stricter = best.is_none_or(|(_, b)| {
+                let lhs = u128::from(limit.rate()) * u128::from(b.period_ns());
+                let rhs = u128::from(b.rate()) * u128::from(limit.period_ns());
+                lhs < rhs || (lhs == rhs && limit.burst() < b.burst())
+            });
+            if stricter {
+                best = Some((plan, limit));
+            }
+        }
+        best.map(|(plan, limit)| (plan, RuleLimit::Limited(limit)))
     }
 
     /// Units each matching request consumes (1 unless the file says).
@@ -187,7 +244,10 @@ impl Rule {
         }
         line.push_str(&limits.join(";"));
         if self.limit.is_none() {
-            line.push_str("; other plans not limited");
+            line.push_str("; other declared plans not limited");
+        }
+        if let Some(plan) = &self.default_plan {
+            let _ = write!(line, "; unknown plans as {plan}");
         }
         if self.cost != 1 {
             let _ = write!(line, "; cost {}", self.cost);
@@ -212,6 +272,8 @@ pub struct Policy {
     pub(crate) version: String,
     pub(crate) rules: Vec<Rule>,
     pub(crate) plans: Vec<String>,
+    /// The plan a request on an undeclared plan is treated as, unless its rule names another.
+    pub(crate) default_plan: Option<String>,
     pub(crate) api_keys: HashMap<String, String>,
     pub(crate) max_waiting: usize,
     pub(crate) trusted_proxies: TrustedProxies,
@@ -242,6 +304,16 @@ impl Policy {
         &self.plans
     }
 
+    /// The file's `default_plan`: what a request on an undeclared plan is treated as.
+    pub fn default_plan(&self) -> Option<&str> {
+        self.default_plan.as_deref()
+    }
+
+    /// Whether `plan` is one the file declares under `plans:`.
+    pub fn declares_plan(&self, plan: &str) -> bool {
+        self.plans.iter().any(|p| p == plan)
+    }
+
     /// The plan the file's API-key table gives `api_key`, if any.
     pub fn plan_for_api_key(&self, api_key: &str) -> Option<&str> {
         self.api_keys.get(api_key).map(String::as_str)
@@ -261,10 +333,14 @@ impl Policy {
     /// `floodgate rules check FILE` prints.
     pub fn describe(&self) -> String {
         let mut out = format!(
-            "policy {}: {} rules, plans [{}], {} API keys, max {} waiting, {} trusted proxies\n",
+            "policy {}: {} rules, plans [{}]{}, {} API keys, max {} waiting, {} trusted proxies\n",
             self.version,
             self.rules.len(),
             self.plans.join(", "),
+            match &self.default_plan {
+                Some(plan) => format!(" (unknown plans as {plan})"),
+                None => String::new(),
+            },
             self.api_keys.len(),
             self.max_waiting,
             self.trusted_proxies.len(),

@@ -120,6 +120,9 @@ pub struct RuleReport {
     pub more_after_ns: Option<u64>,
     /// The check consumed but the request does not pass: give it back.
     pub refund: bool,
+    /// The request's plan is not declared: this rule's limit came from its default (see
+    /// [`super::Rule::limit_for_unknown_plan`]).
+    pub unknown_plan: bool,
 }
 
 impl RuleReport {
@@ -201,6 +204,7 @@ fn report(check: &PlannedCheck, outcome: CheckOutcome) -> RuleReport {
         remaining: None,
         more_after_ns: None,
         refund: false,
+        unknown_plan: check.unknown_plan,
     };
     if let CheckOutcome::Decided {
         decision, source, ..

@@ -58,8 +58,8 @@ impl GatewayMetrics {
         self.handle.render()
     }
 
-    /// Counts one decision: per rule and outcome (shadow rules under `mode="shadow"`), checks
-    /// decided by fallback, the limiter's latency and the rules version in force.
+    /// Counts one decision: per rule and outcome (shadow rules under `mode="shadow"`), rules
+    /// that applied their default to an undeclared plan, checks decided by fallback, the limiter's latency and the rules version in force.
     pub fn record(&self, decision: &RequestDecision) {
         metrics::with_local_recorder(&*self.recorder, || {
             for rule in &decision.verdict.rules {
@@ -76,6 +76,14 @@ impl GatewayMetrics {
                     "outcome" => outcome
                 )
                 .increment(1);
+                if rule.unknown_plan {
+                    // The request's plan is not declared: this rule applied its default.
+                    counter!(
+                        "floodgate_gateway_unknown_plan_total",
+                        "rule" => rule.rule.to_string()
+                    )
+                    .increment(1);
+                }
             }
             let status = decision.response.status.to_string();
             counter!("floodgate_gateway_requests_total", "status" => status).increment(1);

@@ -5,11 +5,16 @@
 //! front would set them; the client IP from the peer (and `X-Forwarded-For` through the rules'
 //! trusted proxies). `GET /metrics`: verdicts by rule and outcome, fallbacks, limiter latency.
 //!
+//! When no node answers at start, it starts from `--rules FILE`, else from `--rules-cache FILE`
+//! (the rules a node served on an earlier run), and each rule's failure mode applies until a
+//! node answers; the nodes' rules replace the local ones as soon as one does.
+//!
 //! ```sh
 //! cargo run -p floodgate-client --example gateway -- --node 127.0.0.1:7100 --ca .run/node/ca.pem
 //! ```
 
 mod app;
+mod rules_source;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -18,14 +23,15 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Parser;
 use floodgate_client::core::parse_duration_ns;
-use floodgate_client::core::policy::Policy;
-use floodgate_client::{ClientConfig, LimiterConfig, RateLimiter};
+use floodgate_client::logging::{self, LogFormat};
+use floodgate_client::{ClientConfig, LimiterConfig, LimiterError, RateLimiter};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 #[derive(Debug, Parser)]
 #[command(
     name = "gateway",
+    version,
     about = "A rate-limited reverse proxy in front of a demo upstream"
 )]
 struct Flags {
@@ -47,34 +53,36 @@ struct Flags {
     /// Rules to start from if no node serves any (the nodes' rules win once they do).
     #[arg(long, value_name = "FILE")]
     rules: Option<PathBuf>,
+    /// Keep the rules the nodes serve in FILE, and start from it when no node answers and no
+    /// --rules is given.
+    #[arg(long, value_name = "FILE")]
+    rules_cache: Option<PathBuf>,
+    /// Log lines as `text` or `json` (one object per line), on stderr; `RUST_LOG` filters them
+    /// (default `info`).
+    #[arg(long, value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
 }
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
     let flags = Flags::parse();
+    logging::init(flags.log_format, "info");
     let timeout = parse_duration_ns(&flags.timeout)
         .map(Duration::from_nanos)
         .map_err(|e| anyhow::anyhow!("--timeout {}: {e}", flags.timeout))?;
     let mut config = ClientConfig::with_ca_file(&flags.ca);
     config.timeout = timeout;
-    let local = match &flags.rules {
-        Some(path) => {
-            let text = std::fs::read_to_string(path)
-                .with_context(|| format!("reading {}", path.display()))?;
-            let policy = Policy::from_yaml(&text)
-                .map_err(|e| anyhow::anyhow!("{}", e.render(&path.display().to_string(), &text)))?;
-            Some(policy)
-        }
-        None => None,
-    };
-    let limiter =
-        RateLimiter::connect_with(&flags.node, config, LimiterConfig::default(), local).await?;
+    let local = rules_source::load_local(flags.rules.as_deref(), flags.rules_cache.as_deref())?;
+    let (policy, local_source) = local.unzip();
+    let limiter = RateLimiter::connect_with(&flags.node, config, LimiterConfig::default(), policy)
+        .await
+        .map_err(|e| match e {
+            LimiterError::NoPolicy(_) => anyhow::anyhow!(
+                "{e}; give the gateway rules to start from with --rules FILE (or --rules-cache \
+                 FILE once a node has served rules)"
+            ),
+            other => other.into(),
+        })?;
 
     let (shutdown, shutdown_rx) = watch::channel(false);
     let upstream = TcpListener::bind(flags.upstream)
@@ -90,17 +98,26 @@ async fn main() -> anyhow::Result<()> {
         .await
         .with_context(|| format!("binding the gateway on {}", flags.listen))?;
     eprintln!(
-        "gateway: http://{} -> demo upstream http://{upstream_addr}; rules {} from {:?}; metrics at /metrics",
+        "gateway: http://{} -> demo upstream http://{upstream_addr}; {}; metrics at /metrics",
         listener.local_addr()?,
-        limiter.policy_version().unwrap_or_default(),
-        flags.node,
+        rules_source::describe(&limiter, local_source.as_ref()),
     );
+    let cache_task = flags.rules_cache.clone().map(|path| {
+        tokio::spawn(rules_source::keep_cache(
+            limiter.clone(),
+            path,
+            shutdown_rx.clone(),
+        ))
+    });
     let app = app::app(limiter.clone(), upstream_addr, app::GatewayMetrics::new());
     let server = tokio::spawn(app::serve(listener, app, shutdown_rx));
     wait_for_signal().await?;
     shutdown.send_replace(true);
     let _ = server.await;
     let _ = upstream_task.await;
+    if let Some(task) = cache_task {
+        let _ = task.await;
+    }
     limiter.close().await;
     Ok(())
 }

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 use floodgate_client::core::{Algorithm, Decision, Limit, parse_duration_ns, parse_rate};
+use floodgate_client::logging::{self, LogFormat};
 use floodgate_client::{Check, ClientAuth, ClientConfig, ClusterTable, FailureMode, Verdict};
 
 const CHECK_HELP: &str = "\
@@ -32,6 +33,11 @@ Exit status:
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// The client library's log lines as `text` or `json`, on stderr. `RUST_LOG` chooses them
+    /// (default `error`: the command reports its own errors; `RUST_LOG=debug` shows why a node
+    /// could not be reached, reconnects and table fetches).
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
 }
 
 #[derive(Debug, Subcommand)]
@@ -178,6 +184,7 @@ impl ConnectionArgs {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    logging::init(cli.log_format, "error");
     match cli.command {
         Command::Rules(RulesCommand::Check { file }) => match check_rules(&file) {
             Ok(described) => {
