@@ -142,6 +142,23 @@ impl Peers {
     }
 }
 
+/// From this many owners a table takes milliseconds to compute (about 3 ms for 100, 25 ms for
+/// 1,000, measured by the `slots` benchmark).
+const BIG_TABLE: usize = 64;
+
+/// Computes a slot table. A big one is computed with the runtime told that this worker blocks,
+/// so the worker's other tasks move to another thread meanwhile (a current-thread runtime, as
+/// in some tests, has nowhere to move them and computes inline).
+fn compute_table(epoch: u64, owners: &[String]) -> SlotTable {
+    let multi_thread = tokio::runtime::Handle::try_current()
+        .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
+    if owners.len() >= BIG_TABLE && multi_thread {
+        tokio::task::block_in_place(|| SlotTable::compute(epoch, owners))
+    } else {
+        SlotTable::compute(epoch, owners)
+    }
+}
+
 /// The cluster state one node keeps.
 #[derive(Debug)]
 pub(crate) struct Cluster {
@@ -184,6 +201,16 @@ pub(crate) struct Cluster {
     /// with the new owner, so this node never decides them (a peer with an older table that
     /// forwards one here is told `not_owner`).
     given_away: Mutex<Vec<bool>>,
+    /// The last slot-table payload encoded for clients, reused while it is current.
+    encoded_table: Mutex<Option<Arc<EncodedTable>>>,
+}
+
+/// A slot-table message encoded once, with what it was encoded from.
+#[derive(Debug)]
+struct EncodedTable {
+    table: Arc<SlotTable>,
+    members: Vec<TableMember>,
+    payload: rkyv::util::AlignedVec,
 }
 
 impl Cluster {
@@ -231,6 +258,7 @@ impl Cluster {
             deciding: parking_lot::RwLock::new(()),
             updating: Mutex::new(()),
             given_away: Mutex::new(vec![false; floodgate::cluster::SLOTS]),
+            encoded_table: Mutex::new(None),
             config,
         }
     }
@@ -347,11 +375,51 @@ impl Cluster {
         }));
     }
 
-    /// The slot table and members, as clients and `floodgate status` receive them.
-    pub(crate) fn table_message(&self) -> SlotTableMessage {
+    /// Appends the slot table and members as one `SlotTable` frame, as clients and `floodgate
+    /// status` receive them. The payload is encoded once per table and member list and reused:
+    /// every client fetches or is pushed each new table, and each would otherwise map all slots
+    /// to members and serialize them again.
+    pub(crate) fn encode_table(&self, out: &mut Vec<u8>, request_id: u64) {
         let table = self.table();
+        let cached = self.encoded_table.lock().clone();
+        let encoded = match cached {
+            Some(c) if Arc::ptr_eq(&c.table, &table) && self.members_are(&c.members) => c,
+            _ => {
+                let message = self.table_message(&table);
+                // Serializing plain vectors into memory cannot fail; an empty payload would be
+                // refused by the receiver's validation, never misread.
+                let payload = rkyv::to_bytes::<rkyv::rancor::Error>(&message).unwrap_or_default();
+                let encoded = Arc::new(EncodedTable {
+                    table,
+                    members: message.members,
+                    payload,
+                });
+                *self.encoded_table.lock() = Some(encoded.clone());
+                encoded
+            }
+        };
+        floodgate::wire::encode_frame(out, FrameKind::SlotTable, request_id, &encoded.payload);
+    }
+
+    /// True when the members and their states are still exactly `members`.
+    fn members_are(&self, members: &[TableMember]) -> bool {
         let membership = self.membership.lock();
-        let members: Vec<TableMember> = membership
+        let mut now = membership.members();
+        members.iter().all(|m| {
+            now.next().is_some_and(|(info, state)| {
+                m.id == info.id
+                    && m.addr == info.addr
+                    && m.region == info.region
+                    && m.state == member_state_to_wire(state)
+            })
+        }) && now.next().is_none()
+    }
+
+    /// The slot table and members as a message.
+    fn table_message(&self, table: &SlotTable) -> SlotTableMessage {
+        let members: Vec<TableMember> = self
+            .membership
+            .lock()
             .members()
             .map(|(info, state)| TableMember {
                 id: info.id.clone(),
@@ -360,17 +428,23 @@ impl Cluster {
                 state: member_state_to_wire(state),
             })
             .collect();
-        let index = |id: &str| {
-            members
-                .iter()
-                .position(|m| m.id == id)
-                .map_or(u16::MAX, |i| i as u16)
-        };
+        // Each table node's member index, looked up once, not once per slot.
+        let member_of: Vec<u16> = table
+            .nodes()
+            .iter()
+            .map(|id| {
+                members
+                    .iter()
+                    .position(|m| m.id == *id)
+                    .map_or(u16::MAX, |i| i as u16)
+            })
+            .collect();
+        let to_member = |node: Option<usize>| node.map_or(u16::MAX, |i| member_of[i]);
         let owners = (0..floodgate::cluster::SLOTS as u16)
-            .map(|s| table.owner(s).map_or(u16::MAX, index))
+            .map(|s| to_member(table.owner_index(s)))
             .collect();
         let successors = (0..floodgate::cluster::SLOTS as u16)
-            .map(|s| table.successor(s).map_or(u16::MAX, index))
+            .map(|s| to_member(table.successor_index(s)))
             .collect();
         SlotTableMessage {
             version: table.version(),
@@ -401,7 +475,7 @@ impl Cluster {
         if old.epoch() == epoch {
             return Vec::new();
         }
-        let new = Arc::new(SlotTable::compute(epoch, &owners));
+        let new = Arc::new(compute_table(epoch, &owners));
         // A node that just joined owned nothing before: its table of one was not ownership.
         // What it gains comes from the cluster as it was without it.
         let joined_now =
@@ -412,7 +486,7 @@ impl Cluster {
                 .filter(|o| **o != self.me.id)
                 .cloned()
                 .collect();
-            Arc::new(SlotTable::compute(0, &others))
+            Arc::new(compute_table(0, &others))
         } else {
             old
         };

@@ -101,6 +101,16 @@ impl SlotTable {
         self.node(*self.successor.get(usize::from(slot))?)
     }
 
+    /// The owner's index in [`SlotTable::nodes`] (to map a whole table without comparing ids).
+    pub fn owner_index(&self, slot: u16) -> Option<usize> {
+        self.index(*self.owner.get(usize::from(slot))?)
+    }
+
+    /// The successor's index in [`SlotTable::nodes`].
+    pub fn successor_index(&self, slot: u16) -> Option<usize> {
+        self.index(*self.successor.get(usize::from(slot))?)
+    }
+
     pub fn owner_of_key(&self, key: &[u8]) -> Option<&str> {
         self.owner(slot_of(key))
     }
@@ -111,6 +121,10 @@ impl SlotTable {
             Some(i) => self.owner.iter().filter(|&&o| usize::from(o) == i).count(),
             None => 0,
         }
+    }
+
+    fn index(&self, index: u16) -> Option<usize> {
+        (usize::from(index) < self.nodes.len()).then_some(usize::from(index))
     }
 
     fn node(&self, index: u16) -> Option<&str> {
