@@ -817,6 +817,68 @@ mod tests {
 
     use super::*;
 
+    fn cluster_alone() -> Cluster {
+        let crypto = rustls::ClientConfig::builder_with_provider(crate::tls::provider())
+            .with_protocol_versions(&[&rustls::version::TLS13])
+            .unwrap()
+            .with_root_certificates(rustls::RootCertStore::empty())
+            .with_no_client_auth();
+        let quic = quinn::crypto::rustls::QuicClientConfig::try_from(crypto).unwrap();
+        let endpoint = quinn::Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
+        let config = ClusterConfig {
+            node_id: Some("node-a".into()),
+            ..ClusterConfig::default()
+        };
+        Cluster::new(
+            config,
+            "127.0.0.1:7000".parse().unwrap(),
+            endpoint,
+            quinn::ClientConfig::new(Arc::new(quic)),
+            1_000_000_000,
+        )
+    }
+
+    fn decoded(frame: &[u8]) -> SlotTableMessage {
+        let mut reader = floodgate::wire::FrameReader::new(1 << 20);
+        reader.extend(frame);
+        let frame = reader.next_frame().unwrap().unwrap();
+        assert_eq!(frame.kind, FrameKind::SlotTable);
+        floodgate::wire::decode_slot_table(&frame.payload).unwrap()
+    }
+
+    /// The table message is encoded once and reused while the table and members stay, and
+    /// encoded again (with what changed) when either changes.
+    #[tokio::test]
+    async fn the_table_message_is_encoded_once_per_table_and_member_list() {
+        let cluster = cluster_alone();
+        let (mut first, mut second) = (Vec::new(), Vec::new());
+        cluster.encode_table(&mut first, 1);
+        let cached = cluster.encoded_table.lock().clone().unwrap();
+        cluster.encode_table(&mut second, 1);
+        assert!(Arc::ptr_eq(
+            &cached,
+            cluster.encoded_table.lock().as_ref().unwrap()
+        ));
+        assert_eq!(first, second);
+        assert_eq!(decoded(&first), cluster.table_message(&cluster.table()));
+        assert_eq!(decoded(&first).owners, vec![0; floodgate::cluster::SLOTS]);
+
+        // A member's state changes (here: this node leaves), not the table.
+        drop(cluster.membership.lock().leave(2_000_000_000));
+        let mut after_leave = Vec::new();
+        cluster.encode_table(&mut after_leave, 1);
+        assert_eq!(decoded(&after_leave).members[0].state, 3);
+
+        // A new table.
+        let table = Arc::new(SlotTable::compute(9, &["node-a".into(), "node-b".into()]));
+        cluster.table.send_replace(table.clone());
+        let mut new_table = Vec::new();
+        cluster.encode_table(&mut new_table, 1);
+        let message = decoded(&new_table);
+        assert_eq!(message.epoch, 9);
+        assert_eq!(message, cluster.table_message(&table));
+    }
+
     /// Every chunk of buckets, encoded as a replicate message, fits in a frame twice the budget
     /// (what `with_frame_limit` assumes), whatever the mix of algorithms and log lengths.
     #[test]
