@@ -168,25 +168,27 @@ impl<'a> BudgetedReader<'a> {
     }
 }
 
-/// Reads a whole one-way message of at most `max` bytes, reserving it from the budget as it
-/// arrives. `None` when the stream failed, was longer than `max`, or did not fit the budget.
+/// Reads a whole one-way message of at most `readable` bytes into a reader of frames up to
+/// `max_frame_bytes`, reserving its bytes from the budget as they arrive. `Err(None)` when the
+/// stream failed or was longer than `readable`, `Err(Some(_))` when it did not fit the budget.
 pub(crate) async fn read_message<'a>(
     recv: &mut quinn::RecvStream,
-    max: usize,
+    max_frame_bytes: usize,
+    readable: usize,
     budget: &'a BufferBudget,
     privileged: bool,
-) -> Result<(Vec<u8>, Reservation<'a>), Option<OverBudget>> {
+) -> Result<(FrameReader, Reservation<'a>), Option<OverBudget>> {
     let mut reservation = budget.reservation();
-    let mut bytes = Vec::new();
+    let mut reader = FrameReader::new(max_frame_bytes);
     while let Some(chunk) = recv.read_chunk(READ_BYTES, true).await.map_err(|_| None)? {
-        let total = bytes.len() + chunk.bytes.len();
-        if total > max {
+        let total = reader.buffered() + chunk.bytes.len();
+        if total > readable {
             return Err(None);
         }
         reservation.resize(total, privileged).map_err(Some)?;
-        bytes.extend_from_slice(&chunk.bytes);
+        reader.extend(&chunk.bytes);
     }
-    Ok((bytes, reservation))
+    Ok((reader, reservation))
 }
 
 #[cfg(test)]

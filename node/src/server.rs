@@ -7,14 +7,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use floodgate::wire::{ErrorCode, FrameReader};
-
-use crate::admission::{Allowance, Handshake};
-use crate::budget::{BudgetedReader, BufferBudget};
+use floodgate::wire::ErrorCode;
 use floodgate::{BucketStore, Clock};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
+use crate::admission::{Allowance, Handshake};
+use crate::budget::{BudgetedReader, BufferBudget};
 use crate::clock::NodeClock;
 use crate::cluster::Cluster;
 use crate::config::NodeConfig;
@@ -510,25 +509,19 @@ async fn serve_uni_message(
     let max = shared.config.limits.max_frame_bytes;
     // A client may only subscribe (an empty frame): it gets no room for more.
     let readable = if from.is_peer { max + 16 } else { 64 };
-    let (bytes, _reserved) = match crate::budget::read_message(
-        &mut recv,
-        readable,
-        &shared.budget,
-        from.is_peer,
-    )
-    .await
-    {
-        Ok(read) => read,
-        Err(over_budget) => {
-            if over_budget.is_some() {
-                shared.metrics.over_buffer_budget.increment(1);
-                let _ = recv.stop(quinn::VarInt::from_u32(ErrorCode::Overloaded as u32));
+    let (mut reader, _reserved) =
+        match crate::budget::read_message(&mut recv, max, readable, &shared.budget, from.is_peer)
+            .await
+        {
+            Ok(read) => read,
+            Err(over_budget) => {
+                if over_budget.is_some() {
+                    shared.metrics.over_buffer_budget.increment(1);
+                    let _ = recv.stop(quinn::VarInt::from_u32(ErrorCode::Overloaded as u32));
+                }
+                return;
             }
-            return;
-        }
-    };
-    let mut reader = FrameReader::new(max);
-    reader.extend(&bytes);
+        };
     while let Ok(Some(frame)) = reader.next_frame() {
         let now_ns = shared.clock.now_ns();
         match frame.kind {
