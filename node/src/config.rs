@@ -142,3 +142,33 @@ impl NodeConfig {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_buffer_budget_must_hold_two_largest_frames_and_peers_need_a_place() {
+        assert!(NodeLimits::default().validate().is_ok());
+        let limits = NodeLimits {
+            max_frame_bytes: 1 << 20,
+            max_buffered_bytes: 2 << 20,
+            ..NodeLimits::default()
+        };
+        let error = limits.validate().unwrap_err().to_string();
+        assert!(
+            error.contains("max buffered bytes must be at least 2228224"),
+            "{error}"
+        );
+        let enough = NodeLimits {
+            max_buffered_bytes: 2 * ((1 << 20) + crate::budget::READ_BYTES),
+            ..limits
+        };
+        assert!(enough.validate().is_ok());
+        let no_peers = NodeLimits {
+            max_peer_connections: 0,
+            ..NodeLimits::default()
+        };
+        assert!(no_peers.validate().is_err());
+    }
+}
