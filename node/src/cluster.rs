@@ -150,12 +150,20 @@ const BIG_TABLE: usize = 64;
 /// so the worker's other tasks move to another thread meanwhile (a current-thread runtime, as
 /// in some tests, has nowhere to move them and computes inline).
 fn compute_table(epoch: u64, owners: &[String]) -> SlotTable {
+    off_the_worker(owners.len() >= BIG_TABLE, || {
+        SlotTable::compute(epoch, owners)
+    })
+}
+
+/// Runs `work`, when `blocks`, with the runtime told this worker blocks (on a multi-thread
+/// runtime; elsewhere inline).
+fn off_the_worker<T>(blocks: bool, work: impl FnOnce() -> T) -> T {
     let multi_thread = tokio::runtime::Handle::try_current()
         .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
-    if owners.len() >= BIG_TABLE && multi_thread {
-        tokio::task::block_in_place(|| SlotTable::compute(epoch, owners))
+    if blocks && multi_thread {
+        tokio::task::block_in_place(work)
     } else {
-        SlotTable::compute(epoch, owners)
+        work()
     }
 }
 
@@ -465,7 +473,12 @@ impl Cluster {
         now_ns: u64,
         change: impl FnOnce(&mut Membership),
     ) -> Vec<tokio::task::JoinHandle<bool>> {
-        let _one_at_a_time = self.updating.lock();
+        // Another update may be computing a big table: wait without holding up this worker's
+        // other tasks.
+        let _one_at_a_time = self
+            .updating
+            .try_lock()
+            .unwrap_or_else(|| off_the_worker(true, || self.updating.lock()));
         let (epoch, owners) = {
             let mut membership = self.membership.lock();
             change(&mut membership);
@@ -877,6 +890,24 @@ mod tests {
         let message = decoded(&new_table);
         assert_eq!(message.epoch, 9);
         assert_eq!(message, cluster.table_message(&table));
+    }
+
+    fn owners(n: usize) -> Vec<String> {
+        (0..n).map(|i| format!("node-{i}")).collect()
+    }
+
+    /// A big table is computed off the worker on a multi-thread runtime, inline on a
+    /// current-thread one (where `block_in_place` would panic), the same either way.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_big_table_computed_off_the_worker_is_the_same() {
+        let owners = owners(BIG_TABLE);
+        assert_eq!(compute_table(3, &owners), SlotTable::compute(3, &owners));
+    }
+
+    #[tokio::test]
+    async fn a_big_table_on_a_current_thread_runtime_is_computed_without_panicking() {
+        let owners = owners(BIG_TABLE);
+        assert_eq!(compute_table(3, &owners), SlotTable::compute(3, &owners));
     }
 
     /// Every chunk of buckets, encoded as a replicate message, fits in a frame twice the budget
