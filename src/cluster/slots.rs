@@ -204,9 +204,11 @@ fn owners_and_successors(nodes: &[String]) -> (Vec<u16>, Vec<u16>) {
     }
     let mut slots: Vec<(u64, u16)> = (0..SLOTS as u16).map(|s| (slot_hash(s), s)).collect();
     slots.sort_unstable();
+    // The sorted positions alone, compact for the search below.
+    let positions: Vec<u64> = slots.iter().map(|&(hash, _)| hash).collect();
     // below_prefix[p]: how many slot positions have top bits below p.
     let mut below_prefix = vec![0u16; (1 << PREFIX_BITS) + 1];
-    for &(hash, _) in &slots {
+    for &hash in &positions {
         below_prefix[(hash >> (64 - PREFIX_BITS)) as usize + 1] += 1;
     }
     for p in 1..below_prefix.len() {
@@ -222,7 +224,7 @@ fn owners_and_successors(nodes: &[String]) -> (Vec<u16>, Vec<u16>) {
         for virtual_index in 0..VIRTUAL_NODES {
             let hash = virtual_node_hash(&mut id, virtual_index);
             let mut gap = usize::from(below_prefix[(hash >> (64 - PREFIX_BITS)) as usize]);
-            while gap < SLOTS && slots[gap].0 <= hash {
+            while gap < SLOTS && positions[gap] <= hash {
                 gap += 1;
             }
             gaps[gap].add(Point {
