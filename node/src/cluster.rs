@@ -143,6 +143,31 @@ impl Peers {
     }
 }
 
+/// From this many owners a table takes milliseconds to compute (about 3 ms for 100, 25 ms for
+/// 1,000, measured by the `slots` benchmark).
+const BIG_TABLE: usize = 64;
+
+/// Computes a slot table. A big one is computed with the runtime told that this worker blocks,
+/// so the worker's other tasks move to another thread meanwhile (a current-thread runtime, as
+/// in some tests, has nowhere to move them and computes inline).
+fn compute_table(epoch: u64, owners: &[String]) -> SlotTable {
+    off_the_worker(owners.len() >= BIG_TABLE, || {
+        SlotTable::compute(epoch, owners)
+    })
+}
+
+/// Runs `work`, when `blocks`, with the runtime told this worker blocks (on a multi-thread
+/// runtime; elsewhere inline).
+fn off_the_worker<T>(blocks: bool, work: impl FnOnce() -> T) -> T {
+    let multi_thread = tokio::runtime::Handle::try_current()
+        .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
+    if blocks && multi_thread {
+        tokio::task::block_in_place(work)
+    } else {
+        work()
+    }
+}
+
 /// The cluster state one node keeps.
 #[derive(Debug)]
 pub(crate) struct Cluster {
@@ -187,6 +212,16 @@ pub(crate) struct Cluster {
     given_away: Mutex<Vec<bool>>,
     /// Members' states as last logged: suspicion and death are logged at WARN as they happen.
     member_log: Mutex<MemberLog>,
+    /// The last slot-table payload encoded for clients, reused while it is current.
+    encoded_table: Mutex<Option<Arc<EncodedTable>>>,
+}
+
+/// A slot-table message encoded once, with what it was encoded from.
+#[derive(Debug)]
+struct EncodedTable {
+    table: Arc<SlotTable>,
+    members: Vec<TableMember>,
+    payload: rkyv::util::AlignedVec,
 }
 
 impl Cluster {
@@ -235,6 +270,7 @@ impl Cluster {
             updating: Mutex::new(()),
             given_away: Mutex::new(vec![false; floodgate::cluster::SLOTS]),
             member_log: Mutex::new(MemberLog::default()),
+            encoded_table: Mutex::new(None),
             config,
         }
     }
@@ -351,11 +387,51 @@ impl Cluster {
         }));
     }
 
-    /// The slot table and members, as clients and `floodgate status` receive them.
-    pub(crate) fn table_message(&self) -> SlotTableMessage {
+    /// Appends the slot table and members as one `SlotTable` frame, as clients and `floodgate
+    /// status` receive them. The payload is encoded once per table and member list and reused:
+    /// every client fetches or is pushed each new table, and each would otherwise map all slots
+    /// to members and serialize them again.
+    pub(crate) fn encode_table(&self, out: &mut Vec<u8>, request_id: u64) {
         let table = self.table();
+        let cached = self.encoded_table.lock().clone();
+        let encoded = match cached {
+            Some(c) if Arc::ptr_eq(&c.table, &table) && self.members_are(&c.members) => c,
+            _ => {
+                let message = self.table_message(&table);
+                // Serializing plain vectors into memory cannot fail; an empty payload would be
+                // refused by the receiver's validation, never misread.
+                let payload = rkyv::to_bytes::<rkyv::rancor::Error>(&message).unwrap_or_default();
+                let encoded = Arc::new(EncodedTable {
+                    table,
+                    members: message.members,
+                    payload,
+                });
+                *self.encoded_table.lock() = Some(encoded.clone());
+                encoded
+            }
+        };
+        floodgate::wire::encode_frame(out, FrameKind::SlotTable, request_id, &encoded.payload);
+    }
+
+    /// True when the members and their states are still exactly `members`.
+    fn members_are(&self, members: &[TableMember]) -> bool {
         let membership = self.membership.lock();
-        let members: Vec<TableMember> = membership
+        let mut now = membership.members();
+        members.iter().all(|m| {
+            now.next().is_some_and(|(info, state)| {
+                m.id == info.id
+                    && m.addr == info.addr
+                    && m.region == info.region
+                    && m.state == member_state_to_wire(state)
+            })
+        }) && now.next().is_none()
+    }
+
+    /// The slot table and members as a message.
+    fn table_message(&self, table: &SlotTable) -> SlotTableMessage {
+        let members: Vec<TableMember> = self
+            .membership
+            .lock()
             .members()
             .map(|(info, state)| TableMember {
                 id: info.id.clone(),
@@ -364,17 +440,23 @@ impl Cluster {
                 state: member_state_to_wire(state),
             })
             .collect();
-        let index = |id: &str| {
-            members
-                .iter()
-                .position(|m| m.id == id)
-                .map_or(u16::MAX, |i| i as u16)
-        };
+        // Each table node's member index, looked up once, not once per slot.
+        let member_of: Vec<u16> = table
+            .nodes()
+            .iter()
+            .map(|id| {
+                members
+                    .iter()
+                    .position(|m| m.id == *id)
+                    .map_or(u16::MAX, |i| i as u16)
+            })
+            .collect();
+        let to_member = |node: Option<usize>| node.map_or(u16::MAX, |i| member_of[i]);
         let owners = (0..floodgate::cluster::SLOTS as u16)
-            .map(|s| table.owner(s).map_or(u16::MAX, index))
+            .map(|s| to_member(table.owner_index(s)))
             .collect();
         let successors = (0..floodgate::cluster::SLOTS as u16)
-            .map(|s| table.successor(s).map_or(u16::MAX, index))
+            .map(|s| to_member(table.successor_index(s)))
             .collect();
         SlotTableMessage {
             version: table.version(),
@@ -395,7 +477,12 @@ impl Cluster {
         now_ns: u64,
         change: impl FnOnce(&mut Membership),
     ) -> Vec<tokio::task::JoinHandle<bool>> {
-        let _one_at_a_time = self.updating.lock();
+        // Another update may be computing a big table: wait without holding up this worker's
+        // other tasks.
+        let _one_at_a_time = self
+            .updating
+            .try_lock()
+            .unwrap_or_else(|| off_the_worker(true, || self.updating.lock()));
         let (epoch, owners) = {
             let mut membership = self.membership.lock();
             change(&mut membership);
@@ -406,7 +493,7 @@ impl Cluster {
         if old.epoch() == epoch {
             return Vec::new();
         }
-        let new = Arc::new(SlotTable::compute(epoch, &owners));
+        let new = Arc::new(compute_table(epoch, &owners));
         // A node that just joined owned nothing before: its table of one was not ownership.
         // What it gains comes from the cluster as it was without it.
         let joined_now =
@@ -417,7 +504,7 @@ impl Cluster {
                 .filter(|o| **o != self.me.id)
                 .cloned()
                 .collect();
-            Arc::new(SlotTable::compute(0, &others))
+            Arc::new(compute_table(0, &others))
         } else {
             old
         };
@@ -747,6 +834,86 @@ mod tests {
     use floodgate::{Algorithm, BucketKey, BucketValue, Limit};
 
     use super::*;
+
+    fn cluster_alone() -> Cluster {
+        let crypto = rustls::ClientConfig::builder_with_provider(crate::tls::provider())
+            .with_protocol_versions(&[&rustls::version::TLS13])
+            .unwrap()
+            .with_root_certificates(rustls::RootCertStore::empty())
+            .with_no_client_auth();
+        let quic = quinn::crypto::rustls::QuicClientConfig::try_from(crypto).unwrap();
+        let endpoint = quinn::Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
+        let config = ClusterConfig {
+            node_id: Some("node-a".into()),
+            ..ClusterConfig::default()
+        };
+        Cluster::new(
+            config,
+            "127.0.0.1:7000".parse().unwrap(),
+            endpoint,
+            quinn::ClientConfig::new(Arc::new(quic)),
+            1_000_000_000,
+        )
+    }
+
+    fn decoded(frame: &[u8]) -> SlotTableMessage {
+        let mut reader = floodgate::wire::FrameReader::new(1 << 20);
+        reader.extend(frame);
+        let frame = reader.next_frame().unwrap().unwrap();
+        assert_eq!(frame.kind, FrameKind::SlotTable);
+        floodgate::wire::decode_slot_table(&frame.payload).unwrap()
+    }
+
+    /// The table message is encoded once and reused while the table and members stay, and
+    /// encoded again (with what changed) when either changes.
+    #[tokio::test]
+    async fn the_table_message_is_encoded_once_per_table_and_member_list() {
+        let cluster = cluster_alone();
+        let (mut first, mut second) = (Vec::new(), Vec::new());
+        cluster.encode_table(&mut first, 1);
+        let cached = cluster.encoded_table.lock().clone().unwrap();
+        cluster.encode_table(&mut second, 1);
+        assert!(Arc::ptr_eq(
+            &cached,
+            cluster.encoded_table.lock().as_ref().unwrap()
+        ));
+        assert_eq!(first, second);
+        assert_eq!(decoded(&first), cluster.table_message(&cluster.table()));
+        assert_eq!(decoded(&first).owners, vec![0; floodgate::cluster::SLOTS]);
+
+        // A member's state changes (here: this node leaves), not the table.
+        drop(cluster.membership.lock().leave(2_000_000_000));
+        let mut after_leave = Vec::new();
+        cluster.encode_table(&mut after_leave, 1);
+        assert_eq!(decoded(&after_leave).members[0].state, 3);
+
+        // A new table.
+        let table = Arc::new(SlotTable::compute(9, &["node-a".into(), "node-b".into()]));
+        cluster.table.send_replace(table.clone());
+        let mut new_table = Vec::new();
+        cluster.encode_table(&mut new_table, 1);
+        let message = decoded(&new_table);
+        assert_eq!(message.epoch, 9);
+        assert_eq!(message, cluster.table_message(&table));
+    }
+
+    fn owners(n: usize) -> Vec<String> {
+        (0..n).map(|i| format!("node-{i}")).collect()
+    }
+
+    /// A big table is computed off the worker on a multi-thread runtime, inline on a
+    /// current-thread one (where `block_in_place` would panic), the same either way.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_big_table_computed_off_the_worker_is_the_same() {
+        let owners = owners(BIG_TABLE);
+        assert_eq!(compute_table(3, &owners), SlotTable::compute(3, &owners));
+    }
+
+    #[tokio::test]
+    async fn a_big_table_on_a_current_thread_runtime_is_computed_without_panicking() {
+        let owners = owners(BIG_TABLE);
+        assert_eq!(compute_table(3, &owners), SlotTable::compute(3, &owners));
+    }
 
     /// Every chunk of buckets, encoded as a replicate message, fits in a frame twice the budget
     /// (what `with_frame_limit` assumes), whatever the mix of algorithms and log lengths.

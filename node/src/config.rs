@@ -47,8 +47,15 @@ pub struct NodeLimits {
     pub max_batch: usize,
     /// Longest key, in bytes.
     pub max_key_bytes: usize,
-    /// Most concurrent client connections; more are refused.
+    /// Most concurrent client connections; more are closed with `overloaded` after the
+    /// handshake (only then does the node know a client from a peer).
     pub max_connections: usize,
+    /// Most concurrent peer connections (a certificate from the cluster CA), counted apart
+    /// from clients so a flood of clients cannot cut the node off from gossip.
+    pub max_peer_connections: usize,
+    /// Most bytes buffered from all streams of all connections together (partial frames and
+    /// peer messages); a stream that would go over is closed with `overloaded`.
+    pub max_buffered_bytes: usize,
     /// Most concurrent streams per connection (QUIC flow control enforces it).
     pub max_streams_per_connection: u32,
 }
@@ -60,6 +67,8 @@ impl Default for NodeLimits {
             max_batch: 4_096,
             max_key_bytes: 256,
             max_connections: 1_024,
+            max_peer_connections: 256,
+            max_buffered_bytes: 256 << 20,
             max_streams_per_connection: 16,
         }
     }
@@ -93,6 +102,18 @@ impl NodeLimits {
             "max connections must be at least 1"
         );
         anyhow::ensure!(
+            self.max_peer_connections >= 1,
+            "max peer connections must be at least 1"
+        );
+        let one_frame = self.max_frame_bytes + crate::budget::READ_BYTES;
+        anyhow::ensure!(
+            self.max_buffered_bytes >= 2 * one_frame,
+            "max buffered bytes must be at least {} (twice max frame bytes plus one read of \
+             {} bytes), so a frame of the largest size can always be buffered",
+            2 * one_frame,
+            crate::budget::READ_BYTES
+        );
+        anyhow::ensure!(
             self.max_streams_per_connection >= 1,
             "max streams per connection must be at least 1"
         );
@@ -122,5 +143,35 @@ impl NodeConfig {
             rules: None,
             state_dir: None,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_buffer_budget_must_hold_two_largest_frames_and_peers_need_a_place() {
+        assert!(NodeLimits::default().validate().is_ok());
+        let limits = NodeLimits {
+            max_frame_bytes: 1 << 20,
+            max_buffered_bytes: 2 << 20,
+            ..NodeLimits::default()
+        };
+        let error = limits.validate().unwrap_err().to_string();
+        assert!(
+            error.contains("max buffered bytes must be at least 2228224"),
+            "{error}"
+        );
+        let enough = NodeLimits {
+            max_buffered_bytes: 2 * ((1 << 20) + crate::budget::READ_BYTES),
+            ..limits
+        };
+        assert!(enough.validate().is_ok());
+        let no_peers = NodeLimits {
+            max_peer_connections: 0,
+            ..NodeLimits::default()
+        };
+        assert!(no_peers.validate().is_err());
     }
 }

@@ -5,6 +5,8 @@
 //! - [`certs`]: development certificates for `--data-dir` and PEM loading.
 //! - `tls`: the QUIC server configuration (TLS 1.3, ALPN `floodgate/1`, optional mutual TLS).
 //! - `server`: [`Node`]: accept loop, connection and stream tasks, sweeper, graceful shutdown.
+//! - `admission`: separate connection allowances for clients and peers.
+//! - `budget`: the node-wide budget of bytes buffered from streams.
 //! - `service`: the pure step from a received frame to the bytes of its answer.
 //! - [`cluster`]: membership gossip, the slot table, replication and hand-off between nodes.
 //! - `handoff`: which gained slots wait for their previous owner's hand-off.
@@ -23,6 +25,8 @@ pub mod cluster;
 pub mod config;
 
 mod admin;
+mod admission;
+mod budget;
 mod forward;
 mod handoff;
 mod member_log;

@@ -52,6 +52,12 @@ struct Flags {
     /// Most concurrent client connections.
     #[arg(long, default_value_t = NodeLimits::default().max_connections)]
     max_connections: usize,
+    /// Most concurrent peer connections, counted apart from clients.
+    #[arg(long, default_value_t = NodeLimits::default().max_peer_connections)]
+    max_peer_connections: usize,
+    /// Most bytes buffered from all streams together (partial frames, peer messages).
+    #[arg(long, default_value_t = NodeLimits::default().max_buffered_bytes)]
+    max_buffered_bytes: usize,
     /// Most buckets held at once; beyond it, idle then least-loaded buckets are evicted.
     #[arg(long, default_value_t = StoreConfig::default().max_keys)]
     max_keys: usize,
@@ -163,6 +169,8 @@ fn config_from(flags: &Flags) -> anyhow::Result<NodeConfig> {
         max_batch: flags.max_batch,
         max_key_bytes: flags.max_key_bytes,
         max_connections: flags.max_connections,
+        max_peer_connections: flags.max_peer_connections,
+        max_buffered_bytes: flags.max_buffered_bytes,
         ..NodeLimits::default()
     };
     limits.validate()?;

@@ -52,8 +52,14 @@ pub struct NodeMetrics {
     pub evicted: Counter,
     pub expired: Counter,
     pub refused_keys: Counter,
+    /// All connections (clients and peers); peers alone below.
     pub connections: Gauge,
+    pub peer_connections: Gauge,
     pub connections_refused: Counter,
+    /// Bytes buffered from streams now (published by the sweeper), against the node's budget.
+    pub buffered_bytes: Gauge,
+    /// Streams closed and peer messages dropped because the buffer budget was full.
+    pub over_buffer_budget: Counter,
     frame_errors: Vec<(ErrorCode, Counter)>,
     /// Members by state: alive, suspect, dead, left.
     pub members: [Gauge; 4],
@@ -102,7 +108,10 @@ impl NodeMetrics {
             expired: counter!("floodgate_expired_buckets_total"),
             refused_keys: counter!("floodgate_refused_keys_total"),
             connections: gauge!("floodgate_connections"),
+            peer_connections: gauge!("floodgate_peer_connections"),
             connections_refused: counter!("floodgate_connections_refused_total"),
+            buffered_bytes: gauge!("floodgate_buffered_bytes"),
+            over_buffer_budget: counter!("floodgate_buffer_budget_refusals_total"),
             members: ["alive", "suspect", "dead", "left"]
                 .map(|s| gauge!("floodgate_members", "state" => s)),
             table_epoch: gauge!("floodgate_slot_table_epoch"),

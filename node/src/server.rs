@@ -3,24 +3,24 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use floodgate::wire::{ErrorCode, FrameReader};
+use floodgate::wire::ErrorCode;
 use floodgate::{BucketStore, Clock};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
+use crate::admission::{Allowance, Handshake};
+use crate::budget::{BudgetedReader, BufferBudget};
 use crate::clock::NodeClock;
 use crate::cluster::Cluster;
 use crate::config::NodeConfig;
 use crate::metrics::NodeMetrics;
 use crate::service::{answer_frame, encode_error};
 use crate::{admin, cluster, forward, tls};
-use floodgate::wire::{
-    Frame, FrameKind, Replicated, decode_gossip, decode_replicate, encode_message,
-};
+use floodgate::wire::{Frame, FrameKind, Replicated, decode_gossip, decode_replicate};
 
 /// How long shutdown waits for in-flight work before closing connections regardless.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(2);
@@ -29,8 +29,6 @@ const DRAIN_TIMEOUT: Duration = Duration::from_secs(2);
 const LEAVE_LINGER: Duration = Duration::from_millis(300);
 /// Longest one slot-table push to a client may take.
 const PUSH_TIMEOUT: Duration = Duration::from_secs(1);
-/// Bytes read from a stream at once.
-const READ_CHUNK: usize = 64 * 1024;
 /// How often idle buckets are swept (a fraction of the shards each time).
 const SWEEP_INTERVAL: Duration = Duration::from_millis(250);
 
@@ -41,7 +39,10 @@ pub(crate) struct Shared {
     pub(crate) store: BucketStore,
     pub(crate) clock: NodeClock,
     pub(crate) metrics: NodeMetrics,
-    pub(crate) connections: AtomicUsize,
+    /// Client and peer connections, counted apart.
+    pub(crate) allowance: Arc<Allowance>,
+    /// Bytes buffered from all streams, against `max_buffered_bytes`.
+    pub(crate) budget: BufferBudget,
     pub(crate) ready: AtomicBool,
     /// Membership, slot table and peers (a node alone is a cluster of one).
     pub(crate) cluster: Cluster,
@@ -92,11 +93,19 @@ impl Node {
             clock.now_ns(),
         )
         .with_frame_limit(config.limits.max_frame_bytes);
+        let metrics = NodeMetrics::register();
+        let allowance = Arc::new(Allowance::new(
+            config.limits.max_connections,
+            config.limits.max_peer_connections,
+            metrics.connections.clone(),
+            metrics.peer_connections.clone(),
+        ));
         let shared = Arc::new(Shared {
             store,
             clock,
-            metrics: NodeMetrics::register(),
-            connections: AtomicUsize::new(0),
+            metrics,
+            allowance,
+            budget: BufferBudget::new(config.limits.max_buffered_bytes),
             ready: AtomicBool::new(true),
             cluster,
             rules,
@@ -190,6 +199,20 @@ impl Node {
         self.shared.received.subscribe()
     }
 
+    /// Bytes buffered from all streams now, and the most ever buffered at once (both within
+    /// `max_buffered_bytes`).
+    pub fn buffered_bytes(&self) -> (usize, usize) {
+        (self.shared.budget.used(), self.shared.budget.peak())
+    }
+
+    /// Client and peer connections admitted now.
+    pub fn connection_counts(&self) -> (usize, usize) {
+        (
+            self.shared.allowance.clients(),
+            self.shared.allowance.peers(),
+        )
+    }
+
     /// Every new slot table, as it is adopted (await `changed()` instead of polling).
     pub fn watch_slot_table(&self) -> watch::Receiver<Arc<floodgate::cluster::SlotTable>> {
         self.shared.cluster.watch_table()
@@ -245,48 +268,46 @@ async fn accept_loop(
             _ = shutdown.changed() => break,
         };
         let Some(incoming) = incoming else { break };
-        if shared.connections.load(Ordering::Relaxed) >= shared.config.limits.max_connections {
+        let Some(handshake) = shared.allowance.start_handshake() else {
             shared.metrics.connections_refused.increment(1);
             incoming.refuse();
             continue;
-        }
+        };
         // Reap finished connection tasks so the set stays bounded by live connections.
         while connections.try_join_next().is_some() {}
-        connections.spawn(serve_connection(incoming, shared.clone(), shutdown.clone()));
+        connections.spawn(serve_connection(
+            incoming,
+            handshake,
+            shared.clone(),
+            shutdown.clone(),
+        ));
     }
     while connections.join_next().await.is_some() {}
 }
 
-/// Counts a connection for as long as it lives.
-struct ConnectionSlot(Arc<Shared>);
-
-impl ConnectionSlot {
-    fn take(shared: &Arc<Shared>) -> Self {
-        let now = shared.connections.fetch_add(1, Ordering::Relaxed) + 1;
-        shared.metrics.connections.set(now as f64);
-        ConnectionSlot(shared.clone())
-    }
-}
-
-impl Drop for ConnectionSlot {
-    fn drop(&mut self) {
-        let now = self.0.connections.fetch_sub(1, Ordering::Relaxed) - 1;
-        self.0.metrics.connections.set(now as f64);
-    }
-}
-
 async fn serve_connection(
     incoming: quinn::Incoming,
+    handshake: Handshake,
     shared: Arc<Shared>,
     mut shutdown: watch::Receiver<bool>,
 ) {
-    let _slot = ConnectionSlot::take(&shared);
     let connection = match incoming.await {
         Ok(connection) => connection,
         Err(e) => {
             tracing::debug!("handshake failed: {e}");
             return;
         }
+    };
+    // The same test as for one-way messages below; the handshake has verified the certificate.
+    let peer = connection.peer_identity().is_some();
+    let Some(_admitted) = shared.allowance.admit(handshake, peer) else {
+        shared.metrics.connections_refused.increment(1);
+        let side = if peer { "peer" } else { "client" };
+        connection.close(
+            quinn::VarInt::from_u32(ErrorCode::Overloaded as u32),
+            format!("too many {side} connections: retry later").as_bytes(),
+        );
+        return;
     };
     let mut streams = JoinSet::new();
     let subscribed = Arc::new(AtomicBool::new(false));
@@ -344,12 +365,13 @@ async fn serve_stream(
     shared: Arc<Shared>,
     mut shutdown: watch::Receiver<bool>,
 ) {
-    let mut reader = FrameReader::new(shared.config.limits.max_frame_bytes);
-    let mut chunk = vec![0u8; READ_CHUNK];
+    // Buffered bytes are reserved from the node-wide budget; quinn's chunks are read directly,
+    // so a stream holds no read buffer of its own.
+    let mut reader = BudgetedReader::new(&shared.budget, shared.config.limits.max_frame_bytes);
     let mut out = Vec::new();
     loop {
         let read = tokio::select! {
-            read = recv.read(&mut chunk) => read,
+            read = recv.read_chunk(crate::budget::READ_BYTES, true) => read,
             _ = shutdown.changed() => {
                 // Everything read so far has been answered (answers are written before the next
                 // read), so finishing here drops nothing the node accepted. Wait until the peer
@@ -360,10 +382,19 @@ async fn serve_stream(
             }
         };
         let fatal = match read {
-            Ok(Some(n)) => {
-                reader.extend(&chunk[..n]);
-                answer_available(&shared, &mut reader, &mut out).await
-            }
+            Ok(Some(ref chunk)) => match reader.extend(&chunk.bytes) {
+                Ok(()) => {
+                    let fatal = answer_available(&shared, &mut reader, &mut out).await;
+                    reader.settle();
+                    fatal
+                }
+                Err(e) => {
+                    shared.metrics.over_buffer_budget.increment(1);
+                    shared.metrics.frame_error(e.code);
+                    encode_error(&mut out, e.request_id, e.code, e.message);
+                    Some(e.code)
+                }
+            },
             Ok(None) => reader.finish().err().map(|e| {
                 shared.metrics.frame_error(e.code);
                 encode_error(&mut out, e.request_id, e.code, e.message);
@@ -392,7 +423,7 @@ async fn serve_stream(
 /// Answers every complete frame in `reader`; returns the code of an error that ends the stream.
 async fn answer_available(
     shared: &Shared,
-    reader: &mut FrameReader,
+    reader: &mut BudgetedReader<'_>,
     out: &mut Vec<u8>,
 ) -> Option<ErrorCode> {
     // One clock read for all frames of this read: checks that arrive together decide at one instant.
@@ -464,12 +495,7 @@ async fn answer(
             crate::rules::answer_policy_request(shared.rules.as_deref(), frame, out)
         }
         FrameKind::TableRequest => {
-            encode_message(
-                out,
-                FrameKind::SlotTable,
-                frame.request_id,
-                &cluster.table_message(),
-            );
+            cluster.encode_table(out, frame.request_id);
             None
         }
         other => {
@@ -505,11 +531,19 @@ async fn serve_uni_message(
     let max = shared.config.limits.max_frame_bytes;
     // A client may only subscribe (an empty frame): it gets no room for more.
     let readable = if from.is_peer { max + 16 } else { 64 };
-    let Ok(bytes) = recv.read_to_end(readable).await else {
-        return;
-    };
-    let mut reader = FrameReader::new(max);
-    reader.extend(&bytes);
+    let (mut reader, _reserved) =
+        match crate::budget::read_message(&mut recv, max, readable, &shared.budget, from.is_peer)
+            .await
+        {
+            Ok(read) => read,
+            Err(over_budget) => {
+                if over_budget.is_some() {
+                    shared.metrics.over_buffer_budget.increment(1);
+                    let _ = recv.stop(quinn::VarInt::from_u32(ErrorCode::Overloaded as u32));
+                }
+                return;
+            }
+        };
     while let Ok(Some(frame)) = reader.next_frame() {
         let now_ns = shared.clock.now_ns();
         match frame.kind {
@@ -570,12 +604,7 @@ async fn push_tables(
             _ = shutdown.changed() => return,
         }
         let mut frame = Vec::new();
-        encode_message(
-            &mut frame,
-            FrameKind::SlotTable,
-            0,
-            &shared.cluster.table_message(),
-        );
+        shared.cluster.encode_table(&mut frame, 0);
         let pushed = tokio::time::timeout(PUSH_TIMEOUT, async {
             let mut stream = connection.open_uni().await?;
             stream.write_all(&frame).await?;
@@ -601,6 +630,10 @@ async fn sweep_loop(shared: Arc<Shared>, mut shutdown: watch::Receiver<bool>) {
         }
         shared.store.sweep_expired(shared.clock.now_ns(), 8);
         shared.metrics.live_buckets.set(shared.store.len() as f64);
+        shared
+            .metrics
+            .buffered_bytes
+            .set(shared.budget.used() as f64);
         let publish =
             |counter: &metrics::Counter, total: &std::sync::atomic::AtomicU64, seen: &mut u64| {
                 let now = total.load(Ordering::Relaxed);

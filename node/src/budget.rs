@@ -1,0 +1,251 @@
+//! The node-wide budget for bytes buffered from streams: every stream reserves what it holds from
+//! one shared count, so all connections together never buffer more than `--max-buffered-bytes`.
+//!
+//! Accounting is one atomic update per read (not per frame), and a reservation gives its bytes
+//! back when dropped, however its stream ends.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use floodgate::wire::{ErrorCode, Frame, FrameError, FrameReader};
+
+/// Most bytes read from a stream at once: what a stream may hold beyond one frame.
+pub(crate) const READ_BYTES: usize = 64 * 1024;
+/// A stream holding at most this much counts as small: small holdings (and peers' messages) may
+/// use the whole budget, larger ones only seven eighths of it, so a flood of large partial frames
+/// cannot starve the small frames that checks are, nor gossip.
+const SMALL_BYTES: usize = 16 * 1024;
+
+/// The shared count of buffered bytes.
+#[derive(Debug)]
+pub(crate) struct BufferBudget {
+    limit: usize,
+    used: AtomicUsize,
+    /// The most ever held at once: tests and operators can see the bound held.
+    peak: AtomicUsize,
+}
+
+impl BufferBudget {
+    pub(crate) fn new(limit: usize) -> Self {
+        BufferBudget {
+            limit,
+            used: AtomicUsize::new(0),
+            peak: AtomicUsize::new(0),
+        }
+    }
+
+    pub(crate) fn limit(&self) -> usize {
+        self.limit
+    }
+
+    pub(crate) fn used(&self) -> usize {
+        self.used.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn peak(&self) -> usize {
+        self.peak.load(Ordering::Relaxed)
+    }
+
+    /// A reservation holding nothing yet.
+    pub(crate) fn reservation(&self) -> Reservation<'_> {
+        Reservation {
+            budget: self,
+            held: 0,
+        }
+    }
+
+    /// The most a holding of `bytes` may bring the total to.
+    fn ceiling(&self, bytes: usize, privileged: bool) -> usize {
+        if privileged || bytes <= SMALL_BYTES {
+            self.limit
+        } else {
+            self.limit - self.limit / 8
+        }
+    }
+}
+
+/// Bytes one stream holds from the budget; given back on drop.
+#[derive(Debug)]
+pub(crate) struct Reservation<'a> {
+    budget: &'a BufferBudget,
+    held: usize,
+}
+
+/// The budget could not take a stream's bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct OverBudget;
+
+impl Reservation<'_> {
+    /// Holds exactly `bytes` from now on. Shrinking always succeeds; growing fails (holding what
+    /// it held) when the total would pass the ceiling for a holding of this size.
+    pub(crate) fn resize(&mut self, bytes: usize, privileged: bool) -> Result<(), OverBudget> {
+        let budget = self.budget;
+        if bytes <= self.held {
+            budget.used.fetch_sub(self.held - bytes, Ordering::Relaxed);
+            self.held = bytes;
+            return Ok(());
+        }
+        let grow = bytes - self.held;
+        let ceiling = budget.ceiling(bytes, privileged);
+        let before = budget
+            .used
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |used| {
+                used.checked_add(grow).filter(|total| *total <= ceiling)
+            })
+            .map_err(|_| OverBudget)?;
+        budget.peak.fetch_max(before + grow, Ordering::Relaxed);
+        self.held = bytes;
+        Ok(())
+    }
+
+    pub(crate) fn held(&self) -> usize {
+        self.held
+    }
+}
+
+impl Drop for Reservation<'_> {
+    fn drop(&mut self) {
+        self.budget.used.fetch_sub(self.held, Ordering::Relaxed);
+    }
+}
+
+/// The error a stream gets when the budget cannot take its bytes (it closes the stream).
+pub(crate) fn overloaded(budget: &BufferBudget) -> FrameError {
+    FrameError {
+        code: ErrorCode::Overloaded,
+        request_id: 0,
+        message: format!(
+            "the node is buffering too much for all its clients (limit {} bytes): send smaller \
+             frames or retry later",
+            budget.limit()
+        ),
+    }
+}
+
+/// A `FrameReader` whose buffered bytes are reserved from the budget before they are copied in.
+#[derive(Debug)]
+pub(crate) struct BudgetedReader<'a> {
+    reader: FrameReader,
+    reservation: Reservation<'a>,
+    max_frame_bytes: usize,
+}
+
+impl<'a> BudgetedReader<'a> {
+    pub(crate) fn new(budget: &'a BufferBudget, max_frame_bytes: usize) -> Self {
+        BudgetedReader {
+            reader: FrameReader::new(max_frame_bytes),
+            reservation: budget.reservation(),
+            max_frame_bytes,
+        }
+    }
+
+    /// Appends received bytes, or refuses them (appending nothing) with `overloaded`.
+    pub(crate) fn extend(&mut self, data: &[u8]) -> Result<(), FrameError> {
+        let wanted = self.reader.buffered() + data.len();
+        if self.reservation.resize(wanted, false).is_err() {
+            return Err(overloaded(self.reservation.budget));
+        }
+        self.reader.extend(data);
+        Ok(())
+    }
+
+    pub(crate) fn next_frame(&mut self) -> Result<Option<Frame>, FrameError> {
+        self.reader.next_frame()
+    }
+
+    pub(crate) fn finish(&self) -> Result<(), FrameError> {
+        self.reader.finish()
+    }
+
+    /// Call after taking every complete frame: holds only the partial frame left, and once the
+    /// reader is empty after a large frame, lets its buffer go (a Vec keeps its capacity).
+    pub(crate) fn settle(&mut self) {
+        let left = self.reader.buffered();
+        if left == 0 && self.reservation.held() > SMALL_BYTES {
+            self.reader = FrameReader::new(self.max_frame_bytes);
+        }
+        // Shrinking cannot fail.
+        let _ = self.reservation.resize(left, false);
+    }
+}
+
+/// Reads a whole one-way message of at most `readable` bytes into a reader of frames up to
+/// `max_frame_bytes`, reserving its bytes from the budget as they arrive. `Err(None)` when the
+/// stream failed or was longer than `readable`, `Err(Some(_))` when it did not fit the budget.
+pub(crate) async fn read_message<'a>(
+    recv: &mut quinn::RecvStream,
+    max_frame_bytes: usize,
+    readable: usize,
+    budget: &'a BufferBudget,
+    privileged: bool,
+) -> Result<(FrameReader, Reservation<'a>), Option<OverBudget>> {
+    let mut reservation = budget.reservation();
+    let mut reader = FrameReader::new(max_frame_bytes);
+    while let Some(chunk) = recv.read_chunk(READ_BYTES, true).await.map_err(|_| None)? {
+        let total = reader.buffered() + chunk.bytes.len();
+        if total > readable {
+            return Err(None);
+        }
+        reservation.resize(total, privileged).map_err(Some)?;
+        reader.extend(&chunk.bytes);
+    }
+    Ok((reader, reservation))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reservations_never_pass_the_limit_and_give_back_on_drop() {
+        let budget = BufferBudget::new(64 * 1024);
+        let mut a = budget.reservation();
+        let mut b = budget.reservation();
+        // Large holdings stop at seven eighths: 56 KiB.
+        assert_eq!(a.resize(40 * 1024, false), Ok(()));
+        assert_eq!(b.resize(20 * 1024, false), Err(OverBudget));
+        assert_eq!(b.held(), 0);
+        // A small holding may use the rest, up to the limit.
+        assert_eq!(b.resize(16 * 1024, false), Ok(()));
+        let mut c = budget.reservation();
+        assert_eq!(c.resize(9 * 1024, false), Err(OverBudget));
+        assert_eq!(c.resize(8 * 1024, true), Ok(()));
+        assert_eq!(budget.used(), 64 * 1024);
+        assert_eq!(c.resize(1, true), Ok(()));
+        assert_eq!(budget.used(), 56 * 1024 + 1);
+        drop(a);
+        drop(c);
+        assert_eq!(budget.used(), 16 * 1024);
+        drop(b);
+        assert_eq!(budget.used(), 0);
+        assert_eq!(budget.peak(), 64 * 1024);
+    }
+
+    #[test]
+    fn a_reader_over_budget_is_refused_with_overloaded_and_settles_to_what_it_holds() {
+        let budget = BufferBudget::new(128 * 1024);
+        let mut hog = BudgetedReader::new(&budget, 1 << 20);
+        let mut header = Vec::new();
+        floodgate::wire::encode_frame(
+            &mut header,
+            floodgate::wire::FrameKind::CheckBatch,
+            1,
+            &[0; 200 * 1024],
+        );
+        assert!(hog.extend(&header[..100 * 1024]).is_ok());
+        assert!(matches!(hog.next_frame(), Ok(None)));
+        hog.settle();
+        assert_eq!(budget.used(), 100 * 1024);
+        let refused = hog.extend(&header[100 * 1024..120 * 1024]).unwrap_err();
+        assert_eq!(refused.code, ErrorCode::Overloaded);
+        assert_eq!(budget.used(), 100 * 1024);
+        // A small frame on another stream still fits.
+        let mut small = BudgetedReader::new(&budget, 1 << 20);
+        let mut frame = Vec::new();
+        floodgate::wire::encode_frame(&mut frame, floodgate::wire::FrameKind::TableRequest, 2, &[]);
+        assert!(small.extend(&frame).is_ok());
+        assert_eq!(small.next_frame().unwrap().unwrap().request_id, 2);
+        small.settle();
+        drop(hog);
+        assert_eq!(budget.used(), 0);
+    }
+}

@@ -1,0 +1,160 @@
+//! Node-wide bounds: all streams together buffer at most `max_buffered_bytes` (a stream that
+//! would pass it is closed with `overloaded`) while small checks keep being answered, and peers
+//! have their own connection allowance, so clients at their limit cannot keep a peer out.
+//! Waits are on answers and table changes, bounded by timeouts.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use floodgate::cluster::MembershipConfig;
+use floodgate::wire::{ErrorCode, FrameKind, encode_frame};
+use floodgate_node::{Node, NodeConfig};
+
+const WAIT: Duration = Duration::from_secs(10);
+
+/// One check on the witness's own key, on its own connection: must be allowed, counting down.
+async fn witness_check(connection: &quinn::Connection, expected_remaining: u64) {
+    let answers = exchange(connection, &check_frame(1, &[b"witness"], &per_hour(1_000))).await;
+    assert!(answers.errors.is_empty(), "{:?}", answers.errors);
+    let decision = answers.decisions[0].1[0].unwrap();
+    assert!(decision.is_allowed());
+    assert_eq!(decision.remaining(), expected_remaining);
+}
+
+/// Twelve connections each start a 60 KiB frame and send 50 KiB of it, then wait: together
+/// 600 KiB against a budget of 256 KiB, of which large partial frames may fill seven eighths
+/// (224 KiB, four such streams). At least eight streams must be closed with `overloaded`, the
+/// node never holds more than the budget, and a small client is answered throughout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_partial_large_frames_stay_within_the_buffer_budget() {
+    const BUDGET: usize = 256 * 1024;
+    const SENT: usize = 50 * 1024 + 16;
+    const ATTACKERS: usize = 12;
+    let node = start_node(|c| {
+        c.limits.max_frame_bytes = 64 * 1024;
+        c.limits.max_buffered_bytes = BUDGET;
+    })
+    .await;
+    let addr = node.node.local_addr();
+    let witness = connect(addr, client_config(&node.certs, false)).await;
+    witness_check(&witness, 999).await;
+
+    let mut frame = Vec::new();
+    encode_frame(&mut frame, FrameKind::CheckBatch, 7, &[0u8; 60 * 1024]);
+    frame.truncate(SENT);
+    let (refused_tx, mut refused) = tokio::sync::mpsc::unbounded_channel();
+    let mut open = Vec::new();
+    for _ in 0..ATTACKERS {
+        let connection = connect(addr, client_config(&node.certs, false)).await;
+        let (mut send, mut recv) = connection.open_bi().await.unwrap();
+        send.write_all(&frame).await.unwrap();
+        let refused_tx = refused_tx.clone();
+        // A stream the node closes sends its error and ends; the others stay open (unfinished).
+        tokio::spawn(async move {
+            let bytes = recv.read_to_end(1 << 20).await.unwrap_or_default();
+            let _ = refused_tx.send(parse_answers(&bytes).errors);
+        });
+        open.push((connection, send));
+    }
+    let mut closed = 0;
+    tokio::time::timeout(WAIT, async {
+        while closed < ATTACKERS - 4 {
+            let errors = refused.recv().await.unwrap();
+            assert_eq!(errors.len(), 1, "{errors:?}");
+            assert_eq!(errors[0].1, ErrorCode::Overloaded, "{errors:?}");
+            closed += 1;
+        }
+    })
+    .await
+    .expect("streams over the budget are closed with overloaded");
+
+    let (_, peak) = node.node.buffered_bytes();
+    assert!(peak <= BUDGET, "held {peak} bytes, budget {BUDGET}");
+    // Each refusal came when one more partial frame would not fit under seven eighths.
+    assert!(
+        peak > BUDGET / 8 * 7 - SENT,
+        "held at most {peak} bytes: the budget was never nearly full"
+    );
+    // Small checks still find room, on the witness's connection and on a new one.
+    witness_check(&witness, 998).await;
+    let newcomer = connect(addr, client_config(&node.certs, false)).await;
+    witness_check(&newcomer, 997).await;
+    drop(open);
+    node.node.shutdown().await;
+}
+
+const MS: u64 = 1_000_000;
+
+fn fast(config: &mut NodeConfig) {
+    config.cluster.membership = MembershipConfig {
+        gossip_interval_ns: 20 * MS,
+        suspect_after_ns: 150 * MS,
+        dead_after_ns: 300 * MS,
+        ..MembershipConfig::default()
+    };
+    config.cluster.sync_interval = Duration::from_millis(50);
+}
+
+/// Waits (bounded) until `node` counts `owners` slot owners.
+async fn converge(node: &Node, owners: usize) {
+    let mut tables = node.watch_slot_table();
+    let reached = tokio::time::timeout(WAIT, async {
+        while tables.borrow_and_update().nodes().len() != owners {
+            tables.changed().await.unwrap();
+        }
+    })
+    .await;
+    assert!(
+        reached.is_ok(),
+        "{} sees {:?}, expected {owners} owners",
+        node.node_id(),
+        node.owners()
+    );
+}
+
+/// With its two client places taken, a node closes a third client with `overloaded`, yet a
+/// second node still connects as a peer, gossips, and both see a cluster of two.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_at_their_limit_do_not_keep_a_peer_out() {
+    let first = start_node(|c| {
+        fast(c);
+        c.limits.max_connections = 2;
+    })
+    .await;
+    let addr = first.node.local_addr();
+    let mut clients = Vec::new();
+    for i in 0..2u64 {
+        let connection = connect(addr, client_config(&first.certs, false)).await;
+        // Answered: the node has admitted it (admission follows the node's end of the handshake).
+        let answers = exchange(&connection, &check_frame(i, &[b"k"], &per_hour(10))).await;
+        assert_eq!(answers.allowed(), 1);
+        clients.push(connection);
+    }
+    assert_eq!(first.node.connection_counts(), (2, 0));
+
+    let third = connect(addr, client_config(&first.certs, false)).await;
+    let closed = tokio::time::timeout(WAIT, third.closed())
+        .await
+        .expect("a client over the limit is closed");
+    match closed {
+        quinn::ConnectionError::ApplicationClosed(close) => {
+            assert_eq!(close.error_code.into_inner(), ErrorCode::Overloaded as u64);
+        }
+        other => panic!("closed for another reason: {other}"),
+    }
+
+    let mut config = NodeConfig::for_tests(&first.certs);
+    fast(&mut config);
+    config.cluster.seeds = vec![addr];
+    let second = Node::start(config).await.unwrap();
+    converge(&second, 2).await;
+    converge(&first.node, 2).await;
+    let (clients_now, peers_now) = first.node.connection_counts();
+    assert_eq!(clients_now, 2);
+    assert!(peers_now >= 1, "the second node is counted as a peer");
+    drop(clients);
+    second.shutdown().await;
+    first.node.shutdown().await;
+}
