@@ -62,17 +62,47 @@ impl Default for ClusterConfig {
     }
 }
 
+/// Most members whose address and last dial failure are remembered (membership is bounded;
+/// this only keeps hostile gossip from growing the maps).
+const MAX_KNOWN_PEERS: usize = 4_096;
+
 /// Connections to other nodes, opened on demand and reused.
 #[derive(Debug)]
 pub(crate) struct Peers {
     endpoint: quinn::Endpoint,
-    config: quinn::ClientConfig,
-    connections: Mutex<HashMap<String, quinn::Connection>>,
+    /// Verifies a member by its node id.
+    members: quinn::ClientConfig,
+    /// Verifies a seed: any node certificate of the peer CA.
+    seeds: quinn::ClientConfig,
+    /// Node id of each member address, from membership: the name a member is dialed and
+    /// verified by. An address not in it is a seed.
+    ids: Mutex<HashMap<String, String>>,
+    /// Keyed by address and the id it was verified as (none: as a seed).
+    connections: Mutex<HashMap<(String, Option<String>), quinn::Connection>>,
+    /// The last handshake failure logged per address, so a peer that keeps failing is logged
+    /// at ERROR once per new reason, not on every gossip round.
+    failures: Mutex<HashMap<String, String>>,
+    handshake_failures: metrics::Counter,
 }
 
 impl Peers {
+    /// Remembers the node id of each member address.
+    pub(crate) fn learn_ids<'a>(&self, members: impl Iterator<Item = &'a MemberInfo>) {
+        let mut ids = self.ids.lock();
+        for member in members {
+            if ids.len() >= MAX_KNOWN_PEERS && !ids.contains_key(&member.addr) {
+                break;
+            }
+            if ids.get(&member.addr) != Some(&member.id) {
+                ids.insert(member.addr.clone(), member.id.clone());
+            }
+        }
+    }
+
     async fn connection(&self, addr: &str) -> anyhow::Result<quinn::Connection> {
-        if let Some(connection) = self.connections.lock().get(addr)
+        let id = self.ids.lock().get(addr).cloned();
+        let key = (addr.to_owned(), id);
+        if let Some(connection) = self.connections.lock().get(&key)
             && connection.close_reason().is_none()
         {
             return Ok(connection.clone());
@@ -80,16 +110,47 @@ impl Peers {
         let socket: SocketAddr = addr
             .parse()
             .with_context(|| format!("peer address {addr}"))?;
+        let (config, name) = match &key.1 {
+            Some(id) => (&self.members, crate::tls::server_name_of(id)?),
+            // Any name: the seed verifier checks everything but the name.
+            None => (&self.seeds, socket.ip().to_string()),
+        };
         let connecting = self
             .endpoint
-            .connect_with(self.config.clone(), socket, "localhost")?;
-        let connection = tokio::time::timeout(PEER_TIMEOUT, connecting)
-            .await
-            .context("peer handshake timed out")??;
-        self.connections
-            .lock()
-            .insert(addr.to_owned(), connection.clone());
+            .connect_with(config.clone(), socket, &name)?;
+        let connection = match tokio::time::timeout(PEER_TIMEOUT, connecting).await {
+            Ok(Ok(connection)) => connection,
+            Ok(Err(e)) => {
+                self.handshake_failed(addr, key.1.as_deref(), &e);
+                return Err(e).with_context(|| format!("handshake with peer {addr}"));
+            }
+            Err(_) => anyhow::bail!("peer handshake with {addr} timed out"),
+        };
+        self.failures.lock().remove(addr);
+        let mut connections = self.connections.lock();
+        if connections.len() >= MAX_KNOWN_PEERS {
+            connections.retain(|_, c| c.close_reason().is_none());
+        }
+        connections.insert(key, connection.clone());
         Ok(connection)
+    }
+
+    /// Logs (at ERROR, once per new reason) and counts a failed handshake: a certificate the
+    /// peer CA does not sign, a name that is not the node id, a peer that refuses ours.
+    fn handshake_failed(&self, addr: &str, id: Option<&str>, error: &quinn::ConnectionError) {
+        self.handshake_failures.increment(1);
+        let reason = error.to_string();
+        let mut failures = self.failures.lock();
+        if failures.get(addr) == Some(&reason) {
+            tracing::debug!(peer = %addr, "peer handshake failed again: {reason}");
+            return;
+        }
+        if failures.len() >= MAX_KNOWN_PEERS {
+            failures.clear();
+        }
+        failures.insert(addr.to_owned(), reason.clone());
+        let expected = id.unwrap_or("(a seed: any node of the peer CA)");
+        tracing::error!(peer = %addr, node_id = %expected, "peer handshake failed: {reason}");
     }
 
     /// Sends one frame on its own unidirectional stream, in the background (gossip, replication).
@@ -191,7 +252,7 @@ impl Cluster {
         config: ClusterConfig,
         listen: SocketAddr,
         endpoint: quinn::Endpoint,
-        peer_config: quinn::ClientConfig,
+        peer_config: crate::tls::PeerClientConfigs,
         now_ns: u64,
     ) -> Self {
         let addr = config.advertise.unwrap_or(listen).to_string();
@@ -217,8 +278,12 @@ impl Cluster {
             table: watch::Sender::new(Arc::new(table)),
             peers: Arc::new(Peers {
                 endpoint,
-                config: peer_config,
+                members: peer_config.members,
+                seeds: peer_config.seeds,
+                ids: Mutex::new(HashMap::new()),
                 connections: Mutex::new(HashMap::new()),
+                failures: Mutex::new(HashMap::new()),
+                handshake_failures: metrics::counter!("floodgate_peer_handshake_failures_total"),
             }),
             handoffs: Mutex::new(Handoffs::default()),
             handoff_arrived: tokio::sync::Notify::new(),
@@ -395,6 +460,8 @@ impl Cluster {
         let (epoch, owners) = {
             let mut membership = self.membership.lock();
             change(&mut membership);
+            self.peers
+                .learn_ids(membership.members().map(|(info, _)| info));
             (membership.epoch(), membership.owners())
         };
         let old = self.table();

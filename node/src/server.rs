@@ -2,12 +2,12 @@
 //! the expiry sweeper, the admin server, and graceful shutdown.
 
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use floodgate::wire::{ErrorCode, FrameReader};
+use floodgate::wire::{ErrorCode, FrameReader, HEADER_BYTES};
 use floodgate::{BucketStore, Clock};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
@@ -49,6 +49,8 @@ pub(crate) struct Shared {
     pub(crate) rules: Option<Arc<crate::rules::RulesHandle>>,
     /// Buckets merged from peers (replicas and hand-offs) since start.
     pub(crate) received: watch::Sender<u64>,
+    /// Who may send peer-only frames (gossip, replicate, forwarded checks).
+    pub(crate) peer_trust: tls::PeerTrust,
 }
 
 /// A running node. Dropping it without [`Node::shutdown`] aborts its tasks.
@@ -66,6 +68,10 @@ impl Node {
     /// Binds the endpoint (and the admin server, if configured) and starts serving.
     pub async fn start(config: NodeConfig) -> anyhow::Result<Node> {
         config.limits.validate()?;
+        if let Some(id) = &config.cluster.node_id {
+            tls::validate_node_id(id).context("--node-id")?;
+        }
+        let peer_trust = tls::PeerTrust::new(&config.tls)?;
         let server_config = tls::server_config(&config.tls, &config.limits)?;
         let endpoint = quinn::Endpoint::server(server_config, config.listen)
             .with_context(|| format!("binding the QUIC endpoint on {}", config.listen))?;
@@ -77,7 +83,7 @@ impl Node {
             .map(crate::rules::RulesHandle::load)
             .transpose()?;
         let clock = NodeClock::new();
-        let peer_config = tls::peer_client_config(&config.tls)?;
+        let peer_config = tls::peer_client_configs(&config.tls)?;
         let cluster = Cluster::new(
             config.cluster.clone(),
             local_addr,
@@ -95,6 +101,7 @@ impl Node {
             cluster,
             rules,
             received: watch::Sender::new(0),
+            peer_trust,
             config,
         });
         let (shutdown, shutdown_rx) = watch::channel(false);
@@ -267,23 +274,21 @@ async fn serve_connection(
         }
     };
     let mut streams = JoinSet::new();
+    let remote = Remote {
+        connection: connection.clone(),
+        peer: Arc::new(OnceLock::new()),
+    };
     let subscribed = Arc::new(AtomicBool::new(false));
     loop {
         let accepted = tokio::select! {
             accepted = connection.accept_bi() => accepted.map(Some),
             accepted = connection.accept_uni() => accepted.map(|recv| {
-                // Peers authenticate with a certificate from the cluster CA; only they may gossip
-                // or replicate (with --client-ca every client has one and is trusted alike). Read
-                // here, not at accept: a server's connection is up before the client's
-                // certificate has arrived.
-                let is_peer = connection.peer_identity().is_some();
                 // Finished tasks count until joined: gossip and replication use one stream per
                 // message, so without this a quiet connection would drop every message after 256.
                 while streams.try_join_next().is_some() {}
                 if streams.len() < 256 {
                     let from = UniSender {
-                        connection: connection.clone(),
-                        is_peer,
+                        remote: remote.clone(),
                         subscribed: subscribed.clone(),
                     };
                     streams.spawn(serve_uni_message(recv, from, shared.clone(), shutdown.clone()));
@@ -295,7 +300,8 @@ async fn serve_connection(
         match accepted {
             Ok(Some((send, recv))) => {
                 while streams.try_join_next().is_some() {}
-                streams.spawn(serve_stream(send, recv, shared.clone(), shutdown.clone()));
+                let remote = remote.clone();
+                streams.spawn(serve_stream(send, recv, remote, shared.clone(), shutdown.clone()));
             }
             Ok(None) => {}
             Err(e) => {
@@ -314,11 +320,45 @@ async fn serve_connection(
     }
 }
 
+/// The other end of a connection, and whether it is a peer.
+#[derive(Clone)]
+struct Remote {
+    connection: quinn::Connection,
+    /// Decided on first need, not at accept: a server's connection is up before the client's
+    /// certificate has arrived, but not before a stream from it has.
+    peer: Arc<OnceLock<bool>>,
+}
+
+impl Remote {
+    /// True when the connection's certificate is a node's from the peer CA.
+    fn is_peer(&self, shared: &Shared) -> bool {
+        *self
+            .peer
+            .get_or_init(|| shared.peer_trust.is_peer(self.connection.peer_identity()))
+    }
+
+    /// Refuses a peer-only frame from a non-peer: closes the connection with `forbidden`, the
+    /// payload unread.
+    fn forbid(&self, shared: &Shared, kind: FrameKind) {
+        shared.metrics.frame_error(ErrorCode::Forbidden);
+        tracing::warn!(
+            remote = %self.connection.remote_address(),
+            "closing a connection that sent {kind:?} frames without a peer certificate"
+        );
+        self.connection.close(
+            quinn::VarInt::from_u32(ErrorCode::Forbidden as u32),
+            format!("forbidden: {kind:?} frames are for peers with a certificate from the peer CA")
+                .as_bytes(),
+        );
+    }
+}
+
 /// Serves one long-lived stream: reads whatever bytes arrive, answers every complete frame, and
 /// writes all answers of one read at once.
 async fn serve_stream(
     mut send: quinn::SendStream,
     mut recv: quinn::RecvStream,
+    remote: Remote,
     shared: Arc<Shared>,
     mut shutdown: watch::Receiver<bool>,
 ) {
@@ -340,7 +380,7 @@ async fn serve_stream(
         let fatal = match read {
             Ok(Some(n)) => {
                 reader.extend(&chunk[..n]);
-                answer_available(&shared, &mut reader, &mut out).await
+                answer_available(&shared, &remote, &mut reader, &mut out).await
             }
             Ok(None) => reader.finish().err().map(|e| {
                 shared.metrics.frame_error(e.code);
@@ -354,6 +394,9 @@ async fn serve_stream(
                 return;
             }
             out.clear();
+        }
+        if fatal == Some(ErrorCode::Forbidden) {
+            return;
         }
         if let Some(code) = fatal {
             let _ = send.finish();
@@ -370,6 +413,7 @@ async fn serve_stream(
 /// Answers every complete frame in `reader`; returns the code of an error that ends the stream.
 async fn answer_available(
     shared: &Shared,
+    remote: &Remote,
     reader: &mut FrameReader,
     out: &mut Vec<u8>,
 ) -> Option<ErrorCode> {
@@ -379,6 +423,10 @@ async fn answer_available(
     let mut frames = 0;
     let fatal = loop {
         match reader.next_frame() {
+            Ok(Some(frame)) if frame.kind.peer_only() && !remote.is_peer(shared) => {
+                remote.forbid(shared, frame.kind);
+                break Some(ErrorCode::Forbidden);
+            }
             Ok(Some(frame)) => {
                 frames += 1;
                 if let Some(code) = answer(shared, &frame, now_ns, out).await {
@@ -464,9 +512,7 @@ async fn answer(
 
 /// Who sent a message on a unidirectional stream.
 struct UniSender {
-    connection: quinn::Connection,
-    /// Holds a cluster certificate: may gossip and replicate.
-    is_peer: bool,
+    remote: Remote,
     /// The connection already receives table pushes.
     subscribed: Arc<AtomicBool>,
 }
@@ -481,25 +527,42 @@ async fn serve_uni_message(
     shutdown: watch::Receiver<bool>,
 ) {
     let max = shared.config.limits.max_frame_bytes;
+    // The header first: a peer-only kind from a non-peer closes the connection unread.
+    let mut header = [0u8; HEADER_BYTES];
+    if recv.read_exact(&mut header).await.is_err() {
+        return;
+    }
+    let is_peer = from.remote.is_peer(&shared);
+    if let Some(kind) = FrameKind::from_u8(header[3]).filter(|k| k.peer_only())
+        && !is_peer
+    {
+        from.remote.forbid(&shared, kind);
+        return;
+    }
     // A client may only subscribe (an empty frame): it gets no room for more.
-    let readable = if from.is_peer { max + 16 } else { 64 };
+    let readable = if is_peer { max } else { 48 };
     let Ok(bytes) = recv.read_to_end(readable).await else {
         return;
     };
     let mut reader = FrameReader::new(max);
+    reader.extend(&header);
     reader.extend(&bytes);
     while let Ok(Some(frame)) = reader.next_frame() {
         let now_ns = shared.clock.now_ns();
         match frame.kind {
             FrameKind::TableRequest => {
                 if !from.subscribed.swap(true, Ordering::Relaxed) {
-                    push_tables(from.connection.clone(), &shared, shutdown.clone()).await;
+                    push_tables(from.remote.connection.clone(), &shared, shutdown.clone()).await;
                 }
                 return;
             }
             // A peer pushing its table to this node as to any client: nodes keep their own.
-            FrameKind::SlotTable if from.is_peer => {}
-            _ if !from.is_peer => shared.metrics.frame_error(ErrorCode::UnknownKind),
+            FrameKind::SlotTable if is_peer => {}
+            kind if kind.peer_only() && !is_peer => {
+                from.remote.forbid(&shared, kind);
+                return;
+            }
+            _ if !is_peer => shared.metrics.frame_error(ErrorCode::UnknownKind),
             FrameKind::Gossip => match decode_gossip(&frame.payload) {
                 Ok(gossip) => shared.cluster.handle_gossip(&shared, now_ns, &gossip),
                 Err((code, _)) => shared.metrics.frame_error(code),
