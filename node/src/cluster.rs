@@ -253,6 +253,7 @@ impl Cluster {
         listen: SocketAddr,
         endpoint: quinn::Endpoint,
         peer_config: crate::tls::PeerClientConfigs,
+        handshake_failures: metrics::Counter,
         now_ns: u64,
     ) -> Self {
         let addr = config.advertise.unwrap_or(listen).to_string();
@@ -283,7 +284,7 @@ impl Cluster {
                 ids: Mutex::new(HashMap::new()),
                 connections: Mutex::new(HashMap::new()),
                 failures: Mutex::new(HashMap::new()),
-                handshake_failures: metrics::counter!("floodgate_peer_handshake_failures_total"),
+                handshake_failures,
             }),
             handoffs: Mutex::new(Handoffs::default()),
             handoff_arrived: tokio::sync::Notify::new(),

@@ -84,18 +84,20 @@ impl Node {
             .transpose()?;
         let clock = NodeClock::new();
         let peer_config = tls::peer_client_configs(&config.tls)?;
+        let metrics = NodeMetrics::register();
         let cluster = Cluster::new(
             config.cluster.clone(),
             local_addr,
             endpoint.clone(),
             peer_config,
+            metrics.peer_handshake_failures.clone(),
             clock.now_ns(),
         )
         .with_frame_limit(config.limits.max_frame_bytes);
         let shared = Arc::new(Shared {
             store,
             clock,
-            metrics: NodeMetrics::register(),
+            metrics,
             connections: AtomicUsize::new(0),
             ready: AtomicBool::new(true),
             cluster,

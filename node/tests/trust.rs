@@ -354,3 +354,66 @@ async fn a_takeover_sent_to_a_node_that_is_not_the_successor_is_decided_by_the_o
     }
     first.node.shutdown().await;
 }
+
+/// A seed whose certificate the peer CA did not sign fails every handshake; each failure is
+/// counted in `floodgate_peer_handshake_failures_total` (and logged at ERROR).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_seed_with_a_foreign_certificate_is_counted_as_a_handshake_failure() {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+
+    let dir = tempfile::tempdir().unwrap();
+    let foreign = TestCa::new(dir.path(), "foreign-ca");
+    let impostor = foreign.node("impostor", &["127.0.0.1", "localhost"]);
+    let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(&impostor.cert)
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    let key = PrivateKeyDer::from_pem_file(&impostor.key).unwrap();
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let mut tls = rustls::ServerConfig::builder_with_provider(provider)
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(chain, key)
+        .unwrap();
+    tls.alpn_protocols = vec![floodgate::wire::ALPN.to_vec()];
+    let server = quinn::ServerConfig::with_crypto(std::sync::Arc::new(
+        quinn::crypto::rustls::QuicServerConfig::try_from(tls).unwrap(),
+    ));
+    let seed = quinn::Endpoint::server(server, "127.0.0.1:0".parse().unwrap()).unwrap();
+
+    let node = start_node(|c| {
+        fast(c);
+        c.admin = Some("127.0.0.1:0".parse().unwrap());
+        c.cluster.seeds = vec![seed.local_addr().unwrap()];
+    })
+    .await;
+    // The node dials its seed every gossip round; the third failed attempt comes after the
+    // first was counted.
+    for _ in 0..3 {
+        let incoming = tokio::time::timeout(PATIENCE, seed.accept())
+            .await
+            .expect("the node dials its seed")
+            .unwrap();
+        assert!(incoming.await.is_err(), "the node refuses the foreign certificate");
+    }
+    let metrics = http_get(node.node.admin_addr().unwrap(), "/metrics").await;
+    let failures: f64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("floodgate_peer_handshake_failures_total "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0.0);
+    assert!(failures >= 1.0, "{metrics}");
+    node.node.shutdown().await;
+}
+
+async fn http_get(addr: std::net::SocketAddr, path: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let request = format!("GET {path} HTTP/1.1\r\nHost: admin\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await.unwrap();
+    response
+}
