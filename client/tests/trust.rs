@@ -17,7 +17,13 @@ use floodgate_node::{Node, NodeConfig, TlsConfig};
 use pki::TestCa;
 
 /// Starts node `id` on `identity`, joining through `seeds`.
-async fn start(dev: &floodgate_node::DevCerts, ca: &TestCa, id: &str, names: &[&str], seeds: Vec<SocketAddr>) -> Node {
+async fn start(
+    dev: &floodgate_node::DevCerts,
+    ca: &TestCa,
+    id: &str,
+    names: &[&str],
+    seeds: Vec<SocketAddr>,
+) -> Node {
     let identity = ca.node(id, names);
     let mut config = NodeConfig::for_tests(dev);
     config.listen = any_port();
@@ -46,7 +52,12 @@ async fn converge(node: &Node, owners: usize) {
         }
     })
     .await;
-    assert!(reached.is_ok(), "{} sees {:?}", node.node_id(), node.owners());
+    assert!(
+        reached.is_ok(),
+        "{} sees {:?}",
+        node.node_id(),
+        node.owners()
+    );
 }
 
 fn config(ca: &TestCa) -> ClientConfig {
@@ -75,8 +86,22 @@ async fn a_client_verifies_each_discovered_node_by_its_node_id() {
     let dev = floodgate_node::ensure_dev_certs(&dir.path().join("dev")).unwrap();
     let ca = TestCa::new(dir.path(), "cluster-ca");
     // a is reachable by its IP as a seed; b's certificate names only its id.
-    let a = start(&dev, &ca, "fg-a.internal", &["fg-a.internal", "127.0.0.1"], vec![]).await;
-    let b = start(&dev, &ca, "fg-b.internal", &["fg-b.internal"], vec![a.local_addr()]).await;
+    let a = start(
+        &dev,
+        &ca,
+        "fg-a.internal",
+        &["fg-a.internal", "127.0.0.1"],
+        vec![],
+    )
+    .await;
+    let b = start(
+        &dev,
+        &ca,
+        "fg-b.internal",
+        &["fg-b.internal"],
+        vec![a.local_addr()],
+    )
+    .await;
     converge(&a, 2).await;
     converge(&b, 2).await;
 
@@ -88,9 +113,16 @@ async fn a_client_verifies_each_discovered_node_by_its_node_id() {
     assert_eq!(ids.len(), 2, "{ids:?}");
 
     // Discovery: b is linked and verified as fg-b.internal (its certificate names nothing else).
-    let client = Client::connect(&[a.local_addr()], config(&ca)).await.unwrap();
+    let client = Client::connect(&[a.local_addr()], config(&ca))
+        .await
+        .unwrap();
     linked(&client, 2).await;
-    assert!(client.nodes().iter().all(|n| n.state == LinkState::Connected));
+    assert!(
+        client
+            .nodes()
+            .iter()
+            .all(|n| n.state == LinkState::Connected)
+    );
     let key = (0..10_000)
         .map(|i| format!("user:{i}"))
         .find(|k| b.slot_table().owner(slot_of(k.as_bytes())) == Some("fg-b.internal"))
@@ -103,7 +135,10 @@ async fn a_client_verifies_each_discovered_node_by_its_node_id() {
 
     // A seed is verified by its address unless a server name is configured.
     let by_address = floodgate_client::fetch_slot_table(&[b.local_addr()], &config(&ca)).await;
-    assert!(by_address.is_err(), "b's certificate does not name 127.0.0.1");
+    assert!(
+        by_address.is_err(),
+        "b's certificate does not name 127.0.0.1"
+    );
     let mut named = config(&ca);
     named.server_name = Some("fg-b.internal".into());
     let table = floodgate_client::fetch_slot_table(&[b.local_addr()], &named).await;

@@ -110,8 +110,7 @@ pub fn ensure_dev_certs(dir: &Path) -> anyhow::Result<DevCerts> {
     write_file(&certs.ca_key, &ca_key.serialize_pem())?;
     write_file(&certs.ca, &ca_cert.pem())?;
     let issuer = Issuer::new(ca_params()?, ca_key);
-    let (node_pem, node_key) =
-        node_certificate(LOCAL_NAMES.map(str::to_owned).to_vec(), &issuer)?;
+    let (node_pem, node_key) = node_certificate(LOCAL_NAMES.map(str::to_owned).to_vec(), &issuer)?;
     write_file(&certs.node_cert, &node_pem)?;
     write_file(&certs.node_key, &node_key)?;
 

@@ -70,10 +70,9 @@ const MAX_KNOWN_PEERS: usize = 4_096;
 #[derive(Debug)]
 pub(crate) struct Peers {
     endpoint: quinn::Endpoint,
-    /// Verifies a member by its node id.
-    members: quinn::ClientConfig,
-    /// Verifies a seed: any node certificate of the peer CA.
-    seeds: quinn::ClientConfig,
+    /// How members (by node id) and seeds (any node of the peer CA) are dialed; replaced when
+    /// the certificates are reloaded.
+    configs: Mutex<crate::tls::PeerClientConfigs>,
     /// Node id of each member address, from membership: the name a member is dialed and
     /// verified by. An address not in it is a seed.
     ids: Mutex<HashMap<String, String>>,
@@ -86,6 +85,11 @@ pub(crate) struct Peers {
 }
 
 impl Peers {
+    /// Dials with `configs` from now on (reloaded certificates); open connections stay.
+    pub(crate) fn set_configs(&self, configs: crate::tls::PeerClientConfigs) {
+        *self.configs.lock() = configs;
+    }
+
     /// Remembers the node id of each member address.
     pub(crate) fn learn_ids<'a>(&self, members: impl Iterator<Item = &'a MemberInfo>) {
         let mut ids = self.ids.lock();
@@ -111,13 +115,14 @@ impl Peers {
             .parse()
             .with_context(|| format!("peer address {addr}"))?;
         let (config, name) = match &key.1 {
-            Some(id) => (&self.members, crate::tls::server_name_of(id)?),
+            Some(id) => (
+                self.configs.lock().members.clone(),
+                crate::tls::server_name_of(id)?,
+            ),
             // Any name: the seed verifier checks everything but the name.
-            None => (&self.seeds, socket.ip().to_string()),
+            None => (self.configs.lock().seeds.clone(), socket.ip().to_string()),
         };
-        let connecting = self
-            .endpoint
-            .connect_with(config.clone(), socket, &name)?;
+        let connecting = self.endpoint.connect_with(config, socket, &name)?;
         let connection = match tokio::time::timeout(PEER_TIMEOUT, connecting).await {
             Ok(Ok(connection)) => connection,
             Ok(Err(e)) => {
@@ -279,8 +284,7 @@ impl Cluster {
             table: watch::Sender::new(Arc::new(table)),
             peers: Arc::new(Peers {
                 endpoint,
-                members: peer_config.members,
-                seeds: peer_config.seeds,
+                configs: Mutex::new(peer_config),
                 ids: Mutex::new(HashMap::new()),
                 connections: Mutex::new(HashMap::new()),
                 failures: Mutex::new(HashMap::new()),

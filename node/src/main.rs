@@ -1,4 +1,5 @@
-//! `floodgate-node`: parses flags, starts a node, and stops it gracefully on SIGINT or SIGTERM.
+//! `floodgate-node`: parses flags, starts a node, reloads its certificates on SIGHUP, and stops it
+//! gracefully on SIGINT or SIGTERM.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -118,6 +119,7 @@ async fn run(flags: Flags) -> anyhow::Result<()> {
     let node = Node::start(config).await?;
     // Before announcing the node: a SIGTERM right after the announcement must stop it gracefully.
     let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    let mut hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())?;
     if let Some(dir) = &flags.data_dir {
         eprintln!(
             "floodgate-node: serving on {} (CA for clients: {})",
@@ -125,7 +127,7 @@ async fn run(flags: Flags) -> anyhow::Result<()> {
             dir.join("ca.pem").display()
         );
     }
-    wait_for_signal(&mut terminate).await?;
+    wait_for_signal(&mut terminate, &mut hangup, &node).await?;
     tracing::info!("signal received: draining and stopping");
     node.shutdown().await;
     Ok(())
@@ -215,10 +217,22 @@ fn parse_duration(text: &str) -> Result<Duration, String> {
         .map_err(|e| e.to_string())
 }
 
-async fn wait_for_signal(terminate: &mut tokio::signal::unix::Signal) -> anyhow::Result<()> {
-    tokio::select! {
-        result = tokio::signal::ctrl_c() => result?,
-        _ = terminate.recv() => {}
+/// Waits for SIGINT or SIGTERM; on each SIGHUP reloads the certificates (a failed reload
+/// keeps the ones in use).
+async fn wait_for_signal(
+    terminate: &mut tokio::signal::unix::Signal,
+    hangup: &mut tokio::signal::unix::Signal,
+    node: &Node,
+) -> anyhow::Result<()> {
+    loop {
+        tokio::select! {
+            result = tokio::signal::ctrl_c() => return Ok(result?),
+            _ = terminate.recv() => return Ok(()),
+            _ = hangup.recv() => {
+                if let Err(e) = node.reload_tls() {
+                    tracing::error!("SIGHUP: certificates not reloaded, the old ones stay: {e:#}");
+                }
+            }
+        }
     }
-    Ok(())
 }

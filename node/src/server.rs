@@ -49,8 +49,9 @@ pub(crate) struct Shared {
     pub(crate) rules: Option<Arc<crate::rules::RulesHandle>>,
     /// Buckets merged from peers (replicas and hand-offs) since start.
     pub(crate) received: watch::Sender<u64>,
-    /// Who may send peer-only frames (gossip, replicate, forwarded checks).
-    pub(crate) peer_trust: tls::PeerTrust,
+    /// Who may send peer-only frames (gossip, replicate, forwarded checks); replaced when the
+    /// certificates are reloaded.
+    pub(crate) peer_trust: parking_lot::RwLock<tls::PeerTrust>,
 }
 
 /// A running node. Dropping it without [`Node::shutdown`] aborts its tasks.
@@ -70,6 +71,7 @@ impl Node {
         config.limits.validate()?;
         if let Some(id) = &config.cluster.node_id {
             tls::validate_node_id(id).context("--node-id")?;
+            tls::check_own_certificate(&config.tls, id)?;
         }
         let peer_trust = tls::PeerTrust::new(&config.tls)?;
         let server_config = tls::server_config(&config.tls, &config.limits)?;
@@ -103,7 +105,7 @@ impl Node {
             cluster,
             rules,
             received: watch::Sender::new(0),
-            peer_trust,
+            peer_trust: parking_lot::RwLock::new(peer_trust),
             config,
         });
         let (shutdown, shutdown_rx) = watch::channel(false);
@@ -184,6 +186,23 @@ impl Node {
     /// Every new slot table, as it is adopted (await `changed()` instead of polling).
     pub fn watch_slot_table(&self) -> watch::Receiver<Arc<floodgate::cluster::SlotTable>> {
         self.shared.cluster.watch_table()
+    }
+
+    /// Reads the certificates, key and CAs again from their files (SIGHUP) and uses them for new
+    /// connections, served and dialed; open connections keep theirs. On error nothing changes.
+    pub fn reload_tls(&self) -> anyhow::Result<()> {
+        let config = &self.shared.config;
+        if let Some(id) = &config.cluster.node_id {
+            tls::check_own_certificate(&config.tls, id)?;
+        }
+        let server = tls::server_config(&config.tls, &config.limits)?;
+        let peers = tls::peer_client_configs(&config.tls)?;
+        let trust = tls::PeerTrust::new(&config.tls)?;
+        self.endpoint.set_server_config(Some(server));
+        self.shared.cluster.peers.set_configs(peers);
+        *self.shared.peer_trust.write() = trust;
+        tracing::info!("certificates reloaded");
+        Ok(())
     }
 
     /// Stops abruptly, as a crash would: no leave, no hand-off, no drain.
@@ -303,7 +322,13 @@ async fn serve_connection(
             Ok(Some((send, recv))) => {
                 while streams.try_join_next().is_some() {}
                 let remote = remote.clone();
-                streams.spawn(serve_stream(send, recv, remote, shared.clone(), shutdown.clone()));
+                streams.spawn(serve_stream(
+                    send,
+                    recv,
+                    remote,
+                    shared.clone(),
+                    shutdown.clone(),
+                ));
             }
             Ok(None) => {}
             Err(e) => {
@@ -334,9 +359,10 @@ struct Remote {
 impl Remote {
     /// True when the connection's certificate is a node's from the peer CA.
     fn is_peer(&self, shared: &Shared) -> bool {
-        *self
-            .peer
-            .get_or_init(|| shared.peer_trust.is_peer(self.connection.peer_identity()))
+        *self.peer.get_or_init(|| {
+            let identity = self.connection.peer_identity();
+            shared.peer_trust.read().is_peer(identity)
+        })
     }
 
     /// Refuses a peer-only frame from a non-peer: closes the connection with `forbidden`, the

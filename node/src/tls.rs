@@ -151,6 +151,33 @@ pub fn server_name_of(id: &str) -> anyhow::Result<String> {
     Ok(id.to_owned())
 }
 
+/// Checks at start that this node's certificate is one its peers accept for node `id`: signed
+/// by the peer CA, valid for server authentication, and naming the id.
+pub fn check_own_certificate(tls: &TlsConfig, id: &str) -> anyhow::Result<()> {
+    let Some(ca) = &tls.peer_ca else {
+        return Ok(());
+    };
+    let chain = load_certs(&tls.cert)?;
+    let Some((end_entity, intermediates)) = chain.split_first() else {
+        anyhow::bail!("no certificate in {}", tls.cert.display());
+    };
+    let verifier = WebPkiServerVerifier::builder_with_provider(Arc::new(roots(ca)?), provider())
+        .build()
+        .context("building the peer verifier")?;
+    let name = ServerName::try_from(server_name_of(id)?)?;
+    verifier
+        .verify_server_cert(end_entity, intermediates, &name, &[], UnixTime::now())
+        .map_err(|e| {
+            anyhow::anyhow!(
+                "{} is not a node certificate for node id `{id}` under the peer CA {}: {e} \
+                 (peers verify a node by its id, which its certificate must carry)",
+                tls.cert.display(),
+                ca.display()
+            )
+        })?;
+    Ok(())
+}
+
 /// A node id given with `--node-id` must be a DNS name: peers dial the node by it and verify
 /// its certificate carries it as a DNS subject alternative name.
 pub fn validate_node_id(id: &str) -> anyhow::Result<()> {
@@ -170,6 +197,7 @@ pub fn validate_node_id(id: &str) -> anyhow::Result<()> {
 /// How this node connects to its peers: trusting the peer CA, presenting its own certificate.
 /// `members` verifies a member by its node id (the server name dialed); `seeds` accepts any
 /// node certificate from the peer CA, since a seed address does not say which node is there.
+#[derive(Debug)]
 pub struct PeerClientConfigs {
     pub members: quinn::ClientConfig,
     pub seeds: quinn::ClientConfig,

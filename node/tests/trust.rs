@@ -112,8 +112,8 @@ async fn a_client_without_a_certificate_may_not_act_as_a_peer() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_certificate_from_a_separate_client_ca_is_not_a_peer() {
-    let node = start_node(|c| c.tls.client_ca = Some(c.tls.cert.with_file_name("client-ca.pem")))
-        .await;
+    let node =
+        start_node(|c| c.tls.client_ca = Some(c.tls.cert.with_file_name("client-ca.pem"))).await;
     let client = client_config(&node.certs, true);
     peer_only_kinds_are_forbidden(&node, &client).await;
     node.node.shutdown().await;
@@ -204,7 +204,12 @@ async fn converge(node: &Node, owners: usize) {
         }
     })
     .await;
-    assert!(reached.is_ok(), "{} sees {:?}", node.node_id(), node.owners());
+    assert!(
+        reached.is_ok(),
+        "{} sees {:?}",
+        node.node_id(),
+        node.owners()
+    );
 }
 
 /// Two nodes on certificates that name `fg-a.internal` and `fg-b.internal` (and 127.0.0.1,
@@ -262,6 +267,14 @@ async fn a_node_id_that_is_not_a_dns_name_is_refused_at_start() {
     assert!(format!("{error:#}").contains("not a DNS name"), "{error:#}");
     let error = certs.node_cert_for("../escape").unwrap_err();
     assert!(format!("{error:#}").contains("not a DNS name"), "{error:#}");
+    // A valid id the certificate does not carry (node.pem names localhost and loopback only).
+    let mut config = NodeConfig::for_tests(&certs);
+    config.cluster.node_id = Some("fg-z.internal".into());
+    let error = Node::start(config).await.unwrap_err();
+    assert!(
+        format!("{error:#}").contains("not a node certificate for node id `fg-z.internal`"),
+        "{error:#}"
+    );
 }
 
 /// Development certificates: node certificates per node id from the shared peer CA, and a
@@ -396,7 +409,10 @@ async fn a_seed_with_a_foreign_certificate_is_counted_as_a_handshake_failure() {
             .await
             .expect("the node dials its seed")
             .unwrap();
-        assert!(incoming.await.is_err(), "the node refuses the foreign certificate");
+        assert!(
+            incoming.await.is_err(),
+            "the node refuses the foreign certificate"
+        );
     }
     let metrics = http_get(node.node.admin_addr().unwrap(), "/metrics").await;
     let failures: f64 = metrics
@@ -416,4 +432,92 @@ async fn http_get(addr: std::net::SocketAddr, path: &str) -> String {
     let mut response = String::new();
     stream.read_to_string(&mut response).await.unwrap();
     response
+}
+
+/// Certificates rotated on disk and reloaded (what SIGHUP does): new connections get the new
+/// certificate and peer CA, open connections keep going, and a broken file changes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reloaded_certificates_serve_new_connections() {
+    let dir = tempfile::tempdir().unwrap();
+    let old_ca = TestCa::new(dir.path(), "old-ca");
+    let new_ca = TestCa::new(dir.path(), "new-ca");
+    let names = ["fg-a.internal", "127.0.0.1"];
+    let (cert, key, peer_ca) = (
+        dir.path().join("node.pem"),
+        dir.path().join("node.key"),
+        dir.path().join("peer-ca.pem"),
+    );
+    let install = |identity: &pki::Identity, ca: &TestCa| {
+        std::fs::copy(&identity.cert, &cert).unwrap();
+        std::fs::copy(&identity.key, &key).unwrap();
+        std::fs::copy(&ca.cert, &peer_ca).unwrap();
+    };
+    install(&old_ca.node("old", &names), &old_ca);
+    let node = start_node(|c| {
+        c.tls = TlsConfig {
+            cert: cert.clone(),
+            key: key.clone(),
+            client_ca: None,
+            peer_ca: Some(peer_ca.clone()),
+        };
+        c.cluster.node_id = Some("fg-a.internal".into());
+    })
+    .await;
+    let addr = node.node.local_addr();
+    let trusting_old = quic_client_config(&old_ca.cert, None);
+    let open = connect_as(addr, trusting_old.clone(), "fg-a.internal").await;
+
+    let new_identity = new_ca.node("new", &names);
+    install(&new_identity, &new_ca);
+    node.node.reload_tls().unwrap();
+    let fresh = connect_as(
+        addr,
+        quic_client_config(&new_ca.cert, None),
+        "fg-a.internal",
+    )
+    .await;
+    let limit = per_hour(5);
+    assert_eq!(
+        exchange(&fresh, &check_frame(1, &[b"k"], &limit))
+            .await
+            .allowed(),
+        1
+    );
+    assert_eq!(
+        exchange(&open, &check_frame(2, &[b"k"], &limit))
+            .await
+            .allowed(),
+        1
+    );
+    let mut endpoint = quinn::Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
+    endpoint.set_default_client_config(trusting_old);
+    let refused = endpoint.connect(addr, "fg-a.internal").unwrap().await;
+    assert!(refused.is_err(), "the old CA no longer verifies the node");
+    // The new peer CA decides who is a peer.
+    let as_peer = quic_client_config(&new_ca.cert, Some((&new_identity.cert, &new_identity.key)));
+    let peer = connect_as(addr, as_peer, "fg-a.internal").await;
+    let mut received = node.node.watch_received_buckets();
+    send_replica(&peer, b"after-reload").await;
+    let taken = tokio::time::timeout(PATIENCE, received.wait_for(|n| *n >= 1)).await;
+    assert!(
+        taken.is_ok(),
+        "a node certificate of the new peer CA is a peer"
+    );
+
+    // A broken key: the reload fails and the certificates in use stay.
+    std::fs::write(&key, "not a key").unwrap();
+    assert!(node.node.reload_tls().is_err());
+    let still = connect_as(
+        addr,
+        quic_client_config(&new_ca.cert, None),
+        "fg-a.internal",
+    )
+    .await;
+    assert_eq!(
+        exchange(&still, &check_frame(3, &[b"k"], &limit))
+            .await
+            .allowed(),
+        1
+    );
+    node.node.shutdown().await;
 }

@@ -140,7 +140,10 @@ fn parse_node(text: &str) -> Result<NodeArg, String> {
         .copied()
         .ok_or_else(|| format!("`{text}` resolves to no address"))?;
     let host = text.rsplit_once(':').map_or(text, |(host, _)| host);
-    let host = host.trim_start_matches('[').trim_end_matches(']').to_owned();
+    let host = host
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .to_owned();
     Ok(NodeArg { addr, host })
 }
 
@@ -327,10 +330,12 @@ fn format_status(table: &ClusterTable) -> String {
 /// Sends the checks; `Ok(allowed)` is the last decision, `Err` a message for stderr.
 async fn run_check(args: &CheckArgs, out: &mut impl Write) -> Result<bool, String> {
     let limit = args.limit()?;
-    let client =
-        floodgate_client::Client::connect(&args.connection.addrs(), args.connection.client_config())
-            .await
-            .map_err(|e| e.to_string())?;
+    let client = floodgate_client::Client::connect(
+        &args.connection.addrs(),
+        args.connection.client_config(),
+    )
+    .await
+    .map_err(|e| e.to_string())?;
     // Closed: a node we cannot reach must never look like an `allow`; the source then turns
     // it into an error (exit 2) rather than a `deny`.
     let check = Check::new(args.key.as_bytes(), limit)
