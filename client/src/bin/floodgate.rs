@@ -432,6 +432,22 @@ mod tests {
     }
 
     #[test]
+    fn the_server_name_defaults_to_the_host_of_the_first_node() {
+        let args = parse(&["user:1"]).unwrap();
+        assert_eq!(
+            args.connection.client_config().server_name.as_deref(),
+            Some("127.0.0.1")
+        );
+        assert_eq!(parse_node("localhost:7100").unwrap().host, "localhost");
+        assert_eq!(parse_node("[::1]:7100").unwrap().host, "::1");
+        let named = parse(&["user:1", "--server-name", "fg-a.internal"]).unwrap();
+        assert_eq!(
+            named.connection.client_config().server_name.as_deref(),
+            Some("fg-a.internal")
+        );
+    }
+
+    #[test]
     fn defaults_and_a_full_command_line() {
         let args = parse(&["user:1"]).unwrap();
         assert_eq!(
