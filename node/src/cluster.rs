@@ -136,6 +136,11 @@ impl Peers {
         if connections.len() >= MAX_KNOWN_PEERS {
             connections.retain(|_, c| c.close_reason().is_none());
         }
+        if key.1.is_some() {
+            // The member's seed connection, if any, is not needed any more: dropping the last
+            // handle closes it once the sends still using it are done.
+            connections.remove(&(addr.to_owned(), None));
+        }
         connections.insert(key, connection.clone());
         Ok(connection)
     }
