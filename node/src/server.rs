@@ -298,6 +298,7 @@ async fn serve_connection(
     let remote = Remote {
         connection: connection.clone(),
         peer: Arc::new(OnceLock::new()),
+        certified: Arc::default(),
     };
     let subscribed = Arc::new(AtomicBool::new(false));
     loop {
@@ -354,6 +355,8 @@ struct Remote {
     /// Decided on first need, not at accept: a server's connection is up before the client's
     /// certificate has arrived, but not before a stream from it has.
     peer: Arc<OnceLock<bool>>,
+    /// The last node id its certificate was verified to carry.
+    certified: Arc<parking_lot::Mutex<Option<String>>>,
 }
 
 impl Remote {
@@ -363,6 +366,20 @@ impl Remote {
             let identity = self.connection.peer_identity();
             shared.peer_trust.read().is_peer(identity)
         })
+    }
+
+    /// True when the connection's certificate is a node certificate for node `id`.
+    fn certified_as(&self, shared: &Shared, id: &str) -> bool {
+        let mut certified = self.certified.lock();
+        if certified.as_deref() == Some(id) {
+            return true;
+        }
+        let identity = self.connection.peer_identity();
+        let names = shared.peer_trust.read().names(identity, id);
+        if names {
+            *certified = Some(id.to_owned());
+        }
+        names
     }
 
     /// Refuses a peer-only frame from a non-peer: closes the connection with `forbidden`, the
@@ -597,13 +614,22 @@ async fn serve_uni_message(
             },
             FrameKind::Replicate => match decode_replicate(&frame.payload) {
                 Ok(Replicated {
-                    from,
+                    from: sender_id,
                     handoff,
                     buckets,
                 }) => {
+                    // A node speaks only as itself: its hand-offs count as the named node's.
+                    if !from.remote.certified_as(&shared, &sender_id) {
+                        shared.metrics.frame_error(ErrorCode::Forbidden);
+                        tracing::warn!(
+                            remote = %from.remote.connection.remote_address(),
+                            "dropped a replicate from `{sender_id}`: its certificate names another node"
+                        );
+                        continue;
+                    }
                     let refused = shared.store.merge(&buckets, now_ns);
                     if let Some(part) = &handoff {
-                        shared.cluster.handoff_received(&from, part, now_ns);
+                        shared.cluster.handoff_received(&sender_id, part, now_ns);
                     }
                     let counter = if handoff.is_some() {
                         &shared.metrics.received_handoff

@@ -130,6 +130,32 @@ impl PeerTrust {
     }
 }
 
+impl PeerTrust {
+    /// True when `identity` is a node certificate of the peer CA for node `id` (it carries the
+    /// name [`server_name_of`] gives).
+    pub fn names(&self, identity: Option<Box<dyn Any>>, id: &str) -> bool {
+        let Some((_, as_server)) = &self.verifiers else {
+            return false;
+        };
+        let Some(chain) = identity.and_then(|i| i.downcast::<Vec<CertificateDer<'static>>>().ok())
+        else {
+            return false;
+        };
+        let Some((end_entity, intermediates)) = chain.split_first() else {
+            return false;
+        };
+        let Some(name) = server_name_of(id)
+            .ok()
+            .and_then(|n| ServerName::try_from(n).ok())
+        else {
+            return false;
+        };
+        as_server
+            .verify_server_cert(end_entity, intermediates, &name, &[], UnixTime::now())
+            .is_ok()
+    }
+}
+
 /// True when a server verification failed, if at all, only on the name.
 fn accepts_any_name(verified: &Result<ServerCertVerified, rustls::Error>) -> bool {
     matches!(

@@ -280,7 +280,8 @@ async fn a_peer_connection_takes_any_number_of_one_way_messages() {
             },
         };
         let message = ReplicateMessage {
-            from: "peer".into(),
+            // An address id: the development node certificate names 127.0.0.1.
+            from: "127.0.0.1:7199".into(),
             handoff: None,
             buckets: vec![WireBucket::from(&bucket)],
         };

@@ -148,17 +148,40 @@ async fn a_client_certificate_from_the_peer_ca_itself_is_not_a_peer() {
         let reason = send_as_non_peer(connection, &frame, bidi).await;
         assert!(reason.contains("forbidden"), "{reason}");
     }
-    // The same CA's node certificate is a peer: its replica is taken.
+    // The same CA's node certificate is a peer: its replica is taken, but only in its own name
+    // (both frames on one stream, handled in order: the first is dropped before the second).
     let as_peer = quic_client_config(&ca.cert, Some((&node_identity.cert, &node_identity.key)));
     let peer = connect_as(addr, as_peer, "fg-a.internal").await;
     let mut received = node.node.watch_received_buckets();
-    send_replica(&peer, b"replicated").await;
+    let frames = [
+        replicate_frame("fg-b.internal", b"impersonated"),
+        replicate_frame("fg-a.internal", b"replicated"),
+    ]
+    .concat();
+    send_frames(&peer, &frames).await;
     let taken = tokio::time::timeout(PATIENCE, received.wait_for(|n| *n >= 1)).await;
     assert!(taken.is_ok(), "a peer's replica is merged");
+    assert_eq!(
+        node.node.live_buckets(),
+        1,
+        "a replicate in another node's name is dropped"
+    );
     node.node.shutdown().await;
 }
 
 async fn send_replica(peer: &quinn::Connection, key: &[u8]) {
+    send_frames(peer, &replicate_frame("fg-a.internal", key)).await;
+}
+
+async fn send_frames(peer: &quinn::Connection, frames: &[u8]) {
+    let mut stream = peer.open_uni().await.unwrap();
+    stream.write_all(frames).await.unwrap();
+    stream.finish().unwrap();
+    assert_eq!(stream.stopped().await.unwrap(), None);
+}
+
+/// A replicate frame in the name of `from` carrying one bucket for `key`.
+fn replicate_frame(from: &str, key: &[u8]) -> Vec<u8> {
     use floodgate::wire::{ReplicateMessage, WireBucket};
     use floodgate::{BucketKey, BucketState, BucketValue};
     let now = std::time::SystemTime::now()
@@ -173,16 +196,13 @@ async fn send_replica(peer: &quinn::Connection, key: &[u8]) {
         },
     };
     let message = ReplicateMessage {
-        from: "fg-b.internal".into(),
+        from: from.into(),
         handoff: None,
         buckets: vec![WireBucket::from(&bucket)],
     };
     let mut frame = Vec::new();
     encode_message(&mut frame, FrameKind::Replicate, 0, &message);
-    let mut stream = peer.open_uni().await.unwrap();
-    stream.write_all(&frame).await.unwrap();
-    stream.finish().unwrap();
-    assert_eq!(stream.stopped().await.unwrap(), None);
+    frame
 }
 
 async fn connect_as(
