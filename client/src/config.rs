@@ -80,8 +80,10 @@ pub struct ClientConfig {
     pub ca: CaSource,
     /// Our certificate, for nodes that require mutual TLS.
     pub client_auth: Option<ClientAuth>,
-    /// Name the node certificates must carry (a DNS name or an IP address).
-    pub server_name: String,
+    /// Name the seed nodes' certificates (the nodes given to `connect`) must carry: a DNS name
+    /// or an IP address. `None`: the IP address each seed is dialed at. Members discovered from
+    /// the slot table are always verified by their node id (see PROTOCOL.md, Trust).
+    pub server_name: Option<String>,
     /// Longest a `check` call waits for a node before its failure mode decides.
     pub timeout: Duration,
     /// Longest one connection attempt (QUIC + TLS handshake) may take; `connect` waits at most
@@ -109,7 +111,7 @@ impl ClientConfig {
         ClientConfig {
             ca,
             client_auth: None,
-            server_name: "localhost".to_owned(),
+            server_name: None,
             timeout: Duration::from_millis(5),
             connect_timeout: Duration::from_secs(1),
             streams_per_connection: 4,
@@ -139,10 +141,12 @@ impl ClientConfig {
                 problem: problem.to_owned(),
             })
         };
-        if rustls::pki_types::ServerName::try_from(self.server_name.as_str()).is_err() {
+        if let Some(name) = &self.server_name
+            && rustls::pki_types::ServerName::try_from(name.as_str()).is_err()
+        {
             return invalid(
                 "server_name",
-                &format!("`{}` is not a DNS name or IP address", self.server_name),
+                &format!("`{name}` is not a DNS name or IP address"),
             );
         }
         if self.timeout.is_zero() {
@@ -252,7 +256,7 @@ mod tests {
         let cases: Vec<(&str, Edit)> = vec![
             (
                 "server_name",
-                Box::new(|c| c.server_name = "no spaces".into()),
+                Box::new(|c| c.server_name = Some("no spaces".into())),
             ),
             ("timeout", Box::new(|c| c.timeout = Duration::ZERO)),
             (
@@ -315,7 +319,7 @@ mod tests {
     #[test]
     fn an_ip_address_is_a_valid_server_name() {
         let mut c = config();
-        c.server_name = "127.0.0.1".into();
+        c.server_name = Some("127.0.0.1".into());
         assert_eq!(c.validate(), Ok(()));
     }
 

@@ -50,7 +50,6 @@ pub struct NodeStatus {
 /// The link settings every task of every node reads.
 #[derive(Debug)]
 pub(crate) struct LinkSettings {
-    server_name: String,
     connect_timeout: Duration,
     streams: usize,
     max_checks: usize,
@@ -64,7 +63,6 @@ pub(crate) struct LinkSettings {
 impl LinkSettings {
     pub(crate) fn new(config: &ClientConfig) -> Self {
         LinkSettings {
-            server_name: config.server_name.clone(),
             connect_timeout: config.connect_timeout,
             streams: config.streams_per_connection,
             max_checks: config.max_checks_per_frame,
@@ -78,6 +76,9 @@ impl LinkSettings {
 #[derive(Debug)]
 pub(crate) struct NodeLink {
     pub(crate) addr: SocketAddr,
+    /// The name the node's certificate must carry (a seed's configured name or address, a
+    /// member's node id).
+    pub(crate) server_name: String,
     pub(crate) queue: CallQueue,
     pub(crate) breaker: SharedBreaker,
     state: watch::Sender<LinkState>,
@@ -94,6 +95,7 @@ impl NodeLink {
     pub(crate) fn new(addr: SocketAddr, config: &ClientConfig) -> Self {
         NodeLink {
             addr,
+            server_name: crate::tls::seed_server_name(config.server_name.as_deref(), addr),
             queue: CallQueue::new(config.max_queued_checks),
             breaker: SharedBreaker::new(config.breaker, config.timeout),
             state: watch::Sender::new(LinkState::Connecting),
@@ -101,6 +103,12 @@ impl NodeLink {
             answered: AtomicBool::new(false),
             table_hint: std::sync::OnceLock::new(),
         }
+    }
+
+    /// The same link verifying the node by `server_name` (a member by its node id).
+    pub(crate) fn named(mut self, server_name: String) -> Self {
+        self.server_name = server_name;
+        self
     }
 
     /// True while the link has a connection (cheap: one watch read).
@@ -198,7 +206,7 @@ pub(crate) async fn supervise(
         let attempt = tokio::select! {
             biased;
             () = shutdown_requested(&mut shutdown) => break,
-            attempt = connect(&endpoint, link.addr, &settings.server_name, settings.connect_timeout) => attempt,
+            attempt = connect(&endpoint, link.addr, &link.server_name, settings.connect_timeout) => attempt,
         };
         match attempt {
             Ok(conn) => {

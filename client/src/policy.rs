@@ -592,7 +592,7 @@ async fn refresh(
 struct PolicyFetcher {
     nodes: Vec<SocketAddr>,
     endpoint: quinn::Endpoint,
-    server_name: String,
+    server_name: Option<String>,
     timeout: Duration,
     conn: Option<quinn::Connection>,
     next: usize,
@@ -646,7 +646,10 @@ impl PolicyFetcher {
             let addr = *self.nodes.get(self.next).ok_or("no nodes")?;
             let connecting = self
                 .endpoint
-                .connect(addr, &self.server_name)
+                .connect(
+                    addr,
+                    &tls::seed_server_name(self.server_name.as_deref(), addr),
+                )
                 .map_err(|e| format!("{addr}: {e}"))?;
             self.conn = Some(connecting.await.map_err(|e| format!("{addr}: {e}"))?);
         }

@@ -21,7 +21,7 @@
 //!
 //! Fetches use their own connection (one at a time, reused), so they never wait behind checks.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -490,6 +490,19 @@ impl Refresher {
         out
     }
 
+    /// The name the node at `addr` is verified by: its link's (a member's node id, a seed's
+    /// configured name or address).
+    fn server_name_of(&self, addr: SocketAddr) -> String {
+        self.seeds
+            .iter()
+            .chain(self.discovered.values().map(|d| &d.link))
+            .find(|l| l.addr == addr)
+            .map_or_else(
+                || crate::tls::seed_server_name(self.factory.config.server_name.as_deref(), addr),
+                |l| l.server_name.clone(),
+            )
+    }
+
     async fn fetch_from(&mut self, addr: SocketAddr) -> Result<ClusterTable, String> {
         let conn = match &self.control {
             Some((a, conn)) if *a == addr && conn.close_reason().is_none() => conn.clone(),
@@ -506,8 +519,8 @@ impl Refresher {
                         endpoint
                     }
                 };
-                let server_name = &self.factory.config.server_name;
-                let conn = link::connect(&endpoint, addr, server_name, FETCH_TIMEOUT).await?;
+                let server_name = self.server_name_of(addr);
+                let conn = link::connect(&endpoint, addr, &server_name, FETCH_TIMEOUT).await?;
                 self.control = Some((addr, conn.clone()));
                 conn
             }
@@ -537,20 +550,20 @@ impl Refresher {
         {
             return;
         }
-        let owners: HashSet<SocketAddr> = table
+        let owners: HashMap<SocketAddr, &str> = table
             .members
             .iter()
             .filter(|m| m.state.owns_slots())
-            .filter_map(|m| parse_addr(&m.addr))
+            .filter_map(|m| Some((parse_addr(&m.addr)?, m.id.as_str())))
             .collect();
         let seeds: HashSet<SocketAddr> = self.seeds.iter().map(|l| l.addr).collect();
-        for &addr in owners.difference(&seeds) {
+        for (&addr, &id) in owners.iter().filter(|(a, _)| !seeds.contains(a)) {
             if let Some(i) = self.retiring.iter().position(|(_, e)| e.link.addr == addr) {
                 // Back before its link was closed.
                 let (_, entry) = self.retiring.swap_remove(i);
                 self.discovered.insert(addr, entry);
             } else if !self.discovered.contains_key(&addr) {
-                match self.start_link(addr) {
+                match self.start_link(addr, id) {
                     Ok(entry) => {
                         tracing::info!(node = %addr, "discovered floodgate node");
                         self.discovered.insert(addr, entry);
@@ -562,7 +575,7 @@ impl Refresher {
         let departed: Vec<SocketAddr> = self
             .discovered
             .keys()
-            .filter(|addr| !owners.contains(addr))
+            .filter(|addr| !owners.contains_key(addr))
             .copied()
             .collect();
         let retire_at = Instant::now() + self.grace;
@@ -616,10 +629,12 @@ impl Refresher {
         self.last_table = Some(table);
     }
 
-    fn start_link(&self, addr: SocketAddr) -> Result<Discovered, String> {
+    /// Links to the member `id` at `addr`, verifying it by its node id.
+    fn start_link(&self, addr: SocketAddr, id: &str) -> Result<Discovered, String> {
         let factory = &self.factory;
         let endpoint = link::endpoint_for(addr, factory.quic.clone()).map_err(|e| e.to_string())?;
-        let link = Arc::new(NodeLink::new(addr, &factory.config));
+        let name = crate::tls::member_server_name(id, addr);
+        let link = Arc::new(NodeLink::new(addr, &factory.config).named(name));
         let _ = link.table_hint.set(self.routing.hint.clone());
         watch_link(&link, self.routing.hint.clone());
         let (stop, stopped) = watch::channel(false);
@@ -735,8 +750,8 @@ pub async fn fetch_slot_table(
     for &addr in nodes {
         let endpoint = link::endpoint_for(addr, quic.clone())?;
         let fetched = tokio::time::timeout(config.connect_timeout, async {
-            let conn =
-                link::connect(&endpoint, addr, &config.server_name, config.connect_timeout).await?;
+            let name = crate::tls::seed_server_name(config.server_name.as_deref(), addr);
+            let conn = link::connect(&endpoint, addr, &name, config.connect_timeout).await?;
             let table = request_table(&conn).await;
             conn.close(0u32.into(), b"done");
             table

@@ -1,5 +1,6 @@
 //! Builds the QUIC + TLS 1.3 client configuration (ring provider, ALPN, optional client cert).
 
+use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
@@ -10,6 +11,21 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
 use crate::config::{CaSource, ClientConfig};
 use crate::error::ConfigError;
+
+/// The name a seed's certificate must carry: the configured server name, else the IP address
+/// it is dialed at.
+pub(crate) fn seed_server_name(configured: Option<&str>, addr: SocketAddr) -> String {
+    configured.map_or_else(|| addr.ip().to_string(), str::to_owned)
+}
+
+/// The name a member from the slot table is verified by: its node id, a DNS name; a node
+/// started without `--node-id` has its address as id, and is verified by that IP address.
+pub(crate) fn member_server_name(id: &str, addr: SocketAddr) -> String {
+    match rustls::pki_types::ServerName::try_from(id) {
+        Ok(rustls::pki_types::ServerName::DnsName(_)) => id.to_owned(),
+        _ => addr.ip().to_string(),
+    }
+}
 
 /// Keep-alive interval: a dead node is noticed within the idle timeout even when no checks flow.
 const KEEP_ALIVE: Duration = Duration::from_secs(1);

@@ -168,11 +168,13 @@ impl<'a> BudgetedReader<'a> {
     }
 }
 
-/// Reads a whole one-way message of at most `readable` bytes into a reader of frames up to
-/// `max_frame_bytes`, reserving its bytes from the budget as they arrive. `Err(None)` when the
-/// stream failed or was longer than `readable`, `Err(Some(_))` when it did not fit the budget.
+/// Reads a whole one-way message of at most `readable` bytes (counting `header`, the bytes
+/// already read from it) into a reader of frames up to `max_frame_bytes`, reserving its bytes
+/// from the budget as they arrive. `Err(None)` when the stream failed or was longer than
+/// `readable`, `Err(Some(_))` when it did not fit the budget.
 pub(crate) async fn read_message<'a>(
     recv: &mut quinn::RecvStream,
+    header: &[u8],
     max_frame_bytes: usize,
     readable: usize,
     budget: &'a BufferBudget,
@@ -180,6 +182,11 @@ pub(crate) async fn read_message<'a>(
 ) -> Result<(FrameReader, Reservation<'a>), Option<OverBudget>> {
     let mut reservation = budget.reservation();
     let mut reader = FrameReader::new(max_frame_bytes);
+    if header.len() > readable {
+        return Err(None);
+    }
+    reservation.resize(header.len(), privileged).map_err(Some)?;
+    reader.extend(header);
     while let Some(chunk) = recv.read_chunk(READ_BYTES, true).await.map_err(|_| None)? {
         let total = reader.buffered() + chunk.bytes.len();
         if total > readable {

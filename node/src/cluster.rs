@@ -63,17 +63,51 @@ impl Default for ClusterConfig {
     }
 }
 
+/// Most members whose address and last dial failure are remembered (membership is bounded;
+/// this only keeps hostile gossip from growing the maps).
+const MAX_KNOWN_PEERS: usize = 4_096;
+
 /// Connections to other nodes, opened on demand and reused.
 #[derive(Debug)]
 pub(crate) struct Peers {
     endpoint: quinn::Endpoint,
-    config: quinn::ClientConfig,
-    connections: Mutex<HashMap<String, quinn::Connection>>,
+    /// How members (by node id) and seeds (any node of the peer CA) are dialed; replaced when
+    /// the certificates are reloaded.
+    configs: Mutex<crate::tls::PeerClientConfigs>,
+    /// Node id of each member address, from membership: the name a member is dialed and
+    /// verified by. An address not in it is a seed.
+    ids: Mutex<HashMap<String, String>>,
+    /// Keyed by address and the id it was verified as (none: as a seed).
+    connections: Mutex<HashMap<(String, Option<String>), quinn::Connection>>,
+    /// The last handshake failure logged per address, so a peer that keeps failing is logged
+    /// at ERROR once per new reason, not on every gossip round.
+    failures: Mutex<HashMap<String, String>>,
+    handshake_failures: metrics::Counter,
 }
 
 impl Peers {
+    /// Dials with `configs` from now on (reloaded certificates); open connections stay.
+    pub(crate) fn set_configs(&self, configs: crate::tls::PeerClientConfigs) {
+        *self.configs.lock() = configs;
+    }
+
+    /// Remembers the node id of each member address.
+    pub(crate) fn learn_ids<'a>(&self, members: impl Iterator<Item = &'a MemberInfo>) {
+        let mut ids = self.ids.lock();
+        for member in members {
+            if ids.len() >= MAX_KNOWN_PEERS && !ids.contains_key(&member.addr) {
+                break;
+            }
+            if ids.get(&member.addr) != Some(&member.id) {
+                ids.insert(member.addr.clone(), member.id.clone());
+            }
+        }
+    }
+
     async fn connection(&self, addr: &str) -> anyhow::Result<quinn::Connection> {
-        if let Some(connection) = self.connections.lock().get(addr)
+        let id = self.ids.lock().get(addr).cloned();
+        let key = (addr.to_owned(), id);
+        if let Some(connection) = self.connections.lock().get(&key)
             && connection.close_reason().is_none()
         {
             return Ok(connection.clone());
@@ -81,16 +115,53 @@ impl Peers {
         let socket: SocketAddr = addr
             .parse()
             .with_context(|| format!("peer address {addr}"))?;
-        let connecting = self
-            .endpoint
-            .connect_with(self.config.clone(), socket, "localhost")?;
-        let connection = tokio::time::timeout(PEER_TIMEOUT, connecting)
-            .await
-            .context("peer handshake timed out")??;
-        self.connections
-            .lock()
-            .insert(addr.to_owned(), connection.clone());
+        let (config, name) = match &key.1 {
+            Some(id) => (
+                self.configs.lock().members.clone(),
+                crate::tls::server_name_of(id)?,
+            ),
+            // Any name: the seed verifier checks everything but the name.
+            None => (self.configs.lock().seeds.clone(), socket.ip().to_string()),
+        };
+        let connecting = self.endpoint.connect_with(config, socket, &name)?;
+        let connection = match tokio::time::timeout(PEER_TIMEOUT, connecting).await {
+            Ok(Ok(connection)) => connection,
+            Ok(Err(e)) => {
+                self.handshake_failed(addr, key.1.as_deref(), &e);
+                return Err(e).with_context(|| format!("handshake with peer {addr}"));
+            }
+            Err(_) => anyhow::bail!("peer handshake with {addr} timed out"),
+        };
+        self.failures.lock().remove(addr);
+        let mut connections = self.connections.lock();
+        if connections.len() >= MAX_KNOWN_PEERS {
+            connections.retain(|_, c| c.close_reason().is_none());
+        }
+        if key.1.is_some() {
+            // The member's seed connection, if any, is not needed any more: dropping the last
+            // handle closes it once the sends still using it are done.
+            connections.remove(&(addr.to_owned(), None));
+        }
+        connections.insert(key, connection.clone());
         Ok(connection)
+    }
+
+    /// Logs (at ERROR, once per new reason) and counts a failed handshake: a certificate the
+    /// peer CA does not sign, a name that is not the node id, a peer that refuses ours.
+    fn handshake_failed(&self, addr: &str, id: Option<&str>, error: &quinn::ConnectionError) {
+        self.handshake_failures.increment(1);
+        let reason = error.to_string();
+        let mut failures = self.failures.lock();
+        if failures.get(addr) == Some(&reason) {
+            tracing::debug!(peer = %addr, "peer handshake failed again: {reason}");
+            return;
+        }
+        if failures.len() >= MAX_KNOWN_PEERS {
+            failures.clear();
+        }
+        failures.insert(addr.to_owned(), reason.clone());
+        let expected = id.unwrap_or("(a seed: any node of the peer CA)");
+        tracing::error!(peer = %addr, node_id = %expected, "peer handshake failed: {reason}");
     }
 
     /// Sends one frame on its own unidirectional stream, in the background (gossip, replication).
@@ -229,7 +300,8 @@ impl Cluster {
         config: ClusterConfig,
         listen: SocketAddr,
         endpoint: quinn::Endpoint,
-        peer_config: quinn::ClientConfig,
+        peer_config: crate::tls::PeerClientConfigs,
+        handshake_failures: metrics::Counter,
         now_ns: u64,
     ) -> Self {
         let addr = config.advertise.unwrap_or(listen).to_string();
@@ -255,8 +327,11 @@ impl Cluster {
             table: watch::Sender::new(Arc::new(table)),
             peers: Arc::new(Peers {
                 endpoint,
-                config: peer_config,
+                configs: Mutex::new(peer_config),
+                ids: Mutex::new(HashMap::new()),
                 connections: Mutex::new(HashMap::new()),
+                failures: Mutex::new(HashMap::new()),
+                handshake_failures,
             }),
             handoffs: Mutex::new(Handoffs::default()),
             handoff_arrived: tokio::sync::Notify::new(),
@@ -487,6 +562,8 @@ impl Cluster {
             let mut membership = self.membership.lock();
             change(&mut membership);
             drop(self.member_log.lock().observe(&membership));
+            self.peers
+                .learn_ids(membership.members().map(|(info, _)| info));
             (membership.epoch(), membership.owners())
         };
         let old = self.table();
@@ -841,7 +918,7 @@ mod tests {
             .unwrap()
             .with_root_certificates(rustls::RootCertStore::empty())
             .with_no_client_auth();
-        let quic = quinn::crypto::rustls::QuicClientConfig::try_from(crypto).unwrap();
+        let quic = Arc::new(quinn::crypto::rustls::QuicClientConfig::try_from(crypto).unwrap());
         let endpoint = quinn::Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
         let config = ClusterConfig {
             node_id: Some("node-a".into()),
@@ -851,7 +928,11 @@ mod tests {
             config,
             "127.0.0.1:7000".parse().unwrap(),
             endpoint,
-            quinn::ClientConfig::new(Arc::new(quic)),
+            crate::tls::PeerClientConfigs {
+                members: quinn::ClientConfig::new(quic.clone()),
+                seeds: quinn::ClientConfig::new(quic),
+            },
+            metrics::Counter::noop(),
             1_000_000_000,
         )
     }

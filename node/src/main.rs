@@ -1,4 +1,5 @@
-//! `floodgate-node`: parses flags, starts a node, and stops it gracefully on SIGINT or SIGTERM.
+//! `floodgate-node`: parses flags, starts a node, reloads its certificates on SIGHUP, and stops it
+//! gracefully on SIGINT or SIGTERM.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -27,8 +28,9 @@ struct Flags {
     /// unless you give another address.
     #[arg(long, default_value = "127.0.0.1:9100")]
     admin: String,
-    /// Development mode: create (once) and use a CA, node and client certificates in DIR
-    /// (ca.pem, node.pem, node.key, client.pem, client.key).
+    /// Development mode: create (once) and use certificates in DIR: a peer CA (ca.pem) signing
+    /// node certificates (node-ID.pem per --node-id, else node.pem), and a separate client CA
+    /// (client-ca.pem) signing client.pem. Nodes may share one DIR.
     #[arg(long, value_name = "DIR")]
     data_dir: Option<PathBuf>,
     /// The node's certificate chain (PEM); overrides the one in --data-dir.
@@ -37,7 +39,8 @@ struct Flags {
     /// The node's private key (PEM).
     #[arg(long, requires = "cert")]
     key: Option<PathBuf>,
-    /// Require client certificates signed by this CA (mutual TLS).
+    /// Require client certificates signed by this CA (mutual TLS). They never make a client a
+    /// peer: only node certificates from --peer-ca do.
     #[arg(long, value_name = "PEM")]
     client_ca: Option<PathBuf>,
     /// Largest frame payload accepted, in bytes.
@@ -61,7 +64,8 @@ struct Flags {
     /// Most buckets held at once; beyond it, idle then least-loaded buckets are evicted.
     #[arg(long, default_value_t = StoreConfig::default().max_keys)]
     max_keys: usize,
-    /// This node's id in the cluster (default: its advertised address).
+    /// This node's id in the cluster: a DNS name its certificate carries (peers dial and verify
+    /// it by this name). Default: its advertised address, verified by its IP.
     #[arg(long)]
     node_id: Option<String>,
     /// This node's region.
@@ -125,6 +129,9 @@ fn main() -> ExitCode {
 async fn run(flags: Flags) -> anyhow::Result<()> {
     let config = config_from(&flags)?;
     let node = Node::start(config).await?;
+    // Before announcing the node: a SIGTERM right after the announcement must stop it gracefully.
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    let mut hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())?;
     if let Some(dir) = &flags.data_dir {
         eprintln!(
             "floodgate-node: serving on {} (CA for clients: {})",
@@ -132,7 +139,7 @@ async fn run(flags: Flags) -> anyhow::Result<()> {
             dir.join("ca.pem").display()
         );
     }
-    wait_for_signal().await?;
+    wait_for_signal(&mut terminate, &mut hangup, &node).await?;
     tracing::info!("signal received: draining and stopping");
     node.shutdown().await;
     Ok(())
@@ -155,9 +162,13 @@ fn config_from(flags: &Flags) -> anyhow::Result<NodeConfig> {
         },
         (_, _, Some(dir)) => {
             let dev = ensure_dev_certs(dir)?;
+            let (cert, key) = match &flags.node_id {
+                Some(id) => dev.node_cert_for(id).context("--node-id")?,
+                None => (dev.node_cert.clone(), dev.node_key.clone()),
+            };
             TlsConfig {
-                cert: dev.node_cert,
-                key: dev.node_key,
+                cert,
+                key,
                 client_ca: flags.client_ca.clone(),
                 peer_ca: Some(flags.peer_ca.clone().unwrap_or(dev.ca)),
             }
@@ -179,7 +190,7 @@ fn config_from(flags: &Flags) -> anyhow::Result<NodeConfig> {
         ..StoreConfig::default()
     };
     anyhow::ensure!(
-        flags.seeds.is_empty() || tls.peer_ca.is_some() || tls.client_ca.is_some(),
+        flags.seeds.is_empty() || tls.peer_ca.is_some(),
         "--seeds needs --peer-ca (or --data-dir) to verify the other nodes"
     );
     anyhow::ensure!(
@@ -221,11 +232,22 @@ fn parse_duration(text: &str) -> Result<Duration, String> {
         .map_err(|e| e.to_string())
 }
 
-async fn wait_for_signal() -> anyhow::Result<()> {
-    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-    tokio::select! {
-        result = tokio::signal::ctrl_c() => result?,
-        _ = terminate.recv() => {}
+/// Waits for SIGINT or SIGTERM; on each SIGHUP reloads the certificates (a failed reload
+/// keeps the ones in use).
+async fn wait_for_signal(
+    terminate: &mut tokio::signal::unix::Signal,
+    hangup: &mut tokio::signal::unix::Signal,
+    node: &Node,
+) -> anyhow::Result<()> {
+    loop {
+        tokio::select! {
+            result = tokio::signal::ctrl_c() => return Ok(result?),
+            _ = terminate.recv() => return Ok(()),
+            _ = hangup.recv() => {
+                if let Err(e) = node.reload_tls() {
+                    tracing::error!("SIGHUP: certificates not reloaded, the old ones stay: {e:#}");
+                }
+            }
+        }
     }
-    Ok(())
 }

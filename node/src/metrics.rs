@@ -67,6 +67,9 @@ pub struct NodeMetrics {
     /// Seconds since the start of the last replication round that every successor acknowledged:
     /// how old their copies can be (grows while a successor is unreachable).
     pub replication_lag: Gauge,
+    /// Handshakes with a seed or peer that failed (a certificate not from the peer CA, not
+    /// naming the node id dialed, or ours refused).
+    pub peer_handshake_failures: Counter,
     /// Checks sent on to their owner.
     pub forwarded: Counter,
     /// Forwarded checks the receiver answered `not_owner` (it had handed the slot off), each
@@ -116,6 +119,7 @@ impl NodeMetrics {
                 .map(|s| gauge!("floodgate_members", "state" => s)),
             table_epoch: gauge!("floodgate_slot_table_epoch"),
             replication_lag: gauge!("floodgate_replication_lag_seconds"),
+            peer_handshake_failures: counter!("floodgate_peer_handshake_failures_total"),
             forwarded: counter!("floodgate_forwarded_checks_total"),
             forward_refused: counter!("floodgate_forward_refused_checks_total"),
             taken_over: counter!("floodgate_takeover_checks_total"),

@@ -2,12 +2,12 @@
 //! the expiry sweeper, the admin server, and graceful shutdown.
 
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use floodgate::wire::ErrorCode;
+use floodgate::wire::{ErrorCode, HEADER_BYTES};
 use floodgate::{BucketStore, Clock};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
@@ -50,6 +50,9 @@ pub(crate) struct Shared {
     pub(crate) rules: Option<Arc<crate::rules::RulesHandle>>,
     /// Buckets merged from peers (replicas and hand-offs) since start.
     pub(crate) received: watch::Sender<u64>,
+    /// Who may send peer-only frames (gossip, replicate, forwarded checks); replaced when the
+    /// certificates are reloaded.
+    pub(crate) peer_trust: parking_lot::RwLock<tls::PeerTrust>,
 }
 
 /// A running node. Dropping it without [`Node::shutdown`] aborts its tasks.
@@ -68,6 +71,11 @@ impl Node {
     /// Binds the endpoint (and the admin server, if configured) and starts serving.
     pub async fn start(config: NodeConfig) -> anyhow::Result<Node> {
         config.limits.validate()?;
+        if let Some(id) = &config.cluster.node_id {
+            tls::validate_node_id(id).context("--node-id")?;
+            tls::check_own_certificate(&config.tls, id)?;
+        }
+        let peer_trust = tls::PeerTrust::new(&config.tls)?;
         let server_config = tls::server_config(&config.tls, &config.limits)?;
         let endpoint = quinn::Endpoint::server(server_config, config.listen)
             .with_context(|| format!("binding the QUIC endpoint on {}", config.listen))?;
@@ -84,12 +92,14 @@ impl Node {
             .map(crate::rules::RulesHandle::load)
             .transpose()?;
         let clock = NodeClock::new();
-        let peer_config = tls::peer_client_config(&config.tls)?;
+        let peer_config = tls::peer_client_configs(&config.tls)?;
+        let metrics = NodeMetrics::register();
         let cluster = Cluster::new(
             config.cluster.clone(),
             local_addr,
             endpoint.clone(),
             peer_config,
+            metrics.peer_handshake_failures.clone(),
             clock.now_ns(),
         )
         .with_frame_limit(config.limits.max_frame_bytes);
@@ -110,6 +120,7 @@ impl Node {
             cluster,
             rules,
             received: watch::Sender::new(0),
+            peer_trust: parking_lot::RwLock::new(peer_trust),
             config,
         });
         if let Some(snapshots) = &snapshots {
@@ -218,6 +229,23 @@ impl Node {
         self.shared.cluster.watch_table()
     }
 
+    /// Reads the certificates, key and CAs again from their files (SIGHUP) and uses them for new
+    /// connections, served and dialed; open connections keep theirs. On error nothing changes.
+    pub fn reload_tls(&self) -> anyhow::Result<()> {
+        let config = &self.shared.config;
+        if let Some(id) = &config.cluster.node_id {
+            tls::check_own_certificate(&config.tls, id)?;
+        }
+        let server = tls::server_config(&config.tls, &config.limits)?;
+        let peers = tls::peer_client_configs(&config.tls)?;
+        let trust = tls::PeerTrust::new(&config.tls)?;
+        self.endpoint.set_server_config(Some(server));
+        self.shared.cluster.peers.set_configs(peers);
+        *self.shared.peer_trust.write() = trust;
+        tracing::info!("certificates reloaded");
+        Ok(())
+    }
+
     /// Stops abruptly, as a crash would: no leave, no hand-off, no drain.
     pub fn crash(mut self) {
         self.tasks.abort_all();
@@ -298,8 +326,13 @@ async fn serve_connection(
             return;
         }
     };
-    // The same test as for one-way messages below; the handshake has verified the certificate.
-    let peer = connection.peer_identity().is_some();
+    let remote = Remote {
+        connection: connection.clone(),
+        peer: Arc::new(OnceLock::new()),
+        certified: Arc::default(),
+    };
+    // Peers are counted apart from clients: only a node certificate of the peer CA is one.
+    let peer = remote.is_peer(&shared);
     let Some(_admitted) = shared.allowance.admit(handshake, peer) else {
         shared.metrics.connections_refused.increment(1);
         let side = if peer { "peer" } else { "client" };
@@ -315,18 +348,12 @@ async fn serve_connection(
         let accepted = tokio::select! {
             accepted = connection.accept_bi() => accepted.map(Some),
             accepted = connection.accept_uni() => accepted.map(|recv| {
-                // Peers authenticate with a certificate from the cluster CA; only they may gossip
-                // or replicate (with --client-ca every client has one and is trusted alike). Read
-                // here, not at accept: a server's connection is up before the client's
-                // certificate has arrived.
-                let is_peer = connection.peer_identity().is_some();
                 // Finished tasks count until joined: gossip and replication use one stream per
                 // message, so without this a quiet connection would drop every message after 256.
                 while streams.try_join_next().is_some() {}
                 if streams.len() < 256 {
                     let from = UniSender {
-                        connection: connection.clone(),
-                        is_peer,
+                        remote: remote.clone(),
                         subscribed: subscribed.clone(),
                     };
                     streams.spawn(serve_uni_message(recv, from, shared.clone(), shutdown.clone()));
@@ -338,7 +365,14 @@ async fn serve_connection(
         match accepted {
             Ok(Some((send, recv))) => {
                 while streams.try_join_next().is_some() {}
-                streams.spawn(serve_stream(send, recv, shared.clone(), shutdown.clone()));
+                let remote = remote.clone();
+                streams.spawn(serve_stream(
+                    send,
+                    recv,
+                    remote,
+                    shared.clone(),
+                    shutdown.clone(),
+                ));
             }
             Ok(None) => {}
             Err(e) => {
@@ -357,11 +391,62 @@ async fn serve_connection(
     }
 }
 
+/// The other end of a connection, and whether it is a peer.
+#[derive(Clone)]
+struct Remote {
+    connection: quinn::Connection,
+    /// Decided on first need, not at accept: a server's connection is up before the client's
+    /// certificate has arrived, but not before a stream from it has.
+    peer: Arc<OnceLock<bool>>,
+    /// The last node id its certificate was verified to carry.
+    certified: Arc<parking_lot::Mutex<Option<String>>>,
+}
+
+impl Remote {
+    /// True when the connection's certificate is a node's from the peer CA.
+    fn is_peer(&self, shared: &Shared) -> bool {
+        *self.peer.get_or_init(|| {
+            let identity = self.connection.peer_identity();
+            shared.peer_trust.read().is_peer(identity)
+        })
+    }
+
+    /// True when the connection's certificate is a node certificate for node `id`.
+    fn certified_as(&self, shared: &Shared, id: &str) -> bool {
+        let mut certified = self.certified.lock();
+        if certified.as_deref() == Some(id) {
+            return true;
+        }
+        let identity = self.connection.peer_identity();
+        let names = shared.peer_trust.read().names(identity, id);
+        if names {
+            *certified = Some(id.to_owned());
+        }
+        names
+    }
+
+    /// Refuses a peer-only frame from a non-peer: closes the connection with `forbidden`, the
+    /// payload unread.
+    fn forbid(&self, shared: &Shared, kind: FrameKind) {
+        shared.metrics.frame_error(ErrorCode::Forbidden);
+        tracing::warn!(
+            remote = %self.connection.remote_address(),
+            "closing a connection that sent {kind:?} frames without a peer certificate"
+        );
+        self.connection.close(
+            quinn::VarInt::from_u32(ErrorCode::Forbidden as u32),
+            format!("forbidden: {kind:?} frames are for peers with a certificate from the peer CA")
+                .as_bytes(),
+        );
+    }
+}
+
 /// Serves one long-lived stream: reads whatever bytes arrive, answers every complete frame, and
 /// writes all answers of one read at once.
 async fn serve_stream(
     mut send: quinn::SendStream,
     mut recv: quinn::RecvStream,
+    remote: Remote,
     shared: Arc<Shared>,
     mut shutdown: watch::Receiver<bool>,
 ) {
@@ -384,7 +469,7 @@ async fn serve_stream(
         let fatal = match read {
             Ok(Some(ref chunk)) => match reader.extend(&chunk.bytes) {
                 Ok(()) => {
-                    let fatal = answer_available(&shared, &mut reader, &mut out).await;
+                    let fatal = answer_available(&shared, &remote, &mut reader, &mut out).await;
                     reader.settle();
                     fatal
                 }
@@ -408,6 +493,9 @@ async fn serve_stream(
             }
             out.clear();
         }
+        if fatal == Some(ErrorCode::Forbidden) {
+            return;
+        }
         if let Some(code) = fatal {
             let _ = send.finish();
             let _ = recv.stop(quinn::VarInt::from_u32(code as u32));
@@ -423,6 +511,7 @@ async fn serve_stream(
 /// Answers every complete frame in `reader`; returns the code of an error that ends the stream.
 async fn answer_available(
     shared: &Shared,
+    remote: &Remote,
     reader: &mut BudgetedReader<'_>,
     out: &mut Vec<u8>,
 ) -> Option<ErrorCode> {
@@ -432,6 +521,10 @@ async fn answer_available(
     let mut frames = 0;
     let fatal = loop {
         match reader.next_frame() {
+            Ok(Some(frame)) if frame.kind.peer_only() && !remote.is_peer(shared) => {
+                remote.forbid(shared, frame.kind);
+                break Some(ErrorCode::Forbidden);
+            }
             Ok(Some(frame)) => {
                 frames += 1;
                 if let Some(code) = answer(shared, &frame, now_ns, out).await {
@@ -512,9 +605,7 @@ async fn answer(
 
 /// Who sent a message on a unidirectional stream.
 struct UniSender {
-    connection: quinn::Connection,
-    /// Holds a cluster certificate: may gossip and replicate.
-    is_peer: bool,
+    remote: Remote,
     /// The connection already receives table pushes.
     subscribed: Arc<AtomicBool>,
 }
@@ -529,46 +620,77 @@ async fn serve_uni_message(
     shutdown: watch::Receiver<bool>,
 ) {
     let max = shared.config.limits.max_frame_bytes;
+    // The header first: a peer-only kind from a non-peer closes the connection unread.
+    let mut header = [0u8; HEADER_BYTES];
+    if recv.read_exact(&mut header).await.is_err() {
+        return;
+    }
+    let is_peer = from.remote.is_peer(&shared);
+    if let Some(kind) = FrameKind::from_u8(header[3]).filter(|k| k.peer_only())
+        && !is_peer
+    {
+        from.remote.forbid(&shared, kind);
+        return;
+    }
     // A client may only subscribe (an empty frame): it gets no room for more.
-    let readable = if from.is_peer { max + 16 } else { 64 };
-    let (mut reader, _reserved) =
-        match crate::budget::read_message(&mut recv, max, readable, &shared.budget, from.is_peer)
-            .await
-        {
-            Ok(read) => read,
-            Err(over_budget) => {
-                if over_budget.is_some() {
-                    shared.metrics.over_buffer_budget.increment(1);
-                    let _ = recv.stop(quinn::VarInt::from_u32(ErrorCode::Overloaded as u32));
-                }
-                return;
+    let readable = if is_peer { max + HEADER_BYTES } else { 64 };
+    let (mut reader, _reserved) = match crate::budget::read_message(
+        &mut recv,
+        &header,
+        max,
+        readable,
+        &shared.budget,
+        is_peer,
+    )
+    .await
+    {
+        Ok(read) => read,
+        Err(over_budget) => {
+            if over_budget.is_some() {
+                shared.metrics.over_buffer_budget.increment(1);
+                let _ = recv.stop(quinn::VarInt::from_u32(ErrorCode::Overloaded as u32));
             }
-        };
+            return;
+        }
+    };
     while let Ok(Some(frame)) = reader.next_frame() {
         let now_ns = shared.clock.now_ns();
         match frame.kind {
             FrameKind::TableRequest => {
                 if !from.subscribed.swap(true, Ordering::Relaxed) {
-                    push_tables(from.connection.clone(), &shared, shutdown.clone()).await;
+                    push_tables(from.remote.connection.clone(), &shared, shutdown.clone()).await;
                 }
                 return;
             }
             // A peer pushing its table to this node as to any client: nodes keep their own.
-            FrameKind::SlotTable if from.is_peer => {}
-            _ if !from.is_peer => shared.metrics.frame_error(ErrorCode::UnknownKind),
+            FrameKind::SlotTable if is_peer => {}
+            kind if kind.peer_only() && !is_peer => {
+                from.remote.forbid(&shared, kind);
+                return;
+            }
+            _ if !is_peer => shared.metrics.frame_error(ErrorCode::UnknownKind),
             FrameKind::Gossip => match decode_gossip(&frame.payload) {
                 Ok(gossip) => shared.cluster.handle_gossip(&shared, now_ns, &gossip),
                 Err((code, _)) => shared.metrics.frame_error(code),
             },
             FrameKind::Replicate => match decode_replicate(&frame.payload) {
                 Ok(Replicated {
-                    from,
+                    from: sender_id,
                     handoff,
                     buckets,
                 }) => {
+                    // A node speaks only as itself: its hand-offs count as the named node's.
+                    if !from.remote.certified_as(&shared, &sender_id) {
+                        shared.metrics.frame_error(ErrorCode::Forbidden);
+                        tracing::warn!(
+                            remote = %from.remote.connection.remote_address(),
+                            "dropped a replicate from `{sender_id}`: its certificate names another node"
+                        );
+                        continue;
+                    }
                     let refused = shared.store.merge(&buckets, now_ns);
                     if let Some(part) = &handoff {
-                        shared.cluster.handoff_received(&from, part, now_ns);
+                        shared.cluster.handoff_received(&sender_id, part, now_ns);
                     }
                     let counter = if handoff.is_some() {
                         &shared.metrics.received_handoff

@@ -1,12 +1,24 @@
-//! The node's QUIC server configuration: TLS 1.3 only, ALPN `floodgate/1`, optional mutual TLS,
-//! keep-alive and idle timeout tuned to notice a dead peer within seconds.
+//! The node's TLS: the QUIC server configuration (TLS 1.3 only, ALPN `floodgate/1`, optional
+//! mutual TLS), the client configurations it dials peers with, and who counts as a peer.
+//!
+//! Trust: a peer is a connection whose certificate chains to the peer CA (`--peer-ca`) and is a
+//! node certificate (valid for server authentication too, see [`PeerTrust`]). A client
+//! certificate, from `--client-ca` or any other CA, never grants peer rights. Peers are dialed
+//! with their node id as the server name ([`server_name_of`]); a seed, whose id is not known
+//! yet, with any node certificate from the peer CA.
 
+use std::any::Any;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use rustls::RootCertStore;
+use rustls::client::WebPkiServerVerifier;
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use rustls::server::WebPkiClientVerifier;
+use rustls::server::danger::ClientCertVerifier;
+use rustls::{CertificateError, DigitallySignedStruct, RootCertStore, SignatureScheme};
 
 use crate::certs::{load_certs, load_key};
 use crate::config::{NodeLimits, TlsConfig};
@@ -21,14 +33,19 @@ pub fn server_config(tls: &TlsConfig, limits: &NodeLimits) -> anyhow::Result<qui
     let key = load_key(&tls.key)?;
     let builder = rustls::ServerConfig::builder_with_provider(provider())
         .with_protocol_versions(&[&rustls::version::TLS13])?;
+    // The handshake accepts clients (from the client CA) and peers (from the peer CA) alike;
+    // which of them may act as a peer is decided afterwards, by `PeerTrust`.
     let builder = match (&tls.client_ca, &tls.peer_ca) {
-        (Some(ca), _) => {
+        (Some(client_ca), peer_ca) => {
+            let mut roots = roots(client_ca)?;
+            if let Some(peer_ca) = peer_ca {
+                roots.roots.extend(self::roots(peer_ca)?.roots);
+            }
             let verifier =
-                WebPkiClientVerifier::builder_with_provider(Arc::new(roots(ca)?), provider())
-                    .build()?;
+                WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider()).build()?;
             builder.with_client_cert_verifier(verifier)
         }
-        // Clients may come without a certificate; peers present one signed by the cluster CA.
+        // Clients may come without a certificate; peers present one signed by the peer CA.
         (None, Some(peer_ca)) => {
             let verifier =
                 WebPkiClientVerifier::builder_with_provider(Arc::new(roots(peer_ca)?), provider())
@@ -60,18 +77,184 @@ fn roots(ca: &std::path::Path) -> anyhow::Result<RootCertStore> {
     Ok(roots)
 }
 
-/// How this node connects to its peers: trusting the cluster CA and presenting its own
-/// certificate. `None` without a peer CA (the node then cannot reach peers).
-pub fn peer_client_config(tls: &TlsConfig) -> anyhow::Result<quinn::ClientConfig> {
-    let builder = rustls::ClientConfig::builder_with_provider(provider())
-        .with_protocol_versions(&[&rustls::version::TLS13])?;
-    let ca = tls.peer_ca.as_ref().or(tls.client_ca.as_ref());
-    let roots = match ca {
+/// Decides whether a connection's certificate makes it a peer: it must chain to the peer CA
+/// for client authentication, and be a node certificate: valid for server authentication
+/// under the peer CA as well. Client certificates carry only the client-auth usage, so even
+/// when one CA signs both (`--client-ca` equal to `--peer-ca`) a client is never a peer.
+#[derive(Debug, Clone)]
+pub struct PeerTrust {
+    verifiers: Option<(Arc<dyn ClientCertVerifier>, Arc<WebPkiServerVerifier>)>,
+}
+
+impl PeerTrust {
+    /// Trust for `tls.peer_ca`; without one nobody is a peer.
+    pub fn new(tls: &TlsConfig) -> anyhow::Result<Self> {
+        let Some(ca) = &tls.peer_ca else {
+            return Ok(PeerTrust { verifiers: None });
+        };
+        let roots = Arc::new(roots(ca)?);
+        let as_client = WebPkiClientVerifier::builder_with_provider(roots.clone(), provider())
+            .build()
+            .context("building the peer verifier")?;
+        let as_server = WebPkiServerVerifier::builder_with_provider(roots, provider())
+            .build()
+            .context("building the peer verifier")?;
+        Ok(PeerTrust {
+            verifiers: Some((as_client, as_server)),
+        })
+    }
+
+    /// True when `identity` (quinn's `peer_identity`: the presented chain) is a peer's.
+    pub fn is_peer(&self, identity: Option<Box<dyn Any>>) -> bool {
+        let Some((as_client, as_server)) = &self.verifiers else {
+            return false;
+        };
+        let Some(chain) = identity.and_then(|i| i.downcast::<Vec<CertificateDer<'static>>>().ok())
+        else {
+            return false;
+        };
+        let Some((end_entity, intermediates)) = chain.split_first() else {
+            return false;
+        };
+        let now = UnixTime::now();
+        if as_client
+            .verify_client_cert(end_entity, intermediates, now)
+            .is_err()
+        {
+            return false;
+        }
+        // Any name: this checks the chain and the server-auth usage; the name a node is known
+        // by is checked when it is dialed.
+        let any = ServerName::try_from("peer.floodgate.invalid").expect("a valid DNS name");
+        accepts_any_name(&as_server.verify_server_cert(end_entity, intermediates, &any, &[], now))
+    }
+}
+
+impl PeerTrust {
+    /// True when `identity` is a node certificate of the peer CA for node `id` (it carries the
+    /// name [`server_name_of`] gives).
+    pub fn names(&self, identity: Option<Box<dyn Any>>, id: &str) -> bool {
+        let Some((_, as_server)) = &self.verifiers else {
+            return false;
+        };
+        let Some(chain) = identity.and_then(|i| i.downcast::<Vec<CertificateDer<'static>>>().ok())
+        else {
+            return false;
+        };
+        let Some((end_entity, intermediates)) = chain.split_first() else {
+            return false;
+        };
+        let Some(name) = server_name_of(id)
+            .ok()
+            .and_then(|n| ServerName::try_from(n).ok())
+        else {
+            return false;
+        };
+        as_server
+            .verify_server_cert(end_entity, intermediates, &name, &[], UnixTime::now())
+            .is_ok()
+    }
+}
+
+/// True when a server verification failed, if at all, only on the name.
+fn accepts_any_name(verified: &Result<ServerCertVerified, rustls::Error>) -> bool {
+    matches!(
+        verified,
+        Ok(_)
+            | Err(rustls::Error::InvalidCertificate(
+                CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. }
+            ))
+    )
+}
+
+/// The name a node's certificate must carry for the node id `id`: the id itself, a DNS name;
+/// or, for a node without `--node-id` (its id is its address, `IP:port`), that IP address.
+pub fn server_name_of(id: &str) -> anyhow::Result<String> {
+    if let Ok(addr) = id.parse::<SocketAddr>() {
+        return Ok(addr.ip().to_string());
+    }
+    validate_node_id(id)?;
+    Ok(id.to_owned())
+}
+
+/// Checks at start that this node's certificate is one its peers accept for node `id`: signed
+/// by the peer CA, valid for server authentication, and naming the id.
+pub fn check_own_certificate(tls: &TlsConfig, id: &str) -> anyhow::Result<()> {
+    let Some(ca) = &tls.peer_ca else {
+        return Ok(());
+    };
+    let chain = load_certs(&tls.cert)?;
+    let Some((end_entity, intermediates)) = chain.split_first() else {
+        anyhow::bail!("no certificate in {}", tls.cert.display());
+    };
+    let verifier = WebPkiServerVerifier::builder_with_provider(Arc::new(roots(ca)?), provider())
+        .build()
+        .context("building the peer verifier")?;
+    let name = ServerName::try_from(server_name_of(id)?)?;
+    verifier
+        .verify_server_cert(end_entity, intermediates, &name, &[], UnixTime::now())
+        .map_err(|e| {
+            anyhow::anyhow!(
+                "{} is not a node certificate for node id `{id}` under the peer CA {}: {e} \
+                 (peers verify a node by its id, which its certificate must carry)",
+                tls.cert.display(),
+                ca.display()
+            )
+        })?;
+    Ok(())
+}
+
+/// A node id given with `--node-id` must be a DNS name: peers dial the node by it and verify
+/// its certificate carries it as a DNS subject alternative name.
+pub fn validate_node_id(id: &str) -> anyhow::Result<()> {
+    let is_dns = matches!(ServerName::try_from(id), Ok(ServerName::DnsName(_)));
+    let plain = id.len() <= 253
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.');
+    anyhow::ensure!(
+        is_dns && plain,
+        "node id `{id}` is not a DNS name (letters, digits, `-` and `.`, e.g. fg-a.internal): \
+         peers verify a node by its id, which its certificate must carry as a DNS name"
+    );
+    Ok(())
+}
+
+/// How this node connects to its peers: trusting the peer CA, presenting its own certificate.
+/// `members` verifies a member by its node id (the server name dialed); `seeds` accepts any
+/// node certificate from the peer CA, since a seed address does not say which node is there.
+#[derive(Debug)]
+pub struct PeerClientConfigs {
+    pub members: quinn::ClientConfig,
+    pub seeds: quinn::ClientConfig,
+}
+
+pub fn peer_client_configs(tls: &TlsConfig) -> anyhow::Result<PeerClientConfigs> {
+    let roots = match &tls.peer_ca {
         Some(ca) => roots(ca)?,
         None => RootCertStore::empty(),
     };
-    let mut crypto = builder
-        .with_root_certificates(roots)
+    let members = WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider()).build();
+    // Without a peer CA there are no roots: every dial fails, which is what we want.
+    let members: Arc<dyn ServerCertVerifier> = match members {
+        Ok(verifier) => verifier,
+        Err(_) => Arc::new(NoPeers),
+    };
+    let seeds = Arc::new(AnyNodeName(members.clone()));
+    Ok(PeerClientConfigs {
+        members: peer_client_config(tls, members)?,
+        seeds: peer_client_config(tls, seeds)?,
+    })
+}
+
+fn peer_client_config(
+    tls: &TlsConfig,
+    verifier: Arc<dyn ServerCertVerifier>,
+) -> anyhow::Result<quinn::ClientConfig> {
+    let mut crypto = rustls::ClientConfig::builder_with_provider(provider())
+        .with_protocol_versions(&[&rustls::version::TLS13])?
+        .dangerous()
+        .with_custom_certificate_verifier(verifier)
         .with_client_auth_cert(load_certs(&tls.cert)?, load_key(&tls.key)?)?;
     crypto.alpn_protocols = vec![floodgate::wire::ALPN.to_vec()];
     let quic = quinn::crypto::rustls::QuicClientConfig::try_from(crypto)?;
@@ -81,6 +264,95 @@ pub fn peer_client_config(tls: &TlsConfig) -> anyhow::Result<quinn::ClientConfig
     transport.max_idle_timeout(quinn::IdleTimeout::try_from(Duration::from_secs(5)).ok());
     config.transport_config(Arc::new(transport));
     Ok(config)
+}
+
+/// Verifies a seed: the full WebPKI check against the peer CA, except the name.
+#[derive(Debug)]
+struct AnyNodeName(Arc<dyn ServerCertVerifier>);
+
+impl ServerCertVerifier for AnyNodeName {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        server_name: &ServerName<'_>,
+        ocsp_response: &[u8],
+        now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        let verified =
+            self.0
+                .verify_server_cert(end_entity, intermediates, server_name, ocsp_response, now);
+        if accepts_any_name(&verified) {
+            Ok(ServerCertVerified::assertion())
+        } else {
+            verified
+        }
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.0.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.0.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.0.supported_verify_schemes()
+    }
+}
+
+/// A node without a peer CA trusts no peer.
+#[derive(Debug)]
+struct NoPeers;
+
+impl ServerCertVerifier for NoPeers {
+    fn verify_server_cert(
+        &self,
+        _: &CertificateDer<'_>,
+        _: &[CertificateDer<'_>],
+        _: &ServerName<'_>,
+        _: &[u8],
+        _: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        Err(rustls::Error::General(
+            "this node has no --peer-ca: it trusts no peer".to_owned(),
+        ))
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        _: &[u8],
+        _: &CertificateDer<'_>,
+        _: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        Err(rustls::Error::General("no peer CA".to_owned()))
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        _: &[u8],
+        _: &CertificateDer<'_>,
+        _: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        Err(rustls::Error::General("no peer CA".to_owned()))
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        provider()
+            .signature_verification_algorithms
+            .supported_schemes()
+    }
 }
 
 fn transport_config(limits: &NodeLimits) -> quinn::TransportConfig {
@@ -93,4 +365,23 @@ fn transport_config(limits: &NodeLimits) -> quinn::TransportConfig {
     // 5 s fits in a VarInt of milliseconds.
     transport.max_idle_timeout(quinn::IdleTimeout::try_from(Duration::from_secs(5)).ok());
     transport
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn node_ids_must_be_dns_names_and_addresses_name_their_ip() {
+        assert!(validate_node_id("fg-a.internal").is_ok());
+        assert!(validate_node_id("node-0").is_ok());
+        for bad in ["", "a b", "../etc", "fg_a", "x:1", "é.example"] {
+            let e = validate_node_id(bad).unwrap_err().to_string();
+            assert!(e.contains("not a DNS name"), "{bad}: {e}");
+        }
+        assert_eq!(server_name_of("127.0.0.1:7100").unwrap(), "127.0.0.1");
+        assert_eq!(server_name_of("[::1]:7100").unwrap(), "::1");
+        assert_eq!(server_name_of("fg-a.internal").unwrap(), "fg-a.internal");
+        assert!(server_name_of("bad name").is_err());
+    }
 }

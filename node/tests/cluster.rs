@@ -263,7 +263,7 @@ async fn a_peer_connection_takes_any_number_of_one_way_messages() {
     use floodgate::{BucketKey, BucketState, BucketValue};
 
     let node = start_node(|_| {}).await;
-    let peer = connect(node.node.local_addr(), client_config(&node.certs, true)).await;
+    let peer = connect(node.node.local_addr(), peer_config(&node.certs)).await;
     let mut received = node.node.watch_received_buckets();
     let in_an_hour = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -280,7 +280,8 @@ async fn a_peer_connection_takes_any_number_of_one_way_messages() {
             },
         };
         let message = ReplicateMessage {
-            from: "peer".into(),
+            // An address id: the development node certificate names 127.0.0.1.
+            from: "127.0.0.1:7199".into(),
             handoff: None,
             buckets: vec![WireBucket::from(&bucket)],
         };

@@ -174,9 +174,10 @@ async fn an_invalid_limit_is_refused() {
     node.node.shutdown().await;
 }
 
-/// A client without a cluster certificate cannot gossip or replicate: replicated buckets sent on
+/// A client without a node certificate cannot gossip or replicate: replicated buckets sent on
 /// a unidirectional stream change nothing (the witness's bucket stays as it was), and a large
-/// unidirectional stream is cut off after a few bytes. The node keeps serving.
+/// unidirectional stream is cut off after a few bytes (a replicate frame closes the connection,
+/// `forbidden`). The node keeps serving.
 #[tokio::test]
 async fn a_client_cannot_replicate_or_gossip_on_unidirectional_streams() {
     use floodgate::wire::{ReplicateMessage, WireBucket};
@@ -185,7 +186,6 @@ async fn a_client_cannot_replicate_or_gossip_on_unidirectional_streams() {
     let node = start_node(|_| {}).await;
     let mut witness = Witness::new(&node).await;
     witness.still_served().await;
-    let attacker = connect(node.node.local_addr(), client_config(&node.certs, false)).await;
     // A far-future TAT for the witness's key would deny it, were it merged.
     let forged = BucketState {
         key: BucketKey::new(b"", b"witness"),
@@ -202,6 +202,7 @@ async fn a_client_cannot_replicate_or_gossip_on_unidirectional_streams() {
     let mut frame = Vec::new();
     encode_message(&mut frame, FrameKind::Replicate, 0, &message);
     for payload in [frame, vec![0u8; 1 << 20]] {
+        let attacker = connect(node.node.local_addr(), client_config(&node.certs, false)).await;
         let mut stream = attacker.open_uni().await.unwrap();
         // The node may stop reading (and the stream) early: either way nothing is merged.
         let _ = stream.write_all(&payload).await;

@@ -56,6 +56,10 @@ fn bad_flags_exit_2_with_a_message() {
             vec!["--data-dir", data, "--admin", "nowhere"],
             "--admin nowhere",
         ),
+        (
+            vec!["--data-dir", data, "--admin", "off", "--node-id", "fg_a:1"],
+            "node id `fg_a:1` is not a DNS name",
+        ),
     ] {
         let output = node_command(&args).output().unwrap();
         let stderr = String::from_utf8_lossy(&output.stderr);

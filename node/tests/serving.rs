@@ -73,7 +73,8 @@ async fn a_denied_group_consumes_nothing_and_answers_come_in_order() {
 
 #[tokio::test]
 async fn mutual_tls_refuses_a_client_without_a_certificate() {
-    let node = start_node(|c| c.tls.client_ca = Some(c.tls.cert.with_file_name("ca.pem"))).await;
+    let node =
+        start_node(|c| c.tls.client_ca = Some(c.tls.cert.with_file_name("client-ca.pem"))).await;
     let addr = node.node.local_addr();
     // With the development client certificate: served.
     let trusted = connect(addr, client_config(&node.certs, true)).await;

@@ -87,6 +87,22 @@ impl FrameKind {
             _ => None,
         }
     }
+
+    /// True for the kinds only another node may send (gossip, replication, forwarded checks):
+    /// the receiver closes a connection without a peer certificate that sends one, with
+    /// [`ErrorCode::Forbidden`]. Every kind must decide here.
+    pub fn peer_only(self) -> bool {
+        match self {
+            FrameKind::Gossip | FrameKind::Replicate | FrameKind::ForwardedCheckBatch => true,
+            FrameKind::CheckBatch
+            | FrameKind::DecisionBatch
+            | FrameKind::Error
+            | FrameKind::TableRequest
+            | FrameKind::SlotTable
+            | FrameKind::PolicyRequest
+            | FrameKind::Policy => false,
+        }
+    }
 }
 
 /// Error codes, carried in error frames, per-check error decisions, and as the QUIC application
@@ -123,10 +139,13 @@ pub enum ErrorCode {
     /// behind). Nothing was decided; the forwarder places the check again once its slot table
     /// has caught up.
     NotOwner = 13,
+    /// A frame kind only peers may send (gossip, replicate, forwarded checks) from a connection
+    /// without a peer certificate. Nothing decoded; connection closed.
+    Forbidden = 14,
 }
 
 impl ErrorCode {
-    pub const ALL: [ErrorCode; 13] = [
+    pub const ALL: [ErrorCode; 14] = [
         ErrorCode::BadMagic,
         ErrorCode::UnsupportedVersion,
         ErrorCode::FrameTooLarge,
@@ -140,6 +159,7 @@ impl ErrorCode {
         ErrorCode::Truncated,
         ErrorCode::Overloaded,
         ErrorCode::NotOwner,
+        ErrorCode::Forbidden,
     ];
 
     pub fn from_u16(code: u16) -> Option<Self> {
@@ -162,6 +182,7 @@ impl ErrorCode {
             ErrorCode::Truncated => "truncated",
             ErrorCode::Overloaded => "overloaded",
             ErrorCode::NotOwner => "not_owner",
+            ErrorCode::Forbidden => "forbidden",
         }
     }
 

@@ -47,6 +47,16 @@ struct Flags {
     /// The CA that signs the node certificates.
     #[arg(long, default_value = ".run/node/ca.pem")]
     ca: PathBuf,
+    /// Client certificate (PEM), for nodes started with --client-ca (mutual TLS).
+    #[arg(long, requires = "client_key")]
+    client_cert: Option<PathBuf>,
+    /// Key of the client certificate (PEM).
+    #[arg(long, requires = "client_cert")]
+    client_key: Option<PathBuf>,
+    /// Name the --node certificates must carry (default: the IP address dialed); nodes found
+    /// in the slot table are verified by their node id.
+    #[arg(long)]
+    server_name: Option<String>,
     /// Longest a limiter call waits before each rule's failure mode decides (e.g. 50ms).
     #[arg(long, default_value = "50ms")]
     timeout: String,
@@ -72,6 +82,13 @@ async fn main() -> anyhow::Result<()> {
         .map_err(|e| anyhow::anyhow!("--timeout {}: {e}", flags.timeout))?;
     let mut config = ClientConfig::with_ca_file(&flags.ca);
     config.timeout = timeout;
+    config.server_name = flags.server_name.clone();
+    if let (Some(cert), Some(key)) = (&flags.client_cert, &flags.client_key) {
+        config.client_auth = Some(floodgate_client::ClientAuth {
+            cert: cert.clone(),
+            key: key.clone(),
+        });
+    }
     let local = rules_source::load_local(flags.rules.as_deref(), flags.rules_cache.as_deref())?;
     let (policy, local_source) = local.unzip();
     let limiter = RateLimiter::connect_with(&flags.node, config, LimiterConfig::default(), policy)

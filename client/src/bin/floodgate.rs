@@ -83,7 +83,7 @@ struct StatusArgs {
 struct ConnectionArgs {
     /// Node address, HOST:PORT (repeat for several; any one is enough, the rest are discovered).
     #[arg(long, required = true, value_parser = parse_node)]
-    node: Vec<SocketAddr>,
+    node: Vec<NodeArg>,
     /// PEM file of the CA that signs the node certificates.
     #[arg(long)]
     ca: PathBuf,
@@ -96,9 +96,10 @@ struct ConnectionArgs {
     /// Longest wait for each answer and for the connection, e.g. 500ms, 2s.
     #[arg(long, default_value = "2s", value_parser = parse_duration_arg)]
     timeout: Duration,
-    /// Name the node's certificate must carry.
-    #[arg(long, default_value = "localhost")]
-    server_name: String,
+    /// Name the --node's certificate must carry (default: the HOST of the first --node, a DNS
+    /// name or IP address). Discovered nodes are verified by their node id.
+    #[arg(long)]
+    server_name: Option<String>,
 }
 
 #[derive(Debug, Args)]
@@ -124,19 +125,32 @@ struct CheckArgs {
     count: u64,
 }
 
+/// A `--node`: the address dialed, and the host it was named by (the default server name).
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct NodeArg {
+    addr: SocketAddr,
+    host: String,
+}
+
 /// HOST:PORT, resolved; IPv4 preferred, since `localhost` often lists `::1` first while nodes
 /// listen on 127.0.0.1 by default.
-fn parse_node(text: &str) -> Result<SocketAddr, String> {
+fn parse_node(text: &str) -> Result<NodeArg, String> {
     let addrs: Vec<SocketAddr> = text
         .to_socket_addrs()
         .map_err(|e| format!("`{text}` is not HOST:PORT: {e}"))?
         .collect();
-    addrs
+    let addr = addrs
         .iter()
         .find(|a| a.is_ipv4())
         .or(addrs.first())
         .copied()
-        .ok_or_else(|| format!("`{text}` resolves to no address"))
+        .ok_or_else(|| format!("`{text}` resolves to no address"))?;
+    let host = text.rsplit_once(':').map_or(text, |(host, _)| host);
+    let host = host
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .to_owned();
+    Ok(NodeArg { addr, host })
 }
 
 fn parse_rate_arg(text: &str) -> Result<(u64, u64), String> {
@@ -165,6 +179,10 @@ impl CheckArgs {
 }
 
 impl ConnectionArgs {
+    fn addrs(&self) -> Vec<SocketAddr> {
+        self.node.iter().map(|n| n.addr).collect()
+    }
+
     fn client_config(&self) -> ClientConfig {
         let mut config = ClientConfig::with_ca_file(&self.ca);
         config.client_auth = match (&self.client_cert, &self.client_key) {
@@ -175,7 +193,10 @@ impl ConnectionArgs {
             // clap makes each require the other.
             _ => None,
         };
-        config.server_name = self.server_name.clone();
+        config.server_name = self
+            .server_name
+            .clone()
+            .or_else(|| self.node.first().map(|n| n.host.clone()));
         config.timeout = self.timeout;
         config.connect_timeout = self.timeout;
         config
@@ -237,14 +258,14 @@ fn main() -> ExitCode {
 async fn run_status(args: &StatusArgs, out: &mut impl Write) -> Result<(), String> {
     let args = &args.connection;
     let config = args.client_config();
-    let table = floodgate_client::fetch_slot_table(&args.node, &config)
+    let table = floodgate_client::fetch_slot_table(&args.addrs(), &config)
         .await
         .map_err(|e| e.to_string())?;
     out.write_all(format_status(&table).as_bytes())
         .map_err(|e| e.to_string())?;
     // The rules in force on that node, so a rule change shows here too.
     let mut rules = "rules: unknown (no node answered)\n".to_owned();
-    for &node in &args.node {
+    for node in args.addrs() {
         match floodgate_client::policy::fetch_policy(node, &config).await {
             Ok(message) if message.version.is_empty() => {
                 rules = format!("rules: none ({node} runs without --rules)\n");
@@ -316,10 +337,12 @@ fn format_status(table: &ClusterTable) -> String {
 /// Sends the checks; `Ok(allowed)` is the last decision, `Err` a message for stderr.
 async fn run_check(args: &CheckArgs, out: &mut impl Write) -> Result<bool, String> {
     let limit = args.limit()?;
-    let client =
-        floodgate_client::Client::connect(&args.connection.node, args.connection.client_config())
-            .await
-            .map_err(|e| e.to_string())?;
+    let client = floodgate_client::Client::connect(
+        &args.connection.addrs(),
+        args.connection.client_config(),
+    )
+    .await
+    .map_err(|e| e.to_string())?;
     // Closed: a node we cannot reach must never look like an `allow`; the source then turns
     // it into an error (exit 2) rather than a `deny`.
     let check = Check::new(args.key.as_bytes(), limit)
@@ -416,10 +439,26 @@ mod tests {
     }
 
     #[test]
+    fn the_server_name_defaults_to_the_host_of_the_first_node() {
+        let args = parse(&["user:1"]).unwrap();
+        assert_eq!(
+            args.connection.client_config().server_name.as_deref(),
+            Some("127.0.0.1")
+        );
+        assert_eq!(parse_node("localhost:7100").unwrap().host, "localhost");
+        assert_eq!(parse_node("[::1]:7100").unwrap().host, "::1");
+        let named = parse(&["user:1", "--server-name", "fg-a.internal"]).unwrap();
+        assert_eq!(
+            named.connection.client_config().server_name.as_deref(),
+            Some("fg-a.internal")
+        );
+    }
+
+    #[test]
     fn defaults_and_a_full_command_line() {
         let args = parse(&["user:1"]).unwrap();
         assert_eq!(
-            args.connection.node,
+            args.connection.addrs(),
             ["127.0.0.1:7100".parse::<SocketAddr>().unwrap()]
         );
         assert_eq!(args.limit, (10, 1_000_000_000));

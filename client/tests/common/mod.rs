@@ -26,7 +26,7 @@ pub async fn start_node(certs: &Certs, listen: SocketAddr, mtls: bool) -> Node {
     let mut config = NodeConfig::for_tests(&certs.dev);
     config.listen = listen;
     if mtls {
-        config.tls.client_ca = Some(certs.dev.ca.clone());
+        config.tls.client_ca = Some(certs.dev.client_ca.clone());
     }
     Node::start(config).await.unwrap()
 }

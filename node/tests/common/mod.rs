@@ -35,24 +35,39 @@ pub async fn start_node(adjust: impl FnOnce(&mut NodeConfig)) -> TestNode {
 }
 
 pub fn client_config(certs: &DevCerts, with_client_cert: bool) -> quinn::ClientConfig {
+    let identity = with_client_cert.then_some((&certs.client_cert, &certs.client_key));
+    quic_client_config(&certs.ca, identity)
+}
+
+/// A connection that presents the node certificate, as another node would.
+pub fn peer_config(certs: &DevCerts) -> quinn::ClientConfig {
+    quic_client_config(&certs.ca, Some((&certs.node_cert, &certs.node_key)))
+}
+
+/// Trusts `ca` and presents `identity` (certificate and key PEM files), if any.
+pub fn quic_client_config(
+    ca: &std::path::Path,
+    identity: Option<(&std::path::PathBuf, &std::path::PathBuf)>,
+) -> quinn::ClientConfig {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let mut roots = rustls::RootCertStore::empty();
-    for cert in CertificateDer::pem_file_iter(&certs.ca).unwrap() {
+    for cert in CertificateDer::pem_file_iter(ca).unwrap() {
         roots.add(cert.unwrap()).unwrap();
     }
     let builder = rustls::ClientConfig::builder_with_provider(provider)
         .with_protocol_versions(&[&rustls::version::TLS13])
         .unwrap()
         .with_root_certificates(roots);
-    let mut tls = if with_client_cert {
-        let chain = CertificateDer::pem_file_iter(&certs.client_cert)
-            .unwrap()
-            .map(Result::unwrap)
-            .collect();
-        let key = rustls::pki_types::PrivateKeyDer::from_pem_file(&certs.client_key).unwrap();
-        builder.with_client_auth_cert(chain, key).unwrap()
-    } else {
-        builder.with_no_client_auth()
+    let mut tls = match identity {
+        Some((cert, key)) => {
+            let chain = CertificateDer::pem_file_iter(cert)
+                .unwrap()
+                .map(Result::unwrap)
+                .collect();
+            let key = rustls::pki_types::PrivateKeyDer::from_pem_file(key).unwrap();
+            builder.with_client_auth_cert(chain, key).unwrap()
+        }
+        None => builder.with_no_client_auth(),
     };
     tls.alpn_protocols = vec![floodgate::wire::ALPN.to_vec()];
     quinn::ClientConfig::new(Arc::new(
