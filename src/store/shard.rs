@@ -41,6 +41,11 @@ pub(super) enum Undo {
     Log { cost: u64 },
 }
 
+/// One table per algorithm family. A key checked under a limit of another family than before (a
+/// rules edit that switches algorithm) restarts: its bucket in the new family's table starts
+/// fresh, and the old one is left to expire like any idle bucket. Should the key come back to
+/// the old family before that, the old state is still right to read: a GCRA TAT, window counts
+/// (rebased to the limit then in force) and log times are all absolute time.
 #[derive(Debug, Default)]
 pub(super) struct Shard {
     pub(super) gcra: GcraTable,
