@@ -85,3 +85,61 @@ impl WindowState {
         rebased
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const S: u64 = 1_000_000_000;
+
+    fn state(window: u64, count: u64, previous: u64) -> WindowState {
+        WindowState {
+            window,
+            count,
+            previous,
+        }
+    }
+
+    #[test]
+    fn rebase_within_one_period_is_the_usual_roll_over() {
+        let stored = state(10, 3, 2);
+        assert_eq!(stored.rebase(S, S, 10 * S + 5), stored);
+        assert_eq!(stored.rebase(S, S, 11 * S), state(11, 0, 3));
+        assert_eq!(stored.rebase(S, S, 12 * S), state(12, 0, 0));
+        // A window ahead of now (a clock that stepped back) counts in now's window.
+        assert_eq!(stored.rebase(S, S, 9 * S), state(9, 5, 0));
+        assert_eq!(state(0, 1, 7).rebase(S, S, 0), state(0, 1, 0));
+    }
+
+    #[test]
+    fn rebase_to_another_period_moves_counts_by_absolute_time() {
+        let now = 1_700_000_000 * S + 30 * S;
+        // Per second, this second and the one before: both inside the current minute.
+        let per_second = state(now / S, 3, 2);
+        assert_eq!(
+            per_second.rebase(S, 60 * S, now),
+            state(now / (60 * S), 5, 0)
+        );
+        // Per minute, the minute before: inside neither this second nor the one before.
+        let per_minute = state(now / (60 * S) - 1, 3, 0);
+        assert_eq!(per_minute.rebase(60 * S, S, now), state(now / S, 0, 0));
+        // Per minute, this minute: counts in the current second (its admissions may be that
+        // recent), and one minute's window ending right at this second's start goes to previous.
+        let this_minute = state(now / (60 * S), 3, 4);
+        assert_eq!(this_minute.rebase(60 * S, S, now), state(now / S, 3, 0));
+        let minute_start = now / (60 * S) * 60 * S;
+        assert_eq!(
+            this_minute.rebase(60 * S, S, minute_start),
+            state(minute_start / S, 3, 4)
+        );
+    }
+
+    #[test]
+    fn rebase_saturates_on_any_stored_state() {
+        let hostile = state(u64::MAX, u64::MAX, u64::MAX);
+        let rebased = hostile.rebase(u64::MAX, S, 5 * S);
+        assert_eq!(rebased, state(5, u64::MAX, 0));
+        let merged = hostile.merge(state(0, 1, 1));
+        assert_eq!(merged, hostile);
+    }
+}
