@@ -636,3 +636,40 @@ fn a_window_received_under_another_period_is_rebased() {
         }
     }
 }
+
+/// Eviction tells a denying GCRA bucket by the margin of the limit it is checked at now, not
+/// the one it was created with: a key whose limit was tightened, and that is being denied under
+/// it, is not evicted to make room.
+#[test]
+fn a_bucket_denying_under_a_changed_limit_is_still_spared() {
+    let store = store(2, 1);
+    // Created at 1/h with a burst of 2 (one hour of margin), then idle past its TAT.
+    let roomy = Limit::gcra(1, HOUR, 2).unwrap();
+    let tight = Limit::gcra(1, 60 * NANOS_PER_SEC, 1).unwrap();
+    store.check(key("tightened"), &roomy, 1, NOW).unwrap();
+    let later = NOW + 2 * HOUR;
+    // Now 1/min: one admitted, the next denied for a minute.
+    assert!(
+        store
+            .check(key("tightened"), &tight, 1, later)
+            .unwrap()
+            .is_allowed()
+    );
+    assert!(
+        !store
+            .check(key("tightened"), &tight, 1, later)
+            .unwrap()
+            .is_allowed()
+    );
+    // The shard is full with a second, non-denying key; a third needs room.
+    let loose = Limit::gcra(10, HOUR, 10).unwrap();
+    store.check(key("loose"), &loose, 1, later).unwrap();
+    store.check(key("newcomer"), &loose, 1, later).unwrap();
+    assert!(
+        !store
+            .check(key("tightened"), &tight, 1, later)
+            .unwrap()
+            .is_allowed(),
+        "the denying key was evicted"
+    );
+}
