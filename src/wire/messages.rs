@@ -191,7 +191,7 @@ pub type Refusal = (ErrorCode, String);
 /// nothing on success but says nothing on failure (in release builds `rancor::Error` is the
 /// same: "failed without error information"); only a payload that fails is validated again with
 /// `BoxedError` to say what was wrong, so the check path stays as fast as it was.
-fn access_validated<'a, T>(payload: &'a [u8], what: &str) -> Result<&'a T, Refusal>
+pub(crate) fn access_validated<'a, T>(payload: &'a [u8], what: &str) -> Result<&'a T, Refusal>
 where
     T: rkyv::Portable
         + for<'v> rkyv::bytecheck::CheckBytes<rkyv::api::high::HighValidator<'v, rancor::Failure>>
