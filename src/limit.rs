@@ -11,6 +11,9 @@ pub const MIN_PERIOD_NS: u64 = 1_000_000;
 pub const MAX_PERIOD_NS: u64 = 366 * 24 * 3600 * NANOS_PER_SEC;
 /// Largest burst (and window limit) accepted; a bigger number is almost surely a typo.
 pub const MAX_BURST: u64 = 1_000_000_000;
+/// Longest time a GCRA bucket may take to refill from empty (`burst * interval`): a quarter of
+/// the `u64` range, so adding a capacity to any `now` or to another capacity cannot overflow.
+pub const MAX_CAPACITY_NS: u64 = u64::MAX / 4;
 /// The sliding-window log stores one timestamp per admitted unit of cost, so its limit is capped
 /// to keep a key's memory bounded: at most 1,000 entries of 8 bytes.
 pub const SLIDING_LOG_MAX_LIMIT: u64 = 1_000;
@@ -147,7 +150,7 @@ impl Limit {
         // interval <= MAX_PERIOD (3.2e16) and burst <= 1e9 could overflow, so check it here.
         if burst
             .checked_mul(interval_ns)
-            .is_none_or(|t| t > u64::MAX / 4)
+            .is_none_or(|t| t > MAX_CAPACITY_NS)
         {
             return Err(LimitError::BurstTooHigh { burst });
         }

@@ -482,3 +482,194 @@ fn implausible_received_state_and_lowered_limits_only_deny() {
             .is_allowed()
     );
 }
+
+/// A received GCRA TAT at the far end of time, whatever margin it claims, cannot lock a key:
+/// the merge bounds it, and the key's next check clamps it to that key's own capacity, waits at
+/// most one capacity and passes after it. Nothing overflows.
+#[test]
+fn a_hostile_gcra_tat_is_clamped_to_what_the_limit_allows() {
+    use floodgate::{BucketState, BucketValue};
+
+    let limit = Limit::gcra(3, NANOS_PER_SEC, 3).unwrap();
+    for margin_ms in [0, 1_000, u32::MAX] {
+        let store = store(1 << 10, 4);
+        let hostile = BucketState {
+            key: key("g"),
+            value: BucketValue::Gcra {
+                tat_ns: u64::MAX,
+                margin_ms,
+            },
+        };
+        assert_eq!(store.merge(std::slice::from_ref(&hostile), NOW), 0);
+        // What the merge kept is bounded (exported as it is stored).
+        let mut kept = Vec::new();
+        store.export(NOW, &|_| true, &mut kept);
+        let BucketValue::Gcra { tat_ns, .. } = kept[0].value else {
+            panic!("{kept:?}")
+        };
+        assert!(tat_ns <= NOW + u64::MAX / 4, "margin {margin_ms}: {tat_ns}");
+        let decision = store.check(key("g"), &limit, 1, NOW).unwrap();
+        let wait = decision.retry_after_ns().unwrap();
+        assert!(!decision.is_allowed());
+        assert!(
+            wait <= limit.capacity_ns(),
+            "margin {margin_ms}: {decision:?}"
+        );
+        assert!(decision.reset_after_ns() <= limit.capacity_ns());
+        assert!(
+            store
+                .check(key("g"), &limit, 1, NOW + wait)
+                .unwrap()
+                .is_allowed()
+        );
+    }
+    // An honest margin bounds the merge itself: at most the margin plus the longest period.
+    let store = store(1 << 10, 4);
+    let hostile = BucketState {
+        key: key("h"),
+        value: BucketValue::Gcra {
+            tat_ns: u64::MAX,
+            margin_ms: 5,
+        },
+    };
+    store.merge(std::slice::from_ref(&hostile), NOW);
+    let mut kept = Vec::new();
+    store.export(NOW, &|_| true, &mut kept);
+    assert_eq!(
+        kept[0].value,
+        BucketValue::Gcra {
+            tat_ns: NOW + 6_000_000 + floodgate::MAX_PERIOD_NS,
+            margin_ms: 5
+        }
+    );
+}
+
+/// Keys whose hash has a zero low half (the GCRA table's empty-slot marker) are still kept,
+/// found, told apart, replicated and forgotten like any other: received ones too.
+#[test]
+fn keys_with_a_zero_low_hash_are_kept_like_any_other() {
+    use floodgate::{BucketState, BucketValue};
+
+    let store = store(1 << 10, 1);
+    let limit = Limit::gcra(1, HOUR, 1).unwrap();
+    let zero_low = |check: u32| BucketKey::from_u128(u128::from(check) << 64);
+    let received: Vec<BucketState> = (0..40)
+        .map(|check| BucketState {
+            key: zero_low(check),
+            value: BucketValue::Gcra {
+                tat_ns: NOW + HOUR,
+                margin_ms: 0,
+            },
+        })
+        .collect();
+    assert_eq!(store.merge(&received, NOW), 0);
+    assert_eq!(store.len(), 40);
+    for check in 0..40 {
+        assert!(
+            !store
+                .check(zero_low(check), &limit, 1, NOW)
+                .unwrap()
+                .is_allowed(),
+            "key {check} lost"
+        );
+    }
+    // Local checks of such keys consume their own buckets.
+    for check in 100..120 {
+        assert!(
+            store
+                .check(zero_low(check), &limit, 1, NOW)
+                .unwrap()
+                .is_allowed()
+        );
+        assert!(
+            !store
+                .check(zero_low(check), &limit, 1, NOW)
+                .unwrap()
+                .is_allowed()
+        );
+    }
+    let mut exported = Vec::new();
+    store.export(NOW, &|_| true, &mut exported);
+    assert_eq!(exported.len(), 60);
+    assert_eq!(store.sweep_expired(NOW + 2 * HOUR, 1), 60);
+    assert!(store.is_empty());
+}
+
+/// A window received under another period than the one the key is checked at (a peer with
+/// other rules) is rebased by absolute time, not read as a window index of the local period:
+/// the admissions count and no wait exceeds the local period.
+#[test]
+fn a_window_received_under_another_period_is_rebased() {
+    use floodgate::algorithm::WindowState;
+    use floodgate::{BucketState, BucketValue};
+
+    let now = 1_700_000_000 * NANOS_PER_SEC;
+    for algorithm in [Algorithm::FixedWindow, Algorithm::SlidingWindow] {
+        let per_second = Limit::window(algorithm, 3, NANOS_PER_SEC).unwrap();
+        let per_minute = Limit::window(algorithm, 3, 60 * NANOS_PER_SEC).unwrap();
+        let received = BucketState {
+            key: key("w"),
+            value: BucketValue::Window {
+                limit: per_second,
+                state: WindowState {
+                    window: now / NANOS_PER_SEC,
+                    count: 3,
+                    previous: 0,
+                },
+            },
+        };
+        // Into a store that has no bucket for the key, and into one that counts it per minute.
+        let (empty, counting) = (store(1 << 10, 4), store(1 << 10, 4));
+        counting.check(key("w"), &per_minute, 1, now).unwrap();
+        for store in [&empty, &counting] {
+            store.merge(std::slice::from_ref(&received), now);
+            let decision = store.check(key("w"), &per_minute, 1, now).unwrap();
+            assert!(!decision.is_allowed(), "{algorithm}: {decision:?}");
+            let wait = decision.retry_after_ns().unwrap();
+            assert!(wait <= 2 * 60 * NANOS_PER_SEC, "{algorithm}: {decision:?}");
+            assert!(
+                store
+                    .check(key("w"), &per_minute, 1, now + wait)
+                    .unwrap()
+                    .is_allowed()
+            );
+        }
+    }
+}
+
+/// Eviction tells a denying GCRA bucket by the margin of the limit it is checked at now, not
+/// the one it was created with: a key whose limit was tightened, and that is being denied under
+/// it, is not evicted to make room.
+#[test]
+fn a_bucket_denying_under_a_changed_limit_is_still_spared() {
+    let store = store(2, 1);
+    // Created at 1/h with a burst of 2 (one hour of margin), then idle past its TAT.
+    let roomy = Limit::gcra(1, HOUR, 2).unwrap();
+    let tight = Limit::gcra(1, 60 * NANOS_PER_SEC, 1).unwrap();
+    store.check(key("tightened"), &roomy, 1, NOW).unwrap();
+    let later = NOW + 2 * HOUR;
+    // Now 1/min: one admitted, the next denied for a minute.
+    assert!(
+        store
+            .check(key("tightened"), &tight, 1, later)
+            .unwrap()
+            .is_allowed()
+    );
+    assert!(
+        !store
+            .check(key("tightened"), &tight, 1, later)
+            .unwrap()
+            .is_allowed()
+    );
+    // The shard is full with a second, non-denying key; a third needs room.
+    let loose = Limit::gcra(10, HOUR, 10).unwrap();
+    store.check(key("loose"), &loose, 1, later).unwrap();
+    store.check(key("newcomer"), &loose, 1, later).unwrap();
+    assert!(
+        !store
+            .check(key("tightened"), &tight, 1, later)
+            .unwrap()
+            .is_allowed(),
+        "the denying key was evicted"
+    );
+}

@@ -175,6 +175,33 @@ fn payload_errors_carry_their_codes() {
     );
 }
 
+/// A payload that is not a valid archive is refused in words a person can act on: what was
+/// expected, that validation failed and why, not rancor's "failed without error information;
+/// enable debug assertions ..." (what release builds said before).
+#[test]
+fn malformed_payloads_are_refused_with_a_readable_message() {
+    let encode = |b: &CheckBatch| rkyv::to_bytes::<rkyv::rancor::Error>(b).unwrap();
+    let mut truncated = encode(&batch(&["a", "b"])).to_vec();
+    truncated.truncate(truncated.len() - 4);
+    let payloads: [&[u8]; 3] = [b"\x01\x02\x03 definitely not rkyv", &truncated, b""];
+    for payload in payloads {
+        let (code, message) = decode_check_batch(payload, &WireLimits::default()).unwrap_err();
+        assert_eq!(code, ErrorCode::MalformedPayload);
+        assert!(
+            message.contains("not a valid check batch (rkyv validation failed"),
+            "{message}"
+        );
+        assert!(!message.contains("enable debug assertions"), "{message}");
+        assert!(!message.contains("without error information"), "{message}");
+        // Nothing about this process's memory goes back to the sender.
+        assert!(!message.contains("0x"), "{message}");
+        let (code, message) = decode_decision_batch(payload).unwrap_err();
+        assert_eq!(code, ErrorCode::MalformedPayload);
+        assert!(message.contains("not a valid decision batch"), "{message}");
+        assert!(!message.contains("enable debug assertions"), "{message}");
+    }
+}
+
 #[test]
 fn every_error_code_round_trips_through_its_number() {
     for code in ErrorCode::ALL {

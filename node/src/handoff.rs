@@ -6,7 +6,7 @@
 //! switched tables counts; one for a slot this node has since given away does not (the slot's
 //! state moved on after it). Pure bookkeeping: the node calls it under a lock.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use floodgate::wire::HandoffPart;
 
@@ -27,7 +27,11 @@ pub(crate) struct Handoffs {
 
 #[derive(Debug, Default)]
 struct Partial {
-    parts_seen: u32,
+    /// How many parts the hand-off has, as its first part said.
+    parts: u32,
+    /// The part numbers received: a part sent twice (a retry, or a hostile peer) counts once.
+    /// At most `parts` entries, itself bounded on the wire (`MAX_HANDOFF_PARTS`).
+    seen: HashSet<u32>,
     slots: Vec<u16>,
     first_ns: u64,
 }
@@ -60,14 +64,20 @@ impl Handoffs {
                 return false;
             }
             let partial = self.partial.entry(key.clone()).or_insert(Partial {
+                parts: part.parts,
                 first_ns: now_ns,
                 ..Partial::default()
             });
-            partial.parts_seen += 1;
+            // A part that disagrees with the first on the count, or numbered past it, is not
+            // part of this hand-off: it completes nothing.
+            if part.parts != partial.parts || part.part >= partial.parts {
+                return false;
+            }
+            partial.seen.insert(part.part);
             if partial.slots.is_empty() {
                 partial.slots = part.slots.clone();
             }
-            if partial.parts_seen < part.parts {
+            if (partial.seen.len() as u64) < u64::from(partial.parts) {
                 return false;
             }
             self.partial
@@ -137,6 +147,24 @@ mod tests {
         assert!(h.deadline([7u16].into_iter(), 2).is_some());
         assert!(h.received("x", &part(3, 0, 2, &[7, 8]), 3));
         assert!(h.deadline([7u16].into_iter(), 3).is_none());
+        assert!(h.is_empty());
+    }
+
+    #[test]
+    fn a_part_sent_twice_counts_once() {
+        let mut h = Handoffs::default();
+        h.expect(7, "x", 0, WAIT);
+        assert!(!h.received("x", &part(1, 0, 3, &[7]), 1));
+        // Part 0 again, twice: still two parts missing.
+        assert!(!h.received("x", &part(1, 0, 3, &[7]), 2));
+        assert!(!h.received("x", &part(1, 0, 3, &[7]), 3));
+        assert!(h.deadline([7u16].into_iter(), 3).is_some());
+        // Parts that do not belong (another count, a number past the count) complete nothing.
+        assert!(!h.received("x", &part(1, 1, 2, &[7]), 4));
+        assert!(!h.received("x", &part(1, 5, 3, &[7]), 4));
+        assert!(!h.received("x", &part(1, 2, 3, &[7]), 5));
+        assert!(h.deadline([7u16].into_iter(), 5).is_some());
+        assert!(h.received("x", &part(1, 1, 3, &[7]), 6));
         assert!(h.is_empty());
     }
 

@@ -7,8 +7,15 @@
 
 use crate::{Decision, Limit};
 
-/// Decides `cost` against a bucket whose TAT is `tat_ns`. Returns the decision and, when it
-/// consumed something, the new TAT to store (`None` for denials and peeks).
+/// Decides `cost` against a bucket whose TAT is `tat_ns`. Returns the decision and the new TAT
+/// to store: when it consumed something, or when the TAT had to be brought back within this
+/// limit's capacity (see below); `None` otherwise (plain denials and peeks).
+///
+/// A TAT is absolute time, so debt carries over a change of limit (a rules edit, or a client
+/// sending another limit for the same key) as it should. But a TAT further ahead than this
+/// limit's capacity (left by a larger limit, or received from a peer) is read as an empty
+/// bucket, `now + capacity`, and stored so: no wait ever exceeds what this limit allows (one
+/// capacity, `burst * interval`), and waiting `retry_after` passes exactly.
 #[inline]
 pub fn decide(limit: &Limit, tat_ns: u64, now_ns: u64, cost: u64) -> (Decision, Option<u64>) {
     let burst = limit.burst();
@@ -17,17 +24,18 @@ pub fn decide(limit: &Limit, tat_ns: u64, now_ns: u64, cost: u64) -> (Decision, 
     }
     let interval = limit.interval_ns();
     let capacity = limit.capacity_ns();
-    // A TAT left by a larger limit (before a rule change) can exceed this capacity; the sums
-    // below still cannot overflow because every capacity is at most u64::MAX / 4.
     let debt = tat_ns.saturating_sub(now_ns);
+    let clamped = debt > capacity;
+    let debt = debt.min(capacity);
+    // Cannot overflow: cost <= burst, so both terms are at most capacity <= u64::MAX / 4.
     let new_debt = debt + cost * interval;
     if new_debt <= capacity {
         let decision = Decision::Allowed {
             remaining: (capacity - new_debt) / interval,
             reset_after_ns: new_debt,
         };
-        let new_tat = (cost > 0).then(|| now_ns + new_debt);
-        debug_assert!(new_tat.is_none_or(|t| t > now_ns && t - now_ns <= capacity));
+        let new_tat = (cost > 0 || clamped).then(|| now_ns.saturating_add(new_debt));
+        debug_assert!(new_tat.is_none_or(|t| t - now_ns <= capacity));
         (decision, new_tat)
     } else {
         // Debt falls by one nanosecond per nanosecond; cost <= burst guarantees the wait is at
@@ -35,11 +43,11 @@ pub fn decide(limit: &Limit, tat_ns: u64, now_ns: u64, cost: u64) -> (Decision, 
         let retry_after_ns = new_debt - capacity;
         debug_assert!(retry_after_ns <= debt);
         let decision = Decision::Denied {
-            remaining: capacity.saturating_sub(debt) / interval,
+            remaining: (capacity - debt) / interval,
             retry_after_ns,
             reset_after_ns: debt,
         };
-        (decision, None)
+        (decision, clamped.then(|| now_ns.saturating_add(debt)))
     }
 }
 
@@ -114,5 +122,30 @@ mod tests {
         assert_eq!(wait, 3 * S / 10);
         assert!(!decide(&l, tat.unwrap(), S + wait - 1, 5).0.is_allowed());
         assert!(decide(&l, tat.unwrap(), S + wait, 5).0.is_allowed());
+    }
+
+    /// Debt left by a larger limit (`3/min` before `3/s`) carries over but is clamped to the new
+    /// capacity, and the clamp is stored so the wait it reports is exact.
+    #[test]
+    fn debt_from_a_larger_limit_is_clamped_to_the_new_capacity() {
+        let per_minute = Limit::gcra(3, 60 * S, 3).unwrap();
+        let per_second = limit(3, 3);
+        let mut tat = 0;
+        for _ in 0..3 {
+            tat = decide(&per_minute, tat, S, 1).1.unwrap();
+        }
+        assert_eq!(tat, S + 60 * S);
+        let (d, stored) = decide(&per_second, tat, S, 1);
+        let wait = d.retry_after_ns().unwrap();
+        assert!(!d.is_allowed());
+        assert!(wait <= per_second.capacity_ns(), "{d:?}");
+        assert!(d.reset_after_ns() <= per_second.capacity_ns(), "{d:?}");
+        let stored = stored.expect("the clamp is stored");
+        assert!(!decide(&per_second, stored, S + wait - 1, 1).0.is_allowed());
+        assert!(decide(&per_second, stored, S + wait, 1).0.is_allowed());
+        // A TAT at the far end of time (a hostile peer) is clamped just the same.
+        let (d, stored) = decide(&per_second, u64::MAX, S, 3);
+        assert_eq!(d.retry_after_ns(), Some(per_second.capacity_ns()));
+        assert_eq!(stored, Some(S + per_second.capacity_ns()));
     }
 }

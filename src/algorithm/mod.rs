@@ -20,27 +20,126 @@ pub struct WindowState {
 }
 
 impl WindowState {
-    /// Combines two copies of one bucket (a replica and the owner's state): per window, the
-    /// larger count, so merging never loosens the limit.
+    /// Combines two copies of one bucket (a replica and the owner's state), both counted in
+    /// windows of the same period: per window, the larger count, so merging never loosens the
+    /// limit.
     pub fn merge(self, other: WindowState) -> WindowState {
         let (older, newer) = if self.window <= other.window {
             (self, other)
         } else {
             (other, self)
         };
-        if older.window == newer.window {
-            WindowState {
+        // `older.window <= newer.window`, so the difference cannot underflow.
+        match newer.window - older.window {
+            0 => WindowState {
                 window: newer.window,
                 count: older.count.max(newer.count),
                 previous: older.previous.max(newer.previous),
-            }
-        } else if older.window + 1 == newer.window {
-            WindowState {
+            },
+            1 => WindowState {
                 previous: newer.previous.max(older.count),
                 ..newer
-            }
-        } else {
-            newer
+            },
+            _ => newer,
         }
+    }
+
+    /// This state, counted in windows of `stored_period`, as the current and previous windows
+    /// at `now_ns` in windows of `period`.
+    ///
+    /// Window indices count periods from the time origin, so an index read under another period
+    /// names another span of time (a key used at `3/s` then checked at `3/min` would otherwise
+    /// look like a window far in the future). Each stored count is moved, by absolute time, to
+    /// the newest window now that its old window overlaps: the current one (also when the old
+    /// window lies ahead of `now`), else the previous one; a count whose window overlaps
+    /// neither is dropped, as it can no longer weigh in. So no admission that may still lie in
+    /// the trailing period is forgotten, and the result always has `window == now / period`,
+    /// which bounds every wait computed from it by the new period. With equal periods this is
+    /// the usual roll-over. Saturating throughout: stored or received state cannot overflow it.
+    pub fn rebase(self, stored_period: u64, period: u64, now_ns: u64) -> WindowState {
+        let window = now_ns / period;
+        // window * period <= now_ns: no overflow.
+        let current_start = window * period;
+        let previous_start = current_start.checked_sub(period);
+        let mut rebased = WindowState {
+            window,
+            count: 0,
+            previous: 0,
+        };
+        let stored = [
+            (Some(self.window), self.count),
+            (self.window.checked_sub(1), self.previous),
+        ];
+        for (index, count) in stored {
+            let Some(index) = index else { continue };
+            if count == 0 {
+                continue;
+            }
+            let end = index.saturating_add(1).saturating_mul(stored_period.max(1));
+            if end > current_start {
+                rebased.count = rebased.count.saturating_add(count);
+            } else if previous_start.is_some_and(|start| end > start) {
+                rebased.previous = rebased.previous.saturating_add(count);
+            }
+        }
+        rebased
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const S: u64 = 1_000_000_000;
+
+    fn state(window: u64, count: u64, previous: u64) -> WindowState {
+        WindowState {
+            window,
+            count,
+            previous,
+        }
+    }
+
+    #[test]
+    fn rebase_within_one_period_is_the_usual_roll_over() {
+        let stored = state(10, 3, 2);
+        assert_eq!(stored.rebase(S, S, 10 * S + 5), stored);
+        assert_eq!(stored.rebase(S, S, 11 * S), state(11, 0, 3));
+        assert_eq!(stored.rebase(S, S, 12 * S), state(12, 0, 0));
+        // A window ahead of now (a clock that stepped back) counts in now's window.
+        assert_eq!(stored.rebase(S, S, 9 * S), state(9, 5, 0));
+        assert_eq!(state(0, 1, 7).rebase(S, S, 0), state(0, 1, 0));
+    }
+
+    #[test]
+    fn rebase_to_another_period_moves_counts_by_absolute_time() {
+        let now = 1_700_000_000 * S + 30 * S;
+        // Per second, this second and the one before: both inside the current minute.
+        let per_second = state(now / S, 3, 2);
+        assert_eq!(
+            per_second.rebase(S, 60 * S, now),
+            state(now / (60 * S), 5, 0)
+        );
+        // Per minute, the minute before: inside neither this second nor the one before.
+        let per_minute = state(now / (60 * S) - 1, 3, 0);
+        assert_eq!(per_minute.rebase(60 * S, S, now), state(now / S, 0, 0));
+        // Per minute, this minute: counts in the current second (its admissions may be that
+        // recent), and one minute's window ending right at this second's start goes to previous.
+        let this_minute = state(now / (60 * S), 3, 4);
+        assert_eq!(this_minute.rebase(60 * S, S, now), state(now / S, 3, 0));
+        let minute_start = now / (60 * S) * 60 * S;
+        assert_eq!(
+            this_minute.rebase(60 * S, S, minute_start),
+            state(minute_start / S, 3, 4)
+        );
+    }
+
+    #[test]
+    fn rebase_saturates_on_any_stored_state() {
+        let hostile = state(u64::MAX, u64::MAX, u64::MAX);
+        let rebased = hostile.rebase(u64::MAX, S, 5 * S);
+        assert_eq!(rebased, state(5, u64::MAX, 0));
+        let merged = hostile.merge(state(0, 1, 1));
+        assert_eq!(merged, hostile);
     }
 }

@@ -24,7 +24,9 @@ impl SlidingLog {
         }
         let period = limit.period_ns();
         self.forget_expired(limit, now_ns);
-        // Entries within the period number at most `cap`, so this cannot underflow below.
+        // Times are absolute, so a log kept under another limit reads right under this one:
+        // only its entries within this period count. There can be more than `cap` of them
+        // after the limit was lowered; that only denies.
         let used = self.times_ns.len() as u64;
         if used + cost <= cap {
             self.times_ns
@@ -36,7 +38,7 @@ impl SlidingLog {
         } else {
             // The oldest `used + cost - cap` units must leave the window first.
             let must_leave = (used + cost - cap) as usize;
-            let leaves_at = self.times_ns[must_leave - 1] + period;
+            let leaves_at = self.times_ns[must_leave - 1].saturating_add(period);
             Decision::Denied {
                 remaining: cap.saturating_sub(used),
                 retry_after_ns: leaves_at.saturating_sub(now_ns),
@@ -63,7 +65,7 @@ impl SlidingLog {
     pub fn is_expired(&self, limit: &Limit, now_ns: u64) -> bool {
         self.times_ns
             .back()
-            .is_none_or(|&t| t + limit.period_ns() <= now_ns)
+            .is_none_or(|&t| t.saturating_add(limit.period_ns()) <= now_ns)
     }
 
     /// A log holding these admission times (replicated from a peer); at most `limit`'s burst
@@ -106,6 +108,6 @@ impl SlidingLog {
     fn reset_after(&self, period: u64, now_ns: u64) -> u64 {
         self.times_ns
             .back()
-            .map_or(0, |&t| (t + period).saturating_sub(now_ns))
+            .map_or(0, |&t| t.saturating_add(period).saturating_sub(now_ns))
     }
 }

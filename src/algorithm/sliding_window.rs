@@ -19,29 +19,26 @@ pub fn decide(
         return (Decision::CostExceedsBurst { burst: cap }, None);
     }
     let period = limit.period_ns();
-    // A stored window ahead of `now` (a clock that stepped back): decide as at its start.
-    let now = now_ns.max(state.window * period);
-    let skew = now - now_ns;
-    let window = now / period;
-    let start = window * period;
-    let (previous, current) = match window - state.window {
-        0 => (state.previous, state.count),
-        1 => (state.count, 0),
-        _ => (0, 0),
-    };
-    let used = weighted(previous, now - start, period) + current;
-    if used + cost <= cap {
-        let new_current = current + cost;
-        let reset_at = if new_current > 0 {
-            start + 2 * period
+    // Normalised to now's window; a stored window ahead of `now` (state rebased from another
+    // period, or a clock that stepped back) counts as now's: conservative, and no wait exceeds
+    // two periods (the current window's count weighs until the end of the next one).
+    let rebased = state.rebase(period, period, now_ns);
+    let (window, previous, current) = (rebased.window, rebased.previous, rebased.count);
+    // window * period <= now_ns < (window + 1) * period.
+    let elapsed = now_ns - window * period;
+    let used = weighted(previous, elapsed, period).saturating_add(current);
+    if used.saturating_add(cost) <= cap {
+        let new_current = current + cost; // <= used + cost <= cap
+        let reset_after_ns = if new_current > 0 {
+            2 * period - elapsed
         } else if previous > 0 {
-            start + period
+            period - elapsed
         } else {
-            now
+            0
         };
         let decision = Decision::Allowed {
             remaining: cap - used - cost,
-            reset_after_ns: reset_at - now + skew,
+            reset_after_ns,
         };
         let new = (cost > 0).then_some(WindowState {
             window,
@@ -50,22 +47,20 @@ pub fn decide(
         });
         (decision, new)
     } else {
-        let retry_at = if current + cost <= cap {
+        // Offsets from the window's start, each at most two periods (cannot overflow: periods
+        // are bounded far below u64::MAX / 4).
+        let retry_offset = if current.saturating_add(cost) <= cap {
             // Still in this window: wait until the previous window's weight has fallen enough.
-            start + first_offset_at_most(previous, cap - current - cost, period)
+            first_offset_at_most(previous, cap - current - cost, period)
         } else {
             // Only the next window can help: the current count becomes the weighted part.
-            start + period + first_offset_at_most(current, cap - cost, period)
+            period + first_offset_at_most(current, cap - cost, period)
         };
-        let reset_at = if current > 0 {
-            start + 2 * period
-        } else {
-            start + period
-        };
+        let reset_offset = if current > 0 { 2 * period } else { period };
         let decision = Decision::Denied {
             remaining: cap.saturating_sub(used),
-            retry_after_ns: retry_at - now + skew,
-            reset_after_ns: reset_at - now + skew,
+            retry_after_ns: retry_offset - elapsed,
+            reset_after_ns: reset_offset - elapsed,
         };
         (decision, None)
     }
@@ -92,7 +87,7 @@ fn first_offset_at_most(count: u64, target: u64, period: u64) -> u64 {
 
 /// True once neither the stored window nor the one before it can weigh anything.
 pub fn is_expired(limit: &Limit, state: &WindowState, now_ns: u64) -> bool {
-    now_ns / limit.period_ns() >= state.window + 2
+    now_ns / limit.period_ns() >= state.window.saturating_add(2)
 }
 
 #[cfg(test)]

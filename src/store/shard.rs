@@ -6,10 +6,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use hashbrown::HashTable;
 use parking_lot::Mutex;
 
-use super::table::{GcraEntry, GcraTable};
+use super::table::{GcraEntry, GcraTable, MAX_MARGIN_MS, margin_ms_of};
 use super::{StoreError, StoreStats};
 use crate::algorithm::{SlidingLog, WindowState, fixed_window, gcra, sliding_window};
-use crate::{Algorithm, BucketKey, Decision, Limit};
+use crate::limit::MAX_CAPACITY_NS;
+use crate::{Algorithm, BucketKey, Decision, Limit, MAX_PERIOD_NS};
 
 /// A fixed- or sliding-window bucket. The small mutex is uncontended except on one hot key.
 #[derive(Debug)]
@@ -40,6 +41,11 @@ pub(super) enum Undo {
     Log { cost: u64 },
 }
 
+/// One table per algorithm family. A key checked under a limit of another family than before (a
+/// rules edit that switches algorithm) restarts: its bucket in the new family's table starts
+/// fresh, and the old one is left to expire like any idle bucket. Should the key come back to
+/// the old family before that, the old state is still right to read: a GCRA TAT, window counts
+/// (rebased to the limit then in force) and log times are all absolute time.
 #[derive(Debug, Default)]
 pub(super) struct Shard {
     pub(super) gcra: GcraTable,
@@ -81,7 +87,9 @@ impl Shard {
                         });
                 match stored {
                     Ok(tat_ns) => {
-                        entry.mark_dirty();
+                        // Consumed (or clamped): also keeps the eviction margin that of the
+                        // limit in force, should it have changed.
+                        entry.mark_changed(margin_ms(limit));
                         Some((decision, Undo::Gcra { tat_ns }))
                     }
                     Err(_) => Some((decision, Undo::Nothing)),
@@ -90,6 +98,9 @@ impl Shard {
             Algorithm::FixedWindow | Algorithm::SlidingWindow => {
                 let entry = self.windows.find(key.hash, same(key))?;
                 let mut slot = entry.slot.lock();
+                if adopt_limit(&mut slot, limit, now_ns) {
+                    entry.dirty.store(true, Ordering::Relaxed);
+                }
                 let (decision, new_state) = decide_window(limit, &slot.1, now_ns, cost);
                 let undo = match new_state {
                     Some(new_state) => {
@@ -100,7 +111,6 @@ impl Shard {
                     }
                     None => Undo::Nothing,
                 };
-                slot.0 = *limit;
                 Some((decision, undo))
             }
             Algorithm::SlidingLog => {
@@ -213,6 +223,7 @@ impl Shard {
                     return;
                 };
                 let mut slot = entry.slot.lock();
+                adopt_limit(&mut slot, limit, now_ns);
                 if slot.1.window == now_ns / limit.period_ns() {
                     slot.1.count = slot.1.count.saturating_sub(cost);
                     entry.dirty.store(true, Ordering::Relaxed);
@@ -294,26 +305,33 @@ impl Shard {
         let key = state.key;
         match &state.value {
             BucketValue::Gcra { tat_ns, margin_ms } => {
-                if *tat_ns <= now_ns {
+                let margin_ms = (*margin_ms).min(MAX_MARGIN_MS);
+                let tat_ns = plausible_tat(*tat_ns, margin_ms, now_ns);
+                if tat_ns <= now_ns {
                     return true;
                 }
                 if let Some(entry) = self.gcra.find(key) {
-                    entry.tat_ns.fetch_max(*tat_ns, Ordering::Relaxed);
+                    entry.tat_ns.fetch_max(tat_ns, Ordering::Relaxed);
                     return true;
                 }
                 if self.len() >= max_len && self.make_room(now_ns, stats).is_err() {
                     return false;
                 }
-                let entry = GcraEntry::new(key, u64::from(*margin_ms) * 1_000_000, *tat_ns);
+                let entry = GcraEntry::new(key, u64::from(margin_ms) * 1_000_000, tat_ns);
                 // Received state is not ours to replicate onward until it changes here.
                 entry.take_dirty();
                 self.gcra.insert(entry);
             }
             BucketValue::Window { limit, state } => {
+                let received = plausible_window(limit, state, now_ns);
                 if let Some(entry) = self.windows.find(key.hash, same(key)) {
                     let mut slot = entry.slot.lock();
-                    let received = plausible_window(&slot.0, state, now_ns);
-                    slot.1 = slot.1.merge(received);
+                    // Both copies counted in windows of the local limit's period before they
+                    // are compared window by window.
+                    let local_period = slot.0.period_ns();
+                    let received = received.rebase(limit.period_ns(), local_period, now_ns);
+                    let local = slot.1.rebase(local_period, local_period, now_ns);
+                    slot.1 = local.merge(received);
                     return true;
                 }
                 if self.len() >= max_len && self.make_room(now_ns, stats).is_err() {
@@ -322,7 +340,7 @@ impl Shard {
                 let entry = WindowEntry {
                     hash: key.hash,
                     check: key.check,
-                    slot: Mutex::new((*limit, plausible_window(limit, state, now_ns))),
+                    slot: Mutex::new((*limit, received)),
                     dirty: AtomicBool::new(false),
                 };
                 self.windows.insert_unique(key.hash, entry, |e| e.hash);
@@ -443,9 +461,9 @@ pub enum BucketValue {
     Log { limit: Limit, times_ns: Vec<u64> },
 }
 
-/// A received window state made safe to decide with under `limit`: no window after `now`'s
-/// and no count above the limit (a peer with other rules, or a hostile one, cannot make the
-/// arithmetic overflow; a count clamped to the limit only denies).
+/// A received window state made safe to decide with under `limit` (the limit it was sent
+/// with): no window after `now`'s and no count above the limit (a peer with other rules, or a
+/// hostile one, cannot make the arithmetic overflow; a count clamped to the limit only denies).
 fn plausible_window(limit: &Limit, state: &WindowState, now_ns: u64) -> WindowState {
     let cap = limit.burst();
     WindowState {
@@ -453,6 +471,35 @@ fn plausible_window(limit: &Limit, state: &WindowState, now_ns: u64) -> WindowSt
         count: state.count.min(cap),
         previous: state.previous.min(cap),
     }
+}
+
+/// A received GCRA TAT bounded by what any limit with the claimed eviction margin allows. The
+/// store keeps no limit with a GCRA bucket, so this is the tightest bound available here:
+/// `margin = (burst - 1) * interval` rounded down to whole ms and `interval <= period <=
+/// MAX_PERIOD_NS`, so a genuine TAT is less than `now + margin + 1 ms + MAX_PERIOD_NS` ahead (a
+/// margin that saturated its field bounds nothing: then only the largest capacity a limit can
+/// have). The next check clamps it further, to that key's own capacity (`gcra::decide`).
+fn plausible_tat(tat_ns: u64, margin_ms: u32, now_ns: u64) -> u64 {
+    let most_ahead = if margin_ms < MAX_MARGIN_MS {
+        (u64::from(margin_ms) + 1) * 1_000_000 + MAX_PERIOD_NS
+    } else {
+        MAX_CAPACITY_NS
+    };
+    tat_ns.min(now_ns.saturating_add(most_ahead))
+}
+
+/// Brings a window bucket to the limit of this check, when it differs from the one the bucket
+/// was counted under (a rules edit, or a client sending another limit for the same key): the
+/// counts are rebased to windows of the new period by absolute time (see
+/// [`WindowState::rebase`]), never read as indices of another period. Fixed and sliding windows
+/// share their counts (a count per window means the same in both). True when it changed.
+fn adopt_limit(slot: &mut (Limit, WindowState), limit: &Limit, now_ns: u64) -> bool {
+    if slot.0 == *limit {
+        return false;
+    }
+    slot.1 = slot.1.rebase(slot.0.period_ns(), limit.period_ns(), now_ns);
+    slot.0 = *limit;
+    true
 }
 
 /// A GCRA bucket's state, if it is still in use at `now`.
@@ -504,6 +551,11 @@ impl BucketKey {
 
 fn margin_ns(limit: &Limit) -> u64 {
     (limit.burst() - 1) * limit.interval_ns()
+}
+
+#[inline]
+fn margin_ms(limit: &Limit) -> u32 {
+    margin_ms_of(margin_ns(limit))
 }
 
 /// True when a window bucket is full again (expiry, not a decision).

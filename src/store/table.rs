@@ -5,7 +5,9 @@
 //! `hash & mask`, so a lookup touches the slot's cache line and rarely the next; a general-purpose
 //! map would first read a control byte elsewhere (a second miss on a cold key). Load stays at
 //! most 3/4, so every probe ends at an empty slot; removal shifts the following run back
-//! (no tombstones). A slot with `hash == 0` is empty: `BucketKey` never has a zero hash.
+//! (no tombstones). A slot with `hash == 0` is empty: `BucketKey` never has a zero hash (it is
+//! mapped away when the key is built, whatever the digest, so a received key cannot hide in an
+//! empty slot).
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
@@ -28,12 +30,20 @@ pub(super) struct GcraEntry {
 
 /// `meta` bit marking a bucket changed since it was last replicated.
 const DIRTY: u32 = 1 << 31;
+/// Largest margin `meta` holds (about 24.8 days); larger margins saturate to it.
+pub(super) const MAX_MARGIN_MS: u32 = !DIRTY;
+
+/// A margin in nanoseconds as `meta` holds it: whole ms, rounded down, saturated.
+#[inline]
+pub(super) fn margin_ms_of(margin_ns: u64) -> u32 {
+    u32::try_from(margin_ns / 1_000_000)
+        .unwrap_or(u32::MAX)
+        .min(MAX_MARGIN_MS)
+}
 
 impl GcraEntry {
     pub(super) fn new(key: BucketKey, margin_ns: u64, tat_ns: u64) -> Self {
-        let margin_ms = u32::try_from(margin_ns / 1_000_000)
-            .unwrap_or(u32::MAX)
-            .min(!DIRTY);
+        let margin_ms = margin_ms_of(margin_ns);
         GcraEntry {
             hash: key.hash,
             check: key.check,
@@ -51,6 +61,17 @@ impl GcraEntry {
     pub(super) fn mark_dirty(&self) {
         if self.meta.load(Ordering::Relaxed) & DIRTY == 0 {
             self.meta.fetch_or(DIRTY, Ordering::Relaxed);
+        }
+    }
+
+    /// Marks the bucket changed and sets its margin (that of the limit now in force, which may
+    /// differ from the one it was created with). One load and, only when something differs,
+    /// one store: a hot bucket under an unchanged limit keeps its line shared.
+    #[inline]
+    pub(super) fn mark_changed(&self, margin_ms: u32) {
+        let wanted = margin_ms | DIRTY;
+        if self.meta.load(Ordering::Relaxed) != wanted {
+            self.meta.store(wanted, Ordering::Relaxed);
         }
     }
 

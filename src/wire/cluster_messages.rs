@@ -6,7 +6,7 @@ use rkyv::{Archive, Deserialize, Serialize};
 
 use super::ErrorCode;
 use super::messages::Refusal;
-use super::messages::algorithm_to_wire;
+use super::messages::{access_validated, algorithm_to_wire};
 use crate::algorithm::WindowState;
 use crate::cluster::{Gossip, MemberState, SLOTS};
 use crate::{Algorithm, BucketKey, BucketState, BucketValue, Limit};
@@ -188,15 +188,13 @@ fn malformed(what: &str, e: impl std::fmt::Display) -> Refusal {
 /// Validates and converts a gossip payload.
 pub fn decode_gossip(payload: &[u8]) -> Result<Gossip, Refusal> {
     let archived =
-        rkyv::access::<crate::cluster::membership::ArchivedGossip, rancor::Error>(payload)
-            .map_err(|e| malformed("gossip", e))?;
+        access_validated::<crate::cluster::membership::ArchivedGossip>(payload, "gossip message")?;
     rkyv::deserialize::<Gossip, rancor::Error>(archived).map_err(|e| malformed("gossip", e))
 }
 
 /// Validates a replication payload.
 pub fn decode_replicate(payload: &[u8]) -> Result<Replicated, Refusal> {
-    let message = rkyv::access::<ArchivedReplicateMessage, rancor::Error>(payload)
-        .map_err(|e| malformed("replication", e))?;
+    let message = access_validated::<ArchivedReplicateMessage>(payload, "replication message")?;
     let handoff = message.handoff.as_ref().map(|h| HandoffPart {
         id: h.id.to_native(),
         part: h.part.to_native(),
@@ -227,8 +225,7 @@ pub fn decode_replicate(payload: &[u8]) -> Result<Replicated, Refusal> {
 
 /// Validates a slot table payload (client side) and checks its shape.
 pub fn decode_slot_table(payload: &[u8]) -> Result<SlotTableMessage, Refusal> {
-    let archived = rkyv::access::<ArchivedSlotTableMessage, rancor::Error>(payload)
-        .map_err(|e| malformed("slot table", e))?;
+    let archived = access_validated::<ArchivedSlotTableMessage>(payload, "slot table")?;
     let table: SlotTableMessage = rkyv::deserialize::<SlotTableMessage, rancor::Error>(archived)
         .map_err(|e| malformed("slot table", e))?;
     if table.owners.len() != SLOTS || table.successors.len() != SLOTS {

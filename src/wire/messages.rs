@@ -187,18 +187,45 @@ impl WireDecision {
 /// Why a payload was refused: the code to send back and a message for the operator.
 pub type Refusal = (ErrorCode, String);
 
+/// Validates a payload as an archived `T`. The first pass uses rancor's `Failure`, which costs
+/// nothing on success but says nothing on failure (in release builds `rancor::Error` is the
+/// same: "failed without error information"); only a payload that fails is validated again with
+/// `BoxedError` to say what was wrong, so the check path stays as fast as it was.
+pub(crate) fn access_validated<'a, T>(payload: &'a [u8], what: &str) -> Result<&'a T, Refusal>
+where
+    T: rkyv::Portable
+        + for<'v> rkyv::bytecheck::CheckBytes<rkyv::api::high::HighValidator<'v, rancor::Failure>>
+        + for<'v> rkyv::bytecheck::CheckBytes<rkyv::api::high::HighValidator<'v, rancor::BoxedError>>,
+{
+    rkyv::access::<T, rancor::Failure>(payload).map_err(|_| {
+        let detail = match rkyv::access::<T, rancor::BoxedError>(payload) {
+            // The kind of fault only ("unaligned pointer", "subtree pointer overran range"):
+            // the rest names addresses in this process, which a peer has no business seeing.
+            Err(e) => e
+                .to_string()
+                .split(':')
+                .next()
+                .unwrap_or_default()
+                .to_owned(),
+            Ok(_) => "unknown reason".to_owned(),
+        };
+        (
+            ErrorCode::MalformedPayload,
+            format!(
+                "payload of {} bytes is not a valid {what} (rkyv validation failed: {detail})",
+                payload.len()
+            ),
+        )
+    })
+}
+
 /// Validates a check batch payload and converts it: every group's checks, in order. Nothing is
 /// read from `payload` before rkyv has validated the whole archive.
 pub fn decode_check_batch(
     payload: &[u8],
     limits: &WireLimits,
 ) -> Result<Vec<Vec<ValidCheck>>, Refusal> {
-    let batch = rkyv::access::<ArchivedCheckBatch, rancor::Error>(payload).map_err(|e| {
-        (
-            ErrorCode::MalformedPayload,
-            format!("invalid check batch: {e}"),
-        )
-    })?;
+    let batch = access_validated::<ArchivedCheckBatch>(payload, "check batch")?;
     let total: usize = batch.groups.iter().map(|g| g.len()).sum();
     if total > limits.max_batch {
         return Err((
@@ -269,12 +296,7 @@ pub fn decode_decision_batch(payload: &[u8]) -> Result<Vec<WireDecision>, Refusa
 
 /// Validates a decision batch payload; returns the decisions and the node's slot-table version.
 pub fn decode_decisions(payload: &[u8]) -> Result<(Vec<WireDecision>, u64), Refusal> {
-    let batch = rkyv::access::<ArchivedDecisionBatch, rancor::Error>(payload).map_err(|e| {
-        (
-            ErrorCode::MalformedPayload,
-            format!("invalid decision batch: {e}"),
-        )
-    })?;
+    let batch = access_validated::<ArchivedDecisionBatch>(payload, "decision batch")?;
     let decisions = batch
         .decisions
         .iter()
@@ -291,12 +313,7 @@ pub fn decode_decisions(payload: &[u8]) -> Result<(Vec<WireDecision>, u64), Refu
 
 /// Validates an error frame payload.
 pub fn decode_error_frame(payload: &[u8]) -> Result<ErrorFrame, Refusal> {
-    let frame = rkyv::access::<ArchivedErrorFrame, rancor::Error>(payload).map_err(|e| {
-        (
-            ErrorCode::MalformedPayload,
-            format!("invalid error frame: {e}"),
-        )
-    })?;
+    let frame = access_validated::<ArchivedErrorFrame>(payload, "error frame")?;
     Ok(ErrorFrame {
         code: frame.code.to_native(),
         message: frame.message.as_str().to_owned(),

@@ -5,7 +5,6 @@
 //! `Policy::from_yaml`, so there is one schema and one validation, and the version (the text's
 //! content hash) means the same thing on both sides.
 
-use rkyv::rancor;
 use rkyv::{Archive, Deserialize, Serialize};
 
 use super::ErrorCode;
@@ -42,12 +41,8 @@ impl PolicyMessage {
 
 /// Validates a `PolicyRequest` payload.
 pub fn decode_policy_request(payload: &[u8]) -> Result<PolicyRequest, Refusal> {
-    let request = rkyv::access::<ArchivedPolicyRequest, rancor::Error>(payload).map_err(|e| {
-        (
-            ErrorCode::MalformedPayload,
-            format!("invalid policy request: {e}"),
-        )
-    })?;
+    let request =
+        super::messages::access_validated::<ArchivedPolicyRequest>(payload, "policy request")?;
     if request.version.len() > 128 {
         return Err((
             ErrorCode::MalformedPayload,
@@ -61,12 +56,8 @@ pub fn decode_policy_request(payload: &[u8]) -> Result<PolicyRequest, Refusal> {
 
 /// Validates a `Policy` payload (client side: a node's answer is checked like any input).
 pub fn decode_policy_message(payload: &[u8]) -> Result<PolicyMessage, Refusal> {
-    let message = rkyv::access::<ArchivedPolicyMessage, rancor::Error>(payload).map_err(|e| {
-        (
-            ErrorCode::MalformedPayload,
-            format!("invalid policy message: {e}"),
-        )
-    })?;
+    let message =
+        super::messages::access_validated::<ArchivedPolicyMessage>(payload, "policy message")?;
     if message.text.len() > MAX_POLICY_TEXT_BYTES || message.version.len() > 128 {
         return Err((
             ErrorCode::MalformedPayload,
