@@ -215,3 +215,60 @@ fn listening_on_every_interface_without_advertise_exits_2_naming_the_flag() {
         assert!(stderr.contains("--advertise"), "{args:?}: {stderr}");
     }
 }
+
+fn node_binary(args: &[&str]) -> std::process::Child {
+    Command::new(env!("CARGO_BIN_EXE_floodgate-node"))
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+#[test]
+fn the_binary_with_a_live_nodes_id_exits_2_naming_the_id_and_the_holder() {
+    use std::io::{BufRead, BufReader};
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().to_str().unwrap();
+    let common = ["--listen", "127.0.0.1:0", "--admin", "off", "--data-dir", data];
+    let mut holder = node_binary(&[&common[..], &["--node-id", "twin"]].concat());
+    let mut stderr = BufReader::new(holder.stderr.take().unwrap());
+    let mut line = String::new();
+    // Bounded: the node prints this line once it serves, or exits (EOF) on error.
+    while stderr.read_line(&mut line).unwrap() > 0 && !line.contains("serving on") {}
+    let holder_addr = line
+        .split("serving on ")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .unwrap_or_else(|| panic!("no address in {line:?}"))
+        .to_owned();
+
+    let twin = node_binary(&[&common[..], &["--node-id", "twin", "--seeds", &holder_addr]].concat());
+    let twin_pid = twin.id().to_string();
+    let (done, outcome) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = done.send(twin.wait_with_output());
+    });
+    let output = match outcome.recv_timeout(Duration::from_secs(30)) {
+        Ok(output) => output.unwrap(),
+        Err(_) => {
+            let _ = Command::new("kill").args(["-KILL", &twin_pid]).status();
+            let _ = holder.kill();
+            panic!("the second node with the same id was not refused within 30 s");
+        }
+    };
+    let twin_stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{twin_stderr}");
+    assert!(twin_stderr.contains("refused by the cluster"), "{twin_stderr}");
+    assert!(twin_stderr.contains("\"twin\""), "{twin_stderr}");
+    assert!(twin_stderr.contains(&holder_addr), "{twin_stderr}");
+
+    // The holder is unharmed: it still stops cleanly.
+    let killed = Command::new("kill")
+        .args(["-TERM", &holder.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    assert_eq!(holder.wait().unwrap().code(), Some(0));
+}
