@@ -103,14 +103,26 @@ fn a_second_node_with_a_live_id_is_refused_and_the_holder_keeps_its_slots() {
         verdicts: Vec::new(),
     };
     let real = net.add(node("n1", "10.0.0.1:7100", 1_000, &[], start));
-    let other = net.add(node("n2", "10.0.0.2:7100", 1_001, &["10.0.0.1:7100"], start));
+    let other = net.add(node(
+        "n2",
+        "10.0.0.2:7100",
+        1_001,
+        &["10.0.0.1:7100"],
+        start,
+    ));
     net.run_for(500 * MS);
     let table_before = SlotTable::compute(1, &net.nodes[other].owners());
     assert_eq!(net.nodes[other].owners(), ["n1", "n2"]);
     assert_eq!(net.nodes[real].owners(), ["n1", "n2"]);
 
     // Started later (a larger incarnation), with n1's id, at another address, seeded with n2.
-    let newcomer = net.add(node("n1", "10.0.0.3:7100", 5_000, &["10.0.0.2:7100"], net.now));
+    let newcomer = net.add(node(
+        "n1",
+        "10.0.0.3:7100",
+        5_000,
+        &["10.0.0.2:7100"],
+        net.now,
+    ));
     net.run_for(2_000 * MS);
 
     assert!(
@@ -271,10 +283,24 @@ fn conflicts_from_one_message_are_bounded() {
     let mut observer = node("n0", "10.0.0.100:7100", 1, &[], 0);
     let mut claims = Gossip::default();
     for i in 0..50 {
-        let mut holder = node(&format!("n{}", i + 1), &format!("10.0.1.{i}:7100"), 1, &[], 0);
+        let mut holder = node(
+            &format!("n{}", i + 1),
+            &format!("10.0.1.{i}:7100"),
+            1,
+            &[],
+            0,
+        );
         observer.handle_gossip(STEP, &gossip_of(&mut holder, STEP));
-        let mut claimant = node(&format!("n{}", i + 1), &format!("10.0.2.{i}:7100"), 2, &[], 0);
-        claims.members.extend(gossip_of(&mut claimant, STEP).members);
+        let mut claimant = node(
+            &format!("n{}", i + 1),
+            &format!("10.0.2.{i}:7100"),
+            2,
+            &[],
+            0,
+        );
+        claims
+            .members
+            .extend(gossip_of(&mut claimant, STEP).members);
     }
     let conflicts = observer.handle_gossip(2 * STEP, &claims);
     assert_eq!(

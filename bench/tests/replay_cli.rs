@@ -37,10 +37,7 @@ fn design_review_trace_through_the_command() {
         ("sliding-window", 11),
         ("gcra", 10),
     ] {
-        let (code, stdout, stderr) = replay(
-            &["--algorithm", algorithm, "--limit", "10/s"],
-            &trace,
-        );
+        let (code, stdout, stderr) = replay(&["--algorithm", algorithm, "--limit", "10/s"], &trace);
         assert_eq!(code, 0, "{stderr}");
         assert_eq!(
             stdout.lines().last(),
@@ -68,7 +65,10 @@ fn the_limit_is_a_rate_as_in_floodgate_check() {
     assert_eq!(code, 0, "{stderr}");
     assert_eq!(stdout.lines().last(), Some("allowed 5 of 20"));
     // A bare count (the old `--limit 10 --period 1s`) is refused, naming the syntax.
-    for old in [&["--limit", "10"][..], &["--limit", "10/s", "--period", "1s"]] {
+    for old in [
+        &["--limit", "10"][..],
+        &["--limit", "10/s", "--period", "1s"],
+    ] {
         let (code, _, stderr) = replay(old, "");
         assert_eq!(code, 2, "{old:?}: {stderr}");
         assert!(

@@ -313,7 +313,10 @@ mod tests {
                 .seeds
         };
         let expected = vec![addr("127.0.0.1:7100"), addr("127.0.0.1:7101")];
-        assert_eq!(parse(&["--seeds", "127.0.0.1:7100,127.0.0.1:7101"]), expected);
+        assert_eq!(
+            parse(&["--seeds", "127.0.0.1:7100,127.0.0.1:7101"]),
+            expected
+        );
         assert_eq!(
             parse(&["--seeds", "127.0.0.1:7100", "--seeds", "127.0.0.1:7101"]),
             expected

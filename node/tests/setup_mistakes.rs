@@ -190,7 +190,14 @@ fn listening_on_every_interface_without_advertise_exits_2_naming_the_flag() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().to_str().unwrap();
     for args in [
-        vec!["--listen", "0.0.0.0:0", "--data-dir", data, "--admin", "off"],
+        vec![
+            "--listen",
+            "0.0.0.0:0",
+            "--data-dir",
+            data,
+            "--admin",
+            "off",
+        ],
         vec!["--listen", "[::]:0", "--data-dir", data, "--admin", "off"],
         vec![
             "--listen",
@@ -231,7 +238,14 @@ fn the_binary_with_a_live_nodes_id_exits_2_naming_the_id_and_the_holder() {
     use std::io::{BufRead, BufReader};
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().to_str().unwrap();
-    let common = ["--listen", "127.0.0.1:0", "--admin", "off", "--data-dir", data];
+    let common = [
+        "--listen",
+        "127.0.0.1:0",
+        "--admin",
+        "off",
+        "--data-dir",
+        data,
+    ];
     let mut holder = node_binary(&[&common[..], &["--node-id", "twin"]].concat());
     let mut stderr = BufReader::new(holder.stderr.take().unwrap());
     let mut line = String::new();
@@ -244,7 +258,8 @@ fn the_binary_with_a_live_nodes_id_exits_2_naming_the_id_and_the_holder() {
         .unwrap_or_else(|| panic!("no address in {line:?}"))
         .to_owned();
 
-    let twin = node_binary(&[&common[..], &["--node-id", "twin", "--seeds", &holder_addr]].concat());
+    let twin =
+        node_binary(&[&common[..], &["--node-id", "twin", "--seeds", &holder_addr]].concat());
     let twin_pid = twin.id().to_string();
     let (done, outcome) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
@@ -260,7 +275,10 @@ fn the_binary_with_a_live_nodes_id_exits_2_naming_the_id_and_the_holder() {
     };
     let twin_stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(2), "{twin_stderr}");
-    assert!(twin_stderr.contains("refused by the cluster"), "{twin_stderr}");
+    assert!(
+        twin_stderr.contains("refused by the cluster"),
+        "{twin_stderr}"
+    );
     assert!(twin_stderr.contains("\"twin\""), "{twin_stderr}");
     assert!(twin_stderr.contains(&holder_addr), "{twin_stderr}");
 

@@ -354,8 +354,8 @@ mod tests {
     #[test]
     fn list_flags_take_repeated_or_comma_separated_values_alike() {
         let ca = ["--ca", "ca.pem"];
-        let joined = parse(&[&ca[..], &["--seeds", "127.0.0.1:7100,127.0.0.1:7101"]].concat())
-            .unwrap();
+        let joined =
+            parse(&[&ca[..], &["--seeds", "127.0.0.1:7100,127.0.0.1:7101"]].concat()).unwrap();
         let repeated = parse(
             &[
                 &ca[..],
