@@ -240,18 +240,20 @@ impl Membership {
         }
         for digest in &gossip.members {
             let id = &digest.info.id;
+            if *id == self.me {
+                // Nobody else speaks for us; another address claiming our id is told so.
+                if let Some(me) = self.members.get(id)
+                    && me.info.addr != digest.info.addr
+                    && !digest.left
+                    && me.state.owns_slots()
+                    && conflicts.len() < MAX_CONFLICTS_PER_GOSSIP
+                {
+                    conflicts.push(conflict(me, digest));
+                }
+                continue;
+            }
             let room = self.members.len() < self.config.max_members;
             match self.members.get_mut(id) {
-                // Nobody else speaks for us; another address claiming our id is told so.
-                Some(member) if *id == self.me => {
-                    if member.info.addr != digest.info.addr
-                        && !digest.left
-                        && member.state.owns_slots()
-                        && conflicts.len() < MAX_CONFLICTS_PER_GOSSIP
-                    {
-                        conflicts.push(conflict(member, digest));
-                    }
-                }
                 Some(member) if member.info.addr != digest.info.addr => {
                     if member.state.owns_slots() {
                         // Alive (or suspect) elsewhere: the id is taken. A departure gossiped
