@@ -383,7 +383,7 @@ impl Cluster {
     }
 
     /// Another member says our id is held elsewhere: the node that started later yields.
-    pub(crate) fn handle_conflict(&self, conflict: &IdConflict) {
+    pub(crate) fn handle_conflict(&self, conflict: &IdConflict, now_ns: u64) {
         let verdict = self.membership.lock().handle_conflict(conflict);
         match verdict {
             ConflictVerdict::Ignored => {}
@@ -402,13 +402,17 @@ impl Cluster {
                     first
                 });
             }
-            ConflictVerdict::Kept => {
+            // Repeats while the other node's claim is gossiped: said once a second at most.
+            ConflictVerdict::Kept
+                if self.time_to_complain(&self.next_conflict_complaint_ns, now_ns) =>
+            {
                 tracing::error!(
                     id = %conflict.id,
                     other = %conflict.holder_addr,
                     "another node claims this node's id; this node started first and keeps it"
                 );
             }
+            ConflictVerdict::Kept => {}
         }
     }
 
