@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
-use floodgate::{Algorithm, Limit, parse_duration_ns};
+use floodgate::{Algorithm, Limit, parse_rate};
 use floodgate_bench::{load, replay};
 
 #[derive(Debug, Parser)]
@@ -23,13 +23,11 @@ enum Command {
         /// gcra, fixed-window, sliding-window or sliding-log.
         #[arg(long, default_value = "gcra")]
         algorithm: Algorithm,
-        /// Units allowed per period.
-        #[arg(long)]
-        limit: u64,
-        /// Length of the period, e.g. 1s, 500ms, 1min.
-        #[arg(long, default_value = "1s", value_parser = parse_duration_ns)]
-        period: u64,
-        /// Most units at once (gcra only); defaults to the limit.
+        /// The rate: N/s, N/min, N/h, N/d, or N per a duration (5/10s), as `floodgate check
+        /// --limit` takes it.
+        #[arg(long, value_parser = parse_rate_arg)]
+        limit: (u64, u64),
+        /// Most units at once (gcra only); defaults to the rate's count.
         #[arg(long)]
         burst: Option<u64>,
         /// Cost of each arrival.
@@ -39,6 +37,10 @@ enum Command {
     /// Drive floodgate and Redis + Lua with the same workloads in one run and compare them:
     /// markdown on stdout, report.json and latency.svg in --out.
     Load(load::LoadArgs),
+}
+
+fn parse_rate_arg(text: &str) -> Result<(u64, u64), String> {
+    parse_rate(text).map_err(|e| e.to_string())
 }
 
 fn main() -> ExitCode {
@@ -55,13 +57,12 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Replay {
             algorithm,
-            limit,
-            period,
+            limit: (rate, period_ns),
             burst,
             cost,
         } => {
-            let limit = Limit::new(algorithm, limit, period, burst.unwrap_or(limit))
-                .context("invalid limit")?;
+            let limit = Limit::new(algorithm, rate, period_ns, burst.unwrap_or(rate))
+                .context("invalid --limit/--burst")?;
             let summary = replay::replay(io::stdin().lock(), &limit, cost)?;
             println!("{limit}, cost {cost}");
             println!("allowed {} of {}", summary.allowed, summary.total);

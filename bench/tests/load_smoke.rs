@@ -18,12 +18,12 @@ fn a_short_load_run_writes_a_well_formed_report() {
     let output = Command::new(bench)
         .args([
             "load",
-            "--seconds",
-            "0.3",
+            "--duration",
+            "300ms",
             "--keys",
             "2000",
             "--rates",
-            "500,1000",
+            "500/s,1000/s",
             "--callers",
             "8",
             "--quiet",

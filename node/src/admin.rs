@@ -1,8 +1,8 @@
 //! The admin HTTP server, on its own port (loopback by default): `/metrics` for Prometheus,
-//! `/healthz` (the process is up) and `/readyz` (it accepts checks; 503 while shutting down).
+//! `/healthz` (the process is up) and `/readyz` (it serves with the cluster: 503 with the reason
+//! while shutting down, refused by the cluster, or started with seeds and not joined yet).
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 
 use axum::Router;
 use axum::extract::State;
@@ -34,10 +34,9 @@ pub(crate) async fn serve(
     }
 }
 
-async fn readyz(State(shared): State<Arc<Shared>>) -> (StatusCode, &'static str) {
-    if shared.ready.load(Ordering::Relaxed) {
-        (StatusCode::OK, "ready\n")
-    } else {
-        (StatusCode::SERVICE_UNAVAILABLE, "shutting down\n")
+async fn readyz(State(shared): State<Arc<Shared>>) -> (StatusCode, String) {
+    match crate::server::not_ready_reason(&shared) {
+        None => (StatusCode::OK, "ready\n".to_owned()),
+        Some(reason) => (StatusCode::SERVICE_UNAVAILABLE, format!("{reason}\n")),
     }
 }

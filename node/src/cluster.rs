@@ -10,7 +10,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use anyhow::Context;
-use floodgate::cluster::{Gossip, MemberInfo, Membership, MembershipConfig, SlotTable};
+use floodgate::cluster::{
+    ConflictVerdict, Gossip, IdConflict, MemberInfo, Membership, MembershipConfig, SlotTable,
+};
 use floodgate::wire::{
     FrameKind, HandoffPart, ReplicateMessage, SlotTableMessage, TableMember, WireBucket,
     encode_message, member_state_to_wire,
@@ -34,6 +36,9 @@ const HANDOFF_WAIT_NS: u64 = 500_000_000;
 const PEER_TIMEOUT: Duration = Duration::from_secs(1);
 /// How many earlier table versions a node remembers (to tell a peer that is behind).
 const PAST_VERSIONS: usize = 32;
+/// How often a node whose seeds do not answer, or that receives conflicting claims on an id,
+/// says so in the log (gossip retries every round; the log need not).
+const COMPLAINT_INTERVAL_NS: u64 = 1_000_000_000;
 
 /// How this node takes part in a cluster.
 #[derive(Debug, Clone)]
@@ -48,6 +53,8 @@ pub struct ClusterConfig {
     pub membership: MembershipConfig,
     /// How often changed buckets go to each slot's successor.
     pub sync_interval: Duration,
+    /// Ready (`/readyz`) even while no seed has answered (`--allow-alone`).
+    pub allow_alone: bool,
 }
 
 impl Default for ClusterConfig {
@@ -59,6 +66,7 @@ impl Default for ClusterConfig {
             seeds: Vec::new(),
             membership: MembershipConfig::default(),
             sync_interval: Duration::from_millis(100),
+            allow_alone: false,
         }
     }
 }
@@ -270,6 +278,12 @@ pub(crate) struct Cluster {
     decided_alone: std::sync::atomic::AtomicBool,
     /// Rung when a joining node has its first real table.
     joined: tokio::sync::Notify,
+    /// Set (with the reason) once another node proved to hold this node's id first: this node
+    /// is out of the cluster and its process should stop.
+    refused: watch::Sender<Option<String>>,
+    /// When the log may next say that no seed answered, or that an id is claimed twice.
+    next_join_complaint_ns: AtomicU64,
+    next_conflict_complaint_ns: AtomicU64,
     /// Held shared while a batch reads the table and decides its groups, exclusively while the
     /// table is switched: once a switch returns, no decision made under the old table is still
     /// in flight, so the hand-off exported after it holds every decision made here.
@@ -310,7 +324,9 @@ impl Cluster {
             addr,
             region: config.region.clone(),
         };
-        let seeds = config.seeds.iter().map(ToString::to_string).collect();
+        let seeds: Vec<String> = config.seeds.iter().map(ToString::to_string).collect();
+        // A node listed among its own seeds (one list for every node) has nobody to wait for.
+        let has_other_seeds = seeds.iter().any(|s| *s != me.addr);
         // The start time in ms is the incarnation: a restart always comes back newer.
         let membership = Membership::new(
             me.clone(),
@@ -338,9 +354,12 @@ impl Cluster {
             past_versions: Mutex::new(std::collections::VecDeque::new()),
             next_handoff_id: AtomicU64::new(now_ns),
             bucket_bytes_per_frame: BUCKET_BYTES_PER_FRAME,
-            joining: std::sync::atomic::AtomicBool::new(!config.seeds.is_empty()),
+            joining: std::sync::atomic::AtomicBool::new(has_other_seeds),
             decided_alone: std::sync::atomic::AtomicBool::new(false),
             joined: tokio::sync::Notify::new(),
+            refused: watch::Sender::new(None),
+            next_join_complaint_ns: AtomicU64::new(now_ns + JOIN_WAIT.as_nanos() as u64),
+            next_conflict_complaint_ns: AtomicU64::new(0),
             deciding: parking_lot::RwLock::new(()),
             updating: Mutex::new(()),
             given_away: Mutex::new(vec![false; floodgate::cluster::SLOTS]),
@@ -432,22 +451,24 @@ impl Cluster {
         if !self.joining.load(std::sync::atomic::Ordering::Relaxed) {
             return;
         }
-        let _ = tokio::time::timeout(JOIN_WAIT, async {
-            loop {
-                // Registered before the look, so a join in between still wakes it.
-                let joined = self.joined.notified();
-                tokio::pin!(joined);
-                joined.as_mut().enable();
-                if !self.joining.load(std::sync::atomic::Ordering::Relaxed) {
-                    return;
-                }
-                joined.await;
-            }
-        })
-        .await;
+        let _ = tokio::time::timeout(JOIN_WAIT, self.joined()).await;
         if self.joining.load(std::sync::atomic::Ordering::Relaxed) {
             self.decided_alone
                 .store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+
+    /// Resolves once this node has its first real table (at once for a node without seeds).
+    pub(crate) async fn joined(&self) {
+        loop {
+            // Registered before the look, so a join in between still wakes it.
+            let joined = self.joined.notified();
+            tokio::pin!(joined);
+            joined.as_mut().enable();
+            if !self.joining.load(std::sync::atomic::Ordering::Relaxed) {
+                return;
+            }
+            joined.await;
         }
     }
 
@@ -457,9 +478,86 @@ impl Cluster {
     }
 
     pub(crate) fn handle_gossip(&self, shared: &Shared, now_ns: u64, gossip: &Gossip) {
+        let mut conflicts = Vec::new();
         drop(self.update_table(shared, now_ns, |membership| {
-            membership.handle_gossip(now_ns, gossip)
+            conflicts = membership.handle_gossip(now_ns, gossip)
         }));
+        for conflict in conflicts {
+            if self.time_to_complain(&self.next_conflict_complaint_ns, now_ns) {
+                tracing::warn!(
+                    id = %conflict.id,
+                    holder = %conflict.holder_addr,
+                    claimant = %conflict.claimant_addr,
+                    "refused a second node claiming a live node's id; telling it"
+                );
+            }
+            let mut frame = Vec::new();
+            encode_message(&mut frame, FrameKind::IdConflict, 0, &conflict);
+            drop(self.peers.send(conflict.claimant_addr.clone(), frame));
+        }
+    }
+
+    /// Another member says our id is held elsewhere: the node that started later yields.
+    pub(crate) fn handle_conflict(&self, conflict: &IdConflict, now_ns: u64) {
+        let verdict = self.membership.lock().handle_conflict(conflict);
+        match verdict {
+            ConflictVerdict::Ignored => {}
+            ConflictVerdict::Refused => {
+                let reason = format!(
+                    "node id {:?} is already held by the live node at {} (this node, at {}, \
+                     started later): give this node another --node-id, or stop the other one",
+                    conflict.id, conflict.holder_addr, self.me.addr
+                );
+                tracing::error!("refused by the cluster: {reason}");
+                self.refused.send_if_modified(|r| {
+                    let first = r.is_none();
+                    if first {
+                        *r = Some(reason);
+                    }
+                    first
+                });
+            }
+            // Repeats while the other node's claim is gossiped: said once a second at most.
+            ConflictVerdict::Kept
+                if self.time_to_complain(&self.next_conflict_complaint_ns, now_ns) =>
+            {
+                tracing::error!(
+                    id = %conflict.id,
+                    other = %conflict.holder_addr,
+                    "another node claims this node's id; this node started first and keeps it"
+                );
+            }
+            ConflictVerdict::Kept => {}
+        }
+    }
+
+    /// Why this node is not ready to serve with the cluster, or `None` when it is.
+    pub(crate) fn not_ready_reason(&self) -> Option<String> {
+        if let Some(reason) = self.refused.borrow().as_ref() {
+            return Some(format!("refused: {reason}"));
+        }
+        if self.joining.load(std::sync::atomic::Ordering::Relaxed) && !self.config.allow_alone {
+            return Some("not joined: no seed answered".to_owned());
+        }
+        None
+    }
+
+    pub(crate) fn watch_refusal(&self) -> watch::Receiver<Option<String>> {
+        self.refused.subscribe()
+    }
+
+    /// True at most once per `COMPLAINT_INTERVAL_NS` for each `next` clock.
+    fn time_to_complain(&self, next: &AtomicU64, now_ns: u64) -> bool {
+        let due = next.load(Ordering::Relaxed);
+        now_ns >= due
+            && next
+                .compare_exchange(
+                    due,
+                    now_ns + COMPLAINT_INTERVAL_NS,
+                    Ordering::Relaxed,
+                    Ordering::Relaxed,
+                )
+                .is_ok()
     }
 
     /// Appends the slot table and members as one `SlotTable` frame, as clients and `floodgate
@@ -778,6 +876,15 @@ impl Cluster {
 
     /// One round of gossip, then (every sync interval) replication of changed buckets.
     fn gossip_round(&self, shared: &Shared, now_ns: u64) {
+        if self.joining.load(Ordering::Relaxed)
+            && self.refused.borrow().is_none()
+            && self.time_to_complain(&self.next_join_complaint_ns, now_ns)
+        {
+            tracing::warn!(
+                seeds = ?self.config.seeds,
+                "not joined: no seed answered yet; serving alone and retrying"
+            );
+        }
         let outgoing = self.membership.lock().poll(now_ns);
         for message in outgoing {
             let mut frame = Vec::new();

@@ -71,10 +71,16 @@ struct Flags {
     /// This node's region.
     #[arg(long, default_value = "local")]
     region: String,
-    /// Members to join through, HOST:PORT,... (any subset of the cluster).
+    /// Members to join through, HOST:PORT (any subset of the cluster); repeat the flag or
+    /// separate with commas. With seeds, /readyz stays 503 until one of them answers.
     #[arg(long, value_delimiter = ',')]
     seeds: Vec<SocketAddr>,
-    /// Address peers and clients reach this node at (default: --listen).
+    /// With --seeds: be ready (/readyz) even while no seed answers, serving alone. For a first
+    /// node started from the same seed list as the rest, or when the others may come up later.
+    #[arg(long)]
+    allow_alone: bool,
+    /// Address peers and clients reach this node at (default: --listen, which then must be a
+    /// specific address, not 0.0.0.0 or ::).
     #[arg(long)]
     advertise: Option<SocketAddr>,
     /// CA of the other nodes' certificates (default with --data-dir: its ca.pem).
@@ -128,10 +134,10 @@ fn main() -> ExitCode {
 
 async fn run(flags: Flags) -> anyhow::Result<()> {
     let config = config_from(&flags)?;
+    // Before anything says "serving": a signal from then on must find its handler.
+    let signals = Signals::install()?;
     let node = Node::start(config).await?;
-    // Before announcing the node: a SIGTERM right after the announcement must stop it gracefully.
-    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-    let mut hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())?;
+    let mut refusal = node.watch_refusal();
     if let Some(dir) = &flags.data_dir {
         eprintln!(
             "floodgate-node: serving on {} (CA for clients: {})",
@@ -139,9 +145,42 @@ async fn run(flags: Flags) -> anyhow::Result<()> {
             dir.join("ca.pem").display()
         );
     }
-    wait_for_signal(&mut terminate, &mut hangup, &node).await?;
+    tokio::select! {
+        () = signals.wait(&node) => {}
+        refused = refusal.wait_for(Option::is_some) => {
+            // The id is another node's: leave nothing behind (no leave, no hand-off, no
+            // snapshot), and exit 2 like any other setup mistake.
+            let reason = refused.ok().and_then(|r| r.clone()).unwrap_or_default();
+            node.crash();
+            bail!("refused by the cluster: {reason}");
+        }
+    }
     tracing::info!("signal received: draining and stopping");
     node.shutdown().await;
+    Ok(())
+}
+
+/// Refuses an address peers and clients could not reach: the unspecified address (0.0.0.0 or
+/// ::) binds every interface but names none, and port 0 is not a port. `--listen` may use
+/// port 0 (the bound port is advertised), not an unspecified address unless `--advertise` says
+/// where the node is reached.
+fn check_advertised(listen: SocketAddr, advertise: Option<SocketAddr>) -> anyhow::Result<()> {
+    match advertise {
+        Some(addr) => {
+            anyhow::ensure!(
+                !addr.ip().is_unspecified() && addr.port() != 0,
+                "--advertise {addr}: give the address peers and clients reach this node at \
+                 (a specific IP and a port, not 0.0.0.0, :: or port 0)"
+            );
+        }
+        None => {
+            anyhow::ensure!(
+                !listen.ip().is_unspecified(),
+                "--listen {listen} binds every interface, so it cannot be the address other \
+                 nodes and clients use: add --advertise HOST:PORT (this node's reachable address)"
+            );
+        }
+    }
     Ok(())
 }
 
@@ -193,6 +232,7 @@ fn config_from(flags: &Flags) -> anyhow::Result<NodeConfig> {
         flags.seeds.is_empty() || tls.peer_ca.is_some(),
         "--seeds needs --peer-ca (or --data-dir) to verify the other nodes"
     );
+    check_advertised(flags.listen, flags.advertise)?;
     anyhow::ensure!(
         flags.dead_after > flags.suspect_after,
         "--dead-after must be longer than --suspect-after"
@@ -209,6 +249,7 @@ fn config_from(flags: &Flags) -> anyhow::Result<NodeConfig> {
         seeds: flags.seeds.clone(),
         membership,
         sync_interval: flags.sync_interval,
+        allow_alone: flags.allow_alone,
     };
     Ok(NodeConfig {
         listen: flags.listen,
@@ -232,22 +273,83 @@ fn parse_duration(text: &str) -> Result<Duration, String> {
         .map_err(|e| e.to_string())
 }
 
-/// Waits for SIGINT or SIGTERM; on each SIGHUP reloads the certificates (a failed reload
-/// keeps the ones in use).
-async fn wait_for_signal(
-    terminate: &mut tokio::signal::unix::Signal,
-    hangup: &mut tokio::signal::unix::Signal,
-    node: &Node,
-) -> anyhow::Result<()> {
-    loop {
-        tokio::select! {
-            result = tokio::signal::ctrl_c() => return Ok(result?),
-            _ = terminate.recv() => return Ok(()),
-            _ = hangup.recv() => {
-                if let Err(e) = node.reload_tls() {
-                    tracing::error!("SIGHUP: certificates not reloaded, the old ones stay: {e:#}");
+/// SIGINT, SIGTERM and SIGHUP handlers, installed at once (a signal before the first wait is
+/// kept).
+struct Signals {
+    interrupt: tokio::signal::unix::Signal,
+    terminate: tokio::signal::unix::Signal,
+    hangup: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn install() -> anyhow::Result<Self> {
+        use tokio::signal::unix::{SignalKind, signal};
+        Ok(Signals {
+            interrupt: signal(SignalKind::interrupt())?,
+            terminate: signal(SignalKind::terminate())?,
+            hangup: signal(SignalKind::hangup())?,
+        })
+    }
+
+    /// Waits for SIGINT or SIGTERM; on each SIGHUP reloads the certificates (a failed reload
+    /// keeps the ones in use).
+    async fn wait(mut self, node: &Node) {
+        loop {
+            tokio::select! {
+                _ = self.interrupt.recv() => return,
+                _ = self.terminate.recv() => return,
+                _ = self.hangup.recv() => {
+                    if let Err(e) = node.reload_tls() {
+                        tracing::error!("SIGHUP: certificates not reloaded, the old ones stay: {e:#}");
+                    }
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn addr(text: &str) -> SocketAddr {
+        text.parse().unwrap()
+    }
+
+    #[test]
+    fn an_unreachable_advertised_address_is_refused_naming_the_flag() {
+        let err = check_advertised(addr("0.0.0.0:7103"), None).unwrap_err();
+        assert!(err.to_string().contains("--advertise"), "{err}");
+        let err = check_advertised(addr("[::]:7103"), None).unwrap_err();
+        assert!(err.to_string().contains("--advertise"), "{err}");
+        for bad in ["0.0.0.0:7103", "10.0.0.1:0", "[::]:1"] {
+            let err = check_advertised(addr("0.0.0.0:7103"), Some(addr(bad))).unwrap_err();
+            assert!(err.to_string().contains("--advertise"), "{bad}: {err}");
+        }
+    }
+
+    #[test]
+    fn specific_addresses_and_a_bound_port_zero_are_accepted() {
+        check_advertised(addr("127.0.0.1:7100"), None).unwrap();
+        check_advertised(addr("127.0.0.1:0"), None).unwrap();
+        check_advertised(addr("0.0.0.0:7103"), Some(addr("10.0.0.3:7103"))).unwrap();
+    }
+
+    #[test]
+    fn seeds_repeated_or_comma_separated_are_the_same_list() {
+        let parse = |args: &[&str]| {
+            Flags::try_parse_from(["floodgate-node"].iter().chain(args))
+                .unwrap()
+                .seeds
+        };
+        let expected = vec![addr("127.0.0.1:7100"), addr("127.0.0.1:7101")];
+        assert_eq!(
+            parse(&["--seeds", "127.0.0.1:7100,127.0.0.1:7101"]),
+            expected
+        );
+        assert_eq!(
+            parse(&["--seeds", "127.0.0.1:7100", "--seeds", "127.0.0.1:7101"]),
+            expected
+        );
     }
 }

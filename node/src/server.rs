@@ -20,7 +20,9 @@ use crate::config::NodeConfig;
 use crate::metrics::NodeMetrics;
 use crate::service::{answer_frame, encode_error};
 use crate::{admin, cluster, forward, tls};
-use floodgate::wire::{Frame, FrameKind, Replicated, decode_gossip, decode_replicate};
+use floodgate::wire::{
+    Frame, FrameKind, Replicated, decode_gossip, decode_id_conflict, decode_replicate,
+};
 
 /// How long shutdown waits for in-flight work before closing connections regardless.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(2);
@@ -199,6 +201,29 @@ impl Node {
         self.shared.cluster.table().nodes().to_vec()
     }
 
+    /// Why the node is not ready (what `/readyz` answers 503 with), or `None` when it serves
+    /// with the cluster: not while shutting down, refused, or (with seeds) not joined yet.
+    pub fn not_ready_reason(&self) -> Option<String> {
+        not_ready_reason(&self.shared)
+    }
+
+    /// Becomes `Some(reason)` if the cluster refused this node (another live node holds its
+    /// id); the node then sends no gossip and should be stopped.
+    pub fn watch_refusal(&self) -> watch::Receiver<Option<String>> {
+        self.shared.cluster.watch_refusal()
+    }
+
+    /// Resolves once the node has joined a cluster: heard from another member and taken its
+    /// real table (at once for a node started without seeds).
+    pub async fn joined(&self) {
+        self.shared.cluster.joined().await
+    }
+
+    /// The address this node knows the member `id` at.
+    pub fn member_addr(&self, id: &str) -> Option<String> {
+        self.shared.cluster.addr_of(id)
+    }
+
     /// The current slot table.
     pub fn slot_table(&self) -> Arc<floodgate::cluster::SlotTable> {
         self.shared.cluster.table()
@@ -282,6 +307,13 @@ impl Node {
         let _ = tokio::time::timeout(DRAIN_TIMEOUT, self.endpoint.wait_idle()).await;
         tracing::info!(addr = %self.local_addr, "floodgate node stopped");
     }
+}
+
+pub(crate) fn not_ready_reason(shared: &Shared) -> Option<String> {
+    if !shared.ready.load(Ordering::Relaxed) {
+        return Some("shutting down".to_owned());
+    }
+    shared.cluster.not_ready_reason()
 }
 
 async fn accept_loop(
@@ -671,6 +703,10 @@ async fn serve_uni_message(
             _ if !is_peer => shared.metrics.frame_error(ErrorCode::UnknownKind),
             FrameKind::Gossip => match decode_gossip(&frame.payload) {
                 Ok(gossip) => shared.cluster.handle_gossip(&shared, now_ns, &gossip),
+                Err((code, _)) => shared.metrics.frame_error(code),
+            },
+            FrameKind::IdConflict => match decode_id_conflict(&frame.payload) {
+                Ok(conflict) => shared.cluster.handle_conflict(&conflict, now_ns),
                 Err((code, _)) => shared.metrics.frame_error(code),
             },
             FrameKind::Replicate => match decode_replicate(&frame.payload) {

@@ -6,6 +6,13 @@
 //! comes back with a larger incarnation (its start time), so it is never mistaken for its old
 //! self. A graceful leave is gossiped as `Left`. Sans I/O: `handle_gossip(now, msg)` and
 //! `poll(now)` return what to send; the node owns sockets and timers.
+//!
+//! An id belongs to one address at a time. While a member is alive or suspect at address A,
+//! gossip naming its id at another address B is refused (A keeps the id and its slots) and
+//! answered with an [`IdConflict`] sent to B; the node that started later yields (it stops
+//! gossiping and its process exits). A restart at the same address with a larger incarnation is
+//! readmitted as before; a move to another address is taken once the member at the old address
+//! is dead or has left.
 
 use std::collections::BTreeMap;
 
@@ -89,6 +96,36 @@ pub struct Gossip {
     pub members: Vec<MemberDigest>,
 }
 
+/// Most conflicts one gossip message can produce (a message names each id at most once in
+/// practice; this bounds what a hostile one can make us send).
+pub const MAX_CONFLICTS_PER_GOSSIP: usize = 8;
+
+/// Member → claimant: "the id you gossip is held by another live node". Sent to
+/// `claimant_addr` by any member that holds `id` alive at `holder_addr` (or is that node).
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub struct IdConflict {
+    pub id: String,
+    /// Where the sender knows `id` to be alive.
+    pub holder_addr: String,
+    pub holder_incarnation: u64,
+    /// The address whose claim was refused (where this message goes).
+    pub claimant_addr: String,
+    pub claimant_incarnation: u64,
+}
+
+/// What a node makes of an [`IdConflict`] it receives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ConflictVerdict {
+    /// Not about this node (another id, or another claimant address): nothing to do.
+    Ignored,
+    /// Another node held this id first: this node must not take part. From now on it sends no
+    /// gossip; its process should stop.
+    Refused,
+    /// Another node claims this node's id, but this node started first: it keeps the id (the
+    /// other one receives the same conflict and yields).
+    Kept,
+}
+
 /// A message to send.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Outgoing {
@@ -117,6 +154,8 @@ pub struct Membership {
     next_round_ns: u64,
     rng: u64,
     epoch: u64,
+    /// Set once an [`IdConflict`] told us another node holds our id: we stay silent.
+    refused: bool,
 }
 
 impl Membership {
@@ -150,6 +189,7 @@ impl Membership {
             next_round_ns: now_ns,
             rng: seed | 1,
             epoch: 1,
+            refused: false,
         }
     }
 
@@ -184,18 +224,55 @@ impl Membership {
         self.members.get(id).map(|m| &m.info)
     }
 
+    /// True once a conflict told us another node holds our id (see [`ConflictVerdict::Refused`]).
+    pub fn is_refused(&self) -> bool {
+        self.refused
+    }
+
     /// Merges a peer's view. Heartbeats only move forward; a larger incarnation is a restart.
-    pub fn handle_gossip(&mut self, now_ns: u64, gossip: &Gossip) {
+    /// Returns the conflicts to send (each to its `claimant_addr`): digests that name a live
+    /// member's id at another address, which are refused.
+    pub fn handle_gossip(&mut self, now_ns: u64, gossip: &Gossip) -> Vec<IdConflict> {
         let owners_before = self.owners();
+        let mut conflicts = Vec::new();
+        if self.refused {
+            return conflicts; // Out of the cluster for good: its view stays its own.
+        }
         for digest in &gossip.members {
             let id = &digest.info.id;
             if *id == self.me {
-                continue; // Nobody else speaks for us.
+                // Nobody else speaks for us; another address claiming our id is told so.
+                if let Some(me) = self.members.get(id)
+                    && me.info.addr != digest.info.addr
+                    && !digest.left
+                    && me.state.owns_slots()
+                    && conflicts.len() < MAX_CONFLICTS_PER_GOSSIP
+                {
+                    conflicts.push(conflict(me, digest));
+                }
+                continue;
             }
-            let version = (digest.incarnation, digest.heartbeat);
             let room = self.members.len() < self.config.max_members;
             match self.members.get_mut(id) {
+                Some(member) if member.info.addr != digest.info.addr => {
+                    if member.state.owns_slots() {
+                        // Alive (or suspect) elsewhere: the id is taken. A departure gossiped
+                        // from the other address is not this member's and is dropped.
+                        if !digest.left && conflicts.len() < MAX_CONFLICTS_PER_GOSSIP {
+                            conflicts.push(conflict(member, digest));
+                        }
+                    } else if !digest.left {
+                        // The old address is dead or gone: the id has moved (whatever the
+                        // incarnation, which compares only lives at one address).
+                        member.incarnation = digest.incarnation;
+                        member.heartbeat = digest.heartbeat;
+                        member.info = digest.info.clone();
+                        member.state = MemberState::Alive;
+                        member.since_ns = now_ns;
+                    }
+                }
                 Some(member) => {
+                    let version = (digest.incarnation, digest.heartbeat);
                     if digest.left && digest.incarnation >= member.incarnation {
                         if member.state != MemberState::Left {
                             member.state = MemberState::Left;
@@ -235,6 +312,28 @@ impl Membership {
             }
         }
         self.bump_epoch_if_changed(&owners_before);
+        conflicts
+    }
+
+    /// Judges a conflict sent to us. The node that started first keeps the id: the larger
+    /// (incarnation, address) yields, so both sides of a conflict agree on who stays.
+    pub fn handle_conflict(&mut self, conflict: &IdConflict) -> ConflictVerdict {
+        let Some(me) = self.members.get(&self.me) else {
+            return ConflictVerdict::Ignored;
+        };
+        if conflict.id != self.me
+            || conflict.claimant_addr != me.info.addr
+            || conflict.holder_addr == me.info.addr
+        {
+            return ConflictVerdict::Ignored;
+        }
+        let holder = (conflict.holder_incarnation, conflict.holder_addr.as_str());
+        if holder < (me.incarnation, me.info.addr.as_str()) {
+            self.refused = true;
+            ConflictVerdict::Refused
+        } else {
+            ConflictVerdict::Kept
+        }
     }
 
     /// Advances timers: bumps our heartbeat, ages silent members, and when a gossip round is
@@ -258,7 +357,8 @@ impl Membership {
             m.state.owns_slots() || now_ns.saturating_sub(m.since_ns) < config.forget_after_ns
         });
         self.bump_epoch_if_changed(&owners_before);
-        if now_ns < self.next_round_ns {
+        // A refused node must not spread its claim any further.
+        if now_ns < self.next_round_ns || self.refused {
             return Vec::new();
         }
         self.next_round_ns = now_ns + config.gossip_interval_ns;
@@ -278,6 +378,10 @@ impl Membership {
 
     /// Announces a graceful leave: returns the message for every other known member.
     pub fn leave(&mut self, now_ns: u64) -> Vec<Outgoing> {
+        if self.refused {
+            // The id is another node's: announcing its departure is not ours to do.
+            return Vec::new();
+        }
         let owners_before = self.owners();
         if let Some(me) = self.members.get_mut(&self.me) {
             me.state = MemberState::Left;
@@ -349,6 +453,11 @@ impl Membership {
         targets
     }
 
+    /// Our incarnation (the start time in ms for a node).
+    pub fn incarnation(&self) -> u64 {
+        self.members.get(&self.me).map_or(0, |m| m.incarnation)
+    }
+
     fn bump_epoch_if_changed(&mut self, owners_before: &[String]) {
         if self.owners() != owners_before {
             self.epoch += 1;
@@ -361,5 +470,16 @@ impl Membership {
         self.rng ^= self.rng >> 7;
         self.rng ^= self.rng << 17;
         self.rng
+    }
+}
+
+/// The conflict `holder` (alive at its address) answers to a digest claiming its id elsewhere.
+fn conflict(holder: &Member, claim: &MemberDigest) -> IdConflict {
+    IdConflict {
+        id: holder.info.id.clone(),
+        holder_addr: holder.info.addr.clone(),
+        holder_incarnation: holder.incarnation,
+        claimant_addr: claim.info.addr.clone(),
+        claimant_incarnation: claim.incarnation,
     }
 }

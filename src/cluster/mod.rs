@@ -6,5 +6,8 @@
 pub mod membership;
 pub mod slots;
 
-pub use membership::{Gossip, MemberInfo, MemberState, Membership, MembershipConfig, Outgoing};
+pub use membership::{
+    ConflictVerdict, Gossip, IdConflict, MemberInfo, MemberState, Membership, MembershipConfig,
+    Outgoing,
+};
 pub use slots::{SLOTS, SlotTable, slot_of};

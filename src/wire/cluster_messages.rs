@@ -8,7 +8,7 @@ use super::ErrorCode;
 use super::messages::Refusal;
 use super::messages::{access_validated, algorithm_to_wire};
 use crate::algorithm::WindowState;
-use crate::cluster::{Gossip, MemberState, SLOTS};
+use crate::cluster::{Gossip, IdConflict, MemberState, SLOTS};
 use crate::{Algorithm, BucketKey, BucketState, BucketValue, Limit};
 
 /// A member as a client sees it.
@@ -190,6 +190,41 @@ pub fn decode_gossip(payload: &[u8]) -> Result<Gossip, Refusal> {
     let archived =
         access_validated::<crate::cluster::membership::ArchivedGossip>(payload, "gossip message")?;
     rkyv::deserialize::<Gossip, rancor::Error>(archived).map_err(|e| malformed("gossip", e))
+}
+
+/// Longest id or address an id conflict may name, in bytes.
+pub const MAX_MEMBER_FIELD_BYTES: usize = 256;
+
+/// Validates an id conflict: a non-empty id and two different, non-empty addresses, each at
+/// most [`MAX_MEMBER_FIELD_BYTES`].
+pub fn decode_id_conflict(payload: &[u8]) -> Result<IdConflict, Refusal> {
+    let archived =
+        rkyv::access::<crate::cluster::membership::ArchivedIdConflict, rancor::Error>(payload)
+            .map_err(|e| malformed("id conflict", e))?;
+    let conflict: IdConflict = rkyv::deserialize::<IdConflict, rancor::Error>(archived)
+        .map_err(|e| malformed("id conflict", e))?;
+    for (field, value) in [
+        ("id", &conflict.id),
+        ("holder address", &conflict.holder_addr),
+        ("claimant address", &conflict.claimant_addr),
+    ] {
+        if value.is_empty() || value.len() > MAX_MEMBER_FIELD_BYTES {
+            return Err(malformed(
+                "id conflict",
+                format!(
+                    "{field} of {} bytes (1 to {MAX_MEMBER_FIELD_BYTES})",
+                    value.len()
+                ),
+            ));
+        }
+    }
+    if conflict.holder_addr == conflict.claimant_addr {
+        return Err(malformed(
+            "id conflict",
+            "holder and claimant at the same address",
+        ));
+    }
+    Ok(conflict)
 }
 
 /// Validates a replication payload.

@@ -19,9 +19,9 @@ mod messages;
 mod policy_messages;
 
 pub use cluster_messages::{
-    HandoffPart, MAX_HANDOFF_PARTS, ReplicateMessage, Replicated, SlotTableMessage, TableMember,
-    WireBucket, decode_gossip, decode_replicate, decode_slot_table, member_state_from_wire,
-    member_state_to_wire,
+    HandoffPart, MAX_HANDOFF_PARTS, MAX_MEMBER_FIELD_BYTES, ReplicateMessage, Replicated,
+    SlotTableMessage, TableMember, WireBucket, decode_gossip, decode_id_conflict, decode_replicate,
+    decode_slot_table, member_state_from_wire, member_state_to_wire,
 };
 pub use frame::{Frame, FrameError, FrameReader, encode_frame, encode_message};
 pub use messages::{
@@ -69,6 +69,9 @@ pub enum FrameKind {
     /// Node → node: a check batch forwarded by a node that does not own its slots; decided
     /// where it lands, never forwarded again.
     ForwardedCheckBatch = 10,
+    /// Node → node: an [`crate::cluster::IdConflict`]: the receiver gossiped an id another
+    /// live node holds at another address.
+    IdConflict = 11,
 }
 
 impl FrameKind {
@@ -84,16 +87,20 @@ impl FrameKind {
             8 => Some(FrameKind::PolicyRequest),
             9 => Some(FrameKind::Policy),
             10 => Some(FrameKind::ForwardedCheckBatch),
+            11 => Some(FrameKind::IdConflict),
             _ => None,
         }
     }
 
-    /// True for the kinds only another node may send (gossip, replication, forwarded checks):
-    /// the receiver closes a connection without a peer certificate that sends one, with
-    /// [`ErrorCode::Forbidden`]. Every kind must decide here.
+    /// True for the kinds only another node may send (gossip, replication, forwarded checks,
+    /// id conflicts): the receiver closes a connection without a peer certificate that sends
+    /// one, with [`ErrorCode::Forbidden`]. Every kind must decide here.
     pub fn peer_only(self) -> bool {
         match self {
-            FrameKind::Gossip | FrameKind::Replicate | FrameKind::ForwardedCheckBatch => true,
+            FrameKind::Gossip
+            | FrameKind::Replicate
+            | FrameKind::ForwardedCheckBatch
+            | FrameKind::IdConflict => true,
             FrameKind::CheckBatch
             | FrameKind::DecisionBatch
             | FrameKind::Error

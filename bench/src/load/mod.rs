@@ -29,15 +29,17 @@ use self::process::Server;
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct LoadArgs {
-    /// Seconds each closed-loop run and each open-loop step lasts.
-    #[arg(long, default_value_t = 4.0)]
-    pub seconds: f64,
-    /// Open-loop arrival rates (requests/s), in increasing order; a system stops climbing once it
-    /// saturates.
+    /// How long each closed-loop run and each open-loop step lasts (e.g. 500ms, 4s; at most
+    /// 10min).
+    #[arg(long, default_value = "4s", value_parser = parse_duration)]
+    pub duration: Duration,
+    /// Open-loop arrival rates, in increasing order (e.g. 10000/s, 600000/min; at least 1/s);
+    /// repeat the flag or separate with commas. A system stops climbing once it saturates.
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "10000,50000,100000,200000,400000,800000"
+        value_parser = parse_rate_per_second,
+        default_value = "10000/s,50000/s,100000/s,200000/s,400000/s,800000/s"
     )]
     pub rates: Vec<u64>,
     /// Concurrent callers in the closed loop.
@@ -46,7 +48,8 @@ pub struct LoadArgs {
     /// Size of the key space (and keys loaded for the memory measurement).
     #[arg(long, default_value_t = 1_000_000)]
     pub keys: u64,
-    /// Key spreads to run, each with 1 check per request; `--three-checks` adds uniform/3-check.
+    /// Key spreads to run, each with 1 check per request (repeat the flag or separate with
+    /// commas); `--three-checks` adds uniform/3-check.
     #[arg(long, value_delimiter = ',', default_value = "uniform,zipf,hot")]
     pub spreads: Vec<KeySpread>,
     /// Also run requests of 3 checks (user + IP + API key) over the uniform spread.
@@ -61,10 +64,12 @@ pub struct LoadArgs {
     /// The floodgate-node binary to start (default: beside this binary).
     #[arg(long)]
     pub node_bin: Option<PathBuf>,
-    /// Use running nodes instead of starting one (then server CPU and memory are not measured).
+    /// Measure a running cluster instead of starting a node: the nodes to start from, HOST:PORT
+    /// (repeat the flag or separate with commas; the first is used). Server CPU and memory are
+    /// then not measured.
     #[arg(long, value_delimiter = ',', requires = "ca")]
-    pub nodes: Vec<SocketAddr>,
-    /// CA certificate of the `--nodes`.
+    pub seeds: Vec<SocketAddr>,
+    /// CA certificate of the `--seeds`.
     #[arg(long)]
     pub ca: Option<PathBuf>,
     /// Runtime threads of the node started (default: its own, one per core).
@@ -98,6 +103,29 @@ impl LoadArgs {
     }
 }
 
+/// Longest `--duration`: every loop of a run stays bounded in time.
+const MAX_STEP: Duration = Duration::from_secs(600);
+
+/// `--duration`: the core's duration syntax (`500ms`, `4s`, `1.5min`); a bare number is refused.
+fn parse_duration(text: &str) -> Result<Duration, String> {
+    floodgate::parse_duration_ns(text)
+        .map(Duration::from_nanos)
+        .map_err(|e| e.to_string())
+}
+
+/// `--rates`: the core's rate syntax (`10000/s`, `5/10s`), as whole requests per second.
+pub fn parse_rate_per_second(text: &str) -> Result<u64, String> {
+    let (count, period_ns) = floodgate::parse_rate(text).map_err(|e| e.to_string())?;
+    let per_second = u128::from(count) * u128::from(NANOS_PER_SEC) / u128::from(period_ns.max(1));
+    match u64::try_from(per_second) {
+        Ok(rate) if rate >= 1 => Ok(rate),
+        _ => Err(format!(
+            "`{text}`: an arrival rate must be between 1/s and {}/s",
+            u64::MAX
+        )),
+    }
+}
+
 /// The limit every check uses on both systems: 1,000 per hour with a burst of 1,000, so keys
 /// stay live (and in memory) for the whole run on both sides.
 fn bench_limit() -> Limit {
@@ -109,8 +137,8 @@ pub async fn run(args: LoadArgs) -> anyhow::Result<Vec<Record>> {
     anyhow::ensure!(args.keys >= 1, "--keys must be at least 1");
     anyhow::ensure!(args.callers >= 1, "--callers must be at least 1");
     anyhow::ensure!(
-        args.seconds > 0.0 && args.seconds <= 600.0,
-        "--seconds must be in (0, 600]"
+        !args.duration.is_zero() && args.duration <= MAX_STEP,
+        "--duration must be more than 0 and at most 10min"
     );
     std::fs::create_dir_all(&args.out)
         .with_context(|| format!("creating {}", args.out.display()))?;
@@ -129,7 +157,7 @@ pub async fn run(args: LoadArgs) -> anyhow::Result<Vec<Record>> {
     let mut records = Vec::new();
 
     // floodgate
-    let (server, target) = if args.nodes.is_empty() {
+    let (server, target) = if args.seeds.is_empty() {
         let binary = args
             .node_bin
             .clone()
@@ -140,10 +168,10 @@ pub async fn run(args: LoadArgs) -> anyhow::Result<Vec<Record>> {
             Target::floodgate(server.addr, &data_dir.join("ca.pem"), bench_limit()).await?;
         (Some(server), target)
     } else {
-        let ca = args.ca.clone().context("--nodes needs --ca")?;
+        let ca = args.ca.clone().context("--seeds needs --ca")?;
         (
             None,
-            Target::floodgate(args.nodes[0], &ca, bench_limit()).await?,
+            Target::floodgate(args.seeds[0], &ca, bench_limit()).await?,
         )
     };
     run_system(
@@ -200,7 +228,7 @@ async fn run_system(
 ) -> anyhow::Result<()> {
     let target = Arc::new(target);
     let name = target.name();
-    let seconds = Duration::from_secs_f64(args.seconds);
+    let seconds = args.duration;
     progress.set_message(format!("{name}: loading {} keys", args.keys));
     let bytes_per_key = load_keys(&target, server, args.keys).await?;
     progress.inc(1);
@@ -281,4 +309,68 @@ async fn load_keys(
     }
     let after = server.map(|s| s.rss_bytes()).transpose()?.unwrap_or(0);
     Ok(after.saturating_sub(before) as f64 / keys as f64)
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(Debug, Parser)]
+    struct Cli {
+        #[command(flatten)]
+        load: LoadArgs,
+    }
+
+    fn parse(args: &[&str]) -> Result<LoadArgs, clap::Error> {
+        Cli::try_parse_from(["load"].iter().chain(args)).map(|c| c.load)
+    }
+
+    #[test]
+    fn durations_and_rates_use_the_core_syntax() {
+        let args = parse(&["--duration", "500ms", "--rates", "10/s,600/min,50/10s"]).unwrap();
+        assert_eq!(args.duration, Duration::from_millis(500));
+        assert_eq!(args.rates, [10, 10, 5]);
+        let defaults = parse(&[]).unwrap();
+        assert_eq!(defaults.duration, Duration::from_secs(4));
+        assert_eq!(defaults.rates[0], 10_000);
+    }
+
+    #[test]
+    fn bare_numbers_and_rates_under_one_per_second_are_refused() {
+        for bad in [
+            &["--duration", "4"][..],
+            &["--seconds", "4"],
+            &["--rates", "500"],
+            &["--rates", "1/min"],
+        ] {
+            assert!(parse(bad).is_err(), "{bad:?} parsed");
+        }
+        let err = parse(&["--rates", "1/min"]).unwrap_err().to_string();
+        assert!(err.contains("between 1/s"), "{err}");
+    }
+
+    #[test]
+    fn list_flags_take_repeated_or_comma_separated_values_alike() {
+        let ca = ["--ca", "ca.pem"];
+        let joined =
+            parse(&[&ca[..], &["--seeds", "127.0.0.1:7100,127.0.0.1:7101"]].concat()).unwrap();
+        let repeated = parse(
+            &[
+                &ca[..],
+                &["--seeds", "127.0.0.1:7100", "--seeds", "127.0.0.1:7101"],
+            ]
+            .concat(),
+        )
+        .unwrap();
+        assert_eq!(joined.seeds, repeated.seeds);
+        assert_eq!(joined.seeds.len(), 2);
+        let rates = parse(&["--rates", "1/s", "--rates", "2/s,3/s"]).unwrap();
+        assert_eq!(rates.rates, [1, 2, 3]);
+        let spreads = parse(&["--spreads", "uniform", "--spreads", "zipf,hot"]).unwrap();
+        assert_eq!(spreads.spreads.len(), 3);
+        // The old name is gone.
+        assert!(parse(&[&ca[..], &["--nodes", "127.0.0.1:7100"]].concat()).is_err());
+    }
 }
