@@ -31,6 +31,7 @@ async fn start(certs: &DevCerts, adjust: impl FnOnce(&mut NodeConfig)) -> Node {
     let mut config = NodeConfig::for_tests(certs);
     quick_gossip(&mut config);
     adjust(&mut config);
+    certify_node_id(&mut config, certs);
     Node::start(config).await.unwrap()
 }
 

@@ -26,11 +26,24 @@ pub async fn start_node(adjust: impl FnOnce(&mut NodeConfig)) -> TestNode {
     let certs = ensure_dev_certs(dir.path()).unwrap();
     let mut config = NodeConfig::for_tests(&certs);
     adjust(&mut config);
+    certify_node_id(&mut config, &certs);
     let node = Node::start(config).await.unwrap();
     TestNode {
         node,
         certs,
         _dir: dir,
+    }
+}
+
+/// A node given an id but still the shared development certificate gets that id's own
+/// certificate: peers verify a node by the id its certificate carries.
+pub fn certify_node_id(config: &mut NodeConfig, certs: &DevCerts) {
+    if let Some(id) = &config.cluster.node_id
+        && config.tls.cert == certs.node_cert
+    {
+        let (cert, key) = certs.node_cert_for(id).unwrap();
+        config.tls.cert = cert;
+        config.tls.key = key;
     }
 }
 
