@@ -21,6 +21,8 @@ pub(crate) struct Allowance {
     /// All connections, clients and peers.
     connections_gauge: Gauge,
     peer_gauge: Gauge,
+    /// (clients, peers) admitted, for whoever awaits a change (tests, instead of polling).
+    counts: tokio::sync::watch::Sender<(usize, usize)>,
 }
 
 /// A handshake in flight; its place is given back on drop.
@@ -49,6 +51,7 @@ impl Allowance {
             peers: AtomicUsize::new(0),
             connections_gauge,
             peer_gauge,
+            counts: tokio::sync::watch::Sender::new((0, 0)),
         }
     }
 
@@ -94,10 +97,16 @@ impl Allowance {
         self.peers.load(Ordering::Relaxed)
     }
 
+    /// The admitted (clients, peers), updated on every admission and departure.
+    pub(crate) fn watch_counts(&self) -> tokio::sync::watch::Receiver<(usize, usize)> {
+        self.counts.subscribe()
+    }
+
     fn publish(&self) {
-        let peers = self.peers();
-        self.connections_gauge.set((self.clients() + peers) as f64);
+        let (clients, peers) = (self.clients(), self.peers());
+        self.connections_gauge.set((clients + peers) as f64);
         self.peer_gauge.set(peers as f64);
+        self.counts.send_replace((clients, peers));
     }
 }
 

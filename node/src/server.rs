@@ -249,6 +249,11 @@ impl Node {
         )
     }
 
+    /// The admitted (clients, peers) connections, as they change (await instead of polling).
+    pub fn watch_connection_counts(&self) -> watch::Receiver<(usize, usize)> {
+        self.shared.allowance.watch_counts()
+    }
+
     /// Every new slot table, as it is adopted (await `changed()` instead of polling).
     pub fn watch_slot_table(&self) -> watch::Receiver<Arc<floodgate::cluster::SlotTable>> {
         self.shared.cluster.watch_table()

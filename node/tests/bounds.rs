@@ -151,9 +151,16 @@ async fn clients_at_their_limit_do_not_keep_a_peer_out() {
     let second = Node::start(config).await.unwrap();
     converge(&second, 2).await;
     converge(&first.node, 2).await;
-    let (clients_now, peers_now) = first.node.connection_counts();
-    assert_eq!(clients_now, 2);
-    assert!(peers_now >= 1, "the second node is counted as a peer");
+    // The second node's connection may still be moving from its seed dial to its dial by node
+    // id: wait for the first node to count it as a peer, beside the two clients.
+    let mut counts = first.node.watch_connection_counts();
+    // The borrow `wait_for` returns holds the watch's lock: keep only whether it came.
+    let counted = tokio::time::timeout(WAIT, async {
+        counts.wait_for(|&(_, peers)| peers >= 1).await.is_ok()
+    })
+    .await;
+    assert_eq!(counted, Ok(true), "the second node is counted as a peer");
+    assert_eq!(first.node.connection_counts().0, 2, "the clients stay");
     drop(clients);
     second.shutdown().await;
     first.node.shutdown().await;
