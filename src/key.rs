@@ -32,11 +32,13 @@ impl BucketKey {
         Self::from_u128(xxh3_128_with_seed(key, EMPTY_RULE_SEED))
     }
 
-    /// Builds a key from a 128-bit hash computed elsewhere (e.g. sent over the wire).
+    /// Builds a key from a 128-bit hash computed elsewhere (e.g. sent over the wire). A zero
+    /// `hash` becomes 1: the GCRA table marks its empty slots with hash 0, so no key may have it
+    /// (a peer could send one; a real key hashes to it with probability 2⁻⁶⁴).
     pub fn from_u128(digest: u128) -> Self {
         // Truncations are intended: low 64 bits and the next 32.
         BucketKey {
-            hash: digest as u64,
+            hash: (digest as u64).max(1),
             check: (digest >> 64) as u32,
         }
     }
