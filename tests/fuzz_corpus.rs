@@ -38,7 +38,13 @@ fn every_target_replays_its_saved_corpus() {
     for target in bodies::TARGETS {
         let dir = fuzz_dir().join("corpus").join(target.name);
         let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
-            .unwrap_or_else(|e| panic!("corpus of {} missing at {}: {e}", target.name, dir.display()))
+            .unwrap_or_else(|e| {
+                panic!(
+                    "corpus of {} missing at {}: {e}",
+                    target.name,
+                    dir.display()
+                )
+            })
             .map(|entry| entry.expect("a directory entry").path())
             .collect();
         files.sort();
@@ -64,11 +70,12 @@ fn every_target_replays_its_saved_corpus() {
 /// the same set: a target added in one place only fails here.
 #[test]
 fn every_target_has_a_binary_and_a_corpus() {
-    let listed: BTreeSet<String> = bodies::TARGETS
-        .iter()
-        .map(|t| t.name.to_owned())
-        .collect();
-    assert_eq!(listed.len(), bodies::TARGETS.len(), "duplicate target names");
+    let listed: BTreeSet<String> = bodies::TARGETS.iter().map(|t| t.name.to_owned()).collect();
+    assert_eq!(
+        listed.len(),
+        bodies::TARGETS.len(),
+        "duplicate target names"
+    );
     assert_eq!(
         file_stems(&fuzz_dir().join("fuzz_targets"), Some("rs")),
         listed

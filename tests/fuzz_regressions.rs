@@ -2,9 +2,12 @@
 //! raw inputs also sit in `fuzz/corpus/<target>/regression-*`, replayed by `fuzz_corpus.rs`).
 
 use floodgate::wire::{
-    FrameKind, FrameReader, ReplicateMessage, WireBucket, decode_replicate, encode_message,
+    ErrorCode, FrameKind, FrameReader, MAX_WIRE_TAT_NS, ReplicateMessage, WireBucket,
+    decode_replicate, encode_message,
 };
-use floodgate::{BucketKey, BucketStore, Decision, Limit, NANOS_PER_SEC, StoreConfig};
+use floodgate::{
+    BucketKey, BucketStore, Decision, Limit, MAX_PERIOD_NS, NANOS_PER_SEC, StoreConfig,
+};
 
 const S: u64 = NANOS_PER_SEC;
 
@@ -55,4 +58,60 @@ fn a_replicated_bucket_with_a_zero_key_hash_merges_and_is_found_again() {
         Decision::Denied { .. }
     ));
     assert_eq!(store.len(), 1);
+}
+
+/// The widest GCRA limit there is: the longest period, one unit per period, and the largest
+/// burst whose capacity still fits in `u64::MAX / 4`.
+fn widest_gcra_limit() -> Limit {
+    let burst = (u64::MAX / 4) / MAX_PERIOD_NS;
+    Limit::gcra(1, MAX_PERIOD_NS, burst).unwrap()
+}
+
+fn gcra_bucket(tat_ns: u64) -> ReplicateMessage {
+    ReplicateMessage {
+        from: "peer".to_owned(),
+        handoff: None,
+        buckets: vec![WireBucket {
+            key: 0x1234_5678_9abc_def0,
+            algorithm: 0,
+            tat_ns,
+            margin_ms: u32::MAX,
+            ..WireBucket::default()
+        }],
+    }
+}
+
+/// A replicated GCRA bucket whose arrival time was near `u64::MAX`: merged as received, the next
+/// check's `debt + cost * interval` overflowed (a panic in debug builds, a wrapped debt that
+/// admitted in release). The decoder now refuses arrival times past `MAX_WIRE_TAT_NS`, and the
+/// latest it accepts is checked under the widest limit without overflow.
+#[test]
+fn a_replicated_arrival_time_near_the_end_of_time_is_refused() {
+    let mut bytes = Vec::new();
+    encode_message(
+        &mut bytes,
+        FrameKind::Replicate,
+        1,
+        &gcra_bucket(u64::MAX - 5),
+    );
+    let mut reader = FrameReader::new(1 << 20);
+    reader.extend(&bytes);
+    let (code, message) = decode_replicate(&reader.next_frame().unwrap().unwrap().payload)
+        .expect_err("a TAT past the bound is refused");
+    assert_eq!(code, ErrorCode::MalformedPayload);
+    assert!(message.contains("arrival time"), "{message}");
+
+    let buckets = received(&gcra_bucket(MAX_WIRE_TAT_NS));
+    let store = BucketStore::new(StoreConfig {
+        max_keys: 16,
+        shards: 2,
+    })
+    .unwrap();
+    let now = 1_000 * S;
+    assert_eq!(store.merge(&buckets, now), 0);
+    let limit = widest_gcra_limit();
+    for cost in [0, 1, limit.burst()] {
+        let decision = store.check(buckets[0].key, &limit, cost, now).unwrap();
+        assert!(!decision.is_allowed() || cost == 0, "{decision:?}");
+    }
 }

@@ -11,9 +11,9 @@ use floodgate::policy::{MAX_KEY_BYTES, Policy, RequestAttributes};
 use floodgate::wire::{
     CheckBatch, DecisionBatch, ErrorCode, ErrorFrame, FrameKind, FrameReader, HEADER_BYTES,
     MAX_HANDOFF_PARTS, MAX_POLICY_TEXT_BYTES, ReplicateMessage, Replicated, WireBucket,
-    WireDecision, WireLimits, decode_check_batch, decode_decisions,
-    decode_error_frame, decode_gossip, decode_policy_message, decode_policy_request,
-    decode_replicate, decode_slot_table, encode_frame, encode_message,
+    WireDecision, WireLimits, decode_check_batch, decode_decisions, decode_error_frame,
+    decode_gossip, decode_policy_message, decode_policy_request, decode_replicate,
+    decode_slot_table, encode_frame, encode_message,
 };
 use floodgate::{
     Algorithm, BucketKey, BucketStore, BucketValue, Clock, Decision, FakeClock, Limit,
@@ -234,7 +234,10 @@ pub fn frame_reader(data: &[u8]) -> Outcome {
             encode_frame(&mut bytes, *kind, *request_id, payload);
             let mut again = FrameReader::new(FRAME_TARGET_MAX_BYTES);
             again.extend(&bytes);
-            let frame = again.next_frame().expect("re-encoded frame").expect("whole");
+            let frame = again
+                .next_frame()
+                .expect("re-encoded frame")
+                .expect("whole");
             assert_eq!(
                 Event::Frame(frame.kind, frame.request_id, frame.payload.to_vec()),
                 *event
@@ -352,12 +355,18 @@ pub fn gossip(data: &[u8]) -> Outcome {
         region: String::new(),
     };
     let start = NANOS_PER_SEC;
-    let mut membership = Membership::new(me, 1, vec!["127.0.0.1:7101".to_owned()], config, start, 3);
+    let mut membership =
+        Membership::new(me, 1, vec!["127.0.0.1:7101".to_owned()], config, start, 3);
     membership.handle_gossip(start, gossip);
     assert!(membership.members().count() <= config.max_members);
     let mut now = start;
     // Past suspicion, death and forgetting: every timer path runs once.
-    for step in [0, config.suspect_after_ns, config.dead_after_ns, config.forget_after_ns] {
+    for step in [
+        0,
+        config.suspect_after_ns,
+        config.dead_after_ns,
+        config.forget_after_ns,
+    ] {
         now += step + 1;
         for message in membership.poll(now) {
             assert!(message.gossip.members.len() <= config.max_members);
@@ -615,7 +624,11 @@ pub fn rules_yaml(data: &[u8]) -> Outcome {
     assert!(policy.describe().lines().count() > policy.rules().len());
     for request in sample_requests() {
         for check in policy.checks_for(&request) {
-            assert!(check.key.len() <= MAX_KEY_BYTES, "{} bytes", check.key.len());
+            assert!(
+                check.key.len() <= MAX_KEY_BYTES,
+                "{} bytes",
+                check.key.len()
+            );
             assert!(check.key.starts_with(check.rule.as_bytes()));
             assert!(check.cost <= check.limit.burst());
         }

@@ -6,9 +6,9 @@
 use floodgate::cluster::membership::MemberDigest;
 use floodgate::cluster::{Gossip, MemberInfo, SLOTS, SlotTable};
 use floodgate::wire::{
-    CheckBatch, DecisionBatch, ErrorCode, ErrorFrame, FrameKind, HandoffPart, PolicyMessage,
-    PolicyRequest, ReplicateMessage, SlotTableMessage, TableMember, WireBucket, WireCheck,
-    WireDecision, encode_frame, encode_message,
+    CheckBatch, DecisionBatch, ErrorCode, ErrorFrame, FrameKind, HandoffPart, MAX_WIRE_TAT_NS,
+    PolicyMessage, PolicyRequest, ReplicateMessage, SlotTableMessage, TableMember, WireBucket,
+    WireCheck, WireDecision, encode_frame, encode_message,
 };
 use floodgate::{
     Algorithm, BucketKey, BucketState, BucketStore, Decision, Limit, NANOS_PER_SEC, StoreConfig,
@@ -84,14 +84,49 @@ fn frame_seeds() -> Vec<Seed> {
     let mut old_version = stream.clone();
     old_version[2] = 0;
     vec![
-        seed("frame_reader", "three-frames", with_piece(0, &stream), Accepted),
-        seed("frame_reader", "three-frames-in-7s", with_piece(6, &stream), Accepted),
-        seed("frame_reader", "unknown-kind-then-frames", with_piece(3, &unknown_kind), Accepted),
-        seed("frame_reader", "truncated", with_piece(31, &stream[..stream.len() - 3]), Accepted),
+        seed(
+            "frame_reader",
+            "three-frames",
+            with_piece(0, &stream),
+            Accepted,
+        ),
+        seed(
+            "frame_reader",
+            "three-frames-in-7s",
+            with_piece(6, &stream),
+            Accepted,
+        ),
+        seed(
+            "frame_reader",
+            "unknown-kind-then-frames",
+            with_piece(3, &unknown_kind),
+            Accepted,
+        ),
+        seed(
+            "frame_reader",
+            "truncated",
+            with_piece(31, &stream[..stream.len() - 3]),
+            Accepted,
+        ),
         seed("frame_reader", "empty", Vec::new(), Refused),
-        seed("frame_reader", "bad-magic", with_piece(1, b"GF\x01\x01"), Refused),
-        seed("frame_reader", "old-version", with_piece(2, &old_version), Refused),
-        seed("frame_reader", "too-large", with_piece(0, &too_large), Refused),
+        seed(
+            "frame_reader",
+            "bad-magic",
+            with_piece(1, b"GF\x01\x01"),
+            Refused,
+        ),
+        seed(
+            "frame_reader",
+            "old-version",
+            with_piece(2, &old_version),
+            Refused,
+        ),
+        seed(
+            "frame_reader",
+            "too-large",
+            with_piece(0, &too_large),
+            Refused,
+        ),
     ]
 }
 
@@ -101,13 +136,18 @@ fn check_batch_seeds() -> Vec<Seed> {
     let fixed = limit(Algorithm::FixedWindow, 100, 60 * S, 100);
     let sliding = limit(Algorithm::SlidingWindow, 5, 10 * S, 5);
     let log = limit(Algorithm::SlidingLog, 3, S, 3);
-    let encode = |groups: Vec<Vec<WireCheck>>| reframe(FrameKind::CheckBatch, &CheckBatch { groups }).to_vec();
+    let encode = |groups: Vec<Vec<WireCheck>>| {
+        reframe(FrameKind::CheckBatch, &CheckBatch { groups }).to_vec()
+    };
     let takeover = WireCheck {
         takeover: true,
         ..WireCheck::new("b", &gcra, 2)
     };
     let every_algorithm = vec![
-        vec![WireCheck::new("a", &gcra, 1), WireCheck::new("b", &fixed, 0)],
+        vec![
+            WireCheck::new("a", &gcra, 1),
+            WireCheck::new("b", &fixed, 0),
+        ],
         vec![WireCheck::new("c", &sliding, 5)],
         vec![WireCheck::new("", &log, 4), takeover],
     ];
@@ -132,15 +172,33 @@ fn check_batch_seeds() -> Vec<Seed> {
         rate: 0,
         ..WireCheck::new("a", &gcra, 1)
     }]];
-    let too_many = vec![vec![WireCheck::new("a", &gcra, 1); CHECK_TARGET_LIMITS.max_batch + 1]];
+    let too_many = vec![vec![
+        WireCheck::new("a", &gcra, 1);
+        CHECK_TARGET_LIMITS.max_batch + 1
+    ]];
     vec![
-        seed("check_batch", "every-algorithm", encode(every_algorithm), Accepted),
+        seed(
+            "check_batch",
+            "every-algorithm",
+            encode(every_algorithm),
+            Accepted,
+        ),
         seed("check_batch", "refunds", encode(refunds), Accepted),
         seed("check_batch", "no-groups", encode(Vec::new()), Accepted),
-        seed("check_batch", "empty-group", encode(vec![Vec::new()]), Refused),
+        seed(
+            "check_batch",
+            "empty-group",
+            encode(vec![Vec::new()]),
+            Refused,
+        ),
         seed("check_batch", "mixed-refund", encode(mixed), Refused),
         seed("check_batch", "long-key", encode(long_key), Refused),
-        seed("check_batch", "unknown-algorithm", encode(bad_algorithm), Refused),
+        seed(
+            "check_batch",
+            "unknown-algorithm",
+            encode(bad_algorithm),
+            Refused,
+        ),
         seed("check_batch", "zero-rate", encode(zero_rate), Refused),
         seed("check_batch", "too-many", encode(too_many), Refused),
         seed("check_batch", "garbage", vec![0xff; 24], Refused),
@@ -177,7 +235,12 @@ fn decision_seeds() -> Vec<Seed> {
         .to_vec()
     };
     vec![
-        seed("decision_batch", "each-outcome", encode(decisions, 42), Accepted),
+        seed(
+            "decision_batch",
+            "each-outcome",
+            encode(decisions, 42),
+            Accepted,
+        ),
         seed("decision_batch", "empty", encode(Vec::new(), 0), Accepted),
         seed("decision_batch", "short", vec![0; 4], Refused),
     ]
@@ -196,10 +259,28 @@ fn error_frame_seeds() -> Vec<Seed> {
         .to_vec()
     };
     vec![
-        seed("error_frame", "too-large", encode(ErrorCode::FrameTooLarge as u16, "frame of 9 bytes exceeds the maximum of 8"), Accepted),
+        seed(
+            "error_frame",
+            "too-large",
+            encode(
+                ErrorCode::FrameTooLarge as u16,
+                "frame of 9 bytes exceeds the maximum of 8",
+            ),
+            Accepted,
+        ),
         seed("error_frame", "unknown-code", encode(999, "é ✓"), Accepted),
-        seed("error_frame", "empty-message", encode(ErrorCode::Overloaded as u16, ""), Accepted),
-        seed("error_frame", "garbage", vec![1, 2, 3, 4, 5, 6, 7, 8, 9], Refused),
+        seed(
+            "error_frame",
+            "empty-message",
+            encode(ErrorCode::Overloaded as u16, ""),
+            Accepted,
+        ),
+        seed(
+            "error_frame",
+            "garbage",
+            vec![1, 2, 3, 4, 5, 6, 7, 8, 9],
+            Refused,
+        ),
     ]
 }
 
@@ -218,7 +299,8 @@ fn member(id: &str, incarnation: u64, heartbeat: u64, left: bool) -> MemberDiges
 
 fn gossip_seeds() -> Vec<Seed> {
     use Outcome::{Accepted, Refused};
-    let encode = |members: Vec<MemberDigest>| reframe(FrameKind::Gossip, &Gossip { members }).to_vec();
+    let encode =
+        |members: Vec<MemberDigest>| reframe(FrameKind::Gossip, &Gossip { members }).to_vec();
     let view = vec![
         member("me", 5, 5, false),
         member("node-1", 1, 10, false),
@@ -226,7 +308,14 @@ fn gossip_seeds() -> Vec<Seed> {
         member("node-1", 2, 0, false),
     ];
     let crowd = (0..12)
-        .map(|i| member(["a", "bb", "ccc", "dddd"][i % 4], i as u64, u64::MAX - i as u64, i % 3 == 0))
+        .map(|i| {
+            member(
+                ["a", "bb", "ccc", "dddd"][i % 4],
+                i as u64,
+                u64::MAX - i as u64,
+                i % 3 == 0,
+            )
+        })
         .collect();
     vec![
         seed("gossip", "view", encode(view), Accepted),
@@ -258,21 +347,32 @@ fn table_message(nodes: &[String]) -> SlotTableMessage {
             })
             .collect(),
         owners: (0..SLOTS as u16).map(|s| index(table.owner(s))).collect(),
-        successors: (0..SLOTS as u16).map(|s| index(table.successor(s))).collect(),
+        successors: (0..SLOTS as u16)
+            .map(|s| index(table.successor(s)))
+            .collect(),
     }
 }
 
 fn slot_table_seeds() -> Vec<Seed> {
     use Outcome::{Accepted, Refused};
     let encode = |message: &SlotTableMessage| reframe(FrameKind::SlotTable, message).to_vec();
-    let three = table_message(&["node-0".to_owned(), "node-1".to_owned(), "node-2".to_owned()]);
+    let three = table_message(&[
+        "node-0".to_owned(),
+        "node-1".to_owned(),
+        "node-2".to_owned(),
+    ]);
     let mut dangling = three.clone();
     dangling.owners[17] = 3;
     let mut short = three.clone();
     short.successors.pop();
     vec![
         seed("slot_table", "three-nodes", encode(&three), Accepted),
-        seed("slot_table", "no-nodes", encode(&table_message(&[])), Accepted),
+        seed(
+            "slot_table",
+            "no-nodes",
+            encode(&table_message(&[])),
+            Accepted,
+        ),
         seed("slot_table", "dangling-owner", encode(&dangling), Refused),
         seed("slot_table", "short", encode(&short), Refused),
     ]
@@ -353,7 +453,23 @@ fn replicate_seeds() -> Vec<Seed> {
     let mut bad_part = handoff.clone();
     bad_part.handoff.as_mut().expect("a hand-off").part = 2;
     let mut bad_slot = handoff.clone();
-    bad_slot.handoff.as_mut().expect("a hand-off").slots.push(SLOTS as u16);
+    bad_slot
+        .handoff
+        .as_mut()
+        .expect("a hand-off")
+        .slots
+        .push(SLOTS as u16);
+    // GCRA arrival times: far ahead of any limit (accepted; waits long), and past the bound.
+    let tat = |tat_ns| ReplicateMessage {
+        buckets: vec![WireBucket {
+            key: 0xfeed << 64 | 0xbeef,
+            algorithm: 0,
+            tat_ns,
+            margin_ms: 1_000,
+            ..WireBucket::default()
+        }],
+        ..ReplicateMessage::default()
+    };
     let long_log = ReplicateMessage {
         buckets: vec![WireBucket {
             times_ns: vec![1; 4],
@@ -371,6 +487,18 @@ fn replicate_seeds() -> Vec<Seed> {
             seed(target, "bad-part", encode(&bad_part), Refused),
             seed(target, "bad-slot", encode(&bad_slot), Refused),
             seed(target, "long-log", encode(&long_log), Refused),
+            seed(
+                target,
+                "tat-far-ahead",
+                encode(&tat(MAX_WIRE_TAT_NS)),
+                Accepted,
+            ),
+            seed(
+                target,
+                "tat-past-bound",
+                encode(&tat(MAX_WIRE_TAT_NS + 1)),
+                Refused,
+            ),
         ]);
     }
     seeds
@@ -400,12 +528,37 @@ fn policy_seeds() -> Vec<Seed> {
     let long = "v".repeat(129);
     vec![
         seed("policy_request", "none", request(""), Accepted),
-        seed("policy_request", "version", request("0123456789abcdef"), Accepted),
+        seed(
+            "policy_request",
+            "version",
+            request("0123456789abcdef"),
+            Accepted,
+        ),
         seed("policy_request", "long-version", request(&long), Refused),
-        seed("policy_message", "example", message("0123456789abcdef", EXAMPLE_RULES), Accepted),
-        seed("policy_message", "unchanged", message("0123456789abcdef", ""), Accepted),
-        seed("policy_message", "bad-rules", message("1", "rules: [1"), Accepted),
-        seed("policy_message", "long-version", message(&long, "rules: []\n"), Refused),
+        seed(
+            "policy_message",
+            "example",
+            message("0123456789abcdef", EXAMPLE_RULES),
+            Accepted,
+        ),
+        seed(
+            "policy_message",
+            "unchanged",
+            message("0123456789abcdef", ""),
+            Accepted,
+        ),
+        seed(
+            "policy_message",
+            "bad-rules",
+            message("1", "rules: [1"),
+            Accepted,
+        ),
+        seed(
+            "policy_message",
+            "long-version",
+            message(&long, "rules: []\n"),
+            Refused,
+        ),
     ]
 }
 
@@ -422,8 +575,18 @@ fn rules_seeds() -> Vec<Seed> {
         seed("rules_yaml", "minimal", text(minimal), Accepted),
         seed("rules_yaml", "composite", text(composite), Accepted),
         seed("rules_yaml", "tab", text("rules:\n\t- name: a\n"), Refused),
-        seed("rules_yaml", "unknown-field", text("rules: []\nextra: 1\n"), Refused),
-        seed("rules_yaml", "anchors", text("a: &x [*x]\nrules: *x\n"), Refused),
+        seed(
+            "rules_yaml",
+            "unknown-field",
+            text("rules: []\nextra: 1\n"),
+            Refused,
+        ),
+        seed(
+            "rules_yaml",
+            "anchors",
+            text("a: &x [*x]\nrules: *x\n"),
+            Refused,
+        ),
     ]
 }
 
