@@ -10,9 +10,12 @@ use xxhash_rust::xxh3::{xxh3_64, xxh3_128_with_seed};
 /// (a unit test pins it).
 const EMPTY_RULE_SEED: u64 = 0x2d06_8005_38d3_94c2;
 
+/// What a zero `hash` becomes ([`BucketKey::from_u128`]); any non-zero constant would do.
+const ZERO_HASH_STAND_IN: u64 = 0x9e37_79b9_7f4a_7c15;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct BucketKey {
-    /// Hashes the key inside its shard's table.
+    /// Hashes the key inside its shard's table; never zero.
     pub(crate) hash: u64,
     /// Picks the shard and tells apart keys whose `hash` collides.
     pub(crate) check: u32,
@@ -32,13 +35,20 @@ impl BucketKey {
         Self::from_u128(xxh3_128_with_seed(key, EMPTY_RULE_SEED))
     }
 
-    /// Builds a key from a 128-bit hash computed elsewhere (e.g. sent over the wire). A zero
-    /// `hash` becomes 1: the GCRA table marks its empty slots with hash 0, so no key may have it
-    /// (a peer could send one; a real key hashes to it with probability 2⁻⁶⁴).
+    /// Builds a key from a 128-bit hash computed elsewhere (e.g. sent over the wire). Every key
+    /// is built here, so no key has a zero `hash`: the store's GCRA table marks empty slots with
+    /// it, and a key that had one would be lost in its own slot. A zero is mapped to a fixed
+    /// stand-in (sharing a bucket with the one key that has the stand-in and the same `check`:
+    /// as likely as any other 96-bit collision).
+    #[inline]
     pub fn from_u128(digest: u128) -> Self {
         // Truncations are intended: low 64 bits and the next 32.
+        let hash = match digest as u64 {
+            0 => ZERO_HASH_STAND_IN,
+            hash => hash,
+        };
         BucketKey {
-            hash: (digest as u64).max(1),
+            hash,
             check: (digest >> 64) as u32,
         }
     }
@@ -66,5 +76,13 @@ mod tests {
             BucketKey::for_key(b"user:42"),
             BucketKey::new(b"", b"user:42")
         );
+    }
+
+    #[test]
+    fn no_key_has_a_zero_hash() {
+        let key = BucketKey::from_u128(7 << 64);
+        assert_ne!(key.hash, 0);
+        assert_eq!(key.check, 7);
+        assert_eq!(key.slot(), BucketKey::from_u128(7 << 64 | 1).slot());
     }
 }

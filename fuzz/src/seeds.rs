@@ -11,7 +11,8 @@ use floodgate::wire::{
     WireCheck, WireDecision, encode_frame, encode_message,
 };
 use floodgate::{
-    Algorithm, BucketKey, BucketState, BucketStore, Decision, Limit, NANOS_PER_SEC, StoreConfig,
+    Algorithm, BucketKey, BucketState, BucketStore, Decision, Limit, MAX_PERIOD_NS, NANOS_PER_SEC,
+    StoreConfig,
 };
 
 use crate::bodies::{CHECK_TARGET_LIMITS, FRAME_TARGET_MAX_BYTES, Outcome, reframe};
@@ -176,7 +177,67 @@ fn check_batch_seeds() -> Vec<Seed> {
         WireCheck::new("a", &gcra, 1);
         CHECK_TARGET_LIMITS.max_batch + 1
     ]];
-    vec![
+    // One key under several limits, as a client may send after a rule change (or on purpose).
+    let one_key_many_limits = |algorithm| {
+        [(1, 1_000_000), (1, MAX_PERIOD_NS), (1_000, 3_600 * S)]
+            .into_iter()
+            .map(|(rate, period)| {
+                vec![WireCheck::new(
+                    "k",
+                    &limit(algorithm, rate, period, rate),
+                    1,
+                )]
+            })
+            .collect::<Vec<_>>()
+    };
+    let decide =
+        |step: u8, groups: &Vec<Vec<WireCheck>>| [vec![step], encode(groups.clone())].concat();
+    let mut seeds = vec![
+        seed(
+            "check_batch_decide",
+            "every-algorithm",
+            decide(30, &every_algorithm),
+            Accepted,
+        ),
+        seed(
+            "check_batch_decide",
+            "refunds",
+            decide(0, &refunds),
+            Accepted,
+        ),
+        seed(
+            "check_batch_decide",
+            "gcra-limits",
+            decide(1, &one_key_many_limits(Algorithm::Gcra)),
+            Accepted,
+        ),
+        seed(
+            "check_batch_decide",
+            "fixed-limits",
+            decide(1, &one_key_many_limits(Algorithm::FixedWindow)),
+            Accepted,
+        ),
+        seed(
+            "check_batch_decide",
+            "sliding-limits",
+            decide(1, &one_key_many_limits(Algorithm::SlidingWindow)),
+            Accepted,
+        ),
+        seed(
+            "check_batch_decide",
+            "log-limits",
+            decide(1, &one_key_many_limits(Algorithm::SlidingLog)),
+            Accepted,
+        ),
+        seed(
+            "check_batch_decide",
+            "mixed-refund",
+            decide(0, &mixed),
+            Refused,
+        ),
+        seed("check_batch_decide", "empty", Vec::new(), Refused),
+    ];
+    seeds.extend([
         seed(
             "check_batch",
             "every-algorithm",
@@ -202,7 +263,8 @@ fn check_batch_seeds() -> Vec<Seed> {
         seed("check_batch", "zero-rate", encode(zero_rate), Refused),
         seed("check_batch", "too-many", encode(too_many), Refused),
         seed("check_batch", "garbage", vec![0xff; 24], Refused),
-    ]
+    ]);
+    seeds
 }
 
 fn decision_seeds() -> Vec<Seed> {
