@@ -66,7 +66,7 @@ fuzz:            ## every fuzz target for FUZZ_SECONDS (default 60) each on nigh
 	  else status=CRASH; failed="$$failed $$t"; tail -n 30 $$log; fi; \
 	  eps=$$(sed -n 's/^stat::average_exec_per_sec: *//p' $$log | tail -n 1); \
 	  runs=$$(sed -n 's/^stat::number_of_executed_units: *//p' $$log | tail -n 1); \
-	  line=$$(printf '%-16s %-6s %10s exec/s %12s runs' $$t $$status "$${eps:-?}" "$${runs:-?}"); \
+	  line=$$(printf '%-19s %-6s %10s exec/s %12s runs' $$t $$status "$${eps:-?}" "$${runs:-?}"); \
 	  echo "$$line"; summary="$$summary$$line\n"; \
 	done; \
 	printf '\nfuzz summary ($(FUZZ_SECONDS)s per target; logs in fuzz/target/logs):\n%b' "$$summary"; \

@@ -142,8 +142,9 @@ impl From<&BucketState> for WireBucket {
 
 /// Latest GCRA arrival time a peer may send. A store's TATs are at most `now` plus a capacity
 /// (at most `u64::MAX / 4`), and the Unix-epoch `now` stays below `u64::MAX / 4` until 2116, so
-/// every real TAT fits; bounding received ones keeps GCRA's `debt + cost * interval` below
-/// `u64::MAX` (a TAT near `u64::MAX` overflowed it).
+/// every real TAT fits. A larger one can only come from a broken or hostile peer, and is refused
+/// before it reaches the store, whose GCRA arithmetic (`debt + cost * interval`) it could push
+/// past `u64::MAX`.
 pub const MAX_WIRE_TAT_NS: u64 = u64::MAX / 2;
 
 /// Validates one received bucket: a known algorithm, a TAT in range, a valid limit, a log no
