@@ -54,6 +54,7 @@ bench-load:      ## floodgate beside Redis + Lua, same workloads, one run: markd
 	./target/release/floodgate-bench load --out target/bench
 
 fuzz:            ## every fuzz target for FUZZ_SECONDS (default 60) each on nightly libFuzzer, with executions per second; fails on any crash
+	@rustup toolchain list | grep -q '^nightly' || (echo "make fuzz needs a nightly toolchain for libFuzzer: rustup toolchain install nightly" && false)
 	@command -v cargo-fuzz >/dev/null || $(CARGO) install cargo-fuzz --locked
 	@: "cargo fuzz builds optimized with debug assertions and overflow checks on, under AddressSanitizer"
 	@cd fuzz && $(CARGO) +nightly fuzz build >/dev/null

@@ -5,6 +5,8 @@
 //! Only `floodgate`, `rkyv` and `std` may be used here: the same file is compiled into the core's
 //! test tree, where nothing else is available.
 
+use std::collections::{HashMap, HashSet};
+
 use floodgate::cluster::{MemberInfo, Membership, MembershipConfig, SLOTS};
 use floodgate::limit::format_period;
 use floodgate::policy::{MAX_KEY_BYTES, Policy, RequestAttributes};
@@ -19,8 +21,6 @@ use floodgate::{
     Algorithm, BucketKey, BucketStore, BucketValue, Check, Clock, Decision, FakeClock, Limit,
     MAX_PERIOD_NS, NANOS_PER_SEC, StoreConfig, parse_duration_ns, parse_rate,
 };
-use std::collections::{HashMap, HashSet};
-
 use rkyv::rancor;
 use rkyv::util::AlignedVec;
 
@@ -40,7 +40,7 @@ pub struct Target {
     pub run: fn(&[u8]) -> Outcome,
 }
 
-/// Every target, in the order `make fuzz` runs them.
+/// Every target (`make fuzz` runs them in the order of `fuzz/Cargo.toml`).
 pub const TARGETS: &[Target] = &[
     Target {
         name: "frame_reader",
