@@ -6,10 +6,15 @@
 //! test tree, where nothing else is available.
 
 use std::collections::{HashMap, HashSet};
+use std::net::{IpAddr, SocketAddr};
+use std::sync::OnceLock;
 
 use floodgate::cluster::{MemberInfo, Membership, MembershipConfig, SLOTS};
 use floodgate::limit::format_period;
-use floodgate::policy::{MAX_KEY_BYTES, Policy, RequestAttributes};
+use floodgate::policy::pattern::{PathPattern, normalize_path};
+use floodgate::policy::{
+    KEY_SEPARATOR, MAX_KEY_BYTES, MAX_WAIT_NS, Policy, RequestAttributes, client_ip,
+};
 use floodgate::wire::{
     CheckBatch, DecisionBatch, ErrorCode, ErrorFrame, FrameKind, FrameReader, HEADER_BYTES,
     MAX_HANDOFF_PARTS, MAX_POLICY_TEXT_BYTES, ReplicateMessage, Replicated, WireBucket,
@@ -93,6 +98,10 @@ pub const TARGETS: &[Target] = &[
     Target {
         name: "rate_text",
         run: rate_text,
+    },
+    Target {
+        name: "request",
+        run: request,
     },
 ];
 
@@ -796,4 +805,107 @@ pub fn rate_text(data: &[u8]) -> Outcome {
     } else {
         Outcome::Refused
     }
+}
+
+/// The repository's example rules file: the policy the `request` target plans against.
+pub const EXAMPLE_RULES: &str = include_str!("../../rules/example.yaml");
+
+fn example_policy() -> &'static Policy {
+    static POLICY: OnceLock<Policy> = OnceLock::new();
+    POLICY.get_or_init(|| Policy::from_yaml(EXAMPLE_RULES).expect("the example rules parse"))
+}
+
+/// Every address an `X-Forwarded-For` value names (with or without a port), IPv4-mapped ones as
+/// IPv4: where a client address may come from besides the peer.
+fn forwarded_addresses(values: &[&str]) -> Vec<IpAddr> {
+    values
+        .iter()
+        .flat_map(|value| value.split(','))
+        .filter_map(|entry| {
+            let entry = entry.trim();
+            entry
+                .parse::<IpAddr>()
+                .ok()
+                .or_else(|| entry.parse::<SocketAddr>().ok().map(|s| s.ip()))
+        })
+        .map(|ip| ip.to_canonical())
+        .collect()
+}
+
+/// One request as a gateway sees it, planned against the example rules. The first byte picks
+/// the peer (a trusted proxy or not); the rest is lines: method, path, user, tenant, API key,
+/// plan, then `X-Forwarded-For` values, the last line also read as a path glob. The client
+/// address is the peer or one the header names (the peer's own when it is not trusted); every
+/// planned key starts with its rule's name, stays within `MAX_KEY_BYTES` and has exactly one
+/// separator per key part (values cannot forge parts) unless it is the hashed long form.
+pub fn request(data: &[u8]) -> Outcome {
+    let Some((&peer, rest)) = data.split_first() else {
+        return Outcome::Refused;
+    };
+    let peer = match peer % 3 {
+        0 => IpAddr::from([10, 0, 0, 1]),
+        1 => IpAddr::from([0x2001, 0xdb8, 0xffff, 0, 0, 0, 0, 1]),
+        _ => IpAddr::from([192, 0, 2, 1]),
+    };
+    let text = String::from_utf8_lossy(rest);
+    let mut lines = text.split('\n');
+    let mut field = || lines.next().filter(|l| !l.is_empty());
+    let (method, path) = (field().unwrap_or("GET"), field().unwrap_or("/"));
+    let (user, tenant, api_key, plan) = (field(), field(), field(), field());
+    let forwarded: Vec<&str> = lines.collect();
+
+    let policy = example_policy();
+    let client = client_ip(peer, &forwarded, policy.trusted_proxies());
+    if policy.trusted_proxies().contains(peer) {
+        assert!(
+            client == peer || forwarded_addresses(&forwarded).contains(&client),
+            "{client} from {forwarded:?}"
+        );
+    } else {
+        assert_eq!(client, peer);
+    }
+
+    let attrs = RequestAttributes {
+        method,
+        path,
+        user,
+        client_ip: Some(client),
+        api_key,
+        tenant,
+        plan,
+    };
+    let separator = KEY_SEPARATOR.len_utf8();
+    for check in policy.checks_for(&attrs) {
+        let rule = policy.rule(&check.rule).expect("a planned rule exists");
+        let key = String::from_utf8(check.key.clone()).expect("keys are text");
+        assert!(key.len() <= MAX_KEY_BYTES, "{} bytes", key.len());
+        let body = key
+            .strip_prefix(rule.name())
+            .and_then(|k| k.strip_prefix(KEY_SEPARATOR))
+            .expect("a key starts with its rule's name and a separator");
+        let separators = key.matches(KEY_SEPARATOR).count();
+        if separators != rule.key().len() {
+            // The long form: the rule's name, then a hash of the rest.
+            assert_eq!(separators, 1, "{key:?}");
+            assert!(body.starts_with('#') && body.len() == 33, "{key:?}");
+            assert!(rule.name().len() + separator + 33 <= MAX_KEY_BYTES);
+        }
+        assert!(check.cost <= check.limit.burst());
+        assert!(check.max_wait_ns <= MAX_WAIT_NS);
+    }
+
+    let segments = normalize_path(path);
+    assert!(
+        segments
+            .iter()
+            .all(|s| !s.is_empty() && s != "." && s != "..")
+    );
+    if let Some(glob) = forwarded.last()
+        && let Ok(pattern) = PathPattern::parse(glob)
+    {
+        assert_eq!(pattern.as_str(), *glob);
+        assert_eq!(PathPattern::parse(pattern.as_str()), Ok(pattern.clone()));
+        let _ = pattern.matches(&segments);
+    }
+    Outcome::Accepted
 }

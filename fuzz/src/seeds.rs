@@ -15,7 +15,7 @@ use floodgate::{
     StoreConfig,
 };
 
-use crate::bodies::{CHECK_TARGET_LIMITS, FRAME_TARGET_MAX_BYTES, Outcome, reframe};
+use crate::bodies::{CHECK_TARGET_LIMITS, EXAMPLE_RULES, FRAME_TARGET_MAX_BYTES, Outcome, reframe};
 
 /// One seed: the target it is for, a file name, the bytes, and the outcome it must give.
 #[derive(Debug, Clone)]
@@ -54,7 +54,46 @@ pub fn all() -> Vec<Seed> {
     seeds.extend(policy_seeds());
     seeds.extend(rules_seeds());
     seeds.extend(rate_seeds());
+    seeds.extend(request_seeds());
     seeds
+}
+
+fn request_seeds() -> Vec<Seed> {
+    use Outcome::{Accepted, Refused};
+    let request = |peer: u8, lines: &str| [&[peer][..], lines.as_bytes()].concat();
+    vec![
+        seed(
+            "request",
+            "hold",
+            request(2, "POST\n/v1/events/7/holds\n42"),
+            Accepted,
+        ),
+        seed(
+            "request",
+            "behind-proxies",
+            request(
+                0,
+                "GET\n/v1/data?x=1\n\nacme\npk_live_acme_7f3a\n\n203.0.113.9, 10.1.1.1\n[2001:db8::1]:443,unknown",
+            ),
+            Accepted,
+        ),
+        seed(
+            "request",
+            "forged-parts",
+            request(
+                1,
+                "get\n//v1/../v1/./%41/%2e%2E/b\nu\u{1f}user:1%\nt\u{1f}\n\nfree\n::ffff:10.0.0.9\n/v1/*/**",
+            ),
+            Accepted,
+        ),
+        seed(
+            "request",
+            "long-user",
+            request(0, &format!("POST\n/v1/events/1/holds\n{}", "x".repeat(400))),
+            Accepted,
+        ),
+        seed("request", "empty", Vec::new(), Refused),
+    ]
 }
 
 fn frame_seeds() -> Vec<Seed> {
@@ -623,9 +662,6 @@ fn policy_seeds() -> Vec<Seed> {
         ),
     ]
 }
-
-/// The repository's example rules file: every setting the schema has.
-const EXAMPLE_RULES: &str = include_str!("../../rules/example.yaml");
 
 fn rules_seeds() -> Vec<Seed> {
     use Outcome::{Accepted, Refused};
