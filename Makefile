@@ -1,7 +1,8 @@
 # floodgate: thin, documented targets. CI runs `bash .ci/run`, which calls `make lint` and `make test`.
-.PHONY: help test lint fmt bench bench-core bench-load run
+.PHONY: help test lint fmt bench bench-core bench-load run fuzz
 
 CARGO ?= cargo
+FUZZ_SECONDS ?= 60
 
 help:            ## list the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -51,3 +52,23 @@ bench-load:      ## floodgate beside Redis + Lua, same workloads, one run: markd
 	@command -v redis-server >/dev/null || (apt-get install -y redis-server >/dev/null 2>&1 || echo "redis-server missing and not installable: the Redis baseline will be skipped")
 	$(CARGO) build --release --locked -p floodgate-node -p floodgate-bench
 	./target/release/floodgate-bench load --out target/bench
+
+fuzz:            ## every fuzz target for FUZZ_SECONDS (default 60) each on nightly libFuzzer, with executions per second; fails on any crash
+	@rustup toolchain list | grep -q '^nightly' || (echo "make fuzz needs a nightly toolchain for libFuzzer: rustup toolchain install nightly" && false)
+	@command -v cargo-fuzz >/dev/null || $(CARGO) install cargo-fuzz --locked
+	@: "cargo fuzz builds optimized with debug assertions and overflow checks on, under AddressSanitizer"
+	@cd fuzz && $(CARGO) +nightly fuzz build >/dev/null
+	@set -u; failed=""; summary=""; mkdir -p fuzz/target/logs; \
+	for t in $$(sed -n 's/^name = "\(.*\)"$$/\1/p' fuzz/Cargo.toml | grep -v '^floodgate-fuzz$$'); do \
+	  log=fuzz/target/logs/$$t.log; mkdir -p fuzz/target/new-corpus/$$t; \
+	  : "new inputs go to fuzz/target/new-corpus; the committed corpus is only read"; \
+	  if (cd fuzz && $(CARGO) +nightly fuzz run $$t target/new-corpus/$$t corpus/$$t -- \
+	        -max_total_time=$(FUZZ_SECONDS) -timeout=25 -print_final_stats=1) >$$log 2>&1; then status=ok; \
+	  else status=CRASH; failed="$$failed $$t"; tail -n 30 $$log; fi; \
+	  eps=$$(sed -n 's/^stat::average_exec_per_sec: *//p' $$log | tail -n 1); \
+	  runs=$$(sed -n 's/^stat::number_of_executed_units: *//p' $$log | tail -n 1); \
+	  line=$$(printf '%-19s %-6s %10s exec/s %12s runs' $$t $$status "$${eps:-?}" "$${runs:-?}"); \
+	  echo "$$line"; summary="$$summary$$line\n"; \
+	done; \
+	printf '\nfuzz summary ($(FUZZ_SECONDS)s per target; logs in fuzz/target/logs):\n%b' "$$summary"; \
+	if [ -n "$$failed" ]; then echo "crashed:$$failed (inputs in fuzz/artifacts/<target>/; see fuzz/README.md)"; exit 1; fi

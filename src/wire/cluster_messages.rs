@@ -140,15 +140,30 @@ impl From<&BucketState> for WireBucket {
     }
 }
 
-/// Validates one received bucket: a known algorithm, a valid limit, a log no longer than it.
+/// Latest GCRA arrival time a peer may send. A store's TATs are at most `now` plus a capacity
+/// (at most `u64::MAX / 4`), and the Unix-epoch `now` stays below `u64::MAX / 4` until 2116, so
+/// every real TAT fits. A larger one can only come from a broken or hostile peer, and is refused
+/// before it reaches the store, whose GCRA arithmetic (`debt + cost * interval`) it could push
+/// past `u64::MAX`.
+pub const MAX_WIRE_TAT_NS: u64 = u64::MAX / 2;
+
+/// Validates one received bucket: a known algorithm, a TAT in range, a valid limit, a log no
+/// longer than it.
 fn bucket_from_wire(bucket: &ArchivedWireBucket) -> Result<BucketState, Refusal> {
     let key = BucketKey::from_u128(bucket.key.to_native());
     let algorithm = *Algorithm::ALL
         .get(usize::from(bucket.algorithm))
         .ok_or_else(|| malformed("bucket", format!("unknown algorithm {}", bucket.algorithm)))?;
     let value = if algorithm == Algorithm::Gcra {
+        let tat_ns = bucket.tat_ns.to_native();
+        if tat_ns > MAX_WIRE_TAT_NS {
+            return Err(malformed(
+                "bucket",
+                format!("GCRA arrival time {tat_ns} ns is later than any store reaches"),
+            ));
+        }
         BucketValue::Gcra {
-            tat_ns: bucket.tat_ns.to_native(),
+            tat_ns,
             margin_ms: bucket.margin_ms.to_native(),
         }
     } else {

@@ -19,9 +19,9 @@ mod messages;
 mod policy_messages;
 
 pub use cluster_messages::{
-    HandoffPart, MAX_HANDOFF_PARTS, MAX_MEMBER_FIELD_BYTES, ReplicateMessage, Replicated,
-    SlotTableMessage, TableMember, WireBucket, decode_gossip, decode_id_conflict, decode_replicate,
-    decode_slot_table, member_state_from_wire, member_state_to_wire,
+    HandoffPart, MAX_HANDOFF_PARTS, MAX_MEMBER_FIELD_BYTES, MAX_WIRE_TAT_NS, ReplicateMessage,
+    Replicated, SlotTableMessage, TableMember, WireBucket, decode_gossip, decode_id_conflict,
+    decode_replicate, decode_slot_table, member_state_from_wire, member_state_to_wire,
 };
 pub use frame::{Frame, FrameError, FrameReader, encode_frame, encode_message};
 pub use messages::{

@@ -1,0 +1,6 @@
+//! libFuzzer target `request`: see `floodgate_fuzz::bodies::request` for what it checks.
+#![no_main]
+
+libfuzzer_sys::fuzz_target!(|data: &[u8]| {
+    floodgate_fuzz::bodies::request(data);
+});

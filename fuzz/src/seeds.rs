@@ -1,0 +1,703 @@
+//! Seed inputs for every fuzz target: valid messages built with the crate's own encoders, and a
+//! few hand-made edge cases, each with the outcome its body must give. Written to
+//! `fuzz/corpus/<target>/seed-<name>` by the ignored test `write_seed_corpus` in the core's
+//! `tests/fuzz_corpus.rs`; checked by its `seeds_give_their_expected_outcome`.
+
+use floodgate::cluster::membership::MemberDigest;
+use floodgate::cluster::{Gossip, MemberInfo, SLOTS, SlotTable};
+use floodgate::wire::{
+    CheckBatch, DecisionBatch, ErrorCode, ErrorFrame, FrameKind, HandoffPart, MAX_WIRE_TAT_NS,
+    PolicyMessage, PolicyRequest, ReplicateMessage, SlotTableMessage, TableMember, WireBucket,
+    WireCheck, WireDecision, encode_frame, encode_message,
+};
+use floodgate::{
+    Algorithm, BucketKey, BucketState, BucketStore, Decision, Limit, MAX_PERIOD_NS, NANOS_PER_SEC,
+    StoreConfig,
+};
+
+use crate::bodies::{CHECK_TARGET_LIMITS, EXAMPLE_RULES, FRAME_TARGET_MAX_BYTES, Outcome, reframe};
+
+/// One seed: the target it is for, a file name, the bytes, and the outcome it must give.
+#[derive(Debug, Clone)]
+pub struct Seed {
+    pub target: &'static str,
+    pub name: &'static str,
+    pub bytes: Vec<u8>,
+    pub expect: Outcome,
+}
+
+const S: u64 = NANOS_PER_SEC;
+
+fn seed(target: &'static str, name: &'static str, bytes: Vec<u8>, expect: Outcome) -> Seed {
+    Seed {
+        target,
+        name,
+        bytes,
+        expect,
+    }
+}
+
+fn limit(algorithm: Algorithm, rate: u64, period_ns: u64, burst: u64) -> Limit {
+    Limit::new(algorithm, rate, period_ns, burst).expect("seed limits are valid")
+}
+
+/// Every seed of every target.
+pub fn all() -> Vec<Seed> {
+    let mut seeds = Vec::new();
+    seeds.extend(frame_seeds());
+    seeds.extend(check_batch_seeds());
+    seeds.extend(decision_seeds());
+    seeds.extend(error_frame_seeds());
+    seeds.extend(gossip_seeds());
+    seeds.extend(slot_table_seeds());
+    seeds.extend(replicate_seeds());
+    seeds.extend(policy_seeds());
+    seeds.extend(rules_seeds());
+    seeds.extend(rate_seeds());
+    seeds.extend(request_seeds());
+    seeds
+}
+
+fn request_seeds() -> Vec<Seed> {
+    use Outcome::{Accepted, Refused};
+    let request = |peer: u8, lines: &str| [&[peer][..], lines.as_bytes()].concat();
+    vec![
+        seed(
+            "request",
+            "hold",
+            request(2, "POST\n/v1/events/7/holds\n42"),
+            Accepted,
+        ),
+        seed(
+            "request",
+            "behind-proxies",
+            request(
+                0,
+                "GET\n/v1/data?x=1\n\nacme\npk_live_acme_7f3a\n\n203.0.113.9, 10.1.1.1\n[2001:db8::1]:443,unknown",
+            ),
+            Accepted,
+        ),
+        seed(
+            "request",
+            "forged-parts",
+            request(
+                1,
+                "get\n//v1/../v1/./%41/%2e%2E/b\nu\u{1f}user:1%\nt\u{1f}\n\nfree\n::ffff:10.0.0.9\n/v1/*/**",
+            ),
+            Accepted,
+        ),
+        seed(
+            "request",
+            "long-user",
+            request(0, &format!("POST\n/v1/events/1/holds\n{}", "x".repeat(400))),
+            Accepted,
+        ),
+        seed("request", "empty", Vec::new(), Refused),
+    ]
+}
+
+fn frame_seeds() -> Vec<Seed> {
+    use Outcome::{Accepted, Refused};
+    let gcra = limit(Algorithm::Gcra, 10, S, 10);
+    let mut stream = Vec::new();
+    let batch = CheckBatch {
+        groups: vec![vec![WireCheck::new("api\u{1f}user:42", &gcra, 1)]],
+    };
+    encode_message(&mut stream, FrameKind::CheckBatch, 1, &batch);
+    encode_frame(&mut stream, FrameKind::TableRequest, 2, &[]);
+    let decisions = DecisionBatch {
+        decisions: vec![WireDecision::error(ErrorCode::StoreFull)],
+        table_version: 9,
+    };
+    encode_message(&mut stream, FrameKind::DecisionBatch, 1, &decisions);
+    let mut unknown_kind = stream.clone();
+    unknown_kind[3] = 0xee;
+    let with_piece = |piece: u8, bytes: &[u8]| [&[piece][..], bytes].concat();
+
+    let mut too_large = Vec::new();
+    encode_frame(
+        &mut too_large,
+        FrameKind::Error,
+        5,
+        &vec![0; FRAME_TARGET_MAX_BYTES + 1],
+    );
+    let mut old_version = stream.clone();
+    old_version[2] = 0;
+    vec![
+        seed(
+            "frame_reader",
+            "three-frames",
+            with_piece(0, &stream),
+            Accepted,
+        ),
+        seed(
+            "frame_reader",
+            "three-frames-in-7s",
+            with_piece(6, &stream),
+            Accepted,
+        ),
+        seed(
+            "frame_reader",
+            "unknown-kind-then-frames",
+            with_piece(3, &unknown_kind),
+            Accepted,
+        ),
+        seed(
+            "frame_reader",
+            "truncated",
+            with_piece(31, &stream[..stream.len() - 3]),
+            Accepted,
+        ),
+        seed("frame_reader", "empty", Vec::new(), Refused),
+        seed(
+            "frame_reader",
+            "bad-magic",
+            with_piece(1, b"GF\x01\x01"),
+            Refused,
+        ),
+        seed(
+            "frame_reader",
+            "old-version",
+            with_piece(2, &old_version),
+            Refused,
+        ),
+        seed(
+            "frame_reader",
+            "too-large",
+            with_piece(0, &too_large),
+            Refused,
+        ),
+    ]
+}
+
+fn check_batch_seeds() -> Vec<Seed> {
+    use Outcome::{Accepted, Refused};
+    let gcra = limit(Algorithm::Gcra, 10, S, 20);
+    let fixed = limit(Algorithm::FixedWindow, 100, 60 * S, 100);
+    let sliding = limit(Algorithm::SlidingWindow, 5, 10 * S, 5);
+    let log = limit(Algorithm::SlidingLog, 3, S, 3);
+    let encode = |groups: Vec<Vec<WireCheck>>| {
+        reframe(FrameKind::CheckBatch, &CheckBatch { groups }).to_vec()
+    };
+    let takeover = WireCheck {
+        takeover: true,
+        ..WireCheck::new("b", &gcra, 2)
+    };
+    let every_algorithm = vec![
+        vec![
+            WireCheck::new("a", &gcra, 1),
+            WireCheck::new("b", &fixed, 0),
+        ],
+        vec![WireCheck::new("c", &sliding, 5)],
+        vec![WireCheck::new("", &log, 4), takeover],
+    ];
+    let refunds = vec![vec![
+        WireCheck::refund("a", &gcra, 1),
+        WireCheck::refund("b", &log, 1),
+    ]];
+    let mixed = vec![vec![
+        WireCheck::refund("a", &gcra, 1),
+        WireCheck::new("b", &gcra, 1),
+    ]];
+    let long_key = vec![vec![WireCheck::new(
+        vec![b'k'; CHECK_TARGET_LIMITS.max_key_bytes + 1],
+        &gcra,
+        1,
+    )]];
+    let bad_algorithm = vec![vec![WireCheck {
+        algorithm: 4,
+        ..WireCheck::new("a", &gcra, 1)
+    }]];
+    let zero_rate = vec![vec![WireCheck {
+        rate: 0,
+        ..WireCheck::new("a", &gcra, 1)
+    }]];
+    let too_many = vec![vec![
+        WireCheck::new("a", &gcra, 1);
+        CHECK_TARGET_LIMITS.max_batch + 1
+    ]];
+    // One key under several limits, as a client may send after a rule change (or on purpose).
+    let one_key_many_limits = |algorithm| {
+        [(1, 1_000_000), (1, MAX_PERIOD_NS), (1_000, 3_600 * S)]
+            .into_iter()
+            .map(|(rate, period)| {
+                vec![WireCheck::new(
+                    "k",
+                    &limit(algorithm, rate, period, rate),
+                    1,
+                )]
+            })
+            .collect::<Vec<_>>()
+    };
+    let decide =
+        |step: u8, groups: &Vec<Vec<WireCheck>>| [vec![step], encode(groups.clone())].concat();
+    let mut seeds = vec![
+        seed(
+            "check_batch_decide",
+            "every-algorithm",
+            decide(30, &every_algorithm),
+            Accepted,
+        ),
+        seed(
+            "check_batch_decide",
+            "refunds",
+            decide(0, &refunds),
+            Accepted,
+        ),
+        seed(
+            "check_batch_decide",
+            "gcra-limits",
+            decide(1, &one_key_many_limits(Algorithm::Gcra)),
+            Accepted,
+        ),
+        seed(
+            "check_batch_decide",
+            "fixed-limits",
+            decide(1, &one_key_many_limits(Algorithm::FixedWindow)),
+            Accepted,
+        ),
+        seed(
+            "check_batch_decide",
+            "sliding-limits",
+            decide(1, &one_key_many_limits(Algorithm::SlidingWindow)),
+            Accepted,
+        ),
+        seed(
+            "check_batch_decide",
+            "log-limits",
+            decide(1, &one_key_many_limits(Algorithm::SlidingLog)),
+            Accepted,
+        ),
+        seed(
+            "check_batch_decide",
+            "mixed-refund",
+            decide(0, &mixed),
+            Refused,
+        ),
+        seed("check_batch_decide", "empty", Vec::new(), Refused),
+    ];
+    seeds.extend([
+        seed(
+            "check_batch",
+            "every-algorithm",
+            encode(every_algorithm),
+            Accepted,
+        ),
+        seed("check_batch", "refunds", encode(refunds), Accepted),
+        seed("check_batch", "no-groups", encode(Vec::new()), Accepted),
+        seed(
+            "check_batch",
+            "empty-group",
+            encode(vec![Vec::new()]),
+            Refused,
+        ),
+        seed("check_batch", "mixed-refund", encode(mixed), Refused),
+        seed("check_batch", "long-key", encode(long_key), Refused),
+        seed(
+            "check_batch",
+            "unknown-algorithm",
+            encode(bad_algorithm),
+            Refused,
+        ),
+        seed("check_batch", "zero-rate", encode(zero_rate), Refused),
+        seed("check_batch", "too-many", encode(too_many), Refused),
+        seed("check_batch", "garbage", vec![0xff; 24], Refused),
+    ]);
+    seeds
+}
+
+fn decision_seeds() -> Vec<Seed> {
+    use Outcome::{Accepted, Refused};
+    let decisions = vec![
+        WireDecision::from(Decision::Allowed {
+            remaining: 3,
+            reset_after_ns: S,
+        }),
+        WireDecision::from(Decision::Denied {
+            remaining: 0,
+            retry_after_ns: 100,
+            reset_after_ns: 2 * S,
+        }),
+        WireDecision::from(Decision::CostExceedsBurst { burst: 10 }),
+        WireDecision::error(ErrorCode::NotOwner),
+        WireDecision {
+            outcome: 9,
+            ..WireDecision::default()
+        },
+    ];
+    let encode = |decisions: Vec<WireDecision>, table_version| {
+        reframe(
+            FrameKind::DecisionBatch,
+            &DecisionBatch {
+                decisions,
+                table_version,
+            },
+        )
+        .to_vec()
+    };
+    vec![
+        seed(
+            "decision_batch",
+            "each-outcome",
+            encode(decisions, 42),
+            Accepted,
+        ),
+        seed("decision_batch", "empty", encode(Vec::new(), 0), Accepted),
+        seed("decision_batch", "short", vec![0; 4], Refused),
+    ]
+}
+
+fn error_frame_seeds() -> Vec<Seed> {
+    use Outcome::{Accepted, Refused};
+    let encode = |code: u16, message: &str| {
+        reframe(
+            FrameKind::Error,
+            &ErrorFrame {
+                code,
+                message: message.to_owned(),
+            },
+        )
+        .to_vec()
+    };
+    vec![
+        seed(
+            "error_frame",
+            "too-large",
+            encode(
+                ErrorCode::FrameTooLarge as u16,
+                "frame of 9 bytes exceeds the maximum of 8",
+            ),
+            Accepted,
+        ),
+        seed("error_frame", "unknown-code", encode(999, "é ✓"), Accepted),
+        seed(
+            "error_frame",
+            "empty-message",
+            encode(ErrorCode::Overloaded as u16, ""),
+            Accepted,
+        ),
+        seed(
+            "error_frame",
+            "garbage",
+            vec![1, 2, 3, 4, 5, 6, 7, 8, 9],
+            Refused,
+        ),
+    ]
+}
+
+fn member(id: &str, incarnation: u64, heartbeat: u64, left: bool) -> MemberDigest {
+    MemberDigest {
+        info: MemberInfo {
+            id: id.to_owned(),
+            addr: format!("127.0.0.1:{}", 7100 + id.len()),
+            region: "eu".to_owned(),
+        },
+        incarnation,
+        heartbeat,
+        left,
+    }
+}
+
+fn gossip_seeds() -> Vec<Seed> {
+    use Outcome::{Accepted, Refused};
+    let encode =
+        |members: Vec<MemberDigest>| reframe(FrameKind::Gossip, &Gossip { members }).to_vec();
+    let view = vec![
+        member("me", 5, 5, false),
+        member("node-1", 1, 10, false),
+        member("node-2", 2, 0, true),
+        member("node-1", 2, 0, false),
+    ];
+    let crowd = (0..12)
+        .map(|i| {
+            member(
+                ["a", "bb", "ccc", "dddd"][i % 4],
+                i as u64,
+                u64::MAX - i as u64,
+                i % 3 == 0,
+            )
+        })
+        .collect();
+    vec![
+        seed("gossip", "view", encode(view), Accepted),
+        seed("gossip", "crowd", encode(crowd), Accepted),
+        seed("gossip", "empty", encode(Vec::new()), Accepted),
+        seed("gossip", "garbage", vec![0xaa; 32], Refused),
+    ]
+}
+
+/// The slot table message a node sends for these members (the node builds it the same way).
+fn table_message(nodes: &[String]) -> SlotTableMessage {
+    let table = SlotTable::compute(3, nodes);
+    let index = |node: Option<&str>| {
+        node.and_then(|n| table.nodes().iter().position(|m| m == n))
+            .map_or(u16::MAX, |i| i as u16)
+    };
+    SlotTableMessage {
+        version: table.version(),
+        epoch: table.epoch(),
+        from: nodes.first().cloned().unwrap_or_default(),
+        members: table
+            .nodes()
+            .iter()
+            .map(|id| TableMember {
+                id: id.clone(),
+                addr: "127.0.0.1:7100".to_owned(),
+                region: String::new(),
+                state: 0,
+            })
+            .collect(),
+        owners: (0..SLOTS as u16).map(|s| index(table.owner(s))).collect(),
+        successors: (0..SLOTS as u16)
+            .map(|s| index(table.successor(s)))
+            .collect(),
+    }
+}
+
+fn slot_table_seeds() -> Vec<Seed> {
+    use Outcome::{Accepted, Refused};
+    let encode = |message: &SlotTableMessage| reframe(FrameKind::SlotTable, message).to_vec();
+    let three = table_message(&[
+        "node-0".to_owned(),
+        "node-1".to_owned(),
+        "node-2".to_owned(),
+    ]);
+    let mut dangling = three.clone();
+    dangling.owners[17] = 3;
+    let mut short = three.clone();
+    short.successors.pop();
+    vec![
+        seed("slot_table", "three-nodes", encode(&three), Accepted),
+        seed(
+            "slot_table",
+            "no-nodes",
+            encode(&table_message(&[])),
+            Accepted,
+        ),
+        seed("slot_table", "dangling-owner", encode(&dangling), Refused),
+        seed("slot_table", "short", encode(&short), Refused),
+    ]
+}
+
+/// Buckets of every algorithm as a real store exports them after a few checks.
+fn exported_buckets() -> Vec<BucketState> {
+    let store = BucketStore::new(StoreConfig {
+        max_keys: 64,
+        shards: 2,
+    })
+    .expect("a valid store config");
+    let now = 1_000 * S;
+    let limits = [
+        limit(Algorithm::Gcra, 10, S, 5),
+        limit(Algorithm::FixedWindow, 4, S, 4),
+        limit(Algorithm::SlidingWindow, 3, 10 * S, 3),
+        limit(Algorithm::SlidingLog, 2, S, 2),
+    ];
+    for (i, l) in limits.iter().enumerate() {
+        for n in 0..3u64 {
+            let key = BucketKey::for_key(format!("rule\u{1f}user:{i}").as_bytes());
+            let _ = store.check(key, l, 1, now + n * 1_000_000);
+        }
+    }
+    let mut out = Vec::new();
+    store.export(now + 5_000_000, &|_| true, &mut out);
+    out
+}
+
+fn replicate_seeds() -> Vec<Seed> {
+    use Outcome::{Accepted, Refused};
+    let encode = |message: &ReplicateMessage| reframe(FrameKind::Replicate, message).to_vec();
+    let buckets: Vec<WireBucket> = exported_buckets().iter().map(WireBucket::from).collect();
+    let replicas = ReplicateMessage {
+        from: "node-1".to_owned(),
+        handoff: None,
+        buckets: buckets.clone(),
+    };
+    let handoff = ReplicateMessage {
+        from: "node-2".to_owned(),
+        handoff: Some(HandoffPart {
+            id: 7,
+            part: 1,
+            parts: 2,
+            slots: vec![0, 1, 4095],
+        }),
+        buckets,
+    };
+    // A peer's window ahead of now with counts far over the limit: merged clamped.
+    let window_ahead = ReplicateMessage {
+        buckets: vec![WireBucket {
+            key: 99,
+            algorithm: 2,
+            rate: 5,
+            period_ns: S,
+            burst: 5,
+            window: u64::MAX,
+            count: u64::MAX,
+            previous: u64::MAX,
+            ..WireBucket::default()
+        }],
+        ..ReplicateMessage::default()
+    };
+    // A log whose admissions lie in the future and out of order.
+    let log_future = ReplicateMessage {
+        buckets: vec![WireBucket {
+            key: 7 << 64,
+            algorithm: 3,
+            rate: 3,
+            period_ns: S,
+            burst: 3,
+            times_ns: vec![u64::MAX, 0, 1_000 * S],
+            ..WireBucket::default()
+        }],
+        ..ReplicateMessage::default()
+    };
+    let mut bad_part = handoff.clone();
+    bad_part.handoff.as_mut().expect("a hand-off").part = 2;
+    let mut bad_slot = handoff.clone();
+    bad_slot
+        .handoff
+        .as_mut()
+        .expect("a hand-off")
+        .slots
+        .push(SLOTS as u16);
+    // GCRA arrival times: far ahead of any limit (accepted; waits long), and past the bound.
+    let tat = |tat_ns| ReplicateMessage {
+        buckets: vec![WireBucket {
+            key: 0xfeed << 64 | 0xbeef,
+            algorithm: 0,
+            tat_ns,
+            margin_ms: 1_000,
+            ..WireBucket::default()
+        }],
+        ..ReplicateMessage::default()
+    };
+    let long_log = ReplicateMessage {
+        buckets: vec![WireBucket {
+            times_ns: vec![1; 4],
+            ..log_future.buckets[0].clone()
+        }],
+        ..ReplicateMessage::default()
+    };
+    let mut seeds = Vec::new();
+    for target in ["replicate", "replicate_merge"] {
+        seeds.extend([
+            seed(target, "replicas", encode(&replicas), Accepted),
+            seed(target, "handoff", encode(&handoff), Accepted),
+            seed(target, "window-ahead", encode(&window_ahead), Accepted),
+            seed(target, "log-future", encode(&log_future), Accepted),
+            seed(target, "bad-part", encode(&bad_part), Refused),
+            seed(target, "bad-slot", encode(&bad_slot), Refused),
+            seed(target, "long-log", encode(&long_log), Refused),
+            seed(
+                target,
+                "tat-far-ahead",
+                encode(&tat(MAX_WIRE_TAT_NS)),
+                Accepted,
+            ),
+            seed(
+                target,
+                "tat-past-bound",
+                encode(&tat(MAX_WIRE_TAT_NS + 1)),
+                Refused,
+            ),
+        ]);
+    }
+    seeds
+}
+
+fn policy_seeds() -> Vec<Seed> {
+    use Outcome::{Accepted, Refused};
+    let request = |version: &str| {
+        reframe(
+            FrameKind::PolicyRequest,
+            &PolicyRequest {
+                version: version.to_owned(),
+            },
+        )
+        .to_vec()
+    };
+    let message = |version: &str, text: &str| {
+        reframe(
+            FrameKind::Policy,
+            &PolicyMessage {
+                version: version.to_owned(),
+                text: text.to_owned(),
+            },
+        )
+        .to_vec()
+    };
+    let long = "v".repeat(129);
+    vec![
+        seed("policy_request", "none", request(""), Accepted),
+        seed(
+            "policy_request",
+            "version",
+            request("0123456789abcdef"),
+            Accepted,
+        ),
+        seed("policy_request", "long-version", request(&long), Refused),
+        seed(
+            "policy_message",
+            "example",
+            message("0123456789abcdef", EXAMPLE_RULES),
+            Accepted,
+        ),
+        seed(
+            "policy_message",
+            "unchanged",
+            message("0123456789abcdef", ""),
+            Accepted,
+        ),
+        seed(
+            "policy_message",
+            "bad-rules",
+            message("1", "rules: [1"),
+            Accepted,
+        ),
+        seed(
+            "policy_message",
+            "long-version",
+            message(&long, "rules: []\n"),
+            Refused,
+        ),
+    ]
+}
+
+fn rules_seeds() -> Vec<Seed> {
+    use Outcome::{Accepted, Refused};
+    let text = |s: &str| s.as_bytes().to_vec();
+    let minimal = "rules:\n  - name: api\n    path: /**\n    key: ip\n    limit: 10/s\n";
+    let composite = "plans: [free]\nrules:\n  - name: x\n    method: [GET, post]\n    path: /v1/*/y\n    key: [user, endpoint, plan]\n    plans:\n      free: {limit: 3/min, algorithm: sliding-log}\n    cost: 2\n    mode: shadow\n";
+    vec![
+        seed("rules_yaml", "example", text(EXAMPLE_RULES), Accepted),
+        seed("rules_yaml", "minimal", text(minimal), Accepted),
+        seed("rules_yaml", "composite", text(composite), Accepted),
+        seed("rules_yaml", "tab", text("rules:\n\t- name: a\n"), Refused),
+        seed(
+            "rules_yaml",
+            "unknown-field",
+            text("rules: []\nextra: 1\n"),
+            Refused,
+        ),
+        seed(
+            "rules_yaml",
+            "anchors",
+            text("a: &x [*x]\nrules: *x\n"),
+            Refused,
+        ),
+    ]
+}
+
+fn rate_seeds() -> Vec<Seed> {
+    use Outcome::{Accepted, Refused};
+    let text = |s: &str| s.as_bytes().to_vec();
+    vec![
+        seed("rate_text", "per-second", text("10/s"), Accepted),
+        seed("rate_text", "per-ten-seconds", text("5/10s"), Accepted),
+        seed("rate_text", "decimal", text("1.5min"), Accepted),
+        seed("rate_text", "micro", text("250µs"), Accepted),
+        seed("rate_text", "huge", text("18446744073709551615d"), Refused),
+        seed("rate_text", "no-count", text("/s"), Refused),
+        seed("rate_text", "dot", text("."), Refused),
+    ]
+}
