@@ -54,7 +54,7 @@ async fn a_second_node_with_a_live_id_is_refused_and_the_first_keeps_its_id_and_
     let a_addr = first.node.local_addr();
     let second = start(certs, |c| {
         c.cluster.node_id = Some("node-b".into());
-        c.cluster.seeds = vec![a_addr];
+        c.cluster.seeds = vec![a_addr.into()];
     })
     .await;
     joined(&second).await;
@@ -73,7 +73,7 @@ async fn a_second_node_with_a_live_id_is_refused_and_the_first_keeps_its_id_and_
     // Same id as the first node, another address, joining through the second.
     let impostor = start(certs, |c| {
         c.cluster.node_id = Some("node-a".into());
-        c.cluster.seeds = vec![second.local_addr()];
+        c.cluster.seeds = vec![second.local_addr().into()];
     })
     .await;
     let mut refusal = impostor.watch_refusal();
@@ -147,7 +147,7 @@ async fn readyz_waits_for_a_join_when_there_are_seeds() {
     let (_socket, nobody) = silent_seed();
     let alone = start(certs, |c| {
         with_admin(c);
-        c.cluster.seeds = vec![nobody];
+        c.cluster.seeds = vec![nobody.into()];
     })
     .await;
     let (code, body) = get(alone.admin_addr().unwrap(), "/readyz").await;
@@ -162,7 +162,7 @@ async fn readyz_waits_for_a_join_when_there_are_seeds() {
     let (_socket2, nobody2) = silent_seed();
     let allowed = start(certs, |c| {
         with_admin(c);
-        c.cluster.seeds = vec![nobody2];
+        c.cluster.seeds = vec![nobody2.into()];
         c.cluster.allow_alone = true;
     })
     .await;
@@ -172,7 +172,7 @@ async fn readyz_waits_for_a_join_when_there_are_seeds() {
     // A seed that answers: ready once joined.
     let joiner = start(certs, |c| {
         with_admin(c);
-        c.cluster.seeds = vec![first.node.local_addr()];
+        c.cluster.seeds = vec![first.node.local_addr().into()];
     })
     .await;
     joined(&joiner).await;
@@ -183,6 +183,42 @@ async fn readyz_waits_for_a_join_when_there_are_seeds() {
     alone.crash();
     allowed.crash();
     first.node.shutdown().await;
+}
+
+/// One seed list for every node, given by names: the node whose own name is listed (here
+/// `localhost:ITS_PORT`) finds that the name is itself and is ready without anybody to join;
+/// a name that does not resolve keeps a node unready, serving alone, without stopping it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_seed_name_resolving_to_the_node_itself_is_no_one_to_wait_for() {
+    let dir = tempfile::tempdir().unwrap();
+    let certs = floodgate_node::ensure_dev_certs(dir.path()).unwrap();
+    // A free port, known before the node starts so its own seed list can name it.
+    let port = std::net::UdpSocket::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let own_name: floodgate_node::HostPort = format!("localhost:{port}").parse().unwrap();
+    let first = start(&certs, |c| {
+        c.listen = SocketAddr::from(([127, 0, 0, 1], port));
+        c.cluster.seeds = vec![own_name.clone()];
+    })
+    .await;
+    joined(&first).await;
+    assert!(first.not_ready_reason().is_none());
+
+    // `.invalid` never resolves (RFC 2606).
+    let nowhere: floodgate_node::HostPort = "fg-nowhere.invalid:7100".parse().unwrap();
+    let lost = start(&certs, |c| c.cluster.seeds = vec![nowhere]).await;
+    let waited = tokio::time::timeout(Duration::from_millis(300), lost.joined()).await;
+    assert!(
+        waited.is_err(),
+        "joined through a name that does not resolve"
+    );
+    let reason = lost.not_ready_reason().unwrap_or_default();
+    assert!(reason.contains("not joined"), "{reason}");
+    lost.crash();
+    first.shutdown().await;
 }
 
 #[test]
