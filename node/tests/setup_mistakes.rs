@@ -31,6 +31,12 @@ async fn start(certs: &DevCerts, adjust: impl FnOnce(&mut NodeConfig)) -> Node {
     let mut config = NodeConfig::for_tests(certs);
     quick_gossip(&mut config);
     adjust(&mut config);
+    // A node id needs a certificate naming it: the development one made for that id.
+    if let Some(id) = &config.cluster.node_id
+        && config.tls.cert == certs.node_cert
+    {
+        (config.tls.cert, config.tls.key) = certs.node_cert_for(id).unwrap();
+    }
     Node::start(config).await.unwrap()
 }
 
@@ -45,30 +51,27 @@ async fn joined(node: &Node) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_node_with_a_live_id_is_refused_and_the_first_keeps_its_id_and_slots() {
-    let first = start_node(|c| {
-        quick_gossip(c);
-        c.cluster.node_id = Some("node-a".into());
-    })
-    .await;
-    let certs = &first.certs;
-    let a_addr = first.node.local_addr();
+    let dir = tempfile::tempdir().unwrap();
+    let certs = &floodgate_node::ensure_dev_certs(dir.path()).unwrap();
+    let first = start(certs, |c| c.cluster.node_id = Some("node-a".into())).await;
+    let a_addr = first.local_addr();
     let second = start(certs, |c| {
         c.cluster.node_id = Some("node-b".into());
         c.cluster.seeds = vec![a_addr.into()];
     })
     .await;
     joined(&second).await;
-    let mut tables = first.node.watch_slot_table();
+    let mut tables = first.watch_slot_table();
     let converged = tokio::time::timeout(BOUND, async {
         while tables.borrow_and_update().nodes().len() != 2 {
             tables.changed().await.unwrap();
         }
     })
     .await;
-    assert!(converged.is_ok(), "{:?}", first.node.owners());
+    assert!(converged.is_ok(), "{:?}", first.owners());
     let mut second_tables = second.watch_slot_table();
     second_tables.borrow_and_update();
-    let table_before = first.node.slot_table();
+    let table_before = first.slot_table();
 
     // Same id as the first node, another address, joining through the second.
     let impostor = start(certs, |c| {
@@ -89,20 +92,20 @@ async fn a_second_node_with_a_live_id_is_refused_and_the_first_keeps_its_id_and_
     assert!(not_ready.starts_with("refused:"), "{not_ready}");
 
     // The first node kept its id, its address in the second's view, and its slots.
-    assert_eq!(first.node.node_id(), "node-a");
+    assert_eq!(first.node_id(), "node-a");
     assert_eq!(second.member_addr("node-a"), Some(a_addr.to_string()));
-    assert_eq!(first.node.slot_table(), table_before);
+    assert_eq!(first.slot_table(), table_before);
     assert_eq!(second.slot_table(), table_before);
     assert!(
         !second_tables.has_changed().unwrap(),
         "the second node's ownership moved: {:?}",
         second.owners()
     );
-    assert_eq!(first.node.not_ready_reason(), None);
+    assert_eq!(first.not_ready_reason(), None);
     assert_eq!(second.not_ready_reason(), None);
     impostor.crash();
     second.shutdown().await;
-    first.node.shutdown().await;
+    first.shutdown().await;
 }
 
 /// A UDP socket that never answers: a seed that is down.
