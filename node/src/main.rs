@@ -213,7 +213,7 @@ impl Addresses {
             text => {
                 let value = text
                     .parse::<HostPort>()
-                    .map_err(|e| anyhow::anyhow!("--admin: {e}, or off"))?;
+                    .map_err(|e| anyhow::anyhow!("--admin {text}: {e}, or off"))?;
                 Some(resolve("admin", value).await?)
             }
         };

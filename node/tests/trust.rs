@@ -312,7 +312,10 @@ async fn a_node_joins_through_a_seed_given_by_host_name() {
     converge(&a, 2).await;
     converge(&b, 2).await;
     assert_eq!(a.owners(), ["fg-a.internal", "fg-b.internal"]);
-    assert!(b.not_ready_reason().is_none(), "{:?}", b.not_ready_reason());
+    // Joined (the flag is set just after the table switch converge waits for).
+    let joined = tokio::time::timeout(PATIENCE, b.joined()).await;
+    assert!(joined.is_ok(), "{:?}", b.not_ready_reason());
+    assert_eq!(b.not_ready_reason(), None);
     b.shutdown().await;
     a.shutdown().await;
 }
