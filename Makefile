@@ -34,13 +34,13 @@ run:             ## build in release, start a 3-node cluster serving rules/examp
 	done; \
 	: "--- end of nodes ---"; \
 	echo "cluster: nodes on 127.0.0.1:7100-7102 (logs .run/node-*.log, metrics http://127.0.0.1:9100/metrics)"; \
-	echo "  ./target/release/floodgate status --node 127.0.0.1:7100 --ca .run/node/ca.pem"; \
-	echo "  ./target/release/floodgate check --node 127.0.0.1:7100 --ca .run/node/ca.pem user:42 --limit 10/s --count 12"; \
+	echo "  ./target/release/floodgate status --seeds 127.0.0.1:7100 --ca .run/node/ca.pem"; \
+	echo "  ./target/release/floodgate check --seeds 127.0.0.1:7100 --ca .run/node/ca.pem user:42 --limit 10/s --count 12"; \
 	echo "gateway on http://127.0.0.1:8080 (metrics /metrics). Try, in another shell (README: Walkthrough: the gateway):"; \
 	echo "  curl -si -H 'X-Tenant-Id: acme' -H 'X-Plan: free' http://127.0.0.1:8080/v1/data"; \
 	echo "  curl -si -X POST -H 'X-User-Id: 42' http://127.0.0.1:8080/v1/events/7/holds"; \
 	./target/release/examples/gateway --listen 127.0.0.1:8080 --upstream 127.0.0.1:8081 \
-	    --node 127.0.0.1:7100 --ca .run/node/ca.pem --rules-cache .run/gateway-rules.yaml
+	    --seeds 127.0.0.1:7100 --ca .run/node/ca.pem --rules-cache .run/gateway-rules.yaml
 
 bench: bench-core bench-load ## every benchmark (several minutes)
 

@@ -10,6 +10,7 @@ use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
+use crate::address::HostPort;
 use crate::breaker::Admit;
 use crate::config::{ClientConfig, MAX_KEY_BYTES, validate_nodes};
 use crate::error::{ClientError, ConfigError};
@@ -64,12 +65,18 @@ impl Client {
     /// [`Client::slot_table`]); the table is kept current in the background. Until a table is
     /// known, calls spread over `nodes`, which forward what they do not own.
     ///
+    /// `nodes` are addresses or [`HostPort`]s: a node given by a DNS name is resolved again on
+    /// every connection attempt (IPv4 first), so a node whose address changes (a restarted
+    /// pod behind a headless service) is followed; its certificate is verified by that name
+    /// unless `config.server_name` says otherwise.
+    ///
     /// Fails only for a bad configuration: no nodes, invalid settings, unreadable certificates.
-    pub async fn connect(
-        nodes: &[SocketAddr],
+    pub async fn connect<A: Clone + Into<HostPort>>(
+        nodes: &[A],
         config: ClientConfig,
     ) -> Result<Client, ClientError> {
-        validate_nodes(nodes)?;
+        let nodes: Vec<HostPort> = nodes.iter().cloned().map(Into::into).collect();
+        validate_nodes(&nodes)?;
         config.validate()?;
         let quic = tls::quinn_config(&config)?;
         let cooldown_ns = u64::try_from(config.breaker.cooldown.as_nanos()).unwrap_or(u64::MAX);
@@ -83,9 +90,10 @@ impl Client {
         let shutdown = watch::Sender::new(false);
         let mut endpoints = Vec::with_capacity(nodes.len());
         let mut links = Vec::with_capacity(nodes.len());
-        for &addr in nodes {
+        for node in &nodes {
+            let addr = link::first_address(node, config.connect_timeout).await;
             endpoints.push(link::endpoint_for(addr, quic.clone())?);
-            links.push(Arc::new(NodeLink::new(addr, &config)));
+            links.push(Arc::new(NodeLink::seed(node.clone(), addr, &config)));
         }
         // Before the links connect: each subscribes to its node's table pushes on connecting.
         let routing = Arc::new(Routing::new(links.clone()));

@@ -1,11 +1,11 @@
 //! `ClientConfig`: every knob of the client, its defaults, and validation done once at connect.
 
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
 use floodgate::StoreConfig;
 
+use crate::address::HostPort;
 use crate::error::ConfigError;
 
 /// Longest key a node accepts (the protocol's default `max_key_bytes`); longer keys are refused
@@ -81,7 +81,7 @@ pub struct ClientConfig {
     /// Our certificate, for nodes that require mutual TLS.
     pub client_auth: Option<ClientAuth>,
     /// Name the seed nodes' certificates (the nodes given to `connect`) must carry: a DNS name
-    /// or an IP address. `None`: the IP address each seed is dialed at. Members discovered from
+    /// or an IP address. `None`: each seed's host as given (its DNS name, or its IP address). Members discovered from
     /// the slot table are always verified by their node id (see PROTOCOL.md, Trust).
     pub server_name: Option<String>,
     /// Longest a `check` call waits for a node before its failure mode decides.
@@ -218,13 +218,13 @@ impl ClientConfig {
 }
 
 /// Checks the node list: at least one, none twice.
-pub(crate) fn validate_nodes(nodes: &[SocketAddr]) -> Result<(), ConfigError> {
+pub(crate) fn validate_nodes(nodes: &[HostPort]) -> Result<(), ConfigError> {
     if nodes.is_empty() {
         return Err(ConfigError::NoNodes);
     }
     for (i, node) in nodes.iter().enumerate() {
         if nodes[..i].contains(node) {
-            return Err(ConfigError::DuplicateNode(*node));
+            return Err(ConfigError::DuplicateNode(node.clone()));
         }
     }
     Ok(())
@@ -325,12 +325,12 @@ mod tests {
 
     #[test]
     fn node_lists_must_be_non_empty_and_distinct() {
-        let a: SocketAddr = "127.0.0.1:7100".parse().unwrap();
-        let b: SocketAddr = "127.0.0.1:7101".parse().unwrap();
+        let a: HostPort = "127.0.0.1:7100".parse().unwrap();
+        let b: HostPort = "localhost:7100".parse().unwrap();
         assert_eq!(validate_nodes(&[]), Err(ConfigError::NoNodes));
         assert_eq!(
-            validate_nodes(&[a, b, a]),
-            Err(ConfigError::DuplicateNode(a))
+            validate_nodes(&[a.clone(), b.clone(), a.clone()]),
+            Err(ConfigError::DuplicateNode(a.clone()))
         );
         assert_eq!(validate_nodes(&[a, b]), Ok(()));
     }

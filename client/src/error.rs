@@ -27,7 +27,7 @@ pub enum ConfigError {
     #[error("no node addresses given")]
     NoNodes,
     #[error("node {0} is listed twice")]
-    DuplicateNode(std::net::SocketAddr),
+    DuplicateNode(crate::HostPort),
     #[error("{field}: {problem}")]
     Invalid {
         field: &'static str,

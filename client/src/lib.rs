@@ -21,6 +21,8 @@
 //! Modules, from the caller inwards:
 //! - `client`: [`Client`]: `connect` and `check` (validation, routing, breaker, timeout).
 //! - `verdict`: [`Check`], [`FailureMode`], [`Verdict`], [`Source`], [`DegradedReason`].
+//! - `address`: [`HostPort`]: a seed's HOST:PORT; a name is resolved again on every connection
+//!   attempt, IPv4 first.
 //! - `config`: [`ClientConfig`] and its validation; `tls`: the QUIC/TLS 1.3 client config.
 //! - `error`: [`ClientError`], [`ConfigError`] and their [`ErrorKind`].
 //! - `slots`: which node a call goes to: the owner of its first key's slot, by the cluster's
@@ -37,6 +39,7 @@
 //! The `floodgate` binary (`src/bin/floodgate.rs`, feature `cli`) sends checks from a shell;
 //! [`logging`] (feature `cli`) sets up its log output and the example gateway's.
 
+mod address;
 mod backoff;
 mod breaker;
 mod client;
@@ -56,6 +59,7 @@ mod tls;
 pub mod tower;
 mod verdict;
 
+pub use address::HostPort;
 pub use client::Client;
 pub use config::{
     BackoffConfig, BreakerConfig, CaSource, ClientAuth, ClientConfig, MAX_CHECKS_PER_FRAME,

@@ -16,6 +16,7 @@ use parking_lot::Mutex;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+use crate::address::HostPort;
 use crate::backoff::Backoff;
 use crate::breaker::SharedBreaker;
 use crate::config::{BackoffConfig, ClientConfig};
@@ -76,9 +77,12 @@ impl LinkSettings {
 #[derive(Debug)]
 pub(crate) struct NodeLink {
     pub(crate) addr: SocketAddr,
-    /// The name the node's certificate must carry (a seed's configured name or address, a
+    /// The name the node's certificate must carry (a seed's configured name or host, a
     /// member's node id).
     pub(crate) server_name: String,
+    /// A seed given by DNS name: resolved again before every connection attempt (`addr` is
+    /// then only what it resolved to first, or the unspecified address if it did not).
+    name: Option<HostPort>,
     pub(crate) queue: CallQueue,
     pub(crate) breaker: SharedBreaker,
     state: watch::Sender<LinkState>,
@@ -96,12 +100,27 @@ impl NodeLink {
         NodeLink {
             addr,
             server_name: crate::tls::seed_server_name(config.server_name.as_deref(), addr),
+            name: None,
             queue: CallQueue::new(config.max_queued_checks),
             breaker: SharedBreaker::new(config.breaker, config.timeout),
             state: watch::Sender::new(LinkState::Connecting),
             last_error: Mutex::new(None),
             answered: AtomicBool::new(false),
             table_hint: std::sync::OnceLock::new(),
+        }
+    }
+
+    /// A link to a seed as given to `connect`, first resolved to `addr`: a name is resolved
+    /// again on every connection attempt, and is the default name its certificate must carry.
+    pub(crate) fn seed(seed: HostPort, addr: SocketAddr, config: &ClientConfig) -> Self {
+        let server_name = config
+            .server_name
+            .clone()
+            .unwrap_or_else(|| seed.host().to_owned());
+        let name = seed.socket_addr().is_none().then_some(seed);
+        NodeLink {
+            name,
+            ..NodeLink::new(addr, config).named(server_name)
         }
     }
 
@@ -162,6 +181,22 @@ impl NodeLink {
     }
 }
 
+/// The address a seed is first known by: itself, or what its name resolves to now (IPv4
+/// first). A name that does not resolve yet gives the unspecified IPv4 address: the link keeps
+/// trying, resolving again each time, and says why it cannot connect meanwhile.
+pub(crate) async fn first_address(seed: &HostPort, timeout: Duration) -> SocketAddr {
+    if let Some(addr) = seed.socket_addr() {
+        return addr;
+    }
+    match seed.resolve(timeout).await {
+        Ok(addrs) => addrs[0],
+        Err(why) => {
+            tracing::warn!(node = %seed, "{why}; retrying in the background");
+            (Ipv4Addr::UNSPECIFIED, seed.port()).into()
+        }
+    }
+}
+
 /// A client endpoint (one UDP socket and its driver task) for one node, so nodes do not share a
 /// socket's single driver (CRATE-NOTES: one endpoint is about one core of work).
 pub(crate) fn endpoint_for(
@@ -206,7 +241,7 @@ pub(crate) async fn supervise(
         let attempt = tokio::select! {
             biased;
             () = shutdown_requested(&mut shutdown) => break,
-            attempt = connect(&endpoint, link.addr, &link.server_name, settings.connect_timeout) => attempt,
+            attempt = dial(&endpoint, &link, settings.connect_timeout) => attempt,
         };
         match attempt {
             Ok(conn) => {
@@ -259,6 +294,20 @@ pub(crate) async fn supervise(
     // Give the close frames a moment to leave, so nodes free the connection at once instead of
     // after their idle timeout; never hold up shutdown for long.
     let _ = tokio::time::timeout(Duration::from_millis(200), endpoint.wait_idle()).await;
+}
+
+/// Connects to the link's node: a seed given by name is resolved now (a restarted node may
+/// have a new address), the lookup and the handshake each bounded by `timeout`.
+async fn dial(
+    endpoint: &quinn::Endpoint,
+    link: &NodeLink,
+    timeout: Duration,
+) -> Result<quinn::Connection, String> {
+    let addr = match &link.name {
+        Some(name) => name.resolve_like(link.addr, timeout).await?,
+        None => link.addr,
+    };
+    connect(endpoint, addr, &link.server_name, timeout).await
 }
 
 /// Connects to a node, the handshake bounded by `timeout`; the error says why in words.

@@ -35,6 +35,7 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
+use crate::address::HostPort;
 use crate::client::Client;
 use crate::config::ClientConfig;
 use crate::error::ClientError;
@@ -192,8 +193,8 @@ struct PolicyState {
 impl RateLimiter {
     /// Connects to the nodes and takes the rules they serve: waits for the first policy (at
     /// most `limiter.policy_timeout`), then refreshes it in the background.
-    pub async fn connect(
-        nodes: &[SocketAddr],
+    pub async fn connect<A: Clone + Into<HostPort>>(
+        nodes: &[A],
         config: ClientConfig,
         limiter: LimiterConfig,
     ) -> Result<RateLimiter, LimiterError> {
@@ -202,8 +203,8 @@ impl RateLimiter {
 
     /// Like [`RateLimiter::connect`], starting from `local` (e.g. a rules file shipped with the
     /// gateway) until, and unless, the nodes serve rules: it never fails for want of rules.
-    pub async fn connect_with(
-        nodes: &[SocketAddr],
+    pub async fn connect_with<A: Clone + Into<HostPort>>(
+        nodes: &[A],
         config: ClientConfig,
         limiter: LimiterConfig,
         local: Option<Policy>,
@@ -211,7 +212,8 @@ impl RateLimiter {
         let client = Client::connect(nodes, config.clone()).await?;
         let has_local = local.is_some();
         let this = RateLimiter::with_policy(client, local);
-        let mut fetcher = PolicyFetcher::new(nodes.to_vec(), &config)?;
+        let mut fetcher =
+            PolicyFetcher::new(nodes.iter().cloned().map(Into::into).collect(), &config)?;
         let deadline = Instant::now() + limiter.policy_timeout;
         let mut last_error = String::from("no node answered");
         loop {
@@ -587,11 +589,16 @@ async fn refresh(
 }
 
 /// Fetches rules over its own small QUIC connection, so rule traffic never queues behind checks
-/// (and the check path's streams stay as they are). Tries the nodes in turn.
+/// (and the check path's streams stay as they are). Tries the nodes in turn; a node given by
+/// name is resolved again for each new connection.
 #[derive(Debug)]
 struct PolicyFetcher {
-    nodes: Vec<SocketAddr>,
+    nodes: Vec<HostPort>,
     endpoint: quinn::Endpoint,
+    /// An address of the family the endpoint's socket is bound for.
+    family: SocketAddr,
+    /// The address the current connection was made to.
+    connected_to: Option<SocketAddr>,
     server_name: Option<String>,
     timeout: Duration,
     conn: Option<quinn::Connection>,
@@ -600,16 +607,19 @@ struct PolicyFetcher {
 }
 
 impl PolicyFetcher {
-    fn new(nodes: Vec<SocketAddr>, config: &ClientConfig) -> Result<Self, ClientError> {
+    fn new(nodes: Vec<HostPort>, config: &ClientConfig) -> Result<Self, ClientError> {
         let quic = tls::quinn_config(config)?;
-        let any = nodes
+        // A name is dialed IPv4 first: an IPv4 socket unless the first node is an IPv6 address.
+        let family = nodes
             .first()
-            .copied()
+            .and_then(HostPort::socket_addr)
             .unwrap_or((Ipv4Addr::LOCALHOST, 0).into());
-        let endpoint = link::endpoint_for(any, quic)?;
+        let endpoint = link::endpoint_for(family, quic)?;
         Ok(PolicyFetcher {
             nodes,
             endpoint,
+            family,
+            connected_to: None,
             server_name: config.server_name.clone(),
             timeout: config.connect_timeout.max(Duration::from_millis(500)),
             conn: None,
@@ -620,13 +630,13 @@ impl PolicyFetcher {
 
     /// The node's answer to "I have `version`", and which node answered.
     async fn fetch(&mut self, version: &str) -> Result<(PolicyMessage, SocketAddr), String> {
-        let node = self.nodes.get(self.next).copied();
+        let node = self.nodes.get(self.next).cloned();
         let attempt = tokio::time::timeout(self.timeout, self.try_fetch(version)).await;
         let result = attempt.unwrap_or_else(|_| match node {
             Some(node) => Err(format!("{node}: no answer within {:?}", self.timeout)),
             None => Err("no nodes".to_owned()),
         });
-        let result = result.and_then(|message| Ok((message, node.ok_or("no nodes")?)));
+        let result = result.and_then(|message| Ok((message, self.connected_to.ok_or("no nodes")?)));
         if result.is_err() {
             // Next time, a fresh connection to the next node.
             if let Some(conn) = self.conn.take() {
@@ -643,15 +653,18 @@ impl PolicyFetcher {
             .as_ref()
             .is_none_or(|c| c.close_reason().is_some())
         {
-            let addr = *self.nodes.get(self.next).ok_or("no nodes")?;
+            let node = self.nodes.get(self.next).ok_or("no nodes")?;
+            let addr = node.resolve_like(self.family, self.timeout).await?;
+            let server_name = self
+                .server_name
+                .clone()
+                .unwrap_or_else(|| node.host().to_owned());
             let connecting = self
                 .endpoint
-                .connect(
-                    addr,
-                    &tls::seed_server_name(self.server_name.as_deref(), addr),
-                )
-                .map_err(|e| format!("{addr}: {e}"))?;
-            self.conn = Some(connecting.await.map_err(|e| format!("{addr}: {e}"))?);
+                .connect(addr, &server_name)
+                .map_err(|e| format!("{node}: {e}"))?;
+            self.conn = Some(connecting.await.map_err(|e| format!("{node}: {e}"))?);
+            self.connected_to = Some(addr);
         }
         let conn = self.conn.as_ref().ok_or("no connection")?;
         let (mut send, mut recv) = conn.open_bi().await.map_err(|e| e.to_string())?;
@@ -711,10 +724,10 @@ pub fn planned_checks(policy: &Policy, request: &RequestInfo) -> Vec<(PlannedChe
 /// Asks one node for the rules it serves (`version` empty when it runs without `--rules`): for
 /// `floodgate status` and health checks.
 pub async fn fetch_policy(
-    node: SocketAddr,
+    node: impl Into<HostPort>,
     config: &ClientConfig,
 ) -> Result<PolicyMessage, LimiterError> {
-    let mut fetcher = PolicyFetcher::new(vec![node], config)?;
+    let mut fetcher = PolicyFetcher::new(vec![node.into()], config)?;
     let fetched = fetcher.fetch("").await;
     fetcher.close().await;
     fetched

@@ -738,19 +738,28 @@ async fn request_table(conn: &quinn::Connection) -> Result<SlotTableMessage, Str
 }
 
 /// Fetches the slot table from the first of `nodes` that gives one (for tools such as
-/// `floodgate status`). Each node is given `config.connect_timeout` to connect and answer.
-pub async fn fetch_slot_table(
-    nodes: &[SocketAddr],
+/// `floodgate status`). Each node is given `config.connect_timeout` to resolve its name, and as
+/// long to connect and answer; it is verified by `config.server_name`, else its host.
+pub async fn fetch_slot_table<A: Clone + Into<crate::HostPort>>(
+    nodes: &[A],
     config: &ClientConfig,
 ) -> Result<ClusterTable, crate::ClientError> {
-    crate::config::validate_nodes(nodes)?;
+    let nodes: Vec<crate::HostPort> = nodes.iter().cloned().map(Into::into).collect();
+    crate::config::validate_nodes(&nodes)?;
     config.validate()?;
     let quic = crate::tls::quinn_config(config)?;
     let mut errors = Vec::new();
-    for &addr in nodes {
+    for node in &nodes {
+        let addr = match node.resolve(config.connect_timeout).await {
+            Ok(addrs) => addrs[0],
+            Err(why) => {
+                errors.push(why);
+                continue;
+            }
+        };
         let endpoint = link::endpoint_for(addr, quic.clone())?;
         let fetched = tokio::time::timeout(config.connect_timeout, async {
-            let name = crate::tls::seed_server_name(config.server_name.as_deref(), addr);
+            let name = (config.server_name.clone()).unwrap_or_else(|| node.host().to_owned());
             let conn = link::connect(&endpoint, addr, &name, config.connect_timeout).await?;
             let table = request_table(&conn).await;
             conn.close(0u32.into(), b"done");
@@ -761,7 +770,7 @@ pub async fn fetch_slot_table(
         let _ = tokio::time::timeout(Duration::from_millis(200), endpoint.wait_idle()).await;
         match fetched {
             Ok(message) => return Ok(ClusterTable::from_message(message)),
-            Err(why) => errors.push(format!("{addr}: {why}")),
+            Err(why) => errors.push(format!("{node}: {why}")),
         }
     }
     Err(crate::ClientError::Unavailable(errors.join("; ")))

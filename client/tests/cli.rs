@@ -21,7 +21,7 @@ async fn floodgate(args: Vec<String>) -> Output {
 }
 
 fn check_args(node: std::net::SocketAddr, certs: &Certs, rest: &[&str]) -> Vec<String> {
-    let base = ["check", "--node", &node.to_string(), "--ca"].map(str::to_owned);
+    let base = ["check", "--seeds", &node.to_string(), "--ca"].map(str::to_owned);
     base.into_iter()
         .chain([certs.dev.ca.display().to_string()])
         .chain(rest.iter().map(|s| s.to_string()))
@@ -150,5 +150,28 @@ async fn mutual_tls_through_the_cli() {
         "{}",
         text(&out.stderr)
     );
+    node.shutdown().await;
+}
+
+/// `--seeds localhost:PORT`: the name is resolved (IPv4 first, where the node listens) and
+/// the node verified by it; `--node` is the same flag, for older scripts.
+#[tokio::test]
+async fn a_seed_given_by_host_name_is_dialed_and_node_still_works() {
+    let certs = certs();
+    let node = start_node(&certs, any_port(), false).await;
+    let ca = certs.dev.ca.display().to_string();
+    let by_name = format!("localhost:{}", node.local_addr().port());
+    for flag in ["--seeds", "--node"] {
+        let args = [
+            "check", flag, &by_name, "--ca", &ca, "named:1", "--limit", "5/h",
+        ];
+        let out = floodgate(args.iter().map(|s| s.to_string()).collect()).await;
+        assert_eq!(out.status.code(), Some(0), "{flag}: {}", text(&out.stderr));
+        assert!(
+            text(&out.stdout).starts_with("allow"),
+            "{}",
+            text(&out.stdout)
+        );
+    }
     node.shutdown().await;
 }

@@ -58,7 +58,7 @@ async fn a_key_checked_at_other_periods_always_waits_within_the_current_one() {
             let checked = Limit::new(algorithm, 3, period_ns, 3).unwrap();
             let args = [
                 "check",
-                "--node",
+                "--seeds",
                 &node.local_addr().to_string(),
                 "--ca",
                 &certs.dev.ca.display().to_string(),

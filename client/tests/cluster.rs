@@ -29,7 +29,7 @@ const LIMIT: u64 = 20;
 /// Gossip every 50 ms, suspect after 250 ms of silence, dead after 500 ms.
 fn node_config(certs: &Certs, seeds: Vec<SocketAddr>) -> NodeConfig {
     let mut config = NodeConfig::for_tests(&certs.dev);
-    config.cluster.seeds = seeds;
+    config.cluster.seeds = seeds.into_iter().map(Into::into).collect();
     config.cluster.membership = MembershipConfig {
         gossip_interval_ns: 50_000_000,
         suspect_after_ns: 250_000_000,
@@ -186,7 +186,7 @@ async fn a_client_given_one_node_discovers_the_rest_and_routes_each_key_to_its_o
     let node = nodes[2].local_addr().to_string();
     let out = tokio::task::spawn_blocking(move || {
         Command::new(env!("CARGO_BIN_EXE_floodgate"))
-            .args(["status", "--node", &node, "--ca", &ca])
+            .args(["status", "--seeds", &node, "--ca", &ca])
             .output()
             .unwrap()
     })
@@ -232,7 +232,7 @@ async fn a_client_given_one_node_discovers_the_rest_and_routes_each_key_to_its_o
         Command::new(env!("CARGO_BIN_EXE_floodgate"))
             .args([
                 "status",
-                "--node",
+                "--seeds",
                 "127.0.0.1:9",
                 "--ca",
                 &ca,

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use common::*;
 use floodgate_client::{
-    Check, Client, DegradedReason, FailureMode, LinkState, Source, all_allowed,
+    Check, Client, DegradedReason, FailureMode, HostPort, LinkState, Source, all_allowed,
 };
 use tokio::time::timeout;
 
@@ -132,6 +132,47 @@ async fn node_down_follows_failure_modes_and_the_client_reconnects_when_it_retur
     assert_eq!((v.source, v.decision.remaining()), (Source::Node, 1));
     client.close().await;
     node.shutdown().await;
+}
+
+/// A seed given by host name, `localhost:PORT`: dialed at what the name resolves to (IPv4
+/// first: the node listens on 127.0.0.1 only) and verified by that name (the development
+/// certificate carries `localhost`); after the node restarts, the name is resolved again and
+/// the link comes back. A name that does not resolve is not a connect error: the link keeps
+/// trying and its status says why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_seed_given_by_host_name_connects_and_reconnects_through_the_name() {
+    let certs = certs();
+    let node = start_node(&certs, any_port(), false).await;
+    let addr = node.local_addr();
+    let by_name: HostPort = format!("localhost:{}", addr.port()).parse().unwrap();
+    let client = Client::connect(&[by_name], client_config(&certs))
+        .await
+        .unwrap();
+    let check = [Check::new("named:1", per_hour(5)).failure_mode(FailureMode::Closed)];
+    let v = client.check(&check).await.unwrap()[0];
+    assert_eq!((v.source, v.decision.remaining()), (Source::Node, 4));
+
+    node.shutdown().await;
+    timeout(PATIENCE, client.wait_disconnected()).await.unwrap();
+    let node = restart_node(&certs, addr).await;
+    timeout(PATIENCE, client.wait_connected()).await.unwrap();
+    let v = client.check(&check).await.unwrap()[0];
+    assert_eq!((v.source, v.decision.remaining()), (Source::Node, 4));
+    client.close().await;
+    node.shutdown().await;
+
+    // `.invalid` never resolves (RFC 2606).
+    let nowhere: HostPort = "fg-nowhere.invalid:7100".parse().unwrap();
+    let client = Client::connect(&[nowhere], client_config(&certs))
+        .await
+        .unwrap();
+    timeout(PATIENCE, client.wait_disconnected()).await.unwrap();
+    let status = &client.nodes()[0];
+    let why = status.last_error.clone().unwrap_or_default();
+    assert!(why.contains("fg-nowhere.invalid"), "{status:?}");
+    let v = client.check(&check).await.unwrap()[0];
+    assert_eq!(v.source, Source::FailClosed(DegradedReason::Unreachable));
+    client.close().await;
 }
 
 /// `connect` fails only for bad configuration: a node that never answers the handshake is
@@ -273,7 +314,7 @@ async fn unreadable_certificates_are_connect_errors() {
     let err = Client::connect(&[addr], bad_key).await.unwrap_err();
     assert!(err.to_string().contains("client key"), "{err}");
 
-    let err = Client::connect(&[], client_config(&certs))
+    let err = Client::connect::<std::net::SocketAddr>(&[], client_config(&certs))
         .await
         .unwrap_err();
     assert!(err.to_string().contains("no node"), "{err}");

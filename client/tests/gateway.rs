@@ -54,7 +54,11 @@ impl Stack {
             let mut config = NodeConfig::for_tests(&certs.dev);
             config.rules = Some(path.clone());
             // Every node after the first joins the first: one cluster sharing the key space.
-            config.cluster.seeds = started.first().map(Node::local_addr).into_iter().collect();
+            config.cluster.seeds = started
+                .first()
+                .map(|n: &Node| n.local_addr().into())
+                .into_iter()
+                .collect();
             started.push(Node::start(config).await.unwrap());
         }
         let addrs: Vec<SocketAddr> = started.iter().map(Node::local_addr).collect();

@@ -34,7 +34,7 @@ async fn start(
         peer_ca: Some(ca.cert.clone()),
     };
     config.cluster.node_id = Some(id.to_owned());
-    config.cluster.seeds = seeds;
+    config.cluster.seeds = seeds.into_iter().map(Into::into).collect();
     config.cluster.membership = MembershipConfig {
         gossip_interval_ns: 20_000_000,
         suspect_after_ns: 250_000_000,

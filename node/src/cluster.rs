@@ -21,6 +21,7 @@ use floodgate::{BucketState, Clock};
 use parking_lot::Mutex;
 use tokio::sync::watch;
 
+use crate::address::HostPort;
 use crate::handoff::Handoffs;
 use crate::member_log::MemberLog;
 use crate::server::Shared;
@@ -39,6 +40,8 @@ const PAST_VERSIONS: usize = 32;
 /// How often a node whose seeds do not answer, or that receives conflicting claims on an id,
 /// says so in the log (gossip retries every round; the log need not).
 const COMPLAINT_INTERVAL_NS: u64 = 1_000_000_000;
+/// Longest a seed's name may take to resolve before the dial is given up (retried next round).
+const RESOLVE_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// How this node takes part in a cluster.
 #[derive(Debug, Clone)]
@@ -48,8 +51,9 @@ pub struct ClusterConfig {
     pub region: String,
     /// Address peers and clients reach this node at (default: the listen address).
     pub advertise: Option<SocketAddr>,
-    /// Any members to join through.
-    pub seeds: Vec<SocketAddr>,
+    /// Any members to join through: IP addresses or DNS names, a name resolved again each time
+    /// the seed is dialed (its address may change, as a restarted pod's does).
+    pub seeds: Vec<HostPort>,
     pub membership: MembershipConfig,
     /// How often changed buckets go to each slot's successor.
     pub sync_interval: Duration,
@@ -91,6 +95,12 @@ pub(crate) struct Peers {
     /// at ERROR once per new reason, not on every gossip round.
     failures: Mutex<HashMap<String, String>>,
     handshake_failures: metrics::Counter,
+    /// This node's own addresses (advertised, and listened on when specific): a seed name that
+    /// resolves to one of them is this node, never dialed.
+    own_addrs: Vec<SocketAddr>,
+    /// Seed names found to resolve to this node alone (one seed list for every node).
+    self_seeds: Mutex<std::collections::HashSet<String>>,
+    resolve_failures: metrics::Counter,
 }
 
 impl Peers {
@@ -120,9 +130,13 @@ impl Peers {
         {
             return Ok(connection.clone());
         }
-        let socket: SocketAddr = addr
-            .parse()
-            .with_context(|| format!("peer address {addr}"))?;
+        let socket = match (addr.parse::<SocketAddr>(), &key.1) {
+            (Ok(socket), _) => socket,
+            (Err(_), None) => self.resolve_seed(addr).await?,
+            (Err(e), Some(_)) => {
+                return Err(e).with_context(|| format!("peer address {addr}"));
+            }
+        };
         let (config, name) = match &key.1 {
             Some(id) => (
                 self.configs.lock().members.clone(),
@@ -154,20 +168,67 @@ impl Peers {
         Ok(connection)
     }
 
+    /// Resolves a seed given by name, now (each dial: a restarted seed may have a new address),
+    /// to its first address that is not this node's. A failure is logged at WARN once per new
+    /// reason and counted.
+    async fn resolve_seed(&self, seed: &str) -> anyhow::Result<SocketAddr> {
+        let resolved = match seed.parse::<HostPort>() {
+            Ok(name) => name.resolve(RESOLVE_TIMEOUT).await,
+            Err(e) => Err(e),
+        };
+        let addrs = match resolved {
+            Ok(addrs) => addrs,
+            Err(reason) => {
+                self.resolve_failures.increment(1);
+                if self.note_failure(seed, &reason) {
+                    tracing::warn!(seed = %seed, "seed not resolved: {reason}");
+                }
+                anyhow::bail!("seed {seed}: {reason}");
+            }
+        };
+        match addrs.iter().find(|a| !self.own_addrs.contains(a)) {
+            Some(addr) => Ok(*addr),
+            None => {
+                let mut self_seeds = self.self_seeds.lock();
+                if self_seeds.len() < MAX_KNOWN_PEERS {
+                    self_seeds.insert(seed.to_owned());
+                }
+                anyhow::bail!("seed {seed} resolves to this node")
+            }
+        }
+    }
+
+    /// Records `reason` as the last failure with `addr`; true when it is a new one (to log).
+    fn note_failure(&self, addr: &str, reason: &str) -> bool {
+        let mut failures = self.failures.lock();
+        if failures.get(addr).map(String::as_str) == Some(reason) {
+            return false;
+        }
+        if failures.len() >= MAX_KNOWN_PEERS {
+            failures.clear();
+        }
+        failures.insert(addr.to_owned(), reason.to_owned());
+        true
+    }
+
+    /// True when every seed is this node (by address, or by a name resolving to it alone).
+    fn seeds_are_all_me(&self, seeds: &[HostPort], me: &str) -> bool {
+        let self_seeds = self.self_seeds.lock();
+        seeds.iter().all(|s| {
+            let text = s.to_string();
+            text == me || self_seeds.contains(&text)
+        })
+    }
+
     /// Logs (at ERROR, once per new reason) and counts a failed handshake: a certificate the
     /// peer CA does not sign, a name that is not the node id, a peer that refuses ours.
     fn handshake_failed(&self, addr: &str, id: Option<&str>, error: &quinn::ConnectionError) {
         self.handshake_failures.increment(1);
         let reason = error.to_string();
-        let mut failures = self.failures.lock();
-        if failures.get(addr) == Some(&reason) {
+        if !self.note_failure(addr, &reason) {
             tracing::debug!(peer = %addr, "peer handshake failed again: {reason}");
             return;
         }
-        if failures.len() >= MAX_KNOWN_PEERS {
-            failures.clear();
-        }
-        failures.insert(addr.to_owned(), reason.clone());
         let expected = id.unwrap_or("(a seed: any node of the peer CA)");
         tracing::error!(peer = %addr, node_id = %expected, "peer handshake failed: {reason}");
     }
@@ -325,6 +386,10 @@ impl Cluster {
             region: config.region.clone(),
         };
         let seeds: Vec<String> = config.seeds.iter().map(ToString::to_string).collect();
+        let mut own_addrs: Vec<SocketAddr> = me.addr.parse().ok().into_iter().collect();
+        if !listen.ip().is_unspecified() {
+            own_addrs.push(listen);
+        }
         // A node listed among its own seeds (one list for every node) has nobody to wait for.
         let has_other_seeds = seeds.iter().any(|s| *s != me.addr);
         // The start time in ms is the incarnation: a restart always comes back newer.
@@ -348,6 +413,9 @@ impl Cluster {
                 connections: Mutex::new(HashMap::new()),
                 failures: Mutex::new(HashMap::new()),
                 handshake_failures,
+                own_addrs,
+                self_seeds: Mutex::new(std::collections::HashSet::new()),
+                resolve_failures: metrics::counter!("floodgate_seed_resolve_failures_total"),
             }),
             handoffs: Mutex::new(Handoffs::default()),
             handoff_arrived: tokio::sync::Notify::new(),
@@ -877,11 +945,24 @@ impl Cluster {
     /// One round of gossip, then (every sync interval) replication of changed buckets.
     fn gossip_round(&self, shared: &Shared, now_ns: u64) {
         if self.joining.load(Ordering::Relaxed)
+            && self
+                .peers
+                .seeds_are_all_me(&self.config.seeds, &self.me.addr)
+        {
+            // Every seed name turned out to be this node: like a node without seeds, it is the
+            // first of its cluster and has nobody to wait for. Under the update lock, so no
+            // table update sees the flag change halfway (busy: the next round retries).
+            if let Some(_one_at_a_time) = self.updating.try_lock() {
+                self.joining.store(false, Ordering::Relaxed);
+                self.joined.notify_waiters();
+            }
+        }
+        if self.joining.load(Ordering::Relaxed)
             && self.refused.borrow().is_none()
             && self.time_to_complain(&self.next_join_complaint_ns, now_ns)
         {
             tracing::warn!(
-                seeds = ?self.config.seeds,
+                seeds = %self.config.seeds.iter().map(ToString::to_string).collect::<Vec<_>>().join(","),
                 "not joined: no seed answered yet; serving alone and retrying"
             );
         }

@@ -1,6 +1,7 @@
 //! floodgate-node: the limiter node, the shell of sockets, timers and tasks around the core's
 //! pure bucket store.
 //!
+//! - [`address`]: HOST:PORT flag values with DNS names, resolved IPv4 first.
 //! - [`config`]: [`NodeConfig`], listen addresses, TLS files and the limits on peers' input.
 //! - [`certs`]: development certificates for `--data-dir` and PEM loading.
 //! - `tls`: the QUIC server configuration (TLS 1.3, ALPN `floodgate/1`, optional mutual TLS).
@@ -19,6 +20,7 @@
 //!   at start.
 //! - `clock`: epoch-based nanoseconds that never go backwards.
 
+pub mod address;
 pub mod certs;
 pub mod clock;
 pub mod cluster;
@@ -37,6 +39,7 @@ mod service;
 pub mod snapshot;
 mod tls;
 
+pub use address::HostPort;
 pub use certs::{DevCerts, ensure_dev_certs};
 pub use cluster::ClusterConfig;
 pub use config::{NodeConfig, NodeLimits, TlsConfig};

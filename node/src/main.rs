@@ -11,7 +11,9 @@ use floodgate::StoreConfig;
 use std::time::Duration;
 
 use floodgate::cluster::MembershipConfig;
-use floodgate_node::{ClusterConfig, Node, NodeConfig, NodeLimits, TlsConfig, ensure_dev_certs};
+use floodgate_node::{
+    ClusterConfig, HostPort, Node, NodeConfig, NodeLimits, TlsConfig, ensure_dev_certs,
+};
 
 mod logging;
 use logging::LogFormat;
@@ -21,11 +23,11 @@ use logging::LogFormat;
 #[derive(Debug, Parser)]
 #[command(name = "floodgate-node", version)]
 struct Flags {
-    /// UDP address for the QUIC endpoint.
+    /// UDP address for the QUIC endpoint, HOST:PORT (a name is resolved once, at start).
     #[arg(long, default_value = "127.0.0.1:7100")]
-    listen: SocketAddr,
-    /// TCP address of the admin HTTP server (/metrics, /healthz, /readyz), or `off`. Loopback
-    /// unless you give another address.
+    listen: HostPort,
+    /// TCP address of the admin HTTP server (/metrics, /healthz, /readyz), HOST:PORT or `off`.
+    /// Loopback unless you give another address.
     #[arg(long, default_value = "127.0.0.1:9100")]
     admin: String,
     /// Development mode: create (once) and use certificates in DIR: a peer CA (ca.pem) signing
@@ -72,17 +74,19 @@ struct Flags {
     #[arg(long, default_value = "local")]
     region: String,
     /// Members to join through, HOST:PORT (any subset of the cluster); repeat the flag or
-    /// separate with commas. With seeds, /readyz stays 503 until one of them answers.
+    /// separate with commas. A name (say a headless service's) is resolved again each time the
+    /// seed is dialed. With seeds, /readyz stays 503 until one of them answers.
     #[arg(long, value_delimiter = ',')]
-    seeds: Vec<SocketAddr>,
+    seeds: Vec<HostPort>,
     /// With --seeds: be ready (/readyz) even while no seed answers, serving alone. For a first
     /// node started from the same seed list as the rest, or when the others may come up later.
     #[arg(long)]
     allow_alone: bool,
     /// Address peers and clients reach this node at (default: --listen, which then must be a
-    /// specific address, not 0.0.0.0 or ::).
+    /// specific address, not 0.0.0.0 or ::). A name is resolved once, at start: the node is
+    /// advertised by the address it resolves to.
     #[arg(long)]
-    advertise: Option<SocketAddr>,
+    advertise: Option<HostPort>,
     /// CA of the other nodes' certificates (default with --data-dir: its ca.pem).
     #[arg(long, value_name = "PEM")]
     peer_ca: Option<PathBuf>,
@@ -133,7 +137,8 @@ fn main() -> ExitCode {
 }
 
 async fn run(flags: Flags) -> anyhow::Result<()> {
-    let config = config_from(&flags)?;
+    let addresses = Addresses::resolve(&flags).await?;
+    let config = config_from(&flags, addresses)?;
     // Before anything says "serving": a signal from then on must find its handler.
     let signals = Signals::install()?;
     let node = Node::start(config).await?;
@@ -184,14 +189,52 @@ fn check_advertised(listen: SocketAddr, advertise: Option<SocketAddr>) -> anyhow
     Ok(())
 }
 
-fn config_from(flags: &Flags) -> anyhow::Result<NodeConfig> {
-    let admin = match flags.admin.as_str() {
-        "off" => None,
-        addr => Some(
-            addr.parse::<SocketAddr>()
-                .with_context(|| format!("--admin {addr}: expected HOST:PORT or off"))?,
-        ),
-    };
+/// Longest a flag's host name may take to resolve at start.
+const RESOLVE_AT_START: Duration = Duration::from_secs(5);
+
+/// The address flags, names resolved once at start (IPv4 first). Seeds are not here: a seed's
+/// name is resolved each time it is dialed.
+struct Addresses {
+    listen: SocketAddr,
+    admin: Option<SocketAddr>,
+    advertise: Option<SocketAddr>,
+}
+
+impl Addresses {
+    async fn resolve(flags: &Flags) -> anyhow::Result<Self> {
+        let resolve = |flag: &'static str, value: HostPort| async move {
+            value
+                .resolve_first(RESOLVE_AT_START)
+                .await
+                .map_err(|e| anyhow::anyhow!("--{flag} {value}: {e}"))
+        };
+        let admin = match flags.admin.as_str() {
+            "off" => None,
+            text => {
+                let value = text
+                    .parse::<HostPort>()
+                    .map_err(|e| anyhow::anyhow!("--admin {text}: {e}, or off"))?;
+                Some(resolve("admin", value).await?)
+            }
+        };
+        let advertise = match &flags.advertise {
+            Some(value) => Some(resolve("advertise", value.clone()).await?),
+            None => None,
+        };
+        Ok(Addresses {
+            listen: resolve("listen", flags.listen.clone()).await?,
+            admin,
+            advertise,
+        })
+    }
+}
+
+fn config_from(flags: &Flags, addresses: Addresses) -> anyhow::Result<NodeConfig> {
+    let Addresses {
+        listen,
+        admin,
+        advertise,
+    } = addresses;
     let tls = match (&flags.cert, &flags.key, &flags.data_dir) {
         (Some(cert), Some(key), _) => TlsConfig {
             cert: cert.clone(),
@@ -232,7 +275,7 @@ fn config_from(flags: &Flags) -> anyhow::Result<NodeConfig> {
         flags.seeds.is_empty() || tls.peer_ca.is_some(),
         "--seeds needs --peer-ca (or --data-dir) to verify the other nodes"
     );
-    check_advertised(flags.listen, flags.advertise)?;
+    check_advertised(listen, advertise)?;
     anyhow::ensure!(
         flags.dead_after > flags.suspect_after,
         "--dead-after must be longer than --suspect-after"
@@ -245,14 +288,14 @@ fn config_from(flags: &Flags) -> anyhow::Result<NodeConfig> {
     let cluster = ClusterConfig {
         node_id: flags.node_id.clone(),
         region: flags.region.clone(),
-        advertise: flags.advertise,
+        advertise,
         seeds: flags.seeds.clone(),
         membership,
         sync_interval: flags.sync_interval,
         allow_alone: flags.allow_alone,
     };
     Ok(NodeConfig {
-        listen: flags.listen,
+        listen,
         admin,
         tls,
         limits,
@@ -342,7 +385,8 @@ mod tests {
                 .unwrap()
                 .seeds
         };
-        let expected = vec![addr("127.0.0.1:7100"), addr("127.0.0.1:7101")];
+        let expected: Vec<HostPort> =
+            vec![addr("127.0.0.1:7100").into(), addr("127.0.0.1:7101").into()];
         assert_eq!(
             parse(&["--seeds", "127.0.0.1:7100,127.0.0.1:7101"]),
             expected
@@ -351,5 +395,42 @@ mod tests {
             parse(&["--seeds", "127.0.0.1:7100", "--seeds", "127.0.0.1:7101"]),
             expected
         );
+    }
+
+    #[test]
+    fn seeds_may_be_names_and_a_value_without_port_is_refused_naming_the_flag() {
+        let flags =
+            Flags::try_parse_from(["floodgate-node", "--seeds", "localhost:7100,fg-1.fg:7100"])
+                .unwrap();
+        let seeds: Vec<String> = flags.seeds.iter().map(ToString::to_string).collect();
+        assert_eq!(seeds, ["localhost:7100", "fg-1.fg:7100"]);
+        let err = Flags::try_parse_from(["floodgate-node", "--seeds", "localhost"])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("--seeds") && err.contains("has no port"),
+            "{err}"
+        );
+    }
+
+    #[tokio::test]
+    async fn listen_admin_and_advertise_names_resolve_at_start() {
+        let flags = Flags::try_parse_from([
+            "floodgate-node",
+            "--listen",
+            "localhost:7100",
+            "--admin",
+            "localhost:9100",
+            "--advertise",
+            "localhost:7100",
+        ])
+        .unwrap();
+        let addresses = Addresses::resolve(&flags).await.unwrap();
+        assert_eq!(addresses.listen, addr("127.0.0.1:7100"));
+        assert_eq!(addresses.admin, Some(addr("127.0.0.1:9100")));
+        assert_eq!(addresses.advertise, Some(addr("127.0.0.1:7100")));
+        let flags = Flags::try_parse_from(["floodgate-node", "--admin", "localhost"]).unwrap();
+        let err = Addresses::resolve(&flags).await.err().unwrap().to_string();
+        assert!(err.contains("--admin"), "{err}");
     }
 }

@@ -147,7 +147,7 @@ async fn clients_at_their_limit_do_not_keep_a_peer_out() {
 
     let mut config = NodeConfig::for_tests(&first.certs);
     fast(&mut config);
-    config.cluster.seeds = vec![addr];
+    config.cluster.seeds = vec![addr.into()];
     let second = Node::start(config).await.unwrap();
     converge(&second, 2).await;
     converge(&first.node, 2).await;

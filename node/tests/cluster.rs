@@ -41,7 +41,7 @@ async fn cluster(n: usize) -> (Vec<Node>, TestNode) {
 async fn join(first: &TestNode, seed: std::net::SocketAddr) -> Node {
     let mut config = NodeConfig::for_tests(&first.certs);
     fast(&mut config);
-    config.cluster.seeds = vec![seed];
+    config.cluster.seeds = vec![seed.into()];
     Node::start(config).await.unwrap()
 }
 

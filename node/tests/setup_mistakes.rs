@@ -46,35 +46,32 @@ async fn joined(node: &Node) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_node_with_a_live_id_is_refused_and_the_first_keeps_its_id_and_slots() {
-    let first = start_node(|c| {
-        quick_gossip(c);
-        c.cluster.node_id = Some("node-a".into());
-    })
-    .await;
-    let certs = &first.certs;
-    let a_addr = first.node.local_addr();
+    let dir = tempfile::tempdir().unwrap();
+    let certs = &floodgate_node::ensure_dev_certs(dir.path()).unwrap();
+    let first = start(certs, |c| c.cluster.node_id = Some("node-a".into())).await;
+    let a_addr = first.local_addr();
     let second = start(certs, |c| {
         c.cluster.node_id = Some("node-b".into());
-        c.cluster.seeds = vec![a_addr];
+        c.cluster.seeds = vec![a_addr.into()];
     })
     .await;
     joined(&second).await;
-    let mut tables = first.node.watch_slot_table();
+    let mut tables = first.watch_slot_table();
     let converged = tokio::time::timeout(BOUND, async {
         while tables.borrow_and_update().nodes().len() != 2 {
             tables.changed().await.unwrap();
         }
     })
     .await;
-    assert!(converged.is_ok(), "{:?}", first.node.owners());
+    assert!(converged.is_ok(), "{:?}", first.owners());
     let mut second_tables = second.watch_slot_table();
     second_tables.borrow_and_update();
-    let table_before = first.node.slot_table();
+    let table_before = first.slot_table();
 
     // Same id as the first node, another address, joining through the second.
     let impostor = start(certs, |c| {
         c.cluster.node_id = Some("node-a".into());
-        c.cluster.seeds = vec![second.local_addr()];
+        c.cluster.seeds = vec![second.local_addr().into()];
     })
     .await;
     let mut refusal = impostor.watch_refusal();
@@ -90,20 +87,20 @@ async fn a_second_node_with_a_live_id_is_refused_and_the_first_keeps_its_id_and_
     assert!(not_ready.starts_with("refused:"), "{not_ready}");
 
     // The first node kept its id, its address in the second's view, and its slots.
-    assert_eq!(first.node.node_id(), "node-a");
+    assert_eq!(first.node_id(), "node-a");
     assert_eq!(second.member_addr("node-a"), Some(a_addr.to_string()));
-    assert_eq!(first.node.slot_table(), table_before);
+    assert_eq!(first.slot_table(), table_before);
     assert_eq!(second.slot_table(), table_before);
     assert!(
         !second_tables.has_changed().unwrap(),
         "the second node's ownership moved: {:?}",
         second.owners()
     );
-    assert_eq!(first.node.not_ready_reason(), None);
+    assert_eq!(first.not_ready_reason(), None);
     assert_eq!(second.not_ready_reason(), None);
     impostor.crash();
     second.shutdown().await;
-    first.node.shutdown().await;
+    first.shutdown().await;
 }
 
 /// A UDP socket that never answers: a seed that is down.
@@ -148,7 +145,7 @@ async fn readyz_waits_for_a_join_when_there_are_seeds() {
     let (_socket, nobody) = silent_seed();
     let alone = start(certs, |c| {
         with_admin(c);
-        c.cluster.seeds = vec![nobody];
+        c.cluster.seeds = vec![nobody.into()];
     })
     .await;
     let (code, body) = get(alone.admin_addr().unwrap(), "/readyz").await;
@@ -163,7 +160,7 @@ async fn readyz_waits_for_a_join_when_there_are_seeds() {
     let (_socket2, nobody2) = silent_seed();
     let allowed = start(certs, |c| {
         with_admin(c);
-        c.cluster.seeds = vec![nobody2];
+        c.cluster.seeds = vec![nobody2.into()];
         c.cluster.allow_alone = true;
     })
     .await;
@@ -173,7 +170,7 @@ async fn readyz_waits_for_a_join_when_there_are_seeds() {
     // A seed that answers: ready once joined.
     let joiner = start(certs, |c| {
         with_admin(c);
-        c.cluster.seeds = vec![first.node.local_addr()];
+        c.cluster.seeds = vec![first.node.local_addr().into()];
     })
     .await;
     joined(&joiner).await;
@@ -184,6 +181,42 @@ async fn readyz_waits_for_a_join_when_there_are_seeds() {
     alone.crash();
     allowed.crash();
     first.node.shutdown().await;
+}
+
+/// One seed list for every node, given by names: the node whose own name is listed (here
+/// `localhost:ITS_PORT`) finds that the name is itself and is ready without anybody to join;
+/// a name that does not resolve keeps a node unready, serving alone, without stopping it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_seed_name_resolving_to_the_node_itself_is_no_one_to_wait_for() {
+    let dir = tempfile::tempdir().unwrap();
+    let certs = floodgate_node::ensure_dev_certs(dir.path()).unwrap();
+    // A free port, known before the node starts so its own seed list can name it.
+    let port = std::net::UdpSocket::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let own_name: floodgate_node::HostPort = format!("localhost:{port}").parse().unwrap();
+    let first = start(&certs, |c| {
+        c.listen = SocketAddr::from(([127, 0, 0, 1], port));
+        c.cluster.seeds = vec![own_name.clone()];
+    })
+    .await;
+    joined(&first).await;
+    assert!(first.not_ready_reason().is_none());
+
+    // `.invalid` never resolves (RFC 2606).
+    let nowhere: floodgate_node::HostPort = "fg-nowhere.invalid:7100".parse().unwrap();
+    let lost = start(&certs, |c| c.cluster.seeds = vec![nowhere]).await;
+    let waited = tokio::time::timeout(Duration::from_millis(300), lost.joined()).await;
+    assert!(
+        waited.is_err(),
+        "joined through a name that does not resolve"
+    );
+    let reason = lost.not_ready_reason().unwrap_or_default();
+    assert!(reason.contains("not joined"), "{reason}");
+    lost.crash();
+    first.shutdown().await;
 }
 
 #[test]

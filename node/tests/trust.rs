@@ -240,7 +240,7 @@ async fn nodes_named_by_their_ids_form_a_cluster() {
     let dir = tempfile::tempdir().unwrap();
     let ca = TestCa::new(dir.path(), "cluster-ca");
     let dev = floodgate_node::ensure_dev_certs(&dir.path().join("dev")).unwrap();
-    let start = |id: &'static str, seeds: Vec<std::net::SocketAddr>| {
+    let start = |id: &'static str, seeds: Vec<floodgate_node::HostPort>| {
         let identity = ca.node(id, &[id, "127.0.0.1"]);
         let ca = ca.cert.clone();
         let mut config = NodeConfig::for_tests(&dev);
@@ -258,7 +258,7 @@ async fn nodes_named_by_their_ids_form_a_cluster() {
         }
     };
     let a = start("fg-a.internal", vec![]).await;
-    let b = start("fg-b.internal", vec![a.local_addr()]).await;
+    let b = start("fg-b.internal", vec![a.local_addr().into()]).await;
     converge(&a, 2).await;
     converge(&b, 2).await;
     assert_eq!(a.owners(), ["fg-a.internal", "fg-b.internal"]);
@@ -273,6 +273,49 @@ async fn nodes_named_by_their_ids_form_a_cluster() {
         let refused = endpoint.connect(b.local_addr(), wrong).unwrap().await;
         assert!(refused.is_err(), "b's certificate does not name {wrong}");
     }
+    b.shutdown().await;
+    a.shutdown().await;
+}
+
+/// The same certificates (`fg-a.internal`/`fg-b.internal` plus 127.0.0.1, never localhost),
+/// the second node joining through a host-name seed, `localhost:PORT`: the name is resolved
+/// when the seed is dialed (127.0.0.1 first, which the certificate's IP covers), and a seed is
+/// accepted as any node of the peer CA, so the name itself need not be in the certificate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_joins_through_a_seed_given_by_host_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = TestCa::new(dir.path(), "cluster-ca");
+    let dev = floodgate_node::ensure_dev_certs(&dir.path().join("dev")).unwrap();
+    let start = |id: &'static str, seeds: Vec<floodgate_node::HostPort>| {
+        let identity = ca.node(id, &[id, "127.0.0.1"]);
+        let ca = ca.cert.clone();
+        let mut config = NodeConfig::for_tests(&dev);
+        async move {
+            fast(&mut config);
+            config.tls = TlsConfig {
+                cert: identity.cert,
+                key: identity.key,
+                client_ca: None,
+                peer_ca: Some(ca),
+            };
+            config.cluster.node_id = Some(id.to_owned());
+            config.cluster.seeds = seeds;
+            Node::start(config).await.unwrap()
+        }
+    };
+    let a = start("fg-a.internal", vec![]).await;
+    let by_name: floodgate_node::HostPort = format!("localhost:{}", a.local_addr().port())
+        .parse()
+        .unwrap();
+    assert!(by_name.socket_addr().is_none(), "a name, not an address");
+    let b = start("fg-b.internal", vec![by_name]).await;
+    converge(&a, 2).await;
+    converge(&b, 2).await;
+    assert_eq!(a.owners(), ["fg-a.internal", "fg-b.internal"]);
+    // Joined (the flag is set just after the table switch converge waits for).
+    let joined = tokio::time::timeout(PATIENCE, b.joined()).await;
+    assert!(joined.is_ok(), "{:?}", b.not_ready_reason());
+    assert_eq!(b.not_ready_reason(), None);
     b.shutdown().await;
     a.shutdown().await;
 }
@@ -345,7 +388,7 @@ async fn a_takeover_sent_to_a_node_that_is_not_the_successor_is_decided_by_the_o
     for _ in 0..2 {
         let mut config = NodeConfig::for_tests(&first.certs);
         fast(&mut config);
-        config.cluster.seeds = vec![seed];
+        config.cluster.seeds = vec![seed.into()];
         others.push(Node::start(config).await.unwrap());
     }
     let nodes: Vec<&Node> = others.iter().chain([&first.node]).collect();
@@ -419,7 +462,7 @@ async fn a_seed_with_a_foreign_certificate_is_counted_as_a_handshake_failure() {
     let node = start_node(|c| {
         fast(c);
         c.admin = Some("127.0.0.1:0".parse().unwrap());
-        c.cluster.seeds = vec![seed.local_addr().unwrap()];
+        c.cluster.seeds = vec![seed.local_addr().unwrap().into()];
     })
     .await;
     // The node dials its seed every gossip round; the third failed attempt comes after the

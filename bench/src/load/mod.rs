@@ -12,7 +12,6 @@ mod report;
 mod target;
 mod workload;
 
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -65,10 +64,10 @@ pub struct LoadArgs {
     #[arg(long)]
     pub node_bin: Option<PathBuf>,
     /// Measure a running cluster instead of starting a node: the nodes to start from, HOST:PORT
-    /// (repeat the flag or separate with commas; the first is used). Server CPU and memory are
-    /// then not measured.
+    /// with an IP address or a DNS name (repeat the flag or separate with commas; the first is
+    /// used). Server CPU and memory are then not measured.
     #[arg(long, value_delimiter = ',', requires = "ca")]
-    pub seeds: Vec<SocketAddr>,
+    pub seeds: Vec<floodgate_client::HostPort>,
     /// CA certificate of the `--seeds`.
     #[arg(long)]
     pub ca: Option<PathBuf>,
@@ -171,7 +170,7 @@ pub async fn run(args: LoadArgs) -> anyhow::Result<Vec<Record>> {
         let ca = args.ca.clone().context("--seeds needs --ca")?;
         (
             None,
-            Target::floodgate(args.seeds[0], &ca, bench_limit()).await?,
+            Target::floodgate(args.seeds[0].clone(), &ca, bench_limit()).await?,
         )
     };
     run_system(
@@ -372,5 +371,21 @@ mod tests {
         assert_eq!(spreads.spreads.len(), 3);
         // The old name is gone.
         assert!(parse(&[&ca[..], &["--nodes", "127.0.0.1:7100"]].concat()).is_err());
+    }
+
+    #[test]
+    fn seeds_may_be_host_names_and_need_a_port() {
+        let ca = ["--ca", "ca.pem"];
+        let named =
+            parse(&[&ca[..], &["--seeds", "localhost:7100,fg-1.fg:7100"]].concat()).unwrap();
+        let seeds: Vec<String> = named.seeds.iter().map(ToString::to_string).collect();
+        assert_eq!(seeds, ["localhost:7100", "fg-1.fg:7100"]);
+        let err = parse(&[&ca[..], &["--seeds", "localhost"]].concat())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("--seeds") && err.contains("has no port"),
+            "{err}"
+        );
     }
 }

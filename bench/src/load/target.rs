@@ -65,7 +65,7 @@ impl std::fmt::Debug for Target {
 
 impl Target {
     pub async fn floodgate(
-        node: std::net::SocketAddr,
+        node: impl Into<floodgate_client::HostPort>,
         ca: &std::path::Path,
         limit: Limit,
     ) -> anyhow::Result<Self> {
@@ -73,7 +73,7 @@ impl Target {
         // A benchmark measures the node, so a slow answer must count as slow, not turn into a
         // fallback decision: a generous timeout, and degraded answers are counted separately.
         config.timeout = Duration::from_secs(2);
-        let client = Client::connect(&[node], config)
+        let client = Client::connect(&[node.into()], config)
             .await
             .context("connecting to the node")?;
         client.wait_connected().await;

@@ -10,7 +10,7 @@
 //! node answers; the nodes' rules replace the local ones as soon as one does.
 //!
 //! ```sh
-//! cargo run -p floodgate-client --example gateway -- --node 127.0.0.1:7100 --ca .run/node/ca.pem
+//! cargo run -p floodgate-client --example gateway -- --seeds 127.0.0.1:7100 --ca .run/node/ca.pem
 //! ```
 
 mod app;
@@ -24,7 +24,7 @@ use anyhow::Context;
 use clap::Parser;
 use floodgate_client::core::parse_duration_ns;
 use floodgate_client::logging::{self, LogFormat};
-use floodgate_client::{ClientConfig, LimiterConfig, LimiterError, RateLimiter};
+use floodgate_client::{ClientConfig, HostPort, LimiterConfig, LimiterError, RateLimiter};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
@@ -41,9 +41,16 @@ struct Flags {
     /// Where the demo upstream listens (started in this process).
     #[arg(long, default_value = "127.0.0.1:8081")]
     upstream: SocketAddr,
-    /// A floodgate node, HOST:PORT (repeat for several).
-    #[arg(long, default_value = "127.0.0.1:7100")]
-    node: Vec<SocketAddr>,
+    /// Floodgate nodes to start from, HOST:PORT (a DNS name is resolved again on each
+    /// reconnect); repeat the flag or separate with commas. `--node` is the same flag.
+    #[arg(
+        long,
+        alias = "node",
+        default_value = "127.0.0.1:7100",
+        value_delimiter = ',',
+        value_name = "HOST:PORT"
+    )]
+    seeds: Vec<HostPort>,
     /// The CA that signs the node certificates.
     #[arg(long, default_value = ".run/node/ca.pem")]
     ca: PathBuf,
@@ -53,13 +60,13 @@ struct Flags {
     /// Key of the client certificate (PEM).
     #[arg(long, requires = "client_cert")]
     client_key: Option<PathBuf>,
-    /// Name the --node certificates must carry (default: the IP address dialed); nodes found
-    /// in the slot table are verified by their node id.
+    /// Name the --seeds' certificates must carry (default: each seed's HOST, a DNS name or IP
+    /// address); nodes found in the slot table are verified by their node id.
     #[arg(long)]
     server_name: Option<String>,
     /// Longest a limiter call waits before each rule's failure mode decides (e.g. 50ms).
-    #[arg(long, default_value = "50ms")]
-    timeout: String,
+    #[arg(long, default_value = "50ms", value_parser = parse_timeout)]
+    timeout: Duration,
     /// Rules to start from if no node serves any (the nodes' rules win once they do).
     #[arg(long, value_name = "FILE")]
     rules: Option<PathBuf>,
@@ -77,11 +84,8 @@ struct Flags {
 async fn main() -> anyhow::Result<()> {
     let flags = Flags::parse();
     logging::init(flags.log_format, "info");
-    let timeout = parse_duration_ns(&flags.timeout)
-        .map(Duration::from_nanos)
-        .map_err(|e| anyhow::anyhow!("--timeout {}: {e}", flags.timeout))?;
     let mut config = ClientConfig::with_ca_file(&flags.ca);
-    config.timeout = timeout;
+    config.timeout = flags.timeout;
     config.server_name = flags.server_name.clone();
     if let (Some(cert), Some(key)) = (&flags.client_cert, &flags.client_key) {
         config.client_auth = Some(floodgate_client::ClientAuth {
@@ -91,7 +95,7 @@ async fn main() -> anyhow::Result<()> {
     }
     let local = rules_source::load_local(flags.rules.as_deref(), flags.rules_cache.as_deref())?;
     let (policy, local_source) = local.unzip();
-    let limiter = RateLimiter::connect_with(&flags.node, config, LimiterConfig::default(), policy)
+    let limiter = RateLimiter::connect_with(&flags.seeds, config, LimiterConfig::default(), policy)
         .await
         .map_err(|e| match e {
             LimiterError::NoPolicy(_) => anyhow::anyhow!(
@@ -146,4 +150,53 @@ async fn wait_for_signal() -> anyhow::Result<()> {
         _ = terminate.recv() => {}
     }
     Ok(())
+}
+
+/// A duration such as `50ms` or `2s`, more than zero.
+fn parse_timeout(text: &str) -> Result<Duration, String> {
+    match parse_duration_ns(text) {
+        Ok(0) => Err("the timeout must be more than zero".to_owned()),
+        Ok(ns) => Ok(Duration::from_nanos(ns)),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn seeds(argv: &[&str]) -> Result<Vec<String>, String> {
+        let flags =
+            Flags::try_parse_from(["gateway"].iter().chain(argv)).map_err(|e| e.to_string())?;
+        Ok(flags.seeds.iter().map(ToString::to_string).collect())
+    }
+
+    #[test]
+    fn seeds_take_names_repeated_or_comma_separated_and_node_is_the_same_flag() {
+        assert_eq!(seeds(&[]).unwrap(), ["127.0.0.1:7100"]);
+        let expected = ["localhost:7100", "localhost:7101"];
+        assert_eq!(
+            seeds(&["--seeds", "localhost:7100,localhost:7101"]).unwrap(),
+            expected
+        );
+        assert_eq!(
+            seeds(&["--node", "localhost:7100", "--seeds", "localhost:7101"]).unwrap(),
+            expected
+        );
+        let error = seeds(&["--seeds", "localhost"]).unwrap_err();
+        assert!(
+            error.contains("--seeds") && error.contains("has no port"),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn the_timeout_is_a_duration_checked_by_clap() {
+        let timeout =
+            |t: &str| Flags::try_parse_from(["gateway", "--timeout", t]).map(|f| f.timeout);
+        assert_eq!(timeout("250ms").unwrap(), Duration::from_millis(250));
+        let error = timeout("soon").unwrap_err().to_string();
+        assert!(error.contains("--timeout"), "{error}");
+        assert!(timeout("0s").is_err());
+    }
 }

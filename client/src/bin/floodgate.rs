@@ -1,7 +1,6 @@
 //! `floodgate`: send rate-limit checks to a node from a shell and print each decision.
 
 use std::io::Write;
-use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -9,7 +8,9 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand};
 use floodgate_client::core::{Algorithm, Decision, Limit, parse_duration_ns, parse_rate};
 use floodgate_client::logging::{self, LogFormat};
-use floodgate_client::{Check, ClientAuth, ClientConfig, ClusterTable, FailureMode, Verdict};
+use floodgate_client::{
+    Check, ClientAuth, ClientConfig, ClusterTable, FailureMode, HostPort, Verdict,
+};
 
 const CHECK_HELP: &str = "\
 Output: one line per decision, starting with `allow` or `deny`:
@@ -81,9 +82,16 @@ struct StatusArgs {
 /// How to reach the nodes: shared by every subcommand that talks to them.
 #[derive(Debug, Args)]
 struct ConnectionArgs {
-    /// Node address, HOST:PORT (repeat for several; any one is enough, the rest are discovered).
-    #[arg(long, required = true, value_parser = parse_node)]
-    node: Vec<NodeArg>,
+    /// Nodes to start from, HOST:PORT (a DNS name or an IP address); repeat the flag or separate
+    /// with commas. Any one is enough, the rest are discovered. `--node` is the same flag.
+    #[arg(
+        long,
+        alias = "node",
+        required = true,
+        value_delimiter = ',',
+        value_name = "HOST:PORT"
+    )]
+    seeds: Vec<HostPort>,
     /// PEM file of the CA that signs the node certificates.
     #[arg(long)]
     ca: PathBuf,
@@ -96,8 +104,8 @@ struct ConnectionArgs {
     /// Longest wait for each answer and for the connection, e.g. 500ms, 2s.
     #[arg(long, default_value = "2s", value_parser = parse_duration_arg)]
     timeout: Duration,
-    /// Name the --node's certificate must carry (default: the HOST of the first --node, a DNS
-    /// name or IP address). Discovered nodes are verified by their node id.
+    /// Name the --seeds' certificates must carry (default: each seed's HOST, a DNS name or IP
+    /// address). Discovered nodes are verified by their node id.
     #[arg(long)]
     server_name: Option<String>,
 }
@@ -123,34 +131,6 @@ struct CheckArgs {
     /// Number of checks to send.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
     count: u64,
-}
-
-/// A `--node`: the address dialed, and the host it was named by (the default server name).
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct NodeArg {
-    addr: SocketAddr,
-    host: String,
-}
-
-/// HOST:PORT, resolved; IPv4 preferred, since `localhost` often lists `::1` first while nodes
-/// listen on 127.0.0.1 by default.
-fn parse_node(text: &str) -> Result<NodeArg, String> {
-    let addrs: Vec<SocketAddr> = text
-        .to_socket_addrs()
-        .map_err(|e| format!("`{text}` is not HOST:PORT: {e}"))?
-        .collect();
-    let addr = addrs
-        .iter()
-        .find(|a| a.is_ipv4())
-        .or(addrs.first())
-        .copied()
-        .ok_or_else(|| format!("`{text}` resolves to no address"))?;
-    let host = text.rsplit_once(':').map_or(text, |(host, _)| host);
-    let host = host
-        .trim_start_matches('[')
-        .trim_end_matches(']')
-        .to_owned();
-    Ok(NodeArg { addr, host })
 }
 
 fn parse_rate_arg(text: &str) -> Result<(u64, u64), String> {
@@ -179,8 +159,8 @@ impl CheckArgs {
 }
 
 impl ConnectionArgs {
-    fn addrs(&self) -> Vec<SocketAddr> {
-        self.node.iter().map(|n| n.addr).collect()
+    fn seeds(&self) -> &[HostPort] {
+        &self.seeds
     }
 
     fn client_config(&self) -> ClientConfig {
@@ -193,10 +173,8 @@ impl ConnectionArgs {
             // clap makes each require the other.
             _ => None,
         };
-        config.server_name = self
-            .server_name
-            .clone()
-            .or_else(|| self.node.first().map(|n| n.host.clone()));
+        // Unset: the client verifies each seed by its own host.
+        config.server_name = self.server_name.clone();
         config.timeout = self.timeout;
         config.connect_timeout = self.timeout;
         config
@@ -258,15 +236,15 @@ fn main() -> ExitCode {
 async fn run_status(args: &StatusArgs, out: &mut impl Write) -> Result<(), String> {
     let args = &args.connection;
     let config = args.client_config();
-    let table = floodgate_client::fetch_slot_table(&args.addrs(), &config)
+    let table = floodgate_client::fetch_slot_table(args.seeds(), &config)
         .await
         .map_err(|e| e.to_string())?;
     out.write_all(format_status(&table).as_bytes())
         .map_err(|e| e.to_string())?;
     // The rules in force on that node, so a rule change shows here too.
     let mut rules = "rules: unknown (no node answered)\n".to_owned();
-    for node in args.addrs() {
-        match floodgate_client::policy::fetch_policy(node, &config).await {
+    for node in args.seeds() {
+        match floodgate_client::policy::fetch_policy(node.clone(), &config).await {
             Ok(message) if message.version.is_empty() => {
                 rules = format!("rules: none ({node} runs without --rules)\n");
                 break;
@@ -337,12 +315,10 @@ fn format_status(table: &ClusterTable) -> String {
 /// Sends the checks; `Ok(allowed)` is the last decision, `Err` a message for stderr.
 async fn run_check(args: &CheckArgs, out: &mut impl Write) -> Result<bool, String> {
     let limit = args.limit()?;
-    let client = floodgate_client::Client::connect(
-        &args.connection.addrs(),
-        args.connection.client_config(),
-    )
-    .await
-    .map_err(|e| e.to_string())?;
+    let client =
+        floodgate_client::Client::connect(args.connection.seeds(), args.connection.client_config())
+            .await
+            .map_err(|e| e.to_string())?;
     // Closed: a node we cannot reach must never look like an `allow`; the source then turns
     // it into an error (exit 2) rather than a `deny`.
     let check = Check::new(args.key.as_bytes(), limit)
@@ -419,7 +395,7 @@ mod tests {
         let base = [
             "floodgate",
             "check",
-            "--node",
+            "--seeds",
             "127.0.0.1:7100",
             "--ca",
             "ca.pem",
@@ -439,14 +415,12 @@ mod tests {
     }
 
     #[test]
-    fn the_server_name_defaults_to_the_host_of_the_first_node() {
+    fn the_server_name_defaults_to_each_seeds_host() {
         let args = parse(&["user:1"]).unwrap();
-        assert_eq!(
-            args.connection.client_config().server_name.as_deref(),
-            Some("127.0.0.1")
-        );
-        assert_eq!(parse_node("localhost:7100").unwrap().host, "localhost");
-        assert_eq!(parse_node("[::1]:7100").unwrap().host, "::1");
+        assert_eq!(args.connection.client_config().server_name, None);
+        let host = |text: &str| text.parse::<HostPort>().unwrap().host().to_owned();
+        assert_eq!(host("localhost:7100"), "localhost");
+        assert_eq!(host("[::1]:7100"), "::1");
         let named = parse(&["user:1", "--server-name", "fg-a.internal"]).unwrap();
         assert_eq!(
             named.connection.client_config().server_name.as_deref(),
@@ -457,10 +431,13 @@ mod tests {
     #[test]
     fn defaults_and_a_full_command_line() {
         let args = parse(&["user:1"]).unwrap();
-        assert_eq!(
-            args.connection.addrs(),
-            ["127.0.0.1:7100".parse::<SocketAddr>().unwrap()]
-        );
+        let seeds: Vec<String> = args
+            .connection
+            .seeds
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        assert_eq!(seeds, ["127.0.0.1:7100"]);
         assert_eq!(args.limit, (10, 1_000_000_000));
         assert_eq!(args.algorithm, Algorithm::Gcra);
         assert_eq!((args.cost, args.count, args.burst), (1, 1, None));
@@ -544,5 +521,41 @@ mod tests {
         assert_eq!(format_duration(1_500_000_000), "1.5s");
         assert_eq!(format_duration(1_799_990_000_000), "1799.99s");
         assert_eq!(format_duration(3_600_000_000_000), "3600s");
+    }
+
+    #[test]
+    fn seeds_repeated_comma_separated_or_as_node_are_one_list_and_need_a_port() {
+        let seeds = |argv: &[&str]| {
+            let args =
+                Cli::try_parse_from(["floodgate", "status", "--ca", "ca.pem"].iter().chain(argv))
+                    .map_err(|e| e.to_string())?;
+            match args.command {
+                Command::Status(s) => Ok(s
+                    .connection
+                    .seeds
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()),
+                other => panic!("not status: {other:?}"),
+            }
+        };
+        let expected = ["localhost:7100", "10.0.0.2:7100"];
+        assert_eq!(
+            seeds(&["--seeds", "localhost:7100,10.0.0.2:7100"]).unwrap(),
+            expected
+        );
+        assert_eq!(
+            seeds(&["--seeds", "localhost:7100", "--seeds", "10.0.0.2:7100"]).unwrap(),
+            expected
+        );
+        assert_eq!(
+            seeds(&["--node", "localhost:7100", "--node", "10.0.0.2:7100"]).unwrap(),
+            expected
+        );
+        let error: String = seeds(&["--seeds", "localhost"]).unwrap_err();
+        assert!(
+            error.contains("--seeds") && error.contains("has no port"),
+            "{error}"
+        );
     }
 }
