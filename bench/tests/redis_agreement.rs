@@ -3,6 +3,8 @@
 //! CL.THROTTLE, each driven through the benchmark's own targets with the benchmark's mapping of
 //! the limit, allow the same count on every key.
 //!
+//! A second test pins the one way they differ by design: a denied multi-key request.
+//!
 //! Both Redis setups read Redis's (or the client's) wall clock, so the trace cannot rely on
 //! time standing still: every key gets its requests back to back, and the limit refills one
 //! unit per 12 minutes, so no refill can land while the test runs and each key admits exactly
@@ -12,7 +14,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use floodgate::{BucketKey, BucketStore, Limit, NANOS_PER_SEC, StoreConfig};
+use floodgate::{BucketKey, BucketStore, Check, Limit, NANOS_PER_SEC, StoreConfig};
 use floodgate_bench::load::{Outcome, Target, start_redis};
 
 /// 5 at once, then one per 12 minutes.
@@ -133,6 +135,91 @@ async fn floodgate_and_both_redis_baselines_allow_the_same_counts() {
         floodgate,
         "redis+cell against floodgate"
     );
+}
+
+/// A 3-key request whose first key is spent, then single requests on one of the other keys
+/// until it denies: returns whether the group passed and how many singles passed after it.
+async fn group_then_singles(target: &Target) -> (bool, u64) {
+    let check = |keys: &[&str]| {
+        let keys: Vec<String> = keys.iter().map(|k| k.to_string()).collect();
+        async move { target.check(&keys).await.unwrap() == Outcome::Allowed }
+    };
+    for _ in 0..5 {
+        assert!(check(&["group:spent"]).await, "{target:?}");
+    }
+    let group = check(&["group:spent", "group:a", "group:b"]).await;
+    let mut singles = 0;
+    while singles < 10 && check(&["group:a"]).await {
+        singles += 1;
+    }
+    (group, singles)
+}
+
+/// The one documented difference: floodgate and the Lua script decide a request's keys
+/// all-or-nothing, while redis-cell has no multi-key form, so the benchmark sends one command
+/// per key and a denied request still charges the keys that passed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_redis_cell_charges_the_other_keys_of_a_denied_request() {
+    let store = BucketStore::new(StoreConfig {
+        max_keys: 64,
+        shards: 4,
+    })
+    .unwrap();
+    let now_ns = 1_000 * NANOS_PER_SEC;
+    let checks = |keys: &[&str]| -> Vec<Check> {
+        keys.iter()
+            .map(|k| Check {
+                key: BucketKey::new(b"agree", k.as_bytes()),
+                limit: limit(),
+                cost: 1,
+            })
+            .collect()
+    };
+    let mut decisions = Vec::new();
+    for _ in 0..5 {
+        assert!(
+            store
+                .check_all(&checks(&["group:spent"]), now_ns, &mut decisions)
+                .unwrap()
+        );
+    }
+    let group = store
+        .check_all(
+            &checks(&["group:spent", "group:a", "group:b"]),
+            now_ns,
+            &mut decisions,
+        )
+        .unwrap();
+    let mut singles = 0;
+    while singles < 10
+        && store
+            .check_all(&checks(&["group:a"]), now_ns, &mut decisions)
+            .unwrap()
+    {
+        singles += 1;
+    }
+    assert_eq!((group, singles), (false, 5), "floodgate's GCRA");
+
+    let redis = match start_redis(None) {
+        Ok(server) => server,
+        Err(e) => {
+            eprintln!("skipping the Redis baselines: {e:#}");
+            return;
+        }
+    };
+    let lua = Target::redis(redis.addr, 1, limit()).await.unwrap();
+    assert_eq!(group_then_singles(&lua).await, (false, 5), "redis+lua");
+
+    let module = match redis_cell_module() {
+        Ok(module) => module,
+        Err(reason) => {
+            eprintln!("skipping the redis+cell baseline: {reason}");
+            return;
+        }
+    };
+    let redis = start_redis(Some(&module)).unwrap();
+    let cell = Target::redis_cell(redis.addr, 1, limit()).await.unwrap();
+    assert_eq!(group_then_singles(&cell).await, (false, 4), "redis+cell");
 }
 
 #[test]
