@@ -2,10 +2,11 @@
 //! same machine, same run.
 //!
 //! For each system: start its server (a `floodgate-node`, or `redis-server` with persistence
-//! off, with the redis-cell module for `redis+cell`), load the key space once to measure resident bytes per key, then for each workload run a
-//! closed loop (maximum throughput, server CPU per million checks) and an open loop at rising
-//! arrival rates (latency from the scheduled time). Outputs a markdown table with ratios,
-//! `report.json` and `latency.svg` in the output folder.
+//! off, with the redis-cell module for `redis+cell`), load the key space once to measure
+//! resident bytes per key, then for each workload run a closed loop (maximum throughput, server
+//! CPU per million checks) and an open loop at rising arrival rates (latency from the scheduled
+//! time). Outputs a markdown table with ratios, `report.json` and `latency.svg` in the output
+//! folder.
 
 mod driver;
 mod process;
