@@ -34,8 +34,8 @@ enum Command {
         #[arg(long, default_value_t = 1)]
         cost: u64,
     },
-    /// Drive floodgate and Redis + Lua with the same workloads in one run and compare them:
-    /// markdown on stdout, report.json and latency.svg in --out.
+    /// Drive floodgate, Redis + Lua and Redis + redis-cell with the same workloads in one run and
+    /// compare them: markdown on stdout, report.json and latency.svg in --out.
     Load(load::LoadArgs),
 }
 

@@ -1,10 +1,12 @@
-//! `floodgate-bench load`: floodgate against Redis + Lua, same workloads, same machine, same run.
+//! `floodgate-bench load`: floodgate against Redis + Lua and Redis + redis-cell, same workloads,
+//! same machine, same run.
 //!
 //! For each system: start its server (a `floodgate-node`, or `redis-server` with persistence
-//! off), load the key space once to measure resident bytes per key, then for each workload run a
-//! closed loop (maximum throughput, server CPU per million checks) and an open loop at rising
-//! arrival rates (latency from the scheduled time). Outputs a markdown table with ratios,
-//! `report.json` and `latency.svg` in the output folder.
+//! off, with the redis-cell module for `redis+cell`), load the key space once to measure
+//! resident bytes per key, then for each workload run a closed loop (maximum throughput, server
+//! CPU per million checks) and an open loop at rising arrival rates (latency from the scheduled
+//! time). Outputs a markdown table with ratios, `report.json` and `latency.svg` in the output
+//! folder.
 
 mod driver;
 mod process;
@@ -20,11 +22,10 @@ use anyhow::Context;
 use floodgate::{Limit, NANOS_PER_SEC};
 use indicatif::{ProgressBar, ProgressStyle};
 
+pub use process::{Server, default_redis_cell_module, start_redis};
 pub use report::Record;
-use target::Target;
+pub use target::{Outcome, Target};
 pub use workload::{KeySpread, Workload};
-
-use self::process::Server;
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct LoadArgs {
@@ -54,9 +55,13 @@ pub struct LoadArgs {
     /// Also run requests of 3 checks (user + IP + API key) over the uniform spread.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     pub three_checks: bool,
-    /// Skip the Redis baseline.
+    /// Skip both Redis baselines.
     #[arg(long)]
     pub no_redis: bool,
+    /// The redis-cell module for the `redis+cell` baseline (default: target/redis-cell/, where
+    /// `bench/redis-cell.sh` builds it); when missing, that baseline is skipped.
+    #[arg(long)]
+    pub redis_cell: Option<PathBuf>,
     /// Multiplexed (pipelining) Redis connections; calls are spread over them.
     #[arg(long, default_value_t = 4)]
     pub redis_connections: usize,
@@ -142,7 +147,7 @@ pub async fn run(args: LoadArgs) -> anyhow::Result<Vec<Record>> {
     std::fs::create_dir_all(&args.out)
         .with_context(|| format!("creating {}", args.out.display()))?;
     let workloads = args.workloads();
-    let systems = if args.no_redis { 1 } else { 2 };
+    let systems = if args.no_redis { 1 } else { 3 };
     let steps = systems * workloads.len() * (1 + args.rates.len()) + systems;
     let progress = if args.quiet {
         ProgressBar::hidden()
@@ -184,12 +189,22 @@ pub async fn run(args: LoadArgs) -> anyhow::Result<Vec<Record>> {
     .await?;
     drop(server);
 
-    // Redis + Lua
-    if !args.no_redis {
-        match process::start_redis() {
-            Ok(server) => {
-                let target =
-                    Target::redis(server.addr, args.redis_connections, bench_limit()).await?;
+    // Redis + Lua, then Redis + redis-cell (CL.THROTTLE): the script, and the fastest Redis setup.
+    let cell_module = args
+        .redis_cell
+        .clone()
+        .unwrap_or_else(default_redis_cell_module);
+    for module in [None, Some(cell_module.as_path())] {
+        if args.no_redis {
+            break;
+        }
+        let name = if module.is_some() {
+            "redis+cell"
+        } else {
+            "redis+lua"
+        };
+        match start_redis_baseline(module, args.redis_connections).await {
+            Ok((server, target)) => {
                 run_system(
                     &args,
                     Some(&server),
@@ -198,11 +213,9 @@ pub async fn run(args: LoadArgs) -> anyhow::Result<Vec<Record>> {
                     &progress,
                     &mut records,
                 )
-                .await?;
+                .await?
             }
-            Err(e) => {
-                progress.suspend(|| eprintln!("skipping the Redis baseline: {e:#}"));
-            }
+            Err(e) => progress.suspend(|| eprintln!("skipping the {name} baseline: {e:#}")),
         }
     }
     progress.finish_and_clear();
@@ -215,6 +228,19 @@ pub async fn run(args: LoadArgs) -> anyhow::Result<Vec<Record>> {
         args.out.join("latency.svg").display()
     );
     Ok(records)
+}
+
+/// Starts redis-server (with the redis-cell module if given) and connects its target.
+async fn start_redis_baseline(
+    module: Option<&std::path::Path>,
+    connections: usize,
+) -> anyhow::Result<(Server, Target)> {
+    let server = start_redis(module)?;
+    let target = match module {
+        Some(_) => Target::redis_cell(server.addr, connections, bench_limit()).await?,
+        None => Target::redis(server.addr, connections, bench_limit()).await?,
+    };
+    Ok((server, target))
 }
 
 async fn run_system(

@@ -143,11 +143,34 @@ pub fn start_node(
     bail!("floodgate-node exited during start-up ({status})");
 }
 
-/// Starts redis-server with persistence off on a free port; returns once it answers.
-pub fn start_redis() -> anyhow::Result<Server> {
+/// Where `bench/redis-cell.sh` puts the redis-cell module: `target/redis-cell/`, beside the
+/// `target/release/` folder holding this binary.
+pub fn default_redis_cell_module() -> PathBuf {
+    let me = std::env::current_exe().unwrap_or_default();
+    let target = me
+        .parent()
+        .and_then(Path::parent)
+        .unwrap_or(Path::new("target"));
+    target.join("redis-cell").join("libredis_cell.so")
+}
+
+/// Starts redis-server with persistence off on a free port, loading `module` if given; returns
+/// once it answers.
+pub fn start_redis(module: Option<&Path>) -> anyhow::Result<Server> {
+    if let Some(module) = module {
+        anyhow::ensure!(
+            module.is_file(),
+            "{} is missing: build it with `bash bench/redis-cell.sh` (`make bench-load` does)",
+            module.display()
+        );
+    }
     let port = free_port(false)?;
     let addr = SocketAddr::from(([127, 0, 0, 1], port));
-    let child = Command::new("redis-server")
+    let mut command = Command::new("redis-server");
+    if let Some(module) = module {
+        command.arg("--loadmodule").arg(module);
+    }
+    let child = command
         .args([
             "--port",
             &port.to_string(),
@@ -164,9 +187,18 @@ pub fn start_redis() -> anyhow::Result<Server> {
         .stderr(Stdio::null())
         .spawn()
         .context("redis-server is not on PATH: install it with `apt-get install redis-server`")?;
-    let server = Server { addr, child };
+    let mut server = Server { addr, child };
     let deadline = Instant::now() + Duration::from_secs(10);
     while TcpStream::connect_timeout(&addr, Duration::from_millis(100)).is_err() {
+        if let Some(status) = server.child.try_wait()? {
+            bail!(
+                "redis-server exited during start-up ({status}){}",
+                module.map_or(String::new(), |m| format!(
+                    "; could it load the module {}?",
+                    m.display()
+                ))
+            );
+        }
         if Instant::now() > deadline {
             bail!("redis-server did not listen on {addr} within 10 s");
         }

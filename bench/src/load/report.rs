@@ -70,7 +70,9 @@ impl Record {
 }
 
 const FLOODGATE: &str = "floodgate";
-const REDIS: &str = "redis+lua";
+/// The Redis setups floodgate is compared with, in table order: the token-bucket Lua script, and
+/// redis-cell's native GCRA command (the fastest Redis setup a team would pick).
+const BASELINES: [&str; 2] = ["redis+lua", "redis+cell"];
 
 fn find<'a>(
     records: &'a [Record],
@@ -91,7 +93,44 @@ fn ratio(a: f64, b: f64) -> String {
     }
 }
 
-/// The markdown comparison: closed-loop throughput and open-loop latency, side by side.
+/// A table cell from a record, `-` when that system has no such record.
+fn cell(record: Option<&Record>, show: impl Fn(&Record) -> String) -> String {
+    record.map(show).unwrap_or_else(|| "-".to_owned())
+}
+
+/// floodgate's figure over a baseline's, `-` when either is missing.
+fn ratio_of(
+    floodgate: Option<&Record>,
+    baseline: Option<&Record>,
+    figure: fn(&Record) -> f64,
+) -> String {
+    match (floodgate, baseline) {
+        (Some(f), Some(b)) => ratio(figure(f), figure(b)),
+        _ => "-".to_owned(),
+    }
+}
+
+fn latency(record: &Record) -> String {
+    format!(
+        "{}/{}/{}{}",
+        record.p50_us,
+        record.p99_us,
+        record.p999_us,
+        if record.saturated { " (saturated)" } else { "" }
+    )
+}
+
+fn row(out: &mut String, cells: &[String]) {
+    let _ = writeln!(out, "| {} |", cells.join(" | "));
+}
+
+fn header(out: &mut String, titles: &[String]) {
+    row(out, titles);
+    let _ = writeln!(out, "|{}", "---|".repeat(titles.len()));
+}
+
+/// The markdown comparison: closed-loop throughput and open-loop latency, floodgate beside each
+/// Redis baseline that ran, with floodgate's ratio to each.
 pub fn markdown(records: &[Record]) -> String {
     let mut out = String::new();
     let mut workloads: Vec<&str> = Vec::new();
@@ -100,41 +139,59 @@ pub fn markdown(records: &[Record]) -> String {
             workloads.push(&record.workload);
         }
     }
+    let baselines: Vec<&str> = BASELINES
+        .into_iter()
+        .filter(|b| records.iter().any(|r| r.system == *b))
+        .collect();
+    let all: Vec<&str> = std::iter::once(FLOODGATE)
+        .chain(baselines.iter().copied())
+        .collect();
+    let names = all.join(" / ");
+
     let _ = writeln!(out, "### Throughput (closed loop)\n");
-    let _ = writeln!(
-        out,
-        "| workload | floodgate checks/s | redis+lua checks/s | ratio | floodgate CPU s/M | redis CPU s/M | floodgate p50/p99 µs | redis p50/p99 µs |"
-    );
-    let _ = writeln!(out, "|---|---|---|---|---|---|---|---|");
-    for w in &workloads {
-        let (f, r) = (find(records, FLOODGATE, w, 0), find(records, REDIS, w, 0));
-        let cell = |x: Option<&Record>, g: fn(&Record) -> String| {
-            x.map(g).unwrap_or_else(|| "-".to_owned())
-        };
-        let _ = writeln!(
-            out,
-            "| {w} | {} | {} | {} | {} | {} | {} | {} |",
-            cell(f, |x| format!("{:.0}", x.achieved_rate)),
-            cell(r, |x| format!("{:.0}", x.achieved_rate)),
-            match (f, r) {
-                (Some(f), Some(r)) => ratio(f.achieved_rate, r.achieved_rate),
-                _ => "-".into(),
-            },
-            cell(f, |x| format!("{:.2}", x.cpu_s_per_million)),
-            cell(r, |x| format!("{:.2}", x.cpu_s_per_million)),
-            cell(f, |x| format!("{}/{}", x.p50_us, x.p99_us)),
-            cell(r, |x| format!("{}/{}", x.p50_us, x.p99_us)),
-        );
+    let mut titles = vec!["workload".to_owned(), format!("{FLOODGATE} checks/s")];
+    for b in &baselines {
+        titles.push(format!("{b} checks/s"));
+        titles.push(format!("ratio to {b}"));
     }
+    titles.push(format!("CPU s/M ({names})"));
+    titles.push(format!("p50/p99 µs ({names})"));
+    header(&mut out, &titles);
+    for w in &workloads {
+        let f = find(records, FLOODGATE, w, 0);
+        let mut cells = vec![
+            w.to_string(),
+            cell(f, |x| format!("{:.0}", x.achieved_rate)),
+        ];
+        for b in &baselines {
+            let r = find(records, b, w, 0);
+            cells.push(cell(r, |x| format!("{:.0}", x.achieved_rate)));
+            cells.push(ratio_of(f, r, |x| x.achieved_rate));
+        }
+        let each = |show: fn(&Record) -> String| {
+            all.iter()
+                .map(|s| cell(find(records, s, w, 0), show))
+                .collect::<Vec<_>>()
+                .join(" / ")
+        };
+        cells.push(each(|x| format!("{:.2}", x.cpu_s_per_million)));
+        cells.push(each(|x| format!("{}/{}", x.p50_us, x.p99_us)));
+        row(&mut out, &cells);
+    }
+
     let _ = writeln!(
         out,
         "\n### Latency at a fixed arrival rate (open loop, from the scheduled time)\n"
     );
-    let _ = writeln!(
-        out,
-        "| workload | offered req/s | floodgate achieved | floodgate p50/p99/p99.9 µs | redis achieved | redis p50/p99/p99.9 µs | p50 ratio | p99 ratio |"
-    );
-    let _ = writeln!(out, "|---|---|---|---|---|---|---|---|");
+    let mut titles = vec!["workload".to_owned(), "offered req/s".to_owned()];
+    for s in &all {
+        titles.push(format!("{s} achieved"));
+        titles.push(format!("{s} p50/p99/p99.9 µs"));
+    }
+    for b in &baselines {
+        titles.push(format!("p50/p99 ratio to {b}"));
+    }
+    header(&mut out, &titles);
     for w in &workloads {
         let mut rates: Vec<u64> = records
             .iter()
@@ -144,44 +201,25 @@ pub fn markdown(records: &[Record]) -> String {
         rates.sort_unstable();
         rates.dedup();
         for rate in rates {
-            let (f, r) = (
-                find(records, FLOODGATE, w, rate),
-                find(records, REDIS, w, rate),
-            );
-            let lat = |x: Option<&Record>| {
-                x.map(|x| {
-                    format!(
-                        "{}/{}/{}{}",
-                        x.p50_us,
-                        x.p99_us,
-                        x.p999_us,
-                        if x.saturated { " (saturated)" } else { "" }
-                    )
-                })
-                .unwrap_or_else(|| "-".into())
-            };
-            let ach = |x: Option<&Record>| {
-                x.map(|x| format!("{:.0}", x.requests_per_second))
-                    .unwrap_or_else(|| "-".into())
-            };
-            let (p50, p99) = match (f, r) {
-                (Some(f), Some(r)) => (
-                    ratio(f.p50_us as f64, r.p50_us as f64),
-                    ratio(f.p99_us as f64, r.p99_us as f64),
-                ),
-                _ => ("-".into(), "-".into()),
-            };
-            let _ = writeln!(
-                out,
-                "| {w} | {rate} | {} | {} | {} | {} | {p50} | {p99} |",
-                ach(f),
-                lat(f),
-                ach(r),
-                lat(r)
-            );
+            let mut cells = vec![w.to_string(), rate.to_string()];
+            for s in &all {
+                let r = find(records, s, w, rate);
+                cells.push(cell(r, |x| format!("{:.0}", x.requests_per_second)));
+                cells.push(cell(r, latency));
+            }
+            let f = find(records, FLOODGATE, w, rate);
+            for b in &baselines {
+                let r = find(records, b, w, rate);
+                cells.push(format!(
+                    "{}/{}",
+                    ratio_of(f, r, |x| x.p50_us as f64),
+                    ratio_of(f, r, |x| x.p99_us as f64)
+                ));
+            }
+            row(&mut out, &cells);
         }
     }
-    let memory: Vec<String> = [FLOODGATE, REDIS]
+    let memory: Vec<String> = all
         .iter()
         .filter_map(|s| {
             records
@@ -253,4 +291,72 @@ pub fn write_svg(records: &[Record], path: &Path) -> anyhow::Result<()> {
         .draw()?;
     root.present()?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(system: &str, offered_rate: u64, achieved_rate: f64, p99_us: u64) -> Record {
+        Record {
+            system: system.to_owned(),
+            workload: "uniform/1-check".to_owned(),
+            mode: if offered_rate == 0 { "closed" } else { "open" }.to_owned(),
+            offered_rate,
+            achieved_rate,
+            requests_per_second: achieved_rate,
+            p50_us: p99_us / 2,
+            p99_us,
+            p999_us: p99_us * 2,
+            cpu_s_per_million: 1.0,
+            bytes_per_key: 100.0,
+            allowed: 1,
+            degraded: 0,
+            errors: 0,
+            saturated: false,
+        }
+    }
+
+    #[test]
+    fn each_baseline_gets_its_own_figures_and_ratio() {
+        let records = [
+            record("floodgate", 0, 400_000.0, 1_000),
+            record("redis+lua", 0, 100_000.0, 4_000),
+            record("redis+cell", 0, 200_000.0, 2_000),
+            record("floodgate", 1_000, 1_000.0, 100),
+            record("redis+lua", 1_000, 1_000.0, 400),
+            record("redis+cell", 1_000, 1_000.0, 50),
+        ];
+        let table = markdown(&records);
+        let closed = table
+            .lines()
+            .find(|l| l.starts_with("| uniform/1-check | 400000"))
+            .unwrap_or_else(|| panic!("{table}"));
+        assert!(
+            closed.contains("| 100000 | 4.00x | 200000 | 2.00x |"),
+            "{closed}"
+        );
+        assert!(
+            closed.contains("| 500/1000 / 2000/4000 / 1000/2000 |"),
+            "{closed}"
+        );
+        let open = table
+            .lines()
+            .find(|l| l.starts_with("| uniform/1-check | 1000 |"))
+            .unwrap_or_else(|| panic!("{table}"));
+        assert!(open.ends_with("| 0.25x/0.25x | 2.00x/2.00x |"), "{open}");
+        assert!(table.contains("ratio to redis+cell"), "{table}");
+        assert!(table.contains("redis+cell: 100 bytes/key"), "{table}");
+    }
+
+    #[test]
+    fn a_baseline_that_did_not_run_gets_no_columns() {
+        let records = [
+            record("floodgate", 0, 400_000.0, 1_000),
+            record("redis+lua", 0, 100_000.0, 4_000),
+        ];
+        let table = markdown(&records);
+        assert!(table.contains("ratio to redis+lua"), "{table}");
+        assert!(!table.contains("redis+cell"), "{table}");
+    }
 }

@@ -1,12 +1,12 @@
-//! The two systems behind one interface: floodgate through its client, and Redis with the classic
-//! token-bucket Lua script through a pipelining client. Both enforce the same limit.
+//! The systems behind one interface: floodgate through its client, and two Redis setups through
+//! the same pipelining client: the classic token-bucket Lua script, and redis-cell's native GCRA
+//! command. All enforce the same limit.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::Context;
-use floodgate::Limit;
+use floodgate::{Limit, NANOS_PER_SEC};
 use floodgate_client::{Check, Client, ClientConfig, Source};
 
 /// The classic token bucket, extended from one key to all of `KEYS` all-or-nothing (so a
@@ -50,11 +50,99 @@ pub enum Target {
         limit: Limit,
     },
     Redis {
-        connections: Vec<redis::aio::MultiplexedConnection>,
-        next: Arc<AtomicUsize>,
+        pool: RedisPool,
         script: redis::Script,
         limit: Limit,
     },
+    /// redis-cell: `CL.THROTTLE key max_burst count period quantity` per key. A request of
+    /// several keys sends one command per key in one pipeline (one round trip); the module has
+    /// no multi-key form, so unlike the other two it is not all-or-nothing: when one key denies,
+    /// the keys that passed keep their charge.
+    RedisCell {
+        pool: RedisPool,
+        throttle: CellThrottle,
+    },
+}
+
+/// Multiplexed connections, each pipelining every concurrent call on it; calls take turns.
+pub struct RedisPool {
+    connections: Vec<redis::aio::MultiplexedConnection>,
+    next: AtomicUsize,
+}
+
+impl std::fmt::Debug for RedisPool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "RedisPool({} connections)", self.connections.len())
+    }
+}
+
+impl RedisPool {
+    async fn connect(addr: std::net::SocketAddr, connections: usize) -> anyhow::Result<Self> {
+        let client = redis::Client::open(format!("redis://{addr}/"))?;
+        let mut pool = Vec::with_capacity(connections);
+        for _ in 0..connections.max(1) {
+            pool.push(
+                client
+                    .get_multiplexed_async_connection()
+                    .await
+                    .context("connecting to redis")?,
+            );
+        }
+        Ok(RedisPool {
+            connections: pool,
+            next: AtomicUsize::new(0),
+        })
+    }
+
+    fn pick(&self) -> redis::aio::MultiplexedConnection {
+        let turn = self.next.fetch_add(1, Ordering::Relaxed);
+        self.connections[turn % self.connections.len()].clone()
+    }
+}
+
+/// A [`Limit`] in CL.THROTTLE's terms.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CellThrottle {
+    /// redis-cell admits `max_burst + 1` at once, so this is the limit's burst minus one.
+    pub max_burst: u64,
+    pub count: u64,
+    /// Whole seconds: the command takes no finer period.
+    pub period_s: u64,
+}
+
+impl CellThrottle {
+    pub fn new(limit: &Limit) -> anyhow::Result<Self> {
+        let period_ns = limit.period_ns();
+        anyhow::ensure!(
+            period_ns.is_multiple_of(NANOS_PER_SEC) && limit.burst() >= 1,
+            "redis-cell takes whole-second periods and a burst of at least 1, not {limit}"
+        );
+        Ok(CellThrottle {
+            max_burst: limit.burst() - 1,
+            count: limit.rate(),
+            period_s: period_ns / NANOS_PER_SEC,
+        })
+    }
+
+    fn command(&self, key: &str) -> redis::Cmd {
+        let mut command = redis::cmd("CL.THROTTLE");
+        command
+            .arg(key)
+            .arg(self.max_burst)
+            .arg(self.count)
+            .arg(self.period_s)
+            .arg(1);
+        command
+    }
+}
+
+/// CL.THROTTLE's reply: `[limited, limit, remaining, retry_after_s, reset_after_s]`.
+fn cell_allowed(reply: &[i64]) -> anyhow::Result<bool> {
+    match reply.first() {
+        Some(0) => Ok(true),
+        Some(1) => Ok(false),
+        _ => anyhow::bail!("unexpected CL.THROTTLE reply {reply:?}"),
+    }
 }
 
 impl std::fmt::Debug for Target {
@@ -80,37 +168,52 @@ impl Target {
         Ok(Target::Floodgate { client, limit })
     }
 
-    /// `connections` multiplexed connections, each pipelining every concurrent call on it.
+    /// Redis + the token-bucket Lua script, over `connections` multiplexed connections.
     pub async fn redis(
         addr: std::net::SocketAddr,
         connections: usize,
         limit: Limit,
     ) -> anyhow::Result<Self> {
-        let client = redis::Client::open(format!("redis://{addr}/"))?;
-        let mut pool = Vec::with_capacity(connections);
-        for _ in 0..connections {
-            pool.push(
-                client
-                    .get_multiplexed_async_connection()
-                    .await
-                    .context("connecting to redis")?,
-            );
-        }
+        let pool = RedisPool::connect(addr, connections).await?;
         let script = redis::Script::new(TOKEN_BUCKET_LUA);
         // Load once so every call is an EVALSHA (the script object falls back to EVAL otherwise).
-        script.prepare_invoke().load_async(&mut pool[0]).await?;
+        script.prepare_invoke().load_async(&mut pool.pick()).await?;
         Ok(Target::Redis {
-            connections: pool,
-            next: Arc::new(AtomicUsize::new(0)),
+            pool,
             script,
             limit,
         })
+    }
+
+    /// Redis with the redis-cell module loaded, over `connections` multiplexed connections.
+    pub async fn redis_cell(
+        addr: std::net::SocketAddr,
+        connections: usize,
+        limit: Limit,
+    ) -> anyhow::Result<Self> {
+        let pool = RedisPool::connect(addr, connections).await?;
+        let throttle = CellThrottle::new(&limit)?;
+        // One call on a scratch key: a server without the module fails here, in words, and not
+        // with a million errors in the run.
+        let probe = "floodgate-bench:probe";
+        let reply: Vec<i64> = throttle
+            .command(probe)
+            .query_async(&mut pool.pick())
+            .await
+            .context("CL.THROTTLE failed: is the redis-cell module loaded?")?;
+        cell_allowed(&reply)?;
+        let _: i64 = redis::cmd("DEL")
+            .arg(probe)
+            .query_async(&mut pool.pick())
+            .await?;
+        Ok(Target::RedisCell { pool, throttle })
     }
 
     pub fn name(&self) -> &'static str {
         match self {
             Target::Floodgate { .. } => "floodgate",
             Target::Redis { .. } => "redis+lua",
+            Target::RedisCell { .. } => "redis+cell",
         }
     }
 
@@ -133,13 +236,11 @@ impl Target {
                 })
             }
             Target::Redis {
-                connections,
-                next,
+                pool,
                 script,
                 limit,
             } => {
-                let mut connection =
-                    connections[next.fetch_add(1, Ordering::Relaxed) % connections.len()].clone();
+                let mut connection = pool.pick();
                 let now_ms = SystemTime::now()
                     .duration_since(UNIX_EPOCH)
                     .unwrap_or_default()
@@ -161,6 +262,72 @@ impl Target {
                     Outcome::Denied
                 })
             }
+            Target::RedisCell { pool, throttle } => {
+                let mut connection = pool.pick();
+                let mut all_allowed = true;
+                if let [key] = keys {
+                    let reply: Vec<i64> =
+                        throttle.command(key).query_async(&mut connection).await?;
+                    all_allowed = cell_allowed(&reply)?;
+                } else {
+                    let mut pipeline = redis::pipe();
+                    for key in keys {
+                        pipeline.add_command(throttle.command(key));
+                    }
+                    let replies: Vec<Vec<i64>> = pipeline.query_async(&mut connection).await?;
+                    for reply in &replies {
+                        all_allowed &= cell_allowed(reply)?;
+                    }
+                }
+                Ok(if all_allowed {
+                    Outcome::Allowed
+                } else {
+                    Outcome::Denied
+                })
+            }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_limit_maps_to_cl_throttle_arguments() {
+        let limit = Limit::gcra(1_000, 3_600 * NANOS_PER_SEC, 1_000).unwrap();
+        assert_eq!(
+            CellThrottle::new(&limit).unwrap(),
+            CellThrottle {
+                max_burst: 999,
+                count: 1_000,
+                period_s: 3_600
+            }
+        );
+        let args = CellThrottle::new(&Limit::gcra(5, 60 * NANOS_PER_SEC, 2).unwrap())
+            .unwrap()
+            .command("user:1")
+            .args_iter()
+            .map(|arg| match arg {
+                redis::Arg::Simple(bytes) => String::from_utf8_lossy(bytes).into_owned(),
+                other => format!("{other:?}"),
+            })
+            .collect::<Vec<_>>();
+        assert_eq!(args, ["CL.THROTTLE", "user:1", "1", "5", "60", "1"]);
+    }
+
+    #[test]
+    fn sub_second_periods_are_refused_in_words() {
+        let limit = Limit::gcra(10, NANOS_PER_SEC / 2, 10).unwrap();
+        let err = CellThrottle::new(&limit).unwrap_err().to_string();
+        assert!(err.contains("whole-second periods"), "{err}");
+    }
+
+    #[test]
+    fn cl_throttle_replies_read_as_decisions() {
+        assert!(cell_allowed(&[0, 1000, 999, -1, 4]).unwrap());
+        assert!(!cell_allowed(&[1, 1000, 0, 3, 3600]).unwrap());
+        assert!(cell_allowed(&[]).is_err());
+        assert!(cell_allowed(&[7]).is_err());
     }
 }
