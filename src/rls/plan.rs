@@ -73,16 +73,16 @@ pub fn plan_request(
             let Some(counted) = rule.counted.clone() else {
                 return Planned::Unlimited(rule.clone());
             };
-            let key = bucket_key(domain, descriptor);
-            if key.len() > MAX_RLS_KEY_BYTES {
+            let identity = bucket_key(domain, descriptor);
+            if identity.len() > MAX_RLS_KEY_BYTES {
                 return Planned::Invalid(format!(
                     "descriptor is {} bytes; the most is {MAX_RLS_KEY_BYTES}",
-                    key.len()
+                    identity.len()
                 ));
             }
             Planned::Check {
                 rule: rule.clone(),
-                key,
+                key: hashed_key(&identity),
                 counted,
                 cost: descriptor.hits_addend.unwrap_or(request_hits),
             }
@@ -105,7 +105,8 @@ fn rule_for(
             .ok_or_else(|| format!("limit override has an unknown unit ({unit})"))?;
         let counted = Counted::new(requests_per_unit, unit, Algorithm::FixedWindow, None)?;
         return Ok(Some(Arc::new(RateRule {
-            full_key: format!("{domain}.{}", entries_path(descriptor)),
+            // Not the entries: metric labels must stay bounded by the configuration.
+            full_key: format!("{domain}.limit_override"),
             name: None,
             replaces: Vec::new(),
             shadow_mode: false,
@@ -121,19 +122,12 @@ fn rule_for(
     Ok(config.find(domain, &entries))
 }
 
-fn entries_path(descriptor: &DescriptorRequest) -> String {
-    let parts: Vec<String> = descriptor
-        .entries
-        .iter()
-        .map(|(k, v)| {
-            if v.is_empty() {
-                k.clone()
-            } else {
-                format!("{k}_{v}")
-            }
-        })
-        .collect();
-    parts.join(".")
+/// The key sent to the bucket store: a 128-bit digest of the identity, so any descriptor fits
+/// the node's key length bound and every bucket key has the same size.
+fn hashed_key(identity: &[u8]) -> Vec<u8> {
+    let mut key = b"rls:".to_vec();
+    key.extend_from_slice(&xxhash_rust::xxh3::xxh3_128(identity).to_le_bytes());
+    key
 }
 
 /// Length-prefixed parts, so no two descriptors share a key by concatenation. An override's
