@@ -72,7 +72,11 @@ async fn start_rls(headers: bool) -> RlsNode {
         config: config_file.clone(),
         rate_limit_headers: headers,
     };
-    let node = start_node(|c| c.rls = Some(settings)).await;
+    let node = start_node(|c| {
+        c.rls = Some(settings);
+        c.admin = Some("127.0.0.1:0".parse().unwrap());
+    })
+    .await;
     let addr = node.node.rls_addr().unwrap();
     let client = RateLimitServiceClient::connect(format!("http://{addr}"))
         .await
@@ -430,6 +434,131 @@ async fn a_broken_configuration_stops_the_node_at_start_naming_file_line_and_col
         error.contains("bad.yaml:4:24: invalid rate limit unit `sometimes`"),
         "{error}"
     );
+}
+
+/// Two nodes, each serving RLS: every descriptor is decided by its key's owner, so what one
+/// node's callers took is gone for the other's.
+#[tokio::test]
+async fn descriptors_are_decided_by_their_owner_across_the_cluster() {
+    use floodgate::cluster::MembershipConfig;
+    const MS: u64 = 1_000_000;
+    let dir = tempfile::tempdir().unwrap();
+    let config_file = dir.path().join("config.yaml");
+    std::fs::write(&config_file, CONFIG).unwrap();
+    let settings = RlsSettings {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        config: config_file,
+        rate_limit_headers: false,
+    };
+    let fast = |c: &mut floodgate_node::NodeConfig| {
+        c.cluster.membership = MembershipConfig {
+            gossip_interval_ns: 20 * MS,
+            suspect_after_ns: 150 * MS,
+            dead_after_ns: 300 * MS,
+            ..MembershipConfig::default()
+        };
+        // No replication during the test: a node can deny a key only by asking its owner.
+        c.cluster.sync_interval = Duration::from_secs(3600);
+        c.rls = Some(settings.clone());
+    };
+    let first = start_node(fast).await;
+    let mut config = floodgate_node::NodeConfig::for_tests(&first.certs);
+    fast(&mut config);
+    config.cluster.seeds = vec![first.node.local_addr()];
+    let second = floodgate_node::Node::start(config).await.unwrap();
+    for node in [&first.node, &second] {
+        let mut tables = node.watch_slot_table();
+        tokio::time::timeout(Duration::from_secs(5), async {
+            while tables.borrow_and_update().nodes().len() != 2 {
+                tables.changed().await.unwrap();
+            }
+        })
+        .await
+        .expect("the two nodes form one cluster");
+    }
+    let client = |node: &floodgate_node::Node| {
+        RateLimitServiceClient::connect(format!("http://{}", node.rls_addr().unwrap()))
+    };
+    let (mut a, mut b) = (
+        client(&first.node).await.unwrap(),
+        client(&second).await.unwrap(),
+    );
+    let addresses: Vec<String> = (0..20).map(|i| format!("10.1.0.{i}")).collect();
+    for address in &addresses {
+        let answer = a
+            .should_rate_limit(request(vec![descriptor(&[("remote_address", address)])]))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(answer.overall_code, OK);
+    }
+    for address in &addresses {
+        let answer = b
+            .should_rate_limit(request(vec![descriptor(&[("remote_address", address)])]))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(
+            answer.overall_code, OVER_LIMIT,
+            "{address} was taken through the other node"
+        );
+    }
+    second.shutdown().await;
+    first.node.shutdown().await;
+}
+
+#[tokio::test]
+async fn metrics_count_per_domain_and_rule_and_time_every_call() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut rls = start_rls(false).await;
+    for _ in 0..4 {
+        ask(
+            &mut rls,
+            request(vec![descriptor(&[("path", "api/metrics")])]),
+        )
+        .await;
+    }
+    ask(
+        &mut rls,
+        request(vec![descriptor(&[("shadow", "metrics")])]),
+    )
+    .await;
+    ask(
+        &mut rls,
+        request(vec![descriptor(&[("shadow", "metrics")])]),
+    )
+    .await;
+    let admin = rls.node.node.admin_addr().unwrap();
+    let mut stream = tokio::net::TcpStream::connect(admin).await.unwrap();
+    stream
+        .write_all(b"GET /metrics HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut text = String::new();
+    tokio::time::timeout(Duration::from_secs(10), stream.read_to_string(&mut text))
+        .await
+        .expect("the metrics page comes")
+        .unwrap();
+    let count = |result: &str, rule: &str| {
+        let needle = format!(
+            "floodgate_rls_descriptors_total{{domain=\"edge\",rule=\"{rule}\",result=\"{result}\"}} "
+        );
+        text.lines()
+            .find_map(|l| l.strip_prefix(needle.as_str()))
+            .and_then(|n| n.trim().parse::<u64>().ok())
+    };
+    // Other tests in this process use other descriptors of the same rules; these are at least.
+    assert!(count("allowed", "api").is_some_and(|n| n >= 2), "{text}");
+    assert!(count("denied", "api").is_some_and(|n| n >= 2), "{text}");
+    assert!(
+        count("shadow_denied", "shadowed").is_some_and(|n| n >= 1),
+        "{text}"
+    );
+    assert!(
+        text.contains("floodgate_rls_request_seconds_bucket"),
+        "{text}"
+    );
+    rls.node.node.shutdown().await;
 }
 
 // ---- The same service through a client written elsewhere: Python's envoy-data-plane ----
