@@ -117,6 +117,9 @@ struct Flags {
     /// Add the draft-10 `RateLimit-Policy` and `RateLimit` header fields to RLS answers.
     #[arg(long)]
     rls_rate_limit_headers: bool,
+    /// Serve the RLS over TLS with the node's certificate (--cert/--key, or --data-dir's).
+    #[arg(long)]
+    rls_tls: bool,
     /// Log lines as `text` or `json` (one object per line), on stderr; `RUST_LOG` filters them
     /// (default `info`).
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
@@ -278,8 +281,8 @@ fn config_from(flags: &Flags) -> anyhow::Result<NodeConfig> {
 fn rls_settings(flags: &Flags) -> anyhow::Result<Option<floodgate_node::rls::RlsSettings>> {
     let Some(config) = flags.rls_config.clone() else {
         anyhow::ensure!(
-            flags.rls_listen.is_none() && !flags.rls_rate_limit_headers,
-            "--rls-listen and --rls-rate-limit-headers need --rls-config PATH (the rate limit configuration)"
+            flags.rls_listen.is_none() && !flags.rls_rate_limit_headers && !flags.rls_tls,
+            "--rls-listen, --rls-rate-limit-headers and --rls-tls need --rls-config PATH (the rate limit configuration)"
         );
         return Ok(None);
     };
@@ -289,6 +292,7 @@ fn rls_settings(flags: &Flags) -> anyhow::Result<Option<floodgate_node::rls::Rls
             .unwrap_or(floodgate_node::rls::DEFAULT_RLS_LISTEN),
         config,
         rate_limit_headers: flags.rls_rate_limit_headers,
+        tls: flags.rls_tls,
     }))
 }
 

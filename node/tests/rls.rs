@@ -71,6 +71,7 @@ async fn start_rls(headers: bool) -> RlsNode {
         listen: "127.0.0.1:0".parse().unwrap(),
         config: config_file.clone(),
         rate_limit_headers: headers,
+        tls: false,
     };
     let node = start_node(|c| {
         c.rls = Some(settings);
@@ -425,6 +426,7 @@ async fn a_broken_configuration_stops_the_node_at_start_naming_file_line_and_col
         listen: "127.0.0.1:0".parse().unwrap(),
         config: file,
         rate_limit_headers: false,
+        tls: false,
     });
     let error = format!(
         "{:#}",
@@ -449,6 +451,7 @@ async fn descriptors_are_decided_by_their_owner_across_the_cluster() {
         listen: "127.0.0.1:0".parse().unwrap(),
         config: config_file,
         rate_limit_headers: false,
+        tls: false,
     };
     let fast = |c: &mut floodgate_node::NodeConfig| {
         c.cluster.membership = MembershipConfig {
@@ -559,6 +562,51 @@ async fn metrics_count_per_domain_and_rule_and_time_every_call() {
         "{text}"
     );
     rls.node.node.shutdown().await;
+}
+
+#[tokio::test]
+async fn with_rls_tls_the_service_presents_the_node_certificate() {
+    use tonic::transport::{Certificate, ClientTlsConfig};
+    let dir = tempfile::tempdir().unwrap();
+    let config_file = dir.path().join("config.yaml");
+    std::fs::write(&config_file, CONFIG).unwrap();
+    let settings = RlsSettings {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        config: config_file,
+        rate_limit_headers: false,
+        tls: true,
+    };
+    let node = start_node(|c| c.rls = Some(settings)).await;
+    let addr = node.node.rls_addr().unwrap();
+    let ca = std::fs::read(&node.certs.ca).unwrap();
+    let tls = ClientTlsConfig::new()
+        .ca_certificate(Certificate::from_pem(ca))
+        .domain_name("localhost");
+    let channel = Channel::from_shared(format!("https://{addr}"))
+        .unwrap()
+        .tls_config(tls)
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut client = RateLimitServiceClient::new(channel);
+    let answer = client
+        .should_rate_limit(request(vec![descriptor(&[("generic_key", "three")])]))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!((answer.overall_code, remaining(&answer)), (OK, vec![2]));
+    // A plaintext client gets no answer from a TLS listener.
+    let plaintext = RateLimitServiceClient::connect(format!("http://{addr}")).await;
+    let refused = match plaintext {
+        Err(_) => true,
+        Ok(mut c) => c
+            .should_rate_limit(request(vec![descriptor(&[("generic_key", "three")])]))
+            .await
+            .is_err(),
+    };
+    assert!(refused);
+    node.node.shutdown().await;
 }
 
 // ---- The same service through a client written elsewhere: Python's envoy-data-plane ----

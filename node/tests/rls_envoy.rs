@@ -189,6 +189,7 @@ async fn envoy_returns_429_on_the_fourth_request_of_three_a_minute() {
         listen: "127.0.0.1:0".parse().unwrap(),
         config: rls_config,
         rate_limit_headers: false,
+        tls: false,
     });
     let node = Node::start(config).await.unwrap();
     let upstream = upstream().await;

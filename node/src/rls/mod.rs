@@ -40,6 +40,8 @@ pub struct RlsSettings {
     pub config: PathBuf,
     /// Add the draft-10 `RateLimit-Policy` and `RateLimit` fields to `response_headers_to_add`.
     pub rate_limit_headers: bool,
+    /// Serve over TLS with the node's certificate and key (otherwise plaintext HTTP/2).
+    pub tls: bool,
 }
 
 /// Loads the configuration, binds the listener and spawns the server and the reload poller.
@@ -55,6 +57,7 @@ pub(crate) async fn start(
         .with_context(|| format!("binding the RLS listener on {}", settings.listen))?;
     let addr = listener.local_addr()?;
     let max_message = shared.config.limits.max_frame_bytes;
+    let shared_tls = shared.config.tls.clone();
     let service = service::RlsService {
         shared,
         config: handle.clone(),
@@ -67,9 +70,15 @@ pub(crate) async fn start(
     let rls = RateLimitServiceServer::new(service)
         .max_decoding_message_size(max_message)
         .max_encoding_message_size(max_message);
+    let mut builder = tonic::transport::Server::builder();
+    if settings.tls {
+        builder = builder
+            .tls_config(tls_config(&shared_tls)?)
+            .context("the RLS listener's TLS configuration")?;
+    }
     let mut stop = shutdown.clone();
     tasks.spawn(async move {
-        let served = tonic::transport::Server::builder()
+        let served = builder
             .max_concurrent_streams(MAX_STREAMS_PER_CONNECTION)
             .timeout(CALL_TIMEOUT)
             .add_service(health_service)
@@ -86,6 +95,16 @@ pub(crate) async fn start(
         }
     });
     tasks.spawn(config_file::watch_config(handle.clone(), shutdown));
-    tracing::info!(%addr, config = %settings.config.display(), "RLS (Envoy rate limit service) listening");
+    tracing::info!(%addr, tls = settings.tls, config = %settings.config.display(), "RLS (Envoy rate limit service) listening");
     Ok((addr, handle))
+}
+
+/// The node's own certificate and key, as the QUIC endpoint presents them.
+fn tls_config(tls: &crate::config::TlsConfig) -> anyhow::Result<tonic::transport::ServerTlsConfig> {
+    let cert = std::fs::read(&tls.cert)
+        .with_context(|| format!("reading the certificate {}", tls.cert.display()))?;
+    let key = std::fs::read(&tls.key)
+        .with_context(|| format!("reading the key {}", tls.key.display()))?;
+    Ok(tonic::transport::ServerTlsConfig::new()
+        .identity(tonic::transport::Identity::from_pem(cert, key)))
 }
