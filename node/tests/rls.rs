@@ -609,6 +609,46 @@ async fn with_rls_tls_the_service_presents_the_node_certificate() {
     node.node.shutdown().await;
 }
 
+#[tokio::test]
+async fn connections_beyond_the_allowance_wait_until_one_closes() {
+    let dir = tempfile::tempdir().unwrap();
+    let config_file = dir.path().join("config.yaml");
+    std::fs::write(&config_file, CONFIG).unwrap();
+    let settings = RlsSettings {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        config: config_file,
+        rate_limit_headers: false,
+        tls: false,
+    };
+    let node = start_node(|c| {
+        c.rls = Some(settings);
+        c.limits.max_connections = 1;
+    })
+    .await;
+    let url = format!("http://{}", node.node.rls_addr().unwrap());
+    let call = || request(vec![descriptor(&[("generic_key", "ten")])]);
+    let mut first = RateLimitServiceClient::connect(url.clone()).await.unwrap();
+    first.should_rate_limit(call()).await.unwrap();
+    let second = tokio::spawn(async move {
+        let mut second = RateLimitServiceClient::connect(url).await?;
+        second.should_rate_limit(call()).await.map_err(Into::into)
+    });
+    // While the only place is held, the second caller is not served (looked at for 200 ms).
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(
+        !second.is_finished(),
+        "a second connection was served beyond the allowance"
+    );
+    drop(first);
+    let answered: Result<_, Box<dyn std::error::Error + Send + Sync>> =
+        tokio::time::timeout(Duration::from_secs(10), second)
+            .await
+            .expect("served once the first connection closed")
+            .unwrap();
+    assert_eq!(answered.unwrap().into_inner().overall_code, OK);
+    node.node.shutdown().await;
+}
+
 // ---- The same service through a client written elsewhere: Python's envoy-data-plane ----
 
 /// The throwaway virtualenv (`target/rls-venv`, created once, reused) with `envoy-data-plane`

@@ -3,11 +3,13 @@
 //! plaintext HTTP/2, deciding through the cluster like any client's checks.
 //!
 //! - `config_file`: `--rls-config` (envoyproxy/ratelimit's files), validated and hot-reloaded.
+//! - `incoming`: the listener's connections, at most `max_connections` open at once.
 //! - `decide`: a request's checks through `forward::answer_check_batch`, refunds when denied.
 //! - `service`: the proto in and out, metrics.
 
 mod config_file;
 mod decide;
+mod incoming;
 mod service;
 
 use std::net::SocketAddr;
@@ -58,6 +60,9 @@ pub(crate) async fn start(
     let addr = listener.local_addr()?;
     let max_message = shared.config.limits.max_frame_bytes;
     let shared_tls = shared.config.tls.clone();
+    // The same allowance as the QUIC endpoint's clients, counted apart.
+    let max_connections = shared.config.limits.max_connections;
+    let shutdown_incoming = shutdown.clone();
     let service = service::RlsService {
         shared,
         config: handle.clone(),
@@ -84,7 +89,7 @@ pub(crate) async fn start(
             .add_service(health_service)
             .add_service(rls)
             .serve_with_incoming_shutdown(
-                tonic::transport::server::TcpIncoming::from(listener),
+                incoming::bounded(listener, max_connections, shutdown_incoming),
                 async move {
                     let _ = stop.wait_for(|stopping| *stopping).await;
                 },
