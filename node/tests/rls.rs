@@ -246,6 +246,30 @@ async fn hits_addend_counts_per_request_and_per_descriptor_and_zero_peeks() {
 }
 
 #[tokio::test]
+async fn negative_hits_give_units_back() {
+    let mut rls = start_rls(false).await;
+    for _ in 0..4 {
+        ask(
+            &mut rls,
+            request(vec![descriptor(&[("generic_key", "three")])]),
+        )
+        .await;
+    }
+    let mut give_back = descriptor(&[("generic_key", "three")]);
+    give_back.hits_addend = Some(UInt64Value { value: 2 });
+    give_back.is_negative_hits = true;
+    let answer = ask(&mut rls, request(vec![give_back])).await;
+    assert_eq!((answer.overall_code, remaining(&answer)), (OK, vec![2]));
+    let answer = ask(
+        &mut rls,
+        request(vec![descriptor(&[("generic_key", "three")])]),
+    )
+    .await;
+    assert_eq!((answer.overall_code, remaining(&answer)), (OK, vec![1]));
+    rls.node.node.shutdown().await;
+}
+
+#[tokio::test]
 async fn a_limit_override_is_part_of_the_bucket_identity() {
     let mut rls = start_rls(false).await;
     let with_override = |requests_per_unit| {

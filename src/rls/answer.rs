@@ -138,6 +138,7 @@ mod tests {
             key: b"k".to_vec(),
             counted: Counted::new(3, Unit::Minute, Algorithm::FixedWindow, None).unwrap(),
             cost: 1,
+            refund: false,
         }
     }
 

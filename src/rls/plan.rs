@@ -19,6 +19,8 @@ pub struct DescriptorRequest {
     pub limit_override: Option<(u32, i32)>,
     /// The per-descriptor `hits_addend`; `Some(0)` peeks.
     pub hits_addend: Option<u64>,
+    /// `is_negative_hits`: give the hits back instead of taking them (never denied).
+    pub negative_hits: bool,
 }
 
 /// What one descriptor needs.
@@ -35,6 +37,8 @@ pub enum Planned {
         key: Vec<u8>,
         counted: Counted,
         cost: u64,
+        /// Give `cost` back (`is_negative_hits`) instead of taking it.
+        refund: bool,
     },
     /// The descriptor cannot be decided (a bad override or an oversized key): the words say why.
     Invalid(String),
@@ -85,6 +89,7 @@ pub fn plan_request(
                 key: hashed_key(&identity),
                 counted,
                 cost: descriptor.hits_addend.unwrap_or(request_hits),
+                refund: descriptor.negative_hits,
             }
         })
         .collect()

@@ -28,8 +28,16 @@ pub(crate) async fn decide(
         .enumerate()
         .filter_map(|(i, plan)| match plan {
             Planned::Check {
-                key, counted, cost, ..
-            } => Some((i, WireCheck::new(key.clone(), &counted.limit, *cost))),
+                key,
+                counted,
+                cost,
+                refund,
+                ..
+            } => {
+                let mut check = WireCheck::new(key.clone(), &counted.limit, *cost);
+                check.refund = *refund;
+                Some((i, check))
+            }
             _ => None,
         })
         .collect();
@@ -37,7 +45,8 @@ pub(crate) async fn decide(
     if checks.is_empty() {
         return Ok(decisions);
     }
-    // One group per descriptor: each goes to the owner of its own key.
+    // One group per descriptor: each goes to the owner of its own key (and a group is all
+    // refunds or none).
     let groups = checks.iter().map(|(_, c)| vec![c.clone()]).collect();
     let answers = run_batch(shared, groups).await?;
     for ((i, _), answer) in checks.iter().zip(&answers) {
@@ -64,7 +73,7 @@ async fn refund_allowed(
 ) {
     let refunds: Vec<(usize, WireCheck)> = checks
         .iter()
-        .filter(|(i, c)| c.cost > 0 && decisions[*i].is_some_and(|d| d.is_allowed()))
+        .filter(|(i, c)| !c.refund && c.cost > 0 && decisions[*i].is_some_and(|d| d.is_allowed()))
         .map(|(i, c)| {
             let mut refund = c.clone();
             refund.refund = true;

@@ -120,11 +120,6 @@ fn descriptor_request(descriptor: &RateLimitDescriptor) -> Result<DescriptorRequ
             descriptor.entries.len()
         )));
     }
-    if descriptor.is_negative_hits {
-        return Err(Status::invalid_argument(
-            "is_negative_hits is not supported: floodgate refunds a denied request's other descriptors itself",
-        ));
-    }
     Ok(DescriptorRequest {
         entries: descriptor
             .entries
@@ -136,6 +131,7 @@ fn descriptor_request(descriptor: &RateLimitDescriptor) -> Result<DescriptorRequ
             .as_ref()
             .map(|l| (l.requests_per_unit, l.unit)),
         hits_addend: descriptor.hits_addend.as_ref().map(|h| h.value),
+        negative_hits: descriptor.is_negative_hits,
     })
 }
 
