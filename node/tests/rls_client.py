@@ -4,6 +4,7 @@ not write) and prints one line per observation; node/tests/rls.rs asserts on the
 Usage: rls_client.py HOST:PORT  (a node started with rls.rs's configuration, fresh counters)
 """
 
+import signal
 import sys
 
 import grpc
@@ -33,6 +34,8 @@ def descriptor(*entries, hits=None, override=None):
 
 
 def main():
+    # Bounded whatever happens: SIGALRM's default action ends the process.
+    signal.alarm(60)
     channel = grpc.insecure_channel(sys.argv[1])
     grpc.channel_ready_future(channel).result(timeout=10)
     stub = RateLimitServiceSyncStub(channel)

@@ -4,6 +4,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::SystemTime;
 
 use anyhow::Context;
 use floodgate::rls::RlsConfig;
@@ -18,8 +19,21 @@ pub const MAX_CONFIG_FILES: usize = 1_000;
 /// Most bytes read over all files (each file is also bounded by the YAML loader).
 pub const MAX_CONFIG_BYTES: usize = 16 << 20;
 
+/// The content is read at least every this many polls (2 s), whatever the metadata says: an
+/// in-place edit within one mtime tick can keep every length.
+const FULL_READ_EVERY: u32 = 8;
+
 /// The files of one version: (name, text), in name order.
 type Files = Vec<(String, String)>;
+
+/// What the metadata says: each file's (path, modified, length). Cheap to take every poll.
+type Fingerprint = Vec<(PathBuf, Option<SystemTime>, u64)>;
+
+#[derive(Debug, Default)]
+struct PollState {
+    fingerprint: Option<Fingerprint>,
+    since_read: u32,
+}
 
 /// The configuration in force, swapped whole on reload.
 #[derive(Debug)]
@@ -31,6 +45,7 @@ pub struct RlsConfigHandle {
     /// (applied, rejected) reloads since start; a watch so tests await the next.
     outcomes: watch::Sender<(u64, u64)>,
     last_error: Mutex<Option<String>>,
+    polls: Mutex<PollState>,
 }
 
 impl RlsConfigHandle {
@@ -46,6 +61,10 @@ impl RlsConfigHandle {
             seen: Mutex::new((files, None)),
             outcomes: watch::Sender::new((0, 0)),
             last_error: Mutex::new(None),
+            polls: Mutex::new(PollState {
+                fingerprint: fingerprint(path),
+                since_read: 0,
+            }),
         }))
     }
 
@@ -63,8 +82,21 @@ impl RlsConfigHandle {
         self.last_error.lock().clone()
     }
 
-    /// Reads the files once; applies them when they changed and are valid.
+    /// Looks at the files once: reads them when their metadata changed (or every
+    /// [`FULL_READ_EVERY`] polls, or while an edit is rejected) and applies them when their
+    /// content changed and is valid.
     pub fn poll(&self) {
+        {
+            let mut polls = self.polls.lock();
+            let now = fingerprint(&self.path);
+            polls.since_read += 1;
+            let unchanged = now.is_some() && now == polls.fingerprint;
+            if unchanged && polls.since_read < FULL_READ_EVERY && self.last_error.lock().is_none() {
+                return;
+            }
+            polls.fingerprint = now;
+            polls.since_read = 0;
+        }
         let files = match read_files(&self.path) {
             Ok(files) => files,
             Err(e) => return self.reject(format!("{e:#}")),
@@ -125,44 +157,70 @@ pub(crate) async fn watch_config(
     }
 }
 
+/// The metadata of the file, or of the directory's YAML files; `None` when unreadable.
+fn fingerprint(path: &Path) -> Option<Fingerprint> {
+    let paths = yaml_paths(path).ok()?;
+    Some(
+        paths
+            .into_iter()
+            .map(|p| {
+                let meta = std::fs::metadata(&p).ok();
+                let modified = meta.as_ref().and_then(|m| m.modified().ok());
+                let len = meta.map_or(0, |m| m.len());
+                (p, modified, len)
+            })
+            .collect(),
+    )
+}
+
 fn parse(files: &Files) -> Result<RlsConfig, floodgate::rls::RlsConfigError> {
     RlsConfig::from_files(files.iter().map(|(n, t)| (n.as_str(), t.as_str())))
 }
 
 /// The file itself, or a directory's `.yaml`/`.yml` files (not recursive, hidden ones skipped:
 /// Kubernetes ConfigMaps keep their versions in `..data` directories), in name order.
-fn read_files(path: &Path) -> anyhow::Result<Files> {
+fn yaml_paths(path: &Path) -> anyhow::Result<Vec<PathBuf>> {
     let meta = std::fs::metadata(path)
         .with_context(|| format!("reading the RLS configuration {}", path.display()))?;
-    let paths = if meta.is_dir() {
-        let mut paths = Vec::new();
-        for entry in std::fs::read_dir(path).with_context(|| {
-            format!("listing the RLS configuration directory {}", path.display())
-        })? {
-            let entry_path = entry?.path();
-            let name = entry_path
-                .file_name()
-                .and_then(|n| n.to_str())
-                .unwrap_or("");
-            let yaml = name.ends_with(".yaml") || name.ends_with(".yml");
-            if yaml && !name.starts_with('.') && entry_path.is_file() {
-                paths.push(entry_path);
-            }
+    if !meta.is_dir() {
+        return Ok(vec![path.to_owned()]);
+    }
+    let mut paths = Vec::new();
+    for entry in std::fs::read_dir(path)
+        .with_context(|| format!("listing the RLS configuration directory {}", path.display()))?
+    {
+        let entry_path = entry?.path();
+        let name = entry_path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or("");
+        let yaml = name.ends_with(".yaml") || name.ends_with(".yml");
+        if yaml && !name.starts_with('.') && entry_path.is_file() {
+            paths.push(entry_path);
         }
         anyhow::ensure!(
             paths.len() <= MAX_CONFIG_FILES,
-            "{} holds {} YAML files; the most is {MAX_CONFIG_FILES}",
-            path.display(),
-            paths.len()
+            "{} holds more than {MAX_CONFIG_FILES} YAML files",
+            path.display()
         );
-        paths.sort();
-        paths
-    } else {
-        vec![path.to_owned()]
-    };
+    }
+    paths.sort();
+    Ok(paths)
+}
+
+/// Every file's text, in name order, within [`MAX_CONFIG_BYTES`] in all.
+fn read_files(path: &Path) -> anyhow::Result<Files> {
+    let paths = yaml_paths(path)?;
     let mut total = 0usize;
     let mut files = Vec::with_capacity(paths.len());
     for file in paths {
+        // Looked at before reading, so a huge file is refused without being loaded.
+        let len = std::fs::metadata(&file).map_or(0, |m| m.len());
+        anyhow::ensure!(
+            (total as u64).saturating_add(len) <= MAX_CONFIG_BYTES as u64,
+            "the RLS configuration is over {MAX_CONFIG_BYTES} bytes (at {})",
+            file.display()
+        );
         let text = std::fs::read_to_string(&file)
             .with_context(|| format!("reading the RLS configuration file {}", file.display()))?;
         total += text.len();
