@@ -359,6 +359,22 @@ async fn shadow_mode_and_gcra_and_bad_requests() {
         codes
     };
     assert_eq!(codes, vec![OK, OK, OVER_LIMIT], "gcra with a burst of 2");
+    let mut bad_unit = descriptor(&[("generic_key", "three")]);
+    bad_unit.limit = Some(RateLimitOverride {
+        requests_per_unit: 5,
+        unit: 99,
+    });
+    let refused = rls
+        .client
+        .should_rate_limit(request(vec![bad_unit]))
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::InvalidArgument);
+    assert!(
+        refused.message().contains("unknown unit (99)"),
+        "{}",
+        refused.message()
+    );
     let empty = rls.client.should_rate_limit(request(vec![])).await;
     assert_eq!(empty.unwrap_err().code(), tonic::Code::InvalidArgument);
     let no_domain = RateLimitRequest {

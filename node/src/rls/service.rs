@@ -15,8 +15,8 @@ use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimit
 use envoy_types::pb::google::protobuf::{self as pbuf, value::Kind};
 use floodgate::NANOS_PER_SEC;
 use floodgate::rls::{
-    DescriptorAnswer, DescriptorRequest, StatusCode, answer_descriptor, overall_code, plan_request,
-    ratelimit_headers,
+    DescriptorAnswer, DescriptorRequest, Planned, StatusCode, answer_descriptor, overall_code,
+    plan_request, ratelimit_headers,
 };
 use metrics::{counter, histogram};
 use tonic::{Request, Response, Status};
@@ -59,6 +59,12 @@ impl RlsService {
             &descriptors,
             u64::from(request.hits_addend),
         );
+        if let Some((i, why)) = plans.iter().enumerate().find_map(|(i, p)| match p {
+            Planned::Invalid(why) => Some((i, why)),
+            _ => None,
+        }) {
+            return Err(Status::invalid_argument(format!("descriptor {i}: {why}")));
+        }
         let decisions = decide(&self.shared, &plans)
             .await
             .map_err(|Undecided(e)| Status::unavailable(format!("not decided: {e}")))?;
