@@ -546,6 +546,22 @@ async fn descriptors_are_decided_by_their_owner_across_the_cluster() {
             "{address} was taken through the other node"
         );
     }
+    // A denied request gives back what it took on every node: each fresh address is paired
+    // with a spent one (denied), then is still whole when asked alone through the other node.
+    let fresh: Vec<String> = (0..20).map(|i| format!("10.2.0.{i}")).collect();
+    for (new, spent) in fresh.iter().zip(&addresses) {
+        let pair = request(vec![
+            descriptor(&[("remote_address", new)]),
+            descriptor(&[("remote_address", spent)]),
+        ]);
+        let answer = a.should_rate_limit(pair).await.unwrap().into_inner();
+        assert_eq!(answer.overall_code, OVER_LIMIT);
+    }
+    for new in &fresh {
+        let alone = request(vec![descriptor(&[("remote_address", new)])]);
+        let answer = b.should_rate_limit(alone).await.unwrap().into_inner();
+        assert_eq!(answer.overall_code, OK, "{new} was refunded on its owner");
+    }
     second.shutdown().await;
     first.node.shutdown().await;
 }
