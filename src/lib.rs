@@ -9,6 +9,7 @@
 //!   and all-or-nothing multi-checks.
 //! - [`wire`]: the frame format and messages between clients and nodes (rkyv, validated).
 //! - [`policy`]: the rules file, request → checks → verdict, and the HTTP answer (429/503 fields).
+//! - [`rls`]: Envoy's rate limit service: envoyproxy/ratelimit's config, matching, answers.
 //! - [`cluster`]: slots and ownership (the slot table), sans I/O.
 //! - [`clock`]: the [`Clock`] trait and the [`FakeClock`] tests use.
 //!
@@ -22,6 +23,7 @@ pub mod decision;
 pub mod key;
 pub mod limit;
 pub mod policy;
+pub mod rls;
 pub mod store;
 pub mod wire;
 

@@ -25,6 +25,8 @@ pub struct NodeConfig {
     pub rules: Option<PathBuf>,
     /// `--state-dir`: where long-period buckets are snapshotted and loaded from; `None`: nowhere.
     pub state_dir: Option<PathBuf>,
+    /// `--rls-listen` / `--rls-config`: Envoy's rate limit service; `None`: off.
+    pub rls: Option<crate::rls::RlsSettings>,
 }
 
 #[derive(Debug, Clone)]
@@ -142,6 +144,7 @@ impl NodeConfig {
             cluster: ClusterConfig::default(),
             rules: None,
             state_dir: None,
+            rls: None,
         }
     }
 }

@@ -14,6 +14,7 @@
 //! - `member_log`: peers suspected or declared dead logged at WARN as it happens.
 //! - `forward`: checks for slots another node owns go to their owner; refusals are placed again.
 //! - [`rules`]: `--rules FILE`: validation, versions, hot reload, serving rules to clients.
+//! - [`rls`]: `--rls-listen`: Envoy's rate limit service (RLS v3 over gRPC) on the cluster.
 //! - `admin`: `/metrics`, `/healthz`, `/readyz`.
 //! - `metrics`: metric names and handles.
 //! - [`snapshot`]: `--state-dir`: long-period buckets saved every second and at shutdown, loaded
@@ -33,6 +34,7 @@ mod forward;
 mod handoff;
 mod member_log;
 mod metrics;
+pub mod rls;
 pub mod rules;
 mod server;
 mod service;

@@ -110,6 +110,20 @@ struct Flags {
     /// DIR every second when changed and on SIGTERM, loaded at start.
     #[arg(long, value_name = "DIR")]
     state_dir: Option<PathBuf>,
+    /// Serve Envoy's rate limit service (RLS v3, gRPC over plaintext HTTP/2) and gRPC health on
+    /// ADDR (default 127.0.0.1:8081 when --rls-config is given).
+    #[arg(long, value_name = "ADDR")]
+    rls_listen: Option<SocketAddr>,
+    /// envoyproxy/ratelimit's configuration, unchanged: a YAML file or a directory of them;
+    /// validated at start and hot-reloaded like --rules.
+    #[arg(long, value_name = "PATH")]
+    rls_config: Option<PathBuf>,
+    /// Add the draft-10 `RateLimit-Policy` and `RateLimit` header fields to RLS answers.
+    #[arg(long)]
+    rls_rate_limit_headers: bool,
+    /// Serve the RLS over TLS with the node's certificate (--cert/--key, or --data-dir's).
+    #[arg(long)]
+    rls_tls: bool,
     /// Log lines as `text` or `json` (one object per line), on stderr; `RUST_LOG` filters them
     /// (default `info`).
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
@@ -303,7 +317,26 @@ fn config_from(flags: &Flags, addresses: Addresses) -> anyhow::Result<NodeConfig
         cluster,
         rules: flags.rules.clone(),
         state_dir: flags.state_dir.clone(),
+        rls: rls_settings(flags)?,
     })
+}
+
+fn rls_settings(flags: &Flags) -> anyhow::Result<Option<floodgate_node::rls::RlsSettings>> {
+    let Some(config) = flags.rls_config.clone() else {
+        anyhow::ensure!(
+            flags.rls_listen.is_none() && !flags.rls_rate_limit_headers && !flags.rls_tls,
+            "--rls-listen, --rls-rate-limit-headers and --rls-tls need --rls-config PATH (the rate limit configuration)"
+        );
+        return Ok(None);
+    };
+    Ok(Some(floodgate_node::rls::RlsSettings {
+        listen: flags
+            .rls_listen
+            .unwrap_or(floodgate_node::rls::DEFAULT_RLS_LISTEN),
+        config,
+        rate_limit_headers: flags.rls_rate_limit_headers,
+        tls: flags.rls_tls,
+    }))
 }
 
 fn nanos(d: Duration) -> u64 {

@@ -29,6 +29,17 @@ pub fn recorder() -> &'static PrometheusHandle {
                         1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 5e-3,
                     ],
                 )
+            })
+            .and_then(|b| {
+                // An RLS call includes gRPC decoding and possibly a forward to another node.
+                b.set_buckets_for_metric(
+                    metrics_exporter_prometheus::Matcher::Full(
+                        "floodgate_rls_request_seconds".into(),
+                    ),
+                    &[
+                        5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 0.1,
+                    ],
+                )
             });
         // The buckets above are valid (non-empty), so the builder is Ok; fall back to a plain one.
         let builder = builder.unwrap_or_else(|_| PrometheusBuilder::new());

@@ -67,6 +67,8 @@ pub struct Node {
     endpoint: quinn::Endpoint,
     shared: Arc<Shared>,
     snapshots: Option<Arc<crate::snapshot::Snapshots>>,
+    /// `--rls-listen`: the bound address and the configuration in force.
+    rls: Option<(SocketAddr, Arc<crate::rls::RlsConfigHandle>)>,
 }
 
 impl Node {
@@ -149,6 +151,14 @@ impl Node {
             }
             None => None,
         };
+        let rls = match shared.config.rls.clone() {
+            Some(settings) => {
+                let rls =
+                    crate::rls::start(shared.clone(), &settings, shutdown_rx.clone(), &mut tasks);
+                Some(rls.await?)
+            }
+            None => None,
+        };
         tasks.spawn(accept_loop(
             endpoint.clone(),
             shared.clone(),
@@ -168,6 +178,7 @@ impl Node {
             endpoint,
             shared,
             snapshots,
+            rls,
         })
     }
 
@@ -179,6 +190,16 @@ impl Node {
     /// The admin HTTP address, when enabled.
     pub fn admin_addr(&self) -> Option<SocketAddr> {
         self.admin_addr
+    }
+
+    /// The RLS (Envoy rate limit service) address, when started with `--rls-listen`.
+    pub fn rls_addr(&self) -> Option<SocketAddr> {
+        self.rls.as_ref().map(|(addr, _)| *addr)
+    }
+
+    /// The RLS configuration in force, when started with `--rls-config`.
+    pub fn rls_config(&self) -> Option<&Arc<crate::rls::RlsConfigHandle>> {
+        self.rls.as_ref().map(|(_, handle)| handle)
     }
 
     /// Buckets currently held (for tests and status).

@@ -34,7 +34,7 @@ pub mod pattern;
 pub mod rules;
 pub mod verdict;
 pub mod wait;
-mod yaml;
+pub(crate) mod yaml;
 
 pub use client_ip::{Cidr, TrustedProxies, client_ip};
 pub use engine::{KEY_SEPARATOR, MAX_KEY_BYTES, PlannedCheck, RequestAttributes};

@@ -1,0 +1,115 @@
+//! Envoy's rate limit service (RLS v3) on the node: `--rls-listen` serves
+//! `envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit` and gRPC health v1 over
+//! plaintext HTTP/2, deciding through the cluster like any client's checks.
+//!
+//! - `config_file`: `--rls-config` (envoyproxy/ratelimit's files), validated and hot-reloaded.
+//! - `incoming`: the listener's connections, at most `max_connections` open at once.
+//! - `decide`: a request's checks through `forward::answer_check_batch`, refunds when denied.
+//! - `service`: the proto in and out, metrics.
+
+mod config_file;
+mod decide;
+mod incoming;
+mod service;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+
+pub use config_file::RlsConfigHandle;
+
+use crate::server::Shared;
+
+/// Where envoyproxy/ratelimit serves gRPC, so an Envoy config moved over needs no port change.
+pub const DEFAULT_RLS_LISTEN: SocketAddr =
+    SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 8081);
+/// Most concurrent calls per HTTP/2 connection (Envoy multiplexes its calls over few).
+const MAX_STREAMS_PER_CONNECTION: u32 = 1_024;
+/// A call not answered in this time is cancelled (Envoy's own timeout is usually 20 ms to 1 s).
+const CALL_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// `--rls-listen`, `--rls-config`, `--rls-rate-limit-headers`.
+#[derive(Debug, Clone)]
+pub struct RlsSettings {
+    pub listen: SocketAddr,
+    /// A file, or a directory of YAML files, in envoyproxy/ratelimit's format.
+    pub config: PathBuf,
+    /// Add the draft-10 `RateLimit-Policy` and `RateLimit` fields to `response_headers_to_add`.
+    pub rate_limit_headers: bool,
+    /// Serve over TLS with the node's certificate and key (otherwise plaintext HTTP/2).
+    pub tls: bool,
+}
+
+/// Loads the configuration, binds the listener and spawns the server and the reload poller.
+pub(crate) async fn start(
+    shared: Arc<Shared>,
+    settings: &RlsSettings,
+    shutdown: watch::Receiver<bool>,
+    tasks: &mut JoinSet<()>,
+) -> anyhow::Result<(SocketAddr, Arc<RlsConfigHandle>)> {
+    let handle = RlsConfigHandle::load(&settings.config)?;
+    let listener = tokio::net::TcpListener::bind(settings.listen)
+        .await
+        .with_context(|| format!("binding the RLS listener on {}", settings.listen))?;
+    let addr = listener.local_addr()?;
+    let max_message = shared.config.limits.max_frame_bytes;
+    let shared_tls = shared.config.tls.clone();
+    // The same allowance as the QUIC endpoint's clients, counted apart.
+    let max_connections = shared.config.limits.max_connections;
+    let shutdown_incoming = shutdown.clone();
+    let service = service::RlsService {
+        shared,
+        config: handle.clone(),
+        rate_limit_headers: settings.rate_limit_headers,
+    };
+    let (health, health_service) = tonic_health::server::health_reporter();
+    health
+        .set_serving::<RateLimitServiceServer<service::RlsService>>()
+        .await;
+    let rls = RateLimitServiceServer::new(service)
+        .max_decoding_message_size(max_message)
+        .max_encoding_message_size(max_message);
+    let mut builder = tonic::transport::Server::builder();
+    if settings.tls {
+        builder = builder
+            .tls_config(tls_config(&shared_tls)?)
+            .context("the RLS listener's TLS configuration")?;
+    }
+    let mut stop = shutdown.clone();
+    tasks.spawn(async move {
+        let served = builder
+            .max_concurrent_streams(MAX_STREAMS_PER_CONNECTION)
+            .timeout(CALL_TIMEOUT)
+            .add_service(health_service)
+            .add_service(rls)
+            .serve_with_incoming_shutdown(
+                incoming::bounded(listener, max_connections, shutdown_incoming),
+                async move {
+                    let _ = stop.wait_for(|stopping| *stopping).await;
+                },
+            )
+            .await;
+        if let Err(e) = served {
+            tracing::error!(error = %e, "the RLS server stopped");
+        }
+    });
+    tasks.spawn(config_file::watch_config(handle.clone(), shutdown));
+    tracing::info!(%addr, tls = settings.tls, config = %settings.config.display(), "RLS (Envoy rate limit service) listening");
+    Ok((addr, handle))
+}
+
+/// The node's own certificate and key, as the QUIC endpoint presents them.
+fn tls_config(tls: &crate::config::TlsConfig) -> anyhow::Result<tonic::transport::ServerTlsConfig> {
+    let cert = std::fs::read(&tls.cert)
+        .with_context(|| format!("reading the certificate {}", tls.cert.display()))?;
+    let key = std::fs::read(&tls.key)
+        .with_context(|| format!("reading the key {}", tls.key.display()))?;
+    Ok(tonic::transport::ServerTlsConfig::new()
+        .identity(tonic::transport::Identity::from_pem(cert, key)))
+}

@@ -1,0 +1,220 @@
+//! `envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit`: the proto request into the
+//! core's plan, the cluster's decisions back into the proto response.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use envoy_types::pb::envoy::config::core::v3::HeaderValue;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
+    DescriptorStatus, RateLimit,
+};
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitService;
+use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use envoy_types::pb::google::protobuf::{self as pbuf, value::Kind};
+use floodgate::NANOS_PER_SEC;
+use floodgate::rls::{
+    DescriptorAnswer, DescriptorRequest, Planned, StatusCode, answer_descriptor, overall_code,
+    plan_request, ratelimit_headers,
+};
+use metrics::{counter, histogram};
+use tonic::{Request, Response, Status};
+
+use super::config_file::RlsConfigHandle;
+use super::decide::{Undecided, decide};
+use crate::server::Shared;
+
+/// Most entries in one descriptor (Envoy sends a handful).
+pub const MAX_ENTRIES: usize = 64;
+
+/// The service: the node's shared state, the configuration in force, and the header flag.
+#[derive(Debug)]
+pub(crate) struct RlsService {
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) config: Arc<RlsConfigHandle>,
+    pub(crate) rate_limit_headers: bool,
+}
+
+#[tonic::async_trait]
+impl RateLimitService for RlsService {
+    async fn should_rate_limit(
+        &self,
+        request: Request<RateLimitRequest>,
+    ) -> Result<Response<RateLimitResponse>, Status> {
+        let started = Instant::now();
+        let result = self.answer(request.into_inner()).await;
+        histogram!("floodgate_rls_request_seconds").record(started.elapsed().as_secs_f64());
+        result.map(Response::new)
+    }
+}
+
+impl RlsService {
+    async fn answer(&self, request: RateLimitRequest) -> Result<RateLimitResponse, Status> {
+        let descriptors = validate(&request, self.shared.config.limits.max_batch)?;
+        let config = self.config.current();
+        let plans = plan_request(
+            &config,
+            &request.domain,
+            &descriptors,
+            u64::from(request.hits_addend),
+        );
+        if let Some((i, why)) = plans.iter().enumerate().find_map(|(i, p)| match p {
+            Planned::Invalid(why) => Some((i, why)),
+            _ => None,
+        }) {
+            return Err(Status::invalid_argument(format!("descriptor {i}: {why}")));
+        }
+        let decisions = decide(&self.shared, &plans)
+            .await
+            .map_err(|Undecided(e)| Status::unavailable(format!("not decided: {e}")))?;
+        let answers: Vec<DescriptorAnswer> = plans
+            .iter()
+            .zip(&decisions)
+            .map(|(plan, decision)| answer_descriptor(plan, decision.as_ref()))
+            .collect();
+        let overall = overall_code(&answers);
+        record_metrics(&request.domain, &answers, overall);
+        let mut response = RateLimitResponse {
+            overall_code: overall as i32,
+            statuses: answers.iter().map(status_of).collect(),
+            ..Default::default()
+        };
+        if self.rate_limit_headers
+            && let Some((policy, state)) = ratelimit_headers(&answers)
+        {
+            response.response_headers_to_add = vec![
+                header("RateLimit-Policy", policy),
+                header("RateLimit", state),
+            ];
+        }
+        if overall == StatusCode::OverLimit {
+            response.dynamic_metadata = Some(denied_metadata(&answers));
+        }
+        Ok(response)
+    }
+}
+
+/// The request's descriptors in the core's terms, refusing what no Envoy sends.
+fn validate(
+    request: &RateLimitRequest,
+    max_batch: usize,
+) -> Result<Vec<DescriptorRequest>, Status> {
+    if request.domain.is_empty() {
+        return Err(Status::invalid_argument(
+            "rate limit domain must not be empty",
+        ));
+    }
+    if request.descriptors.is_empty() {
+        return Err(Status::invalid_argument(
+            "rate limit descriptor list must not be empty",
+        ));
+    }
+    if request.descriptors.len() > max_batch {
+        return Err(Status::invalid_argument(format!(
+            "{} descriptors; the most in one request is {max_batch}",
+            request.descriptors.len()
+        )));
+    }
+    request.descriptors.iter().map(descriptor_request).collect()
+}
+
+fn descriptor_request(descriptor: &RateLimitDescriptor) -> Result<DescriptorRequest, Status> {
+    if descriptor.entries.is_empty() || descriptor.entries.len() > MAX_ENTRIES {
+        return Err(Status::invalid_argument(format!(
+            "a descriptor has {} entries; expected 1 to {MAX_ENTRIES}",
+            descriptor.entries.len()
+        )));
+    }
+    Ok(DescriptorRequest {
+        entries: descriptor
+            .entries
+            .iter()
+            .map(|e| (e.key.clone(), e.value.clone()))
+            .collect(),
+        limit_override: descriptor
+            .limit
+            .as_ref()
+            .map(|l| (l.requests_per_unit, l.unit)),
+        hits_addend: descriptor.hits_addend.as_ref().map(|h| h.value),
+        negative_hits: descriptor.is_negative_hits,
+    })
+}
+
+fn status_of(answer: &DescriptorAnswer) -> DescriptorStatus {
+    let mut status = DescriptorStatus {
+        code: answer.code as i32,
+        ..Default::default()
+    };
+    if let (Some(rule), Some((requests_per_unit, unit))) = (&answer.rule, answer.limit) {
+        status.current_limit = Some(RateLimit {
+            name: rule.name.clone().unwrap_or_default(),
+            requests_per_unit,
+            unit: unit as i32,
+        });
+        status.limit_remaining = answer.remaining;
+        status.duration_until_reset = Some(pbuf::Duration {
+            seconds: i64::try_from(answer.reset_after_ns / NANOS_PER_SEC).unwrap_or(i64::MAX),
+            nanos: (answer.reset_after_ns % NANOS_PER_SEC) as i32,
+        });
+    }
+    status
+}
+
+fn header(key: &str, value: String) -> HeaderValue {
+    HeaderValue {
+        key: key.to_owned(),
+        value,
+        ..Default::default()
+    }
+}
+
+/// `denied_by`: the first rule over its limit; `denied_rules`: all of them (envoyproxy/ratelimit
+/// names none, so a 429 cannot be traced to its rule).
+fn denied_metadata(answers: &[DescriptorAnswer]) -> pbuf::Struct {
+    let denied: Vec<String> = answers
+        .iter()
+        .filter(|a| a.code == StatusCode::OverLimit)
+        .filter_map(|a| a.rule.as_ref().map(|r| r.display_name().to_owned()))
+        .collect();
+    let string = |s: String| pbuf::Value {
+        kind: Some(Kind::StringValue(s)),
+    };
+    let mut fields = HashMap::new();
+    if let Some(first) = denied.first() {
+        fields.insert("denied_by".to_owned(), string(first.clone()));
+    }
+    fields.insert(
+        "denied_rules".to_owned(),
+        pbuf::Value {
+            kind: Some(Kind::ListValue(pbuf::ListValue {
+                values: denied.into_iter().map(string).collect(),
+            })),
+        },
+    );
+    pbuf::Struct { fields }
+}
+
+/// Per domain and rule: allowed, denied, shadow_denied (over, but in shadow mode), refunded
+/// (allowed, then given back because another descriptor denied the request). Only descriptors a
+/// configured rule counted are labelled, so the label set is bounded by the configuration.
+fn record_metrics(domain: &str, answers: &[DescriptorAnswer], overall: StatusCode) {
+    for answer in answers {
+        let (Some(rule), Some(_)) = (&answer.rule, answer.limit) else {
+            continue;
+        };
+        let result = match (answer.code, answer.shadow_denied, overall) {
+            (StatusCode::OverLimit, _, _) => "denied",
+            (_, true, _) => "shadow_denied",
+            (_, false, StatusCode::OverLimit) => "refunded",
+            _ => "allowed",
+        };
+        counter!(
+            "floodgate_rls_descriptors_total",
+            "domain" => domain.to_owned(),
+            "rule" => rule.display_name().to_owned(),
+            "result" => result,
+        )
+        .increment(1);
+    }
+}

