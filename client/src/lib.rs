@@ -5,11 +5,12 @@
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), floodgate_client::ClientError> {
-//! use floodgate_client::{Check, Client, ClientConfig, FailureMode, all_allowed};
+//! use floodgate_client::{Check, Client, ClientConfig, FailureMode, HostPort, all_allowed};
 //! use floodgate_client::core::Limit;
 //!
 //! let config = ClientConfig::with_ca_file("certs/ca.pem");
-//! let client = Client::connect(&["127.0.0.1:7100".parse().unwrap()], config).await?;
+//! let seed: HostPort = "fg-a.internal:7100".parse().expect("HOST:PORT");
+//! let client = Client::connect(&[seed], config).await?;
 //! let per_ip = Limit::gcra(10, 60_000_000_000, 10).expect("a valid limit");
 //! let verdicts = client
 //!     .check(&[Check::new("login:ip:203.0.113.9", per_ip).failure_mode(FailureMode::Closed)])
