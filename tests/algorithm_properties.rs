@@ -1,5 +1,5 @@
-//! Property tests of the algorithms against plain reference models (DESIGN.md "The core";
-//! issue: core, "Must show"). Failing cases are kept in `proptest-regressions/`.
+//! Property tests of the algorithms against plain reference models.
+//! Failing cases are kept in `proptest-regressions/`.
 
 use floodgate::algorithm::{SlidingLog, WindowState, fixed_window, gcra, sliding_window};
 use floodgate::{Algorithm, Decision, Limit};

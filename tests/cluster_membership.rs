@@ -1,7 +1,7 @@
 //! Membership converges, detects a crash in about a second, readmits a restarted node, spreads
 //! a graceful leave, and heals after a partition: a seeded simulation of the sans-I/O state
-//! machines over a lossy, delaying network (DESIGN.md "Membership without consensus"; issue:
-//! cluster, item 1). Every assertion names its seed so a failure replays exactly.
+//! machines over a lossy, delaying network (membership without
+//! consensus). Every assertion names its seed so a failure replays exactly.
 
 use std::collections::BTreeMap;
 

@@ -1,6 +1,6 @@
 //! The client's IP: the peer, or the rightmost address trusted proxies vouch for in
-//! `X-Forwarded-For`, never the leftmost blindly (issue 6 item 3: "a spoofed X-Forwarded-For from
-//! an untrusted peer does not change the client IP").
+//! `X-Forwarded-For`, never the leftmost blindly : a spoofed `X-Forwarded-For`
+//! from an untrusted peer does not change the client IP.
 
 use std::net::{IpAddr, Ipv4Addr};
 

@@ -1,5 +1,5 @@
 //! Matching: request attributes → the rules that apply → one check per rule, with its key
-//! (issue 6 item 3: globs, methods, plans from attributes or the API-key table, missing
+//! (globs, methods, plans from attributes or the API-key table, missing
 //! attributes, keys that never collide across rules).
 
 use std::net::IpAddr;

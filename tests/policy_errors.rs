@@ -1,5 +1,5 @@
 //! Broken rules files are refused with the line and column of the mistake, and the error shows
-//! where (issue 6 item 1: "validated with clear errors that give line and column").
+//! where.
 
 use floodgate::policy::{Policy, PolicyError};
 

@@ -1,5 +1,5 @@
 //! The HTTP answer of a verdict, exactly: status, `Retry-After`, `RateLimit-Policy`, `RateLimit`
-//! and the problem body (issue 6 item 4; draft-ietf-httpapi-ratelimit-headers-10; RFC 9457).
+//! and the problem body (draft-ietf-httpapi-ratelimit-headers-10; RFC 9457).
 //! Expected values come from GCRA: 5/min has a 12 s emission interval and a 60 s capacity.
 
 mod policy_support;

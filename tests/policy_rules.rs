@@ -1,5 +1,5 @@
 //! The rules file: the example parses into exactly the rules the design brief lists, and broken
-//! files are refused with the line and column of the mistake (DESIGN.md "Rules"; issue 6 item 1).
+//! files are refused with the line and column of the mistake.
 
 use floodgate::policy::{FailureMode, KeyPart, Mode, Policy, RuleLimit};
 use floodgate::{Algorithm, Limit, NANOS_PER_SEC};

@@ -1,5 +1,5 @@
 //! Verdicts driven by a real `BucketStore` at explicit instants: one denial among allows, refunds
-//! across nodes, shadow rules, max_wait and its bound, failure modes (issue 6 item 3).
+//! across nodes, shadow rules, max_wait and its bound, failure modes.
 
 mod policy_support;
 

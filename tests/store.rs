@@ -1,5 +1,5 @@
-//! The bucket store under concurrency, expiry and eviction (DESIGN.md "The core": the bucket
-//! store and multi-check; issue: core, "Must show").
+//! The bucket store under concurrency, expiry and eviction, and multi-check
+//! all-or-nothing.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -1,5 +1,5 @@
-//! The `replay` command prints the agreed counts for the design-review trace (issue: core,
-//! "Must show"), as its last line, exactly `allowed A of T`.
+//! The `replay` command prints the agreed counts for a reviewed trace, as its last
+//! line, exactly `allowed A of T`.
 
 use std::io::Write;
 use std::process::{Command, Stdio};

@@ -1,6 +1,6 @@
 //! The client against a real node over QUIC: exactness, failure modes, reconnect, mutual TLS.
 //!
-//! A `floodgate_node::Node` on 127.0.0.1 (DESIGN.md "The client" and "Failure model").
+//! A `floodgate_node::Node` on 127.0.0.1 (the client and the failure model).
 //!
 //! Time is real here: quinn drives real UDP sockets, and tokio's paused time would fire its
 //! handshake and loss timers before packets arrive. So nothing waits a fixed time: each wait is
@@ -17,8 +17,8 @@ use floodgate_client::{
 };
 use tokio::time::timeout;
 
-/// DESIGN.md failure model, "One region, no faults: concurrent consumption from many
-/// connections admits exactly the limit" — here many tasks sharing one client, so their calls
+/// Failure model, one region without faults: concurrent consumption from many connections
+/// admits exactly the limit — here many tasks sharing one client, so their calls
 /// are coalesced into shared frames and groups.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_tasks_admit_exactly_the_limit() {
@@ -82,7 +82,7 @@ async fn a_denied_group_consumes_nothing_on_the_node() {
     node.shutdown().await;
 }
 
-/// DESIGN.md failure model, "Whole tier unreachable: every rule honours its failure mode": with
+/// Failure model, whole tier unreachable: every rule honours its failure mode. With
 /// the node stopped, `Open` checks are decided by the local fallback and `Closed` ones denied;
 /// once a node is back on the same address the client reconnects by itself.
 #[tokio::test]

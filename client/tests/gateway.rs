@@ -1,6 +1,7 @@
 //! The example gateway over real HTTP, in front of real nodes serving `rules/example.yaml`
-//! (issue 6, DESIGN.md "Who uses it and for what" and the HTTP contract of
-//! draft-ietf-httpapi-ratelimit-headers-10 and RFC 9457).
+//! (the limits
+//! of the example rules, and the HTTP contract of draft-ietf-httpapi-ratelimit-headers-10 and
+//! RFC 9457).
 //!
 //! Each test starts its own node(s) on 127.0.0.1:0 with `--rules`, a gateway (the example's
 //! `app.rs`) connected to them with the real client, and sends hand-written HTTP/1.1 requests.

@@ -1,6 +1,6 @@
 //! The client against scripted QUIC peers that misbehave: a node that never answers, one that
 //! answers late. What holds: no call waits past its timeout, and a late answer never reaches
-//! the wrong caller (DESIGN.md failure model: "no check waits longer than the client timeout").
+//! the wrong caller (the failure model: no check waits longer than the client timeout).
 
 mod common;
 

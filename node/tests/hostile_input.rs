@@ -1,5 +1,6 @@
 //! Hostile input gets an error frame or a closed stream with its documented code, never a panic,
-//! and never disturbs another client (DESIGN.md "The node": limits; PROTOCOL.md error codes).
+//! and never disturbs another client (PROTOCOL.md error
+//! codes).
 
 mod common;
 

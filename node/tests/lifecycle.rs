@@ -1,6 +1,5 @@
 //! Start-up and shutdown: flags are validated with clear errors, development certificates are
-//! created once and reused, and SIGTERM drains and closes with `shutting_down`
-//! (issue: node and client, items 2 and 6).
+//! created once and reused, and SIGTERM drains and closes with `shutting_down`.
 
 mod common;
 

@@ -1,5 +1,5 @@
 //! The node decides batched checks exactly over real QUIC, groups all-or-nothing, with mutual TLS
-//! when asked, and serves its admin endpoints (issue: node and client, "Must show").
+//! when asked, and serves its admin endpoints.
 
 mod common;
 

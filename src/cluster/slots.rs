@@ -261,7 +261,7 @@ mod tests {
         (0..n).map(|i| format!("node-{i}")).collect()
     }
 
-    /// Slots per node within ±15% of the mean for 3 and 10 nodes (issue: cluster, "Balance").
+    /// Slots per node within ±15% of the mean for 3 and 10 nodes.
     #[test]
     fn slots_are_balanced() {
         for n in [3, 10] {
