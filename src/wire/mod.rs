@@ -146,8 +146,9 @@ pub enum ErrorCode {
     /// behind). Nothing was decided; the forwarder places the check again once its slot table
     /// has caught up.
     NotOwner = 13,
-    /// A frame kind only peers may send (gossip, replicate, forwarded checks) from a connection
-    /// without a peer certificate. Nothing decoded; connection closed.
+    /// A frame kind only peers may send ([`FrameKind::peer_only`]: gossip, replicate, forwarded
+    /// checks, id conflicts) from a connection without a peer certificate. Nothing decoded;
+    /// connection closed.
     Forbidden = 14,
 }
 
