@@ -5,7 +5,6 @@
 //! Only `floodgate`, `rkyv` and `std` may be used here: the same file is compiled into the core's
 //! test tree, where nothing else is available.
 
-use std::collections::{HashMap, HashSet};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::OnceLock;
 
@@ -303,30 +302,6 @@ pub fn check_batch(data: &[u8]) -> Outcome {
     Outcome::Accepted
 }
 
-/// True once a window bucket made under one period decides correctly under another. Until then
-/// a fixed or sliding window checked under a longer period than the one its state was made
-/// under overflows `window * period` (a rules change, or a client sending another limit for the
-/// same key), so the bodies give each window period its own bucket instead. Switch on once the
-/// window algorithms rebase a state made under another period (`tests/fuzz_regressions.rs`
-/// holds the ignored tests that pass then).
-pub const WINDOW_PERIOD_CHANGES_FIXED: bool = false;
-
-/// The bucket a check lands on in the bodies: its own key, or (see
-/// [`WINDOW_PERIOD_CHANGES_FIXED`]) for a window limit, its key under that period.
-fn bucket_for(key: BucketKey, limit: &Limit) -> BucketKey {
-    let windowed = matches!(
-        limit.algorithm(),
-        Algorithm::FixedWindow | Algorithm::SlidingWindow
-    );
-    if WINDOW_PERIOD_CHANGES_FIXED || !windowed {
-        return key;
-    }
-    BucketKey::new(
-        &limit.period_ns().to_le_bytes(),
-        &key.to_u128().to_le_bytes(),
-    )
-}
-
 /// A check batch decided against a small store as a node does (refund groups one by one, a
 /// single check alone, larger groups all-or-nothing), the clock moving between groups. The first
 /// byte picks the clock's step (2^0 to 2^47 ns); the rest is the payload. Clients pick each
@@ -352,25 +327,23 @@ pub fn check_batch_decide(data: &[u8]) -> Outcome {
         let now = clock.now_ns();
         if group[0].refund {
             for refund in group {
-                let key = bucket_for(refund.key, &refund.limit);
-                store.refund(key, &refund.limit, refund.cost, now);
-                if let Ok(decision) = store.check(key, &refund.limit, 0, now) {
-                    check_decided(&decision, &refund.limit, 0);
+                store.refund(refund.key, &refund.limit, refund.cost, now);
+                if let Ok(decision) = store.check(refund.key, &refund.limit, 0, now) {
+                    check_sane(&decision, &refund.limit, 0);
                 }
             }
             continue;
         }
         if let [single] = group.as_slice() {
-            let key = bucket_for(single.key, &single.limit);
-            if let Ok(decision) = store.check(key, &single.limit, single.cost, now) {
-                check_decided(&decision, &single.limit, single.cost);
+            if let Ok(decision) = store.check(single.key, &single.limit, single.cost, now) {
+                check_sane(&decision, &single.limit, single.cost);
             }
             continue;
         }
         let checks: Vec<Check> = group
             .iter()
             .map(|c| Check {
-                key: bucket_for(c.key, &c.limit),
+                key: c.key,
                 limit: c.limit,
                 cost: c.cost,
             })
@@ -381,7 +354,7 @@ pub fn check_batch_decide(data: &[u8]) -> Outcome {
             for (decision, check) in decisions.iter().zip(&checks) {
                 // When the group was denied, the checks that passed report a peek (cost 0).
                 let cost = if all_allowed { check.cost } else { 0 };
-                check_decided(decision, &check.limit, cost);
+                check_sane(decision, &check.limit, cost);
             }
         }
         assert!(store.len() <= store.max_keys());
@@ -589,13 +562,6 @@ fn longest_wait(limit: &Limit) -> u64 {
     }
 }
 
-/// True to also hold merged GCRA buckets to `longest_wait` under the limit they are checked
-/// with. Off: a GCRA bucket carries no limit, and a replica's TAT is merged as received (the
-/// later wins, bounded only by `MAX_WIRE_TAT_NS`), so a peer's TAT made under a larger limit (a
-/// rule change) or sent far ahead by a hostile peer makes its key wait far longer than the
-/// checking limit's capacity. Switch on once the store bounds merged TATs by the limit.
-const STRICT_MERGED_GCRA_WAITS: bool = false;
-
 /// A replicate payload merged into a small store (as a node does), then every merged key checked
 /// under its limit now and later: no panic, no remaining above the burst, and no wait longer than
 /// the limit allows.
@@ -614,45 +580,26 @@ pub fn replicate_merge(data: &[u8]) -> Outcome {
     assert!(refused <= replicated.buckets.len());
     assert!(store.len() <= store.max_keys());
 
-    // A window key sent under two periods is stored under the first; see
-    // `WINDOW_PERIOD_CHANGES_FIXED` for why such keys are not checked yet.
-    let mut window_periods: HashMap<BucketKey, u64> = HashMap::new();
-    let mut clashing = HashSet::new();
-    for bucket in &replicated.buckets {
-        if let BucketValue::Window { limit, .. } = &bucket.value
-            && *window_periods
-                .entry(bucket.key)
-                .or_insert(limit.period_ns())
-                != limit.period_ns()
-        {
-            clashing.insert(bucket.key);
-        }
-    }
-    let checks: Vec<(BucketKey, Limit, bool)> = replicated
+    let checks: Vec<(BucketKey, Limit)> = replicated
         .buckets
         .iter()
         .take(32)
-        .filter_map(|bucket| match &bucket.value {
-            BucketValue::Gcra { .. } => Some((bucket.key, gcra_limit(bucket.key), true)),
-            BucketValue::Window { .. }
-                if !WINDOW_PERIOD_CHANGES_FIXED && clashing.contains(&bucket.key) =>
-            {
-                None
-            }
+        .map(|bucket| match &bucket.value {
+            BucketValue::Gcra { .. } => (bucket.key, gcra_limit(bucket.key)),
             BucketValue::Window { limit, .. } | BucketValue::Log { limit, .. } => {
-                Some((bucket.key, *limit, false))
+                (bucket.key, *limit)
             }
         })
         .collect();
     for step in [0, NANOS_PER_SEC, MAX_PERIOD_NS] {
         clock.advance(step);
         let now = clock.now_ns();
-        for &(key, limit, from_gcra) in &checks {
+        for &(key, limit) in &checks {
             for cost in [0, 1, limit.burst()] {
                 let Ok(decision) = store.check(key, &limit, cost, now) else {
                     continue; // The store is full of denying keys: a refusal, not a bug.
                 };
-                check_sane(&decision, &limit, cost, from_gcra);
+                check_sane(&decision, &limit, cost);
             }
             store.refund(key, &limit, 1, now);
         }
@@ -666,11 +613,10 @@ pub fn replicate_merge(data: &[u8]) -> Outcome {
     Outcome::Accepted
 }
 
-fn check_sane(decision: &Decision, limit: &Limit, cost: u64, from_gcra: bool) {
+/// [`check_decided`], and no wait or reset longer than [`longest_wait`] under `limit`, whatever
+/// limit or peer made the key's state (a changed limit never locks a key).
+fn check_sane(decision: &Decision, limit: &Limit, cost: u64) {
     check_decided(decision, limit, cost);
-    if from_gcra && !STRICT_MERGED_GCRA_WAITS {
-        return;
-    }
     let longest = longest_wait(limit);
     let (retry_after_ns, reset_after_ns) = match *decision {
         Decision::Allowed { reset_after_ns, .. } => (0, reset_after_ns),
