@@ -14,6 +14,10 @@ use floodgate::policy::pattern::{PathPattern, normalize_path};
 use floodgate::policy::{
     KEY_SEPARATOR, MAX_KEY_BYTES, MAX_WAIT_NS, Policy, RequestAttributes, client_ip,
 };
+use floodgate::store::snapshot::{
+    SNAPSHOT_HEADER_BYTES, SNAPSHOT_TRAILER_BYTES, SnapshotError, decode_snapshot,
+    decode_snapshot_limited, encode_snapshot, is_live, is_long_period,
+};
 use floodgate::wire::{
     CheckBatch, DecisionBatch, ErrorCode, ErrorFrame, FrameKind, FrameReader, HEADER_BYTES,
     MAX_HANDOFF_PARTS, MAX_POLICY_TEXT_BYTES, ReplicateMessage, Replicated, WireBucket,
@@ -22,8 +26,8 @@ use floodgate::wire::{
     decode_replicate, decode_slot_table, encode_frame, encode_message,
 };
 use floodgate::{
-    Algorithm, BucketKey, BucketStore, BucketValue, Check, Clock, Decision, FakeClock, Limit,
-    MAX_PERIOD_NS, NANOS_PER_SEC, StoreConfig, parse_duration_ns, parse_rate,
+    Algorithm, BucketKey, BucketState, BucketStore, BucketValue, Check, Clock, Decision, FakeClock,
+    Limit, MAX_PERIOD_NS, NANOS_PER_SEC, StoreConfig, parse_duration_ns, parse_rate,
 };
 use rkyv::rancor;
 use rkyv::util::AlignedVec;
@@ -101,6 +105,14 @@ pub const TARGETS: &[Target] = &[
     Target {
         name: "request",
         run: request,
+    },
+    Target {
+        name: "snapshot",
+        run: snapshot,
+    },
+    Target {
+        name: "snapshot_merge",
+        run: snapshot_merge,
     },
 ];
 
@@ -570,18 +582,28 @@ pub fn replicate_merge(data: &[u8]) -> Outcome {
     let Ok(replicated) = decode_replicate(&payload) else {
         return Outcome::Refused;
     };
+    merge_and_check(&replicated.buckets, FakeClock::new(1_000 * NANOS_PER_SEC));
+    Outcome::Accepted
+}
+
+/// Keys of the store merged buckets go into (a snapshot is loaded with this bound, as a node
+/// passes its own capacity).
+const MERGE_STORE_KEYS: usize = 16;
+
+/// `buckets` (from a peer or a snapshot file) merged into a small store at the clock's time, then
+/// every merged key checked under its limit now and later: no panic, no remaining above the
+/// burst, no wait longer than the limit allows, and the store stays within its bounds.
+fn merge_and_check(buckets: &[BucketState], clock: FakeClock) {
     let store = BucketStore::new(StoreConfig {
-        max_keys: 16,
+        max_keys: MERGE_STORE_KEYS,
         shards: 2,
     })
     .expect("a valid store config");
-    let clock = FakeClock::new(1_000 * NANOS_PER_SEC);
-    let refused = store.merge(&replicated.buckets, clock.now_ns());
-    assert!(refused <= replicated.buckets.len());
+    let refused = store.merge(buckets, clock.now_ns());
+    assert!(refused <= buckets.len());
     assert!(store.len() <= store.max_keys());
 
-    let checks: Vec<(BucketKey, Limit)> = replicated
-        .buckets
+    let checks: Vec<(BucketKey, Limit)> = buckets
         .iter()
         .take(32)
         .map(|bucket| match &bucket.value {
@@ -610,7 +632,6 @@ pub fn replicate_merge(data: &[u8]) -> Outcome {
         store.sweep_expired(now, 2);
         assert!(store.len() <= store.max_keys());
     }
-    Outcome::Accepted
 }
 
 /// [`check_decided`], and no wait or reset longer than [`longest_wait`] under `limit`, whatever
@@ -854,5 +875,90 @@ pub fn request(data: &[u8]) -> Outcome {
         assert_eq!(PathPattern::parse(pattern.as_str()), Ok(pattern.clone()));
         let _ = pattern.matches(&segments);
     }
+    Outcome::Accepted
+}
+
+/// Where a snapshot's header keeps its body length (after magic, version, reserved and count,
+/// and the write time).
+const SNAPSHOT_BODY_LEN_AT: usize = 24;
+
+/// `data` as a snapshot file that passes the length and checksum checks: its body length and
+/// checksum rewritten to match (when it is long enough and its magic and version pass), so the
+/// fuzzer reaches the entries instead of stopping at the checksum. The checksum comes from the
+/// decoder's own refusal, which names the one it computed.
+fn sealed_snapshot(data: &[u8]) -> Vec<u8> {
+    let mut bytes = data.to_vec();
+    let minimum = SNAPSHOT_HEADER_BYTES + SNAPSHOT_TRAILER_BYTES;
+    if bytes.len() < minimum {
+        return bytes;
+    }
+    let body_len = (bytes.len() - minimum) as u64;
+    bytes[SNAPSHOT_BODY_LEN_AT..SNAPSHOT_HEADER_BYTES].copy_from_slice(&body_len.to_le_bytes());
+    if let Err(SnapshotError::BadChecksum { computed, .. }) = decode_snapshot(&bytes) {
+        let at = bytes.len() - SNAPSHOT_TRAILER_BYTES;
+        bytes[at..].copy_from_slice(&computed.to_le_bytes());
+    }
+    bytes
+}
+
+/// A snapshot file (read from `--state-dir` at start, so anything on disk): refused with a
+/// message, or buckets that re-encode to the very same bytes and decode to the same snapshot.
+/// The input is decoded as it is and then sealed (see [`sealed_snapshot`]); a valid file is the
+/// same both ways. A bucket-count bound refuses exactly the snapshots holding more.
+pub fn snapshot(data: &[u8]) -> Outcome {
+    if let Err(error) = decode_snapshot(data) {
+        assert!(!error.to_string().is_empty());
+    }
+    let bytes = sealed_snapshot(data);
+    let decoded = decode_snapshot(&bytes);
+    let snapshot = match &decoded {
+        Ok(snapshot) => snapshot,
+        Err(error) => {
+            assert!(!error.to_string().is_empty());
+            return Outcome::Refused;
+        }
+    };
+    let mut again = Vec::new();
+    encode_snapshot(&snapshot.buckets, snapshot.written_unix_ns, &mut again);
+    assert_eq!(again, bytes, "a decoded snapshot re-encodes to its bytes");
+    assert_eq!(decode_snapshot(&again), decoded);
+    let count = snapshot.buckets.len();
+    assert_eq!(decode_snapshot_limited(&bytes, count), decoded);
+    if let Some(fewer) = count.checked_sub(1) {
+        assert!(matches!(
+            decode_snapshot_limited(&bytes, fewer),
+            Err(SnapshotError::TooManyBuckets { .. })
+        ));
+    }
+    for bucket in &snapshot.buckets {
+        assert_ne!(bucket.key.to_u128() as u64, 0, "no key has a zero hash");
+        let _ = (is_live(bucket, 0), is_long_period(bucket, u64::MAX));
+    }
+    Outcome::Accepted
+}
+
+/// A snapshot loaded as a node does at start: decoded within a small store's capacity, the
+/// buckets still live at the load time kept, merged, then every key checked as in
+/// `replicate_merge`. The load time is the snapshot's own write time plus an offset picked by
+/// the first byte (0 to 2^47 ns later), so its windows and arrival times are near it.
+pub fn snapshot_merge(data: &[u8]) -> Outcome {
+    let Some((&offset, rest)) = data.split_first() else {
+        return Outcome::Refused;
+    };
+    let bytes = sealed_snapshot(rest);
+    let Ok(snapshot) = decode_snapshot_limited(&bytes, MERGE_STORE_KEYS) else {
+        return Outcome::Refused;
+    };
+    // Far-off write times stay within the clock's range and leave room for the checks' steps.
+    let now = snapshot
+        .written_unix_ns
+        .min(u64::MAX / 4)
+        .saturating_add(1u64 << (offset % 48));
+    let live: Vec<BucketState> = snapshot
+        .buckets
+        .into_iter()
+        .filter(|b| is_live(b, now))
+        .collect();
+    merge_and_check(&live, FakeClock::new(now));
     Outcome::Accepted
 }
