@@ -119,10 +119,8 @@ fn a_replicated_arrival_time_near_the_end_of_time_is_refused() {
 /// One key checked under a short window period, then under a much longer one (a rules change,
 /// or a client sending another limit for the same key): the state's window index, counted in
 /// the short period, was multiplied by the long one and overflowed (found by
-/// `check_batch_decide`). Ignored until the window algorithms rebase a state made under another
-/// period; then also switch on `WINDOW_PERIOD_CHANGES_FIXED` in `fuzz/src/bodies.rs`.
+/// `check_batch_decide`). Window states are now rebased to the period they are checked under.
 #[test]
-#[ignore = "window states made under a shorter period overflow until rebased on a period change"]
 fn a_window_key_checked_under_a_longer_period_decides_within_that_period() {
     for algorithm in [Algorithm::FixedWindow, Algorithm::SlidingWindow] {
         let store = BucketStore::new(StoreConfig {

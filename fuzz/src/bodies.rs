@@ -5,7 +5,6 @@
 //! Only `floodgate`, `rkyv` and `std` may be used here: the same file is compiled into the core's
 //! test tree, where nothing else is available.
 
-use std::collections::{HashMap, HashSet};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::OnceLock;
 
@@ -15,6 +14,10 @@ use floodgate::policy::pattern::{PathPattern, normalize_path};
 use floodgate::policy::{
     KEY_SEPARATOR, MAX_KEY_BYTES, MAX_WAIT_NS, Policy, RequestAttributes, client_ip,
 };
+use floodgate::store::snapshot::{
+    SNAPSHOT_HEADER_BYTES, SNAPSHOT_TRAILER_BYTES, SnapshotError, decode_snapshot,
+    decode_snapshot_limited, encode_snapshot, is_live, is_long_period,
+};
 use floodgate::wire::{
     CheckBatch, DecisionBatch, ErrorCode, ErrorFrame, FrameKind, FrameReader, HEADER_BYTES,
     MAX_HANDOFF_PARTS, MAX_POLICY_TEXT_BYTES, ReplicateMessage, Replicated, WireBucket,
@@ -23,8 +26,8 @@ use floodgate::wire::{
     decode_replicate, decode_slot_table, encode_frame, encode_message,
 };
 use floodgate::{
-    Algorithm, BucketKey, BucketStore, BucketValue, Check, Clock, Decision, FakeClock, Limit,
-    MAX_PERIOD_NS, NANOS_PER_SEC, StoreConfig, parse_duration_ns, parse_rate,
+    Algorithm, BucketKey, BucketState, BucketStore, BucketValue, Check, Clock, Decision, FakeClock,
+    Limit, MAX_PERIOD_NS, NANOS_PER_SEC, StoreConfig, parse_duration_ns, parse_rate,
 };
 use rkyv::rancor;
 use rkyv::util::AlignedVec;
@@ -102,6 +105,14 @@ pub const TARGETS: &[Target] = &[
     Target {
         name: "request",
         run: request,
+    },
+    Target {
+        name: "snapshot",
+        run: snapshot,
+    },
+    Target {
+        name: "snapshot_merge",
+        run: snapshot_merge,
     },
 ];
 
@@ -303,30 +314,6 @@ pub fn check_batch(data: &[u8]) -> Outcome {
     Outcome::Accepted
 }
 
-/// True once a window bucket made under one period decides correctly under another. Until then
-/// a fixed or sliding window checked under a longer period than the one its state was made
-/// under overflows `window * period` (a rules change, or a client sending another limit for the
-/// same key), so the bodies give each window period its own bucket instead. Switch on once the
-/// window algorithms rebase a state made under another period (`tests/fuzz_regressions.rs`
-/// holds the ignored tests that pass then).
-pub const WINDOW_PERIOD_CHANGES_FIXED: bool = false;
-
-/// The bucket a check lands on in the bodies: its own key, or (see
-/// [`WINDOW_PERIOD_CHANGES_FIXED`]) for a window limit, its key under that period.
-fn bucket_for(key: BucketKey, limit: &Limit) -> BucketKey {
-    let windowed = matches!(
-        limit.algorithm(),
-        Algorithm::FixedWindow | Algorithm::SlidingWindow
-    );
-    if WINDOW_PERIOD_CHANGES_FIXED || !windowed {
-        return key;
-    }
-    BucketKey::new(
-        &limit.period_ns().to_le_bytes(),
-        &key.to_u128().to_le_bytes(),
-    )
-}
-
 /// A check batch decided against a small store as a node does (refund groups one by one, a
 /// single check alone, larger groups all-or-nothing), the clock moving between groups. The first
 /// byte picks the clock's step (2^0 to 2^47 ns); the rest is the payload. Clients pick each
@@ -352,25 +339,23 @@ pub fn check_batch_decide(data: &[u8]) -> Outcome {
         let now = clock.now_ns();
         if group[0].refund {
             for refund in group {
-                let key = bucket_for(refund.key, &refund.limit);
-                store.refund(key, &refund.limit, refund.cost, now);
-                if let Ok(decision) = store.check(key, &refund.limit, 0, now) {
-                    check_decided(&decision, &refund.limit, 0);
+                store.refund(refund.key, &refund.limit, refund.cost, now);
+                if let Ok(decision) = store.check(refund.key, &refund.limit, 0, now) {
+                    check_sane(&decision, &refund.limit, 0);
                 }
             }
             continue;
         }
         if let [single] = group.as_slice() {
-            let key = bucket_for(single.key, &single.limit);
-            if let Ok(decision) = store.check(key, &single.limit, single.cost, now) {
-                check_decided(&decision, &single.limit, single.cost);
+            if let Ok(decision) = store.check(single.key, &single.limit, single.cost, now) {
+                check_sane(&decision, &single.limit, single.cost);
             }
             continue;
         }
         let checks: Vec<Check> = group
             .iter()
             .map(|c| Check {
-                key: bucket_for(c.key, &c.limit),
+                key: c.key,
                 limit: c.limit,
                 cost: c.cost,
             })
@@ -381,7 +366,7 @@ pub fn check_batch_decide(data: &[u8]) -> Outcome {
             for (decision, check) in decisions.iter().zip(&checks) {
                 // When the group was denied, the checks that passed report a peek (cost 0).
                 let cost = if all_allowed { check.cost } else { 0 };
-                check_decided(decision, &check.limit, cost);
+                check_sane(decision, &check.limit, cost);
             }
         }
         assert!(store.len() <= store.max_keys());
@@ -589,13 +574,6 @@ fn longest_wait(limit: &Limit) -> u64 {
     }
 }
 
-/// True to also hold merged GCRA buckets to `longest_wait` under the limit they are checked
-/// with. Off: a GCRA bucket carries no limit, and a replica's TAT is merged as received (the
-/// later wins, bounded only by `MAX_WIRE_TAT_NS`), so a peer's TAT made under a larger limit (a
-/// rule change) or sent far ahead by a hostile peer makes its key wait far longer than the
-/// checking limit's capacity. Switch on once the store bounds merged TATs by the limit.
-const STRICT_MERGED_GCRA_WAITS: bool = false;
-
 /// A replicate payload merged into a small store (as a node does), then every merged key checked
 /// under its limit now and later: no panic, no remaining above the burst, and no wait longer than
 /// the limit allows.
@@ -604,55 +582,46 @@ pub fn replicate_merge(data: &[u8]) -> Outcome {
     let Ok(replicated) = decode_replicate(&payload) else {
         return Outcome::Refused;
     };
+    merge_and_check(&replicated.buckets, FakeClock::new(1_000 * NANOS_PER_SEC));
+    Outcome::Accepted
+}
+
+/// Keys of the store merged buckets go into (a snapshot is loaded with this bound, as a node
+/// passes its own capacity).
+const MERGE_STORE_KEYS: usize = 16;
+
+/// `buckets` (from a peer or a snapshot file) merged into a small store at the clock's time, then
+/// every merged key checked under its limit now and later: no panic, no remaining above the
+/// burst, no wait longer than the limit allows, and the store stays within its bounds.
+fn merge_and_check(buckets: &[BucketState], clock: FakeClock) {
     let store = BucketStore::new(StoreConfig {
-        max_keys: 16,
+        max_keys: MERGE_STORE_KEYS,
         shards: 2,
     })
     .expect("a valid store config");
-    let clock = FakeClock::new(1_000 * NANOS_PER_SEC);
-    let refused = store.merge(&replicated.buckets, clock.now_ns());
-    assert!(refused <= replicated.buckets.len());
+    let refused = store.merge(buckets, clock.now_ns());
+    assert!(refused <= buckets.len());
     assert!(store.len() <= store.max_keys());
 
-    // A window key sent under two periods is stored under the first; see
-    // `WINDOW_PERIOD_CHANGES_FIXED` for why such keys are not checked yet.
-    let mut window_periods: HashMap<BucketKey, u64> = HashMap::new();
-    let mut clashing = HashSet::new();
-    for bucket in &replicated.buckets {
-        if let BucketValue::Window { limit, .. } = &bucket.value
-            && *window_periods
-                .entry(bucket.key)
-                .or_insert(limit.period_ns())
-                != limit.period_ns()
-        {
-            clashing.insert(bucket.key);
-        }
-    }
-    let checks: Vec<(BucketKey, Limit, bool)> = replicated
-        .buckets
+    let checks: Vec<(BucketKey, Limit)> = buckets
         .iter()
         .take(32)
-        .filter_map(|bucket| match &bucket.value {
-            BucketValue::Gcra { .. } => Some((bucket.key, gcra_limit(bucket.key), true)),
-            BucketValue::Window { .. }
-                if !WINDOW_PERIOD_CHANGES_FIXED && clashing.contains(&bucket.key) =>
-            {
-                None
-            }
+        .map(|bucket| match &bucket.value {
+            BucketValue::Gcra { .. } => (bucket.key, gcra_limit(bucket.key)),
             BucketValue::Window { limit, .. } | BucketValue::Log { limit, .. } => {
-                Some((bucket.key, *limit, false))
+                (bucket.key, *limit)
             }
         })
         .collect();
     for step in [0, NANOS_PER_SEC, MAX_PERIOD_NS] {
         clock.advance(step);
         let now = clock.now_ns();
-        for &(key, limit, from_gcra) in &checks {
+        for &(key, limit) in &checks {
             for cost in [0, 1, limit.burst()] {
                 let Ok(decision) = store.check(key, &limit, cost, now) else {
                     continue; // The store is full of denying keys: a refusal, not a bug.
                 };
-                check_sane(&decision, &limit, cost, from_gcra);
+                check_sane(&decision, &limit, cost);
             }
             store.refund(key, &limit, 1, now);
         }
@@ -663,14 +632,12 @@ pub fn replicate_merge(data: &[u8]) -> Outcome {
         store.sweep_expired(now, 2);
         assert!(store.len() <= store.max_keys());
     }
-    Outcome::Accepted
 }
 
-fn check_sane(decision: &Decision, limit: &Limit, cost: u64, from_gcra: bool) {
+/// [`check_decided`], and no wait or reset longer than [`longest_wait`] under `limit`, whatever
+/// limit or peer made the key's state (a changed limit never locks a key).
+fn check_sane(decision: &Decision, limit: &Limit, cost: u64) {
     check_decided(decision, limit, cost);
-    if from_gcra && !STRICT_MERGED_GCRA_WAITS {
-        return;
-    }
     let longest = longest_wait(limit);
     let (retry_after_ns, reset_after_ns) = match *decision {
         Decision::Allowed { reset_after_ns, .. } => (0, reset_after_ns),
@@ -908,5 +875,90 @@ pub fn request(data: &[u8]) -> Outcome {
         assert_eq!(PathPattern::parse(pattern.as_str()), Ok(pattern.clone()));
         let _ = pattern.matches(&segments);
     }
+    Outcome::Accepted
+}
+
+/// Where a snapshot's header keeps its body length (after magic, version, reserved and count,
+/// and the write time).
+const SNAPSHOT_BODY_LEN_AT: usize = 24;
+
+/// `data` as a snapshot file that passes the length and checksum checks: its body length and
+/// checksum rewritten to match (when it is long enough and its magic and version pass), so the
+/// fuzzer reaches the entries instead of stopping at the checksum. The checksum comes from the
+/// decoder's own refusal, which names the one it computed.
+fn sealed_snapshot(data: &[u8]) -> Vec<u8> {
+    let mut bytes = data.to_vec();
+    let minimum = SNAPSHOT_HEADER_BYTES + SNAPSHOT_TRAILER_BYTES;
+    if bytes.len() < minimum {
+        return bytes;
+    }
+    let body_len = (bytes.len() - minimum) as u64;
+    bytes[SNAPSHOT_BODY_LEN_AT..SNAPSHOT_HEADER_BYTES].copy_from_slice(&body_len.to_le_bytes());
+    if let Err(SnapshotError::BadChecksum { computed, .. }) = decode_snapshot(&bytes) {
+        let at = bytes.len() - SNAPSHOT_TRAILER_BYTES;
+        bytes[at..].copy_from_slice(&computed.to_le_bytes());
+    }
+    bytes
+}
+
+/// A snapshot file (read from `--state-dir` at start, so anything on disk): refused with a
+/// message, or buckets that re-encode to the very same bytes and decode to the same snapshot.
+/// The input is decoded as it is and then sealed (see [`sealed_snapshot`]); a valid file is the
+/// same both ways. A bucket-count bound refuses exactly the snapshots holding more.
+pub fn snapshot(data: &[u8]) -> Outcome {
+    if let Err(error) = decode_snapshot(data) {
+        assert!(!error.to_string().is_empty());
+    }
+    let bytes = sealed_snapshot(data);
+    let decoded = decode_snapshot(&bytes);
+    let snapshot = match &decoded {
+        Ok(snapshot) => snapshot,
+        Err(error) => {
+            assert!(!error.to_string().is_empty());
+            return Outcome::Refused;
+        }
+    };
+    let mut again = Vec::new();
+    encode_snapshot(&snapshot.buckets, snapshot.written_unix_ns, &mut again);
+    assert_eq!(again, bytes, "a decoded snapshot re-encodes to its bytes");
+    assert_eq!(decode_snapshot(&again), decoded);
+    let count = snapshot.buckets.len();
+    assert_eq!(decode_snapshot_limited(&bytes, count), decoded);
+    if let Some(fewer) = count.checked_sub(1) {
+        assert!(matches!(
+            decode_snapshot_limited(&bytes, fewer),
+            Err(SnapshotError::TooManyBuckets { .. })
+        ));
+    }
+    for bucket in &snapshot.buckets {
+        assert_ne!(bucket.key.to_u128() as u64, 0, "no key has a zero hash");
+        let _ = (is_live(bucket, 0), is_long_period(bucket, u64::MAX));
+    }
+    Outcome::Accepted
+}
+
+/// A snapshot loaded as a node does at start: decoded within a small store's capacity, the
+/// buckets still live at the load time kept, merged, then every key checked as in
+/// `replicate_merge`. The load time is the snapshot's own write time plus an offset picked by
+/// the first byte (0 to 2^47 ns later), so its windows and arrival times are near it.
+pub fn snapshot_merge(data: &[u8]) -> Outcome {
+    let Some((&offset, rest)) = data.split_first() else {
+        return Outcome::Refused;
+    };
+    let bytes = sealed_snapshot(rest);
+    let Ok(snapshot) = decode_snapshot_limited(&bytes, MERGE_STORE_KEYS) else {
+        return Outcome::Refused;
+    };
+    // Far-off write times stay within the clock's range and leave room for the checks' steps.
+    let now = snapshot
+        .written_unix_ns
+        .min(u64::MAX / 4)
+        .saturating_add(1u64 << (offset % 48));
+    let live: Vec<BucketState> = snapshot
+        .buckets
+        .into_iter()
+        .filter(|b| is_live(b, now))
+        .collect();
+    merge_and_check(&live, FakeClock::new(now));
     Outcome::Accepted
 }

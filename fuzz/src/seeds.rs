@@ -3,6 +3,7 @@
 //! `fuzz/corpus/<target>/seed-<name>` by the ignored test `write_seed_corpus` in the core's
 //! `tests/fuzz_corpus.rs`; checked by its `seeds_give_their_expected_outcome`.
 
+use floodgate::algorithm::WindowState;
 use floodgate::cluster::membership::MemberDigest;
 use floodgate::cluster::{Gossip, MemberInfo, SLOTS, SlotTable};
 use floodgate::wire::{
@@ -11,9 +12,11 @@ use floodgate::wire::{
     WireCheck, WireDecision, encode_frame, encode_message,
 };
 use floodgate::{
-    Algorithm, BucketKey, BucketState, BucketStore, Decision, Limit, MAX_PERIOD_NS, NANOS_PER_SEC,
-    StoreConfig,
+    Algorithm, BucketKey, BucketState, BucketStore, BucketValue, Decision, Limit, MAX_PERIOD_NS,
+    NANOS_PER_SEC, StoreConfig,
 };
+
+use floodgate::store::snapshot::{SNAPSHOT_HEADER_BYTES, SNAPSHOT_TRAILER_BYTES, encode_snapshot};
 
 use crate::bodies::{CHECK_TARGET_LIMITS, EXAMPLE_RULES, FRAME_TARGET_MAX_BYTES, Outcome, reframe};
 
@@ -55,6 +58,7 @@ pub fn all() -> Vec<Seed> {
     seeds.extend(rules_seeds());
     seeds.extend(rate_seeds());
     seeds.extend(request_seeds());
+    seeds.extend(snapshot_seeds());
     seeds
 }
 
@@ -700,4 +704,121 @@ fn rate_seeds() -> Vec<Seed> {
         seed("rate_text", "no-count", text("/s"), Refused),
         seed("rate_text", "dot", text("."), Refused),
     ]
+}
+
+/// A snapshot file of `buckets` written at `written_unix_ns`, as a node writes it.
+fn snapshot_file(buckets: &[BucketState], written_unix_ns: u64) -> Vec<u8> {
+    let mut out = Vec::new();
+    encode_snapshot(buckets, written_unix_ns, &mut out);
+    out
+}
+
+/// Where the first entry of a snapshot file starts, and within it the algorithm tag.
+const FIRST_ENTRY_TAG_AT: usize = SNAPSHOT_HEADER_BYTES + 8 + 4;
+
+fn snapshot_seeds() -> Vec<Seed> {
+    use Outcome::{Accepted, Refused};
+    let written = 1_000 * S;
+    let exported = exported_buckets();
+    let valid = snapshot_file(&exported, written);
+    let key = |n: &str| BucketKey::for_key(n.as_bytes());
+    // Long-period buckets as a node keeps them, with states far ahead of the write time.
+    let hour = 3_600 * S;
+    let far = vec![
+        BucketState {
+            key: key("gcra-far"),
+            value: BucketValue::Gcra {
+                tat_ns: u64::MAX,
+                margin_ms: u32::MAX,
+            },
+        },
+        BucketState {
+            key: key("window-far"),
+            value: BucketValue::Window {
+                limit: limit(Algorithm::SlidingWindow, 100, hour, 100),
+                state: WindowState {
+                    window: u64::MAX,
+                    count: u64::MAX,
+                    previous: u64::MAX,
+                },
+            },
+        },
+        BucketState {
+            key: key("log-far"),
+            value: BucketValue::Log {
+                limit: limit(Algorithm::SlidingLog, 3, MAX_PERIOD_NS, 3),
+                times_ns: vec![0, written, u64::MAX],
+            },
+        },
+    ];
+    let far_file = snapshot_file(&far, written);
+    let empty = snapshot_file(&[], written);
+
+    let with = |mut bytes: Vec<u8>, at: usize, new: &[u8]| {
+        bytes[at..at + new.len()].copy_from_slice(new);
+        bytes
+    };
+    // The checksum is rewritten by the bodies before decoding, so a stale one still decodes.
+    let stale_checksum = {
+        let at = valid.len() - SNAPSHOT_TRAILER_BYTES;
+        with(valid.clone(), at, &[0; 8])
+    };
+    let bad_magic = with(valid.clone(), 0, b"FGSNAPx\n");
+    let newer = with(valid.clone(), 8, &2u16.to_le_bytes());
+    let version_zero = with(valid.clone(), 8, &0u16.to_le_bytes());
+    let reserved = with(valid.clone(), 10, &1u16.to_le_bytes());
+    let too_many = with(valid.clone(), 12, &u32::MAX.to_le_bytes());
+    let zero_hash = with(valid.clone(), SNAPSHOT_HEADER_BYTES, &[0; 8]);
+    let unknown_algorithm = with(valid.clone(), FIRST_ENTRY_TAG_AT, &[9]);
+    let log_backwards = snapshot_file(
+        &[BucketState {
+            key: key("log-backwards"),
+            value: BucketValue::Log {
+                limit: limit(Algorithm::SlidingLog, 3, hour, 3),
+                times_ns: vec![written, 1],
+            },
+        }],
+        written,
+    );
+    let mut trailing = valid.clone();
+    trailing.truncate(trailing.len() - SNAPSHOT_TRAILER_BYTES);
+    trailing.extend_from_slice(&[0; 3 + SNAPSHOT_TRAILER_BYTES]);
+
+    let mut seeds = vec![
+        seed("snapshot", "exported", valid.clone(), Accepted),
+        seed("snapshot", "far-ahead", far_file.clone(), Accepted),
+        seed("snapshot", "empty", empty.clone(), Accepted),
+        seed("snapshot", "stale-checksum", stale_checksum, Accepted),
+        seed("snapshot", "truncated", valid[..20].to_vec(), Refused),
+        seed("snapshot", "bad-magic", bad_magic, Refused),
+        seed("snapshot", "newer-version", newer, Refused),
+        seed("snapshot", "version-zero", version_zero, Refused),
+        seed("snapshot", "reserved-set", reserved, Refused),
+        seed("snapshot", "too-many", too_many, Refused),
+        seed("snapshot", "zero-hash", zero_hash, Refused),
+        seed("snapshot", "unknown-algorithm", unknown_algorithm, Refused),
+        seed("snapshot", "log-backwards", log_backwards, Refused),
+        seed("snapshot", "trailing-bytes", trailing, Refused),
+    ];
+    // The first byte picks how long after the write time the snapshot is loaded.
+    let later = |offset: u8, file: &[u8]| [&[offset][..], file].concat();
+    seeds.extend([
+        seed("snapshot_merge", "exported-now", later(0, &valid), Accepted),
+        seed(
+            "snapshot_merge",
+            "exported-later",
+            later(33, &valid),
+            Accepted,
+        ),
+        seed("snapshot_merge", "far-ahead", later(0, &far_file), Accepted),
+        seed("snapshot_merge", "empty", later(5, &empty), Accepted),
+        seed("snapshot_merge", "no-offset", Vec::new(), Refused),
+        seed(
+            "snapshot_merge",
+            "truncated",
+            later(0, &valid[..20]),
+            Refused,
+        ),
+    ]);
+    seeds
 }
