@@ -21,7 +21,7 @@ fn a_short_load_run_writes_a_well_formed_report() {
         .args([
             "load",
             "--duration",
-            "300ms",
+            "200ms",
             "--keys",
             "2000",
             "--rates",
