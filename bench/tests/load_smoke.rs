@@ -1,7 +1,8 @@
-//! A few seconds of `floodgate-bench load` against a real node it starts (and the Redis
-//! baselines when redis-server, and the redis-cell module, are there): the report is well formed
-//! — every record has its fields, both modes appear, the markdown table is printed. It never
-//! judges speed.
+//! A few seconds of `floodgate-bench load` against a real node it starts, through its QUIC client
+//! and through Envoy's rate limit service (`floodgate+rls`), and the Redis baselines when
+//! redis-server, and the redis-cell module, are there: the report is well formed — every record
+//! has its fields, both modes appear for each floodgate front, the markdown tables are printed.
+//! It never judges speed.
 
 use std::path::Path;
 use std::process::Command;
@@ -20,7 +21,7 @@ fn a_short_load_run_writes_a_well_formed_report() {
         .args([
             "load",
             "--duration",
-            "300ms",
+            "200ms",
             "--keys",
             "2000",
             "--rates",
@@ -47,7 +48,7 @@ fn a_short_load_run_writes_a_well_formed_report() {
         .filter(|name| !stderr.contains(&format!("skipping the {name} baseline")))
         .collect();
     // Per system: 2 workloads x (1 closed + 2 open steps), unless a step saturates.
-    let systems = 1 + baselines_ran.len();
+    let systems = 2 + baselines_ran.len();
     assert!(
         records.len() >= systems * 2 && records.len() <= systems * 6,
         "{records:?}"
@@ -79,11 +80,22 @@ fn a_short_load_run_writes_a_well_formed_report() {
         );
         assert_eq!(record["errors"].as_u64(), Some(0), "{record}");
     }
+    for system in ["floodgate", "floodgate+rls"] {
+        for mode in ["closed", "open"] {
+            assert!(
+                records
+                    .iter()
+                    .any(|r| r["system"] == system && r["mode"] == mode),
+                "no {mode}-loop record of {system}: {records:?}"
+            );
+        }
+    }
+    // The RLS front is compared with floodgate's own path (and redis+lua when it ran).
     assert!(
-        records
-            .iter()
-            .any(|r| r["system"] == "floodgate" && r["mode"] == "open")
+        stdout.contains("### floodgate+rls: Envoy's rate limit service"),
+        "{stdout}"
     );
+    assert!(stdout.contains("ratio to floodgate |"), "{stdout}");
     for name in baselines_ran {
         assert!(
             records

@@ -1,8 +1,10 @@
-//! `floodgate-bench load`: floodgate against Redis + Lua and Redis + redis-cell, same workloads,
-//! same machine, same run.
+//! `floodgate-bench load`: floodgate (through its QUIC client, and through Envoy's rate limit
+//! service as `floodgate+rls`) against Redis + Lua and Redis + redis-cell, same workloads, same
+//! machine, same run.
 //!
-//! For each system: start its server (a `floodgate-node`, or `redis-server` with persistence
-//! off, with the redis-cell module for `redis+cell`), load the key space once to measure
+//! For each system: start its server (a `floodgate-node`, one with `--rls-config` for
+//! `floodgate+rls`, or `redis-server` with persistence off, with the redis-cell module for
+//! `redis+cell`), load the key space once to measure
 //! resident bytes per key, then for each workload run a closed loop (maximum throughput, server
 //! CPU per million checks) and an open loop at rising arrival rates (latency from the scheduled
 //! time). Outputs a markdown table with ratios, `report.json` and `latency.svg` in the output
@@ -11,6 +13,7 @@
 mod driver;
 mod process;
 mod report;
+mod rls;
 mod target;
 mod workload;
 
@@ -58,6 +61,13 @@ pub struct LoadArgs {
     /// Skip both Redis baselines.
     #[arg(long)]
     pub no_redis: bool,
+    /// Skip `floodgate+rls` (a node started with `--rls-config`, driven through Envoy's RLS v3
+    /// gRPC API); it is also skipped with `--seeds`.
+    #[arg(long)]
+    pub no_rls: bool,
+    /// HTTP/2 channels to the RLS listener; calls are spread over them.
+    #[arg(long, default_value_t = 4)]
+    pub rls_channels: usize,
     /// The redis-cell module for the `redis+cell` baseline (default: target/redis-cell/, where
     /// `bench/redis-cell.sh` builds it); when missing, that baseline is skipped.
     #[arg(long)]
@@ -147,7 +157,8 @@ pub async fn run(args: LoadArgs) -> anyhow::Result<Vec<Record>> {
     std::fs::create_dir_all(&args.out)
         .with_context(|| format!("creating {}", args.out.display()))?;
     let workloads = args.workloads();
-    let systems = if args.no_redis { 1 } else { 3 };
+    let with_rls = !args.no_rls && args.seeds.is_empty();
+    let systems = 1 + usize::from(with_rls) + if args.no_redis { 0 } else { 2 };
     let steps = systems * workloads.len() * (1 + args.rates.len()) + systems;
     let progress = if args.quiet {
         ProgressBar::hidden()
@@ -167,7 +178,7 @@ pub async fn run(args: LoadArgs) -> anyhow::Result<Vec<Record>> {
             .clone()
             .unwrap_or_else(process::default_node_binary);
         let data_dir = args.out.join("node-data");
-        let server = process::start_node(&binary, &data_dir, args.node_threads)?;
+        let server = process::start_node(&binary, &data_dir, args.node_threads, None)?;
         let target =
             Target::floodgate(server.addr, &data_dir.join("ca.pem"), bench_limit()).await?;
         (Some(server), target)
@@ -188,6 +199,20 @@ pub async fn run(args: LoadArgs) -> anyhow::Result<Vec<Record>> {
     )
     .await?;
     drop(server);
+
+    // The same node behind its gRPC front (a fresh one, so its memory and buckets are its own).
+    if with_rls {
+        let (server, target) = start_rls_node(&args).await?;
+        run_system(
+            &args,
+            Some(&server),
+            target,
+            &workloads,
+            &progress,
+            &mut records,
+        )
+        .await?;
+    }
 
     // Redis + Lua, then Redis + redis-cell (CL.THROTTLE): the script, and the fastest Redis setup.
     let cell_module = args
@@ -228,6 +253,28 @@ pub async fn run(args: LoadArgs) -> anyhow::Result<Vec<Record>> {
         args.out.join("latency.svg").display()
     );
     Ok(records)
+}
+
+/// Writes the RLS configuration (the workloads' limit on each descriptor key), starts a node
+/// serving it on a free port, and connects the RLS target.
+async fn start_rls_node(args: &LoadArgs) -> anyhow::Result<(Server, Target)> {
+    let binary = args
+        .node_bin
+        .clone()
+        .unwrap_or_else(process::default_node_binary);
+    let config = args.out.join("rls.yaml");
+    std::fs::write(&config, rls::config_yaml(&bench_limit())?)
+        .with_context(|| format!("writing {}", config.display()))?;
+    let listen = process::free_tcp_addr()?;
+    let data_dir = args.out.join("rls-node-data");
+    let server = process::start_node(
+        &binary,
+        &data_dir,
+        args.node_threads,
+        Some((&config, listen)),
+    )?;
+    let target = Target::rls(listen, args.rls_channels).await?;
+    Ok((server, target))
 }
 
 /// Starts redis-server (with the redis-cell module if given) and connects its target.

@@ -93,15 +93,30 @@ pub fn default_node_binary() -> PathBuf {
     me.with_file_name("floodgate-node")
 }
 
-/// Starts a node with development certificates in `data_dir`; returns once it serves.
+/// A free loopback TCP address for the node's RLS listener (the node logs the address it
+/// binds only at info level, so the harness picks the port).
+pub fn free_tcp_addr() -> anyhow::Result<SocketAddr> {
+    Ok(SocketAddr::from(([127, 0, 0, 1], free_port(false)?)))
+}
+
+/// Starts a node with development certificates in `data_dir`; returns once it serves. With
+/// `rls` (configuration file, listen address) it also serves Envoy's rate limit service there.
 pub fn start_node(
     binary: &Path,
     data_dir: &Path,
     worker_threads: Option<usize>,
+    rls: Option<(&Path, SocketAddr)>,
 ) -> anyhow::Result<Server> {
     let port = free_port(true)?;
     let addr = SocketAddr::from(([127, 0, 0, 1], port));
-    let mut child = Command::new(binary)
+    let mut command = Command::new(binary);
+    if let Some((config, listen)) = rls {
+        command
+            .arg("--rls-config")
+            .arg(config)
+            .args(["--rls-listen", &listen.to_string()]);
+    }
+    let mut child = command
         .args([
             "--listen",
             &addr.to_string(),

@@ -70,6 +70,8 @@ impl Record {
 }
 
 const FLOODGATE: &str = "floodgate";
+/// The same node through Envoy's rate limit service (RLS v3 gRPC) instead of its QUIC client.
+const RLS: &str = "floodgate+rls";
 /// The Redis setups floodgate is compared with, in table order: the token-bucket Lua script, and
 /// redis-cell's native GCRA command (the fastest Redis setup a team would pick).
 const BASELINES: [&str; 2] = ["redis+lua", "redis+cell"];
@@ -98,13 +100,13 @@ fn cell(record: Option<&Record>, show: impl Fn(&Record) -> String) -> String {
     record.map(show).unwrap_or_else(|| "-".to_owned())
 }
 
-/// floodgate's figure over a baseline's, `-` when either is missing.
+/// The subject's figure over a reference's, `-` when either is missing.
 fn ratio_of(
-    floodgate: Option<&Record>,
-    baseline: Option<&Record>,
+    subject: Option<&Record>,
+    reference: Option<&Record>,
     figure: fn(&Record) -> f64,
 ) -> String {
-    match (floodgate, baseline) {
+    match (subject, reference) {
         (Some(f), Some(b)) => ratio(figure(f), figure(b)),
         _ => "-".to_owned(),
     }
@@ -130,7 +132,8 @@ fn header(out: &mut String, titles: &[String]) {
 }
 
 /// The markdown comparison: closed-loop throughput and open-loop latency, floodgate beside each
-/// Redis baseline that ran, with floodgate's ratio to each.
+/// Redis baseline that ran, with floodgate's ratio to each; then, when it ran, `floodgate+rls`
+/// beside floodgate's own QUIC path and redis+lua (what the gRPC front costs); then memory.
 pub fn markdown(records: &[Record]) -> String {
     let mut out = String::new();
     let mut workloads: Vec<&str> = Vec::new();
@@ -139,31 +142,75 @@ pub fn markdown(records: &[Record]) -> String {
             workloads.push(&record.workload);
         }
     }
-    let baselines: Vec<&str> = BASELINES
-        .into_iter()
-        .filter(|b| records.iter().any(|r| r.system == *b))
+    let ran = |names: &[&'static str]| -> Vec<&'static str> {
+        names
+            .iter()
+            .copied()
+            .filter(|s| records.iter().any(|r| r.system == *s))
+            .collect()
+    };
+    comparison(
+        &mut out,
+        records,
+        &workloads,
+        FLOODGATE,
+        &ran(&BASELINES),
+        "###",
+    );
+    if !ran(&[RLS]).is_empty() {
+        let _ = writeln!(
+            out,
+            "\n### {RLS}: Envoy's rate limit service (gRPC) in front of the same node\n"
+        );
+        let references = ran(&[FLOODGATE, BASELINES[0]]);
+        comparison(&mut out, records, &workloads, RLS, &references, "####");
+    }
+    let mut every = vec![FLOODGATE, RLS];
+    every.extend(BASELINES);
+    let memory: Vec<String> = every
+        .iter()
+        .filter_map(|s| {
+            records
+                .iter()
+                .find(|r| r.system == *s)
+                .map(|r| format!("{s}: {:.0} bytes/key", r.bytes_per_key))
+        })
         .collect();
-    let all: Vec<&str> = std::iter::once(FLOODGATE)
-        .chain(baselines.iter().copied())
+    let _ = writeln!(out, "\n### Memory\n\n{}", memory.join(", "));
+    out
+}
+
+/// Two tables (closed-loop throughput, open-loop latency) of `subject` beside each of
+/// `references`, with `subject`'s ratio to each; `level` is the markdown heading level.
+fn comparison(
+    out: &mut String,
+    records: &[Record],
+    workloads: &[&str],
+    subject: &str,
+    references: &[&str],
+    level: &str,
+) {
+    let all: Vec<&str> = std::iter::once(subject)
+        .chain(references.iter().copied())
         .collect();
     let names = all.join(" / ");
 
-    let _ = writeln!(out, "### Throughput (closed loop)\n");
-    let mut titles = vec!["workload".to_owned(), format!("{FLOODGATE} checks/s")];
-    for b in &baselines {
+    let _ = writeln!(out, "{level} Throughput (closed loop)\n");
+    let mut titles = vec!["workload".to_owned(), format!("{subject} checks/s")];
+    for b in references {
         titles.push(format!("{b} checks/s"));
         titles.push(format!("ratio to {b}"));
     }
     titles.push(format!("CPU s/M ({names})"));
     titles.push(format!("p50/p99 µs ({names})"));
-    header(&mut out, &titles);
-    for w in &workloads {
-        let f = find(records, FLOODGATE, w, 0);
+    header(out, &titles);
+    for w in workloads {
+        let f = find(records, subject, w, 0);
         let mut cells = vec![
             w.to_string(),
             cell(f, |x| format!("{:.0}", x.achieved_rate)),
         ];
-        for b in &baselines {
+        for b in references {
             let r = find(records, b, w, 0);
             cells.push(cell(r, |x| format!("{:.0}", x.achieved_rate)));
             cells.push(ratio_of(f, r, |x| x.achieved_rate));
@@ -176,26 +223,26 @@ pub fn markdown(records: &[Record]) -> String {
         };
         cells.push(each(|x| format!("{:.2}", x.cpu_s_per_million)));
         cells.push(each(|x| format!("{}/{}", x.p50_us, x.p99_us)));
-        row(&mut out, &cells);
+        row(out, &cells);
     }
 
     let _ = writeln!(
         out,
-        "\n### Latency at a fixed arrival rate (open loop, from the scheduled time)\n"
+        "\n{level} Latency at a fixed arrival rate (open loop, from the scheduled time)\n"
     );
     let mut titles = vec!["workload".to_owned(), "offered req/s".to_owned()];
     for s in &all {
         titles.push(format!("{s} achieved"));
         titles.push(format!("{s} p50/p99/p99.9 µs"));
     }
-    for b in &baselines {
+    for b in references {
         titles.push(format!("p50/p99 ratio to {b}"));
     }
-    header(&mut out, &titles);
-    for w in &workloads {
+    header(out, &titles);
+    for w in workloads {
         let mut rates: Vec<u64> = records
             .iter()
-            .filter(|r| r.workload == *w && r.offered_rate > 0)
+            .filter(|r| r.workload == *w && r.offered_rate > 0 && all.contains(&r.system.as_str()))
             .map(|r| r.offered_rate)
             .collect();
         rates.sort_unstable();
@@ -207,8 +254,8 @@ pub fn markdown(records: &[Record]) -> String {
                 cells.push(cell(r, |x| format!("{:.0}", x.requests_per_second)));
                 cells.push(cell(r, latency));
             }
-            let f = find(records, FLOODGATE, w, rate);
-            for b in &baselines {
+            let f = find(records, subject, w, rate);
+            for b in references {
                 let r = find(records, b, w, rate);
                 cells.push(format!(
                     "{}/{}",
@@ -216,20 +263,9 @@ pub fn markdown(records: &[Record]) -> String {
                     ratio_of(f, r, |x| x.p99_us as f64)
                 ));
             }
-            row(&mut out, &cells);
+            row(out, &cells);
         }
     }
-    let memory: Vec<String> = all
-        .iter()
-        .filter_map(|s| {
-            records
-                .iter()
-                .find(|r| r.system == *s)
-                .map(|r| format!("{s}: {:.0} bytes/key", r.bytes_per_key))
-        })
-        .collect();
-    let _ = writeln!(out, "\n### Memory\n\n{}", memory.join(", "));
-    out
 }
 
 pub fn write_json(records: &[Record], path: &Path) -> anyhow::Result<()> {
@@ -347,6 +383,45 @@ mod tests {
         assert!(open.ends_with("| 0.25x/0.25x | 2.00x/2.00x |"), "{open}");
         assert!(table.contains("ratio to redis+cell"), "{table}");
         assert!(table.contains("redis+cell: 100 bytes/key"), "{table}");
+    }
+
+    #[test]
+    fn the_rls_front_is_compared_with_the_quic_path_and_redis_lua() {
+        let records = [
+            record("floodgate", 0, 400_000.0, 1_000),
+            record("floodgate+rls", 0, 100_000.0, 3_000),
+            record("redis+lua", 0, 50_000.0, 6_000),
+            record("redis+cell", 0, 200_000.0, 2_000),
+            record("floodgate", 1_000, 1_000.0, 100),
+            record("floodgate+rls", 1_000, 1_000.0, 300),
+            record("redis+lua", 1_000, 1_000.0, 600),
+        ];
+        let table = markdown(&records);
+        let (quic, rls) = table
+            .split_once("### floodgate+rls: Envoy's rate limit service")
+            .unwrap_or_else(|| panic!("{table}"));
+        // floodgate's own tables stay as they were: the RLS front is no baseline of theirs.
+        assert!(!quic.contains("floodgate+rls"), "{quic}");
+        assert!(quic.contains("ratio to redis+cell"), "{quic}");
+        let closed = rls
+            .lines()
+            .find(|l| l.starts_with("| uniform/1-check | 100000"))
+            .unwrap_or_else(|| panic!("{rls}"));
+        assert!(
+            closed.contains("| 400000 | 0.25x | 50000 | 2.00x |"),
+            "{closed}"
+        );
+        assert!(
+            closed.contains("| 1500/3000 / 500/1000 / 3000/6000 |"),
+            "{closed}"
+        );
+        let open = rls
+            .lines()
+            .find(|l| l.starts_with("| uniform/1-check | 1000 |"))
+            .unwrap_or_else(|| panic!("{rls}"));
+        assert!(open.ends_with("| 3.00x/3.00x | 0.50x/0.50x |"), "{open}");
+        assert!(!rls.contains("redis+cell checks/s"), "{rls}");
+        assert!(rls.contains("floodgate+rls: 100 bytes/key"), "{rls}");
     }
 
     #[test]

@@ -1,6 +1,7 @@
-//! The systems behind one interface: floodgate through its client, and two Redis setups through
-//! the same pipelining client: the classic token-bucket Lua script, and redis-cell's native GCRA
-//! command. All enforce the same limit.
+//! The systems behind one interface: floodgate through its client (QUIC) and through Envoy's
+//! rate limit service (gRPC), and two Redis setups through the same pipelining client: the
+//! classic token-bucket Lua script, and redis-cell's native GCRA command. All enforce the same
+//! limit.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -62,6 +63,9 @@ pub enum Target {
         pool: RedisPool,
         throttle: CellThrottle,
     },
+    /// The node's RLS listener: one `ShouldRateLimit` call per request, one descriptor per key
+    /// (all-or-nothing, as the node refunds the others when one is over its limit).
+    Rls(super::rls::RlsChannels),
 }
 
 /// Multiplexed connections, each pipelining every concurrent call on it; calls take turns.
@@ -209,9 +213,18 @@ impl Target {
         Ok(Target::RedisCell { pool, throttle })
     }
 
+    /// The node's RLS listener, over `channels` HTTP/2 connections; the node enforces the limit
+    /// its `--rls-config` (written by [`super::rls::config_yaml`]) gives.
+    pub async fn rls(addr: std::net::SocketAddr, channels: usize) -> anyhow::Result<Self> {
+        Ok(Target::Rls(
+            super::rls::RlsChannels::connect(addr, channels).await?,
+        ))
+    }
+
     pub fn name(&self) -> &'static str {
         match self {
             Target::Floodgate { .. } => "floodgate",
+            Target::Rls(_) => "floodgate+rls",
             Target::Redis { .. } => "redis+lua",
             Target::RedisCell { .. } => "redis+cell",
         }
@@ -220,6 +233,7 @@ impl Target {
     /// Checks one request's keys all-or-nothing.
     pub async fn check(&self, keys: &[String]) -> anyhow::Result<Outcome> {
         match self {
+            Target::Rls(channels) => channels.check(keys).await,
             Target::Floodgate { client, limit } => {
                 let checks: Vec<Check> = keys
                     .iter()
