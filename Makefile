@@ -51,7 +51,7 @@ bench-core:      ## criterion micro-benchmarks of the bucket store beside govern
 	$(CARGO) bench -p floodgate-bench --bench core --locked
 	$(CARGO) bench -p floodgate-bench --bench memory --locked
 
-bench-load:      ## floodgate beside Redis + Lua and Redis + redis-cell, same workloads, one run: markdown table, target/bench/{report.json,latency.svg}
+bench-load:      ## floodgate (QUIC and Envoy RLS) beside Redis + Lua and Redis + redis-cell, same workloads, one run: markdown table, target/bench/{report.json,latency.svg}
 	@command -v redis-server >/dev/null || (apt-get install -y redis-server >/dev/null 2>&1 || echo "redis-server missing and not installable: the Redis baselines will be skipped")
 	@bash bench/redis-cell.sh >/dev/null || echo "the redis+cell baseline will be skipped"
 	$(CARGO) build --release --locked -p floodgate-node -p floodgate-bench
