@@ -5,6 +5,7 @@
 //! - [`algorithm`]: GCRA, fixed window, sliding-window counter and sliding-window log, each a pure
 //!   function of `(limit, state, now, cost)`.
 //! - [`key`]: [`BucketKey`], the fixed-size identity of a (rule, key) bucket.
+//! - [`address`]: [`HostPort`], a HOST:PORT whose host may be a DNS name (resolved by the shells).
 //! - [`store`]: [`BucketStore`], the sharded concurrent map of buckets, with expiry, bounded size
 //!   and all-or-nothing multi-checks.
 //! - [`wire`]: the frame format and messages between clients and nodes (rkyv, validated).
@@ -16,6 +17,7 @@
 //! Time is always `now_ns`: nanoseconds from an origin the caller picks (the node uses the Unix
 //! epoch) and that never goes backwards.
 
+pub mod address;
 pub mod algorithm;
 pub mod clock;
 pub mod cluster;
@@ -27,6 +29,7 @@ pub mod rls;
 pub mod store;
 pub mod wire;
 
+pub use address::HostPort;
 pub use clock::{Clock, FakeClock};
 pub use decision::Decision;
 pub use key::BucketKey;

@@ -188,7 +188,7 @@ pub(crate) async fn first_address(seed: &HostPort, timeout: Duration) -> SocketA
     if let Some(addr) = seed.socket_addr() {
         return addr;
     }
-    match seed.resolve(timeout).await {
+    match crate::address::resolve(seed, timeout).await {
         Ok(addrs) => addrs[0],
         Err(why) => {
             tracing::warn!(node = %seed, "{why}; retrying in the background");
@@ -304,7 +304,7 @@ async fn dial(
     timeout: Duration,
 ) -> Result<quinn::Connection, String> {
     let addr = match &link.name {
-        Some(name) => name.resolve_like(link.addr, timeout).await?,
+        Some(name) => crate::address::resolve_like(name, link.addr, timeout).await?,
         None => link.addr,
     };
     connect(endpoint, addr, &link.server_name, timeout).await

@@ -654,7 +654,7 @@ impl PolicyFetcher {
             .is_none_or(|c| c.close_reason().is_some())
         {
             let node = self.nodes.get(self.next).ok_or("no nodes")?;
-            let addr = node.resolve_like(self.family, self.timeout).await?;
+            let addr = crate::address::resolve_like(node, self.family, self.timeout).await?;
             let server_name = self
                 .server_name
                 .clone()

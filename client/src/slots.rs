@@ -750,7 +750,7 @@ pub async fn fetch_slot_table<A: Clone + Into<crate::HostPort>>(
     let quic = crate::tls::quinn_config(config)?;
     let mut errors = Vec::new();
     for node in &nodes {
-        let addr = match node.resolve(config.connect_timeout).await {
+        let addr = match crate::address::resolve(node, config.connect_timeout).await {
             Ok(addrs) => addrs[0],
             Err(why) => {
                 errors.push(why);

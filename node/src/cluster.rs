@@ -173,7 +173,7 @@ impl Peers {
     /// reason and counted.
     async fn resolve_seed(&self, seed: &str) -> anyhow::Result<SocketAddr> {
         let resolved = match seed.parse::<HostPort>() {
-            Ok(name) => name.resolve(RESOLVE_TIMEOUT).await,
+            Ok(name) => crate::address::resolve(&name, RESOLVE_TIMEOUT).await,
             Err(e) => Err(e),
         };
         let addrs = match resolved {

@@ -217,8 +217,7 @@ struct Addresses {
 impl Addresses {
     async fn resolve(flags: &Flags) -> anyhow::Result<Self> {
         let resolve = |flag: &'static str, value: HostPort| async move {
-            value
-                .resolve_first(RESOLVE_AT_START)
+            floodgate_node::address::resolve_first(&value, RESOLVE_AT_START)
                 .await
                 .map_err(|e| anyhow::anyhow!("--{flag} {value}: {e}"))
         };
