@@ -109,8 +109,7 @@ impl PeerTrust {
         let Some((as_client, as_server)) = &self.verifiers else {
             return false;
         };
-        let Some(chain) = identity.and_then(|i| i.downcast::<Vec<CertificateDer<'static>>>().ok())
-        else {
+        let Some(chain) = presented_chain(identity) else {
             return false;
         };
         let Some((end_entity, intermediates)) = chain.split_first() else {
@@ -130,6 +129,13 @@ impl PeerTrust {
     }
 }
 
+/// The chain a connection presented (quinn's `peer_identity` with rustls), if any.
+fn presented_chain(identity: Option<Box<dyn Any>>) -> Option<Vec<CertificateDer<'static>>> {
+    identity
+        .and_then(|i| i.downcast::<Vec<CertificateDer<'static>>>().ok())
+        .map(|chain| *chain)
+}
+
 impl PeerTrust {
     /// True when `identity` is a node certificate of the peer CA for node `id` (it carries the
     /// name [`server_name_of`] gives).
@@ -137,8 +143,7 @@ impl PeerTrust {
         let Some((_, as_server)) = &self.verifiers else {
             return false;
         };
-        let Some(chain) = identity.and_then(|i| i.downcast::<Vec<CertificateDer<'static>>>().ok())
-        else {
+        let Some(chain) = presented_chain(identity) else {
             return false;
         };
         let Some((end_entity, intermediates)) = chain.split_first() else {
