@@ -198,7 +198,7 @@ pub(crate) async fn first_address(seed: &HostPort, timeout: Duration) -> SocketA
 }
 
 /// A client endpoint (one UDP socket and its driver task) for one node, so nodes do not share a
-/// socket's single driver (CRATE-NOTES: one endpoint is about one core of work).
+/// socket's single driver (quinn drives one endpoint from one task: about one core of work).
 pub(crate) fn endpoint_for(
     node: SocketAddr,
     config: quinn::ClientConfig,
@@ -720,7 +720,7 @@ impl StreamSession {
 }
 
 /// Reads until the answer to `request_id` is complete: whatever bytes are available at a time,
-/// cut into frames by the `FrameReader` (faster than exact reads per frame, CRATE-NOTES).
+/// cut into frames by the `FrameReader` (one read per arrival beats an exact read per frame).
 async fn read_answer(stream: &mut OpenStream, request_id: u64) -> Result<Answer, Failure> {
     loop {
         match stream.reader.next_frame() {

@@ -33,7 +33,7 @@ const KEEP_ALIVE: Duration = Duration::from_secs(1);
 /// The quinn client configuration for `config` (already validated).
 pub(crate) fn quinn_config(config: &ClientConfig) -> Result<quinn::ClientConfig, ConfigError> {
     // The provider is passed explicitly: relying on the process default panics when ring and
-    // aws-lc-rs both end up in a build with none installed (CRATE-NOTES, quinn).
+    // aws-lc-rs both end up in a build with none installed (rustls then cannot pick one).
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let builder = rustls::ClientConfig::builder_with_provider(provider)
         .with_protocol_versions(&[&rustls::version::TLS13])

@@ -4,6 +4,7 @@
 //! envoyproxy/ratelimit's, unchanged. Run by `make envoy-test` (ignored otherwise: it downloads
 //! Envoy and starts processes).
 
+use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -15,8 +16,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 const RLS_CONFIG: &str = "\
 domain: edge
 descriptors:
-  - key: generic_key
-    value: per-minute
+  - key: client
     rate_limit:
       unit: minute
       requests_per_unit: 3
@@ -90,7 +90,7 @@ static_resources:
                             cluster: upstream
                             rate_limits:
                               - actions:
-                                  - generic_key: {{descriptor_value: per-minute}}
+                                  - request_headers: {{header_name: x-client, descriptor_key: client}}
                 http_filters:
                   - name: envoy.filters.http.ratelimit
                     typed_config:
@@ -155,10 +155,11 @@ async fn upstream() -> u16 {
     port
 }
 
-/// curl's status code and response headers (lower-cased names).
-fn curl(port: u16) -> (u16, Vec<(String, String)>) {
+/// curl's status code and response headers (lower-cased names), as client `client`.
+fn curl(port: u16, client: &str) -> (u16, Vec<(String, String)>) {
     let output = Command::new("curl")
-        .args(["-s", "-o", "/dev/null", "-D", "-", "--max-time", "10"])
+        .args(["-s", "-o", "/dev/null", "-D", "-", "--max-time", "10", "-H"])
+        .arg(format!("x-client: {client}"))
         .arg(format!("http://127.0.0.1:{port}/"))
         .output()
         .expect("curl runs");
@@ -197,45 +198,60 @@ async fn envoy_returns_429_on_the_fourth_request_of_three_a_minute() {
     let envoy_yaml = dir.path().join("envoy.yaml");
     let rls_port = node.rls_addr().unwrap().port();
     std::fs::write(&envoy_yaml, envoy_config(listen, upstream, rls_port, admin)).unwrap();
-    let _envoy = Envoy(
-        Command::new(envoy)
-            .arg("-c")
-            .arg(&envoy_yaml)
-            .args(["--log-level", "warn", "--base-id"])
-            .arg(listen.to_string())
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("envoy starts"),
-    );
-    // Envoy is another process: nothing to await but its port. Bounded: 30 s.
-    let ready = tokio::time::timeout(Duration::from_secs(30), async {
-        while tokio::net::TcpStream::connect(("127.0.0.1", listen))
-            .await
-            .is_err()
-        {
-            tokio::time::sleep(Duration::from_millis(100)).await;
+    let mut child = Command::new(envoy)
+        .arg("-c")
+        .arg(&envoy_yaml)
+        .args(["--log-level", "info", "--base-id"])
+        .arg(listen.to_string())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("envoy starts");
+    // Envoy is another process: its log says when its workers (and listeners) run. The thread
+    // drains its stderr for its whole life, so a full pipe never blocks it.
+    let stderr = child.stderr.take().unwrap();
+    let _envoy = Envoy(child);
+    let (started, running) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines() {
+            let Ok(line) = line else { break };
+            if line.contains("starting main dispatch loop") {
+                let _ = started.send(());
+            }
         }
-    })
-    .await;
-    assert!(ready.is_ok(), "Envoy did not listen within 30 s");
-    // A fixed window turns every minute: start the four requests early in one (waits < 10 s).
-    let second = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_secs()
-        % 60;
-    if second >= 50 {
-        tokio::time::sleep(Duration::from_secs(61 - second)).await;
-    }
-    let mut statuses = Vec::new();
-    let mut last = Vec::new();
-    for _ in 0..4 {
-        let (status, headers) = tokio::task::spawn_blocking(move || curl(listen))
-            .await
-            .unwrap();
-        statuses.push(status);
-        last = headers;
-    }
+    });
+    assert!(
+        running.recv_timeout(Duration::from_secs(30)).is_ok(),
+        "Envoy did not start within 30 s"
+    );
+    // A fixed window turns every minute: four requests of one client must fall in one minute.
+    // If a minute turned during them, start again as a new client (a new key), never waiting.
+    let minute = || {
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_secs()
+            / 60
+    };
+    let mut attempt = 0;
+    let (statuses, last) = loop {
+        attempt += 1;
+        let client = format!("client-{attempt}");
+        let before = minute();
+        let mut statuses = Vec::new();
+        let mut last = Vec::new();
+        for _ in 0..4 {
+            let client = client.clone();
+            let (status, headers) = tokio::task::spawn_blocking(move || curl(listen, &client))
+                .await
+                .unwrap();
+            statuses.push(status);
+            last = headers;
+        }
+        if minute() == before || attempt == 3 {
+            break (statuses, last);
+        }
+    };
     assert_eq!(statuses, vec![200, 200, 200, 429]);
     let header = |name: &str| last.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone());
     assert_eq!(

@@ -145,6 +145,8 @@ struct Process {
     child: Child,
     addr: SocketAddr,
     log: Arc<Mutex<String>>,
+    /// One message per snapshot the node reports written (its debug log line).
+    snapshots: mpsc::Receiver<()>,
 }
 
 impl Process {
@@ -155,7 +157,8 @@ impl Process {
             .arg("--state-dir")
             .arg(state)
             .env("NO_COLOR", "1")
-            .env_remove("RUST_LOG")
+            // The snapshot writer's debug line is the event the kill -9 test waits for.
+            .env("RUST_LOG", "info,floodgate_node::snapshot=debug")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
@@ -164,9 +167,10 @@ impl Process {
         let stderr = child.stderr.take().unwrap();
         let log = Arc::new(Mutex::new(String::new()));
         let (serving, serving_rx) = mpsc::channel();
+        let (written, snapshots) = mpsc::channel();
         let collected = log.clone();
-        // Drains stderr for the process's whole life (a full pipe would block the node) and
-        // reports the address from the "serving on ADDR (" line.
+        // Drains stderr for the process's whole life (a full pipe would block the node), reports
+        // the address from the "serving on ADDR (" line and each "snapshot written" line.
         std::thread::spawn(move || {
             for line in BufReader::new(stderr).lines() {
                 let Ok(line) = line else { break };
@@ -176,6 +180,9 @@ impl Process {
                 {
                     let _ = serving.send(addr);
                 }
+                if line.contains("snapshot written") {
+                    let _ = written.send(());
+                }
                 collected.lock().unwrap().push_str(&line);
                 collected.lock().unwrap().push('\n');
             }
@@ -184,7 +191,12 @@ impl Process {
             Ok(addr) => addr,
             Err(_) => panic!("the node did not start: {}", log.lock().unwrap()),
         };
-        Process { child, addr, log }
+        Process {
+            child,
+            addr,
+            log,
+            snapshots,
+        }
     }
 
     fn log(&self) -> String {
@@ -208,9 +220,10 @@ impl Drop for Process {
     }
 }
 
-/// Polls (bounded, every 20 ms: the writer is another process) until the snapshot file holds
-/// `quota` with all five units used: its TAT more than four intervals ahead of now.
-fn wait_for_used_up_snapshot(path: &Path) {
+/// Waits (bounded) until a snapshot the node reports written holds `quota` with all five units
+/// used: its TAT more than four intervals ahead of now. The file is read after each write the
+/// node logs, never on a timer.
+fn wait_for_used_up_snapshot(node: &Process, path: &Path) {
     let interval_ns = DAY_NS / 5;
     let quota = BucketKey::for_key(b"quota");
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -229,12 +242,13 @@ fn wait_for_used_up_snapshot(path: &Path) {
         if holds_it {
             return;
         }
+        let left = deadline.saturating_duration_since(Instant::now());
         assert!(
-            Instant::now() < deadline,
-            "no snapshot with the used-up key in {}",
-            path.display()
+            node.snapshots.recv_timeout(left).is_ok(),
+            "no snapshot with the used-up key in {}: {}",
+            path.display(),
+            node.log()
         );
-        std::thread::sleep(Duration::from_millis(20));
     }
 }
 
@@ -246,7 +260,7 @@ async fn the_binary_keeps_a_used_up_daily_key_through_kill_9() {
     let certs = ensure_dev_certs(&data).unwrap();
     let connection = connect(first.addr, client_config(&certs, false)).await;
     assert_eq!(exchange(&connection, &use_up(1)).await.allowed(), 5);
-    wait_for_used_up_snapshot(&state.join(SNAPSHOT_FILE));
+    wait_for_used_up_snapshot(&first, &state.join(SNAPSHOT_FILE));
     drop(first); // SIGKILL: no shutdown path runs
 
     let second = Process::start(&data, &state);
