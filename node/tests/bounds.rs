@@ -97,23 +97,6 @@ fn fast(config: &mut NodeConfig) {
     config.cluster.sync_interval = Duration::from_millis(50);
 }
 
-/// Waits (bounded) until `node` counts `owners` slot owners.
-async fn converge(node: &Node, owners: usize) {
-    let mut tables = node.watch_slot_table();
-    let reached = tokio::time::timeout(WAIT, async {
-        while tables.borrow_and_update().nodes().len() != owners {
-            tables.changed().await.unwrap();
-        }
-    })
-    .await;
-    assert!(
-        reached.is_ok(),
-        "{} sees {:?}, expected {owners} owners",
-        node.node_id(),
-        node.owners()
-    );
-}
-
 /// With its two client places taken, a node closes a third client with `overloaded`, yet a
 /// second node still connects as a peer, gossips, and both see a cluster of two.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

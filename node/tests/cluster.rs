@@ -45,23 +45,6 @@ async fn join(first: &TestNode, seed: std::net::SocketAddr) -> Node {
     Node::start(config).await.unwrap()
 }
 
-/// Waits (bounded) until `node` counts `owners` slot owners.
-async fn converge(node: &Node, owners: usize) {
-    let mut tables = node.watch_slot_table();
-    let reached = tokio::time::timeout(Duration::from_secs(5), async {
-        while tables.borrow_and_update().nodes().len() != owners {
-            tables.changed().await.unwrap();
-        }
-    })
-    .await;
-    assert!(
-        reached.is_ok(),
-        "{} sees {:?}, expected {owners} owners",
-        node.node_id(),
-        node.owners()
-    );
-}
-
 /// A key owned by the node with `id` (searching key names).
 fn key_owned_by(node: &Node, id: &str, prefix: &str) -> Vec<u8> {
     let table = node.slot_table();

@@ -215,23 +215,6 @@ async fn connect_as(
     endpoint.connect(addr, server_name).unwrap().await.unwrap()
 }
 
-/// Waits (bounded) until `node` counts `owners` slot owners.
-async fn converge(node: &Node, owners: usize) {
-    let mut tables = node.watch_slot_table();
-    let reached = tokio::time::timeout(PATIENCE, async {
-        while tables.borrow_and_update().nodes().len() != owners {
-            tables.changed().await.unwrap();
-        }
-    })
-    .await;
-    assert!(
-        reached.is_ok(),
-        "{} sees {:?}",
-        node.node_id(),
-        node.owners()
-    );
-}
-
 /// Two nodes on certificates that name `fg-a.internal` and `fg-b.internal` (and 127.0.0.1,
 /// never localhost) form a cluster: the second joins through the first's IP address, then each
 /// dials the other by node id. A connection verifies each node by its own id only.

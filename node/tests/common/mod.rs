@@ -164,3 +164,20 @@ pub fn check_frame(request_id: u64, keys: &[&[u8]], limit: &Limit) -> Vec<u8> {
     encode_message(&mut out, FrameKind::CheckBatch, request_id, &batch);
     out
 }
+
+/// Waits (bounded: 10 s) until `node` counts `owners` slot owners.
+pub async fn converge(node: &Node, owners: usize) {
+    let mut tables = node.watch_slot_table();
+    let reached = tokio::time::timeout(std::time::Duration::from_secs(10), async {
+        while tables.borrow_and_update().nodes().len() != owners {
+            tables.changed().await.unwrap();
+        }
+    })
+    .await;
+    assert!(
+        reached.is_ok(),
+        "{} sees {:?}, expected {owners} owners",
+        node.node_id(),
+        node.owners()
+    );
+}
