@@ -217,29 +217,35 @@ async fn connect_as(
 
 /// Two nodes on certificates that name `fg-a.internal` and `fg-b.internal` (and 127.0.0.1,
 /// never localhost) form a cluster: the second joins through the first's IP address, then each
+/// A node named `id` with a certificate from `ca` naming `id` and 127.0.0.1 (never localhost),
+/// joining through `seeds`.
+async fn start_named(
+    ca: &TestCa,
+    dev: &floodgate_node::DevCerts,
+    id: &str,
+    seeds: Vec<floodgate_node::HostPort>,
+) -> Node {
+    let identity = ca.node(id, &[id, "127.0.0.1"]);
+    let mut config = NodeConfig::for_tests(dev);
+    fast(&mut config);
+    config.tls = TlsConfig {
+        cert: identity.cert,
+        key: identity.key,
+        client_ca: None,
+        peer_ca: Some(ca.cert.clone()),
+    };
+    config.cluster.node_id = Some(id.to_owned());
+    config.cluster.seeds = seeds;
+    Node::start(config).await.unwrap()
+}
+
 /// dials the other by node id. A connection verifies each node by its own id only.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nodes_named_by_their_ids_form_a_cluster() {
     let dir = tempfile::tempdir().unwrap();
     let ca = TestCa::new(dir.path(), "cluster-ca");
     let dev = floodgate_node::ensure_dev_certs(&dir.path().join("dev")).unwrap();
-    let start = |id: &'static str, seeds: Vec<floodgate_node::HostPort>| {
-        let identity = ca.node(id, &[id, "127.0.0.1"]);
-        let ca = ca.cert.clone();
-        let mut config = NodeConfig::for_tests(&dev);
-        async move {
-            fast(&mut config);
-            config.tls = TlsConfig {
-                cert: identity.cert,
-                key: identity.key,
-                client_ca: None,
-                peer_ca: Some(ca),
-            };
-            config.cluster.node_id = Some(id.to_owned());
-            config.cluster.seeds = seeds;
-            Node::start(config).await.unwrap()
-        }
-    };
+    let start = |id, seeds| start_named(&ca, &dev, id, seeds);
     let a = start("fg-a.internal", vec![]).await;
     let b = start("fg-b.internal", vec![a.local_addr().into()]).await;
     converge(&a, 2).await;
@@ -269,23 +275,7 @@ async fn a_node_joins_through_a_seed_given_by_host_name() {
     let dir = tempfile::tempdir().unwrap();
     let ca = TestCa::new(dir.path(), "cluster-ca");
     let dev = floodgate_node::ensure_dev_certs(&dir.path().join("dev")).unwrap();
-    let start = |id: &'static str, seeds: Vec<floodgate_node::HostPort>| {
-        let identity = ca.node(id, &[id, "127.0.0.1"]);
-        let ca = ca.cert.clone();
-        let mut config = NodeConfig::for_tests(&dev);
-        async move {
-            fast(&mut config);
-            config.tls = TlsConfig {
-                cert: identity.cert,
-                key: identity.key,
-                client_ca: None,
-                peer_ca: Some(ca),
-            };
-            config.cluster.node_id = Some(id.to_owned());
-            config.cluster.seeds = seeds;
-            Node::start(config).await.unwrap()
-        }
-    };
+    let start = |id, seeds| start_named(&ca, &dev, id, seeds);
     let a = start("fg-a.internal", vec![]).await;
     let by_name: floodgate_node::HostPort = format!("localhost:{}", a.local_addr().port())
         .parse()
