@@ -7,11 +7,11 @@ use std::sync::Arc;
 
 use xxhash_rust::xxh3::xxh3_64;
 
-use super::PolicyError;
 use super::client_ip::{Cidr, TrustedProxies};
+use super::error::PolicyError;
 use super::method::parse_method;
 use super::parse_limit::{
-    parse_algorithm, parse_cost, parse_limit, parse_max_wait, parse_rule_plans,
+    known_plan, parse_algorithm, parse_cost, parse_limit, parse_max_wait, parse_rule_plans,
 };
 use super::pattern::PathPattern;
 use super::rules::{FailureMode, KeyPart, Mode, Policy, Rule};
@@ -49,8 +49,15 @@ const RULE_FIELDS: &[&str] = &[
     "max_wait",
 ];
 
+impl Policy {
+    /// Parses and validates a rules file (see `rules/example.yaml` for the schema).
+    pub fn from_yaml(text: &str) -> Result<Self, PolicyError> {
+        parse_policy(text)
+    }
+}
+
 /// Parses and validates a whole rules file.
-pub(crate) fn parse_policy(text: &str) -> Result<Policy, PolicyError> {
+fn parse_policy(text: &str) -> Result<Policy, PolicyError> {
     let root = yaml::load(text)?;
     let top = Fields::new(&root, "the rules file", TOP_FIELDS)?;
     let plans = match top.get("plans") {
@@ -147,22 +154,6 @@ fn parse_plans(node: &Node<'_>) -> Result<Vec<String>, PolicyError> {
         plans.push(name);
     }
     Ok(plans)
-}
-
-/// Checks that `name` is a declared plan.
-pub(super) fn known_plan(node: &Node<'_>, name: &str, plans: &[String]) -> Result<(), PolicyError> {
-    if plans.iter().any(|p| p == name) {
-        return Ok(());
-    }
-    let declared = if plans.is_empty() {
-        "none; list them under `plans:`".to_owned()
-    } else {
-        plans.join(", ")
-    };
-    Err(error_at(
-        node,
-        format!("unknown plan `{name}` (declared plans: {declared})"),
-    ))
 }
 
 /// `default_plan: PLAN`, a declared plan.

@@ -280,11 +280,6 @@ pub struct Policy {
 }
 
 impl Policy {
-    /// Parses and validates a rules file (see `rules/example.yaml` for the schema).
-    pub fn from_yaml(text: &str) -> Result<Self, super::PolicyError> {
-        super::parse::parse_policy(text)
-    }
-
     /// A content hash of the file the policy was read from (16 hex digits of xxh3-64): two nodes
     /// with the same version enforce the same rules.
     pub fn version(&self) -> &str {

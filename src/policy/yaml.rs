@@ -8,7 +8,7 @@
 use saphyr::{LoadableYamlNode, MarkedYaml, Scalar, YamlData};
 use saphyr_parser::{Event, Marker, Parser, ScanError};
 
-use super::PolicyError;
+use super::error::PolicyError;
 
 /// A YAML node with its position.
 pub(crate) type Node<'a> = MarkedYaml<'a>;
