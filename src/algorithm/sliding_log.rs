@@ -47,6 +47,32 @@ impl SlidingLog {
         }
     }
 
+    /// Records `units` admitted elsewhere (another region) at `at_ns`, kept in time order, and
+    /// keeps at most `max_entries` of the newest. Unlike [`SlidingLog::decide`] it never
+    /// refuses: the units were already admitted, so the log may hold more than the limit (which
+    /// only denies until enough of them leave the period).
+    pub fn record_elsewhere(
+        &mut self,
+        limit: &Limit,
+        at_ns: u64,
+        units: u64,
+        max_entries: usize,
+        now_ns: u64,
+    ) {
+        self.forget_expired(limit, now_ns);
+        if at_ns.saturating_add(limit.period_ns()) <= now_ns {
+            return;
+        }
+        let units = units.min(max_entries as u64) as usize;
+        let at = self.times_ns.partition_point(|&t| t <= at_ns);
+        for _ in 0..units {
+            self.times_ns.insert(at, at_ns);
+        }
+        while self.times_ns.len() > max_entries {
+            self.times_ns.pop_front();
+        }
+    }
+
     /// Removes the last `cost` admitted units (rolls back an admission of a multi-check).
     pub fn undo(&mut self, cost: u64) {
         let keep = self.times_ns.len().saturating_sub(cost as usize);
