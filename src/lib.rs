@@ -12,6 +12,8 @@
 //! - [`policy`]: the rules file, request → checks → verdict, and the HTTP answer (429/503 fields).
 //! - [`rls`]: Envoy's rate limit service: envoyproxy/ratelimit's config, matching, answers.
 //! - [`cluster`]: slots and ownership (the slot table), sans I/O.
+//! - [`region`]: scopes across regions and the inter-region delta exchange for global limits,
+//!   sans I/O, with its seeded simulation.
 //! - [`clock`]: the [`Clock`] trait and the [`FakeClock`] tests use.
 //!
 //! Time is always `now_ns`: nanoseconds from an origin the caller picks (the node uses the Unix
@@ -25,6 +27,7 @@ pub mod decision;
 pub mod key;
 pub mod limit;
 pub mod policy;
+pub mod region;
 pub mod rls;
 pub mod store;
 pub mod wire;

@@ -1,0 +1,71 @@
+//! Settings of the delta exchange, every bound in one place.
+
+use crate::NANOS_PER_SEC;
+
+const MS: u64 = 1_000_000;
+
+/// How often deltas are sent, how long unacknowledged ones wait before being sent again, and
+/// the bounds on everything the exchange holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ExchangeConfig {
+    /// Regions in the deployment (at least 1): a global key's local share of its burst is
+    /// `burst / regions` (at least 1 unit).
+    pub regions: usize,
+    /// Deltas admitted since the last message are sent every interval (`--region-sync-interval`).
+    pub sync_interval_ns: u64,
+    /// A message not acknowledged after this is sent again; the wait doubles each time, up to
+    /// `max_retransmit_ns`.
+    pub retransmit_ns: u64,
+    pub max_retransmit_ns: u64,
+    /// A destination that has acknowledged nothing for this long while deltas are outstanding
+    /// is unreachable: it no longer holds back local admissions (a cut-off region keeps
+    /// enforcing with what it knows), and its deltas wait, aggregated per key.
+    pub unreachable_after_ns: u64,
+    /// Messages sent and not yet acknowledged, per destination; past it new deltas wait in the
+    /// pending table, aggregated per key.
+    pub max_in_flight: usize,
+    /// Deltas in one message.
+    pub max_deltas_per_message: usize,
+    /// Keys with pending deltas, per destination. A global check that would add a key beyond
+    /// it is denied (counted as `refused_outbox_full`), so admitted consumption is never
+    /// dropped.
+    pub max_pending_keys: usize,
+    /// Senders whose sequence numbers a receiver tracks; deltas from more are refused (not
+    /// acknowledged, so they are sent again later, not lost).
+    pub max_senders: usize,
+    /// GCRA keys holding remote units their bucket could not take yet.
+    pub max_backlog_keys: usize,
+}
+
+impl Default for ExchangeConfig {
+    fn default() -> Self {
+        ExchangeConfig {
+            regions: 1,
+            sync_interval_ns: 100 * MS,
+            retransmit_ns: 400 * MS,
+            max_retransmit_ns: 2 * NANOS_PER_SEC,
+            unreachable_after_ns: 2 * NANOS_PER_SEC,
+            max_in_flight: 16,
+            max_deltas_per_message: 1_024,
+            max_pending_keys: 65_536,
+            max_senders: 1_024,
+            max_backlog_keys: 65_536,
+        }
+    }
+}
+
+impl ExchangeConfig {
+    /// A configuration for `regions` regions, everything else default.
+    pub fn for_regions(regions: usize) -> Self {
+        ExchangeConfig {
+            regions: regions.max(1),
+            ..ExchangeConfig::default()
+        }
+    }
+
+    /// The most a region may admit for a global key of `burst` beyond what every other region
+    /// has confirmed: `burst / regions`, at least 1.
+    pub fn share(&self, burst: u64) -> u64 {
+        (burst / self.regions.max(1) as u64).max(1)
+    }
+}
