@@ -365,6 +365,14 @@ impl Exchange {
         })
     }
 
+    /// Keys with deltas waiting to be sent, and messages awaiting acknowledgement, over every
+    /// destination (for metrics).
+    pub fn outbox_size(&self) -> (usize, usize) {
+        self.outboxes.values().fold((0, 0), |(keys, msgs), o| {
+            (keys + o.pending_keys(), msgs + o.in_flight())
+        })
+    }
+
     /// Remote GCRA units waiting for room in their bucket (for stats and tests).
     pub fn backlog_units(&self, key: BucketKey) -> u64 {
         self.backlog.get(&key).map_or(0, |e| e.1)
