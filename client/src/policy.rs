@@ -115,6 +115,7 @@ impl RequestInfo {
             api_key: self.api_key.as_deref(),
             tenant: self.tenant.as_deref(),
             plan: self.plan.as_deref(),
+            home_region: None,
         }
     }
 }

@@ -23,7 +23,8 @@ use floodgate::wire::{
     MAX_HANDOFF_PARTS, MAX_POLICY_TEXT_BYTES, ReplicateMessage, Replicated, WireBucket,
     WireDecision, WireLimits, decode_check_batch, decode_decisions, decode_error_frame,
     decode_gossip, decode_id_conflict, decode_policy_message, decode_policy_request,
-    decode_replicate, decode_slot_table, encode_frame, encode_message,
+    decode_region_ack, decode_region_deltas, decode_replicate, decode_scoped_check_batch,
+    decode_slot_table, encode_frame, encode_message,
 };
 use floodgate::{
     Algorithm, BucketKey, BucketState, BucketStore, BucketValue, Check, Clock, Decision, FakeClock,
@@ -218,6 +219,11 @@ fn decode_by_kind(payload: &[u8], kind: FrameKind) {
         FrameKind::Replicate => outcome(&decode_replicate(payload)),
         FrameKind::PolicyRequest => outcome(&decode_policy_request(payload)),
         FrameKind::Policy => outcome(&decode_policy_message(payload)),
+        FrameKind::ScopedCheckBatch => {
+            outcome(&decode_scoped_check_batch(payload, &WireLimits::default()))
+        }
+        FrameKind::RegionDeltas => outcome(&decode_region_deltas(payload)),
+        FrameKind::RegionAck => outcome(&decode_region_ack(payload)),
     };
 }
 
@@ -699,6 +705,7 @@ fn sample_requests() -> [RequestAttributes<'static>; 3] {
             api_key: Some("pk_live_acme_7f3a"),
             tenant: Some("acme%\u{1f}"),
             plan: None,
+            home_region: Some("eu"),
         },
         RequestAttributes {
             method: "delete",
@@ -708,6 +715,7 @@ fn sample_requests() -> [RequestAttributes<'static>; 3] {
             api_key: None,
             tenant: Some("t"),
             plan: Some("free"),
+            home_region: Some("not a region"),
         },
     ]
 }
@@ -841,6 +849,7 @@ pub fn request(data: &[u8]) -> Outcome {
         api_key,
         tenant,
         plan,
+        home_region: tenant,
     };
     let separator = KEY_SEPARATOR.len_utf8();
     for check in policy.checks_for(&attrs) {

@@ -14,7 +14,8 @@
 //!
 //! Modules:
 //! - [`rules`]: the validated model ([`Policy`], [`Rule`]) and `describe()`.
-//! - `parse`, `parse_limit` and `yaml`: the rules-file schema and position-carrying YAML reading.
+//! - `parse`, `parse_limit`, `parse_region` and `yaml`: the rules-file schema (regions, tenants
+//!   and scopes in `parse_region`) and position-carrying YAML reading.
 //! - [`pattern`]: path globs and request-path normalization; [`method`]: HTTP methods in rules.
 //! - [`engine`]: request attributes → planned checks and their keys.
 //! - [`verdict`](mod@verdict): outcomes → verdict and refunds; [`wait`]: the bound on waiting
@@ -30,6 +31,7 @@ pub mod json;
 pub mod method;
 mod parse;
 mod parse_limit;
+mod parse_region;
 pub mod pattern;
 pub mod rules;
 pub mod verdict;
@@ -42,7 +44,8 @@ pub use error::PolicyError;
 pub use http::HttpResponse;
 pub use parse::{DEFAULT_MAX_WAITING, MAX_RULES, MAX_WAITING};
 pub use parse_limit::MAX_WAIT_NS;
-pub use rules::{FailureMode, KeyPart, Mode, Policy, Rule, RuleLimit};
+pub use parse_region::{MAX_REGIONS, MAX_TENANTS};
+pub use rules::{FailureMode, KeyPart, Mode, Policy, Rule, RuleLimit, RuleScope};
 pub use verdict::{
     Action, CheckOutcome, RuleReport, RuleState, Source, UNAVAILABLE_RETRY_AFTER_NS, Verdict,
     verdict,
