@@ -64,13 +64,13 @@ impl SlidingLog {
             return;
         }
         let units = units.min(max_entries as u64) as usize;
-        let at = self.times_ns.partition_point(|&t| t <= at_ns);
-        for _ in 0..units {
-            self.times_ns.insert(at, at_ns);
-        }
-        while self.times_ns.len() > max_entries {
-            self.times_ns.pop_front();
-        }
+        // One pass, whatever `units` is: the old times, the new ones spliced in order, and the
+        // oldest dropped beyond the cap.
+        let mut times: Vec<u64> = self.times_ns.drain(..).collect();
+        let at = times.partition_point(|&t| t <= at_ns);
+        times.splice(at..at, std::iter::repeat_n(at_ns, units));
+        let excess = times.len().saturating_sub(max_entries);
+        self.times_ns = times.into_iter().skip(excess).collect();
     }
 
     /// Removes the last `cost` admitted units (rolls back an admission of a multi-check).

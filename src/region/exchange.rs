@@ -231,7 +231,11 @@ impl Exchange {
         };
         match inbox.arrive(batch.session, batch.seq) {
             Arrival::Apply => {
-                let units: u64 = batch.deltas.iter().map(|d| d.units).sum();
+                // Saturating: the units are a peer's claim, however large.
+                let units = batch
+                    .deltas
+                    .iter()
+                    .fold(0u64, |sum, d| sum.saturating_add(d.units));
                 inbox.applied_units = inbox.applied_units.saturating_add(units);
                 self.stats.applied_messages += 1;
                 for delta in &batch.deltas {
