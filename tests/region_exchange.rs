@@ -238,3 +238,47 @@ fn a_full_outbox_refuses_new_keys_rather_than_drop_their_units() {
     a.transmits(now);
     assert_eq!(a.admit(now, third, &limit, 1), 1);
 }
+
+/// The two halves of `check_global`, for an all-or-nothing group decided by the store: units
+/// are recorded only when the whole group passed.
+#[test]
+fn a_group_records_its_global_units_only_when_it_passes() {
+    let config = ExchangeConfig::for_regions(2);
+    let global = Limit::gcra(10, S, 10).unwrap();
+    let local = Limit::gcra(1, S, 1).unwrap();
+    let (g, l) = (BucketKey::for_key(b"global"), BucketKey::for_key(b"local"));
+    let mut a = side("a", &["b"], config);
+    let now = 10 * S;
+    let mut decide_group = |a: &mut Side| {
+        assert_eq!(
+            a.exchange
+                .hold_back(now, &a.store, g, &global, 1, &a.others)
+                .unwrap(),
+            None
+        );
+        let checks = [
+            floodgate::Check {
+                key: g,
+                limit: global,
+                cost: 1,
+            },
+            floodgate::Check {
+                key: l,
+                limit: local,
+                cost: 1,
+            },
+        ];
+        let mut decisions = Vec::new();
+        let passed = a.store.check_all(&checks, now, &mut decisions).unwrap();
+        if passed {
+            a.exchange.record_admitted(now, g, &global, 1, &a.others);
+        }
+        passed
+    };
+    assert!(decide_group(&mut a));
+    assert!(
+        !decide_group(&mut a),
+        "the local key is spent: the group is denied"
+    );
+    assert_eq!(a.exchange.unconfirmed(&peer("b"), g), 1);
+}

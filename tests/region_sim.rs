@@ -6,7 +6,7 @@
 use std::time::Instant;
 
 use floodgate::Algorithm;
-use floodgate::region::sim::{SimConfig, SimReport, run};
+use floodgate::region::sim::{SimConfig, SimReport, run, run_seed};
 
 const DEFAULT_SEEDS: u64 = 150;
 
@@ -101,9 +101,16 @@ fn without_the_share_rule_the_bound_breaks() {
     }
 }
 
-/// Same seed, same run.
+/// Same seed, same run; another seed, another run.
 #[test]
 fn a_seed_replays_exactly() {
     let config = SimConfig::for_seed(42, Algorithm::Gcra);
     assert_eq!(run(&config), run(&config));
+    let all = run_seed(42).unwrap_or_else(|failure| panic!("{failure}"));
+    assert_eq!(all.len(), Algorithm::ALL.len());
+    assert_eq!(all[0], run(&config).unwrap());
+    assert_ne!(
+        run_seed(43).unwrap()[0].admitted_before_cut,
+        all[0].admitted_before_cut
+    );
 }

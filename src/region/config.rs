@@ -63,9 +63,58 @@ impl ExchangeConfig {
         }
     }
 
+    /// This configuration with every setting brought into its working range: intervals of at
+    /// least 1 ms (a zero wait would resend forever within one `poll_transmit` loop), the
+    /// longest retransmission wait at least the first, every count at least 1.
+    pub fn sanitized(self) -> Self {
+        const MIN_NS: u64 = MS;
+        let retransmit_ns = self.retransmit_ns.max(MIN_NS);
+        ExchangeConfig {
+            regions: self.regions.max(1),
+            sync_interval_ns: self.sync_interval_ns.max(MIN_NS),
+            retransmit_ns,
+            max_retransmit_ns: self.max_retransmit_ns.max(retransmit_ns),
+            unreachable_after_ns: self.unreachable_after_ns.max(MIN_NS),
+            max_in_flight: self.max_in_flight.max(1),
+            max_deltas_per_message: self.max_deltas_per_message.max(1),
+            max_pending_keys: self.max_pending_keys.max(1),
+            max_senders: self.max_senders.max(1),
+            max_backlog_keys: self.max_backlog_keys,
+        }
+    }
+
     /// The most a region may admit for a global key of `burst` beyond what every other region
     /// has confirmed: `burst / regions`, at least 1.
     pub fn share(&self, burst: u64) -> u64 {
         (burst / self.regions.max(1) as u64).max(1)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn zero_settings_are_brought_into_range() {
+        let config = ExchangeConfig {
+            regions: 0,
+            sync_interval_ns: 0,
+            retransmit_ns: 0,
+            max_retransmit_ns: 0,
+            unreachable_after_ns: 0,
+            max_in_flight: 0,
+            max_deltas_per_message: 0,
+            max_pending_keys: 0,
+            max_senders: 0,
+            max_backlog_keys: 0,
+        }
+        .sanitized();
+        assert_eq!(config.regions, 1);
+        assert_eq!(config.retransmit_ns, MS);
+        assert_eq!(config.max_retransmit_ns, MS);
+        assert_eq!(config.max_in_flight, 1);
+        assert_eq!(config.share(10), 10);
+        assert_eq!(ExchangeConfig::for_regions(3).share(10), 3);
+        assert_eq!(ExchangeConfig::for_regions(3).share(2), 1);
     }
 }

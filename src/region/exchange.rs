@@ -65,7 +65,7 @@ impl Exchange {
     /// start time in ns), so peers tell a restart from a replay.
     pub fn new(config: ExchangeConfig, me: Peer, session: u64) -> Self {
         Exchange {
-            config,
+            config: config.sanitized(),
             me,
             session,
             outboxes: BTreeMap::new(),
@@ -130,9 +130,33 @@ impl Exchange {
         cost: u64,
         others: &[Peer],
     ) -> Result<Decision, StoreError> {
+        if let Some(denied) = self.hold_back(now_ns, store, key, limit, cost, others)? {
+            return Ok(denied);
+        }
+        let decision = store.check(key, limit, cost, now_ns)?;
+        if decision.is_allowed() {
+            self.record_admitted(now_ns, key, limit, cost, others);
+        }
+        Ok(decision)
+    }
+
+    /// The first half of [`Exchange::check_global`], for callers that decide the bucket
+    /// themselves (an all-or-nothing group): brings the key's backlogged remote units into its
+    /// bucket, then returns the denial if the admission rule (or a full outbox) holds the check
+    /// back, `None` if the bucket may decide it. Follow an admission with
+    /// [`Exchange::record_admitted`].
+    pub fn hold_back(
+        &mut self,
+        now_ns: u64,
+        store: &BucketStore,
+        key: BucketKey,
+        limit: &Limit,
+        cost: u64,
+        others: &[Peer],
+    ) -> Result<Option<Decision>, StoreError> {
         self.absorb_backlog(now_ns, store, key, limit)?;
         if cost == 0 || cost > limit.burst() {
-            return store.check(key, limit, cost, now_ns);
+            return Ok(None);
         }
         let share = self.config.share(limit.burst());
         for dest in others.iter().filter(|d| d.region != self.me.region) {
@@ -142,24 +166,38 @@ impl Exchange {
                 .or_insert_with(Outbox::new);
             if !outbox.can_hold(key, &self.config) {
                 self.stats.refused_outbox_full += 1;
-                return self.held_back(now_ns, store, key, limit);
+                return self.held_back(now_ns, store, key, limit).map(Some);
             }
             if outbox.is_reachable(now_ns, &self.config)
                 && !share_allows(outbox.unconfirmed(key), cost, share)
             {
                 self.stats.denied_by_share += 1;
-                return self.held_back(now_ns, store, key, limit);
+                return self.held_back(now_ns, store, key, limit).map(Some);
             }
         }
-        let decision = store.check(key, limit, cost, now_ns)?;
-        if decision.is_allowed() {
-            for dest in others.iter().filter(|d| d.region != self.me.region) {
-                if let Some(outbox) = self.outboxes.get_mut(dest) {
-                    outbox.record(key, limit, cost, now_ns);
-                }
-            }
+        Ok(None)
+    }
+
+    /// Queues `cost` units of `key`, admitted here, for each of `others` (the second half of
+    /// [`Exchange::check_global`]). A destination whose pending table is full still takes
+    /// them if `hold_back` let the check through just before.
+    pub fn record_admitted(
+        &mut self,
+        now_ns: u64,
+        key: BucketKey,
+        limit: &Limit,
+        cost: u64,
+        others: &[Peer],
+    ) {
+        if cost == 0 {
+            return;
         }
-        Ok(decision)
+        for dest in others.iter().filter(|d| d.region != self.me.region) {
+            self.outboxes
+                .entry(dest.clone())
+                .or_insert_with(Outbox::new)
+                .record(key, limit, cost, now_ns);
+        }
     }
 
     /// A denial for a check the admission rule held back: the bucket's own view, and a retry

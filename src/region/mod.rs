@@ -17,6 +17,7 @@
 //! - `inbox`: per sender, exactly-once application by sequence number.
 //! - `admission`: the local admission rule for global keys and its bound.
 //! - `exchange`: [`Exchange`], the machine tying them to a [`crate::BucketStore`].
+//! - `home`: [`home_fallback_limit`], a `home` check's local share when its home is away.
 //! - [`sim`]: a seeded simulation of three regions over a lossy network, asserting the bound.
 //! - `rng`: [`SplitMix64`], the simulation's PRNG.
 
@@ -24,6 +25,7 @@ mod admission;
 mod config;
 mod delta;
 mod exchange;
+mod home;
 mod inbox;
 mod outbox;
 mod rng;
@@ -34,6 +36,7 @@ pub use admission::{over_admission_bound, share_allows};
 pub use config::ExchangeConfig;
 pub use delta::{Delta, DeltaAck, DeltaBatch, MAX_ACK_RANGES, Outgoing, Peer, Transmit};
 pub use exchange::{Exchange, ExchangeStats};
+pub use home::home_fallback_limit;
 pub use inbox::DEDUPE_WINDOW;
 pub use rng::SplitMix64;
 pub use scope::{MAX_REGION_NAME_BYTES, RegionName, RegionNameError, Scope, ScopeError};

@@ -217,6 +217,15 @@ struct Region {
     admitted: u64,
 }
 
+/// Runs the standard simulation of `seed` for every algorithm (what `floodgate-chaos sim
+/// --seed S` is to run): every report, or the first failure.
+pub fn run_seed(seed: u64) -> Result<Vec<SimReport>, SimFailure> {
+    Algorithm::ALL
+        .into_iter()
+        .map(|algorithm| run(&SimConfig::for_seed(seed, algorithm)))
+        .collect()
+}
+
 /// Runs one simulation.
 pub fn run(config: &SimConfig) -> Result<SimReport, SimFailure> {
     let algorithm = config.limit.algorithm();
