@@ -249,7 +249,7 @@ fn a_group_records_its_global_units_only_when_it_passes() {
     let (g, l) = (BucketKey::for_key(b"global"), BucketKey::for_key(b"local"));
     let mut a = side("a", &["b"], config);
     let now = 10 * S;
-    let mut decide_group = |a: &mut Side| {
+    let decide_group = |a: &mut Side| {
         assert_eq!(
             a.exchange
                 .hold_back(now, &a.store, g, &global, 1, &a.others)
