@@ -1021,9 +1021,10 @@ pub fn region_messages(data: &[u8]) -> Outcome {
     }
 }
 
-/// Applies `batch` twice through an exchange: applied once, acknowledged as a duplicate once.
+/// Applies `batch` twice through an exchange: applied once, acknowledged as a duplicate once
+/// (or, numbered beyond the window, refused twice).
 fn apply_twice(batch: &floodgate::region::DeltaBatch) {
-    use floodgate::region::{Exchange, ExchangeConfig, Peer, RegionName};
+    use floodgate::region::{DEDUPE_WINDOW, Exchange, ExchangeConfig, Peer, RegionName};
     let receiver = RegionName::new(REGION_TARGET_RECEIVER).expect("a valid region name");
     let mut exchange = Exchange::new(ExchangeConfig::for_regions(3), Peer::new(receiver, "n"), 1);
     let store = BucketStore::new(StoreConfig {
@@ -1034,6 +1035,14 @@ fn apply_twice(batch: &floodgate::region::DeltaBatch) {
     let now = 1_700_000_000 * NANOS_PER_SEC;
     exchange.handle_deltas(now, batch, &store);
     exchange.handle_deltas(now, batch, &store);
+    assert!(store.len() <= store.max_keys());
+    if batch.seq >= 1 + DEDUPE_WINDOW {
+        // Too far ahead of a new sender's first number: refused both times, not acknowledged.
+        assert_eq!(exchange.applied_from(&batch.from), 0);
+        assert_eq!(exchange.stats().refused_messages, 2);
+        assert!(exchange.poll_transmit(now).is_none());
+        return;
+    }
     let units = batch
         .deltas
         .iter()
@@ -1044,5 +1053,4 @@ fn apply_twice(batch: &floodgate::region::DeltaBatch) {
         exchange.poll_transmit(now).is_some(),
         "an acknowledgement is owed"
     );
-    assert!(store.len() <= store.max_keys());
 }
