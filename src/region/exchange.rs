@@ -324,19 +324,24 @@ impl Exchange {
                 let room = self.backlog.len() < self.config.max_backlog_keys
                     || self.backlog.contains_key(&key);
                 if !room {
-                    self.stats.units_forgiven += left;
+                    self.stats.units_forgiven = self.stats.units_forgiven.saturating_add(left);
                     return;
                 }
                 let entry = self.backlog.entry(key).or_insert((*limit, 0));
                 entry.0 = *limit;
                 let held = entry.1.saturating_add(left);
                 entry.1 = held.min(most);
-                self.stats.units_forgiven += held - entry.1;
+                // Saturating: a peer's claims can be as large as u64 allows.
+                self.stats.units_forgiven =
+                    self.stats.units_forgiven.saturating_add(held - entry.1);
                 if entry.1 == 0 {
                     self.backlog.remove(&key);
                 }
             }
-            Err(_) => self.stats.units_lost_store_full += units,
+            Err(_) => {
+                self.stats.units_lost_store_full =
+                    self.stats.units_lost_store_full.saturating_add(units);
+            }
         }
     }
 
