@@ -32,9 +32,14 @@ fn sweep(algorithm: Algorithm) {
     let mut worst: Option<SimReport> = None;
     let mut worst_partition: Option<SimReport> = None;
     let (mut admitted, mut exact) = (0u64, 0u64);
+    let mut least = (f64::MAX, 0u64);
     for &seed in &seeds {
         let report = run(&SimConfig::for_seed(seed, algorithm))
             .unwrap_or_else(|failure| panic!("{failure}"));
+        let ratio = report.admitted_before_cut as f64 / report.exact_before_cut.max(1) as f64;
+        if ratio < least.0 {
+            least = (ratio, seed);
+        }
         admitted += report.admitted_before_cut;
         exact += report.exact_before_cut;
         if worst_partition
@@ -53,7 +58,7 @@ fn sweep(algorithm: Algorithm) {
     let worst = worst.expect("at least one seed ran");
     let cut = worst_partition.expect("at least one seed ran");
     println!(
-        "{algorithm}: {} seeds in {:.1?}: worst over-admission {:.2} units (bound {}, seed {}), during partitions {:.2} (bound {}, seed {}); before the cuts {admitted} units admitted where one exact limiter admits {exact}",
+        "{algorithm}: {} seeds in {:.1?}: worst over-admission {:.2} units (bound {}, seed {}), during partitions {:.2} (bound {}, seed {}); before the cuts {admitted} units admitted where one exact limiter admits {exact} (least {:.0}%, seed {})",
         seeds.len(),
         started.elapsed(),
         worst.worst.normal,
@@ -62,6 +67,8 @@ fn sweep(algorithm: Algorithm) {
         cut.worst.partition,
         cut.bounds.partition,
         cut.seed,
+        least.0 * 100.0,
+        least.1,
     );
 }
 

@@ -5,8 +5,9 @@
 //!
 //! - the documented bound on over-admission (`super::admission`) in every window: the normal
 //!   bound outside the partition, the partition bound in windows overlapping it or its settling;
-//! - liveness: before the partition, the regions together admit at least half of what the
-//!   limit allows of what was asked;
+//! - liveness: before the partition, the regions together admit at least 40% of what one
+//!   exact limiter would admit of the same requests (the admission rule costs throughput, it
+//!   must not starve a key);
 //! - exactly-once and convergence: after the traffic stops and the network drains, every
 //!   region has confirmed all it admitted, and each region applied from each other region
 //!   exactly the units that region admitted (never more, at any time).
@@ -51,7 +52,9 @@ pub struct SimConfig {
     pub seed: u64,
     pub limit: Limit,
     pub regions: usize,
-    /// Traffic arrives in `[0, traffic_ns)`; the run goes on for `drain_ns` more.
+    /// Traffic arrives in `[0, traffic_ns)`; the run goes on for `drain_ns` more (long enough
+    /// for the last message to get through a lossy network: 12 s is about ten rounds of the
+    /// longest retransmission wait, each lost with about 10% chance).
     pub traffic_ns: u64,
     pub drain_ns: u64,
     pub traffic: TrafficConfig,
@@ -60,12 +63,17 @@ pub struct SimConfig {
     /// The regions the bound is computed for (normally `regions`; a test sets the exchange's
     /// own `regions` lower to show the judge catches a weaker admission rule).
     pub bound_regions: usize,
+    /// Before the partition, the regions must admit at least this share (in percent) of what
+    /// one exact limiter admits of the same requests.
+    pub min_throughput_percent: u64,
 }
 
 impl SimConfig {
     /// The standard run for `seed` and `algorithm`: 3 regions, 100 units/s (GCRA: burst 50),
-    /// 8 s of traffic, 5% loss, 3% duplicates, 20-150 ms delays, and one region cut off for
-    /// 1.5-3 s starting between 2.5 and 3.5 s (which region, when and how long from the seed).
+    /// 10 s of traffic and 12 s to drain, 5% loss, 3% duplicates, 20-150 ms delays, and one
+    /// region cut off for 1.5-3 s starting between 2.5 and 3.5 s (which region, when and how
+    /// long from the seed); the exchange as by default but for 1 s to call a region
+    /// unreachable and a longest retransmission wait of 1 s.
     pub fn for_seed(seed: u64, algorithm: Algorithm) -> Self {
         let regions = 3;
         let limit = match algorithm {
@@ -85,7 +93,7 @@ impl SimConfig {
             limit,
             regions,
             traffic_ns: 10 * NANOS_PER_SEC,
-            drain_ns: 4 * NANOS_PER_SEC,
+            drain_ns: 12 * NANOS_PER_SEC,
             traffic: TrafficConfig::default(),
             network: NetworkConfig {
                 min_delay_ns: 20 * MS,
@@ -100,6 +108,7 @@ impl SimConfig {
                 ..ExchangeConfig::for_regions(regions)
             },
             bound_regions: regions,
+            min_throughput_percent: 40,
         }
     }
 
@@ -451,9 +460,10 @@ pub fn run(config: &SimConfig) -> Result<SimReport, SimFailure> {
     })
 }
 
-/// Before the partition, the regions together admit at least half of what one exact limiter
-/// would have admitted of the same requests (every region's arrivals merged, decided by one
-/// bucket): the admission rule may cost throughput, not starve the key. Returns both.
+/// Before the partition, the regions together admit at least `min_throughput_percent` of what
+/// one exact limiter would have admitted of the same requests (every region's arrivals merged,
+/// decided by one bucket): the admission rule may cost throughput, not starve the key. Returns
+/// both.
 fn check_liveness(
     config: &SimConfig,
     admissions: &[Admission],
@@ -481,7 +491,7 @@ fn check_liveness(
             ideal += cost;
         }
     }
-    if admitted < ideal / 2 {
+    if admitted * 100 < ideal * config.min_throughput_percent {
         return Err(format!(
             "only {admitted} units admitted before {}, where one exact limiter admits {ideal} of the same requests: the admission rule starves the key",
             ms(until)
