@@ -55,7 +55,7 @@ fn edges(dir: &str) -> BTreeMap<String, BTreeSet<String>> {
         .collect()
 }
 
-/// A cycle through `from`, if any (depth-first search over the edges).
+/// A cycle in the graph, if any (depth-first search over the edges).
 fn cycle(graph: &BTreeMap<String, BTreeSet<String>>) -> Option<Vec<String>> {
     fn visit(
         node: &str,
