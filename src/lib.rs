@@ -2,6 +2,8 @@
 //!
 //! - [`limit`]: [`Limit`], a rate limit that cannot be invalid, and parsing of rates and durations.
 //! - [`decision`]: [`Decision`], the answer to one check, as a value.
+//! - [`check`](mod@check): a check as a client asks it ([`check::Check`], with its failure mode)
+//!   and its [`check::Verdict`] (the decision and who made it: node, fallback, fail-closed).
 //! - [`algorithm`]: GCRA, fixed window, sliding-window counter and sliding-window log, each a pure
 //!   function of `(limit, state, now, cost)`.
 //! - [`key`]: [`BucketKey`], the fixed-size identity of a (rule, key) bucket.
@@ -19,6 +21,7 @@
 
 pub mod address;
 pub mod algorithm;
+pub mod check;
 pub mod clock;
 pub mod cluster;
 pub mod decision;

@@ -19,7 +19,7 @@ use crate::link::{self, LinkSettings, LinkState, NodeLink, NodeStatus};
 use crate::queue::{Call, Reply};
 use crate::slots::{ClusterTable, LinkFactory, Refresher, Routing};
 use crate::tls;
-use crate::verdict::{Check, DegradedReason, Source, Verdict};
+use floodgate::check::{Check, DegradedReason, Source, Verdict};
 
 /// What one node made of a call: an answer for the caller, or why it gave none.
 enum Attempt {
@@ -427,7 +427,7 @@ mod tests {
 
     use super::*;
     use crate::config::BreakerConfig;
-    use crate::verdict::FailureMode;
+    use floodgate::check::FailureMode;
 
     /// A client whose links never connect and whose tests play the node by taking calls from
     /// the queues directly: the caller's side (validation, timeouts, breaker, failure modes)

@@ -3,7 +3,7 @@
 use floodgate::{BucketKey, BucketStore, Decision, StoreConfig, StoreError};
 
 use crate::clock::EpochClock;
-use crate::verdict::{Check, DegradedReason, FailureMode, Source, Verdict};
+use floodgate::check::{Check, DegradedReason, FailureMode, Source, Verdict};
 
 /// Decides what nodes could not: `Open` checks through a local [`BucketStore`] with the same
 /// limits (degraded, not gone), `Closed` checks denied.
@@ -195,7 +195,7 @@ mod tests {
         let f = fallback();
         let group = [open("shared", 1), closed("login", 5)];
         let verdicts = f.resolve_all(&group, DegradedReason::CircuitOpen);
-        assert!(!crate::verdict::all_allowed(&verdicts));
+        assert!(!floodgate::check::all_allowed(&verdicts));
         // The open check only peeked: its single token is still there for a later group.
         assert!(verdicts[0].is_allowed());
         let alone = f.resolve_all(&[open("shared", 1)], DegradedReason::CircuitOpen);
@@ -208,11 +208,11 @@ mod tests {
     fn open_checks_of_a_group_are_all_or_nothing_in_the_fallback() {
         let f = fallback();
         // "b" allows one; the second group is denied by "b" and must not consume "a".
-        assert!(crate::verdict::all_allowed(&f.resolve_all(
+        assert!(floodgate::check::all_allowed(&f.resolve_all(
             &[open("a", 2), open("b", 1)],
             DegradedReason::Timeout
         )));
-        assert!(!crate::verdict::all_allowed(&f.resolve_all(
+        assert!(!floodgate::check::all_allowed(&f.resolve_all(
             &[open("a", 2), open("b", 1)],
             DegradedReason::Timeout
         )));
@@ -242,7 +242,7 @@ mod tests {
             &[Ok(node_allowed), Err(full)],
         );
         assert_eq!(verdicts[1].source, Source::FailClosed(full));
-        assert!(!crate::verdict::all_allowed(&verdicts));
+        assert!(!floodgate::check::all_allowed(&verdicts));
     }
 
     #[test]
@@ -255,7 +255,7 @@ mod tests {
         };
         let full = DegradedReason::Refused(floodgate::wire::ErrorCode::StoreFull);
         let verdicts = f.resolve(&[open("x", 1), open("y", 1)], &[Ok(node_denied), Err(full)]);
-        assert!(!crate::verdict::all_allowed(&verdicts));
+        assert!(!floodgate::check::all_allowed(&verdicts));
         // "y" peeked only: its one token is still there.
         assert!(f.resolve_all(&[open("y", 1)], full)[0].is_allowed());
     }

@@ -58,7 +58,6 @@ mod slots;
 mod tls;
 #[cfg(feature = "tower")]
 pub mod tower;
-mod verdict;
 
 pub use address::HostPort;
 pub use client::Client;
@@ -73,7 +72,8 @@ pub use policy::{
     RequestInfo,
 };
 pub use slots::{ClusterMember, ClusterTable, TableChanges, fetch_slot_table};
-pub use verdict::{Check, DegradedReason, FailureMode, Source, Verdict, all_allowed};
+/// What a caller sends and gets back: the core's types, re-exported.
+pub use floodgate::check::{Check, DegradedReason, FailureMode, Source, Verdict, all_allowed};
 
 /// The core whose types the client speaks (`Limit`, `Decision`, ...), re-exported for gateways.
 pub use floodgate as core;

@@ -23,7 +23,7 @@ use crate::config::{BackoffConfig, ClientConfig};
 use crate::error::{ConfigError, is_bad_request};
 use crate::queue::{Call, CallQueue, Reply};
 use crate::slots::TableHint;
-use crate::verdict::DegradedReason;
+use floodgate::check::DegradedReason;
 
 /// Largest answer frame accepted: a full batch of 4,096 decisions is about 130 KiB.
 const MAX_ANSWER_BYTES: usize = 1 << 20;

@@ -12,19 +12,18 @@
 //! applies meanwhile. [`RateLimiter::policy_source`] says where the rules in force came from, and
 //! the switch to a node's rules is logged.
 //!
-//! All-or-nothing across rules: the enforced checks of a request are decided as one group per
-//! owning node (one group when every key lives on one node, which the node decides atomically);
-//! when they span nodes and the request does not pass, what the other nodes took is refunded
-//! before the answer is returned. Shadow checks are decided apart (each alone), so a shadow
-//! denial never undoes an enforced check.
+//! All-or-nothing across rules: the core groups a request's checks into calls, one per owning
+//! node, each shadow check alone ([`floodgate::policy::grouping`]); when they span nodes and the
+//! request does not pass, what the other nodes took is refunded before the answer is returned.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
+use floodgate::check::{Check, Verdict as CheckVerdict};
 use floodgate::policy::{
-    self, Action, CheckOutcome, HttpResponse, PlannedCheck, Policy, RequestAttributes, Verdict,
-    WaitBound, client_ip,
+    self, Action, CheckGroup, HttpResponse, PlannedCheck, Policy, RequestAttributes, RoundOutcomes,
+    Verdict, WaitBound, client_ip,
 };
 use floodgate::wire::{
     FrameKind, FrameReader, PolicyMessage, PolicyRequest, decode_error_frame,
@@ -39,7 +38,6 @@ use crate::address::HostPort;
 use crate::client::Client;
 use crate::config::ClientConfig;
 use crate::error::ClientError;
-use crate::verdict::{Check, FailureMode, Source, Verdict as CheckVerdict, all_allowed};
 use crate::{link, tls};
 
 /// How the limiter keeps its policy.
@@ -368,119 +366,48 @@ impl RateLimiter {
             return (policy.verdict(planned, &[]), 0);
         }
         let client = &self.inner.client;
-        // Enforced checks: one group per owning node. Shadow checks: each alone.
-        let mut groups: Vec<(Option<usize>, Vec<usize>)> = Vec::new();
-        for (i, check) in planned.iter().enumerate() {
-            if check.shadow {
-                groups.push((None, vec![i]));
-                continue;
-            }
-            let owner = client.owner_of(&check.key);
-            match groups.iter_mut().find(|(o, _)| *o == Some(owner)) {
-                Some((_, members)) => members.push(i),
-                None => groups.push((Some(owner), vec![i])),
-            }
+        let groups = policy::group_by_owner(planned, |key| client.owner_of(key));
+        let answers = run_calls(client, &groups).await;
+        let mut round = RoundOutcomes::new(planned.len());
+        for (group, answer) in groups.iter().zip(&answers) {
+            // A refused call (never expected: keys and limits come from a valid policy) leaves
+            // its checks unreachable.
+            round.add(group, answer.as_deref().ok());
         }
-        let calls: Vec<(Vec<usize>, Vec<Check>)> = groups
-            .into_iter()
-            .map(|(_, members)| {
-                let checks = members.iter().map(|&i| to_check(&planned[i])).collect();
-                (members, checks)
-            })
-            .collect();
-        let answers = run_calls(client, calls).await;
-        let mut outcomes = vec![CheckOutcome::Unreachable; planned.len()];
-        let mut fallbacks = 0;
-        for (members, answer) in answers {
-            let Ok(verdicts) = answer else {
-                // A refused call (never expected: keys and limits come from a valid policy).
-                fallbacks += members.len();
-                continue;
-            };
-            // A group that did not pass as a whole consumed nothing (the node undid it; the
-            // fallback only peeked).
-            let group_passed = all_allowed(&verdicts);
-            for (&i, v) in members.iter().zip(&verdicts) {
-                fallbacks += usize::from(v.source != Source::Node);
-                outcomes[i] = to_outcome(v, group_passed);
-            }
-        }
-        let verdict = policy.verdict(planned, &outcomes);
-        let refunds: Vec<Check> = planned
-            .iter()
-            .zip(&verdict.rules)
-            .zip(&outcomes)
-            .filter(|((_, report), outcome)| {
-                report.refund
-                    && matches!(
-                        outcome,
-                        CheckOutcome::Decided {
-                            source: policy::Source::Node,
-                            ..
-                        }
-                    )
-            })
-            .map(|((check, _), _)| to_check(check))
-            .collect();
+        let verdict = policy.verdict(planned, &round.outcomes);
+        let refunds: Vec<Check> = verdict.refunds(planned).iter().map(|p| p.check()).collect();
         if !refunds.is_empty() {
             // Before answering, so the next request sees the other rules' buckets as they were.
-            // Fallback buckets are not refunded: they are local, approximate and short-lived.
             let _ = client.refund(&refunds).await;
         }
+        let fallbacks = round.not_by_node;
         (verdict, fallbacks)
     }
 }
 
-/// Decides each call (concurrently when there are several).
+/// Decides each call, concurrently when there are several; the answers in the calls' order.
 async fn run_calls(
     client: &Client,
-    calls: Vec<(Vec<usize>, Vec<Check>)>,
-) -> Vec<(Vec<usize>, Result<Vec<CheckVerdict>, ClientError>)> {
-    if calls.len() == 1 {
-        let mut calls = calls;
-        let (members, checks) = calls.remove(0);
-        let answer = client.check(&checks).await;
-        return vec![(members, answer)];
+    groups: &[CheckGroup],
+) -> Vec<Result<Vec<CheckVerdict>, ClientError>> {
+    if let [group] = groups {
+        return vec![client.check(&group.checks).await];
     }
     let mut set = JoinSet::new();
-    for (members, checks) in calls {
-        let client = client.clone();
-        set.spawn(async move {
-            let answer = client.check(&checks).await;
-            (members, answer)
-        });
+    for (i, group) in groups.iter().enumerate() {
+        let (client, checks) = (client.clone(), group.checks.clone());
+        set.spawn(async move { (i, client.check(&checks).await) });
     }
-    let mut answers = Vec::new();
+    // A call task only panics if the runtime is shutting down; its checks stay unreachable.
+    let mut answers: Vec<Result<Vec<CheckVerdict>, ClientError>> = (0..groups.len())
+        .map(|_| Err(ClientError::Unavailable("the call did not finish".to_owned())))
+        .collect();
     while let Some(joined) = set.join_next().await {
-        // A call task only panics if the runtime is shutting down; its checks stay unreachable.
-        if let Ok(answer) = joined {
-            answers.push(answer);
+        if let Ok((i, answer)) = joined {
+            answers[i] = answer;
         }
     }
     answers
-}
-
-fn to_check(planned: &PlannedCheck) -> Check {
-    Check::new(planned.key.clone(), planned.limit)
-        .cost(planned.cost)
-        .failure_mode(match planned.failure_mode {
-            policy::FailureMode::Open => FailureMode::Open,
-            policy::FailureMode::Closed => FailureMode::Closed,
-        })
-}
-
-fn to_outcome(verdict: &CheckVerdict, group_passed: bool) -> CheckOutcome {
-    let outcome = match verdict.source {
-        Source::Node => CheckOutcome::node(verdict.decision),
-        Source::Fallback(_) => CheckOutcome::fallback(verdict.decision),
-        // Nobody decided: the policy turns an enforced fail-closed rule into a 503.
-        Source::FailClosed(_) => return CheckOutcome::Unreachable,
-    };
-    if group_passed {
-        outcome
-    } else {
-        outcome.rolled_back()
-    }
 }
 
 impl Inner {
@@ -715,7 +642,7 @@ pub fn planned_checks(policy: &Policy, request: &RequestInfo) -> Vec<(PlannedChe
         .checks_for(&request.attributes(ip))
         .into_iter()
         .map(|p| {
-            let check = to_check(&p);
+            let check = p.check();
             (p, check)
         })
         .collect()

