@@ -37,8 +37,9 @@
 //! - [`tower`](mod@tower) (feature `tower`): `RateLimitLayer`, the limiter as a `tower::Layer`.
 //! - `fallback`: failure modes, with a local bucket store for `Open` checks; `clock`: its time.
 //!
-//! The `floodgate` binary (`src/bin/floodgate.rs`, feature `cli`) sends checks from a shell;
-//! [`logging`] (feature `cli`) sets up its log output and the example gateway's.
+//! The `floodgate` command (package `floodgate-cli`, in `client/cli`) sends checks from a shell;
+//! [`logging`] (feature `logging`) sets up its log output and the example gateway's. No feature
+//! is on by default: a gateway links the library alone.
 
 mod address;
 mod backoff;
@@ -49,7 +50,7 @@ mod config;
 mod error;
 mod fallback;
 mod link;
-#[cfg(feature = "cli")]
+#[cfg(feature = "logging")]
 pub mod logging;
 pub mod policy;
 mod queue;

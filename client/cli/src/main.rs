@@ -37,7 +37,7 @@ struct Cli {
     /// The client library's log lines as `text` or `json`, on stderr. `RUST_LOG` chooses them
     /// (default `error`: the command reports its own errors; `RUST_LOG=debug` shows why a node
     /// could not be reached, reconnects and table fetches).
-    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
+    #[arg(long, global = true, default_value_t = LogFormat::Text)]
     log_format: LogFormat,
 }
 
