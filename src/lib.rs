@@ -1,4 +1,4 @@
-//! floodgate's decision core: pure, no I/O, no runtime, no clock reads.
+//! floodgate's decision core: pure, no I/O, no runtime; decisions never read a clock.
 //!
 //! - [`limit`]: [`Limit`], a rate limit that cannot be invalid, and parsing of rates and durations.
 //! - [`decision`]: [`Decision`], the answer to one check, as a value.
@@ -14,7 +14,8 @@
 //! - [`policy`]: the rules file, request → checks → verdict, and the HTTP answer (429/503 fields).
 //! - [`rls`]: Envoy's rate limit service: envoyproxy/ratelimit's config, matching, answers.
 //! - [`cluster`]: slots and ownership (the slot table), sans I/O.
-//! - [`clock`]: the [`Clock`] trait and the [`FakeClock`] tests use.
+//! - [`clock`]: the [`Clock`] trait, the [`EpochClock`] the node and the client read (Unix time
+//!   that never goes backwards) and the [`FakeClock`] tests use.
 //!
 //! Time is always `now_ns`: nanoseconds from an origin the caller picks (the node uses the Unix
 //! epoch) and that never goes backwards.
@@ -33,7 +34,7 @@ pub mod store;
 pub mod wire;
 
 pub use address::HostPort;
-pub use clock::{Clock, FakeClock};
+pub use clock::{Clock, EpochClock, FakeClock};
 pub use decision::Decision;
 pub use key::BucketKey;
 pub use limit::{

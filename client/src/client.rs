@@ -12,12 +12,16 @@ use tokio::time::Instant;
 
 use crate::address::HostPort;
 use crate::breaker::Admit;
+use crate::cluster_table::ClusterTable;
 use crate::config::{ClientConfig, MAX_KEY_BYTES, validate_nodes};
+use crate::dial;
 use crate::error::{ClientError, ConfigError};
 use crate::fallback::Fallback;
-use crate::link::{self, LinkSettings, LinkState, NodeLink, NodeStatus};
+use crate::link::{self, LinkSettings, NodeLink};
 use crate::queue::{Call, Reply};
-use crate::slots::{ClusterTable, LinkFactory, Refresher, Routing};
+use crate::refresher::{LinkFactory, Refresher};
+use crate::routing::{Routing, TableChanges};
+use crate::status::{LinkState, NodeStatus};
 use crate::tls;
 use floodgate::check::{Check, DegradedReason, Source, Verdict};
 
@@ -91,8 +95,8 @@ impl Client {
         let mut endpoints = Vec::with_capacity(nodes.len());
         let mut links = Vec::with_capacity(nodes.len());
         for node in &nodes {
-            let addr = link::first_address(node, config.connect_timeout).await;
-            endpoints.push(link::endpoint_for(addr, quic.clone())?);
+            let addr = dial::first_address(node, config.connect_timeout).await;
+            endpoints.push(dial::endpoint_for(addr, quic.clone())?);
             links.push(Arc::new(NodeLink::seed(node.clone(), addr, &config)));
         }
         // Before the links connect: each subscribes to its node's table pushes on connecting.
@@ -223,7 +227,7 @@ impl Client {
     }
 
     /// Wakes on every change of [`Client::slot_table`] and the links it routes to.
-    pub fn table_changes(&self) -> crate::slots::TableChanges {
+    pub fn table_changes(&self) -> TableChanges {
         self.inner.routing.changes()
     }
 
@@ -520,7 +524,7 @@ mod tests {
     async fn invalid_calls_are_bad_requests() {
         let client = offline_client(&config(), 1);
         let err = client.check(&[]).await.unwrap_err();
-        assert_eq!(err.kind(), crate::ErrorKind::BadRequest);
+        assert_eq!(err.kind(), crate::error::ErrorKind::BadRequest);
         let long = Check::new(vec![b'k'; MAX_KEY_BYTES + 1], limit());
         let err = client.check(&[long]).await.unwrap_err();
         assert!(err.to_string().contains("257 bytes"), "{err}");

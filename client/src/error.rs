@@ -28,7 +28,7 @@ pub enum ConfigError {
     #[error("no node addresses given")]
     NoNodes,
     #[error("node {0} is listed twice")]
-    DuplicateNode(crate::HostPort),
+    DuplicateNode(crate::address::HostPort),
     #[error("{field}: {problem}")]
     Invalid {
         field: &'static str,

@@ -1,16 +1,26 @@
 //! Failure modes: deciding checks a node did not decide, with a local fallback store.
 
-use floodgate::{BucketKey, BucketStore, Decision, StoreConfig, StoreError};
+use floodgate::clock::{Elapsed, EpochClock};
+use floodgate::{BucketKey, BucketStore, Clock, Decision, StoreConfig, StoreError};
 
-use crate::clock::EpochClock;
 use floodgate::check::{Check, DegradedReason, FailureMode, Source, Verdict};
+
+/// The fallback store's monotonic clock: tokio's, so tests with paused time move its buckets.
+#[derive(Debug, Clone, Copy)]
+struct TokioElapsed(tokio::time::Instant);
+
+impl Elapsed for TokioElapsed {
+    fn elapsed_ns(&self) -> u64 {
+        u64::try_from(self.0.elapsed().as_nanos()).unwrap_or(u64::MAX)
+    }
+}
 
 /// Decides what nodes could not: `Open` checks through a local [`BucketStore`] with the same
 /// limits (degraded, not gone), `Closed` checks denied.
 #[derive(Debug)]
 pub(crate) struct Fallback {
     store: BucketStore,
-    clock: EpochClock,
+    clock: EpochClock<TokioElapsed>,
     /// `retry_after` of a fail-closed denial: the breaker cooldown, the soonest a node may be
     /// asked again.
     closed_retry_after_ns: u64,
@@ -20,7 +30,7 @@ impl Fallback {
     pub(crate) fn new(store: StoreConfig, closed_retry_after_ns: u64) -> Result<Self, StoreError> {
         Ok(Fallback {
             store: BucketStore::new(store)?,
-            clock: EpochClock::new(),
+            clock: EpochClock::starting(TokioElapsed(tokio::time::Instant::now())),
             closed_retry_after_ns,
         })
     }
@@ -141,6 +151,14 @@ mod tests {
     use super::*;
 
     const COOLDOWN_NS: u64 = 1_000_000_000;
+
+    #[tokio::test(start_paused = true)]
+    async fn the_fallback_clock_follows_tokio_time_from_unix_time() {
+        let clock = EpochClock::starting(TokioElapsed(tokio::time::Instant::now()));
+        let start = clock.now_ns();
+        tokio::time::advance(std::time::Duration::from_millis(250)).await;
+        assert_eq!(clock.now_ns() - start, 250_000_000);
+    }
 
     fn fallback() -> Fallback {
         Fallback::new(

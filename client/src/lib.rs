@@ -35,7 +35,8 @@
 //! - [`policy`]: [`RateLimiter`]: the rules from the nodes, a request's checks → verdict →
 //!   HTTP answer, with refunds across nodes and bounded waiting.
 //! - [`tower`](mod@tower) (feature `tower`): `RateLimitLayer`, the limiter as a `tower::Layer`.
-//! - `fallback`: failure modes, with a local bucket store for `Open` checks; `clock`: its time.
+//! - `fallback`: failure modes, with a local bucket store for `Open` checks (on the core's
+//!   `EpochClock`, moved by tokio's time).
 //!
 //! The `floodgate` command (package `floodgate-cli`, in `client/cli`) sends checks from a shell;
 //! [`logging`] (feature `logging`) sets up its log output and the example gateway's. No feature
@@ -45,8 +46,9 @@ mod address;
 mod backoff;
 mod breaker;
 mod client;
-mod clock;
+mod cluster_table;
 mod config;
+mod dial;
 mod error;
 mod fallback;
 mod link;
@@ -54,27 +56,33 @@ mod link;
 pub mod logging;
 pub mod policy;
 mod queue;
+mod refresher;
+mod request;
 mod router;
-mod slots;
+mod routing;
+mod status;
+mod table_feed;
 mod tls;
 #[cfg(feature = "tower")]
 pub mod tower;
 
 pub use address::HostPort;
 pub use client::Client;
+pub use cluster_table::{ClusterMember, ClusterTable};
 pub use config::{
     BackoffConfig, BreakerConfig, CaSource, ClientAuth, ClientConfig, MAX_CHECKS_PER_FRAME,
     MAX_KEY_BYTES, MAX_STREAMS_PER_CONNECTION,
 };
 pub use error::{ClientError, ConfigError, ErrorKind, classify_code};
-pub use link::{LinkState, NodeStatus};
+/// What a caller sends and gets back: the core's types, re-exported.
+pub use floodgate::check::{Check, DegradedReason, FailureMode, Source, Verdict, all_allowed};
 pub use policy::{
     LimiterConfig, LimiterError, PolicyChanges, PolicySource, RateLimiter, RequestDecision,
     RequestInfo,
 };
-pub use slots::{ClusterMember, ClusterTable, TableChanges, fetch_slot_table};
-/// What a caller sends and gets back: the core's types, re-exported.
-pub use floodgate::check::{Check, DegradedReason, FailureMode, Source, Verdict, all_allowed};
+pub use routing::TableChanges;
+pub use status::{LinkState, NodeStatus};
+pub use table_feed::fetch_slot_table;
 
 /// The core whose types the client speaks (`Limit`, `Decision`, ...), re-exported for gateways.
 pub use floodgate as core;

@@ -459,15 +459,18 @@ async fn the_composite_key_limits_each_user_on_each_endpoint() {
 }
 
 /// Rule `search-ip` (shadow): never denies and is never advertised, but what it would deny is
-/// counted in the gateway's metrics. Its rate is lowered from 20/s to 20/hour (the burst stays
+/// counted in the gateway's metrics. Its rate is lowered from 20/s to 20/h (the burst stays
 /// 20), so the counts are exact however slowly the requests go.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shadow_rules_never_deny_but_are_counted() {
     let rules = EXAMPLE.replace(
         "key: ip\n    limit: 20/s\n    mode: shadow",
-        "key: ip\n    limit: 20/hour\n    mode: shadow",
+        "key: ip\n    limit: 20/h\n    mode: shadow",
     );
-    assert_ne!(rules, EXAMPLE, "the example's search-ip rule changed: update this test");
+    assert_ne!(
+        rules, EXAMPLE,
+        "the example's search-ip rule changed: update this test"
+    );
     let stack = Stack::start(&rules, 1).await;
     for _ in 0..60 {
         let ok = stack.send("GET", "/v1/search/shoes", &[]).await;
@@ -778,37 +781,4 @@ async fn a_local_policy_works_without_node_rules() {
     let _ = Check::new("unused", per_hour(1));
     limiter.close().await;
     node.shutdown().await;
-}
-
-/// `floodgate rules check FILE`: the example file is valid (exit 0, one line per rule); a broken
-/// file is named with line, column and a caret (exit 2).
-#[test]
-fn rules_check_validates_a_file_and_points_at_errors() {
-    let bin = env!("CARGO_BIN_EXE_floodgate");
-    let example = concat!(env!("CARGO_MANIFEST_DIR"), "/../rules/example.yaml");
-    let ok = std::process::Command::new(bin)
-        .args(["rules", "check", example])
-        .output()
-        .unwrap();
-    assert_eq!(ok.status.code(), Some(0));
-    let out = String::from_utf8_lossy(&ok.stdout);
-    assert!(out.starts_with("policy "), "{out}");
-    assert!(
-        out.contains("login: POST /v1/auth/login per ip: gcra 10/1min; fails closed"),
-        "{out}"
-    );
-    let dir = tempfile::tempdir().unwrap();
-    let bad = dir.path().join("bad.yaml");
-    std::fs::write(&bad, RELOAD_RULES.replace("3/min", "lots")).unwrap();
-    let err = std::process::Command::new(bin)
-        .args(["rules", "check", bad.to_str().unwrap()])
-        .output()
-        .unwrap();
-    assert_eq!(err.status.code(), Some(2));
-    let text = String::from_utf8_lossy(&err.stderr);
-    assert!(
-        text.contains("bad.yaml:5:12: `lots` is not a rate"),
-        "{text}"
-    );
-    assert!(text.contains("5 |     limit: lots"), "{text}");
 }

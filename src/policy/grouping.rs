@@ -86,10 +86,10 @@ impl RoundOutcomes {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::Decision;
     use crate::check::DegradedReason;
     use crate::policy::Policy;
     use crate::policy::RequestAttributes;
-    use crate::Decision;
 
     const RULES: &str = "\
 rules:
@@ -171,7 +171,10 @@ rules:
         };
         let mut round = RoundOutcomes::new(3);
         round.add(&group, Some(&[allowed, denied]));
-        assert_eq!(round.outcomes[0], CheckOutcome::node(allowed.decision).rolled_back());
+        assert_eq!(
+            round.outcomes[0],
+            CheckOutcome::node(allowed.decision).rolled_back()
+        );
         assert_eq!(
             round.outcomes[2],
             CheckOutcome::fallback(denied.decision, DegradedReason::Timeout).rolled_back()

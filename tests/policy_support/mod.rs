@@ -68,7 +68,11 @@ pub fn decide(
 ) -> Vec<CheckOutcome> {
     let mut round = RoundOutcomes::new(planned.len());
     for group in group_by_owner(planned, owner_of) {
-        let checks: Vec<_> = group.members.iter().map(|&i| planned[i].store_check()).collect();
+        let checks: Vec<_> = group
+            .members
+            .iter()
+            .map(|&i| planned[i].store_check())
+            .collect();
         let mut decisions = Vec::new();
         store.check_all(&checks, now, &mut decisions).unwrap();
         let verdicts: Vec<CheckVerdict> = decisions

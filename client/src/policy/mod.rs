@@ -16,7 +16,9 @@
 //! node, each shadow check alone ([`floodgate::policy::grouping`]); when they span nodes and the
 //! request does not pass, what the other nodes took is refunded before the answer is returned.
 
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+mod feed;
+
+use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
@@ -25,20 +27,18 @@ use floodgate::policy::{
     self, Action, CheckGroup, HttpResponse, PlannedCheck, Policy, RequestAttributes, RoundOutcomes,
     Verdict, WaitBound, client_ip,
 };
-use floodgate::wire::{
-    FrameKind, FrameReader, PolicyMessage, PolicyRequest, decode_error_frame,
-    decode_policy_message, encode_message,
-};
+use floodgate::wire::PolicyMessage;
 use parking_lot::Mutex;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
+use self::feed::PolicyFetcher;
+pub use self::feed::fetch_policy;
 use crate::address::HostPort;
 use crate::client::Client;
 use crate::config::ClientConfig;
 use crate::error::ClientError;
-use crate::{link, tls};
 
 /// How the limiter keeps its policy.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -400,7 +400,11 @@ async fn run_calls(
     }
     // A call task only panics if the runtime is shutting down; its checks stay unreachable.
     let mut answers: Vec<Result<Vec<CheckVerdict>, ClientError>> = (0..groups.len())
-        .map(|_| Err(ClientError::Unavailable("the call did not finish".to_owned())))
+        .map(|_| {
+            Err(ClientError::Unavailable(
+                "the call did not finish".to_owned(),
+            ))
+        })
         .collect();
     while let Some(joined) = set.join_next().await {
         if let Ok((i, answer)) = joined {
@@ -515,125 +519,6 @@ async fn refresh(
     fetcher.close().await;
 }
 
-/// Fetches rules over its own small QUIC connection, so rule traffic never queues behind checks
-/// (and the check path's streams stay as they are). Tries the nodes in turn; a node given by
-/// name is resolved again for each new connection.
-#[derive(Debug)]
-struct PolicyFetcher {
-    nodes: Vec<HostPort>,
-    endpoint: quinn::Endpoint,
-    /// An address of the family the endpoint's socket is bound for.
-    family: SocketAddr,
-    /// The address the current connection was made to.
-    connected_to: Option<SocketAddr>,
-    server_name: Option<String>,
-    timeout: Duration,
-    conn: Option<quinn::Connection>,
-    next: usize,
-    request_id: u64,
-}
-
-impl PolicyFetcher {
-    fn new(nodes: Vec<HostPort>, config: &ClientConfig) -> Result<Self, ClientError> {
-        let quic = tls::quinn_config(config)?;
-        // A name is dialed IPv4 first: an IPv4 socket unless the first node is an IPv6 address.
-        let family = nodes
-            .first()
-            .and_then(HostPort::socket_addr)
-            .unwrap_or((Ipv4Addr::LOCALHOST, 0).into());
-        let endpoint = link::endpoint_for(family, quic)?;
-        Ok(PolicyFetcher {
-            nodes,
-            endpoint,
-            family,
-            connected_to: None,
-            server_name: config.server_name.clone(),
-            timeout: config.connect_timeout.max(Duration::from_millis(500)),
-            conn: None,
-            next: 0,
-            request_id: 0,
-        })
-    }
-
-    /// The node's answer to "I have `version`", and which node answered.
-    async fn fetch(&mut self, version: &str) -> Result<(PolicyMessage, SocketAddr), String> {
-        let node = self.nodes.get(self.next).cloned();
-        let attempt = tokio::time::timeout(self.timeout, self.try_fetch(version)).await;
-        let result = attempt.unwrap_or_else(|_| match node {
-            Some(node) => Err(format!("{node}: no answer within {:?}", self.timeout)),
-            None => Err("no nodes".to_owned()),
-        });
-        let result = result.and_then(|message| Ok((message, self.connected_to.ok_or("no nodes")?)));
-        if result.is_err() {
-            // Next time, a fresh connection to the next node.
-            if let Some(conn) = self.conn.take() {
-                conn.close(0u32.into(), b"policy fetch failed");
-            }
-            self.next = (self.next + 1) % self.nodes.len().max(1);
-        }
-        result
-    }
-
-    async fn try_fetch(&mut self, version: &str) -> Result<PolicyMessage, String> {
-        if self
-            .conn
-            .as_ref()
-            .is_none_or(|c| c.close_reason().is_some())
-        {
-            let node = self.nodes.get(self.next).ok_or("no nodes")?;
-            let addr = crate::address::resolve_like(node, self.family, self.timeout).await?;
-            let server_name = self
-                .server_name
-                .clone()
-                .unwrap_or_else(|| node.host().to_owned());
-            let connecting = self
-                .endpoint
-                .connect(addr, &server_name)
-                .map_err(|e| format!("{node}: {e}"))?;
-            self.conn = Some(connecting.await.map_err(|e| format!("{node}: {e}"))?);
-            self.connected_to = Some(addr);
-        }
-        let conn = self.conn.as_ref().ok_or("no connection")?;
-        let (mut send, mut recv) = conn.open_bi().await.map_err(|e| e.to_string())?;
-        self.request_id += 1;
-        let mut frame = Vec::new();
-        encode_message(
-            &mut frame,
-            FrameKind::PolicyRequest,
-            self.request_id,
-            &PolicyRequest {
-                version: version.to_owned(),
-            },
-        );
-        send.write_all(&frame).await.map_err(|e| e.to_string())?;
-        // Finishing the stream makes the node answer, then finish its side.
-        send.finish().map_err(|e| e.to_string())?;
-        let max = floodgate::wire::MAX_POLICY_TEXT_BYTES + 4_096;
-        let bytes = recv.read_to_end(max).await.map_err(|e| e.to_string())?;
-        let mut reader = FrameReader::new(max);
-        reader.extend(&bytes);
-        let frame = reader
-            .next_frame()
-            .map_err(|e| e.to_string())?
-            .ok_or("the node sent no answer")?;
-        match frame.kind {
-            FrameKind::Policy => decode_policy_message(&frame.payload).map_err(|(_, m)| m),
-            FrameKind::Error => Err(decode_error_frame(&frame.payload)
-                .map(|e| format!("the node refused: {}", e.message))
-                .unwrap_or_else(|(_, m)| m)),
-            other => Err(format!("the node answered {other:?}")),
-        }
-    }
-
-    async fn close(&mut self) {
-        if let Some(conn) = self.conn.take() {
-            conn.close(0u32.into(), b"client closed");
-        }
-        self.endpoint.close(0u32.into(), b"client closed");
-        let _ = tokio::time::timeout(Duration::from_millis(200), self.endpoint.wait_idle()).await;
-    }
-}
-
 /// The policy's planned checks for `request` as client checks: for tools and tests that peek at
 /// buckets (cost 0) the way the limiter fills them.
 pub fn planned_checks(policy: &Policy, request: &RequestInfo) -> Vec<(PlannedCheck, Check)> {
@@ -646,18 +531,4 @@ pub fn planned_checks(policy: &Policy, request: &RequestInfo) -> Vec<(PlannedChe
             (p, check)
         })
         .collect()
-}
-
-/// Asks one node for the rules it serves (`version` empty when it runs without `--rules`): for
-/// `floodgate status` and health checks.
-pub async fn fetch_policy(
-    node: impl Into<HostPort>,
-    config: &ClientConfig,
-) -> Result<PolicyMessage, LimiterError> {
-    let mut fetcher = PolicyFetcher::new(vec![node.into()], config)?;
-    let fetched = fetcher.fetch("").await;
-    fetcher.close().await;
-    fetched
-        .map(|(message, _)| message)
-        .map_err(LimiterError::NoPolicy)
 }
