@@ -1,6 +1,6 @@
 //! `ClusterTable`: a node's slot table as the client receives it, with the members' addresses.
 
-use floodgate::cluster::{MemberState, slot_of};
+use floodgate::cluster::{MemberState, SLOTS, SlotTable, slot_of};
 use floodgate::wire::{SlotTableMessage, member_state_from_wire};
 
 /// One member of the cluster as the table lists it.
@@ -13,56 +13,85 @@ pub struct ClusterMember {
     pub state: MemberState,
 }
 
-/// A node's slot table: who is in the cluster and who owns each of the
-/// [`floodgate::cluster::SLOTS`] slots. Equal `version`s mean equal owners.
+/// A node's slot table as it sent it: the core's [`SlotTable`] (who owns and who succeeds each
+/// of the [`floodgate::cluster::SLOTS`] slots), plus every member's address, region and state.
+/// Equal versions mean equal owners.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ClusterTable {
-    /// A hash of the owners' ids: the same on every node that sees the same owners.
-    pub version: u64,
-    /// The sending node's own count of ownership changes.
-    pub epoch: u64,
-    /// Id of the node that sent the table.
-    pub from: String,
-    /// Every member the node knows, sorted by id (departed and dead ones for a while too).
-    pub members: Vec<ClusterMember>,
-    /// `owners[slot]` indexes `members`; out of range (`u16::MAX`): nobody.
-    pub(crate) owners: Vec<u16>,
-    /// `successors[slot]`: who holds the slot's replicas and takes it over if its owner fails.
-    pub(crate) successors: Vec<u16>,
+    from: String,
+    members: Vec<ClusterMember>,
+    slots: SlotTable,
+    /// `member_of[i]`: the index in `members` of node `i` of `slots`.
+    member_of: Vec<usize>,
 }
 
 impl ClusterTable {
-    /// From a validated message (`decode_slot_table` checked the owners' range and count).
-    pub(crate) fn from_message(message: SlotTableMessage) -> Self {
-        ClusterTable {
-            version: message.version,
-            epoch: message.epoch,
+    /// From a message `decode_slot_table` validated; refuses a table naming a member twice.
+    pub(crate) fn from_message(message: SlotTableMessage) -> Result<Self, String> {
+        let ids: Vec<String> = message.members.iter().map(|m| m.id.clone()).collect();
+        let slots = SlotTable::from_reported(
+            message.epoch,
+            message.version,
+            &ids,
+            &message.owners,
+            &message.successors,
+        )?;
+        let member_of = slots
+            .nodes()
+            .iter()
+            .map(|id| ids.iter().position(|m| m == id).unwrap_or(usize::MAX))
+            .collect();
+        let members = message
+            .members
+            .into_iter()
+            .map(|m| ClusterMember {
+                id: m.id,
+                addr: m.addr,
+                region: m.region,
+                state: member_state_from_wire(m.state),
+            })
+            .collect();
+        Ok(ClusterTable {
             from: message.from,
-            members: message
-                .members
-                .into_iter()
-                .map(|m| ClusterMember {
-                    id: m.id,
-                    addr: m.addr,
-                    region: m.region,
-                    state: member_state_from_wire(m.state),
-                })
-                .collect(),
-            owners: message.owners,
-            successors: message.successors,
-        }
+            members,
+            slots,
+            member_of,
+        })
+    }
+
+    /// A hash of the owners' ids: the same on every node that sees the same owners.
+    pub fn version(&self) -> u64 {
+        self.slots.version()
+    }
+
+    /// The sending node's own count of ownership changes.
+    pub fn epoch(&self) -> u64 {
+        self.slots.epoch()
+    }
+
+    /// Id of the node that sent the table.
+    pub fn from(&self) -> &str {
+        &self.from
+    }
+
+    /// Every member the node knows, sorted by id (departed and dead ones for a while too).
+    pub fn members(&self) -> &[ClusterMember] {
+        &self.members
+    }
+
+    /// Who owns and who succeeds each slot.
+    pub fn slots(&self) -> &SlotTable {
+        &self.slots
     }
 
     /// The member that owns `slot`.
     pub fn owner(&self, slot: u16) -> Option<&ClusterMember> {
-        let index = *self.owners.get(usize::from(slot))?;
-        self.members.get(usize::from(index))
+        self.members.get(self.owner_member(slot)?)
     }
 
     /// The member that takes `slot` over if its owner fails (it holds the replicas).
     pub fn successor(&self, slot: u16) -> Option<&ClusterMember> {
-        let index = *self.successors.get(usize::from(slot))?;
-        self.members.get(usize::from(index))
+        self.members.get(self.successor_member(slot)?)
     }
 
     /// The member that decides a call whose first key is `key`.
@@ -72,16 +101,36 @@ impl ClusterTable {
 
     /// How many slots the member with this id owns.
     pub fn slots_owned(&self, id: &str) -> usize {
-        match self.members.iter().position(|m| m.id == id) {
-            Some(i) => self.owners.iter().filter(|&&o| usize::from(o) == i).count(),
-            None => 0,
-        }
+        self.slots.slots_owned(id)
+    }
+
+    /// Index in [`ClusterTable::members`] of `slot`'s owner.
+    pub(crate) fn owner_member(&self, slot: u16) -> Option<usize> {
+        self.member_of.get(self.slots.owner_index(slot)?).copied()
+    }
+
+    /// Index in [`ClusterTable::members`] of `slot`'s successor.
+    pub(crate) fn successor_member(&self, slot: u16) -> Option<usize> {
+        self.member_of
+            .get(self.slots.successor_index(slot)?)
+            .copied()
+    }
+
+    /// True when `other` routes every slot as this table does, to the same members: another
+    /// node's copy of the same table differs only in `from` and `epoch`.
+    pub(crate) fn routes_like(&self, other: &ClusterTable) -> bool {
+        self.version() == other.version()
+            && self.members == other.members
+            && self.slots.nodes() == other.slots.nodes()
+            && (0..SLOTS as u16).all(|s| {
+                self.slots.owner_index(s) == other.slots.owner_index(s)
+                    && self.slots.successor_index(s) == other.slots.successor_index(s)
+            })
     }
 }
 
 #[cfg(test)]
 pub(crate) mod tests {
-    use floodgate::cluster::{SLOTS, SlotTable};
     use floodgate::wire::{TableMember, member_state_to_wire};
 
     use super::*;
@@ -121,9 +170,10 @@ pub(crate) mod tests {
     #[test]
     fn a_table_names_each_slots_owner_as_the_nodes_compute_it() {
         let ids = ["node-a", "node-b", "node-c"];
-        let table = ClusterTable::from_message(message(&ids));
+        let table = ClusterTable::from_message(message(&ids)).unwrap();
         let core = SlotTable::compute(1, &ids.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>());
-        assert_eq!(table.version, core.version());
+        assert_eq!(table.version(), core.version());
+        assert_eq!(table.slots().nodes(), core.nodes());
         for i in 0..1_000u32 {
             let key = format!("user:{i}");
             assert_eq!(

@@ -19,22 +19,30 @@
 //! # Ok(()) }
 //! ```
 //!
-//! Modules, from the caller inwards:
-//! - `client`: [`Client`]: `connect` and `check` (validation, routing, breaker, timeout).
-//! - `verdict`: [`Check`], [`FailureMode`], [`Verdict`], [`Source`], [`DegradedReason`].
+//! Modules, from the caller inwards (none imports a module that imports it back):
+//! - [`policy`]: [`RateLimiter`]: the rules from the nodes (`policy::feed` fetches them), a
+//!   request's checks → verdict → HTTP answer, with refunds across nodes and bounded waiting
+//!   (the grouping and refund logic is the core's `floodgate::policy::grouping`).
+//! - [`tower`](mod@tower) (feature `tower`): `RateLimitLayer`, the limiter as a `tower::Layer`.
+//! - `client`: [`Client`]: `connect`, and each call to its key's owner or the owner's successor;
+//!   `call`: one call to one node (breaker, queue, reply → verdicts).
+//! - [`Check`], [`FailureMode`], [`Verdict`], [`Source`], [`DegradedReason`]: the core's
+//!   `floodgate::check`, re-exported.
 //! - `address`: [`HostPort`]: a seed's HOST:PORT; a name is resolved again on every connection
 //!   attempt, IPv4 first.
 //! - `config`: [`ClientConfig`] and its validation; `tls`: the QUIC/TLS 1.3 client config.
 //! - `error`: [`ClientError`], [`ConfigError`] and their [`ErrorKind`].
-//! - `slots`: which node a call goes to: the owner of its first key's slot, by the cluster's
-//!   slot table, fetched from the nodes and kept current; `router`: a stable hash over the
-//!   given nodes until a table arrives.
+//! - `routing`: which link a call goes to: the owner of its first key's slot (and its successor)
+//!   by the slot table in force; `router`: a stable hash over the given nodes until a table
+//!   arrives.
+//! - `cluster_table`: [`ClusterTable`], a node's table as received: the core's `SlotTable` plus
+//!   the members' addresses; `table_feed`: fetching tables, following pushes, and the hints
+//!   answers give; `refresher`: the task that keeps the table and the links to members current.
 //! - `breaker`: the per-node circuit breaker; `backoff`: reconnect delays.
 //! - `queue`: the per-node call queue that coalesces concurrent calls into frames.
-//! - `link`: connection supervisor (reconnects) and stream tasks (frames in, answers out).
-//! - [`policy`]: [`RateLimiter`]: the rules from the nodes, a request's checks → verdict →
-//!   HTTP answer, with refunds across nodes and bounded waiting.
-//! - [`tower`](mod@tower) (feature `tower`): `RateLimitLayer`, the limiter as a `tower::Layer`.
+//! - `link`: a node's shared state and its connection supervisor (reconnects); `link::stream`:
+//!   the stream tasks (frames out, answers in); `status`: [`LinkState`] and [`NodeStatus`].
+//! - `dial`: endpoints and bounded handshakes; `request`: one frame and its matched answer.
 //! - `fallback`: failure modes, with a local bucket store for `Open` checks (on the core's
 //!   `EpochClock`, moved by tokio's time).
 //!
@@ -45,6 +53,7 @@
 mod address;
 mod backoff;
 mod breaker;
+mod call;
 mod client;
 mod cluster_table;
 mod config;

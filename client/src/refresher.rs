@@ -28,7 +28,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use floodgate::cluster::MemberState;
+use floodgate::cluster::{MemberState, SLOTS};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -289,21 +289,16 @@ impl Refresher {
         self.routing
             .hint
             .current
-            .store(table.version, Ordering::Relaxed);
-        // Another node's copy of the same table differs only in `from` and `epoch`.
-        if let Some(last) = &self.last_table
-            && (last.version, &last.members, &last.owners, &last.successors)
-                == (
-                    table.version,
-                    &table.members,
-                    &table.owners,
-                    &table.successors,
-                )
+            .store(table.version(), Ordering::Relaxed);
+        if self
+            .last_table
+            .as_ref()
+            .is_some_and(|last| last.routes_like(&table))
         {
             return;
         }
         let owners: HashMap<SocketAddr, &str> = table
-            .members
+            .members()
             .iter()
             .filter(|m| m.state.owns_slots())
             .filter_map(|m| Some((parse_addr(&m.addr)?, m.id.as_str())))
@@ -345,7 +340,7 @@ impl Refresher {
             .collect();
         // Member index → link index, then slot → link index.
         let member_link: Vec<u16> = table
-            .members
+            .members()
             .iter()
             .map(|m| {
                 parse_addr(&m.addr)
@@ -355,19 +350,22 @@ impl Refresher {
                     .unwrap_or(NONE)
             })
             .collect();
-        let link_of = |members: &[u16]| {
-            members
-                .iter()
-                .map(|&m| member_link.get(usize::from(m)).copied().unwrap_or(NONE))
-                .collect()
+        let link_of = |member: Option<usize>| {
+            member
+                .and_then(|m| member_link.get(m).copied())
+                .unwrap_or(NONE)
         };
-        let slot_link = link_of(&table.owners);
-        let successor_link = link_of(&table.successors);
+        let slots = 0..SLOTS as u16;
+        let slot_link = slots
+            .clone()
+            .map(|s| link_of(table.owner_member(s)))
+            .collect();
+        let successor_link = slots.map(|s| link_of(table.successor_member(s))).collect();
         let table = Arc::new(table);
         tracing::debug!(
-            version = table.version,
-            epoch = table.epoch,
-            from = %table.from,
+            version = table.version(),
+            epoch = table.epoch(),
+            from = %table.from(),
             "routing by a new slot table"
         );
         let routes = Routes {
@@ -431,7 +429,7 @@ fn watch_link(link: &NodeLink, hint: Arc<TableHint>) {
 /// announced its leave "left"; a killed or unreachable one was declared dead by its peers.
 fn log_departure(table: &ClusterTable, addr: SocketAddr) {
     let state = table
-        .members
+        .members()
         .iter()
         .find(|m| parse_addr(&m.addr) == Some(addr))
         .map(|m| m.state);
@@ -483,7 +481,7 @@ mod tests {
         );
 
         let three = message(&["node-a", "node-b", "node-c"]);
-        refresher.apply(ClusterTable::from_message(three.clone()));
+        refresher.apply(ClusterTable::from_message(three.clone()).unwrap());
         let routes = routing.routes();
         assert_eq!(routes.links.len(), 3, "the seed is node-a: two links added");
         let table = routing.table().unwrap();
@@ -496,7 +494,7 @@ mod tests {
         assert_eq!(routing.hint.current.load(Ordering::Relaxed), three.version);
 
         let two = message(&["node-a", "node-b"]);
-        refresher.apply(ClusterTable::from_message(two));
+        refresher.apply(ClusterTable::from_message(two).unwrap());
         assert_eq!(routing.routes().links.len(), 2);
         assert_eq!(
             refresher.retiring.len(),
@@ -504,7 +502,7 @@ mod tests {
             "node-c's link retires, not at once"
         );
         let retired = refresher.retiring[0].1.link.clone();
-        refresher.apply(ClusterTable::from_message(three));
+        refresher.apply(ClusterTable::from_message(three).unwrap());
         assert!(refresher.retiring.is_empty());
         assert!(
             routing

@@ -47,7 +47,7 @@ impl TableHint {
 
     /// A node pushed its table: routed by at once when it is another version.
     pub(crate) fn pushed(&self, table: ClusterTable) {
-        if table.version == self.current.load(Ordering::Relaxed) {
+        if table.version() == self.current.load(Ordering::Relaxed) {
             return;
         }
         *self.pushed.lock() = Some(table);
@@ -87,7 +87,10 @@ pub(crate) async fn follow_pushes(conn: quinn::Connection, hint: Arc<TableHint>,
         match reader.next_frame() {
             Ok(Some(frame)) if frame.kind == FrameKind::SlotTable => {
                 match decode_slot_table(&frame.payload) {
-                    Ok(message) => hint.pushed(ClusterTable::from_message(message)),
+                    Ok(message) => match ClusterTable::from_message(message) {
+                        Ok(table) => hint.pushed(table),
+                        Err(why) => tracing::debug!(%node, "bad pushed table: {why}"),
+                    },
                     Err((_, why)) => tracing::debug!(%node, "bad pushed table: {why}"),
                 }
             }
@@ -107,7 +110,7 @@ pub(crate) async fn request_table(conn: &quinn::Connection) -> Result<ClusterTab
     )
     .await?;
     let message = decode_slot_table(&payload).map_err(|(_, why)| AnswerError::Failed(why))?;
-    Ok(ClusterTable::from_message(message))
+    Ok(ClusterTable::from_message(message)?)
 }
 
 /// Fetches the slot table from the first of `nodes` that gives one (for tools such as

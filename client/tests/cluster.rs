@@ -111,7 +111,7 @@ async fn cluster(certs: &Certs, n: usize) -> Vec<Node> {
 fn client_routes_by(client: &Client, node: &Node) -> bool {
     client
         .slot_table()
-        .is_some_and(|t| t.version == node.slot_table().version())
+        .is_some_and(|t| t.version() == node.slot_table().version())
 }
 
 fn keys() -> Vec<String> {
@@ -149,7 +149,7 @@ async fn a_client_given_one_node_discovers_the_rest_and_routes_each_key_to_its_o
         .await
         .expect("links to every member");
     let table = client.slot_table().unwrap();
-    assert_eq!(table.members.len(), 3);
+    assert_eq!(table.members().len(), 3);
     let owned: usize = nodes.iter().map(|n| table.slots_owned(n.node_id())).sum();
     assert_eq!(owned, SLOTS);
     let addr_of: HashMap<String, SocketAddr> = nodes

@@ -83,7 +83,7 @@ async fn status_prints_the_cluster_table_and_exits_2_when_nobody_answers() {
     let lines: Vec<&str> = stdout.lines().collect();
     assert!(
         lines[0].starts_with("epoch ")
-            && lines[0].contains(&format!("version {:016x}", table.version))
+            && lines[0].contains(&format!("version {:016x}", table.version()))
             && lines[0].ends_with(&format!("from {}", nodes[2].node_id())),
         "{stdout}"
     );
