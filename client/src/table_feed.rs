@@ -110,7 +110,7 @@ pub(crate) async fn request_table(conn: &quinn::Connection) -> Result<ClusterTab
     )
     .await?;
     let message = decode_slot_table(&payload).map_err(|(_, why)| AnswerError::Failed(why))?;
-    Ok(ClusterTable::from_message(message)?)
+    ClusterTable::from_message(message)
 }
 
 /// Fetches the slot table from the first of `nodes` that gives one (for tools such as
