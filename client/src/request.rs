@@ -96,3 +96,70 @@ pub(crate) async fn request(
         .ok_or_else(|| failed("the node finished the stream without an answer"))?;
     expect_answer(frame, expected, REQUEST_ID)
 }
+
+#[cfg(test)]
+mod tests {
+    use floodgate::wire::{ErrorFrame, encode_message};
+
+    use super::*;
+
+    fn frame(kind: FrameKind, request_id: u64, payload: &[u8]) -> Frame {
+        let mut bytes = Vec::new();
+        encode_frame(&mut bytes, kind, request_id, payload);
+        read(&bytes)
+    }
+
+    fn read(bytes: &[u8]) -> Frame {
+        let mut reader = FrameReader::new(1 << 16);
+        reader.extend(bytes);
+        reader.next_frame().unwrap().unwrap()
+    }
+
+    fn error(request_id: u64, code: u16) -> Frame {
+        let mut bytes = Vec::new();
+        let message = ErrorFrame {
+            code,
+            message: "no".to_owned(),
+        };
+        encode_message(&mut bytes, FrameKind::Error, request_id, &message);
+        read(&bytes)
+    }
+
+    #[test]
+    fn the_expected_kind_for_this_request_gives_its_payload() {
+        let answer = expect_answer(
+            frame(FrameKind::SlotTable, 7, b"abc"),
+            FrameKind::SlotTable,
+            7,
+        );
+        assert_eq!(answer.unwrap().as_slice(), b"abc");
+    }
+
+    #[test]
+    fn an_error_frame_is_a_refusal_for_this_request_or_the_whole_stream() {
+        let code = ErrorCode::StoreFull;
+        for id in [7, 0] {
+            let answer = expect_answer(error(id, code as u16), FrameKind::SlotTable, 7);
+            assert_eq!(
+                answer.unwrap_err(),
+                AnswerError::Refused {
+                    code,
+                    message: "no".to_owned()
+                }
+            );
+        }
+        let unknown = expect_answer(error(7, u16::MAX), FrameKind::SlotTable, 7).unwrap_err();
+        assert!(
+            unknown.to_string().contains("unknown error code"),
+            "{unknown}"
+        );
+    }
+
+    #[test]
+    fn another_kind_or_another_request_is_no_answer() {
+        let kind = expect_answer(frame(FrameKind::Policy, 7, b""), FrameKind::SlotTable, 7);
+        assert!(kind.unwrap_err().to_string().contains("Policy"));
+        let other = expect_answer(frame(FrameKind::SlotTable, 8, b""), FrameKind::SlotTable, 7);
+        assert!(other.unwrap_err().to_string().contains("request 8"));
+    }
+}
