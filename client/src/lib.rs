@@ -23,7 +23,7 @@
 //! - [`policy`]: [`RateLimiter`]: the rules from the nodes (`policy::feed` fetches them), a
 //!   request's checks → verdict → HTTP answer, with refunds across nodes and bounded waiting
 //!   (the grouping and refund logic is the core's `floodgate::policy::grouping`).
-//! - [`tower`](mod@tower) (feature `tower`): `RateLimitLayer`, the limiter as a `tower::Layer`.
+//! - `tower` (feature `tower`): `RateLimitLayer`, the limiter as a `tower::Layer`.
 //! - `client`: [`Client`]: `connect`, and each call to its key's owner or the owner's successor;
 //!   `call`: one call to one node (breaker, queue, reply → verdicts).
 //! - [`Check`], [`FailureMode`], [`Verdict`], [`Source`], [`DegradedReason`]: the core's
@@ -47,7 +47,7 @@
 //!   `EpochClock`, moved by tokio's time).
 //!
 //! The `floodgate` command (package `floodgate-cli`, in `client/cli`) sends checks from a shell;
-//! [`logging`] (feature `logging`) sets up its log output and the example gateway's. No feature
+//! `logging` (feature `logging`) sets up its log output and the example gateway's. No feature
 //! is on by default: a gateway links the library alone.
 
 mod address;
