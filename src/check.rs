@@ -8,7 +8,15 @@
 use crate::wire::ErrorCode;
 use crate::{Decision, Limit};
 
-pub use crate::policy::FailureMode;
+/// What to do with a check when no node can decide it (a rule's `failure_mode:`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum FailureMode {
+    /// Decide through the client's local fallback bucket: degraded, not gone. The default.
+    #[default]
+    Open,
+    /// Refuse: for limits that protect something, like logins (a gateway answers `503`).
+    Closed,
+}
 
 /// One rate-limit check: consume `cost` from the bucket of `key` under `limit`.
 ///
