@@ -8,13 +8,12 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use floodgate::wire::{ErrorCode, HEADER_BYTES};
-use floodgate::{BucketStore, Clock};
+use floodgate::{BucketStore, Clock, EpochClock};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
 use crate::admission::{Allowance, Handshake};
 use crate::budget::{BudgetedReader, BufferBudget};
-use crate::clock::NodeClock;
 use crate::cluster::Cluster;
 use crate::config::NodeConfig;
 use crate::metrics::NodeMetrics;
@@ -39,7 +38,7 @@ const SWEEP_INTERVAL: Duration = Duration::from_millis(250);
 pub(crate) struct Shared {
     pub(crate) config: NodeConfig,
     pub(crate) store: BucketStore,
-    pub(crate) clock: NodeClock,
+    pub(crate) clock: EpochClock,
     pub(crate) metrics: NodeMetrics,
     /// Client and peer connections, counted apart.
     pub(crate) allowance: Arc<Allowance>,
@@ -95,7 +94,7 @@ impl Node {
             .as_deref()
             .map(crate::rules::RulesHandle::load)
             .transpose()?;
-        let clock = NodeClock::new();
+        let clock = EpochClock::start();
         let peer_config = tls::peer_client_configs(&config.tls)?;
         let metrics = NodeMetrics::register();
         let cluster = Cluster::new(

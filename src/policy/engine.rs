@@ -71,6 +71,13 @@ impl PlannedCheck {
         BucketKey::for_key(&self.key)
     }
 
+    /// This check as a client sends it to the node that owns its key.
+    pub fn check(&self) -> crate::check::Check {
+        crate::check::Check::new(self.key.clone(), self.limit)
+            .cost(self.cost)
+            .failure_mode(self.failure_mode)
+    }
+
     /// This check for an in-process [`crate::BucketStore`].
     pub fn store_check(&self) -> Check {
         Check {

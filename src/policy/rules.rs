@@ -7,18 +7,9 @@ use std::sync::Arc;
 use super::client_ip::TrustedProxies;
 use super::pattern::PathPattern;
 use crate::Limit;
+pub use crate::check::FailureMode;
 use crate::limit::format_period;
 use crate::region::RegionName;
-
-/// What to do with a rule's check when the limiter cannot decide it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub enum FailureMode {
-    /// Decide through the client's local fallback bucket: degraded, not gone. The default.
-    #[default]
-    Open,
-    /// Refuse the request (`503`): for limits that protect something, like logins.
-    Closed,
-}
 
 /// Whether a rule's denials are enforced or only reported.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
