@@ -128,6 +128,10 @@ struct Flags {
     /// (default `info`).
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     log_format: LogFormat,
+    /// TEST ONLY, for the chaos harness: run this node's clock this many milliseconds ahead
+    /// (negative: behind) of the system clock. Hidden from --help; never use it in production.
+    #[arg(long, hide = true, default_value_t = 0, allow_hyphen_values = true)]
+    test_only_clock_skew_ms: i64,
 }
 
 fn main() -> ExitCode {
@@ -153,6 +157,17 @@ fn main() -> ExitCode {
 async fn run(flags: Flags) -> anyhow::Result<()> {
     let addresses = Addresses::resolve(&flags).await?;
     let config = config_from(&flags, addresses)?;
+    if flags.test_only_clock_skew_ms != 0 {
+        anyhow::ensure!(
+            flags.test_only_clock_skew_ms.abs() <= 3_600_000,
+            "--test-only-clock-skew-ms must be within one hour"
+        );
+        floodgate_node::clock::set_test_only_skew_ns(flags.test_only_clock_skew_ms * 1_000_000);
+        tracing::warn!(
+            "TEST ONLY: this node's clock runs {} ms off the system clock",
+            flags.test_only_clock_skew_ms
+        );
+    }
     // Before anything says "serving": a signal from then on must find its handler.
     let signals = Signals::install()?;
     let node = Node::start(config).await?;
