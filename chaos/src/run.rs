@@ -318,7 +318,9 @@ fn start_side_load(
     match scenario.plan {
         Plan::KeyFlood => {
             let client = world.gateways[0].client.clone();
-            let limit = floodgate::Limit::gcra(5, 1_000_000_000, 5)?;
+            // An hour's limit: a flooded bucket stays live for the run, so the flood really
+            // fills the store past --max-keys instead of expiring behind itself.
+            let limit = floodgate::Limit::gcra(5, 3_600 * 1_000_000_000, 5)?;
             let stop = stop.clone();
             let seed = settings.seed;
             Ok(Some(tokio::spawn(async move {
