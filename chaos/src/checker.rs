@@ -197,14 +197,15 @@ fn check_key(
         if count > bound && !reported {
             reported = true;
             violations.push(format!(
-                "{}: {} admitted in the window from {:.3}s, bound {} (limit allows {}, fault bound {}, {} fallback gateways)",
+                "{}: {} admitted in the window from {:.3}s, bound {} (limit allows {}, fault bound {}, {} fallback gateways; admitted by route: {})",
                 key.describe(),
                 count,
                 start as f64 / 1e9,
                 bound,
                 allowed,
                 extra,
-                fallback_gateways.len()
+                fallback_gateways.len(),
+                routes_in(&admitted[i..], end)
             ));
         }
     }
@@ -218,6 +219,26 @@ fn check_key(
         admitted: admitted.len() as u64,
         fallback_admitted: admitted.iter().filter(|r| r.via == Via::Fallback).count() as u64,
     }
+}
+
+/// Who the admissions of a window were routed to, e.g. `node 1 (owner): 30, node 2 (takeover): 4`.
+fn routes_in(admitted: &[&Record], end: u64) -> String {
+    let mut counts: Vec<((u16, Via), u64)> = Vec::new();
+    for r in admitted.iter().take_while(|r| r.sent_ns < end) {
+        if r.done_ns >= end {
+            continue;
+        }
+        match counts.iter_mut().find(|(k, _)| *k == (r.routed_to, r.via)) {
+            Some((_, n)) => *n += 1,
+            None => counts.push(((r.routed_to, r.via), 1)),
+        }
+    }
+    counts.sort();
+    counts
+        .iter()
+        .map(|((node, via), n)| format!("node {node} {via:?}: {n}"))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// What the key may admit over the whole run, tiled into windows: the limit in each, plus the
@@ -305,6 +326,7 @@ mod tests {
                 done_ns: t * 1_000_000 + 500_000,
                 admitted: true,
                 via,
+                routed_to: 0,
             })
             .collect()
     }
@@ -367,6 +389,7 @@ mod tests {
             done_ns: 1_200_000_000,
             admitted: true,
             via: Via::Node,
+            routed_to: 0,
         });
         records.sort_by_key(|r| r.sent_ns);
         assert!(run(&records, Bound::exact(), &[]).violations.is_empty());

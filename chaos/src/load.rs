@@ -19,7 +19,7 @@ use crate::keys::KeySpec;
 use crate::proxy::Directory;
 
 /// Who decided a check.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Via {
     /// The key's owner (as the client's table names it, link up).
@@ -50,6 +50,9 @@ pub struct Record {
     pub done_ns: u64,
     pub admitted: bool,
     pub via: Via,
+    /// The node the client routed the check to (its table's owner), by index; `u16::MAX` when
+    /// it is not one of the run's nodes.
+    pub routed_to: u16,
 }
 
 /// How gateways ask: the client with explicit limits, or the rules the nodes serve.
@@ -140,8 +143,12 @@ impl NodeHealth {
         }
     }
 
+    pub fn index_of(&self, addr: SocketAddr) -> Option<usize> {
+        self.addrs.iter().position(|a| *a == addr)
+    }
+
     fn unreachable(&self, gateway: usize, addr: SocketAddr) -> bool {
-        let Some(node) = self.addrs.iter().position(|a| *a == addr) else {
+        let Some(node) = self.index_of(addr) else {
             return false;
         };
         self.down[node].load(std::sync::atomic::Ordering::Relaxed)
@@ -294,6 +301,7 @@ async fn check_once(plan: Arc<LoadPlan>, gateway: Gateway, key: usize) -> Record
         done_ns,
         admitted,
         via,
+        routed_to: plan.health.index_of(owner).map_or(u16::MAX, |i| i as u16),
     }
 }
 

@@ -89,13 +89,17 @@ pub async fn run_scenario(
         MAX_KEYS
     };
     let skewed = scenario.plan == Plan::ClockSkew;
+    let setup = crate::procs::NodeSetup {
+        binary: settings.node_bin.clone(),
+        certs,
+        logs: dir.join("logs"),
+        seeds: Vec::new(),
+        max_keys,
+        rules: rules.as_ref().map(|r| r.path.clone()),
+    };
     let mut world = World::start(
         layout.clone(),
-        settings.node_bin.clone(),
-        certs.clone(),
-        dir.join("logs"),
-        max_keys,
-        rules.as_ref().map(|r| r.path.clone()),
+        setup,
         |index| {
             if skewed && index == SKEWED_NODE {
                 vec![format!("--test-only-clock-skew-ms={SKEW_MS}")]

@@ -2,7 +2,6 @@
 //! the clock of the run. The timeline acts on it; dropping it kills every node.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -50,18 +49,15 @@ pub struct World {
 
 impl World {
     /// Lays out every node (initial and spare) with a proxy in front, and starts the initial
-    /// ones: the first alone, the rest joining through every proxy address.
+    /// ones: the first alone, the rest joining through every proxy address (`setup.seeds` is
+    /// filled here).
     pub async fn start(
         layout: Layout,
-        binary: PathBuf,
-        certs: PathBuf,
-        logs: PathBuf,
-        max_keys: usize,
-        rules: Option<PathBuf>,
+        mut setup: NodeSetup,
         extra_args: impl Fn(usize) -> Vec<String>,
         seed: u64,
     ) -> anyhow::Result<World> {
-        std::fs::create_dir_all(&logs)?;
+        std::fs::create_dir_all(&setup.logs)?;
         let faults = Arc::new(FaultTable::default());
         let directory = Arc::new(Directory::default());
         let (shutdown, watcher) = watch::channel(false);
@@ -90,14 +86,7 @@ impl World {
             });
             proxies.push(proxy);
         }
-        let setup = NodeSetup {
-            binary,
-            certs,
-            logs,
-            seeds: specs.iter().map(|s| s.advertise).collect(),
-            max_keys,
-            rules,
-        };
+        setup.seeds = specs.iter().map(|s| s.advertise).collect();
         let health = Arc::new(crate::load::NodeHealth::new(
             setup.seeds.clone(),
             faults.clone(),
