@@ -136,14 +136,21 @@ async fn run(args: RunArgs) -> anyhow::Result<bool> {
             .unwrap_or_else(|_| ProgressStyle::default_bar()),
     );
     let mut reports: Vec<ScenarioReport> = Vec::new();
+    // SIGTERM too (a CI cancel, `timeout`): without a handler the process would die without
+    // dropping the world, and leave its nodes running.
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     for scenario in &scenarios {
         progress.set_message(scenario.name);
-        // Ctrl-C drops the scenario's world, which kills its nodes (kill_on_drop).
+        // An interrupt drops the scenario's world, which kills its nodes (kill_on_drop).
         let outcome = tokio::select! {
             outcome = run_scenario(scenario, &settings) => outcome,
             _ = tokio::signal::ctrl_c() => {
                 progress.finish_and_clear();
                 anyhow::bail!("interrupted: every node of the run was killed");
+            }
+            _ = terminate.recv() => {
+                progress.finish_and_clear();
+                anyhow::bail!("terminated: every node of the run was killed");
             }
         };
         let report = outcome.with_context(|| format!("scenario {}", scenario.name))?;

@@ -460,6 +460,22 @@ mod tests {
         );
     }
 
+    #[test]
+    fn the_test_only_clock_skew_flag_parses_either_sign_and_is_hidden_from_help() {
+        let parse = |value: &str| {
+            Flags::try_parse_from(["floodgate-node", "--test-only-clock-skew-ms", value])
+                .unwrap()
+                .test_only_clock_skew_ms
+        };
+        assert_eq!(parse("250"), 250);
+        assert_eq!(parse("-250"), -250);
+        let help = <Flags as clap::CommandFactory>::command()
+            .render_long_help()
+            .to_string();
+        assert!(!help.contains("clock-skew"), "{help}");
+        assert!(help.contains("--listen"), "{help}");
+    }
+
     #[tokio::test]
     async fn listen_admin_and_advertise_names_resolve_at_start() {
         let flags = Flags::try_parse_from([
