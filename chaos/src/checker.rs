@@ -158,6 +158,65 @@ pub fn check(records: &[Record], input: &CheckInput<'_>) -> CheckResult {
     }
 }
 
+/// A stretch of the run under one of the keys' limits (`rules-reload`: between two edits).
+#[derive(Debug, Clone, Copy)]
+pub struct Phase {
+    pub start_ns: u64,
+    pub end_ns: u64,
+    /// Which of each key's `limits` is in force.
+    pub limit: usize,
+}
+
+/// Holds each phase's windows (starting `settle_ns` after the phase begins, ending by its end)
+/// to that phase's limit alone, exactly: proves each edit took effect, since a window under
+/// the new limit admitting what the old one allowed is a violation. Returns the violations and
+/// each phase's worst ratio.
+pub fn check_phases(
+    records: &[Record],
+    keys: &[KeySpec],
+    phases: &[Phase],
+    settle_ns: u64,
+) -> (Vec<String>, Vec<f64>) {
+    let exact = Bound::exact();
+    let mut violations = Vec::new();
+    let mut worst = Vec::new();
+    for (n, phase) in phases.iter().enumerate() {
+        let mut phase_worst = 0f64;
+        let from = phase.start_ns.saturating_add(settle_ns);
+        for (index, key) in keys.iter().enumerate() {
+            let Some(limit) = key.limits.get(phase.limit) else {
+                continue;
+            };
+            let under = KeySpec {
+                limits: vec![*limit],
+                ..key.clone()
+            };
+            let admitted: Vec<&Record> = records
+                .iter()
+                .filter(|r| {
+                    r.key as usize == index
+                        && r.admitted
+                        && r.sent_ns >= from
+                        && r.done_ns < phase.end_ns
+                })
+                .collect();
+            let input = CheckInput {
+                keys: std::slice::from_ref(&under),
+                bound: &exact,
+                faults: &[],
+                min_availability: 0.0,
+                run_ns: phase.end_ns,
+            };
+            let mut found = Vec::new();
+            let finding = check_key(&under, &admitted, &input, &mut found);
+            phase_worst = phase_worst.max(finding.ratio);
+            violations.extend(found.into_iter().map(|v| format!("phase {n}: {v}")));
+        }
+        worst.push(phase_worst);
+    }
+    (violations, worst)
+}
+
 /// Counts, for each admission's send time as a window start, the admissions certainly decided
 /// inside that window (sent at or after its start, answered before its end): a lower bound on
 /// the real count whatever the latency, so a violation found is real.
@@ -393,6 +452,31 @@ mod tests {
         });
         records.sort_by_key(|r| r.sent_ns);
         assert!(run(&records, Bound::exact(), &[]).violations.is_empty());
+    }
+
+    #[test]
+    fn a_phase_is_held_to_its_own_limit_after_it_settles() {
+        let mut key = key();
+        key.limits.push(Limit::gcra(5, S, 5).unwrap());
+        // 20 admissions a second throughout: fine under 10/s burst 10, four times 5/s burst 5.
+        let at: Vec<u64> = (0..60).map(|i| i * 50).collect();
+        let records = admitted_at(&at, Via::Node);
+        let phases = [
+            Phase {
+                start_ns: 0,
+                end_ns: S + S / 2,
+                limit: 0,
+            },
+            Phase {
+                start_ns: S + S / 2,
+                end_ns: 3 * S,
+                limit: 1,
+            },
+        ];
+        let (violations, worst) = check_phases(&records, &[key], &phases, S / 10);
+        assert_eq!(violations.len(), 1, "{violations:?}");
+        assert!(violations[0].starts_with("phase 1:"), "{violations:?}");
+        assert!(worst[0] <= 1.0 && worst[1] > 1.0, "{worst:?}");
     }
 
     #[test]

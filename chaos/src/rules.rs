@@ -10,7 +10,9 @@ use crate::keys::KeySpec;
 
 const SECOND_NS: u64 = 1_000_000_000;
 
-/// The rule's limit at each step: (text in the file, the limit it means).
+/// The rule's limit at each step: (text in the file, the limit it means). Each step's rate is
+/// below what the step before admits in steady state, so a window under a step that still
+/// admitted at the old rate fails the phase check: the edit is proven to have taken effect.
 fn steps() -> [(&'static str, Limit); 3] {
     let gcra = |rate, period, burst| {
         Limit::gcra(rate, period, burst)
@@ -18,8 +20,8 @@ fn steps() -> [(&'static str, Limit); 3] {
     };
     [
         ("limit: 20/s\n    burst: 20", gcra(20, SECOND_NS, 20)),
-        ("limit: 30/2s\n    burst: 10", gcra(30, 2 * SECOND_NS, 10)),
-        ("limit: 15/s\n    burst: 15", gcra(15, SECOND_NS, 15)),
+        ("limit: 10/2s\n    burst: 5", gcra(10, 2 * SECOND_NS, 5)),
+        ("limit: 5/s\n    burst: 5", gcra(5, SECOND_NS, 5)),
     ]
 }
 

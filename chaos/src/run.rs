@@ -228,6 +228,12 @@ async fn drive_and_check(
     };
     let result = checker::check(&records, &input);
     violations.extend(result.violations.iter().cloned());
+    if scenario.plan == Plan::RulesReload {
+        let phases = rules_phases(world, run_ns);
+        let (found, worst) = checker::check_phases(&records, &keys, &phases, RULES_SETTLE_NS);
+        violations.extend(found);
+        extra.insert("phase_worst_ratio".into(), serde_json::json!(worst));
+    }
     let series = crate::svg::series(&records, &keys, &result, &scenario.bound, &world.spans);
     crate::svg::write(
         &dir.join(format!("{}.svg", scenario.name)),
@@ -306,6 +312,32 @@ async fn settle(world: &World) -> anyhow::Result<()> {
     }
     tokio::time::sleep(SETTLE_QUIET).await;
     Ok(())
+}
+
+/// After a rules edit, how long until every check carries the new limit: the node polls the
+/// file every 250 ms, gateways ask for a newer version every 200 ms; a second covers both with
+/// room for a loaded host.
+const RULES_SETTLE_NS: u64 = 1_000_000_000;
+
+/// The stretches between the timeline's rules edits, each under the next step's limit.
+fn rules_phases(world: &World, run_ns: u64) -> Vec<checker::Phase> {
+    let mut starts = vec![0u64];
+    starts.extend(
+        world
+            .events
+            .iter()
+            .filter(|(_, what)| what.starts_with("rules file edited"))
+            .map(|(at, _)| *at),
+    );
+    starts
+        .iter()
+        .enumerate()
+        .map(|(limit, &start_ns)| checker::Phase {
+            start_ns,
+            end_ns: starts.get(limit + 1).copied().unwrap_or(run_ns),
+            limit,
+        })
+        .collect()
 }
 
 /// The flood or the hostile client beside the gateways, in its own task.

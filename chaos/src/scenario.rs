@@ -235,7 +235,7 @@ pub fn catalogue() -> Vec<Scenario> {
             },
             ..base(
                 "rules-reload",
-                "the rules file edited under load: 20/s -> 30/2s (a period change) -> 15/s",
+                "the rules file edited under load: 20/s -> 10/2s (a period change) -> 5/s; each step held to its own limit once it settles",
                 Plan::RulesReload,
                 Bound::exact(),
                 0.95,
