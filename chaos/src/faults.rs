@@ -195,6 +195,37 @@ mod tests {
     }
 
     #[test]
+    fn duplicated_packets_go_twice_and_reordered_ones_are_held_back() {
+        let table = FaultTable::default();
+        let mut rng = SmallRng::seed_from_u64(3);
+        table.add(
+            Side::Nodes(vec![0]),
+            Side::Any,
+            Effect {
+                duplicate: 1.0,
+                ..Effect::default()
+            },
+        );
+        table.add(
+            Side::Nodes(vec![1]),
+            Side::Any,
+            Effect {
+                reorder: 1.0,
+                ..Effect::default()
+            },
+        );
+        let twice = table.fate(Endpoint::Node(0), Endpoint::Node(2), &mut rng);
+        assert_eq!(twice.len(), 2, "{twice:?}");
+        let held = table.fate(Endpoint::Node(1), Endpoint::Node(2), &mut rng);
+        assert_eq!(held, vec![REORDER_HOLD]);
+        assert!(!table.is_cut(Endpoint::Node(0), Endpoint::Node(2)));
+        table.partition(Side::Gateways(vec![0]), Side::Nodes(vec![2]));
+        assert!(table.is_cut(Endpoint::Gateway(0), Endpoint::Node(2)));
+        assert!(table.is_cut(Endpoint::Node(2), Endpoint::Gateway(0)));
+        assert!(!table.is_cut(Endpoint::Gateway(1), Endpoint::Node(2)));
+    }
+
+    #[test]
     fn delay_and_jitter_stay_in_range_and_loss_is_about_its_rate() {
         let table = FaultTable::default();
         let mut rng = SmallRng::seed_from_u64(7);

@@ -244,3 +244,61 @@ impl SeedSource for SmallRng {
         rand::Rng::random(self)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::faults::Side;
+
+    /// Waits (bounded) until `counter` passes `above`: the proxy's own account of what it did.
+    async fn counted(counter: &AtomicU64, above: u64) {
+        tokio::time::timeout(Duration::from_secs(5), async {
+            while counter.load(Ordering::Relaxed) <= above {
+                tokio::task::yield_now().await;
+            }
+        })
+        .await
+        .expect("the proxy never counted the datagram");
+    }
+
+    #[tokio::test]
+    async fn datagrams_are_relayed_both_ways_and_a_partition_drops_them() {
+        let node = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        let faults = Arc::new(FaultTable::default());
+        let directory = Arc::new(Directory::default());
+        let (_stop, shutdown) = watch::channel(false);
+        let proxy = Proxy::start(
+            0,
+            node.local_addr().unwrap(),
+            faults.clone(),
+            directory.clone(),
+            1,
+            shutdown,
+        )
+        .await
+        .unwrap();
+        let gateway = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        directory.register(gateway.local_addr().unwrap().port(), Endpoint::Gateway(0));
+        let mut buf = [0u8; 64];
+
+        gateway.send_to(b"check", proxy.addr).await.unwrap();
+        let (len, from) = node.recv_from(&mut buf).await.unwrap();
+        assert_eq!(&buf[..len], b"check");
+        assert!(
+            directory.is_proxy_port(from.port()),
+            "the node sees the proxy's flow"
+        );
+        node.send_to(b"answer", from).await.unwrap();
+        let (len, back) = gateway.recv_from(&mut buf).await.unwrap();
+        assert_eq!((&buf[..len], back), (&b"answer"[..], proxy.addr));
+
+        faults.partition(Side::Gateways(vec![0]), Side::Nodes(vec![0]));
+        let dropped = proxy.stats.dropped.load(Ordering::Relaxed);
+        gateway.send_to(b"cut", proxy.addr).await.unwrap();
+        counted(&proxy.stats.dropped, dropped).await;
+        faults.clear();
+        gateway.send_to(b"healed", proxy.addr).await.unwrap();
+        let (len, _) = node.recv_from(&mut buf).await.unwrap();
+        assert_eq!(&buf[..len], b"healed", "the cut datagram never arrived");
+    }
+}
