@@ -234,6 +234,7 @@ async fn drive_and_check(
         violations.extend(found);
         extra.insert("phase_worst_ratio".into(), serde_json::json!(worst));
     }
+    write_decisions(&dir.join("decisions.csv"), &records, &keys)?;
     let series = crate::svg::series(&records, &keys, &result, &scenario.bound, &world.spans);
     crate::svg::write(
         &dir.join(format!("{}.svg", scenario.name)),
@@ -311,6 +312,31 @@ async fn settle(world: &World) -> anyhow::Result<()> {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     tokio::time::sleep(SETTLE_QUIET).await;
+    Ok(())
+}
+
+/// Every decision of the run, one line each, for looking into a finding.
+fn write_decisions(path: &Path, records: &[Record], keys: &[KeySpec]) -> anyhow::Result<()> {
+    use std::io::Write as _;
+    let mut out = std::io::BufWriter::new(std::fs::File::create(path)?);
+    writeln!(
+        out,
+        "sent_ms,answered_ms,key,gateway,routed_to,via,admitted"
+    )?;
+    for r in records {
+        writeln!(
+            out,
+            "{:.3},{:.3},{},{},{},{:?},{}",
+            r.sent_ns as f64 / 1e6,
+            r.done_ns as f64 / 1e6,
+            keys[r.key as usize].name,
+            r.gateway,
+            r.routed_to,
+            r.via,
+            r.admitted
+        )?;
+    }
+    out.flush()?;
     Ok(())
 }
 
