@@ -1,8 +1,9 @@
 # floodgate: thin, documented targets. CI runs `bash .ci/run`, which calls `make lint` and `make test`.
-.PHONY: help test lint fmt bench bench-core bench-load run fuzz envoy-test
+.PHONY: help test lint fmt bench bench-core bench-load run fuzz envoy-test chaos
 
 CARGO ?= cargo
 FUZZ_SECONDS ?= 60
+CHAOS_DURATION ?= 30s
 
 help:            ## list the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -44,6 +45,10 @@ run:             ## build in release, start a 3-node cluster serving rules/examp
 	echo "  curl -si -X POST -H 'X-User-Id: 42' http://127.0.0.1:8080/v1/events/7/holds"; \
 	./target/release/examples/gateway --listen 127.0.0.1:8080 --upstream 127.0.0.1:8081 \
 	    --seeds 127.0.0.1:7100 --ca .run/node/ca.pem --rules-cache .run/gateway-rules.yaml
+
+chaos:           ## every chaos scenario against real nodes behind fault proxies (about 10 minutes): table, target/chaos/{report.json,SCENARIO/SCENARIO.svg}
+	$(CARGO) build --release --locked -p floodgate-node -p floodgate-chaos
+	./target/release/floodgate-chaos run --scenario all --duration $(CHAOS_DURATION) --out target/chaos
 
 bench: bench-core bench-load ## every benchmark (several minutes)
 

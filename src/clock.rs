@@ -87,6 +87,13 @@ impl<E: Elapsed> EpochClock<E> {
             since,
         }
     }
+
+    /// The same clock reading `skew_ns` ahead (negative: behind): how the chaos harness runs one
+    /// node with a clock off by a known amount. Saturates at the epoch and at the far end.
+    pub fn skewed(mut self, skew_ns: i64) -> Self {
+        self.origin_unix_ns = self.origin_unix_ns.saturating_add_signed(skew_ns);
+        self
+    }
 }
 
 impl<E: Elapsed> Clock for EpochClock<E> {

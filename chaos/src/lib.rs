@@ -1,6 +1,31 @@
-//! floodgate-chaos: the fault-injection harness and seeded simulation of a cluster.
+//! floodgate-chaos: real `floodgate-node` processes behind UDP fault proxies, driven through
+//! the real client while a scenario injects faults, and checked against the documented
+//! failure model.
 //!
-//! It will drive the core's sans-I/O cluster state machines from a seed. Nothing is built here yet.
+//! - `scenario`: the catalogue and each scenario's over-admission bound.
+//! - `world`: the nodes, their proxies, the fault table and the gateways of one run.
+//! - `procs`: node processes (start, kill, pause, stop); `proxy` and `faults`: the UDP fault
+//!   proxy and the rules it applies; `sockets`: which ports a gateway sends from.
+//! - `load`: gateways driving known keys, recording every decision; `keys`: those keys;
+//!   `rules`: the rules file `rules-reload` edits; `hostile`: the hostile client.
+//! - `timeline`: what each scenario does, when; `run`: one scenario end to end.
+//! - `checker`: the invariants; `report` and `svg`: the outputs.
+
+pub mod checker;
+pub mod faults;
+pub mod hostile;
+pub mod keys;
+pub mod load;
+pub mod procs;
+pub mod proxy;
+pub mod report;
+pub mod rules;
+pub mod run;
+pub mod scenario;
+pub mod sockets;
+pub mod svg;
+pub mod timeline;
+pub mod world;
 
 /// The core under test, re-exported.
 pub use floodgate as core;

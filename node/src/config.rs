@@ -27,6 +27,9 @@ pub struct NodeConfig {
     pub state_dir: Option<PathBuf>,
     /// `--rls-listen` / `--rls-config`: Envoy's rate limit service; `None`: off.
     pub rls: Option<crate::rls::RlsSettings>,
+    /// TEST ONLY (`--test-only-clock-skew-ms`): how far this node's clock reads ahead of the
+    /// system clock (negative: behind), so the chaos harness can skew one node. 0 in production.
+    pub test_only_clock_skew_ns: i64,
 }
 
 #[derive(Debug, Clone)]
@@ -145,6 +148,7 @@ impl NodeConfig {
             rules: None,
             state_dir: None,
             rls: None,
+            test_only_clock_skew_ns: 0,
         }
     }
 }

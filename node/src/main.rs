@@ -128,6 +128,10 @@ struct Flags {
     /// (default `info`).
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     log_format: LogFormat,
+    /// TEST ONLY, for the chaos harness: run this node's clock this many milliseconds ahead
+    /// (negative: behind) of the system clock. Hidden from --help; never use it in production.
+    #[arg(long, hide = true, default_value_t = 0, allow_hyphen_values = true)]
+    test_only_clock_skew_ms: i64,
 }
 
 fn main() -> ExitCode {
@@ -153,6 +157,12 @@ fn main() -> ExitCode {
 async fn run(flags: Flags) -> anyhow::Result<()> {
     let addresses = Addresses::resolve(&flags).await?;
     let config = config_from(&flags, addresses)?;
+    if flags.test_only_clock_skew_ms != 0 {
+        tracing::warn!(
+            "TEST ONLY: this node's clock runs {} ms off the system clock",
+            flags.test_only_clock_skew_ms
+        );
+    }
     // Before anything says "serving": a signal from then on must find its handler.
     let signals = Signals::install()?;
     let node = Node::start(config).await?;
@@ -307,6 +317,10 @@ fn config_from(flags: &Flags, addresses: Addresses) -> anyhow::Result<NodeConfig
         sync_interval: flags.sync_interval,
         allow_alone: flags.allow_alone,
     };
+    anyhow::ensure!(
+        flags.test_only_clock_skew_ms.unsigned_abs() <= 3_600_000,
+        "--test-only-clock-skew-ms must be within one hour (3600000)"
+    );
     Ok(NodeConfig {
         listen,
         admin,
@@ -317,6 +331,7 @@ fn config_from(flags: &Flags, addresses: Addresses) -> anyhow::Result<NodeConfig
         rules: flags.rules.clone(),
         state_dir: flags.state_dir.clone(),
         rls: rls_settings(flags)?,
+        test_only_clock_skew_ns: flags.test_only_clock_skew_ms * 1_000_000,
     })
 }
 
@@ -443,6 +458,22 @@ mod tests {
             err.contains("--seeds") && err.contains("has no port"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn the_test_only_clock_skew_flag_parses_either_sign_and_is_hidden_from_help() {
+        let parse = |value: &str| {
+            Flags::try_parse_from(["floodgate-node", "--test-only-clock-skew-ms", value])
+                .unwrap()
+                .test_only_clock_skew_ms
+        };
+        assert_eq!(parse("250"), 250);
+        assert_eq!(parse("-250"), -250);
+        let help = <Flags as clap::CommandFactory>::command()
+            .render_long_help()
+            .to_string();
+        assert!(!help.contains("clock-skew"), "{help}");
+        assert!(help.contains("--listen"), "{help}");
     }
 
     #[tokio::test]

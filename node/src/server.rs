@@ -94,7 +94,7 @@ impl Node {
             .as_deref()
             .map(crate::rules::RulesHandle::load)
             .transpose()?;
-        let clock = EpochClock::start();
+        let clock = EpochClock::start().skewed(config.test_only_clock_skew_ns);
         let peer_config = tls::peer_client_configs(&config.tls)?;
         let metrics = NodeMetrics::register();
         let cluster = Cluster::new(

@@ -1,0 +1,504 @@
+//! The invariants of a run: per key, what was admitted in every window of its limit against what
+//! the limit allows plus the scenario's bound; availability; errors; fail-closed checks that
+//! admitted; panics and errors in the node logs.
+
+use std::collections::HashSet;
+use std::path::Path;
+
+use floodgate_client::FailureMode;
+
+use crate::keys::KeySpec;
+use crate::load::{Record, Via};
+use crate::scenario::Bound;
+
+/// A stretch of the run where a fault was in force (nanoseconds since the origin).
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct FaultSpan {
+    pub label: String,
+    pub start_ns: u64,
+    pub end_ns: u64,
+}
+
+/// Over-admission after a fault ends still counts as the fault's: merges, refetched tables and
+/// reconnecting links settle within this (the longest documented bounded wait is 1 s).
+pub const SETTLE_NS: u64 = 2_000_000_000;
+
+/// What the checker needs besides the records.
+#[derive(Debug)]
+pub struct CheckInput<'a> {
+    pub keys: &'a [KeySpec],
+    pub bound: &'a Bound,
+    pub faults: &'a [FaultSpan],
+    pub min_availability: f64,
+    pub run_ns: u64,
+}
+
+/// One key's worst window.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct KeyFinding {
+    pub key: String,
+    pub allowed_per_window: u64,
+    /// Most admissions seen in one window, and where it started.
+    pub worst_admitted: u64,
+    pub worst_window_start_ns: u64,
+    /// What that window was allowed: the limit, the scenario's bound if a fault touched it,
+    /// and a full limit per gateway whose fallback bucket admitted in it.
+    pub worst_window_bound: u64,
+    pub ratio: f64,
+    pub admitted: u64,
+    pub fallback_admitted: u64,
+}
+
+/// The checker's verdict on one run.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct CheckResult {
+    pub checks: u64,
+    pub admitted: u64,
+    pub allowed: u64,
+    pub bound: u64,
+    pub availability: f64,
+    pub p99_latency_ms: f64,
+    pub worst_ratio: f64,
+    pub worst_key: String,
+    pub by_source: Vec<(Via, u64)>,
+    pub keys: Vec<KeyFinding>,
+    pub violations: Vec<String>,
+}
+
+/// Most violations listed per run (the count is always exact in the table).
+const MAX_LISTED: usize = 40;
+
+impl CheckInput<'_> {
+    /// True when a window starting at `start_ns` of length `window_ns` touches a fault or the
+    /// settling time after it.
+    fn touches_fault(&self, start_ns: u64, window_ns: u64) -> bool {
+        self.faults.iter().any(|f| {
+            start_ns < f.end_ns.saturating_add(SETTLE_NS) && start_ns + window_ns > f.start_ns
+        })
+    }
+}
+
+pub fn check(records: &[Record], input: &CheckInput<'_>) -> CheckResult {
+    let mut violations = Vec::new();
+    let mut findings = Vec::new();
+    let (mut allowed_total, mut bound_total) = (0u64, 0u64);
+    for (index, key) in input.keys.iter().enumerate() {
+        let mine: Vec<&Record> = records
+            .iter()
+            .filter(|r| r.key as usize == index && r.admitted)
+            .collect();
+        let finding = check_key(key, &mine, input, &mut violations);
+        let (allowed, bound) = run_allowance(key, &mine, input);
+        allowed_total += allowed;
+        bound_total += bound;
+        for r in &mine {
+            let closed = key.failure_mode == FailureMode::Closed;
+            if r.via == Via::FailClosed || (closed && r.via == Via::Fallback) {
+                violations.push(format!(
+                    "{}: fail-closed check admitted without a node at {:.3}s",
+                    key.name,
+                    r.done_ns as f64 / 1e9
+                ));
+            }
+        }
+        findings.push(finding);
+    }
+    let checks = records.len() as u64;
+    let admitted = records.iter().filter(|r| r.admitted).count() as u64;
+    let decided = records.iter().filter(|r| r.via.by_a_node()).count() as u64;
+    let availability = if checks == 0 {
+        0.0
+    } else {
+        decided as f64 / checks as f64
+    };
+    if checks == 0 {
+        violations.push("no check was made".to_owned());
+    }
+    if availability < input.min_availability {
+        violations.push(format!(
+            "availability {:.4} below the scenario's {:.4}",
+            availability, input.min_availability
+        ));
+    }
+    let errors = records.iter().filter(|r| r.via == Via::Error).count();
+    if errors > 0 {
+        violations.push(format!("{errors} checks failed with an error"));
+    }
+    let mut by_source = Vec::new();
+    for via in [
+        Via::Node,
+        Via::Takeover,
+        Via::Fallback,
+        Via::FailClosed,
+        Via::Error,
+    ] {
+        by_source.push((via, records.iter().filter(|r| r.via == via).count() as u64));
+    }
+    let (worst_ratio, worst_key) = findings
+        .iter()
+        .map(|f| (f.ratio, f.key.clone()))
+        .fold((0.0, String::new()), |a, b| if b.0 > a.0 { b } else { a });
+    let total_violations = violations.len();
+    violations.truncate(MAX_LISTED);
+    if total_violations > MAX_LISTED {
+        violations.push(format!("... {} more", total_violations - MAX_LISTED));
+    }
+    CheckResult {
+        checks,
+        admitted,
+        allowed: allowed_total,
+        bound: bound_total,
+        availability,
+        p99_latency_ms: p99_ms(records),
+        worst_ratio,
+        worst_key,
+        by_source,
+        keys: findings,
+        violations,
+    }
+}
+
+/// A stretch of the run under one of the keys' limits (`rules-reload`: between two edits).
+#[derive(Debug, Clone, Copy)]
+pub struct Phase {
+    pub start_ns: u64,
+    pub end_ns: u64,
+    /// Which of each key's `limits` is in force.
+    pub limit: usize,
+}
+
+/// Holds each phase's windows (starting `settle_ns` after the phase begins, ending by its end)
+/// to that phase's limit alone, exactly: proves each edit took effect, since a window under
+/// the new limit admitting what the old one allowed is a violation. Returns the violations and
+/// each phase's worst ratio.
+pub fn check_phases(
+    records: &[Record],
+    keys: &[KeySpec],
+    phases: &[Phase],
+    settle_ns: u64,
+) -> (Vec<String>, Vec<f64>) {
+    let exact = Bound::exact();
+    let mut violations = Vec::new();
+    let mut worst = Vec::new();
+    for (n, phase) in phases.iter().enumerate() {
+        let mut phase_worst = 0f64;
+        let from = phase.start_ns.saturating_add(settle_ns);
+        for (index, key) in keys.iter().enumerate() {
+            let Some(limit) = key.limits.get(phase.limit) else {
+                continue;
+            };
+            let under = KeySpec {
+                limits: vec![*limit],
+                ..key.clone()
+            };
+            let admitted: Vec<&Record> = records
+                .iter()
+                .filter(|r| {
+                    r.key as usize == index
+                        && r.admitted
+                        && r.sent_ns >= from
+                        && r.done_ns < phase.end_ns
+                })
+                .collect();
+            let input = CheckInput {
+                keys: std::slice::from_ref(&under),
+                bound: &exact,
+                faults: &[],
+                min_availability: 0.0,
+                run_ns: phase.end_ns,
+            };
+            let mut found = Vec::new();
+            let finding = check_key(&under, &admitted, &input, &mut found);
+            phase_worst = phase_worst.max(finding.ratio);
+            violations.extend(found.into_iter().map(|v| format!("phase {n}: {v}")));
+        }
+        worst.push(phase_worst);
+    }
+    (violations, worst)
+}
+
+/// Counts, for each admission's send time as a window start, the admissions certainly decided
+/// inside that window (sent at or after its start, answered before its end): a lower bound on
+/// the real count whatever the latency, so a violation found is real.
+fn check_key(
+    key: &KeySpec,
+    admitted: &[&Record],
+    input: &CheckInput<'_>,
+    violations: &mut Vec<String>,
+) -> KeyFinding {
+    let window = key.window_ns();
+    let allowed = key.allowed_per_window();
+    let mut worst = (0u64, 0u64, allowed, 0.0f64);
+    let mut reported = false;
+    for (i, first) in admitted.iter().enumerate() {
+        let start = first.sent_ns;
+        let end = start + window;
+        let mut count = 0u64;
+        let mut fallback_gateways = HashSet::new();
+        for r in admitted[i..].iter().take_while(|r| r.sent_ns < end) {
+            if r.done_ns < end {
+                count += 1;
+                if r.via == Via::Fallback {
+                    fallback_gateways.insert(r.gateway);
+                }
+            }
+        }
+        let extra = if input.touches_fault(start, window) {
+            input.bound.extra_per_window(key)
+        } else {
+            0
+        };
+        let bound = allowed + extra + fallback_gateways.len() as u64 * allowed;
+        let ratio = count as f64 / allowed.max(1) as f64;
+        if ratio > worst.3 {
+            worst = (count, start, bound, ratio);
+        }
+        if count > bound && !reported {
+            reported = true;
+            violations.push(format!(
+                "{}: {} admitted in the window from {:.3}s, bound {} (limit allows {}, fault bound {}, {} fallback gateways; admitted by route: {})",
+                key.describe(),
+                count,
+                start as f64 / 1e9,
+                bound,
+                allowed,
+                extra,
+                fallback_gateways.len(),
+                routes_in(&admitted[i..], end)
+            ));
+        }
+    }
+    KeyFinding {
+        key: key.name.clone(),
+        allowed_per_window: allowed,
+        worst_admitted: worst.0,
+        worst_window_start_ns: worst.1,
+        worst_window_bound: worst.2,
+        ratio: worst.3,
+        admitted: admitted.len() as u64,
+        fallback_admitted: admitted.iter().filter(|r| r.via == Via::Fallback).count() as u64,
+    }
+}
+
+/// Who the admissions of a window were routed to, e.g. `node 1 (owner): 30, node 2 (takeover): 4`.
+fn routes_in(admitted: &[&Record], end: u64) -> String {
+    let mut counts: Vec<((u16, Via), u64)> = Vec::new();
+    for r in admitted.iter().take_while(|r| r.sent_ns < end) {
+        if r.done_ns >= end {
+            continue;
+        }
+        match counts.iter_mut().find(|(k, _)| *k == (r.routed_to, r.via)) {
+            Some((_, n)) => *n += 1,
+            None => counts.push(((r.routed_to, r.via), 1)),
+        }
+    }
+    counts.sort();
+    counts
+        .iter()
+        .map(|((node, via), n)| format!("node {node} {via:?}: {n}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// What the key may admit over the whole run, tiled into windows: the limit in each, plus the
+/// bound in windows a fault touched and a limit per gateway that fell back in it.
+fn run_allowance(key: &KeySpec, admitted: &[&Record], input: &CheckInput<'_>) -> (u64, u64) {
+    let window = key.window_ns();
+    let allowed = key.allowed_per_window();
+    let tiles = input.run_ns.div_ceil(window).max(1);
+    let mut bound = 0u64;
+    for tile in 0..tiles {
+        let start = tile * window;
+        if input.touches_fault(start, window) {
+            bound += input.bound.extra_per_window(key);
+        }
+        let fallback: HashSet<u16> = admitted
+            .iter()
+            .filter(|r| r.via == Via::Fallback && r.done_ns >= start && r.done_ns < start + window)
+            .map(|r| r.gateway)
+            .collect();
+        bound += fallback.len() as u64 * allowed;
+    }
+    (allowed * tiles, bound)
+}
+
+fn p99_ms(records: &[Record]) -> f64 {
+    let mut latencies: Vec<u64> = records
+        .iter()
+        .map(|r| r.done_ns.saturating_sub(r.sent_ns))
+        .collect();
+    if latencies.is_empty() {
+        return 0.0;
+    }
+    latencies.sort_unstable();
+    let at = (latencies.len() * 99).div_ceil(100).saturating_sub(1);
+    latencies[at] as f64 / 1e6
+}
+
+/// Lines in the node logs that show a panic or an error; `allowed` patterns (errors a
+/// scenario provokes on purpose) are left out.
+pub fn scan_logs(dir: &Path, allowed: &[&str]) -> Vec<String> {
+    let mut found = Vec::new();
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return found;
+    };
+    let mut paths: Vec<_> = entries.flatten().map(|e| e.path()).collect();
+    paths.sort();
+    for path in paths {
+        let Ok(text) = std::fs::read_to_string(&path) else {
+            continue;
+        };
+        let name = path.file_name().unwrap_or_default().to_string_lossy();
+        for line in text.lines() {
+            let panic = line.contains("panicked");
+            let error = line.contains(" ERROR ") || line.starts_with("ERROR");
+            if (panic || error) && !allowed.iter().any(|a| line.contains(a)) {
+                found.push(format!("{name}: {}", line.trim()));
+            }
+        }
+    }
+    found
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use floodgate::Limit;
+
+    const S: u64 = 1_000_000_000;
+
+    fn key() -> KeySpec {
+        KeySpec {
+            name: "k".into(),
+            limits: vec![Limit::gcra(10, S, 10).unwrap()],
+            failure_mode: FailureMode::Open,
+            offered_per_second: 30.0,
+        }
+    }
+
+    fn admitted_at(ms: &[u64], via: Via) -> Vec<Record> {
+        ms.iter()
+            .map(|&t| Record {
+                key: 0,
+                gateway: 0,
+                sent_ns: t * 1_000_000,
+                done_ns: t * 1_000_000 + 500_000,
+                admitted: true,
+                via,
+                routed_to: 0,
+            })
+            .collect()
+    }
+
+    fn run(records: &[Record], bound: Bound, faults: &[FaultSpan]) -> CheckResult {
+        let keys = [key()];
+        check(
+            records,
+            &CheckInput {
+                keys: &keys,
+                bound: &bound,
+                faults,
+                min_availability: 0.0,
+                run_ns: 3 * S,
+            },
+        )
+    }
+
+    #[test]
+    fn twenty_in_one_second_is_the_limit_and_twenty_one_is_a_violation() {
+        // GCRA 10/s burst 10 allows 20 in any second.
+        let at: Vec<u64> = (0..20).map(|i| i * 40).collect();
+        let result = run(&admitted_at(&at, Via::Node), Bound::exact(), &[]);
+        assert!(result.violations.is_empty(), "{:?}", result.violations);
+        assert_eq!(result.keys[0].worst_admitted, 20);
+        let at: Vec<u64> = (0..21).map(|i| i * 40).collect();
+        let result = run(&admitted_at(&at, Via::Node), Bound::exact(), &[]);
+        assert_eq!(result.violations.len(), 1, "{:?}", result.violations);
+    }
+
+    #[test]
+    fn a_fault_window_gets_the_scenario_bound_and_fallback_gateways_a_limit_each() {
+        let at: Vec<u64> = (0..30).map(|i| i * 30).collect();
+        let records = admitted_at(&at, Via::Node);
+        let fault = FaultSpan {
+            label: "kill".into(),
+            start_ns: 0,
+            end_ns: S,
+        };
+        let crash = Bound::crash();
+        assert!(!run(&records, Bound::exact(), &[]).violations.is_empty());
+        let result = run(&records, crash.clone(), &[fault]);
+        // One burst (10) plus 100 ms of rate (1) on top of 20.
+        assert!(result.violations.is_empty(), "{:?}", result.violations);
+        let mut fallback = admitted_at(&at, Via::Fallback);
+        fallback.truncate(20);
+        let mut both = admitted_at(&at[..20], Via::Node);
+        both.extend(fallback);
+        both.sort_by_key(|r| r.sent_ns);
+        assert!(run(&both, Bound::exact(), &[]).violations.is_empty());
+    }
+
+    #[test]
+    fn an_answer_after_the_window_end_is_not_counted_in_it() {
+        let mut records = admitted_at(&(0..20).map(|i| i * 40).collect::<Vec<_>>(), Via::Node);
+        records.push(Record {
+            key: 0,
+            gateway: 0,
+            sent_ns: 900_000_000,
+            done_ns: 1_200_000_000,
+            admitted: true,
+            via: Via::Node,
+            routed_to: 0,
+        });
+        records.sort_by_key(|r| r.sent_ns);
+        assert!(run(&records, Bound::exact(), &[]).violations.is_empty());
+    }
+
+    #[test]
+    fn a_phase_is_held_to_its_own_limit_after_it_settles() {
+        let mut key = key();
+        key.limits.push(Limit::gcra(5, S, 5).unwrap());
+        // 20 admissions a second throughout: fine under 10/s burst 10, four times 5/s burst 5.
+        let at: Vec<u64> = (0..60).map(|i| i * 50).collect();
+        let records = admitted_at(&at, Via::Node);
+        let phases = [
+            Phase {
+                start_ns: 0,
+                end_ns: S + S / 2,
+                limit: 0,
+            },
+            Phase {
+                start_ns: S + S / 2,
+                end_ns: 3 * S,
+                limit: 1,
+            },
+        ];
+        let (violations, worst) = check_phases(&records, &[key], &phases, S / 10);
+        assert_eq!(violations.len(), 1, "{violations:?}");
+        assert!(violations[0].starts_with("phase 1:"), "{violations:?}");
+        assert!(worst[0] <= 1.0 && worst[1] > 1.0, "{worst:?}");
+    }
+
+    #[test]
+    fn a_fail_closed_admission_is_a_violation() {
+        let records = admitted_at(&[10], Via::FailClosed);
+        let result = run(&records, Bound::exact(), &[]);
+        assert!(
+            result.violations.iter().any(|v| v.contains("fail-closed")),
+            "{:?}",
+            result.violations
+        );
+    }
+
+    #[test]
+    fn log_scan_finds_panics_and_errors_but_not_allowed_ones() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(
+            dir.path().join("node-0.log"),
+            "2026 INFO fine\nthread 'main' panicked at x\n2026 ERROR floodgate_node: expected\n",
+        )
+        .unwrap();
+        assert_eq!(scan_logs(dir.path(), &[]).len(), 2);
+        assert_eq!(scan_logs(dir.path(), &["expected"]).len(), 1);
+    }
+}

@@ -1,0 +1,178 @@
+//! The known keys every scenario drives: their algorithms, limits, failure modes and offered
+//! rates, and how many admissions each limit allows in one window.
+
+use floodgate::{Algorithm, Limit};
+use floodgate_client::FailureMode;
+
+const SECOND_NS: u64 = 1_000_000_000;
+
+/// One key under load and what the checker holds it to.
+#[derive(Debug, Clone)]
+pub struct KeySpec {
+    pub name: String,
+    /// Every limit the key is checked at during the run (more than one only when the rules
+    /// change under load); the first is the one in force at the start.
+    pub limits: Vec<Limit>,
+    pub failure_mode: FailureMode,
+    /// Checks per second offered across all gateways: above the limit, so it binds.
+    pub offered_per_second: f64,
+}
+
+impl KeySpec {
+    /// The window the checker counts in: the longest period of its limits.
+    pub fn window_ns(&self) -> u64 {
+        self.limits
+            .iter()
+            .map(Limit::period_ns)
+            .max()
+            .unwrap_or(SECOND_NS)
+    }
+
+    /// Most admissions the limits allow in any window of [`KeySpec::window_ns`]:
+    /// GCRA `burst + rate` per period (a bucket refilled while the window runs), sliding log
+    /// `rate` (exact), fixed window `2 x rate` (each aligned window at most `rate`, and any
+    /// window of one period overlaps two), sliding window `2 x rate` likewise (the estimate
+    /// weighs the previous window's count, which may sit at its end). Across limit changes, the
+    /// largest burst plus the fastest rate over the window.
+    pub fn allowed_per_window(&self) -> u64 {
+        let window = self.window_ns();
+        let mut most_burst = 0u64;
+        let mut fastest = 0f64;
+        for limit in &self.limits {
+            let per_window = limit.rate() as f64 * window as f64 / limit.period_ns().max(1) as f64;
+            let (burst, rate) = match limit.algorithm() {
+                Algorithm::Gcra => (limit.burst(), per_window),
+                Algorithm::SlidingLog => (0, per_window),
+                Algorithm::FixedWindow | Algorithm::SlidingWindow => (0, 2.0 * per_window),
+            };
+            most_burst = most_burst.max(burst);
+            fastest = fastest.max(rate);
+        }
+        most_burst + fastest.ceil() as u64
+    }
+
+    /// One burst of the key (GCRA's burst, a window's count): the unit of documented
+    /// over-admission on a crash.
+    pub fn burst(&self) -> u64 {
+        self.limits
+            .iter()
+            .map(|l| match l.algorithm() {
+                Algorithm::Gcra => l.burst(),
+                _ => l.rate(),
+            })
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// Units the key's fastest limit refills in `ns`.
+    pub fn rate_over(&self, ns: u64) -> f64 {
+        self.limits
+            .iter()
+            .map(|l| l.rate() as f64 * ns as f64 / l.period_ns().max(1) as f64)
+            .fold(0.0, f64::max)
+    }
+
+    pub fn describe(&self) -> String {
+        let limits: Vec<String> = self.limits.iter().map(ToString::to_string).collect();
+        format!("{} {}", self.name, limits.join(" -> "))
+    }
+}
+
+fn limit(algorithm: Algorithm, rate: u64, period_ns: u64, burst: u64) -> Limit {
+    Limit::new(algorithm, rate, period_ns, burst)
+        .unwrap_or_else(|e| panic!("the key table's limits are valid: {e}"))
+}
+
+/// The standard key set: GCRA keys failing open and closed, a sliding log (exact) and a fixed
+/// window, each offered about three times its limit.
+pub fn standard_keys() -> Vec<KeySpec> {
+    let mut keys = Vec::new();
+    let mut add = |name: &str, limit: Limit, mode: FailureMode| {
+        let offered = 3.0 * limit.rate() as f64 * SECOND_NS as f64 / limit.period_ns() as f64;
+        keys.push(KeySpec {
+            name: name.to_owned(),
+            limits: vec![limit],
+            failure_mode: mode,
+            offered_per_second: offered,
+        });
+    };
+    for i in 0..4 {
+        add(
+            &format!("chaos:gcra:{i}"),
+            limit(Algorithm::Gcra, 20, SECOND_NS, 20),
+            FailureMode::Open,
+        );
+    }
+    for i in 0..2 {
+        add(
+            &format!("chaos:gcra-small-burst:{i}"),
+            limit(Algorithm::Gcra, 40, SECOND_NS, 5),
+            FailureMode::Open,
+        );
+    }
+    for i in 0..2 {
+        add(
+            &format!("chaos:closed:{i}"),
+            limit(Algorithm::Gcra, 20, SECOND_NS, 20),
+            FailureMode::Closed,
+        );
+    }
+    for i in 0..2 {
+        add(
+            &format!("chaos:log:{i}"),
+            limit(Algorithm::SlidingLog, 25, SECOND_NS, 25),
+            FailureMode::Open,
+        );
+    }
+    for i in 0..2 {
+        add(
+            &format!("chaos:fixed:{i}"),
+            limit(Algorithm::FixedWindow, 25, SECOND_NS, 25),
+            FailureMode::Open,
+        );
+    }
+    keys
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn allowed_per_window_follows_each_algorithm() {
+        let key = |l: Limit| KeySpec {
+            name: "k".into(),
+            limits: vec![l],
+            failure_mode: FailureMode::Open,
+            offered_per_second: 1.0,
+        };
+        assert_eq!(
+            key(limit(Algorithm::Gcra, 20, SECOND_NS, 5)).allowed_per_window(),
+            25
+        );
+        assert_eq!(
+            key(limit(Algorithm::SlidingLog, 25, SECOND_NS, 25)).allowed_per_window(),
+            25
+        );
+        assert_eq!(
+            key(limit(Algorithm::FixedWindow, 25, SECOND_NS, 25)).allowed_per_window(),
+            50
+        );
+    }
+
+    #[test]
+    fn a_period_change_counts_in_the_longest_window_at_the_fastest_rate() {
+        let key = KeySpec {
+            name: "k".into(),
+            limits: vec![
+                limit(Algorithm::Gcra, 20, SECOND_NS, 20),
+                limit(Algorithm::Gcra, 60, 2 * SECOND_NS, 30),
+            ],
+            failure_mode: FailureMode::Open,
+            offered_per_second: 1.0,
+        };
+        assert_eq!(key.window_ns(), 2 * SECOND_NS);
+        // Burst 30, and 30/s over 2 s beats 20/s over 2 s.
+        assert_eq!(key.allowed_per_window(), 30 + 60);
+    }
+}

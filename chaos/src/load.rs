@@ -1,0 +1,357 @@
+//! Gateways driving load through the real client: several tasks per gateway, each offering its
+//! share of every key's rate, recording each decision with its time and who made it.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use floodgate_client::policy::RequestInfo;
+use floodgate_client::{
+    Check, Client, ClientConfig, LimiterConfig, LinkState, RateLimiter, Source,
+};
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+
+use crate::faults::Endpoint;
+use crate::keys::KeySpec;
+use crate::proxy::Directory;
+
+/// Who decided a check.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Via {
+    /// The key's owner (as the client's table names it, link up).
+    Node,
+    /// A node while the client's link to the owner was down: the successor's takeover.
+    Takeover,
+    /// The client's local fallback bucket (failure mode open).
+    Fallback,
+    /// Denied without a node (failure mode closed).
+    FailClosed,
+    /// `check` returned an error (never expected: errors are for invalid calls).
+    Error,
+}
+
+impl Via {
+    pub fn by_a_node(self) -> bool {
+        matches!(self, Via::Node | Via::Takeover)
+    }
+}
+
+/// One decision.
+#[derive(Debug, Clone, Copy)]
+pub struct Record {
+    pub key: u16,
+    pub gateway: u16,
+    /// Nanoseconds since the run's origin when the check was sent and when its answer came.
+    pub sent_ns: u64,
+    pub done_ns: u64,
+    pub admitted: bool,
+    pub via: Via,
+    /// The node the client routed the check to (its table's owner), by index; `u16::MAX` when
+    /// it is not one of the run's nodes.
+    pub routed_to: u16,
+}
+
+/// How gateways ask: the client with explicit limits, or the rules the nodes serve.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Front {
+    Client,
+    /// `RateLimiter` over the nodes' `--rules`: a request per check, the key's name as user.
+    Rules,
+}
+
+/// A connected gateway.
+#[derive(Debug, Clone)]
+pub struct Gateway {
+    pub index: usize,
+    pub region: usize,
+    pub client: Client,
+    pub limiter: Option<RateLimiter>,
+}
+
+/// Connects a gateway to every proxy and registers the ports its client sends from, so the
+/// proxies can cut it apart from the others.
+pub async fn connect_gateway(
+    index: usize,
+    region: usize,
+    seeds: &[SocketAddr],
+    config: ClientConfig,
+    front: Front,
+    directory: &Directory,
+) -> anyhow::Result<Gateway> {
+    // The census works because gateways connect one at a time and the client binds one socket
+    // per node given (every node is a seed, so no link is added later).
+    let before = crate::sockets::own_udp_ports();
+    let (client, limiter) = match front {
+        Front::Client => (Client::connect(seeds, config).await?, None),
+        Front::Rules => {
+            let limiter = RateLimiter::connect(
+                seeds,
+                config,
+                LimiterConfig {
+                    refresh_interval: Duration::from_millis(200),
+                    policy_timeout: Duration::from_secs(10),
+                },
+            )
+            .await?;
+            (limiter.client().clone(), Some(limiter))
+        }
+    };
+    for port in crate::sockets::own_udp_ports().difference(&before) {
+        if !directory.is_proxy_port(*port) {
+            directory.register(*port, Endpoint::Gateway(index));
+        }
+    }
+    Ok(Gateway {
+        index,
+        region,
+        client,
+        limiter,
+    })
+}
+
+/// What the harness knows of each node right now, to tell a takeover from the owner's own
+/// decision: a check the client routed to an owner that is down (killed, paused, stopped) or
+/// cut from its gateway was decided by someone else.
+#[derive(Debug)]
+pub struct NodeHealth {
+    /// Proxy address of each node, by index.
+    pub addrs: Vec<SocketAddr>,
+    pub down: Vec<std::sync::atomic::AtomicBool>,
+    pub faults: Arc<crate::faults::FaultTable>,
+}
+
+impl NodeHealth {
+    pub fn new(addrs: Vec<SocketAddr>, faults: Arc<crate::faults::FaultTable>) -> Self {
+        let down = addrs
+            .iter()
+            .map(|_| std::sync::atomic::AtomicBool::new(false))
+            .collect();
+        NodeHealth {
+            addrs,
+            down,
+            faults,
+        }
+    }
+
+    pub fn set_down(&self, node: usize, down: bool) {
+        if let Some(flag) = self.down.get(node) {
+            flag.store(down, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+
+    pub fn index_of(&self, addr: SocketAddr) -> Option<usize> {
+        self.addrs.iter().position(|a| *a == addr)
+    }
+
+    fn unreachable(&self, gateway: usize, addr: SocketAddr) -> bool {
+        let Some(node) = self.index_of(addr) else {
+            return false;
+        };
+        self.down[node].load(std::sync::atomic::Ordering::Relaxed)
+            || self
+                .faults
+                .is_cut(Endpoint::Gateway(gateway), Endpoint::Node(node))
+    }
+}
+
+/// What the drivers share.
+#[derive(Debug)]
+pub struct LoadPlan {
+    pub health: Arc<NodeHealth>,
+    pub keys: Vec<KeySpec>,
+    pub origin: Instant,
+    /// Driving tasks per gateway.
+    pub tasks_per_gateway: usize,
+    /// Most checks one task has in flight; more are not sent (the offered rate is a ceiling).
+    pub max_in_flight: usize,
+}
+
+/// How often a driving task wakes to send what its share of each key's rate owes.
+const TICK: Duration = Duration::from_millis(5);
+
+/// Drives load from every gateway until `stop` (or `deadline`), returning every record.
+pub async fn drive(
+    plan: Arc<LoadPlan>,
+    gateways: Vec<Gateway>,
+    seed: u64,
+    stop: watch::Receiver<bool>,
+    deadline: Instant,
+) -> Vec<Record> {
+    let total_tasks = (gateways.len() * plan.tasks_per_gateway).max(1);
+    let mut tasks = JoinSet::new();
+    for gateway in gateways {
+        for t in 0..plan.tasks_per_gateway {
+            let seed = seed ^ ((gateway.index as u64) << 32) ^ t as u64;
+            tasks.spawn(drive_task(
+                plan.clone(),
+                gateway.clone(),
+                total_tasks,
+                seed,
+                stop.clone(),
+                deadline,
+            ));
+        }
+    }
+    let mut records = Vec::new();
+    while let Some(done) = tasks.join_next().await {
+        if let Ok(mut part) = done {
+            records.append(&mut part);
+        }
+    }
+    records.sort_by_key(|r| r.sent_ns);
+    records
+}
+
+async fn drive_task(
+    plan: Arc<LoadPlan>,
+    gateway: Gateway,
+    total_tasks: usize,
+    seed: u64,
+    mut stop: watch::Receiver<bool>,
+    deadline: Instant,
+) -> Vec<Record> {
+    let mut rng = SmallRng::seed_from_u64(seed);
+    // Random starting credit, so tasks do not all send on the same tick.
+    let mut credit: Vec<f64> = plan.keys.iter().map(|_| rng.random::<f64>()).collect();
+    let shares: Vec<f64> = plan
+        .keys
+        .iter()
+        .map(|k| k.offered_per_second * TICK.as_secs_f64() / total_tasks as f64)
+        .collect();
+    let mut ticker = tokio::time::interval(TICK);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    let mut in_flight = JoinSet::new();
+    let mut records = Vec::new();
+    loop {
+        tokio::select! {
+            _ = stop.wait_for(|&s| s) => break,
+            _ = tokio::time::sleep_until(deadline.into()) => break,
+            _ = ticker.tick() => {}
+        }
+        while let Some(done) = in_flight.try_join_next() {
+            if let Ok(record) = done {
+                records.push(record);
+            }
+        }
+        for (key, owed) in credit.iter_mut().enumerate() {
+            *owed += shares[key];
+            while *owed >= 1.0 {
+                *owed -= 1.0;
+                if in_flight.len() < plan.max_in_flight {
+                    in_flight.spawn(check_once(plan.clone(), gateway.clone(), key));
+                }
+            }
+        }
+    }
+    // Answers in flight come back within the client's timeout.
+    while let Some(done) = in_flight.join_next().await {
+        if let Ok(record) = done {
+            records.push(record);
+        }
+    }
+    records
+}
+
+async fn check_once(plan: Arc<LoadPlan>, gateway: Gateway, key: usize) -> Record {
+    let spec = &plan.keys[key];
+    let owner = gateway.client.node_for(spec.name.as_bytes());
+    let owner_down = plan.health.unreachable(gateway.index, owner)
+        || owner_link_down(&gateway.client, spec.name.as_bytes());
+    let sent_ns = plan.origin.elapsed().as_nanos() as u64;
+    let (admitted, source) = match &gateway.limiter {
+        None => {
+            let check =
+                Check::new(spec.name.as_bytes(), spec.limits[0]).failure_mode(spec.failure_mode);
+            match gateway.client.check(&[check]).await {
+                Ok(verdicts) => match verdicts.first() {
+                    Some(v) => (v.is_allowed(), Some(v.source)),
+                    None => (false, None),
+                },
+                Err(_) => (false, None),
+            }
+        }
+        Some(limiter) => {
+            let mut request = RequestInfo::new("GET", "/chaos/rules");
+            request.user = Some(spec.name.clone());
+            let decision = limiter.check(&request).await;
+            let source = if decision.fallbacks > 0 {
+                Source::Fallback(floodgate_client::DegradedReason::Timeout)
+            } else {
+                Source::Node
+            };
+            (decision.is_allowed(), Some(source))
+        }
+    };
+    let done_ns = plan.origin.elapsed().as_nanos() as u64;
+    let via = match source {
+        None => Via::Error,
+        Some(Source::Node) if owner_down => Via::Takeover,
+        Some(Source::Node) => Via::Node,
+        Some(Source::Fallback(_)) => Via::Fallback,
+        Some(Source::FailClosed(_)) => Via::FailClosed,
+    };
+    Record {
+        key: key as u16,
+        gateway: gateway.index as u16,
+        sent_ns,
+        done_ns,
+        admitted,
+        via,
+        routed_to: plan.health.index_of(owner).map_or(u16::MAX, |i| i as u16),
+    }
+}
+
+/// Whether the client's link to the key's owner is down now (its checks then go to the
+/// successor as a takeover). Approximate: an open breaker on a connected link is not seen.
+fn owner_link_down(client: &Client, key: &[u8]) -> bool {
+    let owner = client.owner_of(key);
+    client
+        .nodes()
+        .get(owner)
+        .is_some_and(|n| n.state != LinkState::Connected)
+}
+
+/// Floods random keys (never the known ones) through `client` until stop: `rate` checks a
+/// second, at most `max_in_flight` at once. Returns how many were sent.
+pub async fn flood_random_keys(
+    client: Client,
+    limit: floodgate::Limit,
+    rate: u64,
+    seed: u64,
+    mut stop: watch::Receiver<bool>,
+    deadline: Instant,
+) -> u64 {
+    let mut rng = SmallRng::seed_from_u64(seed);
+    let per_tick = (rate as f64 * TICK.as_secs_f64()).ceil() as usize;
+    let mut ticker = tokio::time::interval(TICK);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    let mut in_flight = JoinSet::new();
+    let mut sent = 0u64;
+    loop {
+        tokio::select! {
+            _ = stop.wait_for(|&s| s) => break,
+            _ = tokio::time::sleep_until(deadline.into()) => break,
+            _ = ticker.tick() => {}
+        }
+        while in_flight.try_join_next().is_some() {}
+        let checks: Vec<Check> = (0..per_tick)
+            .map(|_| Check::new(format!("flood:{:016x}", rng.random::<u64>()), limit))
+            .collect();
+        if in_flight.len() < 64 {
+            let client = client.clone();
+            in_flight.spawn(async move {
+                // Each its own call: random keys have random owners.
+                for check in checks {
+                    let _ = client.check(std::slice::from_ref(&check)).await;
+                }
+            });
+            sent += per_tick as u64;
+        }
+    }
+    in_flight.shutdown().await;
+    sent
+}

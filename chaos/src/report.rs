@@ -1,0 +1,58 @@
+//! The run's outputs: the table on stdout and `report.json`.
+
+use std::fmt::Write as _;
+use std::path::Path;
+
+use crate::run::ScenarioReport;
+use crate::scenario::Scenario;
+
+/// The markdown table of a run, one row per scenario.
+pub fn table(reports: &[ScenarioReport]) -> String {
+    let mut out = String::new();
+    out.push_str("| scenario | checks | admitted | allowed | bound | worst key's ratio | availability | p99 decision | verdict |\n");
+    out.push_str("|---|---:|---:|---:|---|---:|---:|---:|---|\n");
+    for r in reports {
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} | {} | {} (+{}) | {:.2} | {:.4} | {:.1} ms | {} |",
+            r.scenario,
+            r.checks,
+            r.admitted,
+            r.allowed,
+            r.bound_rule,
+            r.bound,
+            r.worst_ratio,
+            r.availability,
+            r.p99_latency_ms,
+            if r.passed {
+                "pass".to_owned()
+            } else {
+                format!("FAIL ({})", r.violations.len())
+            }
+        );
+    }
+    out
+}
+
+/// The scenarios and their bounds, for `list`.
+pub fn list(scenarios: &[Scenario]) -> String {
+    let mut out = String::new();
+    for s in scenarios {
+        let _ = writeln!(out, "{:<17} {}", s.name, s.about);
+        let _ = writeln!(
+            out,
+            "{:<17} bound: {} ({}); availability >= {}, client timeout {} ms",
+            "",
+            s.bound.short(),
+            s.bound.why,
+            s.min_availability,
+            s.client_timeout.as_millis()
+        );
+    }
+    out
+}
+
+pub fn write_json(reports: &[ScenarioReport], path: &Path) -> anyhow::Result<()> {
+    std::fs::write(path, serde_json::to_string_pretty(reports)?)?;
+    Ok(())
+}

@@ -1,0 +1,466 @@
+//! One scenario end to end: start the world, connect the gateways, drive load while the
+//! timeline plays, stop everything, then check the records and the logs.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use floodgate_client::ClientConfig;
+use tokio::sync::watch;
+
+use crate::checker::{self, CheckInput, CheckResult, FaultSpan};
+use crate::keys::{KeySpec, standard_keys};
+use crate::load::{self, Front, LoadPlan, Record};
+use crate::rules::RulesFile;
+use crate::scenario::{Plan, Scenario};
+use crate::timeline::{self, SKEW_MS, SKEWED_NODE};
+use crate::world::{Layout, World};
+
+/// What `run` was asked for.
+#[derive(Debug, Clone)]
+pub struct RunSettings {
+    pub seed: u64,
+    pub duration: Duration,
+    pub regions: usize,
+    pub nodes_per_region: usize,
+    pub gateways_per_region: usize,
+    pub out: PathBuf,
+    pub node_bin: PathBuf,
+}
+
+/// One scenario's outcome, as `report.json` holds it.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct ScenarioReport {
+    pub scenario: String,
+    pub seed: u64,
+    pub passed: bool,
+    pub checks: u64,
+    pub admitted: u64,
+    pub allowed: u64,
+    pub bound: u64,
+    pub bound_rule: String,
+    pub bound_why: String,
+    pub availability: f64,
+    pub p99_latency_ms: f64,
+    pub worst_ratio: f64,
+    pub worst_key: String,
+    pub violations: Vec<String>,
+    pub faults: Vec<FaultSpan>,
+    pub events: Vec<(f64, String)>,
+    pub by_source: Vec<(crate::load::Via, u64)>,
+    pub extra: serde_json::Value,
+    #[serde(skip)]
+    pub result: Option<CheckResult>,
+    #[serde(skip)]
+    pub series: Vec<crate::svg::KeySeries>,
+}
+
+/// `--max-keys` for every node; `key-flood` uses a small one so the flood passes it.
+const MAX_KEYS: usize = 1 << 20;
+const FLOOD_MAX_KEYS: usize = 4_096;
+/// Longest a scenario may run past its duration (slow restarts) before it is called off.
+const OVERRUN: Duration = Duration::from_secs(90);
+
+pub async fn run_scenario(
+    scenario: &Scenario,
+    settings: &RunSettings,
+) -> anyhow::Result<ScenarioReport> {
+    let dir = settings.out.join(scenario.name);
+    if dir.exists() {
+        std::fs::remove_dir_all(&dir).with_context(|| format!("clearing {}", dir.display()))?;
+    }
+    std::fs::create_dir_all(&dir)?;
+    let certs = settings.out.join("certs");
+    let layout = Layout {
+        regions: settings.regions,
+        nodes_per_region: settings.nodes_per_region,
+        spares: if scenario.plan == Plan::Churn { 2 } else { 0 },
+        gateways_per_region: settings.gateways_per_region,
+    };
+    let rules = if scenario.plan == Plan::RulesReload {
+        Some(RulesFile::create(dir.join("rules.yaml"))?)
+    } else {
+        None
+    };
+    let max_keys = if scenario.plan == Plan::KeyFlood {
+        FLOOD_MAX_KEYS
+    } else {
+        MAX_KEYS
+    };
+    let skewed = scenario.plan == Plan::ClockSkew;
+    let setup = crate::procs::NodeSetup {
+        binary: settings.node_bin.clone(),
+        certs,
+        logs: dir.join("logs"),
+        seeds: Vec::new(),
+        max_keys,
+        rules: rules.as_ref().map(|r| r.path.clone()),
+    };
+    let mut world = World::start(
+        layout.clone(),
+        setup,
+        |index| {
+            if skewed && index == SKEWED_NODE {
+                vec![format!("--test-only-clock-skew-ms={SKEW_MS}")]
+            } else {
+                Vec::new()
+            }
+        },
+        settings.seed,
+    )
+    .await?;
+    let outcome = drive_and_check(scenario, settings, &mut world, rules.as_ref(), &dir).await;
+    world.shutdown().await;
+    let mut report = outcome?;
+    let log_findings = checker::scan_logs(&dir.join("logs"), scenario.expected_errors);
+    for line in log_findings.iter().take(10) {
+        report.violations.push(format!("node log: {line}"));
+    }
+    if log_findings.len() > 10 {
+        report
+            .violations
+            .push(format!("node logs: {} more lines", log_findings.len() - 10));
+    }
+    report.passed = report.violations.is_empty();
+    Ok(report)
+}
+
+async fn drive_and_check(
+    scenario: &Scenario,
+    settings: &RunSettings,
+    world: &mut World,
+    rules: Option<&RulesFile>,
+    dir: &Path,
+) -> anyhow::Result<ScenarioReport> {
+    let ca = world.setup.certs.join("ca.pem");
+    let mut config = ClientConfig::with_ca_file(&ca);
+    config.timeout = scenario.client_timeout;
+    let front = if rules.is_some() {
+        Front::Rules
+    } else {
+        Front::Client
+    };
+    let seeds = world.seeds();
+    for region in 0..settings.regions {
+        for _ in 0..settings.gateways_per_region {
+            let index = world.gateways.len();
+            let gateway = load::connect_gateway(
+                index,
+                region,
+                &seeds,
+                config.clone(),
+                front,
+                &world.directory,
+            )
+            .await
+            .with_context(|| format!("connecting gateway {index}"))?;
+            world.gateways.push(gateway);
+        }
+    }
+    settle(world).await?;
+    let keys: Vec<KeySpec> = if rules.is_some() {
+        RulesFile::keys()
+    } else {
+        standard_keys()
+    };
+    // The run's clock starts with the load.
+    world.origin = Instant::now();
+    let plan = Arc::new(LoadPlan {
+        health: world.health.clone(),
+        keys: keys.clone(),
+        origin: world.origin,
+        tasks_per_gateway: 2,
+        max_in_flight: 256,
+    });
+    let (stop_tx, stop) = watch::channel(false);
+    let hard_deadline = world.origin + settings.duration + OVERRUN;
+    let load = tokio::spawn(load::drive(
+        plan,
+        world.gateways.clone(),
+        settings.seed,
+        stop.clone(),
+        hard_deadline,
+    ));
+    let side_load = start_side_load(scenario, settings, world, &stop, hard_deadline)?;
+    let rss_before = node_rss(world);
+    let played = tokio::time::timeout(
+        settings.duration + OVERRUN,
+        timeline::play(scenario, world, settings.duration, rules),
+    )
+    .await;
+    let mut extra = serde_json::Map::new();
+    if scenario.plan == Plan::KeyFlood {
+        extra.insert("rss_before".into(), serde_json::json!(rss_before));
+        extra.insert("rss_after".into(), serde_json::json!(node_rss(world)));
+    }
+    let live = live_buckets(world).await;
+    let _ = stop_tx.send(true);
+    let records: Vec<Record> = load.await.context("the load task failed")?;
+    let side = match side_load {
+        Some(task) => Some(task.await.context("the side load failed")?),
+        None => None,
+    };
+    let run_ns = world.now_ns();
+    world.close_spans(run_ns);
+    let mut violations = Vec::new();
+    match played {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => violations.push(format!("timeline failed: {e:#}")),
+        Err(_) => violations.push(format!(
+            "timeline did not finish within {:?}",
+            settings.duration + OVERRUN
+        )),
+    }
+    if let Some(side) = side {
+        extra.insert("side_load".into(), side);
+    }
+    if scenario.plan == Plan::KeyFlood {
+        check_memory(&extra, &live, FLOOD_MAX_KEYS, &mut violations);
+        extra.insert("live_buckets".into(), serde_json::json!(live));
+    }
+    let input = CheckInput {
+        keys: &keys,
+        bound: &scenario.bound,
+        faults: &world.spans,
+        min_availability: scenario.min_availability,
+        run_ns,
+    };
+    let result = checker::check(&records, &input);
+    violations.extend(result.violations.iter().cloned());
+    if scenario.plan == Plan::RulesReload {
+        let phases = rules_phases(world, run_ns);
+        let (found, worst) = checker::check_phases(&records, &keys, &phases, RULES_SETTLE_NS);
+        violations.extend(found);
+        extra.insert("phase_worst_ratio".into(), serde_json::json!(worst));
+    }
+    write_decisions(&dir.join("decisions.csv"), &records, &keys)?;
+    let series = crate::svg::series(&records, &keys, &result, &scenario.bound, &world.spans);
+    crate::svg::write(
+        &dir.join(format!("{}.svg", scenario.name)),
+        scenario.name,
+        &series,
+        &world.spans,
+        run_ns,
+    )?;
+    Ok(ScenarioReport {
+        scenario: scenario.name.to_owned(),
+        seed: settings.seed,
+        passed: violations.is_empty(),
+        checks: result.checks,
+        admitted: result.admitted,
+        allowed: result.allowed,
+        bound: result.bound,
+        bound_rule: scenario.bound.short(),
+        bound_why: scenario.bound.why.to_owned(),
+        availability: result.availability,
+        p99_latency_ms: result.p99_latency_ms,
+        worst_ratio: result.worst_ratio,
+        worst_key: result.worst_key.clone(),
+        violations,
+        faults: world.spans.clone(),
+        events: world
+            .events
+            .iter()
+            .map(|(t, e)| (*t as f64 / 1e9, e.clone()))
+            .collect(),
+        by_source: result.by_source.clone(),
+        extra: serde_json::Value::Object(extra),
+        result: Some(result),
+        series,
+    })
+}
+
+/// Longest the cluster may take to agree on one table after the last node is ready.
+const SETTLE_TIMEOUT: Duration = Duration::from_secs(20);
+/// Quiet time after the tables agree: hand-offs of the last join are done within 500 ms and a
+/// joining node waits at most 1 s to hear from the cluster.
+const SETTLE_QUIET: Duration = Duration::from_millis(1_500);
+
+/// Waits until every gateway routes by the same table naming every running node, so the run
+/// starts from a settled cluster (a start-up transient is not a scenario's fault).
+async fn settle(world: &World) -> anyhow::Result<()> {
+    let running: Vec<String> = world
+        .nodes
+        .iter()
+        .filter(|n| n.is_running())
+        .map(|n| n.spec.advertise.to_string())
+        .collect();
+    let deadline = Instant::now() + SETTLE_TIMEOUT;
+    loop {
+        let tables: Vec<_> = world
+            .gateways
+            .iter()
+            .map(|g| g.client.slot_table())
+            .collect();
+        let agreed = tables.iter().all(|t| {
+            t.as_ref().is_some_and(|t| {
+                Some(t.version()) == tables[0].as_ref().map(|f| f.version())
+                    && running
+                        .iter()
+                        .all(|addr| t.members().iter().any(|m| &m.addr == addr))
+            })
+        });
+        if agreed {
+            break;
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "the gateways' slot tables did not agree on the {} running nodes within {SETTLE_TIMEOUT:?}",
+            running.len()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(SETTLE_QUIET).await;
+    Ok(())
+}
+
+/// Every decision of the run, one line each, for looking into a finding.
+fn write_decisions(path: &Path, records: &[Record], keys: &[KeySpec]) -> anyhow::Result<()> {
+    use std::io::Write as _;
+    let mut out = std::io::BufWriter::new(std::fs::File::create(path)?);
+    writeln!(
+        out,
+        "sent_ms,answered_ms,key,gateway,routed_to,via,admitted"
+    )?;
+    for r in records {
+        writeln!(
+            out,
+            "{:.3},{:.3},{},{},{},{:?},{}",
+            r.sent_ns as f64 / 1e6,
+            r.done_ns as f64 / 1e6,
+            keys[r.key as usize].name,
+            r.gateway,
+            r.routed_to,
+            r.via,
+            r.admitted
+        )?;
+    }
+    out.flush()?;
+    Ok(())
+}
+
+/// After a rules edit, how long until every check carries the new limit: the node polls the
+/// file every 250 ms, gateways ask for a newer version every 200 ms; a second covers both with
+/// room for a loaded host.
+const RULES_SETTLE_NS: u64 = 1_000_000_000;
+
+/// The stretches between the timeline's rules edits, each under the next step's limit.
+fn rules_phases(world: &World, run_ns: u64) -> Vec<checker::Phase> {
+    let mut starts = vec![0u64];
+    starts.extend(
+        world
+            .events
+            .iter()
+            .filter(|(_, what)| what.starts_with("rules file edited"))
+            .map(|(at, _)| *at),
+    );
+    starts
+        .iter()
+        .enumerate()
+        .map(|(limit, &start_ns)| checker::Phase {
+            start_ns,
+            end_ns: starts.get(limit + 1).copied().unwrap_or(run_ns),
+            limit,
+        })
+        .collect()
+}
+
+/// The flood or the hostile client beside the gateways, in its own task.
+fn start_side_load(
+    scenario: &Scenario,
+    settings: &RunSettings,
+    world: &World,
+    stop: &watch::Receiver<bool>,
+    deadline: Instant,
+) -> anyhow::Result<Option<tokio::task::JoinHandle<serde_json::Value>>> {
+    // The side load starts with the fault span (a fifth in) and ends with it.
+    let begin = world.origin + settings.duration.mul_f64(0.2);
+    let end = (world.origin + settings.duration.mul_f64(0.9)).min(deadline);
+    match scenario.plan {
+        Plan::KeyFlood => {
+            let client = world.gateways[0].client.clone();
+            // An hour's limit: a flooded bucket stays live for the run, so the flood really
+            // fills the store past --max-keys instead of expiring behind itself.
+            let limit = floodgate::Limit::gcra(5, 3_600 * 1_000_000_000, 5)?;
+            let stop = stop.clone();
+            let seed = settings.seed;
+            Ok(Some(tokio::spawn(async move {
+                tokio::time::sleep_until(begin.into()).await;
+                let sent = load::flood_random_keys(client, limit, 3_000, seed, stop, end).await;
+                serde_json::json!({ "flooded_keys": sent })
+            })))
+        }
+        Plan::HostileFlood => {
+            let nodes = world.seeds();
+            let ca = world.setup.certs.join("ca.pem");
+            let stop = stop.clone();
+            let seed = settings.seed;
+            Ok(Some(tokio::spawn(async move {
+                tokio::time::sleep_until(begin.into()).await;
+                match crate::hostile::run(nodes, &ca, seed, stop, end).await {
+                    Ok(stats) => serde_json::json!(stats),
+                    Err(e) => serde_json::json!({ "error": format!("{e:#}") }),
+                }
+            })))
+        }
+        _ => Ok(None),
+    }
+}
+
+fn node_rss(world: &World) -> Vec<Option<u64>> {
+    world.nodes.iter().map(|n| n.rss_bytes()).collect()
+}
+
+async fn live_buckets(world: &World) -> Vec<Option<f64>> {
+    let mut live = Vec::new();
+    for node in &world.nodes {
+        live.push(if node.is_running() {
+            crate::procs::metric(node.spec.admin, "floodgate_live_buckets").await
+        } else {
+            None
+        });
+    }
+    live
+}
+
+/// Memory stays bounded under a key flood: live buckets within `--max-keys`, and resident
+/// memory grown by less than what a store of `--max-keys` could explain many times over.
+fn check_memory(
+    extra: &serde_json::Map<String, serde_json::Value>,
+    live: &[Option<f64>],
+    max_keys: usize,
+    violations: &mut Vec<String>,
+) {
+    for (node, count) in live.iter().enumerate() {
+        match count {
+            Some(count) if *count > max_keys as f64 => violations.push(format!(
+                "node {node}: {count} live buckets, over --max-keys {max_keys}"
+            )),
+            Some(_) => {}
+            None => violations.push(format!("node {node}: live buckets not readable")),
+        }
+    }
+    let read = |name: &str| -> Vec<Option<u64>> {
+        extra
+            .get(name)
+            .and_then(|v| serde_json::from_value(v.clone()).ok())
+            .unwrap_or_default()
+    };
+    // 64 MiB: buffers, connections and allocator slack; a store that grew with the flood would
+    // need far more for the tens of thousands of flooded keys.
+    const GROWTH: u64 = 64 << 20;
+    for (node, (before, after)) in read("rss_before")
+        .into_iter()
+        .zip(read("rss_after"))
+        .enumerate()
+    {
+        if let (Some(before), Some(after)) = (before, after)
+            && after > before + GROWTH
+        {
+            violations.push(format!(
+                "node {node}: resident memory grew from {before} to {after} bytes under the flood"
+            ));
+        }
+    }
+}

@@ -1,0 +1,291 @@
+//! The scenarios: what each does to the cluster, and the over-admission bound it is held to,
+//! derived from the documented failure model (docs/CLUSTER.md, README).
+
+use std::time::Duration;
+
+use crate::keys::KeySpec;
+
+/// Over-admission a scenario may add, per window of a key's limit, in windows a fault touched
+/// (plus a settling time after it). Fallback buckets are counted apart, always: a gateway whose
+/// fallback bucket admitted in a window adds one limit, as documented for failure mode open.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct Bound {
+    /// Extra whole limits (1.0: "twice the limit while it lasts").
+    pub limits: f64,
+    /// Extra bursts (GCRA's burst; a window's count).
+    pub bursts: f64,
+    /// Extra refill: the key's rate over this long.
+    pub rate_for: Duration,
+    /// Where the bound comes from, in words.
+    pub why: &'static str,
+}
+
+impl Bound {
+    pub fn exact() -> Self {
+        Bound {
+            limits: 0.0,
+            bursts: 0.0,
+            rate_for: Duration::ZERO,
+            why: "exact: the owner decides every check",
+        }
+    }
+
+    /// A crash: the successor decides from replicas at most one sync interval (100 ms) old.
+    pub fn crash() -> Self {
+        Bound {
+            limits: 0.0,
+            bursts: 1.0,
+            rate_for: Duration::from_millis(100),
+            why: "crash: one burst + 100 ms of rate per moved key (replicas one sync interval behind)",
+        }
+    }
+
+    /// Two deciders for one key while a partition lasts; merges keep the stricter copy.
+    pub fn partition(why: &'static str) -> Self {
+        Bound {
+            limits: 1.0,
+            bursts: 0.0,
+            rate_for: Duration::ZERO,
+            why,
+        }
+    }
+
+    pub fn extra_per_window(&self, key: &KeySpec) -> u64 {
+        let limits = self.limits * key.allowed_per_window() as f64;
+        let bursts = self.bursts * key.burst() as f64;
+        let rate = key.rate_over(self.rate_for.as_nanos() as u64);
+        (limits + bursts + rate).ceil() as u64
+    }
+
+    /// Short form for the table: `exact`, `+1 limit`, `+1 burst +100ms`.
+    pub fn short(&self) -> String {
+        let mut parts = Vec::new();
+        if self.limits > 0.0 {
+            parts.push(format!("+{} limit", self.limits));
+        }
+        if self.bursts > 0.0 {
+            parts.push(format!("+{} burst", self.bursts));
+        }
+        if !self.rate_for.is_zero() {
+            parts.push(format!("+{}ms rate", self.rate_for.as_millis()));
+        }
+        if parts.is_empty() {
+            "exact".to_owned()
+        } else {
+            parts.join(" ")
+        }
+    }
+}
+
+/// What the timeline does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Plan {
+    Steady,
+    Kill,
+    Pause,
+    RollingRestart,
+    Churn,
+    RegionPartition,
+    WanDelay,
+    ClientPartition,
+    RulesReload,
+    KeyFlood,
+    HostileFlood,
+    ClockSkew,
+}
+
+/// Which endpoints a regional fault splits. Today regions are labels on one shared ring, so a
+/// region cut off splits the ring; when regions get their own rings, a regional scenario's
+/// scope and bound change here, not in its timeline.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RegionScope {
+    /// One ring for every region (today).
+    SharedRing,
+}
+
+#[derive(Debug, Clone)]
+pub struct Scenario {
+    pub name: &'static str,
+    pub about: &'static str,
+    pub plan: Plan,
+    pub bound: Bound,
+    /// Least share of checks a node must decide (the rest fall back or fail closed).
+    pub min_availability: f64,
+    /// The gateways' `check` timeout.
+    pub client_timeout: Duration,
+    /// Log lines (substrings) this scenario provokes on purpose at ERROR.
+    pub expected_errors: &'static [&'static str],
+    pub region_scope: RegionScope,
+}
+
+/// What a graceful leave makes its peers log at ERROR today: a draining node refuses new
+/// connections, and peers dialing it log the refused handshake as they would a certificate
+/// failure. Expected (the leave is on purpose), so not a verdict, but the report names it.
+const LEAVE_ERRORS: &[&str] = &[
+    "peer handshake failed: aborted by peer: the server refused to accept a new connection",
+    "peer handshake failed: closed",
+];
+
+/// The gateways' timeout on this shared 2-core host (as the example gateway's default): a
+/// scheduling hiccup should not read as an outage.
+const TIMEOUT: Duration = Duration::from_millis(50);
+
+pub fn catalogue() -> Vec<Scenario> {
+    let base = |name, about, plan, bound, min_availability| Scenario {
+        name,
+        about,
+        plan,
+        bound,
+        min_availability,
+        client_timeout: TIMEOUT,
+        expected_errors: &[],
+        region_scope: RegionScope::SharedRing,
+    };
+    vec![
+        base(
+            "steady",
+            "load with no fault",
+            Plan::Steady,
+            Bound::exact(),
+            0.99,
+        ),
+        base(
+            "kill",
+            "kill -9 of a key's owner under load; it stays down",
+            Plan::Kill,
+            Bound::crash(),
+            0.80,
+        ),
+        Scenario {
+            bound: Bound::partition(
+                "pause: the paused owner is declared dead (1 s) and its successor takes over; on SIGCONT it decides again from its 3 s old buckets until tables agree: a partition, up to twice the limit",
+            ),
+            ..base(
+                "pause",
+                "SIGSTOP of a key's owner for 3 s, then SIGCONT",
+                Plan::Pause,
+                Bound::exact(),
+                0.70,
+            )
+        },
+        Scenario {
+            expected_errors: LEAVE_ERRORS,
+            bound: Bound {
+                why: "exact: graceful leave and join hand every bucket over (docs: nothing is lost); no failed check",
+                ..Bound::exact()
+            },
+            ..base(
+                "rolling-restart",
+                "every node in turn: SIGTERM, start again, wait until ready",
+                Plan::RollingRestart,
+                Bound::exact(),
+                0.95,
+            )
+        },
+        Scenario {
+            expected_errors: LEAVE_ERRORS,
+            bound: Bound {
+                why: "exact: joins and graceful leaves hand buckets over",
+                ..Bound::exact()
+            },
+            ..base(
+                "churn",
+                "two nodes join and two leave (SIGTERM) under load",
+                Plan::Churn,
+                Bound::exact(),
+                0.90,
+            )
+        },
+        base(
+            "region-partition",
+            "region 0 cut off from the other regions (nodes and gateways), then healed",
+            Plan::RegionPartition,
+            Bound::partition(
+                "partition: regions share one ring today, so the cut splits it and each side decides the other's keys: up to twice the limit while it lasts",
+            ),
+            0.60,
+        ),
+        Scenario {
+            client_timeout: Duration::from_millis(300),
+            bound: Bound {
+                why: "exact: delay and 1% loss move no key (heartbeats stay well inside 500 ms)",
+                ..Bound::exact()
+            },
+            ..base(
+                "wan-delay",
+                "50 ms +- 20 ms and 1% loss on every path between regions",
+                Plan::WanDelay,
+                Bound::exact(),
+                0.90,
+            )
+        },
+        base(
+            "client-partition",
+            "gateway 0 cut from a key's owner: it takes over through the successor while the others reach the owner",
+            Plan::ClientPartition,
+            Bound::partition(
+                "client-side cut: the successor and the live owner both decide: up to twice the limit while it lasts; fail-closed checks never admit without a node",
+            ),
+            0.80,
+        ),
+        Scenario {
+            bound: Bound {
+                why: "exact under the limits in force: the largest burst plus the fastest rate over the longest period (a changed limit carries the debt over)",
+                ..Bound::exact()
+            },
+            ..base(
+                "rules-reload",
+                "the rules file edited under load: 20/s -> 10/2s (a period change) -> 5/s; each step held to its own limit once it settles",
+                Plan::RulesReload,
+                Bound::exact(),
+                0.95,
+            )
+        },
+        Scenario {
+            bound: Bound {
+                why: "exact for the known keys: denying buckets are never evicted; node memory bounded by --max-keys",
+                ..Bound::exact()
+            },
+            ..base(
+                "key-flood",
+                "random keys flooded past --max-keys beside the known keys",
+                Plan::KeyFlood,
+                Bound::exact(),
+                0.90,
+            )
+        },
+        Scenario {
+            bound: Bound {
+                why: "exact: hostile frames close only their own streams",
+                ..Bound::exact()
+            },
+            ..base(
+                "hostile-flood",
+                "garbage datagrams and garbage, oversized and forbidden frames from a hostile client",
+                Plan::HostileFlood,
+                Bound::exact(),
+                0.95,
+            )
+        },
+        Scenario {
+            expected_errors: LEAVE_ERRORS,
+            bound: Bound {
+                limits: 0.0,
+                bursts: 1.0,
+                rate_for: Duration::from_millis(250),
+                why: "clock skew (not in the docs; derived): a hand-off from a clock 250 ms off shifts GCRA times and window edges by the skew: one burst + 250 ms of rate per moved key",
+            },
+            ..base(
+                "clock-skew",
+                "one node's clock 250 ms ahead (--test-only-clock-skew-ms); it leaves gracefully halfway",
+                Plan::ClockSkew,
+                Bound::exact(),
+                0.90,
+            )
+        },
+    ]
+}
+
+pub fn find(name: &str) -> Option<Scenario> {
+    catalogue().into_iter().find(|s| s.name == name)
+}

@@ -1,0 +1,189 @@
+//! Each scenario's timeline: the faults it injects into the world, at fixed shares of the run,
+//! while the load runs. Every step is bounded in time; the run ends when the timeline does.
+
+use std::time::Duration;
+
+use crate::faults::{Effect, Side};
+use crate::scenario::{Plan, RegionScope, Scenario};
+use crate::world::World;
+
+/// The key whose owner the single-node faults hit.
+pub const VICTIM_KEY: &str = "chaos:gcra:0";
+
+/// The node started with a skewed clock in `clock-skew`.
+pub const SKEWED_NODE: usize = 1;
+pub const SKEW_MS: i64 = 250;
+
+/// Runs the scenario's faults; returns when its last step is done.
+pub async fn play(
+    scenario: &Scenario,
+    world: &mut World,
+    duration: Duration,
+    rules: Option<&crate::rules::RulesFile>,
+) -> anyhow::Result<()> {
+    let at = |share: f64| duration.mul_f64(share);
+    match scenario.plan {
+        Plan::Steady | Plan::KeyFlood | Plan::HostileFlood => {
+            if scenario.plan != Plan::Steady {
+                world.until(at(0.2)).await;
+                let span = world.begin_span(scenario.name);
+                world.until(at(0.9)).await;
+                world.end_span(span);
+            }
+        }
+        Plan::Kill => {
+            world.until(at(0.3)).await;
+            let owner = world.owner_of(VICTIM_KEY)?;
+            let span = world.begin_span(format!("kill -9 node {owner}"));
+            world.kill(owner).await;
+            // It stays down: the span runs to the end of the run.
+            let _ = span;
+        }
+        Plan::Pause => {
+            world.until(at(0.3)).await;
+            let owner = world.owner_of(VICTIM_KEY)?;
+            let span = world.begin_span(format!("SIGSTOP node {owner} 3s"));
+            world.pause(owner, true).await?;
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            world.pause(owner, false).await?;
+            world.end_span(span);
+        }
+        Plan::RollingRestart => {
+            world.until(at(0.15)).await;
+            let span = world.begin_span("rolling restart");
+            for node in 0..world.layout.initial_nodes() {
+                world.stop(node).await;
+                world.start_node(node).await?;
+                // Let clients refetch the table before the next node goes.
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            world.end_span(span);
+        }
+        Plan::Churn => {
+            let first = world.layout.initial_nodes();
+            anyhow::ensure!(world.layout.spares >= 2, "churn needs two spare nodes");
+            let span = world.begin_span("churn");
+            world.until(at(0.2)).await;
+            world.start_node(first).await?;
+            world.until(at(0.4)).await;
+            world.stop(1).await;
+            world.until(at(0.6)).await;
+            world.start_node(first + 1).await?;
+            world.until(at(0.8)).await;
+            world.stop(first).await;
+            world.end_span(span);
+        }
+        Plan::RegionPartition => {
+            world.until(at(0.3)).await;
+            let (inside, outside) = region_sides(world, scenario.region_scope);
+            let span = world.begin_span("region 0 partitioned");
+            let mut ids = Vec::new();
+            for (a, b) in cross_pairs(&inside, &outside) {
+                ids.extend(world.faults.partition(a, b));
+            }
+            world.until(at(0.7)).await;
+            world.faults.remove(&ids);
+            world.end_span(span);
+        }
+        Plan::WanDelay => {
+            world.until(at(0.2)).await;
+            let wan = Effect {
+                drop: 0.01,
+                delay: Duration::from_millis(50),
+                jitter: Duration::from_millis(20),
+                ..Effect::default()
+            };
+            let span = world.begin_span("50ms+-20ms 1% loss between regions");
+            let mut ids = Vec::new();
+            for region in 0..world.layout.regions {
+                let (inside, outside) = one_region_sides(world, region);
+                for (a, b) in cross_pairs(&inside, &outside) {
+                    ids.push(world.faults.add(a, b, wan));
+                }
+            }
+            world.until(at(0.8)).await;
+            world.faults.remove(&ids);
+            world.end_span(span);
+        }
+        Plan::ClientPartition => {
+            world.until(at(0.3)).await;
+            let owner = world.owner_of(VICTIM_KEY)?;
+            let span = world.begin_span(format!("gateway 0 cut from node {owner}"));
+            let ids = world
+                .faults
+                .partition(Side::Gateways(vec![0]), Side::Nodes(vec![owner]));
+            world.until(at(0.7)).await;
+            world.faults.remove(&ids);
+            world.end_span(span);
+        }
+        Plan::RulesReload => {
+            let rules =
+                rules.ok_or_else(|| anyhow::anyhow!("rules-reload needs its rules file"))?;
+            for (step, share) in [(1, 0.35), (2, 0.65)] {
+                world.until(at(share)).await;
+                rules.write_step(step)?;
+                world.note(format!("rules file edited: {}", rules.describe_step(step)));
+            }
+        }
+        Plan::ClockSkew => {
+            world.until(at(0.5)).await;
+            let span = world.begin_span(format!("skewed node {SKEWED_NODE} leaves"));
+            world.stop(SKEWED_NODE).await;
+            let _ = span;
+        }
+    }
+    world.until(duration).await;
+    Ok(())
+}
+
+/// Region 0 (nodes and gateways) and everyone else. With one region, the first half of the
+/// nodes and gateways against the rest.
+fn region_sides(world: &World, scope: RegionScope) -> (Vec<Side>, Vec<Side>) {
+    match scope {
+        RegionScope::SharedRing if world.layout.regions >= 2 => one_region_sides(world, 0),
+        RegionScope::SharedRing => {
+            let nodes = world.layout.initial_nodes();
+            let gateways = world.gateways.len();
+            (
+                vec![
+                    Side::Nodes((0..nodes / 2).collect()),
+                    Side::Gateways((0..gateways / 2).collect()),
+                ],
+                vec![
+                    Side::Nodes((nodes / 2..nodes + world.layout.spares).collect()),
+                    Side::Gateways((gateways / 2..gateways).collect()),
+                ],
+            )
+        }
+    }
+}
+
+fn one_region_sides(world: &World, region: usize) -> (Vec<Side>, Vec<Side>) {
+    let others: Vec<usize> = (0..world.layout.regions).filter(|r| *r != region).collect();
+    let other_nodes = others.iter().flat_map(|r| world.region_nodes(*r)).collect();
+    let other_gateways = others
+        .iter()
+        .flat_map(|r| world.region_gateways(*r))
+        .collect();
+    (
+        vec![
+            Side::Nodes(world.region_nodes(region)),
+            Side::Gateways(world.region_gateways(region)),
+        ],
+        vec![Side::Nodes(other_nodes), Side::Gateways(other_gateways)],
+    )
+}
+
+/// Every (inside, outside) pair except gateway to gateway (gateways never talk to each other).
+fn cross_pairs(inside: &[Side], outside: &[Side]) -> Vec<(Side, Side)> {
+    let mut pairs = Vec::new();
+    for a in inside {
+        for b in outside {
+            if matches!((a, b), (Side::Gateways(_), Side::Gateways(_))) {
+                continue;
+            }
+            pairs.push((a.clone(), b.clone()));
+        }
+    }
+    pairs
+}

@@ -1,0 +1,232 @@
+//! One scenario's world: the node processes, their proxies, the fault table, the gateways and
+//! the clock of the run. The timeline acts on it; dropping it kills every node.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use tokio::sync::watch;
+
+use crate::checker::FaultSpan;
+use crate::faults::{Endpoint, FaultTable};
+use crate::load::Gateway;
+use crate::procs::{NodeProcess, NodeSetup, NodeSpec, free_tcp_addr, free_udp_addr};
+use crate::proxy::{Directory, Proxy};
+
+/// The shape of the cluster a run starts.
+#[derive(Debug, Clone)]
+pub struct Layout {
+    pub regions: usize,
+    pub nodes_per_region: usize,
+    /// Nodes laid out (with their proxies) but not started: they join later (churn).
+    pub spares: usize,
+    pub gateways_per_region: usize,
+}
+
+impl Layout {
+    pub fn initial_nodes(&self) -> usize {
+        self.regions * self.nodes_per_region
+    }
+}
+
+#[derive(Debug)]
+pub struct World {
+    pub layout: Layout,
+    pub setup: NodeSetup,
+    pub nodes: Vec<NodeProcess>,
+    pub proxies: Vec<Proxy>,
+    pub faults: Arc<FaultTable>,
+    pub directory: Arc<Directory>,
+    pub gateways: Vec<Gateway>,
+    pub origin: Instant,
+    pub spans: Vec<FaultSpan>,
+    /// Everything the timeline did, with its time, for the report.
+    pub events: Vec<(u64, String)>,
+    pub health: Arc<crate::load::NodeHealth>,
+    shutdown: watch::Sender<bool>,
+}
+
+impl World {
+    /// Lays out every node (initial and spare) with a proxy in front, and starts the initial
+    /// ones: the first alone, the rest joining through every proxy address (`setup.seeds` is
+    /// filled here).
+    pub async fn start(
+        layout: Layout,
+        mut setup: NodeSetup,
+        extra_args: impl Fn(usize) -> Vec<String>,
+        seed: u64,
+    ) -> anyhow::Result<World> {
+        std::fs::create_dir_all(&setup.logs)?;
+        let faults = Arc::new(FaultTable::default());
+        let directory = Arc::new(Directory::default());
+        let (shutdown, watcher) = watch::channel(false);
+        let total = layout.initial_nodes() + layout.spares;
+        let mut specs = Vec::with_capacity(total);
+        let mut proxies = Vec::with_capacity(total);
+        for index in 0..total {
+            let listen = free_udp_addr()?;
+            directory.register(listen.port(), Endpoint::Node(index));
+            let proxy = Proxy::start(
+                index,
+                listen,
+                faults.clone(),
+                directory.clone(),
+                seed ^ (index as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15),
+                watcher.clone(),
+            )
+            .await?;
+            specs.push(NodeSpec {
+                index,
+                region: (index % (layout.initial_nodes())) / layout.nodes_per_region,
+                listen,
+                advertise: proxy.addr,
+                admin: free_tcp_addr()?,
+                extra_args: extra_args(index),
+            });
+            proxies.push(proxy);
+        }
+        setup.seeds = specs.iter().map(|s| s.advertise).collect();
+        let health = Arc::new(crate::load::NodeHealth::new(
+            setup.seeds.clone(),
+            faults.clone(),
+        ));
+        let mut world = World {
+            health,
+            layout,
+            setup,
+            nodes: specs.into_iter().map(NodeProcess::new).collect(),
+            proxies,
+            faults,
+            directory,
+            gateways: Vec::new(),
+            origin: Instant::now(),
+            spans: Vec::new(),
+            events: Vec::new(),
+            shutdown,
+        };
+        for index in 0..world.layout.initial_nodes() {
+            world.nodes[index].start(&world.setup, index > 0).await?;
+        }
+        for spare in world.layout.initial_nodes()..total {
+            world.health.set_down(spare, true);
+        }
+        Ok(world)
+    }
+
+    /// Proxy addresses of every node, started or spare: every gateway's seeds.
+    pub fn seeds(&self) -> Vec<SocketAddr> {
+        self.setup.seeds.clone()
+    }
+
+    pub fn now_ns(&self) -> u64 {
+        self.origin.elapsed().as_nanos() as u64
+    }
+
+    /// Sleeps until `at` after the origin.
+    pub async fn until(&self, at: Duration) {
+        tokio::time::sleep_until((self.origin + at).into()).await;
+    }
+
+    pub fn note(&mut self, what: impl Into<String>) {
+        let at = self.now_ns();
+        self.events.push((at, what.into()));
+    }
+
+    /// Opens a fault span; returns its index for [`World::end_span`].
+    pub fn begin_span(&mut self, label: impl Into<String>) -> usize {
+        let label = label.into();
+        self.note(format!("fault begins: {label}"));
+        let now = self.now_ns();
+        self.spans.push(FaultSpan {
+            label,
+            start_ns: now,
+            end_ns: u64::MAX,
+        });
+        self.spans.len() - 1
+    }
+
+    pub fn end_span(&mut self, index: usize) {
+        let now = self.now_ns();
+        if let Some(span) = self.spans.get_mut(index) {
+            span.end_ns = now;
+            let label = span.label.clone();
+            self.note(format!("fault ends: {label}"));
+        }
+    }
+
+    /// Closes spans still open at the end of the run.
+    pub fn close_spans(&mut self, end_ns: u64) {
+        for span in &mut self.spans {
+            span.end_ns = span.end_ns.min(end_ns);
+        }
+    }
+
+    /// The node that owns `key` as gateway 0's table says.
+    pub fn owner_of(&self, key: &str) -> anyhow::Result<usize> {
+        let gateway = self.gateways.first().context("no gateway")?;
+        let addr = gateway.client.node_for(key.as_bytes());
+        self.nodes
+            .iter()
+            .position(|n| n.spec.advertise == addr)
+            .with_context(|| format!("owner {addr} of {key} is not a node of this run"))
+    }
+
+    pub fn region_nodes(&self, region: usize) -> Vec<usize> {
+        self.nodes
+            .iter()
+            .filter(|n| n.spec.region == region)
+            .map(|n| n.spec.index)
+            .collect()
+    }
+
+    pub fn region_gateways(&self, region: usize) -> Vec<usize> {
+        self.gateways
+            .iter()
+            .filter(|g| g.region == region)
+            .map(|g| g.index)
+            .collect()
+    }
+
+    pub async fn kill(&mut self, node: usize) {
+        self.note(format!("kill -9 node {node}"));
+        self.health.set_down(node, true);
+        self.nodes[node].kill().await;
+    }
+
+    pub async fn stop(&mut self, node: usize) {
+        self.note(format!("SIGTERM node {node}"));
+        self.health.set_down(node, true);
+        self.nodes[node].stop().await;
+        self.note(format!("node {node} stopped"));
+    }
+
+    pub async fn start_node(&mut self, node: usize) -> anyhow::Result<()> {
+        self.note(format!("start node {node}"));
+        let setup = self.setup.clone();
+        self.nodes[node].start(&setup, true).await?;
+        self.health.set_down(node, false);
+        self.note(format!("node {node} ready"));
+        Ok(())
+    }
+
+    pub async fn pause(&mut self, node: usize, pause: bool) -> anyhow::Result<()> {
+        self.note(format!(
+            "{} node {node}",
+            if pause { "SIGSTOP" } else { "SIGCONT" }
+        ));
+        self.health.set_down(node, pause);
+        self.nodes[node].pause(pause).await
+    }
+
+    /// Stops the proxies and kills every node (dropping the world does the same).
+    pub async fn shutdown(&mut self) {
+        let _ = self.shutdown.send(true);
+        for gateway in &self.gateways {
+            gateway.client.close().await;
+        }
+        for node in &mut self.nodes {
+            node.kill().await;
+        }
+    }
+}

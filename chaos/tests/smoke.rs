@@ -1,0 +1,87 @@
+//! A few seconds of `floodgate-chaos run` with two scenarios (`steady`, `kill`) against real
+//! nodes: it exits 0 and its report holds for each scenario: passed, checks made, and no more
+//! admitted than the limits allow plus the scenario's bound. It never judges speed.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// The node binary of this build (`make test` builds it with `--bins`); built here when a lone
+/// `cargo test -p floodgate-chaos` has not.
+fn node_binary(chaos: &Path) -> PathBuf {
+    let node = chaos.with_file_name("floodgate-node");
+    if !node.exists() {
+        let status = Command::new(env!("CARGO"))
+            .args(["build", "-p", "floodgate-node", "--bin", "floodgate-node"])
+            .status()
+            .unwrap();
+        assert!(status.success(), "building floodgate-node failed");
+    }
+    assert!(node.exists(), "{} is missing", node.display());
+    node
+}
+
+#[test]
+fn steady_and_kill_hold_their_bounds_and_say_so_in_the_report() {
+    let chaos = Path::new(env!("CARGO_BIN_EXE_floodgate-chaos"));
+    let node = node_binary(chaos);
+    let out = tempfile::tempdir().unwrap();
+    let output = Command::new(chaos)
+        .args(["run", "--scenario", "steady,kill", "--duration", "4s"])
+        .args(["--regions", "1", "--nodes-per-region", "3", "--seed", "7"])
+        .arg("--node-bin")
+        .arg(&node)
+        .arg("--out")
+        .arg(out.path())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stdout}\n{stderr}");
+    assert!(stdout.contains("| scenario |"), "{stdout}");
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.path().join("report.json")).unwrap())
+            .unwrap();
+    let scenarios = report.as_array().unwrap();
+    let names: Vec<&str> = scenarios
+        .iter()
+        .map(|s| s["scenario"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["steady", "kill"]);
+    for s in scenarios {
+        let name = s["scenario"].as_str().unwrap();
+        assert_eq!(s["passed"], true, "{name}: {s}");
+        assert_eq!(s["seed"], 7, "{name}");
+        let checks = s["checks"].as_u64().unwrap();
+        let admitted = s["admitted"].as_u64().unwrap();
+        let allowed = s["allowed"].as_u64().unwrap();
+        let bound = s["bound"].as_u64().unwrap();
+        assert!(checks > 0, "{name}: no checks");
+        assert!(admitted > 0, "{name}: nothing admitted");
+        assert!(
+            admitted <= allowed + bound,
+            "{name}: {admitted} > {allowed} + {bound}"
+        );
+        assert!(
+            s["violations"].as_array().unwrap().is_empty(),
+            "{name}: {s}"
+        );
+        let availability = s["availability"].as_f64().unwrap();
+        assert!(
+            (0.0..=1.0).contains(&availability),
+            "{name}: {availability}"
+        );
+        assert!(
+            out.path().join(name).join(format!("{name}.svg")).exists(),
+            "{name}: no plot"
+        );
+    }
+    // The kill really happened: its fault is in the report.
+    let kill = &scenarios[1];
+    assert!(
+        kill["faults"][0]["label"]
+            .as_str()
+            .unwrap()
+            .starts_with("kill -9 node"),
+        "{kill}"
+    );
+}
