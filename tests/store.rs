@@ -221,6 +221,47 @@ fn a_flood_of_new_keys_stays_within_max_keys() {
     assert!(store.is_empty());
 }
 
+/// A flood of new keys evicts the emptiest buckets, not busy ones: keys with a short period
+/// that are near (but not at) their limit keep their counts while thousands of one-off keys
+/// with a long period pass through. Found by the chaos harness: ranking by time until full
+/// evicted exactly the busy keys (their windows end soonest), so each came back full and its
+/// window admitted up to three times its limit.
+#[test]
+fn a_flood_of_new_keys_evicts_the_emptiest_buckets_not_busy_ones() {
+    let store = store(64, 1);
+    let busy = [
+        Limit::window(Algorithm::FixedWindow, 25, NANOS_PER_SEC).unwrap(),
+        Limit::window(Algorithm::SlidingWindow, 25, NANOS_PER_SEC).unwrap(),
+        Limit::new(Algorithm::SlidingLog, 25, NANOS_PER_SEC, 25).unwrap(),
+        Limit::gcra(25, NANOS_PER_SEC, 25).unwrap(),
+    ];
+    let flood = Limit::gcra(100, HOUR, 100).unwrap();
+    for (i, limit) in busy.iter().enumerate() {
+        for _ in 0..20 {
+            let decision = store
+                .check(key(&format!("busy{i}")), limit, 1, NOW)
+                .unwrap();
+            assert!(decision.is_allowed());
+        }
+    }
+    for i in 0..5_000 {
+        store
+            .check(key(&format!("flood{i}")), &flood, 1, NOW)
+            .unwrap();
+    }
+    assert!(store.stats().evicted.load(Ordering::Relaxed) > 0);
+    for (i, limit) in busy.iter().enumerate() {
+        let remaining = store
+            .check(key(&format!("busy{i}")), limit, 0, NOW)
+            .unwrap()
+            .remaining();
+        assert!(
+            remaining <= 5,
+            "busy{i} was evicted: {remaining} left of 25"
+        );
+    }
+}
+
 /// Eviction never forgets a denying key: with half the store denying, a flood of new keys
 /// leaves every denying key denied; when every key is denying, a new key is refused, not tracked.
 #[test]

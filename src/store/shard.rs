@@ -405,19 +405,23 @@ impl Shard {
     }
 
     /// Frees space in a full shard: first by forgetting expired buckets, then by evicting the
-    /// non-denying buckets closest to expiry (about 1/16 of the shard at once, so the scan is
-    /// amortised). A bucket that is denying is never evicted: when every bucket is denying, the
-    /// new key is refused with [`StoreError::Full`] instead of silently resetting someone.
+    /// non-denying buckets that hold the smallest share of their capacity consumed (about 1/16
+    /// of the shard at once, so the scan is amortised). An evicted key that returns starts full,
+    /// so it regains what it had consumed: ranking by that share keeps the cost of an eviction
+    /// at a small fraction of each evicted key's limit. Ranking by time until full instead would
+    /// evict a busy key with a short period first, over and over, under a flood of new keys. A
+    /// bucket that is denying is never evicted: when every bucket is denying, the new key is
+    /// refused with [`StoreError::Full`] instead of silently resetting someone.
     pub(super) fn make_room(&mut self, now_ns: u64, stats: &StoreStats) -> Result<(), StoreError> {
         let expired = self.forget_expired(now_ns);
         stats.expired.fetch_add(expired as u64, Ordering::Relaxed);
         if expired > 0 {
             return Ok(());
         }
-        let mut candidates: Vec<(u64, Family, BucketKey)> = Vec::new();
+        let mut candidates: Vec<(Cost, Family, BucketKey)> = Vec::new();
         for entry in self.gcra.iter_mut() {
             if !entry.is_denying(now_ns) {
-                candidates.push((entry.expires_in(now_ns), Family::Gcra, entry.key()));
+                candidates.push((Cost::of(entry, now_ns), Family::Gcra, entry.key()));
             }
         }
         collect_evictable(&mut self.windows, Family::Window, now_ns, &mut candidates);
@@ -596,6 +600,30 @@ pub(super) fn decide_fresh(limit: &Limit, now_ns: u64, cost: u64) -> (Decision, 
     }
 }
 
+/// What evicting a bucket gives away, compared first by the share of its capacity consumed
+/// (millionths: what the key would regain if it returned) and then by the time until it is full
+/// again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+struct Cost {
+    consumed_ppm: u32,
+    expires_in_ns: u64,
+}
+
+impl Cost {
+    fn of(entry: &mut impl Identified, now_ns: u64) -> Cost {
+        Cost {
+            consumed_ppm: entry.consumed_ppm(now_ns),
+            expires_in_ns: entry.expires_in(now_ns),
+        }
+    }
+}
+
+/// `used / capacity` in millionths, at most a million.
+fn ppm(used: u64, capacity: u64) -> u32 {
+    let share = u128::from(used.min(capacity)) * 1_000_000 / u128::from(capacity.max(1));
+    u32::try_from(share).unwrap_or(1_000_000)
+}
+
 #[derive(Debug, Clone, Copy)]
 enum Family {
     Gcra,
@@ -611,6 +639,8 @@ pub(super) trait Identified {
     fn expires_in(&mut self, now_ns: u64) -> u64;
     /// True when a cost of 1 would be denied now: such a bucket must not be evicted.
     fn is_denying(&mut self, now_ns: u64) -> bool;
+    /// The share of the bucket's capacity consumed now, in millionths.
+    fn consumed_ppm(&mut self, now_ns: u64) -> u32;
     fn is_expired(&mut self, now_ns: u64) -> bool {
         self.expires_in(now_ns) == 0
     }
@@ -628,6 +658,13 @@ impl Identified for GcraEntry {
     }
     fn is_denying(&mut self, now_ns: u64) -> bool {
         self.expires_in(now_ns) > u64::from(self.margin_ms()) * 1_000_000
+    }
+    fn consumed_ppm(&mut self, now_ns: u64) -> u32 {
+        // The entry keeps no limit, only its margin ((burst - 1) intervals): the TAT's lead over
+        // it is the consumed share, slightly high by one interval (a non-denying bucket's lead
+        // is within its margin).
+        let margin_ns = u64::from(self.margin_ms()) * 1_000_000;
+        ppm(self.expires_in(now_ns), margin_ns)
     }
 }
 
@@ -657,6 +694,11 @@ impl Identified for WindowEntry {
         let (limit, state) = self.slot.get_mut();
         !decide_window(limit, state, now_ns, 1).0.is_allowed()
     }
+    fn consumed_ppm(&mut self, now_ns: u64) -> u32 {
+        let (limit, state) = self.slot.get_mut();
+        let remaining = decide_window(limit, state, now_ns, 0).0.remaining();
+        ppm(limit.burst().saturating_sub(remaining), limit.burst())
+    }
 }
 
 impl Identified for LogEntry {
@@ -682,13 +724,18 @@ impl Identified for LogEntry {
         let (limit, log) = self.slot.get_mut();
         !log.clone().decide(limit, now_ns, 1).is_allowed()
     }
+    fn consumed_ppm(&mut self, now_ns: u64) -> u32 {
+        let (limit, log) = self.slot.get_mut();
+        let remaining = log.clone().decide(limit, now_ns, 0).remaining();
+        ppm(limit.burst().saturating_sub(remaining), limit.burst())
+    }
 }
 
 fn collect_evictable<E: Identified>(
     table: &mut HashTable<E>,
     family: Family,
     now_ns: u64,
-    out: &mut Vec<(u64, Family, BucketKey)>,
+    out: &mut Vec<(Cost, Family, BucketKey)>,
 ) {
     for entry in table.iter_mut() {
         if !entry.is_denying(now_ns) {
@@ -696,7 +743,7 @@ fn collect_evictable<E: Identified>(
                 hash: entry.hash(),
                 check: entry.check(),
             };
-            out.push((entry.expires_in(now_ns), family, key));
+            out.push((Cost::of(entry, now_ns), family, key));
         }
     }
 }
