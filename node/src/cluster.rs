@@ -10,8 +10,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use anyhow::Context;
+use floodgate::cluster::ownership::{Action, HandOff, Ownership, OwnershipConfig, ReceivedPart};
 use floodgate::cluster::{
-    ConflictVerdict, Gossip, IdConflict, MemberInfo, Membership, MembershipConfig, SlotTable,
+    ConflictVerdict, Gossip, IdConflict, MemberInfo, MemberState, Membership, MembershipConfig,
+    SlotTable,
 };
 use floodgate::wire::{
     FrameKind, HandoffPart, ReplicateMessage, SlotTableMessage, TableMember, WireBucket,
@@ -22,7 +24,6 @@ use parking_lot::Mutex;
 use tokio::sync::watch;
 
 use crate::address::HostPort;
-use crate::handoff::Handoffs;
 use crate::member_log::MemberLog;
 use crate::server::Shared;
 
@@ -31,12 +32,8 @@ use crate::server::Shared;
 const BUCKET_BYTES_PER_FRAME: usize = 256 * 1024;
 /// Longest a check waits for a starting node to hear from the cluster it joins.
 const JOIN_WAIT: Duration = Duration::from_secs(1);
-/// Longest a check on a gained slot waits for the previous owner's hand-off.
-const HANDOFF_WAIT_NS: u64 = 500_000_000;
 /// Longest a message to a peer may take before it is given up.
 const PEER_TIMEOUT: Duration = Duration::from_secs(1);
-/// How many earlier table versions a node remembers (to tell a peer that is behind).
-const PAST_VERSIONS: usize = 32;
 /// How often a node whose seeds do not answer, or that receives conflicting claims on an id,
 /// says so in the log (gossip retries every round; the log need not).
 const COMPLAINT_INTERVAL_NS: u64 = 1_000_000_000;
@@ -314,29 +311,21 @@ pub(crate) struct Cluster {
     pub(crate) me: MemberInfo,
     config: ClusterConfig,
     membership: Mutex<Membership>,
-    /// The current table; a watch so tests and tools can await changes instead of polling.
+    /// Who decides which slot while slots move: the table in force and the ones before it,
+    /// the slots given away, gained slots waiting for their hand-off, the join phase. The core's
+    /// sans-I/O machine; this driver feeds it and carries out its actions.
+    ownership: Mutex<Ownership>,
+    /// The machine's table, published: a watch so tests and tools can await changes instead of
+    /// polling, and checks read it without the machine's lock.
     table: watch::Sender<Arc<SlotTable>>,
     pub(crate) peers: Arc<Peers>,
-    /// Slots this node just gained from a previous owner that hands them over, until that
-    /// hand-off arrives (or the deadline passes): checks on them wait, so the bucket is never
-    /// decided fresh while its state is on the way.
-    handoffs: Mutex<Handoffs>,
+    /// Rung when a hand-off completes: checks waiting on gained slots look again.
     handoff_arrived: tokio::sync::Notify,
-    /// Versions of the tables this node had before its current one (the latest few): a peer
-    /// forwarding under one of them is behind this node.
-    past_versions: Mutex<std::collections::VecDeque<u64>>,
-    /// Ids of this node's hand-offs (starting from the start time, so a restart does not reuse
-    /// the ids of its previous life).
-    next_handoff_id: AtomicU64,
     /// Encoded bucket bytes per replication or hand-off frame.
     bucket_bytes_per_frame: usize,
-    /// Set while a node started with seeds has not yet heard from the cluster: its table of one
-    /// is not real ownership, so its first real table's hand-over is computed against the
-    /// cluster without it (what everybody else saw before it joined).
+    /// The machine's join phase, mirrored for the per-check look (set false only after the real
+    /// table is published, so a check that sees the node joined also sees that table).
     joining: std::sync::atomic::AtomicBool,
-    /// Set when a joining node gave up waiting and decided alone: it may hold state for slots
-    /// others own, so it does not announce that it holds none.
-    decided_alone: std::sync::atomic::AtomicBool,
     /// Rung when a joining node has its first real table.
     joined: tokio::sync::Notify,
     /// Set (with the reason) once another node proved to hold this node's id first: this node
@@ -352,10 +341,6 @@ pub(crate) struct Cluster {
     /// One table update at a time (gossip, the gossip loop, a leave), so a leave's hand-off is
     /// the one it waits for.
     updating: Mutex<()>,
-    /// Slots this node handed to another owner and does not own again since: their state is
-    /// with the new owner, so this node never decides them (a peer with an older table that
-    /// forwards one here is told `not_owner`).
-    given_away: Mutex<Vec<bool>>,
     /// Members' states as last logged: suspicion and death are logged at WARN as they happen.
     member_log: Mutex<MemberLog>,
     /// The last slot-table payload encoded for clients, reused while it is current.
@@ -401,11 +386,20 @@ impl Cluster {
             now_ns,
             now_ns,
         );
-        let table = SlotTable::compute(membership.epoch(), &membership.owners());
+        let table = Arc::new(SlotTable::compute(membership.epoch(), &membership.owners()));
+        // Hand-off ids start from the start time, so a restart does not reuse its last life's.
+        let ownership = Ownership::new(
+            me.id.clone(),
+            table.clone(),
+            has_other_seeds,
+            now_ns,
+            OwnershipConfig::default(),
+        );
         Cluster {
             me,
             membership: Mutex::new(membership),
-            table: watch::Sender::new(Arc::new(table)),
+            ownership: Mutex::new(ownership),
+            table: watch::Sender::new(table),
             peers: Arc::new(Peers {
                 endpoint,
                 configs: Mutex::new(peer_config),
@@ -417,20 +411,15 @@ impl Cluster {
                 self_seeds: Mutex::new(std::collections::HashSet::new()),
                 resolve_failures: metrics::counter!("floodgate_seed_resolve_failures_total"),
             }),
-            handoffs: Mutex::new(Handoffs::default()),
             handoff_arrived: tokio::sync::Notify::new(),
-            past_versions: Mutex::new(std::collections::VecDeque::new()),
-            next_handoff_id: AtomicU64::new(now_ns),
             bucket_bytes_per_frame: BUCKET_BYTES_PER_FRAME,
             joining: std::sync::atomic::AtomicBool::new(has_other_seeds),
-            decided_alone: std::sync::atomic::AtomicBool::new(false),
             joined: tokio::sync::Notify::new(),
             refused: watch::Sender::new(None),
             next_join_complaint_ns: AtomicU64::new(now_ns + JOIN_WAIT.as_nanos() as u64),
             next_conflict_complaint_ns: AtomicU64::new(0),
             deciding: parking_lot::RwLock::new(()),
             updating: Mutex::new(()),
-            given_away: Mutex::new(vec![false; floodgate::cluster::SLOTS]),
             member_log: Mutex::new(MemberLog::default()),
             encoded_table: Mutex::new(None),
             config,
@@ -458,18 +447,15 @@ impl Cluster {
         self.deciding.read()
     }
 
-    /// True when this node handed `slot` to another owner and has not owned it again since.
-    pub(crate) fn gave_away(&self, slot: u16) -> bool {
-        self.given_away
-            .lock()
-            .get(usize::from(slot))
-            .copied()
-            .unwrap_or(false)
+    /// The ownership machine, to place checks (under [`Cluster::deciding`], so its table is
+    /// the one decisions are made under). Never held across an await.
+    pub(crate) fn ownership(&self) -> parking_lot::MutexGuard<'_, Ownership> {
+        self.ownership.lock()
     }
 
     /// True when `version` is that of a table this node had before its current one.
     pub(crate) fn had_version(&self, version: u64) -> bool {
-        version != self.table().version() && self.past_versions.lock().contains(&version)
+        self.ownership.lock().had_version(version)
     }
 
     /// Waits until `done` holds for this node's table, or `limit` passes.
@@ -485,34 +471,6 @@ impl Cluster {
         .await;
     }
 
-    /// Makes `new` this node's table once no decision under the old one is in flight, and
-    /// records the slots it gives away. Returns the old table.
-    fn switch_table(&self, new: Arc<SlotTable>) -> Arc<SlotTable> {
-        let _no_decisions = self.deciding.write();
-        let old = self.table.send_replace(new.clone());
-        if old.version() != new.version() {
-            let mut past = self.past_versions.lock();
-            past.retain(|v| *v != old.version());
-            past.push_back(old.version());
-            if past.len() > PAST_VERSIONS {
-                past.pop_front();
-            }
-        }
-        let me = Some(self.me.id.as_str());
-        let mut given_away = self.given_away.lock();
-        let mut handoffs = self.handoffs.lock();
-        for (slot, given) in given_away.iter_mut().enumerate() {
-            let slot = slot as u16;
-            if new.owner(slot) == me {
-                *given = false;
-            } else if old.owner(slot) == me {
-                *given = true;
-                handoffs.gave_away(slot);
-            }
-        }
-        old
-    }
-
     /// While a node started with seeds has not heard from the cluster, its table of one is not
     /// real ownership: checks wait (bounded) until it has joined, or decide alone after that.
     pub(crate) async fn wait_until_joined(&self) {
@@ -521,8 +479,7 @@ impl Cluster {
         }
         let _ = tokio::time::timeout(JOIN_WAIT, self.joined()).await;
         if self.joining.load(std::sync::atomic::Ordering::Relaxed) {
-            self.decided_alone
-                .store(true, std::sync::atomic::Ordering::Relaxed);
+            self.ownership.lock().handle_join_wait_expired();
         }
     }
 
@@ -724,94 +681,65 @@ impl Cluster {
             .updating
             .try_lock()
             .unwrap_or_else(|| off_the_worker(true, || self.updating.lock()));
-        let (epoch, owners) = {
+        let (epoch, owners, departed) = {
             let mut membership = self.membership.lock();
             change(&mut membership);
             drop(self.member_log.lock().observe(&membership));
             self.peers
                 .learn_ids(membership.members().map(|(info, _)| info));
-            (membership.epoch(), membership.owners())
+            let departed: Vec<String> = membership
+                .members()
+                .filter(|(_, state)| *state == MemberState::Left)
+                .map(|(info, _)| info.id.clone())
+                .collect();
+            (membership.epoch(), membership.owners(), departed)
         };
         let old = self.table();
         if old.epoch() == epoch {
             return Vec::new();
         }
         let new = Arc::new(compute_table(epoch, &owners));
-        // A node that just joined owned nothing before: its table of one was not ownership.
-        // What it gains comes from the cluster as it was without it.
-        let joined_now =
-            owners.len() > 1 && self.joining.load(std::sync::atomic::Ordering::Relaxed);
-        let before = if joined_now {
-            let others: Vec<String> = owners
-                .iter()
-                .filter(|o| **o != self.me.id)
-                .cloned()
-                .collect();
-            Arc::new(compute_table(0, &others))
-        } else {
-            old
+        let actions = {
+            // Once the gate is ours, no decision under the old table is in flight: the
+            // hand-offs exported below hold them all.
+            let _no_decisions = self.deciding.write();
+            let mut ownership = self.ownership.lock();
+            off_the_worker(owners.len() >= BIG_TABLE, || {
+                ownership.handle_table(now_ns, new.clone(), |id| departed.iter().any(|d| d == id))
+            });
+            self.table.send_replace(new);
+            std::iter::from_fn(|| ownership.poll_action()).collect::<Vec<_>>()
         };
-        self.expect_handoffs(&before, &new, now_ns);
-        self.switch_table(new.clone());
-        // Only now: a check that sees the node joined must also see its real table.
-        if joined_now {
-            self.joining
-                .store(false, std::sync::atomic::Ordering::Relaxed);
-            self.joined.notify_waiters();
-        }
         shared.metrics.table_epoch.set(epoch as f64);
         self.publish_members(shared);
         tracing::info!(epoch, owners = ?owners, "slot table changed");
-        // No decision under the old table is in flight any more: the export holds them all.
-        let mut sends = self.hand_off(shared, &before, &new, now_ns);
-        if joined_now
-            && !self
-                .decided_alone
-                .load(std::sync::atomic::Ordering::Relaxed)
-        {
-            sends.extend(self.announce_no_state(&new));
-        }
-        sends
+        self.carry_out(shared, actions, now_ns)
     }
 
-    /// Tells every other member that this node, just joined, holds no state for the slots it
-    /// does not own: a member that expects a hand-off from it for one of them (because its
-    /// view had this node owning the slot before this node knew the cluster) need not wait.
-    fn announce_no_state(&self, table: &SlotTable) -> Vec<tokio::task::JoinHandle<bool>> {
-        let me = Some(self.me.id.as_str());
-        let slots: Vec<u16> = (0..floodgate::cluster::SLOTS as u16)
-            .filter(|&s| table.owner(s) != me)
-            .collect();
-        let mut sends = Vec::new();
-        for node in table.nodes().iter().filter(|n| Some(n.as_str()) != me) {
-            let id = self.next_handoff_id.fetch_add(1, Ordering::Relaxed);
-            sends.extend(self.send_buckets(node, Some((id, slots.clone())), &[]));
-        }
-        sends
-    }
-
-    /// Marks the slots this node gains from a live or departed previous owner as pending
-    /// until that owner's hand-off for `new` arrives (every node that loses slots to a live node
-    /// sends one, empty or not). Slots of a dead node are not pending: the successor already
-    /// holds the replicas.
-    fn expect_handoffs(&self, old: &SlotTable, new: &SlotTable, now_ns: u64) {
-        let me = self.me.id.as_str();
-        let membership = self.membership.lock();
-        let hands_over = |owner: &str| {
-            new.nodes().iter().any(|n| n == owner)
-                || membership.state_of(owner) == Some(floodgate::cluster::MemberState::Left)
-        };
-        let mut handoffs = self.handoffs.lock();
-        handoffs.expire(now_ns);
-        for slot in 0..floodgate::cluster::SLOTS as u16 {
-            if let (Some(before), Some(me_now)) = (old.owner(slot), new.owner(slot))
-                && me_now == me
-                && before != me
-                && hands_over(before)
-            {
-                handoffs.expect(slot, before, now_ns, HANDOFF_WAIT_NS);
+    /// Carries out the machine's actions: wakes checks waiting for the join, exports (once)
+    /// and sends the hand-offs. Returns the sends (already running).
+    fn carry_out(
+        &self,
+        shared: &Shared,
+        actions: Vec<Action>,
+        now_ns: u64,
+    ) -> Vec<tokio::task::JoinHandle<bool>> {
+        let mut handoffs = Vec::new();
+        for action in actions {
+            match action {
+                Action::Joined => {
+                    // Only now: a check that sees the node joined must also see its real table.
+                    self.joining
+                        .store(false, std::sync::atomic::Ordering::Relaxed);
+                    self.joined.notify_waiters();
+                }
+                Action::HandOff(handoff) => handoffs.push(handoff),
             }
         }
+        if handoffs.is_empty() {
+            return Vec::new();
+        }
+        self.hand_off(shared, &handoffs, now_ns)
     }
 
     /// Waits (bounded by the pending deadline) until none of `slots` awaits a hand-off.
@@ -826,17 +754,14 @@ impl Cluster {
         loop {
             // Created before the look, so a hand-off arriving in between still wakes it.
             let notified = self.handoff_arrived.notified();
-            let latest = {
-                let handoffs = self.handoffs.lock();
-                if handoffs.is_empty() {
-                    return;
-                }
-                handoffs.deadline(slots.clone(), now_ns)
-            };
+            let latest = self
+                .ownership
+                .lock()
+                .handoff_deadline(slots.clone(), now_ns);
             let Some(until) = latest else { return };
             let deadline = started + std::time::Duration::from_nanos(until - now_ns);
             if tokio::time::timeout_at(deadline, notified).await.is_err() {
-                self.handoffs.lock().expire(until);
+                self.ownership.lock().handle_timeout(until);
                 return;
             }
         }
@@ -844,13 +769,18 @@ impl Cluster {
 
     /// True when one of `slots` still waits for a hand-off at `now_ns`.
     pub(crate) fn awaits_handoff(&self, slots: impl Iterator<Item = u16>, now_ns: u64) -> bool {
-        let handoffs = self.handoffs.lock();
-        !handoffs.is_empty() && handoffs.deadline(slots, now_ns).is_some()
+        self.ownership.lock().awaits_handoff(slots, now_ns)
     }
 
     /// A part of a hand-off from `from` arrived (its buckets already merged).
     pub(crate) fn handoff_received(&self, from: &str, part: &HandoffPart, now_ns: u64) {
-        if self.handoffs.lock().received(from, part, now_ns) {
+        let part = ReceivedPart {
+            id: part.id,
+            part: part.part,
+            parts: part.parts,
+            slots: &part.slots,
+        };
+        if self.ownership.lock().handle_handoff(now_ns, from, part) {
             self.handoff_arrived.notify_waiters();
         }
     }
@@ -865,46 +795,46 @@ impl Cluster {
         }
     }
 
-    /// Sends the buckets of slots whose owner was this node in `old` and someone else in `new`.
+    /// Sends the hand-offs the machine queued: the buckets of their slots, exported once (after
+    /// the switch), each to the node its hand-off goes to; an announcement carries none.
     fn hand_off(
         &self,
         shared: &Shared,
-        old: &SlotTable,
-        new: &SlotTable,
+        handoffs: &[HandOff],
         now_ns: u64,
     ) -> Vec<tokio::task::JoinHandle<bool>> {
-        let me = self.me.id.as_str();
-        let mut moved: HashMap<String, Vec<BucketState>> = HashMap::new();
+        // Which hand-off carries each slot's buckets.
+        let mut carrier = vec![None; floodgate::cluster::SLOTS];
+        for (i, handoff) in handoffs.iter().enumerate() {
+            if handoff.with_buckets {
+                for &slot in &handoff.slots {
+                    if let Some(c) = carrier.get_mut(usize::from(slot)) {
+                        *c = Some(i);
+                    }
+                }
+            }
+        }
         let mut buckets = Vec::new();
-        shared.store.export(
-            now_ns,
-            &|key| {
-                old.owner(key.slot()) == Some(me) && new.owner(key.slot()).is_some_and(|o| o != me)
-            },
-            &mut buckets,
-        );
+        if carrier.iter().any(Option::is_some) {
+            shared.store.export(
+                now_ns,
+                &|key| carrier[usize::from(key.slot())].is_some(),
+                &mut buckets,
+            );
+        }
+        let mut moved: Vec<Vec<BucketState>> = vec![Vec::new(); handoffs.len()];
         for bucket in buckets {
-            if let Some(owner) = new.owner(bucket.key.slot()) {
-                moved.entry(owner.to_owned()).or_default().push(bucket);
+            if let Some(i) = carrier[usize::from(bucket.key.slot())] {
+                moved[i].push(bucket);
             }
         }
         // Every node that gains slots from us hears from us, even with no buckets: it holds
         // checks on those slots until then.
-        let mut slots: HashMap<String, Vec<u16>> = HashMap::new();
-        for slot in 0..floodgate::cluster::SLOTS as u16 {
-            if old.owner(slot) == Some(me)
-                && let Some(owner) = new.owner(slot)
-                && owner != me
-            {
-                slots.entry(owner.to_owned()).or_default().push(slot);
-            }
-        }
         let mut sends = Vec::new();
-        for (owner, slots) in slots {
-            let buckets = moved.remove(&owner).unwrap_or_default();
+        for (handoff, buckets) in handoffs.iter().zip(moved) {
             shared.metrics.handed_off.increment(buckets.len() as u64);
-            let id = self.next_handoff_id.fetch_add(1, Ordering::Relaxed);
-            sends.extend(self.send_buckets(&owner, Some((id, slots)), &buckets));
+            let carried = Some((handoff.id, handoff.slots.clone()));
+            sends.extend(self.send_buckets(&handoff.to, carried, &buckets));
         }
         sends
     }
@@ -953,8 +883,12 @@ impl Cluster {
             // first of its cluster and has nobody to wait for. Under the update lock, so no
             // table update sees the flag change halfway (busy: the next round retries).
             if let Some(_one_at_a_time) = self.updating.try_lock() {
-                self.joining.store(false, Ordering::Relaxed);
-                self.joined.notify_waiters();
+                let actions: Vec<Action> = {
+                    let mut ownership = self.ownership.lock();
+                    ownership.handle_no_one_to_join();
+                    std::iter::from_fn(|| ownership.poll_action()).collect()
+                };
+                drop(self.carry_out(shared, actions, now_ns));
             }
         }
         if self.joining.load(Ordering::Relaxed)
@@ -965,6 +899,13 @@ impl Cluster {
                 seeds = %self.config.seeds.iter().map(ToString::to_string).collect::<Vec<_>>().join(","),
                 "not joined: no seed answered yet; serving alone and retrying"
             );
+        }
+        {
+            // Hand-off waits that ran out end in the machine too (checks already look lazily).
+            let mut ownership = self.ownership.lock();
+            if ownership.poll_timeout().is_some_and(|at| at <= now_ns) {
+                ownership.handle_timeout(now_ns);
+            }
         }
         let outgoing = self.membership.lock().poll(now_ns);
         for message in outgoing {

@@ -10,9 +10,9 @@
 //! - `budget`: the node-wide budget of bytes buffered from streams.
 //! - `service`: the pure step from a received frame to the bytes of its answer.
 //! - [`cluster`]: membership gossip, the slot table, replication and hand-off between nodes.
-//! - `handoff`: which gained slots wait for their previous owner's hand-off.
 //! - `member_log`: peers suspected or declared dead logged at WARN as it happens.
-//! - `forward`: checks for slots another node owns go to their owner; refusals are placed again.
+//! - `forward`: checks placed by the core's ownership machine: decided here, sent to their owner,
+//!   refusals placed again.
 //! - [`rules`]: `--rules FILE`: validation, versions, hot reload, serving rules to clients.
 //! - [`rls`]: `--rls-listen`: Envoy's rate limit service (RLS v3 over gRPC) on the cluster.
 //! - `admin`: `/metrics`, `/healthz`, `/readyz`.
@@ -31,7 +31,6 @@ mod admin;
 mod admission;
 mod budget;
 mod forward;
-mod handoff;
 mod member_log;
 mod metrics;
 pub mod rls;
