@@ -12,20 +12,20 @@ use std::time::Duration;
 use anyhow::Context;
 use floodgate::cluster::ownership::{Action, HandOff, Ownership, OwnershipConfig, ReceivedPart};
 use floodgate::cluster::{
-    ConflictVerdict, Gossip, IdConflict, MemberInfo, MemberState, Membership, MembershipConfig,
-    SlotTable,
+    ConflictVerdict, Gossip, IdConflict, MemberInfo, MemberState, Membership, SlotTable,
 };
 use floodgate::wire::{
     FrameKind, HandoffPart, ReplicateMessage, SlotTableMessage, TableMember, WireBucket,
     encode_message, member_state_to_wire,
 };
-use floodgate::{BucketState, Clock};
+use floodgate::{BucketState, BucketStore, Clock};
 use parking_lot::Mutex;
 use tokio::sync::watch;
 
 use crate::address::HostPort;
+use crate::clock::NodeClock;
 use crate::member_log::MemberLog;
-use crate::server::Shared;
+use crate::metrics::ClusterMetrics;
 
 /// Most encoded bytes of buckets in one replication or hand-off frame: well under the smallest
 /// frame limit a node accepts (`NodeLimits` refuses less than this plus room for the rest).
@@ -40,37 +40,7 @@ const COMPLAINT_INTERVAL_NS: u64 = 1_000_000_000;
 /// Longest a seed's name may take to resolve before the dial is given up (retried next round).
 const RESOLVE_TIMEOUT: Duration = Duration::from_secs(1);
 
-/// How this node takes part in a cluster.
-#[derive(Debug, Clone)]
-pub struct ClusterConfig {
-    /// Stable id of this node (default: its advertised address).
-    pub node_id: Option<String>,
-    pub region: String,
-    /// Address peers and clients reach this node at (default: the listen address).
-    pub advertise: Option<SocketAddr>,
-    /// Any members to join through: IP addresses or DNS names, a name resolved again each time
-    /// the seed is dialed (its address may change, as a restarted pod's does).
-    pub seeds: Vec<HostPort>,
-    pub membership: MembershipConfig,
-    /// How often changed buckets go to each slot's successor.
-    pub sync_interval: Duration,
-    /// Ready (`/readyz`) even while no seed has answered (`--allow-alone`).
-    pub allow_alone: bool,
-}
-
-impl Default for ClusterConfig {
-    fn default() -> Self {
-        ClusterConfig {
-            node_id: None,
-            region: "local".to_owned(),
-            advertise: None,
-            seeds: Vec::new(),
-            membership: MembershipConfig::default(),
-            sync_interval: Duration::from_millis(100),
-            allow_alone: false,
-        }
-    }
-}
+pub use crate::config::ClusterConfig;
 
 /// Most members whose address and last dial failure are remembered (membership is bounded;
 /// this only keeps hostile gossip from growing the maps).
@@ -323,6 +293,10 @@ pub(crate) struct Cluster {
     handoff_arrived: tokio::sync::Notify,
     /// Encoded bucket bytes per replication or hand-off frame.
     bucket_bytes_per_frame: usize,
+    /// The buckets replicated and handed off, and where merged ones go.
+    store: Arc<BucketStore>,
+    clock: NodeClock,
+    metrics: ClusterMetrics,
     /// The machine's join phase, mirrored for the per-check look (set false only after the real
     /// table is published, so a check that sees the node joined also sees that table).
     joining: std::sync::atomic::AtomicBool,
@@ -361,9 +335,11 @@ impl Cluster {
         listen: SocketAddr,
         endpoint: quinn::Endpoint,
         peer_config: crate::tls::PeerClientConfigs,
-        handshake_failures: metrics::Counter,
-        now_ns: u64,
+        store: Arc<BucketStore>,
+        clock: NodeClock,
+        metrics: ClusterMetrics,
     ) -> Self {
+        let now_ns = clock.now_ns();
         let addr = config.advertise.unwrap_or(listen).to_string();
         let me = MemberInfo {
             id: config.node_id.clone().unwrap_or_else(|| addr.clone()),
@@ -406,13 +382,16 @@ impl Cluster {
                 ids: Mutex::new(HashMap::new()),
                 connections: Mutex::new(HashMap::new()),
                 failures: Mutex::new(HashMap::new()),
-                handshake_failures,
+                handshake_failures: metrics.peer_handshake_failures.clone(),
                 own_addrs,
                 self_seeds: Mutex::new(std::collections::HashSet::new()),
                 resolve_failures: metrics::counter!("floodgate_seed_resolve_failures_total"),
             }),
             handoff_arrived: tokio::sync::Notify::new(),
             bucket_bytes_per_frame: BUCKET_BYTES_PER_FRAME,
+            store,
+            clock,
+            metrics,
             joining: std::sync::atomic::AtomicBool::new(has_other_seeds),
             joined: tokio::sync::Notify::new(),
             refused: watch::Sender::new(None),
@@ -502,9 +481,9 @@ impl Cluster {
         self.membership.lock().info(id).map(|m| m.addr.clone())
     }
 
-    pub(crate) fn handle_gossip(&self, shared: &Shared, now_ns: u64, gossip: &Gossip) {
+    pub(crate) fn handle_gossip(&self, now_ns: u64, gossip: &Gossip) {
         let mut conflicts = Vec::new();
-        drop(self.update_table(shared, now_ns, |membership| {
+        drop(self.update_table(now_ns, |membership| {
             conflicts = membership.handle_gossip(now_ns, gossip)
         }));
         for conflict in conflicts {
@@ -671,7 +650,6 @@ impl Cluster {
     /// Returns the hand-off sends (already running).
     fn update_table(
         &self,
-        shared: &Shared,
         now_ns: u64,
         change: impl FnOnce(&mut Membership),
     ) -> Vec<tokio::task::JoinHandle<bool>> {
@@ -710,20 +688,15 @@ impl Cluster {
             self.table.send_replace(new);
             std::iter::from_fn(|| ownership.poll_action()).collect::<Vec<_>>()
         };
-        shared.metrics.table_epoch.set(epoch as f64);
-        self.publish_members(shared);
+        self.metrics.table_epoch.set(epoch as f64);
+        self.publish_members();
         tracing::info!(epoch, owners = ?owners, "slot table changed");
-        self.carry_out(shared, actions, now_ns)
+        self.carry_out(actions, now_ns)
     }
 
     /// Carries out the machine's actions: wakes checks waiting for the join, exports (once)
     /// and sends the hand-offs. Returns the sends (already running).
-    fn carry_out(
-        &self,
-        shared: &Shared,
-        actions: Vec<Action>,
-        now_ns: u64,
-    ) -> Vec<tokio::task::JoinHandle<bool>> {
+    fn carry_out(&self, actions: Vec<Action>, now_ns: u64) -> Vec<tokio::task::JoinHandle<bool>> {
         let mut handoffs = Vec::new();
         for action in actions {
             match action {
@@ -739,7 +712,7 @@ impl Cluster {
         if handoffs.is_empty() {
             return Vec::new();
         }
-        self.hand_off(shared, &handoffs, now_ns)
+        self.hand_off(&handoffs, now_ns)
     }
 
     /// Waits (bounded by the pending deadline) until none of `slots` awaits a hand-off.
@@ -785,24 +758,19 @@ impl Cluster {
         }
     }
 
-    fn publish_members(&self, shared: &Shared) {
+    fn publish_members(&self) {
         let mut counts = [0usize; 4];
         for (_, state) in self.membership.lock().members() {
             counts[usize::from(member_state_to_wire(state))] += 1;
         }
-        for (gauge, count) in shared.metrics.members.iter().zip(counts) {
+        for (gauge, count) in self.metrics.members.iter().zip(counts) {
             gauge.set(count as f64);
         }
     }
 
     /// Sends the hand-offs the machine queued: the buckets of their slots, exported once (after
     /// the switch), each to the node its hand-off goes to; an announcement carries none.
-    fn hand_off(
-        &self,
-        shared: &Shared,
-        handoffs: &[HandOff],
-        now_ns: u64,
-    ) -> Vec<tokio::task::JoinHandle<bool>> {
+    fn hand_off(&self, handoffs: &[HandOff], now_ns: u64) -> Vec<tokio::task::JoinHandle<bool>> {
         // Which hand-off carries each slot's buckets.
         let mut carrier = vec![None; floodgate::cluster::SLOTS];
         for (i, handoff) in handoffs.iter().enumerate() {
@@ -816,7 +784,7 @@ impl Cluster {
         }
         let mut buckets = Vec::new();
         if carrier.iter().any(Option::is_some) {
-            shared.store.export(
+            self.store.export(
                 now_ns,
                 &|key| carrier[usize::from(key.slot())].is_some(),
                 &mut buckets,
@@ -832,7 +800,7 @@ impl Cluster {
         // checks on those slots until then.
         let mut sends = Vec::new();
         for (handoff, buckets) in handoffs.iter().zip(moved) {
-            shared.metrics.handed_off.increment(buckets.len() as u64);
+            self.metrics.handed_off.increment(buckets.len() as u64);
             let carried = Some((handoff.id, handoff.slots.clone()));
             sends.extend(self.send_buckets(&handoff.to, carried, &buckets));
         }
@@ -873,7 +841,7 @@ impl Cluster {
     }
 
     /// One round of gossip, then (every sync interval) replication of changed buckets.
-    fn gossip_round(&self, shared: &Shared, now_ns: u64) {
+    fn gossip_round(&self, now_ns: u64) {
         if self.joining.load(Ordering::Relaxed)
             && self
                 .peers
@@ -888,7 +856,7 @@ impl Cluster {
                     ownership.handle_no_one_to_join();
                     std::iter::from_fn(|| ownership.poll_action()).collect()
                 };
-                drop(self.carry_out(shared, actions, now_ns));
+                drop(self.carry_out(actions, now_ns));
             }
         }
         if self.joining.load(Ordering::Relaxed)
@@ -914,12 +882,12 @@ impl Cluster {
             self.peers.send(message.to, frame);
         }
         // Members declared suspect or dead by `poll` change the owners.
-        drop(self.update_table(shared, now_ns, |_| {}));
+        drop(self.update_table(now_ns, |_| {}));
     }
 
     /// Sends the buckets changed since the last round to their slots' successors; returns the
     /// sends (each ends true once delivered).
-    fn replicate(&self, shared: &Shared, now_ns: u64) -> Vec<tokio::task::JoinHandle<bool>> {
+    fn replicate(&self, now_ns: u64) -> Vec<tokio::task::JoinHandle<bool>> {
         let table = self.table();
         // Alone, there is nobody to replicate to; changed marks stay set, so a node that joins
         // later still receives them (through the hand-off first).
@@ -927,7 +895,7 @@ impl Cluster {
             return Vec::new();
         }
         let mut changed = Vec::new();
-        shared.store.take_changed(now_ns, &mut changed);
+        self.store.take_changed(now_ns, &mut changed);
         let me = self.me.id.as_str();
         let mut by_target: HashMap<&str, Vec<BucketState>> = HashMap::new();
         for bucket in changed {
@@ -944,22 +912,20 @@ impl Cluster {
         }
         let mut sends = Vec::new();
         for (target, buckets) in by_target {
-            shared.metrics.replicated.increment(buckets.len() as u64);
+            self.metrics.replicated.increment(buckets.len() as u64);
             sends.extend(self.send_buckets(target, None, &buckets));
         }
         sends
     }
 
     /// Announces a graceful leave and hands every bucket to its owner without this node.
-    pub(crate) async fn leave(&self, shared: &Shared) {
-        let now_ns = shared.clock.now_ns();
+    pub(crate) async fn leave(&self) {
+        let now_ns = self.clock.now_ns();
         let mut outgoing = Vec::new();
         // From the switch on, checks that arrive are forwarded to the new owners, and forwarded
         // checks for these slots are answered `not_owner`; the new owners hold checks on them
         // until the hand-off arrives (they see the leave as `Left`, not dead).
-        let sends = self.update_table(shared, now_ns, |membership| {
-            outgoing = membership.leave(now_ns)
-        });
+        let sends = self.update_table(now_ns, |membership| outgoing = membership.leave(now_ns));
         for message in outgoing {
             let mut frame = Vec::new();
             encode_message(&mut frame, FrameKind::Gossip, 0, &message.gossip);
@@ -1000,23 +966,22 @@ fn chunk_by_size(buckets: &[BucketState], budget: usize) -> Vec<&[BucketState]> 
 ///
 /// The replication lag gauge is the time since the start of the last round whose every message
 /// the successors acknowledged: how old their copies can be now (it grows while one is down).
-pub(crate) async fn run(shared: Arc<Shared>, mut shutdown: watch::Receiver<bool>) {
-    let cluster = &shared.cluster;
+pub(crate) async fn run(cluster: Arc<Cluster>, mut shutdown: watch::Receiver<bool>) {
     let tick = Duration::from_nanos(cluster.config.membership.gossip_interval_ns / 2)
         .max(Duration::from_millis(5));
     let mut ticker = tokio::time::interval(tick);
     let sync_ns = u64::try_from(cluster.config.sync_interval.as_nanos()).unwrap_or(u64::MAX);
     let mut next_sync_ns = 0;
-    let replicated_through = Arc::new(AtomicU64::new(shared.clock.now_ns()));
+    let replicated_through = Arc::new(AtomicU64::new(cluster.clock.now_ns()));
     loop {
         tokio::select! {
             _ = ticker.tick() => {}
             _ = shutdown.changed() => return,
         }
-        let now_ns = shared.clock.now_ns();
-        cluster.gossip_round(&shared, now_ns);
+        let now_ns = cluster.clock.now_ns();
+        cluster.gossip_round(now_ns);
         if now_ns >= next_sync_ns {
-            let sends = cluster.replicate(&shared, now_ns);
+            let sends = cluster.replicate(now_ns);
             let through = replicated_through.clone();
             // One waiter per round, each bounded by the sends' own timeout.
             tokio::spawn(async move {
@@ -1030,7 +995,7 @@ pub(crate) async fn run(shared: Arc<Shared>, mut shutdown: watch::Receiver<bool>
             next_sync_ns = now_ns + sync_ns;
         }
         let lag_ns = now_ns.saturating_sub(replicated_through.load(Ordering::Relaxed));
-        shared.metrics.replication_lag.set(lag_ns as f64 / 1e9);
+        cluster.metrics.replication_lag.set(lag_ns as f64 / 1e9);
     }
 }
 
@@ -1061,8 +1026,9 @@ mod tests {
                 members: quinn::ClientConfig::new(quic.clone()),
                 seeds: quinn::ClientConfig::new(quic),
             },
-            metrics::Counter::noop(),
-            1_000_000_000,
+            Arc::new(BucketStore::new(floodgate::StoreConfig::default()).unwrap()),
+            crate::clock::NodeClock::new(),
+            crate::metrics::NodeMetrics::register().cluster(),
         )
     }
 

@@ -28,8 +28,8 @@ use floodgate::wire::{
 use rkyv::rancor;
 
 use crate::metrics::DecisionTally;
-use crate::server::Shared;
 use crate::service::{decide_group, decode_frame, finish_batch, prefetch_ahead};
+use crate::state::Shared;
 
 /// Longest a node waits for its slot table to catch up with a peer's.
 const TABLE_CATCH_UP: Duration = Duration::from_millis(300);

@@ -4,7 +4,9 @@
 //! - [`address`]: HOST:PORT flag values with DNS names, resolved IPv4 first.
 //! - [`config`]: [`NodeConfig`], listen addresses, TLS files and the limits on peers' input.
 //! - [`certs`]: development certificates for `--data-dir` and PEM loading.
+//! - `node_id`: what a node id may be (a DNS name its certificate carries).
 //! - `tls`: the QUIC server configuration (TLS 1.3, ALPN `floodgate/1`, optional mutual TLS).
+//! - `state`: `Shared`, what every connection and stream task shares.
 //! - `server`: [`Node`]: accept loop, connection and stream tasks, sweeper, graceful shutdown.
 //! - `admission`: separate connection allowances for clients and peers.
 //! - `budget`: the node-wide budget of bytes buffered from streams.
@@ -33,17 +35,18 @@ mod budget;
 mod forward;
 mod member_log;
 mod metrics;
+mod node_id;
 pub mod rls;
 pub mod rules;
 mod server;
 mod service;
 pub mod snapshot;
+mod state;
 mod tls;
 
 pub use address::HostPort;
 pub use certs::{DevCerts, ensure_dev_certs};
-pub use cluster::ClusterConfig;
-pub use config::{NodeConfig, NodeLimits, TlsConfig};
+pub use config::{ClusterConfig, NodeConfig, NodeLimits, TlsConfig};
 pub use server::Node;
 
 /// The core this node serves, re-exported so node code and tests name one path.

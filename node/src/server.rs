@@ -19,6 +19,7 @@ use crate::cluster::Cluster;
 use crate::config::NodeConfig;
 use crate::metrics::NodeMetrics;
 use crate::service::{answer_frame, encode_error};
+use crate::state::{Shared, not_ready_reason};
 use crate::{admin, cluster, forward, tls};
 use floodgate::wire::{
     Frame, FrameKind, Replicated, decode_gossip, decode_id_conflict, decode_replicate,
@@ -33,29 +34,6 @@ const LEAVE_LINGER: Duration = Duration::from_millis(300);
 const PUSH_TIMEOUT: Duration = Duration::from_secs(1);
 /// How often idle buckets are swept (a fraction of the shards each time).
 const SWEEP_INTERVAL: Duration = Duration::from_millis(250);
-
-/// What every connection and stream task shares.
-#[derive(Debug)]
-pub(crate) struct Shared {
-    pub(crate) config: NodeConfig,
-    pub(crate) store: BucketStore,
-    pub(crate) clock: NodeClock,
-    pub(crate) metrics: NodeMetrics,
-    /// Client and peer connections, counted apart.
-    pub(crate) allowance: Arc<Allowance>,
-    /// Bytes buffered from all streams, against `max_buffered_bytes`.
-    pub(crate) budget: BufferBudget,
-    pub(crate) ready: AtomicBool,
-    /// Membership, slot table and peers (a node alone is a cluster of one).
-    pub(crate) cluster: Cluster,
-    /// The rules file in force (`--rules`), served to clients and hot-reloaded.
-    pub(crate) rules: Option<Arc<crate::rules::RulesHandle>>,
-    /// Buckets merged from peers (replicas and hand-offs) since start.
-    pub(crate) received: watch::Sender<u64>,
-    /// Who may send peer-only frames (gossip, replicate, forwarded checks); replaced when the
-    /// certificates are reloaded.
-    pub(crate) peer_trust: parking_lot::RwLock<tls::PeerTrust>,
-}
 
 /// A running node. Dropping it without [`Node::shutdown`] aborts its tasks.
 #[derive(Debug)]
@@ -76,7 +54,7 @@ impl Node {
     pub async fn start(config: NodeConfig) -> anyhow::Result<Node> {
         config.limits.validate()?;
         if let Some(id) = &config.cluster.node_id {
-            tls::validate_node_id(id).context("--node-id")?;
+            crate::node_id::validate_node_id(id).context("--node-id")?;
             tls::check_own_certificate(&config.tls, id)?;
         }
         let peer_trust = tls::PeerTrust::new(&config.tls)?;
@@ -98,16 +76,19 @@ impl Node {
         let clock = NodeClock::new();
         let peer_config = tls::peer_client_configs(&config.tls)?;
         let metrics = NodeMetrics::register();
-        let cluster = Cluster::new(
-            config.cluster.clone(),
-            local_addr,
-            endpoint.clone(),
-            peer_config,
-            metrics.peer_handshake_failures.clone(),
-            clock.now_ns(),
-        )
-        .with_frame_limit(config.limits.max_frame_bytes);
-        let metrics = NodeMetrics::register();
+        let store = Arc::new(store);
+        let cluster = Arc::new(
+            Cluster::new(
+                config.cluster.clone(),
+                local_addr,
+                endpoint.clone(),
+                peer_config,
+                store.clone(),
+                clock,
+                metrics.cluster(),
+            )
+            .with_frame_limit(config.limits.max_frame_bytes),
+        );
         let allowance = Arc::new(Allowance::new(
             config.limits.max_connections,
             config.limits.max_peer_connections,
@@ -168,7 +149,7 @@ impl Node {
         if let Some(rules) = &shared.rules {
             tasks.spawn(crate::rules::watch_file(rules.clone(), shutdown_rx.clone()));
         }
-        tasks.spawn(cluster::run(shared.clone(), shutdown_rx));
+        tasks.spawn(cluster::run(shared.cluster.clone(), shutdown_rx));
         tracing::info!(%local_addr, ?admin_addr, "floodgate node listening");
         Ok(Node {
             local_addr,
@@ -309,7 +290,7 @@ impl Node {
         self.shared.ready.store(false, Ordering::Relaxed);
         // Leave first: peers stop routing here and receive our buckets before we stop answering.
         // Then keep answering (forwarding to the new owners) while clients fetch the new table.
-        self.shared.cluster.leave(&self.shared).await;
+        self.shared.cluster.leave().await;
         if !self.shared.cluster.table().nodes().is_empty() {
             tokio::time::sleep(LEAVE_LINGER).await;
         }
@@ -333,13 +314,6 @@ impl Node {
         let _ = tokio::time::timeout(DRAIN_TIMEOUT, self.endpoint.wait_idle()).await;
         tracing::info!(addr = %self.local_addr, "floodgate node stopped");
     }
-}
-
-pub(crate) fn not_ready_reason(shared: &Shared) -> Option<String> {
-    if !shared.ready.load(Ordering::Relaxed) {
-        return Some("shutting down".to_owned());
-    }
-    shared.cluster.not_ready_reason()
 }
 
 async fn accept_loop(
@@ -728,7 +702,7 @@ async fn serve_uni_message(
             }
             _ if !is_peer => shared.metrics.frame_error(ErrorCode::UnknownKind),
             FrameKind::Gossip => match decode_gossip(&frame.payload) {
-                Ok(gossip) => shared.cluster.handle_gossip(&shared, now_ns, &gossip),
+                Ok(gossip) => shared.cluster.handle_gossip(now_ns, &gossip),
                 Err((code, _)) => shared.metrics.frame_error(code),
             },
             FrameKind::IdConflict => match decode_id_conflict(&frame.payload) {
