@@ -7,11 +7,12 @@
 //! - `node_id`: what a node id may be (a DNS name its certificate carries).
 //! - `tls`: the QUIC server configuration (TLS 1.3, ALPN `floodgate/1`, optional mutual TLS).
 //! - `state`: `Shared`, what every connection and stream task shares.
-//! - `server`: [`Node`]: accept loop, connection and stream tasks, sweeper, graceful shutdown.
+//! - `server/`: [`Node`]: start, connections, streams, peer messages, sweeper, graceful shutdown.
 //! - `admission`: separate connection allowances for clients and peers.
 //! - `budget`: the node-wide budget of bytes buffered from streams.
 //! - `service`: the pure step from a received frame to the bytes of its answer.
-//! - [`cluster`]: membership gossip, the slot table, replication and hand-off between nodes.
+//! - [`cluster`]: the driver of the core's membership and ownership machines: gossip, table
+//!   switches under the deciding gate, hand-offs, replication, the table message, peers.
 //! - `member_log`: peers suspected or declared dead logged at WARN as it happens.
 //! - `forward`: checks placed by the core's ownership machine: decided here, sent to their owner,
 //!   refusals placed again.
