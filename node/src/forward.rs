@@ -22,8 +22,8 @@ use std::time::Duration;
 use floodgate::Clock;
 use floodgate::cluster::ownership::{Arrival, Failed, Placement, Refusal};
 use floodgate::wire::{
-    ArchivedCheckBatch, CheckBatch, ErrorCode, Frame, FrameKind, FrameReader, ValidCheck,
-    WireCheck, WireDecision, decode_decisions, encode_message,
+    ArchivedCheckBatch, CheckBatch, ErrorCode, Frame, FrameKind, ValidCheck, WireCheck,
+    WireDecision, decode_decisions, encode_message,
 };
 use rkyv::rancor;
 
@@ -364,14 +364,16 @@ async fn forward(
             .increment(indices.iter().map(|&i| groups[i].len() as u64).sum());
         let peers = cluster.peers.clone();
         forwards.spawn(async move {
-            let answer = peers.request(&addr, &bytes, max + 64).await;
+            let answer = peers
+                .request(&addr, &bytes, max + 64, FrameKind::DecisionBatch)
+                .await;
             (owner, indices, answer)
         });
     }
     while let Some(Ok((owner, indices, answer))) = forwards.join_next().await {
         let Ok(decisions) = answer
             .map_err(|e| e.to_string())
-            .and_then(|bytes| decisions_of(&bytes))
+            .and_then(|frame| decisions_of(&frame))
         else {
             continue;
         };
@@ -396,15 +398,8 @@ async fn forward(
     }
 }
 
-fn decisions_of(bytes: &[u8]) -> Result<Vec<WireDecision>, String> {
-    let mut reader = FrameReader::new(bytes.len().max(16));
-    reader.extend(bytes);
-    match reader.next_frame() {
-        Ok(Some(frame)) if frame.kind == FrameKind::DecisionBatch => {
-            decode_decisions(&frame.payload)
-                .map(|(d, _)| d)
-                .map_err(|(_, m)| m)
-        }
-        other => Err(format!("unexpected answer to a forwarded batch: {other:?}")),
-    }
+fn decisions_of(frame: &Frame) -> Result<Vec<WireDecision>, String> {
+    decode_decisions(&frame.payload)
+        .map(|(d, _)| d)
+        .map_err(|(_, m)| m)
 }

@@ -3,6 +3,8 @@
 //!
 //! - [`address`]: HOST:PORT flag values with DNS names, resolved IPv4 first.
 //! - [`config`]: [`NodeConfig`], listen addresses, TLS files and the limits on peers' input.
+//! - [`exchange`]: one request on its own stream (open, write a frame, read the answer, check
+//!   its kind), for peers and tests.
 //! - [`certs`]: development certificates for `--data-dir` and PEM loading.
 //! - `node_id`: what a node id may be (a DNS name its certificate carries).
 //! - `tls`: the QUIC server configuration (TLS 1.3, ALPN `floodgate/1`, optional mutual TLS).
@@ -29,6 +31,7 @@ pub mod certs;
 pub mod clock;
 pub mod cluster;
 pub mod config;
+pub mod exchange;
 
 mod admin;
 mod admission;

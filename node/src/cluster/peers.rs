@@ -1,5 +1,7 @@
 //! Connections to other nodes: dialed by node id (or as a seed), verified, reused, and the
 //! one-way sends and requests every peer message goes through.
+use floodgate::wire::Frame;
+
 use super::*;
 
 /// Most members whose address and last dial failure are remembered (membership is bounded;
@@ -210,19 +212,17 @@ impl Peers {
         })
     }
 
-    /// Sends one frame on a bidirectional stream and returns every byte of the answer.
+    /// Sends one frame on a bidirectional stream and returns the answer's frame of `kind`.
     pub(crate) async fn request(
         &self,
         addr: &str,
         frame: &[u8],
         max_bytes: usize,
-    ) -> anyhow::Result<Vec<u8>> {
+        kind: FrameKind,
+    ) -> anyhow::Result<Frame> {
         tokio::time::timeout(PEER_TIMEOUT, async {
             let connection = self.connection(addr).await?;
-            let (mut send, mut recv) = connection.open_bi().await?;
-            send.write_all(frame).await?;
-            send.finish()?;
-            Ok(recv.read_to_end(max_bytes).await?)
+            crate::exchange::request(&connection, frame, max_bytes, kind).await
         })
         .await
         .context("peer did not answer in time")?
