@@ -74,3 +74,19 @@ fn without_the_windows_the_checker_finds_double_deciders() {
     );
     assert!(shown.contains("decided by"), "{shown}");
 }
+
+/// The checker catches a driver bug outside every window: a node that sends its hand-offs
+/// before it switches tables (no deciding gate) keeps deciding slots their new owner already
+/// decides from the hand-off.
+#[test]
+fn a_hand_off_sent_before_the_switch_is_caught() {
+    let caught = (0..40).find_map(|seed| {
+        let config = SimConfig {
+            send_before_switch: true,
+            ..SimConfig::from_seed(seed)
+        };
+        Sim::new(seed, config).run().err()
+    });
+    let failure = caught.expect("no seed of 40 caught a hand-off sent before the switch");
+    assert!(failure.message.contains("decided by"), "{failure}");
+}

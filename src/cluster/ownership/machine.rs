@@ -71,6 +71,11 @@ pub enum Window {
     /// The slot was gained from `from`, which this node's membership holds dead (not departed):
     /// no hand-off comes; the successor decides from its replicas.
     OwnerDeclaredDead { from: String },
+    /// The slot was gained at this node's join from `from`, its owner in the cluster as this
+    /// node first heard of it (a guess: the others' tables may differ). A member whose table
+    /// disagrees may still decide the slot until it hears of this node and hands it over;
+    /// marked while this node keeps the slot.
+    JoinedGuessing { from: String },
 }
 
 /// The ownership state of one node. Sans I/O: every input carries `now_ns`, every output is
@@ -192,6 +197,18 @@ impl Ownership {
             self.table.clone()
         };
         self.expect_handoffs(&before, &new, now_ns, &announced_leave);
+        if joined_now {
+            for slot in 0..SLOTS as u16 {
+                if new.owner(slot) == Some(self.me.as_str())
+                    && !self.unconfirmed.contains_key(&slot)
+                    && let Some(from) = before.owner(slot)
+                {
+                    let from = from.to_owned();
+                    self.unconfirmed
+                        .insert(slot, Window::JoinedGuessing { from });
+                }
+            }
+        }
         let old = self.switch(new.clone());
         if joined_now {
             self.joining = false;
@@ -292,6 +309,20 @@ impl Ownership {
         self.table.owner(slot) == Some(self.me.as_str())
             && self.phase() != Phase::Joining
             && !self.awaits_handoff(std::iter::once(slot), now_ns)
+    }
+
+    /// [`Ownership::decides`] for every slot at once (by slot number), for checkers.
+    pub fn decided_slots(&self, now_ns: u64) -> Vec<bool> {
+        let mine = self.table.nodes().iter().position(|n| *n == self.me);
+        if self.phase() == Phase::Joining || mine.is_none() {
+            return vec![false; SLOTS];
+        }
+        (0..SLOTS as u16)
+            .map(|slot| {
+                self.table.owner_index(slot) == mine
+                    && !self.awaits_handoff(std::iter::once(slot), now_ns)
+            })
+            .collect()
     }
 
     /// Why this node decides `slot` without its previous owner's state, if it does.

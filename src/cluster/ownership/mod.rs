@@ -25,12 +25,19 @@
 //! 3. **Alone** ([`Window::Alone`]): a node started with seeds waits (bounded, per check) for
 //!    its join; when the wait runs out it decides everything with its table of one until its
 //!    first real table.
-//! 4. **Views disagree on who is a member**: one of the two deciders' tables does not name the
-//!    other at all, so nothing tells it the other decides (membership is gossip, not
-//!    consensus). Window 2 is one case; the other is a node that joins through a member which
-//!    is itself still joining and has not yet heard from the rest: the two form a table
-//!    without the cluster for a gossip round or so (the newcomer's "cluster before me" is
-//!    that member alone, which announces it holds nothing). Ends when gossip reaches both.
+//! 4. **Joined on a guess** ([`Window::JoinedGuessing`]): a node's first real table is made
+//!    from the members it has heard of, and so is its guess of who owned each slot before it
+//!    came (the same table without itself), whose hand-off it waits for. When the others'
+//!    tables differ (it joined through a member that is itself still joining, or it heard of
+//!    a restarted member before they did), the member that really owns a slot in its own
+//!    table may still decide it until it hears of the newcomer and hands it over (a gossip
+//!    round or so). The window covers every decider but the guessed previous owner (whose
+//!    hand-off arrived), and is marked while the newcomer keeps the slot.
+//! 5. **Split views**: two nodes whose tables do not name each other at all (a partition, or
+//!    each holding the other dead, as after a crash and restart while gossip was lost) each
+//!    decide the slots their own table gives them, until gossip reaches both. The checker
+//!    knows this one from the pair of tables; a table that names the other decider excuses
+//!    nothing.
 //!
 //! Outside the machine's view, and not asserted by the simulation (they need the driver's
 //! forwards): a **takeover** ([`Placement::Takeover`]) is decided by the slot's successor for a

@@ -13,7 +13,7 @@ use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 
 use super::handoffs::ReceivedPart;
-use super::machine::{Action, Ownership, OwnershipConfig, Phase};
+use super::machine::{Action, Ownership, OwnershipConfig, Phase, Window};
 use crate::cluster::{
     Gossip, MemberInfo, MemberState, Membership, MembershipConfig, SLOTS, SlotTable,
 };
@@ -74,6 +74,10 @@ pub struct SimConfig {
     /// When false, the checker excuses no window: every double decider fails (to show the
     /// windows happen and the checker sees them).
     pub excuse_windows: bool,
+    /// A deliberately wrong driver, to show the checker catches it: hand-offs are sent at once
+    /// but the node keeps deciding under its old table for 50 ms more (an export before the
+    /// switch, as if the deciding gate were missing).
+    pub send_before_switch: bool,
 }
 
 impl SimConfig {
@@ -99,6 +103,7 @@ impl SimConfig {
             membership: MembershipConfig::default(),
             ownership: OwnershipConfig::default(),
             excuse_windows: true,
+            send_before_switch: false,
         }
     }
 }
@@ -123,6 +128,8 @@ struct Running {
     started_ns: u64,
     /// Set once the node left gracefully: it stops at this instant.
     stops_at: Option<u64>,
+    /// With `send_before_switch`: the switched machine, and when the node takes it on.
+    switched_later: Option<(u64, Ownership)>,
 }
 
 #[derive(Debug)]
@@ -173,6 +180,9 @@ impl std::fmt::Display for SimFailure {
 /// Time between the starts of the first nodes.
 const STAGGER_NS: u64 = 400_000_000;
 
+/// How late a sabotaged node (`send_before_switch`) switches after sending its hand-offs.
+const LATE_SWITCH_NS: u64 = 50_000_000;
+
 /// Lines of trace kept for a failure report.
 const TRACE_LINES: usize = 60;
 
@@ -191,7 +201,8 @@ pub struct Sim {
     report: SimReport,
     /// Each machine's change count at the last check (by node index).
     checked: Vec<u64>,
-    tables: BTreeMap<(u64, Vec<String>), Arc<SlotTable>>,
+    /// Tables by owner set (sorted ids).
+    tables: BTreeMap<Vec<String>, SlotTable>,
 }
 
 impl Sim {
@@ -312,6 +323,7 @@ impl Sim {
             ownership,
             started_ns: self.now_ns,
             stops_at: None,
+            switched_later: None,
         });
         self.log(format!(
             "{id} starts (life {}, seeds {seeds:?})",
@@ -319,11 +331,15 @@ impl Sim {
         ));
     }
 
+    /// The table of `owners` at `epoch`, computed once per owner set.
     fn table(&mut self, epoch: u64, owners: &[String]) -> Arc<SlotTable> {
-        self.tables
-            .entry((epoch, owners.to_vec()))
-            .or_insert_with(|| Arc::new(SlotTable::compute(epoch, owners)))
-            .clone()
+        let mut key = owners.to_vec();
+        key.sort();
+        let base = self
+            .tables
+            .entry(key)
+            .or_insert_with(|| SlotTable::compute(0, owners));
+        Arc::new(base.with_epoch(epoch))
     }
 
     fn send(&mut self, to: String, payload: Payload) {
@@ -409,6 +425,7 @@ impl Sim {
         let Some(current) = self.nodes[index]
             .life
             .as_ref()
+            .filter(|l| l.switched_later.is_none())
             .map(|l| l.ownership.table().epoch())
         else {
             return;
@@ -420,24 +437,32 @@ impl Sim {
         let id = self.nodes[index].id.clone();
         let life = self.nodes[index].life.as_mut().expect("running");
         let membership = &life.membership;
-        life.ownership.handle_table(now, new, |member| {
-            membership.state_of(member) == Some(MemberState::Left)
-        });
+        let announced_leave = |member: &str| membership.state_of(member) == Some(MemberState::Left);
+        if self.config.send_before_switch {
+            let mut switched = life.ownership.clone();
+            switched.handle_table(now, new, announced_leave);
+            let actions: Vec<Action> = std::iter::from_fn(|| switched.poll_action()).collect();
+            life.switched_later = Some((now + LATE_SWITCH_NS, switched));
+            self.carry_out_actions(index, actions);
+            return;
+        }
+        life.ownership.handle_table(now, new, announced_leave);
         self.report.table_switches += 1;
         self.log(format!("{id} switches to epoch {epoch}: owners {owners:?}"));
         self.carry_out(index);
     }
 
     fn carry_out(&mut self, index: usize) {
+        let actions: Vec<Action> = match self.nodes[index].life.as_mut() {
+            Some(life) => std::iter::from_fn(|| life.ownership.poll_action()).collect(),
+            None => return,
+        };
+        self.carry_out_actions(index, actions);
+    }
+
+    fn carry_out_actions(&mut self, index: usize, actions: Vec<Action>) {
         let id = self.nodes[index].id.clone();
-        loop {
-            let Some(action) = self.nodes[index]
-                .life
-                .as_mut()
-                .and_then(|l| l.ownership.poll_action())
-            else {
-                return;
-            };
+        for action in actions {
             match action {
                 Action::Joined => self.log(format!("{id} joined")),
                 Action::HandOff(handoff) => {
@@ -481,6 +506,14 @@ impl Sim {
                 self.nodes[index].gone = true;
                 self.log(format!("{id} stops after its leave"));
                 continue;
+            }
+            if life
+                .switched_later
+                .as_ref()
+                .is_some_and(|(at, _)| *at <= now)
+                && let Some((_, switched)) = life.switched_later.take()
+            {
+                life.ownership = switched;
             }
             if life.ownership.poll_timeout().is_some_and(|at| at <= now) {
                 life.ownership.handle_timeout(now);
@@ -570,22 +603,15 @@ impl Sim {
             return Ok(());
         }
         self.report.checks += 1;
-        let now = self.now_ns;
         let machines: Vec<&Ownership> = self
             .nodes
             .iter()
             .filter_map(|n| n.life.as_ref().map(|l| &l.ownership))
             .collect();
-        let mut windows = false;
-        for slot in 0..SLOTS as u16 {
-            if let Err(message) = check_slot(&machines, slot, now, self.config.excuse_windows) {
-                return Err(self.fail(message));
-            } else if machines.iter().filter(|m| m.decides(slot, now)).count() > 1 {
-                windows = true;
-            }
-        }
-        if windows {
-            self.report.windows_seen += 1;
+        match check_instant(&machines, self.now_ns, self.config.excuse_windows) {
+            Ok(true) => self.report.windows_seen += 1,
+            Ok(false) => {}
+            Err(message) => return Err(self.fail(message)),
         }
         for (i, node) in self.nodes.iter().enumerate() {
             self.checked[i] = node
@@ -597,31 +623,58 @@ impl Sim {
     }
 }
 
-/// The invariant for one slot at one instant: every two machines that both decide `slot` are
-/// excused by a named window (with `excuse_windows` false: no two may).
+/// The invariant at one instant: every two machines that both decide a slot are excused by a
+/// named window (with `excuse_windows` false: no two may). Returns whether any slot had two
+/// deciders (inside windows).
 ///
 /// A pair is excused when one of them decides inside a window the machine names for that slot
 /// ([`Ownership::window`]), or when their tables disagree on who is a member: one of them
 /// does not name the other as an owner at all (it never heard of it, or holds it dead), so
 /// nothing tells it that the other decides the slot (window 4 of the module documentation).
-pub fn check_slot(
+pub fn check_instant(
     machines: &[&Ownership],
-    slot: u16,
     now_ns: u64,
     excuse_windows: bool,
-) -> Result<(), String> {
-    let deciders: Vec<&Ownership> = machines
-        .iter()
-        .copied()
-        .filter(|m| m.decides(slot, now_ns))
-        .collect();
+) -> Result<bool, String> {
+    let decided: Vec<Vec<bool>> = machines.iter().map(|m| m.decided_slots(now_ns)).collect();
+    let mut doubled = false;
+    for slot in 0..SLOTS {
+        let deciders: Vec<&Ownership> = machines
+            .iter()
+            .zip(&decided)
+            .filter(|(_, slots)| slots[slot])
+            .map(|(machine, _)| *machine)
+            .collect();
+        if deciders.len() < 2 {
+            continue;
+        }
+        doubled = true;
+        check_pairs(&deciders, slot as u16, excuse_windows)?;
+    }
+    Ok(doubled)
+}
+
+/// True when `a` decides `slot` beside `other` inside a window that covers `other`: the wait
+/// for a hand-off expired, the previous owner is held dead, `a` decides alone, or `a` joined
+/// guessing the slot's previous owner was a node other than `other` (from `other` it got the
+/// state, so `other` deciding still would be a fault).
+fn excuses(a: &Ownership, other: &Ownership, slot: u16) -> bool {
+    match a.window(slot) {
+        None => false,
+        Some(Window::Alone) => true,
+        Some(Window::WaitExpired { .. } | Window::OwnerDeclaredDead { .. }) => true,
+        Some(Window::JoinedGuessing { from }) => from != other.me(),
+    }
+}
+
+/// Every pair among `deciders` of `slot` is excused (see [`check_instant`]).
+fn check_pairs(deciders: &[&Ownership], slot: u16, excuse_windows: bool) -> Result<(), String> {
     for (i, a) in deciders.iter().enumerate() {
         for b in &deciders[i + 1..] {
-            let excused = excuse_windows
-                && (a.window(slot).is_some()
-                    || b.window(slot).is_some()
-                    || !a.table().contains(b.me())
-                    || !b.table().contains(a.me()));
+            // Window 5: views split so neither table names the other (a partition, or each
+            // holding the other dead): each side decides its own table's slots.
+            let split = !a.table().contains(b.me()) && !b.table().contains(a.me());
+            let excused = excuse_windows && (split || excuses(a, b, slot) || excuses(b, a, slot));
             if !excused {
                 return Err(format!(
                     "slot {slot} decided by {} and {} at once (windows {:?} and {:?}; tables of \
