@@ -61,13 +61,21 @@ impl Cluster {
             return Vec::new();
         }
         let new = Arc::new(compute_table(epoch, &owners));
+        // A join's base table is computed before decisions stop, as the new table is (the
+        // phase cannot change meanwhile: this is the one update running).
+        let joining = self.ownership.lock().is_joining();
+        let join_base = (joining && owners.len() > 1).then(|| {
+            off_the_worker(owners.len() >= BIG_TABLE, || {
+                Arc::new(Ownership::table_without(&self.me.id, &new))
+            })
+        });
         let actions = {
             // Once the gate is ours, no decision under the old table is in flight: the
             // hand-offs exported below hold them all.
             let _no_decisions = self.deciding.write();
             let mut ownership = self.ownership.lock();
-            off_the_worker(owners.len() >= BIG_TABLE, || {
-                ownership.handle_table(now_ns, new.clone(), |id| departed.iter().any(|d| d == id))
+            ownership.handle_table_with(now_ns, new.clone(), join_base, |id| {
+                departed.iter().any(|d| d == id)
             });
             self.table.send_replace(new);
             std::iter::from_fn(|| ownership.poll_action()).collect::<Vec<_>>()

@@ -182,19 +182,48 @@ impl Ownership {
         new: Arc<SlotTable>,
         announced_leave: impl Fn(&str) -> bool,
     ) -> Arc<SlotTable> {
+        let join_base = self.join_base(&new);
+        self.handle_table_with(now_ns, new, join_base, announced_leave)
+    }
+
+    /// When `new` would be this node's first real table (it is joining and `new` names others),
+    /// the cluster as it was without it: what its gained slots come from. Computing it takes
+    /// milliseconds for a big cluster, so a driver computes it before it stops decisions for the
+    /// switch, and passes it to [`Ownership::handle_table_with`].
+    pub fn join_base(&self, new: &SlotTable) -> Option<Arc<SlotTable>> {
+        if !self.joining || new.nodes().len() < 2 {
+            return None;
+        }
+        Some(Arc::new(Self::table_without(&self.me, new)))
+    }
+
+    /// `table`'s owners but `me`, as a table (epoch 0): a join's base.
+    pub fn table_without(me: &str, table: &SlotTable) -> SlotTable {
+        let others: Vec<String> = table
+            .nodes()
+            .iter()
+            .filter(|o| o.as_str() != me)
+            .cloned()
+            .collect();
+        SlotTable::compute(0, &others)
+    }
+
+    /// [`Ownership::handle_table`] with the join base computed beforehand (`None` when
+    /// [`Ownership::join_base`] gave none; a base given when the switch is no join is ignored).
+    pub fn handle_table_with(
+        &mut self,
+        now_ns: u64,
+        new: Arc<SlotTable>,
+        join_base: Option<Arc<SlotTable>>,
+        announced_leave: impl Fn(&str) -> bool,
+    ) -> Arc<SlotTable> {
         // A node that just joined owned nothing before: its table of one was not ownership.
         // What it gains comes from the cluster as it was without it.
         let joined_now = new.nodes().len() > 1 && self.joining;
-        let before = if joined_now {
-            let others: Vec<String> = new
-                .nodes()
-                .iter()
-                .filter(|o| **o != self.me)
-                .cloned()
-                .collect();
-            Arc::new(SlotTable::compute(0, &others))
-        } else {
-            self.table.clone()
+        let before = match join_base {
+            Some(base) if joined_now => base,
+            _ if joined_now => self.join_base(&new).unwrap_or_else(|| self.table.clone()),
+            _ => self.table.clone(),
         };
         self.expect_handoffs(&before, &new, now_ns, &announced_leave);
         if joined_now {
@@ -447,5 +476,158 @@ impl Ownership {
         let id = self.next_handoff_id;
         self.next_handoff_id = self.next_handoff_id.wrapping_add(1);
         id
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cluster::ownership::placement::Arrival;
+
+    const WAIT: u64 = 500_000_000;
+
+    fn table(epoch: u64, nodes: &[&str]) -> Arc<SlotTable> {
+        let nodes: Vec<String> = nodes.iter().map(|n| n.to_string()).collect();
+        Arc::new(SlotTable::compute(epoch, &nodes))
+    }
+
+    fn machine(me: &str, first: Arc<SlotTable>, joining: bool) -> Ownership {
+        Ownership::new(me.into(), first, joining, 1_000, OwnershipConfig::default())
+    }
+
+    fn actions(m: &mut Ownership) -> Vec<Action> {
+        std::iter::from_fn(|| m.poll_action()).collect()
+    }
+
+    fn part(id: u64, slots: &[u16]) -> ReceivedPart<'_> {
+        ReceivedPart {
+            id,
+            part: 0,
+            parts: 1,
+            slots,
+        }
+    }
+
+    const NO_ONE_LEFT: fn(&str) -> bool = |_| false;
+
+    #[test]
+    fn a_switch_hands_each_lost_slot_to_its_new_owner_once_and_never_decides_it_again() {
+        let before = table(1, &["a", "b"]);
+        let after = table(2, &["a", "b", "c"]);
+        let mut a = machine("a", before.clone(), false);
+        a.handle_table(0, after.clone(), NO_ONE_LEFT);
+        let handoffs: Vec<HandOff> = actions(&mut a)
+            .into_iter()
+            .map(|action| match action {
+                Action::HandOff(h) => h,
+                other => panic!("unexpected {other:?}"),
+            })
+            .collect();
+        // Consistent hashing: a joiner takes slots only; a keeps the rest.
+        assert_eq!(handoffs.len(), 1);
+        assert_eq!(handoffs[0].to, "c");
+        assert!(handoffs[0].with_buckets);
+        let lost: Vec<u16> = (0..SLOTS as u16)
+            .filter(|&s| before.owner(s) == Some("a") && after.owner(s) == Some("c"))
+            .collect();
+        assert_eq!(handoffs[0].slots, lost);
+        for &slot in &lost {
+            assert!(a.gave_away(slot));
+            assert!(!a.decides(slot, 0));
+            assert_eq!(
+                a.place(slot, Arrival::Forwarded),
+                Placement::Refuse(crate::cluster::ownership::Refusal::NotOwner)
+            );
+        }
+        assert!(a.had_version(before.version()));
+        assert!(!a.had_version(after.version()));
+    }
+
+    #[test]
+    fn a_slot_gained_from_a_live_owner_waits_for_its_hand_off_and_one_from_a_dead_owner_does_not() {
+        let before = table(1, &["a", "b", "c"]);
+        let after = table(2, &["a", "b"]);
+        let gained: Vec<u16> = (0..SLOTS as u16)
+            .filter(|&s| before.owner(s) == Some("c") && after.owner(s) == Some("a"))
+            .collect();
+        let slot = gained[0];
+
+        // c left gracefully: its hand-off is awaited, until it arrives.
+        let mut a = machine("a", before.clone(), false);
+        a.handle_table(10, after.clone(), |id| id == "c");
+        assert!(!a.decides(slot, 10));
+        assert_eq!(a.poll_timeout(), Some(10 + WAIT));
+        assert!(a.handle_handoff(20, "c", part(7, &gained)));
+        assert!(a.decides(slot, 20));
+        assert_eq!(a.window(slot), None);
+
+        // Its wait runs out: decided from what is here, inside a named window.
+        let mut late = machine("a", before.clone(), false);
+        late.handle_table(10, after.clone(), |id| id == "c");
+        late.handle_timeout(10 + WAIT);
+        assert!(late.decides(slot, 10 + WAIT));
+        assert_eq!(
+            late.window(slot),
+            Some(Window::WaitExpired { from: "c".into() })
+        );
+
+        // c is dead: nothing comes, nothing is awaited.
+        let mut dead = machine("a", before, false);
+        dead.handle_table(10, after, NO_ONE_LEFT);
+        assert!(dead.decides(slot, 10));
+        assert_eq!(
+            dead.window(slot),
+            Some(Window::OwnerDeclaredDead { from: "c".into() })
+        );
+    }
+
+    #[test]
+    fn a_joining_node_waits_then_decides_alone_and_a_joined_one_announces_it_holds_nothing() {
+        let alone = table(1, &["n"]);
+        let cluster = table(2, &["m", "n"]);
+
+        let mut n = machine("n", alone.clone(), true);
+        assert_eq!(n.phase(), Phase::Joining);
+        assert!(!n.decides(0, 0));
+        n.handle_table(5, cluster.clone(), NO_ONE_LEFT);
+        assert_eq!(n.phase(), Phase::Member);
+        let after_join = actions(&mut n);
+        assert_eq!(after_join[0], Action::Joined);
+        // Its table of one was not ownership: it owes no buckets, and tells m it holds none.
+        assert!(matches!(
+            &after_join[1..],
+            [Action::HandOff(HandOff { to, with_buckets: false, .. })] if to == "m"
+        ));
+        // What it gained waits for m's hand-off.
+        let gained = (0..SLOTS as u16)
+            .find(|&s| cluster.owner(s) == Some("n"))
+            .unwrap();
+        assert!(!n.decides(gained, 5));
+
+        let mut gave_up = machine("n", alone, true);
+        gave_up.handle_join_wait_expired();
+        assert_eq!(gave_up.phase(), Phase::Alone);
+        assert!(gave_up.decides(0, 0));
+        assert_eq!(gave_up.window(0), Some(Window::Alone));
+        gave_up.handle_table(5, cluster, NO_ONE_LEFT);
+        // It may hold state for slots others own: no announcement that it holds none.
+        assert_eq!(actions(&mut gave_up), vec![Action::Joined]);
+    }
+
+    #[test]
+    fn a_node_that_leaves_decides_nothing_and_hands_everything_over() {
+        let before = table(1, &["a", "b"]);
+        let mut a = machine("a", before.clone(), false);
+        a.handle_table(0, table(2, &["b"]), NO_ONE_LEFT);
+        assert_eq!(a.phase(), Phase::Left);
+        let handed: usize = actions(&mut a)
+            .iter()
+            .map(|action| match action {
+                Action::HandOff(h) => h.slots.len(),
+                Action::Joined => 0,
+            })
+            .sum();
+        assert_eq!(handed, before.slots_owned("a"));
+        assert!((0..SLOTS as u16).all(|s| !a.decides(s, 0)));
     }
 }

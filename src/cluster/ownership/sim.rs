@@ -627,10 +627,9 @@ impl Sim {
 /// named window (with `excuse_windows` false: no two may). Returns whether any slot had two
 /// deciders (inside windows).
 ///
-/// A pair is excused when one of them decides inside a window the machine names for that slot
-/// ([`Ownership::window`]), or when their tables disagree on who is a member: one of them
-/// does not name the other as an owner at all (it never heard of it, or holds it dead), so
-/// nothing tells it that the other decides the slot (window 4 of the module documentation).
+/// A pair is excused when one of them decides inside a window the machine marks for that slot
+/// ([`Ownership::window`]) and that window names the other (see `excuses`), or when neither
+/// table names the other node at all (window 5 of the module documentation).
 pub fn check_instant(
     machines: &[&Ownership],
     now_ns: u64,
@@ -654,15 +653,17 @@ pub fn check_instant(
     Ok(doubled)
 }
 
-/// True when `a` decides `slot` beside `other` inside a window that covers `other`: the wait
-/// for a hand-off expired, the previous owner is held dead, `a` decides alone, or `a` joined
-/// guessing the slot's previous owner was a node other than `other` (from `other` it got the
-/// state, so `other` deciding still would be a fault).
+/// True when `a` decides `slot` beside `other` inside a window that names `other`: the wait for
+/// `other`'s hand-off expired, or `a` holds `other` dead; `a` decides alone; or `a` joined
+/// guessing the slot's previous owner was a node other than `other` (had it been `other`, `a`
+/// got the state from it, so `other` deciding still would be a fault).
 fn excuses(a: &Ownership, other: &Ownership, slot: u16) -> bool {
     match a.window(slot) {
         None => false,
         Some(Window::Alone) => true,
-        Some(Window::WaitExpired { .. } | Window::OwnerDeclaredDead { .. }) => true,
+        Some(Window::WaitExpired { from } | Window::OwnerDeclaredDead { from }) => {
+            from == other.me()
+        }
         Some(Window::JoinedGuessing { from }) => from != other.me(),
     }
 }
