@@ -10,21 +10,23 @@
 //!
 //! # The invariant
 //!
-//! **At most one node decides a slot at a time**, except in these windows, each bounded:
+//! **At most one node decides a slot at a time**, except in these windows, each bounded. Each
+//! names the other decider it allows; the simulation's checker excuses a pair of deciders only
+//! through a window that names the other one.
 //!
 //! 1. **Wait expired** ([`Window::WaitExpired`]): a gained slot waits for the complete
 //!    hand-off (every part) from its previous owner that lists it, at most
 //!    `handoff_wait_ns` (500 ms). When the wait runs out first (the previous owner has not
 //!    switched tables yet, or a part was lost), the new owner decides from what it has while
-//!    the previous owner may still decide. It ends when that owner's hand-off carrying the slot
-//!    arrives, or the slot is given away.
+//!    that previous owner may still decide. It ends when that owner's hand-off carrying the
+//!    slot arrives, or the slot is given away.
 //! 2. **Owner declared dead** ([`Window::OwnerDeclaredDead`]): a slot gained from a member
 //!    this node's membership holds dead (not departed) does not wait: no hand-off comes, the
-//!    successor decides from its replicas. If the member is alive after all (a lost heartbeat,
-//!    a partition), both decide until one of them switches tables again. Ends as window 1 does.
+//!    successor decides from its replicas. If that member is alive after all (lost heartbeats),
+//!    both decide until one of them switches tables again. Ends as window 1 does.
 //! 3. **Alone** ([`Window::Alone`]): a node started with seeds waits (bounded, per check) for
-//!    its join; when the wait runs out it decides everything with its table of one until its
-//!    first real table.
+//!    its join; when the wait runs out it decides everything with its table of one (beside
+//!    anyone) until its first real table.
 //! 4. **Joined on a guess** ([`Window::JoinedGuessing`]): a node's first real table is made
 //!    from the members it has heard of, and so is its guess of who owned each slot before it
 //!    came (the same table without itself), whose hand-off it waits for. When the others'
@@ -44,7 +46,8 @@
 //! client that lost the owner, while the owner may be alive; a **forwarded** check for a slot
 //! this node never held is decided once here when its table has not caught up with the
 //! sender's (after a bounded wait); a forward **unanswered** in time is decided by the
-//! forwarder.
+//! forwarder; and a check that waited for a hand-off and, looking again under the gate, finds
+//! its slot waiting again (the table switched meanwhile) a third time is decided then.
 //!
 //! What closes every other gap: a table switch happens with no decision under the old table
 //! in flight (the driver's gate) and the hand-off is exported after it, so it holds every
