@@ -2,7 +2,8 @@
 //! pure bucket store.
 //!
 //! - [`address`]: HOST:PORT flag values with DNS names, resolved IPv4 first.
-//! - [`config`]: [`NodeConfig`], listen addresses, TLS files and the limits on peers' input.
+//! - [`config`]: [`NodeConfig`], listen addresses, TLS files, the cluster and RLS settings, and
+//!   the limits on peers' input.
 //! - [`exchange`]: one request on its own stream (open, write a frame, read the answer, check
 //!   its kind), for peers and tests.
 //! - [`certs`]: development certificates for `--data-dir` and PEM loading.
