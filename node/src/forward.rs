@@ -210,7 +210,7 @@ impl<'a> Batch<'a> {
     }
 
     /// Forwards the `Remote` groups; those refused (`not_owner`) or unanswered are placed again
-    /// once (see `next_place`) and, if sent on, their answers taken as they come.
+    /// once (the machine's `place_again`) and, if sent on, their answers taken as they come.
     async fn forward_rounds(
         &mut self,
         archived: Option<&ArchivedCheckBatch>,
