@@ -1,6 +1,15 @@
 //! The membership driver: gossip in and out, id conflicts, the join and readiness, and a
 //! graceful leave.
-use super::*;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use floodgate::Clock;
+use floodgate::cluster::ownership::Action;
+use floodgate::cluster::{ConflictVerdict, Gossip, IdConflict};
+use floodgate::wire::{FrameKind, encode_message, member_state_to_wire};
+use tokio::sync::watch;
+
+use super::{COMPLAINT_INTERVAL_NS, Cluster, JOIN_WAIT};
 
 impl Cluster {
     /// While a node started with seeds has not heard from the cluster, its table of one is not

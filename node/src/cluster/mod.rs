@@ -15,26 +15,17 @@ mod replication;
 mod table_message;
 mod table_switch;
 
-use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use anyhow::Context;
-use floodgate::cluster::ownership::{Action, HandOff, Ownership, OwnershipConfig, ReceivedPart};
-use floodgate::cluster::{
-    ConflictVerdict, Gossip, IdConflict, MemberInfo, MemberState, Membership, SlotTable,
-};
-use floodgate::wire::{
-    FrameKind, HandoffPart, ReplicateMessage, SlotTableMessage, TableMember, WireBucket,
-    encode_message, member_state_to_wire,
-};
-use floodgate::{BucketState, BucketStore, Clock};
+use floodgate::cluster::ownership::{Ownership, OwnershipConfig};
+use floodgate::cluster::{MemberInfo, Membership, SlotTable};
+use floodgate::{BucketStore, Clock};
 use parking_lot::Mutex;
 use tokio::sync::watch;
 
-use crate::address::HostPort;
 use crate::clock::NodeClock;
 use crate::member_log::MemberLog;
 use crate::metrics::ClusterMetrics;

@@ -1,8 +1,18 @@
 //! Connections to other nodes: dialed by node id (or as a seed), verified, reused, and the
 //! one-way sends and requests every peer message goes through.
-use floodgate::wire::Frame;
 
-use super::*;
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use anyhow::Context;
+use floodgate::cluster::MemberInfo;
+use floodgate::wire::{Frame, FrameKind};
+use parking_lot::Mutex;
+
+use crate::address::HostPort;
+
+use super::{PEER_TIMEOUT, RESOLVE_TIMEOUT};
 
 /// Most members whose address and last dial failure are remembered (membership is bounded;
 /// this only keeps hostile gossip from growing the maps).

@@ -1,6 +1,12 @@
 //! Replication: the buckets changed since the last round go to each slot's successor, and
 //! buckets (replicas or a hand-off) are split into frames a peer accepts.
-use super::*;
+
+use std::collections::HashMap;
+
+use floodgate::BucketState;
+use floodgate::wire::{FrameKind, HandoffPart, ReplicateMessage, WireBucket, encode_message};
+
+use super::Cluster;
 
 impl Cluster {
     /// Sends `buckets` to a node, split into frames; `handoff` is the hand-off's id and the

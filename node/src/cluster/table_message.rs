@@ -1,6 +1,12 @@
 //! The slot table and members as one `SlotTable` message, as clients and `floodgate status`
 //! receive them, encoded once per table and member list.
-use super::*;
+
+use std::sync::Arc;
+
+use floodgate::cluster::SlotTable;
+use floodgate::wire::{FrameKind, SlotTableMessage, TableMember, member_state_to_wire};
+
+use super::Cluster;
 
 /// A slot-table message encoded once, with what it was encoded from.
 #[derive(Debug)]

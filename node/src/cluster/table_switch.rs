@@ -1,7 +1,15 @@
 //! Table switches: a change of owners becomes a new slot table, switched under the deciding
 //! gate through the ownership machine; the hand-offs it owes go out, and checks on gained slots
 //! wait for theirs.
-use super::*;
+
+use std::sync::Arc;
+
+use floodgate::BucketState;
+use floodgate::cluster::ownership::{Action, HandOff, Ownership, ReceivedPart};
+use floodgate::cluster::{MemberState, Membership, SlotTable};
+use floodgate::wire::HandoffPart;
+
+use super::Cluster;
 
 /// From this many owners a table takes milliseconds to compute (about 3 ms for 100, 25 ms for
 /// 1,000, measured by the `slots` benchmark).

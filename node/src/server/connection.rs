@@ -1,7 +1,15 @@
 //! QUIC connections: the accept loop, admission after the handshake, one task per stream, and
 //! whether the other end is a peer (a node certificate of the peer CA).
 
-use super::*;
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, OnceLock};
+
+use floodgate::wire::{ErrorCode, FrameKind};
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+
+use crate::admission::Handshake;
+use crate::state::Shared;
 
 use super::peer_messages::{UniSender, serve_uni_message};
 use super::streams::serve_stream;

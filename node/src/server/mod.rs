@@ -12,28 +12,24 @@ mod streams;
 mod sweeper;
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, OnceLock};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::Context;
-use floodgate::wire::{ErrorCode, HEADER_BYTES};
-use floodgate::{BucketStore, Clock};
+use floodgate::BucketStore;
+use floodgate::wire::ErrorCode;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
-use crate::admission::{Allowance, Handshake};
-use crate::budget::{BudgetedReader, BufferBudget};
+use crate::admission::Allowance;
+use crate::budget::BufferBudget;
 use crate::clock::NodeClock;
 use crate::cluster::Cluster;
 use crate::config::NodeConfig;
 use crate::metrics::NodeMetrics;
-use crate::service::{answer_frame, encode_error};
 use crate::state::{Shared, not_ready_reason};
-use crate::{admin, cluster, forward, tls};
-use floodgate::wire::{
-    Frame, FrameKind, Replicated, decode_gossip, decode_id_conflict, decode_replicate,
-};
+use crate::{admin, cluster, tls};
 
 use connection::accept_loop;
 use sweeper::sweep_loop;

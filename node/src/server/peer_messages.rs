@@ -1,7 +1,18 @@
 //! One-way streams: a peer's gossip, id conflicts, replicas and hand-offs in; a subscriber's
 //! slot-table pushes out.
 
-use super::*;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use floodgate::Clock;
+use floodgate::wire::{
+    ErrorCode, FrameKind, HEADER_BYTES, Replicated, decode_gossip, decode_id_conflict,
+    decode_replicate,
+};
+use tokio::sync::watch;
+
+use crate::state::Shared;
 
 use super::connection::Remote;
 

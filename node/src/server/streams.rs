@@ -1,7 +1,17 @@
 //! Long-lived bidirectional streams: whatever bytes arrive are read into frames, every complete
 //! frame is answered (checks decided or forwarded, rules, the table), answers written at once.
 
-use super::*;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use floodgate::Clock;
+use floodgate::wire::{ErrorCode, Frame, FrameKind};
+use tokio::sync::watch;
+
+use crate::budget::BudgetedReader;
+use crate::forward;
+use crate::service::{answer_frame, encode_error};
+use crate::state::Shared;
 
 use super::connection::Remote;
 

@@ -1,7 +1,14 @@
 //! The expiry sweeper: forgets expired buckets a few shards at a time and publishes the store's
 //! counters and the buffered bytes.
 
-use super::*;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use floodgate::Clock;
+use tokio::sync::watch;
+
+use crate::state::Shared;
 
 /// How often idle buckets are swept (a fraction of the shards each time).
 pub(super) const SWEEP_INTERVAL: Duration = Duration::from_millis(250);
