@@ -24,7 +24,7 @@ fmt:             ## format the code
 	$(CARGO) fmt --all
 
 run:             ## build in release, start a 3-node cluster serving rules/example.yaml and the example gateway on 127.0.0.1:8080 (Ctrl-C stops all)
-	$(CARGO) build --release --locked -p floodgate-node -p floodgate-client --bin floodgate-node --bin floodgate --example gateway
+	$(CARGO) build --release --locked -p floodgate-node -p floodgate-cli -p floodgate-client --bin floodgate-node --bin floodgate --example gateway
 	@mkdir -p .run
 	@set -e; \
 	trap 'for f in .run/*.pid; do [ -f "$$f" ] && kill "$$(cat "$$f")" 2>/dev/null; rm -f "$$f"; done' EXIT INT TERM; \

@@ -1,7 +1,9 @@
-//! floodgate's decision core: pure, no I/O, no runtime, no clock reads.
+//! floodgate's decision core: pure, no I/O, no runtime; decisions never read a clock.
 //!
 //! - [`limit`]: [`Limit`], a rate limit that cannot be invalid, and parsing of rates and durations.
 //! - [`decision`]: [`Decision`], the answer to one check, as a value.
+//! - [`check`](mod@check): a check as a client asks it ([`check::Check`], with its failure mode)
+//!   and its [`check::Verdict`] (the decision and who made it: node, fallback, fail-closed).
 //! - [`algorithm`]: GCRA, fixed window, sliding-window counter and sliding-window log, each a pure
 //!   function of `(limit, state, now, cost)`.
 //! - [`key`]: [`BucketKey`], the fixed-size identity of a (rule, key) bucket.
@@ -12,25 +14,30 @@
 //! - [`policy`]: the rules file, request → checks → verdict, and the HTTP answer (429/503 fields).
 //! - [`rls`]: Envoy's rate limit service: envoyproxy/ratelimit's config, matching, answers.
 //! - [`cluster`]: slots and ownership (the slot table), sans I/O.
-//! - [`clock`]: the [`Clock`] trait and the [`FakeClock`] tests use.
+//! - [`region`]: scopes across regions and the inter-region delta exchange for global limits,
+//!   sans I/O, with its seeded simulation.
+//! - [`clock`]: the [`Clock`] trait, the [`EpochClock`] the node and the client read (Unix time
+//!   that never goes backwards) and the [`FakeClock`] tests use.
 //!
 //! Time is always `now_ns`: nanoseconds from an origin the caller picks (the node uses the Unix
 //! epoch) and that never goes backwards.
 
 pub mod address;
 pub mod algorithm;
+pub mod check;
 pub mod clock;
 pub mod cluster;
 pub mod decision;
 pub mod key;
 pub mod limit;
 pub mod policy;
+pub mod region;
 pub mod rls;
 pub mod store;
 pub mod wire;
 
 pub use address::HostPort;
-pub use clock::{Clock, FakeClock};
+pub use clock::{Clock, EpochClock, FakeClock};
 pub use decision::Decision;
 pub use key::BucketKey;
 pub use limit::{

@@ -142,3 +142,42 @@ fn a_window_key_checked_under_a_longer_period_decides_within_that_period() {
         );
     }
 }
+
+/// Region deltas claiming `u64::MAX` units, twice for one GCRA key: the units the bucket could
+/// not owe were counted as forgiven with a plain addition, which overflowed (a panic in debug
+/// builds). Counters of a peer's units now saturate; the bucket owes at most `(R - 1)` bursts.
+#[test]
+fn region_deltas_of_every_unit_there_is_are_forgiven_without_overflow() {
+    use floodgate::region::{Delta, DeltaBatch, Exchange, ExchangeConfig, Peer, RegionName};
+    let now = 1_000 * S;
+    let limit = Limit::gcra(10, S, 10).unwrap();
+    let key = BucketKey::for_key(b"k");
+    let store = BucketStore::new(StoreConfig {
+        max_keys: 16,
+        shards: 1,
+    })
+    .unwrap();
+    let region = |name: &str| RegionName::new(name).unwrap();
+    let mut exchange = Exchange::new(
+        ExchangeConfig::for_regions(3),
+        Peer::new(region("here"), "n"),
+        1,
+    );
+    let delta = Delta {
+        key,
+        limit,
+        units: u64::MAX,
+        at_ns: now,
+    };
+    let batch = DeltaBatch {
+        from: Peer::new(region("there"), "m"),
+        session: 1,
+        seq: 1,
+        deltas: vec![delta, delta],
+    };
+    exchange.handle_deltas(now, &batch, &store);
+    assert_eq!(exchange.stats().units_forgiven, u64::MAX);
+    assert_eq!(exchange.backlog_units(key), 2 * 10);
+    assert_eq!(exchange.applied_from(&batch.from), u64::MAX);
+    assert!(!store.check(key, &limit, 1, now).unwrap().is_allowed());
+}

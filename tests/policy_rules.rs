@@ -112,20 +112,21 @@ fn describe_lists_what_each_rule_enforces() {
         format!(
             "policy {}: 7 rules, plans [free, paid, partner, internal] (unknown plans as free), \
              3 API keys, \
-             max 1000 waiting, 2 trusted proxies",
+             max 1000 waiting, 2 trusted proxies, regions [eu-west, us-east, ap-south], \
+             2 tenants with a home region",
             policy.version()
         )
     );
     assert_eq!(
         &lines[1..],
         [
-            "holds: POST /v1/events/*/holds per user: gcra 5/1min; waits up to 500ms",
+            "holds: POST /v1/events/*/holds per user: gcra 5/1min; waits up to 500ms; scope home",
             "api-key: * /v1/** per api_key: gcra 1000/1min burst 200; \
              plan partner gcra 10000/1min; plan internal unlimited",
             "tenant: * /v1/** per tenant: plan free gcra 100/1min; plan paid gcra 10000/1min; \
-             other declared plans not limited",
+             other declared plans not limited; scope global",
             "login: POST /v1/auth/login per ip: gcra 10/1min; fails closed",
-            "global: * /** per global: gcra 2000/1s",
+            "global: * /** per global: gcra 2000/1s; scope global",
             "user-endpoint: * /v1/** per user+endpoint: sliding-log 60/1min",
             "search-ip: GET|HEAD /v1/search/** per ip: gcra 20/1s; shadow (never denies)",
         ]

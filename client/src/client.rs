@@ -1,34 +1,30 @@
-//! `Client`: connect to nodes, send checks, and apply failure modes when nodes cannot answer.
+//! `Client`: connects to the nodes and sends each call to the node that decides it (the owner of
+//! its first key, or the owner's successor), failing over to the failure modes.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use floodgate::wire::{WireCheck, WireDecision};
+use floodgate::wire::WireCheck;
 use parking_lot::Mutex;
 use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use crate::address::HostPort;
-use crate::breaker::Admit;
+use crate::call::{self, Attempt};
+use crate::cluster_table::ClusterTable;
 use crate::config::{ClientConfig, MAX_KEY_BYTES, validate_nodes};
+use crate::dial;
 use crate::error::{ClientError, ConfigError};
 use crate::fallback::Fallback;
-use crate::link::{self, LinkSettings, LinkState, NodeLink, NodeStatus};
+use crate::link::{self, LinkSettings, NodeLink};
 use crate::queue::{Call, Reply};
-use crate::slots::{ClusterTable, LinkFactory, Refresher, Routing};
+use crate::refresher::{LinkFactory, Refresher};
+use crate::routing::{Routing, TableChanges};
+use crate::status::{LinkState, NodeStatus};
 use crate::tls;
-use crate::verdict::{Check, DegradedReason, Source, Verdict};
-
-/// What one node made of a call: an answer for the caller, or why it gave none.
-enum Attempt {
-    Answered(Result<Vec<Verdict>, ClientError>),
-    /// Sent, but no answer came (it may have been decided).
-    Failed(DegradedReason),
-    /// Never sent (breaker open, link down, queue full).
-    NotSent(DegradedReason),
-}
+use floodgate::check::{Check, DegradedReason, Verdict};
 
 /// A connection to a set of floodgate nodes. Cheap to clone (an `Arc` inside) and safe to use
 /// from many tasks at once; concurrent calls to one node are coalesced into shared frames.
@@ -91,8 +87,8 @@ impl Client {
         let mut endpoints = Vec::with_capacity(nodes.len());
         let mut links = Vec::with_capacity(nodes.len());
         for node in &nodes {
-            let addr = link::first_address(node, config.connect_timeout).await;
-            endpoints.push(link::endpoint_for(addr, quic.clone())?);
+            let addr = dial::first_address(node, config.connect_timeout).await;
+            endpoints.push(dial::endpoint_for(addr, quic.clone())?);
             links.push(Arc::new(NodeLink::seed(node.clone(), addr, &config)));
         }
         // Before the links connect: each subscribes to its node's table pushes on connecting.
@@ -174,14 +170,12 @@ impl Client {
         // replicas (better than each client's fallback bucket deciding alone).
         let takeover = if owner.is_down() { successor() } else { None };
         let first = takeover.unwrap_or(owner);
-        let (reason, sent) = match inner
-            .send(first, checks, takeover.is_some(), deadline)
-            .await
-        {
-            Attempt::Answered(result) => return result,
-            Attempt::Failed(reason) => (reason, true),
-            Attempt::NotSent(reason) => (reason, false),
-        };
+        let (reason, sent) =
+            match call::send(first, &inner.fallback, checks, takeover.is_some(), deadline).await {
+                Attempt::Answered(result) => return result,
+                Attempt::Failed(reason) => (reason, true),
+                Attempt::NotSent(reason) => (reason, false),
+            };
         // Only a call the owner never received, because its link is down or its breaker open,
         // goes to the successor: one that was sent may have been decided, and must not consume
         // twice; a backlog means the owner is busy, not gone.
@@ -194,7 +188,8 @@ impl Client {
             && owner_gone
             && let Some(successor) = successor()
             && Instant::now() < deadline
-            && let Attempt::Answered(result) = inner.send(successor, checks, true, deadline).await
+            && let Attempt::Answered(result) =
+                call::send(successor, &inner.fallback, checks, true, deadline).await
         {
             return result;
         }
@@ -223,7 +218,7 @@ impl Client {
     }
 
     /// Wakes on every change of [`Client::slot_table`] and the links it routes to.
-    pub fn table_changes(&self) -> crate::slots::TableChanges {
+    pub fn table_changes(&self) -> TableChanges {
         self.inner.routing.changes()
     }
 
@@ -333,101 +328,16 @@ impl Inner {
         }
         Ok(())
     }
-
-    /// Sends `checks` to one node (marked as a takeover when it is the owner's successor) and
-    /// waits for its answer, at most until `deadline`.
-    async fn send(
-        &self,
-        link: &NodeLink,
-        checks: &[Check],
-        takeover: bool,
-        deadline: Instant,
-    ) -> Attempt {
-        if let Admit::Reject { .. } = link.breaker.admit() {
-            return Attempt::NotSent(DegradedReason::CircuitOpen);
-        }
-        let (reply, answer) = oneshot::channel();
-        let wire = checks
-            .iter()
-            .map(|c| WireCheck {
-                takeover,
-                ..WireCheck::new(c.key.as_slice(), &c.limit, c.cost)
-            })
-            .collect();
-        if let Err((_, reason)) = link.queue.push(Call {
-            checks: wire,
-            reply,
-            deadline,
-        }) {
-            return Attempt::NotSent(reason);
-        }
-        // Every holder of a call answers it by its deadline or drops it; a dropped call (the
-        // runtime shutting down) reads as unreachable.
-        let reply = answer
-            .await
-            .unwrap_or(Reply::Failed(DegradedReason::Unreachable));
-        match reply {
-            Reply::Decided { decisions, start } => {
-                link.breaker.on_success();
-                Attempt::Answered(Ok(
-                    self.verdicts_from_node(checks, decisions.get(start..start + checks.len()))
-                ))
-            }
-            Reply::Refused { code, message } => {
-                link.breaker.on_success();
-                Attempt::Answered(Err(ClientError::Rejected {
-                    node: link.addr,
-                    code,
-                    message,
-                }))
-            }
-            Reply::Failed(reason) => {
-                link.breaker.on_failure();
-                Attempt::Failed(reason)
-            }
-        }
-    }
-
-    /// Verdicts from the node's decisions; checks it could not decide (e.g. `StoreFull`) follow
-    /// their failure mode.
-    fn verdicts_from_node(
-        &self,
-        checks: &[Check],
-        decisions: Option<&[WireDecision]>,
-    ) -> Vec<Verdict> {
-        let Some(decisions) = decisions else {
-            // The stream task checked the count, so this cannot happen; fail over if it does.
-            return self.fallback.resolve_all(checks, DegradedReason::Protocol);
-        };
-        let mut verdicts = Vec::with_capacity(checks.len());
-        for wire in decisions {
-            match wire.to_decision() {
-                Ok(decision) => verdicts.push(Verdict {
-                    decision,
-                    source: Source::Node,
-                }),
-                Err(_) => break,
-            }
-        }
-        if verdicts.len() == checks.len() {
-            return verdicts;
-        }
-        let answers: Vec<_> = decisions
-            .iter()
-            .map(|d| d.to_decision().map_err(DegradedReason::Refused))
-            .collect();
-        self.fallback.resolve(checks, &answers)
-    }
 }
 
 #[cfg(test)]
 mod tests {
-    use floodgate::wire::ErrorCode;
+    use floodgate::check::{FailureMode, Source};
+    use floodgate::wire::{ErrorCode, WireDecision};
     use floodgate::{Decision, Limit};
 
     use super::*;
     use crate::config::BreakerConfig;
-    use crate::verdict::FailureMode;
 
     /// A client whose links never connect and whose tests play the node by taking calls from
     /// the queues directly: the caller's side (validation, timeouts, breaker, failure modes)
@@ -520,7 +430,7 @@ mod tests {
     async fn invalid_calls_are_bad_requests() {
         let client = offline_client(&config(), 1);
         let err = client.check(&[]).await.unwrap_err();
-        assert_eq!(err.kind(), crate::ErrorKind::BadRequest);
+        assert_eq!(err.kind(), crate::error::ErrorKind::BadRequest);
         let long = Check::new(vec![b'k'; MAX_KEY_BYTES + 1], limit());
         let err = client.check(&[long]).await.unwrap_err();
         assert!(err.to_string().contains("257 bytes"), "{err}");
@@ -635,7 +545,7 @@ mod tests {
             }),
             WireDecision::error(ErrorCode::StoreFull),
         ];
-        let v = client.inner.verdicts_from_node(&checks, Some(&decisions));
+        let v = call::verdicts_from_node(&client.inner.fallback, &checks, Some(&decisions));
         assert_eq!(v[0].source, Source::Node);
         assert_eq!(
             v[1].source,

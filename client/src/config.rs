@@ -8,9 +8,10 @@ use floodgate::StoreConfig;
 use crate::address::HostPort;
 use crate::error::ConfigError;
 
-/// Longest key a node accepts (the protocol's default `max_key_bytes`); longer keys are refused
-/// client-side so one bad call can never get a shared frame refused.
-pub const MAX_KEY_BYTES: usize = 256;
+/// Longest key a node accepts (the protocol's default `max_key_bytes`, the core's bound on the
+/// policy's keys); longer keys are refused client-side so one bad call can never get a shared
+/// frame refused.
+pub use floodgate::policy::MAX_KEY_BYTES;
 
 /// Most checks one frame may carry: the node's default `max_batch` (a node refuses larger
 /// frames, and a refused shared frame is resent call by call).

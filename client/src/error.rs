@@ -2,6 +2,7 @@
 
 use std::path::PathBuf;
 
+use floodgate::check::DegradedReason;
 use floodgate::wire::ErrorCode;
 
 /// The class of a failure, the one thing a caller needs to pick a reaction.
@@ -27,7 +28,7 @@ pub enum ConfigError {
     #[error("no node addresses given")]
     NoNodes,
     #[error("node {0} is listed twice")]
-    DuplicateNode(crate::HostPort),
+    DuplicateNode(crate::address::HostPort),
     #[error("{field}: {problem}")]
     Invalid {
         field: &'static str,
@@ -78,6 +79,19 @@ impl ClientError {
             ClientError::BadRequest(_) => ErrorKind::BadRequest,
             ClientError::Rejected { code, .. } => classify_code(*code),
             ClientError::Unavailable(_) => ErrorKind::Unreachable,
+        }
+    }
+}
+
+impl From<DegradedReason> for ErrorKind {
+    /// The class of why a node did not decide a check.
+    fn from(reason: DegradedReason) -> Self {
+        match reason {
+            DegradedReason::Timeout | DegradedReason::Backlog => ErrorKind::Timeout,
+            DegradedReason::Unreachable
+            | DegradedReason::CircuitOpen
+            | DegradedReason::Protocol => ErrorKind::Unreachable,
+            DegradedReason::Refused(_) => ErrorKind::Rejected,
         }
     }
 }

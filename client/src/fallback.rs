@@ -1,16 +1,26 @@
 //! Failure modes: deciding checks a node did not decide, with a local fallback store.
 
-use floodgate::{BucketKey, BucketStore, Decision, StoreConfig, StoreError};
+use floodgate::clock::{Elapsed, EpochClock};
+use floodgate::{BucketKey, BucketStore, Clock, Decision, StoreConfig, StoreError};
 
-use crate::clock::EpochClock;
-use crate::verdict::{Check, DegradedReason, FailureMode, Source, Verdict};
+use floodgate::check::{Check, DegradedReason, FailureMode, Source, Verdict};
+
+/// The fallback store's monotonic clock: tokio's, so tests with paused time move its buckets.
+#[derive(Debug, Clone, Copy)]
+struct TokioElapsed(tokio::time::Instant);
+
+impl Elapsed for TokioElapsed {
+    fn elapsed_ns(&self) -> u64 {
+        u64::try_from(self.0.elapsed().as_nanos()).unwrap_or(u64::MAX)
+    }
+}
 
 /// Decides what nodes could not: `Open` checks through a local [`BucketStore`] with the same
 /// limits (degraded, not gone), `Closed` checks denied.
 #[derive(Debug)]
 pub(crate) struct Fallback {
     store: BucketStore,
-    clock: EpochClock,
+    clock: EpochClock<TokioElapsed>,
     /// `retry_after` of a fail-closed denial: the breaker cooldown, the soonest a node may be
     /// asked again.
     closed_retry_after_ns: u64,
@@ -20,7 +30,7 @@ impl Fallback {
     pub(crate) fn new(store: StoreConfig, closed_retry_after_ns: u64) -> Result<Self, StoreError> {
         Ok(Fallback {
             store: BucketStore::new(store)?,
-            clock: EpochClock::new(),
+            clock: EpochClock::starting(TokioElapsed(tokio::time::Instant::now())),
             closed_retry_after_ns,
         })
     }
@@ -142,6 +152,14 @@ mod tests {
 
     const COOLDOWN_NS: u64 = 1_000_000_000;
 
+    #[tokio::test(start_paused = true)]
+    async fn the_fallback_clock_follows_tokio_time_from_unix_time() {
+        let clock = EpochClock::starting(TokioElapsed(tokio::time::Instant::now()));
+        let start = clock.now_ns();
+        tokio::time::advance(std::time::Duration::from_millis(250)).await;
+        assert_eq!(clock.now_ns() - start, 250_000_000);
+    }
+
     fn fallback() -> Fallback {
         Fallback::new(
             StoreConfig {
@@ -195,7 +213,7 @@ mod tests {
         let f = fallback();
         let group = [open("shared", 1), closed("login", 5)];
         let verdicts = f.resolve_all(&group, DegradedReason::CircuitOpen);
-        assert!(!crate::verdict::all_allowed(&verdicts));
+        assert!(!floodgate::check::all_allowed(&verdicts));
         // The open check only peeked: its single token is still there for a later group.
         assert!(verdicts[0].is_allowed());
         let alone = f.resolve_all(&[open("shared", 1)], DegradedReason::CircuitOpen);
@@ -208,11 +226,11 @@ mod tests {
     fn open_checks_of_a_group_are_all_or_nothing_in_the_fallback() {
         let f = fallback();
         // "b" allows one; the second group is denied by "b" and must not consume "a".
-        assert!(crate::verdict::all_allowed(&f.resolve_all(
+        assert!(floodgate::check::all_allowed(&f.resolve_all(
             &[open("a", 2), open("b", 1)],
             DegradedReason::Timeout
         )));
-        assert!(!crate::verdict::all_allowed(&f.resolve_all(
+        assert!(!floodgate::check::all_allowed(&f.resolve_all(
             &[open("a", 2), open("b", 1)],
             DegradedReason::Timeout
         )));
@@ -242,7 +260,7 @@ mod tests {
             &[Ok(node_allowed), Err(full)],
         );
         assert_eq!(verdicts[1].source, Source::FailClosed(full));
-        assert!(!crate::verdict::all_allowed(&verdicts));
+        assert!(!floodgate::check::all_allowed(&verdicts));
     }
 
     #[test]
@@ -255,7 +273,7 @@ mod tests {
         };
         let full = DegradedReason::Refused(floodgate::wire::ErrorCode::StoreFull);
         let verdicts = f.resolve(&[open("x", 1), open("y", 1)], &[Ok(node_denied), Err(full)]);
-        assert!(!crate::verdict::all_allowed(&verdicts));
+        assert!(!floodgate::check::all_allowed(&verdicts));
         // "y" peeked only: its one token is still there.
         assert!(f.resolve_all(&[open("y", 1)], full)[0].is_allowed());
     }

@@ -19,61 +19,79 @@
 //! # Ok(()) }
 //! ```
 //!
-//! Modules, from the caller inwards:
-//! - `client`: [`Client`]: `connect` and `check` (validation, routing, breaker, timeout).
-//! - `verdict`: [`Check`], [`FailureMode`], [`Verdict`], [`Source`], [`DegradedReason`].
+//! Modules, from the caller inwards (none imports a module that imports it back):
+//! - [`policy`]: [`RateLimiter`]: the rules from the nodes (`policy::feed` fetches them), a
+//!   request's checks → verdict → HTTP answer, with refunds across nodes and bounded waiting
+//!   (the grouping and refund logic is the core's `floodgate::policy::grouping`).
+//! - `tower` (feature `tower`): `RateLimitLayer`, the limiter as a `tower::Layer`.
+//! - `client`: [`Client`]: `connect`, and each call to its key's owner or the owner's successor;
+//!   `call`: one call to one node (breaker, queue, reply → verdicts).
+//! - [`Check`], [`FailureMode`], [`Verdict`], [`Source`], [`DegradedReason`]: the core's
+//!   `floodgate::check`, re-exported.
 //! - `address`: [`HostPort`]: a seed's HOST:PORT; a name is resolved again on every connection
 //!   attempt, IPv4 first.
 //! - `config`: [`ClientConfig`] and its validation; `tls`: the QUIC/TLS 1.3 client config.
 //! - `error`: [`ClientError`], [`ConfigError`] and their [`ErrorKind`].
-//! - `slots`: which node a call goes to: the owner of its first key's slot, by the cluster's
-//!   slot table, fetched from the nodes and kept current; `router`: a stable hash over the
-//!   given nodes until a table arrives.
+//! - `routing`: which link a call goes to: the owner of its first key's slot (and its successor)
+//!   by the slot table in force; `router`: a stable hash over the given nodes until a table
+//!   arrives.
+//! - `cluster_table`: [`ClusterTable`], a node's table as received: the core's `SlotTable` plus
+//!   the members' addresses; `table_feed`: fetching tables, following pushes, and the hints
+//!   answers give; `refresher`: the task that keeps the table and the links to members current.
 //! - `breaker`: the per-node circuit breaker; `backoff`: reconnect delays.
 //! - `queue`: the per-node call queue that coalesces concurrent calls into frames.
-//! - `link`: connection supervisor (reconnects) and stream tasks (frames in, answers out).
-//! - [`policy`]: [`RateLimiter`]: the rules from the nodes, a request's checks → verdict →
-//!   HTTP answer, with refunds across nodes and bounded waiting.
-//! - [`tower`](mod@tower) (feature `tower`): `RateLimitLayer`, the limiter as a `tower::Layer`.
-//! - `fallback`: failure modes, with a local bucket store for `Open` checks; `clock`: its time.
+//! - `link`: a node's shared state and its connection supervisor (reconnects); `link::stream`:
+//!   the stream tasks (frames out, answers in); `status`: [`LinkState`] and [`NodeStatus`].
+//! - `dial`: endpoints and bounded handshakes; `request`: one frame and its matched answer.
+//! - `fallback`: failure modes, with a local bucket store for `Open` checks (on the core's
+//!   `EpochClock`, moved by tokio's time).
 //!
-//! The `floodgate` binary (`src/bin/floodgate.rs`, feature `cli`) sends checks from a shell;
-//! [`logging`] (feature `cli`) sets up its log output and the example gateway's.
+//! The `floodgate` command (package `floodgate-cli`, in `client/cli`) sends checks from a shell;
+//! `logging` (feature `logging`) sets up its log output and the example gateway's. No feature
+//! is on by default: a gateway links the library alone.
 
 mod address;
 mod backoff;
 mod breaker;
+mod call;
 mod client;
-mod clock;
+mod cluster_table;
 mod config;
+mod dial;
 mod error;
 mod fallback;
 mod link;
-#[cfg(feature = "cli")]
+#[cfg(feature = "logging")]
 pub mod logging;
 pub mod policy;
 mod queue;
+mod refresher;
+mod request;
 mod router;
-mod slots;
+mod routing;
+mod status;
+mod table_feed;
 mod tls;
 #[cfg(feature = "tower")]
 pub mod tower;
-mod verdict;
 
 pub use address::HostPort;
 pub use client::Client;
+pub use cluster_table::{ClusterMember, ClusterTable};
 pub use config::{
     BackoffConfig, BreakerConfig, CaSource, ClientAuth, ClientConfig, MAX_CHECKS_PER_FRAME,
     MAX_KEY_BYTES, MAX_STREAMS_PER_CONNECTION,
 };
 pub use error::{ClientError, ConfigError, ErrorKind, classify_code};
-pub use link::{LinkState, NodeStatus};
+/// What a caller sends and gets back: the core's types, re-exported.
+pub use floodgate::check::{Check, DegradedReason, FailureMode, Source, Verdict, all_allowed};
 pub use policy::{
     LimiterConfig, LimiterError, PolicyChanges, PolicySource, RateLimiter, RequestDecision,
     RequestInfo,
 };
-pub use slots::{ClusterMember, ClusterTable, TableChanges, fetch_slot_table};
-pub use verdict::{Check, DegradedReason, FailureMode, Source, Verdict, all_allowed};
+pub use routing::TableChanges;
+pub use status::{LinkState, NodeStatus};
+pub use table_feed::fetch_slot_table;
 
 /// The core whose types the client speaks (`Limit`, `Decision`, ...), re-exported for gateways.
 pub use floodgate as core;

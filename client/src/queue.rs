@@ -12,12 +12,13 @@
 use std::collections::VecDeque;
 use std::sync::Arc;
 
+use floodgate::check::DegradedReason;
 use floodgate::wire::{ErrorCode, WireCheck, WireDecision};
 use parking_lot::Mutex;
 use tokio::sync::{Notify, oneshot};
 use tokio::time::Instant;
 
-use crate::verdict::DegradedReason;
+use crate::status::LinkState;
 
 /// One `check` call waiting for its answer.
 #[derive(Debug)]
@@ -55,20 +56,13 @@ pub(crate) enum Reply {
     Failed(DegradedReason),
 }
 
-/// Whether calls can be served, as stream tasks see it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Link {
-    /// The first connection attempt is under way: calls wait for it (bounded by their timeout).
-    Connecting,
-    /// Connected; only stream tasks of this connection generation may take calls.
-    Up(u64),
-    /// No connection: calls fail over at once instead of waiting out their timeout.
-    Down,
-}
-
 #[derive(Debug)]
 struct Inner {
-    link: Link,
+    /// `Connecting`: calls wait for the first connection (bounded by their timeout).
+    /// `Connected`: only stream tasks of connection `generation` may take calls. `Disconnected`:
+    /// calls fail over at once instead of waiting out their timeout.
+    link: LinkState,
+    generation: u64,
     calls: VecDeque<Call>,
     queued_checks: usize,
 }
@@ -98,7 +92,8 @@ impl CallQueue {
     pub(crate) fn new(max_queued_checks: usize) -> Self {
         CallQueue {
             inner: Mutex::new(Inner {
-                link: Link::Connecting,
+                link: LinkState::Connecting,
+                generation: 0,
                 calls: VecDeque::new(),
                 queued_checks: 0,
             }),
@@ -114,7 +109,7 @@ impl CallQueue {
     #[allow(clippy::result_large_err)]
     pub(crate) fn push(&self, call: Call) -> Result<(), (Call, DegradedReason)> {
         let mut inner = self.inner.lock();
-        if inner.link == Link::Down {
+        if inner.link == LinkState::Disconnected {
             return Err((call, DegradedReason::Unreachable));
         }
         if inner.queued_checks + call.checks.len() > self.max_queued_checks {
@@ -156,7 +151,7 @@ impl CallQueue {
         let now = Instant::now();
         let mut expired = Vec::new();
         let mut inner = self.inner.lock();
-        if inner.link != Link::Up(generation) {
+        if (inner.link, inner.generation) != (LinkState::Connected, generation) {
             return Drained::Stale;
         }
         let mut taken = 0;
@@ -227,7 +222,11 @@ impl CallQueue {
 
     /// A connection of `generation` is up: its stream tasks may take calls.
     pub(crate) fn set_up(&self, generation: u64) {
-        self.inner.lock().link = Link::Up(generation);
+        {
+            let mut inner = self.inner.lock();
+            inner.link = LinkState::Connected;
+            inner.generation = generation;
+        }
         self.ready.notify_waiters();
     }
 
@@ -235,7 +234,7 @@ impl CallQueue {
     pub(crate) fn set_down(&self) {
         let calls = {
             let mut inner = self.inner.lock();
-            inner.link = Link::Down;
+            inner.link = LinkState::Disconnected;
             inner.queued_checks = 0;
             std::mem::take(&mut inner.calls)
         };

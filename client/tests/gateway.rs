@@ -230,12 +230,8 @@ impl<T> Changes for watch::Receiver<T> {
 }
 
 /// Waits until `done()` holds, re-checking it after each change of `changes` (a new slot table,
-/// new rules, a rules edit), bounded by `bound`; returns the time it took.
-async fn until(
-    bound: Duration,
-    changes: &mut impl Changes,
-    mut done: impl FnMut() -> bool,
-) -> Duration {
+/// new rules, a rules edit), bounded by `bound` (a hang detector, not a speed requirement).
+async fn until(bound: Duration, changes: &mut impl Changes, mut done: impl FnMut() -> bool) {
     let started = Instant::now();
     while !done() {
         let left = bound.saturating_sub(started.elapsed());
@@ -244,7 +240,6 @@ async fn until(
             assert!(alive, "what the test waits on is gone");
         }
     }
-    started.elapsed()
 }
 
 /// Rule `holds` (POST /v1/events/*/holds, 5/min per user): five pass, the sixth gets a 429 with
@@ -464,12 +459,19 @@ async fn the_composite_key_limits_each_user_on_each_endpoint() {
 }
 
 /// Rule `search-ip` (shadow): never denies and is never advertised, but what it would deny is
-/// counted in the gateway's metrics.
+/// counted in the gateway's metrics. Its rate is lowered from 20/s to 20/h (the burst stays
+/// 20), so the counts are exact however slowly the requests go.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shadow_rules_never_deny_but_are_counted() {
-    let stack = Stack::start(EXAMPLE, 1).await;
-    // 20/s with a burst of 20: 60 requests in under 2 s must overflow it.
-    let started = Instant::now();
+    let rules = EXAMPLE.replace(
+        "key: ip\n    limit: 20/s\n    mode: shadow",
+        "key: ip\n    limit: 20/h\n    mode: shadow",
+    );
+    assert_ne!(
+        rules, EXAMPLE,
+        "the example's search-ip rule changed: update this test"
+    );
+    let stack = Stack::start(&rules, 1).await;
     for _ in 0..60 {
         let ok = stack.send("GET", "/v1/search/shoes", &[]).await;
         assert_eq!(ok.status, 200, "{ok:?}");
@@ -481,10 +483,7 @@ async fn shadow_rules_never_deny_but_are_counted() {
     let denied = stack
         .metric("floodgate_gateway_verdicts_total{rule=\"search-ip\",mode=\"shadow\",outcome=\"denied\"}")
         .await;
-    assert_eq!(allowed + denied, 60.0);
-    if started.elapsed() < Duration::from_secs(2) {
-        assert!(denied >= 1.0, "{allowed} allowed, {denied} denied");
-    }
+    assert_eq!((allowed, denied), (20.0, 40.0));
     stack.stop().await;
 }
 
@@ -654,7 +653,7 @@ async fn rule_edits_apply_without_restart_and_broken_files_are_rejected() {
         }
     };
     probe(0).await;
-    let took = until(Duration::from_secs(3), &mut policies, || {
+    until(PATIENCE, &mut policies, || {
         stack.limiter.policy_version().as_ref() != Some(&v1)
     })
     .await;
@@ -663,7 +662,6 @@ async fn rule_edits_apply_without_restart_and_broken_files_are_rejected() {
         response.header("ratelimit-policy"),
         Some("\"items\";q=6;w=60")
     );
-    assert!(took <= Duration::from_secs(3));
     let v2 = stack.limiter.policy_version().unwrap();
     assert_ne!(v1, v2);
     let (allowed, _, _) = stack
@@ -783,37 +781,4 @@ async fn a_local_policy_works_without_node_rules() {
     let _ = Check::new("unused", per_hour(1));
     limiter.close().await;
     node.shutdown().await;
-}
-
-/// `floodgate rules check FILE`: the example file is valid (exit 0, one line per rule); a broken
-/// file is named with line, column and a caret (exit 2).
-#[test]
-fn rules_check_validates_a_file_and_points_at_errors() {
-    let bin = env!("CARGO_BIN_EXE_floodgate");
-    let example = concat!(env!("CARGO_MANIFEST_DIR"), "/../rules/example.yaml");
-    let ok = std::process::Command::new(bin)
-        .args(["rules", "check", example])
-        .output()
-        .unwrap();
-    assert_eq!(ok.status.code(), Some(0));
-    let out = String::from_utf8_lossy(&ok.stdout);
-    assert!(out.starts_with("policy "), "{out}");
-    assert!(
-        out.contains("login: POST /v1/auth/login per ip: gcra 10/1min; fails closed"),
-        "{out}"
-    );
-    let dir = tempfile::tempdir().unwrap();
-    let bad = dir.path().join("bad.yaml");
-    std::fs::write(&bad, RELOAD_RULES.replace("3/min", "lots")).unwrap();
-    let err = std::process::Command::new(bin)
-        .args(["rules", "check", bad.to_str().unwrap()])
-        .output()
-        .unwrap();
-    assert_eq!(err.status.code(), Some(2));
-    let text = String::from_utf8_lossy(&err.stderr);
-    assert!(
-        text.contains("bad.yaml:5:12: `lots` is not a rate"),
-        "{text}"
-    );
-    assert!(text.contains("5 |     limit: lots"), "{text}");
 }

@@ -142,13 +142,15 @@ async fn a_late_answer_is_dropped_not_given_to_the_next_caller() {
     let release = Arc::new(Notify::new());
     let addr = scripted_node(&certs, Script::HoldFirst(release.clone()));
     let mut config = client_config(&certs);
-    config.timeout = Duration::from_millis(300);
+    // The first call waits this out in real time; the second must be answered within it, so it
+    // is generous: the assertion is about which answer the caller gets, not how fast.
+    config.timeout = Duration::from_secs(2);
     config.streams_per_connection = 1;
     let client = Client::connect(&[addr], config).await.unwrap();
     let first = one(&client, &closed_check()).await;
     assert_eq!(first.source, Source::FailClosed(DegradedReason::Timeout));
     // The answer to request 1 arrives late, now; the next call goes out on the same stream once
-    // it is in, well within its own deadline.
+    // it is in.
     release.notify_one();
     let second = one(&client, &closed_check()).await;
     assert_eq!(second.source, Source::Node);

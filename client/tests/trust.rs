@@ -109,7 +109,7 @@ async fn a_client_verifies_each_discovered_node_by_its_node_id() {
     let table = floodgate_client::fetch_slot_table(&[a.local_addr()], &config(&ca))
         .await
         .unwrap();
-    let ids: Vec<&str> = table.members.iter().map(|m| m.id.as_str()).collect();
+    let ids: Vec<&str> = table.members().iter().map(|m| m.id.as_str()).collect();
     assert_eq!(ids.len(), 2, "{ids:?}");
 
     // Discovery: b is linked and verified as fg-b.internal (its certificate names nothing else).

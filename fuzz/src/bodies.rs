@@ -20,10 +20,11 @@ use floodgate::store::snapshot::{
 };
 use floodgate::wire::{
     CheckBatch, DecisionBatch, ErrorCode, ErrorFrame, FrameKind, FrameReader, HEADER_BYTES,
-    MAX_HANDOFF_PARTS, MAX_POLICY_TEXT_BYTES, ReplicateMessage, Replicated, WireBucket,
-    WireDecision, WireLimits, decode_check_batch, decode_decisions, decode_error_frame,
-    decode_gossip, decode_id_conflict, decode_policy_message, decode_policy_request,
-    decode_replicate, decode_slot_table, encode_frame, encode_message,
+    MAX_HANDOFF_PARTS, MAX_POLICY_TEXT_BYTES, RegionAckMessage, RegionDeltasMessage,
+    ReplicateMessage, Replicated, WireBucket, WireDecision, WireLimits, decode_check_batch,
+    decode_decisions, decode_error_frame, decode_gossip, decode_id_conflict, decode_policy_message,
+    decode_policy_request, decode_region_ack, decode_region_deltas, decode_replicate,
+    decode_scoped_check_batch, decode_slot_table, encode_frame, encode_message,
 };
 use floodgate::{
     Algorithm, BucketKey, BucketState, BucketStore, BucketValue, Check, Clock, Decision, FakeClock,
@@ -113,6 +114,10 @@ pub const TARGETS: &[Target] = &[
     Target {
         name: "snapshot_merge",
         run: snapshot_merge,
+    },
+    Target {
+        name: "region_messages",
+        run: region_messages,
     },
 ];
 
@@ -218,6 +223,11 @@ fn decode_by_kind(payload: &[u8], kind: FrameKind) {
         FrameKind::Replicate => outcome(&decode_replicate(payload)),
         FrameKind::PolicyRequest => outcome(&decode_policy_request(payload)),
         FrameKind::Policy => outcome(&decode_policy_message(payload)),
+        FrameKind::ScopedCheckBatch => {
+            outcome(&decode_scoped_check_batch(payload, &WireLimits::default()))
+        }
+        FrameKind::RegionDeltas => outcome(&decode_region_deltas(payload)),
+        FrameKind::RegionAck => outcome(&decode_region_ack(payload)),
     };
 }
 
@@ -699,6 +709,7 @@ fn sample_requests() -> [RequestAttributes<'static>; 3] {
             api_key: Some("pk_live_acme_7f3a"),
             tenant: Some("acme%\u{1f}"),
             plan: None,
+            home_region: Some("eu"),
         },
         RequestAttributes {
             method: "delete",
@@ -708,6 +719,7 @@ fn sample_requests() -> [RequestAttributes<'static>; 3] {
             api_key: None,
             tenant: Some("t"),
             plan: Some("free"),
+            home_region: Some("not a region"),
         },
     ]
 }
@@ -841,6 +853,7 @@ pub fn request(data: &[u8]) -> Outcome {
         api_key,
         tenant,
         plan,
+        home_region: tenant,
     };
     let separator = KEY_SEPARATOR.len_utf8();
     for check in policy.checks_for(&attrs) {
@@ -961,4 +974,83 @@ pub fn snapshot_merge(data: &[u8]) -> Outcome {
         .collect();
     merge_and_check(&live, FakeClock::new(now));
     Outcome::Accepted
+}
+
+/// The receiving region of the `region_messages` target.
+pub const REGION_TARGET_RECEIVER: &str = "fuzz.receiver";
+
+/// A region message payload, its first byte picking the decoder (0 scoped check batch, 1 region
+/// deltas, 2 region ack; others modulo 3): refused, or within its bounds and re-encoding to
+/// itself. Accepted deltas are applied to a store through an exchange twice: the units count
+/// once, the second arrival is a duplicate, nothing panics.
+pub fn region_messages(data: &[u8]) -> Outcome {
+    let Some((&which, rest)) = data.split_first() else {
+        return Outcome::Refused;
+    };
+    let payload = aligned(rest);
+    match which % 3 {
+        0 => {
+            let Ok((groups, scopes)) = decode_scoped_check_batch(&payload, &CHECK_TARGET_LIMITS)
+            else {
+                return Outcome::Refused;
+            };
+            assert_eq!(scopes.len(), groups.iter().map(Vec::len).sum::<usize>());
+            Outcome::Accepted
+        }
+        1 => {
+            let decoded = decode_region_deltas(&payload);
+            let Ok(batch) = &decoded else {
+                return Outcome::Refused;
+            };
+            let again = reframe(FrameKind::RegionDeltas, &RegionDeltasMessage::from(batch));
+            assert_eq!(decode_region_deltas(&again), decoded);
+            if batch.from.region.as_str() != REGION_TARGET_RECEIVER {
+                apply_twice(batch);
+            }
+            Outcome::Accepted
+        }
+        _ => {
+            let decoded = decode_region_ack(&payload);
+            let Ok(ack) = &decoded else {
+                return Outcome::Refused;
+            };
+            let again = reframe(FrameKind::RegionAck, &RegionAckMessage::from(ack));
+            assert_eq!(decode_region_ack(&again), decoded);
+            Outcome::Accepted
+        }
+    }
+}
+
+/// Applies `batch` twice through an exchange: applied once, acknowledged as a duplicate once
+/// (or, numbered beyond the window, refused twice).
+fn apply_twice(batch: &floodgate::region::DeltaBatch) {
+    use floodgate::region::{DEDUPE_WINDOW, Exchange, ExchangeConfig, Peer, RegionName};
+    let receiver = RegionName::new(REGION_TARGET_RECEIVER).expect("a valid region name");
+    let mut exchange = Exchange::new(ExchangeConfig::for_regions(3), Peer::new(receiver, "n"), 1);
+    let store = BucketStore::new(StoreConfig {
+        max_keys: 64,
+        shards: 4,
+    })
+    .expect("a valid store size");
+    let now = 1_700_000_000 * NANOS_PER_SEC;
+    exchange.handle_deltas(now, batch, &store);
+    exchange.handle_deltas(now, batch, &store);
+    assert!(store.len() <= store.max_keys());
+    if batch.seq > DEDUPE_WINDOW {
+        // Too far ahead of a new sender's first number: refused both times, not acknowledged.
+        assert_eq!(exchange.applied_from(&batch.from), 0);
+        assert_eq!(exchange.stats().refused_messages, 2);
+        assert!(exchange.poll_transmit(now).is_none());
+        return;
+    }
+    let units = batch
+        .deltas
+        .iter()
+        .fold(0u64, |sum, d| sum.saturating_add(d.units));
+    assert_eq!(exchange.applied_from(&batch.from), units);
+    assert_eq!(exchange.stats().duplicate_messages, 1);
+    assert!(
+        exchange.poll_transmit(now).is_some(),
+        "an acknowledgement is owed"
+    );
 }

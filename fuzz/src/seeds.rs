@@ -59,7 +59,89 @@ pub fn all() -> Vec<Seed> {
     seeds.extend(rate_seeds());
     seeds.extend(request_seeds());
     seeds.extend(snapshot_seeds());
+    seeds.extend(region_seeds());
     seeds
+}
+
+fn region_seeds() -> Vec<Seed> {
+    use Outcome::{Accepted, Refused};
+    use floodgate::region::{RegionName, Scope};
+    use floodgate::wire::{RegionAckMessage, RegionDeltasMessage, ScopedCheckBatch, WireDelta};
+    let tagged = |which: u8, payload: Vec<u8>| [&[which][..], &payload].concat();
+    let gcra = limit(Algorithm::Gcra, 10, S, 10);
+    let batch = CheckBatch {
+        groups: vec![vec![
+            WireCheck::new("a", &gcra, 1),
+            WireCheck::new("b", &gcra, 1),
+        ]],
+    };
+    let eu = RegionName::new("eu").expect("a valid region");
+    let scoped = ScopedCheckBatch::new(batch, &[Scope::Global, Scope::Home(eu)]);
+    let delta = |algorithm: u8, rate: u64, burst: u64, units: u64| WireDelta {
+        key: 42,
+        algorithm,
+        rate,
+        period_ns: S,
+        burst,
+        units,
+        at_ns: 1_700_000_000 * S,
+    };
+    let deltas = RegionDeltasMessage {
+        region: "us".to_owned(),
+        node: "node-1".to_owned(),
+        session: 3,
+        seq: 1,
+        deltas: vec![
+            delta(0, 10, 10, 1_000),
+            delta(1, 10, 10, 4),
+            delta(2, 10, 10, 4),
+            delta(3, 10, 10, u64::MAX),
+        ],
+    };
+    let ack = RegionAckMessage {
+        region: "us".to_owned(),
+        node: "node-1".to_owned(),
+        session: 3,
+        below: 2,
+        also: vec![4, 5],
+    };
+    let zero_seq = RegionDeltasMessage {
+        seq: 0,
+        ..deltas.clone()
+    };
+    vec![
+        seed(
+            "region_messages",
+            "scoped",
+            tagged(0, reframe(FrameKind::ScopedCheckBatch, &scoped).to_vec()),
+            Accepted,
+        ),
+        seed(
+            "region_messages",
+            "deltas",
+            tagged(1, reframe(FrameKind::RegionDeltas, &deltas).to_vec()),
+            Accepted,
+        ),
+        seed(
+            "region_messages",
+            "ack",
+            tagged(2, reframe(FrameKind::RegionAck, &ack).to_vec()),
+            Accepted,
+        ),
+        seed(
+            "region_messages",
+            "zero-seq",
+            tagged(1, reframe(FrameKind::RegionDeltas, &zero_seq).to_vec()),
+            Refused,
+        ),
+        seed(
+            "region_messages",
+            "garbage",
+            vec![1, 0xaa, 0xbb, 0xcc],
+            Refused,
+        ),
+        seed("region_messages", "empty", Vec::new(), Refused),
+    ]
 }
 
 fn request_seeds() -> Vec<Seed> {

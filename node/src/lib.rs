@@ -25,11 +25,9 @@
 //! - `metrics`: metric names and handles.
 //! - [`snapshot`]: `--state-dir`: long-period buckets saved every second and at shutdown, loaded
 //!   at start.
-//! - `clock`: epoch-based nanoseconds that never go backwards.
 
 pub mod address;
 pub mod certs;
-pub mod clock;
 pub mod cluster;
 pub mod config;
 pub mod exchange;

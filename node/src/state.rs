@@ -4,12 +4,11 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use floodgate::BucketStore;
+use floodgate::{BucketStore, EpochClock};
 use tokio::sync::watch;
 
 use crate::admission::Allowance;
 use crate::budget::BufferBudget;
-use crate::clock::NodeClock;
 use crate::cluster::Cluster;
 use crate::config::NodeConfig;
 use crate::metrics::NodeMetrics;
@@ -20,7 +19,7 @@ use crate::tls;
 pub(crate) struct Shared {
     pub(crate) config: NodeConfig,
     pub(crate) store: Arc<BucketStore>,
-    pub(crate) clock: NodeClock,
+    pub(crate) clock: EpochClock,
     pub(crate) metrics: NodeMetrics,
     /// Client and peer connections, counted apart.
     pub(crate) allowance: Arc<Allowance>,

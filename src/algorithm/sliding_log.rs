@@ -47,6 +47,32 @@ impl SlidingLog {
         }
     }
 
+    /// Records `units` admitted elsewhere (another region) at `at_ns`, kept in time order, and
+    /// keeps at most `max_entries` of the newest. Unlike [`SlidingLog::decide`] it never
+    /// refuses: the units were already admitted, so the log may hold more than the limit (which
+    /// only denies until enough of them leave the period).
+    pub fn record_elsewhere(
+        &mut self,
+        limit: &Limit,
+        at_ns: u64,
+        units: u64,
+        max_entries: usize,
+        now_ns: u64,
+    ) {
+        self.forget_expired(limit, now_ns);
+        if at_ns.saturating_add(limit.period_ns()) <= now_ns {
+            return;
+        }
+        let units = units.min(max_entries as u64) as usize;
+        // One pass, whatever `units` is: the old times, the new ones spliced in order, and the
+        // oldest dropped beyond the cap.
+        let mut times: Vec<u64> = self.times_ns.drain(..).collect();
+        let at = times.partition_point(|&t| t <= at_ns);
+        times.splice(at..at, std::iter::repeat_n(at_ns, units));
+        let excess = times.len().saturating_sub(max_entries);
+        self.times_ns = times.into_iter().skip(excess).collect();
+    }
+
     /// Removes the last `cost` admitted units (rolls back an admission of a multi-check).
     pub fn undo(&mut self, cost: u64) {
         let keep = self.times_ns.len().saturating_sub(cost as usize);

@@ -262,6 +262,63 @@ fn owners_and_successors(nodes: &[String]) -> (Vec<u16>, Vec<u16>) {
     (owner, successor)
 }
 
+/// Tables nodes report, for clients: they route by the table a node sends instead of computing
+/// one from membership.
+impl SlotTable {
+    /// The table a node reported: `nodes[i]` names node `i`, and per slot `owner` and
+    /// `successor` index `nodes` (`u16::MAX`: nobody). Nodes that own and succeed no slot are
+    /// left out, and the rest sorted, as [`SlotTable::compute`] keeps them. Refuses a table of
+    /// another size than [`SLOTS`], one that names an index outside `nodes`, or the same id twice.
+    pub fn from_reported(
+        epoch: u64,
+        version: u64,
+        nodes: &[String],
+        owner: &[u16],
+        successor: &[u16],
+    ) -> Result<Self, String> {
+        if owner.len() != SLOTS || successor.len() != SLOTS {
+            return Err(format!(
+                "a slot table of {} owners and {} successors, expected {SLOTS}",
+                owner.len(),
+                successor.len()
+            ));
+        }
+        let mut named = vec![false; nodes.len()];
+        for &index in owner.iter().chain(successor).filter(|&&i| i != NONE) {
+            let slot = named.get_mut(usize::from(index)).ok_or_else(|| {
+                format!(
+                    "a slot table names node {index} of the {} it lists",
+                    nodes.len()
+                )
+            })?;
+            *slot = true;
+        }
+        let mut kept: Vec<usize> = (0..nodes.len()).filter(|&i| named[i]).collect();
+        kept.sort_by(|&a, &b| nodes[a].cmp(&nodes[b]));
+        if let Some(twice) = kept.windows(2).find(|w| nodes[w[0]] == nodes[w[1]]) {
+            return Err(format!("a slot table names {} twice", nodes[twice[0]]));
+        }
+        let mut new_index = vec![NONE; nodes.len()];
+        for (new, &old) in kept.iter().enumerate() {
+            // At most `u16::MAX - 1` nodes: every index named is a u16 below `NONE`.
+            new_index[old] = u16::try_from(new).unwrap_or(NONE);
+        }
+        let remap = |indices: &[u16]| -> Vec<u16> {
+            indices
+                .iter()
+                .map(|&i| new_index.get(usize::from(i)).copied().unwrap_or(NONE))
+                .collect()
+        };
+        Ok(SlotTable {
+            epoch,
+            version,
+            nodes: kept.iter().map(|&i| nodes[i].clone()).collect(),
+            owner: remap(owner),
+            successor: remap(successor),
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -15,7 +15,8 @@ use std::sync::Arc;
 use xxhash_rust::xxh3::xxh3_128;
 
 use super::pattern::{joined_path, normalize_path};
-use super::rules::{FailureMode, KeyPart, Mode, Policy, Rule, RuleLimit};
+use super::rules::{FailureMode, KeyPart, Mode, Policy, Rule, RuleLimit, RuleScope};
+use crate::region::Scope;
 use crate::{BucketKey, Check, Limit};
 
 /// Longest key a node accepts (the wire's default `max_key_bytes`); longer keys are hashed.
@@ -35,6 +36,10 @@ pub struct RequestAttributes<'a> {
     pub tenant: Option<&'a str>,
     /// The request's plan; when absent, the API-key table in the rules file is asked.
     pub plan: Option<&'a str>,
+    /// The request's home region (for `scope: home` rules), set by the gateway's auth step
+    /// (the example gateway takes `X-Home-Region`). Believed only when it is one of the file's
+    /// `regions:`; otherwise, or when absent, the `tenants:` table is asked.
+    pub home_region: Option<&'a str>,
 }
 
 /// One check a request needs: which bucket, under which limit, and how to treat the answer.
@@ -55,12 +60,22 @@ pub struct PlannedCheck {
     /// The request's plan is not one the file declares, and this rule's limit or key depends on
     /// the plan: the limit came from the documented default (for metrics and logs).
     pub unknown_plan: bool,
+    /// Where the check is decided across regions: the rule's scope, with `home` resolved to
+    /// the request's home region (`region` when it has none).
+    pub scope: Scope,
 }
 
 impl PlannedCheck {
     /// The bucket the node keeps for this key (as the wire decoder computes it).
     pub fn bucket_key(&self) -> BucketKey {
         BucketKey::for_key(&self.key)
+    }
+
+    /// This check as a client sends it to the node that owns its key.
+    pub fn check(&self) -> crate::check::Check {
+        crate::check::Check::new(self.key.clone(), self.limit)
+            .cost(self.cost)
+            .failure_mode(self.failure_mode)
     }
 
     /// This check for an in-process [`crate::BucketStore`].
@@ -78,6 +93,17 @@ impl Policy {
     pub fn resolve_plan<'a>(&'a self, attrs: &RequestAttributes<'a>) -> Option<&'a str> {
         present(attrs.plan)
             .or_else(|| present(attrs.api_key).and_then(|k| self.plan_for_api_key(k)))
+    }
+
+    /// The home region of a request: its `home_region` attribute if the file declares that
+    /// region, else the `tenants:` table's entry for its tenant.
+    pub fn resolve_home_region(
+        &self,
+        attrs: &RequestAttributes<'_>,
+    ) -> Option<&crate::region::RegionName> {
+        present(attrs.home_region)
+            .and_then(|r| self.declared_region(r))
+            .or_else(|| present(attrs.tenant).and_then(|t| self.home_region_of_tenant(t)))
     }
 
     /// One check per rule that applies to the request, in rule order.
@@ -125,6 +151,14 @@ impl Policy {
                 shadow: rule.mode == Mode::Shadow,
                 max_wait_ns: rule.max_wait_ns,
                 unknown_plan,
+                scope: match &rule.scope {
+                    RuleScope::Region => Scope::Region,
+                    RuleScope::Global => Scope::Global,
+                    RuleScope::Home(region) => Scope::Home(region.clone()),
+                    RuleScope::RequestHome => self
+                        .resolve_home_region(attrs)
+                        .map_or(Scope::Region, |region| Scope::Home(region.clone())),
+                },
             });
         }
         checks

@@ -7,16 +7,18 @@ use std::sync::Arc;
 
 use xxhash_rust::xxh3::xxh3_64;
 
-use super::PolicyError;
 use super::client_ip::{Cidr, TrustedProxies};
+use super::error::PolicyError;
 use super::method::parse_method;
 use super::parse_limit::{
-    parse_algorithm, parse_cost, parse_limit, parse_max_wait, parse_rule_plans,
+    known_plan, parse_algorithm, parse_cost, parse_limit, parse_max_wait, parse_rule_plans,
 };
+use super::parse_region::{parse_regions, parse_scope, parse_tenants};
 use super::pattern::PathPattern;
-use super::rules::{FailureMode, KeyPart, Mode, Policy, Rule};
+use super::rules::{FailureMode, KeyPart, Mode, Policy, Rule, RuleScope};
 use super::yaml::{self, Fields, Node, error_at};
 use crate::Algorithm;
+use crate::region::RegionName;
 
 /// Largest `max_waiting` accepted.
 pub const MAX_WAITING: u64 = 1_000_000;
@@ -31,6 +33,8 @@ const TOP_FIELDS: &[&str] = &[
     "api_keys",
     "max_waiting",
     "trusted_proxies",
+    "regions",
+    "tenants",
     "rules",
 ];
 const RULE_FIELDS: &[&str] = &[
@@ -47,10 +51,18 @@ const RULE_FIELDS: &[&str] = &[
     "failure_mode",
     "mode",
     "max_wait",
+    "scope",
 ];
 
+impl Policy {
+    /// Parses and validates a rules file (see `rules/example.yaml` for the schema).
+    pub fn from_yaml(text: &str) -> Result<Self, PolicyError> {
+        parse_policy(text)
+    }
+}
+
 /// Parses and validates a whole rules file.
-pub(crate) fn parse_policy(text: &str) -> Result<Policy, PolicyError> {
+fn parse_policy(text: &str) -> Result<Policy, PolicyError> {
     let root = yaml::load(text)?;
     let top = Fields::new(&root, "the rules file", TOP_FIELDS)?;
     let plans = match top.get("plans") {
@@ -82,6 +94,14 @@ pub(crate) fn parse_policy(text: &str) -> Result<Policy, PolicyError> {
         Some(node) => parse_trusted_proxies(node)?,
         None => TrustedProxies::none(),
     };
+    let regions = match top.get("regions") {
+        Some(node) => parse_regions(node)?,
+        None => Vec::new(),
+    };
+    let tenants = match top.get("tenants") {
+        Some(node) => parse_tenants(node, &regions)?,
+        None => HashMap::new(),
+    };
     let rules_node = top.require("rules")?;
     let items = yaml::sequence(rules_node, "`rules`")?;
     if items.len() > MAX_RULES {
@@ -93,7 +113,7 @@ pub(crate) fn parse_policy(text: &str) -> Result<Policy, PolicyError> {
     let mut rules: Vec<Rule> = Vec::with_capacity(items.len());
     let mut seen: HashMap<String, usize> = HashMap::new();
     for item in items {
-        let (rule, name_node) = parse_rule(item, &plans)?;
+        let (rule, name_node) = parse_rule(item, &plans, &regions)?;
         if let Some(line) = seen.get(rule.name()) {
             return Err(error_at(
                 name_node,
@@ -114,6 +134,8 @@ pub(crate) fn parse_policy(text: &str) -> Result<Policy, PolicyError> {
         api_keys,
         max_waiting,
         trusted_proxies,
+        regions,
+        tenants,
     })
 }
 
@@ -147,22 +169,6 @@ fn parse_plans(node: &Node<'_>) -> Result<Vec<String>, PolicyError> {
         plans.push(name);
     }
     Ok(plans)
-}
-
-/// Checks that `name` is a declared plan.
-pub(super) fn known_plan(node: &Node<'_>, name: &str, plans: &[String]) -> Result<(), PolicyError> {
-    if plans.iter().any(|p| p == name) {
-        return Ok(());
-    }
-    let declared = if plans.is_empty() {
-        "none; list them under `plans:`".to_owned()
-    } else {
-        plans.join(", ")
-    };
-    Err(error_at(
-        node,
-        format!("unknown plan `{name}` (declared plans: {declared})"),
-    ))
 }
 
 /// `default_plan: PLAN`, a declared plan.
@@ -201,6 +207,7 @@ fn parse_trusted_proxies(node: &Node<'_>) -> Result<TrustedProxies, PolicyError>
 fn parse_rule<'n, 'a>(
     node: &'n Node<'a>,
     plans: &[String],
+    regions: &[RegionName],
 ) -> Result<(Rule, &'n Node<'a>), PolicyError> {
     let fields = Fields::new(node, "a rule", RULE_FIELDS)?;
     let name_node = fields.require("name")?;
@@ -282,6 +289,10 @@ fn parse_rule<'n, 'a>(
         Some(n) => parse_max_wait(n)?,
         None => 0,
     };
+    let scope = match fields.get("scope") {
+        Some(n) => parse_scope(n, regions)?,
+        None => RuleScope::Region,
+    };
     let rule = Rule {
         name: Arc::from(name),
         methods,
@@ -294,6 +305,7 @@ fn parse_rule<'n, 'a>(
         failure_mode,
         mode,
         max_wait_ns,
+        scope,
     };
     Ok((rule, name_node))
 }

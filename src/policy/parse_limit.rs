@@ -1,8 +1,7 @@
 //! The limit settings of a rule: `limit`, `burst`, `algorithm`, per-plan limits, `cost` and
 //! `max_wait`, validated through [`Limit::new`] with errors at the offending value.
 
-use super::PolicyError;
-use super::parse::known_plan;
+use super::error::PolicyError;
 use super::rules::RuleLimit;
 use super::yaml::{self, Fields, Node, error_at};
 use crate::{
@@ -13,6 +12,22 @@ use crate::{
 pub const MAX_WAIT_NS: u64 = 10 * NANOS_PER_SEC;
 
 const PLAN_LIMIT_FIELDS: &[&str] = &["limit", "burst", "algorithm", "unlimited"];
+
+/// Checks that `name` is a declared plan.
+pub(super) fn known_plan(node: &Node<'_>, name: &str, plans: &[String]) -> Result<(), PolicyError> {
+    if plans.iter().any(|p| p == name) {
+        return Ok(());
+    }
+    let declared = if plans.is_empty() {
+        "none; list them under `plans:`".to_owned()
+    } else {
+        plans.join(", ")
+    };
+    Err(error_at(
+        node,
+        format!("unknown plan `{name}` (declared plans: {declared})"),
+    ))
+}
 
 pub(super) fn parse_algorithm(node: &Node<'_>) -> Result<Algorithm, PolicyError> {
     yaml::string(node, "`algorithm`")?

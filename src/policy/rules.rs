@@ -7,17 +7,9 @@ use std::sync::Arc;
 use super::client_ip::TrustedProxies;
 use super::pattern::PathPattern;
 use crate::Limit;
+pub use crate::check::FailureMode;
 use crate::limit::format_period;
-
-/// What to do with a rule's check when the limiter cannot decide it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub enum FailureMode {
-    /// Decide through the client's local fallback bucket: degraded, not gone. The default.
-    #[default]
-    Open,
-    /// Refuse the request (`503`): for limits that protect something, like logins.
-    Closed,
-}
+use crate::region::RegionName;
 
 /// Whether a rule's denials are enforced or only reported.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -78,6 +70,32 @@ impl KeyPart {
     }
 }
 
+/// Which regions a rule's limit spans (`scope:` in the rules file).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
+pub enum RuleScope {
+    /// One limit per region, decided in the gateway's region. The default.
+    #[default]
+    Region,
+    /// One limit shared by every region (see [`crate::region::Scope::Global`]).
+    Global,
+    /// Decided in the request's home region: its `home_region` attribute, else the `tenants:`
+    /// table's entry for its tenant; a request with neither is decided in its own region.
+    RequestHome,
+    /// Decided in this region, for every request.
+    Home(RegionName),
+}
+
+impl fmt::Display for RuleScope {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RuleScope::Region => f.write_str("region"),
+            RuleScope::Global => f.write_str("global"),
+            RuleScope::RequestHome => f.write_str("home"),
+            RuleScope::Home(region) => write!(f, "home:{region}"),
+        }
+    }
+}
+
 /// A rule's limit for some plan (or by default): a [`Limit`] or none at all.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RuleLimit {
@@ -111,6 +129,7 @@ pub struct Rule {
     pub(crate) failure_mode: FailureMode,
     pub(crate) mode: Mode,
     pub(crate) max_wait_ns: u64,
+    pub(crate) scope: RuleScope,
 }
 
 impl Rule {
@@ -221,6 +240,11 @@ impl Rule {
         self.max_wait_ns
     }
 
+    /// Which regions the rule's limit spans.
+    pub fn scope(&self) -> &RuleScope {
+        &self.scope
+    }
+
     /// One line: what the rule matches, its key and what it enforces.
     pub fn describe(&self) -> String {
         let methods = if self.methods.is_empty() {
@@ -261,6 +285,9 @@ impl Rule {
         if self.max_wait_ns > 0 {
             let _ = write!(line, "; waits up to {}", format_period(self.max_wait_ns));
         }
+        if self.scope != RuleScope::Region {
+            let _ = write!(line, "; scope {}", self.scope);
+        }
         line
     }
 }
@@ -277,14 +304,13 @@ pub struct Policy {
     pub(crate) api_keys: HashMap<String, String>,
     pub(crate) max_waiting: usize,
     pub(crate) trusted_proxies: TrustedProxies,
+    /// The deployment's regions (`regions:`); home regions must be among them.
+    pub(crate) regions: Vec<RegionName>,
+    /// Each tenant's home region (`tenants:`).
+    pub(crate) tenants: HashMap<String, RegionName>,
 }
 
 impl Policy {
-    /// Parses and validates a rules file (see `rules/example.yaml` for the schema).
-    pub fn from_yaml(text: &str) -> Result<Self, super::PolicyError> {
-        super::parse::parse_policy(text)
-    }
-
     /// A content hash of the file the policy was read from (16 hex digits of xxh3-64): two nodes
     /// with the same version enforce the same rules.
     pub fn version(&self) -> &str {
@@ -324,6 +350,22 @@ impl Policy {
         self.max_waiting
     }
 
+    /// The regions the file declares.
+    pub fn regions(&self) -> &[RegionName] {
+        &self.regions
+    }
+
+    /// The home region the `tenants:` table gives `tenant`, if any.
+    pub fn home_region_of_tenant(&self, tenant: &str) -> Option<&RegionName> {
+        self.tenants.get(tenant)
+    }
+
+    /// `text` as one of the declared regions, if it is one (a request's `home_region` is
+    /// believed only then).
+    pub fn declared_region(&self, text: &str) -> Option<&RegionName> {
+        self.regions.iter().find(|r| r.as_str() == text)
+    }
+
     /// Proxies whose `X-Forwarded-For` entries are believed (see [`super::client_ip()`]).
     pub fn trusted_proxies(&self) -> &TrustedProxies {
         &self.trusted_proxies
@@ -333,7 +375,7 @@ impl Policy {
     /// `floodgate rules check FILE` prints.
     pub fn describe(&self) -> String {
         let mut out = format!(
-            "policy {}: {} rules, plans [{}]{}, {} API keys, max {} waiting, {} trusted proxies\n",
+            "policy {}: {} rules, plans [{}]{}, {} API keys, max {} waiting, {} trusted proxies{}\n",
             self.version,
             self.rules.len(),
             self.plans.join(", "),
@@ -344,6 +386,16 @@ impl Policy {
             self.api_keys.len(),
             self.max_waiting,
             self.trusted_proxies.len(),
+            if self.regions.is_empty() {
+                String::new()
+            } else {
+                let names: Vec<&str> = self.regions.iter().map(RegionName::as_str).collect();
+                format!(
+                    ", regions [{}], {} tenants with a home region",
+                    names.join(", "),
+                    self.tenants.len()
+                )
+            },
         );
         for rule in &self.rules {
             out.push_str(&rule.describe());

@@ -5,33 +5,27 @@
 //!   long as the longest retry: then the request waits (and is checked again).
 //! - An enforced fail-closed rule the limiter could not decide makes the request unavailable
 //!   (`503`), unless a rule already denied it (a known denial is the more useful answer).
-//! - When the request does not pass, every check that consumed is listed for refund, so a
+//! - When the request does not pass, every check a node consumed is listed for refund, so a
 //!   request denied by one rule costs the other rules nothing, also across nodes.
 
 use std::sync::Arc;
 
 use super::engine::PlannedCheck;
 use super::rules::{FailureMode, Policy};
+pub use crate::check::Source;
+use crate::check::{DegradedReason, Verdict as CheckVerdict};
 use crate::{Algorithm, Decision, Limit, NANOS_PER_SEC};
 
 /// `Retry-After` of a `503` when the limiter was unreachable: long enough to not hammer it, short
 /// enough that clients come back soon after it recovers.
 pub const UNAVAILABLE_RETRY_AFTER_NS: u64 = NANOS_PER_SEC;
 
-/// Where a decision came from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Source {
-    /// The node that owns the key.
-    Node,
-    /// The client's local fallback bucket (the limiter was unreachable and the rule fails open).
-    Fallback,
-}
-
 /// What became of one planned check.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CheckOutcome {
     Decided {
         decision: Decision,
+        /// `Node`, or `Fallback` (a fail-closed check nobody decided is `Unreachable`).
         source: Source,
         /// Whether the bucket kept the cost. False for a denial, and for an allowed check whose
         /// all-or-nothing group was denied on the same node (nothing to refund).
@@ -51,12 +45,30 @@ impl CheckOutcome {
         }
     }
 
-    /// A local fallback bucket's decision; an allowed one consumed (locally).
-    pub fn fallback(decision: Decision) -> Self {
+    /// A local fallback bucket's decision, taken because of `reason`; an allowed one consumed
+    /// (locally).
+    pub fn fallback(decision: Decision, reason: DegradedReason) -> Self {
         CheckOutcome::Decided {
             decision,
-            source: Source::Fallback,
+            source: Source::Fallback(reason),
             consumed: decision.is_allowed(),
+        }
+    }
+
+    /// The outcome of a check the client decided as part of an all-or-nothing group:
+    /// `group_passed` when every check of the group was allowed. A group that did not pass
+    /// consumed nothing (the node undid it; the fallback only peeked). A fail-closed check
+    /// nobody decided is `Unreachable`: the verdict turns an enforced one into a `503`.
+    pub fn of_group_member(verdict: CheckVerdict, group_passed: bool) -> Self {
+        let outcome = match verdict.source {
+            Source::Node => CheckOutcome::node(verdict.decision),
+            Source::Fallback(reason) => CheckOutcome::fallback(verdict.decision, reason),
+            Source::FailClosed(_) => return CheckOutcome::Unreachable,
+        };
+        if group_passed {
+            outcome
+        } else {
+            outcome.rolled_back()
         }
     }
 
@@ -118,7 +130,8 @@ pub struct RuleReport {
     /// Time until more quota is available: the retry time for a denial, the next unit's refill
     /// for an allowed GCRA check, the window's reset for the window algorithms.
     pub more_after_ns: Option<u64>,
-    /// The check consumed but the request does not pass: give it back.
+    /// A node kept the check's cost but the request does not pass: give it back. What a local
+    /// fallback bucket took is not refunded: it is local, approximate and short-lived.
     pub refund: bool,
     /// The request's plan is not declared: this rule's limit came from its default (see
     /// [`super::Rule::limit_for_unknown_plan`]).
@@ -187,7 +200,14 @@ pub fn verdict(planned: &[PlannedCheck], outcomes: &[CheckOutcome]) -> Verdict {
     };
     if action != Action::Allow {
         for (report, outcome) in rules.iter_mut().zip(outcomes) {
-            report.refund = matches!(outcome, CheckOutcome::Decided { consumed: true, .. });
+            report.refund = matches!(
+                outcome,
+                CheckOutcome::Decided {
+                    consumed: true,
+                    source: Source::Node,
+                    ..
+                }
+            );
         }
     }
     Verdict { action, rules }
@@ -267,8 +287,9 @@ impl Verdict {
         })
     }
 
-    /// The planned checks whose consumption must be given back because the request does not
-    /// pass (empty when it does). `planned` is the slice the verdict was computed from.
+    /// The planned checks whose consumption a node must give back because the request does not
+    /// pass (empty when it does; see [`RuleReport::refund`]). `planned` is the slice the verdict
+    /// was computed from.
     pub fn refunds<'p>(&self, planned: &'p [PlannedCheck]) -> Vec<&'p PlannedCheck> {
         planned
             .iter()

@@ -8,13 +8,14 @@
 use saphyr::{LoadableYamlNode, MarkedYaml, Scalar, YamlData};
 use saphyr_parser::{Event, Marker, Parser, ScanError};
 
-use super::PolicyError;
+use super::error::PolicyError;
 
 /// A YAML node with its position.
 pub(crate) type Node<'a> = MarkedYaml<'a>;
 
-/// Largest rules file accepted: a policy is a few hundred rules, not megabytes.
-pub const MAX_RULES_FILE_BYTES: usize = 1 << 20;
+/// Largest rules file accepted: a policy is a few hundred rules, not megabytes, and nodes hand
+/// the file to clients whole, in one policy message.
+pub const MAX_RULES_FILE_BYTES: usize = crate::wire::MAX_POLICY_TEXT_BYTES;
 /// Deepest nesting of mappings and sequences; the schema needs 4.
 const MAX_DEPTH: usize = 16;
 

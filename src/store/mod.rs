@@ -13,6 +13,7 @@
 //! shard is denying, the new key's check fails with [`StoreError::Full`] (counted) rather than
 //! forgetting someone who is being limited.
 
+mod remote;
 mod shard;
 pub mod snapshot;
 mod table;
@@ -21,6 +22,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use parking_lot::{RwLock, RwLockWriteGuard};
 
+pub use self::remote::RemoteUse;
 pub use self::shard::{BucketState, BucketValue};
 use self::shard::{Shard, Undo};
 use crate::{BucketKey, Decision, Limit};

@@ -15,21 +15,21 @@ use crate::{Algorithm, BucketKey, Decision, Limit, MAX_PERIOD_NS};
 /// A fixed- or sliding-window bucket. The small mutex is uncontended except on one hot key.
 #[derive(Debug)]
 pub(super) struct WindowEntry {
-    hash: u64,
-    check: u32,
-    slot: Mutex<(Limit, WindowState)>,
+    pub(super) hash: u64,
+    pub(super) check: u32,
+    pub(super) slot: Mutex<(Limit, WindowState)>,
     /// Changed since the last replication round.
-    dirty: AtomicBool,
+    pub(super) dirty: AtomicBool,
 }
 
 /// A sliding-log bucket (at most `SLIDING_LOG_MAX_LIMIT` timestamps).
 #[derive(Debug)]
 pub(super) struct LogEntry {
-    hash: u64,
-    check: u32,
-    slot: Mutex<(Limit, SlidingLog)>,
+    pub(super) hash: u64,
+    pub(super) check: u32,
+    pub(super) slot: Mutex<(Limit, SlidingLog)>,
     /// Changed since the last replication round.
-    dirty: AtomicBool,
+    pub(super) dirty: AtomicBool,
 }
 
 /// What to restore to take back an admission (multi-checks that end up denied).
@@ -49,11 +49,11 @@ pub(super) enum Undo {
 #[derive(Debug, Default)]
 pub(super) struct Shard {
     pub(super) gcra: GcraTable,
-    windows: HashTable<WindowEntry>,
-    logs: HashTable<LogEntry>,
+    pub(super) windows: HashTable<WindowEntry>,
+    pub(super) logs: HashTable<LogEntry>,
 }
 
-fn same<'a, E: Identified>(key: BucketKey) -> impl Fn(&E) -> bool + 'a {
+pub(super) fn same<'a, E: Identified>(key: BucketKey) -> impl Fn(&E) -> bool + 'a {
     move |e| e.hash() == key.hash && e.check() == key.check
 }
 
@@ -408,7 +408,7 @@ impl Shard {
     /// non-denying buckets closest to expiry (about 1/16 of the shard at once, so the scan is
     /// amortised). A bucket that is denying is never evicted: when every bucket is denying, the
     /// new key is refused with [`StoreError::Full`] instead of silently resetting someone.
-    fn make_room(&mut self, now_ns: u64, stats: &StoreStats) -> Result<(), StoreError> {
+    pub(super) fn make_room(&mut self, now_ns: u64, stats: &StoreStats) -> Result<(), StoreError> {
         let expired = self.forget_expired(now_ns);
         stats.expired.fetch_add(expired as u64, Ordering::Relaxed);
         if expired > 0 {
@@ -493,7 +493,7 @@ fn plausible_tat(tat_ns: u64, margin_ms: u32, now_ns: u64) -> u64 {
 /// counts are rebased to windows of the new period by absolute time (see
 /// [`WindowState::rebase`]), never read as indices of another period. Fixed and sliding windows
 /// share their counts (a count per window means the same in both). True when it changed.
-fn adopt_limit(slot: &mut (Limit, WindowState), limit: &Limit, now_ns: u64) -> bool {
+pub(super) fn adopt_limit(slot: &mut (Limit, WindowState), limit: &Limit, now_ns: u64) -> bool {
     if slot.0 == *limit {
         return false;
     }
@@ -549,7 +549,7 @@ impl BucketKey {
     }
 }
 
-fn margin_ns(limit: &Limit) -> u64 {
+pub(super) fn margin_ns(limit: &Limit) -> u64 {
     (limit.burst() - 1) * limit.interval_ns()
 }
 
@@ -604,7 +604,7 @@ enum Family {
 }
 
 /// What expiry and eviction need to know of any bucket.
-trait Identified {
+pub(super) trait Identified {
     fn hash(&self) -> u64;
     fn check(&self) -> u32;
     /// Time until the bucket is full again (0 = expired).

@@ -226,6 +226,14 @@ pub fn decode_check_batch(
     limits: &WireLimits,
 ) -> Result<Vec<Vec<ValidCheck>>, Refusal> {
     let batch = access_validated::<ArchivedCheckBatch>(payload, "check batch")?;
+    decode_groups(batch, limits)
+}
+
+/// Validates and converts the groups of an archived check batch.
+pub(crate) fn decode_groups(
+    batch: &ArchivedCheckBatch,
+    limits: &WireLimits,
+) -> Result<Vec<Vec<ValidCheck>>, Refusal> {
     let total: usize = batch.groups.iter().map(|g| g.len()).sum();
     if total > limits.max_batch {
         return Err((

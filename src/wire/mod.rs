@@ -17,6 +17,7 @@ mod cluster_messages;
 mod frame;
 mod messages;
 mod policy_messages;
+mod region_messages;
 
 pub use cluster_messages::{
     HandoffPart, MAX_HANDOFF_PARTS, MAX_MEMBER_FIELD_BYTES, MAX_WIRE_TAT_NS, ReplicateMessage,
@@ -32,6 +33,11 @@ pub use messages::{
 pub use policy_messages::{
     MAX_POLICY_TEXT_BYTES, PolicyMessage, PolicyRequest, decode_policy_message,
     decode_policy_request,
+};
+pub use region_messages::{
+    MAX_WIRE_DELTA_AT_NS, MAX_WIRE_DELTAS, MAX_WIRE_NODE_ID_BYTES, RegionAckMessage,
+    RegionDeltasMessage, ScopedCheckBatch, WireDelta, WireScope, decode_region_ack,
+    decode_region_deltas, decode_scoped_check_batch,
 };
 
 /// First two bytes of every frame.
@@ -72,6 +78,14 @@ pub enum FrameKind {
     /// Node → node: an [`crate::cluster::IdConflict`]: the receiver gossiped an id another
     /// live node holds at another address.
     IdConflict = 11,
+    /// Client → node: a [`ScopedCheckBatch`], a check batch with each check's scope (region,
+    /// global, home). Kind 1 stays the batch of `region` checks.
+    ScopedCheckBatch = 12,
+    /// Node → node: a [`RegionDeltasMessage`], units of global keys admitted in the sender's
+    /// region for the owner of the same keys in another region.
+    RegionDeltas = 13,
+    /// Node → node: a [`RegionAckMessage`], which region deltas the receiver applied.
+    RegionAck = 14,
 }
 
 impl FrameKind {
@@ -88,26 +102,32 @@ impl FrameKind {
             9 => Some(FrameKind::Policy),
             10 => Some(FrameKind::ForwardedCheckBatch),
             11 => Some(FrameKind::IdConflict),
+            12 => Some(FrameKind::ScopedCheckBatch),
+            13 => Some(FrameKind::RegionDeltas),
+            14 => Some(FrameKind::RegionAck),
             _ => None,
         }
     }
 
     /// True for the kinds only another node may send (gossip, replication, forwarded checks,
-    /// id conflicts): the receiver closes a connection without a peer certificate that sends
+    /// id conflicts, region deltas and their acknowledgements): the receiver closes a connection without a peer certificate that sends
     /// one, with [`ErrorCode::Forbidden`]. Every kind must decide here.
     pub fn peer_only(self) -> bool {
         match self {
             FrameKind::Gossip
             | FrameKind::Replicate
             | FrameKind::ForwardedCheckBatch
-            | FrameKind::IdConflict => true,
+            | FrameKind::IdConflict
+            | FrameKind::RegionDeltas
+            | FrameKind::RegionAck => true,
             FrameKind::CheckBatch
             | FrameKind::DecisionBatch
             | FrameKind::Error
             | FrameKind::TableRequest
             | FrameKind::SlotTable
             | FrameKind::PolicyRequest
-            | FrameKind::Policy => false,
+            | FrameKind::Policy
+            | FrameKind::ScopedCheckBatch => false,
         }
     }
 }

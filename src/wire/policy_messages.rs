@@ -10,8 +10,8 @@ use rkyv::{Archive, Deserialize, Serialize};
 use super::ErrorCode;
 use super::messages::Refusal;
 
-/// Largest rules text a node sends or a client accepts (the core's `MAX_RULES_FILE_BYTES`).
-pub const MAX_POLICY_TEXT_BYTES: usize = crate::policy::MAX_RULES_FILE_BYTES;
+/// Largest rules text a node sends or a client accepts, and so the largest rules file.
+pub const MAX_POLICY_TEXT_BYTES: usize = 1 << 20;
 
 /// Client → node: "send the rules if they are not `version`" (empty: the client has none).
 #[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq, Default)]

@@ -1,10 +1,14 @@
 //! Shared helpers of the policy tests: a bucket store, requests, and deciding planned checks
-//! the way the client will (per node, or as all-or-nothing groups).
+//! the way the client does (the core's `group_by_owner` and `RoundOutcomes`), with each call
+//! decided all-or-nothing by the store as a node decides it.
 #![allow(dead_code)] // each test file uses some of them
 
 use std::net::IpAddr;
 
-use floodgate::policy::{CheckOutcome, PlannedCheck, Policy, RequestAttributes, Verdict};
+use floodgate::check::{Source, Verdict as CheckVerdict};
+use floodgate::policy::{
+    CheckOutcome, PlannedCheck, Policy, RequestAttributes, RoundOutcomes, Verdict, group_by_owner,
+};
 use floodgate::{BucketStore, Decision, NANOS_PER_SEC, StoreConfig};
 
 pub const S: u64 = NANOS_PER_SEC;
@@ -39,33 +43,48 @@ pub fn hold(user: &str) -> RequestAttributes<'_> {
 
 /// Each check on its own, as if every key lived on a different node.
 pub fn decide_each(store: &BucketStore, planned: &[PlannedCheck], now: u64) -> Vec<CheckOutcome> {
-    planned
-        .iter()
-        .map(|p| CheckOutcome::node(store.check(p.bucket_key(), &p.limit, p.cost, now).unwrap()))
-        .collect()
+    let mut keys: Vec<Vec<u8>> = Vec::new();
+    decide(store, planned, now, |key| {
+        keys.iter().position(|k| k == key).unwrap_or_else(|| {
+            keys.push(key.to_vec());
+            keys.len() - 1
+        })
+    })
 }
 
-/// The enforced checks as one all-or-nothing group on one node, the shadow checks as another:
-/// a shadow denial must not undo the enforced checks of a request it does not deny.
+/// Every key on one node: the enforced checks as one all-or-nothing group, each shadow check
+/// alone (a shadow denial must not undo the enforced checks of a request it does not deny).
 pub fn decide_group(store: &BucketStore, planned: &[PlannedCheck], now: u64) -> Vec<CheckOutcome> {
-    let mut outcomes = vec![CheckOutcome::Unreachable; planned.len()];
-    for shadow in [false, true] {
-        let group: Vec<usize> = (0..planned.len())
-            .filter(|&i| planned[i].shadow == shadow)
+    decide(store, planned, now, |_| 0)
+}
+
+/// Decides `planned` as the client does, with `owner_of` saying which node owns a key: one call
+/// per group of [`group_by_owner`], each decided all-or-nothing by `store`.
+pub fn decide(
+    store: &BucketStore,
+    planned: &[PlannedCheck],
+    now: u64,
+    owner_of: impl FnMut(&[u8]) -> usize,
+) -> Vec<CheckOutcome> {
+    let mut round = RoundOutcomes::new(planned.len());
+    for group in group_by_owner(planned, owner_of) {
+        let checks: Vec<_> = group
+            .members
+            .iter()
+            .map(|&i| planned[i].store_check())
             .collect();
-        let checks: Vec<_> = group.iter().map(|&i| planned[i].store_check()).collect();
         let mut decisions = Vec::new();
-        let passed = store.check_all(&checks, now, &mut decisions).unwrap();
-        for (&i, decision) in group.iter().zip(decisions) {
-            let outcome = CheckOutcome::node(decision);
-            outcomes[i] = if passed {
-                outcome
-            } else {
-                outcome.rolled_back()
-            };
-        }
+        store.check_all(&checks, now, &mut decisions).unwrap();
+        let verdicts: Vec<CheckVerdict> = decisions
+            .into_iter()
+            .map(|decision| CheckVerdict {
+                decision,
+                source: Source::Node,
+            })
+            .collect();
+        round.add(&group, Some(&verdicts));
     }
-    outcomes
+    round.outcomes
 }
 
 pub fn request(

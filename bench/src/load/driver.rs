@@ -11,7 +11,8 @@ use parking_lot::Mutex;
 use rand::SeedableRng;
 use rand::rngs::SmallRng;
 
-use super::target::{Outcome, Target};
+use super::outcome::Outcome;
+use super::target::Target;
 use super::workload::KeyGen;
 
 /// Most requests in flight in an open-loop step; beyond it the target is saturated and the step

@@ -11,6 +11,7 @@
 //! folder.
 
 mod driver;
+mod outcome;
 mod process;
 mod report;
 mod rls;
@@ -25,9 +26,10 @@ use anyhow::Context;
 use floodgate::{Limit, NANOS_PER_SEC};
 use indicatif::{ProgressBar, ProgressStyle};
 
+pub use outcome::Outcome;
 pub use process::{Server, default_redis_cell_module, start_redis};
 pub use report::Record;
-pub use target::{Outcome, Target};
+pub use target::Target;
 pub use workload::{KeySpread, Workload};
 
 #[derive(Debug, Clone, clap::Args)]

@@ -14,7 +14,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::R
 use floodgate::{Algorithm, Limit, NANOS_PER_SEC};
 use tonic::transport::{Channel, Endpoint};
 
-use super::target::Outcome;
+use super::outcome::Outcome;
 
 /// The domain of the configuration the harness writes.
 pub const DOMAIN: &str = "bench";

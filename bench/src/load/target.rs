@@ -10,6 +10,8 @@ use anyhow::Context;
 use floodgate::{Limit, NANOS_PER_SEC};
 use floodgate_client::{Check, Client, ClientConfig, Source};
 
+use super::outcome::Outcome;
+
 /// The classic token bucket, extended from one key to all of `KEYS` all-or-nothing (so a
 /// 3-check request means the same as floodgate's group): HMGET tokens/ts, refill, and only if
 /// every key has the tokens, HSET and PEXPIRE each. ARGV: rate per ms, burst, now (ms), cost.
@@ -35,15 +37,6 @@ for i, key in ipairs(KEYS) do
 end
 return 1
 "#;
-
-/// Outcome of one request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Outcome {
-    Allowed,
-    Denied,
-    /// Decided by the client's failure mode, not the server: counted, never hidden.
-    Degraded,
-}
 
 pub enum Target {
     Floodgate {

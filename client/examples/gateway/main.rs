@@ -76,7 +76,7 @@ struct Flags {
     rules_cache: Option<PathBuf>,
     /// Log lines as `text` or `json` (one object per line), on stderr; `RUST_LOG` filters them
     /// (default `info`).
-    #[arg(long, value_enum, default_value_t = LogFormat::Text)]
+    #[arg(long, default_value_t = LogFormat::Text)]
     log_format: LogFormat,
 }
 

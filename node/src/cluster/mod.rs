@@ -22,11 +22,10 @@ use std::time::Duration;
 
 use floodgate::cluster::ownership::{Ownership, OwnershipConfig};
 use floodgate::cluster::{MemberInfo, Membership, SlotTable};
-use floodgate::{BucketStore, Clock};
+use floodgate::{BucketStore, Clock, EpochClock};
 use parking_lot::Mutex;
 use tokio::sync::watch;
 
-use crate::clock::NodeClock;
 use crate::member_log::MemberLog;
 use crate::metrics::ClusterMetrics;
 
@@ -67,7 +66,7 @@ pub(crate) struct Cluster {
     bucket_bytes_per_frame: usize,
     /// The buckets replicated and handed off, and where merged ones go.
     store: Arc<BucketStore>,
-    clock: NodeClock,
+    clock: EpochClock,
     metrics: ClusterMetrics,
     /// The machine's join phase, mirrored for the per-check look (set false only after the real
     /// table is published, so a check that sees the node joined also sees that table).
@@ -100,7 +99,7 @@ impl Cluster {
         endpoint: quinn::Endpoint,
         peer_config: crate::tls::PeerClientConfigs,
         store: Arc<BucketStore>,
-        clock: NodeClock,
+        clock: EpochClock,
         metrics: ClusterMetrics,
     ) -> Self {
         let now_ns = clock.now_ns();
@@ -277,7 +276,7 @@ pub(super) mod tests {
                 seeds: quinn::ClientConfig::new(quic),
             },
             Arc::new(BucketStore::new(floodgate::StoreConfig::default()).unwrap()),
-            crate::clock::NodeClock::new(),
+            floodgate::EpochClock::start(),
             crate::metrics::NodeMetrics::register().cluster(),
         )
     }

@@ -17,14 +17,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use anyhow::Context;
-use floodgate::BucketStore;
 use floodgate::wire::ErrorCode;
+use floodgate::{BucketStore, EpochClock};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
 use crate::admission::Allowance;
 use crate::budget::BufferBudget;
-use crate::clock::NodeClock;
 use crate::cluster::Cluster;
 use crate::config::NodeConfig;
 use crate::metrics::NodeMetrics;
@@ -78,7 +77,7 @@ impl Node {
             .as_deref()
             .map(crate::rules::RulesHandle::load)
             .transpose()?;
-        let clock = NodeClock::new();
+        let clock = EpochClock::start();
         let peer_config = tls::peer_client_configs(&config.tls)?;
         let metrics = NodeMetrics::register();
         let store = Arc::new(store);

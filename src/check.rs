@@ -1,32 +1,34 @@
-//! What a caller sends (`Check`, `FailureMode`) and gets back (`Verdict`, `Source`).
+//! A check as a caller asks it ([`Check`]) and the answer it gets ([`Verdict`]): the decision and
+//! who made it ([`Source`]), with the reason when no node did ([`DegradedReason`]).
+//!
+//! The client sends these; the policy turns verdicts into its [`crate::policy::CheckOutcome`]s.
+//! [`crate::Check`] is the store's form of a check (a hashed [`crate::BucketKey`], no failure
+//! mode), what a node or a fallback store decides in the end.
 
-use floodgate::wire::ErrorCode;
-use floodgate::{Decision, Limit};
+use crate::wire::ErrorCode;
+use crate::{Decision, Limit};
 
-use crate::error::ErrorKind;
-
-/// What to do with a check when no node can decide it.
+/// What to do with a check when no node can decide it (a rule's `failure_mode:`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum FailureMode {
-    /// Decide locally through a fallback bucket with the same limit: degraded, not gone. The
-    /// default, because a limiter outage should not become an API outage.
+    /// Decide through the client's local fallback bucket: degraded, not gone. The default.
     #[default]
     Open,
-    /// Deny: for limits that protect something (logins, payments) where letting traffic through
-    /// unchecked is worse than refusing it.
+    /// Refuse: for limits that protect something, like logins (a gateway answers `503`).
     Closed,
 }
 
 /// One rate-limit check: consume `cost` from the bucket of `key` under `limit`.
 ///
 /// The key bytes are the bucket's whole identity on the node, so callers put the rule's name in
-/// them (e.g. `b"login:ip:203.0.113.9"`); at most [`crate::MAX_KEY_BYTES`] bytes.
+/// them (e.g. `b"login:ip:203.0.113.9"`); at most [`crate::policy::MAX_KEY_BYTES`] bytes.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Check {
     pub key: Vec<u8>,
     pub limit: Limit,
     /// Units to consume; 0 peeks without consuming.
     pub cost: u64,
+    /// What to do when no node can decide it.
     pub failure_mode: FailureMode,
 }
 
@@ -67,18 +69,6 @@ pub enum DegradedReason {
     Refused(ErrorCode),
     /// The node's answer broke the protocol (wrong count, bad frame); the stream was dropped.
     Protocol,
-}
-
-impl DegradedReason {
-    pub fn kind(self) -> ErrorKind {
-        match self {
-            DegradedReason::Timeout | DegradedReason::Backlog => ErrorKind::Timeout,
-            DegradedReason::Unreachable
-            | DegradedReason::CircuitOpen
-            | DegradedReason::Protocol => ErrorKind::Unreachable,
-            DegradedReason::Refused(_) => ErrorKind::Rejected,
-        }
-    }
 }
 
 impl std::fmt::Display for DegradedReason {

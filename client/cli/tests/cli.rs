@@ -2,6 +2,7 @@
 //!
 //! 0 allow, 1 deny, 2 error (bad `--limit`, unreachable node, refused certificate).
 
+#[path = "../../tests/common/mod.rs"]
 mod common;
 
 use std::process::{Command, Output};

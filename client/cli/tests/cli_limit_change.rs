@@ -5,6 +5,7 @@
 //!
 //! No sleeps: the runs go back to back, and every bound asserted holds whenever they run.
 
+#[path = "../../tests/common/mod.rs"]
 mod common;
 
 use std::process::{Command, Output};

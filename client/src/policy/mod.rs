@@ -12,35 +12,33 @@
 //! applies meanwhile. [`RateLimiter::policy_source`] says where the rules in force came from, and
 //! the switch to a node's rules is logged.
 //!
-//! All-or-nothing across rules: the enforced checks of a request are decided as one group per
-//! owning node (one group when every key lives on one node, which the node decides atomically);
-//! when they span nodes and the request does not pass, what the other nodes took is refunded
-//! before the answer is returned. Shadow checks are decided apart (each alone), so a shadow
-//! denial never undoes an enforced check.
+//! All-or-nothing across rules: the core groups a request's checks into calls, one per owning
+//! node, each shadow check alone ([`floodgate::policy::grouping`]); when they span nodes and the
+//! request does not pass, what the other nodes took is refunded before the answer is returned.
 
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+mod feed;
+
+use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
+use floodgate::check::{Check, Verdict as CheckVerdict};
 use floodgate::policy::{
-    self, Action, CheckOutcome, HttpResponse, PlannedCheck, Policy, RequestAttributes, Verdict,
-    WaitBound, client_ip,
+    self, Action, CheckGroup, HttpResponse, PlannedCheck, Policy, RequestAttributes, RoundOutcomes,
+    Verdict, WaitBound, client_ip,
 };
-use floodgate::wire::{
-    FrameKind, FrameReader, PolicyMessage, PolicyRequest, decode_error_frame,
-    decode_policy_message, encode_message,
-};
+use floodgate::wire::PolicyMessage;
 use parking_lot::Mutex;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
+use self::feed::PolicyFetcher;
+pub use self::feed::fetch_policy;
 use crate::address::HostPort;
 use crate::client::Client;
 use crate::config::ClientConfig;
 use crate::error::ClientError;
-use crate::verdict::{Check, FailureMode, Source, Verdict as CheckVerdict, all_allowed};
-use crate::{link, tls};
 
 /// How the limiter keeps its policy.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -115,6 +113,7 @@ impl RequestInfo {
             api_key: self.api_key.as_deref(),
             tenant: self.tenant.as_deref(),
             plan: self.plan.as_deref(),
+            home_region: None,
         }
     }
 }
@@ -368,119 +367,52 @@ impl RateLimiter {
             return (policy.verdict(planned, &[]), 0);
         }
         let client = &self.inner.client;
-        // Enforced checks: one group per owning node. Shadow checks: each alone.
-        let mut groups: Vec<(Option<usize>, Vec<usize>)> = Vec::new();
-        for (i, check) in planned.iter().enumerate() {
-            if check.shadow {
-                groups.push((None, vec![i]));
-                continue;
-            }
-            let owner = client.owner_of(&check.key);
-            match groups.iter_mut().find(|(o, _)| *o == Some(owner)) {
-                Some((_, members)) => members.push(i),
-                None => groups.push((Some(owner), vec![i])),
-            }
+        let groups = policy::group_by_owner(planned, |key| client.owner_of(key));
+        let answers = run_calls(client, &groups).await;
+        let mut round = RoundOutcomes::new(planned.len());
+        for (group, answer) in groups.iter().zip(&answers) {
+            // A refused call (never expected: keys and limits come from a valid policy) leaves
+            // its checks unreachable.
+            round.add(group, answer.as_deref().ok());
         }
-        let calls: Vec<(Vec<usize>, Vec<Check>)> = groups
-            .into_iter()
-            .map(|(_, members)| {
-                let checks = members.iter().map(|&i| to_check(&planned[i])).collect();
-                (members, checks)
-            })
-            .collect();
-        let answers = run_calls(client, calls).await;
-        let mut outcomes = vec![CheckOutcome::Unreachable; planned.len()];
-        let mut fallbacks = 0;
-        for (members, answer) in answers {
-            let Ok(verdicts) = answer else {
-                // A refused call (never expected: keys and limits come from a valid policy).
-                fallbacks += members.len();
-                continue;
-            };
-            // A group that did not pass as a whole consumed nothing (the node undid it; the
-            // fallback only peeked).
-            let group_passed = all_allowed(&verdicts);
-            for (&i, v) in members.iter().zip(&verdicts) {
-                fallbacks += usize::from(v.source != Source::Node);
-                outcomes[i] = to_outcome(v, group_passed);
-            }
-        }
-        let verdict = policy.verdict(planned, &outcomes);
-        let refunds: Vec<Check> = planned
-            .iter()
-            .zip(&verdict.rules)
-            .zip(&outcomes)
-            .filter(|((_, report), outcome)| {
-                report.refund
-                    && matches!(
-                        outcome,
-                        CheckOutcome::Decided {
-                            source: policy::Source::Node,
-                            ..
-                        }
-                    )
-            })
-            .map(|((check, _), _)| to_check(check))
-            .collect();
+        let verdict = policy.verdict(planned, &round.outcomes);
+        let refunds: Vec<Check> = verdict.refunds(planned).iter().map(|p| p.check()).collect();
         if !refunds.is_empty() {
             // Before answering, so the next request sees the other rules' buckets as they were.
-            // Fallback buckets are not refunded: they are local, approximate and short-lived.
             let _ = client.refund(&refunds).await;
         }
+        let fallbacks = round.not_by_node;
         (verdict, fallbacks)
     }
 }
 
-/// Decides each call (concurrently when there are several).
+/// Decides each call, concurrently when there are several; the answers in the calls' order.
 async fn run_calls(
     client: &Client,
-    calls: Vec<(Vec<usize>, Vec<Check>)>,
-) -> Vec<(Vec<usize>, Result<Vec<CheckVerdict>, ClientError>)> {
-    if calls.len() == 1 {
-        let mut calls = calls;
-        let (members, checks) = calls.remove(0);
-        let answer = client.check(&checks).await;
-        return vec![(members, answer)];
+    groups: &[CheckGroup],
+) -> Vec<Result<Vec<CheckVerdict>, ClientError>> {
+    if let [group] = groups {
+        return vec![client.check(&group.checks).await];
     }
     let mut set = JoinSet::new();
-    for (members, checks) in calls {
-        let client = client.clone();
-        set.spawn(async move {
-            let answer = client.check(&checks).await;
-            (members, answer)
-        });
+    for (i, group) in groups.iter().enumerate() {
+        let (client, checks) = (client.clone(), group.checks.clone());
+        set.spawn(async move { (i, client.check(&checks).await) });
     }
-    let mut answers = Vec::new();
+    // A call task only panics if the runtime is shutting down; its checks stay unreachable.
+    let mut answers: Vec<Result<Vec<CheckVerdict>, ClientError>> = (0..groups.len())
+        .map(|_| {
+            Err(ClientError::Unavailable(
+                "the call did not finish".to_owned(),
+            ))
+        })
+        .collect();
     while let Some(joined) = set.join_next().await {
-        // A call task only panics if the runtime is shutting down; its checks stay unreachable.
-        if let Ok(answer) = joined {
-            answers.push(answer);
+        if let Ok((i, answer)) = joined {
+            answers[i] = answer;
         }
     }
     answers
-}
-
-fn to_check(planned: &PlannedCheck) -> Check {
-    Check::new(planned.key.clone(), planned.limit)
-        .cost(planned.cost)
-        .failure_mode(match planned.failure_mode {
-            policy::FailureMode::Open => FailureMode::Open,
-            policy::FailureMode::Closed => FailureMode::Closed,
-        })
-}
-
-fn to_outcome(verdict: &CheckVerdict, group_passed: bool) -> CheckOutcome {
-    let outcome = match verdict.source {
-        Source::Node => CheckOutcome::node(verdict.decision),
-        Source::Fallback(_) => CheckOutcome::fallback(verdict.decision),
-        // Nobody decided: the policy turns an enforced fail-closed rule into a 503.
-        Source::FailClosed(_) => return CheckOutcome::Unreachable,
-    };
-    if group_passed {
-        outcome
-    } else {
-        outcome.rolled_back()
-    }
 }
 
 impl Inner {
@@ -588,125 +520,6 @@ async fn refresh(
     fetcher.close().await;
 }
 
-/// Fetches rules over its own small QUIC connection, so rule traffic never queues behind checks
-/// (and the check path's streams stay as they are). Tries the nodes in turn; a node given by
-/// name is resolved again for each new connection.
-#[derive(Debug)]
-struct PolicyFetcher {
-    nodes: Vec<HostPort>,
-    endpoint: quinn::Endpoint,
-    /// An address of the family the endpoint's socket is bound for.
-    family: SocketAddr,
-    /// The address the current connection was made to.
-    connected_to: Option<SocketAddr>,
-    server_name: Option<String>,
-    timeout: Duration,
-    conn: Option<quinn::Connection>,
-    next: usize,
-    request_id: u64,
-}
-
-impl PolicyFetcher {
-    fn new(nodes: Vec<HostPort>, config: &ClientConfig) -> Result<Self, ClientError> {
-        let quic = tls::quinn_config(config)?;
-        // A name is dialed IPv4 first: an IPv4 socket unless the first node is an IPv6 address.
-        let family = nodes
-            .first()
-            .and_then(HostPort::socket_addr)
-            .unwrap_or((Ipv4Addr::LOCALHOST, 0).into());
-        let endpoint = link::endpoint_for(family, quic)?;
-        Ok(PolicyFetcher {
-            nodes,
-            endpoint,
-            family,
-            connected_to: None,
-            server_name: config.server_name.clone(),
-            timeout: config.connect_timeout.max(Duration::from_millis(500)),
-            conn: None,
-            next: 0,
-            request_id: 0,
-        })
-    }
-
-    /// The node's answer to "I have `version`", and which node answered.
-    async fn fetch(&mut self, version: &str) -> Result<(PolicyMessage, SocketAddr), String> {
-        let node = self.nodes.get(self.next).cloned();
-        let attempt = tokio::time::timeout(self.timeout, self.try_fetch(version)).await;
-        let result = attempt.unwrap_or_else(|_| match node {
-            Some(node) => Err(format!("{node}: no answer within {:?}", self.timeout)),
-            None => Err("no nodes".to_owned()),
-        });
-        let result = result.and_then(|message| Ok((message, self.connected_to.ok_or("no nodes")?)));
-        if result.is_err() {
-            // Next time, a fresh connection to the next node.
-            if let Some(conn) = self.conn.take() {
-                conn.close(0u32.into(), b"policy fetch failed");
-            }
-            self.next = (self.next + 1) % self.nodes.len().max(1);
-        }
-        result
-    }
-
-    async fn try_fetch(&mut self, version: &str) -> Result<PolicyMessage, String> {
-        if self
-            .conn
-            .as_ref()
-            .is_none_or(|c| c.close_reason().is_some())
-        {
-            let node = self.nodes.get(self.next).ok_or("no nodes")?;
-            let addr = crate::address::resolve_like(node, self.family, self.timeout).await?;
-            let server_name = self
-                .server_name
-                .clone()
-                .unwrap_or_else(|| node.host().to_owned());
-            let connecting = self
-                .endpoint
-                .connect(addr, &server_name)
-                .map_err(|e| format!("{node}: {e}"))?;
-            self.conn = Some(connecting.await.map_err(|e| format!("{node}: {e}"))?);
-            self.connected_to = Some(addr);
-        }
-        let conn = self.conn.as_ref().ok_or("no connection")?;
-        let (mut send, mut recv) = conn.open_bi().await.map_err(|e| e.to_string())?;
-        self.request_id += 1;
-        let mut frame = Vec::new();
-        encode_message(
-            &mut frame,
-            FrameKind::PolicyRequest,
-            self.request_id,
-            &PolicyRequest {
-                version: version.to_owned(),
-            },
-        );
-        send.write_all(&frame).await.map_err(|e| e.to_string())?;
-        // Finishing the stream makes the node answer, then finish its side.
-        send.finish().map_err(|e| e.to_string())?;
-        let max = floodgate::wire::MAX_POLICY_TEXT_BYTES + 4_096;
-        let bytes = recv.read_to_end(max).await.map_err(|e| e.to_string())?;
-        let mut reader = FrameReader::new(max);
-        reader.extend(&bytes);
-        let frame = reader
-            .next_frame()
-            .map_err(|e| e.to_string())?
-            .ok_or("the node sent no answer")?;
-        match frame.kind {
-            FrameKind::Policy => decode_policy_message(&frame.payload).map_err(|(_, m)| m),
-            FrameKind::Error => Err(decode_error_frame(&frame.payload)
-                .map(|e| format!("the node refused: {}", e.message))
-                .unwrap_or_else(|(_, m)| m)),
-            other => Err(format!("the node answered {other:?}")),
-        }
-    }
-
-    async fn close(&mut self) {
-        if let Some(conn) = self.conn.take() {
-            conn.close(0u32.into(), b"client closed");
-        }
-        self.endpoint.close(0u32.into(), b"client closed");
-        let _ = tokio::time::timeout(Duration::from_millis(200), self.endpoint.wait_idle()).await;
-    }
-}
-
 /// The policy's planned checks for `request` as client checks: for tools and tests that peek at
 /// buckets (cost 0) the way the limiter fills them.
 pub fn planned_checks(policy: &Policy, request: &RequestInfo) -> Vec<(PlannedCheck, Check)> {
@@ -715,22 +528,8 @@ pub fn planned_checks(policy: &Policy, request: &RequestInfo) -> Vec<(PlannedChe
         .checks_for(&request.attributes(ip))
         .into_iter()
         .map(|p| {
-            let check = to_check(&p);
+            let check = p.check();
             (p, check)
         })
         .collect()
-}
-
-/// Asks one node for the rules it serves (`version` empty when it runs without `--rules`): for
-/// `floodgate status` and health checks.
-pub async fn fetch_policy(
-    node: impl Into<HostPort>,
-    config: &ClientConfig,
-) -> Result<PolicyMessage, LimiterError> {
-    let mut fetcher = PolicyFetcher::new(vec![node.into()], config)?;
-    let fetched = fetcher.fetch("").await;
-    fetcher.close().await;
-    fetched
-        .map(|(message, _)| message)
-        .map_err(LimiterError::NoPolicy)
 }

@@ -37,7 +37,7 @@ struct Cli {
     /// The client library's log lines as `text` or `json`, on stderr. `RUST_LOG` chooses them
     /// (default `error`: the command reports its own errors; `RUST_LOG=debug` shows why a node
     /// could not be reached, reconnects and table fetches).
-    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
+    #[arg(long, global = true, default_value_t = LogFormat::Text)]
     log_format: LogFormat,
 }
 
@@ -278,7 +278,7 @@ fn format_status(table: &ClusterTable) -> String {
         "state".to_owned(),
         "slots".to_owned(),
     ]];
-    for member in &table.members {
+    for member in table.members() {
         rows.push([
             member.id.clone(),
             member.region.clone(),
@@ -295,7 +295,9 @@ fn format_status(table: &ClusterTable) -> String {
     }
     let mut text = format!(
         "epoch {}, version {:016x}, from {}\n",
-        table.epoch, table.version, table.from
+        table.epoch(),
+        table.version(),
+        table.from()
     );
     for row in &rows {
         let mut line = String::new();

@@ -1,0 +1,126 @@
+//! `floodgate status` against a 3-node cluster: it prints the table the client library fetches
+//! (members, their states and slot counts), and exits 2 when no node answers.
+
+#[path = "../../tests/common/mod.rs"]
+mod common;
+
+use std::net::SocketAddr;
+use std::process::{Command, Output};
+
+use common::*;
+use floodgate::cluster::SLOTS;
+use floodgate_node::{Node, NodeConfig};
+
+async fn start(certs: &Certs, seeds: Vec<SocketAddr>) -> Node {
+    let mut config = NodeConfig::for_tests(&certs.dev);
+    config.cluster.seeds = seeds.into_iter().map(Into::into).collect();
+    Node::start(config).await.unwrap()
+}
+
+/// Waits, on the nodes' table changes and bounded by `PATIENCE`, until every node sees all of
+/// them as owners.
+async fn converge(nodes: &[Node]) {
+    let mut ids: Vec<String> = nodes.iter().map(|n| n.node_id().to_owned()).collect();
+    ids.sort();
+    for node in nodes {
+        let mut tables = node.watch_slot_table();
+        let agreed = tables.wait_for(|_| node.owners() == ids);
+        tokio::time::timeout(PATIENCE, agreed)
+            .await
+            .expect("the cluster converges")
+            .unwrap();
+    }
+}
+
+/// Runs the binary off the runtime's thread, so the in-process nodes keep serving meanwhile.
+async fn floodgate(args: Vec<String>) -> Output {
+    tokio::task::spawn_blocking(move || {
+        Command::new(env!("CARGO_BIN_EXE_floodgate"))
+            .args(&args)
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_prints_the_cluster_table_and_exits_2_when_nobody_answers() {
+    let certs = certs();
+    let first = start(&certs, Vec::new()).await;
+    let seed = first.local_addr();
+    let nodes = vec![
+        first,
+        start(&certs, vec![seed]).await,
+        start(&certs, vec![seed]).await,
+    ];
+    converge(&nodes).await;
+    let addr_of = |id: &str| {
+        nodes
+            .iter()
+            .find(|n| n.node_id() == id)
+            .map(|n| n.local_addr().to_string())
+    };
+    let table =
+        floodgate_client::fetch_slot_table(&[nodes[2].local_addr()], &client_config(&certs))
+            .await
+            .unwrap();
+
+    let ca = certs.dev.ca.display().to_string();
+    let node = nodes[2].local_addr().to_string();
+    let out = floodgate(
+        ["status", "--seeds", &node, "--ca", &ca]
+            .map(str::to_owned)
+            .into(),
+    )
+    .await;
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert!(
+        lines[0].starts_with("epoch ")
+            && lines[0].contains(&format!("version {:016x}", table.version()))
+            && lines[0].ends_with(&format!("from {}", nodes[2].node_id())),
+        "{stdout}"
+    );
+    assert!(
+        lines[1]
+            .split_whitespace()
+            .eq(["id", "region", "address", "state", "slots"])
+    );
+    assert!(lines.len() >= 5, "{stdout}");
+    let mut slots = 0;
+    // One row per member (lines after them, if any, are about other things).
+    for line in &lines[2..5] {
+        let cells: Vec<&str> = line.split_whitespace().collect();
+        assert_eq!(cells[1], "local");
+        assert_eq!(Some(cells[2].to_owned()), addr_of(cells[0]));
+        assert_eq!(cells[3], "alive");
+        assert_eq!(
+            cells[4].parse::<usize>().unwrap(),
+            table.slots_owned(cells[0])
+        );
+        slots += table.slots_owned(cells[0]);
+    }
+    assert_eq!(slots, SLOTS);
+
+    // Nobody there: exit 2.
+    let args = [
+        "status",
+        "--seeds",
+        "127.0.0.1:9",
+        "--ca",
+        &ca,
+        "--timeout",
+        "300ms",
+    ];
+    let out = floodgate(args.map(str::to_owned).into()).await;
+    assert_eq!(out.status.code(), Some(2));
+    for node in nodes {
+        node.shutdown().await;
+    }
+}

@@ -1,0 +1,247 @@
+//! One node's link: what the client and the link's tasks share about the node ([`NodeLink`]),
+//! and the supervisor that keeps it connected (reconnecting with backoff) and starts its stream
+//! tasks (`stream`).
+
+mod stream;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use tokio::sync::watch;
+
+use crate::address::HostPort;
+use crate::backoff::Backoff;
+use crate::breaker::SharedBreaker;
+use crate::config::{BackoffConfig, ClientConfig};
+use crate::dial::{connect, describe_connection_error};
+use crate::queue::CallQueue;
+use crate::status::{LinkState, NodeStatus};
+use crate::table_feed::{TableHint, follow_pushes};
+
+/// The link settings every task of every node reads.
+#[derive(Debug)]
+pub(crate) struct LinkSettings {
+    pub(crate) connect_timeout: Duration,
+    pub(crate) streams: usize,
+    pub(crate) max_checks: usize,
+    /// How long a stream waits for a late answer (its callers were answered `Timeout`) before
+    /// giving up on the stream: frees a stream stuck on a node that stopped answering on it
+    /// while the connection itself looks alive.
+    pub(crate) stall_timeout: Duration,
+    reconnect: BackoffConfig,
+}
+
+impl LinkSettings {
+    pub(crate) fn new(config: &ClientConfig) -> Self {
+        LinkSettings {
+            connect_timeout: config.connect_timeout,
+            streams: config.streams_per_connection,
+            max_checks: config.max_checks_per_frame,
+            stall_timeout: (config.timeout * 4).max(Duration::from_secs(1)),
+            reconnect: config.reconnect,
+        }
+    }
+}
+
+/// Everything the client and the link's tasks share about one node.
+#[derive(Debug)]
+pub(crate) struct NodeLink {
+    pub(crate) addr: SocketAddr,
+    /// The name the node's certificate must carry (a seed's configured name or host, a
+    /// member's node id).
+    pub(crate) server_name: String,
+    /// A seed given by DNS name: resolved again before every connection attempt (`addr` is
+    /// then only what it resolved to first, or the unspecified address if it did not).
+    name: Option<HostPort>,
+    pub(crate) queue: CallQueue,
+    pub(crate) breaker: SharedBreaker,
+    state: watch::Sender<LinkState>,
+    last_error: Mutex<Option<String>>,
+    /// The current connection has answered at least one frame: only then is it healthy enough
+    /// to reset the reconnect backoff (a node refusing our certificate completes the handshake
+    /// and then closes; without this we would reconnect in a tight loop).
+    pub(crate) answered: AtomicBool,
+    /// Told the slot-table version of every answer (set once the client routes by tables).
+    pub(crate) table_hint: std::sync::OnceLock<Arc<TableHint>>,
+}
+
+impl NodeLink {
+    pub(crate) fn new(addr: SocketAddr, config: &ClientConfig) -> Self {
+        NodeLink {
+            addr,
+            server_name: crate::tls::seed_server_name(config.server_name.as_deref(), addr),
+            name: None,
+            queue: CallQueue::new(config.max_queued_checks),
+            breaker: SharedBreaker::new(config.breaker, config.timeout),
+            state: watch::Sender::new(LinkState::Connecting),
+            last_error: Mutex::new(None),
+            answered: AtomicBool::new(false),
+            table_hint: std::sync::OnceLock::new(),
+        }
+    }
+
+    /// A link to a seed as given to `connect`, first resolved to `addr`: a name is resolved
+    /// again on every connection attempt, and is the default name its certificate must carry.
+    pub(crate) fn seed(seed: HostPort, addr: SocketAddr, config: &ClientConfig) -> Self {
+        let server_name = config
+            .server_name
+            .clone()
+            .unwrap_or_else(|| seed.host().to_owned());
+        let name = seed.socket_addr().is_none().then_some(seed);
+        NodeLink {
+            name,
+            ..NodeLink::new(addr, config).named(server_name)
+        }
+    }
+
+    /// The same link verifying the node by `server_name` (a member by its node id).
+    pub(crate) fn named(mut self, server_name: String) -> Self {
+        self.server_name = server_name;
+        self
+    }
+
+    /// True while the link has a connection (cheap: one watch read).
+    pub(crate) fn is_connected(&self) -> bool {
+        *self.state.borrow() == LinkState::Connected
+    }
+
+    /// True when the link had a connection and lost it (not while a new link first connects:
+    /// its node may be up and deciding for others).
+    pub(crate) fn is_down(&self) -> bool {
+        *self.state.borrow() == LinkState::Disconnected
+    }
+
+    pub(crate) fn status(&self) -> NodeStatus {
+        NodeStatus {
+            addr: self.addr,
+            state: *self.state.borrow(),
+            last_error: self.last_error.lock().clone(),
+        }
+    }
+
+    pub(crate) fn subscribe(&self) -> watch::Receiver<LinkState> {
+        self.state.subscribe()
+    }
+
+    /// No connection: fail queued calls over and record why. Warns once per outage; repeated
+    /// failed reconnect attempts are logged at debug level.
+    fn went_down(&self, why: String) {
+        self.queue.set_down();
+        let state = *self.state.borrow();
+        match state {
+            LinkState::Disconnected => {
+                tracing::debug!(node = %self.addr, "reconnect failed: {why}")
+            }
+            LinkState::Connecting => {
+                tracing::warn!(node = %self.addr, "cannot reach floodgate node: {why}")
+            }
+            LinkState::Connected => {
+                tracing::warn!(node = %self.addr, "lost connection to floodgate node: {why}")
+            }
+        }
+        // The reason first: whoever waits for `Disconnected` may read it at once.
+        *self.last_error.lock() = Some(why);
+        self.state.send_replace(LinkState::Disconnected);
+    }
+
+    /// The client is closing: like `went_down`, but expected.
+    fn closed(&self) {
+        self.queue.set_down();
+        self.state.send_replace(LinkState::Disconnected);
+    }
+}
+
+/// Resolves when the client is shutting down: the flag was set or every `Client` was dropped.
+async fn shutdown_requested(shutdown: &mut watch::Receiver<bool>) {
+    let _ = shutdown.wait_for(|&stop| stop).await;
+}
+
+/// Times out queued calls nobody takes in time, until shutdown (see [`CallQueue::reap_expired`]).
+pub(crate) async fn reap(link: Arc<NodeLink>, mut shutdown: watch::Receiver<bool>) {
+    tokio::select! {
+        () = shutdown_requested(&mut shutdown) => {}
+        () = link.queue.reap_expired() => {}
+    }
+}
+
+/// Keeps one node connected until shutdown: connect, start the stream tasks, wait for the
+/// connection to end, back off, repeat. While no connection is up, calls fail over at once.
+pub(crate) async fn supervise(
+    link: Arc<NodeLink>,
+    endpoint: quinn::Endpoint,
+    settings: Arc<LinkSettings>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let mut backoff = Backoff::new(settings.reconnect);
+    let mut generation = 0u64;
+    loop {
+        let attempt = tokio::select! {
+            biased;
+            () = shutdown_requested(&mut shutdown) => break,
+            attempt = dial(&endpoint, &link, settings.connect_timeout) => attempt,
+        };
+        match attempt {
+            Ok(conn) => {
+                generation += 1;
+                link.answered.store(false, Ordering::Relaxed);
+                link.breaker.reset();
+                link.queue.set_up(generation);
+                link.state.send_replace(LinkState::Connected);
+                tracing::info!(node = %link.addr, "connected to floodgate node");
+                if let Some(hint) = link.table_hint.get() {
+                    // Ends with the connection.
+                    tokio::spawn(follow_pushes(conn.clone(), hint.clone(), link.addr));
+                }
+                for _ in 0..settings.streams {
+                    tokio::spawn(stream::run_stream(
+                        link.clone(),
+                        conn.clone(),
+                        generation,
+                        settings.clone(),
+                    ));
+                }
+                let ended = tokio::select! {
+                    biased;
+                    () = shutdown_requested(&mut shutdown) => {
+                        conn.close(0u32.into(), b"client closed");
+                        break;
+                    }
+                    ended = conn.closed() => ended,
+                };
+                if link.answered.load(Ordering::Relaxed) {
+                    backoff.reset();
+                }
+                link.went_down(describe_connection_error(&ended));
+            }
+            Err(why) => link.went_down(why),
+        }
+        let delay = backoff.next();
+        tokio::select! {
+            biased;
+            () = shutdown_requested(&mut shutdown) => break,
+            () = tokio::time::sleep(delay) => {}
+        }
+    }
+    link.closed();
+    endpoint.close(0u32.into(), b"client closed");
+    // Give the close frames a moment to leave, so nodes free the connection at once instead of
+    // after their idle timeout; never hold up shutdown for long.
+    let _ = tokio::time::timeout(Duration::from_millis(200), endpoint.wait_idle()).await;
+}
+
+/// Connects to the link's node: a seed given by name is resolved now (a restarted node may
+/// have a new address), the lookup and the handshake each bounded by `timeout`.
+async fn dial(
+    endpoint: &quinn::Endpoint,
+    link: &NodeLink,
+    timeout: Duration,
+) -> Result<quinn::Connection, String> {
+    let addr = match &link.name {
+        Some(name) => crate::address::resolve_like(name, link.addr, timeout).await?,
+        None => link.addr,
+    };
+    connect(endpoint, addr, &link.server_name, timeout).await
+}

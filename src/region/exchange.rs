@@ -1,0 +1,427 @@
+//! [`Exchange`]: one node's side of the inter-region delta exchange, as a sans-I/O machine.
+//!
+//! Shaped like quinn-proto's connection: the caller passes time in and moves bytes; the machine
+//! never reads a clock, sleeps or spawns.
+//!
+//! - [`Exchange::check_global`] decides a check on a global key (its bucket, the admission rule
+//!   of `super::admission`) and queues what it admitted for every other region's owner.
+//! - [`Exchange::handle_deltas`] applies a peer's deltas to the store exactly once and queues an
+//!   acknowledgement; [`Exchange::handle_ack`] confirms what a peer applied.
+//! - [`Exchange::poll_transmit`] gives the next message to send (call until `None`);
+//!   [`Exchange::poll_timeout`] says when to call it again if nothing arrives.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use super::admission::share_allows;
+use super::config::ExchangeConfig;
+use super::delta::{DeltaAck, DeltaBatch, Outgoing, Peer, Transmit};
+use super::inbox::{Arrival, Inbox};
+use super::outbox::Outbox;
+use crate::store::RemoteUse;
+use crate::{BucketKey, BucketStore, Decision, Limit, StoreError};
+
+/// Counters the exchange keeps about itself (all monotonic).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ExchangeStats {
+    /// Global checks denied by the admission rule (their region's share was unconfirmed).
+    pub denied_by_share: u64,
+    /// Global checks denied because a destination's pending table was full (nothing admitted,
+    /// so nothing dropped).
+    pub refused_outbox_full: u64,
+    /// Messages sent again for want of an acknowledgement.
+    pub retransmissions: u64,
+    /// Delta messages applied, and received again after being applied (acknowledged again).
+    pub applied_messages: u64,
+    pub duplicate_messages: u64,
+    /// Messages refused: from an older session of their sender, out of the sequence window,
+    /// from a sender beyond `max_senders`, or from this node's own region.
+    pub stale_messages: u64,
+    pub refused_messages: u64,
+    /// Remote units that could not be stored (the store was full of denying keys).
+    pub units_lost_store_full: u64,
+    /// Remote GCRA units beyond what a bucket may owe (`(R - 1)` bursts, reached only after a
+    /// partition), forgiven rather than held.
+    pub units_forgiven: u64,
+}
+
+/// One node's delta exchange with the owners of the same keys in the other regions.
+#[derive(Debug)]
+pub struct Exchange {
+    config: ExchangeConfig,
+    me: Peer,
+    session: u64,
+    outboxes: BTreeMap<Peer, Outbox>,
+    inboxes: BTreeMap<Peer, Inbox>,
+    /// Senders owed an acknowledgement.
+    ack_due: BTreeSet<Peer>,
+    /// GCRA units received that their bucket could not take yet (it was a capacity ahead).
+    backlog: HashMap<BucketKey, (Limit, u64)>,
+    retransmissions_seen: u64,
+    stats: ExchangeStats,
+}
+
+impl Exchange {
+    /// The exchange of node `me`; `session` must grow with each start of the node (e.g. its
+    /// start time in ns), so peers tell a restart from a replay.
+    pub fn new(config: ExchangeConfig, me: Peer, session: u64) -> Self {
+        Exchange {
+            config: config.sanitized(),
+            me,
+            session,
+            outboxes: BTreeMap::new(),
+            inboxes: BTreeMap::new(),
+            ack_due: BTreeSet::new(),
+            backlog: HashMap::new(),
+            retransmissions_seen: 0,
+            stats: ExchangeStats::default(),
+        }
+    }
+
+    pub fn me(&self) -> &Peer {
+        &self.me
+    }
+
+    pub fn config(&self) -> &ExchangeConfig {
+        &self.config
+    }
+
+    pub fn stats(&self) -> ExchangeStats {
+        let mut stats = self.stats;
+        stats.retransmissions = self.retransmissions_seen
+            + self
+                .outboxes
+                .values()
+                .map(|o| o.retransmissions)
+                .sum::<u64>();
+        stats
+    }
+
+    /// Units applied from `sender` so far (every session).
+    pub fn applied_from(&self, sender: &Peer) -> u64 {
+        self.inboxes.get(sender).map_or(0, |i| i.applied_units)
+    }
+
+    /// True when every delta this node admitted has been confirmed by its destination.
+    pub fn is_idle(&self) -> bool {
+        self.outboxes.values().all(Outbox::is_idle)
+    }
+
+    /// Units of `key` that `dest` has not confirmed.
+    pub fn unconfirmed(&self, dest: &Peer, key: BucketKey) -> u64 {
+        self.outboxes.get(dest).map_or(0, |o| o.unconfirmed(key))
+    }
+
+    /// Whether `dest` counts as reachable for the admission rule at `now_ns`.
+    pub fn is_reachable(&self, dest: &Peer, now_ns: u64) -> bool {
+        self.outboxes
+            .get(dest)
+            .is_none_or(|o| o.is_reachable(now_ns, &self.config))
+    }
+
+    /// Decides a check on a global key in this region: `others` are the key's owners in every
+    /// other region. Allowed only if the bucket (holding the other regions' consumption too)
+    /// allows it and the admission rule does; what it admits is queued for each of `others`.
+    pub fn check_global(
+        &mut self,
+        now_ns: u64,
+        store: &BucketStore,
+        key: BucketKey,
+        limit: &Limit,
+        cost: u64,
+        others: &[Peer],
+    ) -> Result<Decision, StoreError> {
+        if let Some(denied) = self.hold_back(now_ns, store, key, limit, cost, others)? {
+            return Ok(denied);
+        }
+        let decision = store.check(key, limit, cost, now_ns)?;
+        if decision.is_allowed() {
+            self.record_admitted(now_ns, key, limit, cost, others);
+        }
+        Ok(decision)
+    }
+
+    /// The first half of [`Exchange::check_global`], for callers that decide the bucket
+    /// themselves (an all-or-nothing group): brings the key's backlogged remote units into its
+    /// bucket, then returns the denial if the admission rule (or a full outbox) holds the check
+    /// back, `None` if the bucket may decide it. Follow an admission with
+    /// [`Exchange::record_admitted`].
+    pub fn hold_back(
+        &mut self,
+        now_ns: u64,
+        store: &BucketStore,
+        key: BucketKey,
+        limit: &Limit,
+        cost: u64,
+        others: &[Peer],
+    ) -> Result<Option<Decision>, StoreError> {
+        self.absorb_backlog(now_ns, store, key, limit)?;
+        if cost == 0 || cost > limit.burst() {
+            return Ok(None);
+        }
+        let share = self.config.share(limit.burst());
+        for dest in others.iter().filter(|d| d.region != self.me.region) {
+            let outbox = self
+                .outboxes
+                .entry(dest.clone())
+                .or_insert_with(Outbox::new);
+            if !outbox.can_hold(key, &self.config) {
+                self.stats.refused_outbox_full += 1;
+                return self.held_back(now_ns, store, key, limit).map(Some);
+            }
+            if outbox.is_reachable(now_ns, &self.config)
+                && !share_allows(outbox.unconfirmed(key), cost, share)
+            {
+                self.stats.denied_by_share += 1;
+                return self.held_back(now_ns, store, key, limit).map(Some);
+            }
+        }
+        Ok(None)
+    }
+
+    /// Queues `cost` units of `key`, admitted here, for each of `others` (the second half of
+    /// [`Exchange::check_global`]). A destination whose pending table is full still takes
+    /// them if `hold_back` let the check through just before.
+    pub fn record_admitted(
+        &mut self,
+        now_ns: u64,
+        key: BucketKey,
+        limit: &Limit,
+        cost: u64,
+        others: &[Peer],
+    ) {
+        if cost == 0 {
+            return;
+        }
+        for dest in others.iter().filter(|d| d.region != self.me.region) {
+            self.outboxes
+                .entry(dest.clone())
+                .or_insert_with(Outbox::new)
+                .record(key, limit, cost, now_ns);
+        }
+    }
+
+    /// A denial for a check the admission rule held back: the bucket's own view, and a retry
+    /// after one sync interval (when confirmations are due).
+    fn held_back(
+        &self,
+        now_ns: u64,
+        store: &BucketStore,
+        key: BucketKey,
+        limit: &Limit,
+    ) -> Result<Decision, StoreError> {
+        let peek = store.check(key, limit, 0, now_ns)?;
+        Ok(Decision::Denied {
+            remaining: 0,
+            retry_after_ns: self.config.sync_interval_ns,
+            reset_after_ns: peek.reset_after_ns(),
+        })
+    }
+
+    /// Gives the key's bucket the backlogged remote units it can take now.
+    fn absorb_backlog(
+        &mut self,
+        now_ns: u64,
+        store: &BucketStore,
+        key: BucketKey,
+        limit: &Limit,
+    ) -> Result<(), StoreError> {
+        let Some(&(held_limit, units)) = self.backlog.get(&key) else {
+            return Ok(());
+        };
+        let used = RemoteUse {
+            units,
+            at_ns: now_ns,
+            max_log_entries: 0,
+        };
+        // The limit in force now, should the rules have changed it; the held one otherwise.
+        let limit = if limit.algorithm() == held_limit.algorithm() {
+            limit
+        } else {
+            &held_limit
+        };
+        let left = store.apply_remote(key, limit, used, now_ns)?;
+        if left == 0 {
+            self.backlog.remove(&key);
+        } else if let Some(entry) = self.backlog.get_mut(&key) {
+            entry.1 = left;
+        }
+        Ok(())
+    }
+
+    /// Applies a peer's deltas to `store` (once per sequence number) and queues an
+    /// acknowledgement. Deltas from this node's own region, from an older session of the
+    /// sender, or outside the sequence window are refused and counted.
+    pub fn handle_deltas(&mut self, now_ns: u64, batch: &DeltaBatch, store: &BucketStore) {
+        if batch.from.region == self.me.region {
+            self.stats.refused_messages += 1;
+            return;
+        }
+        if !self.inboxes.contains_key(&batch.from) {
+            if self.inboxes.len() >= self.config.max_senders {
+                self.stats.refused_messages += 1;
+                return;
+            }
+            self.inboxes
+                .insert(batch.from.clone(), Inbox::new(batch.session));
+        }
+        let Some(inbox) = self.inboxes.get_mut(&batch.from) else {
+            return;
+        };
+        match inbox.arrive(batch.session, batch.seq) {
+            Arrival::Apply => {
+                // Saturating: the units are a peer's claim, however large.
+                let units = batch
+                    .deltas
+                    .iter()
+                    .fold(0u64, |sum, d| sum.saturating_add(d.units));
+                inbox.applied_units = inbox.applied_units.saturating_add(units);
+                self.stats.applied_messages += 1;
+                for delta in &batch.deltas {
+                    self.apply(
+                        now_ns,
+                        store,
+                        delta.key,
+                        &delta.limit,
+                        delta.units,
+                        delta.at_ns,
+                    );
+                }
+                self.ack_due.insert(batch.from.clone());
+            }
+            Arrival::Duplicate => {
+                self.stats.duplicate_messages += 1;
+                self.ack_due.insert(batch.from.clone());
+            }
+            Arrival::Stale => self.stats.stale_messages += 1,
+            Arrival::OutOfWindow => self.stats.refused_messages += 1,
+        }
+    }
+
+    fn apply(
+        &mut self,
+        now_ns: u64,
+        store: &BucketStore,
+        key: BucketKey,
+        limit: &Limit,
+        units: u64,
+        at_ns: u64,
+    ) {
+        let regions = self.config.regions as u64;
+        let max_log_entries =
+            usize::try_from(limit.burst().saturating_mul(regions)).unwrap_or(usize::MAX);
+        let used = RemoteUse {
+            units,
+            at_ns,
+            max_log_entries,
+        };
+        match store.apply_remote(key, limit, used, now_ns) {
+            Ok(0) => {}
+            Ok(left) => {
+                // A bucket owes at most (R - 1) bursts beyond its capacity: the most the other
+                // regions can over-admit while connected. More comes only from a partition, and
+                // is forgiven rather than blocking the key for as long as the partition lasted.
+                let most = regions.saturating_sub(1).saturating_mul(limit.burst());
+                let room = self.backlog.len() < self.config.max_backlog_keys
+                    || self.backlog.contains_key(&key);
+                if !room {
+                    self.stats.units_forgiven = self.stats.units_forgiven.saturating_add(left);
+                    return;
+                }
+                let entry = self.backlog.entry(key).or_insert((*limit, 0));
+                entry.0 = *limit;
+                let held = entry.1.saturating_add(left);
+                entry.1 = held.min(most);
+                // Saturating: a peer's claims can be as large as u64 allows.
+                self.stats.units_forgiven =
+                    self.stats.units_forgiven.saturating_add(held - entry.1);
+                if entry.1 == 0 {
+                    self.backlog.remove(&key);
+                }
+            }
+            Err(_) => {
+                self.stats.units_lost_store_full =
+                    self.stats.units_lost_store_full.saturating_add(units);
+            }
+        }
+    }
+
+    /// Confirms what `ack.from` applied of this node's messages.
+    pub fn handle_ack(&mut self, now_ns: u64, ack: &DeltaAck) {
+        if ack.session != self.session {
+            self.stats.stale_messages += 1;
+            return;
+        }
+        if let Some(outbox) = self.outboxes.get_mut(&ack.from) {
+            outbox.acknowledge(ack.below, &ack.also, now_ns);
+        }
+    }
+
+    /// The next message to send, if any is due at `now_ns`: acknowledgements first, then
+    /// messages to send again, then new deltas (once per sync interval per destination).
+    pub fn poll_transmit(&mut self, now_ns: u64) -> Option<Transmit> {
+        if let Some(to) = self.ack_due.pop_first()
+            && let Some(inbox) = self.inboxes.get(&to)
+        {
+            let ack = DeltaAck {
+                from: self.me.clone(),
+                session: inbox.session,
+                below: inbox.below,
+                also: inbox.also(),
+            };
+            return Some(Transmit {
+                to,
+                message: Outgoing::Ack(ack),
+            });
+        }
+        for (to, outbox) in self.outboxes.iter_mut() {
+            if let Some((seq, deltas)) = outbox.next_message(now_ns, &self.config) {
+                let batch = DeltaBatch {
+                    from: self.me.clone(),
+                    session: self.session,
+                    seq,
+                    deltas,
+                };
+                return Some(Transmit {
+                    to: to.clone(),
+                    message: Outgoing::Deltas(batch),
+                });
+            }
+        }
+        None
+    }
+
+    /// When `poll_transmit` will next have something without anything arriving first (`now`
+    /// or earlier: at once), or `None` when the exchange is waiting only for messages.
+    pub fn poll_timeout(&self) -> Option<u64> {
+        if !self.ack_due.is_empty() {
+            return Some(0);
+        }
+        self.outboxes
+            .values()
+            .filter_map(|o| o.next_timeout(&self.config))
+            .min()
+    }
+
+    /// Drops the outbox of a destination that is gone for good (it left the cluster, or no
+    /// longer owns anything): its unconfirmed units stop holding local admissions back.
+    /// Returns the units that were never confirmed.
+    pub fn forget_destination(&mut self, dest: &Peer) -> u64 {
+        self.outboxes.remove(dest).map_or(0, |o| {
+            self.retransmissions_seen += o.retransmissions;
+            o.total_unconfirmed()
+        })
+    }
+
+    /// Keys with deltas waiting to be sent, and messages awaiting acknowledgement, over every
+    /// destination (for metrics).
+    pub fn outbox_size(&self) -> (usize, usize) {
+        self.outboxes.values().fold((0, 0), |(keys, msgs), o| {
+            (keys + o.pending_keys(), msgs + o.in_flight())
+        })
+    }
+
+    /// Remote GCRA units waiting for room in their bucket (for stats and tests).
+    pub fn backlog_units(&self, key: BucketKey) -> u64 {
+        self.backlog.get(&key).map_or(0, |e| e.1)
+    }
+}

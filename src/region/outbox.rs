@@ -1,0 +1,288 @@
+//! One destination's outbox: deltas pending (aggregated per key), messages in flight until
+//! acknowledged (sent again with a doubling wait), and per key the units the destination has
+//! not confirmed yet (what the admission rule limits).
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+
+use super::config::ExchangeConfig;
+use super::delta::Delta;
+use crate::{BucketKey, Limit};
+
+/// A message sent and not yet acknowledged.
+#[derive(Debug, Clone)]
+struct InFlight {
+    seq: u64,
+    deltas: Vec<Delta>,
+    resend_at_ns: u64,
+    wait_ns: u64,
+}
+
+#[derive(Debug)]
+pub(super) struct Outbox {
+    next_seq: u64,
+    /// Keyed by the key's bits: a deterministic order, so a seeded simulation replays exactly.
+    pending: BTreeMap<u128, Delta>,
+    in_flight: VecDeque<InFlight>,
+    /// Units per key in `pending` and `in_flight` together (kept equal to their sum).
+    unconfirmed: HashMap<BucketKey, u64>,
+    /// When the destination last confirmed something, or when deltas became outstanding after
+    /// none were.
+    progress_ns: u64,
+    next_flush_ns: u64,
+    /// Messages sent again (for stats).
+    pub(super) retransmissions: u64,
+}
+
+impl Outbox {
+    pub(super) fn new() -> Self {
+        Outbox {
+            next_seq: 1,
+            pending: BTreeMap::new(),
+            in_flight: VecDeque::new(),
+            unconfirmed: HashMap::new(),
+            progress_ns: 0,
+            next_flush_ns: 0,
+            retransmissions: 0,
+        }
+    }
+
+    /// Whether new units of `key` have room (its key is pending already, or the table is not
+    /// full).
+    pub(super) fn can_hold(&self, key: BucketKey, config: &ExchangeConfig) -> bool {
+        self.pending.contains_key(&key.to_u128()) || self.pending.len() < config.max_pending_keys
+    }
+
+    /// Queues `units` of `key` admitted at `now_ns` (the caller checked `can_hold`).
+    pub(super) fn record(&mut self, key: BucketKey, limit: &Limit, units: u64, now_ns: u64) {
+        if self.unconfirmed.is_empty() {
+            self.progress_ns = now_ns;
+        }
+        let delta = self.pending.entry(key.to_u128()).or_insert(Delta {
+            key,
+            limit: *limit,
+            units: 0,
+            at_ns: now_ns,
+        });
+        delta.units = delta.units.saturating_add(units);
+        delta.at_ns = delta.at_ns.max(now_ns);
+        delta.limit = *limit;
+        let unconfirmed = self.unconfirmed.entry(key).or_insert(0);
+        *unconfirmed = unconfirmed.saturating_add(units);
+    }
+
+    /// Units of `key` the destination has not confirmed.
+    pub(super) fn unconfirmed(&self, key: BucketKey) -> u64 {
+        self.unconfirmed.get(&key).copied().unwrap_or(0)
+    }
+
+    /// Nothing pending or in flight.
+    pub(super) fn is_idle(&self) -> bool {
+        self.unconfirmed.is_empty()
+    }
+
+    /// Units not confirmed, over every key.
+    pub(super) fn total_unconfirmed(&self) -> u64 {
+        self.unconfirmed
+            .values()
+            .fold(0, |a, &b| a.saturating_add(b))
+    }
+
+    /// Keys with pending deltas (for stats and tests).
+    pub(super) fn pending_keys(&self) -> usize {
+        self.pending.len()
+    }
+
+    pub(super) fn in_flight(&self) -> usize {
+        self.in_flight.len()
+    }
+
+    /// False once the destination has confirmed nothing for `unreachable_after_ns` while
+    /// deltas were outstanding.
+    pub(super) fn is_reachable(&self, now_ns: u64, config: &ExchangeConfig) -> bool {
+        self.is_idle() || now_ns.saturating_sub(self.progress_ns) < config.unreachable_after_ns
+    }
+
+    /// The next message for this destination, if one is due: a message whose wait ran out
+    /// (sent again, its wait doubled), else new deltas once the sync interval has passed and a
+    /// slot in flight is free.
+    pub(super) fn next_message(
+        &mut self,
+        now_ns: u64,
+        config: &ExchangeConfig,
+    ) -> Option<(u64, Vec<Delta>)> {
+        if let Some(due) = self.in_flight.iter_mut().find(|m| m.resend_at_ns <= now_ns) {
+            due.wait_ns = due.wait_ns.saturating_mul(2).min(config.max_retransmit_ns);
+            due.resend_at_ns = now_ns.saturating_add(due.wait_ns);
+            self.retransmissions += 1;
+            return Some((due.seq, due.deltas.clone()));
+        }
+        if self.pending.is_empty()
+            || now_ns < self.next_flush_ns
+            || self.in_flight.len() >= config.max_in_flight
+        {
+            return None;
+        }
+        let mut deltas = Vec::with_capacity(self.pending.len().min(config.max_deltas_per_message));
+        while deltas.len() < config.max_deltas_per_message.max(1) {
+            let Some((_, delta)) = self.pending.pop_first() else {
+                break;
+            };
+            deltas.push(delta);
+        }
+        if self.pending.is_empty() {
+            self.next_flush_ns = now_ns.saturating_add(config.sync_interval_ns);
+        }
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        self.in_flight.push_back(InFlight {
+            seq,
+            deltas: deltas.clone(),
+            resend_at_ns: now_ns.saturating_add(config.retransmit_ns),
+            wait_ns: config.retransmit_ns,
+        });
+        Some((seq, deltas))
+    }
+
+    /// Takes the acknowledged messages out of flight: every sequence number below `below`, and
+    /// those in `also`. Their units are confirmed.
+    pub(super) fn acknowledge(&mut self, below: u64, also: &[u64], now_ns: u64) {
+        let before = self.in_flight.len();
+        let mut confirmed = Vec::new();
+        self.in_flight.retain(|m| {
+            let acked = m.seq < below || also.contains(&m.seq);
+            if acked {
+                confirmed.extend(m.deltas.iter().map(|d| (d.key, d.units)));
+            }
+            !acked
+        });
+        for (key, units) in confirmed {
+            if let Some(left) = self.unconfirmed.get_mut(&key) {
+                *left = left.saturating_sub(units);
+                if *left == 0 {
+                    self.unconfirmed.remove(&key);
+                }
+            }
+        }
+        if self.in_flight.len() < before {
+            self.progress_ns = now_ns;
+        }
+    }
+
+    /// When this outbox next has something to send, if it is waiting for time to pass.
+    pub(super) fn next_timeout(&self, config: &ExchangeConfig) -> Option<u64> {
+        let resend = self.in_flight.iter().map(|m| m.resend_at_ns).min();
+        let flush = (!self.pending.is_empty() && self.in_flight.len() < config.max_in_flight)
+            .then_some(self.next_flush_ns);
+        resend.into_iter().chain(flush).min()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::NANOS_PER_SEC as S;
+
+    const MS: u64 = 1_000_000;
+
+    fn key(n: u8) -> BucketKey {
+        BucketKey::for_key(&[n])
+    }
+
+    fn limit() -> Limit {
+        Limit::gcra(10, S, 10).unwrap()
+    }
+
+    #[test]
+    fn deltas_aggregate_per_key_and_wait_for_the_interval() {
+        let config = ExchangeConfig::default();
+        let mut out = Outbox::new();
+        out.record(key(1), &limit(), 2, 10 * MS);
+        out.record(key(1), &limit(), 3, 20 * MS);
+        out.record(key(2), &limit(), 1, 30 * MS);
+        let (seq, deltas) = out.next_message(30 * MS, &config).unwrap();
+        assert_eq!(seq, 1);
+        let total: u64 = deltas.iter().map(|d| d.units).sum();
+        assert_eq!((deltas.len(), total), (2, 6));
+        let k1 = deltas.iter().find(|d| d.key == key(1)).unwrap();
+        assert_eq!((k1.units, k1.at_ns), (5, 20 * MS));
+        // New units wait for the next interval.
+        out.record(key(1), &limit(), 1, 40 * MS);
+        assert_eq!(out.next_message(40 * MS, &config), None);
+        assert_eq!(out.next_timeout(&config), Some(130 * MS));
+        assert_eq!(out.next_message(130 * MS, &config).unwrap().0, 2);
+        assert_eq!(out.unconfirmed(key(1)), 6);
+    }
+
+    #[test]
+    fn unacknowledged_messages_are_sent_again_with_a_doubling_wait() {
+        let config = ExchangeConfig::default();
+        let mut out = Outbox::new();
+        out.record(key(1), &limit(), 4, 0);
+        let first = out.next_message(0, &config).unwrap();
+        assert_eq!(out.next_message(399 * MS, &config), None);
+        assert_eq!(out.next_message(400 * MS, &config), Some(first.clone()));
+        assert_eq!(out.next_timeout(&config), Some(1_200 * MS));
+        assert_eq!(out.next_message(1_200 * MS, &config), Some(first));
+        out.acknowledge(2, &[], 1_300 * MS);
+        assert!(out.is_idle());
+        assert_eq!(out.next_timeout(&config), None);
+        assert_eq!(out.retransmissions, 2);
+    }
+
+    #[test]
+    fn a_silent_destination_becomes_unreachable_and_deltas_aggregate_meanwhile() {
+        let config = ExchangeConfig {
+            max_in_flight: 2,
+            ..ExchangeConfig::default()
+        };
+        let mut out = Outbox::new();
+        let mut now = 0;
+        for _ in 0..50 {
+            out.record(key(1), &limit(), 1, now);
+            while out.next_message(now, &config).is_some() {}
+            now += 100 * MS;
+        }
+        assert_eq!(out.in_flight(), 2, "in flight stays bounded");
+        assert_eq!(out.pending_keys(), 1, "the rest aggregates into one delta");
+        assert_eq!(out.unconfirmed(key(1)), 50);
+        assert!(!out.is_reachable(now, &config));
+        // One acknowledgement makes it reachable again.
+        out.acknowledge(3, &[], now);
+        assert!(out.is_reachable(now, &config));
+        assert_eq!(out.unconfirmed(key(1)), 48);
+    }
+
+    #[test]
+    fn out_of_order_acknowledgements_confirm_only_what_they_name() {
+        let config = ExchangeConfig::default();
+        let mut out = Outbox::new();
+        for (i, now) in [0, 100 * MS, 200 * MS].into_iter().enumerate() {
+            out.record(key(1), &limit(), i as u64 + 1, now);
+            out.next_message(now, &config).unwrap();
+        }
+        // Messages of 1, 2 and 3 units: the third acknowledged first.
+        out.acknowledge(1, &[3], 250 * MS);
+        assert_eq!(out.unconfirmed(key(1)), 3);
+        out.acknowledge(1, &[3], 260 * MS);
+        assert_eq!(
+            out.unconfirmed(key(1)),
+            3,
+            "a repeated acknowledgement changes nothing"
+        );
+        out.acknowledge(4, &[], 270 * MS);
+        assert!(out.is_idle());
+    }
+
+    #[test]
+    fn the_pending_table_is_bounded() {
+        let config = ExchangeConfig {
+            max_pending_keys: 2,
+            ..ExchangeConfig::default()
+        };
+        let mut out = Outbox::new();
+        out.record(key(1), &limit(), 1, 0);
+        out.record(key(2), &limit(), 1, 0);
+        assert!(out.can_hold(key(1), &config));
+        assert!(!out.can_hold(key(3), &config));
+    }
+}

@@ -1,0 +1,130 @@
+//! The seeded simulation of the inter-region delta exchange, over many seeds per algorithm:
+//! the documented over-admission bound in every window, liveness, exactly-once application and
+//! convergence after a partition heals. `FLOODGATE_SIM_SEED=S` replays one seed;
+//! `FLOODGATE_SIM_SEEDS=N` sets how many seeds each algorithm runs (default 250).
+
+use std::time::Instant;
+
+use floodgate::Algorithm;
+use floodgate::region::sim::{SimConfig, SimReport, run, run_seed};
+
+const DEFAULT_SEEDS: u64 = 250;
+
+fn seeds() -> Vec<u64> {
+    if let Some(seed) = std::env::var("FLOODGATE_SIM_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+    {
+        return vec![seed];
+    }
+    let count = std::env::var("FLOODGATE_SIM_SEEDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(DEFAULT_SEEDS);
+    (0..count).collect()
+}
+
+/// Runs every seed for `algorithm`; panics with the seed and a trace on the first failure,
+/// and prints the worst over-admission seen against its bound.
+fn sweep(algorithm: Algorithm) {
+    let started = Instant::now();
+    let seeds = seeds();
+    let mut worst: Option<SimReport> = None;
+    let mut worst_partition: Option<SimReport> = None;
+    let (mut admitted, mut exact) = (0u64, 0u64);
+    let mut least = (f64::MAX, 0u64);
+    for &seed in &seeds {
+        let report = run(&SimConfig::for_seed(seed, algorithm))
+            .unwrap_or_else(|failure| panic!("{failure}"));
+        let ratio = report.admitted_before_cut as f64 / report.exact_before_cut.max(1) as f64;
+        if ratio < least.0 {
+            least = (ratio, seed);
+        }
+        admitted += report.admitted_before_cut;
+        exact += report.exact_before_cut;
+        if worst_partition
+            .as_ref()
+            .is_none_or(|w| report.worst.partition > w.worst.partition)
+        {
+            worst_partition = Some(report.clone());
+        }
+        if worst
+            .as_ref()
+            .is_none_or(|w| report.worst.normal > w.worst.normal)
+        {
+            worst = Some(report);
+        }
+    }
+    let worst = worst.expect("at least one seed ran");
+    let cut = worst_partition.expect("at least one seed ran");
+    println!(
+        "{algorithm}: {} seeds in {:.1?}: worst over-admission {:.2} units (bound {}, seed {}), during partitions {:.2} (bound {}, seed {}); before the cuts {admitted} units admitted where one exact limiter admits {exact} (least {:.0}%, seed {})",
+        seeds.len(),
+        started.elapsed(),
+        worst.worst.normal,
+        worst.bounds.normal,
+        worst.seed,
+        cut.worst.partition,
+        cut.bounds.partition,
+        cut.seed,
+        least.0 * 100.0,
+        least.1,
+    );
+}
+
+#[test]
+fn gcra_global_limit_holds_its_bound() {
+    sweep(Algorithm::Gcra);
+}
+
+#[test]
+fn fixed_window_global_limit_holds_its_bound() {
+    sweep(Algorithm::FixedWindow);
+}
+
+#[test]
+fn sliding_window_global_limit_holds_its_bound() {
+    sweep(Algorithm::SlidingWindow);
+}
+
+#[test]
+fn sliding_log_global_limit_holds_its_bound() {
+    sweep(Algorithm::SlidingLog);
+}
+
+/// The judge is not vacuous: with the admission rule weakened (each region's share the whole
+/// burst, as if it were alone) the simultaneous bursts get through in every region, and some
+/// seed breaks the bound, with its seed and trace in the failure.
+#[test]
+fn without_the_share_rule_the_bound_breaks() {
+    for algorithm in Algorithm::ALL {
+        let broke = (0..20).find_map(|seed| {
+            let mut config = SimConfig::for_seed(seed, algorithm);
+            config.exchange.regions = 1;
+            run(&config).err()
+        });
+        let failure = broke.unwrap_or_else(|| {
+            panic!("{algorithm}: no seed broke the bound without the share rule")
+        });
+        let text = failure.to_string();
+        assert!(text.contains("exceeds the normal bound"), "{text}");
+        assert!(
+            text.contains(&format!("FLOODGATE_SIM_SEED={}", failure.seed)),
+            "{text}"
+        );
+    }
+}
+
+/// Same seed, same run; another seed, another run.
+#[test]
+fn a_seed_replays_exactly() {
+    let config = SimConfig::for_seed(42, Algorithm::Gcra);
+    assert_eq!(run(&config), run(&config));
+    let all = run_seed(42).unwrap_or_else(|failure| panic!("{failure}"));
+    assert_eq!(all.len(), Algorithm::ALL.len());
+    assert_eq!(all[0], run(&config).unwrap());
+    assert_ne!(
+        run_seed(43).unwrap()[0].admitted_before_cut,
+        all[0].admitted_before_cut
+    );
+}

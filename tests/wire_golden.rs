@@ -1,0 +1,357 @@
+//! Golden bytes: every frame kind, encoded from a fixed message, and `slot_of` for fixed keys,
+//! compared with the bytes pinned in `tests/golden/`. Nodes and clients of different builds talk
+//! to each other during a rolling upgrade, so a change to the wire format or to the key → slot
+//! hash must be a deliberate, reviewed edit of these files, never a side effect that passes
+//! unnoticed. To re-pin after an intended change: `FLOODGATE_UPDATE_GOLDEN=1 cargo test --test
+//! wire_golden`, then review the diff of `tests/golden/` (and bump `PROTOCOL_VERSION` if old
+//! peers cannot read the new bytes).
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::PathBuf;
+
+use floodgate::cluster::membership::MemberDigest;
+use floodgate::cluster::{Gossip, IdConflict, MemberInfo, slot_of};
+use floodgate::wire::{
+    CheckBatch, DecisionBatch, ErrorCode, ErrorFrame, FrameKind, HandoffPart, PolicyMessage,
+    PolicyRequest, RegionAckMessage, RegionDeltasMessage, ReplicateMessage, ScopedCheckBatch,
+    SlotTableMessage, TableMember, WireBucket, WireCheck, WireDecision, WireDelta, WireScope,
+    encode_frame, encode_message,
+};
+use floodgate::{Decision, Limit, NANOS_PER_SEC};
+
+fn golden_path(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/golden")
+        .join(name)
+}
+
+/// Compares `actual` (name → hex) with the pinned file, or rewrites the file when asked to.
+fn assert_golden(file: &str, actual: &BTreeMap<String, String>) {
+    let mut text = String::new();
+    for (name, hex) in actual {
+        writeln!(text, "{name} {hex}").unwrap();
+    }
+    let path = golden_path(file);
+    if std::env::var_os("FLOODGATE_UPDATE_GOLDEN").is_some() {
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(&path, &text).unwrap();
+        return;
+    }
+    let pinned = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
+    let pinned: BTreeMap<&str, &str> = pinned
+        .lines()
+        .filter_map(|line| line.split_once(' '))
+        .collect();
+    let mut changed = Vec::new();
+    for (name, hex) in actual {
+        match pinned.get(name.as_str()) {
+            Some(old) if old == hex => {}
+            Some(old) => changed.push(format!(
+                "{name}: pinned {old}\n{:>w$}  now    {hex}",
+                "",
+                w = name.len()
+            )),
+            None => changed.push(format!("{name}: not pinned (now {hex})")),
+        }
+    }
+    for name in pinned.keys() {
+        if !actual.contains_key(*name) {
+            changed.push(format!("{name}: pinned but no longer produced"));
+        }
+    }
+    assert!(
+        changed.is_empty(),
+        "{} differs from what this build produces:\n{}\n(an intended format change: re-pin \
+         with FLOODGATE_UPDATE_GOLDEN=1 and review the diff)",
+        path.display(),
+        changed.join("\n")
+    );
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().fold(String::new(), |mut s, b| {
+        write!(s, "{b:02x}").unwrap();
+        s
+    })
+}
+
+fn gcra() -> Limit {
+    Limit::gcra(10, NANOS_PER_SEC, 20).unwrap()
+}
+
+fn check_batch() -> CheckBatch {
+    let window = Limit::window(floodgate::Algorithm::FixedWindow, 100, 60 * NANOS_PER_SEC).unwrap();
+    CheckBatch {
+        groups: vec![
+            vec![
+                WireCheck::new(b"user:42".as_slice(), &gcra(), 1),
+                WireCheck::new(b"tenant:acme".as_slice(), &window, 3),
+            ],
+            vec![WireCheck::refund(b"ip:203.0.113.9".as_slice(), &gcra(), 2)],
+        ],
+    }
+}
+
+fn member(id: &str, port: u16) -> MemberInfo {
+    MemberInfo {
+        id: id.into(),
+        addr: format!("127.0.0.1:{port}"),
+        region: "eu".into(),
+    }
+}
+
+/// One fixed message per frame kind, encoded as a whole frame (header and payload).
+fn frames() -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    let mut put = |kind: FrameKind, bytes: Vec<u8>| {
+        out.insert(format!("{kind:?}"), hex(&bytes));
+    };
+    let mut frame = Vec::new();
+    encode_message(&mut frame, FrameKind::CheckBatch, 7, &check_batch());
+    put(FrameKind::CheckBatch, frame);
+
+    let decisions = [
+        Decision::Allowed {
+            remaining: 3,
+            reset_after_ns: 5_000,
+        },
+        Decision::Denied {
+            remaining: 0,
+            retry_after_ns: 90_000_000,
+            reset_after_ns: 110_000_000,
+        },
+        Decision::CostExceedsBurst { burst: 4 },
+    ];
+    let mut wire: Vec<WireDecision> = decisions.iter().map(|&d| d.into()).collect();
+    wire.push(WireDecision::error(ErrorCode::NotOwner));
+    let mut frame = Vec::new();
+    let batch = DecisionBatch {
+        decisions: wire,
+        table_version: 0x0123_4567_89ab_cdef,
+    };
+    encode_message(&mut frame, FrameKind::DecisionBatch, 7, &batch);
+    put(FrameKind::DecisionBatch, frame);
+
+    let mut frame = Vec::new();
+    let error = ErrorFrame {
+        code: ErrorCode::KeyTooLong as u16,
+        message: "key longer than 256 bytes".into(),
+    };
+    encode_message(&mut frame, FrameKind::Error, 0, &error);
+    put(FrameKind::Error, frame);
+
+    let mut frame = Vec::new();
+    let gossip = Gossip {
+        members: vec![
+            MemberDigest {
+                info: member("node-0", 7100),
+                incarnation: 2,
+                heartbeat: 41,
+                left: false,
+            },
+            MemberDigest {
+                info: member("node-1", 7101),
+                incarnation: 1,
+                heartbeat: 40,
+                left: true,
+            },
+        ],
+    };
+    encode_message(&mut frame, FrameKind::Gossip, 0, &gossip);
+    put(FrameKind::Gossip, frame);
+
+    let mut frame = Vec::new();
+    encode_frame(&mut frame, FrameKind::TableRequest, 3, &[]);
+    put(FrameKind::TableRequest, frame);
+
+    let mut frame = Vec::new();
+    let table = SlotTableMessage {
+        version: 99,
+        epoch: 4,
+        from: "node-0".into(),
+        members: vec![
+            TableMember {
+                id: "node-0".into(),
+                addr: "127.0.0.1:7100".into(),
+                region: "eu".into(),
+                state: 0,
+            },
+            TableMember {
+                id: "node-1".into(),
+                addr: "127.0.0.1:7101".into(),
+                region: "eu".into(),
+                state: 1,
+            },
+        ],
+        owners: vec![0, 1, 1, 0],
+        successors: vec![1, 0, 0, 1],
+    };
+    encode_message(&mut frame, FrameKind::SlotTable, 3, &table);
+    put(FrameKind::SlotTable, frame);
+
+    let mut frame = Vec::new();
+    let replicate = ReplicateMessage {
+        from: "node-1".into(),
+        handoff: Some(HandoffPart {
+            id: 5,
+            part: 0,
+            parts: 2,
+            slots: vec![17, 4095],
+        }),
+        buckets: vec![
+            WireBucket {
+                key: 0x0011_2233_4455_6677_8899_aabb_ccdd_eeff,
+                algorithm: 0,
+                tat_ns: 1_700_000_000_000_000_000,
+                margin_ms: 250,
+                ..WireBucket::default()
+            },
+            WireBucket {
+                key: 7,
+                algorithm: 3,
+                rate: 3,
+                period_ns: NANOS_PER_SEC,
+                burst: 3,
+                times_ns: vec![10, 20],
+                ..WireBucket::default()
+            },
+        ],
+    };
+    encode_message(&mut frame, FrameKind::Replicate, 0, &replicate);
+    put(FrameKind::Replicate, frame);
+
+    let mut frame = Vec::new();
+    let request = PolicyRequest {
+        version: "v1".into(),
+    };
+    encode_message(&mut frame, FrameKind::PolicyRequest, 9, &request);
+    put(FrameKind::PolicyRequest, frame);
+
+    let mut frame = Vec::new();
+    let policy = PolicyMessage {
+        version: "v2".into(),
+        text: "rules: []\n".into(),
+    };
+    encode_message(&mut frame, FrameKind::Policy, 9, &policy);
+    put(FrameKind::Policy, frame);
+
+    let mut frame = Vec::new();
+    encode_message(
+        &mut frame,
+        FrameKind::ForwardedCheckBatch,
+        42,
+        &check_batch(),
+    );
+    put(FrameKind::ForwardedCheckBatch, frame);
+
+    let mut frame = Vec::new();
+    let conflict = IdConflict {
+        id: "node-1".into(),
+        holder_addr: "127.0.0.1:7101".into(),
+        holder_incarnation: 3,
+        claimant_addr: "127.0.0.1:7109".into(),
+        claimant_incarnation: 1,
+    };
+    encode_message(&mut frame, FrameKind::IdConflict, 0, &conflict);
+    put(FrameKind::IdConflict, frame);
+
+    let mut frame = Vec::new();
+    let scoped = ScopedCheckBatch {
+        batch: check_batch(),
+        scopes: check_batch()
+            .groups
+            .iter()
+            .flatten()
+            .enumerate()
+            .map(|(i, _)| match i % 3 {
+                0 => WireScope::default(),
+                1 => WireScope {
+                    kind: 1,
+                    home: String::new(),
+                },
+                _ => WireScope {
+                    kind: 2,
+                    home: "eu".into(),
+                },
+            })
+            .collect(),
+    };
+    encode_message(&mut frame, FrameKind::ScopedCheckBatch, 11, &scoped);
+    put(FrameKind::ScopedCheckBatch, frame);
+
+    let mut frame = Vec::new();
+    let deltas = RegionDeltasMessage {
+        region: "us".into(),
+        node: "node-2".into(),
+        session: 1_700_000_000_000_000_000,
+        seq: 3,
+        deltas: vec![
+            WireDelta {
+                key: 0x0011_2233_4455_6677_8899_aabb_ccdd_eeff,
+                algorithm: 0,
+                rate: 100,
+                period_ns: NANOS_PER_SEC,
+                burst: 50,
+                units: 4,
+                at_ns: 1_700_000_000_100_000_000,
+            },
+            WireDelta {
+                key: 7,
+                algorithm: 3,
+                rate: 3,
+                period_ns: NANOS_PER_SEC,
+                burst: 3,
+                units: 1,
+                at_ns: 1_700_000_000_200_000_000,
+            },
+        ],
+    };
+    encode_message(&mut frame, FrameKind::RegionDeltas, 0, &deltas);
+    put(FrameKind::RegionDeltas, frame);
+
+    let mut frame = Vec::new();
+    let ack = RegionAckMessage {
+        region: "eu".into(),
+        node: "node-0".into(),
+        session: 1_700_000_000_000_000_000,
+        below: 3,
+        also: vec![5, 6],
+    };
+    encode_message(&mut frame, FrameKind::RegionAck, 0, &ack);
+    put(FrameKind::RegionAck, frame);
+    out
+}
+
+#[test]
+fn every_frame_kind_encodes_to_its_pinned_bytes() {
+    let frames = frames();
+    // A new kind must get a golden message here too: every kind from 1 up is covered.
+    let covered = (1..=u8::MAX)
+        .map_while(FrameKind::from_u8)
+        .filter(|kind| frames.contains_key(&format!("{kind:?}")))
+        .count();
+    let known = (1..=u8::MAX).map_while(FrameKind::from_u8).count();
+    assert_eq!(covered, known, "a frame kind has no golden message");
+    assert_golden("wire_frames.txt", &frames);
+}
+
+#[test]
+fn slot_of_is_pinned_for_fixed_keys() {
+    let keys: [&[u8]; 8] = [
+        b"",
+        b"a",
+        b"user:42",
+        b"tenant:acme",
+        b"ip:203.0.113.9",
+        b"rule:login:ip:2001:db8::1",
+        &[0xff; 64],
+        &[0u8; 256],
+    ];
+    let slots: BTreeMap<String, String> = keys
+        .iter()
+        .map(|key| (hex(key), slot_of(key).to_string()))
+        .collect();
+    assert_golden("slot_of.txt", &slots);
+}
