@@ -13,6 +13,8 @@ const DIRECTORIES: &[&str] = &[
     "store",
     "wire",
     "algorithm",
+    "cluster",
+    "cluster/ownership",
 ];
 
 /// Sibling module name -> the siblings it refers to.

@@ -11,7 +11,7 @@ use axum::routing::get;
 use tokio::sync::watch;
 
 use crate::metrics::recorder;
-use crate::server::Shared;
+use crate::state::Shared;
 
 pub(crate) async fn serve(
     listener: tokio::net::TcpListener,
@@ -35,7 +35,7 @@ pub(crate) async fn serve(
 }
 
 async fn readyz(State(shared): State<Arc<Shared>>) -> (StatusCode, String) {
-    match crate::server::not_ready_reason(&shared) {
+    match crate::state::not_ready_reason(&shared) {
         None => (StatusCode::OK, "ready\n".to_owned()),
         Some(reason) => (StatusCode::SERVICE_UNAVAILABLE, format!("{reason}\n")),
     }

@@ -66,7 +66,7 @@ impl DevCerts {
     /// the peer CA on first use: several nodes may share one data directory. The id must be a
     /// valid node id (a DNS name), which also keeps it a plain file name.
     pub fn node_cert_for(&self, id: &str) -> anyhow::Result<(PathBuf, PathBuf)> {
-        crate::tls::validate_node_id(id)?;
+        crate::node_id::validate_node_id(id)?;
         let cert = self.dir.join(format!("node-{id}.pem"));
         let key = self.dir.join(format!("node-{id}.key"));
         if cert.exists() && key.exists() {

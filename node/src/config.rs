@@ -1,14 +1,15 @@
-//! Node configuration: where to listen, which certificates, and the limits on everything that
-//! comes from outside. The binary fills it from flags; tests build it directly.
+//! Node configuration: where to listen, which certificates, the cluster and RLS settings, and the
+//! limits on everything that comes from outside. The binary fills it from flags; tests build it directly.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::time::Duration;
 
-use floodgate::StoreConfig;
+use floodgate::cluster::MembershipConfig;
 use floodgate::wire::WireLimits;
+use floodgate::{HostPort, StoreConfig};
 
 use crate::certs::DevCerts;
-use crate::cluster::ClusterConfig;
 
 #[derive(Debug, Clone)]
 pub struct NodeConfig {
@@ -26,7 +27,7 @@ pub struct NodeConfig {
     /// `--state-dir`: where long-period buckets are snapshotted and loaded from; `None`: nowhere.
     pub state_dir: Option<PathBuf>,
     /// `--rls-listen` / `--rls-config`: Envoy's rate limit service; `None`: off.
-    pub rls: Option<crate::rls::RlsSettings>,
+    pub rls: Option<RlsSettings>,
     /// TEST ONLY (`--test-only-clock-skew-ms`): how far this node's clock reads ahead of the
     /// system clock (negative: behind), so the chaos harness can skew one node. 0 in production.
     pub test_only_clock_skew_ns: i64,
@@ -151,6 +152,50 @@ impl NodeConfig {
             test_only_clock_skew_ns: 0,
         }
     }
+}
+
+/// How this node takes part in a cluster.
+#[derive(Debug, Clone)]
+pub struct ClusterConfig {
+    /// Stable id of this node (default: its advertised address).
+    pub node_id: Option<String>,
+    pub region: String,
+    /// Address peers and clients reach this node at (default: the listen address).
+    pub advertise: Option<SocketAddr>,
+    /// Any members to join through: IP addresses or DNS names, a name resolved again each time
+    /// the seed is dialed (its address may change, as a restarted pod's does).
+    pub seeds: Vec<HostPort>,
+    pub membership: MembershipConfig,
+    /// How often changed buckets go to each slot's successor.
+    pub sync_interval: Duration,
+    /// Ready (`/readyz`) even while no seed has answered (`--allow-alone`).
+    pub allow_alone: bool,
+}
+
+impl Default for ClusterConfig {
+    fn default() -> Self {
+        ClusterConfig {
+            node_id: None,
+            region: "local".to_owned(),
+            advertise: None,
+            seeds: Vec::new(),
+            membership: MembershipConfig::default(),
+            sync_interval: Duration::from_millis(100),
+            allow_alone: false,
+        }
+    }
+}
+
+/// `--rls-listen`, `--rls-config`, `--rls-rate-limit-headers`.
+#[derive(Debug, Clone)]
+pub struct RlsSettings {
+    pub listen: SocketAddr,
+    /// A file, or a directory of YAML files, in envoyproxy/ratelimit's format.
+    pub config: PathBuf,
+    /// Add the draft-10 `RateLimit-Policy` and `RateLimit` fields to `response_headers_to_add`.
+    pub rate_limit_headers: bool,
+    /// Serve over TLS with the node's certificate and key (otherwise plaintext HTTP/2).
+    pub tls: bool,
 }
 
 #[cfg(test)]

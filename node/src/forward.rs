@@ -1,9 +1,11 @@
 //! Answers a check batch in a cluster: decides this node's groups, forwards the others (one
-//! frame per owner, all at once), and places again what an owner refused as `not_owner`.
+//! frame per owner, all at once), and places again what an owner refused as `not_owner`. Where
+//! each group goes is the ownership machine's answer (`floodgate::cluster::ownership`); this
+//! file waits, decides and sends.
 //!
 //! What keeps each key decided by one bucket while slots move:
-//! - groups are decided under `Cluster::deciding`, with the table read under it: a table switch
-//!   waits for them, so the hand-off exported after a switch holds every decision made here;
+//! - groups are placed and decided under `Cluster::deciding`: a table switch waits for them,
+//!   so the hand-off exported after a switch holds every decision made here;
 //! - a gained slot waits (bounded) for its previous owner's hand-off before it is decided, and
 //!   is looked at again under the gate (the table may switch after the wait);
 //! - a slot this node handed off is not decided here again: a forwarded check for it is
@@ -18,16 +20,16 @@ use std::ops::Range;
 use std::time::Duration;
 
 use floodgate::Clock;
-use floodgate::cluster::SlotTable;
+use floodgate::cluster::ownership::{Arrival, Failed, Placement, Refusal};
 use floodgate::wire::{
-    ArchivedCheckBatch, CheckBatch, ErrorCode, Frame, FrameKind, FrameReader, ValidCheck,
-    WireCheck, WireDecision, decode_decisions, encode_message,
+    ArchivedCheckBatch, CheckBatch, ErrorCode, Frame, FrameKind, ValidCheck, WireCheck,
+    WireDecision, decode_decisions, encode_message,
 };
 use rkyv::rancor;
 
 use crate::metrics::DecisionTally;
-use crate::server::Shared;
 use crate::service::{decide_group, decode_frame, finish_batch, prefetch_ahead};
+use crate::state::Shared;
 
 /// Longest a node waits for its slot table to catch up with a peer's.
 const TABLE_CATCH_UP: Duration = Duration::from_millis(300);
@@ -49,79 +51,11 @@ enum Placed {
     Refused(ErrorCode),
 }
 
-/// How a group reached this node.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Arrival {
-    /// From a client that routes it to the owner (or does not know the owner).
-    Client,
-    /// From a client that cannot reach the owner, to the slot's successor.
-    Takeover,
-    /// From a node that does not own it.
-    Forwarded,
-}
-
-/// Where a group on a slot goes first, by this node's table (`None` means decide here).
-fn first_place(
-    table: &SlotTable,
-    me: &str,
-    slot: u16,
-    arrival: Arrival,
-    gave_away: impl Fn(u16) -> bool,
-) -> Option<Placed> {
-    let owner = table.owner(slot);
-    if owner == Some(me) {
-        return None;
-    }
-    let left = !table.contains(me);
-    if arrival == Arrival::Takeover && table.successor(slot) == Some(me) && !left {
-        // The client lost its link to the owner. This node holds the owner's replicas (at most
-        // one sync interval old) and decides from them, as it will once the owner is declared
-        // dead: one shared decider, where otherwise every client's fallback bucket would decide
-        // alone. Its decisions replicate to the owner, should the owner be alive after all.
-        return None;
-    }
-    if arrival == Arrival::Forwarded {
-        // The sender's table names this node. A slot handed off (or a node that left) is
-        // never decided here; a slot never held is decided once, here (our table did not catch
-        // up in time; forwarding on could loop).
-        return (left || gave_away(slot)).then_some(Placed::Refused(ErrorCode::NotOwner));
-    }
-    Some(match owner {
-        Some(owner) => Placed::Remote(owner.to_owned()),
-        // A node that has left, and was the last: nobody owns anything.
-        None => Placed::Refused(ErrorCode::ShuttingDown),
-    })
-}
-
-/// Where a group goes after its first forward failed.
-fn next_place(
-    table: &SlotTable,
-    me: &str,
-    slot: u16,
-    failed: &Placed,
-    last_round: bool,
-    gave_away: impl Fn(u16) -> bool,
-) -> Option<Placed> {
-    let owner = table.owner(slot);
-    match failed {
-        Placed::NotOwner(refuser) => match owner {
-            Some(owner) if owner == me => None,
-            Some(owner) if owner != refuser && !last_round => {
-                Some(Placed::Remote(owner.to_owned()))
-            }
-            _ => Some(Placed::Refused(ErrorCode::ShuttingDown)),
-        },
-        // An owner that does not answer (slow, or crashed and not yet declared dead): decide
-        // here rather than fail (availability over exactness; the bucket replicates to the
-        // owner like any other), unless this node has left or handed the slot off.
-        _ => {
-            let left = !table.contains(me);
-            if owner.is_none() || left || gave_away(slot) {
-                Some(Placed::Refused(ErrorCode::ShuttingDown))
-            } else {
-                None
-            }
-        }
+/// A refusal of the ownership machine as the code a check is answered with.
+fn refusal_code(refusal: Refusal) -> ErrorCode {
+    match refusal {
+        Refusal::NotOwner => ErrorCode::NotOwner,
+        Refusal::ShuttingDown => ErrorCode::ShuttingDown,
     }
 }
 
@@ -247,29 +181,36 @@ impl<'a> Batch<'a> {
                 break deciding;
             }
         };
-        let table = cluster.table();
-        let me = cluster.me.id.as_str();
+        // The machine places every group by the table in force (stable under the gate); slots
+        // this node gave away are refused to a forwarder.
+        let (placements, version) = {
+            let ownership = cluster.ownership();
+            let placements: Vec<Placement> = (0..self.groups.len())
+                .map(|i| ownership.place(self.slot(i), self.arrival(i, forwarded)))
+                .collect();
+            (placements, ownership.table().version())
+        };
         let mut taken_over = 0;
         let mut placed = Vec::with_capacity(self.groups.len());
-        for i in 0..self.groups.len() {
+        for (i, placement) in placements.into_iter().enumerate() {
             prefetch_ahead(&shared.store, self.groups, i);
-            let (slot, arrival) = (self.slot(i), self.arrival(i, forwarded));
-            // Slots this node gave away are refused to a forwarder (`first_place`).
-            let place = first_place(&table, me, slot, arrival, |s| cluster.gave_away(s));
-            placed.push(place.unwrap_or_else(|| {
-                if table.owner(slot) != Some(me) && arrival == Arrival::Takeover {
+            placed.push(match placement {
+                Placement::Decide => self.decide(i),
+                Placement::Takeover => {
                     taken_over += self.groups[i].len() as u64;
+                    self.decide(i)
                 }
-                self.decide(i)
-            }));
+                Placement::Forward(owner) => Placed::Remote(owner),
+                Placement::Refuse(refusal) => Placed::Refused(refusal_code(refusal)),
+            });
         }
         drop(deciding);
         shared.metrics.taken_over.increment(taken_over);
-        (placed, table.version())
+        (placed, version)
     }
 
     /// Forwards the `Remote` groups; those refused (`not_owner`) or unanswered are placed again
-    /// once (see `next_place`) and, if sent on, their answers taken as they come.
+    /// once (the machine's `place_again`) and, if sent on, their answers taken as they come.
     async fn forward_rounds(
         &mut self,
         archived: Option<&ArchivedCheckBatch>,
@@ -278,7 +219,6 @@ impl<'a> Batch<'a> {
     ) {
         let shared = self.shared;
         let cluster = &shared.cluster;
-        let me = cluster.me.id.as_str();
         let mut version = table_version;
         for last_round in [false, true] {
             if !placed.iter().any(|p| matches!(p, Placed::Remote(_))) {
@@ -314,19 +254,36 @@ impl<'a> Batch<'a> {
                 }
             }
             let _deciding = cluster.deciding();
-            let table = cluster.table();
-            version = table.version();
             let now = shared.clock.now_ns();
-            for i in failed {
-                let slot = self.slot(i);
-                let gave_away = |s| cluster.gave_away(s);
-                placed[i] = match next_place(&table, me, slot, &placed[i], last_round, gave_away) {
-                    Some(place) => place,
-                    // Gained meanwhile, and its state not here yet: not decided fresh.
-                    None if cluster.awaits_handoff(std::iter::once(slot), now) => {
-                        Placed::Refused(ErrorCode::ShuttingDown)
-                    }
-                    None => self.decide(i),
+            let placements: Vec<(usize, Placement)> = {
+                let ownership = cluster.ownership();
+                version = ownership.table().version();
+                failed
+                    .into_iter()
+                    .map(|i| {
+                        let slot = self.slot(i);
+                        let how = match &placed[i] {
+                            Placed::NotOwner(by) => Failed::NotOwner(by.clone()),
+                            _ => Failed::Unanswered,
+                        };
+                        let placement = match ownership.place_again(slot, &how, last_round) {
+                            // Gained meanwhile, and its state not here yet: not decided fresh.
+                            Placement::Decide
+                                if ownership.awaits_handoff(std::iter::once(slot), now) =>
+                            {
+                                Placement::Refuse(Refusal::ShuttingDown)
+                            }
+                            placement => placement,
+                        };
+                        (i, placement)
+                    })
+                    .collect()
+            };
+            for (i, placement) in placements {
+                placed[i] = match placement {
+                    Placement::Decide | Placement::Takeover => self.decide(i),
+                    Placement::Forward(owner) => Placed::Remote(owner),
+                    Placement::Refuse(refusal) => Placed::Refused(refusal_code(refusal)),
                 };
             }
         }
@@ -407,14 +364,16 @@ async fn forward(
             .increment(indices.iter().map(|&i| groups[i].len() as u64).sum());
         let peers = cluster.peers.clone();
         forwards.spawn(async move {
-            let answer = peers.request(&addr, &bytes, max + 64).await;
+            let answer = peers
+                .request(&addr, &bytes, max + 64, FrameKind::DecisionBatch)
+                .await;
             (owner, indices, answer)
         });
     }
     while let Some(Ok((owner, indices, answer))) = forwards.join_next().await {
         let Ok(decisions) = answer
             .map_err(|e| e.to_string())
-            .and_then(|bytes| decisions_of(&bytes))
+            .and_then(|frame| decisions_of(&frame))
         else {
             continue;
         };
@@ -439,135 +398,8 @@ async fn forward(
     }
 }
 
-fn decisions_of(bytes: &[u8]) -> Result<Vec<WireDecision>, String> {
-    let mut reader = FrameReader::new(bytes.len().max(16));
-    reader.extend(bytes);
-    match reader.next_frame() {
-        Ok(Some(frame)) if frame.kind == FrameKind::DecisionBatch => {
-            decode_decisions(&frame.payload)
-                .map(|(d, _)| d)
-                .map_err(|(_, m)| m)
-        }
-        other => Err(format!("unexpected answer to a forwarded batch: {other:?}")),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn table(nodes: &[&str]) -> SlotTable {
-        let nodes: Vec<String> = nodes.iter().map(|n| n.to_string()).collect();
-        SlotTable::compute(1, &nodes)
-    }
-
-    fn slot_owned_by(table: &SlotTable, node: &str) -> u16 {
-        (0..floodgate::cluster::SLOTS as u16)
-            .find(|&s| table.owner(s) == Some(node))
-            .unwrap()
-    }
-
-    const NEVER: fn(u16) -> bool = |_| false;
-    const ALWAYS: fn(u16) -> bool = |_| true;
-
-    #[test]
-    fn a_client_check_is_decided_by_its_owner_and_forwarded_otherwise() {
-        let t = table(&["a", "b", "c"]);
-        let mine = slot_owned_by(&t, "a");
-        let theirs = slot_owned_by(&t, "b");
-        assert_eq!(first_place(&t, "a", mine, Arrival::Client, NEVER), None);
-        assert_eq!(
-            first_place(&t, "a", theirs, Arrival::Client, NEVER),
-            Some(Placed::Remote("b".into()))
-        );
-    }
-
-    #[test]
-    fn a_forwarded_check_for_a_slot_handed_off_or_after_leaving_is_refused() {
-        let t = table(&["a", "b", "c"]);
-        let theirs = slot_owned_by(&t, "b");
-        let refused = Some(Placed::Refused(ErrorCode::NotOwner));
-        assert_eq!(
-            first_place(&t, "a", theirs, Arrival::Forwarded, ALWAYS),
-            refused
-        );
-        // Never held: the sender's table is newer; decided here, never forwarded on.
-        assert_eq!(
-            first_place(&t, "a", theirs, Arrival::Forwarded, NEVER),
-            None
-        );
-        // A node that left is in nobody's table, its own included.
-        let after_leave = table(&["b", "c"]);
-        let slot = slot_owned_by(&after_leave, "b");
-        assert_eq!(
-            first_place(&after_leave, "a", slot, Arrival::Forwarded, NEVER),
-            refused
-        );
-        assert_eq!(
-            first_place(&after_leave, "a", slot, Arrival::Client, NEVER),
-            Some(Placed::Remote("b".into()))
-        );
-        assert_eq!(
-            first_place(&table(&[]), "a", 7, Arrival::Client, NEVER),
-            Some(Placed::Refused(ErrorCode::ShuttingDown))
-        );
-    }
-
-    #[test]
-    fn a_takeover_is_decided_by_its_successor_and_forwarded_by_anyone_else() {
-        let t = table(&["a", "b", "c"]);
-        let slot = (0..floodgate::cluster::SLOTS as u16)
-            .find(|&s| t.owner(s) == Some("b") && t.successor(s) == Some("a"))
-            .unwrap();
-        assert_eq!(first_place(&t, "a", slot, Arrival::Takeover, NEVER), None);
-        assert_eq!(
-            first_place(&t, "c", slot, Arrival::Takeover, NEVER),
-            Some(Placed::Remote("b".into())),
-            "not the successor: to the owner"
-        );
-        let after_leave = table(&["b", "c"]);
-        assert_eq!(
-            first_place(&after_leave, "a", slot, Arrival::Takeover, NEVER),
-            Some(Placed::Remote("b".into())),
-            "a node that left takes nothing over"
-        );
-    }
-
-    #[test]
-    fn a_refused_check_goes_to_the_owner_the_table_names_now_at_most_once_more() {
-        let t = table(&["a", "b", "c"]);
-        let mine = slot_owned_by(&t, "a");
-        let cs = slot_owned_by(&t, "c");
-        let by_b = Placed::NotOwner("b".into());
-        assert_eq!(next_place(&t, "a", mine, &by_b, false, NEVER), None);
-        assert_eq!(
-            next_place(&t, "a", cs, &by_b, false, NEVER),
-            Some(Placed::Remote("c".into()))
-        );
-        let shutting_down = Some(Placed::Refused(ErrorCode::ShuttingDown));
-        assert_eq!(next_place(&t, "a", cs, &by_b, true, NEVER), shutting_down);
-        // Our table still names the refuser: it did not catch up in time.
-        let bs = slot_owned_by(&t, "b");
-        assert_eq!(next_place(&t, "a", bs, &by_b, false, NEVER), shutting_down);
-    }
-
-    #[test]
-    fn an_unanswered_check_is_decided_here_unless_the_slot_was_handed_off() {
-        let t = table(&["a", "b"]);
-        let bs = slot_owned_by(&t, "b");
-        assert_eq!(
-            next_place(&t, "a", bs, &Placed::Unanswered, false, NEVER),
-            None
-        );
-        let shutting_down = Some(Placed::Refused(ErrorCode::ShuttingDown));
-        assert_eq!(
-            next_place(&t, "a", bs, &Placed::Unanswered, false, ALWAYS),
-            shutting_down
-        );
-        let after_leave = table(&["b"]);
-        assert_eq!(
-            next_place(&after_leave, "a", bs, &Placed::Unanswered, true, NEVER),
-            shutting_down
-        );
-    }
+fn decisions_of(frame: &Frame) -> Result<Vec<WireDecision>, String> {
+    decode_decisions(&frame.payload)
+        .map(|(d, _)| d)
+        .map_err(|(_, m)| m)
 }

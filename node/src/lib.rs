@@ -2,17 +2,23 @@
 //! pure bucket store.
 //!
 //! - [`address`]: HOST:PORT flag values with DNS names, resolved IPv4 first.
-//! - [`config`]: [`NodeConfig`], listen addresses, TLS files and the limits on peers' input.
+//! - [`config`]: [`NodeConfig`], listen addresses, TLS files, the cluster and RLS settings, and
+//!   the limits on peers' input.
+//! - [`exchange`]: one request on its own stream (open, write a frame, read the answer, check
+//!   its kind), for peers and tests.
 //! - [`certs`]: development certificates for `--data-dir` and PEM loading.
+//! - `node_id`: what a node id may be (a DNS name its certificate carries).
 //! - `tls`: the QUIC server configuration (TLS 1.3, ALPN `floodgate/1`, optional mutual TLS).
-//! - `server`: [`Node`]: accept loop, connection and stream tasks, sweeper, graceful shutdown.
+//! - `state`: `Shared`, what every connection and stream task shares.
+//! - `server/`: [`Node`]: start, connections, streams, peer messages, sweeper, graceful shutdown.
 //! - `admission`: separate connection allowances for clients and peers.
 //! - `budget`: the node-wide budget of bytes buffered from streams.
 //! - `service`: the pure step from a received frame to the bytes of its answer.
-//! - [`cluster`]: membership gossip, the slot table, replication and hand-off between nodes.
-//! - `handoff`: which gained slots wait for their previous owner's hand-off.
+//! - [`cluster`]: the driver of the core's membership and ownership machines: gossip, table
+//!   switches under the deciding gate, hand-offs, replication, the table message, peers.
 //! - `member_log`: peers suspected or declared dead logged at WARN as it happens.
-//! - `forward`: checks for slots another node owns go to their owner; refusals are placed again.
+//! - `forward`: checks placed by the core's ownership machine: decided here, sent to their owner,
+//!   refusals placed again.
 //! - [`rules`]: `--rules FILE`: validation, versions, hot reload, serving rules to clients.
 //! - [`rls`]: `--rls-listen`: Envoy's rate limit service (RLS v3 over gRPC) on the cluster.
 //! - `admin`: `/metrics`, `/healthz`, `/readyz`.
@@ -24,25 +30,26 @@ pub mod address;
 pub mod certs;
 pub mod cluster;
 pub mod config;
+pub mod exchange;
 
 mod admin;
 mod admission;
 mod budget;
 mod forward;
-mod handoff;
 mod member_log;
 mod metrics;
+mod node_id;
 pub mod rls;
 pub mod rules;
 mod server;
 mod service;
 pub mod snapshot;
+mod state;
 mod tls;
 
 pub use address::HostPort;
 pub use certs::{DevCerts, ensure_dev_certs};
-pub use cluster::ClusterConfig;
-pub use config::{NodeConfig, NodeLimits, TlsConfig};
+pub use config::{ClusterConfig, NodeConfig, NodeLimits, TlsConfig};
 pub use server::Node;
 
 /// The core this node serves, re-exported so node code and tests name one path.

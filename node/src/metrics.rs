@@ -105,7 +105,30 @@ pub struct NodeMetrics {
     pub snapshot_age: Gauge,
 }
 
+/// The handles the cluster writes (clones of the node's).
+#[derive(Debug, Clone)]
+pub struct ClusterMetrics {
+    pub members: [Gauge; 4],
+    pub table_epoch: Gauge,
+    pub replication_lag: Gauge,
+    pub peer_handshake_failures: Counter,
+    pub replicated: Counter,
+    pub handed_off: Counter,
+}
+
 impl NodeMetrics {
+    /// The handles the cluster writes.
+    pub fn cluster(&self) -> ClusterMetrics {
+        ClusterMetrics {
+            members: self.members.clone(),
+            table_epoch: self.table_epoch.clone(),
+            replication_lag: self.replication_lag.clone(),
+            peer_handshake_failures: self.peer_handshake_failures.clone(),
+            replicated: self.replicated.clone(),
+            handed_off: self.handed_off.clone(),
+        }
+    }
+
     pub fn register() -> Self {
         recorder();
         let decisions = Algorithm::ALL.map(|a| {

@@ -20,7 +20,7 @@ use floodgate::{BucketStore, Clock};
 use parking_lot::Mutex;
 use tokio::sync::watch;
 
-use crate::server::Shared;
+use crate::state::Shared;
 
 /// The snapshot's file name inside the state directory.
 pub const SNAPSHOT_FILE: &str = "buckets.snapshot";

@@ -87,10 +87,10 @@ async fn mutual_tls_refuses_a_client_without_a_certificate() {
     let refused = match endpoint.connect(addr, "localhost").unwrap().await {
         Err(e) => e,
         Ok(connection) => {
-            let (mut send, mut recv) = connection.open_bi().await.unwrap();
-            let _ = send.write_all(&check_frame(1, &[b"k"], &per_hour(5))).await;
-            let _ = send.finish();
-            recv.read_to_end(1 << 20).await.unwrap_err();
+            let frame = check_frame(1, &[b"k"], &per_hour(5));
+            floodgate_node::exchange::round_trip(&connection, &frame, 1 << 20)
+                .await
+                .unwrap_err();
             connection.closed().await
         }
     };

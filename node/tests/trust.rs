@@ -41,10 +41,8 @@ fn garbage_frame(kind: FrameKind) -> Vec<u8> {
 /// forwarded checks, one-way otherwise) and returns how the node closed the connection.
 async fn send_as_non_peer(connection: quinn::Connection, frame: &[u8], bidi: bool) -> String {
     if bidi {
-        let (mut send, mut recv) = connection.open_bi().await.unwrap();
-        let _ = send.write_all(frame).await;
-        let _ = send.finish();
-        let _ = tokio::time::timeout(PATIENCE, recv.read_to_end(1 << 20)).await;
+        let answer = floodgate_node::exchange::round_trip(&connection, frame, 1 << 20);
+        let _ = tokio::time::timeout(PATIENCE, answer).await;
     } else {
         let mut send = connection.open_uni().await.unwrap();
         let _ = send.write_all(frame).await;

@@ -75,6 +75,15 @@ impl SlotTable {
         }
     }
 
+    /// The same owners under another epoch: a table computed once per owner set serves every
+    /// epoch that set comes back in (the simulation computes each set once).
+    pub fn with_epoch(&self, epoch: u64) -> SlotTable {
+        SlotTable {
+            epoch,
+            ..self.clone()
+        }
+    }
+
     pub fn epoch(&self) -> u64 {
         self.epoch
     }

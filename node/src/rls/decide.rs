@@ -10,7 +10,7 @@ use floodgate::wire::{
 };
 use floodgate::{Clock, Decision};
 
-use crate::server::Shared;
+use crate::state::Shared;
 
 /// Why a request could not be decided (answered `UNAVAILABLE`, so Envoy's own
 /// `failure_mode_deny` chooses what happens).

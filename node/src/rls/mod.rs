@@ -13,7 +13,6 @@ mod incoming;
 mod service;
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -24,7 +23,7 @@ use tokio::task::JoinSet;
 
 pub use config_file::RlsConfigHandle;
 
-use crate::server::Shared;
+use crate::state::Shared;
 
 /// Where envoyproxy/ratelimit serves gRPC, so an Envoy config moved over needs no port change.
 pub const DEFAULT_RLS_LISTEN: SocketAddr =
@@ -34,17 +33,7 @@ const MAX_STREAMS_PER_CONNECTION: u32 = 1_024;
 /// A call not answered in this time is cancelled (Envoy's own timeout is usually 20 ms to 1 s).
 const CALL_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// `--rls-listen`, `--rls-config`, `--rls-rate-limit-headers`.
-#[derive(Debug, Clone)]
-pub struct RlsSettings {
-    pub listen: SocketAddr,
-    /// A file, or a directory of YAML files, in envoyproxy/ratelimit's format.
-    pub config: PathBuf,
-    /// Add the draft-10 `RateLimit-Policy` and `RateLimit` fields to `response_headers_to_add`.
-    pub rate_limit_headers: bool,
-    /// Serve over TLS with the node's certificate and key (otherwise plaintext HTTP/2).
-    pub tls: bool,
-}
+pub use crate::config::RlsSettings;
 
 /// Loads the configuration, binds the listener and spawns the server and the reload poller.
 pub(crate) async fn start(

@@ -23,7 +23,7 @@ use tonic::{Request, Response, Status};
 
 use super::config_file::RlsConfigHandle;
 use super::decide::{Undecided, decide};
-use crate::server::Shared;
+use crate::state::Shared;
 
 /// Most entries in one descriptor (Envoy sends a handful).
 pub const MAX_ENTRIES: usize = 64;

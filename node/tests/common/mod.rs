@@ -114,10 +114,9 @@ impl Answers {
 
 /// Sends raw bytes on a new stream, finishes it, and reads every answer until the stream ends.
 pub async fn exchange(connection: &quinn::Connection, bytes: &[u8]) -> Answers {
-    let (mut send, mut recv) = connection.open_bi().await.unwrap();
-    send.write_all(bytes).await.unwrap();
-    let _ = send.finish();
-    let received = recv.read_to_end(16 << 20).await.unwrap_or_default();
+    let received = floodgate_node::exchange::round_trip(connection, bytes, 16 << 20)
+        .await
+        .unwrap_or_default();
     parse_answers(&received)
 }
 

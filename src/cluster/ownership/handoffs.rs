@@ -1,45 +1,59 @@
-//! Which gained slots wait for their previous owner's hand-off, and which hand-offs arrived.
+//! Hand-off bookkeeping: which gained slots wait for their previous owner's hand-off, which
+//! hand-offs arrived, and the parts of those still incomplete.
 //!
 //! Every hand-off names the slots it carries. A slot gained from a node waits until a complete
 //! hand-off from that node carrying that slot has been merged (every part of it: parts arrive
-//! in any order), or until its deadline. A hand-off that arrived shortly before this node
-//! switched tables counts; one for a slot this node has since given away does not (the slot's
-//! state moved on after it). Pure bookkeeping: the node calls it under a lock.
+//! in any order, and a part sent twice counts once), or until its deadline. A hand-off that
+//! arrived shortly before this node switched tables counts; one for a slot this node has since
+//! given away does not (the slot's state moved on after it).
 
-use std::collections::{HashMap, HashSet};
-
-use floodgate::wire::HandoffPart;
+use std::collections::{BTreeMap, BTreeSet};
 
 /// Most hand-offs being received at once (each holds the list of its slots).
-const MAX_PARTIAL: usize = 256;
+pub const MAX_PARTIAL: usize = 256;
 /// A hand-off whose parts have not all arrived after this long is forgotten.
-const PARTIAL_TTL_NS: u64 = 10_000_000_000;
+pub const PARTIAL_TTL_NS: u64 = 10_000_000_000;
 
-#[derive(Debug, Default)]
-pub(crate) struct Handoffs {
-    /// Gained slots whose state is on its way: from whom, and until when they wait.
-    pending: HashMap<u16, (String, u64)>,
-    /// Slots a complete hand-off carried here: from whom, and when.
-    arrived: HashMap<u16, (String, u64)>,
-    /// Hand-offs still missing parts, by sender and hand-off id.
-    partial: HashMap<(String, u64), Partial>,
+/// One received part of a hand-off, as the wire's `HandoffPart` carries it (borrowed, so this
+/// module needs nothing from the wire).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReceivedPart<'a> {
+    /// The sender's id for this hand-off.
+    pub id: u64,
+    /// This part's number, from 0.
+    pub part: u32,
+    /// How many parts the hand-off has.
+    pub parts: u32,
+    /// Every slot the hand-off carries (each part lists them all).
+    pub slots: &'a [u16],
 }
 
-#[derive(Debug, Default)]
+/// The hand-off state of one node. Ordered maps, so a simulation replays byte for byte.
+#[derive(Debug, Default, Clone)]
+pub struct Handoffs {
+    /// Gained slots whose state is on its way: from whom, and until when they wait.
+    pending: BTreeMap<u16, (String, u64)>,
+    /// Slots a complete hand-off carried here: from whom, and when.
+    arrived: BTreeMap<u16, (String, u64)>,
+    /// Hand-offs still missing parts, by sender and hand-off id.
+    partial: BTreeMap<(String, u64), Partial>,
+}
+
+#[derive(Debug, Default, Clone)]
 struct Partial {
     /// How many parts the hand-off has, as its first part said.
     parts: u32,
     /// The part numbers received: a part sent twice (a retry, or a hostile peer) counts once.
     /// At most `parts` entries, itself bounded on the wire (`MAX_HANDOFF_PARTS`).
-    seen: HashSet<u32>,
+    seen: BTreeSet<u32>,
     slots: Vec<u16>,
     first_ns: u64,
 }
 
 impl Handoffs {
     /// `slot` was gained from `from`: it waits (until `now_ns + wait_ns`) for `from`'s hand-off,
-    /// unless one carrying it arrived within the last `wait_ns`.
-    pub(crate) fn expect(&mut self, slot: u16, from: &str, now_ns: u64, wait_ns: u64) {
+    /// unless one carrying it arrived within the last `wait_ns`. Returns true when it waits.
+    pub fn expect(&mut self, slot: u16, from: &str, now_ns: u64, wait_ns: u64) -> bool {
         let arrived = self
             .arrived
             .get(&slot)
@@ -48,20 +62,26 @@ impl Handoffs {
             self.pending
                 .insert(slot, (from.to_owned(), now_ns.saturating_add(wait_ns)));
         }
+        !arrived
     }
 
-    /// Records one part of a hand-off (its buckets already merged); returns true when that
-    /// completed the hand-off.
-    pub(crate) fn received(&mut self, from: &str, part: &HandoffPart, now_ns: u64) -> bool {
+    /// Records one part of a hand-off (its buckets already merged); when that completed the
+    /// hand-off, returns the slots it carried (their waits on `from` end).
+    pub fn received(
+        &mut self,
+        from: &str,
+        part: ReceivedPart<'_>,
+        now_ns: u64,
+    ) -> Option<Vec<u16>> {
         let slots = if part.parts <= 1 {
-            part.slots.clone()
+            part.slots.to_vec()
         } else {
             self.partial
                 .retain(|_, p| now_ns.saturating_sub(p.first_ns) < PARTIAL_TTL_NS);
             let key = (from.to_owned(), part.id);
             if !self.partial.contains_key(&key) && self.partial.len() >= MAX_PARTIAL {
                 // Too many unfinished hand-offs: this one's slots simply wait their deadline.
-                return false;
+                return None;
             }
             let partial = self.partial.entry(key.clone()).or_insert(Partial {
                 parts: part.parts,
@@ -71,51 +91,79 @@ impl Handoffs {
             // A part that disagrees with the first on the count, or numbered past it, is not
             // part of this hand-off: it completes nothing.
             if part.parts != partial.parts || part.part >= partial.parts {
-                return false;
+                return None;
             }
             partial.seen.insert(part.part);
             if partial.slots.is_empty() {
-                partial.slots = part.slots.clone();
+                partial.slots = part.slots.to_vec();
             }
             if (partial.seen.len() as u64) < u64::from(partial.parts) {
-                return false;
+                return None;
             }
             self.partial
                 .remove(&key)
                 .map(|p| p.slots)
                 .unwrap_or_default()
         };
-        for slot in slots {
+        for &slot in &slots {
             if self.pending.get(&slot).is_some_and(|(by, _)| by == from) {
                 self.pending.remove(&slot);
             }
             self.arrived.insert(slot, (from.to_owned(), now_ns));
         }
-        true
+        Some(slots)
     }
 
     /// This node gave `slot` away: what arrived for it before is stale from now on.
-    pub(crate) fn gave_away(&mut self, slot: u16) {
+    pub fn gave_away(&mut self, slot: u16) {
         self.arrived.remove(&slot);
         self.pending.remove(&slot);
     }
 
-    /// Forgets expectations whose deadline passed: those slots are decided from what is here.
-    pub(crate) fn expire(&mut self, now_ns: u64) {
-        self.pending.retain(|_, (_, until)| *until > now_ns);
+    /// Forgets expectations whose deadline passed (those slots are decided from what is here);
+    /// returns their slots and whom they waited for.
+    pub fn expire(&mut self, now_ns: u64) -> Vec<(u16, String)> {
+        let expired: Vec<(u16, String)> = self
+            .pending
+            .iter()
+            .filter(|(_, (_, until))| *until <= now_ns)
+            .map(|(slot, (from, _))| (*slot, from.clone()))
+            .collect();
+        for (slot, _) in &expired {
+            self.pending.remove(slot);
+        }
+        expired
     }
 
-    pub(crate) fn is_empty(&self) -> bool {
+    pub fn is_empty(&self) -> bool {
         self.pending.is_empty()
     }
 
-    /// The latest deadline among `slots` that still wait, if any does.
-    pub(crate) fn deadline(&self, slots: impl Iterator<Item = u16>, now_ns: u64) -> Option<u64> {
+    /// The latest deadline among `slots` that still wait at `now_ns`, if any does.
+    pub fn deadline(&self, slots: impl Iterator<Item = u16>, now_ns: u64) -> Option<u64> {
+        if self.pending.is_empty() {
+            return None;
+        }
         slots
             .filter_map(|s| self.pending.get(&s))
             .map(|(_, until)| *until)
             .filter(|until| *until > now_ns)
             .max()
+    }
+
+    /// The earliest deadline of any waiting slot.
+    pub fn next_deadline(&self) -> Option<u64> {
+        self.pending.values().map(|(_, until)| *until).min()
+    }
+
+    /// Who `slot` waits for, if it waits.
+    pub fn awaited_from(&self, slot: u16) -> Option<&str> {
+        self.pending.get(&slot).map(|(from, _)| from.as_str())
+    }
+
+    /// Hand-offs still missing parts (bounded by `MAX_PARTIAL`).
+    pub fn partial_count(&self) -> usize {
+        self.partial.len()
     }
 }
 
@@ -125,12 +173,12 @@ mod tests {
 
     const WAIT: u64 = 500;
 
-    fn part(id: u64, part: u32, parts: u32, slots: &[u16]) -> HandoffPart {
-        HandoffPart {
+    fn part(id: u64, part: u32, parts: u32, slots: &[u16]) -> ReceivedPart<'_> {
+        ReceivedPart {
             id,
             part,
             parts,
-            slots: slots.to_vec(),
+            slots,
         }
     }
 
@@ -140,12 +188,12 @@ mod tests {
         h.expect(7, "x", 0, WAIT);
         assert!(h.deadline([7u16].into_iter(), 0).is_some());
         // A hand-off from x that does not carry slot 7, and one from y that does.
-        assert!(h.received("x", &part(1, 0, 1, &[8]), 1));
-        assert!(h.received("y", &part(2, 0, 1, &[7]), 1));
+        assert_eq!(h.received("x", part(1, 0, 1, &[8]), 1), Some(vec![8]));
+        assert_eq!(h.received("y", part(2, 0, 1, &[7]), 1), Some(vec![7]));
         assert!(h.deadline([7u16].into_iter(), 1).is_some());
-        assert!(!h.received("x", &part(3, 1, 2, &[7, 8]), 2));
+        assert_eq!(h.received("x", part(3, 1, 2, &[7, 8]), 2), None);
         assert!(h.deadline([7u16].into_iter(), 2).is_some());
-        assert!(h.received("x", &part(3, 0, 2, &[7, 8]), 3));
+        assert_eq!(h.received("x", part(3, 0, 2, &[7, 8]), 3), Some(vec![7, 8]));
         assert!(h.deadline([7u16].into_iter(), 3).is_none());
         assert!(h.is_empty());
     }
@@ -154,27 +202,27 @@ mod tests {
     fn a_part_sent_twice_counts_once() {
         let mut h = Handoffs::default();
         h.expect(7, "x", 0, WAIT);
-        assert!(!h.received("x", &part(1, 0, 3, &[7]), 1));
+        assert!(h.received("x", part(1, 0, 3, &[7]), 1).is_none());
         // Part 0 again, twice: still two parts missing.
-        assert!(!h.received("x", &part(1, 0, 3, &[7]), 2));
-        assert!(!h.received("x", &part(1, 0, 3, &[7]), 3));
+        assert!(h.received("x", part(1, 0, 3, &[7]), 2).is_none());
+        assert!(h.received("x", part(1, 0, 3, &[7]), 3).is_none());
         assert!(h.deadline([7u16].into_iter(), 3).is_some());
         // Parts that do not belong (another count, a number past the count) complete nothing.
-        assert!(!h.received("x", &part(1, 1, 2, &[7]), 4));
-        assert!(!h.received("x", &part(1, 5, 3, &[7]), 4));
-        assert!(!h.received("x", &part(1, 2, 3, &[7]), 5));
+        assert!(h.received("x", part(1, 1, 2, &[7]), 4).is_none());
+        assert!(h.received("x", part(1, 5, 3, &[7]), 4).is_none());
+        assert!(h.received("x", part(1, 2, 3, &[7]), 5).is_none());
         assert!(h.deadline([7u16].into_iter(), 5).is_some());
-        assert!(h.received("x", &part(1, 1, 3, &[7]), 6));
+        assert!(h.received("x", part(1, 1, 3, &[7]), 6).is_some());
         assert!(h.is_empty());
     }
 
     #[test]
     fn a_hand_off_that_came_first_counts_while_recent_and_until_the_slot_is_given_away() {
         let mut h = Handoffs::default();
-        h.received("x", &part(1, 0, 1, &[1, 2, 3]), 100);
-        h.expect(1, "x", 100 + WAIT - 1, WAIT);
+        h.received("x", part(1, 0, 1, &[1, 2, 3]), 100);
+        assert!(!h.expect(1, "x", 100 + WAIT - 1, WAIT));
         assert!(h.is_empty());
-        h.expect(2, "x", 100 + WAIT, WAIT);
+        assert!(h.expect(2, "x", 100 + WAIT, WAIT));
         assert!(h.deadline([2u16].into_iter(), 100 + WAIT).is_some());
         h.gave_away(3);
         h.expect(3, "x", 101, WAIT);
@@ -186,14 +234,15 @@ mod tests {
         let mut h = Handoffs::default();
         h.expect(1, "x", 0, WAIT);
         assert_eq!(h.deadline([1u16, 2].into_iter(), 0), Some(WAIT));
-        h.expire(WAIT);
+        assert_eq!(h.next_deadline(), Some(WAIT));
+        assert_eq!(h.expire(WAIT), vec![(1, "x".to_owned())]);
         assert!(h.is_empty());
         for id in 0..(MAX_PARTIAL as u64 + 10) {
-            h.received("x", &part(id, 0, 2, &[1]), 0);
+            h.received("x", part(id, 0, 2, &[1]), 0);
         }
-        assert!(h.partial.len() <= MAX_PARTIAL);
+        assert!(h.partial_count() <= MAX_PARTIAL);
         // Forgotten after their time to live.
-        h.received("x", &part(9_999, 0, 2, &[1]), PARTIAL_TTL_NS);
-        assert_eq!(h.partial.len(), 1);
+        h.received("x", part(9_999, 0, 2, &[1]), PARTIAL_TTL_NS);
+        assert_eq!(h.partial_count(), 1);
     }
 }

@@ -1,0 +1,197 @@
+//! The membership driver: gossip in and out, id conflicts, the join and readiness, and a
+//! graceful leave.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use floodgate::Clock;
+use floodgate::cluster::ownership::Action;
+use floodgate::cluster::{ConflictVerdict, Gossip, IdConflict};
+use floodgate::wire::{FrameKind, encode_message, member_state_to_wire};
+use tokio::sync::watch;
+
+use super::{COMPLAINT_INTERVAL_NS, Cluster, JOIN_WAIT};
+
+impl Cluster {
+    /// While a node started with seeds has not heard from the cluster, its table of one is not
+    /// real ownership: checks wait (bounded) until it has joined, or decide alone after that.
+    pub(crate) async fn wait_until_joined(&self) {
+        if !self.joining.load(std::sync::atomic::Ordering::Relaxed) {
+            return;
+        }
+        let _ = tokio::time::timeout(JOIN_WAIT, self.joined()).await;
+        if self.joining.load(std::sync::atomic::Ordering::Relaxed) {
+            self.ownership.lock().handle_join_wait_expired();
+        }
+    }
+
+    /// Resolves once this node has its first real table (at once for a node without seeds).
+    pub(crate) async fn joined(&self) {
+        loop {
+            // Registered before the look, so a join in between still wakes it.
+            let joined = self.joined.notified();
+            tokio::pin!(joined);
+            joined.as_mut().enable();
+            if !self.joining.load(std::sync::atomic::Ordering::Relaxed) {
+                return;
+            }
+            joined.await;
+        }
+    }
+
+    pub(crate) fn handle_gossip(&self, now_ns: u64, gossip: &Gossip) {
+        let mut conflicts = Vec::new();
+        drop(self.update_table(now_ns, |membership| {
+            conflicts = membership.handle_gossip(now_ns, gossip)
+        }));
+        for conflict in conflicts {
+            if self.time_to_complain(&self.next_conflict_complaint_ns, now_ns) {
+                tracing::warn!(
+                    id = %conflict.id,
+                    holder = %conflict.holder_addr,
+                    claimant = %conflict.claimant_addr,
+                    "refused a second node claiming a live node's id; telling it"
+                );
+            }
+            let mut frame = Vec::new();
+            encode_message(&mut frame, FrameKind::IdConflict, 0, &conflict);
+            drop(self.peers.send(conflict.claimant_addr.clone(), frame));
+        }
+    }
+
+    /// Another member says our id is held elsewhere: the node that started later yields.
+    pub(crate) fn handle_conflict(&self, conflict: &IdConflict, now_ns: u64) {
+        let verdict = self.membership.lock().handle_conflict(conflict);
+        match verdict {
+            ConflictVerdict::Ignored => {}
+            ConflictVerdict::Refused => {
+                let reason = format!(
+                    "node id {:?} is already held by the live node at {} (this node, at {}, \
+                     started later): give this node another --node-id, or stop the other one",
+                    conflict.id, conflict.holder_addr, self.me.addr
+                );
+                tracing::error!("refused by the cluster: {reason}");
+                self.refused.send_if_modified(|r| {
+                    let first = r.is_none();
+                    if first {
+                        *r = Some(reason);
+                    }
+                    first
+                });
+            }
+            // Repeats while the other node's claim is gossiped: said once a second at most.
+            ConflictVerdict::Kept
+                if self.time_to_complain(&self.next_conflict_complaint_ns, now_ns) =>
+            {
+                tracing::error!(
+                    id = %conflict.id,
+                    other = %conflict.holder_addr,
+                    "another node claims this node's id; this node started first and keeps it"
+                );
+            }
+            ConflictVerdict::Kept => {}
+        }
+    }
+
+    /// Why this node is not ready to serve with the cluster, or `None` when it is.
+    pub(crate) fn not_ready_reason(&self) -> Option<String> {
+        if let Some(reason) = self.refused.borrow().as_ref() {
+            return Some(format!("refused: {reason}"));
+        }
+        if self.joining.load(std::sync::atomic::Ordering::Relaxed) && !self.config.allow_alone {
+            return Some("not joined: no seed answered".to_owned());
+        }
+        None
+    }
+
+    pub(crate) fn watch_refusal(&self) -> watch::Receiver<Option<String>> {
+        self.refused.subscribe()
+    }
+
+    /// True at most once per `COMPLAINT_INTERVAL_NS` for each `next` clock.
+    pub(super) fn time_to_complain(&self, next: &AtomicU64, now_ns: u64) -> bool {
+        let due = next.load(Ordering::Relaxed);
+        now_ns >= due
+            && next
+                .compare_exchange(
+                    due,
+                    now_ns + COMPLAINT_INTERVAL_NS,
+                    Ordering::Relaxed,
+                    Ordering::Relaxed,
+                )
+                .is_ok()
+    }
+
+    /// One round of gossip, then (every sync interval) replication of changed buckets.
+    pub(super) fn gossip_round(&self, now_ns: u64) {
+        if self.joining.load(Ordering::Relaxed)
+            && self
+                .peers
+                .seeds_are_all_me(&self.config.seeds, &self.me.addr)
+        {
+            // Every seed name turned out to be this node: like a node without seeds, it is the
+            // first of its cluster and has nobody to wait for. Under the update lock, so no
+            // table update sees the flag change halfway (busy: the next round retries).
+            if let Some(_one_at_a_time) = self.updating.try_lock() {
+                let actions: Vec<Action> = {
+                    let mut ownership = self.ownership.lock();
+                    ownership.handle_no_one_to_join();
+                    std::iter::from_fn(|| ownership.poll_action()).collect()
+                };
+                drop(self.carry_out(actions, now_ns));
+            }
+        }
+        if self.joining.load(Ordering::Relaxed)
+            && self.refused.borrow().is_none()
+            && self.time_to_complain(&self.next_join_complaint_ns, now_ns)
+        {
+            tracing::warn!(
+                seeds = %self.config.seeds.iter().map(ToString::to_string).collect::<Vec<_>>().join(","),
+                "not joined: no seed answered yet; serving alone and retrying"
+            );
+        }
+        {
+            // Hand-off waits that ran out end in the machine too (checks already look lazily).
+            let mut ownership = self.ownership.lock();
+            if ownership.poll_timeout().is_some_and(|at| at <= now_ns) {
+                ownership.handle_timeout(now_ns);
+            }
+        }
+        let outgoing = self.membership.lock().poll(now_ns);
+        for message in outgoing {
+            let mut frame = Vec::new();
+            encode_message(&mut frame, FrameKind::Gossip, 0, &message.gossip);
+            self.peers.send(message.to, frame);
+        }
+        // Members declared suspect or dead by `poll` change the owners.
+        drop(self.update_table(now_ns, |_| {}));
+    }
+
+    pub(super) fn publish_members(&self) {
+        let mut counts = [0usize; 4];
+        for (_, state) in self.membership.lock().members() {
+            counts[usize::from(member_state_to_wire(state))] += 1;
+        }
+        for (gauge, count) in self.metrics.members.iter().zip(counts) {
+            gauge.set(count as f64);
+        }
+    }
+
+    /// Announces a graceful leave and hands every bucket to its owner without this node.
+    pub(crate) async fn leave(&self) {
+        let now_ns = self.clock.now_ns();
+        let mut outgoing = Vec::new();
+        // From the switch on, checks that arrive are forwarded to the new owners, and forwarded
+        // checks for these slots are answered `not_owner`; the new owners hold checks on them
+        // until the hand-off arrives (they see the leave as `Left`, not dead).
+        let sends = self.update_table(now_ns, |membership| outgoing = membership.leave(now_ns));
+        for message in outgoing {
+            let mut frame = Vec::new();
+            encode_message(&mut frame, FrameKind::Gossip, 0, &message.gossip);
+            drop(self.peers.send(message.to, frame));
+        }
+        // Each send is bounded by PEER_TIMEOUT; the endpoint must not close before they land.
+        for send in sends {
+            let _ = send.await;
+        }
+    }
+}

@@ -1,0 +1,283 @@
+//! The node's part of the cluster: the state one node keeps and the loop that drives it. The
+//! decisions live in the core's sans-I/O `Membership`, `SlotTable` and `Ownership`; these files
+//! only move their messages, run their timers and carry out their actions.
+//!
+//! - `membership`: gossip in and out, id conflicts, the join, readiness and a graceful leave.
+//! - `table_switch`: a change of owners becomes a new table, switched under the deciding gate
+//!   through the ownership machine, and the hand-offs it owes go out.
+//! - `replication`: changed buckets to each slot's successor, buckets split into frames.
+//! - `table_message`: the slot table and members as clients receive them, encoded once.
+//! - `peers`: connections to other nodes, dialed by id and reused.
+
+mod membership;
+mod peers;
+mod replication;
+mod table_message;
+mod table_switch;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use floodgate::cluster::ownership::{Ownership, OwnershipConfig};
+use floodgate::cluster::{MemberInfo, Membership, SlotTable};
+use floodgate::{BucketStore, Clock, EpochClock};
+use parking_lot::Mutex;
+use tokio::sync::watch;
+
+use crate::member_log::MemberLog;
+use crate::metrics::ClusterMetrics;
+
+pub use crate::config::ClusterConfig;
+pub(crate) use peers::Peers;
+use table_message::EncodedTable;
+
+/// Most encoded bytes of buckets in one replication or hand-off frame: well under the smallest
+/// frame limit a node accepts (`NodeLimits` refuses less than this plus room for the rest).
+const BUCKET_BYTES_PER_FRAME: usize = 256 * 1024;
+/// Longest a check waits for a starting node to hear from the cluster it joins.
+const JOIN_WAIT: Duration = Duration::from_secs(1);
+/// Longest a message to a peer may take before it is given up.
+const PEER_TIMEOUT: Duration = Duration::from_secs(1);
+/// How often a node whose seeds do not answer, or that receives conflicting claims on an id,
+/// says so in the log (gossip retries every round; the log need not).
+const COMPLAINT_INTERVAL_NS: u64 = 1_000_000_000;
+/// Longest a seed's name may take to resolve before the dial is given up (retried next round).
+const RESOLVE_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// The cluster state one node keeps.
+#[derive(Debug)]
+pub(crate) struct Cluster {
+    pub(crate) me: MemberInfo,
+    config: ClusterConfig,
+    membership: Mutex<Membership>,
+    /// Who decides which slot while slots move: the table in force and the ones before it,
+    /// the slots given away, gained slots waiting for their hand-off, the join phase. The core's
+    /// sans-I/O machine; this driver feeds it and carries out its actions.
+    ownership: Mutex<Ownership>,
+    /// The machine's table, published: a watch so tests and tools can await changes instead of
+    /// polling, and checks read it without the machine's lock.
+    table: watch::Sender<Arc<SlotTable>>,
+    pub(crate) peers: Arc<Peers>,
+    /// Rung when a hand-off completes: checks waiting on gained slots look again.
+    handoff_arrived: tokio::sync::Notify,
+    /// Encoded bucket bytes per replication or hand-off frame.
+    bucket_bytes_per_frame: usize,
+    /// The buckets replicated and handed off, and where merged ones go.
+    store: Arc<BucketStore>,
+    clock: EpochClock,
+    metrics: ClusterMetrics,
+    /// The machine's join phase, mirrored for the per-check look (set false only after the real
+    /// table is published, so a check that sees the node joined also sees that table).
+    joining: std::sync::atomic::AtomicBool,
+    /// Rung when a joining node has its first real table.
+    joined: tokio::sync::Notify,
+    /// Set (with the reason) once another node proved to hold this node's id first: this node
+    /// is out of the cluster and its process should stop.
+    refused: watch::Sender<Option<String>>,
+    /// When the log may next say that no seed answered, or that an id is claimed twice.
+    next_join_complaint_ns: AtomicU64,
+    next_conflict_complaint_ns: AtomicU64,
+    /// Held shared while a batch reads the table and decides its groups, exclusively while the
+    /// table is switched: once a switch returns, no decision made under the old table is still
+    /// in flight, so the hand-off exported after it holds every decision made here.
+    deciding: parking_lot::RwLock<()>,
+    /// One table update at a time (gossip, the gossip loop, a leave), so a leave's hand-off is
+    /// the one it waits for.
+    updating: Mutex<()>,
+    /// Members' states as last logged: suspicion and death are logged at WARN as they happen.
+    member_log: Mutex<MemberLog>,
+    /// The last slot-table payload encoded for clients, reused while it is current.
+    encoded_table: Mutex<Option<Arc<EncodedTable>>>,
+}
+
+impl Cluster {
+    pub(crate) fn new(
+        config: ClusterConfig,
+        listen: SocketAddr,
+        endpoint: quinn::Endpoint,
+        peer_config: crate::tls::PeerClientConfigs,
+        store: Arc<BucketStore>,
+        clock: EpochClock,
+        metrics: ClusterMetrics,
+    ) -> Self {
+        let now_ns = clock.now_ns();
+        let addr = config.advertise.unwrap_or(listen).to_string();
+        let me = MemberInfo {
+            id: config.node_id.clone().unwrap_or_else(|| addr.clone()),
+            addr,
+            region: config.region.clone(),
+        };
+        let seeds: Vec<String> = config.seeds.iter().map(ToString::to_string).collect();
+        let mut own_addrs: Vec<SocketAddr> = me.addr.parse().ok().into_iter().collect();
+        if !listen.ip().is_unspecified() {
+            own_addrs.push(listen);
+        }
+        // A node listed among its own seeds (one list for every node) has nobody to wait for.
+        let has_other_seeds = seeds.iter().any(|s| *s != me.addr);
+        // The start time in ms is the incarnation: a restart always comes back newer.
+        let membership = Membership::new(
+            me.clone(),
+            now_ns / 1_000_000,
+            seeds,
+            config.membership,
+            now_ns,
+            now_ns,
+        );
+        let table = Arc::new(SlotTable::compute(membership.epoch(), &membership.owners()));
+        // Hand-off ids start from the start time, so a restart does not reuse its last life's.
+        let ownership = Ownership::new(
+            me.id.clone(),
+            table.clone(),
+            has_other_seeds,
+            now_ns,
+            OwnershipConfig::default(),
+        );
+        Cluster {
+            me,
+            membership: Mutex::new(membership),
+            ownership: Mutex::new(ownership),
+            table: watch::Sender::new(table),
+            peers: Arc::new(Peers::new(
+                endpoint,
+                peer_config,
+                metrics.peer_handshake_failures.clone(),
+                own_addrs,
+            )),
+            handoff_arrived: tokio::sync::Notify::new(),
+            bucket_bytes_per_frame: BUCKET_BYTES_PER_FRAME,
+            store,
+            clock,
+            metrics,
+            joining: std::sync::atomic::AtomicBool::new(has_other_seeds),
+            joined: tokio::sync::Notify::new(),
+            refused: watch::Sender::new(None),
+            next_join_complaint_ns: AtomicU64::new(now_ns + JOIN_WAIT.as_nanos() as u64),
+            next_conflict_complaint_ns: AtomicU64::new(0),
+            deciding: parking_lot::RwLock::new(()),
+            updating: Mutex::new(()),
+            member_log: Mutex::new(MemberLog::default()),
+            encoded_table: Mutex::new(None),
+            config,
+        }
+    }
+
+    /// Sizes replication frames for peers that accept frames of `max_frame_bytes` (half of it
+    /// for buckets, at most `BUCKET_BYTES_PER_FRAME`).
+    pub(crate) fn with_frame_limit(mut self, max_frame_bytes: usize) -> Self {
+        self.bucket_bytes_per_frame = (max_frame_bytes / 2).min(BUCKET_BYTES_PER_FRAME);
+        self
+    }
+
+    pub(crate) fn table(&self) -> Arc<SlotTable> {
+        self.table.borrow().clone()
+    }
+
+    pub(crate) fn watch_table(&self) -> watch::Receiver<Arc<SlotTable>> {
+        self.table.subscribe()
+    }
+
+    /// Held while deciding: the table read under it stays this node's table until it is
+    /// dropped. Never held across an await.
+    pub(crate) fn deciding(&self) -> parking_lot::RwLockReadGuard<'_, ()> {
+        self.deciding.read()
+    }
+
+    /// The ownership machine, to place checks (under [`Cluster::deciding`], so its table is
+    /// the one decisions are made under). Never held across an await.
+    pub(crate) fn ownership(&self) -> parking_lot::MutexGuard<'_, Ownership> {
+        self.ownership.lock()
+    }
+
+    /// True when `version` is that of a table this node had before its current one.
+    pub(crate) fn had_version(&self, version: u64) -> bool {
+        self.ownership.lock().had_version(version)
+    }
+
+    /// Waits until `done` holds for this node's table, or `limit` passes.
+    pub(crate) async fn wait_for_table(&self, limit: Duration, done: impl Fn(&SlotTable) -> bool) {
+        let mut tables = self.watch_table();
+        let _ = tokio::time::timeout(limit, async {
+            while !done(&tables.borrow_and_update()) {
+                if tables.changed().await.is_err() {
+                    return;
+                }
+            }
+        })
+        .await;
+    }
+
+    /// The address of the member with this id.
+    pub(crate) fn addr_of(&self, id: &str) -> Option<String> {
+        self.membership.lock().info(id).map(|m| m.addr.clone())
+    }
+}
+
+/// Runs gossip rounds and replication until shutdown.
+///
+/// The replication lag gauge is the time since the start of the last round whose every message
+/// the successors acknowledged: how old their copies can be now (it grows while one is down).
+pub(crate) async fn run(cluster: Arc<Cluster>, mut shutdown: watch::Receiver<bool>) {
+    let tick = Duration::from_nanos(cluster.config.membership.gossip_interval_ns / 2)
+        .max(Duration::from_millis(5));
+    let mut ticker = tokio::time::interval(tick);
+    let sync_ns = u64::try_from(cluster.config.sync_interval.as_nanos()).unwrap_or(u64::MAX);
+    let mut next_sync_ns = 0;
+    let replicated_through = Arc::new(AtomicU64::new(cluster.clock.now_ns()));
+    loop {
+        tokio::select! {
+            _ = ticker.tick() => {}
+            _ = shutdown.changed() => return,
+        }
+        let now_ns = cluster.clock.now_ns();
+        cluster.gossip_round(now_ns);
+        if now_ns >= next_sync_ns {
+            let sends = cluster.replicate(now_ns);
+            let through = replicated_through.clone();
+            // One waiter per round, each bounded by the sends' own timeout.
+            tokio::spawn(async move {
+                for send in sends {
+                    if !matches!(send.await, Ok(true)) {
+                        return;
+                    }
+                }
+                through.fetch_max(now_ns, Ordering::Relaxed);
+            });
+            next_sync_ns = now_ns + sync_ns;
+        }
+        let lag_ns = now_ns.saturating_sub(replicated_through.load(Ordering::Relaxed));
+        cluster.metrics.replication_lag.set(lag_ns as f64 / 1e9);
+    }
+}
+
+#[cfg(test)]
+pub(super) mod tests {
+    use super::*;
+
+    pub(crate) fn cluster_alone() -> Cluster {
+        let crypto = rustls::ClientConfig::builder_with_provider(crate::tls::provider())
+            .with_protocol_versions(&[&rustls::version::TLS13])
+            .unwrap()
+            .with_root_certificates(rustls::RootCertStore::empty())
+            .with_no_client_auth();
+        let quic = Arc::new(quinn::crypto::rustls::QuicClientConfig::try_from(crypto).unwrap());
+        let endpoint = quinn::Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
+        let config = ClusterConfig {
+            node_id: Some("node-a".into()),
+            ..ClusterConfig::default()
+        };
+        Cluster::new(
+            config,
+            "127.0.0.1:7000".parse().unwrap(),
+            endpoint,
+            crate::tls::PeerClientConfigs {
+                members: quinn::ClientConfig::new(quic.clone()),
+                seeds: quinn::ClientConfig::new(quic),
+            },
+            Arc::new(BucketStore::new(floodgate::StoreConfig::default()).unwrap()),
+            floodgate::EpochClock::start(),
+            crate::metrics::NodeMetrics::register().cluster(),
+        )
+    }
+}

@@ -1,0 +1,240 @@
+//! Connections to other nodes: dialed by node id (or as a seed), verified, reused, and the
+//! one-way sends and requests every peer message goes through.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use anyhow::Context;
+use floodgate::cluster::MemberInfo;
+use floodgate::wire::{Frame, FrameKind};
+use parking_lot::Mutex;
+
+use crate::address::HostPort;
+
+use super::{PEER_TIMEOUT, RESOLVE_TIMEOUT};
+
+/// Most members whose address and last dial failure are remembered (membership is bounded;
+/// this only keeps hostile gossip from growing the maps).
+const MAX_KNOWN_PEERS: usize = 4_096;
+
+/// Connections to other nodes, opened on demand and reused.
+#[derive(Debug)]
+pub(crate) struct Peers {
+    endpoint: quinn::Endpoint,
+    /// How members (by node id) and seeds (any node of the peer CA) are dialed; replaced when
+    /// the certificates are reloaded.
+    configs: Mutex<crate::tls::PeerClientConfigs>,
+    /// Node id of each member address, from membership: the name a member is dialed and
+    /// verified by. An address not in it is a seed.
+    ids: Mutex<HashMap<String, String>>,
+    /// Keyed by address and the id it was verified as (none: as a seed).
+    connections: Mutex<HashMap<(String, Option<String>), quinn::Connection>>,
+    /// The last handshake failure logged per address, so a peer that keeps failing is logged
+    /// at ERROR once per new reason, not on every gossip round.
+    failures: Mutex<HashMap<String, String>>,
+    handshake_failures: metrics::Counter,
+    /// This node's own addresses (advertised, and listened on when specific): a seed name that
+    /// resolves to one of them is this node, never dialed.
+    own_addrs: Vec<SocketAddr>,
+    /// Seed names found to resolve to this node alone (one seed list for every node).
+    self_seeds: Mutex<std::collections::HashSet<String>>,
+    resolve_failures: metrics::Counter,
+}
+
+impl Peers {
+    pub(super) fn new(
+        endpoint: quinn::Endpoint,
+        configs: crate::tls::PeerClientConfigs,
+        handshake_failures: metrics::Counter,
+        own_addrs: Vec<SocketAddr>,
+    ) -> Self {
+        Peers {
+            endpoint,
+            configs: Mutex::new(configs),
+            ids: Mutex::new(HashMap::new()),
+            connections: Mutex::new(HashMap::new()),
+            failures: Mutex::new(HashMap::new()),
+            handshake_failures,
+            own_addrs,
+            self_seeds: Mutex::new(std::collections::HashSet::new()),
+            resolve_failures: metrics::counter!("floodgate_seed_resolve_failures_total"),
+        }
+    }
+
+    /// Dials with `configs` from now on (reloaded certificates); open connections stay.
+    pub(crate) fn set_configs(&self, configs: crate::tls::PeerClientConfigs) {
+        *self.configs.lock() = configs;
+    }
+
+    /// Remembers the node id of each member address.
+    pub(crate) fn learn_ids<'a>(&self, members: impl Iterator<Item = &'a MemberInfo>) {
+        let mut ids = self.ids.lock();
+        for member in members {
+            if ids.len() >= MAX_KNOWN_PEERS && !ids.contains_key(&member.addr) {
+                break;
+            }
+            if ids.get(&member.addr) != Some(&member.id) {
+                ids.insert(member.addr.clone(), member.id.clone());
+            }
+        }
+    }
+
+    async fn connection(&self, addr: &str) -> anyhow::Result<quinn::Connection> {
+        let id = self.ids.lock().get(addr).cloned();
+        let key = (addr.to_owned(), id);
+        if let Some(connection) = self.connections.lock().get(&key)
+            && connection.close_reason().is_none()
+        {
+            return Ok(connection.clone());
+        }
+        let socket = match (addr.parse::<SocketAddr>(), &key.1) {
+            (Ok(socket), _) => socket,
+            (Err(_), None) => self.resolve_seed(addr).await?,
+            (Err(e), Some(_)) => {
+                return Err(e).with_context(|| format!("peer address {addr}"));
+            }
+        };
+        let (config, name) = match &key.1 {
+            Some(id) => (
+                self.configs.lock().members.clone(),
+                crate::tls::server_name_of(id)?,
+            ),
+            // Any name: the seed verifier checks everything but the name.
+            None => (self.configs.lock().seeds.clone(), socket.ip().to_string()),
+        };
+        let connecting = self.endpoint.connect_with(config, socket, &name)?;
+        let connection = match tokio::time::timeout(PEER_TIMEOUT, connecting).await {
+            Ok(Ok(connection)) => connection,
+            Ok(Err(e)) => {
+                self.handshake_failed(addr, key.1.as_deref(), &e);
+                return Err(e).with_context(|| format!("handshake with peer {addr}"));
+            }
+            Err(_) => anyhow::bail!("peer handshake with {addr} timed out"),
+        };
+        self.failures.lock().remove(addr);
+        let mut connections = self.connections.lock();
+        if connections.len() >= MAX_KNOWN_PEERS {
+            connections.retain(|_, c| c.close_reason().is_none());
+        }
+        if key.1.is_some() {
+            // The member's seed connection, if any, is not needed any more: dropping the last
+            // handle closes it once the sends still using it are done.
+            connections.remove(&(addr.to_owned(), None));
+        }
+        connections.insert(key, connection.clone());
+        Ok(connection)
+    }
+
+    /// Resolves a seed given by name, now (each dial: a restarted seed may have a new address),
+    /// to its first address that is not this node's. A failure is logged at WARN once per new
+    /// reason and counted.
+    async fn resolve_seed(&self, seed: &str) -> anyhow::Result<SocketAddr> {
+        let resolved = match seed.parse::<HostPort>() {
+            Ok(name) => crate::address::resolve(&name, RESOLVE_TIMEOUT).await,
+            Err(e) => Err(e),
+        };
+        let addrs = match resolved {
+            Ok(addrs) => addrs,
+            Err(reason) => {
+                self.resolve_failures.increment(1);
+                if self.note_failure(seed, &reason) {
+                    tracing::warn!(seed = %seed, "seed not resolved: {reason}");
+                }
+                anyhow::bail!("seed {seed}: {reason}");
+            }
+        };
+        match addrs.iter().find(|a| !self.own_addrs.contains(a)) {
+            Some(addr) => Ok(*addr),
+            None => {
+                let mut self_seeds = self.self_seeds.lock();
+                if self_seeds.len() < MAX_KNOWN_PEERS {
+                    self_seeds.insert(seed.to_owned());
+                }
+                anyhow::bail!("seed {seed} resolves to this node")
+            }
+        }
+    }
+
+    /// Records `reason` as the last failure with `addr`; true when it is a new one (to log).
+    fn note_failure(&self, addr: &str, reason: &str) -> bool {
+        let mut failures = self.failures.lock();
+        if failures.get(addr).map(String::as_str) == Some(reason) {
+            return false;
+        }
+        if failures.len() >= MAX_KNOWN_PEERS {
+            failures.clear();
+        }
+        failures.insert(addr.to_owned(), reason.to_owned());
+        true
+    }
+
+    /// True when every seed is this node (by address, or by a name resolving to it alone).
+    pub(super) fn seeds_are_all_me(&self, seeds: &[HostPort], me: &str) -> bool {
+        let self_seeds = self.self_seeds.lock();
+        seeds.iter().all(|s| {
+            let text = s.to_string();
+            text == me || self_seeds.contains(&text)
+        })
+    }
+
+    /// Logs (at ERROR, once per new reason) and counts a failed handshake: a certificate the
+    /// peer CA does not sign, a name that is not the node id, a peer that refuses ours.
+    fn handshake_failed(&self, addr: &str, id: Option<&str>, error: &quinn::ConnectionError) {
+        self.handshake_failures.increment(1);
+        let reason = error.to_string();
+        if !self.note_failure(addr, &reason) {
+            tracing::debug!(peer = %addr, "peer handshake failed again: {reason}");
+            return;
+        }
+        let expected = id.unwrap_or("(a seed: any node of the peer CA)");
+        tracing::error!(peer = %addr, node_id = %expected, "peer handshake failed: {reason}");
+    }
+
+    /// Sends one frame on its own unidirectional stream, in the background (gossip, replication).
+    /// The task ends true once the peer has the whole frame.
+    pub(crate) fn send(
+        self: &Arc<Self>,
+        addr: String,
+        frame: Vec<u8>,
+    ) -> tokio::task::JoinHandle<bool> {
+        let peers = self.clone();
+        tokio::spawn(async move {
+            let sent = tokio::time::timeout(PEER_TIMEOUT, async {
+                let connection = peers.connection(&addr).await?;
+                let mut stream = connection.open_uni().await?;
+                stream.write_all(&frame).await?;
+                stream.finish()?;
+                // Done only once the peer has acknowledged the data: a leaving node closes its
+                // endpoint right after its hand-off, which would drop unacknowledged bytes. A
+                // peer that stopped the stream (say, a frame over its limit) did not take it.
+                match stream.stopped().await? {
+                    None => anyhow::Ok(()),
+                    Some(code) => Err(anyhow::anyhow!("stopped by the peer with code {code}")),
+                }
+            })
+            .await;
+            let delivered = matches!(sent, Ok(Ok(())));
+            if !delivered {
+                tracing::debug!(%addr, "peer message not delivered");
+            }
+            delivered
+        })
+    }
+
+    /// Sends one frame on a bidirectional stream and returns the answer's frame of `kind`.
+    pub(crate) async fn request(
+        &self,
+        addr: &str,
+        frame: &[u8],
+        max_bytes: usize,
+        kind: FrameKind,
+    ) -> anyhow::Result<Frame> {
+        tokio::time::timeout(PEER_TIMEOUT, async {
+            let connection = self.connection(addr).await?;
+            crate::exchange::request(&connection, frame, max_bytes, kind).await
+        })
+        .await
+        .context("peer did not answer in time")?
+    }
+}

@@ -1,0 +1,162 @@
+//! Replication: the buckets changed since the last round go to each slot's successor, and
+//! buckets (replicas or a hand-off) are split into frames a peer accepts.
+
+use std::collections::HashMap;
+
+use floodgate::BucketState;
+use floodgate::wire::{FrameKind, HandoffPart, ReplicateMessage, WireBucket, encode_message};
+
+use super::Cluster;
+
+impl Cluster {
+    /// Sends `buckets` to a node, split into frames; `handoff` is the hand-off's id and the
+    /// slots it carries (`None`: replicas).
+    pub(super) fn send_buckets(
+        &self,
+        owner_id: &str,
+        handoff: Option<(u64, Vec<u16>)>,
+        buckets: &[BucketState],
+    ) -> Vec<tokio::task::JoinHandle<bool>> {
+        let Some(addr) = self.addr_of(owner_id) else {
+            return Vec::new();
+        };
+        let mut sends = Vec::new();
+        // At least one message, so an empty hand-off is still announced.
+        let chunks = chunk_by_size(buckets, self.bucket_bytes_per_frame);
+        let parts = chunks.len() as u32;
+        for (part, chunk) in chunks.into_iter().enumerate() {
+            let message = ReplicateMessage {
+                from: self.me.id.clone(),
+                handoff: handoff.as_ref().map(|(id, slots)| HandoffPart {
+                    id: *id,
+                    part: part as u32,
+                    parts,
+                    slots: slots.clone(),
+                }),
+                buckets: chunk.iter().map(WireBucket::from).collect(),
+            };
+            let mut frame = Vec::new();
+            encode_message(&mut frame, FrameKind::Replicate, 0, &message);
+            sends.push(self.peers.send(addr.clone(), frame));
+        }
+        sends
+    }
+
+    /// Sends the buckets changed since the last round to their slots' successors; returns the
+    /// sends (each ends true once delivered).
+    pub(super) fn replicate(&self, now_ns: u64) -> Vec<tokio::task::JoinHandle<bool>> {
+        let table = self.table();
+        // Alone, there is nobody to replicate to; changed marks stay set, so a node that joins
+        // later still receives them (through the hand-off first).
+        if table.nodes().len() < 2 {
+            return Vec::new();
+        }
+        let mut changed = Vec::new();
+        self.store.take_changed(now_ns, &mut changed);
+        let me = self.me.id.as_str();
+        let mut by_target: HashMap<&str, Vec<BucketState>> = HashMap::new();
+        for bucket in changed {
+            let slot = bucket.key.slot();
+            // Our slots go to their successor; anything decided here for another owner (a
+            // forward that failed) goes to that owner.
+            let target = match table.owner(slot) {
+                Some(owner) if owner == me => table.successor(slot),
+                other => other,
+            };
+            if let Some(target) = target {
+                by_target.entry(target).or_default().push(bucket);
+            }
+        }
+        let mut sends = Vec::new();
+        for (target, buckets) in by_target {
+            self.metrics.replicated.increment(buckets.len() as u64);
+            sends.extend(self.send_buckets(target, None, &buckets));
+        }
+        sends
+    }
+}
+
+/// Splits `buckets` into runs of at most `budget` encoded bytes (a bucket larger than the
+/// budget, a long log, goes alone); always at least one run, empty when there are no buckets.
+pub(super) fn chunk_by_size(buckets: &[BucketState], budget: usize) -> Vec<&[BucketState]> {
+    // A flat WireBucket archives to under 128 bytes plus 8 per log entry.
+    let size = |b: &BucketState| {
+        128 + match &b.value {
+            floodgate::BucketValue::Log { times_ns, .. } => 8 * times_ns.len(),
+            _ => 0,
+        }
+    };
+    let mut chunks = Vec::new();
+    let (mut start, mut bytes) = (0, 0);
+    for (i, bucket) in buckets.iter().enumerate() {
+        let next = size(bucket);
+        if i > start && bytes + next > budget {
+            chunks.push(&buckets[start..i]);
+            (start, bytes) = (i, 0);
+        }
+        bytes += next;
+    }
+    chunks.push(&buckets[start..]);
+    chunks
+}
+
+#[cfg(test)]
+mod tests {
+    use floodgate::algorithm::WindowState;
+    use floodgate::{Algorithm, BucketKey, BucketValue, Limit};
+
+    use super::*;
+
+    /// Every chunk of buckets, encoded as a replicate message, fits in a frame twice the budget
+    /// (what `with_frame_limit` assumes), whatever the mix of algorithms and log lengths.
+    #[test]
+    fn replication_chunks_fit_the_frame_limit() {
+        let hour = 3_600 * floodgate::NANOS_PER_SEC;
+        let window = Limit::new(Algorithm::SlidingWindow, 100, hour, 100).unwrap();
+        let log = Limit::new(Algorithm::SlidingLog, 1_000, hour, 1_000).unwrap();
+        let buckets: Vec<BucketState> = (0..6_000u32)
+            .map(|i| {
+                let key = BucketKey::new(b"", &i.to_le_bytes());
+                let value = match i % 3 {
+                    0 => BucketValue::Gcra {
+                        tat_ns: u64::from(i),
+                        margin_ms: 1,
+                    },
+                    1 => BucketValue::Window {
+                        limit: window,
+                        state: WindowState {
+                            window: 1,
+                            count: 2,
+                            previous: 3,
+                        },
+                    },
+                    _ => BucketValue::Log {
+                        limit: log,
+                        times_ns: (0..u64::from(i % 1_000)).collect(),
+                    },
+                };
+                BucketState { key, value }
+            })
+            .collect();
+        let budget = 64 * 1024;
+        let chunks = chunk_by_size(&buckets, budget);
+        assert!(chunks.len() > 1);
+        assert_eq!(chunks.iter().map(|c| c.len()).sum::<usize>(), buckets.len());
+        for chunk in chunks {
+            let message = ReplicateMessage {
+                from: "node-with-a-long-id:65535".into(),
+                handoff: Some(HandoffPart {
+                    id: u64::MAX,
+                    part: 0,
+                    parts: 1,
+                    slots: (0..floodgate::cluster::SLOTS as u16).collect(),
+                }),
+                buckets: chunk.iter().map(WireBucket::from).collect(),
+            };
+            let mut frame = Vec::new();
+            encode_message(&mut frame, FrameKind::Replicate, 0, &message);
+            assert!(frame.len() <= 2 * budget, "{} bytes", frame.len());
+        }
+        assert_eq!(chunk_by_size(&[], budget), vec![&[] as &[BucketState]]);
+    }
+}

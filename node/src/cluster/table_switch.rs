@@ -1,0 +1,230 @@
+//! Table switches: a change of owners becomes a new slot table, switched under the deciding
+//! gate through the ownership machine; the hand-offs it owes go out, and checks on gained slots
+//! wait for theirs.
+
+use std::sync::Arc;
+
+use floodgate::BucketState;
+use floodgate::cluster::ownership::{Action, HandOff, Ownership, ReceivedPart};
+use floodgate::cluster::{MemberState, Membership, SlotTable};
+use floodgate::wire::HandoffPart;
+
+use super::Cluster;
+
+/// From this many owners a table takes milliseconds to compute (about 3 ms for 100, 25 ms for
+/// 1,000, measured by the `slots` benchmark).
+pub(super) const BIG_TABLE: usize = 64;
+
+/// Computes a slot table. A big one is computed with the runtime told that this worker blocks,
+/// so the worker's other tasks move to another thread meanwhile (a current-thread runtime, as
+/// in some tests, has nowhere to move them and computes inline).
+pub(super) fn compute_table(epoch: u64, owners: &[String]) -> SlotTable {
+    off_the_worker(owners.len() >= BIG_TABLE, || {
+        SlotTable::compute(epoch, owners)
+    })
+}
+
+/// Runs `work`, when `blocks`, with the runtime told this worker blocks (on a multi-thread
+/// runtime; elsewhere inline).
+pub(super) fn off_the_worker<T>(blocks: bool, work: impl FnOnce() -> T) -> T {
+    let multi_thread = tokio::runtime::Handle::try_current()
+        .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
+    if blocks && multi_thread {
+        tokio::task::block_in_place(work)
+    } else {
+        work()
+    }
+}
+
+impl Cluster {
+    /// Applies `change` to the membership; when the owners changed, switches to the new slot
+    /// table and hands the buckets of every slot this node no longer owns to its new owner.
+    /// Returns the hand-off sends (already running).
+    pub(super) fn update_table(
+        &self,
+        now_ns: u64,
+        change: impl FnOnce(&mut Membership),
+    ) -> Vec<tokio::task::JoinHandle<bool>> {
+        // Another update may be computing a big table: wait without holding up this worker's
+        // other tasks.
+        let _one_at_a_time = self
+            .updating
+            .try_lock()
+            .unwrap_or_else(|| off_the_worker(true, || self.updating.lock()));
+        let (epoch, owners, departed) = {
+            let mut membership = self.membership.lock();
+            change(&mut membership);
+            drop(self.member_log.lock().observe(&membership));
+            self.peers
+                .learn_ids(membership.members().map(|(info, _)| info));
+            let departed: Vec<String> = membership
+                .members()
+                .filter(|(_, state)| *state == MemberState::Left)
+                .map(|(info, _)| info.id.clone())
+                .collect();
+            (membership.epoch(), membership.owners(), departed)
+        };
+        let old = self.table();
+        if old.epoch() == epoch {
+            return Vec::new();
+        }
+        let new = Arc::new(compute_table(epoch, &owners));
+        // A join's base table is computed before decisions stop, as the new table is (the
+        // phase cannot change meanwhile: this is the one update running).
+        let joining = self.ownership.lock().is_joining();
+        let join_base = (joining && owners.len() > 1).then(|| {
+            off_the_worker(owners.len() >= BIG_TABLE, || {
+                Arc::new(Ownership::table_without(&self.me.id, &new))
+            })
+        });
+        let actions = {
+            // Once the gate is ours, no decision under the old table is in flight: the
+            // hand-offs exported below hold them all.
+            let _no_decisions = self.deciding.write();
+            let mut ownership = self.ownership.lock();
+            ownership.handle_table_with(now_ns, new.clone(), join_base, |id| {
+                departed.iter().any(|d| d == id)
+            });
+            self.table.send_replace(new);
+            std::iter::from_fn(|| ownership.poll_action()).collect::<Vec<_>>()
+        };
+        self.metrics.table_epoch.set(epoch as f64);
+        self.publish_members();
+        tracing::info!(epoch, owners = ?owners, "slot table changed");
+        self.carry_out(actions, now_ns)
+    }
+
+    /// Carries out the machine's actions: wakes checks waiting for the join, exports (once)
+    /// and sends the hand-offs. Returns the sends (already running).
+    pub(super) fn carry_out(
+        &self,
+        actions: Vec<Action>,
+        now_ns: u64,
+    ) -> Vec<tokio::task::JoinHandle<bool>> {
+        let mut handoffs = Vec::new();
+        for action in actions {
+            match action {
+                Action::Joined => {
+                    // Only now: a check that sees the node joined must also see its real table.
+                    self.joining
+                        .store(false, std::sync::atomic::Ordering::Relaxed);
+                    self.joined.notify_waiters();
+                }
+                Action::HandOff(handoff) => handoffs.push(handoff),
+            }
+        }
+        if handoffs.is_empty() {
+            return Vec::new();
+        }
+        self.hand_off(&handoffs, now_ns)
+    }
+
+    /// Sends the hand-offs the machine queued: the buckets of their slots, exported once (after
+    /// the switch), each to the node its hand-off goes to; an announcement carries none.
+    pub(super) fn hand_off(
+        &self,
+        handoffs: &[HandOff],
+        now_ns: u64,
+    ) -> Vec<tokio::task::JoinHandle<bool>> {
+        // Which hand-off carries each slot's buckets.
+        let mut carrier = vec![None; floodgate::cluster::SLOTS];
+        for (i, handoff) in handoffs.iter().enumerate() {
+            if handoff.with_buckets {
+                for &slot in &handoff.slots {
+                    if let Some(c) = carrier.get_mut(usize::from(slot)) {
+                        *c = Some(i);
+                    }
+                }
+            }
+        }
+        let mut buckets = Vec::new();
+        if carrier.iter().any(Option::is_some) {
+            self.store.export(
+                now_ns,
+                &|key| carrier[usize::from(key.slot())].is_some(),
+                &mut buckets,
+            );
+        }
+        let mut moved: Vec<Vec<BucketState>> = vec![Vec::new(); handoffs.len()];
+        for bucket in buckets {
+            if let Some(i) = carrier[usize::from(bucket.key.slot())] {
+                moved[i].push(bucket);
+            }
+        }
+        // Every node that gains slots from us hears from us, even with no buckets: it holds
+        // checks on those slots until then.
+        let mut sends = Vec::new();
+        for (handoff, buckets) in handoffs.iter().zip(moved) {
+            self.metrics.handed_off.increment(buckets.len() as u64);
+            let carried = Some((handoff.id, handoff.slots.clone()));
+            sends.extend(self.send_buckets(&handoff.to, carried, &buckets));
+        }
+        sends
+    }
+
+    /// Waits (bounded by the pending deadline) until none of `slots` awaits a hand-off.
+    pub(crate) async fn wait_for_handoffs(
+        &self,
+        slots: impl Iterator<Item = u16> + Clone,
+        now_ns: u64,
+    ) {
+        // `now_ns` is when the frame was read; deadlines count from then, however often a
+        // hand-off from another peer wakes this loop.
+        let started = tokio::time::Instant::now();
+        loop {
+            // Created before the look, so a hand-off arriving in between still wakes it.
+            let notified = self.handoff_arrived.notified();
+            let latest = self
+                .ownership
+                .lock()
+                .handoff_deadline(slots.clone(), now_ns);
+            let Some(until) = latest else { return };
+            let deadline = started + std::time::Duration::from_nanos(until - now_ns);
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                self.ownership.lock().handle_timeout(until);
+                return;
+            }
+        }
+    }
+
+    /// True when one of `slots` still waits for a hand-off at `now_ns`.
+    pub(crate) fn awaits_handoff(&self, slots: impl Iterator<Item = u16>, now_ns: u64) -> bool {
+        self.ownership.lock().awaits_handoff(slots, now_ns)
+    }
+
+    /// A part of a hand-off from `from` arrived (its buckets already merged).
+    pub(crate) fn handoff_received(&self, from: &str, part: &HandoffPart, now_ns: u64) {
+        let part = ReceivedPart {
+            id: part.id,
+            part: part.part,
+            parts: part.parts,
+            slots: &part.slots,
+        };
+        if self.ownership.lock().handle_handoff(now_ns, from, part) {
+            self.handoff_arrived.notify_waiters();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn owners(n: usize) -> Vec<String> {
+        (0..n).map(|i| format!("node-{i}")).collect()
+    }
+
+    /// A big table is computed off the worker on a multi-thread runtime, inline on a
+    /// current-thread one (where `block_in_place` would panic), the same either way.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_big_table_computed_off_the_worker_is_the_same() {
+        let owners = owners(BIG_TABLE);
+        assert_eq!(compute_table(3, &owners), SlotTable::compute(3, &owners));
+    }
+
+    #[tokio::test]
+    async fn a_big_table_on_a_current_thread_runtime_is_computed_without_panicking() {
+        let owners = owners(BIG_TABLE);
+        assert_eq!(compute_table(3, &owners), SlotTable::compute(3, &owners));
+    }
+}

@@ -1,0 +1,321 @@
+//! The running node: start (the composition root: store, cluster, endpoint, tasks), what tests
+//! and the binary ask of it, certificate reload, and graceful shutdown.
+//!
+//! - `connection`: the accept loop and one task per connection; who is a peer.
+//! - `streams`: long-lived bidirectional streams: frames in, answers out.
+//! - `peer_messages`: one-way streams: gossip, replicas and hand-offs in; table pushes out.
+//! - `sweeper`: expired buckets forgotten a few shards at a time; store counters published.
+
+mod connection;
+mod peer_messages;
+mod streams;
+mod sweeper;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use anyhow::Context;
+use floodgate::wire::ErrorCode;
+use floodgate::{BucketStore, EpochClock};
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+
+use crate::admission::Allowance;
+use crate::budget::BufferBudget;
+use crate::cluster::Cluster;
+use crate::config::NodeConfig;
+use crate::metrics::NodeMetrics;
+use crate::state::{Shared, not_ready_reason};
+use crate::{admin, cluster, tls};
+
+use connection::accept_loop;
+use sweeper::sweep_loop;
+
+/// How long shutdown waits for in-flight work before closing connections regardless.
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long a leaving node keeps answering after its leave: clients refetch the table at least
+/// every second and at once when a link drops, so most have moved on by then.
+const LEAVE_LINGER: Duration = Duration::from_millis(300);
+
+/// A running node. Dropping it without [`Node::shutdown`] aborts its tasks.
+#[derive(Debug)]
+pub struct Node {
+    local_addr: SocketAddr,
+    admin_addr: Option<SocketAddr>,
+    shutdown: watch::Sender<bool>,
+    tasks: JoinSet<()>,
+    endpoint: quinn::Endpoint,
+    shared: Arc<Shared>,
+    snapshots: Option<Arc<crate::snapshot::Snapshots>>,
+    /// `--rls-listen`: the bound address and the configuration in force.
+    rls: Option<(SocketAddr, Arc<crate::rls::RlsConfigHandle>)>,
+}
+
+impl Node {
+    /// Binds the endpoint (and the admin server, if configured) and starts serving.
+    pub async fn start(config: NodeConfig) -> anyhow::Result<Node> {
+        config.limits.validate()?;
+        if let Some(id) = &config.cluster.node_id {
+            crate::node_id::validate_node_id(id).context("--node-id")?;
+            tls::check_own_certificate(&config.tls, id)?;
+        }
+        let peer_trust = tls::PeerTrust::new(&config.tls)?;
+        let server_config = tls::server_config(&config.tls, &config.limits)?;
+        let endpoint = quinn::Endpoint::server(server_config, config.listen)
+            .with_context(|| format!("binding the QUIC endpoint on {}", config.listen))?;
+        let local_addr = endpoint.local_addr()?;
+        let store = BucketStore::new(config.store)?;
+        let snapshots = config
+            .state_dir
+            .as_deref()
+            .map(crate::snapshot::Snapshots::open)
+            .transpose()?;
+        let rules = config
+            .rules
+            .as_deref()
+            .map(crate::rules::RulesHandle::load)
+            .transpose()?;
+        let clock = EpochClock::start().skewed(config.test_only_clock_skew_ns);
+        let peer_config = tls::peer_client_configs(&config.tls)?;
+        let metrics = NodeMetrics::register();
+        let store = Arc::new(store);
+        let cluster = Arc::new(
+            Cluster::new(
+                config.cluster.clone(),
+                local_addr,
+                endpoint.clone(),
+                peer_config,
+                store.clone(),
+                clock,
+                metrics.cluster(),
+            )
+            .with_frame_limit(config.limits.max_frame_bytes),
+        );
+        let allowance = Arc::new(Allowance::new(
+            config.limits.max_connections,
+            config.limits.max_peer_connections,
+            metrics.connections.clone(),
+            metrics.peer_connections.clone(),
+        ));
+        let shared = Arc::new(Shared {
+            store,
+            clock,
+            metrics,
+            allowance,
+            budget: BufferBudget::new(config.limits.max_buffered_bytes),
+            ready: AtomicBool::new(true),
+            cluster,
+            rules,
+            received: watch::Sender::new(0),
+            peer_trust: parking_lot::RwLock::new(peer_trust),
+            config,
+        });
+        if let Some(snapshots) = &snapshots {
+            // Before the first check is served: a restored daily quota counts from the start.
+            snapshots.load(&shared);
+        }
+        let (shutdown, shutdown_rx) = watch::channel(false);
+        let mut tasks = JoinSet::new();
+        if let Some(snapshots) = &snapshots {
+            tasks.spawn(crate::snapshot::run(
+                snapshots.clone(),
+                shared.clone(),
+                shutdown_rx.clone(),
+            ));
+        }
+        let admin_addr = match shared.config.admin {
+            Some(addr) => {
+                let listener = tokio::net::TcpListener::bind(addr)
+                    .await
+                    .with_context(|| format!("binding the admin server on {addr}"))?;
+                let admin_addr = listener.local_addr()?;
+                tasks.spawn(admin::serve(listener, shared.clone(), shutdown_rx.clone()));
+                Some(admin_addr)
+            }
+            None => None,
+        };
+        let rls = match shared.config.rls.clone() {
+            Some(settings) => {
+                let rls =
+                    crate::rls::start(shared.clone(), &settings, shutdown_rx.clone(), &mut tasks);
+                Some(rls.await?)
+            }
+            None => None,
+        };
+        tasks.spawn(accept_loop(
+            endpoint.clone(),
+            shared.clone(),
+            shutdown_rx.clone(),
+        ));
+        tasks.spawn(sweep_loop(shared.clone(), shutdown_rx.clone()));
+        if let Some(rules) = &shared.rules {
+            tasks.spawn(crate::rules::watch_file(rules.clone(), shutdown_rx.clone()));
+        }
+        tasks.spawn(cluster::run(shared.cluster.clone(), shutdown_rx));
+        tracing::info!(%local_addr, ?admin_addr, "floodgate node listening");
+        Ok(Node {
+            local_addr,
+            admin_addr,
+            shutdown,
+            tasks,
+            endpoint,
+            shared,
+            snapshots,
+            rls,
+        })
+    }
+
+    /// The QUIC address clients connect to.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// The admin HTTP address, when enabled.
+    pub fn admin_addr(&self) -> Option<SocketAddr> {
+        self.admin_addr
+    }
+
+    /// The RLS (Envoy rate limit service) address, when started with `--rls-listen`.
+    pub fn rls_addr(&self) -> Option<SocketAddr> {
+        self.rls.as_ref().map(|(addr, _)| *addr)
+    }
+
+    /// The RLS configuration in force, when started with `--rls-config`.
+    pub fn rls_config(&self) -> Option<&Arc<crate::rls::RlsConfigHandle>> {
+        self.rls.as_ref().map(|(_, handle)| handle)
+    }
+
+    /// Buckets currently held (for tests and status).
+    pub fn live_buckets(&self) -> usize {
+        self.shared.store.len()
+    }
+
+    /// The rules in force, when started with `--rules`.
+    pub fn rules(&self) -> Option<&Arc<crate::rules::RulesHandle>> {
+        self.shared.rules.as_ref()
+    }
+
+    /// This node's id in the cluster.
+    pub fn node_id(&self) -> &str {
+        &self.shared.cluster.me.id
+    }
+
+    /// Ids of the members this node currently counts as owners of slots.
+    pub fn owners(&self) -> Vec<String> {
+        self.shared.cluster.table().nodes().to_vec()
+    }
+
+    /// Why the node is not ready (what `/readyz` answers 503 with), or `None` when it serves
+    /// with the cluster: not while shutting down, refused, or (with seeds) not joined yet.
+    pub fn not_ready_reason(&self) -> Option<String> {
+        not_ready_reason(&self.shared)
+    }
+
+    /// Becomes `Some(reason)` if the cluster refused this node (another live node holds its
+    /// id); the node then sends no gossip and should be stopped.
+    pub fn watch_refusal(&self) -> watch::Receiver<Option<String>> {
+        self.shared.cluster.watch_refusal()
+    }
+
+    /// Resolves once the node has joined a cluster: heard from another member and taken its
+    /// real table (at once for a node started without seeds).
+    pub async fn joined(&self) {
+        self.shared.cluster.joined().await
+    }
+
+    /// The address this node knows the member `id` at.
+    pub fn member_addr(&self, id: &str) -> Option<String> {
+        self.shared.cluster.addr_of(id)
+    }
+
+    /// The current slot table.
+    pub fn slot_table(&self) -> Arc<floodgate::cluster::SlotTable> {
+        self.shared.cluster.table()
+    }
+
+    /// Counts buckets merged from peers (replicas and hand-offs); await a change instead of
+    /// polling.
+    pub fn watch_received_buckets(&self) -> watch::Receiver<u64> {
+        self.shared.received.subscribe()
+    }
+
+    /// Bytes buffered from all streams now, and the most ever buffered at once (both within
+    /// `max_buffered_bytes`).
+    pub fn buffered_bytes(&self) -> (usize, usize) {
+        (self.shared.budget.used(), self.shared.budget.peak())
+    }
+
+    /// Client and peer connections admitted now.
+    pub fn connection_counts(&self) -> (usize, usize) {
+        (
+            self.shared.allowance.clients(),
+            self.shared.allowance.peers(),
+        )
+    }
+
+    /// The admitted (clients, peers) connections, as they change (await instead of polling).
+    pub fn watch_connection_counts(&self) -> watch::Receiver<(usize, usize)> {
+        self.shared.allowance.watch_counts()
+    }
+
+    /// Every new slot table, as it is adopted (await `changed()` instead of polling).
+    pub fn watch_slot_table(&self) -> watch::Receiver<Arc<floodgate::cluster::SlotTable>> {
+        self.shared.cluster.watch_table()
+    }
+
+    /// Reads the certificates, key and CAs again from their files (SIGHUP) and uses them for new
+    /// connections, served and dialed; open connections keep theirs. On error nothing changes.
+    pub fn reload_tls(&self) -> anyhow::Result<()> {
+        let config = &self.shared.config;
+        if let Some(id) = &config.cluster.node_id {
+            tls::check_own_certificate(&config.tls, id)?;
+        }
+        let server = tls::server_config(&config.tls, &config.limits)?;
+        let peers = tls::peer_client_configs(&config.tls)?;
+        let trust = tls::PeerTrust::new(&config.tls)?;
+        self.endpoint.set_server_config(Some(server));
+        self.shared.cluster.peers.set_configs(peers);
+        *self.shared.peer_trust.write() = trust;
+        tracing::info!("certificates reloaded");
+        Ok(())
+    }
+
+    /// Stops abruptly, as a crash would: no leave, no hand-off, no drain.
+    pub fn crash(mut self) {
+        self.tasks.abort_all();
+        self.endpoint.close(quinn::VarInt::from_u32(0), b"");
+    }
+
+    /// Graceful stop: refuse new connections, answer every frame already received, finish each
+    /// stream, close connections with `ShuttingDown`, and wait (bounded) for peers to see it.
+    pub async fn shutdown(mut self) {
+        self.shared.ready.store(false, Ordering::Relaxed);
+        // Leave first: peers stop routing here and receive our buckets before we stop answering.
+        // Then keep answering (forwarding to the new owners) while clients fetch the new table.
+        self.shared.cluster.leave().await;
+        if !self.shared.cluster.table().nodes().is_empty() {
+            tokio::time::sleep(LEAVE_LINGER).await;
+        }
+        let _ = self.shutdown.send(true);
+        let drained = tokio::time::timeout(DRAIN_TIMEOUT, async {
+            while self.tasks.join_next().await.is_some() {}
+        })
+        .await;
+        if drained.is_err() {
+            tracing::warn!("shutdown: in-flight work did not finish within {DRAIN_TIMEOUT:?}");
+            self.tasks.abort_all();
+        }
+        // Every received check has been answered: the last snapshot holds all of them.
+        if let Some(snapshots) = &self.snapshots {
+            crate::snapshot::snapshot_once(snapshots, &self.shared).await;
+        }
+        self.endpoint.close(
+            quinn::VarInt::from_u32(ErrorCode::ShuttingDown as u32),
+            b"node shutting down",
+        );
+        let _ = tokio::time::timeout(DRAIN_TIMEOUT, self.endpoint.wait_idle()).await;
+        tracing::info!(addr = %self.local_addr, "floodgate node stopped");
+    }
+}

@@ -1,0 +1,161 @@
+//! One-way streams: a peer's gossip, id conflicts, replicas and hand-offs in; a subscriber's
+//! slot-table pushes out.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use floodgate::Clock;
+use floodgate::wire::{
+    ErrorCode, FrameKind, HEADER_BYTES, Replicated, decode_gossip, decode_id_conflict,
+    decode_replicate,
+};
+use tokio::sync::watch;
+
+use crate::state::Shared;
+
+use super::connection::Remote;
+
+/// Longest one slot-table push to a client may take.
+pub(super) const PUSH_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Who sent a message on a unidirectional stream.
+pub(super) struct UniSender {
+    pub(super) remote: Remote,
+    /// The connection already receives table pushes.
+    pub(super) subscribed: Arc<AtomicBool>,
+}
+
+/// Handles one message sent on a unidirectional stream: from peers, gossip or buckets; from
+/// anyone, a `TableRequest`, which subscribes the connection to table pushes (this task then
+/// pushes until the connection or the node ends).
+pub(super) async fn serve_uni_message(
+    mut recv: quinn::RecvStream,
+    from: UniSender,
+    shared: Arc<Shared>,
+    shutdown: watch::Receiver<bool>,
+) {
+    let max = shared.config.limits.max_frame_bytes;
+    // The header first: a peer-only kind from a non-peer closes the connection unread.
+    let mut header = [0u8; HEADER_BYTES];
+    if recv.read_exact(&mut header).await.is_err() {
+        return;
+    }
+    let is_peer = from.remote.is_peer(&shared);
+    if let Some(kind) = FrameKind::from_u8(header[3]).filter(|k| k.peer_only())
+        && !is_peer
+    {
+        from.remote.forbid(&shared, kind);
+        return;
+    }
+    // A client may only subscribe (an empty frame): it gets no room for more.
+    let readable = if is_peer { max + HEADER_BYTES } else { 64 };
+    let (mut reader, _reserved) = match crate::budget::read_message(
+        &mut recv,
+        &header,
+        max,
+        readable,
+        &shared.budget,
+        is_peer,
+    )
+    .await
+    {
+        Ok(read) => read,
+        Err(over_budget) => {
+            if over_budget.is_some() {
+                shared.metrics.over_buffer_budget.increment(1);
+                let _ = recv.stop(quinn::VarInt::from_u32(ErrorCode::Overloaded as u32));
+            }
+            return;
+        }
+    };
+    while let Ok(Some(frame)) = reader.next_frame() {
+        let now_ns = shared.clock.now_ns();
+        match frame.kind {
+            FrameKind::TableRequest => {
+                if !from.subscribed.swap(true, Ordering::Relaxed) {
+                    push_tables(from.remote.connection.clone(), &shared, shutdown.clone()).await;
+                }
+                return;
+            }
+            // A peer pushing its table to this node as to any client: nodes keep their own.
+            FrameKind::SlotTable if is_peer => {}
+            kind if kind.peer_only() && !is_peer => {
+                from.remote.forbid(&shared, kind);
+                return;
+            }
+            _ if !is_peer => shared.metrics.frame_error(ErrorCode::UnknownKind),
+            FrameKind::Gossip => match decode_gossip(&frame.payload) {
+                Ok(gossip) => shared.cluster.handle_gossip(now_ns, &gossip),
+                Err((code, _)) => shared.metrics.frame_error(code),
+            },
+            FrameKind::IdConflict => match decode_id_conflict(&frame.payload) {
+                Ok(conflict) => shared.cluster.handle_conflict(&conflict, now_ns),
+                Err((code, _)) => shared.metrics.frame_error(code),
+            },
+            FrameKind::Replicate => match decode_replicate(&frame.payload) {
+                Ok(Replicated {
+                    from: sender_id,
+                    handoff,
+                    buckets,
+                }) => {
+                    // A node speaks only as itself: its hand-offs count as the named node's.
+                    if !from.remote.certified_as(&shared, &sender_id) {
+                        shared.metrics.frame_error(ErrorCode::Forbidden);
+                        tracing::warn!(
+                            remote = %from.remote.connection.remote_address(),
+                            "dropped a replicate from `{sender_id}`: its certificate names another node"
+                        );
+                        continue;
+                    }
+                    let refused = shared.store.merge(&buckets, now_ns);
+                    if let Some(part) = &handoff {
+                        shared.cluster.handoff_received(&sender_id, part, now_ns);
+                    }
+                    let counter = if handoff.is_some() {
+                        &shared.metrics.received_handoff
+                    } else {
+                        &shared.metrics.received_replicas
+                    };
+                    counter.increment((buckets.len() - refused) as u64);
+                    shared
+                        .received
+                        .send_modify(|n| *n += (buckets.len() - refused) as u64);
+                }
+                Err((code, _)) => shared.metrics.frame_error(code),
+            },
+            _ => shared.metrics.frame_error(ErrorCode::UnknownKind),
+        }
+    }
+}
+
+/// Sends the slot table on a new unidirectional stream each time it changes, until the
+/// connection closes or the node shuts down: clients route by the new table without waiting for
+/// an answer to hint at it.
+pub(super) async fn push_tables(
+    connection: quinn::Connection,
+    shared: &Shared,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let mut tables = shared.cluster.watch_table();
+    tables.borrow_and_update();
+    loop {
+        tokio::select! {
+            changed = tables.changed() => if changed.is_err() { return },
+            _ = connection.closed() => return,
+            _ = shutdown.changed() => return,
+        }
+        let mut frame = Vec::new();
+        shared.cluster.encode_table(&mut frame, 0);
+        let pushed = tokio::time::timeout(PUSH_TIMEOUT, async {
+            let mut stream = connection.open_uni().await?;
+            stream.write_all(&frame).await?;
+            stream.finish()?;
+            anyhow::Ok(())
+        })
+        .await;
+        if !matches!(pushed, Ok(Ok(()))) {
+            tracing::debug!(peer = %connection.remote_address(), "slot table push failed");
+        }
+    }
+}

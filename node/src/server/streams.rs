@@ -1,0 +1,178 @@
+//! Long-lived bidirectional streams: whatever bytes arrive are read into frames, every complete
+//! frame is answered (checks decided or forwarded, rules, the table), answers written at once.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use floodgate::Clock;
+use floodgate::wire::{ErrorCode, Frame, FrameKind};
+use tokio::sync::watch;
+
+use crate::budget::BudgetedReader;
+use crate::forward;
+use crate::service::{answer_frame, encode_error};
+use crate::state::Shared;
+
+use super::connection::Remote;
+
+/// Serves one long-lived stream: reads whatever bytes arrive, answers every complete frame, and
+/// writes all answers of one read at once.
+pub(super) async fn serve_stream(
+    mut send: quinn::SendStream,
+    mut recv: quinn::RecvStream,
+    remote: Remote,
+    shared: Arc<Shared>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    // Buffered bytes are reserved from the node-wide budget; quinn's chunks are read directly,
+    // so a stream holds no read buffer of its own.
+    let mut reader = BudgetedReader::new(&shared.budget, shared.config.limits.max_frame_bytes);
+    let mut out = Vec::new();
+    loop {
+        let read = tokio::select! {
+            read = recv.read_chunk(crate::budget::READ_BYTES, true) => read,
+            _ = shutdown.changed() => {
+                // Everything read so far has been answered (answers are written before the next
+                // read), so finishing here drops nothing the node accepted. Wait until the peer
+                // has the answers (the connection is closed right after), bounded by the drain.
+                let _ = send.finish();
+                let _ = tokio::time::timeout(Duration::from_millis(250), send.stopped()).await;
+                return;
+            }
+        };
+        let fatal = match read {
+            Ok(Some(ref chunk)) => match reader.extend(&chunk.bytes) {
+                Ok(()) => {
+                    let fatal = answer_available(&shared, &remote, &mut reader, &mut out).await;
+                    reader.settle();
+                    fatal
+                }
+                Err(e) => {
+                    shared.metrics.over_buffer_budget.increment(1);
+                    shared.metrics.frame_error(e.code);
+                    encode_error(&mut out, e.request_id, e.code, e.message);
+                    Some(e.code)
+                }
+            },
+            Ok(None) => reader.finish().err().map(|e| {
+                shared.metrics.frame_error(e.code);
+                encode_error(&mut out, e.request_id, e.code, e.message);
+                e.code
+            }),
+            Err(_) => return,
+        };
+        if !out.is_empty() {
+            if send.write_all(&out).await.is_err() {
+                return;
+            }
+            out.clear();
+        }
+        if fatal == Some(ErrorCode::Forbidden) {
+            return;
+        }
+        if let Some(code) = fatal {
+            let _ = send.finish();
+            let _ = recv.stop(quinn::VarInt::from_u32(code as u32));
+            return;
+        }
+        if matches!(read, Ok(None)) {
+            let _ = send.finish();
+            return;
+        }
+    }
+}
+
+/// Answers every complete frame in `reader`; returns the code of an error that ends the stream.
+pub(super) async fn answer_available(
+    shared: &Shared,
+    remote: &Remote,
+    reader: &mut BudgetedReader<'_>,
+    out: &mut Vec<u8>,
+) -> Option<ErrorCode> {
+    // One clock read for all frames of this read: checks that arrive together decide at one instant.
+    let now_ns = shared.clock.now_ns();
+    let started = Instant::now();
+    let mut frames = 0;
+    let fatal = loop {
+        match reader.next_frame() {
+            Ok(Some(frame)) if frame.kind.peer_only() && !remote.is_peer(shared) => {
+                remote.forbid(shared, frame.kind);
+                break Some(ErrorCode::Forbidden);
+            }
+            Ok(Some(frame)) => {
+                frames += 1;
+                if let Some(code) = answer(shared, &frame, now_ns, out).await {
+                    shared.metrics.frame_error(code);
+                }
+            }
+            Ok(None) => break None,
+            Err(e) => {
+                shared.metrics.frame_error(e.code);
+                encode_error(out, e.request_id, e.code, e.message);
+                if e.code.closes_stream() {
+                    break Some(e.code);
+                }
+            }
+        }
+    };
+    if frames > 0 {
+        shared
+            .metrics
+            .frame_seconds
+            .record(started.elapsed().as_secs_f64() / f64::from(frames));
+    }
+    fatal
+}
+
+/// Answers one frame received on a bidirectional stream.
+pub(super) async fn answer(
+    shared: &Shared,
+    frame: &Frame,
+    now_ns: u64,
+    out: &mut Vec<u8>,
+) -> Option<ErrorCode> {
+    let cluster = &shared.cluster;
+    match frame.kind {
+        FrameKind::CheckBatch | FrameKind::ForwardedCheckBatch => {
+            cluster.wait_until_joined().await;
+            let deciding = cluster.deciding();
+            let table = cluster.table();
+            // Alone (or the last to leave): nobody else owns anything.
+            let alone = table.nodes().iter().all(|n| *n == cluster.me.id);
+            if !alone {
+                drop(deciding);
+                // Groups may belong to other nodes, and gained slots may wait for a hand-off.
+                forward::answer_check_batch(shared, frame, now_ns, out).await
+            } else {
+                // A node alone decides everything here, synchronously, with the table held: a
+                // node that joins meanwhile receives these decisions in its hand-off.
+                let limits = shared.config.limits.wire();
+                answer_frame(
+                    &shared.store,
+                    &limits,
+                    &shared.metrics,
+                    now_ns,
+                    table.version(),
+                    frame,
+                    out,
+                )
+            }
+        }
+        FrameKind::PolicyRequest => {
+            crate::rules::answer_policy_request(shared.rules.as_deref(), frame, out)
+        }
+        FrameKind::TableRequest => {
+            cluster.encode_table(out, frame.request_id);
+            None
+        }
+        other => {
+            encode_error(
+                out,
+                frame.request_id,
+                ErrorCode::UnknownKind,
+                format!("a node does not accept {other:?} frames on this stream"),
+            );
+            Some(ErrorCode::UnknownKind)
+        }
+    }
+}

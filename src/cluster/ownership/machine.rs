@@ -1,0 +1,633 @@
+//! The ownership state machine of one node: the table in force and the versions before it,
+//! the slots given away, the gained slots waiting for a hand-off, and the join phase.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::Arc;
+
+use super::handoffs::{Handoffs, ReceivedPart};
+use super::placement::{Arrival, Failed, Placement, first_place, next_place};
+use crate::cluster::{SLOTS, SlotTable};
+
+/// Timings and bounds of the machine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OwnershipConfig {
+    /// Longest a gained slot waits for its previous owner's hand-off.
+    pub handoff_wait_ns: u64,
+    /// How many earlier table versions are remembered (to tell a sender that is behind).
+    pub past_versions: usize,
+}
+
+impl Default for OwnershipConfig {
+    fn default() -> Self {
+        OwnershipConfig {
+            handoff_wait_ns: 500_000_000,
+            past_versions: 32,
+        }
+    }
+}
+
+/// Something the driver must do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Action {
+    /// Send a hand-off: the buckets of `slots` (exported now, after the switch) or none.
+    HandOff(HandOff),
+    /// The node has its first real table: checks waiting for the join go on.
+    Joined,
+}
+
+/// One hand-off to send (split into parts by the driver, each part listing every slot).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HandOff {
+    pub to: String,
+    /// This node's id for the hand-off (fresh for every hand-off of this life).
+    pub id: u64,
+    pub slots: Vec<u16>,
+    /// False for a just-joined node's announcement that it holds nothing for these slots.
+    pub with_buckets: bool,
+}
+
+/// Where the node stands in the cluster.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    /// Started with seeds and not heard from the cluster: its table of one is not ownership,
+    /// and checks wait (bounded) for the join.
+    Joining,
+    /// Gave up waiting for the join and decides alone with its table of one.
+    Alone,
+    /// In the cluster.
+    Member,
+    /// Not in its own table (left gracefully, or the last one left): decides nothing.
+    Left,
+}
+
+/// Why a node decides a slot whose previous owner's state it does not have: the windows in
+/// which two nodes may decide one slot (see the module's documentation).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Window {
+    /// A joining node gave up waiting for the cluster and decides with its table of one.
+    Alone,
+    /// The slot's wait for `from`'s hand-off expired before the hand-off arrived.
+    WaitExpired { from: String },
+    /// The slot was gained from `from`, which this node's membership holds dead (not departed):
+    /// no hand-off comes; the successor decides from its replicas.
+    OwnerDeclaredDead { from: String },
+    /// The slot was gained at this node's join from `from`, its owner in the cluster as this
+    /// node first heard of it (a guess: the others' tables may differ). A member whose table
+    /// disagrees may still decide the slot until it hears of this node and hands it over;
+    /// marked while this node keeps the slot.
+    JoinedGuessing { from: String },
+}
+
+/// The ownership state of one node. Sans I/O: every input carries `now_ns`, every output is
+/// an [`Action`] polled by the driver.
+#[derive(Debug, Clone)]
+pub struct Ownership {
+    me: String,
+    config: OwnershipConfig,
+    table: Arc<SlotTable>,
+    /// Versions of the tables before the current one (the latest few).
+    past_versions: VecDeque<u64>,
+    /// Slots handed to another owner and not owned again since: their state is with the new
+    /// owner, so this node never decides them (a forwarder with an older table is told
+    /// `not_owner`).
+    given_away: Vec<bool>,
+    handoffs: Handoffs,
+    /// Owned slots decided without their previous owner's state, and why.
+    unconfirmed: BTreeMap<u16, Window>,
+    joining: bool,
+    decided_alone: bool,
+    next_handoff_id: u64,
+    actions: VecDeque<Action>,
+    /// Counts every change of what this machine would decide (for checkers).
+    changes: u64,
+}
+
+impl Ownership {
+    /// A node's machine with its first table (of one: itself). `joining`: it was started with
+    /// seeds to hear from. `first_handoff_id` must not repeat an id of an earlier life (the
+    /// node uses its start time).
+    pub fn new(
+        me: String,
+        table: Arc<SlotTable>,
+        joining: bool,
+        first_handoff_id: u64,
+        config: OwnershipConfig,
+    ) -> Self {
+        Ownership {
+            me,
+            config,
+            table,
+            past_versions: VecDeque::new(),
+            given_away: vec![false; SLOTS],
+            handoffs: Handoffs::default(),
+            unconfirmed: BTreeMap::new(),
+            joining,
+            decided_alone: false,
+            next_handoff_id: first_handoff_id,
+            actions: VecDeque::new(),
+            changes: 0,
+        }
+    }
+
+    pub fn me(&self) -> &str {
+        &self.me
+    }
+
+    /// The table in force.
+    pub fn table(&self) -> &Arc<SlotTable> {
+        &self.table
+    }
+
+    pub fn phase(&self) -> Phase {
+        if self.joining {
+            if self.decided_alone {
+                Phase::Alone
+            } else {
+                Phase::Joining
+            }
+        } else if self.table.contains(&self.me) {
+            Phase::Member
+        } else {
+            Phase::Left
+        }
+    }
+
+    /// Started with seeds and not yet with its first real table.
+    pub fn is_joining(&self) -> bool {
+        self.joining
+    }
+
+    /// True when `version` is that of a table this node had before its current one (a sender
+    /// under it is behind).
+    pub fn had_version(&self, version: u64) -> bool {
+        version != self.table.version() && self.past_versions.contains(&version)
+    }
+
+    /// True when this node handed `slot` to another owner and has not owned it again since.
+    pub fn gave_away(&self, slot: u16) -> bool {
+        self.given_away
+            .get(usize::from(slot))
+            .copied()
+            .unwrap_or(false)
+    }
+
+    /// A new table from membership. `announced_leave(id)`: the member announced a graceful
+    /// leave (it hands its slots over, as every member in `new` does; a dead one does not).
+    /// Switches to `new`, records what was given away, makes gained slots wait for their hand-off,
+    /// and queues the hand-offs this node owes. The driver must call this with no decision under
+    /// the old table in flight, and export the hand-offs' buckets after it. Returns the old table.
+    pub fn handle_table(
+        &mut self,
+        now_ns: u64,
+        new: Arc<SlotTable>,
+        announced_leave: impl Fn(&str) -> bool,
+    ) -> Arc<SlotTable> {
+        let join_base = self.join_base(&new);
+        self.handle_table_with(now_ns, new, join_base, announced_leave)
+    }
+
+    /// When `new` would be this node's first real table (it is joining and `new` names others),
+    /// the cluster as it was without it: what its gained slots come from. Computing it takes
+    /// milliseconds for a big cluster, so a driver computes it before it stops decisions for the
+    /// switch, and passes it to [`Ownership::handle_table_with`].
+    pub fn join_base(&self, new: &SlotTable) -> Option<Arc<SlotTable>> {
+        if !self.joining || new.nodes().len() < 2 {
+            return None;
+        }
+        Some(Arc::new(Self::table_without(&self.me, new)))
+    }
+
+    /// `table`'s owners but `me`, as a table (epoch 0): a join's base.
+    pub fn table_without(me: &str, table: &SlotTable) -> SlotTable {
+        let others: Vec<String> = table
+            .nodes()
+            .iter()
+            .filter(|o| o.as_str() != me)
+            .cloned()
+            .collect();
+        SlotTable::compute(0, &others)
+    }
+
+    /// [`Ownership::handle_table`] with the join base computed beforehand (`None` when
+    /// [`Ownership::join_base`] gave none; a base given when the switch is no join is ignored).
+    pub fn handle_table_with(
+        &mut self,
+        now_ns: u64,
+        new: Arc<SlotTable>,
+        join_base: Option<Arc<SlotTable>>,
+        announced_leave: impl Fn(&str) -> bool,
+    ) -> Arc<SlotTable> {
+        // A node that just joined owned nothing before: its table of one was not ownership.
+        // What it gains comes from the cluster as it was without it.
+        let joined_now = new.nodes().len() > 1 && self.joining;
+        let before = match join_base {
+            Some(base) if joined_now => base,
+            _ if joined_now => self.join_base(&new).unwrap_or_else(|| self.table.clone()),
+            _ => self.table.clone(),
+        };
+        self.expect_handoffs(&before, &new, now_ns, &announced_leave);
+        if joined_now {
+            for slot in 0..SLOTS as u16 {
+                if new.owner(slot) == Some(self.me.as_str())
+                    && !self.unconfirmed.contains_key(&slot)
+                    && let Some(from) = before.owner(slot)
+                {
+                    let from = from.to_owned();
+                    self.unconfirmed
+                        .insert(slot, Window::JoinedGuessing { from });
+                }
+            }
+        }
+        let old = self.switch(new.clone());
+        if joined_now {
+            self.joining = false;
+            self.actions.push_back(Action::Joined);
+        }
+        self.queue_handoffs(&before, &new);
+        if joined_now && !self.decided_alone {
+            self.announce_no_state(&new);
+        }
+        self.changes += 1;
+        old
+    }
+
+    /// Every seed turned out to be this node: it is the first of its cluster, with nobody to
+    /// wait for.
+    pub fn handle_no_one_to_join(&mut self) {
+        if self.joining {
+            self.joining = false;
+            self.actions.push_back(Action::Joined);
+            self.changes += 1;
+        }
+    }
+
+    /// A check waited its longest for the join: from now on this node decides alone (and, once
+    /// joined, does not claim to hold nothing).
+    pub fn handle_join_wait_expired(&mut self) {
+        if self.joining && !self.decided_alone {
+            self.decided_alone = true;
+            self.changes += 1;
+        }
+    }
+
+    /// One part of a hand-off from `from` arrived (its buckets already merged). Returns true
+    /// when it completed the hand-off (waiting checks may go on).
+    pub fn handle_handoff(&mut self, now_ns: u64, from: &str, part: ReceivedPart<'_>) -> bool {
+        let Some(slots) = self.handoffs.received(from, part, now_ns) else {
+            return false;
+        };
+        for slot in slots {
+            if let Some(Window::WaitExpired { from: by } | Window::OwnerDeclaredDead { from: by }) =
+                self.unconfirmed.get(&slot)
+                && by == from
+            {
+                self.unconfirmed.remove(&slot);
+            }
+        }
+        self.changes += 1;
+        true
+    }
+
+    /// Time passed: waits whose deadline passed end (those slots are decided from what is here).
+    pub fn handle_timeout(&mut self, now_ns: u64) {
+        let expired = self.handoffs.expire(now_ns);
+        if !expired.is_empty() {
+            self.changes += 1;
+        }
+        for (slot, from) in expired {
+            self.unconfirmed.insert(slot, Window::WaitExpired { from });
+        }
+    }
+
+    /// When [`Ownership::handle_timeout`] has something to do next.
+    pub fn poll_timeout(&self) -> Option<u64> {
+        self.handoffs.next_deadline()
+    }
+
+    pub fn poll_action(&mut self) -> Option<Action> {
+        self.actions.pop_front()
+    }
+
+    /// Where a check on `slot` arriving as `arrival` goes first. Hand-off waits are asked apart
+    /// ([`Ownership::handoff_deadline`]): the driver waits for them before it places.
+    pub fn place(&self, slot: u16, arrival: Arrival) -> Placement {
+        first_place(&self.table, &self.me, slot, arrival, |s| self.gave_away(s))
+    }
+
+    /// Where a check goes after its forward failed (`last_round`: the second forward).
+    pub fn place_again(&self, slot: u16, failed: &Failed, last_round: bool) -> Placement {
+        next_place(&self.table, &self.me, slot, failed, last_round, |s| {
+            self.gave_away(s)
+        })
+    }
+
+    /// The latest deadline among `slots` still waiting for a hand-off at `now_ns`, if any.
+    pub fn handoff_deadline(&self, slots: impl Iterator<Item = u16>, now_ns: u64) -> Option<u64> {
+        self.handoffs.deadline(slots, now_ns)
+    }
+
+    /// True when one of `slots` still waits for a hand-off at `now_ns`.
+    pub fn awaits_handoff(&self, slots: impl Iterator<Item = u16>, now_ns: u64) -> bool {
+        self.handoff_deadline(slots, now_ns).is_some()
+    }
+
+    /// True when a client's check on `slot` would be decided here at `now_ns`, without waiting:
+    /// the node is not waiting for its join, owns the slot, and the slot waits for no hand-off.
+    pub fn decides(&self, slot: u16, now_ns: u64) -> bool {
+        // What `place(slot, Arrival::Client)` answers `Decide` to, without building the rest.
+        self.table.owner(slot) == Some(self.me.as_str())
+            && self.phase() != Phase::Joining
+            && !self.awaits_handoff(std::iter::once(slot), now_ns)
+    }
+
+    /// [`Ownership::decides`] for every slot at once (by slot number), for checkers.
+    pub fn decided_slots(&self, now_ns: u64) -> Vec<bool> {
+        let mine = self.table.nodes().iter().position(|n| *n == self.me);
+        if self.phase() == Phase::Joining || mine.is_none() {
+            return vec![false; SLOTS];
+        }
+        (0..SLOTS as u16)
+            .map(|slot| {
+                self.table.owner_index(slot) == mine
+                    && !self.awaits_handoff(std::iter::once(slot), now_ns)
+            })
+            .collect()
+    }
+
+    /// Why this node decides `slot` without its previous owner's state, if it does.
+    pub fn window(&self, slot: u16) -> Option<Window> {
+        if self.phase() == Phase::Alone {
+            return Some(Window::Alone);
+        }
+        self.unconfirmed.get(&slot).cloned()
+    }
+
+    /// Counts changes of what this machine decides: unchanged, nothing to check again.
+    pub fn changes(&self) -> u64 {
+        self.changes
+    }
+
+    /// Marks the slots this node gains from a live or departed previous owner as waiting until
+    /// that owner's hand-off arrives (every node that loses slots to a live node sends one,
+    /// empty or not). Slots of a dead node do not wait: the successor holds the replicas.
+    fn expect_handoffs(
+        &mut self,
+        before: &SlotTable,
+        new: &SlotTable,
+        now_ns: u64,
+        announced_leave: &impl Fn(&str) -> bool,
+    ) {
+        self.handle_timeout(now_ns);
+        let me = self.me.as_str();
+        for slot in 0..SLOTS as u16 {
+            if let (Some(was), Some(now_owner)) = (before.owner(slot), new.owner(slot))
+                && now_owner == me
+                && was != me
+            {
+                if new.contains(was) || announced_leave(was) {
+                    // Waiting, or its hand-off already here: either way not decided blind.
+                    self.handoffs
+                        .expect(slot, was, now_ns, self.config.handoff_wait_ns);
+                    self.unconfirmed.remove(&slot);
+                } else {
+                    let from = was.to_owned();
+                    self.unconfirmed
+                        .insert(slot, Window::OwnerDeclaredDead { from });
+                }
+            }
+        }
+    }
+
+    /// Makes `new` the table in force and records the slots it gives away. Returns the old one.
+    fn switch(&mut self, new: Arc<SlotTable>) -> Arc<SlotTable> {
+        let old = std::mem::replace(&mut self.table, new);
+        let new = &self.table;
+        if old.version() != new.version() {
+            self.past_versions.retain(|v| *v != old.version());
+            self.past_versions.push_back(old.version());
+            if self.past_versions.len() > self.config.past_versions {
+                self.past_versions.pop_front();
+            }
+        }
+        let me = Some(self.me.as_str());
+        for (slot, given) in self.given_away.iter_mut().enumerate() {
+            let slot = slot as u16;
+            if new.owner(slot) == me {
+                *given = false;
+            } else if old.owner(slot) == me {
+                *given = true;
+                self.handoffs.gave_away(slot);
+                self.unconfirmed.remove(&slot);
+            }
+        }
+        old
+    }
+
+    /// Queues a hand-off to every node that gains slots from this one (even with no buckets:
+    /// it holds checks on those slots until it hears from this node).
+    fn queue_handoffs(&mut self, before: &SlotTable, new: &SlotTable) {
+        let me = Some(self.me.as_str());
+        let mut slots: BTreeMap<&str, Vec<u16>> = BTreeMap::new();
+        for slot in 0..SLOTS as u16 {
+            if before.owner(slot) == me
+                && let Some(owner) = new.owner(slot)
+                && Some(owner) != me
+            {
+                slots.entry(owner).or_default().push(slot);
+            }
+        }
+        for (to, slots) in slots {
+            let id = self.fresh_handoff_id();
+            self.actions.push_back(Action::HandOff(HandOff {
+                to: to.to_owned(),
+                id,
+                slots,
+                with_buckets: true,
+            }));
+        }
+    }
+
+    /// Tells every other member that this node, just joined, holds no state for the slots it
+    /// does not own: a member that expects a hand-off from it for one of them (because its
+    /// view had this node owning the slot before this node knew the cluster) need not wait.
+    fn announce_no_state(&mut self, table: &SlotTable) {
+        let me = Some(self.me.as_str());
+        let slots: Vec<u16> = (0..SLOTS as u16)
+            .filter(|&s| table.owner(s) != me)
+            .collect();
+        let others: Vec<String> = table
+            .nodes()
+            .iter()
+            .filter(|n| Some(n.as_str()) != me)
+            .cloned()
+            .collect();
+        for to in others {
+            let id = self.fresh_handoff_id();
+            self.actions.push_back(Action::HandOff(HandOff {
+                to,
+                id,
+                slots: slots.clone(),
+                with_buckets: false,
+            }));
+        }
+    }
+
+    fn fresh_handoff_id(&mut self) -> u64 {
+        let id = self.next_handoff_id;
+        self.next_handoff_id = self.next_handoff_id.wrapping_add(1);
+        id
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cluster::ownership::placement::Arrival;
+
+    const WAIT: u64 = 500_000_000;
+
+    fn table(epoch: u64, nodes: &[&str]) -> Arc<SlotTable> {
+        let nodes: Vec<String> = nodes.iter().map(|n| n.to_string()).collect();
+        Arc::new(SlotTable::compute(epoch, &nodes))
+    }
+
+    fn machine(me: &str, first: Arc<SlotTable>, joining: bool) -> Ownership {
+        Ownership::new(me.into(), first, joining, 1_000, OwnershipConfig::default())
+    }
+
+    fn actions(m: &mut Ownership) -> Vec<Action> {
+        std::iter::from_fn(|| m.poll_action()).collect()
+    }
+
+    fn part(id: u64, slots: &[u16]) -> ReceivedPart<'_> {
+        ReceivedPart {
+            id,
+            part: 0,
+            parts: 1,
+            slots,
+        }
+    }
+
+    const NO_ONE_LEFT: fn(&str) -> bool = |_| false;
+
+    #[test]
+    fn a_switch_hands_each_lost_slot_to_its_new_owner_once_and_never_decides_it_again() {
+        let before = table(1, &["a", "b"]);
+        let after = table(2, &["a", "b", "c"]);
+        let mut a = machine("a", before.clone(), false);
+        a.handle_table(0, after.clone(), NO_ONE_LEFT);
+        let handoffs: Vec<HandOff> = actions(&mut a)
+            .into_iter()
+            .map(|action| match action {
+                Action::HandOff(h) => h,
+                other => panic!("unexpected {other:?}"),
+            })
+            .collect();
+        // Consistent hashing: a joiner takes slots only; a keeps the rest.
+        assert_eq!(handoffs.len(), 1);
+        assert_eq!(handoffs[0].to, "c");
+        assert!(handoffs[0].with_buckets);
+        let lost: Vec<u16> = (0..SLOTS as u16)
+            .filter(|&s| before.owner(s) == Some("a") && after.owner(s) == Some("c"))
+            .collect();
+        assert_eq!(handoffs[0].slots, lost);
+        for &slot in &lost {
+            assert!(a.gave_away(slot));
+            assert!(!a.decides(slot, 0));
+            assert_eq!(
+                a.place(slot, Arrival::Forwarded),
+                Placement::Refuse(crate::cluster::ownership::Refusal::NotOwner)
+            );
+        }
+        assert!(a.had_version(before.version()));
+        assert!(!a.had_version(after.version()));
+    }
+
+    #[test]
+    fn a_slot_gained_from_a_live_owner_waits_for_its_hand_off_and_one_from_a_dead_owner_does_not() {
+        let before = table(1, &["a", "b", "c"]);
+        let after = table(2, &["a", "b"]);
+        let gained: Vec<u16> = (0..SLOTS as u16)
+            .filter(|&s| before.owner(s) == Some("c") && after.owner(s) == Some("a"))
+            .collect();
+        let slot = gained[0];
+
+        // c left gracefully: its hand-off is awaited, until it arrives.
+        let mut a = machine("a", before.clone(), false);
+        a.handle_table(10, after.clone(), |id| id == "c");
+        assert!(!a.decides(slot, 10));
+        assert_eq!(a.poll_timeout(), Some(10 + WAIT));
+        assert!(a.handle_handoff(20, "c", part(7, &gained)));
+        assert!(a.decides(slot, 20));
+        assert_eq!(a.window(slot), None);
+
+        // Its wait runs out: decided from what is here, inside a named window.
+        let mut late = machine("a", before.clone(), false);
+        late.handle_table(10, after.clone(), |id| id == "c");
+        late.handle_timeout(10 + WAIT);
+        assert!(late.decides(slot, 10 + WAIT));
+        assert_eq!(
+            late.window(slot),
+            Some(Window::WaitExpired { from: "c".into() })
+        );
+
+        // c is dead: nothing comes, nothing is awaited.
+        let mut dead = machine("a", before, false);
+        dead.handle_table(10, after, NO_ONE_LEFT);
+        assert!(dead.decides(slot, 10));
+        assert_eq!(
+            dead.window(slot),
+            Some(Window::OwnerDeclaredDead { from: "c".into() })
+        );
+    }
+
+    #[test]
+    fn a_joining_node_waits_then_decides_alone_and_a_joined_one_announces_it_holds_nothing() {
+        let alone = table(1, &["n"]);
+        let cluster = table(2, &["m", "n"]);
+
+        let mut n = machine("n", alone.clone(), true);
+        assert_eq!(n.phase(), Phase::Joining);
+        assert!(!n.decides(0, 0));
+        n.handle_table(5, cluster.clone(), NO_ONE_LEFT);
+        assert_eq!(n.phase(), Phase::Member);
+        let after_join = actions(&mut n);
+        assert_eq!(after_join[0], Action::Joined);
+        // Its table of one was not ownership: it owes no buckets, and tells m it holds none.
+        assert!(matches!(
+            &after_join[1..],
+            [Action::HandOff(HandOff { to, with_buckets: false, .. })] if to == "m"
+        ));
+        // What it gained waits for m's hand-off.
+        let gained = (0..SLOTS as u16)
+            .find(|&s| cluster.owner(s) == Some("n"))
+            .unwrap();
+        assert!(!n.decides(gained, 5));
+
+        let mut gave_up = machine("n", alone, true);
+        gave_up.handle_join_wait_expired();
+        assert_eq!(gave_up.phase(), Phase::Alone);
+        assert!(gave_up.decides(0, 0));
+        assert_eq!(gave_up.window(0), Some(Window::Alone));
+        gave_up.handle_table(5, cluster, NO_ONE_LEFT);
+        // It may hold state for slots others own: no announcement that it holds none.
+        assert_eq!(actions(&mut gave_up), vec![Action::Joined]);
+    }
+
+    #[test]
+    fn a_node_that_leaves_decides_nothing_and_hands_everything_over() {
+        let before = table(1, &["a", "b"]);
+        let mut a = machine("a", before.clone(), false);
+        a.handle_table(0, table(2, &["b"]), NO_ONE_LEFT);
+        assert_eq!(a.phase(), Phase::Left);
+        let handed: usize = actions(&mut a)
+            .iter()
+            .map(|action| match action {
+                Action::HandOff(h) => h.slots.len(),
+                Action::Joined => 0,
+            })
+            .sum();
+        assert_eq!(handed, before.slots_owned("a"));
+        assert!((0..SLOTS as u16).all(|s| !a.decides(s, 0)));
+    }
+}

@@ -1,0 +1,68 @@
+//! Slot ownership while slots move, as a sans-I/O state machine: who decides a slot, when a
+//! gained slot may be decided, what a node owes as hand-offs, and where a check goes.
+//!
+//! The node drives one [`Ownership`] per process in quinn-proto's shape: it feeds tables from
+//! membership ([`Ownership::handle_table`]), hand-off parts ([`Ownership::handle_handoff`]),
+//! the join's progress and timers ([`Ownership::handle_timeout`] when
+//! [`Ownership::poll_timeout`] says), carries out what [`Ownership::poll_action`] returns
+//! (send a hand-off, wake checks waiting for the join), and asks [`Ownership::place`] where
+//! each check goes. No clock, no task, no runtime: time is the `now_ns` passed in.
+//!
+//! # The invariant
+//!
+//! **At most one node decides a slot at a time**, except in these windows, each bounded. Each
+//! names the other decider it allows; the simulation's checker excuses a pair of deciders only
+//! through a window that names the other one.
+//!
+//! 1. **Wait expired** ([`Window::WaitExpired`]): a gained slot waits for the complete
+//!    hand-off (every part) from its previous owner that lists it, at most
+//!    `handoff_wait_ns` (500 ms). When the wait runs out first (the previous owner has not
+//!    switched tables yet, or a part was lost), the new owner decides from what it has while
+//!    that previous owner may still decide. It ends when that owner's hand-off carrying the
+//!    slot arrives, or the slot is given away.
+//! 2. **Owner declared dead** ([`Window::OwnerDeclaredDead`]): a slot gained from a member
+//!    this node's membership holds dead (not departed) does not wait: no hand-off comes, the
+//!    successor decides from its replicas. If that member is alive after all (lost heartbeats),
+//!    both decide until one of them switches tables again. Ends as window 1 does.
+//! 3. **Alone** ([`Window::Alone`]): a node started with seeds waits (bounded, per check) for
+//!    its join; when the wait runs out it decides everything with its table of one (beside
+//!    anyone) until its first real table.
+//! 4. **Joined on a guess** ([`Window::JoinedGuessing`]): a node's first real table is made
+//!    from the members it has heard of, and so is its guess of who owned each slot before it
+//!    came (the same table without itself), whose hand-off it waits for. When the others'
+//!    tables differ (it joined through a member that is itself still joining, or it heard of
+//!    a restarted member before they did), the member that really owns a slot in its own
+//!    table may still decide it until it hears of the newcomer and hands it over (a gossip
+//!    round or so). The window covers every decider but the guessed previous owner (whose
+//!    hand-off arrived), and is marked while the newcomer keeps the slot.
+//! 5. **Split views**: two nodes whose tables do not name each other at all (a partition, or
+//!    each holding the other dead, as after a crash and restart while gossip was lost) each
+//!    decide the slots their own table gives them, until gossip reaches both. The checker
+//!    knows this one from the pair of tables; a table that names the other decider excuses
+//!    nothing.
+//!
+//! Outside the machine's view, and not asserted by the simulation (they need the driver's
+//! forwards): a **takeover** ([`Placement::Takeover`]) is decided by the slot's successor for a
+//! client that lost the owner, while the owner may be alive; a **forwarded** check for a slot
+//! this node never held is decided once here when its table has not caught up with the
+//! sender's (after a bounded wait); a forward **unanswered** in time is decided by the
+//! forwarder; and a check that waited for a hand-off and, looking again under the gate, finds
+//! its slot waiting again (the table switched meanwhile) a third time is decided then.
+//!
+//! What closes every other gap: a table switch happens with no decision under the old table
+//! in flight (the driver's gate) and the hand-off is exported after it, so it holds every
+//! decision made under the old table; a slot given away is never decided again until owned
+//! again (a forwarder is told `not_owner`); a hand-off that arrived before the switch counts
+//! while recent, one for a slot given away since does not.
+//!
+//! [`sim`] runs many machines over a delaying, losing, duplicating, reordering network with
+//! crashes, restarts, joins and leaves, and checks this invariant at every change.
+
+mod handoffs;
+mod machine;
+mod placement;
+pub mod sim;
+
+pub use handoffs::{Handoffs, MAX_PARTIAL, PARTIAL_TTL_NS, ReceivedPart};
+pub use machine::{Action, HandOff, Ownership, OwnershipConfig, Phase, Window};
+pub use placement::{Arrival, Failed, Placement, Refusal, first_place, next_place};
