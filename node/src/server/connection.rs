@@ -1,10 +1,9 @@
-//! QUIC connections: the accept loop, admission after the handshake, one task per stream, and
-//! whether the other end is a peer (a node certificate of the peer CA).
+//! QUIC connections: the accept loop, admission after the handshake, one task per stream.
 
+use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
-use std::sync::{Arc, OnceLock};
 
-use floodgate::wire::{ErrorCode, FrameKind};
+use floodgate::wire::ErrorCode;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
@@ -12,6 +11,7 @@ use crate::admission::Handshake;
 use crate::state::Shared;
 
 use super::peer_messages::{UniSender, serve_uni_message};
+use super::remote::Remote;
 use super::streams::serve_stream;
 
 pub(super) async fn accept_loop(
@@ -56,11 +56,7 @@ pub(super) async fn serve_connection(
             return;
         }
     };
-    let remote = Remote {
-        connection: connection.clone(),
-        peer: Arc::new(OnceLock::new()),
-        certified: Arc::default(),
-    };
+    let remote = Remote::new(connection.clone());
     // Peers are counted apart from clients: only a node certificate of the peer CA is one.
     let peer = remote.is_peer(&shared);
     let Some(_admitted) = shared.allowance.admit(handshake, peer) else {
@@ -117,56 +113,6 @@ pub(super) async fn serve_connection(
         connection.close(
             quinn::VarInt::from_u32(ErrorCode::ShuttingDown as u32),
             b"node shutting down",
-        );
-    }
-}
-
-/// The other end of a connection, and whether it is a peer.
-#[derive(Clone)]
-pub(super) struct Remote {
-    pub(super) connection: quinn::Connection,
-    /// Decided on first need, not at accept: a server's connection is up before the client's
-    /// certificate has arrived, but not before a stream from it has.
-    peer: Arc<OnceLock<bool>>,
-    /// The last node id its certificate was verified to carry.
-    certified: Arc<parking_lot::Mutex<Option<String>>>,
-}
-
-impl Remote {
-    /// True when the connection's certificate is a node's from the peer CA.
-    pub(super) fn is_peer(&self, shared: &Shared) -> bool {
-        *self.peer.get_or_init(|| {
-            let identity = self.connection.peer_identity();
-            shared.peer_trust.read().is_peer(identity)
-        })
-    }
-
-    /// True when the connection's certificate is a node certificate for node `id`.
-    pub(super) fn certified_as(&self, shared: &Shared, id: &str) -> bool {
-        let mut certified = self.certified.lock();
-        if certified.as_deref() == Some(id) {
-            return true;
-        }
-        let identity = self.connection.peer_identity();
-        let names = shared.peer_trust.read().names(identity, id);
-        if names {
-            *certified = Some(id.to_owned());
-        }
-        names
-    }
-
-    /// Refuses a peer-only frame from a non-peer: closes the connection with `forbidden`, the
-    /// payload unread.
-    pub(super) fn forbid(&self, shared: &Shared, kind: FrameKind) {
-        shared.metrics.frame_error(ErrorCode::Forbidden);
-        tracing::warn!(
-            remote = %self.connection.remote_address(),
-            "closing a connection that sent {kind:?} frames without a peer certificate"
-        );
-        self.connection.close(
-            quinn::VarInt::from_u32(ErrorCode::Forbidden as u32),
-            format!("forbidden: {kind:?} frames are for peers with a certificate from the peer CA")
-                .as_bytes(),
         );
     }
 }

@@ -8,6 +8,7 @@
 
 mod connection;
 mod peer_messages;
+mod remote;
 mod streams;
 mod sweeper;
 

@@ -14,7 +14,7 @@ use tokio::sync::watch;
 
 use crate::state::Shared;
 
-use super::connection::Remote;
+use super::remote::Remote;
 
 /// Longest one slot-table push to a client may take.
 pub(super) const PUSH_TIMEOUT: Duration = Duration::from_secs(1);

@@ -13,7 +13,7 @@ use crate::forward;
 use crate::service::{answer_frame, encode_error};
 use crate::state::Shared;
 
-use super::connection::Remote;
+use super::remote::Remote;
 
 /// Serves one long-lived stream: reads whatever bytes arrive, answers every complete frame, and
 /// writes all answers of one read at once.

@@ -1,0 +1,66 @@
+//! The other end of a connection: whether it is a peer (a node certificate of the peer CA),
+//! which node id its certificate carries, and how it is refused a peer-only frame.
+
+use std::sync::{Arc, OnceLock};
+
+use floodgate::wire::{ErrorCode, FrameKind};
+
+use crate::state::Shared;
+
+/// The other end of a connection, and whether it is a peer.
+#[derive(Clone)]
+pub(super) struct Remote {
+    pub(super) connection: quinn::Connection,
+    /// Decided on first need, not at accept: a server's connection is up before the client's
+    /// certificate has arrived, but not before a stream from it has.
+    peer: Arc<OnceLock<bool>>,
+    /// The last node id its certificate was verified to carry.
+    certified: Arc<parking_lot::Mutex<Option<String>>>,
+}
+
+impl Remote {
+    pub(super) fn new(connection: quinn::Connection) -> Self {
+        Remote {
+            connection,
+            peer: Arc::new(OnceLock::new()),
+            certified: Arc::default(),
+        }
+    }
+
+    /// True when the connection's certificate is a node's from the peer CA.
+    pub(super) fn is_peer(&self, shared: &Shared) -> bool {
+        *self.peer.get_or_init(|| {
+            let identity = self.connection.peer_identity();
+            shared.peer_trust.read().is_peer(identity)
+        })
+    }
+
+    /// True when the connection's certificate is a node certificate for node `id`.
+    pub(super) fn certified_as(&self, shared: &Shared, id: &str) -> bool {
+        let mut certified = self.certified.lock();
+        if certified.as_deref() == Some(id) {
+            return true;
+        }
+        let identity = self.connection.peer_identity();
+        let names = shared.peer_trust.read().names(identity, id);
+        if names {
+            *certified = Some(id.to_owned());
+        }
+        names
+    }
+
+    /// Refuses a peer-only frame from a non-peer: closes the connection with `forbidden`, the
+    /// payload unread.
+    pub(super) fn forbid(&self, shared: &Shared, kind: FrameKind) {
+        shared.metrics.frame_error(ErrorCode::Forbidden);
+        tracing::warn!(
+            remote = %self.connection.remote_address(),
+            "closing a connection that sent {kind:?} frames without a peer certificate"
+        );
+        self.connection.close(
+            quinn::VarInt::from_u32(ErrorCode::Forbidden as u32),
+            format!("forbidden: {kind:?} frames are for peers with a certificate from the peer CA")
+                .as_bytes(),
+        );
+    }
+}
