@@ -13,9 +13,11 @@
 //! - [`wire`]: the frame format and messages between clients and nodes (rkyv, validated).
 //! - [`policy`]: the rules file, request → checks → verdict, and the HTTP answer (429/503 fields).
 //! - [`rls`]: Envoy's rate limit service: envoyproxy/ratelimit's config, matching, answers.
-//! - [`cluster`]: slots and ownership (the slot table), sans I/O.
+//! - [`cluster`]: membership, slots and the ownership protocol (who decides a slot while it
+//!   moves), sans I/O, with its seeded simulation.
 //! - [`region`]: scopes across regions and the inter-region delta exchange for global limits,
 //!   sans I/O, with its seeded simulation.
+//! - [`sim_rng`]: the simulations' seeded generator, so a printed seed replays a run anywhere.
 //! - [`clock`]: the [`Clock`] trait, the [`EpochClock`] the node and the client read (Unix time
 //!   that never goes backwards) and the [`FakeClock`] tests use.
 //!
@@ -33,6 +35,7 @@ pub mod limit;
 pub mod policy;
 pub mod region;
 pub mod rls;
+pub mod sim_rng;
 pub mod store;
 pub mod wire;
 

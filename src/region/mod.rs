@@ -19,7 +19,6 @@
 //! - `exchange`: [`Exchange`], the machine tying them to a [`crate::BucketStore`].
 //! - `home`: [`home_fallback_limit`], a `home` check's local share when its home is away.
 //! - [`sim`]: a seeded simulation of three regions over a lossy network, asserting the bound.
-//! - `rng`: [`SplitMix64`], the simulation's PRNG.
 
 mod admission;
 mod config;
@@ -28,7 +27,6 @@ mod exchange;
 mod home;
 mod inbox;
 mod outbox;
-mod rng;
 mod scope;
 pub mod sim;
 
@@ -38,5 +36,4 @@ pub use delta::{Delta, DeltaAck, DeltaBatch, MAX_ACK_RANGES, Outgoing, Peer, Tra
 pub use exchange::{Exchange, ExchangeStats};
 pub use home::home_fallback_limit;
 pub use inbox::DEDUPE_WINDOW;
-pub use rng::SplitMix64;
 pub use scope::{MAX_REGION_NAME_BYTES, RegionName, RegionNameError, Scope, ScopeError};

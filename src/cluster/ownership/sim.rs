@@ -17,34 +17,7 @@ use super::machine::{Action, Ownership, OwnershipConfig, Phase, Window};
 use crate::cluster::{
     Gossip, MemberInfo, MemberState, Membership, MembershipConfig, SLOTS, SlotTable,
 };
-
-/// A tiny deterministic generator (splitmix64): byte-identical runs, no dependency.
-#[derive(Debug, Clone)]
-pub struct SimRng(u64);
-
-impl SimRng {
-    pub fn new(seed: u64) -> Self {
-        SimRng(seed)
-    }
-
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in `low..=high`.
-    pub fn between(&mut self, low: u64, high: u64) -> u64 {
-        low + self.next_u64() % (high - low + 1)
-    }
-
-    /// True with probability `per_mille / 1000`.
-    pub fn chance(&mut self, per_mille: u64) -> bool {
-        self.next_u64() % 1_000 < per_mille
-    }
-}
+use crate::sim_rng::SplitMix64;
 
 /// What a simulation run does. Rates are per mille; fault rates are per tick.
 #[derive(Debug, Clone)]
@@ -83,21 +56,21 @@ pub struct SimConfig {
 impl SimConfig {
     /// A run drawn from `seed`: 3 to 5 nodes, up to 10% loss, some duplication, and faults.
     pub fn from_seed(seed: u64) -> Self {
-        let mut rng = SimRng::new(seed ^ 0x5EED_C0F1_6000_0000);
-        let nodes = rng.between(2, 4) as usize;
+        let mut rng = SplitMix64::new(seed ^ 0x5EED_C0F1_6000_0000);
+        let nodes = rng.range(2, 4) as usize;
         SimConfig {
             nodes,
             max_nodes: nodes + 2,
             duration_ns: 6_000_000_000,
             tick_ns: 10_000_000,
             min_delay_ns: 1_000_000,
-            max_delay_ns: rng.between(2, 40) * 1_000_000,
-            loss_per_mille: rng.between(0, 100),
-            duplicate_per_mille: rng.between(0, 50),
-            crash_per_mille: rng.between(0, 6),
+            max_delay_ns: rng.range(2, 40) * 1_000_000,
+            loss_per_mille: rng.range(0, 100),
+            duplicate_per_mille: rng.range(0, 50),
+            crash_per_mille: rng.range(0, 6),
             restart_per_mille: 20,
-            leave_per_mille: rng.between(0, 4),
-            join_per_mille: rng.between(0, 6),
+            leave_per_mille: rng.range(0, 4),
+            join_per_mille: rng.range(0, 6),
             linger_ns: 300_000_000,
             join_wait_ns: 1_000_000_000,
             membership: MembershipConfig::default(),
@@ -191,7 +164,7 @@ const TRACE_LINES: usize = 60;
 pub struct Sim {
     seed: u64,
     config: SimConfig,
-    rng: SimRng,
+    rng: SplitMix64,
     now_ns: u64,
     nodes: Vec<SimNode>,
     /// Messages by delivery instant, then send order (ties keep their order).
@@ -209,7 +182,7 @@ impl Sim {
     pub fn new(seed: u64, config: SimConfig) -> Self {
         let mut sim = Sim {
             seed,
-            rng: SimRng::new(seed),
+            rng: SplitMix64::new(seed),
             now_ns: 1_000_000_000,
             nodes: Vec::new(),
             network: BTreeMap::new(),
@@ -343,10 +316,10 @@ impl Sim {
     }
 
     fn send(&mut self, to: String, payload: Payload) {
-        if self.rng.chance(self.config.loss_per_mille) {
+        if self.rng.chance(self.config.loss_per_mille * 1_000) {
             return;
         }
-        let copies = if self.rng.chance(self.config.duplicate_per_mille) {
+        let copies = if self.rng.chance(self.config.duplicate_per_mille * 1_000) {
             2
         } else {
             1
@@ -354,7 +327,7 @@ impl Sim {
         for _ in 0..copies {
             let delay = self
                 .rng
-                .between(self.config.min_delay_ns, self.config.max_delay_ns);
+                .range(self.config.min_delay_ns, self.config.max_delay_ns);
             self.sent += 1;
             self.report.messages += 1;
             self.network.insert(
@@ -466,7 +439,7 @@ impl Sim {
             match action {
                 Action::Joined => self.log(format!("{id} joined")),
                 Action::HandOff(handoff) => {
-                    let parts = self.rng.between(1, 3) as u32;
+                    let parts = self.rng.range(1, 3) as u32;
                     self.log(format!(
                         "{id} hands {} slots to {} (hand-off {}, {parts} parts{})",
                         handoff.slots.len(),
@@ -551,8 +524,8 @@ impl Sim {
     fn inject_faults(&mut self) -> Result<(), SimFailure> {
         let running = self.running();
         // Crash: never the last running node.
-        if running.len() > 1 && self.rng.chance(self.config.crash_per_mille) {
-            let index = running[self.rng.between(0, running.len() as u64 - 1) as usize];
+        if running.len() > 1 && self.rng.chance(self.config.crash_per_mille * 1_000) {
+            let index = running[self.rng.range(0, running.len() as u64 - 1) as usize];
             self.nodes[index].life = None;
             let id = self.nodes[index].id.clone();
             self.log(format!("{id} crashes"));
@@ -560,16 +533,18 @@ impl Sim {
         let down: Vec<usize> = (0..self.nodes.len())
             .filter(|&i| self.nodes[i].life.is_none() && !self.nodes[i].gone)
             .collect();
-        if !down.is_empty() && self.rng.chance(self.config.restart_per_mille) {
-            let index = down[self.rng.between(0, down.len() as u64 - 1) as usize];
+        if !down.is_empty() && self.rng.chance(self.config.restart_per_mille * 1_000) {
+            let index = down[self.rng.range(0, down.len() as u64 - 1) as usize];
             self.start(index);
         }
         let running = self.running();
-        if running.len() > 2 && self.rng.chance(self.config.leave_per_mille) {
-            let index = running[self.rng.between(0, running.len() as u64 - 1) as usize];
+        if running.len() > 2 && self.rng.chance(self.config.leave_per_mille * 1_000) {
+            let index = running[self.rng.range(0, running.len() as u64 - 1) as usize];
             self.leave(index);
         }
-        if self.nodes.len() < self.config.max_nodes && self.rng.chance(self.config.join_per_mille) {
+        if self.nodes.len() < self.config.max_nodes
+            && self.rng.chance(self.config.join_per_mille * 1_000)
+        {
             self.add_node();
         }
         self.check()

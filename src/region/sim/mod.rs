@@ -34,8 +34,8 @@ use super::admission::over_admission_bound;
 use super::config::ExchangeConfig;
 use super::delta::{Outgoing, Peer};
 use super::exchange::Exchange;
-use super::rng::SplitMix64;
 use super::scope::RegionName;
+use crate::sim_rng::SplitMix64;
 use crate::{Algorithm, BucketKey, BucketStore, Limit, NANOS_PER_SEC, StoreConfig};
 
 const MS: u64 = 1_000_000;

@@ -4,8 +4,8 @@
 
 use std::collections::VecDeque;
 
-use super::super::rng::SplitMix64;
 use crate::NANOS_PER_SEC;
+use crate::sim_rng::SplitMix64;
 
 /// The shape of the traffic.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

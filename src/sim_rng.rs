@@ -1,4 +1,5 @@
-//! `SplitMix64`: a tiny deterministic PRNG for the simulation (same seed, same run, everywhere).
+//! `SplitMix64`: the tiny deterministic PRNG of the seeded simulations (ownership, regions): same
+//! seed, same run, on any build.
 
 /// Steele, Lea and Flood's SplitMix64: 64 bits of state, good enough statistics for picking
 /// delays and losses, and trivially reproducible from a printed seed.
