@@ -46,8 +46,11 @@ run:             ## build in release, start a 3-node cluster serving rules/examp
 	./target/release/examples/gateway --listen 127.0.0.1:8080 --upstream 127.0.0.1:8081 \
 	    --seeds 127.0.0.1:7100 --ca .run/node/ca.pem --rules-cache .run/gateway-rules.yaml
 
-chaos:           ## every chaos scenario against real nodes behind fault proxies (about 10 minutes): table, target/chaos/{report.json,SCENARIO/SCENARIO.svg}
+chaos:           ## every chaos scenario against real nodes behind fault proxies (about 10 minutes), then a sweep of 5,000 simulation seeds: table, target/chaos/{report.json,SCENARIO/SCENARIO.svg,sim.txt}
 	$(CARGO) build --release --locked -p floodgate-node -p floodgate-chaos
+	@mkdir -p target/chaos
+	@: "the simulations first (a minute or two): a failing seed stops the run before the long part"
+	./target/release/floodgate-chaos sim --seeds 1-5000 | tee target/chaos/sim.txt
 	./target/release/floodgate-chaos run --scenario all --duration $(CHAOS_DURATION) --out target/chaos
 
 bench: bench-core bench-load ## every benchmark (several minutes)

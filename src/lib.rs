@@ -17,7 +17,7 @@
 //!   moves), sans I/O, with its seeded simulation.
 //! - [`region`]: scopes across regions and the inter-region delta exchange for global limits,
 //!   sans I/O, with its seeded simulation.
-//! - [`sim_rng`]: the simulations' seeded generator, so a printed seed replays a run anywhere.
+//! - [`simulation`]: the simulations' seeded generator, so a printed seed replays a run anywhere.
 //! - [`clock`]: the [`Clock`] trait, the [`EpochClock`] the node and the client read (Unix time
 //!   that never goes backwards) and the [`FakeClock`] tests use.
 //!
@@ -35,7 +35,7 @@ pub mod limit;
 pub mod policy;
 pub mod region;
 pub mod rls;
-pub mod sim_rng;
+pub mod simulation;
 pub mod store;
 pub mod wire;
 

@@ -10,6 +10,7 @@
 //!   `rules`: the rules file `rules-reload` edits; `hostile`: the hostile client.
 //! - `timeline`: what each scenario does, when; `run`: one scenario end to end.
 //! - `checker`: the invariants; `report` and `svg`: the outputs.
+//! - `sim`: the core's seeded simulations (ownership, regions), many seeds at once.
 
 pub mod checker;
 pub mod faults;
@@ -22,6 +23,7 @@ pub mod report;
 pub mod rules;
 pub mod run;
 pub mod scenario;
+pub mod sim;
 pub mod sockets;
 pub mod svg;
 pub mod timeline;

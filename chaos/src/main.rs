@@ -1,5 +1,5 @@
 //! `floodgate-chaos`: `run` scenarios against real nodes behind fault proxies, `list` them with
-//! their bounds.
+//! their bounds, `sim` the core's seeded simulations.
 
 use std::io::IsTerminal;
 use std::path::PathBuf;
@@ -9,7 +9,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 use floodgate_chaos::run::{RunSettings, ScenarioReport, run_scenario};
-use floodgate_chaos::{procs, report, scenario};
+use floodgate_chaos::{procs, report, scenario, sim};
 use indicatif::{ProgressBar, ProgressStyle};
 
 #[derive(Debug, Parser)]
@@ -31,6 +31,24 @@ enum Command {
     Run(RunArgs),
     /// Print every scenario with its over-admission bound.
     List,
+    /// Run the core's seeded simulations (ownership and regions) in virtual time: `--seed S`
+    /// prints one seed's summary, `--seeds A-B` sweeps a range and prints each failing seed with
+    /// its trace. Stdout depends only on the seeds; timing goes to stderr. Exits 0 only when
+    /// every seed passed.
+    Sim(SimArgs),
+}
+
+#[derive(Debug, Args)]
+struct SimArgs {
+    /// One seed, summarised in full.
+    #[arg(long, conflicts_with = "seeds")]
+    seed: Option<u64>,
+    /// A range of seeds, `A-B` (at most a million).
+    #[arg(long)]
+    seeds: Option<String>,
+    /// Threads to run seeds on (default: the machine's cores).
+    #[arg(long)]
+    threads: Option<usize>,
 }
 
 #[derive(Debug, Args)]
@@ -57,6 +75,11 @@ struct RunArgs {
     /// The floodgate-node binary (default: beside this one, else built with cargo).
     #[arg(long)]
     node_bin: Option<PathBuf>,
+    /// Judge availability against this share (0 to 1) instead of each scenario's own floor;
+    /// 0 judges safety only (what a test on a loaded machine does). Availability is reported
+    /// either way.
+    #[arg(long)]
+    availability_floor: Option<f64>,
 }
 
 fn parse_duration(text: &str) -> Result<Duration, String> {
@@ -72,6 +95,7 @@ fn main() -> ExitCode {
             print!("{}", report::list(&scenario::catalogue()));
             Ok(true)
         }
+        Command::Sim(args) => simulate(&args),
         Command::Run(args) => tokio::runtime::Builder::new_multi_thread()
             .enable_all()
             .build()
@@ -86,6 +110,36 @@ fn main() -> ExitCode {
             ExitCode::from(2)
         }
     }
+}
+
+fn simulate(args: &SimArgs) -> anyhow::Result<bool> {
+    let started = std::time::Instant::now();
+    let threads = args.threads.unwrap_or_else(|| {
+        std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
+    });
+    anyhow::ensure!((1..=64).contains(&threads), "--threads must be 1 to 64");
+    let (passed, count) = match (&args.seeds, args.seed) {
+        (Some(range), _) => {
+            let seeds = sim::parse_seed_range(range, 1_000_000).map_err(anyhow::Error::msg)?;
+            let outcomes = sim::run_seeds(seeds.clone(), threads);
+            print!("{}", sim::summarize(&seeds, &outcomes));
+            (
+                outcomes.iter().all(sim::SeedOutcome::passed),
+                outcomes.len(),
+            )
+        }
+        (None, seed) => {
+            let outcome = sim::run_seed(seed.unwrap_or(1));
+            print!("{}", sim::describe(&outcome));
+            (outcome.passed(), 1)
+        }
+    };
+    let seconds = started.elapsed().as_secs_f64();
+    eprintln!(
+        "{count} seed(s) in {seconds:.1} s on {threads} thread(s): {:.0} seeds per minute",
+        count as f64 * 60.0 / seconds.max(1e-9)
+    );
+    Ok(passed)
 }
 
 async fn run(args: RunArgs) -> anyhow::Result<bool> {
@@ -117,6 +171,12 @@ async fn run(args: RunArgs) -> anyhow::Result<bool> {
     };
     std::fs::create_dir_all(&args.out)
         .with_context(|| format!("creating {}", args.out.display()))?;
+    if let Some(floor) = args.availability_floor {
+        anyhow::ensure!(
+            (0.0..=1.0).contains(&floor),
+            "--availability-floor must be between 0 and 1"
+        );
+    }
     let settings = RunSettings {
         seed: args.seed,
         duration: args.duration,
@@ -125,6 +185,7 @@ async fn run(args: RunArgs) -> anyhow::Result<bool> {
         gateways_per_region: args.gateways_per_region,
         out: args.out.clone(),
         node_bin: procs::node_binary(args.node_bin.as_deref())?,
+        availability_floor: args.availability_floor,
     };
     let progress = if std::io::stderr().is_terminal() {
         ProgressBar::new(scenarios.len() as u64)

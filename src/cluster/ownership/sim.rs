@@ -17,7 +17,7 @@ use super::machine::{Action, Ownership, OwnershipConfig, Phase, Window};
 use crate::cluster::{
     Gossip, MemberInfo, MemberState, Membership, MembershipConfig, SLOTS, SlotTable,
 };
-use crate::sim_rng::SplitMix64;
+use crate::simulation::{SplitMix64, TraceDigest};
 
 /// What a simulation run does. Rates are per mille; fault rates are per tick.
 #[derive(Debug, Clone)]
@@ -126,6 +126,8 @@ pub struct SimReport {
     pub table_switches: u64,
     pub handoffs_completed: u64,
     pub messages: u64,
+    /// Every event of the run, in order, in one number (see [`TraceDigest`]).
+    pub digest: u64,
 }
 
 /// How a run failed: the seed, what broke, and the last events before it.
@@ -171,6 +173,7 @@ pub struct Sim {
     network: BTreeMap<(u64, u64), (String, Payload)>,
     sent: u64,
     trace: VecDeque<String>,
+    digest: TraceDigest,
     report: SimReport,
     /// Each machine's change count at the last check (by node index).
     checked: Vec<u64>,
@@ -188,12 +191,14 @@ impl Sim {
             network: BTreeMap::new(),
             sent: 0,
             trace: VecDeque::new(),
+            digest: TraceDigest::default(),
             report: SimReport {
                 checks: 0,
                 windows_seen: 0,
                 table_switches: 0,
                 handoffs_completed: 0,
                 messages: 0,
+                digest: 0,
             },
             checked: Vec::new(),
             tables: BTreeMap::new(),
@@ -221,6 +226,7 @@ impl Sim {
             self.check()?;
             self.now_ns += self.config.tick_ns;
         }
+        self.report.digest = self.digest.value();
         Ok(self.report)
     }
 
@@ -228,8 +234,9 @@ impl Sim {
         if self.trace.len() == TRACE_LINES {
             self.trace.pop_front();
         }
-        self.trace
-            .push_back(format!("{:>6} ms  {line}", self.now_ns / 1_000_000));
+        let line = format!("{:>6} ms  {line}", self.now_ns / 1_000_000);
+        self.digest.add(&line);
+        self.trace.push_back(line);
     }
 
     fn fail(&self, message: String) -> SimFailure {

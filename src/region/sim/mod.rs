@@ -35,7 +35,7 @@ use super::config::ExchangeConfig;
 use super::delta::{Outgoing, Peer};
 use super::exchange::Exchange;
 use super::scope::RegionName;
-use crate::sim_rng::SplitMix64;
+use crate::simulation::{SplitMix64, TraceDigest};
 use crate::{Algorithm, BucketKey, BucketStore, Limit, NANOS_PER_SEC, StoreConfig};
 
 const MS: u64 = 1_000_000;
@@ -168,6 +168,8 @@ pub struct SimReport {
     /// of the same requests (the throughput the admission rule costs).
     pub admitted_before_cut: u64,
     pub exact_before_cut: u64,
+    /// Every event of the run, in order, in one number (see [`TraceDigest`]).
+    pub digest: u64,
 }
 
 /// A run that broke an assertion: its seed, what broke, and the last events before it.
@@ -203,6 +205,7 @@ impl fmt::Display for SimFailure {
 #[derive(Debug, Default)]
 struct Trace {
     events: VecDeque<String>,
+    digest: TraceDigest,
 }
 
 impl Trace {
@@ -210,7 +213,9 @@ impl Trace {
         if self.events.len() == TRACE_EVENTS {
             self.events.pop_front();
         }
-        self.events.push_back(line());
+        let line = line();
+        self.digest.add(&line);
+        self.events.push_back(line);
     }
 }
 
@@ -457,6 +462,7 @@ pub fn run(config: &SimConfig) -> Result<SimReport, SimFailure> {
         denied_by_share: stats.iter().map(|s| s.denied_by_share).sum(),
         admitted_before_cut,
         exact_before_cut,
+        digest: trace.digest.value(),
     })
 }
 

@@ -5,7 +5,7 @@ use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 
 use super::super::delta::Outgoing;
-use crate::sim_rng::SplitMix64;
+use crate::simulation::SplitMix64;
 
 /// One region cut off from every other between `start_ns` and `end_ns`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -5,7 +5,7 @@
 use std::collections::VecDeque;
 
 use crate::NANOS_PER_SEC;
-use crate::sim_rng::SplitMix64;
+use crate::simulation::SplitMix64;
 
 /// The shape of the traffic.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

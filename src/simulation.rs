@@ -1,5 +1,6 @@
-//! `SplitMix64`: the tiny deterministic PRNG of the seeded simulations (ownership, regions): same
-//! seed, same run, on any build.
+//! What the seeded simulations (ownership, regions) share: [`SplitMix64`], their generator (same
+//! seed, same run, on any build), and [`TraceDigest`], a fingerprint of every event a run saw, so
+//! two runs of one seed can be compared in one number.
 
 /// Steele, Lea and Flood's SplitMix64: 64 bits of state, good enough statistics for picking
 /// delays and losses, and trivially reproducible from a printed seed.
@@ -37,6 +38,29 @@ impl SplitMix64 {
     }
 }
 
+/// FNV-1a over every event line of a run, in order: equal digests mean (with overwhelming
+/// likelihood) the same events in the same order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TraceDigest(u64);
+
+impl Default for TraceDigest {
+    fn default() -> Self {
+        TraceDigest(0xcbf2_9ce4_8422_2325)
+    }
+}
+
+impl TraceDigest {
+    pub fn add(&mut self, line: &str) {
+        for byte in line.bytes().chain(std::iter::once(b'\n')) {
+            self.0 = (self.0 ^ u64::from(byte)).wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    }
+
+    pub fn value(self) -> u64 {
+        self.0
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -48,6 +72,18 @@ mod tests {
         let mut rng = SplitMix64::new(1_234_567);
         assert_eq!(rng.next_u64(), 6_457_827_717_110_365_317);
         assert_eq!(rng.next_u64(), 3_203_168_211_198_807_973);
+    }
+
+    #[test]
+    fn a_digest_tells_order_and_content_apart() {
+        let digest = |lines: &[&str]| {
+            let mut d = TraceDigest::default();
+            lines.iter().for_each(|l| d.add(l));
+            d.value()
+        };
+        assert_eq!(digest(&["a", "b"]), digest(&["a", "b"]));
+        assert_ne!(digest(&["a", "b"]), digest(&["b", "a"]));
+        assert_ne!(digest(&["ab"]), digest(&["a", "b"]));
     }
 
     #[test]
