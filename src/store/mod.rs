@@ -13,6 +13,9 @@
 //! shard is denying, the new key's check fails with [`StoreError::Full`] (counted) rather than
 //! forgetting someone who is being limited.
 
+mod bucket_state;
+mod entries;
+mod eviction;
 mod remote;
 mod shard;
 pub mod snapshot;
@@ -22,8 +25,8 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use parking_lot::{RwLock, RwLockWriteGuard};
 
+pub use self::bucket_state::{BucketState, BucketValue};
 pub use self::remote::RemoteUse;
-pub use self::shard::{BucketState, BucketValue};
 use self::shard::{Shard, Undo};
 use crate::{BucketKey, Decision, Limit};
 

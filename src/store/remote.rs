@@ -16,11 +16,10 @@
 //! - Sliding log: the units are inserted at their admission time (the log may then hold more
 //!   entries than the limit, up to the caller's `max_entries`, newest kept).
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 
-use parking_lot::Mutex;
-
-use super::shard::{LogEntry, Shard, WindowEntry, adopt_limit, margin_ns, same};
+use super::entries::{LogEntry, WindowEntry, margin_ns, same};
+use super::shard::{Shard, adopt_limit};
 use super::table::GcraEntry;
 use super::{BucketStore, StoreError};
 use crate::algorithm::{SlidingLog, WindowState};
@@ -185,32 +184,16 @@ impl Shard {
                     previous: 0,
                 };
                 let state = window_take(empty, period, at_ns, used.units);
-                self.windows.insert_unique(
-                    key.hash,
-                    WindowEntry {
-                        hash: key.hash,
-                        check: key.check,
-                        slot: Mutex::new((*limit, state)),
-                        dirty: AtomicBool::new(true),
-                    },
-                    |e| e.hash,
-                );
+                let entry = WindowEntry::new(key, *limit, state, true);
+                self.windows.insert_unique(key.hash, entry, |e| e.hash);
                 0
             }
             Algorithm::SlidingLog => {
                 let mut log = SlidingLog::default();
                 let most = used.max_log_entries.max(limit.burst() as usize);
                 log.record_elsewhere(limit, at_ns, used.units, most, now_ns);
-                self.logs.insert_unique(
-                    key.hash,
-                    LogEntry {
-                        hash: key.hash,
-                        check: key.check,
-                        slot: Mutex::new((*limit, log)),
-                        dirty: AtomicBool::new(true),
-                    },
-                    |e| e.hash,
-                );
+                self.logs
+                    .insert_unique(key.hash, LogEntry::new(key, *limit, log, true), |e| e.hash);
                 0
             }
         }

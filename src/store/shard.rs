@@ -1,36 +1,19 @@
-//! One shard of the bucket store: a table of buckets per algorithm family, plus the expiry and
-//! eviction that keep the shard within its share of `max_keys`.
+//! One shard of the bucket store: a table of buckets per algorithm family, and the decisions,
+//! refunds, exports and merges on them (eviction: `eviction.rs`; received consumption:
+//! `remote.rs`).
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 
 use hashbrown::HashTable;
-use parking_lot::Mutex;
 
-use super::table::{GcraEntry, GcraTable, MAX_MARGIN_MS, margin_ms_of};
+use super::bucket_state::{BucketState, BucketValue, gcra_state, plausible_tat, plausible_window};
+use super::entries::{
+    Identified, LogEntry, WindowEntry, decide_window, margin_ms, margin_ns, same,
+};
+use super::table::{GcraEntry, GcraTable, MAX_MARGIN_MS};
 use super::{StoreError, StoreStats};
-use crate::algorithm::{SlidingLog, WindowState, fixed_window, gcra, sliding_window};
-use crate::limit::MAX_CAPACITY_NS;
-use crate::{Algorithm, BucketKey, Decision, Limit, MAX_PERIOD_NS};
-
-/// A fixed- or sliding-window bucket. The small mutex is uncontended except on one hot key.
-#[derive(Debug)]
-pub(super) struct WindowEntry {
-    pub(super) hash: u64,
-    pub(super) check: u32,
-    pub(super) slot: Mutex<(Limit, WindowState)>,
-    /// Changed since the last replication round.
-    pub(super) dirty: AtomicBool,
-}
-
-/// A sliding-log bucket (at most `SLIDING_LOG_MAX_LIMIT` timestamps).
-#[derive(Debug)]
-pub(super) struct LogEntry {
-    pub(super) hash: u64,
-    pub(super) check: u32,
-    pub(super) slot: Mutex<(Limit, SlidingLog)>,
-    /// Changed since the last replication round.
-    pub(super) dirty: AtomicBool,
-}
+use crate::algorithm::{SlidingLog, WindowState, gcra};
+use crate::{Algorithm, BucketKey, Decision, Limit};
 
 /// What to restore to take back an admission (multi-checks that end up denied).
 #[derive(Debug, Clone, Copy)]
@@ -51,10 +34,6 @@ pub(super) struct Shard {
     pub(super) gcra: GcraTable,
     pub(super) windows: HashTable<WindowEntry>,
     pub(super) logs: HashTable<LogEntry>,
-}
-
-pub(super) fn same<'a, E: Identified>(key: BucketKey) -> impl Fn(&E) -> bool + 'a {
-    move |e| e.hash() == key.hash && e.check() == key.check
 }
 
 impl Shard {
@@ -160,17 +139,8 @@ impl Shard {
             }
             Algorithm::FixedWindow | Algorithm::SlidingWindow => {
                 let (_, state) = decide_window(limit, &WindowState::default(), now_ns, cost);
-                let slot = Mutex::new((*limit, state.unwrap_or_default()));
-                self.windows.insert_unique(
-                    key.hash,
-                    WindowEntry {
-                        hash: key.hash,
-                        check: key.check,
-                        slot,
-                        dirty: AtomicBool::new(true),
-                    },
-                    |e| e.hash,
-                );
+                let entry = WindowEntry::new(key, *limit, state.unwrap_or_default(), true);
+                self.windows.insert_unique(key.hash, entry, |e| e.hash);
                 Ok((
                     decision,
                     Undo::Window {
@@ -181,17 +151,8 @@ impl Shard {
             Algorithm::SlidingLog => {
                 let mut log = SlidingLog::default();
                 log.decide(limit, now_ns, cost);
-                let slot = Mutex::new((*limit, log));
-                self.logs.insert_unique(
-                    key.hash,
-                    LogEntry {
-                        hash: key.hash,
-                        check: key.check,
-                        slot,
-                        dirty: AtomicBool::new(true),
-                    },
-                    |e| e.hash,
-                );
+                self.logs
+                    .insert_unique(key.hash, LogEntry::new(key, *limit, log, true), |e| e.hash);
                 Ok((decision, Undo::Log { cost }))
             }
         }
@@ -337,12 +298,7 @@ impl Shard {
                 if self.len() >= max_len && self.make_room(now_ns, stats).is_err() {
                     return false;
                 }
-                let entry = WindowEntry {
-                    hash: key.hash,
-                    check: key.check,
-                    slot: Mutex::new((*limit, received)),
-                    dirty: AtomicBool::new(false),
-                };
+                let entry = WindowEntry::new(key, *limit, received, false);
                 self.windows.insert_unique(key.hash, entry, |e| e.hash);
             }
             BucketValue::Log { limit, times_ns } => {
@@ -359,12 +315,7 @@ impl Shard {
                 if self.len() >= max_len && self.make_room(now_ns, stats).is_err() {
                     return false;
                 }
-                let entry = LogEntry {
-                    hash: key.hash,
-                    check: key.check,
-                    slot: Mutex::new((*limit, log)),
-                    dirty: AtomicBool::new(false),
-                };
+                let entry = LogEntry::new(key, *limit, log, false);
                 self.logs.insert_unique(key.hash, entry, |e| e.hash);
             }
         }
@@ -403,93 +354,6 @@ impl Shard {
         self.logs.retain(|e| !e.is_expired(now_ns));
         before - self.len()
     }
-
-    /// Frees space in a full shard: first by forgetting expired buckets, then by evicting the
-    /// non-denying buckets that hold the smallest share of their capacity consumed (about 1/16
-    /// of the shard at once, so the scan is amortised). An evicted key that returns starts full,
-    /// so it regains what it had consumed: ranking by that share keeps the cost of an eviction
-    /// at a small fraction of each evicted key's limit. Ranking by time until full instead would
-    /// evict a busy key with a short period first, over and over, under a flood of new keys. A
-    /// bucket that is denying is never evicted: when every bucket is denying, the new key is
-    /// refused with [`StoreError::Full`] instead of silently resetting someone.
-    pub(super) fn make_room(&mut self, now_ns: u64, stats: &StoreStats) -> Result<(), StoreError> {
-        let expired = self.forget_expired(now_ns);
-        stats.expired.fetch_add(expired as u64, Ordering::Relaxed);
-        if expired > 0 {
-            return Ok(());
-        }
-        let mut candidates: Vec<(Cost, Family, BucketKey)> = Vec::new();
-        for entry in self.gcra.iter_mut() {
-            if !entry.is_denying(now_ns) {
-                candidates.push((Cost::of(entry, now_ns), Family::Gcra, entry.key()));
-            }
-        }
-        collect_evictable(&mut self.windows, Family::Window, now_ns, &mut candidates);
-        collect_evictable(&mut self.logs, Family::Log, now_ns, &mut candidates);
-        if candidates.is_empty() {
-            stats.refused.fetch_add(1, Ordering::Relaxed);
-            return Err(StoreError::Full);
-        }
-        let evict = (self.len() / 16).clamp(1, candidates.len());
-        candidates.select_nth_unstable_by_key(evict - 1, |c| c.0);
-        for &(_, family, key) in &candidates[..evict] {
-            match family {
-                Family::Gcra => self.gcra.remove(key),
-                Family::Window => remove(&mut self.windows, key),
-                Family::Log => remove(&mut self.logs, key),
-            }
-        }
-        stats.evicted.fetch_add(evict as u64, Ordering::Relaxed);
-        Ok(())
-    }
-}
-
-/// A bucket as replicated or handed over between nodes.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct BucketState {
-    pub key: BucketKey,
-    pub value: BucketValue,
-}
-
-/// The state of one bucket, by algorithm family.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum BucketValue {
-    Gcra {
-        tat_ns: u64,
-        /// See `GcraEntry::meta`: how far the TAT may run ahead while a cost of 1 still passes.
-        margin_ms: u32,
-    },
-    /// A fixed or sliding window (the limit says which).
-    Window { limit: Limit, state: WindowState },
-    /// A sliding log: its admission times, oldest first.
-    Log { limit: Limit, times_ns: Vec<u64> },
-}
-
-/// A received window state made safe to decide with under `limit` (the limit it was sent
-/// with): no window after `now`'s and no count above the limit (a peer with other rules, or a
-/// hostile one, cannot make the arithmetic overflow; a count clamped to the limit only denies).
-fn plausible_window(limit: &Limit, state: &WindowState, now_ns: u64) -> WindowState {
-    let cap = limit.burst();
-    WindowState {
-        window: state.window.min(now_ns / limit.period_ns()),
-        count: state.count.min(cap),
-        previous: state.previous.min(cap),
-    }
-}
-
-/// A received GCRA TAT bounded by what any limit with the claimed eviction margin allows. The
-/// store keeps no limit with a GCRA bucket, so this is the tightest bound available here:
-/// `margin = (burst - 1) * interval` rounded down to whole ms and `interval <= period <=
-/// MAX_PERIOD_NS`, so a genuine TAT is less than `now + margin + 1 ms + MAX_PERIOD_NS` ahead (a
-/// margin that saturated its field bounds nothing: then only the largest capacity a limit can
-/// have). The next check clamps it further, to that key's own capacity (`gcra::decide`).
-fn plausible_tat(tat_ns: u64, margin_ms: u32, now_ns: u64) -> u64 {
-    let most_ahead = if margin_ms < MAX_MARGIN_MS {
-        (u64::from(margin_ms) + 1) * 1_000_000 + MAX_PERIOD_NS
-    } else {
-        MAX_CAPACITY_NS
-    };
-    tat_ns.min(now_ns.saturating_add(most_ahead))
 }
 
 /// Brings a window bucket to the limit of this check, when it differs from the one the bucket
@@ -504,82 +368,6 @@ pub(super) fn adopt_limit(slot: &mut (Limit, WindowState), limit: &Limit, now_ns
     slot.1 = slot.1.rebase(slot.0.period_ns(), limit.period_ns(), now_ns);
     slot.0 = *limit;
     true
-}
-
-/// A GCRA bucket's state, if it is still in use at `now`.
-fn gcra_state(entry: &GcraEntry, now_ns: u64) -> Option<BucketState> {
-    let tat_ns = entry.tat_ns.load(Ordering::Relaxed);
-    (tat_ns > now_ns).then(|| BucketState {
-        key: entry.key(),
-        value: BucketValue::Gcra {
-            tat_ns,
-            margin_ms: entry.margin_ms(),
-        },
-    })
-}
-
-impl WindowEntry {
-    /// The bucket's state, if it is still in use at `now`.
-    fn state(&self, now_ns: u64) -> Option<BucketState> {
-        let (limit, state) = *self.slot.lock();
-        (!window_is_expired(&limit, &state, now_ns)).then(|| BucketState {
-            key: BucketKey::of(self),
-            value: BucketValue::Window { limit, state },
-        })
-    }
-}
-
-impl LogEntry {
-    /// The bucket's state, if it is still in use at `now`.
-    fn state(&self, now_ns: u64) -> Option<BucketState> {
-        let slot = self.slot.lock();
-        let (limit, log) = (&slot.0, &slot.1);
-        (!log.is_expired(limit, now_ns)).then(|| BucketState {
-            key: BucketKey::of(self),
-            value: BucketValue::Log {
-                limit: *limit,
-                times_ns: log.times().collect(),
-            },
-        })
-    }
-}
-
-impl BucketKey {
-    fn of(entry: &impl Identified) -> BucketKey {
-        BucketKey {
-            hash: entry.hash(),
-            check: entry.check(),
-        }
-    }
-}
-
-pub(super) fn margin_ns(limit: &Limit) -> u64 {
-    (limit.burst() - 1) * limit.interval_ns()
-}
-
-#[inline]
-fn margin_ms(limit: &Limit) -> u32 {
-    margin_ms_of(margin_ns(limit))
-}
-
-/// True when a window bucket is full again (expiry, not a decision).
-fn window_is_expired(limit: &Limit, state: &WindowState, now_ns: u64) -> bool {
-    match limit.algorithm() {
-        Algorithm::SlidingWindow => sliding_window::is_expired(limit, state, now_ns),
-        _ => fixed_window::is_expired(limit, state, now_ns),
-    }
-}
-
-fn decide_window(
-    limit: &Limit,
-    state: &WindowState,
-    now_ns: u64,
-    cost: u64,
-) -> (Decision, Option<WindowState>) {
-    match limit.algorithm() {
-        Algorithm::SlidingWindow => sliding_window::decide(limit, state, now_ns, cost),
-        _ => fixed_window::decide(limit, state, now_ns, cost),
-    }
 }
 
 /// The decision for a key with no bucket, and whether it consumed (so a bucket must be made).
@@ -597,159 +385,5 @@ pub(super) fn decide_fresh(limit: &Limit, now_ns: u64, cost: u64) -> (Decision, 
             let d = SlidingLog::default().decide(limit, now_ns, cost);
             (d, d.is_allowed() && cost > 0)
         }
-    }
-}
-
-/// What evicting a bucket gives away, compared first by the share of its capacity consumed
-/// (millionths: what the key would regain if it returned) and then by the time until it is full
-/// again.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-struct Cost {
-    consumed_ppm: u32,
-    expires_in_ns: u64,
-}
-
-impl Cost {
-    fn of(entry: &mut impl Identified, now_ns: u64) -> Cost {
-        Cost {
-            consumed_ppm: entry.consumed_ppm(now_ns),
-            expires_in_ns: entry.expires_in(now_ns),
-        }
-    }
-}
-
-/// `used / capacity` in millionths, at most a million.
-fn ppm(used: u64, capacity: u64) -> u32 {
-    let share = u128::from(used.min(capacity)) * 1_000_000 / u128::from(capacity.max(1));
-    u32::try_from(share).unwrap_or(1_000_000)
-}
-
-#[derive(Debug, Clone, Copy)]
-enum Family {
-    Gcra,
-    Window,
-    Log,
-}
-
-/// What expiry and eviction need to know of any bucket.
-pub(super) trait Identified {
-    fn hash(&self) -> u64;
-    fn check(&self) -> u32;
-    /// Time until the bucket is full again (0 = expired).
-    fn expires_in(&mut self, now_ns: u64) -> u64;
-    /// True when a cost of 1 would be denied now: such a bucket must not be evicted.
-    fn is_denying(&mut self, now_ns: u64) -> bool;
-    /// The share of the bucket's capacity consumed now, in millionths.
-    fn consumed_ppm(&mut self, now_ns: u64) -> u32;
-    fn is_expired(&mut self, now_ns: u64) -> bool {
-        self.expires_in(now_ns) == 0
-    }
-}
-
-impl Identified for GcraEntry {
-    fn hash(&self) -> u64 {
-        self.hash
-    }
-    fn check(&self) -> u32 {
-        self.check
-    }
-    fn expires_in(&mut self, now_ns: u64) -> u64 {
-        self.tat_ns.get_mut().saturating_sub(now_ns)
-    }
-    fn is_denying(&mut self, now_ns: u64) -> bool {
-        self.expires_in(now_ns) > u64::from(self.margin_ms()) * 1_000_000
-    }
-    fn consumed_ppm(&mut self, now_ns: u64) -> u32 {
-        // The entry keeps no limit, only its margin ((burst - 1) intervals): the TAT's lead over
-        // it is the consumed share, slightly high by one interval (a non-denying bucket's lead
-        // is within its margin).
-        let margin_ns = u64::from(self.margin_ms()) * 1_000_000;
-        ppm(self.expires_in(now_ns), margin_ns)
-    }
-}
-
-impl Identified for WindowEntry {
-    fn hash(&self) -> u64 {
-        self.hash
-    }
-    fn check(&self) -> u32 {
-        self.check
-    }
-    fn expires_in(&mut self, now_ns: u64) -> u64 {
-        let (limit, state) = self.slot.get_mut();
-        if window_is_expired(limit, state, now_ns) {
-            0
-        } else {
-            decide_window(limit, state, now_ns, 0)
-                .0
-                .reset_after_ns()
-                .max(1)
-        }
-    }
-    fn is_expired(&mut self, now_ns: u64) -> bool {
-        let (limit, state) = self.slot.get_mut();
-        window_is_expired(limit, state, now_ns)
-    }
-    fn is_denying(&mut self, now_ns: u64) -> bool {
-        let (limit, state) = self.slot.get_mut();
-        !decide_window(limit, state, now_ns, 1).0.is_allowed()
-    }
-    fn consumed_ppm(&mut self, now_ns: u64) -> u32 {
-        let (limit, state) = self.slot.get_mut();
-        let remaining = decide_window(limit, state, now_ns, 0).0.remaining();
-        ppm(limit.burst().saturating_sub(remaining), limit.burst())
-    }
-}
-
-impl Identified for LogEntry {
-    fn hash(&self) -> u64 {
-        self.hash
-    }
-    fn check(&self) -> u32 {
-        self.check
-    }
-    fn expires_in(&mut self, now_ns: u64) -> u64 {
-        let (limit, log) = self.slot.get_mut();
-        if log.is_expired(limit, now_ns) {
-            0
-        } else {
-            log.clone().decide(limit, now_ns, 0).reset_after_ns().max(1)
-        }
-    }
-    fn is_expired(&mut self, now_ns: u64) -> bool {
-        let (limit, log) = self.slot.get_mut();
-        log.is_expired(limit, now_ns)
-    }
-    fn is_denying(&mut self, now_ns: u64) -> bool {
-        let (limit, log) = self.slot.get_mut();
-        !log.clone().decide(limit, now_ns, 1).is_allowed()
-    }
-    fn consumed_ppm(&mut self, now_ns: u64) -> u32 {
-        let (limit, log) = self.slot.get_mut();
-        let remaining = log.clone().decide(limit, now_ns, 0).remaining();
-        ppm(limit.burst().saturating_sub(remaining), limit.burst())
-    }
-}
-
-fn collect_evictable<E: Identified>(
-    table: &mut HashTable<E>,
-    family: Family,
-    now_ns: u64,
-    out: &mut Vec<(Cost, Family, BucketKey)>,
-) {
-    for entry in table.iter_mut() {
-        if !entry.is_denying(now_ns) {
-            let key = BucketKey {
-                hash: entry.hash(),
-                check: entry.check(),
-            };
-            out.push((Cost::of(entry, now_ns), family, key));
-        }
-    }
-}
-
-fn remove<E: Identified>(table: &mut HashTable<E>, key: BucketKey) {
-    if let Ok(entry) = table.find_entry(key.hash, same(key)) {
-        entry.remove();
     }
 }

@@ -1,0 +1,208 @@
+//! The window and log buckets as a shard's tables hold them, and what expiry and eviction read
+//! of any bucket, whatever its family ([`Identified`]).
+
+use std::sync::atomic::AtomicBool;
+
+use hashbrown::HashTable;
+use parking_lot::Mutex;
+
+use super::table::{GcraEntry, margin_ms_of};
+use crate::algorithm::{SlidingLog, WindowState, fixed_window, sliding_window};
+use crate::{Algorithm, BucketKey, Decision, Limit};
+
+/// A fixed- or sliding-window bucket. The small mutex is uncontended except on one hot key.
+#[derive(Debug)]
+pub(super) struct WindowEntry {
+    pub(super) hash: u64,
+    pub(super) check: u32,
+    pub(super) slot: Mutex<(Limit, WindowState)>,
+    /// Changed since the last replication round.
+    pub(super) dirty: AtomicBool,
+}
+
+/// A sliding-log bucket (at most `SLIDING_LOG_MAX_LIMIT` timestamps).
+#[derive(Debug)]
+pub(super) struct LogEntry {
+    pub(super) hash: u64,
+    pub(super) check: u32,
+    pub(super) slot: Mutex<(Limit, SlidingLog)>,
+    /// Changed since the last replication round.
+    pub(super) dirty: AtomicBool,
+}
+
+impl WindowEntry {
+    pub(super) fn new(key: BucketKey, limit: Limit, state: WindowState, dirty: bool) -> Self {
+        WindowEntry {
+            hash: key.hash,
+            check: key.check,
+            slot: Mutex::new((limit, state)),
+            dirty: AtomicBool::new(dirty),
+        }
+    }
+}
+
+impl LogEntry {
+    pub(super) fn new(key: BucketKey, limit: Limit, log: SlidingLog, dirty: bool) -> Self {
+        LogEntry {
+            hash: key.hash,
+            check: key.check,
+            slot: Mutex::new((limit, log)),
+            dirty: AtomicBool::new(dirty),
+        }
+    }
+}
+
+/// Finds `key`'s entry in a family's table.
+pub(super) fn same<'a, E: Identified>(key: BucketKey) -> impl Fn(&E) -> bool + 'a {
+    move |e| e.hash() == key.hash && e.check() == key.check
+}
+
+impl BucketKey {
+    pub(super) fn of(entry: &impl Identified) -> BucketKey {
+        BucketKey {
+            hash: entry.hash(),
+            check: entry.check(),
+        }
+    }
+}
+
+pub(super) fn margin_ns(limit: &Limit) -> u64 {
+    (limit.burst() - 1) * limit.interval_ns()
+}
+
+#[inline]
+pub(super) fn margin_ms(limit: &Limit) -> u32 {
+    margin_ms_of(margin_ns(limit))
+}
+
+/// True when a window bucket is full again (expiry, not a decision).
+pub(super) fn window_is_expired(limit: &Limit, state: &WindowState, now_ns: u64) -> bool {
+    match limit.algorithm() {
+        Algorithm::SlidingWindow => sliding_window::is_expired(limit, state, now_ns),
+        _ => fixed_window::is_expired(limit, state, now_ns),
+    }
+}
+
+pub(super) fn decide_window(
+    limit: &Limit,
+    state: &WindowState,
+    now_ns: u64,
+    cost: u64,
+) -> (Decision, Option<WindowState>) {
+    match limit.algorithm() {
+        Algorithm::SlidingWindow => sliding_window::decide(limit, state, now_ns, cost),
+        _ => fixed_window::decide(limit, state, now_ns, cost),
+    }
+}
+
+/// What expiry and eviction need to know of any bucket.
+pub(super) trait Identified {
+    fn hash(&self) -> u64;
+    fn check(&self) -> u32;
+    /// Time until the bucket is full again (0 = expired).
+    fn expires_in(&mut self, now_ns: u64) -> u64;
+    /// True when a cost of 1 would be denied now: such a bucket must not be evicted.
+    fn is_denying(&mut self, now_ns: u64) -> bool;
+    /// The share of the bucket's capacity consumed now, in millionths.
+    fn consumed_ppm(&mut self, now_ns: u64) -> u32;
+    fn is_expired(&mut self, now_ns: u64) -> bool {
+        self.expires_in(now_ns) == 0
+    }
+}
+
+impl Identified for GcraEntry {
+    fn hash(&self) -> u64 {
+        self.hash
+    }
+    fn check(&self) -> u32 {
+        self.check
+    }
+    fn expires_in(&mut self, now_ns: u64) -> u64 {
+        self.tat_ns.get_mut().saturating_sub(now_ns)
+    }
+    fn is_denying(&mut self, now_ns: u64) -> bool {
+        self.expires_in(now_ns) > u64::from(self.margin_ms()) * 1_000_000
+    }
+    fn consumed_ppm(&mut self, now_ns: u64) -> u32 {
+        // The entry keeps no limit, only its margin ((burst - 1) intervals): the TAT's lead over
+        // it is the consumed share, slightly high by one interval (a non-denying bucket's lead
+        // is within its margin).
+        let margin_ns = u64::from(self.margin_ms()) * 1_000_000;
+        ppm(self.expires_in(now_ns), margin_ns)
+    }
+}
+
+impl Identified for WindowEntry {
+    fn hash(&self) -> u64 {
+        self.hash
+    }
+    fn check(&self) -> u32 {
+        self.check
+    }
+    fn expires_in(&mut self, now_ns: u64) -> u64 {
+        let (limit, state) = self.slot.get_mut();
+        if window_is_expired(limit, state, now_ns) {
+            0
+        } else {
+            decide_window(limit, state, now_ns, 0)
+                .0
+                .reset_after_ns()
+                .max(1)
+        }
+    }
+    fn is_expired(&mut self, now_ns: u64) -> bool {
+        let (limit, state) = self.slot.get_mut();
+        window_is_expired(limit, state, now_ns)
+    }
+    fn is_denying(&mut self, now_ns: u64) -> bool {
+        let (limit, state) = self.slot.get_mut();
+        !decide_window(limit, state, now_ns, 1).0.is_allowed()
+    }
+    fn consumed_ppm(&mut self, now_ns: u64) -> u32 {
+        let (limit, state) = self.slot.get_mut();
+        let remaining = decide_window(limit, state, now_ns, 0).0.remaining();
+        ppm(limit.burst().saturating_sub(remaining), limit.burst())
+    }
+}
+
+impl Identified for LogEntry {
+    fn hash(&self) -> u64 {
+        self.hash
+    }
+    fn check(&self) -> u32 {
+        self.check
+    }
+    fn expires_in(&mut self, now_ns: u64) -> u64 {
+        let (limit, log) = self.slot.get_mut();
+        if log.is_expired(limit, now_ns) {
+            0
+        } else {
+            log.clone().decide(limit, now_ns, 0).reset_after_ns().max(1)
+        }
+    }
+    fn is_expired(&mut self, now_ns: u64) -> bool {
+        let (limit, log) = self.slot.get_mut();
+        log.is_expired(limit, now_ns)
+    }
+    fn is_denying(&mut self, now_ns: u64) -> bool {
+        let (limit, log) = self.slot.get_mut();
+        !log.clone().decide(limit, now_ns, 1).is_allowed()
+    }
+    fn consumed_ppm(&mut self, now_ns: u64) -> u32 {
+        let (limit, log) = self.slot.get_mut();
+        let remaining = log.clone().decide(limit, now_ns, 0).remaining();
+        ppm(limit.burst().saturating_sub(remaining), limit.burst())
+    }
+}
+
+/// `used / capacity` in millionths, at most a million.
+pub(super) fn ppm(used: u64, capacity: u64) -> u32 {
+    let share = u128::from(used.min(capacity)) * 1_000_000 / u128::from(capacity.max(1));
+    u32::try_from(share).unwrap_or(1_000_000)
+}
+
+pub(super) fn remove<E: Identified>(table: &mut HashTable<E>, key: BucketKey) {
+    if let Ok(entry) = table.find_entry(key.hash, same(key)) {
+        entry.remove();
+    }
+}
