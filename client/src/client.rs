@@ -167,11 +167,16 @@ impl Client {
                 .filter(|s| !Arc::ptr_eq(s, owner) && s.is_connected())
         };
         // The owner decides; when it cannot be reached, its successor takes over from its
-        // replicas (better than each client's fallback bucket deciding alone).
+        // replicas (better than each client's fallback bucket deciding alone). An owner back in
+        // the table after a leave (a restart) is alive and deciding for the clients already
+        // connected to it: while our link to it reconnects, the successor gets the check
+        // unmarked and forwards it to the owner, so the owner stays the one decider.
+        let relayed = owner.is_rejoined();
         let takeover = if owner.is_down() { successor() } else { None };
         let first = takeover.unwrap_or(owner);
+        let marked = takeover.is_some() && !relayed;
         let (reason, sent) =
-            match call::send(first, &inner.fallback, checks, takeover.is_some(), deadline).await {
+            match call::send(first, &inner.fallback, checks, marked, deadline).await {
                 Attempt::Answered(result) => return result,
                 Attempt::Failed(reason) => (reason, true),
                 Attempt::NotSent(reason) => (reason, false),
@@ -189,7 +194,7 @@ impl Client {
             && let Some(successor) = successor()
             && Instant::now() < deadline
             && let Attempt::Answered(result) =
-                call::send(successor, &inner.fallback, checks, true, deadline).await
+                call::send(successor, &inner.fallback, checks, !relayed, deadline).await
         {
             return result;
         }
