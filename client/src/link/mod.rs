@@ -131,6 +131,12 @@ impl NodeLink {
         }
     }
 
+    /// Sets the link's state as its supervisor would (tests that play the link).
+    #[cfg(test)]
+    pub(crate) fn set_state(&self, state: LinkState) {
+        self.state.send_replace(state);
+    }
+
     /// True when the link had a connection and lost it (not while a new link first connects:
     /// its node may be up and deciding for others).
     pub(crate) fn is_down(&self) -> bool {
