@@ -16,6 +16,8 @@
 //! [`MIN_FETCH_INTERVAL`]. A call whose owner cannot be reached (its link is down or its breaker
 //! open, or the call failed on it) goes to the slot's successor, marked as a takeover: the
 //! successor holds the owner's replicas (at most one sync interval old) and decides from them.
+//! An owner the table names again after it had left (a restart) is alive: until our link to it
+//! connects again, its checks go to the successor unmarked, which forwards them to the owner.
 //! Only when neither can be reached does the failure mode decide. Before any table is known (or from
 //! nodes that serve none) calls spread over the seeds by a stable hash ([`Router`]); the nodes
 //! forward what they do not own.
