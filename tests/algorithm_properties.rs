@@ -191,3 +191,43 @@ impl Bucket {
         }
     }
 }
+
+proptest! {
+    /// A merged sliding log is at least as strict as each copy at every later moment (as many
+    /// entries in the period as the fuller copy then), and merging a copy with itself changes
+    /// nothing.
+    #[test]
+    fn a_merged_sliding_log_is_as_strict_as_either_copy_from_then_on(
+        a in proptest::collection::vec((0u64..2_000, 1u64..3), 0..12),
+        b in proptest::collection::vec((0u64..2_000, 1u64..3), 0..12),
+        probes in proptest::collection::vec(0u64..3_000, 1..8),
+    ) {
+        const MS: u64 = 1_000_000;
+        let limit = Limit::new(Algorithm::SlidingLog, 8, 1_000 * MS, 8).unwrap();
+        let fill = |arrivals: &[(u64, u64)]| {
+            let mut arrivals = arrivals.to_vec();
+            arrivals.sort_unstable();
+            let mut log = SlidingLog::default();
+            for (at, cost) in arrivals {
+                log.decide(&limit, at * MS, cost);
+            }
+            log
+        };
+        let (mine, theirs) = (fill(&a), fill(&b));
+        let merge_at = 2_000 * MS;
+        let mut merged = mine.clone();
+        merged.merge(&limit, theirs.clone(), merge_at);
+        let mut itself = mine.clone();
+        itself.merge(&limit, mine.clone(), merge_at);
+        let mut expected_itself = mine.clone();
+        expected_itself.forget_expired(&limit, merge_at);
+        prop_assert_eq!(itself, expected_itself);
+        for probe in probes {
+            let now = merge_at + probe * MS;
+            let remaining = |log: &SlidingLog| log.clone().decide(&limit, now, 0).remaining();
+            let merged_left = remaining(&merged);
+            prop_assert!(merged_left <= remaining(&mine), "{} > mine at +{}ms", merged_left, probe);
+            prop_assert!(merged_left <= remaining(&theirs), "{} > theirs at +{}ms", merged_left, probe);
+        }
+    }
+}

@@ -714,3 +714,56 @@ fn a_bucket_denying_under_a_changed_limit_is_still_spared() {
         "the denying key was evicted"
     );
 }
+
+/// A partition heal merges two copies of a sliding log: the node's own (few admissions, late in
+/// the period) and the other side's (more, but earlier). The merged log must stay at least as
+/// strict as the node's own at every later moment, so the node never admits more than the limit
+/// in one period on its own. Keeping the copy with more admissions broke that: once the other
+/// side's early entries left the period, the node admitted again beside its own late ones.
+#[test]
+fn a_merged_sliding_log_never_lets_its_own_node_over_its_limit() {
+    const MS: u64 = 1_000_000;
+    let limit = Limit::new(Algorithm::SlidingLog, 4, NANOS_PER_SEC, 4).unwrap();
+    let (node, other_side) = (store(1 << 10, 4), store(1 << 10, 4));
+    let k = key("healed");
+    // The other side's owner admits the whole limit early in the period...
+    for i in 0..4 {
+        assert!(
+            other_side
+                .check(k, &limit, 1, NOW + (100 + i) * MS)
+                .unwrap()
+                .is_allowed()
+        );
+    }
+    // ...and this node, cut off from it, admits 3 late in the same period.
+    let mut own_admissions = Vec::new();
+    for i in 0..3 {
+        let at = NOW + (900 + i) * MS;
+        assert!(node.check(k, &limit, 1, at).unwrap().is_allowed());
+        own_admissions.push(at);
+    }
+    let heal = NOW + 950 * MS;
+    let mut received = Vec::new();
+    other_side.export(heal, &|_| true, &mut received);
+    assert_eq!(node.merge(&received, heal), 0);
+    // After the heal the node goes on deciding every 10 ms for a period.
+    for step in 0..100 {
+        let at = heal + step * 10 * MS;
+        if node.check(k, &limit, 1, at).unwrap().is_allowed() {
+            own_admissions.push(at);
+        }
+    }
+    for &start in &own_admissions {
+        let in_period = own_admissions
+            .iter()
+            .filter(|&&t| t >= start && t < start + NANOS_PER_SEC)
+            .count();
+        assert!(
+            in_period <= 4,
+            "the node alone admitted {in_period} of 4 in the period from {start}: {own_admissions:?}"
+        );
+    }
+    // The merge is no stricter than the two copies together: the node admits again once the
+    // later of the two copies' entries have left the period.
+    assert!(own_admissions.len() > 3, "{own_admissions:?}");
+}

@@ -167,11 +167,16 @@ impl Client {
                 .filter(|s| !Arc::ptr_eq(s, owner) && s.is_connected())
         };
         // The owner decides; when it cannot be reached, its successor takes over from its
-        // replicas (better than each client's fallback bucket deciding alone).
+        // replicas (better than each client's fallback bucket deciding alone). An owner back in
+        // the table after a leave (a restart) is alive and deciding for the clients already
+        // connected to it: while our link to it reconnects, the successor gets the check
+        // unmarked and forwards it to the owner, so the owner stays the one decider.
+        let relayed = owner.is_rejoined();
         let takeover = if owner.is_down() { successor() } else { None };
         let first = takeover.unwrap_or(owner);
+        let marked = takeover.is_some() && !relayed;
         let (reason, sent) =
-            match call::send(first, &inner.fallback, checks, takeover.is_some(), deadline).await {
+            match call::send(first, &inner.fallback, checks, marked, deadline).await {
                 Attempt::Answered(result) => return result,
                 Attempt::Failed(reason) => (reason, true),
                 Attempt::NotSent(reason) => (reason, false),
@@ -189,7 +194,7 @@ impl Client {
             && let Some(successor) = successor()
             && Instant::now() < deadline
             && let Attempt::Answered(result) =
-                call::send(successor, &inner.fallback, checks, true, deadline).await
+                call::send(successor, &inner.fallback, checks, !relayed, deadline).await
         {
             return result;
         }
@@ -338,6 +343,7 @@ mod tests {
 
     use super::*;
     use crate::config::BreakerConfig;
+    use crate::routing::{NONE, Routes};
 
     /// A client whose links never connect and whose tests play the node by taking calls from
     /// the queues directly: the caller's side (validation, timeouts, breaker, failure modes)
@@ -579,5 +585,86 @@ mod tests {
             .unwrap();
         assert!(v.iter().all(|v| v.source == Source::Node));
         node.await.unwrap();
+    }
+
+    /// Plays the node of a connected `link` for one frame: answers "allowed" and returns
+    /// whether each call's checks were marked as a takeover.
+    fn takeover_marks(link: Arc<NodeLink>) -> JoinHandle<Vec<bool>> {
+        link.queue.set_up(1);
+        link.set_state(LinkState::Connected);
+        tokio::spawn(async move {
+            let mut calls = Vec::new();
+            assert!(link.queue.next_batch(1, 1_024, &mut calls).await);
+            let total: usize = calls.iter().map(|c| c.checks.len()).sum();
+            let allowed = WireDecision::from(Decision::Allowed {
+                remaining: 1,
+                reset_after_ns: 1,
+            });
+            let decisions = Arc::new(vec![allowed; total]);
+            let mut marks = Vec::new();
+            let mut start = 0;
+            for call in calls.drain(..) {
+                marks.push(call.checks.iter().all(|c| c.takeover));
+                let len = call.checks.len();
+                let _ = call.reply.send(Reply::Decided {
+                    decisions: decisions.clone(),
+                    start,
+                });
+                start += len;
+            }
+            marks
+        })
+    }
+
+    /// An owner lost while the table kept naming it (a crash, a cut) is taken over by its
+    /// successor: the check goes there marked. An owner the table names again after it had
+    /// left (a restart) is alive: while our link to it reconnects, the check goes to the
+    /// successor unmarked, which forwards it to the owner instead of deciding it beside it.
+    #[tokio::test]
+    async fn a_lost_owner_is_taken_over_but_a_rejoined_one_is_reached_through_its_successor() {
+        let client = offline_client(&config(), 2);
+        let table =
+            ClusterTable::from_message(crate::cluster_table::tests::message(&["node-a", "node-b"]))
+                .unwrap();
+        let links = client.inner.routing.routes().links.clone();
+        let link_of = |member: Option<usize>| member.map_or(NONE, |m| m as u16);
+        let slots = 0..floodgate::cluster::SLOTS as u16;
+        let routes = Routes {
+            fallback: crate::router::Router::new(links.len()),
+            links: links.clone(),
+            table: Some(Arc::new(table.clone())),
+            slot_link: slots
+                .clone()
+                .map(|s| link_of(table.owner_member(s)))
+                .collect(),
+            successor_link: slots.map(|s| link_of(table.successor_member(s))).collect(),
+        };
+        client.inner.routing.routes.send_replace(Arc::new(routes));
+        let key = (0..1_000)
+            .map(|i| format!("k{i}"))
+            .find(|k| client.owner_of(k.as_bytes()) == 0)
+            .unwrap();
+        let (owner, successor) = (links[0].clone(), links[1].clone());
+        owner.queue.set_down();
+        owner.set_state(LinkState::Disconnected);
+
+        let node = takeover_marks(successor.clone());
+        let v = client
+            .check(&[Check::new(key.clone(), limit())])
+            .await
+            .unwrap();
+        assert_eq!(v[0].source, Source::Node);
+        assert_eq!(node.await.unwrap(), vec![true], "a lost owner: a takeover");
+
+        owner.mark_rejoined();
+        assert!(owner.is_rejoined());
+        let node = takeover_marks(successor);
+        let v = client.check(&[Check::new(key, limit())]).await.unwrap();
+        assert_eq!(v[0].source, Source::Node);
+        assert_eq!(
+            node.await.unwrap(),
+            vec![false],
+            "a rejoined owner: relayed, not taken over"
+        );
     }
 }

@@ -16,6 +16,8 @@
 //! [`MIN_FETCH_INTERVAL`]. A call whose owner cannot be reached (its link is down or its breaker
 //! open, or the call failed on it) goes to the slot's successor, marked as a takeover: the
 //! successor holds the owner's replicas (at most one sync interval old) and decides from them.
+//! An owner the table names again after it had left (a restart) is alive: until our link to it
+//! connects again, its checks go to the successor unmarked, which forwards them to the owner.
 //! Only when neither can be reached does the failure mode decide. Before any table is known (or from
 //! nodes that serve none) calls spread over the seeds by a stable hash ([`Router`]); the nodes
 //! forward what they do not own.
@@ -338,6 +340,7 @@ impl Refresher {
             .cloned()
             .chain(self.discovered.values().map(|d| d.link.clone()))
             .collect();
+        self.mark_rejoined(&links, &owners);
         // Member index → link index, then slot → link index.
         let member_link: Vec<u16> = table
             .members()
@@ -377,6 +380,26 @@ impl Refresher {
         };
         self.routing.routes.send_replace(Arc::new(routes));
         self.last_table = Some(table);
+    }
+
+    /// Marks the links of members that own slots now but did not in the last table (back after
+    /// a leave, as in a restart, or new): a node the cluster's table names is up, so while our
+    /// link to it is not connected its checks go through another node rather than as takeovers.
+    fn mark_rejoined(&self, links: &[Arc<NodeLink>], owners: &HashMap<SocketAddr, &str>) {
+        let Some(last) = &self.last_table else {
+            return;
+        };
+        let before: HashSet<SocketAddr> = last
+            .members()
+            .iter()
+            .filter(|m| m.state.owns_slots())
+            .filter_map(|m| parse_addr(&m.addr))
+            .collect();
+        for link in links {
+            if owners.contains_key(&link.addr) && !before.contains(&link.addr) {
+                link.mark_rejoined();
+            }
+        }
     }
 
     /// Links to the member `id` at `addr`, verifying it by its node id.
@@ -502,7 +525,18 @@ mod tests {
             "node-c's link retires, not at once"
         );
         let retired = refresher.retiring[0].1.link.clone();
+        assert!(!retired.is_rejoined());
         refresher.apply(ClusterTable::from_message(three).unwrap());
+        // Named again (nothing listens there, so its link cannot have connected): its checks
+        // go through another node, not as takeovers; the members named all along are not marked.
+        assert!(retired.is_rejoined(), "node-c is back in the table");
+        let marked = routing
+            .routes()
+            .links
+            .iter()
+            .filter(|l| l.is_rejoined())
+            .count();
+        assert_eq!(marked, 1, "only node-c");
         assert!(refresher.retiring.is_empty());
         assert!(
             routing

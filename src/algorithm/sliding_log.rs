@@ -110,16 +110,23 @@ impl SlidingLog {
         self.times_ns.iter().copied()
     }
 
-    /// Takes a peer's copy of this log when it holds more admissions in the period now (ties:
-    /// the one with the later admission): merging never loosens the limit.
+    /// Merges a peer's copy of this log into the strictest view of both: its i-th newest entry
+    /// is the later of the two copies' i-th newest, so at every later moment it holds as many
+    /// entries in the period as the fuller of the two copies then, and denies whatever either
+    /// would. Keeping the copy with more admissions now is not enough: its entries may be the
+    /// older ones, and once they leave the period it admits beside the other copy's newer
+    /// entries. Merging a copy with itself changes nothing (replicas do not double count).
     pub fn merge(&mut self, limit: &Limit, other: SlidingLog, now_ns: u64) {
         let mut other = other;
         self.forget_expired(limit, now_ns);
         other.forget_expired(limit, now_ns);
-        let fuller = (other.len(), other.times_ns.back()) > (self.len(), self.times_ns.back());
-        if fuller {
-            *self = other;
+        let (mut mine, mut theirs) = (self.times_ns.iter().rev(), other.times_ns.iter().rev());
+        let mut newest_first = Vec::with_capacity(self.len().max(other.len()));
+        // Both sides newest first, so the later of each pair keeps the result in order.
+        while let Some(&newest) = mine.next().max(theirs.next()) {
+            newest_first.push(newest);
         }
+        self.times_ns = newest_first.into_iter().rev().collect();
     }
 
     /// Number of recorded units (for memory accounting and tests).

@@ -255,7 +255,7 @@ impl Shard {
 
     /// Merges a bucket received from a peer so that a merge can only make a decision stricter:
     /// GCRA keeps the later TAT (it has admitted more), a window the larger count per window, a
-    /// log the copy holding more admissions. Returns false when there was no room.
+    /// log the strictest view of both copies (`SlidingLog::merge`). Returns false when there was no room.
     pub(super) fn merge(
         &mut self,
         state: &BucketState,

@@ -66,6 +66,12 @@ pub(crate) struct NodeLink {
     pub(crate) answered: AtomicBool,
     /// Told the slot-table version of every answer (set once the client routes by tables).
     pub(crate) table_hint: std::sync::OnceLock<Arc<TableHint>>,
+    /// The table names this node again after it had stopped owning slots (it left and came
+    /// back, as in a restart), and this link has not connected since: the node is up and
+    /// decides for the clients connected to it, only this link lags. Cleared on connecting.
+    rejoined: AtomicBool,
+    /// Cuts a reconnect backoff short (the node is back).
+    reconnect_now: tokio::sync::Notify,
 }
 
 impl NodeLink {
@@ -80,6 +86,8 @@ impl NodeLink {
             last_error: Mutex::new(None),
             answered: AtomicBool::new(false),
             table_hint: std::sync::OnceLock::new(),
+            rejoined: AtomicBool::new(false),
+            reconnect_now: tokio::sync::Notify::new(),
         }
     }
 
@@ -106,6 +114,27 @@ impl NodeLink {
     /// True while the link has a connection (cheap: one watch read).
     pub(crate) fn is_connected(&self) -> bool {
         *self.state.borrow() == LinkState::Connected
+    }
+
+    /// See [`NodeLink::mark_rejoined`].
+    pub(crate) fn is_rejoined(&self) -> bool {
+        self.rejoined.load(Ordering::Relaxed)
+    }
+
+    /// The table names this node again after it had left it: until this link connects, a
+    /// check the node owns goes through another node, which forwards it, and is not a
+    /// takeover (the node is alive; a takeover would make two deciders). Reconnects at once.
+    pub(crate) fn mark_rejoined(&self) {
+        if !self.is_connected() {
+            self.rejoined.store(true, Ordering::Relaxed);
+            self.reconnect_now.notify_one();
+        }
+    }
+
+    /// Sets the link's state as its supervisor would (tests that play the link).
+    #[cfg(test)]
+    pub(crate) fn set_state(&self, state: LinkState) {
+        self.state.send_replace(state);
     }
 
     /// True when the link had a connection and lost it (not while a new link first connects:
@@ -188,6 +217,7 @@ pub(crate) async fn supervise(
                 generation += 1;
                 link.answered.store(false, Ordering::Relaxed);
                 link.breaker.reset();
+                link.rejoined.store(false, Ordering::Relaxed);
                 link.queue.set_up(generation);
                 link.state.send_replace(LinkState::Connected);
                 tracing::info!(node = %link.addr, "connected to floodgate node");
@@ -223,6 +253,7 @@ pub(crate) async fn supervise(
             biased;
             () = shutdown_requested(&mut shutdown) => break,
             () = tokio::time::sleep(delay) => {}
+            () = link.reconnect_now.notified() => {}
         }
     }
     link.closed();

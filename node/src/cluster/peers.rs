@@ -178,17 +178,27 @@ impl Peers {
         })
     }
 
-    /// Logs (at ERROR, once per new reason) and counts a failed handshake: a certificate the
-    /// peer CA does not sign, a name that is not the node id, a peer that refuses ours.
+    /// Logs and counts a failed handshake when it is a mistake between nodes (at ERROR, once per
+    /// new reason): a certificate the peer CA does not sign, a name that is not the node id, a
+    /// peer that refuses ours. A peer going away (draining, left, restarting) or this node
+    /// closing is no mistake: logged at INFO once per new reason, not counted, so a rolling
+    /// restart does not fire the alert on the counter.
     fn handshake_failed(&self, addr: &str, id: Option<&str>, error: &quinn::ConnectionError) {
-        self.handshake_failures.increment(1);
+        let mistake = is_handshake_mistake(error);
+        if mistake {
+            self.handshake_failures.increment(1);
+        }
         let reason = error.to_string();
         if !self.note_failure(addr, &reason) {
             tracing::debug!(peer = %addr, "peer handshake failed again: {reason}");
             return;
         }
         let expected = id.unwrap_or("(a seed: any node of the peer CA)");
-        tracing::error!(peer = %addr, node_id = %expected, "peer handshake failed: {reason}");
+        if mistake {
+            tracing::error!(peer = %addr, node_id = %expected, "peer handshake failed: {reason}");
+        } else {
+            tracing::info!(peer = %addr, node_id = %expected, "peer not reachable (leaving, restarting or gone): {reason}");
+        }
     }
 
     /// Sends one frame on its own unidirectional stream, in the background (gossip, replication).
@@ -236,5 +246,71 @@ impl Peers {
         })
         .await
         .context("peer did not answer in time")?
+    }
+}
+
+/// True when a failed handshake is a mistake between nodes (certificates, ids, versions, a
+/// refusal for another reason) rather than the peer going away: a draining node refuses new
+/// connections (transport code `CONNECTION_REFUSED`) or closes with `ShuttingDown`; a restarted
+/// one resets; a crashed one times out; and this node's own endpoint closing ends its dials.
+fn is_handshake_mistake(error: &quinn::ConnectionError) -> bool {
+    use floodgate::wire::ErrorCode;
+    use quinn::ConnectionError as E;
+    match error {
+        E::ConnectionClosed(close) => {
+            close.error_code != quinn::TransportErrorCode::CONNECTION_REFUSED
+        }
+        E::ApplicationClosed(close) => {
+            close.error_code != quinn::VarInt::from_u32(ErrorCode::ShuttingDown as u32)
+        }
+        E::Reset | E::TimedOut | E::LocallyClosed => false,
+        E::VersionMismatch | E::TransportError(_) | E::CidsExhausted => true,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use floodgate::wire::ErrorCode;
+    use quinn::{ApplicationClose, ConnectionClose, ConnectionError, TransportErrorCode, VarInt};
+
+    fn aborted(code: TransportErrorCode) -> ConnectionError {
+        ConnectionError::ConnectionClosed(ConnectionClose {
+            error_code: code,
+            frame_type: None,
+            reason: Default::default(),
+        })
+    }
+
+    fn closed(code: ErrorCode) -> ConnectionError {
+        ConnectionError::ApplicationClosed(ApplicationClose {
+            error_code: VarInt::from_u32(code as u32),
+            reason: Default::default(),
+        })
+    }
+
+    #[test]
+    fn a_peer_going_away_is_no_handshake_mistake() {
+        for leaving in [
+            aborted(TransportErrorCode::CONNECTION_REFUSED),
+            closed(ErrorCode::ShuttingDown),
+            ConnectionError::Reset,
+            ConnectionError::TimedOut,
+            ConnectionError::LocallyClosed,
+        ] {
+            assert!(!is_handshake_mistake(&leaving), "{leaving}");
+        }
+    }
+
+    #[test]
+    fn certificate_id_and_refusal_mistakes_stay_handshake_failures() {
+        // 42 is TLS bad_certificate: the peer rejected our certificate.
+        for mistake in [
+            aborted(TransportErrorCode::crypto(42)),
+            closed(ErrorCode::Forbidden),
+            ConnectionError::VersionMismatch,
+        ] {
+            assert!(is_handshake_mistake(&mistake), "{mistake}");
+        }
     }
 }
