@@ -373,6 +373,7 @@ mod tests {
             limits: vec![Limit::gcra(10, S, 10).unwrap()],
             failure_mode: FailureMode::Open,
             offered_per_second: 30.0,
+            region: None,
         }
     }
 

@@ -14,8 +14,11 @@ pub struct KeySpec {
     /// change under load); the first is the one in force at the start.
     pub limits: Vec<Limit>,
     pub failure_mode: FailureMode,
-    /// Checks per second offered across all gateways: above the limit, so it binds.
+    /// Checks per second offered across all gateways that drive it: above the limit, so it
+    /// binds.
     pub offered_per_second: f64,
+    /// The one region whose gateways drive it (`None`: every gateway).
+    pub region: Option<usize>,
 }
 
 impl KeySpec {
@@ -83,6 +86,26 @@ fn limit(algorithm: Algorithm, rate: u64, period_ns: u64, burst: u64) -> Limit {
         .unwrap_or_else(|e| panic!("the key table's limits are valid: {e}"))
 }
 
+/// With several regions, each key once per region, driven by that region's gateways only
+/// (`NAME@rR`): a key of the default `region` scope is decided in each region on its own, exact
+/// there, so the checker holds each region's copy to the limit. (A global key shared across
+/// regions has a looser, documented bound; the core's region simulation and the in-process
+/// region tests measure it.)
+pub fn per_region(keys: Vec<KeySpec>, regions: usize) -> Vec<KeySpec> {
+    if regions <= 1 {
+        return keys;
+    }
+    keys.iter()
+        .flat_map(|key| {
+            (0..regions).map(move |region| KeySpec {
+                name: format!("{}@r{region}", key.name),
+                region: Some(region),
+                ..key.clone()
+            })
+        })
+        .collect()
+}
+
 /// The standard key set: GCRA keys failing open and closed, a sliding log (exact) and a fixed
 /// window, each offered about three times its limit.
 pub fn standard_keys() -> Vec<KeySpec> {
@@ -94,6 +117,7 @@ pub fn standard_keys() -> Vec<KeySpec> {
             limits: vec![limit],
             failure_mode: mode,
             offered_per_second: offered,
+            region: None,
         });
     };
     for i in 0..4 {
@@ -145,6 +169,7 @@ mod tests {
             limits: vec![l],
             failure_mode: FailureMode::Open,
             offered_per_second: 1.0,
+            region: None,
         };
         assert_eq!(
             key(limit(Algorithm::Gcra, 20, SECOND_NS, 5)).allowed_per_window(),
@@ -170,9 +195,20 @@ mod tests {
             ],
             failure_mode: FailureMode::Open,
             offered_per_second: 1.0,
+            region: None,
         };
         assert_eq!(key.window_ns(), 2 * SECOND_NS);
         // Burst 30, and 30/s over 2 s beats 20/s over 2 s.
         assert_eq!(key.allowed_per_window(), 30 + 60);
+    }
+
+    #[test]
+    fn several_regions_get_one_copy_of_each_key_each() {
+        let keys = standard_keys();
+        assert_eq!(per_region(keys.clone(), 1).len(), keys.len());
+        let split = per_region(keys.clone(), 2);
+        assert_eq!(split.len(), 2 * keys.len());
+        assert_eq!(split[1].name, format!("{}@r1", keys[0].name));
+        assert_eq!(split[1].region, Some(1));
     }
 }

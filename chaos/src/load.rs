@@ -181,7 +181,24 @@ pub async fn drive(
     stop: watch::Receiver<bool>,
     deadline: Instant,
 ) -> Vec<Record> {
+    // Tasks driving each region's keys (a key of no region: every task).
+    let mut tasks_by_region: Vec<usize> = Vec::new();
+    for gateway in &gateways {
+        if tasks_by_region.len() <= gateway.region {
+            tasks_by_region.resize(gateway.region + 1, 0);
+        }
+        tasks_by_region[gateway.region] += plan.tasks_per_gateway;
+    }
     let total_tasks = (gateways.len() * plan.tasks_per_gateway).max(1);
+    let drivers: Arc<Vec<usize>> = Arc::new(
+        plan.keys
+            .iter()
+            .map(|k| match k.region {
+                None => total_tasks,
+                Some(r) => tasks_by_region.get(r).copied().unwrap_or(0).max(1),
+            })
+            .collect(),
+    );
     let mut tasks = JoinSet::new();
     for gateway in gateways {
         for t in 0..plan.tasks_per_gateway {
@@ -189,7 +206,7 @@ pub async fn drive(
             tasks.spawn(drive_task(
                 plan.clone(),
                 gateway.clone(),
-                total_tasks,
+                drivers.clone(),
                 seed,
                 stop.clone(),
                 deadline,
@@ -209,7 +226,7 @@ pub async fn drive(
 async fn drive_task(
     plan: Arc<LoadPlan>,
     gateway: Gateway,
-    total_tasks: usize,
+    drivers: Arc<Vec<usize>>,
     seed: u64,
     mut stop: watch::Receiver<bool>,
     deadline: Instant,
@@ -217,10 +234,15 @@ async fn drive_task(
     let mut rng = SmallRng::seed_from_u64(seed);
     // Random starting credit, so tasks do not all send on the same tick.
     let mut credit: Vec<f64> = plan.keys.iter().map(|_| rng.random::<f64>()).collect();
+    // This task's share of each key's offered rate: none of another region's keys.
     let shares: Vec<f64> = plan
         .keys
         .iter()
-        .map(|k| k.offered_per_second * TICK.as_secs_f64() / total_tasks as f64)
+        .zip(drivers.iter())
+        .map(|(k, &drivers)| match k.region {
+            Some(r) if r != gateway.region => 0.0,
+            _ => k.offered_per_second * TICK.as_secs_f64() / drivers as f64,
+        })
         .collect();
     let mut ticker = tokio::time::interval(TICK);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);

@@ -65,6 +65,7 @@ impl RulesFile {
                 limits: limits.clone(),
                 failure_mode: FailureMode::Open,
                 offered_per_second: 60.0,
+                region: None,
             })
             .collect()
     }

@@ -10,7 +10,7 @@ use floodgate_client::ClientConfig;
 use tokio::sync::watch;
 
 use crate::checker::{self, CheckInput, CheckResult, FaultSpan};
-use crate::keys::{KeySpec, standard_keys};
+use crate::keys::{KeySpec, per_region, standard_keys};
 use crate::load::{self, Front, LoadPlan, Record};
 use crate::rules::RulesFile;
 use crate::scenario::{Plan, Scenario};
@@ -162,11 +162,14 @@ async fn drive_and_check(
         }
     }
     settle(world).await?;
-    let keys: Vec<KeySpec> = if rules.is_some() {
-        RulesFile::keys()
-    } else {
-        standard_keys()
-    };
+    let keys: Vec<KeySpec> = per_region(
+        if rules.is_some() {
+            RulesFile::keys()
+        } else {
+            standard_keys()
+        },
+        settings.regions,
+    );
     // The run's clock starts with the load.
     world.origin = Instant::now();
     let plan = Arc::new(LoadPlan {
