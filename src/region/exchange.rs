@@ -81,6 +81,16 @@ impl Exchange {
         &self.me
     }
 
+    /// Sets how many regions share global limits (each region's share of a burst is `1 / R`
+    /// of it): a node learns the regions from its membership, so the count may grow.
+    pub fn set_regions(&mut self, regions: usize) {
+        self.config = ExchangeConfig {
+            regions,
+            ..self.config
+        }
+        .sanitized();
+    }
+
     pub fn config(&self) -> &ExchangeConfig {
         &self.config
     }
