@@ -286,6 +286,18 @@ impl Refresher {
     /// Routes by `table`: links to every member that owns slots, closes links to members that
     /// left, and maps each slot to its owner's link.
     fn apply(&mut self, table: ClusterTable) {
+        if let Some(mine) = &self.factory.config.region
+            && let Some(from) = table.members().iter().find(|m| m.id == table.from())
+            && from.region != *mine
+        {
+            // Its owners are its own region's: routing by them would leave this region.
+            tracing::warn!(
+                node = %from.addr,
+                "ignoring the slot table of a node of region `{}`: this client is for region `{mine}`",
+                from.region
+            );
+            return;
+        }
         self.routing
             .hint
             .current
