@@ -197,7 +197,7 @@ async fn a_global_limit_is_shared_by_three_regions_within_the_bound() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_region_limit_is_exact_in_each_region_and_home_elsewhere_is_not_decided_here() {
+async fn a_region_limit_is_exact_per_region_and_a_home_limit_exact_overall() {
     let (first, others) = three_regions().await;
     let nodes: Vec<&Node> = std::iter::once(&first.node).chain(&others).collect();
     let mut connections = Vec::new();
@@ -228,10 +228,30 @@ async fn a_region_limit_is_exact_in_each_region_and_home_elsewhere_is_not_decide
     )
     .await;
     assert_eq!(answers.allowed(), 30);
-    // Elsewhere it is not decided (forwarding to its home region is not built): `not_owner`.
+    // Elsewhere it is forwarded to its home and decided there: one bucket for all regions.
+    for connection in &connections[1..] {
+        let answers = exchange(connection, &scoped_frames(b"home:k", &limit, 1, &home_a)).await;
+        assert!(answers.errors.is_empty(), "{:?}", answers.errors);
+        assert_eq!(answers.decisions[0].1.len(), 1);
+        assert_eq!(answers.allowed(), 0, "the home bucket is spent");
+    }
+    let fresh = exchange(
+        &connections[2],
+        &scoped_frames(b"home:fresh", &limit, 31, &home_a),
+    )
+    .await;
+    assert_eq!(fresh.allowed(), 30);
+    let at_home = exchange(
+        &connections[0],
+        &scoped_frames(b"home:fresh", &limit, 1, &home_a),
+    )
+    .await;
+    assert_eq!(at_home.allowed(), 0);
+    // A home region nobody serves: not decided (`not_owner`); the failure mode decides.
+    let nowhere = Scope::Home(floodgate::region::RegionName::new("z").unwrap());
     let answers = exchange(
         &connections[1],
-        &scoped_frames(b"home:k", &limit, 1, &home_a),
+        &scoped_frames(b"home:z", &limit, 1, &nowhere),
     )
     .await;
     assert_eq!(

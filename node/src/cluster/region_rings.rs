@@ -55,4 +55,9 @@ impl RegionRings {
             .filter_map(|(region, table)| Some(Peer::new(region.clone(), table.owner(slot)?)))
             .collect()
     }
+
+    /// The owner of `slot` in `region` (another region), if it has one.
+    pub(crate) fn owner_in(&self, region: &RegionName, slot: u16) -> Option<&str> {
+        self.tables.get(region)?.owner(slot)
+    }
 }

@@ -138,7 +138,7 @@ pub(super) async fn answer(
         }
         FrameKind::ScopedCheckBatch => {
             cluster.wait_until_joined().await;
-            match crate::scoped::answer_scoped_batch(shared, frame, now_ns, out) {
+            match crate::scoped::answer_scoped_batch(shared, frame, now_ns, out).await {
                 Ok(refused) => refused,
                 Err(plain) => answer_checks(shared, &plain, now_ns, out).await,
             }
