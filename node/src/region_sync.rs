@@ -219,6 +219,30 @@ impl<C: Clock> RegionSync<C> {
         }
     }
 
+    /// Each destination's pending keys, retransmissions and delta lag.
+    pub fn destinations(&self) -> Vec<floodgate::region::DestinationStats> {
+        self.exchange.lock().destinations(self.clock.now_ns())
+    }
+
+    /// Drops the destinations `still_owner` says own nothing any more (they left, or their
+    /// region's ring moved on): their unconfirmed units stop holding admissions back. Returns
+    /// the units they never confirmed.
+    pub fn forget_gone(&self, still_owner: impl Fn(&Peer) -> bool) -> u64 {
+        let mut exchange = self.exchange.lock();
+        let gone: Vec<Peer> = exchange
+            .destinations(0)
+            .into_iter()
+            .map(|d| d.peer)
+            .filter(|p| !still_owner(p))
+            .collect();
+        let lost = gone.iter().map(|p| exchange.forget_destination(p)).sum();
+        drop(exchange);
+        if lost > 0 {
+            self.changed();
+        }
+        lost
+    }
+
     /// True when everything this node admitted has been confirmed by every destination.
     pub fn is_idle(&self) -> bool {
         self.exchange.lock().is_idle()

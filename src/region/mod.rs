@@ -35,7 +35,7 @@ pub mod sim;
 pub use admission::{over_admission_bound, share_allows};
 pub use config::ExchangeConfig;
 pub use delta::{Delta, DeltaAck, DeltaBatch, MAX_ACK_RANGES, Outgoing, Peer, Transmit};
-pub use exchange::{Exchange, ExchangeStats};
+pub use exchange::{DestinationStats, Exchange, ExchangeStats};
 pub use home::home_fallback_limit;
 pub use inbox::DEDUPE_WINDOW;
 pub use rng::SplitMix64;

@@ -60,4 +60,13 @@ impl RegionRings {
     pub(crate) fn owner_in(&self, region: &RegionName, slot: u16) -> Option<&str> {
         self.tables.get(region)?.owner(slot)
     }
+
+    /// Whether deltas for `peer` should stay: it is in its region's ring, or that region has no
+    /// owner this node can see (cut off, or restarting: its deltas wait for it to come back).
+    /// False only when the region's ring goes on without it (its slots moved to others).
+    pub(crate) fn keeps(&self, peer: &Peer) -> bool {
+        self.tables
+            .get(&peer.region)
+            .is_none_or(|t| t.nodes().is_empty() || t.nodes().iter().any(|n| **n == *peer.node))
+    }
 }

@@ -162,6 +162,10 @@ impl Node {
         let sync = shared.region_sync.clone();
         let sync_shutdown = shutdown_rx.clone();
         tasks.spawn(async move { sync.run(links, sync_shutdown).await });
+        tasks.spawn(crate::region_links::follow_rings(
+            shared.clone(),
+            shutdown_rx.clone(),
+        ));
         tasks.spawn(cluster::run(shared.cluster.clone(), shutdown_rx));
         tracing::info!(%local_addr, ?admin_addr, "floodgate node listening");
         Ok(Node {
