@@ -8,8 +8,6 @@ use std::sync::Arc;
 use floodgate::cluster::{Membership, SlotTable};
 use floodgate::region::{Peer, RegionName};
 
-use super::table_switch::compute_table;
-
 /// Every other region's slot table, as of one membership epoch.
 #[derive(Debug, Default)]
 pub(crate) struct RegionRings {
@@ -30,7 +28,7 @@ impl RegionRings {
             .filter_map(|r| {
                 let name = RegionName::new(r).ok()?;
                 let owners = membership.owners_in(r);
-                Some((name, Arc::new(compute_table(membership.epoch(), &owners))))
+                Some((name, Arc::new(SlotTable::compute(membership.epoch(), &owners))))
             })
             .collect();
         RegionRings {
