@@ -478,6 +478,27 @@ mod tests {
     }
 
     #[test]
+    fn the_region_sync_interval_defaults_to_100ms_and_out_of_range_is_refused_naming_it() {
+        let parse = |args: &[&str]| Flags::try_parse_from(["floodgate-node"].iter().chain(args));
+        assert_eq!(
+            parse(&[]).unwrap().region_sync_interval,
+            Duration::from_millis(100)
+        );
+        assert_eq!(
+            parse(&["--region-sync-interval", "20ms"])
+                .unwrap()
+                .region_sync_interval,
+            Duration::from_millis(20)
+        );
+        for bad in ["0ms", "11s", "soon"] {
+            let err = parse(&["--region-sync-interval", bad])
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("--region-sync-interval"), "{bad}: {err}");
+        }
+    }
+
+    #[test]
     fn the_test_only_clock_skew_flag_parses_either_sign_and_is_hidden_from_help() {
         let parse = |value: &str| {
             Flags::try_parse_from(["floodgate-node", "--test-only-clock-skew-ms", value])

@@ -28,7 +28,10 @@ impl RegionRings {
             .filter_map(|r| {
                 let name = RegionName::new(r).ok()?;
                 let owners = membership.owners_in(r);
-                Some((name, Arc::new(SlotTable::compute(membership.epoch(), &owners))))
+                Some((
+                    name,
+                    Arc::new(SlotTable::compute(membership.epoch(), &owners)),
+                ))
             })
             .collect();
         RegionRings {
