@@ -259,3 +259,34 @@ async fn a_region_limit_is_exact_per_region_and_a_home_limit_exact_overall() {
         vec![Err(floodgate::wire::ErrorCode::NotOwner)]
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bad_scoped_batch_is_refused_in_words_and_decides_nothing() {
+    let node = start_node(|c| fast(c, "a")).await;
+    let connection = connect(node.node.local_addr(), client_config(&node.certs, false)).await;
+    let limit = per_hour(1);
+    // Two scopes for one check.
+    let scoped = ScopedCheckBatch::new(
+        CheckBatch {
+            groups: vec![vec![WireCheck::new(b"victim".to_vec(), &limit, 1)]],
+        },
+        &[Scope::Global, Scope::Global],
+    );
+    let mut bytes = Vec::new();
+    encode_message(&mut bytes, FrameKind::ScopedCheckBatch, 7, &scoped);
+    let answers = exchange(&connection, &bytes).await;
+    assert_eq!(answers.errors.len(), 1, "{answers:?}");
+    let (id, code, message) = &answers.errors[0];
+    assert_eq!(
+        (*id, *code),
+        (7, floodgate::wire::ErrorCode::MalformedPayload)
+    );
+    assert!(message.contains("2 scopes for 1 checks"), "{message}");
+    // The one token of `victim` is still there.
+    let answers = exchange(
+        &connection,
+        &scoped_frames(b"victim", &limit, 2, &Scope::Global),
+    )
+    .await;
+    assert_eq!(answers.allowed(), 1);
+}
