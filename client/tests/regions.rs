@@ -124,6 +124,22 @@ async fn three_gateways_in_three_regions_share_one_global_limit_within_the_bound
     for (node, region) in nodes.iter().zip(REGIONS) {
         gateways.push(gateway(&certs, node, region).await);
     }
+    // Each gateway links to its own region's node only, though its table lists all three.
+    for (gateway, node) in gateways.iter().zip(&nodes) {
+        let mut changes = gateway.table_changes();
+        tokio::time::timeout(PATIENCE, async {
+            while !gateway
+                .slot_table()
+                .is_some_and(|t| t.members().len() == REGIONS.len())
+            {
+                assert!(changes.changed().await, "the client stopped");
+            }
+        })
+        .await
+        .expect("the gateway's table lists every region's node");
+        let linked: Vec<SocketAddr> = gateway.nodes().iter().map(|n| n.addr).collect();
+        assert_eq!(linked, vec![node.local_addr()]);
+    }
     // 60 an hour, burst 60: refill is about one unit a minute, nothing within the test. Shares
     // of 20, so the bound is 60 + 2 × 20.
     let limit = Limit::gcra(60, 3_600 * NANOS_PER_SEC, 60).unwrap();
