@@ -1,16 +1,16 @@
 //! Kind 12: a check batch with a scope per check. A batch of `region` checks only (or `home`
 //! checks whose home is this node's region) is answered exactly as kind 1. Otherwise:
 //! - a group with a `home` check of another region goes to the owner of its slot in that
-//!   region (a forwarded batch, kind 11, decided there); unanswered (the region unreachable),
+//!   region (a forwarded batch, kind 10, decided there); unanswered (the region unreachable),
 //!   it answers `not_owner` and the check's failure mode decides at the client;
 //! - the other groups are placed by this node's region ring: a group this node decides is
 //!   decided here, its `global` checks through the region exchange (the admission rule, then
 //!   queued for the key's owner in every other region); a group another node of the region
 //!   owns answers `not_owner` (a gateway routes by the slot table, so it reaches the owner).
 
-use floodgate::Check;
 use std::collections::BTreeMap;
 
+use floodgate::Check;
 use floodgate::cluster::ownership::{Arrival, Placement};
 use floodgate::region::Scope;
 use floodgate::wire::{
