@@ -1,5 +1,5 @@
 # floodgate: thin, documented targets. CI runs `bash .ci/run`, which calls `make lint` and `make test`.
-.PHONY: help test lint fmt bench bench-core bench-load run fuzz envoy-test chaos
+.PHONY: help test lint fmt bench bench-core bench-load run run-regions fuzz envoy-test chaos
 
 CARGO ?= cargo
 FUZZ_SECONDS ?= 60
@@ -46,11 +46,30 @@ run:             ## build in release, start a 3-node cluster serving rules/examp
 	./target/release/examples/gateway --listen 127.0.0.1:8080 --upstream 127.0.0.1:8081 \
 	    --seeds 127.0.0.1:7100 --ca .run/node/ca.pem --rules-cache .run/gateway-rules.yaml
 
+run-regions:     ## build in release, start REGIONS (default 2) regions of one node each (eu, us, ap) and print CLI checks of one global limit from each region (Ctrl-C stops all)
+	$(CARGO) build --release --locked -p floodgate-node -p floodgate-cli --bin floodgate-node --bin floodgate
+	@mkdir -p .run
+	@set -e; \
+	trap 'for f in .run/*.pid; do [ -f "$$f" ] && kill "$$(cat "$$f")" 2>/dev/null; rm -f "$$f"; done' EXIT INT TERM; \
+	regions="eu us ap"; n=$${REGIONS:-2}; i=0; \
+	for region in $$(echo $$regions | cut -d' ' -f1-$$n); do \
+	  seeds=""; [ $$i -gt 0 ] && seeds="--seeds 127.0.0.1:7200"; \
+	  ./target/release/floodgate-node --data-dir .run/node --node-id node-$$region --region $$region \
+	      --listen 127.0.0.1:720$$i --admin 127.0.0.1:920$$i $$seeds 2>.run/region-$$region.log & echo $$! > .run/region-$$region.pid; \
+	  for t in $$(seq 100); do curl -fs http://127.0.0.1:920$$i/readyz >/dev/null 2>&1 && break; sleep 0.1; done; \
+	  echo "region $$region: node on 127.0.0.1:720$$i (log .run/region-$$region.log, metrics http://127.0.0.1:920$$i/metrics)"; \
+	  echo "  ./target/release/floodgate check --seeds 127.0.0.1:720$$i --region $$region --ca .run/node/ca.pem tenant:7 --limit 20/min --scope global --count 15 --interval 50ms"; \
+	  i=$$((i + 1)); \
+	done; \
+	echo "  ./target/release/floodgate status --seeds 127.0.0.1:7200 --ca .run/node/ca.pem"; \
+	echo "Ctrl-C stops the nodes."; \
+	while :; do sleep 3600; done
+
 chaos:           ## every chaos scenario against real nodes behind fault proxies (about 10 minutes), then a sweep of 5,000 simulation seeds: table, target/chaos/{report.json,SCENARIO/SCENARIO.svg,sim.txt}
 	$(CARGO) build --release --locked -p floodgate-node -p floodgate-chaos
 	@mkdir -p target/chaos
 	@: "the simulations first (a minute or two): a failing seed stops the run before the long part"
-	./target/release/floodgate-chaos sim --seeds 1-5000 | tee target/chaos/sim.txt
+	@status=0; ./target/release/floodgate-chaos sim --seeds 1-5000 >target/chaos/sim.txt || status=$$?; cat target/chaos/sim.txt; exit $$status
 	./target/release/floodgate-chaos run --scenario all --duration $(CHAOS_DURATION) --out target/chaos
 
 bench: bench-core bench-load ## every benchmark (several minutes)

@@ -5,6 +5,7 @@
 //! [`crate::Check`] is the store's form of a check (a hashed [`crate::BucketKey`], no failure
 //! mode), what a node or a fallback store decides in the end.
 
+use crate::region::Scope;
 use crate::wire::ErrorCode;
 use crate::{Decision, Limit};
 
@@ -30,6 +31,8 @@ pub struct Check {
     pub cost: u64,
     /// What to do when no node can decide it.
     pub failure_mode: FailureMode,
+    /// Where it is decided across regions (`region` by default: in the gateway's region).
+    pub scope: Scope,
 }
 
 impl Check {
@@ -40,6 +43,7 @@ impl Check {
             limit,
             cost: 1,
             failure_mode: FailureMode::Open,
+            scope: Scope::Region,
         }
     }
 
@@ -50,6 +54,11 @@ impl Check {
 
     pub fn failure_mode(mut self, mode: FailureMode) -> Self {
         self.failure_mode = mode;
+        self
+    }
+
+    pub fn scope(mut self, scope: Scope) -> Self {
+        self.scope = scope;
         self
     }
 }

@@ -2,7 +2,8 @@
 //! (checks it could not decide follow their failure modes).
 
 use floodgate::check::{Check, DegradedReason, Source, Verdict};
-use floodgate::wire::{WireCheck, WireDecision};
+use floodgate::region::Scope;
+use floodgate::wire::{WireCheck, WireDecision, WireScope};
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
@@ -41,8 +42,15 @@ pub(crate) async fn send(
             ..WireCheck::new(c.key.as_slice(), &c.limit, c.cost)
         })
         .collect();
+    // Scopes go on the wire only when one is not `region`: kind 1 is unchanged otherwise.
+    let scopes = if checks.iter().any(|c| c.scope != Scope::Region) {
+        checks.iter().map(|c| WireScope::of(&c.scope)).collect()
+    } else {
+        Vec::new()
+    };
     if let Err((_, reason)) = link.queue.push(Call {
         checks: wire,
+        scopes,
         reply,
         deadline,
     }) {

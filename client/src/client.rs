@@ -253,6 +253,8 @@ impl Client {
             let count = wire.len();
             let call = Call {
                 checks: wire,
+                // Refunds are local to the region that decided them.
+                scopes: Vec::new(),
                 reply,
                 deadline: Instant::now() + inner.timeout,
             };

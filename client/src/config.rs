@@ -104,6 +104,9 @@ pub struct ClientConfig {
     pub reconnect: BackoffConfig,
     /// Size of the local store that decides `FailureMode::Open` checks while a node is away.
     pub fallback_store: StoreConfig,
+    /// The region of the nodes this client talks to (a gateway talks to its own region's nodes
+    /// only): a slot table from a node of another region is ignored. `None`: any.
+    pub region: Option<String>,
 }
 
 impl ClientConfig {
@@ -126,6 +129,7 @@ impl ClientConfig {
                 max_keys: 64 * 1_024,
                 shards: 16,
             },
+            region: None,
         }
     }
 
@@ -150,6 +154,11 @@ impl ClientConfig {
                 "server_name",
                 &format!("`{name}` is not a DNS name or IP address"),
             );
+        }
+        if let Some(region) = &self.region
+            && let Err(e) = floodgate::region::RegionName::new(region)
+        {
+            return invalid("region", &e.to_string());
         }
         if self.timeout.is_zero() {
             return invalid("timeout", "must be more than zero");

@@ -13,7 +13,7 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 
 use floodgate::check::DegradedReason;
-use floodgate::wire::{ErrorCode, WireCheck, WireDecision};
+use floodgate::wire::{ErrorCode, WireCheck, WireDecision, WireScope};
 use parking_lot::Mutex;
 use tokio::sync::{Notify, oneshot};
 use tokio::time::Instant;
@@ -24,6 +24,8 @@ use crate::status::LinkState;
 #[derive(Debug)]
 pub(crate) struct Call {
     pub(crate) checks: Vec<WireCheck>,
+    /// One scope per check, or none when every check is `region` (sent as kind 1 then).
+    pub(crate) scopes: Vec<WireScope>,
     pub(crate) reply: oneshot::Sender<Reply>,
     /// When the caller stops waiting: whoever holds the call then answers `Timeout`.
     pub(crate) deadline: Instant,
@@ -274,6 +276,7 @@ mod tests {
         (
             Call {
                 checks,
+                scopes: Vec::new(),
                 reply,
                 deadline,
             },

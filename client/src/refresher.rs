@@ -285,9 +285,21 @@ impl Refresher {
             .map_err(|_| format!("no slot table within {FETCH_TIMEOUT:?}"))?
     }
 
-    /// Routes by `table`: links to every member that owns slots, closes links to members that
-    /// left, and maps each slot to its owner's link.
+    /// Routes by `table`: links to every member of the sender's region that owns slots, closes
+    /// links to members that left, and maps each slot to its owner's link.
     fn apply(&mut self, table: ClusterTable) {
+        if let Some(mine) = &self.factory.config.region
+            && let Some(from) = table.members().iter().find(|m| m.id == table.from())
+            && from.region != *mine
+        {
+            // Its owners are its own region's: routing by them would leave this region.
+            tracing::warn!(
+                node = %from.addr,
+                "ignoring the slot table of a node of region `{}`: this client is for region `{mine}`",
+                from.region
+            );
+            return;
+        }
         self.routing
             .hint
             .current
@@ -299,10 +311,18 @@ impl Refresher {
         {
             return;
         }
+        // Only the sending node's region: a table lists every region's members, but places
+        // slots among its own region's (a gateway talks to its own region's nodes only).
+        let region = table
+            .members()
+            .iter()
+            .find(|m| m.id == table.from())
+            .map(|m| m.region.clone());
         let owners: HashMap<SocketAddr, &str> = table
             .members()
             .iter()
             .filter(|m| m.state.owns_slots())
+            .filter(|m| region.as_ref().is_none_or(|r| *r == m.region))
             .filter_map(|m| Some((parse_addr(&m.addr)?, m.id.as_str())))
             .collect();
         let seeds: HashSet<SocketAddr> = self.seeds.iter().map(|l| l.addr).collect();

@@ -80,6 +80,7 @@ pub fn request_info<B>(request: &Request<B>, peer: Option<SocketAddr>) -> Reques
         api_key: header("x-api-key"),
         tenant: header("x-tenant-id"),
         plan: header("x-plan"),
+        home_region: header("x-home-region"),
         peer: peer.map(|p| p.ip()),
         forwarded_for: request
             .headers()

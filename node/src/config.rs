@@ -170,6 +170,9 @@ pub struct ClusterConfig {
     pub sync_interval: Duration,
     /// Ready (`/readyz`) even while no seed has answered (`--allow-alone`).
     pub allow_alone: bool,
+    /// How often the owner of a global key sends what it admitted to the key's owner in every
+    /// other region (`--region-sync-interval`).
+    pub region_sync_interval: Duration,
 }
 
 impl Default for ClusterConfig {
@@ -182,6 +185,7 @@ impl Default for ClusterConfig {
             membership: MembershipConfig::default(),
             sync_interval: Duration::from_millis(100),
             allow_alone: false,
+            region_sync_interval: Duration::from_millis(100),
         }
     }
 }

@@ -16,6 +16,8 @@
 //! - `service`: the pure step from a received frame to the bytes of its answer.
 //! - [`cluster`]: the driver of the core's membership and ownership machines: gossip, table
 //!   switches under the deciding gate, hand-offs, replication, the table message, peers.
+//! - [`region_sync`]: the inter-region delta exchange of global keys (the core's `Exchange`
+//!   driven); `region_links` sends its frames to peers; `scoped`: kind 12, checks with scopes.
 //! - `member_log`: peers suspected or declared dead logged at WARN as it happens.
 //! - `forward`: checks placed by the core's ownership machine: decided here, sent to their owner,
 //!   refusals placed again.
@@ -39,8 +41,11 @@ mod forward;
 mod member_log;
 mod metrics;
 mod node_id;
+mod region_links;
+pub mod region_sync;
 pub mod rls;
 pub mod rules;
+mod scoped;
 mod server;
 mod service;
 pub mod snapshot;

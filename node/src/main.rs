@@ -99,6 +99,10 @@ struct Flags {
     /// How often changed buckets are sent to each slot's successor.
     #[arg(long, default_value = "100ms", value_parser = parse_duration)]
     sync_interval: Duration,
+    /// How often the owner of a global key sends what it admitted to the key's owner in every
+    /// other region (1ms to 10s).
+    #[arg(long, default_value = "100ms", value_parser = parse_region_sync_interval)]
+    region_sync_interval: Duration,
     /// Runtime worker threads (default: one per core).
     #[arg(long)]
     worker_threads: Option<usize>,
@@ -315,6 +319,7 @@ fn config_from(flags: &Flags, addresses: Addresses) -> anyhow::Result<NodeConfig
         seeds: flags.seeds.clone(),
         membership,
         sync_interval: flags.sync_interval,
+        region_sync_interval: flags.region_sync_interval,
         allow_alone: flags.allow_alone,
     };
     anyhow::ensure!(
@@ -361,6 +366,18 @@ fn parse_duration(text: &str) -> Result<Duration, String> {
     floodgate::parse_duration_ns(text)
         .map(Duration::from_nanos)
         .map_err(|e| e.to_string())
+}
+
+/// A region sync interval: from 1ms (each round sends every key's units; shorter only costs
+/// frames) to 10s (longer holds each region to its share of a burst for longer).
+fn parse_region_sync_interval(text: &str) -> Result<Duration, String> {
+    let interval = parse_duration(text)?;
+    if interval < Duration::from_millis(1) || interval > Duration::from_secs(10) {
+        return Err(format!(
+            "{text} is out of range: give 1ms to 10s (default 100ms)"
+        ));
+    }
+    Ok(interval)
 }
 
 /// SIGINT, SIGTERM and SIGHUP handlers, installed at once (a signal before the first wait is
@@ -458,6 +475,27 @@ mod tests {
             err.contains("--seeds") && err.contains("has no port"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn the_region_sync_interval_defaults_to_100ms_and_out_of_range_is_refused_naming_it() {
+        let parse = |args: &[&str]| Flags::try_parse_from(["floodgate-node"].iter().chain(args));
+        assert_eq!(
+            parse(&[]).unwrap().region_sync_interval,
+            Duration::from_millis(100)
+        );
+        assert_eq!(
+            parse(&["--region-sync-interval", "20ms"])
+                .unwrap()
+                .region_sync_interval,
+            Duration::from_millis(20)
+        );
+        for bad in ["0ms", "11s", "soon"] {
+            let err = parse(&["--region-sync-interval", bad])
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("--region-sync-interval"), "{bad}: {err}");
+        }
     }
 
     #[test]

@@ -1,7 +1,7 @@
-//! The node's side of the inter-region delta exchange, not wired into the node yet: the core's
-//! sans-I/O [`Exchange`] behind a lock, global checks through it, received region frames (kinds
-//! 13 and 14) checked against the sender's certificate and handled, and a task that sends what
-//! is due through [`RegionLinks`] and sleeps until the exchange's next timeout or a wake-up.
+//! The node's side of the inter-region delta exchange: the core's sans-I/O [`Exchange`] behind a
+//! lock, global checks through it, received region frames (kinds 13 and 14) checked against the
+//! sender's certificate and handled, and a task that sends what is due through [`RegionLinks`]
+//! and sleeps until the exchange's next timeout or a wake-up.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -11,7 +11,7 @@ use floodgate::wire::{
     ErrorCode, FrameKind, RegionAckMessage, RegionDeltasMessage, decode_region_ack,
     decode_region_deltas, encode_message,
 };
-use floodgate::{BucketKey, BucketStore, Clock, Decision, Limit, StoreError};
+use floodgate::{BucketKey, BucketStore, Check, Clock, Decision, Limit, StoreError};
 use parking_lot::Mutex;
 use tokio::sync::{Notify, watch};
 
@@ -29,6 +29,14 @@ pub struct RegionSync<C> {
     wake: Notify,
     /// Counts every change (a check recorded, a frame handled): tests and status wait on it.
     progress: watch::Sender<u64>,
+}
+
+impl<C> std::fmt::Debug for RegionSync<C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RegionSync")
+            .field("me", self.exchange.lock().me())
+            .finish_non_exhaustive()
+    }
 }
 
 impl<C: Clock> RegionSync<C> {
@@ -59,6 +67,69 @@ impl<C: Clock> RegionSync<C> {
         decision
     }
 
+    /// Decides an all-or-nothing group of which the checks marked in `global` are global, each
+    /// with the owners of its key in the other regions (`others`, one list per check): every
+    /// global check must pass the admission rule, then the store decides the group, and what it
+    /// admitted is recorded for the other regions only if the whole group passed.
+    pub fn check_group(
+        &self,
+        checks: &[Check],
+        global: &[bool],
+        others: &[Vec<Peer>],
+    ) -> Result<Vec<Decision>, StoreError> {
+        let now = self.clock.now_ns();
+        let mut exchange = self.exchange.lock();
+        let mut held_back = None;
+        for ((check, _), others) in checks
+            .iter()
+            .zip(global)
+            .zip(others)
+            .filter(|((_, g), _)| **g)
+        {
+            held_back = exchange.hold_back(
+                now,
+                &self.store,
+                check.key,
+                &check.limit,
+                check.cost,
+                others,
+            )?;
+            if held_back.is_some() {
+                break;
+            }
+        }
+        let mut decisions = Vec::with_capacity(checks.len());
+        if let Some(denied) = held_back {
+            // Denied as a whole: every check is denied, retrying when the held-back one may pass.
+            let retry_after_ns = denied.retry_after_ns().unwrap_or(0);
+            for check in checks {
+                let peek = self.store.check(check.key, &check.limit, 0, now)?;
+                decisions.push(Decision::Denied {
+                    remaining: 0,
+                    retry_after_ns,
+                    reset_after_ns: peek.reset_after_ns(),
+                });
+            }
+        } else if self.store.check_all(checks, now, &mut decisions)? {
+            for ((check, _), others) in checks
+                .iter()
+                .zip(global)
+                .zip(others)
+                .filter(|((_, g), _)| **g)
+            {
+                exchange.record_admitted(now, check.key, &check.limit, check.cost, others);
+            }
+        }
+        drop(exchange);
+        self.changed();
+        Ok(decisions)
+    }
+
+    /// Sets how many regions share global limits (see [`Exchange::set_regions`]).
+    pub fn set_regions(&self, regions: usize) {
+        self.exchange.lock().set_regions(regions);
+    }
+
     /// Handles a region frame's payload from a peer whose certificate names `certified_node`.
     /// A message naming another node is refused as `forbidden` (a peer speaks only as itself);
     /// one that fails validation with the decoder's code. Nothing is applied then.
@@ -68,18 +139,29 @@ impl<C: Clock> RegionSync<C> {
         payload: &[u8],
         certified_node: &str,
     ) -> Result<(), ErrorCode> {
+        self.receive_from(kind, payload, &|node| node == certified_node)
+    }
+
+    /// As [`RegionSync::receive`], with `certified` saying whether the sender's certificate
+    /// names a node id.
+    pub fn receive_from(
+        &self,
+        kind: FrameKind,
+        payload: &[u8],
+        certified: &dyn Fn(&str) -> bool,
+    ) -> Result<(), ErrorCode> {
         let now = self.clock.now_ns();
         match kind {
             FrameKind::RegionDeltas => {
                 let batch = decode_region_deltas(payload).map_err(|(code, _)| code)?;
-                if &*batch.from.node != certified_node {
+                if !certified(&batch.from.node) {
                     return Err(ErrorCode::Forbidden);
                 }
                 self.exchange.lock().handle_deltas(now, &batch, &self.store);
             }
             FrameKind::RegionAck => {
                 let ack = decode_region_ack(payload).map_err(|(code, _)| code)?;
-                if &*ack.from.node != certified_node {
+                if !certified(&ack.from.node) {
                     return Err(ErrorCode::Forbidden);
                 }
                 self.exchange.lock().handle_ack(now, &ack);
@@ -135,6 +217,30 @@ impl<C: Clock> RegionSync<C> {
                 _ = shutdown.changed() => {}
             }
         }
+    }
+
+    /// Each destination's pending keys, retransmissions and delta lag.
+    pub fn destinations(&self) -> Vec<floodgate::region::DestinationStats> {
+        self.exchange.lock().destinations(self.clock.now_ns())
+    }
+
+    /// Drops the destinations `still_owner` says own nothing any more (they left, or their
+    /// region's ring moved on): their unconfirmed units stop holding admissions back. Returns
+    /// the units they never confirmed.
+    pub fn forget_gone(&self, still_owner: impl Fn(&Peer) -> bool) -> u64 {
+        let mut exchange = self.exchange.lock();
+        let gone: Vec<Peer> = exchange
+            .destinations(0)
+            .into_iter()
+            .map(|d| d.peer)
+            .filter(|p| !still_owner(p))
+            .collect();
+        let lost = gone.iter().map(|p| exchange.forget_destination(p)).sum();
+        drop(exchange);
+        if lost > 0 {
+            self.changed();
+        }
+        lost
     }
 
     /// True when everything this node admitted has been confirmed by every destination.

@@ -28,6 +28,8 @@ pub(crate) struct Shared {
     pub(crate) ready: AtomicBool,
     /// Membership, slot table and peers (a node alone is a cluster of one).
     pub(crate) cluster: Arc<Cluster>,
+    /// The inter-region exchange of global keys.
+    pub(crate) region_sync: Arc<crate::region_sync::RegionSync<EpochClock>>,
     /// The rules file in force (`--rules`), served to clients and hot-reloaded.
     pub(crate) rules: Option<Arc<crate::rules::RulesHandle>>,
     /// Buckets merged from peers (replicas and hand-offs) since start.

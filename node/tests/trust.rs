@@ -81,6 +81,8 @@ async fn peer_only_kinds_are_forbidden(node: &TestNode, client: &quinn::ClientCo
     let cases = [
         (garbage_frame(FrameKind::Gossip), false),
         (garbage_frame(FrameKind::Replicate), false),
+        (garbage_frame(FrameKind::RegionDeltas), false),
+        (garbage_frame(FrameKind::RegionAck), false),
         (garbage_frame(FrameKind::Gossip), true),
         (forwarded, true),
     ];

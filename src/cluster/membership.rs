@@ -216,6 +216,28 @@ impl Membership {
             .collect()
     }
 
+    /// Ids of the members of `region` that own slots (alive or suspect), sorted: that region's
+    /// ring. Every region has its own owners, so a key has one owner per region.
+    pub fn owners_in(&self, region: &str) -> Vec<String> {
+        self.members
+            .values()
+            .filter(|m| m.state.owns_slots() && m.info.region == region)
+            .map(|m| m.info.id.clone())
+            .collect()
+    }
+
+    /// The regions of every known member (each once, sorted).
+    pub fn regions(&self) -> Vec<String> {
+        let mut regions: Vec<String> = self
+            .members
+            .values()
+            .map(|m| m.info.region.clone())
+            .collect();
+        regions.sort();
+        regions.dedup();
+        regions
+    }
+
     pub fn state_of(&self, id: &str) -> Option<MemberState> {
         self.members.get(id).map(|m| m.state)
     }

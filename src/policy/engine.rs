@@ -76,6 +76,7 @@ impl PlannedCheck {
         crate::check::Check::new(self.key.clone(), self.limit)
             .cost(self.cost)
             .failure_mode(self.failure_mode)
+            .scope(self.scope.clone())
     }
 
     /// This check for an in-process [`crate::BucketStore`].

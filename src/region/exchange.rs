@@ -44,6 +44,16 @@ pub struct ExchangeStats {
     pub units_forgiven: u64,
 }
 
+/// One destination's side of the exchange, for metrics and status.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DestinationStats {
+    pub peer: Peer,
+    pub pending_keys: usize,
+    pub unconfirmed_units: u64,
+    pub retransmissions: u64,
+    pub lag_ns: u64,
+}
+
 /// One node's delta exchange with the owners of the same keys in the other regions.
 #[derive(Debug)]
 pub struct Exchange {
@@ -79,6 +89,16 @@ impl Exchange {
 
     pub fn me(&self) -> &Peer {
         &self.me
+    }
+
+    /// Sets how many regions share global limits (each region's share of a burst is `1 / R`
+    /// of it): a node learns the regions from its membership, so the count may grow.
+    pub fn set_regions(&mut self, regions: usize) {
+        self.config = ExchangeConfig {
+            regions,
+            ..self.config
+        }
+        .sanitized();
     }
 
     pub fn config(&self) -> &ExchangeConfig {
@@ -418,6 +438,22 @@ impl Exchange {
         self.outboxes.values().fold((0, 0), |(keys, msgs), o| {
             (keys + o.pending_keys(), msgs + o.in_flight())
         })
+    }
+
+    /// Per destination: keys with deltas waiting to be sent, units not yet confirmed, messages
+    /// sent again, and the delta
+    /// lag (how long it has confirmed nothing while deltas were outstanding; 0 when idle).
+    pub fn destinations(&self, now_ns: u64) -> Vec<DestinationStats> {
+        self.outboxes
+            .iter()
+            .map(|(peer, o)| DestinationStats {
+                peer: peer.clone(),
+                pending_keys: o.pending_keys(),
+                unconfirmed_units: o.total_unconfirmed(),
+                retransmissions: o.retransmissions,
+                lag_ns: o.lag_ns(now_ns),
+            })
+            .collect()
     }
 
     /// Remote GCRA units waiting for room in their bucket (for stats and tests).

@@ -33,7 +33,7 @@ pub mod sim;
 pub use admission::{over_admission_bound, share_allows};
 pub use config::ExchangeConfig;
 pub use delta::{Delta, DeltaAck, DeltaBatch, MAX_ACK_RANGES, Outgoing, Peer, Transmit};
-pub use exchange::{Exchange, ExchangeStats};
+pub use exchange::{DestinationStats, Exchange, ExchangeStats};
 pub use home::home_fallback_limit;
 pub use inbox::DEDUPE_WINDOW;
 pub use scope::{MAX_REGION_NAME_BYTES, RegionName, RegionNameError, Scope, ScopeError};

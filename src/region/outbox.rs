@@ -96,6 +96,15 @@ impl Outbox {
         self.in_flight.len()
     }
 
+    /// How long the destination has confirmed nothing while deltas were outstanding (0 idle).
+    pub(super) fn lag_ns(&self, now_ns: u64) -> u64 {
+        if self.is_idle() {
+            0
+        } else {
+            now_ns.saturating_sub(self.progress_ns)
+        }
+    }
+
     /// False once the destination has confirmed nothing for `unreachable_after_ns` while
     /// deltas were outstanding.
     pub(super) fn is_reachable(&self, now_ns: u64, config: &ExchangeConfig) -> bool {

@@ -35,9 +35,9 @@ pub use policy_messages::{
     decode_policy_request,
 };
 pub use region_messages::{
-    MAX_WIRE_DELTA_AT_NS, MAX_WIRE_DELTAS, MAX_WIRE_NODE_ID_BYTES, RegionAckMessage,
-    RegionDeltasMessage, ScopedCheckBatch, WireDelta, WireScope, decode_region_ack,
-    decode_region_deltas, decode_scoped_check_batch,
+    ArchivedScopedCheckBatch, MAX_WIRE_DELTA_AT_NS, MAX_WIRE_DELTAS, MAX_WIRE_NODE_ID_BYTES,
+    RegionAckMessage, RegionDeltasMessage, ScopedCheckBatch, WireDelta, WireScope,
+    decode_region_ack, decode_region_deltas, decode_scoped_check_batch,
 };
 
 /// First two bytes of every frame.

@@ -6,6 +6,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
+use floodgate_client::core::region::Scope;
 use floodgate_client::core::{Algorithm, Decision, Limit, parse_duration_ns, parse_rate};
 use floodgate_client::logging::{self, LogFormat};
 use floodgate_client::{
@@ -108,6 +109,10 @@ struct ConnectionArgs {
     /// address). Discovered nodes are verified by their node id.
     #[arg(long)]
     server_name: Option<String>,
+    /// This client's region: the --seeds must be nodes of it (a slot table from a node of
+    /// another region is ignored).
+    #[arg(long)]
+    region: Option<String>,
 }
 
 #[derive(Debug, Args)]
@@ -131,6 +136,18 @@ struct CheckArgs {
     /// Number of checks to send.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
     count: u64,
+    /// Where the check is decided across regions: region (in this client's region), global
+    /// (one limit shared by every region) or home:REGION (decided in REGION).
+    #[arg(long, default_value = "region", value_parser = parse_scope)]
+    scope: Scope,
+    /// A pause between checks, e.g. 50ms (default: none).
+    #[arg(long, value_parser = parse_duration_arg)]
+    interval: Option<Duration>,
+}
+
+fn parse_scope(text: &str) -> Result<Scope, String> {
+    text.parse()
+        .map_err(|e: floodgate_client::core::region::ScopeError| e.to_string())
 }
 
 fn parse_rate_arg(text: &str) -> Result<(u64, u64), String> {
@@ -177,6 +194,7 @@ impl ConnectionArgs {
         config.server_name = self.server_name.clone();
         config.timeout = self.timeout;
         config.connect_timeout = self.timeout;
+        config.region = self.region.clone();
         config
     }
 }
@@ -311,6 +329,33 @@ fn format_status(table: &ClusterTable) -> String {
         text.push_str(&line);
         text.push('\n');
     }
+    text.push_str(&format_regions(table));
+    text
+}
+
+/// One line per region: its members, and the slots it owns as this node's table shows them
+/// (each region has its own ring; a node's table holds its own region's).
+fn format_regions(table: &ClusterTable) -> String {
+    let mut regions: std::collections::BTreeMap<&str, (usize, usize)> = Default::default();
+    for member in table.members() {
+        let entry = regions.entry(member.region.as_str()).or_default();
+        entry.0 += 1;
+        entry.1 += table.slots_owned(&member.id);
+    }
+    let from_region = table
+        .members()
+        .iter()
+        .find(|m| m.id == table.from())
+        .map(|m| m.region.as_str());
+    let mut text = String::new();
+    for (region, (members, slots)) in regions {
+        let ring = if Some(region) == from_region {
+            format!("{slots} slots in this table")
+        } else {
+            "its own ring (ask one of its nodes)".to_owned()
+        };
+        text.push_str(&format!("region {region}: {members} members, {ring}\n"));
+    }
     text
 }
 
@@ -325,9 +370,13 @@ async fn run_check(args: &CheckArgs, out: &mut impl Write) -> Result<bool, Strin
     // it into an error (exit 2) rather than a `deny`.
     let check = Check::new(args.key.as_bytes(), limit)
         .cost(args.cost)
-        .failure_mode(FailureMode::Closed);
+        .failure_mode(FailureMode::Closed)
+        .scope(args.scope.clone());
     let mut allowed = false;
-    for _ in 0..args.count {
+    for i in 0..args.count {
+        if let Some(pause) = args.interval.filter(|_| i > 0) {
+            tokio::time::sleep(pause).await;
+        }
         let verdicts = client
             .check(std::slice::from_ref(&check))
             .await

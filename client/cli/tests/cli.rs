@@ -176,3 +176,50 @@ async fn a_seed_given_by_host_name_is_dialed_and_node_still_works() {
     }
     node.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_global_check_paced_by_interval_is_decided_by_the_node_and_a_bad_scope_exits_2() {
+    let certs = certs();
+    let node = start_node(&certs, any_port(), false).await;
+    // Sent as a scoped batch (kind 12); a node alone in its region decides it like any check.
+    let out = floodgate(check_args(
+        node.local_addr(),
+        &certs,
+        &[
+            "tenant:7",
+            "--limit",
+            "2/h",
+            "--count",
+            "3",
+            "--scope",
+            "global",
+            "--interval",
+            "1ms",
+        ],
+    ))
+    .await;
+    let stdout = text(&out.stdout);
+    let verdicts: Vec<&str> = stdout
+        .lines()
+        .map(|l| l.split_whitespace().next().unwrap_or(""))
+        .collect();
+    assert_eq!(
+        verdicts,
+        ["allow", "allow", "deny"],
+        "{}",
+        text(&out.stderr)
+    );
+    assert_eq!(out.status.code(), Some(1));
+
+    let out = floodgate(check_args(
+        node.local_addr(),
+        &certs,
+        &["tenant:7", "--limit", "2/h", "--scope", "everywhere"],
+    ))
+    .await;
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = text(&out.stderr);
+    assert!(stderr.contains("--scope"), "{stderr}");
+    assert!(out.stdout.is_empty());
+    node.shutdown().await;
+}

@@ -1,8 +1,8 @@
 //! `gateway`: a small reverse proxy on 127.0.0.1:8080 in front of a demo upstream, rate limited
 //! by the rules the floodgate nodes serve (`floodgate-node --rules rules/example.yaml`).
 //!
-//! Identity comes from `X-User-Id`, `X-Api-Key`, `X-Tenant-Id` and `X-Plan`, as an auth step in
-//! front would set them; the client IP from the peer (and `X-Forwarded-For` through the rules'
+//! Identity comes from `X-User-Id`, `X-Api-Key`, `X-Tenant-Id`, `X-Plan` and `X-Home-Region`
+//! (for `scope: home` rules), as an auth step in front would set them; the client IP from the peer (and `X-Forwarded-For` through the rules'
 //! trusted proxies). `GET /metrics`: verdicts by rule and outcome, fallbacks, limiter latency.
 //!
 //! When no node answers at start, it starts from `--rules FILE`, else from `--rules-cache FILE`

@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use floodgate::check::DegradedReason;
 use floodgate::wire::{
-    CheckBatch, ErrorCode, Frame, FrameKind, FrameReader, WireDecision, decode_decisions,
-    encode_frame,
+    CheckBatch, ErrorCode, Frame, FrameKind, FrameReader, ScopedCheckBatch, WireDecision,
+    WireScope, decode_decisions, encode_frame,
 };
 use tokio::time::Instant;
 
@@ -155,6 +155,7 @@ pub(super) async fn run_stream(
         {
             break;
         }
+        let scopes = batch_scopes(&calls);
         batch.groups.clear();
         batch.groups.extend(
             calls
@@ -164,7 +165,7 @@ pub(super) async fn run_stream(
         // Calls are queued in deadline order, so this is the first call's; the frame's answer
         // is waited for until then, and its calls answered `Timeout` after.
         let deadline = calls.iter().map(|c| c.deadline).min();
-        let answer = session.round_trip(&batch, deadline).await;
+        let answer = session.round_trip(&batch, &scopes, deadline).await;
         let alive = match answer {
             Ok(Answer::Error { code, .. }) if is_bad_request(code) && calls.len() > 1 => {
                 // One call got the whole shared frame refused (a node stricter than our
@@ -217,6 +218,7 @@ impl StreamSession {
     async fn round_trip(
         &mut self,
         batch: &CheckBatch,
+        scopes: &[WireScope],
         deadline: Option<Instant>,
     ) -> Result<Answer, Failure> {
         let deadline = deadline.unwrap_or_else(|| Instant::now() + self.stall_timeout);
@@ -225,10 +227,26 @@ impl StreamSession {
         // `wire::encode_message` with the archive buffer kept across frames.
         let mut payload = std::mem::take(&mut self.payload);
         payload.clear();
-        let payload = rkyv::api::high::to_bytes_in::<_, rkyv::rancor::Error>(batch, payload)
-            .map_err(|e| Failure::protocol(format!("cannot encode a frame: {e}")))?;
+        // Kind 12 only when a check has a scope other than `region`: kind 1 otherwise.
+        let (kind, encoded) = if scopes.is_empty() {
+            (
+                FrameKind::CheckBatch,
+                rkyv::api::high::to_bytes_in::<_, rkyv::rancor::Error>(batch, payload),
+            )
+        } else {
+            let scoped = ScopedCheckBatch {
+                batch: batch.clone(),
+                scopes: scopes.to_vec(),
+            };
+            (
+                FrameKind::ScopedCheckBatch,
+                rkyv::api::high::to_bytes_in::<_, rkyv::rancor::Error>(&scoped, payload),
+            )
+        };
+        let payload =
+            encoded.map_err(|e| Failure::protocol(format!("cannot encode a frame: {e}")))?;
         self.out.clear();
-        encode_frame(&mut self.out, FrameKind::CheckBatch, request_id, &payload);
+        encode_frame(&mut self.out, kind, request_id, &payload);
         self.payload = payload;
         let out = std::mem::take(&mut self.out);
         let result = self.send_and_read(&out, request_id, deadline).await;
@@ -331,6 +349,7 @@ impl StreamSession {
         let mut alive = true;
         for (call, group) in calls.drain(..).zip(batch.groups.drain(..)) {
             let deadline = call.deadline;
+            let scopes = call.scopes.clone();
             let mut one = vec![call];
             if !alive || self.late.is_some() {
                 // The connection is gone, or a call before this one ran out of time: the rest
@@ -352,7 +371,7 @@ impl StreamSession {
             }
             single.groups.clear();
             single.groups.push(group);
-            let answer = self.round_trip(&single, Some(deadline)).await;
+            let answer = self.round_trip(&single, &scopes, Some(deadline)).await;
             alive = self.dispatch(link, answer, &mut one, &single);
         }
         alive
@@ -409,4 +428,21 @@ fn answer_from(frame: Frame, request_id: u64) -> Result<Answer, Failure> {
         Err(AnswerError::Refused { code, message }) => Ok(Answer::Error { code, message }),
         Err(AnswerError::Failed(why)) => Err(Failure::protocol(why)),
     }
+}
+
+/// The scopes of a frame of `calls`, one per check in order: none when every call's checks are
+/// all `region` (the frame is then kind 1), else each call's own or `region` for each check.
+fn batch_scopes(calls: &[Call]) -> Vec<WireScope> {
+    if calls.iter().all(|c| c.scopes.is_empty()) {
+        return Vec::new();
+    }
+    let mut scopes = Vec::new();
+    for call in calls {
+        if call.scopes.is_empty() {
+            scopes.extend(std::iter::repeat_n(WireScope::default(), call.checks.len()));
+        } else {
+            scopes.extend(call.scopes.iter().cloned());
+        }
+    }
+    scopes
 }

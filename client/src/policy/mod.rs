@@ -80,6 +80,9 @@ pub struct RequestInfo {
     pub api_key: Option<String>,
     pub tenant: Option<String>,
     pub plan: Option<String>,
+    /// The request's home region (`X-Home-Region` at the example gateway), for `scope: home`
+    /// rules; believed only if the rules file declares it among its `regions:`.
+    pub home_region: Option<String>,
     /// The TCP peer's address.
     pub peer: Option<IpAddr>,
     /// Every `X-Forwarded-For` field line, in order.
@@ -113,7 +116,7 @@ impl RequestInfo {
             api_key: self.api_key.as_deref(),
             tenant: self.tenant.as_deref(),
             plan: self.plan.as_deref(),
-            home_region: None,
+            home_region: self.home_region.as_deref(),
         }
     }
 }

@@ -11,6 +11,7 @@
 
 mod membership;
 mod peers;
+mod region_rings;
 mod replication;
 mod table_message;
 mod table_switch;
@@ -31,6 +32,7 @@ use crate::metrics::ClusterMetrics;
 
 pub use crate::config::ClusterConfig;
 pub(crate) use peers::Peers;
+pub(crate) use region_rings::RegionRings;
 use table_message::EncodedTable;
 
 /// Most encoded bytes of buckets in one replication or hand-off frame: well under the smallest
@@ -90,6 +92,8 @@ pub(crate) struct Cluster {
     member_log: Mutex<MemberLog>,
     /// The last slot-table payload encoded for clients, reused while it is current.
     encoded_table: Mutex<Option<Arc<EncodedTable>>>,
+    /// The other regions' rings, recomputed when the membership's owners change.
+    region_rings: parking_lot::RwLock<Arc<RegionRings>>,
 }
 
 impl Cluster {
@@ -125,7 +129,10 @@ impl Cluster {
             now_ns,
             now_ns,
         );
-        let table = Arc::new(SlotTable::compute(membership.epoch(), &membership.owners()));
+        let table = Arc::new(SlotTable::compute(
+            membership.epoch(),
+            &membership.owners_in(&me.region),
+        ));
         // Hand-off ids start from the start time, so a restart does not reuse its last life's.
         let ownership = Ownership::new(
             me.id.clone(),
@@ -159,6 +166,7 @@ impl Cluster {
             updating: Mutex::new(()),
             member_log: Mutex::new(MemberLog::default()),
             encoded_table: Mutex::new(None),
+            region_rings: parking_lot::RwLock::new(Arc::new(RegionRings::default())),
             config,
         }
     }
@@ -206,6 +214,11 @@ impl Cluster {
             }
         })
         .await;
+    }
+
+    /// The other regions' rings as of the last change of owners.
+    pub(crate) fn region_rings(&self) -> Arc<RegionRings> {
+        self.region_rings.read().clone()
     }
 
     /// The address of the member with this id.

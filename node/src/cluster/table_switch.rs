@@ -51,7 +51,7 @@ impl Cluster {
             .updating
             .try_lock()
             .unwrap_or_else(|| off_the_worker(true, || self.updating.lock()));
-        let (epoch, owners, departed) = {
+        let (epoch, owners, departed, first_of_region) = {
             let mut membership = self.membership.lock();
             change(&mut membership);
             drop(self.member_log.lock().observe(&membership));
@@ -62,11 +62,31 @@ impl Cluster {
                 .filter(|(_, state)| *state == MemberState::Left)
                 .map(|(info, _)| info.id.clone())
                 .collect();
-            (membership.epoch(), membership.owners(), departed)
+            // This node's ring is its own region's: a key has one owner per region.
+            let owners = membership.owners_in(&self.me.region);
+            // Others known, none of them in this region: the first of its region, with nobody
+            // to wait for (as a node whose seeds are all itself).
+            let first_of_region = owners.len() == 1
+                && membership
+                    .members()
+                    .any(|(info, state)| info.region != self.me.region && state.owns_slots());
+            if self.region_rings.read().epoch() != membership.epoch() {
+                let rings = super::RegionRings::compute(&membership, &self.me.region);
+                *self.region_rings.write() = Arc::new(rings);
+            }
+            (membership.epoch(), owners, departed, first_of_region)
         };
         let old = self.table();
         if old.epoch() == epoch {
             return Vec::new();
+        }
+        if first_of_region && self.ownership.lock().is_joining() {
+            let actions: Vec<Action> = {
+                let mut ownership = self.ownership.lock();
+                ownership.handle_no_one_to_join();
+                std::iter::from_fn(|| ownership.poll_action()).collect()
+            };
+            drop(self.carry_out(actions, now_ns));
         }
         let new = Arc::new(compute_table(epoch, &owners));
         // A join's base table is computed before decisions stop, as the new table is (the

@@ -94,6 +94,7 @@ impl Node {
             )
             .with_frame_limit(config.limits.max_frame_bytes),
         );
+        let region_sync = Arc::new(region_sync(&config, &cluster, store.clone(), clock)?);
         let allowance = Arc::new(Allowance::new(
             config.limits.max_connections,
             config.limits.max_peer_connections,
@@ -108,6 +109,7 @@ impl Node {
             budget: BufferBudget::new(config.limits.max_buffered_bytes),
             ready: AtomicBool::new(true),
             cluster,
+            region_sync,
             rules,
             received: watch::Sender::new(0),
             peer_trust: parking_lot::RwLock::new(peer_trust),
@@ -154,6 +156,16 @@ impl Node {
         if let Some(rules) = &shared.rules {
             tasks.spawn(crate::rules::watch_file(rules.clone(), shutdown_rx.clone()));
         }
+        let links = Arc::new(crate::region_links::PeerLinks {
+            cluster: shared.cluster.clone(),
+        });
+        let sync = shared.region_sync.clone();
+        let sync_shutdown = shutdown_rx.clone();
+        tasks.spawn(async move { sync.run(links, sync_shutdown).await });
+        tasks.spawn(crate::region_links::follow_rings(
+            shared.clone(),
+            shutdown_rx.clone(),
+        ));
         tasks.spawn(cluster::run(shared.cluster.clone(), shutdown_rx));
         tracing::info!(%local_addr, ?admin_addr, "floodgate node listening");
         Ok(Node {
@@ -232,6 +244,11 @@ impl Node {
     }
 
     /// The current slot table.
+    /// The inter-region exchange of global keys (its counters, whether all is confirmed).
+    pub fn region_sync(&self) -> &Arc<crate::region_sync::RegionSync<EpochClock>> {
+        &self.shared.region_sync
+    }
+
     pub fn slot_table(&self) -> Arc<floodgate::cluster::SlotTable> {
         self.shared.cluster.table()
     }
@@ -319,4 +336,25 @@ impl Node {
         let _ = tokio::time::timeout(DRAIN_TIMEOUT, self.endpoint.wait_idle()).await;
         tracing::info!(addr = %self.local_addr, "floodgate node stopped");
     }
+}
+
+/// The node's region exchange: this node as a peer of its region, its start time as the
+/// session (a restart is told from a replay), the sync interval from the flags.
+fn region_sync(
+    config: &NodeConfig,
+    cluster: &Cluster,
+    store: Arc<floodgate::BucketStore>,
+    clock: EpochClock,
+) -> anyhow::Result<crate::region_sync::RegionSync<EpochClock>> {
+    let region = floodgate::region::RegionName::new(&cluster.me.region)
+        .map_err(|e| anyhow::anyhow!("--region {:?}: {e}", cluster.me.region))?;
+    let me = floodgate::region::Peer::new(region, &cluster.me.id);
+    let exchange_config = floodgate::region::ExchangeConfig {
+        sync_interval_ns: u64::try_from(config.cluster.region_sync_interval.as_nanos())
+            .unwrap_or(u64::MAX),
+        ..floodgate::region::ExchangeConfig::for_regions(1)
+    };
+    let exchange =
+        floodgate::region::Exchange::new(exchange_config, me, floodgate::Clock::now_ns(&clock));
+    Ok(crate::region_sync::RegionSync::new(exchange, store, clock))
 }

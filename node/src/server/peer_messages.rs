@@ -124,6 +124,19 @@ pub(super) async fn serve_uni_message(
                 }
                 Err((code, _)) => shared.metrics.frame_error(code),
             },
+            FrameKind::RegionDeltas | FrameKind::RegionAck => {
+                // A node speaks only as itself: the message must name the certified node.
+                let certified = |node: &str| from.remote.certified_as(&shared, node);
+                match shared
+                    .region_sync
+                    .receive_from(frame.kind, &frame.payload, &certified)
+                {
+                    Ok(()) => metrics::counter!("floodgate_region_frames_received_total",
+                        "kind" => if frame.kind == FrameKind::RegionDeltas { "deltas" } else { "ack" })
+                    .increment(1),
+                    Err(code) => shared.metrics.frame_error(code),
+                }
+            }
             _ => shared.metrics.frame_error(ErrorCode::UnknownKind),
         }
     }

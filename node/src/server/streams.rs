@@ -134,6 +134,44 @@ pub(super) async fn answer(
     let cluster = &shared.cluster;
     match frame.kind {
         FrameKind::CheckBatch | FrameKind::ForwardedCheckBatch => {
+            answer_checks(shared, frame, now_ns, out).await
+        }
+        FrameKind::ScopedCheckBatch => {
+            cluster.wait_until_joined().await;
+            match crate::scoped::answer_scoped_batch(shared, frame, now_ns, out).await {
+                Ok(refused) => refused,
+                Err(plain) => answer_checks(shared, &plain, now_ns, out).await,
+            }
+        }
+        FrameKind::PolicyRequest => {
+            crate::rules::answer_policy_request(shared.rules.as_deref(), frame, out)
+        }
+        FrameKind::TableRequest => {
+            cluster.encode_table(out, frame.request_id);
+            None
+        }
+        other => {
+            encode_error(
+                out,
+                frame.request_id,
+                ErrorCode::UnknownKind,
+                format!("a node does not accept {other:?} frames on this stream"),
+            );
+            Some(ErrorCode::UnknownKind)
+        }
+    }
+}
+
+/// Answers a check batch (kind 1, or 11 from a peer): decided here, or forwarded by group.
+async fn answer_checks(
+    shared: &Shared,
+    frame: &Frame,
+    now_ns: u64,
+    out: &mut Vec<u8>,
+) -> Option<ErrorCode> {
+    let cluster = &shared.cluster;
+    {
+        {
             cluster.wait_until_joined().await;
             let deciding = cluster.deciding();
             let table = cluster.table();
@@ -157,22 +195,6 @@ pub(super) async fn answer(
                     out,
                 )
             }
-        }
-        FrameKind::PolicyRequest => {
-            crate::rules::answer_policy_request(shared.rules.as_deref(), frame, out)
-        }
-        FrameKind::TableRequest => {
-            cluster.encode_table(out, frame.request_id);
-            None
-        }
-        other => {
-            encode_error(
-                out,
-                frame.request_id,
-                ErrorCode::UnknownKind,
-                format!("a node does not accept {other:?} frames on this stream"),
-            );
-            Some(ErrorCode::UnknownKind)
         }
     }
 }

@@ -1,0 +1,73 @@
+//! The other regions' rings: one slot table per region, computed from that region's members in
+//! the one membership view, so this node finds the owner of a key in every other region (where
+//! its global keys' deltas go).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use floodgate::cluster::{Membership, SlotTable};
+use floodgate::region::{Peer, RegionName};
+
+/// Every other region's slot table, as of one membership epoch.
+#[derive(Debug, Default)]
+pub(crate) struct RegionRings {
+    epoch: u64,
+    /// How many regions the membership knows (this one included), whatever their members' state.
+    regions: usize,
+    tables: BTreeMap<RegionName, Arc<SlotTable>>,
+}
+
+impl RegionRings {
+    /// The rings of every region but `mine`, computed from `membership`. A region whose name is
+    /// not a valid region name (a peer's label from gossip) is left out.
+    pub(crate) fn compute(membership: &Membership, mine: &str) -> Self {
+        let names = membership.regions();
+        let tables = names
+            .iter()
+            .filter(|r| r.as_str() != mine)
+            .filter_map(|r| {
+                let name = RegionName::new(r).ok()?;
+                let owners = membership.owners_in(r);
+                Some((
+                    name,
+                    Arc::new(SlotTable::compute(membership.epoch(), &owners)),
+                ))
+            })
+            .collect();
+        RegionRings {
+            epoch: membership.epoch(),
+            regions: names.len().max(1),
+            tables,
+        }
+    }
+
+    pub(crate) fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    pub(crate) fn regions(&self) -> usize {
+        self.regions
+    }
+
+    /// The owner of `slot` in every other region that has one.
+    pub(crate) fn owners_elsewhere(&self, slot: u16) -> Vec<Peer> {
+        self.tables
+            .iter()
+            .filter_map(|(region, table)| Some(Peer::new(region.clone(), table.owner(slot)?)))
+            .collect()
+    }
+
+    /// The owner of `slot` in `region` (another region), if it has one.
+    pub(crate) fn owner_in(&self, region: &RegionName, slot: u16) -> Option<&str> {
+        self.tables.get(region)?.owner(slot)
+    }
+
+    /// Whether deltas for `peer` should stay: it is in its region's ring, or that region has no
+    /// owner this node can see (cut off, or restarting: its deltas wait for it to come back).
+    /// False only when the region's ring goes on without it (its slots moved to others).
+    pub(crate) fn keeps(&self, peer: &Peer) -> bool {
+        self.tables
+            .get(&peer.region)
+            .is_none_or(|t| t.nodes().is_empty() || t.nodes().iter().any(|n| **n == *peer.node))
+    }
+}

@@ -1,0 +1,99 @@
+//! [`PeerLinks`]: the region exchange's frames to the owners in other regions, each on its own
+//! unidirectional stream over the node's peer connections (best effort: the exchange sends
+//! again what is not acknowledged), and [`follow_rings`]: destinations that left their ring
+//! are dropped, and the exchange's metrics per peer region are published.
+
+use std::sync::Arc;
+
+use floodgate::region::Peer;
+
+use tokio::sync::watch;
+
+use crate::cluster::Cluster;
+use crate::region_sync::RegionLinks;
+use crate::state::Shared;
+
+/// How often the exchange's per-region metrics are published.
+const METRICS_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
+
+pub(crate) struct PeerLinks {
+    pub(crate) cluster: Arc<Cluster>,
+}
+
+impl RegionLinks for PeerLinks {
+    fn send(&self, to: &Peer, frame: Vec<u8>) {
+        // A peer the membership no longer knows: dropped, sent again once its region's ring
+        // names an owner the membership knows.
+        let Some(addr) = self.cluster.addr_of(&to.node) else {
+            return;
+        };
+        // Byte 3 of the header is the kind: 13 deltas, 14 acknowledgements.
+        let kind = if frame.get(3) == Some(&13) {
+            "deltas"
+        } else {
+            "ack"
+        };
+        metrics::counter!(
+            "floodgate_region_frames_sent_total",
+            "region" => to.region.as_str().to_owned(),
+            "kind" => kind,
+        )
+        .increment(1);
+        drop(self.cluster.peers.send(addr, frame));
+    }
+}
+
+/// Until shutdown: when the owners change, drops the destinations whose region's ring goes on
+/// without them (their unconfirmed units are lost to that region and stop holding admissions
+/// back; new units go to the new owner, found at the next check; a region with no owner in
+/// sight keeps its deltas waiting), and every second publishes per peer region: keys with deltas
+/// waiting, unconfirmed units, retransmissions, the delta lag.
+pub(crate) async fn follow_rings(shared: Arc<Shared>, mut shutdown: watch::Receiver<bool>) {
+    let mut tables = shared.cluster.watch_table();
+    let mut ticker = tokio::time::interval(METRICS_INTERVAL);
+    loop {
+        tokio::select! {
+            changed = tables.changed() => {
+                if changed.is_err() {
+                    return;
+                }
+                let rings = shared.cluster.region_rings();
+                let lost = shared.region_sync.forget_gone(|peer| rings.keeps(peer));
+                if lost > 0 {
+                    tracing::info!(units = lost, "dropped region deltas of owners that left their ring");
+                    metrics::counter!("floodgate_region_units_dropped_total").increment(lost);
+                }
+            }
+            _ = ticker.tick() => publish(&shared),
+            _ = shutdown.changed() => return,
+        }
+    }
+}
+
+fn publish(shared: &Shared) {
+    let mut per_region: std::collections::BTreeMap<String, (usize, u64, u64, u64)> =
+        Default::default();
+    for d in shared.region_sync.destinations() {
+        let entry = per_region
+            .entry(d.peer.region.as_str().to_owned())
+            .or_default();
+        entry.0 += d.pending_keys;
+        entry.1 += d.unconfirmed_units;
+        entry.2 += d.retransmissions;
+        entry.3 = entry.3.max(d.lag_ns);
+    }
+    for (region, (keys, units, retransmissions, lag_ns)) in per_region {
+        metrics::gauge!("floodgate_region_pending_keys", "region" => region.clone())
+            .set(keys as f64);
+        metrics::gauge!("floodgate_region_unconfirmed_units", "region" => region.clone())
+            .set(units as f64);
+        metrics::gauge!("floodgate_region_retransmissions", "region" => region.clone())
+            .set(retransmissions as f64);
+        metrics::gauge!("floodgate_region_delta_lag_seconds", "region" => region)
+            .set(lag_ns as f64 / 1e9);
+    }
+    let stats = shared.region_sync.stats();
+    metrics::gauge!("floodgate_region_denied_by_share").set(stats.denied_by_share as f64);
+    metrics::gauge!("floodgate_region_applied_messages").set(stats.applied_messages as f64);
+    metrics::gauge!("floodgate_region_refused_messages").set(stats.refused_messages as f64);
+}

@@ -1,0 +1,292 @@
+//! Three regions of one node each, one membership: every node owns all of its region's slots,
+//! and gateways (raw connections here) send kind 12 batches to their own region's node. A
+//! `global` key split over the three is admitted within the documented bound and exactly once
+//! every delta is confirmed; a `region` key is exact per region. Waits are on the nodes' table
+//! and exchange change counters, bounded by timeouts.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use floodgate::cluster::MembershipConfig;
+use floodgate::region::Scope;
+use floodgate::wire::{CheckBatch, FrameKind, ScopedCheckBatch, WireCheck, encode_message};
+use floodgate::{Limit, NANOS_PER_SEC};
+use floodgate_node::{Node, NodeConfig};
+
+const MS: u64 = 1_000_000;
+const WAIT: Duration = Duration::from_secs(10);
+
+fn fast(config: &mut NodeConfig, region: &str) {
+    config.cluster.membership = MembershipConfig {
+        gossip_interval_ns: 20 * MS,
+        suspect_after_ns: 150 * MS,
+        dead_after_ns: 300 * MS,
+        ..MembershipConfig::default()
+    };
+    config.cluster.region = region.to_owned();
+    config.cluster.region_sync_interval = Duration::from_millis(20);
+}
+
+/// A node per region, `b` and `c` joining through `a`; returns once each knows the others.
+async fn three_regions() -> (TestNode, Vec<Node>) {
+    let first = start_node(|c| fast(c, "a")).await;
+    let seed = first.node.local_addr();
+    let mut others = Vec::new();
+    for region in ["b", "c"] {
+        let mut config = NodeConfig::for_tests(&first.certs);
+        fast(&mut config, region);
+        config.cluster.seeds = vec![seed.into()];
+        others.push(Node::start(config).await.unwrap());
+    }
+    let ids: Vec<String> = std::iter::once(&first.node)
+        .chain(&others)
+        .map(|n| n.node_id().to_owned())
+        .collect();
+    for node in std::iter::once(&first.node).chain(&others) {
+        let mut tables = node.watch_slot_table();
+        let knows_all = tokio::time::timeout(WAIT, async {
+            loop {
+                tables.borrow_and_update();
+                if ids.iter().all(|id| node.member_addr(id).is_some()) {
+                    return;
+                }
+                tables.changed().await.unwrap();
+            }
+        })
+        .await;
+        assert!(
+            knows_all.is_ok(),
+            "{} did not learn every region's node",
+            node.node_id()
+        );
+        // Its own region's ring: itself alone, though it knows three members.
+        assert_eq!(node.owners(), vec![node.node_id().to_owned()]);
+    }
+    (first, others)
+}
+
+/// `count` checks of `key`, one frame each, all of `scope`.
+fn scoped_frames(key: &[u8], limit: &Limit, count: usize, scope: &Scope) -> Vec<u8> {
+    let mut bytes = Vec::new();
+    for i in 0..count {
+        let batch = CheckBatch {
+            groups: vec![vec![WireCheck::new(key.to_vec(), limit, 1)]],
+        };
+        let scoped = ScopedCheckBatch::new(batch, std::slice::from_ref(scope));
+        encode_message(
+            &mut bytes,
+            FrameKind::ScopedCheckBatch,
+            i as u64 + 1,
+            &scoped,
+        );
+    }
+    bytes
+}
+
+/// Sends `count` checks to each node at once; returns how many each allowed.
+async fn round(
+    nodes: &[&Node],
+    connections: &[quinn::Connection],
+    key: &[u8],
+    limit: &Limit,
+    count: usize,
+    scope: &Scope,
+) -> Vec<usize> {
+    let bytes = scoped_frames(key, limit, count, scope);
+    let answers = futures_like_join(connections, &bytes).await;
+    assert_eq!(answers.len(), nodes.len());
+    answers
+        .iter()
+        .map(|a| {
+            assert!(a.errors.is_empty(), "{:?}", a.errors);
+            a.allowed()
+        })
+        .collect()
+}
+
+/// The same bytes on a new stream of every connection, concurrently.
+async fn futures_like_join(connections: &[quinn::Connection], bytes: &[u8]) -> Vec<Answers> {
+    let mut tasks = Vec::new();
+    for connection in connections {
+        let connection = connection.clone();
+        let bytes = bytes.to_vec();
+        tasks.push(tokio::spawn(
+            async move { exchange(&connection, &bytes).await },
+        ));
+    }
+    let mut answers = Vec::new();
+    for task in tasks {
+        answers.push(task.await.unwrap());
+    }
+    answers
+}
+
+/// Waits (bounded) until every node's exchange has everything it admitted confirmed.
+async fn settle(nodes: &[&Node]) {
+    let mut watches: Vec<_> = nodes.iter().map(|n| n.region_sync().subscribe()).collect();
+    let settled = tokio::time::timeout(WAIT, async {
+        loop {
+            for w in &mut watches {
+                w.borrow_and_update();
+            }
+            if nodes.iter().all(|n| n.region_sync().is_idle()) {
+                return;
+            }
+            // Any node's change may be the last one.
+            let (first, rest) = watches.split_at_mut(1);
+            let (second, third) = rest.split_at_mut(1);
+            tokio::select! {
+                _ = first[0].changed() => {}
+                _ = second[0].changed() => {}
+                _ = third[0].changed() => {}
+            }
+        }
+    })
+    .await;
+    assert!(settled.is_ok(), "deltas still unconfirmed after {WAIT:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_global_limit_is_shared_by_three_regions_within_the_bound() {
+    let (first, others) = three_regions().await;
+    let nodes: Vec<&Node> = std::iter::once(&first.node).chain(&others).collect();
+    let mut connections = Vec::new();
+    for node in &nodes {
+        connections.push(connect(node.local_addr(), client_config(&first.certs, false)).await);
+    }
+    // 30 per hour, burst 30: refill is negligible within the test, so the bound is the burst
+    // plus (R - 1) shares: 30 + 2 × 10.
+    let limit = Limit::gcra(30, 3_600 * NANOS_PER_SEC, 30).unwrap();
+    let bound = 30 + 2 * 10;
+    let key = b"global:tenant-7";
+    // All three regions at once, before any has heard of the others.
+    let burst = round(&nodes, &connections, key, &limit, 20, &Scope::Global).await;
+    let mut total: usize = burst.iter().sum();
+    assert!(total <= bound, "the simultaneous burst admitted {burst:?}");
+    settle(&nodes).await;
+    // Then rounds with the regions in sync between them, until the key is spent everywhere.
+    for _ in 0..10 {
+        let admitted = round(&nodes, &connections, key, &limit, 5, &Scope::Global).await;
+        total += admitted.iter().sum::<usize>();
+        settle(&nodes).await;
+        if admitted.iter().all(|n| *n == 0) {
+            break;
+        }
+    }
+    eprintln!("global key: {total} admitted of a limit of 30 (bound {bound}); burst {burst:?}");
+    assert!(total <= bound, "{total} admitted, over the bound {bound}");
+    assert!(
+        total >= 30,
+        "only {total} admitted: the regions under-admit"
+    );
+    // Once all is confirmed, every region knows the key is spent.
+    let last = round(&nodes, &connections, key, &limit, 1, &Scope::Global).await;
+    assert_eq!(last, vec![0, 0, 0]);
+    // Every node applied from each other node what that node admitted.
+    for node in &nodes {
+        let stats = node.region_sync().stats();
+        assert_eq!(stats.refused_messages, 0);
+        assert!(
+            stats.applied_messages > 0,
+            "{} applied nothing",
+            node.node_id()
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_region_limit_is_exact_per_region_and_a_home_limit_exact_overall() {
+    let (first, others) = three_regions().await;
+    let nodes: Vec<&Node> = std::iter::once(&first.node).chain(&others).collect();
+    let mut connections = Vec::new();
+    for node in &nodes {
+        connections.push(connect(node.local_addr(), client_config(&first.certs, false)).await);
+    }
+    let limit = per_hour(30);
+    let allowed = round(
+        &nodes,
+        &connections,
+        b"region:k",
+        &limit,
+        40,
+        &Scope::Region,
+    )
+    .await;
+    assert_eq!(allowed, vec![30, 30, 30]);
+    // Nothing crossed regions for a region key.
+    settle(&nodes).await;
+    for node in &nodes {
+        assert_eq!(node.region_sync().stats().applied_messages, 0);
+    }
+    // A home check whose home is this node's region is a region check here.
+    let home_a = Scope::Home(floodgate::region::RegionName::new("a").unwrap());
+    let answers = exchange(
+        &connections[0],
+        &scoped_frames(b"home:k", &limit, 31, &home_a),
+    )
+    .await;
+    assert_eq!(answers.allowed(), 30);
+    // Elsewhere it is forwarded to its home and decided there: one bucket for all regions.
+    for connection in &connections[1..] {
+        let answers = exchange(connection, &scoped_frames(b"home:k", &limit, 1, &home_a)).await;
+        assert!(answers.errors.is_empty(), "{:?}", answers.errors);
+        assert_eq!(answers.decisions[0].1.len(), 1);
+        assert_eq!(answers.allowed(), 0, "the home bucket is spent");
+    }
+    let fresh = exchange(
+        &connections[2],
+        &scoped_frames(b"home:fresh", &limit, 31, &home_a),
+    )
+    .await;
+    assert_eq!(fresh.allowed(), 30);
+    let at_home = exchange(
+        &connections[0],
+        &scoped_frames(b"home:fresh", &limit, 1, &home_a),
+    )
+    .await;
+    assert_eq!(at_home.allowed(), 0);
+    // A home region nobody serves: not decided (`not_owner`); the failure mode decides.
+    let nowhere = Scope::Home(floodgate::region::RegionName::new("z").unwrap());
+    let answers = exchange(
+        &connections[1],
+        &scoped_frames(b"home:z", &limit, 1, &nowhere),
+    )
+    .await;
+    assert_eq!(
+        answers.decisions[0].1,
+        vec![Err(floodgate::wire::ErrorCode::NotOwner)]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bad_scoped_batch_is_refused_in_words_and_decides_nothing() {
+    let node = start_node(|c| fast(c, "a")).await;
+    let connection = connect(node.node.local_addr(), client_config(&node.certs, false)).await;
+    let limit = per_hour(1);
+    // Two scopes for one check.
+    let scoped = ScopedCheckBatch::new(
+        CheckBatch {
+            groups: vec![vec![WireCheck::new(b"victim".to_vec(), &limit, 1)]],
+        },
+        &[Scope::Global, Scope::Global],
+    );
+    let mut bytes = Vec::new();
+    encode_message(&mut bytes, FrameKind::ScopedCheckBatch, 7, &scoped);
+    let answers = exchange(&connection, &bytes).await;
+    assert_eq!(answers.errors.len(), 1, "{answers:?}");
+    let (id, code, message) = &answers.errors[0];
+    assert_eq!(
+        (*id, *code),
+        (7, floodgate::wire::ErrorCode::MalformedPayload)
+    );
+    assert!(message.contains("2 scopes for 1 checks"), "{message}");
+    // The one token of `victim` is still there.
+    let answers = exchange(
+        &connection,
+        &scoped_frames(b"victim", &limit, 2, &Scope::Global),
+    )
+    .await;
+    assert_eq!(answers.allowed(), 1);
+}
