@@ -105,7 +105,9 @@ pub struct ClientConfig {
     /// Size of the local store that decides `FailureMode::Open` checks while a node is away.
     pub fallback_store: StoreConfig,
     /// The region of the nodes this client talks to (a gateway talks to its own region's nodes
-    /// only): a slot table from a node of another region is ignored. `None`: any.
+    /// only): a slot table from a node of another region is ignored. `None`: the region of the
+    /// first table the client takes, kept from then on (seeds of several regions never make it
+    /// route by two regions' tables at once).
     pub region: Option<String>,
 }
 

@@ -86,6 +86,10 @@ pub(crate) struct Refresher {
     control: Option<(SocketAddr, quinn::Connection)>,
     endpoint: Option<quinn::Endpoint>,
     last_table: Option<Arc<ClusterTable>>,
+    /// The region whose tables this client routes by: the configured one, else the region of
+    /// the first table it took. Each region's nodes place slots among their own region, so
+    /// taking tables from two regions would flip routing between two owners of one key.
+    region: Option<String>,
 }
 
 impl Refresher {
@@ -98,6 +102,7 @@ impl Refresher {
             watch_link(link, routing.hint.clone());
         }
         let grace = (factory.config.timeout * 2).max(RETIRE_GRACE);
+        let region = factory.config.region.clone();
         Refresher {
             routing,
             factory,
@@ -108,6 +113,7 @@ impl Refresher {
             control: None,
             endpoint: None,
             last_table: None,
+            region,
         }
     }
 
@@ -288,17 +294,23 @@ impl Refresher {
     /// Routes by `table`: links to every member of the sender's region that owns slots, closes
     /// links to members that left, and maps each slot to its owner's link.
     fn apply(&mut self, table: ClusterTable) {
-        if let Some(mine) = &self.factory.config.region
-            && let Some(from) = table.members().iter().find(|m| m.id == table.from())
-            && from.region != *mine
-        {
-            // Its owners are its own region's: routing by them would leave this region.
-            tracing::warn!(
-                node = %from.addr,
-                "ignoring the slot table of a node of region `{}`: this client is for region `{mine}`",
-                from.region
-            );
-            return;
+        if let Some(from) = table.members().iter().find(|m| m.id == table.from()) {
+            match &self.region {
+                // Its owners are its own region's: routing by them would leave this region.
+                Some(mine) if from.region != *mine => {
+                    tracing::warn!(
+                        node = %from.addr,
+                        "ignoring the slot table of a node of region `{}`: this client routes in region `{mine}`",
+                        from.region
+                    );
+                    return;
+                }
+                Some(_) => {}
+                None => {
+                    tracing::info!("routing in region `{}` (the first table's)", from.region);
+                    self.region = Some(from.region.clone());
+                }
+            }
         }
         self.routing
             .hint
@@ -498,6 +510,47 @@ fn parse_addr(addr: &str) -> Option<SocketAddr> {
 mod tests {
     use super::*;
     use crate::cluster_table::tests::message;
+
+    /// A client with no region routes by the first table's region and ignores another region's
+    /// tables from then on: each region places slots among its own nodes, so taking both would
+    /// flip one key between two owners.
+    #[tokio::test]
+    async fn a_client_with_no_region_keeps_the_first_tables_region() {
+        let dir = tempfile::tempdir().unwrap();
+        let certs = floodgate_node::ensure_dev_certs(dir.path()).unwrap();
+        let mut config = ClientConfig::with_ca_file(&certs.ca);
+        config.connect_timeout = Duration::from_millis(50);
+        assert_eq!(config.region, None);
+        let quic = crate::tls::quinn_config(&config).unwrap();
+        let seed = Arc::new(NodeLink::new("127.0.0.1:7100".parse().unwrap(), &config));
+        let routing = Arc::new(Routing::new(vec![seed.clone()]));
+        let factory = LinkFactory {
+            quic,
+            settings: Arc::new(LinkSettings::new(&config)),
+            config,
+        };
+        let mut refresher = Refresher::new(routing.clone(), factory, vec![seed]);
+        let in_region = |ids: &[&str], region: &str| {
+            let mut table = message(ids);
+            for member in &mut table.members {
+                member.region = region.to_owned();
+            }
+            ClusterTable::from_message(table).unwrap()
+        };
+        let eu = in_region(&["node-a", "node-b"], "eu");
+        refresher.apply(eu.clone());
+        assert_eq!(refresher.region.as_deref(), Some("eu"));
+        refresher.apply(in_region(&["node-x", "node-y", "node-z"], "us"));
+        assert_eq!(
+            routing.table().unwrap().version(),
+            eu.version(),
+            "us ignored"
+        );
+        assert_eq!(routing.routes().links.len(), 2);
+        let eu_again = in_region(&["node-a", "node-b", "node-c"], "eu");
+        refresher.apply(eu_again.clone());
+        assert_eq!(routing.table().unwrap().version(), eu_again.version());
+    }
 
     /// Links follow the table: one per member that owns slots, each key routed to its owner's;
     /// a departed member's link retires after a grace period, and comes back if it returns.
