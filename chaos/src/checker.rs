@@ -5,8 +5,10 @@
 use std::collections::HashSet;
 use std::path::Path;
 
+use floodgate::region::Scope;
 use floodgate_client::FailureMode;
 
+use crate::bounds;
 use crate::keys::KeySpec;
 use crate::load::{Record, Via};
 use crate::scenario::Bound;
@@ -31,6 +33,10 @@ pub struct CheckInput<'a> {
     pub faults: &'a [FaultSpan],
     pub min_availability: f64,
     pub run_ns: u64,
+    /// Regions in the run (`R` of the global bound).
+    pub regions: usize,
+    /// Sides the scenario's faults split the regions into (1: they split none).
+    pub fault_sides: usize,
 }
 
 /// One key's worst window.
@@ -47,6 +53,8 @@ pub struct KeyFinding {
     pub ratio: f64,
     pub admitted: u64,
     pub fallback_admitted: u64,
+    /// A `scope: global` key, held to the documented global bound.
+    pub global: bool,
 }
 
 /// The checker's verdict on one run.
@@ -69,12 +77,49 @@ pub struct CheckResult {
 const MAX_LISTED: usize = 40;
 
 impl CheckInput<'_> {
-    /// True when a window starting at `start_ns` of length `window_ns` touches a fault or the
-    /// settling time after it.
-    fn touches_fault(&self, start_ns: u64, window_ns: u64) -> bool {
-        self.faults.iter().any(|f| {
-            start_ns < f.end_ns.saturating_add(SETTLE_NS) && start_ns + window_ns > f.start_ns
-        })
+    /// The longest fault a window starting at `start_ns` of length `window_ns` touches (with
+    /// the settling time `settle_ns` after it), as its length; `None` if it touches none.
+    fn fault_touched(&self, start_ns: u64, window_ns: u64, settle_ns: u64) -> Option<u64> {
+        self.faults
+            .iter()
+            .filter(|f| {
+                start_ns < f.end_ns.saturating_add(settle_ns) && start_ns + window_ns > f.start_ns
+            })
+            .map(|f| f.end_ns.saturating_sub(f.start_ns))
+            .max()
+    }
+
+    /// What a window of `key` may admit beyond its limit (fallback apart): for a global key the
+    /// documented normal global bound always, and in a window touching a fault the partition
+    /// bound for a fault that splits regions (else the scenario's); for other keys the
+    /// scenario's bound in a window touching a fault. Returns (normal, fault) extras.
+    fn extra(&self, key: &KeySpec, start_ns: u64, window_ns: u64) -> (u64, u64) {
+        let global = key.scope == Scope::Global;
+        let settle = if global {
+            SETTLE_NS.max(bounds::REGION_SETTLE_NS)
+        } else {
+            SETTLE_NS
+        };
+        let normal = if global {
+            key.limits
+                .iter()
+                .map(|l| bounds::normal_extra(l, self.regions))
+                .max()
+                .unwrap_or(0)
+        } else {
+            0
+        };
+        let fault = match self.fault_touched(start_ns, window_ns, settle) {
+            None => 0,
+            Some(length) if global && self.fault_sides > 1 => key
+                .limits
+                .iter()
+                .map(|l| bounds::partition_extra(l, self.fault_sides, length))
+                .max()
+                .unwrap_or(0),
+            Some(_) => self.bound.extra_per_window(key),
+        };
+        (normal, fault)
     }
 }
 
@@ -206,6 +251,8 @@ pub fn check_phases(
                 faults: &[],
                 min_availability: 0.0,
                 run_ns: phase.end_ns,
+                regions: 1,
+                fault_sides: 1,
             };
             let mut found = Vec::new();
             let finding = check_key(&under, &admitted, &input, &mut found);
@@ -243,12 +290,8 @@ fn check_key(
                 }
             }
         }
-        let extra = if input.touches_fault(start, window) {
-            input.bound.extra_per_window(key)
-        } else {
-            0
-        };
-        let bound = allowed + extra + fallback_gateways.len() as u64 * allowed;
+        let (normal, extra) = input.extra(key, start, window);
+        let bound = allowed + normal + extra + fallback_gateways.len() as u64 * allowed;
         let ratio = count as f64 / allowed.max(1) as f64;
         if ratio > worst.3 {
             worst = (count, start, bound, ratio);
@@ -256,12 +299,13 @@ fn check_key(
         if count > bound && !reported {
             reported = true;
             violations.push(format!(
-                "{}: {} admitted in the window from {:.3}s, bound {} (limit allows {}, fault bound {}, {} fallback gateways; admitted by route: {})",
+                "{}: {} admitted in the window from {:.3}s, bound {} (limit allows {}, global bound {}, fault bound {}, {} fallback gateways; admitted by route: {})",
                 key.describe(),
                 count,
                 start as f64 / 1e9,
                 bound,
                 allowed,
+                normal,
                 extra,
                 fallback_gateways.len(),
                 routes_in(&admitted[i..], end)
@@ -277,6 +321,7 @@ fn check_key(
         ratio: worst.3,
         admitted: admitted.len() as u64,
         fallback_admitted: admitted.iter().filter(|r| r.via == Via::Fallback).count() as u64,
+        global: key.scope == Scope::Global,
     }
 }
 
@@ -309,9 +354,8 @@ fn run_allowance(key: &KeySpec, admitted: &[&Record], input: &CheckInput<'_>) ->
     let mut bound = 0u64;
     for tile in 0..tiles {
         let start = tile * window;
-        if input.touches_fault(start, window) {
-            bound += input.bound.extra_per_window(key);
-        }
+        let (normal, extra) = input.extra(key, start, window);
+        bound += normal + extra;
         let fallback: HashSet<u16> = admitted
             .iter()
             .filter(|r| r.via == Via::Fallback && r.done_ns >= start && r.done_ns < start + window)
@@ -374,6 +418,7 @@ mod tests {
             failure_mode: FailureMode::Open,
             offered_per_second: 30.0,
             region: None,
+            scope: Scope::Region,
         }
     }
 
@@ -401,6 +446,8 @@ mod tests {
                 faults,
                 min_availability: 0.0,
                 run_ns: 3 * S,
+                regions: 1,
+                fault_sides: 1,
             },
         )
     }

@@ -9,8 +9,9 @@ use anyhow::Context;
 use floodgate_client::ClientConfig;
 use tokio::sync::watch;
 
+use crate::bounds;
 use crate::checker::{self, CheckInput, CheckResult, FaultSpan};
-use crate::keys::{KeySpec, per_region, standard_keys};
+use crate::keys::{KeySpec, global_keys, per_region, standard_keys};
 use crate::load::{self, Front, LoadPlan, Record};
 use crate::rules::RulesFile;
 use crate::scenario::{Plan, Scenario};
@@ -162,7 +163,7 @@ async fn drive_and_check(
         }
     }
     settle(world).await?;
-    let keys: Vec<KeySpec> = per_region(
+    let mut keys: Vec<KeySpec> = per_region(
         if rules.is_some() {
             RulesFile::keys()
         } else {
@@ -170,6 +171,10 @@ async fn drive_and_check(
         },
         settings.regions,
     );
+    // Keys shared by every region (the rules file's keys stay region-scoped).
+    if rules.is_none() {
+        keys.extend(global_keys(settings.regions));
+    }
     // The run's clock starts with the load.
     world.origin = Instant::now();
     let plan = Arc::new(LoadPlan {
@@ -233,6 +238,8 @@ async fn drive_and_check(
             .availability_floor
             .unwrap_or(scenario.min_availability),
         run_ns,
+        regions: settings.regions,
+        fault_sides: bounds::fault_sides(scenario.plan, settings.regions),
     };
     let result = checker::check(&records, &input);
     violations.extend(result.violations.iter().cloned());
