@@ -55,6 +55,11 @@ pub struct KeyFinding {
     pub fallback_admitted: u64,
     /// A `scope: global` key, held to the documented global bound.
     pub global: bool,
+    /// The window closest to its bound: admitted, its bound (limit, global and fault bounds,
+    /// fallback), and where it started.
+    pub tightest_admitted: u64,
+    pub tightest_bound: u64,
+    pub tightest_window_start_ns: u64,
 }
 
 /// The checker's verdict on one run.
@@ -277,6 +282,8 @@ fn check_key(
     let allowed = key.allowed_per_window();
     let mut worst = (0u64, 0u64, allowed, 0.0f64);
     let mut reported = false;
+    // (bound - admitted, admitted, bound, start): the smallest margin seen.
+    let mut tightest: Option<(i64, u64, u64, u64)> = None;
     for (i, first) in admitted.iter().enumerate() {
         let start = first.sent_ns;
         let end = start + window;
@@ -293,6 +300,10 @@ fn check_key(
         let (normal, extra) = input.extra(key, start, window);
         let bound = allowed + normal + extra + fallback_gateways.len() as u64 * allowed;
         let ratio = count as f64 / allowed.max(1) as f64;
+        let margin = bound as i64 - count as i64;
+        if tightest.is_none_or(|t| margin < t.0) {
+            tightest = Some((margin, count, bound, start));
+        }
         if ratio > worst.3 {
             worst = (count, start, bound, ratio);
         }
@@ -322,6 +333,9 @@ fn check_key(
         admitted: admitted.len() as u64,
         fallback_admitted: admitted.iter().filter(|r| r.via == Via::Fallback).count() as u64,
         global: key.scope == Scope::Global,
+        tightest_admitted: tightest.map_or(0, |t| t.1),
+        tightest_bound: tightest.map_or(allowed, |t| t.2),
+        tightest_window_start_ns: tightest.map_or(0, |t| t.3),
     }
 }
 

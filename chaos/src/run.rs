@@ -242,6 +242,10 @@ async fn drive_and_check(
         fault_sides: bounds::fault_sides(scenario.plan, settings.regions),
     };
     let result = checker::check(&records, &input);
+    let global: Vec<_> = result.keys.iter().filter(|k| k.global).collect();
+    if !global.is_empty() {
+        extra.insert("global_keys".into(), serde_json::json!(global));
+    }
     violations.extend(result.violations.iter().cloned());
     if scenario.plan == Plan::RulesReload {
         let phases = rules_phases(world, run_ns);
