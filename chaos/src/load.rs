@@ -83,7 +83,7 @@ pub async fn connect_gateway(
     directory: &Directory,
 ) -> anyhow::Result<Gateway> {
     // The census works because gateways connect one at a time and the client binds one socket
-    // per node given (every node is a seed, so no link is added later).
+    // per node given (every node of its region is a seed, so no link is added later).
     let before = crate::sockets::own_udp_ports();
     let (client, limiter) = match front {
         Front::Client => (Client::connect(seeds, config).await?, None),
