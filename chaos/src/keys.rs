@@ -118,7 +118,10 @@ pub fn global_keys(regions: usize) -> Vec<KeySpec> {
         return Vec::new();
     }
     [
-        ("chaos:global:gcra", limit(Algorithm::Gcra, 20, SECOND_NS, 20)),
+        (
+            "chaos:global:gcra",
+            limit(Algorithm::Gcra, 20, SECOND_NS, 20),
+        ),
         (
             "chaos:global:fixed",
             limit(Algorithm::FixedWindow, 25, SECOND_NS, 25),

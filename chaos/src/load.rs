@@ -286,10 +286,9 @@ async fn check_once(plan: Arc<LoadPlan>, gateway: Gateway, key: usize) -> Record
     let sent_ns = plan.origin.elapsed().as_nanos() as u64;
     let (admitted, source) = match &gateway.limiter {
         None => {
-            let check =
-                Check::new(spec.name.as_bytes(), spec.limits[0])
-                    .failure_mode(spec.failure_mode)
-                    .scope(spec.scope.clone());
+            let check = Check::new(spec.name.as_bytes(), spec.limits[0])
+                .failure_mode(spec.failure_mode)
+                .scope(spec.scope.clone());
             match gateway.client.check(&[check]).await {
                 Ok(verdicts) => match verdicts.first() {
                     Some(v) => (v.is_allowed(), Some(v.source)),

@@ -3,8 +3,8 @@
 use std::fmt::Write as _;
 use std::path::Path;
 
-use crate::run::ScenarioReport;
 use crate::bounds;
+use crate::run::ScenarioReport;
 use crate::scenario::{Plan, Scenario};
 
 /// The markdown table of a run, one row per scenario.
