@@ -542,6 +542,42 @@ mod tests {
     }
 
     #[test]
+    fn a_global_key_gets_the_global_bound_and_the_partition_bound_in_a_region_fault() {
+        let mut global = key();
+        global.scope = Scope::Global;
+        // GCRA 10/s burst 10 allows 20 a second; two regions add (2-1) x max(10/2, 1) = 5.
+        let judge = |n: u64, faults: &[FaultSpan], sides: usize| {
+            let at: Vec<u64> = (0..n).map(|i| i * 900 / n).collect();
+            check(
+                &admitted_at(&at, Via::Node),
+                &CheckInput {
+                    keys: std::slice::from_ref(&global),
+                    bound: &Bound::exact(),
+                    faults,
+                    min_availability: 0.0,
+                    run_ns: 3 * S,
+                    regions: 2,
+                    fault_sides: sides,
+                },
+            )
+        };
+        assert!(judge(25, &[], 1).violations.is_empty());
+        assert_eq!(judge(26, &[], 1).violations.len(), 1);
+        let cut = [FaultSpan {
+            label: "region 0 partitioned".into(),
+            start_ns: 0,
+            end_ns: S,
+        }];
+        // A 1 s cut into two sides adds a burst and (1 + 2.5) s of rate: 10 + 35 = 45.
+        let result = judge(70, &cut, 2);
+        assert!(result.violations.is_empty(), "{:?}", result.violations);
+        assert_eq!(result.keys[0].tightest_bound, 20 + 5 + 45);
+        assert_eq!(judge(71, &cut, 2).violations.len(), 1);
+        // A fault that splits no region gives a global key the scenario's bound only.
+        assert_eq!(judge(26, &cut, 1).violations.len(), 1);
+    }
+
+    #[test]
     fn a_fail_closed_admission_is_a_violation() {
         let records = admitted_at(&[10], Via::FailClosed);
         let result = run(&records, Bound::exact(), &[]);
