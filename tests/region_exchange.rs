@@ -282,3 +282,28 @@ fn a_group_records_its_global_units_only_when_it_passes() {
     );
     assert_eq!(a.exchange.unconfirmed(&peer("b"), g), 1);
 }
+
+#[test]
+fn a_destination_forgotten_and_found_again_gets_its_new_units_applied() {
+    // A partition declares one owner of the other region dead before the other: the ring
+    // goes on without it, its outbox is forgotten; after healing it owns the key again.
+    let config = ExchangeConfig::for_regions(2);
+    let limit = Limit::gcra(10, S, 10).unwrap();
+    let key = BucketKey::for_key(b"k");
+    let mut a = side("a", &["b"], config);
+    let mut b = side("b", &["a"], config);
+    let now = 10 * S;
+    a.admit(now, key, &limit, 3);
+    for batch in deltas(&a.transmits(now)) {
+        b.exchange.handle_deltas(now, &batch, &b.store);
+    }
+    assert_eq!(b.exchange.applied_from(&peer("a")), 3);
+    a.exchange.forget_destination(&peer("b"));
+    let later = now + 5 * S;
+    a.admit(later, key, &limit, 2);
+    let again = deltas(&a.transmits(later));
+    assert_eq!(again.len(), 1);
+    b.exchange.handle_deltas(later, &again[0], &b.store);
+    // Applied, not taken for a replay of the first message.
+    assert_eq!(b.exchange.applied_from(&peer("a")), 5);
+}

@@ -5,8 +5,10 @@
 use std::collections::HashSet;
 use std::path::Path;
 
+use floodgate::region::Scope;
 use floodgate_client::FailureMode;
 
+use crate::bounds;
 use crate::keys::KeySpec;
 use crate::load::{Record, Via};
 use crate::scenario::Bound;
@@ -31,6 +33,10 @@ pub struct CheckInput<'a> {
     pub faults: &'a [FaultSpan],
     pub min_availability: f64,
     pub run_ns: u64,
+    /// Regions in the run (`R` of the global bound).
+    pub regions: usize,
+    /// Sides the scenario's faults split the regions into (1: they split none).
+    pub fault_sides: usize,
 }
 
 /// One key's worst window.
@@ -47,6 +53,13 @@ pub struct KeyFinding {
     pub ratio: f64,
     pub admitted: u64,
     pub fallback_admitted: u64,
+    /// A `scope: global` key, held to the documented global bound.
+    pub global: bool,
+    /// The window closest to its bound: admitted, its bound (limit, global and fault bounds,
+    /// fallback), and where it started.
+    pub tightest_admitted: u64,
+    pub tightest_bound: u64,
+    pub tightest_window_start_ns: u64,
 }
 
 /// The checker's verdict on one run.
@@ -69,12 +82,49 @@ pub struct CheckResult {
 const MAX_LISTED: usize = 40;
 
 impl CheckInput<'_> {
-    /// True when a window starting at `start_ns` of length `window_ns` touches a fault or the
-    /// settling time after it.
-    fn touches_fault(&self, start_ns: u64, window_ns: u64) -> bool {
-        self.faults.iter().any(|f| {
-            start_ns < f.end_ns.saturating_add(SETTLE_NS) && start_ns + window_ns > f.start_ns
-        })
+    /// The longest fault a window starting at `start_ns` of length `window_ns` touches (with
+    /// the settling time `settle_ns` after it), as its length; `None` if it touches none.
+    fn fault_touched(&self, start_ns: u64, window_ns: u64, settle_ns: u64) -> Option<u64> {
+        self.faults
+            .iter()
+            .filter(|f| {
+                start_ns < f.end_ns.saturating_add(settle_ns) && start_ns + window_ns > f.start_ns
+            })
+            .map(|f| f.end_ns.saturating_sub(f.start_ns))
+            .max()
+    }
+
+    /// What a window of `key` may admit beyond its limit (fallback apart): for a global key the
+    /// documented normal global bound always, and in a window touching a fault the partition
+    /// bound for a fault that splits regions (else the scenario's); for other keys the
+    /// scenario's bound in a window touching a fault. Returns (normal, fault) extras.
+    fn extra(&self, key: &KeySpec, start_ns: u64, window_ns: u64) -> (u64, u64) {
+        let global = key.scope == Scope::Global;
+        let settle = if global {
+            SETTLE_NS.max(bounds::REGION_SETTLE_NS)
+        } else {
+            SETTLE_NS
+        };
+        let normal = if global {
+            key.limits
+                .iter()
+                .map(|l| bounds::normal_extra(l, self.regions))
+                .max()
+                .unwrap_or(0)
+        } else {
+            0
+        };
+        let fault = match self.fault_touched(start_ns, window_ns, settle) {
+            None => 0,
+            Some(length) if global && self.fault_sides > 1 => key
+                .limits
+                .iter()
+                .map(|l| bounds::partition_extra(l, self.fault_sides, length))
+                .max()
+                .unwrap_or(0),
+            Some(_) => self.bound.extra_per_window(key),
+        };
+        (normal, fault)
     }
 }
 
@@ -206,6 +256,8 @@ pub fn check_phases(
                 faults: &[],
                 min_availability: 0.0,
                 run_ns: phase.end_ns,
+                regions: 1,
+                fault_sides: 1,
             };
             let mut found = Vec::new();
             let finding = check_key(&under, &admitted, &input, &mut found);
@@ -230,6 +282,8 @@ fn check_key(
     let allowed = key.allowed_per_window();
     let mut worst = (0u64, 0u64, allowed, 0.0f64);
     let mut reported = false;
+    // (bound - admitted, admitted, bound, start): the smallest margin seen.
+    let mut tightest: Option<(i64, u64, u64, u64)> = None;
     for (i, first) in admitted.iter().enumerate() {
         let start = first.sent_ns;
         let end = start + window;
@@ -243,25 +297,26 @@ fn check_key(
                 }
             }
         }
-        let extra = if input.touches_fault(start, window) {
-            input.bound.extra_per_window(key)
-        } else {
-            0
-        };
-        let bound = allowed + extra + fallback_gateways.len() as u64 * allowed;
+        let (normal, extra) = input.extra(key, start, window);
+        let bound = allowed + normal + extra + fallback_gateways.len() as u64 * allowed;
         let ratio = count as f64 / allowed.max(1) as f64;
+        let margin = bound as i64 - count as i64;
+        if tightest.is_none_or(|t| margin < t.0) {
+            tightest = Some((margin, count, bound, start));
+        }
         if ratio > worst.3 {
             worst = (count, start, bound, ratio);
         }
         if count > bound && !reported {
             reported = true;
             violations.push(format!(
-                "{}: {} admitted in the window from {:.3}s, bound {} (limit allows {}, fault bound {}, {} fallback gateways; admitted by route: {})",
+                "{}: {} admitted in the window from {:.3}s, bound {} (limit allows {}, global bound {}, fault bound {}, {} fallback gateways; admitted by route: {})",
                 key.describe(),
                 count,
                 start as f64 / 1e9,
                 bound,
                 allowed,
+                normal,
                 extra,
                 fallback_gateways.len(),
                 routes_in(&admitted[i..], end)
@@ -277,6 +332,10 @@ fn check_key(
         ratio: worst.3,
         admitted: admitted.len() as u64,
         fallback_admitted: admitted.iter().filter(|r| r.via == Via::Fallback).count() as u64,
+        global: key.scope == Scope::Global,
+        tightest_admitted: tightest.map_or(0, |t| t.1),
+        tightest_bound: tightest.map_or(allowed, |t| t.2),
+        tightest_window_start_ns: tightest.map_or(0, |t| t.3),
     }
 }
 
@@ -309,9 +368,8 @@ fn run_allowance(key: &KeySpec, admitted: &[&Record], input: &CheckInput<'_>) ->
     let mut bound = 0u64;
     for tile in 0..tiles {
         let start = tile * window;
-        if input.touches_fault(start, window) {
-            bound += input.bound.extra_per_window(key);
-        }
+        let (normal, extra) = input.extra(key, start, window);
+        bound += normal + extra;
         let fallback: HashSet<u16> = admitted
             .iter()
             .filter(|r| r.via == Via::Fallback && r.done_ns >= start && r.done_ns < start + window)
@@ -374,6 +432,7 @@ mod tests {
             failure_mode: FailureMode::Open,
             offered_per_second: 30.0,
             region: None,
+            scope: Scope::Region,
         }
     }
 
@@ -401,6 +460,8 @@ mod tests {
                 faults,
                 min_availability: 0.0,
                 run_ns: 3 * S,
+                regions: 1,
+                fault_sides: 1,
             },
         )
     }
@@ -478,6 +539,42 @@ mod tests {
         assert_eq!(violations.len(), 1, "{violations:?}");
         assert!(violations[0].starts_with("phase 1:"), "{violations:?}");
         assert!(worst[0] <= 1.0 && worst[1] > 1.0, "{worst:?}");
+    }
+
+    #[test]
+    fn a_global_key_gets_the_global_bound_and_the_partition_bound_in_a_region_fault() {
+        let mut global = key();
+        global.scope = Scope::Global;
+        // GCRA 10/s burst 10 allows 20 a second; two regions add (2-1) x max(10/2, 1) = 5.
+        let judge = |n: u64, faults: &[FaultSpan], sides: usize| {
+            let at: Vec<u64> = (0..n).map(|i| i * 900 / n).collect();
+            check(
+                &admitted_at(&at, Via::Node),
+                &CheckInput {
+                    keys: std::slice::from_ref(&global),
+                    bound: &Bound::exact(),
+                    faults,
+                    min_availability: 0.0,
+                    run_ns: 3 * S,
+                    regions: 2,
+                    fault_sides: sides,
+                },
+            )
+        };
+        assert!(judge(25, &[], 1).violations.is_empty());
+        assert_eq!(judge(26, &[], 1).violations.len(), 1);
+        let cut = [FaultSpan {
+            label: "region 0 partitioned".into(),
+            start_ns: 0,
+            end_ns: S,
+        }];
+        // A 1 s cut into two sides adds a burst and (1 + 2.5) s of rate: 10 + 35 = 45.
+        let result = judge(70, &cut, 2);
+        assert!(result.violations.is_empty(), "{:?}", result.violations);
+        assert_eq!(result.keys[0].tightest_bound, 20 + 5 + 45);
+        assert_eq!(judge(71, &cut, 2).violations.len(), 1);
+        // A fault that splits no region gives a global key the scenario's bound only.
+        assert_eq!(judge(26, &cut, 1).violations.len(), 1);
     }
 
     #[test]

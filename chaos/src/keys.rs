@@ -1,6 +1,7 @@
 //! The known keys every scenario drives: their algorithms, limits, failure modes and offered
 //! rates, and how many admissions each limit allows in one window.
 
+use floodgate::region::Scope;
 use floodgate::{Algorithm, Limit};
 use floodgate_client::FailureMode;
 
@@ -19,6 +20,9 @@ pub struct KeySpec {
     pub offered_per_second: f64,
     /// The one region whose gateways drive it (`None`: every gateway).
     pub region: Option<usize>,
+    /// How its checks are scoped: `Region` (the default, exact in its region) or `Global` (one
+    /// limit shared by every region, held to the documented global bound, see `bounds`).
+    pub scope: Scope,
 }
 
 impl KeySpec {
@@ -106,6 +110,39 @@ pub fn per_region(keys: Vec<KeySpec>, regions: usize) -> Vec<KeySpec> {
         .collect()
 }
 
+/// With several regions, a few keys of `scope: global` driven by every gateway of every region
+/// (one limit shared by all regions): a GCRA, a fixed window and a sliding log, each offered
+/// three times its limit in all. Few, since the host has two cores. None with one region.
+pub fn global_keys(regions: usize) -> Vec<KeySpec> {
+    if regions <= 1 {
+        return Vec::new();
+    }
+    [
+        (
+            "chaos:global:gcra",
+            limit(Algorithm::Gcra, 20, SECOND_NS, 20),
+        ),
+        (
+            "chaos:global:fixed",
+            limit(Algorithm::FixedWindow, 25, SECOND_NS, 25),
+        ),
+        (
+            "chaos:global:log",
+            limit(Algorithm::SlidingLog, 25, SECOND_NS, 25),
+        ),
+    ]
+    .into_iter()
+    .map(|(name, limit)| KeySpec {
+        name: name.to_owned(),
+        offered_per_second: 3.0 * limit.rate() as f64 * SECOND_NS as f64 / limit.period_ns() as f64,
+        limits: vec![limit],
+        failure_mode: FailureMode::Open,
+        region: None,
+        scope: Scope::Global,
+    })
+    .collect()
+}
+
 /// The standard key set: GCRA keys failing open and closed, a sliding log (exact) and a fixed
 /// window, each offered about three times its limit.
 pub fn standard_keys() -> Vec<KeySpec> {
@@ -118,6 +155,7 @@ pub fn standard_keys() -> Vec<KeySpec> {
             failure_mode: mode,
             offered_per_second: offered,
             region: None,
+            scope: Scope::Region,
         });
     };
     for i in 0..4 {
@@ -170,6 +208,7 @@ mod tests {
             failure_mode: FailureMode::Open,
             offered_per_second: 1.0,
             region: None,
+            scope: Scope::Region,
         };
         assert_eq!(
             key(limit(Algorithm::Gcra, 20, SECOND_NS, 5)).allowed_per_window(),
@@ -196,6 +235,7 @@ mod tests {
             failure_mode: FailureMode::Open,
             offered_per_second: 1.0,
             region: None,
+            scope: Scope::Region,
         };
         assert_eq!(key.window_ns(), 2 * SECOND_NS);
         // Burst 30, and 30/s over 2 s beats 20/s over 2 s.
@@ -210,5 +250,17 @@ mod tests {
         assert_eq!(split.len(), 2 * keys.len());
         assert_eq!(split[1].name, format!("{}@r1", keys[0].name));
         assert_eq!(split[1].region, Some(1));
+    }
+
+    #[test]
+    fn global_keys_come_only_with_several_regions_and_take_every_gateway() {
+        assert!(global_keys(1).is_empty());
+        let global = global_keys(2);
+        assert_eq!(global.len(), 3);
+        assert!(
+            global
+                .iter()
+                .all(|k| k.scope == Scope::Global && k.region.is_none())
+        );
     }
 }

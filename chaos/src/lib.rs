@@ -9,9 +9,10 @@
 //! - `load`: gateways driving known keys, recording every decision; `keys`: those keys;
 //!   `rules`: the rules file `rules-reload` edits; `hostile`: the hostile client.
 //! - `timeline`: what each scenario does, when; `run`: one scenario end to end.
-//! - `checker`: the invariants; `report` and `svg`: the outputs.
+//! - `checker`: the invariants (`bounds`: the documented bound of global keys); `report` and `svg`: the outputs.
 //! - `sim`: the core's seeded simulations (ownership, regions), many seeds at once.
 
+pub mod bounds;
 pub mod checker;
 pub mod faults;
 pub mod hostile;

@@ -83,7 +83,7 @@ pub async fn connect_gateway(
     directory: &Directory,
 ) -> anyhow::Result<Gateway> {
     // The census works because gateways connect one at a time and the client binds one socket
-    // per node given (every node is a seed, so no link is added later).
+    // per node given (every node of its region is a seed, so no link is added later).
     let before = crate::sockets::own_udp_ports();
     let (client, limiter) = match front {
         Front::Client => (Client::connect(seeds, config).await?, None),
@@ -286,8 +286,9 @@ async fn check_once(plan: Arc<LoadPlan>, gateway: Gateway, key: usize) -> Record
     let sent_ns = plan.origin.elapsed().as_nanos() as u64;
     let (admitted, source) = match &gateway.limiter {
         None => {
-            let check =
-                Check::new(spec.name.as_bytes(), spec.limits[0]).failure_mode(spec.failure_mode);
+            let check = Check::new(spec.name.as_bytes(), spec.limits[0])
+                .failure_mode(spec.failure_mode)
+                .scope(spec.scope.clone());
             match gateway.client.check(&[check]).await {
                 Ok(verdicts) => match verdicts.first() {
                     Some(v) => (v.is_allowed(), Some(v.source)),

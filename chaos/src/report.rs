@@ -3,8 +3,9 @@
 use std::fmt::Write as _;
 use std::path::Path;
 
+use crate::bounds;
 use crate::run::ScenarioReport;
-use crate::scenario::Scenario;
+use crate::scenario::{Plan, Scenario};
 
 /// The markdown table of a run, one row per scenario.
 pub fn table(reports: &[ScenarioReport]) -> String {
@@ -48,6 +49,9 @@ pub fn list(scenarios: &[Scenario]) -> String {
             s.min_availability,
             s.client_timeout.as_millis()
         );
+        if matches!(s.plan, Plan::RegionPartition | Plan::WanDelay) {
+            let _ = writeln!(out, "{:<17} {}", "", bounds::describe());
+        }
     }
     out
 }

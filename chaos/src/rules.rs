@@ -4,6 +4,7 @@
 use std::path::PathBuf;
 
 use floodgate::Limit;
+use floodgate::region::Scope;
 use floodgate_client::FailureMode;
 
 use crate::keys::KeySpec;
@@ -66,6 +67,7 @@ impl RulesFile {
                 failure_mode: FailureMode::Open,
                 offered_per_second: 60.0,
                 region: None,
+                scope: Scope::Region,
             })
             .collect()
     }

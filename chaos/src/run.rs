@@ -9,8 +9,9 @@ use anyhow::Context;
 use floodgate_client::ClientConfig;
 use tokio::sync::watch;
 
+use crate::bounds;
 use crate::checker::{self, CheckInput, CheckResult, FaultSpan};
-use crate::keys::{KeySpec, per_region, standard_keys};
+use crate::keys::{KeySpec, global_keys, per_region, standard_keys};
 use crate::load::{self, Front, LoadPlan, Record};
 use crate::rules::RulesFile;
 use crate::scenario::{Plan, Scenario};
@@ -146,6 +147,22 @@ async fn drive_and_check(
     };
     let seeds = world.seeds();
     for region in 0..settings.regions {
+        // With several regions a gateway talks to its own region's nodes only, as a real one
+        // does: seeded with them and taking slot tables from its region alone (otherwise it
+        // follows whichever region's table it hears first, and every region's gateways end up
+        // deciding in that region).
+        let (seeds, config) = if settings.regions >= 2 {
+            let mine: Vec<_> = world
+                .region_nodes(region)
+                .into_iter()
+                .filter_map(|n| seeds.get(n).copied())
+                .collect();
+            let mut config = config.clone();
+            config.region = Some(format!("r{region}"));
+            (mine, config)
+        } else {
+            (seeds.clone(), config.clone())
+        };
         for _ in 0..settings.gateways_per_region {
             let index = world.gateways.len();
             let gateway = load::connect_gateway(
@@ -162,7 +179,7 @@ async fn drive_and_check(
         }
     }
     settle(world).await?;
-    let keys: Vec<KeySpec> = per_region(
+    let mut keys: Vec<KeySpec> = per_region(
         if rules.is_some() {
             RulesFile::keys()
         } else {
@@ -170,6 +187,10 @@ async fn drive_and_check(
         },
         settings.regions,
     );
+    // Keys shared by every region (the rules file's keys stay region-scoped).
+    if rules.is_none() {
+        keys.extend(global_keys(settings.regions));
+    }
     // The run's clock starts with the load.
     world.origin = Instant::now();
     let plan = Arc::new(LoadPlan {
@@ -233,8 +254,14 @@ async fn drive_and_check(
             .availability_floor
             .unwrap_or(scenario.min_availability),
         run_ns,
+        regions: settings.regions,
+        fault_sides: bounds::fault_sides(scenario.plan, settings.regions),
     };
     let result = checker::check(&records, &input);
+    let global: Vec<_> = result.keys.iter().filter(|k| k.global).collect();
+    if !global.is_empty() {
+        extra.insert("global_keys".into(), serde_json::json!(global));
+    }
     violations.extend(result.violations.iter().cloned());
     if scenario.plan == Plan::RulesReload {
         let phases = rules_phases(world, run_ns);
@@ -285,26 +312,29 @@ const SETTLE_TIMEOUT: Duration = Duration::from_secs(20);
 /// joining node waits at most 1 s to hear from the cluster.
 const SETTLE_QUIET: Duration = Duration::from_millis(1_500);
 
-/// Waits until every gateway routes by the same table naming every running node, so the run
-/// starts from a settled cluster (a start-up transient is not a scenario's fault).
+/// Waits until every gateway routes by the same table as the other gateways of its region,
+/// naming every running node of that region (each region has its own ring), so the run starts
+/// from a settled cluster (a start-up transient is not a scenario's fault).
 async fn settle(world: &World) -> anyhow::Result<()> {
-    let running: Vec<String> = world
-        .nodes
-        .iter()
-        .filter(|n| n.is_running())
-        .map(|n| n.spec.advertise.to_string())
-        .collect();
+    let running = |region: usize| -> Vec<String> {
+        world
+            .nodes
+            .iter()
+            .filter(|n| n.is_running() && n.spec.region == region)
+            .map(|n| n.spec.advertise.to_string())
+            .collect()
+    };
     let deadline = Instant::now() + SETTLE_TIMEOUT;
     loop {
-        let tables: Vec<_> = world
-            .gateways
-            .iter()
-            .map(|g| g.client.slot_table())
-            .collect();
-        let agreed = tables.iter().all(|t| {
-            t.as_ref().is_some_and(|t| {
-                Some(t.version()) == tables[0].as_ref().map(|f| f.version())
-                    && running
+        let agreed = world.gateways.iter().all(|g| {
+            let first = world
+                .gateways
+                .iter()
+                .find(|f| f.region == g.region)
+                .and_then(|f| f.client.slot_table());
+            g.client.slot_table().is_some_and(|t| {
+                Some(t.version()) == first.as_ref().map(|f| f.version())
+                    && running(g.region)
                         .iter()
                         .all(|addr| t.members().iter().any(|m| &m.addr == addr))
             })
@@ -314,8 +344,7 @@ async fn settle(world: &World) -> anyhow::Result<()> {
         }
         anyhow::ensure!(
             Instant::now() < deadline,
-            "the gateways' slot tables did not agree on the {} running nodes within {SETTLE_TIMEOUT:?}",
-            running.len()
+            "the gateways' slot tables did not agree on each region's running nodes within {SETTLE_TIMEOUT:?}"
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }

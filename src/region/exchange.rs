@@ -54,6 +54,16 @@ pub struct DestinationStats {
     pub lag_ns: u64,
 }
 
+/// Most forgotten destinations whose sequence numbers are remembered.
+const MAX_FORGOTTEN: usize = 4_096;
+
+/// A new outbox for `dest`, going on from where a forgotten one of this session stopped.
+fn resumed_outbox(forgotten: &mut BTreeMap<Peer, u64>, dest: &Peer) -> Outbox {
+    forgotten
+        .remove(dest)
+        .map_or_else(Outbox::new, Outbox::starting_at)
+}
+
 /// One node's delta exchange with the owners of the same keys in the other regions.
 #[derive(Debug)]
 pub struct Exchange {
@@ -61,6 +71,9 @@ pub struct Exchange {
     me: Peer,
     session: u64,
     outboxes: BTreeMap<Peer, Outbox>,
+    /// Where forgotten destinations' sequence numbers stopped, so an outbox made again for one
+    /// in this session goes on from there (at most `MAX_FORGOTTEN`; the oldest go first).
+    forgotten_seqs: BTreeMap<Peer, u64>,
     inboxes: BTreeMap<Peer, Inbox>,
     /// Senders owed an acknowledgement.
     ack_due: BTreeSet<Peer>,
@@ -79,6 +92,7 @@ impl Exchange {
             me,
             session,
             outboxes: BTreeMap::new(),
+            forgotten_seqs: BTreeMap::new(),
             inboxes: BTreeMap::new(),
             ack_due: BTreeSet::new(),
             backlog: HashMap::new(),
@@ -183,7 +197,7 @@ impl Exchange {
             let outbox = self
                 .outboxes
                 .entry(dest.clone())
-                .or_insert_with(Outbox::new);
+                .or_insert_with(|| resumed_outbox(&mut self.forgotten_seqs, dest));
             if !outbox.can_hold(key, &self.config) {
                 self.stats.refused_outbox_full += 1;
                 return self.held_back(now_ns, store, key, limit).map(Some);
@@ -215,7 +229,7 @@ impl Exchange {
         for dest in others.iter().filter(|d| d.region != self.me.region) {
             self.outboxes
                 .entry(dest.clone())
-                .or_insert_with(Outbox::new)
+                .or_insert_with(|| resumed_outbox(&mut self.forgotten_seqs, dest))
                 .record(key, limit, cost, now_ns);
         }
     }
@@ -427,6 +441,10 @@ impl Exchange {
     /// Returns the units that were never confirmed.
     pub fn forget_destination(&mut self, dest: &Peer) -> u64 {
         self.outboxes.remove(dest).map_or(0, |o| {
+            if self.forgotten_seqs.len() >= MAX_FORGOTTEN {
+                self.forgotten_seqs.pop_first();
+            }
+            self.forgotten_seqs.insert(dest.clone(), o.next_seq());
             self.retransmissions_seen += o.retransmissions;
             o.total_unconfirmed()
         })

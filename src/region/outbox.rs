@@ -35,8 +35,15 @@ pub(super) struct Outbox {
 
 impl Outbox {
     pub(super) fn new() -> Self {
+        Self::starting_at(1)
+    }
+
+    /// An outbox whose first message gets `next_seq`: a destination forgotten and found again
+    /// in the same session must not reuse numbers its inbox has applied (it would take the
+    /// new messages for replays, acknowledge them and apply nothing).
+    pub(super) fn starting_at(next_seq: u64) -> Self {
         Outbox {
-            next_seq: 1,
+            next_seq: next_seq.max(1),
             pending: BTreeMap::new(),
             in_flight: VecDeque::new(),
             unconfirmed: HashMap::new(),
@@ -44,6 +51,11 @@ impl Outbox {
             next_flush_ns: 0,
             retransmissions: 0,
         }
+    }
+
+    /// The sequence number the next message will get.
+    pub(super) fn next_seq(&self) -> u64 {
+        self.next_seq
     }
 
     /// Whether new units of `key` have room (its key is pending already, or the table is not
