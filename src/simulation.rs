@@ -61,6 +61,16 @@ impl TraceDigest {
     }
 }
 
+/// The seeds a simulation test runs: `FLOODGATE_SIM_SEED=S` replays that one seed,
+/// `FLOODGATE_SIM_SEEDS=N` runs seeds `0..N`, and otherwise `0..default`.
+pub fn seeds_from_env(default: u64) -> Vec<u64> {
+    let read = |name: &str| std::env::var(name).ok().and_then(|s| s.parse::<u64>().ok());
+    if let Some(seed) = read("FLOODGATE_SIM_SEED") {
+        return vec![seed];
+    }
+    (0..read("FLOODGATE_SIM_SEEDS").unwrap_or(default)).collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

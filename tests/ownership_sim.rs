@@ -10,17 +10,7 @@ use floodgate::cluster::ownership::sim::{Sim, SimConfig, run_seed};
 const SEEDS: u64 = 200;
 
 fn seeds() -> Vec<u64> {
-    if let Some(seed) = std::env::var("FLOODGATE_SIM_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-    {
-        return vec![seed];
-    }
-    let count = std::env::var("FLOODGATE_SIM_SEEDS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(SEEDS);
-    (0..count).collect()
+    floodgate::simulation::seeds_from_env(SEEDS)
 }
 
 #[test]

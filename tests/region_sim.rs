@@ -11,17 +11,7 @@ use floodgate::region::sim::{SimConfig, SimReport, run, run_seed};
 const DEFAULT_SEEDS: u64 = 250;
 
 fn seeds() -> Vec<u64> {
-    if let Some(seed) = std::env::var("FLOODGATE_SIM_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-    {
-        return vec![seed];
-    }
-    let count = std::env::var("FLOODGATE_SIM_SEEDS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(DEFAULT_SEEDS);
-    (0..count).collect()
+    floodgate::simulation::seeds_from_env(DEFAULT_SEEDS)
 }
 
 /// Runs every seed for `algorithm`; panics with the seed and a trace on the first failure,
