@@ -92,7 +92,8 @@ impl Node {
                 clock,
                 metrics.cluster(),
             )
-            .with_frame_limit(config.limits.max_frame_bytes),
+            .with_frame_limit(config.limits.max_frame_bytes)
+            .with_max_leases(config.limits.max_leases),
         );
         let region_sync = Arc::new(region_sync(&config, &cluster, store.clone(), clock)?);
         let allowance = Arc::new(Allowance::new(
