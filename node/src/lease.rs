@@ -127,7 +127,7 @@ pub(crate) fn decide(leases: &LeaseStore, request: &ValidLeaseRequest, now_ns: u
 /// Merges a peer's lease sets (replicas or a hand-off), expiries clamped to at most the
 /// longest TTL from now: a peer's clock or bytes cannot pin a lease for longer than a day.
 pub(crate) fn merge_from_peer(
-    leases: &LeaseStore,
+    cluster: &crate::cluster::Cluster,
     mut sets: Vec<floodgate::lease::LeaseSetState>,
     handoff: bool,
     now_ns: u64,
@@ -138,7 +138,10 @@ pub(crate) fn merge_from_peer(
             lease.expires_at_ns = lease.expires_at_ns.min(latest);
         }
     }
-    let dropped = leases.merge(&sets, now_ns);
+    let dropped = cluster.leases.merge(&sets, now_ns);
+    cluster
+        .lease_sets_received
+        .send_modify(|n| *n += sets.len() as u64);
     let direction = if handoff { "handoff" } else { "replica" };
     metrics::counter!("floodgate_received_lease_sets_total", "kind" => direction)
         .increment(sets.len() as u64);
@@ -258,7 +261,6 @@ mod tests {
 
     #[test]
     fn merged_expiries_are_clamped_to_a_day_from_now() {
-        let leases = LeaseStore::new(LeaseStoreConfig::default());
         let key = BucketKey::for_key(b"k");
         let far = floodgate::lease::LeaseSetState {
             key,
@@ -269,7 +271,9 @@ mod tests {
             }],
             released: Vec::new(),
         };
-        merge_from_peer(&leases, vec![far], false, SEC);
+        let cluster = crate::cluster::tests::cluster_alone();
+        merge_from_peer(&cluster, vec![far], false, SEC);
+        let leases = &cluster.leases;
         let day = floodgate::lease::MAX_LEASE_TTL_NS;
         assert_eq!(leases.in_use(key, SEC + day - 1), 1);
         assert_eq!(leases.in_use(key, SEC + day), 0);

@@ -73,6 +73,8 @@ pub(crate) struct Cluster {
     store: Arc<BucketStore>,
     /// Concurrency leases, replicated and handed off with the buckets of their slots.
     pub(crate) leases: Arc<LeaseStore>,
+    /// Lease sets merged from peers since start (for tests and tools to await).
+    pub(crate) lease_sets_received: watch::Sender<u64>,
     clock: EpochClock,
     metrics: ClusterMetrics,
     /// The machine's join phase, mirrored for the per-check look (set false only after the real
@@ -162,6 +164,7 @@ impl Cluster {
             bucket_bytes_per_frame: BUCKET_BYTES_PER_FRAME,
             store,
             leases,
+            lease_sets_received: watch::Sender::new(0),
             clock,
             metrics,
             joining: std::sync::atomic::AtomicBool::new(has_other_seeds),

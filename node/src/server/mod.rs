@@ -260,6 +260,20 @@ impl Node {
         self.shared.received.subscribe()
     }
 
+    /// Live concurrency leases of `key` (the key bytes a client sends) on this node now:
+    /// decided here, or replicas and hand-offs from peers.
+    pub fn leases_in_use(&self, key: &[u8]) -> u64 {
+        let now_ns = floodgate::Clock::now_ns(&self.shared.clock);
+        let key = floodgate::BucketKey::for_key(key);
+        self.shared.cluster.leases.in_use(key, now_ns)
+    }
+
+    /// Counts lease sets merged from peers (replicas and hand-offs); await a change instead of
+    /// polling.
+    pub fn watch_received_lease_sets(&self) -> watch::Receiver<u64> {
+        self.shared.cluster.lease_sets_received.subscribe()
+    }
+
     /// Bytes buffered from all streams now, and the most ever buffered at once (both within
     /// `max_buffered_bytes`).
     pub fn buffered_bytes(&self) -> (usize, usize) {

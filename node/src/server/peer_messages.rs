@@ -131,12 +131,7 @@ pub(super) async fn serve_uni_message(
                         shared.metrics.frame_error(ErrorCode::Forbidden);
                         continue;
                     }
-                    crate::lease::merge_from_peer(
-                        &shared.cluster.leases,
-                        sync.sets,
-                        sync.handoff,
-                        now_ns,
-                    );
+                    crate::lease::merge_from_peer(&shared.cluster, sync.sets, sync.handoff, now_ns);
                 }
                 Err((code, _)) => shared.metrics.frame_error(code),
             },
