@@ -11,6 +11,14 @@
 //! policy's trusted proxies decide about). A passing request goes to the inner service and its
 //! response gains `RateLimit-Policy` and `RateLimit`; any other is answered here: `429` or `503`
 //! with `Retry-After`, the same fields and an `application/problem+json` body.
+//!
+//! Rules with `concurrency:` hold a lease for each request they match: taken before the rate
+//! rules are asked (a request they then deny gives it back at once), held while the inner
+//! service runs, and given back when the response is dropped (once the server has sent its
+//! head) or the request is dropped before that. The lease is not held while a streamed body is
+//! still being sent. When no lease is free the answer is the rate rules' `429` contract, with
+//! `Retry-After` the time until the earliest lease expires (whole seconds, at least 1); a
+//! fail-closed rule the limiter could not answer gets `503`.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -23,7 +31,10 @@ use http::{Request, Response, StatusCode};
 use tower_layer::Layer;
 use tower_service::Service;
 
-use crate::policy::{RateLimiter, RequestDecision, RequestInfo};
+use crate::policy::{
+    HeldLeases, LeaseEvent, LeaseObserver, RateLimiter, RequestDecision, RequestInfo,
+};
+use floodgate::policy::HttpResponse;
 
 /// The TCP peer of a request, as a request extension (a hyper server loop inserts it; axum's
 /// `ConnectInfo` users can pass their own extractor instead).
@@ -99,6 +110,7 @@ pub struct RateLimitLayer<X = DefaultExtractor> {
     limiter: RateLimiter,
     extract: X,
     observer: Option<Observer>,
+    lease_observer: Option<LeaseObserver>,
 }
 
 impl<X: std::fmt::Debug> std::fmt::Debug for RateLimitLayer<X> {
@@ -116,6 +128,7 @@ impl RateLimitLayer<DefaultExtractor> {
             limiter,
             extract: DefaultExtractor,
             observer: None,
+            lease_observer: None,
         }
     }
 }
@@ -127,7 +140,15 @@ impl<X> RateLimitLayer<X> {
             limiter: self.limiter,
             extract,
             observer: self.observer,
+            lease_observer: self.lease_observer,
         }
+    }
+
+    /// Calls `observer` with every lease event of a `concurrency:` rule (granted, refused,
+    /// unreachable, released): per-rule leases in use, grants and refusals for metrics.
+    pub fn on_lease(mut self, observer: impl Fn(&LeaseEvent) + Send + Sync + 'static) -> Self {
+        self.lease_observer = Some(Arc::new(observer));
+        self
     }
 
     /// Calls `observer` with every decision (metrics, logs), before the request goes on.
@@ -149,6 +170,7 @@ impl<S, X: Clone> Layer<S> for RateLimitLayer<X> {
             limiter: self.limiter.clone(),
             extract: self.extract.clone(),
             observer: self.observer.clone(),
+            lease_observer: self.lease_observer.clone(),
         }
     }
 }
@@ -160,6 +182,7 @@ pub struct RateLimit<S, X = DefaultExtractor> {
     limiter: RateLimiter,
     extract: X,
     observer: Option<Observer>,
+    lease_observer: Option<LeaseObserver>,
 }
 
 impl<S: std::fmt::Debug, X: std::fmt::Debug> std::fmt::Debug for RateLimit<S, X> {
@@ -195,7 +218,13 @@ where
         let mut inner = std::mem::replace(&mut self.inner, clone);
         let limiter = self.limiter.clone();
         let observer = self.observer.clone();
+        let lease_observer = self.lease_observer.clone();
         Box::pin(async move {
+            // Held by this future: dropped (released) with it if the request is abandoned.
+            let leases = limiter.acquire_leases(&info, lease_observer.as_ref()).await;
+            if let Some(answer) = &leases.refusal {
+                return Ok(answer_with(answer));
+            }
             let decision = limiter.check(&info).await;
             if let Some(observer) = &observer {
                 observer(&decision);
@@ -203,6 +232,12 @@ where
             if decision.is_allowed() {
                 let mut response = inner.call(request).await?;
                 add_headers(response.headers_mut(), &decision);
+                if !leases.held.is_empty() {
+                    // Released when the server drops the response.
+                    response
+                        .extensions_mut()
+                        .insert(LeaseGuard(Arc::new(leases.held)));
+                }
                 return Ok(response);
             }
             Ok(refusal(&decision))
@@ -210,8 +245,23 @@ where
     }
 }
 
+/// A response's concurrency leases: released when the last copy is dropped.
+#[derive(Debug, Clone)]
+pub struct LeaseGuard(Arc<HeldLeases>);
+
+impl LeaseGuard {
+    /// How many leases the response holds.
+    pub fn leases(&self) -> usize {
+        self.0.len()
+    }
+}
+
 fn add_headers(headers: &mut http::HeaderMap, decision: &RequestDecision) {
-    for (name, value) in &decision.response.headers {
+    add_fields(headers, &decision.response);
+}
+
+fn add_fields(headers: &mut http::HeaderMap, response: &HttpResponse) {
+    for (name, value) in &response.headers {
         // Names are the policy's lower-case constants; values are ASCII it formatted.
         if let Ok(value) = HeaderValue::from_str(value) {
             headers.insert(HeaderName::from_static(name), value);
@@ -221,10 +271,15 @@ fn add_headers(headers: &mut http::HeaderMap, decision: &RequestDecision) {
 
 /// The `429` or `503` answer of a request that does not pass.
 pub fn refusal<B: From<String>>(decision: &RequestDecision) -> Response<B> {
-    let body = decision.response.body.clone().unwrap_or_default();
+    answer_with(&decision.response)
+}
+
+/// The `429` or `503` answer `answer` describes (a rate or a concurrency refusal).
+pub fn answer_with<B: From<String>>(answer: &HttpResponse) -> Response<B> {
+    let body = answer.body.clone().unwrap_or_default();
     let mut response = Response::new(B::from(body));
     *response.status_mut() =
-        StatusCode::from_u16(decision.response.status).unwrap_or(StatusCode::TOO_MANY_REQUESTS);
-    add_headers(response.headers_mut(), decision);
+        StatusCode::from_u16(answer.status).unwrap_or(StatusCode::TOO_MANY_REQUESTS);
+    add_fields(response.headers_mut(), answer);
     response
 }
