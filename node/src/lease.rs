@@ -259,8 +259,40 @@ mod tests {
         );
     }
 
+    /// Expiry driven through the node's answer path at chosen times: a lease holds its place
+    /// until exactly its TTL, then the place is free, the expiry is counted and the node-wide
+    /// count drops (the sweeper reclaims a key nobody touches again).
     #[test]
-    fn merged_expiries_are_clamped_to_a_day_from_now() {
+    fn an_abandoned_lease_frees_its_place_at_its_ttl() {
+        let leases = LeaseStore::new(LeaseStoreConfig::default());
+        assert!(matches!(
+            decide(&leases, &acquire(b"k", 1), 0),
+            LeaseAnswer::Granted { .. }
+        ));
+        assert_eq!(
+            decide(&leases, &acquire(b"k", 1), 10 * SEC - 1),
+            LeaseAnswer::Refused {
+                in_use: 1,
+                retry_after_ns: 1
+            }
+        );
+        assert!(matches!(
+            decide(&leases, &acquire(b"k", 1), 10 * SEC),
+            LeaseAnswer::Granted { in_use: 1, .. }
+        ));
+        decide(&leases, &acquire(b"untouched", 1), 10 * SEC);
+        assert_eq!(leases.held(), 2);
+        assert_eq!(leases.sweep(20 * SEC, usize::MAX), 2);
+        assert_eq!(leases.held(), 0);
+        let expiries = leases
+            .stats()
+            .expiries
+            .load(std::sync::atomic::Ordering::Relaxed);
+        assert_eq!(expiries, 3);
+    }
+
+    #[tokio::test]
+    async fn merged_expiries_are_clamped_to_a_day_from_now() {
         let key = BucketKey::for_key(b"k");
         let far = floodgate::lease::LeaseSetState {
             key,
