@@ -14,9 +14,10 @@
 //!
 //! Rules with `concurrency:` hold a lease for each request they match: taken before the rate
 //! rules are asked (a request they then deny gives it back at once), held while the inner
-//! service runs, and given back when the response is dropped (once the server has sent its
-//! head) or the request is dropped before that. The lease is not held while a streamed body is
-//! still being sent. When no lease is free the answer is the rate rules' `429` contract, with
+//! service runs, and given back when the response is dropped or the request is dropped before
+//! that. A server drops the response once it has sent its head: to hold the lease until the
+//! body has been sent too, map responses through [`hold_leases_until_sent`] outside the layer
+//! (the example gateway does). When no lease is free the answer is the rate rules' `429` contract, with
 //! `Retry-After` the time until the earliest lease expires (whole seconds, at least 1); a
 //! fail-closed rule the limiter could not answer gets `503`.
 
@@ -256,6 +257,51 @@ impl LeaseGuard {
     }
 }
 
+/// A response body holding its response's leases until it has been sent to the end (or failed,
+/// or was dropped): see [`hold_leases_until_sent`].
+#[derive(Debug)]
+pub struct LeaseBody<B> {
+    inner: B,
+    guard: Option<LeaseGuard>,
+}
+
+impl<B> http_body::Body for LeaseBody<B>
+where
+    B: http_body::Body + Unpin,
+{
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        let this = self.get_mut();
+        let polled = Pin::new(&mut this.inner).poll_frame(cx);
+        if matches!(polled, Poll::Ready(None) | Poll::Ready(Some(Err(_)))) {
+            // The body is over: the request is done with its leases.
+            this.guard = None;
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// Moves the leases the layer attached to `response` into its body, so they are given back
+/// when the body has been sent (or dropped) rather than when the server drops the response
+/// head. Apply it outside [`RateLimitLayer`], e.g. with axum's `middleware::map_response`.
+pub fn hold_leases_until_sent<B>(mut response: Response<B>) -> Response<LeaseBody<B>> {
+    let guard = response.extensions_mut().remove::<LeaseGuard>();
+    response.map(|inner| LeaseBody { inner, guard })
+}
+
 fn add_headers(headers: &mut http::HeaderMap, decision: &RequestDecision) {
     add_fields(headers, &decision.response);
 }
@@ -282,4 +328,70 @@ pub fn answer_with<B: From<String>>(answer: &HttpResponse) -> Response<B> {
         StatusCode::from_u16(answer.status).unwrap_or(StatusCode::TOO_MANY_REQUESTS);
     add_fields(response.headers_mut(), answer);
     response
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use http_body::Body;
+
+    use super::*;
+    use crate::{Acquire, Client, ClientConfig};
+
+    /// A lease held by a response body is given back once the body has been read to its end,
+    /// not before.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_lease_body_gives_its_lease_back_at_the_end_of_the_body() {
+        let dir = tempfile::tempdir().unwrap();
+        let certs = floodgate_node::ensure_dev_certs(dir.path()).unwrap();
+        let node = floodgate_node::Node::start(floodgate_node::NodeConfig::for_tests(&certs))
+            .await
+            .unwrap();
+        let mut config = ClientConfig::with_ca_file(&certs.ca);
+        config.timeout = Duration::from_secs(5);
+        let client = Client::connect(&[node.local_addr()], config).await.unwrap();
+        let Acquire::Granted(lease) = client
+            .acquire("k", 1, Duration::from_secs(60))
+            .await
+            .unwrap()
+        else {
+            panic!("the only lease is free");
+        };
+        let (released, mut on_release) = tokio::sync::mpsc::unbounded_channel();
+        let observer: LeaseObserver = Arc::new(move |event: &LeaseEvent| {
+            let _ = released.send(event.clone());
+        });
+        let held = HeldLeases::for_tests(client.clone(), vec![(Arc::from("r"), lease)], observer);
+        let mut response = Response::new(http_body_util::Full::new(&b"export"[..]));
+        response.extensions_mut().insert(LeaseGuard(Arc::new(held)));
+        let mut body = hold_leases_until_sent(response).into_body();
+        let waker = std::task::Waker::noop();
+        let mut cx = Context::from_waker(waker);
+        // The body's one frame: the lease is still held.
+        assert!(matches!(
+            Pin::new(&mut body).poll_frame(&mut cx),
+            Poll::Ready(Some(Ok(_)))
+        ));
+        assert!(on_release.try_recv().is_err());
+        assert_eq!(node.leases_in_use(b"k"), 1);
+        // The end of the body: given back.
+        assert!(matches!(
+            Pin::new(&mut body).poll_frame(&mut cx),
+            Poll::Ready(None)
+        ));
+        let event = tokio::time::timeout(Duration::from_secs(10), on_release.recv())
+            .await
+            .expect("released within the bound")
+            .unwrap();
+        assert_eq!(
+            event,
+            LeaseEvent::Released {
+                rule: Arc::from("r")
+            }
+        );
+        assert_eq!(node.leases_in_use(b"k"), 0);
+        client.close().await;
+        node.shutdown().await;
+    }
 }

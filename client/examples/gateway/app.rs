@@ -17,7 +17,7 @@ use floodgate_client::RateLimiter;
 use floodgate_client::RequestDecision;
 use floodgate_client::core::policy::RuleState;
 use floodgate_client::policy::LeaseEvent;
-use floodgate_client::tower::{RateLimitLayer, request_info};
+use floodgate_client::tower::{RateLimitLayer, hold_leases_until_sent, request_info};
 use hyper_util::rt::TokioIo;
 use metrics::{counter, gauge, histogram};
 use metrics_exporter_prometheus::{
@@ -162,7 +162,11 @@ pub fn app(limiter: RateLimiter, upstream: SocketAddr, metrics: GatewayMetrics) 
     let proxied = Router::new()
         .fallback(proxy)
         .with_state(upstream)
-        .layer(layer);
+        .layer(layer)
+        // Outside the limiter: a concurrency lease is held until the body has been sent.
+        .layer(axum::middleware::map_response(
+            |response: Response| async move { hold_leases_until_sent(response).map(Body::new) },
+        ));
     Router::new()
         .route("/metrics", get(render_metrics))
         .with_state(metrics)

@@ -75,6 +75,22 @@ impl Drop for HeldLeases {
     }
 }
 
+#[cfg(test)]
+impl HeldLeases {
+    /// Leases taken by hand, for tests of what holds them.
+    pub(crate) fn for_tests(
+        client: Client,
+        leases: Vec<(Arc<str>, Lease)>,
+        observer: LeaseObserver,
+    ) -> Self {
+        HeldLeases {
+            client,
+            leases,
+            observer: Some(observer),
+        }
+    }
+}
+
 /// The answer to [`RateLimiter::acquire_leases`].
 #[derive(Debug)]
 pub struct LeaseDecision {
