@@ -198,11 +198,24 @@ async fn send(
     takeover: bool,
     timeout: Duration,
 ) -> Result<(LeaseAnswer, u64), ClientError> {
-    let Some(connection) = link.connection() else {
-        return Err(ClientError::Unavailable(format!(
-            "no connection to the node deciding this key ({})",
-            link.addr
-        )));
+    let connection = match link.connection() {
+        Some(connection) => connection,
+        None => {
+            // A link to a member just discovered is still connecting: wait for it (bounded),
+            // as a check waits in its queue.
+            let mut state = link.subscribe();
+            let _ = tokio::time::timeout(
+                timeout,
+                state.wait_for(|s| *s != crate::status::LinkState::Connecting),
+            )
+            .await;
+            link.connection().ok_or_else(|| {
+                ClientError::Unavailable(format!(
+                    "no connection to the node deciding this key ({})",
+                    link.addr
+                ))
+            })?
+        }
     };
     let batch = LeaseRequestBatch {
         requests: vec![WireLeaseRequest {

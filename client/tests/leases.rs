@@ -335,3 +335,47 @@ async fn leases_survive_a_graceful_leave() {
     }
     client.close().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leases_move_with_their_slots_when_a_node_joins() {
+    let certs = certs();
+    let first = start(&certs, Vec::new()).await;
+    let client = connect(&[first.local_addr()], &certs).await;
+    let keys: Vec<String> = (0..24).map(|i| format!("exports:join-{i}")).collect();
+    for key in &keys {
+        granted(client.acquire(key.as_bytes(), 1, TTL).await.unwrap());
+    }
+    let seed = first.local_addr();
+    let nodes = vec![first, start(&certs, vec![seed]).await];
+    eventually("the cluster to converge", || {
+        let version = nodes[0].slot_table().version();
+        nodes
+            .iter()
+            .all(|n| n.owners().len() == 2 && n.slot_table().version() == version)
+    })
+    .await;
+    let moved: Vec<&String> = keys
+        .iter()
+        .filter(|k| owner_of(&nodes, k).node_id() == nodes[1].node_id())
+        .collect();
+    assert!(!moved.is_empty(), "some keys move to the newcomer");
+    eventually("the newcomer to hold the moved keys' leases", || {
+        moved
+            .iter()
+            .all(|k| nodes[1].leases_in_use(k.as_bytes()) == 1)
+    })
+    .await;
+    eventually("the client to route by the new table", || {
+        client
+            .slot_table()
+            .is_some_and(|t| t.version() == nodes[0].slot_table().version())
+    })
+    .await;
+    for key in &keys {
+        match client.acquire(key.as_bytes(), 1, TTL).await.unwrap() {
+            Acquire::Refused { in_use, .. } => assert_eq!(in_use, 1, "{key}"),
+            other => panic!("{key}: a join reset its lease: {other:?}"),
+        }
+    }
+    client.close().await;
+}
