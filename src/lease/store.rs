@@ -132,12 +132,18 @@ impl LeaseStore {
 
     /// Applies `op` to `key`'s set with expired leases reclaimed first, keeps the held count
     /// and the expiry counter right, and forgets a set left empty.
-    fn with_set<T>(&self, key: BucketKey, now_ns: u64, op: impl FnOnce(&mut LeaseSet) -> T) -> T {
+    /// `op` is also told how many leases the reclaim just freed (not yet off the held count).
+    fn with_set<T>(
+        &self,
+        key: BucketKey,
+        now_ns: u64,
+        op: impl FnOnce(&mut LeaseSet, usize) -> T,
+    ) -> T {
         let mut shard = self.shard(key).lock();
         let set = shard.sets.entry(key).or_default();
         let before = set.len();
         let expired = set.reclaim(now_ns);
-        let result = op(set);
+        let result = op(set, expired);
         let after = set.len();
         if set.is_empty() {
             shard.sets.remove(&key);
@@ -166,9 +172,10 @@ impl LeaseStore {
         now_ns: u64,
     ) -> Result<Acquired, LeaseStoreError> {
         let id = self.fresh_id();
-        let full = self.held.load(Ordering::Relaxed) >= self.config.max_leases;
-        let result = self.with_set(key, now_ns, |set| {
-            if full && set.len() < limit.max() as usize {
+        let result = self.with_set(key, now_ns, |set, reclaimed| {
+            // The places this key's reclaim just freed count as free.
+            let held = self.held.load(Ordering::Relaxed).saturating_sub(reclaimed);
+            if held >= self.config.max_leases && set.len() < limit.max() as usize {
                 return Err(LeaseStoreError::Full {
                     max_leases: self.config.max_leases,
                 });
@@ -187,7 +194,7 @@ impl LeaseStore {
     /// Releases lease `id` of `key`; releasing one not held is not an error.
     pub fn release(&self, key: BucketKey, id: u64, now_ns: u64) -> Released {
         let (released, in_use) =
-            self.with_set(key, now_ns, |set| (set.release(id), set.len() as u64));
+            self.with_set(key, now_ns, |set, _| (set.release(id), set.len() as u64));
         if released {
             self.stats.releases.fetch_add(1, Ordering::Relaxed);
             let mut shard = self.shard(key).lock();
@@ -201,7 +208,7 @@ impl LeaseStore {
 
     /// Extends lease `id` of `key` to `ttl_ns` from now.
     pub fn renew(&self, key: BucketKey, id: u64, ttl_ns: u64, now_ns: u64) -> Renewed {
-        self.with_set(key, now_ns, |set| match set.renew(id, ttl_ns, now_ns) {
+        self.with_set(key, now_ns, |set, _| match set.renew(id, ttl_ns, now_ns) {
             Some(lease) => Renewed::Renewed {
                 lease,
                 in_use: set.len() as u64,
@@ -292,7 +299,7 @@ impl LeaseStore {
             } else {
                 &state.leases[..]
             };
-            self.with_set(state.key, now_ns, |set| {
+            self.with_set(state.key, now_ns, |set, _| {
                 set.merge(state.max, leases, &state.released, now_ns)
             });
         }
@@ -387,6 +394,17 @@ mod tests {
         assert_eq!(store.sweep(SEC, SHARDS), 2);
         assert_eq!(store.held(), 0);
         granted(store.acquire(BucketKey::for_key(b"c"), &limit, SEC));
+    }
+
+    #[test]
+    fn a_full_store_still_grants_a_place_its_own_key_just_reclaimed() {
+        let store = store(1);
+        let key = BucketKey::for_key(b"a");
+        granted(store.acquire(key, &LeaseLimit::new(10, SEC).unwrap(), 0));
+        // Expired but not swept: the store counts it as held until someone looks.
+        assert_eq!(store.held(), 1);
+        granted(store.acquire(key, &LeaseLimit::new(10, SEC).unwrap(), SEC));
+        assert_eq!(store.held(), 1);
     }
 
     #[test]
