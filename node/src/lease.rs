@@ -33,13 +33,21 @@ pub(crate) async fn answer_lease_requests(
     let cluster = &shared.cluster;
     cluster.wait_until_joined().await;
     let slots = requests.iter().map(|r| r.key.slot());
-    // Gained slots wait (bounded) for their previous owner's hand-off, which brings the leases.
-    cluster
-        .wait_for_handoffs(slots, shared.clock.now_ns())
-        .await;
+    let read_ns = shared.clock.now_ns();
     let (answers, table_version) = {
-        // Decided under the gate: a table switch waits, so its hand-off holds these grants.
-        let _deciding = cluster.deciding();
+        // Gained slots wait (bounded) for their previous owner's hand-off, which brings the
+        // leases; looked at again under the gate, as for checks (the table may switch after
+        // the wait). Decided under the gate: a table switch waits, so its hand-off holds these
+        // grants.
+        let mut attempts = 0;
+        let _deciding = loop {
+            cluster.wait_for_handoffs(slots.clone(), read_ns).await;
+            let deciding = cluster.deciding();
+            attempts += 1;
+            if attempts == 3 || !cluster.awaits_handoff(slots.clone(), shared.clock.now_ns()) {
+                break deciding;
+            }
+        };
         let (placements, version) = {
             let ownership = cluster.ownership();
             let placements: Vec<Placement> = requests
