@@ -42,12 +42,16 @@ async fn eventually(what: &str, mut done: impl FnMut() -> bool) {
 
 /// Gossip every 50 ms, suspect after 250 ms of silence, dead after 500 ms.
 async fn start(certs: &Certs, seeds: Vec<SocketAddr>) -> Node {
+    start_with(certs, seeds, 500_000_000).await
+}
+
+async fn start_with(certs: &Certs, seeds: Vec<SocketAddr>, dead_after_ns: u64) -> Node {
     let mut config = NodeConfig::for_tests(&certs.dev);
     config.cluster.seeds = seeds.into_iter().map(Into::into).collect();
     config.cluster.membership = MembershipConfig {
         gossip_interval_ns: 50_000_000,
         suspect_after_ns: 250_000_000,
-        dead_after_ns: 500_000_000,
+        dead_after_ns,
         ..MembershipConfig::default()
     };
     let node = Node::start(config).await.unwrap();
@@ -377,5 +381,68 @@ async fn leases_move_with_their_slots_when_a_node_joins() {
             other => panic!("{key}: a join reset its lease: {other:?}"),
         }
     }
+    client.close().await;
+}
+
+/// Before the cluster declares a crashed owner dead, a client that lost it sends its lease
+/// requests to the slot's successor marked as a takeover; the successor decides them from its
+/// replicas: the owner's leases still hold.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_successor_takes_over_while_the_owner_is_unreachable() {
+    let certs = certs();
+    // Dead after an hour: the owner stays in every table for the whole test.
+    let hour = 3_600_000_000_000;
+    let first = start_with(&certs, Vec::new(), hour).await;
+    let seed = first.local_addr();
+    let mut nodes = vec![first, start_with(&certs, vec![seed], hour).await];
+    eventually("the cluster to converge", || {
+        let version = nodes[0].slot_table().version();
+        nodes
+            .iter()
+            .all(|n| n.owners().len() == 2 && n.slot_table().version() == version)
+    })
+    .await;
+    let key = "exports:takeover";
+    let owner_index = nodes
+        .iter()
+        .position(|n| n.node_id() == owner_of(&nodes, key).node_id())
+        .unwrap();
+    let client = connect(&[nodes[1 - owner_index].local_addr()], &certs).await;
+    eventually("links to both nodes", || {
+        client.nodes().len() == 2
+            && client
+                .nodes()
+                .iter()
+                .all(|n| n.state == LinkState::Connected)
+    })
+    .await;
+    for _ in 0..2 {
+        granted(client.acquire(key, 2, TTL).await.unwrap());
+    }
+    eventually("the successor to hold the replicas", || {
+        nodes[1 - owner_index].leases_in_use(key.as_bytes()) == 2
+    })
+    .await;
+    nodes.remove(owner_index).crash();
+    let successor = &nodes[0];
+    // Until the client notices the connection is gone, a call to the owner fails; then it goes
+    // to the successor as a takeover. Bounded in attempts and time.
+    let started = Instant::now();
+    let mut attempts = 0;
+    let in_use = loop {
+        attempts += 1;
+        assert!(
+            attempts < 10_000 && started.elapsed() < PATIENCE,
+            "no takeover"
+        );
+        match client.acquire(key, 2, TTL).await {
+            Ok(Acquire::Refused { in_use, .. }) => break in_use,
+            Ok(other) => panic!("the takeover reset the leases: {other:?}"),
+            Err(_) => tokio::task::yield_now().await,
+        }
+    };
+    assert_eq!(in_use, 2);
+    // Still in the table: the successor decided as a takeover, not as the new owner.
+    assert_eq!(successor.owners().len(), 2);
     client.close().await;
 }
