@@ -13,8 +13,8 @@
 //! with `Retry-After`, the same fields and an `application/problem+json` body.
 //!
 //! Rules with `concurrency:` hold a lease for each request they match: taken before the rate
-//! rules are asked (a request they then deny gives it back at once), held while the inner
-//! service runs, and given back when the response is dropped or the request is dropped before
+//! rules are asked (a request they then deny gives it back at once), held (and renewed every
+//! half TTL) while the inner service runs, and given back when the response is dropped or the request is dropped before
 //! that. A server drops the response once it has sent its head: to hold the lease until the
 //! body has been sent too, map responses through [`hold_leases_until_sent`] outside the layer
 //! (the example gateway does). When no lease is free the answer is the rate rules' `429` contract, with

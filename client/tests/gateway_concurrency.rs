@@ -50,38 +50,72 @@ async fn wait_for<T>(what: &str, watch: &mut watch::Receiver<T>, done: impl Fn(&
         .unwrap();
 }
 
+/// A node serving `rules`, a gateway in front of it, and the gated upstream.
+struct Stack {
+    _certs: Certs,
+    _dir: tempfile::TempDir,
+    node: Node,
+    limiter: RateLimiter,
+    gateway: SocketAddr,
+    gate: std::sync::Arc<app::ExportGate>,
+    metrics: app::GatewayMetrics,
+    shutdown: watch::Sender<bool>,
+}
+
+impl Stack {
+    async fn start(rules_text: &str) -> Stack {
+        let certs = certs();
+        let dir = tempfile::tempdir().unwrap();
+        let rules = dir.path().join("rules.yaml");
+        std::fs::write(&rules, rules_text).unwrap();
+        let mut config = NodeConfig::for_tests(&certs.dev);
+        config.rules = Some(rules);
+        let node = Node::start(config).await.unwrap();
+        let limiter = RateLimiter::connect(
+            &[node.local_addr()],
+            client_config(&certs),
+            LimiterConfig {
+                refresh_interval: Duration::from_millis(100),
+                policy_timeout: PATIENCE,
+            },
+        )
+        .await
+        .unwrap();
+        let (shutdown, stop) = watch::channel(false);
+        let gate = app::ExportGate::new();
+        let upstream = TcpListener::bind(any_port()).await.unwrap();
+        let upstream_addr = upstream.local_addr().unwrap();
+        let upstream_app = app::upstream_app_with(app::ExportPace::Gate(gate.clone()));
+        tokio::spawn(app::serve(upstream, upstream_app, stop.clone()));
+        let listener = TcpListener::bind(any_port()).await.unwrap();
+        let gateway = listener.local_addr().unwrap();
+        let metrics = app::GatewayMetrics::new();
+        let gateway_app = app::app(limiter.clone(), upstream_addr, metrics.clone());
+        tokio::spawn(app::serve(listener, gateway_app, stop));
+        Stack {
+            _certs: certs,
+            _dir: dir,
+            node,
+            limiter,
+            gateway,
+            gate,
+            metrics,
+            shutdown,
+        }
+    }
+
+    async fn stop(self) {
+        self.shutdown.send_replace(true);
+        self.limiter.close().await;
+        self.node.shutdown().await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_exports_run_at_once_a_fourth_gets_429_until_one_finishes() {
-    let certs = certs();
-    let dir = tempfile::tempdir().unwrap();
-    let rules = dir.path().join("rules.yaml");
-    std::fs::write(&rules, EXAMPLE).unwrap();
-    let mut config = NodeConfig::for_tests(&certs.dev);
-    config.rules = Some(rules);
-    let node = Node::start(config).await.unwrap();
-    let limiter = RateLimiter::connect(
-        &[node.local_addr()],
-        client_config(&certs),
-        LimiterConfig {
-            refresh_interval: Duration::from_millis(100),
-            policy_timeout: PATIENCE,
-        },
-    )
-    .await
-    .unwrap();
-    let (shutdown, stop) = watch::channel(false);
-    let gate = app::ExportGate::new();
-    let upstream = TcpListener::bind(any_port()).await.unwrap();
-    let upstream_addr = upstream.local_addr().unwrap();
-    let upstream_app = app::upstream_app_with(app::ExportPace::Gate(gate.clone()));
-    tokio::spawn(app::serve(upstream, upstream_app, stop.clone()));
-    let listener = TcpListener::bind(any_port()).await.unwrap();
-    let gateway = listener.local_addr().unwrap();
-    let metrics = app::GatewayMetrics::new();
-    let mut released = metrics.watch_released();
-    let gateway_app = app::app(limiter.clone(), upstream_addr, metrics);
-    tokio::spawn(app::serve(listener, gateway_app, stop));
-
+    let stack = Stack::start(EXAMPLE).await;
+    let (node, gateway, gate) = (&stack.node, stack.gateway, &stack.gate);
+    let mut released = stack.metrics.watch_released();
     let mut arrived = gate.arrived.subscribe();
     let mut exports = tokio::task::JoinSet::new();
     for _ in 0..3 {
@@ -148,7 +182,34 @@ async fn three_exports_run_at_once_a_fourth_gets_429_until_one_finishes() {
         assert_eq!(export.unwrap().0, 200);
     }
 
-    shutdown.send_replace(true);
-    limiter.close().await;
-    node.shutdown().await;
+    stack.stop().await;
+}
+
+/// A request slower than its rule's TTL keeps its place: the layer renews the lease every half
+/// TTL. Two renewals answered `renewed` mean the lease outlived its first TTL (the second comes
+/// a whole TTL after the grant); no wait here is on the clock, only on those events.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_slower_than_the_ttl_keeps_its_lease() {
+    let rules = "rules:\n  - name: exports\n    method: POST\n    path: /v1/exports\n    key: global\n    concurrency: 1\n    ttl: 1s\n";
+    let stack = Stack::start(rules).await;
+    let mut arrived = stack.gate.arrived.subscribe();
+    let mut renewed = stack.metrics.watch_renewed();
+    let export = tokio::spawn(http(stack.gateway, "POST", "/v1/exports"));
+    wait_for("the export at the upstream", &mut arrived, |n| *n == 1).await;
+    wait_for("two renewals", &mut renewed, |n| *n >= 2).await;
+    assert_eq!(stack.node.leases_in_use(EXPORTS_KEY), 1);
+    let (status, _, _) = http(stack.gateway, "POST", "/v1/exports").await;
+    assert_eq!(status, 429, "the running export still holds the only place");
+    let metrics = stack.metrics.render();
+    assert!(
+        !metrics.contains("floodgate_gateway_leases_lost_total"),
+        "{metrics}"
+    );
+    stack.gate.answer.add_permits(1);
+    let (status, _, _) = tokio::time::timeout(PATIENCE, export)
+        .await
+        .expect("the export finishes")
+        .unwrap();
+    assert_eq!(status, 200);
+    stack.stop().await;
 }

@@ -36,6 +36,8 @@ pub struct GatewayMetrics {
     version: Arc<Mutex<Option<String>>>,
     /// Leases given back so far: a watch, so tests await a release instead of polling.
     released: watch::Sender<u64>,
+    /// Lease renewals so far (a watch, as `released`).
+    renewed: watch::Sender<u64>,
 }
 
 impl GatewayMetrics {
@@ -55,12 +57,18 @@ impl GatewayMetrics {
             handle,
             version: Arc::default(),
             released: watch::Sender::new(0),
+            renewed: watch::Sender::new(0),
         }
     }
 
     /// Counts leases given back (see `record_lease`).
     pub fn watch_released(&self) -> watch::Receiver<u64> {
         self.released.subscribe()
+    }
+
+    /// Counts lease renewals (see `record_lease`).
+    pub fn watch_renewed(&self) -> watch::Receiver<u64> {
+        self.renewed.subscribe()
     }
 
     pub fn render(&self) -> String {
@@ -118,7 +126,8 @@ impl GatewayMetrics {
 
 impl GatewayMetrics {
     /// Counts one lease event of a `concurrency:` rule: leases in use per rule (a gauge),
-    /// grants, refusals, and leases the limiter could not answer.
+    /// grants, refusals, renewals, leases lost (expired before a renewal) and leases the
+    /// limiter could not answer.
     pub fn record_lease(&self, event: &LeaseEvent) {
         metrics::with_local_recorder(&*self.recorder, || match event {
             LeaseEvent::Granted { rule } => {
@@ -138,6 +147,15 @@ impl GatewayMetrics {
             }
             LeaseEvent::Unreachable { rule } => {
                 counter!("floodgate_gateway_lease_unreachable_total", "rule" => rule.to_string())
+                    .increment(1);
+            }
+            LeaseEvent::Renewed { rule } => {
+                counter!("floodgate_gateway_lease_renewals_total", "rule" => rule.to_string())
+                    .increment(1);
+                self.renewed.send_modify(|n| *n += 1);
+            }
+            LeaseEvent::Lost { rule } => {
+                counter!("floodgate_gateway_leases_lost_total", "rule" => rule.to_string())
                     .increment(1);
             }
         });

@@ -1,6 +1,7 @@
 //! A request's concurrency leases: [`RateLimiter::acquire_leases`] takes one lease per
-//! `concurrency:` rule that applies, and [`HeldLeases`] gives them back when it is dropped (the
-//! request finished, failed, or was abandoned), so a gateway never has to release by hand.
+//! `concurrency:` rule that applies, and [`HeldLeases`] renews them every half TTL while it
+//! lives (a request slower than the TTL keeps its place) and gives them back when it is dropped
+//! (the request finished, failed, or was abandoned), so a gateway never has to release by hand.
 
 use std::sync::Arc;
 
@@ -8,7 +9,11 @@ use floodgate::policy::{HttpResponse, LeaseOutcome, PlannedLease, lease_refusal}
 
 use super::{RateLimiter, RequestInfo};
 use crate::client::Client;
-use crate::lease::{Acquire, Lease};
+use crate::lease::{Acquire, Lease, Renewal};
+
+/// Shortest time between renewals of a request's leases: a TTL of a few milliseconds is renewed
+/// no more often than this (and may then expire between renewals).
+const MIN_RENEW_PERIOD: std::time::Duration = std::time::Duration::from_millis(50);
 
 /// What happened to one of a request's leases (for metrics and logs).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -21,6 +26,11 @@ pub enum LeaseEvent {
     Unreachable { rule: Arc<str> },
     /// Given back: the request is done.
     Released { rule: Arc<str> },
+    /// Renewed for another TTL: the request is still running.
+    Renewed { rule: Arc<str> },
+    /// A renewal found the lease gone (it expired before it could be renewed): the request runs
+    /// on without its place.
+    Lost { rule: Arc<str> },
 }
 
 /// Observes every [`LeaseEvent`].
@@ -31,6 +41,8 @@ pub struct HeldLeases {
     client: Client,
     leases: Vec<(Arc<str>, Lease)>,
     observer: Option<LeaseObserver>,
+    /// Renews the leases every half TTL; stopped on drop.
+    renewer: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl std::fmt::Debug for HeldLeases {
@@ -50,10 +62,40 @@ impl HeldLeases {
     pub fn is_empty(&self) -> bool {
         self.leases.is_empty()
     }
+
+    /// Starts renewing the leases every half of the shortest TTL, until dropped.
+    fn start_renewing(&mut self) {
+        let Some(shortest) = self.leases.iter().map(|(_, l)| l.expires_in()).min() else {
+            return;
+        };
+        let period = (shortest / 2).max(MIN_RENEW_PERIOD);
+        let client = self.client.clone();
+        let leases = self.leases.clone();
+        let observer = self.observer.clone();
+        self.renewer = Some(tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(period).await;
+                for (rule, lease) in &leases {
+                    let event = match client.renew(lease, lease.expires_in()).await {
+                        Ok(Renewal::Renewed { .. }) => LeaseEvent::Renewed { rule: rule.clone() },
+                        Ok(Renewal::NotHeld) => LeaseEvent::Lost { rule: rule.clone() },
+                        // Not answered: the next round tries again, within the TTL's other half.
+                        Err(_) => continue,
+                    };
+                    if let Some(observer) = &observer {
+                        observer(&event);
+                    }
+                }
+            }
+        }));
+    }
 }
 
 impl Drop for HeldLeases {
     fn drop(&mut self) {
+        if let Some(renewer) = self.renewer.take() {
+            renewer.abort();
+        }
         if self.leases.is_empty() {
             return;
         }
@@ -87,6 +129,7 @@ impl HeldLeases {
             client,
             leases,
             observer: Some(observer),
+            renewer: None,
         }
     }
 }
@@ -116,6 +159,7 @@ impl RateLimiter {
             client: client.clone(),
             leases: Vec::new(),
             observer: observer.cloned(),
+            renewer: None,
         };
         let Some(policy) = self.policy() else {
             return LeaseDecision {
@@ -166,7 +210,10 @@ impl RateLimiter {
                 client,
                 leases: std::mem::take(&mut held.leases),
                 observer: observer.cloned(),
+                renewer: None,
             });
+        } else {
+            held.start_renewing();
         }
         LeaseDecision { held, refusal }
     }
