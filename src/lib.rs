@@ -7,6 +7,7 @@
 //! - [`algorithm`]: GCRA, fixed window, sliding-window counter and sliding-window log, each a pure
 //!   function of `(limit, state, now, cost)`.
 //! - [`key`]: [`BucketKey`], the fixed-size identity of a (rule, key) bucket.
+//! - [`lease`]: concurrency limits: at most `max` leases per key at once, each with a TTL.
 //! - [`address`]: [`HostPort`], a HOST:PORT whose host may be a DNS name (resolved by the shells).
 //! - [`store`]: [`BucketStore`], the sharded concurrent map of buckets, with expiry, bounded size
 //!   and all-or-nothing multi-checks.
@@ -31,6 +32,7 @@ pub mod clock;
 pub mod cluster;
 pub mod decision;
 pub mod key;
+pub mod lease;
 pub mod limit;
 pub mod policy;
 pub mod region;

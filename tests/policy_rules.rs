@@ -30,9 +30,12 @@ fn the_example_holds_every_rule_of_the_brief() {
             "login",
             "global",
             "user-endpoint",
+            "exports",
             "search-ip"
         ]
     );
+    let exports = policy.rule("exports").unwrap().concurrency().unwrap();
+    assert_eq!((exports.max(), exports.ttl_ns()), (3, 30 * NANOS_PER_SEC));
 
     let holds = policy.rule("holds").unwrap();
     assert_eq!(holds.methods(), ["POST"]);
@@ -110,7 +113,7 @@ fn describe_lists_what_each_rule_enforces() {
     assert_eq!(
         lines[0],
         format!(
-            "policy {}: 7 rules, plans [free, paid, partner, internal] (unknown plans as free), \
+            "policy {}: 8 rules, plans [free, paid, partner, internal] (unknown plans as free), \
              3 API keys, \
              max 1000 waiting, 2 trusted proxies, regions [eu-west, us-east, ap-south], \
              2 tenants with a home region",
@@ -128,6 +131,7 @@ fn describe_lists_what_each_rule_enforces() {
             "login: POST /v1/auth/login per ip: gcra 10/1min; fails closed",
             "global: * /** per global: gcra 2000/1s; scope global",
             "user-endpoint: * /v1/** per user+endpoint: sliding-log 60/1min",
+            "exports: POST /v1/exports per global: at most 3 at once (leases of 30s)",
             "search-ip: GET|HEAD /v1/search/** per ip: gcra 20/1s; shadow (never denies)",
         ]
     );

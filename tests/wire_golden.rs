@@ -12,11 +12,13 @@ use std::path::PathBuf;
 
 use floodgate::cluster::membership::MemberDigest;
 use floodgate::cluster::{Gossip, IdConflict, MemberInfo, slot_of};
+use floodgate::lease::LeaseLimit;
 use floodgate::wire::{
-    CheckBatch, DecisionBatch, ErrorCode, ErrorFrame, FrameKind, HandoffPart, PolicyMessage,
-    PolicyRequest, RegionAckMessage, RegionDeltasMessage, ReplicateMessage, ScopedCheckBatch,
-    SlotTableMessage, TableMember, WireBucket, WireCheck, WireDecision, WireDelta, WireScope,
-    encode_frame, encode_message,
+    CheckBatch, DecisionBatch, ErrorCode, ErrorFrame, FrameKind, HandoffPart, LeaseAnswer,
+    LeaseAnswerBatch, LeaseRequestBatch, LeaseSyncMessage, PolicyMessage, PolicyRequest,
+    RegionAckMessage, RegionDeltasMessage, ReplicateMessage, ScopedCheckBatch, SlotTableMessage,
+    TableMember, WireBucket, WireCheck, WireDecision, WireDelta, WireLease, WireLeaseAnswer,
+    WireLeaseRequest, WireLeaseSet, WireScope, encode_frame, encode_message,
 };
 use floodgate::{Decision, Limit, NANOS_PER_SEC};
 
@@ -321,6 +323,64 @@ fn frames() -> BTreeMap<String, String> {
     };
     encode_message(&mut frame, FrameKind::RegionAck, 0, &ack);
     put(FrameKind::RegionAck, frame);
+
+    let mut frame = Vec::new();
+    let limit = LeaseLimit::new(3, 30 * NANOS_PER_SEC).unwrap();
+    let requests = LeaseRequestBatch {
+        requests: vec![
+            WireLeaseRequest::acquire("exports:tenant-7", &limit),
+            WireLeaseRequest::release("exports:tenant-7", 0x1234_5678_0000_0001),
+            WireLeaseRequest {
+                takeover: true,
+                ..WireLeaseRequest::renew("exports:tenant-7", 0x1234_5678_0000_0002, NANOS_PER_SEC)
+            },
+        ],
+    };
+    encode_message(&mut frame, FrameKind::LeaseRequest, 21, &requests);
+    put(FrameKind::LeaseRequest, frame);
+
+    let mut frame = Vec::new();
+    let answers = LeaseAnswerBatch {
+        answers: [
+            LeaseAnswer::Granted {
+                lease_id: 0x1234_5678_0000_0003,
+                in_use: 1,
+                expires_in_ns: 30 * NANOS_PER_SEC,
+            },
+            LeaseAnswer::Refused {
+                in_use: 3,
+                retry_after_ns: 1_500_000_000,
+            },
+            LeaseAnswer::Released {
+                was_held: true,
+                in_use: 2,
+            },
+            LeaseAnswer::Error(ErrorCode::NotOwner),
+        ]
+        .into_iter()
+        .map(WireLeaseAnswer::from)
+        .collect(),
+        table_version: 0xfeed,
+    };
+    encode_message(&mut frame, FrameKind::LeaseAnswer, 21, &answers);
+    put(FrameKind::LeaseAnswer, frame);
+
+    let mut frame = Vec::new();
+    let sync = LeaseSyncMessage {
+        from: "node-0".into(),
+        handoff: true,
+        sets: vec![WireLeaseSet {
+            key: 0x0123_4567_89ab_cdef_0011_2233,
+            max: 3,
+            leases: vec![WireLease {
+                id: 0x1234_5678_0000_0003,
+                expires_at_ns: 1_700_000_030_000_000_000,
+            }],
+            released: vec![0x1234_5678_0000_0001],
+        }],
+    };
+    encode_message(&mut frame, FrameKind::LeaseSync, 0, &sync);
+    put(FrameKind::LeaseSync, frame);
     out
 }
 

@@ -271,6 +271,16 @@ impl Client {
         Ok(refunded)
     }
 
+    /// The routing every call reads (for lease calls, `lease.rs`).
+    pub(crate) fn routing(&self) -> &Routing {
+        &self.inner.routing
+    }
+
+    /// The configured call timeout.
+    pub(crate) fn timeout(&self) -> Duration {
+        self.inner.timeout
+    }
+
     /// Each node's link: the nodes given to `connect`, in that order, then the members
     /// discovered through the slot table.
     pub fn nodes(&self) -> Vec<NodeStatus> {

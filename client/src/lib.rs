@@ -28,6 +28,8 @@
 //!   `call`: one call to one node (breaker, queue, reply → verdicts).
 //! - [`Check`], [`FailureMode`], [`Verdict`], [`Source`], [`DegradedReason`]: the core's
 //!   `floodgate::check`, re-exported.
+//! - `lease`: [`Client::acquire`], [`Client::release`], [`Client::renew`]: concurrency
+//!   leases ([`Lease`], [`Acquire`], [`Renewal`]), one request on its own stream, off the check path.
 //! - `address`: [`HostPort`]: a seed's HOST:PORT; a name is resolved again on every connection
 //!   attempt, IPv4 first.
 //! - `config`: [`ClientConfig`] and its validation; `tls`: the QUIC/TLS 1.3 client config.
@@ -60,6 +62,7 @@ mod config;
 mod dial;
 mod error;
 mod fallback;
+mod lease;
 mod link;
 #[cfg(feature = "logging")]
 pub mod logging;
@@ -85,6 +88,7 @@ pub use config::{
 pub use error::{ClientError, ConfigError, ErrorKind, classify_code};
 /// What a caller sends and gets back: the core's types, re-exported.
 pub use floodgate::check::{Check, DegradedReason, FailureMode, Source, Verdict, all_allowed};
+pub use lease::{Acquire, Lease, Renewal};
 pub use policy::{
     LimiterConfig, LimiterError, PolicyChanges, PolicySource, RateLimiter, RequestDecision,
     RequestInfo,

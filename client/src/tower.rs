@@ -11,6 +11,15 @@
 //! policy's trusted proxies decide about). A passing request goes to the inner service and its
 //! response gains `RateLimit-Policy` and `RateLimit`; any other is answered here: `429` or `503`
 //! with `Retry-After`, the same fields and an `application/problem+json` body.
+//!
+//! Rules with `concurrency:` hold a lease for each request they match: taken before the rate
+//! rules are asked (a request they then deny gives it back at once), held (and renewed every
+//! half TTL) while the inner service runs, and given back when the response is dropped or the request is dropped before
+//! that. A server drops the response once it has sent its head: to hold the lease until the
+//! body has been sent too, map responses through [`hold_leases_until_sent`] outside the layer
+//! (the example gateway does). When no lease is free the answer is the rate rules' `429` contract, with
+//! `Retry-After` the time until the earliest lease expires (whole seconds, at least 1); a
+//! fail-closed rule the limiter could not answer gets `503`.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -23,7 +32,10 @@ use http::{Request, Response, StatusCode};
 use tower_layer::Layer;
 use tower_service::Service;
 
-use crate::policy::{RateLimiter, RequestDecision, RequestInfo};
+use crate::policy::{
+    HeldLeases, LeaseEvent, LeaseObserver, RateLimiter, RequestDecision, RequestInfo,
+};
+use floodgate::policy::HttpResponse;
 
 /// The TCP peer of a request, as a request extension (a hyper server loop inserts it; axum's
 /// `ConnectInfo` users can pass their own extractor instead).
@@ -99,6 +111,7 @@ pub struct RateLimitLayer<X = DefaultExtractor> {
     limiter: RateLimiter,
     extract: X,
     observer: Option<Observer>,
+    lease_observer: Option<LeaseObserver>,
 }
 
 impl<X: std::fmt::Debug> std::fmt::Debug for RateLimitLayer<X> {
@@ -116,6 +129,7 @@ impl RateLimitLayer<DefaultExtractor> {
             limiter,
             extract: DefaultExtractor,
             observer: None,
+            lease_observer: None,
         }
     }
 }
@@ -127,7 +141,15 @@ impl<X> RateLimitLayer<X> {
             limiter: self.limiter,
             extract,
             observer: self.observer,
+            lease_observer: self.lease_observer,
         }
+    }
+
+    /// Calls `observer` with every lease event of a `concurrency:` rule (granted, refused,
+    /// unreachable, released): per-rule leases in use, grants and refusals for metrics.
+    pub fn on_lease(mut self, observer: impl Fn(&LeaseEvent) + Send + Sync + 'static) -> Self {
+        self.lease_observer = Some(Arc::new(observer));
+        self
     }
 
     /// Calls `observer` with every decision (metrics, logs), before the request goes on.
@@ -149,6 +171,7 @@ impl<S, X: Clone> Layer<S> for RateLimitLayer<X> {
             limiter: self.limiter.clone(),
             extract: self.extract.clone(),
             observer: self.observer.clone(),
+            lease_observer: self.lease_observer.clone(),
         }
     }
 }
@@ -160,6 +183,7 @@ pub struct RateLimit<S, X = DefaultExtractor> {
     limiter: RateLimiter,
     extract: X,
     observer: Option<Observer>,
+    lease_observer: Option<LeaseObserver>,
 }
 
 impl<S: std::fmt::Debug, X: std::fmt::Debug> std::fmt::Debug for RateLimit<S, X> {
@@ -195,7 +219,13 @@ where
         let mut inner = std::mem::replace(&mut self.inner, clone);
         let limiter = self.limiter.clone();
         let observer = self.observer.clone();
+        let lease_observer = self.lease_observer.clone();
         Box::pin(async move {
+            // Held by this future: dropped (released) with it if the request is abandoned.
+            let leases = limiter.acquire_leases(&info, lease_observer.as_ref()).await;
+            if let Some(answer) = &leases.refusal {
+                return Ok(answer_with(answer));
+            }
             let decision = limiter.check(&info).await;
             if let Some(observer) = &observer {
                 observer(&decision);
@@ -203,6 +233,12 @@ where
             if decision.is_allowed() {
                 let mut response = inner.call(request).await?;
                 add_headers(response.headers_mut(), &decision);
+                if !leases.held.is_empty() {
+                    // Released when the server drops the response.
+                    response
+                        .extensions_mut()
+                        .insert(LeaseGuard(Arc::new(leases.held)));
+                }
                 return Ok(response);
             }
             Ok(refusal(&decision))
@@ -210,8 +246,68 @@ where
     }
 }
 
+/// A response's concurrency leases: released when the last copy is dropped.
+#[derive(Debug, Clone)]
+pub struct LeaseGuard(Arc<HeldLeases>);
+
+impl LeaseGuard {
+    /// How many leases the response holds.
+    pub fn leases(&self) -> usize {
+        self.0.len()
+    }
+}
+
+/// A response body holding its response's leases until it has been sent to the end (or failed,
+/// or was dropped): see [`hold_leases_until_sent`].
+#[derive(Debug)]
+pub struct LeaseBody<B> {
+    inner: B,
+    guard: Option<LeaseGuard>,
+}
+
+impl<B> http_body::Body for LeaseBody<B>
+where
+    B: http_body::Body + Unpin,
+{
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        let this = self.get_mut();
+        let polled = Pin::new(&mut this.inner).poll_frame(cx);
+        if matches!(polled, Poll::Ready(None) | Poll::Ready(Some(Err(_)))) {
+            // The body is over: the request is done with its leases.
+            this.guard = None;
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// Moves the leases the layer attached to `response` into its body, so they are given back
+/// when the body has been sent (or dropped) rather than when the server drops the response
+/// head. Apply it outside [`RateLimitLayer`], e.g. with axum's `middleware::map_response`.
+pub fn hold_leases_until_sent<B>(mut response: Response<B>) -> Response<LeaseBody<B>> {
+    let guard = response.extensions_mut().remove::<LeaseGuard>();
+    response.map(|inner| LeaseBody { inner, guard })
+}
+
 fn add_headers(headers: &mut http::HeaderMap, decision: &RequestDecision) {
-    for (name, value) in &decision.response.headers {
+    add_fields(headers, &decision.response);
+}
+
+fn add_fields(headers: &mut http::HeaderMap, response: &HttpResponse) {
+    for (name, value) in &response.headers {
         // Names are the policy's lower-case constants; values are ASCII it formatted.
         if let Ok(value) = HeaderValue::from_str(value) {
             headers.insert(HeaderName::from_static(name), value);
@@ -221,10 +317,81 @@ fn add_headers(headers: &mut http::HeaderMap, decision: &RequestDecision) {
 
 /// The `429` or `503` answer of a request that does not pass.
 pub fn refusal<B: From<String>>(decision: &RequestDecision) -> Response<B> {
-    let body = decision.response.body.clone().unwrap_or_default();
+    answer_with(&decision.response)
+}
+
+/// The `429` or `503` answer `answer` describes (a rate or a concurrency refusal).
+pub fn answer_with<B: From<String>>(answer: &HttpResponse) -> Response<B> {
+    let body = answer.body.clone().unwrap_or_default();
     let mut response = Response::new(B::from(body));
     *response.status_mut() =
-        StatusCode::from_u16(decision.response.status).unwrap_or(StatusCode::TOO_MANY_REQUESTS);
-    add_headers(response.headers_mut(), decision);
+        StatusCode::from_u16(answer.status).unwrap_or(StatusCode::TOO_MANY_REQUESTS);
+    add_fields(response.headers_mut(), answer);
     response
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use http_body::Body;
+
+    use super::*;
+    use crate::{Acquire, Client, ClientConfig};
+
+    /// A lease held by a response body is given back once the body has been read to its end,
+    /// not before.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_lease_body_gives_its_lease_back_at_the_end_of_the_body() {
+        let dir = tempfile::tempdir().unwrap();
+        let certs = floodgate_node::ensure_dev_certs(dir.path()).unwrap();
+        let node = floodgate_node::Node::start(floodgate_node::NodeConfig::for_tests(&certs))
+            .await
+            .unwrap();
+        let mut config = ClientConfig::with_ca_file(&certs.ca);
+        config.timeout = Duration::from_secs(5);
+        let client = Client::connect(&[node.local_addr()], config).await.unwrap();
+        let Acquire::Granted(lease) = client
+            .acquire("k", 1, Duration::from_secs(60))
+            .await
+            .unwrap()
+        else {
+            panic!("the only lease is free");
+        };
+        let (released, mut on_release) = tokio::sync::mpsc::unbounded_channel();
+        let observer: LeaseObserver = Arc::new(move |event: &LeaseEvent| {
+            let _ = released.send(event.clone());
+        });
+        let held = HeldLeases::for_tests(client.clone(), vec![(Arc::from("r"), lease)], observer);
+        let mut response = Response::new(http_body_util::Full::new(&b"export"[..]));
+        response.extensions_mut().insert(LeaseGuard(Arc::new(held)));
+        let mut body = hold_leases_until_sent(response).into_body();
+        let waker = std::task::Waker::noop();
+        let mut cx = Context::from_waker(waker);
+        // The body's one frame: the lease is still held.
+        assert!(matches!(
+            Pin::new(&mut body).poll_frame(&mut cx),
+            Poll::Ready(Some(Ok(_)))
+        ));
+        assert!(on_release.try_recv().is_err());
+        assert_eq!(node.leases_in_use(b"k"), 1);
+        // The end of the body: given back.
+        assert!(matches!(
+            Pin::new(&mut body).poll_frame(&mut cx),
+            Poll::Ready(None)
+        ));
+        let event = tokio::time::timeout(Duration::from_secs(10), on_release.recv())
+            .await
+            .expect("released within the bound")
+            .unwrap();
+        assert_eq!(
+            event,
+            LeaseEvent::Released {
+                rule: Arc::from("r")
+            }
+        );
+        assert_eq!(node.leases_in_use(b"k"), 0);
+        client.close().await;
+        node.shutdown().await;
+    }
 }

@@ -22,9 +22,10 @@ use floodgate::wire::{
     CheckBatch, DecisionBatch, ErrorCode, ErrorFrame, FrameKind, FrameReader, HEADER_BYTES,
     MAX_HANDOFF_PARTS, MAX_POLICY_TEXT_BYTES, RegionAckMessage, RegionDeltasMessage,
     ReplicateMessage, Replicated, WireBucket, WireDecision, WireLimits, decode_check_batch,
-    decode_decisions, decode_error_frame, decode_gossip, decode_id_conflict, decode_policy_message,
-    decode_policy_request, decode_region_ack, decode_region_deltas, decode_replicate,
-    decode_scoped_check_batch, decode_slot_table, encode_frame, encode_message,
+    decode_decisions, decode_error_frame, decode_gossip, decode_id_conflict, decode_lease_answers,
+    decode_lease_requests, decode_lease_sync, decode_policy_message, decode_policy_request,
+    decode_region_ack, decode_region_deltas, decode_replicate, decode_scoped_check_batch,
+    decode_slot_table, encode_frame, encode_message,
 };
 use floodgate::{
     Algorithm, BucketKey, BucketState, BucketStore, BucketValue, Check, Clock, Decision, FakeClock,
@@ -228,6 +229,9 @@ fn decode_by_kind(payload: &[u8], kind: FrameKind) {
         }
         FrameKind::RegionDeltas => outcome(&decode_region_deltas(payload)),
         FrameKind::RegionAck => outcome(&decode_region_ack(payload)),
+        FrameKind::LeaseRequest => outcome(&decode_lease_requests(payload, &WireLimits::default())),
+        FrameKind::LeaseAnswer => outcome(&decode_lease_answers(payload)),
+        FrameKind::LeaseSync => outcome(&decode_lease_sync(payload)),
     };
 }
 

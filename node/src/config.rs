@@ -64,6 +64,9 @@ pub struct NodeLimits {
     pub max_buffered_bytes: usize,
     /// Most concurrent streams per connection (QUIC flow control enforces it).
     pub max_streams_per_connection: u32,
+    /// Most concurrency leases held on this node at once, all keys together, replicas
+    /// included; an acquire past it is answered `store_full`.
+    pub max_leases: usize,
 }
 
 impl Default for NodeLimits {
@@ -76,6 +79,7 @@ impl Default for NodeLimits {
             max_peer_connections: 256,
             max_buffered_bytes: 256 << 20,
             max_streams_per_connection: 16,
+            max_leases: 1_000_000,
         }
     }
 }
@@ -118,6 +122,10 @@ impl NodeLimits {
              {} bytes), so a frame of the largest size can always be buffered",
             2 * one_frame,
             crate::budget::READ_BYTES
+        );
+        anyhow::ensure!(
+            (1..=100_000_000).contains(&self.max_leases),
+            "max leases must be in 1..=100000000"
         );
         anyhow::ensure!(
             self.max_streams_per_connection >= 1,

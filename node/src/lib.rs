@@ -19,6 +19,8 @@
 //! - [`region_sync`]: the inter-region delta exchange of global keys (the core's `Exchange`
 //!   driven); `region_links` sends its frames to peers; `scoped`: kind 12, checks with scopes.
 //! - `member_log`: peers suspected or declared dead logged at WARN as it happens.
+//! - `lease`: kind 15, concurrency leases placed by slot and decided on the lease store;
+//!   their replication and hand-off are in `cluster`.
 //! - `forward`: checks placed by the core's ownership machine: decided here, sent to their owner,
 //!   refusals placed again.
 //! - [`rules`]: `--rules FILE`: validation, versions, hot reload, serving rules to clients.
@@ -38,6 +40,7 @@ mod admin;
 mod admission;
 mod budget;
 mod forward;
+mod lease;
 mod member_log;
 mod metrics;
 mod node_id;

@@ -63,6 +63,10 @@ struct Flags {
     /// Most bytes buffered from all streams together (partial frames, peer messages).
     #[arg(long, default_value_t = NodeLimits::default().max_buffered_bytes)]
     max_buffered_bytes: usize,
+    /// Most concurrency leases held at once (all keys, replicas included); beyond it an
+    /// acquire is answered `store_full`.
+    #[arg(long, default_value_t = NodeLimits::default().max_leases)]
+    max_leases: usize,
     /// Most buckets held at once; beyond it, idle then least-loaded buckets are evicted.
     #[arg(long, default_value_t = StoreConfig::default().max_keys)]
     max_keys: usize,
@@ -291,6 +295,7 @@ fn config_from(flags: &Flags, addresses: Addresses) -> anyhow::Result<NodeConfig
         max_connections: flags.max_connections,
         max_peer_connections: flags.max_peer_connections,
         max_buffered_bytes: flags.max_buffered_bytes,
+        max_leases: flags.max_leases,
         ..NodeLimits::default()
     };
     limits.validate()?;

@@ -83,6 +83,7 @@ async fn peer_only_kinds_are_forbidden(node: &TestNode, client: &quinn::ClientCo
         (garbage_frame(FrameKind::Replicate), false),
         (garbage_frame(FrameKind::RegionDeltas), false),
         (garbage_frame(FrameKind::RegionAck), false),
+        (garbage_frame(FrameKind::LeaseSync), false),
         (garbage_frame(FrameKind::Gossip), true),
         (forwarded, true),
     ];

@@ -171,7 +171,7 @@ fn present(value: Option<&str>) -> Option<&str> {
 }
 
 /// The rule's key for this request, or `None` when an attribute it needs is missing.
-fn build_key(
+pub(super) fn build_key(
     rule: &Rule,
     attrs: &RequestAttributes<'_>,
     plan: Option<&str>,

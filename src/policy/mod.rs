@@ -19,6 +19,8 @@
 //!   and scopes in `parse_region`) and position-carrying YAML reading.
 //! - [`pattern`]: path globs and request-path normalization; [`method`]: HTTP methods in rules.
 //! - [`engine`]: request attributes → planned checks and their keys.
+//! - [`concurrency`](mod@concurrency): `concurrency:` rules → planned leases, and the answer
+//!   when one is refused.
 //! - [`grouping`]: planned checks → all-or-nothing calls per owning node, verdicts → outcomes.
 //! - [`verdict`](mod@verdict): outcomes → verdict and refunds; [`wait`]: the bound on waiting
 //!   requests.
@@ -26,6 +28,7 @@
 //! - [`client_ip`](mod@client_ip): trusted proxies and `X-Forwarded-For`.
 
 pub mod client_ip;
+pub mod concurrency;
 pub mod engine;
 mod error;
 pub mod grouping;
@@ -42,6 +45,7 @@ pub mod wait;
 pub(crate) mod yaml;
 
 pub use client_ip::{Cidr, TrustedProxies, client_ip};
+pub use concurrency::{LeaseOutcome, PlannedLease, lease_refusal};
 pub use engine::{KEY_SEPARATOR, MAX_KEY_BYTES, PlannedCheck, RequestAttributes};
 pub use error::PolicyError;
 pub use grouping::{CheckGroup, RoundOutcomes, group_by_owner};

@@ -52,6 +52,8 @@ const RULE_FIELDS: &[&str] = &[
     "mode",
     "max_wait",
     "scope",
+    "concurrency",
+    "ttl",
 ];
 
 impl Policy {
@@ -229,6 +231,7 @@ fn parse_rule<'n, 'a>(
         Some(n) => parse_algorithm(n)?,
         None => Algorithm::Gcra,
     };
+    let concurrency = super::concurrency::parse_concurrency(&fields)?;
     let limit = match fields.get("limit") {
         Some(limit_node) => Some(parse_limit(limit_node, fields.get("burst"), algorithm)?),
         None => {
@@ -246,10 +249,13 @@ fn parse_rule<'n, 'a>(
         Some(node) => Some(parse_default_plan(node, plans)?),
         None => None,
     };
-    if limit.is_none() && rule_plans.is_empty() {
+    if limit.is_none() && rule_plans.is_empty() && concurrency.is_none() {
         return Err(error_at(
             fields.node(),
-            format!("rule `{name}` needs a `limit`, per-plan limits under `plans`, or both"),
+            format!(
+                "rule `{name}` needs a `limit`, per-plan limits under `plans`, or both (or \
+                 `concurrency` for requests in flight)"
+            ),
         ));
     }
     let cost = match fields.get("cost") {
@@ -306,6 +312,7 @@ fn parse_rule<'n, 'a>(
         mode,
         max_wait_ns,
         scope,
+        concurrency,
     };
     Ok((rule, name_node))
 }

@@ -130,6 +130,9 @@ pub struct Rule {
     pub(crate) mode: Mode,
     pub(crate) max_wait_ns: u64,
     pub(crate) scope: RuleScope,
+    /// `concurrency:` and `ttl:`: at most this many requests in flight per key, through leases
+    /// (such a rule has no rate limit; see [`super::concurrency`]).
+    pub(crate) concurrency: Option<crate::lease::LeaseLimit>,
 }
 
 impl Rule {
@@ -245,6 +248,11 @@ impl Rule {
         &self.scope
     }
 
+    /// The rule's concurrency limit (`concurrency:`, `ttl:`), for a concurrency rule.
+    pub fn concurrency(&self) -> Option<crate::lease::LeaseLimit> {
+        self.concurrency
+    }
+
     /// One line: what the rule matches, its key and what it enforces.
     pub fn describe(&self) -> String {
         let methods = if self.methods.is_empty() {
@@ -267,7 +275,14 @@ impl Rule {
             limits.push(format!(" plan {plan} {limit}"));
         }
         line.push_str(&limits.join(";"));
-        if self.limit.is_none() {
+        if let Some(lease) = self.concurrency {
+            let _ = write!(
+                line,
+                " at most {} at once (leases of {})",
+                lease.max(),
+                format_period(lease.ttl_ns())
+            );
+        } else if self.limit.is_none() {
             line.push_str("; other declared plans not limited");
         }
         if let Some(plan) = &self.default_plan {

@@ -15,6 +15,7 @@
 
 mod cluster_messages;
 mod frame;
+mod lease_messages;
 mod messages;
 mod policy_messages;
 mod region_messages;
@@ -25,6 +26,13 @@ pub use cluster_messages::{
     decode_replicate, decode_slot_table, member_state_from_wire, member_state_to_wire,
 };
 pub use frame::{Frame, FrameError, FrameReader, encode_frame, encode_message};
+pub use lease_messages::{
+    ArchivedLeaseRequestBatch, LEASE_ACQUIRE, LEASE_RELEASE, LEASE_RENEW, LeaseAnswer,
+    LeaseAnswerBatch, LeaseOp, LeaseRequestBatch, LeaseSync, LeaseSyncMessage,
+    MAX_WIRE_LEASE_EXPIRY_NS, MAX_WIRE_LEASE_SETS, ValidLeaseRequest, WireLease, WireLeaseAnswer,
+    WireLeaseRequest, WireLeaseSet, decode_lease_answers, decode_lease_requests, decode_lease_sync,
+    lease_set_wire_bytes,
+};
 pub use messages::{
     ArchivedCheckBatch, ArchivedDecisionBatch, ArchivedErrorFrame, ArchivedWireCheck, CheckBatch,
     DecisionBatch, ErrorFrame, ValidCheck, WireCheck, WireDecision, WireLimits, decode_check_batch,
@@ -86,6 +94,14 @@ pub enum FrameKind {
     RegionDeltas = 13,
     /// Node → node: a [`RegionAckMessage`], which region deltas the receiver applied.
     RegionAck = 14,
+    /// Client → node: a [`LeaseRequestBatch`] (acquire, release, renew concurrency leases),
+    /// answered on the same stream with a [`LeaseAnswerBatch`].
+    LeaseRequest = 15,
+    /// Node → client: a [`LeaseAnswerBatch`], one answer per lease request, in order.
+    LeaseAnswer = 16,
+    /// Node → node: a [`LeaseSyncMessage`], lease sets replicated to a slot's successor or
+    /// handed off to a new owner.
+    LeaseSync = 17,
 }
 
 impl FrameKind {
@@ -105,12 +121,15 @@ impl FrameKind {
             12 => Some(FrameKind::ScopedCheckBatch),
             13 => Some(FrameKind::RegionDeltas),
             14 => Some(FrameKind::RegionAck),
+            15 => Some(FrameKind::LeaseRequest),
+            16 => Some(FrameKind::LeaseAnswer),
+            17 => Some(FrameKind::LeaseSync),
             _ => None,
         }
     }
 
     /// True for the kinds only another node may send (gossip, replication, forwarded checks,
-    /// id conflicts, region deltas and their acknowledgements): the receiver closes a connection without a peer certificate that sends
+    /// id conflicts, region deltas and their acknowledgements, lease syncs): the receiver closes a connection without a peer certificate that sends
     /// one, with [`ErrorCode::Forbidden`]. Every kind must decide here.
     pub fn peer_only(self) -> bool {
         match self {
@@ -119,7 +138,8 @@ impl FrameKind {
             | FrameKind::ForwardedCheckBatch
             | FrameKind::IdConflict
             | FrameKind::RegionDeltas
-            | FrameKind::RegionAck => true,
+            | FrameKind::RegionAck
+            | FrameKind::LeaseSync => true,
             FrameKind::CheckBatch
             | FrameKind::DecisionBatch
             | FrameKind::Error
@@ -127,7 +147,9 @@ impl FrameKind {
             | FrameKind::SlotTable
             | FrameKind::PolicyRequest
             | FrameKind::Policy
-            | FrameKind::ScopedCheckBatch => false,
+            | FrameKind::ScopedCheckBatch
+            | FrameKind::LeaseRequest
+            | FrameKind::LeaseAnswer => false,
         }
     }
 }

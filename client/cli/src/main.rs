@@ -1,5 +1,7 @@
 //! `floodgate`: send rate-limit checks to a node from a shell and print each decision.
 
+mod acquire;
+
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -47,6 +49,10 @@ enum Command {
     /// Consume from a key's bucket COUNT times, one check at a time, printing each decision.
     #[command(after_help = CHECK_HELP)]
     Check(CheckArgs),
+    /// Acquire concurrency leases on a key COUNT times, printing each answer; hold the granted
+    /// ones for --hold, then release them (or leave them to expire with --abandon).
+    #[command(after_help = acquire::ACQUIRE_HELP)]
+    Acquire(acquire::AcquireArgs),
     /// Print the cluster as a node sees it: members, the slot table's epoch and version, and
     /// how many slots each member owns.
     #[command(after_help = STATUS_HELP)]
@@ -221,6 +227,23 @@ fn main() -> ExitCode {
                 .and_then(|runtime| runtime.block_on(run_status(&args, &mut std::io::stdout())));
             match status {
                 Ok(()) => ExitCode::SUCCESS,
+                Err(message) => {
+                    eprintln!("floodgate: {message}");
+                    ExitCode::from(2)
+                }
+            }
+        }
+        Command::Acquire(args) => {
+            let outcome = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map_err(|e| format!("cannot start the runtime: {e}"))
+                .and_then(|runtime| {
+                    runtime.block_on(acquire::run_acquire(&args, &mut std::io::stdout()))
+                });
+            match outcome {
+                Ok(true) => ExitCode::SUCCESS,
+                Ok(false) => ExitCode::from(1),
                 Err(message) => {
                     eprintln!("floodgate: {message}");
                     ExitCode::from(2)

@@ -12,11 +12,12 @@ use axum::body::Body;
 use axum::extract::{ConnectInfo, Request, State};
 use axum::http::{StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
+use axum::routing::{get, post};
 use floodgate_client::RateLimiter;
 use floodgate_client::RequestDecision;
 use floodgate_client::core::policy::RuleState;
-use floodgate_client::tower::{RateLimitLayer, request_info};
+use floodgate_client::policy::LeaseEvent;
+use floodgate_client::tower::{RateLimitLayer, hold_leases_until_sent, request_info};
 use hyper_util::rt::TokioIo;
 use metrics::{counter, gauge, histogram};
 use metrics_exporter_prometheus::{
@@ -33,6 +34,10 @@ pub struct GatewayMetrics {
     handle: PrometheusHandle,
     /// The rules version last published, set back to 0 when another takes over.
     version: Arc<Mutex<Option<String>>>,
+    /// Leases given back so far: a watch, so tests await a release instead of polling.
+    released: watch::Sender<u64>,
+    /// Lease renewals so far (a watch, as `released`).
+    renewed: watch::Sender<u64>,
 }
 
 impl GatewayMetrics {
@@ -51,7 +56,19 @@ impl GatewayMetrics {
             recorder: Arc::new(recorder),
             handle,
             version: Arc::default(),
+            released: watch::Sender::new(0),
+            renewed: watch::Sender::new(0),
         }
+    }
+
+    /// Counts leases given back (see `record_lease`).
+    pub fn watch_released(&self) -> watch::Receiver<u64> {
+        self.released.subscribe()
+    }
+
+    /// Counts lease renewals (see `record_lease`).
+    pub fn watch_renewed(&self) -> watch::Receiver<u64> {
+        self.renewed.subscribe()
     }
 
     pub fn render(&self) -> String {
@@ -107,9 +124,48 @@ impl GatewayMetrics {
     }
 }
 
+impl GatewayMetrics {
+    /// Counts one lease event of a `concurrency:` rule: leases in use per rule (a gauge),
+    /// grants, refusals, renewals, leases lost (expired before a renewal) and leases the
+    /// limiter could not answer.
+    pub fn record_lease(&self, event: &LeaseEvent) {
+        metrics::with_local_recorder(&*self.recorder, || match event {
+            LeaseEvent::Granted { rule } => {
+                counter!("floodgate_gateway_lease_grants_total", "rule" => rule.to_string())
+                    .increment(1);
+                gauge!("floodgate_gateway_leases_in_use", "rule" => rule.to_string())
+                    .increment(1.0);
+            }
+            LeaseEvent::Released { rule } => {
+                gauge!("floodgate_gateway_leases_in_use", "rule" => rule.to_string())
+                    .decrement(1.0);
+                self.released.send_modify(|n| *n += 1);
+            }
+            LeaseEvent::Refused { rule, .. } => {
+                counter!("floodgate_gateway_lease_refusals_total", "rule" => rule.to_string())
+                    .increment(1);
+            }
+            LeaseEvent::Unreachable { rule } => {
+                counter!("floodgate_gateway_lease_unreachable_total", "rule" => rule.to_string())
+                    .increment(1);
+            }
+            LeaseEvent::Renewed { rule } => {
+                counter!("floodgate_gateway_lease_renewals_total", "rule" => rule.to_string())
+                    .increment(1);
+                self.renewed.send_modify(|n| *n += 1);
+            }
+            LeaseEvent::Lost { rule } => {
+                counter!("floodgate_gateway_leases_lost_total", "rule" => rule.to_string())
+                    .increment(1);
+            }
+        });
+    }
+}
+
 /// The gateway: `/metrics`, and every other request rate limited, then proxied to `upstream`.
 pub fn app(limiter: RateLimiter, upstream: SocketAddr, metrics: GatewayMetrics) -> Router {
     let observed = metrics.clone();
+    let leases_observed = metrics.clone();
     // The one line a gateway adds; the extractor reads the peer from axum's `ConnectInfo`.
     let layer = RateLimitLayer::new(limiter)
         .with_extractor(|request: &Request| {
@@ -119,11 +175,16 @@ pub fn app(limiter: RateLimiter, upstream: SocketAddr, metrics: GatewayMetrics) 
                 .map(|c| c.0);
             request_info(request, peer)
         })
-        .on_decision(move |decision| observed.record(decision));
+        .on_decision(move |decision| observed.record(decision))
+        .on_lease(move |event| leases_observed.record_lease(event));
     let proxied = Router::new()
         .fallback(proxy)
         .with_state(upstream)
-        .layer(layer);
+        .layer(layer)
+        // Outside the limiter: a concurrency lease is held until the body has been sent.
+        .layer(axum::middleware::map_response(
+            |response: Response| async move { hold_leases_until_sent(response).map(Body::new) },
+        ));
     Router::new()
         .route("/metrics", get(render_metrics))
         .with_state(metrics)
@@ -164,18 +225,71 @@ async fn forward(upstream: SocketAddr, request: Request) -> Result<Response, Str
     Ok(response.map(Body::new))
 }
 
-/// The demo upstream: answers every request with `{"ok":true,...}` naming its method and path.
+/// How long the demo upstream's `POST /v1/exports` takes: the slow endpoint the example rules
+/// limit to a few requests at once (`concurrency:`).
+pub const EXPORT_TAKES: Duration = Duration::from_secs(2);
+
+/// What holds the answer to an export: a fixed time (the demo), or a gate a test opens one
+/// export at a time (tests never wait on the clock).
+#[derive(Clone)]
+pub enum ExportPace {
+    Takes(Duration),
+    Gate(Arc<ExportGate>),
+}
+
+/// Exports that arrived (a watch tests await) and permits to answer them.
+#[derive(Debug)]
+pub struct ExportGate {
+    pub arrived: watch::Sender<usize>,
+    pub answer: tokio::sync::Semaphore,
+}
+
+impl ExportGate {
+    pub fn new() -> Arc<Self> {
+        Arc::new(ExportGate {
+            arrived: watch::Sender::new(0),
+            answer: tokio::sync::Semaphore::new(0),
+        })
+    }
+}
+
+/// The demo upstream: answers every request with `{"ok":true,...}` naming its method and path;
+/// `POST /v1/exports` answers only after [`EXPORT_TAKES`].
 pub fn upstream_app() -> Router {
-    Router::new().fallback(|request: Request| async move {
-        (
-            [("content-type", "application/json")],
-            format!(
-                "{{\"ok\":true,\"method\":\"{}\",\"path\":\"{}\"}}\n",
-                request.method(),
-                request.uri().path().replace('"', "")
-            ),
-        )
-    })
+    upstream_app_with(ExportPace::Takes(EXPORT_TAKES))
+}
+
+/// The demo upstream with exports paced by `pace`.
+pub fn upstream_app_with(pace: ExportPace) -> Router {
+    let export = move |request: Request| {
+        let pace = pace.clone();
+        async move {
+            match pace {
+                ExportPace::Takes(time) => tokio::time::sleep(time).await,
+                ExportPace::Gate(gate) => {
+                    gate.arrived.send_modify(|n| *n += 1);
+                    if let Ok(permit) = gate.answer.acquire().await {
+                        permit.forget();
+                    }
+                }
+            }
+            echo(request).await
+        }
+    };
+    Router::new()
+        .route("/v1/exports", post(export).fallback(echo))
+        .fallback(echo)
+}
+
+async fn echo(request: Request) -> impl IntoResponse {
+    (
+        [("content-type", "application/json")],
+        format!(
+            "{{\"ok\":true,\"method\":\"{}\",\"path\":\"{}\"}}\n",
+            request.method(),
+            request.uri().path().replace('"', "")
+        ),
+    )
 }
 
 /// Serves `app` on `listener` until `shutdown` turns true, with peer addresses for the layer.

@@ -17,6 +17,7 @@
 //! request does not pass, what the other nodes took is refunded before the answer is returned.
 
 mod feed;
+mod leases;
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Weak};
@@ -35,6 +36,7 @@ use tokio::time::Instant;
 
 use self::feed::PolicyFetcher;
 pub use self::feed::fetch_policy;
+pub use self::leases::{HeldLeases, LeaseDecision, LeaseEvent, LeaseObserver};
 use crate::address::HostPort;
 use crate::client::Client;
 use crate::config::ClientConfig;

@@ -5,10 +5,12 @@
 //! - `membership`: gossip in and out, id conflicts, the join, readiness and a graceful leave.
 //! - `table_switch`: a change of owners becomes a new table, switched under the deciding gate
 //!   through the ownership machine, and the hand-offs it owes go out.
-//! - `replication`: changed buckets to each slot's successor, buckets split into frames.
+//! - `replication`: changed buckets to each slot's successor, buckets split into frames;
+//!   `lease_replication`: the same for concurrency leases (kind 17), and leases in hand-offs.
 //! - `table_message`: the slot table and members as clients receive them, encoded once.
 //! - `peers`: connections to other nodes, dialed by id and reused.
 
+mod lease_replication;
 mod membership;
 mod peers;
 mod region_rings;
@@ -23,6 +25,7 @@ use std::time::Duration;
 
 use floodgate::cluster::ownership::{Ownership, OwnershipConfig};
 use floodgate::cluster::{MemberInfo, Membership, SlotTable};
+use floodgate::lease::{LeaseStore, LeaseStoreConfig};
 use floodgate::{BucketStore, Clock, EpochClock};
 use parking_lot::Mutex;
 use tokio::sync::watch;
@@ -68,6 +71,10 @@ pub(crate) struct Cluster {
     bucket_bytes_per_frame: usize,
     /// The buckets replicated and handed off, and where merged ones go.
     store: Arc<BucketStore>,
+    /// Concurrency leases, replicated and handed off with the buckets of their slots.
+    pub(crate) leases: Arc<LeaseStore>,
+    /// Lease sets merged from peers since start (for tests and tools to await).
+    pub(crate) lease_sets_received: watch::Sender<u64>,
     clock: EpochClock,
     metrics: ClusterMetrics,
     /// The machine's join phase, mirrored for the per-check look (set false only after the real
@@ -141,6 +148,7 @@ impl Cluster {
             now_ns,
             OwnershipConfig::default(),
         );
+        let leases = Arc::new(LeaseStore::new(lease_config(&me.id, now_ns, None)));
         Cluster {
             me,
             membership: Mutex::new(membership),
@@ -155,6 +163,8 @@ impl Cluster {
             handoff_arrived: tokio::sync::Notify::new(),
             bucket_bytes_per_frame: BUCKET_BYTES_PER_FRAME,
             store,
+            leases,
+            lease_sets_received: watch::Sender::new(0),
             clock,
             metrics,
             joining: std::sync::atomic::AtomicBool::new(has_other_seeds),
@@ -175,6 +185,17 @@ impl Cluster {
     /// for buckets, at most `BUCKET_BYTES_PER_FRAME`).
     pub(crate) fn with_frame_limit(mut self, max_frame_bytes: usize) -> Self {
         self.bucket_bytes_per_frame = (max_frame_bytes / 2).min(BUCKET_BYTES_PER_FRAME);
+        self
+    }
+
+    /// Bounds this node's lease store at `max_leases` held at once (replicas included).
+    pub(crate) fn with_max_leases(mut self, max_leases: usize) -> Self {
+        let now_ns = self.clock.now_ns();
+        self.leases = Arc::new(LeaseStore::new(lease_config(
+            &self.me.id,
+            now_ns,
+            Some(max_leases),
+        )));
         self
     }
 
@@ -224,6 +245,17 @@ impl Cluster {
     /// The address of the member with this id.
     pub(crate) fn addr_of(&self, id: &str) -> Option<String> {
         self.membership.lock().info(id).map(|m| m.addr.clone())
+    }
+}
+
+/// A lease store's config: the id prefix random per start (std's `RandomState` keys are
+/// random), so two nodes, or two lives of one node, do not grant the same ids.
+fn lease_config(id: &str, now_ns: u64, max_leases: Option<usize>) -> LeaseStoreConfig {
+    use std::hash::BuildHasher;
+    let random = std::collections::hash_map::RandomState::new().hash_one((id, now_ns));
+    LeaseStoreConfig {
+        id_prefix: (random >> 32) as u32 ^ random as u32,
+        max_leases: max_leases.unwrap_or(LeaseStoreConfig::default().max_leases),
     }
 }
 

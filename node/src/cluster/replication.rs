@@ -20,10 +20,21 @@ impl Cluster {
         let Some(addr) = self.addr_of(owner_id) else {
             return Vec::new();
         };
-        let mut sends = Vec::new();
-        // At least one message, so an empty hand-off is still announced.
+        self.bucket_frames(handoff, buckets)
+            .into_iter()
+            .map(|frame| self.peers.send(addr.clone(), frame))
+            .collect()
+    }
+
+    /// `buckets` as replicate frames (at least one, so an empty hand-off is still announced).
+    pub(super) fn bucket_frames(
+        &self,
+        handoff: Option<(u64, Vec<u16>)>,
+        buckets: &[BucketState],
+    ) -> Vec<Vec<u8>> {
         let chunks = chunk_by_size(buckets, self.bucket_bytes_per_frame);
         let parts = chunks.len() as u32;
+        let mut frames = Vec::new();
         for (part, chunk) in chunks.into_iter().enumerate() {
             let message = ReplicateMessage {
                 from: self.me.id.clone(),
@@ -37,9 +48,9 @@ impl Cluster {
             };
             let mut frame = Vec::new();
             encode_message(&mut frame, FrameKind::Replicate, 0, &message);
-            sends.push(self.peers.send(addr.clone(), frame));
+            frames.push(frame);
         }
-        sends
+        frames
     }
 
     /// Sends the buckets changed since the last round to their slots' successors; returns the
@@ -67,7 +78,7 @@ impl Cluster {
                 by_target.entry(target).or_default().push(bucket);
             }
         }
-        let mut sends = Vec::new();
+        let mut sends = self.replicate_leases(now_ns);
         for (target, buckets) in by_target {
             self.metrics.replicated.increment(buckets.len() as u64);
             sends.extend(self.send_buckets(target, None, &buckets));

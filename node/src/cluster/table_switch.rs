@@ -171,13 +171,41 @@ impl Cluster {
                 moved[i].push(bucket);
             }
         }
+        let leases = self.leases_to_hand_off(&carrier, handoffs.len(), now_ns);
         // Every node that gains slots from us hears from us, even with no buckets: it holds
         // checks on those slots until then.
         let mut sends = Vec::new();
-        for (handoff, buckets) in handoffs.iter().zip(moved) {
+        for ((handoff, buckets), lease_sets) in handoffs.iter().zip(moved).zip(leases) {
             self.metrics.handed_off.increment(buckets.len() as u64);
             let carried = Some((handoff.id, handoff.slots.clone()));
-            sends.extend(self.send_buckets(&handoff.to, carried, &buckets));
+            if lease_sets.is_empty() {
+                sends.extend(self.send_buckets(&handoff.to, carried, &buckets));
+                continue;
+            }
+            let Some(addr) = self.addr_of(&handoff.to) else {
+                continue;
+            };
+            metrics::counter!("floodgate_handoff_lease_sets_total", "direction" => "sent")
+                .increment(lease_sets.len() as u64);
+            // The leases first, delivered before the buckets go: the bucket hand-off is what
+            // lets the new owner decide the slots, and it must find their leases there.
+            let lease_frames = self.lease_frames(true, &lease_sets);
+            let bucket_frames = self.bucket_frames(carried, &buckets);
+            let peers = self.peers.clone();
+            sends.push(tokio::spawn(async move {
+                for frame in lease_frames {
+                    let _ = peers.send(addr.clone(), frame).await;
+                }
+                let sent: Vec<_> = bucket_frames
+                    .into_iter()
+                    .map(|frame| peers.send(addr.clone(), frame))
+                    .collect();
+                let mut delivered = true;
+                for send in sent {
+                    delivered &= matches!(send.await, Ok(true));
+                }
+                delivered
+            }));
         }
         sends
     }

@@ -92,7 +92,8 @@ impl Node {
                 clock,
                 metrics.cluster(),
             )
-            .with_frame_limit(config.limits.max_frame_bytes),
+            .with_frame_limit(config.limits.max_frame_bytes)
+            .with_max_leases(config.limits.max_leases),
         );
         let region_sync = Arc::new(region_sync(&config, &cluster, store.clone(), clock)?);
         let allowance = Arc::new(Allowance::new(
@@ -257,6 +258,20 @@ impl Node {
     /// polling.
     pub fn watch_received_buckets(&self) -> watch::Receiver<u64> {
         self.shared.received.subscribe()
+    }
+
+    /// Live concurrency leases of `key` (the key bytes a client sends) on this node now:
+    /// decided here, or replicas and hand-offs from peers.
+    pub fn leases_in_use(&self, key: &[u8]) -> u64 {
+        let now_ns = floodgate::Clock::now_ns(&self.shared.clock);
+        let key = floodgate::BucketKey::for_key(key);
+        self.shared.cluster.leases.in_use(key, now_ns)
+    }
+
+    /// Counts lease sets merged from peers (replicas and hand-offs); await a change instead of
+    /// polling.
+    pub fn watch_received_lease_sets(&self) -> watch::Receiver<u64> {
+        self.shared.cluster.lease_sets_received.subscribe()
     }
 
     /// Bytes buffered from all streams now, and the most ever buffered at once (both within

@@ -8,7 +8,7 @@ use std::time::Duration;
 use floodgate::Clock;
 use floodgate::wire::{
     ErrorCode, FrameKind, HEADER_BYTES, Replicated, decode_gossip, decode_id_conflict,
-    decode_replicate,
+    decode_lease_sync, decode_replicate,
 };
 use tokio::sync::watch;
 
@@ -121,6 +121,17 @@ pub(super) async fn serve_uni_message(
                     shared
                         .received
                         .send_modify(|n| *n += (buckets.len() - refused) as u64);
+                }
+                Err((code, _)) => shared.metrics.frame_error(code),
+            },
+            FrameKind::LeaseSync => match decode_lease_sync(&frame.payload) {
+                Ok(sync) => {
+                    // A node speaks only as itself, as for replicas.
+                    if !from.remote.certified_as(&shared, &sync.from) {
+                        shared.metrics.frame_error(ErrorCode::Forbidden);
+                        continue;
+                    }
+                    crate::lease::merge_from_peer(&shared.cluster, sync.sets, sync.handoff, now_ns);
                 }
                 Err((code, _)) => shared.metrics.frame_error(code),
             },

@@ -143,6 +143,7 @@ pub(super) async fn answer(
                 Err(plain) => answer_checks(shared, &plain, now_ns, out).await,
             }
         }
+        FrameKind::LeaseRequest => crate::lease::answer_lease_requests(shared, frame, out).await,
         FrameKind::PolicyRequest => {
             crate::rules::answer_policy_request(shared.rules.as_deref(), frame, out)
         }

@@ -1,4 +1,4 @@
-//! The expiry sweeper: forgets expired buckets a few shards at a time and publishes the store's
+//! The expiry sweeper: forgets expired buckets and reclaims expired leases a few shards at a time and publishes the store's
 //! counters and the buffered bytes.
 
 use std::sync::Arc;
@@ -18,12 +18,17 @@ pub(super) async fn sweep_loop(shared: Arc<Shared>, mut shutdown: watch::Receive
     let mut ticker = tokio::time::interval(SWEEP_INTERVAL);
     let stats = shared.store.stats();
     let (mut evicted, mut expired, mut refused) = (0, 0, 0);
+    let mut lease_metrics = crate::lease::LeaseMetrics::default();
     loop {
         tokio::select! {
             _ = ticker.tick() => {}
             _ = shutdown.changed() => return,
         }
         shared.store.sweep_expired(shared.clock.now_ns(), 8);
+        // Leases are also reclaimed when their key is next touched; the sweep frees the room
+        // of keys nobody touches again (a gateway that crashed holding them).
+        shared.cluster.leases.sweep(shared.clock.now_ns(), 8);
+        lease_metrics.publish(&shared.cluster.leases);
         shared.metrics.live_buckets.set(shared.store.len() as f64);
         shared
             .metrics

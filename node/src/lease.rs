@@ -1,0 +1,321 @@
+//! Kind 15: a client's lease requests (acquire, release, renew), each placed by its key's slot
+//! like a check and decided on this node's lease store, answered with one kind 16.
+//!
+//! A request for a slot this node does not own is answered `not_owner` (not forwarded): the
+//! client refreshes its slot table and sends it again to the owner. A takeover (the client lost
+//! the owner) is decided here from the owner's replicas when this node is the slot's successor.
+
+use floodgate::Clock;
+use floodgate::cluster::ownership::{Arrival, Placement, Refusal};
+use floodgate::lease::{Acquired, LeaseStore, LeaseStoreError, Renewed};
+use floodgate::wire::{
+    ErrorCode, Frame, FrameKind, LeaseAnswer, LeaseAnswerBatch, LeaseOp, ValidLeaseRequest,
+    WireLeaseAnswer, decode_lease_requests, encode_message,
+};
+
+use crate::service::encode_error;
+use crate::state::Shared;
+
+/// Answers one kind 15 frame: appends a kind 16 (or an error frame for a refused frame, whose
+/// code it returns).
+pub(crate) async fn answer_lease_requests(
+    shared: &Shared,
+    frame: &Frame,
+    out: &mut Vec<u8>,
+) -> Option<ErrorCode> {
+    let requests = match decode_lease_requests(&frame.payload, &shared.config.limits.wire()) {
+        Ok(requests) => requests,
+        Err((code, message)) => {
+            encode_error(out, frame.request_id, code, message);
+            return Some(code);
+        }
+    };
+    let cluster = &shared.cluster;
+    cluster.wait_until_joined().await;
+    let slots = requests.iter().map(|r| r.key.slot());
+    let read_ns = shared.clock.now_ns();
+    let (answers, table_version) = {
+        // Gained slots wait (bounded) for their previous owner's hand-off, which brings the
+        // leases; looked at again under the gate, as for checks (the table may switch after
+        // the wait). Decided under the gate: a table switch waits, so its hand-off holds these
+        // grants.
+        let mut attempts = 0;
+        let _deciding = loop {
+            cluster.wait_for_handoffs(slots.clone(), read_ns).await;
+            let deciding = cluster.deciding();
+            attempts += 1;
+            if attempts == 3 || !cluster.awaits_handoff(slots.clone(), shared.clock.now_ns()) {
+                break deciding;
+            }
+        };
+        let (placements, version) = {
+            let ownership = cluster.ownership();
+            let placements: Vec<Placement> = requests
+                .iter()
+                .map(|r| {
+                    let arrival = if r.takeover {
+                        Arrival::Takeover
+                    } else {
+                        Arrival::Client
+                    };
+                    ownership.place(r.key.slot(), arrival)
+                })
+                .collect();
+            (placements, ownership.table().version())
+        };
+        let now_ns = shared.clock.now_ns();
+        let answers: Vec<WireLeaseAnswer> = requests
+            .iter()
+            .zip(placements)
+            .map(|(request, placement)| {
+                let answer = match placement {
+                    Placement::Decide | Placement::Takeover => {
+                        decide(&cluster.leases, request, now_ns)
+                    }
+                    Placement::Forward(_) | Placement::Refuse(Refusal::NotOwner) => {
+                        LeaseAnswer::Error(ErrorCode::NotOwner)
+                    }
+                    Placement::Refuse(Refusal::ShuttingDown) => {
+                        LeaseAnswer::Error(ErrorCode::ShuttingDown)
+                    }
+                };
+                WireLeaseAnswer::from(answer)
+            })
+            .collect();
+        (answers, version)
+    };
+    encode_message(
+        out,
+        FrameKind::LeaseAnswer,
+        frame.request_id,
+        &LeaseAnswerBatch {
+            answers,
+            table_version,
+        },
+    );
+    None
+}
+
+/// Decides one request on `leases` at `now_ns`.
+pub(crate) fn decide(leases: &LeaseStore, request: &ValidLeaseRequest, now_ns: u64) -> LeaseAnswer {
+    let key = request.key;
+    match request.op {
+        LeaseOp::Acquire(limit) => match leases.acquire(key, &limit, now_ns) {
+            Ok(Acquired::Granted { lease, in_use }) => LeaseAnswer::Granted {
+                lease_id: lease.id,
+                in_use,
+                expires_in_ns: lease.expires_at_ns - now_ns,
+            },
+            Ok(Acquired::Refused {
+                in_use,
+                retry_after_ns,
+            }) => LeaseAnswer::Refused {
+                in_use,
+                retry_after_ns,
+            },
+            Err(LeaseStoreError::Full { .. }) => LeaseAnswer::Error(ErrorCode::StoreFull),
+        },
+        LeaseOp::Release { id } => {
+            let released = leases.release(key, id, now_ns);
+            LeaseAnswer::Released {
+                was_held: released.released,
+                in_use: released.in_use,
+            }
+        }
+        LeaseOp::Renew { id, ttl_ns } => match leases.renew(key, id, ttl_ns, now_ns) {
+            Renewed::Renewed { lease, in_use } => LeaseAnswer::Renewed {
+                in_use,
+                expires_in_ns: lease.expires_at_ns - now_ns,
+            },
+            Renewed::Unknown { in_use } => LeaseAnswer::NotHeld { in_use },
+        },
+    }
+}
+
+/// Merges a peer's lease sets (replicas or a hand-off), expiries clamped to at most the
+/// longest TTL from now: a peer's clock or bytes cannot pin a lease for longer than a day.
+pub(crate) fn merge_from_peer(
+    cluster: &crate::cluster::Cluster,
+    mut sets: Vec<floodgate::lease::LeaseSetState>,
+    handoff: bool,
+    now_ns: u64,
+) {
+    let latest = now_ns.saturating_add(floodgate::lease::MAX_LEASE_TTL_NS);
+    for set in &mut sets {
+        for lease in &mut set.leases {
+            lease.expires_at_ns = lease.expires_at_ns.min(latest);
+        }
+    }
+    let dropped = cluster.leases.merge(&sets, now_ns);
+    cluster
+        .lease_sets_received
+        .send_modify(|n| *n += sets.len() as u64);
+    let direction = if handoff { "handoff" } else { "replica" };
+    metrics::counter!("floodgate_received_lease_sets_total", "kind" => direction)
+        .increment(sets.len() as u64);
+    if dropped > 0 {
+        metrics::counter!("floodgate_lease_merge_dropped_total").increment(dropped as u64);
+    }
+}
+
+/// Publishes the lease store's gauge and counters (called by the sweeper with what it last
+/// published, so counters only ever grow by the difference).
+#[derive(Debug, Default)]
+pub(crate) struct LeaseMetrics {
+    seen: [u64; 5],
+}
+
+impl LeaseMetrics {
+    pub(crate) fn publish(&mut self, leases: &LeaseStore) {
+        use std::sync::atomic::Ordering::Relaxed;
+        metrics::gauge!("floodgate_leases_in_use").set(leases.held() as f64);
+        let stats = leases.stats();
+        let totals = [
+            ("floodgate_lease_grants_total", stats.grants.load(Relaxed)),
+            (
+                "floodgate_lease_refusals_total",
+                stats.refusals.load(Relaxed),
+            ),
+            (
+                "floodgate_lease_releases_total",
+                stats.releases.load(Relaxed),
+            ),
+            (
+                "floodgate_lease_expiries_total",
+                stats.expiries.load(Relaxed),
+            ),
+            ("floodgate_lease_store_full_total", stats.full.load(Relaxed)),
+        ];
+        for ((name, now), seen) in totals.into_iter().zip(&mut self.seen) {
+            metrics::counter!(name).increment(now - *seen);
+            *seen = now;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use floodgate::BucketKey;
+    use floodgate::lease::{LeaseLimit, LeaseStoreConfig};
+
+    use super::*;
+
+    const SEC: u64 = 1_000_000_000;
+
+    fn acquire(key: &[u8], max: u64) -> ValidLeaseRequest {
+        ValidLeaseRequest {
+            key: BucketKey::for_key(key),
+            op: LeaseOp::Acquire(LeaseLimit::new(max, 10 * SEC).unwrap()),
+            takeover: false,
+        }
+    }
+
+    #[test]
+    fn answers_say_what_happened_to_each_request() {
+        let leases = LeaseStore::new(LeaseStoreConfig::default());
+        let LeaseAnswer::Granted {
+            lease_id,
+            in_use: 1,
+            expires_in_ns,
+        } = decide(&leases, &acquire(b"k", 1), SEC)
+        else {
+            panic!("expected a grant");
+        };
+        assert_eq!(expires_in_ns, 10 * SEC);
+        assert_eq!(
+            decide(&leases, &acquire(b"k", 1), 4 * SEC),
+            LeaseAnswer::Refused {
+                in_use: 1,
+                retry_after_ns: 7 * SEC
+            }
+        );
+        let renew = ValidLeaseRequest {
+            op: LeaseOp::Renew {
+                id: lease_id,
+                ttl_ns: 20 * SEC,
+            },
+            ..acquire(b"k", 1)
+        };
+        assert_eq!(
+            decide(&leases, &renew, 5 * SEC),
+            LeaseAnswer::Renewed {
+                in_use: 1,
+                expires_in_ns: 20 * SEC
+            }
+        );
+        let release = ValidLeaseRequest {
+            op: LeaseOp::Release { id: lease_id },
+            ..acquire(b"k", 1)
+        };
+        assert_eq!(
+            decide(&leases, &release, 6 * SEC),
+            LeaseAnswer::Released {
+                was_held: true,
+                in_use: 0
+            }
+        );
+        assert_eq!(
+            decide(&leases, &release, 6 * SEC),
+            LeaseAnswer::Released {
+                was_held: false,
+                in_use: 0
+            }
+        );
+        assert_eq!(
+            decide(&leases, &renew, 6 * SEC),
+            LeaseAnswer::NotHeld { in_use: 0 }
+        );
+    }
+
+    /// Expiry driven through the node's answer path at chosen times: a lease holds its place
+    /// until exactly its TTL, then the place is free, the expiry is counted and the node-wide
+    /// count drops (the sweeper reclaims a key nobody touches again).
+    #[test]
+    fn an_abandoned_lease_frees_its_place_at_its_ttl() {
+        let leases = LeaseStore::new(LeaseStoreConfig::default());
+        assert!(matches!(
+            decide(&leases, &acquire(b"k", 1), 0),
+            LeaseAnswer::Granted { .. }
+        ));
+        assert_eq!(
+            decide(&leases, &acquire(b"k", 1), 10 * SEC - 1),
+            LeaseAnswer::Refused {
+                in_use: 1,
+                retry_after_ns: 1
+            }
+        );
+        assert!(matches!(
+            decide(&leases, &acquire(b"k", 1), 10 * SEC),
+            LeaseAnswer::Granted { in_use: 1, .. }
+        ));
+        decide(&leases, &acquire(b"untouched", 1), 10 * SEC);
+        assert_eq!(leases.held(), 2);
+        assert_eq!(leases.sweep(20 * SEC, usize::MAX), 2);
+        assert_eq!(leases.held(), 0);
+        let expiries = leases
+            .stats()
+            .expiries
+            .load(std::sync::atomic::Ordering::Relaxed);
+        assert_eq!(expiries, 3);
+    }
+
+    #[tokio::test]
+    async fn merged_expiries_are_clamped_to_a_day_from_now() {
+        let key = BucketKey::for_key(b"k");
+        let far = floodgate::lease::LeaseSetState {
+            key,
+            max: 1,
+            leases: vec![floodgate::lease::Lease {
+                id: 9,
+                expires_at_ns: u64::MAX / 2,
+            }],
+            released: Vec::new(),
+        };
+        let cluster = crate::cluster::tests::cluster_alone();
+        merge_from_peer(&cluster, vec![far], false, SEC);
+        let leases = &cluster.leases;
+        let day = floodgate::lease::MAX_LEASE_TTL_NS;
+        assert_eq!(leases.in_use(key, SEC + day - 1), 1);
+        assert_eq!(leases.in_use(key, SEC + day), 0);
+    }
+}

@@ -1,0 +1,194 @@
+//! Hostile lease input: bad lease frames (kind 15) get an error frame with their documented
+//! code and a reason a person can act on, and the stream goes on; lease syncs (kind 17) from a
+//! client are forbidden; the node-wide lease bound answers `store_full`. Nothing panics.
+
+mod common;
+
+use common::*;
+use floodgate::wire::{
+    ErrorCode, FrameKind, FrameReader, LEASE_ACQUIRE, LeaseAnswer, LeaseRequestBatch,
+    LeaseSyncMessage, WireLeaseRequest, decode_error_frame, decode_lease_answers, encode_frame,
+    encode_message,
+};
+
+const SEC: u64 = 1_000_000_000;
+
+/// What came back for each request id: its lease answers, or its error (code and message).
+type Replies = Vec<(u64, Result<Vec<LeaseAnswer>, (ErrorCode, String)>)>;
+
+fn parse(bytes: &[u8]) -> Replies {
+    let mut reader = FrameReader::new(16 << 20);
+    reader.extend(bytes);
+    let mut replies = Vec::new();
+    while let Some(frame) = reader.next_frame().unwrap() {
+        let reply = match frame.kind {
+            FrameKind::LeaseAnswer => Ok(decode_lease_answers(&frame.payload).unwrap().0),
+            FrameKind::Error => {
+                let error = decode_error_frame(&frame.payload).unwrap();
+                Err((ErrorCode::from_u16(error.code).unwrap(), error.message))
+            }
+            other => panic!("a node never answers lease requests with {other:?}"),
+        };
+        replies.push((frame.request_id, reply));
+    }
+    replies
+}
+
+fn frame(request_id: u64, requests: Vec<WireLeaseRequest>) -> Vec<u8> {
+    let mut out = Vec::new();
+    encode_message(
+        &mut out,
+        FrameKind::LeaseRequest,
+        request_id,
+        &LeaseRequestBatch { requests },
+    );
+    out
+}
+
+fn acquire(key: &[u8], max: u64, ttl_ns: u64) -> WireLeaseRequest {
+    WireLeaseRequest {
+        op: LEASE_ACQUIRE,
+        key: key.to_vec(),
+        max,
+        ttl_ns,
+        ..WireLeaseRequest::default()
+    }
+}
+
+#[tokio::test]
+async fn bad_lease_frames_are_refused_with_a_reason_and_the_stream_goes_on() {
+    let node = start_node(|c| {
+        c.limits.max_batch = 4;
+        c.limits.max_key_bytes = 16;
+    })
+    .await;
+    let connection = connect(node.node.local_addr(), client_config(&node.certs, false)).await;
+    let mut bytes = Vec::new();
+    let mut garbage = Vec::new();
+    encode_frame(
+        &mut garbage,
+        FrameKind::LeaseRequest,
+        1,
+        b"not an rkyv archive, just bytes",
+    );
+    bytes.extend(garbage);
+    let bad = [
+        vec![acquire(b"k", 0, SEC)],
+        vec![acquire(b"k", 100_001, SEC)],
+        vec![acquire(b"k", 1, 999_999)],
+        vec![acquire(b"k", 1, 86_400 * SEC + 1)],
+        vec![WireLeaseRequest::release("k", 0)],
+        vec![WireLeaseRequest::renew("k", 7, 0)],
+        vec![WireLeaseRequest {
+            op: 3,
+            ..WireLeaseRequest::release("k", 7)
+        }],
+        vec![acquire(&[b'k'; 17], 1, SEC)],
+        vec![acquire(b"k", 1, SEC); 5],
+        Vec::new(),
+    ];
+    for (i, requests) in bad.into_iter().enumerate() {
+        bytes.extend(frame(2 + i as u64, requests));
+    }
+    // A good request after all of them is still answered, and nothing bad was granted.
+    bytes.extend(frame(99, vec![acquire(b"k", 1, SEC)]));
+    let replies = parse(
+        &floodgate_node::exchange::round_trip(&connection, &bytes, 1 << 20)
+            .await
+            .unwrap(),
+    );
+    let expected: [(ErrorCode, &str); 11] = [
+        (
+            ErrorCode::MalformedPayload,
+            "not a valid lease request batch",
+        ),
+        (
+            ErrorCode::InvalidLimit,
+            "max must be between 1 and 100000 leases, not 0",
+        ),
+        (
+            ErrorCode::InvalidLimit,
+            "max must be between 1 and 100000 leases, not 100001",
+        ),
+        (ErrorCode::InvalidLimit, "ttl must be between 1ms and 1 day"),
+        (ErrorCode::InvalidLimit, "ttl must be between 1ms and 1 day"),
+        (
+            ErrorCode::MalformedPayload,
+            "a lease release without a lease id",
+        ),
+        (ErrorCode::InvalidLimit, "ttl must be between 1ms and 1 day"),
+        (ErrorCode::MalformedPayload, "unknown lease op 3"),
+        (
+            ErrorCode::KeyTooLong,
+            "key of 17 bytes exceeds the maximum of 16",
+        ),
+        (
+            ErrorCode::BatchTooLarge,
+            "5 lease requests in one frame; the maximum is 4",
+        ),
+        (ErrorCode::MalformedPayload, "no requests"),
+    ];
+    assert_eq!(replies.len(), expected.len() + 1, "{replies:?}");
+    for ((id, reply), (i, (code, words))) in replies.iter().zip(expected.iter().enumerate()) {
+        assert_eq!(*id, 1 + i as u64);
+        let (got, message) = reply.as_ref().unwrap_err();
+        assert_eq!(got, code, "{message}");
+        assert!(message.contains(words), "request {id}: {message}");
+    }
+    let (id, last) = replies.last().unwrap();
+    assert_eq!(*id, 99);
+    assert!(
+        matches!(
+            last.as_ref().unwrap()[..],
+            [LeaseAnswer::Granted { in_use: 1, .. }]
+        ),
+        "{last:?}"
+    );
+    node.node.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_lease_sync_from_a_client_closes_its_connection_as_forbidden() {
+    let node = start_node(|_| {}).await;
+    let connection = connect(node.node.local_addr(), client_config(&node.certs, false)).await;
+    let mut sync = Vec::new();
+    encode_message(
+        &mut sync,
+        FrameKind::LeaseSync,
+        0,
+        &LeaseSyncMessage {
+            from: node.node.node_id().to_owned(),
+            handoff: true,
+            sets: Vec::new(),
+        },
+    );
+    let mut stream = connection.open_uni().await.unwrap();
+    stream.write_all(&sync).await.unwrap();
+    let _ = stream.finish();
+    let reason = tokio::time::timeout(std::time::Duration::from_secs(10), connection.closed())
+        .await
+        .expect("the node closes the connection");
+    assert!(reason.to_string().contains("forbidden"), "{reason}");
+    node.node.shutdown().await;
+}
+
+#[tokio::test]
+async fn past_the_node_wide_bound_an_acquire_is_answered_store_full() {
+    let node = start_node(|c| c.limits.max_leases = 2).await;
+    let connection = connect(node.node.local_addr(), client_config(&node.certs, false)).await;
+    let requests = vec![
+        acquire(b"a", 10, 60 * SEC),
+        acquire(b"b", 10, 60 * SEC),
+        acquire(b"c", 10, 60 * SEC),
+    ];
+    let replies = parse(
+        &floodgate_node::exchange::round_trip(&connection, &frame(1, requests), 1 << 20)
+            .await
+            .unwrap(),
+    );
+    let answers = replies[0].1.as_ref().unwrap();
+    assert!(matches!(answers[0], LeaseAnswer::Granted { .. }));
+    assert!(matches!(answers[1], LeaseAnswer::Granted { .. }));
+    assert_eq!(answers[2], LeaseAnswer::Error(ErrorCode::StoreFull));
+    node.node.shutdown().await;
+}

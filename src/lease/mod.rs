@@ -1,0 +1,17 @@
+//! Concurrency limits: at most `max` leases held at once per key, each reclaimed after its TTL
+//! so a holder that crashes cannot leak capacity. Pure: every operation takes `now_ns`.
+//!
+//! - `limit`: [`LeaseLimit`], a validated `max` and TTL.
+//! - `concurrency`: [`LeaseSet`], one key's leases: acquire, release, renew, reclaim, merge.
+//! - `store`: [`LeaseStore`], the sharded map of lease sets, bounded node-wide, with what
+//!   replication and hand-off read (changed sets, release tombstones, export) and merge.
+
+mod concurrency;
+mod limit;
+mod store;
+
+pub use concurrency::{Acquired, Lease, LeaseSet};
+pub use limit::{LeaseLimit, LeaseLimitError, MAX_LEASE_MAX, MAX_LEASE_TTL_NS, MIN_LEASE_TTL_NS};
+pub use store::{
+    LeaseSetState, LeaseStats, LeaseStore, LeaseStoreConfig, LeaseStoreError, Released, Renewed,
+};

@@ -1,0 +1,453 @@
+//! `LeaseStore`: every key's lease set, in shards behind short locks, bounded node-wide by the
+//! number of leases held. What replication and hand-off need: the sets changed since the last
+//! round and the ids released since then (tombstones), an export by slot, and a merge.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
+
+use parking_lot::Mutex;
+
+use super::{Acquired, Lease, LeaseLimit, LeaseSet};
+use crate::BucketKey;
+
+/// Shards of the map: lease operations are rare next to checks, so a few suffice to keep
+/// concurrent acquires on different keys apart.
+const SHARDS: usize = 64;
+/// Most release tombstones a shard keeps between replication rounds. Past it the oldest are
+/// dropped: the replica then holds that lease until its TTL, stricter, never looser.
+const MAX_TOMBSTONES_PER_SHARD: usize = 4_096;
+
+/// Bounds and identity of a node's lease store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LeaseStoreConfig {
+    /// Most leases held at once on this node, all keys together (replicas included). An acquire
+    /// past it is refused (`LeaseStoreError::Full`); a merge past it drops the extra leases.
+    pub max_leases: usize,
+    /// The high 32 bits of every lease id this store grants: a node picks it at random at start,
+    /// so ids granted by two nodes (an owner and its successor taking over) do not collide.
+    pub id_prefix: u32,
+}
+
+impl Default for LeaseStoreConfig {
+    fn default() -> Self {
+        LeaseStoreConfig {
+            max_leases: 1_000_000,
+            id_prefix: 1,
+        }
+    }
+}
+
+/// Why an acquire could not be decided.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum LeaseStoreError {
+    #[error("this node holds {max_leases} leases already (its --max-leases)")]
+    Full { max_leases: usize },
+}
+
+/// The answer to a release.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Released {
+    /// False when the lease was not held (released before, expired, or never granted).
+    pub released: bool,
+    pub in_use: u64,
+}
+
+/// The answer to a renewal.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Renewed {
+    Renewed {
+        lease: Lease,
+        in_use: u64,
+    },
+    /// Not held: it expired (and its place may be someone else's) or was released.
+    Unknown {
+        in_use: u64,
+    },
+}
+
+/// One key's leases as replicated or handed off.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseSetState {
+    pub key: BucketKey,
+    pub max: u64,
+    pub leases: Vec<Lease>,
+    /// Ids released here since the last round, for the receiver to drop.
+    pub released: Vec<u64>,
+}
+
+/// Counters since start, published by the node.
+#[derive(Debug, Default)]
+pub struct LeaseStats {
+    pub grants: AtomicU64,
+    pub refusals: AtomicU64,
+    pub releases: AtomicU64,
+    pub expiries: AtomicU64,
+    /// Acquires refused because the store was full.
+    pub full: AtomicU64,
+}
+
+#[derive(Debug, Default)]
+struct Shard {
+    sets: HashMap<BucketKey, LeaseSet>,
+    tombstones: Vec<(BucketKey, u64)>,
+}
+
+/// Every key's leases on one node.
+#[derive(Debug)]
+pub struct LeaseStore {
+    shards: Box<[Mutex<Shard>]>,
+    held: AtomicUsize,
+    config: LeaseStoreConfig,
+    next_id: AtomicU32,
+    sweep_cursor: AtomicUsize,
+    stats: LeaseStats,
+}
+
+impl LeaseStore {
+    pub fn new(config: LeaseStoreConfig) -> Self {
+        LeaseStore {
+            shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
+            held: AtomicUsize::new(0),
+            config,
+            next_id: AtomicU32::new(1),
+            sweep_cursor: AtomicUsize::new(0),
+            stats: LeaseStats::default(),
+        }
+    }
+
+    fn shard(&self, key: BucketKey) -> &Mutex<Shard> {
+        &self.shards[key.check as usize % SHARDS]
+    }
+
+    /// A fresh id: this store's prefix, then a counter (never 0, which means "no lease").
+    fn fresh_id(&self) -> u64 {
+        loop {
+            let low = self.next_id.fetch_add(1, Ordering::Relaxed);
+            let id = (u64::from(self.config.id_prefix) << 32) | u64::from(low);
+            if id != 0 {
+                return id;
+            }
+        }
+    }
+
+    /// Applies `op` to `key`'s set with expired leases reclaimed first, keeps the held count
+    /// and the expiry counter right, and forgets a set left empty.
+    /// `op` is also told how many leases the reclaim just freed (not yet off the held count).
+    fn with_set<T>(
+        &self,
+        key: BucketKey,
+        now_ns: u64,
+        op: impl FnOnce(&mut LeaseSet, usize) -> T,
+    ) -> T {
+        let mut shard = self.shard(key).lock();
+        let set = shard.sets.entry(key).or_default();
+        let before = set.len();
+        let expired = set.reclaim(now_ns);
+        let result = op(set, expired);
+        let after = set.len();
+        if set.is_empty() {
+            shard.sets.remove(&key);
+        }
+        drop(shard);
+        self.stats
+            .expiries
+            .fetch_add(expired as u64, Ordering::Relaxed);
+        self.adjust_held(before, after);
+        result
+    }
+
+    fn adjust_held(&self, before: usize, after: usize) {
+        if after > before {
+            self.held.fetch_add(after - before, Ordering::Relaxed);
+        } else {
+            self.held.fetch_sub(before - after, Ordering::Relaxed);
+        }
+    }
+
+    /// Grants a lease on `key` if fewer than `limit.max()` are held there.
+    pub fn acquire(
+        &self,
+        key: BucketKey,
+        limit: &LeaseLimit,
+        now_ns: u64,
+    ) -> Result<Acquired, LeaseStoreError> {
+        let id = self.fresh_id();
+        let result = self.with_set(key, now_ns, |set, reclaimed| {
+            // The places this key's reclaim just freed count as free.
+            let held = self.held.load(Ordering::Relaxed).saturating_sub(reclaimed);
+            if held >= self.config.max_leases && set.len() < limit.max() as usize {
+                return Err(LeaseStoreError::Full {
+                    max_leases: self.config.max_leases,
+                });
+            }
+            Ok(set.acquire(limit, id, now_ns))
+        });
+        let counter = match result {
+            Ok(Acquired::Granted { .. }) => &self.stats.grants,
+            Ok(Acquired::Refused { .. }) => &self.stats.refusals,
+            Err(_) => &self.stats.full,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+        result
+    }
+
+    /// Releases lease `id` of `key`; releasing one not held is not an error.
+    pub fn release(&self, key: BucketKey, id: u64, now_ns: u64) -> Released {
+        let (released, in_use) =
+            self.with_set(key, now_ns, |set, _| (set.release(id), set.len() as u64));
+        if released {
+            self.stats.releases.fetch_add(1, Ordering::Relaxed);
+            let mut shard = self.shard(key).lock();
+            if shard.tombstones.len() >= MAX_TOMBSTONES_PER_SHARD {
+                shard.tombstones.remove(0);
+            }
+            shard.tombstones.push((key, id));
+        }
+        Released { released, in_use }
+    }
+
+    /// Extends lease `id` of `key` to `ttl_ns` from now.
+    pub fn renew(&self, key: BucketKey, id: u64, ttl_ns: u64, now_ns: u64) -> Renewed {
+        self.with_set(key, now_ns, |set, _| match set.renew(id, ttl_ns, now_ns) {
+            Some(lease) => Renewed::Renewed {
+                lease,
+                in_use: set.len() as u64,
+            },
+            None => Renewed::Unknown {
+                in_use: set.len() as u64,
+            },
+        })
+    }
+
+    /// Leases held on this node now (expired ones not yet reclaimed included).
+    pub fn held(&self) -> usize {
+        self.held.load(Ordering::Relaxed)
+    }
+
+    /// Live leases of `key` at `now_ns`.
+    pub fn in_use(&self, key: BucketKey, now_ns: u64) -> u64 {
+        let shard = self.shard(key).lock();
+        shard.sets.get(&key).map_or(0, |set| {
+            set.leases
+                .iter()
+                .filter(|l| l.expires_at_ns > now_ns)
+                .count() as u64
+        })
+    }
+
+    pub fn stats(&self) -> &LeaseStats {
+        &self.stats
+    }
+
+    pub fn config(&self) -> LeaseStoreConfig {
+        self.config
+    }
+
+    /// The sets changed here since the last call and the ids released since then, grouped by
+    /// key; clears both (what replication sends to each slot's successor).
+    pub fn take_changed(&self, now_ns: u64, out: &mut Vec<LeaseSetState>) {
+        for shard in self.shards.iter() {
+            let mut shard = shard.lock();
+            let mut by_key: HashMap<BucketKey, LeaseSetState> = HashMap::new();
+            for (key, set) in shard.sets.iter_mut().filter(|(_, s)| s.changed) {
+                set.changed = false;
+                by_key.insert(*key, state_of(*key, set, now_ns));
+            }
+            for (key, id) in std::mem::take(&mut shard.tombstones) {
+                by_key
+                    .entry(key)
+                    .or_insert_with(|| LeaseSetState {
+                        key,
+                        max: 0,
+                        leases: Vec::new(),
+                        released: Vec::new(),
+                    })
+                    .released
+                    .push(id);
+            }
+            out.extend(by_key.into_values());
+        }
+    }
+
+    /// Every live set whose key passes `filter` (what a hand-off carries).
+    pub fn export(
+        &self,
+        now_ns: u64,
+        filter: &dyn Fn(BucketKey) -> bool,
+        out: &mut Vec<LeaseSetState>,
+    ) {
+        for shard in self.shards.iter() {
+            let shard = shard.lock();
+            for (key, set) in shard.sets.iter().filter(|(k, _)| filter(**k)) {
+                let state = state_of(*key, set, now_ns);
+                if !state.leases.is_empty() {
+                    out.push(state);
+                }
+            }
+        }
+    }
+
+    /// Merges sets from a peer (replicas, a hand-off): see [`LeaseSet::merge`]. Leases past the
+    /// node's bound are dropped; returns how many.
+    pub fn merge(&self, states: &[LeaseSetState], now_ns: u64) -> usize {
+        let mut dropped = 0;
+        for state in states {
+            let room = self.config.max_leases.saturating_sub(self.held());
+            let leases = if state.leases.len() > room {
+                dropped += state.leases.len() - room;
+                &state.leases[..room]
+            } else {
+                &state.leases[..]
+            };
+            self.with_set(state.key, now_ns, |set, _| {
+                set.merge(state.max, leases, &state.released, now_ns)
+            });
+        }
+        dropped
+    }
+
+    /// Marks a set as decided here (a takeover decided it from a replica), so the next round
+    /// sends it back to its owner.
+    pub fn mark_changed(&self, key: BucketKey) {
+        if let Some(set) = self.shard(key).lock().sets.get_mut(&key) {
+            set.changed = true;
+        }
+    }
+
+    /// Reclaims expired leases in the next `shards` shards (a bounded slice per call, so one
+    /// sweep never holds a node up); returns how many.
+    pub fn sweep(&self, now_ns: u64, shards: usize) -> usize {
+        let mut reclaimed = 0;
+        for _ in 0..shards.min(SHARDS) {
+            let i = self.sweep_cursor.fetch_add(1, Ordering::Relaxed) % SHARDS;
+            let mut shard = self.shards[i].lock();
+            shard.sets.retain(|_, set| {
+                reclaimed += set.reclaim(now_ns);
+                !set.is_empty()
+            });
+        }
+        self.held.fetch_sub(reclaimed, Ordering::Relaxed);
+        self.stats
+            .expiries
+            .fetch_add(reclaimed as u64, Ordering::Relaxed);
+        reclaimed
+    }
+}
+
+fn state_of(key: BucketKey, set: &LeaseSet, now_ns: u64) -> LeaseSetState {
+    LeaseSetState {
+        key,
+        max: set.max,
+        leases: set
+            .leases
+            .iter()
+            .copied()
+            .filter(|l| l.expires_at_ns > now_ns)
+            .collect(),
+        released: Vec::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SEC: u64 = 1_000_000_000;
+
+    fn store(max_leases: usize) -> LeaseStore {
+        LeaseStore::new(LeaseStoreConfig {
+            max_leases,
+            id_prefix: 0xabcd,
+        })
+    }
+
+    fn granted(answer: Result<Acquired, LeaseStoreError>) -> Lease {
+        match answer {
+            Ok(Acquired::Granted { lease, .. }) => lease,
+            other => panic!("expected a grant, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn ids_carry_the_prefix_and_never_repeat() {
+        let store = store(100);
+        let key = BucketKey::for_key(b"k");
+        let limit = LeaseLimit::new(10, SEC).unwrap();
+        let a = granted(store.acquire(key, &limit, 0));
+        let b = granted(store.acquire(key, &limit, 0));
+        assert_ne!(a.id, b.id);
+        assert_eq!(a.id >> 32, 0xabcd);
+    }
+
+    #[test]
+    fn the_node_wide_bound_refuses_new_leases_and_counts_them() {
+        let store = store(2);
+        let limit = LeaseLimit::new(10, SEC).unwrap();
+        granted(store.acquire(BucketKey::for_key(b"a"), &limit, 0));
+        granted(store.acquire(BucketKey::for_key(b"b"), &limit, 0));
+        assert_eq!(
+            store.acquire(BucketKey::for_key(b"c"), &limit, 0),
+            Err(LeaseStoreError::Full { max_leases: 2 })
+        );
+        assert_eq!(store.stats().full.load(Ordering::Relaxed), 1);
+        // Once they expire, the sweep gives the room back.
+        assert_eq!(store.sweep(SEC, SHARDS), 2);
+        assert_eq!(store.held(), 0);
+        granted(store.acquire(BucketKey::for_key(b"c"), &limit, SEC));
+    }
+
+    #[test]
+    fn a_full_store_still_grants_a_place_its_own_key_just_reclaimed() {
+        let store = store(1);
+        let key = BucketKey::for_key(b"a");
+        granted(store.acquire(key, &LeaseLimit::new(10, SEC).unwrap(), 0));
+        // Expired but not swept: the store counts it as held until someone looks.
+        assert_eq!(store.held(), 1);
+        granted(store.acquire(key, &LeaseLimit::new(10, SEC).unwrap(), SEC));
+        assert_eq!(store.held(), 1);
+    }
+
+    #[test]
+    fn changed_sets_and_releases_replicate_once() {
+        let owner = store(100);
+        let replica = store(100);
+        let key = BucketKey::for_key(b"k");
+        let limit = LeaseLimit::new(2, 10 * SEC).unwrap();
+        let a = granted(owner.acquire(key, &limit, 0));
+        granted(owner.acquire(key, &limit, 0));
+        let mut changed = Vec::new();
+        owner.take_changed(0, &mut changed);
+        assert_eq!(changed.len(), 1);
+        replica.merge(&changed, 0);
+        assert_eq!(replica.in_use(key, 0), 2);
+        // Nothing changed since: nothing to send.
+        changed.clear();
+        owner.take_changed(0, &mut changed);
+        assert!(changed.is_empty());
+        // A release reaches the replica as a tombstone.
+        assert!(owner.release(key, a.id, SEC).released);
+        assert!(!owner.release(key, a.id, SEC).released);
+        owner.take_changed(SEC, &mut changed);
+        replica.merge(&changed, SEC);
+        assert_eq!(replica.in_use(key, SEC), 1);
+        assert_eq!(replica.held(), 1);
+    }
+
+    #[test]
+    fn expiry_reclaims_lazily_and_counts() {
+        let store = store(100);
+        let key = BucketKey::for_key(b"k");
+        let limit = LeaseLimit::new(1, 5 * SEC).unwrap();
+        granted(store.acquire(key, &limit, 0));
+        assert!(matches!(
+            store.acquire(key, &limit, 5 * SEC - 1),
+            Ok(Acquired::Refused {
+                in_use: 1,
+                retry_after_ns: 1
+            })
+        ));
+        granted(store.acquire(key, &limit, 5 * SEC));
+        assert_eq!(store.stats().expiries.load(Ordering::Relaxed), 1);
+        assert_eq!(store.held(), 1);
+    }
+}
