@@ -228,6 +228,13 @@ fn decode_by_kind(payload: &[u8], kind: FrameKind) {
         }
         FrameKind::RegionDeltas => outcome(&decode_region_deltas(payload)),
         FrameKind::RegionAck => outcome(&decode_region_ack(payload)),
+        FrameKind::TokenLeaseBatch => outcome(&floodgate::wire::decode_token_lease_batch(
+            payload,
+            &WireLimits::default(),
+        )),
+        FrameKind::TokenLeaseAnswers => {
+            outcome(&floodgate::wire::decode_token_lease_answers(payload))
+        }
     };
 }
 

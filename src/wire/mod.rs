@@ -18,6 +18,7 @@ mod frame;
 mod messages;
 mod policy_messages;
 mod region_messages;
+mod token_lease_messages;
 
 pub use cluster_messages::{
     HandoffPart, MAX_HANDOFF_PARTS, MAX_MEMBER_FIELD_BYTES, MAX_WIRE_TAT_NS, ReplicateMessage,
@@ -38,6 +39,10 @@ pub use region_messages::{
     ArchivedScopedCheckBatch, MAX_WIRE_DELTA_AT_NS, MAX_WIRE_DELTAS, MAX_WIRE_NODE_ID_BYTES,
     RegionAckMessage, RegionDeltasMessage, ScopedCheckBatch, WireDelta, WireScope,
     decode_region_ack, decode_region_deltas, decode_scoped_check_batch,
+};
+pub use token_lease_messages::{
+    ArchivedTokenLeaseBatch, TokenLeaseAnswer, TokenLeaseAnswers, TokenLeaseBatch,
+    TokenLeaseRequest, ValidTokenLease, decode_token_lease_answers, decode_token_lease_batch,
 };
 
 /// First two bytes of every frame.
@@ -86,6 +91,11 @@ pub enum FrameKind {
     RegionDeltas = 13,
     /// Node → node: a [`RegionAckMessage`], which region deltas the receiver applied.
     RegionAck = 14,
+    /// Client → node: a [`TokenLeaseBatch`], tokens of hot keys asked for (and unused ones
+    /// returned) by a gateway that decides those keys locally.
+    TokenLeaseBatch = 18,
+    /// Node → client: [`TokenLeaseAnswers`], what the owner granted, one per request.
+    TokenLeaseAnswers = 19,
 }
 
 impl FrameKind {
@@ -105,6 +115,8 @@ impl FrameKind {
             12 => Some(FrameKind::ScopedCheckBatch),
             13 => Some(FrameKind::RegionDeltas),
             14 => Some(FrameKind::RegionAck),
+            18 => Some(FrameKind::TokenLeaseBatch),
+            19 => Some(FrameKind::TokenLeaseAnswers),
             _ => None,
         }
     }
@@ -127,7 +139,9 @@ impl FrameKind {
             | FrameKind::SlotTable
             | FrameKind::PolicyRequest
             | FrameKind::Policy
-            | FrameKind::ScopedCheckBatch => false,
+            | FrameKind::ScopedCheckBatch
+            | FrameKind::TokenLeaseBatch
+            | FrameKind::TokenLeaseAnswers => false,
         }
     }
 }
