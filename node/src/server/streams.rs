@@ -143,6 +143,9 @@ pub(super) async fn answer(
                 Err(plain) => answer_checks(shared, &plain, now_ns, out).await,
             }
         }
+        FrameKind::TokenLeaseBatch => {
+            crate::token_leases::answer_token_leases(shared, frame, now_ns, out).await
+        }
         FrameKind::PolicyRequest => {
             crate::rules::answer_policy_request(shared.rules.as_deref(), frame, out)
         }
