@@ -75,6 +75,35 @@ impl Default for BackoffConfig {
     }
 }
 
+/// Token leases for hot keys: a key checked at this gateway above `hot_above_per_sec` is
+/// decided here against tokens leased from its owner (see the README, "Hot keys: token
+/// leases"). Off by default: every check then goes to its owner.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TokenLeaseConfig {
+    pub enabled: bool,
+    /// Units per second (of single-check calls on one key, at this gateway) from which the key
+    /// is leased.
+    pub hot_above_per_sec: u64,
+    /// A lease is about this long a share of the gateway's rate for the key.
+    pub lease_period: Duration,
+    /// Unused tokens lapse this long after they were asked for and are returned to the owner.
+    pub ttl: Duration,
+    /// Most keys the gateway meters and leases at once (memory bound).
+    pub max_keys: usize,
+}
+
+impl Default for TokenLeaseConfig {
+    fn default() -> Self {
+        TokenLeaseConfig {
+            enabled: false,
+            hot_above_per_sec: 500,
+            lease_period: Duration::from_millis(100),
+            ttl: Duration::from_secs(1),
+            max_keys: 1_024,
+        }
+    }
+}
+
 /// Everything [`crate::Client::connect`] needs besides the node addresses.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ClientConfig {
@@ -109,6 +138,8 @@ pub struct ClientConfig {
     /// first table the client takes, kept from then on (seeds of several regions never make it
     /// route by two regions' tables at once).
     pub region: Option<String>,
+    /// Token leases for hot keys (off by default).
+    pub token_leases: TokenLeaseConfig,
 }
 
 impl ClientConfig {
@@ -132,6 +163,7 @@ impl ClientConfig {
                 shards: 16,
             },
             region: None,
+            token_leases: TokenLeaseConfig::default(),
         }
     }
 
@@ -225,6 +257,21 @@ impl ClientConfig {
         }
         if let Err(e) = floodgate::BucketStore::new(self.fallback_store) {
             return invalid("fallback_store", &e.to_string());
+        }
+        let leases = &self.token_leases;
+        if leases.enabled {
+            if leases.hot_above_per_sec == 0 {
+                return invalid("token_leases.hot_above_per_sec", "must be at least 1");
+            }
+            if leases.lease_period.is_zero() || leases.ttl < leases.lease_period {
+                return invalid(
+                    "token_leases.ttl",
+                    "must be at least lease_period, and lease_period more than zero",
+                );
+            }
+            if !(1..=1 << 20).contains(&leases.max_keys) {
+                return invalid("token_leases.max_keys", "must be between 1 and 1048576");
+            }
         }
         Ok(())
     }

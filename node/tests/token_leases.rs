@@ -5,12 +5,12 @@
 mod common;
 
 use common::*;
+use floodgate::Limit;
 use floodgate::token_lease::Grant;
 use floodgate::wire::{
     ErrorCode, FrameKind, TokenLeaseBatch, TokenLeaseRequest, decode_error_frame,
     decode_token_lease_answers, encode_message,
 };
-use floodgate::Limit;
 use floodgate_node::exchange::request;
 
 fn lease_frame(requests: Vec<TokenLeaseRequest>) -> Vec<u8> {
@@ -48,7 +48,11 @@ async fn concurrent_leases_never_grant_more_than_the_bucket_holds() {
         gateways.spawn(async move {
             let mut granted = 0;
             for _ in 0..10 {
-                let grants = ask(&connection, vec![TokenLeaseRequest::new("hot", &limit, 7, 0)]).await;
+                let grants = ask(
+                    &connection,
+                    vec![TokenLeaseRequest::new("hot", &limit, 7, 0)],
+                )
+                .await;
                 granted += grants[0].granted;
             }
             granted
@@ -61,15 +65,27 @@ async fn concurrent_leases_never_grant_more_than_the_bucket_holds() {
     // 4 gateways asked for 280 tokens; the bucket held 100.
     assert_eq!(total, 100);
     let connection = connect(node.node.local_addr(), client_config(&node.certs, false)).await;
-    let empty = ask(&connection, vec![TokenLeaseRequest::new("hot", &limit, 5, 0)]).await;
+    let empty = ask(
+        &connection,
+        vec![TokenLeaseRequest::new("hot", &limit, 5, 0)],
+    )
+    .await;
     assert_eq!(empty[0].granted, 0);
     // The node's clock moved since the first grant: the next token is at most one interval away.
     let wait = empty[0].retry_after_ns;
     assert!(wait > 0 && wait <= limit.interval_ns(), "{wait}");
     // What a gateway did not use comes back, and can be granted again (here: to a check).
-    let returned = ask(&connection, vec![TokenLeaseRequest::new("hot", &limit, 0, 3)]).await;
+    let returned = ask(
+        &connection,
+        vec![TokenLeaseRequest::new("hot", &limit, 0, 3)],
+    )
+    .await;
     assert_eq!(returned[0].remaining, 3);
-    let answers = exchange(&connection, &check_frame(9, &[b"hot".as_slice(); 4], &limit)).await;
+    let answers = exchange(
+        &connection,
+        &check_frame(9, &[b"hot".as_slice(); 4], &limit),
+    )
+    .await;
     assert_eq!(answers.allowed(), 3);
     node.node.shutdown().await;
 }
@@ -86,8 +102,16 @@ async fn bad_lease_requests_are_refused_whole_and_consume_nothing() {
     let mut bad_limit = TokenLeaseRequest::new("k", &limit, 5, 0);
     bad_limit.check.period_ns = 0;
     for (frame, code, words) in [
-        (over_return, ErrorCode::MalformedPayload, "returns 11 tokens"),
-        (lease_frame(vec![bad_limit]), ErrorCode::InvalidLimit, "period"),
+        (
+            over_return,
+            ErrorCode::MalformedPayload,
+            "returns 11 tokens",
+        ),
+        (
+            lease_frame(vec![bad_limit]),
+            ErrorCode::InvalidLimit,
+            "period",
+        ),
     ] {
         let answer = request(&connection, &frame, 1 << 20, FrameKind::Error)
             .await
@@ -97,10 +121,18 @@ async fn bad_lease_requests_are_refused_whole_and_consume_nothing() {
         assert!(error.message.contains(words), "{}", error.message);
     }
     // Nothing was granted by the refused frames: the whole burst is there.
-    let grants = ask(&connection, vec![TokenLeaseRequest::new("k", &limit, 10, 0)]).await;
+    let grants = ask(
+        &connection,
+        vec![TokenLeaseRequest::new("k", &limit, 10, 0)],
+    )
+    .await;
     assert_eq!(grants[0].granted, 10);
     let other_limit = Limit::gcra(1, 1_000_000_000, 1).unwrap();
-    let grants = ask(&connection, vec![TokenLeaseRequest::new("j", &other_limit, 5, 0)]).await;
+    let grants = ask(
+        &connection,
+        vec![TokenLeaseRequest::new("j", &other_limit, 5, 0)],
+    )
+    .await;
     assert_eq!(grants[0].granted, 1, "clamped to the burst");
     node.node.shutdown().await;
 }

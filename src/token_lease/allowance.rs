@@ -14,7 +14,7 @@ pub struct LeaseSizing {
     /// how long a token can wait at a gateway before it is used.
     pub ttl_ns: u64,
     /// A lease is at most `burst / max_burst_divisor`, so several gateways sharing a key each
-    /// get some, and at most what the limit admits in `period_ns`.
+    /// get some.
     pub max_burst_divisor: u64,
 }
 
@@ -29,18 +29,23 @@ impl Default for LeaseSizing {
 }
 
 impl LeaseSizing {
-    /// Tokens to ask for: the gateway's rate for the key over `period_ns`, at least 1, at most
-    /// a quarter (by default) of the burst and what the limit admits in that period.
+    /// Tokens to ask for: the gateway's rate for the key over `period_ns`, at least 1 and at
+    /// most a quarter (by default) of the burst, so other gateways always find some.
     pub fn want(&self, limit: &Limit, gateway_per_sec: u64) -> u64 {
-        let period = u128::from(self.period_ns);
-        let share = ceil_div(u128::from(gateway_per_sec) * period, u128::from(NANOS_PER_SEC));
-        let limit_share = ceil_div(
-            u128::from(limit.rate()) * period,
-            u128::from(limit.period_ns()),
+        let share = ceil_div(
+            u128::from(gateway_per_sec) * u128::from(self.period_ns),
+            u128::from(NANOS_PER_SEC),
         );
         let burst_share = u128::from(limit.burst() / self.max_burst_divisor.max(1));
-        let want = share.min(limit_share).min(burst_share).max(1);
+        let want = share.min(burst_share).max(1);
         u64::try_from(want).unwrap_or(u64::MAX)
+    }
+
+    /// Most tokens one gateway holds for a key at once: a refill is asked for once fewer than
+    /// half of a grant remain, so half a lease plus a whole one. What a crashed gateway strands.
+    pub fn most_held(&self, limit: &Limit) -> u64 {
+        let lease = (limit.burst() / self.max_burst_divisor.max(1)).max(1);
+        lease + lease.div_ceil(2)
     }
 }
 
@@ -125,18 +130,18 @@ pub struct Allowance {
 impl Allowance {
     /// Decides `cost` locally at `now_ns` if the lease can.
     pub fn decide(&mut self, cost: u64, now_ns: u64) -> LocalDecision {
+        if cost > 0 && now_ns < self.expires_at_ns && self.tokens >= cost {
+            self.tokens -= cost;
+            return LocalDecision::Allowed {
+                remaining: self.tokens,
+            };
+        }
         if now_ns < self.denied_until_ns {
             return LocalDecision::Denied {
                 retry_after_ns: self.denied_until_ns - now_ns,
             };
         }
-        if cost == 0 || now_ns >= self.expires_at_ns || self.tokens < cost {
-            return LocalDecision::Ask;
-        }
-        self.tokens -= cost;
-        LocalDecision::Allowed {
-            remaining: self.tokens,
-        }
+        LocalDecision::Ask
     }
 
     /// True when a refill should be asked for now: none is on its way, the owner may have a
@@ -207,7 +212,11 @@ mod tests {
     #[test]
     fn a_lease_admits_exactly_its_tokens_then_asks() {
         let mut lease = Allowance::default();
-        assert_eq!(lease.decide(1, S), LocalDecision::Ask, "nothing in hand yet");
+        assert_eq!(
+            lease.decide(1, S),
+            LocalDecision::Ask,
+            "nothing in hand yet"
+        );
         assert!(lease.wants_refill(S));
         assert_eq!(lease.start_refill(S), 0);
         assert!(!lease.wants_refill(S), "one refill at a time");
@@ -252,6 +261,23 @@ mod tests {
     }
 
     #[test]
+    fn tokens_in_hand_are_used_before_a_denial_is() {
+        let mut lease = Allowance::default();
+        lease.start_refill(0);
+        lease.granted(2, 0, 0, S);
+        lease.start_refill(0);
+        lease.granted(0, 500 * MS, 0, S);
+        assert_eq!(lease.decide(1, MS), LocalDecision::Allowed { remaining: 1 });
+        assert_eq!(lease.decide(1, MS), LocalDecision::Allowed { remaining: 0 });
+        assert_eq!(
+            lease.decide(1, MS),
+            LocalDecision::Denied {
+                retry_after_ns: 499 * MS
+            }
+        );
+    }
+
+    #[test]
     fn a_failed_refill_can_be_tried_again() {
         let mut lease = Allowance::default();
         lease.start_refill(0);
@@ -266,11 +292,17 @@ mod tests {
         let limit = Limit::gcra(1_000, S, 1_000).unwrap();
         assert_eq!(sizing.want(&limit, 0), 1);
         assert_eq!(sizing.want(&limit, 200), 20, "200/s over 100 ms");
-        assert_eq!(sizing.want(&limit, 1_000_000), 100, "what 1000/s admits in 100 ms");
+        assert_eq!(
+            sizing.want(&limit, 1_000_000),
+            250,
+            "a quarter of the burst"
+        );
         let small = Limit::gcra(1_000, S, 40).unwrap();
-        assert_eq!(sizing.want(&small, 1_000_000), 10, "a quarter of the burst");
+        assert_eq!(sizing.want(&small, 1_000_000), 10);
+        assert_eq!(sizing.most_held(&small), 15);
         let tiny = Limit::gcra(1, S, 1).unwrap();
         assert_eq!(sizing.want(&tiny, 1_000_000), 1);
+        assert_eq!(sizing.most_held(&tiny), 2);
     }
 
     #[test]

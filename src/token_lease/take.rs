@@ -116,7 +116,10 @@ mod tests {
             let wait = none.retry_after_ns;
             assert!(wait > 0, "{limit:?}");
             assert!(
-                !store.check(key, &limit, 1, now + wait - 1).unwrap().is_allowed(),
+                !store
+                    .check(key, &limit, 1, now + wait - 1)
+                    .unwrap()
+                    .is_allowed(),
                 "{limit:?}: a token before the wait"
             );
             let later = take_up_to(&store, key, &limit, 1, now + wait).unwrap();

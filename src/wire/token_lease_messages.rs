@@ -122,7 +122,9 @@ pub fn decode_token_lease_batch(
         if check.refund {
             return Err((
                 ErrorCode::MalformedPayload,
-                format!("token lease request {i} is marked as a refund; return tokens with `returning`"),
+                format!(
+                    "token lease request {i} is marked as a refund; return tokens with `returning`"
+                ),
             ));
         }
         let returning = request.returning.to_native();

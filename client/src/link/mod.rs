@@ -72,6 +72,8 @@ pub(crate) struct NodeLink {
     rejoined: AtomicBool,
     /// Cuts a reconnect backoff short (the node is back).
     reconnect_now: tokio::sync::Notify,
+    /// The live connection, for one-off requests beside the check streams (token leases).
+    connection: Mutex<Option<quinn::Connection>>,
 }
 
 impl NodeLink {
@@ -88,6 +90,7 @@ impl NodeLink {
             table_hint: std::sync::OnceLock::new(),
             rejoined: AtomicBool::new(false),
             reconnect_now: tokio::sync::Notify::new(),
+            connection: Mutex::new(None),
         }
     }
 
@@ -155,10 +158,16 @@ impl NodeLink {
         self.state.subscribe()
     }
 
+    /// The live connection to the node, if any (a clone: requests open their own streams).
+    pub(crate) fn connection(&self) -> Option<quinn::Connection> {
+        self.connection.lock().clone()
+    }
+
     /// No connection: fail queued calls over and record why. Warns once per outage; repeated
     /// failed reconnect attempts are logged at debug level.
     fn went_down(&self, why: String) {
         self.queue.set_down();
+        *self.connection.lock() = None;
         let state = *self.state.borrow();
         match state {
             LinkState::Disconnected => {
@@ -179,6 +188,7 @@ impl NodeLink {
     /// The client is closing: like `went_down`, but expected.
     fn closed(&self) {
         self.queue.set_down();
+        *self.connection.lock() = None;
         self.state.send_replace(LinkState::Disconnected);
     }
 }
@@ -219,6 +229,7 @@ pub(crate) async fn supervise(
                 link.breaker.reset();
                 link.rejoined.store(false, Ordering::Relaxed);
                 link.queue.set_up(generation);
+                *link.connection.lock() = Some(conn.clone());
                 link.state.send_replace(LinkState::Connected);
                 tracing::info!(node = %link.addr, "connected to floodgate node");
                 if let Some(hint) = link.table_hint.get() {

@@ -1,0 +1,139 @@
+//! Token leases end to end: several gateways (clients) sharing a hot key on one node never admit
+//! more than its limit, most of it decided locally; a gateway that crashes holding a lease
+//! strands at most what it held, and nothing else changes.
+//!
+//! The limits are a day long (one token refills every few minutes), so no refill happens while a
+//! test runs and every count is exact. Nothing sleeps: loops are bounded in count.
+
+mod common;
+
+use common::*;
+use floodgate::{Limit, NANOS_PER_SEC};
+use floodgate_client::{Check, Client, ClientConfig, TokenLeaseStats};
+
+/// A limit that admits exactly `n` during a test.
+fn per_day(n: u64) -> Limit {
+    Limit::gcra(n, 86_400 * NANOS_PER_SEC, n).unwrap()
+}
+
+/// Leases on, from 20 checks a second (every test loop is far faster than that).
+fn leasing(certs: &Certs) -> ClientConfig {
+    let mut config = client_config(certs);
+    config.token_leases.enabled = true;
+    config.token_leases.hot_above_per_sec = 20;
+    config
+}
+
+/// Checks `key` until `denials` checks in a row are denied (or `most` checks); returns how many
+/// were admitted.
+async fn drain(client: &Client, key: &str, limit: Limit, denials: usize, most: usize) -> u64 {
+    let (mut admitted, mut denied_in_a_row) = (0, 0);
+    for _ in 0..most {
+        let verdicts = client.check(&[Check::new(key, limit)]).await.unwrap();
+        if verdicts[0].is_allowed() {
+            admitted += 1;
+            denied_in_a_row = 0;
+        } else {
+            denied_in_a_row += 1;
+            if denied_in_a_row == denials {
+                break;
+            }
+        }
+    }
+    admitted
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gateways_sharing_a_hot_key_never_admit_more_than_its_limit() {
+    let certs = certs();
+    let node = start_node(&certs, any_port(), false).await;
+    let limit = per_day(1_000);
+    let mut gateways = tokio::task::JoinSet::new();
+    for _ in 0..3 {
+        let client = Client::connect(&[node.local_addr()], leasing(&certs))
+            .await
+            .unwrap();
+        gateways.spawn(async move {
+            // Each gateway alone would try 800: 2,400 against a limit of 1,000.
+            let mut admitted = 0;
+            for _ in 0..800 {
+                let verdicts = client.check(&[Check::new("hot", limit)]).await.unwrap();
+                admitted += u64::from(verdicts[0].is_allowed());
+            }
+            let stats = client.token_lease_stats().unwrap();
+            client.close().await;
+            (admitted, stats)
+        });
+    }
+    let mut admitted = 0;
+    let mut all: Vec<TokenLeaseStats> = Vec::new();
+    while let Some(done) = gateways.join_next().await {
+        let (count, stats) = done.unwrap();
+        println!("gateway admitted {count}: {stats:?}");
+        admitted += count;
+        all.push(stats);
+    }
+    let local: u64 = all.iter().map(|s| s.local_allowed).sum();
+    let held: u64 = all.iter().map(|s| s.held).sum();
+    println!("admitted {admitted} of 1000, {local} of them locally; {held} held at the end; {all:?}");
+    assert!(admitted <= 1_000, "admitted {admitted} over a limit of 1000");
+    assert!(local > 0, "no check was decided against a lease: {all:?}");
+    // What is not admitted was at most held in leases when the gateways stopped.
+    let most_held = floodgate::token_lease::LeaseSizing::default().most_held(&limit);
+    assert!(
+        admitted + 3 * most_held >= 1_000,
+        "admitted {admitted}: more missing than 3 leases of at most {most_held} can hold"
+    );
+    node.shutdown().await;
+}
+
+/// A gateway killed while it holds a lease (its runtime dropped: no task runs again, nothing is
+/// returned) strands at most the tokens it held; every other token is still admitted elsewhere.
+#[test]
+fn a_crashed_gateway_strands_at_most_its_lease() {
+    let certs = certs();
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let node = runtime.block_on(start_node(&certs, any_port(), false));
+    let addr = node.local_addr();
+    let limit = per_day(400);
+
+    // The gateway that will crash, on a runtime of its own.
+    let doomed = tokio::runtime::Runtime::new().unwrap();
+    let (crashed_admitted, held) = doomed.block_on(async {
+        let client = Client::connect(&[addr], leasing(&certs)).await.unwrap();
+        let mut admitted = 0;
+        // Until it is admitting against a lease and holds tokens, with no refill on its way.
+        for _ in 0..300 {
+            let verdicts = client.check(&[Check::new("hot", limit)]).await.unwrap();
+            admitted += u64::from(verdicts[0].is_allowed());
+            let stats = client.token_lease_stats().unwrap();
+            if stats.local_allowed > 0 && stats.held > 0 && stats.refilling == 0 {
+                // Leaked on purpose: a crash runs no destructor and returns nothing.
+                std::mem::forget(client);
+                return (admitted, stats.held);
+            }
+        }
+        panic!("the gateway never held a lease");
+    });
+    doomed.shutdown_background();
+
+    let most_held = floodgate::token_lease::LeaseSizing::default().most_held(&limit);
+    assert!(held <= most_held, "held {held}, above the bound {most_held}");
+    let survivor_admitted = runtime.block_on(async {
+        let client = Client::connect(&[addr], leasing(&certs)).await.unwrap();
+        let admitted = drain(&client, "hot", limit, 20, 2_000).await;
+        // Denials come only once its own lease is empty, so this is normally 0.
+        let held = client.token_lease_stats().unwrap().held;
+        client.close().await;
+        admitted + held
+    });
+    println!(
+        "crashed gateway admitted {crashed_admitted} and stranded {held}; the survivor admitted {survivor_admitted}"
+    );
+    assert_eq!(
+        crashed_admitted + held + survivor_admitted,
+        400,
+        "every token is admitted or stranded in the crashed lease, none twice"
+    );
+    runtime.block_on(node.shutdown());
+}
