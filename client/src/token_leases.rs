@@ -277,10 +277,11 @@ impl TokenLeases {
     }
 
     fn spawn_return(self: &Arc<Self>, key: Vec<u8>, limit: Limit, tokens: u64) {
+        self.counters.returned.fetch_add(tokens, Ordering::Relaxed);
         let leases = self.clone();
         tokio::spawn(async move {
             // Best effort: tokens that cannot be returned come back as the bucket refills.
-            let _ = leases.ask(&key, &limit, 0, tokens).await;
+            let _ = leases.send(&key, &limit, 0, tokens).await;
         });
     }
 
@@ -293,11 +294,21 @@ impl TokenLeases {
         returning: u64,
     ) -> Result<Grant, String> {
         if returning > 0 {
-            // Counted when sent: once it leaves, this gateway no longer holds them either way.
+            // Counted when handed over: this gateway no longer holds them, answered or not.
             self.counters
                 .returned
                 .fetch_add(returning, Ordering::Relaxed);
         }
+        self.send(key, limit, want, returning).await
+    }
+
+    async fn send(
+        &self,
+        key: &[u8],
+        limit: &Limit,
+        want: u64,
+        returning: u64,
+    ) -> Result<Grant, String> {
         let routes = self.routing.routes();
         let link = &routes.links[routes.route(key)];
         let connection = link
@@ -411,4 +422,97 @@ impl TokenLeases {
 
 fn duration_ns(duration: Duration) -> u64 {
     u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::ClientConfig;
+    use crate::link::NodeLink;
+
+    const MS: u64 = 1_000_000;
+
+    /// A cache whose one link never connects: refills and returns fail at once, so what is
+    /// tested is the cache's own bookkeeping, on tokio's paused clock.
+    fn offline() -> Arc<TokenLeases> {
+        let config = ClientConfig::with_ca_file("unused.pem");
+        let link = Arc::new(NodeLink::new(([127, 0, 0, 1], 7100).into(), &config));
+        let leases = TokenLeaseConfig {
+            enabled: true,
+            hot_above_per_sec: 50,
+            max_keys: 32,
+            ..TokenLeaseConfig::default()
+        };
+        TokenLeases::new(leases, Arc::new(Routing::new(vec![link]))).unwrap()
+    }
+
+    fn limit() -> Limit {
+        Limit::gcra(1_000, 1_000_000_000, 1_000).unwrap()
+    }
+
+    /// Gives `key` a lease of `tokens`, as an owner's answer would.
+    fn grant(leases: &TokenLeases, key: &[u8], tokens: u64) {
+        let now = leases.now_ns();
+        let mut shard = leases.shard(key).lock();
+        let entry = shard
+            .entry(key.to_vec())
+            .or_insert_with(|| Entry::new(limit()));
+        entry.allowance.start_refill(now);
+        entry.allowance.granted(tokens, 0, now, leases.sizing.ttl_ns);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_cold_key_is_asked_and_a_leased_one_is_decided_here() {
+        let leases = offline();
+        let check = Check::new("k", limit());
+        assert_eq!(leases.decide(&check), None, "nothing leased yet");
+        grant(&leases, b"k", 2);
+        assert!(leases.decide(&check).unwrap().is_allowed());
+        assert!(leases.decide(&check).unwrap().is_allowed());
+        assert_eq!(leases.decide(&check), None, "the lease is used up");
+        assert_eq!(leases.stats().local_allowed, 2);
+        // Peeks and other scopes are never decided against a lease.
+        grant(&leases, b"k", 5);
+        assert_eq!(leases.decide(&check.clone().cost(0)), None);
+        let global = check.clone().scope(Scope::Global);
+        assert_eq!(leases.decide(&global), None);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn lapsed_tokens_are_taken_back_at_the_ttl_and_cold_keys_forgotten() {
+        let leases = offline();
+        grant(&leases, b"k", 7);
+        tokio::time::advance(Duration::from_nanos(999 * MS)).await;
+        leases.sweep();
+        assert_eq!(leases.tokens(b"k"), 7, "not lapsed before the TTL");
+        tokio::time::advance(Duration::from_nanos(MS)).await;
+        let check = Check::new("k", limit());
+        assert_eq!(leases.decide(&check), None, "lapsed tokens are not used");
+        leases.sweep();
+        assert_eq!(leases.tokens(b"k"), 0);
+        assert_eq!(leases.stats().returned, 7, "sent back to the owner");
+        tokio::time::advance(Duration::from_millis(300)).await;
+        leases.sweep();
+        assert_eq!(leases.stats().keys, 0, "a key nobody checks is forgotten");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_key_map_is_bounded() {
+        let leases = offline();
+        for i in 0..200 {
+            leases.decide(&Check::new(format!("key-{i}"), limit()));
+        }
+        let keys = leases.stats().keys;
+        assert!(keys <= 32, "{keys} keys metered, more than max_keys");
+        // Keys holding tokens are never dropped to make room.
+        let busy: Vec<String> = (0..100).map(|i| format!("busy-{i}")).collect();
+        for key in &busy {
+            grant(&leases, key.as_bytes(), 1);
+        }
+        for i in 0..200 {
+            leases.decide(&Check::new(format!("cold-{i}"), limit()));
+        }
+        let held: u64 = busy.iter().map(|k| leases.tokens(k.as_bytes())).sum();
+        assert_eq!(held, 100);
+    }
 }
