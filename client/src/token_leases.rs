@@ -458,7 +458,9 @@ mod tests {
             .entry(key.to_vec())
             .or_insert_with(|| Entry::new(limit()));
         entry.allowance.start_refill(now);
-        entry.allowance.granted(tokens, 0, now, leases.sizing.ttl_ns);
+        entry
+            .allowance
+            .granted(tokens, 0, now, leases.sizing.ttl_ns);
     }
 
     #[tokio::test(start_paused = true)]

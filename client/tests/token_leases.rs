@@ -75,8 +75,13 @@ async fn gateways_sharing_a_hot_key_never_admit_more_than_its_limit() {
     }
     let local: u64 = all.iter().map(|s| s.local_allowed).sum();
     let held: u64 = all.iter().map(|s| s.held).sum();
-    println!("admitted {admitted} of 1000, {local} of them locally; {held} held at the end; {all:?}");
-    assert!(admitted <= 1_000, "admitted {admitted} over a limit of 1000");
+    println!(
+        "admitted {admitted} of 1000, {local} of them locally; {held} held at the end; {all:?}"
+    );
+    assert!(
+        admitted <= 1_000,
+        "admitted {admitted} over a limit of 1000"
+    );
     assert!(local > 0, "no check was decided against a lease: {all:?}");
     // What is not admitted was at most held in leases when the gateways stopped.
     let most_held = floodgate::token_lease::LeaseSizing::default().most_held(&limit);
@@ -118,7 +123,10 @@ fn a_crashed_gateway_strands_at_most_its_lease() {
     doomed.shutdown_background();
 
     let most_held = floodgate::token_lease::LeaseSizing::default().most_held(&limit);
-    assert!(held <= most_held, "held {held}, above the bound {most_held}");
+    assert!(
+        held <= most_held,
+        "held {held}, above the bound {most_held}"
+    );
     let survivor_admitted = runtime.block_on(async {
         let client = Client::connect(&[addr], leasing(&certs)).await.unwrap();
         let admitted = drain(&client, "hot", limit, 20, 2_000).await;
