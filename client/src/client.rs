@@ -45,7 +45,7 @@ struct Inner {
     fallback: Fallback,
     timeout: Duration,
     max_checks: usize,
-    /// Hot keys decided here against leased tokens (`None`: leases are off).
+    /// Hot keys decided here against leased tokens (`None` only in tests that play the node).
     token_leases: Option<Arc<TokenLeases>>,
     /// Dropping it (with the last `Client`) also stops the supervisors.
     shutdown: watch::Sender<bool>,
@@ -108,11 +108,10 @@ impl Client {
             supervisors.push(tokio::spawn(link::reap(link.clone(), shutdown.subscribe())));
         }
         let token_leases = TokenLeases::new(config.token_leases, routing.clone());
-        if let Some(leases) = &token_leases {
-            supervisors.push(tokio::spawn(
-                leases.clone().run_sweeper(shutdown.subscribe()),
-            ));
-        }
+        supervisors.push(tokio::spawn(
+            token_leases.clone().run_sweeper(shutdown.subscribe()),
+        ));
+        let token_leases = Some(token_leases);
         let client = Client {
             inner: Arc::new(Inner {
                 routing: routing.clone(),
@@ -288,7 +287,7 @@ impl Client {
         Ok(refunded)
     }
 
-    /// What this client's token leases did and hold (`None`: leases are off).
+    /// What this client's token leases did and hold (`None` only for a client without a cache).
     pub fn token_lease_stats(&self) -> Option<crate::token_leases::TokenLeaseStats> {
         self.inner
             .token_leases

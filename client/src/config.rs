@@ -77,7 +77,8 @@ impl Default for BackoffConfig {
 
 /// Token leases for hot keys: a key checked at this gateway above `hot_above_per_sec` is
 /// decided here against tokens leased from its owner (see the README, "Hot keys: token
-/// leases"). Off by default: every check then goes to its owner.
+/// leases"). Off by default: every check then goes to its owner, except those of a rule with
+/// `lease_above` (which uses its own threshold and these other settings).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TokenLeaseConfig {
     pub enabled: bool,
@@ -258,20 +259,19 @@ impl ClientConfig {
         if let Err(e) = floodgate::BucketStore::new(self.fallback_store) {
             return invalid("fallback_store", &e.to_string());
         }
+        // Checked even when off: a rule's `lease_above` uses these settings too.
         let leases = &self.token_leases;
-        if leases.enabled {
-            if leases.hot_above_per_sec == 0 {
-                return invalid("token_leases.hot_above_per_sec", "must be at least 1");
-            }
-            if leases.lease_period.is_zero() || leases.ttl < leases.lease_period {
-                return invalid(
-                    "token_leases.ttl",
-                    "must be at least lease_period, and lease_period more than zero",
-                );
-            }
-            if !(1..=1 << 20).contains(&leases.max_keys) {
-                return invalid("token_leases.max_keys", "must be between 1 and 1048576");
-            }
+        if leases.hot_above_per_sec == 0 {
+            return invalid("token_leases.hot_above_per_sec", "must be at least 1");
+        }
+        if leases.lease_period.is_zero() || leases.ttl < leases.lease_period {
+            return invalid(
+                "token_leases.ttl",
+                "must be at least lease_period, and lease_period more than zero",
+            );
+        }
+        if !(1..=1 << 20).contains(&leases.max_keys) {
+            return invalid("token_leases.max_keys", "must be between 1 and 1048576");
         }
         Ok(())
     }
@@ -340,6 +340,18 @@ mod tests {
                 Box::new(|c| c.max_checks_per_frame = 4_097),
             ),
             ("max_queued_checks", Box::new(|c| c.max_queued_checks = 10)),
+            (
+                "token_leases.hot_above_per_sec",
+                Box::new(|c| c.token_leases.hot_above_per_sec = 0),
+            ),
+            (
+                "token_leases.ttl",
+                Box::new(|c| c.token_leases.ttl = Duration::from_millis(10)),
+            ),
+            (
+                "token_leases.max_keys",
+                Box::new(|c| c.token_leases.max_keys = 0),
+            ),
             (
                 "idle_timeout",
                 Box::new(|c| c.idle_timeout = Duration::from_millis(500)),

@@ -46,16 +46,23 @@ struct Entry {
     allowance: Allowance,
     /// After a refill failed (owner unreachable, not the owner), none before this instant.
     quiet_until_ns: u64,
+    /// Checks a second from which the key is leased (the rule's, else the config's).
+    hot_above_per_sec: u64,
 }
 
 impl Entry {
-    fn new(limit: Limit) -> Self {
+    fn new(limit: Limit, hot_above_per_sec: u64) -> Self {
         Entry {
             limit,
             meter: RateMeter::new(METER_WINDOW_NS),
             allowance: Allowance::default(),
             quiet_until_ns: 0,
+            hot_above_per_sec,
         }
+    }
+
+    fn is_hot(&mut self, now_ns: u64) -> bool {
+        self.meter.per_sec(now_ns) >= self.hot_above_per_sec
     }
 
     /// Holds nothing worth keeping: no tokens, nothing on its way.
@@ -115,9 +122,10 @@ pub(crate) struct TokenLeases {
 }
 
 impl TokenLeases {
-    /// The leases of a client routing by `routing`; `None` when the config leaves them off.
-    pub(crate) fn new(config: TokenLeaseConfig, routing: Arc<Routing>) -> Option<Arc<Self>> {
-        config.enabled.then(|| {
+    /// The leases of a client routing by `routing`: for every key when the config enables
+    /// them, else only for checks whose rule asks (`lease_above`).
+    pub(crate) fn new(config: TokenLeaseConfig, routing: Arc<Routing>) -> Arc<Self> {
+        {
             Arc::new(TokenLeases {
                 sizing: LeaseSizing {
                     period_ns: duration_ns(config.lease_period),
@@ -132,7 +140,7 @@ impl TokenLeases {
                 keys_per_shard: config.max_keys.div_ceil(SHARDS),
                 counters: Counters::default(),
             })
-        })
+        }
     }
 
     /// Nanoseconds on this cache's own timeline (tokio's clock, so paused time moves it).
@@ -151,6 +159,11 @@ impl TokenLeases {
         if check.scope != Scope::Region || check.cost == 0 {
             return None;
         }
+        let hot_above_per_sec = match check.lease_above_per_sec {
+            Some(per_sec) => per_sec,
+            None if self.config.enabled => self.config.hot_above_per_sec,
+            None => return None,
+        };
         let now_ns = self.now_ns();
         let (local, refill, stale) = {
             let mut shard = self.shard(&check.key).lock();
@@ -162,14 +175,15 @@ impl TokenLeases {
                     }
                     shard
                         .entry(check.key.clone())
-                        .or_insert_with(|| Entry::new(check.limit))
+                        .or_insert_with(|| Entry::new(check.limit, hot_above_per_sec))
                 }
             };
+            entry.hot_above_per_sec = hot_above_per_sec;
             // Another limit for the key (a rules edit): its tokens go back under the old one.
             let stale = (entry.limit != check.limit).then(|| {
                 let returned = entry.allowance.take_all();
                 let old = entry.limit;
-                *entry = Entry::new(check.limit);
+                *entry = Entry::new(check.limit, hot_above_per_sec);
                 (old, returned)
             });
             entry.meter.record(check.cost, now_ns);
@@ -213,7 +227,7 @@ impl TokenLeases {
     /// A refill to send now, if the key is hot and its lease is low (marked as on its way).
     fn refill_due(&self, key: &[u8], entry: &mut Entry, now_ns: u64) -> Option<Refill> {
         let per_sec = entry.meter.per_sec(now_ns);
-        if per_sec < self.config.hot_above_per_sec
+        if per_sec < entry.hot_above_per_sec
             || now_ns < entry.quiet_until_ns
             || !entry.allowance.wants_refill(now_ns)
         {
@@ -231,8 +245,7 @@ impl TokenLeases {
 
     /// Drops idle keys that are not hot from a full shard; true if there is room now.
     fn make_room(&self, shard: &mut HashMap<Vec<u8>, Entry>, now_ns: u64) -> bool {
-        let hot = self.config.hot_above_per_sec;
-        shard.retain(|_, e| !(e.is_idle() && e.meter.per_sec(now_ns) < hot));
+        shard.retain(|_, e| !(e.is_idle() && !e.is_hot(now_ns)));
         shard.len() < self.keys_per_shard
     }
 
@@ -443,7 +456,7 @@ mod tests {
             max_keys: 32,
             ..TokenLeaseConfig::default()
         };
-        TokenLeases::new(leases, Arc::new(Routing::new(vec![link]))).unwrap()
+        TokenLeases::new(leases, Arc::new(Routing::new(vec![link])))
     }
 
     fn limit() -> Limit {
@@ -456,7 +469,7 @@ mod tests {
         let mut shard = leases.shard(key).lock();
         let entry = shard
             .entry(key.to_vec())
-            .or_insert_with(|| Entry::new(limit()));
+            .or_insert_with(|| Entry::new(limit(), 50));
         entry.allowance.start_refill(now);
         entry
             .allowance
@@ -496,6 +509,20 @@ mod tests {
         tokio::time::advance(Duration::from_millis(300)).await;
         leases.sweep();
         assert_eq!(leases.stats().keys, 0, "a key nobody checks is forgotten");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn with_leases_off_only_a_rule_that_asks_is_leased() {
+        let config = ClientConfig::with_ca_file("unused.pem");
+        let link = Arc::new(NodeLink::new(([127, 0, 0, 1], 7100).into(), &config));
+        let leases = TokenLeases::new(
+            TokenLeaseConfig::default(),
+            Arc::new(Routing::new(vec![link])),
+        );
+        assert_eq!(leases.decide(&Check::new("plain", limit())), None);
+        assert_eq!(leases.stats().keys, 0, "not even metered");
+        leases.decide(&Check::new("asked", limit()).lease_above(10));
+        assert_eq!(leases.stats().keys, 1);
     }
 
     #[tokio::test(start_paused = true)]

@@ -11,7 +11,8 @@ use super::client_ip::{Cidr, TrustedProxies};
 use super::error::PolicyError;
 use super::method::parse_method;
 use super::parse_limit::{
-    known_plan, parse_algorithm, parse_cost, parse_limit, parse_max_wait, parse_rule_plans,
+    known_plan, parse_algorithm, parse_cost, parse_lease_above, parse_limit, parse_max_wait,
+    parse_rule_plans,
 };
 use super::parse_region::{parse_regions, parse_scope, parse_tenants};
 use super::pattern::PathPattern;
@@ -52,6 +53,7 @@ const RULE_FIELDS: &[&str] = &[
     "mode",
     "max_wait",
     "scope",
+    "lease_above",
 ];
 
 impl Policy {
@@ -293,6 +295,10 @@ fn parse_rule<'n, 'a>(
         Some(n) => parse_scope(n, regions)?,
         None => RuleScope::Region,
     };
+    let lease_above_per_sec = fields
+        .get("lease_above")
+        .map(parse_lease_above)
+        .transpose()?;
     let rule = Rule {
         name: Arc::from(name),
         methods,
@@ -306,6 +312,7 @@ fn parse_rule<'n, 'a>(
         mode,
         max_wait_ns,
         scope,
+        lease_above_per_sec,
     };
     Ok((rule, name_node))
 }

@@ -130,6 +130,9 @@ pub struct Rule {
     pub(crate) mode: Mode,
     pub(crate) max_wait_ns: u64,
     pub(crate) scope: RuleScope,
+    /// `lease_above`: from this many checks a second of one key at a gateway, the gateway
+    /// decides that key against token leases (`None`: as the client's config says).
+    pub(crate) lease_above_per_sec: Option<u64>,
 }
 
 impl Rule {
@@ -231,6 +234,11 @@ impl Rule {
         self.failure_mode
     }
 
+    /// `lease_above`, in checks a second: gateways lease this rule's hot keys' tokens.
+    pub fn lease_above_per_sec(&self) -> Option<u64> {
+        self.lease_above_per_sec
+    }
+
     pub fn mode(&self) -> Mode {
         self.mode
     }
@@ -287,6 +295,9 @@ impl Rule {
         }
         if self.scope != RuleScope::Region {
             let _ = write!(line, "; scope {}", self.scope);
+        }
+        if let Some(per_sec) = self.lease_above_per_sec {
+            let _ = write!(line, "; token leases above {per_sec}/s");
         }
         line
     }
