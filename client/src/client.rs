@@ -166,6 +166,9 @@ impl Client {
         if let (Some(leases), [single]) = (&inner.token_leases, checks)
             && let Some(verdict) = leases.decide(single)
         {
+            // Decided without I/O: spend tokio's cooperative budget, so a caller looping on
+            // leased checks still lets the runtime's other tasks (timers, streams) run.
+            tokio::task::consume_budget().await;
             return Ok(vec![verdict]);
         }
         // The timeout is a deadline carried by the call: the queue's reaper or the stream task

@@ -414,7 +414,9 @@ fn lease_accounting(
         _ => String::new(),
     };
     Ok(format!(
-        "{name} {workload}: admitted {admitted} on its key, at most {allowed} allowed by {limit}          over {:.1} s (within the limit){ratio}; leases: {} decided locally ({} admitted, {}          denied), {} tokens granted, {} returned",
+        "{name} {workload}: admitted {admitted} on its key, at most {allowed} allowed by {limit} \
+         over {:.1} s (within the limit){ratio}; leases: {} decided locally ({} admitted, {} \
+         denied), {} tokens granted, {} returned",
         elapsed.as_secs_f64(),
         stats.local_allowed + stats.local_denied,
         stats.local_allowed,
