@@ -125,22 +125,20 @@ impl TokenLeases {
     /// The leases of a client routing by `routing`: for every key when the config enables
     /// them, else only for checks whose rule asks (`lease_above`).
     pub(crate) fn new(config: TokenLeaseConfig, routing: Arc<Routing>) -> Arc<Self> {
-        {
-            Arc::new(TokenLeases {
-                sizing: LeaseSizing {
-                    period_ns: duration_ns(config.lease_period),
-                    ttl_ns: duration_ns(config.ttl),
-                    ..LeaseSizing::default()
-                },
-                config,
-                routing,
-                started: Instant::now(),
-                hasher: RandomState::new(),
-                shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
-                keys_per_shard: config.max_keys.div_ceil(SHARDS),
-                counters: Counters::default(),
-            })
-        }
+        Arc::new(TokenLeases {
+            sizing: LeaseSizing {
+                period_ns: duration_ns(config.lease_period),
+                ttl_ns: duration_ns(config.ttl),
+                ..LeaseSizing::default()
+            },
+            config,
+            routing,
+            started: Instant::now(),
+            hasher: RandomState::new(),
+            shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
+            keys_per_shard: config.max_keys.div_ceil(SHARDS),
+            counters: Counters::default(),
+        })
     }
 
     /// Nanoseconds on this cache's own timeline (tokio's clock, so paused time moves it).
