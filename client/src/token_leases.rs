@@ -71,6 +71,9 @@ impl Entry {
     }
 }
 
+/// One shard of the key map.
+type KeyShard = Mutex<HashMap<Vec<u8>, Entry>>;
+
 /// A request for tokens (and the return of lapsed ones) to send to a key's owner.
 #[derive(Debug)]
 struct Refill {
@@ -116,7 +119,7 @@ pub(crate) struct TokenLeases {
     routing: Arc<Routing>,
     started: Instant,
     hasher: RandomState,
-    shards: Box<[Mutex<HashMap<Vec<u8>, Entry>>]>,
+    shards: Box<[KeyShard]>,
     keys_per_shard: usize,
     counters: Counters,
 }
@@ -146,7 +149,7 @@ impl TokenLeases {
         duration_ns(self.started.elapsed())
     }
 
-    fn shard(&self, key: &[u8]) -> &Mutex<HashMap<Vec<u8>, Entry>> {
+    fn shard(&self, key: &[u8]) -> &KeyShard {
         &self.shards[self.hasher.hash_one(key) as usize % SHARDS]
     }
 
@@ -243,7 +246,8 @@ impl TokenLeases {
 
     /// Drops idle keys that are not hot from a full shard; true if there is room now.
     fn make_room(&self, shard: &mut HashMap<Vec<u8>, Entry>, now_ns: u64) -> bool {
-        shard.retain(|_, e| !(e.is_idle() && !e.is_hot(now_ns)));
+        // Kept: keys holding tokens or a refill, and hot keys.
+        shard.retain(|_, e| !e.is_idle() || e.is_hot(now_ns));
         shard.len() < self.keys_per_shard
     }
 

@@ -317,6 +317,27 @@ impl Target {
     }
 }
 
+/// One request through a floodgate client: its keys as one all-or-nothing group.
+async fn floodgate_outcome(
+    client: &Client,
+    keys: &[String],
+    limit: &Limit,
+) -> anyhow::Result<Outcome> {
+    let checks: Vec<Check> = keys
+        .iter()
+        .map(|k| Check::new(k.as_bytes(), *limit))
+        .collect();
+    let verdicts = client.check(&checks).await?;
+    if verdicts.iter().any(|v| v.source != Source::Node) {
+        return Ok(Outcome::Degraded);
+    }
+    Ok(if verdicts.iter().all(|v| v.is_allowed()) {
+        Outcome::Allowed
+    } else {
+        Outcome::Denied
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -358,25 +379,4 @@ mod tests {
         assert!(cell_allowed(&[]).is_err());
         assert!(cell_allowed(&[7]).is_err());
     }
-}
-
-/// One request through a floodgate client: its keys as one all-or-nothing group.
-async fn floodgate_outcome(
-    client: &Client,
-    keys: &[String],
-    limit: &Limit,
-) -> anyhow::Result<Outcome> {
-    let checks: Vec<Check> = keys
-        .iter()
-        .map(|k| Check::new(k.as_bytes(), *limit))
-        .collect();
-    let verdicts = client.check(&checks).await?;
-    if verdicts.iter().any(|v| v.source != Source::Node) {
-        return Ok(Outcome::Degraded);
-    }
-    Ok(if verdicts.iter().all(|v| v.is_allowed()) {
-        Outcome::Allowed
-    } else {
-        Outcome::Denied
-    })
 }
