@@ -48,11 +48,16 @@ async fn gateways_sharing_a_hot_key_never_admit_more_than_its_limit() {
     let certs = certs();
     let node = start_node(&certs, any_port(), false).await;
     let limit = per_day(1_000);
-    let mut gateways = tokio::task::JoinSet::new();
+    // Every gateway connected before any starts, so they compete for the key from the start.
+    let mut connected = Vec::new();
     for _ in 0..3 {
         let client = Client::connect(&[node.local_addr()], leasing(&certs))
             .await
             .unwrap();
+        connected.push(client);
+    }
+    let mut gateways = tokio::task::JoinSet::new();
+    for client in connected {
         gateways.spawn(async move {
             // Each gateway alone would try 800: 2,400 against a limit of 1,000.
             let mut admitted = 0;
