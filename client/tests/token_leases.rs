@@ -154,3 +154,98 @@ fn a_crashed_gateway_strands_at_most_its_lease() {
     );
     runtime.block_on(node.shutdown());
 }
+
+/// Waits (bounded: `PATIENCE`) until `node` counts `owners` slot owners.
+async fn converge(node: &floodgate_node::Node, owners: usize) {
+    let mut tables = node.watch_slot_table();
+    let reached = tokio::time::timeout(PATIENCE, async {
+        while tables.borrow_and_update().nodes().len() != owners {
+            tables.changed().await.unwrap();
+        }
+    })
+    .await;
+    assert!(
+        reached.is_ok(),
+        "{} never saw {owners} owners",
+        node.node_id()
+    );
+}
+
+/// Two nodes, three gateways, two hot keys, one owned by each node: each key is leased from its
+/// owner, and no key admits more than its limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_cluster_each_hot_key_is_leased_from_its_owner_and_held_to_its_limit() {
+    let certs = certs();
+    let first = start_node(&certs, any_port(), false).await;
+    let mut config = floodgate_node::NodeConfig::for_tests(&certs.dev);
+    config.cluster.seeds = vec![first.local_addr().into()];
+    let second = floodgate_node::Node::start(config).await.unwrap();
+    converge(&first, 2).await;
+    converge(&second, 2).await;
+    let limit = per_day(300);
+    let mut connected = Vec::new();
+    for _ in 0..3 {
+        let client = Client::connect(&[first.local_addr()], leasing(&certs))
+            .await
+            .unwrap();
+        connected.push(client);
+    }
+    // One hot key on each node (a node grants only the keys it decides).
+    let router = &connected[0];
+    assert!(
+        router.slot_table().is_some(),
+        "the client has the cluster's table"
+    );
+    let on = |addr| {
+        (0..1_000)
+            .map(|i| format!("hot:{i}"))
+            .find(|k| router.node_for(k.as_bytes()) == addr)
+            .unwrap()
+    };
+    let keys = vec![on(first.local_addr()), on(second.local_addr())];
+    let mut gateways = tokio::task::JoinSet::new();
+    for client in connected {
+        let keys = keys.clone();
+        gateways.spawn(async move {
+            let mut admitted = vec![0u64; keys.len()];
+            for round in 0..400 {
+                let key = round % keys.len();
+                let verdicts = client
+                    .check(&[Check::new(keys[key].as_str(), limit)])
+                    .await
+                    .unwrap();
+                admitted[key] += u64::from(verdicts[0].is_allowed());
+            }
+            (admitted, client)
+        });
+    }
+    let mut admitted = vec![0u64; keys.len()];
+    let mut clients = Vec::new();
+    while let Some(done) = gateways.join_next().await {
+        let (counts, client) = done.unwrap();
+        for (total, count) in admitted.iter_mut().zip(counts) {
+            *total += count;
+        }
+        clients.push(client);
+    }
+    let stats: Vec<TokenLeaseStats> = clients
+        .iter()
+        .map(|c| c.token_lease_stats().unwrap())
+        .collect();
+    println!("admitted per key {admitted:?} (limit 300 each); {stats:?}");
+    for (key, count) in keys.iter().zip(&admitted) {
+        assert!(
+            *count <= 300,
+            "{key}: admitted {count} over its limit of 300"
+        );
+    }
+    let held: u64 = stats.iter().map(|s| s.held).sum();
+    let total: u64 = admitted.iter().sum();
+    assert!(total + held <= 600, "admitted {total} and {held} held");
+    assert!(stats.iter().any(|s| s.local_allowed > 0), "{stats:?}");
+    for client in &clients {
+        client.close().await;
+    }
+    second.shutdown().await;
+    first.shutdown().await;
+}
