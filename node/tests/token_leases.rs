@@ -1,6 +1,7 @@
-//! Kind 18 against a real node: grants from concurrent gateways add up to the bucket and never
+//! Kind 18 against real nodes: grants from concurrent gateways add up to the bucket and never
 //! more, returned tokens are granted again, an empty bucket answers when its next token is due,
-//! and bad requests are refused in words without touching the bucket.
+//! bad requests are refused in words without touching the bucket, and in a cluster a node grants
+//! only the keys it decides.
 
 mod common;
 
@@ -135,4 +136,52 @@ async fn bad_lease_requests_are_refused_whole_and_consume_nothing() {
     .await;
     assert_eq!(grants[0].granted, 1, "clamped to the burst");
     node.node.shutdown().await;
+}
+
+/// In a cluster a node grants only the keys it decides: a request for another node's key is
+/// answered `not_owner` and takes nothing, while its own key in the same frame is granted.
+#[tokio::test]
+async fn a_node_grants_only_keys_it_decides() {
+    let first = start_node(|_| {}).await;
+    let mut config = floodgate_node::NodeConfig::for_tests(&first.certs);
+    config.cluster.seeds = vec![first.node.local_addr().into()];
+    certify_node_id(&mut config, &first.certs);
+    let second = floodgate_node::Node::start(config).await.unwrap();
+    converge(&first.node, 2).await;
+    converge(&second, 2).await;
+    let table = first.node.slot_table();
+    let owned_by = |id: &str| {
+        (0..10_000)
+            .map(|i| format!("lease:{i}"))
+            .find(|k| table.owner(floodgate::cluster::slot_of(k.as_bytes())) == Some(id))
+            .unwrap()
+    };
+    let (mine, theirs) = (owned_by(first.node.node_id()), owned_by(second.node_id()));
+    let limit = per_hour(10);
+    let connection = connect(first.node.local_addr(), client_config(&first.certs, false)).await;
+    let frame = request(
+        &connection,
+        &lease_frame(vec![
+            TokenLeaseRequest::new(theirs.as_str(), &limit, 4, 0),
+            TokenLeaseRequest::new(mine.as_str(), &limit, 4, 0),
+        ]),
+        1 << 20,
+        FrameKind::TokenLeaseAnswers,
+    )
+    .await
+    .unwrap();
+    let (answers, version) = decode_token_lease_answers(&frame.payload).unwrap();
+    assert_eq!(version, table.version());
+    assert_eq!(answers[0].to_grant(), Err(ErrorCode::NotOwner));
+    assert_eq!(answers[1].to_grant().unwrap().granted, 4);
+    // The other node's bucket is untouched: all 10 are there for its own grant.
+    let other = connect(second.local_addr(), client_config(&first.certs, false)).await;
+    let grants = ask(
+        &other,
+        vec![TokenLeaseRequest::new(theirs.as_str(), &limit, 10, 0)],
+    )
+    .await;
+    assert_eq!(grants[0].granted, 10);
+    second.shutdown().await;
+    first.node.shutdown().await;
 }
