@@ -102,7 +102,14 @@ async fn bad_lease_requests_are_refused_whole_and_consume_nothing() {
     ]);
     let mut bad_limit = TokenLeaseRequest::new("k", &limit, 5, 0);
     bad_limit.check.period_ns = 0;
+    let mut garbage = Vec::new();
+    floodgate::wire::encode_frame(&mut garbage, FrameKind::TokenLeaseBatch, 7, &[0xa5; 64]);
     for (frame, code, words) in [
+        (
+            garbage,
+            ErrorCode::MalformedPayload,
+            "not a valid token lease batch",
+        ),
         (
             over_return,
             ErrorCode::MalformedPayload,
