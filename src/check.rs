@@ -33,6 +33,9 @@ pub struct Check {
     pub failure_mode: FailureMode,
     /// Where it is decided across regions (`region` by default: in the gateway's region).
     pub scope: Scope,
+    /// Decide this key at the gateway against token leases once the gateway checks it this many
+    /// times a second (a rule's `lease_above`); `None`: as the client's config says.
+    pub lease_above_per_sec: Option<u64>,
 }
 
 impl Check {
@@ -44,6 +47,7 @@ impl Check {
             cost: 1,
             failure_mode: FailureMode::Open,
             scope: Scope::Region,
+            lease_above_per_sec: None,
         }
     }
 
@@ -59,6 +63,12 @@ impl Check {
 
     pub fn scope(mut self, scope: Scope) -> Self {
         self.scope = scope;
+        self
+    }
+
+    /// Leases this key's tokens at a gateway checking it at least `per_sec` times a second.
+    pub fn lease_above(mut self, per_sec: u64) -> Self {
+        self.lease_above_per_sec = Some(per_sec);
         self
     }
 }

@@ -18,6 +18,8 @@
 //!   moves), sans I/O, with its seeded simulation.
 //! - [`region`]: scopes across regions and the inter-region delta exchange for global limits,
 //!   sans I/O, with its seeded simulation.
+//! - [`token_lease`]: token leases for hot keys: the owner's "take up to N" and the gateway's
+//!   allowance (local decisions, expiry, sizing).
 //! - [`simulation`]: the simulations' seeded generator, so a printed seed replays a run anywhere.
 //! - [`clock`]: the [`Clock`] trait, the [`EpochClock`] the node and the client read (Unix time
 //!   that never goes backwards) and the [`FakeClock`] tests use.
@@ -39,6 +41,7 @@ pub mod region;
 pub mod rls;
 pub mod simulation;
 pub mod store;
+pub mod token_lease;
 pub mod wire;
 
 pub use address::HostPort;

@@ -285,3 +285,39 @@ rules:
         ))
     );
 }
+
+/// `lease_above` travels from the rule to the check a client sends: gateways lease that rule's
+/// hot keys; other rules' checks carry nothing.
+#[test]
+fn a_rule_with_lease_above_asks_for_token_leases_on_its_checks() {
+    let text = "\
+rules:
+  - name: hot
+    path: /*
+    key: global
+    limit: 5000/s
+    lease_above: 30000/min
+  - name: plain
+    path: /*
+    key: global
+    limit: 10/s
+";
+    let policy = Policy::from_yaml(text).unwrap();
+    assert_eq!(policy.rule("hot").unwrap().lease_above_per_sec(), Some(500));
+    assert_eq!(policy.rule("plain").unwrap().lease_above_per_sec(), None);
+    let attrs = RequestAttributes {
+        method: "GET",
+        path: "/search",
+        ..Default::default()
+    };
+    let checks = policy.checks_for(&attrs);
+    assert_eq!(find(&checks, "hot").check().lease_above_per_sec, Some(500));
+    assert_eq!(find(&checks, "plain").check().lease_above_per_sec, None);
+    assert!(
+        policy
+            .rule("hot")
+            .unwrap()
+            .describe()
+            .contains("token leases above 500/s")
+    );
+}

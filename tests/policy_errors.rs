@@ -156,6 +156,18 @@ fn errors_point_at_line_and_column() {
             "`soon` is not a duration",
         ),
         (
+            format!("{BASE}    lease_above: 1/min\n"),
+            7,
+            18,
+            "below 1/s",
+        ),
+        (
+            format!("{BASE}    lease_above: lots\n"),
+            7,
+            18,
+            "`lots` is not a rate",
+        ),
+        (
             format!("{BASE}    mode: loud\n"),
             7,
             11,

@@ -95,7 +95,8 @@ impl CheckInput<'_> {
     }
 
     /// What a window of `key` may admit beyond its limit (fallback apart): for a global key the
-    /// documented normal global bound always, and in a window touching a fault the partition
+    /// documented normal global bound always, for a leased key the tokens its gateways may
+    /// hold (taken before they are used), and in a window touching a fault the partition
     /// bound for a fault that splits regions (else the scenario's); for other keys the
     /// scenario's bound in a window touching a fault. Returns (normal, fault) extras.
     fn extra(&self, key: &KeySpec, start_ns: u64, window_ns: u64) -> (u64, u64) {
@@ -113,7 +114,7 @@ impl CheckInput<'_> {
                 .unwrap_or(0)
         } else {
             0
-        };
+        } + key.lease_extra;
         let fault = match self.fault_touched(start_ns, window_ns, settle) {
             None => 0,
             Some(length) if global && self.fault_sides > 1 => key
@@ -433,6 +434,7 @@ mod tests {
             offered_per_second: 30.0,
             region: None,
             scope: Scope::Region,
+            lease_extra: 0,
         }
     }
 

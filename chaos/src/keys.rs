@@ -23,6 +23,10 @@ pub struct KeySpec {
     /// How its checks are scoped: `Region` (the default, exact in its region) or `Global` (one
     /// limit shared by every region, held to the documented global bound, see `bounds`).
     pub scope: Scope,
+    /// Most tokens the gateways driving it hold in token leases at once (0: not leased). Leased
+    /// tokens are taken from the bucket before they are used, so a window may see up to this
+    /// many more admissions than the bucket alone allows in it (never more over the run).
+    pub lease_extra: u64,
 }
 
 impl KeySpec {
@@ -139,8 +143,32 @@ pub fn global_keys(regions: usize) -> Vec<KeySpec> {
         failure_mode: FailureMode::Open,
         region: None,
         scope: Scope::Global,
+        lease_extra: 0,
     })
     .collect()
+}
+
+/// Checks a second (per gateway, per key) from which the lease scenario's gateways lease a key:
+/// its hot keys pass it, the standard keys (a few dozen a second in all) do not.
+pub const LEASE_HOT_ABOVE_PER_SEC: u64 = 100;
+
+/// Hot keys for the token-lease scenario: two GCRA keys of 200/s (burst 200), each offered three
+/// times its limit by the `gateways` that drive it (per region), which lease its tokens. Their
+/// per-window allowance grows by the tokens those gateways may hold at once.
+pub fn lease_keys(gateways: usize) -> Vec<KeySpec> {
+    let limit = limit(Algorithm::Gcra, 200, SECOND_NS, 200);
+    let most_held = floodgate::token_lease::LeaseSizing::default().most_held(&limit);
+    (0..2)
+        .map(|i| KeySpec {
+            name: format!("chaos:lease:{i}"),
+            limits: vec![limit],
+            failure_mode: FailureMode::Open,
+            offered_per_second: 600.0,
+            region: None,
+            scope: Scope::Region,
+            lease_extra: gateways as u64 * most_held,
+        })
+        .collect()
 }
 
 /// The standard key set: GCRA keys failing open and closed, a sliding log (exact) and a fixed
@@ -156,6 +184,7 @@ pub fn standard_keys() -> Vec<KeySpec> {
             offered_per_second: offered,
             region: None,
             scope: Scope::Region,
+            lease_extra: 0,
         });
     };
     for i in 0..4 {
@@ -209,6 +238,7 @@ mod tests {
             offered_per_second: 1.0,
             region: None,
             scope: Scope::Region,
+            lease_extra: 0,
         };
         assert_eq!(
             key(limit(Algorithm::Gcra, 20, SECOND_NS, 5)).allowed_per_window(),
@@ -236,6 +266,7 @@ mod tests {
             offered_per_second: 1.0,
             region: None,
             scope: Scope::Region,
+            lease_extra: 0,
         };
         assert_eq!(key.window_ns(), 2 * SECOND_NS);
         // Burst 30, and 30/s over 2 s beats 20/s over 2 s.

@@ -122,6 +122,8 @@ pub struct NodeHealth {
     pub addrs: Vec<SocketAddr>,
     pub down: Vec<std::sync::atomic::AtomicBool>,
     pub faults: Arc<crate::faults::FaultTable>,
+    /// Gateways the timeline killed: their load stops.
+    killed_gateways: parking_lot::Mutex<Vec<usize>>,
 }
 
 impl NodeHealth {
@@ -134,7 +136,16 @@ impl NodeHealth {
             addrs,
             down,
             faults,
+            killed_gateways: parking_lot::Mutex::new(Vec::new()),
         }
+    }
+
+    pub fn kill_gateway(&self, gateway: usize) {
+        self.killed_gateways.lock().push(gateway);
+    }
+
+    pub fn gateway_killed(&self, gateway: usize) -> bool {
+        self.killed_gateways.lock().contains(&gateway)
     }
 
     pub fn set_down(&self, node: usize, down: bool) {
@@ -253,6 +264,9 @@ async fn drive_task(
             _ = stop.wait_for(|&s| s) => break,
             _ = tokio::time::sleep_until(deadline.into()) => break,
             _ = ticker.tick() => {}
+        }
+        if plan.health.gateway_killed(gateway.index) {
+            break;
         }
         while let Some(done) = in_flight.try_join_next() {
             if let Ok(record) = done {

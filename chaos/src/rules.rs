@@ -68,6 +68,7 @@ impl RulesFile {
                 offered_per_second: 60.0,
                 region: None,
                 scope: Scope::Region,
+                lease_extra: 0,
             })
             .collect()
     }

@@ -11,11 +11,13 @@ use tokio::sync::watch;
 
 use crate::bounds;
 use crate::checker::{self, CheckInput, CheckResult, FaultSpan};
-use crate::keys::{KeySpec, global_keys, per_region, standard_keys};
+use crate::keys::{
+    KeySpec, LEASE_HOT_ABOVE_PER_SEC, global_keys, lease_keys, per_region, standard_keys,
+};
 use crate::load::{self, Front, LoadPlan, Record};
 use crate::rules::RulesFile;
 use crate::scenario::{Plan, Scenario};
-use crate::timeline::{self, SKEW_MS, SKEWED_NODE};
+use crate::timeline::{self, LEASE_VICTIM_GATEWAY, SKEW_MS, SKEWED_NODE};
 use crate::world::{Layout, World};
 
 /// What `run` was asked for.
@@ -140,6 +142,11 @@ async fn drive_and_check(
     let ca = world.setup.certs.join("ca.pem");
     let mut config = ClientConfig::with_ca_file(&ca);
     config.timeout = scenario.client_timeout;
+    let leased = scenario.plan == Plan::LeaseGatewayKill;
+    if leased {
+        config.token_leases.enabled = true;
+        config.token_leases.hot_above_per_sec = LEASE_HOT_ABOVE_PER_SEC;
+    }
     let front = if rules.is_some() {
         Front::Rules
     } else {
@@ -165,15 +172,19 @@ async fn drive_and_check(
         };
         for _ in 0..settings.gateways_per_region {
             let index = world.gateways.len();
-            let gateway = load::connect_gateway(
-                index,
-                region,
-                &seeds,
-                config.clone(),
-                front,
-                &world.directory,
-            )
-            .await
+            let gateway = if leased && index == LEASE_VICTIM_GATEWAY {
+                connect_killable_gateway(world, index, region, &seeds, config.clone(), front).await
+            } else {
+                load::connect_gateway(
+                    index,
+                    region,
+                    &seeds,
+                    config.clone(),
+                    front,
+                    &world.directory,
+                )
+                .await
+            }
             .with_context(|| format!("connecting gateway {index}"))?;
             world.gateways.push(gateway);
         }
@@ -190,6 +201,12 @@ async fn drive_and_check(
     // Keys shared by every region (the rules file's keys stay region-scoped).
     if rules.is_none() {
         keys.extend(global_keys(settings.regions));
+    }
+    if leased {
+        keys.extend(per_region(
+            lease_keys(settings.gateways_per_region),
+            settings.regions,
+        ));
     }
     // The run's clock starts with the load.
     world.origin = Instant::now();
@@ -222,6 +239,24 @@ async fn drive_and_check(
         extra.insert("rss_after".into(), serde_json::json!(node_rss(world)));
     }
     let live = live_buckets(world).await;
+    if leased {
+        let stats: serde_json::Map<String, serde_json::Value> = world
+            .gateways
+            .iter()
+            .filter(|g| !world.health.gateway_killed(g.index))
+            .filter_map(|g| {
+                let s = g.client.token_lease_stats()?;
+                Some((
+                    format!("gateway {}", g.index),
+                    serde_json::json!({
+                        "local_allowed": s.local_allowed, "local_denied": s.local_denied,
+                        "granted": s.granted, "returned": s.returned, "held": s.held,
+                    }),
+                ))
+            })
+            .collect();
+        extra.insert("token_leases".into(), serde_json::Value::Object(stats));
+    }
     let _ = stop_tx.send(true);
     let records: Vec<Record> = load.await.context("the load task failed")?;
     let side = match side_load {
@@ -500,4 +535,31 @@ fn check_memory(
             ));
         }
     }
+}
+
+/// Connects a gateway whose client runs on a runtime of its own, which the timeline can drop to
+/// kill the gateway as a crash would (`World::kill_gateway`).
+async fn connect_killable_gateway(
+    world: &mut World,
+    index: usize,
+    region: usize,
+    seeds: &[std::net::SocketAddr],
+    config: ClientConfig,
+    front: Front,
+) -> anyhow::Result<load::Gateway> {
+    let runtime = crate::world::GatewayRuntime::new()?;
+    let handle = runtime
+        .handle()
+        .context("the gateway's runtime is already gone")?;
+    let directory = world.directory.clone();
+    let seeds = seeds.to_vec();
+    // Connected on its runtime: the client's background tasks live (and die) there.
+    let gateway = handle
+        .spawn(async move {
+            load::connect_gateway(index, region, &seeds, config, front, &directory).await
+        })
+        .await
+        .context("the gateway's runtime stopped while connecting")??;
+    world.gateway_runtimes.push((index, runtime));
+    Ok(gateway)
 }

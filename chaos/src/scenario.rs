@@ -92,6 +92,7 @@ pub enum Plan {
     KeyFlood,
     HostileFlood,
     ClockSkew,
+    LeaseGatewayKill,
 }
 
 /// Which endpoints a regional fault splits. Today regions are labels on one shared ring, so a
@@ -279,6 +280,19 @@ pub fn catalogue() -> Vec<Scenario> {
                 "clock-skew",
                 "one node's clock 250 ms ahead (--test-only-clock-skew-ms); it leaves gracefully halfway",
                 Plan::ClockSkew,
+                Bound::exact(),
+                0.90,
+            )
+        },
+        Scenario {
+            bound: Bound {
+                why: "token leases: hot keys are decided at the gateways against tokens taken from the owner's bucket, so a window may see the tokens the gateways hold beside what the bucket allows in it (the key's lease allowance, always); a killed gateway only strands its lease (under-admission), so the fault adds nothing",
+                ..Bound::exact()
+            },
+            ..base(
+                "lease-gateway-kill",
+                "two hot keys leased (token leases) by every gateway of their region; gateway 0 killed at 40% (its runtime dropped: nothing returned)",
+                Plan::LeaseGatewayKill,
                 Bound::exact(),
                 0.90,
             )

@@ -10,6 +10,9 @@ use crate::world::World;
 /// The key whose owner the single-node faults hit.
 pub const VICTIM_KEY: &str = "chaos:gcra:0";
 
+/// The gateway `lease-gateway-kill` kills (it runs on a runtime of its own).
+pub const LEASE_VICTIM_GATEWAY: usize = 0;
+
 /// The node started with a skewed clock in `clock-skew`.
 pub const SKEWED_NODE: usize = 1;
 pub const SKEW_MS: i64 = 250;
@@ -124,6 +127,13 @@ pub async fn play(
                 rules.write_step(step)?;
                 world.note(format!("rules file edited: {}", rules.describe_step(step)));
             }
+        }
+        Plan::LeaseGatewayKill => {
+            world.until(at(0.4)).await;
+            let span = world.begin_span(format!("kill gateway {LEASE_VICTIM_GATEWAY}"));
+            world.kill_gateway(LEASE_VICTIM_GATEWAY).await;
+            // It stays dead: the span runs to the end of the run.
+            let _ = span;
         }
         Plan::ClockSkew => {
             world.until(at(0.5)).await;

@@ -44,7 +44,42 @@ pub struct World {
     /// Everything the timeline did, with its time, for the report.
     pub events: Vec<(u64, String)>,
     pub health: Arc<crate::load::NodeHealth>,
+    /// Gateways whose client runs on a runtime of its own, so the timeline can kill them.
+    pub gateway_runtimes: Vec<(usize, GatewayRuntime)>,
     shutdown: watch::Sender<bool>,
+}
+
+/// A gateway's own tokio runtime. Killing it (or dropping it) stops every task of the
+/// gateway's client at once, as a crash would: nothing it holds is handed back.
+#[derive(Debug)]
+pub struct GatewayRuntime(Option<tokio::runtime::Runtime>);
+
+impl GatewayRuntime {
+    pub fn new() -> anyhow::Result<Self> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .context("starting a gateway's runtime")?;
+        Ok(GatewayRuntime(Some(runtime)))
+    }
+
+    pub fn handle(&self) -> Option<tokio::runtime::Handle> {
+        self.0.as_ref().map(|r| r.handle().clone())
+    }
+
+    fn kill(&mut self) {
+        if let Some(runtime) = self.0.take() {
+            // Never waits, so it is safe inside the harness's own runtime.
+            runtime.shutdown_background();
+        }
+    }
+}
+
+impl Drop for GatewayRuntime {
+    fn drop(&mut self) {
+        self.kill();
+    }
 }
 
 impl World {
@@ -103,6 +138,7 @@ impl World {
             origin: Instant::now(),
             spans: Vec::new(),
             events: Vec::new(),
+            gateway_runtimes: Vec::new(),
             shutdown,
         };
         for index in 0..world.layout.initial_nodes() {
@@ -210,6 +246,23 @@ impl World {
         Ok(())
     }
 
+    /// Kills gateway `gateway` as a crash would: its load stops, then (once its checks in
+    /// flight are answered) every task of its client is dropped with its runtime; its token
+    /// leases are never returned.
+    pub async fn kill_gateway(&mut self, gateway: usize) {
+        self.note(format!("kill gateway {gateway}"));
+        self.health.kill_gateway(gateway);
+        // Checks in flight end within the client's timeout; killing under them would make them
+        // fall back, which is not what a crashed gateway's users see.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        for (index, runtime) in &mut self.gateway_runtimes {
+            if *index == gateway {
+                runtime.kill();
+            }
+        }
+        self.note(format!("gateway {gateway} killed"));
+    }
+
     pub async fn pause(&mut self, node: usize, pause: bool) -> anyhow::Result<()> {
         self.note(format!(
             "{} node {node}",
@@ -223,7 +276,12 @@ impl World {
     pub async fn shutdown(&mut self) {
         let _ = self.shutdown.send(true);
         for gateway in &self.gateways {
-            gateway.client.close().await;
+            if !self.health.gateway_killed(gateway.index) {
+                gateway.client.close().await;
+            }
+        }
+        for (_, runtime) in &mut self.gateway_runtimes {
+            runtime.kill();
         }
         for node in &mut self.nodes {
             node.kill().await;

@@ -1,7 +1,8 @@
-//! A few seconds of `floodgate-chaos run` with two scenarios (`steady`, `kill`) against real
-//! nodes: it exits 0 and its report holds for each scenario: passed, checks made, and no more
-//! admitted than the limits allow plus the scenario's bound. It never judges speed. And a short
-//! `floodgate-chaos sim` sweep, run twice: it passes, and prints the same both times.
+//! A few seconds of `floodgate-chaos run` with three scenarios (`steady`, `kill`,
+//! `lease-gateway-kill`) against real nodes: it exits 0 and its report holds for each scenario:
+//! passed, checks made, and no more admitted than the limits allow plus the scenario's bound. It
+//! never judges speed. And a short `floodgate-chaos sim` sweep, run twice: it passes, and prints
+//! the same both times.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -27,7 +28,13 @@ fn steady_and_kill_hold_their_bounds_and_say_so_in_the_report() {
     let node = node_binary(chaos);
     let out = tempfile::tempdir().unwrap();
     let output = Command::new(chaos)
-        .args(["run", "--scenario", "steady,kill", "--duration", "4s"])
+        .args([
+            "run",
+            "--scenario",
+            "steady,kill,lease-gateway-kill",
+            "--duration",
+            "4s",
+        ])
         .args(["--regions", "1", "--nodes-per-region", "3", "--seed", "7"])
         // Safety only: how many checks a loaded test machine answers in time is the full
         // run's concern (`make chaos`), not a test's.
@@ -50,7 +57,7 @@ fn steady_and_kill_hold_their_bounds_and_say_so_in_the_report() {
         .iter()
         .map(|s| s["scenario"].as_str().unwrap())
         .collect();
-    assert_eq!(names, ["steady", "kill"]);
+    assert_eq!(names, ["steady", "kill", "lease-gateway-kill"]);
     for s in scenarios {
         let name = s["scenario"].as_str().unwrap();
         assert_eq!(s["passed"], true, "{name}: {s}");
@@ -88,6 +95,20 @@ fn steady_and_kill_hold_their_bounds_and_say_so_in_the_report() {
             .starts_with("kill -9 node"),
         "{kill}"
     );
+    // The gateway was killed, and the others decided hot keys against token leases.
+    let leased = &scenarios[2];
+    assert_eq!(
+        leased["faults"][0]["label"].as_str().unwrap(),
+        "kill gateway 0",
+        "{leased}"
+    );
+    let local: u64 = leased["extra"]["token_leases"]
+        .as_object()
+        .unwrap()
+        .values()
+        .map(|g| g["local_allowed"].as_u64().unwrap())
+        .sum();
+    assert!(local > 0, "no check decided against a lease: {leased}");
 }
 
 /// `sim` sweeps seeds through the core's simulations and prints the same summary every time.

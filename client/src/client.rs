@@ -24,6 +24,8 @@ use crate::refresher::{LinkFactory, Refresher};
 use crate::routing::{Routing, TableChanges};
 use crate::status::{LinkState, NodeStatus};
 use crate::tls;
+use crate::token_leases::TokenLeases;
+
 use floodgate::check::{Check, DegradedReason, Verdict};
 
 /// A connection to a set of floodgate nodes. Cheap to clone (an `Arc` inside) and safe to use
@@ -43,6 +45,8 @@ struct Inner {
     fallback: Fallback,
     timeout: Duration,
     max_checks: usize,
+    /// Hot keys decided here against leased tokens (`None` only in tests that play the node).
+    token_leases: Option<Arc<TokenLeases>>,
     /// Dropping it (with the last `Client`) also stops the supervisors.
     shutdown: watch::Sender<bool>,
     /// Each given node's supervisor and reaper tasks, and the table refresher (which stops
@@ -103,12 +107,18 @@ impl Client {
             )));
             supervisors.push(tokio::spawn(link::reap(link.clone(), shutdown.subscribe())));
         }
+        let token_leases = TokenLeases::new(config.token_leases, routing.clone());
+        supervisors.push(tokio::spawn(
+            token_leases.clone().run_sweeper(shutdown.subscribe()),
+        ));
+        let token_leases = Some(token_leases);
         let client = Client {
             inner: Arc::new(Inner {
                 routing: routing.clone(),
                 fallback,
                 timeout: config.timeout,
                 max_checks: config.max_checks_per_frame,
+                token_leases,
                 shutdown,
                 supervisors: Mutex::new(supervisors),
             }),
@@ -152,6 +162,15 @@ impl Client {
     pub async fn check(&self, checks: &[Check]) -> Result<Vec<Verdict>, ClientError> {
         let inner = &*self.inner;
         inner.validate(checks)?;
+        // A hot key with leased tokens is decided here, without a round trip.
+        if let (Some(leases), [single]) = (&inner.token_leases, checks)
+            && let Some(verdict) = leases.decide(single)
+        {
+            // Decided without I/O: spend tokio's cooperative budget, so a caller looping on
+            // leased checks still lets the runtime's other tasks (timers, streams) run.
+            tokio::task::consume_budget().await;
+            return Ok(vec![verdict]);
+        }
         // The timeout is a deadline carried by the call: the queue's reaper or the stream task
         // holding the call answers `Timeout` when it passes (one timer per queue or frame, not
         // per call; see `queue`).
@@ -281,6 +300,14 @@ impl Client {
         self.inner.timeout
     }
 
+    /// What this client's token leases did and hold (`None` only for a client without a cache).
+    pub fn token_lease_stats(&self) -> Option<crate::token_leases::TokenLeaseStats> {
+        self.inner
+            .token_leases
+            .as_ref()
+            .map(|leases| leases.stats())
+    }
+
     /// Each node's link: the nodes given to `connect`, in that order, then the members
     /// discovered through the slot table.
     pub fn nodes(&self) -> Vec<NodeStatus> {
@@ -380,6 +407,7 @@ mod tests {
                 fallback: Fallback::new(config.fallback_store, 1_000_000_000).unwrap(),
                 timeout: config.timeout,
                 max_checks: config.max_checks_per_frame,
+                token_leases: None,
                 shutdown,
                 supervisors: Mutex::new(reapers),
             }),

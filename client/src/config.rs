@@ -75,6 +75,36 @@ impl Default for BackoffConfig {
     }
 }
 
+/// Token leases for hot keys: a key checked at this gateway above `hot_above_per_sec` is
+/// decided here against tokens leased from its owner (see the README, "Hot keys: token
+/// leases"). Off by default: every check then goes to its owner, except those of a rule with
+/// `lease_above` (which uses its own threshold and these other settings).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TokenLeaseConfig {
+    pub enabled: bool,
+    /// Units per second (of single-check calls on one key, at this gateway) from which the key
+    /// is leased.
+    pub hot_above_per_sec: u64,
+    /// A lease is about this long a share of the gateway's rate for the key.
+    pub lease_period: Duration,
+    /// Unused tokens lapse this long after they were asked for and are returned to the owner.
+    pub ttl: Duration,
+    /// Most keys the gateway meters and leases at once (memory bound).
+    pub max_keys: usize,
+}
+
+impl Default for TokenLeaseConfig {
+    fn default() -> Self {
+        TokenLeaseConfig {
+            enabled: false,
+            hot_above_per_sec: 500,
+            lease_period: Duration::from_millis(100),
+            ttl: Duration::from_secs(1),
+            max_keys: 1_024,
+        }
+    }
+}
+
 /// Everything [`crate::Client::connect`] needs besides the node addresses.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ClientConfig {
@@ -109,6 +139,8 @@ pub struct ClientConfig {
     /// first table the client takes, kept from then on (seeds of several regions never make it
     /// route by two regions' tables at once).
     pub region: Option<String>,
+    /// Token leases for hot keys (off by default).
+    pub token_leases: TokenLeaseConfig,
 }
 
 impl ClientConfig {
@@ -132,6 +164,7 @@ impl ClientConfig {
                 shards: 16,
             },
             region: None,
+            token_leases: TokenLeaseConfig::default(),
         }
     }
 
@@ -226,6 +259,20 @@ impl ClientConfig {
         if let Err(e) = floodgate::BucketStore::new(self.fallback_store) {
             return invalid("fallback_store", &e.to_string());
         }
+        // Checked even when off: a rule's `lease_above` uses these settings too.
+        let leases = &self.token_leases;
+        if leases.hot_above_per_sec == 0 {
+            return invalid("token_leases.hot_above_per_sec", "must be at least 1");
+        }
+        if leases.lease_period.is_zero() || leases.ttl < leases.lease_period {
+            return invalid(
+                "token_leases.ttl",
+                "must be at least lease_period, and lease_period more than zero",
+            );
+        }
+        if !(1..=1 << 20).contains(&leases.max_keys) {
+            return invalid("token_leases.max_keys", "must be between 1 and 1048576");
+        }
         Ok(())
     }
 }
@@ -293,6 +340,18 @@ mod tests {
                 Box::new(|c| c.max_checks_per_frame = 4_097),
             ),
             ("max_queued_checks", Box::new(|c| c.max_queued_checks = 10)),
+            (
+                "token_leases.hot_above_per_sec",
+                Box::new(|c| c.token_leases.hot_above_per_sec = 0),
+            ),
+            (
+                "token_leases.ttl",
+                Box::new(|c| c.token_leases.ttl = Duration::from_millis(10)),
+            ),
+            (
+                "token_leases.max_keys",
+                Box::new(|c| c.token_leases.max_keys = 0),
+            ),
             (
                 "idle_timeout",
                 Box::new(|c| c.idle_timeout = Duration::from_millis(500)),

@@ -45,6 +45,8 @@
 //! - `link`: a node's shared state and its connection supervisor (reconnects); `link::stream`:
 //!   the stream tasks (frames out, answers in); `status`: [`LinkState`] and [`NodeStatus`].
 //! - `dial`: endpoints and bounded handshakes; `request`: one frame and its matched answer.
+//! - `token_leases`: hot keys decided here against tokens leased from their owner (kind 18),
+//!   refilled in the background, returned when they lapse; bounded.
 //! - `fallback`: failure modes, with a local bucket store for `Open` checks (on the core's
 //!   `EpochClock`, moved by tokio's time).
 //!
@@ -75,6 +77,7 @@ mod routing;
 mod status;
 mod table_feed;
 mod tls;
+mod token_leases;
 #[cfg(feature = "tower")]
 pub mod tower;
 
@@ -83,7 +86,7 @@ pub use client::Client;
 pub use cluster_table::{ClusterMember, ClusterTable};
 pub use config::{
     BackoffConfig, BreakerConfig, CaSource, ClientAuth, ClientConfig, MAX_CHECKS_PER_FRAME,
-    MAX_KEY_BYTES, MAX_STREAMS_PER_CONNECTION,
+    MAX_KEY_BYTES, MAX_STREAMS_PER_CONNECTION, TokenLeaseConfig,
 };
 pub use error::{ClientError, ConfigError, ErrorKind, classify_code};
 /// What a caller sends and gets back: the core's types, re-exported.
@@ -96,6 +99,7 @@ pub use policy::{
 pub use routing::TableChanges;
 pub use status::{LinkState, NodeStatus};
 pub use table_feed::fetch_slot_table;
+pub use token_leases::TokenLeaseStats;
 
 /// The core whose types the client speaks (`Limit`, `Decision`, ...), re-exported for gateways.
 pub use floodgate as core;

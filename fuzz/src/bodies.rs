@@ -232,6 +232,13 @@ fn decode_by_kind(payload: &[u8], kind: FrameKind) {
         FrameKind::LeaseRequest => outcome(&decode_lease_requests(payload, &WireLimits::default())),
         FrameKind::LeaseAnswer => outcome(&decode_lease_answers(payload)),
         FrameKind::LeaseSync => outcome(&decode_lease_sync(payload)),
+        FrameKind::TokenLeaseBatch => outcome(&floodgate::wire::decode_token_lease_batch(
+            payload,
+            &WireLimits::default(),
+        )),
+        FrameKind::TokenLeaseAnswers => {
+            outcome(&floodgate::wire::decode_token_lease_answers(payload))
+        }
     };
 }
 

@@ -18,6 +18,8 @@
 //!   switches under the deciding gate, hand-offs, replication, the table message, peers.
 //! - [`region_sync`]: the inter-region delta exchange of global keys (the core's `Exchange`
 //!   driven); `region_links` sends its frames to peers; `scoped`: kind 12, checks with scopes.
+//! - `token_leases`: kind 18, tokens of hot keys granted to gateways (and returned), decided
+//!   where checks are.
 //! - `member_log`: peers suspected or declared dead logged at WARN as it happens.
 //! - `lease`: kind 15, concurrency leases placed by slot and decided on the lease store;
 //!   their replication and hand-off are in `cluster`.
@@ -54,6 +56,7 @@ mod service;
 pub mod snapshot;
 mod state;
 mod tls;
+mod token_leases;
 
 pub use address::HostPort;
 pub use certs::{DevCerts, ensure_dev_certs};

@@ -38,6 +38,7 @@ const RATE_ONLY_FIELDS: &[&str] = &[
     "default_plan",
     "cost",
     "max_wait",
+    "lease_above",
 ];
 
 /// Reads a rule's `concurrency` and `ttl` fields; `None` for a rate rule.
@@ -302,6 +303,9 @@ rules:
         };
         let e = error("    concurrency: 3\n    limit: 10/s\n");
         assert!(e.contains("a concurrency rule has no `limit`"), "{e}");
+        // Token leases spend a rate's tokens: a concurrency rule has none to lease.
+        let e = error("    concurrency: 3\n    lease_above: 100/s\n");
+        assert!(e.contains("a concurrency rule has no `lease_above`"), "{e}");
         let e = error("    concurrency: 0\n");
         assert!(e.contains("max must be between 1 and 100000"), "{e}");
         let e = error("    concurrency: 100001\n");

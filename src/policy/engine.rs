@@ -63,6 +63,8 @@ pub struct PlannedCheck {
     /// Where the check is decided across regions: the rule's scope, with `home` resolved to
     /// the request's home region (`region` when it has none).
     pub scope: Scope,
+    /// The rule's `lease_above`, in checks a second.
+    pub lease_above_per_sec: Option<u64>,
 }
 
 impl PlannedCheck {
@@ -73,10 +75,14 @@ impl PlannedCheck {
 
     /// This check as a client sends it to the node that owns its key.
     pub fn check(&self) -> crate::check::Check {
-        crate::check::Check::new(self.key.clone(), self.limit)
+        let check = crate::check::Check::new(self.key.clone(), self.limit)
             .cost(self.cost)
             .failure_mode(self.failure_mode)
-            .scope(self.scope.clone())
+            .scope(self.scope.clone());
+        match self.lease_above_per_sec {
+            Some(per_sec) => check.lease_above(per_sec),
+            None => check,
+        }
     }
 
     /// This check for an in-process [`crate::BucketStore`].
@@ -151,6 +157,7 @@ impl Policy {
                 failure_mode: rule.failure_mode,
                 shadow: rule.mode == Mode::Shadow,
                 max_wait_ns: rule.max_wait_ns,
+                lease_above_per_sec: rule.lease_above_per_sec,
                 unknown_plan,
                 scope: match &rule.scope {
                     RuleScope::Region => Scope::Region,

@@ -11,7 +11,8 @@ use super::client_ip::{Cidr, TrustedProxies};
 use super::error::PolicyError;
 use super::method::parse_method;
 use super::parse_limit::{
-    known_plan, parse_algorithm, parse_cost, parse_limit, parse_max_wait, parse_rule_plans,
+    known_plan, parse_algorithm, parse_cost, parse_lease_above, parse_limit, parse_max_wait,
+    parse_rule_plans,
 };
 use super::parse_region::{parse_regions, parse_scope, parse_tenants};
 use super::pattern::PathPattern;
@@ -54,6 +55,7 @@ const RULE_FIELDS: &[&str] = &[
     "scope",
     "concurrency",
     "ttl",
+    "lease_above",
 ];
 
 impl Policy {
@@ -299,6 +301,10 @@ fn parse_rule<'n, 'a>(
         Some(n) => parse_scope(n, regions)?,
         None => RuleScope::Region,
     };
+    let lease_above_per_sec = fields
+        .get("lease_above")
+        .map(parse_lease_above)
+        .transpose()?;
     let rule = Rule {
         name: Arc::from(name),
         methods,
@@ -313,6 +319,7 @@ fn parse_rule<'n, 'a>(
         max_wait_ns,
         scope,
         concurrency,
+        lease_above_per_sec,
     };
     Ok((rule, name_node))
 }

@@ -152,3 +152,21 @@ pub(super) fn parse_max_wait(node: &Node<'_>) -> Result<u64, PolicyError> {
     }
     Ok(ns)
 }
+
+/// `lease_above: RATE` (e.g. `500/s`): the per-gateway rate of a key from which gateways decide it
+/// against token leases, as whole checks per second (at least 1/s).
+pub(super) fn parse_lease_above(node: &Node<'_>) -> Result<u64, PolicyError> {
+    let text = yaml::string(node, "`lease_above` (a rate like `500/s`)")?;
+    let (count, period_ns) =
+        crate::limit::parse_rate(text).map_err(|e| error_at(node, e.to_string()))?;
+    let per_sec = u128::from(count) * u128::from(crate::NANOS_PER_SEC) / u128::from(period_ns);
+    match u64::try_from(per_sec) {
+        Ok(n) if n >= 1 => Ok(n),
+        _ => Err(error_at(
+            node,
+            format!(
+                "lease_above `{text}` is below 1/s: a key that rare gains nothing from a lease"
+            ),
+        )),
+    }
+}

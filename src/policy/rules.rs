@@ -133,6 +133,9 @@ pub struct Rule {
     /// `concurrency:` and `ttl:`: at most this many requests in flight per key, through leases
     /// (such a rule has no rate limit; see [`super::concurrency`]).
     pub(crate) concurrency: Option<crate::lease::LeaseLimit>,
+    /// `lease_above`: from this many checks a second of one key at a gateway, the gateway
+    /// decides that key against token leases (`None`: as the client's config says).
+    pub(crate) lease_above_per_sec: Option<u64>,
 }
 
 impl Rule {
@@ -234,6 +237,11 @@ impl Rule {
         self.failure_mode
     }
 
+    /// `lease_above`, in checks a second: gateways lease this rule's hot keys' tokens.
+    pub fn lease_above_per_sec(&self) -> Option<u64> {
+        self.lease_above_per_sec
+    }
+
     pub fn mode(&self) -> Mode {
         self.mode
     }
@@ -302,6 +310,9 @@ impl Rule {
         }
         if self.scope != RuleScope::Region {
             let _ = write!(line, "; scope {}", self.scope);
+        }
+        if let Some(per_sec) = self.lease_above_per_sec {
+            let _ = write!(line, "; token leases above {per_sec}/s");
         }
         line
     }

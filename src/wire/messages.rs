@@ -264,7 +264,10 @@ pub(crate) fn decode_groups(
     Ok(groups)
 }
 
-fn validate_check(check: &ArchivedWireCheck, limits: &WireLimits) -> Result<ValidCheck, Refusal> {
+pub(crate) fn validate_check(
+    check: &ArchivedWireCheck,
+    limits: &WireLimits,
+) -> Result<ValidCheck, Refusal> {
     if check.key.len() > limits.max_key_bytes {
         let message = format!(
             "key of {} bytes exceeds the maximum of {}",

@@ -19,6 +19,7 @@ mod lease_messages;
 mod messages;
 mod policy_messages;
 mod region_messages;
+mod token_lease_messages;
 
 pub use cluster_messages::{
     HandoffPart, MAX_HANDOFF_PARTS, MAX_MEMBER_FIELD_BYTES, MAX_WIRE_TAT_NS, ReplicateMessage,
@@ -46,6 +47,10 @@ pub use region_messages::{
     ArchivedScopedCheckBatch, MAX_WIRE_DELTA_AT_NS, MAX_WIRE_DELTAS, MAX_WIRE_NODE_ID_BYTES,
     RegionAckMessage, RegionDeltasMessage, ScopedCheckBatch, WireDelta, WireScope,
     decode_region_ack, decode_region_deltas, decode_scoped_check_batch,
+};
+pub use token_lease_messages::{
+    ArchivedTokenLeaseBatch, TokenLeaseAnswer, TokenLeaseAnswers, TokenLeaseBatch,
+    TokenLeaseRequest, ValidTokenLease, decode_token_lease_answers, decode_token_lease_batch,
 };
 
 /// First two bytes of every frame.
@@ -102,6 +107,11 @@ pub enum FrameKind {
     /// Node → node: a [`LeaseSyncMessage`], lease sets replicated to a slot's successor or
     /// handed off to a new owner.
     LeaseSync = 17,
+    /// Client → node: a [`TokenLeaseBatch`], tokens of hot keys asked for (and unused ones
+    /// returned) by a gateway that decides those keys locally.
+    TokenLeaseBatch = 18,
+    /// Node → client: [`TokenLeaseAnswers`], what the owner granted, one per request.
+    TokenLeaseAnswers = 19,
 }
 
 impl FrameKind {
@@ -124,6 +134,8 @@ impl FrameKind {
             15 => Some(FrameKind::LeaseRequest),
             16 => Some(FrameKind::LeaseAnswer),
             17 => Some(FrameKind::LeaseSync),
+            18 => Some(FrameKind::TokenLeaseBatch),
+            19 => Some(FrameKind::TokenLeaseAnswers),
             _ => None,
         }
     }
@@ -149,7 +161,9 @@ impl FrameKind {
             | FrameKind::Policy
             | FrameKind::ScopedCheckBatch
             | FrameKind::LeaseRequest
-            | FrameKind::LeaseAnswer => false,
+            | FrameKind::LeaseAnswer
+            | FrameKind::TokenLeaseBatch
+            | FrameKind::TokenLeaseAnswers => false,
         }
     }
 }

@@ -129,7 +129,7 @@ pub async fn closed_loop(
             while !stop.load(Ordering::Relaxed) {
                 keys.request(&mut rng, &mut request);
                 let sent = Instant::now();
-                let outcome = target.check(&request).await;
+                let outcome = target.check_leased(&request, keys.leased()).await;
                 record_latency(latency, sent);
                 counters.record(request.len(), &outcome);
             }
@@ -228,8 +228,9 @@ fn pace(
             in_flight.clone(),
         );
         in_flight.fetch_add(1, Ordering::Relaxed);
+        let leased = keys.leased();
         tasks.push(runtime.spawn(async move {
-            let outcome = target.check(&request).await;
+            let outcome = target.check_leased(&request, leased).await;
             record_latency(&latency, scheduled);
             counters.record(request.len(), &outcome);
             in_flight.fetch_sub(1, Ordering::Relaxed);

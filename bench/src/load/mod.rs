@@ -54,8 +54,13 @@ pub struct LoadArgs {
     #[arg(long, default_value_t = 1_000_000)]
     pub keys: u64,
     /// Key spreads to run, each with 1 check per request (repeat the flag or separate with
-    /// commas); `--three-checks` adds uniform/3-check.
-    #[arg(long, value_delimiter = ',', default_value = "uniform,zipf,hot")]
+    /// commas); `--three-checks` adds uniform/3-check. `hot-leased` runs only on floodgate: one
+    /// key through a client with token leases on.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "uniform,zipf,hot,hot-leased"
+    )]
     pub spreads: Vec<KeySpread>,
     /// Also run requests of 3 checks (user + IP + API key) over the uniform spread.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
@@ -159,6 +164,7 @@ pub async fn run(args: LoadArgs) -> anyhow::Result<Vec<Record>> {
     std::fs::create_dir_all(&args.out)
         .with_context(|| format!("creating {}", args.out.display()))?;
     let workloads = args.workloads();
+    let mut notes = Vec::new();
     let with_rls = !args.no_rls && args.seeds.is_empty();
     let systems = 1 + usize::from(with_rls) + if args.no_redis { 0 } else { 2 };
     let steps = systems * workloads.len() * (1 + args.rates.len()) + systems;
@@ -198,6 +204,7 @@ pub async fn run(args: LoadArgs) -> anyhow::Result<Vec<Record>> {
         &workloads,
         &progress,
         &mut records,
+        &mut notes,
     )
     .await?;
     drop(server);
@@ -212,6 +219,7 @@ pub async fn run(args: LoadArgs) -> anyhow::Result<Vec<Record>> {
             &workloads,
             &progress,
             &mut records,
+            &mut notes,
         )
         .await?;
     }
@@ -239,6 +247,7 @@ pub async fn run(args: LoadArgs) -> anyhow::Result<Vec<Record>> {
                     &workloads,
                     &progress,
                     &mut records,
+                    &mut notes,
                 )
                 .await?
             }
@@ -249,6 +258,9 @@ pub async fn run(args: LoadArgs) -> anyhow::Result<Vec<Record>> {
     report::write_json(&records, &args.out.join("report.json"))?;
     report::write_svg(&records, &args.out.join("latency.svg"))?;
     println!("{}", report::markdown(&records));
+    for note in &notes {
+        println!("{note}");
+    }
     println!(
         "(report: {}, plot: {})",
         args.out.join("report.json").display(),
@@ -299,6 +311,7 @@ async fn run_system(
     workloads: &[Workload],
     progress: &ProgressBar,
     records: &mut Vec<Record>,
+    notes: &mut Vec<String>,
 ) -> anyhow::Result<()> {
     let target = Arc::new(target);
     let name = target.name();
@@ -307,7 +320,13 @@ async fn run_system(
     let bytes_per_key = load_keys(&target, server, args.keys).await?;
     progress.inc(1);
     for (w, workload) in workloads.iter().enumerate() {
+        if workload.spread.leased() && !target.leases() {
+            progress.inc(1 + args.rates.len() as u64);
+            continue;
+        }
         let keys = Arc::new(workload::KeyGen::new(*workload, args.keys));
+        let first = records.len();
+        let started = std::time::Instant::now();
         progress.set_message(format!("{name} {workload}: closed loop"));
         let cpu_before = cpu(server);
         let run = driver::closed_loop(
@@ -348,8 +367,63 @@ async fn run_system(
             ));
             progress.inc(1);
         }
+        if workload.spread.leased() {
+            let admitted = records[first..].iter().map(|r| r.allowed).sum();
+            let note = lease_accounting(&target, *workload, admitted, started.elapsed(), records)?;
+            notes.push(note);
+        }
     }
     Ok(())
+}
+
+/// Holds a leased workload to its limit: every request checks one key of its own, so what the
+/// generator counted as admitted over all its steps is what that key admitted, and the limit
+/// allows at most `burst + rate × elapsed` from a fresh bucket. Over it, the run fails. Also
+/// says how its throughput compares with the same key checked at the owner (`hot-key`).
+fn lease_accounting(
+    target: &Target,
+    workload: Workload,
+    admitted: u64,
+    elapsed: Duration,
+    records: &[Record],
+) -> anyhow::Result<String> {
+    let limit = bench_limit();
+    let refilled = u128::from(limit.rate()) * elapsed.as_nanos() / u128::from(limit.period_ns());
+    let allowed = u128::from(limit.burst()) + refilled + 1;
+    let name = target.name();
+    let stats = target.lease_stats().unwrap_or_default();
+    anyhow::ensure!(
+        u128::from(admitted) <= allowed,
+        "{name} {workload}: the generator counted {admitted} admitted checks on its one key, over          the {allowed} that {limit} allows in {:.1} s: token leases let more through than the          limit",
+        elapsed.as_secs_f64()
+    );
+    let closed = |w: &str| {
+        records
+            .iter()
+            .find(|r| r.system == name && r.workload == w && r.offered_rate == 0)
+            .map(|r| r.achieved_rate)
+    };
+    let hot = Workload {
+        spread: KeySpread::Hot,
+        checks_per_request: 1,
+    };
+    let ratio = match (closed(&workload.to_string()), closed(&hot.to_string())) {
+        (Some(leased), Some(plain)) if plain > 0.0 => {
+            format!(", {:.1}x the throughput of {hot}", leased / plain)
+        }
+        _ => String::new(),
+    };
+    Ok(format!(
+        "{name} {workload}: admitted {admitted} on its key, at most {allowed} allowed by {limit} \
+         over {:.1} s (within the limit){ratio}; leases: {} decided locally ({} admitted, {} \
+         denied), {} tokens granted, {} returned",
+        elapsed.as_secs_f64(),
+        stats.local_allowed + stats.local_denied,
+        stats.local_allowed,
+        stats.local_denied,
+        stats.granted,
+        stats.returned,
+    ))
 }
 
 fn cpu(server: Option<&Server>) -> f64 {
@@ -444,6 +518,8 @@ mod tests {
         assert_eq!(rates.rates, [1, 2, 3]);
         let spreads = parse(&["--spreads", "uniform", "--spreads", "zipf,hot"]).unwrap();
         assert_eq!(spreads.spreads.len(), 3);
+        let defaults = parse(&[]).unwrap();
+        assert!(defaults.spreads.contains(&KeySpread::HotLeased));
         // The old name is gone.
         assert!(parse(&[&ca[..], &["--nodes", "127.0.0.1:7100"]].concat()).is_err());
     }

@@ -41,6 +41,8 @@ return 1
 pub enum Target {
     Floodgate {
         client: Client,
+        /// A second client to the same node with token leases on (the `hot-leased` spread).
+        leasing: Client,
         limit: Limit,
     },
     Redis {
@@ -158,11 +160,21 @@ impl Target {
         // A benchmark measures the node, so a slow answer must count as slow, not turn into a
         // fallback decision: a generous timeout, and degraded answers are counted separately.
         config.timeout = Duration::from_secs(2);
-        let client = Client::connect(&[node.into()], config)
+        let node = node.into();
+        let client = Client::connect(std::slice::from_ref(&node), config.clone())
             .await
             .context("connecting to the node")?;
         client.wait_connected().await;
-        Ok(Target::Floodgate { client, limit })
+        config.token_leases.enabled = true;
+        let leasing = Client::connect(&[node], config)
+            .await
+            .context("connecting the leasing client to the node")?;
+        leasing.wait_connected().await;
+        Ok(Target::Floodgate {
+            client,
+            leasing,
+            limit,
+        })
     }
 
     /// Redis + the token-bucket Lua script, over `connections` multiplexed connections.
@@ -223,25 +235,34 @@ impl Target {
         }
     }
 
+    /// True when this system can run a workload through token leases (floodgate's client).
+    pub fn leases(&self) -> bool {
+        matches!(self, Target::Floodgate { .. })
+    }
+
+    /// What this system's leasing client did (`None`: no leases here).
+    pub fn lease_stats(&self) -> Option<floodgate_client::TokenLeaseStats> {
+        match self {
+            Target::Floodgate { leasing, .. } => leasing.token_lease_stats(),
+            _ => None,
+        }
+    }
+
+    /// Checks one request's keys all-or-nothing, through the leasing client when `leased`.
+    pub async fn check_leased(&self, keys: &[String], leased: bool) -> anyhow::Result<Outcome> {
+        match self {
+            Target::Floodgate { leasing, limit, .. } if leased => {
+                floodgate_outcome(leasing, keys, limit).await
+            }
+            _ => self.check(keys).await,
+        }
+    }
+
     /// Checks one request's keys all-or-nothing.
     pub async fn check(&self, keys: &[String]) -> anyhow::Result<Outcome> {
         match self {
             Target::Rls(channels) => channels.check(keys).await,
-            Target::Floodgate { client, limit } => {
-                let checks: Vec<Check> = keys
-                    .iter()
-                    .map(|k| Check::new(k.as_bytes(), *limit))
-                    .collect();
-                let verdicts = client.check(&checks).await?;
-                if verdicts.iter().any(|v| v.source != Source::Node) {
-                    return Ok(Outcome::Degraded);
-                }
-                Ok(if verdicts.iter().all(|v| v.is_allowed()) {
-                    Outcome::Allowed
-                } else {
-                    Outcome::Denied
-                })
-            }
+            Target::Floodgate { client, limit, .. } => floodgate_outcome(client, keys, limit).await,
             Target::Redis {
                 pool,
                 script,
@@ -294,6 +315,27 @@ impl Target {
             }
         }
     }
+}
+
+/// One request through a floodgate client: its keys as one all-or-nothing group.
+async fn floodgate_outcome(
+    client: &Client,
+    keys: &[String],
+    limit: &Limit,
+) -> anyhow::Result<Outcome> {
+    let checks: Vec<Check> = keys
+        .iter()
+        .map(|k| Check::new(k.as_bytes(), *limit))
+        .collect();
+    let verdicts = client.check(&checks).await?;
+    if verdicts.iter().any(|v| v.source != Source::Node) {
+        return Ok(Outcome::Degraded);
+    }
+    Ok(if verdicts.iter().all(|v| v.is_allowed()) {
+        Outcome::Allowed
+    } else {
+        Outcome::Denied
+    })
 }
 
 #[cfg(test)]

@@ -14,6 +14,16 @@ pub enum KeySpread {
     Zipf,
     /// Every request on one key.
     Hot,
+    /// Every request on one key (its own, used by no other workload), through a client with
+    /// token leases on: the key is decided at the gateway against tokens leased from its owner.
+    HotLeased,
+}
+
+impl KeySpread {
+    /// True for the spreads whose client leases hot keys' tokens.
+    pub fn leased(self) -> bool {
+        self == KeySpread::HotLeased
+    }
 }
 
 /// One workload: the key spread and how many checks each request carries.
@@ -30,10 +40,14 @@ impl fmt::Display for Workload {
             KeySpread::Uniform => "uniform",
             KeySpread::Zipf => "zipf",
             KeySpread::Hot => "hot-key",
+            KeySpread::HotLeased => "hot-key-leased",
         };
         write!(f, "{spread}/{}-check", self.checks_per_request)
     }
 }
+
+/// The prefix of the leased workload's key: no other workload (nor the key loading) uses it.
+pub const LEASED_KEY_PREFIX: &str = "leased:";
 
 /// Draws request keys for one workload.
 #[derive(Debug)]
@@ -55,6 +69,11 @@ impl KeyGen {
         }
     }
 
+    /// True when this workload's requests go through the client with token leases on.
+    pub fn leased(&self) -> bool {
+        self.workload.spread.leased()
+    }
+
     /// The keys of one request, written into `out` (cleared first).
     pub fn request(&self, rng: &mut SmallRng, out: &mut Vec<String>) {
         // Keep the strings' buffers: only their text is rewritten.
@@ -63,6 +82,11 @@ impl KeyGen {
             KeySpread::Uniform => rng.random_range(0..self.keys),
             KeySpread::Zipf => self.zipf.sample(rng) as u64 - 1,
             KeySpread::Hot => 0,
+            KeySpread::HotLeased => {
+                // A key of its own, so every admission on it is counted by this workload.
+                push_key(out, LEASED_KEY_PREFIX, 0);
+                return;
+            }
         };
         push_key(out, "user:", index);
         if self.workload.checks_per_request == 3 {

@@ -72,7 +72,8 @@ pub(crate) struct NodeLink {
     rejoined: AtomicBool,
     /// Cuts a reconnect backoff short (the node is back).
     reconnect_now: tokio::sync::Notify,
-    /// The live connection, for requests on their own stream (leases); `None` while down.
+    /// The live connection, for one-off requests on their own stream beside the check streams
+    /// (concurrency and token leases); `None` while down.
     connection: Mutex<Option<quinn::Connection>>,
 }
 
@@ -140,7 +141,7 @@ impl NodeLink {
         self.state.send_replace(state);
     }
 
-    /// The live connection, if any.
+    /// The live connection to the node, if any (a clone: requests open their own streams).
     pub(crate) fn connection(&self) -> Option<quinn::Connection> {
         self.connection.lock().clone()
     }

@@ -144,6 +144,9 @@ pub(super) async fn answer(
             }
         }
         FrameKind::LeaseRequest => crate::lease::answer_lease_requests(shared, frame, out).await,
+        FrameKind::TokenLeaseBatch => {
+            crate::token_leases::answer_token_leases(shared, frame, now_ns, out).await
+        }
         FrameKind::PolicyRequest => {
             crate::rules::answer_policy_request(shared.rules.as_deref(), frame, out)
         }
