@@ -335,9 +335,13 @@ impl Client {
         }
     }
 
-    /// Closes every connection and stops the background tasks; later calls fail over
-    /// (`Unreachable`). Dropping the last clone does the same without waiting.
+    /// Returns unused leased tokens to their owners, then closes every connection and stops the
+    /// background tasks; later calls fail over (`Unreachable`). Dropping the last clone does the same without waiting.
     pub async fn close(&self) {
+        // Leased tokens go back while the connections are still up.
+        if let Some(leases) = &self.inner.token_leases {
+            leases.return_all().await;
+        }
         self.inner.shutdown.send_replace(true);
         let supervisors = std::mem::take(&mut *self.inner.supervisors.lock());
         for supervisor in supervisors {

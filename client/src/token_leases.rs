@@ -376,7 +376,8 @@ impl TokenLeases {
         }
     }
 
-    /// Sweeps every TTL until shutdown, then returns every unused token (best effort).
+    /// Sweeps every TTL until shutdown, then returns what is still held (best effort: the
+    /// connections may be closing too; `Client::close` returns them before that).
     pub(crate) async fn run_sweeper(self: Arc<Self>, mut shutdown: watch::Receiver<bool>) {
         let mut every = tokio::time::interval(self.config.ttl);
         every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -386,25 +387,26 @@ impl TokenLeases {
                 _ = shutdown.wait_for(|&stop| stop) => break,
             }
         }
-        let mut returns = Vec::new();
+        self.return_all().await;
+    }
+
+    /// Gives every unused token back to its owner, all requests at once, waiting at most
+    /// `REFILL_TIMEOUT` for their answers.
+    pub(crate) async fn return_all(self: &Arc<Self>) {
+        let mut returns = tokio::task::JoinSet::new();
         for shard in self.shards.iter() {
             for (key, entry) in shard.lock().iter_mut() {
                 let tokens = entry.allowance.take_all();
                 if tokens > 0 {
-                    returns.push((key.clone(), entry.limit, tokens));
+                    let (leases, key, limit) = (self.clone(), key.clone(), entry.limit);
+                    returns.spawn(async move { leases.ask(&key, &limit, 0, tokens).await });
                 }
             }
         }
-        let pending: Vec<_> = returns
-            .into_iter()
-            .map(|(key, limit, tokens)| {
-                let leases = self.clone();
-                async move { leases.ask(&key, &limit, 0, tokens).await }
-            })
-            .collect();
-        for one in pending {
-            let _ = tokio::time::timeout(REFILL_TIMEOUT, one).await;
-        }
+        let _ = tokio::time::timeout(REFILL_TIMEOUT, async {
+            while returns.join_next().await.is_some() {}
+        })
+        .await;
     }
 
     pub(crate) fn stats(&self) -> TokenLeaseStats {

@@ -249,3 +249,46 @@ async fn on_a_cluster_each_hot_key_is_leased_from_its_owner_and_held_to_its_limi
     second.shutdown().await;
     first.shutdown().await;
 }
+
+/// A gateway that closes gracefully gives its unused tokens back: the bucket then holds exactly
+/// what was not admitted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn closing_a_gateway_returns_its_lease() {
+    let certs = certs();
+    let node = start_node(&certs, any_port(), false).await;
+    let limit = per_day(400);
+    let client = Client::connect(&[node.local_addr()], leasing(&certs))
+        .await
+        .unwrap();
+    let mut admitted = 0;
+    for _ in 0..300 {
+        let verdicts = client.check(&[Check::new("hot", limit)]).await.unwrap();
+        admitted += u64::from(verdicts[0].is_allowed());
+        let stats = client.token_lease_stats().unwrap();
+        if stats.local_allowed > 0 && stats.held > 0 && stats.refilling == 0 {
+            break;
+        }
+    }
+    let held = client.token_lease_stats().unwrap().held;
+    assert!(held > 0, "the gateway never held a lease");
+    client.close().await;
+    // A client without leases peeks at the bucket (cost 0 consumes nothing).
+    let plain = Client::connect(&[node.local_addr()], client_config(&certs))
+        .await
+        .unwrap();
+    let peek = plain
+        .check(&[Check::new("hot", limit).cost(0)])
+        .await
+        .unwrap();
+    println!(
+        "admitted {admitted}, returned {held} on close: {:?}",
+        peek[0]
+    );
+    assert_eq!(
+        peek[0].decision.remaining(),
+        400 - admitted,
+        "the {held} tokens held came back"
+    );
+    plain.close().await;
+    node.shutdown().await;
+}
