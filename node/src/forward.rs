@@ -170,26 +170,12 @@ impl<'a> Batch<'a> {
     async fn place_first(&mut self, forwarded: bool) -> (Vec<Placed>, u64) {
         let shared = self.shared;
         let cluster = &shared.cluster;
-        // Gained slots wait for their previous owner's hand-off (a no-op almost always). Looked
-        // at again under the gate: the table may have switched after the wait.
-        let mut attempts = 0;
-        let deciding = loop {
-            cluster.wait_for_handoffs(self.slots(), self.now_ns).await;
-            let deciding = cluster.deciding();
-            attempts += 1;
-            if attempts == 3 || !cluster.awaits_handoff(self.slots(), shared.clock.now_ns()) {
-                break deciding;
-            }
-        };
-        // The machine places every group by the table in force (stable under the gate); slots
-        // this node gave away are refused to a forwarder.
-        let (placements, version) = {
-            let ownership = cluster.ownership();
-            let placements: Vec<Placement> = (0..self.groups.len())
-                .map(|i| ownership.place(self.slot(i), self.arrival(i, forwarded)))
-                .collect();
-            (placements, ownership.table().version())
-        };
+        // Gained slots wait for their previous owner's hand-off (a no-op almost always); the
+        // machine places every group by the table in force (stable under the gate); slots this
+        // node gave away are refused to a forwarder.
+        let deciding = cluster.enter_deciding(self.slots(), self.now_ns).await;
+        let (placements, version) = cluster
+            .place_each((0..self.groups.len()).map(|i| (self.slot(i), self.arrival(i, forwarded))));
         let mut taken_over = 0;
         let mut placed = Vec::with_capacity(self.groups.len());
         for (i, placement) in placements.into_iter().enumerate() {

@@ -36,33 +36,17 @@ pub(crate) async fn answer_lease_requests(
     let read_ns = shared.clock.now_ns();
     let (answers, table_version) = {
         // Gained slots wait (bounded) for their previous owner's hand-off, which brings the
-        // leases; looked at again under the gate, as for checks (the table may switch after
-        // the wait). Decided under the gate: a table switch waits, so its hand-off holds these
+        // leases. Decided under the gate: a table switch waits, so its hand-off holds these
         // grants.
-        let mut attempts = 0;
-        let _deciding = loop {
-            cluster.wait_for_handoffs(slots.clone(), read_ns).await;
-            let deciding = cluster.deciding();
-            attempts += 1;
-            if attempts == 3 || !cluster.awaits_handoff(slots.clone(), shared.clock.now_ns()) {
-                break deciding;
-            }
-        };
-        let (placements, version) = {
-            let ownership = cluster.ownership();
-            let placements: Vec<Placement> = requests
-                .iter()
-                .map(|r| {
-                    let arrival = if r.takeover {
-                        Arrival::Takeover
-                    } else {
-                        Arrival::Client
-                    };
-                    ownership.place(r.key.slot(), arrival)
-                })
-                .collect();
-            (placements, ownership.table().version())
-        };
+        let _deciding = cluster.enter_deciding(slots, read_ns).await;
+        let (placements, version) = cluster.place_each(requests.iter().map(|r| {
+            let arrival = if r.takeover {
+                Arrival::Takeover
+            } else {
+                Arrival::Client
+            };
+            (r.key.slot(), arrival)
+        }));
         let now_ns = shared.clock.now_ns();
         let answers: Vec<WireLeaseAnswer> = requests
             .iter()

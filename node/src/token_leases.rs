@@ -5,13 +5,13 @@
 //! for a slot this node does not decide is answered `not_owner`: the gateway then checks that
 //! key the ordinary way (which forwards) until its table leads it to the owner.
 
+use floodgate::BucketStore;
 use floodgate::cluster::ownership::{Arrival, Placement, Refusal};
 use floodgate::token_lease::take_up_to;
 use floodgate::wire::{
     ErrorCode, Frame, FrameKind, TokenLeaseAnswer, TokenLeaseAnswers, ValidTokenLease,
     decode_token_lease_batch, encode_message,
 };
-use floodgate::{BucketStore, Clock};
 
 use crate::service::encode_error;
 use crate::state::Shared;
@@ -35,35 +35,15 @@ pub(crate) async fn answer_token_leases(
     let slots = || requests.iter().map(|r| r.key.slot());
     // Gained slots wait for their previous owner's hand-off, as checks do; then everything is
     // placed and decided under the deciding gate, so a table switch's hand-off holds it.
-    let mut attempts = 0;
-    let deciding = loop {
-        cluster.wait_for_handoffs(slots(), now_ns).await;
-        let deciding = cluster.deciding();
-        attempts += 1;
-        if attempts == 3 || !cluster.awaits_handoff(slots(), shared.clock.now_ns()) {
-            break deciding;
-        }
-    };
-    let (placements, table_version) = {
-        let ownership = cluster.ownership();
-        let table = ownership.table();
-        let alone = table.nodes().iter().all(|n| *n == cluster.me.id);
-        let placements: Vec<Placement> = requests
-            .iter()
-            .map(|r| {
-                if alone {
-                    return Placement::Decide;
-                }
-                let arrival = if r.takeover {
-                    Arrival::Takeover
-                } else {
-                    Arrival::Client
-                };
-                ownership.place(r.key.slot(), arrival)
-            })
-            .collect();
-        (placements, table.version())
-    };
+    let deciding = cluster.enter_deciding(slots(), now_ns).await;
+    let (placements, table_version) = cluster.place_each(requests.iter().map(|r| {
+        let arrival = if r.takeover {
+            Arrival::Takeover
+        } else {
+            Arrival::Client
+        };
+        (r.key.slot(), arrival)
+    }));
     let mut tally = Tally::default();
     let answers = requests
         .iter()

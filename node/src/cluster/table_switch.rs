@@ -5,7 +5,8 @@
 use std::sync::Arc;
 
 use floodgate::BucketState;
-use floodgate::cluster::ownership::{Action, HandOff, Ownership, ReceivedPart};
+use floodgate::Clock;
+use floodgate::cluster::ownership::{Action, Arrival, HandOff, Ownership, Placement, ReceivedPart};
 use floodgate::cluster::{MemberState, Membership, SlotTable};
 use floodgate::wire::HandoffPart;
 
@@ -233,6 +234,40 @@ impl Cluster {
                 return;
             }
         }
+    }
+
+    /// Waits (bounded) for the hand-offs of any of `slots` this node just gained, then takes the
+    /// deciding gate ([`Cluster::deciding`]). Looked at again under the gate, at most three
+    /// times in all, as the table may switch between the wait and the gate. `read_ns` is when
+    /// the request was read. Every request that decides on this node's state (checks and
+    /// leases) enters here, so a table switch's hand-off carries what they decided.
+    pub(crate) async fn enter_deciding(
+        &self,
+        slots: impl Iterator<Item = u16> + Clone,
+        read_ns: u64,
+    ) -> parking_lot::RwLockReadGuard<'_, ()> {
+        let mut attempts = 0;
+        loop {
+            self.wait_for_handoffs(slots.clone(), read_ns).await;
+            let deciding = self.deciding();
+            attempts += 1;
+            if attempts == 3 || !self.awaits_handoff(slots.clone(), self.clock.now_ns()) {
+                return deciding;
+            }
+        }
+    }
+
+    /// Places each `(slot, arrival)` by the table in force, with that table's version. Call it
+    /// under [`Cluster::enter_deciding`]'s gate, so the table is the one decisions are made by.
+    pub(crate) fn place_each(
+        &self,
+        arrivals: impl Iterator<Item = (u16, Arrival)>,
+    ) -> (Vec<Placement>, u64) {
+        let ownership = self.ownership();
+        let placements = arrivals
+            .map(|(slot, arrival)| ownership.place(slot, arrival))
+            .collect();
+        (placements, ownership.table().version())
     }
 
     /// True when one of `slots` still waits for a hand-off at `now_ns`.
