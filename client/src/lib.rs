@@ -60,12 +60,14 @@ mod config;
 mod dial;
 mod error;
 mod fallback;
+mod group_pool;
 mod link;
 #[cfg(feature = "logging")]
 pub mod logging;
 pub mod policy;
 mod queue;
 mod refresher;
+mod reply_slot;
 mod request;
 mod router;
 mod routing;

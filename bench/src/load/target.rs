@@ -59,6 +59,9 @@ pub enum Target {
     /// The node's RLS listener: one `ShouldRateLimit` call per request, one descriptor per key
     /// (all-or-nothing, as the node refunds the others when one is over its limit).
     Rls(super::rls::RlsChannels),
+    /// Nothing behind it: allows every request after one yield to the runtime (the one wake-up
+    /// a real answer costs), so a run against it measures the load generator's own CPU.
+    Noop,
 }
 
 /// Multiplexed connections, each pipelining every concurrent call on it; calls take turns.
@@ -220,6 +223,7 @@ impl Target {
             Target::Rls(_) => "floodgate+rls",
             Target::Redis { .. } => "redis+lua",
             Target::RedisCell { .. } => "redis+cell",
+            Target::Noop => super::report::GENERATOR,
         }
     }
 
@@ -227,6 +231,10 @@ impl Target {
     pub async fn check(&self, keys: &[String]) -> anyhow::Result<Outcome> {
         match self {
             Target::Rls(channels) => channels.check(keys).await,
+            Target::Noop => {
+                tokio::task::yield_now().await;
+                Ok(Outcome::Allowed)
+            }
             Target::Floodgate { client, limit } => {
                 let checks: Vec<Check> = keys
                     .iter()

@@ -141,6 +141,7 @@ pub(super) async fn run_stream(
     };
     let mut calls: Vec<Call> = Vec::new();
     let mut batch = CheckBatch::default();
+    let mut group_lens: Vec<usize> = Vec::new();
     loop {
         // Get the stream ready before taking calls: opening one waits for the node's stream
         // credit, and a late answer may be due; a task waiting there must hold no calls.
@@ -174,7 +175,16 @@ pub(super) async fn run_stream(
                     .serve_one_by_one(&link, &mut calls, &mut batch)
                     .await
             }
-            answer => session.dispatch(&link, answer, &mut calls, &batch),
+            answer => {
+                // The groups go back to the pool before their callers hear, so a caller's next
+                // call finds one there.
+                group_lens.clear();
+                group_lens.extend(batch.groups.iter().map(Vec::len));
+                for group in batch.groups.drain(..) {
+                    link.queue.groups.give_back(group);
+                }
+                session.dispatch(&link, answer, &mut calls, &group_lens)
+            }
         };
         if !alive {
             break;
@@ -282,20 +292,21 @@ impl StreamSession {
         }
     }
 
-    /// Hands `answer` to the calls of `batch`. Returns false when the connection is gone.
+    /// Hands `answer` to `calls`, whose groups had `group_lens` checks. Returns false when the
+    /// connection is gone.
     fn dispatch(
         &mut self,
         link: &NodeLink,
         answer: Result<Answer, Failure>,
         calls: &mut Vec<Call>,
-        batch: &CheckBatch,
+        group_lens: &[usize],
     ) -> bool {
         match answer {
             Ok(Answer::Decisions(decisions, table_version)) => {
                 if let Some(hint) = link.table_hint.get() {
                     hint.saw(table_version, link.addr);
                 }
-                let expected: usize = batch.groups.iter().map(Vec::len).sum();
+                let expected: usize = group_lens.iter().sum();
                 if decisions.len() != expected {
                     let detail = format!("{} decisions for {expected} checks", decisions.len());
                     self.fail(link, calls, Failure::protocol(detail));
@@ -304,13 +315,13 @@ impl StreamSession {
                 link.answered.store(true, Ordering::Relaxed);
                 let decisions = Arc::new(decisions);
                 let mut start = 0;
-                for (call, group) in calls.drain(..).zip(&batch.groups) {
+                for (call, len) in calls.drain(..).zip(group_lens) {
                     // A caller that timed out meanwhile is not waiting any more.
                     let _ = call.reply.send(Reply::Decided {
                         decisions: decisions.clone(),
                         start,
                     });
-                    start += group.len();
+                    start += len;
                 }
                 true
             }
@@ -372,7 +383,8 @@ impl StreamSession {
             single.groups.clear();
             single.groups.push(group);
             let answer = self.round_trip(&single, &scopes, Some(deadline)).await;
-            alive = self.dispatch(link, answer, &mut one, &single);
+            let len = single.groups.iter().map(Vec::len).sum::<usize>();
+            alive = self.dispatch(link, answer, &mut one, &[len]);
         }
         alive
     }
