@@ -27,8 +27,9 @@ pub use cluster_messages::{
 pub use frame::{Frame, FrameError, FrameReader, encode_frame, encode_message};
 pub use messages::{
     ArchivedCheckBatch, ArchivedDecisionBatch, ArchivedErrorFrame, ArchivedWireCheck, CheckBatch,
-    DecisionBatch, ErrorFrame, ValidCheck, WireCheck, WireDecision, WireLimits, decode_check_batch,
-    decode_decision_batch, decode_decisions, decode_error_frame,
+    CheckGroups, DecisionBatch, ErrorFrame, ValidCheck, WireCheck, WireDecision, WireLimits,
+    decode_check_batch, decode_check_batch_into, decode_decision_batch, decode_decisions,
+    decode_error_frame,
 };
 pub use policy_messages::{
     MAX_POLICY_TEXT_BYTES, PolicyMessage, PolicyRequest, decode_policy_message,
