@@ -69,9 +69,12 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Load(args) => {
-            let runtime = tokio::runtime::Builder::new_multi_thread()
-                .enable_all()
-                .build()?;
+            let mut runtime = tokio::runtime::Builder::new_multi_thread();
+            if let Some(threads) = args.client_threads {
+                anyhow::ensure!(threads >= 1, "--client-threads must be at least 1");
+                runtime.worker_threads(threads);
+            }
+            let runtime = runtime.enable_all().build()?;
             runtime.block_on(load::run(args))?;
             Ok(())
         }

@@ -74,8 +74,10 @@ pub struct LoadArgs {
     /// `bench/redis-cell.sh` builds it); when missing, that baseline is skipped.
     #[arg(long)]
     pub redis_cell: Option<PathBuf>,
-    /// Multiplexed (pipelining) Redis connections; calls are spread over them.
-    #[arg(long, default_value_t = 4)]
+    /// Multiplexed (pipelining) Redis connections; calls are spread over them. One measured
+    /// best here of 1, 2, 4, 8 and 16 (bench/RESULTS.md): redis-server is one thread, and one
+    /// pipelined connection hands it the largest batches.
+    #[arg(long, default_value_t = 1)]
     pub redis_connections: usize,
     /// The floodgate-node binary to start (default: beside this binary).
     #[arg(long)]
@@ -88,9 +90,13 @@ pub struct LoadArgs {
     /// CA certificate of the `--seeds`.
     #[arg(long)]
     pub ca: Option<PathBuf>,
-    /// Runtime threads of the node started (default: its own, one per core).
+    /// Runtime threads of the node started (default: its own, half the cores).
     #[arg(long)]
     pub node_threads: Option<usize>,
+    /// Runtime threads of this process, which runs the load generator and every system's
+    /// client (default: one per core).
+    #[arg(long)]
+    pub client_threads: Option<usize>,
     /// Where report.json and latency.svg go.
     #[arg(long, default_value = "target/bench")]
     pub out: PathBuf,
