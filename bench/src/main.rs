@@ -15,6 +15,8 @@ struct Cli {
     command: Command,
 }
 
+// Parsed once per run: the size of the `load` flags' variant costs nothing worth a box.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Replay arrival times from stdin (`SECONDS [KEY]` per line) through one limit and print
