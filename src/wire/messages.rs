@@ -379,19 +379,27 @@ pub fn decode_decision_batch(payload: &[u8]) -> Result<Vec<WireDecision>, Refusa
 
 /// Validates a decision batch payload; returns the decisions and the node's slot-table version.
 pub fn decode_decisions(payload: &[u8]) -> Result<(Vec<WireDecision>, u64), Refusal> {
+    let mut decisions = Vec::new();
+    let version = decode_decisions_into(payload, &mut decisions)?;
+    Ok((decisions, version))
+}
+
+/// [`decode_decisions`] into `decisions` (cleared first, its buffer reused); returns the node's
+/// slot-table version.
+pub fn decode_decisions_into(
+    payload: &[u8],
+    decisions: &mut Vec<WireDecision>,
+) -> Result<u64, Refusal> {
+    decisions.clear();
     let batch = access_validated::<ArchivedDecisionBatch>(payload, "decision batch")?;
-    let decisions = batch
-        .decisions
-        .iter()
-        .map(|d| WireDecision {
-            outcome: d.outcome,
-            error_code: d.error_code.to_native(),
-            remaining: d.remaining.to_native(),
-            retry_after_ns: d.retry_after_ns.to_native(),
-            reset_after_ns: d.reset_after_ns.to_native(),
-        })
-        .collect();
-    Ok((decisions, batch.table_version.to_native()))
+    decisions.extend(batch.decisions.iter().map(|d| WireDecision {
+        outcome: d.outcome,
+        error_code: d.error_code.to_native(),
+        remaining: d.remaining.to_native(),
+        retry_after_ns: d.retry_after_ns.to_native(),
+        reset_after_ns: d.reset_after_ns.to_native(),
+    }));
+    Ok(batch.table_version.to_native())
 }
 
 /// Validates an error frame payload.
@@ -409,6 +417,28 @@ mod tests {
 
     fn payload(groups: Vec<Vec<WireCheck>>) -> rkyv::util::AlignedVec {
         rkyv::to_bytes::<rancor::Error>(&CheckBatch { groups }).unwrap()
+    }
+
+    #[test]
+    fn decisions_decode_into_a_reused_buffer_as_they_decode_fresh() {
+        let decisions = vec![
+            WireDecision::from(Decision::Allowed {
+                remaining: 3,
+                reset_after_ns: 5,
+            }),
+            WireDecision::error(ErrorCode::StoreFull),
+        ];
+        let payload = rkyv::to_bytes::<rancor::Error>(&DecisionBatch {
+            decisions: decisions.clone(),
+            table_version: 9,
+        })
+        .unwrap();
+        let mut buffer = vec![WireDecision::default(); 5];
+        assert_eq!(decode_decisions_into(&payload, &mut buffer), Ok(9));
+        assert_eq!(buffer, decisions);
+        assert_eq!(decode_decisions(&payload), Ok((decisions, 9)));
+        assert!(decode_decisions_into(b"not an archive", &mut buffer).is_err());
+        assert!(buffer.is_empty());
     }
 
     #[test]

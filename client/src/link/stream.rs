@@ -8,7 +8,7 @@ use std::time::Duration;
 use floodgate::check::DegradedReason;
 use floodgate::wire::{
     CheckBatch, ErrorCode, Frame, FrameKind, FrameReader, ScopedCheckBatch, WireDecision,
-    WireScope, decode_decisions, encode_frame,
+    WireScope, decode_decisions_into, encode_frame,
 };
 use tokio::time::Instant;
 
@@ -24,8 +24,9 @@ const MAX_ANSWER_BYTES: usize = 1 << 20;
 /// What came back for a frame.
 #[derive(Debug)]
 enum Answer {
-    /// The decisions and the node's slot-table version.
-    Decisions(Vec<WireDecision>, u64),
+    /// The decisions (the stream's shared buffer, [`OpenStream::decisions`]) and the node's
+    /// slot-table version.
+    Decisions(Arc<Vec<WireDecision>>, u64),
     Error {
         code: ErrorCode,
         message: String,
@@ -103,6 +104,9 @@ struct OpenStream {
     send: quinn::SendStream,
     recv: quinn::RecvStream,
     reader: FrameReader,
+    /// The last answer's decisions, shared with its callers; refilled in place for the next
+    /// answer once they have all let go (the usual case), else replaced.
+    decisions: Arc<Vec<WireDecision>>,
 }
 
 /// One stream task's state: the stream (reopened after a failure), its request ids and buffers
@@ -215,6 +219,7 @@ impl StreamSession {
                 send,
                 recv,
                 reader: FrameReader::new(MAX_ANSWER_BYTES),
+                decisions: Arc::default(),
             });
         }
         // Unreachable `else`: the stream was set just above if it was missing.
@@ -313,7 +318,6 @@ impl StreamSession {
                     return true;
                 }
                 link.answered.store(true, Ordering::Relaxed);
-                let decisions = Arc::new(decisions);
                 let mut start = 0;
                 for (call, len) in calls.drain(..).zip(group_lens) {
                     // A caller that timed out meanwhile is not waiting any more.
@@ -415,7 +419,7 @@ impl StreamSession {
 async fn read_answer(stream: &mut OpenStream, request_id: u64) -> Result<Answer, Failure> {
     loop {
         match stream.reader.next_frame() {
-            Ok(Some(frame)) => return answer_from(frame, request_id),
+            Ok(Some(frame)) => return answer_from(stream, frame, request_id),
             Ok(None) => {}
             Err(e) => return Err(Failure::protocol(format!("bad frame from the node: {e}"))),
         }
@@ -432,11 +436,21 @@ async fn read_answer(stream: &mut OpenStream, request_id: u64) -> Result<Answer,
     }
 }
 
-fn answer_from(frame: Frame, request_id: u64) -> Result<Answer, Failure> {
+fn answer_from(stream: &mut OpenStream, frame: Frame, request_id: u64) -> Result<Answer, Failure> {
     match expect_answer(frame, FrameKind::DecisionBatch, request_id) {
-        Ok(payload) => decode_decisions(&payload)
-            .map(|(decisions, version)| Answer::Decisions(decisions, version))
-            .map_err(|(_, message)| Failure::protocol(message)),
+        Ok(payload) => {
+            if Arc::get_mut(&mut stream.decisions).is_none() {
+                // A caller still holds the last answer: this one gets a buffer of its own.
+                stream.decisions = Arc::default();
+            }
+            // Unique now, so this clones nothing.
+            let decisions = Arc::make_mut(&mut stream.decisions);
+            let decoded = decode_decisions_into(&payload, decisions);
+            stream.reader.recycle(payload);
+            decoded
+                .map(|version| Answer::Decisions(stream.decisions.clone(), version))
+                .map_err(|(_, message)| Failure::protocol(message))
+        }
         Err(AnswerError::Refused { code, message }) => Ok(Answer::Error { code, message }),
         Err(AnswerError::Failed(why)) => Err(Failure::protocol(why)),
     }
