@@ -12,8 +12,8 @@ use crate::breaker::Admit;
 use crate::error::ClientError;
 use crate::fallback::Fallback;
 use crate::link::NodeLink;
-use crate::queue::{Call, Reply};
-use crate::reply_slot::ReplySlot;
+use crate::queue::Call;
+use crate::reply_slot::{Reply, ReplySlot};
 
 /// What one node made of a call: an answer for the caller (its verdicts written to the
 /// caller's buffer), or why it gave none.

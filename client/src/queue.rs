@@ -10,16 +10,15 @@
 //! of the client's throughput (registering and clearing it takes the timer driver's lock).
 
 use std::collections::VecDeque;
-use std::sync::Arc;
 
 use floodgate::check::DegradedReason;
-use floodgate::wire::{ErrorCode, WireCheck, WireDecision, WireScope};
+use floodgate::wire::{WireCheck, WireScope};
 use parking_lot::Mutex;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::group_pool::GroupPool;
-use crate::reply_slot::ReplySender;
+use crate::reply_slot::{Reply, ReplySender};
 use crate::status::LinkState;
 
 /// One `check` call waiting for its answer.
@@ -44,21 +43,6 @@ impl Call {
         // A caller that gave up has nobody to tell.
         let _ = self.reply.send(Reply::Failed(DegradedReason::Timeout));
     }
-}
-
-/// What a stream task hands back to a caller.
-#[derive(Debug)]
-pub(crate) enum Reply {
-    /// The node decided: this call's decisions are `decisions[start..start + checks]`. The
-    /// frame's decisions are shared by all its calls, so answering costs no allocation per call.
-    Decided {
-        decisions: Arc<Vec<WireDecision>>,
-        start: usize,
-    },
-    /// The node refused the call itself as invalid (a bad-request code).
-    Refused { code: ErrorCode, message: String },
-    /// No answer from the node.
-    Failed(DegradedReason),
 }
 
 #[derive(Debug)]
@@ -263,6 +247,8 @@ impl CallQueue {
 #[cfg(test)]
 mod tests {
     use std::time::Duration;
+
+    use std::sync::Arc;
 
     use floodgate::Limit;
 

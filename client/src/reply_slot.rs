@@ -1,6 +1,6 @@
-//! A caller's reply slot: where a stream task leaves the answer to one call. Reused from call to
-//! call (a `oneshot` channel allocates its shared state on every call); each use is one "turn",
-//! so a sender of an old turn can never answer a later call.
+//! What a stream task hands back to a caller ([`Reply`]), and the caller's reply slot it is left
+//! in. A slot is reused from call to call (a `oneshot` channel allocates its shared state on
+//! every call); each use is one "turn", so a sender of an old turn never answers a later call.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -9,9 +9,23 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll, Waker};
 
 use floodgate::check::DegradedReason;
+use floodgate::wire::{ErrorCode, WireDecision};
 use parking_lot::Mutex;
 
-use crate::queue::Reply;
+/// What a stream task hands back to a caller.
+#[derive(Debug)]
+pub(crate) enum Reply {
+    /// The node decided: this call's decisions are `decisions[start..start + checks]`. The
+    /// frame's decisions are shared by all its calls, so answering costs no allocation per call.
+    Decided {
+        decisions: Arc<Vec<WireDecision>>,
+        start: usize,
+    },
+    /// The node refused the call itself as invalid (a bad-request code).
+    Refused { code: ErrorCode, message: String },
+    /// No answer from the node.
+    Failed(DegradedReason),
+}
 
 /// One reusable reply slot. `turn` moves on when the receiver of the current turn is dropped
 /// (answered or given up), which closes that turn for its sender.

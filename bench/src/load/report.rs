@@ -9,6 +9,7 @@ use plotters::prelude::*;
 use serde::Serialize;
 
 use super::driver::RunResult;
+use super::target::GENERATOR;
 
 #[derive(Debug, Clone, Serialize)]
 pub struct Record {
@@ -83,8 +84,6 @@ pub struct CpuSeconds {
     pub client: f64,
 }
 
-/// The load generator against a no-op target (its own cost per check).
-pub const GENERATOR: &str = "generator";
 const FLOODGATE: &str = "floodgate";
 /// The same node through Envoy's rate limit service (RLS v3 gRPC) instead of its QUIC client.
 const RLS: &str = "floodgate+rls";

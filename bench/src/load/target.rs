@@ -105,6 +105,9 @@ impl RedisPool {
     }
 }
 
+/// The name of the no-op target's records: the load generator alone (its own cost per check).
+pub const GENERATOR: &str = "generator";
+
 /// Most buffer pairs kept: one per request in flight up to this many; beyond, they are freed.
 const POOLED_BUFFERS: usize = 4_096;
 
@@ -267,7 +270,7 @@ impl Target {
             Target::Rls(_) => "floodgate+rls",
             Target::Redis { .. } => "redis+lua",
             Target::RedisCell { .. } => "redis+cell",
-            Target::Noop => super::report::GENERATOR,
+            Target::Noop => GENERATOR,
         }
     }
 

@@ -15,7 +15,8 @@ use tokio::time::Instant;
 use super::{LinkSettings, NodeLink};
 use crate::dial::{describe_connection_error, node_code};
 use crate::error::is_bad_request;
-use crate::queue::{Call, Reply};
+use crate::queue::Call;
+use crate::reply_slot::Reply;
 use crate::request::{AnswerError, expect_answer};
 
 /// Largest answer frame accepted: a full batch of 4,096 decisions is about 130 KiB.
