@@ -15,6 +15,8 @@ struct Cli {
     command: Command,
 }
 
+// Parsed once per run: the size of the `load` flags' variant costs nothing worth a box.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Replay arrival times from stdin (`SECONDS [KEY]` per line) through one limit and print
@@ -69,9 +71,12 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Load(args) => {
-            let runtime = tokio::runtime::Builder::new_multi_thread()
-                .enable_all()
-                .build()?;
+            let mut runtime = tokio::runtime::Builder::new_multi_thread();
+            if let Some(threads) = args.client_threads {
+                anyhow::ensure!(threads >= 1, "--client-threads must be at least 1");
+                runtime.worker_threads(threads);
+            }
+            let runtime = runtime.enable_all().build()?;
             runtime.block_on(load::run(args))?;
             Ok(())
         }

@@ -1,7 +1,8 @@
 //! A few seconds of `floodgate-bench load` against a real node it starts, through its QUIC client
 //! and through Envoy's rate limit service (`floodgate+rls`), and the Redis baselines when
 //! redis-server, and the redis-cell module, are there: the report is well formed — every record
-//! has its fields, both modes appear for each floodgate front, the markdown tables are printed.
+//! has its fields, both modes appear for each floodgate front, the markdown tables are printed,
+//! and the load generator's own cost (against a no-op target) is reported apart.
 //! It never judges speed.
 
 use std::path::Path;
@@ -42,7 +43,18 @@ fn a_short_load_run_writes_a_well_formed_report() {
     let report: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(out.path().join("report.json")).unwrap())
             .unwrap();
-    let records = report.as_array().unwrap();
+    let all_records = report.as_array().unwrap();
+    // The load generator alone (a no-op target): per workload, the closed loop and the first rate.
+    let generator = all_records
+        .iter()
+        .filter(|r| r["system"] == "generator")
+        .count();
+    assert_eq!(generator, 4, "{all_records:?}");
+    assert!(stdout.contains("### The load generator alone"), "{stdout}");
+    let records: Vec<&serde_json::Value> = all_records
+        .iter()
+        .filter(|r| r["system"] != "generator")
+        .collect();
     let baselines_ran: Vec<&str> = ["redis+lua", "redis+cell"]
         .into_iter()
         .filter(|name| !stderr.contains(&format!("skipping the {name} baseline")))
@@ -53,7 +65,7 @@ fn a_short_load_run_writes_a_well_formed_report() {
         records.len() >= systems * 2 && records.len() <= systems * 6,
         "{records:?}"
     );
-    for record in records {
+    for record in all_records {
         for field in [
             "system",
             "workload",
@@ -64,6 +76,7 @@ fn a_short_load_run_writes_a_well_formed_report() {
             "p99_us",
             "p999_us",
             "cpu_s_per_million",
+            "client_cpu_s_per_million",
             "bytes_per_key",
         ] {
             assert!(record.get(field).is_some(), "{field} missing in {record}");

@@ -5,9 +5,10 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crossbeam_queue::ArrayQueue;
 use floodgate::wire::WireCheck;
 use parking_lot::Mutex;
-use tokio::sync::{oneshot, watch};
+use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
@@ -19,8 +20,9 @@ use crate::dial;
 use crate::error::{ClientError, ConfigError};
 use crate::fallback::Fallback;
 use crate::link::{self, LinkSettings, NodeLink};
-use crate::queue::{Call, Reply};
+use crate::queue::Call;
 use crate::refresher::{LinkFactory, Refresher};
+use crate::reply_slot::{Reply, ReplySlot, reply_pair};
 use crate::routing::{Routing, TableChanges};
 use crate::status::{LinkState, NodeStatus};
 use crate::tls;
@@ -52,7 +54,13 @@ struct Inner {
     /// Each given node's supervisor and reaper tasks, and the table refresher (which stops
     /// the links to the nodes it discovered).
     supervisors: Mutex<Vec<JoinHandle<()>>>,
+    /// Reply slots of finished calls, for the next calls: one per call in flight is enough.
+    reply_slots: ArrayQueue<Arc<ReplySlot>>,
 }
+
+/// Most reply slots kept for reuse: enough for a few thousand concurrent callers; a caller
+/// beyond them allocates one.
+const POOLED_REPLY_SLOTS: usize = 4_096;
 
 impl Client {
     /// Validates `config`, then connects to every node in the background. Waits for the first
@@ -121,6 +129,7 @@ impl Client {
                 token_leases,
                 shutdown,
                 supervisors: Mutex::new(supervisors),
+                reply_slots: ArrayQueue::new(POOLED_REPLY_SLOTS),
             }),
         };
         // Each attempt is bounded by `connect_timeout` already; the margin only guards this wait.
@@ -160,8 +169,23 @@ impl Client {
     /// for invalid calls (no checks, too many, a key too long) and nodes refusing the request
     /// as invalid.
     pub async fn check(&self, checks: &[Check]) -> Result<Vec<Verdict>, ClientError> {
+        let mut verdicts = Vec::with_capacity(checks.len());
+        self.check_into(checks, &mut verdicts).await?;
+        Ok(verdicts)
+    }
+
+    /// [`Client::check`] writing the verdicts into `out` (cleared first) instead of a new
+    /// vector: with `out` reused from call to call, a call allocates nothing once the client
+    /// is warm (its check groups, key buffers and reply slots are pooled), which is what a
+    /// gateway's hot path wants.
+    pub async fn check_into(
+        &self,
+        checks: &[Check],
+        out: &mut Vec<Verdict>,
+    ) -> Result<(), ClientError> {
         let inner = &*self.inner;
         inner.validate(checks)?;
+        out.clear();
         // A hot key with leased tokens is decided here, without a round trip.
         if let (Some(leases), [single]) = (&inner.token_leases, checks)
             && let Some(verdict) = leases.decide(single)
@@ -169,55 +193,17 @@ impl Client {
             // Decided without I/O: spend tokio's cooperative budget, so a caller looping on
             // leased checks still lets the runtime's other tasks (timers, streams) run.
             tokio::task::consume_budget().await;
-            return Ok(vec![verdict]);
+            out.push(verdict);
+            return Ok(());
         }
-        // The timeout is a deadline carried by the call: the queue's reaper or the stream task
-        // holding the call answers `Timeout` when it passes (one timer per queue or frame, not
-        // per call; see `queue`).
-        let deadline = Instant::now() + inner.timeout;
-        let routes = inner.routing.routes();
-        let key = &checks[0].key;
-        let owner = &routes.links[routes.route(key)];
-        // Looked up only when the owner cannot be reached (it hashes the key again).
-        let successor = || {
-            routes
-                .successor(key)
-                .map(|i| &routes.links[i])
-                .filter(|s| !Arc::ptr_eq(s, owner) && s.is_connected())
-        };
-        // The owner decides; when it cannot be reached, its successor takes over from its
-        // replicas (better than each client's fallback bucket deciding alone). An owner back in
-        // the table after a leave (a restart) is alive and deciding for the clients already
-        // connected to it: while our link to it reconnects, the successor gets the check
-        // unmarked and forwards it to the owner, so the owner stays the one decider.
-        let relayed = owner.is_rejoined();
-        let takeover = if owner.is_down() { successor() } else { None };
-        let first = takeover.unwrap_or(owner);
-        let marked = takeover.is_some() && !relayed;
-        let (reason, sent) =
-            match call::send(first, &inner.fallback, checks, marked, deadline).await {
-                Attempt::Answered(result) => return result,
-                Attempt::Failed(reason) => (reason, true),
-                Attempt::NotSent(reason) => (reason, false),
-            };
-        // Only a call the owner never received, because its link is down or its breaker open,
-        // goes to the successor: one that was sent may have been decided, and must not consume
-        // twice; a backlog means the owner is busy, not gone.
-        let owner_gone = matches!(
-            reason,
-            DegradedReason::Unreachable | DegradedReason::CircuitOpen
-        );
-        if takeover.is_none()
-            && !sent
-            && owner_gone
-            && let Some(successor) = successor()
-            && Instant::now() < deadline
-            && let Attempt::Answered(result) =
-                call::send(successor, &inner.fallback, checks, !relayed, deadline).await
-        {
-            return result;
-        }
-        Ok(inner.fallback.resolve_all(checks, reason))
+        let slot = inner
+            .reply_slots
+            .pop()
+            .unwrap_or_else(|| Arc::new(ReplySlot::default()));
+        let result = inner.check_with(checks, &slot, out).await;
+        // A caller that gives up drops its slot with this future; one that finished returns it.
+        let _ = inner.reply_slots.push(slot);
+        result
     }
 
     /// Index in [`Client::nodes`] of the node that decides `key` now. A [`Client::check`] call
@@ -268,7 +254,7 @@ impl Client {
             if wire.is_empty() {
                 continue;
             }
-            let (reply, answer) = oneshot::channel();
+            let (reply, answer) = reply_pair();
             let count = wire.len();
             let call = Call {
                 checks: wire,
@@ -283,7 +269,7 @@ impl Client {
         }
         let mut refunded = 0;
         for (count, answer) in answers {
-            if let Ok(Reply::Decided { .. }) = answer.await {
+            if let Reply::Decided { .. } = answer.await {
                 refunded += count;
             }
         }
@@ -351,6 +337,72 @@ impl Client {
 }
 
 impl Inner {
+    /// The routing and failover of one validated call (see [`Client::check`]).
+    async fn check_with(
+        &self,
+        checks: &[Check],
+        slot: &Arc<ReplySlot>,
+        out: &mut Vec<Verdict>,
+    ) -> Result<(), ClientError> {
+        // The timeout is a deadline carried by the call: the queue's reaper or the stream task
+        // holding the call answers `Timeout` when it passes (one timer per queue or frame, not
+        // per call; see `queue`).
+        let deadline = Instant::now() + self.timeout;
+        let routes = self.routing.routes();
+        let key = &checks[0].key;
+        let owner = &routes.links[routes.route(key)];
+        // Looked up only when the owner cannot be reached (it hashes the key again).
+        let successor = || {
+            routes
+                .successor(key)
+                .map(|i| &routes.links[i])
+                .filter(|s| !Arc::ptr_eq(s, owner) && s.is_connected())
+        };
+        // The owner decides; when it cannot be reached, its successor takes over from its
+        // replicas (better than each client's fallback bucket deciding alone). An owner back in
+        // the table after a leave (a restart) is alive and deciding for the clients already
+        // connected to it: while our link to it reconnects, the successor gets the check
+        // unmarked and forwards it to the owner, so the owner stays the one decider.
+        let relayed = owner.is_rejoined();
+        let takeover = if owner.is_down() { successor() } else { None };
+        let first = takeover.unwrap_or(owner);
+        let marked = takeover.is_some() && !relayed;
+        let attempt = call::send(first, &self.fallback, checks, marked, deadline, slot, out);
+        let (reason, sent) = match attempt.await {
+            Attempt::Answered(result) => return result,
+            Attempt::Failed(reason) => (reason, true),
+            Attempt::NotSent(reason) => (reason, false),
+        };
+        // Only a call the owner never received, because its link is down or its breaker open,
+        // goes to the successor: one that was sent may have been decided, and must not consume
+        // twice; a backlog means the owner is busy, not gone.
+        let owner_gone = matches!(
+            reason,
+            DegradedReason::Unreachable | DegradedReason::CircuitOpen
+        );
+        if takeover.is_none()
+            && !sent
+            && owner_gone
+            && let Some(successor) = successor()
+            && Instant::now() < deadline
+            && let Attempt::Answered(result) = call::send(
+                successor,
+                &self.fallback,
+                checks,
+                !relayed,
+                deadline,
+                slot,
+                out,
+            )
+            .await
+        {
+            return result;
+        }
+        out.clear();
+        out.extend(self.fallback.resolve_all(checks, reason));
+        Ok(())
+    }
+
     fn validate(&self, checks: &[Check]) -> Result<(), ClientError> {
         if checks.is_empty() {
             return Err(ClientError::BadRequest(
@@ -414,6 +466,7 @@ mod tests {
                 token_leases: None,
                 shutdown,
                 supervisors: Mutex::new(reapers),
+                reply_slots: ArrayQueue::new(POOLED_REPLY_SLOTS),
             }),
         }
     }
@@ -595,7 +648,8 @@ mod tests {
             }),
             WireDecision::error(ErrorCode::StoreFull),
         ];
-        let v = call::verdicts_from_node(&client.inner.fallback, &checks, Some(&decisions));
+        let mut v = Vec::new();
+        call::verdicts_from_node(&client.inner.fallback, &checks, Some(&decisions), &mut v);
         assert_eq!(v[0].source, Source::Node);
         assert_eq!(
             v[1].source,

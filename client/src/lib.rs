@@ -41,7 +41,10 @@
 //!   the members' addresses; `table_feed`: fetching tables, following pushes, and the hints
 //!   answers give; `refresher`: the task that keeps the table and the links to members current.
 //! - `breaker`: the per-node circuit breaker; `backoff`: reconnect delays.
-//! - `queue`: the per-node call queue that coalesces concurrent calls into frames.
+//! - `queue`: the per-node call queue that coalesces concurrent calls into frames;
+//!   `group_pool`: the pooled check groups and key buffers calls fill; `reply_slot`: the
+//!   reusable slot a call's answer arrives in (with `Client::check_into`, nothing allocated
+//!   per call once warm).
 //! - `link`: a node's shared state and its connection supervisor (reconnects); `link::stream`:
 //!   the stream tasks (frames out, answers in); `status`: [`LinkState`] and [`NodeStatus`].
 //! - `dial`: endpoints and bounded handshakes; `request`: one frame and its matched answer.
@@ -64,6 +67,7 @@ mod config;
 mod dial;
 mod error;
 mod fallback;
+mod group_pool;
 mod lease;
 mod link;
 #[cfg(feature = "logging")]
@@ -71,6 +75,7 @@ pub mod logging;
 pub mod policy;
 mod queue;
 mod refresher;
+mod reply_slot;
 mod request;
 mod router;
 mod routing;

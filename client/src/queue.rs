@@ -10,23 +10,25 @@
 //! of the client's throughput (registering and clearing it takes the timer driver's lock).
 
 use std::collections::VecDeque;
-use std::sync::Arc;
 
 use floodgate::check::DegradedReason;
-use floodgate::wire::{ErrorCode, WireCheck, WireDecision, WireScope};
+use floodgate::wire::{WireCheck, WireScope};
 use parking_lot::Mutex;
-use tokio::sync::{Notify, oneshot};
+use tokio::sync::Notify;
 use tokio::time::Instant;
 
+use crate::group_pool::GroupPool;
+use crate::reply_slot::{Reply, ReplySender};
 use crate::status::LinkState;
 
 /// One `check` call waiting for its answer.
 #[derive(Debug)]
 pub(crate) struct Call {
+    /// Filled from the queue's pool ([`CallQueue::groups`]) and given back after sending.
     pub(crate) checks: Vec<WireCheck>,
     /// One scope per check, or none when every check is `region` (sent as kind 1 then).
     pub(crate) scopes: Vec<WireScope>,
-    pub(crate) reply: oneshot::Sender<Reply>,
+    pub(crate) reply: ReplySender,
     /// When the caller stops waiting: whoever holds the call then answers `Timeout`.
     pub(crate) deadline: Instant,
 }
@@ -41,21 +43,6 @@ impl Call {
         // A caller that gave up has nobody to tell.
         let _ = self.reply.send(Reply::Failed(DegradedReason::Timeout));
     }
-}
-
-/// What a stream task hands back to a caller.
-#[derive(Debug)]
-pub(crate) enum Reply {
-    /// The node decided: this call's decisions are `decisions[start..start + checks]`. The
-    /// frame's decisions are shared by all its calls, so answering costs no allocation per call.
-    Decided {
-        decisions: Arc<Vec<WireDecision>>,
-        start: usize,
-    },
-    /// The node refused the call itself as invalid (a bad-request code).
-    Refused { code: ErrorCode, message: String },
-    /// No answer from the node.
-    Failed(DegradedReason),
 }
 
 #[derive(Debug)]
@@ -84,6 +71,8 @@ enum Drained {
 #[derive(Debug)]
 pub(crate) struct CallQueue {
     inner: Mutex<Inner>,
+    /// Check groups of sent calls, with their key buffers, for the next calls to fill.
+    pub(crate) groups: GroupPool,
     ready: Notify,
     /// Wakes the reaper when a call arrives in an empty queue (it sleeps otherwise).
     first_call: Notify,
@@ -99,6 +88,7 @@ impl CallQueue {
                 calls: VecDeque::new(),
                 queued_checks: 0,
             }),
+            groups: GroupPool::default(),
             ready: Notify::new(),
             first_call: Notify::new(),
             max_queued_checks,
@@ -258,17 +248,20 @@ impl CallQueue {
 mod tests {
     use std::time::Duration;
 
+    use std::sync::Arc;
+
     use floodgate::Limit;
 
     use super::*;
+    use crate::reply_slot::{ReplyReceiver, reply_pair};
 
-    fn call(checks: usize) -> (Call, oneshot::Receiver<Reply>) {
+    fn call(checks: usize) -> (Call, ReplyReceiver) {
         call_due(checks, Duration::from_secs(3_600))
     }
 
-    fn call_due(checks: usize, after: Duration) -> (Call, oneshot::Receiver<Reply>) {
+    fn call_due(checks: usize, after: Duration) -> (Call, ReplyReceiver) {
         let limit = Limit::gcra(10, 1_000_000_000, 10).unwrap();
-        let (reply, rx) = oneshot::channel();
+        let (reply, rx) = reply_pair();
         let checks = (0..checks)
             .map(|i| WireCheck::new(format!("k{i}"), &limit, 1))
             .collect();
@@ -284,8 +277,8 @@ mod tests {
         )
     }
 
-    fn timed_out(reply: Result<Reply, oneshot::error::RecvError>) -> bool {
-        matches!(reply, Ok(Reply::Failed(DegradedReason::Timeout)))
+    fn timed_out(reply: Reply) -> bool {
+        matches!(reply, Reply::Failed(DegradedReason::Timeout))
     }
 
     fn sizes(calls: &[Call]) -> Vec<usize> {
@@ -381,7 +374,7 @@ mod tests {
         queue.set_down();
         assert!(matches!(
             rx2.await,
-            Ok(Reply::Failed(DegradedReason::Unreachable))
+            Reply::Failed(DegradedReason::Unreachable)
         ));
         assert!(!waiting.await.unwrap());
         drop(rx);

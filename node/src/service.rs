@@ -1,16 +1,43 @@
 //! Answers frames: the pure part of serving a stream, from a received frame to the bytes of the
 //! answer. No I/O here, so it is tested directly; forwarding to other nodes is in `forward.rs`.
 
+use std::cell::RefCell;
+
 use floodgate::wire::{
-    DecisionBatch, ErrorCode, ErrorFrame, Frame, FrameKind, ValidCheck, WireDecision, WireLimits,
-    decode_check_batch, encode_message,
+    CheckGroups, DecisionBatch, ErrorCode, ErrorFrame, Frame, FrameKind, ValidCheck, WireDecision,
+    WireLimits, decode_check_batch, decode_check_batch_into, encode_frame, encode_message,
 };
 use floodgate::{BucketStore, Check, Decision};
+use rkyv::util::AlignedVec;
 
 use crate::metrics::{DecisionTally, NodeMetrics};
 
 /// How many groups ahead of the one being decided to prefetch (measured in `bench/benches/core.rs`).
 const PREFETCH_AHEAD: usize = 8;
+
+/// Buffers the check path reuses from frame to frame on each runtime thread: the decoded
+/// groups, the decisions, and the archive of the answer. Fresh ones cost several allocations
+/// per frame and one per group; the functions that use them never await, so a thread's
+/// buffers serve one frame at a time.
+#[derive(Default)]
+struct Scratch {
+    groups: CheckGroups,
+    decisions: Vec<WireDecision>,
+    archive: AlignedVec,
+}
+
+thread_local! {
+    static SCRATCH: RefCell<Scratch> = RefCell::default();
+}
+
+/// Runs `f` with this thread's scratch buffers, or fresh ones if they are in use (a nested call
+/// never happens on the check path, but must not panic).
+fn with_scratch<T>(f: impl FnOnce(&mut Scratch) -> T) -> T {
+    SCRATCH.with(|cell| match cell.try_borrow_mut() {
+        Ok(mut scratch) => f(&mut scratch),
+        Err(_) => f(&mut Scratch::default()),
+    })
+}
 
 /// Appends to `out` the answer to a check batch decided entirely here: a decision batch, or an
 /// error frame for a refused request. Returns the error code when the frame was refused.
@@ -23,25 +50,73 @@ pub fn answer_frame(
     frame: &Frame,
     out: &mut Vec<u8>,
 ) -> Option<ErrorCode> {
-    let groups = match decode_frame(frame, limits, out) {
-        Ok(groups) => groups,
-        Err(code) => return Some(code),
-    };
-    let mut decisions = Vec::with_capacity(groups.iter().map(Vec::len).sum());
-    let mut tally = DecisionTally::default();
-    for (i, group) in groups.iter().enumerate() {
-        prefetch_ahead(store, &groups, i);
-        decide_group(store, &mut tally, now_ns, group, &mut decisions);
+    if let Some(code) = refuse_kind(frame, out) {
+        return Some(code);
     }
-    finish_batch(
-        metrics,
-        &tally,
-        frame.request_id,
-        decisions,
+    with_scratch(|scratch| {
+        let Scratch {
+            groups,
+            decisions,
+            archive,
+            ..
+        } = scratch;
+        if let Err((code, message)) = decode_check_batch_into(&frame.payload, limits, groups) {
+            encode_error(out, frame.request_id, code, message);
+            return Some(code);
+        }
+        decisions.clear();
+        decisions.reserve(groups.check_count());
+        let mut tally = DecisionTally::default();
+        for i in 0..groups.len() {
+            if let Some(check) = groups.group(i + PREFETCH_AHEAD).and_then(<[_]>::first) {
+                store.prefetch(check.key);
+            }
+            if let Some(group) = groups.group(i) {
+                decide_group(store, &mut tally, now_ns, group, decisions);
+            }
+        }
+        metrics.add_decisions(&tally);
+        metrics.batch_checks.record(decisions.len() as f64);
+        encode_decisions(out, frame.request_id, decisions, table_version, archive);
+        None
+    })
+}
+
+/// Appends a decision batch frame of `decisions` to `out`, archiving into `archive` (reused)
+/// and handing `decisions` back as it was.
+fn encode_decisions(
+    out: &mut Vec<u8>,
+    request_id: u64,
+    decisions: &mut Vec<WireDecision>,
+    table_version: u64,
+    archive: &mut AlignedVec,
+) {
+    let batch = DecisionBatch {
+        decisions: std::mem::take(decisions),
         table_version,
-        out,
-    );
-    None
+    };
+    let mut buffer = std::mem::take(archive);
+    buffer.clear();
+    // Serializing plain structs into memory cannot fail; an empty payload would be refused by
+    // the receiver's validation, never misread.
+    let buffer =
+        rkyv::api::high::to_bytes_in::<_, rkyv::rancor::Error>(&batch, buffer).unwrap_or_default();
+    encode_frame(out, FrameKind::DecisionBatch, request_id, &buffer);
+    *archive = buffer;
+    *decisions = batch.decisions;
+}
+
+/// Refuses a frame that is no check batch (kind 1 or 10): appends the error and returns its code.
+fn refuse_kind(frame: &Frame, out: &mut Vec<u8>) -> Option<ErrorCode> {
+    if matches!(
+        frame.kind,
+        FrameKind::CheckBatch | FrameKind::ForwardedCheckBatch
+    ) {
+        return None;
+    }
+    let message = format!("a node does not accept {:?} frames here", frame.kind);
+    encode_error(out, frame.request_id, ErrorCode::UnknownKind, message);
+    Some(ErrorCode::UnknownKind)
 }
 
 /// Called before deciding group `i`: starts loading the bucket of the group a few ahead, so cold
@@ -58,13 +133,8 @@ pub fn decode_frame(
     limits: &WireLimits,
     out: &mut Vec<u8>,
 ) -> Result<Vec<Vec<ValidCheck>>, ErrorCode> {
-    if !matches!(
-        frame.kind,
-        FrameKind::CheckBatch | FrameKind::ForwardedCheckBatch
-    ) {
-        let message = format!("a node does not accept {:?} frames here", frame.kind);
-        encode_error(out, frame.request_id, ErrorCode::UnknownKind, message);
-        return Err(ErrorCode::UnknownKind);
+    if let Some(code) = refuse_kind(frame, out) {
+        return Err(code);
     }
     decode_check_batch(&frame.payload, limits).map_err(|(code, message)| {
         encode_error(out, frame.request_id, code, message);
@@ -99,27 +169,41 @@ pub fn decide_group(
         push_decision(out, tally, single, result.as_ref().map_err(|c| *c));
         return;
     }
-    let checks: Vec<Check> = group
-        .iter()
-        .map(|c| Check {
+    // This thread's buffers when free (the check path), fresh ones otherwise.
+    let mut decide = |checks: &mut Vec<Check>, decisions: &mut Vec<Decision>| {
+        checks.clear();
+        checks.extend(group.iter().map(|c| Check {
             key: c.key,
             limit: c.limit,
             cost: c.cost,
-        })
-        .collect();
-    let mut decisions = Vec::with_capacity(group.len());
-    match store.check_all(&checks, now_ns, &mut decisions) {
-        Ok(_) => {
-            for (check, decision) in group.iter().zip(&decisions) {
-                push_decision(out, tally, check, Ok(decision));
+        }));
+        decisions.clear();
+        match store.check_all(checks, now_ns, decisions) {
+            Ok(_) => {
+                for (check, decision) in group.iter().zip(decisions.iter()) {
+                    push_decision(out, tally, check, Ok(decision));
+                }
+            }
+            Err(_) => {
+                for check in group {
+                    push_decision(out, tally, check, Err(ErrorCode::StoreFull));
+                }
             }
         }
-        Err(_) => {
-            for check in group {
-                push_decision(out, tally, check, Err(ErrorCode::StoreFull));
-            }
+    };
+    GROUP_SCRATCH.with(|cell| match cell.try_borrow_mut() {
+        Ok(mut scratch) => {
+            let (checks, decisions) = &mut *scratch;
+            decide(checks, decisions);
         }
-    }
+        Err(_) => decide(&mut Vec::new(), &mut Vec::new()),
+    });
+}
+
+thread_local! {
+    /// A multi-check group's checks and decisions for `BucketStore::check_all`, reused (two
+    /// allocations per gateway request otherwise).
+    static GROUP_SCRATCH: RefCell<(Vec<Check>, Vec<Decision>)> = RefCell::default();
 }
 
 /// Records the batch's metrics and appends its decision batch frame.
@@ -133,15 +217,16 @@ pub fn finish_batch(
 ) {
     metrics.add_decisions(tally);
     metrics.batch_checks.record(decisions.len() as f64);
-    encode_message(
-        out,
-        FrameKind::DecisionBatch,
-        request_id,
-        &DecisionBatch {
-            decisions,
+    let mut decisions = decisions;
+    with_scratch(|scratch| {
+        encode_decisions(
+            out,
+            request_id,
+            &mut decisions,
             table_version,
-        },
-    );
+            &mut scratch.archive,
+        );
+    });
 }
 
 fn push_decision(

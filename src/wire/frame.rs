@@ -54,12 +54,16 @@ where
 }
 
 /// Cuts a byte stream into frames. Feed it whatever bytes arrive (`extend`), then take every
-/// complete frame (`next_frame`). Memory is bounded by one frame plus one read.
+/// complete frame (`next_frame`). Memory is bounded by one frame plus one read (and one
+/// payload given back with `recycle`).
 #[derive(Debug)]
 pub struct FrameReader {
     buf: Vec<u8>,
     start: usize,
     max_frame_bytes: usize,
+    /// A payload buffer given back by the reader's user ([`FrameReader::recycle`]), for the
+    /// next frame: a reader that gets its payloads back allocates none per frame.
+    spare: AlignedVec,
 }
 
 impl FrameReader {
@@ -69,6 +73,14 @@ impl FrameReader {
             buf: Vec::new(),
             start: 0,
             max_frame_bytes,
+            spare: AlignedVec::new(),
+        }
+    }
+
+    /// Gives a frame's payload back once read, so the next frame is copied into its buffer.
+    pub fn recycle(&mut self, payload: AlignedVec) {
+        if payload.capacity() > self.spare.capacity() {
+            self.spare = payload;
         }
     }
 
@@ -135,7 +147,8 @@ impl FrameReader {
                 message: format!("unknown frame kind {kind_byte}"),
             });
         };
-        let mut payload = AlignedVec::with_capacity(len);
+        let mut payload = std::mem::take(&mut self.spare);
+        payload.clear();
         payload.extend_from_slice(&bytes[HEADER_BYTES..HEADER_BYTES + len]);
         self.start += HEADER_BYTES + len;
         Ok(Some(Frame {
@@ -163,5 +176,31 @@ impl FrameReader {
             request_id,
             message: message.to_owned(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn frame_bytes(request_id: u64, payload: &[u8]) -> Vec<u8> {
+        let mut out = Vec::new();
+        encode_frame(&mut out, FrameKind::DecisionBatch, request_id, payload);
+        out
+    }
+
+    #[test]
+    fn a_recycled_payload_buffer_carries_the_next_frame() {
+        let mut reader = FrameReader::new(1 << 16);
+        reader.extend(&frame_bytes(1, &[7; 64]));
+        let first = reader.next_frame().unwrap().unwrap();
+        let buffer = first.payload.as_ptr();
+        reader.recycle(first.payload);
+        reader.extend(&frame_bytes(2, &[9; 32]));
+        let second = reader.next_frame().unwrap().unwrap();
+        assert_eq!(second.request_id, 2);
+        // The second frame's bytes alone, in the first frame's buffer.
+        assert_eq!(second.payload.as_slice(), &[9; 32]);
+        assert_eq!(second.payload.as_ptr(), buffer);
     }
 }

@@ -234,6 +234,84 @@ pub(crate) fn decode_groups(
     batch: &ArchivedCheckBatch,
     limits: &WireLimits,
 ) -> Result<Vec<Vec<ValidCheck>>, Refusal> {
+    check_batch_size(batch, limits)?;
+    let mut groups = Vec::with_capacity(batch.groups.len());
+    for group in batch.groups.iter() {
+        let mut checks = Vec::with_capacity(group.len());
+        for check in group.iter() {
+            checks.push(validate_check(check, limits)?);
+        }
+        check_group(&checks)?;
+        groups.push(checks);
+    }
+    Ok(groups)
+}
+
+/// A validated check batch, flat: every check in order and where each group ends. Reused from
+/// frame to frame ([`decode_check_batch_into`]), it costs no allocation per group, where
+/// `Vec<Vec<ValidCheck>>` costs one per gateway request.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CheckGroups {
+    checks: Vec<ValidCheck>,
+    /// Exclusive end, in `checks`, of each group.
+    ends: Vec<usize>,
+}
+
+impl CheckGroups {
+    /// Number of groups.
+    pub fn len(&self) -> usize {
+        self.ends.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.ends.is_empty()
+    }
+
+    /// Number of checks over all groups.
+    pub fn check_count(&self) -> usize {
+        self.checks.len()
+    }
+
+    /// Group `i`'s checks.
+    pub fn group(&self, i: usize) -> Option<&[ValidCheck]> {
+        let end = *self.ends.get(i)?;
+        let start = if i == 0 { 0 } else { self.ends[i - 1] };
+        self.checks.get(start..end)
+    }
+
+    /// Every group's checks, in order.
+    pub fn iter(&self) -> impl Iterator<Item = &[ValidCheck]> {
+        (0..self.len()).filter_map(|i| self.group(i))
+    }
+
+    fn clear(&mut self) {
+        self.checks.clear();
+        self.ends.clear();
+    }
+}
+
+/// [`decode_check_batch`] into `groups` (cleared first), reusing its buffers. On a refusal
+/// `groups` holds nothing usable.
+pub fn decode_check_batch_into(
+    payload: &[u8],
+    limits: &WireLimits,
+    groups: &mut CheckGroups,
+) -> Result<(), Refusal> {
+    groups.clear();
+    let batch = access_validated::<ArchivedCheckBatch>(payload, "check batch")?;
+    check_batch_size(batch, limits)?;
+    for group in batch.groups.iter() {
+        let start = groups.checks.len();
+        for check in group.iter() {
+            groups.checks.push(validate_check(check, limits)?);
+        }
+        check_group(&groups.checks[start..])?;
+        groups.ends.push(groups.checks.len());
+    }
+    Ok(())
+}
+
+fn check_batch_size(batch: &ArchivedCheckBatch, limits: &WireLimits) -> Result<(), Refusal> {
     let total: usize = batch.groups.iter().map(|g| g.len()).sum();
     if total > limits.max_batch {
         return Err((
@@ -244,24 +322,21 @@ pub(crate) fn decode_groups(
             ),
         ));
     }
-    let mut groups = Vec::with_capacity(batch.groups.len());
-    for group in batch.groups.iter() {
-        if group.is_empty() {
-            return Err((ErrorCode::MalformedPayload, "empty check group".to_owned()));
-        }
-        let mut checks = Vec::with_capacity(group.len());
-        for check in group.iter() {
-            checks.push(validate_check(check, limits)?);
-        }
-        if checks.iter().any(|c| c.refund) && !checks.iter().all(|c| c.refund) {
-            return Err((
-                ErrorCode::MalformedPayload,
-                "a group mixes refunds and checks".to_owned(),
-            ));
-        }
-        groups.push(checks);
+    Ok(())
+}
+
+/// A group is not empty, and is all refunds or none.
+fn check_group(checks: &[ValidCheck]) -> Result<(), Refusal> {
+    if checks.is_empty() {
+        return Err((ErrorCode::MalformedPayload, "empty check group".to_owned()));
     }
-    Ok(groups)
+    if checks.iter().any(|c| c.refund) && !checks.iter().all(|c| c.refund) {
+        return Err((
+            ErrorCode::MalformedPayload,
+            "a group mixes refunds and checks".to_owned(),
+        ));
+    }
+    Ok(())
 }
 
 pub(crate) fn validate_check(
@@ -307,19 +382,27 @@ pub fn decode_decision_batch(payload: &[u8]) -> Result<Vec<WireDecision>, Refusa
 
 /// Validates a decision batch payload; returns the decisions and the node's slot-table version.
 pub fn decode_decisions(payload: &[u8]) -> Result<(Vec<WireDecision>, u64), Refusal> {
+    let mut decisions = Vec::new();
+    let version = decode_decisions_into(payload, &mut decisions)?;
+    Ok((decisions, version))
+}
+
+/// [`decode_decisions`] into `decisions` (cleared first, its buffer reused); returns the node's
+/// slot-table version.
+pub fn decode_decisions_into(
+    payload: &[u8],
+    decisions: &mut Vec<WireDecision>,
+) -> Result<u64, Refusal> {
+    decisions.clear();
     let batch = access_validated::<ArchivedDecisionBatch>(payload, "decision batch")?;
-    let decisions = batch
-        .decisions
-        .iter()
-        .map(|d| WireDecision {
-            outcome: d.outcome,
-            error_code: d.error_code.to_native(),
-            remaining: d.remaining.to_native(),
-            retry_after_ns: d.retry_after_ns.to_native(),
-            reset_after_ns: d.reset_after_ns.to_native(),
-        })
-        .collect();
-    Ok((decisions, batch.table_version.to_native()))
+    decisions.extend(batch.decisions.iter().map(|d| WireDecision {
+        outcome: d.outcome,
+        error_code: d.error_code.to_native(),
+        remaining: d.remaining.to_native(),
+        retry_after_ns: d.retry_after_ns.to_native(),
+        reset_after_ns: d.reset_after_ns.to_native(),
+    }));
+    Ok(batch.table_version.to_native())
 }
 
 /// Validates an error frame payload.
@@ -329,4 +412,69 @@ pub fn decode_error_frame(payload: &[u8]) -> Result<ErrorFrame, Refusal> {
         code: frame.code.to_native(),
         message: frame.message.as_str().to_owned(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn payload(groups: Vec<Vec<WireCheck>>) -> rkyv::util::AlignedVec {
+        rkyv::to_bytes::<rancor::Error>(&CheckBatch { groups }).unwrap()
+    }
+
+    #[test]
+    fn decisions_decode_into_a_reused_buffer_as_they_decode_fresh() {
+        let decisions = vec![
+            WireDecision::from(Decision::Allowed {
+                remaining: 3,
+                reset_after_ns: 5,
+            }),
+            WireDecision::error(ErrorCode::StoreFull),
+        ];
+        let payload = rkyv::to_bytes::<rancor::Error>(&DecisionBatch {
+            decisions: decisions.clone(),
+            table_version: 9,
+        })
+        .unwrap();
+        let mut buffer = vec![WireDecision::default(); 5];
+        assert_eq!(decode_decisions_into(&payload, &mut buffer), Ok(9));
+        assert_eq!(buffer, decisions);
+        assert_eq!(decode_decisions(&payload), Ok((decisions, 9)));
+        assert!(decode_decisions_into(b"not an archive", &mut buffer).is_err());
+        assert!(buffer.is_empty());
+    }
+
+    #[test]
+    fn the_flat_decoding_reads_the_same_groups_and_refuses_the_same_batches() {
+        let limit = Limit::gcra(10, 1_000_000_000, 10).unwrap();
+        let check = |key: &str| WireCheck::new(key, &limit, 1);
+        let refund = |key: &str| WireCheck::refund(key, &limit, 1);
+        let limits = WireLimits::default();
+        let mut flat = CheckGroups::default();
+        let good = payload(vec![
+            vec![check("a")],
+            vec![check("b"), check("c"), check("d")],
+            vec![refund("e")],
+        ]);
+        let nested = decode_check_batch(&good, &limits).unwrap();
+        decode_check_batch_into(&good, &limits, &mut flat).unwrap();
+        assert_eq!(flat.len(), 3);
+        assert_eq!(flat.check_count(), 5);
+        assert_eq!(flat.iter().collect::<Vec<_>>(), nested);
+        assert_eq!(flat.group(3), None);
+        // Reused: a second, smaller batch replaces the first.
+        decode_check_batch_into(&payload(vec![vec![check("z")]]), &limits, &mut flat).unwrap();
+        assert_eq!(flat.len(), 1);
+        assert_eq!(flat.check_count(), 1);
+        for bad in [
+            payload(vec![vec![]]),
+            payload(vec![vec![check("a"), refund("b")]]),
+            payload(vec![vec![check(&"k".repeat(limits.max_key_bytes + 1))]]),
+            payload(vec![vec![check("a"); limits.max_batch + 1]]),
+        ] {
+            let expected = decode_check_batch(&bad, &limits).unwrap_err();
+            let got = decode_check_batch_into(&bad, &limits, &mut flat).unwrap_err();
+            assert_eq!(got, expected);
+        }
+    }
 }

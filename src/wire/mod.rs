@@ -36,8 +36,9 @@ pub use lease_messages::{
 };
 pub use messages::{
     ArchivedCheckBatch, ArchivedDecisionBatch, ArchivedErrorFrame, ArchivedWireCheck, CheckBatch,
-    DecisionBatch, ErrorFrame, ValidCheck, WireCheck, WireDecision, WireLimits, decode_check_batch,
-    decode_decision_batch, decode_decisions, decode_error_frame,
+    CheckGroups, DecisionBatch, ErrorFrame, ValidCheck, WireCheck, WireDecision, WireLimits,
+    decode_check_batch, decode_check_batch_into, decode_decision_batch, decode_decisions,
+    decode_decisions_into, decode_error_frame,
 };
 pub use policy_messages::{
     MAX_POLICY_TEXT_BYTES, PolicyMessage, PolicyRequest, decode_policy_message,

@@ -79,8 +79,10 @@ pub struct LoadArgs {
     /// `bench/redis-cell.sh` builds it); when missing, that baseline is skipped.
     #[arg(long)]
     pub redis_cell: Option<PathBuf>,
-    /// Multiplexed (pipelining) Redis connections; calls are spread over them.
-    #[arg(long, default_value_t = 4)]
+    /// Multiplexed (pipelining) Redis connections; calls are spread over them. One measured
+    /// best here of 1, 2, 4, 8 and 16 (bench/RESULTS.md): redis-server is one thread, and one
+    /// pipelined connection hands it the largest batches.
+    #[arg(long, default_value_t = 1)]
     pub redis_connections: usize,
     /// The floodgate-node binary to start (default: beside this binary).
     #[arg(long)]
@@ -93,9 +95,13 @@ pub struct LoadArgs {
     /// CA certificate of the `--seeds`.
     #[arg(long)]
     pub ca: Option<PathBuf>,
-    /// Runtime threads of the node started (default: its own, one per core).
+    /// Runtime threads of the node started (default: its own, half the cores).
     #[arg(long)]
     pub node_threads: Option<usize>,
+    /// Runtime threads of this process, which runs the load generator and every system's
+    /// client (default: one per core).
+    #[arg(long)]
+    pub client_threads: Option<usize>,
     /// Where report.json and latency.svg go.
     #[arg(long, default_value = "target/bench")]
     pub out: PathBuf,
@@ -167,7 +173,7 @@ pub async fn run(args: LoadArgs) -> anyhow::Result<Vec<Record>> {
     let mut notes = Vec::new();
     let with_rls = !args.no_rls && args.seeds.is_empty();
     let systems = 1 + usize::from(with_rls) + if args.no_redis { 0 } else { 2 };
-    let steps = systems * workloads.len() * (1 + args.rates.len()) + systems;
+    let steps = systems * workloads.len() * (1 + args.rates.len()) + systems + workloads.len();
     let progress = if args.quiet {
         ProgressBar::hidden()
     } else {
@@ -178,6 +184,9 @@ pub async fn run(args: LoadArgs) -> anyhow::Result<Vec<Record>> {
             .unwrap_or_else(|_| ProgressStyle::default_bar()),
     );
     let mut records = Vec::new();
+
+    // The generator alone first, so its own cost per check can be taken out of client CPU.
+    run_generator(&args, &workloads, &progress, &mut records).await;
 
     // floodgate
     let (server, target) = if args.seeds.is_empty() {
@@ -328,7 +337,7 @@ async fn run_system(
         let first = records.len();
         let started = std::time::Instant::now();
         progress.set_message(format!("{name} {workload}: closed loop"));
-        let cpu_before = cpu(server);
+        let cpu_before = Cpu::now(server);
         let run = driver::closed_loop(
             target.clone(),
             keys.clone(),
@@ -342,7 +351,7 @@ async fn run_system(
             &workload.to_string(),
             0,
             &run,
-            cpu(server) - cpu_before,
+            Cpu::now(server).since(cpu_before),
             bytes_per_key,
         ));
         progress.inc(1);
@@ -353,7 +362,7 @@ async fn run_system(
                 continue;
             }
             progress.set_message(format!("{name} {workload}: open loop at {rate}/s"));
-            let cpu_before = cpu(server);
+            let cpu_before = Cpu::now(server);
             let run =
                 driver::open_loop(target.clone(), keys.clone(), rate, seconds, 11 + w as u64).await;
             saturated = run.saturated || run.requests_per_second() < 0.9 * rate as f64;
@@ -362,7 +371,7 @@ async fn run_system(
                 &workload.to_string(),
                 rate,
                 &run,
-                cpu(server) - cpu_before,
+                Cpu::now(server).since(cpu_before),
                 bytes_per_key,
             ));
             progress.inc(1);
@@ -394,7 +403,9 @@ fn lease_accounting(
     let stats = target.lease_stats().unwrap_or_default();
     anyhow::ensure!(
         u128::from(admitted) <= allowed,
-        "{name} {workload}: the generator counted {admitted} admitted checks on its one key, over          the {allowed} that {limit} allows in {:.1} s: token leases let more through than the          limit",
+        "{name} {workload}: the generator counted {admitted} admitted checks on its one key, \
+         over the {allowed} that {limit} allows in {:.1} s: token leases let more through \
+         than the limit",
         elapsed.as_secs_f64()
     );
     let closed = |w: &str| {
@@ -426,8 +437,77 @@ fn lease_accounting(
     ))
 }
 
-fn cpu(server: Option<&Server>) -> f64 {
-    server.and_then(|s| s.cpu_seconds().ok()).unwrap_or(0.0)
+/// CPU seconds used so far by the server under test (0 when it is not ours to read) and by
+/// this process (the load generator and the client under test).
+#[derive(Debug, Clone, Copy)]
+struct Cpu {
+    server: f64,
+    client: f64,
+}
+
+impl Cpu {
+    fn now(server: Option<&Server>) -> Self {
+        Cpu {
+            server: server.and_then(|s| s.cpu_seconds().ok()).unwrap_or(0.0),
+            client: process::own_cpu_seconds(),
+        }
+    }
+
+    fn since(self, before: Cpu) -> report::CpuSeconds {
+        report::CpuSeconds {
+            server: self.server - before.server,
+            client: self.client - before.client,
+        }
+    }
+}
+
+/// The load generator alone, against a target that answers at once: its CPU per million
+/// checks, closed loop and at the first offered rate, is what the client CPU figures of the
+/// real systems include and can be reduced by.
+async fn run_generator(
+    args: &LoadArgs,
+    workloads: &[Workload],
+    progress: &ProgressBar,
+    records: &mut Vec<Record>,
+) {
+    let target = Arc::new(Target::Noop);
+    for (w, workload) in workloads.iter().enumerate() {
+        let keys = Arc::new(workload::KeyGen::new(*workload, args.keys));
+        progress.set_message(format!("generator alone {workload}"));
+        let before = Cpu::now(None);
+        let run = driver::closed_loop(
+            target.clone(),
+            keys.clone(),
+            args.callers,
+            args.duration,
+            7 + w as u64,
+        )
+        .await;
+        let name = target.name();
+        let workload_name = workload.to_string();
+        records.push(Record::new(
+            name,
+            &workload_name,
+            0,
+            &run,
+            Cpu::now(None).since(before),
+            0.0,
+        ));
+        if let Some(&rate) = args.rates.first() {
+            let before = Cpu::now(None);
+            let run =
+                driver::open_loop(target.clone(), keys, rate, args.duration, 11 + w as u64).await;
+            records.push(Record::new(
+                name,
+                &workload_name,
+                rate,
+                &run,
+                Cpu::now(None).since(before),
+                0.0,
+            ));
+        }
+        progress.inc(1);
+    }
 }
 
 /// Touches every key once (the same key names the workloads use) and returns the server's

@@ -30,22 +30,7 @@ impl Server {
 
     /// User + system CPU seconds used so far.
     pub fn cpu_seconds(&self) -> anyhow::Result<f64> {
-        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.pid()))?;
-        // Fields after the command name (which may hold spaces) start after the last ')'.
-        let fields: Vec<&str> = stat
-            .rsplit_once(')')
-            .map(|(_, rest)| rest)
-            .unwrap_or("")
-            .split_whitespace()
-            .collect();
-        let ticks = |i: usize| {
-            fields
-                .get(i)
-                .and_then(|f| f.parse::<f64>().ok())
-                .unwrap_or(0.0)
-        };
-        // utime and stime are fields 14 and 15 of stat, so 11 and 12 counted from field 3.
-        Ok((ticks(11) + ticks(12)) / clock_ticks_per_second())
+        cpu_seconds_of(&format!("/proc/{}/stat", self.pid()))
     }
 
     /// Resident memory in bytes.
@@ -62,6 +47,32 @@ impl Server {
             .parse()?;
         Ok(kib * 1024)
     }
+}
+
+/// User + system CPU seconds this process (the load generator and the clients under test)
+/// used so far.
+pub fn own_cpu_seconds() -> f64 {
+    cpu_seconds_of("/proc/self/stat").unwrap_or(0.0)
+}
+
+/// User + system CPU seconds of the process whose `stat` file is `path`.
+fn cpu_seconds_of(path: &str) -> anyhow::Result<f64> {
+    let stat = std::fs::read_to_string(path)?;
+    // Fields after the command name (which may hold spaces) start after the last ')'.
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map(|(_, rest)| rest)
+        .unwrap_or("")
+        .split_whitespace()
+        .collect();
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|f| f.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    // utime and stime are fields 14 and 15 of stat, so 11 and 12 counted from field 3.
+    Ok((ticks(11) + ticks(12)) / clock_ticks_per_second())
 }
 
 fn clock_ticks_per_second() -> f64 {

@@ -9,6 +9,7 @@ use plotters::prelude::*;
 use serde::Serialize;
 
 use super::driver::RunResult;
+use super::target::GENERATOR;
 
 #[derive(Debug, Clone, Serialize)]
 pub struct Record {
@@ -26,6 +27,9 @@ pub struct Record {
     pub p999_us: u64,
     /// Server CPU seconds per million checks during this run.
     pub cpu_s_per_million: f64,
+    /// The bench process's CPU seconds per million checks during this run: the client under
+    /// test and the load generator (whose own cost is the `generator` records').
+    pub client_cpu_s_per_million: f64,
     /// Server resident bytes per active key, measured once per system after loading the keys.
     pub bytes_per_key: f64,
     pub allowed: u64,
@@ -42,9 +46,16 @@ impl Record {
         workload: &str,
         offered_rate: u64,
         run: &RunResult,
-        cpu_seconds: f64,
+        cpu: CpuSeconds,
         bytes_per_key: f64,
     ) -> Self {
+        let per_million = |seconds: f64| {
+            if run.checks > 0 {
+                seconds / run.checks as f64 * 1e6
+            } else {
+                0.0
+            }
+        };
         Record {
             system: system.to_owned(),
             workload: workload.to_owned(),
@@ -55,11 +66,8 @@ impl Record {
             p50_us: run.latency_us.value_at_quantile(0.5),
             p99_us: run.latency_us.value_at_quantile(0.99),
             p999_us: run.latency_us.value_at_quantile(0.999),
-            cpu_s_per_million: if run.checks > 0 {
-                cpu_seconds / run.checks as f64 * 1e6
-            } else {
-                0.0
-            },
+            cpu_s_per_million: per_million(cpu.server),
+            client_cpu_s_per_million: per_million(cpu.client),
             bytes_per_key,
             allowed: run.allowed,
             degraded: run.degraded,
@@ -67,6 +75,13 @@ impl Record {
             saturated: run.saturated,
         }
     }
+}
+
+/// CPU seconds one run used: the server's, and the bench process's (client and generator).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct CpuSeconds {
+    pub server: f64,
+    pub client: f64,
 }
 
 const FLOODGATE: &str = "floodgate";
@@ -177,7 +192,36 @@ pub fn markdown(records: &[Record]) -> String {
         })
         .collect();
     let _ = writeln!(out, "\n### Memory\n\n{}", memory.join(", "));
+    generator_line(&mut out, records, &workloads);
     out
+}
+
+/// The generator's own CPU per million checks: client CPU s/M above includes it.
+fn generator_line(out: &mut String, records: &[Record], workloads: &[&str]) {
+    let figures: Vec<String> = workloads
+        .iter()
+        .flat_map(|w| {
+            records
+                .iter()
+                .filter(move |r| r.system == GENERATOR && r.workload == *w)
+                .map(move |r| {
+                    let mode = match r.offered_rate {
+                        0 => "closed loop".to_owned(),
+                        rate => format!("{rate}/s"),
+                    };
+                    format!("{w} {mode} {:.2}", r.client_cpu_s_per_million)
+                })
+        })
+        .collect();
+    if !figures.is_empty() {
+        let _ = writeln!(
+            out,
+            "\n### The load generator alone\n\nCPU s/M of the bench process against a no-op \
+             target (included in every client CPU s/M above; subtract it for the client's own \
+             cost): {}",
+            figures.join(", ")
+        );
+    }
 }
 
 /// Two tables (closed-loop throughput, open-loop latency) of `subject` beside each of
@@ -201,7 +245,8 @@ fn comparison(
         titles.push(format!("{b} checks/s"));
         titles.push(format!("ratio to {b}"));
     }
-    titles.push(format!("CPU s/M ({names})"));
+    titles.push(format!("server CPU s/M ({names})"));
+    titles.push(format!("client CPU s/M ({names})"));
     titles.push(format!("p50/p99 µs ({names})"));
     header(out, &titles);
     for w in workloads {
@@ -222,6 +267,7 @@ fn comparison(
                 .join(" / ")
         };
         cells.push(each(|x| format!("{:.2}", x.cpu_s_per_million)));
+        cells.push(each(|x| format!("{:.2}", x.client_cpu_s_per_million)));
         cells.push(each(|x| format!("{}/{}", x.p50_us, x.p99_us)));
         row(out, &cells);
     }
@@ -345,6 +391,7 @@ mod tests {
             p99_us,
             p999_us: p99_us * 2,
             cpu_s_per_million: 1.0,
+            client_cpu_s_per_million: 2.0,
             bytes_per_key: 100.0,
             allowed: 1,
             degraded: 0,
@@ -376,11 +423,17 @@ mod tests {
             closed.contains("| 500/1000 / 2000/4000 / 1000/2000 |"),
             "{closed}"
         );
+        // Server and client CPU are separate columns.
+        assert!(
+            closed.contains("| 1.00 / 1.00 / 1.00 | 2.00 / 2.00 / 2.00 |"),
+            "{closed}"
+        );
         let open = table
             .lines()
             .find(|l| l.starts_with("| uniform/1-check | 1000 |"))
             .unwrap_or_else(|| panic!("{table}"));
         assert!(open.ends_with("| 0.25x/0.25x | 2.00x/2.00x |"), "{open}");
+        assert!(!table.contains("load generator alone"), "{table}");
         assert!(table.contains("ratio to redis+cell"), "{table}");
         assert!(table.contains("redis+cell: 100 bytes/key"), "{table}");
     }
@@ -422,6 +475,20 @@ mod tests {
         assert!(open.ends_with("| 3.00x/3.00x | 0.50x/0.50x |"), "{open}");
         assert!(!rls.contains("redis+cell checks/s"), "{rls}");
         assert!(rls.contains("floodgate+rls: 100 bytes/key"), "{rls}");
+    }
+
+    #[test]
+    fn the_generators_own_cost_is_reported_apart() {
+        let mut generator = record(GENERATOR, 0, 2_000_000.0, 10);
+        generator.client_cpu_s_per_million = 0.25;
+        let records = [record("floodgate", 0, 400_000.0, 1_000), generator];
+        let table = markdown(&records);
+        assert!(
+            table.contains("no-op target") && table.contains("uniform/1-check closed loop 0.25"),
+            "{table}"
+        );
+        // The generator is no system of the comparison.
+        assert!(!table.contains("generator checks/s"), "{table}");
     }
 
     #[test]

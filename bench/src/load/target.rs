@@ -8,7 +8,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::Context;
 use floodgate::{Limit, NANOS_PER_SEC};
-use floodgate_client::{Check, Client, ClientConfig, Source};
+use floodgate_client::{Check, Client, ClientConfig, Source, Verdict};
+use parking_lot::Mutex;
 
 use super::outcome::Outcome;
 
@@ -44,6 +45,10 @@ pub enum Target {
         /// A second client to the same node with token leases on (the `hot-leased` spread).
         leasing: Client,
         limit: Limit,
+        /// Check and verdict buffers of finished requests, for the next ones: the harness's own
+        /// glue then allocates nothing per request either (`Client::check_into`), so the client
+        /// CPU column is the client's and the generator's, not the glue's.
+        buffers: CallBuffers,
     },
     Redis {
         pool: RedisPool,
@@ -61,6 +66,9 @@ pub enum Target {
     /// The node's RLS listener: one `ShouldRateLimit` call per request, one descriptor per key
     /// (all-or-nothing, as the node refunds the others when one is over its limit).
     Rls(super::rls::RlsChannels),
+    /// Nothing behind it: allows every request after one yield to the runtime (the one wake-up
+    /// a real answer costs), so a run against it measures the load generator's own CPU.
+    Noop,
 }
 
 /// Multiplexed connections, each pipelining every concurrent call on it; calls take turns.
@@ -96,6 +104,44 @@ impl RedisPool {
     fn pick(&self) -> redis::aio::MultiplexedConnection {
         let turn = self.next.fetch_add(1, Ordering::Relaxed);
         self.connections[turn % self.connections.len()].clone()
+    }
+}
+
+/// The name of the no-op target's records: the load generator alone (its own cost per check).
+pub const GENERATOR: &str = "generator";
+
+/// Most buffer pairs kept: one per request in flight up to this many; beyond, they are freed.
+const POOLED_BUFFERS: usize = 4_096;
+
+/// Pooled check and verdict buffers of the floodgate target.
+#[derive(Debug, Default)]
+pub struct CallBuffers(Mutex<Vec<(Vec<Check>, Vec<Verdict>)>>);
+
+impl CallBuffers {
+    fn take(&self) -> (Vec<Check>, Vec<Verdict>) {
+        self.0.lock().pop().unwrap_or_default()
+    }
+
+    fn give_back(&self, checks: Vec<Check>, verdicts: Vec<Verdict>) {
+        let mut pool = self.0.lock();
+        if pool.len() < POOLED_BUFFERS {
+            pool.push((checks, verdicts));
+        }
+    }
+}
+
+/// One check per key with `limit`, written over `checks` (their key buffers reused).
+fn fill_checks(checks: &mut Vec<Check>, keys: &[String], limit: &Limit) {
+    checks.truncate(keys.len());
+    for (i, key) in keys.iter().enumerate() {
+        match checks.get_mut(i) {
+            Some(check) => {
+                check.key.clear();
+                check.key.extend_from_slice(key.as_bytes());
+                check.limit = *limit;
+            }
+            None => checks.push(Check::new(key.as_bytes(), *limit)),
+        }
     }
 }
 
@@ -174,6 +220,7 @@ impl Target {
             client,
             leasing,
             limit,
+            buffers: CallBuffers::default(),
         })
     }
 
@@ -232,6 +279,7 @@ impl Target {
             Target::Rls(_) => "floodgate+rls",
             Target::Redis { .. } => "redis+lua",
             Target::RedisCell { .. } => "redis+cell",
+            Target::Noop => GENERATOR,
         }
     }
 
@@ -251,9 +299,12 @@ impl Target {
     /// Checks one request's keys all-or-nothing, through the leasing client when `leased`.
     pub async fn check_leased(&self, keys: &[String], leased: bool) -> anyhow::Result<Outcome> {
         match self {
-            Target::Floodgate { leasing, limit, .. } if leased => {
-                floodgate_outcome(leasing, keys, limit).await
-            }
+            Target::Floodgate {
+                leasing,
+                limit,
+                buffers,
+                ..
+            } if leased => floodgate_outcome(leasing, buffers, keys, limit).await,
             _ => self.check(keys).await,
         }
     }
@@ -262,7 +313,16 @@ impl Target {
     pub async fn check(&self, keys: &[String]) -> anyhow::Result<Outcome> {
         match self {
             Target::Rls(channels) => channels.check(keys).await,
-            Target::Floodgate { client, limit, .. } => floodgate_outcome(client, keys, limit).await,
+            Target::Noop => {
+                tokio::task::yield_now().await;
+                Ok(Outcome::Allowed)
+            }
+            Target::Floodgate {
+                client,
+                limit,
+                buffers,
+                ..
+            } => floodgate_outcome(client, buffers, keys, limit).await,
             Target::Redis {
                 pool,
                 script,
@@ -320,27 +380,43 @@ impl Target {
 /// One request through a floodgate client: its keys as one all-or-nothing group.
 async fn floodgate_outcome(
     client: &Client,
+    buffers: &CallBuffers,
     keys: &[String],
     limit: &Limit,
 ) -> anyhow::Result<Outcome> {
-    let checks: Vec<Check> = keys
-        .iter()
-        .map(|k| Check::new(k.as_bytes(), *limit))
-        .collect();
-    let verdicts = client.check(&checks).await?;
-    if verdicts.iter().any(|v| v.source != Source::Node) {
-        return Ok(Outcome::Degraded);
-    }
-    Ok(if verdicts.iter().all(|v| v.is_allowed()) {
+    let (mut checks, mut verdicts) = buffers.take();
+    fill_checks(&mut checks, keys, limit);
+    let answered = client.check_into(&checks, &mut verdicts).await;
+    let outcome = if verdicts.iter().any(|v| v.source != Source::Node) {
+        Outcome::Degraded
+    } else if verdicts.iter().all(|v| v.is_allowed()) {
         Outcome::Allowed
     } else {
         Outcome::Denied
-    })
+    };
+    buffers.give_back(checks, verdicts);
+    answered?;
+    Ok(outcome)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn reused_check_buffers_hold_the_same_checks_as_fresh_ones() {
+        let limit = Limit::gcra(1_000, 3_600 * NANOS_PER_SEC, 1_000).unwrap();
+        let keys = |names: &[&str]| names.iter().map(|k| k.to_string()).collect::<Vec<_>>();
+        let mut checks = Vec::new();
+        for request in [keys(&["user:1", "ip:1", "key:1"]), keys(&["user:22"])] {
+            fill_checks(&mut checks, &request, &limit);
+            let fresh: Vec<Check> = request
+                .iter()
+                .map(|k| Check::new(k.as_bytes(), limit))
+                .collect();
+            assert_eq!(checks, fresh);
+        }
+    }
 
     #[test]
     fn a_limit_maps_to_cl_throttle_arguments() {

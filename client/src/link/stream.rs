@@ -8,14 +8,15 @@ use std::time::Duration;
 use floodgate::check::DegradedReason;
 use floodgate::wire::{
     CheckBatch, ErrorCode, Frame, FrameKind, FrameReader, ScopedCheckBatch, WireDecision,
-    WireScope, decode_decisions, encode_frame,
+    WireScope, decode_decisions_into, encode_frame,
 };
 use tokio::time::Instant;
 
 use super::{LinkSettings, NodeLink};
 use crate::dial::{describe_connection_error, node_code};
 use crate::error::is_bad_request;
-use crate::queue::{Call, Reply};
+use crate::queue::Call;
+use crate::reply_slot::Reply;
 use crate::request::{AnswerError, expect_answer};
 
 /// Largest answer frame accepted: a full batch of 4,096 decisions is about 130 KiB.
@@ -24,8 +25,9 @@ const MAX_ANSWER_BYTES: usize = 1 << 20;
 /// What came back for a frame.
 #[derive(Debug)]
 enum Answer {
-    /// The decisions and the node's slot-table version.
-    Decisions(Vec<WireDecision>, u64),
+    /// The decisions (the stream's shared buffer, [`OpenStream::decisions`]) and the node's
+    /// slot-table version.
+    Decisions(Arc<Vec<WireDecision>>, u64),
     Error {
         code: ErrorCode,
         message: String,
@@ -103,6 +105,9 @@ struct OpenStream {
     send: quinn::SendStream,
     recv: quinn::RecvStream,
     reader: FrameReader,
+    /// The last answer's decisions, shared with its callers; refilled in place for the next
+    /// answer once they have all let go (the usual case), else replaced.
+    decisions: Arc<Vec<WireDecision>>,
 }
 
 /// One stream task's state: the stream (reopened after a failure), its request ids and buffers
@@ -141,6 +146,7 @@ pub(super) async fn run_stream(
     };
     let mut calls: Vec<Call> = Vec::new();
     let mut batch = CheckBatch::default();
+    let mut group_lens: Vec<usize> = Vec::new();
     loop {
         // Get the stream ready before taking calls: opening one waits for the node's stream
         // credit, and a late answer may be due; a task waiting there must hold no calls.
@@ -174,7 +180,16 @@ pub(super) async fn run_stream(
                     .serve_one_by_one(&link, &mut calls, &mut batch)
                     .await
             }
-            answer => session.dispatch(&link, answer, &mut calls, &batch),
+            answer => {
+                // The groups go back to the pool before their callers hear, so a caller's next
+                // call finds one there.
+                group_lens.clear();
+                group_lens.extend(batch.groups.iter().map(Vec::len));
+                for group in batch.groups.drain(..) {
+                    link.queue.groups.give_back(group);
+                }
+                session.dispatch(&link, answer, &mut calls, &group_lens)
+            }
         };
         if !alive {
             break;
@@ -205,6 +220,7 @@ impl StreamSession {
                 send,
                 recv,
                 reader: FrameReader::new(MAX_ANSWER_BYTES),
+                decisions: Arc::default(),
             });
         }
         // Unreachable `else`: the stream was set just above if it was missing.
@@ -282,35 +298,35 @@ impl StreamSession {
         }
     }
 
-    /// Hands `answer` to the calls of `batch`. Returns false when the connection is gone.
+    /// Hands `answer` to `calls`, whose groups had `group_lens` checks. Returns false when the
+    /// connection is gone.
     fn dispatch(
         &mut self,
         link: &NodeLink,
         answer: Result<Answer, Failure>,
         calls: &mut Vec<Call>,
-        batch: &CheckBatch,
+        group_lens: &[usize],
     ) -> bool {
         match answer {
             Ok(Answer::Decisions(decisions, table_version)) => {
                 if let Some(hint) = link.table_hint.get() {
                     hint.saw(table_version, link.addr);
                 }
-                let expected: usize = batch.groups.iter().map(Vec::len).sum();
+                let expected: usize = group_lens.iter().sum();
                 if decisions.len() != expected {
                     let detail = format!("{} decisions for {expected} checks", decisions.len());
                     self.fail(link, calls, Failure::protocol(detail));
                     return true;
                 }
                 link.answered.store(true, Ordering::Relaxed);
-                let decisions = Arc::new(decisions);
                 let mut start = 0;
-                for (call, group) in calls.drain(..).zip(&batch.groups) {
+                for (call, len) in calls.drain(..).zip(group_lens) {
                     // A caller that timed out meanwhile is not waiting any more.
                     let _ = call.reply.send(Reply::Decided {
                         decisions: decisions.clone(),
                         start,
                     });
-                    start += group.len();
+                    start += len;
                 }
                 true
             }
@@ -372,7 +388,8 @@ impl StreamSession {
             single.groups.clear();
             single.groups.push(group);
             let answer = self.round_trip(&single, &scopes, Some(deadline)).await;
-            alive = self.dispatch(link, answer, &mut one, &single);
+            let len = single.groups.iter().map(Vec::len).sum::<usize>();
+            alive = self.dispatch(link, answer, &mut one, &[len]);
         }
         alive
     }
@@ -403,7 +420,7 @@ impl StreamSession {
 async fn read_answer(stream: &mut OpenStream, request_id: u64) -> Result<Answer, Failure> {
     loop {
         match stream.reader.next_frame() {
-            Ok(Some(frame)) => return answer_from(frame, request_id),
+            Ok(Some(frame)) => return answer_from(stream, frame, request_id),
             Ok(None) => {}
             Err(e) => return Err(Failure::protocol(format!("bad frame from the node: {e}"))),
         }
@@ -420,11 +437,21 @@ async fn read_answer(stream: &mut OpenStream, request_id: u64) -> Result<Answer,
     }
 }
 
-fn answer_from(frame: Frame, request_id: u64) -> Result<Answer, Failure> {
+fn answer_from(stream: &mut OpenStream, frame: Frame, request_id: u64) -> Result<Answer, Failure> {
     match expect_answer(frame, FrameKind::DecisionBatch, request_id) {
-        Ok(payload) => decode_decisions(&payload)
-            .map(|(decisions, version)| Answer::Decisions(decisions, version))
-            .map_err(|(_, message)| Failure::protocol(message)),
+        Ok(payload) => {
+            if Arc::get_mut(&mut stream.decisions).is_none() {
+                // A caller still holds the last answer: this one gets a buffer of its own.
+                stream.decisions = Arc::default();
+            }
+            // Unique now, so this clones nothing.
+            let decisions = Arc::make_mut(&mut stream.decisions);
+            let decoded = decode_decisions_into(&payload, decisions);
+            stream.reader.recycle(payload);
+            decoded
+                .map(|version| Answer::Decisions(stream.decisions.clone(), version))
+                .map_err(|(_, message)| Failure::protocol(message))
+        }
         Err(AnswerError::Refused { code, message }) => Ok(Answer::Error { code, message }),
         Err(AnswerError::Failed(why)) => Err(Failure::protocol(why)),
     }

@@ -1,0 +1,225 @@
+//! What a stream task hands back to a caller ([`Reply`]), and the caller's reply slot it is left
+//! in. A slot is reused from call to call (a `oneshot` channel allocates its shared state on
+//! every call); each use is one "turn", so a sender of an old turn never answers a later call.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::{Context, Poll, Waker};
+
+use floodgate::check::DegradedReason;
+use floodgate::wire::{ErrorCode, WireDecision};
+use parking_lot::Mutex;
+
+/// What a stream task hands back to a caller.
+#[derive(Debug)]
+pub(crate) enum Reply {
+    /// The node decided: this call's decisions are `decisions[start..start + checks]`. The
+    /// frame's decisions are shared by all its calls, so answering costs no allocation per call.
+    Decided {
+        decisions: Arc<Vec<WireDecision>>,
+        start: usize,
+    },
+    /// The node refused the call itself as invalid (a bad-request code).
+    Refused { code: ErrorCode, message: String },
+    /// No answer from the node.
+    Failed(DegradedReason),
+}
+
+/// One reusable reply slot. `turn` moves on when the receiver of the current turn is dropped
+/// (answered or given up), which closes that turn for its sender.
+#[derive(Debug, Default)]
+pub(crate) struct ReplySlot {
+    turn: AtomicU64,
+    state: Mutex<SlotState>,
+}
+
+#[derive(Debug, Default)]
+struct SlotState {
+    reply: Option<Reply>,
+    waker: Option<Waker>,
+}
+
+impl ReplySlot {
+    /// The sender and receiver of this slot's current turn. The slot must not be armed again
+    /// before the receiver returned here is dropped (each caller owns its slot meanwhile).
+    pub(crate) fn arm(self: &Arc<Self>) -> (ReplySender, ReplyReceiver) {
+        let turn = self.turn.load(Ordering::Acquire);
+        (
+            ReplySender {
+                slot: Some(self.clone()),
+                turn,
+            },
+            ReplyReceiver {
+                slot: self.clone(),
+                turn,
+            },
+        )
+    }
+}
+
+/// A fresh slot's sender and receiver (calls outside the hot path, and tests).
+pub(crate) fn reply_pair() -> (ReplySender, ReplyReceiver) {
+    Arc::new(ReplySlot::default()).arm()
+}
+
+/// The stream task's end: answers once. Dropped unanswered (the runtime shutting down), it
+/// answers `Unreachable`, as every holder of a call must answer it or let it read as lost.
+#[derive(Debug)]
+pub(crate) struct ReplySender {
+    /// `None` once answered.
+    slot: Option<Arc<ReplySlot>>,
+    turn: u64,
+}
+
+impl ReplySender {
+    /// Leaves `reply` for the caller; gives it back when the caller stopped waiting.
+    pub(crate) fn send(mut self, reply: Reply) -> Result<(), Reply> {
+        match self.slot.take() {
+            Some(slot) => deliver(&slot, self.turn, reply),
+            None => Err(reply),
+        }
+    }
+
+    /// The caller gave up waiting (its future was dropped).
+    pub(crate) fn is_closed(&self) -> bool {
+        self.slot
+            .as_ref()
+            .is_none_or(|slot| slot.turn.load(Ordering::Acquire) != self.turn)
+    }
+}
+
+impl Drop for ReplySender {
+    fn drop(&mut self) {
+        if let Some(slot) = self.slot.take() {
+            let _ = deliver(&slot, self.turn, Reply::Failed(DegradedReason::Unreachable));
+        }
+    }
+}
+
+fn deliver(slot: &ReplySlot, turn: u64, reply: Reply) -> Result<(), Reply> {
+    let waker = {
+        let mut state = slot.state.lock();
+        // Checked under the lock the receiver closes its turn under: no answer lands after.
+        if slot.turn.load(Ordering::Acquire) != turn {
+            return Err(reply);
+        }
+        state.reply = Some(reply);
+        state.waker.take()
+    };
+    if let Some(waker) = waker {
+        waker.wake();
+    }
+    Ok(())
+}
+
+/// The caller's end: resolves to the reply of its turn.
+#[derive(Debug)]
+pub(crate) struct ReplyReceiver {
+    slot: Arc<ReplySlot>,
+    turn: u64,
+}
+
+impl Future for ReplyReceiver {
+    type Output = Reply;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Reply> {
+        let mut state = self.slot.state.lock();
+        if let Some(reply) = state.reply.take() {
+            return Poll::Ready(reply);
+        }
+        // Cloning a runtime waker is a reference count; skip it when the same task polls again.
+        if !state
+            .waker
+            .as_ref()
+            .is_some_and(|w| w.will_wake(cx.waker()))
+        {
+            state.waker = Some(cx.waker().clone());
+        }
+        Poll::Pending
+    }
+}
+
+impl Drop for ReplyReceiver {
+    fn drop(&mut self) {
+        let mut state = self.slot.state.lock();
+        if self.slot.turn.load(Ordering::Acquire) == self.turn {
+            self.slot.turn.fetch_add(1, Ordering::AcqRel);
+        }
+        state.reply = None;
+        state.waker = None;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::AtomicUsize;
+    use std::task::Wake;
+
+    use super::*;
+
+    struct CountingWaker(AtomicUsize);
+
+    impl Wake for CountingWaker {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    fn poll(receiver: &mut ReplyReceiver, waker: &Arc<CountingWaker>) -> Poll<Reply> {
+        let waker = Waker::from(waker.clone());
+        Pin::new(receiver).poll(&mut Context::from_waker(&waker))
+    }
+
+    fn is_failed(reply: Poll<Reply>, reason: DegradedReason) -> bool {
+        matches!(reply, Poll::Ready(Reply::Failed(r)) if r == reason)
+    }
+
+    #[test]
+    fn an_answer_wakes_the_waiting_caller_once() {
+        let waker = Arc::new(CountingWaker(AtomicUsize::new(0)));
+        let (sender, mut receiver) = reply_pair();
+        assert!(poll(&mut receiver, &waker).is_pending());
+        assert!(!sender.is_closed());
+        sender.send(Reply::Failed(DegradedReason::Timeout)).unwrap();
+        assert_eq!(waker.0.load(Ordering::SeqCst), 1);
+        assert!(is_failed(
+            poll(&mut receiver, &waker),
+            DegradedReason::Timeout
+        ));
+    }
+
+    #[test]
+    fn a_dropped_sender_reads_as_unreachable() {
+        let waker = Arc::new(CountingWaker(AtomicUsize::new(0)));
+        let (sender, mut receiver) = reply_pair();
+        drop(sender);
+        assert!(is_failed(
+            poll(&mut receiver, &waker),
+            DegradedReason::Unreachable
+        ));
+    }
+
+    #[test]
+    fn a_caller_that_gave_up_closes_its_turn_and_a_reused_slot_ignores_old_senders() {
+        let slot = Arc::new(ReplySlot::default());
+        let (old_sender, old_receiver) = slot.arm();
+        drop(old_receiver);
+        assert!(old_sender.is_closed());
+        let (sender, mut receiver) = slot.arm();
+        // The first turn's late answer must not reach the second turn's caller.
+        assert!(
+            old_sender
+                .send(Reply::Failed(DegradedReason::Timeout))
+                .is_err()
+        );
+        let waker = Arc::new(CountingWaker(AtomicUsize::new(0)));
+        assert!(poll(&mut receiver, &waker).is_pending());
+        sender.send(Reply::Failed(DegradedReason::Backlog)).unwrap();
+        assert!(is_failed(
+            poll(&mut receiver, &waker),
+            DegradedReason::Backlog
+        ));
+    }
+}

@@ -1,0 +1,152 @@
+//! The client's per-call path allocates nothing once warm: a counting global allocator (this
+//! test binary's own; the library imposes none) counts what the calling thread allocates while
+//! it makes many checks through a real node on loopback with `Client::check_into`.
+//!
+//! The calls run in `Runtime::block_on` on the test's thread, while the client's stream tasks,
+//! quinn and the node run on the runtime's workers: what the calling thread allocates is exactly
+//! what the per-call path (validation, routing, the check group, the queue, the reply slot, the
+//! verdicts) costs. Per-frame work on the stream tasks is not counted here.
+
+// A global allocator is `unsafe impl GlobalAlloc` by definition; it only forwards to `System`.
+#![allow(unsafe_code)]
+
+mod common;
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+
+use common::*;
+use floodgate_client::{Check, Client, Source, Verdict};
+
+struct CountingAllocator;
+
+thread_local! {
+    /// Counting is on for this thread (const-initialized, no destructor: safe to touch from
+    /// inside the allocator).
+    static COUNTING: Cell<bool> = const { Cell::new(false) };
+    static ALLOCATIONS: Cell<u64> = const { Cell::new(0) };
+}
+
+fn note_allocation() {
+    let _ = COUNTING.try_with(|on| {
+        if on.get() {
+            let _ = ALLOCATIONS.try_with(|n| n.set(n.get() + 1));
+        }
+    });
+}
+
+// SAFETY: every method forwards to `System` with the caller's arguments unchanged; counting
+// touches only const-initialized thread-locals, which never allocate.
+unsafe impl GlobalAlloc for CountingAllocator {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        note_allocation();
+        // SAFETY: the caller's contract for `alloc` is passed on as is.
+        unsafe { System.alloc(layout) }
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        note_allocation();
+        // SAFETY: as above.
+        unsafe { System.alloc_zeroed(layout) }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        note_allocation();
+        // SAFETY: as above.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: as above.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: CountingAllocator = CountingAllocator;
+
+/// Allocations this thread made while `f` ran.
+fn allocations_during<T>(f: impl FnOnce() -> T) -> (T, u64) {
+    ALLOCATIONS.with(|n| n.set(0));
+    COUNTING.with(|on| on.set(true));
+    let result = f();
+    COUNTING.with(|on| on.set(false));
+    (result, ALLOCATIONS.with(Cell::get))
+}
+
+const CALLS: usize = 2_000;
+
+#[test]
+fn the_counter_sees_an_allocation_on_this_thread() {
+    let (v, allocations) = allocations_during(|| std::hint::black_box(Vec::<u8>::with_capacity(8)));
+    drop(v);
+    assert_eq!(allocations, 1);
+}
+
+#[test]
+fn check_into_allocates_nothing_per_call_once_warm() {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let certs = certs();
+    let (node, client) = runtime.block_on(async {
+        let node = start_node(&certs, any_port(), false).await;
+        let client = Client::connect(&[node.local_addr()], client_config(&certs))
+            .await
+            .unwrap();
+        (node, client)
+    });
+    let limit = per_hour(1_000_000);
+    // Keys of one length, made before counting: the caller's own checks are not the client's
+    // cost. One-check and three-check calls alternate, as a gateway's rules would.
+    let calls: Vec<Vec<Check>> = (0..CALLS)
+        .map(|i| {
+            let checks = if i % 2 == 0 { 1 } else { 3 };
+            (0..checks)
+                .map(|j| Check::new(format!("user:{:06}", i * 3 + j), limit))
+                .collect()
+        })
+        .collect();
+    let mut verdicts: Vec<Verdict> = Vec::with_capacity(3);
+    let run = |calls: &[Vec<Check>], verdicts: &mut Vec<Verdict>| {
+        runtime.block_on(async {
+            let mut from_node = 0;
+            for checks in calls {
+                client.check_into(checks, verdicts).await.unwrap();
+                assert_eq!(verdicts.len(), checks.len());
+                from_node += verdicts.iter().all(|v| v.source == Source::Node) as usize;
+            }
+            from_node
+        })
+    };
+    // Warm-up: fills the pools (check groups, key buffers, reply slots) and the queue.
+    let warm = run(&calls[..CALLS / 4], &mut verdicts);
+    assert_eq!(warm, CALLS / 4);
+    let (from_node, allocations) = allocations_during(|| run(&calls, &mut verdicts));
+    assert_eq!(from_node, CALLS, "every call must be decided by the node");
+    assert_eq!(
+        allocations, 0,
+        "{allocations} allocations over {CALLS} calls on the per-call path"
+    );
+
+    // The same counter on `check`, which returns a new vector per call, does see allocations:
+    // this test can fail.
+    let (_, with_vec) = allocations_during(|| {
+        runtime.block_on(async {
+            for checks in &calls[..100] {
+                client.check(checks).await.unwrap();
+            }
+        })
+    });
+    assert!(
+        with_vec >= 100,
+        "check allocated {with_vec} times in 100 calls"
+    );
+
+    runtime.block_on(async {
+        client.close().await;
+        node.shutdown().await;
+    });
+}
