@@ -36,6 +36,25 @@ pub fn encode_frame(out: &mut Vec<u8>, kind: FrameKind, request_id: u64, payload
     out.extend_from_slice(payload);
 }
 
+/// `message`'s payload as a receiver reads it back out of a frame: for decoder tests.
+#[cfg(test)]
+pub(crate) fn framed_payload<T>(kind: FrameKind, message: &T) -> AlignedVec
+where
+    T: for<'a> rkyv::Serialize<
+            rkyv::api::high::HighSerializer<
+                AlignedVec,
+                rkyv::ser::allocator::ArenaHandle<'a>,
+                rkyv::rancor::Error,
+            >,
+        >,
+{
+    let mut bytes = Vec::new();
+    encode_message(&mut bytes, kind, 1, message);
+    let mut reader = FrameReader::new(1 << 20);
+    reader.extend(&bytes);
+    reader.next_frame().unwrap().unwrap().payload
+}
+
 /// Serializes `message` with rkyv and appends it as one frame to `out`.
 pub fn encode_message<T>(out: &mut Vec<u8>, kind: FrameKind, request_id: u64, message: &T)
 where

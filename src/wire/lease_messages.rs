@@ -427,27 +427,11 @@ pub fn lease_set_wire_bytes(state: &LeaseSetState) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::wire::{FrameKind, FrameReader, encode_message};
-
-    fn payload<T>(message: &T) -> Vec<u8>
-    where
-        T: for<'a> rkyv::Serialize<
-                rkyv::api::high::HighSerializer<
-                    rkyv::util::AlignedVec,
-                    rkyv::ser::allocator::ArenaHandle<'a>,
-                    rkyv::rancor::Error,
-                >,
-            >,
-    {
-        let mut bytes = Vec::new();
-        encode_message(&mut bytes, FrameKind::LeaseRequest, 1, message);
-        let mut reader = FrameReader::new(1 << 20);
-        reader.extend(&bytes);
-        reader.next_frame().unwrap().unwrap().payload.to_vec()
-    }
+    use crate::wire::FrameKind;
+    use crate::wire::frame::framed_payload;
 
     fn decode(requests: Vec<WireLeaseRequest>) -> Result<Vec<ValidLeaseRequest>, Refusal> {
-        let bytes = payload(&LeaseRequestBatch { requests });
+        let bytes = framed_payload(FrameKind::LeaseRequest, &LeaseRequestBatch { requests });
         decode_lease_requests(&bytes, &WireLimits::default())
     }
 
@@ -547,7 +531,7 @@ mod tests {
             table_version: 42,
         };
         assert_eq!(
-            decode_lease_answers(&payload(&batch)).unwrap(),
+            decode_lease_answers(&framed_payload(FrameKind::LeaseRequest, &batch)).unwrap(),
             (answers, 42)
         );
         let bad = LeaseAnswerBatch {
@@ -557,17 +541,20 @@ mod tests {
             }],
             table_version: 0,
         };
-        assert!(decode_lease_answers(&payload(&bad)).is_err());
+        assert!(decode_lease_answers(&framed_payload(FrameKind::LeaseRequest, &bad)).is_err());
     }
 
     #[test]
     fn lease_sync_is_bounded() {
         let sync = |sets: Vec<WireLeaseSet>| {
-            decode_lease_sync(&payload(&LeaseSyncMessage {
-                from: "node-a".into(),
-                handoff: false,
-                sets,
-            }))
+            decode_lease_sync(&framed_payload(
+                FrameKind::LeaseRequest,
+                &LeaseSyncMessage {
+                    from: "node-a".into(),
+                    handoff: false,
+                    sets,
+                },
+            ))
         };
         let set = WireLeaseSet {
             key: 7,
@@ -591,7 +578,10 @@ mod tests {
             ..set.clone()
         };
         assert_eq!(sync(vec![too_big]).unwrap_err().0, ErrorCode::InvalidLimit);
-        let anonymous = decode_lease_sync(&payload(&LeaseSyncMessage::default()));
+        let anonymous = decode_lease_sync(&framed_payload(
+            FrameKind::LeaseRequest,
+            &LeaseSyncMessage::default(),
+        ));
         assert!(anonymous.unwrap_err().1.contains("id of 0 bytes"));
     }
 }

@@ -169,25 +169,8 @@ pub fn decode_token_lease_answers(payload: &[u8]) -> Result<(Vec<TokenLeaseAnswe
 mod tests {
     use super::*;
     use crate::NANOS_PER_SEC;
-    use crate::wire::encode_message;
-    use crate::wire::{FrameKind, FrameReader};
-
-    fn payload<T>(message: &T) -> rkyv::util::AlignedVec
-    where
-        T: for<'a> rkyv::Serialize<
-                rkyv::api::high::HighSerializer<
-                    rkyv::util::AlignedVec,
-                    rkyv::ser::allocator::ArenaHandle<'a>,
-                    rkyv::rancor::Error,
-                >,
-            >,
-    {
-        let mut bytes = Vec::new();
-        encode_message(&mut bytes, FrameKind::TokenLeaseBatch, 1, message);
-        let mut reader = FrameReader::new(1 << 20);
-        reader.extend(&bytes);
-        reader.next_frame().unwrap().unwrap().payload
-    }
+    use crate::wire::FrameKind;
+    use crate::wire::frame::framed_payload;
 
     fn limit() -> Limit {
         Limit::gcra(100, NANOS_PER_SEC, 10).unwrap()
@@ -201,7 +184,11 @@ mod tests {
                 TokenLeaseRequest::new("other", &limit(), 0, 10),
             ],
         };
-        let decoded = decode_token_lease_batch(&payload(&batch), &WireLimits::default()).unwrap();
+        let decoded = decode_token_lease_batch(
+            &framed_payload(FrameKind::TokenLeaseBatch, &batch),
+            &WireLimits::default(),
+        )
+        .unwrap();
         assert_eq!(decoded.len(), 2);
         assert_eq!((decoded[0].want, decoded[0].returning), (10, 3));
         assert_eq!(decoded[0].key, BucketKey::for_key(b"hot"));
@@ -215,7 +202,8 @@ mod tests {
             max_key_bytes: 4,
         };
         let refused = |batch: TokenLeaseBatch| {
-            decode_token_lease_batch(&payload(&batch), &limits).unwrap_err()
+            decode_token_lease_batch(&framed_payload(FrameKind::TokenLeaseBatch, &batch), &limits)
+                .unwrap_err()
         };
         let two = TokenLeaseBatch {
             requests: vec![TokenLeaseRequest::new("a", &limit(), 1, 0); 2],
@@ -264,7 +252,9 @@ mod tests {
             ],
             table_version: 9,
         };
-        let (decoded, version) = decode_token_lease_answers(&payload(&answers)).unwrap();
+        let (decoded, version) =
+            decode_token_lease_answers(&framed_payload(FrameKind::TokenLeaseBatch, &answers))
+                .unwrap();
         assert_eq!(version, 9);
         assert_eq!(decoded, answers.answers);
         assert_eq!(decoded[0].to_grant().unwrap().granted, 4);
