@@ -127,11 +127,10 @@ impl<'a> Batch<'a> {
     }
 
     fn arrival(&self, i: usize, forwarded: bool) -> Arrival {
-        match self.groups[i].first() {
-            _ if forwarded => Arrival::Forwarded,
-            Some(check) if check.takeover => Arrival::Takeover,
-            _ => Arrival::Client,
+        if forwarded {
+            return Arrival::Forwarded;
         }
+        Arrival::from_client(self.groups[i].first().is_some_and(|check| check.takeover))
     }
 
     /// Decides group `i` here.

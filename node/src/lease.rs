@@ -39,14 +39,11 @@ pub(crate) async fn answer_lease_requests(
         // leases. Decided under the gate: a table switch waits, so its hand-off holds these
         // grants.
         let _deciding = cluster.enter_deciding(slots, read_ns).await;
-        let (placements, version) = cluster.place_each(requests.iter().map(|r| {
-            let arrival = if r.takeover {
-                Arrival::Takeover
-            } else {
-                Arrival::Client
-            };
-            (r.key.slot(), arrival)
-        }));
+        let (placements, version) = cluster.place_each(
+            requests
+                .iter()
+                .map(|r| (r.key.slot(), Arrival::from_client(r.takeover))),
+        );
         let now_ns = shared.clock.now_ns();
         let answers: Vec<WireLeaseAnswer> = requests
             .iter()

@@ -36,14 +36,11 @@ pub(crate) async fn answer_token_leases(
     // Gained slots wait for their previous owner's hand-off, as checks do; then everything is
     // placed and decided under the deciding gate, so a table switch's hand-off holds it.
     let deciding = cluster.enter_deciding(slots(), now_ns).await;
-    let (placements, table_version) = cluster.place_each(requests.iter().map(|r| {
-        let arrival = if r.takeover {
-            Arrival::Takeover
-        } else {
-            Arrival::Client
-        };
-        (r.key.slot(), arrival)
-    }));
+    let (placements, table_version) = cluster.place_each(
+        requests
+            .iter()
+            .map(|r| (r.key.slot(), Arrival::from_client(r.takeover))),
+    );
     let mut tally = Tally::default();
     let answers = requests
         .iter()

@@ -14,6 +14,17 @@ pub enum Arrival {
     Forwarded,
 }
 
+impl Arrival {
+    /// How a client's request arrived: marked `takeover` for the successor, or not.
+    pub fn from_client(takeover: bool) -> Self {
+        if takeover {
+            Arrival::Takeover
+        } else {
+            Arrival::Client
+        }
+    }
+}
+
 /// Why a check is not decided.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Refusal {
