@@ -4,7 +4,7 @@
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::time::Duration;
 
-use floodgate::wire::ErrorCode;
+use floodgate::wire::{ErrorCode, MAX_DATAGRAM_BYTES};
 
 use crate::address::HostPort;
 use crate::error::ConfigError;
@@ -36,8 +36,19 @@ pub(crate) fn endpoint_for(
     } else {
         (Ipv6Addr::UNSPECIFIED, 0).into()
     };
-    let mut endpoint =
-        quinn::Endpoint::client(bind).map_err(|e| ConfigError::Socket(e.to_string()))?;
+    let socket = std::net::UdpSocket::bind(bind).map_err(|e| ConfigError::Socket(e.to_string()))?;
+    // As `Endpoint::client`, but accepting the larger datagrams the node is asked to send.
+    let mut endpoint_config = quinn::EndpointConfig::default();
+    endpoint_config
+        .max_udp_payload_size(MAX_DATAGRAM_BYTES)
+        .map_err(|e| ConfigError::Socket(e.to_string()))?;
+    let mut endpoint = quinn::Endpoint::new(
+        endpoint_config,
+        None,
+        socket,
+        std::sync::Arc::new(quinn::TokioRuntime),
+    )
+    .map_err(|e| ConfigError::Socket(e.to_string()))?;
     endpoint.set_default_client_config(config);
     Ok(endpoint)
 }

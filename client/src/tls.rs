@@ -5,6 +5,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
+use floodgate::wire::MAX_DATAGRAM_BYTES;
 use rustls::RootCertStore;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
@@ -72,6 +73,9 @@ fn transport(config: &ClientConfig) -> Result<quinn::TransportConfig, ConfigErro
             problem: "too large".to_owned(),
         })?;
     transport.max_idle_timeout(Some(idle));
+    let mut path_mtu = quinn::MtuDiscoveryConfig::default();
+    path_mtu.upper_bound(MAX_DATAGRAM_BYTES);
+    transport.mtu_discovery_config(Some(path_mtu));
     // Nodes never open streams towards a client.
     transport.max_concurrent_bidi_streams(0u32.into());
     transport.max_concurrent_uni_streams(0u32.into());

@@ -13,6 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
+use floodgate::wire::MAX_DATAGRAM_BYTES;
 use rustls::client::WebPkiServerVerifier;
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
@@ -252,6 +253,7 @@ fn peer_client_config(
     let mut transport = quinn::TransportConfig::default();
     transport.keep_alive_interval(Some(Duration::from_secs(1)));
     transport.max_idle_timeout(quinn::IdleTimeout::try_from(Duration::from_secs(5)).ok());
+    transport.mtu_discovery_config(Some(path_mtu_discovery()));
     config.transport_config(Arc::new(transport));
     Ok(config)
 }
@@ -354,7 +356,23 @@ fn transport_config(limits: &NodeLimits) -> quinn::TransportConfig {
     transport.keep_alive_interval(Some(Duration::from_secs(1)));
     // 5 s fits in a VarInt of milliseconds.
     transport.max_idle_timeout(quinn::IdleTimeout::try_from(Duration::from_secs(5)).ok());
+    transport.mtu_discovery_config(Some(path_mtu_discovery()));
     transport
+}
+
+/// Probes the path for datagrams up to [`MAX_DATAGRAM_BYTES`], on client and peer connections.
+fn path_mtu_discovery() -> quinn::MtuDiscoveryConfig {
+    let mut discovery = quinn::MtuDiscoveryConfig::default();
+    discovery.upper_bound(MAX_DATAGRAM_BYTES);
+    discovery
+}
+
+/// The node's endpoint settings: it accepts datagrams up to [`MAX_DATAGRAM_BYTES`].
+pub(crate) fn endpoint_config() -> quinn::EndpointConfig {
+    let mut config = quinn::EndpointConfig::default();
+    // Unreachable error: the bound is above QUIC's minimum of 1,200 bytes.
+    let _ = config.max_udp_payload_size(MAX_DATAGRAM_BYTES);
+    config
 }
 
 #[cfg(test)]

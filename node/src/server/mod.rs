@@ -64,8 +64,16 @@ impl Node {
         }
         let peer_trust = tls::PeerTrust::new(&config.tls)?;
         let server_config = tls::server_config(&config.tls, &config.limits)?;
-        let endpoint = quinn::Endpoint::server(server_config, config.listen)
+        // As `Endpoint::server`, with the node's endpoint settings.
+        let socket = std::net::UdpSocket::bind(config.listen)
             .with_context(|| format!("binding the QUIC endpoint on {}", config.listen))?;
+        let endpoint = quinn::Endpoint::new(
+            tls::endpoint_config(),
+            Some(server_config),
+            socket,
+            Arc::new(quinn::TokioRuntime),
+        )
+        .with_context(|| format!("starting the QUIC endpoint on {}", config.listen))?;
         let local_addr = endpoint.local_addr()?;
         let store = BucketStore::new(config.store)?;
         let snapshots = config
