@@ -27,8 +27,8 @@ pub(crate) enum Attempt {
 
 /// Sends `checks` to one node (marked as a takeover when it is the owner's successor) and
 /// waits for its answer, at most until `deadline`; the verdicts go to `out` (cleared first).
-/// `slot` is the caller's reply slot, reused across its calls, so a call allocates nothing once
-/// the link's group pool is warm.
+/// `slot` is the caller's reply slot, reused across its calls with the check group it sent
+/// last, so a warm call allocates nothing.
 pub(crate) async fn send(
     link: &NodeLink,
     fallback: &Fallback,
@@ -41,7 +41,10 @@ pub(crate) async fn send(
     if let Admit::Reject { .. } = link.breaker.admit() {
         return Attempt::NotSent(DegradedReason::CircuitOpen);
     }
-    let wire = link.queue.groups.fill(checks, takeover);
+    let wire = link
+        .queue
+        .spare_keys
+        .fill(slot.take_group(), checks, takeover);
     // Scopes go on the wire only when one is not `region`: kind 1 is unchanged otherwise.
     let scopes = if checks.iter().any(|c| c.scope != Scope::Region) {
         checks.iter().map(|c| WireScope::of(&c.scope)).collect()
@@ -55,7 +58,8 @@ pub(crate) async fn send(
         reply,
         deadline,
     }) {
-        link.queue.groups.give_back(call.checks);
+        // Keeps the group in the slot for the caller's next call.
+        call.answer(Reply::Failed(reason));
         return Attempt::NotSent(reason);
     }
     // Every holder of a call answers it by its deadline or drops it; a dropped call (the

@@ -5,7 +5,6 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crossbeam_queue::ArrayQueue;
 use floodgate::wire::WireCheck;
 use parking_lot::Mutex;
 use tokio::sync::watch;
@@ -22,7 +21,7 @@ use crate::fallback::Fallback;
 use crate::link::{self, LinkSettings, NodeLink};
 use crate::queue::Call;
 use crate::refresher::{LinkFactory, Refresher};
-use crate::reply_slot::{Reply, ReplySlot, reply_pair};
+use crate::reply_slot::{self, Reply, ReplySlot, reply_pair};
 use crate::routing::{Routing, TableChanges};
 use crate::status::{LinkState, NodeStatus};
 use crate::tls;
@@ -54,13 +53,7 @@ struct Inner {
     /// Each given node's supervisor and reaper tasks, and the table refresher (which stops
     /// the links to the nodes it discovered).
     supervisors: Mutex<Vec<JoinHandle<()>>>,
-    /// Reply slots of finished calls, for the next calls: one per call in flight is enough.
-    reply_slots: ArrayQueue<Arc<ReplySlot>>,
 }
-
-/// Most reply slots kept for reuse: enough for a few thousand concurrent callers; a caller
-/// beyond them allocates one.
-const POOLED_REPLY_SLOTS: usize = 4_096;
 
 impl Client {
     /// Validates `config`, then connects to every node in the background. Waits for the first
@@ -129,7 +122,6 @@ impl Client {
                 token_leases,
                 shutdown,
                 supervisors: Mutex::new(supervisors),
-                reply_slots: ArrayQueue::new(POOLED_REPLY_SLOTS),
             }),
         };
         // Each attempt is bounded by `connect_timeout` already; the margin only guards this wait.
@@ -196,13 +188,10 @@ impl Client {
             out.push(verdict);
             return Ok(());
         }
-        let slot = inner
-            .reply_slots
-            .pop()
-            .unwrap_or_else(|| Arc::new(ReplySlot::default()));
+        let slot = reply_slot::take();
         let result = inner.check_with(checks, &slot, out).await;
         // A caller that gives up drops its slot with this future; one that finished returns it.
-        let _ = inner.reply_slots.push(slot);
+        reply_slot::give_back(slot);
         result
     }
 
@@ -466,7 +455,6 @@ mod tests {
                 token_leases: None,
                 shutdown,
                 supervisors: Mutex::new(reapers),
-                reply_slots: ArrayQueue::new(POOLED_REPLY_SLOTS),
             }),
         }
     }
@@ -499,7 +487,9 @@ mod tests {
             let mut sizes = Vec::new();
             let mut calls = Vec::new();
             for _ in 0..frames {
-                assert!(link.queue.next_batch(1, 1_024, &mut calls).await);
+                // Held until this frame is answered, as a stream task does.
+                let in_flight = link.queue.next_batch(1, 1_024, &mut calls).await;
+                assert!(in_flight.is_some());
                 sizes.push(calls.len());
                 let total: usize = calls.iter().map(|c| c.checks.len()).sum();
                 let decisions = Arc::new(vec![
@@ -692,7 +682,7 @@ mod tests {
         link.set_state(LinkState::Connected);
         tokio::spawn(async move {
             let mut calls = Vec::new();
-            assert!(link.queue.next_batch(1, 1_024, &mut calls).await);
+            assert!(link.queue.next_batch(1, 1_024, &mut calls).await.is_some());
             let total: usize = calls.iter().map(|c| c.checks.len()).sum();
             let allowed = WireDecision::from(Decision::Allowed {
                 remaining: 1,
@@ -737,7 +727,7 @@ mod tests {
                 .collect(),
             successor_link: slots.map(|s| link_of(table.successor_member(s))).collect(),
         };
-        client.inner.routing.routes.send_replace(Arc::new(routes));
+        client.inner.routing.replace(routes);
         let key = (0..1_000)
             .map(|i| format!("k{i}"))
             .find(|k| client.owner_of(k.as_bytes()) == 0)

@@ -121,7 +121,9 @@ pub struct ClientConfig {
     /// Longest one connection attempt (QUIC + TLS handshake) may take; `connect` waits at most
     /// this long for the first attempts.
     pub connect_timeout: Duration,
-    /// Long-lived streams per connection, each carrying one frame at a time.
+    /// Long-lived streams per connection, each carrying one frame at a time. One frame is in
+    /// flight while few calls wait; the others carry frames only once half of
+    /// `max_checks_per_frame` is waiting.
     pub streams_per_connection: usize,
     /// Most checks coalesced into one frame (and so the most one `check` call may carry).
     pub max_checks_per_frame: usize,

@@ -42,9 +42,9 @@
 //!   answers give; `refresher`: the task that keeps the table and the links to members current.
 //! - `breaker`: the per-node circuit breaker; `backoff`: reconnect delays.
 //! - `queue`: the per-node call queue that coalesces concurrent calls into frames;
-//!   `group_pool`: the pooled check groups and key buffers calls fill; `reply_slot`: the
-//!   reusable slot a call's answer arrives in (with `Client::check_into`, nothing allocated
-//!   per call once warm).
+//!   `check_group`: a call's check group, written over its caller's last one; `reply_slot`:
+//!   the reusable slot a call's answer (and its group) comes back in (with
+//!   `Client::check_into`, nothing allocated per call once warm).
 //! - `link`: a node's shared state and its connection supervisor (reconnects); `link::stream`:
 //!   the stream tasks (frames out, answers in); `status`: [`LinkState`] and [`NodeStatus`].
 //! - `dial`: endpoints and bounded handshakes; `request`: one frame and its matched answer.
@@ -61,13 +61,13 @@ mod address;
 mod backoff;
 mod breaker;
 mod call;
+mod check_group;
 mod client;
 mod cluster_table;
 mod config;
 mod dial;
 mod error;
 mod fallback;
-mod group_pool;
 mod lease;
 mod link;
 #[cfg(feature = "logging")]

@@ -410,7 +410,7 @@ impl Refresher {
             slot_link,
             successor_link,
         };
-        self.routing.routes.send_replace(Arc::new(routes));
+        self.routing.replace(routes);
         self.last_table = Some(table);
     }
 

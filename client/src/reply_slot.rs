@@ -1,6 +1,7 @@
 //! What a stream task hands back to a caller ([`Reply`]), and the caller's reply slot it is left
-//! in. A slot is reused from call to call (a `oneshot` channel allocates its shared state on
-//! every call); each use is one "turn", so a sender of an old turn never answers a later call.
+//! in, with the call's check group for the caller's next call. A slot is reused from call to
+//! call (a `oneshot` channel allocates its shared state on every call); each use is one "turn",
+//! so a sender of an old turn never answers a later call.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -9,7 +10,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll, Waker};
 
 use floodgate::check::DegradedReason;
-use floodgate::wire::{ErrorCode, WireDecision};
+use floodgate::wire::{ErrorCode, WireCheck, WireDecision};
 use parking_lot::Mutex;
 
 /// What a stream task hands back to a caller.
@@ -39,9 +40,17 @@ pub(crate) struct ReplySlot {
 struct SlotState {
     reply: Option<Reply>,
     waker: Option<Waker>,
+    /// The check group of the last answered call, handed back for the next one to fill.
+    group: Vec<WireCheck>,
 }
 
 impl ReplySlot {
+    /// The group the last answer handed back (empty for a new slot), for this call to fill.
+    /// Taken before the slot is armed, while no sender may write to it.
+    pub(crate) fn take_group(&self) -> Vec<WireCheck> {
+        std::mem::take(&mut self.state.lock().group)
+    }
+
     /// The sender and receiver of this slot's current turn. The slot must not be armed again
     /// before the receiver returned here is dropped (each caller owns its slot meanwhile).
     pub(crate) fn arm(self: &Arc<Self>) -> (ReplySender, ReplyReceiver) {
@@ -57,6 +66,32 @@ impl ReplySlot {
             },
         )
     }
+}
+
+/// Most reply slots kept per thread: enough for a few thousand concurrent callers; a caller
+/// beyond them allocates one.
+const POOLED_PER_THREAD: usize = 4_096;
+
+thread_local! {
+    /// Slots of finished calls, for the next calls on the same thread: per thread, so callers on
+    /// different cores share no pool (a shared queue's head and tail moved between the cores on
+    /// every call). Any client's calls may use any slot: a slot belongs to no client.
+    static POOL: std::cell::RefCell<Vec<Arc<ReplySlot>>> =
+        const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// A slot for one call: a finished call's from this thread, or a new one.
+pub(crate) fn take() -> Arc<ReplySlot> {
+    POOL.with_borrow_mut(Vec::pop).unwrap_or_default()
+}
+
+/// Gives a slot back once its call finished (its receiver dropped): the next call's.
+pub(crate) fn give_back(slot: Arc<ReplySlot>) {
+    POOL.with_borrow_mut(|pool| {
+        if pool.len() < POOLED_PER_THREAD {
+            pool.push(slot);
+        }
+    });
 }
 
 /// A fresh slot's sender and receiver (calls outside the hot path, and tests).
@@ -75,9 +110,20 @@ pub(crate) struct ReplySender {
 
 impl ReplySender {
     /// Leaves `reply` for the caller; gives it back when the caller stopped waiting.
-    pub(crate) fn send(mut self, reply: Reply) -> Result<(), Reply> {
+    #[cfg(test)]
+    pub(crate) fn send(self, reply: Reply) -> Result<(), Reply> {
+        self.send_with_group(reply, Vec::new())
+    }
+
+    /// [`ReplySender::send`], handing the call's check group back for the caller's next call
+    /// (freed when the caller stopped waiting).
+    pub(crate) fn send_with_group(
+        mut self,
+        reply: Reply,
+        group: Vec<WireCheck>,
+    ) -> Result<(), Reply> {
         match self.slot.take() {
-            Some(slot) => deliver(&slot, self.turn, reply),
+            Some(slot) => deliver(&slot, self.turn, reply, group),
             None => Err(reply),
         }
     }
@@ -93,12 +139,13 @@ impl ReplySender {
 impl Drop for ReplySender {
     fn drop(&mut self) {
         if let Some(slot) = self.slot.take() {
-            let _ = deliver(&slot, self.turn, Reply::Failed(DegradedReason::Unreachable));
+            let reply = Reply::Failed(DegradedReason::Unreachable);
+            let _ = deliver(&slot, self.turn, reply, Vec::new());
         }
     }
 }
 
-fn deliver(slot: &ReplySlot, turn: u64, reply: Reply) -> Result<(), Reply> {
+fn deliver(slot: &ReplySlot, turn: u64, reply: Reply, group: Vec<WireCheck>) -> Result<(), Reply> {
     let waker = {
         let mut state = slot.state.lock();
         // Checked under the lock the receiver closes its turn under: no answer lands after.
@@ -106,6 +153,7 @@ fn deliver(slot: &ReplySlot, turn: u64, reply: Reply) -> Result<(), Reply> {
             return Err(reply);
         }
         state.reply = Some(reply);
+        state.group = group;
         state.waker.take()
     };
     if let Some(waker) = waker {

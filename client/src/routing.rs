@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 
+use arc_swap::ArcSwap;
 use floodgate::cluster::{SLOTS, slot_of};
 use tokio::sync::watch;
 
@@ -58,11 +59,14 @@ impl Routes {
     }
 }
 
-/// The routing state the client reads on every call and the refresher replaces. A watch, so
-/// callers can also await the next table ([`TableChanges`]).
+/// The routing state the client reads on every call and the refresher replaces: read through
+/// an `ArcSwap` (a reference count, no lock: a watch's read lock moved its cache line between
+/// the cores of callers on every call), and announced through a watch, so callers can await
+/// the next table ([`TableChanges`]).
 #[derive(Debug)]
 pub(crate) struct Routing {
-    pub(crate) routes: watch::Sender<Arc<Routes>>,
+    current: ArcSwap<Routes>,
+    changes: watch::Sender<Arc<Routes>>,
     pub(crate) hint: Arc<TableHint>,
 }
 
@@ -73,24 +77,33 @@ impl Routing {
         for link in &seeds {
             let _ = link.table_hint.set(hint.clone());
         }
+        let routes = Arc::new(Routes::seeds_only(seeds));
         Routing {
-            routes: watch::Sender::new(Arc::new(Routes::seeds_only(seeds))),
+            current: ArcSwap::new(routes.clone()),
+            changes: watch::Sender::new(routes),
             hint,
         }
     }
 
     /// The current routes (a cheap snapshot: one reference count).
     pub(crate) fn routes(&self) -> Arc<Routes> {
-        self.routes.borrow().clone()
+        self.current.load_full()
+    }
+
+    /// Routes every later call by `routes`, and wakes those waiting for a change.
+    pub(crate) fn replace(&self, routes: Routes) {
+        let routes = Arc::new(routes);
+        self.current.store(routes.clone());
+        self.changes.send_replace(routes);
     }
 
     /// The table calls are routed by, once one was fetched.
     pub(crate) fn table(&self) -> Option<Arc<ClusterTable>> {
-        self.routes.borrow().table.clone()
+        self.current.load().table.clone()
     }
 
     pub(crate) fn changes(&self) -> TableChanges {
-        TableChanges(self.routes.subscribe())
+        TableChanges(self.changes.subscribe())
     }
 }
 

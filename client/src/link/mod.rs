@@ -6,7 +6,7 @@ mod stream;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::time::Duration;
 
 use parking_lot::Mutex;
@@ -58,7 +58,11 @@ pub(crate) struct NodeLink {
     name: Option<HostPort>,
     pub(crate) queue: CallQueue,
     pub(crate) breaker: SharedBreaker,
+    /// For those who wait on changes; every call reads `state_now` instead.
     state: watch::Sender<LinkState>,
+    /// The same state as a plain atomic: reading a watch takes its lock, and that lock's cache
+    /// line then moves between the cores of callers on every call.
+    state_now: AtomicU8,
     last_error: Mutex<Option<String>>,
     /// The current connection has answered at least one frame: only then is it healthy enough
     /// to reset the reconnect backoff (a node refusing our certificate completes the handshake
@@ -83,9 +87,10 @@ impl NodeLink {
             addr,
             server_name: crate::tls::seed_server_name(config.server_name.as_deref(), addr),
             name: None,
-            queue: CallQueue::new(config.max_queued_checks),
+            queue: CallQueue::new(config.max_queued_checks, config.max_checks_per_frame / 2),
             breaker: SharedBreaker::new(config.breaker, config.timeout),
             state: watch::Sender::new(LinkState::Connecting),
+            state_now: AtomicU8::new(LinkState::Connecting as u8),
             last_error: Mutex::new(None),
             answered: AtomicBool::new(false),
             table_hint: std::sync::OnceLock::new(),
@@ -117,7 +122,7 @@ impl NodeLink {
 
     /// True while the link has a connection (cheap: one watch read).
     pub(crate) fn is_connected(&self) -> bool {
-        *self.state.borrow() == LinkState::Connected
+        self.state_now.load(Ordering::Acquire) == LinkState::Connected as u8
     }
 
     /// See [`NodeLink::mark_rejoined`].
@@ -138,7 +143,7 @@ impl NodeLink {
     /// Sets the link's state as its supervisor would (tests that play the link).
     #[cfg(test)]
     pub(crate) fn set_state(&self, state: LinkState) {
-        self.state.send_replace(state);
+        self.set_link_state(state);
     }
 
     /// The live connection to the node, if any (a clone: requests open their own streams).
@@ -149,7 +154,13 @@ impl NodeLink {
     /// True when the link had a connection and lost it (not while a new link first connects:
     /// its node may be up and deciding for others).
     pub(crate) fn is_down(&self) -> bool {
-        *self.state.borrow() == LinkState::Disconnected
+        self.state_now.load(Ordering::Acquire) == LinkState::Disconnected as u8
+    }
+
+    /// Sets the state seen by calls and by those waiting on changes.
+    fn set_link_state(&self, state: LinkState) {
+        self.state_now.store(state as u8, Ordering::Release);
+        self.state.send_replace(state);
     }
 
     pub(crate) fn status(&self) -> NodeStatus {
@@ -183,14 +194,14 @@ impl NodeLink {
         }
         // The reason first: whoever waits for `Disconnected` may read it at once.
         *self.last_error.lock() = Some(why);
-        self.state.send_replace(LinkState::Disconnected);
+        self.set_link_state(LinkState::Disconnected);
     }
 
     /// The client is closing: like `went_down`, but expected.
     fn closed(&self) {
         self.queue.set_down();
         *self.connection.lock() = None;
-        self.state.send_replace(LinkState::Disconnected);
+        self.set_link_state(LinkState::Disconnected);
     }
 }
 
@@ -231,7 +242,7 @@ pub(crate) async fn supervise(
                 link.rejoined.store(false, Ordering::Relaxed);
                 link.queue.set_up(generation);
                 *link.connection.lock() = Some(conn.clone());
-                link.state.send_replace(LinkState::Connected);
+                link.set_link_state(LinkState::Connected);
                 tracing::info!(node = %link.addr, "connected to floodgate node");
                 if let Some(hint) = link.table_hint.get() {
                     // Ends with the connection.

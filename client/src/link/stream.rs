@@ -146,7 +146,6 @@ pub(super) async fn run_stream(
     };
     let mut calls: Vec<Call> = Vec::new();
     let mut batch = CheckBatch::default();
-    let mut group_lens: Vec<usize> = Vec::new();
     loop {
         // Get the stream ready before taking calls: opening one waits for the node's stream
         // credit, and a late answer may be due; a task waiting there must hold no calls.
@@ -154,13 +153,15 @@ pub(super) async fn run_stream(
             tracing::debug!(node = %link.addr, "stream unusable: {}", failure.detail);
             break;
         }
-        if !link
+        // Held until this frame's callers are answered: the next frame carries what queued
+        // meanwhile, unless enough queued to fill one on another stream.
+        let Some(_in_flight) = link
             .queue
             .next_batch(generation, settings.max_checks, &mut calls)
             .await
-        {
+        else {
             break;
-        }
+        };
         let scopes = batch_scopes(&calls);
         batch.groups.clear();
         batch.groups.extend(
@@ -181,14 +182,11 @@ pub(super) async fn run_stream(
                     .await
             }
             answer => {
-                // The groups go back to the pool before their callers hear, so a caller's next
-                // call finds one there.
-                group_lens.clear();
-                group_lens.extend(batch.groups.iter().map(Vec::len));
-                for group in batch.groups.drain(..) {
-                    link.queue.groups.give_back(group);
+                // Each group goes back to its call, to return to its caller with the answer.
+                for (call, group) in calls.iter_mut().zip(batch.groups.drain(..)) {
+                    call.checks = group;
                 }
-                session.dispatch(&link, answer, &mut calls, &group_lens)
+                session.dispatch(&link, answer, &mut calls)
             }
         };
         if !alive {
@@ -298,21 +296,20 @@ impl StreamSession {
         }
     }
 
-    /// Hands `answer` to `calls`, whose groups had `group_lens` checks. Returns false when the
-    /// connection is gone.
+    /// Hands `answer` to `calls`, each holding the group it sent (which goes back to its caller
+    /// with the answer). Returns false when the connection is gone.
     fn dispatch(
         &mut self,
         link: &NodeLink,
         answer: Result<Answer, Failure>,
         calls: &mut Vec<Call>,
-        group_lens: &[usize],
     ) -> bool {
         match answer {
             Ok(Answer::Decisions(decisions, table_version)) => {
                 if let Some(hint) = link.table_hint.get() {
                     hint.saw(table_version, link.addr);
                 }
-                let expected: usize = group_lens.iter().sum();
+                let expected: usize = calls.iter().map(|call| call.checks.len()).sum();
                 if decisions.len() != expected {
                     let detail = format!("{} decisions for {expected} checks", decisions.len());
                     self.fail(link, calls, Failure::protocol(detail));
@@ -320,9 +317,10 @@ impl StreamSession {
                 }
                 link.answered.store(true, Ordering::Relaxed);
                 let mut start = 0;
-                for (call, len) in calls.drain(..).zip(group_lens) {
+                for call in calls.drain(..) {
+                    let len = call.checks.len();
                     // A caller that timed out meanwhile is not waiting any more.
-                    let _ = call.reply.send(Reply::Decided {
+                    call.answer(Reply::Decided {
                         decisions: decisions.clone(),
                         start,
                     });
@@ -344,7 +342,7 @@ impl StreamSession {
                     } else {
                         Reply::Failed(reason_for_code(code))
                     };
-                    let _ = call.reply.send(reply);
+                    call.answer(reply);
                 }
                 true
             }
@@ -363,7 +361,8 @@ impl StreamSession {
     ) -> bool {
         let mut single = CheckBatch::default();
         let mut alive = true;
-        for (call, group) in calls.drain(..).zip(batch.groups.drain(..)) {
+        for (mut call, group) in calls.drain(..).zip(batch.groups.drain(..)) {
+            call.checks = group;
             let deadline = call.deadline;
             let scopes = call.scopes.clone();
             let mut one = vec![call];
@@ -386,10 +385,10 @@ impl StreamSession {
                 continue;
             }
             single.groups.clear();
-            single.groups.push(group);
+            single.groups.push(std::mem::take(&mut one[0].checks));
             let answer = self.round_trip(&single, &scopes, Some(deadline)).await;
-            let len = single.groups.iter().map(Vec::len).sum::<usize>();
-            alive = self.dispatch(link, answer, &mut one, &[len]);
+            one[0].checks = single.groups.pop().unwrap_or_default();
+            alive = self.dispatch(link, answer, &mut one);
         }
         alive
     }
@@ -400,7 +399,7 @@ impl StreamSession {
             self.abandon();
         }
         for call in calls.drain(..) {
-            let _ = call.reply.send(Reply::Failed(failure.reason));
+            call.answer(Reply::Failed(failure.reason));
         }
     }
 
