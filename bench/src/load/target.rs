@@ -9,7 +9,6 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use anyhow::Context;
 use floodgate::{Limit, NANOS_PER_SEC};
 use floodgate_client::{Check, Client, ClientConfig, Source, Verdict};
-use parking_lot::Mutex;
 
 use super::outcome::Outcome;
 
@@ -45,10 +44,6 @@ pub enum Target {
         /// A second client to the same node with token leases on (the `hot-leased` spread).
         leasing: Client,
         limit: Limit,
-        /// Check and verdict buffers of finished requests, for the next ones: the harness's own
-        /// glue then allocates nothing per request either (`Client::check_into`), so the client
-        /// CPU column is the client's and the generator's, not the glue's.
-        buffers: CallBuffers,
     },
     Redis {
         pool: RedisPool,
@@ -110,24 +105,31 @@ impl RedisPool {
 /// The name of the no-op target's records: the load generator alone (its own cost per check).
 pub const GENERATOR: &str = "generator";
 
-/// Most buffer pairs kept: one per request in flight up to this many; beyond, they are freed.
+/// Most buffer pairs kept per thread: one per request in flight up to this many; beyond, they
+/// are freed.
 const POOLED_BUFFERS: usize = 4_096;
 
-/// Pooled check and verdict buffers of the floodgate target.
-#[derive(Debug, Default)]
-pub struct CallBuffers(Mutex<Vec<(Vec<Check>, Vec<Verdict>)>>);
+type Buffers = (Vec<Check>, Vec<Verdict>);
 
-impl CallBuffers {
-    fn take(&self) -> (Vec<Check>, Vec<Verdict>) {
-        self.0.lock().pop().unwrap_or_default()
-    }
+thread_local! {
+    /// Per worker thread, so requests on different threads share no lock and no cache line (a
+    /// shared pool's lock moved between the two cores on every request).
+    static POOL: std::cell::RefCell<Vec<Buffers>> = const { std::cell::RefCell::new(Vec::new()) };
+}
 
-    fn give_back(&self, checks: Vec<Check>, verdicts: Vec<Verdict>) {
-        let mut pool = self.0.lock();
+/// A finished request's check and verdict buffers from this thread's pool, or new ones: the
+/// harness's own glue then allocates nothing per request either (`Client::check_into`), so the
+/// client CPU column is the client's and the generator's, not the glue's.
+fn take_buffers() -> Buffers {
+    POOL.with_borrow_mut(|pool| pool.pop().unwrap_or_default())
+}
+
+fn give_back_buffers(checks: Vec<Check>, verdicts: Vec<Verdict>) {
+    POOL.with_borrow_mut(|pool| {
         if pool.len() < POOLED_BUFFERS {
             pool.push((checks, verdicts));
         }
-    }
+    });
 }
 
 /// One check per key with `limit`, written over `checks` (their key buffers reused).
@@ -220,7 +222,6 @@ impl Target {
             client,
             leasing,
             limit,
-            buffers: CallBuffers::default(),
         })
     }
 
@@ -299,12 +300,9 @@ impl Target {
     /// Checks one request's keys all-or-nothing, through the leasing client when `leased`.
     pub async fn check_leased(&self, keys: &[String], leased: bool) -> anyhow::Result<Outcome> {
         match self {
-            Target::Floodgate {
-                leasing,
-                limit,
-                buffers,
-                ..
-            } if leased => floodgate_outcome(leasing, buffers, keys, limit).await,
+            Target::Floodgate { leasing, limit, .. } if leased => {
+                floodgate_outcome(leasing, keys, limit).await
+            }
             _ => self.check(keys).await,
         }
     }
@@ -317,12 +315,7 @@ impl Target {
                 tokio::task::yield_now().await;
                 Ok(Outcome::Allowed)
             }
-            Target::Floodgate {
-                client,
-                limit,
-                buffers,
-                ..
-            } => floodgate_outcome(client, buffers, keys, limit).await,
+            Target::Floodgate { client, limit, .. } => floodgate_outcome(client, keys, limit).await,
             Target::Redis {
                 pool,
                 script,
@@ -380,11 +373,10 @@ impl Target {
 /// One request through a floodgate client: its keys as one all-or-nothing group.
 async fn floodgate_outcome(
     client: &Client,
-    buffers: &CallBuffers,
     keys: &[String],
     limit: &Limit,
 ) -> anyhow::Result<Outcome> {
-    let (mut checks, mut verdicts) = buffers.take();
+    let (mut checks, mut verdicts) = take_buffers();
     fill_checks(&mut checks, keys, limit);
     let answered = client.check_into(&checks, &mut verdicts).await;
     let outcome = if verdicts.iter().any(|v| v.source != Source::Node) {
@@ -394,7 +386,7 @@ async fn floodgate_outcome(
     } else {
         Outcome::Denied
     };
-    buffers.give_back(checks, verdicts);
+    give_back_buffers(checks, verdicts);
     answered?;
     Ok(outcome)
 }
