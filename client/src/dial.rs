@@ -36,8 +36,9 @@ pub(crate) fn endpoint_for(
     } else {
         (Ipv6Addr::UNSPECIFIED, 0).into()
     };
-    let socket = std::net::UdpSocket::bind(bind).map_err(|e| ConfigError::Socket(e.to_string()))?;
-    // As `Endpoint::client`, but accepting the larger datagrams the node is asked to send.
+    // As `Endpoint::client` (a dual-stack socket for IPv6), but accepting the larger datagrams
+    // the node is asked to send.
+    let socket = bound_socket(bind).map_err(|e| ConfigError::Socket(e.to_string()))?;
     let mut endpoint_config = quinn::EndpointConfig::default();
     endpoint_config
         .max_udp_payload_size(MAX_DATAGRAM_BYTES)
@@ -51,6 +52,19 @@ pub(crate) fn endpoint_for(
     .map_err(|e| ConfigError::Socket(e.to_string()))?;
     endpoint.set_default_client_config(config);
     Ok(endpoint)
+}
+
+/// A UDP socket bound to `addr`; an IPv6 one also reaches IPv4 nodes where the system allows,
+/// as a seed's name may resolve to either.
+fn bound_socket(addr: SocketAddr) -> std::io::Result<std::net::UdpSocket> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let socket = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP))?;
+    if addr.is_ipv6() {
+        // Best effort: a v6-only system still reaches IPv6 nodes.
+        let _ = socket.set_only_v6(false);
+    }
+    socket.bind(&addr.into())?;
+    Ok(socket.into())
 }
 
 /// Connects to a node, the handshake bounded by `timeout`; the error says why in words.

@@ -3,7 +3,8 @@
 //! Adaptive batching: when no frame is in flight, an idle stream task is woken by the first call
 //! and sends it alone at once (an idle gateway pays one round trip, nothing more). While a frame
 //! is in flight, calls wait here, and the next frame leaves when that frame is answered, or
-//! earlier, on another stream, once half a frame's worth of checks is waiting. Every frame costs
+//! earlier, on another stream, once half a frame's worth of checks is waiting or the frame in
+//! flight has been out over a millisecond (stalled). Every frame costs
 //! both ends a datagram, a wake-up and a stream turn: letting free streams each carry a few calls
 //! under load cut the checks per frame (and the throughput) by a third on a closed loop.
 //!
@@ -13,6 +14,7 @@
 //! of the client's throughput (registering and clearing it takes the timer driver's lock).
 
 use std::collections::VecDeque;
+use std::time::Duration;
 
 use floodgate::check::DegradedReason;
 use floodgate::wire::{WireCheck, WireScope};
@@ -64,13 +66,30 @@ struct Inner {
     queued_checks: usize,
     /// Frames of connection `generation` sent and not yet answered.
     frames_in_flight: usize,
+    /// While frames are in flight: the deadline of the first call of the frame that went out
+    /// when none was. Calls of a client share one timeout, so a queued call whose deadline is
+    /// later by [`STALLED_FRAME`] was queued that long after that frame's first call.
+    busy_since: Option<Instant>,
 }
 
+/// How long a frame may stay unanswered before calls stop waiting for it and go on another
+/// stream: an answer on a warm link takes well under a millisecond, so a frame out this long is
+/// stalled (a lost packet being recovered, a slow node), and the calls behind it must not share
+/// its fate.
+const STALLED_FRAME: Duration = Duration::from_millis(1);
+
 impl Inner {
-    /// A stream may take calls now: nothing is in flight, or enough waits to fill a frame well.
+    /// A stream may take calls now: nothing is in flight, enough waits to fill a frame well, or
+    /// the frame in flight looks stalled.
     fn may_send(&self, busy_batch_checks: usize) -> bool {
-        !self.calls.is_empty()
-            && (self.frames_in_flight == 0 || self.queued_checks >= busy_batch_checks)
+        let Some(newest) = self.calls.back() else {
+            return false;
+        };
+        self.frames_in_flight == 0
+            || self.queued_checks >= busy_batch_checks
+            || self
+                .busy_since
+                .is_some_and(|first| newest.deadline >= first + STALLED_FRAME)
     }
 }
 
@@ -110,6 +129,7 @@ impl CallQueue {
                 calls: VecDeque::new(),
                 queued_checks: 0,
                 frames_in_flight: 0,
+                busy_since: None,
             }),
             spare_keys: SpareKeys::default(),
             ready: Notify::new(),
@@ -181,6 +201,9 @@ impl CallQueue {
             return;
         }
         inner.frames_in_flight = inner.frames_in_flight.saturating_sub(1);
+        if inner.frames_in_flight == 0 {
+            inner.busy_since = None;
+        }
         let wake_stream = inner.may_send(self.busy_batch_checks);
         drop(inner);
         if wake_stream {
@@ -201,6 +224,7 @@ impl CallQueue {
         }
         let mut taken = 0;
         let mut dropped = 0;
+        let mut first_deadline = None;
         while let Some(front) = inner.calls.front() {
             let len = front.checks.len();
             // A caller that gave up, or whose deadline passed, decides through its failure mode:
@@ -214,10 +238,14 @@ impl CallQueue {
                 break;
             }
             taken += len;
+            first_deadline = first_deadline.or(Some(front.deadline));
             out.extend(inner.calls.pop_front());
         }
         inner.queued_checks -= taken + dropped;
         if taken > 0 {
+            if inner.frames_in_flight == 0 {
+                inner.busy_since = first_deadline;
+            }
             inner.frames_in_flight += 1;
         }
         let more = inner.may_send(self.busy_batch_checks);
@@ -275,6 +303,7 @@ impl CallQueue {
             inner.link = LinkState::Connected;
             if inner.generation != generation {
                 inner.frames_in_flight = 0;
+                inner.busy_since = None;
             }
             inner.generation = generation;
         }
@@ -409,6 +438,38 @@ mod tests {
         queue.push(fourth).unwrap();
         assert!(queue.next_batch(1, 10, &mut out).await.is_some());
         assert_eq!(sizes(&out), [1]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn calls_behind_a_stalled_frame_go_on_another_stream() {
+        let queue = CallQueue::new(1_000, 100);
+        queue.set_up(1);
+        let (first, _rx1) = call(1);
+        queue.push(first).unwrap();
+        let mut out = Vec::new();
+        let _stalled = queue.next_batch(1, 10, &mut out).await.unwrap();
+        out.clear();
+        // Queued just after the frame left: it waits for the answer.
+        let (early, _rx2) = call(1);
+        queue.push(early).unwrap();
+        let waited = tokio::time::timeout(
+            Duration::from_micros(500),
+            queue.next_batch(1, 10, &mut out),
+        );
+        assert!(waited.await.is_err());
+        // The frame is still out a millisecond after it left: the next call takes both along.
+        tokio::time::advance(STALLED_FRAME).await;
+        let (late, _rx3) = call(1);
+        queue.push(late).unwrap();
+        let taken =
+            tokio::time::timeout(Duration::from_millis(1), queue.next_batch(1, 10, &mut out));
+        assert!(
+            taken
+                .await
+                .expect("calls waited behind a stalled frame")
+                .is_some()
+        );
+        assert_eq!(sizes(&out), [1, 1]);
     }
 
     #[tokio::test(start_paused = true)]

@@ -82,12 +82,17 @@ thread_local! {
 
 /// A slot for one call: a finished call's from this thread, or a new one.
 pub(crate) fn take() -> Arc<ReplySlot> {
-    POOL.with_borrow_mut(Vec::pop).unwrap_or_default()
+    // `try_with`: while the thread's locals are torn down, a call still gets a fresh slot.
+    POOL.try_with(|pool| pool.borrow_mut().pop())
+        .ok()
+        .flatten()
+        .unwrap_or_default()
 }
 
 /// Gives a slot back once its call finished (its receiver dropped): the next call's.
 pub(crate) fn give_back(slot: Arc<ReplySlot>) {
-    POOL.with_borrow_mut(|pool| {
+    let _ = POOL.try_with(|pool| {
+        let mut pool = pool.borrow_mut();
         if pool.len() < POOLED_PER_THREAD {
             pool.push(slot);
         }
