@@ -123,7 +123,7 @@ pub struct ClientConfig {
     pub connect_timeout: Duration,
     /// Long-lived streams per connection, each carrying one frame at a time. One frame is in
     /// flight while few calls wait; the others carry frames only once half of
-    /// `max_checks_per_frame` is waiting.
+    /// `max_checks_per_frame` is waiting, or the frame in flight has been out over 1 ms.
     pub streams_per_connection: usize,
     /// Most checks coalesced into one frame (and so the most one `check` call may carry).
     pub max_checks_per_frame: usize,
