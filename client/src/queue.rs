@@ -66,10 +66,12 @@ struct Inner {
     queued_checks: usize,
     /// Frames of connection `generation` sent and not yet answered.
     frames_in_flight: usize,
-    /// While frames are in flight: the deadline of the first call of the frame that went out
-    /// when none was. Calls of a client share one timeout, so a queued call whose deadline is
-    /// later by [`STALLED_FRAME`] was queued that long after that frame's first call.
-    busy_since: Option<Instant>,
+    /// While frames are in flight: the deadline of the first call of the frame sent last.
+    /// Calls of a client share one timeout, so a queued call whose deadline is later by
+    /// [`STALLED_FRAME`] was queued that long after that call. The newest frame, not the
+    /// oldest: under load a frame leaves as soon as the one before is answered, so only a link
+    /// where nothing moved for that long is stalled.
+    last_frame: Option<Instant>,
 }
 
 /// How long a frame may stay unanswered before calls stop waiting for it and go on another
@@ -88,7 +90,7 @@ impl Inner {
         self.frames_in_flight == 0
             || self.queued_checks >= busy_batch_checks
             || self
-                .busy_since
+                .last_frame
                 .is_some_and(|first| newest.deadline >= first + STALLED_FRAME)
     }
 }
@@ -129,7 +131,7 @@ impl CallQueue {
                 calls: VecDeque::new(),
                 queued_checks: 0,
                 frames_in_flight: 0,
-                busy_since: None,
+                last_frame: None,
             }),
             spare_keys: SpareKeys::default(),
             ready: Notify::new(),
@@ -202,7 +204,7 @@ impl CallQueue {
         }
         inner.frames_in_flight = inner.frames_in_flight.saturating_sub(1);
         if inner.frames_in_flight == 0 {
-            inner.busy_since = None;
+            inner.last_frame = None;
         }
         let wake_stream = inner.may_send(self.busy_batch_checks);
         drop(inner);
@@ -243,9 +245,7 @@ impl CallQueue {
         }
         inner.queued_checks -= taken + dropped;
         if taken > 0 {
-            if inner.frames_in_flight == 0 {
-                inner.busy_since = first_deadline;
-            }
+            inner.last_frame = first_deadline;
             inner.frames_in_flight += 1;
         }
         let more = inner.may_send(self.busy_batch_checks);
@@ -303,7 +303,7 @@ impl CallQueue {
             inner.link = LinkState::Connected;
             if inner.generation != generation {
                 inner.frames_in_flight = 0;
-                inner.busy_since = None;
+                inner.last_frame = None;
             }
             inner.generation = generation;
         }
