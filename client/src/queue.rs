@@ -4,9 +4,9 @@
 //! and sends it alone at once (an idle gateway pays one round trip, nothing more). While a frame
 //! is in flight, calls wait here, and the next frame leaves when that frame is answered, or
 //! earlier, on another stream, once half a frame's worth of checks is waiting or the frame in
-//! flight has been out over a millisecond (stalled). Every frame costs
-//! both ends a datagram, a wake-up and a stream turn: letting free streams each carry a few calls
-//! under load cut the checks per frame (and the throughput) by a third on a closed loop.
+//! flight has been out over a millisecond (stalled). Every frame costs both ends a datagram, a
+//! wake-up and a stream turn: letting free streams each carry a few calls under load cut the
+//! checks per frame (and the throughput) by a third on a closed loop.
 //!
 //! Timeouts are deadlines carried by each call, enforced by whoever holds the call: here by the
 //! reaper ([`CallQueue::reap_expired`]: one timer for the whole queue, set for its oldest call),
@@ -66,7 +66,8 @@ struct Inner {
     queued_checks: usize,
     /// Frames of connection `generation` sent and not yet answered.
     frames_in_flight: usize,
-    /// While frames are in flight: the deadline of the first call of the frame sent last.
+    /// The deadline of the first call of the frame sent last (read only while frames are in
+    /// flight).
     /// Calls of a client share one timeout, so a queued call whose deadline is later by
     /// [`STALLED_FRAME`] was queued that long after that call. The newest frame, not the
     /// oldest: under load a frame leaves as soon as the one before is answered, so only a link
@@ -169,9 +170,9 @@ impl CallQueue {
     }
 
     /// Waits for calls and moves them into `out`: at least one, and then as many as fit in
-    /// `max_checks`. Calls are taken when no frame of this connection is in flight, or when
-    /// `busy_batch_checks` are waiting. The frame counts as in flight until the returned guard
-    /// is dropped. Returns `None`, taking nothing, once connection `generation` is gone.
+    /// `max_checks`. Calls are taken when no frame of this connection is in flight, when
+    /// `busy_batch_checks` are waiting, or when the frame sent last looks stalled
+    /// ([`STALLED_FRAME`]). The frame counts as in flight until the returned guard is dropped. Returns `None`, taking nothing, once connection `generation` is gone.
     pub(crate) async fn next_batch(
         &self,
         generation: u64,
@@ -203,9 +204,6 @@ impl CallQueue {
             return;
         }
         inner.frames_in_flight = inner.frames_in_flight.saturating_sub(1);
-        if inner.frames_in_flight == 0 {
-            inner.last_frame = None;
-        }
         let wake_stream = inner.may_send(self.busy_batch_checks);
         drop(inner);
         if wake_stream {
@@ -303,7 +301,6 @@ impl CallQueue {
             inner.link = LinkState::Connected;
             if inner.generation != generation {
                 inner.frames_in_flight = 0;
-                inner.last_frame = None;
             }
             inner.generation = generation;
         }
