@@ -5,7 +5,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use floodgate::wire::MAX_DATAGRAM_BYTES;
+use floodgate::wire::{ACK_ELICITING_THRESHOLD, MAX_ACK_DELAY, MAX_DATAGRAM_BYTES};
 use rustls::RootCertStore;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
@@ -76,6 +76,10 @@ fn transport(config: &ClientConfig) -> Result<quinn::TransportConfig, ConfigErro
     let mut path_mtu = quinn::MtuDiscoveryConfig::default();
     path_mtu.upper_bound(MAX_DATAGRAM_BYTES);
     transport.mtu_discovery_config(Some(path_mtu));
+    let mut acks = quinn::AckFrequencyConfig::default();
+    acks.ack_eliciting_threshold(ACK_ELICITING_THRESHOLD.into())
+        .max_ack_delay(Some(MAX_ACK_DELAY));
+    transport.ack_frequency_config(Some(acks));
     // Nodes never open streams towards a client.
     transport.max_concurrent_bidi_streams(0u32.into());
     transport.max_concurrent_uni_streams(0u32.into());

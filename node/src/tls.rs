@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use floodgate::wire::MAX_DATAGRAM_BYTES;
+use floodgate::wire::{ACK_ELICITING_THRESHOLD, MAX_ACK_DELAY, MAX_DATAGRAM_BYTES};
 use rustls::client::WebPkiServerVerifier;
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
@@ -357,7 +357,17 @@ fn transport_config(limits: &NodeLimits) -> quinn::TransportConfig {
     // 5 s fits in a VarInt of milliseconds.
     transport.max_idle_timeout(quinn::IdleTimeout::try_from(Duration::from_secs(5)).ok());
     transport.mtu_discovery_config(Some(path_mtu_discovery()));
+    transport.ack_frequency_config(Some(ack_frequency()));
     transport
+}
+
+/// Asks whoever connects to acknowledge the node's packets less often (see
+/// [`ACK_ELICITING_THRESHOLD`]).
+fn ack_frequency() -> quinn::AckFrequencyConfig {
+    let mut acks = quinn::AckFrequencyConfig::default();
+    acks.ack_eliciting_threshold(ACK_ELICITING_THRESHOLD.into())
+        .max_ack_delay(Some(MAX_ACK_DELAY));
+    acks
 }
 
 /// Probes the path for datagrams up to [`MAX_DATAGRAM_BYTES`], on client and peer connections.

@@ -99,7 +99,14 @@ fn histogram() -> Histogram<u64> {
 }
 
 fn record_latency(histogram: &Mutex<Histogram<u64>>, since: Instant) {
-    let us = since.elapsed().as_micros().clamp(1, 100_000_000) as u64;
+    record_between(histogram, since, Instant::now());
+}
+
+fn record_between(histogram: &Mutex<Histogram<u64>>, since: Instant, until: Instant) {
+    let us = until
+        .saturating_duration_since(since)
+        .as_micros()
+        .clamp(1, 100_000_000) as u64;
     histogram.lock().saturating_record(us);
 }
 
@@ -141,7 +148,9 @@ impl ThreadStripes {
 
 /// `callers` tasks each sending one request, awaiting it, and sending the next, for `duration`.
 /// Each task counts into its own counters and records latency into its thread's histogram, so
-/// the generator adds little shared state.
+/// the generator adds little shared state. A request's latency runs from the end of the
+/// caller's previous one (so it includes building the request, well under a microsecond): one
+/// clock read per request instead of two, the same for every system.
 pub async fn closed_loop(
     target: Arc<Target>,
     keys: Arc<KeyGen>,
@@ -160,11 +169,13 @@ pub async fn closed_loop(
             let counters = Counters::default();
             let mut rng = SmallRng::seed_from_u64(seed ^ caller as u64);
             let mut request = Vec::new();
+            let mut since = Instant::now();
             while !stop.load(Ordering::Relaxed) {
                 keys.request(&mut rng, &mut request);
-                let sent = Instant::now();
                 let outcome = target.check_leased(&request, keys.leased()).await;
-                record_latency(stripes.mine(), sent);
+                let done = Instant::now();
+                record_between(stripes.mine(), since, done);
+                since = done;
                 counters.record(request.len(), &outcome);
             }
             counters
@@ -195,23 +206,22 @@ pub async fn open_loop(
 ) -> RunResult {
     let counters = Arc::new(Counters::default());
     let latency = Arc::new(Mutex::new(histogram()));
+    let in_flight = Arc::new(InFlight::default());
     let runtime = tokio::runtime::Handle::current();
     let pacer = {
-        let (counters, latency) = (counters.clone(), latency.clone());
+        let (counters, latency, in_flight) = (counters.clone(), latency.clone(), in_flight.clone());
         std::thread::spawn(move || {
             pace(
-                runtime, target, keys, rate, duration, seed, counters, latency,
+                runtime, target, keys, rate, duration, seed, counters, latency, in_flight,
             )
         })
     };
-    let (start, saturated, tasks) = tokio::task::spawn_blocking(move || pacer.join())
+    let (start, saturated) = tokio::task::spawn_blocking(move || pacer.join())
         .await
         .ok()
         .and_then(Result::ok)
-        .unwrap_or_else(|| (Instant::now(), true, Vec::new()));
-    for task in tasks {
-        let _ = task.await;
-    }
+        .unwrap_or_else(|| (Instant::now(), true));
+    in_flight.all_done().await;
     let elapsed = start.elapsed();
     let counters = Arc::try_unwrap(counters).unwrap_or_default();
     let latency = Arc::try_unwrap(latency)
@@ -220,7 +230,53 @@ pub async fn open_loop(
     counters.finish(elapsed, latency, saturated)
 }
 
-type Pacing = (Instant, bool, Vec<tokio::task::JoinHandle<()>>);
+/// Requests issued and not yet done. Counted instead of keeping each request's task handle:
+/// pruning a list of handles every few thousand requests held up the pacing thread, and so
+/// every request due meanwhile, by about a millisecond every 4,096 requests, in every system's
+/// tail alike.
+#[derive(Default)]
+struct InFlight {
+    count: AtomicU64,
+    emptied: tokio::sync::Notify,
+}
+
+impl InFlight {
+    fn start(&self) {
+        self.count.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn load(&self) -> u64 {
+        self.count.load(Ordering::Relaxed)
+    }
+
+    fn done(&self) {
+        if self.count.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.emptied.notify_one();
+        }
+    }
+
+    /// Waits for every request issued to be done (once no more are issued).
+    async fn all_done(&self) {
+        loop {
+            let emptied = self.emptied.notified();
+            let mut emptied = std::pin::pin!(emptied);
+            emptied.as_mut().enable();
+            if self.count.load(Ordering::Acquire) == 0 {
+                return;
+            }
+            emptied.await;
+        }
+    }
+}
+
+/// Held by a request's task: the request is done when it is dropped.
+struct Done(Arc<InFlight>);
+
+impl Drop for Done {
+    fn drop(&mut self) {
+        self.0.done();
+    }
+}
 
 #[allow(clippy::too_many_arguments)]
 fn pace(
@@ -232,12 +288,11 @@ fn pace(
     seed: u64,
     counters: Arc<Counters>,
     latency: Arc<Mutex<Histogram<u64>>>,
-) -> Pacing {
-    let in_flight = Arc::new(AtomicU64::new(0));
+    in_flight: Arc<InFlight>,
+) -> (Instant, bool) {
     let mut rng = SmallRng::seed_from_u64(seed);
     let total = (rate as f64 * duration.as_secs_f64()) as u64;
     let interval = Duration::from_secs_f64(1.0 / rate as f64);
-    let mut tasks = Vec::new();
     let start = Instant::now();
     let mut issued = 0u64;
     while issued < total {
@@ -246,8 +301,8 @@ fn pace(
         if scheduled > now {
             std::thread::sleep(scheduled - now);
         }
-        if in_flight.load(Ordering::Relaxed) >= MAX_IN_FLIGHT {
-            return (start, true, tasks);
+        if in_flight.load() >= MAX_IN_FLIGHT {
+            return (start, true);
         }
         let mut request = Vec::with_capacity(3);
         keys.request(&mut rng, &mut request);
@@ -257,19 +312,19 @@ fn pace(
             latency.clone(),
             in_flight.clone(),
         );
-        in_flight.fetch_add(1, Ordering::Relaxed);
+        in_flight.start();
         let leased = keys.leased();
-        tasks.push(runtime.spawn(async move {
+        // Detached: `InFlight` says when all are done.
+        drop(runtime.spawn(async move {
+            // Declared first, so dropped last, even when the check panics.
+            let _done = Done(in_flight);
             let outcome = target.check_leased(&request, leased).await;
             record_latency(&latency, scheduled);
             counters.record(request.len(), &outcome);
-            in_flight.fetch_sub(1, Ordering::Relaxed);
+            // The run takes its counters and histogram back once the last task is done.
+            drop((target, counters, latency));
         }));
         issued += 1;
-        if tasks.len() >= 4_096 {
-            // Keep the handle list bounded: drop the finished ones (they are detached, not lost).
-            tasks.retain(|t| !t.is_finished());
-        }
     }
-    (start, false, tasks)
+    (start, false)
 }
