@@ -6,7 +6,9 @@
 //! earlier, on another stream, once half a frame's worth of checks is waiting or the frame in
 //! flight has been out over a millisecond (stalled). Every frame costs both ends a datagram, a
 //! wake-up and a stream turn: letting free streams each carry a few calls under load cut the
-//! checks per frame (and the throughput) by a third on a closed loop.
+//! checks per frame (and the throughput) by a third on a closed loop. Waiting pays only under
+//! load, though: when the frame sent last was light (a call or two), calls arrive slower than
+//! round trips, and the next one goes at once beside it instead of waiting up to a round trip.
 //!
 //! Timeouts are deadlines carried by each call, enforced by whoever holds the call: here by the
 //! reaper ([`CallQueue::reap_expired`]: one timer for the whole queue, set for its oldest call),
@@ -66,13 +68,21 @@ struct Inner {
     queued_checks: usize,
     /// Frames of connection `generation` sent and not yet answered.
     frames_in_flight: usize,
-    /// The deadline of the first call of the frame sent last (read only while frames are in
-    /// flight).
-    /// Calls of a client share one timeout, so a queued call whose deadline is later by
-    /// [`STALLED_FRAME`] was queued that long after that call. The newest frame, not the
+    /// The frame sent last (read only while frames are in flight). The newest frame, not the
     /// oldest: under load a frame leaves as soon as the one before is answered, so only a link
-    /// where nothing moved for that long is stalled.
-    last_frame: Option<Instant>,
+    /// where nothing moved for [`STALLED_FRAME`] is stalled, and only the newest frame says how
+    /// busy the link is now.
+    last_frame: Option<SentFrame>,
+}
+
+/// What the gate remembers of the frame sent last.
+#[derive(Debug, Clone, Copy)]
+struct SentFrame {
+    /// The deadline of its first call. Calls of a client share one timeout, so a queued call
+    /// whose deadline is later by [`STALLED_FRAME`] was queued that long after that call.
+    first_deadline: Instant,
+    /// Its checks: fewer than [`LIGHT_FRAME_CHECKS`] and the link is not busy.
+    checks: usize,
 }
 
 /// How long a frame may stay unanswered before calls stop waiting for it and go on another
@@ -81,18 +91,25 @@ struct Inner {
 /// its fate.
 const STALLED_FRAME: Duration = Duration::from_millis(1);
 
+/// A frame of fewer checks than this is light: its calls arrived fewer than a few per round
+/// trip, so the next call goes at once beside it (at that rate an extra frame costs little)
+/// rather than wait for its answer, up to a round trip added to the call. Under load, frames
+/// carry hundreds of checks and calls wait to fill the next one.
+const LIGHT_FRAME_CHECKS: usize = 8;
+
 impl Inner {
     /// A stream may take calls now: nothing is in flight, enough waits to fill a frame well, or
-    /// the frame in flight looks stalled.
+    /// the frame sent last was light or looks stalled.
     fn may_send(&self, busy_batch_checks: usize) -> bool {
         let Some(newest) = self.calls.back() else {
             return false;
         };
         self.frames_in_flight == 0
             || self.queued_checks >= busy_batch_checks
-            || self
-                .last_frame
-                .is_some_and(|first| newest.deadline >= first + STALLED_FRAME)
+            || self.last_frame.is_some_and(|last| {
+                last.checks < LIGHT_FRAME_CHECKS
+                    || newest.deadline >= last.first_deadline + STALLED_FRAME
+            })
     }
 }
 
@@ -242,8 +259,11 @@ impl CallQueue {
             out.extend(inner.calls.pop_front());
         }
         inner.queued_checks -= taken + dropped;
-        if taken > 0 {
-            inner.last_frame = first_deadline;
+        if let Some(first_deadline) = first_deadline {
+            inner.last_frame = Some(SentFrame {
+                first_deadline,
+                checks: taken,
+            });
             inner.frames_in_flight += 1;
         }
         let more = inner.may_send(self.busy_batch_checks);
@@ -418,11 +438,11 @@ mod tests {
     async fn while_a_frame_is_in_flight_calls_wait_for_it_or_for_half_a_frame() {
         let queue = CallQueue::new(1_000, 4);
         queue.set_up(1);
-        let (first, _rx1) = call(1);
+        let (first, _rx1) = call(LIGHT_FRAME_CHECKS);
         queue.push(first).unwrap();
         let mut out = Vec::new();
         let in_flight = queue.next_batch(1, 10, &mut out).await.unwrap();
-        assert_eq!(sizes(&out), [1]);
+        assert_eq!(sizes(&out), [LIGHT_FRAME_CHECKS]);
         out.clear();
         // One check waits: too few to send beside the frame in flight.
         let (second, _rx2) = call(1);
@@ -452,10 +472,41 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn a_call_goes_at_once_beside_a_light_frame_but_waits_behind_a_full_one() {
+        let queue = CallQueue::new(1_000, 100);
+        queue.set_up(1);
+        let mut out = Vec::new();
+        // A lone call in flight: the link is not busy, so the next call does not wait for it.
+        let (lone, _rx1) = call(1);
+        queue.push(lone).unwrap();
+        let _light = queue.next_batch(1, 10, &mut out).await.unwrap();
+        out.clear();
+        let (next, _rx2) = call(1);
+        queue.push(next).unwrap();
+        assert!(
+            !nothing_leaves_yet(&queue, &mut out),
+            "a call waited behind a light frame"
+        );
+        assert_eq!(sizes(&out), [1]);
+        out.clear();
+        // A frame that was not light is in flight now: calls wait for it again.
+        let (busy, _rx3) = call(LIGHT_FRAME_CHECKS);
+        queue.push(busy).unwrap();
+        let _full = queue.next_batch(1, 10, &mut out).await.unwrap();
+        out.clear();
+        let (after, _rx4) = call(1);
+        queue.push(after).unwrap();
+        assert!(
+            nothing_leaves_yet(&queue, &mut out),
+            "a call went out beside a frame that was not light"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn calls_behind_a_stalled_frame_go_on_another_stream() {
         let queue = CallQueue::new(1_000, 100);
         queue.set_up(1);
-        let (first, _rx1) = call(1);
+        let (first, _rx1) = call(LIGHT_FRAME_CHECKS);
         queue.push(first).unwrap();
         let mut out = Vec::new();
         let _stalled = queue.next_batch(1, 10, &mut out).await.unwrap();
@@ -483,7 +534,7 @@ mod tests {
     async fn an_answered_frame_releases_the_calls_that_waited_for_it() {
         let queue = Arc::new(CallQueue::new(1_000, 100));
         queue.set_up(1);
-        let (first, _rx1) = call(1);
+        let (first, _rx1) = call(LIGHT_FRAME_CHECKS);
         queue.push(first).unwrap();
         let mut out = Vec::new();
         let in_flight = queue.next_batch(1, 10, &mut out).await.unwrap();
