@@ -121,9 +121,10 @@ pub struct ClientConfig {
     /// Longest one connection attempt (QUIC + TLS handshake) may take; `connect` waits at most
     /// this long for the first attempts.
     pub connect_timeout: Duration,
-    /// Long-lived streams per connection, each carrying one frame at a time. One frame is in
-    /// flight while few calls wait; the others carry frames only once half of
-    /// `max_checks_per_frame` is waiting, or the frame in flight has been out over 1 ms.
+    /// Long-lived streams per connection, each carrying one frame at a time. Under load, one
+    /// frame is in flight while few calls wait; the others carry frames only once half of
+    /// `max_checks_per_frame` is waiting, or the frame in flight has been out over 1 ms. At
+    /// light load (the frame sent last had under 8 checks) every free stream sends at once.
     pub streams_per_connection: usize,
     /// Most checks coalesced into one frame (and so the most one `check` call may carry).
     pub max_checks_per_frame: usize,
