@@ -109,14 +109,37 @@ fn a_short_load_run_writes_a_well_formed_report() {
         "{stdout}"
     );
     assert!(stdout.contains("ratio to floodgate |"), "{stdout}");
-    for name in baselines_ran {
+    for name in &baselines_ran {
         assert!(
             records
                 .iter()
-                .any(|r| r["system"] == name && r["mode"] == "closed"),
+                .any(|r| r["system"] == *name && r["mode"] == "closed"),
             "{name} ran but has no closed-loop record: {records:?}"
         );
         assert!(stdout.contains(&format!("ratio to {name}")), "{stdout}");
+    }
+    // With a baseline, the first rate runs again with every system at once: a record per
+    // system and workload, each with its own requests, and a table of their ratios.
+    let side = out.path().join("side-by-side.json");
+    if baselines_ran.is_empty() {
+        assert!(!side.exists());
+    } else {
+        let side: Vec<serde_json::Value> =
+            serde_json::from_str(&std::fs::read_to_string(&side).unwrap()).unwrap();
+        assert_eq!(side.len(), 2 * (1 + baselines_ran.len()), "{side:?}");
+        for record in &side {
+            assert_eq!(record["mode"], "side-by-side", "{record}");
+            assert_eq!(record["offered_rate"].as_u64(), Some(500), "{record}");
+            assert_eq!(record["errors"].as_u64(), Some(0), "{record}");
+            assert!(
+                record["requests_per_second"].as_f64().unwrap() > 0.0,
+                "{record}"
+            );
+        }
+        assert!(
+            stdout.contains("### Side by side at 500 req/s each"),
+            "{stdout}"
+        );
     }
     let svg = std::fs::read_to_string(out.path().join("latency.svg")).unwrap();
     assert!(svg.starts_with("<svg") && svg.contains("</svg>"));

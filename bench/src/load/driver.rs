@@ -204,17 +204,39 @@ pub async fn open_loop(
     duration: Duration,
     seed: u64,
 ) -> RunResult {
-    let counters = Arc::new(Counters::default());
-    let latency = Arc::new(Mutex::new(histogram()));
+    let mut runs = open_loop_side_by_side(vec![target], keys, rate, duration, seed).await;
+    runs.pop()
+        .unwrap_or_else(|| Counters::default().finish(Duration::ZERO, histogram(), true))
+}
+
+/// The open loop at `rate` per second for each of `targets` at once, their requests interleaved
+/// (request i goes to target i mod n): a stall of the machine then delays the requests of every
+/// target alike. On this shared machine, stalls of a few milliseconds about once a second
+/// decided most of a low-rate step's p99, and which system's step a stall happened to hit.
+pub async fn open_loop_side_by_side(
+    targets: Vec<Arc<Target>>,
+    keys: Arc<KeyGen>,
+    rate: u64,
+    duration: Duration,
+    seed: u64,
+) -> Vec<RunResult> {
+    let lanes: Vec<Lane> = targets
+        .into_iter()
+        .map(|target| Lane {
+            target,
+            counters: Arc::new(Counters::default()),
+            latency: Arc::new(Mutex::new(histogram())),
+        })
+        .collect();
+    let tallies: Vec<_> = lanes
+        .iter()
+        .map(|lane| (lane.counters.clone(), lane.latency.clone()))
+        .collect();
     let in_flight = Arc::new(InFlight::default());
     let runtime = tokio::runtime::Handle::current();
     let pacer = {
-        let (counters, latency, in_flight) = (counters.clone(), latency.clone(), in_flight.clone());
-        std::thread::spawn(move || {
-            pace(
-                runtime, target, keys, rate, duration, seed, counters, latency, in_flight,
-            )
-        })
+        let in_flight = in_flight.clone();
+        std::thread::spawn(move || pace(runtime, lanes, keys, rate, duration, seed, in_flight))
     };
     let (start, saturated) = tokio::task::spawn_blocking(move || pacer.join())
         .await
@@ -223,11 +245,23 @@ pub async fn open_loop(
         .unwrap_or_else(|| (Instant::now(), true));
     in_flight.all_done().await;
     let elapsed = start.elapsed();
-    let counters = Arc::try_unwrap(counters).unwrap_or_default();
-    let latency = Arc::try_unwrap(latency)
-        .map(Mutex::into_inner)
-        .unwrap_or_else(|_| histogram());
-    counters.finish(elapsed, latency, saturated)
+    tallies
+        .into_iter()
+        .map(|(counters, latency)| {
+            let counters = Arc::try_unwrap(counters).unwrap_or_default();
+            let latency = Arc::try_unwrap(latency)
+                .map(Mutex::into_inner)
+                .unwrap_or_else(|_| histogram());
+            counters.finish(elapsed, latency, saturated)
+        })
+        .collect()
+}
+
+/// One target's share of an open loop: where its requests go and what they count into.
+struct Lane {
+    target: Arc<Target>,
+    counters: Arc<Counters>,
+    latency: Arc<Mutex<Histogram<u64>>>,
 }
 
 /// Requests issued and not yet done. Counted instead of keeping each request's task handle:
@@ -278,21 +312,20 @@ impl Drop for Done {
     }
 }
 
-#[allow(clippy::too_many_arguments)]
+/// Issues `rate` requests per second to each lane, in turn, for `duration`.
 fn pace(
     runtime: tokio::runtime::Handle,
-    target: Arc<Target>,
+    lanes: Vec<Lane>,
     keys: Arc<KeyGen>,
     rate: u64,
     duration: Duration,
     seed: u64,
-    counters: Arc<Counters>,
-    latency: Arc<Mutex<Histogram<u64>>>,
     in_flight: Arc<InFlight>,
 ) -> (Instant, bool) {
     let mut rng = SmallRng::seed_from_u64(seed);
-    let total = (rate as f64 * duration.as_secs_f64()) as u64;
-    let interval = Duration::from_secs_f64(1.0 / rate as f64);
+    let all_lanes = rate * lanes.len() as u64;
+    let total = (all_lanes as f64 * duration.as_secs_f64()) as u64;
+    let interval = Duration::from_secs_f64(1.0 / all_lanes.max(1) as f64);
     let start = Instant::now();
     let mut issued = 0u64;
     while issued < total {
@@ -306,10 +339,11 @@ fn pace(
         }
         let mut request = Vec::with_capacity(3);
         keys.request(&mut rng, &mut request);
+        let lane = &lanes[(issued % lanes.len() as u64) as usize];
         let (target, counters, latency, in_flight) = (
-            target.clone(),
-            counters.clone(),
-            latency.clone(),
+            lane.target.clone(),
+            lane.counters.clone(),
+            lane.latency.clone(),
             in_flight.clone(),
         );
         in_flight.start();

@@ -173,7 +173,7 @@ pub async fn run(args: LoadArgs) -> anyhow::Result<Vec<Record>> {
     let mut notes = Vec::new();
     let with_rls = !args.no_rls && args.seeds.is_empty();
     let systems = 1 + usize::from(with_rls) + if args.no_redis { 0 } else { 2 };
-    let steps = systems * workloads.len() * (1 + args.rates.len()) + systems + workloads.len();
+    let steps = systems * workloads.len() * (1 + args.rates.len()) + systems + 2 * workloads.len();
     let progress = if args.quiet {
         ProgressBar::hidden()
     } else {
@@ -263,10 +263,19 @@ pub async fn run(args: LoadArgs) -> anyhow::Result<Vec<Record>> {
             Err(e) => progress.suspend(|| eprintln!("skipping the {name} baseline: {e:#}")),
         }
     }
+    let side = if args.no_redis || !args.seeds.is_empty() {
+        Vec::new()
+    } else {
+        side_by_side(&args, &workloads, &progress).await?
+    };
     progress.finish_and_clear();
     report::write_json(&records, &args.out.join("report.json"))?;
+    if !side.is_empty() {
+        report::write_json(&side, &args.out.join("side-by-side.json"))?;
+    }
     report::write_svg(&records, &args.out.join("latency.svg"))?;
     println!("{}", report::markdown(&records));
+    print!("{}", report::side_by_side_markdown(&side));
     for note in &notes {
         println!("{note}");
     }
@@ -275,6 +284,74 @@ pub async fn run(args: LoadArgs) -> anyhow::Result<Vec<Record>> {
         args.out.join("report.json").display(),
         args.out.join("latency.svg").display()
     );
+    Ok(records)
+}
+
+/// Every system again at the first offered rate, all at once with their requests interleaved
+/// (`driver::open_loop_side_by_side`), on fresh servers: a stall of this machine then delays
+/// every system's requests alike, where in the steps above it hits whichever system's step it
+/// falls in. Not for leased workloads (floodgate alone runs those).
+async fn side_by_side(
+    args: &LoadArgs,
+    workloads: &[Workload],
+    progress: &ProgressBar,
+) -> anyhow::Result<Vec<Record>> {
+    let Some(&rate) = args.rates.first() else {
+        return Ok(Vec::new());
+    };
+    let binary = args
+        .node_bin
+        .clone()
+        .unwrap_or_else(process::default_node_binary);
+    let data_dir = args.out.join("side-node-data");
+    let node = process::start_node(&binary, &data_dir, args.node_threads, None)?;
+    let mut targets = vec![Arc::new(
+        Target::floodgate(node.addr, &data_dir.join("ca.pem"), bench_limit()).await?,
+    )];
+    let mut servers = vec![node];
+    let cell_module = args
+        .redis_cell
+        .clone()
+        .unwrap_or_else(default_redis_cell_module);
+    for module in [None, Some(cell_module.as_path())] {
+        match start_redis_baseline(module, args.redis_connections).await {
+            Ok((server, target)) => {
+                servers.push(server);
+                targets.push(Arc::new(target));
+            }
+            Err(e) => progress.suspend(|| eprintln!("side by side without a baseline: {e:#}")),
+        }
+    }
+    let mut records = Vec::new();
+    for (w, workload) in workloads.iter().enumerate() {
+        progress.inc(1);
+        if workload.spread.leased() {
+            continue;
+        }
+        progress.set_message(format!("side by side {workload} at {rate}/s"));
+        let keys = Arc::new(workload::KeyGen::new(*workload, args.keys));
+        let runs = driver::open_loop_side_by_side(
+            targets.clone(),
+            keys,
+            rate,
+            args.duration,
+            101 + w as u64,
+        )
+        .await;
+        for (target, run) in targets.iter().zip(&runs) {
+            let mut record = Record::new(
+                target.name(),
+                &workload.to_string(),
+                rate,
+                run,
+                report::CpuSeconds::default(),
+                0.0,
+            );
+            record.mode = "side-by-side".to_owned();
+            records.push(record);
+        }
+    }
+    drop(servers);
     Ok(records)
 }
 

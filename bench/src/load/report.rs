@@ -314,6 +314,55 @@ fn comparison(
     }
 }
 
+/// The side-by-side step: every system at the same rate in the same seconds, their requests
+/// interleaved (`driver::open_loop_side_by_side`), with floodgate's ratios to each baseline.
+pub fn side_by_side_markdown(records: &[Record]) -> String {
+    let mut out = String::new();
+    let Some(rate) = records.first().map(|r| r.offered_rate) else {
+        return out;
+    };
+    let _ = writeln!(
+        out,
+        "\n### Side by side at {rate} req/s each (requests interleaved: the same seconds for every system)\n"
+    );
+    let mut systems: Vec<&str> = Vec::new();
+    let mut workloads: Vec<&str> = Vec::new();
+    for r in records {
+        if !systems.contains(&r.system.as_str()) {
+            systems.push(&r.system);
+        }
+        if !workloads.contains(&r.workload.as_str()) {
+            workloads.push(&r.workload);
+        }
+    }
+    let baselines: Vec<&str> = systems
+        .iter()
+        .copied()
+        .filter(|s| BASELINES.contains(s))
+        .collect();
+    let mut titles = vec!["workload".to_owned()];
+    titles.extend(systems.iter().map(|s| format!("{s} p50/p99/p99.9 µs")));
+    titles.extend(baselines.iter().map(|b| format!("p50/p99 ratio to {b}")));
+    header(&mut out, &titles);
+    for w in workloads {
+        let mut cells = vec![w.to_owned()];
+        for s in &systems {
+            cells.push(cell(find(records, s, w, rate), latency));
+        }
+        let f = find(records, FLOODGATE, w, rate);
+        for b in &baselines {
+            let r = find(records, b, w, rate);
+            cells.push(format!(
+                "{}/{}",
+                ratio_of(f, r, |x| x.p50_us as f64),
+                ratio_of(f, r, |x| x.p99_us as f64)
+            ));
+        }
+        row(&mut out, &cells);
+    }
+    out
+}
+
 pub fn write_json(records: &[Record], path: &Path) -> anyhow::Result<()> {
     let json = serde_json::to_string_pretty(records)?;
     std::fs::write(path, json).with_context(|| format!("writing {}", path.display()))
