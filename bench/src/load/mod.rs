@@ -111,6 +111,20 @@ pub struct LoadArgs {
 }
 
 impl LoadArgs {
+    /// The floodgate-node binary to start.
+    fn node_binary(&self) -> PathBuf {
+        self.node_bin
+            .clone()
+            .unwrap_or_else(process::default_node_binary)
+    }
+
+    /// The redis-cell module for the `redis+cell` baseline.
+    fn redis_cell_module(&self) -> PathBuf {
+        self.redis_cell
+            .clone()
+            .unwrap_or_else(default_redis_cell_module)
+    }
+
     fn workloads(&self) -> Vec<Workload> {
         let mut list: Vec<Workload> = self
             .spreads
@@ -190,14 +204,7 @@ pub async fn run(args: LoadArgs) -> anyhow::Result<Vec<Record>> {
 
     // floodgate
     let (server, target) = if args.seeds.is_empty() {
-        let binary = args
-            .node_bin
-            .clone()
-            .unwrap_or_else(process::default_node_binary);
-        let data_dir = args.out.join("node-data");
-        let server = process::start_node(&binary, &data_dir, args.node_threads, None)?;
-        let target =
-            Target::floodgate(server.addr, &data_dir.join("ca.pem"), bench_limit()).await?;
+        let (server, target) = start_floodgate_node(&args, "node-data").await?;
         (Some(server), target)
     } else {
         let ca = args.ca.clone().context("--seeds needs --ca")?;
@@ -234,10 +241,7 @@ pub async fn run(args: LoadArgs) -> anyhow::Result<Vec<Record>> {
     }
 
     // Redis + Lua, then Redis + redis-cell (CL.THROTTLE): the script, and the fastest Redis setup.
-    let cell_module = args
-        .redis_cell
-        .clone()
-        .unwrap_or_else(default_redis_cell_module);
+    let cell_module = args.redis_cell_module();
     for module in [None, Some(cell_module.as_path())] {
         if args.no_redis {
             break;
@@ -299,20 +303,10 @@ async fn side_by_side(
     let Some(&rate) = args.rates.first() else {
         return Ok(Vec::new());
     };
-    let binary = args
-        .node_bin
-        .clone()
-        .unwrap_or_else(process::default_node_binary);
-    let data_dir = args.out.join("side-node-data");
-    let node = process::start_node(&binary, &data_dir, args.node_threads, None)?;
-    let mut targets = vec![Arc::new(
-        Target::floodgate(node.addr, &data_dir.join("ca.pem"), bench_limit()).await?,
-    )];
+    let (node, floodgate) = start_floodgate_node(args, "side-node-data").await?;
+    let mut targets = vec![Arc::new(floodgate)];
     let mut servers = vec![node];
-    let cell_module = args
-        .redis_cell
-        .clone()
-        .unwrap_or_else(default_redis_cell_module);
+    let cell_module = args.redis_cell_module();
     for module in [None, Some(cell_module.as_path())] {
         match start_redis_baseline(module, args.redis_connections).await {
             Ok((server, target)) => {
@@ -355,13 +349,19 @@ async fn side_by_side(
     Ok(records)
 }
 
+/// Starts a node with its data (and dev certificates) in `out/data_dir` and connects the
+/// floodgate target to it.
+async fn start_floodgate_node(args: &LoadArgs, data_dir: &str) -> anyhow::Result<(Server, Target)> {
+    let data_dir = args.out.join(data_dir);
+    let server = process::start_node(&args.node_binary(), &data_dir, args.node_threads, None)?;
+    let target = Target::floodgate(server.addr, &data_dir.join("ca.pem"), bench_limit()).await?;
+    Ok((server, target))
+}
+
 /// Writes the RLS configuration (the workloads' limit on each descriptor key), starts a node
 /// serving it on a free port, and connects the RLS target.
 async fn start_rls_node(args: &LoadArgs) -> anyhow::Result<(Server, Target)> {
-    let binary = args
-        .node_bin
-        .clone()
-        .unwrap_or_else(process::default_node_binary);
+    let binary = args.node_binary();
     let config = args.out.join("rls.yaml");
     std::fs::write(&config, rls::config_yaml(&bench_limit())?)
         .with_context(|| format!("writing {}", config.display()))?;
