@@ -105,6 +105,10 @@ pub struct LoadArgs {
     /// Where report.json and latency.svg go.
     #[arg(long, default_value = "target/bench")]
     pub out: PathBuf,
+    /// Run only the side-by-side step (every system at the first rate, requests interleaved):
+    /// the quick way to compare tails at low load, repeated, on a noisy machine.
+    #[arg(long)]
+    pub only_side_by_side: bool,
     /// No progress bar (for logs and CI).
     #[arg(long)]
     pub quiet: bool,
@@ -187,7 +191,11 @@ pub async fn run(args: LoadArgs) -> anyhow::Result<Vec<Record>> {
     let mut notes = Vec::new();
     let with_rls = !args.no_rls && args.seeds.is_empty();
     let systems = 1 + usize::from(with_rls) + if args.no_redis { 0 } else { 2 };
-    let steps = systems * workloads.len() * (1 + args.rates.len()) + systems + 2 * workloads.len();
+    let steps = if args.only_side_by_side {
+        workloads.len()
+    } else {
+        systems * workloads.len() * (1 + args.rates.len()) + systems + 2 * workloads.len()
+    };
     let progress = if args.quiet {
         ProgressBar::hidden()
     } else {
@@ -199,12 +207,53 @@ pub async fn run(args: LoadArgs) -> anyhow::Result<Vec<Record>> {
     );
     let mut records = Vec::new();
 
+    if !args.only_side_by_side {
+        run_one_system_at_a_time(&args, &workloads, &progress, &mut records, &mut notes).await?;
+    }
+    let side = if args.no_redis || !args.seeds.is_empty() {
+        Vec::new()
+    } else {
+        side_by_side(&args, &workloads, &progress).await?
+    };
+    progress.finish_and_clear();
+    if !records.is_empty() {
+        report::write_json(&records, &args.out.join("report.json"))?;
+        report::write_svg(&records, &args.out.join("latency.svg"))?;
+        println!("{}", report::markdown(&records));
+    }
+    if !side.is_empty() {
+        report::write_json(&side, &args.out.join("side-by-side.json"))?;
+    }
+    print!("{}", report::side_by_side_markdown(&side));
+    for note in &notes {
+        println!("{note}");
+    }
+    if !records.is_empty() {
+        println!(
+            "(report: {}, plot: {})",
+            args.out.join("report.json").display(),
+            args.out.join("latency.svg").display()
+        );
+    }
+    Ok(records)
+}
+
+/// The main run: the generator alone, then each system in turn (floodgate, floodgate+rls, the
+/// Redis baselines), each through the closed loop and the open-loop rates.
+async fn run_one_system_at_a_time(
+    args: &LoadArgs,
+    workloads: &[Workload],
+    progress: &ProgressBar,
+    records: &mut Vec<Record>,
+    notes: &mut Vec<String>,
+) -> anyhow::Result<()> {
+    let with_rls = !args.no_rls && args.seeds.is_empty();
     // The generator alone first, so its own cost per check can be taken out of client CPU.
-    run_generator(&args, &workloads, &progress, &mut records).await;
+    run_generator(args, workloads, progress, records).await;
 
     // floodgate
     let (server, target) = if args.seeds.is_empty() {
-        let (server, target) = start_floodgate_node(&args, "node-data").await?;
+        let (server, target) = start_floodgate_node(args, "node-data").await?;
         (Some(server), target)
     } else {
         let ca = args.ca.clone().context("--seeds needs --ca")?;
@@ -214,28 +263,28 @@ pub async fn run(args: LoadArgs) -> anyhow::Result<Vec<Record>> {
         )
     };
     run_system(
-        &args,
+        args,
         server.as_ref(),
         target,
-        &workloads,
-        &progress,
-        &mut records,
-        &mut notes,
+        workloads,
+        progress,
+        records,
+        notes,
     )
     .await?;
     drop(server);
 
     // The same node behind its gRPC front (a fresh one, so its memory and buckets are its own).
     if with_rls {
-        let (server, target) = start_rls_node(&args).await?;
+        let (server, target) = start_rls_node(args).await?;
         run_system(
-            &args,
+            args,
             Some(&server),
             target,
-            &workloads,
-            &progress,
-            &mut records,
-            &mut notes,
+            workloads,
+            progress,
+            records,
+            notes,
         )
         .await?;
     }
@@ -254,41 +303,20 @@ pub async fn run(args: LoadArgs) -> anyhow::Result<Vec<Record>> {
         match start_redis_baseline(module, args.redis_connections).await {
             Ok((server, target)) => {
                 run_system(
-                    &args,
+                    args,
                     Some(&server),
                     target,
-                    &workloads,
-                    &progress,
-                    &mut records,
-                    &mut notes,
+                    workloads,
+                    progress,
+                    records,
+                    notes,
                 )
                 .await?
             }
             Err(e) => progress.suspend(|| eprintln!("skipping the {name} baseline: {e:#}")),
         }
     }
-    let side = if args.no_redis || !args.seeds.is_empty() {
-        Vec::new()
-    } else {
-        side_by_side(&args, &workloads, &progress).await?
-    };
-    progress.finish_and_clear();
-    report::write_json(&records, &args.out.join("report.json"))?;
-    if !side.is_empty() {
-        report::write_json(&side, &args.out.join("side-by-side.json"))?;
-    }
-    report::write_svg(&records, &args.out.join("latency.svg"))?;
-    println!("{}", report::markdown(&records));
-    print!("{}", report::side_by_side_markdown(&side));
-    for note in &notes {
-        println!("{note}");
-    }
-    println!(
-        "(report: {}, plot: {})",
-        args.out.join("report.json").display(),
-        args.out.join("latency.svg").display()
-    );
-    Ok(records)
+    Ok(())
 }
 
 /// Every system again at the first offered rate, all at once with their requests interleaved
