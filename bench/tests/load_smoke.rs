@@ -22,7 +22,8 @@ fn a_short_load_run_writes_a_well_formed_report() {
         .args([
             "load",
             "--duration",
-            "200ms",
+            // Longer than one 250 ms window, so each closed loop reports one.
+            "300ms",
             "--keys",
             "2000",
             "--rates",
@@ -91,6 +92,13 @@ fn a_short_load_run_writes_a_well_formed_report() {
             record["p50_us"].as_u64() <= record["p99_us"].as_u64(),
             "{record}"
         );
+        let slowest = record["slowest_window_rate"].as_f64().unwrap();
+        let fastest = record["fastest_window_rate"].as_f64().unwrap();
+        if mode == "closed" {
+            assert!(slowest > 0.0 && slowest <= fastest, "{record}");
+        } else {
+            assert_eq!((slowest, fastest), (0.0, 0.0), "{record}");
+        }
         assert_eq!(record["errors"].as_u64(), Some(0), "{record}");
     }
     for system in ["floodgate", "floodgate+rls"] {

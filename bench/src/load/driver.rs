@@ -33,7 +33,13 @@ pub struct RunResult {
     pub latency_us: Histogram<u64>,
     /// The open loop stopped early because too many requests were in flight.
     pub saturated: bool,
+    /// Requests per second in each whole [`WINDOW`] of a closed loop (empty for an open loop):
+    /// shows whether the rate held or changed mid-run.
+    pub window_rates: Vec<f64>,
 }
+
+/// The closed loop's rate is sampled over windows this long.
+pub const WINDOW: Duration = Duration::from_millis(250);
 
 impl RunResult {
     pub fn checks_per_second(&self) -> f64 {
@@ -89,6 +95,7 @@ impl Counters {
             elapsed,
             latency_us,
             saturated,
+            window_rates: Vec::new(),
         }
     }
 }
@@ -137,6 +144,11 @@ impl ThreadStripes {
         &self.0[STRIPE.with(|i| *i) % Self::STRIPES]
     }
 
+    /// Requests recorded so far, over all stripes (each locked in turn, briefly).
+    fn recorded(&self) -> u64 {
+        self.0.iter().map(|stripe| stripe.lock().len()).sum()
+    }
+
     fn merged(&self) -> Histogram<u64> {
         let mut all = histogram();
         for stripe in &self.0 {
@@ -181,7 +193,7 @@ pub async fn closed_loop(
             counters
         });
     }
-    tokio::time::sleep(duration).await;
+    let window_rates = sample_windows(&stripes, start, duration).await;
     stop.store(true, Ordering::Relaxed);
     let total = Counters::default();
     while let Some(joined) = tasks.join_next().await {
@@ -189,7 +201,27 @@ pub async fn closed_loop(
             total.absorb(counters);
         }
     }
-    total.finish(start.elapsed(), stripes.merged(), false)
+    let mut run = total.finish(start.elapsed(), stripes.merged(), false);
+    run.window_rates = window_rates;
+    run
+}
+
+/// Waits until `duration` after `start`, sampling the requests recorded at every whole
+/// [`WINDOW`]; returns each window's rate (requests per second).
+async fn sample_windows(stripes: &ThreadStripes, start: Instant, duration: Duration) -> Vec<f64> {
+    let end = start + duration;
+    let mut rates = Vec::new();
+    let mut seen = stripes.recorded();
+    let mut window_end = start + WINDOW;
+    while window_end <= end {
+        tokio::time::sleep_until(window_end.into()).await;
+        let now = stripes.recorded();
+        rates.push(now.saturating_sub(seen) as f64 / WINDOW.as_secs_f64());
+        seen = now;
+        window_end += WINDOW;
+    }
+    tokio::time::sleep_until(end.into()).await;
+    rates
 }
 
 /// Requests at `rate` per second for `duration`, each timed from when it was due.

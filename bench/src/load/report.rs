@@ -38,6 +38,10 @@ pub struct Record {
     pub errors: u64,
     /// The open loop could not keep up: too many requests in flight.
     pub saturated: bool,
+    /// Checks per second in the slowest and the fastest 250 ms window of a closed loop (0 for
+    /// an open loop): far apart when the rate changed mid-run.
+    pub slowest_window_rate: f64,
+    pub fastest_window_rate: f64,
 }
 
 impl Record {
@@ -56,11 +60,19 @@ impl Record {
                 0.0
             }
         };
+        let checks_per_request = if run.requests > 0 {
+            run.checks as f64 / run.requests as f64
+        } else {
+            0.0
+        };
+        let windows = || run.window_rates.iter().map(|r| r * checks_per_request);
         Record {
             system: system.to_owned(),
             workload: workload.to_owned(),
             mode: if offered_rate == 0 { "closed" } else { "open" }.to_owned(),
             offered_rate,
+            slowest_window_rate: windows().reduce(f64::min).unwrap_or(0.0),
+            fastest_window_rate: windows().reduce(f64::max).unwrap_or(0.0),
             achieved_rate: run.checks_per_second(),
             requests_per_second: run.requests_per_second(),
             p50_us: run.latency_us.value_at_quantile(0.5),
@@ -240,7 +252,11 @@ fn comparison(
     let names = all.join(" / ");
 
     let _ = writeln!(out, "{level} Throughput (closed loop)\n");
-    let mut titles = vec!["workload".to_owned(), format!("{subject} checks/s")];
+    let mut titles = vec![
+        "workload".to_owned(),
+        format!("{subject} checks/s"),
+        format!("{subject} slowest-fastest 250 ms"),
+    ];
     for b in references {
         titles.push(format!("{b} checks/s"));
         titles.push(format!("ratio to {b}"));
@@ -254,6 +270,13 @@ fn comparison(
         let mut cells = vec![
             w.to_string(),
             cell(f, |x| format!("{:.0}", x.achieved_rate)),
+            cell(f, |x| {
+                format!(
+                    "{:.2}M-{:.2}M",
+                    x.slowest_window_rate / 1e6,
+                    x.fastest_window_rate / 1e6
+                )
+            }),
         ];
         for b in references {
             let r = find(records, b, w, 0);
@@ -446,6 +469,8 @@ mod tests {
             degraded: 0,
             errors: 0,
             saturated: false,
+            slowest_window_rate: achieved_rate * 0.5,
+            fastest_window_rate: achieved_rate,
         }
     }
 
@@ -464,8 +489,11 @@ mod tests {
             .lines()
             .find(|l| l.starts_with("| uniform/1-check | 400000"))
             .unwrap_or_else(|| panic!("{table}"));
+        // The subject's slowest and fastest quarter-second, then each baseline and its ratio.
         assert!(
-            closed.contains("| 100000 | 4.00x | 200000 | 2.00x |"),
+            closed.starts_with(
+                "| uniform/1-check | 400000 | 0.20M-0.40M | 100000 | 4.00x | 200000 | 2.00x |"
+            ),
             "{closed}"
         );
         assert!(
