@@ -122,6 +122,11 @@ impl LoadArgs {
             .unwrap_or_else(process::default_node_binary)
     }
 
+    /// Whether `floodgate+rls` runs: not with `--no-rls`, nor against a running cluster.
+    fn with_rls(&self) -> bool {
+        !self.no_rls && self.seeds.is_empty()
+    }
+
     /// The redis-cell module for the `redis+cell` baseline.
     fn redis_cell_module(&self) -> PathBuf {
         self.redis_cell
@@ -189,8 +194,7 @@ pub async fn run(args: LoadArgs) -> anyhow::Result<Vec<Record>> {
         .with_context(|| format!("creating {}", args.out.display()))?;
     let workloads = args.workloads();
     let mut notes = Vec::new();
-    let with_rls = !args.no_rls && args.seeds.is_empty();
-    let systems = 1 + usize::from(with_rls) + if args.no_redis { 0 } else { 2 };
+    let systems = 1 + usize::from(args.with_rls()) + if args.no_redis { 0 } else { 2 };
     let steps = if args.only_side_by_side {
         workloads.len()
     } else {
@@ -247,7 +251,6 @@ async fn run_one_system_at_a_time(
     records: &mut Vec<Record>,
     notes: &mut Vec<String>,
 ) -> anyhow::Result<()> {
-    let with_rls = !args.no_rls && args.seeds.is_empty();
     // The generator alone first, so its own cost per check can be taken out of client CPU.
     run_generator(args, workloads, progress, records).await;
 
@@ -275,7 +278,7 @@ async fn run_one_system_at_a_time(
     drop(server);
 
     // The same node behind its gRPC front (a fresh one, so its memory and buckets are its own).
-    if with_rls {
+    if args.with_rls() {
         let (server, target) = start_rls_node(args).await?;
         run_system(
             args,
