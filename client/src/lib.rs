@@ -65,6 +65,8 @@ mod check_group;
 mod client;
 mod cluster_table;
 mod config;
+#[cfg(test)]
+mod counting_waker;
 mod dial;
 mod error;
 mod fallback;

@@ -376,6 +376,7 @@ mod tests {
     use floodgate::Limit;
 
     use super::*;
+    use crate::counting_waker::CountingWaker;
     use crate::reply_slot::{ReplyReceiver, reply_pair};
 
     fn call(checks: usize) -> (Call, ReplyReceiver) {
@@ -629,23 +630,13 @@ mod tests {
 
     #[test]
     fn calls_queued_while_a_stream_is_already_woken_wake_no_other() {
-        struct Wakes(std::sync::atomic::AtomicUsize);
-        impl std::task::Wake for Wakes {
-            fn wake(self: Arc<Self>) {
-                self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-            }
-        }
-        let woken = |w: &Arc<Wakes>| w.0.load(std::sync::atomic::Ordering::SeqCst);
         let queue = CallQueue::new(1_000, 1);
         queue.set_up(1);
         let (mut out_a, mut out_b) = (Vec::new(), Vec::new());
         let mut a = Box::pin(queue.next_batch(1, 10, &mut out_a));
         let mut b = Box::pin(queue.next_batch(1, 10, &mut out_b));
-        let (wakes_a, wakes_b) = (Arc::new(Wakes(0.into())), Arc::new(Wakes(0.into())));
-        let (waker_a, waker_b) = (
-            std::task::Waker::from(wakes_a.clone()),
-            std::task::Waker::from(wakes_b.clone()),
-        );
+        let (wakes_a, wakes_b) = (CountingWaker::new(), CountingWaker::new());
+        let (waker_a, waker_b) = (wakes_a.waker(), wakes_b.waker());
         let mut cx_a = std::task::Context::from_waker(&waker_a);
         let mut cx_b = std::task::Context::from_waker(&waker_b);
         // Both streams idle on an empty queue.
@@ -653,12 +644,12 @@ mod tests {
         assert!(b.as_mut().poll(&mut cx_b).is_pending());
         let (first, _rx1) = call(1);
         queue.push(first).unwrap();
-        assert_eq!((woken(&wakes_a), woken(&wakes_b)), (1, 0));
+        assert_eq!((wakes_a.count(), wakes_b.count()), (1, 0));
         // Stream A is woken and has not run yet: the next call rides with the first.
         let (second, _rx2) = call(1);
         queue.push(second).unwrap();
         assert_eq!(
-            woken(&wakes_b),
+            wakes_b.count(),
             0,
             "a second stream was woken for a call the first takes"
         );

@@ -207,22 +207,11 @@ impl Drop for ReplyReceiver {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::atomic::AtomicUsize;
-    use std::task::Wake;
-
     use super::*;
-
-    struct CountingWaker(AtomicUsize);
-
-    impl Wake for CountingWaker {
-        fn wake(self: Arc<Self>) {
-            self.0.fetch_add(1, Ordering::SeqCst);
-        }
-    }
+    use crate::counting_waker::CountingWaker;
 
     fn poll(receiver: &mut ReplyReceiver, waker: &Arc<CountingWaker>) -> Poll<Reply> {
-        let waker = Waker::from(waker.clone());
-        Pin::new(receiver).poll(&mut Context::from_waker(&waker))
+        Pin::new(receiver).poll(&mut Context::from_waker(&waker.waker()))
     }
 
     fn is_failed(reply: Poll<Reply>, reason: DegradedReason) -> bool {
@@ -231,12 +220,12 @@ mod tests {
 
     #[test]
     fn an_answer_wakes_the_waiting_caller_once() {
-        let waker = Arc::new(CountingWaker(AtomicUsize::new(0)));
+        let waker = CountingWaker::new();
         let (sender, mut receiver) = reply_pair();
         assert!(poll(&mut receiver, &waker).is_pending());
         assert!(!sender.is_closed());
         sender.send(Reply::Failed(DegradedReason::Timeout)).unwrap();
-        assert_eq!(waker.0.load(Ordering::SeqCst), 1);
+        assert_eq!(waker.count(), 1);
         assert!(is_failed(
             poll(&mut receiver, &waker),
             DegradedReason::Timeout
@@ -245,7 +234,7 @@ mod tests {
 
     #[test]
     fn a_dropped_sender_reads_as_unreachable() {
-        let waker = Arc::new(CountingWaker(AtomicUsize::new(0)));
+        let waker = CountingWaker::new();
         let (sender, mut receiver) = reply_pair();
         drop(sender);
         assert!(is_failed(
@@ -267,7 +256,7 @@ mod tests {
                 .send(Reply::Failed(DegradedReason::Timeout))
                 .is_err()
         );
-        let waker = Arc::new(CountingWaker(AtomicUsize::new(0)));
+        let waker = CountingWaker::new();
         assert!(poll(&mut receiver, &waker).is_pending());
         sender.send(Reply::Failed(DegradedReason::Backlog)).unwrap();
         assert!(is_failed(
