@@ -94,10 +94,21 @@ fn a_short_load_run_writes_a_well_formed_report() {
         );
         let slowest = record["slowest_window_rate"].as_f64().unwrap();
         let fastest = record["fastest_window_rate"].as_f64().unwrap();
+        let windows: Vec<f64> = record["window_rates"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|w| w.as_f64().unwrap())
+            .collect();
         if mode == "closed" {
             assert!(slowest > 0.0 && slowest <= fastest, "{record}");
+            // The extremes are the windows' own (each rounded to a whole check per second).
+            let extreme = |pick: fn(f64, f64) -> f64| windows.iter().copied().reduce(pick).unwrap();
+            assert!((extreme(f64::min) - slowest).abs() <= 0.5, "{record}");
+            assert!((extreme(f64::max) - fastest).abs() <= 0.5, "{record}");
         } else {
             assert_eq!((slowest, fastest), (0.0, 0.0), "{record}");
+            assert!(windows.is_empty(), "{record}");
         }
         assert_eq!(record["errors"].as_u64(), Some(0), "{record}");
     }

@@ -42,6 +42,9 @@ pub struct Record {
     /// an open loop): far apart when the rate changed mid-run.
     pub slowest_window_rate: f64,
     pub fastest_window_rate: f64,
+    /// Checks per second in each 250 ms window of a closed loop, in order (empty for an open
+    /// loop): when a run changed speed, and for how long.
+    pub window_rates: Vec<f64>,
 }
 
 impl Record {
@@ -73,6 +76,7 @@ impl Record {
             offered_rate,
             slowest_window_rate: windows().reduce(f64::min).unwrap_or(0.0),
             fastest_window_rate: windows().reduce(f64::max).unwrap_or(0.0),
+            window_rates: windows().map(f64::round).collect(),
             achieved_rate: run.checks_per_second(),
             requests_per_second: run.requests_per_second(),
             p50_us: run.latency_us.value_at_quantile(0.5),
@@ -471,6 +475,7 @@ mod tests {
             saturated: false,
             slowest_window_rate: achieved_rate * 0.5,
             fastest_window_rate: achieved_rate,
+            window_rates: vec![achieved_rate * 0.5, achieved_rate],
         }
     }
 
