@@ -102,7 +102,7 @@ fn a_short_load_run_writes_a_well_formed_report() {
             .collect();
         if mode == "closed" {
             assert!(slowest > 0.0 && slowest <= fastest, "{record}");
-            // The extremes are the windows' own (each rounded to a whole check per second).
+            // The extremes are the windows' own.
             let extreme = |pick: fn(f64, f64) -> f64| windows.iter().copied().reduce(pick).unwrap();
             assert!((extreme(f64::min) - slowest).abs() <= 0.5, "{record}");
             assert!((extreme(f64::max) - fastest).abs() <= 0.5, "{record}");

@@ -68,15 +68,19 @@ impl Record {
         } else {
             0.0
         };
-        let windows = || run.window_rates.iter().map(|r| r * checks_per_request);
+        let window_rates: Vec<f64> = run
+            .window_rates
+            .iter()
+            .map(|r| r * checks_per_request)
+            .collect();
         Record {
             system: system.to_owned(),
             workload: workload.to_owned(),
             mode: if offered_rate == 0 { "closed" } else { "open" }.to_owned(),
             offered_rate,
-            slowest_window_rate: windows().reduce(f64::min).unwrap_or(0.0),
-            fastest_window_rate: windows().reduce(f64::max).unwrap_or(0.0),
-            window_rates: windows().map(f64::round).collect(),
+            slowest_window_rate: window_rates.iter().copied().reduce(f64::min).unwrap_or(0.0),
+            fastest_window_rate: window_rates.iter().copied().reduce(f64::max).unwrap_or(0.0),
+            window_rates,
             achieved_rate: run.checks_per_second(),
             requests_per_second: run.requests_per_second(),
             p50_us: run.latency_us.value_at_quantile(0.5),
