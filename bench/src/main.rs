@@ -71,12 +71,11 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Load(args) => {
-            let mut runtime = tokio::runtime::Builder::new_multi_thread();
-            if let Some(threads) = args.client_threads {
-                anyhow::ensure!(threads >= 1, "--client-threads must be at least 1");
-                runtime.worker_threads(threads);
-            }
-            let runtime = runtime.enable_all().build()?;
+            // Only the run's control (timing, sampling, joining); the load runs on the
+            // gateway's own threads (`load::Gateway`).
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
             runtime.block_on(load::run(args))?;
             Ok(())
         }

@@ -163,3 +163,45 @@ fn a_short_load_run_writes_a_well_formed_report() {
     let svg = std::fs::read_to_string(out.path().join("latency.svg")).unwrap();
     assert!(svg.starts_with("<svg") && svg.contains("</svg>"));
 }
+
+/// Both gateway shapes drive a node, token leases included: with a client per thread, the
+/// leased key's admissions are still held to the limit over all of them.
+#[test]
+fn both_gateway_shapes_run_and_hold_the_leased_key_to_its_limit() {
+    let bench = Path::new(env!("CARGO_BIN_EXE_floodgate-bench"));
+    for (shape, threads) in [("thread-per-core", "3"), ("multi-thread", "2")] {
+        let out = tempfile::tempdir().unwrap();
+        let output = Command::new(bench)
+            .args(["load", "--duration", "300ms", "--keys", "2000"])
+            .args(["--rates", "500/s", "--callers", "8", "--quiet"])
+            .args(["--spreads", "uniform,hot-leased", "--three-checks", "false"])
+            .args(["--no-redis", "--no-rls"])
+            .args(["--gateway", shape, "--client-threads", threads])
+            .arg("--out")
+            .arg(out.path())
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(output.status.success(), "{shape}: {stdout}\n{stderr}");
+        assert!(stdout.contains("(within the limit)"), "{shape}: {stdout}");
+        let report: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(out.path().join("report.json")).unwrap())
+                .unwrap();
+        for workload in ["uniform/1-check", "hot-key-leased/1-check"] {
+            let closed = report
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|r| {
+                    r["system"] == "floodgate" && r["workload"] == workload && r["mode"] == "closed"
+                })
+                .unwrap_or_else(|| panic!("{shape}: no closed loop of {workload}: {report}"));
+            assert!(
+                closed["requests_per_second"].as_f64().unwrap() > 0.0,
+                "{closed}"
+            );
+            assert_eq!(closed["errors"].as_u64(), Some(0), "{closed}");
+        }
+    }
+}

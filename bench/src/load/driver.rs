@@ -12,8 +12,8 @@ use parking_lot::Mutex;
 use rand::SeedableRng;
 use rand::rngs::SmallRng;
 
+use super::gateway::Targets;
 use super::outcome::Outcome;
-use super::target::Target;
 use super::workload::KeyGen;
 
 /// Most requests in flight in an open-loop step; beyond it the target is saturated and the step
@@ -158,13 +158,13 @@ impl ThreadStripes {
     }
 }
 
-/// `callers` tasks each sending one request, awaiting it, and sending the next, for `duration`.
-/// Each task counts into its own counters and records latency into its thread's histogram, so
+/// `callers` tasks each sending one request, awaiting it, and sending the next, for `duration`,
+/// dealt round the gateway's workers, each through its worker's target. Each task counts into its own counters and records latency into its thread's histogram, so
 /// the generator adds little shared state. A request's latency runs from the end of the
 /// caller's previous one (so it includes building the request, well under a microsecond): one
 /// clock read per request instead of two, the same for every system.
 pub async fn closed_loop(
-    target: Arc<Target>,
+    targets: &Targets,
     keys: Arc<KeyGen>,
     callers: usize,
     duration: Duration,
@@ -175,23 +175,27 @@ pub async fn closed_loop(
     let start = Instant::now();
     let mut tasks = tokio::task::JoinSet::new();
     for caller in 0..callers {
+        let (worker, target) = targets.on(caller);
         let (target, keys, stop, stripes) =
             (target.clone(), keys.clone(), stop.clone(), stripes.clone());
-        tasks.spawn(async move {
-            let counters = Counters::default();
-            let mut rng = SmallRng::seed_from_u64(seed ^ caller as u64);
-            let mut request = Vec::new();
-            let mut since = Instant::now();
-            while !stop.load(Ordering::Relaxed) {
-                keys.request(&mut rng, &mut request);
-                let outcome = target.check_leased(&request, keys.leased()).await;
-                let done = Instant::now();
-                record_between(stripes.mine(), since, done);
-                since = done;
-                counters.record(request.len(), &outcome);
-            }
-            counters
-        });
+        tasks.spawn_on(
+            async move {
+                let counters = Counters::default();
+                let mut rng = SmallRng::seed_from_u64(seed ^ caller as u64);
+                let mut request = Vec::new();
+                let mut since = Instant::now();
+                while !stop.load(Ordering::Relaxed) {
+                    keys.request(&mut rng, &mut request);
+                    let outcome = target.check_leased(&request, keys.leased()).await;
+                    let done = Instant::now();
+                    record_between(stripes.mine(), since, done);
+                    since = done;
+                    counters.record(request.len(), &outcome);
+                }
+                counters
+            },
+            worker,
+        );
     }
     let window_rates = sample_windows(&stripes, start, duration).await;
     stop.store(true, Ordering::Relaxed);
@@ -230,23 +234,24 @@ async fn sample_windows(stripes: &ThreadStripes, start: Instant, duration: Durat
 /// would release requests in 1 ms bursts and charge both systems up to 1 ms of generator delay);
 /// it sleeps until the next request is due, or issues every due one at once when it is late.
 pub async fn open_loop(
-    target: Arc<Target>,
+    targets: &Targets,
     keys: Arc<KeyGen>,
     rate: u64,
     duration: Duration,
     seed: u64,
 ) -> RunResult {
-    let mut runs = open_loop_side_by_side(vec![target], keys, rate, duration, seed).await;
+    let mut runs = open_loop_side_by_side(vec![targets.clone()], keys, rate, duration, seed).await;
     runs.pop()
         .unwrap_or_else(|| Counters::default().finish(Duration::ZERO, histogram(), true))
 }
 
 /// The open loop at `rate` per second for each of `targets` at once, their requests interleaved
 /// (request i goes to target i mod n): a stall of the machine then delays the requests of every
-/// target alike. On this shared machine, stalls of a few milliseconds about once a second
+/// target alike. Each target's requests are dealt round the gateway's workers in turn. On this
+/// shared machine, stalls of a few milliseconds about once a second
 /// decided most of a low-rate step's p99, and which system's step a stall happened to hit.
 pub async fn open_loop_side_by_side(
-    targets: Vec<Arc<Target>>,
+    targets: Vec<Targets>,
     keys: Arc<KeyGen>,
     rate: u64,
     duration: Duration,
@@ -254,8 +259,8 @@ pub async fn open_loop_side_by_side(
 ) -> Vec<RunResult> {
     let lanes: Vec<Lane> = targets
         .into_iter()
-        .map(|target| Lane {
-            target,
+        .map(|targets| Lane {
+            targets,
             counters: Arc::new(Counters::default()),
             latency: Arc::new(Mutex::new(histogram())),
         })
@@ -265,10 +270,9 @@ pub async fn open_loop_side_by_side(
         .map(|lane| (lane.counters.clone(), lane.latency.clone()))
         .collect();
     let in_flight = Arc::new(InFlight::default());
-    let runtime = tokio::runtime::Handle::current();
     let pacer = {
         let in_flight = in_flight.clone();
-        std::thread::spawn(move || pace(runtime, lanes, keys, rate, duration, seed, in_flight))
+        std::thread::spawn(move || pace(lanes, keys, rate, duration, seed, in_flight))
     };
     let (start, saturated) = tokio::task::spawn_blocking(move || pacer.join())
         .await
@@ -291,7 +295,7 @@ pub async fn open_loop_side_by_side(
 
 /// One target's share of an open loop: where its requests go and what they count into.
 struct Lane {
-    target: Arc<Target>,
+    targets: Targets,
     counters: Arc<Counters>,
     latency: Arc<Mutex<Histogram<u64>>>,
 }
@@ -346,7 +350,6 @@ impl Drop for Done {
 
 /// Issues `rate` requests per second to each lane, in turn, for `duration`.
 fn pace(
-    runtime: tokio::runtime::Handle,
     lanes: Vec<Lane>,
     keys: Arc<KeyGen>,
     rate: u64,
@@ -371,9 +374,11 @@ fn pace(
         }
         let mut request = Vec::with_capacity(3);
         keys.request(&mut rng, &mut request);
+        let round = issued / lanes.len() as u64;
         let lane = &lanes[(issued % lanes.len() as u64) as usize];
+        let (worker, target) = lane.targets.on(round as usize);
         let (target, counters, latency, in_flight) = (
-            lane.target.clone(),
+            target.clone(),
             lane.counters.clone(),
             lane.latency.clone(),
             in_flight.clone(),
@@ -381,7 +386,7 @@ fn pace(
         in_flight.start();
         let leased = keys.leased();
         // Detached: `InFlight` says when all are done.
-        drop(runtime.spawn(async move {
+        drop(worker.spawn(async move {
             // Declared first, so dropped last, even when the check panics.
             let _done = Done(in_flight);
             let outcome = target.check_leased(&request, leased).await;

@@ -11,6 +11,7 @@
 //! folder.
 
 mod driver;
+mod gateway;
 mod outcome;
 mod process;
 mod report;
@@ -26,6 +27,7 @@ use anyhow::Context;
 use floodgate::{Limit, NANOS_PER_SEC};
 use indicatif::{ProgressBar, ProgressStyle};
 
+pub use gateway::{Gateway, GatewayShape, Targets};
 pub use outcome::Outcome;
 pub use process::{Server, default_redis_cell_module, start_redis};
 pub use report::Record;
@@ -72,16 +74,17 @@ pub struct LoadArgs {
     /// gRPC API); it is also skipped with `--seeds`.
     #[arg(long)]
     pub no_rls: bool,
-    /// HTTP/2 channels to the RLS listener; calls are spread over them.
+    /// HTTP/2 channels to the RLS listener per gateway thread; its calls are spread over them.
     #[arg(long, default_value_t = 4)]
     pub rls_channels: usize,
     /// The redis-cell module for the `redis+cell` baseline (default: target/redis-cell/, where
     /// `bench/redis-cell.sh` builds it); when missing, that baseline is skipped.
     #[arg(long)]
     pub redis_cell: Option<PathBuf>,
-    /// Multiplexed (pipelining) Redis connections; calls are spread over them. One measured
-    /// best here of 1, 2, 4, 8 and 16 (bench/RESULTS.md): redis-server is one thread, and one
-    /// pipelined connection hands it the largest batches.
+    /// Multiplexed (pipelining) Redis connections per gateway thread; its calls are spread over
+    /// them. One measured best here (bench/RESULTS.md: of 1-16 in one shared runtime, of 1 and
+    /// 2 per thread): redis-server is one thread, and few pipelined connections hand it the
+    /// largest batches.
     #[arg(long, default_value_t = 1)]
     pub redis_connections: usize,
     /// The floodgate-node binary to start (default: beside this binary).
@@ -98,10 +101,15 @@ pub struct LoadArgs {
     /// Runtime threads of the node started (default: its own, half the cores).
     #[arg(long)]
     pub node_threads: Option<usize>,
-    /// Runtime threads of this process, which runs the load generator and every system's
-    /// client (default: one per core).
+    /// Threads of the gateway this process plays, which run the load generator and every
+    /// system's clients (default: one per core).
     #[arg(long)]
     pub client_threads: Option<usize>,
+    /// How the gateway runs: `thread-per-core` (a runtime and clients of its own per thread,
+    /// like Envoy's workers) or `multi-thread` (one work-stealing runtime, one shared client
+    /// per system). Every system is driven through the same shape.
+    #[arg(long, value_enum, default_value = "thread-per-core")]
+    pub gateway: GatewayShape,
     /// Where report.json and latency.svg go.
     #[arg(long, default_value = "target/bench")]
     pub out: PathBuf,
@@ -209,15 +217,28 @@ pub async fn run(args: LoadArgs) -> anyhow::Result<Vec<Record>> {
         ProgressStyle::with_template("{bar:30} {pos}/{len} {elapsed} {msg}")
             .unwrap_or_else(|_| ProgressStyle::default_bar()),
     );
+    let threads = match args.client_threads {
+        Some(threads) => threads,
+        None => std::thread::available_parallelism().map_or(1, usize::from),
+    };
+    let gateway = Gateway::start(args.gateway, threads)?;
     let mut records = Vec::new();
 
     if !args.only_side_by_side {
-        run_one_system_at_a_time(&args, &workloads, &progress, &mut records, &mut notes).await?;
+        run_one_system_at_a_time(
+            &args,
+            &gateway,
+            &workloads,
+            &progress,
+            &mut records,
+            &mut notes,
+        )
+        .await?;
     }
     let side = if args.no_redis || !args.seeds.is_empty() {
         Vec::new()
     } else {
-        side_by_side(&args, &workloads, &progress).await?
+        side_by_side(&args, &gateway, &workloads, &progress).await?
     };
     progress.finish_and_clear();
     if !records.is_empty() {
@@ -246,24 +267,29 @@ pub async fn run(args: LoadArgs) -> anyhow::Result<Vec<Record>> {
 /// Redis baselines), each through the closed loop and the open-loop rates.
 async fn run_one_system_at_a_time(
     args: &LoadArgs,
+    gateway: &Gateway,
     workloads: &[Workload],
     progress: &ProgressBar,
     records: &mut Vec<Record>,
     notes: &mut Vec<String>,
 ) -> anyhow::Result<()> {
     // The generator alone first, so its own cost per check can be taken out of client CPU.
-    run_generator(args, workloads, progress, records).await;
+    run_generator(args, gateway, workloads, progress, records).await;
 
     // floodgate
     let (server, target) = if args.seeds.is_empty() {
-        let (server, target) = start_floodgate_node(args, "node-data").await?;
+        let (server, target) = start_floodgate_node(args, gateway, "node-data").await?;
         (Some(server), target)
     } else {
         let ca = args.ca.clone().context("--seeds needs --ca")?;
-        (
-            None,
-            Target::floodgate(args.seeds[0].clone(), &ca, bench_limit()).await?,
-        )
+        let seed = args.seeds[0].clone();
+        let target = gateway
+            .connect(|| {
+                let (seed, ca) = (seed.clone(), ca.clone());
+                async move { Target::floodgate(seed, &ca, bench_limit()).await }
+            })
+            .await?;
+        (None, target)
     };
     run_system(
         args,
@@ -279,7 +305,7 @@ async fn run_one_system_at_a_time(
 
     // The same node behind its gRPC front (a fresh one, so its memory and buckets are its own).
     if args.with_rls() {
-        let (server, target) = start_rls_node(args).await?;
+        let (server, target) = start_rls_node(args, gateway).await?;
         run_system(
             args,
             Some(&server),
@@ -303,7 +329,7 @@ async fn run_one_system_at_a_time(
         } else {
             "redis+lua"
         };
-        match start_redis_baseline(module, args.redis_connections).await {
+        match start_redis_baseline(gateway, module, args.redis_connections).await {
             Ok((server, target)) => {
                 run_system(
                     args,
@@ -328,21 +354,22 @@ async fn run_one_system_at_a_time(
 /// falls in. Not for leased workloads (floodgate alone runs those).
 async fn side_by_side(
     args: &LoadArgs,
+    gateway: &Gateway,
     workloads: &[Workload],
     progress: &ProgressBar,
 ) -> anyhow::Result<Vec<Record>> {
     let Some(&rate) = args.rates.first() else {
         return Ok(Vec::new());
     };
-    let (node, floodgate) = start_floodgate_node(args, "side-node-data").await?;
-    let mut targets = vec![Arc::new(floodgate)];
+    let (node, floodgate) = start_floodgate_node(args, gateway, "side-node-data").await?;
+    let mut targets = vec![floodgate];
     let mut servers = vec![node];
     let cell_module = args.redis_cell_module();
     for module in [None, Some(cell_module.as_path())] {
-        match start_redis_baseline(module, args.redis_connections).await {
+        match start_redis_baseline(gateway, module, args.redis_connections).await {
             Ok((server, target)) => {
                 servers.push(server);
-                targets.push(Arc::new(target));
+                targets.push(target);
             }
             Err(e) => progress.suspend(|| eprintln!("side by side without a baseline: {e:#}")),
         }
@@ -381,17 +408,27 @@ async fn side_by_side(
 }
 
 /// Starts a node with its data (and dev certificates) in `out/data_dir` and connects the
-/// floodgate target to it.
-async fn start_floodgate_node(args: &LoadArgs, data_dir: &str) -> anyhow::Result<(Server, Target)> {
+/// floodgate target of every gateway worker to it.
+async fn start_floodgate_node(
+    args: &LoadArgs,
+    gateway: &Gateway,
+    data_dir: &str,
+) -> anyhow::Result<(Server, Targets)> {
     let data_dir = args.out.join(data_dir);
     let server = process::start_node(&args.node_binary(), &data_dir, args.node_threads, None)?;
-    let target = Target::floodgate(server.addr, &data_dir.join("ca.pem"), bench_limit()).await?;
+    let (addr, ca) = (server.addr, data_dir.join("ca.pem"));
+    let target = gateway
+        .connect(|| {
+            let ca = ca.clone();
+            async move { Target::floodgate(addr, &ca, bench_limit()).await }
+        })
+        .await?;
     Ok((server, target))
 }
 
 /// Writes the RLS configuration (the workloads' limit on each descriptor key), starts a node
 /// serving it on a free port, and connects the RLS target.
-async fn start_rls_node(args: &LoadArgs) -> anyhow::Result<(Server, Target)> {
+async fn start_rls_node(args: &LoadArgs, gateway: &Gateway) -> anyhow::Result<(Server, Targets)> {
     let binary = args.node_binary();
     let config = args.out.join("rls.yaml");
     std::fs::write(&config, rls::config_yaml(&bench_limit())?)
@@ -404,33 +441,42 @@ async fn start_rls_node(args: &LoadArgs) -> anyhow::Result<(Server, Target)> {
         args.node_threads,
         Some((&config, listen)),
     )?;
-    let target = Target::rls(listen, args.rls_channels).await?;
+    let channels = args.rls_channels;
+    let target = gateway.connect(|| Target::rls(listen, channels)).await?;
     Ok((server, target))
 }
 
-/// Starts redis-server (with the redis-cell module if given) and connects its target.
+/// Starts redis-server (with the redis-cell module if given) and connects the target of every
+/// gateway worker to it, `connections` each.
 async fn start_redis_baseline(
+    gateway: &Gateway,
     module: Option<&std::path::Path>,
     connections: usize,
-) -> anyhow::Result<(Server, Target)> {
+) -> anyhow::Result<(Server, Targets)> {
     let server = start_redis(module)?;
-    let target = match module {
-        Some(_) => Target::redis_cell(server.addr, connections, bench_limit()).await?,
-        None => Target::redis(server.addr, connections, bench_limit()).await?,
-    };
+    let addr = server.addr;
+    let cell = module.is_some();
+    let target = gateway
+        .connect(|| async move {
+            if cell {
+                Target::redis_cell(addr, connections, bench_limit()).await
+            } else {
+                Target::redis(addr, connections, bench_limit()).await
+            }
+        })
+        .await?;
     Ok((server, target))
 }
 
 async fn run_system(
     args: &LoadArgs,
     server: Option<&Server>,
-    target: Target,
+    target: Targets,
     workloads: &[Workload],
     progress: &ProgressBar,
     records: &mut Vec<Record>,
     notes: &mut Vec<String>,
 ) -> anyhow::Result<()> {
-    let target = Arc::new(target);
     let name = target.name();
     let seconds = args.duration;
     progress.set_message(format!("{name}: loading {} keys", args.keys));
@@ -446,14 +492,8 @@ async fn run_system(
         let started = std::time::Instant::now();
         progress.set_message(format!("{name} {workload}: closed loop"));
         let cpu_before = Cpu::now(server);
-        let run = driver::closed_loop(
-            target.clone(),
-            keys.clone(),
-            args.callers,
-            seconds,
-            7 + w as u64,
-        )
-        .await;
+        let run =
+            driver::closed_loop(&target, keys.clone(), args.callers, seconds, 7 + w as u64).await;
         records.push(Record::new(
             name,
             &workload.to_string(),
@@ -471,8 +511,7 @@ async fn run_system(
             }
             progress.set_message(format!("{name} {workload}: open loop at {rate}/s"));
             let cpu_before = Cpu::now(server);
-            let run =
-                driver::open_loop(target.clone(), keys.clone(), rate, seconds, 11 + w as u64).await;
+            let run = driver::open_loop(&target, keys.clone(), rate, seconds, 11 + w as u64).await;
             saturated = run.saturated || run.requests_per_second() < 0.9 * rate as f64;
             records.push(Record::new(
                 name,
@@ -498,7 +537,7 @@ async fn run_system(
 /// allows at most `burst + rate × elapsed` from a fresh bucket. Over it, the run fails. Also
 /// says how its throughput compares with the same key checked at the owner (`hot-key`).
 fn lease_accounting(
-    target: &Target,
+    target: &Targets,
     workload: Workload,
     admitted: u64,
     elapsed: Duration,
@@ -574,17 +613,18 @@ impl Cpu {
 /// real systems include and can be reduced by.
 async fn run_generator(
     args: &LoadArgs,
+    gateway: &Gateway,
     workloads: &[Workload],
     progress: &ProgressBar,
     records: &mut Vec<Record>,
 ) {
-    let target = Arc::new(Target::Noop);
+    let target = gateway.noop();
     for (w, workload) in workloads.iter().enumerate() {
         let keys = Arc::new(workload::KeyGen::new(*workload, args.keys));
         progress.set_message(format!("generator alone {workload}"));
         let before = Cpu::now(None);
         let run = driver::closed_loop(
-            target.clone(),
+            &target,
             keys.clone(),
             args.callers,
             args.duration,
@@ -603,8 +643,7 @@ async fn run_generator(
         ));
         if let Some(&rate) = args.rates.first() {
             let before = Cpu::now(None);
-            let run =
-                driver::open_loop(target.clone(), keys, rate, args.duration, 11 + w as u64).await;
+            let run = driver::open_loop(&target, keys, rate, args.duration, 11 + w as u64).await;
             records.push(Record::new(
                 name,
                 &workload_name,
@@ -620,25 +659,25 @@ async fn run_generator(
 
 /// Touches every key once (the same key names the workloads use) and returns the server's
 /// resident bytes gained per key.
-async fn load_keys(
-    target: &Arc<Target>,
-    server: Option<&Server>,
-    keys: u64,
-) -> anyhow::Result<f64> {
+async fn load_keys(target: &Targets, server: Option<&Server>, keys: u64) -> anyhow::Result<f64> {
     let before = server.map(|s| s.rss_bytes()).transpose()?.unwrap_or(0);
     const LOADERS: u64 = 256;
     let mut tasks = tokio::task::JoinSet::new();
     for loader in 0..LOADERS {
+        let (worker, target) = target.on(loader as usize);
         let target = target.clone();
-        tasks.spawn(async move {
-            let mut key = Vec::with_capacity(1);
-            for index in (loader..keys).step_by(LOADERS as usize) {
-                key.clear();
-                key.push(format!("user:{index}"));
-                target.check(&key).await?;
-            }
-            anyhow::Ok(())
-        });
+        tasks.spawn_on(
+            async move {
+                let mut key = Vec::with_capacity(1);
+                for index in (loader..keys).step_by(LOADERS as usize) {
+                    key.clear();
+                    key.push(format!("user:{index}"));
+                    target.check(&key).await?;
+                }
+                anyhow::Ok(())
+            },
+            worker,
+        );
     }
     while let Some(result) = tasks.join_next().await {
         result??;
