@@ -120,7 +120,9 @@ fn refuse_kind(frame: &Frame, out: &mut Vec<u8>) -> Option<ErrorCode> {
 }
 
 /// Called before deciding group `i`: starts loading the bucket of the group a few ahead, so cold
-/// keys' cache misses overlap instead of adding up.
+/// keys' cache misses overlap instead of adding up. Only the group's first key: prefetching
+/// every key of 3-check groups cut the node's CPU per check by a sixth but, on the 2-core
+/// bench, lowered the closed loop's rate by about 7% (ten runs each), so it stays off.
 pub fn prefetch_ahead(store: &BucketStore, groups: &[Vec<ValidCheck>], i: usize) {
     if let Some(check) = groups.get(i + PREFETCH_AHEAD).and_then(|g| g.first()) {
         store.prefetch(check.key);

@@ -107,14 +107,13 @@ struct KeyWriter<'a> {
 impl KeyWriter<'_> {
     /// Writes `prefix` and `index` as the next key, in the buffer of the string there if any.
     fn push(&mut self, prefix: &str, index: u64) {
-        use std::fmt::Write as _;
         if self.written == self.out.len() {
             self.out.push(String::with_capacity(prefix.len() + 20));
         }
         let key = &mut self.out[self.written];
         key.clear();
         key.push_str(prefix);
-        let _ = write!(key, "{index}");
+        key.push_str(itoa::Buffer::new().format(index));
         self.written += 1;
     }
 }
