@@ -357,6 +357,10 @@ fn pace(
     seed: u64,
     in_flight: Arc<InFlight>,
 ) -> (Instant, bool) {
+    // Linux lets a sleeping thread wake up to its timer slack late, 50 µs by default: that
+    // added about 50 µs to every request's latency, of every system alike (the generator alone
+    // had a p50 of 80 µs at 10,000 req/s; 28 µs with a slack of 1 ns). Best effort.
+    let _ = rustix::thread::set_current_timer_slack(std::num::NonZeroU64::new(1));
     let mut rng = SmallRng::seed_from_u64(seed);
     let all_lanes = rate * lanes.len() as u64;
     let total = (all_lanes as f64 * duration.as_secs_f64()) as u64;
