@@ -63,6 +63,7 @@ impl ReplySlot {
             ReplyReceiver {
                 slot: self.clone(),
                 turn,
+                answered: false,
             },
         )
     }
@@ -172,14 +173,24 @@ fn deliver(slot: &ReplySlot, turn: u64, reply: Reply, group: Vec<WireCheck>) -> 
 pub(crate) struct ReplyReceiver {
     slot: Arc<ReplySlot>,
     turn: u64,
+    /// The reply was taken, and the turn closed with it: dropping has nothing left to do.
+    answered: bool,
 }
 
 impl Future for ReplyReceiver {
     type Output = Reply;
 
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Reply> {
-        let mut state = self.slot.state.lock();
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Reply> {
+        let this = &mut *self;
+        let mut state = this.slot.state.lock();
         if let Some(reply) = state.reply.take() {
+            // Closes the turn now, under the lock already held, so that dropping the receiver
+            // (right after, on every call) takes no second lock.
+            this.slot.turn.fetch_add(1, Ordering::AcqRel);
+            let waker = state.waker.take();
+            drop(state);
+            drop(waker);
+            this.answered = true;
             return Poll::Ready(reply);
         }
         // Cloning a runtime waker is a reference count; skip it when the same task polls again.
@@ -196,6 +207,9 @@ impl Future for ReplyReceiver {
 
 impl Drop for ReplyReceiver {
     fn drop(&mut self) {
+        if self.answered {
+            return;
+        }
         let mut state = self.slot.state.lock();
         if self.slot.turn.load(Ordering::Acquire) == self.turn {
             self.slot.turn.fetch_add(1, Ordering::AcqRel);
@@ -229,6 +243,31 @@ mod tests {
         assert!(is_failed(
             poll(&mut receiver, &waker),
             DegradedReason::Timeout
+        ));
+    }
+
+    #[test]
+    fn an_answered_turn_closes_once_and_the_slot_serves_the_next_call() {
+        let slot = Arc::new(ReplySlot::default());
+        let waker = CountingWaker::new();
+        let (sender, mut receiver) = slot.arm();
+        sender
+            .send_with_group(Reply::Failed(DegradedReason::Timeout), Vec::new())
+            .unwrap();
+        assert!(is_failed(
+            poll(&mut receiver, &waker),
+            DegradedReason::Timeout
+        ));
+        // Closed by the answer itself; dropping the receiver must not move the turn again.
+        assert_eq!(slot.turn.load(Ordering::Acquire), 1);
+        drop(receiver);
+        assert_eq!(slot.turn.load(Ordering::Acquire), 1);
+        let (sender, mut receiver) = slot.arm();
+        assert!(poll(&mut receiver, &waker).is_pending());
+        sender.send(Reply::Failed(DegradedReason::Backlog)).unwrap();
+        assert!(is_failed(
+            poll(&mut receiver, &waker),
+            DegradedReason::Backlog
         ));
     }
 
