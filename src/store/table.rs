@@ -177,9 +177,13 @@ impl GcraTable {
 
     /// Removes `key` if present, shifting the rest of its probe run back so no lookup breaks.
     pub(super) fn remove(&mut self, key: BucketKey) {
-        let Some(mut hole) = self.index_of(key) else {
-            return;
-        };
+        if let Some(at) = self.index_of(key) {
+            self.remove_at(at);
+        }
+    }
+
+    /// Empties the occupied slot `hole`, shifting the rest of its probe run back.
+    fn remove_at(&mut self, mut hole: usize) {
         let mask = self.mask();
         let mut next = hole;
         loop {
@@ -203,23 +207,33 @@ impl GcraTable {
         self.len -= 1;
     }
 
-    /// Keeps only the entries for which `keep` is true; shrinks when mostly empty. Returns how
+    /// Keeps only the entries for which `keep` is true, removing the others in place (as
+    /// `remove` does), and shrinks the table once mostly empty. `keep` may be asked twice about
+    /// an entry: one shifted back into the slot just emptied is looked at again. Returns how
     /// many were dropped.
+    ///
+    /// In place, because the expiry sweep calls this on a shard every 31 ms under its lock:
+    /// rebuilding the table each time (a fresh table of hundreds of KiB, every entry placed
+    /// again, the old one freed) held the lock and a core for long enough to put the node's
+    /// p99 at 10,000 req/s from about 130 to 215 µs with a million keys.
     pub(super) fn retain(&mut self, mut keep: impl FnMut(&mut GcraEntry) -> bool) -> usize {
         let before = self.len;
-        let survivors: Vec<GcraEntry> = self
-            .slots
-            .iter_mut()
-            .filter(|e| !e.is_empty())
-            .filter_map(|e| keep(e).then(|| std::mem::take(e)))
-            .collect();
+        let mut i = 0;
+        while i < self.slots.len() {
+            if !self.slots[i].is_empty() && !keep(&mut self.slots[i]) {
+                // The next entry of the run may now sit in slot `i`: not advancing looks at it.
+                // Each pass either advances or removes one entry, so the loop is bounded.
+                self.remove_at(i);
+                continue;
+            }
+            i += 1;
+        }
         let mut slots = self.slots.len();
-        while slots > MIN_SLOTS && survivors.len() * 8 < slots {
+        while slots > MIN_SLOTS && self.len * 8 < slots {
             slots /= 2;
         }
-        *self = GcraTable::with_slots(slots);
-        for entry in survivors {
-            self.place(entry);
+        if slots < self.slots.len() {
+            self.rebuild(slots);
         }
         before - self.len
     }
@@ -311,5 +325,30 @@ mod tests {
             );
         }
         assert_eq!(table.iter_mut().count(), model.len());
+    }
+
+    /// A probe run that wraps from the last slot to the first, thinned in place: every kept
+    /// entry stays findable, and the dropped ones are gone.
+    #[test]
+    fn retain_in_place_keeps_a_wrapped_run_findable() {
+        let mut table = GcraTable::default();
+        let slots = table.slots.len() as u64;
+        // Ten entries whose home is one of the last two slots: the run wraps past the end.
+        let hashes: Vec<u64> = (0..10)
+            .map(|i| (slots - 2 + i % 2) + slots * (i + 1))
+            .collect();
+        for (i, &hash) in hashes.iter().enumerate() {
+            table.insert(entry(hash, i as u64));
+        }
+        assert!(
+            table.slots[0].hash != 0,
+            "the run must wrap for this test to mean anything"
+        );
+        let dropped = table.retain(|e| e.tat_ns.load(Ordering::Relaxed) % 3 != 0);
+        assert_eq!(dropped, 4);
+        for (i, &hash) in hashes.iter().enumerate() {
+            assert_eq!(table.find(key(hash)).is_some(), i % 3 != 0, "entry {i}");
+        }
+        assert_eq!(table.len(), 6);
     }
 }
