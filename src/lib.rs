@@ -53,5 +53,5 @@ pub use limit::{
     SLIDING_LOG_MAX_LIMIT, parse_duration_ns, parse_rate,
 };
 pub use store::{
-    BucketState, BucketStore, BucketValue, Check, StoreConfig, StoreError, StoreStats,
+    BucketState, BucketStore, BucketValue, Check, StoreConfig, StoreError, StoreStats, SweepCursor,
 };

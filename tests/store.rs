@@ -7,7 +7,7 @@ use std::thread;
 
 use floodgate::{
     Algorithm, BucketKey, BucketStore, Check, Decision, Limit, NANOS_PER_SEC, StoreConfig,
-    StoreError,
+    StoreError, SweepCursor,
 };
 use proptest::prelude::*;
 
@@ -187,14 +187,19 @@ proptest! {
     ) {
         let limit = Limit::new(algorithm, 3, NANOS_PER_SEC / 2, 3).unwrap();
         let (plain, swept) = (store(1 << 10, 4), store(1 << 10, 4));
+        // The node's sweeper: bounded steps of a few slots, wherever they fall.
+        let (stepped, mut cursor) = (store(1 << 10, 4), SweepCursor::default());
         let mut now = NOW;
         for (k, gap, cost, sweep) in steps {
             now += gap;
             if sweep {
                 swept.sweep_expired(now, 4);
+                stepped.sweep_step(now, &mut cursor, 3);
             }
             let k = key(&k.to_string());
-            prop_assert_eq!(plain.check(k, &limit, cost, now), swept.check(k, &limit, cost, now));
+            let decided = plain.check(k, &limit, cost, now);
+            prop_assert_eq!(&decided, &swept.check(k, &limit, cost, now));
+            prop_assert_eq!(&decided, &stepped.check(k, &limit, cost, now));
         }
     }
 }
@@ -219,6 +224,33 @@ fn a_flood_of_new_keys_stays_within_max_keys() {
     let kept = store.len();
     assert_eq!(store.sweep_expired(NOW + HOUR, 4), kept);
     assert!(store.is_empty());
+}
+
+/// The node's bounded sweep steps forget what a whole sweep forgets, and nothing before it
+/// expired, however the steps' slices fall across shards.
+#[test]
+fn bounded_sweep_steps_forget_every_expired_bucket_and_nothing_else() {
+    let store = store(1 << 12, 4);
+    let limit = Limit::gcra(10, HOUR, 10).unwrap();
+    for i in 0..2_000 {
+        store.check(key(&format!("k{i}")), &limit, 1, NOW).unwrap();
+    }
+    let kept = store.len();
+    let mut cursor = SweepCursor::default();
+    // Several rounds of every shard before the buckets refill: nothing goes.
+    for _ in 0..4_000 {
+        assert_eq!(store.sweep_step(NOW + 1, &mut cursor, 7), 0);
+    }
+    assert_eq!(store.len(), kept);
+    let mut forgotten = 0;
+    let mut steps = 0;
+    while !store.is_empty() {
+        steps += 1;
+        assert!(steps <= 10_000, "the steps never reached every bucket");
+        forgotten += store.sweep_step(NOW + HOUR, &mut cursor, 7);
+    }
+    assert_eq!(forgotten, kept);
+    assert_eq!(store.stats().expired.load(Ordering::Relaxed), kept as u64);
 }
 
 /// A flood of new keys evicts the emptiest buckets, not busy ones: keys with a short period

@@ -125,6 +125,14 @@ impl Drop for ShardWriteGuard<'_> {
     }
 }
 
+/// Where a bounded expiry sweep ([`BucketStore::sweep_step`]) goes on from: a shard, and a
+/// slot in its GCRA table. Held by the one task that sweeps.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct SweepCursor {
+    shard: usize,
+    slot: usize,
+}
+
 /// The sharded concurrent bucket map. Share it behind an `Arc`; every method takes `&self`.
 #[derive(Debug)]
 pub struct BucketStore {
@@ -330,6 +338,30 @@ impl BucketStore {
             let i = self.sweep_cursor.fetch_add(1, Ordering::Relaxed) & self.shard_mask;
             forgotten += self.shards[i].write().forget_expired(now_ns);
         }
+        self.stats
+            .expired
+            .fetch_add(forgotten as u64, Ordering::Relaxed);
+        forgotten
+    }
+
+    /// One bounded step of the expiry sweep: forgets the expired buckets among at most
+    /// `max_slots` GCRA slots from `cursor`, then moves `cursor` on (to the next shard once
+    /// this one's walk is done). The shard's lock is held for this step only, so a sweep of a
+    /// large store pauses each shard briefly, however many keys it holds. Returns how many
+    /// were forgotten. Changes no decision.
+    pub fn sweep_step(&self, now_ns: u64, cursor: &mut SweepCursor, max_slots: usize) -> usize {
+        let shard = cursor.shard & self.shard_mask;
+        let (forgotten, next) =
+            self.shards[shard]
+                .write()
+                .forget_expired_from(now_ns, cursor.slot, max_slots.max(1));
+        *cursor = match next {
+            Some(slot) => SweepCursor { shard, slot },
+            None => SweepCursor {
+                shard: (shard + 1) & self.shard_mask,
+                slot: 0,
+            },
+        };
         self.stats
             .expired
             .fetch_add(forgotten as u64, Ordering::Relaxed);

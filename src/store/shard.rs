@@ -347,12 +347,27 @@ impl Shard {
 
     /// Drops every bucket that is full again; returns how many. Changes no decision.
     pub(super) fn forget_expired(&mut self, now_ns: u64) -> usize {
+        self.forget_expired_from(now_ns, 0, usize::MAX).0
+    }
+
+    /// [`Shard::forget_expired`] over at most `max_slots` GCRA slots from slot `from`; the
+    /// window and log buckets (few, in maps of their own) go when the GCRA walk completes.
+    /// Returns how many were dropped and the slot to go on from (`None`: this shard is done).
+    pub(super) fn forget_expired_from(
+        &mut self,
+        now_ns: u64,
+        from: usize,
+        max_slots: usize,
+    ) -> (usize, Option<usize>) {
         let before = self.len();
-        self.gcra
-            .retain(|e| !gcra::is_expired(*e.tat_ns.get_mut(), now_ns));
-        self.windows.retain(|e| !e.is_expired(now_ns));
-        self.logs.retain(|e| !e.is_expired(now_ns));
-        before - self.len()
+        let (_, next) = self.gcra.retain_slots(from, max_slots, |e| {
+            !gcra::is_expired(*e.tat_ns.get_mut(), now_ns)
+        });
+        if next.is_none() {
+            self.windows.retain(|e| !e.is_expired(now_ns));
+            self.logs.retain(|e| !e.is_expired(now_ns));
+        }
+        (before - self.len(), next)
     }
 }
 

@@ -207,19 +207,28 @@ impl GcraTable {
         self.len -= 1;
     }
 
-    /// Keeps only the entries for which `keep` is true, removing the others in place (as
-    /// `remove` does), and shrinks the table once mostly empty. `keep` may be asked twice about
-    /// an entry: one shifted back into the slot just emptied is looked at again. Returns how
-    /// many were dropped.
+    /// Keeps only the entries for which `keep` is true among at most `max_slots` slots from
+    /// slot `from`, removing the others in place (as `remove` does). `keep` may be asked twice
+    /// about an entry: one shifted back into the slot just emptied is looked at again. Returns
+    /// how many were dropped and the slot to go on from, or `None` once the walk reached the
+    /// table's end (the table then shrinks if mostly empty). A table rebuilt between two calls
+    /// is walked on from the same index: an entry may be looked at twice, or missed until the
+    /// next walk, which only delays forgetting it.
     ///
-    /// In place, because the expiry sweep calls this on a shard every 31 ms under its lock:
-    /// rebuilding the table each time (a fresh table of hundreds of KiB, every entry placed
-    /// again, the old one freed) held the lock and a core for long enough to put the node's
+    /// In place and in slices, because the expiry sweep runs it under the shard's lock:
+    /// rebuilding the whole table on every sweep (a fresh table of hundreds of KiB, every entry
+    /// placed again, the old one freed) held the lock and a core long enough to put the node's
     /// p99 at 10,000 req/s from about 130 to 215 µs with a million keys.
-    pub(super) fn retain(&mut self, mut keep: impl FnMut(&mut GcraEntry) -> bool) -> usize {
+    pub(super) fn retain_slots(
+        &mut self,
+        from: usize,
+        max_slots: usize,
+        mut keep: impl FnMut(&mut GcraEntry) -> bool,
+    ) -> (usize, Option<usize>) {
         let before = self.len;
-        let mut i = 0;
-        while i < self.slots.len() {
+        let end = from.saturating_add(max_slots).min(self.slots.len());
+        let mut i = from;
+        while i < end {
             if !self.slots[i].is_empty() && !keep(&mut self.slots[i]) {
                 // The next entry of the run may now sit in slot `i`: not advancing looks at it.
                 // Each pass either advances or removes one entry, so the loop is bounded.
@@ -228,6 +237,9 @@ impl GcraTable {
             }
             i += 1;
         }
+        if end < self.slots.len() {
+            return (before - self.len, Some(end));
+        }
         let mut slots = self.slots.len();
         while slots > MIN_SLOTS && self.len * 8 < slots {
             slots /= 2;
@@ -235,7 +247,7 @@ impl GcraTable {
         if slots < self.slots.len() {
             self.rebuild(slots);
         }
-        before - self.len
+        (before - self.len, None)
     }
 
     pub(super) fn iter(&self) -> impl Iterator<Item = &GcraEntry> {
@@ -309,7 +321,9 @@ mod tests {
                 model.insert(hash, step);
             }
             if step % 1_000 == 0 {
-                let dropped = table.retain(|e| e.tat_ns.load(Ordering::Relaxed) % 5 != 0);
+                let dropped = table
+                    .retain_slots(0, usize::MAX, |e| e.tat_ns.load(Ordering::Relaxed) % 5 != 0)
+                    .0;
                 let before = model.len();
                 model.retain(|_, t| *t % 5 != 0);
                 assert_eq!(dropped, before - model.len());
@@ -344,7 +358,9 @@ mod tests {
             table.slots[0].hash != 0,
             "the run must wrap for this test to mean anything"
         );
-        let dropped = table.retain(|e| e.tat_ns.load(Ordering::Relaxed) % 3 != 0);
+        let (dropped, next) =
+            table.retain_slots(0, usize::MAX, |e| e.tat_ns.load(Ordering::Relaxed) % 3 != 0);
+        assert_eq!(next, None);
         assert_eq!(dropped, 4);
         for (i, &hash) in hashes.iter().enumerate() {
             assert_eq!(table.find(key(hash)).is_some(), i % 3 != 0, "entry {i}");
