@@ -16,6 +16,10 @@ use super::gateway::Targets;
 use super::outcome::Outcome;
 use super::workload::KeyGen;
 
+/// Up to this many requests a second (over all lanes), the pacing thread wakes up for each
+/// one on time; above, its wake-ups are left to coalesce (see `pace`).
+const PRECISE_PACING_RATE: u64 = 40_000;
+
 /// Most requests in flight in an open-loop step; beyond it the target is saturated and the step
 /// ends early (its achieved rate then says so).
 const MAX_IN_FLIGHT: u64 = 200_000;
@@ -357,12 +361,17 @@ fn pace(
     seed: u64,
     in_flight: Arc<InFlight>,
 ) -> (Instant, bool) {
-    // Linux lets a sleeping thread wake up to its timer slack late, 50 µs by default: that
-    // added about 50 µs to every request's latency, of every system alike (the generator alone
-    // had a p50 of 80 µs at 10,000 req/s; 28 µs with a slack of 1 ns). Best effort.
-    let _ = rustix::thread::set_current_timer_slack(std::num::NonZeroU64::new(1));
     let mut rng = SmallRng::seed_from_u64(seed);
     let all_lanes = rate * lanes.len() as u64;
+    // Linux lets a sleeping thread wake up to its timer slack late, 50 µs by default: at low
+    // rates that added about 50 µs to every request's latency, of every system alike (the
+    // generator alone had a p50 of 80 µs at 10,000 req/s; 28 µs with a slack of 1 ns). At high
+    // rates the slack lets one wake-up issue several due requests; a wake-up per request there
+    // took CPU from the systems under test on this 2-core machine (floodgate's p99 at
+    // 100,000 req/s rose from 0.4-0.9 ms to 1.4-2.0 ms), so the default stays. Best effort.
+    if all_lanes <= PRECISE_PACING_RATE {
+        let _ = rustix::thread::set_current_timer_slack(std::num::NonZeroU64::new(1));
+    }
     let total = (all_lanes as f64 * duration.as_secs_f64()) as u64;
     let interval = Duration::from_secs_f64(1.0 / all_lanes.max(1) as f64);
     let start = Instant::now();
