@@ -8,42 +8,57 @@
 use std::path::Path;
 use std::process::Command;
 
+fn bench() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_floodgate-bench"))
+}
+
+/// Runs `floodgate-bench load` with `args` into a fresh folder and fails the test unless it
+/// succeeds; returns its stdout, its stderr and the folder.
+fn run_load(args: &[&str]) -> (String, String, tempfile::TempDir) {
+    let out = tempfile::tempdir().unwrap();
+    let output = Command::new(bench())
+        .arg("load")
+        .args(args)
+        .arg("--out")
+        .arg(out.path())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    assert!(output.status.success(), "{args:?}: {stdout}\n{stderr}");
+    (stdout, stderr, out)
+}
+
+fn read_report(out: &Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(out.join("report.json")).unwrap()).unwrap()
+}
+
 #[test]
 fn a_short_load_run_writes_a_well_formed_report() {
-    let bench = Path::new(env!("CARGO_BIN_EXE_floodgate-bench"));
-    let node = bench.with_file_name("floodgate-node");
+    let node = bench().with_file_name("floodgate-node");
     assert!(
         node.exists(),
         "{} is missing: run through `make test` (cargo test --workspace --bins builds it)",
         node.display()
     );
-    let out = tempfile::tempdir().unwrap();
-    let output = Command::new(bench)
-        .args([
-            "load",
-            "--duration",
-            // Longer than one 250 ms window, so each closed loop reports one.
-            "300ms",
-            "--keys",
-            "2000",
-            "--rates",
-            "500/s,1000/s",
-            "--callers",
-            "8",
-            "--quiet",
-        ])
-        .args(["--spreads", "uniform", "--three-checks", "true"])
-        .arg("--out")
-        .arg(out.path())
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(output.status.success(), "{stdout}\n{stderr}");
+    let (stdout, stderr, out) = run_load(&[
+        "--duration",
+        // Longer than one 250 ms window, so each closed loop reports one.
+        "300ms",
+        "--keys",
+        "2000",
+        "--rates",
+        "500/s,1000/s",
+        "--callers",
+        "8",
+        "--quiet",
+        "--spreads",
+        "uniform",
+        "--three-checks",
+        "true",
+    ]);
     assert!(stdout.contains("### Throughput (closed loop)"), "{stdout}");
-    let report: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(out.path().join("report.json")).unwrap())
-            .unwrap();
+    let report = read_report(out.path());
     let all_records = report.as_array().unwrap();
     // The load generator alone (a no-op target): per workload, the closed loop and the first rate.
     let generator = all_records
@@ -168,26 +183,30 @@ fn a_short_load_run_writes_a_well_formed_report() {
 /// leased key's admissions are still held to the limit over all of them.
 #[test]
 fn both_gateway_shapes_run_and_hold_the_leased_key_to_its_limit() {
-    let bench = Path::new(env!("CARGO_BIN_EXE_floodgate-bench"));
     for (shape, threads) in [("thread-per-core", "3"), ("multi-thread", "2")] {
-        let out = tempfile::tempdir().unwrap();
-        let output = Command::new(bench)
-            .args(["load", "--duration", "300ms", "--keys", "2000"])
-            .args(["--rates", "500/s", "--callers", "8", "--quiet"])
-            .args(["--spreads", "uniform,hot-leased", "--three-checks", "false"])
-            .args(["--no-redis", "--no-rls"])
-            .args(["--gateway", shape, "--client-threads", threads])
-            .arg("--out")
-            .arg(out.path())
-            .output()
-            .unwrap();
-        let stdout = String::from_utf8_lossy(&output.stdout);
-        let stderr = String::from_utf8_lossy(&output.stderr);
-        assert!(output.status.success(), "{shape}: {stdout}\n{stderr}");
+        let (stdout, _, out) = run_load(&[
+            "--duration",
+            "300ms",
+            "--keys",
+            "2000",
+            "--rates",
+            "500/s",
+            "--callers",
+            "8",
+            "--quiet",
+            "--spreads",
+            "uniform,hot-leased",
+            "--three-checks",
+            "false",
+            "--no-redis",
+            "--no-rls",
+            "--gateway",
+            shape,
+            "--client-threads",
+            threads,
+        ]);
         assert!(stdout.contains("(within the limit)"), "{shape}: {stdout}");
-        let report: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(out.path().join("report.json")).unwrap())
-                .unwrap();
+        let report = read_report(out.path());
         for workload in ["uniform/1-check", "hot-key-leased/1-check"] {
             let closed = report
                 .as_array()
