@@ -1,6 +1,6 @@
 //! The expiry sweeper: forgets expired buckets in bounded steps (a slice of a shard at a time)
-//! and reclaims expired leases one shard at a time, and publishes the store's counters and the
-//! buffered bytes.
+//! and reclaims expired leases one shard at a time, off the runtime's workers, and publishes
+//! the store's counters and the buffered bytes.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -38,14 +38,26 @@ pub(super) async fn sweep_loop(shared: Arc<Shared>, mut shutdown: watch::Receive
             _ = ticker.tick() => {}
             _ = shutdown.changed() => return,
         }
-        // A bounded step, run here on the runtime like any short task. Whole-shard scans on a
-        // blocking thread, every 31 ms, took a core and the shard's lock long enough to show in
-        // the node's p99 at low load; a thread woken per step would cost more than the step.
-        let now_ns = shared.clock.now_ns();
-        shared.store.sweep_step(now_ns, &mut cursor, SWEEP_SLOTS);
-        // Leases are also reclaimed when their key is next touched; the sweep frees the room
-        // of keys nobody touches again (a gateway that crashed holding them).
-        shared.cluster.leases.sweep(now_ns, 1);
+        // On a blocking-pool thread, not a runtime worker (one, by default, on small machines):
+        // a step's GCRA slice is bounded, but the step that ends a shard also filters its
+        // window and log maps whole, and a store of mostly window keys makes that a long walk.
+        let sweeping = shared.clone();
+        let stepped = tokio::task::spawn_blocking(move || {
+            let now_ns = sweeping.clock.now_ns();
+            sweeping.store.sweep_step(now_ns, &mut cursor, SWEEP_SLOTS);
+            // Leases are also reclaimed when their key is next touched; the sweep frees the
+            // room of keys nobody touches again (a gateway that crashed holding them).
+            sweeping.cluster.leases.sweep(now_ns, 1);
+            cursor
+        })
+        .await;
+        match stepped {
+            Ok(next) => cursor = next,
+            Err(_) => {
+                tracing::error!("the expiry sweep panicked; sweeping stops");
+                return;
+            }
+        }
         sweeps = sweeps.wrapping_add(1);
         if !sweeps.is_multiple_of(PUBLISH_EVERY) {
             continue;
