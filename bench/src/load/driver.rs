@@ -163,8 +163,9 @@ impl ThreadStripes {
 }
 
 /// `callers` tasks each sending one request, awaiting it, and sending the next, for `duration`,
-/// dealt round the gateway's workers, each through its worker's target. Each task counts into its own counters and records latency into its thread's histogram, so
-/// the generator adds little shared state. A request's latency runs from the end of the
+/// dealt round the gateway's workers, each through its worker's target. Each task counts into
+/// its own counters and records latency into its thread's histogram, so the generator adds
+/// little shared state. A request's latency runs from the end of the
 /// caller's previous one (so it includes building the request, well under a microsecond): one
 /// clock read per request instead of two, the same for every system.
 pub async fn closed_loop(
@@ -252,8 +253,8 @@ pub async fn open_loop(
 /// The open loop at `rate` per second for each of `targets` at once, their requests interleaved
 /// (request i goes to target i mod n): a stall of the machine then delays the requests of every
 /// target alike. Each target's requests are dealt round the gateway's workers in turn. On this
-/// shared machine, stalls of a few milliseconds about once a second
-/// decided most of a low-rate step's p99, and which system's step a stall happened to hit.
+/// shared machine, stalls of a few milliseconds about once a second decided most of a low-rate
+/// step's p99, and which system's step a stall happened to hit.
 pub async fn open_loop_side_by_side(
     targets: Vec<Targets>,
     keys: Arc<KeyGen>,
@@ -368,7 +369,7 @@ fn pace(
     // generator alone had a p50 of 80 µs at 10,000 req/s; 28 µs with a slack of 1 ns). At high
     // rates the slack lets one wake-up issue several due requests; a wake-up per request there
     // took CPU from the systems under test on this 2-core machine (floodgate's p99 at
-    // 100,000 req/s rose from 0.4-0.9 ms to 1.4-2.0 ms), so the default stays. Best effort.
+    // 100,000 req/s rose from 0.4-0.9 ms to 1.2-2.0 ms), so the default stays. Best effort.
     if all_lanes <= PRECISE_PACING_RATE {
         let _ = rustix::thread::set_current_timer_slack(std::num::NonZeroU64::new(1));
     }

@@ -138,10 +138,6 @@ impl Targets {
         self.0.first().map_or("none", |(_, target)| target.name())
     }
 
-    pub fn workers(&self) -> usize {
-        self.0.len()
-    }
-
     /// Worker `i`'s runtime and target (`i` wraps around).
     pub fn on(&self, i: usize) -> (&Handle, &Arc<Target>) {
         let (handle, target) = &self.0[i % self.0.len()];

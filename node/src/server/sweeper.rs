@@ -14,8 +14,8 @@ use crate::state::Shared;
 /// How often the sweeper takes a step: a slice of the bucket store and one shard of the lease
 /// store.
 pub(super) const SWEEP_INTERVAL: Duration = Duration::from_millis(10);
-/// GCRA slots walked per step (about 100 KiB, tens of µs): each step pauses one shard's checks
-/// that long at most, whatever the store's size. About 400k slots a second: a store of a
+/// GCRA slots walked per step (about 100 KiB, tens of µs): each step holds one shard's lock
+/// about that long for its GCRA buckets, whatever the store's size. About 400k slots a second: a store of a
 /// million keys (1.4M slots) is swept within about 4 s. Full shards also forget expired
 /// buckets on their own when a new key needs room, so a slow sweep of a huge store delays
 /// only giving memory back.
@@ -23,7 +23,7 @@ const SWEEP_SLOTS: usize = 4_096;
 /// Counters are published every this many steps (every 250 ms).
 const PUBLISH_EVERY: u32 = 25;
 
-/// Forgets expired buckets a few shards at a time and publishes the store's counters.
+/// Forgets expired buckets a slice of a shard at a time and publishes the store's counters.
 pub(super) async fn sweep_loop(shared: Arc<Shared>, mut shutdown: watch::Receiver<bool>) {
     let mut ticker = tokio::time::interval(SWEEP_INTERVAL);
     // A late sweep is not made up for in a burst: the next one simply comes an interval later.
