@@ -17,6 +17,7 @@ mod process;
 mod report;
 mod rls;
 mod target;
+mod targets;
 mod workload;
 
 use std::path::PathBuf;
@@ -241,6 +242,7 @@ pub async fn run(args: LoadArgs) -> anyhow::Result<Vec<Record>> {
         side_by_side(&args, &gateway, &workloads, &progress).await?
     };
     progress.finish_and_clear();
+    print!("{}", targets::targets_markdown(&records, &side));
     if !records.is_empty() {
         report::write_json(&records, &args.out.join("report.json"))?;
         report::write_svg(&records, &args.out.join("latency.svg"))?;

@@ -1,0 +1,337 @@
+//! floodgate's performance targets, judged from one run's records against redis+lua: a table of
+//! target, the run's figure, and whether it was met, printed before the full tables so a run
+//! says at once where it stands.
+
+use std::fmt::Write as _;
+
+use super::report::Record;
+
+const SUBJECT: &str = "floodgate";
+const BASELINE: &str = "redis+lua";
+const THREE_CHECKS: &str = "uniform/3-check";
+/// The spreads the latency targets are judged on, in table order.
+const LATENCY_WORKLOADS: [&str; 4] = [
+    "uniform/1-check",
+    "zipf/1-check",
+    "hot-key/1-check",
+    THREE_CHECKS,
+];
+/// A baseline keeps up with an offered rate when it completes at least this share of it.
+const KEEPS_UP: f64 = 0.99;
+
+/// One row: what must hold, what this run measured, and whether it held (`None`: not measured).
+struct Verdict {
+    target: String,
+    figure: String,
+    met: Option<bool>,
+}
+
+impl Verdict {
+    fn new(target: impl Into<String>, figure: impl Into<String>, met: Option<bool>) -> Self {
+        Verdict {
+            target: target.into(),
+            figure: figure.into(),
+            met,
+        }
+    }
+
+    fn unmeasured(target: impl Into<String>, why: &str) -> Self {
+        Verdict::new(target, why, None)
+    }
+}
+
+fn find<'a>(records: &'a [Record], system: &str, workload: &str, rate: u64) -> Option<&'a Record> {
+    records
+        .iter()
+        .find(|r| r.system == system && r.workload == workload && r.offered_rate == rate)
+}
+
+/// floodgate's and redis+lua's records of one workload at one offered rate.
+fn pair<'a>(records: &'a [Record], workload: &str, rate: u64) -> Option<(&'a Record, &'a Record)> {
+    Some((
+        find(records, SUBJECT, workload, rate)?,
+        find(records, BASELINE, workload, rate)?,
+    ))
+}
+
+/// The closed loop's throughput over redis+lua's, at least `at_least`.
+fn throughput(records: &[Record], workload: &str, at_least: f64) -> Verdict {
+    let target = format!("closed loop, {workload}: at least {at_least:.0}x redis+lua's checks/s");
+    match (
+        find(records, SUBJECT, workload, 0),
+        find(records, BASELINE, workload, 0),
+    ) {
+        (Some(f), Some(b)) if b.achieved_rate > 0.0 => {
+            let ratio = f.achieved_rate / b.achieved_rate;
+            let figure = format!(
+                "{ratio:.2}x ({:.0} / {:.0})",
+                f.achieved_rate, b.achieved_rate
+            );
+            Verdict::new(target, figure, Some(ratio >= at_least))
+        }
+        _ => Verdict::unmeasured(target, "not run"),
+    }
+}
+
+/// p99 at the lowest offered rate no worse than redis+lua's. Judged on the side-by-side step
+/// when it ran: there both systems' requests share the same seconds, so a stall of the machine
+/// delays both alike, where in the steps run one system at a time it lands on whichever step
+/// it falls in. The one-at-a-time figure is shown beside it.
+fn low_load_p99(records: &[Record], side: &[Record], workload: &str) -> Option<Verdict> {
+    let rate = records
+        .iter()
+        .chain(side)
+        .filter(|r| r.workload == workload && r.offered_rate > 0)
+        .map(|r| r.offered_rate)
+        .min()?;
+    let target = format!("p99 at {rate} req/s, {workload}: at most redis+lua's");
+    let describe = |(f, b): (&Record, &Record)| {
+        format!(
+            "{:.2}x ({} / {} µs)",
+            f.p99_us as f64 / b.p99_us.max(1) as f64,
+            f.p99_us,
+            b.p99_us
+        )
+    };
+    let alone = pair(records, workload, rate);
+    Some(match (pair(side, workload, rate), alone) {
+        (Some(together), alone) => {
+            let mut figure = format!("side by side {}", describe(together));
+            if let Some(alone) = alone {
+                let _ = write!(figure, "; one at a time {}", describe(alone));
+            }
+            Verdict::new(target, figure, Some(together.0.p99_us <= together.1.p99_us))
+        }
+        (None, Some(alone)) => Verdict::new(
+            target,
+            format!("one at a time {}", describe(alone)),
+            Some(alone.0.p99_us <= alone.1.p99_us),
+        ),
+        (None, None) => Verdict::unmeasured(target, "not run"),
+    })
+}
+
+/// p99 at the highest offered rate redis+lua kept up with, at most half of redis+lua's.
+fn loaded_p99(records: &[Record], workload: &str) -> Option<Verdict> {
+    let kept_up = records
+        .iter()
+        .filter(|r| r.system == BASELINE && r.workload == workload && r.offered_rate > 0)
+        .filter(|r| !r.saturated && r.requests_per_second >= KEEPS_UP * r.offered_rate as f64)
+        .max_by_key(|r| r.offered_rate)?;
+    let rate = kept_up.offered_rate;
+    let target = format!(
+        "p99 at the highest rate redis+lua keeps up with ({rate} req/s), {workload}: at most 0.5x"
+    );
+    Some(match find(records, SUBJECT, workload, rate) {
+        Some(f) => {
+            let ratio = f.p99_us as f64 / kept_up.p99_us.max(1) as f64;
+            let figure = format!("{ratio:.2}x ({} / {} µs)", f.p99_us, kept_up.p99_us);
+            Verdict::new(target, figure, Some(ratio <= 0.5))
+        }
+        None => Verdict::unmeasured(target, "floodgate did not run at that rate"),
+    })
+}
+
+/// The node's CPU per million checks in the uniform 1-check closed loop, at most `at_most`
+/// seconds; the bench process's (client and load generator) is shown beside it.
+fn node_cpu(records: &[Record], at_most: f64) -> Verdict {
+    let workload = LATENCY_WORKLOADS[0];
+    let target =
+        format!("node CPU per million checks, closed loop, {workload}: at most {at_most} s");
+    match find(records, SUBJECT, workload, 0) {
+        Some(f) if f.cpu_s_per_million > 0.0 => {
+            let figure = format!(
+                "{:.2} s (client and generator: {:.2} s)",
+                f.cpu_s_per_million, f.client_cpu_s_per_million
+            );
+            Verdict::new(target, figure, Some(f.cpu_s_per_million <= at_most))
+        }
+        _ => Verdict::unmeasured(target, "not measured"),
+    }
+}
+
+fn bytes_per_key(records: &[Record], at_most: f64) -> Verdict {
+    let target = format!("bytes per active key: at most {at_most:.0}");
+    match records
+        .iter()
+        .find(|r| r.system == SUBJECT && r.bytes_per_key > 0.0)
+    {
+        Some(f) => Verdict::new(
+            target,
+            format!("{:.0}", f.bytes_per_key),
+            Some(f.bytes_per_key <= at_most),
+        ),
+        None => Verdict::unmeasured(target, "not measured"),
+    }
+}
+
+/// The targets table: `records` from the steps run one system at a time, `side` from the
+/// side-by-side step. Empty when redis+lua did not run (there is nothing to judge against).
+pub fn targets_markdown(records: &[Record], side: &[Record]) -> String {
+    let mut out = String::new();
+    if !records.iter().chain(side).any(|r| r.system == BASELINE) {
+        return out;
+    }
+    let mut verdicts = vec![
+        throughput(records, LATENCY_WORKLOADS[0], 10.0),
+        throughput(records, THREE_CHECKS, 15.0),
+    ];
+    verdicts.extend(
+        LATENCY_WORKLOADS
+            .iter()
+            .filter_map(|w| low_load_p99(records, side, w)),
+    );
+    verdicts.extend(
+        LATENCY_WORKLOADS
+            .iter()
+            .filter_map(|w| loaded_p99(records, w)),
+    );
+    verdicts.push(node_cpu(records, 0.3));
+    verdicts.push(bytes_per_key(records, 64.0));
+
+    let met = verdicts.iter().filter(|v| v.met == Some(true)).count();
+    let judged = verdicts.iter().filter(|v| v.met.is_some()).count();
+    let _ = writeln!(
+        out,
+        "### Targets: {met} of {judged} met in this run (floodgate against {BASELINE})\n"
+    );
+    let _ = writeln!(out, "| target | this run | met |\n|---|---|---|");
+    for v in &verdicts {
+        let met = match v.met {
+            Some(true) => "yes",
+            Some(false) => "**no**",
+            None => "-",
+        };
+        let _ = writeln!(out, "| {} | {} | {met} |", v.target, v.figure);
+    }
+    let _ = writeln!(
+        out,
+        "\n\"Keeps up\": completed at least {:.0}% of the offered rate without saturating.\n",
+        KEEPS_UP * 100.0
+    );
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(system: &str, workload: &str, rate: u64, achieved: f64, p99_us: u64) -> Record {
+        Record {
+            system: system.to_owned(),
+            workload: workload.to_owned(),
+            mode: if rate == 0 { "closed" } else { "open" }.to_owned(),
+            offered_rate: rate,
+            achieved_rate: achieved,
+            requests_per_second: achieved,
+            p50_us: p99_us / 2,
+            p99_us,
+            p999_us: p99_us * 2,
+            cpu_s_per_million: 0.25,
+            client_cpu_s_per_million: 0.5,
+            bytes_per_key: 55.0,
+            allowed: 1,
+            degraded: 0,
+            errors: 0,
+            saturated: false,
+            slowest_window_rate: achieved,
+            fastest_window_rate: achieved,
+            window_rates: Vec::new(),
+        }
+    }
+
+    fn line<'a>(table: &'a str, starts: &str) -> &'a str {
+        table
+            .lines()
+            .find(|l| l.starts_with(starts))
+            .unwrap_or_else(|| panic!("no line starting {starts:?} in\n{table}"))
+    }
+
+    #[test]
+    fn throughput_is_judged_on_the_ratio_to_redis_lua() {
+        let records = [
+            record(SUBJECT, "uniform/1-check", 0, 1_100_000.0, 500),
+            record(BASELINE, "uniform/1-check", 0, 100_000.0, 5_000),
+            record(SUBJECT, THREE_CHECKS, 0, 1_400_000.0, 500),
+            record(BASELINE, THREE_CHECKS, 0, 100_000.0, 5_000),
+        ];
+        let table = targets_markdown(&records, &[]);
+        let one = line(&table, "| closed loop, uniform/1-check");
+        assert!(
+            one.ends_with("| 11.00x (1100000 / 100000) | yes |"),
+            "{one}"
+        );
+        let three = line(&table, "| closed loop, uniform/3-check");
+        assert!(
+            three.ends_with("| 14.00x (1400000 / 100000) | **no** |"),
+            "{three}"
+        );
+        assert!(
+            table.contains("| bytes per active key: at most 64 | 55 | yes |"),
+            "{table}"
+        );
+        assert!(
+            table.contains("| 0.25 s (client and generator: 0.50 s) | yes |"),
+            "{table}"
+        );
+    }
+
+    #[test]
+    fn low_load_p99_is_judged_side_by_side_when_that_ran() {
+        let w = "uniform/1-check";
+        let alone = [
+            record(SUBJECT, w, 10_000, 10_000.0, 300),
+            record(BASELINE, w, 10_000, 10_000.0, 200),
+        ];
+        let side = [
+            record(SUBJECT, w, 10_000, 10_000.0, 150),
+            record(BASELINE, w, 10_000, 10_000.0, 180),
+        ];
+        let table = targets_markdown(&alone, &side);
+        let judged = line(&table, "| p99 at 10000 req/s, uniform/1-check");
+        assert!(
+            judged.ends_with(
+                "| side by side 0.83x (150 / 180 µs); one at a time 1.50x (300 / 200 µs) | yes |"
+            ),
+            "{judged}"
+        );
+        // Without the side-by-side step, the steps run one at a time decide.
+        let table = targets_markdown(&alone, &[]);
+        let judged = line(&table, "| p99 at 10000 req/s, uniform/1-check");
+        assert!(
+            judged.ends_with("| one at a time 1.50x (300 / 200 µs) | **no** |"),
+            "{judged}"
+        );
+    }
+
+    #[test]
+    fn loaded_p99_is_taken_at_the_highest_rate_the_baseline_kept_up_with() {
+        let w = "zipf/1-check";
+        let mut saturated = record(BASELINE, w, 200_000, 199_000.0, 900_000);
+        saturated.saturated = true;
+        let records = [
+            record(SUBJECT, w, 50_000, 50_000.0, 400),
+            record(BASELINE, w, 50_000, 49_990.0, 2_000),
+            record(SUBJECT, w, 100_000, 100_000.0, 900),
+            // 95% of the offered rate: fell behind.
+            record(BASELINE, w, 100_000, 95_000.0, 400_000),
+            record(SUBJECT, w, 200_000, 200_000.0, 1_000),
+            saturated,
+        ];
+        let table = targets_markdown(&records, &[]);
+        let judged = line(&table, "| p99 at the highest rate redis+lua keeps up with");
+        assert!(judged.contains("(50000 req/s), zipf/1-check"), "{judged}");
+        assert!(
+            judged.ends_with("| 0.20x (400 / 2000 µs) | yes |"),
+            "{judged}"
+        );
+        // The low-load row (50,000 req/s is the lowest here), this one and bytes per key.
+        assert!(table.starts_with("### Targets: 3 of 3 met"), "{table}");
+    }
+
+    #[test]
+    fn nothing_is_judged_without_the_baseline() {
+        let records = [record(SUBJECT, "uniform/1-check", 0, 1_000_000.0, 500)];
+        assert_eq!(targets_markdown(&records, &[]), "");
+    }
+}
