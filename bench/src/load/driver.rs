@@ -20,6 +20,10 @@ use super::workload::KeyGen;
 /// one on time; above, its wake-ups are left to coalesce (see `pace`).
 const PRECISE_PACING_RATE: u64 = 40_000;
 
+/// How long each system's turn lasts when several take turns (`open_loop_taking_turns`): 500
+/// requests at 10,000 req/s.
+const TURN: Duration = Duration::from_millis(50);
+
 /// Most requests in flight in an open-loop step; beyond it the target is saturated and the step
 /// ends early (its achieved rate then says so).
 const MAX_IN_FLIGHT: u64 = 200_000;
@@ -245,17 +249,20 @@ pub async fn open_loop(
     duration: Duration,
     seed: u64,
 ) -> RunResult {
-    let mut runs = open_loop_side_by_side(vec![targets.clone()], keys, rate, duration, seed).await;
+    let mut runs = open_loop_taking_turns(vec![targets.clone()], keys, rate, duration, seed).await;
     runs.pop()
         .unwrap_or_else(|| Counters::default().finish(Duration::ZERO, histogram(), true))
 }
 
-/// The open loop at `rate` per second for each of `targets` at once, their requests interleaved
-/// (request i goes to target i mod n): a stall of the machine then delays the requests of every
-/// target alike. Each target's requests are dealt round the gateway's workers in turn. On this
-/// shared machine, stalls of a few milliseconds about once a second decided most of a low-rate
-/// step's p99, and which system's step a stall happened to hit.
-pub async fn open_loop_side_by_side(
+/// The open loop at `rate` per second for each of `targets`, the targets taking turns of
+/// [`TURN`] until each has had `duration`: the machine carries one system's load at a time,
+/// at the stated rate, and a stall of the machine lands in whichever turn it falls in, so over
+/// some eighty turns each the stalls are shared out among the systems instead of falling on
+/// whichever system's step they hit. On this shared machine, stalls of a few milliseconds
+/// about once a second decided most of a low-rate step's p99. (Interleaving the systems'
+/// requests instead put all their load on the machine at once: at 10,000 req/s each, on a
+/// host where a wake-up costs tens of microseconds of CPU, that saturated both cores.)
+pub async fn open_loop_taking_turns(
     targets: Vec<Targets>,
     keys: Arc<KeyGen>,
     rate: u64,
@@ -285,7 +292,8 @@ pub async fn open_loop_side_by_side(
         .and_then(Result::ok)
         .unwrap_or_else(|| (Instant::now(), true));
     in_flight.all_done().await;
-    let elapsed = start.elapsed();
+    // Each target had its turns, a share of the whole run.
+    let elapsed = start.elapsed() / tallies.len().max(1) as u32;
     tallies
         .into_iter()
         .map(|(counters, latency)| {
@@ -353,7 +361,8 @@ impl Drop for Done {
     }
 }
 
-/// Issues `rate` requests per second to each lane, in turn, for `duration`.
+/// Issues `rate` requests per second for `duration` to each lane, the lanes taking turns of
+/// [`TURN`].
 fn pace(
     lanes: Vec<Lane>,
     keys: Arc<KeyGen>,
@@ -363,18 +372,19 @@ fn pace(
     in_flight: Arc<InFlight>,
 ) -> (Instant, bool) {
     let mut rng = SmallRng::seed_from_u64(seed);
-    let all_lanes = rate * lanes.len() as u64;
     // Linux lets a sleeping thread wake up to its timer slack late, 50 µs by default: at low
     // rates that added about 50 µs to every request's latency, of every system alike (the
     // generator alone had a p50 of 80 µs at 10,000 req/s; 28 µs with a slack of 1 ns). At high
     // rates the slack lets one wake-up issue several due requests; a wake-up per request there
     // took CPU from the systems under test on this 2-core machine (floodgate's p99 at
     // 100,000 req/s rose from 0.4-0.9 ms to 1.2-2.0 ms), so the default stays. Best effort.
-    if all_lanes <= PRECISE_PACING_RATE {
+    if rate <= PRECISE_PACING_RATE {
         let _ = rustix::thread::set_current_timer_slack(std::num::NonZeroU64::new(1));
     }
-    let total = (all_lanes as f64 * duration.as_secs_f64()) as u64;
-    let interval = Duration::from_secs_f64(1.0 / all_lanes.max(1) as f64);
+    let lane_count = lanes.len() as u64;
+    let per_turn = ((rate as f64 * TURN.as_secs_f64()) as u64).max(1);
+    let total = (rate as f64 * duration.as_secs_f64()) as u64 * lane_count;
+    let interval = Duration::from_secs_f64(1.0 / rate.max(1) as f64);
     let start = Instant::now();
     let mut issued = 0u64;
     while issued < total {
@@ -388,9 +398,8 @@ fn pace(
         }
         let mut request = Vec::with_capacity(3);
         keys.request(&mut rng, &mut request);
-        let round = issued / lanes.len() as u64;
-        let lane = &lanes[(issued % lanes.len() as u64) as usize];
-        let (worker, target) = lane.targets.on(round as usize);
+        let lane = &lanes[((issued / per_turn) % lane_count) as usize];
+        let (worker, target) = lane.targets.on(issued as usize);
         let (target, counters, latency, in_flight) = (
             target.clone(),
             lane.counters.clone(),

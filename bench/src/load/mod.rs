@@ -114,7 +114,7 @@ pub struct LoadArgs {
     /// Where report.json and latency.svg go.
     #[arg(long, default_value = "target/bench")]
     pub out: PathBuf,
-    /// Run only the side-by-side step (every system at the first rate, requests interleaved):
+    /// Run only the side-by-side step (every system at the first rate, in turns of 50 ms):
     /// the quick way to compare tails at low load, repeated, on a noisy machine.
     #[arg(long)]
     pub only_side_by_side: bool,
@@ -350,10 +350,10 @@ async fn run_one_system_at_a_time(
     Ok(())
 }
 
-/// Every system again at the first offered rate, all at once with their requests interleaved
-/// (`driver::open_loop_side_by_side`), on fresh servers: a stall of this machine then delays
-/// every system's requests alike, where in the steps above it hits whichever system's step it
-/// falls in. Not for leased workloads (floodgate alone runs those).
+/// Every system again at the first offered rate, on fresh servers, the systems taking turns
+/// of 50 ms (`driver::open_loop_taking_turns`): the stalls of this machine are then shared out
+/// among them, where in the steps above they hit whichever system's step they fall in. Not
+/// for leased workloads (floodgate alone runs those).
 async fn side_by_side(
     args: &LoadArgs,
     gateway: &Gateway,
@@ -384,7 +384,7 @@ async fn side_by_side(
         }
         progress.set_message(format!("side by side {workload} at {rate}/s"));
         let keys = Arc::new(workload::KeyGen::new(*workload, args.keys));
-        let runs = driver::open_loop_side_by_side(
+        let runs = driver::open_loop_taking_turns(
             targets.clone(),
             keys,
             rate,

@@ -345,8 +345,8 @@ fn comparison(
     }
 }
 
-/// The side-by-side step: every system at the same rate in the same seconds, their requests
-/// interleaved (`driver::open_loop_side_by_side`), with floodgate's ratios to each baseline.
+/// The side-by-side step: every system at the same rate, the systems taking turns of 50 ms
+/// (`driver::open_loop_taking_turns`), with floodgate's ratios to each baseline.
 pub fn side_by_side_markdown(records: &[Record]) -> String {
     let mut out = String::new();
     let Some(rate) = records.first().map(|r| r.offered_rate) else {
@@ -354,7 +354,7 @@ pub fn side_by_side_markdown(records: &[Record]) -> String {
     };
     let _ = writeln!(
         out,
-        "\n### Side by side at {rate} req/s each (requests interleaved: the same seconds for every system)\n"
+        "\n### Side by side at {rate} req/s each (the systems in turns of 50 ms, so the machine's stalls are shared out)\n"
     );
     let mut systems: Vec<&str> = Vec::new();
     let mut workloads: Vec<&str> = Vec::new();

@@ -74,9 +74,9 @@ fn throughput(records: &[Record], workload: &str, at_least: f64) -> Verdict {
 }
 
 /// p99 at the lowest offered rate no worse than redis+lua's. Judged on the side-by-side step
-/// when it ran: there both systems' requests share the same seconds, so a stall of the machine
-/// delays both alike, where in the steps run one system at a time it lands on whichever step
-/// it falls in. The one-at-a-time figure is shown beside it.
+/// when it ran: there the systems take turns of 50 ms, so the machine's stalls are shared out
+/// among them, where in the steps run one system at a time they land on whichever step they
+/// fall in. The one-at-a-time figure is shown beside it.
 fn low_load_p99(records: &[Record], side: &[Record], workload: &str) -> Option<Verdict> {
     let rate = records
         .iter()
