@@ -47,7 +47,7 @@ pub(crate) fn endpoint_for(
         endpoint_config,
         None,
         socket,
-        std::sync::Arc::new(quinn::TokioRuntime),
+        std::sync::Arc::new(floodgate_udp_runtime::ReadInterestRuntime),
     )
     .map_err(|e| ConfigError::Socket(e.to_string()))?;
     endpoint.set_default_client_config(config);

@@ -71,7 +71,7 @@ impl Node {
             tls::endpoint_config(),
             Some(server_config),
             socket,
-            Arc::new(quinn::TokioRuntime),
+            Arc::new(floodgate_udp_runtime::ReadInterestRuntime),
         )
         .with_context(|| format!("starting the QUIC endpoint on {}", config.listen))?;
         let local_addr = endpoint.local_addr()?;
