@@ -8,7 +8,7 @@
 //! more read found the socket empty. Together that was a third of the node's system calls at
 //! low load. Sends on UDP almost never block, so this runtime sends without asking and waits
 //! for writability only after a send was refused (`WouldBlock`), through a second
-//! registration of the same socket that lives until it is writable again; and a read that
+//! registration of the same socket that lives until a send gets through; and a read that
 //! did not fill its batch marks the socket drained.
 
 use std::future::Future;
@@ -77,13 +77,20 @@ impl AsyncUdpSocket for ReadInterestSocket {
         Box::pin(WritablePoller {
             socket: self,
             waiting: None,
+            said_writable: false,
         })
     }
 
     fn try_send(&self, transmit: &Transmit) -> io::Result<()> {
         let sent = self.state.send(self.io.get_ref().into(), transmit);
-        if matches!(&sent, Err(e) if e.kind() == io::ErrorKind::WouldBlock) {
-            self.refused.store(true, Ordering::Release);
+        match &sent {
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                self.refused.store(true, Ordering::Release);
+            }
+            Ok(()) if self.refused.load(Ordering::Relaxed) => {
+                self.refused.store(false, Ordering::Release);
+            }
+            _ => {}
         }
         sent
     }
@@ -131,32 +138,48 @@ impl AsyncUdpSocket for ReadInterestSocket {
 }
 
 /// Says a send may be tried: at once, unless the last one was refused; then once the socket is
-/// writable, seen through a registration of a duplicate of the socket for writes alone, which
-/// is dropped (deregistered) as soon as it has said so.
+/// writable, seen through a registration of a duplicate of the socket for writes alone, kept
+/// until a send gets through. epoll calls a socket writable once half its send buffer is
+/// free, which a large batch of datagrams may still not fit in: a send refused after this
+/// poller said "writable" clears that readiness, and the next wait is for the next time
+/// space is freed, not a loop of sends that cannot fit.
 #[derive(Debug)]
 struct WritablePoller {
     socket: Arc<ReadInterestSocket>,
     waiting: Option<AsyncFd<UdpSocket>>,
+    /// This poller said "writable" since the socket last refused a send.
+    said_writable: bool,
 }
 
 impl UdpPoller for WritablePoller {
     fn poll_writable(mut self: Pin<&mut Self>, cx: &mut Context) -> Poll<io::Result<()>> {
-        if !self.socket.refused.load(Ordering::Acquire) {
-            self.waiting = None;
+        let this = &mut *self;
+        if !this.socket.refused.load(Ordering::Acquire) {
+            this.waiting = None;
+            this.said_writable = false;
             return Poll::Ready(Ok(()));
         }
-        if self.waiting.is_none() {
-            let duplicate = self.socket.io.get_ref().try_clone()?;
-            self.waiting = Some(register(duplicate, Interest::WRITABLE)?);
+        let waiting = match &mut this.waiting {
+            Some(waiting) => waiting,
+            waiting @ None => {
+                let duplicate = this.socket.io.get_ref().try_clone()?;
+                // Registering a socket that is already writable reports it at once (epoll
+                // checks the current state when a descriptor is added).
+                waiting.insert(register(duplicate, Interest::WRITABLE)?)
+            }
+        };
+        loop {
+            let mut ready = ready!(waiting.poll_write_ready(cx))?;
+            if this.said_writable {
+                // Refused again since: wait for more room.
+                ready.clear_ready();
+                this.said_writable = false;
+                continue;
+            }
+            ready.retain_ready();
+            this.said_writable = true;
+            return Poll::Ready(Ok(()));
         }
-        if let Some(waiting) = &self.waiting {
-            // Registering a socket that is already writable reports it at once (epoll checks
-            // the current state when a descriptor is added).
-            ready!(waiting.poll_write_ready(cx))?.retain_ready();
-        }
-        self.socket.refused.store(false, Ordering::Release);
-        self.waiting = None;
-        Poll::Ready(Ok(()))
     }
 }
 
@@ -219,25 +242,44 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_refused_send_waits_for_the_socket_to_be_writable() {
+    async fn a_refused_send_waits_for_room_once_and_then_for_more() {
         let socket = socket();
         let mut poller = WritablePoller {
             socket: socket.clone(),
             waiting: None,
+            said_writable: false,
         };
+        let waker = std::task::Waker::noop();
+        let mut cx = Context::from_waker(waker);
+        let mut poll = |poller: &mut WritablePoller| Pin::new(poller).poll_writable(&mut cx);
         // Nothing refused: writable at once, without registering anything.
-        let ready = poll_fn(|cx| Pin::new(&mut poller).poll_writable(cx));
-        ready.await.unwrap();
+        assert!(matches!(poll(&mut poller), Poll::Ready(Ok(()))));
         assert!(poller.waiting.is_none());
-        // After a refusal the poller asks the runtime, which finds this idle socket writable,
-        // and then drops its registration.
+        // After a refusal the poller asks the runtime, which reports this idle socket writable
+        // as soon as it is registered.
         socket.refused.store(true, Ordering::Release);
-        let ready = poll_fn(|cx| Pin::new(&mut poller).poll_writable(cx));
-        tokio::time::timeout(BOUND, ready)
+        let writable = poll_fn(|cx| Pin::new(&mut poller).poll_writable(cx));
+        tokio::time::timeout(BOUND, writable)
             .await
             .expect("an idle socket is writable")
             .unwrap();
+        assert!(poller.waiting.is_some());
+        // Refused again after that "writable": no second "writable" until room is freed,
+        // which on this idle socket never happens (a loop of refused sends would spin).
+        assert!(poll(&mut poller).is_pending());
+        assert!(poll(&mut poller).is_pending());
+        // A send that gets through ends the wait and drops the registration.
+        let peer = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let transmit = Transmit {
+            destination: peer.local_addr().unwrap(),
+            ecn: None,
+            contents: b"room again",
+            segment_size: None,
+            src_ip: None,
+        };
+        socket.try_send(&transmit).unwrap();
         assert!(!socket.refused.load(Ordering::Acquire));
+        assert!(matches!(poll(&mut poller), Poll::Ready(Ok(()))));
         assert!(poller.waiting.is_none());
     }
 
