@@ -111,7 +111,8 @@ const RLS: &str = "floodgate+rls";
 /// redis-cell's native GCRA command (the fastest Redis setup a team would pick).
 const BASELINES: [&str; 2] = ["redis+lua", "redis+cell"];
 
-fn find<'a>(
+/// The record of `system` on `workload` at `offered` req/s (0: the closed loop).
+pub(super) fn find<'a>(
     records: &'a [Record],
     system: &str,
     workload: &str,

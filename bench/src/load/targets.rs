@@ -4,7 +4,7 @@
 
 use std::fmt::Write as _;
 
-use super::report::Record;
+use super::report::{Record, find};
 
 const SUBJECT: &str = "floodgate";
 const BASELINE: &str = "redis+lua";
@@ -40,12 +40,6 @@ impl Verdict {
     }
 }
 
-fn find<'a>(records: &'a [Record], system: &str, workload: &str, rate: u64) -> Option<&'a Record> {
-    records
-        .iter()
-        .find(|r| r.system == system && r.workload == workload && r.offered_rate == rate)
-}
-
 /// floodgate's and redis+lua's records of one workload at one offered rate.
 fn pair<'a>(records: &'a [Record], workload: &str, rate: u64) -> Option<(&'a Record, &'a Record)> {
     Some((
@@ -57,11 +51,8 @@ fn pair<'a>(records: &'a [Record], workload: &str, rate: u64) -> Option<(&'a Rec
 /// The closed loop's throughput over redis+lua's, at least `at_least`.
 fn throughput(records: &[Record], workload: &str, at_least: f64) -> Verdict {
     let target = format!("closed loop, {workload}: at least {at_least:.0}x redis+lua's checks/s");
-    match (
-        find(records, SUBJECT, workload, 0),
-        find(records, BASELINE, workload, 0),
-    ) {
-        (Some(f), Some(b)) if b.achieved_rate > 0.0 => {
+    match pair(records, workload, 0) {
+        Some((f, b)) if b.achieved_rate > 0.0 => {
             let ratio = f.achieved_rate / b.achieved_rate;
             let figure = format!(
                 "{ratio:.2}x ({:.0} / {:.0})",
@@ -93,22 +84,20 @@ fn low_load_p99(records: &[Record], side: &[Record], workload: &str) -> Option<V
             b.p99_us
         )
     };
+    let together = pair(side, workload, rate);
     let alone = pair(records, workload, rate);
-    Some(match (pair(side, workload, rate), alone) {
-        (Some(together), alone) => {
-            let mut figure = format!("side by side {}", describe(together));
-            if let Some(alone) = alone {
-                let _ = write!(figure, "; one at a time {}", describe(alone));
-            }
-            Verdict::new(target, figure, Some(together.0.p99_us <= together.1.p99_us))
-        }
-        (None, Some(alone)) => Verdict::new(
-            target,
-            format!("one at a time {}", describe(alone)),
-            Some(alone.0.p99_us <= alone.1.p99_us),
-        ),
-        (None, None) => Verdict::unmeasured(target, "not run"),
-    })
+    let Some((f, b)) = together.or(alone) else {
+        return Some(Verdict::unmeasured(target, "not run"));
+    };
+    let figures: Vec<String> = [("side by side", together), ("one at a time", alone)]
+        .into_iter()
+        .filter_map(|(how, pair)| pair.map(|pair| format!("{how} {}", describe(pair))))
+        .collect();
+    Some(Verdict::new(
+        target,
+        figures.join("; "),
+        Some(f.p99_us <= b.p99_us),
+    ))
 }
 
 /// p99 at the highest offered rate redis+lua kept up with, at most half of redis+lua's.

@@ -36,21 +36,15 @@ impl Runtime for ReadInterestRuntime {
     }
 
     fn spawn(&self, future: Pin<Box<dyn Future<Output = ()> + Send>>) {
-        tokio::spawn(future);
+        quinn::TokioRuntime.spawn(future);
     }
 
     fn wrap_udp_socket(&self, socket: UdpSocket) -> io::Result<Arc<dyn AsyncUdpSocket>> {
-        socket.set_nonblocking(true)?;
-        let state = UdpSocketState::new((&socket).into())?;
-        Ok(Arc::new(ReadInterestSocket {
-            io: register(socket, Interest::READABLE)?,
-            state,
-            refused: AtomicBool::new(false),
-        }))
+        Ok(Arc::new(ReadInterestSocket::new(socket)?))
     }
 
     fn now(&self) -> Instant {
-        tokio::time::Instant::now().into_std()
+        quinn::TokioRuntime.now()
     }
 }
 
@@ -70,6 +64,18 @@ struct ReadInterestSocket {
     state: UdpSocketState,
     /// The last send was refused for want of buffer space: senders wait until it is writable.
     refused: AtomicBool,
+}
+
+impl ReadInterestSocket {
+    fn new(socket: UdpSocket) -> io::Result<Self> {
+        socket.set_nonblocking(true)?;
+        let state = UdpSocketState::new((&socket).into())?;
+        Ok(ReadInterestSocket {
+            io: register(socket, Interest::READABLE)?,
+            state,
+            refused: AtomicBool::new(false),
+        })
+    }
 }
 
 impl AsyncUdpSocket for ReadInterestSocket {
@@ -195,13 +201,7 @@ mod tests {
 
     fn socket() -> Arc<ReadInterestSocket> {
         let socket = UdpSocket::bind("127.0.0.1:0").unwrap();
-        socket.set_nonblocking(true).unwrap();
-        let state = UdpSocketState::new((&socket).into()).unwrap();
-        Arc::new(ReadInterestSocket {
-            io: register(socket, Interest::READABLE).unwrap(),
-            state,
-            refused: AtomicBool::new(false),
-        })
+        Arc::new(ReadInterestSocket::new(socket).unwrap())
     }
 
     async fn receive(socket: &ReadInterestSocket) -> usize {
