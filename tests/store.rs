@@ -253,6 +253,37 @@ fn bounded_sweep_steps_forget_every_expired_bucket_and_nothing_else() {
     assert_eq!(store.stats().expired.load(Ordering::Relaxed), kept as u64);
 }
 
+/// The sweeper paces itself by `sweep_steps_per_pass`: that many steps, from where a pass
+/// starts, walk every slot of every shard once and come back to the start.
+#[test]
+fn a_pass_of_sweep_steps_reaches_every_bucket_once() {
+    let store = store(1 << 12, 4);
+    assert_eq!(
+        store.sweep_steps_per_pass(7),
+        4,
+        "empty shards: one step each"
+    );
+    let limit = Limit::gcra(10, HOUR, 10).unwrap();
+    for i in 0..2_000 {
+        store.check(key(&format!("k{i}")), &limit, 1, NOW).unwrap();
+    }
+    // About 500 keys a shard, at most 3/4 full: tables of 1,024 slots, walked 7 at a time.
+    let steps = store.sweep_steps_per_pass(7);
+    assert_eq!(steps, 4 * 1_024_usize.div_ceil(7));
+    let mut cursor = SweepCursor::default();
+    let mut forgotten = 0;
+    for _ in 0..steps {
+        forgotten += store.sweep_step(NOW + HOUR, &mut cursor, 7);
+    }
+    assert_eq!((forgotten, store.len()), (2_000, 0));
+    assert_eq!(
+        cursor,
+        SweepCursor::default(),
+        "the pass ended where it began"
+    );
+    assert_eq!(store.sweep_steps_per_pass(usize::MAX), 4, "whole shards");
+}
+
 /// A flood of new keys evicts the emptiest buckets, not busy ones: keys with a short period
 /// that are near (but not at) their limit keep their counts while thousands of one-off keys
 /// with a long period pass through. Found by the chaos harness: ranking by time until full

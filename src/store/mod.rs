@@ -368,6 +368,19 @@ impl BucketStore {
         forgotten
     }
 
+    /// How many [`sweep_step`](Self::sweep_step)s of `max_slots` walk the whole store once, as
+    /// its tables are sized now (at least one per shard). Read without locks, from the prefetch
+    /// hints, so a table resized meanwhile may be counted at its old size.
+    pub fn sweep_steps_per_pass(&self, max_slots: usize) -> usize {
+        self.shards
+            .iter()
+            .map(|s| {
+                let slots = s.slots_mask.load(Ordering::Relaxed).saturating_add(1);
+                slots.div_ceil(max_slots.max(1))
+            })
+            .sum()
+    }
+
     /// Buckets currently kept (a snapshot: shards are read one at a time).
     pub fn len(&self) -> usize {
         self.shards.iter().map(|s| s.lock.read().len()).sum()
