@@ -73,6 +73,11 @@ struct Inner {
     /// where nothing moved for [`STALLED_FRAME`] is stalled, and only the newest frame says how
     /// busy the link is now.
     last_frame: Option<SentFrame>,
+    /// The latest deadline of any call pushed: calls of a client share one timeout, so a call
+    /// pushed later is due no sooner, and the reaper need not hear of it before then.
+    latest_deadline: Option<Instant>,
+    /// The reaper waits for a call to arrive (no timer set): the next push wakes it.
+    reaper_idle: bool,
 }
 
 /// What the gate remembers of the frame sent last.
@@ -135,9 +140,12 @@ pub(crate) struct CallQueue {
     ready: Notify,
     /// Checks that must be waiting before a second frame goes out while one is in flight.
     busy_batch_checks: usize,
-    /// Wakes the reaper when a call arrives in an empty queue (it sleeps otherwise).
+    /// Wakes the reaper when a call arrives while it has no timer set.
     first_call: Notify,
     max_queued_checks: usize,
+    /// Turns of the reaper's loop, for tests.
+    #[cfg(test)]
+    reaper_wakes: std::sync::atomic::AtomicUsize,
 }
 
 impl CallQueue {
@@ -152,12 +160,16 @@ impl CallQueue {
                 queued_checks: 0,
                 frames_in_flight: 0,
                 last_frame: None,
+                latest_deadline: None,
+                reaper_idle: true,
             }),
             spare_keys: SpareKeys::default(),
             ready: Notify::new(),
             busy_batch_checks: busy_batch_checks.max(1),
             first_call: Notify::new(),
             max_queued_checks,
+            #[cfg(test)]
+            reaper_wakes: Default::default(),
         }
     }
 
@@ -173,11 +185,12 @@ impl CallQueue {
         if inner.queued_checks + call.checks.len() > self.max_queued_checks {
             return Err((call, DegradedReason::Backlog));
         }
-        let was_empty = inner.calls.is_empty();
         // When calls could already go, a stream was woken for them (by the push, drain or
         // answer that made it so) and takes this call with them: no second wake-up needed.
         let could_send = inner.may_send(self.busy_batch_checks);
         inner.queued_checks += call.checks.len();
+        inner.latest_deadline = inner.latest_deadline.max(Some(call.deadline));
+        let wake_reaper = std::mem::take(&mut inner.reaper_idle);
         inner.calls.push_back(call);
         // A stream woken while the call must wait would only go back to sleep.
         let wake_stream = !could_send && inner.may_send(self.busy_batch_checks);
@@ -185,7 +198,7 @@ impl CallQueue {
         if wake_stream {
             self.ready.notify_one();
         }
-        if was_empty {
+        if wake_reaper {
             self.first_call.notify_one();
         }
         Ok(())
@@ -285,9 +298,11 @@ impl CallQueue {
         }
     }
 
-    /// Answers `Timeout` to the queued calls whose deadline has passed; returns the deadline of
-    /// the oldest call left. Calls queue in deadline order (one timeout per client), so only the
-    /// head is ever due.
+    /// Answers `Timeout` to the queued calls whose deadline has passed; returns when to look
+    /// again: the deadline of the oldest call left or, with none left, the latest deadline
+    /// pushed (calls pushed until then are due no sooner), or `None` once that has passed (the
+    /// reaper then waits for the next push). Calls queue in deadline order (one timeout per
+    /// client), so only the head is ever due.
     fn expire(&self, now: Instant) -> Option<Instant> {
         let mut expired = Vec::new();
         let mut inner = self.inner.lock();
@@ -298,7 +313,11 @@ impl CallQueue {
             inner.queued_checks -= front.checks.len();
             expired.extend(inner.calls.pop_front());
         }
-        let next = inner.calls.front().map(|c| c.deadline);
+        let next = match inner.calls.front() {
+            Some(oldest) => Some(oldest.deadline),
+            None => inner.latest_deadline.filter(|&latest| latest > now),
+        };
+        inner.reaper_idle = next.is_none();
         drop(inner);
         expired.into_iter().for_each(Call::time_out);
         next
@@ -306,9 +325,14 @@ impl CallQueue {
 
     /// Runs forever, timing out queued calls when no stream task takes them in time (all busy,
     /// or the first connection attempt still under way). Sleeps on one timer, for the oldest
-    /// call; when that call has already left, it wakes once for nothing and sleeps again.
+    /// call, or, when calls keep leaving on streams, for the latest deadline pushed: at 10,000
+    /// calls a second it wakes every timeout instead of once a call (each call found the
+    /// queue empty and woke it). Only a push to an idle reaper wakes it.
     pub(crate) async fn reap_expired(&self) {
         loop {
+            #[cfg(test)]
+            self.reaper_wakes
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             let first_call = self.first_call.notified();
             let mut first_call = std::pin::pin!(first_call);
             first_call.as_mut().enable();
@@ -729,6 +753,41 @@ mod tests {
         queue.push(c).unwrap();
         assert!(timed_out(rx_c.await));
         assert_eq!(Instant::now() - start, Duration::from_millis(11));
+        reaper.abort();
+    }
+
+    /// Calls that leave on a stream as they come do not wake the reaper each: it wakes about
+    /// once per timeout, and still times out at its deadline a call nobody takes.
+    #[tokio::test(start_paused = true)]
+    async fn calls_taken_at_once_wake_the_reaper_about_once_per_timeout() {
+        let queue = Arc::new(CallQueue::new(1_000, 1));
+        queue.set_up(1);
+        let reaper = tokio::spawn({
+            let queue = queue.clone();
+            async move { queue.reap_expired().await }
+        });
+        let timeout = Duration::from_millis(5);
+        let mut out = Vec::new();
+        for _ in 0..100 {
+            let (c, rx) = call_due(1, timeout);
+            queue.push(c).unwrap();
+            let frame = queue.next_batch(1, 10, &mut out).await.unwrap();
+            out.drain(..)
+                .for_each(|c| c.answer(Reply::Failed(DegradedReason::Backlog)));
+            drop(frame);
+            assert!(!timed_out(rx.await));
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        // 100 ms of calls, a deadline of 5 ms: about 20 turns (it was 100 or more, one a call).
+        let wakes = queue
+            .reaper_wakes
+            .load(std::sync::atomic::Ordering::Relaxed);
+        assert!((15..=30).contains(&wakes), "{wakes} turns of the reaper");
+        let start = Instant::now();
+        let (late, rx_late) = call_due(1, timeout);
+        queue.push(late).unwrap();
+        assert!(timed_out(rx_late.await));
+        assert_eq!(Instant::now() - start, timeout);
         reaper.abort();
     }
 
