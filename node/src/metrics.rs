@@ -4,11 +4,13 @@
 //! accumulated per frame and added once.
 
 use std::sync::OnceLock;
+use std::time::Duration;
 
 use floodgate::wire::ErrorCode;
 use floodgate::{Algorithm, Decision};
 use metrics::{Counter, Gauge, Histogram, counter, gauge, histogram};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use tokio::sync::watch;
 
 /// Installs the process-wide recorder once and returns its handle (several in-process nodes, as
 /// in tests, share it).
@@ -49,6 +51,31 @@ pub fn recorder() -> &'static PrometheusHandle {
             Err(_) => PrometheusBuilder::new().build_recorder().handle(),
         }
     })
+}
+
+/// How often the histogram samples recorded since the last scrape are folded into their
+/// buckets. The recorder keeps every sample until a scrape or an upkeep: a node nobody scraped
+/// (or one started with `--admin off`) kept two samples a frame for ever, and grew by about
+/// 0.35 MB a second at 10,000 one-check requests a second (30 GB a day).
+const UPKEEP_INTERVAL: Duration = Duration::from_secs(5);
+
+/// Folds pending histogram samples into their buckets every [`UPKEEP_INTERVAL`], until
+/// shutdown.
+pub(crate) async fn upkeep_loop(shutdown: watch::Receiver<bool>) {
+    run_every(UPKEEP_INTERVAL, shutdown, || recorder().run_upkeep()).await;
+}
+
+/// Runs `work` every `period` (the first time one period from now) until `shutdown` changes.
+async fn run_every(period: Duration, mut shutdown: watch::Receiver<bool>, mut work: impl FnMut()) {
+    let start = tokio::time::Instant::now() + period;
+    let mut ticker = tokio::time::interval_at(start, period);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = ticker.tick() => work(),
+            _ = shutdown.changed() => return,
+        }
+    }
 }
 
 const OUTCOMES: [&str; 4] = ["allowed", "denied", "cost_exceeds_burst", "error"];
@@ -211,5 +238,39 @@ impl DecisionTally {
             Err(_) => 3,
         };
         self.counts[algorithm as usize][outcome] += 1;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use super::*;
+
+    /// Upkeep comes once per period, not at once, and stops with the node.
+    #[tokio::test(start_paused = true)]
+    async fn upkeep_runs_once_a_period_until_shutdown() {
+        let (stop, shutdown) = watch::channel(false);
+        let runs = Arc::new(AtomicUsize::new(0));
+        let period = Duration::from_secs(5);
+        let task = tokio::spawn(run_every(period, shutdown, {
+            let runs = runs.clone();
+            move || {
+                runs.fetch_add(1, Ordering::Relaxed);
+            }
+        }));
+        tokio::time::sleep(period - Duration::from_millis(1)).await;
+        assert_eq!(
+            runs.load(Ordering::Relaxed),
+            0,
+            "not before a period has passed"
+        );
+        tokio::time::sleep(period * 2).await;
+        assert_eq!(runs.load(Ordering::Relaxed), 2);
+        stop.send_replace(true);
+        task.await.unwrap();
+        tokio::time::sleep(period * 2).await;
+        assert_eq!(runs.load(Ordering::Relaxed), 2, "stopped with the node");
     }
 }

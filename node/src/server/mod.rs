@@ -162,6 +162,7 @@ impl Node {
             shutdown_rx.clone(),
         ));
         tasks.spawn(sweep_loop(shared.clone(), shutdown_rx.clone()));
+        tasks.spawn(crate::metrics::upkeep_loop(shutdown_rx.clone()));
         if let Some(rules) = &shared.rules {
             tasks.spawn(crate::rules::watch_file(rules.clone(), shutdown_rx.clone()));
         }
