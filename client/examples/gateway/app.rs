@@ -75,6 +75,21 @@ impl GatewayMetrics {
         self.handle.render()
     }
 
+    /// Folds the latency samples recorded since the last scrape into their buckets every 5 s,
+    /// until `shutdown` changes: the recorder keeps each sample until a scrape or an upkeep,
+    /// so a gateway nobody scrapes would keep one per request for ever.
+    pub async fn upkeep(self, mut shutdown: watch::Receiver<bool>) {
+        let period = Duration::from_secs(5);
+        let mut ticker = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = ticker.tick() => self.handle.run_upkeep(),
+                _ = shutdown.changed() => return,
+            }
+        }
+    }
+
     /// Counts one decision: per rule and outcome (shadow rules under `mode="shadow"`), rules
     /// that applied their default to an undeclared plan, checks decided by fallback, the limiter's latency and the rules version in force.
     pub fn record(&self, decision: &RequestDecision) {

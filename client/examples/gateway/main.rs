@@ -130,11 +130,14 @@ async fn main() -> anyhow::Result<()> {
             shutdown_rx.clone(),
         ))
     });
-    let app = app::app(limiter.clone(), upstream_addr, app::GatewayMetrics::new());
+    let metrics = app::GatewayMetrics::new();
+    let upkeep_task = tokio::spawn(metrics.clone().upkeep(shutdown_rx.clone()));
+    let app = app::app(limiter.clone(), upstream_addr, metrics);
     let server = tokio::spawn(app::serve(listener, app, shutdown_rx));
     wait_for_signal().await?;
     shutdown.send_replace(true);
     let _ = server.await;
+    let _ = upkeep_task.await;
     let _ = upstream_task.await;
     if let Some(task) = cache_task {
         let _ = task.await;
