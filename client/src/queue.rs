@@ -425,6 +425,11 @@ mod tests {
         )
     }
 
+    fn spawn_reaper(queue: &Arc<CallQueue>) -> tokio::task::JoinHandle<()> {
+        let queue = queue.clone();
+        tokio::spawn(async move { queue.reap_expired().await })
+    }
+
     fn timed_out(reply: Reply) -> bool {
         matches!(reply, Reply::Failed(DegradedReason::Timeout))
     }
@@ -734,10 +739,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn the_reaper_times_out_calls_nobody_takes_at_their_deadline() {
         let queue = Arc::new(CallQueue::new(1_000, 1));
-        let reaper = tokio::spawn({
-            let queue = queue.clone();
-            async move { queue.reap_expired().await }
-        });
+        let reaper = spawn_reaper(&queue);
         let start = Instant::now();
         let (a, rx_a) = call_due(1, Duration::from_millis(5));
         let (b, rx_b) = call_due(2, Duration::from_millis(8));
@@ -762,10 +764,7 @@ mod tests {
     async fn calls_taken_at_once_wake_the_reaper_about_once_per_timeout() {
         let queue = Arc::new(CallQueue::new(1_000, 1));
         queue.set_up(1);
-        let reaper = tokio::spawn({
-            let queue = queue.clone();
-            async move { queue.reap_expired().await }
-        });
+        let reaper = spawn_reaper(&queue);
         let timeout = Duration::from_millis(5);
         let mut out = Vec::new();
         for _ in 0..100 {
