@@ -350,6 +350,13 @@ async fn run_one_system_at_a_time(
     Ok(())
 }
 
+/// Turns run before the side-by-side step's first spread and not recorded. The servers are
+/// fresh and the machine is still settling from the steps before (their servers exiting with
+/// a million keys each), which lands on the first turns, floodgate's: in three of ten full
+/// runs without it, the first spread's p99 was 29-156 ms for floodgate (and 30-59 ms for both
+/// Redis baselines in one of them), where no later spread's passed 3.1 ms.
+const SIDE_BY_SIDE_WARM_UP: Duration = Duration::from_secs(1);
+
 /// Every system again at the first offered rate, on fresh servers, the systems taking turns
 /// of 50 ms (`driver::open_loop_taking_turns`): the stalls of this machine are then shared out
 /// among them, where in the steps above they hit whichever system's step they fall in. Not
@@ -375,6 +382,12 @@ async fn side_by_side(
             }
             Err(e) => progress.suspend(|| eprintln!("side by side without a baseline: {e:#}")),
         }
+    }
+    if let Some(first) = workloads.iter().find(|w| !w.spread.leased()) {
+        progress.set_message(format!("side by side: warming up on {first} at {rate}/s"));
+        let keys = Arc::new(workload::KeyGen::new(*first, args.keys));
+        let warm_up = SIDE_BY_SIDE_WARM_UP.min(args.duration);
+        driver::open_loop_taking_turns(targets.clone(), keys, rate, warm_up, 100).await;
     }
     let mut records = Vec::new();
     for (w, workload) in workloads.iter().enumerate() {
