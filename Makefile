@@ -74,9 +74,10 @@ chaos:           ## every chaos scenario against real nodes behind fault proxies
 
 bench: bench-core bench-load ## every benchmark (several minutes)
 
-bench-core:      ## criterion micro-benchmarks of the bucket store beside governor, and bytes per active key
+bench-core:      ## criterion micro-benchmarks of the bucket store beside governor, bytes per active key, and quinn-proto's own cost per round trip
 	$(CARGO) bench -p floodgate-bench --bench core --locked
 	$(CARGO) bench -p floodgate-bench --bench memory --locked
+	$(CARGO) bench -p floodgate-bench --bench transport --locked
 
 bench-load:      ## floodgate (QUIC and Envoy RLS) beside Redis + Lua and Redis + redis-cell, same workloads, one run: markdown table, target/bench/{report.json,latency.svg}
 	@command -v redis-server >/dev/null || (apt-get install -y redis-server >/dev/null 2>&1 || echo "redis-server missing and not installable: the Redis baselines will be skipped")
