@@ -46,7 +46,8 @@
 //!   the reusable slot a call's answer (and its group) comes back in (with
 //!   `Client::check_into`, nothing allocated per call once warm).
 //! - `link`: a node's shared state and its connection supervisor (reconnects); `link::stream`:
-//!   the stream tasks (frames out, answers in); `status`: [`LinkState`] and [`NodeStatus`].
+//!   the stream tasks (frames out, answers in); `status`: [`LinkState`], [`NodeStatus`] and
+//!   its [`TransportStats`].
 //! - `dial`: endpoints and bounded handshakes; `request`: one frame and its matched answer.
 //! - `token_leases`: hot keys decided here against tokens leased from their owner (kind 18),
 //!   refilled in the background, returned when they lapse; bounded.
@@ -104,7 +105,7 @@ pub use policy::{
     RequestInfo,
 };
 pub use routing::TableChanges;
-pub use status::{LinkState, NodeStatus};
+pub use status::{LinkState, NodeStatus, TransportStats};
 pub use table_feed::fetch_slot_table;
 pub use token_leases::TokenLeaseStats;
 

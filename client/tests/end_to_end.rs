@@ -78,6 +78,15 @@ async fn a_denied_group_consumes_nothing_on_the_node() {
     // "api:key1" gave 1 of 10 to the first group only.
     let alone = client.check(&[Check::new("api:key1", wide)]).await.unwrap();
     assert_eq!(alone[0].decision.remaining(), 8);
+    // The link reports its connection's transport figures: three round trips went out.
+    let transport = client.nodes()[0]
+        .transport
+        .expect("a connected link has figures");
+    assert!(transport.sent_packets >= 3, "{transport:?}");
+    assert!(
+        transport.rtt > Duration::ZERO && transport.mtu >= 1200,
+        "{transport:?}"
+    );
     client.close().await;
     node.shutdown().await;
 }
@@ -188,6 +197,7 @@ async fn an_unreachable_node_is_not_a_connect_error() {
         .await
         .unwrap();
     assert_eq!(client.nodes()[0].state, LinkState::Disconnected);
+    assert_eq!(client.nodes()[0].transport, None, "never connected");
     assert!(
         client.nodes()[0]
             .last_error

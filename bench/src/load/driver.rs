@@ -28,6 +28,10 @@ const TURN: Duration = Duration::from_millis(50);
 /// ends early (its achieved rate then says so).
 const MAX_IN_FLIGHT: u64 = 200_000;
 
+/// An open-loop request this late is counted as stalled ([`Stalled`]): a hundred times the
+/// usual latency at low rates, so whatever held it up was not queueing behind its neighbours.
+const STALLED: Duration = Duration::from_millis(50);
+
 /// What one run measured.
 #[derive(Debug)]
 pub struct RunResult {
@@ -44,6 +48,44 @@ pub struct RunResult {
     /// Requests per second in each whole [`WINDOW`] of a closed loop (empty for an open loop):
     /// shows whether the rate held or changed mid-run.
     pub window_rates: Vec<f64>,
+    /// The open loop's requests that took [`STALLED`] or more, if any: when they were due tells
+    /// one long stall (due within a turn or two) from many short ones.
+    pub stalled: Option<Stalled>,
+}
+
+/// Open-loop requests that took [`STALLED`] or more.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Stalled {
+    pub requests: u64,
+    /// When the first and the last of them were due, from the start of the run.
+    pub first_due: Duration,
+    pub last_due: Duration,
+    /// The longest of their latencies.
+    pub worst: Duration,
+}
+
+impl Stalled {
+    fn note(stalled: &mut Option<Stalled>, due: Duration, latency: Duration) {
+        let one = Stalled {
+            requests: 1,
+            first_due: due,
+            last_due: due,
+            worst: latency,
+        };
+        *stalled = Some(match *stalled {
+            None => one,
+            Some(seen) => seen.merge(one),
+        });
+    }
+
+    fn merge(self, other: Stalled) -> Stalled {
+        Stalled {
+            requests: self.requests + other.requests,
+            first_due: self.first_due.min(other.first_due),
+            last_due: self.last_due.max(other.last_due),
+            worst: self.worst.max(other.worst),
+        }
+    }
 }
 
 /// The closed loop's rate is sampled over windows this long.
@@ -66,6 +108,7 @@ struct Counters {
     allowed: AtomicU64,
     degraded: AtomicU64,
     errors: AtomicU64,
+    stalled: Mutex<Option<Stalled>>,
 }
 
 impl Counters {
@@ -91,6 +134,17 @@ impl Counters {
             .fetch_add(other.degraded.into_inner(), Ordering::Relaxed);
         self.errors
             .fetch_add(other.errors.into_inner(), Ordering::Relaxed);
+        if let Some(other) = other.stalled.into_inner() {
+            let mut stalled = self.stalled.lock();
+            *stalled = Some(stalled.map_or(other, |seen| seen.merge(other)));
+        }
+    }
+
+    /// Counts a request due `due` into the run that took `latency`, if that is a stall.
+    fn note_latency(&self, due: Duration, latency: Duration) {
+        if latency >= STALLED {
+            Stalled::note(&mut self.stalled.lock(), due, latency);
+        }
     }
 
     fn finish(self, elapsed: Duration, latency_us: Histogram<u64>, saturated: bool) -> RunResult {
@@ -104,6 +158,7 @@ impl Counters {
             latency_us,
             saturated,
             window_rates: Vec::new(),
+            stalled: self.stalled.into_inner(),
         }
     }
 }
@@ -111,10 +166,6 @@ impl Counters {
 fn histogram() -> Histogram<u64> {
     // 1 µs to 100 s at 3 significant digits: bounds are valid constants.
     Histogram::new_with_bounds(1, 100_000_000, 3).unwrap_or_else(|_| unreachable!("valid bounds"))
-}
-
-fn record_latency(histogram: &Mutex<Histogram<u64>>, since: Instant) {
-    record_between(histogram, since, Instant::now());
 }
 
 fn record_between(histogram: &Mutex<Histogram<u64>>, since: Instant, until: Instant) {
@@ -413,12 +464,42 @@ fn pace(
             // Declared first, so dropped last, even when the check panics.
             let _done = Done(in_flight);
             let outcome = target.check_leased(&request, leased).await;
-            record_latency(&latency, scheduled);
+            let done = Instant::now();
+            record_between(&latency, scheduled, done);
             counters.record(request.len(), &outcome);
+            counters.note_latency(scheduled - start, done - scheduled);
             // The run takes its counters and histogram back once the last task is done.
             drop((target, counters, latency));
         }));
         issued += 1;
     }
     (start, false)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_requests_of_50_ms_or_more_count_as_stalled_and_runs_merge_them() {
+        let ms = Duration::from_millis;
+        let counters = Counters::default();
+        counters.note_latency(ms(10), ms(49));
+        assert_eq!(counters.stalled.lock().map(|s| s.requests), None);
+        counters.note_latency(ms(300), ms(50));
+        counters.note_latency(ms(200), ms(380));
+        let other = Counters::default();
+        other.note_latency(ms(900), ms(60));
+        counters.absorb(other);
+        let run = counters.finish(ms(1_000), histogram(), false);
+        assert_eq!(
+            run.stalled,
+            Some(Stalled {
+                requests: 3,
+                first_due: ms(200),
+                last_due: ms(900),
+                worst: ms(380),
+            })
+        );
+    }
 }

@@ -149,6 +149,17 @@ impl Targets {
         self.0.iter().all(|(_, target)| target.leases())
     }
 
+    /// Packets sent and lost so far on all workers' QUIC connections (`None`: not QUIC).
+    pub fn transport(&self) -> Option<(u64, u64)> {
+        self.0
+            .iter()
+            .map(|(_, target)| target.transport())
+            .try_fold((0, 0), |(sent, lost), one| {
+                let (s, l) = one?;
+                Some((sent + s, lost + l))
+            })
+    }
+
     /// What the leasing clients of all workers did together (`None`: no leases here).
     pub fn lease_stats(&self) -> Option<floodgate_client::TokenLeaseStats> {
         self.0

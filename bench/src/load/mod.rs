@@ -397,6 +397,7 @@ async fn side_by_side(
         }
         progress.set_message(format!("side by side {workload} at {rate}/s"));
         let keys = Arc::new(workload::KeyGen::new(*workload, args.keys));
+        let transport_before: Vec<_> = targets.iter().map(|t| t.transport()).collect();
         let runs = driver::open_loop_taking_turns(
             targets.clone(),
             keys,
@@ -405,7 +406,10 @@ async fn side_by_side(
             101 + w as u64,
         )
         .await;
-        for (target, run) in targets.iter().zip(&runs) {
+        for ((target, run), before) in targets.iter().zip(&runs).zip(&transport_before) {
+            if let Some(note) = stall_note(target, workload, run, *before) {
+                progress.suspend(|| eprintln!("{note}"));
+            }
             let mut record = Record::new(
                 target.name(),
                 &workload.to_string(),
@@ -420,6 +424,35 @@ async fn side_by_side(
     }
     drop(servers);
     Ok(records)
+}
+
+/// A line on a system's stalled requests in the side-by-side step, if it had any: how many,
+/// when they were due and the worst, with the QUIC packets lost meanwhile (a loss costs a call
+/// at least a retransmission timeout), so a stall can be told from a lost datagram.
+fn stall_note(
+    target: &Targets,
+    workload: &Workload,
+    run: &driver::RunResult,
+    transport_before: Option<(u64, u64)>,
+) -> Option<String> {
+    let stalled = run.stalled?;
+    let transport = match (transport_before, target.transport()) {
+        (Some((sent0, lost0)), Some((sent, lost))) => format!(
+            "; its QUIC connections sent {} packets and lost {} meanwhile",
+            sent.saturating_sub(sent0),
+            lost.saturating_sub(lost0)
+        ),
+        _ => String::new(),
+    };
+    Some(format!(
+        "side by side, {} {workload}: {} requests took 50 ms or more, due {:.2}-{:.2} s into the \
+         step (turns of all systems counted), the worst {} ms{transport}",
+        target.name(),
+        stalled.requests,
+        stalled.first_due.as_secs_f64(),
+        stalled.last_due.as_secs_f64(),
+        stalled.worst.as_millis(),
+    ))
 }
 
 /// Starts a node with its data (and dev certificates) in `out/data_dir` and connects the

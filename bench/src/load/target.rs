@@ -297,6 +297,22 @@ impl Target {
         }
     }
 
+    /// Packets sent and lost so far on this system's QUIC connections (`None`: not QUIC).
+    pub fn transport(&self) -> Option<(u64, u64)> {
+        match self {
+            Target::Floodgate { client, .. } => Some(
+                client
+                    .nodes()
+                    .iter()
+                    .filter_map(|node| node.transport)
+                    .fold((0, 0), |(sent, lost), t| {
+                        (sent + t.sent_packets, lost + t.lost_packets)
+                    }),
+            ),
+            _ => None,
+        }
+    }
+
     /// Checks one request's keys all-or-nothing, through the leasing client when `leased`.
     pub async fn check_leased(&self, keys: &[String], leased: bool) -> anyhow::Result<Outcome> {
         match self {

@@ -168,6 +168,10 @@ impl NodeLink {
             addr: self.addr,
             state: *self.state.borrow(),
             last_error: self.last_error.lock().clone(),
+            transport: self
+                .connection()
+                .as_ref()
+                .map(crate::status::TransportStats::of),
         }
     }
 
