@@ -30,7 +30,7 @@ const MAX_IN_FLIGHT: u64 = 200_000;
 
 /// An open-loop request this late is counted as stalled ([`Stalled`]): a hundred times the
 /// usual latency at low rates, so whatever held it up was not queueing behind its neighbours.
-const STALLED: Duration = Duration::from_millis(50);
+pub const STALLED: Duration = Duration::from_millis(50);
 
 /// What one run measured.
 #[derive(Debug)]
@@ -65,26 +65,17 @@ pub struct Stalled {
 }
 
 impl Stalled {
-    fn note(stalled: &mut Option<Stalled>, due: Duration, latency: Duration) {
-        let one = Stalled {
-            requests: 1,
-            first_due: due,
-            last_due: due,
-            worst: latency,
-        };
-        *stalled = Some(match *stalled {
-            None => one,
-            Some(seen) => seen.merge(one),
+    /// Adds `other` to what `seen` holds so far.
+    fn add(seen: &mut Option<Stalled>, other: Stalled) {
+        *seen = Some(match *seen {
+            None => other,
+            Some(seen) => Stalled {
+                requests: seen.requests + other.requests,
+                first_due: seen.first_due.min(other.first_due),
+                last_due: seen.last_due.max(other.last_due),
+                worst: seen.worst.max(other.worst),
+            },
         });
-    }
-
-    fn merge(self, other: Stalled) -> Stalled {
-        Stalled {
-            requests: self.requests + other.requests,
-            first_due: self.first_due.min(other.first_due),
-            last_due: self.last_due.max(other.last_due),
-            worst: self.worst.max(other.worst),
-        }
     }
 }
 
@@ -135,15 +126,20 @@ impl Counters {
         self.errors
             .fetch_add(other.errors.into_inner(), Ordering::Relaxed);
         if let Some(other) = other.stalled.into_inner() {
-            let mut stalled = self.stalled.lock();
-            *stalled = Some(stalled.map_or(other, |seen| seen.merge(other)));
+            Stalled::add(&mut self.stalled.lock(), other);
         }
     }
 
     /// Counts a request due `due` into the run that took `latency`, if that is a stall.
     fn note_latency(&self, due: Duration, latency: Duration) {
         if latency >= STALLED {
-            Stalled::note(&mut self.stalled.lock(), due, latency);
+            let one = Stalled {
+                requests: 1,
+                first_due: due,
+                last_due: due,
+                worst: latency,
+            };
+            Stalled::add(&mut self.stalled.lock(), one);
         }
     }
 

@@ -445,10 +445,11 @@ fn stall_note(
         _ => String::new(),
     };
     Some(format!(
-        "side by side, {} {workload}: {} requests took 50 ms or more, due {:.2}-{:.2} s into the \
-         step (turns of all systems counted), the worst {} ms{transport}",
+        "side by side, {} {workload}: {} requests took {} ms or more, due {:.2}-{:.2} s into \
+         the step (turns of all systems counted), the worst {} ms{transport}",
         target.name(),
         stalled.requests,
+        driver::STALLED.as_millis(),
         stalled.first_due.as_secs_f64(),
         stalled.last_due.as_secs_f64(),
         stalled.worst.as_millis(),
