@@ -68,9 +68,7 @@ pub fn answer_frame(
         decisions.reserve(groups.check_count());
         let mut tally = DecisionTally::default();
         for i in 0..groups.len() {
-            if let Some(check) = groups.group(i + PREFETCH_AHEAD).and_then(<[_]>::first) {
-                store.prefetch(check.key);
-            }
+            prefetch_group(store, groups.group(i + PREFETCH_AHEAD));
             if let Some(group) = groups.group(i) {
                 decide_group(store, &mut tally, now_ns, group, decisions);
             }
@@ -119,12 +117,17 @@ fn refuse_kind(frame: &Frame, out: &mut Vec<u8>) -> Option<ErrorCode> {
     Some(ErrorCode::UnknownKind)
 }
 
-/// Called before deciding group `i`: starts loading the bucket of the group a few ahead, so cold
-/// keys' cache misses overlap instead of adding up. Only the group's first key: prefetching
-/// every key of 3-check groups cut the node's CPU per check by a sixth but, on the 2-core
-/// bench, lowered the closed loop's rate by about 7% (ten runs each), so it stays off.
+/// Called before deciding group `i`: starts loading the buckets of the group a few ahead, so
+/// cold keys' cache misses overlap instead of adding up.
 pub fn prefetch_ahead(store: &BucketStore, groups: &[Vec<ValidCheck>], i: usize) {
-    if let Some(check) = groups.get(i + PREFETCH_AHEAD).and_then(|g| g.first()) {
+    prefetch_group(store, groups.get(i + PREFETCH_AHEAD).map(Vec::as_slice));
+}
+
+/// Starts loading the bucket of every key of `group`. All of them, not only the first: a
+/// multi-check group decides every key, and with the first alone 40% of the node's samples in
+/// a 3-check closed loop waited on keys 2 and 3 (bench/RESULTS.md).
+fn prefetch_group(store: &BucketStore, group: Option<&[ValidCheck]>) {
+    for check in group.unwrap_or_default() {
         store.prefetch(check.key);
     }
 }
