@@ -1,5 +1,6 @@
 //! Criterion micro-benchmarks of the bucket store beside governor's keyed limiter, same workload
-//! in the same run: one hot key, 1M keys uniform, 1M keys Zipf, and 2 threads on one key.
+//! in the same run: one hot key, 1M keys uniform, 1M keys Zipf, 2 threads on one key, and
+//! three keys decided together.
 //!
 //! Both sides use a fake clock advanced 1 µs per check, keys are u64 (floodgate hashes their
 //! bytes into a `BucketKey`, governor hashes them in its DashMap), the limit is 1,000/s with a
@@ -12,7 +13,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use floodgate::{BucketKey, BucketStore, Limit, NANOS_PER_SEC, StoreConfig};
+use floodgate::{BucketKey, BucketStore, Check, Limit, NANOS_PER_SEC, StoreConfig};
 use governor::clock::FakeRelativeClock;
 use governor::{Quota, RateLimiter};
 use rand::{Rng, SeedableRng, rngs::StdRng};
@@ -181,6 +182,51 @@ fn zipf(c: &mut Criterion) {
     keyed_workload(c, "zipf_1m", &sequence(true));
 }
 
+/// A gateway request with three rules (user, IP, API key) is one group decided all-or-nothing
+/// (`BucketStore::check_all`: every shard involved locked, undone if one denies). Over 1,000
+/// keys, so the buckets stay cached and the group's own bookkeeping is what is measured.
+/// governor has no all-or-nothing check; its side is the same three keys checked one by one.
+fn three_keys(c: &mut Criterion) {
+    const HOT: u64 = 1_000;
+    let mut group = c.benchmark_group("three_keys_1k");
+    group.throughput(Throughput::Elements(3));
+    let store = floodgate_store();
+    let limit = floodgate_limit();
+    let keys: Vec<u64> = sequence(false).iter().map(|k| k % HOT).collect();
+    let mut now = NANOS_PER_SEC;
+    let mut i = 0;
+    let mut checks = Vec::with_capacity(3);
+    let mut decisions = Vec::with_capacity(3);
+    group.bench_function("floodgate_check_all", |b| {
+        b.iter(|| {
+            now += STEP_NS;
+            checks.clear();
+            for j in 0..3 {
+                checks.push(Check {
+                    key: bucket(keys[(i + j) & (SEQUENCE - 1)]),
+                    limit,
+                    cost: 1,
+                });
+            }
+            i = (i + 3) & (SEQUENCE - 1);
+            black_box(store.check_all(&checks, now, &mut decisions).unwrap())
+        })
+    });
+    let clock = FakeRelativeClock::default();
+    let governor = governor_limiter(&clock);
+    let mut i = 0;
+    group.bench_function("governor", |b| {
+        b.iter(|| {
+            clock.advance(Duration::from_nanos(STEP_NS));
+            for j in 0..3 {
+                black_box(governor.check_key(&keys[(i + j) & (SEQUENCE - 1)]).is_ok());
+            }
+            i = (i + 3) & (SEQUENCE - 1);
+        })
+    });
+    group.finish();
+}
+
 /// Two threads checking one hot key at once; one iteration is one check on each thread, so the
 /// time reported is per pair of concurrent checks. The clock is frozen mid-way through a period
 /// for both, so both spend the run on the same mix of allows and denials.
@@ -237,6 +283,6 @@ fn run_pair(iters: u64, op: impl Fn() + Send + Clone + 'static) -> Duration {
 criterion_group! {
     name = benches;
     config = Criterion::default().sample_size(30).warm_up_time(Duration::from_secs(1)).measurement_time(Duration::from_secs(3));
-    targets = hot_key, uniform, zipf, contention
+    targets = hot_key, uniform, zipf, contention, three_keys
 }
 criterion_main!(benches);
