@@ -12,7 +12,7 @@ use std::sync::{Arc, Barrier};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use criterion::{BatchSize, Criterion, Throughput, criterion_group, criterion_main};
 use floodgate::{BucketKey, BucketStore, Check, Limit, NANOS_PER_SEC, StoreConfig};
 use governor::clock::FakeRelativeClock;
 use governor::{Quota, RateLimiter};
@@ -280,9 +280,79 @@ fn run_pair(iters: u64, op: impl Fn() + Send + Clone + 'static) -> Duration {
     start.elapsed()
 }
 
+/// A frame of 256 checks over 1M keys decided with caches emptied in between, as the node's are
+/// when the gateway's threads run on its vCPU between two frames: the keys' page translations
+/// are no longer cached, and a prefetch that misses them waits for its page walk before later
+/// instructions retire. The node's order (prefetches in bursts of 8, one burst ahead) beside
+/// the earlier one (one group's prefetch 8 ahead, between two decisions).
+fn cold_frame(c: &mut Criterion) {
+    const FRAME: usize = 256;
+    const BURST: usize = 8;
+    const EVICT_BYTES: usize = 32 << 20;
+    let keys = sequence(false);
+    let store = floodgate_store();
+    let limit = floodgate_limit();
+    let mut now = 0;
+    for key in &keys {
+        store.check(bucket(*key), &limit, 1, now).unwrap();
+    }
+    let mut evict = vec![0u8; EVICT_BYTES];
+    let mut group = c.benchmark_group("cold_frame_256");
+    group.throughput(Throughput::Elements(FRAME as u64));
+    // Each iteration's eviction takes far longer than the frame: few samples keep it short.
+    group
+        .sample_size(10)
+        .measurement_time(Duration::from_secs(1));
+    let mut next = 0;
+    let mut next_frame = || {
+        for line in evict.iter_mut().step_by(64) {
+            *line = line.wrapping_add(1);
+        }
+        let frame: Vec<BucketKey> = (0..FRAME)
+            .map(|j| bucket(keys[(next + j) & (SEQUENCE - 1)]))
+            .collect();
+        next = (next + FRAME) & (SEQUENCE - 1);
+        frame
+    };
+    group.bench_function("bursts_of_8", |b| {
+        b.iter_batched(
+            &mut next_frame,
+            |frame| {
+                now += STEP_NS;
+                for i in 0..FRAME {
+                    if i % BURST == 0 {
+                        let from = if i == 0 { 0 } else { i + BURST };
+                        for key in frame.iter().take(i + 2 * BURST).skip(from) {
+                            store.prefetch(*key);
+                        }
+                    }
+                    black_box(store.check(frame[i], &limit, 1, now).unwrap());
+                }
+            },
+            BatchSize::PerIteration,
+        )
+    });
+    group.bench_function("one_8_ahead", |b| {
+        b.iter_batched(
+            &mut next_frame,
+            |frame| {
+                now += STEP_NS;
+                for i in 0..FRAME {
+                    if let Some(ahead) = frame.get(i + PREFETCH_AHEAD) {
+                        store.prefetch(*ahead);
+                    }
+                    black_box(store.check(frame[i], &limit, 1, now).unwrap());
+                }
+            },
+            BatchSize::PerIteration,
+        )
+    });
+    group.finish();
+}
+
 criterion_group! {
     name = benches;
     config = Criterion::default().sample_size(30).warm_up_time(Duration::from_secs(1)).measurement_time(Duration::from_secs(3));
-    targets = hot_key, uniform, zipf, contention, three_keys
+    targets = hot_key, uniform, zipf, contention, three_keys, cold_frame
 }
 criterion_main!(benches);

@@ -28,7 +28,7 @@ use floodgate::wire::{
 use rkyv::rancor;
 
 use crate::metrics::DecisionTally;
-use crate::service::{decide_group, decode_frame, finish_batch, prefetch_ahead};
+use crate::service::{decide_group, decode_frame, finish_batch, prefetch_before};
 use crate::state::Shared;
 
 /// Longest a node waits for its slot table to catch up with a peer's.
@@ -178,7 +178,7 @@ impl<'a> Batch<'a> {
         let mut taken_over = 0;
         let mut placed = Vec::with_capacity(self.groups.len());
         for (i, placement) in placements.into_iter().enumerate() {
-            prefetch_ahead(&shared.store, self.groups, i);
+            prefetch_before(&shared.store, i, |j| self.groups.get(j).map(Vec::as_slice));
             placed.push(match placement {
                 Placement::Decide => self.decide(i),
                 Placement::Takeover => {

@@ -12,8 +12,9 @@ use rkyv::util::AlignedVec;
 
 use crate::metrics::{DecisionTally, NodeMetrics};
 
-/// How many groups ahead of the one being decided to prefetch (measured in `bench/benches/core.rs`).
-const PREFETCH_AHEAD: usize = 8;
+/// Groups whose buckets are prefetched together, one burst ahead of the groups being decided
+/// (measured in `bench/benches/core.rs`, `cold_frame_256`).
+const PREFETCH_BURST: usize = 8;
 
 /// Buffers the check path reuses from frame to frame on each runtime thread: the decoded
 /// groups, the decisions, and the archive of the answer. Fresh ones cost several allocations
@@ -68,7 +69,7 @@ pub fn answer_frame(
         decisions.reserve(groups.check_count());
         let mut tally = DecisionTally::default();
         for i in 0..groups.len() {
-            prefetch_group(store, groups.group(i + PREFETCH_AHEAD));
+            prefetch_before(store, i, |j| groups.group(j));
             if let Some(group) = groups.group(i) {
                 decide_group(store, &mut tally, now_ns, group, decisions);
             }
@@ -117,10 +118,27 @@ fn refuse_kind(frame: &Frame, out: &mut Vec<u8>) -> Option<ErrorCode> {
     Some(ErrorCode::UnknownKind)
 }
 
-/// Called before deciding group `i`: starts loading the buckets of the group a few ahead, so
-/// cold keys' cache misses overlap instead of adding up.
-pub fn prefetch_ahead(store: &BucketStore, groups: &[Vec<ValidCheck>], i: usize) {
-    prefetch_group(store, groups.get(i + PREFETCH_AHEAD).map(Vec::as_slice));
+/// Called before deciding group `i` of a frame (`group(j)` is group `j`, `None` past the end):
+/// starts loading the buckets of groups to come, so cold keys' cache misses overlap instead of
+/// adding up. The prefetches go out in bursts, the next [`PREFETCH_BURST`] groups' at the start
+/// of each burst, not one group's between two decisions: a key's bucket usually lies on a page
+/// whose translation is not cached either, and a prefetch waits for its page walk before the
+/// instructions after it can retire, so only prefetches issued back to back walk in parallel.
+/// With caches emptied between frames (as the processes sharing a vCPU empty them), a frame of
+/// 256 checks took about two thirds of the time of one group prefetched 8 ahead
+/// (bench/RESULTS.md).
+pub fn prefetch_before<'g>(
+    store: &BucketStore,
+    i: usize,
+    group: impl Fn(usize) -> Option<&'g [ValidCheck]>,
+) {
+    if !i.is_multiple_of(PREFETCH_BURST) {
+        return;
+    }
+    let from = if i == 0 { 0 } else { i + PREFETCH_BURST };
+    for j in from..i + 2 * PREFETCH_BURST {
+        prefetch_group(store, group(j));
+    }
 }
 
 /// Starts loading the bucket of every key of `group`. All of them, not only the first: a
