@@ -2,8 +2,8 @@
 //! (limits on everything from outside; PROTOCOL.md).
 
 use floodgate::wire::{
-    CheckBatch, DecisionBatch, ErrorCode, FrameKind, FrameReader, HEADER_BYTES, WireCheck,
-    WireDecision, WireLimits, decode_check_batch, decode_decision_batch, encode_frame,
+    CheckBatch, DecisionBatch, ErrorCode, FrameKind, FrameReader, HEADER_BYTES, PackedBatch,
+    WireCheck, WireDecision, WireLimits, decode_check_batch, decode_decision_batch, encode_frame,
     encode_message,
 };
 use floodgate::{Decision, Limit, NANOS_PER_SEC};
@@ -164,13 +164,19 @@ fn payload_errors_carry_their_codes() {
         decode_check_batch(&encode(&bad), &limits).unwrap_err().0,
         ErrorCode::InvalidLimit
     );
-    let empty_group = CheckBatch {
-        groups: vec![vec![]],
-    };
+    // An empty group cannot be packed; the nearest a sender can come is a check that starts
+    // no group.
+    assert!(
+        rkyv::to_bytes::<rkyv::rancor::Error>(&CheckBatch {
+            groups: vec![vec![]]
+        })
+        .is_err()
+    );
+    let mut no_group = PackedBatch::pack(&batch(&["a"])).unwrap();
+    no_group.checks[0].flags = 0;
+    let no_group = rkyv::to_bytes::<rkyv::rancor::Error>(&no_group).unwrap();
     assert_eq!(
-        decode_check_batch(&encode(&empty_group), &limits)
-            .unwrap_err()
-            .0,
+        decode_check_batch(&no_group, &limits).unwrap_err().0,
         ErrorCode::MalformedPayload
     );
 }

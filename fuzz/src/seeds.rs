@@ -8,8 +8,8 @@ use floodgate::cluster::membership::MemberDigest;
 use floodgate::cluster::{Gossip, MemberInfo, SLOTS, SlotTable};
 use floodgate::wire::{
     CheckBatch, DecisionBatch, ErrorCode, ErrorFrame, FrameKind, HandoffPart, MAX_WIRE_TAT_NS,
-    PolicyMessage, PolicyRequest, ReplicateMessage, SlotTableMessage, TableMember, WireBucket,
-    WireCheck, WireDecision, encode_frame, encode_message,
+    PackedBatch, PolicyMessage, PolicyRequest, ReplicateMessage, SlotTableMessage, TableMember,
+    WireBucket, WireCheck, WireDecision, encode_frame, encode_message,
 };
 use floodgate::{
     Algorithm, BucketKey, BucketState, BucketStore, BucketValue, Decision, Limit, MAX_PERIOD_NS,
@@ -265,6 +265,12 @@ fn check_batch_seeds() -> Vec<Seed> {
     let encode = |groups: Vec<Vec<WireCheck>>| {
         reframe(FrameKind::CheckBatch, &CheckBatch { groups }).to_vec()
     };
+    // Packed with an empty group's worth of structure: a check that belongs to no group.
+    let mut no_group_start = PackedBatch::pack(&CheckBatch {
+        groups: vec![vec![WireCheck::new("a", &gcra, 1)]],
+    })
+    .expect("a batch of one group packs");
+    no_group_start.checks[0].flags = 0;
     let takeover = WireCheck {
         takeover: true,
         ..WireCheck::new("b", &gcra, 2)
@@ -373,8 +379,8 @@ fn check_batch_seeds() -> Vec<Seed> {
         seed("check_batch", "no-groups", encode(Vec::new()), Accepted),
         seed(
             "check_batch",
-            "empty-group",
-            encode(vec![Vec::new()]),
+            "first-check-starts-no-group",
+            reframe(FrameKind::CheckBatch, &no_group_start).to_vec(),
             Refused,
         ),
         seed("check_batch", "mixed-refund", encode(mixed), Refused),

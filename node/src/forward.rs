@@ -22,8 +22,8 @@ use std::time::Duration;
 use floodgate::Clock;
 use floodgate::cluster::ownership::{Arrival, Failed, Placement, Refusal};
 use floodgate::wire::{
-    ArchivedCheckBatch, CheckBatch, ErrorCode, Frame, FrameKind, ValidCheck, WireCheck,
-    WireDecision, decode_decisions, encode_message,
+    ArchivedCheckBatch, CheckBatch, ErrorCode, Frame, FrameKind, ValidCheck, WireDecision,
+    decode_decisions, encode_message,
 };
 use rkyv::rancor;
 
@@ -318,7 +318,8 @@ async fn forward(
             *place = Placed::Unanswered;
         }
     }
-    let Some(archived) = archived else {
+    // Already validated, so it unpacks; re-encoded below, group by group.
+    let Some(Ok(sent)) = archived.map(ArchivedCheckBatch::unpack) else {
         return;
     };
     let cluster = &shared.cluster;
@@ -331,9 +332,7 @@ async fn forward(
         let batch = CheckBatch {
             groups: indices
                 .iter()
-                .filter_map(|&i| {
-                    rkyv::deserialize::<Vec<WireCheck>, rancor::Error>(&archived.groups[i]).ok()
-                })
+                .filter_map(|&i| sent.groups.get(i).cloned())
                 .collect(),
         };
         let mut bytes = Vec::new();

@@ -14,8 +14,8 @@ use floodgate::Check;
 use floodgate::cluster::ownership::{Arrival, Placement};
 use floodgate::region::Scope;
 use floodgate::wire::{
-    ArchivedScopedCheckBatch, CheckBatch, ErrorCode, Frame, FrameKind, ValidCheck, WireCheck,
-    WireDecision, decode_decisions, decode_scoped_check_batch, encode_message,
+    ArchivedScopedCheckBatch, CheckBatch, ErrorCode, Frame, FrameKind, ValidCheck, WireDecision,
+    decode_decisions, decode_scoped_check_batch, encode_message,
 };
 use rkyv::rancor;
 
@@ -135,6 +135,10 @@ async fn forward_home(
     let Ok(scoped) = rkyv::access::<ArchivedScopedCheckBatch, rancor::Error>(&frame.payload) else {
         return;
     };
+    // Already validated, so it unpacks; re-encoded below, group by group.
+    let Ok(sent) = scoped.batch.unpack() else {
+        return;
+    };
     let max = shared.config.limits.max_frame_bytes;
     let mut forwards = tokio::task::JoinSet::new();
     for (owner, indices) in homes {
@@ -144,9 +148,7 @@ async fn forward_home(
         let batch = CheckBatch {
             groups: indices
                 .iter()
-                .filter_map(|&i| {
-                    rkyv::deserialize::<Vec<WireCheck>, rancor::Error>(&scoped.batch.groups[i]).ok()
-                })
+                .filter_map(|&i| sent.groups.get(i).cloned())
                 .collect(),
         };
         let mut bytes = Vec::new();

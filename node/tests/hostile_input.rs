@@ -92,12 +92,13 @@ async fn a_length_prefix_over_the_limit_closes_the_stream() {
 
 #[tokio::test]
 async fn a_wrong_version_is_refused_by_name() {
+    // A gateway of the version before, whose check batches this node would misread.
     let mut bytes = check_frame(7, &[b"k"], &per_hour(10));
-    bytes[2] = 2;
+    bytes[2] = 1;
     let (answers, _, node) = attack(&bytes).await;
     assert_eq!(only_error(&answers), ErrorCode::UnsupportedVersion);
     assert!(
-        answers.errors[0].2.contains("version 2"),
+        answers.errors[0].2.contains("version 1"),
         "{}",
         answers.errors[0].2
     );

@@ -26,13 +26,6 @@ pub struct WireCheck {
     pub takeover: bool,
 }
 
-/// Client → node: groups of checks. Each group decides all-or-nothing (one gateway request's
-/// checks); groups are independent. Decisions come back flattened, in order.
-#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq, Default)]
-pub struct CheckBatch {
-    pub groups: Vec<Vec<WireCheck>>,
-}
-
 /// One decision as sent. `outcome`: 0 allowed, 1 denied, 2 cost exceeds burst (`remaining` then
 /// holds the burst), 3 error (`error_code` says which).
 #[derive(Archive, Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -219,153 +212,17 @@ where
     })
 }
 
-/// Validates a check batch payload and converts it: every group's checks, in order. Nothing is
-/// read from `payload` before rkyv has validated the whole archive.
-pub fn decode_check_batch(
-    payload: &[u8],
-    limits: &WireLimits,
-) -> Result<Vec<Vec<ValidCheck>>, Refusal> {
-    let batch = access_validated::<ArchivedCheckBatch>(payload, "check batch")?;
-    decode_groups(batch, limits)
-}
-
-/// Validates and converts the groups of an archived check batch.
-pub(crate) fn decode_groups(
-    batch: &ArchivedCheckBatch,
-    limits: &WireLimits,
-) -> Result<Vec<Vec<ValidCheck>>, Refusal> {
-    check_batch_size(batch, limits)?;
-    let mut groups = Vec::with_capacity(batch.groups.len());
-    for group in batch.groups.iter() {
-        let mut checks = Vec::with_capacity(group.len());
-        for check in group.iter() {
-            checks.push(validate_check(check, limits)?);
-        }
-        check_group(&checks)?;
-        groups.push(checks);
-    }
-    Ok(groups)
-}
-
-/// A validated check batch, flat: every check in order and where each group ends. Reused from
-/// frame to frame ([`decode_check_batch_into`]), it costs no allocation per group, where
-/// `Vec<Vec<ValidCheck>>` costs one per gateway request.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct CheckGroups {
-    checks: Vec<ValidCheck>,
-    /// Exclusive end, in `checks`, of each group.
-    ends: Vec<usize>,
-}
-
-impl CheckGroups {
-    /// Number of groups.
-    pub fn len(&self) -> usize {
-        self.ends.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.ends.is_empty()
-    }
-
-    /// Number of checks over all groups.
-    pub fn check_count(&self) -> usize {
-        self.checks.len()
-    }
-
-    /// Group `i`'s checks.
-    pub fn group(&self, i: usize) -> Option<&[ValidCheck]> {
-        let end = *self.ends.get(i)?;
-        let start = if i == 0 { 0 } else { self.ends[i - 1] };
-        self.checks.get(start..end)
-    }
-
-    /// Every group's checks, in order.
-    pub fn iter(&self) -> impl Iterator<Item = &[ValidCheck]> {
-        (0..self.len()).filter_map(|i| self.group(i))
-    }
-
-    fn clear(&mut self) {
-        self.checks.clear();
-        self.ends.clear();
-    }
-}
-
-/// [`decode_check_batch`] into `groups` (cleared first), reusing its buffers. On a refusal
-/// `groups` holds nothing usable.
-pub fn decode_check_batch_into(
-    payload: &[u8],
-    limits: &WireLimits,
-    groups: &mut CheckGroups,
-) -> Result<(), Refusal> {
-    groups.clear();
-    let batch = access_validated::<ArchivedCheckBatch>(payload, "check batch")?;
-    check_batch_size(batch, limits)?;
-    for group in batch.groups.iter() {
-        let start = groups.checks.len();
-        for check in group.iter() {
-            groups.checks.push(validate_check(check, limits)?);
-        }
-        check_group(&groups.checks[start..])?;
-        groups.ends.push(groups.checks.len());
-    }
-    Ok(())
-}
-
-fn check_batch_size(batch: &ArchivedCheckBatch, limits: &WireLimits) -> Result<(), Refusal> {
-    let total: usize = batch.groups.iter().map(|g| g.len()).sum();
-    if total > limits.max_batch {
-        return Err((
-            ErrorCode::BatchTooLarge,
-            format!(
-                "{total} checks in one frame; the maximum is {}",
-                limits.max_batch
-            ),
-        ));
-    }
-    Ok(())
-}
-
-/// A group is not empty, and is all refunds or none.
-fn check_group(checks: &[ValidCheck]) -> Result<(), Refusal> {
-    if checks.is_empty() {
-        return Err((ErrorCode::MalformedPayload, "empty check group".to_owned()));
-    }
-    if checks.iter().any(|c| c.refund) && !checks.iter().all(|c| c.refund) {
-        return Err((
-            ErrorCode::MalformedPayload,
-            "a group mixes refunds and checks".to_owned(),
-        ));
-    }
-    Ok(())
-}
-
 pub(crate) fn validate_check(
     check: &ArchivedWireCheck,
     limits: &WireLimits,
 ) -> Result<ValidCheck, Refusal> {
-    if check.key.len() > limits.max_key_bytes {
-        let message = format!(
-            "key of {} bytes exceeds the maximum of {}",
-            check.key.len(),
-            limits.max_key_bytes
-        );
-        return Err((ErrorCode::KeyTooLong, message));
-    }
-    let algorithm = *Algorithm::ALL
-        .get(usize::from(check.algorithm))
-        .ok_or_else(|| {
-            (
-                ErrorCode::InvalidLimit,
-                format!("unknown algorithm {}", check.algorithm),
-            )
-        })?;
-    let limit = Limit::new(
-        algorithm,
+    check_key_len(check.key.len(), limits)?;
+    let limit = limit_from_wire(
+        check.algorithm,
         check.rate.to_native(),
         check.period_ns.to_native(),
         check.burst.to_native(),
-    )
-    .map_err(|e| (ErrorCode::InvalidLimit, e.to_string()))?;
+    )?;
     Ok(ValidCheck {
         key: BucketKey::for_key(check.key.as_slice()),
         limit,
@@ -373,6 +230,35 @@ pub(crate) fn validate_check(
         refund: check.refund,
         takeover: check.takeover,
     })
+}
+
+/// Refuses a key longer than `limits` allow.
+pub(crate) fn check_key_len(len: usize, limits: &WireLimits) -> Result<(), Refusal> {
+    if len > limits.max_key_bytes {
+        let message = format!(
+            "key of {len} bytes exceeds the maximum of {}",
+            limits.max_key_bytes
+        );
+        return Err((ErrorCode::KeyTooLong, message));
+    }
+    Ok(())
+}
+
+/// A limit from its wire fields, or `invalid_limit` saying why not.
+pub(crate) fn limit_from_wire(
+    algorithm: u8,
+    rate: u64,
+    period_ns: u64,
+    burst: u64,
+) -> Result<Limit, Refusal> {
+    let Some(&algorithm) = Algorithm::ALL.get(usize::from(algorithm)) else {
+        return Err((
+            ErrorCode::InvalidLimit,
+            format!("unknown algorithm {algorithm}"),
+        ));
+    };
+    Limit::new(algorithm, rate, period_ns, burst)
+        .map_err(|e| (ErrorCode::InvalidLimit, e.to_string()))
 }
 
 /// Validates a decision batch payload (client side; nodes are not trusted blindly either).
@@ -418,10 +304,6 @@ pub fn decode_error_frame(payload: &[u8]) -> Result<ErrorFrame, Refusal> {
 mod tests {
     use super::*;
 
-    fn payload(groups: Vec<Vec<WireCheck>>) -> rkyv::util::AlignedVec {
-        rkyv::to_bytes::<rancor::Error>(&CheckBatch { groups }).unwrap()
-    }
-
     #[test]
     fn decisions_decode_into_a_reused_buffer_as_they_decode_fresh() {
         let decisions = vec![
@@ -442,39 +324,5 @@ mod tests {
         assert_eq!(decode_decisions(&payload), Ok((decisions, 9)));
         assert!(decode_decisions_into(b"not an archive", &mut buffer).is_err());
         assert!(buffer.is_empty());
-    }
-
-    #[test]
-    fn the_flat_decoding_reads_the_same_groups_and_refuses_the_same_batches() {
-        let limit = Limit::gcra(10, 1_000_000_000, 10).unwrap();
-        let check = |key: &str| WireCheck::new(key, &limit, 1);
-        let refund = |key: &str| WireCheck::refund(key, &limit, 1);
-        let limits = WireLimits::default();
-        let mut flat = CheckGroups::default();
-        let good = payload(vec![
-            vec![check("a")],
-            vec![check("b"), check("c"), check("d")],
-            vec![refund("e")],
-        ]);
-        let nested = decode_check_batch(&good, &limits).unwrap();
-        decode_check_batch_into(&good, &limits, &mut flat).unwrap();
-        assert_eq!(flat.len(), 3);
-        assert_eq!(flat.check_count(), 5);
-        assert_eq!(flat.iter().collect::<Vec<_>>(), nested);
-        assert_eq!(flat.group(3), None);
-        // Reused: a second, smaller batch replaces the first.
-        decode_check_batch_into(&payload(vec![vec![check("z")]]), &limits, &mut flat).unwrap();
-        assert_eq!(flat.len(), 1);
-        assert_eq!(flat.check_count(), 1);
-        for bad in [
-            payload(vec![vec![]]),
-            payload(vec![vec![check("a"), refund("b")]]),
-            payload(vec![vec![check(&"k".repeat(limits.max_key_bytes + 1))]]),
-            payload(vec![vec![check("a"); limits.max_batch + 1]]),
-        ] {
-            let expected = decode_check_batch(&bad, &limits).unwrap_err();
-            let got = decode_check_batch_into(&bad, &limits, &mut flat).unwrap_err();
-            assert_eq!(got, expected);
-        }
     }
 }

@@ -4,7 +4,7 @@
 //! ```text
 //! offset  size  field
 //! 0       2     magic "FG"
-//! 2       1     protocol version (1)
+//! 2       1     protocol version (2)
 //! 3       1     frame kind (FrameKind)
 //! 4       4     payload length, little-endian u32 (at most the receiver's max frame bytes)
 //! 8       8     request id, little-endian u64 (answers carry the id of their request)
@@ -13,6 +13,7 @@
 //!
 //! See PROTOCOL.md for the messages, error codes and what a receiver does with bad input.
 
+mod check_batch;
 mod cluster_messages;
 mod frame;
 mod lease_messages;
@@ -21,6 +22,11 @@ mod policy_messages;
 mod region_messages;
 mod token_lease_messages;
 
+pub use check_batch::{
+    ArchivedCheckBatch, ArchivedPackedBatch, CheckBatch, CheckGroups, PackError, PackedBatch,
+    PackedCheck, REFUND, STARTS_GROUP, TAKEOVER, WireLimit, decode_check_batch,
+    decode_check_batch_into,
+};
 pub use cluster_messages::{
     HandoffPart, MAX_HANDOFF_PARTS, MAX_MEMBER_FIELD_BYTES, MAX_WIRE_TAT_NS, ReplicateMessage,
     Replicated, SlotTableMessage, TableMember, WireBucket, decode_gossip, decode_id_conflict,
@@ -35,9 +41,8 @@ pub use lease_messages::{
     lease_set_wire_bytes,
 };
 pub use messages::{
-    ArchivedCheckBatch, ArchivedDecisionBatch, ArchivedErrorFrame, ArchivedWireCheck, CheckBatch,
-    CheckGroups, DecisionBatch, ErrorFrame, ValidCheck, WireCheck, WireDecision, WireLimits,
-    decode_check_batch, decode_check_batch_into, decode_decision_batch, decode_decisions,
+    ArchivedDecisionBatch, ArchivedErrorFrame, ArchivedWireCheck, DecisionBatch, ErrorFrame,
+    ValidCheck, WireCheck, WireDecision, WireLimits, decode_decision_batch, decode_decisions,
     decode_decisions_into, decode_error_frame,
 };
 pub use policy_messages::{
@@ -57,7 +62,7 @@ pub use token_lease_messages::{
 /// First two bytes of every frame.
 pub const MAGIC: [u8; 2] = *b"FG";
 /// The protocol version this build speaks; a frame with another version is refused.
-pub const PROTOCOL_VERSION: u8 = 1;
+pub const PROTOCOL_VERSION: u8 = 2;
 /// Bytes before the payload. A multiple of 16, so a payload read into an aligned buffer right
 /// after its header stays aligned for rkyv.
 pub const HEADER_BYTES: usize = 16;

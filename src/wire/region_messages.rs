@@ -9,12 +9,12 @@
 use rkyv::{Archive, Deserialize, Serialize};
 
 use super::ErrorCode;
+use super::check_batch::{ArchivedCheckBatch, CheckBatch, decode_groups};
 use super::messages::{
-    ArchivedCheckBatch, CheckBatch, Refusal, ValidCheck, WireLimits, access_validated,
-    algorithm_to_wire, decode_groups,
+    Refusal, ValidCheck, WireLimits, access_validated, algorithm_to_wire, limit_from_wire,
 };
+use crate::BucketKey;
 use crate::region::{Delta, DeltaAck, DeltaBatch, MAX_ACK_RANGES, Peer, RegionName, Scope};
-use crate::{Algorithm, BucketKey, Limit};
 
 /// Most deltas one kind 13 message may carry.
 pub const MAX_WIRE_DELTAS: usize = 4_096;
@@ -209,21 +209,12 @@ pub fn decode_region_deltas(payload: &[u8]) -> Result<DeltaBatch, Refusal> {
     }
     let mut deltas = Vec::with_capacity(message.deltas.len());
     for delta in message.deltas.iter() {
-        let algorithm = *Algorithm::ALL
-            .get(usize::from(delta.algorithm))
-            .ok_or_else(|| {
-                (
-                    ErrorCode::InvalidLimit,
-                    format!("unknown algorithm {}", delta.algorithm),
-                )
-            })?;
-        let limit = Limit::new(
-            algorithm,
+        let limit = limit_from_wire(
+            delta.algorithm,
             delta.rate.to_native(),
             delta.period_ns.to_native(),
             delta.burst.to_native(),
-        )
-        .map_err(|e| (ErrorCode::InvalidLimit, e.to_string()))?;
+        )?;
         let units = delta.units.to_native();
         let at_ns = delta.at_ns.to_native();
         if units == 0 {
@@ -272,6 +263,7 @@ mod tests {
     use super::*;
     use crate::NANOS_PER_SEC as S;
     use crate::wire::WireCheck;
+    use crate::{Algorithm, Limit};
 
     fn bytes<T>(message: &T) -> rkyv::util::AlignedVec
     where
