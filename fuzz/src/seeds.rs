@@ -8,8 +8,8 @@ use floodgate::cluster::membership::MemberDigest;
 use floodgate::cluster::{Gossip, MemberInfo, SLOTS, SlotTable};
 use floodgate::wire::{
     CheckBatch, DecisionBatch, ErrorCode, ErrorFrame, FrameKind, HandoffPart, MAX_WIRE_TAT_NS,
-    PackedBatch, PolicyMessage, PolicyRequest, ReplicateMessage, SlotTableMessage, TableMember,
-    WireBucket, WireCheck, WireDecision, encode_frame, encode_message,
+    PackedBatch, PackedDecisions, PolicyMessage, PolicyRequest, ReplicateMessage, SlotTableMessage,
+    TableMember, WireBucket, WireCheck, WireDecision, encode_frame, encode_message,
 };
 use floodgate::{
     Algorithm, BucketKey, BucketState, BucketStore, BucketValue, Decision, Limit, MAX_PERIOD_NS,
@@ -436,6 +436,19 @@ fn decision_seeds() -> Vec<Seed> {
         ),
         seed("decision_batch", "empty", encode(Vec::new(), 0), Accepted),
         seed("decision_batch", "short", vec![0; 4], Refused),
+        seed(
+            "decision_batch",
+            "unknown-outcome",
+            reframe(
+                FrameKind::DecisionBatch,
+                &PackedDecisions {
+                    outcomes: vec![4],
+                    ..PackedDecisions::default()
+                },
+            )
+            .to_vec(),
+            Refused,
+        ),
     ]
 }
 

@@ -18,6 +18,7 @@ use super::ErrorCode;
 use super::messages::{
     Refusal, ValidCheck, WireCheck, WireLimits, access_validated, check_key_len, limit_from_wire,
 };
+use super::packing::Packed;
 use crate::{BucketKey, Limit};
 
 /// Client → node: groups of checks. Each group decides all-or-nothing (one gateway request's
@@ -261,25 +262,10 @@ impl ArchivedPackedBatch {
 
 impl Archive for CheckBatch {
     type Archived = ArchivedPackedBatch;
-    type Resolver = PackedResolver;
+    type Resolver = Packed<PackedBatch>;
 
     fn resolve(&self, resolver: Self::Resolver, out: Place<Self::Archived>) {
-        resolver.packed.resolve(resolver.inner, out);
-    }
-}
-
-/// What packing a batch leaves for rkyv's second pass: the packed batch itself (resolving needs
-/// its lengths) and its resolver.
-pub struct PackedResolver {
-    packed: PackedBatch,
-    inner: <PackedBatch as Archive>::Resolver,
-}
-
-impl std::fmt::Debug for PackedResolver {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("PackedResolver")
-            .field("packed", &self.packed)
-            .finish_non_exhaustive()
+        resolver.resolve(out);
     }
 }
 
@@ -290,8 +276,7 @@ where
 {
     fn serialize(&self, serializer: &mut S) -> Result<Self::Resolver, S::Error> {
         let packed = PackedBatch::pack(self).map_err(S::Error::new)?;
-        let inner = packed.serialize(serializer)?;
-        Ok(PackedResolver { packed, inner })
+        Packed::serialize(packed, serializer)
     }
 }
 

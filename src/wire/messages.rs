@@ -4,7 +4,7 @@ use rkyv::rancor;
 use rkyv::{Archive, Deserialize, Serialize};
 
 use super::ErrorCode;
-use crate::{Algorithm, BucketKey, Decision, Limit};
+use crate::{Algorithm, BucketKey, Limit};
 
 /// One check as sent: the key bytes and everything needed to enforce it, so a node needs no
 /// configuration. The key bytes are the bucket's whole identity (clients prefix the rule name).
@@ -24,26 +24,6 @@ pub struct WireCheck {
     /// decides it from its replica of the owner's buckets instead of forwarding it. Read on a
     /// group's first check.
     pub takeover: bool,
-}
-
-/// One decision as sent. `outcome`: 0 allowed, 1 denied, 2 cost exceeds burst (`remaining` then
-/// holds the burst), 3 error (`error_code` says which).
-#[derive(Archive, Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct WireDecision {
-    pub outcome: u8,
-    pub error_code: u16,
-    pub remaining: u64,
-    pub retry_after_ns: u64,
-    pub reset_after_ns: u64,
-}
-
-/// Node → client: one decision per check of the batch, in order.
-#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq, Default)]
-pub struct DecisionBatch {
-    pub decisions: Vec<WireDecision>,
-    /// The version of the answering node's slot table (0: not in a cluster). A client whose
-    /// table has another version asks for the new one (`FrameKind::TableRequest`).
-    pub table_version: u64,
 }
 
 /// Either way: why a request (or, with request id 0, the stream) was refused.
@@ -108,72 +88,6 @@ pub fn algorithm_to_wire(algorithm: Algorithm) -> u8 {
         Algorithm::FixedWindow => 1,
         Algorithm::SlidingWindow => 2,
         Algorithm::SlidingLog => 3,
-    }
-}
-
-impl From<Decision> for WireDecision {
-    fn from(decision: Decision) -> Self {
-        match decision {
-            Decision::Allowed {
-                remaining,
-                reset_after_ns,
-            } => WireDecision {
-                outcome: 0,
-                error_code: 0,
-                remaining,
-                retry_after_ns: 0,
-                reset_after_ns,
-            },
-            Decision::Denied {
-                remaining,
-                retry_after_ns,
-                reset_after_ns,
-            } => WireDecision {
-                outcome: 1,
-                error_code: 0,
-                remaining,
-                retry_after_ns,
-                reset_after_ns,
-            },
-            Decision::CostExceedsBurst { burst } => WireDecision {
-                outcome: 2,
-                error_code: 0,
-                remaining: burst,
-                retry_after_ns: 0,
-                reset_after_ns: 0,
-            },
-        }
-    }
-}
-
-impl WireDecision {
-    /// A check the node could not decide (e.g. its store was full).
-    pub fn error(code: ErrorCode) -> Self {
-        WireDecision {
-            outcome: 3,
-            error_code: code as u16,
-            ..WireDecision::default()
-        }
-    }
-
-    /// The decision, or the error code the node gave for this check.
-    pub fn to_decision(&self) -> Result<Decision, ErrorCode> {
-        match self.outcome {
-            0 => Ok(Decision::Allowed {
-                remaining: self.remaining,
-                reset_after_ns: self.reset_after_ns,
-            }),
-            1 => Ok(Decision::Denied {
-                remaining: self.remaining,
-                retry_after_ns: self.retry_after_ns,
-                reset_after_ns: self.reset_after_ns,
-            }),
-            2 => Ok(Decision::CostExceedsBurst {
-                burst: self.remaining,
-            }),
-            3 => Err(ErrorCode::from_u16(self.error_code).unwrap_or(ErrorCode::MalformedPayload)),
-            _ => Err(ErrorCode::MalformedPayload),
-        }
     }
 }
 
@@ -261,36 +175,6 @@ pub(crate) fn limit_from_wire(
         .map_err(|e| (ErrorCode::InvalidLimit, e.to_string()))
 }
 
-/// Validates a decision batch payload (client side; nodes are not trusted blindly either).
-pub fn decode_decision_batch(payload: &[u8]) -> Result<Vec<WireDecision>, Refusal> {
-    decode_decisions(payload).map(|(decisions, _)| decisions)
-}
-
-/// Validates a decision batch payload; returns the decisions and the node's slot-table version.
-pub fn decode_decisions(payload: &[u8]) -> Result<(Vec<WireDecision>, u64), Refusal> {
-    let mut decisions = Vec::new();
-    let version = decode_decisions_into(payload, &mut decisions)?;
-    Ok((decisions, version))
-}
-
-/// [`decode_decisions`] into `decisions` (cleared first, its buffer reused); returns the node's
-/// slot-table version.
-pub fn decode_decisions_into(
-    payload: &[u8],
-    decisions: &mut Vec<WireDecision>,
-) -> Result<u64, Refusal> {
-    decisions.clear();
-    let batch = access_validated::<ArchivedDecisionBatch>(payload, "decision batch")?;
-    decisions.extend(batch.decisions.iter().map(|d| WireDecision {
-        outcome: d.outcome,
-        error_code: d.error_code.to_native(),
-        remaining: d.remaining.to_native(),
-        retry_after_ns: d.retry_after_ns.to_native(),
-        reset_after_ns: d.reset_after_ns.to_native(),
-    }));
-    Ok(batch.table_version.to_native())
-}
-
 /// Validates an error frame payload.
 pub fn decode_error_frame(payload: &[u8]) -> Result<ErrorFrame, Refusal> {
     let frame = access_validated::<ArchivedErrorFrame>(payload, "error frame")?;
@@ -298,31 +182,4 @@ pub fn decode_error_frame(payload: &[u8]) -> Result<ErrorFrame, Refusal> {
         code: frame.code.to_native(),
         message: frame.message.as_str().to_owned(),
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn decisions_decode_into_a_reused_buffer_as_they_decode_fresh() {
-        let decisions = vec![
-            WireDecision::from(Decision::Allowed {
-                remaining: 3,
-                reset_after_ns: 5,
-            }),
-            WireDecision::error(ErrorCode::StoreFull),
-        ];
-        let payload = rkyv::to_bytes::<rancor::Error>(&DecisionBatch {
-            decisions: decisions.clone(),
-            table_version: 9,
-        })
-        .unwrap();
-        let mut buffer = vec![WireDecision::default(); 5];
-        assert_eq!(decode_decisions_into(&payload, &mut buffer), Ok(9));
-        assert_eq!(buffer, decisions);
-        assert_eq!(decode_decisions(&payload), Ok((decisions, 9)));
-        assert!(decode_decisions_into(b"not an archive", &mut buffer).is_err());
-        assert!(buffer.is_empty());
-    }
 }

@@ -15,9 +15,11 @@
 
 mod check_batch;
 mod cluster_messages;
+mod decision_batch;
 mod frame;
 mod lease_messages;
 mod messages;
+mod packing;
 mod policy_messages;
 mod region_messages;
 mod token_lease_messages;
@@ -32,6 +34,10 @@ pub use cluster_messages::{
     Replicated, SlotTableMessage, TableMember, WireBucket, decode_gossip, decode_id_conflict,
     decode_replicate, decode_slot_table, member_state_from_wire, member_state_to_wire,
 };
+pub use decision_batch::{
+    ArchivedDecisionBatch, ArchivedPackedDecisions, DecisionBatch, PackedDecisions, WireDecision,
+    decode_decision_batch, decode_decisions, decode_decisions_into,
+};
 pub use frame::{Frame, FrameError, FrameReader, encode_frame, encode_message};
 pub use lease_messages::{
     ArchivedLeaseRequestBatch, LEASE_ACQUIRE, LEASE_RELEASE, LEASE_RENEW, LeaseAnswer,
@@ -41,9 +47,8 @@ pub use lease_messages::{
     lease_set_wire_bytes,
 };
 pub use messages::{
-    ArchivedDecisionBatch, ArchivedErrorFrame, ArchivedWireCheck, DecisionBatch, ErrorFrame,
-    ValidCheck, WireCheck, WireDecision, WireLimits, decode_decision_batch, decode_decisions,
-    decode_decisions_into, decode_error_frame,
+    ArchivedErrorFrame, ArchivedWireCheck, ErrorFrame, ValidCheck, WireCheck, WireLimits,
+    decode_error_frame,
 };
 pub use policy_messages::{
     MAX_POLICY_TEXT_BYTES, PolicyMessage, PolicyRequest, decode_policy_message,
