@@ -18,7 +18,7 @@ use super::ErrorCode;
 use super::messages::{
     Refusal, ValidCheck, WireCheck, WireLimits, access_validated, check_key_len, limit_from_wire,
 };
-use super::packing::Packed;
+use super::packing::{Packed, unpack_error};
 use crate::{BucketKey, Limit};
 
 /// Client → node: groups of checks. Each group decides all-or-nothing (one gateway request's
@@ -280,19 +280,13 @@ where
     }
 }
 
-/// A packed batch whose structure does not hold (see [`ArchivedPackedBatch::walk`]).
-#[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-pub struct UnpackError(String);
-
 impl<D> Deserialize<CheckBatch, D> for ArchivedPackedBatch
 where
     D: Fallible + ?Sized,
     D::Error: Source,
 {
     fn deserialize(&self, _: &mut D) -> Result<CheckBatch, D::Error> {
-        self.unpack()
-            .map_err(|(_, message)| D::Error::new(UnpackError(message)))
+        self.unpack().map_err(unpack_error)
     }
 }
 

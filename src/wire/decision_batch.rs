@@ -12,7 +12,7 @@ use rkyv::{Archive, Deserialize, Place, Serialize};
 
 use super::ErrorCode;
 use super::messages::{Refusal, access_validated};
-use super::packing::Packed;
+use super::packing::{Packed, unpack_error};
 use crate::Decision;
 
 /// One decision as the client reads it. `outcome`: 0 allowed, 1 denied, 2 cost exceeds burst
@@ -178,11 +178,6 @@ where
     }
 }
 
-/// A packed decision batch whose columns do not match its outcomes.
-#[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-pub struct UnpackDecisionsError(String);
-
 impl<D> Deserialize<DecisionBatch, D> for ArchivedPackedDecisions
 where
     D: Fallible + ?Sized,
@@ -190,9 +185,7 @@ where
 {
     fn deserialize(&self, _: &mut D) -> Result<DecisionBatch, D::Error> {
         let mut decisions = Vec::new();
-        let table_version = self
-            .unpack_into(&mut decisions)
-            .map_err(|(_, message)| D::Error::new(UnpackDecisionsError(message)))?;
+        let table_version = self.unpack_into(&mut decisions).map_err(unpack_error)?;
         Ok(DecisionBatch {
             decisions,
             table_version,

@@ -1,7 +1,9 @@
 //! What the packed messages (check and decision batches) share: a message whose archived layout
 //! is another type's, packed from it by its own rkyv `Archive` impl.
 
-use rkyv::rancor::Fallible;
+use rkyv::rancor::{Fallible, Source};
+
+use super::messages::Refusal;
 use rkyv::{Archive, Place, Serialize};
 
 /// What packing a message leaves for rkyv's second pass: the packed value itself (resolving
@@ -34,4 +36,14 @@ impl<P: Archive + std::fmt::Debug> std::fmt::Debug for Packed<P> {
             .field("packed", &self.packed)
             .finish_non_exhaustive()
     }
+}
+
+/// A packed message that does not hold together (its refusal's message), as rkyv's error.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct UnpackError(String);
+
+/// `refusal` as the error of rkyv's deserializer `E`.
+pub(crate) fn unpack_error<E: Source>(refusal: Refusal) -> E {
+    E::new(UnpackError(refusal.1))
 }
