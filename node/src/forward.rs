@@ -318,8 +318,9 @@ async fn forward(
             *place = Placed::Unanswered;
         }
     }
-    // Already validated, so it unpacks; re-encoded below, group by group.
-    let Some(Ok(sent)) = archived.map(ArchivedCheckBatch::unpack) else {
+    // Already validated, so it unpacks; re-encoded below, group by group (each group goes to
+    // one owner, so it is moved, not copied).
+    let Some(Ok(mut sent)) = archived.map(ArchivedCheckBatch::unpack) else {
         return;
     };
     let cluster = &shared.cluster;
@@ -332,7 +333,7 @@ async fn forward(
         let batch = CheckBatch {
             groups: indices
                 .iter()
-                .filter_map(|&i| sent.groups.get(i).cloned())
+                .filter_map(|&i| sent.groups.get_mut(i).map(std::mem::take))
                 .collect(),
         };
         let mut bytes = Vec::new();

@@ -135,8 +135,9 @@ async fn forward_home(
     let Ok(scoped) = rkyv::access::<ArchivedScopedCheckBatch, rancor::Error>(&frame.payload) else {
         return;
     };
-    // Already validated, so it unpacks; re-encoded below, group by group.
-    let Ok(sent) = scoped.batch.unpack() else {
+    // Already validated, so it unpacks; re-encoded below, group by group (each group goes to
+    // one owner, so it is moved, not copied).
+    let Ok(mut sent) = scoped.batch.unpack() else {
         return;
     };
     let max = shared.config.limits.max_frame_bytes;
@@ -148,7 +149,7 @@ async fn forward_home(
         let batch = CheckBatch {
             groups: indices
                 .iter()
-                .filter_map(|&i| sent.groups.get(i).cloned())
+                .filter_map(|&i| sent.groups.get_mut(i).map(std::mem::take))
                 .collect(),
         };
         let mut bytes = Vec::new();
