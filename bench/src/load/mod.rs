@@ -12,6 +12,7 @@
 
 mod driver;
 mod gateway;
+mod machine;
 mod outcome;
 mod process;
 mod report;
@@ -222,6 +223,7 @@ pub async fn run(args: LoadArgs) -> anyhow::Result<Vec<Record>> {
         Some(threads) => threads,
         None => std::thread::available_parallelism().map_or(1, usize::from),
     };
+    let run_start = machine::CpuTimes::now();
     let gateway = Gateway::start(args.gateway, threads)?;
     let mut records = Vec::new();
 
@@ -236,13 +238,20 @@ pub async fn run(args: LoadArgs) -> anyhow::Result<Vec<Record>> {
         )
         .await?;
     }
-    let side = if args.no_redis || !args.seeds.is_empty() {
-        Vec::new()
+    let (side, side_machine) = if args.no_redis || !args.seeds.is_empty() {
+        (Vec::new(), None)
     } else {
-        side_by_side(&args, &gateway, &workloads, &progress).await?
+        let before = machine::CpuTimes::now();
+        let side = side_by_side(&args, &gateway, &workloads, &progress).await?;
+        let shares = before.zip(machine::CpuTimes::now());
+        (side, shares.and_then(|(before, after)| after.since(before)))
     };
     progress.finish_and_clear();
     print!("{}", targets::targets_markdown(&records, &side));
+    let whole_run = run_start
+        .zip(machine::CpuTimes::now())
+        .and_then(|(before, after)| after.since(before));
+    print!("{}", machine_markdown(whole_run, side_machine));
     if !records.is_empty() {
         report::write_json(&records, &args.out.join("report.json"))?;
         report::write_svg(&records, &args.out.join("latency.svg"))?;
@@ -263,6 +272,28 @@ pub async fn run(args: LoadArgs) -> anyhow::Result<Vec<Record>> {
         );
     }
     Ok(records)
+}
+
+/// A line on how the machine's CPUs spent the run and its side-by-side step (empty where
+/// `/proc/stat` could not be read): a run in a spell of stolen time is not a quiet run.
+fn machine_markdown(
+    whole_run: Option<machine::CpuShares>,
+    side_by_side: Option<machine::CpuShares>,
+) -> String {
+    let spans: Vec<String> = [
+        ("the whole run", whole_run),
+        ("the side-by-side step", side_by_side),
+    ]
+    .into_iter()
+    .filter_map(|(name, shares)| shares.map(|s| format!("over {name} {s}")))
+    .collect();
+    if spans.is_empty() {
+        return String::new();
+    }
+    format!(
+        "The machine's CPUs (all of them, from /proc/stat): {}.\n\n",
+        spans.join("; ")
+    )
 }
 
 /// The main run: the generator alone, then each system in turn (floodgate, floodgate+rls, the
