@@ -2,9 +2,9 @@
 //! is another type's, packed from it by its own rkyv `Archive` impl.
 
 use rkyv::rancor::{Fallible, Source};
+use rkyv::{Archive, Place, Serialize};
 
 use super::messages::Refusal;
-use rkyv::{Archive, Place, Serialize};
 
 /// What packing a message leaves for rkyv's second pass: the packed value itself (resolving
 /// needs its lengths) and its resolver.

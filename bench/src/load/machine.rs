@@ -51,6 +51,11 @@ impl CpuTimes {
         })
     }
 
+    /// The shares of the span from `before` (if it was read) to now.
+    pub fn shares_since(before: Option<CpuTimes>) -> Option<CpuShares> {
+        Self::now()?.since(before?)
+    }
+
     /// The shares of the span from `before` to `self`; `None` if no time passed (or the
     /// counters went backwards).
     pub fn since(self, before: CpuTimes) -> Option<CpuShares> {

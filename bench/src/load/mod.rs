@@ -243,14 +243,11 @@ pub async fn run(args: LoadArgs) -> anyhow::Result<Vec<Record>> {
     } else {
         let before = machine::CpuTimes::now();
         let side = side_by_side(&args, &gateway, &workloads, &progress).await?;
-        let shares = before.zip(machine::CpuTimes::now());
-        (side, shares.and_then(|(before, after)| after.since(before)))
+        (side, machine::CpuTimes::shares_since(before))
     };
     progress.finish_and_clear();
     print!("{}", targets::targets_markdown(&records, &side));
-    let whole_run = run_start
-        .zip(machine::CpuTimes::now())
-        .and_then(|(before, after)| after.since(before));
+    let whole_run = machine::CpuTimes::shares_since(run_start);
     print!("{}", machine_markdown(whole_run, side_machine));
     if !records.is_empty() {
         report::write_json(&records, &args.out.join("report.json"))?;
