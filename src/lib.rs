@@ -37,6 +37,7 @@ pub mod key;
 pub mod lease;
 pub mod limit;
 pub mod policy;
+pub mod protocol;
 pub mod region;
 pub mod rls;
 pub mod simulation;

@@ -3,8 +3,9 @@
 //! to each other during a rolling upgrade, so a change to the wire format or to the key → slot
 //! hash must be a deliberate, reviewed edit of these files, never a side effect that passes
 //! unnoticed. To re-pin after an intended change: `FLOODGATE_UPDATE_GOLDEN=1 cargo test --test
-//! wire_golden`, then review the diff of `tests/golden/` (and bump `PROTOCOL_VERSION` if old
-//! peers cannot read the new bytes).
+//! wire_golden`, then review the diff of `tests/golden/`. A layout older builds cannot read is a
+//! new protocol version (`floodgate::protocol`): its frames are pinned in `wire_frames_vN.txt`,
+//! and version 2's in `wire_frames.txt` never change.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -13,13 +14,19 @@ use std::path::PathBuf;
 use floodgate::cluster::membership::MemberDigest;
 use floodgate::cluster::{Gossip, IdConflict, MemberInfo, slot_of};
 use floodgate::lease::LeaseLimit;
+use floodgate::protocol::{self, VersionRange};
 use floodgate::wire::{
-    CheckBatch, DecisionBatch, ErrorCode, ErrorFrame, FrameKind, HandoffPart, LeaseAnswer,
-    LeaseAnswerBatch, LeaseRequestBatch, LeaseSyncMessage, PolicyMessage, PolicyRequest,
-    RegionAckMessage, RegionDeltasMessage, ReplicateMessage, ScopedCheckBatch, SlotTableMessage,
-    TableMember, TokenLeaseAnswer, TokenLeaseAnswers, TokenLeaseBatch, TokenLeaseRequest,
-    WireBucket, WireCheck, WireDecision, WireDelta, WireLease, WireLeaseAnswer, WireLeaseRequest,
-    WireLeaseSet, WireScope, encode_frame, encode_message,
+    BASE_LAYOUT, CheckBatch, DecisionBatch, ErrorCode, ErrorFrame, FrameKind, FrameReader,
+    HandoffPart, LeaseAnswer, LeaseAnswerBatch, LeaseRequestBatch, LeaseSyncMessage, PolicyMessage,
+    PolicyRequest, RegionAckMessage, RegionDeltasMessage, ReplicateMessage, ScopedCheckBatch,
+    SlotTableMessage, TableMember, TokenLeaseAnswer, TokenLeaseAnswers, TokenLeaseBatch,
+    TokenLeaseRequest, WireBucket, WireCheck, WireDecision, WireDelta, WireLease, WireLeaseAnswer,
+    WireLeaseRequest, WireLeaseSet, WireScope, decode_check_batch, decode_decisions,
+    decode_error_frame, decode_gossip, decode_id_conflict, decode_lease_answers,
+    decode_lease_requests, decode_lease_sync, decode_policy_message, decode_policy_request,
+    decode_region_ack, decode_region_deltas, decode_replicate, decode_scoped_check_batch,
+    decode_slot_table, decode_token_lease_answers, decode_token_lease_batch, encode_frame,
+    encode_gossip, encode_message, encode_slot_table,
 };
 use floodgate::{Decision, Limit, NANOS_PER_SEC};
 
@@ -105,8 +112,9 @@ fn member(id: &str, port: u16) -> MemberInfo {
     }
 }
 
-/// One fixed message per frame kind, encoded as a whole frame (header and payload).
-fn frames() -> BTreeMap<String, String> {
+/// One fixed message per frame kind, encoded as a whole frame (header and payload) for an end
+/// speaking `version`: every kind in its layout of that version.
+fn frames(version: u8) -> BTreeMap<String, String> {
     let mut out = BTreeMap::new();
     let mut put = |kind: FrameKind, bytes: Vec<u8>| {
         out.insert(format!("{kind:?}"), hex(&bytes));
@@ -153,16 +161,18 @@ fn frames() -> BTreeMap<String, String> {
                 incarnation: 2,
                 heartbeat: 41,
                 left: false,
+                versions: VersionRange::new(2, 3),
             },
             MemberDigest {
                 info: member("node-1", 7101),
                 incarnation: 1,
                 heartbeat: 40,
                 left: true,
+                versions: None,
             },
         ],
     };
-    encode_message(&mut frame, FrameKind::Gossip, 0, &gossip);
+    encode_gossip(&mut frame, version, &gossip);
     put(FrameKind::Gossip, frame);
 
     let mut frame = Vec::new();
@@ -180,18 +190,21 @@ fn frames() -> BTreeMap<String, String> {
                 addr: "127.0.0.1:7100".into(),
                 region: "eu".into(),
                 state: 0,
+                versions: VersionRange::new(2, 3),
             },
             TableMember {
                 id: "node-1".into(),
                 addr: "127.0.0.1:7101".into(),
                 region: "eu".into(),
                 state: 1,
+                versions: None,
             },
         ],
         owners: vec![0, 1, 1, 0],
         successors: vec![1, 0, 0, 1],
+        cluster_version: 2,
     };
-    encode_message(&mut frame, FrameKind::SlotTable, 3, &table);
+    encode_slot_table(&mut frame, version, 3, &table);
     put(FrameKind::SlotTable, frame);
 
     let mut frame = Vec::new();
@@ -421,9 +434,19 @@ fn frames() -> BTreeMap<String, String> {
     out
 }
 
+/// The kinds whose layout changed in `version` (and so have golden frames of their own).
+fn changed_in(version: u8) -> Vec<FrameKind> {
+    (1..=u8::MAX)
+        .filter_map(FrameKind::from_u8)
+        .filter(|kind| kind.layout_at(version) == version && version > BASE_LAYOUT)
+        .collect()
+}
+
+/// Protocol 2's frames stay pinned as the build before negotiation wrote them: a node or
+/// gateway of that build reads exactly these bytes from this one.
 #[test]
 fn every_frame_kind_encodes_to_its_pinned_bytes() {
-    let frames = frames();
+    let frames = frames(2);
     // A new kind must get a golden message here too: every kind from 1 up is covered (kinds
     // need not be contiguous: numbers are reserved for kinds built elsewhere).
     let covered = (1..=u8::MAX)
@@ -433,6 +456,84 @@ fn every_frame_kind_encodes_to_its_pinned_bytes() {
     let known = (1..=u8::MAX).filter_map(FrameKind::from_u8).count();
     assert_eq!(covered, known, "a frame kind has no golden message");
     assert_golden("wire_frames.txt", &frames);
+}
+
+/// Each later version pins the kinds whose layout it changed; the other kinds are written as in
+/// version 2, byte for byte.
+#[test]
+fn later_versions_pin_the_kinds_they_changed_and_leave_the_rest_alone() {
+    let base = frames(2);
+    for version in BASE_LAYOUT + 1..=protocol::NEWEST {
+        let changed = changed_in(version);
+        assert!(!changed.is_empty(), "version {version} changed no layout");
+        let mut pinned = BTreeMap::new();
+        for (name, hex) in frames(version) {
+            if changed.iter().any(|kind| format!("{kind:?}") == name) {
+                pinned.insert(name, hex);
+            } else {
+                assert_eq!(Some(&hex), base.get(&name), "{name} in version {version}");
+            }
+        }
+        assert_golden(&format!("wire_frames_v{version}.txt"), &pinned);
+    }
+}
+
+/// Every pinned frame, of every version this build speaks, is read back and its payload
+/// decoded: nothing a node or gateway of an older build sends is refused.
+#[test]
+fn every_pinned_frame_of_every_version_decodes() {
+    let limits = floodgate::wire::WireLimits::default();
+    let mut decoded = 0;
+    for version in BASE_LAYOUT..=protocol::NEWEST {
+        let file = match version {
+            2 => "wire_frames.txt".to_owned(),
+            v => format!("wire_frames_v{v}.txt"),
+        };
+        let text = std::fs::read_to_string(golden_path(&file)).unwrap();
+        for (name, hex) in text.lines().filter_map(|line| line.split_once(' ')) {
+            let bytes: Vec<u8> = (0..hex.len())
+                .step_by(2)
+                .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
+                .collect();
+            let mut reader = FrameReader::new(1 << 20);
+            reader.extend(&bytes);
+            let frame = reader.next_frame().unwrap().unwrap();
+            assert_eq!(format!("{:?}", frame.kind), name);
+            assert_eq!(frame.version, version, "{name} in {file}");
+            let payload = &frame.payload;
+            let ok = match frame.kind {
+                FrameKind::CheckBatch | FrameKind::ForwardedCheckBatch => {
+                    decode_check_batch(payload, &limits).is_ok()
+                }
+                FrameKind::DecisionBatch => decode_decisions(payload).is_ok(),
+                FrameKind::Error => decode_error_frame(payload).is_ok(),
+                FrameKind::Gossip => decode_gossip(frame.version, payload).is_ok(),
+                FrameKind::TableRequest => payload.is_empty(),
+                // The pinned table is cut to 4 slots to stay short: its layout is read, and
+                // then its shape refused for that alone.
+                FrameKind::SlotTable => matches!(
+                    decode_slot_table(frame.version, payload),
+                    Err((_, why)) if why.starts_with("slot table with 4 owners and 4 successors")
+                ),
+                FrameKind::Replicate => decode_replicate(payload).is_ok(),
+                FrameKind::PolicyRequest => decode_policy_request(payload).is_ok(),
+                FrameKind::Policy => decode_policy_message(payload).is_ok(),
+                FrameKind::IdConflict => decode_id_conflict(payload).is_ok(),
+                FrameKind::ScopedCheckBatch => decode_scoped_check_batch(payload, &limits).is_ok(),
+                FrameKind::RegionDeltas => decode_region_deltas(payload).is_ok(),
+                FrameKind::RegionAck => decode_region_ack(payload).is_ok(),
+                FrameKind::LeaseRequest => decode_lease_requests(payload, &limits).is_ok(),
+                FrameKind::LeaseAnswer => decode_lease_answers(payload).is_ok(),
+                FrameKind::LeaseSync => decode_lease_sync(payload).is_ok(),
+                FrameKind::TokenLeaseBatch => decode_token_lease_batch(payload, &limits).is_ok(),
+                FrameKind::TokenLeaseAnswers => decode_token_lease_answers(payload).is_ok(),
+            };
+            assert!(ok, "{name} of {file} does not decode");
+            decoded += 1;
+        }
+    }
+    let kinds = (1..=u8::MAX).filter_map(FrameKind::from_u8).count();
+    assert!(decoded > kinds, "only {decoded} pinned frames");
 }
 
 #[test]

@@ -32,7 +32,7 @@ fn client_config(ca: &Path) -> anyhow::Result<quinn::ClientConfig> {
         .with_protocol_versions(&[&rustls::version::TLS13])?
         .with_root_certificates(roots)
         .with_no_client_auth();
-    tls.alpn_protocols = vec![floodgate::wire::ALPN.to_vec()];
+    tls.alpn_protocols = floodgate::protocol::SUPPORTED.alpn_ids();
     let quic = quinn::crypto::rustls::QuicClientConfig::try_from(tls)?;
     Ok(quinn::ClientConfig::new(Arc::new(quic)))
 }

@@ -1,6 +1,7 @@
 //! `ClusterTable`: a node's slot table as the client receives it, with the members' addresses.
 
 use floodgate::cluster::{MemberState, SLOTS, SlotTable, slot_of};
+use floodgate::protocol::VersionRange;
 use floodgate::wire::{SlotTableMessage, member_state_from_wire};
 
 /// One member of the cluster as the table lists it.
@@ -11,6 +12,9 @@ pub struct ClusterMember {
     pub addr: String,
     pub region: String,
     pub state: MemberState,
+    /// The protocol versions it speaks, as the node that sent the table knows them; `None` from
+    /// a node of a build before versions were negotiated (it speaks version 2).
+    pub versions: Option<VersionRange>,
 }
 
 /// A node's slot table as it sent it: the core's [`SlotTable`] (who owns and who succeeds each
@@ -23,6 +27,7 @@ pub struct ClusterTable {
     slots: SlotTable,
     /// `member_of[i]`: the index in `members` of node `i` of `slots`.
     member_of: Vec<usize>,
+    cluster_version: u8,
 }
 
 impl ClusterTable {
@@ -49,6 +54,7 @@ impl ClusterTable {
                 addr: m.addr,
                 region: m.region,
                 state: member_state_from_wire(m.state),
+                versions: m.versions,
             })
             .collect();
         Ok(ClusterTable {
@@ -56,6 +62,7 @@ impl ClusterTable {
             members,
             slots,
             member_of,
+            cluster_version: message.cluster_version,
         })
     }
 
@@ -67,6 +74,12 @@ impl ClusterTable {
     /// The sending node's own count of ownership changes.
     pub fn epoch(&self) -> u64 {
         self.slots.epoch()
+    }
+
+    /// The highest protocol version every member speaks, as the sending node knows it (2 from
+    /// a node of a build before versions were negotiated; 0 when the members share none).
+    pub fn cluster_version(&self) -> u8 {
+        self.cluster_version
     }
 
     /// Id of the node that sent the table.
@@ -150,6 +163,7 @@ pub(crate) mod tests {
                 addr: format!("127.0.0.1:{}", 7100 + i),
                 region: "local".to_owned(),
                 state: member_state_to_wire(MemberState::Alive),
+                versions: Some(floodgate::protocol::SUPPORTED),
             })
             .collect();
         let index = |id: Option<&str>| {
@@ -164,6 +178,7 @@ pub(crate) mod tests {
             successors: (0..SLOTS as u16)
                 .map(|s| index(table.successor(s)))
                 .collect(),
+            cluster_version: floodgate::protocol::NEWEST,
         }
     }
 

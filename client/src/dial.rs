@@ -103,6 +103,13 @@ pub(crate) fn describe_connection_error(e: &quinn::ConnectionError) -> String {
             let hint = match u64::from(close.error_code) {
                 0x174 => " (the node requires a client certificate: set client_auth)",
                 0x130 => " (the node does not trust our client certificate's CA)",
+                0x178 => {
+                    return format!(
+                        "connection refused by the node: it speaks none of this client's \
+                         protocol versions {} (upgrade the older side: release N works with N-1)",
+                        floodgate::protocol::SUPPORTED
+                    );
+                }
                 _ => "",
             };
             format!("connection refused by the node: {close}{hint}")

@@ -43,6 +43,11 @@ pub(crate) fn expect_answer(
     expected: FrameKind,
     request_id: u64,
 ) -> Result<AlignedVec, AnswerError> {
+    expect_frame(frame, expected, request_id).map(|frame| frame.payload)
+}
+
+/// As [`expect_answer`], the whole frame: for kinds whose layout depends on its version.
+fn expect_frame(frame: Frame, expected: FrameKind, request_id: u64) -> Result<Frame, AnswerError> {
     if frame.request_id != request_id && frame.request_id != 0 {
         return Err(failed(format!(
             "answer to request {} while waiting for {request_id}",
@@ -50,7 +55,7 @@ pub(crate) fn expect_answer(
         )));
     }
     match frame.kind {
-        kind if kind == expected => Ok(frame.payload),
+        kind if kind == expected => Ok(frame),
         FrameKind::Error => {
             let error = decode_error_frame(&frame.payload).map_err(|(_, why)| failed(why))?;
             match ErrorCode::from_u16(error.code) {
@@ -80,6 +85,19 @@ pub(crate) async fn request(
     expected: FrameKind,
     max_answer_bytes: usize,
 ) -> Result<AlignedVec, AnswerError> {
+    request_frame(conn, kind, payload, expected, max_answer_bytes)
+        .await
+        .map(|frame| frame.payload)
+}
+
+/// As [`request`], the whole answer frame (its version says its payload's layout).
+pub(crate) async fn request_frame(
+    conn: &quinn::Connection,
+    kind: FrameKind,
+    payload: &[u8],
+    expected: FrameKind,
+    max_answer_bytes: usize,
+) -> Result<Frame, AnswerError> {
     // Each request has its own stream, so its id only has to be nonzero.
     const REQUEST_ID: u64 = 1;
     let (mut send, mut recv) = conn.open_bi().await.map_err(failed)?;
@@ -94,7 +112,7 @@ pub(crate) async fn request(
         .next_frame()
         .map_err(|e| failed(format!("bad frame from the node: {e}")))?
         .ok_or_else(|| failed("the node finished the stream without an answer"))?;
-    expect_answer(frame, expected, REQUEST_ID)
+    expect_frame(frame, expected, REQUEST_ID)
 }
 
 #[cfg(test)]

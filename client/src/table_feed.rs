@@ -14,7 +14,7 @@ use crate::address::{HostPort, resolve};
 use crate::cluster_table::ClusterTable;
 use crate::config::{ClientConfig, validate_nodes};
 use crate::error::ClientError;
-use crate::request::{AnswerError, request};
+use crate::request::{AnswerError, request_frame};
 use crate::{dial, tls};
 
 /// Longest one fetch (connection included) may take before the next candidate node is tried.
@@ -86,7 +86,7 @@ pub(crate) async fn follow_pushes(conn: quinn::Connection, hint: Arc<TableHint>,
         reader.extend(&bytes);
         match reader.next_frame() {
             Ok(Some(frame)) if frame.kind == FrameKind::SlotTable => {
-                match decode_slot_table(&frame.payload) {
+                match decode_slot_table(frame.version, &frame.payload) {
                     Ok(message) => match ClusterTable::from_message(message) {
                         Ok(table) => hint.pushed(table),
                         Err(why) => tracing::debug!(%node, "bad pushed table: {why}"),
@@ -101,7 +101,7 @@ pub(crate) async fn follow_pushes(conn: quinn::Connection, hint: Arc<TableHint>,
 
 /// Asks for the table on a fresh stream of `conn` and validates the answer.
 pub(crate) async fn request_table(conn: &quinn::Connection) -> Result<ClusterTable, String> {
-    let payload = request(
+    let frame = request_frame(
         conn,
         FrameKind::TableRequest,
         &[],
@@ -109,7 +109,8 @@ pub(crate) async fn request_table(conn: &quinn::Connection) -> Result<ClusterTab
         MAX_TABLE_BYTES,
     )
     .await?;
-    let message = decode_slot_table(&payload).map_err(|(_, why)| AnswerError::Failed(why))?;
+    let message = decode_slot_table(frame.version, &frame.payload)
+        .map_err(|(_, why)| AnswerError::Failed(why))?;
     ClusterTable::from_message(message)
 }
 

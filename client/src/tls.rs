@@ -54,7 +54,8 @@ pub(crate) fn quinn_config(config: &ClientConfig) -> Result<quinn::ClientConfig,
         }
         None => builder.with_no_client_auth(),
     };
-    tls.alpn_protocols = vec![floodgate::wire::ALPN.to_vec()];
+    // Every version this build speaks, highest first: the node picks the highest it shares.
+    tls.alpn_protocols = floodgate::protocol::SUPPORTED.alpn_ids();
     // Never 0-RTT: early data can be replayed, and a replayed check consumes tokens twice.
     tls.enable_early_data = false;
     let quic = quinn::crypto::rustls::QuicClientConfig::try_from(tls)

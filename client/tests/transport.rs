@@ -41,7 +41,7 @@ fn scripted_node(certs: &Certs, script: Script) -> SocketAddr {
         .with_no_client_auth()
         .with_single_cert(chain, key)
         .unwrap();
-    tls.alpn_protocols = vec![floodgate::wire::ALPN.to_vec()];
+    tls.alpn_protocols = floodgate::protocol::SUPPORTED.alpn_ids();
     let quic = quinn::crypto::rustls::QuicServerConfig::try_from(tls).unwrap();
     let config = quinn::ServerConfig::with_crypto(Arc::new(quic));
     let endpoint = quinn::Endpoint::server(config, any_port()).unwrap();

@@ -25,7 +25,7 @@ use floodgate::wire::{
     decode_decisions, decode_error_frame, decode_gossip, decode_id_conflict, decode_lease_answers,
     decode_lease_requests, decode_lease_sync, decode_policy_message, decode_policy_request,
     decode_region_ack, decode_region_deltas, decode_replicate, decode_scoped_check_batch,
-    decode_slot_table, encode_frame, encode_message,
+    decode_slot_table, encode_frame, encode_gossip, encode_message, encode_slot_table,
 };
 use floodgate::{
     Algorithm, BucketKey, BucketState, BucketStore, BucketValue, Check, Clock, Decision, FakeClock,
@@ -162,17 +162,8 @@ where
             >,
         >,
 {
-    let mut bytes = Vec::new();
-    encode_message(&mut bytes, kind, 7, message);
-    let mut reader = FrameReader::new(usize::MAX);
-    reader.extend(&bytes);
-    let frame = reader
-        .next_frame()
-        .expect("a frame this crate encoded reads back")
-        .expect("the whole frame was given");
-    assert_eq!((frame.kind, frame.request_id), (kind, 7));
-    assert_eq!(reader.buffered(), 0);
-    frame.payload
+    let (_, payload) = read_back(|out| encode_message(out, kind, 7, message));
+    payload
 }
 
 /// What a frame reader produced: a frame (kind, request id, payload) or an error (code, id).
@@ -188,7 +179,7 @@ fn drain(reader: &mut FrameReader, events: &mut Vec<Event>) -> bool {
         match reader.next_frame() {
             Ok(Some(frame)) => {
                 assert!(frame.payload.len() <= FRAME_TARGET_MAX_BYTES);
-                decode_by_kind(&frame.payload, frame.kind);
+                decode_by_kind(&frame.payload, frame.kind, frame.version);
                 events.push(Event::Frame(
                     frame.kind,
                     frame.request_id,
@@ -209,18 +200,19 @@ fn drain(reader: &mut FrameReader, events: &mut Vec<Event>) -> bool {
     }
 }
 
-/// Hands a payload to the decoder its kind names, as the node and client do.
-fn decode_by_kind(payload: &[u8], kind: FrameKind) {
+/// Hands a payload to the decoder its kind (and, for kinds with several layouts, its version)
+/// names, as the node and client do.
+fn decode_by_kind(payload: &[u8], kind: FrameKind, version: u8) {
     let _ = match kind {
         FrameKind::CheckBatch | FrameKind::ForwardedCheckBatch => {
             outcome(&decode_check_batch(payload, &WireLimits::default()))
         }
         FrameKind::DecisionBatch => outcome(&decode_decisions(payload)),
         FrameKind::Error => outcome(&decode_error_frame(payload)),
-        FrameKind::Gossip => outcome(&decode_gossip(payload)),
+        FrameKind::Gossip => outcome(&decode_gossip(version, payload)),
         FrameKind::IdConflict => outcome(&decode_id_conflict(payload)),
         FrameKind::TableRequest => Outcome::Accepted,
-        FrameKind::SlotTable => outcome(&decode_slot_table(payload)),
+        FrameKind::SlotTable => outcome(&decode_slot_table(version, payload)),
         FrameKind::Replicate => outcome(&decode_replicate(payload)),
         FrameKind::PolicyRequest => outcome(&decode_policy_request(payload)),
         FrameKind::Policy => outcome(&decode_policy_message(payload)),
@@ -469,17 +461,47 @@ pub fn error_frame(data: &[u8]) -> Outcome {
     Outcome::Accepted
 }
 
-/// A gossip payload: refused, or re-encodes to itself and a membership that takes it in stays
-/// within its bounds.
+/// The frame `encode` writes, read back: its version and payload.
+fn read_back(encode: impl FnOnce(&mut Vec<u8>)) -> (u8, AlignedVec) {
+    let mut bytes = Vec::new();
+    encode(&mut bytes);
+    let mut reader = FrameReader::new(usize::MAX);
+    reader.extend(&bytes);
+    let frame = reader
+        .next_frame()
+        .expect("a frame this crate encoded reads back")
+        .expect("the whole frame was given");
+    assert_eq!(reader.buffered(), 0);
+    (frame.version, frame.payload)
+}
+
+/// Every protocol version this build reads: payloads of kinds with several layouts are tried
+/// in each.
+fn versions() -> std::ops::RangeInclusive<u8> {
+    floodgate::protocol::OLDEST..=floodgate::protocol::NEWEST
+}
+
+/// A gossip payload, in every layout: refused, or re-encodes to itself and a membership that
+/// takes it in stays within its bounds.
 pub fn gossip(data: &[u8]) -> Outcome {
     let payload = aligned(data);
-    let decoded = decode_gossip(&payload);
-    let Ok(gossip) = &decoded else {
-        return Outcome::Refused;
-    };
-    let again = reframe(FrameKind::Gossip, gossip);
-    assert_eq!(decode_gossip(&again), decoded);
+    let mut result = Outcome::Refused;
+    for version in versions() {
+        let decoded = decode_gossip(version, &payload);
+        let Ok(gossip) = &decoded else {
+            continue;
+        };
+        let (layout, again) = read_back(|out| encode_gossip(out, version, gossip));
+        assert_eq!(layout, version);
+        assert_eq!(decode_gossip(layout, &again), decoded);
+        take_in(gossip);
+        result = Outcome::Accepted;
+    }
+    result
+}
 
+/// A membership that takes `gossip` in, through every timer path, stays within its bounds.
+fn take_in(gossip: &floodgate::cluster::Gossip) {
     let config = MembershipConfig {
         max_members: 8,
         ..MembershipConfig::default()
@@ -509,26 +531,34 @@ pub fn gossip(data: &[u8]) -> Outcome {
         membership.handle_gossip(now, gossip);
         assert!(membership.members().count() <= config.max_members);
         assert_eq!(membership.me(), "me");
+        // Whatever ranges it was told, this node's own stays in the cluster's.
+        if let Some(version) = membership.cluster_version() {
+            assert!(floodgate::protocol::SUPPORTED.contains(version));
+        }
     }
-    Outcome::Accepted
 }
 
-/// A slot table payload (what a client routes by): refused, or one owner and one successor per
-/// slot, each a listed member or nobody, and it re-encodes to itself.
+/// A slot table payload (what a client routes by), in every layout: refused, or one owner and
+/// one successor per slot, each a listed member or nobody, and it re-encodes to itself.
 pub fn slot_table(data: &[u8]) -> Outcome {
     let payload = aligned(data);
-    let decoded = decode_slot_table(&payload);
-    let Ok(table) = &decoded else {
-        return Outcome::Refused;
-    };
-    assert_eq!(table.owners.len(), SLOTS);
-    assert_eq!(table.successors.len(), SLOTS);
-    for &index in table.owners.iter().chain(&table.successors) {
-        assert!(index == u16::MAX || usize::from(index) < table.members.len());
+    let mut result = Outcome::Refused;
+    for version in versions() {
+        let decoded = decode_slot_table(version, &payload);
+        let Ok(table) = &decoded else {
+            continue;
+        };
+        assert_eq!(table.owners.len(), SLOTS);
+        assert_eq!(table.successors.len(), SLOTS);
+        for &index in table.owners.iter().chain(&table.successors) {
+            assert!(index == u16::MAX || usize::from(index) < table.members.len());
+        }
+        let (layout, again) = read_back(|out| encode_slot_table(out, version, 7, table));
+        assert_eq!(layout, version);
+        assert_eq!(decode_slot_table(layout, &again), decoded);
+        result = Outcome::Accepted;
     }
-    let again = reframe(FrameKind::SlotTable, table);
-    assert_eq!(decode_slot_table(&again), decoded);
-    Outcome::Accepted
+    result
 }
 
 /// The wire form of a validated replicate message (as a sender builds it from its store).

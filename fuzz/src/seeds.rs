@@ -9,7 +9,8 @@ use floodgate::cluster::{Gossip, MemberInfo, SLOTS, SlotTable};
 use floodgate::wire::{
     CheckBatch, DecisionBatch, ErrorCode, ErrorFrame, FrameKind, HandoffPart, MAX_WIRE_TAT_NS,
     PackedBatch, PackedDecisions, PolicyMessage, PolicyRequest, ReplicateMessage, SlotTableMessage,
-    TableMember, WireBucket, WireCheck, WireDecision, encode_frame, encode_message,
+    TableMember, WireBucket, WireCheck, WireDecision, encode_frame, encode_gossip, encode_message,
+    encode_slot_table,
 };
 use floodgate::{
     Algorithm, BucketKey, BucketState, BucketStore, BucketValue, Decision, Limit, MAX_PERIOD_NS,
@@ -500,13 +501,24 @@ fn member(id: &str, incarnation: u64, heartbeat: u64, left: bool) -> MemberDiges
         incarnation,
         heartbeat,
         left,
+        versions: floodgate::protocol::VersionRange::new(2, 3),
     }
+}
+
+/// The payload of the frame `encode` writes.
+fn payload_of(encode: impl FnOnce(&mut Vec<u8>)) -> Vec<u8> {
+    let mut bytes = Vec::new();
+    encode(&mut bytes);
+    bytes[floodgate::wire::HEADER_BYTES..].to_vec()
 }
 
 fn gossip_seeds() -> Vec<Seed> {
     use Outcome::{Accepted, Refused};
-    let encode =
-        |members: Vec<MemberDigest>| reframe(FrameKind::Gossip, &Gossip { members }).to_vec();
+    // Version 2's layout (the seeds from before ranges), and version 3's.
+    let encode_in = |version: u8, members: Vec<MemberDigest>| {
+        payload_of(|out| encode_gossip(out, version, &Gossip { members }))
+    };
+    let encode = |members| encode_in(2, members);
     let view = vec![
         member("me", 5, 5, false),
         member("node-1", 1, 10, false),
@@ -524,6 +536,7 @@ fn gossip_seeds() -> Vec<Seed> {
         })
         .collect();
     vec![
+        seed("gossip", "view-v3", encode_in(3, view.clone()), Accepted),
         seed("gossip", "view", encode(view), Accepted),
         seed("gossip", "crowd", encode(crowd), Accepted),
         seed("gossip", "empty", encode(Vec::new()), Accepted),
@@ -550,18 +563,23 @@ fn table_message(nodes: &[String]) -> SlotTableMessage {
                 addr: "127.0.0.1:7100".to_owned(),
                 region: String::new(),
                 state: 0,
+                versions: floodgate::protocol::VersionRange::new(2, 3),
             })
             .collect(),
         owners: (0..SLOTS as u16).map(|s| index(table.owner(s))).collect(),
         successors: (0..SLOTS as u16)
             .map(|s| index(table.successor(s)))
             .collect(),
+        cluster_version: 3,
     }
 }
 
 fn slot_table_seeds() -> Vec<Seed> {
     use Outcome::{Accepted, Refused};
-    let encode = |message: &SlotTableMessage| reframe(FrameKind::SlotTable, message).to_vec();
+    let encode_in = |version: u8, message: &SlotTableMessage| {
+        payload_of(|out| encode_slot_table(out, version, 7, message))
+    };
+    let encode = |message: &SlotTableMessage| encode_in(2, message);
     let three = table_message(&[
         "node-0".to_owned(),
         "node-1".to_owned(),
@@ -573,6 +591,12 @@ fn slot_table_seeds() -> Vec<Seed> {
     short.successors.pop();
     vec![
         seed("slot_table", "three-nodes", encode(&three), Accepted),
+        seed(
+            "slot_table",
+            "three-nodes-v3",
+            encode_in(3, &three),
+            Accepted,
+        ),
         seed(
             "slot_table",
             "no-nodes",

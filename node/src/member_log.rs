@@ -85,6 +85,7 @@ mod tests {
                 incarnation: 1,
                 heartbeat,
                 left,
+                versions: None,
             }],
         }
     }

@@ -108,6 +108,11 @@ pub struct NodeMetrics {
     /// Handshakes with a seed or peer that failed (a certificate not from the peer CA, not
     /// naming the node id dialed, or ours refused).
     pub peer_handshake_failures: Counter,
+    /// The highest protocol version every member speaks, as gossip told this node (0: none).
+    pub cluster_version: Gauge,
+    /// Peers this node dialed that share no protocol version with it (callers refused for the
+    /// same reason are counted by the TLS layer, `direction="inbound"`).
+    pub outbound_version_mismatches: Counter,
     /// Checks sent on to their owner.
     pub forwarded: Counter,
     /// Forwarded checks the receiver answered `not_owner` (it had handed the slot off), each
@@ -139,6 +144,8 @@ pub struct ClusterMetrics {
     pub table_epoch: Gauge,
     pub replication_lag: Gauge,
     pub peer_handshake_failures: Counter,
+    pub cluster_version: Gauge,
+    pub outbound_version_mismatches: Counter,
     pub replicated: Counter,
     pub handed_off: Counter,
 }
@@ -151,6 +158,8 @@ impl NodeMetrics {
             table_epoch: self.table_epoch.clone(),
             replication_lag: self.replication_lag.clone(),
             peer_handshake_failures: self.peer_handshake_failures.clone(),
+            cluster_version: self.cluster_version.clone(),
+            outbound_version_mismatches: self.outbound_version_mismatches.clone(),
             replicated: self.replicated.clone(),
             handed_off: self.handed_off.clone(),
         }
@@ -181,6 +190,8 @@ impl NodeMetrics {
             table_epoch: gauge!("floodgate_slot_table_epoch"),
             replication_lag: gauge!("floodgate_replication_lag_seconds"),
             peer_handshake_failures: counter!("floodgate_peer_handshake_failures_total"),
+            cluster_version: gauge!("floodgate_cluster_protocol_version"),
+            outbound_version_mismatches: counter!("floodgate_protocol_mismatches_total", "direction" => "outbound"),
             forwarded: counter!("floodgate_forwarded_checks_total"),
             forward_refused: counter!("floodgate_forward_refused_checks_total"),
             taken_over: counter!("floodgate_takeover_checks_total"),

@@ -222,6 +222,7 @@ fn plain_frame(frame: &Frame) -> Option<Frame> {
     let batch: CheckBatch = rkyv::deserialize::<CheckBatch, rancor::Error>(&scoped.batch).ok()?;
     let payload = rkyv::to_bytes::<rancor::Error>(&batch).ok()?;
     Some(Frame {
+        version: floodgate::wire::BASE_LAYOUT,
         kind: FrameKind::CheckBatch,
         request_id: frame.request_id,
         payload,

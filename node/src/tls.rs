@@ -1,5 +1,11 @@
-//! The node's TLS: the QUIC server configuration (TLS 1.3 only, ALPN `floodgate/1`, optional
-//! mutual TLS), the client configurations it dials peers with, and who counts as a peer.
+//! The node's TLS: the QUIC server configuration (TLS 1.3 only, one ALPN id per protocol
+//! version, optional mutual TLS), the client configurations it dials peers with, and who counts
+//! as a peer.
+//!
+//! Versions: a node offers and accepts the ALPN ids of every protocol version it speaks,
+//! highest first, so a connection speaks the highest version both ends share
+//! ([`agreed_version`]); a caller that shares none is refused in the handshake, and logged at
+//! ERROR with both ranges ([`VersionCheck`]).
 //!
 //! Trust: a peer is a connection whose certificate chains to the peer CA (`--peer-ca`) and is a
 //! node certificate (valid for server authentication too, see [`PeerTrust`]). A client
@@ -13,6 +19,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
+use floodgate::protocol::{self, SUPPORTED, VersionRange};
 use floodgate::wire::{ACK_ELICITING_THRESHOLD, MAX_ACK_DELAY, MAX_DATAGRAM_BYTES};
 use rustls::client::WebPkiServerVerifier;
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
@@ -57,16 +64,92 @@ pub fn server_config(tls: &TlsConfig, limits: &NodeLimits) -> anyhow::Result<qui
         }
         (None, None) => builder.with_no_client_auth(),
     };
-    let mut crypto = builder
-        .with_single_cert(chain, key)
+    let certified = rustls::sign::CertifiedKey::from_der(chain, key, &provider())
         .context("the node certificate and key do not match")?;
-    crypto.alpn_protocols = vec![floodgate::wire::ALPN.to_vec()];
+    let mut crypto = builder.with_cert_resolver(Arc::new(VersionCheck {
+        certified: Arc::new(certified),
+        logged: parking_lot::Mutex::new(std::collections::HashMap::new()),
+        mismatches: metrics::counter!("floodgate_protocol_mismatches_total", "direction" => "inbound"),
+    }));
+    crypto.alpn_protocols = SUPPORTED.alpn_ids();
     // 0-RTT data can be replayed, and a replayed check consumes tokens: never accept it.
     crypto.max_early_data_size = 0;
     let quic = quinn::crypto::rustls::QuicServerConfig::try_from(crypto)?;
     let mut config = quinn::ServerConfig::with_crypto(Arc::new(quic));
     config.transport_config(Arc::new(transport_config(limits)));
     Ok(config)
+}
+
+/// The server certificate resolver, which also looks at what a caller offered before the
+/// handshake picks a version: one that offers none of this node's versions is refused by the
+/// handshake (TLS `no_application_protocol`), and here is where the node says so, with both
+/// ranges, at ERROR (once a minute per offered range) and in
+/// `floodgate_protocol_mismatches_total{direction="inbound"}`.
+#[derive(Debug)]
+struct VersionCheck {
+    certified: Arc<rustls::sign::CertifiedKey>,
+    /// When each offered range was last logged (a fleet of gateways of one build all offer
+    /// the same; bounded by the number of distinct ranges, at most 256 × 256).
+    logged: parking_lot::Mutex<std::collections::HashMap<Option<VersionRange>, std::time::Instant>>,
+    mismatches: metrics::Counter,
+}
+
+/// How often one offered range is logged again.
+const MISMATCH_LOG_INTERVAL: Duration = Duration::from_secs(60);
+
+impl rustls::server::ResolvesServerCert for VersionCheck {
+    fn resolve(
+        &self,
+        hello: rustls::server::ClientHello<'_>,
+    ) -> Option<Arc<rustls::sign::CertifiedKey>> {
+        let offered = hello.alpn().map(VersionRange::of_alpn_ids);
+        let shared = match offered {
+            Some(Some(range)) => range.highest_shared(SUPPORTED).is_some(),
+            // No floodgate id at all, or no ALPN: the handshake refuses it too.
+            _ => false,
+        };
+        if !shared {
+            self.mismatches.increment(1);
+            let offered = offered.flatten();
+            let now = std::time::Instant::now();
+            let mut logged = self.logged.lock();
+            let due = logged
+                .get(&offered)
+                .is_none_or(|at| now.duration_since(*at) >= MISMATCH_LOG_INTERVAL);
+            if due {
+                logged.insert(offered, now);
+                match offered {
+                    Some(range) => tracing::error!(
+                        "refused a caller that speaks protocol versions {range}: this node speaks {SUPPORTED} \
+                         (release N works with N-1: upgrade the older side first)"
+                    ),
+                    None => tracing::error!(
+                        "refused a caller that offered no floodgate protocol version (ALPN): this node speaks {SUPPORTED}"
+                    ),
+                }
+            }
+        }
+        Some(self.certified.clone())
+    }
+}
+
+/// The protocol version a connection agreed on in its handshake (the ALPN id both ends chose).
+pub fn agreed_version(connection: &quinn::Connection) -> u8 {
+    connection
+        .handshake_data()
+        .and_then(|data| data.downcast::<quinn::crypto::rustls::HandshakeData>().ok())
+        .and_then(|data| data.protocol)
+        .and_then(|id| protocol::version_of_alpn(&id))
+        // A connection is up only with an agreed id; the oldest version is the safe reading.
+        .unwrap_or(protocol::OLDEST)
+}
+
+/// True when a handshake failed because the other end speaks none of this node's versions
+/// (it answered TLS alert 120, `no_application_protocol`).
+pub fn no_shared_version(error: &quinn::ConnectionError) -> bool {
+    const NO_APPLICATION_PROTOCOL: u8 = 0x78;
+    matches!(error, quinn::ConnectionError::ConnectionClosed(close)
+        if close.error_code == quinn::TransportErrorCode::crypto(NO_APPLICATION_PROTOCOL))
 }
 
 fn roots(ca: &std::path::Path) -> anyhow::Result<RootCertStore> {
@@ -247,7 +330,7 @@ fn peer_client_config(
         .dangerous()
         .with_custom_certificate_verifier(verifier)
         .with_client_auth_cert(load_certs(&tls.cert)?, load_key(&tls.key)?)?;
-    crypto.alpn_protocols = vec![floodgate::wire::ALPN.to_vec()];
+    crypto.alpn_protocols = SUPPORTED.alpn_ids();
     let quic = quinn::crypto::rustls::QuicClientConfig::try_from(crypto)?;
     let mut config = quinn::ClientConfig::new(Arc::new(quic));
     let mut transport = quinn::TransportConfig::default();

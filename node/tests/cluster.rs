@@ -221,7 +221,7 @@ async fn subscribed_clients_are_pushed_every_new_slot_table() {
             reader.extend(&bytes);
             let frame = reader.next_frame().unwrap().unwrap();
             assert_eq!(frame.kind, FrameKind::SlotTable);
-            let table = decode_slot_table(&frame.payload).unwrap();
+            let table = decode_slot_table(frame.version, &frame.payload).unwrap();
             if table.members.len() == 2 {
                 return table;
             }

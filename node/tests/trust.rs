@@ -427,7 +427,7 @@ async fn a_seed_with_a_foreign_certificate_is_counted_as_a_handshake_failure() {
         .with_no_client_auth()
         .with_single_cert(chain, key)
         .unwrap();
-    tls.alpn_protocols = vec![floodgate::wire::ALPN.to_vec()];
+    tls.alpn_protocols = floodgate::protocol::SUPPORTED.alpn_ids();
     let server = quinn::ServerConfig::with_crypto(std::sync::Arc::new(
         quinn::crypto::rustls::QuicServerConfig::try_from(tls).unwrap(),
     ));

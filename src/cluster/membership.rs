@@ -18,6 +18,8 @@ use std::collections::BTreeMap;
 
 use rkyv::{Archive, Deserialize, Serialize};
 
+use crate::protocol::{self, VersionRange};
+
 /// Timings and bounds. Defaults: a silent node is suspect after 500 ms and dead after 1 s.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MembershipConfig {
@@ -81,17 +83,21 @@ pub struct MemberInfo {
 }
 
 /// One member as gossiped.
-#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MemberDigest {
     pub info: MemberInfo,
     pub incarnation: u64,
     pub heartbeat: u64,
     /// `true` once the member announced a graceful leave.
     pub left: bool,
+    /// The protocol versions the member speaks in this incarnation; `None` when the sender did
+    /// not say (version 2's gossip has no ranges).
+    pub versions: Option<VersionRange>,
 }
 
 /// A gossip message: the sender's view of every member it considers alive, suspect or departed.
-#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq, Default)]
+/// Its layouts on the wire: `wire::encode_gossip`.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Gossip {
     pub members: Vec<MemberDigest>,
 }
@@ -142,6 +148,8 @@ struct Member {
     state: MemberState,
     /// When the heartbeat last advanced (or the state last changed).
     since_ns: u64,
+    /// What it speaks in this incarnation, once a digest said; a later incarnation forgets it.
+    versions: Option<VersionRange>,
 }
 
 /// One node's view of the cluster.
@@ -176,6 +184,7 @@ impl Membership {
             heartbeat: 0,
             state: MemberState::Alive,
             since_ns: now_ns,
+            versions: Some(protocol::SUPPORTED),
         };
         let seeds = seeds
             .into_iter()
@@ -195,6 +204,34 @@ impl Membership {
 
     pub fn me(&self) -> &str {
         &self.me
+    }
+
+    /// Speaks `versions` instead of this build's range (simulations of mixed clusters, and a
+    /// node held at an older version).
+    pub fn with_versions(mut self, versions: VersionRange) -> Self {
+        if let Some(me) = self.members.get_mut(&self.me) {
+            me.versions = Some(versions);
+        }
+        self
+    }
+
+    /// The versions `id` speaks, as far as this node knows: a member no digest has given a
+    /// range for is taken to speak version 2 alone ([`protocol::UNKNOWN_MEMBER`]).
+    pub fn versions_of(&self, id: &str) -> Option<VersionRange> {
+        self.members
+            .get(id)
+            .map(|m| m.versions.unwrap_or(protocol::UNKNOWN_MEMBER))
+    }
+
+    /// The highest version every slot-owning member speaks (this node among them): what
+    /// behaviour that needs every member waits for. `None` when their ranges share none.
+    pub fn cluster_version(&self) -> Option<u8> {
+        protocol::cluster_version(
+            self.members
+                .values()
+                .filter(|m| m.state.owns_slots())
+                .map(|m| m.versions.unwrap_or(protocol::UNKNOWN_MEMBER)),
+        )
     }
 
     /// Increments whenever the set of slot-owning members changes.
@@ -291,9 +328,15 @@ impl Membership {
                         member.info = digest.info.clone();
                         member.state = MemberState::Alive;
                         member.since_ns = now_ns;
+                        member.versions = digest.versions;
                     }
                 }
                 Some(member) => {
+                    // A range belongs to one incarnation: a digest of the same life that says
+                    // it fills in what a version 2 digest left out.
+                    if digest.incarnation == member.incarnation && digest.versions.is_some() {
+                        member.versions = digest.versions;
+                    }
                     let version = (digest.incarnation, digest.heartbeat);
                     if digest.left && digest.incarnation >= member.incarnation {
                         if member.state != MemberState::Left {
@@ -305,6 +348,10 @@ impl Membership {
                         // A departed or dead member comes back only with progress: a new
                         // incarnation, or (for dead) a heartbeat it had not reached.
                         if member.state != MemberState::Left || restarted {
+                            if restarted {
+                                // Perhaps another build: only its new digests say what it speaks.
+                                member.versions = digest.versions;
+                            }
                             member.incarnation = digest.incarnation;
                             member.heartbeat = digest.heartbeat;
                             member.info = digest.info.clone();
@@ -327,6 +374,7 @@ impl Membership {
                             heartbeat: digest.heartbeat,
                             state,
                             since_ns: now_ns,
+                            versions: digest.versions,
                         },
                     );
                 }
@@ -431,6 +479,7 @@ impl Membership {
                 incarnation: m.incarnation,
                 heartbeat: m.heartbeat,
                 left: m.state == MemberState::Left,
+                versions: m.versions,
             })
             .collect();
         Gossip { members }

@@ -4,25 +4,32 @@
 use rkyv::rancor;
 use rkyv::{Archive, Deserialize, Serialize};
 
-use super::ErrorCode;
 use super::messages::Refusal;
 use super::messages::{access_validated, algorithm_to_wire};
+use super::{BASE_LAYOUT, ErrorCode, FrameKind, encode_frame_at, encode_message_at};
 use crate::algorithm::WindowState;
-use crate::cluster::{Gossip, IdConflict, MemberState, SLOTS};
+use crate::cluster::membership::MemberDigest;
+use crate::cluster::{Gossip, IdConflict, MemberInfo, MemberState, SLOTS};
+use crate::protocol::{Feature, VersionRange};
 use crate::{Algorithm, BucketKey, BucketState, BucketValue, Limit};
+use rkyv::util::AlignedVec;
 
 /// A member as a client sees it.
-#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TableMember {
     pub id: String,
     pub addr: String,
     pub region: String,
     /// 0 alive, 1 suspect, 2 dead, 3 left.
     pub state: u8,
+    /// The protocol versions it speaks, as the sending node knows them; `None` from a node that
+    /// sent version 2's table, which has no ranges.
+    pub versions: Option<VersionRange>,
 }
 
 /// Node → client: who owns which slot. `owners[slot]` indexes `members`; `u16::MAX`: nobody.
-#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq, Default)]
+/// Its layouts on the wire: [`encode_slot_table`].
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct SlotTableMessage {
     /// Equal on every node with the same view of the owners (a hash of their ids).
     pub version: u64,
@@ -35,6 +42,51 @@ pub struct SlotTableMessage {
     /// `successors[slot]`: who takes the slot over if its owner fails (it holds the replicas);
     /// indexes `members` like `owners`.
     pub successors: Vec<u16>,
+    /// The protocol version every member speaks (`protocol::cluster_version`), as the sending
+    /// node knows it; 2 from a node that sent version 2's table. 0: the members share none.
+    pub cluster_version: u8,
+}
+
+/// The slot table's layout in version 2.
+#[derive(Archive, Serialize, Deserialize)]
+struct SlotTableV2 {
+    version: u64,
+    epoch: u64,
+    from: String,
+    members: Vec<TableMemberV2>,
+    owners: Vec<u16>,
+    successors: Vec<u16>,
+}
+
+#[derive(Archive, Serialize, Deserialize)]
+struct TableMemberV2 {
+    id: String,
+    addr: String,
+    region: String,
+    state: u8,
+}
+
+/// Version 3: each member's range, and the cluster version.
+#[derive(Archive, Serialize, Deserialize)]
+struct SlotTableV3 {
+    version: u64,
+    epoch: u64,
+    from: String,
+    members: Vec<TableMemberV3>,
+    owners: Vec<u16>,
+    successors: Vec<u16>,
+    cluster_version: u8,
+}
+
+#[derive(Archive, Serialize, Deserialize)]
+struct TableMemberV3 {
+    id: String,
+    addr: String,
+    region: String,
+    state: u8,
+    /// 0..0: not known to the sender.
+    min_version: u8,
+    max_version: u8,
 }
 
 /// One replicated bucket: its key bits and its state, flat (fields another algorithm does not
@@ -200,11 +252,145 @@ fn malformed(what: &str, e: impl std::fmt::Display) -> Refusal {
     (ErrorCode::MalformedPayload, format!("invalid {what}: {e}"))
 }
 
-/// Validates and converts a gossip payload.
-pub fn decode_gossip(payload: &[u8]) -> Result<Gossip, Refusal> {
-    let archived =
-        access_validated::<crate::cluster::membership::ArchivedGossip>(payload, "gossip message")?;
-    rkyv::deserialize::<Gossip, rancor::Error>(archived).map_err(|e| malformed("gossip", e))
+/// Gossip's layout in version 2.
+#[derive(Archive, Serialize, Deserialize)]
+struct GossipV2 {
+    members: Vec<DigestV2>,
+}
+
+#[derive(Archive, Serialize, Deserialize)]
+struct DigestV2 {
+    info: MemberInfo,
+    incarnation: u64,
+    heartbeat: u64,
+    left: bool,
+}
+
+/// Version 3: each digest with its member's version range.
+#[derive(Archive, Serialize, Deserialize)]
+struct GossipV3 {
+    members: Vec<DigestV3>,
+}
+
+#[derive(Archive, Serialize, Deserialize)]
+struct DigestV3 {
+    info: MemberInfo,
+    incarnation: u64,
+    heartbeat: u64,
+    left: bool,
+    /// 0..0: not known to the sender.
+    min_version: u8,
+    max_version: u8,
+}
+
+/// A range as layouts from version 3 carry it: `0..0` for one the sender does not know.
+fn range_to_wire(range: Option<VersionRange>) -> (u8, u8) {
+    range.map_or((0, 0), |r| (r.min, r.max))
+}
+
+fn range_from_wire(what: &str, min: u8, max: u8) -> Result<Option<VersionRange>, Refusal> {
+    match (min, max) {
+        (0, 0) => Ok(None),
+        _ => VersionRange::new(min, max)
+            .filter(|r| r.min >= BASE_LAYOUT)
+            .map(Some)
+            .ok_or_else(|| malformed(what, format!("version range {min}..{max}"))),
+    }
+}
+
+/// Appends `gossip` as a frame for a peer speaking `version`: with ranges from version 3, in
+/// version 2's layout (ranges left out) for a peer that speaks only that.
+pub fn encode_gossip(out: &mut Vec<u8>, version: u8, gossip: &Gossip) {
+    if Feature::MemberVersions.readable_at(version) {
+        let message = GossipV3 {
+            members: gossip
+                .members
+                .iter()
+                .map(|d| {
+                    let (min_version, max_version) = range_to_wire(d.versions);
+                    DigestV3 {
+                        info: d.info.clone(),
+                        incarnation: d.incarnation,
+                        heartbeat: d.heartbeat,
+                        left: d.left,
+                        min_version,
+                        max_version,
+                    }
+                })
+                .collect(),
+        };
+        let layout = FrameKind::Gossip.layout_at(version);
+        encode_message_at(out, layout, FrameKind::Gossip, 0, &message);
+    } else {
+        let message = GossipV2 {
+            members: gossip
+                .members
+                .iter()
+                .map(|d| DigestV2 {
+                    info: d.info.clone(),
+                    incarnation: d.incarnation,
+                    heartbeat: d.heartbeat,
+                    left: d.left,
+                })
+                .collect(),
+        };
+        encode_message_at(out, BASE_LAYOUT, FrameKind::Gossip, 0, &message);
+    }
+}
+
+/// Validates and converts a gossip payload of the layout of version `layout` (the frame's).
+pub fn decode_gossip(layout: u8, payload: &[u8]) -> Result<Gossip, Refusal> {
+    let members = if Feature::MemberVersions.readable_at(layout) {
+        let archived = access_validated::<ArchivedGossipV3>(payload, "gossip message")?;
+        archived
+            .members
+            .iter()
+            .map(|d| {
+                Ok(MemberDigest {
+                    versions: range_from_wire("gossip", d.min_version, d.max_version)?,
+                    ..digest(
+                        &d.info,
+                        d.incarnation.to_native(),
+                        d.heartbeat.to_native(),
+                        d.left,
+                    )?
+                })
+            })
+            .collect::<Result<_, Refusal>>()?
+    } else {
+        let archived = access_validated::<ArchivedGossipV2>(payload, "gossip message")?;
+        archived
+            .members
+            .iter()
+            .map(|d| {
+                digest(
+                    &d.info,
+                    d.incarnation.to_native(),
+                    d.heartbeat.to_native(),
+                    d.left,
+                )
+            })
+            .collect::<Result<_, Refusal>>()?
+    };
+    Ok(Gossip { members })
+}
+
+/// A digest without a version range (version 2's layout has none).
+fn digest(
+    info: &crate::cluster::membership::ArchivedMemberInfo,
+    incarnation: u64,
+    heartbeat: u64,
+    left: bool,
+) -> Result<MemberDigest, Refusal> {
+    let info =
+        rkyv::deserialize::<MemberInfo, rancor::Error>(info).map_err(|e| malformed("gossip", e))?;
+    Ok(MemberDigest {
+        info,
+        incarnation,
+        heartbeat,
+        left,
+        versions: None,
+    })
 }
 
 /// Longest id or address an id conflict may name, in bytes.
@@ -273,11 +459,120 @@ pub fn decode_replicate(payload: &[u8]) -> Result<Replicated, Refusal> {
     })
 }
 
-/// Validates a slot table payload (client side) and checks its shape.
-pub fn decode_slot_table(payload: &[u8]) -> Result<SlotTableMessage, Refusal> {
-    let archived = access_validated::<ArchivedSlotTableMessage>(payload, "slot table")?;
-    let table: SlotTableMessage = rkyv::deserialize::<SlotTableMessage, rancor::Error>(archived)
-        .map_err(|e| malformed("slot table", e))?;
+/// Appends `table` as a frame for a client speaking `version`: with ranges and the cluster
+/// version from version 3, in version 2's layout otherwise.
+pub fn encode_slot_table(
+    out: &mut Vec<u8>,
+    version: u8,
+    request_id: u64,
+    table: &SlotTableMessage,
+) {
+    let (layout, payload) = slot_table_payload(version, table);
+    encode_frame_at(out, layout, FrameKind::SlotTable, request_id, &payload);
+}
+
+/// `table`'s payload for a client speaking `version`, and the version of its layout (the
+/// frame's version byte): for a node that encodes a table once and sends it many times.
+pub fn slot_table_payload(version: u8, table: &SlotTableMessage) -> (u8, AlignedVec) {
+    // Serializing plain vectors into memory cannot fail; an empty payload would be refused by
+    // the receiver's validation, never misread.
+    if Feature::MemberVersions.readable_at(version) {
+        let message = SlotTableV3 {
+            version: table.version,
+            epoch: table.epoch,
+            from: table.from.clone(),
+            members: table
+                .members
+                .iter()
+                .map(|m| {
+                    let (min_version, max_version) = range_to_wire(m.versions);
+                    TableMemberV3 {
+                        id: m.id.clone(),
+                        addr: m.addr.clone(),
+                        region: m.region.clone(),
+                        state: m.state,
+                        min_version,
+                        max_version,
+                    }
+                })
+                .collect(),
+            owners: table.owners.clone(),
+            successors: table.successors.clone(),
+            cluster_version: table.cluster_version,
+        };
+        let payload = rkyv::to_bytes::<rancor::Error>(&message).unwrap_or_default();
+        (FrameKind::SlotTable.layout_at(version), payload)
+    } else {
+        let message = SlotTableV2 {
+            version: table.version,
+            epoch: table.epoch,
+            from: table.from.clone(),
+            members: table
+                .members
+                .iter()
+                .map(|m| TableMemberV2 {
+                    id: m.id.clone(),
+                    addr: m.addr.clone(),
+                    region: m.region.clone(),
+                    state: m.state,
+                })
+                .collect(),
+            owners: table.owners.clone(),
+            successors: table.successors.clone(),
+        };
+        let payload = rkyv::to_bytes::<rancor::Error>(&message).unwrap_or_default();
+        (BASE_LAYOUT, payload)
+    }
+}
+
+/// Validates a slot table payload of the layout of version `layout` (client side) and checks
+/// its shape.
+pub fn decode_slot_table(layout: u8, payload: &[u8]) -> Result<SlotTableMessage, Refusal> {
+    let table = if Feature::MemberVersions.readable_at(layout) {
+        let t = access_validated::<ArchivedSlotTableV3>(payload, "slot table")?;
+        SlotTableMessage {
+            version: t.version.to_native(),
+            epoch: t.epoch.to_native(),
+            from: t.from.as_str().to_owned(),
+            members: t
+                .members
+                .iter()
+                .map(|m| {
+                    Ok(TableMember {
+                        id: m.id.as_str().to_owned(),
+                        addr: m.addr.as_str().to_owned(),
+                        region: m.region.as_str().to_owned(),
+                        state: m.state,
+                        versions: range_from_wire("slot table", m.min_version, m.max_version)?,
+                    })
+                })
+                .collect::<Result<_, Refusal>>()?,
+            owners: t.owners.iter().map(|o| o.to_native()).collect(),
+            successors: t.successors.iter().map(|o| o.to_native()).collect(),
+            cluster_version: t.cluster_version,
+        }
+    } else {
+        let t = access_validated::<ArchivedSlotTableV2>(payload, "slot table")?;
+        SlotTableMessage {
+            version: t.version.to_native(),
+            epoch: t.epoch.to_native(),
+            from: t.from.as_str().to_owned(),
+            members: t
+                .members
+                .iter()
+                .map(|m| TableMember {
+                    id: m.id.as_str().to_owned(),
+                    addr: m.addr.as_str().to_owned(),
+                    region: m.region.as_str().to_owned(),
+                    state: m.state,
+                    versions: None,
+                })
+                .collect(),
+            owners: t.owners.iter().map(|o| o.to_native()).collect(),
+            successors: t.successors.iter().map(|o| o.to_native()).collect(),
+            cluster_version: BASE_LAYOUT,
+        }
+    };
     if table.owners.len() != SLOTS || table.successors.len() != SLOTS {
         return Err((
             ErrorCode::MalformedPayload,
@@ -300,4 +595,105 @@ pub fn decode_slot_table(payload: &[u8]) -> Result<SlotTableMessage, Refusal> {
         ));
     }
     Ok(table)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::FrameReader;
+
+    fn gossip() -> Gossip {
+        let member = |id: &str, versions| MemberDigest {
+            info: MemberInfo {
+                id: id.into(),
+                addr: format!("127.0.0.1:{}", 7000 + id.len()),
+                region: "eu".into(),
+            },
+            incarnation: 5,
+            heartbeat: 9,
+            left: false,
+            versions,
+        };
+        Gossip {
+            members: vec![
+                member("new", VersionRange::new(2, 3)),
+                member("unknown", None),
+            ],
+        }
+    }
+
+    fn read_back(bytes: &[u8]) -> crate::wire::Frame {
+        let mut reader = FrameReader::new(1 << 20);
+        reader.extend(bytes);
+        reader.next_frame().unwrap().unwrap()
+    }
+
+    #[test]
+    fn gossip_keeps_ranges_from_version_3_and_leaves_them_out_for_version_2() {
+        let mut bytes = Vec::new();
+        encode_gossip(&mut bytes, 3, &gossip());
+        let frame = read_back(&bytes);
+        assert_eq!(frame.version, 3);
+        assert_eq!(decode_gossip(frame.version, &frame.payload), Ok(gossip()));
+
+        let mut bytes = Vec::new();
+        encode_gossip(&mut bytes, 2, &gossip());
+        let frame = read_back(&bytes);
+        assert_eq!(frame.version, 2);
+        let decoded = decode_gossip(frame.version, &frame.payload).unwrap();
+        assert!(decoded.members.iter().all(|d| d.versions.is_none()));
+        assert_eq!(decoded.members[0].info, gossip().members[0].info);
+    }
+
+    #[test]
+    fn a_range_upside_down_or_below_version_2_is_refused() {
+        for (min, max) in [(3, 2), (1, 3), (0, 3)] {
+            let message = GossipV3 {
+                members: vec![DigestV3 {
+                    info: gossip().members[0].info.clone(),
+                    incarnation: 1,
+                    heartbeat: 1,
+                    left: false,
+                    min_version: min,
+                    max_version: max,
+                }],
+            };
+            let payload = rkyv::to_bytes::<rancor::Error>(&message).unwrap();
+            let refused = decode_gossip(3, &payload).unwrap_err();
+            assert_eq!(refused.0, ErrorCode::MalformedPayload, "{min}..{max}");
+        }
+    }
+
+    #[test]
+    fn a_version_2_table_reads_as_a_cluster_of_version_2() {
+        let table = SlotTableMessage {
+            version: 7,
+            epoch: 2,
+            from: "a".into(),
+            members: vec![TableMember {
+                id: "a".into(),
+                addr: "127.0.0.1:7000".into(),
+                region: "eu".into(),
+                state: 0,
+                versions: VersionRange::new(2, 3),
+            }],
+            owners: vec![0; SLOTS],
+            successors: vec![u16::MAX; SLOTS],
+            cluster_version: 3,
+        };
+        let mut bytes = Vec::new();
+        encode_slot_table(&mut bytes, 3, 1, &table);
+        let frame = read_back(&bytes);
+        assert_eq!(
+            decode_slot_table(frame.version, &frame.payload),
+            Ok(table.clone())
+        );
+
+        let mut bytes = Vec::new();
+        encode_slot_table(&mut bytes, 2, 1, &table);
+        let frame = read_back(&bytes);
+        let old = decode_slot_table(frame.version, &frame.payload).unwrap();
+        assert_eq!((old.cluster_version, old.members[0].versions), (2, None));
+        assert_eq!(old.owners, table.owners);
+    }
 }

@@ -2,12 +2,15 @@
 
 use rkyv::util::AlignedVec;
 
-use super::{ErrorCode, FrameKind, HEADER_BYTES, MAGIC, PROTOCOL_VERSION};
+use super::{BASE_LAYOUT, ErrorCode, FrameKind, HEADER_BYTES, MAGIC};
+use crate::protocol;
 
 /// One received frame: its header fields and its payload copied into an aligned buffer (rkyv
 /// needs alignment; the bytes as received carry none).
 #[derive(Debug)]
 pub struct Frame {
+    /// The protocol version of the payload's layout (see [`encode_frame_at`]).
+    pub version: u8,
     pub kind: FrameKind,
     pub request_id: u64,
     pub payload: AlignedVec,
@@ -23,13 +26,28 @@ pub struct FrameError {
     pub message: String,
 }
 
-/// Appends one frame to `out`.
+/// Appends one frame to `out`, of a kind whose payload has kept the layout of version 2.
 pub fn encode_frame(out: &mut Vec<u8>, kind: FrameKind, request_id: u64, payload: &[u8]) {
+    encode_frame_at(out, BASE_LAYOUT, kind, request_id, payload);
+}
+
+/// Appends one frame to `out` whose payload has the layout version `layout` brought. A frame
+/// carries the version of its payload's layout, not the newest its sender speaks, so every
+/// reader that knows that layout reads it: a kind unchanged since version 2 stays readable by
+/// builds that speak only 2. A sender picks the layout from the version the connection agreed
+/// on ([`crate::protocol`]).
+pub fn encode_frame_at(
+    out: &mut Vec<u8>,
+    layout: u8,
+    kind: FrameKind,
+    request_id: u64,
+    payload: &[u8],
+) {
     // The caller's payloads are built by this crate and bounded well below 4 GiB.
     let len = u32::try_from(payload.len()).unwrap_or(u32::MAX);
     out.reserve(HEADER_BYTES + payload.len());
     out.extend_from_slice(&MAGIC);
-    out.push(PROTOCOL_VERSION);
+    out.push(layout);
     out.push(kind as u8);
     out.extend_from_slice(&len.to_le_bytes());
     out.extend_from_slice(&request_id.to_le_bytes());
@@ -55,9 +73,30 @@ where
     reader.next_frame().unwrap().unwrap().payload
 }
 
-/// Serializes `message` with rkyv and appends it as one frame to `out`.
+/// Serializes `message` with rkyv and appends it as one frame to `out` (a kind unchanged since
+/// version 2, as [`encode_frame`]).
 pub fn encode_message<T>(out: &mut Vec<u8>, kind: FrameKind, request_id: u64, message: &T)
 where
+    T: for<'a> rkyv::Serialize<
+            rkyv::api::high::HighSerializer<
+                AlignedVec,
+                rkyv::ser::allocator::ArenaHandle<'a>,
+                rkyv::rancor::Error,
+            >,
+        >,
+{
+    encode_message_at(out, BASE_LAYOUT, kind, request_id, message);
+}
+
+/// Serializes `message`, whose layout version `layout` brought, as one frame (see
+/// [`encode_frame_at`]).
+pub fn encode_message_at<T>(
+    out: &mut Vec<u8>,
+    layout: u8,
+    kind: FrameKind,
+    request_id: u64,
+    message: &T,
+) where
     T: for<'a> rkyv::Serialize<
             rkyv::api::high::HighSerializer<
                 AlignedVec,
@@ -69,7 +108,7 @@ where
     // Serializing plain structs of vectors into memory cannot fail; an empty payload would be
     // refused by the receiver's validation, never misread.
     let bytes = rkyv::to_bytes::<rkyv::rancor::Error>(message).unwrap_or_default();
-    encode_frame(out, kind, request_id, &bytes);
+    encode_frame_at(out, layout, kind, request_id, &bytes);
 }
 
 /// Cuts a byte stream into frames. Feed it whatever bytes arrive (`extend`), then take every
@@ -134,10 +173,11 @@ impl FrameReader {
         if bytes[..2] != MAGIC {
             return Err(self.error(ErrorCode::BadMagic, 0, "frame does not start with \"FG\""));
         }
-        if bytes[2] != PROTOCOL_VERSION {
+        let version = bytes[2];
+        if !(BASE_LAYOUT..=protocol::NEWEST).contains(&version) {
             let message = format!(
-                "protocol version {} is not supported (this node speaks {PROTOCOL_VERSION})",
-                bytes[2]
+                "frame of protocol version {version}: this build reads versions {}",
+                protocol::SUPPORTED
             );
             return Err(self.error(ErrorCode::UnsupportedVersion, 0, &message));
         }
@@ -171,6 +211,7 @@ impl FrameReader {
         payload.extend_from_slice(&bytes[HEADER_BYTES..HEADER_BYTES + len]);
         self.start += HEADER_BYTES + len;
         Ok(Some(Frame {
+            version,
             kind,
             request_id,
             payload,
@@ -221,5 +262,40 @@ mod tests {
         // The second frame's bytes alone, in the first frame's buffer.
         assert_eq!(second.payload.as_slice(), &[9; 32]);
         assert_eq!(second.payload.as_ptr(), buffer);
+    }
+
+    #[test]
+    fn every_version_this_build_speaks_is_read_and_others_are_refused_naming_both() {
+        for version in crate::protocol::OLDEST..=crate::protocol::NEWEST {
+            let mut bytes = Vec::new();
+            encode_frame_at(&mut bytes, version, FrameKind::Gossip, 3, &[1; 8]);
+            let mut reader = FrameReader::new(1 << 16);
+            reader.extend(&bytes);
+            let frame = reader.next_frame().unwrap().unwrap();
+            assert_eq!((frame.version, frame.kind), (version, FrameKind::Gossip));
+        }
+        for version in [0, 1, crate::protocol::NEWEST + 1, u8::MAX] {
+            let mut bytes = Vec::new();
+            encode_frame_at(&mut bytes, version, FrameKind::Gossip, 3, &[1; 8]);
+            let mut reader = FrameReader::new(1 << 16);
+            reader.extend(&bytes);
+            let error = reader.next_frame().unwrap_err();
+            assert_eq!(error.code, ErrorCode::UnsupportedVersion);
+            assert!(
+                error.message.contains(&format!("version {version}"))
+                    && error
+                        .message
+                        .contains(&crate::protocol::SUPPORTED.to_string()),
+                "{}",
+                error.message
+            );
+        }
+    }
+
+    #[test]
+    fn a_kind_unchanged_since_version_2_is_stamped_2() {
+        let bytes = frame_bytes(1, &[0; 16]);
+        assert_eq!(bytes[2], BASE_LAYOUT);
+        assert_eq!(BASE_LAYOUT, 2);
     }
 }

@@ -4,7 +4,7 @@
 //! ```text
 //! offset  size  field
 //! 0       2     magic "FG"
-//! 2       1     protocol version (2)
+//! 2       1     protocol version of the payload's layout (2, or 3 for kinds it changed)
 //! 3       1     frame kind (FrameKind)
 //! 4       4     payload length, little-endian u32 (at most the receiver's max frame bytes)
 //! 8       8     request id, little-endian u64 (answers carry the id of their request)
@@ -32,13 +32,17 @@ pub use check_batch::{
 pub use cluster_messages::{
     HandoffPart, MAX_HANDOFF_PARTS, MAX_MEMBER_FIELD_BYTES, MAX_WIRE_TAT_NS, ReplicateMessage,
     Replicated, SlotTableMessage, TableMember, WireBucket, decode_gossip, decode_id_conflict,
-    decode_replicate, decode_slot_table, member_state_from_wire, member_state_to_wire,
+    decode_replicate, decode_slot_table, encode_gossip, encode_slot_table, member_state_from_wire,
+    member_state_to_wire, slot_table_payload,
 };
 pub use decision_batch::{
     ArchivedDecisionBatch, ArchivedPackedDecisions, DecisionBatch, PackedDecisions, WireDecision,
     decode_decision_batch, decode_decisions, decode_decisions_into,
 };
-pub use frame::{Frame, FrameError, FrameReader, encode_frame, encode_message};
+pub use frame::{
+    Frame, FrameError, FrameReader, encode_frame, encode_frame_at, encode_message,
+    encode_message_at,
+};
 pub use lease_messages::{
     ArchivedLeaseRequestBatch, LEASE_ACQUIRE, LEASE_RELEASE, LEASE_RENEW, LeaseAnswer,
     LeaseAnswerBatch, LeaseOp, LeaseRequestBatch, LeaseSync, LeaseSyncMessage,
@@ -66,8 +70,10 @@ pub use token_lease_messages::{
 
 /// First two bytes of every frame.
 pub const MAGIC: [u8; 2] = *b"FG";
-/// The protocol version this build speaks; a frame with another version is refused.
-pub const PROTOCOL_VERSION: u8 = 2;
+/// The version byte of a frame whose kind has the layout it had in version 2, the first
+/// version: what every kind that no later version changed carries. Which versions a build
+/// speaks, and how two ends agree on one: [`crate::protocol`].
+pub const BASE_LAYOUT: u8 = 2;
 /// Bytes before the payload. A multiple of 16, so a payload read into an aligned buffer right
 /// after its header stays aligned for rkyv.
 pub const HEADER_BYTES: usize = 16;
@@ -91,9 +97,6 @@ pub const ACK_ELICITING_THRESHOLD: u32 = 8;
 /// default is 25 ms). Short, because the sender's probe timeout waits for it: a lost lone frame
 /// is sent again within a few milliseconds, inside a gateway's usual call timeout.
 pub const MAX_ACK_DELAY: std::time::Duration = std::time::Duration::from_millis(2);
-
-/// ALPN protocol id of a floodgate QUIC connection.
-pub const ALPN: &[u8] = b"floodgate/1";
 
 /// What a frame carries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -169,6 +172,19 @@ impl FrameKind {
             18 => Some(FrameKind::TokenLeaseBatch),
             19 => Some(FrameKind::TokenLeaseAnswers),
             _ => None,
+        }
+    }
+
+    /// The version whose layout this kind has for an end speaking `version`: the frame's
+    /// version byte. Every kind keeps version 2's layout until a version changes it; every
+    /// change is listed here (and pinned in `tests/golden/wire_frames_vN.txt`).
+    pub fn layout_at(self, version: u8) -> u8 {
+        let member_versions = crate::protocol::Feature::MemberVersions;
+        match self {
+            FrameKind::Gossip | FrameKind::SlotTable if member_versions.readable_at(version) => {
+                member_versions.since()
+            }
+            _ => BASE_LAYOUT,
         }
     }
 

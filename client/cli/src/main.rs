@@ -74,9 +74,12 @@ enum RulesCommand {
 
 const STATUS_HELP: &str = "\
 Output:
-  epoch 3, version 9f3a0c12d4e5b6a7, from node-a
-  id      region  address         state  slots
-  node-a  local   127.0.0.1:7100  alive  1372
+  epoch 3, version 9f3a0c12d4e5b6a7, from node-a, cluster protocol 3
+  id      region  address         state  protocol  slots
+  node-a  local   127.0.0.1:7100  alive  2-3       1372
+
+The protocol column is the range of protocol versions each member speaks (`2` for a node of a
+build before versions were negotiated); the cluster speaks the highest version all share.
 
 Exit status: 0 when a node gave its table, 2 on error (bad arguments, no node answered).";
 
@@ -317,6 +320,7 @@ fn format_status(table: &ClusterTable) -> String {
         "region".to_owned(),
         "address".to_owned(),
         "state".to_owned(),
+        "protocol".to_owned(),
         "slots".to_owned(),
     ]];
     for member in table.members() {
@@ -325,17 +329,25 @@ fn format_status(table: &ClusterTable) -> String {
             member.region.clone(),
             member.addr.clone(),
             member.state.name().to_owned(),
+            member
+                .versions
+                .unwrap_or(floodgate_client::core::protocol::UNKNOWN_MEMBER)
+                .to_string(),
             table.slots_owned(&member.id).to_string(),
         ]);
     }
-    let mut widths = [0usize; 5];
+    let mut widths = [0usize; 6];
     for row in &rows {
         for (width, cell) in widths.iter_mut().zip(row) {
             *width = (*width).max(cell.chars().count());
         }
     }
+    let cluster = match table.cluster_version() {
+        0 => "none shared (see the protocol column)".to_owned(),
+        version => version.to_string(),
+    };
     let mut text = format!(
-        "epoch {}, version {:016x}, from {}\n",
+        "epoch {}, version {:016x}, from {}, cluster protocol {cluster}\n",
         table.epoch(),
         table.version(),
         table.from()

@@ -84,13 +84,17 @@ async fn status_prints_the_cluster_table_and_exits_2_when_nobody_answers() {
     assert!(
         lines[0].starts_with("epoch ")
             && lines[0].contains(&format!("version {:016x}", table.version()))
-            && lines[0].ends_with(&format!("from {}", nodes[2].node_id())),
+            && lines[0].ends_with(&format!(
+                "from {}, cluster protocol {}",
+                nodes[2].node_id(),
+                floodgate::protocol::NEWEST
+            )),
         "{stdout}"
     );
     assert!(
         lines[1]
             .split_whitespace()
-            .eq(["id", "region", "address", "state", "slots"])
+            .eq(["id", "region", "address", "state", "protocol", "slots"])
     );
     assert!(lines.len() >= 5, "{stdout}");
     let mut slots = 0;
@@ -100,8 +104,10 @@ async fn status_prints_the_cluster_table_and_exits_2_when_nobody_answers() {
         assert_eq!(cells[1], "local");
         assert_eq!(Some(cells[2].to_owned()), addr_of(cells[0]));
         assert_eq!(cells[3], "alive");
+        // Every node of this build speaks its whole range.
+        assert_eq!(cells[4], floodgate::protocol::SUPPORTED.to_string());
         assert_eq!(
-            cells[4].parse::<usize>().unwrap(),
+            cells[5].parse::<usize>().unwrap(),
             table.slots_owned(cells[0])
         );
         slots += table.slots_owned(cells[0]);

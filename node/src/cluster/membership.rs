@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use floodgate::Clock;
 use floodgate::cluster::ownership::Action;
 use floodgate::cluster::{ConflictVerdict, Gossip, IdConflict};
-use floodgate::wire::{FrameKind, encode_message, member_state_to_wire};
+use floodgate::wire::{FrameKind, encode_gossip, encode_message, member_state_to_wire};
 use tokio::sync::watch;
 
 use super::{COMPLAINT_INTERVAL_NS, Cluster, JOIN_WAIT};
@@ -43,6 +43,7 @@ impl Cluster {
         drop(self.update_table(now_ns, |membership| {
             conflicts = membership.handle_gossip(now_ns, gossip)
         }));
+        self.publish_cluster_version();
         for conflict in conflicts {
             if self.time_to_complain(&self.next_conflict_complaint_ns, now_ns) {
                 tracing::warn!(
@@ -158,12 +159,62 @@ impl Cluster {
         }
         let outgoing = self.membership.lock().poll(now_ns);
         for message in outgoing {
-            let mut frame = Vec::new();
-            encode_message(&mut frame, FrameKind::Gossip, 0, &message.gossip);
-            self.peers.send(message.to, frame);
+            self.send_gossip(message);
         }
+        self.publish_cluster_version();
         // Members declared suspect or dead by `poll` change the owners.
         drop(self.update_table(now_ns, |_| {}));
+    }
+
+    /// Sends gossip in the layout of the version the connection to its peer agreed on.
+    fn send_gossip(&self, message: floodgate::cluster::Outgoing) -> tokio::task::JoinHandle<bool> {
+        let gossip = message.gossip;
+        self.peers.send_with(message.to, move |version| {
+            let mut frame = Vec::new();
+            encode_gossip(&mut frame, version, &gossip);
+            frame
+        })
+    }
+
+    /// The highest protocol version every member speaks, as far as gossip has told this node
+    /// (0: their ranges share none).
+    pub(crate) fn cluster_version(&self) -> u8 {
+        self.membership.lock().cluster_version().unwrap_or(0)
+    }
+
+    /// Publishes the cluster version, and logs when it changes: at INFO as the last member of
+    /// an older build leaves or the first joins, at ERROR when the members share no version
+    /// (a member that shares none with this node cannot connect; one between two others can).
+    fn publish_cluster_version(&self) {
+        let version = self.cluster_version();
+        let before = self
+            .published_cluster_version
+            .swap(version, Ordering::Relaxed);
+        if before == version {
+            return;
+        }
+        self.metrics.cluster_version.set(f64::from(version));
+        if version == 0 {
+            let membership = self.membership.lock();
+            let ranges: Vec<String> = membership
+                .members()
+                .filter(|(_, state)| state.owns_slots())
+                .filter_map(|(info, _)| {
+                    let range = membership.versions_of(&info.id)?;
+                    Some(format!("{} speaks {range}", info.id))
+                })
+                .collect();
+            tracing::error!(
+                "the members share no protocol version ({}): upgrade or stop the odd ones out",
+                ranges.join(", ")
+            );
+        } else if before != 0 {
+            tracing::info!(
+                from = before,
+                to = version,
+                "the cluster now speaks protocol version {version}"
+            );
+        }
     }
 
     pub(super) fn publish_members(&self) {
@@ -185,9 +236,7 @@ impl Cluster {
         // until the hand-off arrives (they see the leave as `Left`, not dead).
         let sends = self.update_table(now_ns, |membership| outgoing = membership.leave(now_ns));
         for message in outgoing {
-            let mut frame = Vec::new();
-            encode_message(&mut frame, FrameKind::Gossip, 0, &message.gossip);
-            drop(self.peers.send(message.to, frame));
+            drop(self.send_gossip(message));
         }
         // Each send is bounded by PEER_TIMEOUT; the endpoint must not close before they land.
         for send in sends {

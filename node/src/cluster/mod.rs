@@ -101,6 +101,8 @@ pub(crate) struct Cluster {
     encoded_table: Mutex<Option<Arc<EncodedTable>>>,
     /// The other regions' rings, recomputed when the membership's owners change.
     region_rings: parking_lot::RwLock<Arc<RegionRings>>,
+    /// The cluster version last published (metric and log), to log it when it changes.
+    published_cluster_version: std::sync::atomic::AtomicU8,
 }
 
 impl Cluster {
@@ -158,6 +160,7 @@ impl Cluster {
                 endpoint,
                 peer_config,
                 metrics.peer_handshake_failures.clone(),
+                metrics.outbound_version_mismatches.clone(),
                 own_addrs,
             )),
             handoff_arrived: tokio::sync::Notify::new(),
@@ -177,6 +180,7 @@ impl Cluster {
             member_log: Mutex::new(MemberLog::default()),
             encoded_table: Mutex::new(None),
             region_rings: parking_lot::RwLock::new(Arc::new(RegionRings::default())),
+            published_cluster_version: std::sync::atomic::AtomicU8::new(0),
             config,
         }
     }

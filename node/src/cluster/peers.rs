@@ -34,6 +34,8 @@ pub(crate) struct Peers {
     /// at ERROR once per new reason, not on every gossip round.
     failures: Mutex<HashMap<String, String>>,
     handshake_failures: metrics::Counter,
+    /// Handshakes that failed because the peer shares no protocol version with this node.
+    version_mismatches: metrics::Counter,
     /// This node's own addresses (advertised, and listened on when specific): a seed name that
     /// resolves to one of them is this node, never dialed.
     own_addrs: Vec<SocketAddr>,
@@ -47,6 +49,7 @@ impl Peers {
         endpoint: quinn::Endpoint,
         configs: crate::tls::PeerClientConfigs,
         handshake_failures: metrics::Counter,
+        version_mismatches: metrics::Counter,
         own_addrs: Vec<SocketAddr>,
     ) -> Self {
         Peers {
@@ -56,6 +59,7 @@ impl Peers {
             connections: Mutex::new(HashMap::new()),
             failures: Mutex::new(HashMap::new()),
             handshake_failures,
+            version_mismatches,
             own_addrs,
             self_seeds: Mutex::new(std::collections::HashSet::new()),
             resolve_failures: metrics::counter!("floodgate_seed_resolve_failures_total"),
@@ -194,24 +198,44 @@ impl Peers {
             return;
         }
         let expected = id.unwrap_or("(a seed: any node of the peer CA)");
-        if mistake {
+        if crate::tls::no_shared_version(error) {
+            self.version_mismatches.increment(1);
+            tracing::error!(
+                peer = %addr, node_id = %expected,
+                "peer refused: it speaks none of this node's protocol versions {} ({reason}); \
+                 upgrade the older of the two (release N works with N-1)",
+                floodgate::protocol::SUPPORTED
+            );
+        } else if mistake {
             tracing::error!(peer = %addr, node_id = %expected, "peer handshake failed: {reason}");
         } else {
             tracing::info!(peer = %addr, node_id = %expected, "peer not reachable (leaving, restarting or gone): {reason}");
         }
     }
 
-    /// Sends one frame on its own unidirectional stream, in the background (gossip, replication).
-    /// The task ends true once the peer has the whole frame.
+    /// Sends one frame on its own unidirectional stream, in the background (replication, id
+    /// conflicts: kinds whose layout every version reads). The task ends true once the peer has
+    /// the whole frame.
     pub(crate) fn send(
         self: &Arc<Self>,
         addr: String,
         frame: Vec<u8>,
     ) -> tokio::task::JoinHandle<bool> {
+        self.send_with(addr, move |_| frame)
+    }
+
+    /// As [`Peers::send`], the frame encoded by `encode` for the protocol version the
+    /// connection to the peer agreed on (gossip: its layout depends on it).
+    pub(crate) fn send_with(
+        self: &Arc<Self>,
+        addr: String,
+        encode: impl FnOnce(u8) -> Vec<u8> + Send + 'static,
+    ) -> tokio::task::JoinHandle<bool> {
         let peers = self.clone();
         tokio::spawn(async move {
             let sent = tokio::time::timeout(PEER_TIMEOUT, async {
                 let connection = peers.connection(&addr).await?;
+                let frame = encode(crate::tls::agreed_version(&connection));
                 let mut stream = connection.open_uni().await?;
                 stream.write_all(&frame).await?;
                 stream.finish()?;

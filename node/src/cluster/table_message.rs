@@ -4,46 +4,67 @@
 use std::sync::Arc;
 
 use floodgate::cluster::SlotTable;
-use floodgate::wire::{FrameKind, SlotTableMessage, TableMember, member_state_to_wire};
+use floodgate::protocol;
+use floodgate::wire::{
+    FrameKind, SlotTableMessage, TableMember, member_state_to_wire, slot_table_payload,
+};
 
 use super::Cluster;
 
-/// A slot-table message encoded once, with what it was encoded from.
+/// A slot-table message encoded once per version clients speak, with what it was encoded from.
 #[derive(Debug)]
 pub(super) struct EncodedTable {
     table: Arc<SlotTable>,
     members: Vec<TableMember>,
-    payload: rkyv::util::AlignedVec,
+    cluster_version: u8,
+    /// Per version from `protocol::OLDEST` on: the layout's version and the payload.
+    payloads: Vec<(u8, rkyv::util::AlignedVec)>,
 }
 
 impl Cluster {
-    /// Appends the slot table and members as one `SlotTable` frame, as clients and `floodgate
-    /// status` receive them. The payload is encoded once per table and member list and reused:
-    /// every client fetches or is pushed each new table, and each would otherwise map all slots
-    /// to members and serialize them again.
-    pub(crate) fn encode_table(&self, out: &mut Vec<u8>, request_id: u64) {
+    /// Appends the slot table and members as one `SlotTable` frame for a client speaking
+    /// `version`, as clients and `floodgate status` receive them. The payloads are encoded once
+    /// per table and member list and reused: every client fetches or is pushed each new table,
+    /// and each would otherwise map all slots to members and serialize them again.
+    pub(crate) fn encode_table(&self, out: &mut Vec<u8>, version: u8, request_id: u64) {
         let table = self.table();
         let cached = self.encoded_table.lock().clone();
         let encoded = match cached {
-            Some(c) if Arc::ptr_eq(&c.table, &table) && self.members_are(&c.members) => c,
+            Some(c)
+                if Arc::ptr_eq(&c.table, &table)
+                    && self.members_are(&c.members)
+                    && c.cluster_version == self.cluster_version() =>
+            {
+                c
+            }
             _ => {
                 let message = self.table_message(&table);
-                // Serializing plain vectors into memory cannot fail; an empty payload would be
-                // refused by the receiver's validation, never misread.
-                let payload = rkyv::to_bytes::<rkyv::rancor::Error>(&message).unwrap_or_default();
+                let payloads = (protocol::OLDEST..=protocol::NEWEST)
+                    .map(|v| slot_table_payload(v, &message))
+                    .collect();
                 let encoded = Arc::new(EncodedTable {
                     table,
                     members: message.members,
-                    payload,
+                    cluster_version: message.cluster_version,
+                    payloads,
                 });
                 *self.encoded_table.lock() = Some(encoded.clone());
                 encoded
             }
         };
-        floodgate::wire::encode_frame(out, FrameKind::SlotTable, request_id, &encoded.payload);
+        let index = version.clamp(protocol::OLDEST, protocol::NEWEST) - protocol::OLDEST;
+        if let Some((layout, payload)) = encoded.payloads.get(usize::from(index)) {
+            floodgate::wire::encode_frame_at(
+                out,
+                *layout,
+                FrameKind::SlotTable,
+                request_id,
+                payload,
+            );
+        }
     }
 
-    /// True when the members and their states are still exactly `members`.
+    /// True when the members, their states and their versions are still exactly `members`.
     pub(super) fn members_are(&self, members: &[TableMember]) -> bool {
         let membership = self.membership.lock();
         let mut now = membership.members();
@@ -53,23 +74,25 @@ impl Cluster {
                     && m.addr == info.addr
                     && m.region == info.region
                     && m.state == member_state_to_wire(state)
+                    && m.versions == membership.versions_of(&info.id)
             })
         }) && now.next().is_none()
     }
 
     /// The slot table and members as a message.
     pub(super) fn table_message(&self, table: &SlotTable) -> SlotTableMessage {
-        let members: Vec<TableMember> = self
-            .membership
-            .lock()
+        let membership = self.membership.lock();
+        let members: Vec<TableMember> = membership
             .members()
             .map(|(info, state)| TableMember {
                 id: info.id.clone(),
                 addr: info.addr.clone(),
                 region: info.region.clone(),
                 state: member_state_to_wire(state),
+                versions: membership.versions_of(&info.id),
             })
             .collect();
+        drop(membership);
         // Each table node's member index, looked up once, not once per slot.
         let member_of: Vec<u16> = table
             .nodes()
@@ -95,6 +118,7 @@ impl Cluster {
             members,
             owners,
             successors,
+            cluster_version: self.cluster_version(),
         }
     }
 }
@@ -109,7 +133,7 @@ mod tests {
         reader.extend(frame);
         let frame = reader.next_frame().unwrap().unwrap();
         assert_eq!(frame.kind, FrameKind::SlotTable);
-        floodgate::wire::decode_slot_table(&frame.payload).unwrap()
+        floodgate::wire::decode_slot_table(frame.version, &frame.payload).unwrap()
     }
 
     /// The table message is encoded once and reused while the table and members stay, and
@@ -118,9 +142,9 @@ mod tests {
     async fn the_table_message_is_encoded_once_per_table_and_member_list() {
         let cluster = cluster_alone();
         let (mut first, mut second) = (Vec::new(), Vec::new());
-        cluster.encode_table(&mut first, 1);
+        cluster.encode_table(&mut first, protocol::NEWEST, 1);
         let cached = cluster.encoded_table.lock().clone().unwrap();
-        cluster.encode_table(&mut second, 1);
+        cluster.encode_table(&mut second, protocol::NEWEST, 1);
         assert!(Arc::ptr_eq(
             &cached,
             cluster.encoded_table.lock().as_ref().unwrap()
@@ -132,16 +156,34 @@ mod tests {
         // A member's state changes (here: this node leaves), not the table.
         drop(cluster.membership.lock().leave(2_000_000_000));
         let mut after_leave = Vec::new();
-        cluster.encode_table(&mut after_leave, 1);
+        cluster.encode_table(&mut after_leave, protocol::NEWEST, 1);
         assert_eq!(decoded(&after_leave).members[0].state, 3);
 
         // A new table.
         let table = Arc::new(SlotTable::compute(9, &["node-a".into(), "node-b".into()]));
         cluster.table.send_replace(table.clone());
         let mut new_table = Vec::new();
-        cluster.encode_table(&mut new_table, 1);
+        cluster.encode_table(&mut new_table, protocol::NEWEST, 1);
         let message = decoded(&new_table);
         assert_eq!(message.epoch, 9);
         assert_eq!(message, cluster.table_message(&table));
+    }
+
+    /// A client of version 2 gets version 2's layout, without ranges; a newer one gets the
+    /// ranges and the cluster version.
+    #[tokio::test]
+    async fn each_client_gets_the_table_in_the_version_it_speaks() {
+        let cluster = cluster_alone();
+        let (mut old, mut new) = (Vec::new(), Vec::new());
+        cluster.encode_table(&mut old, 2, 1);
+        cluster.encode_table(&mut new, 3, 1);
+        assert_eq!(old[2], 2);
+        assert_eq!(new[2], 3);
+        let (old, new) = (decoded(&old), decoded(&new));
+        assert_eq!(old.members[0].versions, None);
+        assert_eq!(old.cluster_version, 2);
+        assert_eq!(new.members[0].versions, Some(protocol::SUPPORTED));
+        assert_eq!(new.cluster_version, protocol::NEWEST);
+        assert_eq!(old.owners, new.owners);
     }
 }

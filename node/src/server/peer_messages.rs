@@ -69,12 +69,20 @@ pub(super) async fn serve_uni_message(
             return;
         }
     };
-    while let Ok(Some(frame)) = reader.next_frame() {
+    loop {
+        let frame = match reader.next_frame() {
+            Ok(Some(frame)) => frame,
+            Ok(None) => return,
+            Err(e) => {
+                refused_message(&shared, &from.remote, &e);
+                return;
+            }
+        };
         let now_ns = shared.clock.now_ns();
         match frame.kind {
             FrameKind::TableRequest => {
                 if !from.subscribed.swap(true, Ordering::Relaxed) {
-                    push_tables(from.remote.connection.clone(), &shared, shutdown.clone()).await;
+                    push_tables(&from.remote, &shared, shutdown.clone()).await;
                 }
                 return;
             }
@@ -85,7 +93,7 @@ pub(super) async fn serve_uni_message(
                 return;
             }
             _ if !is_peer => shared.metrics.frame_error(ErrorCode::UnknownKind),
-            FrameKind::Gossip => match decode_gossip(&frame.payload) {
+            FrameKind::Gossip => match decode_gossip(frame.version, &frame.payload) {
                 Ok(gossip) => shared.cluster.handle_gossip(now_ns, &gossip),
                 Err((code, _)) => shared.metrics.frame_error(code),
             },
@@ -153,14 +161,29 @@ pub(super) async fn serve_uni_message(
     }
 }
 
-/// Sends the slot table on a new unidirectional stream each time it changes, until the
-/// connection closes or the node shuts down: clients route by the new table without waiting for
-/// an answer to hint at it.
+/// A one-way message that could not be cut into a frame: counted, and logged (a frame of a
+/// protocol version this node does not read at ERROR, with both versions: a peer or client of
+/// another build sent it, and nothing it said was read).
+fn refused_message(shared: &Shared, remote: &Remote, error: &floodgate::wire::FrameError) {
+    shared.metrics.frame_error(error.code);
+    let from = remote.connection.remote_address();
+    if error.code == ErrorCode::UnsupportedVersion {
+        tracing::error!(%from, "dropped a one-way message: {}", error.message);
+    } else {
+        tracing::debug!(%from, "dropped a one-way message: {error}");
+    }
+}
+
+/// Sends the slot table on a new unidirectional stream each time it changes, in the version
+/// the connection agreed on, until the connection closes or the node shuts down: clients route
+/// by the new table without waiting for an answer to hint at it.
 pub(super) async fn push_tables(
-    connection: quinn::Connection,
+    remote: &Remote,
     shared: &Shared,
     mut shutdown: watch::Receiver<bool>,
 ) {
+    let connection = &remote.connection;
+    let version = remote.version();
     let mut tables = shared.cluster.watch_table();
     tables.borrow_and_update();
     loop {
@@ -170,7 +193,7 @@ pub(super) async fn push_tables(
             _ = shutdown.changed() => return,
         }
         let mut frame = Vec::new();
-        shared.cluster.encode_table(&mut frame, 0);
+        shared.cluster.encode_table(&mut frame, version, 0);
         let pushed = tokio::time::timeout(PUSH_TIMEOUT, async {
             let mut stream = connection.open_uni().await?;
             stream.write_all(&frame).await?;

@@ -16,15 +16,24 @@ pub(super) struct Remote {
     peer: Arc<OnceLock<bool>>,
     /// The last node id its certificate was verified to carry.
     certified: Arc<parking_lot::Mutex<Option<String>>>,
+    /// The protocol version the handshake agreed on.
+    version: u8,
 }
 
 impl Remote {
     pub(super) fn new(connection: quinn::Connection) -> Self {
         Remote {
+            version: crate::tls::agreed_version(&connection),
             connection,
             peer: Arc::new(OnceLock::new()),
             certified: Arc::default(),
         }
+    }
+
+    /// The protocol version the connection speaks: what is written to it is in this version's
+    /// layouts.
+    pub(super) fn version(&self) -> u8 {
+        self.version
     }
 
     /// True when the connection's certificate is a node's from the peer CA.

@@ -101,13 +101,17 @@ pub(super) async fn answer_available(
             }
             Ok(Some(frame)) => {
                 frames += 1;
-                if let Some(code) = answer(shared, &frame, now_ns, out).await {
+                if let Some(code) = answer(shared, remote.version(), &frame, now_ns, out).await {
                     shared.metrics.frame_error(code);
                 }
             }
             Ok(None) => break None,
             Err(e) => {
                 shared.metrics.frame_error(e.code);
+                if e.code == ErrorCode::UnsupportedVersion {
+                    // A caller of another build: say so where operators look, not only to it.
+                    tracing::error!(from = %remote.connection.remote_address(), "closed a stream: {}", e.message);
+                }
                 encode_error(out, e.request_id, e.code, e.message);
                 if e.code.closes_stream() {
                     break Some(e.code);
@@ -124,9 +128,10 @@ pub(super) async fn answer_available(
     fatal
 }
 
-/// Answers one frame received on a bidirectional stream.
+/// Answers one frame received on a bidirectional stream of a connection speaking `version`.
 pub(super) async fn answer(
     shared: &Shared,
+    version: u8,
     frame: &Frame,
     now_ns: u64,
     out: &mut Vec<u8>,
@@ -151,7 +156,7 @@ pub(super) async fn answer(
             crate::rules::answer_policy_request(shared.rules.as_deref(), frame, out)
         }
         FrameKind::TableRequest => {
-            cluster.encode_table(out, frame.request_id);
+            cluster.encode_table(out, version, frame.request_id);
             None
         }
         other => {

@@ -82,7 +82,7 @@ pub fn quic_client_config(
         }
         None => builder.with_no_client_auth(),
     };
-    tls.alpn_protocols = vec![floodgate::wire::ALPN.to_vec()];
+    tls.alpn_protocols = floodgate::protocol::SUPPORTED.alpn_ids();
     quinn::ClientConfig::new(Arc::new(
         quinn::crypto::rustls::QuicClientConfig::try_from(tls).unwrap(),
     ))
