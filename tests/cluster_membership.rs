@@ -246,3 +246,82 @@ fn a_partition_heals() {
         );
     }
 }
+
+/// Versions: a member's range is learned from digests of its current life, forgotten when it
+/// restarts (perhaps as another build), and taken as version 2 alone until a digest says; the
+/// cluster version is the highest version every slot-owning member speaks.
+mod versions {
+    use floodgate::cluster::membership::MemberDigest;
+    use floodgate::cluster::{Gossip, Membership, MembershipConfig};
+    use floodgate::protocol::{self, VersionRange};
+
+    use super::info;
+
+    fn digest(
+        i: usize,
+        incarnation: u64,
+        heartbeat: u64,
+        versions: Option<VersionRange>,
+    ) -> Gossip {
+        Gossip {
+            members: vec![MemberDigest {
+                info: info(i),
+                incarnation,
+                heartbeat,
+                left: false,
+                versions,
+            }],
+        }
+    }
+
+    fn node() -> Membership {
+        Membership::new(info(0), 1, Vec::new(), MembershipConfig::default(), 0, 7)
+    }
+
+    const NEW: Option<VersionRange> = Some(protocol::SUPPORTED);
+
+    #[test]
+    fn a_member_of_unknown_range_holds_the_cluster_at_version_2() {
+        let mut me = node();
+        assert_eq!(me.cluster_version(), Some(protocol::NEWEST));
+        // Gossiped in version 2's layout: no range.
+        drop(me.handle_gossip(1, &digest(1, 5, 1, None)));
+        assert_eq!(me.versions_of("n1"), Some(protocol::UNKNOWN_MEMBER));
+        assert_eq!(me.cluster_version(), Some(2));
+        // The same life's digest with its range (from a peer speaking version 3).
+        drop(me.handle_gossip(2, &digest(1, 5, 1, NEW)));
+        assert_eq!(me.cluster_version(), Some(protocol::NEWEST));
+        // A later digest of that life relayed by an old node keeps what was learned.
+        drop(me.handle_gossip(3, &digest(1, 5, 2, None)));
+        assert_eq!(me.cluster_version(), Some(protocol::NEWEST));
+    }
+
+    #[test]
+    fn a_restart_forgets_the_range_until_the_new_life_says() {
+        let mut me = node();
+        drop(me.handle_gossip(1, &digest(1, 5, 1, NEW)));
+        assert_eq!(me.cluster_version(), Some(protocol::NEWEST));
+        // Restarted (rolled back, say): its new life is heard of through an old node first.
+        drop(me.handle_gossip(2, &digest(1, 6, 0, None)));
+        assert_eq!(me.versions_of("n1"), Some(protocol::UNKNOWN_MEMBER));
+        assert_eq!(me.cluster_version(), Some(2));
+    }
+
+    #[test]
+    fn departed_members_do_not_hold_the_cluster_back() {
+        let mut me = node();
+        drop(me.handle_gossip(1, &digest(1, 5, 1, None)));
+        assert_eq!(me.cluster_version(), Some(2));
+        let mut left = digest(1, 5, 2, None);
+        left.members[0].left = true;
+        drop(me.handle_gossip(2, &left));
+        assert_eq!(me.cluster_version(), Some(protocol::NEWEST));
+    }
+
+    #[test]
+    fn members_sharing_no_version_leave_no_cluster_version() {
+        let mut me = node().with_versions(VersionRange::new(2, 2).unwrap());
+        drop(me.handle_gossip(1, &digest(1, 5, 1, VersionRange::new(3, 4))));
+        assert_eq!(me.cluster_version(), None);
+    }
+}

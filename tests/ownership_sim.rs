@@ -80,3 +80,70 @@ fn a_hand_off_sent_before_the_switch_is_caught() {
     let failure = caught.expect("no seed of 40 caught a hand-off sent before the switch");
     assert!(failure.message.contains("decided by"), "{failure}");
 }
+
+/// A rolling upgrade from the build before protocol negotiation (version 2 alone) to this one,
+/// under every seed's faults: one decider per slot outside the windows, and every node's
+/// cluster version spoken by every member it knows in its current life. Some runs get the
+/// whole cluster onto the newest version (the others had a crash or a loss in the way).
+#[test]
+fn a_rolling_upgrade_keeps_the_invariant_and_a_cluster_version_every_member_speaks() {
+    let mut reached = 0;
+    // A quarter of the seeds: each run is as long as the plain invariant's.
+    for seed in seeds().into_iter().take(SEEDS as usize / 4) {
+        let config = SimConfig {
+            rolling_upgrade: true,
+            ..SimConfig::from_seed(seed)
+        };
+        let report = Sim::new(seed, config)
+            .run()
+            .unwrap_or_else(|f| panic!("{f}"));
+        assert!(report.newest_cluster_version >= floodgate::protocol::OLDEST);
+        if report.newest_cluster_version == floodgate::protocol::NEWEST {
+            reached += 1;
+        }
+    }
+    assert!(reached > 0, "no run reached the newest version");
+}
+
+/// Without faults, the upgrade ends with every node speaking the newest version: the cluster
+/// version moves up once the last old member is gone, and not before (the check above).
+#[test]
+fn a_quiet_rolling_upgrade_ends_with_the_whole_cluster_on_the_newest_version() {
+    for seed in [3, 11, 29] {
+        let config = SimConfig {
+            nodes: 4,
+            max_nodes: 4,
+            loss_per_mille: 0,
+            duplicate_per_mille: 0,
+            crash_per_mille: 0,
+            leave_per_mille: 0,
+            join_per_mille: 0,
+            rolling_upgrade: true,
+            ..SimConfig::from_seed(seed)
+        };
+        let report = Sim::new(seed, config)
+            .run()
+            .unwrap_or_else(|f| panic!("{f}"));
+        assert_eq!(
+            report.cluster_versions_at_end,
+            vec![floodgate::protocol::NEWEST; 4],
+            "seed {seed}"
+        );
+    }
+}
+
+/// The version check can fail: an old build that claims this build's range makes the others
+/// speak a version it does not.
+#[test]
+fn an_old_member_misreporting_its_versions_is_caught() {
+    let caught = (0..40).find_map(|seed| {
+        let config = SimConfig {
+            rolling_upgrade: true,
+            old_build_claims_newest: true,
+            ..SimConfig::from_seed(seed)
+        };
+        Sim::new(seed, config).run().err()
+    });
+    let failure = caught.expect("no seed of 40 caught a misreported range");
+    assert!(failure.message.contains("cluster version"), "{failure}");
+}

@@ -275,6 +275,11 @@ impl Membership {
         regions
     }
 
+    /// The incarnation `id` is known in.
+    pub fn incarnation_of(&self, id: &str) -> Option<u64> {
+        self.members.get(id).map(|m| m.incarnation)
+    }
+
     pub fn state_of(&self, id: &str) -> Option<MemberState> {
         self.members.get(id).map(|m| m.state)
     }

@@ -8,6 +8,12 @@
 //! over the network. The network delays (uniformly in a range), loses, duplicates and so
 //! reorders messages. Nodes crash and restart (a new life with a later incarnation, joining
 //! through its seeds), leave gracefully (and stop after a linger), and new nodes join.
+//!
+//! With `rolling_upgrade`, the first nodes start as the build before protocol negotiation
+//! (they speak version 2 alone) and are restarted into this build one after another; gossip
+//! between two nodes goes in the layout of the version they share (ranges left out in version
+//! 2's), and at every tick each node's cluster version must be one that every member it knows
+//! in its current life speaks.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
@@ -17,6 +23,7 @@ use super::machine::{Action, Ownership, OwnershipConfig, Phase, Window};
 use crate::cluster::{
     Gossip, MemberInfo, MemberState, Membership, MembershipConfig, SLOTS, SlotTable,
 };
+use crate::protocol::{self, Feature, VersionRange};
 use crate::simulation::{SplitMix64, TraceDigest};
 
 /// What a simulation run does. Rates are per mille; fault rates are per tick.
@@ -51,6 +58,12 @@ pub struct SimConfig {
     /// but the node keeps deciding under its old table for 50 ms more (an export before the
     /// switch, as if the deciding gate were missing).
     pub send_before_switch: bool,
+    /// The first nodes' first lives speak version 2 alone; from 40% of the run each is
+    /// restarted into this build, one every [`UPGRADE_STEP_NS`] (see the module doc).
+    pub rolling_upgrade: bool,
+    /// With `rolling_upgrade`, a deliberately wrong old build, to show the version check can
+    /// fail: it claims this build's range while it speaks version 2 alone.
+    pub old_build_claims_newest: bool,
 }
 
 impl SimConfig {
@@ -77,6 +90,8 @@ impl SimConfig {
             ownership: OwnershipConfig::default(),
             excuse_windows: true,
             send_before_switch: false,
+            rolling_upgrade: false,
+            old_build_claims_newest: false,
         }
     }
 }
@@ -84,7 +99,8 @@ impl SimConfig {
 /// A message on its way.
 #[derive(Debug, Clone)]
 enum Payload {
-    Gossip(Gossip),
+    /// Gossip, with the versions its sender speaks (the layout follows what both share).
+    Gossip(VersionRange, Gossip),
     HandoffPart {
         from: String,
         id: u64,
@@ -114,6 +130,10 @@ struct SimNode {
     lives: u64,
     /// Left for good: never restarted.
     gone: bool,
+    /// What its current (or last) life speaks, and what it says it speaks (the same, but for
+    /// `old_build_claims_newest`).
+    versions: VersionRange,
+    claimed: VersionRange,
 }
 
 /// How a run ended well.
@@ -128,6 +148,10 @@ pub struct SimReport {
     pub messages: u64,
     /// Every event of the run, in order, in one number (see [`TraceDigest`]).
     pub digest: u64,
+    /// The highest cluster version any node computed, and each running node's at the end (0:
+    /// its members shared none).
+    pub newest_cluster_version: u8,
+    pub cluster_versions_at_end: Vec<u8>,
 }
 
 /// How a run failed: the seed, what broke, and the last events before it.
@@ -160,6 +184,9 @@ const LATE_SWITCH_NS: u64 = 50_000_000;
 
 /// Lines of trace kept for a failure report.
 const TRACE_LINES: usize = 60;
+
+/// With `rolling_upgrade`: time between two nodes' upgrades.
+pub const UPGRADE_STEP_NS: u64 = 400_000_000;
 
 /// One simulation run.
 #[derive(Debug)]
@@ -199,6 +226,8 @@ impl Sim {
                 handoffs_completed: 0,
                 messages: 0,
                 digest: 0,
+                newest_cluster_version: 0,
+                cluster_versions_at_end: Vec::new(),
             },
             checked: Vec::new(),
             tables: BTreeMap::new(),
@@ -223,11 +252,73 @@ impl Sim {
             self.deliver_due()?;
             self.step_nodes()?;
             self.inject_faults()?;
+            self.upgrade_due(start);
             self.check()?;
+            self.check_versions()?;
             self.now_ns += self.config.tick_ns;
         }
         self.report.digest = self.digest.value();
+        self.report.cluster_versions_at_end = self
+            .running()
+            .iter()
+            .filter_map(|&i| self.nodes[i].life.as_ref())
+            .map(|l| l.membership.cluster_version().unwrap_or(0))
+            .collect();
         Ok(self.report)
+    }
+
+    /// With `rolling_upgrade`: restarts the next first-node still in its first life into this
+    /// build, once its turn has come.
+    fn upgrade_due(&mut self, start: u64) {
+        if !self.config.rolling_upgrade {
+            return;
+        }
+        let first = start + self.config.duration_ns * 2 / 5;
+        for index in 0..self.config.nodes.min(self.nodes.len()) {
+            let due = first + index as u64 * UPGRADE_STEP_NS;
+            let node = &self.nodes[index];
+            let running = node.life.as_ref().is_some_and(|l| l.stops_at.is_none());
+            if self.now_ns >= due && running && node.lives == 1 {
+                let id = node.id.clone();
+                self.nodes[index].life = None;
+                self.log(format!("{id} stops to be upgraded"));
+                self.start(index);
+            }
+        }
+    }
+
+    /// Each running node's cluster version is spoken by every member it knows in that member's
+    /// current life (a member it knows only in an older life may have restarted as another
+    /// build; gossip of the new life corrects that within rounds, and the connections between
+    /// two nodes agree on their own version whatever either believes).
+    fn check_versions(&mut self) -> Result<(), SimFailure> {
+        for a in self.running() {
+            let Some(life) = self.nodes[a].life.as_ref() else {
+                continue;
+            };
+            let version = life.membership.cluster_version();
+            for b in self.running() {
+                let Some(other) = self.nodes[b].life.as_ref() else {
+                    continue;
+                };
+                let id = &self.nodes[b].id;
+                let current = life.membership.incarnation_of(id)
+                    == Some(other.membership.incarnation())
+                    && life
+                        .membership
+                        .state_of(id)
+                        .is_some_and(MemberState::owns_slots);
+                if current && !version.is_some_and(|v| self.nodes[b].versions.contains(v)) {
+                    return Err(self.fail(format!(
+                        "{} speaks cluster version {version:?}, which {id} ({}) does not",
+                        self.nodes[a].id, self.nodes[b].versions
+                    )));
+                }
+            }
+            let newest = &mut self.report.newest_cluster_version;
+            *newest = (*newest).max(version.unwrap_or(0));
+        }
+        Ok(())
     }
 
     fn log(&mut self, line: String) {
@@ -259,6 +350,8 @@ impl Sim {
             life: None,
             lives: 0,
             gone: false,
+            versions: protocol::SUPPORTED,
+            claimed: protocol::SUPPORTED,
         });
         self.checked.push(u64::MAX);
         self.start(index);
@@ -282,6 +375,21 @@ impl Sim {
         self.nodes[index].lives += 1;
         // A later life has a later incarnation, as a restart's start time is.
         let incarnation = self.now_ns / 1_000_000;
+        let old_build = self.config.rolling_upgrade
+            && index < self.config.nodes
+            && self.nodes[index].lives == 1;
+        let versions = if old_build {
+            protocol::UNKNOWN_MEMBER
+        } else {
+            protocol::SUPPORTED
+        };
+        self.nodes[index].versions = versions;
+        let claimed = if old_build && !self.config.old_build_claims_newest {
+            versions
+        } else {
+            protocol::SUPPORTED
+        };
+        self.nodes[index].claimed = claimed;
         let membership = Membership::new(
             info,
             incarnation,
@@ -289,7 +397,8 @@ impl Sim {
             self.config.membership,
             self.now_ns,
             self.rng.next_u64(),
-        );
+        )
+        .with_versions(claimed);
         let table = self.table(membership.epoch(), &membership.owners());
         let ownership = Ownership::new(
             id.clone(),
@@ -358,11 +467,20 @@ impl Sim {
                 continue;
             };
             let now = self.now_ns;
+            let receiver = self.nodes[index].versions;
             let Some(life) = self.nodes[index].life.as_mut() else {
                 continue;
             };
             match payload {
-                Payload::Gossip(gossip) => {
+                Payload::Gossip(from, mut gossip) => {
+                    // As over QUIC: no shared version, no connection; version 2's layout has
+                    // no ranges.
+                    let Some(agreed) = from.highest_shared(receiver) else {
+                        continue;
+                    };
+                    if !Feature::MemberVersions.readable_at(agreed) {
+                        gossip.members.iter_mut().for_each(|d| d.versions = None);
+                    }
                     drop(life.membership.handle_gossip(now, &gossip));
                     self.update_table(index);
                 }
@@ -509,8 +627,9 @@ impl Sim {
                 continue;
             };
             let outgoing = life.membership.poll(now);
+            let versions = self.nodes[index].claimed;
             for message in outgoing {
-                self.send(message.to, Payload::Gossip(message.gossip));
+                self.send(message.to, Payload::Gossip(versions, message.gossip));
             }
             self.update_table(index);
         }
@@ -568,8 +687,9 @@ impl Sim {
         let id = self.nodes[index].id.clone();
         self.log(format!("{id} leaves"));
         self.update_table(index);
+        let versions = self.nodes[index].claimed;
         for message in outgoing {
-            self.send(message.to, Payload::Gossip(message.gossip));
+            self.send(message.to, Payload::Gossip(versions, message.gossip));
         }
     }
 
