@@ -253,6 +253,12 @@ impl Node {
         self.shared.cluster.addr_of(id)
     }
 
+    /// The highest protocol version every member speaks, as gossip told this node (0: their
+    /// ranges share none).
+    pub fn cluster_version(&self) -> u8 {
+        self.shared.cluster.cluster_version()
+    }
+
     /// The current slot table.
     /// The inter-region exchange of global keys (its counters, whether all is confirmed).
     pub fn region_sync(&self) -> &Arc<crate::region_sync::RegionSync<EpochClock>> {

@@ -62,6 +62,16 @@ pub fn quic_client_config(
     ca: &std::path::Path,
     identity: Option<(&std::path::PathBuf, &std::path::PathBuf)>,
 ) -> quinn::ClientConfig {
+    quic_client_config_speaking(ca, identity, floodgate::protocol::SUPPORTED)
+}
+
+/// As [`quic_client_config`], offering only the protocol versions of `versions` (a caller of
+/// an older or newer build).
+pub fn quic_client_config_speaking(
+    ca: &std::path::Path,
+    identity: Option<(&std::path::PathBuf, &std::path::PathBuf)>,
+    versions: floodgate::protocol::VersionRange,
+) -> quinn::ClientConfig {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let mut roots = rustls::RootCertStore::empty();
     for cert in CertificateDer::pem_file_iter(ca).unwrap() {
@@ -82,7 +92,7 @@ pub fn quic_client_config(
         }
         None => builder.with_no_client_auth(),
     };
-    tls.alpn_protocols = floodgate::protocol::SUPPORTED.alpn_ids();
+    tls.alpn_protocols = versions.alpn_ids();
     quinn::ClientConfig::new(Arc::new(
         quinn::crypto::rustls::QuicClientConfig::try_from(tls).unwrap(),
     ))
