@@ -554,3 +554,43 @@ fn slot_of_is_pinned_for_fixed_keys() {
         .collect();
     assert_golden("slot_of.txt", &slots);
 }
+
+/// The `--state-dir` snapshot file is pinned as well: a node reads the file its previous build
+/// wrote (a restart is how an upgrade happens), and a rolled-back node reads this build's.
+/// Format 1 is what this build writes and the build before negotiation wrote and reads.
+#[test]
+fn the_snapshot_file_format_is_pinned_and_read_back() {
+    use floodgate::store::snapshot::{SNAPSHOT_VERSION, decode_snapshot, encode_snapshot};
+    use floodgate::{BucketKey, BucketState, BucketValue};
+    let window = Limit::window(floodgate::Algorithm::FixedWindow, 100, 3_600 * NANOS_PER_SEC)
+        .unwrap();
+    let buckets = vec![
+        BucketState {
+            key: BucketKey::from_u128(0x0011_2233_4455_6677_8899_aabb_ccdd_eeff),
+            value: BucketValue::Gcra {
+                tat_ns: 1_700_000_000_000_000_000,
+                margin_ms: 3_600_000,
+            },
+        },
+        BucketState {
+            key: BucketKey::from_u128(7),
+            value: BucketValue::Window {
+                limit: window,
+                state: floodgate::algorithm::WindowState {
+                    window: 472_222,
+                    count: 41,
+                    previous: 99,
+                },
+            },
+        },
+    ];
+    let mut bytes = Vec::new();
+    encode_snapshot(&buckets, 1_700_000_000_500_000_000, &mut bytes);
+    assert_eq!(SNAPSHOT_VERSION, 1);
+    assert_golden(
+        "snapshot.txt",
+        &BTreeMap::from([("format-1".to_owned(), hex(&bytes))]),
+    );
+    let read = decode_snapshot(&bytes).unwrap();
+    assert_eq!(read.buckets, buckets);
+}

@@ -177,6 +177,31 @@ async fn a_node_that_answers_later_replaces_the_file_rules_and_fills_the_cache()
         .unwrap();
     assert_eq!(local, LocalRules::Cache(cache.clone()));
     assert_eq!(policy.version(), served_version);
+    let written = std::fs::read_to_string(&cache).unwrap();
+    assert!(
+        written.starts_with("# floodgate rules cache, format 1\n"),
+        "{written}"
+    );
+
+    // A cache written by the build before the format line (the bare text) reads the same.
+    let bare = dir.path().join("bare.yaml");
+    std::fs::write(&bare, served.as_bytes()).unwrap();
+    let (policy_bare, _) = rules_source::load_local(None, Some(&bare))
+        .unwrap()
+        .unwrap();
+    assert_eq!(policy_bare.version(), served_version);
+    // One of a later format is skipped (the nodes may still answer), not misread.
+    let newer = dir.path().join("newer.yaml");
+    std::fs::write(
+        &newer,
+        format!("# floodgate rules cache, format 2\n{served}"),
+    )
+    .unwrap();
+    assert!(
+        rules_source::load_local(None, Some(&newer))
+            .unwrap()
+            .is_none()
+    );
     let limiter = RateLimiter::connect_with(
         &[silent],
         offline_config(&certs),

@@ -13,6 +13,14 @@ use floodgate_client::core::policy::{MAX_RULES_FILE_BYTES, Policy};
 use floodgate_client::{PolicySource, RateLimiter};
 use tokio::sync::watch;
 
+/// The rules cache's format. A cache is the rules text a node served, under one comment line
+/// that names the format (`# floodgate rules cache, format 1`): a YAML comment, so a gateway of
+/// the build before the line (which wrote and reads the bare text) reads this build's cache,
+/// and this build reads its cache (no line: format 1). A cache of a later format is skipped
+/// with a warning, as a broken one is: its rules may use what this build does not know.
+pub const CACHE_FORMAT: u32 = 1;
+const CACHE_HEADER: &str = "# floodgate rules cache, format ";
+
 /// Rules the gateway holds before any node served some.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum LocalRules {
@@ -48,7 +56,7 @@ pub fn load_local(
     let Some(path) = cache.filter(|p| p.exists()) else {
         return Ok(None);
     };
-    match read_policy(path) {
+    match read_cache(path) {
         Ok(policy) => Ok(Some((policy, LocalRules::Cache(path.to_owned())))),
         Err(e) => {
             tracing::warn!("ignoring the rules cache: {e:#}");
@@ -57,7 +65,36 @@ pub fn load_local(
     }
 }
 
+/// A cache's rules, its format line (if any) checked and left out of the text parsed, so the
+/// rules' version is the one the node served.
+fn read_cache(path: &Path) -> anyhow::Result<Policy> {
+    let text = read_text(path)?;
+    let rules = match text.strip_prefix(CACHE_HEADER) {
+        Some(rest) => {
+            let (format, rules) = rest.split_once('\n').unwrap_or((rest, ""));
+            match format.trim().parse::<u32>() {
+                Ok(format) if format <= CACHE_FORMAT => rules,
+                _ => bail!(
+                    "{} is a rules cache of format {}; this gateway reads formats up to \
+                     {CACHE_FORMAT} (written by a newer gateway)",
+                    path.display(),
+                    format.trim()
+                ),
+            }
+        }
+        None => text.as_str(),
+    };
+    Policy::from_yaml(rules)
+        .map_err(|e| anyhow::anyhow!("{}", e.render(&path.display().to_string(), rules)))
+}
+
 fn read_policy(path: &Path) -> anyhow::Result<Policy> {
+    let text = read_text(path)?;
+    Policy::from_yaml(&text)
+        .map_err(|e| anyhow::anyhow!("{}", e.render(&path.display().to_string(), &text)))
+}
+
+fn read_text(path: &Path) -> anyhow::Result<String> {
     let size = std::fs::metadata(path)
         .with_context(|| format!("reading {}", path.display()))?
         .len();
@@ -67,10 +104,7 @@ fn read_policy(path: &Path) -> anyhow::Result<Policy> {
             path.display()
         );
     }
-    let text =
-        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    Policy::from_yaml(&text)
-        .map_err(|e| anyhow::anyhow!("{}", e.render(&path.display().to_string(), &text)))
+    std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))
 }
 
 /// One line on where the rules in force came from, for the start-up message.
@@ -105,7 +139,7 @@ pub fn save_if_from_node(
         return Ok(false);
     }
     let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, text.as_bytes())?;
+    std::fs::write(&tmp, format!("{CACHE_HEADER}{CACHE_FORMAT}\n{text}"))?;
     std::fs::rename(&tmp, path)?;
     *last = Some(text);
     Ok(true)
