@@ -562,8 +562,12 @@ fn slot_of_is_pinned_for_fixed_keys() {
 fn the_snapshot_file_format_is_pinned_and_read_back() {
     use floodgate::store::snapshot::{SNAPSHOT_VERSION, decode_snapshot, encode_snapshot};
     use floodgate::{BucketKey, BucketState, BucketValue};
-    let window = Limit::window(floodgate::Algorithm::FixedWindow, 100, 3_600 * NANOS_PER_SEC)
-        .unwrap();
+    let window = Limit::window(
+        floodgate::Algorithm::FixedWindow,
+        100,
+        3_600 * NANOS_PER_SEC,
+    )
+    .unwrap();
     let buckets = vec![
         BucketState {
             key: BucketKey::from_u128(0x0011_2233_4455_6677_8899_aabb_ccdd_eeff),

@@ -20,8 +20,18 @@ use logging::LogFormat;
 
 /// A floodgate limiter node: answers batched rate-limit checks over QUIC (TLS 1.3, ALPN
 /// floodgate/1).
+/// `--version`: the release and the protocol versions it speaks (what an upgrade must share
+/// with the build that runs now).
+static VERSION: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    format!(
+        "{} (protocol versions {})",
+        env!("CARGO_PKG_VERSION"),
+        floodgate::protocol::SUPPORTED
+    )
+});
+
 #[derive(Debug, Parser)]
-#[command(name = "floodgate-node", version)]
+#[command(name = "floodgate-node", version = VERSION.as_str())]
 struct Flags {
     /// UDP address for the QUIC endpoint, HOST:PORT (a name is resolved once, at start).
     #[arg(long, default_value = "127.0.0.1:7100")]

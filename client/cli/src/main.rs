@@ -28,10 +28,20 @@ Exit status:
      timed out, refused our certificate). A check the node did not decide is never reported as
      `deny`, so a script can tell \"rate limited\" (1) from \"could not ask\" (2).";
 
+/// `--version`: the release and the protocol versions it speaks (what an upgrade must share
+/// with the build that runs now).
+static VERSION: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    format!(
+        "{} (protocol versions {})",
+        env!("CARGO_PKG_VERSION"),
+        floodgate_client::core::protocol::SUPPORTED
+    )
+});
+
 #[derive(Debug, Parser)]
 #[command(
     name = "floodgate",
-    version,
+    version = VERSION.as_str(),
     about = "Talk to floodgate rate-limiter nodes"
 )]
 struct Cli {
