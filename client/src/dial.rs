@@ -124,3 +124,25 @@ pub(crate) fn node_code(code: quinn::VarInt) -> Option<ErrorCode> {
         .ok()
         .and_then(ErrorCode::from_u16)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_node_sharing_no_protocol_version_is_named_with_this_clients_versions() {
+        let refused = quinn::ConnectionError::ConnectionClosed(quinn::ConnectionClose {
+            error_code: quinn::TransportErrorCode::crypto(0x78),
+            frame_type: None,
+            reason: Default::default(),
+        });
+        let said = describe_connection_error(&refused);
+        let versions = floodgate::protocol::SUPPORTED;
+        assert!(
+            said.contains(&format!(
+                "speaks none of this client's protocol versions {versions}"
+            )),
+            "{said}"
+        );
+    }
+}

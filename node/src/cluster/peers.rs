@@ -327,6 +327,21 @@ mod tests {
     }
 
     #[test]
+    fn a_peer_sharing_no_protocol_version_is_told_apart() {
+        // TLS alert 120, no_application_protocol: the peer accepts none of our ALPN ids.
+        let refused = aborted(TransportErrorCode::crypto(0x78));
+        assert!(crate::tls::no_shared_version(&refused));
+        assert!(is_handshake_mistake(&refused));
+        for other in [
+            aborted(TransportErrorCode::crypto(42)),
+            aborted(TransportErrorCode::CONNECTION_REFUSED),
+            closed(ErrorCode::Forbidden),
+        ] {
+            assert!(!crate::tls::no_shared_version(&other), "{other}");
+        }
+    }
+
+    #[test]
     fn certificate_id_and_refusal_mistakes_stay_handshake_failures() {
         // 42 is TLS bad_certificate: the peer rejected our certificate.
         for mistake in [
