@@ -394,6 +394,41 @@ fn p99_ms(records: &[Record]) -> f64 {
     latencies[at] as f64 / 1e6
 }
 
+/// Checks no node decided (fail-closed, fallback, an error or no answer) outside every restart
+/// window: one line saying how many and the first few, or none. A check counts as inside when
+/// any of its time (sent to answered) meets a window.
+pub fn failed_outside(records: &[Record], windows: &[FaultSpan]) -> Option<String> {
+    let outside: Vec<&Record> = records
+        .iter()
+        .filter(|r| !r.via.by_a_node())
+        .filter(|r| {
+            !windows
+                .iter()
+                .any(|w| r.sent_ns <= w.end_ns && r.done_ns >= w.start_ns)
+        })
+        .collect();
+    if outside.is_empty() {
+        return None;
+    }
+    let first: Vec<String> = outside
+        .iter()
+        .take(5)
+        .map(|r| {
+            format!(
+                "gateway {} {:?} at {:.3}s",
+                r.gateway,
+                r.via,
+                r.sent_ns as f64 / 1e9
+            )
+        })
+        .collect();
+    Some(format!(
+        "{} checks not decided by a node outside every restart window (first: {})",
+        outside.len(),
+        first.join(", ")
+    ))
+}
+
 /// Lines in the node logs that show a panic or an error; `allowed` patterns (errors a
 /// scenario provokes on purpose) are left out.
 pub fn scan_logs(dir: &Path, allowed: &[&str]) -> Vec<String> {
@@ -588,6 +623,42 @@ mod tests {
             "{:?}",
             result.violations
         );
+    }
+
+    #[test]
+    fn a_failed_check_is_a_violation_only_outside_the_restart_windows() {
+        let at = |ms: u64, via: Via| Record {
+            key: 0,
+            gateway: 3,
+            sent_ns: ms * 1_000_000,
+            done_ns: ms * 1_000_000 + 50_000_000,
+            admitted: false,
+            via,
+            routed_to: 0,
+        };
+        let windows = [FaultSpan {
+            label: "node 0 upgraded".into(),
+            start_ns: S,
+            end_ns: 2 * S,
+        }];
+        // Inside the window, or answered after it began, or sent just before it ended.
+        let inside = [
+            at(1_500, Via::FailClosed),
+            at(960, Via::Error),
+            at(2_000, Via::Fallback),
+        ];
+        assert_eq!(failed_outside(&inside, &windows), None);
+        // Decided by a node anywhere: never a failure.
+        let decided = [at(100, Via::Node), at(2_500, Via::Takeover)];
+        assert_eq!(failed_outside(&decided, &windows), None);
+        let outside = [at(100, Via::FailClosed), at(2_100, Via::Error)];
+        let found = failed_outside(&outside, &windows).unwrap();
+        assert!(
+            found.starts_with("2 checks not decided by a node"),
+            "{found}"
+        );
+        assert!(found.contains("gateway 3 FailClosed at 0.100s"), "{found}");
+        assert!(failed_outside(&outside, &[]).is_some());
     }
 
     #[test]

@@ -7,7 +7,8 @@
 //! - `procs`: node processes (start, kill, pause, stop); `proxy` and `faults`: the UDP fault
 //!   proxy and the rules it applies; `sockets`: which ports a gateway sends from.
 //! - `load`: gateways driving known keys, recording every decision; `keys`: those keys;
-//!   `rules`: the rules file `rules-reload` edits; `hostile`: the hostile client.
+//!   `rules`: the rules file `rules-reload` edits and `rolling-upgrade` serves; `hostile`: the
+//!   hostile client; `gateway_procs`: example-gateway processes driven over HTTP (`http`).
 //! - `timeline`: what each scenario does, when; `run`: one scenario end to end.
 //! - `checker`: the invariants (`bounds`: the documented bound of global keys); `report` and `svg`: the outputs.
 //! - `sim`: the core's seeded simulations (ownership, regions), many seeds at once.
@@ -15,7 +16,9 @@
 pub mod bounds;
 pub mod checker;
 pub mod faults;
+pub mod gateway_procs;
 pub mod hostile;
+pub mod http;
 pub mod keys;
 pub mod load;
 pub mod procs;

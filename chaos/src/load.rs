@@ -1,5 +1,6 @@
-//! Gateways driving load through the real client: several tasks per gateway, each offering its
-//! share of every key's rate, recording each decision with its time and who made it.
+//! Gateways driving load through the real client (or, over HTTP, through example-gateway
+//! processes): several tasks per gateway, each offering its share of every key's rate,
+//! recording each decision with its time and who made it.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -15,6 +16,8 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 
 use crate::faults::Endpoint;
+use crate::gateway_procs::HttpSlot;
+use crate::http::Outcome;
 use crate::keys::KeySpec;
 use crate::proxy::Directory;
 
@@ -179,29 +182,74 @@ pub struct LoadPlan {
     pub tasks_per_gateway: usize,
     /// Most checks one task has in flight; more are not sent (the offered rate is a ceiling).
     pub max_in_flight: usize,
+    /// An in-process gateway whose slot table and rules name the owner of an HTTP gateway's
+    /// check in its record (the process's own table is not visible; the tables agree once
+    /// settled).
+    pub router: Option<Gateway>,
+}
+
+/// What one driving task sends its checks through.
+#[derive(Debug, Clone)]
+pub enum Driver {
+    /// An in-process gateway (this build's client).
+    Client(Gateway),
+    /// An example-gateway process, over HTTP.
+    Http(Arc<HttpSlot>),
+}
+
+impl Driver {
+    fn region(&self) -> usize {
+        match self {
+            Driver::Client(g) => g.region,
+            Driver::Http(s) => s.region,
+        }
+    }
+
+    /// Tells the driving tasks' seeds apart (HTTP places after every in-process gateway).
+    fn id(&self) -> u64 {
+        match self {
+            Driver::Client(g) => g.index as u64,
+            Driver::Http(s) => 1_000 + s.slot as u64,
+        }
+    }
+
+    fn killed(&self, health: &NodeHealth) -> bool {
+        match self {
+            Driver::Client(g) => health.gateway_killed(g.index),
+            Driver::Http(_) => false,
+        }
+    }
 }
 
 /// How often a driving task wakes to send what its share of each key's rate owes.
 const TICK: Duration = Duration::from_millis(5);
 
-/// Drives load from every gateway until `stop` (or `deadline`), returning every record.
+/// Drives load from every gateway (in-process and HTTP) until `stop` (or `deadline`), returning
+/// every record.
 pub async fn drive(
     plan: Arc<LoadPlan>,
     gateways: Vec<Gateway>,
+    http: Vec<Arc<HttpSlot>>,
     seed: u64,
     stop: watch::Receiver<bool>,
     deadline: Instant,
 ) -> Vec<Record> {
+    let drivers: Vec<Driver> = gateways
+        .into_iter()
+        .map(Driver::Client)
+        .chain(http.into_iter().map(Driver::Http))
+        .collect();
     // Tasks driving each region's keys (a key of no region: every task).
     let mut tasks_by_region: Vec<usize> = Vec::new();
-    for gateway in &gateways {
-        if tasks_by_region.len() <= gateway.region {
-            tasks_by_region.resize(gateway.region + 1, 0);
+    for driver in &drivers {
+        let region = driver.region();
+        if tasks_by_region.len() <= region {
+            tasks_by_region.resize(region + 1, 0);
         }
-        tasks_by_region[gateway.region] += plan.tasks_per_gateway;
+        tasks_by_region[region] += plan.tasks_per_gateway;
     }
-    let total_tasks = (gateways.len() * plan.tasks_per_gateway).max(1);
-    let drivers: Arc<Vec<usize>> = Arc::new(
+    let total_tasks = (drivers.len() * plan.tasks_per_gateway).max(1);
+    let tasks_per_key: Arc<Vec<usize>> = Arc::new(
         plan.keys
             .iter()
             .map(|k| match k.region {
@@ -211,13 +259,13 @@ pub async fn drive(
             .collect(),
     );
     let mut tasks = JoinSet::new();
-    for gateway in gateways {
+    for driver in drivers {
         for t in 0..plan.tasks_per_gateway {
-            let seed = seed ^ ((gateway.index as u64) << 32) ^ t as u64;
+            let seed = seed ^ (driver.id() << 32) ^ t as u64;
             tasks.spawn(drive_task(
                 plan.clone(),
-                gateway.clone(),
-                drivers.clone(),
+                driver.clone(),
+                tasks_per_key.clone(),
                 seed,
                 stop.clone(),
                 deadline,
@@ -236,7 +284,7 @@ pub async fn drive(
 
 async fn drive_task(
     plan: Arc<LoadPlan>,
-    gateway: Gateway,
+    driver: Driver,
     drivers: Arc<Vec<usize>>,
     seed: u64,
     mut stop: watch::Receiver<bool>,
@@ -251,7 +299,7 @@ async fn drive_task(
         .iter()
         .zip(drivers.iter())
         .map(|(k, &drivers)| match k.region {
-            Some(r) if r != gateway.region => 0.0,
+            Some(r) if r != driver.region() => 0.0,
             _ => k.offered_per_second * TICK.as_secs_f64() / drivers as f64,
         })
         .collect();
@@ -265,11 +313,11 @@ async fn drive_task(
             _ = tokio::time::sleep_until(deadline.into()) => break,
             _ = ticker.tick() => {}
         }
-        if plan.health.gateway_killed(gateway.index) {
+        if driver.killed(&plan.health) {
             break;
         }
         while let Some(done) = in_flight.try_join_next() {
-            if let Ok(record) = done {
+            if let Ok(Some(record)) = done {
                 records.push(record);
             }
         }
@@ -278,25 +326,55 @@ async fn drive_task(
             while *owed >= 1.0 {
                 *owed -= 1.0;
                 if in_flight.len() < plan.max_in_flight {
-                    in_flight.spawn(check_once(plan.clone(), gateway.clone(), key));
+                    match &driver {
+                        Driver::Client(gateway) => {
+                            let check = check_once(plan.clone(), gateway.clone(), key);
+                            in_flight.spawn(async move { Some(check.await) })
+                        }
+                        Driver::Http(slot) => {
+                            in_flight.spawn(check_http(plan.clone(), slot.clone(), key))
+                        }
+                    };
                 }
             }
         }
     }
-    // Answers in flight come back within the client's timeout.
+    // Answers in flight come back within the client's timeout (an HTTP check's: its own).
     while let Some(done) = in_flight.join_next().await {
-        if let Ok(record) = done {
+        if let Ok(Some(record)) = done {
             records.push(record);
         }
     }
     records
 }
 
+/// The bucket key the rules give a request of `user`'s (`None` before the limiter has rules),
+/// so a record names the node the check really went to.
+fn rules_key(limiter: &RateLimiter, user: &str) -> Option<Vec<u8>> {
+    let policy = limiter.policy()?;
+    let mut request = RequestInfo::new("GET", crate::rules::PATH);
+    request.user = Some(user.to_owned());
+    floodgate_client::policy::planned_checks(&policy, &request)
+        .into_iter()
+        .next()
+        .map(|(planned, _)| planned.key)
+}
+
+/// The key a gateway routes `spec`'s check by: its name, or under rules the rule's bucket key.
+fn routing_key(gateway: &Gateway, spec: &KeySpec) -> Vec<u8> {
+    gateway
+        .limiter
+        .as_ref()
+        .and_then(|l| rules_key(l, &spec.name))
+        .unwrap_or_else(|| spec.name.as_bytes().to_vec())
+}
+
 async fn check_once(plan: Arc<LoadPlan>, gateway: Gateway, key: usize) -> Record {
     let spec = &plan.keys[key];
-    let owner = gateway.client.node_for(spec.name.as_bytes());
-    let owner_down = plan.health.unreachable(gateway.index, owner)
-        || owner_link_down(&gateway.client, spec.name.as_bytes());
+    let routing = routing_key(&gateway, spec);
+    let owner = gateway.client.node_for(&routing);
+    let owner_down =
+        plan.health.unreachable(gateway.index, owner) || owner_link_down(&gateway.client, &routing);
     let sent_ns = plan.origin.elapsed().as_nanos() as u64;
     let (admitted, source) = match &gateway.limiter {
         None => {
@@ -312,10 +390,13 @@ async fn check_once(plan: Arc<LoadPlan>, gateway: Gateway, key: usize) -> Record
             }
         }
         Some(limiter) => {
-            let mut request = RequestInfo::new("GET", "/chaos/rules");
+            let mut request = RequestInfo::new("GET", crate::rules::PATH);
             request.user = Some(spec.name.clone());
             let decision = limiter.check(&request).await;
-            let source = if decision.fallbacks > 0 {
+            // `fallbacks` counts fail-closed checks too; a 503 is what a closed rule answers.
+            let source = if decision.response.status == 503 {
+                Source::FailClosed(floodgate_client::DegradedReason::Timeout)
+            } else if decision.fallbacks > 0 {
                 Source::Fallback(floodgate_client::DegradedReason::Timeout)
             } else {
                 Source::Node
@@ -340,6 +421,47 @@ async fn check_once(plan: Arc<LoadPlan>, gateway: Gateway, key: usize) -> Record
         via,
         routed_to: plan.health.index_of(owner).map_or(u16::MAX, |i| i as u16),
     }
+}
+
+/// One check through an example-gateway process: `GET` as the key's user; 200 admitted, 429
+/// denied (a node decided either: the rule fails closed), 503 fail-closed, anything else or no
+/// answer an error. `None` while the place is closed for a replacement (nothing sent).
+async fn check_http(plan: Arc<LoadPlan>, slot: Arc<HttpSlot>, key: usize) -> Option<Record> {
+    let spec = &plan.keys[key];
+    let owner = plan.router.as_ref().map(|router| {
+        let routing = routing_key(router, spec);
+        router.client.node_for(&routing)
+    });
+    let owner_down = owner.is_some_and(|o| {
+        plan.health
+            .index_of(o)
+            .is_some_and(|n| plan.health.down[n].load(std::sync::atomic::Ordering::Relaxed))
+    });
+    let sent_ns = plan.origin.elapsed().as_nanos() as u64;
+    let (gateway, answer) = slot.ask(&spec.name).await?;
+    let done_ns = plan.origin.elapsed().as_nanos() as u64;
+    let (admitted, via) = match answer {
+        Ok(Outcome::Admitted) => (true, Via::Node),
+        Ok(Outcome::Denied) => (false, Via::Node),
+        Ok(Outcome::Unavailable) => (false, Via::FailClosed),
+        Ok(Outcome::Unexpected(_)) | Err(_) => (false, Via::Error),
+    };
+    let via = if via == Via::Node && owner_down {
+        Via::Takeover
+    } else {
+        via
+    };
+    Some(Record {
+        key: key as u16,
+        gateway,
+        sent_ns,
+        done_ns,
+        admitted,
+        via,
+        routed_to: owner
+            .and_then(|o| plan.health.index_of(o))
+            .map_or(u16::MAX, |i| i as u16),
+    })
 }
 
 /// Whether the client's link to the key's owner is down now (its checks then go to the

@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
-use floodgate_chaos::run::{RunSettings, ScenarioReport, run_scenario};
-use floodgate_chaos::{procs, report, scenario, sim};
+use floodgate_chaos::run::{RunSettings, ScenarioReport, UpgradeBins, run_scenario};
+use floodgate_chaos::{gateway_procs, procs, report, scenario, sim};
 use indicatif::{ProgressBar, ProgressStyle};
 
 #[derive(Debug, Parser)]
@@ -80,6 +80,18 @@ struct RunArgs {
     /// either way.
     #[arg(long)]
     availability_floor: Option<f64>,
+    /// `rolling-upgrade` only: the OLD build's floodgate-node, which the cluster starts on and
+    /// is upgraded from (to --node-bin).
+    #[arg(long, requires = "old_gateway_bin")]
+    old_node_bin: Option<PathBuf>,
+    /// `rolling-upgrade` only: the OLD build's example gateway (`examples/gateway`), run as
+    /// processes beside this build's in-process gateways, then replaced by --gateway-bin.
+    #[arg(long, requires = "old_node_bin")]
+    old_gateway_bin: Option<PathBuf>,
+    /// `rolling-upgrade` only: this build's example gateway (default: `examples/gateway` beside
+    /// this binary).
+    #[arg(long)]
+    gateway_bin: Option<PathBuf>,
 }
 
 fn parse_duration(text: &str) -> Result<Duration, String> {
@@ -156,18 +168,22 @@ async fn run(args: RunArgs) -> anyhow::Result<bool> {
         args.duration >= Duration::from_secs(2) && args.duration <= Duration::from_secs(600),
         "--duration must be 2s to 10min"
     );
-    let scenarios = if args.scenario == "all" {
-        scenario::catalogue()
-    } else {
-        let names: Vec<&str> = args.scenario.split(',').collect();
-        names
-            .iter()
-            .map(|n| {
-                scenario::find(n).with_context(|| {
-                    format!("no scenario `{n}`: `floodgate-chaos list` names them")
-                })
+    let old_builds = args.old_node_bin.is_some() && args.old_gateway_bin.is_some();
+    let scenarios = scenario::select(&args.scenario, old_builds).map_err(anyhow::Error::msg)?;
+    let upgrade = match (&args.old_node_bin, &args.old_gateway_bin) {
+        (Some(node), Some(gateway)) if scenarios.iter().any(|s| s.needs_old_builds) => {
+            // Absolute, so the report names the binaries wherever it is read from.
+            let absolute = |flag: &str, path: &PathBuf| {
+                std::fs::canonicalize(path)
+                    .with_context(|| format!("{flag} {}: no such file", path.display()))
+            };
+            Some(UpgradeBins {
+                old_node: absolute("--old-node-bin", node)?,
+                old_gateway: absolute("--old-gateway-bin", gateway)?,
+                new_gateway: gateway_procs::gateway_binary(args.gateway_bin.as_deref())?,
             })
-            .collect::<anyhow::Result<Vec<_>>>()?
+        }
+        _ => None,
     };
     std::fs::create_dir_all(&args.out)
         .with_context(|| format!("creating {}", args.out.display()))?;
@@ -186,6 +202,7 @@ async fn run(args: RunArgs) -> anyhow::Result<bool> {
         out: args.out.clone(),
         node_bin: procs::node_binary(args.node_bin.as_deref())?,
         availability_floor: args.availability_floor,
+        upgrade,
     };
     let progress = if std::io::stderr().is_terminal() {
         ProgressBar::new(scenarios.len() as u64)
@@ -229,6 +246,9 @@ async fn run(args: RunArgs) -> anyhow::Result<bool> {
     progress.finish_and_clear();
     report::write_json(&reports, &args.out.join("report.json"))?;
     println!("{}", report::table(&reports));
+    for line in report::upgrade_lines(&reports) {
+        println!("{line}");
+    }
     println!(
         "(report: {}, plots: {}/SCENARIO/SCENARIO.svg, node logs: {}/SCENARIO/logs)",
         args.out.join("report.json").display(),

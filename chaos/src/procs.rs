@@ -124,7 +124,7 @@ impl NodeProcess {
             .open(self.log_path(setup))
             .await?;
         let (serving_tx, serving_rx) = oneshot::channel();
-        tokio::spawn(copy_log(stderr, log, self.starts, serving_tx));
+        tokio::spawn(copy_log(stderr, log, self.starts, "serving on", serving_tx));
         self.child = Some(child);
         let serving = tokio::time::timeout(START_TIMEOUT, serving_rx).await;
         if !matches!(serving, Ok(Ok(()))) {
@@ -184,7 +184,7 @@ impl NodeProcess {
 }
 
 /// Sends a signal through `kill(1)` (the workspace forbids `unsafe`, so no libc call).
-async fn signal(pid: u32, name: &str) -> anyhow::Result<()> {
+pub(crate) async fn signal(pid: u32, name: &str) -> anyhow::Result<()> {
     let status = Command::new("kill")
         .arg(format!("-{name}"))
         .arg(pid.to_string())
@@ -195,12 +195,13 @@ async fn signal(pid: u32, name: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Copies the node's stderr into its log file (prefixing each start), and reports the line that
-/// says it serves.
-async fn copy_log(
+/// Copies a process's stderr into its log file (prefixing each start), and reports the first
+/// line holding `marker` (the one that says it serves).
+pub(crate) async fn copy_log(
     stderr: tokio::process::ChildStderr,
     mut log: tokio::fs::File,
     start: usize,
+    marker: &'static str,
     serving: oneshot::Sender<()>,
 ) {
     let mut serving = Some(serving);
@@ -209,7 +210,7 @@ async fn copy_log(
         .write_all(format!("=== chaos: start {start} ===\n").as_bytes())
         .await;
     while let Ok(Some(line)) = lines.next_line().await {
-        if line.contains("serving on")
+        if line.contains(marker)
             && let Some(tx) = serving.take()
         {
             let _ = tx.send(());

@@ -35,6 +35,42 @@ pub fn table(reports: &[ScenarioReport]) -> String {
     out
 }
 
+/// For each upgrade scenario, one line per gateway build: its checks, and those a node decided
+/// while every node ran the old build, while builds were mixed, and once all ran the new one.
+pub fn upgrade_lines(reports: &[ScenarioReport]) -> Vec<String> {
+    let mut lines = Vec::new();
+    for r in reports {
+        let Some(builds) = r
+            .extra
+            .get("upgrade")
+            .and_then(|u| u.get("by_gateway_build"))
+        else {
+            continue;
+        };
+        for build in ["old", "new"] {
+            let Some(b) = builds.get(build) else {
+                continue;
+            };
+            let n = |field: &str| {
+                b.get(field)
+                    .and_then(serde_json::Value::as_u64)
+                    .unwrap_or(0)
+            };
+            lines.push(format!(
+                "{}: {build}-build gateways: {} checks, {} admitted, {} not decided by a node; decided by a node with all nodes old {}, mixed {}, all new {}",
+                r.scenario,
+                n("checks"),
+                n("admitted"),
+                n("not_decided_by_a_node"),
+                n("decided_with_old_nodes"),
+                n("decided_with_mixed_nodes"),
+                n("decided_with_new_nodes"),
+            ));
+        }
+    }
+    lines
+}
+
 /// The scenarios and their bounds, for `list`.
 pub fn list(scenarios: &[Scenario]) -> String {
     let mut out = String::new();
@@ -51,6 +87,13 @@ pub fn list(scenarios: &[Scenario]) -> String {
         );
         if matches!(s.plan, Plan::RegionPartition | Plan::WanDelay) {
             let _ = writeln!(out, "{:<17} {}", "", bounds::describe());
+        }
+        if s.needs_old_builds {
+            let _ = writeln!(
+                out,
+                "{:<17} runs only with --old-node-bin and --old-gateway-bin (`make upgrade-test`); left out of `all` without them",
+                ""
+            );
         }
     }
     out

@@ -11,6 +11,7 @@ use tokio::sync::watch;
 
 use crate::bounds;
 use crate::checker::{self, CheckInput, CheckResult, FaultSpan};
+use crate::gateway_procs::{Build, GatewayLaunch, GatewayProcess, HttpGateway, HttpSlot, Upgrade};
 use crate::keys::{
     KeySpec, LEASE_HOT_ABOVE_PER_SEC, global_keys, lease_keys, per_region, standard_keys,
 };
@@ -33,6 +34,17 @@ pub struct RunSettings {
     /// Replaces every scenario's availability floor (`--availability-floor`). Availability
     /// depends on how loaded the machine is; a test on a shared machine judges only safety.
     pub availability_floor: Option<f64>,
+    /// The builds `rolling-upgrade` runs (`None`: it is not run).
+    pub upgrade: Option<UpgradeBins>,
+}
+
+/// `rolling-upgrade`'s binaries: the old build's node and example gateway, and this build's
+/// example gateway (this build's node is `node_bin`).
+#[derive(Debug, Clone)]
+pub struct UpgradeBins {
+    pub old_node: PathBuf,
+    pub old_gateway: PathBuf,
+    pub new_gateway: PathBuf,
 }
 
 /// One scenario's outcome, as `report.json` holds it.
@@ -72,6 +84,28 @@ pub async fn run_scenario(
     scenario: &Scenario,
     settings: &RunSettings,
 ) -> anyhow::Result<ScenarioReport> {
+    let fixed;
+    let settings = match scenario.layout {
+        Some((regions, nodes_per_region)) => {
+            fixed = RunSettings {
+                regions,
+                nodes_per_region,
+                ..settings.clone()
+            };
+            &fixed
+        }
+        None => settings,
+    };
+    let upgrade = if scenario.plan == Plan::RollingUpgrade {
+        Some(settings.upgrade.clone().with_context(|| {
+            format!(
+                "{} needs --old-node-bin and --old-gateway-bin",
+                scenario.name
+            )
+        })?)
+    } else {
+        None
+    };
     let dir = settings.out.join(scenario.name);
     if dir.exists() {
         std::fs::remove_dir_all(&dir).with_context(|| format!("clearing {}", dir.display()))?;
@@ -84,10 +118,10 @@ pub async fn run_scenario(
         spares: if scenario.plan == Plan::Churn { 2 } else { 0 },
         gateways_per_region: settings.gateways_per_region,
     };
-    let rules = if scenario.plan == Plan::RulesReload {
-        Some(RulesFile::create(dir.join("rules.yaml"))?)
-    } else {
-        None
+    let rules = match scenario.plan {
+        Plan::RulesReload => Some(RulesFile::create(dir.join("rules.yaml"))?),
+        Plan::RollingUpgrade => Some(RulesFile::create_fixed(dir.join("rules.yaml"))?),
+        _ => None,
     };
     let max_keys = if scenario.plan == Plan::KeyFlood {
         FLOOD_MAX_KEYS
@@ -96,7 +130,10 @@ pub async fn run_scenario(
     };
     let skewed = scenario.plan == Plan::ClockSkew;
     let setup = crate::procs::NodeSetup {
-        binary: settings.node_bin.clone(),
+        // The upgrade starts every node from the old build; the timeline moves them over.
+        binary: upgrade
+            .as_ref()
+            .map_or_else(|| settings.node_bin.clone(), |u| u.old_node.clone()),
         certs,
         logs: dir.join("logs"),
         seeds: Vec::new(),
@@ -116,7 +153,15 @@ pub async fn run_scenario(
         settings.seed,
     )
     .await?;
-    let outcome = drive_and_check(scenario, settings, &mut world, rules.as_ref(), &dir).await;
+    let outcome = drive_and_check(
+        scenario,
+        settings,
+        &mut world,
+        rules.as_ref(),
+        upgrade.as_ref(),
+        &dir,
+    )
+    .await;
     world.shutdown().await;
     let mut report = outcome?;
     let log_findings = checker::scan_logs(&dir.join("logs"), scenario.expected_errors);
@@ -137,6 +182,7 @@ async fn drive_and_check(
     settings: &RunSettings,
     world: &mut World,
     rules: Option<&RulesFile>,
+    upgrade: Option<&UpgradeBins>,
     dir: &Path,
 ) -> anyhow::Result<ScenarioReport> {
     let ca = world.setup.certs.join("ca.pem");
@@ -189,12 +235,16 @@ async fn drive_and_check(
             world.gateways.push(gateway);
         }
     }
+    if let Some(bins) = upgrade {
+        start_gateway_processes(world, bins, scenario.client_timeout, settings)
+            .await
+            .context("starting the old build's gateways")?;
+    }
     settle(world).await?;
     let mut keys: Vec<KeySpec> = per_region(
-        if rules.is_some() {
-            RulesFile::keys()
-        } else {
-            standard_keys()
+        match rules {
+            Some(rules) => rules.keys(),
+            None => standard_keys(),
         },
         settings.regions,
     );
@@ -216,12 +266,19 @@ async fn drive_and_check(
         origin: world.origin,
         tasks_per_gateway: 2,
         max_in_flight: 256,
+        router: world.upgrade.as_ref().and(world.gateways.first().cloned()),
     });
     let (stop_tx, stop) = watch::channel(false);
     let hard_deadline = world.origin + settings.duration + OVERRUN;
+    let http: Vec<Arc<HttpSlot>> = world
+        .upgrade
+        .as_ref()
+        .map(|u| u.gateways.iter().map(|g| g.slot.clone()).collect())
+        .unwrap_or_default();
     let load = tokio::spawn(load::drive(
         plan,
         world.gateways.clone(),
+        http,
         settings.seed,
         stop.clone(),
         hard_deadline,
@@ -298,6 +355,15 @@ async fn drive_and_check(
         extra.insert("global_keys".into(), serde_json::json!(global));
     }
     violations.extend(result.violations.iter().cloned());
+    if scenario.plan == Plan::RollingUpgrade {
+        // Judged with availability: `--availability-floor 0` asks for safety only.
+        if settings.availability_floor != Some(0.0)
+            && let Some(found) = checker::failed_outside(&records, &world.restart_windows)
+        {
+            violations.push(found);
+        }
+        extra.insert("upgrade".into(), upgrade_extra(world, &records));
+    }
     if scenario.plan == Plan::RulesReload {
         let phases = rules_phases(world, run_ns);
         let (found, worst) = checker::check_phases(&records, &keys, &phases, RULES_SETTLE_NS);
@@ -339,6 +405,132 @@ async fn drive_and_check(
         result: Some(result),
         series,
     })
+}
+
+/// Starts `gateways_per_region` example-gateway processes of the old build per region (one
+/// region here), each serving an HTTP place of the load, beside the in-process gateways.
+async fn start_gateway_processes(
+    world: &mut World,
+    bins: &UpgradeBins,
+    timeout: Duration,
+    settings: &RunSettings,
+) -> anyhow::Result<()> {
+    let launch = GatewayLaunch {
+        seeds: world.seeds(),
+        ca: world.setup.certs.join("ca.pem"),
+        timeout,
+        logs: world.setup.logs.clone(),
+    };
+    let mut gateways = Vec::new();
+    let mut started = Vec::new();
+    for place in 0..settings.gateways_per_region * settings.regions {
+        let index = world.gateways.len() + place;
+        let process = GatewayProcess::start(
+            &launch,
+            &bins.old_gateway,
+            Build::Old,
+            index,
+            crate::procs::free_tcp_addr()?,
+            crate::procs::free_tcp_addr()?,
+        )
+        .await?;
+        world.note(format!(
+            "gateway {index} (old build) serves on {}",
+            process.listen
+        ));
+        let region = place / settings.gateways_per_region;
+        let slot = Arc::new(HttpSlot::new(place, region, index, process.listen));
+        started.push((index, Build::Old, bins.old_gateway.clone()));
+        gateways.push(HttpGateway { slot, process });
+    }
+    world.upgrade = Some(Upgrade {
+        new_node_bin: settings.node_bin.clone(),
+        new_gateway_bin: bins.new_gateway.clone(),
+        launch,
+        gateways,
+        started,
+    });
+    Ok(())
+}
+
+/// `rolling-upgrade`'s part of `extra`: every gateway with its build, the restart windows,
+/// checks per gateway build, and checks a node decided per gateway build and per stretch of the
+/// node upgrade (all nodes old, mixed, all new): who spoke to whom.
+fn upgrade_extra(world: &World, records: &[Record]) -> serde_json::Value {
+    let mut builds: Vec<(usize, Build, String)> = world
+        .gateways
+        .iter()
+        .map(|g| (g.index, Build::New, "in-process".to_owned()))
+        .collect();
+    if let Some(upgrade) = &world.upgrade {
+        builds.extend(
+            upgrade
+                .started
+                .iter()
+                .map(|(index, build, binary)| (*index, *build, binary.display().to_string())),
+        );
+    }
+    let build_of = |gateway: u16| {
+        builds
+            .iter()
+            .find(|(index, ..)| *index == gateway as usize)
+            .map(|(_, build, _)| *build)
+    };
+    let nodes: Vec<&FaultSpan> = world
+        .restart_windows
+        .iter()
+        .filter(|w| w.label.starts_with("node "))
+        .collect();
+    let first = nodes.first().map_or(u64::MAX, |w| w.start_ns);
+    let last = nodes.last().map_or(u64::MAX, |w| w.end_ns);
+    let summary = upgrade_summary(records, &build_of, first, last);
+    serde_json::json!({
+        "gateways": builds.iter().map(|(index, build, what)| serde_json::json!({
+            "index": index, "build": build, "binary": what,
+        })).collect::<Vec<_>>(),
+        "restart_windows": world.restart_windows,
+        "by_gateway_build": summary,
+    })
+}
+
+/// Per gateway build: checks, admitted, denied by a node, not decided by a node; and checks a
+/// node decided while every node ran the old build (before `first_ns`), while builds were mixed,
+/// and once every node ran the new one (after `last_ns`).
+fn upgrade_summary(
+    records: &[Record],
+    build_of: &dyn Fn(u16) -> Option<Build>,
+    first_ns: u64,
+    last_ns: u64,
+) -> serde_json::Value {
+    let mut out = serde_json::Map::new();
+    for build in [Build::Old, Build::New] {
+        let mine: Vec<&Record> = records
+            .iter()
+            .filter(|r| build_of(r.gateway) == Some(build))
+            .collect();
+        let decided = |from: u64, to: u64| {
+            mine.iter()
+                .filter(|r| r.via.by_a_node() && r.sent_ns >= from && r.sent_ns < to)
+                .count()
+        };
+        let name = match build {
+            Build::Old => "old",
+            Build::New => "new",
+        };
+        out.insert(
+            name.into(),
+            serde_json::json!({
+                "checks": mine.len(),
+                "admitted": mine.iter().filter(|r| r.admitted).count(),
+                "denied_by_a_node": mine.iter().filter(|r| !r.admitted && r.via.by_a_node()).count(),
+                "not_decided_by_a_node": mine.iter().filter(|r| !r.via.by_a_node()).count(),
+                "decided_with_old_nodes": decided(0, first_ns),
+                "decided_with_mixed_nodes": decided(first_ns, last_ns),
+                "decided_with_new_nodes": decided(last_ns, u64::MAX),
+            }),
+        );
+    }
+    serde_json::Value::Object(out)
 }
 
 /// Longest the cluster may take to agree on one table after the last node is ready.

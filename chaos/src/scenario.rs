@@ -93,6 +93,7 @@ pub enum Plan {
     HostileFlood,
     ClockSkew,
     LeaseGatewayKill,
+    RollingUpgrade,
 }
 
 /// Which endpoints a regional fault splits. Today regions are labels on one shared ring, so a
@@ -117,6 +118,11 @@ pub struct Scenario {
     /// Log lines (substrings) this scenario provokes on purpose at ERROR.
     pub expected_errors: &'static [&'static str],
     pub region_scope: RegionScope,
+    /// Runs an older build beside this one (`--old-node-bin`, `--old-gateway-bin`): left out of
+    /// `all` without them.
+    pub needs_old_builds: bool,
+    /// (regions, nodes per region) the scenario always runs with, whatever `run` was given.
+    pub layout: Option<(usize, usize)>,
 }
 
 /// What a graceful leave makes its peers log at ERROR today: a draining node refuses new
@@ -141,6 +147,8 @@ pub fn catalogue() -> Vec<Scenario> {
         client_timeout: TIMEOUT,
         expected_errors: &[],
         region_scope: RegionScope::SharedRing,
+        needs_old_builds: false,
+        layout: None,
     };
     vec![
         base(
@@ -297,9 +305,102 @@ pub fn catalogue() -> Vec<Scenario> {
                 0.90,
             )
         },
+        Scenario {
+            expected_errors: LEAVE_ERRORS,
+            needs_old_builds: true,
+            // Three nodes, so a key keeps two live members to move between while one restarts.
+            layout: Some((1, 3)),
+            bound: Bound {
+                why: "exact: the rolling restart's graceful leaves and joins, across builds: an old node hands its buckets to new ones and back; no failed check outside a node's or gateway's restart",
+                ..Bound::exact()
+            },
+            ..base(
+                "rolling-upgrade",
+                "3 nodes and gateways of an OLD build (--old-node-bin, --old-gateway-bin) beside in-process gateways of this one, under load; each node in turn SIGTERMed and started from this build, then each old gateway process replaced by this build's",
+                Plan::RollingUpgrade,
+                Bound::exact(),
+                0.95,
+            )
+        },
     ]
 }
 
 pub fn find(name: &str) -> Option<Scenario> {
     catalogue().into_iter().find(|s| s.name == name)
+}
+
+/// The scenarios `run --scenario` names: `all`, or names separated by commas. With
+/// `old_builds` false (no `--old-node-bin`/`--old-gateway-bin`), `all` leaves out the scenarios
+/// that need them and naming one is an error that says what to give.
+pub fn select(spec: &str, old_builds: bool) -> Result<Vec<Scenario>, String> {
+    if spec == "all" {
+        return Ok(catalogue()
+            .into_iter()
+            .filter(|s| old_builds || !s.needs_old_builds)
+            .collect());
+    }
+    spec.split(',')
+        .map(|name| {
+            let scenario =
+                find(name).ok_or_else(|| format!("no scenario `{name}`: `floodgate-chaos list` names them"))?;
+            if scenario.needs_old_builds && !old_builds {
+                return Err(format!(
+                    "scenario `{name}` runs an older build beside this one: give --old-node-bin PATH and --old-gateway-bin PATH (that build's floodgate-node and examples/gateway; `make upgrade-test` builds them)"
+                ));
+            }
+            Ok(scenario)
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn names(scenarios: &[Scenario]) -> Vec<&'static str> {
+        scenarios.iter().map(|s| s.name).collect()
+    }
+
+    #[test]
+    fn all_leaves_out_the_upgrade_unless_the_old_builds_are_given() {
+        let without = select("all", false).unwrap();
+        assert!(!names(&without).contains(&"rolling-upgrade"));
+        assert_eq!(without.len(), catalogue().len() - 1);
+        let with = select("all", true).unwrap();
+        assert_eq!(names(&with), names(&catalogue()));
+        assert!(names(&with).contains(&"rolling-upgrade"));
+    }
+
+    #[test]
+    fn naming_the_upgrade_needs_the_old_builds_and_says_which_flags() {
+        let error = select("steady,rolling-upgrade", false).unwrap_err();
+        assert!(
+            error.contains("--old-node-bin") && error.contains("--old-gateway-bin"),
+            "{error}"
+        );
+        assert_eq!(
+            names(&select("rolling-upgrade", true).unwrap()),
+            ["rolling-upgrade"]
+        );
+        assert_eq!(
+            names(&select("steady,kill", false).unwrap()),
+            ["steady", "kill"]
+        );
+        assert!(
+            select("nope", true)
+                .unwrap_err()
+                .contains("no scenario `nope`")
+        );
+    }
+
+    #[test]
+    fn the_upgrade_is_held_to_the_rolling_restart_bound_on_three_nodes() {
+        let upgrade = find("rolling-upgrade").unwrap();
+        let restart = find("rolling-restart").unwrap();
+        assert_eq!(upgrade.bound.short(), "exact");
+        assert_eq!(upgrade.min_availability, restart.min_availability);
+        assert_eq!(upgrade.expected_errors, LEAVE_ERRORS);
+        assert_eq!(upgrade.layout, Some((1, 3)));
+        assert!(catalogue().iter().filter(|s| s.needs_old_builds).count() == 1);
+    }
 }

@@ -135,6 +135,35 @@ pub async fn play(
             // It stays dead: the span runs to the end of the run.
             let _ = span;
         }
+        Plan::RollingUpgrade => {
+            let new_node = world
+                .upgrade
+                .as_ref()
+                .map(|u| u.new_node_bin.clone())
+                .ok_or_else(|| anyhow::anyhow!("rolling-upgrade needs the builds to run"))?;
+            world.until(at(0.15)).await;
+            let span = world.begin_span("rolling upgrade");
+            // Every start from here on runs this build, with the same flags, address (hence
+            // node id) and data directory.
+            world.setup.binary = new_node.clone();
+            for node in 0..world.layout.initial_nodes() {
+                let from = world.now_ns();
+                world.stop(node).await;
+                world.note(format!(
+                    "node {node}: old build stopped, starting {}",
+                    new_node.display()
+                ));
+                world.start_node(node).await?;
+                // Let clients refetch the table before the next node goes.
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                world.restart_window(format!("node {node} upgraded"), from);
+            }
+            let places = world.upgrade.as_ref().map_or(0, |u| u.gateways.len());
+            for place in 0..places {
+                world.replace_gateway(place).await?;
+            }
+            world.end_span(span);
+        }
         Plan::ClockSkew => {
             world.until(at(0.5)).await;
             let span = world.begin_span(format!("skewed node {SKEWED_NODE} leaves"));

@@ -10,6 +10,7 @@ use tokio::sync::watch;
 
 use crate::checker::FaultSpan;
 use crate::faults::{Endpoint, FaultTable};
+use crate::gateway_procs::{Build, GatewayProcess, Upgrade};
 use crate::load::Gateway;
 use crate::procs::{NodeProcess, NodeSetup, NodeSpec, free_tcp_addr, free_udp_addr};
 use crate::proxy::{Directory, Proxy};
@@ -46,6 +47,11 @@ pub struct World {
     pub health: Arc<crate::load::NodeHealth>,
     /// Gateways whose client runs on a runtime of its own, so the timeline can kill them.
     pub gateway_runtimes: Vec<(usize, GatewayRuntime)>,
+    /// `rolling-upgrade`: the builds to upgrade to and the gateway processes.
+    pub upgrade: Option<Upgrade>,
+    /// Each node's or gateway's restart (stop to ready, and the wait after), where a check may
+    /// go undecided; outside them none may (`rolling-upgrade`).
+    pub restart_windows: Vec<FaultSpan>,
     shutdown: watch::Sender<bool>,
 }
 
@@ -139,6 +145,8 @@ impl World {
             spans: Vec::new(),
             events: Vec::new(),
             gateway_runtimes: Vec::new(),
+            upgrade: None,
+            restart_windows: Vec::new(),
             shutdown,
         };
         for index in 0..world.layout.initial_nodes() {
@@ -272,8 +280,63 @@ impl World {
         self.nodes[node].pause(pause).await
     }
 
+    /// Records a restart window from `start_ns` to now.
+    pub fn restart_window(&mut self, label: impl Into<String>, start_ns: u64) {
+        let end_ns = self.now_ns();
+        self.restart_windows.push(FaultSpan {
+            label: label.into(),
+            start_ns,
+            end_ns,
+        });
+    }
+
+    /// Replaces the gateway process serving HTTP place `slot` with this build's: closes the
+    /// place (no check sent, those in flight answered), stops the old process with SIGTERM,
+    /// starts the new one on the same ports and, once it answers, sends the place's checks to
+    /// it. Returns the new gateway's index.
+    pub async fn replace_gateway(&mut self, slot: usize) -> anyhow::Result<usize> {
+        let start_ns = self.now_ns();
+        let index = self.gateways.len() + self.upgrade.as_ref().map_or(0, |u| u.started.len());
+        let upgrade = self
+            .upgrade
+            .as_mut()
+            .context("no gateway processes to replace")?;
+        let gateway = upgrade
+            .gateways
+            .get_mut(slot)
+            .with_context(|| format!("no gateway process in place {slot}"))?;
+        let place = gateway.slot.clone();
+        let closed = place.close().await?;
+        let old = gateway.process.index;
+        let (listen, upstream) = (gateway.process.listen, gateway.process.upstream);
+        gateway.process.stop().await;
+        let binary = upgrade.new_gateway_bin.clone();
+        let process = GatewayProcess::start(
+            &upgrade.launch,
+            &binary,
+            Build::New,
+            index,
+            listen,
+            upstream,
+        )
+        .await?;
+        closed.install(index, listen);
+        upgrade.started.push((index, Build::New, binary));
+        gateway.process = process;
+        self.note(format!(
+            "gateway {old} (old build) stopped; gateway {index} (new build) serves in its place on {listen}"
+        ));
+        self.restart_window(format!("gateway {old} replaced by {index}"), start_ns);
+        Ok(index)
+    }
+
     /// Stops the proxies and kills every node (dropping the world does the same).
     pub async fn shutdown(&mut self) {
+        if let Some(upgrade) = &mut self.upgrade {
+            for gateway in &mut upgrade.gateways {
+                gateway.process.kill().await;
+            }
+        }
         let _ = self.shutdown.send(true);
         for gateway in &self.gateways {
             if !self.health.gateway_killed(gateway.index) {
