@@ -1,9 +1,13 @@
 # floodgate: thin, documented targets. CI runs `bash .ci/run`, which calls `make lint` and `make test`.
-.PHONY: help test lint fmt bench bench-core bench-load run run-regions fuzz envoy-test chaos
+.PHONY: help test lint fmt bench bench-core bench-load run run-regions fuzz envoy-test chaos upgrade-test
 
 CARGO ?= cargo
 FUZZ_SECONDS ?= 60
 CHAOS_DURATION ?= 30s
+# The build `make upgrade-test` upgrades from, and how long its load runs.
+UPGRADE_BASE ?= 2d609b0
+UPGRADE_DURATION ?= 30s
+UPGRADE_DIR := target/upgrade-base
 
 help:            ## list the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -71,6 +75,29 @@ chaos:           ## every chaos scenario against real nodes behind fault proxies
 	@: "the simulations first (a minute or two): a failing seed stops the run before the long part"
 	@status=0; ./target/release/floodgate-chaos sim --seeds 1-5000 >target/chaos/sim.txt || status=$$?; cat target/chaos/sim.txt; exit $$status
 	./target/release/floodgate-chaos run --scenario all --duration $(CHAOS_DURATION) --out target/chaos
+
+upgrade-test:    ## a rolling upgrade under load from UPGRADE_BASE (default 2d609b0; nodes and example gateways, built once in target/upgrade-base) to this tree (about a minute once built): table, target/chaos-upgrade/report.json
+	@set -e; \
+	want=$$(git rev-parse --verify --quiet '$(UPGRADE_BASE)^{commit}') || { echo "upgrade-test: commit $(UPGRADE_BASE) is not in this clone (git fetch it, or set UPGRADE_BASE)"; exit 2; }; \
+	bin=$(UPGRADE_DIR)/target/release; \
+	if [ -x $$bin/floodgate-node ] && [ -x $$bin/examples/gateway ] && [ "$$(cat $(UPGRADE_DIR)/built-from 2>/dev/null)" = "$$want" ]; then \
+	  echo "upgrade-test: reusing the build of $(UPGRADE_BASE) in $$bin"; \
+	else \
+	  : "a worktree of the old commit, once; its own target dir, so nothing is shared with ./target"; \
+	  if [ ! -e $(UPGRADE_DIR)/src/.git ]; then \
+	    git worktree prune; mkdir -p $(UPGRADE_DIR); git worktree add --detach $(UPGRADE_DIR)/src $$want; \
+	  fi; \
+	  [ "$$(git -C $(UPGRADE_DIR)/src rev-parse HEAD)" = "$$want" ] || { echo "upgrade-test: $(UPGRADE_DIR)/src is not at $(UPGRADE_BASE): remove it (git worktree remove $(UPGRADE_DIR)/src)"; exit 2; }; \
+	  (cd $(UPGRADE_DIR)/src && CARGO_TARGET_DIR=$(CURDIR)/$(UPGRADE_DIR)/target $(CARGO) build --release --locked -p floodgate-node --bin floodgate-node); \
+	  (cd $(UPGRADE_DIR)/src && CARGO_TARGET_DIR=$(CURDIR)/$(UPGRADE_DIR)/target $(CARGO) build --release --locked -p floodgate-client --example gateway --features tower,logging); \
+	  echo "$$want" > $(UPGRADE_DIR)/built-from; \
+	fi
+	$(CARGO) build --release --locked -p floodgate-node -p floodgate-chaos
+	$(CARGO) build --release --locked -p floodgate-client --example gateway --features tower,logging
+	./target/release/floodgate-chaos run --scenario rolling-upgrade \
+	    --old-node-bin $(UPGRADE_DIR)/target/release/floodgate-node --old-gateway-bin $(UPGRADE_DIR)/target/release/examples/gateway \
+	    --node-bin ./target/release/floodgate-node --gateway-bin ./target/release/examples/gateway \
+	    --duration $(UPGRADE_DURATION) --out target/chaos-upgrade
 
 bench: bench-core bench-load ## every benchmark (several minutes)
 

@@ -755,3 +755,55 @@ async fn connect_killable_gateway(
     world.gateway_runtimes.push((index, runtime));
     Ok(gateway)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::load::Via;
+
+    #[test]
+    fn the_upgrade_summary_splits_checks_by_gateway_build_and_node_stretch() {
+        let record = |gateway: u16, sent_s: u64, admitted: bool, via: Via| Record {
+            key: 0,
+            gateway,
+            sent_ns: sent_s * 1_000_000_000,
+            done_ns: sent_s * 1_000_000_000 + 1_000_000,
+            admitted,
+            via,
+            routed_to: 0,
+        };
+        // Gateway 0 in-process (new), 1 an old process, 2 its new successor; nodes upgraded
+        // from 3 s to 9 s.
+        let records = [
+            record(0, 1, true, Via::Node),
+            record(1, 1, false, Via::Node),
+            record(1, 4, true, Via::Takeover),
+            record(1, 5, false, Via::FailClosed),
+            record(0, 8, false, Via::Error),
+            record(2, 10, true, Via::Node),
+            record(0, 11, false, Via::Node),
+        ];
+        let build_of = |g: u16| match g {
+            1 => Some(Build::Old),
+            0 | 2 => Some(Build::New),
+            _ => None,
+        };
+        let s = upgrade_summary(&records, &build_of, 3_000_000_000, 9_000_000_000);
+        assert_eq!(
+            s["old"],
+            serde_json::json!({
+                "checks": 3, "admitted": 1, "denied_by_a_node": 1, "not_decided_by_a_node": 1,
+                "decided_with_old_nodes": 1, "decided_with_mixed_nodes": 1,
+                "decided_with_new_nodes": 0,
+            })
+        );
+        assert_eq!(
+            s["new"],
+            serde_json::json!({
+                "checks": 4, "admitted": 2, "denied_by_a_node": 1, "not_decided_by_a_node": 1,
+                "decided_with_old_nodes": 1, "decided_with_mixed_nodes": 0,
+                "decided_with_new_nodes": 2,
+            })
+        );
+    }
+}

@@ -158,6 +158,9 @@ pub async fn play(
                 tokio::time::sleep(Duration::from_millis(500)).await;
                 world.restart_window(format!("node {node} upgraded"), from);
             }
+            // The old gateways against a cluster of the new build alone, for a while.
+            world.note("every node runs the new build");
+            tokio::time::sleep(Duration::from_secs(2)).await;
             let places = world.upgrade.as_ref().map_or(0, |u| u.gateways.len());
             for place in 0..places {
                 world.replace_gateway(place).await?;
