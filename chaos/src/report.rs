@@ -36,7 +36,8 @@ pub fn table(reports: &[ScenarioReport]) -> String {
 }
 
 /// For each upgrade scenario, one line per gateway build: its checks, and those a node decided
-/// while every node ran the old build, while builds were mixed, and once all ran the new one.
+/// before the node upgrade (every node old), during it (builds mixed) and after it (every node
+/// new).
 pub fn upgrade_lines(reports: &[ScenarioReport]) -> Vec<String> {
     let mut lines = Vec::new();
     for r in reports {
@@ -57,14 +58,14 @@ pub fn upgrade_lines(reports: &[ScenarioReport]) -> Vec<String> {
                     .unwrap_or(0)
             };
             lines.push(format!(
-                "{}: {build}-build gateways: {} checks, {} admitted, {} not decided by a node; decided by a node with all nodes old {}, mixed {}, all new {}",
+                "{}: {build}-build gateways: {} checks, {} admitted, {} not decided by a node; decided by a node before the node upgrade {}, during it {}, after it {}",
                 r.scenario,
                 n("checks"),
                 n("admitted"),
                 n("not_decided_by_a_node"),
-                n("decided_with_old_nodes"),
-                n("decided_with_mixed_nodes"),
-                n("decided_with_new_nodes"),
+                n("decided_before_node_upgrade"),
+                n("decided_during_node_upgrade"),
+                n("decided_after_node_upgrade"),
             ));
         }
     }

@@ -454,8 +454,8 @@ async fn start_gateway_processes(
 }
 
 /// `rolling-upgrade`'s part of `extra`: every gateway with its build, the restart windows,
-/// checks per gateway build, and checks a node decided per gateway build and per stretch of the
-/// node upgrade (all nodes old, mixed, all new): who spoke to whom.
+/// checks per gateway build, and checks a node decided per gateway build before, during and after
+/// the node upgrade: which build's gateways the old and new nodes answered.
 fn upgrade_extra(world: &World, records: &[Record]) -> serde_json::Value {
     let mut builds: Vec<(usize, Build, String)> = world
         .gateways
@@ -494,8 +494,8 @@ fn upgrade_extra(world: &World, records: &[Record]) -> serde_json::Value {
 }
 
 /// Per gateway build: checks, admitted, denied by a node, not decided by a node; and checks a
-/// node decided while every node ran the old build (before `first_ns`), while builds were mixed,
-/// and once every node ran the new one (after `last_ns`).
+/// node decided before the node upgrade (`first_ns`, the first SIGTERM: every node old), during
+/// it (builds mixed from the first node's return) and after it (`last_ns`: every node new).
 fn upgrade_summary(
     records: &[Record],
     build_of: &dyn Fn(u16) -> Option<Build>,
@@ -524,9 +524,9 @@ fn upgrade_summary(
                 "admitted": mine.iter().filter(|r| r.admitted).count(),
                 "denied_by_a_node": mine.iter().filter(|r| !r.admitted && r.via.by_a_node()).count(),
                 "not_decided_by_a_node": mine.iter().filter(|r| !r.via.by_a_node()).count(),
-                "decided_with_old_nodes": decided(0, first_ns),
-                "decided_with_mixed_nodes": decided(first_ns, last_ns),
-                "decided_with_new_nodes": decided(last_ns, u64::MAX),
+                "decided_before_node_upgrade": decided(0, first_ns),
+                "decided_during_node_upgrade": decided(first_ns, last_ns),
+                "decided_after_node_upgrade": decided(last_ns, u64::MAX),
             }),
         );
     }
@@ -793,16 +793,16 @@ mod tests {
             s["old"],
             serde_json::json!({
                 "checks": 3, "admitted": 1, "denied_by_a_node": 1, "not_decided_by_a_node": 1,
-                "decided_with_old_nodes": 1, "decided_with_mixed_nodes": 1,
-                "decided_with_new_nodes": 0,
+                "decided_before_node_upgrade": 1, "decided_during_node_upgrade": 1,
+                "decided_after_node_upgrade": 0,
             })
         );
         assert_eq!(
             s["new"],
             serde_json::json!({
                 "checks": 4, "admitted": 2, "denied_by_a_node": 1, "not_decided_by_a_node": 1,
-                "decided_with_old_nodes": 1, "decided_with_mixed_nodes": 0,
-                "decided_with_new_nodes": 2,
+                "decided_before_node_upgrade": 1, "decided_during_node_upgrade": 0,
+                "decided_after_node_upgrade": 2,
             })
         );
     }
