@@ -3,6 +3,8 @@
 
 use std::time::Duration;
 
+use anyhow::Context as _;
+
 use crate::faults::{Effect, Side};
 use crate::scenario::{Plan, RegionScope, Scenario};
 use crate::world::World;
@@ -142,6 +144,8 @@ pub async fn play(
                 .map(|u| u.new_node_bin.clone())
                 .ok_or_else(|| anyhow::anyhow!("rolling-upgrade needs the builds to run"))?;
             world.until(at(0.15)).await;
+            let before = cluster_version(world).await?;
+            world.note(format!("the old cluster speaks protocol version {before}"));
             let span = world.begin_span("rolling upgrade");
             // Every start from here on runs this build, with the same flags, address (hence
             // node id) and data directory.
@@ -158,9 +162,19 @@ pub async fn play(
                 tokio::time::sleep(Duration::from_millis(500)).await;
                 world.restart_window(format!("node {node} upgraded"), from);
             }
-            // The old gateways against a cluster of the new build alone, for a while.
+            // The old gateways against a cluster of the new build alone, for a while; by its end
+            // gossip has told every node that all members speak the newest version.
             world.note("every node runs the new build");
             tokio::time::sleep(Duration::from_secs(2)).await;
+            let after = cluster_version(world).await?;
+            world.note(format!(
+                "the upgraded cluster speaks protocol version {after}"
+            ));
+            anyhow::ensure!(
+                after == floodgate::protocol::NEWEST,
+                "after every node was upgraded the cluster speaks protocol version {after}, not {}",
+                floodgate::protocol::NEWEST
+            );
             let places = world.upgrade.as_ref().map_or(0, |u| u.gateways.len());
             for place in 0..places {
                 world.replace_gateway(place).await?;
@@ -228,4 +242,14 @@ fn cross_pairs(inside: &[Side], outside: &[Side]) -> Vec<(Side, Side)> {
         }
     }
     pairs
+}
+
+/// The protocol version the cluster speaks, as a node's table (what `floodgate status` prints)
+/// says: 2 from a node of the build before versions were negotiated.
+async fn cluster_version(world: &World) -> anyhow::Result<u8> {
+    let config = floodgate_client::ClientConfig::with_ca_file(world.setup.certs.join("ca.pem"));
+    let table = floodgate_client::fetch_slot_table(&world.seeds(), &config)
+        .await
+        .context("fetching the slot table for the cluster version")?;
+    Ok(table.cluster_version())
 }
