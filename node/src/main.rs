@@ -150,9 +150,21 @@ struct Flags {
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     log_format: LogFormat,
     /// TEST ONLY, for the chaos harness: run this node's clock this many milliseconds ahead
-    /// (negative: behind) of the system clock. Hidden from --help; never use it in production.
+    /// (negative: behind) of the system clock. Hidden from --help, and only in a binary built
+    /// with the `test-hooks` feature (`make chaos` builds one): a release build refuses it.
+    #[cfg(feature = "test-hooks")]
     #[arg(long, hide = true, default_value_t = 0, allow_hyphen_values = true)]
     test_only_clock_skew_ms: i64,
+}
+
+impl Flags {
+    /// `--test-only-clock-skew-ms`, in a build that has it; 0 otherwise.
+    fn clock_skew_ms(&self) -> i64 {
+        #[cfg(feature = "test-hooks")]
+        return self.test_only_clock_skew_ms;
+        #[cfg(not(feature = "test-hooks"))]
+        0
+    }
 }
 
 /// Half the cores, at least one (see `--worker-threads`).
@@ -184,10 +196,10 @@ fn main() -> ExitCode {
 async fn run(flags: Flags) -> anyhow::Result<()> {
     let addresses = Addresses::resolve(&flags).await?;
     let config = config_from(&flags, addresses)?;
-    if flags.test_only_clock_skew_ms != 0 {
+    if flags.clock_skew_ms() != 0 {
         tracing::warn!(
             "TEST ONLY: this node's clock runs {} ms off the system clock",
-            flags.test_only_clock_skew_ms
+            flags.clock_skew_ms()
         );
     }
     // Before anything says "serving": a signal from then on must find its handler.
@@ -347,7 +359,7 @@ fn config_from(flags: &Flags, addresses: Addresses) -> anyhow::Result<NodeConfig
         allow_alone: flags.allow_alone,
     };
     anyhow::ensure!(
-        flags.test_only_clock_skew_ms.unsigned_abs() <= 3_600_000,
+        flags.clock_skew_ms().unsigned_abs() <= 3_600_000,
         "--test-only-clock-skew-ms must be within one hour (3600000)"
     );
     Ok(NodeConfig {
@@ -360,7 +372,7 @@ fn config_from(flags: &Flags, addresses: Addresses) -> anyhow::Result<NodeConfig
         rules: flags.rules.clone(),
         state_dir: flags.state_dir.clone(),
         rls: rls_settings(flags)?,
-        test_only_clock_skew_ns: flags.test_only_clock_skew_ms * 1_000_000,
+        test_only_clock_skew_ns: flags.clock_skew_ms() * 1_000_000,
     })
 }
 
@@ -522,6 +534,16 @@ mod tests {
         }
     }
 
+    #[cfg(not(feature = "test-hooks"))]
+    #[test]
+    fn a_build_without_test_hooks_refuses_the_clock_skew_flag() {
+        let refused = Flags::try_parse_from(["floodgate-node", "--test-only-clock-skew-ms", "250"])
+            .unwrap_err()
+            .to_string();
+        assert!(refused.contains("--test-only-clock-skew-ms"), "{refused}");
+    }
+
+    #[cfg(feature = "test-hooks")]
     #[test]
     fn the_test_only_clock_skew_flag_parses_either_sign_and_is_hidden_from_help() {
         let parse = |value: &str| {

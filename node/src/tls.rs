@@ -66,6 +66,9 @@ pub fn server_config(tls: &TlsConfig, limits: &NodeLimits) -> anyhow::Result<qui
     };
     let certified = rustls::sign::CertifiedKey::from_der(chain, key, &provider())
         .context("the node certificate and key do not match")?;
+    // The recorder first: a counter taken before it is installed counts nowhere, and the
+    // endpoint's configuration is built before the node's other metrics.
+    crate::metrics::recorder();
     let mut crypto = builder.with_cert_resolver(Arc::new(VersionCheck {
         certified: Arc::new(certified),
         logged: parking_lot::Mutex::new(std::collections::HashMap::new()),
