@@ -102,6 +102,11 @@ pub struct Gossip {
     pub members: Vec<MemberDigest>,
 }
 
+/// Furthest a gossiped incarnation may be ahead of the receiver's clock, in ms: an incarnation
+/// is a start time, so only a clock a day off or a hostile peer goes further. Without a bound,
+/// one digest at `u64::MAX` would pin a member at an incarnation no restart of it can pass.
+pub const MAX_INCARNATION_AHEAD_MS: u64 = 24 * 3_600 * 1_000;
+
 /// Most conflicts one gossip message can produce (a message names each id at most once in
 /// practice; this bounds what a hostile one can make us send).
 pub const MAX_CONFLICTS_PER_GOSSIP: usize = 8;
@@ -294,15 +299,22 @@ impl Membership {
     }
 
     /// Merges a peer's view. Heartbeats only move forward; a larger incarnation is a restart.
-    /// Returns the conflicts to send (each to its `claimant_addr`): digests that name a live
-    /// member's id at another address, which are refused.
+    /// A digest whose incarnation is more than [`MAX_INCARNATION_AHEAD_MS`] ahead of `now_ns`
+    /// is skipped, and a departure counts only at the incarnation the member is known in (its
+    /// own leave, or a relay of it). Returns the conflicts to send (each to its
+    /// `claimant_addr`): digests that name a live member's id at another address, which are
+    /// refused.
     pub fn handle_gossip(&mut self, now_ns: u64, gossip: &Gossip) -> Vec<IdConflict> {
         let owners_before = self.owners();
         let mut conflicts = Vec::new();
         if self.refused {
             return conflicts; // Out of the cluster for good: its view stays its own.
         }
+        let latest_incarnation = (now_ns / 1_000_000).saturating_add(MAX_INCARNATION_AHEAD_MS);
         for digest in &gossip.members {
+            if digest.incarnation > latest_incarnation {
+                continue;
+            }
             let id = &digest.info.id;
             if *id == self.me {
                 // Nobody else speaks for us; another address claiming our id is told so.
@@ -343,12 +355,17 @@ impl Membership {
                         member.versions = digest.versions;
                     }
                     let version = (digest.incarnation, digest.heartbeat);
-                    if digest.left && digest.incarnation >= member.incarnation {
-                        if member.state != MemberState::Left {
+                    if digest.left {
+                        // A leaver announces its own life's end, and others relay it as is.
+                        // At any other incarnation it is a claim about a life this node does
+                        // not know (a restart it has not heard of leaves by going silent).
+                        if digest.incarnation == member.incarnation
+                            && member.state != MemberState::Left
+                        {
                             member.state = MemberState::Left;
                             member.since_ns = now_ns;
                         }
-                    } else if version > (member.incarnation, member.heartbeat) && !digest.left {
+                    } else if version > (member.incarnation, member.heartbeat) {
                         let restarted = digest.incarnation > member.incarnation;
                         // A departed or dead member comes back only with progress: a new
                         // incarnation, or (for dead) a heartbeat it had not reached.
@@ -557,5 +574,105 @@ fn conflict(holder: &Member, claim: &MemberDigest) -> IdConflict {
         holder_incarnation: holder.incarnation,
         claimant_addr: claim.info.addr.clone(),
         claimant_incarnation: claim.incarnation,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: u64 = 1_000_000;
+    /// The receiver's clock: a Unix time in ns, as a node's is.
+    const NOW: u64 = 1_700_000_000_000 * MS;
+    const DAY_MS: u64 = 24 * 3_600 * 1_000;
+
+    fn info(id: &str) -> MemberInfo {
+        MemberInfo {
+            id: id.into(),
+            addr: format!("10.0.0.{}:7100", id.len()),
+            region: "eu".into(),
+        }
+    }
+
+    fn digest(id: &str, incarnation: u64, heartbeat: u64, left: bool) -> Gossip {
+        Gossip {
+            members: vec![MemberDigest {
+                info: info(id),
+                incarnation,
+                heartbeat,
+                left,
+                versions: None,
+            }],
+        }
+    }
+
+    /// A node that knows `victim` alive in incarnation `incarnation`.
+    fn knowing_victim(incarnation: u64) -> Membership {
+        let mut me = Membership::new(
+            info("me"),
+            NOW / MS,
+            Vec::new(),
+            MembershipConfig::default(),
+            NOW,
+            7,
+        );
+        drop(me.handle_gossip(NOW, &digest("victim", incarnation, 3, false)));
+        assert_eq!(me.state_of("victim"), Some(MemberState::Alive));
+        me
+    }
+
+    #[test]
+    fn a_departure_claimed_at_another_incarnation_than_the_known_one_is_refused() {
+        let known = NOW / MS - 60_000;
+        let mut me = knowing_victim(known);
+        for forged in [u64::MAX, known + DAY_MS, known + 1, known - 1, 0] {
+            drop(me.handle_gossip(NOW, &digest("victim", forged, u64::MAX, true)));
+            assert_eq!(
+                me.state_of("victim"),
+                Some(MemberState::Alive),
+                "a leave at incarnation {forged}"
+            );
+            assert_eq!(me.incarnation_of("victim"), Some(known));
+        }
+        // The victim's own heartbeats still count.
+        drop(me.handle_gossip(NOW + MS, &digest("victim", known, 4, false)));
+        assert_eq!(me.state_of("victim"), Some(MemberState::Alive));
+        // Its own leave (or a relay of it) is at the incarnation it is known in.
+        drop(me.handle_gossip(NOW + 2 * MS, &digest("victim", known, 5, true)));
+        assert_eq!(me.state_of("victim"), Some(MemberState::Left));
+    }
+
+    #[test]
+    fn an_incarnation_more_than_a_day_ahead_of_the_clock_is_refused() {
+        let known = NOW / MS - 60_000;
+        let mut me = knowing_victim(known);
+        let too_far = NOW / MS + MAX_INCARNATION_AHEAD_MS + 1;
+        // Pinning a known member at an incarnation its restarts cannot pass...
+        drop(me.handle_gossip(NOW, &digest("victim", too_far, 0, false)));
+        assert_eq!(me.incarnation_of("victim"), Some(known));
+        drop(me.handle_gossip(NOW, &digest("victim", u64::MAX, 0, false)));
+        assert_eq!(me.incarnation_of("victim"), Some(known));
+        // ...or a member not known yet, alive or departed.
+        for left in [false, true] {
+            drop(me.handle_gossip(NOW, &digest("newcomer", too_far, 0, left)));
+            assert_eq!(me.state_of("newcomer"), None, "left: {left}");
+        }
+        // A restart is a start time, at most a day ahead of this clock: readmitted.
+        let restart = NOW / MS + MAX_INCARNATION_AHEAD_MS;
+        drop(me.handle_gossip(NOW, &digest("victim", restart, 0, false)));
+        assert_eq!(me.incarnation_of("victim"), Some(restart));
+        assert_eq!(me.state_of("victim"), Some(MemberState::Alive));
+    }
+
+    #[test]
+    fn a_departed_member_is_readmitted_by_a_restart_not_by_a_forged_incarnation() {
+        let known = NOW / MS - 60_000;
+        let mut me = knowing_victim(known);
+        drop(me.handle_gossip(NOW, &digest("victim", known, 4, true)));
+        assert_eq!(me.state_of("victim"), Some(MemberState::Left));
+        drop(me.handle_gossip(NOW, &digest("victim", u64::MAX, 0, false)));
+        assert_eq!(me.state_of("victim"), Some(MemberState::Left));
+        drop(me.handle_gossip(NOW, &digest("victim", NOW / MS, 0, false)));
+        assert_eq!(me.state_of("victim"), Some(MemberState::Alive));
     }
 }
