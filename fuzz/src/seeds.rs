@@ -535,12 +535,58 @@ fn gossip_seeds() -> Vec<Seed> {
             )
         })
         .collect();
+    // One digest's field set to what a receiver refuses (the message is refused whole).
+    let with = |set: fn(&mut MemberInfo)| {
+        let mut digests = vec![member("node-1", 1, 1, false), member("node-2", 1, 1, false)];
+        set(&mut digests[1].info);
+        digests
+    };
+    let too_many = (0..=floodgate::wire::MAX_GOSSIP_DIGESTS)
+        .map(|i| member(&format!("n{i}"), 1, 1, false))
+        .collect();
     vec![
         seed("gossip", "view-v3", encode_in(3, view.clone()), Accepted),
         seed("gossip", "view", encode(view), Accepted),
         seed("gossip", "crowd", encode(crowd), Accepted),
         seed("gossip", "empty", encode(Vec::new()), Accepted),
         seed("gossip", "garbage", vec![0xaa; 32], Refused),
+        seed(
+            "gossip",
+            "long-id-v3",
+            encode_in(3, with(|i| i.id = "x".repeat(257))),
+            Refused,
+        ),
+        seed(
+            "gossip",
+            "empty-id",
+            encode(with(|i| i.id.clear())),
+            Refused,
+        ),
+        seed(
+            "gossip",
+            "empty-addr-v3",
+            encode_in(3, with(|i| i.addr.clear())),
+            Refused,
+        ),
+        seed(
+            "gossip",
+            "long-addr",
+            encode(with(|i| i.addr = "1".repeat(257))),
+            Refused,
+        ),
+        seed(
+            "gossip",
+            "bad-region-v3",
+            encode_in(3, with(|i| i.region = "eu west".to_owned())),
+            Refused,
+        ),
+        seed(
+            "gossip",
+            "no-region",
+            encode(with(|i| i.region.clear())),
+            Refused,
+        ),
+        seed("gossip", "too-many", encode(too_many), Refused),
     ]
 }
 

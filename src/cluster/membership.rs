@@ -30,7 +30,9 @@ pub struct MembershipConfig {
     pub dead_after_ns: u64,
     /// How long a dead or departed member is remembered (so stale gossip cannot revive it).
     pub forget_after_ns: u64,
-    /// Most members tracked; gossip naming more is ignored.
+    /// Most members tracked; gossip naming more is ignored. At most
+    /// [`wire::MAX_GOSSIP_DIGESTS`](crate::wire::MAX_GOSSIP_DIGESTS), the most digests a
+    /// receiver reads in one message (a larger value is taken as that).
     pub max_members: usize,
 }
 
@@ -42,7 +44,7 @@ impl Default for MembershipConfig {
             suspect_after_ns: 500_000_000,
             dead_after_ns: 1_000_000_000,
             forget_after_ns: 30_000_000_000,
-            max_members: 1_024,
+            max_members: crate::wire::MAX_GOSSIP_DIGESTS,
         }
     }
 }
@@ -182,6 +184,10 @@ impl Membership {
         now_ns: u64,
         seed: u64,
     ) -> Self {
+        let config = MembershipConfig {
+            max_members: config.max_members.min(crate::wire::MAX_GOSSIP_DIGESTS),
+            ..config
+        };
         let id = me.id.clone();
         let member = Member {
             info: me,

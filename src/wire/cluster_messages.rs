@@ -338,17 +338,23 @@ pub fn encode_gossip(out: &mut Vec<u8>, version: u8, gossip: &Gossip) {
     }
 }
 
-/// Validates and converts a gossip payload of the layout of version `layout` (the frame's).
+/// Validates and converts a gossip payload of the layout of version `layout` (the frame's):
+/// at most [`MAX_GOSSIP_DIGESTS`] digests, each with an id and an address of 1 to
+/// [`MAX_MEMBER_FIELD_BYTES`] and a valid region name. Honest nodes pass on what they were
+/// told, so one oversized field let in would travel in every node's gossip.
 pub fn decode_gossip(layout: u8, payload: &[u8]) -> Result<Gossip, Refusal> {
     let members = if Feature::MemberVersions.readable_at(layout) {
         let archived = access_validated::<ArchivedGossipV3>(payload, "gossip message")?;
+        digest_count(archived.members.len())?;
         archived
             .members
             .iter()
-            .map(|d| {
+            .enumerate()
+            .map(|(i, d)| {
                 Ok(MemberDigest {
                     versions: range_from_wire("gossip", d.min_version, d.max_version)?,
                     ..digest(
+                        i,
                         &d.info,
                         d.incarnation.to_native(),
                         d.heartbeat.to_native(),
@@ -359,11 +365,14 @@ pub fn decode_gossip(layout: u8, payload: &[u8]) -> Result<Gossip, Refusal> {
             .collect::<Result<_, Refusal>>()?
     } else {
         let archived = access_validated::<ArchivedGossipV2>(payload, "gossip message")?;
+        digest_count(archived.members.len())?;
         archived
             .members
             .iter()
-            .map(|d| {
+            .enumerate()
+            .map(|(i, d)| {
                 digest(
+                    i,
                     &d.info,
                     d.incarnation.to_native(),
                     d.heartbeat.to_native(),
@@ -375,13 +384,40 @@ pub fn decode_gossip(layout: u8, payload: &[u8]) -> Result<Gossip, Refusal> {
     Ok(Gossip { members })
 }
 
-/// A digest without a version range (version 2's layout has none).
+fn digest_count(digests: usize) -> Result<(), Refusal> {
+    if digests > MAX_GOSSIP_DIGESTS {
+        return Err(malformed(
+            "gossip",
+            format!(
+                "{digests} digests (at most {MAX_GOSSIP_DIGESTS}, the most members a node tracks)"
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Digest `index`, without a version range (version 2's layout has none), its fields checked
+/// before anything is copied.
 fn digest(
+    index: usize,
     info: &crate::cluster::membership::ArchivedMemberInfo,
     incarnation: u64,
     heartbeat: u64,
     left: bool,
 ) -> Result<MemberDigest, Refusal> {
+    for (field, value) in [("id", info.id.as_str()), ("address", info.addr.as_str())] {
+        if value.is_empty() || value.len() > MAX_MEMBER_FIELD_BYTES {
+            return Err(malformed(
+                "gossip",
+                format!(
+                    "digest {index}: {field} of {} bytes (1 to {MAX_MEMBER_FIELD_BYTES})",
+                    value.len()
+                ),
+            ));
+        }
+    }
+    crate::region::RegionName::new(info.region.as_str())
+        .map_err(|e| malformed("gossip", format!("digest {index}: {e}")))?;
     let info =
         rkyv::deserialize::<MemberInfo, rancor::Error>(info).map_err(|e| malformed("gossip", e))?;
     Ok(MemberDigest {
@@ -393,8 +429,12 @@ fn digest(
     })
 }
 
-/// Longest id or address an id conflict may name, in bytes.
+/// Longest id or address an id conflict or a gossip digest may name, in bytes.
 pub const MAX_MEMBER_FIELD_BYTES: usize = 256;
+
+/// Most digests one gossip message may carry: a membership tracks at most this many members
+/// (`MembershipConfig::max_members`) and gossips each once.
+pub const MAX_GOSSIP_DIGESTS: usize = 1_024;
 
 /// Validates an id conflict: a non-empty id and two different, non-empty addresses, each at
 /// most [`MAX_MEMBER_FIELD_BYTES`].
@@ -662,6 +702,89 @@ mod tests {
             let refused = decode_gossip(3, &payload).unwrap_err();
             assert_eq!(refused.0, ErrorCode::MalformedPayload, "{min}..{max}");
         }
+    }
+
+    /// `gossip` as a payload of each layout.
+    fn payloads(gossip: &Gossip) -> Vec<(u8, Vec<u8>)> {
+        [2, 3]
+            .into_iter()
+            .map(|version| {
+                let mut bytes = Vec::new();
+                encode_gossip(&mut bytes, version, gossip);
+                let frame = read_back(&bytes);
+                (frame.version, frame.payload.to_vec())
+            })
+            .collect()
+    }
+
+    /// A peer's digest naming a field it should not: refused whole in both layouts, in words
+    /// that name the digest and the field.
+    #[test]
+    fn a_digest_with_an_oversized_empty_or_invalid_field_is_refused() {
+        let long = "x".repeat(MAX_MEMBER_FIELD_BYTES + 1);
+        let huge = "x".repeat(900_000);
+        let cases: [(&str, fn(&mut MemberInfo, &str), &str); 9] = [
+            ("id", |i, v| i.id = v.into(), ""),
+            ("id", |i, v| i.id = v.into(), &long),
+            ("id", |i, v| i.id = v.into(), &huge),
+            ("address", |i, v| i.addr = v.into(), ""),
+            ("address", |i, v| i.addr = v.into(), &long),
+            ("region", |i, v| i.region = v.into(), ""),
+            ("region", |i, v| i.region = v.into(), &long),
+            ("region", |i, v| i.region = v.into(), "eu west"),
+            ("region", |i, v| i.region = v.into(), "-eu"),
+        ];
+        for (field, set, value) in cases {
+            let mut gossip = gossip();
+            set(&mut gossip.members[1].info, value);
+            for (layout, payload) in payloads(&gossip) {
+                let Err((code, message)) = decode_gossip(layout, &payload) else {
+                    panic!("a digest with a {field} of {} bytes was taken", value.len());
+                };
+                assert_eq!(code, ErrorCode::MalformedPayload, "{field} {}", value.len());
+                assert!(
+                    message.contains("digest 1") && message.contains(field),
+                    "{message}"
+                );
+                assert!(message.len() < 300, "bounded: {message}");
+            }
+        }
+    }
+
+    #[test]
+    fn gossip_naming_more_members_than_a_membership_tracks_is_refused() {
+        let members = |n: usize| Gossip {
+            members: (0..n)
+                .map(|i| MemberDigest {
+                    info: MemberInfo {
+                        id: format!("node-{i}"),
+                        addr: format!("10.0.{}.{}:7100", i / 256, i % 256),
+                        region: "eu".into(),
+                    },
+                    incarnation: 1,
+                    heartbeat: 1,
+                    left: false,
+                    versions: None,
+                })
+                .collect(),
+        };
+        for (layout, payload) in payloads(&members(MAX_GOSSIP_DIGESTS)) {
+            assert_eq!(
+                decode_gossip(layout, &payload).map(|g| g.members.len()),
+                Ok(MAX_GOSSIP_DIGESTS)
+            );
+        }
+        for (layout, payload) in payloads(&members(MAX_GOSSIP_DIGESTS + 1)) {
+            let Err((code, message)) = decode_gossip(layout, &payload) else {
+                panic!("gossip of {} digests was taken", MAX_GOSSIP_DIGESTS + 1);
+            };
+            assert_eq!(code, ErrorCode::MalformedPayload);
+            assert!(message.contains("1025 digests"), "{message}");
+        }
+        assert!(
+            crate::cluster::MembershipConfig::default().max_members <= MAX_GOSSIP_DIGESTS,
+            "a membership gossips every member it tracks"
+        );
     }
 
     #[test]

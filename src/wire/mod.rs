@@ -30,10 +30,10 @@ pub use check_batch::{
     decode_check_batch_into,
 };
 pub use cluster_messages::{
-    HandoffPart, MAX_HANDOFF_PARTS, MAX_MEMBER_FIELD_BYTES, MAX_WIRE_TAT_NS, ReplicateMessage,
-    Replicated, SlotTableMessage, TableMember, WireBucket, decode_gossip, decode_id_conflict,
-    decode_replicate, decode_slot_table, encode_gossip, encode_slot_table, member_state_from_wire,
-    member_state_to_wire, slot_table_payload,
+    HandoffPart, MAX_GOSSIP_DIGESTS, MAX_HANDOFF_PARTS, MAX_MEMBER_FIELD_BYTES, MAX_WIRE_TAT_NS,
+    ReplicateMessage, Replicated, SlotTableMessage, TableMember, WireBucket, decode_gossip,
+    decode_id_conflict, decode_replicate, decode_slot_table, encode_gossip, encode_slot_table,
+    member_state_from_wire, member_state_to_wire, slot_table_payload,
 };
 pub use decision_batch::{
     ArchivedDecisionBatch, ArchivedPackedDecisions, DecisionBatch, PackedDecisions, WireDecision,
