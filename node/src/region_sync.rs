@@ -4,6 +4,7 @@
 //! and sleeps until the exchange's next timeout or a wake-up.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use floodgate::region::{Exchange, ExchangeStats, Outgoing, Peer};
@@ -29,6 +30,9 @@ pub struct RegionSync<C> {
     wake: Notify,
     /// Counts every change (a check recorded, a frame handled): tests and status wait on it.
     progress: watch::Sender<u64>,
+    /// Set once a frame not in its sender's own name was logged: a hostile peer repeating it
+    /// is counted, not logged again.
+    warned_forbidden: AtomicBool,
 }
 
 impl<C> std::fmt::Debug for RegionSync<C> {
@@ -47,6 +51,7 @@ impl<C: Clock> RegionSync<C> {
             clock,
             wake: Notify::new(),
             progress: watch::Sender::new(0),
+            warned_forbidden: AtomicBool::new(false),
         }
     }
 
@@ -130,46 +135,76 @@ impl<C: Clock> RegionSync<C> {
         self.exchange.lock().set_regions(regions);
     }
 
-    /// Handles a region frame's payload from a peer whose certificate names `certified_node`.
-    /// A message naming another node is refused as `forbidden` (a peer speaks only as itself);
-    /// one that fails validation with the decoder's code. Nothing is applied then.
+    /// Handles a region frame's payload from a peer whose certificate names `certified_node`,
+    /// a member this node knows in `region`. A message naming another node, or another region,
+    /// is refused as `forbidden` (a peer speaks only as itself); one that fails validation with
+    /// the decoder's code. Nothing is applied then.
     pub fn receive(
         &self,
         kind: FrameKind,
         payload: &[u8],
         certified_node: &str,
+        region: &str,
     ) -> Result<(), ErrorCode> {
-        self.receive_from(kind, payload, &|node| node == certified_node)
+        self.receive_from(kind, payload, &|node| node == certified_node, &|node| {
+            (node == certified_node).then(|| region.to_owned())
+        })
     }
 
     /// As [`RegionSync::receive`], with `certified` saying whether the sender's certificate
-    /// names a node id.
+    /// names a node id, and `region_of` the region the membership knows a node in (`None`: not
+    /// a member this node knows).
     pub fn receive_from(
         &self,
         kind: FrameKind,
         payload: &[u8],
         certified: &dyn Fn(&str) -> bool,
+        region_of: &dyn Fn(&str) -> Option<String>,
     ) -> Result<(), ErrorCode> {
         let now = self.clock.now_ns();
         match kind {
             FrameKind::RegionDeltas => {
                 let batch = decode_region_deltas(payload).map_err(|(code, _)| code)?;
-                if !certified(&batch.from.node) {
-                    return Err(ErrorCode::Forbidden);
-                }
+                self.speaks_as_itself(kind, &batch.from, certified, region_of)?;
                 self.exchange.lock().handle_deltas(now, &batch, &self.store);
             }
             FrameKind::RegionAck => {
                 let ack = decode_region_ack(payload).map_err(|(code, _)| code)?;
-                if !certified(&ack.from.node) {
-                    return Err(ErrorCode::Forbidden);
-                }
+                self.speaks_as_itself(kind, &ack.from, certified, region_of)?;
                 self.exchange.lock().handle_ack(now, &ack);
             }
             _ => return Err(ErrorCode::UnknownKind),
         }
         self.changed();
         Ok(())
+    }
+
+    /// `Forbidden` unless `from` is the node the sender's certificate names, in the region the
+    /// membership knows it in: a peer claiming another region would be a sender of its own to
+    /// every receiver (its units applied as that region's, one more inbox each time).
+    fn speaks_as_itself(
+        &self,
+        kind: FrameKind,
+        from: &Peer,
+        certified: &dyn Fn(&str) -> bool,
+        region_of: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<(), ErrorCode> {
+        let refused = if !certified(&from.node) {
+            "its certificate names another node".to_owned()
+        } else {
+            match region_of(&from.node) {
+                Some(known) if known == from.region.as_str() => return Ok(()),
+                Some(known) => format!("the membership knows that node in region `{known}`"),
+                None => "that node is not a member this node knows".to_owned(),
+            }
+        };
+        if !self.warned_forbidden.swap(true, Ordering::Relaxed) {
+            tracing::warn!(
+                "dropped a {kind:?} frame in the name of `{from}`: {refused} \
+                 (further ones are counted as forbidden, not logged)"
+            );
+        }
+        Err(ErrorCode::Forbidden)
     }
 
     /// Sends every frame due now through `links`; returns when something is next due (`None`:

@@ -76,8 +76,10 @@ async fn deliver(sync: Arc<Sync>, mut inbox: mpsc::UnboundedReceiver<(String, Ve
     while let Some((sender, bytes)) = inbox.recv().await {
         let mut reader = FrameReader::new(1 << 20);
         reader.extend(&bytes);
+        // Each test node is known in the region its id names (node-a in a).
+        let region = sender.trim_start_matches("node-");
         while let Ok(Some(frame)) = reader.next_frame() {
-            let _ = sync.receive(frame.kind, &frame.payload, &sender);
+            let _ = sync.receive(frame.kind, &frame.payload, &sender, region);
         }
     }
 }
@@ -187,15 +189,87 @@ async fn a_peer_speaks_only_as_itself() {
     reader.extend(&frame);
     let frame = reader.next_frame().unwrap().unwrap();
     assert_eq!(
-        b.receive(frame.kind, &frame.payload, "node-mallory"),
+        b.receive(frame.kind, &frame.payload, "node-mallory", "a"),
         Err(ErrorCode::Forbidden)
     );
     assert_eq!(
-        b.receive(FrameKind::RegionDeltas, b"garbage!", "node-a"),
+        b.receive(FrameKind::RegionDeltas, b"garbage!", "node-a", "a"),
         Err(ErrorCode::MalformedPayload)
     );
     assert_eq!(b.applied_from(&peer("a")), 0);
-    assert_eq!(b.receive(frame.kind, &frame.payload, "node-a"), Ok(()));
+    assert_eq!(b.receive(frame.kind, &frame.payload, "node-a", "a"), Ok(()));
+    assert_eq!(b.applied_from(&peer("a")), 3);
+    let _ = a;
+    stop.send_replace(true);
+}
+
+#[tokio::test]
+async fn a_peer_speaks_only_for_the_region_it_is_known_in() {
+    let (a, b, stop) = pair(0);
+    let limit = Limit::gcra(10, NANOS_PER_SEC, 10).unwrap();
+    // node-a, certified as itself and known in region a, names region c.
+    let claimed = Peer::new(RegionName::new("c").unwrap(), "node-a");
+    let batch = floodgate::region::DeltaBatch {
+        from: claimed.clone(),
+        session: 1,
+        seq: 1,
+        deltas: vec![floodgate::region::Delta {
+            key: BucketKey::for_key(b"k"),
+            limit,
+            units: 3,
+            at_ns: 1,
+        }],
+    };
+    let mut frame = Vec::new();
+    encode_message(
+        &mut frame,
+        FrameKind::RegionDeltas,
+        0,
+        &RegionDeltasMessage::from(&batch),
+    );
+    let mut reader = FrameReader::new(1 << 20);
+    reader.extend(&frame);
+    let frame = reader.next_frame().unwrap().unwrap();
+    assert_eq!(
+        b.receive(frame.kind, &frame.payload, "node-a", "a"),
+        Err(ErrorCode::Forbidden)
+    );
+    assert_eq!(b.applied_from(&claimed), 0);
+    // An acknowledgement in another region's name likewise.
+    let ack = floodgate::region::DeltaAck {
+        from: claimed,
+        session: 1,
+        below: 2,
+        also: Vec::new(),
+    };
+    let mut frame = Vec::new();
+    encode_message(
+        &mut frame,
+        FrameKind::RegionAck,
+        0,
+        &floodgate::wire::RegionAckMessage::from(&ack),
+    );
+    let mut reader = FrameReader::new(1 << 20);
+    reader.extend(&frame);
+    let frame = reader.next_frame().unwrap().unwrap();
+    assert_eq!(
+        b.receive(frame.kind, &frame.payload, "node-a", "a"),
+        Err(ErrorCode::Forbidden)
+    );
+    // The same deltas in the region node-a is known in are taken.
+    let mut honest = batch.clone();
+    honest.from = peer("a");
+    let mut frame = Vec::new();
+    encode_message(
+        &mut frame,
+        FrameKind::RegionDeltas,
+        0,
+        &RegionDeltasMessage::from(&honest),
+    );
+    let mut reader = FrameReader::new(1 << 20);
+    reader.extend(&frame);
+    let frame = reader.next_frame().unwrap().unwrap();
+    assert_eq!(b.receive(frame.kind, &frame.payload, "node-a", "a"), Ok(()));
     assert_eq!(b.applied_from(&peer("a")), 3);
     let _ = a;
     stop.send_replace(true);

@@ -250,6 +250,11 @@ impl Cluster {
     pub(crate) fn addr_of(&self, id: &str) -> Option<String> {
         self.membership.lock().info(id).map(|m| m.addr.clone())
     }
+
+    /// The region the member with this id is known in.
+    pub(crate) fn region_of(&self, id: &str) -> Option<String> {
+        self.membership.lock().info(id).map(|m| m.region.clone())
+    }
 }
 
 /// A lease store's config: the id prefix random per start (std's `RandomState` keys are

@@ -144,12 +144,16 @@ pub(super) async fn serve_uni_message(
                 Err((code, _)) => shared.metrics.frame_error(code),
             },
             FrameKind::RegionDeltas | FrameKind::RegionAck => {
-                // A node speaks only as itself: the message must name the certified node.
+                // A node speaks only as itself: the message must name the certified node, in
+                // the region the membership knows it in.
                 let certified = |node: &str| from.remote.certified_as(&shared, node);
-                match shared
-                    .region_sync
-                    .receive_from(frame.kind, &frame.payload, &certified)
-                {
+                let region_of = |node: &str| shared.cluster.region_of(node);
+                match shared.region_sync.receive_from(
+                    frame.kind,
+                    &frame.payload,
+                    &certified,
+                    &region_of,
+                ) {
                     Ok(()) => metrics::counter!("floodgate_region_frames_received_total",
                         "kind" => if frame.kind == FrameKind::RegionDeltas { "deltas" } else { "ack" })
                     .increment(1),

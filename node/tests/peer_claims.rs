@@ -1,0 +1,285 @@
+//! A peer speaks only for itself: a node certificate of the peer CA lets its holder gossip and
+//! send region frames, but not retire another member, spread fields no node could have, or
+//! speak for a region the membership does not know it in. Raw frames from a peer-certified QUIC
+//! connection, each stream's frames handled in order, so a harmless frame sent last tells when
+//! the ones before it were; waits are bounded by timeouts.
+
+mod common;
+#[path = "common/pki.rs"]
+mod pki;
+
+use std::time::Duration;
+
+use common::*;
+use floodgate::cluster::membership::MemberDigest;
+use floodgate::cluster::{Gossip, MemberInfo};
+use floodgate::region::{Delta, DeltaAck, DeltaBatch, Peer, RegionName};
+use floodgate::wire::{FrameKind, RegionAckMessage, RegionDeltasMessage, encode_message};
+use floodgate::{BucketKey, Limit, NANOS_PER_SEC};
+use floodgate_node::{Node, NodeConfig, TlsConfig};
+use pki::TestCa;
+
+const PATIENCE: Duration = Duration::from_secs(10);
+
+fn digest(info: MemberInfo, incarnation: u64, left: bool) -> MemberDigest {
+    MemberDigest {
+        info,
+        incarnation,
+        heartbeat: if left { u64::MAX } else { 1 },
+        left,
+        versions: None,
+    }
+}
+
+fn gossip_frame(members: Vec<MemberDigest>) -> Vec<u8> {
+    let mut frame = Vec::new();
+    floodgate::wire::encode_gossip(&mut frame, floodgate::protocol::NEWEST, &Gossip { members });
+    frame
+}
+
+/// Sends `frames` on one new unidirectional stream and waits until the node has read them.
+async fn send_frames(peer: &quinn::Connection, frames: &[u8]) {
+    let mut stream = peer.open_uni().await.unwrap();
+    stream.write_all(frames).await.unwrap();
+    stream.finish().unwrap();
+    let read = tokio::time::timeout(PATIENCE, stream.stopped()).await;
+    assert!(matches!(read, Ok(Ok(None))), "{read:?}");
+}
+
+/// Waits (bounded) until `node` knows the member `id`.
+async fn wait_for_member(node: &Node, id: &str) {
+    let known = tokio::time::timeout(PATIENCE, async {
+        while node.member_addr(id).is_none() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    assert!(known.is_ok(), "{} never heard of {id}", node.node_id());
+}
+
+/// The node's `/metrics` page.
+async fn metrics(node: &Node) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let admin = node.admin_addr().unwrap();
+    let mut stream = tokio::net::TcpStream::connect(admin).await.unwrap();
+    stream
+        .write_all(b"GET /metrics HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut text = String::new();
+    tokio::time::timeout(PATIENCE, stream.read_to_string(&mut text))
+        .await
+        .expect("the metrics page comes")
+        .unwrap();
+    text
+}
+
+fn frame_errors(page: &str, code: &str) -> f64 {
+    let series = format!("floodgate_frame_errors_total{{code=\"{code}\"}}");
+    page.lines()
+        .find_map(|line| line.strip_prefix(series.as_str())?.trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// Waits (bounded) until the node has counted `count` frame errors of `code` (the counters are
+/// the process's: tests count from what they saw first).
+async fn wait_for_frame_errors(node: &Node, code: &str, count: f64) {
+    let counted = tokio::time::timeout(PATIENCE, async {
+        loop {
+            if frame_errors(&metrics(node).await, code) >= count {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    let now = frame_errors(&metrics(node).await, code);
+    assert!(counted.is_ok(), "{code}: {now} counted, {count} expected");
+}
+
+/// Another member's departure at an incarnation it is not known in, relayed by a peer, changes
+/// nothing: the member still owns its slots.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_cannot_announce_another_members_departure() {
+    let a = start_node(|_| {}).await;
+    let mut config = NodeConfig::for_tests(&a.certs);
+    config.cluster.seeds = vec![a.node.local_addr().into()];
+    let b = Node::start(config).await.unwrap();
+    converge(&a.node, 2).await;
+    converge(&b, 2).await;
+    let victim = MemberInfo {
+        id: b.node_id().to_owned(),
+        addr: a.node.member_addr(b.node_id()).unwrap(),
+        region: "local".to_owned(),
+    };
+    let marker = MemberInfo {
+        id: "marker".to_owned(),
+        addr: "127.0.0.1:9".to_owned(),
+        region: "local".to_owned(),
+    };
+    let attacker = connect(a.node.local_addr(), peer_config(&a.certs)).await;
+    let frames = [
+        gossip_frame(vec![digest(victim.clone(), u64::MAX, true)]),
+        gossip_frame(vec![digest(victim, 1, true)]),
+        // Unknown until now, and departed: it changes no owners.
+        gossip_frame(vec![digest(marker, 1, true)]),
+    ]
+    .concat();
+    send_frames(&attacker, &frames).await;
+    wait_for_member(&a.node, "marker").await;
+    assert_eq!(
+        a.node.owners().len(),
+        2,
+        "{} still owns its slots",
+        b.node_id()
+    );
+    b.shutdown().await;
+    a.node.shutdown().await;
+}
+
+/// Gossip with a 900 KB id (under the frame limit), more digests than a node tracks, or a
+/// region no node can have is refused whole, counted as `malformed_payload`, and none of its
+/// members is taken (so nobody passes them on).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gossip_no_node_could_send_is_refused_whole() {
+    let a = start_node(|c| c.admin = Some("127.0.0.1:0".parse().unwrap())).await;
+    let before = frame_errors(&metrics(&a.node).await, "malformed_payload");
+    let attacker = connect(a.node.local_addr(), peer_config(&a.certs)).await;
+    let member = |id: String, region: &str| MemberInfo {
+        id,
+        addr: "127.0.0.1:9".to_owned(),
+        region: region.to_owned(),
+    };
+    let witness = digest(member("witness".to_owned(), "local"), 1, true);
+    let messages = [
+        vec![
+            witness.clone(),
+            digest(member("x".repeat(900_000), "local"), 1, false),
+        ],
+        std::iter::once(witness.clone())
+            .chain(
+                (0..floodgate::wire::MAX_GOSSIP_DIGESTS)
+                    .map(|i| digest(member(format!("crowd-{i}"), "local"), 1, true)),
+            )
+            .collect(),
+        vec![
+            witness,
+            digest(member("spaced".to_owned(), "eu west"), 1, false),
+        ],
+    ];
+    for (i, members) in messages.into_iter().enumerate() {
+        send_frames(&attacker, &gossip_frame(members)).await;
+        wait_for_frame_errors(&a.node, "malformed_payload", before + (i + 1) as f64).await;
+    }
+    for id in ["witness", "crowd-0", "spaced"] {
+        assert_eq!(a.node.member_addr(id), None, "{id} was taken");
+    }
+    a.node.shutdown().await;
+}
+
+/// A peer whose membership says it is in region `eu` sends region deltas and an acknowledgement
+/// in the name of region `us`: both are forbidden (counted) and nothing is applied; the same
+/// peer's deltas in its own region are applied. A node id the membership does not know may not
+/// send region frames either.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn region_frames_name_the_region_the_sender_is_known_in() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = TestCa::new(dir.path(), "cluster-ca");
+    let dev = floodgate_node::ensure_dev_certs(&dir.path().join("dev")).unwrap();
+    let node_identity = ca.node("fg-a.internal", &["fg-a.internal", "127.0.0.1"]);
+    let mut config = NodeConfig::for_tests(&dev);
+    config.tls = TlsConfig {
+        cert: node_identity.cert,
+        key: node_identity.key,
+        client_ca: None,
+        peer_ca: Some(ca.cert.clone()),
+    };
+    config.cluster.node_id = Some("fg-a.internal".to_owned());
+    config.cluster.region = "ap".to_owned();
+    config.admin = Some("127.0.0.1:0".parse().unwrap());
+    let node = Node::start(config).await.unwrap();
+
+    let mallory = "fg-m.internal";
+    let identity = ca.node(mallory, &[mallory, "127.0.0.1"]);
+    let as_peer = quic_client_config(&ca.cert, Some((&identity.cert, &identity.key)));
+    let mut endpoint = quinn::Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
+    endpoint.set_default_client_config(as_peer);
+    let attacker = endpoint
+        .connect(node.local_addr(), "fg-a.internal")
+        .unwrap()
+        .await
+        .unwrap();
+
+    let region = |name: &str| RegionName::new(name).unwrap();
+    let (own, claimed) = (
+        Peer::new(region("eu"), mallory),
+        Peer::new(region("us"), mallory),
+    );
+    let deltas = |from: &Peer, units: u64| {
+        let batch = DeltaBatch {
+            from: from.clone(),
+            session: 1,
+            seq: 1,
+            deltas: vec![Delta {
+                key: BucketKey::for_key(b"global"),
+                limit: Limit::gcra(100, 3_600 * NANOS_PER_SEC, 100).unwrap(),
+                units,
+                at_ns: 1,
+            }],
+        };
+        let mut frame = Vec::new();
+        encode_message(
+            &mut frame,
+            FrameKind::RegionDeltas,
+            0,
+            &RegionDeltasMessage::from(&batch),
+        );
+        frame
+    };
+    let mut ack = Vec::new();
+    encode_message(
+        &mut ack,
+        FrameKind::RegionAck,
+        0,
+        &RegionAckMessage::from(&DeltaAck {
+            from: claimed.clone(),
+            session: 1,
+            below: 5,
+            also: Vec::new(),
+        }),
+    );
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    let joins = gossip_frame(vec![digest(
+        MemberInfo {
+            id: mallory.to_owned(),
+            addr: "127.0.0.1:9".to_owned(),
+            region: "eu".to_owned(),
+        },
+        now_ms,
+        false,
+    )]);
+    let frames = [
+        deltas(&own, 1), // before the membership knows it
+        joins,
+        deltas(&claimed, 3),
+        ack,
+        deltas(&own, 2),
+    ]
+    .concat();
+    let before = frame_errors(&metrics(&node).await, "forbidden");
+    let sync = node.region_sync();
+    let mut progress = sync.subscribe();
+    send_frames(&attacker, &frames).await;
+    let applied = tokio::time::timeout(
+        PATIENCE,
+        progress.wait_for(|_| sync.applied_from(&own) == 2),
+    )
+    .await;
+    assert!(applied.is_ok(), "{:?}", sync.stats());
+    assert_eq!(sync.applied_from(&claimed), 0, "units taken as region us's");
+    wait_for_frame_errors(&node, "forbidden", before + 3.0).await;
+    node.shutdown().await;
+}
