@@ -5,6 +5,7 @@
 
 use std::collections::BTreeMap;
 
+use floodgate::cluster::membership::{MAX_DEPARTURE_HEARTBEAT_LEAD, MemberDigest};
 use floodgate::cluster::{
     Gossip, MemberInfo, MemberState, Membership, MembershipConfig, SlotTable,
 };
@@ -244,6 +245,72 @@ fn a_partition_heals() {
             took.is_some(),
             "seed {seed}: partition did not heal within 3 s"
         );
+    }
+}
+
+/// A peer that forges one departure of a live member, at its current incarnation and as far
+/// ahead of its heartbeat as a receiver takes, keeps it out of the others' views only until the
+/// member's own heartbeats pass the forged one: relays of the forgery do not keep it going.
+#[test]
+fn a_forged_departure_is_overtaken_by_the_members_own_heartbeats() {
+    for seed in SEEDS {
+        let mut sim = Sim::new(seed, 5);
+        sim.until(3_000 * MS, |s, id| s.nodes[id].owners().len() == 5)
+            .unwrap();
+        let n0 = &sim.nodes["n0"];
+        let forged = Gossip {
+            members: vec![MemberDigest {
+                info: info(3),
+                incarnation: n0.incarnation_of("n3").unwrap(),
+                // The furthest ahead of what n0 heard that it takes.
+                heartbeat: n0.heartbeat_of("n3").unwrap() + MAX_DEPARTURE_HEARTBEAT_LEAD,
+                left: true,
+                versions: None,
+            }],
+        };
+        let now = sim.now;
+        drop(sim.nodes.get_mut("n0").unwrap().handle_gossip(now, &forged));
+        assert_eq!(
+            sim.state("n0", "n3"),
+            Some(MemberState::Left),
+            "seed {seed}"
+        );
+        // 64 rounds of n3's heartbeats, then gossip carries them round.
+        let took = sim.until(10_000 * MS, |s, id| {
+            s.state(id, "n3") == Some(MemberState::Alive)
+        });
+        assert!(took.is_some(), "seed {seed}: n3 still out after 10 s");
+        sim.run_for(40_000 * MS);
+        assert!(
+            sim.up().iter().all(|id| sim.nodes[id].owners().len() == 5),
+            "seed {seed}: the forged departure came back"
+        );
+    }
+}
+
+/// A forged departure of a member nobody knows yet, at its address and at an incarnation its
+/// real start cannot pass, is kept by the node it was sent to but not relayed: the member joins
+/// the others at once and that node once it forgets the forgery (30 s).
+#[test]
+fn a_forged_departure_of_a_newcomer_is_not_relayed() {
+    for seed in SEEDS {
+        let mut sim = Sim::new(seed, 4);
+        sim.until(3_000 * MS, |s, id| s.nodes[id].owners().len() == 4)
+            .unwrap();
+        let forged = Gossip {
+            members: vec![MemberDigest {
+                info: info(4),
+                incarnation: sim.now / MS + 3_600_000,
+                heartbeat: u64::MAX,
+                left: true,
+                versions: None,
+            }],
+        };
+        let now = sim.now;
+        drop(sim.nodes.get_mut("n1").unwrap().handle_gossip(now, &forged));
+        sim.start(4, 2);
+        let took = sim.until(40_000 * MS, |s, id| s.nodes[id].owners().len() == 5);
+        assert!(took.is_some(), "seed {seed}: n4 not admitted within 40 s");
     }
 }
 

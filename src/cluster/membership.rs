@@ -109,6 +109,12 @@ pub struct Gossip {
 /// one digest at `u64::MAX` would pin a member at an incarnation no restart of it can pass.
 pub const MAX_INCARNATION_AHEAD_MS: u64 = 24 * 3_600 * 1_000;
 
+/// Most heartbeats a departure may be ahead of the last one heard from its member. A member is
+/// dead after `dead_after` of silence (10 gossip rounds by default), so its own departure is
+/// never far ahead of what the others heard; a forged one at most this far ahead is overtaken
+/// by the member's own heartbeats within as many rounds, which bring it back.
+pub const MAX_DEPARTURE_HEARTBEAT_LEAD: u64 = 64;
+
 /// Most conflicts one gossip message can produce (a message names each id at most once in
 /// practice; this bounds what a hostile one can make us send).
 pub const MAX_CONFLICTS_PER_GOSSIP: usize = 8;
@@ -157,6 +163,9 @@ struct Member {
     since_ns: u64,
     /// What it speaks in this incarnation, once a digest said; a later incarnation forgets it.
     versions: Option<VersionRange>,
+    /// False for a member known only from a departure relayed to this node: it is not passed
+    /// on, so a forged one is forgotten here after `forget_after` instead of going round.
+    relay: bool,
 }
 
 /// One node's view of the cluster.
@@ -196,6 +205,7 @@ impl Membership {
             state: MemberState::Alive,
             since_ns: now_ns,
             versions: Some(protocol::SUPPORTED),
+            relay: true,
         };
         let seeds = seeds
             .into_iter()
@@ -291,6 +301,11 @@ impl Membership {
         self.members.get(id).map(|m| m.incarnation)
     }
 
+    /// The last heartbeat heard from `id` (a departed member: its departure's).
+    pub fn heartbeat_of(&self, id: &str) -> Option<u64> {
+        self.members.get(id).map(|m| m.heartbeat)
+    }
+
     pub fn state_of(&self, id: &str) -> Option<MemberState> {
         self.members.get(id).map(|m| m.state)
     }
@@ -352,6 +367,7 @@ impl Membership {
                         member.state = MemberState::Alive;
                         member.since_ns = now_ns;
                         member.versions = digest.versions;
+                        member.relay = true;
                     }
                 }
                 Some(member) => {
@@ -362,30 +378,34 @@ impl Membership {
                     }
                     let version = (digest.incarnation, digest.heartbeat);
                     if digest.left {
-                        // A leaver announces its own life's end, and others relay it as is.
-                        // At any other incarnation it is a claim about a life this node does
-                        // not know (a restart it has not heard of leaves by going silent).
+                        // A leaver announces its life's end with its latest heartbeat, and
+                        // others relay that as is. At another incarnation it is a claim about
+                        // a life this node does not know (a restart it has not heard of leaves
+                        // by going silent); below a heartbeat heard alive it is not the
+                        // leaver's; far ahead it would outlast the member's own heartbeats.
+                        let lead = digest.heartbeat.checked_sub(member.heartbeat);
                         if digest.incarnation == member.incarnation
                             && member.state != MemberState::Left
+                            && lead.is_some_and(|lead| lead <= MAX_DEPARTURE_HEARTBEAT_LEAD)
                         {
                             member.state = MemberState::Left;
+                            member.heartbeat = digest.heartbeat;
                             member.since_ns = now_ns;
                         }
                     } else if version > (member.incarnation, member.heartbeat) {
-                        let restarted = digest.incarnation > member.incarnation;
-                        // A departed or dead member comes back only with progress: a new
-                        // incarnation, or (for dead) a heartbeat it had not reached.
-                        if member.state != MemberState::Left || restarted {
-                            if restarted {
-                                // Perhaps another build: only its new digests say what it speaks.
-                                member.versions = digest.versions;
-                            }
-                            member.incarnation = digest.incarnation;
-                            member.heartbeat = digest.heartbeat;
-                            member.info = digest.info.clone();
-                            member.state = MemberState::Alive;
-                            member.since_ns = now_ns;
+                        // Progress: a new incarnation, or a heartbeat past the last one heard
+                        // (for a departed member, past its departure's, which its own digests
+                        // never are: the departure was forged).
+                        if digest.incarnation > member.incarnation {
+                            // Perhaps another build: only its new digests say what it speaks.
+                            member.versions = digest.versions;
                         }
+                        member.incarnation = digest.incarnation;
+                        member.heartbeat = digest.heartbeat;
+                        member.info = digest.info.clone();
+                        member.state = MemberState::Alive;
+                        member.since_ns = now_ns;
+                        member.relay = true;
                     }
                 }
                 None if room => {
@@ -403,6 +423,7 @@ impl Membership {
                             state,
                             since_ns: now_ns,
                             versions: digest.versions,
+                            relay: !digest.left,
                         },
                     );
                 }
@@ -501,7 +522,7 @@ impl Membership {
         let members = self
             .members
             .values()
-            .filter(|m| m.state != MemberState::Dead)
+            .filter(|m| m.state != MemberState::Dead && m.relay)
             .map(|m| MemberDigest {
                 info: m.info.clone(),
                 incarnation: m.incarnation,
@@ -640,6 +661,16 @@ mod tests {
             );
             assert_eq!(me.incarnation_of("victim"), Some(known));
         }
+        // At the known incarnation: not with a heartbeat below one heard alive, nor further
+        // ahead than the member's own heartbeats soon reach.
+        for forged in [2, 3 + MAX_DEPARTURE_HEARTBEAT_LEAD + 1, u64::MAX] {
+            drop(me.handle_gossip(NOW, &digest("victim", known, forged, true)));
+            assert_eq!(
+                me.state_of("victim"),
+                Some(MemberState::Alive),
+                "a leave at heartbeat {forged}"
+            );
+        }
         // The victim's own heartbeats still count.
         drop(me.handle_gossip(NOW + MS, &digest("victim", known, 4, false)));
         assert_eq!(me.state_of("victim"), Some(MemberState::Alive));
@@ -668,6 +699,61 @@ mod tests {
         drop(me.handle_gossip(NOW, &digest("victim", restart, 0, false)));
         assert_eq!(me.incarnation_of("victim"), Some(restart));
         assert_eq!(me.state_of("victim"), Some(MemberState::Alive));
+    }
+
+    /// The worst a forged departure at the known incarnation can now be: it holds until the
+    /// member's own heartbeats pass it, and then relaying it again changes nothing.
+    #[test]
+    fn a_forged_departure_is_undone_by_the_members_own_heartbeats() {
+        let known = NOW / MS - 60_000;
+        let mut me = knowing_victim(known);
+        let forged = 3 + MAX_DEPARTURE_HEARTBEAT_LEAD;
+        drop(me.handle_gossip(NOW, &digest("victim", known, forged, true)));
+        assert_eq!(me.state_of("victim"), Some(MemberState::Left));
+        // Stale or relayed heartbeats up to the departure's do not bring it back...
+        drop(me.handle_gossip(NOW + MS, &digest("victim", known, forged, false)));
+        assert_eq!(me.state_of("victim"), Some(MemberState::Left));
+        // ...the member's own next one does: a leaver never gossips alive past its departure.
+        drop(me.handle_gossip(NOW + 2 * MS, &digest("victim", known, forged + 1, false)));
+        assert_eq!(me.state_of("victim"), Some(MemberState::Alive));
+        drop(me.handle_gossip(NOW + 3 * MS, &digest("victim", known, forged, true)));
+        assert_eq!(me.state_of("victim"), Some(MemberState::Alive));
+    }
+
+    /// A departure of a member this node never heard of alive is kept (stale gossip does not
+    /// revive it) but not passed on: a forged one is not relayed from node to node for ever.
+    #[test]
+    fn a_departure_of_a_member_never_seen_alive_is_not_passed_on() {
+        let mut me = knowing_victim(NOW / MS - 60_000);
+        drop(me.handle_gossip(NOW, &digest("other", NOW / MS, 1, false)));
+        drop(me.handle_gossip(NOW, &digest("ghost", NOW / MS, 9, true)));
+        assert_eq!(me.state_of("ghost"), Some(MemberState::Left));
+        drop(me.handle_gossip(NOW, &digest("ghost", NOW / MS, 8, false)));
+        assert_eq!(me.state_of("ghost"), Some(MemberState::Left));
+        let sent = me.poll(NOW + MS);
+        assert!(!sent.is_empty());
+        for message in sent {
+            let ids: Vec<&str> = message
+                .gossip
+                .members
+                .iter()
+                .map(|d| d.info.id.as_str())
+                .collect();
+            assert_eq!(ids, ["me", "other", "victim"]);
+        }
+        // A departure of a member it knew is passed on.
+        drop(me.handle_gossip(NOW + 2 * MS, &digest("victim", NOW / MS - 60_000, 3, true)));
+        let sent = me.poll(NOW + 200 * MS);
+        assert!(!sent.is_empty());
+        for message in sent {
+            assert!(
+                message
+                    .gossip
+                    .members
+                    .iter()
+                    .any(|d| d.info.id == "victim" && d.left)
+            );
+        }
     }
 
     #[test]
