@@ -13,6 +13,12 @@
 //! gossiping and its process exits). A restart at the same address with a larger incarnation is
 //! readmitted as before; a move to another address is taken once the member at the old address
 //! is dead or has left.
+//!
+//! Gossip names no sender and is relayed, so what one peer can claim about another is bounded:
+//! no incarnation more than [`MAX_INCARNATION_AHEAD_MS`] ahead of the receiver's clock, a
+//! departure only at the incarnation the member is known in and at most
+//! [`MAX_DEPARTURE_HEARTBEAT_LEAD`] heartbeats past the last one heard (the member's own later
+//! heartbeats undo a forged one), and a departure of a member never seen alive is not relayed.
 
 use std::collections::BTreeMap;
 
