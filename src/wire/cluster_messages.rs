@@ -723,7 +723,8 @@ mod tests {
     fn a_digest_with_an_oversized_empty_or_invalid_field_is_refused() {
         let long = "x".repeat(MAX_MEMBER_FIELD_BYTES + 1);
         let huge = "x".repeat(900_000);
-        let cases: [(&str, fn(&mut MemberInfo, &str), &str); 9] = [
+        type Set = fn(&mut MemberInfo, &str);
+        let cases: [(&str, Set, &str); 9] = [
             ("id", |i, v| i.id = v.into(), ""),
             ("id", |i, v| i.id = v.into(), &long),
             ("id", |i, v| i.id = v.into(), &huge),
