@@ -328,9 +328,9 @@ impl Membership {
     /// Merges a peer's view. Heartbeats only move forward; a larger incarnation is a restart.
     /// A digest whose incarnation is more than [`MAX_INCARNATION_AHEAD_MS`] ahead of `now_ns`
     /// is skipped, and a departure counts only at the incarnation the member is known in (its
-    /// own leave, or a relay of it). Returns the conflicts to send (each to its
-    /// `claimant_addr`): digests that name a live member's id at another address, which are
-    /// refused.
+    /// own leave, or a relay of it), at most [`MAX_DEPARTURE_HEARTBEAT_LEAD`] heartbeats past
+    /// the last one heard. Returns the conflicts to send (each to its `claimant_addr`): digests
+    /// that name a live member's id at another address, which are refused.
     pub fn handle_gossip(&mut self, now_ns: u64, gossip: &Gossip) -> Vec<IdConflict> {
         let owners_before = self.owners();
         let mut conflicts = Vec::new();
