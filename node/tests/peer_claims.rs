@@ -57,28 +57,11 @@ async fn wait_for_member(node: &Node, id: &str) {
     assert!(known.is_ok(), "{} never heard of {id}", node.node_id());
 }
 
-/// The node's `/metrics` page.
-async fn metrics(node: &Node) -> String {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let admin = node.admin_addr().unwrap();
-    let mut stream = tokio::net::TcpStream::connect(admin).await.unwrap();
-    stream
-        .write_all(b"GET /metrics HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n")
-        .await
-        .unwrap();
-    let mut text = String::new();
-    tokio::time::timeout(PATIENCE, stream.read_to_string(&mut text))
-        .await
-        .expect("the metrics page comes")
-        .unwrap();
-    text
-}
-
 fn frame_errors(page: &str, code: &str) -> f64 {
-    let series = format!("floodgate_frame_errors_total{{code=\"{code}\"}}");
-    page.lines()
-        .find_map(|line| line.strip_prefix(series.as_str())?.trim().parse().ok())
-        .unwrap_or(0.0)
+    common::metric_value(
+        page,
+        &format!("floodgate_frame_errors_total{{code=\"{code}\"}}"),
+    )
 }
 
 /// Waits (bounded) until the node has counted `count` frame errors of `code` (the counters are
@@ -86,14 +69,14 @@ fn frame_errors(page: &str, code: &str) -> f64 {
 async fn wait_for_frame_errors(node: &Node, code: &str, count: f64) {
     let counted = tokio::time::timeout(PATIENCE, async {
         loop {
-            if frame_errors(&metrics(node).await, code) >= count {
+            if frame_errors(&common::metrics_page(node).await, code) >= count {
                 return;
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     })
     .await;
-    let now = frame_errors(&metrics(node).await, code);
+    let now = frame_errors(&common::metrics_page(node).await, code);
     assert!(counted.is_ok(), "{code}: {now} counted, {count} expected");
 }
 
@@ -143,7 +126,7 @@ async fn a_peer_cannot_announce_another_members_departure() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gossip_no_node_could_send_is_refused_whole() {
     let a = start_node(|c| c.admin = Some("127.0.0.1:0".parse().unwrap())).await;
-    let before = frame_errors(&metrics(&a.node).await, "malformed_payload");
+    let before = frame_errors(&common::metrics_page(&a.node).await, "malformed_payload");
     let attacker = connect(a.node.local_addr(), peer_config(&a.certs)).await;
     let member = |id: String, region: &str| MemberInfo {
         id,
@@ -269,7 +252,7 @@ async fn region_frames_name_the_region_the_sender_is_known_in() {
         deltas(&own, 2, 2),
     ]
     .concat();
-    let before = frame_errors(&metrics(&node).await, "forbidden");
+    let before = frame_errors(&common::metrics_page(&node).await, "forbidden");
     let sync = node.region_sync();
     let mut progress = sync.subscribe();
     send_frames(&attacker, &frames).await;

@@ -163,12 +163,10 @@ async fn admitted_units_reach_the_other_region_once_even_after_losses() {
     stop.send_replace(true);
 }
 
-#[tokio::test]
-async fn a_peer_speaks_only_as_itself() {
-    let (a, b, stop) = pair(0);
-    let limit = Limit::gcra(10, NANOS_PER_SEC, 10).unwrap();
+/// A frame of 3 units of key `k` under `limit`, sent as `from`'s first message.
+fn deltas_frame(from: Peer, limit: Limit) -> floodgate::wire::Frame {
     let batch = floodgate::region::DeltaBatch {
-        from: peer("a"),
+        from,
         session: 1,
         seq: 1,
         deltas: vec![floodgate::region::Delta {
@@ -187,7 +185,14 @@ async fn a_peer_speaks_only_as_itself() {
     );
     let mut reader = FrameReader::new(1 << 20);
     reader.extend(&frame);
-    let frame = reader.next_frame().unwrap().unwrap();
+    reader.next_frame().unwrap().unwrap()
+}
+
+#[tokio::test]
+async fn a_peer_speaks_only_as_itself() {
+    let (a, b, stop) = pair(0);
+    let limit = Limit::gcra(10, NANOS_PER_SEC, 10).unwrap();
+    let frame = deltas_frame(peer("a"), limit);
     assert_eq!(
         b.receive(frame.kind, &frame.payload, "node-mallory", "a"),
         Err(ErrorCode::Forbidden)
@@ -209,27 +214,7 @@ async fn a_peer_speaks_only_for_the_region_it_is_known_in() {
     let limit = Limit::gcra(10, NANOS_PER_SEC, 10).unwrap();
     // node-a, certified as itself and known in region a, names region c.
     let claimed = Peer::new(RegionName::new("c").unwrap(), "node-a");
-    let batch = floodgate::region::DeltaBatch {
-        from: claimed.clone(),
-        session: 1,
-        seq: 1,
-        deltas: vec![floodgate::region::Delta {
-            key: BucketKey::for_key(b"k"),
-            limit,
-            units: 3,
-            at_ns: 1,
-        }],
-    };
-    let mut frame = Vec::new();
-    encode_message(
-        &mut frame,
-        FrameKind::RegionDeltas,
-        0,
-        &RegionDeltasMessage::from(&batch),
-    );
-    let mut reader = FrameReader::new(1 << 20);
-    reader.extend(&frame);
-    let frame = reader.next_frame().unwrap().unwrap();
+    let frame = deltas_frame(claimed.clone(), limit);
     assert_eq!(
         b.receive(frame.kind, &frame.payload, "node-a", "a"),
         Err(ErrorCode::Forbidden)
@@ -257,18 +242,7 @@ async fn a_peer_speaks_only_for_the_region_it_is_known_in() {
         Err(ErrorCode::Forbidden)
     );
     // The same deltas in the region node-a is known in are taken.
-    let mut honest = batch.clone();
-    honest.from = peer("a");
-    let mut frame = Vec::new();
-    encode_message(
-        &mut frame,
-        FrameKind::RegionDeltas,
-        0,
-        &RegionDeltasMessage::from(&honest),
-    );
-    let mut reader = FrameReader::new(1 << 20);
-    reader.extend(&frame);
-    let frame = reader.next_frame().unwrap().unwrap();
+    let frame = deltas_frame(peer("a"), limit);
     assert_eq!(b.receive(frame.kind, &frame.payload, "node-a", "a"), Ok(()));
     assert_eq!(b.applied_from(&peer("a")), 3);
     let _ = a;

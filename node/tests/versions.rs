@@ -8,7 +8,9 @@ mod common;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use common::{TestNode, connect, quic_client_config_speaking, start_node};
+use common::{
+    TestNode, connect, metric_value, metrics_page, quic_client_config_speaking, start_node,
+};
 use floodgate::protocol::{self, VersionRange};
 use floodgate::wire::{Frame, FrameKind, FrameReader, decode_error_frame};
 
@@ -39,28 +41,8 @@ fn frames_of(bytes: &[u8]) -> Vec<Frame> {
     std::iter::from_fn(|| reader.next_frame().unwrap()).collect()
 }
 
-/// The node's `/metrics` page.
 async fn metrics(node: &TestNode) -> String {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let admin = node.node.admin_addr().unwrap();
-    let mut stream = tokio::net::TcpStream::connect(admin).await.unwrap();
-    stream
-        .write_all(b"GET /metrics HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n")
-        .await
-        .unwrap();
-    let mut text = String::new();
-    tokio::time::timeout(Duration::from_secs(10), stream.read_to_string(&mut text))
-        .await
-        .expect("the metrics page comes")
-        .unwrap();
-    text
-}
-
-/// The value of the metric line starting with `series` (0 when absent).
-fn value(page: &str, series: &str) -> f64 {
-    page.lines()
-        .find_map(|line| line.strip_prefix(series)?.trim().parse().ok())
-        .unwrap_or(0.0)
+    metrics_page(&node.node).await
 }
 
 async fn node_with_admin() -> TestNode {
@@ -116,7 +98,7 @@ async fn every_kind_a_version_2_caller_or_peer_sends_is_read() {
 
     let refusals = |page: &str| {
         ["malformed_payload", "unsupported_version", "unknown_kind"].map(|code| {
-            value(
+            metric_value(
                 page,
                 &format!("floodgate_frame_errors_total{{code=\"{code}\"}}"),
             )
@@ -180,7 +162,7 @@ async fn a_caller_sharing_no_version_is_refused_and_counted() {
     );
     let page = metrics(&node).await;
     let series = "floodgate_protocol_mismatches_total{direction=\"inbound\"}";
-    assert!(value(&page, series) >= 1.0, "{page}");
+    assert!(metric_value(&page, series) >= 1.0, "{page}");
 
     // The node's own versions still connect.
     let config = quic_client_config_speaking(&node.certs.ca, None, protocol::SUPPORTED);

@@ -190,3 +190,31 @@ pub async fn converge(node: &Node, owners: usize) {
         node.owners()
     );
 }
+
+/// The node's `/metrics` page (it must have an admin address).
+pub async fn metrics_page(node: &Node) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let admin = node.admin_addr().expect("a node with an admin address");
+    let mut stream = tokio::net::TcpStream::connect(admin).await.unwrap();
+    stream
+        .write_all(b"GET /metrics HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut text = String::new();
+    tokio::time::timeout(
+        std::time::Duration::from_secs(10),
+        stream.read_to_string(&mut text),
+    )
+    .await
+    .expect("the metrics page comes")
+    .unwrap();
+    text
+}
+
+/// The value of the series `series` (name and labels as the page prints them) on a metrics
+/// page; 0 when absent.
+pub fn metric_value(page: &str, series: &str) -> f64 {
+    page.lines()
+        .find_map(|line| line.strip_prefix(series)?.trim().parse().ok())
+        .unwrap_or(0.0)
+}
