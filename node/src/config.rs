@@ -67,6 +67,9 @@ pub struct NodeLimits {
     /// Most concurrency leases held on this node at once, all keys together, replicas
     /// included; an acquire past it is answered `store_full`.
     pub max_leases: usize,
+    /// Longest the node waits for a caller to take an answer (QUIC flow control: a caller
+    /// that stops reading blocks the node's writes); past it the stream is reset.
+    pub write_timeout: std::time::Duration,
 }
 
 impl Default for NodeLimits {
@@ -80,11 +83,37 @@ impl Default for NodeLimits {
             max_buffered_bytes: 256 << 20,
             max_streams_per_connection: 16,
             max_leases: 1_000_000,
+            write_timeout: std::time::Duration::from_secs(5),
         }
     }
 }
 
+/// How many bytes QUIC may hold for the node outside its own budget
+/// (`--max-buffered-bytes`): a caller may send at most `stream_receive` unread bytes on one
+/// stream (one frame of the largest size) and `connection_receive` on one connection (one
+/// frame, or the connection's share of the budget if that is more), and the node buffers at
+/// most `send` bytes of answers per connection. quinn's defaults (1.25 MB a stream, no
+/// connection limit, 10 MB to send) bound none of it by what the node was given.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QuicWindows {
+    pub stream_receive: u64,
+    pub connection_receive: u64,
+    pub send: u64,
+}
+
 impl NodeLimits {
+    /// The QUIC flow-control windows, from these limits (see [`QuicWindows`]).
+    pub fn quic_windows(&self) -> QuicWindows {
+        let one_frame = (self.max_frame_bytes + floodgate::wire::HEADER_BYTES) as u64;
+        let connections = (self.max_connections + self.max_peer_connections).max(1) as u64;
+        let share = self.max_buffered_bytes as u64 / connections;
+        QuicWindows {
+            stream_receive: one_frame,
+            connection_receive: one_frame.max(share),
+            send: 2 * one_frame,
+        }
+    }
+
     pub fn wire(&self) -> WireLimits {
         WireLimits {
             max_batch: self.max_batch,
@@ -213,6 +242,35 @@ pub struct RlsSettings {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn quic_windows_follow_the_frame_size_and_the_budget() {
+        let limits = NodeLimits::default();
+        let one_frame = (1 << 20) + 16;
+        assert_eq!(
+            limits.quic_windows(),
+            QuicWindows {
+                stream_receive: one_frame,
+                // 256 MiB over 1,280 connections is less than a frame: one frame each.
+                connection_receive: one_frame,
+                send: 2 * one_frame,
+            }
+        );
+        let few = NodeLimits {
+            max_connections: 8,
+            max_peer_connections: 8,
+            ..limits
+        };
+        assert_eq!(few.quic_windows().connection_receive, (256 << 20) / 16);
+        // Whatever the limits, every window holds one frame of the largest size.
+        let tight = NodeLimits {
+            max_frame_bytes: 1024,
+            max_buffered_bytes: 2 * (1024 + crate::budget::READ_BYTES),
+            ..limits
+        };
+        let windows = tight.quic_windows();
+        assert!(windows.stream_receive >= 1024 + 16 && windows.connection_receive >= 1024 + 16);
+    }
 
     #[test]
     fn the_buffer_budget_must_hold_two_largest_frames_and_peers_need_a_place() {

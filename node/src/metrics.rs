@@ -98,6 +98,8 @@ pub struct NodeMetrics {
     pub buffered_bytes: Gauge,
     /// Streams closed and peer messages dropped because the buffer budget was full.
     pub over_buffer_budget: Counter,
+    /// Streams reset because their caller took no answer within the write timeout.
+    pub write_timeouts: Counter,
     frame_errors: Vec<(ErrorCode, Counter)>,
     /// Members by state: alive, suspect, dead, left.
     pub members: [Gauge; 4],
@@ -185,6 +187,7 @@ impl NodeMetrics {
             connections_refused: counter!("floodgate_connections_refused_total"),
             buffered_bytes: gauge!("floodgate_buffered_bytes"),
             over_buffer_budget: counter!("floodgate_buffer_budget_refusals_total"),
+            write_timeouts: counter!("floodgate_write_timeouts_total"),
             members: ["alive", "suspect", "dead", "left"]
                 .map(|s| gauge!("floodgate_members", "state" => s)),
             table_epoch: gauge!("floodgate_slot_table_epoch"),

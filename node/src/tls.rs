@@ -444,6 +444,12 @@ fn transport_config(limits: &NodeLimits) -> quinn::TransportConfig {
     transport.max_idle_timeout(quinn::IdleTimeout::try_from(Duration::from_secs(5)).ok());
     transport.mtu_discovery_config(Some(path_mtu_discovery()));
     transport.ack_frequency_config(Some(ack_frequency()));
+    let windows = limits.quic_windows();
+    // Each fits a VarInt: a frame is at most 64 MiB, the budget's share no more than the budget.
+    let varint = |bytes: u64| quinn::VarInt::from_u64(bytes).unwrap_or(quinn::VarInt::MAX);
+    transport.stream_receive_window(varint(windows.stream_receive));
+    transport.receive_window(varint(windows.connection_receive));
+    transport.send_window(windows.send);
     transport
 }
 

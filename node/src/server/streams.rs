@@ -62,8 +62,19 @@ pub(super) async fn serve_stream(
             Err(_) => return,
         };
         if !out.is_empty() {
-            if send.write_all(&out).await.is_err() {
-                return;
+            let timeout = shared.config.limits.write_timeout;
+            match tokio::time::timeout(timeout, send.write_all(&out)).await {
+                Ok(Ok(())) => {}
+                Ok(Err(_)) => return,
+                Err(_) => {
+                    // The caller stopped reading its answers: what it sent stays decided, but
+                    // the node holds no more of its bytes for it.
+                    shared.metrics.write_timeouts.increment(1);
+                    tracing::debug!(from = %remote.connection.remote_address(), "a caller took no answer for {timeout:?}: stream reset");
+                    let _ = send.reset(quinn::VarInt::from_u32(ErrorCode::Overloaded as u32));
+                    let _ = recv.stop(quinn::VarInt::from_u32(ErrorCode::Overloaded as u32));
+                    return;
+                }
             }
             out.clear();
         }
