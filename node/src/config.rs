@@ -90,9 +90,9 @@ impl Default for NodeLimits {
 
 /// How many bytes QUIC may hold for the node outside its own budget
 /// (`--max-buffered-bytes`): a caller may send at most `stream_receive` unread bytes on one
-/// stream (one frame of the largest size) and `connection_receive` on one connection (one
-/// frame, or the connection's share of the budget if that is more), and the node buffers at
-/// most `send` bytes of answers per connection. quinn's defaults (1.25 MB a stream, no
+/// stream (one frame of the largest size) and a client `connection_receive` on one connection
+/// (one frame, or the connection's share of the budget if that is more; a peer is bounded by
+/// its streams instead), and the node buffers at most `send` bytes of answers per connection. quinn's defaults (1.25 MB a stream, no
 /// connection limit, 10 MB to send) bound none of it by what the node was given.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct QuicWindows {

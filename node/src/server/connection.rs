@@ -68,6 +68,12 @@ pub(super) async fn serve_connection(
         );
         return;
     };
+    if peer {
+        // A peer's hand-off sends all its parts at once, each bounded by a short timeout: a
+        // connection window of a client's share would queue them past it. A peer is bounded
+        // by its streams instead (80 at once, each one frame's window).
+        connection.set_receive_window(quinn::VarInt::MAX);
+    }
     let mut streams = JoinSet::new();
     let subscribed = Arc::new(AtomicBool::new(false));
     loop {
