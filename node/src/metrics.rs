@@ -110,6 +110,9 @@ pub struct NodeMetrics {
     /// Handshakes with a seed or peer that failed (a certificate not from the peer CA, not
     /// naming the node id dialed, or ours refused).
     pub peer_handshake_failures: Counter,
+    /// Id conflicts that would have made this node yield, ignored because nothing at the
+    /// holder's address proved the id (a peer claiming what it cannot show).
+    pub unproven_conflicts: Counter,
     /// The highest protocol version every member speaks, as gossip told this node (0: none).
     pub cluster_version: Gauge,
     /// Peers this node dialed that share no protocol version with it (callers refused for the
@@ -146,6 +149,7 @@ pub struct ClusterMetrics {
     pub table_epoch: Gauge,
     pub replication_lag: Gauge,
     pub peer_handshake_failures: Counter,
+    pub unproven_conflicts: Counter,
     pub cluster_version: Gauge,
     pub outbound_version_mismatches: Counter,
     pub replicated: Counter,
@@ -160,6 +164,7 @@ impl NodeMetrics {
             table_epoch: self.table_epoch.clone(),
             replication_lag: self.replication_lag.clone(),
             peer_handshake_failures: self.peer_handshake_failures.clone(),
+            unproven_conflicts: self.unproven_conflicts.clone(),
             cluster_version: self.cluster_version.clone(),
             outbound_version_mismatches: self.outbound_version_mismatches.clone(),
             replicated: self.replicated.clone(),
@@ -193,6 +198,7 @@ impl NodeMetrics {
             table_epoch: gauge!("floodgate_slot_table_epoch"),
             replication_lag: gauge!("floodgate_replication_lag_seconds"),
             peer_handshake_failures: counter!("floodgate_peer_handshake_failures_total"),
+            unproven_conflicts: counter!("floodgate_unproven_id_conflicts_total"),
             cluster_version: gauge!("floodgate_cluster_protocol_version"),
             outbound_version_mismatches: counter!("floodgate_protocol_mismatches_total", "direction" => "outbound"),
             forwarded: counter!("floodgate_forwarded_checks_total"),

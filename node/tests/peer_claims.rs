@@ -267,3 +267,41 @@ async fn region_frames_name_the_region_the_sender_is_known_in() {
     wait_for_frame_errors(&node, "forbidden", before + 3.0).await;
     node.shutdown().await;
 }
+
+/// An id conflict is a claim any peer can send: one that would make the node yield counts only
+/// when a node at the holder's address proves the id (its certificate names it). A forged one,
+/// pointing at an address where no such node is, is ignored and counted; the node stays in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_cannot_make_a_node_yield_its_id_with_a_forged_conflict() {
+    let victim = start_node(|c| {
+        c.admin = Some("127.0.0.1:0".parse().unwrap());
+        c.cluster.node_id = Some("node-v".into());
+    })
+    .await;
+    let series = "floodgate_unproven_id_conflicts_total";
+    let before = common::metric_value(&common::metrics_page(&victim.node).await, series);
+    let conflict = floodgate::cluster::IdConflict {
+        id: "node-v".to_owned(),
+        holder_addr: "127.0.0.1:9".to_owned(),
+        holder_incarnation: 0,
+        claimant_addr: victim.node.local_addr().to_string(),
+        claimant_incarnation: u64::MAX,
+    };
+    let mut frame = Vec::new();
+    encode_message(&mut frame, FrameKind::IdConflict, 0, &conflict);
+    let attacker = connect(victim.node.local_addr(), peer_config(&victim.certs)).await;
+    send_frames(&attacker, &frame).await;
+    let counted = tokio::time::timeout(PATIENCE, async {
+        while common::metric_value(&common::metrics_page(&victim.node).await, series) <= before {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    assert!(
+        counted.is_ok(),
+        "the forged conflict was not judged unproven"
+    );
+    assert_eq!(*victim.node.watch_refusal().borrow(), None);
+    assert_eq!(victim.node.not_ready_reason(), None);
+    victim.node.shutdown().await;
+}

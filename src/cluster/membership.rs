@@ -443,6 +443,17 @@ impl Membership {
     /// Judges a conflict sent to us. The node that started first keeps the id: the larger
     /// (incarnation, address) yields, so both sides of a conflict agree on who stays.
     pub fn handle_conflict(&mut self, conflict: &IdConflict) -> ConflictVerdict {
+        let verdict = self.judge_conflict(conflict);
+        if verdict == ConflictVerdict::Refused {
+            self.refused = true;
+        }
+        verdict
+    }
+
+    /// What [`Membership::handle_conflict`] would decide, changing nothing: a driver that
+    /// checks the claim first (any peer can send a conflict; only the holder can prove it)
+    /// judges, proves, then handles.
+    pub fn judge_conflict(&self, conflict: &IdConflict) -> ConflictVerdict {
         let Some(me) = self.members.get(&self.me) else {
             return ConflictVerdict::Ignored;
         };
@@ -454,7 +465,6 @@ impl Membership {
         }
         let holder = (conflict.holder_incarnation, conflict.holder_addr.as_str());
         if holder < (me.incarnation, me.info.addr.as_str()) {
-            self.refused = true;
             ConflictVerdict::Refused
         } else {
             ConflictVerdict::Kept

@@ -60,7 +60,27 @@ impl Cluster {
     }
 
     /// Another member says our id is held elsewhere: the node that started later yields.
-    pub(crate) fn handle_conflict(&self, conflict: &IdConflict, now_ns: u64) {
+    /// Handles a conflict a peer sent. Any peer can send one, so a conflict that would make
+    /// this node yield counts only once the holder proves it: a node at `holder_addr` whose
+    /// certificate names this node's id (which only a node given that id has).
+    pub(crate) async fn handle_conflict(&self, conflict: &IdConflict, now_ns: u64) {
+        let judged = self.membership.lock().judge_conflict(conflict);
+        if judged == ConflictVerdict::Refused
+            && !self
+                .peers
+                .proves_id(&conflict.holder_addr, &conflict.id)
+                .await
+        {
+            self.metrics.unproven_conflicts.increment(1);
+            if self.time_to_complain(&self.next_conflict_complaint_ns, now_ns) {
+                tracing::warn!(
+                    id = %conflict.id,
+                    holder = %conflict.holder_addr,
+                    "ignored an id conflict: nothing at the holder's address proves that id"
+                );
+            }
+            return;
+        }
         let verdict = self.membership.lock().handle_conflict(conflict);
         match verdict {
             ConflictVerdict::Ignored => {}

@@ -130,6 +130,27 @@ impl Peers {
         Ok(connection)
     }
 
+    /// True when the node at `addr` presents a certificate for node id `id` (its handshake as
+    /// that id succeeds within the peer timeout). A fresh connection, kept nowhere: it only
+    /// proves who is there.
+    pub(crate) async fn proves_id(&self, addr: &str, id: &str) -> bool {
+        let (Ok(socket), Ok(name)) = (addr.parse::<SocketAddr>(), crate::tls::server_name_of(id))
+        else {
+            return false;
+        };
+        let config = self.configs.lock().members.clone();
+        let Ok(connecting) = self.endpoint.connect_with(config, socket, &name) else {
+            return false;
+        };
+        match tokio::time::timeout(PEER_TIMEOUT, connecting).await {
+            Ok(Ok(connection)) => {
+                connection.close(0u32.into(), b"id proven");
+                true
+            }
+            _ => false,
+        }
+    }
+
     /// Resolves a seed given by name, now (each dial: a restarted seed may have a new address),
     /// to its first address that is not this node's. A failure is logged at WARN once per new
     /// reason and counted.

@@ -98,7 +98,7 @@ pub(super) async fn serve_uni_message(
                 Err((code, _)) => shared.metrics.frame_error(code),
             },
             FrameKind::IdConflict => match decode_id_conflict(&frame.payload) {
-                Ok(conflict) => shared.cluster.handle_conflict(&conflict, now_ns),
+                Ok(conflict) => shared.cluster.handle_conflict(&conflict, now_ns).await,
                 Err((code, _)) => shared.metrics.frame_error(code),
             },
             FrameKind::Replicate => match decode_replicate(&frame.payload) {
