@@ -26,6 +26,10 @@ use rkyv::{Archive, Deserialize, Serialize};
 
 use crate::protocol::{self, VersionRange};
 
+/// The most members a node tracks, whatever its configuration: gossip names at most this
+/// many (the wire refuses more, `wire::MAX_GOSSIP_DIGESTS`).
+pub const MAX_MEMBERS: usize = 1_024;
+
 /// Timings and bounds. Defaults: a silent node is suspect after 500 ms and dead after 1 s.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MembershipConfig {
@@ -50,7 +54,7 @@ impl Default for MembershipConfig {
             suspect_after_ns: 500_000_000,
             dead_after_ns: 1_000_000_000,
             forget_after_ns: 30_000_000_000,
-            max_members: crate::wire::MAX_GOSSIP_DIGESTS,
+            max_members: MAX_MEMBERS,
         }
     }
 }
@@ -200,7 +204,7 @@ impl Membership {
         seed: u64,
     ) -> Self {
         let config = MembershipConfig {
-            max_members: config.max_members.min(crate::wire::MAX_GOSSIP_DIGESTS),
+            max_members: config.max_members.min(MAX_MEMBERS),
             ..config
         };
         let id = me.id.clone();

@@ -434,7 +434,7 @@ pub const MAX_MEMBER_FIELD_BYTES: usize = 256;
 
 /// Most digests one gossip message may carry: a membership tracks at most this many members
 /// (`MembershipConfig::max_members`) and gossips each once.
-pub const MAX_GOSSIP_DIGESTS: usize = 1_024;
+pub const MAX_GOSSIP_DIGESTS: usize = crate::cluster::membership::MAX_MEMBERS;
 
 /// Validates an id conflict: a non-empty id and two different, non-empty addresses, each at
 /// most [`MAX_MEMBER_FIELD_BYTES`].
