@@ -227,7 +227,8 @@ impl Default for ClusterConfig {
     }
 }
 
-/// `--rls-listen`, `--rls-config`, `--rls-rate-limit-headers`.
+/// `--rls-listen`, `--rls-config`, `--rls-rate-limit-headers`, `--rls-tls`,
+/// `--rls-client-auth`, `--rls-allow-negative-hits`.
 #[derive(Debug, Clone)]
 pub struct RlsSettings {
     pub listen: SocketAddr,
@@ -237,6 +238,29 @@ pub struct RlsSettings {
     pub rate_limit_headers: bool,
     /// Serve over TLS with the node's certificate and key (otherwise plaintext HTTP/2).
     pub tls: bool,
+    /// With `tls`: require a client certificate signed by the node's client CA
+    /// (`TlsConfig::client_ca`); a caller without one is refused in the handshake.
+    pub client_auth: bool,
+    /// Honour descriptors' `is_negative_hits` (units given back). Off: such a descriptor is
+    /// refused (`INVALID_ARGUMENT`) and the request decides nothing.
+    pub allow_negative_hits: bool,
+}
+
+impl RlsSettings {
+    /// The cross-field rules, checked at start: client certificates need TLS and a client CA.
+    pub fn validate(&self, tls: &TlsConfig) -> anyhow::Result<()> {
+        if self.client_auth {
+            anyhow::ensure!(
+                self.tls,
+                "--rls-client-auth needs --rls-tls: client certificates are asked for in the TLS handshake"
+            );
+            anyhow::ensure!(
+                tls.client_ca.is_some(),
+                "--rls-client-auth needs --client-ca PEM: the CA whose client certificates the RLS listener accepts"
+            );
+        }
+        Ok(())
+    }
 }
 
 #[cfg(test)]

@@ -145,6 +145,15 @@ struct Flags {
     /// Serve the RLS over TLS with the node's certificate (--cert/--key, or --data-dir's).
     #[arg(long)]
     rls_tls: bool,
+    /// With --rls-tls: require a client certificate signed by --client-ca from every RLS caller
+    /// (Envoy's cluster then needs a TLS transport socket with that certificate).
+    #[arg(long)]
+    rls_client_auth: bool,
+    /// Honour `is_negative_hits` in RLS descriptors (the hits are given back to the bucket).
+    /// Off by default: anyone who can reach the listener could refill any key with them; a
+    /// descriptor asking for them is refused with INVALID_ARGUMENT and nothing is counted.
+    #[arg(long)]
+    rls_allow_negative_hits: bool,
     /// Log lines as `text` or `json` (one object per line), on stderr; `RUST_LOG` filters them
     /// (default `info`).
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
@@ -362,6 +371,10 @@ fn config_from(flags: &Flags, addresses: Addresses) -> anyhow::Result<NodeConfig
         flags.clock_skew_ms().unsigned_abs() <= 3_600_000,
         "--test-only-clock-skew-ms must be within one hour (3600000)"
     );
+    let rls = rls_settings(flags)?;
+    if let Some(rls) = &rls {
+        rls.validate(&tls)?;
+    }
     Ok(NodeConfig {
         listen,
         admin,
@@ -371,7 +384,7 @@ fn config_from(flags: &Flags, addresses: Addresses) -> anyhow::Result<NodeConfig
         cluster,
         rules: flags.rules.clone(),
         state_dir: flags.state_dir.clone(),
-        rls: rls_settings(flags)?,
+        rls,
         test_only_clock_skew_ns: flags.clock_skew_ms() * 1_000_000,
     })
 }
@@ -379,8 +392,13 @@ fn config_from(flags: &Flags, addresses: Addresses) -> anyhow::Result<NodeConfig
 fn rls_settings(flags: &Flags) -> anyhow::Result<Option<floodgate_node::rls::RlsSettings>> {
     let Some(config) = flags.rls_config.clone() else {
         anyhow::ensure!(
-            flags.rls_listen.is_none() && !flags.rls_rate_limit_headers && !flags.rls_tls,
-            "--rls-listen, --rls-rate-limit-headers and --rls-tls need --rls-config PATH (the rate limit configuration)"
+            flags.rls_listen.is_none()
+                && !flags.rls_rate_limit_headers
+                && !flags.rls_tls
+                && !flags.rls_client_auth
+                && !flags.rls_allow_negative_hits,
+            "--rls-listen, --rls-rate-limit-headers, --rls-tls, --rls-client-auth and \
+             --rls-allow-negative-hits need --rls-config PATH (the rate limit configuration)"
         );
         return Ok(None);
     };
@@ -391,6 +409,8 @@ fn rls_settings(flags: &Flags) -> anyhow::Result<Option<floodgate_node::rls::Rls
         config,
         rate_limit_headers: flags.rls_rate_limit_headers,
         tls: flags.rls_tls,
+        client_auth: flags.rls_client_auth,
+        allow_negative_hits: flags.rls_allow_negative_hits,
     }))
 }
 

@@ -64,15 +64,23 @@ struct RlsNode {
 }
 
 async fn start_rls(headers: bool) -> RlsNode {
+    start_rls_with(|s| s.rate_limit_headers = headers).await
+}
+
+/// A plaintext RLS node on `CONFIG`, its settings adjusted by `adjust`, and a client to it.
+async fn start_rls_with(adjust: impl FnOnce(&mut RlsSettings)) -> RlsNode {
     let dir = tempfile::tempdir().unwrap();
     let config_file = dir.path().join("config.yaml");
     std::fs::write(&config_file, CONFIG).unwrap();
-    let settings = RlsSettings {
+    let mut settings = RlsSettings {
         listen: "127.0.0.1:0".parse().unwrap(),
         config: config_file.clone(),
-        rate_limit_headers: headers,
+        rate_limit_headers: false,
         tls: false,
+        client_auth: false,
+        allow_negative_hits: false,
     };
+    adjust(&mut settings);
     let node = start_node(|c| {
         c.rls = Some(settings);
         c.admin = Some("127.0.0.1:0".parse().unwrap());
@@ -246,8 +254,8 @@ async fn hits_addend_counts_per_request_and_per_descriptor_and_zero_peeks() {
 }
 
 #[tokio::test]
-async fn negative_hits_give_units_back() {
-    let mut rls = start_rls(false).await;
+async fn negative_hits_give_units_back_where_the_operator_allows_them() {
+    let mut rls = start_rls_with(|s| s.allow_negative_hits = true).await;
     for _ in 0..4 {
         ask(
             &mut rls,
@@ -266,6 +274,58 @@ async fn negative_hits_give_units_back() {
     )
     .await;
     assert_eq!((answer.overall_code, remaining(&answer)), (OK, vec![1]));
+    rls.node.node.shutdown().await;
+}
+
+/// By default the listener honours no negative hits: whoever reaches it could refill any key.
+/// A request with such a descriptor is refused, naming the descriptor and the flag, and none of
+/// its descriptors is counted or given back.
+#[tokio::test]
+async fn negative_hits_are_refused_by_default_and_touch_no_bucket() {
+    let mut rls = start_rls(false).await;
+    let three = || descriptor(&[("generic_key", "three")]);
+    for _ in 0..3 {
+        ask(&mut rls, request(vec![three()])).await;
+    }
+    let over = ask(&mut rls, request(vec![three()])).await;
+    assert_eq!((over.overall_code, remaining(&over)), (OVER_LIMIT, vec![0]));
+    let mut give_back = three();
+    give_back.hits_addend = Some(UInt64Value { value: 3 });
+    give_back.is_negative_hits = true;
+    // A counted descriptor beside it: refused with the request, so it takes nothing either.
+    let ten = descriptor(&[("generic_key", "ten")]);
+    let refused = rls
+        .client
+        .should_rate_limit(request(vec![ten.clone(), give_back.clone()]))
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::InvalidArgument);
+    assert!(
+        refused.message().contains("descriptor 1: negative hits")
+            && refused.message().contains("--rls-allow-negative-hits"),
+        "{}",
+        refused.message()
+    );
+    // Unmatched descriptors and unknown domains are refused alike.
+    let mut unmatched = descriptor(&[("nothing", "here")]);
+    unmatched.is_negative_hits = true;
+    let refused = rls
+        .client
+        .should_rate_limit(RateLimitRequest {
+            domain: "elsewhere".into(),
+            ..request(vec![unmatched])
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::InvalidArgument);
+    // Nothing was given back and nothing taken.
+    let still_over = ask(&mut rls, request(vec![three()])).await;
+    assert_eq!(
+        (still_over.overall_code, remaining(&still_over)),
+        (OVER_LIMIT, vec![0])
+    );
+    let ten_untouched = ask(&mut rls, request(vec![ten])).await;
+    assert_eq!(remaining(&ten_untouched), vec![9]);
     rls.node.node.shutdown().await;
 }
 
@@ -467,6 +527,8 @@ async fn a_broken_configuration_stops_the_node_at_start_naming_file_line_and_col
         config: file,
         rate_limit_headers: false,
         tls: false,
+        client_auth: false,
+        allow_negative_hits: false,
     });
     let error = format!(
         "{:#}",
@@ -492,6 +554,8 @@ async fn descriptors_are_decided_by_their_owner_across_the_cluster() {
         config: config_file,
         rate_limit_headers: false,
         tls: false,
+        client_auth: false,
+        allow_negative_hits: false,
     };
     let fast = |c: &mut floodgate_node::NodeConfig| {
         c.cluster.membership = MembershipConfig {
@@ -631,6 +695,8 @@ async fn with_rls_tls_the_service_presents_the_node_certificate() {
         config: config_file,
         rate_limit_headers: false,
         tls: true,
+        client_auth: false,
+        allow_negative_hits: false,
     };
     let node = start_node(|c| c.rls = Some(settings)).await;
     let addr = node.node.rls_addr().unwrap();
@@ -665,6 +731,116 @@ async fn with_rls_tls_the_service_presents_the_node_certificate() {
     node.node.shutdown().await;
 }
 
+/// `--rls-client-auth`: the TLS listener answers only callers presenting a certificate of the
+/// client CA; one without a certificate, or with a certificate of another CA (a node's), gets
+/// no answer.
+#[tokio::test]
+async fn with_rls_client_auth_only_callers_with_a_client_certificate_are_answered() {
+    use tonic::transport::{Certificate, ClientTlsConfig, Identity};
+    let dir = tempfile::tempdir().unwrap();
+    let config_file = dir.path().join("config.yaml");
+    std::fs::write(&config_file, CONFIG).unwrap();
+    let certs = floodgate_node::ensure_dev_certs(dir.path()).unwrap();
+    let mut config = floodgate_node::NodeConfig::for_tests(&certs);
+    config.tls.client_ca = Some(certs.client_ca.clone());
+    config.rls = Some(RlsSettings {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        config: config_file,
+        rate_limit_headers: false,
+        tls: true,
+        client_auth: true,
+        allow_negative_hits: false,
+    });
+    let node = floodgate_node::Node::start(config).await.unwrap();
+    let url = format!("https://{}", node.rls_addr().unwrap());
+    let ca = std::fs::read(&certs.ca).unwrap();
+    let call = || request(vec![descriptor(&[("generic_key", "three")])]);
+    let answered = |identity: Option<Identity>| {
+        let mut tls = ClientTlsConfig::new()
+            .ca_certificate(Certificate::from_pem(&ca))
+            .domain_name("localhost");
+        if let Some(identity) = identity {
+            tls = tls.identity(identity);
+        }
+        let url = url.clone();
+        async move {
+            let channel = Channel::from_shared(url)
+                .unwrap()
+                .tls_config(tls)
+                .unwrap()
+                .connect()
+                .await
+                .map_err(|e| e.to_string())?;
+            let mut client = RateLimitServiceClient::new(channel);
+            tokio::time::timeout(Duration::from_secs(10), client.should_rate_limit(call()))
+                .await
+                .expect("the listener answers or refuses within 10 s")
+                .map(|a| a.into_inner())
+                .map_err(|e| e.to_string())
+        }
+    };
+    let without = answered(None).await;
+    assert!(
+        without.is_err(),
+        "answered without a client certificate: {without:?}"
+    );
+    let node_identity = Identity::from_pem(
+        std::fs::read(&certs.node_cert).unwrap(),
+        std::fs::read(&certs.node_key).unwrap(),
+    );
+    let other_ca = answered(Some(node_identity)).await;
+    assert!(
+        other_ca.is_err(),
+        "answered a certificate of another CA: {other_ca:?}"
+    );
+    let client_identity = Identity::from_pem(
+        std::fs::read(&certs.client_cert).unwrap(),
+        std::fs::read(&certs.client_key).unwrap(),
+    );
+    let answer = answered(Some(client_identity)).await.unwrap();
+    // The refused calls counted nothing: this is the key's first unit.
+    assert_eq!((answer.overall_code, remaining(&answer)), (OK, vec![2]));
+    node.shutdown().await;
+}
+
+/// `--rls-client-auth` needs TLS and a client CA: without either the node does not start, and
+/// says which flag is missing.
+#[tokio::test]
+async fn rls_client_auth_without_tls_or_a_client_ca_stops_the_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let config_file = dir.path().join("config.yaml");
+    std::fs::write(&config_file, CONFIG).unwrap();
+    let certs = floodgate_node::ensure_dev_certs(dir.path()).unwrap();
+    let start = |tls: bool, client_ca: Option<PathBuf>| {
+        let mut config = floodgate_node::NodeConfig::for_tests(&certs);
+        config.tls.client_ca = client_ca;
+        config.rls = Some(RlsSettings {
+            listen: "127.0.0.1:0".parse().unwrap(),
+            config: config_file.clone(),
+            rate_limit_headers: false,
+            tls,
+            client_auth: true,
+            allow_negative_hits: false,
+        });
+        floodgate_node::Node::start(config)
+    };
+    let error = format!("{:#}", start(true, None).await.unwrap_err());
+    assert!(
+        error.contains("--rls-client-auth needs --client-ca"),
+        "{error}"
+    );
+    let error = format!(
+        "{:#}",
+        start(false, Some(certs.client_ca.clone()))
+            .await
+            .unwrap_err()
+    );
+    assert!(
+        error.contains("--rls-client-auth needs --rls-tls"),
+        "{error}"
+    );
+}
+
 #[tokio::test]
 async fn connections_beyond_the_allowance_wait_until_one_closes() {
     let dir = tempfile::tempdir().unwrap();
@@ -675,6 +851,8 @@ async fn connections_beyond_the_allowance_wait_until_one_closes() {
         config: config_file,
         rate_limit_headers: false,
         tls: false,
+        client_auth: false,
+        allow_negative_hits: false,
     };
     let node = start_node(|c| {
         c.rls = Some(settings);

@@ -191,6 +191,8 @@ async fn envoy_returns_429_on_the_fourth_request_of_three_a_minute() {
         config: rls_config,
         rate_limit_headers: false,
         tls: false,
+        client_auth: false,
+        allow_negative_hits: false,
     });
     let node = Node::start(config).await.unwrap();
     let upstream = upstream().await;

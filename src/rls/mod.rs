@@ -16,4 +16,4 @@ pub use answer::{
     DescriptorAnswer, StatusCode, answer_descriptor, overall_code, ratelimit_headers,
 };
 pub use config::{RateRule, RlsConfig, RlsConfigError, Unit};
-pub use plan::{DescriptorRequest, Planned, plan_request};
+pub use plan::{DescriptorRequest, NEGATIVE_HITS_OFF, PlanOptions, Planned, plan_request};

@@ -19,8 +19,18 @@ pub struct DescriptorRequest {
     pub limit_override: Option<(u32, i32)>,
     /// The per-descriptor `hits_addend`; `Some(0)` peeks.
     pub hits_addend: Option<u64>,
-    /// `is_negative_hits`: give the hits back instead of taking them (never denied).
+    /// `is_negative_hits`: give the hits back instead of taking them (never denied). Honoured
+    /// only where [`PlanOptions::allow_negative_hits`] is set.
     pub negative_hits: bool,
+}
+
+/// What the listener lets a descriptor ask for beyond taking its hits.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PlanOptions {
+    /// Honour `is_negative_hits` (give units back to the descriptor's bucket). Off by default:
+    /// whoever can reach the listener could otherwise refill any key, so a descriptor asking
+    /// for negative hits is planned `Invalid` and touches nothing.
+    pub allow_negative_hits: bool,
 }
 
 /// What one descriptor needs.
@@ -40,9 +50,14 @@ pub enum Planned {
         /// Give `cost` back (`is_negative_hits`) instead of taking it.
         refund: bool,
     },
-    /// The descriptor cannot be decided (a bad override or an oversized key): the words say why.
+    /// The descriptor cannot be decided (a bad override, an oversized key, negative hits where
+    /// they are off): the words say why.
     Invalid(String),
 }
+
+/// Why a descriptor asking for negative hits is refused where they are off.
+pub const NEGATIVE_HITS_OFF: &str = "negative hits (is_negative_hits) are off on this listener; \
+     the operator enables them with --rls-allow-negative-hits";
 
 /// Plans every descriptor of a request. `hits_addend` is the request's (0 means 1).
 pub fn plan_request(
@@ -50,6 +65,7 @@ pub fn plan_request(
     domain: &str,
     descriptors: &[DescriptorRequest],
     hits_addend: u64,
+    options: PlanOptions,
 ) -> Vec<Planned> {
     let request_hits = hits_addend.max(1);
     let rules: Vec<Result<Option<Arc<RateRule>>, String>> = descriptors
@@ -66,6 +82,11 @@ pub fn plan_request(
         .iter()
         .zip(&rules)
         .map(|(descriptor, rule)| {
+            // Refused whether or not a rule matches: the request asks for something this
+            // listener does not do, and its sender should hear so.
+            if descriptor.negative_hits && !options.allow_negative_hits {
+                return Planned::Invalid(NEGATIVE_HITS_OFF.to_owned());
+            }
             let rule = match rule {
                 Err(message) => return Planned::Invalid(message.clone()),
                 Ok(None) => return Planned::NoLimit,
@@ -180,7 +201,13 @@ mod tests {
     fn costs_come_from_the_descriptor_then_the_request() {
         let mut peek = descriptor(&[("a", "1")]);
         peek.hits_addend = Some(0);
-        let plans = plan_request(&config(), "d", &[descriptor(&[("a", "1")]), peek], 5);
+        let plans = plan_request(
+            &config(),
+            "d",
+            &[descriptor(&[("a", "1")]), peek],
+            5,
+            PlanOptions::default(),
+        );
         let costs: Vec<u64> = plans
             .iter()
             .map(|p| match p {
@@ -189,7 +216,13 @@ mod tests {
             })
             .collect();
         assert_eq!(costs, vec![5, 0]);
-        let plans = plan_request(&config(), "d", &[descriptor(&[("a", "1")])], 0);
+        let plans = plan_request(
+            &config(),
+            "d",
+            &[descriptor(&[("a", "1")])],
+            0,
+            PlanOptions::default(),
+        );
         assert!(matches!(plans[0], Planned::Check { cost: 1, .. }));
     }
 
@@ -201,21 +234,34 @@ mod tests {
             "d",
             &[descriptor(&[("a", "1")]), descriptor(&[("b", "1")])],
             1,
+            PlanOptions::default(),
         );
         assert_eq!(both[0], Planned::NoLimit);
         assert!(matches!(&both[1], Planned::Check { rule, .. } if rule.display_name() == "narrow"));
-        let alone = plan_request(&c, "d", &[descriptor(&[("a", "1")])], 1);
+        let alone = plan_request(
+            &c,
+            "d",
+            &[descriptor(&[("a", "1")])],
+            1,
+            PlanOptions::default(),
+        );
         assert!(matches!(alone[0], Planned::Check { .. }));
     }
 
     #[test]
     fn an_override_is_part_of_the_bucket_identity() {
         let c = config();
-        let key_of =
-            |d: &DescriptorRequest| match &plan_request(&c, "d", std::slice::from_ref(d), 1)[0] {
-                Planned::Check { key, counted, .. } => (key.clone(), counted.requests_per_unit),
-                other => panic!("{other:?}"),
-            };
+        let key_of = |d: &DescriptorRequest| match &plan_request(
+            &c,
+            "d",
+            std::slice::from_ref(d),
+            1,
+            PlanOptions::default(),
+        )[0]
+        {
+            Planned::Check { key, counted, .. } => (key.clone(), counted.requests_per_unit),
+            other => panic!("{other:?}"),
+        };
         let plain = descriptor(&[("a", "1")]);
         let mut five = plain.clone();
         five.limit_override = Some((5, 2));
@@ -233,7 +279,7 @@ mod tests {
         assert!(matches!(key_of(&unmatched), (_, 2)));
         unmatched.limit_override = Some((2, 99));
         assert!(matches!(
-            plan_request(&c, "d", &[unmatched], 1)[0],
+            plan_request(&c, "d", &[unmatched], 1, PlanOptions::default())[0],
             Planned::Invalid(_)
         ));
     }
@@ -242,17 +288,65 @@ mod tests {
     fn unknown_domains_unmatched_and_unlimited_descriptors_count_nothing() {
         let c = config();
         assert_eq!(
-            plan_request(&c, "x", &[descriptor(&[("a", "1")])], 1)[0],
+            plan_request(
+                &c,
+                "x",
+                &[descriptor(&[("a", "1")])],
+                1,
+                PlanOptions::default()
+            )[0],
             Planned::NoLimit
         );
         assert_eq!(
-            plan_request(&c, "d", &[descriptor(&[("q", "1")])], 1)[0],
+            plan_request(
+                &c,
+                "d",
+                &[descriptor(&[("q", "1")])],
+                1,
+                PlanOptions::default()
+            )[0],
             Planned::NoLimit
         );
         assert!(matches!(
-            plan_request(&c, "d", &[descriptor(&[("u", "1")])], 1)[0],
+            plan_request(
+                &c,
+                "d",
+                &[descriptor(&[("u", "1")])],
+                1,
+                PlanOptions::default()
+            )[0],
             Planned::Unlimited(_)
         ));
+    }
+
+    #[test]
+    fn negative_hits_are_refused_unless_the_listener_allows_them() {
+        let c = config();
+        let mut give_back = descriptor(&[("a", "1")]);
+        give_back.negative_hits = true;
+        let mut unmatched = descriptor(&[("q", "1")]);
+        unmatched.negative_hits = true;
+        let request = [descriptor(&[("a", "1")]), give_back, unmatched];
+        let off = plan_request(&c, "d", &request, 1, PlanOptions::default());
+        assert!(matches!(off[0], Planned::Check { refund: false, .. }));
+        // Matched or not, in a known domain or not: the descriptor is refused, nothing planned.
+        assert_eq!(off[1], Planned::Invalid(NEGATIVE_HITS_OFF.to_owned()));
+        assert_eq!(off[2], Planned::Invalid(NEGATIVE_HITS_OFF.to_owned()));
+        let elsewhere = plan_request(&c, "x", &request[1..2], 1, PlanOptions::default());
+        assert_eq!(elsewhere[0], Planned::Invalid(NEGATIVE_HITS_OFF.to_owned()));
+        let on = PlanOptions {
+            allow_negative_hits: true,
+        };
+        let allowed = plan_request(&c, "d", &request, 1, on);
+        assert!(matches!(
+            allowed[1],
+            Planned::Check {
+                refund: true,
+                cost: 1,
+                ..
+            }
+        ));
+        assert_eq!(allowed[2], Planned::NoLimit);
     }
 
     #[test]

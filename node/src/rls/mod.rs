@@ -1,6 +1,8 @@
 //! Envoy's rate limit service (RLS v3) on the node: `--rls-listen` serves
 //! `envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit` and gRPC health v1 over
-//! plaintext HTTP/2, deciding through the cluster like any client's checks.
+//! plaintext HTTP/2 (or TLS with the node's certificate, `--rls-tls`, requiring client
+//! certificates of the client CA with `--rls-client-auth`), deciding through the cluster like
+//! any client's checks. Negative hits are honoured only with `--rls-allow-negative-hits`.
 //!
 //! - `config_file`: `--rls-config` (envoyproxy/ratelimit's files), validated and hot-reloaded.
 //! - `incoming`: the listener's connections, at most `max_connections` open at once.
@@ -42,6 +44,7 @@ pub(crate) async fn start(
     shutdown: watch::Receiver<bool>,
     tasks: &mut JoinSet<()>,
 ) -> anyhow::Result<(SocketAddr, Arc<RlsConfigHandle>)> {
+    settings.validate(&shared.config.tls)?;
     let handle = RlsConfigHandle::load(&settings.config)?;
     let listener = tokio::net::TcpListener::bind(settings.listen)
         .await
@@ -56,6 +59,9 @@ pub(crate) async fn start(
         shared,
         config: handle.clone(),
         rate_limit_headers: settings.rate_limit_headers,
+        plan: floodgate::rls::PlanOptions {
+            allow_negative_hits: settings.allow_negative_hits,
+        },
     };
     let (health, health_service) = tonic_health::server::health_reporter();
     health
@@ -67,7 +73,7 @@ pub(crate) async fn start(
     let mut builder = tonic::transport::Server::builder();
     if settings.tls {
         builder = builder
-            .tls_config(tls_config(&shared_tls)?)
+            .tls_config(tls_config(&shared_tls, settings.client_auth)?)
             .context("the RLS listener's TLS configuration")?;
     }
     let mut stop = shutdown.clone();
@@ -89,16 +95,39 @@ pub(crate) async fn start(
         }
     });
     tasks.spawn(config_file::watch_config(handle.clone(), shutdown));
-    tracing::info!(%addr, tls = settings.tls, config = %settings.config.display(), "RLS (Envoy rate limit service) listening");
+    tracing::info!(
+        %addr,
+        tls = settings.tls,
+        client_auth = settings.client_auth,
+        negative_hits = settings.allow_negative_hits,
+        config = %settings.config.display(),
+        "RLS (Envoy rate limit service) listening"
+    );
     Ok((addr, handle))
 }
 
-/// The node's own certificate and key, as the QUIC endpoint presents them.
-fn tls_config(tls: &crate::config::TlsConfig) -> anyhow::Result<tonic::transport::ServerTlsConfig> {
+/// The node's own certificate and key, as the QUIC endpoint presents them; with `client_auth`,
+/// a client certificate signed by the client CA is required (no certificate, or another CA's:
+/// the handshake fails and nothing is served).
+fn tls_config(
+    tls: &crate::config::TlsConfig,
+    client_auth: bool,
+) -> anyhow::Result<tonic::transport::ServerTlsConfig> {
     let cert = std::fs::read(&tls.cert)
         .with_context(|| format!("reading the certificate {}", tls.cert.display()))?;
     let key = std::fs::read(&tls.key)
         .with_context(|| format!("reading the key {}", tls.key.display()))?;
-    Ok(tonic::transport::ServerTlsConfig::new()
-        .identity(tonic::transport::Identity::from_pem(cert, key)))
+    let mut config = tonic::transport::ServerTlsConfig::new()
+        .identity(tonic::transport::Identity::from_pem(cert, key));
+    if client_auth {
+        let Some(client_ca) = &tls.client_ca else {
+            anyhow::bail!("--rls-client-auth needs --client-ca PEM");
+        };
+        let ca = std::fs::read(client_ca)
+            .with_context(|| format!("reading the client CA {}", client_ca.display()))?;
+        config = config
+            .client_ca_root(tonic::transport::Certificate::from_pem(ca))
+            .client_auth_optional(false);
+    }
+    Ok(config)
 }

@@ -15,8 +15,8 @@ use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimit
 use envoy_types::pb::google::protobuf::{self as pbuf, value::Kind};
 use floodgate::NANOS_PER_SEC;
 use floodgate::rls::{
-    DescriptorAnswer, DescriptorRequest, Planned, StatusCode, answer_descriptor, overall_code,
-    plan_request, ratelimit_headers,
+    DescriptorAnswer, DescriptorRequest, PlanOptions, Planned, StatusCode, answer_descriptor,
+    overall_code, plan_request, ratelimit_headers,
 };
 use metrics::{counter, histogram};
 use tonic::{Request, Response, Status};
@@ -28,12 +28,14 @@ use crate::state::Shared;
 /// Most entries in one descriptor (Envoy sends a handful).
 pub const MAX_ENTRIES: usize = 64;
 
-/// The service: the node's shared state, the configuration in force, and the header flag.
+/// The service: the node's shared state, the configuration in force, the header flag, and
+/// what descriptors may ask for (negative hits).
 #[derive(Debug)]
 pub(crate) struct RlsService {
     pub(crate) shared: Arc<Shared>,
     pub(crate) config: Arc<RlsConfigHandle>,
     pub(crate) rate_limit_headers: bool,
+    pub(crate) plan: PlanOptions,
 }
 
 #[tonic::async_trait]
@@ -58,7 +60,11 @@ impl RlsService {
             &request.domain,
             &descriptors,
             u64::from(request.hits_addend),
+            self.plan,
         );
+        // Any descriptor that cannot be decided refuses the whole request before a bucket is
+        // touched (as envoyproxy/ratelimit answers a request it cannot serve: a gRPC error),
+        // naming the descriptor and why.
         if let Some((i, why)) = plans.iter().enumerate().find_map(|(i, p)| match p {
             Planned::Invalid(why) => Some((i, why)),
             _ => None,
