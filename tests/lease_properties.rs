@@ -4,11 +4,28 @@
 //! `max` live leases on a key, and refuses with the time until the earliest expiry.
 
 use floodgate::BucketKey;
-use floodgate::lease::{Acquired, LeaseLimit, LeaseStore, LeaseStoreConfig, Renewed};
+use floodgate::lease::{Acquired, LeaseIds, LeaseLimit, LeaseStore, LeaseStoreConfig, Renewed};
 use proptest::prelude::*;
 
 const KEYS: usize = 3;
 const MS: u64 = 1_000_000;
+
+/// Deterministic ids for the model (a store in service draws them from a secure generator):
+/// a splitmix64 sequence, so ids are scattered and the store never sees a counter.
+#[derive(Debug, Default)]
+struct Splitmix(std::sync::atomic::AtomicU64);
+
+impl LeaseIds for Splitmix {
+    fn next_id(&self) -> u64 {
+        let seed = self
+            .0
+            .fetch_add(0x9e37_79b9_7f4a_7c15, std::sync::atomic::Ordering::Relaxed);
+        let mut z = seed.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+}
 
 #[derive(Debug, Clone)]
 enum Op {
@@ -60,7 +77,7 @@ impl Model {
 proptest! {
     #[test]
     fn the_store_grants_exactly_what_the_model_has_room_for(ops in prop::collection::vec(op(), 1..200)) {
-        let store = LeaseStore::new(LeaseStoreConfig { max_leases: 1_000, id_prefix: 7 });
+        let store = LeaseStore::new(LeaseStoreConfig { max_leases: 1_000 }, Box::new(Splitmix::default()));
         let keys: Vec<BucketKey> = (0..KEYS).map(|i| BucketKey::for_key(format!("k{i}").as_bytes())).collect();
         let mut model = Model { leases: vec![Vec::new(); KEYS] };
         let mut granted: Vec<(usize, u64)> = Vec::new();

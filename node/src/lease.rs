@@ -177,7 +177,9 @@ impl LeaseMetrics {
 #[cfg(test)]
 mod tests {
     use floodgate::BucketKey;
-    use floodgate::lease::{LeaseLimit, LeaseStoreConfig};
+    use floodgate::lease::{LeaseIds, LeaseLimit, LeaseStoreConfig};
+
+    use crate::cluster::SystemLeaseIds;
 
     use super::*;
 
@@ -191,9 +193,41 @@ mod tests {
         }
     }
 
+    fn store() -> LeaseStore {
+        LeaseStore::new(LeaseStoreConfig::default(), Box::new(SystemLeaseIds::new()))
+    }
+
+    /// The node's ids are 64 random bits each: 1,000 grants on one key are all distinct, none
+    /// is 0, and no two are within 2^16 of each other (a counter's are 1 apart; 1,000 random
+    /// ids come that close with a chance of about 2^-28).
+    #[test]
+    fn lease_ids_are_not_predictable_from_one_another() {
+        let leases = store();
+        let mut ids: Vec<u64> = (0..1_000)
+            .map(|_| match decide(&leases, &acquire(b"k", 100_000), SEC) {
+                LeaseAnswer::Granted { lease_id, .. } => lease_id,
+                other => panic!("expected a grant, got {other:?}"),
+            })
+            .collect();
+        assert!(ids.iter().all(|&id| id != 0));
+        ids.sort_unstable();
+        let closest = ids.windows(2).map(|w| w[1] - w[0]).min().unwrap();
+        assert!(closest > 0, "two grants share an id");
+        assert!(closest > 1 << 16, "two ids only {closest} apart");
+        // The source itself: consecutive draws differ in about half their bits, not by a step.
+        let source = SystemLeaseIds::new();
+        let draws: Vec<u64> = (0..1_000).map(|_| source.next_id()).collect();
+        let flipped: u32 = draws.windows(2).map(|w| (w[0] ^ w[1]).count_ones()).sum();
+        let mean = f64::from(flipped) / 999.0;
+        assert!(
+            (28.0..=36.0).contains(&mean),
+            "{mean} bits differ on average"
+        );
+    }
+
     #[test]
     fn answers_say_what_happened_to_each_request() {
-        let leases = LeaseStore::new(LeaseStoreConfig::default());
+        let leases = store();
         let LeaseAnswer::Granted {
             lease_id,
             in_use: 1,
@@ -253,7 +287,7 @@ mod tests {
     /// count drops (the sweeper reclaims a key nobody touches again).
     #[test]
     fn an_abandoned_lease_frees_its_place_at_its_ttl() {
-        let leases = LeaseStore::new(LeaseStoreConfig::default());
+        let leases = store();
         assert!(matches!(
             decide(&leases, &acquire(b"k", 1), 0),
             LeaseAnswer::Granted { .. }

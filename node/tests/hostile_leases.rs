@@ -1,6 +1,7 @@
 //! Hostile lease input: bad lease frames (kind 15) get an error frame with their documented
 //! code and a reason a person can act on, and the stream goes on; lease syncs (kind 17) from a
-//! client are forbidden; the node-wide lease bound answers `store_full`. Nothing panics.
+//! client are forbidden; the node-wide lease bound answers `store_full`; a lease's id tells
+//! nothing of its neighbours', so guessing around one's own releases nothing. Nothing panics.
 
 mod common;
 
@@ -190,5 +191,99 @@ async fn past_the_node_wide_bound_an_acquire_is_answered_store_full() {
     assert!(matches!(answers[0], LeaseAnswer::Granted { .. }));
     assert!(matches!(answers[1], LeaseAnswer::Granted { .. }));
     assert_eq!(answers[2], LeaseAnswer::Error(ErrorCode::StoreFull));
+    node.node.shutdown().await;
+}
+
+/// The id of the lease granted by a one-request frame.
+async fn granted_id(connection: &quinn::Connection, request: WireLeaseRequest) -> u64 {
+    let replies = parse(
+        &floodgate_node::exchange::round_trip(connection, &frame(1, vec![request]), 1 << 20)
+            .await
+            .unwrap(),
+    );
+    match replies[0].1.as_ref().unwrap()[..] {
+        [LeaseAnswer::Granted { lease_id, .. }] => lease_id,
+        ref other => panic!("expected a grant, got {other:?}"),
+    }
+}
+
+/// Lease ids are random, not a counter: a caller holding a lease on a key cannot release or
+/// renew the leases other callers hold on it by trying the ids around its own.
+#[tokio::test]
+async fn a_caller_cannot_release_or_renew_anothers_lease_by_guessing_its_id() {
+    const GUESSES: u64 = 1_000;
+    let node = start_node(|_| {}).await;
+    let victim = connect(node.node.local_addr(), client_config(&node.certs, false)).await;
+    let attacker = connect(node.node.local_addr(), client_config(&node.certs, false)).await;
+    let shared = || acquire(b"shared", 10, 60 * SEC);
+    let before = granted_id(&victim, shared()).await;
+    let own = granted_id(&attacker, shared()).await;
+    let after = granted_id(&victim, shared()).await;
+    let guesses: Vec<u64> = (1..=GUESSES)
+        .flat_map(|d| [own.wrapping_add(d), own.wrapping_sub(d)])
+        .filter(|&id| id != 0)
+        .collect();
+    let releases = guesses
+        .iter()
+        .map(|&id| WireLeaseRequest::release("shared", id))
+        .collect();
+    let renewals = guesses
+        .iter()
+        .map(|&id| WireLeaseRequest::renew("shared", id, 60 * SEC))
+        .collect();
+    let mut bytes = frame(1, releases);
+    bytes.extend(frame(2, renewals));
+    let replies = parse(
+        &floodgate_node::exchange::round_trip(&attacker, &bytes, 16 << 20)
+            .await
+            .unwrap(),
+    );
+    assert_eq!(replies.len(), 2, "{replies:?}");
+    let released = replies[0].1.as_ref().unwrap();
+    assert_eq!(released.len(), guesses.len());
+    assert!(
+        released.iter().all(|a| *a
+            == LeaseAnswer::Released {
+                was_held: false,
+                in_use: 3
+            }),
+        "a guessed id released a lease: {released:?}"
+    );
+    let renewed = replies[1].1.as_ref().unwrap();
+    assert!(
+        renewed
+            .iter()
+            .all(|a| *a == LeaseAnswer::NotHeld { in_use: 3 }),
+        "a guessed id renewed a lease"
+    );
+    // The victim's leases are still its own to renew and release.
+    let mine = vec![
+        WireLeaseRequest::renew("shared", before, 60 * SEC),
+        WireLeaseRequest::release("shared", before),
+        WireLeaseRequest::release("shared", after),
+    ];
+    let replies = parse(
+        &floodgate_node::exchange::round_trip(&victim, &frame(3, mine), 1 << 20)
+            .await
+            .unwrap(),
+    );
+    let answers = replies[0].1.as_ref().unwrap();
+    assert!(
+        matches!(answers[0], LeaseAnswer::Renewed { in_use: 3, .. }),
+        "{answers:?}"
+    );
+    assert_eq!(
+        answers[1..],
+        [
+            LeaseAnswer::Released {
+                was_held: true,
+                in_use: 2
+            },
+            LeaseAnswer::Released {
+                was_held: true,
+                in_use: 1
+            }
+        ]
+    );
     node.node.shutdown().await;
 }

@@ -3,7 +3,8 @@
 
 use super::LeaseLimit;
 
-/// One held lease: its id (unique per node, see `LeaseStore`) and when it is reclaimed.
+/// One held lease: its id (random, unique among its key's live leases, see `LeaseIds`) and
+/// when it is reclaimed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Lease {
     pub id: u64,

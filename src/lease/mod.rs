@@ -4,7 +4,8 @@
 //! - `limit`: [`LeaseLimit`], a validated `max` and TTL.
 //! - `concurrency`: [`LeaseSet`], one key's leases: acquire, release, renew, reclaim, merge.
 //! - `store`: [`LeaseStore`], the sharded map of lease sets, bounded node-wide, with what
-//!   replication and hand-off read (changed sets, release tombstones, export) and merge.
+//!   replication and hand-off read (changed sets, release tombstones, export) and merge; its
+//!   ids come from a [`LeaseIds`] source the node gives it (a secure generator).
 
 mod concurrency;
 mod limit;
@@ -13,5 +14,6 @@ mod store;
 pub use concurrency::{Acquired, Lease, LeaseSet};
 pub use limit::{LeaseLimit, LeaseLimitError, MAX_LEASE_MAX, MAX_LEASE_TTL_NS, MIN_LEASE_TTL_NS};
 pub use store::{
-    LeaseSetState, LeaseStats, LeaseStore, LeaseStoreConfig, LeaseStoreError, Released, Renewed,
+    LeaseIds, LeaseSetState, LeaseStats, LeaseStore, LeaseStoreConfig, LeaseStoreError, Released,
+    Renewed,
 };

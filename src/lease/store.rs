@@ -3,7 +3,7 @@
 //! round and the ids released since then (tombstones), an export by slot, and a merge.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use parking_lot::Mutex;
 
@@ -17,24 +17,33 @@ const SHARDS: usize = 64;
 /// dropped: the replica then holds that lease until its TTL, stricter, never looser.
 const MAX_TOMBSTONES_PER_SHARD: usize = 4_096;
 
-/// Bounds and identity of a node's lease store.
+/// Bounds of a node's lease store.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LeaseStoreConfig {
     /// Most leases held at once on this node, all keys together (replicas included). An acquire
     /// past it is refused (`LeaseStoreError::Full`); a merge past it drops the extra leases.
     pub max_leases: usize,
-    /// The high 32 bits of every lease id this store grants: a node picks it at random at start,
-    /// so ids granted by two nodes (an owner and its successor taking over) do not collide.
-    pub id_prefix: u32,
 }
 
 impl Default for LeaseStoreConfig {
     fn default() -> Self {
         LeaseStoreConfig {
             max_leases: 1_000_000,
-            id_prefix: 1,
         }
     }
+}
+
+/// Where a store's lease ids come from.
+///
+/// A lease is named by its key and its id alone: whoever sends both may release or renew it. So
+/// an id must tell nothing about any other: holding one lease must not let a caller work out its
+/// neighbours'. Each id is 64 bits drawn from a cryptographically secure generator (the node
+/// draws them from the operating system's; the core reads no randomness of its own), and a
+/// store's ids are never 0 ("no lease") nor one a live lease of the same key holds (drawn again:
+/// two live leases of one key never share an id). 64 bits because ids are `u64` on the wire.
+pub trait LeaseIds: Send + Sync + std::fmt::Debug {
+    /// The next id: 64 bits from a cryptographically secure generator.
+    fn next_id(&self) -> u64;
 }
 
 /// Why an acquire could not be decided.
@@ -98,18 +107,19 @@ pub struct LeaseStore {
     shards: Box<[Mutex<Shard>]>,
     held: AtomicUsize,
     config: LeaseStoreConfig,
-    next_id: AtomicU32,
+    ids: Box<dyn LeaseIds>,
     sweep_cursor: AtomicUsize,
     stats: LeaseStats,
 }
 
 impl LeaseStore {
-    pub fn new(config: LeaseStoreConfig) -> Self {
+    /// An empty store granting ids drawn from `ids` (see [`LeaseIds`]).
+    pub fn new(config: LeaseStoreConfig, ids: Box<dyn LeaseIds>) -> Self {
         LeaseStore {
             shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
             held: AtomicUsize::new(0),
             config,
-            next_id: AtomicU32::new(1),
+            ids,
             sweep_cursor: AtomicUsize::new(0),
             stats: LeaseStats::default(),
         }
@@ -119,15 +129,15 @@ impl LeaseStore {
         &self.shards[key.check as usize % SHARDS]
     }
 
-    /// A fresh id: this store's prefix, then a counter (never 0, which means "no lease").
-    fn fresh_id(&self) -> u64 {
-        loop {
-            let low = self.next_id.fetch_add(1, Ordering::Relaxed);
-            let id = (u64::from(self.config.id_prefix) << 32) | u64::from(low);
-            if id != 0 {
-                return id;
-            }
+    /// `drawn` if it is a usable id for `set`, else fresh draws until one is: never 0 (which
+    /// means "no lease"), never an id a live lease of the key holds. Either happens once in
+    /// about 2^64 / (leases of the key) draws.
+    fn fresh_id(&self, set: &LeaseSet, drawn: u64) -> u64 {
+        let mut id = drawn;
+        while id == 0 || set.leases.iter().any(|l| l.id == id) {
+            id = self.ids.next_id();
         }
+        id
     }
 
     /// Applies `op` to `key`'s set with expired leases reclaimed first, keeps the held count
@@ -171,7 +181,9 @@ impl LeaseStore {
         limit: &LeaseLimit,
         now_ns: u64,
     ) -> Result<Acquired, LeaseStoreError> {
-        let id = self.fresh_id();
+        // Drawn before the shard's lock is taken (the draw may be a system call); drawn again
+        // under it only in the rare case the id is unusable.
+        let drawn = self.ids.next_id();
         let result = self.with_set(key, now_ns, |set, reclaimed| {
             // The places this key's reclaim just freed count as free.
             let held = self.held.load(Ordering::Relaxed).saturating_sub(reclaimed);
@@ -180,6 +192,7 @@ impl LeaseStore {
                     max_leases: self.config.max_leases,
                 });
             }
+            let id = self.fresh_id(set, drawn);
             Ok(set.acquire(limit, id, now_ns))
         });
         let counter = match result {
@@ -354,11 +367,34 @@ mod tests {
 
     const SEC: u64 = 1_000_000_000;
 
+    /// Ids from a script, then a counter: deterministic, for tests only (a store in service
+    /// draws them from a secure generator).
+    #[derive(Debug)]
+    struct ScriptedIds {
+        script: Mutex<Vec<u64>>,
+        next: AtomicU64,
+    }
+
+    impl ScriptedIds {
+        fn new(script: &[u64]) -> Box<Self> {
+            Box::new(ScriptedIds {
+                script: Mutex::new(script.iter().rev().copied().collect()),
+                next: AtomicU64::new(1 << 40),
+            })
+        }
+    }
+
+    impl LeaseIds for ScriptedIds {
+        fn next_id(&self) -> u64 {
+            self.script
+                .lock()
+                .pop()
+                .unwrap_or_else(|| self.next.fetch_add(1, Ordering::Relaxed))
+        }
+    }
+
     fn store(max_leases: usize) -> LeaseStore {
-        LeaseStore::new(LeaseStoreConfig {
-            max_leases,
-            id_prefix: 0xabcd,
-        })
+        LeaseStore::new(LeaseStoreConfig { max_leases }, ScriptedIds::new(&[]))
     }
 
     fn granted(answer: Result<Acquired, LeaseStoreError>) -> Lease {
@@ -369,14 +405,26 @@ mod tests {
     }
 
     #[test]
-    fn ids_carry_the_prefix_and_never_repeat() {
-        let store = store(100);
+    fn ids_come_from_the_source_never_0_and_never_a_live_one_of_the_key() {
+        // 0 is skipped; a draw a live lease of the same key holds is drawn again; another key
+        // may hold the same id (a lease is named by key and id together).
+        let store = LeaseStore::new(
+            LeaseStoreConfig { max_leases: 100 },
+            ScriptedIds::new(&[0, 42, 42, 42, 7, 42, 42]),
+        );
         let key = BucketKey::for_key(b"k");
         let limit = LeaseLimit::new(10, SEC).unwrap();
         let a = granted(store.acquire(key, &limit, 0));
+        assert_eq!(a.id, 42);
         let b = granted(store.acquire(key, &limit, 0));
-        assert_ne!(a.id, b.id);
-        assert_eq!(a.id >> 32, 0xabcd);
+        assert_eq!(b.id, 7, "42 is live on this key: drawn again, twice");
+        let other = granted(store.acquire(BucketKey::for_key(b"other"), &limit, 0));
+        assert_eq!(other.id, 42);
+        // Once 42 is released on `k`, it may be drawn there again.
+        assert!(store.release(key, a.id, 0).released);
+        let c = granted(store.acquire(key, &limit, 0));
+        assert_eq!(c.id, 42);
+        assert_eq!(store.in_use(key, 0), 2);
     }
 
     #[test]

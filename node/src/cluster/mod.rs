@@ -25,7 +25,7 @@ use std::time::Duration;
 
 use floodgate::cluster::ownership::{Ownership, OwnershipConfig};
 use floodgate::cluster::{MemberInfo, Membership, SlotTable};
-use floodgate::lease::{LeaseStore, LeaseStoreConfig};
+use floodgate::lease::{LeaseIds, LeaseStore, LeaseStoreConfig};
 use floodgate::{BucketStore, Clock, EpochClock};
 use parking_lot::Mutex;
 use tokio::sync::watch;
@@ -150,7 +150,7 @@ impl Cluster {
             now_ns,
             OwnershipConfig::default(),
         );
-        let leases = Arc::new(LeaseStore::new(lease_config(&me.id, now_ns, None)));
+        let leases = Arc::new(lease_store(None));
         Cluster {
             me,
             membership: Mutex::new(membership),
@@ -194,12 +194,7 @@ impl Cluster {
 
     /// Bounds this node's lease store at `max_leases` held at once (replicas included).
     pub(crate) fn with_max_leases(mut self, max_leases: usize) -> Self {
-        let now_ns = self.clock.now_ns();
-        self.leases = Arc::new(LeaseStore::new(lease_config(
-            &self.me.id,
-            now_ns,
-            Some(max_leases),
-        )));
+        self.leases = Arc::new(lease_store(Some(max_leases)));
         self
     }
 
@@ -257,14 +252,44 @@ impl Cluster {
     }
 }
 
-/// A lease store's config: the id prefix random per start (std's `RandomState` keys are
-/// random), so two nodes, or two lives of one node, do not grant the same ids.
-fn lease_config(id: &str, now_ns: u64, max_leases: Option<usize>) -> LeaseStoreConfig {
-    use std::hash::BuildHasher;
-    let random = std::collections::hash_map::RandomState::new().hash_one((id, now_ns));
-    LeaseStoreConfig {
-        id_prefix: (random >> 32) as u32 ^ random as u32,
+/// A lease store bounded at `max_leases` (default: the core's), its ids drawn from the
+/// operating system's secure generator: a caller holding one lease cannot work out another's
+/// id, and two nodes, or two lives of one node, grant the same id only by a 2^-64 chance.
+fn lease_store(max_leases: Option<usize>) -> LeaseStore {
+    let config = LeaseStoreConfig {
         max_leases: max_leases.unwrap_or(LeaseStoreConfig::default().max_leases),
+    };
+    LeaseStore::new(config, Box::new(SystemLeaseIds::new()))
+}
+
+/// Lease ids from the operating system's cryptographically secure generator: ring's
+/// `SystemRandom` (getrandom), through the rustls provider the node's TLS already uses. Each id
+/// is 64 fresh random bits; ids are `u64` on the wire, so more would need a new protocol
+/// version.
+#[derive(Debug)]
+pub(crate) struct SystemLeaseIds {
+    random: &'static dyn rustls::crypto::SecureRandom,
+}
+
+impl SystemLeaseIds {
+    /// Panics if the operating system has no random source to give (then no id is safe to
+    /// grant); the first draw is made here, at start, so that shows before any lease is.
+    pub(crate) fn new() -> Self {
+        let ids = SystemLeaseIds {
+            random: rustls::crypto::ring::default_provider().secure_random,
+        };
+        ids.next_id();
+        ids
+    }
+}
+
+impl LeaseIds for SystemLeaseIds {
+    fn next_id(&self) -> u64 {
+        let mut bytes = [0; 8];
+        self.random
+            .fill(&mut bytes)
+            .expect("the operating system's random source failed: no lease id can be drawn");
+        u64::from_le_bytes(bytes)
     }
 }
 
