@@ -1,4 +1,5 @@
-//! `--version` on the `floodgate` binary: the crate's version, exit 0, no node needed.
+//! `--version` on the `floodgate` binary: the crate's version and the protocol versions it
+//! speaks, exit 0, no node needed.
 
 use std::process::Command;
 
@@ -12,7 +13,11 @@ fn version_prints_the_name_and_the_crate_version() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert_eq!(
         stdout.trim(),
-        format!("floodgate {}", env!("CARGO_PKG_VERSION"))
+        format!(
+            "floodgate {} (protocol versions {})",
+            env!("CARGO_PKG_VERSION"),
+            floodgate::protocol::SUPPORTED
+        )
     );
 }
 
