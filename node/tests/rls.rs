@@ -632,7 +632,6 @@ async fn descriptors_are_decided_by_their_owner_across_the_cluster() {
 
 #[tokio::test]
 async fn metrics_count_per_domain_and_rule_and_time_every_call() {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut rls = start_rls(false).await;
     for _ in 0..4 {
         ask(
@@ -651,17 +650,7 @@ async fn metrics_count_per_domain_and_rule_and_time_every_call() {
         request(vec![descriptor(&[("shadow", "metrics")])]),
     )
     .await;
-    let admin = rls.node.node.admin_addr().unwrap();
-    let mut stream = tokio::net::TcpStream::connect(admin).await.unwrap();
-    stream
-        .write_all(b"GET /metrics HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n")
-        .await
-        .unwrap();
-    let mut text = String::new();
-    tokio::time::timeout(Duration::from_secs(10), stream.read_to_string(&mut text))
-        .await
-        .expect("the metrics page comes")
-        .unwrap();
+    let text = metrics_page(&rls.node.node).await;
     let count = |result: &str, rule: &str| {
         let needle = format!(
             "floodgate_rls_descriptors_total{{domain=\"edge\",rule=\"{rule}\",result=\"{result}\"}} "
