@@ -46,15 +46,29 @@ async fn send_frames(peer: &quinn::Connection, frames: &[u8]) {
     assert!(matches!(read, Ok(Ok(None))), "{read:?}");
 }
 
-/// Waits (bounded) until `node` knows the member `id`.
-async fn wait_for_member(node: &Node, id: &str) {
-    let known = tokio::time::timeout(PATIENCE, async {
-        while node.member_addr(id).is_none() {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    })
-    .await;
-    assert!(known.is_ok(), "{} never heard of {id}", node.node_id());
+/// Gossip of a live member `id` in `region`, to send after the frames under test on the same
+/// stream: the node handles a stream's frames in order, so once its table names `id`, every
+/// frame before it was handled.
+fn marker_frame(id: &str, region: &str) -> Vec<u8> {
+    let marker = MemberInfo {
+        id: id.to_owned(),
+        addr: "127.0.0.1:9".to_owned(),
+        region: region.to_owned(),
+    };
+    gossip_frame(vec![digest(marker, 1, false)])
+}
+
+/// Waits (bounded, on the node's table, no polling) until a marker `id` owns slots.
+async fn wait_for_marker(node: &Node, id: &str) {
+    let mut tables = node.watch_slot_table();
+    let known = tokio::time::timeout(
+        PATIENCE,
+        tables.wait_for(|table| table.nodes().iter().any(|n| n == id)),
+    )
+    .await
+    // Not held: the watch's guard would block the node's next table.
+    .is_ok();
+    assert!(known, "{} never took {id}", node.node_id());
 }
 
 fn frame_errors(page: &str, code: &str) -> f64 {
@@ -62,22 +76,6 @@ fn frame_errors(page: &str, code: &str) -> f64 {
         page,
         &format!("floodgate_frame_errors_total{{code=\"{code}\"}}"),
     )
-}
-
-/// Waits (bounded) until the node has counted `count` frame errors of `code` (the counters are
-/// the process's: tests count from what they saw first).
-async fn wait_for_frame_errors(node: &Node, code: &str, count: f64) {
-    let counted = tokio::time::timeout(PATIENCE, async {
-        loop {
-            if frame_errors(&common::metrics_page(node).await, code) >= count {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    })
-    .await;
-    let now = frame_errors(&common::metrics_page(node).await, code);
-    assert!(counted.is_ok(), "{code}: {now} counted, {count} expected");
 }
 
 /// Another member's departure at an incarnation it is not known in, relayed by a peer, changes
@@ -95,24 +93,17 @@ async fn a_peer_cannot_announce_another_members_departure() {
         addr: a.node.member_addr(b.node_id()).unwrap(),
         region: "local".to_owned(),
     };
-    let marker = MemberInfo {
-        id: "marker".to_owned(),
-        addr: "127.0.0.1:9".to_owned(),
-        region: "local".to_owned(),
-    };
     let attacker = connect(a.node.local_addr(), peer_config(&a.certs)).await;
     let frames = [
         gossip_frame(vec![digest(victim.clone(), u64::MAX, true)]),
         gossip_frame(vec![digest(victim, 1, true)]),
-        // Unknown until now, and departed: it changes no owners.
-        gossip_frame(vec![digest(marker, 1, true)]),
+        marker_frame("marker", "local"),
     ]
     .concat();
     send_frames(&attacker, &frames).await;
-    wait_for_member(&a.node, "marker").await;
-    assert_eq!(
-        a.node.owners().len(),
-        2,
+    wait_for_marker(&a.node, "marker").await;
+    assert!(
+        a.node.owners().iter().any(|n| n == b.node_id()),
         "{} still owns its slots",
         b.node_id()
     );
@@ -151,8 +142,12 @@ async fn gossip_no_node_could_send_is_refused_whole() {
         ],
     ];
     for (i, members) in messages.into_iter().enumerate() {
-        send_frames(&attacker, &gossip_frame(members)).await;
-        wait_for_frame_errors(&a.node, "malformed_payload", before + (i + 1) as f64).await;
+        let marker = format!("marker-{i}");
+        let frames = [gossip_frame(members), marker_frame(&marker, "local")].concat();
+        send_frames(&attacker, &frames).await;
+        wait_for_marker(&a.node, &marker).await;
+        let counted = frame_errors(&common::metrics_page(&a.node).await, "malformed_payload");
+        assert_eq!(counted, before + (i + 1) as f64, "message {i}");
     }
     for id in ["witness", "crowd-0", "spaced"] {
         assert_eq!(a.node.member_addr(id), None, "{id} was taken");
@@ -264,7 +259,10 @@ async fn region_frames_name_the_region_the_sender_is_known_in() {
     assert!(applied.is_ok(), "{:?}", sync.stats());
     assert_eq!(sync.applied_from(&claimed), 0, "units taken as region us's");
     assert_eq!(sync.applied_from(&own), 2, "units taken from a stranger");
-    wait_for_frame_errors(&node, "forbidden", before + 3.0).await;
+    // Frames of one stream are handled in order: the forbidden ones came before the last
+    // deltas, which are applied.
+    let counted = frame_errors(&common::metrics_page(&node).await, "forbidden");
+    assert_eq!(counted, before + 3.0);
     node.shutdown().await;
 }
 
@@ -287,18 +285,17 @@ async fn a_peer_cannot_make_a_node_yield_its_id_with_a_forged_conflict() {
         claimant_addr: victim.node.local_addr().to_string(),
         claimant_incarnation: u64::MAX,
     };
-    let mut frame = Vec::new();
-    encode_message(&mut frame, FrameKind::IdConflict, 0, &conflict);
+    let mut frames = Vec::new();
+    encode_message(&mut frames, FrameKind::IdConflict, 0, &conflict);
+    // Handled after the conflict (whose proof is awaited first) on the same stream.
+    frames.extend(marker_frame("marker", "local"));
     let attacker = connect(victim.node.local_addr(), peer_config(&victim.certs)).await;
-    send_frames(&attacker, &frame).await;
-    let counted = tokio::time::timeout(PATIENCE, async {
-        while common::metric_value(&common::metrics_page(&victim.node).await, series) <= before {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    })
-    .await;
-    assert!(
-        counted.is_ok(),
+    send_frames(&attacker, &frames).await;
+    wait_for_marker(&victim.node, "marker").await;
+    let counted = common::metric_value(&common::metrics_page(&victim.node).await, series);
+    assert_eq!(
+        counted,
+        before + 1.0,
         "the forged conflict was not judged unproven"
     );
     assert_eq!(*victim.node.watch_refusal().borrow(), None);
