@@ -140,6 +140,9 @@ pub enum Feature {
     /// Gossip digests carry each member's version range; the slot table carries each member's
     /// range and the cluster version.
     MemberVersions,
+    /// A check may be answered with the error code `try_again` (nothing decided, send it again
+    /// shortly) where an older caller waits or is answered `shutting_down`.
+    TryAgain,
 }
 
 impl Feature {
@@ -147,6 +150,7 @@ impl Feature {
     pub fn since(self) -> u8 {
         match self {
             Feature::MemberVersions => 3,
+            Feature::TryAgain => 4,
         }
     }
 

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use floodgate::check::{Check, DegradedReason, Source, Verdict};
 use floodgate::region::Scope;
-use floodgate::wire::{WireDecision, WireScope};
+use floodgate::wire::{ErrorCode, WireDecision, WireScope};
 use tokio::time::Instant;
 
 use crate::breaker::Admit;
@@ -23,6 +23,10 @@ pub(crate) enum Attempt {
     Failed(DegradedReason),
     /// Never sent (breaker open, link down, queue full).
     NotSent(DegradedReason),
+    /// The node answered that nobody could decide the call at once without a second decider
+    /// (its slot's state on the way, or its owner slow): nothing was decided, and the node is
+    /// not failing. Send it again shortly.
+    TryAgain,
 }
 
 /// Sends `checks` to one node (marked as a takeover when it is the owner's successor) and
@@ -68,6 +72,13 @@ pub(crate) async fn send(
     match reply {
         Reply::Decided { decisions, start } => {
             link.breaker.on_success();
+            let answer = decisions.get(start..start + checks.len());
+            if answer.is_some_and(|a| {
+                a.iter()
+                    .any(|d| d.to_decision() == Err(ErrorCode::TryAgain))
+            }) {
+                return Attempt::TryAgain;
+            }
             verdicts_from_node(
                 fallback,
                 checks,

@@ -28,6 +28,13 @@ use crate::tls;
 use crate::token_leases::TokenLeases;
 
 use floodgate::check::{Check, DegradedReason, Verdict};
+use floodgate::wire::ErrorCode;
+
+/// The first pause before a call a node answered `try_again` is sent again; it doubles each
+/// time, within the call's deadline. A slot's hand-off between nodes nearby takes about a
+/// millisecond (and tokio's timers tick in milliseconds), so at the default 5 ms deadline a
+/// call gets three tries: at once, after 1 ms and after 3 ms.
+const TRY_AGAIN_PAUSE: Duration = Duration::from_millis(1);
 
 /// A connection to a set of floodgate nodes. Cheap to clone (an `Arc` inside) and safe to use
 /// from many tasks at once; concurrent calls to one node are coalesced into shared frames.
@@ -326,7 +333,9 @@ impl Client {
 }
 
 impl Inner {
-    /// The routing and failover of one validated call (see [`Client::check`]).
+    /// The routing and failover of one validated call (see [`Client::check`]): sent again
+    /// while a node answers `try_again` (a slot moving, an owner slow for a moment), after a
+    /// pause doubling from [`TRY_AGAIN_PAUSE`], until the deadline; then its failure mode.
     async fn check_with(
         &self,
         checks: &[Check],
@@ -337,6 +346,31 @@ impl Inner {
         // holding the call answers `Timeout` when it passes (one timer per queue or frame, not
         // per call; see `queue`).
         let deadline = Instant::now() + self.timeout;
+        let mut pause = TRY_AGAIN_PAUSE;
+        loop {
+            if let Some(result) = self.route_once(checks, deadline, slot, out).await {
+                return result;
+            }
+            let resume = Instant::now() + pause;
+            if resume >= deadline {
+                out.clear();
+                let reason = DegradedReason::Refused(ErrorCode::TryAgain);
+                out.extend(self.fallback.resolve_all(checks, reason));
+                return Ok(());
+            }
+            tokio::time::sleep_until(resume).await;
+            pause = pause.saturating_mul(2);
+        }
+    }
+
+    /// One attempt at a call: its answer (`None`: a node said `try_again`).
+    async fn route_once(
+        &self,
+        checks: &[Check],
+        deadline: Instant,
+        slot: &Arc<ReplySlot>,
+        out: &mut Vec<Verdict>,
+    ) -> Option<Result<(), ClientError>> {
         let routes = self.routing.routes();
         let key = &checks[0].key;
         let owner = &routes.links[routes.route(key)];
@@ -358,7 +392,8 @@ impl Inner {
         let marked = takeover.is_some() && !relayed;
         let attempt = call::send(first, &self.fallback, checks, marked, deadline, slot, out);
         let (reason, sent) = match attempt.await {
-            Attempt::Answered(result) => return result,
+            Attempt::Answered(result) => return Some(result),
+            Attempt::TryAgain => return None,
             Attempt::Failed(reason) => (reason, true),
             Attempt::NotSent(reason) => (reason, false),
         };
@@ -374,7 +409,8 @@ impl Inner {
             && owner_gone
             && let Some(successor) = successor()
             && Instant::now() < deadline
-            && let Attempt::Answered(result) = call::send(
+        {
+            let attempt = call::send(
                 successor,
                 &self.fallback,
                 checks,
@@ -382,14 +418,16 @@ impl Inner {
                 deadline,
                 slot,
                 out,
-            )
-            .await
-        {
-            return result;
+            );
+            match attempt.await {
+                Attempt::Answered(result) => return Some(result),
+                Attempt::TryAgain => return None,
+                Attempt::Failed(_) | Attempt::NotSent(_) => {}
+            }
         }
         out.clear();
         out.extend(self.fallback.resolve_all(checks, reason));
-        Ok(())
+        Some(Ok(()))
     }
 
     fn validate(&self, checks: &[Check]) -> Result<(), ClientError> {
@@ -608,6 +646,70 @@ mod tests {
         let node = fake_node(link.clone(), 2);
         assert_eq!(probe.await.unwrap()[0].source, Source::Node);
         let v = client.check(&open).await.unwrap();
+        assert_eq!(v[0].source, Source::Node);
+        node.await.unwrap();
+    }
+
+    /// Plays a node on connection generation 1 that answers its `i`-th frame with `answers[i]`
+    /// for every check in it.
+    fn scripted_node(link: Arc<NodeLink>, answers: Vec<WireDecision>) -> JoinHandle<()> {
+        link.queue.set_up(1);
+        tokio::spawn(async move {
+            let mut calls = Vec::new();
+            for answer in answers {
+                let in_flight = link.queue.next_batch(1, 1_024, &mut calls).await;
+                assert!(in_flight.is_some());
+                let total: usize = calls.iter().map(|c| c.checks.len()).sum();
+                let decisions = Arc::new(vec![answer; total]);
+                let mut start = 0;
+                for call in calls.drain(..) {
+                    let len = call.checks.len();
+                    let _ = call.reply.send(Reply::Decided {
+                        decisions: decisions.clone(),
+                        start,
+                    });
+                    start += len;
+                }
+            }
+        })
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_try_again_answer_is_sent_again_after_a_doubling_pause_and_never_opens_the_breaker() {
+        let client = offline_client(&config(), 1);
+        assert_eq!(client.inner.timeout, Duration::from_millis(5));
+        let link = client.inner.seed(0).clone();
+        let try_again = WireDecision::error(ErrorCode::TryAgain);
+        let allowed = WireDecision::from(Decision::Allowed {
+            remaining: 1,
+            reset_after_ns: 1,
+        });
+        let check = [Check::new("a", limit())];
+
+        let node = scripted_node(
+            link.clone(),
+            vec![try_again.clone(), try_again.clone(), allowed],
+        );
+        let started = tokio::time::Instant::now();
+        let v = client.check(&check).await.unwrap();
+        assert_eq!(v[0].source, Source::Node);
+        assert_eq!(started.elapsed(), Duration::from_millis(1 + 2));
+        node.await.unwrap();
+
+        // Still `try_again` when the next pause would end past the deadline (1 + 2 ms spent,
+        // 4 more would pass 5): the failure mode decides, naming why.
+        let node = scripted_node(link.clone(), vec![try_again; 3]);
+        let started = tokio::time::Instant::now();
+        let v = client.check(&check).await.unwrap();
+        assert_eq!(
+            v[0].source,
+            Source::Fallback(DegradedReason::Refused(ErrorCode::TryAgain))
+        );
+        assert_eq!(started.elapsed(), Duration::from_millis(3));
+        node.await.unwrap();
+        // Six answers, none a failure: the breaker (two failures) stayed closed.
+        let node = fake_node(link, 1);
+        let v = client.check(&check).await.unwrap();
         assert_eq!(v[0].source, Source::Node);
         node.await.unwrap();
     }

@@ -210,6 +210,9 @@ pub struct ClusterConfig {
     /// How often the owner of a global key sends what it admitted to the key's owner in every
     /// other region (`--region-sync-interval`).
     pub region_sync_interval: Duration,
+    /// How long a takeover forwarded to an owner held alive waits for its answer before it is
+    /// answered `try_again` (`--takeover-forward-timeout`).
+    pub takeover_forward_timeout: Duration,
 }
 
 impl Default for ClusterConfig {
@@ -223,6 +226,7 @@ impl Default for ClusterConfig {
             sync_interval: Duration::from_millis(100),
             allow_alone: false,
             region_sync_interval: Duration::from_millis(100),
+            takeover_forward_timeout: Duration::from_millis(3),
         }
     }
 }

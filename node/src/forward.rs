@@ -3,17 +3,20 @@
 //! each group goes is the ownership machine's answer (`floodgate::cluster::ownership`); this
 //! file waits, decides and sends.
 //!
-//! What keeps each key decided by one bucket while slots move:
+//! What keeps each key decided by one bucket while slots move or a node is slow:
 //! - groups are placed and decided under `Cluster::deciding`: a table switch waits for them,
 //!   so the hand-off exported after a switch holds every decision made here;
-//! - a gained slot waits (bounded) for its previous owner's hand-off before it is decided, and
-//!   is looked at again under the gate (the table may switch after the wait);
+//! - a group whose gained slot still waits for its previous owner's hand-off is answered
+//!   `try_again` at once, so no frame waits on another group's hand-off (a caller of an older
+//!   version, which knows no `try_again`, waits for the hand-off, bounded, as before);
 //! - a slot this node handed off is not decided here again: a forwarded check for it is
 //!   answered `not_owner`; the forwarder waits (bounded) for its own table to catch up and
 //!   places the check again, here or with the owner its table now names. A check travels at
-//!   most two forwards, and a forwarded check is never forwarded on. The one exception is a
-//!   takeover: as the slot's successor this node receives the owner's replicas, so it decides
-//!   for a client that lost the owner.
+//!   most two forwards, and a forwarded check is never forwarded on;
+//! - an owner that does not answer a forward within `FORWARD_TIMEOUT`, or that a client
+//!   lost (a takeover), stays the one decider while the failure detector holds it alive: the
+//!   check is answered `try_again`. Only once it is suspected does this node decide: as the
+//!   slot's successor it holds the owner's replicas.
 
 use std::collections::BTreeMap;
 use std::ops::Range;
@@ -33,6 +36,11 @@ use crate::state::Shared;
 
 /// Longest a node waits for its slot table to catch up with a peer's.
 const TABLE_CATCH_UP: Duration = Duration::from_millis(300);
+/// Longest a forwarded group waits for its owner's answer. Peers answer in well under a
+/// millisecond; one silent this long is stalled or gone, and the frame behind it (a stream
+/// answers in order) should not wait longer. An unanswered group decides nothing twice: it is
+/// answered `try_again` while the owner is held alive.
+const FORWARD_TIMEOUT: Duration = Duration::from_millis(100);
 
 /// Where a group's decisions come from.
 #[derive(Debug, Clone, PartialEq)]
@@ -56,11 +64,15 @@ fn refusal_code(refusal: Refusal) -> ErrorCode {
     match refusal {
         Refusal::NotOwner => ErrorCode::NotOwner,
         Refusal::ShuttingDown => ErrorCode::ShuttingDown,
+        Refusal::TryAgain => ErrorCode::TryAgain,
     }
 }
 
+/// Answers a check batch from a caller (client or peer); `try_again`: the caller knows that
+/// answer (its connection's version has `floodgate::protocol::Feature::TryAgain`).
 pub(crate) async fn answer_check_batch(
     shared: &Shared,
+    try_again: bool,
     frame: &Frame,
     now_ns: u64,
     out: &mut Vec<u8>,
@@ -75,7 +87,7 @@ pub(crate) async fn answer_check_batch(
     if forwarded {
         batch.catch_up(frame.request_id).await;
     }
-    let (mut placed, table_version) = batch.place_first(forwarded).await;
+    let (mut placed, table_version) = batch.place_first(forwarded, try_again).await;
     if placed.iter().any(|p| matches!(p, Placed::Remote(_))) {
         // Already validated by decode_frame, so this access succeeds.
         let archived = rkyv::access::<ArchivedCheckBatch, rancor::Error>(&frame.payload).ok();
@@ -84,7 +96,16 @@ pub(crate) async fn answer_check_batch(
             .await;
     }
     let Batch { tally, local, .. } = batch;
-    let decisions = assemble(&groups, placed, local);
+    let mut decisions = assemble(&groups, placed, local);
+    if !try_again {
+        // An older caller knows no `try_again`: it fails over as for a node going away.
+        let shutting_down = WireDecision::error(ErrorCode::ShuttingDown);
+        for decision in &mut decisions {
+            if decision.to_decision() == Err(ErrorCode::TryAgain) {
+                *decision = shutting_down.clone();
+            }
+        }
+    }
     finish_batch(
         &shared.metrics,
         &tally,
@@ -165,16 +186,23 @@ impl<'a> Batch<'a> {
     }
 
     /// Decides what is this node's, and marks the rest for forwarding or refusal. Returns the
-    /// placements and the version of the table they were made by.
-    async fn place_first(&mut self, forwarded: bool) -> (Vec<Placed>, u64) {
+    /// placements and the version of the table they were made by. With `try_again` (the
+    /// caller knows that answer) nothing waits: a group whose slot awaits its hand-off is
+    /// answered `try_again`; otherwise gained slots wait (bounded) for their hand-off first.
+    async fn place_first(&mut self, forwarded: bool, try_again: bool) -> (Vec<Placed>, u64) {
         let shared = self.shared;
         let cluster = &shared.cluster;
-        // Gained slots wait for their previous owner's hand-off (a no-op almost always); the
-        // machine places every group by the table in force (stable under the gate); slots this
-        // node gave away are refused to a forwarder.
-        let deciding = cluster.enter_deciding(self.slots(), self.now_ns).await;
-        let (placements, version) = cluster
-            .place_each((0..self.groups.len()).map(|i| (self.slot(i), self.arrival(i, forwarded))));
+        // The machine places every group by the table in force (stable under the gate); slots
+        // this node gave away are refused to a forwarder.
+        let deciding = if try_again {
+            cluster.deciding()
+        } else {
+            cluster.enter_deciding(self.slots(), self.now_ns).await
+        };
+        let (placements, version) = cluster.place_each(
+            (0..self.groups.len()).map(|i| (self.slot(i), self.arrival(i, forwarded))),
+            shared.clock.now_ns(),
+        );
         let mut taken_over = 0;
         let mut placed = Vec::with_capacity(self.groups.len());
         for (i, placement) in placements.into_iter().enumerate() {
@@ -232,12 +260,17 @@ impl<'a> Batch<'a> {
                             refused.iter().all(|(s, by)| table.owner(*s) != Some(by))
                         })
                         .await;
-                    let slots = refused.iter().map(|(s, _)| *s);
-                    cluster
-                        .wait_for_handoffs(slots, shared.clock.now_ns())
-                        .await;
                 }
             }
+            // Only an unanswered forward asks; read before the ownership lock.
+            let suspected = if failed
+                .iter()
+                .any(|&i| matches!(placed[i], Placed::Unanswered))
+            {
+                cluster.suspected_members()
+            } else {
+                Vec::new()
+            };
             let _deciding = cluster.deciding();
             let now = shared.clock.now_ns();
             let placements: Vec<(usize, Placement)> = {
@@ -251,15 +284,11 @@ impl<'a> Batch<'a> {
                             Placed::NotOwner(by) => Failed::NotOwner(by.clone()),
                             _ => Failed::Unanswered,
                         };
-                        let placement = match ownership.place_again(slot, &how, last_round) {
-                            // Gained meanwhile, and its state not here yet: not decided fresh.
-                            Placement::Decide
-                                if ownership.awaits_handoff(std::iter::once(slot), now) =>
-                            {
-                                Placement::Refuse(Refusal::ShuttingDown)
-                            }
-                            placement => placement,
-                        };
+                        // Gained meanwhile with its state not here yet: `try_again`, not
+                        // decided fresh.
+                        let placement = ownership.place_again(slot, &how, last_round, now, |id| {
+                            suspected.iter().any(|s| s == id)
+                        });
                         (i, placement)
                     })
                     .collect()
@@ -347,10 +376,22 @@ async fn forward(
             .metrics
             .forwarded
             .increment(indices.iter().map(|&i| groups[i].len() as u64).sum());
+        let takeover = indices
+            .iter()
+            .any(|&i| groups[i].first().is_some_and(|c| c.takeover));
+        // A takeover's client lost the owner already and waits for this answer within its own
+        // deadline (5 ms by default): it hears `try_again` before that deadline rather than
+        // timing out on this node too (and opening its breaker to it), and the stream behind
+        // this frame waits no longer.
+        let limit = if takeover {
+            shared.config.cluster.takeover_forward_timeout
+        } else {
+            FORWARD_TIMEOUT
+        };
         let peers = cluster.peers.clone();
         forwards.spawn(async move {
             let answer = peers
-                .request(&addr, &bytes, max + 64, FrameKind::DecisionBatch)
+                .request_within(limit, &addr, &bytes, max + 64, FrameKind::DecisionBatch)
                 .await;
             (owner, indices, answer)
         });

@@ -43,6 +43,7 @@ pub(crate) async fn answer_lease_requests(
             requests
                 .iter()
                 .map(|r| (r.key.slot(), Arrival::from_client(r.takeover))),
+            shared.clock.now_ns(),
         );
         let now_ns = shared.clock.now_ns();
         let answers: Vec<WireLeaseAnswer> = requests
@@ -56,7 +57,8 @@ pub(crate) async fn answer_lease_requests(
                     Placement::Forward(_) | Placement::Refuse(Refusal::NotOwner) => {
                         LeaseAnswer::Error(ErrorCode::NotOwner)
                     }
-                    Placement::Refuse(Refusal::ShuttingDown) => {
+                    // Waited for the hand-off already; lease callers know no `try_again`.
+                    Placement::Refuse(Refusal::ShuttingDown | Refusal::TryAgain) => {
                         LeaseAnswer::Error(ErrorCode::ShuttingDown)
                     }
                 };

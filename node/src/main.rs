@@ -113,6 +113,11 @@ struct Flags {
     /// How often changed buckets are sent to each slot's successor.
     #[arg(long, default_value = "100ms", value_parser = parse_duration)]
     sync_interval: Duration,
+    /// How long a slot's successor waits for the owner's answer to a takeover it forwards (a
+    /// gateway lost the owner, which this node still hears from) before answering `try_again`.
+    /// Keep it below the gateways' check timeout less a round trip (default 3ms for 5ms).
+    #[arg(long, default_value = "3ms", value_parser = parse_duration)]
+    takeover_forward_timeout: Duration,
     /// How often the owner of a global key sends what it admitted to the key's owner in every
     /// other region (1ms to 10s).
     #[arg(long, default_value = "100ms", value_parser = parse_region_sync_interval)]
@@ -352,6 +357,11 @@ fn config_from(flags: &Flags, addresses: Addresses) -> anyhow::Result<NodeConfig
         flags.dead_after > flags.suspect_after,
         "--dead-after must be longer than --suspect-after"
     );
+    anyhow::ensure!(
+        !flags.takeover_forward_timeout.is_zero()
+            && flags.takeover_forward_timeout < flags.suspect_after,
+        "--takeover-forward-timeout must be more than zero and shorter than --suspect-after"
+    );
     let membership = MembershipConfig {
         suspect_after_ns: nanos(flags.suspect_after),
         dead_after_ns: nanos(flags.dead_after),
@@ -365,6 +375,7 @@ fn config_from(flags: &Flags, addresses: Addresses) -> anyhow::Result<NodeConfig
         membership,
         sync_interval: flags.sync_interval,
         region_sync_interval: flags.region_sync_interval,
+        takeover_forward_timeout: flags.takeover_forward_timeout,
         allow_alone: flags.allow_alone,
     };
     anyhow::ensure!(

@@ -84,7 +84,7 @@ pub(crate) async fn answer_scoped_batch(
                 answered.push(None);
                 continue;
             }
-            if ownership.place(slot, Arrival::Client) != Placement::Decide {
+            if ownership.place(slot, Arrival::Client, now_ns, |_| false) != Placement::Decide {
                 answered.push(Some(refused(group.len(), ErrorCode::NotOwner)));
                 continue;
             }

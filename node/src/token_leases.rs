@@ -40,6 +40,7 @@ pub(crate) async fn answer_token_leases(
         requests
             .iter()
             .map(|r| (r.key.slot(), Arrival::from_client(r.takeover))),
+        now_ns,
     );
     let mut tally = Tally::default();
     let answers = requests
@@ -54,7 +55,8 @@ pub(crate) async fn answer_token_leases(
             Placement::Forward(_) | Placement::Refuse(Refusal::NotOwner) => {
                 TokenLeaseAnswer::error(ErrorCode::NotOwner)
             }
-            Placement::Refuse(Refusal::ShuttingDown) => {
+            // Waited for the hand-off already; lease callers know no `try_again`.
+            Placement::Refuse(Refusal::ShuttingDown | Refusal::TryAgain) => {
                 TokenLeaseAnswer::error(ErrorCode::ShuttingDown)
             }
         })

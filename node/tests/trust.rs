@@ -2,7 +2,8 @@
 //! connection without a node certificate of the peer CA close it with `forbidden`, whatever
 //! client certificate it holds; nodes with certificates that name their ids (not `localhost`)
 //! form a cluster and are verified by id; a client's takeover flag makes only the named
-//! successor decide. Waits are on events, bounded by timeouts.
+//! successor decide, and only once it suspects the owner. Waits are on events, bounded by
+//! timeouts.
 
 mod common;
 #[path = "common/pki.rs"]
@@ -27,6 +28,8 @@ fn fast(config: &mut NodeConfig) {
         ..MembershipConfig::default()
     };
     config.cluster.sync_interval = Duration::from_millis(50);
+    // A forwarded takeover waits for the live owner's answer rather than racing a debug build.
+    config.cluster.takeover_forward_timeout = PATIENCE;
 }
 
 /// A frame of `kind` whose payload is not a valid message: a receiver that decoded it would
@@ -402,6 +405,66 @@ async fn a_takeover_sent_to_a_node_that_is_not_the_successor_is_decided_by_the_o
     for node in others {
         node.shutdown().await;
     }
+    first.node.shutdown().await;
+}
+
+/// A takeover reaching the slot's successor while the owner is alive (a client's breaker
+/// opened on a slow moment, or a fault between that client and the owner) goes to the owner:
+/// the owner stays the one decider. Replication is held off, so a successor deciding from its
+/// replicas would find nothing used and allow.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_takeover_for_an_owner_the_successor_hears_from_is_decided_by_the_owner() {
+    let no_replication = |config: &mut NodeConfig| {
+        fast(config);
+        config.cluster.sync_interval = Duration::from_secs(3_600);
+    };
+    let first = start_node(no_replication).await;
+    let mut config = NodeConfig::for_tests(&first.certs);
+    no_replication(&mut config);
+    config.cluster.seeds = vec![first.node.local_addr().into()];
+    let second = Node::start(config).await.unwrap();
+    let nodes = [&first.node, &second];
+    for node in nodes {
+        converge(node, 2).await;
+    }
+    let table = first.node.slot_table();
+    let key = b"takeover-live-owner".to_vec();
+    let slot = slot_of(&key);
+    let owner = nodes
+        .into_iter()
+        .find(|n| table.owner(slot) == Some(n.node_id()))
+        .unwrap();
+    let successor = nodes
+        .into_iter()
+        .find(|n| table.successor(slot) == Some(n.node_id()))
+        .unwrap();
+    let limit = per_hour(3);
+    let batch = |takeover: bool| {
+        let mut check = WireCheck::new(key.clone(), &limit, 1);
+        check.takeover = takeover;
+        let mut frame = Vec::new();
+        encode_message(
+            &mut frame,
+            FrameKind::CheckBatch,
+            1,
+            &CheckBatch {
+                groups: vec![vec![check]],
+            },
+        );
+        frame
+    };
+    let to_owner = connect(owner.local_addr(), client_config(&first.certs, false)).await;
+    for _ in 0..3 {
+        assert_eq!(exchange(&to_owner, &batch(false)).await.allowed(), 1);
+    }
+    let to_successor = connect(successor.local_addr(), client_config(&first.certs, false)).await;
+    let answers = exchange(&to_successor, &batch(true)).await;
+    let decided: Vec<_> = answers.decisions.iter().flat_map(|(_, d)| d).collect();
+    assert!(
+        matches!(decided.as_slice(), [Ok(d)] if !d.is_allowed()),
+        "the owner used all 3: the successor must not decide beside it: {answers:?}"
+    );
+    second.shutdown().await;
     first.node.shutdown().await;
 }
 

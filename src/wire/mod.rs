@@ -254,10 +254,16 @@ pub enum ErrorCode {
     /// checks, id conflicts) from a connection without a peer certificate. Nothing decoded;
     /// connection closed.
     Forbidden = 14,
+    /// Per check, from version 4: nobody could decide this check at once without risking a
+    /// second decider (its slot's state is on its way from the previous owner, or its owner is
+    /// alive but did not answer a forward in time). Nothing was decided; the caller may send
+    /// the check again shortly, and the node is not failing. A connection of an older version
+    /// gets `ShuttingDown` instead.
+    TryAgain = 15,
 }
 
 impl ErrorCode {
-    pub const ALL: [ErrorCode; 14] = [
+    pub const ALL: [ErrorCode; 15] = [
         ErrorCode::BadMagic,
         ErrorCode::UnsupportedVersion,
         ErrorCode::FrameTooLarge,
@@ -272,6 +278,7 @@ impl ErrorCode {
         ErrorCode::Overloaded,
         ErrorCode::NotOwner,
         ErrorCode::Forbidden,
+        ErrorCode::TryAgain,
     ];
 
     pub fn from_u16(code: u16) -> Option<Self> {
@@ -295,6 +302,7 @@ impl ErrorCode {
             ErrorCode::Overloaded => "overloaded",
             ErrorCode::NotOwner => "not_owner",
             ErrorCode::Forbidden => "forbidden",
+            ErrorCode::TryAgain => "try_again",
         }
     }
 

@@ -246,6 +246,17 @@ impl Cluster {
         self.membership.lock().info(id).map(|m| m.addr.clone())
     }
 
+    /// Ids of the members the failure detector holds suspect or dead: silent for longer than a
+    /// slow moment. Only those are taken over from (almost always none).
+    pub(crate) fn suspected_members(&self) -> Vec<String> {
+        self.membership
+            .lock()
+            .members()
+            .filter(|(_, state)| *state != floodgate::cluster::MemberState::Alive)
+            .map(|(info, _)| info.id.clone())
+            .collect()
+    }
+
     /// The region the member with this id is known in.
     pub(crate) fn region_of(&self, id: &str) -> Option<String> {
         self.membership.lock().info(id).map(|m| m.region.clone())

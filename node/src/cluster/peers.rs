@@ -285,7 +285,20 @@ impl Peers {
         max_bytes: usize,
         kind: FrameKind,
     ) -> anyhow::Result<Frame> {
-        tokio::time::timeout(PEER_TIMEOUT, async {
+        self.request_within(PEER_TIMEOUT, addr, frame, max_bytes, kind)
+            .await
+    }
+
+    /// As [`Peers::request`], waiting at most `limit` (a connection being made included).
+    pub(crate) async fn request_within(
+        &self,
+        limit: std::time::Duration,
+        addr: &str,
+        frame: &[u8],
+        max_bytes: usize,
+        kind: FrameKind,
+    ) -> anyhow::Result<Frame> {
+        tokio::time::timeout(limit, async {
             let connection = self.connection(addr).await?;
             crate::exchange::request(&connection, frame, max_bytes, kind).await
         })

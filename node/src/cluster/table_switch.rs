@@ -257,15 +257,30 @@ impl Cluster {
         }
     }
 
-    /// Places each `(slot, arrival)` by the table in force, with that table's version. Call it
-    /// under [`Cluster::enter_deciding`]'s gate, so the table is the one decisions are made by.
+    /// Places each `(slot, arrival)` by the table in force at `now_ns`, with that table's
+    /// version. Call it under the deciding gate ([`Cluster::deciding`]), so the table is the
+    /// one decisions are made by.
     pub(crate) fn place_each(
         &self,
         arrivals: impl Iterator<Item = (u16, Arrival)>,
+        now_ns: u64,
     ) -> (Vec<Placement>, u64) {
+        let arrivals: Vec<(u16, Arrival)> = arrivals.collect();
+        // Only a takeover asks; read before the ownership lock (the membership lock is never
+        // taken inside it).
+        let suspected = if arrivals.iter().any(|(_, a)| *a == Arrival::Takeover) {
+            self.suspected_members()
+        } else {
+            Vec::new()
+        };
         let ownership = self.ownership();
         let placements = arrivals
-            .map(|(slot, arrival)| ownership.place(slot, arrival))
+            .into_iter()
+            .map(|(slot, arrival)| {
+                ownership.place(slot, arrival, now_ns, |id| {
+                    suspected.iter().any(|s| s == id)
+                })
+            })
             .collect();
         (placements, ownership.table().version())
     }

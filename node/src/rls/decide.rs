@@ -118,7 +118,9 @@ async fn run_batch(
     };
     let mut out = Vec::new();
     let now_ns = shared.clock.now_ns();
-    crate::forward::answer_check_batch(shared, &frame, now_ns, &mut out).await;
+    // An Envoy cannot be told to try again: the call waits (bounded) for a moving slot's
+    // hand-off instead, as for a client of an older version.
+    crate::forward::answer_check_batch(shared, false, &frame, now_ns, &mut out).await;
     let mut reader = FrameReader::new(out.len().max(16));
     reader.extend(&out);
     let answer = match reader.next_frame() {

@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use floodgate::Clock;
+use floodgate::protocol::Feature;
 use floodgate::wire::{ErrorCode, Frame, FrameKind};
 use tokio::sync::watch;
 
@@ -150,13 +151,13 @@ pub(super) async fn answer(
     let cluster = &shared.cluster;
     match frame.kind {
         FrameKind::CheckBatch | FrameKind::ForwardedCheckBatch => {
-            answer_checks(shared, frame, now_ns, out).await
+            answer_checks(shared, version, frame, now_ns, out).await
         }
         FrameKind::ScopedCheckBatch => {
             cluster.wait_until_joined().await;
             match crate::scoped::answer_scoped_batch(shared, frame, now_ns, out).await {
                 Ok(refused) => refused,
-                Err(plain) => answer_checks(shared, &plain, now_ns, out).await,
+                Err(plain) => answer_checks(shared, version, &plain, now_ns, out).await,
             }
         }
         FrameKind::LeaseRequest => crate::lease::answer_lease_requests(shared, frame, out).await,
@@ -182,9 +183,11 @@ pub(super) async fn answer(
     }
 }
 
-/// Answers a check batch (kind 1, or 11 from a peer): decided here, or forwarded by group.
+/// Answers a check batch (kind 1, or 10 from a peer) from a connection speaking `version`:
+/// decided here, or forwarded by group.
 async fn answer_checks(
     shared: &Shared,
+    version: u8,
     frame: &Frame,
     now_ns: u64,
     out: &mut Vec<u8>,
@@ -200,7 +203,8 @@ async fn answer_checks(
             if !alone {
                 drop(deciding);
                 // Groups may belong to other nodes, and gained slots may wait for a hand-off.
-                forward::answer_check_batch(shared, frame, now_ns, out).await
+                let try_again = Feature::TryAgain.readable_at(version);
+                forward::answer_check_batch(shared, try_again, frame, now_ns, out).await
             } else {
                 // A node alone decides everything here, synchronously, with the table held: a
                 // node that joins meanwhile receives these decisions in its hand-off.

@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 
 use super::handoffs::{Handoffs, ReceivedPart};
-use super::placement::{Arrival, Failed, Placement, first_place, next_place};
+use super::placement::{Arrival, Failed, Placement, Refusal, first_place, next_place};
 use crate::cluster::{SLOTS, SlotTable};
 
 /// Timings and bounds of the machine.
@@ -308,17 +308,59 @@ impl Ownership {
         self.actions.pop_front()
     }
 
-    /// Where a check on `slot` arriving as `arrival` goes first. Hand-off waits are asked apart
-    /// ([`Ownership::handoff_deadline`]): the driver waits for them before it places.
-    pub fn place(&self, slot: u16, arrival: Arrival) -> Placement {
-        first_place(&self.table, &self.me, slot, arrival, |s| self.gave_away(s))
+    /// Where a check on `slot` arriving as `arrival` at `now_ns` goes first; `suspected` says
+    /// which members the failure detector holds suspect (or worse). A check this node would
+    /// decide while the slot still waits for its previous owner's hand-off is refused
+    /// [`Refusal::TryAgain`]: no frame waits on one slot's hand-off.
+    pub fn place(
+        &self,
+        slot: u16,
+        arrival: Arrival,
+        now_ns: u64,
+        suspected: impl Fn(&str) -> bool,
+    ) -> Placement {
+        let placement = first_place(
+            &self.table,
+            &self.me,
+            slot,
+            arrival,
+            |s| self.gave_away(s),
+            suspected,
+        );
+        self.unless_awaited(slot, now_ns, placement)
     }
 
-    /// Where a check goes after its forward failed (`last_round`: the second forward).
-    pub fn place_again(&self, slot: u16, failed: &Failed, last_round: bool) -> Placement {
-        next_place(&self.table, &self.me, slot, failed, last_round, |s| {
-            self.gave_away(s)
-        })
+    /// Where a check goes after its forward failed (`last_round`: the second forward); as
+    /// [`Ownership::place`] for a slot awaiting its hand-off.
+    pub fn place_again(
+        &self,
+        slot: u16,
+        failed: &Failed,
+        last_round: bool,
+        now_ns: u64,
+        suspected: impl Fn(&str) -> bool,
+    ) -> Placement {
+        let placement = next_place(
+            &self.table,
+            &self.me,
+            slot,
+            failed,
+            last_round,
+            |s| self.gave_away(s),
+            suspected,
+        );
+        self.unless_awaited(slot, now_ns, placement)
+    }
+
+    fn unless_awaited(&self, slot: u16, now_ns: u64, placement: Placement) -> Placement {
+        match placement {
+            Placement::Decide | Placement::Takeover
+                if self.awaits_handoff(std::iter::once(slot), now_ns) =>
+            {
+                Placement::Refuse(Refusal::TryAgain)
+            }
+            placement => placement,
+        }
     }
 
     /// The latest deadline among `slots` still waiting for a hand-off at `now_ns`, if any.
@@ -535,8 +577,8 @@ mod tests {
             assert!(a.gave_away(slot));
             assert!(!a.decides(slot, 0));
             assert_eq!(
-                a.place(slot, Arrival::Forwarded),
-                Placement::Refuse(crate::cluster::ownership::Refusal::NotOwner)
+                a.place(slot, Arrival::Forwarded, 0, |_| false),
+                Placement::Refuse(Refusal::NotOwner)
             );
         }
         assert!(a.had_version(before.version()));
@@ -557,8 +599,16 @@ mod tests {
         a.handle_table(10, after.clone(), |id| id == "c");
         assert!(!a.decides(slot, 10));
         assert_eq!(a.poll_timeout(), Some(10 + WAIT));
+        // Meanwhile a check for it is told to try again, at once: no frame waits on it.
+        let try_again = Placement::Refuse(Refusal::TryAgain);
+        assert_eq!(a.place(slot, Arrival::Client, 15, |_| false), try_again);
+        assert_eq!(a.place(slot, Arrival::Forwarded, 15, |_| false), try_again);
         assert!(a.handle_handoff(20, "c", part(7, &gained)));
         assert!(a.decides(slot, 20));
+        assert_eq!(
+            a.place(slot, Arrival::Client, 20, |_| false),
+            Placement::Decide
+        );
         assert_eq!(a.window(slot), None);
 
         // Its wait runs out: decided from what is here, inside a named window.

@@ -43,11 +43,18 @@
 //!
 //! Outside the machine's view, and not asserted by the simulation (they need the driver's
 //! forwards): a **takeover** ([`Placement::Takeover`]) is decided by the slot's successor for a
-//! client that lost the owner, while the owner may be alive; a **forwarded** check for a slot
-//! this node never held is decided once here when its table has not caught up with the
-//! sender's (after a bounded wait); a forward **unanswered** in time is decided by the
-//! forwarder; and a check that waited for a hand-off and, looking again under the gate, finds
-//! its slot waiting again (the table switched meanwhile) a third time is decided then.
+//! client that lost the owner, and a forward **unanswered** in time is decided by the
+//! forwarder, each only once the failure detector suspects the owner (silent for 500 ms by
+//! default): an owner that is merely slow stays the one decider, and the check is answered
+//! [`Refusal::TryAgain`]. So a stall shorter than the suspicion timeout never makes a second
+//! decider; a longer one can, until the owner is heard from or declared dead, from replicas at
+//! most one replication interval old. A **forwarded** check for a slot this node never held is
+//! decided once here when its table has not caught up with the sender's (after a bounded
+//! wait). A check for a slot still waiting for its hand-off is answered
+//! [`Refusal::TryAgain`] at once ([`Ownership::place`]), so no frame waits on another group's
+//! hand-off; only a caller of a version before that answer waits (bounded) and, finding the
+//! slot waiting again under the gate a third time (the table switched meanwhile), is decided
+//! then.
 //!
 //! What closes every other gap: a table switch happens with no decision under the old table
 //! in flight (the driver's gate) and the hand-off is exported after it, so it holds every

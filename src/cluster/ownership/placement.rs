@@ -30,9 +30,12 @@ impl Arrival {
 pub enum Refusal {
     /// This node handed the slot off (or left): the sender must place it again.
     NotOwner,
-    /// Nobody here can decide it: the node is leaving, the owner refused twice, or the slot's
-    /// state is not here yet.
+    /// Nobody here can decide it: the node is leaving, or the owner refused twice.
     ShuttingDown,
+    /// Not decided now, to keep one decider: the slot's state is on its way from its previous
+    /// owner, or its owner is alive (not suspected by the failure detector) but did not answer
+    /// a forward in time. The caller may send it again shortly.
+    TryAgain,
 }
 
 /// Where a check goes.
@@ -58,13 +61,15 @@ pub enum Failed {
     Unanswered,
 }
 
-/// Where a check on `slot` goes first, by `table` as `me` sees it.
+/// Where a check on `slot` goes first, by `table` as `me` sees it. `suspected` says whether
+/// this node's failure detector holds a member suspect (or worse).
 pub fn first_place(
     table: &SlotTable,
     me: &str,
     slot: u16,
     arrival: Arrival,
     gave_away: impl Fn(u16) -> bool,
+    suspected: impl Fn(&str) -> bool,
 ) -> Placement {
     let owner = table.owner(slot);
     if owner == Some(me) {
@@ -72,11 +77,18 @@ pub fn first_place(
     }
     let left = !table.contains(me);
     if arrival == Arrival::Takeover && table.successor(slot) == Some(me) && !left {
-        // The client lost its link to the owner. This node holds the owner's replicas (at most
-        // one sync interval old) and decides from them, as it will once the owner is declared
-        // dead: one shared decider, where otherwise every client's fallback bucket would decide
-        // alone. Its decisions replicate to the owner, should the owner be alive after all.
-        return Placement::Takeover;
+        return match owner {
+            // The client lost its link to an owner this node hears from: a slow moment, or a
+            // fault between that client and the owner only. The owner stays the one decider;
+            // should it not answer in time, the check is answered `TryAgain`.
+            Some(owner) if !suspected(owner) => Placement::Forward(owner.to_owned()),
+            // The owner has been silent past the failure detector's suspicion. This node holds
+            // its replicas (at most one sync interval old) and decides from them, as it will
+            // once the owner is declared dead: one shared decider, where otherwise every
+            // client's fallback bucket would decide alone. Its decisions replicate to the
+            // owner, should the owner be alive after all.
+            _ => Placement::Takeover,
+        };
     }
     if arrival == Arrival::Forwarded {
         // The sender's table names this node. A slot handed off (or a node that left) is
@@ -103,6 +115,7 @@ pub fn next_place(
     failed: &Failed,
     last_round: bool,
     gave_away: impl Fn(u16) -> bool,
+    suspected: impl Fn(&str) -> bool,
 ) -> Placement {
     let owner = table.owner(slot);
     match failed {
@@ -111,15 +124,21 @@ pub fn next_place(
             Some(owner) if owner != refuser && !last_round => Placement::Forward(owner.to_owned()),
             _ => Placement::Refuse(Refusal::ShuttingDown),
         },
-        // An owner that does not answer (slow, or crashed and not yet declared dead): decide
-        // here rather than fail (availability over exactness; the bucket replicates to the
-        // owner like any other), unless this node has left or handed the slot off.
+        // An owner that does not answer. Alive by the failure detector, it is slow for a
+        // moment and may decide the check yet: not decided here, so a stall never makes a
+        // second decider. Suspected (silent for longer), it has probably crashed and is not
+        // yet declared dead: decided here rather than failed (availability over exactness; the
+        // bucket replicates to the owner like any other), unless this node has left or handed
+        // the slot off.
         Failed::Unanswered => {
             let left = !table.contains(me);
-            if owner.is_none() || left || gave_away(slot) {
-                Placement::Refuse(Refusal::ShuttingDown)
-            } else {
-                Placement::Decide
+            match owner {
+                None => Placement::Refuse(Refusal::ShuttingDown),
+                _ if left || gave_away(slot) => Placement::Refuse(Refusal::ShuttingDown),
+                Some(owner) if owner != me && !suspected(owner) => {
+                    Placement::Refuse(Refusal::TryAgain)
+                }
+                Some(_) => Placement::Decide,
             }
         }
     }
@@ -142,6 +161,9 @@ mod tests {
 
     const NEVER: fn(u16) -> bool = |_| false;
     const ALWAYS: fn(u16) -> bool = |_| true;
+    /// Every member alive, as this node's failure detector sees it.
+    const ALIVE: fn(&str) -> bool = |_| false;
+    const SUSPECTED: fn(&str) -> bool = |_| true;
     const NOT_OWNER: Placement = Placement::Refuse(Refusal::NotOwner);
     const SHUTTING_DOWN: Placement = Placement::Refuse(Refusal::ShuttingDown);
 
@@ -151,11 +173,11 @@ mod tests {
         let mine = slot_owned_by(&t, "a");
         let theirs = slot_owned_by(&t, "b");
         assert_eq!(
-            first_place(&t, "a", mine, Arrival::Client, NEVER),
+            first_place(&t, "a", mine, Arrival::Client, NEVER, ALIVE),
             Placement::Decide
         );
         assert_eq!(
-            first_place(&t, "a", theirs, Arrival::Client, NEVER),
+            first_place(&t, "a", theirs, Arrival::Client, NEVER, ALIVE),
             Placement::Forward("b".into())
         );
     }
@@ -165,49 +187,55 @@ mod tests {
         let t = table(&["a", "b", "c"]);
         let theirs = slot_owned_by(&t, "b");
         assert_eq!(
-            first_place(&t, "a", theirs, Arrival::Forwarded, ALWAYS),
+            first_place(&t, "a", theirs, Arrival::Forwarded, ALWAYS, ALIVE),
             NOT_OWNER
         );
         // Never held: the sender's table is newer; decided here, never forwarded on.
         assert_eq!(
-            first_place(&t, "a", theirs, Arrival::Forwarded, NEVER),
+            first_place(&t, "a", theirs, Arrival::Forwarded, NEVER, ALIVE),
             Placement::Decide
         );
         // A node that left is in nobody's table, its own included.
         let after_leave = table(&["b", "c"]);
         let slot = slot_owned_by(&after_leave, "b");
         assert_eq!(
-            first_place(&after_leave, "a", slot, Arrival::Forwarded, NEVER),
+            first_place(&after_leave, "a", slot, Arrival::Forwarded, NEVER, ALIVE),
             NOT_OWNER
         );
         assert_eq!(
-            first_place(&after_leave, "a", slot, Arrival::Client, NEVER),
+            first_place(&after_leave, "a", slot, Arrival::Client, NEVER, ALIVE),
             Placement::Forward("b".into())
         );
         assert_eq!(
-            first_place(&table(&[]), "a", 7, Arrival::Client, NEVER),
+            first_place(&table(&[]), "a", 7, Arrival::Client, NEVER, ALIVE),
             SHUTTING_DOWN
         );
     }
 
     #[test]
-    fn a_takeover_is_decided_by_its_successor_and_forwarded_by_anyone_else() {
+    fn a_takeover_is_decided_by_its_successor_once_the_owner_is_suspected_and_forwarded_otherwise()
+    {
         let t = table(&["a", "b", "c"]);
         let slot = (0..crate::cluster::SLOTS as u16)
             .find(|&s| t.owner(s) == Some("b") && t.successor(s) == Some("a"))
             .unwrap();
         assert_eq!(
-            first_place(&t, "a", slot, Arrival::Takeover, NEVER),
+            first_place(&t, "a", slot, Arrival::Takeover, NEVER, SUSPECTED),
             Placement::Takeover
         );
         assert_eq!(
-            first_place(&t, "c", slot, Arrival::Takeover, NEVER),
+            first_place(&t, "a", slot, Arrival::Takeover, NEVER, ALIVE),
+            Placement::Forward("b".into()),
+            "an owner this node hears from stays the decider"
+        );
+        assert_eq!(
+            first_place(&t, "c", slot, Arrival::Takeover, NEVER, ALIVE),
             Placement::Forward("b".into()),
             "not the successor: to the owner"
         );
         let after_leave = table(&["b", "c"]);
         assert_eq!(
-            first_place(&after_leave, "a", slot, Arrival::Takeover, NEVER),
+            first_place(&after_leave, "a", slot, Arrival::Takeover, NEVER, ALIVE),
             Placement::Forward("b".into()),
             "a node that left takes nothing over"
         );
@@ -220,35 +248,46 @@ mod tests {
         let cs = slot_owned_by(&t, "c");
         let by_b = Failed::NotOwner("b".into());
         assert_eq!(
-            next_place(&t, "a", mine, &by_b, false, NEVER),
+            next_place(&t, "a", mine, &by_b, false, NEVER, ALIVE),
             Placement::Decide
         );
         assert_eq!(
-            next_place(&t, "a", cs, &by_b, false, NEVER),
+            next_place(&t, "a", cs, &by_b, false, NEVER, ALIVE),
             Placement::Forward("c".into())
         );
-        assert_eq!(next_place(&t, "a", cs, &by_b, true, NEVER), SHUTTING_DOWN);
+        assert_eq!(
+            next_place(&t, "a", cs, &by_b, true, NEVER, ALIVE),
+            SHUTTING_DOWN
+        );
         // Our table still names the refuser: it did not catch up in time.
         let bs = slot_owned_by(&t, "b");
-        assert_eq!(next_place(&t, "a", bs, &by_b, false, NEVER), SHUTTING_DOWN);
+        assert_eq!(
+            next_place(&t, "a", bs, &by_b, false, NEVER, ALIVE),
+            SHUTTING_DOWN
+        );
     }
 
     #[test]
-    fn an_unanswered_check_is_decided_here_unless_the_slot_was_handed_off() {
+    fn an_unanswered_check_is_decided_here_only_once_its_owner_is_suspected() {
         let t = table(&["a", "b"]);
         let bs = slot_owned_by(&t, "b");
         let unanswered = Failed::Unanswered;
         assert_eq!(
-            next_place(&t, "a", bs, &unanswered, false, NEVER),
+            next_place(&t, "a", bs, &unanswered, false, NEVER, SUSPECTED),
             Placement::Decide
         );
         assert_eq!(
-            next_place(&t, "a", bs, &unanswered, false, ALWAYS),
+            next_place(&t, "a", bs, &unanswered, false, NEVER, ALIVE),
+            Placement::Refuse(Refusal::TryAgain),
+            "a slow owner may still decide it: never a second decider"
+        );
+        assert_eq!(
+            next_place(&t, "a", bs, &unanswered, false, ALWAYS, SUSPECTED),
             SHUTTING_DOWN
         );
         let after_leave = table(&["b"]);
         assert_eq!(
-            next_place(&after_leave, "a", bs, &unanswered, true, NEVER),
+            next_place(&after_leave, "a", bs, &unanswered, true, NEVER, ALIVE),
             SHUTTING_DOWN
         );
     }
