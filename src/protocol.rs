@@ -143,6 +143,9 @@ pub enum Feature {
     /// A check may be answered with the error code `try_again` (nothing decided, send it again
     /// shortly) where an older caller waits or is answered `shutting_down`.
     TryAgain,
+    /// A node forwards a group with `global` checks to its owner as kind 20 (a scoped batch),
+    /// where an older cluster answers such a group `not_owner`.
+    ForwardedScopes,
 }
 
 impl Feature {
@@ -150,7 +153,7 @@ impl Feature {
     pub fn since(self) -> u8 {
         match self {
             Feature::MemberVersions => 3,
-            Feature::TryAgain => 4,
+            Feature::TryAgain | Feature::ForwardedScopes => 4,
         }
     }
 

@@ -296,6 +296,14 @@ fn frames(version: u8) -> BTreeMap<String, String> {
     };
     encode_message(&mut frame, FrameKind::ScopedCheckBatch, 11, &scoped);
     put(FrameKind::ScopedCheckBatch, frame);
+    let mut frame = Vec::new();
+    encode_message(
+        &mut frame,
+        FrameKind::ForwardedScopedCheckBatch,
+        12,
+        &scoped,
+    );
+    put(FrameKind::ForwardedScopedCheckBatch, frame);
 
     let mut frame = Vec::new();
     let deltas = RegionDeltasMessage {
@@ -519,7 +527,9 @@ fn every_pinned_frame_of_every_version_decodes() {
                 FrameKind::PolicyRequest => decode_policy_request(payload).is_ok(),
                 FrameKind::Policy => decode_policy_message(payload).is_ok(),
                 FrameKind::IdConflict => decode_id_conflict(payload).is_ok(),
-                FrameKind::ScopedCheckBatch => decode_scoped_check_batch(payload, &limits).is_ok(),
+                FrameKind::ScopedCheckBatch | FrameKind::ForwardedScopedCheckBatch => {
+                    decode_scoped_check_batch(payload, &limits).is_ok()
+                }
                 FrameKind::RegionDeltas => decode_region_deltas(payload).is_ok(),
                 FrameKind::RegionAck => decode_region_ack(payload).is_ok(),
                 FrameKind::LeaseRequest => decode_lease_requests(payload, &limits).is_ok(),

@@ -686,10 +686,7 @@ mod tests {
         });
         let check = [Check::new("a", limit())];
 
-        let node = scripted_node(
-            link.clone(),
-            vec![try_again.clone(), try_again.clone(), allowed],
-        );
+        let node = scripted_node(link.clone(), vec![try_again, try_again, allowed]);
         let started = tokio::time::Instant::now();
         let v = client.check(&check).await.unwrap();
         assert_eq!(v[0].source, Source::Node);

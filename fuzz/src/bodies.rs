@@ -216,7 +216,7 @@ fn decode_by_kind(payload: &[u8], kind: FrameKind, version: u8) {
         FrameKind::Replicate => outcome(&decode_replicate(payload)),
         FrameKind::PolicyRequest => outcome(&decode_policy_request(payload)),
         FrameKind::Policy => outcome(&decode_policy_message(payload)),
-        FrameKind::ScopedCheckBatch => {
+        FrameKind::ScopedCheckBatch | FrameKind::ForwardedScopedCheckBatch => {
             outcome(&decode_scoped_check_batch(payload, &WireLimits::default()))
         }
         FrameKind::RegionDeltas => outcome(&decode_region_deltas(payload)),

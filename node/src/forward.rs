@@ -24,15 +24,20 @@ use std::time::Duration;
 
 use floodgate::Clock;
 use floodgate::cluster::ownership::{Arrival, Failed, Placement, Refusal};
+use floodgate::protocol::Feature;
+use floodgate::region::Scope;
 use floodgate::wire::{
-    ArchivedCheckBatch, CheckBatch, ErrorCode, Frame, FrameKind, ValidCheck, WireDecision,
-    decode_decisions, encode_message,
+    ArchivedCheckBatch, CheckBatch, ErrorCode, Frame, FrameKind, ScopedCheckBatch, ValidCheck,
+    WireDecision, decode_decisions, encode_message,
 };
 use rkyv::rancor;
 
+use crate::cluster::RegionRings;
 use crate::metrics::DecisionTally;
+use crate::scoped::Reach;
 use crate::service::{decide_group, decode_frame, finish_batch, prefetch_before};
 use crate::state::Shared;
+use std::sync::Arc;
 
 /// Longest a node waits for its slot table to catch up with a peer's.
 const TABLE_CATCH_UP: Duration = Duration::from_millis(300);
@@ -44,7 +49,7 @@ const FORWARD_TIMEOUT: Duration = Duration::from_millis(100);
 
 /// Where a group's decisions come from.
 #[derive(Debug, Clone, PartialEq)]
-enum Placed {
+pub(crate) enum Placed {
     /// Decided here: a range of the local decisions.
     Here(Range<usize>),
     /// To be sent to this owner.
@@ -57,6 +62,8 @@ enum Placed {
     Unanswered,
     /// Not decided: every check of the group answers this code.
     Refused(ErrorCode),
+    /// A group with a `home` check of another region: decided by the owner in that region.
+    Home,
 }
 
 /// A refusal of the ownership machine as the code a check is answered with.
@@ -82,27 +89,65 @@ pub(crate) async fn answer_check_batch(
         Ok(groups) => groups,
         Err(code) => return Some(code),
     };
-    let mut batch = Batch::new(shared, &groups, now_ns);
-    let forwarded = frame.kind == FrameKind::ForwardedCheckBatch;
+    // Already validated by decode_frame, so this access succeeds.
+    let archived = || rkyv::access::<ArchivedCheckBatch, rancor::Error>(&frame.payload).ok();
+    answer_groups(
+        shared,
+        try_again,
+        frame,
+        &groups,
+        &[],
+        archived,
+        now_ns,
+        out,
+    )
+    .await
+}
+
+/// Answers a validated batch's `groups` (kinds 1, 10, 12 and 20) whose checks have `scopes`
+/// (one per check in flattened order; none: every check `region`): every scope takes the
+/// same path through the gate, hand-off, forwarding and takeover. `archived` gives the
+/// validated batch again, for what is forwarded.
+#[allow(clippy::too_many_arguments)]
+pub(crate) async fn answer_groups<'f>(
+    shared: &Shared,
+    try_again: bool,
+    frame: &Frame,
+    groups: &[Vec<ValidCheck>],
+    scopes: &[Scope],
+    archived: impl FnOnce() -> Option<&'f ArchivedCheckBatch>,
+    now_ns: u64,
+    out: &mut Vec<u8>,
+) -> Option<ErrorCode> {
+    let mut batch = Batch::new(shared, groups, scopes, now_ns);
+    let forwarded = matches!(
+        frame.kind,
+        FrameKind::ForwardedCheckBatch | FrameKind::ForwardedScopedCheckBatch
+    );
     if forwarded {
         batch.catch_up(frame.request_id).await;
     }
     let (mut placed, table_version) = batch.place_first(forwarded, try_again).await;
-    if placed.iter().any(|p| matches!(p, Placed::Remote(_))) {
-        // Already validated by decode_frame, so this access succeeds.
-        let archived = rkyv::access::<ArchivedCheckBatch, rancor::Error>(&frame.payload).ok();
+    if placed
+        .iter()
+        .any(|p| matches!(p, Placed::Remote(_) | Placed::Home))
+    {
+        let archived = archived();
+        if placed.contains(&Placed::Home) {
+            crate::scoped::forward_home(shared, archived, &batch.reach, groups, &mut placed).await;
+        }
         batch
             .forward_rounds(archived, &mut placed, table_version)
             .await;
     }
     let Batch { tally, local, .. } = batch;
-    let mut decisions = assemble(&groups, placed, local);
+    let mut decisions = assemble(groups, placed, local);
     if !try_again {
         // An older caller knows no `try_again`: it fails over as for a node going away.
         let shutting_down = WireDecision::error(ErrorCode::ShuttingDown);
         for decision in &mut decisions {
             if decision.to_decision() == Err(ErrorCode::TryAgain) {
-                *decision = shutting_down.clone();
+                *decision = shutting_down;
             }
         }
     }
@@ -121,6 +166,14 @@ pub(crate) async fn answer_check_batch(
 struct Batch<'a> {
     shared: &'a Shared,
     groups: &'a [Vec<ValidCheck>],
+    /// One per check in flattened order, or none (every check `region`).
+    scopes: &'a [Scope],
+    /// Where each group's scopes start in `scopes` (empty with it).
+    starts: Vec<usize>,
+    /// How each group is decided, from its scopes.
+    reach: Vec<Reach>,
+    /// The other regions' owners, read once a global group is decided here.
+    rings: Option<Arc<RegionRings>>,
     now_ns: u64,
     tally: DecisionTally,
     /// Decisions made here, in the order made; `Placed::Here` holds ranges of it.
@@ -128,13 +181,47 @@ struct Batch<'a> {
 }
 
 impl<'a> Batch<'a> {
-    fn new(shared: &'a Shared, groups: &'a [Vec<ValidCheck>], now_ns: u64) -> Self {
+    fn new(
+        shared: &'a Shared,
+        groups: &'a [Vec<ValidCheck>],
+        scopes: &'a [Scope],
+        now_ns: u64,
+    ) -> Self {
+        let mut starts = Vec::new();
+        let mut reach = Vec::new();
+        if !scopes.is_empty() {
+            let mine = shared.cluster.me.region.as_str();
+            let mut start = 0;
+            for group in groups {
+                starts.push(start);
+                let end = (start + group.len()).min(scopes.len());
+                reach.push(Reach::of(group, &scopes[start..end], mine));
+                start = end;
+            }
+        }
         Batch {
             shared,
             groups,
+            scopes,
+            starts,
+            reach,
+            rings: None,
             now_ns,
             tally: DecisionTally::default(),
             local: Vec::with_capacity(groups.iter().map(Vec::len).sum()),
+        }
+    }
+
+    /// How group `i` is decided (`Region` for a batch without scopes).
+    fn reach(&self, i: usize) -> &Reach {
+        self.reach.get(i).unwrap_or(&Reach::Region)
+    }
+
+    /// The scopes of group `i`'s checks (empty for a batch without scopes).
+    fn scopes_of(&self, i: usize) -> &'a [Scope] {
+        match self.starts.get(i) {
+            Some(&start) => &self.scopes[start..start + self.groups[i].len()],
+            None => &[],
         }
     }
 
@@ -154,17 +241,42 @@ impl<'a> Batch<'a> {
         Arrival::from_client(self.groups[i].first().is_some_and(|check| check.takeover))
     }
 
-    /// Decides group `i` here.
+    /// Decides group `i` here: a group with `global` checks through the region exchange
+    /// (the admission rule, then queued for the key's owner in every other region), any
+    /// other from the bucket alone.
     fn decide(&mut self, i: usize) -> Placed {
         let start = self.local.len();
-        let store = &self.shared.store;
-        decide_group(
-            store,
-            &mut self.tally,
-            self.now_ns,
-            &self.groups[i],
-            &mut self.local,
-        );
+        if *self.reach(i) == Reach::Global {
+            let shared = self.shared;
+            let rings = self
+                .rings
+                .get_or_insert_with(|| {
+                    let rings = shared.cluster.region_rings();
+                    shared.region_sync.set_regions(rings.regions());
+                    rings
+                })
+                .clone();
+            let global: Vec<bool> = self
+                .scopes_of(i)
+                .iter()
+                .map(|s| *s == Scope::Global)
+                .collect();
+            crate::scoped::decide_global_group(
+                shared,
+                &rings,
+                &self.groups[i],
+                &global,
+                &mut self.local,
+            );
+        } else {
+            decide_group(
+                &self.shared.store,
+                &mut self.tally,
+                self.now_ns,
+                &self.groups[i],
+                &mut self.local,
+            );
+        }
         Placed::Here(start..self.local.len())
     }
 
@@ -208,6 +320,11 @@ impl<'a> Batch<'a> {
         for (i, placement) in placements.into_iter().enumerate() {
             prefetch_before(&shared.store, i, |j| self.groups.get(j).map(Vec::as_slice));
             placed.push(match placement {
+                // Decided in its home region, never here; a forwarded one is not sent on.
+                _ if matches!(self.reach(i), Reach::Home(_)) && forwarded => {
+                    Placed::Refused(ErrorCode::NotOwner)
+                }
+                _ if matches!(self.reach(i), Reach::Home(_)) => Placed::Home,
                 Placement::Decide => self.decide(i),
                 Placement::Takeover => {
                     taken_over += self.groups[i].len() as u64;
@@ -237,7 +354,7 @@ impl<'a> Batch<'a> {
             if !placed.iter().any(|p| matches!(p, Placed::Remote(_))) {
                 return;
             }
-            forward(shared, archived, self.groups, placed, version).await;
+            self.forward(archived, placed, version).await;
             let failed: Vec<usize> = (0..placed.len())
                 .filter(|&i| matches!(placed[i], Placed::NotOwner(_) | Placed::Unanswered))
                 .collect();
@@ -325,101 +442,126 @@ fn assemble(
             Placed::Remote(_) | Placed::NotOwner(_) | Placed::Unanswered => {
                 decisions.extend(refused(ErrorCode::ShuttingDown))
             }
+            // Its home region did not answer: the check's failure mode decides at the client.
+            Placed::Home => decisions.extend(refused(ErrorCode::NotOwner)),
         }
     }
     decisions
 }
 
-/// Sends each owner its `Remote` groups (re-encoded from the validated archive) as one
-/// forwarded frame, all owners at once, and records what comes back in time. The frames carry
-/// `table_version` (the table that placed them) as their request id.
-async fn forward(
-    shared: &Shared,
-    archived: Option<&ArchivedCheckBatch>,
-    groups: &[Vec<ValidCheck>],
-    placed: &mut [Placed],
-    table_version: u64,
-) {
-    let mut remote: BTreeMap<String, Vec<usize>> = BTreeMap::new();
-    for (i, place) in placed.iter_mut().enumerate() {
-        if let Placed::Remote(owner) = place {
-            remote.entry(std::mem::take(owner)).or_default().push(i);
-            *place = Placed::Unanswered;
+impl Batch<'_> {
+    /// Sends each owner its `Remote` groups (re-encoded from the validated archive) as one
+    /// forwarded frame, all owners at once, and records what comes back in time. The frames
+    /// carry `table_version` (the table that placed them) as their request id. Groups with
+    /// `global` checks travel with their scopes (kind 20) once every member reads that kind;
+    /// before, they are answered `not_owner` (the client's failure mode decides).
+    async fn forward(
+        &self,
+        archived: Option<&ArchivedCheckBatch>,
+        placed: &mut [Placed],
+        table_version: u64,
+    ) {
+        let shared = self.shared;
+        let groups = self.groups;
+        let cluster = &shared.cluster;
+        let scoped_forwards = Feature::ForwardedScopes.readable_at(cluster.cluster_version());
+        let mut remote: BTreeMap<String, Vec<usize>> = BTreeMap::new();
+        for (i, place) in placed.iter_mut().enumerate() {
+            if let Placed::Remote(owner) = place {
+                if *self.reach(i) == Reach::Global && !scoped_forwards {
+                    *place = Placed::Refused(ErrorCode::NotOwner);
+                    continue;
+                }
+                remote.entry(std::mem::take(owner)).or_default().push(i);
+                *place = Placed::Unanswered;
+            }
         }
-    }
-    // Already validated, so it unpacks; re-encoded below, group by group (each group goes to
-    // one owner, so it is moved, not copied).
-    let Some(Ok(mut sent)) = archived.map(ArchivedCheckBatch::unpack) else {
-        return;
-    };
-    let cluster = &shared.cluster;
-    let max = shared.config.limits.max_frame_bytes;
-    let mut forwards = tokio::task::JoinSet::new();
-    for (owner, indices) in remote {
-        let Some(addr) = cluster.addr_of(&owner) else {
-            continue;
+        // Already validated, so it unpacks; re-encoded below, group by group (each group goes
+        // to one owner, so it is moved, not copied).
+        let Some(Ok(mut sent)) = archived.map(ArchivedCheckBatch::unpack) else {
+            return;
         };
-        let batch = CheckBatch {
-            groups: indices
-                .iter()
-                .filter_map(|&i| sent.groups.get_mut(i).map(std::mem::take))
-                .collect(),
-        };
-        let mut bytes = Vec::new();
-        encode_message(
-            &mut bytes,
-            FrameKind::ForwardedCheckBatch,
-            table_version,
-            &batch,
-        );
-        shared
-            .metrics
-            .forwarded
-            .increment(indices.iter().map(|&i| groups[i].len() as u64).sum());
-        let takeover = indices
-            .iter()
-            .any(|&i| groups[i].first().is_some_and(|c| c.takeover));
-        // A takeover's client lost the owner already and waits for this answer within its own
-        // deadline (5 ms by default): it hears `try_again` before that deadline rather than
-        // timing out on this node too (and opening its breaker to it), and the stream behind
-        // this frame waits no longer.
-        let limit = if takeover {
-            shared.config.cluster.takeover_forward_timeout
-        } else {
-            FORWARD_TIMEOUT
-        };
-        let peers = cluster.peers.clone();
-        forwards.spawn(async move {
-            let answer = peers
-                .request_within(limit, &addr, &bytes, max + 64, FrameKind::DecisionBatch)
-                .await;
-            (owner, indices, answer)
-        });
-    }
-    while let Some(Ok((owner, indices, answer))) = forwards.join_next().await {
-        let Ok(decisions) = answer
-            .map_err(|e| e.to_string())
-            .and_then(|frame| decisions_of(&frame))
-        else {
-            continue;
-        };
-        let sizes: Vec<usize> = indices.iter().map(|&i| groups[i].len()).collect();
-        if decisions.len() != sizes.iter().sum::<usize>() {
-            continue;
-        }
-        let mut rest = decisions.as_slice();
-        for (&i, size) in indices.iter().zip(sizes) {
-            let answer = &rest[..size];
-            placed[i] = if answer
-                .first()
-                .is_some_and(|d| d.to_decision() == Err(ErrorCode::NotOwner))
-            {
-                shared.metrics.forward_refused.increment(size as u64);
-                Placed::NotOwner(owner.clone())
-            } else {
-                Placed::Answered(answer.to_vec())
+        let max = shared.config.limits.max_frame_bytes;
+        let mut forwards = tokio::task::JoinSet::new();
+        for (owner, indices) in remote {
+            let Some(addr) = cluster.addr_of(&owner) else {
+                continue;
             };
-            rest = &rest[size..];
+            let batch = CheckBatch {
+                groups: indices
+                    .iter()
+                    .filter_map(|&i| sent.groups.get_mut(i).map(std::mem::take))
+                    .collect(),
+            };
+            let mut bytes = Vec::new();
+            if indices.iter().any(|&i| *self.reach(i) == Reach::Global) {
+                let scopes: Vec<Scope> = indices
+                    .iter()
+                    .flat_map(|&i| self.scopes_of(i).iter().cloned())
+                    .collect();
+                encode_message(
+                    &mut bytes,
+                    FrameKind::ForwardedScopedCheckBatch,
+                    table_version,
+                    &ScopedCheckBatch::new(batch, &scopes),
+                );
+            } else {
+                encode_message(
+                    &mut bytes,
+                    FrameKind::ForwardedCheckBatch,
+                    table_version,
+                    &batch,
+                );
+            }
+            shared
+                .metrics
+                .forwarded
+                .increment(indices.iter().map(|&i| groups[i].len() as u64).sum());
+            let takeover = indices
+                .iter()
+                .any(|&i| groups[i].first().is_some_and(|c| c.takeover));
+            // A takeover's client lost the owner already and waits for this answer within its
+            // own deadline (5 ms by default): it hears `try_again` before that deadline rather
+            // than timing out on this node too (and opening its breaker to it), and the stream
+            // behind this frame waits no longer.
+            let limit = if takeover {
+                shared.config.cluster.takeover_forward_timeout
+            } else {
+                FORWARD_TIMEOUT
+            };
+            let peers = cluster.peers.clone();
+            forwards.spawn(async move {
+                let answer = peers
+                    .request_within(limit, &addr, &bytes, max + 64, FrameKind::DecisionBatch)
+                    .await;
+                (owner, indices, answer)
+            });
+        }
+        while let Some(Ok((owner, indices, answer))) = forwards.join_next().await {
+            let Ok(decisions) = answer
+                .map_err(|e| e.to_string())
+                .and_then(|frame| decisions_of(&frame))
+            else {
+                continue;
+            };
+            let sizes: Vec<usize> = indices.iter().map(|&i| groups[i].len()).collect();
+            if decisions.len() != sizes.iter().sum::<usize>() {
+                continue;
+            }
+            let mut rest = decisions.as_slice();
+            for (&i, size) in indices.iter().zip(sizes) {
+                let answer = &rest[..size];
+                placed[i] = if answer
+                    .first()
+                    .is_some_and(|d| d.to_decision() == Err(ErrorCode::NotOwner))
+                {
+                    shared.metrics.forward_refused.increment(size as u64);
+                    Placed::NotOwner(owner.clone())
+                } else {
+                    Placed::Answered(answer.to_vec())
+                };
+                rest = &rest[size..];
+            }
         }
     }
 }

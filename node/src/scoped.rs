@@ -1,32 +1,67 @@
-//! Kind 12: a check batch with a scope per check. A batch of `region` checks only (or `home`
-//! checks whose home is this node's region) is answered exactly as kind 1. Otherwise:
+//! Kinds 12 and 20: a check batch with a scope per check. A batch of `region` checks only (or
+//! `home` checks whose home is this node's region) is answered exactly as kind 1 (kind 10 when
+//! forwarded). Otherwise every group takes the path a kind 1 group takes (`forward.rs`: the
+//! deciding gate, `try_again` while its slot's hand-off is awaited, forwarding to the owner,
+//! takeover once the owner is suspected), and only how a group is decided differs ([`Reach`]):
+//! - a group with `global` checks is decided by its owner in this region through the region
+//!   exchange (the admission rule, then queued for the key's owner in every other region), and
+//!   forwarded to that owner with its scopes (kind 20);
 //! - a group with a `home` check of another region goes to the owner of its slot in that
 //!   region (a forwarded batch, kind 10, decided there); unanswered (the region unreachable),
-//!   it answers `not_owner` and the check's failure mode decides at the client;
-//! - the other groups are placed by this node's region ring: a group this node decides is
-//!   decided here, its `global` checks through the region exchange (the admission rule, then
-//!   queued for the key's owner in every other region); a group another node of the region
-//!   owns answers `not_owner` (a gateway routes by the slot table, so it reaches the owner).
+//!   it answers `not_owner` and the check's failure mode decides at the client.
 
 use std::collections::BTreeMap;
 
 use floodgate::Check;
-use floodgate::cluster::ownership::{Arrival, Placement};
-use floodgate::region::Scope;
+use floodgate::region::{RegionName, Scope};
 use floodgate::wire::{
-    ArchivedScopedCheckBatch, CheckBatch, ErrorCode, Frame, FrameKind, ValidCheck, WireDecision,
-    decode_decisions, decode_scoped_check_batch, encode_message,
+    ArchivedCheckBatch, ArchivedScopedCheckBatch, CheckBatch, ErrorCode, Frame, FrameKind,
+    ValidCheck, WireDecision, decode_decisions, decode_scoped_check_batch, encode_message,
 };
 use rkyv::rancor;
 
-use crate::metrics::DecisionTally;
-use crate::service::{decide_group, encode_error, finish_batch};
+use crate::cluster::RegionRings;
+use crate::forward::Placed;
+use crate::service::encode_error;
 use crate::state::Shared;
 
-/// Answers a kind 12 frame into `out`, or gives back the plain kind 1 frame it amounts to (every
-/// check `region` here), for the caller to answer as any check batch.
+/// How a group is decided, from its checks' scopes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Reach {
+    /// Every check `region` (or `home` here): by this region's owner, from its bucket.
+    Region,
+    /// A `global` check, in a group that is not a refund (a refund of a global check is local:
+    /// the other regions keep the units): by this region's owner, through the exchange.
+    Global,
+    /// A `home` check of another region: the whole group, by the owner in that region.
+    Home(RegionName),
+}
+
+impl Reach {
+    /// How `group`, whose checks have `scopes`, is decided on a node of region `mine`.
+    pub(crate) fn of(group: &[ValidCheck], scopes: &[Scope], mine: &str) -> Reach {
+        let home = scopes.iter().find_map(|s| match s {
+            Scope::Home(home) if home.as_str() != mine => Some(home),
+            _ => None,
+        });
+        if let Some(home) = home {
+            return Reach::Home(home.clone());
+        }
+        let refund = group.first().is_some_and(|c| c.refund);
+        if !refund && scopes.contains(&Scope::Global) {
+            Reach::Global
+        } else {
+            Reach::Region
+        }
+    }
+}
+
+/// Answers a kind 12 frame (or kind 20 from a peer) into `out`, or gives back the plain kind
+/// 1 (or 10) frame it amounts to (every check `region` here), for the caller to answer as any
+/// check batch. `try_again`: the caller knows that answer.
 pub(crate) async fn answer_scoped_batch(
     shared: &Shared,
+    try_again: bool,
     frame: &Frame,
     now_ns: u64,
     out: &mut Vec<u8>,
@@ -55,89 +90,43 @@ pub(crate) async fn answer_scoped_batch(
             }
         };
     }
-    let cluster = &shared.cluster;
-    let rings = cluster.region_rings();
-    shared.region_sync.set_regions(rings.regions());
-    let mut tally = DecisionTally::default();
-    // Per group: its decisions once known; home groups of another region wait for their home.
-    let mut answered: Vec<Option<Vec<WireDecision>>> = Vec::with_capacity(groups.len());
-    let mut homes: BTreeMap<String, Vec<usize>> = BTreeMap::new();
-    let version = {
-        // Under the deciding gate, as every decision: a table switch waits for these.
-        let _deciding = cluster.deciding();
-        let ownership = cluster.ownership();
-        let version = ownership.table().version();
-        let mut first = 0;
-        for (i, group) in groups.iter().enumerate() {
-            let group_scopes = &scopes[first..first + group.len()];
-            first += group.len();
-            let slot = group.first().map_or(0, |c| c.key.slot());
-            let home = group_scopes.iter().find_map(|s| match s {
-                Scope::Home(home) if home.as_str() != mine => Some(home),
-                _ => None,
-            });
-            if let Some(home) = home {
-                // Decided by the owner in its home region (the whole group goes there).
-                if let Some(owner) = rings.owner_in(home, slot) {
-                    homes.entry(owner.to_owned()).or_default().push(i);
-                }
-                answered.push(None);
-                continue;
-            }
-            if ownership.place(slot, Arrival::Client, now_ns, |_| false) != Placement::Decide {
-                answered.push(Some(refused(group.len(), ErrorCode::NotOwner)));
-                continue;
-            }
-            let mut decisions = Vec::with_capacity(group.len());
-            let global: Vec<bool> = group_scopes.iter().map(|s| *s == Scope::Global).collect();
-            if group[0].refund || !global.contains(&true) {
-                // Refunds of global checks are local only (the other regions keep the units).
-                decide_group(&shared.store, &mut tally, now_ns, group, &mut decisions);
-            } else {
-                decide_global_group(shared, &rings, group, &global, &mut decisions);
-            }
-            answered.push(Some(decisions));
-        }
-        version
+    // Already validated by the decoder, so this access succeeds.
+    let archived = || {
+        rkyv::access::<ArchivedScopedCheckBatch, rancor::Error>(&frame.payload)
+            .ok()
+            .map(|scoped| &scoped.batch)
     };
-    if !homes.is_empty() {
-        forward_home(shared, frame, &groups, homes, &mut answered).await;
-    }
-    // A home group no answer came for: its home region is unreachable (or has no owner), and
-    // the check's failure mode decides at the client (closed: denied, `503` at a gateway).
-    let decisions = groups
-        .iter()
-        .zip(answered)
-        .flat_map(|(group, answer)| {
-            answer.unwrap_or_else(|| refused(group.len(), ErrorCode::NotOwner))
-        })
-        .collect();
-    finish_batch(
-        &shared.metrics,
-        &tally,
-        frame.request_id,
-        decisions,
-        version,
-        out,
-    );
-    Ok(None)
+    Ok(crate::forward::answer_groups(
+        shared, try_again, frame, &groups, &scopes, archived, now_ns, out,
+    )
+    .await)
 }
 
-/// Sends each home group to its home region's owner (one forwarded batch per owner, all at
-/// once) and records the answers; what is not answered stays `None`.
-async fn forward_home(
+/// Sends each `Home` group to its home region's owner (one forwarded batch per owner, all at
+/// once) and records the answers; a group no answer came for stays `Home`.
+pub(crate) async fn forward_home(
     shared: &Shared,
-    frame: &Frame,
+    archived: Option<&ArchivedCheckBatch>,
+    reach: &[Reach],
     groups: &[Vec<ValidCheck>],
-    homes: BTreeMap<String, Vec<usize>>,
-    answered: &mut [Option<Vec<WireDecision>>],
+    placed: &mut [Placed],
 ) {
-    let Ok(scoped) = rkyv::access::<ArchivedScopedCheckBatch, rancor::Error>(&frame.payload) else {
+    let rings = shared.cluster.region_rings();
+    let mut homes: BTreeMap<String, Vec<usize>> = BTreeMap::new();
+    for (i, place) in placed.iter().enumerate() {
+        if let (Placed::Home, Some(Reach::Home(home))) = (place, reach.get(i)) {
+            let slot = groups[i].first().map_or(0, |c| c.key.slot());
+            if let Some(owner) = rings.owner_in(home, slot) {
+                homes.entry(owner.to_owned()).or_default().push(i);
+            }
+        }
+    }
+    if homes.is_empty() {
         return;
-    };
+    }
     // Already validated, so it unpacks; re-encoded below, group by group (each group goes to
     // one owner, so it is moved, not copied).
-    let Ok(mut sent) = scoped.batch.unpack() else {
+    let Some(Ok(mut sent)) = archived.map(ArchivedCheckBatch::unpack) else {
         return;
     };
     let max = shared.config.limits.max_frame_bytes;
@@ -180,16 +169,16 @@ async fn forward_home(
                 .first()
                 .is_some_and(|d| d.to_decision() != Err(ErrorCode::NotOwner))
             {
-                answered[i] = Some(answer.to_vec());
+                placed[i] = Placed::Answered(answer.to_vec());
             }
         }
     }
 }
 
 /// Decides a group with global checks here, all or nothing.
-fn decide_global_group(
+pub(crate) fn decide_global_group(
     shared: &Shared,
-    rings: &crate::cluster::RegionRings,
+    rings: &RegionRings,
     group: &[ValidCheck],
     global: &[bool],
     out: &mut Vec<WireDecision>,
@@ -216,14 +205,19 @@ fn refused(n: usize, code: ErrorCode) -> Vec<WireDecision> {
     (0..n).map(|_| WireDecision::error(code)).collect()
 }
 
-/// The kind 1 frame inside a kind 12 one (already validated).
+/// The kind 1 frame inside a kind 12 one, or the kind 10 inside a kind 20 (already validated).
 fn plain_frame(frame: &Frame) -> Option<Frame> {
     let scoped = rkyv::access::<ArchivedScopedCheckBatch, rancor::Error>(&frame.payload).ok()?;
     let batch: CheckBatch = rkyv::deserialize::<CheckBatch, rancor::Error>(&scoped.batch).ok()?;
     let payload = rkyv::to_bytes::<rancor::Error>(&batch).ok()?;
+    let kind = if frame.kind == FrameKind::ForwardedScopedCheckBatch {
+        FrameKind::ForwardedCheckBatch
+    } else {
+        FrameKind::CheckBatch
+    };
     Some(Frame {
         version: floodgate::wire::BASE_LAYOUT,
-        kind: FrameKind::CheckBatch,
+        kind,
         request_id: frame.request_id,
         payload,
     })

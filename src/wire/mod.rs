@@ -147,6 +147,10 @@ pub enum FrameKind {
     TokenLeaseBatch = 18,
     /// Node → client: [`TokenLeaseAnswers`], what the owner granted, one per request.
     TokenLeaseAnswers = 19,
+    /// Node → node, from version 4: a [`ScopedCheckBatch`] forwarded by a node that does not
+    /// own its slots (a group with `global` checks, which kind 10 cannot carry); answered with
+    /// a [`DecisionBatch`], never forwarded again. Sent only once every member speaks 4.
+    ForwardedScopedCheckBatch = 20,
 }
 
 impl FrameKind {
@@ -171,6 +175,7 @@ impl FrameKind {
             17 => Some(FrameKind::LeaseSync),
             18 => Some(FrameKind::TokenLeaseBatch),
             19 => Some(FrameKind::TokenLeaseAnswers),
+            20 => Some(FrameKind::ForwardedScopedCheckBatch),
             _ => None,
         }
     }
@@ -189,8 +194,9 @@ impl FrameKind {
     }
 
     /// True for the kinds only another node may send (gossip, replication, forwarded checks,
-    /// id conflicts, region deltas and their acknowledgements, lease syncs): the receiver closes a connection without a peer certificate that sends
-    /// one, with [`ErrorCode::Forbidden`]. Every kind must decide here.
+    /// id conflicts, region deltas and their acknowledgements, lease syncs): the receiver
+    /// closes a connection without a peer certificate that sends one, with
+    /// [`ErrorCode::Forbidden`]. Every kind must decide here.
     pub fn peer_only(self) -> bool {
         match self {
             FrameKind::Gossip
@@ -199,7 +205,8 @@ impl FrameKind {
             | FrameKind::IdConflict
             | FrameKind::RegionDeltas
             | FrameKind::RegionAck
-            | FrameKind::LeaseSync => true,
+            | FrameKind::LeaseSync
+            | FrameKind::ForwardedScopedCheckBatch => true,
             FrameKind::CheckBatch
             | FrameKind::DecisionBatch
             | FrameKind::Error

@@ -153,9 +153,10 @@ pub(super) async fn answer(
         FrameKind::CheckBatch | FrameKind::ForwardedCheckBatch => {
             answer_checks(shared, version, frame, now_ns, out).await
         }
-        FrameKind::ScopedCheckBatch => {
+        FrameKind::ScopedCheckBatch | FrameKind::ForwardedScopedCheckBatch => {
             cluster.wait_until_joined().await;
-            match crate::scoped::answer_scoped_batch(shared, frame, now_ns, out).await {
+            let try_again = Feature::TryAgain.readable_at(version);
+            match crate::scoped::answer_scoped_batch(shared, try_again, frame, now_ns, out).await {
                 Ok(refused) => refused,
                 Err(plain) => answer_checks(shared, version, &plain, now_ns, out).await,
             }
