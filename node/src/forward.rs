@@ -141,8 +141,9 @@ pub(crate) async fn answer_groups<'f>(
             .await;
     }
     let Batch { tally, local, .. } = batch;
-    let mut decisions = assemble(groups, placed, local);
-    if !try_again {
+    let (mut decisions, held) = assemble(groups, placed, local);
+    shared.metrics.try_again.increment(held as u64);
+    if held > 0 && !try_again {
         // An older caller knows no `try_again`: it fails over as for a node going away.
         let shutting_down = WireDecision::error(ErrorCode::ShuttingDown);
         for decision in &mut decisions {
@@ -421,23 +422,36 @@ impl<'a> Batch<'a> {
     }
 }
 
-/// The batch's decisions in request order, from where each group was placed.
+/// The batch's decisions in request order, from where each group was placed, and how many
+/// of them are `try_again`.
 fn assemble(
     groups: &[Vec<ValidCheck>],
     placed: Vec<Placed>,
     local: Vec<WireDecision>,
-) -> Vec<WireDecision> {
+) -> (Vec<WireDecision>, usize) {
     if placed.iter().all(|p| matches!(p, Placed::Here(_))) {
         // Decided here in order: nothing to rearrange.
-        return local;
+        return (local, 0);
     }
     let mut decisions = Vec::with_capacity(local.capacity());
+    let mut held = 0;
     for (group, place) in groups.iter().zip(placed) {
         let refused = |code| std::iter::repeat_n(WireDecision::error(code), group.len());
         match place {
             Placed::Here(range) => decisions.extend_from_slice(&local[range]),
-            Placed::Answered(answer) => decisions.extend(answer),
-            Placed::Refused(code) => decisions.extend(refused(code)),
+            Placed::Answered(answer) => {
+                held += answer
+                    .iter()
+                    .filter(|d| d.to_decision() == Err(ErrorCode::TryAgain))
+                    .count();
+                decisions.extend(answer);
+            }
+            Placed::Refused(code) => {
+                if code == ErrorCode::TryAgain {
+                    held += group.len();
+                }
+                decisions.extend(refused(code));
+            }
             // Every forward was resolved before; answer as a node that could not decide.
             Placed::Remote(_) | Placed::NotOwner(_) | Placed::Unanswered => {
                 decisions.extend(refused(ErrorCode::ShuttingDown))
@@ -446,7 +460,7 @@ fn assemble(
             Placed::Home => decisions.extend(refused(ErrorCode::NotOwner)),
         }
     }
-    decisions
+    (decisions, held)
 }
 
 impl Batch<'_> {

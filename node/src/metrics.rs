@@ -125,6 +125,10 @@ pub struct NodeMetrics {
     pub forward_refused: Counter,
     /// Checks decided here as the slot's successor for a client that could not reach the owner.
     pub taken_over: Counter,
+    /// Checks answered `try_again` (or `shutting_down` to an older caller) rather than decided
+    /// by a second node: their slot's hand-off had not come, or their owner, held alive, did
+    /// not answer a forward in time.
+    pub try_again: Counter,
     /// Buckets sent to successors / received as replicas.
     pub replicated: Counter,
     pub received_replicas: Counter,
@@ -204,6 +208,7 @@ impl NodeMetrics {
             forwarded: counter!("floodgate_forwarded_checks_total"),
             forward_refused: counter!("floodgate_forward_refused_checks_total"),
             taken_over: counter!("floodgate_takeover_checks_total"),
+            try_again: counter!("floodgate_try_again_checks_total"),
             replicated: counter!("floodgate_replicated_buckets_total", "direction" => "sent"),
             received_replicas: counter!("floodgate_replicated_buckets_total", "direction" => "received"),
             handed_off: counter!("floodgate_handoff_buckets_total", "direction" => "sent"),
