@@ -16,8 +16,9 @@ use std::fmt;
 /// frames carry 2 and its ALPN id is `floodgate/1`).
 pub const OLDEST: u8 = 2;
 /// The newest version this build speaks: 3 adds each member's version range to gossip and to
-/// the slot table clients read, and the cluster version to the slot table.
-pub const NEWEST: u8 = 3;
+/// the slot table clients read, and the cluster version to the slot table; 4 adds the settled
+/// point and the receiver's session to the region exchange, and the `try_again` answer.
+pub const NEWEST: u8 = 4;
 /// What this build speaks.
 pub const SUPPORTED: VersionRange = VersionRange {
     min: OLDEST,
@@ -140,6 +141,11 @@ pub enum Feature {
     /// Gossip digests carry each member's version range; the slot table carries each member's
     /// range and the cluster version.
     MemberVersions,
+    /// Region deltas (kind 13) carry the sender's settled point (every sequence number below it
+    /// was acknowledged by that destination), acknowledgements (kind 14) the receiver's
+    /// session: a restarted receiver resumes where the sender's unacknowledged messages start,
+    /// and a sender tells a receiver's restart at once.
+    RegionResync,
     /// A check may be answered with the error code `try_again` (nothing decided, send it again
     /// shortly) where an older caller waits or is answered `shutting_down`.
     TryAgain,
@@ -153,7 +159,7 @@ impl Feature {
     pub fn since(self) -> u8 {
         match self {
             Feature::MemberVersions => 3,
-            Feature::TryAgain | Feature::ForwardedScopes => 4,
+            Feature::RegionResync | Feature::TryAgain | Feature::ForwardedScopes => 4,
         }
     }
 
@@ -248,11 +254,17 @@ mod tests {
         assert!(!feature.usable(3, 2));
         // An old end in a new cluster.
         assert!(!feature.usable(2, 3));
+        for feature in [Feature::RegionResync, Feature::TryAgain] {
+            assert_eq!(feature.since(), 4);
+            assert!(!feature.readable_at(3));
+            assert!(feature.readable_at(NEWEST));
+        }
     }
 
     #[test]
     fn ranges_print_as_operators_read_them() {
         assert_eq!(range(2, 3).to_string(), "2-3");
+        assert_eq!(SUPPORTED.to_string(), "2-4");
         assert_eq!(range(2, 2).to_string(), "2");
     }
 }

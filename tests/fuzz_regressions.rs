@@ -173,6 +173,7 @@ fn region_deltas_of_every_unit_there_is_are_forgiven_without_overflow() {
         from: Peer::new(region("there"), "m"),
         session: 1,
         seq: 1,
+        settled_below: None,
         deltas: vec![delta, delta],
     };
     exchange.handle_deltas(now, &batch, &store);

@@ -18,15 +18,16 @@ use floodgate::protocol::{self, VersionRange};
 use floodgate::wire::{
     BASE_LAYOUT, CheckBatch, DecisionBatch, ErrorCode, ErrorFrame, FrameKind, FrameReader,
     HandoffPart, LeaseAnswer, LeaseAnswerBatch, LeaseRequestBatch, LeaseSyncMessage, PolicyMessage,
-    PolicyRequest, RegionAckMessage, RegionDeltasMessage, ReplicateMessage, ScopedCheckBatch,
-    SlotTableMessage, TableMember, TokenLeaseAnswer, TokenLeaseAnswers, TokenLeaseBatch,
-    TokenLeaseRequest, WireBucket, WireCheck, WireDecision, WireDelta, WireLease, WireLeaseAnswer,
-    WireLeaseRequest, WireLeaseSet, WireScope, decode_check_batch, decode_decisions,
-    decode_error_frame, decode_gossip, decode_id_conflict, decode_lease_answers,
-    decode_lease_requests, decode_lease_sync, decode_policy_message, decode_policy_request,
-    decode_region_ack, decode_region_deltas, decode_replicate, decode_scoped_check_batch,
-    decode_slot_table, decode_token_lease_answers, decode_token_lease_batch, encode_frame,
-    encode_gossip, encode_message, encode_slot_table,
+    PolicyRequest, RegionAckMessage, RegionAckMessageV4, RegionDeltasMessage,
+    RegionDeltasMessageV4, ReplicateMessage, ScopedCheckBatch, SlotTableMessage, TableMember,
+    TokenLeaseAnswer, TokenLeaseAnswers, TokenLeaseBatch, TokenLeaseRequest, WireBucket, WireCheck,
+    WireDecision, WireDelta, WireLease, WireLeaseAnswer, WireLeaseRequest, WireLeaseSet, WireScope,
+    decode_check_batch, decode_decisions, decode_error_frame, decode_gossip, decode_id_conflict,
+    decode_lease_answers, decode_lease_requests, decode_lease_sync, decode_policy_message,
+    decode_policy_request, decode_region_ack, decode_region_deltas, decode_replicate,
+    decode_scoped_check_batch, decode_slot_table, decode_token_lease_answers,
+    decode_token_lease_batch, encode_frame, encode_gossip, encode_message, encode_message_at,
+    encode_slot_table,
 };
 use floodgate::{Decision, Limit, NANOS_PER_SEC};
 
@@ -332,7 +333,20 @@ fn frames(version: u8) -> BTreeMap<String, String> {
             },
         ],
     };
-    encode_message(&mut frame, FrameKind::RegionDeltas, 0, &deltas);
+    let layout = FrameKind::RegionDeltas.layout_at(version);
+    if layout >= 4 {
+        let deltas = RegionDeltasMessageV4 {
+            region: deltas.region,
+            node: deltas.node,
+            session: deltas.session,
+            seq: deltas.seq,
+            settled_below: 2,
+            deltas: deltas.deltas,
+        };
+        encode_message_at(&mut frame, layout, FrameKind::RegionDeltas, 0, &deltas);
+    } else {
+        encode_message(&mut frame, FrameKind::RegionDeltas, 0, &deltas);
+    }
     put(FrameKind::RegionDeltas, frame);
 
     let mut frame = Vec::new();
@@ -343,7 +357,20 @@ fn frames(version: u8) -> BTreeMap<String, String> {
         below: 3,
         also: vec![5, 6],
     };
-    encode_message(&mut frame, FrameKind::RegionAck, 0, &ack);
+    let layout = FrameKind::RegionAck.layout_at(version);
+    if layout >= 4 {
+        let ack = RegionAckMessageV4 {
+            region: ack.region,
+            node: ack.node,
+            session: ack.session,
+            below: ack.below,
+            also: ack.also,
+            receiver_session: 1_700_000_000_500_000_000,
+        };
+        encode_message_at(&mut frame, layout, FrameKind::RegionAck, 0, &ack);
+    } else {
+        encode_message(&mut frame, FrameKind::RegionAck, 0, &ack);
+    }
     put(FrameKind::RegionAck, frame);
 
     let mut frame = Vec::new();
@@ -467,11 +494,11 @@ fn every_frame_kind_encodes_to_its_pinned_bytes() {
 }
 
 /// Each later version pins the kinds whose layout it changed; the other kinds are written as in
-/// version 2, byte for byte.
+/// the version before, byte for byte (so, by induction, a kind no version changed as in 2).
 #[test]
 fn later_versions_pin_the_kinds_they_changed_and_leave_the_rest_alone() {
-    let base = frames(2);
     for version in BASE_LAYOUT + 1..=protocol::NEWEST {
+        let base = frames(version - 1);
         let changed = changed_in(version);
         assert!(!changed.is_empty(), "version {version} changed no layout");
         let mut pinned = BTreeMap::new();
@@ -530,8 +557,11 @@ fn every_pinned_frame_of_every_version_decodes() {
                 FrameKind::ScopedCheckBatch | FrameKind::ForwardedScopedCheckBatch => {
                     decode_scoped_check_batch(payload, &limits).is_ok()
                 }
-                FrameKind::RegionDeltas => decode_region_deltas(payload).is_ok(),
-                FrameKind::RegionAck => decode_region_ack(payload).is_ok(),
+                FrameKind::RegionDeltas => decode_region_deltas(frame.version, payload)
+                    .is_ok_and(|b| b.settled_below == (version >= 4).then_some(2)),
+                FrameKind::RegionAck => decode_region_ack(frame.version, payload).is_ok_and(|a| {
+                    a.receiver_session == (version >= 4).then_some(1_700_000_000_500_000_000)
+                }),
                 FrameKind::LeaseRequest => decode_lease_requests(payload, &limits).is_ok(),
                 FrameKind::LeaseAnswer => decode_lease_answers(payload).is_ok(),
                 FrameKind::LeaseSync => decode_lease_sync(payload).is_ok(),

@@ -19,8 +19,8 @@ use floodgate::store::snapshot::{
     decode_snapshot_limited, encode_snapshot, is_live, is_long_period,
 };
 use floodgate::wire::{
-    CheckBatch, DecisionBatch, ErrorCode, ErrorFrame, FrameKind, FrameReader, HEADER_BYTES,
-    MAX_HANDOFF_PARTS, MAX_POLICY_TEXT_BYTES, RegionAckMessage, RegionDeltasMessage,
+    BASE_LAYOUT, CheckBatch, DecisionBatch, ErrorCode, ErrorFrame, FrameKind, FrameReader,
+    HEADER_BYTES, MAX_HANDOFF_PARTS, MAX_POLICY_TEXT_BYTES, RegionAckMessage, RegionDeltasMessage,
     ReplicateMessage, Replicated, WireBucket, WireDecision, WireLimits, decode_check_batch,
     decode_decisions, decode_error_frame, decode_gossip, decode_id_conflict, decode_lease_answers,
     decode_lease_requests, decode_lease_sync, decode_policy_message, decode_policy_request,
@@ -219,8 +219,8 @@ fn decode_by_kind(payload: &[u8], kind: FrameKind, version: u8) {
         FrameKind::ScopedCheckBatch | FrameKind::ForwardedScopedCheckBatch => {
             outcome(&decode_scoped_check_batch(payload, &WireLimits::default()))
         }
-        FrameKind::RegionDeltas => outcome(&decode_region_deltas(payload)),
-        FrameKind::RegionAck => outcome(&decode_region_ack(payload)),
+        FrameKind::RegionDeltas => outcome(&decode_region_deltas(version, payload)),
+        FrameKind::RegionAck => outcome(&decode_region_ack(version, payload)),
         FrameKind::LeaseRequest => outcome(&decode_lease_requests(payload, &WireLimits::default())),
         FrameKind::LeaseAnswer => outcome(&decode_lease_answers(payload)),
         FrameKind::LeaseSync => outcome(&decode_lease_sync(payload)),
@@ -1039,24 +1039,24 @@ pub fn region_messages(data: &[u8]) -> Outcome {
             Outcome::Accepted
         }
         1 => {
-            let decoded = decode_region_deltas(&payload);
+            let decoded = decode_region_deltas(BASE_LAYOUT, &payload);
             let Ok(batch) = &decoded else {
                 return Outcome::Refused;
             };
             let again = reframe(FrameKind::RegionDeltas, &RegionDeltasMessage::from(batch));
-            assert_eq!(decode_region_deltas(&again), decoded);
+            assert_eq!(decode_region_deltas(BASE_LAYOUT, &again), decoded);
             if batch.from.region.as_str() != REGION_TARGET_RECEIVER {
                 apply_twice(batch);
             }
             Outcome::Accepted
         }
         _ => {
-            let decoded = decode_region_ack(&payload);
+            let decoded = decode_region_ack(BASE_LAYOUT, &payload);
             let Ok(ack) = &decoded else {
                 return Outcome::Refused;
             };
             let again = reframe(FrameKind::RegionAck, &RegionAckMessage::from(ack));
-            assert_eq!(decode_region_ack(&again), decoded);
+            assert_eq!(decode_region_ack(BASE_LAYOUT, &again), decoded);
             Outcome::Accepted
         }
     }

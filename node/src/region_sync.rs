@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use floodgate::region::{Exchange, ExchangeStats, Outgoing, Peer};
 use floodgate::wire::{
-    ErrorCode, FrameKind, RegionAckMessage, RegionDeltasMessage, decode_region_ack,
-    decode_region_deltas, encode_message,
+    BASE_LAYOUT, ErrorCode, FrameKind, decode_region_ack, decode_region_deltas, encode_region_ack,
+    encode_region_deltas,
 };
 use floodgate::{BucketKey, BucketStore, Check, Clock, Decision, Limit, StoreError};
 use parking_lot::Mutex;
@@ -135,20 +135,25 @@ impl<C: Clock> RegionSync<C> {
         self.exchange.lock().set_regions(regions);
     }
 
-    /// Handles a region frame's payload from a peer whose certificate names `certified_node`,
-    /// a member this node knows in `region`. A message naming another node, or another region,
+    /// Handles a region frame's payload, of the layout of version `layout` (the frame's), from
+    /// a peer whose certificate names `certified_node`, a member this node knows in `region`. A message naming another node, or another region,
     /// is refused as `forbidden` (a peer speaks only as itself); one that fails validation with
     /// the decoder's code. Nothing is applied then.
     pub fn receive(
         &self,
         kind: FrameKind,
+        layout: u8,
         payload: &[u8],
         certified_node: &str,
         region: &str,
     ) -> Result<(), ErrorCode> {
-        self.receive_from(kind, payload, &|node| node == certified_node, &|node| {
-            (node == certified_node).then(|| region.to_owned())
-        })
+        self.receive_from(
+            kind,
+            layout,
+            payload,
+            &|node| node == certified_node,
+            &|node| (node == certified_node).then(|| region.to_owned()),
+        )
     }
 
     /// As [`RegionSync::receive`], with `certified` saying whether the sender's certificate
@@ -157,6 +162,7 @@ impl<C: Clock> RegionSync<C> {
     pub fn receive_from(
         &self,
         kind: FrameKind,
+        layout: u8,
         payload: &[u8],
         certified: &dyn Fn(&str) -> bool,
         region_of: &dyn Fn(&str) -> Option<String>,
@@ -164,12 +170,12 @@ impl<C: Clock> RegionSync<C> {
         let now = self.clock.now_ns();
         match kind {
             FrameKind::RegionDeltas => {
-                let batch = decode_region_deltas(payload).map_err(|(code, _)| code)?;
+                let batch = decode_region_deltas(layout, payload).map_err(|(code, _)| code)?;
                 self.speaks_as_itself(kind, &batch.from, certified, region_of)?;
                 self.exchange.lock().handle_deltas(now, &batch, &self.store);
             }
             FrameKind::RegionAck => {
-                let ack = decode_region_ack(payload).map_err(|(code, _)| code)?;
+                let ack = decode_region_ack(layout, payload).map_err(|(code, _)| code)?;
                 self.speaks_as_itself(kind, &ack.from, certified, region_of)?;
                 self.exchange.lock().handle_ack(now, &ack);
             }
@@ -219,18 +225,8 @@ impl<C: Clock> RegionSync<C> {
             };
             let mut frame = Vec::new();
             match &transmit.message {
-                Outgoing::Deltas(batch) => encode_message(
-                    &mut frame,
-                    FrameKind::RegionDeltas,
-                    0,
-                    &RegionDeltasMessage::from(batch),
-                ),
-                Outgoing::Ack(ack) => encode_message(
-                    &mut frame,
-                    FrameKind::RegionAck,
-                    0,
-                    &RegionAckMessage::from(ack),
-                ),
+                Outgoing::Deltas(batch) => encode_region_deltas(&mut frame, BASE_LAYOUT, batch),
+                Outgoing::Ack(ack) => encode_region_ack(&mut frame, BASE_LAYOUT, ack),
             }
             links.send(&transmit.to, frame);
         }

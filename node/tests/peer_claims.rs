@@ -198,6 +198,7 @@ async fn region_frames_name_the_region_the_sender_is_known_in() {
             from: from.clone(),
             session: 1,
             seq,
+            settled_below: None,
             deltas: vec![Delta {
                 key: BucketKey::for_key(b"global"),
                 limit: Limit::gcra(100, 3_600 * NANOS_PER_SEC, 100).unwrap(),
@@ -224,6 +225,7 @@ async fn region_frames_name_the_region_the_sender_is_known_in() {
             session: 1,
             below: 5,
             also: Vec::new(),
+            receiver_session: None,
         }),
     );
     let now_ms = std::time::SystemTime::now()

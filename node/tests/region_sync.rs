@@ -79,7 +79,7 @@ async fn deliver(sync: Arc<Sync>, mut inbox: mpsc::UnboundedReceiver<(String, Ve
         // Each test node is known in the region its id names (node-a in a).
         let region = sender.trim_start_matches("node-");
         while let Ok(Some(frame)) = reader.next_frame() {
-            let _ = sync.receive(frame.kind, &frame.payload, &sender, region);
+            let _ = sync.receive(frame.kind, frame.version, &frame.payload, &sender, region);
         }
     }
 }
@@ -169,6 +169,7 @@ fn deltas_frame(from: Peer, limit: Limit) -> floodgate::wire::Frame {
         from,
         session: 1,
         seq: 1,
+        settled_below: None,
         deltas: vec![floodgate::region::Delta {
             key: BucketKey::for_key(b"k"),
             limit,
@@ -194,15 +195,24 @@ async fn a_peer_speaks_only_as_itself() {
     let limit = Limit::gcra(10, NANOS_PER_SEC, 10).unwrap();
     let frame = deltas_frame(peer("a"), limit);
     assert_eq!(
-        b.receive(frame.kind, &frame.payload, "node-mallory", "a"),
+        b.receive(
+            frame.kind,
+            frame.version,
+            &frame.payload,
+            "node-mallory",
+            "a"
+        ),
         Err(ErrorCode::Forbidden)
     );
     assert_eq!(
-        b.receive(FrameKind::RegionDeltas, b"garbage!", "node-a", "a"),
+        b.receive(FrameKind::RegionDeltas, 2, b"garbage!", "node-a", "a"),
         Err(ErrorCode::MalformedPayload)
     );
     assert_eq!(b.applied_from(&peer("a")), 0);
-    assert_eq!(b.receive(frame.kind, &frame.payload, "node-a", "a"), Ok(()));
+    assert_eq!(
+        b.receive(frame.kind, frame.version, &frame.payload, "node-a", "a"),
+        Ok(())
+    );
     assert_eq!(b.applied_from(&peer("a")), 3);
     let _ = a;
     stop.send_replace(true);
@@ -216,7 +226,7 @@ async fn a_peer_speaks_only_for_the_region_it_is_known_in() {
     let claimed = Peer::new(RegionName::new("c").unwrap(), "node-a");
     let frame = deltas_frame(claimed.clone(), limit);
     assert_eq!(
-        b.receive(frame.kind, &frame.payload, "node-a", "a"),
+        b.receive(frame.kind, frame.version, &frame.payload, "node-a", "a"),
         Err(ErrorCode::Forbidden)
     );
     assert_eq!(b.applied_from(&claimed), 0);
@@ -226,6 +236,7 @@ async fn a_peer_speaks_only_for_the_region_it_is_known_in() {
         session: 1,
         below: 2,
         also: Vec::new(),
+        receiver_session: None,
     };
     let mut frame = Vec::new();
     encode_message(
@@ -238,12 +249,15 @@ async fn a_peer_speaks_only_for_the_region_it_is_known_in() {
     reader.extend(&frame);
     let frame = reader.next_frame().unwrap().unwrap();
     assert_eq!(
-        b.receive(frame.kind, &frame.payload, "node-a", "a"),
+        b.receive(frame.kind, frame.version, &frame.payload, "node-a", "a"),
         Err(ErrorCode::Forbidden)
     );
     // The same deltas in the region node-a is known in are taken.
     let frame = deltas_frame(peer("a"), limit);
-    assert_eq!(b.receive(frame.kind, &frame.payload, "node-a", "a"), Ok(()));
+    assert_eq!(
+        b.receive(frame.kind, frame.version, &frame.payload, "node-a", "a"),
+        Ok(())
+    );
     assert_eq!(b.applied_from(&peer("a")), 3);
     let _ = a;
     stop.send_replace(true);

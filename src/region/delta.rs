@@ -47,6 +47,10 @@ pub struct DeltaBatch {
     pub session: u64,
     /// 1, 2, 3, ... per (session, destination).
     pub seq: u64,
+    /// Every sequence number below this was acknowledged by the destination (at most `seq`): a
+    /// receiver that knows nothing of this session starts its inbox here, one that knows less
+    /// moves up to it. `None` from a sender that does not say (protocol version 2's layout).
+    pub settled_below: Option<u64>,
     pub deltas: Vec<Delta>,
 }
 
@@ -60,6 +64,10 @@ pub struct DeltaAck {
     pub below: u64,
     /// Sequence numbers above `below` that were applied too (at most [`MAX_ACK_RANGES`]).
     pub also: Vec<u64>,
+    /// The acknowledging node's own session: when it changes, the receiver restarted and has
+    /// not seen what is in flight, so the sender sends it again at once. `None` from a receiver
+    /// that does not say (protocol version 2's layout).
+    pub receiver_session: Option<u64>,
 }
 
 /// Most out-of-order sequence numbers one acknowledgement lists.

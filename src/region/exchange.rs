@@ -401,6 +401,7 @@ impl Exchange {
                 session: inbox.session,
                 below: inbox.below,
                 also: inbox.also(),
+                receiver_session: Some(self.session),
             };
             return Some(Transmit {
                 to,
@@ -413,6 +414,7 @@ impl Exchange {
                     from: self.me.clone(),
                     session: self.session,
                     seq,
+                    settled_below: Some(outbox.settled_below()),
                     deltas,
                 };
                 return Some(Transmit {

@@ -58,6 +58,16 @@ impl Outbox {
         self.next_seq
     }
 
+    /// The settled point: every sequence number below it was acknowledged (the lowest one in
+    /// flight, or the next one when none is).
+    pub(super) fn settled_below(&self) -> u64 {
+        self.in_flight
+            .iter()
+            .map(|m| m.seq)
+            .min()
+            .unwrap_or(self.next_seq)
+    }
+
     /// Whether new units of `key` have room (its key is pending already, or the table is not
     /// full).
     pub(super) fn can_hold(&self, key: BucketKey, config: &ExchangeConfig) -> bool {

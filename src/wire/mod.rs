@@ -4,7 +4,8 @@
 //! ```text
 //! offset  size  field
 //! 0       2     magic "FG"
-//! 2       1     protocol version of the payload's layout (2, or 3 for kinds it changed)
+//! 2       1     protocol version of the payload's layout (2, or the later version that
+//!               last changed the kind's layout)
 //! 3       1     frame kind (FrameKind)
 //! 4       4     payload length, little-endian u32 (at most the receiver's max frame bytes)
 //! 8       8     request id, little-endian u64 (answers carry the id of their request)
@@ -60,8 +61,9 @@ pub use policy_messages::{
 };
 pub use region_messages::{
     ArchivedScopedCheckBatch, MAX_WIRE_DELTA_AT_NS, MAX_WIRE_DELTAS, MAX_WIRE_NODE_ID_BYTES,
-    RegionAckMessage, RegionDeltasMessage, ScopedCheckBatch, WireDelta, WireScope,
-    decode_region_ack, decode_region_deltas, decode_scoped_check_batch,
+    RegionAckMessage, RegionAckMessageV4, RegionDeltasMessage, RegionDeltasMessageV4,
+    ScopedCheckBatch, WireDelta, WireScope, decode_region_ack, decode_region_deltas,
+    decode_scoped_check_batch, encode_region_ack, encode_region_deltas,
 };
 pub use token_lease_messages::{
     ArchivedTokenLeaseBatch, TokenLeaseAnswer, TokenLeaseAnswers, TokenLeaseBatch,
@@ -185,9 +187,15 @@ impl FrameKind {
     /// change is listed here (and pinned in `tests/golden/wire_frames_vN.txt`).
     pub fn layout_at(self, version: u8) -> u8 {
         let member_versions = crate::protocol::Feature::MemberVersions;
+        let region_resync = crate::protocol::Feature::RegionResync;
         match self {
             FrameKind::Gossip | FrameKind::SlotTable if member_versions.readable_at(version) => {
                 member_versions.since()
+            }
+            FrameKind::RegionDeltas | FrameKind::RegionAck
+                if region_resync.readable_at(version) =>
+            {
+                region_resync.since()
             }
             _ => BASE_LAYOUT,
         }

@@ -4,16 +4,20 @@
 //!
 //! rkyv archives have no optional trailing fields, so a scope cannot be added to the kind 1
 //! check as an old node would still read it: a batch with any non-`region` check travels as
-//! kind 12 instead, and kind 1 stays exactly as it was (every check `region`).
+//! kind 12 instead, and kind 1 stays exactly as it was (every check `region`). Likewise kinds 13
+//! and 14 have a second layout from protocol version 4 ([`Feature::RegionResync`]), defined
+//! beside version 2's and chosen by the frame's version byte.
 
 use rkyv::{Archive, Deserialize, Serialize};
 
-use super::ErrorCode;
 use super::check_batch::{ArchivedCheckBatch, CheckBatch, decode_groups};
+use super::frame::encode_message_at;
 use super::messages::{
     Refusal, ValidCheck, WireLimits, access_validated, algorithm_to_wire, limit_from_wire,
 };
+use super::{BASE_LAYOUT, ErrorCode, FrameKind};
 use crate::BucketKey;
+use crate::protocol::Feature;
 use crate::region::{Delta, DeltaAck, DeltaBatch, MAX_ACK_RANGES, Peer, RegionName, Scope};
 
 /// Most deltas one kind 13 message may carry.
@@ -74,6 +78,30 @@ pub struct RegionAckMessage {
     pub also: Vec<u64>,
 }
 
+/// Kind 13 from protocol version 4: version 2's fields and the sender's settled point.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq, Default)]
+pub struct RegionDeltasMessageV4 {
+    pub region: String,
+    pub node: String,
+    pub session: u64,
+    pub seq: u64,
+    /// Every seq below this was acknowledged by the destination (1..=seq; 0: not given).
+    pub settled_below: u64,
+    pub deltas: Vec<WireDelta>,
+}
+
+/// Kind 14 from protocol version 4: version 2's fields and the acknowledging node's session.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq, Default)]
+pub struct RegionAckMessageV4 {
+    pub region: String,
+    pub node: String,
+    pub session: u64,
+    pub below: u64,
+    pub also: Vec<u64>,
+    /// The acknowledging node's own session (0: not given).
+    pub receiver_session: u64,
+}
+
 impl WireScope {
     pub fn of(scope: &Scope) -> Self {
         match scope {
@@ -121,6 +149,57 @@ impl From<&DeltaBatch> for RegionDeltasMessage {
                 })
                 .collect(),
         }
+    }
+}
+
+impl From<&DeltaBatch> for RegionDeltasMessageV4 {
+    fn from(batch: &DeltaBatch) -> Self {
+        let v2 = RegionDeltasMessage::from(batch);
+        RegionDeltasMessageV4 {
+            region: v2.region,
+            node: v2.node,
+            session: v2.session,
+            seq: v2.seq,
+            settled_below: batch.settled_below.unwrap_or(0),
+            deltas: v2.deltas,
+        }
+    }
+}
+
+impl From<&DeltaAck> for RegionAckMessageV4 {
+    fn from(ack: &DeltaAck) -> Self {
+        RegionAckMessageV4 {
+            region: ack.from.region.as_str().to_owned(),
+            node: ack.from.node.to_string(),
+            session: ack.session,
+            below: ack.below,
+            also: ack.also.clone(),
+            receiver_session: ack.receiver_session.unwrap_or(0),
+        }
+    }
+}
+
+/// Appends `batch` as a kind 13 frame for a peer speaking `version`: with the settled point
+/// from version 4, in version 2's layout (without it) for a peer that speaks less.
+pub fn encode_region_deltas(out: &mut Vec<u8>, version: u8, batch: &DeltaBatch) {
+    let kind = FrameKind::RegionDeltas;
+    if Feature::RegionResync.readable_at(version) {
+        let message = RegionDeltasMessageV4::from(batch);
+        encode_message_at(out, kind.layout_at(version), kind, 0, &message);
+    } else {
+        encode_message_at(out, BASE_LAYOUT, kind, 0, &RegionDeltasMessage::from(batch));
+    }
+}
+
+/// Appends `ack` as a kind 14 frame for a peer speaking `version`: with the receiver's session
+/// from version 4, in version 2's layout (without it) for a peer that speaks less.
+pub fn encode_region_ack(out: &mut Vec<u8>, version: u8, ack: &DeltaAck) {
+    let kind = FrameKind::RegionAck;
+    if Feature::RegionResync.readable_at(version) {
+        let message = RegionAckMessageV4::from(ack);
+        encode_message_at(out, kind.layout_at(version), kind, 0, &message);
+    } else {
+        encode_message_at(out, BASE_LAYOUT, kind, 0, &RegionAckMessage::from(ack));
     }
 }
 
@@ -191,24 +270,63 @@ pub fn decode_scoped_check_batch(
     Ok((groups, scopes))
 }
 
-/// Validates a kind 13 payload into the exchange's [`DeltaBatch`].
-pub fn decode_region_deltas(payload: &[u8]) -> Result<DeltaBatch, Refusal> {
-    let message = access_validated::<ArchivedRegionDeltasMessage>(payload, "region deltas")?;
-    let from = peer(message.region.as_str(), message.node.as_str())?;
-    let seq = message.seq.to_native();
+/// Validates a kind 13 payload of the layout of version `layout` (the frame's) into the
+/// exchange's [`DeltaBatch`]; version 2's layout gives no settled point.
+pub fn decode_region_deltas(layout: u8, payload: &[u8]) -> Result<DeltaBatch, Refusal> {
+    if Feature::RegionResync.readable_at(layout) {
+        let m = access_validated::<ArchivedRegionDeltasMessageV4>(payload, "region deltas")?;
+        let seq = m.seq.to_native();
+        let settled_below = match m.settled_below.to_native() {
+            0 => None,
+            settled if settled > seq => {
+                return Err(malformed(format!(
+                    "a region delta message numbered {seq} settled below {settled}: a message \
+                     in flight cannot be settled"
+                )));
+            }
+            settled => Some(settled),
+        };
+        deltas_batch(
+            (m.region.as_str(), m.node.as_str()),
+            m.session.to_native(),
+            seq,
+            settled_below,
+            &m.deltas,
+        )
+    } else {
+        let m = access_validated::<ArchivedRegionDeltasMessage>(payload, "region deltas")?;
+        deltas_batch(
+            (m.region.as_str(), m.node.as_str()),
+            m.session.to_native(),
+            m.seq.to_native(),
+            None,
+            &m.deltas,
+        )
+    }
+}
+
+/// A kind 13 message's fields, validated, as a [`DeltaBatch`] (either layout).
+fn deltas_batch(
+    (region, node): (&str, &str),
+    session: u64,
+    seq: u64,
+    settled_below: Option<u64>,
+    wire: &[ArchivedWireDelta],
+) -> Result<DeltaBatch, Refusal> {
+    let from = peer(region, node)?;
     if seq == 0 {
         return Err(malformed(
             "a region delta message numbered 0 (numbers start at 1)".to_owned(),
         ));
     }
-    if message.deltas.len() > MAX_WIRE_DELTAS {
+    if wire.len() > MAX_WIRE_DELTAS {
         return Err(malformed(format!(
             "{} deltas in one message; the maximum is {MAX_WIRE_DELTAS}",
-            message.deltas.len()
+            wire.len()
         )));
     }
-    let mut deltas = Vec::with_capacity(message.deltas.len());
-    for delta in message.deltas.iter() {
+    let mut deltas = Vec::with_capacity(wire.len());
+    for delta in wire {
         let limit = limit_from_wire(
             delta.algorithm,
             delta.rate.to_native(),
@@ -234,27 +352,62 @@ pub fn decode_region_deltas(payload: &[u8]) -> Result<DeltaBatch, Refusal> {
     }
     Ok(DeltaBatch {
         from,
-        session: message.session.to_native(),
+        session,
         seq,
+        settled_below,
         deltas,
     })
 }
 
-/// Validates a kind 14 payload into the exchange's [`DeltaAck`].
-pub fn decode_region_ack(payload: &[u8]) -> Result<DeltaAck, Refusal> {
-    let message = access_validated::<ArchivedRegionAckMessage>(payload, "region ack")?;
-    let from = peer(message.region.as_str(), message.node.as_str())?;
-    if message.also.len() > MAX_ACK_RANGES {
+/// Validates a kind 14 payload of the layout of version `layout` (the frame's) into the
+/// exchange's [`DeltaAck`]; version 2's layout gives no receiver session.
+pub fn decode_region_ack(layout: u8, payload: &[u8]) -> Result<DeltaAck, Refusal> {
+    if Feature::RegionResync.readable_at(layout) {
+        let m = access_validated::<ArchivedRegionAckMessageV4>(payload, "region ack")?;
+        let receiver_session = match m.receiver_session.to_native() {
+            0 => None,
+            session => Some(session),
+        };
+        ack(
+            (m.region.as_str(), m.node.as_str()),
+            m.session.to_native(),
+            m.below.to_native(),
+            &m.also,
+            receiver_session,
+        )
+    } else {
+        let m = access_validated::<ArchivedRegionAckMessage>(payload, "region ack")?;
+        ack(
+            (m.region.as_str(), m.node.as_str()),
+            m.session.to_native(),
+            m.below.to_native(),
+            &m.also,
+            None,
+        )
+    }
+}
+
+/// A kind 14 message's fields, validated, as a [`DeltaAck`] (either layout).
+fn ack(
+    (region, node): (&str, &str),
+    session: u64,
+    below: u64,
+    also: &[rkyv::Archived<u64>],
+    receiver_session: Option<u64>,
+) -> Result<DeltaAck, Refusal> {
+    let from = peer(region, node)?;
+    if also.len() > MAX_ACK_RANGES {
         return Err(malformed(format!(
             "{} out-of-order numbers in one ack; the maximum is {MAX_ACK_RANGES}",
-            message.also.len()
+            also.len()
         )));
     }
     Ok(DeltaAck {
         from,
-        session: message.session.to_native(),
-        below: message.below.to_native(),
-        also: message.also.iter().map(|n| n.to_native()).collect(),
+        session,
+        below,
+        also: also.iter().map(|n| n.to_native()).collect(),
+        receiver_session,
     })
 }
 
@@ -349,30 +502,95 @@ mod tests {
         assert_eq!(code, ErrorCode::MalformedPayload);
     }
 
-    #[test]
-    fn deltas_and_acks_round_trip() {
-        let limit = Limit::window(Algorithm::SlidingLog, 5, S).unwrap();
-        let batch = DeltaBatch {
+    fn batch(settled_below: Option<u64>) -> DeltaBatch {
+        DeltaBatch {
             from: Peer::new(eu(), "node-1"),
             session: 9,
             seq: 3,
+            settled_below,
             deltas: vec![Delta {
                 key: BucketKey::for_key(b"k"),
-                limit,
+                limit: Limit::window(Algorithm::SlidingLog, 5, S).unwrap(),
                 units: 4,
                 at_ns: 77,
             }],
-        };
-        let payload = bytes(&RegionDeltasMessage::from(&batch));
-        assert_eq!(decode_region_deltas(&payload).unwrap(), batch);
-        let ack = DeltaAck {
+        }
+    }
+
+    fn ack(receiver_session: Option<u64>) -> DeltaAck {
+        DeltaAck {
             from: Peer::new(eu(), "node-2"),
             session: 9,
             below: 3,
             also: vec![5, 6],
+            receiver_session,
+        }
+    }
+
+    /// A frame's version and payload as a receiver reads them.
+    fn framed(encode: impl FnOnce(&mut Vec<u8>)) -> (u8, rkyv::util::AlignedVec) {
+        let mut bytes = Vec::new();
+        encode(&mut bytes);
+        let mut reader = super::super::FrameReader::new(1 << 20);
+        reader.extend(&bytes);
+        let frame = reader.next_frame().unwrap().unwrap();
+        (frame.version, frame.payload)
+    }
+
+    #[test]
+    fn deltas_and_acks_round_trip() {
+        let payload = bytes(&RegionDeltasMessage::from(&batch(None)));
+        assert_eq!(
+            decode_region_deltas(BASE_LAYOUT, &payload).unwrap(),
+            batch(None)
+        );
+        let payload = bytes(&RegionAckMessage::from(&ack(None)));
+        assert_eq!(decode_region_ack(BASE_LAYOUT, &payload).unwrap(), ack(None));
+    }
+
+    /// From version 4 the settled point and the receiver's session travel; to an end speaking
+    /// less, version 2's layout goes, stamped 2, and reads back without them.
+    #[test]
+    fn each_version_gets_its_layout_and_reads_it_back() {
+        for version in crate::protocol::OLDEST..=crate::protocol::NEWEST {
+            let resync = Feature::RegionResync.readable_at(version);
+            let (layout, payload) =
+                framed(|out| encode_region_deltas(out, version, &batch(Some(2))));
+            assert_eq!(layout, if resync { 4 } else { BASE_LAYOUT }, "{version}");
+            let expected = batch(resync.then_some(2));
+            assert_eq!(decode_region_deltas(layout, &payload).unwrap(), expected);
+            let (layout, payload) = framed(|out| encode_region_ack(out, version, &ack(Some(11))));
+            assert_eq!(layout, if resync { 4 } else { BASE_LAYOUT }, "{version}");
+            assert_eq!(
+                decode_region_ack(layout, &payload).unwrap(),
+                ack(resync.then_some(11))
+            );
+        }
+        // Not given: 0 on the wire, read back as not given.
+        let (layout, payload) = framed(|out| encode_region_deltas(out, 4, &batch(None)));
+        assert_eq!(decode_region_deltas(layout, &payload).unwrap(), batch(None));
+        let (layout, payload) = framed(|out| encode_region_ack(out, 4, &ack(None)));
+        assert_eq!(decode_region_ack(layout, &payload).unwrap(), ack(None));
+    }
+
+    /// A settled point above the message's own number is a claim no honest sender makes.
+    #[test]
+    fn a_settled_point_above_the_message_is_refused() {
+        let message = RegionDeltasMessageV4 {
+            settled_below: 4,
+            ..RegionDeltasMessageV4::from(&batch(None))
         };
-        let payload = bytes(&RegionAckMessage::from(&ack));
-        assert_eq!(decode_region_ack(&payload).unwrap(), ack);
+        let (code, reason) = decode_region_deltas(4, &bytes(&message)).unwrap_err();
+        assert_eq!(code, ErrorCode::MalformedPayload);
+        assert!(reason.contains("settled below 4"), "{reason}");
+        let at_seq = RegionDeltasMessageV4 {
+            settled_below: 3,
+            ..message
+        };
+        assert_eq!(
+            decode_region_deltas(4, &bytes(&at_seq)).unwrap(),
+            batch(Some(3))
+        );
     }
 
     #[test]
@@ -446,7 +664,7 @@ mod tests {
             ),
         ];
         for (message, says) in cases {
-            let (_, reason) = decode_region_deltas(&bytes(&message)).unwrap_err();
+            let (_, reason) = decode_region_deltas(BASE_LAYOUT, &bytes(&message)).unwrap_err();
             assert!(reason.contains(says), "{reason} (wanted {says})");
         }
         let ack = RegionAckMessage {
@@ -456,6 +674,6 @@ mod tests {
             below: 1,
             also: vec![2; MAX_ACK_RANGES + 1],
         };
-        assert!(decode_region_ack(&bytes(&ack)).is_err());
+        assert!(decode_region_ack(BASE_LAYOUT, &bytes(&ack)).is_err());
     }
 }

@@ -150,6 +150,7 @@ pub(super) async fn serve_uni_message(
                 let region_of = |node: &str| shared.cluster.region_of(node);
                 match shared.region_sync.receive_from(
                     frame.kind,
+                    frame.version,
                     &frame.payload,
                     &certified,
                     &region_of,
