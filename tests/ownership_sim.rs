@@ -1,6 +1,8 @@
 //! The ownership invariant under a seeded simulation: many seeds of machines over a network
 //! that delays, loses, duplicates and reorders, with crashes, restarts, joins and leaves; at
-//! every change, at most one node decides each slot outside the named windows.
+//! every change, at most one node decides each slot outside the named windows; with clients
+//! whose breakers open on stalled or crashed owners, every decision the driver makes (its own,
+//! a forward's, a takeover's) is checked against every other node deciding that slot.
 //!
 //! `FLOODGATE_SIM_SEED=123` replays exactly one seed; `FLOODGATE_SIM_SEEDS=5000` runs more.
 
@@ -16,6 +18,7 @@ fn seeds() -> Vec<u64> {
 #[test]
 fn at_most_one_node_decides_a_slot_outside_the_named_windows() {
     let mut totals = (0, 0, 0, 0);
+    let mut driver = (0, 0, 0, 0);
     for seed in seeds() {
         match run_seed(seed) {
             Ok(report) => {
@@ -23,16 +26,23 @@ fn at_most_one_node_decides_a_slot_outside_the_named_windows() {
                 totals.1 += report.windows_seen;
                 totals.2 += report.table_switches;
                 totals.3 += report.handoffs_completed;
+                driver.0 += report.decisions;
+                driver.1 += report.takeovers;
+                driver.2 += report.forwards;
+                driver.3 += report.owner_suspected_pairs;
             }
             Err(failure) => panic!("{failure}"),
         }
     }
     eprintln!(
-        "checked {} instants, {} inside windows, {} table switches, {} hand-offs completed",
-        totals.0, totals.1, totals.2, totals.3
+        "checked {} instants, {} inside windows, {} table switches, {} hand-offs completed; \
+         {} decisions, {} takeovers, {} forwards, {} pairs excused by a suspected owner",
+        totals.0, totals.1, totals.2, totals.3, driver.0, driver.1, driver.2, driver.3
     );
-    // The runs move slots: a simulation where nothing moves would prove nothing.
+    // The runs move slots and decide checks: a simulation where nothing moves or is decided
+    // would prove nothing.
     assert!(totals.2 > 0 && totals.3 > 0, "{totals:?}");
+    assert!(driver.0 > 0 && driver.2 > 0, "{driver:?}");
 }
 
 /// One seed gives the same run twice: replaying a printed seed shows the same failure.
@@ -146,4 +156,105 @@ fn an_old_member_misreporting_its_versions_is_caught() {
     });
     let failure = caught.expect("no seed of 40 caught a misreported range");
     assert!(failure.message.contains("cluster version"), "{failure}");
+}
+
+/// Seeds of the stall test and the bound of each mutation control (each run is as long as the
+/// plain invariant's).
+const STALL_SEEDS: u64 = 40;
+const MUTATION_SEEDS: u64 = 40;
+
+/// A run of `seed` with stalls at every few ticks: clients' breakers open on stalled owners and
+/// they send takeovers to the successors.
+fn stalling(seed: u64) -> SimConfig {
+    SimConfig {
+        stall_per_mille: 15,
+        ..SimConfig::from_seed(seed)
+    }
+}
+
+/// A stall shorter than the suspicion timeout makes no second decider: clients whose breaker
+/// opened on the stalled owner send takeovers to the successor, which forwards them to the
+/// owner it still holds alive (answered `try_again` when unanswered), so no decision of another
+/// node ever overlaps the stalled owner's. The counts show the path was taken.
+#[test]
+fn a_stalled_owner_never_has_a_second_decider() {
+    let mut stalls = 0;
+    let mut with_takeovers = 0;
+    let mut seeds_with_takeovers = 0;
+    let mut totals = (0, 0, 0, 0, 0, 0);
+    for seed in 0..STALL_SEEDS {
+        let report = Sim::new(seed, stalling(seed))
+            .run()
+            .unwrap_or_else(|f| panic!("{f}"));
+        assert_eq!(
+            report.stall_second_deciders, 0,
+            "seed {seed}: a stalled owner had a second decider"
+        );
+        stalls += report.stalls;
+        with_takeovers += report.stalls_with_takeovers;
+        seeds_with_takeovers += u64::from(report.stalls_with_takeovers > 0);
+        totals.0 += report.takeovers_sent;
+        totals.1 += report.takeovers;
+        totals.2 += report.forwards;
+        totals.3 += report.forwards_unanswered;
+        totals.4 += report.unanswered_decided;
+        totals.5 += report.try_again;
+    }
+    eprintln!(
+        "{stalls} stalls, {with_takeovers} with an open breaker and takeovers sent (in \
+         {seeds_with_takeovers} seeds); takeovers sent {}, decided {}; forwards {}, unanswered {}, \
+         decided unanswered {}; try_again {}",
+        totals.0, totals.1, totals.2, totals.3, totals.4, totals.5
+    );
+    assert!(
+        seeds_with_takeovers > 0 && totals.0 > 0,
+        "no stall opened a breaker and sent takeovers: the test proves nothing"
+    );
+}
+
+/// The first seed (of a bounded number) whose run fails with `config`'s deliberately wrong
+/// driver; the failure must be a double decider.
+fn caught(what: &str, config: impl Fn(u64) -> SimConfig) -> u64 {
+    let failure = (0..MUTATION_SEEDS)
+        .find_map(|seed| Sim::new(seed, config(seed)).run().err())
+        .unwrap_or_else(|| panic!("no seed of {MUTATION_SEEDS} caught {what}"));
+    assert!(failure.message.contains("decided by"), "{failure}");
+    eprintln!("{what}: caught at seed {}", failure.seed);
+    failure.seed
+}
+
+/// The old takeover rule (the successor decides whenever a takeover reaches it) makes a second
+/// decider beside a stalled owner, and the checker names it.
+#[test]
+fn a_takeover_without_suspicion_is_caught() {
+    caught("a takeover without suspicion", |seed| SimConfig {
+        takeover_without_suspicion: true,
+        ..stalling(seed)
+    });
+}
+
+/// A forwarder deciding an unanswered forward while the owner is held alive is caught.
+#[test]
+fn an_unanswered_forward_decided_without_suspicion_is_caught() {
+    caught("an unanswered forward decided without suspicion", |seed| {
+        SimConfig {
+            decide_unanswered_without_suspicion: true,
+            ..stalling(seed)
+        }
+    });
+}
+
+/// A node deciding a slot whose hand-off it still awaits is caught (beside the previous owner,
+/// which decides it until it switches).
+#[test]
+fn a_slot_decided_while_its_hand_off_is_awaited_is_caught() {
+    caught("a slot decided while its hand-off is awaited", |seed| {
+        // More checks: the slot must be asked for while its previous owner still decides it.
+        SimConfig {
+            decide_awaited_slots: true,
+            clients: 8,
+            check_per_mille: 1_000,
+            ..SimConfig::from_seed(seed)
+        }
+    });
 }

@@ -76,6 +76,10 @@ pub enum Window {
     /// disagrees may still decide the slot until it hears of this node and hands it over;
     /// marked while this node keeps the slot.
     JoinedGuessing { from: String },
+    /// Never marked by the machine: the driver decided a check for `owner` (a takeover, or a
+    /// forward `owner` did not answer in time) while this node's failure detector held `owner`
+    /// suspect or dead. Named here so checkers of the driver's decisions can excuse that pair.
+    OwnerSuspected { owner: String },
 }
 
 /// The ownership state of one node. Sans I/O: every input carries `now_ns`, every output is

@@ -20,6 +20,7 @@ use std::sync::Arc;
 
 use super::handoffs::ReceivedPart;
 use super::machine::{Action, Ownership, OwnershipConfig, Phase, Window};
+use super::placement::{Arrival, Failed, Placement, Refusal, first_place, next_place};
 use crate::cluster::{
     Gossip, MemberInfo, MemberState, Membership, MembershipConfig, SLOTS, SlotTable,
 };
@@ -64,6 +65,33 @@ pub struct SimConfig {
     /// With `rolling_upgrade`, a deliberately wrong old build, to show the version check can
     /// fail: it claims this build's range while it speaks version 2 alone.
     pub old_build_claims_newest: bool,
+    /// Simulated gateways sending checks (each with a breaker per node, as the client has).
+    pub clients: usize,
+    /// Chance per tick that each client sends a check for a random slot.
+    pub check_per_mille: u64,
+    /// Chance per tick that a running node stalls: it handles nothing (no message, no timer, no
+    /// gossip) for a random time up to `max_stall_ns`, then goes on.
+    pub stall_per_mille: u64,
+    /// Longest stall: shorter than the membership's suspicion timeout.
+    pub max_stall_ns: u64,
+    /// How long a node waits for an owner's answer to a forward.
+    pub forward_timeout_ns: u64,
+    /// How long a client waits for a node's answer; a timeout counts against its breaker.
+    pub client_timeout_ns: u64,
+    /// Consecutive timeouts that open a client's breaker for a node.
+    pub breaker_failures: u32,
+    /// How long an open breaker sends nothing to its node (then one check probes it).
+    pub breaker_cooldown_ns: u64,
+    /// A deliberately wrong driver: the successor takes over whenever a takeover reaches it,
+    /// whatever its failure detector says of the owner (the rule before suspicion counted).
+    pub takeover_without_suspicion: bool,
+    /// A deliberately wrong driver: a forward the owner did not answer in time is decided by
+    /// the forwarder, whatever its failure detector says of the owner (and whatever it handed
+    /// off: every joined node counts each slot it does not own as handed off).
+    pub decide_unanswered_without_suspicion: bool,
+    /// A deliberately wrong driver: a slot still waiting for its hand-off is decided anyway
+    /// (the machine's `TryAgain` ignored).
+    pub decide_awaited_slots: bool,
 }
 
 impl SimConfig {
@@ -92,9 +120,33 @@ impl SimConfig {
             send_before_switch: false,
             rolling_upgrade: false,
             old_build_claims_newest: false,
+            clients: 3,
+            check_per_mille: 700,
+            stall_per_mille: rng.range(0, 8),
+            max_stall_ns: MAX_STALL_NS,
+            forward_timeout_ns: 0,
+            client_timeout_ns: 0,
+            breaker_failures: 2,
+            breaker_cooldown_ns: 500_000_000,
+            takeover_without_suspicion: false,
+            decide_unanswered_without_suspicion: false,
+            decide_awaited_slots: false,
         }
+        .with_timeouts()
+    }
+
+    /// Forward and client timeouts that fit the network's delays: a forward is answered within
+    /// its timeout unless lost or its owner stalled or gone, and so is a client's check.
+    pub fn with_timeouts(mut self) -> Self {
+        self.forward_timeout_ns = 2 * self.max_delay_ns + 2 * self.tick_ns;
+        self.client_timeout_ns = self.forward_timeout_ns + 2 * self.max_delay_ns + 2 * self.tick_ns;
+        self
     }
 }
+
+/// The longest stall drawn by [`SimConfig::from_seed`]: the default suspicion timeout less a
+/// gossip interval, so an owner's silence as its peers see it stays short of suspicion.
+pub const MAX_STALL_NS: u64 = 400_000_000;
 
 /// A message on its way.
 #[derive(Debug, Clone)]
@@ -108,6 +160,88 @@ enum Payload {
         parts: u32,
         slots: Vec<u16>,
     },
+    /// A client's check; `takeover` marks it for the slot's successor.
+    Check {
+        client: usize,
+        id: u64,
+        slot: u16,
+        takeover: bool,
+    },
+    /// A check forwarded by `from` under its table of `version`.
+    Forward {
+        from: String,
+        id: u64,
+        slot: u16,
+        version: u64,
+    },
+    ForwardAnswer {
+        id: u64,
+        answer: Answer,
+    },
+    ClientAnswer {
+        client: usize,
+        id: u64,
+        answer: Answer,
+    },
+}
+
+/// A node's answer to a check.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Answer {
+    Decided,
+    Refused(Refusal),
+}
+
+/// How a node came to decide a check (for the checker and the trace).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum How {
+    /// Its own table names it the owner.
+    Owner,
+    /// A forwarded check its table does not give it (the sender's table is newer, or older for a
+    /// slot this node never held).
+    Forwarded,
+    /// A takeover, as the slot's successor.
+    Takeover,
+    /// A forward its owner did not answer in time.
+    Unanswered,
+}
+
+/// A forward awaiting its owner's answer, for a client's check.
+#[derive(Debug, Clone)]
+struct PendingForward {
+    client: usize,
+    check: u64,
+    slot: u16,
+    owner: String,
+    deadline: u64,
+    /// The second forward of this check: not sent on again.
+    last_round: bool,
+}
+
+/// A forwarded check waiting (bounded) for this node's table to name it, as the driver waits.
+#[derive(Debug, Clone)]
+struct CatchingUp {
+    deadline: u64,
+    from: String,
+    id: u64,
+    slot: u16,
+}
+
+/// One simulated gateway: a (possibly stale) copy of some node's table, and a breaker per node.
+#[derive(Debug, Default)]
+struct SimClient {
+    view: Option<Arc<SlotTable>>,
+    refresh_at: u64,
+    breakers: BTreeMap<String, Breaker>,
+    /// Checks sent and not answered: to which node, until when.
+    pending: BTreeMap<u64, (String, u64)>,
+}
+
+/// A client's breaker for one node: consecutive timeouts, and until when it is open.
+#[derive(Debug, Default, Clone, Copy)]
+struct Breaker {
+    failures: u32,
+    open_until: Option<u64>,
 }
 
 #[derive(Debug)]
@@ -119,6 +253,28 @@ struct Running {
     stops_at: Option<u64>,
     /// With `send_before_switch`: the switched machine, and when the node takes it on.
     switched_later: Option<(u64, Ownership)>,
+    /// Stalled: handles nothing before this instant.
+    stalled_until: Option<u64>,
+    /// During the current stall: a client opened its breaker for this node, and a client sent
+    /// a takeover for one of its slots.
+    stall_opened_breaker: bool,
+    stall_takeover_sent: bool,
+    /// Forwards awaiting an answer, by id.
+    forwards: BTreeMap<u64, PendingForward>,
+    catching_up: Vec<CatchingUp>,
+}
+
+impl Running {
+    fn stalled(&self, now_ns: u64) -> bool {
+        self.stalled_until.is_some_and(|until| until > now_ns)
+    }
+
+    /// What the driver passes as `suspected`: members its failure detector does not hold alive.
+    fn suspects(&self, id: &str) -> bool {
+        self.membership
+            .state_of(id)
+            .is_some_and(|state| state != MemberState::Alive)
+    }
 }
 
 #[derive(Debug)]
@@ -152,6 +308,29 @@ pub struct SimReport {
     /// its members shared none).
     pub newest_cluster_version: u8,
     pub cluster_versions_at_end: Vec<u8>,
+    /// Checks clients sent, and how many were marked as takeovers (their owner's breaker open).
+    pub client_checks: u64,
+    pub takeovers_sent: u64,
+    /// Decisions nodes made, and of those: takeovers, forwarded checks decided by a node its own
+    /// table does not name, and forwards decided by their forwarder when unanswered.
+    pub decisions: u64,
+    pub takeovers: u64,
+    pub forwarded_decided: u64,
+    pub unanswered_decided: u64,
+    /// Forwards sent, and those whose owner did not answer in time.
+    pub forwards: u64,
+    pub forwards_unanswered: u64,
+    /// Checks answered `TryAgain` (no decision).
+    pub try_again: u64,
+    /// Stalls, and those during which a client opened its breaker for the stalled node and
+    /// sent a takeover for one of its slots.
+    pub stalls: u64,
+    pub stalls_with_takeovers: u64,
+    /// Decisions made while another node that decides the slot was stalled (a stall shorter
+    /// than the suspicion timeout must leave none).
+    pub stall_second_deciders: u64,
+    /// Pairs of deciders excused by [`Window::OwnerSuspected`].
+    pub owner_suspected_pairs: u64,
 }
 
 /// How a run failed: the seed, what broke, and the last events before it.
@@ -182,6 +361,9 @@ const STAGGER_NS: u64 = 400_000_000;
 /// How late a sabotaged node (`send_before_switch`) switches after sending its hand-offs.
 const LATE_SWITCH_NS: u64 = 50_000_000;
 
+/// Longest a forwarded check waits for this node's table to name it (as the driver does).
+const TABLE_CATCH_UP_NS: u64 = 300_000_000;
+
 /// Lines of trace kept for a failure report.
 const TRACE_LINES: usize = 60;
 
@@ -206,6 +388,13 @@ pub struct Sim {
     checked: Vec<u64>,
     /// Tables by owner set (sorted ids).
     tables: BTreeMap<Vec<String>, SlotTable>,
+    clients: Vec<SimClient>,
+    /// Ids of checks and forwards.
+    next_id: u64,
+    /// Decisions by nodes their table does not name (takeovers, forwards) at this instant:
+    /// (slot, node index, how, window).
+    instant_decisions: Vec<(u16, usize, How, Option<Window>)>,
+    instant_of_decisions: u64,
 }
 
 impl Sim {
@@ -228,9 +417,26 @@ impl Sim {
                 digest: 0,
                 newest_cluster_version: 0,
                 cluster_versions_at_end: Vec::new(),
+                client_checks: 0,
+                takeovers_sent: 0,
+                decisions: 0,
+                takeovers: 0,
+                forwarded_decided: 0,
+                unanswered_decided: 0,
+                forwards: 0,
+                forwards_unanswered: 0,
+                try_again: 0,
+                stalls: 0,
+                stalls_with_takeovers: 0,
+                stall_second_deciders: 0,
+                owner_suspected_pairs: 0,
             },
             checked: Vec::new(),
             tables: BTreeMap::new(),
+            clients: (0..config.clients).map(|_| SimClient::default()).collect(),
+            next_id: 0,
+            instant_decisions: Vec::new(),
+            instant_of_decisions: 0,
             config,
         };
         sim.add_node();
@@ -251,6 +457,7 @@ impl Sim {
             }
             self.deliver_due()?;
             self.step_nodes()?;
+            self.step_clients();
             self.inject_faults()?;
             self.upgrade_due(start);
             self.check()?;
@@ -413,6 +620,11 @@ impl Sim {
             started_ns: self.now_ns,
             stops_at: None,
             switched_later: None,
+            stalled_until: None,
+            stall_opened_breaker: false,
+            stall_takeover_sent: false,
+            forwards: BTreeMap::new(),
+            catching_up: Vec::new(),
         });
         self.log(format!(
             "{id} starts (life {}, seeds {seeds:?})",
@@ -463,6 +675,10 @@ impl Sim {
                 break;
             }
             let (to, payload) = entry.remove();
+            if let Payload::ClientAnswer { client, id, answer } = payload {
+                self.client_answered(client, id, answer);
+                continue;
+            }
             let Some(index) = self.index_of(&to) else {
                 continue;
             };
@@ -471,7 +687,29 @@ impl Sim {
             let Some(life) = self.nodes[index].life.as_mut() else {
                 continue;
             };
+            if let Some(until) = life.stalled_until.filter(|&until| until > now) {
+                // A stalled node reads nothing: the message waits in its buffers.
+                self.sent += 1;
+                self.network.insert((until, self.sent), (to, payload));
+                continue;
+            }
             match payload {
+                Payload::Check {
+                    client,
+                    id,
+                    slot,
+                    takeover,
+                } => self.handle_check(index, client, id, slot, takeover)?,
+                Payload::Forward {
+                    from,
+                    id,
+                    slot,
+                    version,
+                } => self.handle_forward(index, from, id, slot, version)?,
+                Payload::ForwardAnswer { id, answer } => {
+                    self.handle_forward_answer(index, id, answer)?
+                }
+                Payload::ClientAnswer { .. } => {}
                 Payload::Gossip(from, mut gossip) => {
                     // As over QUIC: no shared version, no connection; version 2's layout has
                     // no ranges.
@@ -598,6 +836,18 @@ impl Sim {
             let Some(life) = self.nodes[index].life.as_mut() else {
                 continue;
             };
+            if life.stalled(now) {
+                continue;
+            }
+            if life.stalled_until.take().is_some() {
+                let both = life.stall_opened_breaker && life.stall_takeover_sent;
+                self.report.stalls_with_takeovers += u64::from(both);
+                let id = self.nodes[index].id.clone();
+                self.log(format!("{id} resumes"));
+            }
+            let Some(life) = self.nodes[index].life.as_mut() else {
+                continue;
+            };
             if life.stops_at.is_some_and(|at| at <= now) {
                 let id = self.nodes[index].id.clone();
                 self.nodes[index].life = None;
@@ -632,8 +882,540 @@ impl Sim {
                 self.send(message.to, Payload::Gossip(versions, message.gossip));
             }
             self.update_table(index);
+            self.step_driver(index)?;
         }
         self.check()
+    }
+
+    /// The driver's timers: forwards unanswered in time are placed again, and forwarded checks
+    /// whose table caught up (or whose wait ran out) are placed.
+    fn step_driver(&mut self, index: usize) -> Result<(), SimFailure> {
+        let now = self.now_ns;
+        let me = self.nodes[index].id.clone();
+        let Some(life) = self.nodes[index].life.as_mut() else {
+            return Ok(());
+        };
+        let expired: Vec<u64> = life
+            .forwards
+            .iter()
+            .filter(|(_, f)| f.deadline <= now)
+            .map(|(&id, _)| id)
+            .collect();
+        let table = life.ownership.table().clone();
+        let (ready, waiting): (Vec<CatchingUp>, Vec<CatchingUp>) =
+            std::mem::take(&mut life.catching_up)
+                .into_iter()
+                .partition(|c| {
+                    c.deadline <= now
+                        || !table.contains(&me)
+                        || table.owner(c.slot) == Some(me.as_str())
+                });
+        life.catching_up = waiting;
+        for id in expired {
+            let Some(forward) = self.nodes[index]
+                .life
+                .as_mut()
+                .and_then(|l| l.forwards.remove(&id))
+            else {
+                continue;
+            };
+            self.report.forwards_unanswered += 1;
+            self.place_forward_again(index, forward, Failed::Unanswered)?;
+        }
+        for waited in ready {
+            self.answer_forward(index, waited.from, waited.id, waited.slot)?;
+        }
+        Ok(())
+    }
+
+    /// Where `index`'s driver places a check: the machine's answer, with `suspected` from its
+    /// own membership (wrapped by the deliberately wrong drivers of the config).
+    fn place(&self, index: usize, slot: u16, arrival: Arrival) -> Placement {
+        let life = self.nodes[index].life.as_ref().expect("running");
+        let machine = &life.ownership;
+        let suspects = |id: &str| life.suspects(id);
+        let always = |_: &str| true;
+        let suspected: &dyn Fn(&str) -> bool =
+            if self.config.takeover_without_suspicion && arrival == Arrival::Takeover {
+                &always
+            } else {
+                &suspects
+            };
+        if self.config.decide_awaited_slots {
+            let gave_away = |s| machine.gave_away(s);
+            return first_place(
+                machine.table(),
+                machine.me(),
+                slot,
+                arrival,
+                gave_away,
+                suspected,
+            );
+        }
+        machine.place(slot, arrival, self.now_ns, suspected)
+    }
+
+    /// As [`Sim::place`], after a forward failed.
+    fn place_again(&self, index: usize, slot: u16, failed: &Failed, last_round: bool) -> Placement {
+        let life = self.nodes[index].life.as_ref().expect("running");
+        let machine = &life.ownership;
+        let suspects = |id: &str| life.suspects(id);
+        if self.config.decide_unanswered_without_suspicion && *failed == Failed::Unanswered {
+            // Every joined node has given away each slot it does not own (its table of one
+            // owned them all), so the hand-off record is ignored too, or the rule never applies.
+            let placement = next_place(
+                machine.table(),
+                machine.me(),
+                slot,
+                failed,
+                last_round,
+                |_| false,
+                |_| true,
+            );
+            let awaited = machine.awaits_handoff(std::iter::once(slot), self.now_ns);
+            return match placement {
+                Placement::Decide if awaited && !self.config.decide_awaited_slots => {
+                    Placement::Refuse(Refusal::TryAgain)
+                }
+                placement => placement,
+            };
+        }
+        if self.config.decide_awaited_slots {
+            let gave_away = |s| machine.gave_away(s);
+            return next_place(
+                machine.table(),
+                machine.me(),
+                slot,
+                failed,
+                last_round,
+                gave_away,
+                suspects,
+            );
+        }
+        machine.place_again(slot, failed, last_round, self.now_ns, suspects)
+    }
+
+    /// A client's check reaches node `index`.
+    fn handle_check(
+        &mut self,
+        index: usize,
+        client: usize,
+        id: u64,
+        slot: u16,
+        takeover: bool,
+    ) -> Result<(), SimFailure> {
+        let life = self.nodes[index].life.as_ref().expect("running");
+        // The driver holds a check (bounded) until the join; not modelled: refused at once.
+        if life.ownership.phase() == Phase::Joining {
+            self.report.try_again += 1;
+            self.answer_client(client, id, Answer::Refused(Refusal::TryAgain));
+            return Ok(());
+        }
+        let placement = self.place(index, slot, Arrival::from_client(takeover));
+        let answer = match placement {
+            Placement::Decide => {
+                self.decided(index, slot, How::Forwarded)?;
+                Answer::Decided
+            }
+            Placement::Takeover => {
+                self.decided(index, slot, How::Takeover)?;
+                Answer::Decided
+            }
+            Placement::Forward(owner) => {
+                self.forward(index, client, id, slot, owner, false);
+                return Ok(());
+            }
+            Placement::Refuse(refusal) => self.refused(refusal),
+        };
+        self.answer_client(client, id, answer);
+        Ok(())
+    }
+
+    fn refused(&mut self, refusal: Refusal) -> Answer {
+        if refusal == Refusal::TryAgain {
+            self.report.try_again += 1;
+        }
+        Answer::Refused(refusal)
+    }
+
+    fn answer_client(&mut self, client: usize, id: u64, answer: Answer) {
+        self.send(String::new(), Payload::ClientAnswer { client, id, answer });
+    }
+
+    /// Node `index` forwards a client's check to `owner`.
+    fn forward(
+        &mut self,
+        index: usize,
+        client: usize,
+        check: u64,
+        slot: u16,
+        owner: String,
+        last_round: bool,
+    ) {
+        self.next_id += 1;
+        let id = self.next_id;
+        let deadline = self.now_ns + self.config.forward_timeout_ns;
+        let from = self.nodes[index].id.clone();
+        let life = self.nodes[index].life.as_mut().expect("running");
+        let version = life.ownership.table().version();
+        life.forwards.insert(
+            id,
+            PendingForward {
+                client,
+                check,
+                slot,
+                owner: owner.clone(),
+                deadline,
+                last_round,
+            },
+        );
+        self.report.forwards += 1;
+        self.send(
+            owner,
+            Payload::Forward {
+                from,
+                id,
+                slot,
+                version,
+            },
+        );
+    }
+
+    /// A forwarded check reaches node `index`: unless the sender is behind, it waits (bounded)
+    /// for this node's table to name it, as the driver does.
+    fn handle_forward(
+        &mut self,
+        index: usize,
+        from: String,
+        id: u64,
+        slot: u16,
+        version: u64,
+    ) -> Result<(), SimFailure> {
+        let now = self.now_ns;
+        let me = self.nodes[index].id.clone();
+        let life = self.nodes[index].life.as_mut().expect("running");
+        let table = life.ownership.table();
+        let caught_up = life.ownership.had_version(version)
+            || !table.contains(&me)
+            || table.owner(slot) == Some(me.as_str());
+        if !caught_up {
+            life.catching_up.push(CatchingUp {
+                deadline: now + TABLE_CATCH_UP_NS,
+                from,
+                id,
+                slot,
+            });
+            return Ok(());
+        }
+        self.answer_forward(index, from, id, slot)
+    }
+
+    /// Node `index` places a forwarded check and answers its forwarder.
+    fn answer_forward(
+        &mut self,
+        index: usize,
+        from: String,
+        id: u64,
+        slot: u16,
+    ) -> Result<(), SimFailure> {
+        let life = self.nodes[index].life.as_ref().expect("running");
+        let answer = if life.ownership.phase() == Phase::Joining {
+            self.refused(Refusal::TryAgain)
+        } else {
+            match self.place(index, slot, Arrival::Forwarded) {
+                Placement::Decide | Placement::Takeover => {
+                    self.decided(index, slot, How::Forwarded)?;
+                    Answer::Decided
+                }
+                // A forwarded check is never sent on.
+                Placement::Forward(_) => Answer::Refused(Refusal::ShuttingDown),
+                Placement::Refuse(refusal) => self.refused(refusal),
+            }
+        };
+        self.send(from, Payload::ForwardAnswer { id, answer });
+        Ok(())
+    }
+
+    /// The owner's answer to a forward of node `index` (ignored after its timeout).
+    fn handle_forward_answer(
+        &mut self,
+        index: usize,
+        id: u64,
+        answer: Answer,
+    ) -> Result<(), SimFailure> {
+        let life = self.nodes[index].life.as_mut().expect("running");
+        let Some(forward) = life.forwards.remove(&id) else {
+            return Ok(());
+        };
+        if answer == Answer::Refused(Refusal::NotOwner) {
+            let refuser = Failed::NotOwner(forward.owner.clone());
+            return self.place_forward_again(index, forward, refuser);
+        }
+        self.answer_client(forward.client, forward.check, answer);
+        Ok(())
+    }
+
+    /// A forward of node `index` failed: placed again by the machine, once more at most.
+    fn place_forward_again(
+        &mut self,
+        index: usize,
+        forward: PendingForward,
+        failed: Failed,
+    ) -> Result<(), SimFailure> {
+        let placement = self.place_again(index, forward.slot, &failed, forward.last_round);
+        let answer = match placement {
+            Placement::Decide | Placement::Takeover => {
+                let how = if failed == Failed::Unanswered {
+                    How::Unanswered
+                } else {
+                    How::Forwarded
+                };
+                self.decided(index, forward.slot, how)?;
+                Answer::Decided
+            }
+            Placement::Forward(owner) if !forward.last_round => {
+                self.forward(
+                    index,
+                    forward.client,
+                    forward.check,
+                    forward.slot,
+                    owner,
+                    true,
+                );
+                return Ok(());
+            }
+            Placement::Forward(_) => Answer::Refused(Refusal::ShuttingDown),
+            Placement::Refuse(refusal) => self.refused(refusal),
+        };
+        self.answer_client(forward.client, forward.check, answer);
+        Ok(())
+    }
+
+    /// Node `index` decided `slot` now, as `how`: every other node deciding the slot at this
+    /// instant (its machine names it the deciding owner, stalled or not, or it decided the slot
+    /// outside its table at this same instant) must be excused by a named window.
+    fn decided(&mut self, index: usize, slot: u16, how: How) -> Result<(), SimFailure> {
+        let now = self.now_ns;
+        let life = self.nodes[index].life.as_ref().expect("running");
+        let machine = &life.ownership;
+        // The owner by its own table decides as the machine check sees it; anything else is
+        // a decision outside the machine's view.
+        let how = if machine.table().owner(slot) == Some(machine.me()) && how != How::Takeover {
+            How::Owner
+        } else {
+            how
+        };
+        self.report.decisions += 1;
+        match how {
+            How::Owner => {}
+            How::Takeover => self.report.takeovers += 1,
+            How::Forwarded => self.report.forwarded_decided += 1,
+            How::Unanswered => self.report.unanswered_decided += 1,
+        }
+        if self.instant_of_decisions != now {
+            self.instant_of_decisions = now;
+            self.instant_decisions.clear();
+        }
+        // The window a driver's decision is in: for a takeover or an unanswered forward, the
+        // owners its failure detector holds suspect or dead, named one by one below.
+        let suspected_by = |life: &Running, how: How, other: &str| -> Option<Window> {
+            let suspect = matches!(
+                life.membership.state_of(other),
+                Some(MemberState::Suspect | MemberState::Dead)
+            );
+            (matches!(how, How::Takeover | How::Unanswered) && suspect).then(|| {
+                Window::OwnerSuspected {
+                    owner: other.to_owned(),
+                }
+            })
+        };
+        let mut failure = None;
+        let mut stalled_pairs = 0;
+        let mut suspected_pairs = 0;
+        for (j, node) in self.nodes.iter().enumerate() {
+            let Some(other) = node.life.as_ref().filter(|_| j != index) else {
+                continue;
+            };
+            let tenure = other.ownership.decides(slot, now);
+            let at_once = self
+                .instant_decisions
+                .iter()
+                .find(|(s, k, _, _)| *s == slot && *k == j)
+                .cloned();
+            if !tenure && at_once.is_none() {
+                continue;
+            }
+            let mine = suspected_by(life, how, other.ownership.me());
+            let theirs = at_once
+                .as_ref()
+                .and_then(|(_, _, h, _)| suspected_by(other, *h, machine.me()));
+            let a = machine;
+            let b = &other.ownership;
+            let split = !a.table().contains(b.me()) && !b.table().contains(a.me());
+            let by_machine = split || excuses(a, b, slot) || excuses(b, a, slot);
+            let by_suspicion = mine.is_some() || theirs.is_some();
+            let excused = self.config.excuse_windows && (by_machine || by_suspicion);
+            if excused && !by_machine {
+                suspected_pairs += 1;
+            }
+            // Beside a stalled owner, only the machine's windows (a table switch meanwhile)
+            // may excuse a second decider: a stall is too short for suspicion.
+            if tenure && other.stalled(now) && !by_machine {
+                stalled_pairs += 1;
+            }
+            if !excused && failure.is_none() {
+                failure = Some(format!(
+                    "slot {slot} decided by {} ({how:?}, window {:?}) while {} decides it \
+                     ({}{}, window {:?}); {} holds {} {:?}; tables of epochs {} {:?} and {} {:?}",
+                    a.me(),
+                    mine.or(a.window(slot)),
+                    b.me(),
+                    if tenure {
+                        "its owner"
+                    } else {
+                        "at this instant"
+                    },
+                    if other.stalled(now) { ", stalled" } else { "" },
+                    theirs.or(b.window(slot)),
+                    a.me(),
+                    b.me(),
+                    life.membership.state_of(b.me()),
+                    a.table().epoch(),
+                    a.table().nodes(),
+                    b.table().epoch(),
+                    b.table().nodes(),
+                ));
+            }
+        }
+        self.report.stall_second_deciders += stalled_pairs;
+        self.report.owner_suspected_pairs += suspected_pairs;
+        if how != How::Owner {
+            let id = self.nodes[index].id.clone();
+            self.log(format!("{id} decides slot {slot} ({how:?})"));
+            self.instant_decisions.push((slot, index, how, None));
+        }
+        match failure {
+            Some(message) => Err(self.fail(message)),
+            None => Ok(()),
+        }
+    }
+
+    /// Clients: refresh their view, count timeouts against breakers, send checks.
+    fn step_clients(&mut self) {
+        let now = self.now_ns;
+        for c in 0..self.clients.len() {
+            if self.clients[c].view.is_none() || now >= self.clients[c].refresh_at {
+                // Routes from any node that answers: possibly behind the others.
+                let reachable: Vec<usize> = self
+                    .running()
+                    .into_iter()
+                    .filter(|&i| self.nodes[i].life.as_ref().is_some_and(|l| !l.stalled(now)))
+                    .collect();
+                if !reachable.is_empty() {
+                    let i = reachable[self.rng.range(0, reachable.len() as u64 - 1) as usize];
+                    let table = self.nodes[i]
+                        .life
+                        .as_ref()
+                        .map(|l| l.ownership.table().clone());
+                    self.clients[c].view = table;
+                    self.clients[c].refresh_at = now + self.rng.range(200, 600) * 1_000_000;
+                }
+            }
+            let expired: Vec<(u64, String)> = self.clients[c]
+                .pending
+                .iter()
+                .filter(|(_, (_, deadline))| *deadline <= now)
+                .map(|(&id, (node, _))| (id, node.clone()))
+                .collect();
+            for (id, node) in expired {
+                self.clients[c].pending.remove(&id);
+                let breaker = self.clients[c].breakers.entry(node.clone()).or_default();
+                breaker.failures += 1;
+                if breaker.failures >= self.config.breaker_failures {
+                    let newly = breaker.open_until.is_none_or(|until| until <= now);
+                    breaker.open_until = Some(now + self.config.breaker_cooldown_ns);
+                    if newly {
+                        self.log(format!("client{c} opens its breaker for {node}"));
+                        if let Some(life) = self
+                            .index_of(&node)
+                            .and_then(|i| self.nodes[i].life.as_mut())
+                            .filter(|l| l.stalled(now))
+                        {
+                            life.stall_opened_breaker = true;
+                        }
+                    }
+                }
+            }
+            if self.rng.chance(self.config.check_per_mille * 1_000) {
+                self.send_check(c);
+            }
+        }
+    }
+
+    /// Client `c` sends a check for a random slot to its owner by its view, or, while its
+    /// breaker for the owner is open, to the slot's successor marked as a takeover.
+    fn send_check(&mut self, c: usize) {
+        let now = self.now_ns;
+        let slot = self.rng.range(0, SLOTS as u64 - 1) as u16;
+        let Some(view) = self.clients[c].view.clone() else {
+            return;
+        };
+        let Some(owner) = view.owner(slot) else {
+            return;
+        };
+        let open = |client: &SimClient, node: &str| {
+            client
+                .breakers
+                .get(node)
+                .and_then(|b| b.open_until)
+                .is_some_and(|until| until > now)
+        };
+        let (to, takeover) = if open(&self.clients[c], owner) {
+            match view.successor(slot) {
+                Some(successor) if successor != owner && !open(&self.clients[c], successor) => {
+                    (successor.to_owned(), true)
+                }
+                // The client's fallback decides: no node does.
+                _ => return,
+            }
+        } else {
+            (owner.to_owned(), false)
+        };
+        self.next_id += 1;
+        let id = self.next_id;
+        self.report.client_checks += 1;
+        if takeover {
+            self.report.takeovers_sent += 1;
+            if let Some(life) = self
+                .index_of(owner)
+                .and_then(|i| self.nodes[i].life.as_mut())
+                .filter(|l| l.stalled(now))
+            {
+                life.stall_takeover_sent = true;
+            }
+        }
+        let deadline = now + self.config.client_timeout_ns;
+        self.clients[c].pending.insert(id, (to.clone(), deadline));
+        self.send(
+            to,
+            Payload::Check {
+                client: c,
+                id,
+                slot,
+                takeover,
+            },
+        );
+    }
+
+    /// A node answered client `c`'s check: its breaker for that node closes (`TryAgain` is no
+    /// failure). An answer after the timeout counts for nothing.
+    fn client_answered(&mut self, c: usize, id: u64, _answer: Answer) {
+        let Some(client) = self.clients.get_mut(c) else {
+            return;
+        };
+        if let Some((node, _)) = client.pending.remove(&id) {
+            client.breakers.insert(node, Breaker::default());
+        }
     }
 
     fn running(&self) -> Vec<usize> {
@@ -673,7 +1455,35 @@ impl Sim {
         {
             self.add_node();
         }
+        self.stall_one();
         self.check()
+    }
+
+    /// A stall: a running node handles nothing for a while (a long pause, an overloaded host).
+    fn stall_one(&mut self) {
+        if !self.rng.chance(self.config.stall_per_mille * 1_000) {
+            return;
+        }
+        let now = self.now_ns;
+        let candidates: Vec<usize> = self
+            .running()
+            .into_iter()
+            .filter(|&i| self.nodes[i].life.as_ref().is_some_and(|l| !l.stalled(now)))
+            .collect();
+        if candidates.is_empty() {
+            return;
+        }
+        let index = candidates[self.rng.range(0, candidates.len() as u64 - 1) as usize];
+        let length = self
+            .rng
+            .range(self.config.tick_ns, self.config.max_stall_ns);
+        let life = self.nodes[index].life.as_mut().expect("running");
+        life.stalled_until = Some(now + length);
+        life.stall_opened_breaker = false;
+        life.stall_takeover_sent = false;
+        self.report.stalls += 1;
+        let id = self.nodes[index].id.clone();
+        self.log(format!("{id} stalls for {} ms", length / 1_000_000));
     }
 
     fn leave(&mut self, index: usize) {
@@ -767,6 +1577,8 @@ fn excuses(a: &Ownership, other: &Ownership, slot: u16) -> bool {
             from == other.me()
         }
         Some(Window::JoinedGuessing { from }) => from != other.me(),
+        // The driver's window, never the machine's: it names the owner held suspect.
+        Some(Window::OwnerSuspected { owner }) => owner == other.me(),
     }
 }
 
