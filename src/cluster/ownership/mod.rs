@@ -40,17 +40,21 @@
 //!    decide the slots their own table gives them, until gossip reaches both. The checker
 //!    knows this one from the pair of tables; a table that names the other decider excuses
 //!    nothing.
+//! 6. **Owner suspected** ([`Window::OwnerSuspected`], outside the machine: the driver's): a
+//!    **takeover** ([`Placement::Takeover`]) is decided by the slot's successor for a client
+//!    that lost the owner, and a forward **unanswered** in time is decided by the forwarder,
+//!    each only once the failure detector suspects the owner (silent for 500 ms by default):
+//!    an owner that is merely slow stays the one decider, and the check is answered
+//!    [`Refusal::TryAgain`]. So a stall shorter than the suspicion timeout never makes a second
+//!    decider; a longer one can, until the owner is heard from or declared dead, from replicas
+//!    at most one replication interval old. The window names the suspected owner; the machine
+//!    never marks it.
 //!
-//! Outside the machine's view, and not asserted by the simulation (they need the driver's
-//! forwards): a **takeover** ([`Placement::Takeover`]) is decided by the slot's successor for a
-//! client that lost the owner, and a forward **unanswered** in time is decided by the
-//! forwarder, each only once the failure detector suspects the owner (silent for 500 ms by
-//! default): an owner that is merely slow stays the one decider, and the check is answered
-//! [`Refusal::TryAgain`]. So a stall shorter than the suspicion timeout never makes a second
-//! decider; a longer one can, until the owner is heard from or declared dead, from replicas at
-//! most one replication interval old. A **forwarded** check for a slot this node never held is
-//! decided once here when its table has not caught up with the sender's (after a bounded
-//! wait). A check for a slot still waiting for its hand-off is answered
+//! Also outside the machine: a **forwarded** check for a slot this node never held is decided
+//! once here when its table has not caught up with the sender's (after a bounded wait); no
+//! window covers it. (Every node's first table is of one, owning every slot, so after its first
+//! switch a node counts each slot it does not own as handed off: in practice such a check is
+//! refused `not_owner`, and an unanswered forward is refused, not decided.) A check for a slot still waiting for its hand-off is answered
 //! [`Refusal::TryAgain`] at once ([`Ownership::place`]), so no frame waits on another group's
 //! hand-off; only a caller of a version before that answer waits (bounded) and, finding the
 //! slot waiting again under the gate a third time (the table switched meanwhile), is decided
@@ -63,7 +67,12 @@
 //! while recent, one for a slot given away since does not.
 //!
 //! [`sim`] runs many machines over a delaying, losing, duplicating, reordering network with
-//! crashes, restarts, joins and leaves, and checks this invariant at every change.
+//! crashes, restarts, joins, leaves and stalls, and clients whose breakers open on owners that
+//! do not answer; it drives each machine as the node's driver does (decisions, forwards,
+//! takeovers, `TryAgain`). It checks this invariant at every change of the machines, and at
+//! every decision against every other node deciding that slot then: a pair is excused only by
+//! a window above that names the other decider (window 6 only while the decider's failure
+//! detector holds the other suspect or dead).
 
 mod handoffs;
 mod machine;

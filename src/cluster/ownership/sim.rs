@@ -7,7 +7,26 @@
 //! owners becomes a table switch, every [`Action::HandOff`] becomes one to three parts sent
 //! over the network. The network delays (uniformly in a range), loses, duplicates and so
 //! reorders messages. Nodes crash and restart (a new life with a later incarnation, joining
-//! through its seeds), leave gracefully (and stop after a linger), and new nodes join.
+//! through its seeds), leave gracefully (and stop after a linger), new nodes join, and running
+//! nodes stall: they handle nothing (messages wait, no timer, no gossip) for a while shorter
+//! than the suspicion timeout.
+//!
+//! Clients (simulated gateways) send checks for random slots to the owner their copy of some
+//! node's table names (refreshed now and then, so possibly stale), with a breaker per node
+//! that opens after consecutive timeouts; while it is open, the slot's successor gets the check
+//! marked as a takeover. A node places each check as the driver does: [`Ownership::place`] with
+//! `suspected` from its own membership; `Decide` and `Takeover` are decisions, `Forward` goes
+//! to the owner over the network and, refused `not_owner` or unanswered within the forward
+//! timeout, is placed again ([`Ownership::place_again`]); `TryAgain` decides nothing. A
+//! forwarded check waits (bounded) for the receiver's table to name it unless the sender is
+//! behind, as the driver does.
+//!
+//! Two checkers: at every change, the machines' deciding slots ([`check_instant`]); at every
+//! decision, every other node deciding the slot then (its machine's owner, stalled or not, or a
+//! decision outside its table at the same instant) must be excused by a window of the machine
+//! or by [`Window::OwnerSuspected`]: a takeover or an unanswered forward decided while the
+//! decider's membership held that other node suspect or dead. Beside a stalled owner nothing
+//! but the machine's windows excuses a second decider ([`SimReport::stall_second_deciders`]).
 //!
 //! With `rolling_upgrade`, the first nodes start as the build before protocol negotiation
 //! (they speak version 2 alone) and are restarted into this build one after another; gossip
@@ -392,8 +411,8 @@ pub struct Sim {
     /// Ids of checks and forwards.
     next_id: u64,
     /// Decisions by nodes their table does not name (takeovers, forwards) at this instant:
-    /// (slot, node index, how, window).
-    instant_decisions: Vec<(u16, usize, How, Option<Window>)>,
+    /// (slot, node index, how).
+    instant_decisions: Vec<(u16, usize, How)>,
     instant_of_decisions: u64,
 }
 
@@ -1240,7 +1259,7 @@ impl Sim {
             let at_once = self
                 .instant_decisions
                 .iter()
-                .find(|(s, k, _, _)| *s == slot && *k == j)
+                .find(|(s, k, _)| *s == slot && *k == j)
                 .cloned();
             if !tenure && at_once.is_none() {
                 continue;
@@ -1248,7 +1267,7 @@ impl Sim {
             let mine = suspected_by(life, how, other.ownership.me());
             let theirs = at_once
                 .as_ref()
-                .and_then(|(_, _, h, _)| suspected_by(other, *h, machine.me()));
+                .and_then(|(_, _, h)| suspected_by(other, *h, machine.me()));
             let a = machine;
             let b = &other.ownership;
             let split = !a.table().contains(b.me()) && !b.table().contains(a.me());
@@ -1292,7 +1311,7 @@ impl Sim {
         if how != How::Owner {
             let id = self.nodes[index].id.clone();
             self.log(format!("{id} decides slot {slot} ({how:?})"));
-            self.instant_decisions.push((slot, index, how, None));
+            self.instant_decisions.push((slot, index, how));
         }
         match failure {
             Some(message) => Err(self.fail(message)),
