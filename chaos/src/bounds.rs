@@ -26,29 +26,19 @@ pub fn burst_of(limit: &Limit) -> u64 {
     }
 }
 
-/// Aligned windows of the limit that one checker window (one period, any start) overlaps: the
-/// window algorithms' bounds hold per aligned window, so a sliding count meets two of them.
-/// GCRA's bound holds for any interval, the sliding log's for any trailing period: one.
-fn windows_met(limit: &Limit) -> u64 {
-    match limit.algorithm() {
-        Algorithm::FixedWindow | Algorithm::SlidingWindow => 2,
-        Algorithm::Gcra | Algorithm::SlidingLog => 1,
-    }
-}
-
-/// Normal operation: `(R - 1) × max(share, largest cost)` units per aligned window (GCRA: per
-/// interval), counted once per aligned window a checker window meets.
+/// Normal operation: `(R - 1) × max(share, largest cost)` units per window the checker judges
+/// (GCRA and the sliding log: any window of one period; fixed and sliding windows: each of their
+/// own aligned windows, see `KeySpec::aligned_period_ns`).
 pub fn normal_extra(limit: &Limit, regions: usize) -> u64 {
     if regions <= 1 {
         return 0;
     }
-    let per = (regions as u64 - 1) * share(burst_of(limit), regions).max(COST);
-    per * windows_met(limit)
+    (regions as u64 - 1) * share(burst_of(limit), regions).max(COST)
 }
 
 /// A partition of `fault_ns` into `sides` sides: GCRA `(k - 1) × (burst + rate × (T + settle))`,
-/// the others `(k - 1) × limit` per aligned window (counted per aligned window a checker window
-/// meets).
+/// the others `(k - 1) × limit` per window the checker judges (an aligned window for fixed and
+/// sliding windows).
 pub fn partition_extra(limit: &Limit, sides: usize, fault_ns: u64) -> u64 {
     let others = sides.saturating_sub(1) as u64;
     if others == 0 {
@@ -60,7 +50,7 @@ pub fn partition_extra(limit: &Limit, sides: usize, fault_ns: u64) -> u64 {
             let refill = limit.rate() as f64 * span / limit.period_ns().max(1) as f64;
             others * (limit.burst() + refill.ceil() as u64)
         }
-        _ => others * limit.rate() * windows_met(limit),
+        _ => others * limit.rate(),
     }
 }
 
@@ -77,7 +67,7 @@ pub fn fault_sides(plan: Plan, regions: usize) -> usize {
 
 /// The bound in words for `list`.
 pub fn describe() -> &'static str {
-    "global keys (with --regions R >= 2): limit + (R-1) x max(share, cost), share = max(burst/R, 1), per window (twice for fixed/sliding windows, which a window of one period meets twice); in windows touching the fault or its 2.5 s settling, plus (k-1) x (burst + rate x (T + 2.5 s)) for GCRA and (k-1) x limit per aligned window for the others, T the fault's length, k its sides"
+    "global keys (with --regions R >= 2): limit + (R-1) x max(share, cost), share = max(burst/R, 1), per window (fixed/sliding windows: per aligned window of their own); in windows touching the fault or its 2.5 s settling, plus (k-1) x (burst + rate x (T + 2.5 s)) for GCRA and (k-1) x limit per aligned window for the others, T the fault's length, k its sides"
 }
 
 #[cfg(test)]
@@ -103,8 +93,8 @@ mod tests {
         assert_eq!(normal_extra(&gcra, 1), 0);
         assert_eq!(normal_extra(&gcra, 2), 10);
         assert_eq!(normal_extra(&gcra, 3), 2 * 6);
-        // Fixed window 25: share 12 with two regions, met twice by a sliding count.
-        assert_eq!(normal_extra(&l(Algorithm::FixedWindow, 25, 25), 2), 24);
+        // Fixed window 25: share 12 with two regions, in each of its aligned windows.
+        assert_eq!(normal_extra(&l(Algorithm::FixedWindow, 25, 25), 2), 12);
         assert_eq!(normal_extra(&l(Algorithm::SlidingLog, 25, 25), 2), 12);
     }
 
@@ -121,7 +111,7 @@ mod tests {
         );
         assert_eq!(
             partition_extra(&l(Algorithm::FixedWindow, 25, 25), 3, 8 * S),
-            100
+            50
         );
     }
 

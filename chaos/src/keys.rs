@@ -27,9 +27,46 @@ pub struct KeySpec {
     /// tokens are taken from the bucket before they are used, so a window may see up to this
     /// many more admissions than the bucket alone allows in it (never more over the run).
     pub lease_extra: u64,
+    /// Offered only at times (`None`: all the time).
+    pub pulse: Option<Pulse>,
+}
+
+/// An on/off load pattern: the key is offered only while its region is on, region `r`'s on
+/// time starting `r x region_lag_ns` after region 0's, every `period_ns`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Pulse {
+    pub period_ns: u64,
+    pub on_ns: u64,
+    pub region_lag_ns: u64,
+}
+
+impl Pulse {
+    /// Whether gateways of `region` offer the key `at_ns` into the run.
+    pub fn is_on(&self, region: usize, at_ns: u64) -> bool {
+        let lag = region as u64 * self.region_lag_ns;
+        at_ns >= lag && (at_ns - lag) % self.period_ns.max(1) < self.on_ns
+    }
 }
 
 impl KeySpec {
+    /// The period of the key's own aligned windows when it is judged on them: a key with one
+    /// limit of a window algorithm (fixed or sliding window), whose count in each window
+    /// `[k x period, (k + 1) x period)` of Unix time is at most the limit. `None`: judged over
+    /// every window of its period, whatever its start.
+    pub fn aligned_period_ns(&self) -> Option<u64> {
+        match self.limits.as_slice() {
+            [limit]
+                if matches!(
+                    limit.algorithm(),
+                    Algorithm::FixedWindow | Algorithm::SlidingWindow
+                ) =>
+            {
+                Some(limit.period_ns())
+            }
+            _ => None,
+        }
+    }
+
     /// The window the checker counts in: the longest period of its limits.
     pub fn window_ns(&self) -> u64 {
         self.limits
@@ -41,11 +78,15 @@ impl KeySpec {
 
     /// Most admissions the limits allow in any window of [`KeySpec::window_ns`]:
     /// GCRA `burst + rate` per period (a bucket refilled while the window runs), sliding log
-    /// `rate` (exact), fixed window `2 x rate` (each aligned window at most `rate`, and any
-    /// window of one period overlaps two), sliding window `2 x rate` likewise (the estimate
-    /// weighs the previous window's count, which may sit at its end). Across limit changes, the
-    /// largest burst plus the fastest rate over the window.
+    /// `rate` (exact). A key judged on its own aligned windows (one fixed or sliding window
+    /// limit, [`KeySpec::aligned_period_ns`]): `rate` per aligned window (the sliding window's
+    /// estimate is at least the current window's count). Across limit changes, the largest
+    /// burst plus the fastest rate over the window, where a window algorithm counts `2 x rate`
+    /// (a window of one period, any start, meets two aligned windows).
     pub fn allowed_per_window(&self) -> u64 {
+        if let (Some(_), [limit]) = (self.aligned_period_ns(), self.limits.as_slice()) {
+            return limit.burst();
+        }
         let window = self.window_ns();
         let mut most_burst = 0u64;
         let mut fastest = 0f64;
@@ -144,6 +185,7 @@ pub fn global_keys(regions: usize) -> Vec<KeySpec> {
         region: None,
         scope: Scope::Global,
         lease_extra: 0,
+        pulse: None,
     })
     .collect()
 }
@@ -167,6 +209,7 @@ pub fn lease_keys(gateways: usize) -> Vec<KeySpec> {
             region: None,
             scope: Scope::Region,
             lease_extra: gateways as u64 * most_held,
+            pulse: None,
         })
         .collect()
 }
@@ -185,6 +228,7 @@ pub fn standard_keys() -> Vec<KeySpec> {
             region: None,
             scope: Scope::Region,
             lease_extra: 0,
+            pulse: None,
         });
     };
     for i in 0..4 {
@@ -239,6 +283,7 @@ mod tests {
             region: None,
             scope: Scope::Region,
             lease_extra: 0,
+            pulse: None,
         };
         assert_eq!(
             key(limit(Algorithm::Gcra, 20, SECOND_NS, 5)).allowed_per_window(),
@@ -248,10 +293,28 @@ mod tests {
             key(limit(Algorithm::SlidingLog, 25, SECOND_NS, 25)).allowed_per_window(),
             25
         );
+        // Judged on their own aligned windows: the limit in each.
+        let fixed = key(limit(Algorithm::FixedWindow, 25, SECOND_NS, 25));
+        assert_eq!(fixed.aligned_period_ns(), Some(SECOND_NS));
+        assert_eq!(fixed.allowed_per_window(), 25);
+        let sliding = key(limit(Algorithm::SlidingWindow, 25, SECOND_NS, 25));
+        assert_eq!(sliding.allowed_per_window(), 25);
         assert_eq!(
-            key(limit(Algorithm::FixedWindow, 25, SECOND_NS, 25)).allowed_per_window(),
-            50
+            key(limit(Algorithm::Gcra, 20, SECOND_NS, 5)).aligned_period_ns(),
+            None
         );
+    }
+
+    #[test]
+    fn a_pulse_is_on_for_its_share_of_each_period_later_in_later_regions() {
+        let pulse = Pulse {
+            period_ns: 10,
+            on_ns: 4,
+            region_lag_ns: 2,
+        };
+        let on = |region, at| pulse.is_on(region, at);
+        assert!(on(0, 0) && on(0, 3) && !on(0, 4) && !on(0, 9) && on(0, 10));
+        assert!(!on(1, 0) && !on(1, 1) && on(1, 2) && on(1, 5) && !on(1, 6) && on(1, 12));
     }
 
     #[test]
@@ -267,6 +330,7 @@ mod tests {
             region: None,
             scope: Scope::Region,
             lease_extra: 0,
+            pulse: None,
         };
         assert_eq!(key.window_ns(), 2 * SECOND_NS);
         // Burst 30, and 30/s over 2 s beats 20/s over 2 s.

@@ -321,7 +321,14 @@ async fn drive_task(
                 records.push(record);
             }
         }
+        let now_ns = plan.origin.elapsed().as_nanos() as u64;
         for (key, owed) in credit.iter_mut().enumerate() {
+            // A pulsed key owes nothing while off (and does not save up for its next pulse).
+            if let Some(pulse) = plan.keys[key].pulse
+                && !pulse.is_on(driver.region(), now_ns)
+            {
+                continue;
+            }
             *owed += shares[key];
             while *owed >= 1.0 {
                 *owed -= 1.0;
@@ -513,4 +520,52 @@ pub async fn flood_random_keys(
     }
     in_flight.shutdown().await;
     sent
+}
+
+/// Checks `key` (a `scope: global` limit it never reaches) through `client` once per `every`
+/// until stop, each call on its own task, at most 64 at once: a steady stream of admissions
+/// for the region exchange to send. Returns (sent, admitted by a node).
+pub async fn pump(
+    client: Client,
+    key: &'static str,
+    limit: floodgate::Limit,
+    every: Duration,
+    mut stop: watch::Receiver<bool>,
+    deadline: Instant,
+) -> (u64, u64) {
+    let mut ticker = tokio::time::interval(every);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    let mut in_flight = JoinSet::new();
+    let (mut sent, mut admitted) = (0u64, 0u64);
+    loop {
+        tokio::select! {
+            _ = stop.wait_for(|&s| s) => break,
+            _ = tokio::time::sleep_until(deadline.into()) => break,
+            _ = ticker.tick() => {}
+        }
+        while let Some(done) = in_flight.try_join_next() {
+            admitted += u64::from(done.unwrap_or(false));
+        }
+        if in_flight.len() >= 64 {
+            continue;
+        }
+        let client = client.clone();
+        in_flight.spawn(async move {
+            let check = Check::new(key, limit).scope(floodgate::region::Scope::Global);
+            client
+                .check(std::slice::from_ref(&check))
+                .await
+                .ok()
+                .and_then(|v| {
+                    v.first()
+                        .map(|v| v.is_allowed() && v.source == Source::Node)
+                })
+                .unwrap_or(false)
+        });
+        sent += 1;
+    }
+    while let Some(done) = in_flight.join_next().await {
+        admitted += u64::from(done.unwrap_or(false));
+    }
+    (sent, admitted)
 }

@@ -80,6 +80,11 @@ struct RunArgs {
     /// either way.
     #[arg(long)]
     availability_floor: Option<f64>,
+    /// The gateways' call timeout instead of the client's default (5 ms), e.g. `50ms`. Every
+    /// scenario is meant to run at the default; this is for a test of the harness itself on
+    /// debug builds.
+    #[arg(long, value_parser = parse_duration)]
+    client_timeout: Option<Duration>,
     /// `rolling-upgrade` only: the OLD build's floodgate-node, which the cluster starts on and
     /// is upgraded from (to --node-bin).
     #[arg(long, requires = "old_gateway_bin")]
@@ -202,6 +207,7 @@ async fn run(args: RunArgs) -> anyhow::Result<bool> {
         out: args.out.clone(),
         node_bin: procs::node_binary(args.node_bin.as_deref())?,
         availability_floor: args.availability_floor,
+        client_timeout: args.client_timeout,
         upgrade,
     };
     let progress = if std::io::stderr().is_terminal() {

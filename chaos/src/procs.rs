@@ -268,6 +268,39 @@ pub async fn metric(admin: SocketAddr, name: &str) -> Option<f64> {
         .and_then(|v| v.parse().ok())
 }
 
+/// The sum of a metric's samples on a node's `/metrics` whose labels hold every one of
+/// `labels` (e.g. `region="r1"`); `None` when the page cannot be read or no sample matches.
+pub async fn metric_sum(admin: SocketAddr, name: &str, labels: &[&str]) -> Option<f64> {
+    let text = tokio::task::spawn_blocking(move || http_get(admin, "/metrics"))
+        .await
+        .ok()?
+        .ok()?;
+    sum_samples(&text, name, labels)
+}
+
+fn sum_samples(text: &str, name: &str, labels: &[&str]) -> Option<f64> {
+    let mut found = None;
+    for line in text.lines().filter(|l| !l.starts_with('#')) {
+        let Some(rest) = line.strip_prefix(name) else {
+            continue;
+        };
+        if !(rest.starts_with('{') || rest.starts_with(' ')) {
+            continue;
+        }
+        if !labels.iter().all(|l| rest.contains(l)) {
+            continue;
+        }
+        if let Some(value) = line
+            .split_whitespace()
+            .last()
+            .and_then(|v| v.parse::<f64>().ok())
+        {
+            *found.get_or_insert(0.0) += value;
+        }
+    }
+    found
+}
+
 /// A loopback port free right now (bound, read, released: another process could take it in
 /// between, which the node's start would then report).
 pub fn free_udp_addr() -> anyhow::Result<SocketAddr> {
@@ -309,4 +342,29 @@ pub fn node_binary(given: Option<&Path>) -> anyhow::Result<PathBuf> {
         built.display()
     );
     Ok(built)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn samples_are_summed_by_name_and_labels() {
+        let page = "# TYPE x counter\n\
+            floodgate_region_frames_sent_total{region=\"r1\",kind=\"deltas\"} 5000\n\
+            floodgate_region_frames_sent_total{region=\"r1\",kind=\"ack\"} 70\n\
+            floodgate_region_frames_sent_total_other{region=\"r1\",kind=\"deltas\"} 9\n\
+            floodgate_region_refused_messages 3\n";
+        let sent = "floodgate_region_frames_sent_total";
+        assert_eq!(
+            sum_samples(page, sent, &["region=\"r1\"", "kind=\"deltas\""]),
+            Some(5000.0)
+        );
+        assert_eq!(sum_samples(page, sent, &[]), Some(5070.0));
+        assert_eq!(
+            sum_samples(page, "floodgate_region_refused_messages", &[]),
+            Some(3.0)
+        );
+        assert_eq!(sum_samples(page, sent, &["region=\"r9\""]), None);
+    }
 }

@@ -75,18 +75,28 @@ pub fn upgrade_lines(reports: &[ScenarioReport]) -> Vec<String> {
 /// The scenarios and their bounds, for `list`.
 pub fn list(scenarios: &[Scenario]) -> String {
     let mut out = String::new();
+    let defaults = floodgate_client::ClientConfig::with_ca_file("ca.pem");
+    let _ = writeln!(
+        out,
+        "every scenario's gateways run the client's defaults: timeout {} ms, breaker open after {} failed calls for {} ms",
+        defaults.timeout.as_millis(),
+        defaults.breaker.failure_threshold,
+        defaults.breaker.cooldown.as_millis()
+    );
     for s in scenarios {
         let _ = writeln!(out, "{:<17} {}", s.name, s.about);
         let _ = writeln!(
             out,
-            "{:<17} bound: {} ({}); availability >= {}, client timeout {} ms",
+            "{:<17} bound: {} ({}); availability >= {}",
             "",
             s.bound.short(),
             s.bound.why,
             s.min_availability,
-            s.client_timeout.as_millis()
         );
-        if matches!(s.plan, Plan::RegionPartition | Plan::WanDelay) {
+        if matches!(
+            s.plan,
+            Plan::RegionPartition | Plan::WanDelay | Plan::RegionRestart
+        ) {
             let _ = writeln!(out, "{:<17} {}", "", bounds::describe());
         }
         if s.needs_old_builds {

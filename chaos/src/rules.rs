@@ -107,6 +107,7 @@ impl RulesFile {
                 region: None,
                 scope: Scope::Region,
                 lease_extra: 0,
+                pulse: None,
             })
             .collect()
     }

@@ -6,19 +6,21 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use floodgate_client::ClientConfig;
+use floodgate_client::{Client, ClientConfig};
 use tokio::sync::watch;
 
 use crate::bounds;
 use crate::checker::{self, CheckInput, CheckResult, FaultSpan};
 use crate::gateway_procs::{Build, GatewayLaunch, GatewayProcess, HttpGateway, HttpSlot, Upgrade};
 use crate::keys::{
-    KeySpec, LEASE_HOT_ABOVE_PER_SEC, global_keys, lease_keys, per_region, standard_keys,
+    KeySpec, LEASE_HOT_ABOVE_PER_SEC, Pulse, global_keys, lease_keys, per_region, standard_keys,
 };
 use crate::load::{self, Front, LoadPlan, Record};
 use crate::rules::RulesFile;
 use crate::scenario::{Plan, Scenario};
-use crate::timeline::{self, LEASE_VICTIM_GATEWAY, SKEW_MS, SKEWED_NODE};
+use crate::timeline::{
+    self, LEASE_VICTIM_GATEWAY, PUMP_KEY, PUMP_LINK_MESSAGES, SKEW_MS, SKEWED_NODE,
+};
 use crate::world::{Layout, World};
 
 /// What `run` was asked for.
@@ -34,6 +36,8 @@ pub struct RunSettings {
     /// Replaces every scenario's availability floor (`--availability-floor`). Availability
     /// depends on how loaded the machine is; a test on a shared machine judges only safety.
     pub availability_floor: Option<f64>,
+    /// Replaces the client's default call timeout (`--client-timeout`; `None`: the default).
+    pub client_timeout: Option<Duration>,
     /// The builds `rolling-upgrade` runs (`None`: it is not run).
     pub upgrade: Option<UpgradeBins>,
 }
@@ -129,6 +133,7 @@ pub async fn run_scenario(
         MAX_KEYS
     };
     let skewed = scenario.plan == Plan::ClockSkew;
+    let region_restart = scenario.plan == Plan::RegionRestart;
     let setup = crate::procs::NodeSetup {
         // The upgrade starts every node from the old build; the timeline moves them over.
         binary: upgrade
@@ -146,6 +151,11 @@ pub async fn run_scenario(
         |index| {
             if skewed && index == SKEWED_NODE {
                 vec![format!("--test-only-clock-skew-ms={SKEW_MS}")]
+            } else if region_restart {
+                // At the default 100 ms a link carries at most 10 messages a second (one per
+                // destination per interval): 5,000 would take over 8 minutes. Every 2 ms, with
+                // the pump admitting every millisecond, a link passes 5,000 in under 15 s.
+                vec![format!("--region-sync-interval={REGION_RESTART_SYNC}")]
             } else {
                 Vec::new()
             }
@@ -186,8 +196,11 @@ async fn drive_and_check(
     dir: &Path,
 ) -> anyhow::Result<ScenarioReport> {
     let ca = world.setup.certs.join("ca.pem");
+    // Every gateway at the client's defaults (timeout, breaker): what operators run.
     let mut config = ClientConfig::with_ca_file(&ca);
-    config.timeout = scenario.client_timeout;
+    if let Some(timeout) = settings.client_timeout {
+        config.timeout = timeout;
+    }
     let leased = scenario.plan == Plan::LeaseGatewayKill;
     if leased {
         config.token_leases.enabled = true;
@@ -236,7 +249,9 @@ async fn drive_and_check(
         }
     }
     if let Some(bins) = upgrade {
-        start_gateway_processes(world, bins, scenario.client_timeout, settings)
+        // The example gateway's own `--timeout` default (50 ms) is not the client's: the
+        // processes are given the client's default, so they run as the in-process gateways do.
+        start_gateway_processes(world, bins, config.timeout, settings)
             .await
             .context("starting the old build's gateways")?;
     }
@@ -258,8 +273,11 @@ async fn drive_and_check(
             settings.regions,
         ));
     }
+    if scenario.plan == Plan::RegionRestart {
+        keys.push(pulsed_key_on_pump_link(world)?);
+    }
     // The run's clock starts with the load.
-    world.origin = Instant::now();
+    world.set_origin();
     let plan = Arc::new(LoadPlan {
         health: world.health.clone(),
         keys: keys.clone(),
@@ -287,7 +305,7 @@ async fn drive_and_check(
     let rss_before = node_rss(world);
     let played = tokio::time::timeout(
         settings.duration + OVERRUN,
-        timeline::play(scenario, world, settings.duration, rules),
+        timeline::play(scenario, world, settings.duration, rules, &keys),
     )
     .await;
     let mut extra = serde_json::Map::new();
@@ -334,6 +352,23 @@ async fn drive_and_check(
     if let Some(side) = side {
         extra.insert("side_load".into(), side);
     }
+    if scenario.plan == Plan::RegionRestart {
+        let exchange = region_exchange(world).await;
+        extra.insert("region_exchange".into(), exchange);
+        let before = world
+            .findings
+            .get("link_before_restart")
+            .and_then(|l| l["delta_messages_to_region_1"].as_f64());
+        if before.is_none_or(|n| n < PUMP_LINK_MESSAGES) {
+            violations.push(format!(
+                "premise not reached: the pump link carried {} delta messages before the restart, not over {PUMP_LINK_MESSAGES}",
+                before.map_or("an unknown number of".to_owned(), |n| n.to_string())
+            ));
+        }
+    }
+    for (name, value) in std::mem::take(&mut world.findings) {
+        extra.insert(name, value);
+    }
     if scenario.plan == Plan::KeyFlood {
         check_memory(&extra, &live, FLOOD_MAX_KEYS, &mut violations);
         extra.insert("live_buckets".into(), serde_json::json!(live));
@@ -348,6 +383,7 @@ async fn drive_and_check(
         run_ns,
         regions: settings.regions,
         fault_sides: bounds::fault_sides(scenario.plan, settings.regions),
+        origin_unix_ns: world.origin_unix_ns,
     };
     let result = checker::check(&records, &input);
     let global: Vec<_> = result.keys.iter().filter(|k| k.global).collect();
@@ -366,7 +402,13 @@ async fn drive_and_check(
     }
     if scenario.plan == Plan::RulesReload {
         let phases = rules_phases(world, run_ns);
-        let (found, worst) = checker::check_phases(&records, &keys, &phases, RULES_SETTLE_NS);
+        let (found, worst) = checker::check_phases(
+            &records,
+            &keys,
+            &phases,
+            RULES_SETTLE_NS,
+            world.origin_unix_ns,
+        );
         violations.extend(found);
         extra.insert("phase_worst_ratio".into(), serde_json::json!(worst));
     }
@@ -668,8 +710,113 @@ fn start_side_load(
                 }
             })))
         }
+        Plan::RegionRestart => {
+            // One gateway of each region, the whole run long: both directions of the link.
+            let pumps: Vec<Client> = (0..settings.regions)
+                .filter_map(|region| world.gateways.iter().find(|g| g.region == region))
+                .map(|g| g.client.clone())
+                .collect();
+            let limit = floodgate::Limit::gcra(5_000, 1_000_000_000, 5_000)?;
+            let stop = stop.clone();
+            Ok(Some(tokio::spawn(async move {
+                let mut tasks = tokio::task::JoinSet::new();
+                for client in pumps {
+                    tasks.spawn(load::pump(
+                        client,
+                        PUMP_KEY,
+                        limit,
+                        Duration::from_millis(1),
+                        stop.clone(),
+                        deadline,
+                    ));
+                }
+                let (mut sent, mut admitted) = (0, 0);
+                while let Some(Ok((s, a))) = tasks.join_next().await {
+                    sent += s;
+                    admitted += a;
+                }
+                serde_json::json!({ "pump_checks": sent, "pump_admitted_by_a_node": admitted })
+            })))
+        }
         _ => Ok(None),
     }
+}
+
+/// `region-restart`'s node flag: the exchange's sync interval.
+const REGION_RESTART_SYNC: &str = "2ms";
+
+/// `region-restart`: a global GCRA key (20/s, burst 20) whose owners in both regions are the
+/// pump key's, offered 200/s in pulses: 1 s on, 1.5 s off (both regions' buckets fill up again),
+/// region 1 starting 300 ms after region 0. Region 0 takes a burst first; a region 1 that hears
+/// region 0's deltas then admits only the refill, one that does not hear them takes a second
+/// burst, over the global bound.
+fn pulsed_key_on_pump_link(world: &World) -> anyhow::Result<KeySpec> {
+    let link = (
+        world.owner_in_region(PUMP_KEY, 0)?,
+        world.owner_in_region(PUMP_KEY, 1)?,
+    );
+    for i in 0..1_000 {
+        let name = format!("chaos:restart:pulse:{i}");
+        if (
+            world.owner_in_region(&name, 0)?,
+            world.owner_in_region(&name, 1)?,
+        ) == link
+        {
+            return Ok(KeySpec {
+                name,
+                limits: vec![floodgate::Limit::gcra(20, 1_000_000_000, 20)?],
+                failure_mode: floodgate_client::FailureMode::Open,
+                offered_per_second: 200.0,
+                region: None,
+                scope: floodgate::region::Scope::Global,
+                lease_extra: 0,
+                pulse: Some(Pulse {
+                    period_ns: 2_500_000_000,
+                    on_ns: 1_000_000_000,
+                    region_lag_ns: 300_000_000,
+                }),
+            });
+        }
+    }
+    anyhow::bail!("no pulse key shares the pump key's owners {link:?}")
+}
+
+/// Per running node: delta messages sent to each other region, and messages applied and
+/// refused (out of the sequence window, an older session, a full sender table).
+async fn region_exchange(world: &World) -> serde_json::Value {
+    let mut nodes = serde_json::Map::new();
+    for node in world.nodes.iter().filter(|n| n.is_running()) {
+        let admin = node.spec.admin;
+        let mut sent = serde_json::Map::new();
+        for region in (0..world.layout.regions).filter(|r| *r != node.spec.region) {
+            let label = format!("region=\"r{region}\"");
+            sent.insert(
+                format!("r{region}"),
+                serde_json::json!(
+                    crate::procs::metric_sum(
+                        admin,
+                        "floodgate_region_frames_sent_total",
+                        &[&label, "kind=\"deltas\""],
+                    )
+                    .await
+                ),
+            );
+        }
+        let applied =
+            crate::procs::metric_sum(admin, "floodgate_region_applied_messages", &[]).await;
+        let refused =
+            crate::procs::metric_sum(admin, "floodgate_region_refused_messages", &[]).await;
+        nodes.insert(
+            format!("node {}", node.spec.index),
+            serde_json::json!({
+                "region": node.spec.region,
+                "delta_messages_sent": sent,
+                "applied_messages": applied,
+                "refused_messages": refused,
+            }),
+        );
+    }
+    serde_json::Value::Object(nodes)
 }
 
 fn node_rss(world: &World) -> Vec<Option<u64>> {

@@ -94,6 +94,8 @@ pub enum Plan {
     ClockSkew,
     LeaseGatewayKill,
     RollingUpgrade,
+    Stall,
+    RegionRestart,
 }
 
 /// Which endpoints a regional fault splits. Today regions are labels on one shared ring, so a
@@ -113,8 +115,6 @@ pub struct Scenario {
     pub bound: Bound,
     /// Least share of checks a node must decide (the rest fall back or fail closed).
     pub min_availability: f64,
-    /// The gateways' `check` timeout.
-    pub client_timeout: Duration,
     /// Log lines (substrings) this scenario provokes on purpose at ERROR.
     pub expected_errors: &'static [&'static str],
     pub region_scope: RegionScope,
@@ -133,10 +133,6 @@ const LEAVE_ERRORS: &[&str] = &[
     "peer handshake failed: closed",
 ];
 
-/// The gateways' timeout on this shared 2-core host (as the example gateway's default): a
-/// scheduling hiccup should not read as an outage.
-const TIMEOUT: Duration = Duration::from_millis(50);
-
 pub fn catalogue() -> Vec<Scenario> {
     let base = |name, about, plan, bound, min_availability| Scenario {
         name,
@@ -144,7 +140,6 @@ pub fn catalogue() -> Vec<Scenario> {
         plan,
         bound,
         min_availability,
-        client_timeout: TIMEOUT,
         expected_errors: &[],
         region_scope: RegionScope::SharedRing,
         needs_old_builds: false,
@@ -205,17 +200,20 @@ pub fn catalogue() -> Vec<Scenario> {
                 0.90,
             )
         },
-        base(
-            "region-partition",
-            "region 0 cut off from the other regions (nodes and gateways), then healed",
-            Plan::RegionPartition,
-            Bound::partition(
-                "partition: regions share one ring today, so the cut splits it and each side decides the other's keys: up to twice the limit while it lasts",
-            ),
-            0.60,
-        ),
         Scenario {
-            client_timeout: Duration::from_millis(300),
+            bound: Bound {
+                why: "exact for region keys: each region has its own ring and its gateways talk to its own nodes, so the cut moves no region key and each region's copy is held to the limit; global keys: the global bound with the partition bound (k = 2)",
+                ..Bound::exact()
+            },
+            ..base(
+                "region-partition",
+                "region 0 cut off from the other regions (nodes and gateways), then healed",
+                Plan::RegionPartition,
+                Bound::exact(),
+                0.60,
+            )
+        },
+        Scenario {
             bound: Bound {
                 why: "exact: delay and 1% loss move no key (heartbeats stay well inside 500 ms)",
                 ..Bound::exact()
@@ -301,6 +299,36 @@ pub fn catalogue() -> Vec<Scenario> {
                 "lease-gateway-kill",
                 "two hot keys leased (token leases) by every gateway of their region; gateway 0 killed at 40% (its runtime dropped: nothing returned)",
                 Plan::LeaseGatewayKill,
+                Bound::exact(),
+                0.90,
+            )
+        },
+        Scenario {
+            bound: Bound {
+                why: "exact: every stall (20-200 ms) is shorter than the failure detector (suspect after 500 ms of silence, dead after 1 s), so the owner never stops owning its keys and no other node may decide them; fallback buckets add a limit per gateway, as always",
+                ..Bound::exact()
+            },
+            ..base(
+                "stall",
+                "SIGSTOP of the node owning the busiest keys for 20-200 ms (seeded), then SIGCONT, every 0.5-1.5 s from 20% to 90% of the run",
+                Plan::Stall,
+                Bound::exact(),
+                0.80,
+            )
+        },
+        Scenario {
+            expected_errors: LEAVE_ERRORS,
+            // Two regions of two nodes: a region keeps a node to hand its buckets to while the
+            // other restarts, and the restarted node owns the keys of one exchange link.
+            layout: Some((2, 2)),
+            bound: Bound {
+                why: "the global bound: a graceful restart hands the region's buckets over and back (exact), and the exchange applies each message exactly once across it, duplicated and reordered datagrams included; region keys exact",
+                ..Bound::exact()
+            },
+            ..base(
+                "region-restart",
+                "two regions; global keys under load, a pump keeping one exchange link over 5,000 messages (--region-sync-interval 2ms) and a pulsed global key on that link, with 2% of datagrams between regions duplicated and 2% reordered; at 70% the link's receiver in region 1 restarts (SIGTERM, start again), then more load",
+                Plan::RegionRestart,
                 Bound::exact(),
                 0.90,
             )
@@ -402,5 +430,14 @@ mod tests {
         assert_eq!(upgrade.expected_errors, LEAVE_ERRORS);
         assert_eq!(upgrade.layout, Some((1, 3)));
         assert!(catalogue().iter().filter(|s| s.needs_old_builds).count() == 1);
+    }
+
+    #[test]
+    fn the_new_scenarios_run_in_all_and_stall_and_region_keys_are_exact() {
+        let all = names(&select("all", false).unwrap());
+        assert!(all.contains(&"stall") && all.contains(&"region-restart"));
+        assert_eq!(find("stall").unwrap().bound.short(), "exact");
+        assert_eq!(find("region-partition").unwrap().bound.short(), "exact");
+        assert_eq!(find("region-restart").unwrap().layout, Some((2, 2)));
     }
 }

@@ -5,7 +5,11 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+
 use crate::faults::{Effect, Side};
+use crate::keys::KeySpec;
 use crate::scenario::{Plan, RegionScope, Scenario};
 use crate::world::World;
 
@@ -19,12 +23,26 @@ pub const LEASE_VICTIM_GATEWAY: usize = 0;
 pub const SKEWED_NODE: usize = 1;
 pub const SKEW_MS: i64 = 250;
 
+/// `stall`: how long each SIGSTOP lasts and the gaps between them (ms, drawn from the seed).
+/// The longest stall stays well inside the failure detector's 500 ms.
+pub const STALL_MS: std::ops::RangeInclusive<u64> = 20..=200;
+pub const STALL_GAP_MS: std::ops::RangeInclusive<u64> = 500..=1_500;
+
+/// `region-restart`: the global key a side load checks every millisecond from one gateway of
+/// each region, so the exchange link between its owners carries a message every sync interval.
+pub const PUMP_KEY: &str = "chaos:restart:pump";
+/// `region-restart`: the least exchange messages its link must have carried before the restart
+/// (the restarted receiver starts counting its sender's sequence numbers again; past 4,096 a
+/// receiver that forgot them refuses the sender).
+pub const PUMP_LINK_MESSAGES: f64 = 5_000.0;
+
 /// Runs the scenario's faults; returns when its last step is done.
 pub async fn play(
     scenario: &Scenario,
     world: &mut World,
     duration: Duration,
     rules: Option<&crate::rules::RulesFile>,
+    keys: &[KeySpec],
 ) -> anyhow::Result<()> {
     let at = |share: f64| duration.mul_f64(share);
     match scenario.plan {
@@ -182,10 +200,73 @@ pub async fn play(
             world.end_span(span);
         }
         Plan::ClockSkew => {
+            // The skew is a fault from the start: the skewed node's aligned windows are not the
+            // others'.
+            let skewed = world.begin_span(format!("node {SKEWED_NODE}'s clock {SKEW_MS} ms ahead"));
             world.until(at(0.5)).await;
             let span = world.begin_span(format!("skewed node {SKEWED_NODE} leaves"));
             world.stop(SKEWED_NODE).await;
+            world.end_span(skewed);
             let _ = span;
+        }
+        Plan::Stall => {
+            let victim = world.busiest_owner(keys)?;
+            world.note(format!("node {victim} owns the busiest keys"));
+            let mut rng = SmallRng::seed_from_u64(world.seed ^ 0x5747_4c4c);
+            world.until(at(0.2)).await;
+            loop {
+                let gap = rng.random_range(STALL_GAP_MS);
+                let stall = rng.random_range(STALL_MS);
+                tokio::time::sleep(Duration::from_millis(gap)).await;
+                if world.origin.elapsed() + Duration::from_millis(stall) >= at(0.9) {
+                    break;
+                }
+                let span = world.begin_span(format!("SIGSTOP node {victim} {stall}ms"));
+                world.pause(victim, true).await?;
+                tokio::time::sleep(Duration::from_millis(stall)).await;
+                world.pause(victim, false).await?;
+                world.end_span(span);
+            }
+        }
+        Plan::RegionRestart => {
+            anyhow::ensure!(world.layout.regions == 2, "region-restart runs two regions");
+            // Duplicated and reordered datagrams between the regions all along (the exchange
+            // applies each message once, in any order).
+            let rough = Effect {
+                duplicate: 0.02,
+                reorder: 0.02,
+                ..Effect::default()
+            };
+            let span = world.begin_span("2% duplicated, 2% reordered between regions");
+            let (inside, outside) = one_region_sides(world, 0);
+            for (a, b) in cross_pairs(&inside, &outside) {
+                world.faults.add_both(a, b, rough);
+            }
+            let _ = span;
+            let sender = world.owner_in_region(PUMP_KEY, 0)?;
+            let receiver = world.owner_in_region(PUMP_KEY, 1)?;
+            world.until(at(0.7)).await;
+            let sent = crate::procs::metric_sum(
+                world.nodes[sender].spec.admin,
+                "floodgate_region_frames_sent_total",
+                &["region=\"r1\"", "kind=\"deltas\""],
+            )
+            .await;
+            world.note(format!(
+                "node {sender} sent {} delta messages to region 1 (its link to node {receiver} carries the pump key)",
+                sent.map_or("?".to_owned(), |n| format!("{n}"))
+            ));
+            world.findings.insert(
+                "link_before_restart".into(),
+                serde_json::json!({
+                    "sender": sender, "receiver": receiver,
+                    "delta_messages_to_region_1": sent,
+                }),
+            );
+            let restart = world.begin_span(format!("restart node {receiver} (region 1)"));
+            world.stop(receiver).await;
+            world.start_node(receiver).await?;
+            world.end_span(restart);
         }
     }
     world.until(duration).await;

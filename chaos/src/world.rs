@@ -11,6 +11,7 @@ use tokio::sync::watch;
 use crate::checker::FaultSpan;
 use crate::faults::{Endpoint, FaultTable};
 use crate::gateway_procs::{Build, GatewayProcess, Upgrade};
+use crate::keys::KeySpec;
 use crate::load::Gateway;
 use crate::procs::{NodeProcess, NodeSetup, NodeSpec, free_tcp_addr, free_udp_addr};
 use crate::proxy::{Directory, Proxy};
@@ -31,6 +32,12 @@ impl Layout {
     }
 }
 
+fn unix_now_ns() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
+}
+
 #[derive(Debug)]
 pub struct World {
     pub layout: Layout,
@@ -41,6 +48,10 @@ pub struct World {
     pub directory: Arc<Directory>,
     pub gateways: Vec<Gateway>,
     pub origin: Instant,
+    /// Unix time (ns) at `origin`, as the nodes' clocks read it.
+    pub origin_unix_ns: u64,
+    /// Seeds what the timeline draws (stall lengths and gaps).
+    pub seed: u64,
     pub spans: Vec<FaultSpan>,
     /// Everything the timeline did, with its time, for the report.
     pub events: Vec<(u64, String)>,
@@ -52,6 +63,8 @@ pub struct World {
     /// Each node's or gateway's restart (stop to ready, and the wait after), where a check may
     /// go undecided; outside them none may (`rolling-upgrade`).
     pub restart_windows: Vec<FaultSpan>,
+    /// What the timeline measured on the way, for the report's `extra`.
+    pub findings: serde_json::Map<String, serde_json::Value>,
     shutdown: watch::Sender<bool>,
 }
 
@@ -142,11 +155,14 @@ impl World {
             directory,
             gateways: Vec::new(),
             origin: Instant::now(),
+            origin_unix_ns: unix_now_ns(),
+            seed,
             spans: Vec::new(),
             events: Vec::new(),
             gateway_runtimes: Vec::new(),
             upgrade: None,
             restart_windows: Vec::new(),
+            findings: serde_json::Map::new(),
             shutdown,
         };
         for index in 0..world.layout.initial_nodes() {
@@ -161,6 +177,12 @@ impl World {
     /// Proxy addresses of every node, started or spare: every gateway's seeds.
     pub fn seeds(&self) -> Vec<SocketAddr> {
         self.setup.seeds.clone()
+    }
+
+    /// Starts the run's clock now.
+    pub fn set_origin(&mut self) {
+        self.origin = Instant::now();
+        self.origin_unix_ns = unix_now_ns();
     }
 
     pub fn now_ns(&self) -> u64 {
@@ -214,6 +236,42 @@ impl World {
             .iter()
             .position(|n| n.spec.advertise == addr)
             .with_context(|| format!("owner {addr} of {key} is not a node of this run"))
+    }
+
+    /// The node that owns `key` in `region`, as that region's first gateway's table says (each
+    /// region has its own ring).
+    pub fn owner_in_region(&self, key: &str, region: usize) -> anyhow::Result<usize> {
+        let gateway = self
+            .gateways
+            .iter()
+            .find(|g| g.region == region)
+            .with_context(|| format!("no gateway in region {region}"))?;
+        let addr = gateway.client.node_for(key.as_bytes());
+        self.nodes
+            .iter()
+            .position(|n| n.spec.advertise == addr)
+            .with_context(|| format!("owner {addr} of {key} is not a node of this run"))
+    }
+
+    /// The node deciding the most offered checks a second of `keys` (each key's offered rate
+    /// split evenly between the regions that drive it).
+    pub fn busiest_owner(&self, keys: &[KeySpec]) -> anyhow::Result<usize> {
+        let mut load = vec![0f64; self.nodes.len()];
+        for key in keys {
+            let regions: Vec<usize> = match key.region {
+                Some(region) => vec![region],
+                None => (0..self.layout.regions).collect(),
+            };
+            for &region in &regions {
+                let owner = self.owner_in_region(&key.name, region)?;
+                load[owner] += key.offered_per_second / regions.len() as f64;
+            }
+        }
+        load.iter()
+            .enumerate()
+            .max_by(|a, b| a.1.total_cmp(b.1))
+            .map(|(node, _)| node)
+            .context("no node")
     }
 
     pub fn region_nodes(&self, region: usize) -> Vec<usize> {
