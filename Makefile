@@ -69,7 +69,7 @@ run-regions:     ## build in release, start REGIONS (default 2) regions of one n
 	echo "Ctrl-C stops the nodes."; \
 	while :; do sleep 3600; done
 
-chaos:           ## every chaos scenario against real nodes behind fault proxies (about 10 minutes), then a sweep of 5,000 simulation seeds: table, target/chaos/{report.json,SCENARIO/SCENARIO.svg,sim.txt}
+chaos:           ## every chaos scenario against real nodes behind fault proxies (about 12 minutes), then a sweep of 5,000 simulation seeds: table, target/chaos/{report.json,SCENARIO/SCENARIO.svg,sim.txt}
 	@: "the node with its test hooks (clock-skew's skewed clock); the binary operators run has none"
 	$(CARGO) build --release --locked -p floodgate-node --features floodgate-node/test-hooks -p floodgate-chaos
 	@mkdir -p target/chaos
