@@ -366,6 +366,27 @@ async fn drive_and_check(
             ));
         }
     }
+    if scenario.plan == Plan::Stall {
+        // Checks each node decided as a takeover (for a slot it does not own): with the owner
+        // never declared dead, every one was decided beside a live owner.
+        let mut takeovers = serde_json::Map::new();
+        for node in world.nodes.iter().filter(|n| n.is_running()) {
+            let n =
+                crate::procs::metric_sum(node.spec.admin, "floodgate_takeover_checks_total", &[])
+                    .await;
+            takeovers.insert(format!("node {}", node.spec.index), serde_json::json!(n));
+        }
+        extra.insert(
+            "takeover_checks".into(),
+            serde_json::Value::Object(takeovers),
+        );
+        let stalls: Vec<u64> = world
+            .spans
+            .iter()
+            .map(|s| s.end_ns.saturating_sub(s.start_ns) / 1_000_000)
+            .collect();
+        extra.insert("stalls_ms".into(), serde_json::json!(stalls));
+    }
     for (name, value) in std::mem::take(&mut world.findings) {
         extra.insert(name, value);
     }
