@@ -573,6 +573,7 @@ mod tests {
                 admitted: true,
                 via,
                 routed_to: 0,
+                reason: None,
             })
             .collect()
     }
@@ -639,6 +640,7 @@ mod tests {
             admitted: true,
             via: Via::Node,
             routed_to: 0,
+            reason: None,
         });
         records.sort_by_key(|r| r.sent_ns);
         assert!(run(&records, Bound::exact(), &[]).violations.is_empty());
@@ -817,6 +819,7 @@ mod tests {
             admitted: false,
             via,
             routed_to: 0,
+            reason: None,
         };
         let windows = [FaultSpan {
             label: "node 0 upgraded".into(),

@@ -56,6 +56,8 @@ pub struct Record {
     /// The node the client routed the check to (its table's owner), by index; `u16::MAX` when
     /// it is not one of the run's nodes.
     pub routed_to: u16,
+    /// Why no node decided it (a failure mode's reason), where the front says.
+    pub reason: Option<floodgate_client::DegradedReason>,
 }
 
 /// How gateways ask: the client with explicit limits, or the rules the nodes serve.
@@ -412,12 +414,12 @@ async fn check_once(plan: Arc<LoadPlan>, gateway: Gateway, key: usize) -> Record
         }
     };
     let done_ns = plan.origin.elapsed().as_nanos() as u64;
-    let via = match source {
-        None => Via::Error,
-        Some(Source::Node) if owner_down => Via::Takeover,
-        Some(Source::Node) => Via::Node,
-        Some(Source::Fallback(_)) => Via::Fallback,
-        Some(Source::FailClosed(_)) => Via::FailClosed,
+    let (via, reason) = match source {
+        None => (Via::Error, None),
+        Some(Source::Node) if owner_down => (Via::Takeover, None),
+        Some(Source::Node) => (Via::Node, None),
+        Some(Source::Fallback(why)) => (Via::Fallback, Some(why)),
+        Some(Source::FailClosed(why)) => (Via::FailClosed, Some(why)),
     };
     Record {
         key: key as u16,
@@ -427,6 +429,7 @@ async fn check_once(plan: Arc<LoadPlan>, gateway: Gateway, key: usize) -> Record
         admitted,
         via,
         routed_to: plan.health.index_of(owner).map_or(u16::MAX, |i| i as u16),
+        reason,
     }
 }
 
@@ -468,6 +471,8 @@ async fn check_http(plan: Arc<LoadPlan>, slot: Arc<HttpSlot>, key: usize) -> Opt
         routed_to: owner
             .and_then(|o| plan.health.index_of(o))
             .map_or(u16::MAX, |i| i as u16),
+        // An HTTP answer does not say why.
+        reason: None,
     })
 }
 

@@ -648,19 +648,20 @@ fn write_decisions(path: &Path, records: &[Record], keys: &[KeySpec]) -> anyhow:
     let mut out = std::io::BufWriter::new(std::fs::File::create(path)?);
     writeln!(
         out,
-        "sent_ms,answered_ms,key,gateway,routed_to,via,admitted"
+        "sent_ms,answered_ms,key,gateway,routed_to,via,admitted,reason"
     )?;
     for r in records {
         writeln!(
             out,
-            "{:.3},{:.3},{},{},{},{:?},{}",
+            "{:.3},{:.3},{},{},{},{:?},{},{}",
             r.sent_ns as f64 / 1e6,
             r.done_ns as f64 / 1e6,
             keys[r.key as usize].name,
             r.gateway,
             r.routed_to,
             r.via,
-            r.admitted
+            r.admitted,
+            r.reason.map(|why| why.to_string()).unwrap_or_default()
         )?;
     }
     out.flush()?;
@@ -939,6 +940,7 @@ mod tests {
             admitted,
             via,
             routed_to: 0,
+            reason: None,
         };
         // Gateway 0 in-process (new), 1 an old process, 2 its new successor; nodes upgraded
         // from 3 s to 9 s.

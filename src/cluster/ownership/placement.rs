@@ -134,10 +134,12 @@ pub fn next_place(
             let left = !table.contains(me);
             match owner {
                 None => Placement::Refuse(Refusal::ShuttingDown),
-                _ if left || gave_away(slot) => Placement::Refuse(Refusal::ShuttingDown),
+                // Asked first: the owner may answer the next try (a node that took the slot
+                // over, or handed it off, sends it to the owner the same way).
                 Some(owner) if owner != me && !suspected(owner) => {
                     Placement::Refuse(Refusal::TryAgain)
                 }
+                _ if left || gave_away(slot) => Placement::Refuse(Refusal::ShuttingDown),
                 Some(_) => Placement::Decide,
             }
         }
@@ -285,10 +287,20 @@ mod tests {
             next_place(&t, "a", bs, &unanswered, false, ALWAYS, SUSPECTED),
             SHUTTING_DOWN
         );
+        assert_eq!(
+            next_place(&t, "a", bs, &unanswered, false, ALWAYS, ALIVE),
+            Placement::Refuse(Refusal::TryAgain),
+            "handed off here, but its owner is alive: the next try may reach it"
+        );
+        // A node that left decides nothing, whatever the owner's state.
         let after_leave = table(&["b"]);
         assert_eq!(
-            next_place(&after_leave, "a", bs, &unanswered, true, NEVER, ALIVE),
+            next_place(&after_leave, "a", bs, &unanswered, true, NEVER, SUSPECTED),
             SHUTTING_DOWN
+        );
+        assert_eq!(
+            next_place(&after_leave, "a", bs, &unanswered, true, NEVER, ALIVE),
+            Placement::Refuse(Refusal::TryAgain)
         );
     }
 }
