@@ -156,6 +156,15 @@ impl Handoffs {
         self.pending.values().map(|(_, until)| *until).min()
     }
 
+    /// Who `slot` waited for, if its wait ran out by `now_ns` and was not yet forgotten
+    /// ([`Handoffs::expire`]).
+    pub fn expired_wait(&self, slot: u16, now_ns: u64) -> Option<&str> {
+        self.pending
+            .get(&slot)
+            .filter(|(_, until)| *until <= now_ns)
+            .map(|(from, _)| from.as_str())
+    }
+
     /// Who `slot` waits for, if it waits.
     pub fn awaited_from(&self, slot: u16) -> Option<&str> {
         self.pending.get(&slot).map(|(from, _)| from.as_str())

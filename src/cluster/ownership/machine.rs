@@ -400,10 +400,17 @@ impl Ownership {
             .collect()
     }
 
-    /// Why this node decides `slot` without its previous owner's state, if it does.
-    pub fn window(&self, slot: u16) -> Option<Window> {
+    /// Why this node decides `slot` at `now_ns` without its previous owner's state, if it
+    /// does. A wait whose deadline passed is read as expired at once, as [`Ownership::decides`]
+    /// reads it, even before [`Ownership::handle_timeout`] marks it.
+    pub fn window(&self, slot: u16, now_ns: u64) -> Option<Window> {
         if self.phase() == Phase::Alone {
             return Some(Window::Alone);
+        }
+        if let Some(from) = self.handoffs.expired_wait(slot, now_ns) {
+            return Some(Window::WaitExpired {
+                from: from.to_owned(),
+            });
         }
         self.unconfirmed.get(&slot).cloned()
     }
@@ -613,7 +620,7 @@ mod tests {
             a.place(slot, Arrival::Client, 20, |_| false),
             Placement::Decide
         );
-        assert_eq!(a.window(slot), None);
+        assert_eq!(a.window(slot, 20), None);
 
         // Its wait runs out: decided from what is here, inside a named window.
         let mut late = machine("a", before.clone(), false);
@@ -621,7 +628,7 @@ mod tests {
         late.handle_timeout(10 + WAIT);
         assert!(late.decides(slot, 10 + WAIT));
         assert_eq!(
-            late.window(slot),
+            late.window(slot, 10 + WAIT),
             Some(Window::WaitExpired { from: "c".into() })
         );
 
@@ -630,7 +637,7 @@ mod tests {
         dead.handle_table(10, after, NO_ONE_LEFT);
         assert!(dead.decides(slot, 10));
         assert_eq!(
-            dead.window(slot),
+            dead.window(slot, 10),
             Some(Window::OwnerDeclaredDead { from: "c".into() })
         );
     }
@@ -662,7 +669,7 @@ mod tests {
         gave_up.handle_join_wait_expired();
         assert_eq!(gave_up.phase(), Phase::Alone);
         assert!(gave_up.decides(0, 0));
-        assert_eq!(gave_up.window(0), Some(Window::Alone));
+        assert_eq!(gave_up.window(0, 0), Some(Window::Alone));
         gave_up.handle_table(5, cluster, NO_ONE_LEFT);
         // It may hold state for slots others own: no announcement that it holds none.
         assert_eq!(actions(&mut gave_up), vec![Action::Joined]);

@@ -1271,7 +1271,7 @@ impl Sim {
             let a = machine;
             let b = &other.ownership;
             let split = !a.table().contains(b.me()) && !b.table().contains(a.me());
-            let by_machine = split || excuses(a, b, slot) || excuses(b, a, slot);
+            let by_machine = split || excuses(a, b, slot, now) || excuses(b, a, slot, now);
             let by_suspicion = mine.is_some() || theirs.is_some();
             let excused = self.config.excuse_windows && (by_machine || by_suspicion);
             if excused && !by_machine {
@@ -1287,7 +1287,7 @@ impl Sim {
                     "slot {slot} decided by {} ({how:?}, window {:?}) while {} decides it \
                      ({}{}, window {:?}); {} holds {} {:?}; tables of epochs {} {:?} and {} {:?}",
                     a.me(),
-                    mine.or(a.window(slot)),
+                    mine.or(a.window(slot, now)),
                     b.me(),
                     if tenure {
                         "its owner"
@@ -1295,7 +1295,7 @@ impl Sim {
                         "at this instant"
                     },
                     if other.stalled(now) { ", stalled" } else { "" },
-                    theirs.or(b.window(slot)),
+                    theirs.or(b.window(slot, now)),
                     a.me(),
                     b.me(),
                     life.membership.state_of(b.me()),
@@ -1579,7 +1579,7 @@ pub fn check_instant(
             continue;
         }
         doubled = true;
-        check_pairs(&deciders, slot as u16, excuse_windows)?;
+        check_pairs(&deciders, slot as u16, now_ns, excuse_windows)?;
     }
     Ok(doubled)
 }
@@ -1588,8 +1588,8 @@ pub fn check_instant(
 /// `other`'s hand-off expired, or `a` holds `other` dead; `a` decides alone; or `a` joined
 /// guessing the slot's previous owner was a node other than `other` (had it been `other`, `a`
 /// got the state from it, so `other` deciding still would be a fault).
-fn excuses(a: &Ownership, other: &Ownership, slot: u16) -> bool {
-    match a.window(slot) {
+fn excuses(a: &Ownership, other: &Ownership, slot: u16, now_ns: u64) -> bool {
+    match a.window(slot, now_ns) {
         None => false,
         Some(Window::Alone) => true,
         Some(Window::WaitExpired { from } | Window::OwnerDeclaredDead { from }) => {
@@ -1602,21 +1602,27 @@ fn excuses(a: &Ownership, other: &Ownership, slot: u16) -> bool {
 }
 
 /// Every pair among `deciders` of `slot` is excused (see [`check_instant`]).
-fn check_pairs(deciders: &[&Ownership], slot: u16, excuse_windows: bool) -> Result<(), String> {
+fn check_pairs(
+    deciders: &[&Ownership],
+    slot: u16,
+    now_ns: u64,
+    excuse_windows: bool,
+) -> Result<(), String> {
     for (i, a) in deciders.iter().enumerate() {
         for b in &deciders[i + 1..] {
             // Window 5: views split so neither table names the other (a partition, or each
             // holding the other dead): each side decides its own table's slots.
             let split = !a.table().contains(b.me()) && !b.table().contains(a.me());
-            let excused = excuse_windows && (split || excuses(a, b, slot) || excuses(b, a, slot));
+            let excused = excuse_windows
+                && (split || excuses(a, b, slot, now_ns) || excuses(b, a, slot, now_ns));
             if !excused {
                 return Err(format!(
                     "slot {slot} decided by {} and {} at once (windows {:?} and {:?}; tables of \
                      epochs {} {:?} and {} {:?})",
                     a.me(),
                     b.me(),
-                    a.window(slot),
-                    b.window(slot),
+                    a.window(slot, now_ns),
+                    b.window(slot, now_ns),
                     a.table().epoch(),
                     a.table().nodes(),
                     b.table().epoch(),
