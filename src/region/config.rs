@@ -35,6 +35,17 @@ pub struct ExchangeConfig {
     pub max_senders: usize,
     /// GCRA keys holding remote units their bucket could not take yet.
     pub max_backlog_keys: usize,
+    /// A sender's inbox that has received nothing for this long is forgotten (when a new
+    /// sender needs its place, and when the node sweeps). Safe because every message carries
+    /// the sender's settled point: an inbox made again starts where the sender's
+    /// unacknowledged messages start, and after far longer than `max_retransmit_ns` of silence
+    /// nothing was in flight (a sender sends what is unacknowledged again at least that
+    /// often). A sender cut off for longer with messages applied here but not acknowledged
+    /// would have those applied again (as after a restart of this node).
+    pub inbox_idle_ns: u64,
+    /// How far above the first missing sequence number a sender's message may be (at least
+    /// `max_in_flight`): [`super::DEDUPE_WINDOW`], smaller in simulations so a run passes it.
+    pub dedupe_window: u64,
 }
 
 impl Default for ExchangeConfig {
@@ -50,6 +61,8 @@ impl Default for ExchangeConfig {
             max_pending_keys: 65_536,
             max_senders: 1_024,
             max_backlog_keys: 65_536,
+            inbox_idle_ns: 600 * NANOS_PER_SEC,
+            dedupe_window: super::DEDUPE_WINDOW,
         }
     }
 }
@@ -65,21 +78,27 @@ impl ExchangeConfig {
 
     /// This configuration with every setting brought into its working range: intervals of at
     /// least 1 ms (a zero wait would resend forever within one `poll_transmit` loop), the
-    /// longest retransmission wait at least the first, every count at least 1.
+    /// longest retransmission wait at least the first, every count at least 1, an idle inbox
+    /// kept at least four of the longest retransmission waits, the window at least the
+    /// messages in flight.
     pub fn sanitized(self) -> Self {
         const MIN_NS: u64 = MS;
         let retransmit_ns = self.retransmit_ns.max(MIN_NS);
+        let max_retransmit_ns = self.max_retransmit_ns.max(retransmit_ns);
+        let max_in_flight = self.max_in_flight.max(1);
         ExchangeConfig {
             regions: self.regions.max(1),
             sync_interval_ns: self.sync_interval_ns.max(MIN_NS),
             retransmit_ns,
-            max_retransmit_ns: self.max_retransmit_ns.max(retransmit_ns),
+            max_retransmit_ns,
             unreachable_after_ns: self.unreachable_after_ns.max(MIN_NS),
-            max_in_flight: self.max_in_flight.max(1),
+            max_in_flight,
             max_deltas_per_message: self.max_deltas_per_message.max(1),
             max_pending_keys: self.max_pending_keys.max(1),
             max_senders: self.max_senders.max(1),
             max_backlog_keys: self.max_backlog_keys,
+            inbox_idle_ns: self.inbox_idle_ns.max(max_retransmit_ns.saturating_mul(4)),
+            dedupe_window: self.dedupe_window.max(max_in_flight as u64),
         }
     }
 
@@ -107,8 +126,12 @@ mod tests {
             max_pending_keys: 0,
             max_senders: 0,
             max_backlog_keys: 0,
+            inbox_idle_ns: 0,
+            dedupe_window: 0,
         }
         .sanitized();
+        assert_eq!(config.inbox_idle_ns, 4 * MS);
+        assert_eq!(config.dedupe_window, 1);
         assert_eq!(config.regions, 1);
         assert_eq!(config.retransmit_ns, MS);
         assert_eq!(config.max_retransmit_ns, MS);

@@ -9,6 +9,17 @@
 //!   acknowledgement; [`Exchange::handle_ack`] confirms what a peer applied.
 //! - [`Exchange::poll_transmit`] gives the next message to send (call until `None`);
 //!   [`Exchange::poll_timeout`] says when to call it again if nothing arrives.
+//!
+//! Across restarts: a node's exchange state lives only while it runs. A restarted sender has a
+//! new session and its receivers start its numbering again. A restarted receiver knows nothing
+//! of its senders, who keep their sessions: every message carries the sender's settled point,
+//! where a new inbox starts, and every acknowledgement the receiver's session, so a sender that
+//! sees a new one sends what is in flight again at once. Still not exact: a message applied by
+//! a receiver that restarted before its acknowledgement left (or a copy sent again that was
+//! still on its way) is applied again by the new incarnation. Where the receiver kept the
+//! bucket (a snapshot), those units count twice: it errs toward denying, by at most
+//! `max_in_flight` messages per sender. What a restarted sender had not had confirmed is lost
+//! to its destinations (its bucket holds it; theirs never will).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
@@ -42,6 +53,11 @@ pub struct ExchangeStats {
     /// Remote GCRA units beyond what a bucket may owe (`(R - 1)` bursts, reached only after a
     /// partition), forgiven rather than held.
     pub units_forgiven: u64,
+    /// Acknowledgements that showed a destination had restarted (what was in flight to it was
+    /// sent again at once).
+    pub receiver_restarts: u64,
+    /// Inboxes of senders idle past `inbox_idle_ns`, forgotten.
+    pub evicted_inboxes: u64,
 }
 
 /// One destination's side of the exchange, for metrics and status.
@@ -292,16 +308,30 @@ impl Exchange {
         }
         if !self.inboxes.contains_key(&batch.from) {
             if self.inboxes.len() >= self.config.max_senders {
+                self.evict_idle_inboxes(now_ns);
+            }
+            if self.inboxes.len() >= self.config.max_senders {
                 self.stats.refused_messages += 1;
                 return;
             }
-            self.inboxes
-                .insert(batch.from.clone(), Inbox::new(batch.session));
+            // A sender this node knows nothing of (new, or this node restarted, or its inbox
+            // was evicted): start at its settled point.
+            self.inboxes.insert(
+                batch.from.clone(),
+                Inbox::new(batch.session, batch.settled_below, now_ns),
+            );
         }
         let Some(inbox) = self.inboxes.get_mut(&batch.from) else {
             return;
         };
-        match inbox.arrive(batch.session, batch.seq) {
+        let window = self.config.dedupe_window;
+        match inbox.arrive(
+            batch.session,
+            batch.seq,
+            batch.settled_below,
+            window,
+            now_ns,
+        ) {
             Arrival::Apply => {
                 // Saturating: the units are a peer's claim, however large.
                 let units = batch
@@ -379,7 +409,9 @@ impl Exchange {
         }
     }
 
-    /// Confirms what `ack.from` applied of this node's messages.
+    /// Confirms what `ack.from` applied of this node's messages. An acknowledgement from a
+    /// later session of the destination than the last one seen (it restarted) makes what is
+    /// in flight to it due again at once.
     pub fn handle_ack(&mut self, now_ns: u64, ack: &DeltaAck) {
         if ack.session != self.session {
             self.stats.stale_messages += 1;
@@ -387,7 +419,36 @@ impl Exchange {
         }
         if let Some(outbox) = self.outboxes.get_mut(&ack.from) {
             outbox.acknowledge(ack.below, &ack.also, now_ns);
+            if let Some(session) = ack.receiver_session {
+                match outbox.receiver_session {
+                    Some(known) if session > known => {
+                        outbox.resend_now(now_ns, &self.config);
+                        self.stats.receiver_restarts += 1;
+                    }
+                    Some(known) if session < known => return,
+                    _ => {}
+                }
+                outbox.receiver_session = Some(session);
+            }
         }
+    }
+
+    /// Forgets the inboxes of senders that have sent nothing for
+    /// [`ExchangeConfig::inbox_idle_ns`] (see there why that is safe); returns how many. Called
+    /// when a new sender finds every place taken, and periodically by the node.
+    pub fn evict_idle_inboxes(&mut self, now_ns: u64) -> usize {
+        let before = self.inboxes.len();
+        let idle_ns = self.config.inbox_idle_ns;
+        self.inboxes
+            .retain(|_, inbox| now_ns.saturating_sub(inbox.last_arrival_ns) < idle_ns);
+        let evicted = before - self.inboxes.len();
+        self.stats.evicted_inboxes += evicted as u64;
+        evicted
+    }
+
+    /// Senders this node keeps an inbox for.
+    pub fn inbox_count(&self) -> usize {
+        self.inboxes.len()
     }
 
     /// The next message to send, if any is due at `now_ns`: acknowledgements first, then
@@ -479,5 +540,152 @@ impl Exchange {
     /// Remote GCRA units waiting for room in their bucket (for stats and tests).
     pub fn backlog_units(&self, key: BucketKey) -> u64 {
         self.backlog.get(&key).map_or(0, |e| e.1)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::region::{DEDUPE_WINDOW, Outgoing, RegionName};
+    use crate::{NANOS_PER_SEC, StoreConfig};
+
+    const MS: u64 = 1_000_000;
+
+    fn peer(region: &str) -> Peer {
+        Peer::new(RegionName::new(region).unwrap(), &format!("node-{region}"))
+    }
+
+    fn store() -> BucketStore {
+        BucketStore::new(StoreConfig {
+            max_keys: 64,
+            shards: 4,
+        })
+        .unwrap()
+    }
+
+    /// A node: its exchange and its store.
+    struct Node {
+        exchange: Exchange,
+        store: BucketStore,
+    }
+
+    impl Node {
+        fn new(region: &str, session: u64) -> Self {
+            Node {
+                exchange: Exchange::new(ExchangeConfig::for_regions(2), peer(region), session),
+                store: store(),
+            }
+        }
+
+        /// Admits `units` of the global key here, for the other node.
+        fn admit(&mut self, now: u64, units: u64, other: &Peer) {
+            let limit = Limit::gcra(1_000_000, NANOS_PER_SEC, 1_000_000).unwrap();
+            let key = BucketKey::for_key(b"global");
+            let decision = self
+                .exchange
+                .check_global(now, &self.store, key, &limit, units, &[other.clone()])
+                .unwrap();
+            assert!(decision.is_allowed());
+        }
+    }
+
+    /// Delivers `from`'s due messages to `to` (a perfect network); returns how many.
+    fn deliver(now: u64, from: &mut Node, to: &mut Node) -> usize {
+        let mut sent = 0;
+        while let Some(transmit) = from.exchange.poll_transmit(now) {
+            sent += 1;
+            match transmit.message {
+                Outgoing::Deltas(batch) => to.exchange.handle_deltas(now, &batch, &to.store),
+                Outgoing::Ack(ack) => to.exchange.handle_ack(now, &ack),
+            }
+        }
+        sent
+    }
+
+    fn settle(now: u64, a: &mut Node, b: &mut Node) {
+        while deliver(now, a, b) + deliver(now, b, a) > 0 {}
+    }
+
+    /// A receiver restarted while its sender was past the sequence window: the sender's next
+    /// message starts the new inbox at the settled point, so it is applied and acknowledged at
+    /// once, and the link stays reachable (before, it was refused as out of window forever).
+    #[test]
+    fn a_restarted_receiver_applies_a_sender_past_the_window_at_once() {
+        let (mut a, mut b) = (Node::new("a", 1), Node::new("b", 1));
+        let mut now = NANOS_PER_SEC;
+        for _ in 0..DEDUPE_WINDOW + 100 {
+            a.admit(now, 1, &peer("b"));
+            settle(now, &mut a, &mut b);
+            now += 100 * MS;
+        }
+        assert!(a.exchange.is_idle());
+        assert_eq!(b.exchange.applied_from(&peer("a")), DEDUPE_WINDOW + 100);
+        // b restarts: a new session, its exchange state gone, its store kept.
+        b.exchange = Exchange::new(ExchangeConfig::for_regions(2), peer("b"), 2);
+        a.admit(now, 3, &peer("b"));
+        settle(now, &mut a, &mut b);
+        assert_eq!(b.exchange.applied_from(&peer("a")), 3);
+        assert!(a.exchange.is_idle(), "the 3 units were confirmed");
+        assert!(
+            a.exchange
+                .is_reachable(&peer("b"), now + 10 * NANOS_PER_SEC)
+        );
+        assert_eq!(b.exchange.stats().refused_messages, 0);
+    }
+
+    /// What was in flight when the receiver restarted goes again as soon as an acknowledgement
+    /// shows the new session, not after the doubling wait.
+    #[test]
+    fn a_new_receiver_session_sends_what_is_in_flight_again_at_once() {
+        let (mut a, mut b) = (Node::new("a", 1), Node::new("b", 1));
+        let now = NANOS_PER_SEC;
+        a.admit(now, 1, &peer("b"));
+        settle(now, &mut a, &mut b);
+        // A message of 2 units goes out and is lost; b restarts.
+        a.admit(now + 200 * MS, 2, &peer("b"));
+        assert!(a.exchange.poll_transmit(now + 200 * MS).is_some());
+        b.exchange = Exchange::new(ExchangeConfig::for_regions(2), peer("b"), 2);
+        // The next message reaches the new b, whose acknowledgement names its session: the
+        // lost one is due at once.
+        let later = now + 400 * MS;
+        a.admit(later, 4, &peer("b"));
+        settle(later, &mut a, &mut b);
+        assert_eq!(b.exchange.applied_from(&peer("a")), 6);
+        assert!(a.exchange.is_idle());
+        assert_eq!(a.exchange.stats().receiver_restarts, 1);
+    }
+
+    /// A sender idle past `inbox_idle_ns` loses its inbox when a new sender needs the place;
+    /// its next message starts a new one at its settled point, applied once.
+    #[test]
+    fn idle_inboxes_are_evicted_and_come_back_at_the_settled_point() {
+        let config = ExchangeConfig {
+            max_senders: 1,
+            ..ExchangeConfig::for_regions(3)
+        };
+        let (mut a, mut c) = (Node::new("a", 1), Node::new("c", 1));
+        let mut b = Node {
+            exchange: Exchange::new(config, peer("b"), 1),
+            store: store(),
+        };
+        let now = NANOS_PER_SEC;
+        for i in 0..3 {
+            a.admit(now + i * 200 * MS, 1, &peer("b"));
+            settle(now + i * 200 * MS, &mut a, &mut b);
+        }
+        // c is refused while a's inbox is fresh ...
+        c.admit(now, 1, &peer("b"));
+        settle(now, &mut c, &mut b);
+        assert_eq!(b.exchange.stats().refused_messages, 1);
+        // ... and takes its place once a has been idle long enough.
+        let idle = now + 400 * MS + b.exchange.config().inbox_idle_ns;
+        settle(idle + 400 * MS, &mut c, &mut b);
+        assert_eq!(b.exchange.applied_from(&peer("c")), 1);
+        assert_eq!(b.exchange.stats().evicted_inboxes, 1);
+        assert_eq!(b.exchange.inbox_count(), 1);
+        assert_eq!(b.exchange.evict_idle_inboxes(idle), 0);
+        // Everything c sent is confirmed, so a periodic sweep later forgets it too.
+        let much_later = idle + 400 * MS + b.exchange.config().inbox_idle_ns;
+        assert_eq!(b.exchange.evict_idle_inboxes(much_later), 1);
     }
 }

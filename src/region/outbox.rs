@@ -31,6 +31,8 @@ pub(super) struct Outbox {
     next_flush_ns: u64,
     /// Messages sent again (for stats).
     pub(super) retransmissions: u64,
+    /// The destination's own session, as its acknowledgements last said.
+    pub(super) receiver_session: Option<u64>,
 }
 
 impl Outbox {
@@ -50,6 +52,7 @@ impl Outbox {
             progress_ns: 0,
             next_flush_ns: 0,
             retransmissions: 0,
+            receiver_session: None,
         }
     }
 
@@ -196,6 +199,16 @@ impl Outbox {
         }
         if self.in_flight.len() < before {
             self.progress_ns = now_ns;
+        }
+    }
+
+    /// The destination restarted: what is in flight has not reached its new incarnation (or
+    /// was applied by the old one and its acknowledgement lost), so it is due again now, its
+    /// wait back to the first one, rather than after a doubled wait.
+    pub(super) fn resend_now(&mut self, now_ns: u64, config: &ExchangeConfig) {
+        for message in &mut self.in_flight {
+            message.resend_at_ns = now_ns;
+            message.wait_ns = config.retransmit_ns / 2;
         }
     }
 
