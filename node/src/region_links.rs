@@ -5,12 +5,12 @@
 
 use std::sync::Arc;
 
-use floodgate::region::Peer;
+use floodgate::region::{Outgoing, Peer};
 
 use tokio::sync::watch;
 
 use crate::cluster::Cluster;
-use crate::region_sync::RegionLinks;
+use crate::region_sync::{RegionLinks, encode_region_frame};
 use crate::state::Shared;
 
 /// How often the exchange's per-region metrics are published.
@@ -21,17 +21,15 @@ pub(crate) struct PeerLinks {
 }
 
 impl RegionLinks for PeerLinks {
-    fn send(&self, to: &Peer, frame: Vec<u8>) {
+    fn send(&self, to: &Peer, message: Outgoing) {
         // A peer the membership no longer knows: dropped, sent again once its region's ring
         // names an owner the membership knows.
         let Some(addr) = self.cluster.addr_of(&to.node) else {
             return;
         };
-        // Byte 3 of the header is the kind: 13 deltas, 14 acknowledgements.
-        let kind = if frame.get(3) == Some(&13) {
-            "deltas"
-        } else {
-            "ack"
+        let kind = match message {
+            Outgoing::Deltas(_) => "deltas",
+            Outgoing::Ack(_) => "ack",
         };
         metrics::counter!(
             "floodgate_region_frames_sent_total",
@@ -39,15 +37,23 @@ impl RegionLinks for PeerLinks {
             "kind" => kind,
         )
         .increment(1);
-        drop(self.cluster.peers.send(addr, frame));
+        // Encoded for the version the connection to the peer agreed on: version 4's layout
+        // only to a peer that reads it.
+        drop(
+            self.cluster
+                .peers
+                .send_with(addr, move |version| encode_region_frame(version, &message)),
+        );
     }
 }
 
 /// Until shutdown: when the owners change, drops the destinations whose region's ring goes on
 /// without them (their unconfirmed units are lost to that region and stop holding admissions
 /// back; new units go to the new owner, found at the next check; a region with no owner in
-/// sight keeps its deltas waiting), and every second publishes per peer region: keys with deltas
-/// waiting, unconfirmed units, retransmissions, the delta lag.
+/// sight keeps its deltas waiting), and every second forgets the inboxes of senders idle past
+/// the exchange's `inbox_idle_ns` (every restarted node in another region is a new sender) and
+/// publishes per peer region: keys with deltas waiting, unconfirmed units, retransmissions, the
+/// delta lag.
 pub(crate) async fn follow_rings(shared: Arc<Shared>, mut shutdown: watch::Receiver<bool>) {
     let mut tables = shared.cluster.watch_table();
     let mut ticker = tokio::time::interval(METRICS_INTERVAL);
@@ -64,7 +70,10 @@ pub(crate) async fn follow_rings(shared: Arc<Shared>, mut shutdown: watch::Recei
                     metrics::counter!("floodgate_region_units_dropped_total").increment(lost);
                 }
             }
-            _ = ticker.tick() => publish(&shared),
+            _ = ticker.tick() => {
+                shared.region_sync.evict_idle_inboxes();
+                publish(&shared);
+            }
             _ = shutdown.changed() => return,
         }
     }

@@ -9,17 +9,29 @@ use std::time::Duration;
 
 use floodgate::region::{Exchange, ExchangeStats, Outgoing, Peer};
 use floodgate::wire::{
-    BASE_LAYOUT, ErrorCode, FrameKind, decode_region_ack, decode_region_deltas, encode_region_ack,
+    ErrorCode, FrameKind, decode_region_ack, decode_region_deltas, encode_region_ack,
     encode_region_deltas,
 };
 use floodgate::{BucketKey, BucketStore, Check, Clock, Decision, Limit, StoreError};
 use parking_lot::Mutex;
 use tokio::sync::{Notify, watch};
 
-/// Where the driver's frames go: one encoded frame for one peer, best effort. A frame that is
-/// lost is sent again by the exchange until acknowledged, so a link may drop on failure.
+/// Where the driver's messages go: one message for one peer, best effort, encoded by
+/// [`encode_region_frame`] for the protocol version the link to that peer speaks. A message
+/// that is lost is sent again by the exchange until acknowledged, so a link may drop on failure.
 pub trait RegionLinks: Send + Sync + 'static {
-    fn send(&self, to: &Peer, frame: Vec<u8>);
+    fn send(&self, to: &Peer, message: Outgoing);
+}
+
+/// `message` as a frame for a peer speaking `version`: version 4's layout (the settled point,
+/// the receiver's session) to a peer that reads it, version 2's to one that does not.
+pub fn encode_region_frame(version: u8, message: &Outgoing) -> Vec<u8> {
+    let mut frame = Vec::new();
+    match message {
+        Outgoing::Deltas(batch) => encode_region_deltas(&mut frame, version, batch),
+        Outgoing::Ack(ack) => encode_region_ack(&mut frame, version, ack),
+    }
+    frame
 }
 
 /// One node's exchange with the owners of its global keys in the other regions.
@@ -223,12 +235,7 @@ impl<C: Clock> RegionSync<C> {
             let Some(transmit) = exchange.poll_transmit(now) else {
                 break;
             };
-            let mut frame = Vec::new();
-            match &transmit.message {
-                Outgoing::Deltas(batch) => encode_region_deltas(&mut frame, BASE_LAYOUT, batch),
-                Outgoing::Ack(ack) => encode_region_ack(&mut frame, BASE_LAYOUT, ack),
-            }
-            links.send(&transmit.to, frame);
+            links.send(&transmit.to, transmit.message);
         }
         exchange.poll_timeout()
     }
@@ -277,6 +284,40 @@ impl<C: Clock> RegionSync<C> {
     /// True when everything this node admitted has been confirmed by every destination.
     pub fn is_idle(&self) -> bool {
         self.exchange.lock().is_idle()
+    }
+
+    /// For a graceful stop: sends every pending delta now, then waits (at most `limit`) until
+    /// every destination has confirmed all this node admitted, while the sender task and the
+    /// peer endpoint still run. Returns the units left unconfirmed (lost to their destinations
+    /// once this node stops: its next session starts afresh).
+    pub async fn drain(&self, limit: Duration) -> u64 {
+        let mut changes = self.subscribe();
+        self.exchange.lock().flush_pending_now(self.clock.now_ns());
+        // Only the sender task needs to hear of it (no change to count: a subscriber may hold
+        // the counter's value borrowed).
+        self.wake.notify_one();
+        let _ = tokio::time::timeout(limit, async {
+            while !self.is_idle() {
+                if changes.changed().await.is_err() {
+                    return;
+                }
+            }
+        })
+        .await;
+        self.unconfirmed_units()
+    }
+
+    /// Units admitted here that some destination has not confirmed, over every destination.
+    pub fn unconfirmed_units(&self) -> u64 {
+        self.destinations()
+            .iter()
+            .fold(0, |sum, d| sum.saturating_add(d.unconfirmed_units))
+    }
+
+    /// Forgets the inboxes of senders idle past the exchange's `inbox_idle_ns`; returns how
+    /// many.
+    pub fn evict_idle_inboxes(&self) -> usize {
+        self.exchange.lock().evict_idle_inboxes(self.clock.now_ns())
     }
 
     pub fn stats(&self) -> ExchangeStats {

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use floodgate::region::{Exchange, ExchangeConfig, Peer, RegionName};
+use floodgate::region::{Exchange, ExchangeConfig, Outgoing, Peer, RegionName};
 use floodgate::wire::{ErrorCode, FrameKind, FrameReader, RegionDeltasMessage, encode_message};
 use floodgate::{BucketKey, BucketStore, Clock, Limit, NANOS_PER_SEC, StoreConfig};
 use region_sync::{RegionLinks, RegionSync};
@@ -27,15 +27,21 @@ impl Clock for TestClock {
     }
 }
 
-/// Frames to each peer's inbox channel, dropping the first `drop_first` of them.
+/// Frames to each peer's inbox channel, encoded for `version`, dropping the first `drop_first`
+/// of them.
 struct ChannelLinks {
     from: String,
     inboxes: HashMap<Peer, mpsc::UnboundedSender<(String, Vec<u8>)>>,
     drop_first: AtomicUsize,
+    version: u8,
+    /// The version byte of every frame sent, in order.
+    layouts: std::sync::Mutex<Vec<u8>>,
 }
 
 impl RegionLinks for ChannelLinks {
-    fn send(&self, to: &Peer, frame: Vec<u8>) {
+    fn send(&self, to: &Peer, message: Outgoing) {
+        let frame = region_sync::encode_region_frame(self.version, &message);
+        self.layouts.lock().unwrap().push(frame[2]);
         let dropped = self
             .drop_first
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
@@ -86,6 +92,15 @@ async fn deliver(sync: Arc<Sync>, mut inbox: mpsc::UnboundedReceiver<(String, Ve
 
 /// Two drivers (regions a and b) running over channel links; `a` drops its first frames.
 fn pair(drop_first: usize) -> (Arc<Sync>, Arc<Sync>, watch::Sender<bool>) {
+    let (a, b, stop, _) = pair_at(drop_first, floodgate::protocol::NEWEST);
+    (a, b, stop)
+}
+
+/// As [`pair`], the links speaking protocol `version`; also `a`'s links.
+fn pair_at(
+    drop_first: usize,
+    version: u8,
+) -> (Arc<Sync>, Arc<Sync>, watch::Sender<bool>, Arc<ChannelLinks>) {
     let clock = TestClock(Instant::now());
     let (a, b) = (driver("a", clock), driver("b", clock));
     let (to_a, inbox_a) = mpsc::unbounded_channel();
@@ -95,20 +110,24 @@ fn pair(drop_first: usize) -> (Arc<Sync>, Arc<Sync>, watch::Sender<bool>) {
         from: "node-a".to_owned(),
         inboxes: HashMap::from([(peer("b"), to_b)]),
         drop_first: AtomicUsize::new(drop_first),
+        version,
+        layouts: Default::default(),
     });
     let links_b = Arc::new(ChannelLinks {
         from: "node-b".to_owned(),
         inboxes: HashMap::from([(peer("a"), to_a)]),
         drop_first: AtomicUsize::new(0),
+        version,
+        layouts: Default::default(),
     });
-    for (sync, links) in [(&a, links_a as Arc<dyn RegionLinks>), (&b, links_b)] {
+    for (sync, links) in [(&a, links_a.clone() as Arc<dyn RegionLinks>), (&b, links_b)] {
         let sync = Arc::clone(sync);
         let shutdown = shutdown.clone();
         tokio::spawn(async move { sync.run(links, shutdown).await });
     }
     tokio::spawn(deliver(Arc::clone(&a), inbox_a));
     tokio::spawn(deliver(Arc::clone(&b), inbox_b));
-    (a, b, stop)
+    (a, b, stop, links_a)
 }
 
 /// Waits (at most 10 s) until `done` holds, re-checking on every change either driver makes.
@@ -160,6 +179,48 @@ async fn admitted_units_reach_the_other_region_once_even_after_losses() {
         })
         .count();
     assert!((1..=5).contains(&more), "{more}");
+    stop.send_replace(true);
+}
+
+/// A link to a peer speaking version 3 or less gets version 2's layout of kinds 13 and 14; one
+/// speaking 4 gets version 4's (the settled point, the receiver's session). Both converge.
+#[tokio::test]
+async fn each_link_gets_the_layout_of_its_version() {
+    for (version, layout) in [(3, 2), (floodgate::protocol::NEWEST, 4)] {
+        let (a, b, stop, links) = pair_at(0, version);
+        let limit = Limit::gcra(10, NANOS_PER_SEC, 10).unwrap();
+        let key = BucketKey::for_key(b"tenant:acme");
+        assert!(
+            a.check_global(key, &limit, 2, &[peer("b")])
+                .unwrap()
+                .is_allowed()
+        );
+        wait_until(&a, &b, || a.is_idle() && b.applied_from(&peer("a")) == 2).await;
+        let layouts = links.layouts.lock().unwrap().clone();
+        assert!(!layouts.is_empty());
+        assert!(
+            layouts.iter().all(|&l| l == layout),
+            "{version}: {layouts:?}"
+        );
+        stop.send_replace(true);
+    }
+}
+
+/// A graceful stop's drain sends pending deltas at once and returns when they are confirmed.
+#[tokio::test]
+async fn a_drain_returns_once_everything_is_confirmed() {
+    let (a, b, stop) = pair(1);
+    let limit = Limit::gcra(10, NANOS_PER_SEC, 10).unwrap();
+    let key = BucketKey::for_key(b"tenant:acme");
+    assert!(
+        a.check_global(key, &limit, 3, &[peer("b")])
+            .unwrap()
+            .is_allowed()
+    );
+    assert_eq!(a.unconfirmed_units(), 3);
+    assert_eq!(a.drain(Duration::from_secs(10)).await, 0);
+    assert!(a.is_idle());
+    assert_eq!(b.applied_from(&peer("a")), 3);
     stop.send_replace(true);
 }
 

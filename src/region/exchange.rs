@@ -433,6 +433,14 @@ impl Exchange {
         }
     }
 
+    /// Makes every destination's pending deltas due at `now_ns` rather than at the next sync
+    /// interval (a node about to stop sends what it has).
+    pub fn flush_pending_now(&mut self, now_ns: u64) {
+        for outbox in self.outboxes.values_mut() {
+            outbox.flush_at(now_ns);
+        }
+    }
+
     /// Forgets the inboxes of senders that have sent nothing for
     /// [`ExchangeConfig::inbox_idle_ns`] (see there why that is safe); returns how many. Called
     /// when a new sender finds every place taken, and periodically by the node.
@@ -444,6 +452,11 @@ impl Exchange {
         let evicted = before - self.inboxes.len();
         self.stats.evicted_inboxes += evicted as u64;
         evicted
+    }
+
+    /// Messages numbered so far for `dest` in this session.
+    pub fn sent_to(&self, dest: &Peer) -> u64 {
+        self.outboxes.get(dest).map_or(0, |o| o.next_seq() - 1)
     }
 
     /// Senders this node keeps an inbox for.

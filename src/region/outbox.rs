@@ -202,6 +202,11 @@ impl Outbox {
         }
     }
 
+    /// Pending deltas go at `now_ns` (or at once, if due already), not at the next interval.
+    pub(super) fn flush_at(&mut self, now_ns: u64) {
+        self.next_flush_ns = self.next_flush_ns.min(now_ns);
+    }
+
     /// The destination restarted: what is in flight has not reached its new incarnation (or
     /// was applied by the old one and its acknowledgement lost), so it is due again now, its
     /// wait back to the first one, rather than after a doubled wait.

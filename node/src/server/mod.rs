@@ -36,6 +36,9 @@ use sweeper::sweep_loop;
 
 /// How long shutdown waits for in-flight work before closing connections regardless.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long a graceful stop waits for the other regions to confirm the global units this node
+/// admitted.
+const REGION_DRAIN_TIMEOUT: Duration = Duration::from_secs(2);
 /// How long a leaving node keeps answering after its leave: clients refetch the table at least
 /// every second and at once when a link drops, so most have moved on by then.
 const LEAVE_LINGER: Duration = Duration::from_millis(300);
@@ -336,7 +339,8 @@ impl Node {
         self.endpoint.close(quinn::VarInt::from_u32(0), b"");
     }
 
-    /// Graceful stop: refuse new connections, answer every frame already received, finish each
+    /// Graceful stop: leave, wait (bounded) for the other regions to confirm the global units
+    /// admitted here, refuse new connections, answer every frame already received, finish each
     /// stream, close connections with `ShuttingDown`, and wait (bounded) for peers to see it.
     pub async fn shutdown(mut self) {
         self.shared.ready.store(false, Ordering::Relaxed);
@@ -345,6 +349,17 @@ impl Node {
         self.shared.cluster.leave().await;
         if !self.shared.cluster.table().nodes().is_empty() {
             tokio::time::sleep(LEAVE_LINGER).await;
+        }
+        // Global units admitted here and not yet confirmed by the other regions would be lost
+        // to them with this session: send them now and wait (bounded) for the acknowledgements,
+        // while the sender task and the peer endpoint still run.
+        let unconfirmed = self.shared.region_sync.drain(REGION_DRAIN_TIMEOUT).await;
+        if unconfirmed > 0 {
+            tracing::warn!(
+                units = unconfirmed,
+                "shutdown: global units admitted here were not confirmed by every other region \
+                 within {REGION_DRAIN_TIMEOUT:?}; those regions will not count them"
+            );
         }
         let _ = self.shutdown.send(true);
         let drained = tokio::time::timeout(DRAIN_TIMEOUT, async {
