@@ -12,6 +12,15 @@
 //!   region has confirmed all it admitted, and each region applied from each other region
 //!   exactly the units that region admitted (never more, at any time).
 //!
+//! With restarts ([`SimConfig::with_restarts`]): a node starts again with a new session and no
+//! exchange state, its bucket store kept (a snapshot) or lost, as the seed chooses, while the
+//! others keep their sessions past the (small) sequence window. Then exactly-once is judged per
+//! sender session: no unit it had confirmed is missing at a destination, no incarnation of a
+//! destination applies one message twice, and the messages applied again by a restarted
+//! destination (applied before it restarted, not yet acknowledged) stay within `max_in_flight`
+//! per restart. [`SimConfig::strip_resync`] is the control: messages lose their settled point
+//! and receiver session on the way (as version 2's layout), and the checker must catch it.
+//!
 //! Deterministic: every choice comes from one [`SplitMix64`] seeded by [`SimConfig::seed`], so a
 //! failure names its seed and replays exactly (the tests read `FLOODGATE_SIM_SEED`). Drive one
 //! run with [`run`]; it returns a [`SimReport`] or a [`SimFailure`] carrying the seed and the
@@ -21,7 +30,7 @@ mod network;
 mod oracle;
 mod traffic;
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::fmt;
 
 pub use self::network::{NetworkConfig, Partition};
@@ -66,6 +75,20 @@ pub struct SimConfig {
     /// Before the partition, the regions must admit at least this share (in percent) of what
     /// one exact limiter admits of the same requests.
     pub min_throughput_percent: u64,
+    /// Node restarts, in time order (inside the partition's span, so the bound of that regime
+    /// covers what a lost bucket or lost unconfirmed units let through).
+    pub restarts: Vec<Restart>,
+    /// Mutation control: messages lose their settled point and receiver session in transit.
+    pub strip_resync: bool,
+}
+
+/// A node starting again at `at_ns`: a new session, no exchange state; its bucket store kept
+/// (restored from a snapshot) or lost.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Restart {
+    pub at_ns: u64,
+    pub region: usize,
+    pub keep_store: bool,
 }
 
 impl SimConfig {
@@ -109,7 +132,37 @@ impl SimConfig {
             },
             bound_regions: regions,
             min_throughput_percent: 40,
+            restarts: Vec::new(),
+            strip_resync: false,
         }
+    }
+
+    /// The standard run with one or two node restarts during the partition's span (which
+    /// region, when, and whether its store survives from the seed; at most one store lost), and
+    /// a sequence window of 16 messages, so the other nodes are past it when one restarts.
+    pub fn with_restarts(seed: u64, algorithm: Algorithm) -> Self {
+        let mut config = SimConfig::for_seed(seed, algorithm);
+        config.exchange.dedupe_window = config.exchange.max_in_flight as u64;
+        let Some(partition) = config.network.partition else {
+            return config;
+        };
+        let mut rng = SplitMix64::new(seed ^ 0x7e57_a27e_d000);
+        let count = rng.range(1, 2);
+        let mut lost = false;
+        let mut restarts: Vec<Restart> = (0..count)
+            .map(|_| {
+                let keep_store = lost || rng.chance(500_000);
+                lost |= !keep_store;
+                Restart {
+                    at_ns: rng.range(partition.start_ns, partition.end_ns - 1),
+                    region: rng.range(0, config.regions as u64 - 1) as usize,
+                    keep_store,
+                }
+            })
+            .collect();
+        restarts.sort_by_key(|r| r.at_ns);
+        config.restarts = restarts;
+        config
     }
 
     /// The bounds this run is judged by. Normal: `(R - 1) * max(share, largest cost)`.
@@ -164,6 +217,9 @@ pub struct SimReport {
     pub duplicated: u64,
     pub retransmissions: u64,
     pub denied_by_share: u64,
+    /// Restarts at which some other node had sent the restarted one more messages than the
+    /// sequence window holds.
+    pub restarts_past_window: u64,
     /// Before the partition: units admitted, and what one exact limiter would have admitted
     /// of the same requests (the throughput the admission rule costs).
     pub admitted_before_cut: u64,
@@ -261,11 +317,7 @@ pub fn run(config: &SimConfig) -> Result<SimReport, SimFailure> {
     let mut regions: Vec<Region> = peers
         .iter()
         .map(|me| Region {
-            store: BucketStore::new(StoreConfig {
-                max_keys: 1_024,
-                shards: 4,
-            })
-            .unwrap_or_else(|_| unreachable!("a valid store size")),
+            store: sim_store(),
             exchange: Exchange::new(config.exchange, me.clone(), 1),
             others: peers.iter().filter(|p| *p != me).cloned().collect(),
             admitted: 0,
@@ -279,6 +331,13 @@ pub fn run(config: &SimConfig) -> Result<SimReport, SimFailure> {
     let cut_at = config.bounds().partition_start_ns.min(config.traffic_ns);
     let mut asked_before_cut: Vec<(u64, u64)> = Vec::new();
     let end_ns = config.traffic_ns + config.drain_ns;
+    let mut ledger = Ledger {
+        sessions: vec![1; config.regions],
+        restarts_of: vec![0; config.regions],
+        ..Ledger::default()
+    };
+    let mut next_restart = 0usize;
+    let mut restarts_past_window = 0u64;
     let mut now = 0u64;
     let mut events = 0u64;
     loop {
@@ -293,6 +352,7 @@ pub fn run(config: &SimConfig) -> Result<SimReport, SimFailure> {
                 .iter()
                 .filter_map(|r| r.exchange.poll_timeout())
                 .min(),
+            config.restarts.get(next_restart).map(|r| r.at_ns),
         ]
         .into_iter()
         .flatten()
@@ -303,11 +363,49 @@ pub fn run(config: &SimConfig) -> Result<SimReport, SimFailure> {
         }
         now = now.max(next);
 
-        while let Some(m) = network.receive(now) {
+        while let Some(restart) = config.restarts.get(next_restart).filter(|r| r.at_ns <= now) {
+            next_restart += 1;
+            let i = restart.region;
+            let window = regions[i].exchange.config().dedupe_window;
+            if (0..config.regions)
+                .any(|j| j != i && regions[j].exchange.sent_to(&peers[i]) > window)
+            {
+                restarts_past_window += 1;
+            }
+            ledger.restart(i, &regions[i].exchange, &peers, key, now);
+            regions[i].exchange =
+                Exchange::new(config.exchange, peers[i].clone(), ledger.sessions[i]);
+            if !restart.keep_store {
+                regions[i].store = sim_store();
+            }
+            trace.push(|| {
+                format!(
+                    "{} r{i} restarts, session {}, store {}",
+                    ms(now),
+                    ledger.sessions[i],
+                    if restart.keep_store { "kept" } else { "lost" }
+                )
+            });
+        }
+
+        while let Some(mut m) = network.receive(now) {
+            if config.strip_resync {
+                match &mut m.message {
+                    Outgoing::Deltas(batch) => batch.settled_below = None,
+                    Outgoing::Ack(ack) => ack.receiver_session = None,
+                }
+            }
             let to = &mut regions[m.to];
             match &m.message {
                 Outgoing::Deltas(batch) => {
+                    let before = to.exchange.applied_from(&peers[m.from]);
                     to.exchange.handle_deltas(now, batch, &to.store);
+                    let units = to.exchange.applied_from(&peers[m.from]) - before;
+                    if units > 0 {
+                        ledger
+                            .applied(m.to, m.from, batch, units)
+                            .map_err(|what| fail(what, &trace))?;
+                    }
                     trace.push(|| {
                         let units: u64 = batch.deltas.iter().map(|d| d.units).sum();
                         format!(
@@ -365,6 +463,10 @@ pub fn run(config: &SimConfig) -> Result<SimReport, SimFailure> {
                 .map_err(|e| fail(format!("store error: {e}"), &trace))?;
             if decision.is_allowed() {
                 region.admitted += arrival.cost;
+                *ledger
+                    .admitted
+                    .entry((arrival.region, ledger.sessions[arrival.region]))
+                    .or_insert(0) += arrival.cost;
                 admissions.push(Admission {
                     at_ns: now,
                     region: arrival.region,
@@ -436,7 +538,7 @@ pub fn run(config: &SimConfig) -> Result<SimReport, SimFailure> {
         }
         for (j, sender) in regions.iter().enumerate() {
             let applied = region.exchange.applied_from(&peers[j]);
-            if j != i && applied != sender.admitted {
+            if config.restarts.is_empty() && j != i && applied != sender.admitted {
                 return Err(fail(
                     format!(
                         "r{i} applied {applied} units from r{j}, which admitted {}: not exactly once",
@@ -447,6 +549,10 @@ pub fn run(config: &SimConfig) -> Result<SimReport, SimFailure> {
             }
         }
     }
+    let max_in_flight = config.exchange.max_in_flight as u64;
+    ledger
+        .judge(&regions, &peers, key, max_in_flight)
+        .map_err(|what| fail(what, &trace))?;
     let stats: Vec<_> = regions.iter().map(|r| r.exchange.stats()).collect();
     Ok(SimReport {
         seed: config.seed,
@@ -460,10 +566,138 @@ pub fn run(config: &SimConfig) -> Result<SimReport, SimFailure> {
         duplicated: network.duplicated,
         retransmissions: stats.iter().map(|s| s.retransmissions).sum(),
         denied_by_share: stats.iter().map(|s| s.denied_by_share).sum(),
+        restarts_past_window,
         admitted_before_cut,
         exact_before_cut,
         digest: trace.digest.value(),
     })
+}
+
+fn sim_store() -> BucketStore {
+    BucketStore::new(StoreConfig {
+        max_keys: 1_024,
+        shards: 4,
+    })
+    .unwrap_or_else(|_| unreachable!("a valid store size"))
+}
+
+/// Exactly-once across restarts, per sender session: what each session admitted and had
+/// confirmed, and what each destination applied of it (in all its incarnations, and in the
+/// current one).
+#[derive(Debug, Default)]
+struct Ledger {
+    /// Each region's current session.
+    sessions: Vec<u64>,
+    restarts_of: Vec<u64>,
+    /// (region, session) -> units admitted.
+    admitted: HashMap<(usize, u64), u64>,
+    /// (sender, session, destination) -> units confirmed, for sessions that ended.
+    confirmed: HashMap<(usize, u64, usize), u64>,
+    /// (destination, sender, session) -> units applied, in every incarnation / in this one.
+    applied: HashMap<(usize, usize, u64), u64>,
+    applied_now: HashMap<(usize, usize, u64), u64>,
+    /// (destination, sender, session, seq) applied by the destination's current incarnation,
+    /// and by how many incarnations in all.
+    this_life: HashSet<(usize, usize, u64, u64)>,
+    lives: HashMap<(usize, usize, u64, u64), u64>,
+    /// (destination, sender, session) -> messages applied by more than one incarnation.
+    reapplied: HashMap<(usize, usize, u64), u64>,
+}
+
+impl Ledger {
+    /// Region `i` restarts: its session's confirmations are final, its next session begins,
+    /// and its current incarnation's applications are forgotten.
+    fn restart(&mut self, i: usize, old: &Exchange, peers: &[Peer], key: BucketKey, now: u64) {
+        let session = self.sessions[i];
+        let admitted = self.admitted.get(&(i, session)).copied().unwrap_or(0);
+        for (j, peer) in peers.iter().enumerate().filter(|(j, _)| *j != i) {
+            let confirmed = admitted.saturating_sub(old.unconfirmed(peer, key));
+            self.confirmed.insert((i, session, j), confirmed);
+        }
+        self.sessions[i] = now.max(session + 1);
+        self.restarts_of[i] += 1;
+        self.applied_now.retain(|k, _| k.0 != i);
+        self.this_life.retain(|k| k.0 != i);
+    }
+
+    /// `to` applied `units` of `batch` from `from`.
+    fn applied(
+        &mut self,
+        to: usize,
+        from: usize,
+        batch: &super::delta::DeltaBatch,
+        units: u64,
+    ) -> Result<(), String> {
+        let session = (to, from, batch.session);
+        *self.applied.entry(session).or_insert(0) += units;
+        let now = self.applied_now.entry(session).or_insert(0);
+        *now += units;
+        let admitted = self
+            .admitted
+            .get(&(from, batch.session))
+            .copied()
+            .unwrap_or(0);
+        if *now > admitted {
+            return Err(format!(
+                "r{to} applied {now} units of r{from}'s session {}, which admitted only {admitted}",
+                batch.session
+            ));
+        }
+        let message = (to, from, batch.session, batch.seq);
+        if !self.this_life.insert(message) {
+            return Err(format!(
+                "r{to} applied message {} of r{from}'s session {} twice",
+                batch.seq, batch.session
+            ));
+        }
+        let lives = self.lives.entry(message).or_insert(0);
+        *lives += 1;
+        if *lives > 1 {
+            *self.reapplied.entry(session).or_insert(0) += 1;
+        }
+        Ok(())
+    }
+
+    /// After the run: no destination lacks a unit a sender session had confirmed, and what a
+    /// restarted destination applied again stays within `max_in_flight` messages per restart.
+    fn judge(
+        &self,
+        regions: &[Region],
+        peers: &[Peer],
+        key: BucketKey,
+        max_in_flight: u64,
+    ) -> Result<(), String> {
+        for (&(from, session), &admitted) in &self.admitted {
+            for to in (0..peers.len()).filter(|&to| to != from) {
+                let confirmed = if session == self.sessions[from] {
+                    admitted.saturating_sub(regions[from].exchange.unconfirmed(&peers[to], key))
+                } else {
+                    self.confirmed
+                        .get(&(from, session, to))
+                        .copied()
+                        .unwrap_or(0)
+                };
+                let applied = self.applied.get(&(to, from, session)).copied().unwrap_or(0);
+                if applied < confirmed {
+                    return Err(format!(
+                        "r{to} applied {applied} units of r{from}'s session {session}, which had {confirmed} of them confirmed: not exactly once"
+                    ));
+                }
+                let again = self
+                    .reapplied
+                    .get(&(to, from, session))
+                    .copied()
+                    .unwrap_or(0);
+                if again > max_in_flight * self.restarts_of[to] {
+                    return Err(format!(
+                        "r{to} applied {again} messages of r{from}'s session {session} again over {} restarts",
+                        self.restarts_of[to]
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
 }
 
 /// Before the partition, the regions together admit at least `min_throughput_percent` of what
