@@ -596,7 +596,14 @@ mod tests {
             let key = BucketKey::for_key(b"global");
             let decision = self
                 .exchange
-                .check_global(now, &self.store, key, &limit, units, &[other.clone()])
+                .check_global(
+                    now,
+                    &self.store,
+                    key,
+                    &limit,
+                    units,
+                    std::slice::from_ref(other),
+                )
                 .unwrap();
             assert!(decision.is_allowed());
         }
