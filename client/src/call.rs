@@ -29,19 +29,31 @@ pub(crate) enum Attempt {
     TryAgain,
 }
 
-/// Sends `checks` to one node (marked as a takeover when it is the owner's successor) and
-/// waits for its answer, at most until `deadline`; the verdicts go to `out` (cleared first).
-/// `slot` is the caller's reply slot, reused across its calls with the check group it sent
-/// last, so a warm call allocates nothing.
+/// Which node a call goes to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Route {
+    /// The node the table names the owner (or, without a table, any node).
+    Owner,
+    /// The owner's successor, for an owner this client cannot reach; `takeover` marks the
+    /// checks so the successor may decide them once it suspects the owner too. The successor
+    /// passes them on to the owner while it hears from it, so a call that times out there
+    /// waited on the owner behind it: it does not count against the successor's breaker.
+    Successor { takeover: bool },
+}
+
+/// Sends `checks` to one node by `route` and waits for its answer, at most until `deadline`;
+/// the verdicts go to `out` (cleared first). `slot` is the caller's reply slot, reused across
+/// its calls with the check group it sent last, so a warm call allocates nothing.
 pub(crate) async fn send(
     link: &NodeLink,
     fallback: &Fallback,
     checks: &[Check],
-    takeover: bool,
+    route: Route,
     deadline: Instant,
     slot: &Arc<ReplySlot>,
     out: &mut Vec<Verdict>,
 ) -> Attempt {
+    let takeover = route == Route::Successor { takeover: true };
     if let Admit::Reject { .. } = link.breaker.admit() {
         return Attempt::NotSent(DegradedReason::CircuitOpen);
     }
@@ -96,7 +108,9 @@ pub(crate) async fn send(
             }))
         }
         Reply::Failed(reason) => {
-            link.breaker.on_failure();
+            if route == Route::Owner {
+                link.breaker.on_failure();
+            }
             Attempt::Failed(reason)
         }
     }

@@ -12,7 +12,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use crate::address::HostPort;
-use crate::call::{self, Attempt};
+use crate::call::{self, Attempt, Route};
 use crate::cluster_table::ClusterTable;
 use crate::config::{ClientConfig, MAX_KEY_BYTES, validate_nodes};
 use crate::dial;
@@ -388,9 +388,11 @@ impl Inner {
         // unmarked and forwards it to the owner, so the owner stays the one decider.
         let relayed = owner.is_rejoined();
         let takeover = if owner.is_down() { successor() } else { None };
-        let first = takeover.unwrap_or(owner);
-        let marked = takeover.is_some() && !relayed;
-        let attempt = call::send(first, &self.fallback, checks, marked, deadline, slot, out);
+        let (first, route) = match takeover {
+            Some(successor) => (successor, Route::Successor { takeover: !relayed }),
+            None => (owner, Route::Owner),
+        };
+        let attempt = call::send(first, &self.fallback, checks, route, deadline, slot, out);
         let (reason, sent) = match attempt.await {
             Attempt::Answered(result) => return Some(result),
             Attempt::TryAgain => return None,
@@ -414,7 +416,7 @@ impl Inner {
                 successor,
                 &self.fallback,
                 checks,
-                !relayed,
+                Route::Successor { takeover: !relayed },
                 deadline,
                 slot,
                 out,
@@ -807,9 +809,9 @@ mod tests {
     /// successor: the check goes there marked. An owner the table names again after it had
     /// left (a restart) is alive: while our link to it reconnects, the check goes to the
     /// successor unmarked, which forwards it to the owner instead of deciding it beside it.
-    #[tokio::test]
-    async fn a_lost_owner_is_taken_over_but_a_rejoined_one_is_reached_through_its_successor() {
-        let client = offline_client(&config(), 2);
+    /// A client of two nodes routing by their table; returns a key the first owns, with the
+    /// links to its owner (down) and its successor.
+    fn owner_lost(client: &Client) -> (String, Arc<NodeLink>, Arc<NodeLink>) {
         let table =
             ClusterTable::from_message(crate::cluster_table::tests::message(&["node-a", "node-b"]))
                 .unwrap();
@@ -834,7 +836,13 @@ mod tests {
         let (owner, successor) = (links[0].clone(), links[1].clone());
         owner.queue.set_down();
         owner.set_state(LinkState::Disconnected);
+        (key, owner, successor)
+    }
 
+    #[tokio::test]
+    async fn a_lost_owner_is_taken_over_but_a_rejoined_one_is_reached_through_its_successor() {
+        let client = offline_client(&config(), 2);
+        let (key, owner, successor) = owner_lost(&client);
         let node = takeover_marks(successor.clone());
         let v = client
             .check(&[Check::new(key.clone(), limit())])
@@ -853,5 +861,52 @@ mod tests {
             vec![false],
             "a rejoined owner: relayed, not taken over"
         );
+    }
+
+    /// A takeover that times out at the successor waited on the owner behind it (the successor
+    /// passes it on while it hears from the owner): it does not open the successor's breaker,
+    /// which its own keys need.
+    #[tokio::test(start_paused = true)]
+    async fn takeovers_timing_out_at_the_successor_do_not_open_its_breaker() {
+        let client = offline_client(&config(), 2);
+        let (key, _owner, successor) = owner_lost(&client);
+        successor.queue.set_up(1);
+        successor.set_state(LinkState::Connected);
+        // Three takeovers whose deadline passed at the successor (its stream task answers
+        // them `Timeout`, as here), one more than the breaker's threshold of two.
+        let queued = tokio::spawn({
+            let successor = successor.clone();
+            async move {
+                let mut calls = Vec::new();
+                for _ in 0..3 {
+                    assert!(
+                        successor
+                            .queue
+                            .next_batch(1, 1_024, &mut calls)
+                            .await
+                            .is_some()
+                    );
+                    for call in calls.drain(..) {
+                        let _ = call.reply.send(Reply::Failed(DegradedReason::Timeout));
+                    }
+                }
+            }
+        });
+        for _ in 0..3 {
+            let v = client
+                .check(&[Check::new(key.clone(), limit())])
+                .await
+                .unwrap();
+            assert_eq!(v[0].source, Source::Fallback(DegradedReason::Timeout));
+        }
+        queued.await.unwrap();
+        let node = takeover_marks(successor);
+        let v = client.check(&[Check::new(key, limit())]).await.unwrap();
+        assert_eq!(
+            v[0].source,
+            Source::Node,
+            "the successor's breaker stayed closed"
+        );
+        assert_eq!(node.await.unwrap(), vec![true]);
     }
 }

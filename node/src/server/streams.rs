@@ -2,6 +2,7 @@
 //! frame is answered (checks decided or forwarded, rules, the table), answers written at once.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use floodgate::Clock;
@@ -94,6 +95,25 @@ pub(super) async fn serve_stream(
     }
 }
 
+/// How often a caller speaking another protocol version is logged at ERROR.
+const COMPLAINT_INTERVAL_NS: u64 = 10_000_000_000;
+/// When the next such caller may be logged (per process: one node per process in production).
+static NEXT_COMPLAINT_NS: AtomicU64 = AtomicU64::new(0);
+
+/// True at most once per `COMPLAINT_INTERVAL_NS`.
+fn time_to_complain(now_ns: u64) -> bool {
+    let due = NEXT_COMPLAINT_NS.load(Ordering::Relaxed);
+    now_ns >= due
+        && NEXT_COMPLAINT_NS
+            .compare_exchange(
+                due,
+                now_ns.saturating_add(COMPLAINT_INTERVAL_NS),
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            )
+            .is_ok()
+}
+
 /// Answers every complete frame in `reader`; returns the code of an error that ends the stream.
 pub(super) async fn answer_available(
     shared: &Shared,
@@ -120,9 +140,18 @@ pub(super) async fn answer_available(
             Ok(None) => break None,
             Err(e) => {
                 shared.metrics.frame_error(e.code);
-                if e.code == ErrorCode::UnsupportedVersion {
-                    // A caller of another build: say so where operators look, not only to it.
-                    tracing::error!(from = %remote.connection.remote_address(), "closed a stream: {}", e.message);
+                if e.code == ErrorCode::UnsupportedVersion && time_to_complain(now_ns) {
+                    // A caller of another build: say so where operators look, not only to it;
+                    // once per interval, so a hostile caller cannot flood the log (every frame
+                    // is counted in `floodgate_frame_errors_total`).
+                    tracing::error!(
+                        from = %remote.connection.remote_address(),
+                        "closed a stream: {} (more such streams are counted in \
+                         floodgate_frame_errors_total{{code=\"unsupported_version\"}}, \
+                         logged once per {}s)",
+                        e.message,
+                        COMPLAINT_INTERVAL_NS / 1_000_000_000
+                    );
                 }
                 encode_error(out, e.request_id, e.code, e.message);
                 if e.code.closes_stream() {
