@@ -34,7 +34,7 @@ use rkyv::rancor;
 
 use crate::cluster::RegionRings;
 use crate::metrics::DecisionTally;
-use crate::scoped::Reach;
+use crate::reach::Reach;
 use crate::service::{decide_group, decode_frame, finish_batch, prefetch_before};
 use crate::state::Shared;
 use std::sync::Arc;
@@ -49,7 +49,7 @@ const FORWARD_TIMEOUT: Duration = Duration::from_millis(100);
 
 /// Where a group's decisions come from.
 #[derive(Debug, Clone, PartialEq)]
-pub(crate) enum Placed {
+enum Placed {
     /// Decided here: a range of the local decisions.
     Here(Range<usize>),
     /// To be sent to this owner.
@@ -133,8 +133,15 @@ pub(crate) async fn answer_groups<'f>(
         .any(|p| matches!(p, Placed::Remote(_) | Placed::Home))
     {
         let archived = archived();
-        if placed.contains(&Placed::Home) {
-            crate::scoped::forward_home(shared, archived, &batch.reach, groups, &mut placed).await;
+        let homes: Vec<usize> = (0..placed.len())
+            .filter(|&i| placed[i] == Placed::Home)
+            .collect();
+        if !homes.is_empty() {
+            let answers =
+                crate::reach::forward_home(shared, archived, &batch.reach, groups, &homes).await;
+            for (i, answer) in answers {
+                placed[i] = Placed::Answered(answer);
+            }
         }
         batch
             .forward_rounds(archived, &mut placed, table_version)
@@ -262,7 +269,7 @@ impl<'a> Batch<'a> {
                 .iter()
                 .map(|s| *s == Scope::Global)
                 .collect();
-            crate::scoped::decide_global_group(
+            crate::reach::decide_global_group(
                 shared,
                 &rings,
                 &self.groups[i],

@@ -46,6 +46,7 @@ mod lease;
 mod member_log;
 mod metrics;
 mod node_id;
+mod reach;
 mod region_links;
 pub mod region_sync;
 pub mod rls;

@@ -1,0 +1,153 @@
+//! How a group of a scoped batch (kinds 12 and 20) is decided, by its checks' scopes: from the
+//! bucket alone (`region`), through the region exchange (`global`), or by the owner in its home
+//! region (`home` of another region). Where it is decided is `forward.rs`'s placement, as for
+//! any group.
+
+use std::collections::BTreeMap;
+
+use floodgate::Check;
+use floodgate::region::{RegionName, Scope};
+use floodgate::wire::{
+    ArchivedCheckBatch, CheckBatch, ErrorCode, FrameKind, ValidCheck, WireDecision,
+    decode_decisions, encode_message,
+};
+
+use crate::cluster::RegionRings;
+use crate::state::Shared;
+
+/// How a group is decided, from its checks' scopes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Reach {
+    /// Every check `region` (or `home` here): by this region's owner, from its bucket.
+    Region,
+    /// A `global` check, in a group that is not a refund (a refund of a global check is local:
+    /// the other regions keep the units): by this region's owner, through the exchange.
+    Global,
+    /// A `home` check of another region: the whole group, by the owner in that region.
+    Home(RegionName),
+}
+
+impl Reach {
+    /// How `group`, whose checks have `scopes`, is decided on a node of region `mine`.
+    pub(crate) fn of(group: &[ValidCheck], scopes: &[Scope], mine: &str) -> Reach {
+        let home = scopes.iter().find_map(|s| match s {
+            Scope::Home(home) if home.as_str() != mine => Some(home),
+            _ => None,
+        });
+        if let Some(home) = home {
+            return Reach::Home(home.clone());
+        }
+        let refund = group.first().is_some_and(|c| c.refund);
+        if !refund && scopes.contains(&Scope::Global) {
+            Reach::Global
+        } else {
+            Reach::Region
+        }
+    }
+}
+
+/// Sends the groups `wanted` (indices of `Home` groups) to their home region's owner (one
+/// forwarded batch per owner, all at once); returns the answers that came, by group index
+/// (a group no answer came for is left out).
+pub(crate) async fn forward_home(
+    shared: &Shared,
+    archived: Option<&ArchivedCheckBatch>,
+    reach: &[Reach],
+    groups: &[Vec<ValidCheck>],
+    wanted: &[usize],
+) -> Vec<(usize, Vec<WireDecision>)> {
+    let rings = shared.cluster.region_rings();
+    let mut answers = Vec::new();
+    let mut homes: BTreeMap<String, Vec<usize>> = BTreeMap::new();
+    for &i in wanted {
+        if let Some(Reach::Home(home)) = reach.get(i) {
+            let slot = groups[i].first().map_or(0, |c| c.key.slot());
+            if let Some(owner) = rings.owner_in(home, slot) {
+                homes.entry(owner.to_owned()).or_default().push(i);
+            }
+        }
+    }
+    if homes.is_empty() {
+        return answers;
+    }
+    // Already validated, so it unpacks; re-encoded below, group by group (each group goes to
+    // one owner, so it is moved, not copied).
+    let Some(Ok(mut sent)) = archived.map(ArchivedCheckBatch::unpack) else {
+        return answers;
+    };
+    let max = shared.config.limits.max_frame_bytes;
+    let mut forwards = tokio::task::JoinSet::new();
+    for (owner, indices) in homes {
+        let Some(addr) = shared.cluster.addr_of(&owner) else {
+            continue;
+        };
+        let batch = CheckBatch {
+            groups: indices
+                .iter()
+                .filter_map(|&i| sent.groups.get_mut(i).map(std::mem::take))
+                .collect(),
+        };
+        let mut bytes = Vec::new();
+        // Request id 0: no table of this region orders the home region's tables.
+        encode_message(&mut bytes, FrameKind::ForwardedCheckBatch, 0, &batch);
+        let peers = shared.cluster.peers.clone();
+        forwards.spawn(async move {
+            let answer = peers
+                .request(&addr, &bytes, max + 64, FrameKind::DecisionBatch)
+                .await;
+            (indices, answer)
+        });
+    }
+    while let Some(Ok((indices, answer))) = forwards.join_next().await {
+        let Ok(Ok((decisions, _))) = answer.map(|f| decode_decisions(&f.payload)) else {
+            continue;
+        };
+        let sizes: Vec<usize> = indices.iter().map(|&i| groups[i].len()).collect();
+        if decisions.len() != sizes.iter().sum::<usize>() {
+            continue;
+        }
+        let mut rest = decisions.as_slice();
+        for (&i, size) in indices.iter().zip(sizes) {
+            let answer = &rest[..size];
+            rest = &rest[size..];
+            // `not_owner` from the home: its ring disagrees with ours for now; unanswered.
+            if answer
+                .first()
+                .is_some_and(|d| d.to_decision() != Err(ErrorCode::NotOwner))
+            {
+                answers.push((i, answer.to_vec()));
+            }
+        }
+    }
+    answers
+}
+
+/// Decides a group with global checks here, all or nothing.
+pub(crate) fn decide_global_group(
+    shared: &Shared,
+    rings: &RegionRings,
+    group: &[ValidCheck],
+    global: &[bool],
+    out: &mut Vec<WireDecision>,
+) {
+    let checks: Vec<Check> = group
+        .iter()
+        .map(|c| Check {
+            key: c.key,
+            limit: c.limit,
+            cost: c.cost,
+        })
+        .collect();
+    let others: Vec<_> = group
+        .iter()
+        .map(|c| rings.owners_elsewhere(c.key.slot()))
+        .collect();
+    match shared.region_sync.check_group(&checks, global, &others) {
+        Ok(decided) => out.extend(decided.into_iter().map(WireDecision::from)),
+        Err(_) => out.extend(refused(group.len(), ErrorCode::StoreFull)),
+    }
+}
+
+fn refused(n: usize, code: ErrorCode) -> Vec<WireDecision> {
+    (0..n).map(|_| WireDecision::error(code)).collect()
+}
