@@ -251,6 +251,17 @@ impl Node {
         self.shared.cluster.joined().await
     }
 
+    /// Resolves once no slot this node gained waits for its hand-off any longer (the hand-off
+    /// arrived, or its wait ran out). Until then a version-4 caller's check on such a slot is
+    /// answered `try_again`; tests and tools await this instead of retrying.
+    pub async fn handoffs_settled(&self) {
+        let cluster = &self.shared.cluster;
+        let slots = 0..floodgate::cluster::SLOTS as u16;
+        cluster
+            .wait_for_handoffs(slots, floodgate::Clock::now_ns(&self.shared.clock))
+            .await
+    }
+
     /// The address this node knows the member `id` at.
     pub fn member_addr(&self, id: &str) -> Option<String> {
         self.shared.cluster.addr_of(id)

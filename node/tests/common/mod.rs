@@ -174,13 +174,15 @@ pub fn check_frame(request_id: u64, keys: &[&[u8]], limit: &Limit) -> Vec<u8> {
     out
 }
 
-/// Waits (bounded: 10 s) until `node` counts `owners` slot owners.
+/// Waits (bounded: 10 s) until `node` counts `owners` slot owners and the slots it gained
+/// wait for no hand-off (until then a version-4 caller is answered `try_again`).
 pub async fn converge(node: &Node, owners: usize) {
     let mut tables = node.watch_slot_table();
     let reached = tokio::time::timeout(std::time::Duration::from_secs(10), async {
         while tables.borrow_and_update().nodes().len() != owners {
             tables.changed().await.unwrap();
         }
+        node.handoffs_settled().await;
     })
     .await;
     assert!(
