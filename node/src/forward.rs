@@ -27,13 +27,14 @@ use floodgate::cluster::ownership::{Arrival, Failed, Placement, Refusal};
 use floodgate::protocol::Feature;
 use floodgate::region::Scope;
 use floodgate::wire::{
-    ArchivedCheckBatch, CheckBatch, ErrorCode, Frame, FrameKind, ScopedCheckBatch, ValidCheck,
-    WireDecision, decode_decisions, encode_message,
+    ArchivedCheckBatch, ErrorCode, Frame, FrameKind, ScopedCheckBatch, ValidCheck, WireDecision,
+    encode_message,
 };
 use rkyv::rancor;
 
 use crate::cluster::RegionRings;
 use crate::metrics::DecisionTally;
+use crate::owner_batches;
 use crate::reach::Reach;
 use crate::service::{decide_group, decode_frame, finish_batch, prefetch_before};
 use crate::state::Shared;
@@ -497,38 +498,22 @@ impl Batch<'_> {
                 *place = Placed::Unanswered;
             }
         }
-        // Already validated, so it unpacks; re-encoded below, group by group (each group goes
-        // to one owner, so it is moved, not copied).
-        let Some(Ok(mut sent)) = archived.map(ArchivedCheckBatch::unpack) else {
-            return;
-        };
-        let max = shared.config.limits.max_frame_bytes;
-        let mut forwards = tokio::task::JoinSet::new();
-        for (owner, indices) in remote {
-            let Some(addr) = cluster.addr_of(&owner) else {
-                continue;
-            };
-            let batch = CheckBatch {
-                groups: indices
-                    .iter()
-                    .filter_map(|&i| sent.groups.get_mut(i).map(std::mem::take))
-                    .collect(),
-            };
-            let mut bytes = Vec::new();
+        let batches = owner_batches::batches(archived, remote, |indices, batch| {
+            let mut frame = Vec::new();
             if indices.iter().any(|&i| *self.reach(i) == Reach::Global) {
                 let scopes: Vec<Scope> = indices
                     .iter()
                     .flat_map(|&i| self.scopes_of(i).iter().cloned())
                     .collect();
                 encode_message(
-                    &mut bytes,
+                    &mut frame,
                     FrameKind::ForwardedScopedCheckBatch,
                     table_version,
                     &ScopedCheckBatch::new(batch, &scopes),
                 );
             } else {
                 encode_message(
-                    &mut bytes,
+                    &mut frame,
                     FrameKind::ForwardedCheckBatch,
                     table_version,
                     &batch,
@@ -545,50 +530,27 @@ impl Batch<'_> {
             // own deadline (5 ms by default): it hears `try_again` before that deadline rather
             // than timing out on this node too (and opening its breaker to it), and the stream
             // behind this frame waits no longer.
-            let limit = if takeover {
+            let within = if takeover {
                 shared.config.cluster.takeover_forward_timeout
             } else {
                 FORWARD_TIMEOUT
             };
-            let peers = cluster.peers.clone();
-            forwards.spawn(async move {
-                let answer = peers
-                    .request_within(limit, &addr, &bytes, max + 64, FrameKind::DecisionBatch)
-                    .await;
-                (owner, indices, answer)
-            });
-        }
-        while let Some(Ok((owner, indices, answer))) = forwards.join_next().await {
-            let Ok(decisions) = answer
-                .map_err(|e| e.to_string())
-                .and_then(|frame| decisions_of(&frame))
-            else {
-                continue;
+            (frame, within)
+        });
+        for answer in owner_batches::send(shared, batches, groups).await {
+            placed[answer.group] = if answer
+                .decisions
+                .first()
+                .is_some_and(|d| d.to_decision() == Err(ErrorCode::NotOwner))
+            {
+                shared
+                    .metrics
+                    .forward_refused
+                    .increment(answer.decisions.len() as u64);
+                Placed::NotOwner(answer.owner)
+            } else {
+                Placed::Answered(answer.decisions)
             };
-            let sizes: Vec<usize> = indices.iter().map(|&i| groups[i].len()).collect();
-            if decisions.len() != sizes.iter().sum::<usize>() {
-                continue;
-            }
-            let mut rest = decisions.as_slice();
-            for (&i, size) in indices.iter().zip(sizes) {
-                let answer = &rest[..size];
-                placed[i] = if answer
-                    .first()
-                    .is_some_and(|d| d.to_decision() == Err(ErrorCode::NotOwner))
-                {
-                    shared.metrics.forward_refused.increment(size as u64);
-                    Placed::NotOwner(owner.clone())
-                } else {
-                    Placed::Answered(answer.to_vec())
-                };
-                rest = &rest[size..];
-            }
         }
     }
-}
-
-fn decisions_of(frame: &Frame) -> Result<Vec<WireDecision>, String> {
-    decode_decisions(&frame.payload)
-        .map(|(d, _)| d)
-        .map_err(|(_, m)| m)
 }

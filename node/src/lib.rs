@@ -24,7 +24,8 @@
 //! - `lease`: kind 15, concurrency leases placed by slot and decided on the lease store;
 //!   their replication and hand-off are in `cluster`.
 //! - `forward`: checks placed by the core's ownership machine: decided here, sent to their owner,
-//!   refusals placed again.
+//!   refusals placed again; `reach`: how a scoped group is decided (region, global, home);
+//!   `owner_batches`: groups sent on to their deciders, one frame per node, answers split back.
 //! - [`rules`]: `--rules FILE`: validation, versions, hot reload, serving rules to clients.
 //! - [`rls`]: `--rls-listen`: Envoy's rate limit service (RLS v3 over gRPC) on the cluster.
 //! - `admin`: `/metrics`, `/healthz`, `/readyz`.
@@ -46,6 +47,7 @@ mod lease;
 mod member_log;
 mod metrics;
 mod node_id;
+mod owner_batches;
 mod reach;
 mod region_links;
 pub mod region_sync;

@@ -8,11 +8,11 @@ use std::collections::BTreeMap;
 use floodgate::Check;
 use floodgate::region::{RegionName, Scope};
 use floodgate::wire::{
-    ArchivedCheckBatch, CheckBatch, ErrorCode, FrameKind, ValidCheck, WireDecision,
-    decode_decisions, encode_message,
+    ArchivedCheckBatch, ErrorCode, FrameKind, ValidCheck, WireDecision, encode_message,
 };
 
-use crate::cluster::RegionRings;
+use crate::cluster::{PEER_TIMEOUT, RegionRings};
+use crate::owner_batches;
 use crate::state::Shared;
 
 /// How a group is decided, from its checks' scopes.
@@ -57,7 +57,6 @@ pub(crate) async fn forward_home(
     wanted: &[usize],
 ) -> Vec<(usize, Vec<WireDecision>)> {
     let rings = shared.cluster.region_rings();
-    let mut answers = Vec::new();
     let mut homes: BTreeMap<String, Vec<usize>> = BTreeMap::new();
     for &i in wanted {
         if let Some(Reach::Home(home)) = reach.get(i) {
@@ -68,58 +67,25 @@ pub(crate) async fn forward_home(
         }
     }
     if homes.is_empty() {
-        return answers;
+        return Vec::new();
     }
-    // Already validated, so it unpacks; re-encoded below, group by group (each group goes to
-    // one owner, so it is moved, not copied).
-    let Some(Ok(mut sent)) = archived.map(ArchivedCheckBatch::unpack) else {
-        return answers;
-    };
-    let max = shared.config.limits.max_frame_bytes;
-    let mut forwards = tokio::task::JoinSet::new();
-    for (owner, indices) in homes {
-        let Some(addr) = shared.cluster.addr_of(&owner) else {
-            continue;
-        };
-        let batch = CheckBatch {
-            groups: indices
-                .iter()
-                .filter_map(|&i| sent.groups.get_mut(i).map(std::mem::take))
-                .collect(),
-        };
-        let mut bytes = Vec::new();
+    let batches = owner_batches::batches(archived, homes, |_, batch| {
+        let mut frame = Vec::new();
         // Request id 0: no table of this region orders the home region's tables.
-        encode_message(&mut bytes, FrameKind::ForwardedCheckBatch, 0, &batch);
-        let peers = shared.cluster.peers.clone();
-        forwards.spawn(async move {
-            let answer = peers
-                .request(&addr, &bytes, max + 64, FrameKind::DecisionBatch)
-                .await;
-            (indices, answer)
-        });
-    }
-    while let Some(Ok((indices, answer))) = forwards.join_next().await {
-        let Ok(Ok((decisions, _))) = answer.map(|f| decode_decisions(&f.payload)) else {
-            continue;
-        };
-        let sizes: Vec<usize> = indices.iter().map(|&i| groups[i].len()).collect();
-        if decisions.len() != sizes.iter().sum::<usize>() {
-            continue;
-        }
-        let mut rest = decisions.as_slice();
-        for (&i, size) in indices.iter().zip(sizes) {
-            let answer = &rest[..size];
-            rest = &rest[size..];
-            // `not_owner` from the home: its ring disagrees with ours for now; unanswered.
-            if answer
+        encode_message(&mut frame, FrameKind::ForwardedCheckBatch, 0, &batch);
+        (frame, PEER_TIMEOUT)
+    });
+    owner_batches::send(shared, batches, groups)
+        .await
+        .into_iter()
+        // `not_owner` from the home: its ring disagrees with ours for now; unanswered.
+        .filter(|a| {
+            a.decisions
                 .first()
                 .is_some_and(|d| d.to_decision() != Err(ErrorCode::NotOwner))
-            {
-                answers.push((i, answer.to_vec()));
-            }
-        }
-    }
-    answers
+        })
+        .map(|a| (a.group, a.decisions))
+        .collect()
 }
 
 /// Decides a group with global checks here, all or nothing.

@@ -44,7 +44,7 @@ const BUCKET_BYTES_PER_FRAME: usize = 256 * 1024;
 /// Longest a check waits for a starting node to hear from the cluster it joins.
 const JOIN_WAIT: Duration = Duration::from_secs(1);
 /// Longest a message to a peer may take before it is given up.
-const PEER_TIMEOUT: Duration = Duration::from_secs(1);
+pub(crate) const PEER_TIMEOUT: Duration = Duration::from_secs(1);
 /// How often a node whose seeds do not answer, or that receives conflicting claims on an id,
 /// says so in the log (gossip retries every round; the log need not).
 const COMPLAINT_INTERVAL_NS: u64 = 1_000_000_000;

@@ -277,19 +277,8 @@ impl Peers {
         })
     }
 
-    /// Sends one frame on a bidirectional stream and returns the answer's frame of `kind`.
-    pub(crate) async fn request(
-        &self,
-        addr: &str,
-        frame: &[u8],
-        max_bytes: usize,
-        kind: FrameKind,
-    ) -> anyhow::Result<Frame> {
-        self.request_within(PEER_TIMEOUT, addr, frame, max_bytes, kind)
-            .await
-    }
-
-    /// As [`Peers::request`], waiting at most `limit` (a connection being made included).
+    /// Sends one frame on a bidirectional stream and returns the answer's frame of `kind`,
+    /// waiting at most `limit` (a connection being made included).
     pub(crate) async fn request_within(
         &self,
         limit: std::time::Duration,
