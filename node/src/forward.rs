@@ -32,6 +32,7 @@ use floodgate::wire::{
 };
 use rkyv::rancor;
 
+use crate::caller::{Caller, REFUND_REFUSED};
 use crate::cluster::RegionRings;
 use crate::metrics::DecisionTally;
 use crate::owner_batches;
@@ -76,11 +77,10 @@ fn refusal_code(refusal: Refusal) -> ErrorCode {
     }
 }
 
-/// Answers a check batch from a caller (client or peer); `try_again`: the caller knows that
-/// answer (its connection's version has `floodgate::protocol::Feature::TryAgain`).
+/// Answers a check batch from a caller (client or peer).
 pub(crate) async fn answer_check_batch(
     shared: &Shared,
-    try_again: bool,
+    caller: Caller<'_>,
     frame: &Frame,
     now_ns: u64,
     out: &mut Vec<u8>,
@@ -92,27 +92,18 @@ pub(crate) async fn answer_check_batch(
     };
     // Already validated by decode_frame, so this access succeeds.
     let archived = || rkyv::access::<ArchivedCheckBatch, rancor::Error>(&frame.payload).ok();
-    answer_groups(
-        shared,
-        try_again,
-        frame,
-        &groups,
-        &[],
-        archived,
-        now_ns,
-        out,
-    )
-    .await
+    answer_groups(shared, caller, frame, &groups, &[], archived, now_ns, out).await
 }
 
 /// Answers a validated batch's `groups` (kinds 1, 10, 12 and 20) whose checks have `scopes`
 /// (one per check in flattened order; none: every check `region`): every scope takes the
 /// same path through the gate, hand-off, forwarding and takeover. `archived` gives the
-/// validated batch again, for what is forwarded.
+/// validated batch again, for what is forwarded. A refund group the caller may not make is
+/// refused before it is placed.
 #[allow(clippy::too_many_arguments)]
 pub(crate) async fn answer_groups<'f>(
     shared: &Shared,
-    try_again: bool,
+    caller: Caller<'_>,
     frame: &Frame,
     groups: &[Vec<ValidCheck>],
     scopes: &[Scope],
@@ -120,7 +111,10 @@ pub(crate) async fn answer_groups<'f>(
     now_ns: u64,
     out: &mut Vec<u8>,
 ) -> Option<ErrorCode> {
+    let each = || groups.iter().map(Vec::as_slice);
+    let refused = caller.take_refunds(each());
     let mut batch = Batch::new(shared, groups, scopes, now_ns);
+    batch.refused = &refused;
     let forwarded = matches!(
         frame.kind,
         FrameKind::ForwardedCheckBatch | FrameKind::ForwardedScopedCheckBatch
@@ -128,7 +122,7 @@ pub(crate) async fn answer_groups<'f>(
     if forwarded {
         batch.catch_up(frame.request_id).await;
     }
-    let (mut placed, table_version) = batch.place_first(forwarded, try_again).await;
+    let (mut placed, table_version) = batch.place_first(forwarded, caller.try_again).await;
     if placed
         .iter()
         .any(|p| matches!(p, Placed::Remote(_) | Placed::Home))
@@ -151,7 +145,8 @@ pub(crate) async fn answer_groups<'f>(
     let Batch { tally, local, .. } = batch;
     let (mut decisions, held) = assemble(groups, placed, local);
     shared.metrics.try_again.increment(held as u64);
-    if held > 0 && !try_again {
+    caller.settle(each(), &decisions, &refused);
+    if held > 0 && !caller.try_again {
         // An older caller knows no `try_again`: it fails over as for a node going away.
         let shutting_down = WireDecision::error(ErrorCode::ShuttingDown);
         for decision in &mut decisions {
@@ -187,6 +182,8 @@ struct Batch<'a> {
     tally: DecisionTally,
     /// Decisions made here, in the order made; `Placed::Here` holds ranges of it.
     local: Vec<WireDecision>,
+    /// Refund groups the caller may not make, by group (empty: none).
+    refused: &'a [bool],
 }
 
 impl<'a> Batch<'a> {
@@ -218,6 +215,7 @@ impl<'a> Batch<'a> {
             now_ns,
             tally: DecisionTally::default(),
             local: Vec::with_capacity(groups.iter().map(Vec::len).sum()),
+            refused: &[],
         }
     }
 
@@ -329,6 +327,9 @@ impl<'a> Batch<'a> {
         for (i, placement) in placements.into_iter().enumerate() {
             prefetch_before(&shared.store, i, |j| self.groups.get(j).map(Vec::as_slice));
             placed.push(match placement {
+                _ if self.refused.get(i).copied().unwrap_or(false) => {
+                    Placed::Refused(REFUND_REFUSED)
+                }
                 // Decided in its home region, never here; a forwarded one is not sent on.
                 _ if matches!(self.reach(i), Reach::Home(_)) && forwarded => {
                     Placed::Refused(ErrorCode::NotOwner)

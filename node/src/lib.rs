@@ -13,6 +13,7 @@
 //! - `server/`: [`Node`]: start, connections, streams, peer messages, sweeper, graceful shutdown.
 //! - `admission`: separate connection allowances for clients and peers.
 //! - `budget`: the node-wide budget of bytes buffered from streams.
+//! - `caller`: who sent a check batch: whether it knows `try_again`, what a gateway may refund.
 //! - `service`: the pure step from a received frame to the bytes of its answer.
 //! - [`cluster`]: the driver of the core's membership and ownership machines: gossip, table
 //!   switches under the deciding gate, hand-offs, replication, the table message, peers.
@@ -42,6 +43,7 @@ pub mod exchange;
 mod admin;
 mod admission;
 mod budget;
+mod caller;
 mod forward;
 mod lease;
 mod member_log;

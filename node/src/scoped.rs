@@ -17,15 +17,16 @@ use floodgate::wire::{
 };
 use rkyv::rancor;
 
+use crate::caller::Caller;
 use crate::service::encode_error;
 use crate::state::Shared;
 
 /// Answers a kind 12 frame (or kind 20 from a peer) into `out`, or gives back the plain kind
 /// 1 (or 10) frame it amounts to (every check `region` here), for the caller to answer as any
-/// check batch. `try_again`: the caller knows that answer.
+/// check batch.
 pub(crate) async fn answer_scoped_batch(
     shared: &Shared,
-    try_again: bool,
+    caller: Caller<'_>,
     frame: &Frame,
     now_ns: u64,
     out: &mut Vec<u8>,
@@ -61,7 +62,7 @@ pub(crate) async fn answer_scoped_batch(
             .map(|scoped| &scoped.batch)
     };
     Ok(crate::forward::answer_groups(
-        shared, try_again, frame, &groups, &scopes, archived, now_ns, out,
+        shared, caller, frame, &groups, &scopes, archived, now_ns, out,
     )
     .await)
 }

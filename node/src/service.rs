@@ -10,6 +10,7 @@ use floodgate::wire::{
 use floodgate::{BucketStore, Check, Decision};
 use rkyv::util::AlignedVec;
 
+use crate::caller::{Caller, REFUND_REFUSED};
 use crate::metrics::{DecisionTally, NodeMetrics};
 
 /// Groups whose buckets are prefetched together, one burst ahead of the groups being decided
@@ -42,7 +43,8 @@ fn with_scratch<T>(f: impl FnOnce(&mut Scratch) -> T) -> T {
 
 /// Appends to `out` the answer to a check batch decided entirely here: a decision batch, or an
 /// error frame for a refused request. Returns the error code when the frame was refused.
-pub fn answer_frame(
+pub(crate) fn answer_frame(
+    caller: Caller<'_>,
     store: &BucketStore,
     limits: &WireLimits,
     metrics: &NodeMetrics,
@@ -68,12 +70,21 @@ pub fn answer_frame(
         decisions.clear();
         decisions.reserve(groups.check_count());
         let mut tally = DecisionTally::default();
+        let each = || (0..groups.len()).filter_map(|i| groups.group(i));
+        let refused = caller.take_refunds(each());
         for i in 0..groups.len() {
             prefetch_before(store, i, |j| groups.group(j));
-            if let Some(group) = groups.group(i) {
+            let Some(group) = groups.group(i) else {
+                continue;
+            };
+            if refused.get(i).copied().unwrap_or(false) {
+                let refusal = WireDecision::error(REFUND_REFUSED);
+                decisions.extend(std::iter::repeat_n(refusal, group.len()));
+            } else {
                 decide_group(store, &mut tally, now_ns, group, decisions);
             }
         }
+        caller.settle(each(), decisions, &refused);
         metrics.add_decisions(&tally);
         metrics.batch_checks.record(decisions.len() as f64);
         encode_decisions(out, frame.request_id, decisions, table_version, archive);

@@ -13,12 +13,15 @@ use floodgate::wire::{
     decode_token_lease_batch, encode_message,
 };
 
+use crate::caller::Caller;
 use crate::service::encode_error;
 use crate::state::Shared;
 
-/// Answers one kind 18 frame: a kind 19 frame, or an error frame when it is refused whole.
+/// Answers one kind 18 frame from `caller`: a kind 19 frame, or an error frame when it is
+/// refused whole.
 pub(crate) async fn answer_token_leases(
     shared: &Shared,
+    caller: Caller<'_>,
     frame: &Frame,
     now_ns: u64,
     out: &mut Vec<u8>,
@@ -48,7 +51,7 @@ pub(crate) async fn answer_token_leases(
         .zip(placements)
         .map(|(request, placement)| match placement {
             Placement::Decide | Placement::Takeover => {
-                decide(&shared.store, request, now_ns, &mut tally)
+                decide(&shared.store, caller, request, now_ns, &mut tally)
             }
             // Forwarding a lease would make the forwarder hold nothing: the client asks its
             // owner, or checks the key as usual.
@@ -75,19 +78,24 @@ pub(crate) async fn answer_token_leases(
     None
 }
 
-/// Refunds what is returned, then grants what the bucket holds of what is wanted.
+/// Refunds what is returned (at most what `caller` was granted on the key), then grants what
+/// the bucket holds of what is wanted.
 fn decide(
     store: &BucketStore,
+    caller: Caller<'_>,
     request: &ValidTokenLease,
     now_ns: u64,
     tally: &mut Tally,
 ) -> TokenLeaseAnswer {
     if request.returning > 0 {
-        store.refund(request.key, &request.limit, request.returning, now_ns);
-        tally.returned += request.returning;
+        let returned = caller.take_returned(request.key, request.returning);
+        store.refund(request.key, &request.limit, returned, now_ns);
+        tally.returned += returned;
+        tally.refused += request.returning - returned;
     }
     match take_up_to(store, request.key, &request.limit, request.want, now_ns) {
         Ok(grant) => {
+            caller.granted_tokens(request.key, grant.granted);
             tally.granted += grant.granted;
             tally.empty += u64::from(grant.granted == 0 && request.want > 0);
             TokenLeaseAnswer::from(grant)
@@ -101,6 +109,8 @@ fn decide(
 struct Tally {
     granted: u64,
     returned: u64,
+    /// Returned beyond what the gateway was granted: not given back.
+    refused: u64,
     empty: u64,
 }
 
@@ -109,6 +119,7 @@ impl Tally {
         let tokens = "floodgate_token_lease_tokens_total";
         metrics::counter!(tokens, "direction" => "granted").increment(self.granted);
         metrics::counter!(tokens, "direction" => "returned").increment(self.returned);
+        metrics::counter!(tokens, "direction" => "refused").increment(self.refused);
         metrics::counter!("floodgate_token_lease_empty_total").increment(self.empty);
     }
 }

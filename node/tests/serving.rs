@@ -151,30 +151,27 @@ async fn refunds_give_back_and_cannot_mix_with_checks() {
     let take = vec![WireCheck::new(b"r".to_vec(), &limit, 3)];
     let give = vec![WireCheck::refund(b"r".to_vec(), &limit, 2)];
     let mut bytes = Vec::new();
-    encode_message(
-        &mut bytes,
-        FrameKind::CheckBatch,
-        1,
-        &CheckBatch {
-            groups: vec![take.clone(), give.clone()],
-        },
-    );
-    encode_message(
-        &mut bytes,
-        FrameKind::CheckBatch,
-        2,
-        &CheckBatch {
-            groups: vec![[take, give].concat()],
-        },
-    );
+    // A refund is covered by what was granted before its frame: the grant comes first.
+    for (id, groups) in [
+        (1, vec![take.clone()]),
+        (2, vec![give.clone()]),
+        (3, vec![[take, give].concat()]),
+    ] {
+        encode_message(
+            &mut bytes,
+            FrameKind::CheckBatch,
+            id,
+            &CheckBatch { groups },
+        );
+    }
     let answers = exchange(&connection, &bytes).await;
     assert_eq!(answers.decisions[0].1[0].unwrap().remaining(), 2);
     assert_eq!(
-        answers.decisions[0].1[1].unwrap().remaining(),
+        answers.decisions[1].1[0].unwrap().remaining(),
         4,
         "the refund gave 2 back"
     );
-    assert_eq!(answers.errors[0].0, 2);
+    assert_eq!(answers.errors[0].0, 3);
     assert_eq!(
         answers.errors[0].1,
         floodgate::wire::ErrorCode::MalformedPayload

@@ -56,37 +56,37 @@ async fn concurrent_leases_never_grant_more_than_the_bucket_holds() {
                 .await;
                 granted += grants[0].granted;
             }
-            granted
+            (granted, connection)
         });
     }
     let mut total = 0;
-    while let Some(granted) = gateways.join_next().await {
-        total += granted.unwrap();
+    let mut holders = Vec::new();
+    while let Some(done) = gateways.join_next().await {
+        let (granted, connection) = done.unwrap();
+        total += granted;
+        holders.push((granted, connection));
     }
     // 4 gateways asked for 280 tokens; the bucket held 100.
     assert_eq!(total, 100);
-    let connection = connect(node.node.local_addr(), client_config(&node.certs, false)).await;
-    let empty = ask(
-        &connection,
-        vec![TokenLeaseRequest::new("hot", &limit, 5, 0)],
-    )
-    .await;
+    let stranger = connect(node.node.local_addr(), client_config(&node.certs, false)).await;
+    let empty = ask(&stranger, vec![TokenLeaseRequest::new("hot", &limit, 5, 0)]).await;
     assert_eq!(empty[0].granted, 0);
     // The node's clock moved since the first grant: the next token is at most one interval away.
     let wait = empty[0].retry_after_ns;
     assert!(wait > 0 && wait <= limit.interval_ns(), "{wait}");
+    // A connection that was granted nothing gives nothing back, whatever it says it returns.
+    let forged = ask(
+        &stranger,
+        vec![TokenLeaseRequest::new("hot", &limit, 0, 50)],
+    )
+    .await;
+    assert_eq!(forged[0].remaining, 0);
     // What a gateway did not use comes back, and can be granted again (here: to a check).
-    let returned = ask(
-        &connection,
-        vec![TokenLeaseRequest::new("hot", &limit, 0, 3)],
-    )
-    .await;
+    let (granted, holder) = holders.iter().max_by_key(|(g, _)| *g).unwrap();
+    assert!(*granted >= 25, "one of four took a quarter at least");
+    let returned = ask(holder, vec![TokenLeaseRequest::new("hot", &limit, 0, 3)]).await;
     assert_eq!(returned[0].remaining, 3);
-    let answers = exchange(
-        &connection,
-        &check_frame(9, &[b"hot".as_slice(); 4], &limit),
-    )
-    .await;
+    let answers = exchange(&stranger, &check_frame(9, &[b"hot".as_slice(); 4], &limit)).await;
     assert_eq!(answers.allowed(), 3);
     node.node.shutdown().await;
 }

@@ -10,6 +10,7 @@ use floodgate::wire::{
 };
 use floodgate::{Clock, Decision};
 
+use crate::caller::Caller;
 use crate::state::Shared;
 
 /// Why a request could not be decided (answered `UNAVAILABLE`, so Envoy's own
@@ -119,8 +120,10 @@ async fn run_batch(
     let mut out = Vec::new();
     let now_ns = shared.clock.now_ns();
     // An Envoy cannot be told to try again: the call waits (bounded) for a moving slot's
-    // hand-off instead, as for a client of an older version.
-    crate::forward::answer_check_batch(shared, false, &frame, now_ns, &mut out).await;
+    // hand-off instead, as for a client of an older version. Its negative hits (refunds) are
+    // refused unless the operator allowed them, so it is trusted with what gets here.
+    crate::forward::answer_check_batch(shared, Caller::trusted(false), &frame, now_ns, &mut out)
+        .await;
     let mut reader = FrameReader::new(out.len().max(16));
     reader.extend(&out);
     let answer = match reader.next_frame() {

@@ -3,8 +3,10 @@
 
 use std::sync::{Arc, OnceLock};
 
+use floodgate::protocol::Feature;
 use floodgate::wire::{ErrorCode, FrameKind};
 
+use crate::caller::{Caller, RefundCredit};
 use crate::state::Shared;
 
 /// The other end of a connection, and whether it is a peer.
@@ -18,6 +20,8 @@ pub(super) struct Remote {
     certified: Arc<parking_lot::Mutex<Option<String>>>,
     /// The protocol version the handshake agreed on.
     version: u8,
+    /// What a gateway may refund on this connection (unused for a peer).
+    credit: Arc<RefundCredit>,
 }
 
 impl Remote {
@@ -27,6 +31,16 @@ impl Remote {
             connection,
             peer: Arc::new(OnceLock::new()),
             certified: Arc::default(),
+            credit: Arc::default(),
+        }
+    }
+
+    /// How a check batch from this connection is answered: what its version understands, and
+    /// what a gateway may refund (a peer's forwarded refunds were checked where they entered).
+    pub(super) fn caller(&self, shared: &Shared) -> Caller<'_> {
+        Caller {
+            try_again: Feature::TryAgain.readable_at(self.version),
+            credit: (!self.is_peer(shared)).then_some(&*self.credit),
         }
     }
 

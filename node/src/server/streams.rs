@@ -6,11 +6,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use floodgate::Clock;
-use floodgate::protocol::Feature;
 use floodgate::wire::{ErrorCode, Frame, FrameKind};
 use tokio::sync::watch;
 
 use crate::budget::BudgetedReader;
+use crate::caller::Caller;
 use crate::forward;
 use crate::service::{answer_frame, encode_error};
 use crate::state::Shared;
@@ -133,7 +133,10 @@ pub(super) async fn answer_available(
             }
             Ok(Some(frame)) => {
                 frames += 1;
-                if let Some(code) = answer(shared, remote.version(), &frame, now_ns, out).await {
+                let caller = remote.caller(shared);
+                if let Some(code) =
+                    answer(shared, remote.version(), caller, &frame, now_ns, out).await
+                {
                     shared.metrics.frame_error(code);
                 }
             }
@@ -173,6 +176,7 @@ pub(super) async fn answer_available(
 pub(super) async fn answer(
     shared: &Shared,
     version: u8,
+    caller: Caller<'_>,
     frame: &Frame,
     now_ns: u64,
     out: &mut Vec<u8>,
@@ -180,19 +184,18 @@ pub(super) async fn answer(
     let cluster = &shared.cluster;
     match frame.kind {
         FrameKind::CheckBatch | FrameKind::ForwardedCheckBatch => {
-            answer_checks(shared, version, frame, now_ns, out).await
+            answer_checks(shared, caller, frame, now_ns, out).await
         }
         FrameKind::ScopedCheckBatch | FrameKind::ForwardedScopedCheckBatch => {
             cluster.wait_until_joined().await;
-            let try_again = Feature::TryAgain.readable_at(version);
-            match crate::scoped::answer_scoped_batch(shared, try_again, frame, now_ns, out).await {
+            match crate::scoped::answer_scoped_batch(shared, caller, frame, now_ns, out).await {
                 Ok(refused) => refused,
-                Err(plain) => answer_checks(shared, version, &plain, now_ns, out).await,
+                Err(plain) => answer_checks(shared, caller, &plain, now_ns, out).await,
             }
         }
         FrameKind::LeaseRequest => crate::lease::answer_lease_requests(shared, frame, out).await,
         FrameKind::TokenLeaseBatch => {
-            crate::token_leases::answer_token_leases(shared, frame, now_ns, out).await
+            crate::token_leases::answer_token_leases(shared, caller, frame, now_ns, out).await
         }
         FrameKind::PolicyRequest => {
             crate::rules::answer_policy_request(shared.rules.as_deref(), frame, out)
@@ -213,11 +216,11 @@ pub(super) async fn answer(
     }
 }
 
-/// Answers a check batch (kind 1, or 10 from a peer) from a connection speaking `version`:
-/// decided here, or forwarded by group.
+/// Answers a check batch (kind 1, or 10 from a peer) from `caller`: decided here, or
+/// forwarded by group.
 async fn answer_checks(
     shared: &Shared,
-    version: u8,
+    caller: Caller<'_>,
     frame: &Frame,
     now_ns: u64,
     out: &mut Vec<u8>,
@@ -233,13 +236,13 @@ async fn answer_checks(
             if !alone {
                 drop(deciding);
                 // Groups may belong to other nodes, and gained slots may wait for a hand-off.
-                let try_again = Feature::TryAgain.readable_at(version);
-                forward::answer_check_batch(shared, try_again, frame, now_ns, out).await
+                forward::answer_check_batch(shared, caller, frame, now_ns, out).await
             } else {
                 // A node alone decides everything here, synchronously, with the table held: a
                 // node that joins meanwhile receives these decisions in its hand-off.
                 let limits = shared.config.limits.wire();
                 answer_frame(
+                    caller,
                     &shared.store,
                     &limits,
                     &shared.metrics,
