@@ -23,10 +23,11 @@ pub(crate) enum Attempt {
     Failed(DegradedReason),
     /// Never sent (breaker open, link down, queue full).
     NotSent(DegradedReason),
-    /// The node answered that nobody could decide the call at once without a second decider
-    /// (its slot's state on the way, or its owner slow): nothing was decided, and the node is
-    /// not failing. Send it again shortly.
-    TryAgain,
+    /// Nothing was decided and the call may be sent again shortly: the node answered
+    /// `try_again` (nobody could decide it at once without a second decider: its slot's state
+    /// on the way, or its owner slow) or `shutting_down` (it is leaving; the table will name
+    /// the slot's next owner). The code says which.
+    Again(ErrorCode),
 }
 
 /// Which node a call goes to.
@@ -85,11 +86,15 @@ pub(crate) async fn send(
         Reply::Decided { decisions, start } => {
             link.breaker.on_success();
             let answer = decisions.get(start..start + checks.len());
-            if answer.is_some_and(|a| {
-                a.iter()
-                    .any(|d| d.to_decision() == Err(ErrorCode::TryAgain))
-            }) {
-                return Attempt::TryAgain;
+            let again = answer
+                .into_iter()
+                .flatten()
+                .find_map(|d| match d.to_decision() {
+                    Err(code @ (ErrorCode::TryAgain | ErrorCode::ShuttingDown)) => Some(code),
+                    _ => None,
+                });
+            if let Some(code) = again {
+                return Attempt::Again(code);
             }
             verdicts_from_node(
                 fallback,

@@ -333,9 +333,10 @@ impl Client {
 }
 
 impl Inner {
-    /// The routing and failover of one validated call (see [`Client::check`]): sent again
-    /// while a node answers `try_again` (a slot moving, an owner slow for a moment), after a
-    /// pause doubling from [`TRY_AGAIN_PAUSE`], until the deadline; then its failure mode.
+    /// The routing and failover of one validated call (see [`Client::check`]): sent again,
+    /// routed afresh, while a node answers `try_again` (a slot moving, an owner slow for a
+    /// moment) or `shutting_down` (a node leaving, its slots about to move), after a pause
+    /// doubling from [`TRY_AGAIN_PAUSE`], until the deadline; then its failure mode.
     async fn check_with(
         &self,
         checks: &[Check],
@@ -348,13 +349,14 @@ impl Inner {
         let deadline = Instant::now() + self.timeout;
         let mut pause = TRY_AGAIN_PAUSE;
         loop {
-            if let Some(result) = self.route_once(checks, deadline, slot, out).await {
-                return result;
-            }
+            let code = match self.route_once(checks, deadline, slot, out).await {
+                Ok(result) => return result,
+                Err(code) => code,
+            };
             let resume = Instant::now() + pause;
             if resume >= deadline {
                 out.clear();
-                let reason = DegradedReason::Refused(ErrorCode::TryAgain);
+                let reason = DegradedReason::Refused(code);
                 out.extend(self.fallback.resolve_all(checks, reason));
                 return Ok(());
             }
@@ -363,14 +365,15 @@ impl Inner {
         }
     }
 
-    /// One attempt at a call: its answer (`None`: a node said `try_again`).
+    /// One attempt at a call: its answer, or the code of a node that said to send it again
+    /// (`try_again`, `shutting_down`).
     async fn route_once(
         &self,
         checks: &[Check],
         deadline: Instant,
         slot: &Arc<ReplySlot>,
         out: &mut Vec<Verdict>,
-    ) -> Option<Result<(), ClientError>> {
+    ) -> Result<Result<(), ClientError>, ErrorCode> {
         let routes = self.routing.routes();
         let key = &checks[0].key;
         let owner = &routes.links[routes.route(key)];
@@ -394,8 +397,8 @@ impl Inner {
         };
         let attempt = call::send(first, &self.fallback, checks, route, deadline, slot, out);
         let (reason, sent) = match attempt.await {
-            Attempt::Answered(result) => return Some(result),
-            Attempt::TryAgain => return None,
+            Attempt::Answered(result) => return Ok(result),
+            Attempt::Again(code) => return Err(code),
             Attempt::Failed(reason) => (reason, true),
             Attempt::NotSent(reason) => (reason, false),
         };
@@ -422,14 +425,14 @@ impl Inner {
                 out,
             );
             match attempt.await {
-                Attempt::Answered(result) => return Some(result),
-                Attempt::TryAgain => return None,
+                Attempt::Answered(result) => return Ok(result),
+                Attempt::Again(code) => return Err(code),
                 Attempt::Failed(_) | Attempt::NotSent(_) => {}
             }
         }
         out.clear();
         out.extend(self.fallback.resolve_all(checks, reason));
-        Some(Ok(()))
+        Ok(Ok(()))
     }
 
     fn validate(&self, checks: &[Check]) -> Result<(), ClientError> {

@@ -43,6 +43,9 @@ use table_message::EncodedTable;
 const BUCKET_BYTES_PER_FRAME: usize = 256 * 1024;
 /// Longest a check waits for a starting node to hear from the cluster it joins.
 const JOIN_WAIT: Duration = Duration::from_secs(1);
+/// Longest a caller that cannot be told `try_again` waits for a gained slot's hand-off (the
+/// machine waits longer for a previous owner held alive; such a caller is then refused).
+const OLD_CALLER_HANDOFF_WAIT: Duration = Duration::from_millis(500);
 /// Longest a message to a peer may take before it is given up.
 pub(crate) const PEER_TIMEOUT: Duration = Duration::from_secs(1);
 /// How often a node whose seeds do not answer, or that receives conflicting claims on an id,

@@ -10,7 +10,7 @@ use floodgate::cluster::ownership::{Action, Arrival, HandOff, Ownership, Placeme
 use floodgate::cluster::{MemberState, Membership, SlotTable};
 use floodgate::wire::HandoffPart;
 
-use super::Cluster;
+use super::{Cluster, OLD_CALLER_HANDOFF_WAIT};
 
 /// From this many owners a table takes milliseconds to compute (about 3 ms for 100, 25 ms for
 /// 1,000, measured by the `slots` benchmark).
@@ -211,44 +211,52 @@ impl Cluster {
         sends
     }
 
-    /// Waits (bounded by the pending deadline) until none of `slots` awaits a hand-off.
+    /// Waits until none of `slots` awaits a hand-off, or until `give_up_ns` (on the node's
+    /// clock) if that comes first. A wait that runs out ends in the machine too.
     pub(crate) async fn wait_for_handoffs(
         &self,
         slots: impl Iterator<Item = u16> + Clone,
-        now_ns: u64,
+        give_up_ns: u64,
     ) {
-        // `now_ns` is when the frame was read; deadlines count from then, however often a
-        // hand-off from another peer wakes this loop.
-        let started = tokio::time::Instant::now();
         loop {
             // Created before the look, so a hand-off arriving in between still wakes it.
             let notified = self.handoff_arrived.notified();
+            let now_ns = self.clock.now_ns();
             let latest = self
                 .ownership
                 .lock()
                 .handoff_deadline(slots.clone(), now_ns);
             let Some(until) = latest else { return };
-            let deadline = started + std::time::Duration::from_nanos(until - now_ns);
-            if tokio::time::timeout_at(deadline, notified).await.is_err() {
-                self.ownership.lock().handle_timeout(until);
+            let stop = until.min(give_up_ns);
+            if stop <= now_ns {
+                return;
+            }
+            let left = std::time::Duration::from_nanos(stop - now_ns);
+            if tokio::time::timeout(left, notified).await.is_err() {
+                if stop == until {
+                    self.ownership.lock().handle_timeout(until);
+                }
                 return;
             }
         }
     }
 
-    /// Waits (bounded) for the hand-offs of any of `slots` this node just gained, then takes the
-    /// deciding gate ([`Cluster::deciding`]). Looked at again under the gate, at most three
-    /// times in all, as the table may switch between the wait and the gate. `read_ns` is when
-    /// the request was read. Every request that decides on this node's state (checks and
-    /// leases) enters here, so a table switch's hand-off carries what they decided.
+    /// Waits (at most [`OLD_CALLER_HANDOFF_WAIT`] from `read_ns`, when the request was read)
+    /// for the hand-offs of any of `slots` this node just gained, then takes the deciding gate
+    /// ([`Cluster::deciding`]). Looked at again under the gate, at most three times in all, as
+    /// the table may switch between the wait and the gate. For callers that cannot be told
+    /// `try_again` (older clients, Envoy, leases): a slot still waiting after that is refused
+    /// by the machine's placement. Every request that decides on this node's state (checks and
+    /// leases) enters the gate, so a table switch's hand-off carries what they decided.
     pub(crate) async fn enter_deciding(
         &self,
         slots: impl Iterator<Item = u16> + Clone,
         read_ns: u64,
     ) -> parking_lot::RwLockReadGuard<'_, ()> {
+        let give_up_ns = read_ns.saturating_add(OLD_CALLER_HANDOFF_WAIT.as_nanos() as u64);
         let mut attempts = 0;
         loop {
-            self.wait_for_handoffs(slots.clone(), read_ns).await;
+            self.wait_for_handoffs(slots.clone(), give_up_ns).await;
             let deciding = self.deciding();
             attempts += 1;
             if attempts == 3 || !self.awaits_handoff(slots.clone(), self.clock.now_ns()) {

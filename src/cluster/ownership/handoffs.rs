@@ -31,12 +31,20 @@ pub struct ReceivedPart<'a> {
 /// The hand-off state of one node. Ordered maps, so a simulation replays byte for byte.
 #[derive(Debug, Default, Clone)]
 pub struct Handoffs {
-    /// Gained slots whose state is on its way: from whom, and until when they wait.
-    pending: BTreeMap<u16, (String, u64)>,
+    /// Gained slots whose state is on its way.
+    pending: BTreeMap<u16, Pending>,
     /// Slots a complete hand-off carried here: from whom, and when.
     arrived: BTreeMap<u16, (String, u64)>,
     /// Hand-offs still missing parts, by sender and hand-off id.
     partial: BTreeMap<(String, u64), Partial>,
+}
+
+/// A gained slot's wait: from whom, since when, and until when.
+#[derive(Debug, Clone)]
+struct Pending {
+    from: String,
+    since_ns: u64,
+    until_ns: u64,
 }
 
 #[derive(Debug, Default, Clone)]
@@ -59,10 +67,22 @@ impl Handoffs {
             .get(&slot)
             .is_some_and(|(by, at)| by == from && now_ns.saturating_sub(*at) < wait_ns);
         if !arrived {
-            self.pending
-                .insert(slot, (from.to_owned(), now_ns.saturating_add(wait_ns)));
+            let pending = Pending {
+                from: from.to_owned(),
+                since_ns: now_ns,
+                until_ns: now_ns.saturating_add(wait_ns),
+            };
+            self.pending.insert(slot, pending);
         }
         !arrived
+    }
+
+    /// Every wait's deadline becomes its start plus `wait_of(from)` (a sender's standing in
+    /// the failure detector changed).
+    pub fn set_waits(&mut self, wait_of: impl Fn(&str) -> u64) {
+        for pending in self.pending.values_mut() {
+            pending.until_ns = pending.since_ns.saturating_add(wait_of(&pending.from));
+        }
     }
 
     /// Records one part of a hand-off (its buckets already merged); when that completed the
@@ -106,7 +126,7 @@ impl Handoffs {
                 .unwrap_or_default()
         };
         for &slot in &slots {
-            if self.pending.get(&slot).is_some_and(|(by, _)| by == from) {
+            if self.pending.get(&slot).is_some_and(|p| p.from == from) {
                 self.pending.remove(&slot);
             }
             self.arrived.insert(slot, (from.to_owned(), now_ns));
@@ -126,8 +146,8 @@ impl Handoffs {
         let expired: Vec<(u16, String)> = self
             .pending
             .iter()
-            .filter(|(_, (_, until))| *until <= now_ns)
-            .map(|(slot, (from, _))| (*slot, from.clone()))
+            .filter(|(_, p)| p.until_ns <= now_ns)
+            .map(|(slot, p)| (*slot, p.from.clone()))
             .collect();
         for (slot, _) in &expired {
             self.pending.remove(slot);
@@ -146,14 +166,14 @@ impl Handoffs {
         }
         slots
             .filter_map(|s| self.pending.get(&s))
-            .map(|(_, until)| *until)
+            .map(|p| p.until_ns)
             .filter(|until| *until > now_ns)
             .max()
     }
 
     /// The earliest deadline of any waiting slot.
     pub fn next_deadline(&self) -> Option<u64> {
-        self.pending.values().map(|(_, until)| *until).min()
+        self.pending.values().map(|p| p.until_ns).min()
     }
 
     /// Who `slot` waited for, if its wait ran out by `now_ns` and was not yet forgotten
@@ -161,13 +181,13 @@ impl Handoffs {
     pub fn expired_wait(&self, slot: u16, now_ns: u64) -> Option<&str> {
         self.pending
             .get(&slot)
-            .filter(|(_, until)| *until <= now_ns)
-            .map(|(from, _)| from.as_str())
+            .filter(|p| p.until_ns <= now_ns)
+            .map(|p| p.from.as_str())
     }
 
     /// Who `slot` waits for, if it waits.
     pub fn awaited_from(&self, slot: u16) -> Option<&str> {
-        self.pending.get(&slot).map(|(from, _)| from.as_str())
+        self.pending.get(&slot).map(|p| p.from.as_str())
     }
 
     /// Hand-offs still missing parts (bounded by `MAX_PARTIAL`).
@@ -246,6 +266,13 @@ mod tests {
         assert_eq!(h.next_deadline(), Some(WAIT));
         assert_eq!(h.expire(WAIT), vec![(1, "x".to_owned())]);
         assert!(h.is_empty());
+        // A wait lengthened (its sender held alive) and shortened again counts from its start.
+        h.expect(1, "x", 10, WAIT);
+        h.set_waits(|_| 10 * WAIT);
+        assert_eq!(h.next_deadline(), Some(10 + 10 * WAIT));
+        assert!(h.expire(10 + WAIT).is_empty());
+        h.set_waits(|_| WAIT);
+        assert_eq!(h.expire(10 + WAIT), vec![(1, "x".to_owned())]);
         for id in 0..(MAX_PARTIAL as u64 + 10) {
             h.received("x", part(id, 0, 2, &[1]), 0);
         }

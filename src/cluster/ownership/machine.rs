@@ -1,7 +1,7 @@
 //! The ownership state machine of one node: the table in force and the versions before it,
 //! the slots given away, the gained slots waiting for a hand-off, and the join phase.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
 
 use super::handoffs::{Handoffs, ReceivedPart};
@@ -11,8 +11,14 @@ use crate::cluster::{SLOTS, SlotTable};
 /// Timings and bounds of the machine.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct OwnershipConfig {
-    /// Longest a gained slot waits for its previous owner's hand-off.
+    /// Longest a gained slot waits for its previous owner's hand-off once the failure
+    /// detector holds that owner suspect (it may be gone, with its hand-off).
     pub handoff_wait_ns: u64,
+    /// Longest it waits while that owner is held alive: it is slow or has not switched
+    /// tables yet, and may still decide the slot, so deciding beside it would make a second
+    /// decider. Callers hear `try_again` meanwhile; the wait is bounded so a hand-off lost
+    /// between two live nodes costs seconds of that slot, not the slot.
+    pub handoff_wait_alive_ns: u64,
     /// How many earlier table versions are remembered (to tell a sender that is behind).
     pub past_versions: usize,
 }
@@ -21,6 +27,7 @@ impl Default for OwnershipConfig {
     fn default() -> Self {
         OwnershipConfig {
             handoff_wait_ns: 500_000_000,
+            handoff_wait_alive_ns: 5_000_000_000,
             past_versions: 32,
         }
     }
@@ -104,6 +111,9 @@ pub struct Ownership {
     actions: VecDeque<Action>,
     /// Counts every change of what this machine would decide (for checkers).
     changes: u64,
+    /// Members the failure detector holds suspect or dead, as the driver last said: a wait
+    /// for one of them is the shorter one.
+    suspected: BTreeSet<String>,
 }
 
 impl Ownership {
@@ -130,7 +140,24 @@ impl Ownership {
             next_handoff_id: first_handoff_id,
             actions: VecDeque::new(),
             changes: 0,
+            suspected: BTreeSet::new(),
         }
+    }
+
+    /// The failure detector's verdicts changed: `suspected` are the members it holds suspect
+    /// or dead. Waits for their hand-offs shorten to `handoff_wait_ns` from their start;
+    /// waits for members alive again lengthen to `handoff_wait_alive_ns`. Call
+    /// [`Ownership::handle_timeout`] after, for waits that ran out by this.
+    pub fn handle_suspicion(&mut self, suspected: impl IntoIterator<Item = String>) {
+        let suspected: BTreeSet<String> = suspected.into_iter().collect();
+        if suspected == self.suspected {
+            return;
+        }
+        self.suspected = suspected;
+        let config = self.config;
+        let suspected = &self.suspected;
+        self.handoffs
+            .set_waits(|from| wait_for(&config, suspected.contains(from)));
     }
 
     pub fn me(&self) -> &str {
@@ -439,8 +466,8 @@ impl Ownership {
             {
                 if new.contains(was) || announced_leave(was) {
                     // Waiting, or its hand-off already here: either way not decided blind.
-                    self.handoffs
-                        .expect(slot, was, now_ns, self.config.handoff_wait_ns);
+                    let wait = wait_for(&self.config, self.suspected.contains(was));
+                    self.handoffs.expect(slot, was, now_ns, wait);
                     self.unconfirmed.remove(&slot);
                 } else {
                     let from = was.to_owned();
@@ -532,12 +559,22 @@ impl Ownership {
     }
 }
 
+/// How long a gained slot waits for a previous owner held `suspected` or alive.
+fn wait_for(config: &OwnershipConfig, suspected: bool) -> u64 {
+    if suspected {
+        config.handoff_wait_ns
+    } else {
+        config.handoff_wait_alive_ns.max(config.handoff_wait_ns)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::cluster::ownership::placement::Arrival;
 
     const WAIT: u64 = 500_000_000;
+    const ALIVE_WAIT: u64 = 5_000_000_000;
 
     fn table(epoch: u64, nodes: &[&str]) -> Arc<SlotTable> {
         let nodes: Vec<String> = nodes.iter().map(|n| n.to_string()).collect();
@@ -605,11 +642,12 @@ mod tests {
             .collect();
         let slot = gained[0];
 
-        // c left gracefully: its hand-off is awaited, until it arrives.
+        // c left gracefully: its hand-off is awaited, until it arrives (as long as c is held
+        // alive, the longer wait: c may still be deciding).
         let mut a = machine("a", before.clone(), false);
         a.handle_table(10, after.clone(), |id| id == "c");
         assert!(!a.decides(slot, 10));
-        assert_eq!(a.poll_timeout(), Some(10 + WAIT));
+        assert_eq!(a.poll_timeout(), Some(10 + ALIVE_WAIT));
         // Meanwhile a check for it is told to try again, at once: no frame waits on it.
         let try_again = Placement::Refuse(Refusal::TryAgain);
         assert_eq!(a.place(slot, Arrival::Client, 15, |_| false), try_again);
@@ -622,9 +660,18 @@ mod tests {
         );
         assert_eq!(a.window(slot, 20), None);
 
-        // Its wait runs out: decided from what is here, inside a named window.
+        // Its wait runs out: decided from what is here, inside a named window. While c is
+        // held alive that is the longer wait; once it is suspected, the shorter one from the
+        // wait's start, and alive again, the longer one.
         let mut late = machine("a", before.clone(), false);
         late.handle_table(10, after.clone(), |id| id == "c");
+        late.handle_timeout(10 + WAIT);
+        assert!(!late.decides(slot, 10 + WAIT), "c is held alive");
+        late.handle_suspicion(["c".to_owned()]);
+        assert_eq!(late.poll_timeout(), Some(10 + WAIT));
+        late.handle_suspicion([]);
+        assert_eq!(late.poll_timeout(), Some(10 + ALIVE_WAIT));
+        late.handle_suspicion(["c".to_owned()]);
         late.handle_timeout(10 + WAIT);
         assert!(late.decides(slot, 10 + WAIT));
         assert_eq!(

@@ -882,6 +882,14 @@ impl Sim {
             {
                 life.ownership = switched;
             }
+            // As the node's gossip tick does: the failure detector's verdicts, then timers.
+            let suspected: Vec<String> = life
+                .membership
+                .members()
+                .filter(|(_, state)| *state != MemberState::Alive)
+                .map(|(info, _)| info.id.clone())
+                .collect();
+            life.ownership.handle_suspicion(suspected);
             if life.ownership.poll_timeout().is_some_and(|at| at <= now) {
                 life.ownership.handle_timeout(now);
             }
