@@ -52,6 +52,7 @@ pub(crate) async fn start(
     let addr = listener.local_addr()?;
     let max_message = shared.config.limits.max_frame_bytes;
     let shared_tls = shared.config.tls.clone();
+    let shared_limits = shared.config.limits;
     // The same allowance as the QUIC endpoint's clients, counted apart.
     let max_connections = shared.config.limits.max_connections;
     let shutdown_incoming = shutdown.clone();
@@ -76,9 +77,16 @@ pub(crate) async fn start(
             .tls_config(tls_config(&shared_tls, settings.client_auth)?)
             .context("the RLS listener's TLS configuration")?;
     }
+    // HTTP/2 windows from the node's limits, as the QUIC endpoint's: hyper's defaults (1 MiB a
+    // stream and a connection) are not bounded by what the node was given.
+    let windows = shared_limits.quic_windows();
+    let stream_window = u32::try_from(windows.stream_receive).unwrap_or(u32::MAX);
+    let connection_window = u32::try_from(windows.connection_receive).unwrap_or(u32::MAX);
     let mut stop = shutdown.clone();
     tasks.spawn(async move {
         let served = builder
+            .initial_stream_window_size(stream_window)
+            .initial_connection_window_size(connection_window)
             .max_concurrent_streams(MAX_STREAMS_PER_CONNECTION)
             .timeout(CALL_TIMEOUT)
             .add_service(health_service)

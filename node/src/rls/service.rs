@@ -19,10 +19,12 @@ use floodgate::rls::{
     overall_code, plan_request, ratelimit_headers,
 };
 use metrics::{counter, histogram};
+use prost::Message;
 use tonic::{Request, Response, Status};
 
 use super::config_file::RlsConfigHandle;
 use super::decide::{Undecided, decide};
+use crate::budget::{BufferBudget, Reservation};
 use crate::state::Shared;
 
 /// Most entries in one descriptor (Envoy sends a handful).
@@ -45,10 +47,28 @@ impl RateLimitService for RlsService {
         request: Request<RateLimitRequest>,
     ) -> Result<Response<RateLimitResponse>, Status> {
         let started = Instant::now();
+        // The decoded request is held until it is answered: it counts in the node's buffer
+        // budget beside the QUIC streams', so neither front can starve the other.
+        let _held = reserve_call(&self.shared.budget, request.get_ref().encoded_len())?;
         let result = self.answer(request.into_inner()).await;
         histogram!("floodgate_rls_request_seconds").record(started.elapsed().as_secs_f64());
         result.map(Response::new)
     }
+}
+
+/// Reserves a call's `bytes` from `budget` for as long as the call is answered, or refuses it
+/// with `RESOURCE_EXHAUSTED` (Envoy applies its `failure_mode_deny` setting).
+fn reserve_call(budget: &BufferBudget, bytes: usize) -> Result<Reservation<'_>, Status> {
+    let mut held = budget.reservation();
+    if held.resize(bytes, false).is_err() {
+        counter!("floodgate_rls_refused_total", "reason" => "over_budget").increment(1);
+        return Err(Status::resource_exhausted(format!(
+            "the node is buffering too much for all its callers (--max-buffered-bytes {}): \
+             retry later",
+            budget.limit()
+        )));
+    }
+    Ok(held)
 }
 
 impl RlsService {
@@ -222,5 +242,24 @@ fn record_metrics(domain: &str, answers: &[DescriptorAnswer], overall: StatusCod
             "result" => result,
         )
         .increment(1);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_call_is_held_in_the_buffer_budget_and_refused_when_it_is_spent() {
+        let budget = BufferBudget::new(10_000);
+        let first = reserve_call(&budget, 6_000).unwrap();
+        assert_eq!(budget.used(), 6_000);
+        let refused = reserve_call(&budget, 6_000).unwrap_err();
+        assert_eq!(refused.code(), tonic::Code::ResourceExhausted);
+        assert!(refused.message().contains("--max-buffered-bytes 10000"));
+        assert_eq!(budget.used(), 6_000, "a refused call holds nothing");
+        drop(first);
+        assert_eq!(budget.used(), 0, "an answered call gives its bytes back");
+        assert!(reserve_call(&budget, 6_000).is_ok());
     }
 }
