@@ -16,9 +16,11 @@
 //!
 //! 1. **Wait expired** ([`Window::WaitExpired`]): a gained slot waits for the complete
 //!    hand-off (every part) from its previous owner that lists it, at most
-//!    `handoff_wait_ns` (500 ms). When the wait runs out first (the previous owner has not
-//!    switched tables yet, or a part was lost), the new owner decides from what it has while
-//!    that previous owner may still decide. It ends when that owner's hand-off carrying the
+//!    `handoff_wait_alive_ns` (5 s) while the driver's failure detector holds that owner alive
+//!    ([`Ownership::handle_suspicion`]) and `handoff_wait_ns` (500 ms) from the wait's start
+//!    once it is suspected. When the wait runs out first (the previous owner is stalled longer
+//!    than that, has not switched tables yet, or a part was lost), the new owner decides from
+//!    what it has while that previous owner may still decide. It ends when that owner's hand-off carrying the
 //!    slot arrives, or the slot is given away.
 //! 2. **Owner declared dead** ([`Window::OwnerDeclaredDead`]): a slot gained from a member
 //!    this node's membership holds dead (not departed) does not wait: no hand-off comes, the
