@@ -301,14 +301,18 @@ mod tests {
             seed ^= seed << 17;
             seed % bound
         };
+        // How often each kind of reply came: limited with a wait, limited for good, allowed.
+        let mut seen = [0u32; 3];
         for round in 0..200 {
             let mut model = RedisCell::default();
             let mut floodgate = Floodgate::default();
             let params: Vec<(i64, i64, i64)> = (0..3)
                 .map(|_| {
                     let burst = next(20) as i64;
-                    let count = 1 + next(if next(2) == 0 { 10 } else { 5_000 }) as i64;
-                    let period = 1 + next(if next(2) == 0 { 3 } else { 3_600 }) as i64;
+                    let wide = next(2) == 0;
+                    let count = 1 + next(if wide { 5_000 } else { 10 }) as i64;
+                    let long = next(2) == 0;
+                    let period = 1 + next(if long { 3_600 } else { 3 }) as i64;
                     (burst, count, period)
                 })
                 .collect();
@@ -339,8 +343,14 @@ mod tests {
                 let expected = model.throttle(key.as_bytes(), burst, count, period, quantity, now);
                 let got = floodgate.throttle(&words, now as u64);
                 assert_eq!(got, Ok(expected), "round {round} step {step}: {words:?}");
+                seen[match expected {
+                    [1, _, _, -1, _] => 1,
+                    [1, ..] => 0,
+                    _ => 2,
+                }] += 1;
             }
         }
+        assert!(seen.iter().all(|&n| n > 1_000), "{seen:?}");
     }
 
     /// A key reused with a limit as large or larger answers as redis-cell does.

@@ -3,6 +3,8 @@
 
 #![allow(dead_code)]
 
+pub mod resp;
+
 use std::net::SocketAddr;
 use std::sync::Arc;
 
