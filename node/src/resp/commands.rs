@@ -317,9 +317,12 @@ fn unknown_command(command: &[Vec<u8>]) -> Reply {
     ))
 }
 
-/// The commands this front serves: name, arity (negative: at least), flags, first key, last
-/// key, key step, as `COMMAND` lists them.
-const COMMANDS: [(&str, i64, &[&str], i64, i64, i64); 10] = [
+/// A command as `COMMAND` lists it: name, arity (negative: at least), flags, first key, last
+/// key, key step.
+type CommandInfo = (&'static str, i64, &'static [&'static str], i64, i64, i64);
+
+/// The commands this front serves.
+const COMMANDS: [CommandInfo; 10] = [
     ("cl.throttle", -5, &["write"], 1, 1, 1),
     ("ping", -1, &["fast"], 0, 0, 0),
     ("echo", 2, &["fast"], 0, 0, 0),
