@@ -379,6 +379,29 @@ mod tests {
         }
     }
 
+    /// The one difference in well-defined use: a key reused with a limit whose capacity is
+    /// below its debt. floodgate reads the debt as the new limit's full capacity (no wait longer
+    /// than the limit allows); redis-cell keeps it whole.
+    #[test]
+    fn a_key_reused_with_a_smaller_capacity_reads_its_debt_clamped() {
+        let now = 1_700_000_000 * NANOS_PER_SEC;
+        let mut model = RedisCell::default();
+        let mut floodgate = Floodgate::default();
+        let first = model.throttle(b"k", 4, 1, 3600, 5, now);
+        assert_eq!(
+            floodgate.throttle(&["k", "4", "1", "3600", "5"], now as u64),
+            Ok(first)
+        );
+        assert_eq!(
+            model.throttle(b"k", 0, 1, 3600, 1, now),
+            [1, 1, 0, 18000, 18000]
+        );
+        assert_eq!(
+            floodgate.throttle(&["k", "0", "1", "3600", "1"], now as u64),
+            Ok([1, 1, 0, 3600, 3600])
+        );
+    }
+
     #[test]
     fn errors_as_redis_cell_words_them_and_where_floodgate_refuses() {
         assert_eq!(parse(&args(&["k", "1", "2"]), 256), Err(USAGE.to_owned()));
