@@ -1,5 +1,5 @@
 # floodgate: thin, documented targets. CI runs `bash .ci/run`, which calls `make lint` and `make test`.
-.PHONY: help test lint fmt bench bench-core bench-load run run-regions fuzz envoy-test resp-conformance chaos upgrade-test
+.PHONY: help test lint fmt bench bench-core bench-load run run-regions fuzz envoy-test resp-conformance bench-resp chaos upgrade-test
 
 CARGO ?= cargo
 FUZZ_SECONDS ?= 60
@@ -116,6 +116,10 @@ bench-load:      ## floodgate (QUIC and Envoy RLS) beside Redis + Lua and Redis 
 	@bash bench/redis-cell.sh >/dev/null || echo "the redis+cell baseline will be skipped"
 	$(CARGO) build --release --locked -p floodgate-node -p floodgate-bench
 	./target/release/floodgate-bench load --out target/bench
+
+bench-resp:      ## CL.THROTTLE through floodgate's Redis front beside redis-server + redis-cell, one client (redis-benchmark), 100,000 keys, unpipelined and pipelined: markdown table
+	$(CARGO) build --release --locked -p floodgate-node
+	bash bench/resp.sh
 
 fuzz:            ## every fuzz target for FUZZ_SECONDS (default 60) each on nightly libFuzzer, with executions per second; fails on any crash
 	@rustup toolchain list | grep -q '^nightly' || (echo "make fuzz needs a nightly toolchain for libFuzzer: rustup toolchain install nightly" && false)

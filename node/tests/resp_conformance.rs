@@ -73,29 +73,15 @@ fn start_redis_cell() -> RedisCell {
 
 /// The virtualenv with redis-py, made once and reused.
 fn python() -> PathBuf {
-    let venv = root().join("target/resp-venv");
-    let python = venv.join("bin/python");
-    let ready = |p: &Path| {
-        Command::new(p)
+    let imports = |venv: &Path| {
+        Command::new(venv.join("bin/python"))
             .args(["-c", "import redis"])
             .status()
             .is_ok_and(|s| s.success())
     };
-    if !ready(&python) {
-        let made = Command::new("python3")
-            .args(["-m", "venv"])
-            .arg(&venv)
-            .status();
-        assert!(made.is_ok_and(|s| s.success()), "python3 -m venv failed");
-        let installed = Command::new(venv.join("bin/pip"))
-            .args(["install", "--quiet", "redis==5.2.1"])
-            .status();
-        assert!(
-            installed.is_ok_and(|s| s.success()) && ready(&python),
-            "pip could not install redis-py"
-        );
-    }
-    python
+    let venv = python_venv("resp-venv", &["redis==5.2.1"], imports);
+    venv.unwrap_or_else(|why| panic!("{why}"))
+        .join("bin/python")
 }
 
 /// redis-cli's answers (`--no-raw`: one line per array element, numbered) to `commands`.

@@ -244,17 +244,23 @@ fn listening_on_every_interface_without_advertise_exits_2_naming_the_flag() {
             "off",
         ],
     ] {
-        let output = Command::new(env!("CARGO_BIN_EXE_floodgate-node"))
-            .args(&args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .output()
-            .unwrap();
-        let stderr = String::from_utf8_lossy(&output.stderr);
-        assert_eq!(output.status.code(), Some(2), "{args:?}: {stderr}");
-        assert!(stderr.contains("--advertise"), "{args:?}: {stderr}");
+        let mut command = Command::new(env!("CARGO_BIN_EXE_floodgate-node"));
+        command.args(&args);
+        exits_2_saying(&mut command, "--advertise");
     }
+}
+
+/// Runs the node binary to its end: it must exit 2 with `says` in its error.
+fn exits_2_saying(command: &mut Command, says: &str) {
+    let output = command
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{command:?}: {stderr}");
+    assert!(stderr.contains(says), "{command:?}: {stderr}");
 }
 
 fn node_binary(args: &[&str]) -> std::process::Child {
@@ -382,15 +388,7 @@ fn resp_password_mistakes_exit_2_and_a_good_password_is_taken() {
         if let Some(env) = env {
             command.env("FLOODGATE_RESP_PASSWORD", env);
         }
-        let output = command
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .output()
-            .unwrap();
-        let stderr = String::from_utf8_lossy(&output.stderr);
-        assert_eq!(output.status.code(), Some(2), "{args:?}: {stderr}");
-        assert!(stderr.contains(says), "{args:?}: {stderr}");
+        exits_2_saying(&mut command, says);
     }
     let mut node = Command::new(env!("CARGO_BIN_EXE_floodgate-node"))
         .args(base)
@@ -401,16 +399,23 @@ fn resp_password_mistakes_exit_2_and_a_good_password_is_taken() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    // The start-up log names the bound address; a few dozen lines at most.
-    let addr = BufReader::new(node.stderr.take().unwrap())
-        .lines()
-        .take(100)
-        .map_while(Result::ok)
-        .find_map(|line| {
-            let rest = line.split_once("RESP (Redis protocol")?.1;
-            let addr = rest.split_once("addr=")?.1.split_whitespace().next()?;
-            addr.parse::<SocketAddr>().ok()
-        })
+    // The start-up log names the bound address. The log is read to its end on another thread:
+    // a node whose stderr is closed fails its next write.
+    let stderr = node.stderr.take().unwrap();
+    let (found, address) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            let addr = line
+                .split_once("RESP (Redis protocol")
+                .and_then(|(_, rest)| rest.split_once("addr="))
+                .and_then(|(_, rest)| rest.split_whitespace().next()?.parse::<SocketAddr>().ok());
+            if let Some(addr) = addr {
+                let _ = found.send(addr);
+            }
+        }
+    });
+    let addr = address
+        .recv_timeout(BOUND)
         .expect("the node logs its RESP address");
     let mut stream = std::net::TcpStream::connect(addr).unwrap();
     stream.set_read_timeout(Some(BOUND)).unwrap();

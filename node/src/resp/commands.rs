@@ -1,6 +1,7 @@
 //! A connection's session and the dispatch of its commands: the handshake commands answered here as Redis answers them, runs of `CL.THROTTLE` decided as one batch.
 
 use floodgate::resp::{Protocol, Reply};
+use metrics::counter;
 
 use super::Front;
 use super::decide::decide;
@@ -76,21 +77,40 @@ impl Session {
         }
         let valid: Vec<&Throttle> = run.iter().filter_map(|t| t.as_ref().ok()).collect();
         let mut decisions = decide(&front.shared, &valid).await.into_iter();
+        let mut tally: Vec<(&'static str, u64)> = Vec::new();
         for parsed in &run {
-            let reply = match parsed {
-                Err(error) => Reply::Error(error.clone()),
+            let (reply, result) = match parsed {
+                Err(error) => (Reply::Error(error.clone()), "refused"),
                 Ok(throttle) => match decisions.next() {
-                    Some(Ok(decision)) => integers(throttle::reply(throttle, &decision)),
+                    Some(Ok(decision)) => {
+                        let reply = throttle::reply(throttle, &decision);
+                        let result = if reply[0] == 0 { "allowed" } else { "limited" };
+                        (integers(reply), result)
+                    }
                     Some(Err(why)) => match front.settings.failure_mode {
-                        RespFailureMode::Open => integers(throttle::open_reply(throttle)),
-                        RespFailureMode::Closed => {
-                            Reply::Error(format!("ERR floodgate could not decide the key: {why}"))
+                        RespFailureMode::Open => {
+                            (integers(throttle::open_reply(throttle)), "failed_open")
                         }
+                        RespFailureMode::Closed => (
+                            Reply::Error(format!("ERR floodgate could not decide the key: {why}")),
+                            "failed_closed",
+                        ),
                     },
-                    None => Reply::error("ERR floodgate could not decide the key"),
+                    None => (
+                        Reply::error("ERR floodgate could not decide the key"),
+                        "failed_closed",
+                    ),
                 },
             };
+            match tally.iter_mut().find(|(r, _)| *r == result) {
+                Some((_, n)) => *n += 1,
+                None => tally.push((result, 1)),
+            }
             reply.write(self.protocol, out);
+        }
+        // One metric update per result per run, not per call.
+        for (result, n) in tally {
+            counter!("floodgate_resp_throttles_total", "result" => result).increment(n);
         }
     }
 

@@ -36,6 +36,8 @@ pub(crate) async fn serve(
     let mut session = Session::new(id, front);
     let mut reservation = front.shared.budget.reservation();
     let mut buf: Vec<u8> = Vec::with_capacity(READ_BYTES);
+    // Read into a fixed chunk, then appended: no zeroing per read, never more than it holds.
+    let mut chunk = vec![0u8; READ_BYTES].into_boxed_slice();
     let mut out: Vec<u8> = Vec::new();
     // Bytes the buffer must hold before parsing can say more.
     let mut needed = 1;
@@ -71,10 +73,12 @@ pub(crate) async fn serve(
         if let Some(error) = &failure {
             Reply::Error(format!("ERR {error}")).write(session.protocol(), &mut out);
         }
+        let mut over_budget = false;
         if !out.is_empty() {
             if reservation.resize(buf.len() + out.len(), false).is_err() {
                 out.clear();
                 overloaded(front, &mut out);
+                over_budget = true;
             }
             let written = tokio::time::timeout(WRITE_TIMEOUT, stream.write_all(&out)).await;
             out.clear();
@@ -82,7 +86,7 @@ pub(crate) async fn serve(
                 return;
             }
         }
-        if failure.is_some() || session.closing {
+        if failure.is_some() || session.closing || over_budget {
             let _ = stream.shutdown().await;
             return;
         }
@@ -96,15 +100,13 @@ pub(crate) async fn serve(
             let _ = tokio::time::timeout(WRITE_TIMEOUT, stream.write_all(&out)).await;
             return;
         }
-        let start = buf.len();
-        buf.resize(start + READ_BYTES, 0);
         let read = tokio::select! {
-            read = stream.read(&mut buf[start..]) => read,
+            read = stream.read(&mut chunk[..]) => read,
             _ = shutdown.wait_for(|stopping| *stopping) => return,
         };
         match read {
             Ok(0) | Err(_) => return,
-            Ok(n) => buf.truncate(start + n),
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
         }
     }
 }

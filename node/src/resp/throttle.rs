@@ -158,11 +158,14 @@ pub(crate) fn reply(throttle: &Throttle, decision: &Decision) -> [i64; 5] {
     }
 }
 
-/// The reply of a check not decided, failing open: allowed, as from a full bucket.
+/// The reply of a check not decided, failing open: as from a full bucket (allowed, unless the
+/// quantity could never pass).
 pub(crate) fn open_reply(throttle: &Throttle) -> [i64; 5] {
-    let burst = throttle.limit.burst();
-    let left = burst.saturating_sub(throttle.cost.max(u64::from(throttle.never)));
-    [0, burst as i64, left as i64, -1, 0]
+    let burst = throttle.limit.burst() as i64;
+    if throttle.never {
+        return [1, burst, burst, -1, 0];
+    }
+    [0, burst, burst - throttle.cost as i64, -1, 0]
 }
 
 #[cfg(test)]
@@ -462,5 +465,7 @@ mod tests {
     fn failing_open_answers_as_a_full_bucket() {
         let throttle = parse(&args(&["k", "4", "1", "1", "2"]), 256).unwrap();
         assert_eq!(open_reply(&throttle), [0, 5, 3, -1, 0]);
+        let never = parse(&args(&["k", "4", "1", "1", "6"]), 256).unwrap();
+        assert_eq!(open_reply(&never), [1, 5, 5, -1, 0]);
     }
 }

@@ -280,3 +280,37 @@ pub fn key_owned_by(node: &Node, id: &str, prefix: &str) -> Vec<u8> {
         .find(|k| table.owner(floodgate::cluster::slot_of(k)) == Some(id))
         .unwrap()
 }
+
+/// A throwaway virtualenv `target/NAME` (made once, then reused) with `packages` installed,
+/// `ready` telling (given its directory) whether it has what the test needs. `Err` says why it
+/// could not be made.
+pub fn python_venv(
+    name: &str,
+    packages: &[&str],
+    ready: impl Fn(&std::path::Path) -> bool,
+) -> Result<std::path::PathBuf, String> {
+    use std::process::Command;
+    let venv = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../target")
+        .join(name);
+    if ready(&venv) {
+        return Ok(venv);
+    }
+    let made = Command::new("python3")
+        .args(["-m", "venv"])
+        .arg(&venv)
+        .status()
+        .map_err(|e| format!("python3 is not runnable: {e}"))?;
+    if !made.success() {
+        return Err("`python3 -m venv` failed (is python3-venv installed?)".into());
+    }
+    let installed = Command::new(venv.join("bin/pip"))
+        .args(["install", "--quiet"])
+        .args(packages)
+        .status()
+        .map_err(|e| format!("pip is not runnable: {e}"))?;
+    if !installed.success() || !ready(&venv) {
+        return Err(format!("pip could not install {}", packages.join(" ")));
+    }
+    Ok(venv)
+}
