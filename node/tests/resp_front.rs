@@ -329,3 +329,45 @@ async fn an_undecided_check_fails_open_when_configured() {
     );
     node.node.shutdown().await;
 }
+
+#[tokio::test]
+async fn buffered_bytes_count_against_the_node_budget() {
+    // The smallest budget the node accepts with 1 KiB frames: room for eight connections'
+    // read chunks (16 KiB each), not nine.
+    let node = start_node(|config| {
+        with_resp(config);
+        config.limits.max_frame_bytes = 1024;
+        config.limits.max_buffered_bytes = 2 * (1024 + 64 * 1024);
+    })
+    .await;
+    let mut held = Vec::new();
+    for i in 0..8 {
+        let mut c = client(&node).await;
+        assert_eq!(
+            c.call("PING").await,
+            simple("PONG"),
+            "connection {i}: {:?}",
+            node.node.buffered_bytes()
+        );
+        held.push(c);
+    }
+    let mut ninth = client(&node).await;
+    error_starting(&ninth.read().await, "ERR floodgate is buffering too much");
+    assert!(ninth.closed().await);
+    // A connection closed gives its bytes back.
+    drop(held.pop());
+    let mut again = client(&node).await;
+    let reply = tokio::time::timeout(std::time::Duration::from_secs(10), async {
+        loop {
+            match again.call("PING").await {
+                Value::Simple(pong) => return pong,
+                // The closed one's task may not have ended yet: told so, connect again.
+                _ => again = client(&node).await,
+            }
+        }
+    })
+    .await
+    .expect("served once a connection closed");
+    assert_eq!(reply, "PONG");
+    node.node.shutdown().await;
+}

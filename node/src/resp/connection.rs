@@ -75,6 +75,8 @@ pub(crate) async fn serve(
         }
         let mut over_budget = false;
         if !out.is_empty() {
+            // While replies are written the read chunk is idle: the unparsed bytes and the
+            // replies are what the connection holds.
             if reservation.resize(buf.len() + out.len(), false).is_err() {
                 out.clear();
                 overloaded(front, &mut out);
@@ -94,7 +96,7 @@ pub(crate) async fn serve(
             // Commands may remain whole in the buffer: serve them before reading more.
             continue;
         }
-        // Room for one more read, held against the node-wide budget.
+        // The unparsed bytes and the read chunk, held against the node-wide budget.
         if reservation.resize(buf.len() + READ_BYTES, false).is_err() {
             overloaded(front, &mut out);
             let _ = tokio::time::timeout(WRITE_TIMEOUT, stream.write_all(&out)).await;
