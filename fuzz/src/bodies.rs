@@ -14,6 +14,7 @@ use floodgate::policy::pattern::{PathPattern, normalize_path};
 use floodgate::policy::{
     KEY_SEPARATOR, MAX_KEY_BYTES, MAX_WAIT_NS, Policy, RequestAttributes, client_ip,
 };
+use floodgate::resp::{Parsed, RespLimits, parse_command};
 use floodgate::store::snapshot::{
     SNAPSHOT_HEADER_BYTES, SNAPSHOT_TRAILER_BYTES, SnapshotError, decode_snapshot,
     decode_snapshot_limited, encode_snapshot, is_live, is_long_period,
@@ -119,6 +120,10 @@ pub const TARGETS: &[Target] = &[
     Target {
         name: "region_messages",
         run: region_messages,
+    },
+    Target {
+        name: "resp_command",
+        run: resp_command,
     },
 ];
 
@@ -1094,4 +1099,55 @@ fn apply_twice(batch: &floodgate::region::DeltaBatch) {
         exchange.poll_transmit(now).is_some(),
         "an acknowledgement is owed"
     );
+}
+
+/// Small caps, so the fuzzer reaches every limit with short inputs.
+pub const RESP_TARGET_LIMITS: RespLimits = RespLimits {
+    max_args: 8,
+    max_arg_bytes: 64,
+    max_command_bytes: 256,
+};
+
+/// A byte stream read as a RESP server reads it: command after command until an error or the
+/// end. Every command stays within the caps, an incomplete one asks for more than it was given,
+/// and each command written back as a multibulk parses to the same arguments.
+pub fn resp_command(data: &[u8]) -> Outcome {
+    let limits = RESP_TARGET_LIMITS;
+    let mut at = 0;
+    // Each step consumes at least one byte, so this ends within `data.len()` steps.
+    while at < data.len() {
+        let rest = &data[at..];
+        match parse_command(rest, &limits) {
+            Err(_) => return Outcome::Refused,
+            Ok(Parsed::Incomplete(needed)) => {
+                assert!(needed > rest.len(), "incomplete asks for more than it has");
+                break;
+            }
+            Ok(Parsed::Skip(used)) => {
+                assert!(used > 0 && used <= rest.len());
+                at += used;
+            }
+            Ok(Parsed::Command(args, used)) => {
+                assert!(used > 0 && used <= rest.len() && used <= limits.max_command_bytes.max(2));
+                assert!(!args.is_empty() && args.len() <= limits.max_args);
+                assert!(args.iter().all(|a| a.len() <= limits.max_arg_bytes));
+                let mut again = format!("*{}\r\n", args.len()).into_bytes();
+                for arg in &args {
+                    again.extend_from_slice(format!("${}\r\n", arg.len()).as_bytes());
+                    again.extend_from_slice(arg);
+                    again.extend_from_slice(b"\r\n");
+                }
+                let wide = RespLimits {
+                    max_command_bytes: usize::MAX,
+                    ..limits
+                };
+                assert_eq!(
+                    parse_command(&again, &wide),
+                    Ok(Parsed::Command(args, again.len()))
+                );
+                at += used;
+            }
+        }
+    }
+    Outcome::Accepted
 }

@@ -58,6 +58,7 @@ pub fn all() -> Vec<Seed> {
     seeds.extend(policy_seeds());
     seeds.extend(rules_seeds());
     seeds.extend(rate_seeds());
+    seeds.extend(resp_seeds());
     seeds.extend(request_seeds());
     seeds.extend(snapshot_seeds());
     seeds.extend(region_seeds());
@@ -874,6 +875,38 @@ fn rate_seeds() -> Vec<Seed> {
         seed("rate_text", "huge", text("18446744073709551615d"), Refused),
         seed("rate_text", "no-count", text("/s"), Refused),
         seed("rate_text", "dot", text("."), Refused),
+    ]
+}
+
+fn resp_seeds() -> Vec<Seed> {
+    use Outcome::{Accepted, Refused};
+    let text = |s: &str| s.as_bytes().to_vec();
+    vec![
+        seed(
+            "resp_command",
+            "throttle",
+            text(
+                "*6\r\n$11\r\nCL.THROTTLE\r\n$4\r\nuser\r\n$2\r\n15\r\n$2\r\n30\r\n$2\r\n60\r\n$1\r\n1\r\n",
+            ),
+            Accepted,
+        ),
+        seed(
+            "resp_command",
+            "pipeline",
+            text(
+                "*1\r\n$4\r\nPING\r\n*2\r\n$4\r\nECHO\r\n$2\r\nhi\r\n*0\r\nPING\r\n\r\n*1\r\n$4\r\nPI",
+            ),
+            Accepted,
+        ),
+        seed(
+            "resp_command",
+            "inline",
+            text("HELLO 3 AUTH default secret\r\n"),
+            Accepted,
+        ),
+        seed("resp_command", "bad-length", text("*1\r\n$-5\r\n"), Refused),
+        seed("resp_command", "too-many-args", text("*9\r\n"), Refused),
+        seed("resp_command", "not-a-bulk", text("*1\r\n:1\r\n"), Refused),
     ]
 }
 

@@ -28,6 +28,8 @@ pub struct NodeConfig {
     pub state_dir: Option<PathBuf>,
     /// `--rls-listen` / `--rls-config`: Envoy's rate limit service; `None`: off.
     pub rls: Option<RlsSettings>,
+    /// `--resp-listen`: the Redis protocol front (`CL.THROTTLE`); `None`: off.
+    pub resp: Option<RespSettings>,
     /// TEST ONLY (`--test-only-clock-skew-ms`): how far this node's clock reads ahead of the
     /// system clock (negative: behind), so the chaos harness can skew one node. 0 in production.
     pub test_only_clock_skew_ns: i64,
@@ -186,6 +188,7 @@ impl NodeConfig {
             rules: None,
             state_dir: None,
             rls: None,
+            resp: None,
             test_only_clock_skew_ns: 0,
         }
     }
@@ -265,6 +268,54 @@ impl RlsSettings {
         }
         Ok(())
     }
+}
+
+/// `--resp-listen`, `--resp-password-file` (or `FLOODGATE_RESP_PASSWORD`),
+/// `--resp-failure-mode`.
+#[derive(Clone)]
+pub struct RespSettings {
+    pub listen: std::net::SocketAddr,
+    /// What `AUTH` must give before any other command is served; `None`: no password.
+    pub password: Option<String>,
+    /// What a `CL.THROTTLE` the cluster could not decide is answered.
+    pub failure_mode: RespFailureMode,
+    /// Caps on one command's arguments and bytes.
+    pub limits: floodgate::resp::RespLimits,
+}
+
+impl std::fmt::Debug for RespSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never the password itself: configurations end up in logs.
+        f.debug_struct("RespSettings")
+            .field("listen", &self.listen)
+            .field("password", &self.password.as_ref().map(|_| "<set>"))
+            .field("failure_mode", &self.failure_mode)
+            .field("limits", &self.limits)
+            .finish()
+    }
+}
+
+impl RespSettings {
+    /// Plain settings on `listen`: no password, failing closed, the default caps.
+    pub fn on(listen: std::net::SocketAddr) -> Self {
+        RespSettings {
+            listen,
+            password: None,
+            failure_mode: RespFailureMode::Closed,
+            limits: floodgate::resp::RespLimits::default(),
+        }
+    }
+}
+
+/// How `CL.THROTTLE` answers when its key's owner could not decide it (unreachable, shutting
+/// down, the store full).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum RespFailureMode {
+    /// An error reply, which the client sees (the default).
+    #[default]
+    Closed,
+    /// Allowed, as if the bucket were full.
+    Open,
 }
 
 #[cfg(test)]

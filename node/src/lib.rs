@@ -29,6 +29,8 @@
 //!   `owner_batches`: groups sent on to their deciders, one frame per node, answers split back.
 //! - [`rules`]: `--rules FILE`: validation, versions, hot reload, serving rules to clients.
 //! - [`rls`]: `--rls-listen`: Envoy's rate limit service (RLS v3 over gRPC) on the cluster.
+//! - [`resp`]: `--resp-listen`: the Redis protocol front, redis-cell's `CL.THROTTLE` on the
+//!   cluster; `front_batch`: one check batch through `forward`, for the RLS and RESP fronts.
 //! - `admin`: `/metrics`, `/healthz`, `/readyz`.
 //! - `metrics`: metric names and handles.
 //! - [`snapshot`]: `--state-dir`: long-period buckets saved every second and at shutdown, loaded
@@ -45,6 +47,7 @@ mod admission;
 mod budget;
 mod caller;
 mod forward;
+mod front_batch;
 mod lease;
 mod member_log;
 mod metrics;
@@ -53,6 +56,7 @@ mod owner_batches;
 mod reach;
 mod region_links;
 pub mod region_sync;
+pub mod resp;
 pub mod rls;
 pub mod rules;
 mod scoped;
@@ -65,7 +69,7 @@ mod token_leases;
 
 pub use address::HostPort;
 pub use certs::{DevCerts, ensure_dev_certs};
-pub use config::{ClusterConfig, NodeConfig, NodeLimits, TlsConfig};
+pub use config::{ClusterConfig, NodeConfig, NodeLimits, RespFailureMode, RespSettings, TlsConfig};
 pub use server::Node;
 
 /// The core this node serves, re-exported so node code and tests name one path.

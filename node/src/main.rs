@@ -159,6 +159,20 @@ struct Flags {
     /// descriptor asking for them is refused with INVALID_ARGUMENT and nothing is counted.
     #[arg(long)]
     rls_allow_negative_hits: bool,
+    /// Serve the Redis protocol (RESP2, RESP3 after HELLO 3) on ADDR: redis-cell's
+    /// `CL.THROTTLE key max_burst count period [quantity]` for any Redis client, decided by
+    /// each key's owner in the cluster.
+    #[arg(long, value_name = "ADDR")]
+    resp_listen: Option<SocketAddr>,
+    /// The password `AUTH` must give on --resp-listen (its first line; also
+    /// FLOODGATE_RESP_PASSWORD in the environment). Never on the command line: argv is
+    /// world-readable.
+    #[arg(long, value_name = "FILE")]
+    resp_password_file: Option<PathBuf>,
+    /// What CL.THROTTLE answers when the key's owner cannot decide it: `closed` (an error
+    /// reply) or `open` (allowed).
+    #[arg(long, value_enum, default_value_t = RespFailure::Closed)]
+    resp_failure_mode: RespFailure,
     /// Log lines as `text` or `json` (one object per line), on stderr; `RUST_LOG` filters them
     /// (default `info`).
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
@@ -396,6 +410,7 @@ fn config_from(flags: &Flags, addresses: Addresses) -> anyhow::Result<NodeConfig
         rules: flags.rules.clone(),
         state_dir: flags.state_dir.clone(),
         rls,
+        resp: resp_settings(flags)?,
         test_only_clock_skew_ns: flags.clock_skew_ms() * 1_000_000,
     })
 }
@@ -423,6 +438,57 @@ fn rls_settings(flags: &Flags) -> anyhow::Result<Option<floodgate_node::rls::Rls
         client_auth: flags.rls_client_auth,
         allow_negative_hits: flags.rls_allow_negative_hits,
     }))
+}
+
+/// `--resp-failure-mode`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum RespFailure {
+    Closed,
+    Open,
+}
+
+fn resp_settings(flags: &Flags) -> anyhow::Result<Option<floodgate_node::RespSettings>> {
+    let from_env = std::env::var(floodgate_node::resp::PASSWORD_ENV).ok();
+    let Some(listen) = flags.resp_listen else {
+        anyhow::ensure!(
+            flags.resp_password_file.is_none() && flags.resp_failure_mode == RespFailure::Closed,
+            "--resp-password-file and --resp-failure-mode need --resp-listen ADDR"
+        );
+        return Ok(None);
+    };
+    let password = match (&flags.resp_password_file, from_env) {
+        (Some(_), Some(_)) => anyhow::bail!(
+            "the RESP password is given twice: --resp-password-file and {}",
+            floodgate_node::resp::PASSWORD_ENV
+        ),
+        (Some(file), None) => {
+            let text = std::fs::read_to_string(file)
+                .with_context(|| format!("reading the RESP password file {}", file.display()))?;
+            let line = text.lines().next().unwrap_or("").to_owned();
+            anyhow::ensure!(
+                !line.is_empty(),
+                "the RESP password file {} is empty",
+                file.display()
+            );
+            Some(line)
+        }
+        (None, Some(env)) => {
+            anyhow::ensure!(
+                !env.is_empty(),
+                "{} is set but empty",
+                floodgate_node::resp::PASSWORD_ENV
+            );
+            Some(env)
+        }
+        (None, None) => None,
+    };
+    let mut settings = floodgate_node::RespSettings::on(listen);
+    settings.password = password;
+    settings.failure_mode = match flags.resp_failure_mode {
+        RespFailure::Closed => floodgate_node::RespFailureMode::Closed,
+        RespFailure::Open => floodgate_node::RespFailureMode::Open,
+    };
+    Ok(Some(settings))
 }
 
 fn nanos(d: Duration) -> u64 {

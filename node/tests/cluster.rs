@@ -8,51 +8,8 @@ mod common;
 use std::time::Duration;
 
 use common::*;
-use floodgate::cluster::{MembershipConfig, slot_of};
-use floodgate_node::{Node, NodeConfig};
-
-const MS: u64 = 1_000_000;
-
-fn fast(config: &mut NodeConfig) {
-    config.cluster.membership = MembershipConfig {
-        gossip_interval_ns: 20 * MS,
-        suspect_after_ns: 150 * MS,
-        dead_after_ns: 300 * MS,
-        ..MembershipConfig::default()
-    };
-    config.cluster.sync_interval = Duration::from_millis(50);
-}
-
-/// Starts `n` nodes sharing one set of development certificates; all but the first join
-/// through the first.
-async fn cluster(n: usize) -> (Vec<Node>, TestNode) {
-    let first = start_node(fast).await;
-    let seed = first.node.local_addr();
-    let mut nodes = Vec::new();
-    for _ in 1..n {
-        nodes.push(join(&first, seed).await);
-    }
-    for node in nodes.iter().chain([&first.node]) {
-        converge(node, n).await;
-    }
-    (nodes, first)
-}
-
-async fn join(first: &TestNode, seed: std::net::SocketAddr) -> Node {
-    let mut config = NodeConfig::for_tests(&first.certs);
-    fast(&mut config);
-    config.cluster.seeds = vec![seed.into()];
-    Node::start(config).await.unwrap()
-}
-
-/// A key owned by the node with `id` (searching key names).
-fn key_owned_by(node: &Node, id: &str, prefix: &str) -> Vec<u8> {
-    let table = node.slot_table();
-    (0..10_000)
-        .map(|i| format!("{prefix}{i}").into_bytes())
-        .find(|k| table.owner(slot_of(k)) == Some(id))
-        .unwrap()
-}
+use floodgate::cluster::slot_of;
+use floodgate_node::Node;
 
 async fn check(
     node: &Node,

@@ -880,11 +880,8 @@ async fn connections_beyond_the_allowance_wait_until_one_closes() {
 /// The throwaway virtualenv (`target/rls-venv`, created once, reused) with `envoy-data-plane`
 /// and `grpcio`. `Err` says why it could not be made.
 fn python_client() -> Result<PathBuf, String> {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let venv = root.join("target/rls-venv");
-    let python = venv.join("bin/python");
-    let ready = |p: &Path| {
-        Command::new(p)
+    let ready = |venv: &Path| {
+        Command::new(venv.join("bin/python"))
             .args([
                 "-c",
                 "import envoy_data_plane.envoy.service.ratelimit.v3, grpc",
@@ -892,25 +889,8 @@ fn python_client() -> Result<PathBuf, String> {
             .status()
             .is_ok_and(|s| s.success())
     };
-    if ready(&python) {
-        return Ok(python);
-    }
-    let made = Command::new("python3")
-        .args(["-m", "venv"])
-        .arg(&venv)
-        .status()
-        .map_err(|e| format!("python3 is not runnable: {e}"))?;
-    if !made.success() {
-        return Err("`python3 -m venv` failed (is python3-venv installed?)".into());
-    }
-    let installed = Command::new(venv.join("bin/pip"))
-        .args(["install", "--quiet", "envoy-data-plane==2.2.0", "grpcio"])
-        .status()
-        .map_err(|e| format!("pip is not runnable: {e}"))?;
-    if !installed.success() || !ready(&python) {
-        return Err("pip could not install envoy-data-plane 2.2.0 and grpcio".into());
-    }
-    Ok(python)
+    let packages = ["envoy-data-plane==2.2.0", "grpcio"];
+    python_venv("rls-venv", &packages, ready).map(|venv| venv.join("bin/python"))
 }
 
 #[tokio::test]

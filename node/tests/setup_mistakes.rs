@@ -244,17 +244,23 @@ fn listening_on_every_interface_without_advertise_exits_2_naming_the_flag() {
             "off",
         ],
     ] {
-        let output = Command::new(env!("CARGO_BIN_EXE_floodgate-node"))
-            .args(&args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .output()
-            .unwrap();
-        let stderr = String::from_utf8_lossy(&output.stderr);
-        assert_eq!(output.status.code(), Some(2), "{args:?}: {stderr}");
-        assert!(stderr.contains("--advertise"), "{args:?}: {stderr}");
+        let mut command = Command::new(env!("CARGO_BIN_EXE_floodgate-node"));
+        command.args(&args);
+        exits_2_saying(&mut command, "--advertise");
     }
+}
+
+/// Runs the node binary to its end: it must exit 2 with `says` in its error.
+fn exits_2_saying(command: &mut Command, says: &str) {
+    let output = command
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{command:?}: {stderr}");
+    assert!(stderr.contains(says), "{command:?}: {stderr}");
 }
 
 fn node_binary(args: &[&str]) -> std::process::Child {
@@ -323,4 +329,101 @@ fn the_binary_with_a_live_nodes_id_exits_2_naming_the_id_and_the_holder() {
         .unwrap();
     assert!(killed.success());
     assert_eq!(holder.wait().unwrap().code(), Some(0));
+}
+
+/// The RESP password comes from a file or the environment, never both, never empty, and only
+/// with `--resp-listen`; each mistake exits 2 naming what is wrong. Given right, `AUTH` takes it.
+#[test]
+fn resp_password_mistakes_exit_2_and_a_good_password_is_taken() {
+    use std::io::{BufRead, BufReader, Read, Write};
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().to_str().unwrap();
+    let password = dir.path().join("resp-password");
+    std::fs::write(&password, "pw-1\n").unwrap();
+    let empty = dir.path().join("empty");
+    std::fs::write(&empty, "").unwrap();
+    let (password, empty) = (password.to_str().unwrap(), empty.to_str().unwrap());
+    let base = [
+        "--listen",
+        "127.0.0.1:0",
+        "--data-dir",
+        data,
+        "--admin",
+        "off",
+    ];
+    let cases: [(&[&str], Option<&str>, &str); 4] = [
+        (
+            &[
+                "--resp-listen",
+                "127.0.0.1:0",
+                "--resp-password-file",
+                password,
+            ],
+            Some("pw-2"),
+            "given twice",
+        ),
+        (
+            &[
+                "--resp-listen",
+                "127.0.0.1:0",
+                "--resp-password-file",
+                empty,
+            ],
+            None,
+            "is empty",
+        ),
+        (&["--resp-listen", "127.0.0.1:0"], Some(""), "set but empty"),
+        (
+            &["--resp-password-file", password],
+            None,
+            "need --resp-listen",
+        ),
+    ];
+    for (args, env, says) in cases {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_floodgate-node"));
+        command
+            .args(base)
+            .args(args)
+            .env_remove("FLOODGATE_RESP_PASSWORD");
+        if let Some(env) = env {
+            command.env("FLOODGATE_RESP_PASSWORD", env);
+        }
+        exits_2_saying(&mut command, says);
+    }
+    let mut node = Command::new(env!("CARGO_BIN_EXE_floodgate-node"))
+        .args(base)
+        .args(["--resp-listen", "127.0.0.1:0"])
+        .env("FLOODGATE_RESP_PASSWORD", "pw-3")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The start-up log names the bound address. The log is read to its end on another thread:
+    // a node whose stderr is closed fails its next write.
+    let stderr = node.stderr.take().unwrap();
+    let (found, address) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            let addr = line
+                .split_once("RESP (Redis protocol")
+                .and_then(|(_, rest)| rest.split_once("addr="))
+                .and_then(|(_, rest)| rest.split_whitespace().next()?.parse::<SocketAddr>().ok());
+            if let Some(addr) = addr {
+                let _ = found.send(addr);
+            }
+        }
+    });
+    let addr = address
+        .recv_timeout(BOUND)
+        .expect("the node logs its RESP address");
+    let mut stream = std::net::TcpStream::connect(addr).unwrap();
+    stream.set_read_timeout(Some(BOUND)).unwrap();
+    stream.write_all(b"PING\r\nAUTH pw-3\r\nPING\r\n").unwrap();
+    let expected = "-NOAUTH Authentication required.\r\n+OK\r\n+PONG\r\n";
+    let mut got = vec![0; expected.len()];
+    stream.read_exact(&mut got).unwrap();
+    assert_eq!(String::from_utf8_lossy(&got), expected);
+    let _ = node.kill();
+    let _ = node.wait();
 }

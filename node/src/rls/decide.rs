@@ -3,20 +3,13 @@
 //! when any descriptor is over its limit, a refund batch for what the others took: a denied
 //! request consumes nothing, across nodes.
 
+use floodgate::Decision;
 use floodgate::rls::Planned;
-use floodgate::wire::{
-    CheckBatch, FrameKind, FrameReader, WireCheck, WireDecision, decode_decisions,
-    decode_error_frame, encode_message,
-};
-use floodgate::{Clock, Decision};
+use floodgate::wire::WireCheck;
 
-use crate::caller::Caller;
+pub(crate) use crate::front_batch::Undecided;
+use crate::front_batch::run_batch;
 use crate::state::Shared;
-
-/// Why a request could not be decided (answered `UNAVAILABLE`, so Envoy's own
-/// `failure_mode_deny` chooses what happens).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Undecided(pub String);
 
 /// One decision per plan (`None` where nothing is counted), with the over-limit descriptors'
 /// partners refunded.
@@ -95,55 +88,5 @@ async fn refund_allowed(
         }
         // The request is denied either way; a lost refund only makes the others stricter.
         Err(Undecided(e)) => tracing::warn!(error = %e, "RLS refund failed"),
-    }
-}
-
-/// Sends one check batch through the path QUIC clients' batches take.
-async fn run_batch(
-    shared: &Shared,
-    groups: Vec<Vec<WireCheck>>,
-) -> Result<Vec<WireDecision>, Undecided> {
-    let expected = groups.len();
-    let mut bytes = Vec::new();
-    encode_message(&mut bytes, FrameKind::CheckBatch, 1, &CheckBatch { groups });
-    let max = shared.config.limits.max_frame_bytes;
-    let mut reader = FrameReader::new(max);
-    reader.extend(&bytes);
-    let frame = match reader.next_frame() {
-        Ok(Some(frame)) => frame,
-        other => {
-            return Err(Undecided(format!(
-                "the checks do not fit one frame: {other:?}"
-            )));
-        }
-    };
-    let mut out = Vec::new();
-    let now_ns = shared.clock.now_ns();
-    // An Envoy cannot be told to try again: the call waits (bounded) for a moving slot's
-    // hand-off instead, as for a client of an older version. Its negative hits (refunds) are
-    // refused unless the operator allowed them, so it is trusted with what gets here.
-    crate::forward::answer_check_batch(shared, Caller::trusted(false), &frame, now_ns, &mut out)
-        .await;
-    let mut reader = FrameReader::new(out.len().max(16));
-    reader.extend(&out);
-    let answer = match reader.next_frame() {
-        Ok(Some(answer)) => answer,
-        other => return Err(Undecided(format!("no answer to the checks: {other:?}"))),
-    };
-    match answer.kind {
-        FrameKind::DecisionBatch => {
-            let (decisions, _) =
-                decode_decisions(&answer.payload).map_err(|(_, m)| Undecided(m))?;
-            if decisions.len() != expected {
-                return Err(Undecided(
-                    "the answer has the wrong number of decisions".into(),
-                ));
-            }
-            Ok(decisions)
-        }
-        _ => Err(Undecided(match decode_error_frame(&answer.payload) {
-            Ok(error) => error.message,
-            Err((_, m)) => m,
-        })),
     }
 }

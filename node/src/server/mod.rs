@@ -55,6 +55,8 @@ pub struct Node {
     snapshots: Option<Arc<crate::snapshot::Snapshots>>,
     /// `--rls-listen`: the bound address and the configuration in force.
     rls: Option<(SocketAddr, Arc<crate::rls::RlsConfigHandle>)>,
+    /// `--resp-listen`: the bound address.
+    resp: Option<SocketAddr>,
 }
 
 impl Node {
@@ -159,6 +161,13 @@ impl Node {
             }
             None => None,
         };
+        let resp = match shared.config.resp.clone() {
+            Some(settings) => Some(
+                crate::resp::start(shared.clone(), settings, shutdown_rx.clone(), &mut tasks)
+                    .await?,
+            ),
+            None => None,
+        };
         tasks.spawn(accept_loop(
             endpoint.clone(),
             shared.clone(),
@@ -190,7 +199,13 @@ impl Node {
             shared,
             snapshots,
             rls,
+            resp,
         })
+    }
+
+    /// The RESP (Redis protocol) address, when started with `--resp-listen`.
+    pub fn resp_addr(&self) -> Option<SocketAddr> {
+        self.resp
     }
 
     /// The QUIC address clients connect to.

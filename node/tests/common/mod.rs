@@ -3,6 +3,8 @@
 
 #![allow(dead_code)]
 
+pub mod resp;
+
 use std::net::SocketAddr;
 use std::sync::Arc;
 
@@ -219,4 +221,96 @@ pub fn metric_value(page: &str, series: &str) -> f64 {
     page.lines()
         .find_map(|line| line.strip_prefix(series)?.trim().parse().ok())
         .unwrap_or(0.0)
+}
+
+const MS: u64 = 1_000_000;
+
+/// Quick gossip and replication, so a test's cluster forms and notices a crash within a second.
+pub fn fast(config: &mut NodeConfig) {
+    config.cluster.membership = floodgate::cluster::MembershipConfig {
+        gossip_interval_ns: 20 * MS,
+        suspect_after_ns: 150 * MS,
+        dead_after_ns: 300 * MS,
+        ..floodgate::cluster::MembershipConfig::default()
+    };
+    config.cluster.sync_interval = std::time::Duration::from_millis(50);
+}
+
+/// Starts `n` nodes sharing one set of development certificates; all but the first join
+/// through the first.
+pub async fn cluster(n: usize) -> (Vec<Node>, TestNode) {
+    cluster_with(n, |_| {}).await
+}
+
+/// As [`cluster`], each node's configuration adjusted by `adjust` too.
+pub async fn cluster_with(n: usize, adjust: impl Fn(&mut NodeConfig)) -> (Vec<Node>, TestNode) {
+    let first = start_node(|config| {
+        fast(config);
+        adjust(config);
+    })
+    .await;
+    let seed = first.node.local_addr();
+    let mut nodes = Vec::new();
+    for _ in 1..n {
+        nodes.push(join_with(&first, seed, &adjust).await);
+    }
+    for node in nodes.iter().chain([&first.node]) {
+        converge(node, n).await;
+    }
+    (nodes, first)
+}
+
+pub async fn join(first: &TestNode, seed: SocketAddr) -> Node {
+    join_with(first, seed, &|_: &mut NodeConfig| {}).await
+}
+
+async fn join_with(first: &TestNode, seed: SocketAddr, adjust: &impl Fn(&mut NodeConfig)) -> Node {
+    let mut config = NodeConfig::for_tests(&first.certs);
+    fast(&mut config);
+    adjust(&mut config);
+    config.cluster.seeds = vec![seed.into()];
+    Node::start(config).await.unwrap()
+}
+
+/// A key owned by the node with `id` (searching key names).
+pub fn key_owned_by(node: &Node, id: &str, prefix: &str) -> Vec<u8> {
+    let table = node.slot_table();
+    (0..10_000)
+        .map(|i| format!("{prefix}{i}").into_bytes())
+        .find(|k| table.owner(floodgate::cluster::slot_of(k)) == Some(id))
+        .unwrap()
+}
+
+/// A throwaway virtualenv `target/NAME` (made once, then reused) with `packages` installed,
+/// `ready` telling (given its directory) whether it has what the test needs. `Err` says why it
+/// could not be made.
+pub fn python_venv(
+    name: &str,
+    packages: &[&str],
+    ready: impl Fn(&std::path::Path) -> bool,
+) -> Result<std::path::PathBuf, String> {
+    use std::process::Command;
+    let venv = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../target")
+        .join(name);
+    if ready(&venv) {
+        return Ok(venv);
+    }
+    let made = Command::new("python3")
+        .args(["-m", "venv"])
+        .arg(&venv)
+        .status()
+        .map_err(|e| format!("python3 is not runnable: {e}"))?;
+    if !made.success() {
+        return Err("`python3 -m venv` failed (is python3-venv installed?)".into());
+    }
+    let installed = Command::new(venv.join("bin/pip"))
+        .args(["install", "--quiet"])
+        .args(packages)
+        .status()
+        .map_err(|e| format!("pip is not runnable: {e}"))?;
+    if !installed.success() || !ready(&venv) {
+        return Err(format!("pip could not install {}", packages.join(" ")));
+    }
+    Ok(venv)
 }

@@ -1,0 +1,207 @@
+//! Conformance with redis-cell, through real clients: one sequence of `CL.THROTTLE` calls
+//! replayed against redis-server with the redis-cell 0.2.2 module (built by
+//! `bench/redis-cell.sh`) and against a floodgate node's Redis front, replies compared (timing
+//! fields within one second), by redis-py (`resp_conformance.py`, in a throwaway virtualenv
+//! `target/resp-venv`) and by redis-cli.
+//!
+//! Ignored by default: it needs redis-server and redis-cli (Debian's `redis-server` and
+//! `redis-tools`) and downloads the module's crate and redis-py. `make resp-conformance` runs it.
+//! The same arithmetic is compared without any of them, on every `cargo test`, by the unit
+//! tests of `node/src/resp/throttle.rs` against a port of redis-cell's code.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use common::*;
+use floodgate_node::RespSettings;
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// redis-server on a free loopback port with the module loaded; killed on drop.
+struct RedisCell {
+    child: Child,
+    port: u16,
+}
+
+impl Drop for RedisCell {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn start_redis_cell() -> RedisCell {
+    let built = Command::new("bash")
+        .arg(root().join("bench/redis-cell.sh"))
+        .output()
+        .expect("bash runs bench/redis-cell.sh");
+    assert!(
+        built.status.success(),
+        "redis-cell could not be built: {}",
+        String::from_utf8_lossy(&built.stderr)
+    );
+    let module = String::from_utf8(built.stdout).unwrap().trim().to_owned();
+    // A port the system just gave out and took back: free unless something races for it.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut child = Command::new("redis-server")
+        .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+        .args(["--save", "", "--appendonly", "no", "--loadmodule", &module])
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("redis-server is installed (apt-get install redis-server)");
+    // It says when it is ready; the lines are bounded by its short start-up log.
+    let stdout = child.stdout.take().unwrap();
+    let ready = BufReader::new(stdout)
+        .lines()
+        .take(200)
+        .map_while(Result::ok)
+        .any(|line| line.contains("Ready to accept connections"));
+    assert!(ready, "redis-server did not start");
+    RedisCell { child, port }
+}
+
+/// The virtualenv with redis-py, made once and reused.
+fn python() -> PathBuf {
+    let imports = |venv: &Path| {
+        Command::new(venv.join("bin/python"))
+            .args(["-c", "import redis"])
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    let venv = python_venv("resp-venv", &["redis==5.2.1"], imports);
+    venv.unwrap_or_else(|why| panic!("{why}"))
+        .join("bin/python")
+}
+
+/// redis-cli's answers (`--no-raw`: one line per array element, numbered) to `commands`.
+fn redis_cli(port: u16, commands: &str) -> Vec<String> {
+    let mut child = Command::new("redis-cli")
+        .args(["--no-raw", "-h", "127.0.0.1", "-p", &port.to_string()])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("redis-cli is installed");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(commands.as_bytes())
+        .unwrap();
+    let output = child.wait_with_output().unwrap();
+    String::from_utf8(output.stdout)
+        .unwrap()
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+/// `4) (integer) 3599` and `4) (integer) 3600`: the same; other lines must be equal.
+fn same_line(expected: &str, got: &str) -> bool {
+    let timing = |line: &str| {
+        let (position, rest) = line.split_once(") (integer) ")?;
+        matches!(position.trim(), "4" | "5").then(|| rest.parse::<i64>().ok())?
+    };
+    match (timing(expected), timing(got)) {
+        (Some(e), Some(g)) => (e == -1) == (g == -1) && (e - g).abs() <= 1,
+        _ => expected == got,
+    }
+}
+
+async fn floodgate() -> (TestNode, SocketAddr) {
+    let node = start_node(|config| {
+        config.resp = Some(RespSettings::on(([127, 0, 0, 1], 0).into()));
+    })
+    .await;
+    let addr = node.node.resp_addr().unwrap();
+    (node, addr)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs redis-server and redis-cli, downloads redis-cell and redis-py: make resp-conformance"]
+async fn redis_py_sees_the_same_replies_from_floodgate_and_redis_cell() {
+    let redis = start_redis_cell();
+    let (node, addr) = floodgate().await;
+    let python = python();
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/resp_conformance.py");
+    let port = redis.port;
+    let run = tokio::task::spawn_blocking(move || {
+        Command::new(python)
+            .arg(script)
+            .arg(port.to_string())
+            .arg(addr.port().to_string())
+            .output()
+    });
+    let output = tokio::time::timeout(Duration::from_secs(120), run)
+        .await
+        .expect("redis-py finishes within two minutes")
+        .unwrap()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    println!("{stdout}");
+    assert!(
+        output.status.success(),
+        "replies differ:\n{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(stdout.contains("\n0 differences"), "{stdout}");
+    node.node.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs redis-server and redis-cli, downloads redis-cell: make resp-conformance"]
+async fn redis_cli_sees_the_same_replies_from_floodgate_and_redis_cell() {
+    let redis = start_redis_cell();
+    let (node, addr) = floodgate().await;
+    let commands = [
+        "PING",
+        "ECHO hello",
+        "CL.THROTTLE cli 2 1 60",
+        "CL.THROTTLE cli 2 1 60",
+        "CL.THROTTLE cli 2 1 60 2",
+        "CL.THROTTLE cli 2 1 60 0",
+        "CL.THROTTLE cli 2 1 60 4",
+        "CL.THROTTLE cli 2 1 60 1",
+        "CL.THROTTLE cli 2 1",
+        "CL.THROTTLE cli two 1 60",
+        "CL.THROTTLE tenths 9 10 1 3",
+        "CL.THROTTLE tenths 9 10 1 3",
+        "CL.THROTTLE tenths 9 10 1 3",
+        "CL.THROTTLE tenths 9 10 1 3",
+        "SELECT 0",
+        "CLIENT SETNAME conformance",
+        "CLIENT GETNAME",
+        "PING",
+    ]
+    .join("\n");
+    let port = redis.port;
+    let cli = tokio::task::spawn_blocking(move || {
+        (
+            redis_cli(port, &commands),
+            redis_cli(addr.port(), &commands),
+        )
+    });
+    let (expected, got) = tokio::time::timeout(Duration::from_secs(60), cli)
+        .await
+        .expect("redis-cli finishes within a minute")
+        .unwrap();
+    assert!(expected.len() > 30, "{expected:?}");
+    assert_eq!(expected.len(), got.len(), "{expected:#?}\n{got:#?}");
+    for (e, g) in expected.iter().zip(&got) {
+        assert!(
+            same_line(e, g),
+            "redis-cell {e:?}, floodgate {g:?}\n{expected:#?}\n{got:#?}"
+        );
+    }
+    node.node.shutdown().await;
+}
