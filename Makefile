@@ -121,16 +121,19 @@ bench-resp:      ## CL.THROTTLE through floodgate's Redis front beside redis-ser
 	$(CARGO) build --release --locked -p floodgate-node
 	bash bench/resp.sh
 
-fuzz:            ## every fuzz target for FUZZ_SECONDS (default 60) each on nightly libFuzzer, with executions per second; fails on any crash
-	@rustup toolchain list | grep -q '^nightly' || (echo "make fuzz needs a nightly toolchain for libFuzzer: rustup toolchain install nightly" && false)
+# libFuzzer's sanitizer flags need a nightly compiler; without one, the stable compiler takes
+# them with RUSTC_BOOTSTRAP=1.
+FUZZ_CARGO = $(shell rustup toolchain list 2>/dev/null | grep -q '^nightly' && echo '$(CARGO) +nightly' || echo 'RUSTC_BOOTSTRAP=1 $(CARGO)')
+
+fuzz:            ## every fuzz target for FUZZ_SECONDS (default 60) each on libFuzzer (nightly, or stable with RUSTC_BOOTSTRAP=1), with executions per second; fails on any crash
 	@command -v cargo-fuzz >/dev/null || $(CARGO) install cargo-fuzz --locked
 	@: "cargo fuzz builds optimized with debug assertions and overflow checks on, under AddressSanitizer"
-	@cd fuzz && $(CARGO) +nightly fuzz build >/dev/null
+	@cd fuzz && $(FUZZ_CARGO) fuzz build >/dev/null
 	@set -u; failed=""; summary=""; mkdir -p fuzz/target/logs; \
 	for t in $$(sed -n 's/^name = "\(.*\)"$$/\1/p' fuzz/Cargo.toml | grep -v '^floodgate-fuzz$$'); do \
 	  log=fuzz/target/logs/$$t.log; mkdir -p fuzz/target/new-corpus/$$t; \
 	  : "new inputs go to fuzz/target/new-corpus; the committed corpus is only read"; \
-	  if (cd fuzz && $(CARGO) +nightly fuzz run $$t target/new-corpus/$$t corpus/$$t -- \
+	  if (cd fuzz && $(FUZZ_CARGO) fuzz run $$t target/new-corpus/$$t corpus/$$t -- \
 	        -max_total_time=$(FUZZ_SECONDS) -timeout=25 -print_final_stats=1) >$$log 2>&1; then status=ok; \
 	  else status=CRASH; failed="$$failed $$t"; tail -n 30 $$log; fi; \
 	  eps=$$(sed -n 's/^stat::average_exec_per_sec: *//p' $$log | tail -n 1); \
