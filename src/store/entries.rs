@@ -3,7 +3,6 @@
 
 use std::sync::atomic::AtomicBool;
 
-use hashbrown::HashTable;
 use parking_lot::Mutex;
 
 use super::table::{GcraEntry, margin_ms_of};
@@ -18,6 +17,8 @@ pub(super) struct WindowEntry {
     pub(super) slot: Mutex<(Limit, WindowState)>,
     /// Changed since the last replication round.
     pub(super) dirty: AtomicBool,
+    /// Consumed from since eviction last looked at the shard.
+    pub(super) used: AtomicBool,
 }
 
 /// A sliding-log bucket (at most `SLIDING_LOG_MAX_LIMIT` timestamps).
@@ -28,6 +29,8 @@ pub(super) struct LogEntry {
     pub(super) slot: Mutex<(Limit, SlidingLog)>,
     /// Changed since the last replication round.
     pub(super) dirty: AtomicBool,
+    /// Consumed from since eviction last looked at the shard.
+    pub(super) used: AtomicBool,
 }
 
 impl WindowEntry {
@@ -37,6 +40,7 @@ impl WindowEntry {
             check: key.check,
             slot: Mutex::new((limit, state)),
             dirty: AtomicBool::new(dirty),
+            used: AtomicBool::new(false),
         }
     }
 }
@@ -48,6 +52,7 @@ impl LogEntry {
             check: key.check,
             slot: Mutex::new((limit, log)),
             dirty: AtomicBool::new(dirty),
+            used: AtomicBool::new(false),
         }
     }
 }
@@ -108,6 +113,8 @@ pub(super) trait Identified {
     fn is_expired(&mut self, now_ns: u64) -> bool {
         self.expires_in(now_ns) == 0
     }
+    /// Whether the bucket was consumed from since the last call, clearing the mark.
+    fn take_used(&mut self) -> bool;
 }
 
 impl Identified for GcraEntry {
@@ -129,6 +136,9 @@ impl Identified for GcraEntry {
         // is within its margin).
         let margin_ns = u64::from(self.margin_ms()) * 1_000_000;
         ppm(self.expires_in(now_ns), margin_ns)
+    }
+    fn take_used(&mut self) -> bool {
+        GcraEntry::take_used(self)
     }
 }
 
@@ -163,6 +173,9 @@ impl Identified for WindowEntry {
         let remaining = decide_window(limit, state, now_ns, 0).0.remaining();
         ppm(limit.burst().saturating_sub(remaining), limit.burst())
     }
+    fn take_used(&mut self) -> bool {
+        std::mem::take(self.used.get_mut())
+    }
 }
 
 impl Identified for LogEntry {
@@ -193,16 +206,13 @@ impl Identified for LogEntry {
         let remaining = log.clone().decide(limit, now_ns, 0).remaining();
         ppm(limit.burst().saturating_sub(remaining), limit.burst())
     }
+    fn take_used(&mut self) -> bool {
+        std::mem::take(self.used.get_mut())
+    }
 }
 
 /// `used / capacity` in millionths, at most a million.
 pub(super) fn ppm(used: u64, capacity: u64) -> u32 {
     let share = u128::from(used.min(capacity)) * 1_000_000 / u128::from(capacity.max(1));
     u32::try_from(share).unwrap_or(1_000_000)
-}
-
-pub(super) fn remove<E: Identified>(table: &mut HashTable<E>, key: BucketKey) {
-    if let Ok(entry) = table.find_entry(key.hash, same(key)) {
-        entry.remove();
-    }
 }

@@ -18,10 +18,11 @@ use crate::BucketKey;
 pub(super) struct GcraEntry {
     pub(super) hash: u64,
     pub(super) check: u32,
-    /// Low 31 bits: how far (in whole ms, rounded down, at most ~24 days) the TAT may run ahead
+    /// Low 30 bits: how far (in whole ms, rounded down, at most ~12 days) the TAT may run ahead
     /// of `now` while a cost of 1 still passes; lets eviction tell a denying bucket without
     /// knowing its limit (rounding down only makes a bucket look denying, which protects it).
-    /// Top bit: changed since the last replication round.
+    /// Bit 30: consumed from since eviction last looked at the shard. Top bit: changed since
+    /// the last replication round.
     pub(super) meta: AtomicU32,
     /// Theoretical arrival time. Updated by compare-and-swap: the value is the whole state, so
     /// `Relaxed` suffices (every update is a read-modify-write of this one atomic).
@@ -30,8 +31,10 @@ pub(super) struct GcraEntry {
 
 /// `meta` bit marking a bucket changed since it was last replicated.
 const DIRTY: u32 = 1 << 31;
-/// Largest margin `meta` holds (about 24.8 days); larger margins saturate to it.
-pub(super) const MAX_MARGIN_MS: u32 = !DIRTY;
+/// `meta` bit marking a bucket consumed from since eviction last looked (see `eviction.rs`).
+const USED: u32 = 1 << 30;
+/// Largest margin `meta` holds (about 12.4 days); larger margins saturate to it.
+pub(super) const MAX_MARGIN_MS: u32 = USED - 1;
 
 /// A margin in nanoseconds as `meta` holds it: whole ms, rounded down, saturated.
 #[inline]
@@ -53,7 +56,15 @@ impl GcraEntry {
     }
 
     pub(super) fn margin_ms(&self) -> u32 {
-        self.meta.load(Ordering::Relaxed) & !DIRTY
+        self.meta.load(Ordering::Relaxed) & MAX_MARGIN_MS
+    }
+
+    /// Whether the bucket was consumed from since the last call, clearing the mark.
+    pub(super) fn take_used(&mut self) -> bool {
+        let meta = self.meta.get_mut();
+        let used = *meta & USED != 0;
+        *meta &= !USED;
+        used
     }
 
     /// Marks the bucket changed; the load first keeps an already-dirty hot bucket's line shared.
@@ -64,12 +75,12 @@ impl GcraEntry {
         }
     }
 
-    /// Marks the bucket changed and sets its margin (that of the limit now in force, which may
-    /// differ from the one it was created with). One load and, only when something differs,
-    /// one store: a hot bucket under an unchanged limit keeps its line shared.
+    /// Marks the bucket changed and used and sets its margin (that of the limit now in force,
+    /// which may differ from the one it was created with). One load and, only when something
+    /// differs, one store: a hot bucket under an unchanged limit keeps its line shared.
     #[inline]
     pub(super) fn mark_changed(&self, margin_ms: u32) {
-        let wanted = margin_ms | DIRTY;
+        let wanted = margin_ms | DIRTY | USED;
         if self.meta.load(Ordering::Relaxed) != wanted {
             self.meta.store(wanted, Ordering::Relaxed);
         }
