@@ -17,6 +17,11 @@ const SHARDS: usize = 64;
 /// dropped: the replica then holds that lease until its TTL, stricter, never looser.
 const MAX_TOMBSTONES_PER_SHARD: usize = 4_096;
 
+/// What one held lease costs at most, in bytes: alone in its key's set, the map entry at the
+/// lowest load a hash map has after it grew (7/16) and the set's smallest allocation (4 leases).
+pub const LEASE_BYTES: usize =
+    (size_of::<(BucketKey, LeaseSet)>() + 1) * 16 / 7 + 4 * size_of::<super::Lease>();
+
 /// Bounds of a node's lease store.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LeaseStoreConfig {

@@ -277,4 +277,24 @@ mod tests {
         assert!(store.stats().evicted.load(Ordering::Relaxed) > 1_000);
         assert_eq!(worst, 25, "the live window admitted {worst} of 25");
     }
+
+    /// State loaded from a snapshot or received from a peer goes through the same budget: a
+    /// store of many full logs merged into a small one stays within the small one's bytes.
+    #[test]
+    fn merged_state_stays_within_the_budget() {
+        let big = one_shard(1 << 20, 64 << 20);
+        let expensive = log(1_000);
+        for i in 0..200 {
+            big.check(key(&format!("log{i}")), &expensive, 1_000, NOW)
+                .unwrap();
+        }
+        let mut states = Vec::new();
+        big.export(NOW, &|_| true, &mut states);
+        assert_eq!(states.len(), 200);
+        let small = one_shard(1 << 20, MIN_SHARD_BYTES);
+        assert_eq!(small.merge(&states, NOW), 0);
+        assert!(small.len() > 0);
+        assert!(small.bytes_used() <= small.max_bytes());
+        assert_eq!(small.bytes_used(), small.recount_bytes());
+    }
 }

@@ -78,7 +78,7 @@ impl Node {
         )
         .with_context(|| format!("starting the QUIC endpoint on {}", config.listen))?;
         let local_addr = endpoint.local_addr()?;
-        let store = BucketStore::new(config.store)?;
+        let store = BucketStore::new(config.store)?.with_max_bytes(config.limits.bucket_bytes())?;
         let snapshots = config
             .state_dir
             .as_deref()
@@ -104,7 +104,7 @@ impl Node {
                 metrics.cluster(),
             )
             .with_frame_limit(config.limits.max_frame_bytes)
-            .with_max_leases(config.limits.max_leases),
+            .with_max_leases(config.limits.lease_cap()),
         );
         let region_sync = Arc::new(region_sync(&config, &cluster, store.clone(), clock)?);
         let allowance = Arc::new(Allowance::new(
