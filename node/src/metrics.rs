@@ -93,7 +93,8 @@ pub struct NodeMetrics {
     /// Bytes the bucket store accounts now, and its budget.
     pub store_bytes: Gauge,
     pub store_max_bytes: Gauge,
-    /// Evictions by what the bucket was: `unused` since the eviction before, `used`, `denying`.
+    /// Evictions by what the bucket was: `new` (never consumed from again after it was made),
+    /// `returning` (consumed from again, not denying), `denying`.
     pub evictions: [Counter; 3],
     /// All connections (clients and peers); peers alone below.
     pub connections: Gauge,
@@ -198,7 +199,7 @@ impl NodeMetrics {
             refused_keys: counter!("floodgate_refused_keys_total"),
             store_bytes: gauge!("floodgate_store_bytes"),
             store_max_bytes: gauge!("floodgate_store_max_bytes"),
-            evictions: ["unused", "used", "denying"]
+            evictions: ["new", "returning", "denying"]
                 .map(|reason| counter!("floodgate_store_evictions_total", "reason" => reason)),
             connections: gauge!("floodgate_connections"),
             peer_connections: gauge!("floodgate_peer_connections"),

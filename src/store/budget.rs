@@ -202,10 +202,12 @@ mod tests {
         assert!(store.stats().evicted.load(Ordering::Relaxed) > 0);
     }
 
-    /// Eviction order: expired buckets go without evicting anything; then unused before used
-    /// (a used bucket with a smaller share consumed is kept); denying buckets last.
+    /// Eviction order: expired buckets go without evicting anything; then keys never consumed
+    /// from again (a key that came back is kept even with a smaller share consumed), cheapest
+    /// share first and denying ones after the rest; a key in use or idle after use stays while
+    /// new ones are left.
     #[test]
-    fn eviction_takes_expired_then_unused_then_used_and_denying_last() {
+    fn eviction_takes_expired_then_new_keys_and_spares_returning_ones() {
         let store = one_shard(4, 1 << 20);
         let tenth = Limit::gcra(10, HOUR, 10).unwrap();
         let short = Limit::gcra(1, S, 1).unwrap();
@@ -214,32 +216,33 @@ mod tests {
             store.check(key(name), limit, 0, now).unwrap().remaining()
         };
         store.check(key("expires"), &short, 1, NOW).unwrap();
-        store.check(key("unused"), &tenth, 5, NOW).unwrap();
-        store.check(key("used"), &tenth, 1, NOW).unwrap();
-        store.check(key("used"), &tenth, 1, NOW).unwrap();
+        store.check(key("new"), &tenth, 5, NOW).unwrap();
+        store.check(key("returning"), &tenth, 1, NOW).unwrap();
+        store.check(key("returning"), &tenth, 1, NOW).unwrap();
         store.check(key("denying"), &strict, 1, NOW).unwrap();
         let later = NOW + 2 * S;
         store.check(key("f"), &tenth, 9, later).unwrap();
         assert_eq!(store.stats().evicted.load(Ordering::Relaxed), 0);
         assert_eq!(store.stats().expired.load(Ordering::Relaxed), 1);
         store.check(key("g"), &tenth, 9, later).unwrap();
-        assert_eq!(remaining("unused", &tenth, later), 10, "unused was kept");
-        assert_eq!(
-            remaining("used", &tenth, later),
-            8,
-            "used was evicted first"
-        );
-        // That pass cleared the marks: now `used` is unused and the cheapest.
-        store.check(key("h"), &tenth, 9, later).unwrap();
-        assert_eq!(remaining("used", &tenth, later), 10);
-        store.check(key("i"), &tenth, 9, later).unwrap();
+        assert_eq!(remaining("new", &tenth, later), 10, "new was kept");
+        assert_eq!(remaining("returning", &tenth, later), 8);
+        // Idle since that pass, `returning` still outlasts every new key, denying or not.
+        for name in ["h", "i", "j", "k"] {
+            store.check(key(name), &tenth, 9, later).unwrap();
+            assert_eq!(
+                remaining("returning", &tenth, later),
+                8,
+                "evicted for {name}"
+            );
+        }
         assert_eq!(
             remaining("denying", &strict, later),
             0,
-            "denying was evicted"
+            "denying went before new ones"
         );
         let stats = store.stats();
-        assert_eq!(stats.evicted.load(Ordering::Relaxed), 3);
+        assert_eq!(stats.evicted.load(Ordering::Relaxed), 5);
         assert_eq!(stats.evicted_used.load(Ordering::Relaxed), 0);
         assert_eq!(stats.evicted_denying.load(Ordering::Relaxed), 0);
     }
@@ -268,13 +271,14 @@ mod tests {
                 admitted += 1;
                 worst = worst.max(admitted);
             }
-            for j in 0..2 {
+            // Faster than the live key is checked: passes also come between its checks.
+            for j in 0..8 {
                 store
                     .check(key(&format!("junk{step}-{j}")), &junk, 1, now)
                     .unwrap();
             }
         }
-        assert!(store.stats().evicted.load(Ordering::Relaxed) > 1_000);
+        assert!(store.stats().evicted.load(Ordering::Relaxed) > 5_000);
         assert_eq!(worst, 25, "the live window admitted {worst} of 25");
     }
 

@@ -19,6 +19,8 @@ pub(super) struct WindowEntry {
     pub(super) dirty: AtomicBool,
     /// Consumed from since eviction last looked at the shard.
     pub(super) used: AtomicBool,
+    /// An eviction pass once found it used (changed only under the exclusive lock).
+    pub(super) promoted: bool,
 }
 
 /// A sliding-log bucket (at most `SLIDING_LOG_MAX_LIMIT` timestamps).
@@ -31,6 +33,8 @@ pub(super) struct LogEntry {
     pub(super) dirty: AtomicBool,
     /// Consumed from since eviction last looked at the shard.
     pub(super) used: AtomicBool,
+    /// An eviction pass once found it used (changed only under the exclusive lock).
+    pub(super) promoted: bool,
 }
 
 impl WindowEntry {
@@ -41,6 +45,7 @@ impl WindowEntry {
             slot: Mutex::new((limit, state)),
             dirty: AtomicBool::new(dirty),
             used: AtomicBool::new(false),
+            promoted: false,
         }
     }
 }
@@ -53,6 +58,7 @@ impl LogEntry {
             slot: Mutex::new((limit, log)),
             dirty: AtomicBool::new(dirty),
             used: AtomicBool::new(false),
+            promoted: false,
         }
     }
 }
@@ -113,8 +119,36 @@ pub(super) trait Identified {
     fn is_expired(&mut self, now_ns: u64) -> bool {
         self.expires_in(now_ns) == 0
     }
-    /// Whether the bucket was consumed from since the last call, clearing the mark.
-    fn take_used(&mut self) -> bool;
+    /// How the bucket was used since eviction last looked, moving it on ([`Use`]).
+    fn take_use(&mut self) -> Use;
+}
+
+/// How an eviction pass finds a bucket used: what it would give away to forget it grows in
+/// this order. A bucket starts `New`; one consumed from again before a pass is `Used` at that
+/// pass and, once seen so, `Idle` at the passes where it was not. A flood of one-off keys stays
+/// `New` and is evicted before any key that came back (a scan-resistant cache's probation).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(super) enum Use {
+    New,
+    Idle,
+    Used,
+}
+
+impl Use {
+    pub(super) fn of(used: bool, promoted: bool) -> Use {
+        match (used, promoted) {
+            (true, _) => Use::Used,
+            (false, true) => Use::Idle,
+            (false, false) => Use::New,
+        }
+    }
+}
+
+/// [`Identified::take_use`] for an entry with a `used` mark and a `promoted` flag.
+fn take_use(used: &mut AtomicBool, promoted: &mut bool) -> Use {
+    let seen = Use::of(std::mem::take(used.get_mut()), *promoted);
+    *promoted |= seen == Use::Used;
+    seen
 }
 
 impl Identified for GcraEntry {
@@ -137,8 +171,8 @@ impl Identified for GcraEntry {
         let margin_ns = u64::from(self.margin_ms()) * 1_000_000;
         ppm(self.expires_in(now_ns), margin_ns)
     }
-    fn take_used(&mut self) -> bool {
-        GcraEntry::take_used(self)
+    fn take_use(&mut self) -> Use {
+        GcraEntry::take_use(self)
     }
 }
 
@@ -173,8 +207,8 @@ impl Identified for WindowEntry {
         let remaining = decide_window(limit, state, now_ns, 0).0.remaining();
         ppm(limit.burst().saturating_sub(remaining), limit.burst())
     }
-    fn take_used(&mut self) -> bool {
-        std::mem::take(self.used.get_mut())
+    fn take_use(&mut self) -> Use {
+        take_use(&mut self.used, &mut self.promoted)
     }
 }
 
@@ -206,8 +240,8 @@ impl Identified for LogEntry {
         let remaining = log.clone().decide(limit, now_ns, 0).remaining();
         ppm(limit.burst().saturating_sub(remaining), limit.burst())
     }
-    fn take_used(&mut self) -> bool {
-        std::mem::take(self.used.get_mut())
+    fn take_use(&mut self) -> Use {
+        take_use(&mut self.used, &mut self.promoted)
     }
 }
 

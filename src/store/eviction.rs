@@ -6,7 +6,7 @@ use std::sync::atomic::Ordering;
 use hashbrown::HashTable;
 
 use super::budget::{Bounds, GCRA_BUCKET_BYTES, WINDOW_BUCKET_BYTES, log_bytes};
-use super::entries::{Identified, same};
+use super::entries::{Identified, Use, same};
 use super::shard::Shard;
 use super::{StoreError, StoreStats};
 use crate::BucketKey;
@@ -14,11 +14,10 @@ use crate::BucketKey;
 /// What evicting a bucket gives away, compared field by field, least first.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 struct Cost {
-    /// A denying bucket goes last: the key regains everything at once.
+    /// A key in use over-admits as soon as it comes back; a flood's one-off key may never.
+    used: Use,
+    /// Within the same use, a denying bucket goes last: the key regains everything at once.
     denying: bool,
-    /// Consumed from since eviction last looked at this shard: a key in use, whose reset
-    /// over-admits as soon as it comes back. An unused one (a flood's one-off key) may never.
-    used: bool,
     /// The share of its capacity consumed (millionths): what the key regains if it returns.
     consumed_ppm: u32,
     expires_in_ns: u64,
@@ -27,8 +26,8 @@ struct Cost {
 impl Cost {
     fn of(entry: &mut impl Identified, now_ns: u64) -> Cost {
         Cost {
+            used: entry.take_use(),
             denying: entry.is_denying(now_ns),
-            used: entry.take_used(),
             consumed_ppm: entry.consumed_ppm(now_ns),
             expires_in_ns: entry.expires_in(now_ns),
         }
@@ -50,9 +49,10 @@ impl Shard {
 
     /// Frees room for a bucket of `bytes` (or for `spare`'s bucket to grow by that much): first
     /// by forgetting expired buckets (no decision changes), then by evicting the cheapest to
-    /// forget by [`Cost`]: unused before used, then by the smallest share consumed; denying
-    /// buckets only when nothing else is left. At least 1/16 of the shard goes at once, so the
-    /// scan is amortised. An evicted key that returns starts full, so it regains what it had
+    /// forget by [`Cost`]: keys never consumed from again since they were made, then keys idle
+    /// since the last pass, then keys in use; within each, non-denying before denying, then
+    /// the smallest share consumed. At least 1/16 of the shard goes at once, so the scan is
+    /// amortised. An evicted key that returns starts full, so it regains what it had
     /// consumed: the order keeps that at a small share of a key nobody is using. Ranking by time
     /// until full instead would evict a busy key with a short period first, over and over,
     /// under a flood of new keys. [`StoreError::Full`] only when nothing but `spare` is left.
@@ -88,7 +88,7 @@ impl Shard {
             stats.evicted.fetch_add(1, Ordering::Relaxed);
             if cost.denying {
                 stats.evicted_denying.fetch_add(1, Ordering::Relaxed);
-            } else if cost.used {
+            } else if cost.used != Use::New {
                 stats.evicted_used.fetch_add(1, Ordering::Relaxed);
             }
         }

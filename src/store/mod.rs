@@ -9,10 +9,11 @@
 //! Bounds: at most `max_keys` buckets and `max_bytes` bytes of them (each split evenly over the
 //! shards; what a bucket costs: `budget.rs`, a sliding log with room for its whole limit). A
 //! full shard first forgets buckets that are full again (which changes no decision), then
-//! evicts in order of what forgetting gives away: buckets nobody consumed from since the last
-//! eviction in that shard before those in use, then the smallest share of capacity consumed,
-//! and denying buckets only when no other is left; an evicted key that returns starts full, so
-//! it regains at most what it had consumed. A check fails with [`StoreError::Full`] (counted)
+//! evicts in order of what forgetting gives away (`eviction.rs`): buckets never consumed from
+//! again after they were made (a flood's one-off keys), then those idle since the shard's last
+//! eviction, then those in use; within each, non-denying before denying and the smallest share
+//! of capacity consumed first. An evicted key that returns starts full, so it regains at most
+//! what it had consumed. A check fails with [`StoreError::Full`] (counted)
 //! only when nothing but its own bucket is left to evict.
 
 mod bucket_state;
@@ -89,9 +90,9 @@ pub struct Check {
 #[derive(Debug, Default)]
 pub struct StoreStats {
     /// Buckets dropped to make room, whatever their state (the two below are among them; the
-    /// rest were unused since the eviction before).
+    /// rest were never consumed from again after they were made).
     pub evicted: AtomicU64,
-    /// Evicted while in use (consumed from since the eviction before), not denying.
+    /// Evicted after they had been consumed from again (keys that come back), not denying.
     pub evicted_used: AtomicU64,
     /// Evicted while denying: nothing else was left in their shard.
     pub evicted_denying: AtomicU64,

@@ -11,6 +11,7 @@
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
+use super::entries::Use;
 use crate::BucketKey;
 
 /// A GCRA bucket: 24 bytes.
@@ -18,11 +19,11 @@ use crate::BucketKey;
 pub(super) struct GcraEntry {
     pub(super) hash: u64,
     pub(super) check: u32,
-    /// Low 30 bits: how far (in whole ms, rounded down, at most ~12 days) the TAT may run ahead
+    /// Low 29 bits: how far (in whole ms, rounded down, at most ~6 days) the TAT may run ahead
     /// of `now` while a cost of 1 still passes; lets eviction tell a denying bucket without
     /// knowing its limit (rounding down only makes a bucket look denying, which protects it).
-    /// Bit 30: consumed from since eviction last looked at the shard. Top bit: changed since
-    /// the last replication round.
+    /// Bit 29: seen in use by an eviction pass before. Bit 30: consumed from since the last
+    /// pass (see `eviction.rs`). Top bit: changed since the last replication round.
     pub(super) meta: AtomicU32,
     /// Theoretical arrival time. Updated by compare-and-swap: the value is the whole state, so
     /// `Relaxed` suffices (every update is a read-modify-write of this one atomic).
@@ -33,8 +34,10 @@ pub(super) struct GcraEntry {
 const DIRTY: u32 = 1 << 31;
 /// `meta` bit marking a bucket consumed from since eviction last looked (see `eviction.rs`).
 const USED: u32 = 1 << 30;
-/// Largest margin `meta` holds (about 12.4 days); larger margins saturate to it.
-pub(super) const MAX_MARGIN_MS: u32 = USED - 1;
+/// `meta` bit marking a bucket an eviction pass once found in use.
+const PROMOTED: u32 = 1 << 29;
+/// Largest margin `meta` holds (about 6.2 days); larger margins saturate to it.
+pub(super) const MAX_MARGIN_MS: u32 = PROMOTED - 1;
 
 /// A margin in nanoseconds as `meta` holds it: whole ms, rounded down, saturated.
 #[inline]
@@ -59,12 +62,14 @@ impl GcraEntry {
         self.meta.load(Ordering::Relaxed) & MAX_MARGIN_MS
     }
 
-    /// Whether the bucket was consumed from since the last call, clearing the mark.
-    pub(super) fn take_used(&mut self) -> bool {
+    /// How the bucket was used, as an eviction pass reads it (and moves it on).
+    pub(super) fn take_use(&mut self) -> Use {
         let meta = self.meta.get_mut();
-        let used = *meta & USED != 0;
-        *meta &= !USED;
-        used
+        let seen = Use::of(*meta & USED != 0, *meta & PROMOTED != 0);
+        if *meta & USED != 0 {
+            *meta = (*meta & !USED) | PROMOTED;
+        }
+        seen
     }
 
     /// Marks the bucket changed; the load first keeps an already-dirty hot bucket's line shared.
@@ -80,8 +85,10 @@ impl GcraEntry {
     /// differs, one store: a hot bucket under an unchanged limit keeps its line shared.
     #[inline]
     pub(super) fn mark_changed(&self, margin_ms: u32) {
-        let wanted = margin_ms | DIRTY | USED;
-        if self.meta.load(Ordering::Relaxed) != wanted {
+        // Only an eviction pass (under the exclusive lock) changes PROMOTED: kept as read.
+        let meta = self.meta.load(Ordering::Relaxed);
+        let wanted = margin_ms | DIRTY | USED | (meta & PROMOTED);
+        if meta != wanted {
             self.meta.store(wanted, Ordering::Relaxed);
         }
     }

@@ -109,8 +109,8 @@ pub(super) async fn sweep_loop(shared: Arc<Shared>, mut shutdown: watch::Receive
             &stats.evicted_denying,
             &mut denying,
         );
-        let unused = (evicted - evicted_before) - (used - used_before) - (denying - denying_before);
-        shared.metrics.evictions[0].increment(unused);
+        let new = (evicted - evicted_before) - (used - used_before) - (denying - denying_before);
+        shared.metrics.evictions[0].increment(new);
         publish(&shared.metrics.expired, &stats.expired, &mut expired);
         publish(&shared.metrics.refused_keys, &stats.refused, &mut refused);
         // Loud but bounded: one line per WARN_EVERY, counting every refusal since the last.
