@@ -218,6 +218,19 @@ impl Node {
         self.shared.store.len()
     }
 
+    /// Bytes the bucket store accounts now, and its budget (7/8 of `max_store_bytes`).
+    pub fn store_bytes(&self) -> (usize, usize) {
+        (
+            self.shared.store.bytes_used(),
+            self.shared.store.max_bytes(),
+        )
+    }
+
+    /// Concurrency leases held on this node now, all keys together.
+    pub fn leases_held(&self) -> usize {
+        self.shared.cluster.leases.held()
+    }
+
     /// The rules in force, when started with `--rules`.
     pub fn rules(&self) -> Option<&Arc<crate::rules::RulesHandle>> {
         self.shared.rules.as_ref()
