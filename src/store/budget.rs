@@ -297,7 +297,7 @@ mod tests {
         assert_eq!(states.len(), 200);
         let small = one_shard(1 << 20, MIN_SHARD_BYTES);
         assert_eq!(small.merge(&states, NOW), 0);
-        assert!(small.len() > 0);
+        assert!(!small.is_empty());
         assert!(small.bytes_used() <= small.max_bytes());
         assert_eq!(small.bytes_used(), small.recount_bytes());
     }

@@ -78,13 +78,11 @@ impl Shard {
         candidates.retain(|c| Some(c.2) != spare);
         candidates.sort_unstable_by_key(|c| c.0);
         let batch = (self.len() / 16).max(1);
-        let mut evicted = 0;
-        for &(cost, family, key) in &candidates {
+        for (evicted, &(cost, family, key)) in candidates.iter().enumerate() {
             if evicted >= batch && self.fits(bytes, bounds) {
                 break;
             }
             self.evict(family, key);
-            evicted += 1;
             stats.evicted.fetch_add(1, Ordering::Relaxed);
             if cost.denying {
                 stats.evicted_denying.fetch_add(1, Ordering::Relaxed);
