@@ -243,6 +243,7 @@ mod tests {
         );
         let stats = store.stats();
         assert_eq!(stats.evicted.load(Ordering::Relaxed), 5);
+        assert_eq!(stats.evicted_new.load(Ordering::Relaxed), 5);
         assert_eq!(stats.evicted_used.load(Ordering::Relaxed), 0);
         assert_eq!(stats.evicted_denying.load(Ordering::Relaxed), 0);
     }

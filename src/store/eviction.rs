@@ -86,7 +86,9 @@ impl Shard {
             stats.evicted.fetch_add(1, Ordering::Relaxed);
             if cost.denying {
                 stats.evicted_denying.fetch_add(1, Ordering::Relaxed);
-            } else if cost.used != Use::New {
+            } else if cost.used == Use::New {
+                stats.evicted_new.fetch_add(1, Ordering::Relaxed);
+            } else {
                 stats.evicted_used.fetch_add(1, Ordering::Relaxed);
             }
         }

@@ -89,9 +89,10 @@ pub struct Check {
 /// Counters the store keeps about itself, readable at any time.
 #[derive(Debug, Default)]
 pub struct StoreStats {
-    /// Buckets dropped to make room, whatever their state (the two below are among them; the
-    /// rest were never consumed from again after they were made).
+    /// Buckets dropped to make room, whatever their state: the three below together.
     pub evicted: AtomicU64,
+    /// Evicted never having been consumed from again after they were made, not denying.
+    pub evicted_new: AtomicU64,
     /// Evicted after they had been consumed from again (keys that come back), not denying.
     pub evicted_used: AtomicU64,
     /// Evicted while denying: nothing else was left in their shard.

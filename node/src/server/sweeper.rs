@@ -43,7 +43,7 @@ fn step_interval(steps_per_pass: usize) -> Duration {
 pub(super) async fn sweep_loop(shared: Arc<Shared>, mut shutdown: watch::Receiver<bool>) {
     let stats = shared.store.stats();
     let (mut evicted, mut expired, mut refused) = (0, 0, 0);
-    let (mut used, mut denying) = (0, 0);
+    let (mut new, mut used, mut denying) = (0, 0, 0);
     let mut warned: Option<tokio::time::Instant> = None;
     let mut refused_warned = 0;
     shared
@@ -100,17 +100,14 @@ pub(super) async fn sweep_loop(shared: Arc<Shared>, mut shutdown: watch::Receive
             .metrics
             .store_bytes
             .set(shared.store.bytes_used() as f64);
-        let evicted_before = evicted;
-        let (used_before, denying_before) = (used, denying);
         publish(&shared.metrics.evicted, &stats.evicted, &mut evicted);
+        publish(&shared.metrics.evictions[0], &stats.evicted_new, &mut new);
         publish(&shared.metrics.evictions[1], &stats.evicted_used, &mut used);
         publish(
             &shared.metrics.evictions[2],
             &stats.evicted_denying,
             &mut denying,
         );
-        let new = (evicted - evicted_before) - (used - used_before) - (denying - denying_before);
-        shared.metrics.evictions[0].increment(new);
         publish(&shared.metrics.expired, &stats.expired, &mut expired);
         publish(&shared.metrics.refused_keys, &stats.refused, &mut refused);
         // Loud but bounded: one line per WARN_EVERY, counting every refusal since the last.
