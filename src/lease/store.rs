@@ -54,7 +54,9 @@ pub trait LeaseIds: Send + Sync + std::fmt::Debug {
 /// Why an acquire could not be decided.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum LeaseStoreError {
-    #[error("this node holds {max_leases} leases already (its --max-leases, or 1/8 of --max-store-bytes)")]
+    #[error(
+        "this node holds {max_leases} leases already (its --max-leases, or 1/8 of --max-store-bytes)"
+    )]
     Full { max_leases: usize },
 }
 

@@ -4,7 +4,8 @@ use rkyv::rancor;
 use rkyv::{Archive, Deserialize, Serialize};
 
 use super::ErrorCode;
-use crate::{Algorithm, BucketKey, Limit, MAX_PERIOD_NS, NANOS_PER_SEC, SLIDING_LOG_MAX_LIMIT};
+use crate::limit::format_period;
+use crate::{Algorithm, BucketKey, Limit, MAX_PERIOD_NS, SLIDING_LOG_MAX_LIMIT};
 
 /// One check as sent: the key bytes and everything needed to enforce it, so a node needs no
 /// configuration. The key bytes are the bucket's whole identity (clients prefix the rule name).
@@ -63,8 +64,8 @@ impl WireLimits {
                 ErrorCode::InvalidLimit,
                 format!(
                     "a period of {} is longer than this node allows ({}, its --max-limit-period)",
-                    duration_text(limit.period_ns()),
-                    duration_text(self.max_period_ns)
+                    format_period(limit.period_ns()),
+                    format_period(self.max_period_ns)
                 ),
             ));
         }
@@ -81,24 +82,6 @@ impl WireLimits {
         }
         Ok(())
     }
-}
-
-/// `ns` in the largest unit that divides it, as flags and rules files write durations.
-fn duration_text(ns: u64) -> String {
-    const UNITS: [(u64, &str); 5] = [
-        (86_400 * NANOS_PER_SEC, "d"),
-        (3_600 * NANOS_PER_SEC, "h"),
-        (60 * NANOS_PER_SEC, "min"),
-        (NANOS_PER_SEC, "s"),
-        (1_000_000, "ms"),
-    ];
-    UNITS
-        .iter()
-        .find(|(unit, _)| ns.is_multiple_of(*unit))
-        .map_or_else(
-            || format!("{ns}ns"),
-            |(unit, name)| format!("{}{name}", ns / unit),
-        )
 }
 
 /// A check that passed validation, ready for the store.
