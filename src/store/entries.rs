@@ -5,7 +5,7 @@ use std::sync::atomic::AtomicBool;
 
 use parking_lot::Mutex;
 
-use super::table::{GcraEntry, margin_ms_of};
+use super::table::{GcraEntry, Use, margin_ms_of};
 use crate::algorithm::{SlidingLog, WindowState, fixed_window, sliding_window};
 use crate::{Algorithm, BucketKey, Decision, Limit};
 
@@ -121,27 +121,6 @@ pub(super) trait Identified {
     }
     /// How the bucket was used since eviction last looked, moving it on ([`Use`]).
     fn take_use(&mut self) -> Use;
-}
-
-/// How an eviction pass finds a bucket used: what it would give away to forget it grows in
-/// this order. A bucket starts `New`; one consumed from again before a pass is `Used` at that
-/// pass and, once seen so, `Idle` at the passes where it was not. A flood of one-off keys stays
-/// `New` and is evicted before any key that came back (a scan-resistant cache's probation).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub(super) enum Use {
-    New,
-    Idle,
-    Used,
-}
-
-impl Use {
-    pub(super) fn of(used: bool, promoted: bool) -> Use {
-        match (used, promoted) {
-            (true, _) => Use::Used,
-            (false, true) => Use::Idle,
-            (false, false) => Use::New,
-        }
-    }
 }
 
 /// [`Identified::take_use`] for an entry with a `used` mark and a `promoted` flag.

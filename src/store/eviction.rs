@@ -6,8 +6,9 @@ use std::sync::atomic::Ordering;
 use hashbrown::HashTable;
 
 use super::budget::{Bounds, GCRA_BUCKET_BYTES, WINDOW_BUCKET_BYTES, log_bytes};
-use super::entries::{Identified, Use, same};
+use super::entries::{Identified, same};
 use super::shard::Shard;
+use super::table::Use;
 use super::{StoreError, StoreStats};
 use crate::BucketKey;
 

@@ -11,7 +11,6 @@
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
-use super::entries::Use;
 use crate::BucketKey;
 
 /// A GCRA bucket: 24 bytes.
@@ -28,6 +27,27 @@ pub(super) struct GcraEntry {
     /// Theoretical arrival time. Updated by compare-and-swap: the value is the whole state, so
     /// `Relaxed` suffices (every update is a read-modify-write of this one atomic).
     pub(super) tat_ns: AtomicU64,
+}
+
+/// How an eviction pass finds a bucket used: what it would give away to forget it grows in
+/// this order. A bucket starts `New`; one consumed from again before a pass is `Used` at that
+/// pass and, once seen so, `Idle` at the passes where it was not. A flood of one-off keys stays
+/// `New` and is evicted before any key that came back (a scan-resistant cache's probation).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(super) enum Use {
+    New,
+    Idle,
+    Used,
+}
+
+impl Use {
+    pub(super) fn of(used: bool, promoted: bool) -> Use {
+        match (used, promoted) {
+            (true, _) => Use::Used,
+            (false, true) => Use::Idle,
+            (false, false) => Use::New,
+        }
+    }
 }
 
 /// `meta` bit marking a bucket changed since it was last replicated.
