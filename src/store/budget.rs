@@ -203,9 +203,9 @@ mod tests {
     }
 
     /// Eviction order: expired buckets go without evicting anything; then keys never consumed
-    /// from again (a key that came back is kept even with a smaller share consumed), cheapest
-    /// share first and denying ones after the rest; a key in use or idle after use stays while
-    /// new ones are left.
+    /// from again, the longest to be full again first and denying ones after the rest; a key
+    /// that came back (in use or idle since) stays while new ones are left, even with a smaller
+    /// share consumed.
     #[test]
     fn eviction_takes_expired_then_new_keys_and_spares_returning_ones() {
         let store = one_shard(4, 1 << 20);
@@ -224,8 +224,10 @@ mod tests {
         store.check(key("f"), &tenth, 9, later).unwrap();
         assert_eq!(store.stats().evicted.load(Ordering::Relaxed), 0);
         assert_eq!(store.stats().expired.load(Ordering::Relaxed), 1);
-        store.check(key("g"), &tenth, 9, later).unwrap();
-        assert_eq!(remaining("new", &tenth, later), 10, "new was kept");
+        // `f` holds its room longest (9 of 10 taken): it goes before `new` (5 of 10).
+        store.check(key("g"), &tenth, 1, later).unwrap();
+        assert_eq!(remaining("f", &tenth, later), 10, "f was kept");
+        assert_eq!(remaining("new", &tenth, later), 5);
         assert_eq!(remaining("returning", &tenth, later), 8);
         // Idle since that pass, `returning` still outlasts every new key, denying or not.
         for name in ["h", "i", "j", "k"] {
@@ -264,6 +266,13 @@ mod tests {
             if now / S != current {
                 (current, admitted) = (now / S, 0);
             }
+            // Faster than the live key is checked, and first: passes also come between its
+            // checks, and forget its window once it ended, so it starts new every second.
+            for j in 0..8 {
+                store
+                    .check(key(&format!("junk{step}-{j}")), &junk, 1, now)
+                    .unwrap();
+            }
             if store
                 .check(key("live"), &window, 1, now)
                 .unwrap()
@@ -271,12 +280,6 @@ mod tests {
             {
                 admitted += 1;
                 worst = worst.max(admitted);
-            }
-            // Faster than the live key is checked: passes also come between its checks.
-            for j in 0..8 {
-                store
-                    .check(key(&format!("junk{step}-{j}")), &junk, 1, now)
-                    .unwrap();
             }
         }
         assert!(store.stats().evicted.load(Ordering::Relaxed) > 5_000);

@@ -1,6 +1,7 @@
 //! Making room in a full shard: forget the buckets that are full again, then evict in order of
 //! what forgetting them gives away, denying buckets last.
 
+use std::cmp::Reverse;
 use std::sync::atomic::Ordering;
 
 use hashbrown::HashTable;
@@ -19,6 +20,10 @@ struct Cost {
     used: Use,
     /// Within the same use, a denying bucket goes last: the key regains everything at once.
     denying: bool,
+    /// Among new buckets, the one holding its room longest goes first: a one-off key about to
+    /// be full again is forgotten soon at no cost, and a fixed window just begun (new again
+    /// every window) is a key in use, not the flood's hour-long one.
+    new_holds: Reverse<u64>,
     /// The share of its capacity consumed (millionths): what the key regains if it returns.
     consumed_ppm: u32,
     expires_in_ns: u64,
@@ -26,11 +31,14 @@ struct Cost {
 
 impl Cost {
     fn of(entry: &mut impl Identified, now_ns: u64) -> Cost {
+        let used = entry.take_use();
+        let expires_in_ns = entry.expires_in(now_ns);
         Cost {
-            used: entry.take_use(),
+            used,
             denying: entry.is_denying(now_ns),
+            new_holds: Reverse(if used == Use::New { expires_in_ns } else { 0 }),
             consumed_ppm: entry.consumed_ppm(now_ns),
-            expires_in_ns: entry.expires_in(now_ns),
+            expires_in_ns,
         }
     }
 }
@@ -50,9 +58,9 @@ impl Shard {
 
     /// Frees room for a bucket of `bytes` (or for `spare`'s bucket to grow by that much): first
     /// by forgetting expired buckets (no decision changes), then by evicting the cheapest to
-    /// forget by [`Cost`]: keys never consumed from again since they were made, then keys idle
-    /// since the last pass, then keys in use; within each, non-denying before denying, then
-    /// the smallest share consumed. At least 1/16 of the shard goes at once, so the scan is
+    /// forget by [`Cost`]: keys never consumed from again since they were made (the longest to
+    /// be full again first), then keys idle since the last pass, then keys in use; within
+    /// each, non-denying before denying, then the smallest share consumed. At least 1/16 of the shard goes at once, so the scan is
     /// amortised. An evicted key that returns starts full, so it regains what it had
     /// consumed: the order keeps that at a small share of a key nobody is using. Ranking by time
     /// until full instead would evict a busy key with a short period first, over and over,

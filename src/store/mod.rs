@@ -10,7 +10,8 @@
 //! shards; what a bucket costs: `budget.rs`, a sliding log with room for its whole limit). A
 //! full shard first forgets buckets that are full again (which changes no decision), then
 //! evicts in order of what forgetting gives away (`eviction.rs`): buckets never consumed from
-//! again after they were made (a flood's one-off keys), then those idle since the shard's last
+//! again after they were made (a flood's one-off keys, the longest to be full again first),
+//! then those idle since the shard's last
 //! eviction, then those in use; within each, non-denying before denying and the smallest share
 //! of capacity consumed first. An evicted key that returns starts full, so it regains at most
 //! what it had consumed. A check fails with [`StoreError::Full`] (counted)
