@@ -6,7 +6,7 @@ use floodgate::wire::{
     WireCheck, WireDecision, WireLimits, decode_check_batch, decode_decision_batch, encode_frame,
     encode_message,
 };
-use floodgate::{Decision, Limit, NANOS_PER_SEC};
+use floodgate::{Algorithm, Decision, Limit, NANOS_PER_SEC};
 use proptest::prelude::*;
 
 const MAX_FRAME: usize = 64 * 1024;
@@ -127,11 +127,52 @@ fn framing_errors_carry_their_codes() {
     );
 }
 
+/// A receiver's caps on what a caller's limit may cost: a period or a sliding log past them is
+/// refused as `invalid_limit`, in words that name the flag; at the cap it passes.
+#[test]
+fn limits_past_the_receivers_caps_are_refused() {
+    const DAY: u64 = 86_400 * NANOS_PER_SEC;
+    let limits = WireLimits {
+        max_period_ns: DAY,
+        max_log_limit: 100,
+        ..WireLimits::default()
+    };
+    let encode = |limit: Limit| {
+        let batch = CheckBatch {
+            groups: vec![vec![WireCheck::new(&b"k"[..], &limit, 1)]],
+        };
+        rkyv::to_bytes::<rkyv::rancor::Error>(&batch).unwrap()
+    };
+    let long = Limit::gcra(1, DAY + 1_000_000, 1).unwrap();
+    let (code, message) = decode_check_batch(&encode(long), &limits).unwrap_err();
+    assert_eq!(code, ErrorCode::InvalidLimit);
+    assert!(
+        message.contains("--max-limit-period") && message.contains("1d"),
+        "{message}"
+    );
+    let log = Limit::new(Algorithm::SlidingLog, 101, 60 * NANOS_PER_SEC, 101).unwrap();
+    let (code, message) = decode_check_batch(&encode(log), &limits).unwrap_err();
+    assert_eq!(code, ErrorCode::InvalidLimit);
+    assert!(message.contains("--max-log-limit"), "{message}");
+    let at_caps = [
+        Limit::gcra(1, DAY, 1).unwrap(),
+        Limit::new(Algorithm::SlidingLog, 100, DAY, 100).unwrap(),
+        Limit::new(Algorithm::SlidingWindow, 1_000_000, DAY, 1_000_000).unwrap(),
+    ];
+    for limit in at_caps {
+        assert!(
+            decode_check_batch(&encode(limit), &limits).is_ok(),
+            "{limit:?}"
+        );
+    }
+}
+
 #[test]
 fn payload_errors_carry_their_codes() {
     let limits = WireLimits {
         max_batch: 3,
         max_key_bytes: 8,
+        ..WireLimits::default()
     };
     let encode = |b: &CheckBatch| rkyv::to_bytes::<rkyv::rancor::Error>(b).unwrap();
     assert_eq!(

@@ -253,7 +253,7 @@ pub fn catalogue() -> Vec<Scenario> {
         },
         Scenario {
             bound: Bound {
-                why: "exact for the known keys: denying buckets are never evicted; node memory bounded by --max-keys",
+                why: "exact for the known keys: the flood's one-off keys are evicted before keys in use; node memory bounded by --max-keys",
                 ..Bound::exact()
             },
             ..base(

@@ -138,6 +138,8 @@ pub const FRAME_TARGET_MAX_BYTES: usize = 512;
 pub const CHECK_TARGET_LIMITS: WireLimits = WireLimits {
     max_batch: 16,
     max_key_bytes: 64,
+    max_period_ns: 366 * 24 * 3_600 * 1_000_000_000,
+    max_log_limit: 1_000,
 };
 
 fn outcome<T, E>(result: &Result<T, E>) -> Outcome {

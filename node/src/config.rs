@@ -69,6 +69,13 @@ pub struct NodeLimits {
     /// Most concurrency leases held on this node at once, all keys together, replicas
     /// included; an acquire past it is answered `store_full`.
     pub max_leases: usize,
+    /// Most bytes the node's state may take: buckets (sliding logs by the room they keep) get
+    /// 7/8 and evict past it, concurrency leases 1/8 (see [`NodeLimits::lease_cap`]).
+    pub max_store_bytes: usize,
+    /// Longest period a caller's limit may have; longer is refused as `invalid_limit`.
+    pub max_limit_period: Duration,
+    /// Largest sliding-log limit a caller may ask for; larger is refused as `invalid_limit`.
+    pub max_log_limit: u64,
     /// Longest the node waits for a caller to take an answer (QUIC flow control: a caller
     /// that stops reading blocks the node's writes); past it the stream is reset.
     pub write_timeout: std::time::Duration,
@@ -85,6 +92,10 @@ impl Default for NodeLimits {
             max_buffered_bytes: 256 << 20,
             max_streams_per_connection: 16,
             max_leases: 1_000_000,
+            max_store_bytes: floodgate::DEFAULT_MAX_STORE_BYTES,
+            // Monthly quotas (30 days) pass; a yearly one needs the flag raised.
+            max_limit_period: Duration::from_secs(31 * 86_400),
+            max_log_limit: floodgate::SLIDING_LOG_MAX_LIMIT,
             write_timeout: std::time::Duration::from_secs(5),
         }
     }
@@ -120,7 +131,21 @@ impl NodeLimits {
         WireLimits {
             max_batch: self.max_batch,
             max_key_bytes: self.max_key_bytes,
+            max_period_ns: u64::try_from(self.max_limit_period.as_nanos()).unwrap_or(u64::MAX),
+            max_log_limit: self.max_log_limit,
         }
+    }
+
+    /// The bytes the bucket store may hold: 7/8 of `max_store_bytes`.
+    pub fn bucket_bytes(&self) -> usize {
+        self.max_store_bytes / 8 * 7
+    }
+
+    /// Most leases held at once: `max_leases`, or fewer if that many would cost more than the
+    /// leases' 1/8 of `max_store_bytes` ([`floodgate::lease::LEASE_BYTES`] each).
+    pub fn lease_cap(&self) -> usize {
+        let by_bytes = self.max_store_bytes / 8 / floodgate::lease::LEASE_BYTES;
+        self.max_leases.min(by_bytes).max(1)
     }
 
     /// Checks the cross-field rules once, at start.
@@ -157,6 +182,25 @@ impl NodeLimits {
         anyhow::ensure!(
             (1..=100_000_000).contains(&self.max_leases),
             "max leases must be in 1..=100000000"
+        );
+        let least = floodgate::MIN_SHARD_BYTES * StoreConfig::default().shards / 7 * 8;
+        anyhow::ensure!(
+            self.max_store_bytes >= least,
+            "max store bytes must be at least {least} ({} KiB for each of the store's {} shards, \
+             as 7/8 of it)",
+            floodgate::MIN_SHARD_BYTES >> 10,
+            StoreConfig::default().shards
+        );
+        let period_ns = self.max_limit_period.as_nanos();
+        anyhow::ensure!(
+            (u128::from(floodgate::MIN_PERIOD_NS)..=u128::from(floodgate::MAX_PERIOD_NS))
+                .contains(&period_ns),
+            "max limit period must be 1ms to 366d"
+        );
+        anyhow::ensure!(
+            (1..=floodgate::SLIDING_LOG_MAX_LIMIT).contains(&self.max_log_limit),
+            "max log limit must be in 1..={}",
+            floodgate::SLIDING_LOG_MAX_LIMIT
         );
         anyhow::ensure!(
             self.max_streams_per_connection >= 1,

@@ -77,9 +77,24 @@ struct Flags {
     /// acquire is answered `store_full`.
     #[arg(long, default_value_t = NodeLimits::default().max_leases)]
     max_leases: usize,
-    /// Most buckets held at once; beyond it, idle then least-loaded buckets are evicted.
+    /// Most buckets held at once; beyond it, buckets are evicted (unused, then least consumed,
+    /// denying ones last).
     #[arg(long, default_value_t = StoreConfig::default().max_keys)]
     max_keys: usize,
+    /// Most bytes of state (a number, or with KiB, MiB or GiB): buckets get 7/8 and evict past
+    /// it (a sliding log costs 8 bytes per unit of its limit), concurrency leases 1/8 (fewer
+    /// than --max-leases if those would cost more). A fixed default, not a share of the
+    /// machine: a container's memory limit is not what the machine reports.
+    #[arg(long, default_value = "1GiB", value_parser = parse_bytes)]
+    max_store_bytes: usize,
+    /// Longest period a caller's limit may have (up to 366d); longer is refused as
+    /// `invalid_limit`. The default lets monthly (30-day) quotas through.
+    #[arg(long, default_value = "31d", value_parser = parse_duration)]
+    max_limit_period: Duration,
+    /// Largest sliding-log limit a caller may ask for (1 to 1000): each unit keeps 8 bytes
+    /// while in its period; larger is refused as `invalid_limit`.
+    #[arg(long, default_value_t = NodeLimits::default().max_log_limit)]
+    max_log_limit: u64,
     /// This node's id in the cluster: a DNS name its certificate carries (peers dial and verify
     /// it by this name). Default: its advertised address, verified by its IP.
     #[arg(long)]
@@ -355,6 +370,9 @@ fn config_from(flags: &Flags, addresses: Addresses) -> anyhow::Result<NodeConfig
         max_peer_connections: flags.max_peer_connections,
         max_buffered_bytes: flags.max_buffered_bytes,
         max_leases: flags.max_leases,
+        max_store_bytes: flags.max_store_bytes,
+        max_limit_period: flags.max_limit_period,
+        max_log_limit: flags.max_log_limit,
         ..NodeLimits::default()
     };
     limits.validate()?;
@@ -495,6 +513,31 @@ fn nanos(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
+/// A size in bytes: a number, or with a binary suffix (`64KiB`, `512MiB`, `1GiB`).
+fn parse_bytes(text: &str) -> Result<usize, String> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let scale: usize = match unit.trim() {
+        "" | "B" => 1,
+        "KiB" => 1 << 10,
+        "MiB" => 1 << 20,
+        "GiB" => 1 << 30,
+        _ => {
+            return Err(format!(
+                "{text}: give bytes, or a number with KiB, MiB or GiB"
+            ));
+        }
+    };
+    number
+        .parse::<usize>()
+        .ok()
+        .and_then(|n| n.checked_mul(scale))
+        .ok_or_else(|| format!("{text}: not a size in bytes"))
+}
+
 fn parse_duration(text: &str) -> Result<Duration, String> {
     floodgate::parse_duration_ns(text)
         .map(Duration::from_nanos)
@@ -554,6 +597,16 @@ mod tests {
 
     fn addr(text: &str) -> SocketAddr {
         text.parse().unwrap()
+    }
+
+    #[test]
+    fn sizes_parse_with_binary_suffixes_only() {
+        assert_eq!(parse_bytes("1GiB"), Ok(1 << 30));
+        assert_eq!(parse_bytes("512MiB"), Ok(512 << 20));
+        assert_eq!(parse_bytes("4096"), Ok(4096));
+        assert!(parse_bytes("1GB").is_err());
+        assert!(parse_bytes("GiB").is_err());
+        assert!(parse_bytes("99999999999999999999GiB").is_err());
     }
 
     #[test]

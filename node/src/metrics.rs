@@ -90,6 +90,12 @@ pub struct NodeMetrics {
     pub evicted: Counter,
     pub expired: Counter,
     pub refused_keys: Counter,
+    /// Bytes the bucket store accounts now, and its budget.
+    pub store_bytes: Gauge,
+    pub store_max_bytes: Gauge,
+    /// Evictions by what the bucket was: `new` (never consumed from again after it was made),
+    /// `returning` (consumed from again, not denying), `denying`.
+    pub evictions: [Counter; 3],
     /// All connections (clients and peers); peers alone below.
     pub connections: Gauge,
     pub peer_connections: Gauge,
@@ -191,6 +197,10 @@ impl NodeMetrics {
             evicted: counter!("floodgate_evicted_buckets_total"),
             expired: counter!("floodgate_expired_buckets_total"),
             refused_keys: counter!("floodgate_refused_keys_total"),
+            store_bytes: gauge!("floodgate_store_bytes"),
+            store_max_bytes: gauge!("floodgate_store_max_bytes"),
+            evictions: ["new", "returning", "denying"]
+                .map(|reason| counter!("floodgate_store_evictions_total", "reason" => reason)),
             connections: gauge!("floodgate_connections"),
             peer_connections: gauge!("floodgate_peer_connections"),
             connections_refused: counter!("floodgate_connections_refused_total"),

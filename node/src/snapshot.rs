@@ -13,8 +13,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use floodgate::store::snapshot::{
-    decode_snapshot_limited, encode_snapshot, is_live, is_long_period, max_snapshot_bytes,
-    snapshot_content_hash,
+    SNAPSHOT_HEADER_BYTES, SNAPSHOT_TRAILER_BYTES, decode_snapshot_limited, encode_snapshot,
+    is_live, is_long_period, max_snapshot_bytes, snapshot_content_hash,
 };
 use floodgate::{BucketStore, Clock};
 use parking_lot::Mutex;
@@ -89,7 +89,7 @@ impl Snapshots {
     pub(crate) fn load(&self, shared: &Shared) -> usize {
         let (store, now_ns) = (&shared.store, shared.clock.now_ns());
         let path = self.path();
-        let bytes = match read_bounded(&path, max_snapshot_bytes(store.max_keys())) {
+        let bytes = match read_bounded(&path, snapshot_bound(store)) {
             Ok(Some(bytes)) => bytes,
             Ok(None) => {
                 tracing::info!(file = %path.display(), "no snapshot yet: starting empty");
@@ -180,6 +180,13 @@ impl Snapshots {
     }
 }
 
+/// Most bytes a snapshot of `store` can have: no entry is encoded larger than what its bucket
+/// costs in the store's budget, so a store within its budget writes at most that much.
+fn snapshot_bound(store: &BucketStore) -> u64 {
+    let by_bytes = (store.max_bytes() + SNAPSHOT_HEADER_BYTES + SNAPSHOT_TRAILER_BYTES) as u64;
+    max_snapshot_bytes(store.max_keys()).min(by_bytes)
+}
+
 /// Reads the file unless it is larger than `max` bytes; `Ok(None)` when it does not exist.
 fn read_bounded(path: &Path, max: u64) -> Result<Option<Vec<u8>>, String> {
     let file = match File::open(path) {
@@ -194,7 +201,8 @@ fn read_bounded(path: &Path, max: u64) -> Result<Option<Vec<u8>>, String> {
         .map_err(|e| format!("cannot be read: {e}"))?;
     if bytes.len() as u64 > max {
         return Err(format!(
-            "larger than the {max} bytes a snapshot of this store's capacity (--max-keys) can need"
+            "larger than the {max} bytes a snapshot of this store's capacity (--max-keys, \
+             --max-store-bytes) can need"
         ));
     }
     Ok(Some(bytes))

@@ -129,6 +129,35 @@ impl SlidingLog {
         self.times_ns = newest_first.into_iter().rev().collect();
     }
 
+    /// An empty log with room for `entries` times, so it need not grow while it fills.
+    pub fn with_capacity(entries: usize) -> Self {
+        SlidingLog {
+            times_ns: VecDeque::with_capacity(entries),
+        }
+    }
+
+    /// How many times the log has room for without growing (what its memory is).
+    pub fn capacity(&self) -> usize {
+        self.times_ns.capacity()
+    }
+
+    /// How much more room an admission of `cost` now would need: none when it fits or would be
+    /// denied, else enough to reach the limit, so a log grows at most once under one limit.
+    pub fn growth_for(&mut self, limit: &Limit, now_ns: u64, cost: u64) -> usize {
+        self.forget_expired(limit, now_ns);
+        let (len, cap) = (self.times_ns.len() as u64, limit.burst());
+        if cost > cap || len + cost > cap || len + cost <= self.capacity() as u64 {
+            return 0;
+        }
+        cap as usize - self.capacity()
+    }
+
+    /// Makes room for `additional` more times.
+    pub fn grow(&mut self, additional: usize) {
+        self.times_ns
+            .reserve_exact(self.capacity() - self.times_ns.len() + additional);
+    }
+
     /// Number of recorded units (for memory accounting and tests).
     pub fn len(&self) -> usize {
         self.times_ns.len()

@@ -14,6 +14,6 @@ mod store;
 pub use concurrency::{Acquired, Lease, LeaseSet};
 pub use limit::{LeaseLimit, LeaseLimitError, MAX_LEASE_MAX, MAX_LEASE_TTL_NS, MIN_LEASE_TTL_NS};
 pub use store::{
-    LeaseIds, LeaseSetState, LeaseStats, LeaseStore, LeaseStoreConfig, LeaseStoreError, Released,
-    Renewed,
+    LEASE_BYTES, LeaseIds, LeaseSetState, LeaseStats, LeaseStore, LeaseStoreConfig,
+    LeaseStoreError, Released, Renewed,
 };

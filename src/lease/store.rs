@@ -17,6 +17,11 @@ const SHARDS: usize = 64;
 /// dropped: the replica then holds that lease until its TTL, stricter, never looser.
 const MAX_TOMBSTONES_PER_SHARD: usize = 4_096;
 
+/// What one held lease costs at most, in bytes: alone in its key's set, the map entry at the
+/// lowest load a hash map has after it grew (7/16) and the set's smallest allocation (4 leases).
+pub const LEASE_BYTES: usize =
+    (size_of::<(BucketKey, LeaseSet)>() + 1) * 16 / 7 + 4 * size_of::<super::Lease>();
+
 /// Bounds of a node's lease store.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LeaseStoreConfig {
@@ -49,7 +54,9 @@ pub trait LeaseIds: Send + Sync + std::fmt::Debug {
 /// Why an acquire could not be decided.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum LeaseStoreError {
-    #[error("this node holds {max_leases} leases already (its --max-leases)")]
+    #[error(
+        "this node holds {max_leases} leases already (its --max-leases, or 1/8 of --max-store-bytes)"
+    )]
     Full { max_leases: usize },
 }
 

@@ -3,10 +3,9 @@
 
 use std::sync::atomic::AtomicBool;
 
-use hashbrown::HashTable;
 use parking_lot::Mutex;
 
-use super::table::{GcraEntry, margin_ms_of};
+use super::table::{GcraEntry, Use, margin_ms_of};
 use crate::algorithm::{SlidingLog, WindowState, fixed_window, sliding_window};
 use crate::{Algorithm, BucketKey, Decision, Limit};
 
@@ -18,6 +17,10 @@ pub(super) struct WindowEntry {
     pub(super) slot: Mutex<(Limit, WindowState)>,
     /// Changed since the last replication round.
     pub(super) dirty: AtomicBool,
+    /// Consumed from since eviction last looked at the shard.
+    pub(super) used: AtomicBool,
+    /// An eviction pass once found it used (changed only under the exclusive lock).
+    pub(super) promoted: bool,
 }
 
 /// A sliding-log bucket (at most `SLIDING_LOG_MAX_LIMIT` timestamps).
@@ -28,6 +31,10 @@ pub(super) struct LogEntry {
     pub(super) slot: Mutex<(Limit, SlidingLog)>,
     /// Changed since the last replication round.
     pub(super) dirty: AtomicBool,
+    /// Consumed from since eviction last looked at the shard.
+    pub(super) used: AtomicBool,
+    /// An eviction pass once found it used (changed only under the exclusive lock).
+    pub(super) promoted: bool,
 }
 
 impl WindowEntry {
@@ -37,6 +44,8 @@ impl WindowEntry {
             check: key.check,
             slot: Mutex::new((limit, state)),
             dirty: AtomicBool::new(dirty),
+            used: AtomicBool::new(false),
+            promoted: false,
         }
     }
 }
@@ -48,6 +57,8 @@ impl LogEntry {
             check: key.check,
             slot: Mutex::new((limit, log)),
             dirty: AtomicBool::new(dirty),
+            used: AtomicBool::new(false),
+            promoted: false,
         }
     }
 }
@@ -108,6 +119,15 @@ pub(super) trait Identified {
     fn is_expired(&mut self, now_ns: u64) -> bool {
         self.expires_in(now_ns) == 0
     }
+    /// How the bucket was used since eviction last looked, moving it on ([`Use`]).
+    fn take_use(&mut self) -> Use;
+}
+
+/// [`Identified::take_use`] for an entry with a `used` mark and a `promoted` flag.
+fn take_use(used: &mut AtomicBool, promoted: &mut bool) -> Use {
+    let seen = Use::of(std::mem::take(used.get_mut()), *promoted);
+    *promoted |= seen == Use::Used;
+    seen
 }
 
 impl Identified for GcraEntry {
@@ -129,6 +149,9 @@ impl Identified for GcraEntry {
         // is within its margin).
         let margin_ns = u64::from(self.margin_ms()) * 1_000_000;
         ppm(self.expires_in(now_ns), margin_ns)
+    }
+    fn take_use(&mut self) -> Use {
+        GcraEntry::take_use(self)
     }
 }
 
@@ -163,6 +186,9 @@ impl Identified for WindowEntry {
         let remaining = decide_window(limit, state, now_ns, 0).0.remaining();
         ppm(limit.burst().saturating_sub(remaining), limit.burst())
     }
+    fn take_use(&mut self) -> Use {
+        take_use(&mut self.used, &mut self.promoted)
+    }
 }
 
 impl Identified for LogEntry {
@@ -193,16 +219,13 @@ impl Identified for LogEntry {
         let remaining = log.clone().decide(limit, now_ns, 0).remaining();
         ppm(limit.burst().saturating_sub(remaining), limit.burst())
     }
+    fn take_use(&mut self) -> Use {
+        take_use(&mut self.used, &mut self.promoted)
+    }
 }
 
 /// `used / capacity` in millionths, at most a million.
 pub(super) fn ppm(used: u64, capacity: u64) -> u32 {
     let share = u128::from(used.min(capacity)) * 1_000_000 / u128::from(capacity.max(1));
     u32::try_from(share).unwrap_or(1_000_000)
-}
-
-pub(super) fn remove<E: Identified>(table: &mut HashTable<E>, key: BucketKey) {
-    if let Ok(entry) = table.find_entry(key.hash, same(key)) {
-        entry.remove();
-    }
 }

@@ -1,29 +1,44 @@
-//! Making room in a full shard: forget the buckets that are full again, else evict the
-//! non-denying buckets with the least of their capacity consumed.
+//! Making room in a full shard: forget the buckets that are full again, then evict in order of
+//! what forgetting them gives away, denying buckets last.
 
+use std::cmp::Reverse;
 use std::sync::atomic::Ordering;
 
 use hashbrown::HashTable;
 
-use super::entries::{Identified, remove};
+use super::budget::{Bounds, GCRA_BUCKET_BYTES, WINDOW_BUCKET_BYTES, log_bytes};
+use super::entries::{Identified, same};
 use super::shard::Shard;
+use super::table::Use;
 use super::{StoreError, StoreStats};
 use crate::BucketKey;
 
-/// What evicting a bucket gives away, compared first by the share of its capacity consumed
-/// (millionths: what the key would regain if it returned) and then by the time until it is full
-/// again.
+/// What evicting a bucket gives away, compared field by field, least first.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 struct Cost {
+    /// A key in use over-admits as soon as it comes back; a flood's one-off key may never.
+    used: Use,
+    /// Within the same use, a denying bucket goes last: the key regains everything at once.
+    denying: bool,
+    /// Among new buckets, the one holding its room longest goes first: a one-off key about to
+    /// be full again is forgotten soon at no cost, and a fixed window just begun (new again
+    /// every window) is a key in use, not the flood's hour-long one.
+    new_holds: Reverse<u64>,
+    /// The share of its capacity consumed (millionths): what the key regains if it returns.
     consumed_ppm: u32,
     expires_in_ns: u64,
 }
 
 impl Cost {
     fn of(entry: &mut impl Identified, now_ns: u64) -> Cost {
+        let used = entry.take_use();
+        let expires_in_ns = entry.expires_in(now_ns);
         Cost {
+            used,
+            denying: entry.is_denying(now_ns),
+            new_holds: Reverse(if used == Use::New { expires_in_ns } else { 0 }),
             consumed_ppm: entry.consumed_ppm(now_ns),
-            expires_in_ns: entry.expires_in(now_ns),
+            expires_in_ns,
         }
     }
 }
@@ -36,59 +51,96 @@ enum Family {
 }
 
 impl Shard {
-    /// Frees space in a full shard: first by forgetting expired buckets, then by evicting the
-    /// non-denying buckets that hold the smallest share of their capacity consumed (about 1/16
-    /// of the shard at once, so the scan is amortised). An evicted key that returns starts full,
-    /// so it regains what it had consumed: ranking by that share keeps the cost of an eviction
-    /// at a small fraction of each evicted key's limit. Ranking by time until full instead would
-    /// evict a busy key with a short period first, over and over, under a flood of new keys. A
-    /// bucket that is denying is never evicted: when every bucket is denying, the new key is
-    /// refused with [`StoreError::Full`] instead of silently resetting someone.
-    pub(super) fn make_room(&mut self, now_ns: u64, stats: &StoreStats) -> Result<(), StoreError> {
+    /// True when a bucket of `bytes` more fits within `bounds`.
+    pub(super) fn fits(&self, bytes: usize, bounds: Bounds) -> bool {
+        self.len() < bounds.keys && self.bytes.used().saturating_add(bytes) <= bounds.bytes
+    }
+
+    /// Frees room for a bucket of `bytes` (or for `spare`'s bucket to grow by that much): first
+    /// by forgetting expired buckets (no decision changes), then by evicting the cheapest to
+    /// forget by [`Cost`]: keys never consumed from again since they were made (the longest to
+    /// be full again first), then keys idle since the last pass, then keys in use; within
+    /// each, non-denying before denying, then the smallest share consumed. At least 1/16 of the shard goes at once, so the scan is
+    /// amortised. An evicted key that returns starts full, so it regains what it had
+    /// consumed: the order keeps that at a small share of a key nobody is using. Ranking by time
+    /// until full instead would evict a busy key with a short period first, over and over,
+    /// under a flood of new keys. [`StoreError::Full`] only when nothing but `spare` is left.
+    pub(super) fn make_room(
+        &mut self,
+        now_ns: u64,
+        bytes: usize,
+        bounds: Bounds,
+        spare: Option<BucketKey>,
+        stats: &StoreStats,
+    ) -> Result<(), StoreError> {
         let expired = self.forget_expired(now_ns);
         stats.expired.fetch_add(expired as u64, Ordering::Relaxed);
-        if expired > 0 {
+        if self.fits(bytes, bounds) {
             return Ok(());
         }
         let mut candidates: Vec<(Cost, Family, BucketKey)> = Vec::new();
         for entry in self.gcra.iter_mut() {
-            if !entry.is_denying(now_ns) {
-                candidates.push((Cost::of(entry, now_ns), Family::Gcra, entry.key()));
+            candidates.push((Cost::of(entry, now_ns), Family::Gcra, entry.key()));
+        }
+        collect(&mut self.windows, Family::Window, now_ns, &mut candidates);
+        collect(&mut self.logs, Family::Log, now_ns, &mut candidates);
+        candidates.retain(|c| Some(c.2) != spare);
+        candidates.sort_unstable_by_key(|c| c.0);
+        let batch = (self.len() / 16).max(1);
+        for (evicted, &(cost, family, key)) in candidates.iter().enumerate() {
+            if evicted >= batch && self.fits(bytes, bounds) {
+                break;
+            }
+            self.evict(family, key);
+            stats.evicted.fetch_add(1, Ordering::Relaxed);
+            if cost.denying {
+                stats.evicted_denying.fetch_add(1, Ordering::Relaxed);
+            } else if cost.used == Use::New {
+                stats.evicted_new.fetch_add(1, Ordering::Relaxed);
+            } else {
+                stats.evicted_used.fetch_add(1, Ordering::Relaxed);
             }
         }
-        collect_evictable(&mut self.windows, Family::Window, now_ns, &mut candidates);
-        collect_evictable(&mut self.logs, Family::Log, now_ns, &mut candidates);
-        if candidates.is_empty() {
-            stats.refused.fetch_add(1, Ordering::Relaxed);
-            return Err(StoreError::Full);
+        if self.fits(bytes, bounds) {
+            return Ok(());
         }
-        let evict = (self.len() / 16).clamp(1, candidates.len());
-        candidates.select_nth_unstable_by_key(evict - 1, |c| c.0);
-        for &(_, family, key) in &candidates[..evict] {
-            match family {
-                Family::Gcra => self.gcra.remove(key),
-                Family::Window => remove(&mut self.windows, key),
-                Family::Log => remove(&mut self.logs, key),
+        stats.refused.fetch_add(1, Ordering::Relaxed);
+        Err(StoreError::Full)
+    }
+
+    /// Removes one bucket and releases what it cost.
+    fn evict(&mut self, family: Family, key: BucketKey) {
+        match family {
+            Family::Gcra => {
+                if self.gcra.find(key).is_some() {
+                    self.gcra.remove(key);
+                    self.bytes.release(GCRA_BUCKET_BYTES);
+                }
+            }
+            Family::Window => {
+                if let Ok(entry) = self.windows.find_entry(key.hash, same(key)) {
+                    entry.remove();
+                    self.bytes.release(WINDOW_BUCKET_BYTES);
+                }
+            }
+            Family::Log => {
+                if let Ok(entry) = self.logs.find_entry(key.hash, same(key)) {
+                    let (mut removed, _) = entry.remove();
+                    self.bytes.release(log_bytes(&removed.slot.get_mut().1));
+                }
             }
         }
-        stats.evicted.fetch_add(evict as u64, Ordering::Relaxed);
-        Ok(())
     }
 }
 
-fn collect_evictable<E: Identified>(
+fn collect<E: Identified>(
     table: &mut HashTable<E>,
     family: Family,
     now_ns: u64,
     out: &mut Vec<(Cost, Family, BucketKey)>,
 ) {
     for entry in table.iter_mut() {
-        if !entry.is_denying(now_ns) {
-            let key = BucketKey {
-                hash: entry.hash(),
-                check: entry.check(),
-            };
-            out.push((Cost::of(entry, now_ns), family, key));
-        }
+        let key = BucketKey::of(entry);
+        out.push((Cost::of(entry, now_ns), family, key));
     }
 }

@@ -6,14 +6,19 @@
 //! Only the first consuming check of a new key, expiry sweeps and multi-checks take a shard
 //! exclusively.
 //!
-//! Bounds: at most `max_keys` buckets (split evenly over the shards). A full shard first forgets
-//! buckets that are full again (which changes no decision), then evicts non-denying buckets
-//! closest to being full again; an evicted key that returns starts full, so it regains at most
-//! the tokens it had already consumed. A denying bucket is never evicted: if every bucket in the
-//! shard is denying, the new key's check fails with [`StoreError::Full`] (counted) rather than
-//! forgetting someone who is being limited.
+//! Bounds: at most `max_keys` buckets and `max_bytes` bytes of them (each split evenly over the
+//! shards; what a bucket costs: `budget.rs`, a sliding log with room for its whole limit). A
+//! full shard first forgets buckets that are full again (which changes no decision), then
+//! evicts in order of what forgetting gives away (`eviction.rs`): buckets never consumed from
+//! again after they were made (a flood's one-off keys, the longest to be full again first),
+//! then those idle since the shard's last
+//! eviction, then those in use; within each, non-denying before denying and the smallest share
+//! of capacity consumed first. An evicted key that returns starts full, so it regains at most
+//! what it had consumed. A check fails with [`StoreError::Full`] (counted)
+//! only when nothing but its own bucket is left to evict.
 
 mod bucket_state;
+mod budget;
 mod entries;
 mod eviction;
 mod remote;
@@ -26,8 +31,12 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use parking_lot::{RwLock, RwLockWriteGuard};
 
 pub use self::bucket_state::{BucketState, BucketValue};
+use self::budget::Bounds;
+pub use self::budget::{
+    GCRA_BUCKET_BYTES, LOG_BUCKET_BYTES, LOG_TIME_BYTES, WINDOW_BUCKET_BYTES, bucket_bytes,
+};
 pub use self::remote::RemoteUse;
-use self::shard::{Shard, Undo};
+use self::shard::{NeedsRoom, Shard, Undo};
 use crate::{BucketKey, Decision, Limit};
 
 /// Sizing of a [`BucketStore`].
@@ -38,6 +47,11 @@ pub struct StoreConfig {
     /// Number of shards (a power of two); more shards, less contention on inserts.
     pub shards: usize,
 }
+
+/// The default byte budget of a store ([`BucketStore::with_max_bytes`]): 1 GiB.
+pub const DEFAULT_MAX_STORE_BYTES: usize = 1 << 30;
+/// Least bytes per shard a budget may give: room for a few logs of the largest limit.
+pub const MIN_SHARD_BYTES: usize = 64 << 10;
 
 impl Default for StoreConfig {
     fn default() -> Self {
@@ -51,12 +65,18 @@ impl Default for StoreConfig {
 /// Why a store could not be built or a check could not be recorded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum StoreError {
-    #[error("the bucket store is full of keys that are being denied; the new key was not tracked")]
+    #[error("the bucket store has nothing left to evict; the key was not tracked")]
     Full,
     #[error("shards must be a power of two between 1 and 65536, got {0}")]
     BadShardCount(usize),
     #[error("max_keys must be at least the number of shards ({shards}), got {max_keys}")]
     TooFewKeys { max_keys: usize, shards: usize },
+    #[error("max_bytes must be at least {least} ({per_shard} per shard), got {max_bytes}")]
+    TooFewBytes {
+        max_bytes: usize,
+        least: usize,
+        per_shard: usize,
+    },
 }
 
 /// One check of a multi-check.
@@ -70,11 +90,17 @@ pub struct Check {
 /// Counters the store keeps about itself, readable at any time.
 #[derive(Debug, Default)]
 pub struct StoreStats {
-    /// Non-denying buckets dropped to make room for new keys.
+    /// Buckets dropped to make room, whatever their state: the three below together.
     pub evicted: AtomicU64,
+    /// Evicted never having been consumed from again after they were made, not denying.
+    pub evicted_new: AtomicU64,
+    /// Evicted after they had been consumed from again (keys that come back), not denying.
+    pub evicted_used: AtomicU64,
+    /// Evicted while denying: nothing else was left in their shard.
+    pub evicted_denying: AtomicU64,
     /// Buckets forgotten because they were full again (no decision changed).
     pub expired: AtomicU64,
-    /// New keys refused because every bucket in their shard was denying.
+    /// Checks refused because nothing in their shard could be evicted.
     pub refused: AtomicU64,
 }
 
@@ -138,7 +164,7 @@ pub struct SweepCursor {
 pub struct BucketStore {
     shards: Box<[PaddedShard]>,
     shard_mask: usize,
-    keys_per_shard: usize,
+    bounds: Bounds,
     stats: StoreStats,
     sweep_cursor: AtomicUsize,
 }
@@ -155,10 +181,29 @@ impl BucketStore {
         Ok(BucketStore {
             shards: (0..shards).map(|_| PaddedShard::default()).collect(),
             shard_mask: shards - 1,
-            keys_per_shard: max_keys / shards,
+            bounds: Bounds {
+                keys: max_keys / shards,
+                bytes: DEFAULT_MAX_STORE_BYTES / shards,
+            },
             stats: StoreStats::default(),
             sweep_cursor: AtomicUsize::new(0),
         })
+    }
+
+    /// The same store bounded at `max_bytes` of buckets (split evenly over the shards, each of
+    /// which must get at least [`MIN_SHARD_BYTES`]).
+    pub fn with_max_bytes(mut self, max_bytes: usize) -> Result<Self, StoreError> {
+        let shards = self.shards.len();
+        let least = MIN_SHARD_BYTES * shards;
+        if max_bytes < least {
+            return Err(StoreError::TooFewBytes {
+                max_bytes,
+                least,
+                per_shard: MIN_SHARD_BYTES,
+            });
+        }
+        self.bounds.bytes = max_bytes / shards;
+        Ok(self)
     }
 
     fn shard_index(&self, key: BucketKey) -> usize {
@@ -174,16 +219,24 @@ impl BucketStore {
         now_ns: u64,
     ) -> Result<Decision, StoreError> {
         let shard = &self.shards[self.shard_index(key)];
-        if let Some((decision, _)) = shard.lock.read().decide_existing(key, limit, cost, now_ns) {
-            return Ok(decision);
-        }
-        let (decision, consumes) = shard::decide_fresh(limit, now_ns, cost);
-        if !consumes {
-            return Ok(decision);
+        let existing =
+            shard
+                .lock
+                .read()
+                .decide_existing(key, limit, cost, now_ns, self.bounds.bytes);
+        match existing {
+            Ok(Some((decision, _))) => return Ok(decision),
+            Ok(None) => {
+                let (decision, consumes) = shard::decide_fresh(limit, now_ns, cost);
+                if !consumes {
+                    return Ok(decision);
+                }
+            }
+            Err(NeedsRoom(_)) => {}
         }
         let mut shard = shard.write();
         let (decision, _) =
-            shard.decide_or_insert(key, limit, cost, now_ns, self.keys_per_shard, &self.stats)?;
+            shard.decide_or_insert(key, limit, cost, now_ns, self.bounds, &self.stats)?;
         Ok(decision)
     }
 
@@ -230,7 +283,7 @@ impl BucketStore {
                 &check.limit,
                 check.cost,
                 now_ns,
-                self.keys_per_shard,
+                self.bounds,
                 &self.stats,
             ) {
                 Ok((decision, undo)) => {
@@ -265,7 +318,7 @@ impl BucketStore {
                     &check.limit,
                     0,
                     now_ns,
-                    usize::MAX,
+                    Bounds::NONE,
                     &self.stats,
                 ) {
                     decisions[i] = peek;
@@ -325,7 +378,7 @@ impl BucketStore {
         let mut refused = 0;
         for state in states {
             let mut shard = self.shards[self.shard_index(state.key)].write();
-            refused += usize::from(!shard.merge(state, now_ns, self.keys_per_shard, &self.stats));
+            refused += usize::from(!shard.merge(state, now_ns, self.bounds, &self.stats));
         }
         refused
     }
@@ -392,10 +445,31 @@ impl BucketStore {
 
     /// Most buckets this store keeps.
     pub fn max_keys(&self) -> usize {
-        self.keys_per_shard * self.shards.len()
+        self.bounds.keys * self.shards.len()
+    }
+
+    /// Most bytes of buckets this store keeps.
+    pub fn max_bytes(&self) -> usize {
+        self.bounds.bytes * self.shards.len()
+    }
+
+    /// Bytes of buckets held now, as accounted (`budget.rs`; shards are read one at a time).
+    pub fn bytes_used(&self) -> usize {
+        self.shards.iter().map(|s| s.lock.read().bytes.used()).sum()
     }
 
     pub fn stats(&self) -> &StoreStats {
         &self.stats
+    }
+}
+
+#[cfg(test)]
+impl BucketStore {
+    /// What every bucket costs, counted afresh: the running account must equal it.
+    pub(crate) fn recount_bytes(&self) -> usize {
+        self.shards
+            .iter()
+            .map(|s| s.lock.read().recount_bytes())
+            .sum()
     }
 }

@@ -18,6 +18,10 @@
 
 use std::sync::atomic::Ordering;
 
+use super::budget::{
+    GCRA_BUCKET_BYTES, LOG_BUCKET_BYTES, LOG_TIME_BYTES, WINDOW_BUCKET_BYTES, bucket_bytes,
+    log_bytes,
+};
 use super::entries::{LogEntry, WindowEntry, margin_ns, same};
 use super::shard::{Shard, adopt_limit};
 use super::table::GcraEntry;
@@ -64,8 +68,9 @@ impl BucketStore {
         if let Some(left) = shard.apply_remote_existing(key, limit, used, now_ns) {
             return Ok(left);
         }
-        if shard.len() >= self.keys_per_shard {
-            shard.make_room(now_ns, &self.stats)?;
+        let bytes = remote_bucket_bytes(limit, used);
+        if !shard.fits(bytes, self.bounds) {
+            shard.make_room(now_ns, bytes, self.bounds, None, &self.stats)?;
         }
         Ok(shard.insert_remote(key, limit, used, now_ns))
     }
@@ -113,6 +118,17 @@ fn window_take(state: WindowState, period: u64, at_ns: u64, units: u64) -> Windo
     state
 }
 
+/// About what a bucket made from `used` costs: a log holds the units, at most its bound.
+fn remote_bucket_bytes(limit: &Limit, used: RemoteUse) -> usize {
+    match limit.algorithm() {
+        Algorithm::SlidingLog => {
+            let most = used.max_log_entries.max(limit.burst() as usize) as u64;
+            LOG_BUCKET_BYTES + LOG_TIME_BYTES * used.units.min(most) as usize
+        }
+        _ => bucket_bytes(limit),
+    }
+}
+
 impl Shard {
     /// Applies to the key's existing bucket; `None` when it has none. Callable under a shared
     /// lock, like `decide_existing`.
@@ -153,8 +169,11 @@ impl Shard {
                 let mut slot = entry.slot.lock();
                 slot.0 = *limit;
                 let most = used.max_log_entries.max(limit.burst() as usize);
-                slot.1
-                    .record_elsewhere(limit, at_ns, used.units, most, now_ns);
+                // Admitted elsewhere already: recorded even past the budget, which the next
+                // new key's eviction restores.
+                self.bytes.tracking(&mut slot.1, |log| {
+                    log.record_elsewhere(limit, at_ns, used.units, most, now_ns)
+                });
                 entry.dirty.store(true, Ordering::Relaxed);
                 Some(0)
             }
@@ -174,6 +193,7 @@ impl Shard {
             Algorithm::Gcra => {
                 let (tat, left) = gcra_take(limit, 0, used.units, now_ns);
                 self.gcra.insert(GcraEntry::new(key, margin_ns(limit), tat));
+                self.bytes.charge(GCRA_BUCKET_BYTES);
                 left
             }
             Algorithm::FixedWindow | Algorithm::SlidingWindow => {
@@ -186,12 +206,14 @@ impl Shard {
                 let state = window_take(empty, period, at_ns, used.units);
                 let entry = WindowEntry::new(key, *limit, state, true);
                 self.windows.insert_unique(key.hash, entry, |e| e.hash);
+                self.bytes.charge(WINDOW_BUCKET_BYTES);
                 0
             }
             Algorithm::SlidingLog => {
                 let mut log = SlidingLog::default();
                 let most = used.max_log_entries.max(limit.burst() as usize);
                 log.record_elsewhere(limit, at_ns, used.units, most, now_ns);
+                self.bytes.charge(log_bytes(&log));
                 self.logs
                     .insert_unique(key.hash, LogEntry::new(key, *limit, log, true), |e| e.hash);
                 0
@@ -376,7 +398,7 @@ mod tests {
     }
 
     #[test]
-    fn a_full_store_of_denying_keys_refuses_a_new_remote_key() {
+    fn a_full_store_of_denying_keys_evicts_one_for_a_new_remote_key() {
         let store = BucketStore::new(StoreConfig {
             max_keys: 1,
             shards: 1,
@@ -389,7 +411,9 @@ mod tests {
             .unwrap();
         assert_eq!(
             store.apply_remote(BucketKey::for_key(b"b"), &limit, used(1, now), now),
-            Err(StoreError::Full)
+            Ok(0)
         );
+        assert_eq!(store.len(), 1);
+        assert_eq!(store.stats().evicted_denying.load(Ordering::Relaxed), 1);
     }
 }

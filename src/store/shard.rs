@@ -7,6 +7,10 @@ use std::sync::atomic::Ordering;
 use hashbrown::HashTable;
 
 use super::bucket_state::{BucketState, BucketValue, gcra_state, plausible_tat, plausible_window};
+use super::budget::{
+    Account, Bounds, GCRA_BUCKET_BYTES, LOG_TIME_BYTES, WINDOW_BUCKET_BYTES, bucket_bytes,
+    log_bytes,
+};
 use super::entries::{
     Identified, LogEntry, WindowEntry, decide_window, margin_ms, margin_ns, same,
 };
@@ -34,7 +38,14 @@ pub(super) struct Shard {
     pub(super) gcra: GcraTable,
     pub(super) windows: HashTable<WindowEntry>,
     pub(super) logs: HashTable<LogEntry>,
+    /// What the buckets above cost, in bytes (`budget.rs`).
+    pub(super) bytes: Account,
 }
+
+/// A log bucket's next admission needs this many more bytes than the shard may still charge:
+/// decided again under the exclusive lock, after making room.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct NeedsRoom(pub(super) usize);
 
 impl Shard {
     pub(super) fn len(&self) -> usize {
@@ -42,17 +53,21 @@ impl Shard {
     }
 
     /// Decides against the key's existing bucket; `None` if it has none. Callable under a shared
-    /// lock: GCRA updates by CAS, windows and logs under their entry mutex.
+    /// lock: GCRA updates by CAS, windows and logs under their entry mutex. A log that must grow
+    /// past `max_bytes` to admit is left as it was ([`NeedsRoom`]).
     pub(super) fn decide_existing(
         &self,
         key: BucketKey,
         limit: &Limit,
         cost: u64,
         now_ns: u64,
-    ) -> Option<(Decision, Undo)> {
-        match limit.algorithm() {
+        max_bytes: usize,
+    ) -> Result<Option<(Decision, Undo)>, NeedsRoom> {
+        Ok(Some(match limit.algorithm() {
             Algorithm::Gcra => {
-                let entry = self.gcra.find(key)?;
+                let Some(entry) = self.gcra.find(key) else {
+                    return Ok(None);
+                };
                 // Compare-and-swap, retried on a race; the closure runs at least once, so
                 // `decision` is always set. Relaxed suffices: the TAT is the whole state.
                 let mut decision = Decision::CostExceedsBurst { burst: 0 };
@@ -69,13 +84,15 @@ impl Shard {
                         // Consumed (or clamped): also keeps the eviction margin that of the
                         // limit in force, should it have changed.
                         entry.mark_changed(margin_ms(limit));
-                        Some((decision, Undo::Gcra { tat_ns }))
+                        (decision, Undo::Gcra { tat_ns })
                     }
-                    Err(_) => Some((decision, Undo::Nothing)),
+                    Err(_) => (decision, Undo::Nothing),
                 }
             }
             Algorithm::FixedWindow | Algorithm::SlidingWindow => {
-                let entry = self.windows.find(key.hash, same(key))?;
+                let Some(entry) = self.windows.find(key.hash, same(key)) else {
+                    return Ok(None);
+                };
                 let mut slot = entry.slot.lock();
                 if adopt_limit(&mut slot, limit, now_ns) {
                     entry.dirty.store(true, Ordering::Relaxed);
@@ -84,50 +101,80 @@ impl Shard {
                 let undo = match new_state {
                     Some(new_state) => {
                         entry.dirty.store(true, Ordering::Relaxed);
+                        entry.used.store(true, Ordering::Relaxed);
                         Undo::Window {
                             state: std::mem::replace(&mut slot.1, new_state),
                         }
                     }
                     None => Undo::Nothing,
                 };
-                Some((decision, undo))
+                (decision, undo)
             }
             Algorithm::SlidingLog => {
-                let entry = self.logs.find(key.hash, same(key))?;
+                let Some(entry) = self.logs.find(key.hash, same(key)) else {
+                    return Ok(None);
+                };
                 let mut slot = entry.slot.lock();
-                let decision = slot.1.decide(limit, now_ns, cost);
+                let log = &mut slot.1;
+                let growth = log.growth_for(limit, now_ns, cost);
+                if growth > 0 {
+                    // Charged before it grows, so concurrent growths cannot pass the bound.
+                    let bytes = growth * LOG_TIME_BYTES;
+                    if !self.bytes.try_charge(bytes, max_bytes) {
+                        return Err(NeedsRoom(bytes));
+                    }
+                    self.bytes.tracking(log, |log| log.grow(growth));
+                    self.bytes.release(bytes);
+                }
+                let decision = log.decide(limit, now_ns, cost);
                 slot.0 = *limit;
                 let undo = if decision.is_allowed() && cost > 0 {
                     entry.dirty.store(true, Ordering::Relaxed);
+                    entry.used.store(true, Ordering::Relaxed);
                     Undo::Log { cost }
                 } else {
                     Undo::Nothing
                 };
-                Some((decision, undo))
+                (decision, undo)
             }
-        }
+        }))
     }
 
     /// Decides, creating the bucket when the check consumes from a key not seen before (peeks
-    /// and denials of unknown keys leave no entry). Makes room first when the shard is full.
+    /// and denials of unknown keys leave no entry). Makes room first when the shard is full
+    /// (in keys or in bytes), or when the key's log must grow past the bytes left.
     pub(super) fn decide_or_insert(
         &mut self,
         key: BucketKey,
         limit: &Limit,
         cost: u64,
         now_ns: u64,
-        max_len: usize,
+        bounds: Bounds,
         stats: &StoreStats,
     ) -> Result<(Decision, Undo), StoreError> {
-        if let Some(found) = self.decide_existing(key, limit, cost, now_ns) {
-            return Ok(found);
+        match self.decide_existing(key, limit, cost, now_ns, bounds.bytes) {
+            Ok(Some(found)) => return Ok(found),
+            Ok(None) => {}
+            Err(NeedsRoom(bytes)) => {
+                // The key's own bucket is kept: the room is for it to grow.
+                let grown = Bounds {
+                    keys: usize::MAX,
+                    ..bounds
+                };
+                self.make_room(now_ns, bytes, grown, Some(key), stats)?;
+                return match self.decide_existing(key, limit, cost, now_ns, bounds.bytes) {
+                    Ok(Some(found)) => Ok(found),
+                    _ => Err(StoreError::Full),
+                };
+            }
         }
         let (decision, consumed) = decide_fresh(limit, now_ns, cost);
         if !consumed {
             return Ok((decision, Undo::Nothing));
         }
-        if self.len() >= max_len {
-            self.make_room(now_ns, stats)?;
+        let bytes = bucket_bytes(limit);
+        if !self.fits(bytes, bounds) {
+            self.make_room(now_ns, bytes, bounds, None, stats)?;
         }
         match limit.algorithm() {
             Algorithm::Gcra => {
@@ -135,12 +182,14 @@ impl Shard {
                 // `consumed` means decide returned a new TAT.
                 self.gcra
                     .insert(GcraEntry::new(key, margin_ns(limit), new_tat.unwrap_or(0)));
+                self.bytes.charge(GCRA_BUCKET_BYTES);
                 Ok((decision, Undo::Gcra { tat_ns: 0 }))
             }
             Algorithm::FixedWindow | Algorithm::SlidingWindow => {
                 let (_, state) = decide_window(limit, &WindowState::default(), now_ns, cost);
                 let entry = WindowEntry::new(key, *limit, state.unwrap_or_default(), true);
                 self.windows.insert_unique(key.hash, entry, |e| e.hash);
+                self.bytes.charge(WINDOW_BUCKET_BYTES);
                 Ok((
                     decision,
                     Undo::Window {
@@ -149,8 +198,9 @@ impl Shard {
                 ))
             }
             Algorithm::SlidingLog => {
-                let mut log = SlidingLog::default();
+                let mut log = SlidingLog::with_capacity(limit.burst() as usize);
                 log.decide(limit, now_ns, cost);
+                self.bytes.charge(log_bytes(&log));
                 self.logs
                     .insert_unique(key.hash, LogEntry::new(key, *limit, log, true), |e| e.hash);
                 Ok((decision, Undo::Log { cost }))
@@ -192,7 +242,8 @@ impl Shard {
             }
             Algorithm::SlidingLog => {
                 if let Some(entry) = self.logs.find(key.hash, same(key)) {
-                    entry.slot.lock().1.undo(cost);
+                    let mut slot = entry.slot.lock();
+                    self.bytes.tracking(&mut slot.1, |log| log.undo(cost));
                     entry.dirty.store(true, Ordering::Relaxed);
                 }
             }
@@ -260,7 +311,7 @@ impl Shard {
         &mut self,
         state: &BucketState,
         now_ns: u64,
-        max_len: usize,
+        bounds: Bounds,
         stats: &StoreStats,
     ) -> bool {
         let key = state.key;
@@ -275,13 +326,14 @@ impl Shard {
                     entry.tat_ns.fetch_max(tat_ns, Ordering::Relaxed);
                     return true;
                 }
-                if self.len() >= max_len && self.make_room(now_ns, stats).is_err() {
+                if !self.room_for(GCRA_BUCKET_BYTES, now_ns, bounds, stats) {
                     return false;
                 }
                 let entry = GcraEntry::new(key, u64::from(margin_ms) * 1_000_000, tat_ns);
                 // Received state is not ours to replicate onward until it changes here.
                 entry.take_dirty();
                 self.gcra.insert(entry);
+                self.bytes.charge(GCRA_BUCKET_BYTES);
             }
             BucketValue::Window { limit, state } => {
                 let received = plausible_window(limit, state, now_ns);
@@ -295,11 +347,12 @@ impl Shard {
                     slot.1 = local.merge(received);
                     return true;
                 }
-                if self.len() >= max_len && self.make_room(now_ns, stats).is_err() {
+                if !self.room_for(WINDOW_BUCKET_BYTES, now_ns, bounds, stats) {
                     return false;
                 }
                 let entry = WindowEntry::new(key, *limit, received, false);
                 self.windows.insert_unique(key.hash, entry, |e| e.hash);
+                self.bytes.charge(WINDOW_BUCKET_BYTES);
             }
             BucketValue::Log { limit, times_ns } => {
                 // Admissions are never in the future: later times are taken as now.
@@ -308,13 +361,15 @@ impl Shard {
                     let mut slot = entry.slot.lock();
                     let limit = slot.0;
                     let log = SlidingLog::from_times(&limit, &times);
-                    slot.1.merge(&limit, log, now_ns);
+                    self.bytes
+                        .tracking(&mut slot.1, |mine| mine.merge(&limit, log, now_ns));
                     return true;
                 }
                 let log = SlidingLog::from_times(limit, &times);
-                if self.len() >= max_len && self.make_room(now_ns, stats).is_err() {
+                if !self.room_for(log_bytes(&log), now_ns, bounds, stats) {
                     return false;
                 }
+                self.bytes.charge(log_bytes(&log));
                 let entry = LogEntry::new(key, *limit, log, false);
                 self.logs.insert_unique(key.hash, entry, |e| e.hash);
             }
@@ -339,7 +394,8 @@ impl Shard {
             }
             Undo::Log { cost } => {
                 if let Some(e) = self.logs.find_mut(key.hash, same(key)) {
-                    e.slot.get_mut().1.undo(cost);
+                    self.bytes
+                        .tracking(&mut e.slot.get_mut().1, |log| log.undo(cost));
                 }
             }
         }
@@ -360,14 +416,42 @@ impl Shard {
         max_slots: usize,
     ) -> (usize, Option<usize>) {
         let before = self.len();
-        let (_, next) = self.gcra.retain_slots(from, max_slots, |e| {
+        let (gcra, next) = self.gcra.retain_slots(from, max_slots, |e| {
             !gcra::is_expired(*e.tat_ns.get_mut(), now_ns)
         });
+        self.bytes.release(gcra * GCRA_BUCKET_BYTES);
         if next.is_none() {
+            let windows = self.windows.len();
             self.windows.retain(|e| !e.is_expired(now_ns));
-            self.logs.retain(|e| !e.is_expired(now_ns));
+            self.bytes
+                .release((windows - self.windows.len()) * WINDOW_BUCKET_BYTES);
+            let mut freed = 0;
+            self.logs.retain(|e| {
+                let expired = e.is_expired(now_ns);
+                if expired {
+                    freed += log_bytes(&e.slot.get_mut().1);
+                }
+                !expired
+            });
+            self.bytes.release(freed);
         }
         (before - self.len(), next)
+    }
+
+    #[cfg(test)]
+    pub(super) fn recount_bytes(&self) -> usize {
+        self.gcra.len() * GCRA_BUCKET_BYTES
+            + self.windows.len() * WINDOW_BUCKET_BYTES
+            + self
+                .logs
+                .iter()
+                .map(|e| log_bytes(&e.slot.lock().1))
+                .sum::<usize>()
+    }
+
+    /// Makes room for a received bucket of `bytes` if it does not fit; false when there is none.
+    fn room_for(&mut self, bytes: usize, now_ns: u64, bounds: Bounds, stats: &StoreStats) -> bool {
+        self.fits(bytes, bounds) || self.make_room(now_ns, bytes, bounds, None, stats).is_ok()
     }
 }
 

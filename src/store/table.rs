@@ -18,20 +18,46 @@ use crate::BucketKey;
 pub(super) struct GcraEntry {
     pub(super) hash: u64,
     pub(super) check: u32,
-    /// Low 31 bits: how far (in whole ms, rounded down, at most ~24 days) the TAT may run ahead
+    /// Low 29 bits: how far (in whole ms, rounded down, at most ~6 days) the TAT may run ahead
     /// of `now` while a cost of 1 still passes; lets eviction tell a denying bucket without
     /// knowing its limit (rounding down only makes a bucket look denying, which protects it).
-    /// Top bit: changed since the last replication round.
+    /// Bit 29: seen in use by an eviction pass before. Bit 30: consumed from since the last
+    /// pass (see `eviction.rs`). Top bit: changed since the last replication round.
     pub(super) meta: AtomicU32,
     /// Theoretical arrival time. Updated by compare-and-swap: the value is the whole state, so
     /// `Relaxed` suffices (every update is a read-modify-write of this one atomic).
     pub(super) tat_ns: AtomicU64,
 }
 
+/// How an eviction pass finds a bucket used: what it would give away to forget it grows in
+/// this order. A bucket starts `New`; one consumed from again before a pass is `Used` at that
+/// pass and, once seen so, `Idle` at the passes where it was not. A flood of one-off keys stays
+/// `New` and is evicted before any key that came back (a scan-resistant cache's probation).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(super) enum Use {
+    New,
+    Idle,
+    Used,
+}
+
+impl Use {
+    pub(super) fn of(used: bool, promoted: bool) -> Use {
+        match (used, promoted) {
+            (true, _) => Use::Used,
+            (false, true) => Use::Idle,
+            (false, false) => Use::New,
+        }
+    }
+}
+
 /// `meta` bit marking a bucket changed since it was last replicated.
 const DIRTY: u32 = 1 << 31;
-/// Largest margin `meta` holds (about 24.8 days); larger margins saturate to it.
-pub(super) const MAX_MARGIN_MS: u32 = !DIRTY;
+/// `meta` bit marking a bucket consumed from since eviction last looked (see `eviction.rs`).
+const USED: u32 = 1 << 30;
+/// `meta` bit marking a bucket an eviction pass once found in use.
+const PROMOTED: u32 = 1 << 29;
+/// Largest margin `meta` holds (about 6.2 days); larger margins saturate to it.
+pub(super) const MAX_MARGIN_MS: u32 = PROMOTED - 1;
 
 /// A margin in nanoseconds as `meta` holds it: whole ms, rounded down, saturated.
 #[inline]
@@ -53,7 +79,17 @@ impl GcraEntry {
     }
 
     pub(super) fn margin_ms(&self) -> u32 {
-        self.meta.load(Ordering::Relaxed) & !DIRTY
+        self.meta.load(Ordering::Relaxed) & MAX_MARGIN_MS
+    }
+
+    /// How the bucket was used, as an eviction pass reads it (and moves it on).
+    pub(super) fn take_use(&mut self) -> Use {
+        let meta = self.meta.get_mut();
+        let seen = Use::of(*meta & USED != 0, *meta & PROMOTED != 0);
+        if *meta & USED != 0 {
+            *meta = (*meta & !USED) | PROMOTED;
+        }
+        seen
     }
 
     /// Marks the bucket changed; the load first keeps an already-dirty hot bucket's line shared.
@@ -64,13 +100,15 @@ impl GcraEntry {
         }
     }
 
-    /// Marks the bucket changed and sets its margin (that of the limit now in force, which may
-    /// differ from the one it was created with). One load and, only when something differs,
-    /// one store: a hot bucket under an unchanged limit keeps its line shared.
+    /// Marks the bucket changed and used and sets its margin (that of the limit now in force,
+    /// which may differ from the one it was created with). One load and, only when something
+    /// differs, one store: a hot bucket under an unchanged limit keeps its line shared.
     #[inline]
     pub(super) fn mark_changed(&self, margin_ms: u32) {
-        let wanted = margin_ms | DIRTY;
-        if self.meta.load(Ordering::Relaxed) != wanted {
+        // Only an eviction pass (under the exclusive lock) changes PROMOTED: kept as read.
+        let meta = self.meta.load(Ordering::Relaxed);
+        let wanted = margin_ms | DIRTY | USED | (meta & PROMOTED);
+        if meta != wanted {
             self.meta.store(wanted, Ordering::Relaxed);
         }
     }

@@ -395,7 +395,9 @@ fn decode_archived_into(
     }
     // Each distinct limit is validated once, not once per check.
     for limit in batch.limits.iter() {
-        groups.limits.push(valid_limit(limit)?);
+        let limit = valid_limit(limit)?;
+        limits.admit(&limit)?;
+        groups.limits.push(limit);
     }
     batch.walk(|check| {
         if check.starts_group {

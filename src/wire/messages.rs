@@ -4,7 +4,8 @@ use rkyv::rancor;
 use rkyv::{Archive, Deserialize, Serialize};
 
 use super::ErrorCode;
-use crate::{Algorithm, BucketKey, Limit};
+use crate::limit::format_period;
+use crate::{Algorithm, BucketKey, Limit, MAX_PERIOD_NS, SLIDING_LOG_MAX_LIMIT};
 
 /// One check as sent: the key bytes and everything needed to enforce it, so a node needs no
 /// configuration. The key bytes are the bucket's whole identity (clients prefix the rule name).
@@ -38,6 +39,10 @@ pub struct ErrorFrame {
 pub struct WireLimits {
     pub max_batch: usize,
     pub max_key_bytes: usize,
+    /// Longest period a caller's limit may have: how long its bucket may live.
+    pub max_period_ns: u64,
+    /// Largest sliding-log limit a caller may ask for: how many times its bucket may hold.
+    pub max_log_limit: u64,
 }
 
 impl Default for WireLimits {
@@ -45,7 +50,37 @@ impl Default for WireLimits {
         WireLimits {
             max_batch: 4_096,
             max_key_bytes: 256,
+            max_period_ns: MAX_PERIOD_NS,
+            max_log_limit: SLIDING_LOG_MAX_LIMIT,
         }
+    }
+}
+
+impl WireLimits {
+    /// Refuses a limit that costs more than this receiver lets a caller ask for.
+    pub fn admit(&self, limit: &Limit) -> Result<(), Refusal> {
+        if limit.period_ns() > self.max_period_ns {
+            return Err((
+                ErrorCode::InvalidLimit,
+                format!(
+                    "a period of {} is longer than this node allows ({}, its --max-limit-period)",
+                    format_period(limit.period_ns()),
+                    format_period(self.max_period_ns)
+                ),
+            ));
+        }
+        if limit.algorithm() == Algorithm::SlidingLog && limit.burst() > self.max_log_limit {
+            return Err((
+                ErrorCode::InvalidLimit,
+                format!(
+                    "a sliding-log limit of {} is more than this node allows ({}, its \
+                     --max-log-limit); use sliding-window for large limits",
+                    limit.burst(),
+                    self.max_log_limit
+                ),
+            ));
+        }
+        Ok(())
     }
 }
 
@@ -137,6 +172,7 @@ pub(crate) fn validate_check(
         check.period_ns.to_native(),
         check.burst.to_native(),
     )?;
+    limits.admit(&limit)?;
     Ok(ValidCheck {
         key: BucketKey::for_key(check.key.as_slice()),
         limit,

@@ -248,7 +248,8 @@ pub enum ErrorCode {
     KeyTooLong = 5,
     /// More checks in one frame than the node's max batch. Frame refused.
     BatchTooLarge = 6,
-    /// A check's limit is invalid (zero rate, unknown algorithm, ...). Frame refused.
+    /// A check's limit is invalid (zero rate, unknown algorithm, ...) or past the receiver's caps
+    /// (`WireLimits`: longest period, largest sliding log). Frame refused.
     InvalidLimit = 7,
     /// A frame kind this receiver does not accept. Frame refused.
     UnknownKind = 8,

@@ -200,6 +200,7 @@ mod tests {
         let limits = WireLimits {
             max_batch: 1,
             max_key_bytes: 4,
+            ..WireLimits::default()
         };
         let refused = |batch: TokenLeaseBatch| {
             decode_token_lease_batch(&framed_payload(FrameKind::TokenLeaseBatch, &batch), &limits)

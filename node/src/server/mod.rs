@@ -80,7 +80,7 @@ impl Node {
         )
         .with_context(|| format!("starting the QUIC endpoint on {}", config.listen))?;
         let local_addr = endpoint.local_addr()?;
-        let store = BucketStore::new(config.store)?;
+        let store = BucketStore::new(config.store)?.with_max_bytes(config.limits.bucket_bytes())?;
         let snapshots = config
             .state_dir
             .as_deref()
@@ -106,7 +106,7 @@ impl Node {
                 metrics.cluster(),
             )
             .with_frame_limit(config.limits.max_frame_bytes)
-            .with_max_leases(config.limits.max_leases),
+            .with_max_leases(config.limits.lease_cap()),
         );
         let region_sync = Arc::new(region_sync(&config, &cluster, store.clone(), clock)?);
         let allowance = Arc::new(Allowance::new(
@@ -231,6 +231,19 @@ impl Node {
     /// Buckets currently held (for tests and status).
     pub fn live_buckets(&self) -> usize {
         self.shared.store.len()
+    }
+
+    /// Bytes the bucket store accounts now, and its budget (7/8 of `max_store_bytes`).
+    pub fn store_bytes(&self) -> (usize, usize) {
+        (
+            self.shared.store.bytes_used(),
+            self.shared.store.max_bytes(),
+        )
+    }
+
+    /// Concurrency leases held on this node now, all keys together.
+    pub fn leases_held(&self) -> usize {
+        self.shared.cluster.leases.held()
     }
 
     /// The rules in force, when started with `--rules`.

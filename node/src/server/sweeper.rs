@@ -27,6 +27,8 @@ const MAX_STEP_INTERVAL: Duration = Duration::from_secs(1);
 /// about that long for its GCRA buckets, whatever the store's size. A store of a million keys
 /// (about 2M slots) takes about 512 steps, one every 58 ms.
 const SWEEP_SLOTS: usize = 4_096;
+/// Least time between two warnings that checks were answered `store_full`.
+const WARN_EVERY: Duration = Duration::from_secs(10);
 /// How often the store's counters and gauges are published.
 const PUBLISH_EVERY: Duration = Duration::from_millis(250);
 
@@ -41,6 +43,13 @@ fn step_interval(steps_per_pass: usize) -> Duration {
 pub(super) async fn sweep_loop(shared: Arc<Shared>, mut shutdown: watch::Receiver<bool>) {
     let stats = shared.store.stats();
     let (mut evicted, mut expired, mut refused) = (0, 0, 0);
+    let (mut new, mut used, mut denying) = (0, 0, 0);
+    let mut warned: Option<tokio::time::Instant> = None;
+    let mut refused_warned = 0;
+    shared
+        .metrics
+        .store_max_bytes
+        .set(shared.store.max_bytes() as f64);
     let mut lease_metrics = crate::lease::LeaseMetrics::default();
     let mut published = tokio::time::Instant::now();
     let mut cursor = floodgate::SweepCursor::default();
@@ -87,9 +96,31 @@ pub(super) async fn sweep_loop(shared: Arc<Shared>, mut shutdown: watch::Receive
                 counter.increment(now - *seen);
                 *seen = now;
             };
+        shared
+            .metrics
+            .store_bytes
+            .set(shared.store.bytes_used() as f64);
         publish(&shared.metrics.evicted, &stats.evicted, &mut evicted);
+        publish(&shared.metrics.evictions[0], &stats.evicted_new, &mut new);
+        publish(&shared.metrics.evictions[1], &stats.evicted_used, &mut used);
+        publish(
+            &shared.metrics.evictions[2],
+            &stats.evicted_denying,
+            &mut denying,
+        );
         publish(&shared.metrics.expired, &stats.expired, &mut expired);
         publish(&shared.metrics.refused_keys, &stats.refused, &mut refused);
+        // Loud but bounded: one line per WARN_EVERY, counting every refusal since the last.
+        if refused > refused_warned && warned.is_none_or(|at| at.elapsed() >= WARN_EVERY) {
+            warned = Some(tokio::time::Instant::now());
+            tracing::warn!(
+                refused = refused - refused_warned,
+                bytes = shared.store.bytes_used(),
+                max_bytes = shared.store.max_bytes(),
+                "the bucket store had nothing left to evict: checks answered store_full"
+            );
+            refused_warned = refused;
+        }
     }
 }
 
