@@ -12,7 +12,6 @@ use rkyv::util::AlignedVec;
 
 use crate::caller::{Caller, REFUND_REFUSED};
 use crate::metrics::{DecisionTally, NodeMetrics};
-use crate::state::Shared;
 
 /// Groups whose buckets are prefetched together, one burst ahead of the groups being decided
 /// (measured in `bench/benches/core.rs`, `cold_frame_256`).
@@ -44,17 +43,17 @@ fn with_scratch<T>(f: impl FnOnce(&mut Scratch) -> T) -> T {
 
 /// Appends to `out` the answer to a check batch decided entirely here: a decision batch, or an
 /// error frame for a refused request. Returns the error code when the frame was refused.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn answer_frame(
-    shared: &Shared,
     caller: Caller<'_>,
+    store: &BucketStore,
+    limits: &WireLimits,
+    metrics: &NodeMetrics,
     now_ns: u64,
     table_version: u64,
     frame: &Frame,
     out: &mut Vec<u8>,
 ) -> Option<ErrorCode> {
-    let store = &shared.store;
-    let metrics = &shared.metrics;
-    let limits = &shared.config.limits.wire();
     if let Some(code) = refuse_kind(frame, out) {
         return Some(code);
     }

@@ -240,7 +240,17 @@ async fn answer_checks(
             } else {
                 // A node alone decides everything here, synchronously, with the table held: a
                 // node that joins meanwhile receives these decisions in its hand-off.
-                answer_frame(shared, caller, now_ns, table.version(), frame, out)
+                let limits = shared.config.limits.wire();
+                answer_frame(
+                    caller,
+                    &shared.store,
+                    &limits,
+                    &shared.metrics,
+                    now_ns,
+                    table.version(),
+                    frame,
+                    out,
+                )
             }
         }
     }
