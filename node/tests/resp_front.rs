@@ -291,41 +291,24 @@ async fn connections_beyond_the_allowance_are_told_and_closed() {
     node.node.shutdown().await;
 }
 
-/// A store of one key, held by a key that is denying: a second key cannot be decided.
-async fn full_store(mode: RespFailureMode) -> (TestNode, RespClient) {
+#[tokio::test]
+async fn a_period_past_the_nodes_cap_is_an_error_reply_and_the_connection_stays_usable() {
     let node = start_node(|config| {
         let mut settings = RespSettings::on(([127, 0, 0, 1], 0).into());
-        settings.failure_mode = mode;
+        // Open: a refusal that reached the failure mode would be allowed.
+        settings.failure_mode = RespFailureMode::Open;
         config.resp = Some(settings);
-        config.store.max_keys = 1;
-        config.store.shards = 1;
     })
     .await;
     let mut c = client(&node).await;
-    assert_reply(
-        &c.call("CL.THROTTLE held 0 1 3600").await,
-        [0, 1, 0, -1, 3600],
-    );
-    (node, c)
-}
-
-#[tokio::test]
-async fn an_undecided_check_fails_closed_by_default() {
-    let (node, mut c) = full_store(RespFailureMode::Closed).await;
+    // 32 days per unit: past the default --max-limit-period of 31 days.
     error_starting(
-        &c.call("CL.THROTTLE other 4 1 3600").await,
-        "ERR floodgate could not decide the key",
+        &c.call("CL.THROTTLE k 0 1 2764800").await,
+        "Cell error: period / count per period past this node's --max-limit-period",
     );
-    assert_eq!(c.call("PING").await, simple("PONG"));
-    node.node.shutdown().await;
-}
-
-#[tokio::test]
-async fn an_undecided_check_fails_open_when_configured() {
-    let (node, mut c) = full_store(RespFailureMode::Open).await;
     assert_reply(
-        &c.call("CL.THROTTLE other 4 1 3600 2").await,
-        [0, 5, 3, -1, 0],
+        &c.call("CL.THROTTLE k 0 1 2592000").await,
+        [0, 1, 0, -1, 2592000],
     );
     node.node.shutdown().await;
 }

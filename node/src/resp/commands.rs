@@ -52,10 +52,10 @@ impl Session {
             }
             let name = command[0].to_ascii_lowercase();
             if name == b"cl.throttle" && self.authenticated {
-                run.push(throttle::parse(
-                    &command[1..],
-                    front.shared.config.limits.max_key_bytes,
-                ));
+                let limits = &front.shared.config.limits;
+                let parsed = throttle::parse(&command[1..], limits.max_key_bytes)
+                    .and_then(|t| within_period_cap(t, limits.max_limit_period));
+                run.push(parsed);
                 continue;
             }
             self.throttle_run(front, std::mem::take(&mut run), out)
@@ -87,15 +87,7 @@ impl Session {
                         let result = if reply[0] == 0 { "allowed" } else { "limited" };
                         (integers(reply), result)
                     }
-                    Some(Err(why)) => match front.settings.failure_mode {
-                        RespFailureMode::Open => {
-                            (integers(throttle::open_reply(throttle)), "failed_open")
-                        }
-                        RespFailureMode::Closed => (
-                            Reply::Error(format!("ERR floodgate could not decide the key: {why}")),
-                            "failed_closed",
-                        ),
-                    },
+                    Some(Err(why)) => undecided(front.settings.failure_mode, throttle, &why),
                     None => (
                         Reply::error("ERR floodgate could not decide the key"),
                         "failed_closed",
@@ -426,9 +418,63 @@ fn command_info(args: &[Vec<u8>]) -> Reply {
     }
 }
 
+/// A throttle whose limit is no longer than the node lets a caller's limit be
+/// (`--max-limit-period`), or the error reply: past it the node would refuse the check, and a
+/// refusal must not reach the failure mode (an open one would allow it).
+fn within_period_cap(throttle: Throttle, cap: std::time::Duration) -> Result<Throttle, String> {
+    if u128::from(throttle.limit.period_ns()) > cap.as_nanos() {
+        return Err(format!(
+            "Cell error: period / count per period past this node's --max-limit-period of {} \
+             days",
+            cap.as_secs() / 86_400
+        ));
+    }
+    Ok(throttle)
+}
+
+/// The reply to a throttle the cluster could not decide (`why`), by the front's failure mode,
+/// and the result it is counted under.
+fn undecided(mode: RespFailureMode, throttle: &Throttle, why: &str) -> (Reply, &'static str) {
+    match mode {
+        RespFailureMode::Open => (integers(throttle::open_reply(throttle)), "failed_open"),
+        RespFailureMode::Closed => (
+            Reply::Error(format!("ERR floodgate could not decide the key: {why}")),
+            "failed_closed",
+        ),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_undecided_throttle_follows_the_failure_mode() {
+        let throttle = throttle::parse(&words("k 4 1 3600 2"), 256).unwrap();
+        let (closed, result) = undecided(RespFailureMode::Closed, &throttle, "store_full");
+        assert_eq!(
+            closed,
+            Reply::Error("ERR floodgate could not decide the key: store_full".to_owned())
+        );
+        assert_eq!(result, "failed_closed");
+        // Open: allowed as if the bucket were full: limit 5, 2 taken, 3 left, no waits.
+        let (open, result) = undecided(RespFailureMode::Open, &throttle, "store_full");
+        assert_eq!(open, integers([0, 5, 3, -1, 0]));
+        assert_eq!(result, "failed_open");
+    }
+
+    #[test]
+    fn a_period_past_the_nodes_cap_is_an_error_reply_not_a_failure() {
+        let day = std::time::Duration::from_secs(86_400);
+        let month = throttle::parse(&words("k 0 1 2592000"), 256).unwrap();
+        assert!(within_period_cap(month, 31 * day).is_ok());
+        let longer = throttle::parse(&words("k 0 1 2764800"), 256).unwrap();
+        let refused = within_period_cap(longer, 31 * day).unwrap_err();
+        assert!(
+            refused.contains("--max-limit-period of 31 days"),
+            "{refused}"
+        );
+    }
 
     fn words(text: &str) -> Vec<Vec<u8>> {
         text.split(' ').map(|w| w.as_bytes().to_vec()).collect()
