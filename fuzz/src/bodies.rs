@@ -374,11 +374,7 @@ pub fn check_batch_decide(data: &[u8]) -> Outcome {
         }
         let checks: Vec<Check> = group
             .iter()
-            .map(|c| Check {
-                key: c.key,
-                limit: c.limit,
-                cost: c.cost,
-            })
+            .map(floodgate::wire::ValidCheck::check)
             .collect();
         if let Ok(all_allowed) = store.check_all(&checks, now, &mut decisions) {
             assert_eq!(decisions.len(), checks.len());

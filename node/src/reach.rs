@@ -96,14 +96,7 @@ pub(crate) fn decide_global_group(
     global: &[bool],
     out: &mut Vec<WireDecision>,
 ) {
-    let checks: Vec<Check> = group
-        .iter()
-        .map(|c| Check {
-            key: c.key,
-            limit: c.limit,
-            cost: c.cost,
-        })
-        .collect();
+    let checks: Vec<Check> = group.iter().map(ValidCheck::check).collect();
     let others: Vec<_> = group
         .iter()
         .map(|c| rings.owners_elsewhere(c.key.slot()))

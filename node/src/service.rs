@@ -207,11 +207,7 @@ pub fn decide_group(
     // This thread's buffers when free (the check path), fresh ones otherwise.
     let mut decide = |checks: &mut Vec<Check>, decisions: &mut Vec<Decision>| {
         checks.clear();
-        checks.extend(group.iter().map(|c| Check {
-            key: c.key,
-            limit: c.limit,
-            cost: c.cost,
-        }));
+        checks.extend(group.iter().map(ValidCheck::check));
         decisions.clear();
         match store.check_all(checks, now_ns, decisions) {
             Ok(_) => {

@@ -5,7 +5,7 @@ use rkyv::{Archive, Deserialize, Serialize};
 
 use super::ErrorCode;
 use crate::limit::format_period;
-use crate::{Algorithm, BucketKey, Limit, MAX_PERIOD_NS, SLIDING_LOG_MAX_LIMIT};
+use crate::{Algorithm, BucketKey, Check, Limit, MAX_PERIOD_NS, SLIDING_LOG_MAX_LIMIT};
 
 /// One check as sent: the key bytes and everything needed to enforce it, so a node needs no
 /// configuration. The key bytes are the bucket's whole identity (clients prefix the rule name).
@@ -92,6 +92,17 @@ pub struct ValidCheck {
     pub cost: u64,
     pub refund: bool,
     pub takeover: bool,
+}
+
+impl ValidCheck {
+    /// The store's check of this one: its key, limit and cost.
+    pub fn check(&self) -> Check {
+        Check {
+            key: self.key,
+            limit: self.limit,
+            cost: self.cost,
+        }
+    }
 }
 
 impl WireCheck {
