@@ -24,7 +24,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use floodgate::cluster::ownership::{Ownership, OwnershipConfig};
-use floodgate::cluster::{MemberInfo, Membership, SlotTable};
+use floodgate::cluster::{MemberInfo, MemberState, Membership, SlotTable};
 use floodgate::lease::{LeaseIds, LeaseStore, LeaseStoreConfig};
 use floodgate::{BucketStore, Clock, EpochClock};
 use parking_lot::Mutex;
@@ -250,12 +250,26 @@ impl Cluster {
     }
 
     /// Ids of the members the failure detector holds suspect or dead: silent for longer than a
-    /// slow moment. Only those are taken over from (almost always none).
+    /// slow moment. Only those are taken over from (almost always none). A member that
+    /// announced its leave is not among them: it hands its buckets to the new owners, and a
+    /// takeover decided from replicas before that hand-off lands would miss the leaver's last
+    /// decisions (the hand-off's state replaces the replica's).
     pub(crate) fn suspected_members(&self) -> Vec<String> {
+        self.members_where(|state| matches!(state, MemberState::Suspect | MemberState::Dead))
+    }
+
+    /// Ids of the members that no longer decide or may be gone: suspected, dead, or departed.
+    /// A gained slot waits only briefly for their hand-off (a leaver switched its table before
+    /// it announced the leave, so no second decider is left to wait out).
+    pub(crate) fn not_alive_members(&self) -> Vec<String> {
+        self.members_where(|state| state != MemberState::Alive)
+    }
+
+    fn members_where(&self, keep: impl Fn(MemberState) -> bool) -> Vec<String> {
         self.membership
             .lock()
             .members()
-            .filter(|(_, state)| *state != floodgate::cluster::MemberState::Alive)
+            .filter(|(_, state)| keep(*state))
             .map(|(info, _)| info.id.clone())
             .collect()
     }
@@ -372,5 +386,82 @@ pub(super) mod tests {
             floodgate::EpochClock::start(),
             crate::metrics::NodeMetrics::register().cluster(),
         )
+    }
+
+    /// A member that announced its leave hands its buckets over; until this node's table
+    /// stops naming it (the switch comes a moment after the leave is heard of), a takeover
+    /// for one of its slots is sent to it, never decided here from replicas that miss its
+    /// last decisions. A member silent past suspicion is taken over from.
+    #[tokio::test]
+    async fn a_takeover_for_a_departed_owner_is_forwarded_and_one_for_a_silent_owner_decided() {
+        use floodgate::cluster::MembershipConfig;
+        use floodgate::cluster::ownership::{Arrival, Placement};
+        let a = cluster_alone();
+        let now = a.clock.now_ns();
+        let mut b = Membership::new(
+            MemberInfo {
+                id: "node-b".into(),
+                addr: "127.0.0.1:7001".into(),
+                region: "local".into(),
+            },
+            1,
+            vec!["127.0.0.1:7000".into()],
+            MembershipConfig::default(),
+            now,
+            7,
+        );
+        // b joins through a; a's table then names both.
+        for out in b.poll(now) {
+            drop(a.update_table(now, |m| drop(m.handle_gossip(now, &out.gossip))));
+        }
+        let table = a.table();
+        assert_eq!(table.nodes().len(), 2, "a knows b: {:?}", table.nodes());
+        let slot = (0..floodgate::cluster::SLOTS as u16)
+            .find(|&s| table.owner(s) == Some("node-b") && table.successor(s) == Some("node-a"))
+            .expect("b owns a slot a succeeds");
+        let place = || a.place_each([(slot, Arrival::Takeover)].into_iter(), now).0;
+
+        // a hears of b's leave; its table has not switched yet.
+        for out in a.membership.lock().poll(now) {
+            drop(b.handle_gossip(now, &out.gossip));
+        }
+        let leave = b.leave(now);
+        assert!(!leave.is_empty(), "b tells a of its leave");
+        for out in &leave {
+            drop(a.membership.lock().handle_gossip(now, &out.gossip));
+        }
+        assert_eq!(
+            a.membership.lock().state_of("node-b"),
+            Some(MemberState::Left)
+        );
+        assert_eq!(place(), vec![Placement::Forward("node-b".into())]);
+
+        // Silent instead (no leave heard, past the failure detector's timeouts): taken over.
+        let c = cluster_alone();
+        let mut b = Membership::new(
+            MemberInfo {
+                id: "node-b".into(),
+                addr: "127.0.0.1:7001".into(),
+                region: "local".into(),
+            },
+            1,
+            vec!["127.0.0.1:7000".into()],
+            MembershipConfig::default(),
+            now,
+            7,
+        );
+        for out in b.poll(now) {
+            drop(c.update_table(now, |m| drop(m.handle_gossip(now, &out.gossip))));
+        }
+        let suspect_at = now + MembershipConfig::default().suspect_after_ns + 1;
+        drop(c.membership.lock().poll(suspect_at));
+        assert_eq!(
+            c.membership.lock().state_of("node-b"),
+            Some(MemberState::Suspect)
+        );
+        let placed = c
+            .place_each([(slot, Arrival::Takeover)].into_iter(), suspect_at)
+            .0;
+        assert_eq!(placed, vec![Placement::Takeover]);
     }
 }

@@ -47,7 +47,8 @@
 //!    that lost the owner, and a forward **unanswered** in time is decided by the forwarder,
 //!    each only once the failure detector suspects the owner (silent for 500 ms by default):
 //!    an owner that is merely slow stays the one decider, and the check is answered
-//!    [`Refusal::TryAgain`]. So a stall shorter than the suspicion timeout never makes a second
+//!    [`Refusal::TryAgain`]. An owner that announced its leave is not suspected: it hands
+//!    its buckets over, and replicas would miss its last decisions. So a stall shorter than the suspicion timeout never makes a second
 //!    decider; a longer one can, until the owner is heard from or declared dead, from replicas
 //!    at most one replication interval old. The window names the suspected owner; the machine
 //!    never marks it.
