@@ -141,20 +141,22 @@ impl Cluster {
     }
 
     /// Sends the hand-offs the machine queued: the buckets of their slots, exported once (after
-    /// the switch), each to the node its hand-off goes to; an announcement carries none.
+    /// the switch), each slot's to its owner in the table in force (a joined node's
+    /// announcements list every slot to every member).
     pub(super) fn hand_off(
         &self,
         handoffs: &[HandOff],
         now_ns: u64,
     ) -> Vec<tokio::task::JoinHandle<bool>> {
-        // Which hand-off carries each slot's buckets.
+        // Which hand-off carries each slot's buckets: the one to its owner.
+        let table = self.table();
         let mut carrier = vec![None; floodgate::cluster::SLOTS];
         for (i, handoff) in handoffs.iter().enumerate() {
-            if handoff.with_buckets {
-                for &slot in &handoff.slots {
-                    if let Some(c) = carrier.get_mut(usize::from(slot)) {
-                        *c = Some(i);
-                    }
+            for &slot in &handoff.slots {
+                if table.owner(slot) == Some(handoff.to.as_str())
+                    && let Some(c) = carrier.get_mut(usize::from(slot))
+                {
+                    *c = Some(i);
                 }
             }
         }

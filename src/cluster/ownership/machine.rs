@@ -42,15 +42,16 @@ pub enum Action {
     Joined,
 }
 
-/// One hand-off to send (split into parts by the driver, each part listing every slot).
+/// One hand-off to send (split into parts by the driver, each part listing every slot). It
+/// carries this node's buckets of the slots its recipient owns in the table in force: every
+/// slot of a hand-off after a switch, and, in a just-joined node's announcement (which lists
+/// every slot it does not own, to every member), what it received while joining.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HandOff {
     pub to: String,
     /// This node's id for the hand-off (fresh for every hand-off of this life).
     pub id: u64,
     pub slots: Vec<u16>,
-    /// False for a just-joined node's announcement that it holds nothing for these slots.
-    pub with_buckets: bool,
 }
 
 /// Where the node stands in the cluster.
@@ -276,7 +277,7 @@ impl Ownership {
         }
         self.queue_handoffs(&before, &new);
         if joined_now && !self.decided_alone {
-            self.announce_no_state(&new);
+            self.announce_joined(&new);
         }
         self.changes += 1;
         old
@@ -522,15 +523,16 @@ impl Ownership {
                 to: to.to_owned(),
                 id,
                 slots,
-                with_buckets: true,
             }));
         }
     }
 
-    /// Tells every other member that this node, just joined, holds no state for the slots it
+    /// Tells every other member that this node, just joined, decided none of the slots it
     /// does not own: a member that expects a hand-off from it for one of them (because its
     /// view had this node owning the slot before this node knew the cluster) need not wait.
-    fn announce_no_state(&mut self, table: &SlotTable) {
+    /// What it does hold for them (a hand-off a member sent it while it was joining) goes to
+    /// their owners with it, or it would be lost.
+    fn announce_joined(&mut self, table: &SlotTable) {
         let me = Some(self.me.as_str());
         let slots: Vec<u16> = (0..SLOTS as u16)
             .filter(|&s| table.owner(s) != me)
@@ -547,7 +549,6 @@ impl Ownership {
                 to,
                 id,
                 slots: slots.clone(),
-                with_buckets: false,
             }));
         }
     }
@@ -616,7 +617,6 @@ mod tests {
         // Consistent hashing: a joiner takes slots only; a keeps the rest.
         assert_eq!(handoffs.len(), 1);
         assert_eq!(handoffs[0].to, "c");
-        assert!(handoffs[0].with_buckets);
         let lost: Vec<u16> = (0..SLOTS as u16)
             .filter(|&s| before.owner(s) == Some("a") && after.owner(s) == Some("c"))
             .collect();
@@ -704,7 +704,7 @@ mod tests {
         // Its table of one was not ownership: it owes no buckets, and tells m it holds none.
         assert!(matches!(
             &after_join[1..],
-            [Action::HandOff(HandOff { to, with_buckets: false, .. })] if to == "m"
+            [Action::HandOff(HandOff { to, .. })] if to == "m"
         ));
         // What it gained waits for m's hand-off.
         let gained = (0..SLOTS as u16)

@@ -36,7 +36,10 @@
 //!    a restarted member before they did), the member that really owns a slot in its own
 //!    table may still decide it until it hears of the newcomer and hands it over (a gossip
 //!    round or so). The window covers every decider but the guessed previous owner (whose
-//!    hand-off arrived), and is marked while the newcomer keeps the slot.
+//!    hand-off arrived), and is marked while the newcomer keeps the slot. Views that differ
+//!    can also send a hand-off to a member whose own table gives the slot to a third: a
+//!    joining member passes what it received on with its announcement, but a joined one keeps
+//!    it, and the owner decides without it.
 //! 5. **Split views**: two nodes whose tables do not name each other at all (a partition, or
 //!    each holding the other dead, as after a crash and restart while gossip was lost) each
 //!    decide the slots their own table gives them, until gossip reaches both. The checker

@@ -21,12 +21,18 @@
 //! forwarded check waits (bounded) for the receiver's table to name it unless the sender is
 //! behind, as the driver does.
 //!
-//! Two checkers: at every change, the machines' deciding slots ([`check_instant`]); at every
+//! Three checkers: at every change, the machines' deciding slots ([`check_instant`]); at every
 //! decision, every other node deciding the slot then (its machine's owner, stalled or not, or a
 //! decision outside its table at the same instant) must be excused by a window of the machine
 //! or by [`Window::OwnerSuspected`]: a takeover or an unanswered forward decided while the
 //! decider's membership held that other node suspect or dead. Beside a stalled owner nothing
 //! but the machine's windows excuses a second decider ([`SimReport::stall_second_deciders`]).
+//! And at every decision outside a window, the decider's state must hold every earlier
+//! decision of the slot made outside a window: each node counts the decisions its buckets
+//! reflect (its own, and what hand-offs brought), so a node deciding from state that misses
+//! some (a takeover from replicas beside a leaver's hand-off, a state handed to a node that
+//! passes nothing on) is caught. Only a crash, a stop for an upgrade, or a hand-off lost or
+//! stranded loses state (the failure model's and window 4's), and the count follows.
 //!
 //! With `rolling_upgrade`, the first nodes start as the build before protocol negotiation
 //! (they speak version 2 alone) and are restarted into this build one after another; gossip
@@ -111,6 +117,17 @@ pub struct SimConfig {
     /// A deliberately wrong driver: a slot still waiting for its hand-off is decided anyway
     /// (the machine's `TryAgain` ignored).
     pub decide_awaited_slots: bool,
+    /// How long after gossip's news a node switches tables (0: at once), as the node's driver
+    /// does once the deciding gate is its own: meanwhile checks are placed by the old table
+    /// with the membership's new verdicts.
+    pub switch_lag_ns: u64,
+    /// A deliberately wrong driver: a just-joined node's announcements carry nothing, not
+    /// even what a member handed it while it was joining.
+    pub joined_hands_nothing: bool,
+    /// A deliberately wrong driver: a member that announced its leave counts as suspected
+    /// when a check is placed, so its slots are taken over from replicas before its
+    /// hand-off lands.
+    pub take_over_from_departed: bool,
 }
 
 impl SimConfig {
@@ -150,6 +167,10 @@ impl SimConfig {
             takeover_without_suspicion: false,
             decide_unanswered_without_suspicion: false,
             decide_awaited_slots: false,
+            // Drawn apart from the generator above, so the faults a seed draws stay as they were.
+            switch_lag_ns: if seed.is_multiple_of(2) { 10_000_000 } else { 0 },
+            take_over_from_departed: false,
+            joined_hands_nothing: false,
         }
         .with_timeouts()
     }
@@ -178,6 +199,9 @@ enum Payload {
         part: u32,
         parts: u32,
         slots: Vec<u16>,
+        /// The state it carries: per slot, how many of the slot's decisions its sender knew
+        /// of (see [`Sim::made`]); empty for an announcement.
+        known: Vec<(u16, u64)>,
     },
     /// A client's check; `takeover` marks it for the slot's successor.
     Check {
@@ -281,6 +305,11 @@ struct Running {
     /// Forwards awaiting an answer, by id.
     forwards: BTreeMap<u64, PendingForward>,
     catching_up: Vec<CatchingUp>,
+    /// Per slot, how many of its decisions this node's buckets reflect (see [`Sim::made`]):
+    /// its own, and those a hand-off brought.
+    known: BTreeMap<u16, u64>,
+    /// With `switch_lag_ns`: when the membership's news reaches the table.
+    switch_due: Option<u64>,
 }
 
 impl Running {
@@ -288,11 +317,19 @@ impl Running {
         self.stalled_until.is_some_and(|until| until > now_ns)
     }
 
-    /// What the driver passes as `suspected`: members its failure detector does not hold alive.
-    fn suspects(&self, id: &str) -> bool {
-        self.membership
-            .state_of(id)
-            .is_some_and(|state| state != MemberState::Alive)
+    /// What the driver passes as `suspected` when it places a check: members its failure
+    /// detector holds suspect or dead. A departed member is not taken over from: its hand-off
+    /// carries its last decisions.
+    fn suspects(&self, id: &str, departed_too: bool) -> bool {
+        match self.membership.state_of(id) {
+            Some(MemberState::Suspect | MemberState::Dead) => true,
+            Some(MemberState::Left) => departed_too,
+            _ => false,
+        }
+    }
+
+    fn known(&self, slot: u16) -> u64 {
+        self.known.get(&slot).copied().unwrap_or(0)
     }
 }
 
@@ -350,6 +387,9 @@ pub struct SimReport {
     pub stall_second_deciders: u64,
     /// Pairs of deciders excused by [`Window::OwnerSuspected`].
     pub owner_suspected_pairs: u64,
+    /// Slots whose state a hand-off brought to a node that had given them away (its view
+    /// differed from the sender's): lost to the owner (window 4).
+    pub stranded_handoff_slots: u64,
 }
 
 /// How a run failed: the seed, what broke, and the last events before it.
@@ -414,6 +454,10 @@ pub struct Sim {
     /// (slot, node index, how).
     instant_decisions: Vec<(u16, usize, How)>,
     instant_of_decisions: u64,
+    /// Per slot, its decisions made outside every window: each must be in the state of the
+    /// next node to decide the slot outside a window (through a hand-off), or that decision
+    /// is made blind to them, and a limit admits them twice.
+    made: BTreeMap<u16, u64>,
 }
 
 impl Sim {
@@ -449,6 +493,7 @@ impl Sim {
                 stalls_with_takeovers: 0,
                 stall_second_deciders: 0,
                 owner_suspected_pairs: 0,
+                stranded_handoff_slots: 0,
             },
             checked: Vec::new(),
             tables: BTreeMap::new(),
@@ -456,10 +501,54 @@ impl Sim {
             next_id: 0,
             instant_decisions: Vec::new(),
             instant_of_decisions: 0,
+            made: BTreeMap::new(),
             config,
         };
         sim.add_node();
         sim
+    }
+
+    /// A crash loses the decisions only the crashed life knew of (the failure model's loss,
+    /// bounded by replication, which this simulation leaves out): nobody who decides the slot
+    /// later can hold them.
+    fn lose_state_of(&mut self, index: usize) {
+        let Some(life) = self.nodes[index].life.as_ref() else {
+            return;
+        };
+        let slots: Vec<u16> = life.known.keys().copied().collect();
+        self.lose(slots.into_iter(), Some(index));
+    }
+
+    /// The state of `slots` held by a crashed life (`crashed`) or a hand-off lost or sent to
+    /// a node that is down is gone: each slot's decisions to account for fall to what some
+    /// other living node that has not handed the slot off, or a hand-off still on its way,
+    /// holds.
+    fn lose(&mut self, slots: impl Iterator<Item = u16>, crashed: Option<usize>) {
+        let mut kept: BTreeMap<u16, u64> = BTreeMap::new();
+        let mut keep = |slot: u16, n: u64| {
+            let k = kept.entry(slot).or_insert(0);
+            *k = (*k).max(n);
+        };
+        for (j, node) in self.nodes.iter().enumerate() {
+            if let Some(other) = node.life.as_ref().filter(|_| Some(j) != crashed) {
+                other
+                    .known
+                    .iter()
+                    .filter(|(slot, _)| !other.ownership.gave_away(**slot))
+                    .for_each(|(&slot, &n)| keep(slot, n));
+            }
+        }
+        for (_, payload) in self.network.values() {
+            if let Payload::HandoffPart { known, .. } = payload {
+                known.iter().for_each(|&(slot, n)| keep(slot, n));
+            }
+        }
+        for slot in slots {
+            let kept = kept.get(&slot).copied().unwrap_or(0);
+            if let Some(made) = self.made.get_mut(&slot) {
+                *made = (*made).min(kept);
+            }
+        }
     }
 
     /// Runs to the end, checking the invariant at every change.
@@ -506,6 +595,8 @@ impl Sim {
             let running = node.life.as_ref().is_some_and(|l| l.stops_at.is_none());
             if self.now_ns >= due && running && node.lives == 1 {
                 let id = node.id.clone();
+                // Stopped without a leave, as a crash: what only it held is lost.
+                self.lose_state_of(index);
                 self.nodes[index].life = None;
                 self.log(format!("{id} stops to be upgraded"));
                 self.start(index);
@@ -644,6 +735,8 @@ impl Sim {
             stall_takeover_sent: false,
             forwards: BTreeMap::new(),
             catching_up: Vec::new(),
+            known: BTreeMap::new(),
+            switch_due: None,
         });
         self.log(format!(
             "{id} starts (life {}, seeds {seeds:?})",
@@ -662,9 +755,10 @@ impl Sim {
         Arc::new(base.with_epoch(epoch))
     }
 
-    fn send(&mut self, to: String, payload: Payload) {
+    /// Puts `payload` on the network, or loses it (returns whether it went).
+    fn send(&mut self, to: String, payload: Payload) -> bool {
         if self.rng.chance(self.config.loss_per_mille * 1_000) {
-            return;
+            return false;
         }
         let copies = if self.rng.chance(self.config.duplicate_per_mille * 1_000) {
             2
@@ -682,6 +776,7 @@ impl Sim {
                 (to.clone(), payload.clone()),
             );
         }
+        true
     }
 
     fn index_of(&self, id: &str) -> Option<usize> {
@@ -704,6 +799,10 @@ impl Sim {
             let now = self.now_ns;
             let receiver = self.nodes[index].versions;
             let Some(life) = self.nodes[index].life.as_mut() else {
+                if let Payload::HandoffPart { known, .. } = payload {
+                    // Sent to a node that is down: the state it carried is lost with it.
+                    self.lose(known.into_iter().map(|(slot, _)| slot), None);
+                }
                 continue;
             };
             if let Some(until) = life.stalled_until.filter(|&until| until > now) {
@@ -739,7 +838,12 @@ impl Sim {
                         gossip.members.iter_mut().for_each(|d| d.versions = None);
                     }
                     drop(life.membership.handle_gossip(now, &gossip));
-                    self.update_table(index);
+                    if self.config.switch_lag_ns == 0 {
+                        self.update_table(index);
+                    } else {
+                        life.switch_due
+                            .get_or_insert(now + self.config.switch_lag_ns);
+                    }
                 }
                 Payload::HandoffPart {
                     from,
@@ -747,7 +851,20 @@ impl Sim {
                     part,
                     parts,
                     slots,
+                    known,
                 } => {
+                    // The driver merges a part's buckets whether or not the machine counts it.
+                    // Slots this node has given away (its table names another owner: the
+                    // sender's view was not its own, window 4) keep theirs here, where no
+                    // one decides them: that state is lost to their owner.
+                    let mut stranded = Vec::new();
+                    for (slot, n) in known {
+                        let mine = life.known.entry(slot).or_insert(0);
+                        *mine = (*mine).max(n);
+                        if n > 0 && life.ownership.gave_away(slot) {
+                            stranded.push(slot);
+                        }
+                    }
                     let received = ReceivedPart {
                         id,
                         part,
@@ -760,6 +877,10 @@ impl Sim {
                             "{to} completed hand-off {id} from {from} ({} slots)",
                             slots.len()
                         ));
+                    }
+                    if !stranded.is_empty() {
+                        self.report.stranded_handoff_slots += stranded.len() as u64;
+                        self.lose(stranded.into_iter(), None);
                     }
                 }
             }
@@ -817,22 +938,41 @@ impl Sim {
 
     fn carry_out_actions(&mut self, index: usize, actions: Vec<Action>) {
         let id = self.nodes[index].id.clone();
+        // Hand-offs after `Joined` in one batch are the join's announcements.
+        let mut announcing = false;
         for action in actions {
             match action {
-                Action::Joined => self.log(format!("{id} joined")),
+                Action::Joined => {
+                    announcing = true;
+                    self.log(format!("{id} joined"));
+                }
                 Action::HandOff(handoff) => {
                     let parts = self.rng.range(1, 3) as u32;
                     self.log(format!(
-                        "{id} hands {} slots to {} (hand-off {}, {parts} parts{})",
+                        "{id} hands {} slots to {} (hand-off {}, {parts} parts)",
                         handoff.slots.len(),
                         handoff.to,
                         handoff.id,
-                        if handoff.with_buckets {
-                            ""
-                        } else {
-                            ", holds nothing"
-                        }
                     ));
+                    // Exported after the switch, as the driver does: every decision made here
+                    // of the slots the recipient owns in the switched table.
+                    let known: Vec<(u16, u64)> = match &self.nodes[index].life {
+                        _ if announcing && self.config.joined_hands_nothing => Vec::new(),
+                        Some(life) => {
+                            let table = life
+                                .switched_later
+                                .as_ref()
+                                .map_or(life.ownership.table(), |(_, m)| m.table());
+                            handoff
+                                .slots
+                                .iter()
+                                .filter(|&&slot| table.owner(slot) == Some(handoff.to.as_str()))
+                                .map(|&slot| (slot, life.known(slot)))
+                                .collect()
+                        }
+                        None => Vec::new(),
+                    };
+                    let mut lost = false;
                     for part in 0..parts {
                         let payload = Payload::HandoffPart {
                             from: id.clone(),
@@ -840,8 +980,14 @@ impl Sim {
                             part,
                             parts,
                             slots: handoff.slots.clone(),
+                            known: known.clone(),
                         };
-                        self.send(handoff.to.clone(), payload);
+                        lost |= !self.send(handoff.to.clone(), payload);
+                    }
+                    if lost {
+                        // What the lost part carried (each carries it all here) is gone unless
+                        // another part, or its sender, still holds it.
+                        self.lose(known.iter().map(|&(slot, _)| slot), None);
                     }
                 }
             }
@@ -882,7 +1028,8 @@ impl Sim {
             {
                 life.ownership = switched;
             }
-            // As the node's gossip tick does: the failure detector's verdicts, then timers.
+            // As the node's gossip tick does: the failure detector's verdicts (departed
+            // members too: they no longer decide), then timers.
             let suspected: Vec<String> = life
                 .membership
                 .members()
@@ -908,7 +1055,16 @@ impl Sim {
             for message in outgoing {
                 self.send(message.to, Payload::Gossip(versions, message.gossip));
             }
-            self.update_table(index);
+            let due = match self.nodes[index].life.as_mut() {
+                Some(life) if life.switch_due.is_none_or(|at| at <= now) => {
+                    life.switch_due = None;
+                    true
+                }
+                _ => false,
+            };
+            if due {
+                self.update_table(index);
+            }
             self.step_driver(index)?;
         }
         self.check()
@@ -960,7 +1116,8 @@ impl Sim {
     fn place(&self, index: usize, slot: u16, arrival: Arrival) -> Placement {
         let life = self.nodes[index].life.as_ref().expect("running");
         let machine = &life.ownership;
-        let suspects = |id: &str| life.suspects(id);
+        let departed_too = self.config.take_over_from_departed;
+        let suspects = |id: &str| life.suspects(id, departed_too);
         let always = |_: &str| true;
         let suspected: &dyn Fn(&str) -> bool =
             if self.config.takeover_without_suspicion && arrival == Arrival::Takeover {
@@ -986,7 +1143,8 @@ impl Sim {
     fn place_again(&self, index: usize, slot: u16, failed: &Failed, last_round: bool) -> Placement {
         let life = self.nodes[index].life.as_ref().expect("running");
         let machine = &life.ownership;
-        let suspects = |id: &str| life.suspects(id);
+        let departed_too = self.config.take_over_from_departed;
+        let suspects = |id: &str| life.suspects(id, departed_too);
         if self.config.decide_unanswered_without_suspicion && *failed == Failed::Unanswered {
             // Every joined node has given away each slot it does not own (its table of one
             // owned them all), so the hand-off record is ignored too, or the rule never applies.
@@ -1259,6 +1417,7 @@ impl Sim {
         let mut failure = None;
         let mut stalled_pairs = 0;
         let mut suspected_pairs = 0;
+        let mut excused_pairs = 0;
         for (j, node) in self.nodes.iter().enumerate() {
             let Some(other) = node.life.as_ref().filter(|_| j != index) else {
                 continue;
@@ -1282,6 +1441,7 @@ impl Sim {
             let by_machine = split || excuses(a, b, slot, now) || excuses(b, a, slot, now);
             let by_suspicion = mine.is_some() || theirs.is_some();
             let excused = self.config.excuse_windows && (by_machine || by_suspicion);
+            excused_pairs += u32::from(excused);
             if excused && !by_machine {
                 suspected_pairs += 1;
             }
@@ -1313,6 +1473,42 @@ impl Sim {
                     b.table().nodes(),
                 ));
             }
+        }
+        // Blind decisions: outside every window, this node's state must hold every decision
+        // of the slot made outside a window (its own, or brought by a hand-off).
+        let owner_suspected = matches!(how, How::Takeover | How::Unanswered)
+            && machine
+                .table()
+                .owner(slot)
+                .is_some_and(|owner| suspected_by(life, how, owner).is_some());
+        let windowed = self.config.excuse_windows
+            && (machine.window(slot, now).is_some() || owner_suspected || excused_pairs > 0);
+        let made = self.made.get(&slot).copied().unwrap_or(0);
+        let known = life.known(slot);
+        if !windowed && known < made && failure.is_none() {
+            failure = Some(format!(
+                "slot {slot} decided by {} ({how:?}) blind to {} of its {made} decisions: its \
+                 state holds {known}; {} holds its owner {:?} {:?}; table of epoch {} {:?}",
+                machine.me(),
+                made - known,
+                machine.me(),
+                machine.table().owner(slot),
+                machine
+                    .table()
+                    .owner(slot)
+                    .and_then(|o| life.membership.state_of(o)),
+                machine.table().epoch(),
+                machine.table().nodes(),
+            ));
+        }
+        let life = self.nodes[index].life.as_mut().expect("running");
+        if windowed {
+            // A window's decisions are the over-admission it allows; from here this node's
+            // state stands for the slot.
+            life.known.insert(slot, known.max(made));
+        } else {
+            self.made.insert(slot, made + 1);
+            life.known.insert(slot, made + 1);
         }
         self.report.stall_second_deciders += stalled_pairs;
         self.report.owner_suspected_pairs += suspected_pairs;
@@ -1461,6 +1657,7 @@ impl Sim {
         // Crash: never the last running node.
         if running.len() > 1 && self.rng.chance(self.config.crash_per_mille * 1_000) {
             let index = running[self.rng.range(0, running.len() as u64 - 1) as usize];
+            self.lose_state_of(index);
             self.nodes[index].life = None;
             let id = self.nodes[index].id.clone();
             self.log(format!("{id} crashes"));
