@@ -13,7 +13,6 @@
 use std::fmt::Write as _;
 
 use crate::limit::{Algorithm, Limit, LimitError};
-use crate::policy::KEY_SEPARATOR;
 
 /// The highest level: 0 sheds nothing, 1 `sheddable`, 2 `default` too (`critical` never).
 pub const MAX_LEVEL: u8 = 2;
@@ -43,12 +42,9 @@ pub fn report_key(backend: &str, level: u8) -> Option<Vec<u8>> {
     if !valid || level > MAX_LEVEL {
         return None;
     }
-    // A name no rule can take (rule names have no spaces), so it never shares a bucket.
-    let mut key = String::from("floodgate brownout");
-    let _ = write!(
-        key,
-        "{KEY_SEPARATOR}backend:{backend}{KEY_SEPARATOR}level:{level}"
-    );
+    // A rule's key starts with its name, which has no spaces: this one is no rule's.
+    let mut key = String::from("floodgate brownout/");
+    let _ = write!(key, "{backend}/{level}");
     Some(key.into_bytes())
 }
 
@@ -95,10 +91,7 @@ mod tests {
     #[test]
     fn report_keys_name_backend_and_level() {
         let key = report_key("demo", 1).unwrap();
-        assert_eq!(
-            key,
-            "floodgate brownout\u{1f}backend:demo\u{1f}level:1".as_bytes()
-        );
+        assert_eq!(key, b"floodgate brownout/demo/1");
         assert_ne!(report_key("demo", 0), report_key("demo", 1));
         assert_eq!(report_key("demo", 3), None);
         assert_eq!(report_key("", 0), None);
