@@ -14,6 +14,10 @@
 //! to its limit's size).
 
 use super::engine::RequestAttributes;
+use super::http::{
+    CONTENT_TYPE, HttpResponse, PROBLEM_JSON, RETRY_AFTER, TEMPORARY_REDUCED_CAPACITY, seconds_ceil,
+};
+use super::json;
 use super::error::PolicyError;
 use super::method::parse_method;
 use super::pattern::{PathPattern, normalize_path};
@@ -172,4 +176,35 @@ fn parse_class(node: &Node<'_>) -> Result<Priority, PolicyError> {
 
 fn not_a_class(name: &str) -> String {
     format!("`{name}` is not a class; expected critical, default or sheddable")
+}
+
+/// The answer to a request a shedder turned away: `503` with `Retry-After` (whole seconds,
+/// at least 1) and a problem body naming the backend and the class, so a client tells it from
+/// a rate limit's `429`.
+pub fn shed_response(backend: &str, class: Priority, retry_after_ns: u64) -> HttpResponse {
+    let retry_after = seconds_ceil(retry_after_ns).max(1);
+    let mut body = String::with_capacity(256);
+    body.push_str("{\"type\":");
+    json::push_string(&mut body, TEMPORARY_REDUCED_CAPACITY);
+    body.push_str(",\"title\":\"Service Unavailable\",\"status\":503,\"detail\":");
+    json::push_string(
+        &mut body,
+        &format!(
+            "{backend} is shedding load: {class} requests are turned away for now; retry after \
+             {retry_after} s."
+        ),
+    );
+    body.push_str(",\"backend\":");
+    json::push_string(&mut body, backend);
+    body.push_str(",\"priority\":");
+    json::push_string(&mut body, class.name());
+    body.push('}');
+    HttpResponse {
+        status: 503,
+        headers: vec![
+            (RETRY_AFTER, retry_after.to_string()),
+            (CONTENT_TYPE, PROBLEM_JSON.to_owned()),
+        ],
+        body: Some(body),
+    }
 }

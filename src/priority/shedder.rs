@@ -119,6 +119,15 @@ impl Shedder {
         }
     }
 
+    /// Counts a request in flight without asking: for a shedder that only watches (a baseline
+    /// beside shedding); the limit and level are learnt all the same. Returns the in-flight
+    /// count with it, for [`Shedder::complete`].
+    pub fn admit_unchecked(&mut self, now_ns: u64) -> u64 {
+        self.tick(now_ns);
+        self.in_flight += 1;
+        self.in_flight
+    }
+
     /// An admitted request was answered after `latency_ns`; `in_flight` is what its
     /// [`Admission::Admitted`] said.
     pub fn complete(&mut self, now_ns: u64, latency_ns: u64, in_flight: u64) {

@@ -29,6 +29,7 @@ use floodgate::policy::{
     Verdict, WaitBound, client_ip,
 };
 use floodgate::wire::PolicyMessage;
+use floodgate::priority::Priority;
 use parking_lot::Mutex;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
@@ -89,6 +90,9 @@ pub struct RequestInfo {
     pub peer: Option<IpAddr>,
     /// Every `X-Forwarded-For` field line, in order.
     pub forwarded_for: Vec<String>,
+    /// The class the request names (`X-Priority` at the example gateway): believed as the
+    /// rules' `priority:` says.
+    pub priority: Option<String>,
 }
 
 impl RequestInfo {
@@ -106,6 +110,11 @@ impl RequestInfo {
         let peer = self.peer?;
         let xff: Vec<&str> = self.forwarded_for.iter().map(String::as_str).collect();
         Some(client_ip(peer, &xff, policy.trusted_proxies()))
+    }
+
+    /// The request's class under `policy` (the one it names, a route's, or the default).
+    pub fn class(&self, policy: &Policy) -> Priority {
+        policy.priority_of(&self.attributes(None), self.priority.as_deref())
     }
 
     /// The attributes the policy plans checks from.
@@ -337,7 +346,7 @@ impl RateLimiter {
             };
         };
         let ip = request.client_ip(&policy);
-        let planned = policy.checks_for(&request.attributes(ip));
+        let planned = policy.checks_for_class(&request.attributes(ip), request.class(&policy));
         let (mut verdict, mut fallbacks) = self.decide(&policy, &planned).await;
         let mut waited = Duration::ZERO;
         if let Action::Wait { wait_ns } = verdict.action {
@@ -530,7 +539,7 @@ async fn refresh(
 pub fn planned_checks(policy: &Policy, request: &RequestInfo) -> Vec<(PlannedCheck, Check)> {
     let ip = request.client_ip(policy);
     policy
-        .checks_for(&request.attributes(ip))
+        .checks_for_class(&request.attributes(ip), request.class(policy))
         .into_iter()
         .map(|p| {
             let check = p.check();
