@@ -28,8 +28,8 @@ use floodgate::policy::{
     self, Action, CheckGroup, HttpResponse, PlannedCheck, Policy, RequestAttributes, RoundOutcomes,
     Verdict, WaitBound, client_ip,
 };
-use floodgate::wire::PolicyMessage;
 use floodgate::priority::Priority;
+use floodgate::wire::PolicyMessage;
 use parking_lot::Mutex;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
@@ -150,6 +150,8 @@ pub struct RequestDecision {
     pub policy_version: Option<String>,
     /// Time spent asking the limiter (waiting included).
     pub latency: Duration,
+    /// The request's class: its checks went with the share of each limit this class may use.
+    pub class: Priority,
 }
 
 impl RequestDecision {
@@ -343,10 +345,12 @@ impl RateLimiter {
                 client_ip: request.peer,
                 policy_version: None,
                 latency: started.elapsed(),
+                class: Priority::Default,
             };
         };
         let ip = request.client_ip(&policy);
-        let planned = policy.checks_for_class(&request.attributes(ip), request.class(&policy));
+        let class = request.class(&policy);
+        let planned = policy.checks_for_class(&request.attributes(ip), class);
         let (mut verdict, mut fallbacks) = self.decide(&policy, &planned).await;
         let mut waited = Duration::ZERO;
         if let Action::Wait { wait_ns } = verdict.action {
@@ -371,6 +375,7 @@ impl RateLimiter {
             client_ip: ip,
             policy_version: Some(policy.version().to_owned()),
             latency: started.elapsed(),
+            class,
         }
     }
 
