@@ -14,11 +14,11 @@
 //! to its limit's size).
 
 use super::engine::RequestAttributes;
+use super::error::PolicyError;
 use super::http::{
     CONTENT_TYPE, HttpResponse, PROBLEM_JSON, RETRY_AFTER, TEMPORARY_REDUCED_CAPACITY, seconds_ceil,
 };
 use super::json;
-use super::error::PolicyError;
 use super::method::parse_method;
 use super::pattern::{PathPattern, normalize_path};
 use super::rules::{Policy, PriorityRoute, PriorityRules, Rule, RuleLimit};

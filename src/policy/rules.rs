@@ -298,6 +298,12 @@ impl Rule {
         if let Some(plan) = &self.default_plan {
             let _ = write!(line, "; unknown plans as {plan}");
         }
+        for class in crate::priority::Priority::ALL.into_iter().rev() {
+            let bp = self.reserve.kept_bp(class);
+            if bp > 0 {
+                let _ = write!(line, "; keeps {}% for {class}", f64::from(bp) / 100.0);
+            }
+        }
         if self.cost != 1 {
             let _ = write!(line, "; cost {}", self.cost);
         }
