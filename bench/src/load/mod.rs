@@ -14,7 +14,7 @@ mod driver;
 mod gateway;
 mod machine;
 mod outcome;
-mod process;
+pub(crate) mod process;
 mod report;
 mod rls;
 mod target;
