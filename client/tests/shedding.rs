@@ -73,9 +73,9 @@ fn class_of(request: &Request<String>) -> Priority {
 }
 
 /// With the upstream holding every request, sheddable requests beyond their share of the
-/// limit (half of 8) get a 503 with Retry-After and a problem body naming the class, while
+/// limit (3 of 8) get a 503 with Retry-After and a problem body naming the class, while
 /// critical ones still get in; once a window has refused, the level sheds sheddable outright
-/// and a Retry-After of the restore time (2 s) tells clients when to come back.
+/// and a Retry-After of the restore time (3 s) tells clients when to come back.
 #[tokio::test(start_paused = true)]
 async fn the_lowest_class_is_shed_first_with_a_503_and_retry_after() {
     let upstream = HeldUpstream::default();
@@ -86,7 +86,7 @@ async fn the_lowest_class_is_shed_first_with_a_503_and_retry_after() {
         .on_event(move |e| seen.lock().push(*e))
         .layer(upstream.clone());
     let mut pending = Vec::new();
-    for _ in 0..4 {
+    for _ in 0..3 {
         pending.push(tokio::spawn(service.call(request("sheddable"))));
     }
     let shed = service.call(request("sheddable")).await.unwrap();
@@ -97,7 +97,7 @@ async fn the_lowest_class_is_shed_first_with_a_503_and_retry_after() {
         "{}",
         shed.body()
     );
-    for _ in 0..4 {
+    for _ in 0..5 {
         pending.push(tokio::spawn(service.call(request("critical"))));
     }
     assert_eq!(gate.status().in_flight, 8);
@@ -106,7 +106,7 @@ async fn the_lowest_class_is_shed_first_with_a_503_and_retry_after() {
     assert_eq!(gate.local_level(), 1);
     let outright = service.call(request("sheddable")).await.unwrap();
     assert_eq!(outright.status(), 503);
-    assert_eq!(outright.headers()["retry-after"], "2");
+    assert_eq!(outright.headers()["retry-after"], "3");
     // Answered: every place is given back.
     tokio::task::yield_now().await;
     assert_eq!(upstream.answer_all(), 8);

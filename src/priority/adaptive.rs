@@ -136,7 +136,9 @@ impl AdaptiveLimit {
         self.last_mean_ns
     }
 
-    /// Whether the last closed window's mean latency was over the target.
+    /// Whether the last closed window's mean latency was over the target while at least half
+    /// the limit was in use: a slow answer to a nearly idle upstream is not overload (one slow
+    /// request among a few would otherwise read as it).
     pub fn last_over_target(&self) -> bool {
         self.last_over_target
     }
@@ -190,7 +192,7 @@ impl AdaptiveLimit {
         self.limit = ((1.0 - s) * self.limit + s * estimate)
             .clamp(self.config.min_limit, self.config.max_limit);
         self.last_mean_ns = Some(mean);
-        self.last_over_target = mean > target;
+        self.last_over_target = busy && mean > target;
     }
 }
 
@@ -242,9 +244,10 @@ mod tests {
         assert_eq!(limit.limit(), 8);
     }
 
-    /// Latency over target shrinks the limit at once, down to the minimum, never below.
+    /// Latency far over target shrinks the limit at once, to where the headroom holds it,
+    /// never below the minimum.
     #[test]
-    fn latency_over_target_shrinks_the_limit_to_its_minimum_at_worst() {
+    fn latency_far_over_target_shrinks_the_limit_at_once() {
         let mut now = 0;
         let mut limit = AdaptiveLimit::new(AdaptiveConfig::default(), now);
         now += 10 * MS;
@@ -252,11 +255,23 @@ mod tests {
         // Fewer windows than BASE_WINDOWS: the fast one still sets the no-load latency.
         for _ in 0..40 {
             now += 100 * MS;
-            limit.record(now, 1_000 * MS, 1);
+            limit.record(now, 1_000 * MS, 8);
             assert!(limit.limit() >= 1);
         }
         assert!(limit.last_over_target());
-        assert_eq!(limit.limit(), 1);
+        // Halved each window, plus the one request of headroom a busy window earns: 2.
+        assert_eq!(limit.limit(), 2);
+    }
+
+    /// A slow answer while the upstream is nearly idle is not overload.
+    #[test]
+    fn a_slow_answer_to_an_idle_upstream_is_not_over_target() {
+        let mut limit = AdaptiveLimit::new(AdaptiveConfig::default(), 0);
+        limit.record(10 * MS, 20 * MS, 1);
+        limit.record(100 * MS, 200 * MS, 1);
+        limit.tick(200 * MS);
+        assert_eq!(limit.last_mean_ns(), Some(200 * MS));
+        assert!(!limit.last_over_target());
     }
 
     /// Windows close on the injected clock only; a window without samples changes nothing.
