@@ -25,6 +25,7 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use floodgate::priority::Priority;
 
+use crate::load::parse_duration;
 use crate::load::process::{self, Server};
 use report::Row;
 
@@ -58,14 +59,22 @@ pub struct ShedArgs {
     gateway_bin: Option<PathBuf>,
 }
 
-fn parse_duration(text: &str) -> Result<Duration, String> {
-    floodgate::parse_duration_ns(text)
-        .map(Duration::from_nanos)
-        .map_err(|e| e.to_string())
-}
+/// Longest phase part and most runs and loads: every loop of the demo stays bounded.
+const MAX_PART: Duration = Duration::from_secs(600);
+const MAX_RUNS: usize = 100;
+const MAX_LOAD: f64 = 20.0;
 
 /// Runs every phase `runs` times, prints the table, writes the files.
 pub fn run(args: ShedArgs) -> anyhow::Result<()> {
+    if args.duration > MAX_PART || args.warmup > MAX_PART || args.duration.is_zero() {
+        bail!("--duration must be more than 0 and, like --warmup, at most 600s");
+    }
+    if !(1..=MAX_RUNS).contains(&args.runs) {
+        bail!("--runs must be 1 to {MAX_RUNS}");
+    }
+    if args.loads.iter().any(|&l| !(l > 0.0 && l <= MAX_LOAD)) {
+        bail!("each of --loads must be more than 0 and at most {MAX_LOAD}");
+    }
     let me = std::env::current_exe()?;
     let node_bin = args
         .node_bin
