@@ -156,7 +156,7 @@ pub(super) fn parse_reserve<'l>(
             ),
             RuleLimit::Unlimited => true,
         };
-        if !limits.all(|l| counted_as_windows(l)) {
+        if !limits.all(counted_as_windows) {
             return Err(error_at(
                 node,
                 "`reserve` needs a count a smaller limit can read without changing it: a \

@@ -133,6 +133,5 @@ pub async fn run(
     for task in tasks {
         let _ = task.await;
     }
-    let outcomes = outcomes.lock().clone();
-    outcomes
+    outcomes.lock().clone()
 }
