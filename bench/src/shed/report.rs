@@ -206,3 +206,50 @@ pub fn write_svg(rows: &[Row], path: &Path) -> anyhow::Result<()> {
     root.present()?;
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(mode: &str, p99_ms: f64) -> Row {
+        Row {
+            mode: mode.to_owned(),
+            load: 4.0,
+            class: "critical".to_owned(),
+            sent: 100,
+            success: 1.0,
+            shed: 0.0,
+            refused: 0.0,
+            failed: 0.0,
+            p50_ms: 1.0,
+            p99_ms,
+            upstream_per_s: 0.0,
+            upstream_queue_mean: 0.0,
+            upstream_queue_max: 0.0,
+        }
+    }
+
+    /// Rows of one mode, load and class fold into their medians; the target line compares the
+    /// 4x shedding p99 with the unloaded one.
+    #[test]
+    fn runs_fold_into_medians_and_the_target_is_judged_on_them() {
+        let mut rows = vec![
+            row("shedding", 179.0),
+            row("shedding", 44.0),
+            row("shedding", 40.0),
+        ];
+        let mut unloaded = row("unloaded", 29.0);
+        unloaded.load = 0.25;
+        rows.push(unloaded);
+        let folded = medians(&rows);
+        assert_eq!(folded.len(), 2);
+        assert_eq!(folded[0].p99_ms, 44.0);
+        let table = markdown(&folded, 3);
+        assert!(
+            table.contains("1.52x its unloaded p99 of 29.0 ms (< 2x): met"),
+            "{table}"
+        );
+        assert_eq!(median(vec![1.0, 3.0]), 2.0);
+        assert_eq!(median(Vec::new()), 0.0);
+    }
+}
