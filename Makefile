@@ -1,5 +1,5 @@
 # floodgate: thin, documented targets. CI runs `bash .ci/run`, which calls `make lint` and `make test`.
-.PHONY: help test lint fmt bench bench-core bench-load run run-regions fuzz envoy-test resp-conformance bench-resp chaos upgrade-test
+.PHONY: help test lint fmt bench bench-core bench-load run run-regions fuzz envoy-test resp-conformance bench-resp chaos upgrade-test shed-demo
 
 CARGO ?= cargo
 FUZZ_SECONDS ?= 60
@@ -8,6 +8,8 @@ CHAOS_DURATION ?= 30s
 UPGRADE_BASE ?= 2d609b0
 UPGRADE_DURATION ?= 30s
 UPGRADE_DIR := target/upgrade-base
+# Repetitions of every phase of `make shed-demo` (its table shows medians).
+SHED_RUNS ?= 3
 
 help:            ## list the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -116,6 +118,11 @@ bench-load:      ## floodgate (QUIC and Envoy RLS) beside Redis + Lua and Redis 
 	@bash bench/redis-cell.sh >/dev/null || echo "the redis+cell baseline will be skipped"
 	$(CARGO) build --release --locked -p floodgate-node -p floodgate-bench
 	./target/release/floodgate-bench load --out target/bench
+
+shed-demo:       ## the example gateway's load shedding: open-loop HTTP at 1x, 2x and 4x its demo upstream's capacity (critical, default, sheddable mixed), with and without shedding in one run, SHED_RUNS (default 3) runs (about 45 s each): table, target/shed/{table.md,report.json,shed.svg}
+	@: "one build: the bench and the gateway share one floodgate-client (with tower)"
+	$(CARGO) build --release --locked -p floodgate-node -p floodgate-bench -p floodgate-client --bin floodgate-node --bin floodgate-bench --example gateway --features floodgate-client/tower,floodgate-client/logging
+	./target/release/floodgate-bench shed --runs $(SHED_RUNS) --out target/shed
 
 bench-resp:      ## CL.THROTTLE through floodgate's Redis front beside redis-server + redis-cell, one client (redis-benchmark), 100,000 keys, unpipelined and pipelined: markdown table
 	$(CARGO) build --release --locked -p floodgate-node

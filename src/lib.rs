@@ -13,6 +13,8 @@
 //!   and all-or-nothing multi-checks.
 //! - [`wire`]: the frame format and messages between clients and nodes (rkyv, validated).
 //! - [`policy`]: the rules file, request → checks → verdict, and the HTTP answer (429/503 fields).
+//! - [`priority`]: request classes, shares of a limit kept for higher classes, the adaptive
+//!   limit and shedder a gateway keeps per upstream, and the fleet's brownout level.
 //! - [`rls`]: Envoy's rate limit service: envoyproxy/ratelimit's config, matching, answers.
 //! - [`resp`]: the Redis protocol (RESP2 and RESP3): commands parsed under caps, replies written.
 //! - [`cluster`]: membership, slots and the ownership protocol (who decides a slot while it
@@ -38,6 +40,7 @@ pub mod key;
 pub mod lease;
 pub mod limit;
 pub mod policy;
+pub mod priority;
 pub mod protocol;
 pub mod region;
 pub mod resp;

@@ -31,7 +31,8 @@ fn the_example_holds_every_rule_of_the_brief() {
             "global",
             "user-endpoint",
             "exports",
-            "search-ip"
+            "search-ip",
+            "work"
         ]
     );
     let exports = policy.rule("exports").unwrap().concurrency().unwrap();
@@ -113,7 +114,7 @@ fn describe_lists_what_each_rule_enforces() {
     assert_eq!(
         lines[0],
         format!(
-            "policy {}: 8 rules, plans [free, paid, partner, internal] (unknown plans as free), \
+            "policy {}: 9 rules, plans [free, paid, partner, internal] (unknown plans as free), \
              3 API keys, \
              max 1000 waiting, 2 trusted proxies, regions [eu-west, us-east, ap-south], \
              2 tenants with a home region",
@@ -133,6 +134,8 @@ fn describe_lists_what_each_rule_enforces() {
             "user-endpoint: * /v1/** per user+endpoint: sliding-log 60/1min",
             "exports: POST /v1/exports per global: at most 3 at once (leases of 30s)",
             "search-ip: GET|HEAD /v1/search/** per ip: gcra 20/1s; shadow (never denies)",
+            "work: GET /v1/work per global: at most 64 at once (leases of 10s); \
+             keeps 25% for critical; keeps 25% for default",
         ]
     );
 }

@@ -39,6 +39,10 @@ enum Command {
     /// Drive floodgate, Redis + Lua and Redis + redis-cell with the same workloads in one run and
     /// compare them: markdown on stdout, report.json and latency.svg in --out.
     Load(load::LoadArgs),
+    /// The example gateway's load shedding: open-loop HTTP at 1x, 2x and 4x its demo
+    /// upstream's capacity, with and without shedding: table on stdout, table.md,
+    /// report.json and shed.svg in --out.
+    Shed(floodgate_bench::shed::ShedArgs),
 }
 
 fn parse_rate_arg(text: &str) -> Result<(u64, u64), String> {
@@ -79,5 +83,6 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             runtime.block_on(load::run(args))?;
             Ok(())
         }
+        Command::Shed(args) => floodgate_bench::shed::run(args),
     }
 }

@@ -24,6 +24,9 @@
 //!   request's checks → verdict → HTTP answer, with refunds across nodes and bounded waiting
 //!   (the grouping and refund logic is the core's `floodgate::policy::grouping`).
 //! - `tower` (feature `tower`): `RateLimitLayer`, the limiter as a `tower::Layer`.
+//! - `shed` (feature `tower`): `ShedLayer`, load shedding in front of one upstream (the core's
+//!   adaptive shedder, lowest class first, `503` with `Retry-After`); `brownout`: the task that
+//!   reports a gateway's shedding level into the cluster and reads back the fleet's.
 //! - `client`: [`Client`]: `connect`, and each call to its key's owner or the owner's successor;
 //!   `call`: one call to one node (breaker, queue, reply → verdicts).
 //! - [`Check`], [`FailureMode`], [`Verdict`], [`Source`], [`DegradedReason`]: the core's
@@ -61,6 +64,8 @@
 mod address;
 mod backoff;
 mod breaker;
+#[cfg(feature = "tower")]
+pub mod brownout;
 mod call;
 mod check_group;
 mod client;
@@ -82,6 +87,8 @@ mod reply_slot;
 mod request;
 mod router;
 mod routing;
+#[cfg(feature = "tower")]
+pub mod shed;
 mod status;
 mod table_feed;
 mod tls;

@@ -93,6 +93,7 @@ pub fn request_info<B>(request: &Request<B>, peer: Option<SocketAddr>) -> Reques
         tenant: header("x-tenant-id"),
         plan: header("x-plan"),
         home_region: header("x-home-region"),
+        priority: header("x-priority"),
         peer: peer.map(|p| p.ip()),
         forwarded_for: request
             .headers()

@@ -119,6 +119,16 @@ impl Policy {
     /// One lease per concurrency rule that applies to the request, in rule order (a rule keyed
     /// by an attribute the request lacks does not apply, as for rate rules).
     pub fn leases_for(&self, attrs: &RequestAttributes<'_>) -> Vec<PlannedLease> {
+        self.leases_for_class(attrs, self.priority_of(attrs, None))
+    }
+
+    /// [`Policy::leases_for`] for a request of `class`: a rule that keeps places for classes
+    /// above it asks with the places `class` is allowed.
+    pub fn leases_for_class(
+        &self,
+        attrs: &RequestAttributes<'_>,
+        class: crate::priority::Priority,
+    ) -> Vec<PlannedLease> {
         if !self.rules.iter().any(|r| r.concurrency.is_some()) {
             return Vec::new();
         }
@@ -144,7 +154,7 @@ impl Policy {
             leases.push(PlannedLease {
                 rule: Arc::clone(&rule.name),
                 key,
-                limit,
+                limit: rule.lease_limit_for_class(limit, class),
                 failure_mode: rule.failure_mode,
                 shadow: rule.mode == Mode::Shadow,
             });

@@ -121,6 +121,16 @@ impl Policy {
     /// secrets never reach the limiter; a key longer than [`MAX_KEY_BYTES`] keeps the rule name
     /// and hashes the rest.
     pub fn checks_for(&self, attrs: &RequestAttributes<'_>) -> Vec<PlannedCheck> {
+        self.checks_for_class(attrs, self.priority_of(attrs, None))
+    }
+
+    /// [`Policy::checks_for`] for a request of `class`: a rule that keeps shares of its limit
+    /// for classes above it checks with the count `class` is allowed.
+    pub fn checks_for_class(
+        &self,
+        attrs: &RequestAttributes<'_>,
+        class: crate::priority::Priority,
+    ) -> Vec<PlannedCheck> {
         let segments = normalize_path(attrs.path);
         let plan = self.resolve_plan(attrs);
         let mut path = None;
@@ -152,7 +162,7 @@ impl Policy {
             checks.push(PlannedCheck {
                 rule: Arc::clone(&rule.name),
                 key,
-                limit,
+                limit: rule.limit_for_class(limit, class),
                 cost: rule.cost,
                 failure_mode: rule.failure_mode,
                 shadow: rule.mode == Mode::Shadow,

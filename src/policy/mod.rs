@@ -21,6 +21,8 @@
 //! - [`engine`]: request attributes → planned checks and their keys.
 //! - [`concurrency`](mod@concurrency): `concurrency:` rules → planned leases, and the answer
 //!   when one is refused.
+//! - [`priority`](mod@priority): where a request's class comes from, and a rule's `reserve:`
+//!   (shares of its limit kept for higher classes).
 //! - [`grouping`]: planned checks → all-or-nothing calls per owning node, verdicts → outcomes.
 //! - [`verdict`](mod@verdict): outcomes → verdict and refunds; [`wait`]: the bound on waiting
 //!   requests.
@@ -39,6 +41,7 @@ mod parse;
 mod parse_limit;
 mod parse_region;
 pub mod pattern;
+pub mod priority;
 pub mod rules;
 pub mod verdict;
 pub mod wait;

@@ -16,9 +16,11 @@ use super::parse_limit::{
 };
 use super::parse_region::{parse_regions, parse_scope, parse_tenants};
 use super::pattern::PathPattern;
-use super::rules::{FailureMode, KeyPart, Mode, Policy, Rule, RuleScope};
+use super::priority::{parse_priority, parse_reserve};
+use super::rules::{FailureMode, KeyPart, Mode, Policy, PriorityRules, Rule, RuleScope};
 use super::yaml::{self, Fields, Node, error_at};
 use crate::Algorithm;
+use crate::priority::Reservation;
 use crate::region::RegionName;
 
 /// Largest `max_waiting` accepted.
@@ -36,6 +38,7 @@ const TOP_FIELDS: &[&str] = &[
     "trusted_proxies",
     "regions",
     "tenants",
+    "priority",
     "rules",
 ];
 const RULE_FIELDS: &[&str] = &[
@@ -56,6 +59,7 @@ const RULE_FIELDS: &[&str] = &[
     "concurrency",
     "ttl",
     "lease_above",
+    "reserve",
 ];
 
 impl Policy {
@@ -106,6 +110,10 @@ fn parse_policy(text: &str) -> Result<Policy, PolicyError> {
         Some(node) => parse_tenants(node, &regions)?,
         None => HashMap::new(),
     };
+    let priority = match top.get("priority") {
+        Some(node) => parse_priority(node)?,
+        None => PriorityRules::default(),
+    };
     let rules_node = top.require("rules")?;
     let items = yaml::sequence(rules_node, "`rules`")?;
     if items.len() > MAX_RULES {
@@ -140,6 +148,7 @@ fn parse_policy(text: &str) -> Result<Policy, PolicyError> {
         trusted_proxies,
         regions,
         tenants,
+        priority,
     })
 }
 
@@ -305,6 +314,14 @@ fn parse_rule<'n, 'a>(
         .get("lease_above")
         .map(parse_lease_above)
         .transpose()?;
+    let reserve = match fields.get("reserve") {
+        Some(n) => parse_reserve(
+            n,
+            concurrency,
+            limit.iter().chain(rule_plans.iter().map(|p| &p.1)),
+        )?,
+        None => Reservation::NONE,
+    };
     let rule = Rule {
         name: Arc::from(name),
         methods,
@@ -320,6 +337,7 @@ fn parse_rule<'n, 'a>(
         scope,
         concurrency,
         lease_above_per_sec,
+        reserve,
     };
     Ok((rule, name_node))
 }

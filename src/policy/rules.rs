@@ -136,6 +136,8 @@ pub struct Rule {
     /// `lease_above`: from this many checks a second of one key at a gateway, the gateway
     /// decides that key against token leases (`None`: as the client's config says).
     pub(crate) lease_above_per_sec: Option<u64>,
+    /// `reserve:`: shares of the limit kept for higher classes (see [`super::priority`]).
+    pub(crate) reserve: crate::priority::Reservation,
 }
 
 impl Rule {
@@ -296,6 +298,12 @@ impl Rule {
         if let Some(plan) = &self.default_plan {
             let _ = write!(line, "; unknown plans as {plan}");
         }
+        for class in crate::priority::Priority::ALL.into_iter().rev() {
+            let bp = self.reserve.kept_bp(class);
+            if bp > 0 {
+                let _ = write!(line, "; keeps {}% for {class}", f64::from(bp) / 100.0);
+            }
+        }
         if self.cost != 1 {
             let _ = write!(line, "; cost {}", self.cost);
         }
@@ -334,6 +342,8 @@ pub struct Policy {
     pub(crate) regions: Vec<RegionName>,
     /// Each tenant's home region (`tenants:`).
     pub(crate) tenants: HashMap<String, RegionName>,
+    /// Where a request's class comes from (`priority:`).
+    pub(crate) priority: PriorityRules,
 }
 
 impl Policy {
@@ -429,4 +439,31 @@ impl Policy {
         }
         out
     }
+}
+
+/// Where a request's class comes from (`priority:`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PriorityRules {
+    /// Believe the class the request names.
+    pub(crate) header: bool,
+    pub(crate) routes: Vec<PriorityRoute>,
+    pub(crate) default: crate::priority::Priority,
+}
+
+impl Default for PriorityRules {
+    fn default() -> Self {
+        PriorityRules {
+            header: true,
+            routes: Vec::new(),
+            default: crate::priority::Priority::Default,
+        }
+    }
+}
+
+/// One `routes:` entry: requests it matches have its class.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PriorityRoute {
+    pub(crate) methods: Vec<String>,
+    pub(crate) path: PathPattern,
+    pub(crate) class: crate::priority::Priority,
 }

@@ -14,7 +14,7 @@ mod driver;
 mod gateway;
 mod machine;
 mod outcome;
-mod process;
+pub(crate) mod process;
 mod report;
 mod rls;
 mod target;
@@ -167,7 +167,7 @@ impl LoadArgs {
 const MAX_STEP: Duration = Duration::from_secs(600);
 
 /// `--duration`: the core's duration syntax (`500ms`, `4s`, `1.5min`); a bare number is refused.
-fn parse_duration(text: &str) -> Result<Duration, String> {
+pub(crate) fn parse_duration(text: &str) -> Result<Duration, String> {
     floodgate::parse_duration_ns(text)
         .map(Duration::from_nanos)
         .map_err(|e| e.to_string())

@@ -118,16 +118,27 @@ pub fn start_node(
     worker_threads: Option<usize>,
     rls: Option<(&Path, SocketAddr)>,
 ) -> anyhow::Result<Server> {
+    let mut args: Vec<std::ffi::OsString> = Vec::new();
+    if let Some((config, listen)) = rls {
+        args.extend(["--rls-config".into(), config.into()]);
+        args.extend(["--rls-listen".into(), listen.to_string().into()]);
+    }
+    if let Some(n) = worker_threads {
+        args.extend(["--worker-threads".into(), n.to_string().into()]);
+    }
+    start_node_with_args(binary, data_dir, &args)
+}
+
+/// Starts a node as [`start_node`] does, with `args` added to its command line.
+pub fn start_node_with_args(
+    binary: &Path,
+    data_dir: &Path,
+    args: &[std::ffi::OsString],
+) -> anyhow::Result<Server> {
     let port = free_port(true)?;
     let addr = SocketAddr::from(([127, 0, 0, 1], port));
-    let mut command = Command::new(binary);
-    if let Some((config, listen)) = rls {
-        command
-            .arg("--rls-config")
-            .arg(config)
-            .args(["--rls-listen", &listen.to_string()]);
-    }
-    let mut child = command
+    let mut child = Command::new(binary)
+        .args(args)
         .args([
             "--listen",
             &addr.to_string(),
@@ -136,11 +147,6 @@ pub fn start_node(
             "--max-keys",
             "8388608",
         ])
-        .args(
-            worker_threads
-                .map(|n| vec!["--worker-threads".to_owned(), n.to_string()])
-                .unwrap_or_default(),
-        )
         .arg("--data-dir")
         .arg(data_dir)
         .env("RUST_LOG", "warn")
@@ -167,6 +173,12 @@ pub fn start_node(
     }
     let status = child.wait()?;
     bail!("floodgate-node exited during start-up ({status})");
+}
+
+/// A child process of the harness that is not one of the servers measured (killed when
+/// dropped).
+pub fn child_server(addr: SocketAddr, child: Child) -> Server {
+    Server { addr, child }
 }
 
 /// Where `bench/redis-cell.sh` puts the redis-cell module: `target/redis-cell/`, beside the

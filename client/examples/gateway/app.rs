@@ -1,10 +1,12 @@
 //! The gateway's parts, shared by `main.rs` and the tests (`client/tests/gateway.rs` includes this
-//! file): the proxy app with its rate-limit layer and `/metrics`, the demo upstream, and serving.
+//! file): the proxy app with its rate-limit layer, the shedder in front of `/v1/work` and
+//! `/metrics`, the demo upstream, and serving.
 
 #![allow(dead_code)]
 
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
 use axum::Router;
@@ -12,11 +14,12 @@ use axum::body::Body;
 use axum::extract::{ConnectInfo, Request, State};
 use axum::http::{StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{any, get, post};
 use floodgate_client::RateLimiter;
 use floodgate_client::RequestDecision;
 use floodgate_client::core::policy::RuleState;
 use floodgate_client::policy::LeaseEvent;
+use floodgate_client::shed::{ShedEvent, ShedGate, ShedLayer, request_class};
 use floodgate_client::tower::{RateLimitLayer, hold_leases_until_sent, request_info};
 use hyper_util::rt::TokioIo;
 use metrics::{counter, gauge, histogram};
@@ -38,6 +41,9 @@ pub struct GatewayMetrics {
     released: watch::Sender<u64>,
     /// Lease renewals so far (a watch, as `released`).
     renewed: watch::Sender<u64>,
+    /// The shedder and the demo upstream's work queue, read at each scrape.
+    gate: Arc<OnceLock<ShedGate>>,
+    work: Arc<OnceLock<Arc<Work>>>,
 }
 
 impl GatewayMetrics {
@@ -58,7 +64,14 @@ impl GatewayMetrics {
             version: Arc::default(),
             released: watch::Sender::new(0),
             renewed: watch::Sender::new(0),
+            gate: Arc::default(),
+            work: Arc::default(),
         }
+    }
+
+    /// Shows the demo upstream's work queue in the metrics (its own load).
+    pub fn watch_work(&self, work: Arc<Work>) {
+        let _ = self.work.set(work);
     }
 
     /// Counts leases given back (see `record_lease`).
@@ -72,7 +85,52 @@ impl GatewayMetrics {
     }
 
     pub fn render(&self) -> String {
+        metrics::with_local_recorder(&*self.recorder, || {
+            if let Some(gate) = self.gate.get() {
+                let status = gate.status();
+                let backend = gate.backend().to_owned();
+                for (name, value) in [
+                    ("floodgate_gateway_shed_level", status.level),
+                    ("floodgate_gateway_shed_local_level", status.local_level),
+                    ("floodgate_gateway_shed_fleet_level", status.fleet_level),
+                ] {
+                    gauge!(name, "backend" => backend.clone()).set(f64::from(value));
+                }
+                gauge!("floodgate_gateway_shed_limit", "backend" => backend.clone())
+                    .set(status.limit as f64);
+                gauge!("floodgate_gateway_shed_in_flight", "backend" => backend)
+                    .set(status.in_flight as f64);
+            }
+            if let Some(work) = self.work.get() {
+                let stats = work.stats();
+                gauge!("floodgate_demo_work_in_service").set(stats.in_service as f64);
+                gauge!("floodgate_demo_work_queued").set(stats.queued as f64);
+                gauge!("floodgate_demo_work_queued_max").set(stats.queued_max as f64);
+                gauge!("floodgate_demo_work_served").set(stats.served as f64);
+                gauge!("floodgate_demo_work_queue_wait_seconds_sum")
+                    .set(stats.queue_wait_ns as f64 / 1e9);
+            }
+        });
         self.handle.render()
+    }
+
+    /// Counts one request the shedder saw: per backend, class and outcome (admitted, or shed
+    /// by the level or by the limit).
+    pub fn record_shed(&self, backend: &str, event: &ShedEvent) {
+        let outcome = match event.shed {
+            None => "admitted",
+            Some(floodgate_client::core::priority::shedder::ShedReason::Level) => "shed_level",
+            Some(floodgate_client::core::priority::shedder::ShedReason::Limit) => "shed_limit",
+        };
+        metrics::with_local_recorder(&*self.recorder, || {
+            counter!(
+                "floodgate_gateway_shed_requests_total",
+                "backend" => backend.to_owned(),
+                "class" => event.class.name(),
+                "outcome" => outcome
+            )
+            .increment(1);
+        });
     }
 
     /// Folds the latency samples recorded since the last scrape into their buckets every 5 s,
@@ -118,6 +176,13 @@ impl GatewayMetrics {
                 }
             }
             let status = decision.response.status.to_string();
+            // Per class too: a 429 of a lower class under a rule's `reserve:` shows here.
+            counter!(
+                "floodgate_gateway_class_requests_total",
+                "class" => decision.class.name(),
+                "status" => status.clone()
+            )
+            .increment(1);
             counter!("floodgate_gateway_requests_total", "status" => status).increment(1);
             if decision.fallbacks > 0 {
                 counter!("floodgate_gateway_fallbacks_total").increment(decision.fallbacks as u64);
@@ -177,8 +242,31 @@ impl GatewayMetrics {
     }
 }
 
-/// The gateway: `/metrics`, and every other request rate limited, then proxied to `upstream`.
+/// The backend the shedder guards: the demo upstream's `/v1/work`.
+pub const WORK_BACKEND: &str = "work";
+
+/// The gateway: `/metrics`, and every other request rate limited, then proxied to `upstream`;
+/// `/v1/work` through a shedder that sheds.
 pub fn app(limiter: RateLimiter, upstream: SocketAddr, metrics: GatewayMetrics) -> Router {
+    let gate = ShedGate::new(WORK_BACKEND, Default::default(), true);
+    app_with_gate(limiter, upstream, metrics, gate)
+}
+
+/// [`app`] with the shedder in front of `/v1/work` given (shedding, or only watching).
+pub fn app_with_gate(
+    limiter: RateLimiter,
+    upstream: SocketAddr,
+    metrics: GatewayMetrics,
+    gate: ShedGate,
+) -> Router {
+    let _ = metrics.gate.set(gate.clone());
+    let shed_observed = metrics.clone();
+    let classifier = limiter.clone();
+    // Inside the rate limits: a request they refuse never takes a place at the upstream.
+    let shed = ShedLayer::new(gate, move |request: &Request| {
+        request_class(&classifier, request)
+    })
+    .on_event(move |event| shed_observed.record_shed(WORK_BACKEND, event));
     let observed = metrics.clone();
     let leases_observed = metrics.clone();
     // The one line a gateway adds; the extractor reads the peer from axum's `ConnectInfo`.
@@ -193,6 +281,7 @@ pub fn app(limiter: RateLimiter, upstream: SocketAddr, metrics: GatewayMetrics) 
         .on_decision(move |decision| observed.record(decision))
         .on_lease(move |event| leases_observed.record_lease(event));
     let proxied = Router::new()
+        .route("/v1/work", any(proxy).layer(shed))
         .fallback(proxy)
         .with_state(upstream)
         .layer(layer)
@@ -268,14 +357,101 @@ impl ExportGate {
     }
 }
 
+/// How many `GET /v1/work` the demo upstream serves at once, and how long each takes: a
+/// backend of fixed capacity (200 a second); beyond it, requests queue.
+pub const WORK_PLACES: usize = 4;
+pub const WORK_TAKES: Duration = Duration::from_millis(20);
+
+/// The demo upstream's `/v1/work`: a fixed number of places, a fixed time each, a FIFO queue
+/// beyond (tokio's semaphore is fair), and counts of its own load.
+#[derive(Debug)]
+pub struct Work {
+    places: tokio::sync::Semaphore,
+    takes: Duration,
+    in_service: AtomicU64,
+    queued: AtomicU64,
+    queued_max: AtomicU64,
+    served: AtomicU64,
+    queue_wait_ns: AtomicU64,
+}
+
+/// The work queue's counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WorkStats {
+    pub in_service: u64,
+    pub queued: u64,
+    pub queued_max: u64,
+    pub served: u64,
+    /// Time requests spent queued, summed.
+    pub queue_wait_ns: u64,
+}
+
+impl Work {
+    pub fn new(places: usize, takes: Duration) -> Arc<Self> {
+        Arc::new(Work {
+            places: tokio::sync::Semaphore::new(places),
+            takes,
+            in_service: AtomicU64::new(0),
+            queued: AtomicU64::new(0),
+            queued_max: AtomicU64::new(0),
+            served: AtomicU64::new(0),
+            queue_wait_ns: AtomicU64::new(0),
+        })
+    }
+
+    /// The demo's: [`WORK_PLACES`] places, [`WORK_TAKES`] each.
+    pub fn demo() -> Arc<Self> {
+        Work::new(WORK_PLACES, WORK_TAKES)
+    }
+
+    pub fn stats(&self) -> WorkStats {
+        WorkStats {
+            in_service: self.in_service.load(Ordering::Relaxed),
+            queued: self.queued.load(Ordering::Relaxed),
+            queued_max: self.queued_max.load(Ordering::Relaxed),
+            served: self.served.load(Ordering::Relaxed),
+            queue_wait_ns: self.queue_wait_ns.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Serves one request: waits for a place, holds it for the work's time.
+    async fn serve(&self) {
+        let queued = self.queued.fetch_add(1, Ordering::Relaxed) + 1;
+        self.queued_max.fetch_max(queued, Ordering::Relaxed);
+        let arrived = tokio::time::Instant::now();
+        // Never closed: the semaphore lives as long as the work.
+        let permit = self.places.acquire().await;
+        self.queued.fetch_sub(1, Ordering::Relaxed);
+        let waited = u64::try_from(arrived.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        self.queue_wait_ns.fetch_add(waited, Ordering::Relaxed);
+        self.in_service.fetch_add(1, Ordering::Relaxed);
+        tokio::time::sleep(self.takes).await;
+        self.in_service.fetch_sub(1, Ordering::Relaxed);
+        self.served.fetch_add(1, Ordering::Relaxed);
+        drop(permit);
+    }
+}
+
 /// The demo upstream: answers every request with `{"ok":true,...}` naming its method and path;
-/// `POST /v1/exports` answers only after [`EXPORT_TAKES`].
+/// `POST /v1/exports` answers only after [`EXPORT_TAKES`], `GET /v1/work` as [`Work::demo`].
 pub fn upstream_app() -> Router {
     upstream_app_with(ExportPace::Takes(EXPORT_TAKES))
 }
 
 /// The demo upstream with exports paced by `pace`.
 pub fn upstream_app_with(pace: ExportPace) -> Router {
+    upstream_app_with_work(pace, Work::demo())
+}
+
+/// The demo upstream with exports paced by `pace` and `/v1/work` served by `work`.
+pub fn upstream_app_with_work(pace: ExportPace, work: Arc<Work>) -> Router {
+    let work_route = move |request: Request| {
+        let work = work.clone();
+        async move {
+            work.serve().await;
+            echo(request).await
+        }
+    };
     let export = move |request: Request| {
         let pace = pace.clone();
         async move {
@@ -293,6 +469,7 @@ pub fn upstream_app_with(pace: ExportPace) -> Router {
     };
     Router::new()
         .route("/v1/exports", post(export).fallback(echo))
+        .route("/v1/work", get(work_route).fallback(echo))
         .fallback(echo)
 }
 

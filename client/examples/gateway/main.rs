@@ -3,7 +3,11 @@
 //!
 //! Identity comes from `X-User-Id`, `X-Api-Key`, `X-Tenant-Id`, `X-Plan` and `X-Home-Region`
 //! (for `scope: home` rules), as an auth step in front would set them; the client IP from the peer (and `X-Forwarded-For` through the rules'
-//! trusted proxies). `GET /metrics`: verdicts by rule and outcome, fallbacks, limiter latency.
+//! trusted proxies); the class from `X-Priority` (`critical`, `default`, `sheddable`; as the
+//! rules' `priority:` says). `GET /v1/work` (4 at once, 20 ms each, queued beyond) goes through
+//! a shedder (`--shed`), which reports its level into the cluster and sheds at the fleet's
+//! level too. `GET /metrics`: verdicts by rule and outcome, fallbacks, limiter latency, requests
+//! per class, the shedder's level and limit, the demo upstream's queue.
 //!
 //! When no node answers at start, it starts from `--rules FILE`, else from `--rules-cache FILE`
 //! (the rules a node served on an earlier run), and each rule's failure mode applies until a
@@ -22,8 +26,11 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Parser;
+use floodgate_client::brownout::BrownoutReporter;
 use floodgate_client::core::parse_duration_ns;
+use floodgate_client::core::priority::ShedderConfig;
 use floodgate_client::logging::{self, LogFormat};
+use floodgate_client::shed::ShedGate;
 use floodgate_client::{ClientConfig, HostPort, LimiterConfig, LimiterError, RateLimiter};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -78,6 +85,16 @@ struct Flags {
     /// (default `info`).
     #[arg(long, default_value_t = LogFormat::Text)]
     log_format: LogFormat,
+    /// `on`: shed `/v1/work` by class when the upstream is overloaded; `off`: only watch it
+    /// (the baseline the shed demo compares with).
+    #[arg(long, default_value = "on", value_parser = ["on", "off"])]
+    shed: String,
+    /// How often the gateway reports its shedding level and reads the fleet's.
+    #[arg(long, default_value = "100ms", value_parser = parse_timeout)]
+    brownout_interval: Duration,
+    /// The share of reports at a level or above that brings the fleet to it (e.g. 50%).
+    #[arg(long, default_value = "50%", value_parser = parse_share)]
+    brownout_quorum: u32,
 }
 
 #[tokio::main]
@@ -110,9 +127,10 @@ async fn main() -> anyhow::Result<()> {
         .await
         .with_context(|| format!("binding the demo upstream on {}", flags.upstream))?;
     let upstream_addr = upstream.local_addr()?;
+    let work = app::Work::demo();
     let upstream_task = tokio::spawn(app::serve(
         upstream,
-        app::upstream_app(),
+        app::upstream_app_with_work(app::ExportPace::Takes(app::EXPORT_TAKES), work.clone()),
         shutdown_rx.clone(),
     ));
     let listener = TcpListener::bind(flags.listen)
@@ -131,14 +149,33 @@ async fn main() -> anyhow::Result<()> {
         ))
     });
     let metrics = app::GatewayMetrics::new();
+    metrics.watch_work(work);
     let upkeep_task = tokio::spawn(metrics.clone().upkeep(shutdown_rx.clone()));
-    let app = app::app(limiter.clone(), upstream_addr, metrics);
+    let enforce = flags.shed == "on";
+    let gate = ShedGate::new(app::WORK_BACKEND, ShedderConfig::default(), enforce);
+    let brownout_task = if enforce {
+        let reporter = BrownoutReporter::new(
+            limiter.client().clone(),
+            app::WORK_BACKEND,
+            flags.brownout_interval,
+            flags.brownout_quorum,
+        )?;
+        Some(tokio::spawn(
+            reporter.run(gate.clone(), shutdown_rx.clone()),
+        ))
+    } else {
+        None
+    };
+    let app = app::app_with_gate(limiter.clone(), upstream_addr, metrics, gate);
     let server = tokio::spawn(app::serve(listener, app, shutdown_rx));
     wait_for_signal().await?;
     shutdown.send_replace(true);
     let _ = server.await;
     let _ = upkeep_task.await;
     let _ = upstream_task.await;
+    if let Some(task) = brownout_task {
+        let _ = task.await;
+    }
     if let Some(task) = cache_task {
         let _ = task.await;
     }
@@ -162,6 +199,11 @@ fn parse_timeout(text: &str) -> Result<Duration, String> {
         Ok(ns) => Ok(Duration::from_nanos(ns)),
         Err(e) => Err(e.to_string()),
     }
+}
+
+/// A share such as `50%`, in basis points.
+fn parse_share(text: &str) -> Result<u32, String> {
+    floodgate_client::core::priority::reserve::parse_share_bp(text).map_err(|e| e.to_string())
 }
 
 #[cfg(test)]

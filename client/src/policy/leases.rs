@@ -167,8 +167,9 @@ impl RateLimiter {
                 refusal: None,
             };
         };
+        let attributes = request.attributes(request.client_ip(&policy));
         let planned: Vec<PlannedLease> =
-            policy.leases_for(&request.attributes(request.client_ip(&policy)));
+            policy.leases_for_class(&attributes, request.class(&policy));
         let mut outcomes = Vec::with_capacity(planned.len());
         for lease in &planned {
             let ttl = std::time::Duration::from_nanos(lease.limit.ttl_ns());

@@ -28,6 +28,7 @@ use floodgate::policy::{
     self, Action, CheckGroup, HttpResponse, PlannedCheck, Policy, RequestAttributes, RoundOutcomes,
     Verdict, WaitBound, client_ip,
 };
+use floodgate::priority::Priority;
 use floodgate::wire::PolicyMessage;
 use parking_lot::Mutex;
 use tokio::sync::watch;
@@ -89,6 +90,9 @@ pub struct RequestInfo {
     pub peer: Option<IpAddr>,
     /// Every `X-Forwarded-For` field line, in order.
     pub forwarded_for: Vec<String>,
+    /// The class the request names (`X-Priority` at the example gateway): believed as the
+    /// rules' `priority:` says.
+    pub priority: Option<String>,
 }
 
 impl RequestInfo {
@@ -106,6 +110,11 @@ impl RequestInfo {
         let peer = self.peer?;
         let xff: Vec<&str> = self.forwarded_for.iter().map(String::as_str).collect();
         Some(client_ip(peer, &xff, policy.trusted_proxies()))
+    }
+
+    /// The request's class under `policy` (the one it names, a route's, or the default).
+    pub fn class(&self, policy: &Policy) -> Priority {
+        policy.priority_of(&self.attributes(None), self.priority.as_deref())
     }
 
     /// The attributes the policy plans checks from.
@@ -141,6 +150,8 @@ pub struct RequestDecision {
     pub policy_version: Option<String>,
     /// Time spent asking the limiter (waiting included).
     pub latency: Duration,
+    /// The request's class: its checks went with the share of each limit this class may use.
+    pub class: Priority,
 }
 
 impl RequestDecision {
@@ -334,10 +345,12 @@ impl RateLimiter {
                 client_ip: request.peer,
                 policy_version: None,
                 latency: started.elapsed(),
+                class: Priority::Default,
             };
         };
         let ip = request.client_ip(&policy);
-        let planned = policy.checks_for(&request.attributes(ip));
+        let class = request.class(&policy);
+        let planned = policy.checks_for_class(&request.attributes(ip), class);
         let (mut verdict, mut fallbacks) = self.decide(&policy, &planned).await;
         let mut waited = Duration::ZERO;
         if let Action::Wait { wait_ns } = verdict.action {
@@ -362,6 +375,7 @@ impl RateLimiter {
             client_ip: ip,
             policy_version: Some(policy.version().to_owned()),
             latency: started.elapsed(),
+            class,
         }
     }
 
@@ -530,7 +544,7 @@ async fn refresh(
 pub fn planned_checks(policy: &Policy, request: &RequestInfo) -> Vec<(PlannedCheck, Check)> {
     let ip = request.client_ip(policy);
     policy
-        .checks_for(&request.attributes(ip))
+        .checks_for_class(&request.attributes(ip), request.class(policy))
         .into_iter()
         .map(|p| {
             let check = p.check();
