@@ -168,7 +168,11 @@ impl SimConfig {
             decide_unanswered_without_suspicion: false,
             decide_awaited_slots: false,
             // Drawn apart from the generator above, so the faults a seed draws stay as they were.
-            switch_lag_ns: if seed.is_multiple_of(2) { 10_000_000 } else { 0 },
+            switch_lag_ns: if seed.is_multiple_of(2) {
+                10_000_000
+            } else {
+                0
+            },
             take_over_from_departed: false,
             joined_hands_nothing: false,
         }
