@@ -1,10 +1,11 @@
 //! `floodgate-bench load`: floodgate (through its QUIC client, and through Envoy's rate limit
-//! service as `floodgate+rls`) against Redis + Lua and Redis + redis-cell, same workloads, same
-//! machine, same run.
+//! service as `floodgate+rls`) against Redis + Lua and Redis + redis-cell, and against the peers
+//! its users would otherwise run (a 3-node Gubernator cluster; envoyproxy/ratelimit, fed the
+//! same RLS calls as `floodgate+rls`), same workloads, same machine, same run.
 //!
 //! For each system: start its server (a `floodgate-node`, one with `--rls-config` for
 //! `floodgate+rls`, or `redis-server` with persistence off, with the redis-cell module for
-//! `redis+cell`), load the key space once to measure
+//! `redis+cell`, or the peers' own processes), load the key space once to measure
 //! resident bytes per key, then for each workload run a closed loop (maximum throughput, server
 //! CPU per million checks) and an open loop at rising arrival rates (latency from the scheduled
 //! time). Outputs a markdown table with ratios, `report.json` and `latency.svg` in the output
@@ -12,8 +13,10 @@
 
 mod driver;
 mod gateway;
+mod gubernator;
 mod machine;
 mod outcome;
+mod peers;
 mod process;
 mod report;
 mod rls;
@@ -76,6 +79,18 @@ pub struct LoadArgs {
     /// gRPC API); it is also skipped with `--seeds`.
     #[arg(long)]
     pub no_rls: bool,
+    /// Skip the peers (Gubernator and envoyproxy/ratelimit).
+    #[arg(long)]
+    pub no_peers: bool,
+    /// The gubernator binary (default: target/gubernator/bin/, where `bench/go-peer.sh
+    /// gubernator` installs it); when missing, that peer is skipped.
+    #[arg(long)]
+    pub gubernator_bin: Option<PathBuf>,
+    /// envoyproxy/ratelimit's binary (default: target/envoy-ratelimit/bin/service_cmd, where
+    /// `bench/go-peer.sh envoy-ratelimit` installs it); when missing, that peer is skipped. It
+    /// runs only where `floodgate+rls` does, which it is compared with.
+    #[arg(long)]
+    pub envoy_ratelimit_bin: Option<PathBuf>,
     /// HTTP/2 channels to the RLS listener per gateway thread; its calls are spread over them.
     #[arg(long, default_value_t = 4)]
     pub rls_channels: usize,
@@ -135,6 +150,23 @@ impl LoadArgs {
     /// Whether `floodgate+rls` runs: not with `--no-rls`, nor against a running cluster.
     fn with_rls(&self) -> bool {
         !self.no_rls && self.seeds.is_empty()
+    }
+
+    /// Whether the peers run: not with `--no-peers`, nor against a running cluster.
+    fn with_peers(&self) -> bool {
+        !self.no_peers && self.seeds.is_empty()
+    }
+
+    fn gubernator_binary(&self) -> PathBuf {
+        self.gubernator_bin
+            .clone()
+            .unwrap_or_else(|| peers::default_binary("gubernator", "gubernator"))
+    }
+
+    fn envoy_ratelimit_binary(&self) -> PathBuf {
+        self.envoy_ratelimit_bin
+            .clone()
+            .unwrap_or_else(|| peers::default_binary("envoy-ratelimit", "service_cmd"))
     }
 
     /// The redis-cell module for the `redis+cell` baseline.
@@ -204,7 +236,14 @@ pub async fn run(args: LoadArgs) -> anyhow::Result<Vec<Record>> {
         .with_context(|| format!("creating {}", args.out.display()))?;
     let workloads = args.workloads();
     let mut notes = Vec::new();
-    let systems = 1 + usize::from(args.with_rls()) + if args.no_redis { 0 } else { 2 };
+    let systems = 1
+        + usize::from(args.with_rls())
+        + if args.no_redis { 0 } else { 2 }
+        + if args.with_peers() {
+            1 + usize::from(args.with_rls())
+        } else {
+            0
+        };
     let steps = if args.only_side_by_side {
         workloads.len()
     } else {
@@ -348,6 +387,42 @@ async fn run_one_system_at_a_time(
         .await?;
     }
 
+    // The peers: envoyproxy/ratelimit beside floodgate+rls, and a Gubernator cluster.
+    if args.with_peers() {
+        if args.with_rls() {
+            match start_envoy_ratelimit(args, gateway).await {
+                Ok((server, target)) => {
+                    run_system(
+                        args,
+                        Some(&server),
+                        target,
+                        workloads,
+                        progress,
+                        records,
+                        notes,
+                    )
+                    .await?
+                }
+                Err(e) => progress.suspend(|| eprintln!("skipping envoy-ratelimit: {e:#}")),
+            }
+        }
+        match start_gubernator(args, gateway).await {
+            Ok((server, target)) => {
+                run_system(
+                    args,
+                    Some(&server),
+                    target,
+                    workloads,
+                    progress,
+                    records,
+                    notes,
+                )
+                .await?
+            }
+            Err(e) => progress.suspend(|| eprintln!("skipping gubernator: {e:#}")),
+        }
+    }
+
     // Redis + Lua, then Redis + redis-cell (CL.THROTTLE): the script, and the fastest Redis setup.
     let cell_module = args.redis_cell_module();
     for module in [None, Some(cell_module.as_path())] {
@@ -409,6 +484,15 @@ async fn side_by_side(
                 targets.push(target);
             }
             Err(e) => progress.suspend(|| eprintln!("side by side without a baseline: {e:#}")),
+        }
+    }
+    if args.with_peers() {
+        match start_gubernator(args, gateway).await {
+            Ok((server, target)) => {
+                servers.push(server);
+                targets.push(target);
+            }
+            Err(e) => progress.suspend(|| eprintln!("side by side without gubernator: {e:#}")),
         }
     }
     if let Some(first) = workloads.iter().find(|w| !w.spread.leased()) {
@@ -520,6 +604,39 @@ async fn start_rls_node(args: &LoadArgs, gateway: &Gateway) -> anyhow::Result<(S
     )?;
     let channels = args.rls_channels;
     let target = gateway.connect(|| Target::rls(listen, channels)).await?;
+    Ok((server, target))
+}
+
+/// Starts a Gubernator cluster and connects the target of every gateway worker to all its
+/// nodes, as many HTTP/2 channels to each as `--rls-channels` gives the RLS listener.
+async fn start_gubernator(args: &LoadArgs, gateway: &Gateway) -> anyhow::Result<(Server, Targets)> {
+    let (server, nodes) =
+        peers::start_gubernator(&args.gubernator_binary(), peers::GUBERNATOR_NODES, args.keys)
+            .await?;
+    let per_node = args.rls_channels.div_ceil(nodes.len()).max(1);
+    let target = gateway
+        .connect(|| {
+            let nodes = nodes.clone();
+            async move { Target::gubernator(&nodes, per_node, bench_limit()).await }
+        })
+        .await?;
+    Ok((server, target))
+}
+
+/// Starts envoyproxy/ratelimit over its own redis-server and connects its RLS target.
+async fn start_envoy_ratelimit(
+    args: &LoadArgs,
+    gateway: &Gateway,
+) -> anyhow::Result<(Server, Targets)> {
+    let (server, listen) = peers::start_envoy_ratelimit(
+        &args.envoy_ratelimit_binary(),
+        &args.out.join("envoy-ratelimit"),
+        &bench_limit(),
+    )?;
+    let channels = args.rls_channels;
+    let target = gateway
+        .connect(|| Target::envoy_ratelimit(listen, channels))
+        .await?;
     Ok((server, target))
 }
 

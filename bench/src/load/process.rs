@@ -9,11 +9,13 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 
-/// A child server process, killed when dropped.
+/// A child server process, killed when dropped, with the processes that serve beside it (the
+/// other nodes of a cluster, a peer's Redis): its CPU and memory are theirs summed.
 #[derive(Debug)]
 pub struct Server {
     pub addr: SocketAddr,
     child: Child,
+    companions: Vec<Server>,
 }
 
 impl Drop for Server {
@@ -24,17 +26,49 @@ impl Drop for Server {
 }
 
 impl Server {
+    /// A server process started on `addr`, alone.
+    pub fn new(addr: SocketAddr, child: Child) -> Self {
+        Server {
+            addr,
+            child,
+            companions: Vec::new(),
+        }
+    }
+
+    /// This server measured together with `others`, which stop with it.
+    pub fn with(mut self, others: Vec<Server>) -> Self {
+        self.companions.extend(others);
+        self
+    }
+
     pub fn pid(&self) -> u32 {
         self.child.id()
     }
 
-    /// User + system CPU seconds used so far.
-    pub fn cpu_seconds(&self) -> anyhow::Result<f64> {
-        cpu_seconds_of(&format!("/proc/{}/stat", self.pid()))
+    /// Whether the process (not its companions) has exited, and how.
+    pub fn exited(&mut self) -> anyhow::Result<Option<std::process::ExitStatus>> {
+        Ok(self.child.try_wait()?)
     }
 
-    /// Resident memory in bytes.
+    /// User + system CPU seconds used so far, companions included.
+    pub fn cpu_seconds(&self) -> anyhow::Result<f64> {
+        let mut seconds = cpu_seconds_of(&format!("/proc/{}/stat", self.pid()))?;
+        for other in &self.companions {
+            seconds += other.cpu_seconds()?;
+        }
+        Ok(seconds)
+    }
+
+    /// Resident memory in bytes, companions included.
     pub fn rss_bytes(&self) -> anyhow::Result<u64> {
+        let mut bytes = self.own_rss_bytes()?;
+        for other in &self.companions {
+            bytes += other.rss_bytes()?;
+        }
+        Ok(bytes)
+    }
+
+    fn own_rss_bytes(&self) -> anyhow::Result<u64> {
         let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid()))?;
         let line = status
             .lines()
@@ -86,7 +120,7 @@ fn clock_ticks_per_second() -> f64 {
         .unwrap_or(100.0)
 }
 
-fn free_port(udp: bool) -> anyhow::Result<u16> {
+pub fn free_port(udp: bool) -> anyhow::Result<u16> {
     // Bind port 0, read the port, release it: another process could take it in between, which
     // the start-up check below would then report.
     Ok(if udp {
@@ -162,7 +196,7 @@ pub fn start_node(
         if line.contains("serving on") {
             // Keep draining its stderr so the node never blocks on a full pipe.
             std::thread::spawn(move || for _ in lines {});
-            return Ok(Server { addr, child });
+            return Ok(Server::new(addr, child));
         }
     }
     let status = child.wait()?;
@@ -213,7 +247,7 @@ pub fn start_redis(module: Option<&Path>) -> anyhow::Result<Server> {
         .stderr(Stdio::null())
         .spawn()
         .context("redis-server is not on PATH: install it with `apt-get install redis-server`")?;
-    let mut server = Server { addr, child };
+    let mut server = Server::new(addr, child);
     let deadline = Instant::now() + Duration::from_secs(10);
     while TcpStream::connect_timeout(&addr, Duration::from_millis(100)).is_err() {
         if let Some(status) = server.child.try_wait()? {
