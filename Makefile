@@ -1,5 +1,5 @@
 # floodgate: thin, documented targets. CI runs `bash .ci/run`, which calls `make lint` and `make test`.
-.PHONY: help test lint fmt bench bench-core bench-load run run-regions fuzz envoy-test resp-conformance bench-resp chaos upgrade-test
+.PHONY: help test lint fmt bench bench-core bench-load bench-peers run run-regions fuzz envoy-test resp-conformance bench-resp chaos upgrade-test
 
 CARGO ?= cargo
 FUZZ_SECONDS ?= 60
@@ -111,11 +111,20 @@ bench-core:      ## criterion micro-benchmarks of the bucket store beside govern
 	$(CARGO) bench -p floodgate-bench --bench memory --locked
 	$(CARGO) bench -p floodgate-bench --bench transport --locked
 
-bench-load:      ## floodgate (QUIC and Envoy RLS) beside Redis + Lua and Redis + redis-cell, same workloads, one run: markdown table, target/bench/{report.json,latency.svg}
+bench-load:      ## floodgate (QUIC and Envoy RLS) beside Redis + Lua, Redis + redis-cell, Gubernator and envoyproxy/ratelimit, same workloads, one run: markdown table, target/bench/{report.json,latency.svg}
 	@command -v redis-server >/dev/null || (apt-get install -y redis-server >/dev/null 2>&1 || echo "redis-server missing and not installable: the Redis baselines will be skipped")
 	@bash bench/redis-cell.sh >/dev/null || echo "the redis+cell baseline will be skipped"
+	@bash bench/go-peer.sh gubernator >/dev/null || echo "the gubernator peer will be skipped"
+	@bash bench/go-peer.sh envoy-ratelimit >/dev/null || echo "the envoy-ratelimit peer will be skipped"
 	$(CARGO) build --release --locked -p floodgate-node -p floodgate-bench
 	./target/release/floodgate-bench load --out target/bench
+
+bench-peers:     ## floodgate beside its peers only (Gubernator v2.13.0, 3 nodes; envoyproxy/ratelimit over Redis; each built once from the Go module proxy into target/), uniform one-check load, then the accuracy of one key hit from three nodes at once
+	@command -v redis-server >/dev/null || (apt-get install -y redis-server >/dev/null 2>&1 || echo "redis-server missing and not installable: envoy-ratelimit will be skipped")
+	@bash bench/go-peer.sh gubernator >/dev/null || echo "the gubernator peer will be skipped"
+	@bash bench/go-peer.sh envoy-ratelimit >/dev/null || echo "the envoy-ratelimit peer will be skipped"
+	$(CARGO) build --release --locked -p floodgate-node -p floodgate-bench
+	./target/release/floodgate-bench load --no-redis --spreads uniform --three-checks false --rates 10000/s,50000/s --out target/bench-peers
 
 bench-resp:      ## CL.THROTTLE through floodgate's Redis front beside redis-server + redis-cell, one client (redis-benchmark), 100,000 keys, unpipelined and pipelined: markdown table
 	$(CARGO) build --release --locked -p floodgate-node

@@ -160,7 +160,11 @@ async fn connect(addr: std::net::SocketAddr) -> anyhow::Result<Channel> {
         .with_context(|| format!("connecting to Gubernator on {addr}"))
 }
 
-async fn unary<Req, Resp>(channel: &Channel, path: &'static str, message: Req) -> anyhow::Result<Resp>
+async fn unary<Req, Resp>(
+    channel: &Channel,
+    path: &'static str,
+    message: Req,
+) -> anyhow::Result<Resp>
 where
     Req: prost::Message + Send + Sync + 'static,
     Resp: prost::Message + Default + Send + Sync + 'static,
@@ -207,9 +211,7 @@ impl GubernatorChannels {
             behavior,
         };
         // One call on a scratch key: a cluster that cannot answer fails here, in words.
-        let probe = cluster
-            .check(&["floodgate-bench:probe".to_owned()])
-            .await;
+        let probe = cluster.check(&["floodgate-bench:probe".to_owned()]).await;
         probe.context("the first GetRateLimits call failed")?;
         Ok(cluster)
     }
@@ -253,13 +255,22 @@ mod tests {
         assert_eq!(batch.requests.len(), 2);
         let first = &batch.requests[0];
         assert_eq!(
-            (first.unique_key.as_str(), first.hits, first.limit, first.duration),
+            (
+                first.unique_key.as_str(),
+                first.hits,
+                first.limit,
+                first.duration
+            ),
             ("user:7", 1, 1_000, 3_600_000)
         );
         assert_eq!((first.algorithm, first.behavior), (0, GLOBAL));
         // Field 2 (unique_key) is a length-delimited string: tag byte 0x12.
         let bytes = first.encode_to_vec();
-        assert!(bytes.windows(8).any(|w| w == b"\x12\x06user:7"[..8].as_ref()));
+        assert!(
+            bytes
+                .windows(8)
+                .any(|w| w == b"\x12\x06user:7"[..8].as_ref())
+        );
     }
 
     #[test]

@@ -16,6 +16,7 @@ mod gateway;
 mod gubernator;
 mod machine;
 mod outcome;
+mod peer_targets;
 mod peers;
 mod process;
 mod report;
@@ -286,6 +287,7 @@ pub async fn run(args: LoadArgs) -> anyhow::Result<Vec<Record>> {
     };
     progress.finish_and_clear();
     print!("{}", targets::targets_markdown(&records, &side));
+    print!("{}", peer_targets::markdown(&records, &side));
     let whole_run = machine::CpuTimes::shares_since(run_start);
     print!("{}", machine_markdown(whole_run, side_machine));
     if !records.is_empty() {
@@ -610,9 +612,13 @@ async fn start_rls_node(args: &LoadArgs, gateway: &Gateway) -> anyhow::Result<(S
 /// Starts a Gubernator cluster and connects the target of every gateway worker to all its
 /// nodes, as many HTTP/2 channels to each as `--rls-channels` gives the RLS listener.
 async fn start_gubernator(args: &LoadArgs, gateway: &Gateway) -> anyhow::Result<(Server, Targets)> {
-    let (server, nodes) =
-        peers::start_gubernator(&args.gubernator_binary(), peers::GUBERNATOR_NODES, args.keys)
-            .await?;
+    let (server, nodes) = peers::start_gubernator(
+        &args.gubernator_binary(),
+        &args.out.join("gubernator"),
+        peers::GUBERNATOR_NODES,
+        args.keys,
+    )
+    .await?;
     let per_node = args.rls_channels.div_ceil(nodes.len()).max(1);
     let target = gateway
         .connect(|| {

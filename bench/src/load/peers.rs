@@ -1,5 +1,5 @@
 //! The peers floodgate is measured beside, as their users run them, started on free loopback
-//! ports from the binaries `bench/go-peer.sh` builds into `target/`: a 3-node Gubernator
+//! ports (127.0.0.0/8) from the binaries `bench/go-peer.sh` builds into `target/`: a 3-node Gubernator
 //! cluster (member-list discovery), and envoyproxy/ratelimit over a redis-server of its own.
 
 use std::net::SocketAddr;
@@ -37,44 +37,58 @@ fn ensure_built(binary: &Path, peer: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn loopback(port: u16) -> SocketAddr {
-    SocketAddr::from(([127, 0, 0, 1], port))
+/// A peer's log, so a peer that will not start says why.
+fn log_file(path: &Path) -> anyhow::Result<std::fs::File> {
+    std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))
 }
 
 /// Starts `nodes` Gubernator nodes that find each other by member-list gossip, each with a
 /// cache large enough for `keys` (its default of 50,000 would evict the bench's key space);
 /// returns their gRPC addresses once every node sees all the others. The first node's
 /// `Server` holds the others, so CPU and memory are the cluster's.
+///
+/// Gubernator tells member-list peers apart by IP address and gossips under the host's name, as
+/// on one node per host: here node `i` listens on 127.0.0.`i+1` and runs in a UTS namespace of
+/// its own (`unshare --uts`, as root) named `bench-i`.
 pub async fn start_gubernator(
     binary: &Path,
+    dir: &Path,
     nodes: usize,
     keys: u64,
 ) -> anyhow::Result<(Server, Vec<SocketAddr>)> {
     ensure_built(binary, "gubernator")?;
-    let gossip: Vec<u16> = (0..nodes)
-        .map(|_| free_port(false))
-        .collect::<anyhow::Result<_>>()?;
-    let known = format!("127.0.0.1:{}", gossip[0]);
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let ip = |i: usize| std::net::Ipv4Addr::new(127, 0, 0, 1 + i as u8);
+    let gossip_port = free_port(false)?;
+    let known = format!("{}:{gossip_port}", ip(0));
     let mut servers = Vec::with_capacity(nodes);
     let mut addrs = Vec::with_capacity(nodes);
-    for (i, gossip_port) in gossip.iter().enumerate() {
-        let grpc = loopback(free_port(false)?);
-        let http = loopback(free_port(false)?);
-        let child = Command::new(binary)
+    for i in 0..nodes {
+        let grpc = SocketAddr::from((ip(i), free_port(false)?));
+        let http = SocketAddr::from((ip(i), free_port(false)?));
+        let gossip = format!("{}:{gossip_port}", ip(i));
+        let log = dir.join(format!("node-{i}.log"));
+        let child = Command::new("unshare")
+            .args(["--uts", "sh", "-c", "hostname \"$1\" && exec \"$2\"", "sh"])
+            .arg(format!("bench-{i}"))
+            .arg(binary)
             .env("GUBER_GRPC_ADDRESS", grpc.to_string())
             .env("GUBER_HTTP_ADDRESS", http.to_string())
             .env("GUBER_ADVERTISE_ADDRESS", grpc.to_string())
             .env("GUBER_INSTANCE_ID", format!("bench-{i}"))
             .env("GUBER_PEER_DISCOVERY_TYPE", "member-list")
-            .env("GUBER_MEMBERLIST_ADDRESS", format!("127.0.0.1:{gossip_port}"))
+            .env("GUBER_MEMBERLIST_ADDRESS", &gossip)
+            .env("GUBER_MEMBERLIST_BIND_ADDRESS", &gossip)
             .env("GUBER_MEMBERLIST_KNOWN_NODES", &known)
             .env("GUBER_CACHE_SIZE", (keys * 2).max(100_000).to_string())
-            .env("GUBER_LOG_LEVEL", "error")
+            .env("GUBER_LOG_LEVEL", "warn")
+            // No trace exporter: nothing listens for traces here.
+            .env("OTEL_TRACES_EXPORTER", "none")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(log_file(&log)?)
             .spawn()
-            .with_context(|| format!("starting {}", binary.display()))?;
+            .context("starting Gubernator under `unshare --uts` (util-linux, as root)")?;
         servers.push(Server::new(grpc, child));
         addrs.push(grpc);
     }
@@ -82,12 +96,18 @@ pub async fn start_gubernator(
     for (i, &addr) in addrs.iter().enumerate() {
         loop {
             if let Some(status) = servers[i].exited()? {
-                bail!("Gubernator node {i} exited during start-up ({status})");
+                bail!(
+                    "Gubernator node {i} exited during start-up ({status}; log: {}; \
+                     `unshare --uts` needs root)",
+                    dir.join(format!("node-{i}.log")).display()
+                );
             }
             match super::gubernator::peer_count(addr).await {
                 Ok(count) if count as usize >= nodes => break,
                 _ if Instant::now() > deadline => {
-                    bail!("Gubernator node {i} on {addr} did not see {nodes} peers within {START_UP:?}")
+                    bail!(
+                        "Gubernator node {i} on {addr} did not see {nodes} peers within {START_UP:?}"
+                    )
                 }
                 _ => tokio::time::sleep(Duration::from_millis(100)).await,
             }
@@ -129,7 +149,7 @@ pub fn start_envoy_ratelimit(
     std::fs::write(config_dir.join("bench.yaml"), envoy_ratelimit_yaml(limit)?)
         .with_context(|| format!("writing the configuration in {}", config_dir.display()))?;
     let redis = start_redis(None)?;
-    let grpc = loopback(free_port(false)?);
+    let grpc = SocketAddr::from(([127, 0, 0, 1], free_port(false)?));
     let child = Command::new(binary)
         .env("USE_STATSD", "false")
         .env("LOG_LEVEL", "warn")
@@ -146,14 +166,17 @@ pub fn start_envoy_ratelimit(
         .env("DEBUG_PORT", free_port(false)?.to_string())
         .stdin(Stdio::null())
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stderr(log_file(&dir.join("service.log"))?)
         .spawn()
         .with_context(|| format!("starting {}", binary.display()))?;
     let mut server = Server::new(grpc, child).with(vec![redis]);
     let deadline = Instant::now() + START_UP;
     while std::net::TcpStream::connect_timeout(&grpc, Duration::from_millis(100)).is_err() {
         if let Some(status) = server.exited()? {
-            bail!("envoyproxy/ratelimit exited during start-up ({status})");
+            bail!(
+                "envoyproxy/ratelimit exited during start-up ({status}; log: {})",
+                dir.join("service.log").display()
+            );
         }
         if Instant::now() > deadline {
             bail!("envoyproxy/ratelimit did not listen on {grpc} within {START_UP:?}");
@@ -182,6 +205,9 @@ mod tests {
                 "{yaml}"
             );
         }
-        assert!(!yaml.contains("burst") && !yaml.contains("algorithm"), "{yaml}");
+        assert!(
+            !yaml.contains("burst") && !yaml.contains("algorithm"),
+            "{yaml}"
+        );
     }
 }

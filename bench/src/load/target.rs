@@ -280,7 +280,10 @@ impl Target {
     }
 
     /// envoyproxy/ratelimit's gRPC listener, over `channels` HTTP/2 connections.
-    pub async fn envoy_ratelimit(addr: std::net::SocketAddr, channels: usize) -> anyhow::Result<Self> {
+    pub async fn envoy_ratelimit(
+        addr: std::net::SocketAddr,
+        channels: usize,
+    ) -> anyhow::Result<Self> {
         Ok(Target::EnvoyRatelimit(
             super::rls::RlsChannels::connect(addr, channels).await?,
         ))
