@@ -39,6 +39,9 @@ enum Command {
     /// Drive floodgate, Redis + Lua and Redis + redis-cell with the same workloads in one run and
     /// compare them: markdown on stdout, report.json and latency.svg in --out.
     Load(load::LoadArgs),
+    /// One key's limit hit through all three nodes of a cluster at once: Gubernator (default
+    /// and GLOBAL) beside floodgate (region and global scope); admitted against the limit.
+    Accuracy(load::accuracy::AccuracyArgs),
 }
 
 fn parse_rate_arg(text: &str) -> Result<(u64, u64), String> {
@@ -68,6 +71,13 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             let summary = replay::replay(io::stdin().lock(), &limit, cost)?;
             println!("{limit}, cost {cost}");
             println!("allowed {} of {}", summary.allowed, summary.total);
+            Ok(())
+        }
+        Command::Accuracy(args) => {
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()?;
+            runtime.block_on(load::accuracy::run(args))?;
             Ok(())
         }
         Command::Load(args) => {

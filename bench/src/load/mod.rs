@@ -11,6 +11,7 @@
 //! time). Outputs a markdown table with ratios, `report.json` and `latency.svg` in the output
 //! folder.
 
+pub mod accuracy;
 mod driver;
 mod gateway;
 mod gubernator;
@@ -278,7 +279,7 @@ pub async fn run(args: LoadArgs) -> anyhow::Result<Vec<Record>> {
         )
         .await?;
     }
-    let (side, side_machine) = if args.no_redis || !args.seeds.is_empty() {
+    let (side, side_machine) = if (args.no_redis && !args.with_peers()) || !args.seeds.is_empty() {
         (Vec::new(), None)
     } else {
         let before = machine::CpuTimes::now();
@@ -480,6 +481,9 @@ async fn side_by_side(
     let mut servers = vec![node];
     let cell_module = args.redis_cell_module();
     for module in [None, Some(cell_module.as_path())] {
+        if args.no_redis {
+            break;
+        }
         match start_redis_baseline(gateway, module, args.redis_connections).await {
             Ok((server, target)) => {
                 servers.push(server);

@@ -152,9 +152,21 @@ pub fn start_node(
     worker_threads: Option<usize>,
     rls: Option<(&Path, SocketAddr)>,
 ) -> anyhow::Result<Server> {
+    start_node_with(binary, data_dir, worker_threads, rls, &[])
+}
+
+/// [`start_node`] with more flags (`--seeds`, `--region`: a node of a cluster).
+pub fn start_node_with(
+    binary: &Path,
+    data_dir: &Path,
+    worker_threads: Option<usize>,
+    rls: Option<(&Path, SocketAddr)>,
+    flags: &[String],
+) -> anyhow::Result<Server> {
     let port = free_port(true)?;
     let addr = SocketAddr::from(([127, 0, 0, 1], port));
     let mut command = Command::new(binary);
+    command.args(flags);
     if let Some((config, listen)) = rls {
         command
             .arg("--rls-config")
