@@ -216,20 +216,10 @@ impl GubernatorChannels {
         Ok(cluster)
     }
 
-    /// The channels to the node `i` of the cluster (in the order given to `connect`).
-    pub fn node(&self, i: usize, nodes: usize) -> &Channel {
-        &self.channels[i % nodes.max(1)]
-    }
-
     /// One `GetRateLimits` call carrying one request per key.
     pub async fn check(&self, keys: &[String]) -> anyhow::Result<Outcome> {
         let turn = self.next.fetch_add(1, Ordering::Relaxed);
         let channel = &self.channels[turn % self.channels.len()];
-        self.check_on(channel, keys).await
-    }
-
-    /// The same call through one given channel.
-    pub async fn check_on(&self, channel: &Channel, keys: &[String]) -> anyhow::Result<Outcome> {
         let answer: GetRateLimitsResp = unary(
             channel,
             "/pb.gubernator.V1/GetRateLimits",

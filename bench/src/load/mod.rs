@@ -84,6 +84,10 @@ pub struct LoadArgs {
     /// Skip the peers (Gubernator and envoyproxy/ratelimit).
     #[arg(long)]
     pub no_peers: bool,
+    /// Keys loaded into each peer to measure its bytes per key (at most `--keys`): the peers
+    /// take a few thousand checks a second here, so a million would take minutes.
+    #[arg(long, default_value_t = 100_000)]
+    pub peer_keys: u64,
     /// The gubernator binary (default: target/gubernator/bin/, where `bench/go-peer.sh
     /// gubernator` installs it); when missing, that peer is skipped.
     #[arg(long)]
@@ -672,6 +676,9 @@ async fn start_redis_baseline(
     Ok((server, target))
 }
 
+/// The peers' system names: their memory is measured on `--peer-keys` keys.
+const PEERS: [&str; 2] = ["gubernator", "envoy-ratelimit"];
+
 async fn run_system(
     args: &LoadArgs,
     server: Option<&Server>,
@@ -683,8 +690,13 @@ async fn run_system(
 ) -> anyhow::Result<()> {
     let name = target.name();
     let seconds = args.duration;
-    progress.set_message(format!("{name}: loading {} keys", args.keys));
-    let bytes_per_key = load_keys(&target, server, args.keys).await?;
+    let loaded = if PEERS.contains(&name) {
+        args.keys.min(args.peer_keys)
+    } else {
+        args.keys
+    };
+    progress.set_message(format!("{name}: loading {loaded} keys"));
+    let bytes_per_key = load_keys(&target, server, loaded).await?;
     progress.inc(1);
     for (w, workload) in workloads.iter().enumerate() {
         if workload.spread.leased() && !target.leases() {
