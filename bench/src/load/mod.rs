@@ -283,11 +283,12 @@ pub async fn run(args: LoadArgs) -> anyhow::Result<Vec<Record>> {
         )
         .await?;
     }
-    let (side, side_machine) = if (args.no_redis && !args.with_peers()) || !args.seeds.is_empty() {
+    let with_gubernator = args.with_peers() && keeps_up(&records, "gubernator", &args.rates);
+    let (side, side_machine) = if (args.no_redis && !with_gubernator) || !args.seeds.is_empty() {
         (Vec::new(), None)
     } else {
         let before = machine::CpuTimes::now();
-        let side = side_by_side(&args, &gateway, &workloads, &progress).await?;
+        let side = side_by_side(&args, &gateway, &workloads, &progress, with_gubernator).await?;
         (side, machine::CpuTimes::shares_since(before))
     };
     progress.finish_and_clear();
@@ -476,6 +477,7 @@ async fn side_by_side(
     gateway: &Gateway,
     workloads: &[Workload],
     progress: &ProgressBar,
+    with_gubernator: bool,
 ) -> anyhow::Result<Vec<Record>> {
     let Some(&rate) = args.rates.first() else {
         return Ok(Vec::new());
@@ -496,7 +498,7 @@ async fn side_by_side(
             Err(e) => progress.suspend(|| eprintln!("side by side without a baseline: {e:#}")),
         }
     }
-    if args.with_peers() {
+    if with_gubernator {
         match start_gubernator(args, gateway).await {
             Ok((server, target)) => {
                 servers.push(server);
@@ -546,6 +548,21 @@ async fn side_by_side(
     }
     drop(servers);
     Ok(records)
+}
+
+/// Whether `system` kept up with the first offered rate on every workload it ran when run
+/// alone: a system that cannot would fill the side-by-side step's turns with its backlog, and
+/// the other systems' tails with its stalls.
+fn keeps_up(records: &[Record], system: &str, rates: &[u64]) -> bool {
+    let Some(&rate) = rates.first() else {
+        return false;
+    };
+    let mut runs = records
+        .iter()
+        .filter(|r| r.system == system && r.offered_rate == rate)
+        .peekable();
+    runs.peek().is_some()
+        && runs.all(|r| !r.saturated && r.requests_per_second >= 0.99 * rate as f64)
 }
 
 /// A line on a system's stalled requests in the side-by-side step, if it had any: how many,
@@ -878,6 +895,7 @@ async fn run_generator(
 async fn load_keys(target: &Targets, server: Option<&Server>, keys: u64) -> anyhow::Result<f64> {
     let before = server.map(|s| s.rss_bytes()).transpose()?.unwrap_or(0);
     const LOADERS: u64 = 256;
+    const LOAD_TRIES: u32 = 3;
     let mut tasks = tokio::task::JoinSet::new();
     for loader in 0..LOADERS {
         let (worker, target) = target.on(loader as usize);
@@ -888,7 +906,17 @@ async fn load_keys(target: &Targets, server: Option<&Server>, keys: u64) -> anyh
                 for index in (loader..keys).step_by(LOADERS as usize) {
                     key.clear();
                     key.push(format!("user:{index}"));
-                    target.check(&key).await?;
+                    // A peer can time out a call under this burst (Gubernator forwarding to
+                    // the key's owner): a few tries, then the run fails.
+                    let mut tries = 0;
+                    while let Err(e) = target.check(&key).await {
+                        tries += 1;
+                        if tries == LOAD_TRIES {
+                            return Err(
+                                e.context(format!("loading {} failed {tries} times", key[0]))
+                            );
+                        }
+                    }
                 }
                 anyhow::Ok(())
             },

@@ -245,8 +245,28 @@ pub fn markdown(records: &[Record]) -> String {
         })
         .collect();
     let _ = writeln!(out, "\n### Memory\n\n{}", memory.join(", "));
+    errors_line(&mut out, records);
     generator_line(&mut out, records, &workloads);
     out
+}
+
+/// The runs in which calls failed (a timeout, an error answer), so a system's figures are read
+/// with them: a failed call is neither admitted nor denied.
+fn errors_line(out: &mut String, records: &[Record]) {
+    let failed: Vec<String> = records
+        .iter()
+        .filter(|r| r.errors > 0)
+        .map(|r| {
+            let mode = match r.offered_rate {
+                0 => "closed loop".to_owned(),
+                rate => format!("{rate}/s"),
+            };
+            format!("{} {} {mode}: {}", r.system, r.workload, r.errors)
+        })
+        .collect();
+    if !failed.is_empty() {
+        let _ = writeln!(out, "\n### Failed calls\n\n{}", failed.join(", "));
+    }
 }
 
 /// The generator's own CPU per million checks: client CPU s/M above includes it.
