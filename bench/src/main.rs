@@ -36,8 +36,9 @@ enum Command {
         #[arg(long, default_value_t = 1)]
         cost: u64,
     },
-    /// Drive floodgate, Redis + Lua and Redis + redis-cell with the same workloads in one run and
-    /// compare them: markdown on stdout, report.json and latency.svg in --out.
+    /// Drive floodgate, Redis + Lua, Redis + redis-cell, Gubernator and envoyproxy/ratelimit
+    /// with the same workloads in one run and compare them: markdown on stdout, report.json and
+    /// latency.svg in --out.
     Load(load::LoadArgs),
     /// One key's limit hit through all three nodes of a cluster at once: Gubernator (default
     /// and GLOBAL) beside floodgate (region and global scope); admitted against the limit.
