@@ -1,6 +1,7 @@
 //! The peers floodgate is measured beside, as their users run them, started on free loopback
-//! ports (127.0.0.0/8) from the binaries `bench/go-peer.sh` builds into `target/`: a 3-node Gubernator
-//! cluster (member-list discovery), and envoyproxy/ratelimit over a redis-server of its own.
+//! ports (127.0.0.0/8) from the binaries `bench/go-peer.sh` builds into `target/`: a 3-node
+//! Gubernator cluster (member-list discovery), and envoyproxy/ratelimit over a redis-server of
+//! its own.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -12,7 +13,7 @@ use floodgate::Limit;
 
 use super::process::{Server, free_port, start_redis};
 
-/// Gubernator's nodes in the bench: its documented smallest cluster, and floodgate's `make run`.
+/// Gubernator's nodes in the bench: as many as floodgate's `make run` cluster has.
 pub const GUBERNATOR_NODES: usize = 3;
 /// Longest wait for a peer to serve (the nodes of a cluster to see each other).
 const START_UP: Duration = Duration::from_secs(30);
