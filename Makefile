@@ -125,6 +125,7 @@ bench-peers:     ## floodgate beside its peers only (Gubernator v2.13.0, 3 nodes
 	@bash bench/go-peer.sh envoy-ratelimit >/dev/null || echo "the envoy-ratelimit peer will be skipped"
 	$(CARGO) build --release --locked -p floodgate-node -p floodgate-bench
 	./target/release/floodgate-bench load --no-redis --spreads uniform --three-checks false --rates 10000/s,50000/s --out target/bench-peers
+	./target/release/floodgate-bench accuracy --out target/bench-peers/accuracy
 
 bench-resp:      ## CL.THROTTLE through floodgate's Redis front beside redis-server + redis-cell, one client (redis-benchmark), 100,000 keys, unpipelined and pipelined: markdown table
 	$(CARGO) build --release --locked -p floodgate-node
