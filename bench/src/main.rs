@@ -36,13 +36,17 @@ enum Command {
         #[arg(long, default_value_t = 1)]
         cost: u64,
     },
-    /// Drive floodgate, Redis + Lua and Redis + redis-cell with the same workloads in one run and
-    /// compare them: markdown on stdout, report.json and latency.svg in --out.
+    /// Drive floodgate, Redis + Lua, Redis + redis-cell, Gubernator and envoyproxy/ratelimit
+    /// with the same workloads in one run and compare them: markdown on stdout, report.json and
+    /// latency.svg in --out.
     Load(load::LoadArgs),
     /// The example gateway's load shedding: open-loop HTTP at 1x, 2x and 4x its demo
     /// upstream's capacity, with and without shedding: table on stdout, table.md,
     /// report.json and shed.svg in --out.
     Shed(floodgate_bench::shed::ShedArgs),
+    /// One key's limit hit through all three nodes of a cluster at once: Gubernator (default
+    /// and GLOBAL) beside floodgate (region and global scope); admitted against the limit.
+    Accuracy(load::accuracy::AccuracyArgs),
 }
 
 fn parse_rate_arg(text: &str) -> Result<(u64, u64), String> {
@@ -72,6 +76,13 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             let summary = replay::replay(io::stdin().lock(), &limit, cost)?;
             println!("{limit}, cost {cost}");
             println!("allowed {} of {}", summary.allowed, summary.total);
+            Ok(())
+        }
+        Command::Accuracy(args) => {
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()?;
+            runtime.block_on(load::accuracy::run(args))?;
             Ok(())
         }
         Command::Load(args) => {

@@ -56,8 +56,21 @@ fn a_short_load_run_writes_a_well_formed_report() {
         "uniform",
         "--three-checks",
         "true",
+        // The peers' binaries where none is: the test never builds or runs a peer, and sees
+        // each skipped with the reason.
+        "--gubernator-bin",
+        "/nonexistent/gubernator",
+        "--envoy-ratelimit-bin",
+        "/nonexistent/service_cmd",
     ]);
     assert!(stdout.contains("### Throughput (closed loop)"), "{stdout}");
+    for peer in ["gubernator", "envoy-ratelimit"] {
+        assert!(
+            stderr.contains(&format!("skipping {peer}: "))
+                && stderr.contains(&format!("bash bench/go-peer.sh {peer}")),
+            "{stderr}"
+        );
+    }
     let report = read_report(out.path());
     let all_records = report.as_array().unwrap();
     // The load generator alone (a no-op target): per workload, the closed loop and the first rate.
@@ -205,6 +218,7 @@ fn both_gateway_shapes_run_and_hold_the_leased_key_to_its_limit() {
             "false",
             "--no-redis",
             "--no-rls",
+            "--no-peers",
             "--gateway",
             shape,
             "--client-threads",

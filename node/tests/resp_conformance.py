@@ -3,9 +3,11 @@ redis-cell module and against floodgate's Redis front, step by step, replies com
 limit and remaining exactly, retry_after and reset_after within one second, errors word for word.
 
 Usage: resp_conformance.py REDIS_PORT FLOODGATE_PORT. Prints one line per step and exits 1 on any
-difference.
+difference. `resp_conformance.py --sequence` prints the sequence as JSON instead, for the other
+clients' runs (resp_conformance_go) to replay, so every client replays the same calls.
 """
 
+import json
 import sys
 
 import redis
@@ -61,6 +63,9 @@ def same(expected, got):
 
 
 def main():
+    if sys.argv[1:] == ["--sequence"]:
+        print(json.dumps(sequence()))
+        return
     redis_port, floodgate_port = int(sys.argv[1]), int(sys.argv[2])
     cell = redis.Redis(host="127.0.0.1", port=redis_port, socket_timeout=10)
     gate = redis.Redis(host="127.0.0.1", port=floodgate_port, socket_timeout=10)

@@ -2,10 +2,12 @@
 //! replayed against redis-server with the redis-cell 0.2.2 module (built by
 //! `bench/redis-cell.sh`) and against a floodgate node's Redis front, replies compared (timing
 //! fields within one second), by redis-py (`resp_conformance.py`, in a throwaway virtualenv
-//! `target/resp-venv`) and by redis-cli.
+//! `target/resp-venv`), by go-redis (`resp_conformance_go`, the same sequence over RESP3 and
+//! RESP2, built with the machine's Go into `target/resp-go`) and by redis-cli.
 //!
 //! Ignored by default: it needs redis-server and redis-cli (Debian's `redis-server` and
-//! `redis-tools`) and downloads the module's crate and redis-py. `make resp-conformance` runs it.
+//! `redis-tools`) and Go, and downloads the module's crate, redis-py and go-redis.
+//! `make resp-conformance` runs it.
 //! The same arithmetic is compared without any of them, on every `cargo test`, by the unit
 //! tests of `node/src/resp/throttle.rs` against a port of redis-cell's code.
 
@@ -127,34 +129,89 @@ async fn floodgate() -> (TestNode, SocketAddr) {
     (node, addr)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs redis-server and redis-cli, downloads redis-cell and redis-py: make resp-conformance"]
-async fn redis_py_sees_the_same_replies_from_floodgate_and_redis_cell() {
-    let redis = start_redis_cell();
-    let (node, addr) = floodgate().await;
-    let python = python();
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/resp_conformance.py");
-    let port = redis.port;
+/// Runs one client's replay (`command`, given `stdin`) to its end, within two minutes, and
+/// asserts it found no difference; prints what it printed.
+async fn replay(mut command: Command, stdin: Vec<u8>, client: &'static str) {
     let run = tokio::task::spawn_blocking(move || {
-        Command::new(python)
-            .arg(script)
-            .arg(port.to_string())
-            .arg(addr.port().to_string())
-            .output()
+        let mut child = command
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()?;
+        child.stdin.take().unwrap().write_all(&stdin)?;
+        child.wait_with_output()
     });
     let output = tokio::time::timeout(Duration::from_secs(120), run)
         .await
-        .expect("redis-py finishes within two minutes")
+        .unwrap_or_else(|_| panic!("{client} finishes within two minutes"))
         .unwrap()
         .unwrap();
     let stdout = String::from_utf8_lossy(&output.stdout);
     println!("{stdout}");
     assert!(
         output.status.success(),
-        "replies differ:\n{stdout}\n{}",
+        "{client}: replies differ:\n{stdout}\n{}",
         String::from_utf8_lossy(&output.stderr)
     );
     assert!(stdout.contains("\n0 differences"), "{stdout}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs redis-server and redis-cli, downloads redis-cell and redis-py: make resp-conformance"]
+async fn redis_py_sees_the_same_replies_from_floodgate_and_redis_cell() {
+    let redis = start_redis_cell();
+    let (node, addr) = floodgate().await;
+    let mut command = Command::new(python());
+    command
+        .arg(tests_dir().join("resp_conformance.py"))
+        .arg(redis.port.to_string())
+        .arg(addr.port().to_string());
+    replay(command, Vec::new(), "redis-py").await;
+    node.node.shutdown().await;
+}
+
+fn tests_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests")
+}
+
+/// The Go replay (`resp_conformance_go`, go-redis v9), built once into `target/resp-go` with
+/// the machine's Go; its module comes from the Go module proxy.
+fn go_client() -> PathBuf {
+    let out = root().join("target/resp-go");
+    let binary = out.join("resp-conformance-go");
+    let built = Command::new("go")
+        .args(["build", "-o"])
+        .arg(&binary)
+        .arg(".")
+        .current_dir(tests_dir().join("resp_conformance_go"))
+        .env("GOTOOLCHAIN", "local")
+        .output()
+        .unwrap_or_else(|e| panic!("go is not runnable (install Go 1.24 or newer): {e}"));
+    assert!(
+        built.status.success(),
+        "go build of resp_conformance_go failed: {}",
+        String::from_utf8_lossy(&built.stderr)
+    );
+    binary
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs redis-server, Go and the Go module proxy, downloads redis-cell and redis-py: make resp-conformance"]
+async fn go_redis_sees_the_same_replies_from_floodgate_and_redis_cell() {
+    let redis = start_redis_cell();
+    let (node, addr) = floodgate().await;
+    // The sequence is redis-py's, so both clients replay the same calls.
+    let sequence = Command::new(python())
+        .arg(tests_dir().join("resp_conformance.py"))
+        .arg("--sequence")
+        .output()
+        .expect("resp_conformance.py --sequence runs");
+    assert!(sequence.status.success(), "{sequence:?}");
+    let mut command = Command::new(go_client());
+    command
+        .arg(redis.port.to_string())
+        .arg(addr.port().to_string());
+    replay(command, sequence.stdout, "go-redis").await;
     node.node.shutdown().await;
 }
 

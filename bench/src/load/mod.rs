@@ -1,19 +1,24 @@
 //! `floodgate-bench load`: floodgate (through its QUIC client, and through Envoy's rate limit
-//! service as `floodgate+rls`) against Redis + Lua and Redis + redis-cell, same workloads, same
-//! machine, same run.
+//! service as `floodgate+rls`) against Redis + Lua and Redis + redis-cell, and against the peers
+//! its users would otherwise run (a 3-node Gubernator cluster; envoyproxy/ratelimit, fed the
+//! same RLS calls as `floodgate+rls`), same workloads, same machine, same run.
 //!
 //! For each system: start its server (a `floodgate-node`, one with `--rls-config` for
 //! `floodgate+rls`, or `redis-server` with persistence off, with the redis-cell module for
-//! `redis+cell`), load the key space once to measure
+//! `redis+cell`, or the peers' own processes), load the key space once to measure
 //! resident bytes per key, then for each workload run a closed loop (maximum throughput, server
 //! CPU per million checks) and an open loop at rising arrival rates (latency from the scheduled
 //! time). Outputs a markdown table with ratios, `report.json` and `latency.svg` in the output
 //! folder.
 
+pub mod accuracy;
 mod driver;
 mod gateway;
+mod gubernator;
 mod machine;
 mod outcome;
+mod peer_targets;
+mod peers;
 pub(crate) mod process;
 mod report;
 mod rls;
@@ -76,6 +81,22 @@ pub struct LoadArgs {
     /// gRPC API); it is also skipped with `--seeds`.
     #[arg(long)]
     pub no_rls: bool,
+    /// Skip the peers (Gubernator and envoyproxy/ratelimit).
+    #[arg(long)]
+    pub no_peers: bool,
+    /// Keys loaded into each peer to measure its bytes per key (at most `--keys`): the peers
+    /// take a few thousand checks a second here, so a million would take minutes.
+    #[arg(long, default_value_t = 100_000)]
+    pub peer_keys: u64,
+    /// The gubernator binary (default: target/gubernator/bin/, where `bench/go-peer.sh
+    /// gubernator` installs it); when missing, that peer is skipped.
+    #[arg(long)]
+    pub gubernator_bin: Option<PathBuf>,
+    /// envoyproxy/ratelimit's binary (default: target/envoy-ratelimit/bin/service_cmd, where
+    /// `bench/go-peer.sh envoy-ratelimit` installs it); when missing, that peer is skipped. It
+    /// runs only where `floodgate+rls` does, which it is compared with.
+    #[arg(long)]
+    pub envoy_ratelimit_bin: Option<PathBuf>,
     /// HTTP/2 channels to the RLS listener per gateway thread; its calls are spread over them.
     #[arg(long, default_value_t = 4)]
     pub rls_channels: usize,
@@ -135,6 +156,23 @@ impl LoadArgs {
     /// Whether `floodgate+rls` runs: not with `--no-rls`, nor against a running cluster.
     fn with_rls(&self) -> bool {
         !self.no_rls && self.seeds.is_empty()
+    }
+
+    /// Whether the peers run: not with `--no-peers`, nor against a running cluster.
+    fn with_peers(&self) -> bool {
+        !self.no_peers && self.seeds.is_empty()
+    }
+
+    fn gubernator_binary(&self) -> PathBuf {
+        self.gubernator_bin
+            .clone()
+            .unwrap_or_else(|| peers::default_binary("gubernator", "gubernator"))
+    }
+
+    fn envoy_ratelimit_binary(&self) -> PathBuf {
+        self.envoy_ratelimit_bin
+            .clone()
+            .unwrap_or_else(|| peers::default_binary("envoy-ratelimit", "service_cmd"))
     }
 
     /// The redis-cell module for the `redis+cell` baseline.
@@ -204,7 +242,14 @@ pub async fn run(args: LoadArgs) -> anyhow::Result<Vec<Record>> {
         .with_context(|| format!("creating {}", args.out.display()))?;
     let workloads = args.workloads();
     let mut notes = Vec::new();
-    let systems = 1 + usize::from(args.with_rls()) + if args.no_redis { 0 } else { 2 };
+    let systems = 1
+        + usize::from(args.with_rls())
+        + if args.no_redis { 0 } else { 2 }
+        + if args.with_peers() {
+            1 + usize::from(args.with_rls())
+        } else {
+            0
+        };
     let steps = if args.only_side_by_side {
         workloads.len()
     } else {
@@ -238,15 +283,17 @@ pub async fn run(args: LoadArgs) -> anyhow::Result<Vec<Record>> {
         )
         .await?;
     }
-    let (side, side_machine) = if args.no_redis || !args.seeds.is_empty() {
+    let with_gubernator = args.with_peers() && keeps_up(&records, "gubernator", &args.rates);
+    let (side, side_machine) = if (args.no_redis && !with_gubernator) || !args.seeds.is_empty() {
         (Vec::new(), None)
     } else {
         let before = machine::CpuTimes::now();
-        let side = side_by_side(&args, &gateway, &workloads, &progress).await?;
+        let side = side_by_side(&args, &gateway, &workloads, &progress, with_gubernator).await?;
         (side, machine::CpuTimes::shares_since(before))
     };
     progress.finish_and_clear();
     print!("{}", targets::targets_markdown(&records, &side));
+    print!("{}", peer_targets::markdown(&records, &side));
     let whole_run = machine::CpuTimes::shares_since(run_start);
     print!("{}", machine_markdown(whole_run, side_machine));
     if !records.is_empty() {
@@ -348,6 +395,42 @@ async fn run_one_system_at_a_time(
         .await?;
     }
 
+    // The peers: envoyproxy/ratelimit beside floodgate+rls, and a Gubernator cluster.
+    if args.with_peers() {
+        if args.with_rls() {
+            match start_envoy_ratelimit(args, gateway).await {
+                Ok((server, target)) => {
+                    run_system(
+                        args,
+                        Some(&server),
+                        target,
+                        workloads,
+                        progress,
+                        records,
+                        notes,
+                    )
+                    .await?
+                }
+                Err(e) => progress.suspend(|| eprintln!("skipping envoy-ratelimit: {e:#}")),
+            }
+        }
+        match start_gubernator(args, gateway).await {
+            Ok((server, target)) => {
+                run_system(
+                    args,
+                    Some(&server),
+                    target,
+                    workloads,
+                    progress,
+                    records,
+                    notes,
+                )
+                .await?
+            }
+            Err(e) => progress.suspend(|| eprintln!("skipping gubernator: {e:#}")),
+        }
+    }
+
     // Redis + Lua, then Redis + redis-cell (CL.THROTTLE): the script, and the fastest Redis setup.
     let cell_module = args.redis_cell_module();
     for module in [None, Some(cell_module.as_path())] {
@@ -394,6 +477,7 @@ async fn side_by_side(
     gateway: &Gateway,
     workloads: &[Workload],
     progress: &ProgressBar,
+    with_gubernator: bool,
 ) -> anyhow::Result<Vec<Record>> {
     let Some(&rate) = args.rates.first() else {
         return Ok(Vec::new());
@@ -403,12 +487,24 @@ async fn side_by_side(
     let mut servers = vec![node];
     let cell_module = args.redis_cell_module();
     for module in [None, Some(cell_module.as_path())] {
+        if args.no_redis {
+            break;
+        }
         match start_redis_baseline(gateway, module, args.redis_connections).await {
             Ok((server, target)) => {
                 servers.push(server);
                 targets.push(target);
             }
             Err(e) => progress.suspend(|| eprintln!("side by side without a baseline: {e:#}")),
+        }
+    }
+    if with_gubernator {
+        match start_gubernator(args, gateway).await {
+            Ok((server, target)) => {
+                servers.push(server);
+                targets.push(target);
+            }
+            Err(e) => progress.suspend(|| eprintln!("side by side without gubernator: {e:#}")),
         }
     }
     if let Some(first) = workloads.iter().find(|w| !w.spread.leased()) {
@@ -452,6 +548,21 @@ async fn side_by_side(
     }
     drop(servers);
     Ok(records)
+}
+
+/// Whether `system` kept up with the first offered rate on every workload it ran when run
+/// alone: a system that cannot would fill the side-by-side step's turns with its backlog, and
+/// the other systems' tails with its stalls.
+fn keeps_up(records: &[Record], system: &str, rates: &[u64]) -> bool {
+    let Some(&rate) = rates.first() else {
+        return false;
+    };
+    let mut runs = records
+        .iter()
+        .filter(|r| r.system == system && r.offered_rate == rate)
+        .peekable();
+    runs.peek().is_some()
+        && runs.all(|r| !r.saturated && r.requests_per_second >= 0.99 * rate as f64)
 }
 
 /// A line on a system's stalled requests in the side-by-side step, if it had any: how many,
@@ -523,6 +634,43 @@ async fn start_rls_node(args: &LoadArgs, gateway: &Gateway) -> anyhow::Result<(S
     Ok((server, target))
 }
 
+/// Starts a Gubernator cluster and connects the target of every gateway worker to all its
+/// nodes, as many HTTP/2 channels to each as `--rls-channels` gives the RLS listener.
+async fn start_gubernator(args: &LoadArgs, gateway: &Gateway) -> anyhow::Result<(Server, Targets)> {
+    let (server, nodes) = peers::start_gubernator(
+        &args.gubernator_binary(),
+        &args.out.join("gubernator"),
+        peers::GUBERNATOR_NODES,
+        args.keys,
+    )
+    .await?;
+    let per_node = args.rls_channels.div_ceil(nodes.len()).max(1);
+    let target = gateway
+        .connect(|| {
+            let nodes = nodes.clone();
+            async move { Target::gubernator(&nodes, per_node, bench_limit()).await }
+        })
+        .await?;
+    Ok((server, target))
+}
+
+/// Starts envoyproxy/ratelimit over its own redis-server and connects its RLS target.
+async fn start_envoy_ratelimit(
+    args: &LoadArgs,
+    gateway: &Gateway,
+) -> anyhow::Result<(Server, Targets)> {
+    let (server, listen) = peers::start_envoy_ratelimit(
+        &args.envoy_ratelimit_binary(),
+        &args.out.join("envoy-ratelimit"),
+        &bench_limit(),
+    )?;
+    let channels = args.rls_channels;
+    let target = gateway
+        .connect(|| Target::envoy_ratelimit(listen, channels))
+        .await?;
+    Ok((server, target))
+}
+
 /// Starts redis-server (with the redis-cell module if given) and connects the target of every
 /// gateway worker to it, `connections` each.
 async fn start_redis_baseline(
@@ -545,6 +693,9 @@ async fn start_redis_baseline(
     Ok((server, target))
 }
 
+/// The peers' system names: their memory is measured on `--peer-keys` keys.
+const PEERS: [&str; 2] = ["gubernator", "envoy-ratelimit"];
+
 async fn run_system(
     args: &LoadArgs,
     server: Option<&Server>,
@@ -556,8 +707,13 @@ async fn run_system(
 ) -> anyhow::Result<()> {
     let name = target.name();
     let seconds = args.duration;
-    progress.set_message(format!("{name}: loading {} keys", args.keys));
-    let bytes_per_key = load_keys(&target, server, args.keys).await?;
+    let loaded = if PEERS.contains(&name) {
+        args.keys.min(args.peer_keys)
+    } else {
+        args.keys
+    };
+    progress.set_message(format!("{name}: loading {loaded} keys"));
+    let bytes_per_key = load_keys(&target, server, loaded).await?;
     progress.inc(1);
     for (w, workload) in workloads.iter().enumerate() {
         if workload.spread.leased() && !target.leases() {
@@ -739,6 +895,7 @@ async fn run_generator(
 async fn load_keys(target: &Targets, server: Option<&Server>, keys: u64) -> anyhow::Result<f64> {
     let before = server.map(|s| s.rss_bytes()).transpose()?.unwrap_or(0);
     const LOADERS: u64 = 256;
+    const LOAD_TRIES: u32 = 3;
     let mut tasks = tokio::task::JoinSet::new();
     for loader in 0..LOADERS {
         let (worker, target) = target.on(loader as usize);
@@ -749,7 +906,17 @@ async fn load_keys(target: &Targets, server: Option<&Server>, keys: u64) -> anyh
                 for index in (loader..keys).step_by(LOADERS as usize) {
                     key.clear();
                     key.push(format!("user:{index}"));
-                    target.check(&key).await?;
+                    // A peer can time out a call under this burst (Gubernator forwarding to
+                    // the key's owner): a few tries, then the run fails.
+                    let mut tries = 0;
+                    while let Err(e) = target.check(&key).await {
+                        tries += 1;
+                        if tries == LOAD_TRIES {
+                            return Err(
+                                e.context(format!("loading {} failed {tries} times", key[0]))
+                            );
+                        }
+                    }
                 }
                 anyhow::Ok(())
             },

@@ -9,11 +9,13 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 
-/// A child server process, killed when dropped.
+/// A child server process, killed when dropped, with the processes that serve beside it (the
+/// other nodes of a cluster, a peer's Redis): its CPU and memory are theirs summed.
 #[derive(Debug)]
 pub struct Server {
     pub addr: SocketAddr,
     child: Child,
+    companions: Vec<Server>,
 }
 
 impl Drop for Server {
@@ -24,17 +26,49 @@ impl Drop for Server {
 }
 
 impl Server {
+    /// A server process started on `addr`, alone.
+    pub fn new(addr: SocketAddr, child: Child) -> Self {
+        Server {
+            addr,
+            child,
+            companions: Vec::new(),
+        }
+    }
+
+    /// This server measured together with `others`, which stop with it.
+    pub fn with(mut self, others: Vec<Server>) -> Self {
+        self.companions.extend(others);
+        self
+    }
+
     pub fn pid(&self) -> u32 {
         self.child.id()
     }
 
-    /// User + system CPU seconds used so far.
-    pub fn cpu_seconds(&self) -> anyhow::Result<f64> {
-        cpu_seconds_of(&format!("/proc/{}/stat", self.pid()))
+    /// Whether the process (not its companions) has exited, and how.
+    pub fn exited(&mut self) -> anyhow::Result<Option<std::process::ExitStatus>> {
+        Ok(self.child.try_wait()?)
     }
 
-    /// Resident memory in bytes.
+    /// User + system CPU seconds used so far, companions included.
+    pub fn cpu_seconds(&self) -> anyhow::Result<f64> {
+        let mut seconds = cpu_seconds_of(&format!("/proc/{}/stat", self.pid()))?;
+        for other in &self.companions {
+            seconds += other.cpu_seconds()?;
+        }
+        Ok(seconds)
+    }
+
+    /// Resident memory in bytes, companions included.
     pub fn rss_bytes(&self) -> anyhow::Result<u64> {
+        let mut bytes = self.own_rss_bytes()?;
+        for other in &self.companions {
+            bytes += other.rss_bytes()?;
+        }
+        Ok(bytes)
+    }
+
+    fn own_rss_bytes(&self) -> anyhow::Result<u64> {
         let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid()))?;
         let line = status
             .lines()
@@ -86,7 +120,7 @@ fn clock_ticks_per_second() -> f64 {
         .unwrap_or(100.0)
 }
 
-fn free_port(udp: bool) -> anyhow::Result<u16> {
+pub fn free_port(udp: bool) -> anyhow::Result<u16> {
     // Bind port 0, read the port, release it: another process could take it in between, which
     // the start-up check below would then report.
     Ok(if udp {
@@ -118,27 +152,28 @@ pub fn start_node(
     worker_threads: Option<usize>,
     rls: Option<(&Path, SocketAddr)>,
 ) -> anyhow::Result<Server> {
-    let mut args: Vec<std::ffi::OsString> = Vec::new();
-    if let Some((config, listen)) = rls {
-        args.extend(["--rls-config".into(), config.into()]);
-        args.extend(["--rls-listen".into(), listen.to_string().into()]);
-    }
-    if let Some(n) = worker_threads {
-        args.extend(["--worker-threads".into(), n.to_string().into()]);
-    }
-    start_node_with_args(binary, data_dir, &args)
+    start_node_with(binary, data_dir, worker_threads, rls, &[])
 }
 
-/// Starts a node as [`start_node`] does, with `args` added to its command line.
-pub fn start_node_with_args(
+/// [`start_node`] with more flags (`--seeds`, `--region`: a node of a cluster).
+pub fn start_node_with(
     binary: &Path,
     data_dir: &Path,
-    args: &[std::ffi::OsString],
+    worker_threads: Option<usize>,
+    rls: Option<(&Path, SocketAddr)>,
+    flags: &[String],
 ) -> anyhow::Result<Server> {
     let port = free_port(true)?;
     let addr = SocketAddr::from(([127, 0, 0, 1], port));
-    let mut child = Command::new(binary)
-        .args(args)
+    let mut command = Command::new(binary);
+    command.args(flags);
+    if let Some((config, listen)) = rls {
+        command
+            .arg("--rls-config")
+            .arg(config)
+            .args(["--rls-listen", &listen.to_string()]);
+    }
+    let mut child = command
         .args([
             "--listen",
             &addr.to_string(),
@@ -147,6 +182,11 @@ pub fn start_node_with_args(
             "--max-keys",
             "8388608",
         ])
+        .args(
+            worker_threads
+                .map(|n| vec!["--worker-threads".to_owned(), n.to_string()])
+                .unwrap_or_default(),
+        )
         .arg("--data-dir")
         .arg(data_dir)
         .env("RUST_LOG", "warn")
@@ -168,17 +208,11 @@ pub fn start_node_with_args(
         if line.contains("serving on") {
             // Keep draining its stderr so the node never blocks on a full pipe.
             std::thread::spawn(move || for _ in lines {});
-            return Ok(Server { addr, child });
+            return Ok(Server::new(addr, child));
         }
     }
     let status = child.wait()?;
     bail!("floodgate-node exited during start-up ({status})");
-}
-
-/// A child process of the harness that is not one of the servers measured (killed when
-/// dropped).
-pub fn child_server(addr: SocketAddr, child: Child) -> Server {
-    Server { addr, child }
 }
 
 /// Where `bench/redis-cell.sh` puts the redis-cell module: `target/redis-cell/`, beside the
@@ -225,7 +259,7 @@ pub fn start_redis(module: Option<&Path>) -> anyhow::Result<Server> {
         .stderr(Stdio::null())
         .spawn()
         .context("redis-server is not on PATH: install it with `apt-get install redis-server`")?;
-    let mut server = Server { addr, child };
+    let mut server = Server::new(addr, child);
     let deadline = Instant::now() + Duration::from_secs(10);
     while TcpStream::connect_timeout(&addr, Duration::from_millis(100)).is_err() {
         if let Some(status) = server.child.try_wait()? {

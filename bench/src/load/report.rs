@@ -110,6 +110,9 @@ const RLS: &str = "floodgate+rls";
 /// The Redis setups floodgate is compared with, in table order: the token-bucket Lua script, and
 /// redis-cell's native GCRA command (the fastest Redis setup a team would pick).
 const BASELINES: [&str; 2] = ["redis+lua", "redis+cell"];
+/// The peers: a Gubernator cluster beside floodgate, envoyproxy/ratelimit beside `floodgate+rls`.
+const GUBERNATOR: &str = "gubernator";
+const ENVOY_RATELIMIT: &str = "envoy-ratelimit";
 
 /// The record of `system` on `workload` at `offered` req/s (0: the closed loop).
 pub(super) fn find<'a>(
@@ -201,8 +204,37 @@ pub fn markdown(records: &[Record]) -> String {
         let references = ran(&[FLOODGATE, BASELINES[0]]);
         comparison(&mut out, records, &workloads, RLS, &references, "####");
     }
+    if !ran(&[GUBERNATOR]).is_empty() {
+        let _ = writeln!(
+            out,
+            "\n### {FLOODGATE} beside Gubernator (3 nodes; one GetRateLimits call per request)\n"
+        );
+        comparison(
+            &mut out,
+            records,
+            &workloads,
+            FLOODGATE,
+            &[GUBERNATOR],
+            "####",
+        );
+    }
+    if !ran(&[RLS]).is_empty() && !ran(&[ENVOY_RATELIMIT]).is_empty() {
+        let _ = writeln!(
+            out,
+            "\n### {RLS} beside envoyproxy/ratelimit over Redis (the same RLS calls)\n"
+        );
+        comparison(
+            &mut out,
+            records,
+            &workloads,
+            RLS,
+            &[ENVOY_RATELIMIT],
+            "####",
+        );
+    }
     let mut every = vec![FLOODGATE, RLS];
     every.extend(BASELINES);
+    every.extend([GUBERNATOR, ENVOY_RATELIMIT]);
     let memory: Vec<String> = every
         .iter()
         .filter_map(|s| {
@@ -213,8 +245,28 @@ pub fn markdown(records: &[Record]) -> String {
         })
         .collect();
     let _ = writeln!(out, "\n### Memory\n\n{}", memory.join(", "));
+    errors_line(&mut out, records);
     generator_line(&mut out, records, &workloads);
     out
+}
+
+/// The runs in which calls failed (a timeout, an error answer), so a system's figures are read
+/// with them: a failed call is neither admitted nor denied.
+fn errors_line(out: &mut String, records: &[Record]) {
+    let failed: Vec<String> = records
+        .iter()
+        .filter(|r| r.errors > 0)
+        .map(|r| {
+            let mode = match r.offered_rate {
+                0 => "closed loop".to_owned(),
+                rate => format!("{rate}/s"),
+            };
+            format!("{} {} {mode}: {}", r.system, r.workload, r.errors)
+        })
+        .collect();
+    if !failed.is_empty() {
+        let _ = writeln!(out, "\n### Failed calls\n\n{}", failed.join(", "));
+    }
 }
 
 /// The generator's own CPU per million checks: client CPU s/M above includes it.
@@ -370,7 +422,7 @@ pub fn side_by_side_markdown(records: &[Record]) -> String {
     let baselines: Vec<&str> = systems
         .iter()
         .copied()
-        .filter(|s| BASELINES.contains(s))
+        .filter(|s| BASELINES.contains(s) || *s == GUBERNATOR)
         .collect();
     let mut titles = vec!["workload".to_owned()];
     titles.extend(systems.iter().map(|s| format!("{s} p50/p99/p99.9 µs")));

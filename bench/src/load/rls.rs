@@ -19,23 +19,13 @@ use super::outcome::Outcome;
 /// The domain of the configuration the harness writes.
 pub const DOMAIN: &str = "bench";
 /// The descriptor keys: the workloads' key prefixes (`user:7` is the entry `user` = `7`).
-const DESCRIPTOR_KEYS: [&str; 3] = ["user", "ip", "key"];
+pub const DESCRIPTOR_KEYS: [&str; 3] = ["user", "ip", "key"];
 
 /// envoyproxy/ratelimit's configuration (floodgate's `algorithm`/`burst` extension for a GCRA
 /// limit) giving each descriptor key `limit`: each value of `user`, `ip` and `key` gets its own
 /// bucket, as each QUIC key does.
 pub fn config_yaml(limit: &Limit) -> anyhow::Result<String> {
-    let (unit, _) = [
-        ("second", 1),
-        ("minute", 60),
-        ("hour", 3_600),
-        ("day", 86_400),
-    ]
-    .into_iter()
-    .find(|(_, seconds)| limit.period_ns() == seconds * NANOS_PER_SEC)
-    .with_context(|| {
-        format!("{limit}: an RLS limit's period is one second, minute, hour or day")
-    })?;
+    let unit = unit(limit)?;
     let shape = match limit.algorithm() {
         Algorithm::Gcra => format!(", algorithm: gcra, burst: {}", limit.burst()),
         _ => anyhow::bail!("{limit}: the RLS system is only written for GCRA limits"),
@@ -48,6 +38,20 @@ pub fn config_yaml(limit: &Limit) -> anyhow::Result<String> {
         ));
     }
     Ok(yaml)
+}
+
+/// The RLS unit (`second`, `minute`, `hour`, `day`) of `limit`'s period.
+pub fn unit(limit: &Limit) -> anyhow::Result<&'static str> {
+    [
+        ("second", 1),
+        ("minute", 60),
+        ("hour", 3_600),
+        ("day", 86_400),
+    ]
+    .into_iter()
+    .find(|(_, seconds)| limit.period_ns() == seconds * NANOS_PER_SEC)
+    .map(|(unit, _)| unit)
+    .with_context(|| format!("{limit}: an RLS limit's period is one second, minute, hour or day"))
 }
 
 /// One descriptor per workload key: `user:7` becomes the entry (`user`, `7`).

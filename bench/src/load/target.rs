@@ -1,7 +1,7 @@
 //! The systems behind one interface: floodgate through its client (QUIC) and through Envoy's
-//! rate limit service (gRPC), and two Redis setups through the same pipelining client: the
-//! classic token-bucket Lua script, and redis-cell's native GCRA command. All enforce the same
-//! limit.
+//! rate limit service (gRPC), two Redis setups through the same pipelining client (the classic
+//! token-bucket Lua script, and redis-cell's native GCRA command), and the peers: Gubernator
+//! (gRPC) and envoyproxy/ratelimit (the same RLS calls). All enforce the same count per period.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -61,6 +61,11 @@ pub enum Target {
     /// The node's RLS listener: one `ShouldRateLimit` call per request, one descriptor per key
     /// (all-or-nothing, as the node refunds the others when one is over its limit).
     Rls(super::rls::RlsChannels),
+    /// envoyproxy/ratelimit over Redis, fed the same RLS calls as the node's RLS listener.
+    EnvoyRatelimit(super::rls::RlsChannels),
+    /// A Gubernator cluster: one `GetRateLimits` call per request, one token-bucket request
+    /// per key, the calls spread over every node.
+    Gubernator(super::gubernator::GubernatorChannels),
     /// Nothing behind it: allows every request after one yield to the runtime (the one wake-up
     /// a real answer costs), so a run against it measures the load generator's own CPU.
     Noop,
@@ -274,10 +279,33 @@ impl Target {
         ))
     }
 
+    /// envoyproxy/ratelimit's gRPC listener, over `channels` HTTP/2 connections.
+    pub async fn envoy_ratelimit(
+        addr: std::net::SocketAddr,
+        channels: usize,
+    ) -> anyhow::Result<Self> {
+        Ok(Target::EnvoyRatelimit(
+            super::rls::RlsChannels::connect(addr, channels).await?,
+        ))
+    }
+
+    /// A Gubernator cluster's nodes, `per_node` HTTP/2 connections to each.
+    pub async fn gubernator(
+        nodes: &[std::net::SocketAddr],
+        per_node: usize,
+        limit: Limit,
+    ) -> anyhow::Result<Self> {
+        Ok(Target::Gubernator(
+            super::gubernator::GubernatorChannels::connect(nodes, per_node, limit, 0).await?,
+        ))
+    }
+
     pub fn name(&self) -> &'static str {
         match self {
             Target::Floodgate { .. } => "floodgate",
             Target::Rls(_) => "floodgate+rls",
+            Target::EnvoyRatelimit(_) => "envoy-ratelimit",
+            Target::Gubernator(_) => "gubernator",
             Target::Redis { .. } => "redis+lua",
             Target::RedisCell { .. } => "redis+cell",
             Target::Noop => GENERATOR,
@@ -326,7 +354,8 @@ impl Target {
     /// Checks one request's keys all-or-nothing.
     pub async fn check(&self, keys: &[String]) -> anyhow::Result<Outcome> {
         match self {
-            Target::Rls(channels) => channels.check(keys).await,
+            Target::Rls(channels) | Target::EnvoyRatelimit(channels) => channels.check(keys).await,
+            Target::Gubernator(cluster) => cluster.check(keys).await,
             Target::Noop => {
                 tokio::task::yield_now().await;
                 Ok(Outcome::Allowed)

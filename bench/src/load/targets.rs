@@ -20,14 +20,18 @@ const LATENCY_WORKLOADS: [&str; 4] = [
 const KEEPS_UP: f64 = 0.99;
 
 /// One row: what must hold, what this run measured, and whether it held (`None`: not measured).
-struct Verdict {
+pub(super) struct Verdict {
     target: String,
     figure: String,
     met: Option<bool>,
 }
 
 impl Verdict {
-    fn new(target: impl Into<String>, figure: impl Into<String>, met: Option<bool>) -> Self {
+    pub(super) fn new(
+        target: impl Into<String>,
+        figure: impl Into<String>,
+        met: Option<bool>,
+    ) -> Self {
         Verdict {
             target: target.into(),
             figure: figure.into(),
@@ -35,7 +39,7 @@ impl Verdict {
         }
     }
 
-    fn unmeasured(target: impl Into<String>, why: &str) -> Self {
+    pub(super) fn unmeasured(target: impl Into<String>, why: &str) -> Self {
         Verdict::new(target, why, None)
     }
 }
@@ -178,21 +182,11 @@ pub fn targets_markdown(records: &[Record], side: &[Record]) -> String {
     verdicts.push(node_cpu(records, 0.3));
     verdicts.push(bytes_per_key(records, 64.0));
 
-    let met = verdicts.iter().filter(|v| v.met == Some(true)).count();
-    let judged = verdicts.iter().filter(|v| v.met.is_some()).count();
-    let _ = writeln!(
-        out,
-        "### Targets: {met} of {judged} met in this run (floodgate against {BASELINE})\n"
+    verdict_table(
+        &mut out,
+        &format!("floodgate against {BASELINE}"),
+        &verdicts,
     );
-    let _ = writeln!(out, "| target | this run | met |\n|---|---|---|");
-    for v in &verdicts {
-        let met = match v.met {
-            Some(true) => "yes",
-            Some(false) => "**no**",
-            None => "-",
-        };
-        let _ = writeln!(out, "| {} | {} | {met} |", v.target, v.figure);
-    }
     let _ = writeln!(
         out,
         "\n\"Keeps up\": completed at least {:.0}% of the offered rate without saturating.\n",
@@ -201,11 +195,36 @@ pub fn targets_markdown(records: &[Record], side: &[Record]) -> String {
     out
 }
 
+/// `### Targets: M of N met in this run (against)` and the table of `verdicts`.
+pub(super) fn verdict_table(out: &mut String, against: &str, verdicts: &[Verdict]) {
+    let met = verdicts.iter().filter(|v| v.met == Some(true)).count();
+    let judged = verdicts.iter().filter(|v| v.met.is_some()).count();
+    let _ = writeln!(
+        out,
+        "### Targets: {met} of {judged} met in this run ({against})\n"
+    );
+    let _ = writeln!(out, "| target | this run | met |\n|---|---|---|");
+    for v in verdicts {
+        let met = match v.met {
+            Some(true) => "yes",
+            Some(false) => "**no**",
+            None => "-",
+        };
+        let _ = writeln!(out, "| {} | {} | {met} |", v.target, v.figure);
+    }
+}
+
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
-    fn record(system: &str, workload: &str, rate: u64, achieved: f64, p99_us: u64) -> Record {
+    pub(in crate::load) fn record(
+        system: &str,
+        workload: &str,
+        rate: u64,
+        achieved: f64,
+        p99_us: u64,
+    ) -> Record {
         Record {
             system: system.to_owned(),
             workload: workload.to_owned(),

@@ -106,11 +106,8 @@ pub fn run(args: ShedArgs) -> anyhow::Result<()> {
     for run in 1..=args.runs {
         for &(mode, load, shed) in &phases {
             eprintln!("run {run}/{}: {mode} at {load}x", args.runs);
-            let node = process::start_node_with_args(
-                &node_bin,
-                &data,
-                &["--rules".into(), args.rules.clone().into_os_string()],
-            )?;
+            let rules = ["--rules".to_owned(), args.rules.display().to_string()];
+            let node = process::start_node_with(&node_bin, &data, None, None, &rules)?;
             let gateway = start_gateway(&gateway_bin, &node, &data, shed)?;
             let rate = (CAPACITY_PER_SEC as f64 * load).round() as u64;
             rows.extend(runtime.block_on(phase(
@@ -164,7 +161,7 @@ fn start_gateway(binary: &Path, node: &Server, data: &Path, shed: bool) -> anyho
         .stderr(Stdio::null())
         .spawn()
         .with_context(|| format!("starting {}", binary.display()))?;
-    let server = process::child_server(listen, child);
+    let server = process::Server::new(listen, child);
     // Bounded: 200 tries, 50 ms apart.
     for _ in 0..200 {
         if std::net::TcpStream::connect(listen).is_ok() {
