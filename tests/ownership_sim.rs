@@ -298,3 +298,24 @@ fn a_joined_node_announcing_without_its_received_state_is_caught() {
         }
     });
 }
+
+/// Buckets a hand-off brought to a member whose table gives their slot to a third (views that
+/// differ while nodes join) must go on to that owner: kept where they landed, the owner decides
+/// without them, and the checker finds it. Rare: seed 1363 of the plain runs is one (its
+/// failure before these buckets were sent on).
+#[test]
+fn stranded_hand_off_state_kept_by_its_receiver_is_caught() {
+    let seed = 1363;
+    let config = SimConfig {
+        keep_stranded: true,
+        ..SimConfig::from_seed(seed)
+    };
+    let failure = Sim::new(seed, config)
+        .run()
+        .expect_err("the kept state is caught");
+    assert!(failure.message.contains("blind to"), "{failure}");
+    let passed_on = Sim::new(seed, SimConfig::from_seed(seed))
+        .run()
+        .unwrap_or_else(|f| panic!("{f}"));
+    assert!(passed_on.passed_on_slots > 0, "{passed_on:?}");
+}

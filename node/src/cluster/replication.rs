@@ -6,9 +6,50 @@ use std::collections::HashMap;
 use floodgate::BucketState;
 use floodgate::wire::{FrameKind, HandoffPart, ReplicateMessage, WireBucket, encode_message};
 
+use floodgate::cluster::SlotTable;
+
 use super::Cluster;
 
+/// Of the buckets a hand-off from `from` brought to `me`, those whose slot `table` gives to a
+/// third member, by that owner (none once `me` has left).
+fn stranded<'t>(
+    table: &'t SlotTable,
+    me: &str,
+    from: &str,
+    buckets: &[BucketState],
+) -> HashMap<&'t str, Vec<BucketState>> {
+    let mut by_owner: HashMap<&str, Vec<BucketState>> = HashMap::new();
+    if !table.contains(me) {
+        return by_owner;
+    }
+    for bucket in buckets {
+        if let Some(owner) = table
+            .owner(bucket.key.slot())
+            .filter(|o| *o != me && *o != from)
+        {
+            by_owner.entry(owner).or_default().push(bucket.clone());
+        }
+    }
+    by_owner
+}
+
 impl Cluster {
+    /// Sends on, as replicas to their owner, the buckets a hand-off brought for slots this
+    /// node's table gives to a third member: the sender's view of the cluster was not ours
+    /// (a member that joined through one still joining, or heard of a restart first), and
+    /// kept here alone they would be lost to the owner. Merged there, they can only make its
+    /// decisions stricter. None goes back to `from`: our table naming the sender means ours is
+    /// the one behind, and the switch to come makes them ours. Returns how many were sent on.
+    pub(crate) fn pass_on_stranded(&self, from: &str, buckets: &[BucketState]) -> usize {
+        let table = self.table();
+        let mut sent = 0;
+        for (owner, buckets) in stranded(&table, &self.me.id, from, buckets) {
+            sent += buckets.len();
+            drop(self.send_buckets(owner, None, &buckets));
+        }
+        sent
+    }
+
     /// Sends `buckets` to a node, split into frames; `handoff` is the hand-off's id and the
     /// slots it carries (`None`: replicas).
     pub(super) fn send_buckets(
@@ -169,5 +210,42 @@ mod tests {
             assert!(frame.len() <= 2 * budget, "{} bytes", frame.len());
         }
         assert_eq!(chunk_by_size(&[], budget), vec![&[] as &[BucketState]]);
+    }
+
+    /// A hand-off's buckets for slots the receiver's table gives to a third member go on to
+    /// that owner; none for the receiver's own slots, none back to the sender, none once the
+    /// receiver has left.
+    #[test]
+    fn stranded_buckets_go_to_their_owner_by_the_receivers_table() {
+        let owners = ["a".to_owned(), "b".to_owned(), "c".to_owned()];
+        let table = SlotTable::compute(2, &owners);
+        let buckets: Vec<BucketState> = (0..300u32)
+            .map(|i| BucketState {
+                key: BucketKey::new(b"", &i.to_le_bytes()),
+                value: BucketValue::Gcra {
+                    tat_ns: 1,
+                    margin_ms: 1,
+                },
+            })
+            .collect();
+        let owned_by = |o: &str| {
+            buckets
+                .iter()
+                .filter(|b| table.owner(b.key.slot()) == Some(o))
+                .count()
+        };
+        // "b" received from "a": what "c" owns goes to "c", nothing else anywhere.
+        let passed = stranded(&table, "b", "a", &buckets);
+        assert_eq!(passed.keys().copied().collect::<Vec<_>>(), ["c"]);
+        assert_eq!(passed["c"].len(), owned_by("c"));
+        assert!(owned_by("c") > 0 && owned_by("a") > 0 && owned_by("b") > 0);
+        assert!(
+            passed["c"]
+                .iter()
+                .all(|b| table.owner(b.key.slot()) == Some("c"))
+        );
+        // A receiver the table no longer names passes nothing on.
+        let without_b = SlotTable::compute(3, &owners[..1]);
+        assert!(stranded(&without_b, "b", "a", &buckets).is_empty());
     }
 }

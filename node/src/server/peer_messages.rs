@@ -119,6 +119,11 @@ pub(super) async fn serve_uni_message(
                     let refused = shared.store.merge(&buckets, now_ns);
                     if let Some(part) = &handoff {
                         shared.cluster.handoff_received(&sender_id, part, now_ns);
+                        let passed = shared.cluster.pass_on_stranded(&sender_id, &buckets);
+                        if passed > 0 {
+                            metrics::counter!("floodgate_handoff_buckets_passed_on_total")
+                                .increment(passed as u64);
+                        }
                     }
                     let counter = if handoff.is_some() {
                         &shared.metrics.received_handoff

@@ -38,8 +38,9 @@
 //!    round or so). The window covers every decider but the guessed previous owner (whose
 //!    hand-off arrived), and is marked while the newcomer keeps the slot. Views that differ
 //!    can also send a hand-off to a member whose own table gives the slot to a third: a
-//!    joining member passes what it received on with its announcement, but a joined one keeps
-//!    it, and the owner decides without it.
+//!    joining member passes what it received on with its announcement, a joined one sends it
+//!    on to that owner as replicas (merged, only ever stricter), and the owner may decide
+//!    before they land.
 //! 5. **Split views**: two nodes whose tables do not name each other at all (a partition, or
 //!    each holding the other dead, as after a crash and restart while gossip was lost) each
 //!    decide the slots their own table gives them, until gossip reaches both. The checker

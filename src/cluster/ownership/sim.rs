@@ -31,8 +31,8 @@
 //! decision of the slot made outside a window: each node counts the decisions its buckets
 //! reflect (its own, and what hand-offs brought), so a node deciding from state that misses
 //! some (a takeover from replicas beside a leaver's hand-off, a state handed to a node that
-//! passes nothing on) is caught. Only a crash, a stop for an upgrade, or a hand-off lost or
-//! stranded loses state (the failure model's and window 4's), and the count follows.
+//! passes nothing on) is caught. Only a crash, a stop for an upgrade, or a hand-off (or what a
+//! receiver sends on) that is lost loses state, and the count follows.
 //!
 //! With `rolling_upgrade`, the first nodes start as the build before protocol negotiation
 //! (they speak version 2 alone) and are restarted into this build one after another; gossip
@@ -121,6 +121,9 @@ pub struct SimConfig {
     /// does once the deciding gate is its own: meanwhile checks are placed by the old table
     /// with the membership's new verdicts.
     pub switch_lag_ns: u64,
+    /// A deliberately wrong driver: buckets a hand-off brought for a slot the receiver's
+    /// table gives to a third member stay with the receiver, not sent on.
+    pub keep_stranded: bool,
     /// A deliberately wrong driver: a just-joined node's announcements carry nothing, not
     /// even what a member handed it while it was joining.
     pub joined_hands_nothing: bool,
@@ -175,6 +178,7 @@ impl SimConfig {
             },
             take_over_from_departed: false,
             joined_hands_nothing: false,
+            keep_stranded: false,
         }
         .with_timeouts()
     }
@@ -213,6 +217,11 @@ enum Payload {
         id: u64,
         slot: u16,
         takeover: bool,
+    },
+    /// Buckets a hand-off brought to a node whose table gives their slots to this one, sent
+    /// on as replicas (merged, so `known` only ever rises).
+    PassedOn {
+        known: Vec<(u16, u64)>,
     },
     /// A check forwarded by `from` under its table of `version`.
     Forward {
@@ -391,8 +400,10 @@ pub struct SimReport {
     pub stall_second_deciders: u64,
     /// Pairs of deciders excused by [`Window::OwnerSuspected`].
     pub owner_suspected_pairs: u64,
-    /// Slots whose state a hand-off brought to a node that had given them away (its view
-    /// differed from the sender's): lost to the owner (window 4).
+    /// Slots whose state a hand-off brought to a node whose table gives them to a third
+    /// member (its view differed from the sender's, window 4): sent on to that owner, or, when
+    /// that message was lost or the table names the sender, counted as lost.
+    pub passed_on_slots: u64,
     pub stranded_handoff_slots: u64,
 }
 
@@ -497,6 +508,7 @@ impl Sim {
                 stalls_with_takeovers: 0,
                 stall_second_deciders: 0,
                 owner_suspected_pairs: 0,
+                passed_on_slots: 0,
                 stranded_handoff_slots: 0,
             },
             checked: Vec::new(),
@@ -543,7 +555,7 @@ impl Sim {
             }
         }
         for (_, payload) in self.network.values() {
-            if let Payload::HandoffPart { known, .. } = payload {
+            if let Payload::HandoffPart { known, .. } | Payload::PassedOn { known } = payload {
                 known.iter().for_each(|&(slot, n)| keep(slot, n));
             }
         }
@@ -803,7 +815,7 @@ impl Sim {
             let now = self.now_ns;
             let receiver = self.nodes[index].versions;
             let Some(life) = self.nodes[index].life.as_mut() else {
-                if let Payload::HandoffPart { known, .. } = payload {
+                if let Payload::HandoffPart { known, .. } | Payload::PassedOn { known } = payload {
                     // Sent to a node that is down: the state it carried is lost with it.
                     self.lose(known.into_iter().map(|(slot, _)| slot), None);
                 }
@@ -857,16 +869,23 @@ impl Sim {
                     slots,
                     known,
                 } => {
-                    // The driver merges a part's buckets whether or not the machine counts it.
-                    // Slots this node has given away (its table names another owner: the
-                    // sender's view was not its own, window 4) keep theirs here, where no
-                    // one decides them: that state is lost to their owner.
+                    // The driver merges a part's buckets whether or not the machine counts it,
+                    // and sends on those of slots its table gives to a third member (the
+                    // sender's view was not its own, window 4) to that owner.
+                    let mut passed: BTreeMap<String, Vec<(u16, u64)>> = BTreeMap::new();
                     let mut stranded = Vec::new();
                     for (slot, n) in known {
                         let mine = life.known.entry(slot).or_insert(0);
                         *mine = (*mine).max(n);
-                        if n > 0 && life.ownership.gave_away(slot) {
-                            stranded.push(slot);
+                        match life.ownership.table().owner(slot) {
+                            _ if n == 0 => {}
+                            Some(owner) if owner == to => {}
+                            Some(owner) if owner != from => {
+                                passed.entry(owner.to_owned()).or_default().push((slot, n));
+                            }
+                            // Ours once our table catches up with the sender's; until then
+                            // counted as lost, should it never.
+                            _ => stranded.push(slot),
                         }
                     }
                     let received = ReceivedPart {
@@ -882,9 +901,25 @@ impl Sim {
                             slots.len()
                         ));
                     }
+                    if self.config.keep_stranded {
+                        passed.clear();
+                    }
+                    for (owner, known) in passed {
+                        self.report.passed_on_slots += known.len() as u64;
+                        let slots: Vec<u16> = known.iter().map(|&(slot, _)| slot).collect();
+                        if !self.send(owner, Payload::PassedOn { known }) {
+                            stranded.extend(slots);
+                        }
+                    }
                     if !stranded.is_empty() {
                         self.report.stranded_handoff_slots += stranded.len() as u64;
                         self.lose(stranded.into_iter(), None);
+                    }
+                }
+                Payload::PassedOn { known } => {
+                    for (slot, n) in known {
+                        let mine = life.known.entry(slot).or_insert(0);
+                        *mine = (*mine).max(n);
                     }
                 }
             }
