@@ -174,7 +174,7 @@ impl Cluster {
             // Waits for members newly suspected shorten (those alive again lengthen); waits
             // that ran out end in the machine too (checks already look lazily). Read before
             // the ownership lock: the membership lock is never taken inside it.
-            let suspected = self.not_alive_members();
+            let suspected = self.suspected_members();
             let mut ownership = self.ownership.lock();
             ownership.handle_suspicion(suspected);
             if ownership.poll_timeout().is_some_and(|at| at <= now_ns) {

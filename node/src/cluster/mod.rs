@@ -250,26 +250,16 @@ impl Cluster {
     }
 
     /// Ids of the members the failure detector holds suspect or dead: silent for longer than a
-    /// slow moment. Only those are taken over from (almost always none). A member that
-    /// announced its leave is not among them: it hands its buckets to the new owners, and a
-    /// takeover decided from replicas before that hand-off lands would miss the leaver's last
-    /// decisions (the hand-off's state replaces the replica's).
+    /// slow moment. Only those are taken over from (almost always none), and only their
+    /// hand-offs are waited for briefly. A member that announced its leave is not among them:
+    /// it is handing its buckets to the new owners, so a takeover decided from replicas, or a
+    /// wait cut short, would miss its last decisions (merged, the hand-off's state does not add
+    /// to what was decided without it).
     pub(crate) fn suspected_members(&self) -> Vec<String> {
-        self.members_where(|state| matches!(state, MemberState::Suspect | MemberState::Dead))
-    }
-
-    /// Ids of the members that no longer decide or may be gone: suspected, dead, or departed.
-    /// A gained slot waits only briefly for their hand-off (a leaver switched its table before
-    /// it announced the leave, so no second decider is left to wait out).
-    pub(crate) fn not_alive_members(&self) -> Vec<String> {
-        self.members_where(|state| state != MemberState::Alive)
-    }
-
-    fn members_where(&self, keep: impl Fn(MemberState) -> bool) -> Vec<String> {
         self.membership
             .lock()
             .members()
-            .filter(|(_, state)| keep(*state))
+            .filter(|(_, state)| matches!(state, MemberState::Suspect | MemberState::Dead))
             .map(|(info, _)| info.id.clone())
             .collect()
     }

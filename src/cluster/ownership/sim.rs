@@ -1067,12 +1067,12 @@ impl Sim {
             {
                 life.ownership = switched;
             }
-            // As the node's gossip tick does: the failure detector's verdicts (departed
-            // members too: they no longer decide), then timers.
+            // As the node's gossip tick does: the failure detector's verdicts (a departed
+            // member's hand-off is on its way: waited for as an alive one's), then timers.
             let suspected: Vec<String> = life
                 .membership
                 .members()
-                .filter(|(_, state)| *state != MemberState::Alive)
+                .filter(|(_, state)| matches!(state, MemberState::Suspect | MemberState::Dead))
                 .map(|(info, _)| info.id.clone())
                 .collect();
             life.ownership.handle_suspicion(suspected);
