@@ -378,6 +378,26 @@ pub(super) mod tests {
         )
     }
 
+    /// The membership of a second member, "node-b", once it has joined through `cluster`.
+    fn joined_by_b(cluster: &Cluster, now: u64) -> Membership {
+        let mut b = Membership::new(
+            MemberInfo {
+                id: "node-b".into(),
+                addr: "127.0.0.1:7001".into(),
+                region: "local".into(),
+            },
+            1,
+            vec!["127.0.0.1:7000".into()],
+            floodgate::cluster::MembershipConfig::default(),
+            now,
+            7,
+        );
+        for out in b.poll(now) {
+            drop(cluster.update_table(now, |m| drop(m.handle_gossip(now, &out.gossip))));
+        }
+        b
+    }
+
     /// A member that announced its leave hands its buckets over; until this node's table
     /// stops naming it (the switch comes a moment after the leave is heard of), a takeover
     /// for one of its slots is sent to it, never decided here from replicas that miss its
@@ -388,22 +408,8 @@ pub(super) mod tests {
         use floodgate::cluster::ownership::{Arrival, Placement};
         let a = cluster_alone();
         let now = a.clock.now_ns();
-        let mut b = Membership::new(
-            MemberInfo {
-                id: "node-b".into(),
-                addr: "127.0.0.1:7001".into(),
-                region: "local".into(),
-            },
-            1,
-            vec!["127.0.0.1:7000".into()],
-            MembershipConfig::default(),
-            now,
-            7,
-        );
         // b joins through a; a's table then names both.
-        for out in b.poll(now) {
-            drop(a.update_table(now, |m| drop(m.handle_gossip(now, &out.gossip))));
-        }
+        let mut b = joined_by_b(&a, now);
         let table = a.table();
         assert_eq!(table.nodes().len(), 2, "a knows b: {:?}", table.nodes());
         let slot = (0..floodgate::cluster::SLOTS as u16)
@@ -428,21 +434,7 @@ pub(super) mod tests {
 
         // Silent instead (no leave heard, past the failure detector's timeouts): taken over.
         let c = cluster_alone();
-        let mut b = Membership::new(
-            MemberInfo {
-                id: "node-b".into(),
-                addr: "127.0.0.1:7001".into(),
-                region: "local".into(),
-            },
-            1,
-            vec!["127.0.0.1:7000".into()],
-            MembershipConfig::default(),
-            now,
-            7,
-        );
-        for out in b.poll(now) {
-            drop(c.update_table(now, |m| drop(m.handle_gossip(now, &out.gossip))));
-        }
+        drop(joined_by_b(&c, now));
         let suspect_at = now + MembershipConfig::default().suspect_after_ns + 1;
         drop(c.membership.lock().poll(suspect_at));
         assert_eq!(
