@@ -17,8 +17,10 @@ use std::fmt;
 pub const OLDEST: u8 = 2;
 /// The newest version this build speaks: 3 adds each member's version range to gossip and to
 /// the slot table clients read, and the cluster version to the slot table; 4 adds the settled
-/// point and the receiver's session to the region exchange, and the `try_again` answer.
-pub const NEWEST: u8 = 4;
+/// point and the receiver's session to the region exchange, and the `try_again` answer; 5
+/// changes no layout: a node takes region deltas from a member of its own region (passed on to
+/// the key's owner there).
+pub const NEWEST: u8 = 5;
 /// What this build speaks.
 pub const SUPPORTED: VersionRange = VersionRange {
     min: OLDEST,
@@ -152,6 +154,9 @@ pub enum Feature {
     /// A node forwards a group with `global` checks to its owner as kind 20 (a scoped batch),
     /// where an older cluster answers such a group `not_owner`.
     ForwardedScopes,
+    /// A node passes region deltas for keys another member of its region decides on to that
+    /// member (kind 13 from its own region), where an older member refuses them.
+    RegionPassOn,
 }
 
 impl Feature {
@@ -160,6 +165,7 @@ impl Feature {
         match self {
             Feature::MemberVersions => 3,
             Feature::RegionResync | Feature::TryAgain | Feature::ForwardedScopes => 4,
+            Feature::RegionPassOn => 5,
         }
     }
 
@@ -197,8 +203,9 @@ mod tests {
     #[test]
     fn alpn_ids_go_highest_first_and_version_2_keeps_its_old_id() {
         assert_eq!(
-            range(2, 4).alpn_ids(),
+            range(2, 5).alpn_ids(),
             vec![
+                b"floodgate/v5".to_vec(),
                 b"floodgate/v4".to_vec(),
                 b"floodgate/v3".to_vec(),
                 b"floodgate/1".to_vec()
@@ -264,7 +271,7 @@ mod tests {
     #[test]
     fn ranges_print_as_operators_read_them() {
         assert_eq!(range(2, 3).to_string(), "2-3");
-        assert_eq!(SUPPORTED.to_string(), "2-4");
+        assert_eq!(SUPPORTED.to_string(), "2-5");
         assert_eq!(range(2, 2).to_string(), "2");
     }
 }

@@ -494,13 +494,17 @@ fn every_frame_kind_encodes_to_its_pinned_bytes() {
 }
 
 /// Each later version pins the kinds whose layout it changed; the other kinds are written as in
-/// the version before, byte for byte (so, by induction, a kind no version changed as in 2).
+/// the version before, byte for byte (so, by induction, a kind no version changed as in 2). A
+/// version that changed behaviour only (5) pins nothing.
 #[test]
 fn later_versions_pin_the_kinds_they_changed_and_leave_the_rest_alone() {
     for version in BASE_LAYOUT + 1..=protocol::NEWEST {
         let base = frames(version - 1);
         let changed = changed_in(version);
-        assert!(!changed.is_empty(), "version {version} changed no layout");
+        if changed.is_empty() {
+            assert_eq!(frames(version), base, "version {version} changed no layout");
+            continue;
+        }
         let mut pinned = BTreeMap::new();
         for (name, hex) in frames(version) {
             if changed.iter().any(|kind| format!("{kind:?}") == name) {
@@ -522,6 +526,7 @@ fn every_pinned_frame_of_every_version_decodes() {
     for version in BASE_LAYOUT..=protocol::NEWEST {
         let file = match version {
             2 => "wire_frames.txt".to_owned(),
+            v if changed_in(v).is_empty() => continue,
             v => format!("wire_frames_v{v}.txt"),
         };
         let text = std::fs::read_to_string(golden_path(&file)).unwrap();

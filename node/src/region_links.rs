@@ -5,6 +5,7 @@
 
 use std::sync::Arc;
 
+use floodgate::Clock;
 use floodgate::region::{Outgoing, Peer};
 
 use tokio::sync::watch;
@@ -69,6 +70,7 @@ pub(crate) async fn follow_rings(shared: Arc<Shared>, mut shutdown: watch::Recei
                     tracing::info!(units = lost, "dropped region deltas of owners that left their ring");
                     metrics::counter!("floodgate_region_units_dropped_total").increment(lost);
                 }
+                follow_ownership(&shared);
             }
             _ = ticker.tick() => {
                 shared.region_sync.evict_idle_inboxes();
@@ -76,6 +78,23 @@ pub(crate) async fn follow_rings(shared: Arc<Shared>, mut shutdown: watch::Recei
             }
             _ = shutdown.changed() => return,
         }
+    }
+}
+
+/// This region's table changed: remote units held or passed on follow the keys' new owners.
+fn follow_ownership(shared: &Shared) {
+    let me = shared.region_sync.me();
+    let _deciding = shared.cluster.deciding();
+    let route = shared
+        .cluster
+        .delta_router(me.region.clone(), shared.clock.now_ns());
+    let still_member = |peer: &Peer| shared.cluster.owns_slots(peer);
+    let passed = shared.region_sync.follow_ownership(&route, &still_member);
+    if passed > 0 {
+        tracing::debug!(
+            units = passed,
+            "passed held region units on to their keys' new owners"
+        );
     }
 }
 

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use floodgate::region::{Exchange, ExchangeStats, Outgoing, Peer};
+use floodgate::region::{Exchange, ExchangeStats, Outgoing, Peer, Route};
 use floodgate::wire::{
     ErrorCode, FrameKind, decode_region_ack, decode_region_deltas, encode_region_ack,
     encode_region_deltas,
@@ -165,12 +165,15 @@ impl<C: Clock> RegionSync<C> {
             payload,
             &|node| node == certified_node,
             &|node| (node == certified_node).then(|| region.to_owned()),
+            &|_| Route::Here,
         )
     }
 
     /// As [`RegionSync::receive`], with `certified` saying whether the sender's certificate
-    /// names a node id, and `region_of` the region the membership knows a node in (`None`: not
-    /// a member this node knows).
+    /// names a node id, `region_of` the region the membership knows a node in (`None`: not a
+    /// member this node knows), and `route` where each delta's units go in this region. A
+    /// delta from this node's own region is taken only when `route` may pass units on (it
+    /// was passed on by a member that found this node decides its key).
     pub fn receive_from(
         &self,
         kind: FrameKind,
@@ -178,13 +181,16 @@ impl<C: Clock> RegionSync<C> {
         payload: &[u8],
         certified: &dyn Fn(&str) -> bool,
         region_of: &dyn Fn(&str) -> Option<String>,
+        route: &dyn Fn(BucketKey) -> Route,
     ) -> Result<(), ErrorCode> {
         let now = self.clock.now_ns();
         match kind {
             FrameKind::RegionDeltas => {
                 let batch = decode_region_deltas(layout, payload).map_err(|(code, _)| code)?;
                 self.speaks_as_itself(kind, &batch.from, certified, region_of)?;
-                self.exchange.lock().handle_deltas(now, &batch, &self.store);
+                self.exchange
+                    .lock()
+                    .handle_routed_deltas(now, &batch, &self.store, route);
             }
             FrameKind::RegionAck => {
                 let ack = decode_region_ack(layout, payload).map_err(|(code, _)| code)?;
@@ -279,6 +285,30 @@ impl<C: Clock> RegionSync<C> {
             self.changed();
         }
         lost
+    }
+
+    /// After this region's table changed: passes the backlog of keys another member now
+    /// decides on to it, and routes again what was passed on to members that own nothing any
+    /// more (see [`Exchange::follow_ownership`]). Returns the units passed on.
+    pub fn follow_ownership(
+        &self,
+        route: &dyn Fn(BucketKey) -> Route,
+        still_member: &dyn Fn(&Peer) -> bool,
+    ) -> u64 {
+        let now = self.clock.now_ns();
+        let passed = self
+            .exchange
+            .lock()
+            .follow_ownership(now, &self.store, route, still_member);
+        if passed > 0 {
+            self.changed();
+        }
+        passed
+    }
+
+    /// This node as the exchange names it.
+    pub fn me(&self) -> Peer {
+        self.exchange.lock().me().clone()
     }
 
     /// True when everything this node admitted has been confirmed by every destination.

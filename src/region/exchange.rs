@@ -6,7 +6,9 @@
 //! - [`Exchange::check_global`] decides a check on a global key (its bucket, the admission rule
 //!   of `super::admission`) and queues what it admitted for every other region's owner.
 //! - [`Exchange::handle_deltas`] applies a peer's deltas to the store exactly once and queues an
-//!   acknowledgement; [`Exchange::handle_ack`] confirms what a peer applied.
+//!   acknowledgement; [`Exchange::handle_routed_deltas`] does so where this region's table
+//!   says each key is decided (see [`Route`]); [`Exchange::handle_ack`] confirms what a peer
+//!   applied.
 //! - [`Exchange::poll_transmit`] gives the next message to send (call until `None`);
 //!   [`Exchange::poll_timeout`] says when to call it again if nothing arrives.
 //!
@@ -25,9 +27,10 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use super::admission::share_allows;
 use super::config::ExchangeConfig;
-use super::delta::{DeltaAck, DeltaBatch, Outgoing, Peer, Transmit};
+use super::delta::{Delta, DeltaAck, DeltaBatch, Outgoing, Peer, Transmit};
 use super::inbox::{Arrival, Inbox};
 use super::outbox::Outbox;
+use super::route::Route;
 use crate::store::RemoteUse;
 use crate::{BucketKey, BucketStore, Decision, Limit, StoreError};
 
@@ -58,6 +61,11 @@ pub struct ExchangeStats {
     pub receiver_restarts: u64,
     /// Inboxes of senders idle past `inbox_idle_ns`, forgotten.
     pub evicted_inboxes: u64,
+    /// Units received for keys another node of this region decides, passed on to it.
+    pub passed_on_units: u64,
+    /// Units received for keys whose hand-off this node still waited for, held for the key's
+    /// next check.
+    pub held_units: u64,
 }
 
 /// One destination's side of the exchange, for metrics and status.
@@ -306,6 +314,19 @@ impl Exchange {
             self.stats.refused_messages += 1;
             return;
         }
+        self.handle_routed_deltas(now_ns, batch, store, &|_| Route::Here);
+    }
+
+    /// As [`Exchange::handle_deltas`], each delta going where `route` says: into `store`,
+    /// held until the key's hand-off arrived, or passed on to the node of this region that
+    /// decides the key. Deltas from this node's own region are passed-on ones and are taken.
+    pub fn handle_routed_deltas(
+        &mut self,
+        now_ns: u64,
+        batch: &DeltaBatch,
+        store: &BucketStore,
+        route: &dyn Fn(BucketKey) -> Route,
+    ) {
         if !self.inboxes.contains_key(&batch.from) {
             if self.inboxes.len() >= self.config.max_senders {
                 self.evict_idle_inboxes(now_ns);
@@ -341,14 +362,7 @@ impl Exchange {
                 inbox.applied_units = inbox.applied_units.saturating_add(units);
                 self.stats.applied_messages += 1;
                 for delta in &batch.deltas {
-                    self.apply(
-                        now_ns,
-                        store,
-                        delta.key,
-                        &delta.limit,
-                        delta.units,
-                        delta.at_ns,
-                    );
+                    self.land(now_ns, store, route(delta.key), delta);
                 }
                 self.ack_due.insert(batch.from.clone());
             }
@@ -358,6 +372,104 @@ impl Exchange {
             }
             Arrival::Stale => self.stats.stale_messages += 1,
             Arrival::OutOfWindow => self.stats.refused_messages += 1,
+        }
+    }
+
+    /// Queues `delta` for `owner`, the node of this region that decides its key (this node
+    /// acknowledged it to its sender, so it now owes it to the owner). Applied here when the
+    /// owner's pending table is full: not lost, though the owner will not see it.
+    fn pass_on(&mut self, now_ns: u64, store: &BucketStore, owner: &Peer, delta: &Delta) {
+        let outbox = self
+            .outboxes
+            .entry(owner.clone())
+            .or_insert_with(|| resumed_outbox(&mut self.forgotten_seqs, owner));
+        if outbox.can_hold(delta.key, &self.config) {
+            outbox.record_at(delta.key, &delta.limit, delta.units, delta.at_ns, now_ns);
+            self.stats.passed_on_units = self.stats.passed_on_units.saturating_add(delta.units);
+        } else {
+            let d = *delta;
+            self.apply(now_ns, store, d.key, &d.limit, d.units, d.at_ns);
+        }
+    }
+
+    /// Holds `delta`'s units with its key's backlog (taken into the bucket at the key's next
+    /// check); false when the backlog has no room for another key.
+    fn hold(&mut self, delta: &Delta) -> bool {
+        if self.backlog.len() >= self.config.max_backlog_keys
+            && !self.backlog.contains_key(&delta.key)
+        {
+            return false;
+        }
+        let entry = self.backlog.entry(delta.key).or_insert((delta.limit, 0));
+        entry.0 = delta.limit;
+        entry.1 = entry.1.saturating_add(delta.units);
+        self.stats.held_units = self.stats.held_units.saturating_add(delta.units);
+        true
+    }
+
+    /// After an ownership move in this region: the backlog of every key `route` says another
+    /// node decides is passed on to it, and the outboxes of this region's nodes that
+    /// `still_member` says are gone have their unconfirmed units routed again (some may then
+    /// count twice: a message in flight to a node that stopped may have been applied there,
+    /// which errs toward denying). Returns the units passed on.
+    pub fn follow_ownership(
+        &mut self,
+        now_ns: u64,
+        store: &BucketStore,
+        route: &dyn Fn(BucketKey) -> Route,
+        still_member: &dyn Fn(&Peer) -> bool,
+    ) -> u64 {
+        let gone: Vec<Peer> = self
+            .outboxes
+            .keys()
+            .filter(|p| p.region == self.me.region && !still_member(p))
+            .cloned()
+            .collect();
+        let mut moved: Vec<Delta> = Vec::new();
+        for peer in gone {
+            if let Some(mut outbox) = self.outboxes.remove(&peer) {
+                moved.extend(outbox.take_unconfirmed());
+                self.retransmissions_seen += outbox.retransmissions;
+                self.remember_seq(&peer, outbox.next_seq());
+            }
+        }
+        let backlog_moving: Vec<BucketKey> = self
+            .backlog
+            .keys()
+            .copied()
+            .filter(|&key| matches!(route(key), Route::PassOn(ref p) if *p != self.me))
+            .collect();
+        for key in backlog_moving {
+            if let Some((limit, units)) = self.backlog.remove(&key) {
+                moved.push(Delta {
+                    key,
+                    limit,
+                    units,
+                    at_ns: now_ns,
+                });
+            }
+        }
+        let before = self.stats.passed_on_units;
+        for delta in moved {
+            self.land(now_ns, store, route(delta.key), &delta);
+        }
+        self.stats.passed_on_units.saturating_sub(before)
+    }
+
+    /// Puts `delta`'s units where `route` says: passed on, held, or (also when neither has
+    /// room) into this node's bucket.
+    fn land(&mut self, now_ns: u64, store: &BucketStore, route: Route, delta: &Delta) {
+        match route {
+            Route::PassOn(owner) if owner != self.me => self.pass_on(now_ns, store, &owner, delta),
+            Route::Hold if self.hold(delta) => {}
+            _ => self.apply(
+                now_ns,
+                store,
+                delta.key,
+                &delta.limit,
+                delta.units,
+                delta.at_ns,
+            ),
         }
     }
 
@@ -516,14 +628,20 @@ impl Exchange {
     /// longer owns anything): its unconfirmed units stop holding local admissions back.
     /// Returns the units that were never confirmed.
     pub fn forget_destination(&mut self, dest: &Peer) -> u64 {
-        self.outboxes.remove(dest).map_or(0, |o| {
-            if self.forgotten_seqs.len() >= MAX_FORGOTTEN {
-                self.forgotten_seqs.pop_first();
-            }
-            self.forgotten_seqs.insert(dest.clone(), o.next_seq());
-            self.retransmissions_seen += o.retransmissions;
-            o.total_unconfirmed()
-        })
+        let Some(outbox) = self.outboxes.remove(dest) else {
+            return 0;
+        };
+        self.remember_seq(dest, outbox.next_seq());
+        self.retransmissions_seen += outbox.retransmissions;
+        outbox.total_unconfirmed()
+    }
+
+    /// Where a forgotten destination's numbering stopped (the oldest forgotten first out).
+    fn remember_seq(&mut self, dest: &Peer, next_seq: u64) {
+        if self.forgotten_seqs.len() >= MAX_FORGOTTEN {
+            self.forgotten_seqs.pop_first();
+        }
+        self.forgotten_seqs.insert(dest.clone(), next_seq);
     }
 
     /// Keys with deltas waiting to be sent, and messages awaiting acknowledgement, over every

@@ -15,6 +15,7 @@
 //! - `delta`: the messages ([`DeltaBatch`], [`DeltaAck`]) and [`Peer`].
 //! - `outbox`: per destination, pending deltas, messages in flight, unconfirmed units.
 //! - `inbox`: per sender, exactly-once application by sequence number.
+//! - `route`: [`Route`], where a received delta goes when this region's ownership moved.
 //! - `admission`: the local admission rule for global keys and its bound.
 //! - `exchange`: [`Exchange`], the machine tying them to a [`crate::BucketStore`].
 //! - `home`: [`home_fallback_limit`], a `home` check's local share when its home is away.
@@ -27,6 +28,7 @@ mod exchange;
 mod home;
 mod inbox;
 mod outbox;
+mod route;
 mod scope;
 pub mod sim;
 
@@ -36,4 +38,5 @@ pub use delta::{Delta, DeltaAck, DeltaBatch, MAX_ACK_RANGES, Outgoing, Peer, Tra
 pub use exchange::{DestinationStats, Exchange, ExchangeStats};
 pub use home::home_fallback_limit;
 pub use inbox::DEDUPE_WINDOW;
+pub use route::Route;
 pub use scope::{MAX_REGION_NAME_BYTES, RegionName, RegionNameError, Scope, ScopeError};

@@ -79,6 +79,19 @@ impl Outbox {
 
     /// Queues `units` of `key` admitted at `now_ns` (the caller checked `can_hold`).
     pub(super) fn record(&mut self, key: BucketKey, limit: &Limit, units: u64, now_ns: u64) {
+        self.record_at(key, limit, units, now_ns, now_ns);
+    }
+
+    /// Queues `units` of `key` admitted at `at_ns`, as of `now_ns`: units passed on keep the
+    /// time they were admitted in their own region.
+    pub(super) fn record_at(
+        &mut self,
+        key: BucketKey,
+        limit: &Limit,
+        units: u64,
+        at_ns: u64,
+        now_ns: u64,
+    ) {
         if self.unconfirmed.is_empty() {
             self.progress_ns = now_ns;
         }
@@ -86,10 +99,10 @@ impl Outbox {
             key,
             limit: *limit,
             units: 0,
-            at_ns: now_ns,
+            at_ns,
         });
         delta.units = delta.units.saturating_add(units);
-        delta.at_ns = delta.at_ns.max(now_ns);
+        delta.at_ns = delta.at_ns.max(at_ns);
         delta.limit = *limit;
         let unconfirmed = self.unconfirmed.entry(key).or_insert(0);
         *unconfirmed = unconfirmed.saturating_add(units);
@@ -200,6 +213,17 @@ impl Outbox {
         if self.in_flight.len() < before {
             self.progress_ns = now_ns;
         }
+    }
+
+    /// Every delta not confirmed, pending or in flight (a message in flight may have been
+    /// applied already: its acknowledgement was not seen), emptying the outbox.
+    pub(super) fn take_unconfirmed(&mut self) -> Vec<Delta> {
+        let mut deltas: Vec<Delta> = std::mem::take(&mut self.pending).into_values().collect();
+        for message in self.in_flight.drain(..) {
+            deltas.extend(message.deltas);
+        }
+        self.unconfirmed.clear();
+        deltas
     }
 
     /// Pending deltas go at `now_ns` (or at once, if due already), not at the next interval.

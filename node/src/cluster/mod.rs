@@ -10,6 +10,7 @@
 //! - `table_message`: the slot table and members as clients receive them, encoded once.
 //! - `peers`: connections to other nodes, dialed by id and reused.
 
+mod delta_routes;
 mod lease_replication;
 mod membership;
 mod peers;
@@ -379,7 +380,7 @@ pub(super) mod tests {
     }
 
     /// The membership of a second member, "node-b", once it has joined through `cluster`.
-    fn joined_by_b(cluster: &Cluster, now: u64) -> Membership {
+    pub(crate) fn joined_by_b(cluster: &Cluster, now: u64) -> Membership {
         let mut b = Membership::new(
             MemberInfo {
                 id: "node-b".into(),

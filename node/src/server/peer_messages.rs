@@ -153,12 +153,19 @@ pub(super) async fn serve_uni_message(
                 // the region the membership knows it in.
                 let certified = |node: &str| from.remote.certified_as(&shared, node);
                 let region_of = |node: &str| shared.cluster.region_of(node);
+                // Under the gate: the table the units are routed by stays in force until they
+                // landed, so a table switch's hand-off carries them.
+                let _deciding = shared.cluster.deciding();
+                let route = shared
+                    .cluster
+                    .delta_router(shared.region_sync.me().region, shared.clock.now_ns());
                 match shared.region_sync.receive_from(
                     frame.kind,
                     frame.version,
                     &frame.payload,
                     &certified,
                     &region_of,
+                    &route,
                 ) {
                     Ok(()) => metrics::counter!("floodgate_region_frames_received_total",
                         "kind" => if frame.kind == FrameKind::RegionDeltas { "deltas" } else { "ack" })
