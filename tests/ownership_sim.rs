@@ -184,7 +184,7 @@ fn a_stalled_owner_never_has_a_second_decider() {
     let mut stalls = 0;
     let mut with_takeovers = 0;
     let mut seeds_with_takeovers = 0;
-    let mut totals = (0, 0, 0, 0, 0, 0);
+    let mut totals = (0, 0, 0, 0, 0, 0, 0);
     for seed in 0..STALL_SEEDS {
         let report = Sim::new(seed, stalling(seed))
             .run()
@@ -202,25 +202,35 @@ fn a_stalled_owner_never_has_a_second_decider() {
         totals.3 += report.forwards_unanswered;
         totals.4 += report.unanswered_decided;
         totals.5 += report.try_again;
+        totals.6 += report.try_again_retries;
     }
     eprintln!(
         "{stalls} stalls, {with_takeovers} with an open breaker and takeovers sent (in \
          {seeds_with_takeovers} seeds); takeovers sent {}, decided {}; forwards {}, unanswered {}, \
-         decided unanswered {}; try_again {}",
-        totals.0, totals.1, totals.2, totals.3, totals.4, totals.5
+         decided unanswered {}; try_again {}, sent again {}",
+        totals.0, totals.1, totals.2, totals.3, totals.4, totals.5, totals.6
     );
     assert!(
         seeds_with_takeovers > 0 && totals.0 > 0,
         "no stall opened a breaker and sent takeovers: the test proves nothing"
+    );
+    assert!(
+        totals.6 > 0,
+        "no client sent a call again after try_again: the retry path was not taken"
     );
 }
 
 /// The first seed (of a bounded number) whose run fails with `config`'s deliberately wrong
 /// driver; the failure must be a double decider.
 fn caught(what: &str, config: impl Fn(u64) -> SimConfig) -> u64 {
-    let failure = (0..MUTATION_SEEDS)
+    caught_within(MUTATION_SEEDS, what, config)
+}
+
+/// As [`caught`], over the first `seeds` seeds.
+fn caught_within(seeds: u64, what: &str, config: impl Fn(u64) -> SimConfig) -> u64 {
+    let failure = (0..seeds)
         .find_map(|seed| Sim::new(seed, config(seed)).run().err())
-        .unwrap_or_else(|| panic!("no seed of {MUTATION_SEEDS} caught {what}"));
+        .unwrap_or_else(|| panic!("no seed of {seeds} caught {what}"));
     assert!(failure.message.contains("decided by"), "{failure}");
     eprintln!(
         "{what}: caught at seed {}: {}",
@@ -270,7 +280,9 @@ fn a_slot_decided_while_its_hand_off_is_awaited_is_caught() {
 /// decisions (they come with the hand-off): the checker finds the blind decision.
 #[test]
 fn a_takeover_from_a_departed_owner_is_caught() {
-    caught("a takeover from a departed owner", |seed| SimConfig {
+    // Rarer than the others: a takeover must land between a leave and the table's switch
+    // (seed 59 of this build's runs).
+    caught_within(100, "a takeover from a departed owner", |seed| SimConfig {
         take_over_from_departed: true,
         // Long enough a lag, many leaves and busy clients for a takeover to land in it.
         switch_lag_ns: 100_000_000,
@@ -301,11 +313,11 @@ fn a_joined_node_announcing_without_its_received_state_is_caught() {
 
 /// Buckets a hand-off brought to a member whose table gives their slot to a third (views that
 /// differ while nodes join) must go on to that owner: kept where they landed, the owner decides
-/// without them, and the checker finds it. Rare: seed 1363 of the plain runs is one (its
-/// failure before these buckets were sent on).
+/// without them, and the checker finds it. Rare: seed 892 is one (found by scanning seeds
+/// with the mutation; the same seed passes, with slots passed on, without it).
 #[test]
 fn stranded_hand_off_state_kept_by_its_receiver_is_caught() {
-    let seed = 1363;
+    let seed = 892;
     let config = SimConfig {
         keep_stranded: true,
         ..SimConfig::from_seed(seed)

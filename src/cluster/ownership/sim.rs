@@ -17,7 +17,9 @@
 //! marked as a takeover. A node places each check as the driver does: [`Ownership::place`] with
 //! `suspected` from its own membership; `Decide` and `Takeover` are decisions, `Forward` goes
 //! to the owner over the network and, refused `not_owner` or unanswered within the forward
-//! timeout, is placed again ([`Ownership::place_again`]); `TryAgain` decides nothing. A
+//! timeout, is placed again ([`Ownership::place_again`]); `TryAgain` decides nothing, and the
+//! client sends the call again after a pause that doubles from one tick while its deadline
+//! allows, routed afresh by its view (as the client crate does). A
 //! forwarded check waits (bounded) for the receiver's table to name it unless the sender is
 //! behind, as the driver does.
 //!
@@ -289,8 +291,19 @@ struct SimClient {
     view: Option<Arc<SlotTable>>,
     refresh_at: u64,
     breakers: BTreeMap<String, Breaker>,
-    /// Checks sent and not answered: to which node, until when.
-    pending: BTreeMap<u64, (String, u64)>,
+    /// Checks sent and not answered: to which node, for which call.
+    pending: BTreeMap<u64, (String, Call)>,
+    /// Calls answered `TryAgain`, sent again at the instant given.
+    retries: Vec<(u64, Call)>,
+}
+
+/// One call of a client: its slot, until when it may be answered (every attempt's timeout),
+/// and the pause before it is sent again after a `TryAgain` (doubling, as the client does).
+#[derive(Debug, Clone, Copy)]
+struct Call {
+    slot: u16,
+    deadline_ns: u64,
+    pause_ns: u64,
 }
 
 /// A client's breaker for one node: consecutive timeouts, and until when it is open.
@@ -389,8 +402,9 @@ pub struct SimReport {
     /// Forwards sent, and those whose owner did not answer in time.
     pub forwards: u64,
     pub forwards_unanswered: u64,
-    /// Checks answered `TryAgain` (no decision).
+    /// Checks answered `TryAgain` (no decision), and the attempts clients sent again for them.
     pub try_again: u64,
+    pub try_again_retries: u64,
     /// Stalls, and those during which a client opened its breaker for the stalled node and
     /// sent a takeover for one of its slots.
     pub stalls: u64,
@@ -504,6 +518,7 @@ impl Sim {
                 forwards: 0,
                 forwards_unanswered: 0,
                 try_again: 0,
+                try_again_retries: 0,
                 stalls: 0,
                 stalls_with_takeovers: 0,
                 stall_second_deciders: 0,
@@ -1586,7 +1601,7 @@ impl Sim {
             let expired: Vec<(u64, String)> = self.clients[c]
                 .pending
                 .iter()
-                .filter(|(_, (_, deadline))| *deadline <= now)
+                .filter(|(_, (_, call))| call.deadline_ns <= now)
                 .map(|(&id, (node, _))| (id, node.clone()))
                 .collect();
             for (id, node) in expired {
@@ -1608,17 +1623,38 @@ impl Sim {
                     }
                 }
             }
+            let due: Vec<Call> = self.clients[c]
+                .retries
+                .iter()
+                .filter(|(at, _)| *at <= now)
+                .map(|&(_, call)| call)
+                .collect();
+            self.clients[c].retries.retain(|(at, _)| *at > now);
+            for call in due {
+                self.report.try_again_retries += 1;
+                self.send_call(c, call);
+            }
             if self.rng.chance(self.config.check_per_mille * 1_000) {
                 self.send_check(c);
             }
         }
     }
 
-    /// Client `c` sends a check for a random slot to its owner by its view, or, while its
-    /// breaker for the owner is open, to the slot's successor marked as a takeover.
+    /// Client `c` starts a call for a random slot.
     fn send_check(&mut self, c: usize) {
+        let call = Call {
+            slot: self.rng.range(0, SLOTS as u64 - 1) as u16,
+            deadline_ns: self.now_ns + self.config.client_timeout_ns,
+            pause_ns: self.config.tick_ns,
+        };
+        self.send_call(c, call);
+    }
+
+    /// Client `c` sends `call` to its slot's owner by its view, or, while its breaker for the
+    /// owner is open, to the slot's successor marked as a takeover.
+    fn send_call(&mut self, c: usize, call: Call) {
         let now = self.now_ns;
-        let slot = self.rng.range(0, SLOTS as u64 - 1) as u16;
+        let slot = call.slot;
         let Some(view) = self.clients[c].view.clone() else {
             return;
         };
@@ -1656,8 +1692,7 @@ impl Sim {
                 life.stall_takeover_sent = true;
             }
         }
-        let deadline = now + self.config.client_timeout_ns;
-        self.clients[c].pending.insert(id, (to.clone(), deadline));
+        self.clients[c].pending.insert(id, (to.clone(), call));
         self.send(
             to,
             Payload::Check {
@@ -1670,13 +1705,20 @@ impl Sim {
     }
 
     /// A node answered client `c`'s check: its breaker for that node closes (`TryAgain` is no
-    /// failure). An answer after the timeout counts for nothing.
-    fn client_answered(&mut self, c: usize, id: u64, _answer: Answer) {
+    /// failure, and the call is sent again after its pause if that ends before its deadline).
+    /// An answer after the timeout counts for nothing.
+    fn client_answered(&mut self, c: usize, id: u64, answer: Answer) {
+        let now = self.now_ns;
         let Some(client) = self.clients.get_mut(c) else {
             return;
         };
-        if let Some((node, _)) = client.pending.remove(&id) {
+        if let Some((node, call)) = client.pending.remove(&id) {
             client.breakers.insert(node, Breaker::default());
+            let again_at = now + call.pause_ns;
+            if matches!(answer, Answer::Refused(Refusal::TryAgain)) && again_at < call.deadline_ns {
+                let pause_ns = call.pause_ns.saturating_mul(2);
+                client.retries.push((again_at, Call { pause_ns, ..call }));
+            }
         }
     }
 
