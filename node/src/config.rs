@@ -325,6 +325,10 @@ pub struct RespSettings {
     pub failure_mode: RespFailureMode,
     /// Caps on one command's arguments and bytes.
     pub limits: floodgate::resp::RespLimits,
+    /// Serve over TLS with the node's certificate (`--resp-tls`).
+    pub tls: bool,
+    /// With `tls`: require a client certificate signed by the client CA (`--resp-client-auth`).
+    pub client_auth: bool,
 }
 
 impl std::fmt::Debug for RespSettings {
@@ -335,6 +339,8 @@ impl std::fmt::Debug for RespSettings {
             .field("password", &self.password.as_ref().map(|_| "<set>"))
             .field("failure_mode", &self.failure_mode)
             .field("limits", &self.limits)
+            .field("tls", &self.tls)
+            .field("client_auth", &self.client_auth)
             .finish()
     }
 }
@@ -347,6 +353,8 @@ impl RespSettings {
             password: None,
             failure_mode: RespFailureMode::Closed,
             limits: floodgate::resp::RespLimits::default(),
+            tls: false,
+            client_auth: false,
         }
     }
 }

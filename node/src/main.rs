@@ -188,6 +188,13 @@ struct Flags {
     /// reply) or `open` (allowed).
     #[arg(long, value_enum, default_value_t = RespFailure::Closed)]
     resp_failure_mode: RespFailure,
+    /// Serve --resp-listen over TLS (1.3) with the node's certificate (--cert/--key, or
+    /// --data-dir's); clients connect as to a Redis with TLS (`rediss://`).
+    #[arg(long)]
+    resp_tls: bool,
+    /// With --resp-tls: require a client certificate signed by --client-ca from every caller.
+    #[arg(long)]
+    resp_client_auth: bool,
     /// Log lines as `text` or `json` (one object per line), on stderr; `RUST_LOG` filters them
     /// (default `info`).
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
@@ -469,8 +476,12 @@ fn resp_settings(flags: &Flags) -> anyhow::Result<Option<floodgate_node::RespSet
     let from_env = std::env::var(floodgate_node::resp::PASSWORD_ENV).ok();
     let Some(listen) = flags.resp_listen else {
         anyhow::ensure!(
-            flags.resp_password_file.is_none() && flags.resp_failure_mode == RespFailure::Closed,
-            "--resp-password-file and --resp-failure-mode need --resp-listen ADDR"
+            flags.resp_password_file.is_none()
+                && flags.resp_failure_mode == RespFailure::Closed
+                && !flags.resp_tls
+                && !flags.resp_client_auth,
+            "--resp-password-file, --resp-failure-mode, --resp-tls and --resp-client-auth need \
+             --resp-listen ADDR"
         );
         return Ok(None);
     };
@@ -500,8 +511,14 @@ fn resp_settings(flags: &Flags) -> anyhow::Result<Option<floodgate_node::RespSet
         }
         (None, None) => None,
     };
+    anyhow::ensure!(
+        flags.resp_tls || !flags.resp_client_auth,
+        "--resp-client-auth needs --resp-tls"
+    );
     let mut settings = floodgate_node::RespSettings::on(listen);
     settings.password = password;
+    settings.tls = flags.resp_tls;
+    settings.client_auth = flags.resp_client_auth;
     settings.failure_mode = match flags.resp_failure_mode {
         RespFailure::Closed => floodgate_node::RespFailureMode::Closed,
         RespFailure::Open => floodgate_node::RespFailureMode::Open,

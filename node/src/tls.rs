@@ -83,6 +83,37 @@ pub fn server_config(tls: &TlsConfig, limits: &NodeLimits) -> anyhow::Result<qui
     Ok(config)
 }
 
+/// TLS over TCP for a front that is not QUIC (the Redis protocol): the node's own certificate
+/// and key, TLS 1.3 only; with `client_auth`, a client certificate signed by the client CA is
+/// required (none, or another CA's, fails the handshake and nothing is served).
+pub(crate) fn tcp_server_config(
+    tls: &TlsConfig,
+    client_auth: bool,
+    flag: &str,
+) -> anyhow::Result<rustls::ServerConfig> {
+    let chain = load_certs(&tls.cert)?;
+    let key = load_key(&tls.key)?;
+    let builder = rustls::ServerConfig::builder_with_provider(provider())
+        .with_protocol_versions(&[&rustls::version::TLS13])?;
+    let builder = if client_auth {
+        let Some(client_ca) = &tls.client_ca else {
+            anyhow::bail!("{flag} needs --client-ca PEM");
+        };
+        let verifier =
+            WebPkiClientVerifier::builder_with_provider(Arc::new(roots(client_ca)?), provider())
+                .build()?;
+        builder.with_client_cert_verifier(verifier)
+    } else {
+        builder.with_no_client_auth()
+    };
+    let mut config = builder
+        .with_single_cert(chain, key)
+        .context("the node certificate and key do not match")?;
+    // Replayable early data would replay checks, which consume tokens.
+    config.max_early_data_size = 0;
+    Ok(config)
+}
+
 /// The server certificate resolver, which also looks at what a caller offered before the
 /// handshake picks a version: one that offers none of this node's versions is refused by the
 /// handshake (TLS `no_application_protocol`), and here is where the node says so, with both

@@ -7,7 +7,8 @@
 //!
 //! Ignored by default: it needs redis-server and redis-cli (Debian's `redis-server` and
 //! `redis-tools`) and Go, and downloads the module's crate, redis-py and go-redis.
-//! `make resp-conformance` runs it.
+//! `make resp-conformance` runs it. One test runs with every `cargo test`: redis-py against
+//! floodgate alone over TLS (`--resp-tls`), as an application with `rediss://` would connect.
 //! The same arithmetic is compared without any of them, on every `cargo test`, by the unit
 //! tests of `node/src/resp/throttle.rs` against a port of redis-cell's code.
 
@@ -260,5 +261,61 @@ async fn redis_cli_sees_the_same_replies_from_floodgate_and_redis_cell() {
             "redis-cell {e:?}, floodgate {g:?}\n{expected:#?}\n{got:#?}"
         );
     }
+    node.node.shutdown().await;
+}
+
+/// redis-py over TLS (`ssl=True`, verifying the node's certificate against the CA) to a node
+/// with `--resp-tls`: the handshake and `CL.THROTTLE` as over plain TCP.
+#[tokio::test]
+async fn redis_py_calls_the_front_over_tls() {
+    let imports = |venv: &Path| {
+        Command::new(venv.join("bin/python"))
+            .args(["-c", "import redis"])
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    let python = match python_venv("resp-venv", &["redis==5.2.1"], imports) {
+        Ok(venv) => venv.join("bin/python"),
+        // CI must not pass without having run this: only an explicit opt-out skips it.
+        Err(why) if std::env::var_os("FLOODGATE_SKIP_PYTHON_RESP").is_some() => {
+            println!("skipped: {why} (FLOODGATE_SKIP_PYTHON_RESP is set)");
+            return;
+        }
+        Err(why) => {
+            panic!("redis-py is not available: {why}; set FLOODGATE_SKIP_PYTHON_RESP=1 to skip")
+        }
+    };
+    let node = start_node(|config| {
+        let mut settings = RespSettings::on(([127, 0, 0, 1], 0).into());
+        settings.tls = true;
+        config.resp = Some(settings);
+    })
+    .await;
+    let port = node.node.resp_addr().unwrap().port();
+    let script = format!(
+        "import redis\n\
+         r = redis.Redis(host='127.0.0.1', port={port}, ssl=True, ssl_ca_certs={ca:?}, \
+         ssl_cert_reqs='required', ssl_check_hostname=True, socket_timeout=10)\n\
+         print(r.ping())\n\
+         for _ in range(4):\n    print(r.execute_command('CL.THROTTLE', 'py:tls', 2, 3, 3600)[:3])\n",
+        ca = node.certs.ca.display().to_string(),
+    );
+    let run =
+        tokio::task::spawn_blocking(move || Command::new(python).args(["-c", &script]).output());
+    let output = tokio::time::timeout(Duration::from_secs(60), run)
+        .await
+        .expect("redis-py finishes within a minute")
+        .unwrap()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "redis-py failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert_eq!(
+        stdout.lines().collect::<Vec<_>>(),
+        ["True", "[0, 3, 2]", "[0, 3, 1]", "[0, 3, 0]", "[1, 3, 0]"]
+    );
     node.node.shutdown().await;
 }

@@ -354,3 +354,69 @@ async fn buffered_bytes_count_against_the_node_budget() {
     assert_eq!(reply, "PONG");
     node.node.shutdown().await;
 }
+
+/// `--resp-tls`: the front speaks TLS with the node's certificate, and a plaintext client gets
+/// no reply from it. `--resp-client-auth`: only a caller with a certificate of the client CA
+/// is served.
+#[tokio::test]
+async fn over_tls_the_front_presents_the_node_certificate_and_can_require_a_client_one() {
+    let node = start_node(|c| {
+        with_resp(c);
+        c.resp.as_mut().unwrap().tls = true;
+    })
+    .await;
+    let addr = node.node.resp_addr().unwrap();
+    let mut c = RespClient::connect_tls(addr, &node.certs.ca, None)
+        .await
+        .expect("a TLS handshake");
+    assert_eq!(c.call("PING").await, simple("PONG"));
+    assert_reply(
+        &c.call("CL.THROTTLE tls:1 2 3 3600").await,
+        [0, 3, 2, -1, 1_200],
+    );
+    // A plaintext client gets at most a TLS alert, never a reply, and is closed.
+    let mut plain = RespClient::connect(addr).await;
+    plain.send(&words("PING")).await;
+    let sent = plain.rest().await.expect("the connection is closed");
+    assert!(
+        !sent.starts_with(b"+"),
+        "a plaintext client was served: {sent:?}"
+    );
+    node.node.shutdown().await;
+
+    let dir = tempfile::tempdir().unwrap();
+    let certs = &floodgate_node::ensure_dev_certs(dir.path()).unwrap();
+    let mut config = NodeConfig::for_tests(certs);
+    config.tls.client_ca = Some(certs.client_ca.clone());
+    with_resp(&mut config);
+    let resp = config.resp.as_mut().unwrap();
+    resp.tls = true;
+    resp.client_auth = true;
+    let node = floodgate_node::Node::start(config).await.unwrap();
+    let addr = node.resp_addr().unwrap();
+    let mut c = RespClient::connect_tls(
+        addr,
+        &certs.ca,
+        Some((&certs.client_cert, &certs.client_key)),
+    )
+    .await
+    .expect("a client certificate is accepted");
+    assert_eq!(c.call("PING").await, simple("PONG"));
+    for identity in [None, Some((&certs.node_cert, &certs.node_key))] {
+        let identity = identity.map(|(c, k)| (c.as_path(), k.as_path()));
+        let refused = match RespClient::connect_tls(addr, &certs.ca, identity).await {
+            Err(_) => true,
+            // TLS 1.3: the server's refusal of the certificate arrives after the client's
+            // handshake completed, so it shows as a closed connection.
+            Ok(mut c) => {
+                c.send(&words("PING")).await;
+                c.closed().await
+            }
+        };
+        assert!(
+            refused,
+            "served without a client certificate of the client CA"
+        );
+    }
+    node.shutdown().await;
+}

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use floodgate::resp::{Parsed, Reply, parse_command};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::watch;
 
@@ -23,15 +23,14 @@ pub(crate) fn refuse(stream: TcpStream) {
     let _ = stream.try_write(b"-ERR max number of clients reached\r\n");
 }
 
-/// Serves one connection until the client closes it, `QUIT`, a protocol error, the budget
-/// refusing its bytes, or the node shutting down.
-pub(crate) async fn serve(
+/// Serves one connection (plain TCP or TLS) until the client closes it, `QUIT`, a protocol
+/// error, the budget refusing its bytes, or the node shutting down.
+pub(crate) async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
     front: &Front,
-    mut stream: TcpStream,
+    mut stream: S,
     id: u64,
     mut shutdown: watch::Receiver<bool>,
 ) {
-    let _ = stream.set_nodelay(true);
     let limits = front.settings.limits;
     let mut session = Session::new(id, front);
     let mut reservation = front.shared.budget.reservation();

@@ -1,4 +1,6 @@
-//! The Redis protocol front: `--resp-listen` serves RESP2 (RESP3 after `HELLO 3`) over TCP, with pipelining, `CL.THROTTLE` decided through the cluster like any check.
+//! The Redis protocol front: `--resp-listen` serves RESP2 (RESP3 after `HELLO 3`) over TCP, or
+//! TLS with the node's certificate (`--resp-tls`, optionally requiring client certificates),
+//! with pipelining, `CL.THROTTLE` decided through the cluster like any check.
 //!
 //! Any Redis client calls floodgate with redis-cell's command, unchanged: each key is decided by
 //! its owner (forwarded, batched, when another node owns it), with redis-cell 0.2.2's reply.
@@ -46,6 +48,21 @@ pub(crate) async fn start(
     shutdown: watch::Receiver<bool>,
     tasks: &mut JoinSet<()>,
 ) -> anyhow::Result<SocketAddr> {
+    anyhow::ensure!(
+        settings.tls || !settings.client_auth,
+        "--resp-client-auth needs --resp-tls"
+    );
+    let tls = if settings.tls {
+        let config = crate::tls::tcp_server_config(
+            &shared.config.tls,
+            settings.client_auth,
+            "--resp-client-auth",
+        )
+        .context("the RESP front's TLS")?;
+        Some(tokio_rustls::TlsAcceptor::from(Arc::new(config)))
+    } else {
+        None
+    };
     let listener = tokio::net::TcpListener::bind(settings.listen)
         .await
         .with_context(|| format!("binding the RESP listener on {}", settings.listen))?;
@@ -53,18 +70,24 @@ pub(crate) async fn start(
     tracing::info!(
         %addr,
         auth = settings.password.is_some(),
+        tls = settings.tls,
+        client_auth = settings.client_auth,
         failure_mode = ?settings.failure_mode,
         "RESP (Redis protocol, CL.THROTTLE) listening"
     );
     // The same allowance as the QUIC endpoint's clients, counted apart.
     let allowance = Arc::new(Semaphore::new(shared.config.limits.max_connections));
     let front = Arc::new(Front { shared, settings });
-    tasks.spawn(accept_loop(listener, front, allowance, shutdown));
+    tasks.spawn(accept_loop(listener, tls, front, allowance, shutdown));
     Ok(addr)
 }
 
+/// How long a TLS handshake may take: a caller that stalls it holds a place of the allowance.
+const HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
 async fn accept_loop(
     listener: tokio::net::TcpListener,
+    tls: Option<tokio_rustls::TlsAcceptor>,
     front: Arc<Front>,
     allowance: Arc<Semaphore>,
     mut shutdown: watch::Receiver<bool>,
@@ -90,15 +113,40 @@ async fn accept_loop(
             Ok(permit) => {
                 let front = front.clone();
                 let shutdown = shutdown.clone();
+                let tls = tls.clone();
                 connections.spawn(async move {
-                    connection::serve(&front, stream, id, shutdown).await;
+                    let _ = stream.set_nodelay(true);
+                    match tls {
+                        None => connection::serve(&front, stream, id, shutdown).await,
+                        Some(tls) => {
+                            match tokio::time::timeout(HANDSHAKE_TIMEOUT, tls.accept(stream)).await
+                            {
+                                Ok(Ok(stream)) => {
+                                    connection::serve(&front, stream, id, shutdown).await;
+                                }
+                                Ok(Err(e)) => {
+                                    metrics::counter!("floodgate_resp_tls_handshakes_failed_total")
+                                        .increment(1);
+                                    tracing::debug!(%peer, error = %e, "RESP TLS handshake failed");
+                                }
+                                Err(_) => {
+                                    metrics::counter!("floodgate_resp_tls_handshakes_failed_total")
+                                        .increment(1);
+                                    tracing::debug!(%peer, "RESP TLS handshake timed out");
+                                }
+                            }
+                        }
+                    }
                     drop(permit);
                 });
             }
-            // As Redis does past `maxclients`: say so and close.
+            // As Redis does past `maxclients`: say so and close (in plain text only: a TLS
+            // caller would read it as garbage, so it is just closed).
             Err(_) => {
                 tracing::debug!(%peer, "RESP connection refused: the allowance is full");
-                connection::refuse(stream);
+                if tls.is_none() {
+                    connection::refuse(stream);
+                }
             }
         }
     }

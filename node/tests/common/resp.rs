@@ -4,8 +4,12 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
+
+/// A connection to the front: plain TCP or TLS.
+pub trait Connection: AsyncRead + AsyncWrite + Unpin + Send {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send> Connection for T {}
 
 /// Longest a test waits for one reply.
 const REPLY_TIMEOUT: Duration = Duration::from_secs(10);
@@ -41,7 +45,7 @@ impl Value {
 }
 
 pub struct RespClient {
-    stream: BufReader<TcpStream>,
+    stream: BufReader<Box<dyn Connection>>,
 }
 
 /// The bytes of one command as a multibulk array.
@@ -65,8 +69,48 @@ impl RespClient {
     pub async fn connect(addr: SocketAddr) -> Self {
         let stream = TcpStream::connect(addr).await.unwrap();
         RespClient {
-            stream: BufReader::new(stream),
+            stream: BufReader::new(Box::new(stream)),
         }
+    }
+
+    /// Over TLS, trusting the PEM CA `ca` and presenting `identity` (certificate and key PEM
+    /// files) if given; the handshake's error when it fails.
+    pub async fn connect_tls(
+        addr: SocketAddr,
+        ca: &std::path::Path,
+        identity: Option<(&std::path::Path, &std::path::Path)>,
+    ) -> std::io::Result<Self> {
+        use rustls::pki_types::pem::PemObject;
+        use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+        let mut roots = rustls::RootCertStore::empty();
+        for cert in CertificateDer::pem_file_iter(ca).unwrap() {
+            roots.add(cert.unwrap()).unwrap();
+        }
+        let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+        let builder = rustls::ClientConfig::builder_with_provider(provider)
+            .with_protocol_versions(&[&rustls::version::TLS13])
+            .unwrap()
+            .with_root_certificates(roots);
+        let config = match identity {
+            Some((cert, key)) => {
+                let chain = CertificateDer::pem_file_iter(cert)
+                    .unwrap()
+                    .map(Result::unwrap)
+                    .collect();
+                let key = PrivateKeyDer::from_pem_file(key).unwrap();
+                builder.with_client_auth_cert(chain, key).unwrap()
+            }
+            None => builder.with_no_client_auth(),
+        };
+        let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config));
+        let tcp = TcpStream::connect(addr).await?;
+        let name = ServerName::try_from("localhost").unwrap();
+        let stream = tokio::time::timeout(REPLY_TIMEOUT, connector.connect(name, tcp))
+            .await
+            .map_err(|_| std::io::Error::from(std::io::ErrorKind::TimedOut))??;
+        Ok(RespClient {
+            stream: BufReader::new(Box::new(stream)),
+        })
     }
 
     pub async fn send(&mut self, bytes: &[u8]) {
@@ -93,6 +137,16 @@ impl RespClient {
             tokio::time::timeout(REPLY_TIMEOUT, self.stream.read(&mut byte)).await,
             Ok(Ok(0) | Err(_))
         )
+    }
+
+    /// Everything the server sends until it closes the connection (bounded in time: `None`
+    /// when it is still open after the reply timeout).
+    pub async fn rest(&mut self) -> Option<Vec<u8>> {
+        let mut bytes = Vec::new();
+        tokio::time::timeout(REPLY_TIMEOUT, self.stream.read_to_end(&mut bytes))
+            .await
+            .ok()
+            .map(|_| bytes)
     }
 
     async fn line(&mut self) -> std::io::Result<String> {
