@@ -1,5 +1,5 @@
 //! The scenarios: what each does to the cluster, and the over-admission bound it is held to,
-//! derived from the documented failure model (docs/CLUSTER.md, README).
+//! derived from the documented failure model (docs/CLUSTER.md, docs/LEASES.md).
 
 use std::time::Duration;
 

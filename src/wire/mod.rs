@@ -12,7 +12,7 @@
 //! 16      n     payload: an rkyv archive, validated before any field is read
 //! ```
 //!
-//! See PROTOCOL.md for the messages, error codes and what a receiver does with bad input.
+//! See docs/PROTOCOL.md for the messages, error codes and what a receiver does with bad input.
 
 mod check_batch;
 mod cluster_messages;
