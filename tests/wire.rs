@@ -1,5 +1,5 @@
 //! The wire protocol refuses hostile bytes with the documented code and never panics
-//! (limits on everything from outside; PROTOCOL.md).
+//! (limits on everything from outside; docs/PROTOCOL.md).
 
 use floodgate::wire::{
     CheckBatch, DecisionBatch, ErrorCode, FrameKind, FrameReader, HEADER_BYTES, PackedBatch,

@@ -1,5 +1,5 @@
 //! The scenarios: what each does to the cluster, and the over-admission bound it is held to,
-//! derived from the documented failure model (docs/CLUSTER.md, README).
+//! derived from the documented failure model (docs/CLUSTER.md, docs/LEASES.md).
 
 use std::time::Duration;
 
@@ -98,12 +98,12 @@ pub enum Plan {
     RegionRestart,
 }
 
-/// Which endpoints a regional fault splits. Today regions are labels on one shared ring, so a
-/// region cut off splits the ring; when regions get their own rings, a regional scenario's
-/// scope and bound change here, not in its timeline.
+/// Which endpoints a regional fault splits. Each region has its own ring, so a region cut off
+/// moves no region-scoped key; only global keys cross the cut. The variant's name is older
+/// than per-region rings: the split is region 0 against the rest (`timeline::region_sides`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RegionScope {
-    /// One ring for every region (today).
+    /// Region 0's nodes and gateways against the rest (with one region: half against half).
     SharedRing,
 }
 

@@ -81,7 +81,7 @@ impl Default for BackoffConfig {
 }
 
 /// Token leases for hot keys: a key checked at this gateway above `hot_above_per_sec` is
-/// decided here against tokens leased from its owner (see the README, "Hot keys: token
+/// decided here against tokens leased from its owner (see docs/LEASES.md, "Hot keys: token
 /// leases"). Off by default: every check then goes to its owner, except those of a rule with
 /// `lease_above` (which uses its own threshold and these other settings).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -119,7 +119,7 @@ pub struct ClientConfig {
     pub client_auth: Option<ClientAuth>,
     /// Name the seed nodes' certificates (the nodes given to `connect`) must carry: a DNS name
     /// or an IP address. `None`: each seed's host as given (its DNS name, or its IP address). Members discovered from
-    /// the slot table are always verified by their node id (see PROTOCOL.md, Trust).
+    /// the slot table are always verified by their node id (see docs/PROTOCOL.md, Trust).
     pub server_name: Option<String>,
     /// Longest a `check` call waits for a node before its failure mode decides.
     pub timeout: Duration,

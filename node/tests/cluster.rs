@@ -1,6 +1,6 @@
 //! Nodes form a cluster: membership converges, checks for another node's slots are forwarded
 //! once and decided exactly, owners replicate to successors so a crash loses at most one sync
-//! interval, and a graceful leave or a join hands buckets over (ARCHITECTURE.md, the failure
+//! interval, and a graceful leave or a join hands buckets over (docs/CLUSTER.md, the failure
 //! model: loss bounds instead of consensus). Waits are on slot-table changes, bounded by timeouts.
 
 mod common;

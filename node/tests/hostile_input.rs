@@ -1,5 +1,5 @@
 //! Hostile input gets an error frame or a closed stream with its documented code, never a panic,
-//! and never disturbs another client (PROTOCOL.md error
+//! and never disturbs another client (docs/PROTOCOL.md error
 //! codes).
 
 mod common;

@@ -12,7 +12,7 @@
 //! 16      n     payload: an rkyv archive, validated before any field is read
 //! ```
 //!
-//! See PROTOCOL.md for the messages, error codes and what a receiver does with bad input.
+//! See docs/PROTOCOL.md for the messages, error codes and what a receiver does with bad input.
 
 mod check_batch;
 mod cluster_messages;
@@ -261,14 +261,16 @@ pub enum ErrorCode {
     Truncated = 11,
     /// Too many connections or streams. Connection refused or closed.
     Overloaded = 12,
-    /// Node to node only: a forwarded check for a slot this node has handed to another owner,
-    /// sent after this node left, or sent under a table this node had before (the sender is
-    /// behind). Nothing was decided; the forwarder places the check again once its slot table
-    /// has caught up.
+    /// Nothing was decided: this node will not decide it. To a forwarder: a forwarded check for
+    /// a slot this node has handed to another owner, sent after this node left, or sent under a
+    /// table this node had before (the sender is behind); the forwarder places the check again
+    /// once its slot table has caught up. To a client: a group of a kind 12 batch this node
+    /// does not own, a `home` check whose home region did not answer, or a lease (kind 15) or
+    /// token lease (kind 18) request for a slot this node does not decide.
     NotOwner = 13,
     /// A frame kind only peers may send ([`FrameKind::peer_only`]: gossip, replicate, forwarded
-    /// checks, id conflicts) from a connection without a peer certificate. Nothing decoded;
-    /// connection closed.
+    /// checks, id conflicts, region deltas and acks, lease syncs) from a connection without a
+    /// peer certificate. Nothing decoded; connection closed.
     Forbidden = 14,
     /// Per check, from version 4: nobody could decide this check at once without risking a
     /// second decider (its slot's state is on its way from the previous owner, or its owner is

@@ -214,7 +214,8 @@ impl Cluster {
     }
 
     /// Waits until none of `slots` awaits a hand-off, or until `give_up_ns` (on the node's
-    /// clock) if that comes first. A wait that runs out ends in the machine too.
+    /// clock) if that comes first. A wait that reaches the machine's own deadline ends in the
+    /// machine too; one cut short by `give_up_ns` leaves it to the next gossip round.
     pub(crate) async fn wait_for_handoffs(
         &self,
         slots: impl Iterator<Item = u16> + Clone,

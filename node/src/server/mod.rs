@@ -262,7 +262,8 @@ impl Node {
     }
 
     /// Why the node is not ready (what `/readyz` answers 503 with), or `None` when it serves
-    /// with the cluster: not while shutting down, refused, or (with seeds) not joined yet.
+    /// with the cluster: not while shutting down, refused, or (with seeds and without
+    /// `--allow-alone`) not joined yet.
     pub fn not_ready_reason(&self) -> Option<String> {
         not_ready_reason(&self.shared)
     }

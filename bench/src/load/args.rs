@@ -1,0 +1,275 @@
+//! The flags of `floodgate-bench load`, and the duration and rate syntax they take.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use floodgate::NANOS_PER_SEC;
+
+use super::gateway::GatewayShape;
+use super::workload::{KeySpread, Workload};
+use super::{default_redis_cell_module, peers, process};
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct LoadArgs {
+    /// How long each closed-loop run and each open-loop step lasts (e.g. 500ms, 4s; at most
+    /// 10min).
+    #[arg(long, default_value = "4s", value_parser = parse_duration)]
+    pub duration: Duration,
+    /// Open-loop arrival rates, in increasing order (e.g. 10000/s, 600000/min; at least 1/s);
+    /// repeat the flag or separate with commas. A system stops climbing once it saturates.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        value_parser = parse_rate_per_second,
+        default_value = "10000/s,50000/s,100000/s,200000/s,400000/s,800000/s"
+    )]
+    pub rates: Vec<u64>,
+    /// Concurrent callers in the closed loop.
+    #[arg(long, default_value_t = 512)]
+    pub callers: usize,
+    /// Size of the key space (and keys loaded for the memory measurement).
+    #[arg(long, default_value_t = 1_000_000)]
+    pub keys: u64,
+    /// Key spreads to run, each with 1 check per request (repeat the flag or separate with
+    /// commas); `--three-checks` adds uniform/3-check. `hot-leased` runs only on floodgate: one
+    /// key through a client with token leases on.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "uniform,zipf,hot,hot-leased"
+    )]
+    pub spreads: Vec<KeySpread>,
+    /// Also run requests of 3 checks (user + IP + API key) over the uniform spread.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub three_checks: bool,
+    /// Skip both Redis baselines.
+    #[arg(long)]
+    pub no_redis: bool,
+    /// Skip `floodgate+rls` (a node started with `--rls-config`, driven through Envoy's RLS v3
+    /// gRPC API); it is also skipped with `--seeds`.
+    #[arg(long)]
+    pub no_rls: bool,
+    /// Skip the peers (Gubernator and envoyproxy/ratelimit).
+    #[arg(long)]
+    pub no_peers: bool,
+    /// Keys loaded into each peer to measure its bytes per key (at most `--keys`): the peers
+    /// take a few thousand checks a second here, so a million would take minutes.
+    #[arg(long, default_value_t = 100_000)]
+    pub peer_keys: u64,
+    /// The gubernator binary (default: target/gubernator/bin/, where `bench/go-peer.sh
+    /// gubernator` installs it); when missing, that peer is skipped.
+    #[arg(long)]
+    pub gubernator_bin: Option<PathBuf>,
+    /// envoyproxy/ratelimit's binary (default: target/envoy-ratelimit/bin/service_cmd, where
+    /// `bench/go-peer.sh envoy-ratelimit` installs it); when missing, that peer is skipped. It
+    /// runs only where `floodgate+rls` does, which it is compared with.
+    #[arg(long)]
+    pub envoy_ratelimit_bin: Option<PathBuf>,
+    /// HTTP/2 channels to the RLS listener per gateway thread; its calls are spread over them.
+    #[arg(long, default_value_t = 4)]
+    pub rls_channels: usize,
+    /// The redis-cell module for the `redis+cell` baseline (default: target/redis-cell/, where
+    /// `bench/redis-cell.sh` builds it); when missing, that baseline is skipped.
+    #[arg(long)]
+    pub redis_cell: Option<PathBuf>,
+    /// Multiplexed (pipelining) Redis connections per gateway thread; its calls are spread over
+    /// them. One measured best here (bench/RESULTS.md: of 1-16 in one shared runtime, of 1 and
+    /// 2 per thread): redis-server is one thread, and few pipelined connections hand it the
+    /// largest batches.
+    #[arg(long, default_value_t = 1)]
+    pub redis_connections: usize,
+    /// The floodgate-node binary to start (default: beside this binary).
+    #[arg(long)]
+    pub node_bin: Option<PathBuf>,
+    /// Measure a running cluster instead of starting a node: the nodes to start from, HOST:PORT
+    /// with an IP address or a DNS name (repeat the flag or separate with commas; the first is
+    /// used). Server CPU and memory are then not measured.
+    #[arg(long, value_delimiter = ',', requires = "ca")]
+    pub seeds: Vec<floodgate_client::HostPort>,
+    /// CA certificate of the `--seeds`.
+    #[arg(long)]
+    pub ca: Option<PathBuf>,
+    /// Runtime threads of the node started (default: its own, half the cores).
+    #[arg(long)]
+    pub node_threads: Option<usize>,
+    /// Threads of the gateway this process plays, which run the load generator and every
+    /// system's clients (default: one per core).
+    #[arg(long)]
+    pub client_threads: Option<usize>,
+    /// How the gateway runs: `thread-per-core` (a runtime and clients of its own per thread,
+    /// like Envoy's workers) or `multi-thread` (one work-stealing runtime, one shared client
+    /// per system). Every system is driven through the same shape.
+    #[arg(long, value_enum, default_value = "thread-per-core")]
+    pub gateway: GatewayShape,
+    /// Where report.json and latency.svg go.
+    #[arg(long, default_value = "target/bench")]
+    pub out: PathBuf,
+    /// Run only the side-by-side step (every system at the first rate, in turns of 50 ms):
+    /// the quick way to compare tails at low load, repeated, on a noisy machine.
+    #[arg(long)]
+    pub only_side_by_side: bool,
+    /// No progress bar (for logs and CI).
+    #[arg(long)]
+    pub quiet: bool,
+}
+
+impl LoadArgs {
+    /// The floodgate-node binary to start.
+    pub(super) fn node_binary(&self) -> PathBuf {
+        self.node_bin
+            .clone()
+            .unwrap_or_else(process::default_node_binary)
+    }
+
+    /// Whether `floodgate+rls` runs: not with `--no-rls`, nor against a running cluster.
+    pub(super) fn with_rls(&self) -> bool {
+        !self.no_rls && self.seeds.is_empty()
+    }
+
+    /// Whether the peers run: not with `--no-peers`, nor against a running cluster.
+    pub(super) fn with_peers(&self) -> bool {
+        !self.no_peers && self.seeds.is_empty()
+    }
+
+    pub(super) fn gubernator_binary(&self) -> PathBuf {
+        self.gubernator_bin
+            .clone()
+            .unwrap_or_else(|| peers::default_binary("gubernator", "gubernator"))
+    }
+
+    pub(super) fn envoy_ratelimit_binary(&self) -> PathBuf {
+        self.envoy_ratelimit_bin
+            .clone()
+            .unwrap_or_else(|| peers::default_binary("envoy-ratelimit", "service_cmd"))
+    }
+
+    /// The redis-cell module for the `redis+cell` baseline.
+    pub(super) fn redis_cell_module(&self) -> PathBuf {
+        self.redis_cell
+            .clone()
+            .unwrap_or_else(default_redis_cell_module)
+    }
+
+    pub(super) fn workloads(&self) -> Vec<Workload> {
+        let mut list: Vec<Workload> = self
+            .spreads
+            .iter()
+            .map(|&spread| Workload {
+                spread,
+                checks_per_request: 1,
+            })
+            .collect();
+        if self.three_checks {
+            list.push(Workload {
+                spread: KeySpread::Uniform,
+                checks_per_request: 3,
+            });
+        }
+        list
+    }
+}
+
+/// Longest `--duration`: every loop of a run stays bounded in time.
+pub(super) const MAX_STEP: Duration = Duration::from_secs(600);
+
+/// `--duration`: the core's duration syntax (`500ms`, `4s`, `1.5min`); a bare number is refused.
+pub(crate) fn parse_duration(text: &str) -> Result<Duration, String> {
+    floodgate::parse_duration_ns(text)
+        .map(Duration::from_nanos)
+        .map_err(|e| e.to_string())
+}
+
+/// `--rates`: the core's rate syntax (`10000/s`, `5/10s`), as whole requests per second.
+pub fn parse_rate_per_second(text: &str) -> Result<u64, String> {
+    let (count, period_ns) = floodgate::parse_rate(text).map_err(|e| e.to_string())?;
+    let per_second = u128::from(count) * u128::from(NANOS_PER_SEC) / u128::from(period_ns.max(1));
+    match u64::try_from(per_second) {
+        Ok(rate) if rate >= 1 => Ok(rate),
+        _ => Err(format!(
+            "`{text}`: an arrival rate must be between 1/s and {}/s",
+            u64::MAX
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(Debug, Parser)]
+    struct Cli {
+        #[command(flatten)]
+        load: LoadArgs,
+    }
+
+    fn parse(args: &[&str]) -> Result<LoadArgs, clap::Error> {
+        Cli::try_parse_from(["load"].iter().chain(args)).map(|c| c.load)
+    }
+
+    #[test]
+    fn durations_and_rates_use_the_core_syntax() {
+        let args = parse(&["--duration", "500ms", "--rates", "10/s,600/min,50/10s"]).unwrap();
+        assert_eq!(args.duration, Duration::from_millis(500));
+        assert_eq!(args.rates, [10, 10, 5]);
+        let defaults = parse(&[]).unwrap();
+        assert_eq!(defaults.duration, Duration::from_secs(4));
+        assert_eq!(defaults.rates[0], 10_000);
+    }
+
+    #[test]
+    fn bare_numbers_and_rates_under_one_per_second_are_refused() {
+        for bad in [
+            &["--duration", "4"][..],
+            &["--seconds", "4"],
+            &["--rates", "500"],
+            &["--rates", "1/min"],
+        ] {
+            assert!(parse(bad).is_err(), "{bad:?} parsed");
+        }
+        let err = parse(&["--rates", "1/min"]).unwrap_err().to_string();
+        assert!(err.contains("between 1/s"), "{err}");
+    }
+
+    #[test]
+    fn list_flags_take_repeated_or_comma_separated_values_alike() {
+        let ca = ["--ca", "ca.pem"];
+        let joined =
+            parse(&[&ca[..], &["--seeds", "127.0.0.1:7100,127.0.0.1:7101"]].concat()).unwrap();
+        let repeated = parse(
+            &[
+                &ca[..],
+                &["--seeds", "127.0.0.1:7100", "--seeds", "127.0.0.1:7101"],
+            ]
+            .concat(),
+        )
+        .unwrap();
+        assert_eq!(joined.seeds, repeated.seeds);
+        assert_eq!(joined.seeds.len(), 2);
+        let rates = parse(&["--rates", "1/s", "--rates", "2/s,3/s"]).unwrap();
+        assert_eq!(rates.rates, [1, 2, 3]);
+        let spreads = parse(&["--spreads", "uniform", "--spreads", "zipf,hot"]).unwrap();
+        assert_eq!(spreads.spreads.len(), 3);
+        let defaults = parse(&[]).unwrap();
+        assert!(defaults.spreads.contains(&KeySpread::HotLeased));
+        // The old name is gone.
+        assert!(parse(&[&ca[..], &["--nodes", "127.0.0.1:7100"]].concat()).is_err());
+    }
+
+    #[test]
+    fn seeds_may_be_host_names_and_need_a_port() {
+        let ca = ["--ca", "ca.pem"];
+        let named =
+            parse(&[&ca[..], &["--seeds", "localhost:7100,fg-1.fg:7100"]].concat()).unwrap();
+        let seeds: Vec<String> = named.seeds.iter().map(ToString::to_string).collect();
+        assert_eq!(seeds, ["localhost:7100", "fg-1.fg:7100"]);
+        let err = parse(&[&ca[..], &["--seeds", "localhost"]].concat())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("--seeds") && err.contains("has no port"),
+            "{err}"
+        );
+    }
+}

@@ -1,0 +1,248 @@
+//! One system measured: its key space loaded (resident bytes per key), then each workload's
+//! closed loop and open-loop steps, with server and client CPU; the generator alone first.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use indicatif::ProgressBar;
+
+use super::systems::bench_limit;
+use super::{Gateway, KeySpread, LoadArgs, Record, Server, Targets, Workload};
+use super::{driver, process, report, workload};
+
+/// The peers' system names: their memory is measured on `--peer-keys` keys.
+const PEERS: [&str; 2] = ["gubernator", "envoy-ratelimit"];
+
+pub(super) async fn run_system(
+    args: &LoadArgs,
+    server: Option<&Server>,
+    target: Targets,
+    workloads: &[Workload],
+    progress: &ProgressBar,
+    records: &mut Vec<Record>,
+    notes: &mut Vec<String>,
+) -> anyhow::Result<()> {
+    let name = target.name();
+    let seconds = args.duration;
+    let loaded = if PEERS.contains(&name) {
+        args.keys.min(args.peer_keys)
+    } else {
+        args.keys
+    };
+    progress.set_message(format!("{name}: loading {loaded} keys"));
+    let bytes_per_key = load_keys(&target, server, loaded).await?;
+    progress.inc(1);
+    for (w, workload) in workloads.iter().enumerate() {
+        if workload.spread.leased() && !target.leases() {
+            progress.inc(1 + args.rates.len() as u64);
+            continue;
+        }
+        let keys = Arc::new(workload::KeyGen::new(*workload, args.keys));
+        let first = records.len();
+        let started = std::time::Instant::now();
+        progress.set_message(format!("{name} {workload}: closed loop"));
+        let cpu_before = Cpu::now(server);
+        let run =
+            driver::closed_loop(&target, keys.clone(), args.callers, seconds, 7 + w as u64).await;
+        records.push(Record::new(
+            name,
+            &workload.to_string(),
+            0,
+            &run,
+            Cpu::now(server).since(cpu_before),
+            bytes_per_key,
+        ));
+        progress.inc(1);
+        let mut saturated = false;
+        for &rate in &args.rates {
+            if saturated {
+                progress.inc(1);
+                continue;
+            }
+            progress.set_message(format!("{name} {workload}: open loop at {rate}/s"));
+            let cpu_before = Cpu::now(server);
+            let run = driver::open_loop(&target, keys.clone(), rate, seconds, 11 + w as u64).await;
+            saturated = run.saturated || run.requests_per_second() < 0.9 * rate as f64;
+            records.push(Record::new(
+                name,
+                &workload.to_string(),
+                rate,
+                &run,
+                Cpu::now(server).since(cpu_before),
+                bytes_per_key,
+            ));
+            progress.inc(1);
+        }
+        if workload.spread.leased() {
+            let admitted = records[first..].iter().map(|r| r.allowed).sum();
+            let note = lease_accounting(&target, *workload, admitted, started.elapsed(), records)?;
+            notes.push(note);
+        }
+    }
+    Ok(())
+}
+
+/// Holds a leased workload to its limit: every request checks one key of its own, so what the
+/// generator counted as admitted over all its steps is what that key admitted, and the limit
+/// allows at most `burst + rate × elapsed` from a fresh bucket. Over it, the run fails. Also
+/// says how its throughput compares with the same key checked at the owner (`hot-key`).
+fn lease_accounting(
+    target: &Targets,
+    workload: Workload,
+    admitted: u64,
+    elapsed: Duration,
+    records: &[Record],
+) -> anyhow::Result<String> {
+    let limit = bench_limit();
+    let refilled = u128::from(limit.rate()) * elapsed.as_nanos() / u128::from(limit.period_ns());
+    let allowed = u128::from(limit.burst()) + refilled + 1;
+    let name = target.name();
+    let stats = target.lease_stats().unwrap_or_default();
+    anyhow::ensure!(
+        u128::from(admitted) <= allowed,
+        "{name} {workload}: the generator counted {admitted} admitted checks on its one key, \
+         over the {allowed} that {limit} allows in {:.1} s: token leases let more through \
+         than the limit",
+        elapsed.as_secs_f64()
+    );
+    let closed = |w: &str| {
+        records
+            .iter()
+            .find(|r| r.system == name && r.workload == w && r.offered_rate == 0)
+            .map(|r| r.achieved_rate)
+    };
+    let hot = Workload {
+        spread: KeySpread::Hot,
+        checks_per_request: 1,
+    };
+    let ratio = match (closed(&workload.to_string()), closed(&hot.to_string())) {
+        (Some(leased), Some(plain)) if plain > 0.0 => {
+            format!(", {:.1}x the throughput of {hot}", leased / plain)
+        }
+        _ => String::new(),
+    };
+    Ok(format!(
+        "{name} {workload}: admitted {admitted} on its key, at most {allowed} allowed by {limit} \
+         over {:.1} s (within the limit){ratio}; leases: {} decided locally ({} admitted, {} \
+         denied), {} tokens granted, {} returned",
+        elapsed.as_secs_f64(),
+        stats.local_allowed + stats.local_denied,
+        stats.local_allowed,
+        stats.local_denied,
+        stats.granted,
+        stats.returned,
+    ))
+}
+
+/// CPU seconds used so far by the server under test (0 when it is not ours to read) and by
+/// this process (the load generator and the client under test).
+#[derive(Debug, Clone, Copy)]
+struct Cpu {
+    server: f64,
+    client: f64,
+}
+
+impl Cpu {
+    fn now(server: Option<&Server>) -> Self {
+        Cpu {
+            server: server.and_then(|s| s.cpu_seconds().ok()).unwrap_or(0.0),
+            client: process::own_cpu_seconds(),
+        }
+    }
+
+    fn since(self, before: Cpu) -> report::CpuSeconds {
+        report::CpuSeconds {
+            server: self.server - before.server,
+            client: self.client - before.client,
+        }
+    }
+}
+
+/// The load generator alone, against a target that answers at once: its CPU per million
+/// checks, closed loop and at the first offered rate, is what the client CPU figures of the
+/// real systems include and can be reduced by.
+pub(super) async fn run_generator(
+    args: &LoadArgs,
+    gateway: &Gateway,
+    workloads: &[Workload],
+    progress: &ProgressBar,
+    records: &mut Vec<Record>,
+) {
+    let target = gateway.noop();
+    for (w, workload) in workloads.iter().enumerate() {
+        let keys = Arc::new(workload::KeyGen::new(*workload, args.keys));
+        progress.set_message(format!("generator alone {workload}"));
+        let before = Cpu::now(None);
+        let run = driver::closed_loop(
+            &target,
+            keys.clone(),
+            args.callers,
+            args.duration,
+            7 + w as u64,
+        )
+        .await;
+        let name = target.name();
+        let workload_name = workload.to_string();
+        records.push(Record::new(
+            name,
+            &workload_name,
+            0,
+            &run,
+            Cpu::now(None).since(before),
+            0.0,
+        ));
+        if let Some(&rate) = args.rates.first() {
+            let before = Cpu::now(None);
+            let run = driver::open_loop(&target, keys, rate, args.duration, 11 + w as u64).await;
+            records.push(Record::new(
+                name,
+                &workload_name,
+                rate,
+                &run,
+                Cpu::now(None).since(before),
+                0.0,
+            ));
+        }
+        progress.inc(1);
+    }
+}
+
+/// Touches every key once (the same key names the workloads use) and returns the server's
+/// resident bytes gained per key.
+async fn load_keys(target: &Targets, server: Option<&Server>, keys: u64) -> anyhow::Result<f64> {
+    let before = server.map(|s| s.rss_bytes()).transpose()?.unwrap_or(0);
+    const LOADERS: u64 = 256;
+    const LOAD_TRIES: u32 = 3;
+    let mut tasks = tokio::task::JoinSet::new();
+    for loader in 0..LOADERS {
+        let (worker, target) = target.on(loader as usize);
+        let target = target.clone();
+        tasks.spawn_on(
+            async move {
+                let mut key = Vec::with_capacity(1);
+                for index in (loader..keys).step_by(LOADERS as usize) {
+                    key.clear();
+                    key.push(format!("user:{index}"));
+                    // A peer can time out a call under this burst (Gubernator forwarding to
+                    // the key's owner): a few tries, then the run fails.
+                    let mut tries = 0;
+                    while let Err(e) = target.check(&key).await {
+                        tries += 1;
+                        if tries == LOAD_TRIES {
+                            return Err(
+                                e.context(format!("loading {} failed {tries} times", key[0]))
+                            );
+                        }
+                    }
+                }
+                anyhow::Ok(())
+            },
+            worker,
+        );
+    }
+    while let Some(result) = tasks.join_next().await {
+        result??;
+    }
+    let after = server.map(|s| s.rss_bytes()).transpose()?.unwrap_or(0);
+    Ok(after.saturating_sub(before) as f64 / keys as f64)
+}

@@ -1,0 +1,118 @@
+//! Starting each system under test (a node, a node behind its RLS front, the Redis baselines,
+//! the peers) and connecting every gateway worker's target to it, all with the same limit.
+
+use anyhow::Context;
+use floodgate::{Limit, NANOS_PER_SEC};
+
+use super::{Gateway, LoadArgs, Server, Target, Targets, peers, process, rls, start_redis};
+
+/// The limit every check uses on both systems: 1,000 per hour with a burst of 1,000, so keys
+/// stay live (and in memory) for the whole run on both sides.
+pub(super) fn bench_limit() -> Limit {
+    // Valid by construction: rate, period and burst are in range.
+    Limit::gcra(1_000, 3_600 * NANOS_PER_SEC, 1_000).unwrap_or_else(|_| unreachable!("valid limit"))
+}
+
+/// Starts a node with its data (and dev certificates) in `out/data_dir` and connects the
+/// floodgate target of every gateway worker to it.
+pub(super) async fn start_floodgate_node(
+    args: &LoadArgs,
+    gateway: &Gateway,
+    data_dir: &str,
+) -> anyhow::Result<(Server, Targets)> {
+    let data_dir = args.out.join(data_dir);
+    let server = process::start_node(&args.node_binary(), &data_dir, args.node_threads, None)?;
+    let (addr, ca) = (server.addr, data_dir.join("ca.pem"));
+    let target = gateway
+        .connect(|| {
+            let ca = ca.clone();
+            async move { Target::floodgate(addr, &ca, bench_limit()).await }
+        })
+        .await?;
+    Ok((server, target))
+}
+
+/// Writes the RLS configuration (the workloads' limit on each descriptor key), starts a node
+/// serving it on a free port, and connects the RLS target.
+pub(super) async fn start_rls_node(
+    args: &LoadArgs,
+    gateway: &Gateway,
+) -> anyhow::Result<(Server, Targets)> {
+    let binary = args.node_binary();
+    let config = args.out.join("rls.yaml");
+    std::fs::write(&config, rls::config_yaml(&bench_limit())?)
+        .with_context(|| format!("writing {}", config.display()))?;
+    let listen = process::free_tcp_addr()?;
+    let data_dir = args.out.join("rls-node-data");
+    let server = process::start_node(
+        &binary,
+        &data_dir,
+        args.node_threads,
+        Some((&config, listen)),
+    )?;
+    let channels = args.rls_channels;
+    let target = gateway.connect(|| Target::rls(listen, channels)).await?;
+    Ok((server, target))
+}
+
+/// Starts a Gubernator cluster and connects the target of every gateway worker to all its
+/// nodes, as many HTTP/2 channels to each as `--rls-channels` gives the RLS listener.
+pub(super) async fn start_gubernator(
+    args: &LoadArgs,
+    gateway: &Gateway,
+) -> anyhow::Result<(Server, Targets)> {
+    let (server, nodes) = peers::start_gubernator(
+        &args.gubernator_binary(),
+        &args.out.join("gubernator"),
+        peers::GUBERNATOR_NODES,
+        args.keys,
+    )
+    .await?;
+    let per_node = args.rls_channels.div_ceil(nodes.len()).max(1);
+    let target = gateway
+        .connect(|| {
+            let nodes = nodes.clone();
+            async move { Target::gubernator(&nodes, per_node, bench_limit()).await }
+        })
+        .await?;
+    Ok((server, target))
+}
+
+/// Starts envoyproxy/ratelimit over its own redis-server and connects its RLS target.
+pub(super) async fn start_envoy_ratelimit(
+    args: &LoadArgs,
+    gateway: &Gateway,
+) -> anyhow::Result<(Server, Targets)> {
+    let (server, listen) = peers::start_envoy_ratelimit(
+        &args.envoy_ratelimit_binary(),
+        &args.out.join("envoy-ratelimit"),
+        &bench_limit(),
+    )?;
+    let channels = args.rls_channels;
+    let target = gateway
+        .connect(|| Target::envoy_ratelimit(listen, channels))
+        .await?;
+    Ok((server, target))
+}
+
+/// Starts redis-server (with the redis-cell module if given) and connects the target of every
+/// gateway worker to it, `connections` each.
+pub(super) async fn start_redis_baseline(
+    gateway: &Gateway,
+    module: Option<&std::path::Path>,
+    connections: usize,
+) -> anyhow::Result<(Server, Targets)> {
+    let server = start_redis(module)?;
+    let addr = server.addr;
+    let cell = module.is_some();
+    let target = gateway
+        .connect(|| async move {
+            if cell {
+                Target::redis_cell(addr, connections, bench_limit()).await
+            } else {
+                Target::redis(addr, connections, bench_limit()).await
+            }
+        })
+        .await?;
+    Ok((server, target))
+}
