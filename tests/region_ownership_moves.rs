@@ -182,3 +182,29 @@ fn without_routing_deltas_from_the_own_region_are_still_refused() {
         10
     );
 }
+
+/// The sender's side: `b1` left region `b` before confirming what `a` sent it; `a` sends those
+/// units to the key's new owner there instead of dropping them (they were, before), and drops
+/// them only when `b` has no owner in sight.
+#[test]
+fn units_a_departed_destination_never_confirmed_go_to_the_keys_new_owner() {
+    let (mut a, lost_with_b1) = four_units_sent_to_b1();
+    assert_eq!(batches(&lost_with_b1).len(), 1);
+    let mut b2 = node("b", "b2");
+    let (queued, lost) = a
+        .exchange
+        .reroute_destination(NOW, &peer("b", "b1"), &|_| Some(peer("b", "b2")));
+    assert_eq!((queued, lost), (4, 0));
+    assert_eq!(a.exchange.unconfirmed(&peer("b", "b2"), key()), 4);
+    b2.receive(NOW, &a.transmits(NOW), Route::Here);
+    assert_eq!(b2.remaining(), 6);
+    a.receive(NOW, &b2.transmits(NOW), Route::Here);
+    assert!(a.exchange.is_idle());
+
+    let (mut a, _) = four_units_sent_to_b1();
+    let (queued, lost) = a
+        .exchange
+        .reroute_destination(NOW, &peer("b", "b1"), &|_| None);
+    assert_eq!((queued, lost), (0, 4));
+    assert!(a.exchange.is_idle());
+}

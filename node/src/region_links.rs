@@ -5,8 +5,9 @@
 
 use std::sync::Arc;
 
+use floodgate::BucketKey;
 use floodgate::Clock;
-use floodgate::region::{Outgoing, Peer};
+use floodgate::region::{Outgoing, Peer, RegionName};
 
 use tokio::sync::watch;
 
@@ -49,9 +50,8 @@ impl RegionLinks for PeerLinks {
 }
 
 /// Until shutdown: when the owners change, drops the destinations whose region's ring goes on
-/// without them (their unconfirmed units are lost to that region and stop holding admissions
-/// back; new units go to the new owner, found at the next check; a region with no owner in
-/// sight keeps its deltas waiting), and every second forgets the inboxes of senders idle past
+/// without them, their unconfirmed units queued for each key's new owner there (lost only when
+/// none is in sight; a region with no owner in sight at all keeps its deltas waiting), and every second forgets the inboxes of senders idle past
 /// the exchange's `inbox_idle_ns` (every restarted node in another region is a new sender) and
 /// publishes per peer region: keys with deltas waiting, unconfirmed units, retransmissions, the
 /// delta lag.
@@ -65,9 +65,18 @@ pub(crate) async fn follow_rings(shared: Arc<Shared>, mut shutdown: watch::Recei
                     return;
                 }
                 let rings = shared.cluster.region_rings();
-                let lost = shared.region_sync.forget_gone(|peer| rings.keeps(peer));
+                let new_owner = |region: &RegionName, key: BucketKey| {
+                    let owner = rings.owner_in(region, key.slot())?;
+                    Some(Peer::new(region.clone(), owner))
+                };
+                let (moved, lost) =
+                    shared.region_sync.forget_gone(|peer| rings.keeps(peer), &new_owner);
+                if moved > 0 {
+                    tracing::info!(units = moved, "region deltas of owners that left their ring go to the keys' new owners");
+                    metrics::counter!("floodgate_region_units_rerouted_total").increment(moved);
+                }
                 if lost > 0 {
-                    tracing::info!(units = lost, "dropped region deltas of owners that left their ring");
+                    tracing::info!(units = lost, "dropped region deltas of owners that left their ring (no new owner in sight)");
                     metrics::counter!("floodgate_region_units_dropped_total").increment(lost);
                 }
                 follow_ownership(&shared);
@@ -124,4 +133,6 @@ fn publish(shared: &Shared) {
     metrics::gauge!("floodgate_region_denied_by_share").set(stats.denied_by_share as f64);
     metrics::gauge!("floodgate_region_applied_messages").set(stats.applied_messages as f64);
     metrics::gauge!("floodgate_region_refused_messages").set(stats.refused_messages as f64);
+    metrics::gauge!("floodgate_region_passed_on_units").set(stats.passed_on_units as f64);
+    metrics::gauge!("floodgate_region_held_units").set(stats.held_units as f64);
 }

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use floodgate::region::{Exchange, ExchangeStats, Outgoing, Peer, Route};
+use floodgate::region::{Exchange, ExchangeStats, Outgoing, Peer, RegionName, Route};
 use floodgate::wire::{
     ErrorCode, FrameKind, decode_region_ack, decode_region_deltas, encode_region_ack,
     encode_region_deltas,
@@ -269,9 +269,15 @@ impl<C: Clock> RegionSync<C> {
     }
 
     /// Drops the destinations `still_owner` says own nothing any more (they left, or their
-    /// region's ring moved on): their unconfirmed units stop holding admissions back. Returns
-    /// the units they never confirmed.
-    pub fn forget_gone(&self, still_owner: impl Fn(&Peer) -> bool) -> u64 {
+    /// region's ring moved on), queueing their unconfirmed units for each key's new owner in
+    /// that region (`new_owner(region, key)`; see [`Exchange::reroute_destination`]). Returns the units
+    /// queued again and the units lost (no owner in sight).
+    pub fn forget_gone(
+        &self,
+        still_owner: impl Fn(&Peer) -> bool,
+        new_owner: &dyn Fn(&RegionName, BucketKey) -> Option<Peer>,
+    ) -> (u64, u64) {
+        let now = self.clock.now_ns();
         let mut exchange = self.exchange.lock();
         let gone: Vec<Peer> = exchange
             .destinations(0)
@@ -279,12 +285,18 @@ impl<C: Clock> RegionSync<C> {
             .map(|d| d.peer)
             .filter(|p| !still_owner(p))
             .collect();
-        let lost = gone.iter().map(|p| exchange.forget_destination(p)).sum();
+        let (mut queued, mut lost) = (0u64, 0u64);
+        for peer in &gone {
+            let in_region = |key: BucketKey| new_owner(&peer.region, key);
+            let (q, l) = exchange.reroute_destination(now, peer, &in_region);
+            queued = queued.saturating_add(q);
+            lost = lost.saturating_add(l);
+        }
         drop(exchange);
-        if lost > 0 {
+        if queued > 0 || lost > 0 {
             self.changed();
         }
-        lost
+        (queued, lost)
     }
 
     /// After this region's table changed: passes the backlog of keys another member now

@@ -636,6 +636,44 @@ impl Exchange {
         outbox.total_unconfirmed()
     }
 
+    /// Drops the outbox of `dest`, another region's node that owns nothing there any more,
+    /// and queues its unconfirmed units for each key's new owner in that region (`new_owner`;
+    /// `None`: none in sight, and the units are lost to that region). A message in flight may
+    /// have been applied by `dest` before it went (its acknowledgement unseen): those units
+    /// then count twice, which errs toward denying. Returns the units queued again and lost.
+    pub fn reroute_destination(
+        &mut self,
+        now_ns: u64,
+        dest: &Peer,
+        new_owner: &dyn Fn(BucketKey) -> Option<Peer>,
+    ) -> (u64, u64) {
+        let Some(mut outbox) = self.outboxes.remove(dest) else {
+            return (0, 0);
+        };
+        self.remember_seq(dest, outbox.next_seq());
+        self.retransmissions_seen += outbox.retransmissions;
+        let (mut queued, mut lost) = (0u64, 0u64);
+        for delta in outbox.take_unconfirmed() {
+            let owner = new_owner(delta.key)
+                .filter(|o| o.region == dest.region && o != dest && *o != self.me);
+            let Some(owner) = owner else {
+                lost = lost.saturating_add(delta.units);
+                continue;
+            };
+            let outbox = self
+                .outboxes
+                .entry(owner.clone())
+                .or_insert_with(|| resumed_outbox(&mut self.forgotten_seqs, &owner));
+            if outbox.can_hold(delta.key, &self.config) {
+                outbox.record_at(delta.key, &delta.limit, delta.units, delta.at_ns, now_ns);
+                queued = queued.saturating_add(delta.units);
+            } else {
+                lost = lost.saturating_add(delta.units);
+            }
+        }
+        (queued, lost)
+    }
+
     /// Where a forgotten destination's numbering stopped (the oldest forgotten first out).
     fn remember_seq(&mut self, dest: &Peer, next_seq: u64) {
         if self.forgotten_seqs.len() >= MAX_FORGOTTEN {
