@@ -155,3 +155,44 @@ fn without_the_settled_point_a_restart_breaks_the_exchange() {
         "{text}"
     );
 }
+
+/// Deltas while a key's slot moves inside a region, over many seeds: units land only where the
+/// receiving node decides the key (by its own view), and exactly once in all; the slot moved,
+/// units were passed on, and the whole run settled.
+#[test]
+fn deltas_follow_a_key_whose_slot_moves_inside_its_region() {
+    use floodgate::region::sim::{MovesConfig, run_moves};
+    let seeds: Vec<u64> = seeds().into_iter().take(100).collect();
+    let (mut moves, mut passed_on, mut admitted) = (0, 0, 0);
+    for &seed in &seeds {
+        let report = run_moves(&MovesConfig::from_seed(seed)).unwrap_or_else(|f| panic!("{f}"));
+        moves += report.moves;
+        passed_on += report.passed_on_units;
+        admitted += report.admitted_units;
+    }
+    eprintln!(
+        "{} seeds: {moves} moves, {admitted} units admitted in b, {passed_on} passed on in a",
+        seeds.len()
+    );
+    assert!(
+        moves > 0 && passed_on > 0,
+        "no move made a delta go on: the test proves nothing"
+    );
+}
+
+/// The control: deltas applied where they arrive (no routing) land in the bucket of a node
+/// that no longer decides the key, and the checker says so.
+#[test]
+fn deltas_applied_where_they_arrive_are_caught() {
+    use floodgate::region::sim::{MovesConfig, run_moves};
+    let caught = (0..20).find_map(|seed| {
+        run_moves(&MovesConfig {
+            route_everything_here: true,
+            ..MovesConfig::from_seed(seed)
+        })
+        .err()
+    });
+    let failure = caught.expect("no seed of 20 caught deltas applied where they arrive");
+    assert!(failure.contains("landed in"), "{failure}");
+    eprintln!("caught: {failure}");
+}

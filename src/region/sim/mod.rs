@@ -21,11 +21,15 @@
 //! per restart. [`SimConfig::strip_resync`] is the control: messages lose their settled point
 //! and receiver session on the way (as version 2's layout), and the checker must catch it.
 //!
+//! [`run_moves`] is a second, smaller simulation: deltas while a key's slot moves between the
+//! two nodes of one region (see its module).
+//!
 //! Deterministic: every choice comes from one [`SplitMix64`] seeded by [`SimConfig::seed`], so a
 //! failure names its seed and replays exactly (the tests read `FLOODGATE_SIM_SEED`). Drive one
 //! run with [`run`]; it returns a [`SimReport`] or a [`SimFailure`] carrying the seed and the
 //! last events.
 
+mod moves;
 mod network;
 mod oracle;
 mod traffic;
@@ -33,6 +37,7 @@ mod traffic;
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::fmt;
 
+pub use self::moves::{MovesConfig, MovesReport, run_moves};
 pub use self::network::{NetworkConfig, Partition};
 pub use self::oracle::{Admission, Bounds, Violation, Worst, judge};
 pub use self::traffic::TrafficConfig;
