@@ -230,19 +230,7 @@ impl RlsConfig {
         let mut level = self.domains.get(domain)?;
         let mut found = None;
         for (i, (key, value)) in entries.iter().enumerate() {
-            let key_value = format!("{key}_{value}");
-            let next = level
-                .by_key
-                .get(&key_value)
-                .or_else(|| {
-                    level
-                        .wildcards
-                        .iter()
-                        .find(|w| key_value.starts_with(w.trim_end_matches('*')))
-                        .and_then(|w| level.by_key.get(w))
-                })
-                .or_else(|| level.by_key.get(*key));
-            let Some(next) = next else {
+            let Some(next) = level.step(key, value) else {
                 break;
             };
             if i == entries.len() - 1 {
@@ -254,6 +242,51 @@ impl RlsConfig {
             level = &next.children;
         }
         found
+    }
+
+    /// The rule for an unordered set of entries (an Envoy RLQS `BucketId`, a map): the order is
+    /// taken from the descriptor tree. At each level the entries not yet placed are tried in
+    /// key order and the first one that matches there (by [`Level::step`], as [`find`]) is
+    /// placed; the rule applies only when every entry was placed. `None` when nothing does.
+    ///
+    /// [`find`]: RlsConfig::find
+    pub fn find_unordered(&self, domain: &str, entries: &[(&str, &str)]) -> Option<Arc<RateRule>> {
+        let mut level = self.domains.get(domain)?;
+        let mut left: Vec<(&str, &str)> = entries.to_vec();
+        left.sort_unstable();
+        let mut found = None;
+        // Each pass places one entry: at most `entries.len()` passes.
+        while !left.is_empty() {
+            let (i, next) = left
+                .iter()
+                .enumerate()
+                .find_map(|(i, (key, value))| level.step(key, value).map(|next| (i, next)))?;
+            left.remove(i);
+            if left.is_empty() {
+                found = next.rule.clone();
+            } else if next.children.by_key.is_empty() {
+                return None;
+            }
+            level = &next.children;
+        }
+        found
+    }
+}
+
+impl Level {
+    /// Where one entry leads from this level, by envoyproxy/ratelimit's rules: the `key_value`
+    /// match, else the first wildcard whose prefix matches, else the `key` default.
+    fn step(&self, key: &str, value: &str) -> Option<&Descriptor> {
+        let key_value = format!("{key}_{value}");
+        self.by_key
+            .get(&key_value)
+            .or_else(|| {
+                self.wildcards
+                    .iter()
+                    .find(|w| key_value.starts_with(w.trim_end_matches('*')))
+                    .and_then(|w| self.by_key.get(w))
+            })
+            .or_else(|| self.by_key.get(key))
     }
 }
 
@@ -514,6 +547,34 @@ descriptors:
         assert!(c.find("edge", &[("generic_key", "fast")]).is_none());
         let by_key = c.find("edge", &[("remote_address", "10.0.0.1")]).unwrap();
         assert_eq!(by_key.full_key, "edge.remote_address");
+    }
+
+    #[test]
+    fn unordered_entries_take_their_order_from_the_tree() {
+        let c = config();
+        // "source" sorts after "destination", but either order finds the nested rule.
+        let nested = [("source", "internal"), ("destination", "db")];
+        let rule = c.find_unordered("edge", &nested).unwrap();
+        assert_eq!(rule.full_key, "edge.destination.source_internal");
+        let mut reversed = nested;
+        reversed.reverse();
+        assert_eq!(c.find_unordered("edge", &reversed), Some(rule));
+        let one = c
+            .find_unordered("edge", &[("generic_key", "slow")])
+            .unwrap();
+        assert_eq!(one.display_name(), "slow-rule");
+        assert!(
+            c.find_unordered("edge", &[("generic_key", "fast")])
+                .is_none()
+        );
+        // An entry left over once a leaf is reached, or an unknown domain: no rule.
+        let extra = [("generic_key", "slow"), ("other", "x")];
+        assert!(c.find_unordered("edge", &extra).is_none());
+        assert!(
+            c.find_unordered("nowhere", &[("generic_key", "slow")])
+                .is_none()
+        );
+        assert!(c.find_unordered("edge", &[]).is_none());
     }
 
     #[test]
