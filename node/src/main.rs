@@ -174,6 +174,19 @@ struct Flags {
     /// descriptor asking for them is refused with INVALID_ARGUMENT and nothing is counted.
     #[arg(long)]
     rls_allow_negative_hits: bool,
+    /// Serve Envoy's rate limit quota service (RLQS, gRPC over plaintext HTTP/2) on ADDR: each
+    /// Envoy streams its usage and gets a token bucket per bucket, a fair share of the limit
+    /// --rls-config gives it (needs --rls-config).
+    #[arg(long, value_name = "ADDR")]
+    rlqs_listen: Option<SocketAddr>,
+    /// How long an RLQS assignment binds an Envoy, in whole seconds; more than Envoy's 5 s
+    /// report period (each report renews it). A vanished Envoy's share returns after it.
+    #[arg(long, value_name = "SECONDS", default_value_t = 15)]
+    rlqs_assignment_ttl: u32,
+    /// An RLQS bucket reported this many times in a row with no requests is abandoned (the
+    /// Envoy forgets it, its share returns to the others); 0: never.
+    #[arg(long, value_name = "N", default_value_t = 120)]
+    rlqs_idle_reports: u32,
     /// Serve the Redis protocol (RESP2, RESP3 after HELLO 3) on ADDR: redis-cell's
     /// `CL.THROTTLE key max_burst count period [quantity]` for any Redis client, decided by
     /// each key's owner in the cluster.
@@ -418,6 +431,22 @@ fn config_from(flags: &Flags, addresses: Addresses) -> anyhow::Result<NodeConfig
     if let Some(rls) = &rls {
         rls.validate(&tls)?;
     }
+    let rlqs = match flags.rlqs_listen {
+        Some(listen) => {
+            anyhow::ensure!(
+                rls.is_some(),
+                "--rlqs-listen needs --rls-config PATH (the limits the Envoys share)"
+            );
+            let settings = floodgate_node::RlqsSettings {
+                assignment_ttl_s: flags.rlqs_assignment_ttl,
+                idle_reports_before_abandon: flags.rlqs_idle_reports,
+                ..floodgate_node::RlqsSettings::new(listen)
+            };
+            settings.validate()?;
+            Some(settings)
+        }
+        None => None,
+    };
     Ok(NodeConfig {
         listen,
         admin,
@@ -428,6 +457,7 @@ fn config_from(flags: &Flags, addresses: Addresses) -> anyhow::Result<NodeConfig
         rules: flags.rules.clone(),
         state_dir: flags.state_dir.clone(),
         rls,
+        rlqs,
         resp: resp_settings(flags)?,
         test_only_clock_skew_ns: flags.clock_skew_ms() * 1_000_000,
     })

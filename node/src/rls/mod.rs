@@ -24,6 +24,8 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 
 pub use config_file::RlsConfigHandle;
+/// The bounded accept loop, shared with the RLQS listener.
+pub(crate) use incoming::bounded as bounded_incoming;
 
 use crate::state::Shared;
 
