@@ -17,6 +17,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::python_venv;
+
 use floodgate_node::rls::RlsSettings;
 use floodgate_node::{Node, NodeConfig, RlqsSettings, ensure_dev_certs};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -215,6 +216,7 @@ async fn two_envoys_share_one_bucket_within_the_limit_and_each_gets_a_share() {
         allow_negative_hits: false,
     });
     config.rlqs = Some(RlqsSettings::new("127.0.0.1:0".parse().unwrap()));
+    config.admin = Some("127.0.0.1:0".parse().unwrap());
     let node = Node::start(config).await.unwrap();
     let rlqs_port = node.rlqs_addr().unwrap().port();
     let upstream = upstream().await;
@@ -237,6 +239,11 @@ async fn two_envoys_share_one_bucket_within_the_limit_and_each_gets_a_share() {
     let mut each = Vec::new();
     for task in shared {
         let (admitted, odd, _) = task.await.unwrap();
+        let gaps: Vec<u128> = admitted
+            .windows(2)
+            .map(|w| (w[1] - w[0]).as_millis())
+            .collect();
+        println!("gaps between admitted requests (ms): {gaps:?}");
         assert_eq!(odd, 0, "every answer is 200 or 429");
         each.push(admitted.len());
         all.extend(admitted);
@@ -250,6 +257,10 @@ async fn two_envoys_share_one_bucket_within_the_limit_and_each_gets_a_share() {
         RUN.as_secs(),
         other_admitted.len()
     );
+    let page = common::metrics_page(&node).await;
+    for line in page.lines().filter(|l| l.starts_with("floodgate_rlqs_")) {
+        println!("  {line}");
+    }
     assert!(
         busiest <= SHARED_PER_MINUTE + ENVOYS,
         "{busiest} admitted in one minute: over {SHARED_PER_MINUTE} + {ENVOYS}"

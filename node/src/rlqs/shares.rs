@@ -27,6 +27,11 @@ pub type StreamId = u64;
 /// others: the Envoy received the assignment a little after it was sent.
 pub const EXPIRY_MARGIN_NS: u64 = NANOS_PER_SEC;
 
+/// A share within 1/SLACK (10 %, at least one token) of its new target is left as it is: two
+/// Envoys reporting about the same load, one after the other, otherwise move a token or two
+/// back and forth on every report.
+const SLACK: u32 = 10;
+
 /// A bucket: the stream's domain and its `BucketId` entries, sorted by key.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct BucketKey {
@@ -361,28 +366,52 @@ impl Shares {
             .filter(|p| live(p))
             .map(|p| u128::from(p.demand))
             .sum();
+        // The split by the formula, then each share kept where it is within the slack of it
+        // (when the kept ones still fit): Envoy resets a running bucket's fractional tokens on
+        // every change, so a share that wobbles by a token each report would cost a token
+        // each time.
+        let targets: Vec<(StreamId, u32, u32)> = state
+            .participants
+            .iter()
+            .filter(|(_, p)| live(p))
+            .map(|(stream, p)| {
+                // No demand reported yet: the rest is split evenly too.
+                let extra = (rest * u128::from(p.demand))
+                    .checked_div(demand)
+                    .unwrap_or(rest / live_count);
+                let target = u32::try_from(floor + extra).unwrap_or(u32::MAX).max(1);
+                (*stream, p.tokens, target)
+            })
+            .collect();
+        let steady =
+            |old: u32, target: u32| old > 0 && old.abs_diff(target) <= (old / SLACK).max(1);
+        let budget = available.max(targets.iter().map(|t| u128::from(t.2)).sum());
+        let kept: u128 = targets
+            .iter()
+            .map(|&(_, old, target)| u128::from(if steady(old, target) { old } else { target }))
+            .sum();
+        let keep = kept <= budget;
         let mut pushes = Vec::new();
-        for (stream, p) in state.participants.iter_mut() {
-            if !live(p) {
+        for (stream, old, target) in targets {
+            let tokens = if keep && steady(old, target) {
+                old
+            } else {
+                target
+            };
+            if tokens == old && Some(stream) != reporter {
                 continue;
             }
-            // No demand reported yet: the rest is split evenly too.
-            let extra = (rest * u128::from(p.demand))
-                .checked_div(demand)
-                .unwrap_or(rest / live_count);
-            let tokens = u32::try_from(floor + extra).unwrap_or(u32::MAX).max(1);
-            if tokens == p.tokens && Some(*stream) != reporter {
+            let Some(p) = state.participants.get_mut(&stream) else {
                 continue;
-            }
-            let shrinks = tokens < p.tokens;
+            };
             p.tokens = tokens;
             p.expires_ns = now_ns
                 .saturating_add(ttl_ns)
                 .saturating_add(EXPIRY_MARGIN_NS);
             pushes.push((
-                !shrinks,
+                tokens >= old,
                 Push {
-                    stream: *stream,
+                    stream,
                     bucket: bucket.clone(),
                     assignment: Assignment::TokenBucket {
                         max_tokens: 1,
@@ -552,6 +581,33 @@ mod tests {
         // The floor is half an even split, so the most one Envoy gets is 3 floors.
         assert!(one > 2 * two, "{one} {two}");
         assert!(two >= 149, "the floor: {two}");
+        assert!(shares.committed(&b) <= 600);
+    }
+
+    #[test]
+    fn a_share_that_would_wobble_by_a_token_is_left_as_it_is() {
+        let mut shares = Shares::new(config());
+        let b = key("a");
+        shares.report(0, 1, &b, PER_MINUTE, usage(1, 0, 0)).unwrap();
+        shares.report(0, 2, &b, PER_MINUTE, usage(1, 0, 0)).unwrap();
+        let mut t = 0;
+        let mut settled = None;
+        for round in 0..12u64 {
+            t += 5 * S;
+            // About the same load each, counts off by a request or two.
+            let one = shares
+                .report(t, 1, &b, PER_MINUTE, usage(25 + round % 2, 0, 5))
+                .unwrap();
+            shares
+                .report(t, 2, &b, PER_MINUTE, usage(25 - round % 3, 0, 5))
+                .unwrap();
+            let now = (shares.tokens(1, &b), shares.tokens(2, &b));
+            if round >= 4 {
+                assert_eq!(Some(now), settled, "round {round}");
+                assert_eq!(one.len(), 1, "only the reporter's renewal: {one:?}");
+            }
+            settled = Some(now);
+        }
         assert!(shares.committed(&b) <= 600);
     }
 
