@@ -1,5 +1,5 @@
 # floodgate: thin, documented targets. CI runs `bash .ci/run`, which calls `make lint` and `make test`.
-.PHONY: help test lint fmt bench bench-core bench-load run run-regions fuzz envoy-test resp-conformance bench-resp chaos upgrade-test shed-demo bench-peers
+.PHONY: help test lint fmt bench bench-core bench-load run run-regions fuzz envoy-test resp-conformance bench-resp chaos upgrade-test shed-demo bench-peers bench-rlqs
 
 CARGO ?= cargo
 FUZZ_SECONDS ?= 60
@@ -134,6 +134,10 @@ bench-peers:     ## floodgate beside its peers only (Gubernator v2.13.0, 3 nodes
 	$(CARGO) build --release --locked -p floodgate-node -p floodgate-bench
 	./target/release/floodgate-bench load --no-redis --spreads uniform --three-checks false --rates 10000/s,50000/s --out target/bench-peers
 	./target/release/floodgate-bench accuracy --out target/bench-peers/accuracy
+
+bench-rlqs:      ## Envoy 1.40 limiting through floodgate's RLS (a call per request) and through its RLQS (a share Envoy enforces), same limit and client: requests/s and node CPU per request (Envoy from make envoy-test)
+	$(CARGO) build --release --locked -p floodgate-node
+	bash bench/rlqs-envoy.sh
 
 bench-resp:      ## CL.THROTTLE through floodgate's Redis front beside redis-server + redis-cell, one client (redis-benchmark), 100,000 keys, unpipelined and pipelined: markdown table
 	$(CARGO) build --release --locked -p floodgate-node
