@@ -11,7 +11,7 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -114,11 +114,20 @@ async fn upstream() -> u16 {
 async fn get(port: u16, bucket: &str) -> u16 {
     let request =
         format!("GET / HTTP/1.1\r\nHost: test\r\nx-bucket: {bucket}\r\nConnection: close\r\n\r\n");
+    // Only the status line is read: Envoy holds a connection open for a while after a local
+    // reply (its delayed close), so waiting for the end would pace the client by that.
     let exchange = async {
         let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
         stream.write_all(request.as_bytes()).await?;
         let mut text = Vec::new();
-        stream.read_to_end(&mut text).await?;
+        let mut buf = [0u8; 1024];
+        while !text.windows(2).any(|w| w == b"\r\n") && text.len() < 8192 {
+            let n = stream.read(&mut buf).await?;
+            if n == 0 {
+                break;
+            }
+            text.extend_from_slice(&buf[..n]);
+        }
         Ok::<_, std::io::Error>(text)
     };
     let Ok(Ok(text)) = tokio::time::timeout(Duration::from_secs(5), exchange).await else {
@@ -146,11 +155,17 @@ fn start_envoy(binary: &Path, config: &Path, base_id: u16) -> Envoy {
     let stderr = child.stderr.take().unwrap();
     let envoy = Envoy(child);
     let (started, running) = std::sync::mpsc::channel();
+    let log = config.with_extension("log");
     std::thread::spawn(move || {
+        // Kept beside the configuration, for a failing run's reader.
+        let mut kept = std::fs::File::create(log).ok();
         for line in BufReader::new(stderr).lines() {
             let Ok(line) = line else { break };
             if line.contains("starting main dispatch loop") {
                 let _ = started.send(());
+            }
+            if let Some(file) = kept.as_mut() {
+                let _ = writeln!(file, "{line}");
             }
         }
     });
@@ -257,6 +272,15 @@ async fn two_envoys_share_one_bucket_within_the_limit_and_each_gets_a_share() {
         RUN.as_secs(),
         other_admitted.len()
     );
+    for i in 0..ENVOYS {
+        let log =
+            std::fs::read_to_string(dir.path().join(format!("envoy-{i}.log"))).unwrap_or_default();
+        println!(
+            "Envoy {i}: {} token buckets built, {} kept on renewal",
+            log.matches("A new TokenBucket has been configured").count(),
+            log.matches("is carried over").count()
+        );
+    }
     let page = common::metrics_page(&node).await;
     for line in page.lines().filter(|l| l.starts_with("floodgate_rlqs_")) {
         println!("  {line}");
