@@ -336,6 +336,10 @@ pub struct RlqsSettings {
     pub max_buckets: usize,
     /// Most bytes of keys and values in one `BucketId`; a larger one is ignored.
     pub max_bucket_id_bytes: usize,
+    /// Serve over TLS with the node's certificate and key (otherwise plaintext HTTP/2).
+    pub tls: bool,
+    /// With `tls`: require a client certificate signed by the node's client CA.
+    pub client_auth: bool,
 }
 
 impl RlqsSettings {
@@ -349,10 +353,24 @@ impl RlqsSettings {
             max_buckets_per_stream: 10_000,
             max_buckets: 100_000,
             max_bucket_id_bytes: 1_024,
+            tls: false,
+            client_auth: false,
         }
     }
 
-    pub fn validate(&self) -> anyhow::Result<()> {
+    /// The rules checked at start: a time to live Envoy can use, bounds of at least one, and
+    /// client certificates only with TLS and a client CA.
+    pub fn validate(&self, tls: &TlsConfig) -> anyhow::Result<()> {
+        if self.client_auth {
+            anyhow::ensure!(
+                self.tls,
+                "--rlqs-client-auth needs --rlqs-tls: client certificates are asked for in the TLS handshake"
+            );
+            anyhow::ensure!(
+                tls.client_ca.is_some(),
+                "--rlqs-client-auth needs --client-ca PEM: the CA whose client certificates the RLQS listener accepts"
+            );
+        }
         anyhow::ensure!(
             (1..=86_400).contains(&self.assignment_ttl_s),
             "--rlqs-assignment-ttl must be 1 to 86400 seconds (Envoy expires a shorter one at once)"

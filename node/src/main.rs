@@ -183,6 +183,12 @@ struct Flags {
     /// report period (each report renews it). A vanished Envoy's share returns after it.
     #[arg(long, value_name = "SECONDS", default_value_t = 15)]
     rlqs_assignment_ttl: u32,
+    /// Serve RLQS over TLS with the node's certificate (--cert/--key, or --data-dir's).
+    #[arg(long)]
+    rlqs_tls: bool,
+    /// With --rlqs-tls: require a client certificate signed by --client-ca from every Envoy.
+    #[arg(long)]
+    rlqs_client_auth: bool,
     /// An RLQS bucket reported this many times in a row with no requests is abandoned (the
     /// Envoy forgets it, its share returns to the others); 0: never.
     #[arg(long, value_name = "N", default_value_t = 120)]
@@ -440,12 +446,20 @@ fn config_from(flags: &Flags, addresses: Addresses) -> anyhow::Result<NodeConfig
             let settings = floodgate_node::RlqsSettings {
                 assignment_ttl_s: flags.rlqs_assignment_ttl,
                 idle_reports_before_abandon: flags.rlqs_idle_reports,
+                tls: flags.rlqs_tls,
+                client_auth: flags.rlqs_client_auth,
                 ..floodgate_node::RlqsSettings::new(listen)
             };
-            settings.validate()?;
+            settings.validate(&tls)?;
             Some(settings)
         }
-        None => None,
+        None => {
+            anyhow::ensure!(
+                !flags.rlqs_tls && !flags.rlqs_client_auth,
+                "--rlqs-tls and --rlqs-client-auth need --rlqs-listen ADDR"
+            );
+            None
+        }
     };
     Ok(NodeConfig {
         listen,

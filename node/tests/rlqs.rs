@@ -468,6 +468,80 @@ async fn rlqs_without_an_rls_configuration_is_refused_at_start() {
     );
 }
 
+#[tokio::test]
+async fn with_rlqs_tls_the_stream_is_served_over_the_node_certificate() {
+    use tonic::transport::{Certificate, Channel, ClientTlsConfig};
+    let node = start_rlqs(|s| s.tls = true).await;
+    let ca = std::fs::read(&node.node.certs.ca).unwrap();
+    let tls = ClientTlsConfig::new()
+        .ca_certificate(Certificate::from_pem(ca))
+        .domain_name("localhost");
+    let channel = Channel::from_shared(format!("https://{}", node.addr))
+        .unwrap()
+        .tls_config(tls)
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut client = RateLimitQuotaServiceClient::new(channel);
+    let (reports_in, receiver) = mpsc::channel(4);
+    let answers = client
+        .stream_rate_limit_quotas(ReceiverStream::new(receiver))
+        .await
+        .unwrap()
+        .into_inner();
+    let mut envoy = Envoy {
+        reports: reports_in,
+        answers,
+    };
+    let minute = bucket(&[("name", "minute")]);
+    let answer = envoy.report(vec![usage(minute.clone(), 1, 0, 0)]).await;
+    assert_eq!(tokens(&answer, &minute), 599);
+    // A plaintext client gets no stream from a TLS listener.
+    let refused = match RateLimitQuotaServiceClient::connect(format!("http://{}", node.addr)).await
+    {
+        Err(_) => true,
+        Ok(mut c) => {
+            let (_keep, receiver) = mpsc::channel::<RateLimitQuotaUsageReports>(1);
+            c.stream_rate_limit_quotas(ReceiverStream::new(receiver))
+                .await
+                .is_err()
+        }
+    };
+    assert!(refused);
+    node.node.node.shutdown().await;
+}
+
+#[tokio::test]
+async fn rlqs_client_auth_without_tls_or_a_client_ca_stops_the_start() {
+    for (tls, expected) in [
+        (false, "--rlqs-client-auth needs --rlqs-tls"),
+        (true, "--rlqs-client-auth needs --client-ca"),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let config_file = dir.path().join("config.yaml");
+        std::fs::write(&config_file, CONFIG).unwrap();
+        let certs = floodgate_node::ensure_dev_certs(dir.path()).unwrap();
+        let mut config = floodgate_node::NodeConfig::for_tests(&certs);
+        config.rls = Some(RlsSettings {
+            listen: "127.0.0.1:0".parse().unwrap(),
+            config: config_file,
+            rate_limit_headers: false,
+            tls: false,
+            client_auth: false,
+            allow_negative_hits: false,
+        });
+        config.rlqs = Some(RlqsSettings {
+            tls,
+            client_auth: true,
+            ..RlqsSettings::new("127.0.0.1:0".parse().unwrap())
+        });
+        certify_node_id(&mut config, &certs);
+        let error = floodgate_node::Node::start(config).await.err().unwrap();
+        assert!(format!("{error:#}").contains(expected), "{error:#}");
+    }
+}
+
 // ---- The same stream through a client written elsewhere: Python's envoy-data-plane ----
 
 /// The throwaway virtualenv (`target/rls-venv`, shared with the RLS test, created once) with

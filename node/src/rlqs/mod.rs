@@ -1,6 +1,7 @@
 //! Envoy's rate limit quota service (RLQS) on the node: `--rlqs-listen` serves
 //! `envoy.service.rate_limit_quota.v3.RateLimitQuotaService/StreamRateLimitQuotas` and gRPC
-//! health over plaintext HTTP/2. Each Envoy streams its usage of every bucket; the node answers
+//! health over plaintext HTTP/2 (or TLS with the node's certificate, `--rlqs-tls`, requiring
+//! client certificates of the client CA with `--rlqs-client-auth`). Each Envoy streams its usage of every bucket; the node answers
 //! with a token bucket for each, a share of the limit the RLS configuration (`--rls-config`)
 //! gives the bucket's `BucketId`, so that all Envoys together stay within it. Buckets that no
 //! rule limits are answered ALLOW_ALL.
@@ -40,7 +41,15 @@ pub(crate) async fn start(
     shutdown: watch::Receiver<bool>,
     tasks: &mut JoinSet<()>,
 ) -> anyhow::Result<SocketAddr> {
-    settings.validate()?;
+    settings.validate(&shared.config.tls)?;
+    let tls = if settings.tls {
+        Some(crate::rls::tls_config(
+            &shared.config.tls,
+            settings.client_auth,
+        )?)
+    } else {
+        None
+    };
     let listener = tokio::net::TcpListener::bind(settings.listen)
         .await
         .with_context(|| format!("binding the RLQS listener on {}", settings.listen))?;
@@ -59,8 +68,14 @@ pub(crate) async fn start(
     let connection_window = u32::try_from(windows.connection_receive).unwrap_or(u32::MAX);
     let incoming = crate::rls::bounded_incoming(listener, limits.max_connections, shutdown.clone());
     let mut stop = shutdown.clone();
+    let mut builder = tonic::transport::Server::builder();
+    if let Some(tls) = tls {
+        builder = builder
+            .tls_config(tls)
+            .context("the RLQS listener's TLS configuration")?;
+    }
     tasks.spawn(async move {
-        let served = tonic::transport::Server::builder()
+        let served = builder
             .initial_stream_window_size(stream_window)
             .initial_connection_window_size(connection_window)
             .max_concurrent_streams(MAX_STREAMS_PER_CONNECTION)
@@ -93,6 +108,8 @@ pub(crate) async fn start(
     tracing::info!(
         %addr,
         ttl_s = settings.assignment_ttl_s,
+        tls = settings.tls,
+        client_auth = settings.client_auth,
         "RLQS (Envoy rate limit quota service) listening"
     );
     Ok(addr)

@@ -119,7 +119,7 @@ pub(crate) async fn start(
 /// The node's own certificate and key, as the QUIC endpoint presents them; with `client_auth`,
 /// a client certificate signed by the client CA is required (no certificate, or another CA's:
 /// the handshake fails and nothing is served).
-fn tls_config(
+pub(crate) fn tls_config(
     tls: &crate::config::TlsConfig,
     client_auth: bool,
 ) -> anyhow::Result<tonic::transport::ServerTlsConfig> {
