@@ -246,7 +246,7 @@ impl RlsConfig {
 
     /// The rule for an unordered set of entries (an Envoy RLQS `BucketId`, a map): the order is
     /// taken from the descriptor tree. Each entry is tried where it can be placed at each level
-    /// (by [`Level::step`], as [`find`] matches), in key order, going back when a choice leads
+    /// (by `Level::step`, as [`find`] matches), in key order, going back when a choice leads
     /// nowhere; the first order that places every entry on a descriptor with a rule gives the
     /// rule. `None` when none does, or when [`MAX_UNORDERED_STEPS`] tries did not settle it.
     ///
