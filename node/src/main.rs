@@ -437,30 +437,7 @@ fn config_from(flags: &Flags, addresses: Addresses) -> anyhow::Result<NodeConfig
     if let Some(rls) = &rls {
         rls.validate(&tls)?;
     }
-    let rlqs = match flags.rlqs_listen {
-        Some(listen) => {
-            anyhow::ensure!(
-                rls.is_some(),
-                "--rlqs-listen needs --rls-config PATH (the limits the Envoys share)"
-            );
-            let settings = floodgate_node::RlqsSettings {
-                assignment_ttl_s: flags.rlqs_assignment_ttl,
-                idle_reports_before_abandon: flags.rlqs_idle_reports,
-                tls: flags.rlqs_tls,
-                client_auth: flags.rlqs_client_auth,
-                ..floodgate_node::RlqsSettings::new(listen)
-            };
-            settings.validate(&tls)?;
-            Some(settings)
-        }
-        None => {
-            anyhow::ensure!(
-                !flags.rlqs_tls && !flags.rlqs_client_auth,
-                "--rlqs-tls and --rlqs-client-auth need --rlqs-listen ADDR"
-            );
-            None
-        }
-    };
+    let rlqs = rlqs_settings(flags, rls.is_some(), &tls)?;
     Ok(NodeConfig {
         listen,
         admin,
@@ -475,6 +452,34 @@ fn config_from(flags: &Flags, addresses: Addresses) -> anyhow::Result<NodeConfig
         resp: resp_settings(flags)?,
         test_only_clock_skew_ns: flags.clock_skew_ms() * 1_000_000,
     })
+}
+
+/// `--rlqs-*`: RLQS needs the RLS configuration (its limits), and its TLS flags need it on.
+fn rlqs_settings(
+    flags: &Flags,
+    with_rls_config: bool,
+    tls: &floodgate_node::TlsConfig,
+) -> anyhow::Result<Option<floodgate_node::RlqsSettings>> {
+    let Some(listen) = flags.rlqs_listen else {
+        anyhow::ensure!(
+            !flags.rlqs_tls && !flags.rlqs_client_auth,
+            "--rlqs-tls and --rlqs-client-auth need --rlqs-listen ADDR"
+        );
+        return Ok(None);
+    };
+    anyhow::ensure!(
+        with_rls_config,
+        "--rlqs-listen needs --rls-config PATH (the limits the Envoys share)"
+    );
+    let settings = floodgate_node::RlqsSettings {
+        assignment_ttl_s: flags.rlqs_assignment_ttl,
+        idle_reports_before_abandon: flags.rlqs_idle_reports,
+        tls: flags.rlqs_tls,
+        client_auth: flags.rlqs_client_auth,
+        ..floodgate_node::RlqsSettings::new(listen)
+    };
+    settings.validate(tls)?;
+    Ok(Some(settings))
 }
 
 fn rls_settings(flags: &Flags) -> anyhow::Result<Option<floodgate_node::rls::RlsSettings>> {
@@ -641,6 +646,49 @@ mod tests {
 
     fn addr(text: &str) -> SocketAddr {
         text.parse().unwrap()
+    }
+
+    #[test]
+    fn rlqs_flag_mistakes_are_refused_naming_the_flag() {
+        let tls = floodgate_node::TlsConfig {
+            cert: "cert.pem".into(),
+            key: "key.pem".into(),
+            client_ca: None,
+            peer_ca: None,
+        };
+        let settings = |args: &[&str], with_rls_config: bool| {
+            let flags = Flags::try_parse_from(["floodgate-node"].iter().chain(args)).unwrap();
+            rlqs_settings(&flags, with_rls_config, &tls).map_err(|e| e.to_string())
+        };
+        let listen = ["--rlqs-listen", "127.0.0.1:8082"];
+        assert!(
+            settings(&listen, false)
+                .unwrap_err()
+                .contains("needs --rls-config")
+        );
+        assert!(
+            settings(&["--rlqs-tls"], true)
+                .unwrap_err()
+                .contains("need --rlqs-listen")
+        );
+        let ttl = [&listen[..], &["--rlqs-assignment-ttl", "0"]].concat();
+        assert!(
+            settings(&ttl, true)
+                .unwrap_err()
+                .contains("--rlqs-assignment-ttl")
+        );
+        let auth = [&listen[..], &["--rlqs-client-auth"]].concat();
+        assert!(
+            settings(&auth, true)
+                .unwrap_err()
+                .contains("needs --rlqs-tls")
+        );
+        let good = settings(&listen, true).unwrap().unwrap();
+        assert_eq!(
+            (good.assignment_ttl_s, good.idle_reports_before_abandon),
+            (15, 120)
+        );
+        assert_eq!(settings(&[], true).unwrap().map(|s| s.listen), None);
     }
 
     #[test]
