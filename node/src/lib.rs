@@ -29,6 +29,8 @@
 //!   `owner_batches`: groups sent on to their deciders, one frame per node, answers split back.
 //! - [`rules`]: `--rules FILE`: validation, versions, hot reload, serving rules to clients.
 //! - [`rls`]: `--rls-listen`: Envoy's rate limit service (RLS v3 over gRPC) on the cluster.
+//! - [`rlqs`]: `--rlqs-listen`: Envoy's rate limit quota service (RLQS): fair shares of each
+//!   bucket's limit among the Envoys reporting it, as token buckets they enforce themselves.
 //! - [`resp`]: `--resp-listen`: the Redis protocol front, redis-cell's `CL.THROTTLE` on the
 //!   cluster; `front_batch`: one check batch through `forward`, for the RLS and RESP fronts.
 //! - `admin`: `/metrics`, `/healthz`, `/readyz`.
@@ -57,6 +59,7 @@ mod reach;
 mod region_links;
 pub mod region_sync;
 pub mod resp;
+pub mod rlqs;
 pub mod rls;
 pub mod rules;
 mod scoped;
@@ -69,7 +72,9 @@ mod token_leases;
 
 pub use address::HostPort;
 pub use certs::{DevCerts, ensure_dev_certs};
-pub use config::{ClusterConfig, NodeConfig, NodeLimits, RespFailureMode, RespSettings, TlsConfig};
+pub use config::{
+    ClusterConfig, NodeConfig, NodeLimits, RespFailureMode, RespSettings, RlqsSettings, TlsConfig,
+};
 pub use server::Node;
 
 /// The core this node serves, re-exported so node code and tests name one path.

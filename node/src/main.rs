@@ -174,6 +174,25 @@ struct Flags {
     /// descriptor asking for them is refused with INVALID_ARGUMENT and nothing is counted.
     #[arg(long)]
     rls_allow_negative_hits: bool,
+    /// Serve Envoy's rate limit quota service (RLQS, gRPC over plaintext HTTP/2) on ADDR: each
+    /// Envoy streams its usage and gets a token bucket per bucket, a fair share of the limit
+    /// --rls-config gives it (needs --rls-config).
+    #[arg(long, value_name = "ADDR")]
+    rlqs_listen: Option<SocketAddr>,
+    /// How long an RLQS assignment binds an Envoy, in whole seconds; more than Envoy's 5 s
+    /// report period (each report renews it). A vanished Envoy's share returns after it.
+    #[arg(long, value_name = "SECONDS", default_value_t = 15)]
+    rlqs_assignment_ttl: u32,
+    /// Serve RLQS over TLS with the node's certificate (--cert/--key, or --data-dir's).
+    #[arg(long)]
+    rlqs_tls: bool,
+    /// With --rlqs-tls: require a client certificate signed by --client-ca from every Envoy.
+    #[arg(long)]
+    rlqs_client_auth: bool,
+    /// An RLQS bucket reported this many times in a row with no requests is abandoned (the
+    /// Envoy forgets it, its share returns to the others); 0: never.
+    #[arg(long, value_name = "N", default_value_t = 120)]
+    rlqs_idle_reports: u32,
     /// Serve the Redis protocol (RESP2, RESP3 after HELLO 3) on ADDR: redis-cell's
     /// `CL.THROTTLE key max_burst count period [quantity]` for any Redis client, decided by
     /// each key's owner in the cluster.
@@ -425,6 +444,7 @@ fn config_from(flags: &Flags, addresses: Addresses) -> anyhow::Result<NodeConfig
     if let Some(rls) = &rls {
         rls.validate(&tls)?;
     }
+    let rlqs = rlqs_settings(flags, rls.is_some(), &tls)?;
     Ok(NodeConfig {
         listen,
         admin,
@@ -435,9 +455,38 @@ fn config_from(flags: &Flags, addresses: Addresses) -> anyhow::Result<NodeConfig
         rules: flags.rules.clone(),
         state_dir: flags.state_dir.clone(),
         rls,
+        rlqs,
         resp: resp_settings(flags)?,
         test_only_clock_skew_ns: flags.clock_skew_ms() * 1_000_000,
     })
+}
+
+/// `--rlqs-*`: RLQS needs the RLS configuration (its limits), and its TLS flags need it on.
+fn rlqs_settings(
+    flags: &Flags,
+    with_rls_config: bool,
+    tls: &floodgate_node::TlsConfig,
+) -> anyhow::Result<Option<floodgate_node::RlqsSettings>> {
+    let Some(listen) = flags.rlqs_listen else {
+        anyhow::ensure!(
+            !flags.rlqs_tls && !flags.rlqs_client_auth,
+            "--rlqs-tls and --rlqs-client-auth need --rlqs-listen ADDR"
+        );
+        return Ok(None);
+    };
+    anyhow::ensure!(
+        with_rls_config,
+        "--rlqs-listen needs --rls-config PATH (the limits the Envoys share)"
+    );
+    let settings = floodgate_node::RlqsSettings {
+        assignment_ttl_s: flags.rlqs_assignment_ttl,
+        idle_reports_before_abandon: flags.rlqs_idle_reports,
+        tls: flags.rlqs_tls,
+        client_auth: flags.rlqs_client_auth,
+        ..floodgate_node::RlqsSettings::new(listen)
+    };
+    settings.validate(tls)?;
+    Ok(Some(settings))
 }
 
 fn rls_settings(flags: &Flags) -> anyhow::Result<Option<floodgate_node::rls::RlsSettings>> {
@@ -614,6 +663,49 @@ mod tests {
 
     fn addr(text: &str) -> SocketAddr {
         text.parse().unwrap()
+    }
+
+    #[test]
+    fn rlqs_flag_mistakes_are_refused_naming_the_flag() {
+        let tls = floodgate_node::TlsConfig {
+            cert: "cert.pem".into(),
+            key: "key.pem".into(),
+            client_ca: None,
+            peer_ca: None,
+        };
+        let settings = |args: &[&str], with_rls_config: bool| {
+            let flags = Flags::try_parse_from(["floodgate-node"].iter().chain(args)).unwrap();
+            rlqs_settings(&flags, with_rls_config, &tls).map_err(|e| e.to_string())
+        };
+        let listen = ["--rlqs-listen", "127.0.0.1:8082"];
+        assert!(
+            settings(&listen, false)
+                .unwrap_err()
+                .contains("needs --rls-config")
+        );
+        assert!(
+            settings(&["--rlqs-tls"], true)
+                .unwrap_err()
+                .contains("need --rlqs-listen")
+        );
+        let ttl = [&listen[..], &["--rlqs-assignment-ttl", "0"]].concat();
+        assert!(
+            settings(&ttl, true)
+                .unwrap_err()
+                .contains("--rlqs-assignment-ttl")
+        );
+        let auth = [&listen[..], &["--rlqs-client-auth"]].concat();
+        assert!(
+            settings(&auth, true)
+                .unwrap_err()
+                .contains("needs --rlqs-tls")
+        );
+        let good = settings(&listen, true).unwrap().unwrap();
+        assert_eq!(
+            (good.assignment_ttl_s, good.idle_reports_before_abandon),
+            (15, 120)
+        );
+        assert_eq!(settings(&[], true).unwrap().map(|s| s.listen), None);
     }
 
     #[test]

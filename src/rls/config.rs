@@ -230,19 +230,7 @@ impl RlsConfig {
         let mut level = self.domains.get(domain)?;
         let mut found = None;
         for (i, (key, value)) in entries.iter().enumerate() {
-            let key_value = format!("{key}_{value}");
-            let next = level
-                .by_key
-                .get(&key_value)
-                .or_else(|| {
-                    level
-                        .wildcards
-                        .iter()
-                        .find(|w| key_value.starts_with(w.trim_end_matches('*')))
-                        .and_then(|w| level.by_key.get(w))
-                })
-                .or_else(|| level.by_key.get(*key));
-            let Some(next) = next else {
+            let Some(next) = level.step(key, value) else {
                 break;
             };
             if i == entries.len() - 1 {
@@ -254,6 +242,83 @@ impl RlsConfig {
             level = &next.children;
         }
         found
+    }
+
+    /// The rule for an unordered set of entries (an Envoy RLQS `BucketId`, a map): the order is
+    /// taken from the descriptor tree. Each entry is tried where it can be placed at each level
+    /// (by `Level::step`, as [`find`] matches), in key order, going back when a choice leads
+    /// nowhere; the first order that places every entry on a descriptor with a rule gives the
+    /// rule. `None` when none does, or when [`MAX_UNORDERED_STEPS`] tries did not settle it.
+    ///
+    /// [`find`]: RlsConfig::find
+    pub fn find_unordered(&self, domain: &str, entries: &[(&str, &str)]) -> Option<Arc<RateRule>> {
+        let level = self.domains.get(domain)?;
+        if entries.is_empty() {
+            return None;
+        }
+        let mut sorted: Vec<(&str, &str)> = entries.to_vec();
+        sorted.sort_unstable();
+        let mut used = vec![false; sorted.len()];
+        let mut budget = MAX_UNORDERED_STEPS;
+        place(level, &sorted, &mut used, sorted.len(), &mut budget)
+    }
+}
+
+/// Most entry placements [`RlsConfig::find_unordered`] tries for one map: the search can go
+/// back, and a hostile map over a deep tree must not make it run long.
+pub const MAX_UNORDERED_STEPS: usize = 4_096;
+
+/// Places the `left` unused entries from `level` down; recursion descends one level per entry
+/// placed, so its depth is at most the number of entries.
+fn place(
+    level: &Level,
+    entries: &[(&str, &str)],
+    used: &mut [bool],
+    left: usize,
+    budget: &mut usize,
+) -> Option<Arc<RateRule>> {
+    for i in 0..entries.len() {
+        if used[i] {
+            continue;
+        }
+        *budget = budget.checked_sub(1)?;
+        let (key, value) = entries[i];
+        let Some(next) = level.step(key, value) else {
+            continue;
+        };
+        if left == 1 {
+            if let Some(rule) = &next.rule {
+                return Some(rule.clone());
+            }
+            continue;
+        }
+        if next.children.by_key.is_empty() {
+            continue;
+        }
+        used[i] = true;
+        let found = place(&next.children, entries, used, left - 1, budget);
+        used[i] = false;
+        if found.is_some() {
+            return found;
+        }
+    }
+    None
+}
+
+impl Level {
+    /// Where one entry leads from this level, by envoyproxy/ratelimit's rules: the `key_value`
+    /// match, else the first wildcard whose prefix matches, else the `key` default.
+    fn step(&self, key: &str, value: &str) -> Option<&Descriptor> {
+        let key_value = format!("{key}_{value}");
+        self.by_key
+            .get(&key_value)
+            .or_else(|| {
+                self.wildcards
+                    .iter()
+                    .find(|w| key_value.starts_with(w.trim_end_matches('*')))
+                    .and_then(|w| self.by_key.get(w))
+            })
+            .or_else(|| self.by_key.get(key))
     }
 }
 
@@ -514,6 +579,71 @@ descriptors:
         assert!(c.find("edge", &[("generic_key", "fast")]).is_none());
         let by_key = c.find("edge", &[("remote_address", "10.0.0.1")]).unwrap();
         assert_eq!(by_key.full_key, "edge.remote_address");
+    }
+
+    #[test]
+    fn unordered_entries_take_their_order_from_the_tree() {
+        let c = config();
+        // "source" sorts after "destination", but either order finds the nested rule.
+        let nested = [("source", "internal"), ("destination", "db")];
+        let rule = c.find_unordered("edge", &nested).unwrap();
+        assert_eq!(rule.full_key, "edge.destination.source_internal");
+        let mut reversed = nested;
+        reversed.reverse();
+        assert_eq!(c.find_unordered("edge", &reversed), Some(rule));
+        let one = c
+            .find_unordered("edge", &[("generic_key", "slow")])
+            .unwrap();
+        assert_eq!(one.display_name(), "slow-rule");
+        assert!(
+            c.find_unordered("edge", &[("generic_key", "fast")])
+                .is_none()
+        );
+        // An entry left over once a leaf is reached, or an unknown domain: no rule.
+        let extra = [("generic_key", "slow"), ("other", "x")];
+        assert!(c.find_unordered("edge", &extra).is_none());
+        assert!(
+            c.find_unordered("nowhere", &[("generic_key", "slow")])
+                .is_none()
+        );
+        assert!(c.find_unordered("edge", &[]).is_none());
+    }
+
+    #[test]
+    fn unordered_entries_go_back_when_the_first_placement_leads_nowhere() {
+        // Key order tries `a` first at the top, which leads to `c` only; `b` then `a` matches.
+        let text = "domain: d\ndescriptors:\n  - key: a\n    descriptors:\n      - key: c\n        rate_limit: {unit: second, requests_per_unit: 1}\n  - key: b\n    descriptors:\n      - key: a\n        rate_limit: {unit: second, requests_per_unit: 2, name: b-then-a}\n";
+        let c = RlsConfig::from_files([("d.yaml", text)]).unwrap();
+        let rule = c.find_unordered("d", &[("a", "1"), ("b", "2")]).unwrap();
+        assert_eq!(rule.display_name(), "b-then-a");
+        assert_eq!(c.find("d", &[("b", "2"), ("a", "1")]), Some(rule));
+        // Every order of the entries of a nested rule gives what `find` gives in the tree's order.
+        let nested = [("destination", "db"), ("source", "internal")];
+        let expected = config().find("edge", &nested);
+        assert!(expected.is_some());
+        assert_eq!(
+            config().find_unordered("edge", &[nested[1], nested[0]]),
+            expected
+        );
+    }
+
+    #[test]
+    fn a_hostile_map_is_bounded_by_the_step_budget() {
+        // Every entry matches the `k` default at each of 6 levels and none reaches a rule:
+        // without the budget, the search would try 64 × 63 × … × 59 placements.
+        let mut text = String::from("domain: d\ndescriptors:\n");
+        let mut indent = String::from("  ");
+        for _ in 0..6 {
+            text.push_str(&format!("{indent}- key: k\n{indent}  descriptors:\n"));
+            indent.push_str("    ");
+        }
+        text.push_str(&format!(
+            "{indent}- key: end\n{indent}  rate_limit: {{unit: second, requests_per_unit: 1}}\n"
+        ));
+        let c = RlsConfig::from_files([("d.yaml", text.as_str())]).unwrap();
+        let values: Vec<String> = (0..64).map(|i| format!("v{i}")).collect();
+        let entries: Vec<(&str, &str)> = values.iter().map(|v| ("k", v.as_str())).collect();
+        assert!(c.find_unordered("d", &entries).is_none());
     }
 
     #[test]

@@ -24,6 +24,8 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 
 pub use config_file::RlsConfigHandle;
+/// The bounded accept loop, shared with the RLQS listener.
+pub(crate) use incoming::bounded as bounded_incoming;
 
 use crate::state::Shared;
 
@@ -117,7 +119,7 @@ pub(crate) async fn start(
 /// The node's own certificate and key, as the QUIC endpoint presents them; with `client_auth`,
 /// a client certificate signed by the client CA is required (no certificate, or another CA's:
 /// the handshake fails and nothing is served).
-fn tls_config(
+pub(crate) fn tls_config(
     tls: &crate::config::TlsConfig,
     client_auth: bool,
 ) -> anyhow::Result<tonic::transport::ServerTlsConfig> {

@@ -55,6 +55,8 @@ pub struct Node {
     snapshots: Option<Arc<crate::snapshot::Snapshots>>,
     /// `--rls-listen`: the bound address and the configuration in force.
     rls: Option<(SocketAddr, Arc<crate::rls::RlsConfigHandle>)>,
+    /// `--rlqs-listen`: the bound address.
+    rlqs: Option<SocketAddr>,
     /// `--resp-listen`: the bound address.
     resp: Option<SocketAddr>,
 }
@@ -161,6 +163,22 @@ impl Node {
             }
             None => None,
         };
+        let rlqs = match (shared.config.rlqs.clone(), &rls) {
+            (Some(settings), Some((_, handle))) => Some(
+                crate::rlqs::start(
+                    shared.clone(),
+                    &settings,
+                    handle.clone(),
+                    shutdown_rx.clone(),
+                    &mut tasks,
+                )
+                .await?,
+            ),
+            (Some(_), None) => anyhow::bail!(
+                "--rlqs-listen needs --rls-config PATH: the RLQS limits come from the RLS configuration"
+            ),
+            (None, _) => None,
+        };
         let resp = match shared.config.resp.clone() {
             Some(settings) => Some(
                 crate::resp::start(shared.clone(), settings, shutdown_rx.clone(), &mut tasks)
@@ -199,6 +217,7 @@ impl Node {
             shared,
             snapshots,
             rls,
+            rlqs,
             resp,
         })
     }
@@ -221,6 +240,11 @@ impl Node {
     /// The RLS (Envoy rate limit service) address, when started with `--rls-listen`.
     pub fn rls_addr(&self) -> Option<SocketAddr> {
         self.rls.as_ref().map(|(addr, _)| *addr)
+    }
+
+    /// The RLQS (Envoy rate limit quota service) address, when started with `--rlqs-listen`.
+    pub fn rlqs_addr(&self) -> Option<SocketAddr> {
+        self.rlqs
     }
 
     /// The RLS configuration in force, when started with `--rls-config`.
