@@ -172,8 +172,8 @@ impl<C: Clock> RegionSync<C> {
     /// As [`RegionSync::receive`], with `certified` saying whether the sender's certificate
     /// names a node id, `region_of` the region the membership knows a node in (`None`: not a
     /// member this node knows), and `route` where each delta's units go in this region. A
-    /// delta from this node's own region is taken only when `route` may pass units on (it
-    /// was passed on by a member that found this node decides its key).
+    /// delta from this node's own region was passed on by a member that found this node
+    /// decides its key, and is taken like any other.
     pub fn receive_from(
         &self,
         kind: FrameKind,
