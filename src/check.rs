@@ -2,7 +2,7 @@
 //! who made it ([`Source`]), with the reason when no node did ([`DegradedReason`]).
 //!
 //! The client sends these; the policy turns verdicts into its [`crate::policy::CheckOutcome`]s.
-//! [`crate::Check`] is the store's form of a check (a hashed [`crate::BucketKey`], no failure
+//! [`crate::BucketCheck`] is the store's form of a check (a hashed [`crate::BucketKey`], no failure
 //! mode), what a node or a fallback store decides in the end.
 
 use crate::region::Scope;

@@ -257,12 +257,12 @@ fn a_group_records_its_global_units_only_when_it_passes() {
             None
         );
         let checks = [
-            floodgate::Check {
+            floodgate::BucketCheck {
                 key: g,
                 limit: global,
                 cost: 1,
             },
-            floodgate::Check {
+            floodgate::BucketCheck {
                 key: l,
                 limit: local,
                 cost: 1,

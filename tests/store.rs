@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::thread;
 
 use floodgate::{
-    Algorithm, BucketKey, BucketStore, Check, Decision, Limit, NANOS_PER_SEC, StoreConfig,
+    Algorithm, BucketCheck, BucketKey, BucketStore, Decision, Limit, NANOS_PER_SEC, StoreConfig,
     StoreError, SweepCursor,
 };
 use proptest::prelude::*;
@@ -59,12 +59,12 @@ fn multi_check_is_all_or_nothing_under_hammering() {
     let narrow = Limit::gcra(300, HOUR, 300).unwrap();
     let store = store(1 << 16, 64);
     let group = [
-        Check {
+        BucketCheck {
             key: key("a"),
             limit: wide,
             cost: 1,
         },
-        Check {
+        BucketCheck {
             key: key("b"),
             limit: narrow,
             cost: 1,
@@ -120,12 +120,12 @@ fn a_denied_group_leaves_the_other_buckets_untouched() {
     let mut out = Vec::new();
     assert!(store.check(key("one"), &one, 1, NOW).unwrap().is_allowed());
     let group = [
-        Check {
+        BucketCheck {
             key: key("five"),
             limit: five,
             cost: 2,
         },
-        Check {
+        BucketCheck {
             key: key("one"),
             limit: one,
             cost: 1,
@@ -141,12 +141,12 @@ fn a_denied_group_leaves_the_other_buckets_untouched() {
     );
     assert!(matches!(out[1], Decision::Denied { remaining: 0, .. }));
     let never = [
-        Check {
+        BucketCheck {
             key: key("five"),
             limit: five,
             cost: 1,
         },
-        Check {
+        BucketCheck {
             key: key("x"),
             limit: five,
             cost: 6,
@@ -160,12 +160,12 @@ fn a_denied_group_leaves_the_other_buckets_untouched() {
     );
     // The same key twice in one group counts both costs.
     let twice = [
-        Check {
+        BucketCheck {
             key: key("five"),
             limit: five,
             cost: 3,
         },
-        Check {
+        BucketCheck {
             key: key("five"),
             limit: five,
             cost: 3,

@@ -14,7 +14,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use criterion::{BatchSize, Criterion, Throughput, criterion_group, criterion_main};
-use floodgate::{BucketKey, BucketStore, Check, Limit, NANOS_PER_SEC, StoreConfig};
+use floodgate::{BucketCheck, BucketKey, BucketStore, Limit, NANOS_PER_SEC, StoreConfig};
 use governor::clock::FakeRelativeClock;
 use governor::{Quota, RateLimiter};
 use rand::{Rng, SeedableRng, rngs::StdRng};
@@ -203,7 +203,7 @@ fn three_keys(c: &mut Criterion) {
             now += STEP_NS;
             checks.clear();
             for j in 0..3 {
-                checks.push(Check {
+                checks.push(BucketCheck {
                     key: bucket(keys[(i + j) & (SEQUENCE - 1)]),
                     limit,
                     cost: 1,

@@ -14,7 +14,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use floodgate::{BucketKey, BucketStore, Check, Limit, NANOS_PER_SEC, StoreConfig};
+use floodgate::{BucketCheck, BucketKey, BucketStore, Limit, NANOS_PER_SEC, StoreConfig};
 use floodgate_bench::load::{Outcome, Target, start_redis};
 
 /// 5 at once, then one per 12 minutes.
@@ -166,9 +166,9 @@ async fn only_redis_cell_charges_the_other_keys_of_a_denied_request() {
     })
     .unwrap();
     let now_ns = 1_000 * NANOS_PER_SEC;
-    let checks = |keys: &[&str]| -> Vec<Check> {
+    let checks = |keys: &[&str]| -> Vec<BucketCheck> {
         keys.iter()
-            .map(|k| Check {
+            .map(|k| BucketCheck {
                 key: BucketKey::new(b"agree", k.as_bytes()),
                 limit: limit(),
                 cost: 1,

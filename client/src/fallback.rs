@@ -82,9 +82,9 @@ impl Fallback {
             return verdicts;
         }
         let open: Vec<usize> = (0..checks.len()).filter(|&i| answers[i].is_err()).collect();
-        let fallback_checks: Vec<floodgate::Check> = open
+        let fallback_checks: Vec<floodgate::BucketCheck> = open
             .iter()
-            .map(|&i| floodgate::Check {
+            .map(|&i| floodgate::BucketCheck {
                 key: bucket_key(&checks[i].key),
                 limit: checks[i].limit,
                 cost: checks[i].cost,

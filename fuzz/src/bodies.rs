@@ -29,8 +29,8 @@ use floodgate::wire::{
     decode_slot_table, encode_frame, encode_gossip, encode_message, encode_slot_table,
 };
 use floodgate::{
-    Algorithm, BucketKey, BucketState, BucketStore, BucketValue, Check, Clock, Decision, FakeClock,
-    Limit, MAX_PERIOD_NS, NANOS_PER_SEC, StoreConfig, parse_duration_ns, parse_rate,
+    Algorithm, BucketCheck, BucketKey, BucketState, BucketStore, BucketValue, Clock, Decision,
+    FakeClock, Limit, MAX_PERIOD_NS, NANOS_PER_SEC, StoreConfig, parse_duration_ns, parse_rate,
 };
 use rkyv::rancor;
 use rkyv::util::AlignedVec;
@@ -372,7 +372,7 @@ pub fn check_batch_decide(data: &[u8]) -> Outcome {
             }
             continue;
         }
-        let checks: Vec<Check> = group
+        let checks: Vec<BucketCheck> = group
             .iter()
             .map(floodgate::wire::ValidCheck::check)
             .collect();

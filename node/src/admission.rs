@@ -12,7 +12,7 @@ use metrics::Gauge;
 
 /// Counts of connections by side, and their limits.
 #[derive(Debug)]
-pub(crate) struct Allowance {
+pub(crate) struct ConnectionAllowance {
     max_clients: usize,
     max_peers: usize,
     handshakes: AtomicUsize,
@@ -27,23 +27,23 @@ pub(crate) struct Allowance {
 
 /// A handshake in flight; its place is given back on drop.
 #[derive(Debug)]
-pub(crate) struct Handshake(Arc<Allowance>);
+pub(crate) struct Handshake(Arc<ConnectionAllowance>);
 
 /// An admitted connection; its place is given back on drop.
 #[derive(Debug)]
 pub(crate) struct Admitted {
-    allowance: Arc<Allowance>,
+    allowance: Arc<ConnectionAllowance>,
     peer: bool,
 }
 
-impl Allowance {
+impl ConnectionAllowance {
     pub(crate) fn new(
         max_clients: usize,
         max_peers: usize,
         connections_gauge: Gauge,
         peer_gauge: Gauge,
     ) -> Self {
-        Allowance {
+        ConnectionAllowance {
             max_clients,
             max_peers,
             handshakes: AtomicUsize::new(0),
@@ -132,8 +132,13 @@ impl Drop for Admitted {
 mod tests {
     use super::*;
 
-    fn allowance(clients: usize, peers: usize) -> Arc<Allowance> {
-        Arc::new(Allowance::new(clients, peers, Gauge::noop(), Gauge::noop()))
+    fn allowance(clients: usize, peers: usize) -> Arc<ConnectionAllowance> {
+        Arc::new(ConnectionAllowance::new(
+            clients,
+            peers,
+            Gauge::noop(),
+            Gauge::noop(),
+        ))
     }
 
     #[test]

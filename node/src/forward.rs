@@ -51,7 +51,7 @@ const FORWARD_TIMEOUT: Duration = Duration::from_millis(100);
 
 /// Where a group's decisions come from.
 #[derive(Debug, Clone, PartialEq)]
-enum Placed {
+enum GroupState {
     /// Decided here: a range of the local decisions.
     Here(Range<usize>),
     /// To be sent to this owner.
@@ -125,17 +125,17 @@ pub(crate) async fn answer_groups<'f>(
     let (mut placed, table_version) = batch.place_first(forwarded, caller.try_again).await;
     if placed
         .iter()
-        .any(|p| matches!(p, Placed::Remote(_) | Placed::Home))
+        .any(|p| matches!(p, GroupState::Remote(_) | GroupState::Home))
     {
         let archived = archived();
         let homes: Vec<usize> = (0..placed.len())
-            .filter(|&i| placed[i] == Placed::Home)
+            .filter(|&i| placed[i] == GroupState::Home)
             .collect();
         if !homes.is_empty() {
             let answers =
                 crate::reach::forward_home(shared, archived, &batch.reach, groups, &homes).await;
             for (i, answer) in answers {
-                placed[i] = Placed::Answered(answer);
+                placed[i] = GroupState::Answered(answer);
             }
         }
         batch
@@ -180,7 +180,7 @@ struct Batch<'a> {
     rings: Option<Arc<RegionRings>>,
     now_ns: u64,
     tally: DecisionTally,
-    /// Decisions made here, in the order made; `Placed::Here` holds ranges of it.
+    /// Decisions made here, in the order made; `GroupState::Here` holds ranges of it.
     local: Vec<WireDecision>,
     /// Refund groups the caller may not make, by group (empty: none).
     refused: &'a [bool],
@@ -251,7 +251,7 @@ impl<'a> Batch<'a> {
     /// Decides group `i` here: a group with `global` checks through the region exchange
     /// (the admission rule, then queued for the key's owner in every other region), any
     /// other from the bucket alone.
-    fn decide(&mut self, i: usize) -> Placed {
+    fn decide(&mut self, i: usize) -> GroupState {
         let start = self.local.len();
         if *self.reach(i) == Reach::Global {
             let shared = self.shared;
@@ -284,7 +284,7 @@ impl<'a> Batch<'a> {
                 &mut self.local,
             );
         }
-        Placed::Here(start..self.local.len())
+        GroupState::Here(start..self.local.len())
     }
 
     /// A forwarded batch's request id is the version of the sender's table, which names this
@@ -308,7 +308,7 @@ impl<'a> Batch<'a> {
     /// placements and the version of the table they were made by. With `try_again` (the
     /// caller knows that answer) nothing waits: a group whose slot awaits its hand-off is
     /// answered `try_again`; otherwise gained slots wait (bounded) for their hand-off first.
-    async fn place_first(&mut self, forwarded: bool, try_again: bool) -> (Vec<Placed>, u64) {
+    async fn place_first(&mut self, forwarded: bool, try_again: bool) -> (Vec<GroupState>, u64) {
         let shared = self.shared;
         let cluster = &shared.cluster;
         // The machine places every group by the table in force (stable under the gate); slots
@@ -328,20 +328,20 @@ impl<'a> Batch<'a> {
             prefetch_before(&shared.store, i, |j| self.groups.get(j).map(Vec::as_slice));
             placed.push(match placement {
                 _ if self.refused.get(i).copied().unwrap_or(false) => {
-                    Placed::Refused(REFUND_REFUSED)
+                    GroupState::Refused(REFUND_REFUSED)
                 }
                 // Decided in its home region, never here; a forwarded one is not sent on.
                 _ if matches!(self.reach(i), Reach::Home(_)) && forwarded => {
-                    Placed::Refused(ErrorCode::NotOwner)
+                    GroupState::Refused(ErrorCode::NotOwner)
                 }
-                _ if matches!(self.reach(i), Reach::Home(_)) => Placed::Home,
+                _ if matches!(self.reach(i), Reach::Home(_)) => GroupState::Home,
                 Placement::Decide => self.decide(i),
                 Placement::Takeover => {
                     taken_over += self.groups[i].len() as u64;
                     self.decide(i)
                 }
-                Placement::Forward(owner) => Placed::Remote(owner),
-                Placement::Refuse(refusal) => Placed::Refused(refusal_code(refusal)),
+                Placement::Forward(owner) => GroupState::Remote(owner),
+                Placement::Refuse(refusal) => GroupState::Refused(refusal_code(refusal)),
             });
         }
         drop(deciding);
@@ -354,19 +354,19 @@ impl<'a> Batch<'a> {
     async fn forward_rounds(
         &mut self,
         archived: Option<&ArchivedCheckBatch>,
-        placed: &mut [Placed],
+        placed: &mut [GroupState],
         table_version: u64,
     ) {
         let shared = self.shared;
         let cluster = &shared.cluster;
         let mut version = table_version;
         for last_round in [false, true] {
-            if !placed.iter().any(|p| matches!(p, Placed::Remote(_))) {
+            if !placed.iter().any(|p| matches!(p, GroupState::Remote(_))) {
                 return;
             }
             self.forward(archived, placed, version).await;
             let failed: Vec<usize> = (0..placed.len())
-                .filter(|&i| matches!(placed[i], Placed::NotOwner(_) | Placed::Unanswered))
+                .filter(|&i| matches!(placed[i], GroupState::NotOwner(_) | GroupState::Unanswered))
                 .collect();
             if failed.is_empty() {
                 return;
@@ -377,7 +377,7 @@ impl<'a> Batch<'a> {
                 let refused: Vec<(u16, String)> = failed
                     .iter()
                     .filter_map(|&i| match &placed[i] {
-                        Placed::NotOwner(by) => Some((self.slot(i), by.clone())),
+                        GroupState::NotOwner(by) => Some((self.slot(i), by.clone())),
                         _ => None,
                     })
                     .collect();
@@ -392,7 +392,7 @@ impl<'a> Batch<'a> {
             // Only an unanswered forward asks; read before the ownership lock.
             let suspected = if failed
                 .iter()
-                .any(|&i| matches!(placed[i], Placed::Unanswered))
+                .any(|&i| matches!(placed[i], GroupState::Unanswered))
             {
                 cluster.suspected_members()
             } else {
@@ -408,7 +408,7 @@ impl<'a> Batch<'a> {
                     .map(|i| {
                         let slot = self.slot(i);
                         let how = match &placed[i] {
-                            Placed::NotOwner(by) => Failed::NotOwner(by.clone()),
+                            GroupState::NotOwner(by) => Failed::NotOwner(by.clone()),
                             _ => Failed::Unanswered,
                         };
                         // Gained meanwhile with its state not here yet: `try_again`, not
@@ -423,8 +423,8 @@ impl<'a> Batch<'a> {
             for (i, placement) in placements {
                 placed[i] = match placement {
                     Placement::Decide | Placement::Takeover => self.decide(i),
-                    Placement::Forward(owner) => Placed::Remote(owner),
-                    Placement::Refuse(refusal) => Placed::Refused(refusal_code(refusal)),
+                    Placement::Forward(owner) => GroupState::Remote(owner),
+                    Placement::Refuse(refusal) => GroupState::Refused(refusal_code(refusal)),
                 };
             }
         }
@@ -435,10 +435,10 @@ impl<'a> Batch<'a> {
 /// of them are `try_again`.
 fn assemble(
     groups: &[Vec<ValidCheck>],
-    placed: Vec<Placed>,
+    placed: Vec<GroupState>,
     local: Vec<WireDecision>,
 ) -> (Vec<WireDecision>, usize) {
-    if placed.iter().all(|p| matches!(p, Placed::Here(_))) {
+    if placed.iter().all(|p| matches!(p, GroupState::Here(_))) {
         // Decided here in order: nothing to rearrange.
         return (local, 0);
     }
@@ -447,26 +447,26 @@ fn assemble(
     for (group, place) in groups.iter().zip(placed) {
         let refused = |code| std::iter::repeat_n(WireDecision::error(code), group.len());
         match place {
-            Placed::Here(range) => decisions.extend_from_slice(&local[range]),
-            Placed::Answered(answer) => {
+            GroupState::Here(range) => decisions.extend_from_slice(&local[range]),
+            GroupState::Answered(answer) => {
                 held += answer
                     .iter()
                     .filter(|d| d.to_decision() == Err(ErrorCode::TryAgain))
                     .count();
                 decisions.extend(answer);
             }
-            Placed::Refused(code) => {
+            GroupState::Refused(code) => {
                 if code == ErrorCode::TryAgain {
                     held += group.len();
                 }
                 decisions.extend(refused(code));
             }
             // Every forward was resolved before; answer as a node that could not decide.
-            Placed::Remote(_) | Placed::NotOwner(_) | Placed::Unanswered => {
+            GroupState::Remote(_) | GroupState::NotOwner(_) | GroupState::Unanswered => {
                 decisions.extend(refused(ErrorCode::ShuttingDown))
             }
             // Its home region did not answer: the check's failure mode decides at the client.
-            Placed::Home => decisions.extend(refused(ErrorCode::NotOwner)),
+            GroupState::Home => decisions.extend(refused(ErrorCode::NotOwner)),
         }
     }
     (decisions, held)
@@ -481,7 +481,7 @@ impl Batch<'_> {
     async fn forward(
         &self,
         archived: Option<&ArchivedCheckBatch>,
-        placed: &mut [Placed],
+        placed: &mut [GroupState],
         table_version: u64,
     ) {
         let shared = self.shared;
@@ -490,13 +490,13 @@ impl Batch<'_> {
         let scoped_forwards = Feature::ForwardedScopes.readable_at(cluster.cluster_version());
         let mut remote: BTreeMap<String, Vec<usize>> = BTreeMap::new();
         for (i, place) in placed.iter_mut().enumerate() {
-            if let Placed::Remote(owner) = place {
+            if let GroupState::Remote(owner) = place {
                 if *self.reach(i) == Reach::Global && !scoped_forwards {
-                    *place = Placed::Refused(ErrorCode::NotOwner);
+                    *place = GroupState::Refused(ErrorCode::NotOwner);
                     continue;
                 }
                 remote.entry(std::mem::take(owner)).or_default().push(i);
-                *place = Placed::Unanswered;
+                *place = GroupState::Unanswered;
             }
         }
         let batches = owner_batches::batches(archived, remote, |indices, batch| {
@@ -548,9 +548,9 @@ impl Batch<'_> {
                     .metrics
                     .forward_refused
                     .increment(answer.decisions.len() as u64);
-                Placed::NotOwner(answer.owner)
+                GroupState::NotOwner(answer.owner)
             } else {
-                Placed::Answered(answer.decisions)
+                GroupState::Answered(answer.decisions)
             };
         }
     }

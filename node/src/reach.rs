@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 
-use floodgate::Check;
+use floodgate::BucketCheck;
 use floodgate::region::{RegionName, Scope};
 use floodgate::wire::{
     ArchivedCheckBatch, ErrorCode, FrameKind, ValidCheck, WireDecision, encode_message,
@@ -96,7 +96,7 @@ pub(crate) fn decide_global_group(
     global: &[bool],
     out: &mut Vec<WireDecision>,
 ) {
-    let checks: Vec<Check> = group.iter().map(ValidCheck::check).collect();
+    let checks: Vec<BucketCheck> = group.iter().map(ValidCheck::check).collect();
     let others: Vec<_> = group
         .iter()
         .map(|c| rings.owners_elsewhere(c.key.slot()))

@@ -12,7 +12,7 @@ use floodgate::wire::{
     ErrorCode, FrameKind, decode_region_ack, decode_region_deltas, encode_region_ack,
     encode_region_deltas,
 };
-use floodgate::{BucketKey, BucketStore, Check, Clock, Decision, Limit, StoreError};
+use floodgate::{BucketCheck, BucketKey, BucketStore, Clock, Decision, Limit, StoreError};
 use parking_lot::Mutex;
 use tokio::sync::{Notify, watch};
 
@@ -90,7 +90,7 @@ impl<C: Clock> RegionSync<C> {
     /// admitted is recorded for the other regions only if the whole group passed.
     pub fn check_group(
         &self,
-        checks: &[Check],
+        checks: &[BucketCheck],
         global: &[bool],
         others: &[Vec<Peer>],
     ) -> Result<Vec<Decision>, StoreError> {

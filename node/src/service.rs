@@ -7,7 +7,7 @@ use floodgate::wire::{
     CheckGroups, DecisionBatch, ErrorCode, ErrorFrame, Frame, FrameKind, ValidCheck, WireDecision,
     WireLimits, decode_check_batch, decode_check_batch_into, encode_frame, encode_message,
 };
-use floodgate::{BucketStore, Check, Decision};
+use floodgate::{BucketCheck, BucketStore, Decision};
 use rkyv::util::AlignedVec;
 
 use crate::caller::{Caller, REFUND_REFUSED};
@@ -205,7 +205,7 @@ pub fn decide_group(
         return;
     }
     // This thread's buffers when free (the check path), fresh ones otherwise.
-    let mut decide = |checks: &mut Vec<Check>, decisions: &mut Vec<Decision>| {
+    let mut decide = |checks: &mut Vec<BucketCheck>, decisions: &mut Vec<Decision>| {
         checks.clear();
         checks.extend(group.iter().map(ValidCheck::check));
         decisions.clear();
@@ -234,7 +234,7 @@ pub fn decide_group(
 thread_local! {
     /// A multi-check group's checks and decisions for `BucketStore::check_all`, reused (two
     /// allocations per gateway request otherwise).
-    static GROUP_SCRATCH: RefCell<(Vec<Check>, Vec<Decision>)> = RefCell::default();
+    static GROUP_SCRATCH: RefCell<(Vec<BucketCheck>, Vec<Decision>)> = RefCell::default();
 }
 
 /// Records the batch's metrics and appends its decision batch frame.

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use floodgate::{BucketStore, EpochClock};
 use tokio::sync::watch;
 
-use crate::admission::Allowance;
+use crate::admission::ConnectionAllowance;
 use crate::budget::BufferBudget;
 use crate::cluster::Cluster;
 use crate::config::NodeConfig;
@@ -22,7 +22,7 @@ pub(crate) struct Shared {
     pub(crate) clock: EpochClock,
     pub(crate) metrics: NodeMetrics,
     /// Client and peer connections, counted apart.
-    pub(crate) allowance: Arc<Allowance>,
+    pub(crate) allowance: Arc<ConnectionAllowance>,
     /// Bytes buffered from all streams, against `max_buffered_bytes`.
     pub(crate) budget: BufferBudget,
     pub(crate) ready: AtomicBool,

@@ -17,7 +17,7 @@ use xxhash_rust::xxh3::xxh3_128;
 use super::pattern::{joined_path, normalize_path};
 use super::rules::{FailureMode, KeyPart, Mode, Policy, Rule, RuleLimit, RuleScope};
 use crate::region::Scope;
-use crate::{BucketKey, Check, Limit};
+use crate::{BucketCheck, BucketKey, Limit};
 
 /// Longest key a node accepts (the wire's default `max_key_bytes`); longer keys are hashed.
 pub const MAX_KEY_BYTES: usize = 256;
@@ -86,8 +86,8 @@ impl PlannedCheck {
     }
 
     /// This check for an in-process [`crate::BucketStore`].
-    pub fn store_check(&self) -> Check {
-        Check {
+    pub fn store_check(&self) -> BucketCheck {
+        BucketCheck {
             key: self.bucket_key(),
             limit: self.limit,
             cost: self.cost,

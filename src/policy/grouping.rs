@@ -4,7 +4,7 @@
 //! when every key lives on one node, which that node decides atomically); shadow checks are
 //! each a group of their own, so a shadow denial never undoes an enforced check. When the groups
 //! span nodes and the request does not pass, what the other nodes took is refunded
-//! ([`super::Verdict::refunds`]).
+//! ([`super::RequestVerdict::refunds`]).
 
 use super::engine::PlannedCheck;
 use super::verdict::CheckOutcome;

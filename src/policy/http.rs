@@ -18,7 +18,7 @@
 use std::fmt::Write as _;
 
 use super::json;
-use super::verdict::{Action, RuleReport, RuleState, Verdict};
+use super::verdict::{Action, RequestVerdict, RuleReport, RuleState};
 use crate::NANOS_PER_SEC;
 
 pub const RETRY_AFTER: &str = "retry-after";
@@ -58,7 +58,7 @@ pub fn seconds_ceil(ns: u64) -> u64 {
     ns.div_ceil(NANOS_PER_SEC)
 }
 
-impl Verdict {
+impl RequestVerdict {
     /// The HTTP answer for this verdict. A `Wait` the gateway does not honour is answered as the
     /// denial it stands for (429, `Retry-After` the wait).
     pub fn http(&self) -> HttpResponse {
@@ -95,7 +95,7 @@ impl Verdict {
 }
 
 /// `RateLimit-Policy`: one item per enforced rule of the request, in rule order.
-pub fn ratelimit_policy(verdict: &Verdict) -> Option<String> {
+pub fn ratelimit_policy(verdict: &RequestVerdict) -> Option<String> {
     let items: Vec<String> = verdict
         .rules
         .iter()
@@ -109,14 +109,14 @@ pub fn ratelimit_policy(verdict: &Verdict) -> Option<String> {
 }
 
 /// `RateLimit`: the most restrictive enforced rule's remaining units and time to more quota.
-pub fn ratelimit(verdict: &Verdict) -> Option<String> {
+pub fn ratelimit(verdict: &RequestVerdict) -> Option<String> {
     let report = most_restrictive(verdict)?;
     let remaining = report.remaining?;
     let reset = seconds_ceil(report.more_after_ns.unwrap_or(0));
     Some(format!("\"{}\";r={remaining};t={reset}", report.rule))
 }
 
-fn most_restrictive(verdict: &Verdict) -> Option<&RuleReport> {
+fn most_restrictive(verdict: &RequestVerdict) -> Option<&RuleReport> {
     // A retry that can never pass sorts last of all (u64::MAX).
     let retry = |r: &RuleReport| match r.state {
         RuleState::Denied { retry_after_ns } => retry_after_ns.unwrap_or(u64::MAX),
@@ -151,7 +151,7 @@ fn most_restrictive(verdict: &Verdict) -> Option<&RuleReport> {
 
 /// The RFC 9457 body: the draft's problem type, `violated-policies` (its extension member) and
 /// `violations`, each policy with its own retry time in seconds (`null`: never).
-fn problem(verdict: &Verdict, status: u16, retry_after: Option<u64>) -> String {
+fn problem(verdict: &RequestVerdict, status: u16, retry_after: Option<u64>) -> String {
     let unavailable = status == 503;
     let culprits: Vec<(&str, Option<u64>)> = if unavailable {
         verdict

@@ -8,9 +8,9 @@
 //! 3. [`Policy::checks_for`] plans one [`PlannedCheck`] per rule that applies.
 //! 4. The client groups them into calls ([`group_by_owner`]), decides them (nodes, or fallback
 //!    buckets) and records one [`CheckOutcome`] each ([`RoundOutcomes`]).
-//! 5. [`Policy::verdict`] combines them into a [`Verdict`]: allow, wait, deny or unavailable, with
+//! 5. [`Policy::verdict`] combines them into a [`RequestVerdict`]: allow, wait, deny or unavailable, with
 //!    the checks to refund when the request does not pass.
-//! 6. [`Verdict::http`] gives the status, `Retry-After`, `RateLimit-Policy`, `RateLimit` and the
+//! 6. [`RequestVerdict::http`] gives the status, `Retry-After`, `RateLimit-Policy`, `RateLimit` and the
 //!    problem body.
 //!
 //! Modules:
@@ -58,8 +58,8 @@ pub use parse_limit::MAX_WAIT_NS;
 pub use parse_region::{MAX_REGIONS, MAX_TENANTS};
 pub use rules::{FailureMode, KeyPart, Mode, Policy, Rule, RuleLimit, RuleScope};
 pub use verdict::{
-    Action, CheckOutcome, RuleReport, RuleState, Source, UNAVAILABLE_RETRY_AFTER_NS, Verdict,
-    verdict,
+    Action, CheckOutcome, RequestVerdict, RuleReport, RuleState, Source,
+    UNAVAILABLE_RETRY_AFTER_NS, verdict,
 };
 pub use wait::{WaitBound, WaitPermit};
 pub use yaml::MAX_RULES_FILE_BYTES;

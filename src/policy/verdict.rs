@@ -13,7 +13,7 @@ use std::sync::Arc;
 use super::engine::PlannedCheck;
 use super::rules::{FailureMode, Policy};
 pub use crate::check::Source;
-use crate::check::{DegradedReason, Verdict as CheckVerdict};
+use crate::check::{DegradedReason, Verdict};
 use crate::{Algorithm, Decision, Limit, NANOS_PER_SEC};
 
 /// `Retry-After` of a `503` when the limiter was unreachable: long enough to not hammer it, short
@@ -59,7 +59,7 @@ impl CheckOutcome {
     /// `group_passed` when every check of the group was allowed. A group that did not pass
     /// consumed nothing (the node undid it; the fallback only peeked). A fail-closed check
     /// nobody decided is `Unreachable`: the verdict turns an enforced one into a `503`.
-    pub fn of_group_member(verdict: CheckVerdict, group_passed: bool) -> Self {
+    pub fn of_group_member(verdict: Verdict, group_passed: bool) -> Self {
         let outcome = match verdict.source {
             Source::Node => CheckOutcome::node(verdict.decision),
             Source::Fallback(reason) => CheckOutcome::fallback(verdict.decision, reason),
@@ -146,7 +146,7 @@ impl RuleReport {
 
 /// The answer for one request.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Verdict {
+pub struct RequestVerdict {
     pub action: Action,
     /// One per planned check, in the same order.
     pub rules: Vec<RuleReport>,
@@ -154,14 +154,14 @@ pub struct Verdict {
 
 impl Policy {
     /// The verdict for the planned checks' outcomes (see [`verdict`]).
-    pub fn verdict(&self, planned: &[PlannedCheck], outcomes: &[CheckOutcome]) -> Verdict {
+    pub fn verdict(&self, planned: &[PlannedCheck], outcomes: &[CheckOutcome]) -> RequestVerdict {
         verdict(planned, outcomes)
     }
 }
 
 /// Combines one outcome per planned check into the request's verdict. A missing outcome counts
 /// as unreachable.
-pub fn verdict(planned: &[PlannedCheck], outcomes: &[CheckOutcome]) -> Verdict {
+pub fn verdict(planned: &[PlannedCheck], outcomes: &[CheckOutcome]) -> RequestVerdict {
     let mut rules = Vec::with_capacity(planned.len());
     let mut denied = false;
     let mut longest_retry = Some(0u64);
@@ -210,7 +210,7 @@ pub fn verdict(planned: &[PlannedCheck], outcomes: &[CheckOutcome]) -> Verdict {
             );
         }
     }
-    Verdict { action, rules }
+    RequestVerdict { action, rules }
 }
 
 fn report(check: &PlannedCheck, outcome: CheckOutcome) -> RuleReport {
@@ -265,7 +265,7 @@ fn more_after_ns(limit: &Limit, decision: &Decision) -> u64 {
     }
 }
 
-impl Verdict {
+impl RequestVerdict {
     pub fn is_allowed(&self) -> bool {
         self.action == Action::Allow
     }
@@ -300,7 +300,7 @@ impl Verdict {
     }
 
     /// A `Wait` turned into the denial it stood for: when too many requests already wait.
-    pub fn into_denial(mut self) -> Verdict {
+    pub fn into_denial(mut self) -> RequestVerdict {
         if let Action::Wait { wait_ns } = self.action {
             self.action = Action::Deny {
                 retry_after_ns: Some(wait_ns),

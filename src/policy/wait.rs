@@ -23,7 +23,7 @@ impl WaitBound {
     }
 
     /// A permit to wait, or `None` when `max_waiting` requests already wait (deny instead:
-    /// [`super::Verdict::into_denial`]).
+    /// [`super::RequestVerdict::into_denial`]).
     pub fn try_enter(self: &Arc<Self>) -> Option<WaitPermit> {
         self.waiting
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {

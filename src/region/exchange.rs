@@ -28,7 +28,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use super::admission::share_allows;
 use super::config::ExchangeConfig;
 use super::delta::{Delta, DeltaAck, DeltaBatch, Outgoing, Peer, Transmit};
-use super::inbox::{Arrival, Inbox};
+use super::inbox::{Inbox, Receipt};
 use super::outbox::Outbox;
 use super::route::Route;
 use crate::store::RemoteUse;
@@ -353,7 +353,7 @@ impl Exchange {
             window,
             now_ns,
         ) {
-            Arrival::Apply => {
+            Receipt::Apply => {
                 // Saturating: the units are a peer's claim, however large.
                 let units = batch
                     .deltas
@@ -366,12 +366,12 @@ impl Exchange {
                 }
                 self.ack_due.insert(batch.from.clone());
             }
-            Arrival::Duplicate => {
+            Receipt::Duplicate => {
                 self.stats.duplicate_messages += 1;
                 self.ack_due.insert(batch.from.clone());
             }
-            Arrival::Stale => self.stats.stale_messages += 1,
-            Arrival::OutOfWindow => self.stats.refused_messages += 1,
+            Receipt::Stale => self.stats.stale_messages += 1,
+            Receipt::OutOfWindow => self.stats.refused_messages += 1,
         }
     }
 

@@ -18,7 +18,7 @@ pub const DEDUPE_WINDOW: u64 = 4_096;
 
 /// What to do with an arriving message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Arrival {
+pub(super) enum Receipt {
     /// New: apply it, then acknowledge.
     Apply,
     /// Applied before: acknowledge again only (the first acknowledgement may have been lost).
@@ -63,9 +63,9 @@ impl Inbox {
         settled_below: Option<u64>,
         window: u64,
         now_ns: u64,
-    ) -> Arrival {
+    ) -> Receipt {
         if session < self.session {
-            return Arrival::Stale;
+            return Receipt::Stale;
         }
         self.last_arrival_ns = self.last_arrival_ns.max(now_ns);
         if session > self.session {
@@ -87,15 +87,15 @@ impl Inbox {
             }
         }
         if seq == 0 || seq >= self.below.saturating_add(window) {
-            return Arrival::OutOfWindow;
+            return Receipt::OutOfWindow;
         }
         if seq < self.below || !self.above.insert(seq) {
-            return Arrival::Duplicate;
+            return Receipt::Duplicate;
         }
         while self.above.remove(&self.below) {
             self.below += 1;
         }
-        Arrival::Apply
+        Receipt::Apply
     }
 
     /// The sequence numbers above `below` to acknowledge (the lowest ones, bounded).
@@ -109,32 +109,32 @@ mod tests {
     use super::*;
 
     /// Version 2's messages: no settled point.
-    fn arrive(inbox: &mut Inbox, session: u64, seq: u64) -> Arrival {
+    fn arrive(inbox: &mut Inbox, session: u64, seq: u64) -> Receipt {
         inbox.arrive(session, seq, None, DEDUPE_WINDOW, 0)
     }
 
     #[test]
     fn each_sequence_number_applies_once_in_any_order() {
         let mut inbox = Inbox::new(7, None, 0);
-        assert_eq!(arrive(&mut inbox, 7, 2), Arrival::Apply);
-        assert_eq!(arrive(&mut inbox, 7, 2), Arrival::Duplicate);
+        assert_eq!(arrive(&mut inbox, 7, 2), Receipt::Apply);
+        assert_eq!(arrive(&mut inbox, 7, 2), Receipt::Duplicate);
         assert_eq!(inbox.also(), vec![2]);
-        assert_eq!(arrive(&mut inbox, 7, 1), Arrival::Apply);
+        assert_eq!(arrive(&mut inbox, 7, 1), Receipt::Apply);
         assert_eq!((inbox.below, inbox.also()), (3, vec![]));
-        assert_eq!(arrive(&mut inbox, 7, 1), Arrival::Duplicate);
-        assert_eq!(arrive(&mut inbox, 7, 0), Arrival::OutOfWindow);
+        assert_eq!(arrive(&mut inbox, 7, 1), Receipt::Duplicate);
+        assert_eq!(arrive(&mut inbox, 7, 0), Receipt::OutOfWindow);
         assert_eq!(
             arrive(&mut inbox, 7, 3 + DEDUPE_WINDOW),
-            Arrival::OutOfWindow
+            Receipt::OutOfWindow
         );
     }
 
     #[test]
     fn a_restarted_sender_starts_again_and_its_old_session_is_ignored() {
         let mut inbox = Inbox::new(7, None, 0);
-        assert_eq!(arrive(&mut inbox, 7, 1), Arrival::Apply);
-        assert_eq!(arrive(&mut inbox, 9, 1), Arrival::Apply);
-        assert_eq!(arrive(&mut inbox, 7, 2), Arrival::Stale);
+        assert_eq!(arrive(&mut inbox, 7, 1), Receipt::Apply);
+        assert_eq!(arrive(&mut inbox, 9, 1), Receipt::Apply);
+        assert_eq!(arrive(&mut inbox, 7, 2), Receipt::Stale);
         assert_eq!(inbox.session, 9);
     }
 
@@ -145,33 +145,33 @@ mod tests {
         let settled = 3 * DEDUPE_WINDOW;
         let mut inbox = Inbox::new(7, Some(settled), 0);
         let arrive = |inbox: &mut Inbox, seq| inbox.arrive(7, seq, Some(settled), DEDUPE_WINDOW, 0);
-        assert_eq!(arrive(&mut inbox, settled + 1), Arrival::Apply);
-        assert_eq!(arrive(&mut inbox, settled), Arrival::Apply);
+        assert_eq!(arrive(&mut inbox, settled + 1), Receipt::Apply);
+        assert_eq!(arrive(&mut inbox, settled), Receipt::Apply);
         assert_eq!((inbox.below, inbox.also()), (settled + 2, vec![]));
         // Below the settled point: acknowledged before, so a duplicate.
-        assert_eq!(arrive(&mut inbox, settled - 1), Arrival::Duplicate);
+        assert_eq!(arrive(&mut inbox, settled - 1), Receipt::Duplicate);
     }
 
     /// An inbox that learns a higher settled point moves up to it, dropping what it held below.
     #[test]
     fn a_higher_settled_point_moves_the_inbox_up() {
         let mut inbox = Inbox::new(7, None, 0);
-        assert_eq!(arrive(&mut inbox, 7, 3), Arrival::Apply);
-        assert_eq!(arrive(&mut inbox, 7, 6), Arrival::Apply);
+        assert_eq!(arrive(&mut inbox, 7, 3), Receipt::Apply);
+        assert_eq!(arrive(&mut inbox, 7, 6), Receipt::Apply);
         assert_eq!(
             inbox.arrive(7, 7, Some(5), DEDUPE_WINDOW, 0),
-            Arrival::Apply
+            Receipt::Apply
         );
         assert_eq!((inbox.below, inbox.also()), (5, vec![6, 7]));
         assert_eq!(
             inbox.arrive(7, 5, Some(5), DEDUPE_WINDOW, 0),
-            Arrival::Apply
+            Receipt::Apply
         );
         assert_eq!((inbox.below, inbox.also()), (8, vec![]));
         // A lower settled point (an old copy) moves nothing back.
         assert_eq!(
             inbox.arrive(7, 4, Some(2), DEDUPE_WINDOW, 0),
-            Arrival::Duplicate
+            Receipt::Duplicate
         );
         assert_eq!(inbox.below, 8);
     }

@@ -81,7 +81,7 @@ pub enum StoreError {
 
 /// One check of a multi-check.
 #[derive(Debug, Clone, Copy)]
-pub struct Check {
+pub struct BucketCheck {
     pub key: BucketKey,
     pub limit: Limit,
     pub cost: u64,
@@ -259,7 +259,7 @@ impl BucketStore {
     /// while deciding, so no other check sees a consumption that is then taken back.
     pub fn check_all(
         &self,
-        checks: &[Check],
+        checks: &[BucketCheck],
         now_ns: u64,
         decisions: &mut Vec<Decision>,
     ) -> Result<bool, StoreError> {

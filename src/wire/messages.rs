@@ -5,7 +5,7 @@ use rkyv::{Archive, Deserialize, Serialize};
 
 use super::ErrorCode;
 use crate::limit::format_period;
-use crate::{Algorithm, BucketKey, Check, Limit, MAX_PERIOD_NS, SLIDING_LOG_MAX_LIMIT};
+use crate::{Algorithm, BucketCheck, BucketKey, Limit, MAX_PERIOD_NS, SLIDING_LOG_MAX_LIMIT};
 
 /// One check as sent: the key bytes and everything needed to enforce it, so a node needs no
 /// configuration. The key bytes are the bucket's whole identity (clients prefix the rule name).
@@ -96,8 +96,8 @@ pub struct ValidCheck {
 
 impl ValidCheck {
     /// The store's check of this one: its key, limit and cost.
-    pub fn check(&self) -> Check {
-        Check {
+    pub fn check(&self) -> BucketCheck {
+        BucketCheck {
             key: self.key,
             limit: self.limit,
             cost: self.cost,

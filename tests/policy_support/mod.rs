@@ -5,9 +5,10 @@
 
 use std::net::IpAddr;
 
-use floodgate::check::{Source, Verdict as CheckVerdict};
+use floodgate::check::{Source, Verdict};
 use floodgate::policy::{
-    CheckOutcome, PlannedCheck, Policy, RequestAttributes, RoundOutcomes, Verdict, group_by_owner,
+    CheckOutcome, PlannedCheck, Policy, RequestAttributes, RequestVerdict, RoundOutcomes,
+    group_by_owner,
 };
 use floodgate::{BucketStore, Decision, NANOS_PER_SEC, StoreConfig};
 
@@ -75,9 +76,9 @@ pub fn decide(
             .collect();
         let mut decisions = Vec::new();
         store.check_all(&checks, now, &mut decisions).unwrap();
-        let verdicts: Vec<CheckVerdict> = decisions
+        let verdicts: Vec<Verdict> = decisions
             .into_iter()
-            .map(|decision| CheckVerdict {
+            .map(|decision| Verdict {
                 decision,
                 source: Source::Node,
             })
@@ -92,7 +93,7 @@ pub fn request(
     store: &BucketStore,
     attrs: &RequestAttributes<'_>,
     now: u64,
-) -> Verdict {
+) -> RequestVerdict {
     let planned = policy.checks_for(attrs);
     policy.verdict(&planned, &decide_group(store, &planned, now))
 }

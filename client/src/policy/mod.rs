@@ -23,10 +23,10 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use floodgate::check::{Check, Verdict as CheckVerdict};
+use floodgate::check::{Check, Verdict};
 use floodgate::policy::{
-    self, Action, CheckGroup, HttpResponse, PlannedCheck, Policy, RequestAttributes, RoundOutcomes,
-    Verdict, WaitBound, client_ip,
+    self, Action, CheckGroup, HttpResponse, PlannedCheck, Policy, RequestAttributes,
+    RequestVerdict, RoundOutcomes, WaitBound, client_ip,
 };
 use floodgate::priority::Priority;
 use floodgate::wire::PolicyMessage;
@@ -137,7 +137,7 @@ impl RequestInfo {
 pub struct RequestDecision {
     /// Every applying rule's report and the action (allow, deny, unavailable; a wait has been
     /// served already, so it never shows here).
-    pub verdict: Verdict,
+    pub verdict: RequestVerdict,
     /// Status, `Retry-After`, `RateLimit-Policy`, `RateLimit` and the problem body.
     pub response: HttpResponse,
     /// How long the request was held for quota (`max_wait`).
@@ -333,7 +333,7 @@ impl RateLimiter {
             policy, waiting, ..
         } = self.inner.state.borrow().clone();
         let Some(policy) = policy else {
-            let verdict = Verdict {
+            let verdict = RequestVerdict {
                 action: Action::Allow,
                 rules: Vec::new(),
             };
@@ -381,7 +381,7 @@ impl RateLimiter {
 
     /// One round: the checks, the verdict, and the refunds it calls for. Returns the verdict and
     /// how many checks were not decided by their node.
-    async fn decide(&self, policy: &Policy, planned: &[PlannedCheck]) -> (Verdict, usize) {
+    async fn decide(&self, policy: &Policy, planned: &[PlannedCheck]) -> (RequestVerdict, usize) {
         if planned.is_empty() {
             return (policy.verdict(planned, &[]), 0);
         }
@@ -409,7 +409,7 @@ impl RateLimiter {
 async fn run_calls(
     client: &Client,
     groups: &[CheckGroup],
-) -> Vec<Result<Vec<CheckVerdict>, ClientError>> {
+) -> Vec<Result<Vec<Verdict>, ClientError>> {
     if let [group] = groups {
         return vec![client.check(&group.checks).await];
     }
@@ -419,7 +419,7 @@ async fn run_calls(
         set.spawn(async move { (i, client.check(&checks).await) });
     }
     // A call task only panics if the runtime is shutting down; its checks stay unreachable.
-    let mut answers: Vec<Result<Vec<CheckVerdict>, ClientError>> = (0..groups.len())
+    let mut answers: Vec<Result<Vec<Verdict>, ClientError>> = (0..groups.len())
         .map(|_| {
             Err(ClientError::Unavailable(
                 "the call did not finish".to_owned(),

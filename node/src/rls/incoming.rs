@@ -15,7 +15,7 @@ use tonic::transport::server::{Connected, TcpConnectInfo};
 
 /// A TCP connection holding one of the listener's places until it is dropped.
 #[derive(Debug)]
-pub(crate) struct Counted {
+pub(crate) struct HeldConnection {
     stream: TcpStream,
     _place: OwnedSemaphorePermit,
 }
@@ -25,7 +25,7 @@ pub(crate) fn bounded(
     listener: TcpListener,
     max_connections: usize,
     mut shutdown: watch::Receiver<bool>,
-) -> ReceiverStream<io::Result<Counted>> {
+) -> ReceiverStream<io::Result<HeldConnection>> {
     let (sender, receiver) = mpsc::channel(1);
     let places = Arc::new(Semaphore::new(max_connections.max(1)));
     tokio::spawn(async move {
@@ -45,20 +45,20 @@ pub(crate) fn bounded(
     ReceiverStream::new(receiver)
 }
 
-async fn accept(listener: &TcpListener, places: &Arc<Semaphore>) -> io::Result<Counted> {
+async fn accept(listener: &TcpListener, places: &Arc<Semaphore>) -> io::Result<HeldConnection> {
     let place = places
         .clone()
         .acquire_owned()
         .await
         .map_err(|_| io::Error::other("the RLS listener is closed"))?;
     let (stream, _) = listener.accept().await?;
-    Ok(Counted {
+    Ok(HeldConnection {
         stream,
         _place: place,
     })
 }
 
-impl Connected for Counted {
+impl Connected for HeldConnection {
     type ConnectInfo = TcpConnectInfo;
 
     fn connect_info(&self) -> TcpConnectInfo {
@@ -66,7 +66,7 @@ impl Connected for Counted {
     }
 }
 
-impl AsyncRead for Counted {
+impl AsyncRead for HeldConnection {
     fn poll_read(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -76,7 +76,7 @@ impl AsyncRead for Counted {
     }
 }
 
-impl AsyncWrite for Counted {
+impl AsyncWrite for HeldConnection {
     fn poll_write(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,

@@ -23,7 +23,7 @@ use floodgate::{BucketStore, EpochClock};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
-use crate::admission::Allowance;
+use crate::admission::ConnectionAllowance;
 use crate::budget::BufferBudget;
 use crate::cluster::Cluster;
 use crate::config::NodeConfig;
@@ -111,7 +111,7 @@ impl Node {
             .with_max_leases(config.limits.lease_cap()),
         );
         let region_sync = Arc::new(region_sync(&config, &cluster, store.clone(), clock)?);
-        let allowance = Arc::new(Allowance::new(
+        let allowance = Arc::new(ConnectionAllowance::new(
             config.limits.max_connections,
             config.limits.max_peer_connections,
             metrics.connections.clone(),

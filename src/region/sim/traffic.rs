@@ -41,7 +41,7 @@ impl Default for TrafficConfig {
 
 /// One request: where it arrives and what it costs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Arrival {
+pub struct Request {
     pub region: usize,
     pub cost: u64,
 }
@@ -56,7 +56,7 @@ pub struct Traffic {
     busy: Vec<Vec<bool>>,
     /// Burst times, earliest last.
     bursts: Vec<u64>,
-    due: VecDeque<Arrival>,
+    due: VecDeque<Request>,
 }
 
 impl Traffic {
@@ -138,7 +138,7 @@ impl Traffic {
     }
 
     /// The next request due by `now_ns`.
-    pub fn take_due(&mut self, now_ns: u64) -> Option<Arrival> {
+    pub fn take_due(&mut self, now_ns: u64) -> Option<Request> {
         if self.due.is_empty() && now_ns < self.until_ns {
             if self.bursts.last().is_some_and(|&at| at <= now_ns) {
                 self.bursts.pop();
@@ -146,14 +146,14 @@ impl Traffic {
                 for _ in 0..self.config.burst_size {
                     for region in 0..regions {
                         let cost = self.cost();
-                        self.due.push_back(Arrival { region, cost });
+                        self.due.push_back(Request { region, cost });
                     }
                 }
             }
             for region in 0..self.next_at.len() {
                 if self.next_at[region] <= now_ns {
                     let cost = self.cost();
-                    self.due.push_back(Arrival { region, cost });
+                    self.due.push_back(Request { region, cost });
                     self.next_at[region] = self.gap(region, now_ns);
                 }
             }
