@@ -105,171 +105,278 @@ fn consumed(store: &BucketStore, key: BucketKey, limit: &Limit, now_ns: u64) -> 
 
 /// Runs one simulation; `Err` names the seed and what failed.
 pub fn run_moves(config: &MovesConfig) -> Result<MovesReport, String> {
-    let seed = config.seed;
-    let fail = |what: String| Err(format!("seed {seed}: {what}"));
-    let mut rng = SplitMix64::new(seed);
-    let key = BucketKey::for_key(b"moves\x1fglobal");
-    let limit = Limit::window(Algorithm::FixedWindow, 1_000_000_000, 3_600 * NANOS_PER_SEC)
-        .unwrap_or_else(|_| unreachable!("a valid limit"));
-    let exchange_config = ExchangeConfig::for_regions(2);
-    let mut exchanges: Vec<Exchange> = (0..NODES)
-        .map(|i| Exchange::new(exchange_config, peer(i), 1))
-        .collect();
-    let stores: Vec<BucketStore> = (0..NODES).map(|_| store()).collect();
-    let mut network = Network::new(NetworkConfig {
-        min_delay_ns: 5 * MS,
-        max_delay_ns: 60 * MS,
-        loss_per_million: 50_000,
-        duplicate_per_million: 50_000,
-        partition: None,
-    });
-    // The truth, each node of `a`'s view, and `b`'s view of `a`'s ring.
-    let mut owner = 0usize;
-    let mut views = [View {
-        owner: 0,
-        handoff_until_ns: 0,
-    }; 2];
-    let mut b_view = 0usize;
-    // Pending view changes: (when, node of `a` or `B`, new owner).
-    let mut news: Vec<(u64, usize, usize)> = Vec::new();
-    let mut next_move = config.move_every_ns;
-    let mut landed = [0u64; 2];
-    let mut report = MovesReport::default();
+    let mut world = World::new(config);
     let end_ns = config.traffic_ns + config.drain_ns;
-    let mut now = 0u64;
-    while now < end_ns {
-        now += MS;
-        // The slot moves: each node hears of it a little later, `b` later still.
-        if now >= next_move && now < config.traffic_ns {
-            owner = 1 - owner;
-            report.moves += 1;
-            for node in 0..2 {
-                news.push((now + rng.range(0, 50) * MS, node, owner));
-            }
-            news.push((now + rng.range(0, 400) * MS, B, owner));
-            let half = config.move_every_ns / 2;
-            next_move = now + rng.range(half, half + config.move_every_ns);
+    while world.now < end_ns {
+        world.now += MS;
+        world
+            .step()
+            .map_err(|e| format!("seed {}: {e}", config.seed))?;
+    }
+    world
+        .settled()
+        .map_err(|e| format!("seed {}: {e}", config.seed))
+}
+
+/// Everything one run holds: nodes 0 and 1 of region `a`, node 2 of `b`, the network, who
+/// decides the key (the truth and each node's view), and what the checker has counted.
+struct World<'c> {
+    config: &'c MovesConfig,
+    rng: SplitMix64,
+    key: BucketKey,
+    limit: Limit,
+    exchanges: Vec<Exchange>,
+    stores: Vec<BucketStore>,
+    network: Network,
+    owner: usize,
+    views: [View; 2],
+    b_view: usize,
+    /// View changes on their way: (when, node of `a` or `B`, new owner).
+    news: Vec<(u64, usize, usize)>,
+    next_move_ns: u64,
+    landed: [u64; 2],
+    report: MovesReport,
+    now: u64,
+}
+
+impl<'c> World<'c> {
+    fn new(config: &'c MovesConfig) -> Self {
+        let exchange_config = ExchangeConfig::for_regions(2);
+        World {
+            config,
+            rng: SplitMix64::new(config.seed),
+            key: BucketKey::for_key(b"moves\x1fglobal"),
+            limit: Limit::window(Algorithm::FixedWindow, 1_000_000_000, 3_600 * NANOS_PER_SEC)
+                .unwrap_or_else(|_| unreachable!("a valid limit")),
+            exchanges: (0..NODES)
+                .map(|i| Exchange::new(exchange_config, peer(i), 1))
+                .collect(),
+            stores: (0..NODES).map(|_| store()).collect(),
+            network: Network::new(NetworkConfig {
+                min_delay_ns: 5 * MS,
+                max_delay_ns: 60 * MS,
+                loss_per_million: 50_000,
+                duplicate_per_million: 50_000,
+                partition: None,
+            }),
+            owner: 0,
+            views: [View {
+                owner: 0,
+                handoff_until_ns: 0,
+            }; 2],
+            b_view: 0,
+            news: Vec::new(),
+            next_move_ns: config.move_every_ns,
+            landed: [0; 2],
+            report: MovesReport::default(),
+            now: 0,
         }
-        let due: Vec<(u64, usize, usize)> = news.iter().copied().filter(|n| n.0 <= now).collect();
-        news.retain(|n| n.0 > now);
+    }
+
+    /// One millisecond: a move, the news of moves, traffic at `b`, held units taken in,
+    /// deliveries and sends; then the running check that nothing landed twice.
+    fn step(&mut self) -> Result<(), String> {
+        self.move_slot();
+        self.hear_news()?;
+        self.admit_in_b()?;
+        self.take_in_held()?;
+        self.deliver()?;
+        self.send_due()?;
+        let total: u64 = self.landed.iter().sum();
+        if total > self.report.admitted_units {
+            return Err(format!(
+                "region a took {total} units in, more than the {} b admitted",
+                self.report.admitted_units
+            ));
+        }
+        Ok(())
+    }
+
+    /// The slot moves: each node of `a` hears of it a little later, `b` later still.
+    fn move_slot(&mut self) {
+        let now = self.now;
+        if now < self.next_move_ns || now >= self.config.traffic_ns {
+            return;
+        }
+        self.owner = 1 - self.owner;
+        self.report.moves += 1;
+        for node in 0..2 {
+            let at = now + self.rng.range(0, 50) * MS;
+            self.news.push((at, node, self.owner));
+        }
+        let at = now + self.rng.range(0, 400) * MS;
+        self.news.push((at, B, self.owner));
+        let half = self.config.move_every_ns / 2;
+        self.next_move_ns = now + self.rng.range(half, half + self.config.move_every_ns);
+    }
+
+    /// Views change as their news arrives; a node of `a` that switched lets held and passed-on
+    /// units follow the key, and waits a little for a slot it gained.
+    fn hear_news(&mut self) -> Result<(), String> {
+        let now = self.now;
+        let due: Vec<(u64, usize, usize)> =
+            self.news.iter().copied().filter(|n| n.0 <= now).collect();
+        self.news.retain(|n| n.0 > now);
         for (_, node, new_owner) in due {
             if node == B {
-                b_view = new_owner;
+                self.b_view = new_owner;
                 continue;
             }
-            let gained = views[node].owner != node && new_owner == node;
-            views[node].owner = new_owner;
+            let gained = self.views[node].owner != node && new_owner == node;
+            self.views[node].owner = new_owner;
             if gained {
-                views[node].handoff_until_ns = now + rng.range(5, 30) * MS;
+                self.views[node].handoff_until_ns = now + self.rng.range(5, 30) * MS;
             }
-            let a = Region {
-                stores: &stores,
-                key,
-                limit: &limit,
-            };
-            a.act(
-                node,
-                views[node],
-                now,
-                config,
-                &mut landed,
-                |store, route| {
-                    exchanges[node].follow_ownership(now, store, route, &|_| true);
-                    Ok(())
-                },
+            self.act(node, |exchange, store, route| {
+                exchange.follow_ownership(now, store, route, &|_| true);
+                Ok(())
+            })?;
+        }
+        Ok(())
+    }
+
+    /// Traffic at `b`, to the owner its view names.
+    fn admit_in_b(&mut self) -> Result<(), String> {
+        if self.now >= self.config.traffic_ns || !self.rng.chance(300_000) {
+            return Ok(());
+        }
+        let cost = self.rng.range(1, 3);
+        let decision = self.exchanges[B]
+            .check_global(
+                self.now,
+                &self.stores[B],
+                self.key,
+                &self.limit,
+                cost,
+                &[peer(self.b_view)],
             )
-            .map_err(|e| format!("seed {seed}: {e}"))?;
+            .map_err(|e| format!("store error {e}"))?;
+        if decision.is_allowed() {
+            self.report.admitted_units += cost;
         }
-        // Traffic at `b`, to the owner its view names.
-        if now < config.traffic_ns && rng.chance(300_000) {
-            let cost = rng.range(1, 3);
-            let decision = exchanges[B]
-                .check_global(now, &stores[B], key, &limit, cost, &[peer(b_view)])
-                .map_err(|e| format!("seed {seed}: store error {e}"))?;
-            if decision.is_allowed() {
-                report.admitted_units += cost;
+        Ok(())
+    }
+
+    /// The owner by its own view takes what it holds into its bucket now and then, as the
+    /// key's next check would.
+    fn take_in_held(&mut self) -> Result<(), String> {
+        let now = self.now;
+        if !now.is_multiple_of(50 * MS) {
+            return Ok(());
+        }
+        for node in 0..2 {
+            let view = self.views[node];
+            if view.owner != node || now < view.handoff_until_ns {
+                continue;
             }
+            let (key, limit) = (self.key, self.limit);
+            self.act(node, |exchange, store, _| {
+                exchange
+                    .check_global(now, store, key, &limit, 0, &[peer(B)])
+                    .map(drop)
+                    .map_err(|e| format!("store error {e}"))
+            })?;
         }
-        // The owner by its own view takes what it holds into its bucket now and then, as the
-        // key's next check would.
-        for (node, view) in views.iter().enumerate() {
-            if view.owner == node && now >= view.handoff_until_ns && now.is_multiple_of(50 * MS) {
-                let a = Region {
-                    stores: &stores,
-                    key,
-                    limit: &limit,
-                };
-                a.act(node, *view, now, config, &mut landed, |store, _| {
-                    exchanges[node]
-                        .check_global(now, store, key, &limit, 0, &[peer(B)])
-                        .map(drop)
-                        .map_err(|e| format!("store error {e}"))
-                })
-                .map_err(|e| format!("seed {seed}: {e}"))?;
-            }
-        }
-        // Deliveries, then what is due to send.
-        while let Some(message) = network.receive(now) {
+        Ok(())
+    }
+
+    /// Messages due now, each handled by its receiver (region `a` routing its deltas).
+    fn deliver(&mut self) -> Result<(), String> {
+        let now = self.now;
+        while let Some(message) = self.network.receive(now) {
             let to = message.to;
             match &message.message {
                 Outgoing::Deltas(batch) if to < B => {
-                    let a = Region {
-                        stores: &stores,
-                        key,
-                        limit: &limit,
-                    };
-                    a.act(to, views[to], now, config, &mut landed, |store, route| {
-                        exchanges[to].handle_routed_deltas(now, batch, store, route);
+                    self.act(to, |exchange, store, route| {
+                        exchange.handle_routed_deltas(now, batch, store, route);
                         Ok(())
-                    })
-                    .map_err(|e| format!("seed {seed}: {e}"))?;
+                    })?;
                 }
-                Outgoing::Deltas(batch) => exchanges[to].handle_deltas(now, batch, &stores[to]),
-                Outgoing::Ack(ack) => exchanges[to].handle_ack(now, ack),
+                Outgoing::Deltas(batch) => {
+                    self.exchanges[to].handle_deltas(now, batch, &self.stores[to]);
+                }
+                Outgoing::Ack(ack) => self.exchanges[to].handle_ack(now, ack),
             }
         }
-        for (from, exchange) in exchanges.iter_mut().enumerate() {
+        Ok(())
+    }
+
+    /// What every node has due, onto the network.
+    fn send_due(&mut self) -> Result<(), String> {
+        let now = self.now;
+        for (from, exchange) in self.exchanges.iter_mut().enumerate() {
             // Bounded: each node has little to send per millisecond.
             for _ in 0..64 {
                 let Some(transmit) = exchange.poll_transmit(now) else {
                     break;
                 };
                 let Some(to) = index_of(&transmit.to) else {
-                    return fail(format!("a message to an unknown node {}", transmit.to));
+                    return Err(format!("a message to an unknown node {}", transmit.to));
                 };
-                report.messages += 1;
-                network.send(
-                    &mut rng,
-                    now,
-                    InTransit {
-                        from,
-                        to,
-                        message: transmit.message,
-                    },
-                );
+                self.report.messages += 1;
+                let message = InTransit {
+                    from,
+                    to,
+                    message: transmit.message,
+                };
+                self.network.send(&mut self.rng, now, message);
             }
         }
-        let total: u64 = landed.iter().sum();
-        if total > report.admitted_units {
-            return fail(format!(
-                "region a took {total} units in, more than the {} b admitted",
-                report.admitted_units
+        Ok(())
+    }
+
+    /// The end, the network drained: every exchange idle, and every unit `b` admitted landed
+    /// in `a` once (in a bucket, or held for the key's next check).
+    fn settled(mut self) -> Result<MovesReport, String> {
+        if !self.exchanges.iter().all(Exchange::is_idle) {
+            return Err("the exchanges did not settle in the drain time".into());
+        }
+        let report = &mut self.report;
+        report.landed_units = self.landed.iter().sum();
+        report.held_units = (0..2)
+            .map(|i| self.exchanges[i].backlog_units(self.key))
+            .sum();
+        report.passed_on_units = (0..2)
+            .map(|i| self.exchanges[i].stats().passed_on_units)
+            .sum();
+        if report.landed_units + report.held_units != report.admitted_units {
+            return Err(format!(
+                "b admitted {} units; region a took in {} and holds {}: not exactly once",
+                report.admitted_units, report.landed_units, report.held_units
             ));
         }
+        Ok(self.report)
     }
-    if !exchanges.iter().all(Exchange::is_idle) {
-        return fail("the exchanges did not settle in the drain time".into());
+
+    /// Runs `act` on node `node` of region `a` (its exchange, its bucket store, the route
+    /// its view gives now), then counts what landed in its bucket; fails when units landed
+    /// there while the node did not decide the key by its own view (that bucket goes nowhere).
+    fn act(
+        &mut self,
+        node: usize,
+        act: impl FnOnce(&mut Exchange, &BucketStore, &dyn Fn(BucketKey) -> Route) -> Result<(), String>,
+    ) -> Result<(), String> {
+        let (now, view, config) = (self.now, self.views[node], self.config);
+        let store = &self.stores[node];
+        let before = consumed(store, self.key, &self.limit, now);
+        act(&mut self.exchanges[node], store, &|_| {
+            route_of(config, node, view, now)
+        })?;
+        let units = consumed(store, self.key, &self.limit, now).saturating_sub(before);
+        if units == 0 {
+            return Ok(());
+        }
+        if view.owner != node {
+            return Err(format!(
+                "{units} units landed in {}'s bucket at {} ms while it sees {} decide the key",
+                peer(node),
+                now / MS,
+                peer(view.owner)
+            ));
+        }
+        self.landed[node] += units;
+        Ok(())
     }
-    report.landed_units = landed.iter().sum();
-    report.held_units = (0..2).map(|i| exchanges[i].backlog_units(key)).sum();
-    report.passed_on_units = (0..2).map(|i| exchanges[i].stats().passed_on_units).sum();
-    if report.landed_units + report.held_units != report.admitted_units {
-        return fail(format!(
-            "b admitted {} units; region a took in {} and holds {}: not exactly once",
-            report.admitted_units, report.landed_units, report.held_units
-        ));
-    }
-    Ok(report)
 }
 
 /// Where node `node` of region `a` sends a delta's units, by its own view at `now_ns`.
@@ -282,45 +389,5 @@ fn route_of(config: &MovesConfig, node: usize, view: View, now_ns: u64) -> Route
         Route::Hold
     } else {
         Route::Here
-    }
-}
-
-/// Region `a`'s buckets, as the checker reads them.
-struct Region<'a> {
-    stores: &'a [BucketStore],
-    key: BucketKey,
-    limit: &'a Limit,
-}
-
-impl Region<'_> {
-    /// Runs `act` on node `node`'s bucket with the route its `view` gives at `now_ns`, then
-    /// counts what landed in the bucket; fails when units landed there while the node did not
-    /// decide the key by its own view (that bucket goes nowhere).
-    fn act(
-        &self,
-        node: usize,
-        view: View,
-        now_ns: u64,
-        config: &MovesConfig,
-        landed: &mut [u64; 2],
-        act: impl FnOnce(&BucketStore, &dyn Fn(BucketKey) -> Route) -> Result<(), String>,
-    ) -> Result<(), String> {
-        let store = &self.stores[node];
-        let before = consumed(store, self.key, self.limit, now_ns);
-        act(store, &|_| route_of(config, node, view, now_ns))?;
-        let units = consumed(store, self.key, self.limit, now_ns).saturating_sub(before);
-        if units == 0 {
-            return Ok(());
-        }
-        if view.owner != node {
-            return Err(format!(
-                "{units} units landed in {}'s bucket at {} ms while it sees {} decide the key",
-                peer(node),
-                now_ns / MS,
-                peer(view.owner)
-            ));
-        }
-        landed[node] += units;
-        Ok(())
     }
 }
