@@ -35,39 +35,11 @@ pub(super) async fn serve_uni_message(
     shared: Arc<Shared>,
     shutdown: watch::Receiver<bool>,
 ) {
-    let max = shared.config.limits.max_frame_bytes;
-    // The header first: a peer-only kind from a non-peer closes the connection unread.
-    let mut header = [0u8; HEADER_BYTES];
-    if recv.read_exact(&mut header).await.is_err() {
-        return;
-    }
     let is_peer = from.remote.is_peer(&shared);
-    if let Some(kind) = FrameKind::from_u8(header[3]).filter(|k| k.peer_only())
-        && !is_peer
-    {
-        from.remote.forbid(&shared, kind);
+    let Some((mut reader, _reserved)) =
+        read_message(&mut recv, &from.remote, &shared, is_peer).await
+    else {
         return;
-    }
-    // A client may only subscribe (an empty frame): it gets no room for more.
-    let readable = if is_peer { max + HEADER_BYTES } else { 64 };
-    let (mut reader, _reserved) = match crate::budget::read_message(
-        &mut recv,
-        &header,
-        max,
-        readable,
-        &shared.budget,
-        is_peer,
-    )
-    .await
-    {
-        Ok(read) => read,
-        Err(over_budget) => {
-            if over_budget.is_some() {
-                shared.metrics.over_buffer_budget.increment(1);
-                let _ = recv.stop(quinn::VarInt::from_u32(ErrorCode::Overloaded as u32));
-            }
-            return;
-        }
     };
     loop {
         let frame = match reader.next_frame() {
@@ -101,80 +73,127 @@ pub(super) async fn serve_uni_message(
                 Ok(conflict) => shared.cluster.handle_conflict(&conflict, now_ns).await,
                 Err((code, _)) => shared.metrics.frame_error(code),
             },
-            FrameKind::Replicate => match decode_replicate(&frame.payload) {
-                Ok(Replicated {
-                    from: sender_id,
-                    handoff,
-                    buckets,
-                }) => {
-                    // A node speaks only as itself: its hand-offs count as the named node's.
-                    if !from.remote.certified_as(&shared, &sender_id) {
-                        shared.metrics.frame_error(ErrorCode::Forbidden);
-                        tracing::warn!(
-                            remote = %from.remote.connection.remote_address(),
-                            "dropped a replicate from `{sender_id}`: its certificate names another node"
-                        );
-                        continue;
-                    }
-                    let refused = shared.store.merge(&buckets, now_ns);
-                    if let Some(part) = &handoff {
-                        shared.cluster.handoff_received(&sender_id, part, now_ns);
-                        let passed = shared.cluster.pass_on_stranded(&sender_id, &buckets);
-                        if passed > 0 {
-                            metrics::counter!("floodgate_handoff_buckets_passed_on_total")
-                                .increment(passed as u64);
-                        }
-                    }
-                    let counter = if handoff.is_some() {
-                        &shared.metrics.received_handoff
-                    } else {
-                        &shared.metrics.received_replicas
-                    };
-                    counter.increment((buckets.len() - refused) as u64);
-                    shared
-                        .received
-                        .send_modify(|n| *n += (buckets.len() - refused) as u64);
-                }
-                Err((code, _)) => shared.metrics.frame_error(code),
-            },
-            FrameKind::LeaseSync => match decode_lease_sync(&frame.payload) {
-                Ok(sync) => {
-                    // A node speaks only as itself, as for replicas.
-                    if !from.remote.certified_as(&shared, &sync.from) {
-                        shared.metrics.frame_error(ErrorCode::Forbidden);
-                        continue;
-                    }
-                    crate::lease::merge_from_peer(&shared.cluster, sync.sets, sync.handoff, now_ns);
-                }
-                Err((code, _)) => shared.metrics.frame_error(code),
-            },
+            FrameKind::Replicate => on_replicate(&shared, &from.remote, &frame.payload, now_ns),
+            FrameKind::LeaseSync => on_lease_sync(&shared, &from.remote, &frame.payload, now_ns),
             FrameKind::RegionDeltas | FrameKind::RegionAck => {
-                // A node speaks only as itself: the message must name the certified node, in
-                // the region the membership knows it in.
-                let certified = |node: &str| from.remote.certified_as(&shared, node);
-                let region_of = |node: &str| shared.cluster.region_of(node);
-                // Under the gate: the table the units are routed by stays in force until they
-                // landed, so a table switch's hand-off carries them.
-                let _deciding = shared.cluster.deciding();
-                let route = shared
-                    .cluster
-                    .delta_router(shared.region_sync.me().region, shared.clock.now_ns());
-                match shared.region_sync.receive_from(
-                    frame.kind,
-                    frame.version,
-                    &frame.payload,
-                    &certified,
-                    &region_of,
-                    &route,
-                ) {
-                    Ok(()) => metrics::counter!("floodgate_region_frames_received_total",
-                        "kind" => if frame.kind == FrameKind::RegionDeltas { "deltas" } else { "ack" })
-                    .increment(1),
-                    Err(code) => shared.metrics.frame_error(code),
-                }
+                on_region_frame(&shared, &from.remote, &frame);
             }
             _ => shared.metrics.frame_error(ErrorCode::UnknownKind),
         }
+    }
+}
+
+/// Reads a one-way message whole, within the node's buffer budget. The header comes first: a
+/// peer-only kind from a non-peer closes the stream unread, and a client may only subscribe
+/// (an empty frame), so it gets no room for more. `None`: nothing to handle.
+async fn read_message<'s>(
+    recv: &mut quinn::RecvStream,
+    remote: &Remote,
+    shared: &'s Shared,
+    is_peer: bool,
+) -> Option<(floodgate::wire::FrameReader, crate::budget::Reservation<'s>)> {
+    let max = shared.config.limits.max_frame_bytes;
+    let mut header = [0u8; HEADER_BYTES];
+    if recv.read_exact(&mut header).await.is_err() {
+        return None;
+    }
+    if let Some(kind) = FrameKind::from_u8(header[3]).filter(|k| k.peer_only())
+        && !is_peer
+    {
+        remote.forbid(shared, kind);
+        return None;
+    }
+    let readable = if is_peer { max + HEADER_BYTES } else { 64 };
+    match crate::budget::read_message(recv, &header, max, readable, &shared.budget, is_peer).await {
+        Ok(read) => Some(read),
+        Err(over_budget) => {
+            if over_budget.is_some() {
+                shared.metrics.over_buffer_budget.increment(1);
+                let _ = recv.stop(quinn::VarInt::from_u32(ErrorCode::Overloaded as u32));
+            }
+            None
+        }
+    }
+}
+
+/// Replicas, or a part of a hand-off: merged into the store (only ever stricter); a hand-off
+/// part also counts toward its hand-off, and its buckets for slots this node's table gives to
+/// a third member go on to that owner.
+fn on_replicate(shared: &Shared, remote: &Remote, payload: &[u8], now_ns: u64) {
+    let Replicated {
+        from: sender_id,
+        handoff,
+        buckets,
+    } = match decode_replicate(payload) {
+        Ok(replicated) => replicated,
+        Err((code, _)) => return shared.metrics.frame_error(code),
+    };
+    // A node speaks only as itself: its hand-offs count as the named node's.
+    if !remote.certified_as(shared, &sender_id) {
+        shared.metrics.frame_error(ErrorCode::Forbidden);
+        tracing::warn!(
+            remote = %remote.connection.remote_address(),
+            "dropped a replicate from `{sender_id}`: its certificate names another node"
+        );
+        return;
+    }
+    let refused = shared.store.merge(&buckets, now_ns);
+    if let Some(part) = &handoff {
+        shared.cluster.handoff_received(&sender_id, part, now_ns);
+        let passed = shared.cluster.pass_on_stranded(&sender_id, &buckets);
+        if passed > 0 {
+            metrics::counter!("floodgate_handoff_buckets_passed_on_total").increment(passed as u64);
+        }
+    }
+    let counter = if handoff.is_some() {
+        &shared.metrics.received_handoff
+    } else {
+        &shared.metrics.received_replicas
+    };
+    counter.increment((buckets.len() - refused) as u64);
+    shared
+        .received
+        .send_modify(|n| *n += (buckets.len() - refused) as u64);
+}
+
+/// A peer's lease sets (replicated, or handed off with their slots), merged.
+fn on_lease_sync(shared: &Shared, remote: &Remote, payload: &[u8], now_ns: u64) {
+    match decode_lease_sync(payload) {
+        // A node speaks only as itself, as for replicas.
+        Ok(sync) if !remote.certified_as(shared, &sync.from) => {
+            shared.metrics.frame_error(ErrorCode::Forbidden);
+        }
+        Ok(sync) => {
+            crate::lease::merge_from_peer(&shared.cluster, sync.sets, sync.handoff, now_ns);
+        }
+        Err((code, _)) => shared.metrics.frame_error(code),
+    }
+}
+
+/// Region deltas or an acknowledgement (kinds 13 and 14), handled by the region exchange.
+fn on_region_frame(shared: &Shared, remote: &Remote, frame: &floodgate::wire::Frame) {
+    // A node speaks only as itself: the message must name the certified node, in the region
+    // the membership knows it in.
+    let certified = |node: &str| remote.certified_as(shared, node);
+    let region_of = |node: &str| shared.cluster.region_of(node);
+    // Under the gate: the table the units are routed by stays in force until they landed, so
+    // a table switch's hand-off carries them.
+    let _deciding = shared.cluster.deciding();
+    let route = shared
+        .cluster
+        .delta_router(shared.region_sync.me().region, shared.clock.now_ns());
+    match shared.region_sync.receive_from(
+        frame.kind,
+        frame.version,
+        &frame.payload,
+        &certified,
+        &region_of,
+        &route,
+    ) {
+        Ok(()) => metrics::counter!("floodgate_region_frames_received_total",
+            "kind" => if frame.kind == FrameKind::RegionDeltas { "deltas" } else { "ack" })
+        .increment(1),
+        Err(code) => shared.metrics.frame_error(code),
     }
 }
 
