@@ -263,8 +263,16 @@ impl Cluster {
             drop(self.send_gossip(message));
         }
         // Each send is bounded by PEER_TIMEOUT; the endpoint must not close before they land.
+        let mut lost = 0;
         for send in sends {
-            let _ = send.await;
+            lost += usize::from(!matches!(send.await, Ok(true)));
+        }
+        if lost > 0 {
+            // Their new owners decide those slots once their wait for it runs out.
+            tracing::warn!(
+                lost,
+                "leave: hand-off messages not delivered to the new owners"
+            );
         }
     }
 }

@@ -270,8 +270,10 @@ impl Peers {
             })
             .await;
             let delivered = matches!(sent, Ok(Ok(())));
-            if !delivered {
-                tracing::debug!(%addr, "peer message not delivered");
+            match sent {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => tracing::debug!(%addr, error = %e, "peer message not delivered"),
+                Err(_) => tracing::debug!(%addr, "peer message not delivered in time"),
             }
             delivered
         })

@@ -98,20 +98,31 @@ impl Cluster {
                 Arc::new(Ownership::table_without(&self.me.id, &new))
             })
         });
-        let actions = {
+        let (actions, gained, waiting) = {
             // Once the gate is ours, no decision under the old table is in flight: the
             // hand-offs exported below hold them all.
             let _no_decisions = self.deciding.write();
             let mut ownership = self.ownership.lock();
-            ownership.handle_table_with(now_ns, new.clone(), join_base, |id| {
+            let old = ownership.handle_table_with(now_ns, new.clone(), join_base, |id| {
                 departed.iter().any(|d| d == id)
             });
+            // What this switch gave this node, and how much of it waits for a hand-off: an
+            // operator (and a chaos run) reads from the log whether a slot was decided blind.
+            let me = Some(self.me.id.as_str());
+            let gained: Vec<u16> = (0..floodgate::cluster::SLOTS as u16)
+                .filter(|&s| new.owner(s) == me && old.owner(s) != me)
+                .collect();
+            let waiting = gained
+                .iter()
+                .filter(|&&s| ownership.awaits_handoff(std::iter::once(s), now_ns))
+                .count();
             self.table.send_replace(new);
-            std::iter::from_fn(|| ownership.poll_action()).collect::<Vec<_>>()
+            let actions = std::iter::from_fn(|| ownership.poll_action()).collect::<Vec<_>>();
+            (actions, gained.len(), waiting)
         };
         self.metrics.table_epoch.set(epoch as f64);
         self.publish_members();
-        tracing::info!(epoch, owners = ?owners, "slot table changed");
+        tracing::info!(epoch, owners = ?owners, gained, waiting, "slot table changed");
         self.carry_out(actions, now_ns)
     }
 
@@ -180,6 +191,12 @@ impl Cluster {
         let mut sends = Vec::new();
         for ((handoff, buckets), lease_sets) in handoffs.iter().zip(moved).zip(leases) {
             self.metrics.handed_off.increment(buckets.len() as u64);
+            tracing::info!(
+                to = %handoff.to,
+                slots = handoff.slots.len(),
+                buckets = buckets.len(),
+                "handing off"
+            );
             let carried = Some((handoff.id, handoff.slots.clone()));
             if lease_sets.is_empty() {
                 sends.extend(self.send_buckets(&handoff.to, carried, &buckets));

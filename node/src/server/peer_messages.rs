@@ -139,6 +139,14 @@ fn on_replicate(shared: &Shared, remote: &Remote, payload: &[u8], now_ns: u64) {
     }
     let refused = shared.store.merge(&buckets, now_ns);
     if let Some(part) = &handoff {
+        tracing::info!(
+            from = %sender_id,
+            part = part.part,
+            parts = part.parts,
+            slots = part.slots.len(),
+            buckets = buckets.len(),
+            "hand-off part received"
+        );
         shared.cluster.handoff_received(&sender_id, part, now_ns);
         let passed = shared.cluster.pass_on_stranded(&sender_id, &buckets);
         if passed > 0 {

@@ -405,6 +405,13 @@ impl Ownership {
         self.handoff_deadline(slots, now_ns).is_some()
     }
 
+    /// True while any gained slot waits for a hand-off (or a wait that ran out has not been
+    /// marked yet by [`Ownership::handle_timeout`]): a driver's shortcut that decides every
+    /// slot at once must not be taken then.
+    pub fn awaits_any_handoff(&self) -> bool {
+        !self.handoffs.is_empty()
+    }
+
     /// True when a client's check on `slot` would be decided here at `now_ns`, without waiting:
     /// the node is not waiting for its join, owns the slot, and the slot waits for no hand-off.
     pub fn decides(&self, slot: u16, now_ns: u64) -> bool {
