@@ -36,6 +36,10 @@ pub struct Check {
     /// Decide this key at the gateway against token leases once the gateway checks it this many
     /// times a second (a rule's `lease_above`); `None`: as the client's config says.
     pub lease_above_per_sec: Option<u64>,
+    /// Decide `cost` but take nothing: the check a metered request makes before it goes on
+    /// (does its key have the estimate left?); the cost itself is charged after the response
+    /// (`Client::charge`).
+    pub peek: bool,
 }
 
 impl Check {
@@ -48,7 +52,14 @@ impl Check {
             failure_mode: FailureMode::Open,
             scope: Scope::Region,
             lease_above_per_sec: None,
+            peek: false,
         }
+    }
+
+    /// Asks whether the bucket has `cost` left without taking it.
+    pub fn peek(mut self) -> Self {
+        self.peek = true;
+        self
     }
 
     pub fn cost(mut self, cost: u64) -> Self {

@@ -59,6 +59,6 @@ pub use limit::{
     SLIDING_LOG_MAX_LIMIT, parse_duration_ns, parse_rate,
 };
 pub use store::{
-    BucketCheck, BucketState, BucketStore, BucketValue, DEFAULT_MAX_STORE_BYTES, MIN_SHARD_BYTES,
-    StoreConfig, StoreError, StoreStats, SweepCursor,
+    BucketCheck, BucketState, BucketStore, BucketValue, Charged, DEFAULT_MAX_STORE_BYTES,
+    MIN_SHARD_BYTES, StoreConfig, StoreError, StoreStats, SweepCursor,
 };

@@ -19,8 +19,9 @@ pub const OLDEST: u8 = 2;
 /// the slot table clients read, and the cluster version to the slot table; 4 adds the settled
 /// point and the receiver's session to the region exchange, and the `try_again` answer; 5
 /// changes no layout: a node takes region deltas from a member of its own region (passed on to
-/// the key's owner there).
-pub const NEWEST: u8 = 5;
+/// the key's owner there); 6 adds two check flags, peek and charge (metered costs), and the
+/// `outcome_unknown` answer, with no layout change either.
+pub const NEWEST: u8 = 6;
 /// What this build speaks.
 pub const SUPPORTED: VersionRange = VersionRange {
     min: OLDEST,
@@ -157,6 +158,11 @@ pub enum Feature {
     /// A node passes region deltas for keys another member of its region decides on to that
     /// member (kind 13 from its own region), where an older member refuses them.
     RegionPassOn,
+    /// A check may be a peek (decide its cost, take nothing) or a charge (take its cost after
+    /// the fact, never refused), and a charge whose outcome a node cannot know is answered
+    /// `outcome_unknown`. An older node refuses a frame with either flag as malformed, so a
+    /// client sends them, and a node forwards them, only once the cluster version has it.
+    MeteredCosts,
 }
 
 impl Feature {
@@ -166,6 +172,7 @@ impl Feature {
             Feature::MemberVersions => 3,
             Feature::RegionResync | Feature::TryAgain | Feature::ForwardedScopes => 4,
             Feature::RegionPassOn => 5,
+            Feature::MeteredCosts => 6,
         }
     }
 
@@ -271,7 +278,7 @@ mod tests {
     #[test]
     fn ranges_print_as_operators_read_them() {
         assert_eq!(range(2, 3).to_string(), "2-3");
-        assert_eq!(SUPPORTED.to_string(), "2-5");
+        assert_eq!(SUPPORTED.to_string(), "2-6");
         assert_eq!(range(2, 2).to_string(), "2");
     }
 }

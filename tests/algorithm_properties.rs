@@ -231,3 +231,176 @@ proptest! {
         }
     }
 }
+
+/// What a metered key sees: checks that take, peeks that take nothing, and charges after the
+/// fact that may leave it owing.
+#[derive(Debug, Clone, Copy)]
+enum Metered {
+    Take(u64),
+    Peek(u64),
+    Charge(u64),
+}
+
+fn metered_ops() -> impl Strategy<Value = Vec<(u64, Metered)>> {
+    let op = prop_oneof![
+        (0u64..=45).prop_map(Metered::Take),
+        (0u64..=45).prop_map(Metered::Peek),
+        (0u64..=120).prop_map(Metered::Charge),
+    ];
+    prop::collection::vec((0u64..1_000, op), 1..200)
+}
+
+/// A token bucket that may owe: the plain model of GCRA with metered charges. `level` is the
+/// refill time of the tokens available, between one capacity owed (`-capacity`) and full; a
+/// charge takes whole tokens down to that floor and forgives the rest.
+struct OwingBucket {
+    level_ns: i128,
+    last_ns: u64,
+    capacity_ns: i128,
+    interval_ns: i128,
+}
+
+impl OwingBucket {
+    fn refill(&mut self, now_ns: u64) {
+        self.level_ns = (self.level_ns + i128::from(now_ns - self.last_ns)).min(self.capacity_ns);
+        self.last_ns = now_ns;
+    }
+
+    fn passes(&self, cost: u64) -> bool {
+        self.level_ns >= i128::from(cost) * self.interval_ns
+    }
+
+    /// Takes up to `cost` whole tokens, never below one capacity owed; returns those forgiven.
+    fn charge(&mut self, cost: u64) -> u64 {
+        let room = ((self.level_ns + self.capacity_ns) / self.interval_ns).max(0) as u64;
+        let taken = cost.min(room);
+        self.level_ns -= i128::from(taken) * self.interval_ns;
+        cost - taken
+    }
+}
+
+/// A fixed window that may owe: the plain model, a count per window, up to twice the limit.
+struct OwingWindow {
+    window: u64,
+    count: u64,
+    limit: u64,
+    period_ns: u64,
+}
+
+impl OwingWindow {
+    fn roll(&mut self, now_ns: u64) {
+        if now_ns / self.period_ns != self.window {
+            self.window = now_ns / self.period_ns;
+            self.count = 0;
+        }
+    }
+}
+
+proptest! {
+    /// GCRA with checks, peeks and charges decides exactly as a token bucket that may owe one
+    /// capacity, forgives exactly what that bucket cannot owe, and every denial's wait is exact.
+    #[test]
+    fn gcra_with_charges_equals_a_token_bucket_that_may_owe(limit in gcra_limit(), ops in metered_ops()) {
+        let mut model = OwingBucket {
+            level_ns: i128::from(limit.capacity_ns()),
+            last_ns: 1_000_000_000,
+            capacity_ns: i128::from(limit.capacity_ns()),
+            interval_ns: i128::from(limit.interval_ns()),
+        };
+        let (mut tat, mut now) = (0u64, model.last_ns);
+        for (gap, op) in ops {
+            now += gap_ns(&limit, gap);
+            model.refill(now);
+            match op {
+                Metered::Take(cost) | Metered::Peek(cost) => {
+                    let (decision, new_tat) = gcra::decide(&limit, tat, now, cost);
+                    let expected = cost <= limit.burst() && model.passes(cost);
+                    prop_assert_eq!(decision.is_allowed(), expected, "{:?} at {}", op, now);
+                    if let (false, Some(wait)) = (decision.is_allowed(), decision.retry_after_ns()) {
+                        prop_assert!(gcra::decide(&limit, tat, now + wait, cost).0.is_allowed());
+                        prop_assert!(!gcra::decide(&limit, tat, now + wait - 1, cost).0.is_allowed());
+                        prop_assert!(wait <= gcra::most_ahead_ns(&limit));
+                    }
+                    if expected && matches!(op, Metered::Take(_)) {
+                        model.level_ns -= i128::from(cost) * model.interval_ns;
+                        tat = new_tat.unwrap_or(tat);
+                    }
+                }
+                Metered::Charge(cost) => {
+                    let (new_tat, forgiven) = gcra::charge(&limit, tat, now, cost);
+                    prop_assert_eq!(forgiven, model.charge(cost), "{:?} at {}", op, now);
+                    tat = new_tat;
+                }
+            }
+        }
+    }
+
+    /// A fixed window with checks, peeks and charges decides exactly as a count per window that
+    /// may reach twice the limit, and a denial waits exactly for the window's end.
+    #[test]
+    fn fixed_window_with_charges_equals_a_count_that_may_owe(rate in 1u64..40, ops in metered_ops()) {
+        let limit = Limit::window(Algorithm::FixedWindow, rate, 1_000_000_000).unwrap();
+        let mut model = OwingWindow { window: 0, count: 0, limit: rate, period_ns: limit.period_ns() };
+        let (mut state, mut now) = (WindowState::default(), 1_000_000_000u64);
+        for (gap, op) in ops {
+            now += gap * 2_000_000;
+            model.roll(now);
+            match op {
+                Metered::Take(cost) | Metered::Peek(cost) => {
+                    let (decision, new_state) = fixed_window::decide(&limit, &state, now, cost);
+                    let expected = cost <= rate && model.count + cost <= rate;
+                    prop_assert_eq!(decision.is_allowed(), expected, "{:?} at {}", op, now);
+                    if let (false, Some(wait)) = (decision.is_allowed(), decision.retry_after_ns()) {
+                        prop_assert_eq!(now + wait, (model.window + 1) * model.period_ns);
+                    }
+                    if expected && matches!(op, Metered::Take(_)) {
+                        model.count += cost;
+                        state = new_state.unwrap_or(state);
+                    }
+                }
+                Metered::Charge(cost) => {
+                    let (new_state, forgiven) = state.charge(&limit, now, cost);
+                    let taken = cost.min(2 * model.limit - model.count);
+                    model.count += taken;
+                    prop_assert_eq!(forgiven, cost - taken);
+                    state = new_state;
+                }
+            }
+        }
+    }
+
+    /// A sliding log's peek answers what its check would, and after charges the log holds at
+    /// most twice its limit: every unit charged within the period, up to that bound.
+    #[test]
+    fn a_sliding_log_with_charges_owes_at_most_its_limit(rate in 1u64..40, ops in metered_ops()) {
+        let limit = Limit::window(Algorithm::SlidingLog, rate, 1_000_000_000).unwrap();
+        let mut log = SlidingLog::default();
+        let mut now = 1_000_000_000u64;
+        let mut recent: Vec<u64> = Vec::new();
+        for (gap, op) in ops {
+            now += gap * 2_000_000;
+            recent.retain(|&t| t + limit.period_ns() > now);
+            match op {
+                Metered::Take(cost) | Metered::Peek(cost) => {
+                    let peeked = log.peek(&limit, now, cost);
+                    let expected = cost <= rate && recent.len() as u64 + cost <= rate;
+                    prop_assert_eq!(peeked.is_allowed(), expected);
+                    if matches!(op, Metered::Take(_)) {
+                        prop_assert_eq!(log.decide(&limit, now, cost), peeked);
+                        if expected {
+                            recent.extend(std::iter::repeat_n(now, cost as usize));
+                        }
+                    }
+                }
+                Metered::Charge(cost) => {
+                    let forgiven = log.charge(&limit, now, cost);
+                    let taken = cost.min((2 * rate).saturating_sub(recent.len() as u64));
+                    prop_assert_eq!(forgiven, cost - taken);
+                    recent.extend(std::iter::repeat_n(now, taken as usize));
+                }
+            }
+            let live = log.times().filter(|&t| t + limit.period_ns() > now).count();
+            prop_assert_eq!(live, recent.len());
+        }
+    }
+}

@@ -261,11 +261,13 @@ fn a_group_records_its_global_units_only_when_it_passes() {
                 key: g,
                 limit: global,
                 cost: 1,
+                peek: false,
             },
             floodgate::BucketCheck {
                 key: l,
                 limit: local,
                 cost: 1,
+                peek: false,
             },
         ];
         let mut decisions = Vec::new();

@@ -63,11 +63,13 @@ fn multi_check_is_all_or_nothing_under_hammering() {
             key: key("a"),
             limit: wide,
             cost: 1,
+            peek: false,
         },
         BucketCheck {
             key: key("b"),
             limit: narrow,
             cost: 1,
+            peek: false,
         },
     ];
     let (groups_ok, singles_ok) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
@@ -124,11 +126,13 @@ fn a_denied_group_leaves_the_other_buckets_untouched() {
             key: key("five"),
             limit: five,
             cost: 2,
+            peek: false,
         },
         BucketCheck {
             key: key("one"),
             limit: one,
             cost: 1,
+            peek: false,
         },
     ];
     assert!(!store.check_all(&group, NOW, &mut out).unwrap());
@@ -145,11 +149,13 @@ fn a_denied_group_leaves_the_other_buckets_untouched() {
             key: key("five"),
             limit: five,
             cost: 1,
+            peek: false,
         },
         BucketCheck {
             key: key("x"),
             limit: five,
             cost: 6,
+            peek: false,
         },
     ];
     assert!(!store.check_all(&never, NOW, &mut out).unwrap());
@@ -164,11 +170,13 @@ fn a_denied_group_leaves_the_other_buckets_untouched() {
             key: key("five"),
             limit: five,
             cost: 3,
+            peek: false,
         },
         BucketCheck {
             key: key("five"),
             limit: five,
             cost: 3,
+            peek: false,
         },
     ];
     assert!(!store.check_all(&twice, NOW, &mut out).unwrap());

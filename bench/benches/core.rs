@@ -207,6 +207,7 @@ fn three_keys(c: &mut Criterion) {
                     key: bucket(keys[(i + j) & (SEQUENCE - 1)]),
                     limit,
                     cost: 1,
+                    peek: false,
                 });
             }
             i = (i + 3) & (SEQUENCE - 1);

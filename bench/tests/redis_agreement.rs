@@ -172,6 +172,7 @@ async fn only_redis_cell_charges_the_other_keys_of_a_denied_request() {
                 key: BucketKey::new(b"agree", k.as_bytes()),
                 limit: limit(),
                 cost: 1,
+                peek: false,
             })
             .collect()
     };

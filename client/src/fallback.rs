@@ -88,6 +88,7 @@ impl Fallback {
                 key: bucket_key(&checks[i].key),
                 limit: checks[i].limit,
                 cost: checks[i].cost,
+                peek: checks[i].peek,
             })
             .collect();
         let mut decisions = Vec::with_capacity(open.len());

@@ -618,11 +618,12 @@ fn gcra_limit(key: BucketKey) -> Limit {
 }
 
 /// How long a decision under `limit` may ever ask to wait or report until the bucket is full.
-/// GCRA: one full bucket's drain time. Fixed window: the rest of the window. Sliding window: the
+/// GCRA: two full buckets' drain time (one owed). Fixed window: the rest of the window. Sliding window: the
 /// rest of this window and all of the next. Log: one period.
 fn longest_wait(limit: &Limit) -> u64 {
     match limit.algorithm() {
-        Algorithm::Gcra => limit.capacity_ns(),
+        // An empty bucket and one capacity owed (a metered charge's debt).
+        Algorithm::Gcra => floodgate::algorithm::gcra::most_ahead_ns(limit),
         Algorithm::FixedWindow | Algorithm::SlidingLog => limit.period_ns(),
         Algorithm::SlidingWindow => 2 * limit.period_ns(),
     }
@@ -676,6 +677,11 @@ fn merge_and_check(buckets: &[BucketState], clock: FakeClock) {
                     continue; // The store is full of denying keys: a refusal, not a bug.
                 };
                 check_sane(&decision, &limit, cost);
+                check_sane(&store.peek(key, &limit, cost, now), &limit, cost);
+            }
+            // A metered charge past anything left: the debt it leaves still bounds every wait.
+            if let Ok(charged) = store.charge(key, &limit, limit.burst().saturating_mul(3), now) {
+                check_sane(&charged.decision, &limit, 0);
             }
             store.refund(key, &limit, 1, now);
         }

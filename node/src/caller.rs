@@ -81,8 +81,18 @@ impl Caller<'_> {
             rest = after;
             if !is_refund(group) {
                 for (check, answer) in group.iter().zip(answers) {
-                    if answer.to_decision().is_ok_and(|d| d.is_allowed()) {
-                        credit_key(&mut entries, check.key, check.cost);
+                    // A peek took nothing; a charge took its cost whatever it answers (a
+                    // bucket left owing answers denied).
+                    // bucket left owing answers denied), at most what a bucket may owe.
+                    let took = match answer.to_decision() {
+                        Ok(_) if check.charge => {
+                            check.cost.min(check.limit.burst().saturating_mul(2))
+                        }
+                        Ok(decision) if decision.is_allowed() && !check.peek => check.cost,
+                        _ => 0,
+                    };
+                    if took > 0 {
+                        credit_key(&mut entries, check.key, took);
                     }
                 }
             } else if !refused.get(i).copied().unwrap_or(false)

@@ -128,6 +128,7 @@ pub(crate) async fn answer_groups<'f>(
         .any(|p| matches!(p, GroupState::Remote(_) | GroupState::Home))
     {
         let archived = archived();
+        batch.refuse_unreadable_metered(&mut placed);
         let homes: Vec<usize> = (0..placed.len())
             .filter(|&i| placed[i] == GroupState::Home)
             .collect();
@@ -304,6 +305,23 @@ impl<'a> Batch<'a> {
             .await;
     }
 
+    /// Refuses (`not_owner`: the client's failure mode decides) the groups to be sent to
+    /// another node that carry a peek or a charge while some member reads neither: an older
+    /// receiver would refuse the whole frame, with the other groups in it.
+    fn refuse_unreadable_metered(&self, placed: &mut [GroupState]) {
+        let cluster_version = self.shared.cluster.cluster_version();
+        if Feature::MeteredCosts.readable_at(cluster_version) {
+            return;
+        }
+        for (i, place) in placed.iter_mut().enumerate() {
+            if matches!(place, GroupState::Remote(_) | GroupState::Home)
+                && is_metered(&self.groups[i])
+            {
+                *place = GroupState::Refused(ErrorCode::NotOwner);
+            }
+        }
+    }
+
     /// Decides what is this node's, and marks the rest for forwarding or refusal. Returns the
     /// placements and the version of the table they were made by. With `try_again` (the
     /// caller knows that answer) nothing waits: a group whose slot awaits its hand-off is
@@ -365,6 +383,12 @@ impl<'a> Batch<'a> {
                 return;
             }
             self.forward(archived, placed, version).await;
+            for (i, place) in placed.iter_mut().enumerate() {
+                // The owner may have taken it: sending it again could count it twice.
+                if *place == GroupState::Unanswered && is_charge(&self.groups[i]) {
+                    *place = GroupState::Refused(ErrorCode::OutcomeUnknown);
+                }
+            }
             let failed: Vec<usize> = (0..placed.len())
                 .filter(|&i| matches!(placed[i], GroupState::NotOwner(_) | GroupState::Unanswered))
                 .collect();
@@ -431,6 +455,16 @@ impl<'a> Batch<'a> {
     }
 }
 
+/// True for a group of charges (a group is all charges or none).
+fn is_charge(group: &[ValidCheck]) -> bool {
+    group.first().is_some_and(|c| c.charge)
+}
+
+/// True for a group with a peek or a charge, which a node before protocol version 6 refuses.
+fn is_metered(group: &[ValidCheck]) -> bool {
+    group.iter().any(|c| c.peek || c.charge)
+}
+
 /// The batch's decisions in request order, from where each group was placed, and how many
 /// of them are `try_again`.
 fn assemble(
@@ -446,6 +480,14 @@ fn assemble(
     let mut held = 0;
     for (group, place) in groups.iter().zip(placed) {
         let refused = |code| std::iter::repeat_n(WireDecision::error(code), group.len());
+        // Sent on with no answer: a charge may have been taken there.
+        let unresolved = |code| {
+            refused(if is_charge(group) {
+                ErrorCode::OutcomeUnknown
+            } else {
+                code
+            })
+        };
         match place {
             GroupState::Here(range) => decisions.extend_from_slice(&local[range]),
             GroupState::Answered(answer) => {
@@ -463,10 +505,10 @@ fn assemble(
             }
             // Every forward was resolved before; answer as a node that could not decide.
             GroupState::Remote(_) | GroupState::NotOwner(_) | GroupState::Unanswered => {
-                decisions.extend(refused(ErrorCode::ShuttingDown))
+                decisions.extend(unresolved(ErrorCode::ShuttingDown))
             }
             // Its home region did not answer: the check's failure mode decides at the client.
-            GroupState::Home => decisions.extend(refused(ErrorCode::NotOwner)),
+            GroupState::Home => decisions.extend(unresolved(ErrorCode::NotOwner)),
         }
     }
     (decisions, held)

@@ -84,6 +84,9 @@ const OUTCOMES: [&str; 4] = ["allowed", "denied", "cost_exceeds_burst", "error"]
 #[derive(Debug)]
 pub struct NodeMetrics {
     decisions: [[Counter; 4]; 4],
+    /// Units of metered charges taken, and those forgiven past the most a bucket may owe.
+    charged_units: Counter,
+    forgiven_units: Counter,
     pub batch_checks: Histogram,
     pub frame_seconds: Histogram,
     pub live_buckets: Gauge,
@@ -191,6 +194,8 @@ impl NodeMetrics {
         });
         NodeMetrics {
             decisions,
+            charged_units: counter!("floodgate_charged_units_total"),
+            forgiven_units: counter!("floodgate_charge_forgiven_units_total"),
             batch_checks: histogram!("floodgate_batch_checks"),
             frame_seconds: histogram!("floodgate_frame_seconds"),
             live_buckets: gauge!("floodgate_live_buckets"),
@@ -255,6 +260,12 @@ impl NodeMetrics {
                 }
             }
         }
+        if tally.charged > 0 {
+            self.charged_units.increment(tally.charged);
+        }
+        if tally.forgiven > 0 {
+            self.forgiven_units.increment(tally.forgiven);
+        }
     }
 }
 
@@ -262,6 +273,8 @@ impl NodeMetrics {
 #[derive(Debug, Default)]
 pub struct DecisionTally {
     counts: [[u64; 4]; 4],
+    charged: u64,
+    forgiven: u64,
 }
 
 impl DecisionTally {
@@ -273,6 +286,12 @@ impl DecisionTally {
             Err(_) => 3,
         };
         self.counts[algorithm as usize][outcome] += 1;
+    }
+
+    /// A metered charge of `cost` units, of which `forgiven` were past what its bucket may owe.
+    pub fn record_charge(&mut self, cost: u64, forgiven: u64) {
+        self.charged = self.charged.saturating_add(cost - forgiven.min(cost));
+        self.forgiven = self.forgiven.saturating_add(forgiven);
     }
 }
 

@@ -88,7 +88,7 @@ pub(crate) async fn forward_home(
         .collect()
 }
 
-/// Decides a group with global checks here, all or nothing.
+/// Decides a group with global checks here, all or nothing (a group of charges: each taken).
 pub(crate) fn decide_global_group(
     shared: &Shared,
     rings: &RegionRings,
@@ -101,6 +101,14 @@ pub(crate) fn decide_global_group(
         .iter()
         .map(|c| rings.owners_elsewhere(c.key.slot()))
         .collect();
+    if group[0].charge {
+        let charged = shared.region_sync.charge_group(&checks, global, &others);
+        out.extend(charged.into_iter().map(|charged| match charged {
+            Ok(charged) => WireDecision::from(charged.decision),
+            Err(_) => WireDecision::error(ErrorCode::StoreFull),
+        }));
+        return;
+    }
     match shared.region_sync.check_group(&checks, global, &others) {
         Ok(decided) => out.extend(decided.into_iter().map(WireDecision::from)),
         Err(_) => out.extend(refused(group.len(), ErrorCode::StoreFull)),

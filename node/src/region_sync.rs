@@ -12,7 +12,7 @@ use floodgate::wire::{
     ErrorCode, FrameKind, decode_region_ack, decode_region_deltas, encode_region_ack,
     encode_region_deltas,
 };
-use floodgate::{BucketCheck, BucketKey, BucketStore, Clock, Decision, Limit, StoreError};
+use floodgate::{BucketCheck, BucketKey, BucketStore, Charged, Clock, Decision, Limit, StoreError};
 use parking_lot::Mutex;
 use tokio::sync::{Notify, watch};
 
@@ -128,11 +128,12 @@ impl<C: Clock> RegionSync<C> {
                 });
             }
         } else if self.store.check_all(checks, now, &mut decisions)? {
+            // A peek took nothing: nothing for the other regions.
             for ((check, _), others) in checks
                 .iter()
                 .zip(global)
                 .zip(others)
-                .filter(|((_, g), _)| **g)
+                .filter(|((check, g), _)| **g && !check.peek)
             {
                 exchange.record_admitted(now, check.key, &check.limit, check.cost, others);
             }
@@ -140,6 +141,38 @@ impl<C: Clock> RegionSync<C> {
         drop(exchange);
         self.changed();
         Ok(decisions)
+    }
+
+    /// Takes metered charges (never refused, see `BucketStore::charge`), of which those marked
+    /// in `global` count for the other regions too: what each bucket took is recorded for the
+    /// owners of its key there (`others`, one list per charge). Answers each with its bucket
+    /// as it now stands.
+    pub fn charge_group(
+        &self,
+        charges: &[BucketCheck],
+        global: &[bool],
+        others: &[Vec<Peer>],
+    ) -> Vec<Result<Charged, StoreError>> {
+        let now = self.clock.now_ns();
+        let mut exchange = self.exchange.lock();
+        let charged = charges
+            .iter()
+            .zip(global)
+            .zip(others)
+            .map(|((charge, &global), others)| {
+                let charged = self
+                    .store
+                    .charge(charge.key, &charge.limit, charge.cost, now)?;
+                if global {
+                    let taken = charge.cost - charged.forgiven.min(charge.cost);
+                    exchange.record_admitted(now, charge.key, &charge.limit, taken, others);
+                }
+                Ok(charged)
+            })
+            .collect();
+        drop(exchange);
+        self.changed();
+        charged
     }
 
     /// Sets how many regions share global limits (see [`Exchange::set_regions`]).

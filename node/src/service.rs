@@ -177,8 +177,8 @@ pub fn decode_frame(
     })
 }
 
-/// Decides one group here (all-or-nothing when it has several checks; refunds one by one),
-/// appending one decision per check.
+/// Decides one group here (all-or-nothing when it has several checks; refunds and charges one
+/// by one), appending one decision per check.
 pub fn decide_group(
     store: &BucketStore,
     tally: &mut DecisionTally,
@@ -197,10 +197,28 @@ pub fn decide_group(
         }
         return;
     }
+    if group[0].charge {
+        // Charges are never denied: each is taken, into debt if need be, and answers with the
+        // bucket as it now stands (denied while it owes).
+        for charge in group {
+            let result = store
+                .charge(charge.key, &charge.limit, charge.cost, now_ns)
+                .map(|charged| {
+                    tally.record_charge(charge.cost, charged.forgiven);
+                    charged.decision
+                })
+                .map_err(|_| ErrorCode::StoreFull);
+            push_decision(out, tally, charge, result.as_ref().map_err(|c| *c));
+        }
+        return;
+    }
     if let [single] = group {
-        let result = store
-            .check(single.key, &single.limit, single.cost, now_ns)
-            .map_err(|_| ErrorCode::StoreFull);
+        let result = if single.peek {
+            Ok(store.peek(single.key, &single.limit, single.cost, now_ns))
+        } else {
+            store.check(single.key, &single.limit, single.cost, now_ns)
+        }
+        .map_err(|_| ErrorCode::StoreFull);
         push_decision(out, tally, single, result.as_ref().map_err(|c| *c));
         return;
     }

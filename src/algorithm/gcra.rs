@@ -4,6 +4,11 @@
 //! again. `debt = max(tat, now) - now` is the time the tokens in use take to refill; a cost `c`
 //! passes when `debt + c * interval <= burst * interval`. A TAT in the past equals a fresh, full
 //! bucket, so forgetting an expired state never changes a decision.
+//!
+//! A metered charge ([`charge`]) takes units after the fact, never refused, so it may leave the
+//! bucket owing: a debt beyond one capacity, repaid at the refill rate before anything passes
+//! again. A bucket owes at most one more capacity (its TAT at most two capacities ahead); what
+//! a charge would add beyond that is forgiven.
 
 use crate::{Decision, Limit};
 
@@ -13,9 +18,10 @@ use crate::{Decision, Limit};
 ///
 /// A TAT is absolute time, so debt carries over a change of limit (a rules edit, or a client
 /// sending another limit for the same key) as it should. But a TAT further ahead than this
-/// limit's capacity (left by a larger limit, or received from a peer) is read as an empty
-/// bucket, `now + capacity`, and stored so: no wait ever exceeds what this limit allows (one
-/// capacity, `burst * interval`), and waiting `retry_after` passes exactly.
+/// limit allows a bucket to owe (two capacities: an empty bucket and one capacity of a metered
+/// charge's debt), left by a larger limit or received from a peer, is read as owing exactly
+/// that, and stored so: no wait ever exceeds two capacities (`2 * burst * interval`), and
+/// waiting `retry_after` passes exactly.
 #[inline]
 pub fn decide(limit: &Limit, tat_ns: u64, now_ns: u64, cost: u64) -> (Decision, Option<u64>) {
     let burst = limit.burst();
@@ -24,10 +30,12 @@ pub fn decide(limit: &Limit, tat_ns: u64, now_ns: u64, cost: u64) -> (Decision, 
     }
     let interval = limit.interval_ns();
     let capacity = limit.capacity_ns();
+    let most_owed = most_ahead_ns(limit);
     let debt = tat_ns.saturating_sub(now_ns);
-    let clamped = debt > capacity;
-    let debt = debt.min(capacity);
-    // Cannot overflow: cost <= burst, so both terms are at most capacity <= u64::MAX / 4.
+    let clamped = debt > most_owed;
+    let debt = debt.min(most_owed);
+    // Cannot overflow: cost <= burst, so the sum is at most three capacities, and a capacity is
+    // at most u64::MAX / 4.
     let new_debt = debt + cost * interval;
     if new_debt <= capacity {
         let decision = Decision::Allowed {
@@ -43,12 +51,34 @@ pub fn decide(limit: &Limit, tat_ns: u64, now_ns: u64, cost: u64) -> (Decision, 
         let retry_after_ns = new_debt - capacity;
         debug_assert!(retry_after_ns <= debt);
         let decision = Decision::Denied {
-            remaining: (capacity - debt) / interval,
+            // Owing past an empty bucket: nothing remains.
+            remaining: capacity.saturating_sub(debt) / interval,
             retry_after_ns,
             reset_after_ns: debt,
         };
         (decision, clamped.then(|| now_ns.saturating_add(debt)))
     }
+}
+
+/// How far ahead of `now` a TAT may lie: an empty bucket (one capacity) and one capacity owed.
+#[inline]
+pub fn most_ahead_ns(limit: &Limit) -> u64 {
+    // A capacity is at most u64::MAX / 4, so twice one fits.
+    2 * limit.capacity_ns()
+}
+
+/// Takes `cost` units after the fact (a metered charge), never refused: the TAT moves
+/// `cost * interval` past `max(tat, now)`, at most [`most_ahead_ns`] ahead of `now`. Returns
+/// the new TAT and the units forgiven beyond that bound.
+#[inline]
+pub fn charge(limit: &Limit, tat_ns: u64, now_ns: u64, cost: u64) -> (u64, u64) {
+    let interval = limit.interval_ns();
+    let debt = tat_ns.saturating_sub(now_ns).min(most_ahead_ns(limit));
+    let room = (most_ahead_ns(limit) - debt) / interval;
+    let taken = cost.min(room);
+    // taken * interval <= most_ahead - debt, so the sum stays within two capacities of now.
+    let new_tat = now_ns.saturating_add(debt + taken * interval);
+    (new_tat, cost - taken)
 }
 
 /// True when the bucket is full again: forgetting it changes no decision.
@@ -124,10 +154,10 @@ mod tests {
         assert!(decide(&l, tat.unwrap(), S + wait, 5).0.is_allowed());
     }
 
-    /// Debt left by a larger limit (`3/min` before `3/s`) carries over but is clamped to the new
-    /// capacity, and the clamp is stored so the wait it reports is exact.
+    /// Debt left by a larger limit (`3/min` before `3/s`) carries over but is clamped to what
+    /// the new limit lets a bucket owe, and the clamp is stored so the wait it reports is exact.
     #[test]
-    fn debt_from_a_larger_limit_is_clamped_to_the_new_capacity() {
+    fn debt_from_a_larger_limit_is_clamped_to_what_the_new_limit_may_owe() {
         let per_minute = Limit::gcra(3, 60 * S, 3).unwrap();
         let per_second = limit(3, 3);
         let mut tat = 0;
@@ -138,14 +168,53 @@ mod tests {
         let (d, stored) = decide(&per_second, tat, S, 1);
         let wait = d.retry_after_ns().unwrap();
         assert!(!d.is_allowed());
-        assert!(wait <= per_second.capacity_ns(), "{d:?}");
-        assert!(d.reset_after_ns() <= per_second.capacity_ns(), "{d:?}");
+        assert!(wait <= most_ahead_ns(&per_second), "{d:?}");
+        assert!(d.reset_after_ns() <= most_ahead_ns(&per_second), "{d:?}");
         let stored = stored.expect("the clamp is stored");
         assert!(!decide(&per_second, stored, S + wait - 1, 1).0.is_allowed());
         assert!(decide(&per_second, stored, S + wait, 1).0.is_allowed());
         // A TAT at the far end of time (a hostile peer) is clamped just the same.
         let (d, stored) = decide(&per_second, u64::MAX, S, 3);
-        assert_eq!(d.retry_after_ns(), Some(per_second.capacity_ns()));
-        assert_eq!(stored, Some(S + per_second.capacity_ns()));
+        assert_eq!(d.retry_after_ns(), Some(2 * per_second.capacity_ns()));
+        assert_eq!(stored, Some(S + 2 * per_second.capacity_ns()));
+    }
+
+    /// A charge past what is left puts the bucket in debt: every check (a peek too) is denied
+    /// until the debt is repaid at the refill rate, and `retry_after` says exactly when.
+    #[test]
+    fn a_charge_into_debt_is_repaid_at_the_refill_rate() {
+        let l = limit(10, 10); // one unit per 100 ms, ten at once
+        let now = 5 * S;
+        let (tat, forgiven) = charge(&l, 0, now, 15);
+        assert_eq!((tat, forgiven), (now + 15 * S / 10, 0));
+        // Owing five units past empty: a peek is denied until they are repaid, a unit needs
+        // 100 ms more.
+        let (d, stored) = decide(&l, tat, now, 0);
+        assert_eq!(
+            d,
+            Decision::Denied {
+                remaining: 0,
+                retry_after_ns: S / 2,
+                reset_after_ns: 15 * S / 10
+            }
+        );
+        assert_eq!(stored, None, "a denial leaves the debt as it was");
+        assert_eq!(decide(&l, tat, now, 1).0.retry_after_ns(), Some(6 * S / 10));
+        assert!(!decide(&l, tat, now + 6 * S / 10 - 1, 1).0.is_allowed());
+        assert!(decide(&l, tat, now + 6 * S / 10, 1).0.is_allowed());
+    }
+
+    /// A bucket owes at most one capacity: a charge beyond it is forgiven, and reported.
+    #[test]
+    fn a_charge_beyond_one_capacity_of_debt_is_forgiven() {
+        let l = limit(10, 10);
+        let now = 5 * S;
+        let (tat, forgiven) = charge(&l, 0, now, 50);
+        assert_eq!((tat, forgiven), (now + 2 * S, 30));
+        let (tat, forgiven) = charge(&l, tat, now, 1);
+        assert_eq!((tat, forgiven), (now + 2 * S, 1));
+        // A stale TAT counts from now; zero charges nothing.
+        assert_eq!(charge(&l, 1, now, 0), (now, 0));
+        assert_eq!(charge(&l, 1, now, 3), (now + 3 * S / 10, 0));
     }
 }

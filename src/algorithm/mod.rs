@@ -44,6 +44,20 @@ impl WindowState {
         }
     }
 
+    /// Takes `cost` units after the fact (a metered charge) into now's window, never refused:
+    /// the count may pass the limit, which denies until the window's units stop weighing (the
+    /// window's end for a fixed window; as the window slides out of the trailing period for a
+    /// sliding one). A window holds at most twice its limit (one limit owed); units beyond
+    /// that are forgiven. Returns the new state and the units forgiven.
+    pub fn charge(self, limit: &crate::Limit, now_ns: u64, cost: u64) -> (WindowState, u64) {
+        let period = limit.period_ns();
+        let mut state = self.rebase(period, period, now_ns);
+        let most = limit.burst().saturating_mul(2);
+        let taken = cost.min(most.saturating_sub(state.count));
+        state.count = state.count.saturating_add(taken);
+        (state, cost - taken)
+    }
+
     /// This state, counted in windows of `stored_period`, as the current and previous windows
     /// at `now_ns` in windows of `period`.
     ///
@@ -131,6 +145,43 @@ mod tests {
         assert_eq!(
             this_minute.rebase(60 * S, S, minute_start),
             state(minute_start / S, 3, 4)
+        );
+    }
+
+    /// A charge lands in now's window past the limit, up to twice it; a fixed window denies
+    /// until its end, a sliding one until the owed units have slid far enough out.
+    #[test]
+    fn a_window_charge_owes_up_to_one_limit() {
+        use crate::{Algorithm, Limit};
+        let fixed = Limit::window(Algorithm::FixedWindow, 10, S).unwrap();
+        let sliding = Limit::window(Algorithm::SlidingWindow, 10, S).unwrap();
+        let now = 7 * S + S / 4;
+        let (state, forgiven) = state(7, 6, 0).charge(&fixed, now, 9);
+        assert_eq!((state, forgiven), (self::state(7, 15, 0), 0));
+        let (d, _) = fixed_window::decide(&fixed, &state, now, 0);
+        assert_eq!(d.retry_after_ns(), Some(3 * S / 4));
+        assert!(
+            fixed_window::decide(&fixed, &state, 8 * S, 1)
+                .0
+                .is_allowed()
+        );
+        let (full, forgiven) = state.charge(&fixed, now, 9);
+        assert_eq!((full, forgiven), (self::state(7, 20, 0), 4));
+        // Sliding: 15 in window 7 still weigh floor(15 * (1 - e)) in window 8; one unit passes
+        // once that is at most 9, a third of the way into it.
+        let (state, _) = WindowState::default().charge(&sliding, now, 15);
+        let (d, _) = sliding_window::decide(&sliding, &state, now, 1);
+        let wait = d.retry_after_ns().unwrap();
+        assert_eq!(now + wait, 8 * S + S / 3 + 1);
+        assert!(
+            !sliding_window::decide(&sliding, &state, now + wait - 1, 1)
+                .0
+                .is_allowed()
+        );
+        assert!(
+            sliding_window::decide(&sliding, &state, now + wait, 1)
+                .0
+                .is_allowed()
         );
     }
 

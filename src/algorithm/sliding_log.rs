@@ -18,33 +18,61 @@ impl SlidingLog {
     /// Decides `cost` and, when allowed, records it. Forgetting expired entries first changes no
     /// decision. Undo an admitted cost with [`SlidingLog::undo`].
     pub fn decide(&mut self, limit: &Limit, now_ns: u64, cost: u64) -> Decision {
+        self.forget_expired(limit, now_ns);
+        let decision = self.peek(limit, now_ns, cost);
+        if decision.is_allowed() {
+            self.times_ns
+                .extend(std::iter::repeat_n(now_ns, cost as usize));
+        }
+        decision
+    }
+
+    /// What [`SlidingLog::decide`] would answer, recording nothing.
+    pub fn peek(&self, limit: &Limit, now_ns: u64, cost: u64) -> Decision {
         let cap = limit.burst();
         if cost > cap {
             return Decision::CostExceedsBurst { burst: cap };
         }
         let period = limit.period_ns();
-        self.forget_expired(limit, now_ns);
+        let horizon = now_ns.saturating_sub(period);
+        // The entries `forget_expired` would drop.
+        let expired = self.times_ns.iter().take_while(|&&t| t <= horizon).count();
         // Times are absolute, so a log kept under another limit reads right under this one:
         // only its entries within this period count. There can be more than `cap` of them
-        // after the limit was lowered; that only denies.
-        let used = self.times_ns.len() as u64;
+        // after the limit was lowered or a metered charge: that only denies.
+        let used = (self.times_ns.len() - expired) as u64;
         if used + cost <= cap {
-            self.times_ns
-                .extend(std::iter::repeat_n(now_ns, cost as usize));
             Decision::Allowed {
                 remaining: cap - used - cost,
-                reset_after_ns: self.reset_after(period, now_ns),
+                // An admission of `cost > 0` is recorded at `now`.
+                reset_after_ns: if cost > 0 {
+                    period
+                } else {
+                    self.reset_after(period, now_ns)
+                },
             }
         } else {
             // The oldest `used + cost - cap` units must leave the window first.
             let must_leave = (used + cost - cap) as usize;
-            let leaves_at = self.times_ns[must_leave - 1].saturating_add(period);
+            let leaves_at = self.times_ns[expired + must_leave - 1].saturating_add(period);
             Decision::Denied {
                 remaining: cap.saturating_sub(used),
                 retry_after_ns: leaves_at.saturating_sub(now_ns),
                 reset_after_ns: self.reset_after(period, now_ns),
             }
         }
+    }
+
+    /// Takes `cost` units after the fact (a metered charge) at `now`, never refused: the log may
+    /// hold up to twice the limit (one limit owed), which denies until enough entries leave the
+    /// period; units beyond that are forgiven. Returns the units forgiven.
+    pub fn charge(&mut self, limit: &Limit, now_ns: u64, cost: u64) -> u64 {
+        self.forget_expired(limit, now_ns);
+        let most = limit.burst().saturating_mul(2);
+        let taken = cost.min(most.saturating_sub(self.times_ns.len() as u64));
+        self.times_ns
+            .extend(std::iter::repeat_n(now_ns, taken as usize));
+        cost - taken
     }
 
     /// Records `units` admitted elsewhere (another region) at `at_ns`, kept in time order, and

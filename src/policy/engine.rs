@@ -91,6 +91,7 @@ impl PlannedCheck {
             key: self.bucket_key(),
             limit: self.limit,
             cost: self.cost,
+            peek: false,
         }
     }
 }

@@ -34,7 +34,8 @@ pub enum BucketValue {
 /// with): no window after `now`'s and no count above the limit (a peer with other rules, or a
 /// hostile one, cannot make the arithmetic overflow; a count clamped to the limit only denies).
 pub(super) fn plausible_window(limit: &Limit, state: &WindowState, now_ns: u64) -> WindowState {
-    let cap = limit.burst();
+    // A window may hold up to twice its limit: a metered charge's debt.
+    let cap = limit.burst().saturating_mul(2);
     WindowState {
         window: state.window.min(now_ns / limit.period_ns()),
         count: state.count.min(cap),
@@ -47,12 +48,13 @@ pub(super) fn plausible_window(limit: &Limit, state: &WindowState, now_ns: u64) 
 /// `margin = (burst - 1) * interval` rounded down to whole ms and `interval <= period <=
 /// MAX_PERIOD_NS`, so a genuine TAT is less than `now + margin + 1 ms + MAX_PERIOD_NS` ahead (a
 /// margin that saturated its field bounds nothing: then only the largest capacity a limit can
-/// have). The next check clamps it further, to that key's own capacity (`gcra::decide`).
+/// have), and a bucket may owe one more capacity (a metered charge's debt), so twice that.
+/// The next check clamps it further, to what that key's own limit may owe (`gcra::decide`).
 pub(super) fn plausible_tat(tat_ns: u64, margin_ms: u32, now_ns: u64) -> u64 {
     let most_ahead = if margin_ms < MAX_MARGIN_MS {
-        (u64::from(margin_ms) + 1) * 1_000_000 + MAX_PERIOD_NS
+        2 * ((u64::from(margin_ms) + 1) * 1_000_000 + MAX_PERIOD_NS)
     } else {
-        MAX_CAPACITY_NS
+        2 * MAX_CAPACITY_NS
     };
     tat_ns.min(now_ns.saturating_add(most_ahead))
 }

@@ -21,6 +21,7 @@ mod bucket_state;
 mod budget;
 mod entries;
 mod eviction;
+mod metered;
 mod remote;
 mod shard;
 pub mod snapshot;
@@ -35,6 +36,7 @@ use self::budget::Bounds;
 pub use self::budget::{
     GCRA_BUCKET_BYTES, LOG_BUCKET_BYTES, LOG_TIME_BYTES, WINDOW_BUCKET_BYTES, bucket_bytes,
 };
+pub use self::metered::Charged;
 pub use self::remote::RemoteUse;
 use self::shard::{NeedsRoom, Shard, Undo};
 use crate::{BucketKey, Decision, Limit};
@@ -85,6 +87,9 @@ pub struct BucketCheck {
     pub key: BucketKey,
     pub limit: Limit,
     pub cost: u64,
+    /// Decide `cost` but take nothing ([`BucketStore::peek`]): a metered request's check of
+    /// the budget it may spend.
+    pub peek: bool,
 }
 
 /// Counters the store keeps about itself, readable at any time.
@@ -278,6 +283,12 @@ impl BucketStore {
             let at = indices
                 .binary_search(&self.shard_index(check.key))
                 .unwrap_or(0);
+            if check.peek {
+                let decision = guards[at].peek(check.key, &check.limit, check.cost, now_ns);
+                all_allowed &= decision.is_allowed();
+                decisions.push(decision);
+                continue;
+            }
             match guards[at].decide_or_insert(
                 check.key,
                 &check.limit,

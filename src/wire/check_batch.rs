@@ -47,7 +47,7 @@ pub struct PackedCheck {
     pub key_end: u32,
     /// Index into [`PackedBatch::limits`].
     pub limit: u16,
-    /// [`STARTS_GROUP`], [`REFUND`], [`TAKEOVER`].
+    /// [`STARTS_GROUP`], [`REFUND`], [`TAKEOVER`], [`PEEK`], [`CHARGE`].
     pub flags: u8,
 }
 
@@ -57,7 +57,11 @@ pub const STARTS_GROUP: u8 = 1;
 pub const REFUND: u8 = 2;
 /// [`WireCheck::takeover`].
 pub const TAKEOVER: u8 = 4;
-const KNOWN_FLAGS: u8 = STARTS_GROUP | REFUND | TAKEOVER;
+/// [`WireCheck::peek`] (protocol version 6: an older node refuses the frame as malformed).
+pub const PEEK: u8 = 8;
+/// [`WireCheck::charge`] (protocol version 6, as [`PEEK`]).
+pub const CHARGE: u8 = 16;
+const KNOWN_FLAGS: u8 = STARTS_GROUP | REFUND | TAKEOVER | PEEK | CHARGE;
 
 /// A check batch as archived: the layout a [`CheckBatch`] is packed into.
 #[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq, Default)]
@@ -140,7 +144,9 @@ impl PackedBatch {
                 let limit = table.index_of(limit, &mut packed.limits)?;
                 let flags = flag(i == 0, STARTS_GROUP)
                     | flag(check.refund, REFUND)
-                    | flag(check.takeover, TAKEOVER);
+                    | flag(check.takeover, TAKEOVER)
+                    | flag(check.peek, PEEK)
+                    | flag(check.charge, CHARGE);
                 packed.checks.push(PackedCheck {
                     cost: check.cost,
                     key_end,
@@ -165,6 +171,8 @@ struct CheckView<'a> {
     cost: u64,
     refund: bool,
     takeover: bool,
+    peek: bool,
+    charge: bool,
 }
 
 fn malformed(message: String) -> Refusal {
@@ -223,6 +231,8 @@ impl ArchivedPackedBatch {
                 cost: check.cost.to_native(),
                 refund: flags & REFUND != 0,
                 takeover: flags & TAKEOVER != 0,
+                peek: flags & PEEK != 0,
+                charge: flags & CHARGE != 0,
             })?;
             key_start = key_end;
         }
@@ -249,6 +259,8 @@ impl ArchivedPackedBatch {
                 cost: check.cost,
                 refund: check.refund,
                 takeover: check.takeover,
+                peek: check.peek,
+                charge: check.charge,
             };
             match groups.last_mut() {
                 Some(group) if !check.starts_group => group.push(wire),
@@ -410,6 +422,8 @@ fn decode_archived_into(
             cost: check.cost,
             refund: check.refund,
             takeover: check.takeover,
+            peek: check.peek,
+            charge: check.charge,
         });
         Ok(())
     })?;
@@ -426,13 +440,21 @@ fn valid_limit(limit: &ArchivedWireLimit) -> Result<Limit, Refusal> {
     )
 }
 
-/// A group is all refunds or none.
+/// A check is at most one of a refund, a peek and a charge; a group is all refunds or none,
+/// and all charges or none.
 fn check_group(checks: &[ValidCheck]) -> Result<(), Refusal> {
+    let refused = |message: &str| Err((ErrorCode::MalformedPayload, message.to_owned()));
+    if checks
+        .iter()
+        .any(|c| u8::from(c.refund) + u8::from(c.peek) + u8::from(c.charge) > 1)
+    {
+        return refused("a check is at most one of a refund, a peek and a charge");
+    }
     if checks.iter().any(|c| c.refund) && !checks.iter().all(|c| c.refund) {
-        return Err((
-            ErrorCode::MalformedPayload,
-            "a group mixes refunds and checks".to_owned(),
-        ));
+        return refused("a group mixes refunds and checks");
+    }
+    if checks.iter().any(|c| c.charge) && !checks.iter().all(|c| c.charge) {
+        return refused("a group mixes charges and checks");
     }
     Ok(())
 }
@@ -587,6 +609,37 @@ mod tests {
             assert_eq!(got, expected);
             assert_eq!(got.0, code, "{}", got.1);
         }
+    }
+
+    /// Peeks and charges travel as flags 8 and 16 and read back as sent; a group mixing
+    /// charges and checks, or a check with two kinds at once, is refused.
+    #[test]
+    fn peeks_and_charges_travel_as_their_flags() {
+        let limits = WireLimits::default();
+        let batch = CheckBatch {
+            groups: vec![
+                vec![check("a"), WireCheck::peek("tokens:k", &limit(), 5)],
+                vec![
+                    WireCheck::charge("tokens:k", &limit(), 40),
+                    WireCheck::charge("tokens:j", &limit(), 2),
+                ],
+            ],
+        };
+        let packed = PackedBatch::pack(&batch).unwrap();
+        let flags: Vec<u8> = packed.checks.iter().map(|c| c.flags).collect();
+        assert_eq!(flags, [STARTS_GROUP, PEEK, STARTS_GROUP | CHARGE, CHARGE]);
+        let groups = decode_check_batch(&archive(&batch), &limits).unwrap();
+        assert!(!groups[0][0].peek && groups[0][1].peek && !groups[0][1].charge);
+        assert!(groups[1].iter().all(|c| c.charge && !c.peek && c.cost > 0));
+        let mixed = payload(vec![vec![check("a"), WireCheck::charge("b", &limit(), 1)]]);
+        let (code, message) = decode_check_batch(&mixed, &limits).unwrap_err();
+        assert_eq!(code, ErrorCode::MalformedPayload);
+        assert!(message.contains("mixes charges and checks"), "{message}");
+        let mut both = WireCheck::charge("b", &limit(), 1);
+        both.peek = true;
+        let (code, message) = decode_check_batch(&payload(vec![vec![both]]), &limits).unwrap_err();
+        assert_eq!(code, ErrorCode::MalformedPayload);
+        assert!(message.contains("at most one of"), "{message}");
     }
 
     #[test]

@@ -25,6 +25,13 @@ pub struct WireCheck {
     /// decides it from its replica of the owner's buckets instead of forwarding it. Read on a
     /// group's first check.
     pub takeover: bool,
+    /// Decide `cost` but take nothing: a metered request's check, before it goes on, that its
+    /// key has at least the estimate left. Mixes with taking checks in a group (protocol
+    /// version 6).
+    pub peek: bool,
+    /// Take `cost` after the fact (a metered cost known once the response is done), never
+    /// refused, even into debt. A group is either all charges or none (protocol version 6).
+    pub charge: bool,
 }
 
 /// Either way: why a request (or, with request id 0, the stream) was refused.
@@ -92,6 +99,8 @@ pub struct ValidCheck {
     pub cost: u64,
     pub refund: bool,
     pub takeover: bool,
+    pub peek: bool,
+    pub charge: bool,
 }
 
 impl ValidCheck {
@@ -101,6 +110,7 @@ impl ValidCheck {
             key: self.key,
             limit: self.limit,
             cost: self.cost,
+            peek: self.peek,
         }
     }
 }
@@ -116,6 +126,8 @@ impl WireCheck {
             cost,
             refund: false,
             takeover: false,
+            peek: false,
+            charge: false,
         }
     }
 
@@ -123,6 +135,22 @@ impl WireCheck {
     pub fn refund(key: impl Into<Vec<u8>>, limit: &Limit, cost: u64) -> Self {
         WireCheck {
             refund: true,
+            ..WireCheck::new(key, limit, cost)
+        }
+    }
+
+    /// A check that `key`'s bucket has `cost` left, taking nothing.
+    pub fn peek(key: impl Into<Vec<u8>>, limit: &Limit, cost: u64) -> Self {
+        WireCheck {
+            peek: true,
+            ..WireCheck::new(key, limit, cost)
+        }
+    }
+
+    /// A charge of `cost` spent already, taken from `key`'s bucket even into debt.
+    pub fn charge(key: impl Into<Vec<u8>>, limit: &Limit, cost: u64) -> Self {
+        WireCheck {
+            charge: true,
             ..WireCheck::new(key, limit, cost)
         }
     }
@@ -190,6 +218,8 @@ pub(crate) fn validate_check(
         cost: check.cost.to_native(),
         refund: check.refund,
         takeover: check.takeover,
+        peek: check.peek,
+        charge: check.charge,
     })
 }
 

@@ -278,10 +278,14 @@ pub enum ErrorCode {
     /// the check again shortly, and the node is not failing. A connection of an older version
     /// gets `ShuttingDown` instead.
     TryAgain = 15,
+    /// Per charge, from version 6: the charge was sent on to its owner and no answer came, so
+    /// it may or may not have been taken. Not to be sent again (it would count twice); only
+    /// charges get it, and only callers of version 6 send charges.
+    OutcomeUnknown = 16,
 }
 
 impl ErrorCode {
-    pub const ALL: [ErrorCode; 15] = [
+    pub const ALL: [ErrorCode; 16] = [
         ErrorCode::BadMagic,
         ErrorCode::UnsupportedVersion,
         ErrorCode::FrameTooLarge,
@@ -297,6 +301,7 @@ impl ErrorCode {
         ErrorCode::NotOwner,
         ErrorCode::Forbidden,
         ErrorCode::TryAgain,
+        ErrorCode::OutcomeUnknown,
     ];
 
     pub fn from_u16(code: u16) -> Option<Self> {
@@ -321,6 +326,7 @@ impl ErrorCode {
             ErrorCode::NotOwner => "not_owner",
             ErrorCode::Forbidden => "forbidden",
             ErrorCode::TryAgain => "try_again",
+            ErrorCode::OutcomeUnknown => "outcome_unknown",
         }
     }
 

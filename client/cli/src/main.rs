@@ -86,7 +86,7 @@ const STATUS_HELP: &str = "\
 Output:
   epoch 3, version 9f3a0c12d4e5b6a7, from node-a, cluster protocol 4
   id      region  address         state  protocol  slots
-  node-a  local   127.0.0.1:7100  alive  2-5       1372
+  node-a  local   127.0.0.1:7100  alive  2-6       1372
 
 The protocol column is the range of protocol versions each member speaks (`2` for a node of a
 build before versions were negotiated); the cluster speaks the highest version all share.
