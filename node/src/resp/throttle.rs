@@ -383,8 +383,9 @@ mod tests {
     }
 
     /// The one difference in well-defined use: a key reused with a limit whose capacity is
-    /// below its debt. floodgate reads the debt as the new limit's full capacity (no wait longer
-    /// than the limit allows); redis-cell keeps it whole.
+    /// below its debt. floodgate reads the debt as at most two of the new limit's capacities
+    /// (an empty bucket and one owed: no wait longer than the limit allows); redis-cell keeps
+    /// it whole.
     #[test]
     fn a_key_reused_with_a_smaller_capacity_reads_its_debt_clamped() {
         let now = 1_700_000_000 * NANOS_PER_SEC;
@@ -401,7 +402,7 @@ mod tests {
         );
         assert_eq!(
             floodgate.throttle(&["k", "0", "1", "3600", "1"], now as u64),
-            Ok([1, 1, 0, 3600, 3600])
+            Ok([1, 1, 0, 7200, 7200])
         );
     }
 
