@@ -38,6 +38,7 @@ impl SpareKeys {
             // `Vec::new()` allocates nothing: the key bytes go into a reused buffer below.
             let fresh = WireCheck {
                 takeover,
+                peek: check.peek,
                 ..WireCheck::new(Vec::new(), &check.limit, check.cost)
             };
             let wire = match group.get_mut(i) {

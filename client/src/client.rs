@@ -13,6 +13,7 @@ use tokio::time::Instant;
 
 use crate::address::HostPort;
 use crate::call::{self, Attempt, Route};
+use crate::charge::ChargeOutcome;
 use crate::cluster_table::ClusterTable;
 use crate::config::{ClientConfig, MAX_KEY_BYTES, validate_nodes};
 use crate::dial;
@@ -28,6 +29,7 @@ use crate::tls;
 use crate::token_leases::TokenLeases;
 
 use floodgate::check::{Check, DegradedReason, Verdict};
+use floodgate::protocol::Feature;
 use floodgate::wire::ErrorCode;
 
 /// The first pause before a call a node answered `try_again` is sent again; it doubles each
@@ -185,8 +187,24 @@ impl Client {
         let inner = &*self.inner;
         inner.validate(checks)?;
         out.clear();
-        // A hot key with leased tokens is decided here, without a round trip.
+        if checks.iter().any(|c| c.peek) && !inner.reads_metered() {
+            // A member from before peeks would refuse the frame: ask what a cost of 0 sees.
+            let unmetered: Vec<Check> = checks
+                .iter()
+                .map(|c| match c.peek {
+                    true => Check {
+                        peek: false,
+                        ..c.clone().cost(0)
+                    },
+                    false => c.clone(),
+                })
+                .collect();
+            return Box::pin(self.check_into(&unmetered, out)).await;
+        }
+        // A hot key with leased tokens is decided here, without a round trip (a peek asks its
+        // owner: a lease holds tokens, not what the bucket owes).
         if let (Some(leases), [single]) = (&inner.token_leases, checks)
+            && !single.peek
             && let Some(verdict) = leases.decide(single)
         {
             // Decided without I/O: spend tokio's cooperative budget, so a caller looping on
@@ -270,6 +288,17 @@ impl Client {
             }
         }
         Ok(refunded)
+    }
+
+    /// Takes metered costs known only after the fact (a response's tokens or bytes) from the
+    /// buckets of `charges` (each its key, limit and `cost`), never refused: a bucket may be
+    /// left owing, which denies the key until the debt is repaid. Each charge is sent to its
+    /// key's owner and never counted twice (see [`ChargeOutcome`]); returns one outcome per
+    /// charge, in order, within the configured timeout.
+    pub async fn charge(&self, charges: &[Check]) -> Result<Vec<ChargeOutcome>, ClientError> {
+        let inner = &*self.inner;
+        inner.validate(charges)?;
+        Ok(crate::charge::charge(&inner.routing, &inner.fallback, inner.timeout, charges).await)
     }
 
     /// The routing every call reads (for lease calls, `lease.rs`).
@@ -433,6 +462,14 @@ impl Inner {
         out.clear();
         out.extend(self.fallback.resolve_all(checks, reason));
         Ok(Ok(()))
+    }
+
+    /// True when every member reads peeks and charges (protocol version 6), as the slot
+    /// table says.
+    fn reads_metered(&self) -> bool {
+        self.routing
+            .table()
+            .is_some_and(|t| Feature::MeteredCosts.readable_at(t.cluster_version()))
     }
 
     fn validate(&self, checks: &[Check]) -> Result<(), ClientError> {

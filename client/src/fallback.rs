@@ -129,6 +129,15 @@ impl Fallback {
         }
     }
 
+    /// Takes a metered charge no node took from the local bucket (into debt if need be), so
+    /// this client holds the key back as its nodes would. A full fallback store drops it.
+    pub(crate) fn charge(&self, charge: &Check) {
+        let now_ns = self.clock.now_ns();
+        let _ = self
+            .store
+            .charge(bucket_key(&charge.key), &charge.limit, charge.cost, now_ns);
+    }
+
     /// The bucket's state without consuming (a cost-0 check never inserts, so it cannot fail).
     fn peek(&self, check: &Check, now_ns: u64) -> Decision {
         self.store

@@ -67,6 +67,7 @@ mod breaker;
 #[cfg(feature = "tower")]
 pub mod brownout;
 mod call;
+mod charge;
 mod check_group;
 mod client;
 mod cluster_table;
@@ -97,6 +98,7 @@ mod token_leases;
 pub mod tower;
 
 pub use address::HostPort;
+pub use charge::ChargeOutcome;
 pub use client::Client;
 pub use cluster_table::{ClusterMember, ClusterTable};
 pub use config::{

@@ -12,6 +12,13 @@
 //! response gains `RateLimit-Policy` and `RateLimit`; any other is answered here: `429` or `503`
 //! with `Retry-After`, the same fields and an `application/problem+json` body.
 //!
+//! Metered rules (`cost_from:`): a request header's cost is read before the rules are asked; a
+//! response's cost is charged once the inner service has answered, before the response goes
+//! back: the value the service put in the response's [`ReportedCosts`], else the response
+//! header of that name (missing or not a whole number: the rule's `missing`). A cost the
+//! service learns only as the body ends (a trailer) must be reported in a header or in
+//! [`ReportedCosts`]: the layer sees the response's head only.
+//!
 //! Rules with `concurrency:` hold a lease for each request they match: taken before the rate
 //! rules are asked (a request they then deny gives it back at once), held (and renewed every
 //! half TTL) while the inner service runs, and given back when the response is dropped or the request is dropped before
@@ -101,7 +108,41 @@ pub fn request_info<B>(request: &Request<B>, peer: Option<SocketAddr>) -> Reques
             .iter()
             .filter_map(|v| v.to_str().ok().map(str::to_owned))
             .collect(),
+        // Filled by the layer, which knows the rules' `cost_from` headers.
+        cost_headers: Vec::new(),
     }
+}
+
+/// Costs a service reports for metered rules (`cost_from: { response_header: NAME }`) in its
+/// response's extensions, by name: what it knows as a number (tokens it counted) need not be
+/// written into a header. The layer looks a name up here first, then in the response headers.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ReportedCosts(Vec<(String, u64)>);
+
+impl ReportedCosts {
+    /// Reports `units` under `name` (a metered rule's `response_header`, any case).
+    pub fn with(mut self, name: &str, units: u64) -> Self {
+        self.0.push((name.to_ascii_lowercase(), units));
+        self
+    }
+
+    /// The units reported under `name` (lower-case).
+    pub fn get(&self, name: &str) -> Option<u64> {
+        self.0.iter().find(|(n, _)| n == name).map(|&(_, u)| u)
+    }
+}
+
+/// The units a response reports under `name`: in its [`ReportedCosts`], else in a header.
+fn response_cost<B>(response: &Response<B>, name: &str) -> Option<u64> {
+    if let Some(units) = response
+        .extensions()
+        .get::<ReportedCosts>()
+        .and_then(|costs| costs.get(name))
+    {
+        return Some(units);
+    }
+    let value = response.headers().get(name)?.to_str().ok()?;
+    floodgate::policy::metered::cost_in(value)
 }
 
 type Observer = Arc<dyn Fn(&RequestDecision) + Send + Sync>;
@@ -214,7 +255,10 @@ where
     }
 
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
-        let info = self.extract.extract(&request);
+        let mut info = self.extract.extract(&request);
+        info.cost_headers = self
+            .limiter
+            .cost_headers(|name| request.headers().get(name)?.to_str().ok());
         // The clone is not ready; the ready one goes with this request (tower's usual swap).
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
@@ -233,6 +277,17 @@ where
             }
             if decision.is_allowed() {
                 let mut response = inner.call(request).await?;
+                if !decision.charges_after.is_empty() {
+                    // Charged before the response goes back, so this gateway's next request
+                    // sees it: a key is over its limit by at most one response's cost per
+                    // request in flight.
+                    let costs: Vec<(&str, Option<u64>)> = decision
+                        .charge_names()
+                        .map(|name| (name, response_cost(&response, name)))
+                        .collect();
+                    let units = |name: &str| costs.iter().find(|(n, _)| *n == name)?.1;
+                    limiter.charge(&decision, units).await;
+                }
                 add_headers(response.headers_mut(), &decision);
                 if !leases.held.is_empty() {
                     // Released when the server drops the response.

@@ -760,6 +760,7 @@ fn sample_requests() -> [RequestAttributes<'static>; 3] {
             tenant: Some("acme%\u{1f}"),
             plan: None,
             home_region: Some("eu"),
+            cost_headers: &[],
         },
         RequestAttributes {
             method: "delete",
@@ -770,6 +771,7 @@ fn sample_requests() -> [RequestAttributes<'static>; 3] {
             tenant: Some("t"),
             plan: Some("free"),
             home_region: Some("not a region"),
+            cost_headers: &[],
         },
     ]
 }
@@ -895,6 +897,11 @@ pub fn request(data: &[u8]) -> Outcome {
         assert_eq!(client, peer);
     }
 
+    // Whatever a metered rule's request header may carry: any text is a cost or `missing`.
+    let cost_headers: Vec<(String, String)> = policy
+        .request_cost_headers()
+        .map(|name| (name.to_owned(), user.unwrap_or_default().to_owned()))
+        .collect();
     let attrs = RequestAttributes {
         method,
         path,
@@ -904,6 +911,7 @@ pub fn request(data: &[u8]) -> Outcome {
         tenant,
         plan,
         home_region: tenant,
+        cost_headers: &cost_headers,
     };
     let separator = KEY_SEPARATOR.len_utf8();
     for check in policy.checks_for(&attrs) {

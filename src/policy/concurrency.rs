@@ -39,6 +39,7 @@ const RATE_ONLY_FIELDS: &[&str] = &[
     "cost",
     "max_wait",
     "lease_above",
+    "cost_from",
 ];
 
 /// Reads a rule's `concurrency` and `ttl` fields; `None` for a rate rule.

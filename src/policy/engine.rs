@@ -40,6 +40,9 @@ pub struct RequestAttributes<'a> {
     /// (the example gateway takes `X-Home-Region`). Believed only when it is one of the file's
     /// `regions:`; otherwise, or when absent, the `tenants:` table is asked.
     pub home_region: Option<&'a str>,
+    /// The request headers metered rules read their cost from (`cost_from: { request_header:
+    /// NAME }`; [`Policy::request_cost_headers`]), as lower-case name and value.
+    pub cost_headers: &'a [(String, String)],
 }
 
 /// One check a request needs: which bucket, under which limit, and how to treat the answer.
@@ -65,6 +68,9 @@ pub struct PlannedCheck {
     pub scope: Scope,
     /// The rule's `lease_above`, in checks a second.
     pub lease_above_per_sec: Option<u64>,
+    /// A metered rule's cost known only after the response: the check before the request is a
+    /// peek of `cost` (the estimate), and this is charged once the response is done.
+    pub charge_after: Option<super::metered::ResponseCost>,
 }
 
 impl PlannedCheck {
@@ -79,10 +85,27 @@ impl PlannedCheck {
             .cost(self.cost)
             .failure_mode(self.failure_mode)
             .scope(self.scope.clone());
+        let check = match self.charge_after {
+            Some(_) => check.peek(),
+            None => check,
+        };
         match self.lease_above_per_sec {
             Some(per_sec) => check.lease_above(per_sec),
             None => check,
         }
+    }
+
+    /// The charge of a metered check once its response is done: its key and limit, and the
+    /// `units` the response reported under [`super::metered::ResponseCost::name`] (`None`: none
+    /// valid, so the rule's `missing`). `None` for a check with a fixed cost.
+    pub fn charge(&self, units: Option<u64>) -> Option<crate::check::Check> {
+        let after = self.charge_after.as_ref()?;
+        Some(
+            crate::check::Check::new(self.key.clone(), self.limit)
+                .cost(units.unwrap_or(after.missing))
+                .failure_mode(self.failure_mode)
+                .scope(self.scope.clone()),
+        )
     }
 
     /// This check for an in-process [`crate::BucketStore`].
@@ -91,7 +114,7 @@ impl PlannedCheck {
             key: self.bucket_key(),
             limit: self.limit,
             cost: self.cost,
-            peek: false,
+            peek: self.charge_after.is_some(),
         }
     }
 }
@@ -160,11 +183,13 @@ impl Policy {
             let Some(key) = build_key(rule, attrs, rule_plan, path) else {
                 continue;
             };
+            let (cost, charge_after) = metered_cost(rule, attrs);
             checks.push(PlannedCheck {
                 rule: Arc::clone(&rule.name),
                 key,
                 limit: rule.limit_for_class(limit, class),
-                cost: rule.cost,
+                cost,
+                charge_after,
                 failure_mode: rule.failure_mode,
                 shadow: rule.mode == Mode::Shadow,
                 max_wait_ns: rule.max_wait_ns,
@@ -181,6 +206,48 @@ impl Policy {
             });
         }
         checks
+    }
+}
+
+/// A rule's cost for this request, and what it charges after the response: its fixed cost;
+/// the cost its request header declares; or the estimate, peeked, and the response's cost.
+fn metered_cost(
+    rule: &Rule,
+    attrs: &RequestAttributes<'_>,
+) -> (u64, Option<super::metered::ResponseCost>) {
+    use super::metered::{CostSource, ResponseCost};
+    let Some(from) = &rule.cost_from else {
+        return (rule.cost, None);
+    };
+    match &from.source {
+        CostSource::RequestHeader(name) => {
+            let value = attrs
+                .cost_headers
+                .iter()
+                .find(|(n, _)| n.as_str() == &**name)
+                .map(|(_, v)| v.as_str());
+            (from.cost_of(value), None)
+        }
+        CostSource::Response(name) => (
+            from.estimate,
+            Some(ResponseCost {
+                name: Arc::clone(name),
+                missing: from.missing,
+            }),
+        ),
+    }
+}
+
+impl Policy {
+    /// The request headers metered rules take their cost from (lower-case names): what a
+    /// gateway puts in [`RequestAttributes::cost_headers`].
+    pub fn request_cost_headers(&self) -> impl Iterator<Item = &str> {
+        self.rules
+            .iter()
+            .filter_map(|rule| match rule.cost_from()?.source() {
+                super::metered::CostSource::RequestHeader(name) => Some(&**name),
+                super::metered::CostSource::Response(_) => None,
+            })
     }
 }
 

@@ -19,6 +19,7 @@
 //!   and scopes in `parse_region`) and position-carrying YAML reading.
 //! - [`pattern`]: path globs and request-path normalization; [`method`]: HTTP methods in rules.
 //! - [`engine`]: request attributes → planned checks and their keys.
+//! - [`metered`]: `cost_from:` rules, whose cost a request declares or a response reports.
 //! - [`concurrency`](mod@concurrency): `concurrency:` rules → planned leases, and the answer
 //!   when one is refused.
 //! - [`priority`](mod@priority): where a request's class comes from, and a rule's `reserve:`
@@ -36,6 +37,7 @@ mod error;
 pub mod grouping;
 pub mod http;
 pub mod json;
+pub mod metered;
 pub mod method;
 mod parse;
 mod parse_limit;

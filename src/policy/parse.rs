@@ -52,6 +52,7 @@ const RULE_FIELDS: &[&str] = &[
     "plans",
     "default_plan",
     "cost",
+    "cost_from",
     "failure_mode",
     "mode",
     "max_wait",
@@ -276,6 +277,10 @@ fn parse_rule<'n, 'a>(
         )?,
         None => 1,
     };
+    let cost_from = super::metered::parse_cost_from(
+        &fields,
+        limit.iter().chain(rule_plans.iter().map(|p| &p.1)),
+    )?;
     let failure_mode = match fields.get("failure_mode") {
         Some(n) => match yaml::string(n, "`failure_mode`")? {
             "open" => FailureMode::Open,
@@ -331,6 +336,7 @@ fn parse_rule<'n, 'a>(
         plans: rule_plans,
         default_plan,
         cost,
+        cost_from,
         failure_mode,
         mode,
         max_wait_ns,

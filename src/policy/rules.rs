@@ -126,6 +126,8 @@ pub struct Rule {
     /// file's `default_plan`).
     pub(crate) default_plan: Option<String>,
     pub(crate) cost: u64,
+    /// `cost_from:`: the cost read from the request, or charged after the response.
+    pub(crate) cost_from: Option<super::metered::CostFrom>,
     pub(crate) failure_mode: FailureMode,
     pub(crate) mode: Mode,
     pub(crate) max_wait_ns: u64,
@@ -230,9 +232,15 @@ impl Rule {
         best.map(|(plan, limit)| (plan, RuleLimit::Limited(limit)))
     }
 
-    /// Units each matching request consumes (1 unless the file says).
+    /// Units each matching request consumes (1 unless the file says; see also
+    /// [`Rule::cost_from`]).
     pub fn cost(&self) -> u64 {
         self.cost
+    }
+
+    /// Where a metered rule's cost comes from (`None`: the fixed [`Rule::cost`]).
+    pub fn cost_from(&self) -> Option<&super::metered::CostFrom> {
+        self.cost_from.as_ref()
     }
 
     pub fn failure_mode(&self) -> FailureMode {

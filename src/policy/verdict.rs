@@ -294,7 +294,8 @@ impl RequestVerdict {
         planned
             .iter()
             .zip(&self.rules)
-            .filter(|(_, r)| r.refund)
+            // A metered rule's peek took nothing.
+            .filter(|(p, r)| r.refund && p.charge_after.is_none())
             .map(|(p, _)| p)
             .collect()
     }

@@ -39,6 +39,7 @@ use self::feed::PolicyFetcher;
 pub use self::feed::fetch_policy;
 pub use self::leases::{HeldLeases, LeaseDecision, LeaseEvent, LeaseObserver};
 use crate::address::HostPort;
+use crate::charge::ChargeOutcome;
 use crate::client::Client;
 use crate::config::ClientConfig;
 use crate::error::ClientError;
@@ -93,6 +94,9 @@ pub struct RequestInfo {
     /// The class the request names (`X-Priority` at the example gateway): believed as the
     /// rules' `priority:` says.
     pub priority: Option<String>,
+    /// The headers metered rules read a request's cost from (lower-case name, value; see
+    /// [`RateLimiter::cost_headers`]).
+    pub cost_headers: Vec<(String, String)>,
 }
 
 impl RequestInfo {
@@ -128,6 +132,7 @@ impl RequestInfo {
             tenant: self.tenant.as_deref(),
             plan: self.plan.as_deref(),
             home_region: self.home_region.as_deref(),
+            cost_headers: &self.cost_headers,
         }
     }
 }
@@ -152,11 +157,22 @@ pub struct RequestDecision {
     pub latency: Duration,
     /// The request's class: its checks went with the share of each limit this class may use.
     pub class: Priority,
+    /// An allowed request's metered checks whose cost the response reports: charge them once
+    /// it is done ([`RateLimiter::charge`]). Empty otherwise.
+    pub charges_after: Vec<PlannedCheck>,
 }
 
 impl RequestDecision {
     pub fn is_allowed(&self) -> bool {
         self.verdict.is_allowed()
+    }
+
+    /// The names metered rules read the response's cost under (lower-case): response headers
+    /// or trailers, or values the service reports.
+    pub fn charge_names(&self) -> impl Iterator<Item = &str> {
+        self.charges_after
+            .iter()
+            .filter_map(|p| p.charge_after.as_ref().map(|c| &*c.name))
     }
 }
 
@@ -346,6 +362,7 @@ impl RateLimiter {
                 policy_version: None,
                 latency: started.elapsed(),
                 class: Priority::Default,
+                charges_after: Vec::new(),
             };
         };
         let ip = request.client_ip(&policy);
@@ -367,6 +384,13 @@ impl RateLimiter {
                 None => verdict.into_denial(),
             };
         }
+        let charges_after = match verdict.is_allowed() {
+            true => planned
+                .into_iter()
+                .filter(|p| p.charge_after.is_some())
+                .collect(),
+            false => Vec::new(),
+        };
         RequestDecision {
             response: verdict.http(),
             verdict,
@@ -376,7 +400,50 @@ impl RateLimiter {
             policy_version: Some(policy.version().to_owned()),
             latency: started.elapsed(),
             class,
+            charges_after,
         }
+    }
+
+    /// The headers of a request that metered rules read its cost from (`cost_from: {
+    /// request_header: NAME }`), found by `header` (a lookup by lower-case name): what goes in
+    /// [`RequestInfo::cost_headers`].
+    pub fn cost_headers<'h>(
+        &self,
+        header: impl Fn(&str) -> Option<&'h str>,
+    ) -> Vec<(String, String)> {
+        let Some(policy) = self.policy() else {
+            return Vec::new();
+        };
+        policy
+            .request_cost_headers()
+            .filter_map(|name| Some((name.to_owned(), header(name)?.to_owned())))
+            .collect()
+    }
+
+    /// Charges an allowed request's metered costs once its response is done (see
+    /// [`floodgate::policy::metered`]): each check of [`RequestDecision::charges_after`] takes
+    /// the units `units` gives for its name (read from a response header or trailer with
+    /// [`floodgate::policy::metered::cost_in`], or what the service reported; `None`: the
+    /// rule's `missing`). Never refused; a bucket may be left owing, which its next requests
+    /// wait out. Returns one outcome per charge.
+    pub async fn charge(
+        &self,
+        decision: &RequestDecision,
+        units: impl Fn(&str) -> Option<u64>,
+    ) -> Vec<ChargeOutcome> {
+        let charges: Vec<Check> = decision
+            .charges_after
+            .iter()
+            .filter_map(|p| {
+                let name = &p.charge_after.as_ref()?.name;
+                p.charge(units(name))
+            })
+            .collect();
+        if charges.is_empty() {
+            return Vec::new();
+        }
+        // Checks of a valid policy: a refusal as invalid cannot happen; nothing is charged.
+        self.inner.client.charge(&charges).await.unwrap_or_default()
     }
 
     /// One round: the checks, the verdict, and the refunds it calls for. Returns the verdict and
