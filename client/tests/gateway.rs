@@ -35,12 +35,13 @@ const EXAMPLE: &str = include_str!("../../rules/example.yaml");
 
 /// Nodes with a rules file, and the gateway in front of them.
 struct Stack {
-    _certs: Certs,
+    certs: Certs,
     nodes: Vec<Node>,
     _dir: tempfile::TempDir,
     rules: PathBuf,
     limiter: RateLimiter,
     gateway: SocketAddr,
+    upstream: SocketAddr,
     shutdown: watch::Sender<bool>,
 }
 
@@ -85,14 +86,39 @@ impl Stack {
         let gateway_app = app::app(limiter.clone(), upstream_addr, app::GatewayMetrics::new());
         tokio::spawn(app::serve(listener, gateway_app, stop));
         Stack {
-            _certs: certs,
+            certs,
             nodes: started,
             _dir: dir,
             rules: path,
             limiter,
             gateway,
+            upstream: upstream_addr,
             shutdown,
         }
+    }
+
+    /// Another gateway in front of the same nodes and upstream, with a client of its own (as a
+    /// second gateway replica runs); stopped with the stack.
+    async fn another_gateway(&self) -> (SocketAddr, RateLimiter) {
+        let addrs: Vec<SocketAddr> = self.nodes.iter().map(Node::local_addr).collect();
+        let limiter = RateLimiter::connect(
+            &addrs,
+            client_config(&self.certs),
+            LimiterConfig {
+                refresh_interval: Duration::from_millis(100),
+                policy_timeout: PATIENCE,
+            },
+        )
+        .await
+        .unwrap();
+        tokio::time::timeout(PATIENCE, limiter.client().wait_connected())
+            .await
+            .unwrap();
+        let listener = TcpListener::bind(any_port()).await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let app = app::app(limiter.clone(), self.upstream, app::GatewayMetrics::new());
+        tokio::spawn(app::serve(listener, app, self.shutdown.subscribe()));
+        (addr, limiter)
     }
 
     async fn send(&self, method: &str, path: &str, headers: &[(&str, &str)]) -> Response {
@@ -781,4 +807,72 @@ async fn a_local_policy_works_without_node_rules() {
     let _ = Check::new("unused", per_hour(1));
     limiter.close().await;
     node.shutdown().await;
+}
+
+/// Metered limits across gateways: three gateways share one API key's `tokens` bucket (1,000
+/// tokens a minute, each completion charged the 1 to 100 tokens the demo upstream reports after
+/// it is done). Each gateway sends one completion at a time until it is refused. The tokens
+/// charged reach the limit (a charge is taken whole, even past what is left) and never exceed
+/// it by more than the refill over the run plus one completion's largest cost per gateway in
+/// flight; the refusal says when the debt is repaid.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metered_tokens_hold_across_three_gateways() {
+    let stack = Stack::start(EXAMPLE, 3).await;
+    let (second, second_limiter) = stack.another_gateway().await;
+    let (third, third_limiter) = stack.another_gateway().await;
+    let started = Instant::now();
+    let key = [("X-Api-Key", "pk_metered_demo")];
+    let runs: Vec<_> = [stack.gateway, second, third]
+        .into_iter()
+        .map(|gateway| {
+            tokio::spawn(async move {
+                let mut charged = 0;
+                for _ in 0..200 {
+                    let response = http(gateway, "POST", "/v1/complete", &key).await;
+                    if response.status != 200 {
+                        return (charged, response);
+                    }
+                    let used: u64 = response.header(app::USAGE_HEADER).unwrap().parse().unwrap();
+                    assert!((1..=app::MOST_TOKENS).contains(&used));
+                    charged += used;
+                }
+                panic!("200 completions passed at one gateway");
+            })
+        })
+        .collect();
+    let mut charged = 0;
+    let mut refusals = Vec::new();
+    for run in runs {
+        let (tokens, refusal) = run.await.unwrap();
+        charged += tokens;
+        refusals.push(refusal);
+    }
+    let elapsed = started.elapsed();
+    // 1,000 a minute: what refilled while the gateways ran, rounded up.
+    let refill = (elapsed.as_millis() as u64).div_ceil(60);
+    let gateways = 3;
+    assert!(
+        charged >= 1_000 - 1,
+        "charged {charged}: the budget was not used up"
+    );
+    assert!(
+        charged <= 1_000 + refill + gateways * app::MOST_TOKENS,
+        "charged {charged} in {elapsed:?}: over the limit by more than the bound"
+    );
+    for refusal in &refusals {
+        assert_eq!(refusal.status, 429, "{}", refusal.body);
+        let retry: u64 = refusal.header("retry-after").unwrap().parse().unwrap();
+        // The key owes at most what was charged past the limit; one token more passes. A
+        // token refills in 60 ms; Retry-After is whole seconds, rounded up.
+        let most = ((charged + 1).saturating_sub(1_000) * 60).div_ceil(1_000);
+        assert!(
+            (1..=most.max(1)).contains(&retry),
+            "retry-after {retry}, charged {charged}"
+        );
+        assert!(refusal.body.contains("tokens"), "{}", refusal.body);
+        assert!(refusal.header("ratelimit").unwrap().contains("\"tokens\""));
+    }
+    second_limiter.close().await;
+    third_limiter.close().await;
+    stack.stop().await;
 }

@@ -315,6 +315,23 @@ impl Rule {
         if self.cost != 1 {
             let _ = write!(line, "; cost {}", self.cost);
         }
+        if let Some(from) = &self.cost_from {
+            let _ = match from.source() {
+                super::metered::CostSource::RequestHeader(name) => {
+                    write!(
+                        line,
+                        "; cost from request header {name} (else {})",
+                        from.missing()
+                    )
+                }
+                super::metered::CostSource::Response(name) => write!(
+                    line,
+                    "; {} left to pass, then charged the response's {name} (else {})",
+                    from.estimate(),
+                    from.missing()
+                ),
+            };
+        }
         if self.failure_mode == FailureMode::Closed {
             line.push_str("; fails closed");
         }

@@ -433,7 +433,8 @@ impl Work {
 }
 
 /// The demo upstream: answers every request with `{"ok":true,...}` naming its method and path;
-/// `POST /v1/exports` answers only after [`EXPORT_TAKES`], `GET /v1/work` as [`Work::demo`].
+/// `POST /v1/exports` answers only after [`EXPORT_TAKES`], `GET /v1/work` as [`Work::demo`],
+/// `POST /v1/complete` with a token count in [`USAGE_HEADER`].
 pub fn upstream_app() -> Router {
     upstream_app_with(ExportPace::Takes(EXPORT_TAKES))
 }
@@ -467,10 +468,67 @@ pub fn upstream_app_with_work(pace: ExportPace, work: Arc<Work>) -> Router {
             echo(request).await
         }
     };
+    let tokens = Arc::new(Tokens::seeded());
+    let complete = move |request: Request| {
+        let tokens = tokens.clone();
+        async move { complete(&tokens, request) }
+    };
     Router::new()
         .route("/v1/exports", post(export).fallback(echo))
         .route("/v1/work", get(work_route).fallback(echo))
+        .route("/v1/complete", post(complete).fallback(echo))
         .fallback(echo)
+}
+
+/// The header the demo upstream's completions report their token count in (what the example
+/// rules' `tokens` rule charges).
+pub const USAGE_HEADER: &str = "x-usage-tokens";
+/// Most tokens one demo completion uses.
+pub const MOST_TOKENS: u64 = 100;
+
+/// Token counts of the demo completions: 1 to [`MOST_TOKENS`], from a xorshift generator (no
+/// need for a good one: it stands in for a model's output length).
+struct Tokens(AtomicU64);
+
+impl Tokens {
+    fn seeded() -> Self {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(1, |d| d.subsec_nanos());
+        Tokens(AtomicU64::new(u64::from(nanos) | 1))
+    }
+
+    fn next(&self) -> u64 {
+        let mut x = 0;
+        let _ = self
+            .0
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |mut s| {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                x = s;
+                Some(s)
+            });
+        x % MOST_TOKENS + 1
+    }
+}
+
+/// `POST /v1/complete`: a completion that used a random 1 to [`MOST_TOKENS`] tokens, reported
+/// in [`USAGE_HEADER`] (as an LLM API reports its usage).
+fn complete(tokens: &Tokens, request: Request) -> Response {
+    let used = tokens.next();
+    (
+        [
+            ("content-type", "application/json".to_owned()),
+            (USAGE_HEADER, used.to_string()),
+        ],
+        format!(
+            "{{\"ok\":true,\"method\":\"{}\",\"path\":\"{}\",\"tokens\":{used}}}\n",
+            request.method(),
+            request.uri().path().replace('"', "")
+        ),
+    )
+        .into_response()
 }
 
 async fn echo(request: Request) -> impl IntoResponse {
