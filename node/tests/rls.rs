@@ -54,6 +54,8 @@ descriptors:
       - key: plan
         value: free
         rate_limit: {unit: day, requests_per_unit: 1, name: free-plan}
+  - key: tokens
+    rate_limit: {unit: day, requests_per_unit: 100, algorithm: gcra, metered: true, estimate: 10, name: tokens}
 ";
 
 struct RlsNode {
@@ -250,6 +252,42 @@ async fn hits_addend_counts_per_request_and_per_descriptor_and_zero_peeks() {
     // The descriptor's own hits_addend wins over the request's.
     request_level.hits_addend = 1;
     assert_eq!(remaining(&ask(&mut rls, request_level).await), vec![5, 0]);
+    rls.node.node.shutdown().await;
+}
+
+/// A metered rule: a descriptor without hits (Envoy's request-time one, `hits_addend` 0) asks
+/// that the estimate is left and takes nothing; one with hits (Envoy's `apply_on_stream_done`
+/// one, its `hits_addend` read from the response) is charged them, never refused, even past
+/// the limit, so the key's next requests are over the limit until the debt is repaid.
+#[tokio::test]
+async fn a_metered_rule_asks_before_and_charges_after() {
+    let mut rls = start_rls(false).await;
+    let tokens = || descriptor(&[("tokens", "key-1")]);
+    for _ in 0..3 {
+        let asked = ask(&mut rls, request(vec![tokens()])).await;
+        assert_eq!((asked.overall_code, remaining(&asked)), (OK, vec![90]));
+    }
+    let mut spent = tokens();
+    spent.hits_addend = Some(UInt64Value { value: 95 });
+    let charged = ask(&mut rls, request(vec![spent.clone()])).await;
+    assert_eq!((charged.overall_code, remaining(&charged)), (OK, vec![5]));
+    // 5 left: the estimate of 10 does not pass, and takes nothing.
+    let mut zero = tokens();
+    zero.hits_addend = Some(UInt64Value { value: 0 });
+    let refused = ask(&mut rls, request(vec![zero])).await;
+    assert_eq!(refused.overall_code, OVER_LIMIT);
+    // Charged again past the limit: answered OK (a charge is never refused), and owed.
+    let charged = ask(&mut rls, request(vec![spent])).await;
+    assert_eq!((charged.overall_code, remaining(&charged)), (OK, vec![0]));
+    let owing = ask(&mut rls, request(vec![tokens()])).await;
+    assert_eq!(owing.overall_code, OVER_LIMIT);
+    // 190 spent of a bucket of 100 refilled at 100 a day: full again in 1.9 days, more than
+    // the day an empty bucket takes (the debt is kept, not forgotten at empty).
+    let reset = owing.statuses[0].duration_until_reset.unwrap().seconds;
+    assert!(
+        (86_400 * 18 / 10..=86_400 * 19 / 10).contains(&reset),
+        "reset in {reset} s"
+    );
     rls.node.node.shutdown().await;
 }
 

@@ -50,7 +50,24 @@ pub fn answer_descriptor(planned: &Planned, decision: Option<&Decision>) -> Desc
     let (rule, counted) = match planned {
         Planned::NoLimit | Planned::Invalid(_) => return DescriptorAnswer::ok(None),
         Planned::Unlimited(rule) => return DescriptorAnswer::ok(Some(rule.clone())),
-        Planned::Check { rule, counted, .. } => (rule, counted),
+        Planned::Check {
+            rule,
+            counted,
+            charge,
+            ..
+        } => {
+            if *charge {
+                // A charge after the fact is never refused: OK, with the bucket as it stands.
+                let mut answer = DescriptorAnswer::ok(Some(rule.clone()));
+                answer.limit = Some((counted.requests_per_unit, counted.unit));
+                if let Some(decision) = decision {
+                    answer.remaining = u32::try_from(decision.remaining()).unwrap_or(u32::MAX);
+                    answer.reset_after_ns = decision.reset_after_ns();
+                }
+                return answer;
+            }
+            (rule, counted)
+        }
     };
     let mut answer = DescriptorAnswer::ok(Some(rule.clone()));
     answer.limit = Some((counted.requests_per_unit, counted.unit));
@@ -139,6 +156,8 @@ mod tests {
             counted: Counted::new(3, Unit::Minute, Algorithm::FixedWindow, None).unwrap(),
             cost: 1,
             refund: false,
+            peek: false,
+            charge: false,
         }
     }
 

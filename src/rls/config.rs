@@ -4,6 +4,10 @@
 //! `shadow_mode`, `detailed_metric`, `descriptors`). `rate_limit` holds `unit`,
 //! `requests_per_unit`, `unlimited`, `name`, `replaces: [{name}]`, plus floodgate's optional
 //! `algorithm` and `burst`. Without those the limit is a fixed window, like envoyproxy/ratelimit.
+//! floodgate's `metered: true` (and `estimate: N`, default 1) makes a rule's hits a cost known
+//! after the fact: a descriptor with no hits (or `hits_addend` 0) asks that `estimate` units
+//! are left, taking nothing; one with hits is charged them, never refused (Envoy's
+//! `apply_on_stream_done` descriptors, whose `hits_addend` reads the response).
 
 use std::collections::HashMap;
 use std::fmt;
@@ -84,6 +88,9 @@ pub struct Counted {
     pub requests_per_unit: u32,
     pub unit: Unit,
     pub limit: Limit,
+    /// `metered: true`: the units a descriptor without hits asks to be left (`estimate`);
+    /// hits are charged after the fact. `None`: hits are taken as any check's cost.
+    pub metered_estimate: Option<u64>,
 }
 
 impl Counted {
@@ -116,6 +123,7 @@ impl Counted {
             requests_per_unit,
             unit,
             limit,
+            metered_estimate: None,
         })
     }
 }
@@ -338,6 +346,8 @@ const RATE_LIMIT_FIELDS: &[&str] = &[
     "replaces",
     "algorithm",
     "burst",
+    "metered",
+    "estimate",
 ];
 
 fn load_level(
@@ -488,7 +498,10 @@ fn load_rule(
             .get("burst")
             .or(fields.get("algorithm"))
             .unwrap_or(rpu_node);
-        Some(Counted::new(rpu, unit, algorithm, burst).map_err(|e| yaml::error_at(at, e))?)
+        let mut counted =
+            Counted::new(rpu, unit, algorithm, burst).map_err(|e| yaml::error_at(at, e))?;
+        counted.metered_estimate = metered_estimate(&fields, counted.limit.burst())?;
+        Some(counted)
     };
     Ok(RateRule {
         full_key: full_key.to_owned(),
@@ -498,6 +511,31 @@ fn load_rule(
         detailed_metric,
         counted,
     })
+}
+
+/// A rule's `metered` and `estimate`: `Some(estimate)` for a metered rule.
+fn metered_estimate(fields: &Fields<'_, '_>, burst: u64) -> Result<Option<u64>, PolicyError> {
+    let metered = match fields.get("metered") {
+        Some(n) => yaml::boolean(n, "`metered`")?,
+        None => false,
+    };
+    let Some(n) = fields.get("estimate") else {
+        return Ok(metered.then_some(1));
+    };
+    if !metered {
+        return Err(yaml::error_at(
+            n,
+            "`estimate` belongs to a rule with `metered: true`",
+        ));
+    }
+    let estimate = yaml::unsigned(n, "`estimate`")?;
+    if estimate > burst {
+        return Err(yaml::error_at(
+            n,
+            format!("estimate {estimate} exceeds the limit's burst {burst}: it could never pass"),
+        ));
+    }
+    Ok(Some(estimate))
 }
 
 /// A scalar as text: envoyproxy/ratelimit's YAML reads `value: 200` as the string "200".
@@ -566,6 +604,26 @@ descriptors:
         RlsConfig::from_files([("bad.yaml", text)])
             .unwrap_err()
             .to_string()
+    }
+
+    #[test]
+    fn metered_takes_an_estimate_the_limit_can_pass() {
+        let ok = RlsConfig::from_files([(
+            "m.yaml",
+            "domain: d\ndescriptors:\n  - key: t\n    rate_limit: {unit: minute, requests_per_unit: 5, metered: true}\n",
+        )]);
+        assert!(ok.is_ok());
+        let alone = err(
+            "domain: d\ndescriptors:\n  - key: t\n    rate_limit: {unit: minute, requests_per_unit: 5, estimate: 2}\n",
+        );
+        assert!(
+            alone.contains("`estimate` belongs to a rule with `metered: true`"),
+            "{alone}"
+        );
+        let large = err(
+            "domain: d\ndescriptors:\n  - key: t\n    rate_limit: {unit: minute, requests_per_unit: 5, metered: true, estimate: 6}\n",
+        );
+        assert!(large.contains("exceeds the limit's burst 5"), "{large}");
     }
 
     #[test]

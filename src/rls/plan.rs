@@ -49,6 +49,11 @@ pub enum Planned {
         cost: u64,
         /// Give `cost` back (`is_negative_hits`) instead of taking it.
         refund: bool,
+        /// A metered rule's descriptor without hits: ask that `cost` (the estimate) is left,
+        /// taking nothing.
+        peek: bool,
+        /// A metered rule's descriptor with hits: charge `cost` after the fact, never refused.
+        charge: bool,
     },
     /// The descriptor cannot be decided (a bad override, an oversized key, negative hits where
     /// they are off): the words say why.
@@ -68,6 +73,8 @@ pub fn plan_request(
     options: PlanOptions,
 ) -> Vec<Planned> {
     let request_hits = hits_addend.max(1);
+    // The request's hits when it says any (0 means unset).
+    let explicit_hits = (hits_addend > 0).then_some(hits_addend);
     let rules: Vec<Result<Option<Arc<RateRule>>, String>> = descriptors
         .iter()
         .map(|d| rule_for(config, domain, d))
@@ -105,12 +112,24 @@ pub fn plan_request(
                     identity.len()
                 ));
             }
+            let hits = descriptor.hits_addend.unwrap_or(request_hits);
+            let (cost, peek, charge) = match counted.metered_estimate {
+                // A metered rule: no hits of its own (or 0) asks; hits are a cost spent.
+                Some(_) if descriptor.negative_hits => (hits, false, false),
+                Some(estimate) => match descriptor.hits_addend.or(explicit_hits) {
+                    None | Some(0) => (estimate, true, false),
+                    Some(spent) => (spent, false, true),
+                },
+                None => (hits, false, false),
+            };
             Planned::Check {
                 rule: rule.clone(),
                 key: hashed_key(&identity),
                 counted,
-                cost: descriptor.hits_addend.unwrap_or(request_hits),
+                cost,
                 refund: descriptor.negative_hits,
+                peek,
+                charge,
             }
         })
         .collect()
@@ -224,6 +243,40 @@ mod tests {
             PlanOptions::default(),
         );
         assert!(matches!(plans[0], Planned::Check { cost: 1, .. }));
+    }
+
+    /// A metered rule: no hits (the request's or the descriptor's, or 0) peeks the estimate;
+    /// hits are a charge; negative hits stay a refund.
+    #[test]
+    fn a_metered_rule_peeks_without_hits_and_charges_hits() {
+        let metered = RlsConfig::from_files([(
+            "m.yaml",
+            "domain: d\ndescriptors:\n  - key: t\n    rate_limit: {unit: minute, requests_per_unit: 50, metered: true, estimate: 4}\n",
+        )])
+        .unwrap();
+        let plan = |hits: Option<u64>, request: u64, negative: bool| {
+            let mut d = descriptor(&[("t", "k")]);
+            d.hits_addend = hits;
+            d.negative_hits = negative;
+            let options = PlanOptions {
+                allow_negative_hits: true,
+            };
+            match plan_request(&metered, "d", &[d], request, options).remove(0) {
+                Planned::Check {
+                    cost,
+                    peek,
+                    charge,
+                    refund,
+                    ..
+                } => (cost, peek, charge, refund),
+                other => panic!("{other:?}"),
+            }
+        };
+        assert_eq!(plan(None, 0, false), (4, true, false, false));
+        assert_eq!(plan(Some(0), 9, false), (4, true, false, false));
+        assert_eq!(plan(None, 9, false), (9, false, true, false));
+        assert_eq!(plan(Some(70), 9, false), (70, false, true, false));
+        assert_eq!(plan(Some(2), 0, true), (2, false, false, true));
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! Decides an RLS request's checks through the cluster, the way a client's batch is: one check
 //! batch through `forward::answer_check_batch` (decided here or forwarded to each owner), then,
 //! when any descriptor is over its limit, a refund batch for what the others took: a denied
-//! request consumes nothing, across nodes.
+//! request consumes nothing, across nodes. A metered rule's descriptors are peeks (taking
+//! nothing) or charges (spent: never refunded, never over the limit).
 
 use floodgate::Decision;
 use floodgate::rls::Planned;
@@ -26,10 +27,14 @@ pub(crate) async fn decide(
                 counted,
                 cost,
                 refund,
+                peek,
+                charge,
                 ..
             } => {
                 let mut check = WireCheck::new(key.clone(), &counted.limit, *cost);
                 check.refund = *refund;
+                check.peek = *peek;
+                check.charge = *charge;
                 Some((i, check))
             }
             _ => None,
@@ -49,9 +54,11 @@ pub(crate) async fn decide(
             .map_err(|code| Undecided(format!("a check could not be decided: {code}")))?;
         decisions[*i] = Some(decision);
     }
-    let over_limit = checks.iter().any(|(i, _)| {
+    // A charge is never refused (a bucket it left owing answers denied): it makes no request
+    // over the limit.
+    let over_limit = checks.iter().any(|(i, check)| {
         let shadow = matches!(&plans[*i], Planned::Check { rule, .. } if rule.shadow_mode);
-        !shadow && decisions[*i].is_some_and(|d| !d.is_allowed())
+        !shadow && !check.charge && decisions[*i].is_some_and(|d| !d.is_allowed())
     });
     if over_limit {
         refund_allowed(shared, &checks, &mut decisions).await;
@@ -67,7 +74,14 @@ async fn refund_allowed(
 ) {
     let refunds: Vec<(usize, WireCheck)> = checks
         .iter()
-        .filter(|(i, c)| !c.refund && c.cost > 0 && decisions[*i].is_some_and(|d| d.is_allowed()))
+        // A peek took nothing; a charge is spent whatever the request's answer.
+        .filter(|(i, c)| {
+            !c.refund
+                && !c.peek
+                && !c.charge
+                && c.cost > 0
+                && decisions[*i].is_some_and(|d| d.is_allowed())
+        })
         .map(|(i, c)| {
             let mut refund = c.clone();
             refund.refund = true;
