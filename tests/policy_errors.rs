@@ -342,3 +342,64 @@ fn deeply_nested_or_huge_files_are_refused_before_building_a_tree() {
     );
     assert!(error(&huge).message.contains("the maximum is"));
 }
+
+/// `cost_from:` names one header, with an estimate and a `missing` cost the limit can pass,
+/// and never beside `cost` or (for a response cost) `lease_above`.
+#[test]
+fn metered_rules_are_checked() {
+    let rule = |extra: &str| format!("{}    {extra}\n", BASE);
+    for (text, line, column, message) in [
+        (
+            rule("cost_from: { response_header: x-tokens, request_header: x-in }"),
+            7,
+            16,
+            "`cost_from` names one header",
+        ),
+        (
+            rule("cost_from: { response_header: \"x tokens\" }"),
+            7,
+            35,
+            "is not a header name",
+        ),
+        (
+            rule("cost_from: { response_header: x-tokens, estimate: 6 }"),
+            7,
+            55,
+            "estimate` 6 exceeds 5",
+        ),
+        (
+            rule("cost_from: { request_header: x-in, estimate: 1 }"),
+            7,
+            50,
+            "`estimate` is for response costs",
+        ),
+        (
+            rule("cost_from: { request_header: x-in, missing: 9 }"),
+            7,
+            49,
+            "`missing` 9 exceeds 5",
+        ),
+        (
+            format!("{BASE}    cost: 2\n    cost_from: {{ response_header: x-tokens }}\n"),
+            7,
+            11,
+            "from `cost` or from `cost_from`, not both",
+        ),
+        (
+            format!(
+                "{BASE}    lease_above: 100/s\n    cost_from: {{ response_header: x-tokens }}\n"
+            ),
+            7,
+            18,
+            "takes no `lease_above`",
+        ),
+    ] {
+        assert_error(&text, line, column, message);
+    }
+    let ok = Policy::from_yaml(&rule(
+        "cost_from: { response_header: X-Usage-Tokens, estimate: 5, missing: 1000000 }",
+    ))
+    .unwrap();
+    let from = ok.rules()[0].cost_from().unwrap();
+    assert_eq!((from.estimate(), from.missing()), (5, 1_000_000));
+}

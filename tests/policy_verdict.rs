@@ -219,3 +219,58 @@ fn the_longest_retry_of_several_denials_is_the_answer() {
         r#""violated-policies":["login","global"],"violations":[{"policy":"login","retry_after":6},{"policy":"global","retry_after":1}]}"#
     ));
 }
+
+/// The example's metered `tokens` rule: the check before a completion is a peek (it takes
+/// nothing, and is never refunded); the completion's tokens are charged after, past the limit;
+/// then the key's next request is refused until the debt is repaid, and the 429 says when.
+#[test]
+fn a_metered_rule_peeks_then_charges_and_its_debt_sets_the_retry() {
+    let policy = Policy::from_yaml(EXAMPLE).unwrap();
+    let store = store();
+    let completion = RequestAttributes {
+        method: "POST",
+        path: "/v1/complete",
+        api_key: Some("pk_metered"),
+        ..Default::default()
+    };
+    let planned = policy.checks_for(&completion);
+    assert_eq!(
+        planned.iter().map(|p| &*p.rule).collect::<Vec<_>>(),
+        ["api-key", "tokens", "global"]
+    );
+    let tokens = &planned[1];
+    assert!(tokens.check().peek && tokens.cost == 1);
+    let verdict = policy.verdict(&planned, &decide_each(&store, &planned, T0));
+    assert!(verdict.is_allowed());
+    let left = |now| store.peek(tokens.bucket_key(), &tokens.limit, 0, now);
+    assert_eq!(left(T0).remaining(), 1_000, "the peek took nothing");
+    // 1,500 tokens spent: taken whole, 500 owed.
+    let spent = tokens.charge(Some(1_500)).unwrap();
+    let charged = store
+        .charge(tokens.bucket_key(), &spent.limit, spent.cost, T0)
+        .unwrap();
+    assert_eq!(charged.forgiven, 0);
+    assert!(!charged.decision.is_allowed());
+    // No whole number in the response: the rule's `missing`, the estimate.
+    assert_eq!(tokens.charge(None).unwrap().cost, 1);
+    let refused = policy.verdict(&planned, &decide_each(&store, &planned, T0));
+    assert_eq!(
+        refused.violated().map(|r| &*r.rule).collect::<Vec<_>>(),
+        ["tokens"]
+    );
+    let refunds: Vec<&str> = refused.refunds(&planned).iter().map(|p| &*p.rule).collect();
+    assert_eq!(refunds, ["api-key", "global"], "a peek is never refunded");
+    // 500 owed and one token to pass, at 60 ms a token: 30.06 s, rounded up.
+    assert_eq!(refused.http().header("retry-after"), Some("31"));
+    let repaid = T0 + 501 * 60_000_000;
+    assert!(
+        store
+            .peek(tokens.bucket_key(), &tokens.limit, 1, repaid)
+            .is_allowed()
+    );
+    assert!(
+        !store
+            .peek(tokens.bucket_key(), &tokens.limit, 1, repaid - 1)
+            .is_allowed()
+    );
+}
