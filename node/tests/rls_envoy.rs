@@ -10,7 +10,7 @@ use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use common::envoy::{Envoy, envoy_binary, free_port, upstream};
+use common::envoy::{Envoy, envoy_binary, free_port, upstream_with_header};
 use floodgate_node::rls::RlsSettings;
 use floodgate_node::{Node, NodeConfig, ensure_dev_certs};
 
@@ -24,7 +24,23 @@ descriptors:
       name: three-a-minute
 ";
 
-fn envoy_config(listen: u16, upstream: u16, rls: u16, admin: u16) -> String {
+/// A route's part of the Envoy configuration: one descriptor per client (`x-client`).
+const PER_CLIENT_ROUTE: &str = r#"                          route:
+                            cluster: upstream
+                            rate_limits:
+                              - actions:
+                                  - request_headers: {header_name: x-client, descriptor_key: client}"#;
+
+/// Envoy listening on `listen` in front of `upstream`, asking floodgate's RLS on `rls` for
+/// `route` (the route's part after its match), with `filters` before the rate limit filter.
+fn envoy_config(
+    listen: u16,
+    upstream: u16,
+    rls: u16,
+    admin: u16,
+    route: &str,
+    filters: &str,
+) -> String {
     format!(
         r#"
 static_resources:
@@ -43,12 +59,9 @@ static_resources:
                       domains: ["*"]
                       routes:
                         - match: {{prefix: "/"}}
-                          route:
-                            cluster: upstream
-                            rate_limits:
-                              - actions:
-                                  - request_headers: {{header_name: x-client, descriptor_key: client}}
+{route}
                 http_filters:
+{filters}
                   - name: envoy.filters.http.ratelimit
                     typed_config:
                       "@type": type.googleapis.com/envoy.extensions.filters.http.ratelimit.v3.RateLimit
@@ -87,9 +100,14 @@ admin:
 
 /// curl's status code and response headers (lower-cased names), as client `client`.
 fn curl(port: u16, client: &str) -> (u16, Vec<(String, String)>) {
+    curl_with(port, &format!("x-client: {client}"))
+}
+
+/// curl's status code and response headers (lower-cased names), sending `header`.
+fn curl_with(port: u16, header: &str) -> (u16, Vec<(String, String)>) {
     let output = Command::new("curl")
         .args(["-s", "-o", "/dev/null", "-D", "-", "--max-time", "10", "-H"])
-        .arg(format!("x-client: {client}"))
+        .arg(header)
         .arg(format!("http://127.0.0.1:{port}/"))
         .output()
         .expect("curl runs");
@@ -107,29 +125,43 @@ fn curl(port: u16, client: &str) -> (u16, Vec<(String, String)>) {
     (status, headers)
 }
 
-#[tokio::test(flavor = "multi_thread")]
-#[ignore = "starts a real Envoy; run with `make envoy-test`"]
-async fn envoy_returns_429_on_the_fourth_request_of_three_a_minute() {
+/// A node serving `rls_config` on its RLS listener, an upstream (answering `upstream_header`),
+/// and a real Envoy in front of both configured with `route` and `filters` (see
+/// [`envoy_config`]); returns Envoy's listening port.
+struct Stack {
+    node: Node,
+    listen: u16,
+    _envoy: Envoy,
+    _dir: tempfile::TempDir,
+}
+
+async fn start(
+    rls_config: &str,
+    upstream_header: (&'static str, &'static str),
+    route: &str,
+    filters: &str,
+) -> Stack {
     let envoy = envoy_binary();
     let dir = tempfile::tempdir().unwrap();
-    let rls_config = dir.path().join("ratelimit.yaml");
-    std::fs::write(&rls_config, RLS_CONFIG).unwrap();
+    let rls_file = dir.path().join("ratelimit.yaml");
+    std::fs::write(&rls_file, rls_config).unwrap();
     let certs = ensure_dev_certs(dir.path()).unwrap();
     let mut config = NodeConfig::for_tests(&certs);
     config.rls = Some(RlsSettings {
         listen: "127.0.0.1:0".parse().unwrap(),
-        config: rls_config,
+        config: rls_file,
         rate_limit_headers: false,
         tls: false,
         client_auth: false,
         allow_negative_hits: false,
     });
     let node = Node::start(config).await.unwrap();
-    let upstream = upstream().await;
+    let upstream = upstream_with_header(upstream_header.0, upstream_header.1).await;
     let (listen, admin) = (free_port(), free_port());
     let envoy_yaml = dir.path().join("envoy.yaml");
     let rls_port = node.rls_addr().unwrap().port();
-    std::fs::write(&envoy_yaml, envoy_config(listen, upstream, rls_port, admin)).unwrap();
+    let yaml = envoy_config(listen, upstream, rls_port, admin, route, filters);
+    std::fs::write(&envoy_yaml, yaml).unwrap();
     let mut child = Command::new(envoy)
         .arg("-c")
         .arg(&envoy_yaml)
@@ -142,7 +174,7 @@ async fn envoy_returns_429_on_the_fourth_request_of_three_a_minute() {
     // Envoy is another process: its log says when its workers (and listeners) run. The thread
     // drains its stderr for its whole life, so a full pipe never blocks it.
     let stderr = child.stderr.take().unwrap();
-    let _envoy = Envoy(child);
+    let envoy = Envoy(child);
     let (started, running) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         for line in BufReader::new(stderr).lines() {
@@ -156,6 +188,19 @@ async fn envoy_returns_429_on_the_fourth_request_of_three_a_minute() {
         running.recv_timeout(Duration::from_secs(30)).is_ok(),
         "Envoy did not start within 30 s"
     );
+    Stack {
+        node,
+        listen,
+        _envoy: envoy,
+        _dir: dir,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "starts a real Envoy; run with `make envoy-test`"]
+async fn envoy_returns_429_on_the_fourth_request_of_three_a_minute() {
+    let stack = start(RLS_CONFIG, ("x-upstream", "1"), PER_CLIENT_ROUTE, "").await;
+    let listen = stack.listen;
     // A fixed window turns every minute: four requests of one client must fall in one minute.
     // If a minute turned during them, start again as a new client (a new key), never waiting.
     let minute = || {
@@ -198,5 +243,129 @@ async fn envoy_returns_429_on_the_fourth_request_of_three_a_minute() {
         Some(true),
         "{last:?}"
     );
-    node.shutdown().await;
+    stack.node.shutdown().await;
+}
+
+/// floodgate's RLS configuration for the metered test: 100 tokens a day per API key.
+const METERED_CONFIG: &str = "\
+domain: edge
+descriptors:
+  - key: generic_key
+    value: tokens
+    descriptors:
+      - key: api_key
+        rate_limit: {unit: day, requests_per_unit: 100, algorithm: gcra, metered: true, name: tokens}
+";
+
+/// The route of docs/ENVOY.md's metered example: at request time a descriptor with
+/// `hits_addend` 0 (does the key have a token left?), and once the stream is done the same
+/// descriptor with `hits_addend` read by `hits` from the upstream's `x-usage-tokens`.
+fn metered_route(hits: &str) -> String {
+    format!(
+        r#"                          route: {{cluster: upstream}}
+                          typed_per_filter_config:
+                            envoy.filters.http.ratelimit:
+                              "@type": type.googleapis.com/envoy.extensions.filters.http.ratelimit.v3.RateLimitPerRoute
+                              rate_limits:
+                                - actions:
+                                    - generic_key: {{descriptor_value: tokens}}
+                                    - request_headers: {{header_name: x-api-key, descriptor_key: api_key}}
+                                  hits_addend: {{number: 0}}
+                                - actions:
+                                    - generic_key: {{descriptor_value: tokens}}
+                                    - request_headers: {{header_name: x-api-key, descriptor_key: api_key}}
+                                  apply_on_stream_done: true
+                                  hits_addend: {{format: "{hits}"}}"#
+    )
+}
+
+/// For Envoys before `%RESP()%` worked at stream done: a filter that copies the response
+/// header into dynamic metadata, read by `%DYNAMIC_METADATA(usage:tokens)%`.
+const METERED_FILTERS: &str = r#"                  - name: envoy.filters.http.header_to_metadata
+                    typed_config:
+                      "@type": type.googleapis.com/envoy.extensions.filters.http.header_to_metadata.v3.Config
+                      response_rules:
+                        - header: x-usage-tokens
+                          on_header_present: {metadata_namespace: usage, key: tokens, type: NUMBER}"#;
+
+/// A metered limit behind a real Envoy: each response's 40 tokens reach floodgate as a charge
+/// once the stream is done, past the limit on the third (120 of 100), and the fourth request is
+/// refused while the key owes.
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "starts a real Envoy; run with `make envoy-test`"]
+async fn envoy_charges_the_tokens_a_response_reports_after_the_stream() {
+    // Envoy 1.40 reads the response header itself; older ones through dynamic metadata.
+    for (hits, filters) in [
+        ("%RESP(x-usage-tokens)%", ""),
+        ("%DYNAMIC_METADATA(usage:tokens)%", METERED_FILTERS),
+    ] {
+        let stack = start(
+            METERED_CONFIG,
+            ("x-usage-tokens", "40"),
+            &metered_route(hits),
+            filters,
+        )
+        .await;
+        charges_past_the_limit_then_refuses(&stack).await;
+        stack.node.shutdown().await;
+    }
+}
+
+/// Three requests through Envoy, 40 tokens each: charged once each stream is done; the fourth
+/// is refused while the key owes.
+async fn charges_past_the_limit_then_refuses(stack: &Stack) {
+    use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+    use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+    use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+    use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+
+    let rls = stack.node.rls_addr().unwrap();
+    let mut client = RateLimitServiceClient::connect(format!("http://{rls}"))
+        .await
+        .unwrap();
+    let entry = |key: &str, value: &str| Entry {
+        key: key.to_owned(),
+        value: value.to_owned(),
+    };
+    // What the key has left, as a request-time descriptor asks (taking nothing).
+    let ask = RateLimitRequest {
+        domain: "edge".into(),
+        descriptors: vec![RateLimitDescriptor {
+            entries: vec![entry("generic_key", "tokens"), entry("api_key", "k1")],
+            ..Default::default()
+        }],
+        hits_addend: 0,
+    };
+    let listen = stack.listen;
+    let mut statuses = Vec::new();
+    for charged in [40, 80, 120] {
+        let (status, _) = tokio::task::spawn_blocking(move || curl_with(listen, "x-api-key: k1"))
+            .await
+            .unwrap();
+        statuses.push(status);
+        // Envoy sends the charge after the response, on its own: wait (bounded) until it
+        // has landed, by asking as Envoy does before a request.
+        let left = 100u32.saturating_sub(charged + 1);
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let answer = client
+                .should_rate_limit(ask.clone())
+                .await
+                .unwrap()
+                .into_inner();
+            if answer.statuses[0].limit_remaining == left {
+                break;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "after {charged} tokens the key has {} left",
+                answer.statuses[0].limit_remaining
+            );
+        }
+    }
+    let (refused, _) = tokio::task::spawn_blocking(move || curl_with(listen, "x-api-key: k1"))
+        .await
+        .unwrap();
+    statuses.push(refused);
+    assert_eq!(statuses, vec![200, 200, 200, 429]);
 }

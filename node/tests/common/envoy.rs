@@ -41,6 +41,11 @@ pub fn free_port() -> u16 {
 
 /// An upstream that answers 200 to every request.
 pub async fn upstream() -> u16 {
+    upstream_with_header("x-upstream", "1").await
+}
+
+/// An upstream that answers 200 to every request, with the header `name: value`.
+pub async fn upstream_with_header(name: &'static str, value: &'static str) -> u16 {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
     tokio::spawn(async move {
@@ -53,7 +58,7 @@ pub async fn upstream() -> u16 {
                     }
                     let body = "upstream\n";
                     let answer = format!(
-                        "HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n{body}",
+                        "HTTP/1.1 200 OK\r\n{name}: {value}\r\ncontent-length: {}\r\n\r\n{body}",
                         body.len()
                     );
                     if stream.write_all(answer.as_bytes()).await.is_err() {
