@@ -54,6 +54,7 @@ run:             ## build in release, start a 3-node cluster serving rules/examp
 	echo "gateway on http://127.0.0.1:8080 (metrics /metrics). Try, in another shell (README: Walkthrough: the gateway):"; \
 	echo "  curl -si -H 'X-Tenant-Id: acme' -H 'X-Plan: free' http://127.0.0.1:8080/v1/data"; \
 	echo "  curl -si -X POST -H 'X-User-Id: 42' http://127.0.0.1:8080/v1/events/7/holds"; \
+	echo "  curl -si -X POST -H 'X-Api-Key: pk_llm_7' http://127.0.0.1:8080/v1/complete   # metered: 1,000 tokens a minute"; \
 	./target/release/examples/gateway --listen 127.0.0.1:8080 --upstream 127.0.0.1:8081 \
 	    --seeds 127.0.0.1:7100 --ca .run/node/ca.pem --rules-cache .run/gateway-rules.yaml
 

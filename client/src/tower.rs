@@ -276,6 +276,7 @@ where
                 observer(&decision);
             }
             if decision.is_allowed() {
+                let mut decision = decision;
                 let mut response = inner.call(request).await?;
                 if !decision.charges_after.is_empty() {
                     // Charged before the response goes back, so this gateway's next request
@@ -286,7 +287,8 @@ where
                         .map(|name| (name, response_cost(&response, name)))
                         .collect();
                     let units = |name: &str| costs.iter().find(|(n, _)| *n == name)?.1;
-                    limiter.charge(&decision, units).await;
+                    let charged = limiter.charge(&decision, units).await;
+                    decision.record_charges(&charged);
                 }
                 add_headers(response.headers_mut(), &decision);
                 if !leases.held.is_empty() {

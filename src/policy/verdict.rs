@@ -300,6 +300,16 @@ impl RequestVerdict {
             .collect()
     }
 
+    /// Reports rule `rule`'s bucket as a metered charge left it (`decision`, after the
+    /// response): what the response's `RateLimit` field then says. The action stays: the
+    /// request has passed.
+    pub fn after_charge(&mut self, rule: &str, decision: &Decision) {
+        for report in self.rules.iter_mut().filter(|r| &*r.rule == rule) {
+            report.remaining = Some(decision.remaining());
+            report.more_after_ns = Some(more_after_ns(&report.limit, decision));
+        }
+    }
+
     /// A `Wait` turned into the denial it stood for: when too many requests already wait.
     pub fn into_denial(mut self) -> RequestVerdict {
         if let Action::Wait { wait_ns } = self.action {

@@ -167,6 +167,18 @@ impl RequestDecision {
         self.verdict.is_allowed()
     }
 
+    /// Takes in what the charges of [`RequestDecision::charges_after`] left their buckets at
+    /// (`outcomes`, in that order, as [`RateLimiter::charge`] returns them): the response's
+    /// `RateLimit` fields then say what is left after this request's own cost.
+    pub fn record_charges(&mut self, outcomes: &[ChargeOutcome]) {
+        for (planned, outcome) in self.charges_after.iter().zip(outcomes) {
+            if let ChargeOutcome::Taken(decision) | ChargeOutcome::Checked(decision) = outcome {
+                self.verdict.after_charge(&planned.rule, decision);
+            }
+        }
+        self.response = self.verdict.http();
+    }
+
     /// The names metered rules read the response's cost under (lower-case): response headers
     /// or trailers, or values the service reports.
     pub fn charge_names(&self) -> impl Iterator<Item = &str> {
