@@ -13,7 +13,8 @@ use std::time::Duration;
 
 use floodgate::check::{Check, DegradedReason};
 use floodgate::protocol::Feature;
-use floodgate::wire::{ErrorCode, WireCheck};
+use floodgate::region::Scope;
+use floodgate::wire::{ErrorCode, WireCheck, WireScope};
 use floodgate::{Decision, Limit};
 use tokio::time::Instant;
 
@@ -124,11 +125,20 @@ async fn send_round(
             .iter()
             .map(|&i| to_wire(&charges[i], metered))
             .collect();
+        // Scopes go on the wire only when one is not `region` (as for checks): a `global`
+        // charge is sent on to the other regions, a `home` one taken in its home region.
+        let scopes = if indices.iter().any(|&i| charges[i].scope != Scope::Region) {
+            indices
+                .iter()
+                .map(|&i| WireScope::of(&charges[i].scope))
+                .collect()
+        } else {
+            Vec::new()
+        };
         let (reply, answer) = reply_pair();
         let call = Call {
             checks: wire,
-            // Charges are decided by the key's owner in the caller's region.
-            scopes: Vec::new(),
+            scopes,
             reply,
             deadline,
         };

@@ -15,9 +15,10 @@
 //! Metered rules (`cost_from:`): a request header's cost is read before the rules are asked; a
 //! response's cost is charged once the inner service has answered, before the response goes
 //! back: the value the service put in the response's [`ReportedCosts`], else the response
-//! header of that name (missing or not a whole number: the rule's `missing`). A cost the
-//! service learns only as the body ends (a trailer) must be reported in a header or in
-//! [`ReportedCosts`]: the layer sees the response's head only.
+//! header of that name (missing or not a whole number, or no response because the service
+//! failed: the rule's `missing`). A cost the service learns only as the body ends (a trailer)
+//! must be reported in a header or in [`ReportedCosts`]: the layer sees the response's head
+//! only.
 //!
 //! Rules with `concurrency:` hold a lease for each request they match: taken before the rate
 //! rules are asked (a request they then deny gives it back at once), held (and renewed every
@@ -277,7 +278,14 @@ where
             }
             if decision.is_allowed() {
                 let mut decision = decision;
-                let mut response = inner.call(request).await?;
+                let mut response = match inner.call(request).await {
+                    Ok(response) => response,
+                    Err(e) => {
+                        // No response: each metered rule is charged its `missing` cost.
+                        limiter.charge(&decision, |_| None).await;
+                        return Err(e);
+                    }
+                };
                 if !decision.charges_after.is_empty() {
                     // Charged before the response goes back, so this gateway's next request
                     // sees it: a key is over its limit by at most one response's cost per

@@ -81,14 +81,13 @@ impl Caller<'_> {
             rest = after;
             if !is_refund(group) {
                 for (check, answer) in group.iter().zip(answers) {
-                    // A peek took nothing; a charge took its cost whatever it answers (a
-                    // bucket left owing answers denied).
-                    // bucket left owing answers denied), at most what a bucket may owe.
+                    // A peek took nothing. A charge gives no credit either: it is spent, never
+                    // refunded, and what it took (its cost less what was forgiven) is not in
+                    // its answer, so crediting it would let a gateway refund units it never took.
                     let took = match answer.to_decision() {
-                        Ok(_) if check.charge => {
-                            check.cost.min(check.limit.burst().saturating_mul(2))
+                        Ok(decision) if decision.is_allowed() && !check.peek && !check.charge => {
+                            check.cost
                         }
-                        Ok(decision) if decision.is_allowed() && !check.peek => check.cost,
                         _ => 0,
                     };
                     if took > 0 {

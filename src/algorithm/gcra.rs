@@ -13,8 +13,8 @@
 use crate::{Decision, Limit};
 
 /// Decides `cost` against a bucket whose TAT is `tat_ns`. Returns the decision and the new TAT
-/// to store: when it consumed something, or when the TAT had to be brought back within this
-/// limit's capacity (see below); `None` otherwise (plain denials and peeks).
+/// to store: when it consumed something, or when the TAT had to be brought back within what
+/// this limit lets a bucket owe (see below); `None` otherwise (plain denials and peeks).
 ///
 /// A TAT is absolute time, so debt carries over a change of limit (a rules edit, or a client
 /// sending another limit for the same key) as it should. But a TAT further ahead than this

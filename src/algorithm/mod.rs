@@ -47,13 +47,22 @@ impl WindowState {
     /// Takes `cost` units after the fact (a metered charge) into now's window, never refused:
     /// the count may pass the limit, which denies until the window's units stop weighing (the
     /// window's end for a fixed window; as the window slides out of the trailing period for a
-    /// sliding one). A window holds at most twice its limit (one limit owed); units beyond
-    /// that are forgiven. Returns the new state and the units forgiven.
+    /// sliding one). What a window counts (a sliding window: with the previous window's
+    /// weighted share) is at most twice its limit (one limit owed); units beyond that are
+    /// forgiven. Returns the new state and the units forgiven.
     pub fn charge(self, limit: &crate::Limit, now_ns: u64, cost: u64) -> (WindowState, u64) {
         let period = limit.period_ns();
         let mut state = self.rebase(period, period, now_ns);
         let most = limit.burst().saturating_mul(2);
-        let taken = cost.min(most.saturating_sub(state.count));
+        let weighing = match limit.algorithm() {
+            // window * period <= now < (window + 1) * period after the rebase.
+            crate::Algorithm::SlidingWindow => {
+                sliding_window::weighted(state.previous, now_ns - state.window * period, period)
+            }
+            _ => 0,
+        };
+        let counted = state.count.saturating_add(weighing);
+        let taken = cost.min(most.saturating_sub(counted));
         state.count = state.count.saturating_add(taken);
         (state, cost - taken)
     }
@@ -183,6 +192,10 @@ mod tests {
                 .0
                 .is_allowed()
         );
+        // A quarter into the next window, 15 still weigh 11: a charge takes at most 9 more.
+        let next = 8 * S + S / 4;
+        let (owing, forgiven) = state.charge(&sliding, next, 30);
+        assert_eq!((owing.count, owing.previous, forgiven), (9, 15, 21));
     }
 
     #[test]

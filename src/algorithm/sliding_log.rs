@@ -122,12 +122,19 @@ impl SlidingLog {
             .is_none_or(|&t| t.saturating_add(limit.period_ns()) <= now_ns)
     }
 
-    /// A log holding these admission times (replicated from a peer); at most `limit`'s burst
-    /// of the newest, oldest first.
+    /// Most entries a log under `limit` holds where it is replicated, handed off or written
+    /// to a snapshot: twice its limit, one limit owed (a metered charge's debt).
+    pub fn most_entries(limit: &Limit) -> usize {
+        // burst <= SLIDING_LOG_MAX_LIMIT for any log limit: small.
+        2 * limit.burst() as usize
+    }
+
+    /// A log holding these admission times (replicated from a peer); at most
+    /// [`SlidingLog::most_entries`] of the newest, oldest first.
     pub fn from_times(limit: &Limit, times_ns: &[u64]) -> Self {
         let mut times: Vec<u64> = times_ns.to_vec();
         times.sort_unstable();
-        let keep = times.len().saturating_sub(limit.burst() as usize);
+        let keep = times.len().saturating_sub(Self::most_entries(limit));
         SlidingLog {
             times_ns: times.split_off(keep).into(),
         }

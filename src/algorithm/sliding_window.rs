@@ -67,7 +67,7 @@ pub fn decide(
 }
 
 /// `floor(count * (period - elapsed) / period)`, the previous window's weighted share.
-fn weighted(count: u64, elapsed: u64, period: u64) -> u64 {
+pub(crate) fn weighted(count: u64, elapsed: u64, period: u64) -> u64 {
     let share = u128::from(count) * u128::from(period - elapsed) / u128::from(period);
     // share <= count, so it fits.
     share as u64

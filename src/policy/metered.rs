@@ -17,7 +17,6 @@
 use std::sync::Arc;
 
 use super::error::PolicyError;
-use super::rules::RuleLimit;
 use super::yaml::{self, Fields, Node, error_at};
 use crate::MAX_BURST;
 
@@ -84,11 +83,11 @@ pub fn cost_in(value: &str) -> Option<u64> {
     Some(text.parse().unwrap_or(u64::MAX))
 }
 
-/// Reads a rule's `cost_from:` (`None` without one), checked against the rule's limits and
-/// its other fields.
-pub(super) fn parse_cost_from<'l>(
+/// Reads a rule's `cost_from:` (`None` without one), checked against its other fields and
+/// `least_burst`, the least burst of its limits (more could never pass).
+pub(super) fn parse_cost_from(
     fields: &Fields<'_, '_>,
-    limits: impl Iterator<Item = &'l RuleLimit> + Clone,
+    least_burst: u64,
 ) -> Result<Option<CostFrom>, PolicyError> {
     let Some(node) = fields.get("cost_from") else {
         return Ok(None);
@@ -115,14 +114,6 @@ pub(super) fn parse_cost_from<'l>(
         }
     };
     let response = matches!(source, CostSource::Response(_));
-    let least_burst = limits
-        .clone()
-        .filter_map(|l| match l {
-            RuleLimit::Limited(limit) => Some(limit.burst()),
-            RuleLimit::Unlimited => None,
-        })
-        .min()
-        .unwrap_or(MAX_BURST);
     let estimate = match cost_from.get("estimate") {
         Some(n) if !response => {
             return Err(error_at(

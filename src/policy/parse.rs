@@ -17,7 +17,7 @@ use super::parse_limit::{
 use super::parse_region::{parse_regions, parse_scope, parse_tenants};
 use super::pattern::PathPattern;
 use super::priority::{parse_priority, parse_reserve};
-use super::rules::{FailureMode, KeyPart, Mode, Policy, PriorityRules, Rule, RuleScope};
+use super::rules::{FailureMode, KeyPart, Mode, Policy, PriorityRules, Rule, RuleLimit, RuleScope};
 use super::yaml::{self, Fields, Node, error_at};
 use crate::Algorithm;
 use crate::priority::Reservation;
@@ -277,10 +277,16 @@ fn parse_rule<'n, 'a>(
         )?,
         None => 1,
     };
-    let cost_from = super::metered::parse_cost_from(
-        &fields,
-        limit.iter().chain(rule_plans.iter().map(|p| &p.1)),
-    )?;
+    let least_burst = limit
+        .iter()
+        .chain(rule_plans.iter().map(|p| &p.1))
+        .filter_map(|l| match l {
+            RuleLimit::Limited(limit) => Some(limit.burst()),
+            RuleLimit::Unlimited => None,
+        })
+        .min()
+        .unwrap_or(crate::MAX_BURST);
+    let cost_from = super::metered::parse_cost_from(&fields, least_burst)?;
     let failure_mode = match fields.get("failure_mode") {
         Some(n) => match yaml::string(n, "`failure_mode`")? {
             "open" => FailureMode::Open,

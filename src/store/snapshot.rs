@@ -274,7 +274,7 @@ fn encode_bucket(bucket: &BucketState, out: &mut Vec<u8>) {
             out.extend_from_slice(&limit.period_ns().to_le_bytes());
             let newest = &times_ns[times_ns
                 .len()
-                .saturating_sub(crate::SLIDING_LOG_MAX_LIMIT as usize)..];
+                .saturating_sub(crate::algorithm::SlidingLog::most_entries(limit))..];
             out.extend_from_slice(&(newest.len() as u32).to_le_bytes());
             for time in newest {
                 out.extend_from_slice(&time.to_le_bytes());
@@ -319,13 +319,13 @@ fn decode_bucket(reader: &mut Reader<'_>) -> Result<BucketState, String> {
             let period_ns = reader.u64().ok_or_else(truncated)?;
             let limit = Limit::window(algorithm, rate, period_ns).map_err(|e| e.to_string())?;
             let n = u64::from(reader.u32().ok_or_else(truncated)?);
-            if n > limit.burst() {
+            if n > crate::algorithm::SlidingLog::most_entries(&limit) as u64 {
                 return Err(format!(
-                    "a log of {n} times is longer than its limit {}",
+                    "a log of {n} times is longer than twice its limit {} (one limit owed)",
                     limit.burst()
                 ));
             }
-            // n <= SLIDING_LOG_MAX_LIMIT here, so the take is small and checked.
+            // n <= 2 * SLIDING_LOG_MAX_LIMIT here, so the take is small and checked.
             let raw = reader.take(n as usize * 8).ok_or_else(truncated)?;
             let times_ns: Vec<u64> = raw
                 .chunks_exact(8)

@@ -7,7 +7,7 @@ use rkyv::{Archive, Deserialize, Serialize};
 use super::messages::Refusal;
 use super::messages::{access_validated, algorithm_to_wire};
 use super::{BASE_LAYOUT, ErrorCode, FrameKind, encode_frame_at, encode_message_at};
-use crate::algorithm::WindowState;
+use crate::algorithm::{SlidingLog, WindowState};
 use crate::cluster::membership::MemberDigest;
 use crate::cluster::{Gossip, IdConflict, MemberInfo, MemberState, SLOTS};
 use crate::protocol::{Feature, VersionRange};
@@ -185,19 +185,25 @@ impl From<&BucketState> for WireBucket {
                 ..with_limit(limit)
             },
             BucketValue::Log { limit, times_ns } => WireBucket {
-                times_ns: times_ns.clone(),
+                // The newest a receiver takes (more, from other regions' units, are dropped
+                // oldest first rather than refused with the message).
+                times_ns: times_ns[times_ns
+                    .len()
+                    .saturating_sub(SlidingLog::most_entries(limit))..]
+                    .to_vec(),
                 ..with_limit(limit)
             },
         }
     }
 }
 
-/// Latest GCRA arrival time a peer may send. A store's TATs are at most `now` plus a capacity
-/// (at most `u64::MAX / 4`), and the Unix-epoch `now` stays below `u64::MAX / 4` until 2116, so
-/// every real TAT fits. A larger one can only come from a broken or hostile peer, and is refused
-/// before it reaches the store, whose GCRA arithmetic (`debt + cost * interval`) it could push
-/// past `u64::MAX`.
-pub const MAX_WIRE_TAT_NS: u64 = u64::MAX / 2;
+/// Latest GCRA arrival time a peer may send. A store's TATs are at most `now` plus two
+/// capacities (an empty bucket and one owed; a capacity is at most `u64::MAX / 4`), and the
+/// Unix-epoch `now` stays below `u64::MAX / 4` until 2116, so every real TAT fits. A larger one
+/// can only come from a broken or hostile peer, and is refused before it reaches the store.
+/// (The store clamps a debt to two capacities before it adds a cost, so no arrival time can
+/// push its arithmetic past `u64::MAX`; this bound keeps received state plausible.)
+pub const MAX_WIRE_TAT_NS: u64 = u64::MAX / 4 * 3;
 
 /// Validates one received bucket: a known algorithm, a TAT in range, a valid limit, a log no
 /// longer than it.
@@ -227,8 +233,11 @@ fn bucket_from_wire(bucket: &ArchivedWireBucket) -> Result<BucketState, Refusal>
         )
         .map_err(|e| malformed("bucket", e))?;
         if algorithm == Algorithm::SlidingLog {
-            if bucket.times_ns.len() as u64 > limit.burst() {
-                return Err(malformed("bucket", "log longer than its limit"));
+            if bucket.times_ns.len() > SlidingLog::most_entries(&limit) {
+                return Err(malformed(
+                    "bucket",
+                    "log longer than twice its limit (one limit owed)",
+                ));
             }
             BucketValue::Log {
                 limit,
