@@ -826,3 +826,60 @@ fn a_merged_sliding_log_never_lets_its_own_node_over_its_limit() {
     // later of the two copies' entries have left the period.
     assert!(own_admissions.len() > 3, "{own_admissions:?}");
 }
+
+/// A sliding log a metered charge left owing (twice its limit) travels whole: replicated or
+/// handed off to a peer, and written to a snapshot and read back, the copy denies as long as
+/// the original.
+#[test]
+fn a_log_left_owing_replicates_and_snapshots_whole() {
+    use floodgate::store::snapshot::{decode_snapshot, encode_snapshot};
+    use floodgate::wire::{
+        FrameKind, FrameReader, ReplicateMessage, WireBucket, decode_replicate, encode_message,
+    };
+    const S: u64 = 1_000_000_000;
+    let now = 1_000 * S;
+    let limit = Limit::new(Algorithm::SlidingLog, 10, 60 * S, 10).unwrap();
+    let key = BucketKey::for_key(b"tokens:k");
+    let owing = BucketStore::new(StoreConfig {
+        max_keys: 16,
+        shards: 1,
+    })
+    .unwrap();
+    assert_eq!(owing.charge(key, &limit, 25, now).unwrap().forgiven, 5);
+    let mut states = Vec::new();
+    owing.export(now, &|_| true, &mut states);
+    assert_eq!(states.len(), 1);
+
+    let mut frame = Vec::new();
+    let message = ReplicateMessage {
+        from: "a".into(),
+        handoff: None,
+        buckets: states.iter().map(WireBucket::from).collect(),
+    };
+    encode_message(&mut frame, FrameKind::Replicate, 1, &message);
+    let mut reader = FrameReader::new(1 << 20);
+    reader.extend(&frame);
+    let replicated = decode_replicate(&reader.next_frame().unwrap().unwrap().payload).unwrap();
+    let mut snapshot = Vec::new();
+    encode_snapshot(&states, now, &mut snapshot);
+    let restored = decode_snapshot(&snapshot).unwrap();
+
+    for received in [replicated.buckets, restored.buckets] {
+        let copy = BucketStore::new(StoreConfig {
+            max_keys: 16,
+            shards: 1,
+        })
+        .unwrap();
+        assert_eq!(copy.merge(&received, now), 0);
+        // 20 in the last minute: a unit passes only once 11 of them have left it.
+        for at in [now, now + 30 * S, now + 60 * S - 1] {
+            assert_eq!(
+                copy.peek(key, &limit, 1, at),
+                owing.peek(key, &limit, 1, at),
+                "at {at}"
+            );
+            assert!(!copy.peek(key, &limit, 1, at).is_allowed());
+        }
+        assert!(copy.peek(key, &limit, 1, now + 60 * S).is_allowed());
+    }
+}

@@ -180,3 +180,50 @@ async fn three_gateways_in_three_regions_share_one_global_limit_within_the_bound
         gateway.close().await;
     }
 }
+
+/// A metered charge of a `global` rule counts in every region: what one region's gateway is
+/// charged reaches the other regions' buckets once, so their gateways' peeks see it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_global_charge_reaches_every_region() {
+    let certs = certs();
+    let nodes = regions(&certs).await;
+    let mut gateways = Vec::new();
+    for (node, region) in nodes.iter().zip(REGIONS) {
+        gateways.push(gateway(&certs, node, region).await);
+    }
+    for gateway in &gateways {
+        let mut changes = gateway.table_changes();
+        tokio::time::timeout(PATIENCE, async {
+            while gateway
+                .slot_table()
+                .is_none_or(|t| t.members().len() != REGIONS.len())
+            {
+                assert!(changes.changed().await, "the client stopped");
+            }
+        })
+        .await
+        .expect("the gateway's table lists every region's node");
+    }
+    let limit = per_hour(300);
+    let tokens = |cost: u64| {
+        Check::new("tokens:tenant-7", limit)
+            .cost(cost)
+            .scope(Scope::Global)
+    };
+    let charged = gateways[0].charge(&[tokens(60)]).await.unwrap();
+    assert!(
+        matches!(charged[0], floodgate_client::ChargeOutcome::Taken(d) if d.remaining() == 240),
+        "{charged:?}"
+    );
+    settle(&nodes).await;
+    for gateway in &gateways[1..] {
+        let over = gateway.check(&[tokens(250).peek()]).await.unwrap()[0];
+        assert!(!over.is_allowed(), "{over:?}: 60 were charged in eu");
+        let under = gateway.check(&[tokens(10).peek()]).await.unwrap()[0];
+        assert!(under.is_allowed(), "{under:?}");
+        assert_eq!(under.decision.remaining(), 230, "the peek took nothing");
+    }
+    for gateway in gateways {
+        gateway.close().await;
+    }
+}
