@@ -279,7 +279,7 @@ proptest! {
 }
 
 /// Replicated buckets of every algorithm survive the wire; a bucket with an invalid limit, an
-/// unknown algorithm or a log longer than its limit, or a hand-off with impossible parts, is
+/// unknown algorithm or a log longer than twice its limit, or a hand-off with impossible parts, is
 /// refused as malformed.
 #[test]
 fn replicate_messages_round_trip_and_bad_ones_are_refused() {
@@ -347,7 +347,10 @@ fn replicate_messages_round_trip_and_bad_ones_are_refused() {
     let malformed = ErrorCode::MalformedPayload;
     assert_eq!(refused(&|m| m.buckets[1].rate = 0), malformed);
     assert_eq!(refused(&|m| m.buckets[1].algorithm = 9), malformed);
-    assert_eq!(refused(&|m| m.buckets[2].times_ns.push(4)), malformed);
+    assert_eq!(
+        refused(&|m| m.buckets[2].times_ns.extend([4, 5, 6, 7])),
+        malformed
+    );
     assert_eq!(
         refused(&|m| m.handoff.as_mut().unwrap().part = 1),
         malformed

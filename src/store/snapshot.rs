@@ -603,13 +603,16 @@ mod tests {
         reseal(&mut bytes);
         let err = decode_snapshot(&bytes).unwrap_err();
         assert!(err.to_string().contains("rate must be at least 1"), "{err}");
-        // A log longer than its limit of 3.
+        // A log longer than twice its limit of 3 (one limit owed).
         let log = &samples()[3..4];
         let mut bytes = encoded(log);
-        bytes[first + 29..first + 33].copy_from_slice(&4u32.to_le_bytes());
+        bytes[first + 29..first + 33].copy_from_slice(&7u32.to_le_bytes());
         reseal(&mut bytes);
         let err = decode_snapshot(&bytes).unwrap_err();
-        assert!(err.to_string().contains("longer than its limit"), "{err}");
+        assert!(
+            err.to_string().contains("longer than twice its limit"),
+            "{err}"
+        );
     }
 
     #[test]
