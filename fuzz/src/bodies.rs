@@ -574,7 +574,7 @@ fn replicate_message(replicated: &Replicated) -> ReplicateMessage {
 }
 
 /// A replicate payload: refused, or a hand-off in range, every bucket's limit valid and its log
-/// no longer than the limit, and it re-encodes to the same buckets.
+/// no longer than twice the limit (one limit owed), and it re-encodes to the same buckets.
 pub fn replicate(data: &[u8]) -> Outcome {
     let payload = aligned(data);
     let decoded = decode_replicate(&payload);
@@ -595,7 +595,7 @@ pub fn replicate(data: &[u8]) -> Outcome {
             )),
             BucketValue::Log { limit, times_ns } => {
                 assert_eq!(limit.algorithm(), Algorithm::SlidingLog);
-                assert!(times_ns.len() as u64 <= limit.burst());
+                assert!(times_ns.len() <= floodgate::algorithm::SlidingLog::most_entries(limit));
             }
         }
     }

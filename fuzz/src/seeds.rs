@@ -747,9 +747,10 @@ fn replicate_seeds() -> Vec<Seed> {
         }],
         ..ReplicateMessage::default()
     };
+    // Longer than twice its limit of 3 (one limit owed).
     let long_log = ReplicateMessage {
         buckets: vec![WireBucket {
-            times_ns: vec![1; 4],
+            times_ns: vec![1; 7],
             ..log_future.buckets[0].clone()
         }],
         ..ReplicateMessage::default()
