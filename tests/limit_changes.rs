@@ -2,10 +2,11 @@
 //! is decided right under the new limit, through the `BucketStore`: no wait past what the new
 //! limit allows, and a denied check passes again after its `retry_after`.
 //!
-//! The bound on a wait: one period for fixed windows and sliding logs, one capacity
-//! (`burst * interval`) for GCRA, and two periods for the sliding-window counter, whose
-//! current window's count weighs until the end of the next window (so even a key that never
-//! changed limit can wait up to two periods there).
+//! The bound on a wait: one period for fixed windows and sliding logs, two capacities
+//! (`2 * burst * interval`: an empty bucket and one capacity a metered charge may leave owed,
+//! which a larger limit's debt is read as) for GCRA, and two periods for the sliding-window
+//! counter, whose current window's count weighs until the end of the next window (so even a
+//! key that never changed limit can wait up to two periods there).
 
 use floodgate::{
     Algorithm, BucketKey, BucketStore, Clock, Decision, FakeClock, Limit, NANOS_PER_SEC,
@@ -46,7 +47,7 @@ fn key() -> BucketKey {
 /// The longest wait `limit` may ever report.
 fn longest_wait(limit: &Limit) -> u64 {
     match limit.algorithm() {
-        Algorithm::Gcra => limit.capacity_ns(),
+        Algorithm::Gcra => floodgate::algorithm::gcra::most_ahead_ns(limit),
         Algorithm::SlidingWindow => 2 * limit.period_ns(),
         Algorithm::FixedWindow | Algorithm::SlidingLog => limit.period_ns(),
     }

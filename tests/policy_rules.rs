@@ -26,6 +26,7 @@ fn the_example_holds_every_rule_of_the_brief() {
         [
             "holds",
             "api-key",
+            "tokens",
             "tenant",
             "login",
             "global",
@@ -51,6 +52,13 @@ fn the_example_holds_every_rule_of_the_brief() {
     assert_eq!(api.limit_for(Some("partner")), limited(10_000, MIN, 10_000));
     assert_eq!(api.limit_for(Some("internal")), Some(RuleLimit::Unlimited));
     assert_eq!(api.limit_for(Some("free")), limited(1000, MIN, 200));
+
+    let tokens = policy.rule("tokens").unwrap().cost_from().unwrap();
+    assert_eq!(
+        tokens.source(),
+        &floodgate::policy::metered::CostSource::Response("x-usage-tokens".into())
+    );
+    assert_eq!((tokens.estimate(), tokens.missing()), (1, 1));
 
     let tenant = policy.rule("tenant").unwrap();
     assert_eq!(tenant.default_limit(), None);
@@ -114,7 +122,7 @@ fn describe_lists_what_each_rule_enforces() {
     assert_eq!(
         lines[0],
         format!(
-            "policy {}: 9 rules, plans [free, paid, partner, internal] (unknown plans as free), \
+            "policy {}: 10 rules, plans [free, paid, partner, internal] (unknown plans as free), \
              3 API keys, \
              max 1000 waiting, 2 trusted proxies, regions [eu-west, us-east, ap-south], \
              2 tenants with a home region",
@@ -127,6 +135,8 @@ fn describe_lists_what_each_rule_enforces() {
             "holds: POST /v1/events/*/holds per user: gcra 5/1min; waits up to 500ms; scope home",
             "api-key: * /v1/** per api_key: gcra 1000/1min burst 200; \
              plan partner gcra 10000/1min; plan internal unlimited",
+            "tokens: POST /v1/complete per api_key: gcra 1000/1min; 1 left to pass, then \
+             charged the response's x-usage-tokens (else 1)",
             "tenant: * /v1/** per tenant: plan free gcra 100/1min; plan paid gcra 10000/1min; \
              other declared plans not limited; scope global",
             "login: POST /v1/auth/login per ip: gcra 10/1min; fails closed",
