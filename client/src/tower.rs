@@ -16,9 +16,10 @@
 //! response's cost is charged once the inner service has answered, before the response goes
 //! back: the value the service put in the response's [`ReportedCosts`], else the response
 //! header of that name (missing or not a whole number, or no response because the service
-//! failed: the rule's `missing`). A cost the service learns only as the body ends (a trailer)
-//! must be reported in a header or in [`ReportedCosts`]: the layer sees the response's head
-//! only.
+//! failed: the rule's `missing`). A cost not in the head may come as a trailer: map responses
+//! through [`charge_at_end_of_body`] outside the layer, and it is charged when the body ends
+//! (a key's next request may then pass before it lands); without that, or without the
+//! trailer, the rule's `missing` is charged when the response is dropped.
 //!
 //! Rules with `concurrency:` hold a lease for each request they match: taken before the rate
 //! rules are asked (a request they then deny gives it back at once), held (and renewed every
@@ -287,16 +288,23 @@ where
                     }
                 };
                 if !decision.charges_after.is_empty() {
-                    // Charged before the response goes back, so this gateway's next request
-                    // sees it: a key is over its limit by at most one response's cost per
-                    // request in flight.
-                    let costs: Vec<(&str, Option<u64>)> = decision
+                    let costs: Vec<(String, Option<u64>)> = decision
                         .charge_names()
-                        .map(|name| (name, response_cost(&response, name)))
+                        .map(|name| (name.to_owned(), response_cost(&response, name)))
                         .collect();
-                    let units = |name: &str| costs.iter().find(|(n, _)| *n == name)?.1;
-                    let charged = limiter.charge(&decision, units).await;
-                    decision.record_charges(&charged);
+                    if costs.iter().all(|(_, units)| units.is_some()) {
+                        // Charged before the response goes back, so this gateway's next
+                        // request sees it: a key is over its limit by at most one response's
+                        // cost per request in flight.
+                        let units = |name: &str| costs.iter().find(|(n, _)| n == name)?.1;
+                        let charged = limiter.charge(&decision, units).await;
+                        decision.record_charges(&charged);
+                    } else {
+                        // A cost not in the head may come as a trailer: charged when the body
+                        // ends (`charge_at_end_of_body`), or when the response is dropped.
+                        let pending = PendingCharges::new(limiter.clone(), decision.clone(), costs);
+                        response.extensions_mut().insert(pending);
+                    }
                 }
                 add_headers(response.headers_mut(), &decision);
                 if !leases.held.is_empty() {
@@ -310,6 +318,123 @@ where
             Ok(refusal(&decision))
         })
     }
+}
+
+/// The metered charges of a response whose head did not carry every cost: taken when the
+/// last copy is dropped (by [`MeteredBody`] at the end of the body, after reading its
+/// trailers; else when the server drops the response), each cost from the head or a trailer,
+/// else the rule's `missing`.
+#[derive(Clone)]
+pub struct PendingCharges(Arc<parking_lot::Mutex<Pending>>);
+
+impl std::fmt::Debug for PendingCharges {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("PendingCharges")
+            .field(&self.0.lock().costs)
+            .finish()
+    }
+}
+
+struct Pending {
+    limiter: RateLimiter,
+    decision: Option<RequestDecision>,
+    /// Each metered rule's name and the units found so far.
+    costs: Vec<(String, Option<u64>)>,
+}
+
+impl PendingCharges {
+    fn new(
+        limiter: RateLimiter,
+        decision: RequestDecision,
+        costs: Vec<(String, Option<u64>)>,
+    ) -> Self {
+        PendingCharges(Arc::new(parking_lot::Mutex::new(Pending {
+            limiter,
+            decision: Some(decision),
+            costs,
+        })))
+    }
+
+    /// Takes the costs a trailer block carries for names the head did not.
+    fn read_trailers(&self, trailers: &http::HeaderMap) {
+        let mut pending = self.0.lock();
+        for (name, units) in pending.costs.iter_mut().filter(|(_, u)| u.is_none()) {
+            *units = trailers
+                .get(name.as_str())
+                .and_then(|v| v.to_str().ok())
+                .and_then(floodgate::policy::metered::cost_in);
+        }
+    }
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        let Some(decision) = self.decision.take() else {
+            return;
+        };
+        // Dropped outside a runtime (the process ending): nothing to send the charge with.
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let limiter = self.limiter.clone();
+        let costs = std::mem::take(&mut self.costs);
+        runtime.spawn(async move {
+            let units = |name: &str| costs.iter().find(|(n, _)| n == name)?.1;
+            limiter.charge(&decision, units).await;
+        });
+    }
+}
+
+/// A response body that reads its trailers for metered costs the head did not carry, and has
+/// them charged when it ends (or fails, or is dropped): see [`charge_at_end_of_body`].
+#[derive(Debug)]
+pub struct MeteredBody<B> {
+    inner: B,
+    pending: Option<PendingCharges>,
+}
+
+impl<B> http_body::Body for MeteredBody<B>
+where
+    B: http_body::Body + Unpin,
+{
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        let this = self.get_mut();
+        let polled = Pin::new(&mut this.inner).poll_frame(cx);
+        match &polled {
+            Poll::Ready(Some(Ok(frame))) => {
+                if let (Some(trailers), Some(pending)) = (frame.trailers_ref(), &this.pending) {
+                    pending.read_trailers(trailers);
+                }
+            }
+            // The body is over: charge now.
+            Poll::Ready(None) | Poll::Ready(Some(Err(_))) => this.pending = None,
+            Poll::Pending => {}
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// Moves the metered charges the layer left on `response` (costs its head did not carry) into
+/// its body, which reads them from the trailers and charges them when it ends. Apply it outside
+/// [`RateLimitLayer`], as [`hold_leases_until_sent`]. Without it such charges are taken, at
+/// their rules' `missing`, when the server drops the response.
+pub fn charge_at_end_of_body<B>(mut response: Response<B>) -> Response<MeteredBody<B>> {
+    let pending = response.extensions_mut().remove::<PendingCharges>();
+    response.map(|inner| MeteredBody { inner, pending })
 }
 
 /// A response's concurrency leases: released when the last copy is dropped.
@@ -403,7 +528,114 @@ mod tests {
     use http_body::Body;
 
     use super::*;
-    use crate::{Acquire, Client, ClientConfig};
+    use crate::{Acquire, Client, ClientConfig, RateLimiter};
+
+    /// A completion whose body ends with an `x-usage-tokens` trailer: one data frame, then
+    /// the trailer.
+    struct TrailerBody {
+        frames_sent: u8,
+    }
+
+    impl From<String> for TrailerBody {
+        fn from(_: String) -> Self {
+            TrailerBody { frames_sent: 2 }
+        }
+    }
+
+    impl http_body::Body for TrailerBody {
+        type Data = &'static [u8];
+        type Error = std::convert::Infallible;
+
+        fn poll_frame(
+            mut self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+        ) -> Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+            self.frames_sent += 1;
+            Poll::Ready(match self.frames_sent {
+                1 => Some(Ok(http_body::Frame::data(&b"completion"[..]))),
+                2 => {
+                    let mut trailers = http::HeaderMap::new();
+                    trailers.insert("x-usage-tokens", HeaderValue::from_static("70"));
+                    Some(Ok(http_body::Frame::trailers(trailers)))
+                }
+                _ => None,
+            })
+        }
+    }
+
+    #[derive(Clone)]
+    struct Completions;
+
+    impl Service<Request<String>> for Completions {
+        type Response = Response<TrailerBody>;
+        type Error = std::convert::Infallible;
+        type Future = std::future::Ready<Result<Self::Response, Self::Error>>;
+
+        fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+            Poll::Ready(Ok(()))
+        }
+
+        fn call(&mut self, _: Request<String>) -> Self::Future {
+            std::future::ready(Ok(Response::new(TrailerBody { frames_sent: 0 })))
+        }
+    }
+
+    /// A metered cost that comes as a trailer (not in the response's head) is charged once the
+    /// body has ended, through `charge_at_end_of_body`.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_cost_in_a_trailer_is_charged_when_the_body_ends() {
+        let dir = tempfile::tempdir().unwrap();
+        let certs = floodgate_node::ensure_dev_certs(dir.path()).unwrap();
+        let node = floodgate_node::Node::start(floodgate_node::NodeConfig::for_tests(&certs))
+            .await
+            .unwrap();
+        let mut config = ClientConfig::with_ca_file(&certs.ca);
+        config.timeout = Duration::from_secs(5);
+        let client = Client::connect(&[node.local_addr()], config).await.unwrap();
+        let rules = "rules:\n  - name: tokens\n    method: POST\n    path: /v1/complete\n    \
+                     key: api_key\n    limit: 100/h\n    \
+                     cost_from: { response_header: x-usage-tokens }\n";
+        let policy = floodgate::policy::Policy::from_yaml(rules).unwrap();
+        let limiter = RateLimiter::with_policy(client.clone(), Some(policy.clone()));
+        let mut service = RateLimitLayer::new(limiter.clone()).layer(Completions);
+        let request = || {
+            Request::post("/v1/complete")
+                .header("x-api-key", "k")
+                .body(String::new())
+                .unwrap()
+        };
+        let response = service.call(request()).await.unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+        assert!(response.extensions().get::<PendingCharges>().is_some());
+        let mut body = charge_at_end_of_body(response).into_body();
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        while let Poll::Ready(Some(_)) = Pin::new(&mut body).poll_frame(&mut cx) {}
+        drop(body);
+        // The charge leaves once the body has ended: wait (bounded) until the key's bucket
+        // shows it, by peeking as a request would.
+        let info = crate::policy::RequestInfo {
+            api_key: Some("k".into()),
+            ..crate::policy::RequestInfo::new("POST", "/v1/complete")
+        };
+        let planned = policy.checks_for(&info.attributes(None));
+        let peek = planned[0].check().cost(0);
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let left = client.check(std::slice::from_ref(&peek)).await.unwrap()[0]
+                .decision
+                .remaining();
+            if left == 30 {
+                break;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{left} left, not 30"
+            );
+            tokio::task::yield_now().await;
+        }
+        limiter.close().await;
+        node.shutdown().await;
+    }
 
     /// A lease held by a response body is given back once the body has been read to its end,
     /// not before.

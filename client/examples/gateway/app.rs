@@ -20,7 +20,9 @@ use floodgate_client::RequestDecision;
 use floodgate_client::core::policy::RuleState;
 use floodgate_client::policy::LeaseEvent;
 use floodgate_client::shed::{ShedEvent, ShedGate, ShedLayer, request_class};
-use floodgate_client::tower::{RateLimitLayer, hold_leases_until_sent, request_info};
+use floodgate_client::tower::{
+    RateLimitLayer, charge_at_end_of_body, hold_leases_until_sent, request_info,
+};
 use hyper_util::rt::TokioIo;
 use metrics::{counter, gauge, histogram};
 use metrics_exporter_prometheus::{
@@ -285,9 +287,13 @@ pub fn app_with_gate(
         .fallback(proxy)
         .with_state(upstream)
         .layer(layer)
-        // Outside the limiter: a concurrency lease is held until the body has been sent.
+        // Outside the limiter: a concurrency lease is held until the body has been sent, and a
+        // metered cost the upstream sends as a trailer is charged when the body ends.
         .layer(axum::middleware::map_response(
-            |response: Response| async move { hold_leases_until_sent(response).map(Body::new) },
+            |response: Response| async move {
+                let response = hold_leases_until_sent(response).map(Body::new);
+                charge_at_end_of_body(response).map(Body::new)
+            },
         ));
     Router::new()
         .route("/metrics", get(render_metrics))
