@@ -10,6 +10,8 @@ UPGRADE_DURATION ?= 30s
 UPGRADE_DIR := target/upgrade-base
 # Repetitions of every phase of `make shed-demo` (its table shows medians).
 SHED_RUNS ?= 3
+# Whole runs of bench-load; with more than one the targets are judged on the medians.
+RUNS ?= 1
 
 help:            ## list the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -115,13 +117,13 @@ bench-core:      ## criterion micro-benchmarks of the bucket store beside govern
 	$(CARGO) bench -p floodgate-bench --bench memory --locked
 	$(CARGO) bench -p floodgate-bench --bench transport --locked
 
-bench-load:      ## floodgate (QUIC and Envoy RLS) beside Redis + Lua, Redis + redis-cell, Gubernator and envoyproxy/ratelimit, same workloads, one run: markdown table, target/bench/{report.json,latency.svg}
+bench-load:      ## floodgate (one node, a 3-node cluster, and Envoy RLS) beside Redis + Lua, Redis + redis-cell, Gubernator and envoyproxy/ratelimit, same workloads, RUNS runs (default 1; RUNS=3 judges the targets on medians): markdown tables, target/bench/{report.json,latency.svg} (run-K/ each with RUNS>1)
 	@command -v redis-server >/dev/null || (apt-get install -y redis-server >/dev/null 2>&1 || echo "redis-server missing and not installable: the Redis baselines will be skipped")
 	@bash bench/redis-cell.sh >/dev/null || echo "the redis+cell baseline will be skipped"
 	@bash bench/go-peer.sh gubernator >/dev/null || echo "the gubernator peer will be skipped"
 	@bash bench/go-peer.sh envoy-ratelimit >/dev/null || echo "the envoy-ratelimit peer will be skipped"
 	$(CARGO) build --release --locked -p floodgate-node -p floodgate-bench
-	./target/release/floodgate-bench load --out target/bench
+	./target/release/floodgate-bench load --runs $(RUNS) --out target/bench
 
 shed-demo:       ## the example gateway's load shedding: open-loop HTTP at 1x, 2x and 4x its demo upstream's capacity (critical, default, sheddable mixed), with and without shedding in one run, SHED_RUNS (default 3) runs (about 45 s each): table, target/shed/{table.md,report.json,shed.svg}
 	@: "one build: the bench and the gateway share one floodgate-client (with tower)"

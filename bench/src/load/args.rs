@@ -92,6 +92,13 @@ pub struct LoadArgs {
     /// Runtime threads of the node started (default: its own, half the cores).
     #[arg(long)]
     pub node_threads: Option<usize>,
+    /// Nodes of the `floodgate-cluster` system, a cluster started on this machine whose keys
+    /// are spread over all its owners (0 or 1: skip it; it is also skipped with `--seeds`).
+    #[arg(long, default_value_t = 3)]
+    pub cluster_nodes: usize,
+    /// Runtime threads of each node of `floodgate-cluster` (the same cores serve them all).
+    #[arg(long, default_value_t = 1)]
+    pub cluster_node_threads: usize,
     /// Threads of the gateway this process plays, which run the load generator and every
     /// system's clients (default: one per core).
     #[arg(long)]
@@ -101,6 +108,10 @@ pub struct LoadArgs {
     /// per system). Every system is driven through the same shape.
     #[arg(long, value_enum, default_value = "thread-per-core")]
     pub gateway: GatewayShape,
+    /// Whole runs, one after another (each run's reports in `out/run-K` when more than one):
+    /// the targets are then judged on each figure's median over the runs, with its spread.
+    #[arg(long, default_value_t = 1)]
+    pub runs: usize,
     /// Where report.json and latency.svg go.
     #[arg(long, default_value = "target/bench")]
     pub out: PathBuf,
@@ -114,6 +125,11 @@ pub struct LoadArgs {
 }
 
 impl LoadArgs {
+    /// Whether `floodgate-cluster` runs.
+    pub(super) fn with_cluster(&self) -> bool {
+        self.cluster_nodes >= 2 && self.seeds.is_empty()
+    }
+
     /// The floodgate-node binary to start.
     pub(super) fn node_binary(&self) -> PathBuf {
         self.node_bin
@@ -171,6 +187,8 @@ impl LoadArgs {
 
 /// Longest `--duration`: every loop of a run stays bounded in time.
 pub(super) const MAX_STEP: Duration = Duration::from_secs(600);
+/// Most whole runs one command makes (each takes many minutes).
+pub(super) const MAX_RUNS: usize = 9;
 
 /// `--duration`: the core's duration syntax (`500ms`, `4s`, `1.5min`); a bare number is refused.
 pub(crate) fn parse_duration(text: &str) -> Result<Duration, String> {

@@ -138,6 +138,11 @@ impl Targets {
         self.0.first().map_or("none", |(_, target)| target.name())
     }
 
+    /// The server processes behind the targets.
+    pub fn nodes(&self) -> usize {
+        self.0.first().map_or(1, |(_, target)| target.nodes())
+    }
+
     /// Worker `i`'s runtime and target (`i` wraps around).
     pub fn on(&self, i: usize) -> (&Handle, &Arc<Target>) {
         let (handle, target) = &self.0[i % self.0.len()];

@@ -142,6 +142,8 @@ pub struct GubernatorChannels {
     next: AtomicUsize,
     limit: Limit,
     behavior: i32,
+    /// The cluster's nodes the channels go to.
+    nodes: usize,
 }
 
 impl std::fmt::Debug for GubernatorChannels {
@@ -209,11 +211,17 @@ impl GubernatorChannels {
             next: AtomicUsize::new(0),
             limit,
             behavior,
+            nodes: nodes.len(),
         };
         // One call on a scratch key: a cluster that cannot answer fails here, in words.
         let probe = cluster.check(&["floodgate-bench:probe".to_owned()]).await;
         probe.context("the first GetRateLimits call failed")?;
         Ok(cluster)
+    }
+
+    /// The cluster's nodes the calls are spread over.
+    pub fn nodes(&self) -> usize {
+        self.nodes
     }
 
     /// One `GetRateLimits` call carrying one request per key.

@@ -44,14 +44,17 @@ pub(super) async fn run_system(
         let cpu_before = Cpu::now(server);
         let run =
             driver::closed_loop(&target, keys.clone(), args.callers, seconds, 7 + w as u64).await;
-        records.push(Record::new(
-            name,
-            &workload.to_string(),
-            0,
-            &run,
-            Cpu::now(server).since(cpu_before),
-            bytes_per_key,
-        ));
+        records.push(
+            Record::new(
+                name,
+                &workload.to_string(),
+                0,
+                &run,
+                Cpu::now(server).since(cpu_before),
+                bytes_per_key,
+            )
+            .on_nodes(target.nodes()),
+        );
         progress.inc(1);
         let mut saturated = false;
         for &rate in &args.rates {
@@ -63,14 +66,17 @@ pub(super) async fn run_system(
             let cpu_before = Cpu::now(server);
             let run = driver::open_loop(&target, keys.clone(), rate, seconds, 11 + w as u64).await;
             saturated = run.saturated || run.requests_per_second() < 0.9 * rate as f64;
-            records.push(Record::new(
-                name,
-                &workload.to_string(),
-                rate,
-                &run,
-                Cpu::now(server).since(cpu_before),
-                bytes_per_key,
-            ));
+            records.push(
+                Record::new(
+                    name,
+                    &workload.to_string(),
+                    rate,
+                    &run,
+                    Cpu::now(server).since(cpu_before),
+                    bytes_per_key,
+                )
+                .on_nodes(target.nodes()),
+            );
             progress.inc(1);
         }
         if workload.spread.leased() {

@@ -32,17 +32,18 @@ mod side_by_side;
 mod systems;
 mod target;
 mod targets;
+mod verdict;
 mod workload;
 
 use anyhow::Context;
 use indicatif::{ProgressBar, ProgressStyle};
 
-use args::MAX_STEP;
+use args::{MAX_RUNS, MAX_STEP};
 use measure::{run_generator, run_system};
 use side_by_side::{keeps_up, side_by_side};
 use systems::{
-    bench_limit, start_envoy_ratelimit, start_floodgate_node, start_gubernator,
-    start_redis_baseline, start_rls_node,
+    bench_limit, start_envoy_ratelimit, start_floodgate_cluster, start_floodgate_node,
+    start_gubernator, start_redis_baseline, start_rls_node,
 };
 
 pub(crate) use args::parse_duration;
@@ -54,7 +55,33 @@ pub use report::Record;
 pub use target::Target;
 pub use workload::{KeySpread, Workload};
 
+/// Runs the bench `--runs` times (each run's reports in `out/run-K` when there are several),
+/// then judges the targets on their medians. Returns the last run's records.
 pub async fn run(args: LoadArgs) -> anyhow::Result<Vec<Record>> {
+    anyhow::ensure!(
+        (1..=MAX_RUNS).contains(&args.runs),
+        "--runs must be 1 to {MAX_RUNS}"
+    );
+    if args.runs == 1 {
+        return Ok(run_once(&args).await?.0);
+    }
+    let mut every_run = Vec::with_capacity(args.runs);
+    let mut last = Vec::new();
+    for k in 1..=args.runs {
+        println!("## Run {k} of {}\n", args.runs);
+        let mut this = args.clone();
+        this.out = args.out.join(format!("run-{k}"));
+        let (records, verdicts) = run_once(&this).await?;
+        every_run.push(verdicts);
+        last = records;
+    }
+    print!("{}", verdict::medians_table(&every_run));
+    Ok(last)
+}
+
+/// One run: every system, the side-by-side step, the tables; returns the records and the
+/// targets' verdicts.
+async fn run_once(args: &LoadArgs) -> anyhow::Result<(Vec<Record>, Vec<verdict::Verdict>)> {
     anyhow::ensure!(args.keys >= 1, "--keys must be at least 1");
     anyhow::ensure!(args.callers >= 1, "--callers must be at least 1");
     anyhow::ensure!(
@@ -66,6 +93,7 @@ pub async fn run(args: LoadArgs) -> anyhow::Result<Vec<Record>> {
     let workloads = args.workloads();
     let mut notes = Vec::new();
     let systems = 1
+        + usize::from(args.with_cluster())
         + usize::from(args.with_rls())
         + if args.no_redis { 0 } else { 2 }
         + if args.with_peers() {
@@ -97,7 +125,7 @@ pub async fn run(args: LoadArgs) -> anyhow::Result<Vec<Record>> {
 
     if !args.only_side_by_side {
         run_one_system_at_a_time(
-            &args,
+            args,
             &gateway,
             &workloads,
             &progress,
@@ -111,12 +139,16 @@ pub async fn run(args: LoadArgs) -> anyhow::Result<Vec<Record>> {
         (Vec::new(), None)
     } else {
         let before = machine::CpuTimes::now();
-        let side = side_by_side(&args, &gateway, &workloads, &progress, with_gubernator).await?;
+        let side = side_by_side(args, &gateway, &workloads, &progress, with_gubernator).await?;
         (side, machine::CpuTimes::shares_since(before))
     };
     progress.finish_and_clear();
     print!("{}", targets::targets_markdown(&records, &side));
+    print!("{}", targets::cluster_markdown(&records));
     print!("{}", peer_targets::markdown(&records, &side));
+    let mut verdicts = targets::baseline_verdicts(&records, &side);
+    verdicts.extend(targets::cluster_verdicts(&records));
+    verdicts.extend(peer_targets::verdicts(&records, &side));
     let whole_run = machine::CpuTimes::shares_since(run_start);
     print!("{}", machine_markdown(whole_run, side_machine));
     if !records.is_empty() {
@@ -138,7 +170,7 @@ pub async fn run(args: LoadArgs) -> anyhow::Result<Vec<Record>> {
             args.out.join("latency.svg").display()
         );
     }
-    Ok(records)
+    Ok((records, verdicts))
 }
 
 /// A line on how the machine's CPUs spent the run and its side-by-side step (empty where
@@ -163,8 +195,8 @@ fn machine_markdown(
     )
 }
 
-/// The main run: the generator alone, then each system in turn (floodgate, floodgate+rls, the
-/// Redis baselines), each through the closed loop and the open-loop rates.
+/// The main run: the generator alone, then each system in turn (floodgate, floodgate-cluster,
+/// floodgate+rls, the peers, the Redis baselines), each through the closed loop and the open-loop rates.
 async fn run_one_system_at_a_time(
     args: &LoadArgs,
     gateway: &Gateway,
@@ -202,6 +234,21 @@ async fn run_one_system_at_a_time(
     )
     .await?;
     drop(server);
+
+    // A cluster of nodes on this machine, each check sent to its key's owner.
+    if args.with_cluster() {
+        let (server, target) = start_floodgate_cluster(args, gateway).await?;
+        run_system(
+            args,
+            Some(&server),
+            target,
+            workloads,
+            progress,
+            records,
+            notes,
+        )
+        .await?;
+    }
 
     // The same node behind its gRPC front (a fresh one, so its memory and buckets are its own).
     if args.with_rls() {

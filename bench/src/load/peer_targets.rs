@@ -3,7 +3,7 @@
 //! lowest offered rate, and the RLS front at least 2x envoyproxy/ratelimit's checks per second.
 
 use super::report::{Record, find};
-use super::targets::{Verdict, verdict_table};
+use super::verdict::{Bound, Verdict, verdict_table};
 
 const WORKLOAD: &str = "uniform/1-check";
 
@@ -21,7 +21,7 @@ fn throughput(records: &[Record], subject: &str, peer: &str, at_least: f64) -> V
                 "{ratio:.2}x ({:.0} / {:.0})",
                 f.achieved_rate, p.achieved_rate
             );
-            Verdict::new(target, figure, Some(ratio >= at_least))
+            Verdict::judged(target, figure, ratio, Bound::AtLeast(at_least))
         }
         _ => Verdict::unmeasured(target, "not run"),
     }
@@ -56,11 +56,12 @@ fn low_load_p99(records: &[Record], side: &[Record], peer: &str) -> Verdict {
             pair.map(|(f, p)| format!("{how} {:.2}x ({f} / {p} µs)", f as f64 / p.max(1) as f64))
         })
         .collect();
-    Verdict::new(target, figures.join("; "), Some(f <= p))
+    let ratio = f as f64 / p.max(1) as f64;
+    Verdict::judged(target, figures.join("; "), ratio, Bound::AtMost(1.0))
 }
 
-/// The peers' targets table; empty when no peer ran.
-pub fn markdown(records: &[Record], side: &[Record]) -> String {
+/// The targets against the peers that ran.
+pub(super) fn verdicts(records: &[Record], side: &[Record]) -> Vec<Verdict> {
     let ran = |s: &str| records.iter().chain(side).any(|r| r.system == s);
     let mut verdicts = Vec::new();
     if ran("gubernator") {
@@ -70,6 +71,12 @@ pub fn markdown(records: &[Record], side: &[Record]) -> String {
     if ran("envoy-ratelimit") {
         verdicts.push(throughput(records, "floodgate+rls", "envoy-ratelimit", 2.0));
     }
+    verdicts
+}
+
+/// The peers' targets table; empty when no peer ran.
+pub fn markdown(records: &[Record], side: &[Record]) -> String {
+    let verdicts = verdicts(records, side);
     let mut out = String::new();
     if !verdicts.is_empty() {
         verdict_table(&mut out, "against the peers", &verdicts);

@@ -9,11 +9,13 @@ use plotters::prelude::*;
 use serde::Serialize;
 
 use super::driver::RunResult;
-use super::target::GENERATOR;
+use super::target::{CLUSTER, GENERATOR};
 
 #[derive(Debug, Clone, Serialize)]
 pub struct Record {
     pub system: String,
+    /// The server processes that decided (a cluster's nodes; 1 for a single server).
+    pub nodes: usize,
     pub workload: String,
     /// `closed` (as fast as possible) or `open` (fixed arrival rate).
     pub mode: String,
@@ -75,6 +77,7 @@ impl Record {
             .collect();
         Record {
             system: system.to_owned(),
+            nodes: 1,
             workload: workload.to_owned(),
             mode: if offered_rate == 0 { "closed" } else { "open" }.to_owned(),
             offered_rate,
@@ -94,6 +97,14 @@ impl Record {
             errors: run.errors,
             saturated: run.saturated,
         }
+    }
+}
+
+impl Record {
+    /// The record of a system of `nodes` server processes.
+    pub fn on_nodes(mut self, nodes: usize) -> Self {
+        self.nodes = nodes;
+        self
     }
 }
 
@@ -196,6 +207,15 @@ pub fn markdown(records: &[Record]) -> String {
         &ran(&BASELINES),
         "###",
     );
+    if let Some(cluster) = records.iter().find(|r| r.system == CLUSTER) {
+        let _ = writeln!(
+            out,
+            "\n### {CLUSTER}: {} nodes on this machine, each check sent to its key's owner, \
+             beside one node\n",
+            cluster.nodes
+        );
+        comparison(&mut out, records, &workloads, CLUSTER, &[FLOODGATE], "####");
+    }
     if !ran(&[RLS]).is_empty() {
         let _ = writeln!(
             out,
@@ -232,7 +252,7 @@ pub fn markdown(records: &[Record]) -> String {
             "####",
         );
     }
-    let mut every = vec![FLOODGATE, RLS];
+    let mut every = vec![FLOODGATE, CLUSTER, RLS];
     every.extend(BASELINES);
     every.extend([GUBERNATOR, ENVOY_RATELIMIT]);
     let memory: Vec<String> = every
@@ -515,6 +535,7 @@ mod tests {
     fn record(system: &str, offered_rate: u64, achieved_rate: f64, p99_us: u64) -> Record {
         Record {
             system: system.to_owned(),
+            nodes: 1,
             workload: "uniform/1-check".to_owned(),
             mode: if offered_rate == 0 { "closed" } else { "open" }.to_owned(),
             offered_rate,

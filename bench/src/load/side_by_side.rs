@@ -89,7 +89,8 @@ pub(super) async fn side_by_side(
                 run,
                 report::CpuSeconds::default(),
                 0.0,
-            );
+            )
+            .on_nodes(target.nodes());
             record.mode = "side-by-side".to_owned();
             records.push(record);
         }

@@ -32,6 +32,42 @@ pub(super) async fn start_floodgate_node(
     Ok((server, target))
 }
 
+/// Starts a cluster of `args.cluster_nodes` nodes (one runtime thread each, data in
+/// `out/cluster-data`), every one seeded at the first, and connects the `floodgate-cluster`
+/// target of every gateway worker to it once every node owns slots. The returned server's CPU
+/// and memory are the nodes' summed.
+pub(super) async fn start_floodgate_cluster(
+    args: &LoadArgs,
+    gateway: &Gateway,
+) -> anyhow::Result<(Server, Targets)> {
+    let (binary, data_dir) = (args.node_binary(), args.out.join("cluster-data"));
+    let mut nodes: Vec<Server> = Vec::with_capacity(args.cluster_nodes);
+    for _ in 0..args.cluster_nodes {
+        let seeds = match nodes.first() {
+            Some(first) => vec!["--seeds".to_owned(), first.addr.to_string()],
+            None => Vec::new(),
+        };
+        nodes.push(process::start_node_with(
+            &binary,
+            &data_dir,
+            Some(args.cluster_node_threads),
+            None,
+            &seeds,
+        )?);
+    }
+    let mut nodes = nodes.into_iter();
+    let first = nodes.next().context("a cluster needs at least one node")?;
+    let (addr, ca, count) = (first.addr, data_dir.join("ca.pem"), args.cluster_nodes);
+    let server = first.with(nodes.collect());
+    let target = gateway
+        .connect(|| {
+            let ca = ca.clone();
+            async move { Target::floodgate_cluster(addr, &ca, bench_limit(), count).await }
+        })
+        .await?;
+    Ok((server, target))
+}
+
 /// Writes the RLS configuration (the workloads' limit on each descriptor key), starts a node
 /// serving it on a free port, and connects the RLS target.
 pub(super) async fn start_rls_node(

@@ -44,6 +44,9 @@ pub enum Target {
         /// A second client to the same node with token leases on (the `hot-leased` spread).
         leasing: Client,
         limit: Limit,
+        /// Nodes of the cluster behind the clients: 1, or [`CLUSTER`]'s when the keys are
+        /// spread over several owners.
+        nodes: usize,
     },
     Redis {
         pool: RedisPool,
@@ -109,6 +112,10 @@ impl RedisPool {
 
 /// The name of the no-op target's records: the load generator alone (its own cost per check).
 pub const GENERATOR: &str = "generator";
+/// floodgate as a cluster of several nodes on this machine, each check sent to its key's owner.
+pub const CLUSTER: &str = "floodgate-cluster";
+/// Longest wait for a cluster's members to own their slots and a client to reach each.
+const FORMING: Duration = Duration::from_secs(60);
 
 /// Most buffer pairs kept per thread: one per request in flight up to this many; beyond, they
 /// are freed.
@@ -209,6 +216,17 @@ impl Target {
         ca: &std::path::Path,
         limit: Limit,
     ) -> anyhow::Result<Self> {
+        Self::floodgate_cluster(node, ca, limit, 1).await
+    }
+
+    /// Clients seeded at `node` that wait to know all `nodes` members of its cluster (and to
+    /// be connected to each), so every check goes straight to its key's owner.
+    pub async fn floodgate_cluster(
+        node: impl Into<floodgate_client::HostPort>,
+        ca: &std::path::Path,
+        limit: Limit,
+        nodes: usize,
+    ) -> anyhow::Result<Self> {
         let mut config = ClientConfig::with_ca_file(ca);
         // A benchmark measures the node, so a slow answer must count as slow, not turn into a
         // fallback decision: a generous timeout, and degraded answers are counted separately.
@@ -217,16 +235,17 @@ impl Target {
         let client = Client::connect(std::slice::from_ref(&node), config.clone())
             .await
             .context("connecting to the node")?;
-        client.wait_connected().await;
+        await_members(&client, nodes).await?;
         config.token_leases.enabled = true;
         let leasing = Client::connect(&[node], config)
             .await
             .context("connecting the leasing client to the node")?;
-        leasing.wait_connected().await;
+        await_members(&leasing, nodes).await?;
         Ok(Target::Floodgate {
             client,
             leasing,
             limit,
+            nodes,
         })
     }
 
@@ -302,13 +321,23 @@ impl Target {
 
     pub fn name(&self) -> &'static str {
         match self {
-            Target::Floodgate { .. } => "floodgate",
+            Target::Floodgate { nodes: 1, .. } => "floodgate",
+            Target::Floodgate { .. } => CLUSTER,
             Target::Rls(_) => "floodgate+rls",
             Target::EnvoyRatelimit(_) => "envoy-ratelimit",
             Target::Gubernator(_) => "gubernator",
             Target::Redis { .. } => "redis+lua",
             Target::RedisCell { .. } => "redis+cell",
             Target::Noop => GENERATOR,
+        }
+    }
+
+    /// The server processes that decide (the cluster's nodes; 1 for a single server).
+    pub fn nodes(&self) -> usize {
+        match self {
+            Target::Floodgate { nodes, .. } => *nodes,
+            Target::Gubernator(channels) => channels.nodes(),
+            _ => 1,
         }
     }
 
@@ -413,6 +442,30 @@ impl Target {
             }
         }
     }
+}
+
+/// Waits until `client`'s slot table names `nodes` members that each own slots, then until it
+/// is connected to every one: before that, checks would be forwarded or decided by a node
+/// about to hand its slots over, and the run would measure the cluster forming.
+async fn await_members(client: &Client, nodes: usize) -> anyhow::Result<()> {
+    let deadline = tokio::time::Instant::now() + FORMING;
+    loop {
+        let formed = client.slot_table().is_some_and(|table| {
+            table.members().len() == nodes
+                && table.members().iter().all(|m| table.slots_owned(&m.id) > 0)
+        });
+        if formed && client.nodes().len() >= nodes {
+            break;
+        }
+        anyhow::ensure!(
+            tokio::time::Instant::now() < deadline,
+            "the cluster's {nodes} nodes did not all own slots within {FORMING:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tokio::time::timeout_at(deadline, client.wait_connected())
+        .await
+        .context("connecting to every member")
 }
 
 /// One request through a floodgate client: its keys as one all-or-nothing group.

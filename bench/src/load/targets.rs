@@ -5,6 +5,8 @@
 use std::fmt::Write as _;
 
 use super::report::{Record, find};
+use super::target::CLUSTER;
+use super::verdict::{Bound, Verdict, verdict_table};
 
 const SUBJECT: &str = "floodgate";
 const BASELINE: &str = "redis+lua";
@@ -18,31 +20,6 @@ const LATENCY_WORKLOADS: [&str; 4] = [
 ];
 /// A baseline keeps up with an offered rate when it completes at least this share of it.
 const KEEPS_UP: f64 = 0.99;
-
-/// One row: what must hold, what this run measured, and whether it held (`None`: not measured).
-pub(super) struct Verdict {
-    target: String,
-    figure: String,
-    met: Option<bool>,
-}
-
-impl Verdict {
-    pub(super) fn new(
-        target: impl Into<String>,
-        figure: impl Into<String>,
-        met: Option<bool>,
-    ) -> Self {
-        Verdict {
-            target: target.into(),
-            figure: figure.into(),
-            met,
-        }
-    }
-
-    pub(super) fn unmeasured(target: impl Into<String>, why: &str) -> Self {
-        Verdict::new(target, why, None)
-    }
-}
 
 /// floodgate's and redis+lua's records of one workload at one offered rate.
 fn pair<'a>(records: &'a [Record], workload: &str, rate: u64) -> Option<(&'a Record, &'a Record)> {
@@ -62,7 +39,7 @@ fn throughput(records: &[Record], workload: &str, at_least: f64) -> Verdict {
                 "{ratio:.2}x ({:.0} / {:.0})",
                 f.achieved_rate, b.achieved_rate
             );
-            Verdict::new(target, figure, Some(ratio >= at_least))
+            Verdict::judged(target, figure, ratio, Bound::AtLeast(at_least))
         }
         _ => Verdict::unmeasured(target, "not run"),
     }
@@ -97,10 +74,11 @@ fn low_load_p99(records: &[Record], side: &[Record], workload: &str) -> Option<V
         .into_iter()
         .filter_map(|(how, pair)| pair.map(|pair| format!("{how} {}", describe(pair))))
         .collect();
-    Some(Verdict::new(
+    Some(Verdict::judged(
         target,
         figures.join("; "),
-        Some(f.p99_us <= b.p99_us),
+        f.p99_us as f64 / b.p99_us.max(1) as f64,
+        Bound::AtMost(1.0),
     ))
 }
 
@@ -112,14 +90,16 @@ fn loaded_p99(records: &[Record], workload: &str) -> Option<Verdict> {
         .filter(|r| !r.saturated && r.requests_per_second >= KEEPS_UP * r.offered_rate as f64)
         .max_by_key(|r| r.offered_rate)?;
     let rate = kept_up.offered_rate;
-    let target = format!(
-        "p99 at the highest rate redis+lua keeps up with ({rate} req/s), {workload}: at most 0.5x"
-    );
+    let target =
+        format!("p99 at the highest rate redis+lua keeps up with, {workload}: at most 0.5x");
     Some(match find(records, SUBJECT, workload, rate) {
         Some(f) => {
             let ratio = f.p99_us as f64 / kept_up.p99_us.max(1) as f64;
-            let figure = format!("{ratio:.2}x ({} / {} µs)", f.p99_us, kept_up.p99_us);
-            Verdict::new(target, figure, Some(ratio <= 0.5))
+            let figure = format!(
+                "{ratio:.2}x ({} / {} µs at {rate} req/s)",
+                f.p99_us, kept_up.p99_us
+            );
+            Verdict::judged(target, figure, ratio, Bound::AtMost(0.5))
         }
         None => Verdict::unmeasured(target, "floodgate did not run at that rate"),
     })
@@ -137,7 +117,7 @@ fn node_cpu(records: &[Record], at_most: f64) -> Verdict {
                 "{:.2} s (client and generator: {:.2} s)",
                 f.cpu_s_per_million, f.client_cpu_s_per_million
             );
-            Verdict::new(target, figure, Some(f.cpu_s_per_million <= at_most))
+            Verdict::judged(target, figure, f.cpu_s_per_million, Bound::AtMost(at_most))
         }
         _ => Verdict::unmeasured(target, "not measured"),
     }
@@ -149,21 +129,21 @@ fn bytes_per_key(records: &[Record], at_most: f64) -> Verdict {
         .iter()
         .find(|r| r.system == SUBJECT && r.bytes_per_key > 0.0)
     {
-        Some(f) => Verdict::new(
+        Some(f) => Verdict::judged(
             target,
             format!("{:.0}", f.bytes_per_key),
-            Some(f.bytes_per_key <= at_most),
+            f.bytes_per_key,
+            Bound::AtMost(at_most),
         ),
         None => Verdict::unmeasured(target, "not measured"),
     }
 }
 
-/// The targets table: `records` from the steps run one system at a time, `side` from the
-/// side-by-side step. Empty when redis+lua did not run (there is nothing to judge against).
-pub fn targets_markdown(records: &[Record], side: &[Record]) -> String {
-    let mut out = String::new();
+/// The targets against redis+lua: `records` from the steps run one system at a time, `side`
+/// from the side-by-side step. None when redis+lua did not run (nothing to judge against).
+pub(super) fn baseline_verdicts(records: &[Record], side: &[Record]) -> Vec<Verdict> {
     if !records.iter().chain(side).any(|r| r.system == BASELINE) {
-        return out;
+        return Vec::new();
     }
     let mut verdicts = vec![
         throughput(records, LATENCY_WORKLOADS[0], 10.0),
@@ -181,7 +161,16 @@ pub fn targets_markdown(records: &[Record], side: &[Record]) -> String {
     );
     verdicts.push(node_cpu(records, 0.3));
     verdicts.push(bytes_per_key(records, 64.0));
+    verdicts
+}
 
+/// The targets table against redis+lua; empty when redis+lua did not run.
+pub fn targets_markdown(records: &[Record], side: &[Record]) -> String {
+    let mut out = String::new();
+    let verdicts = baseline_verdicts(records, side);
+    if verdicts.is_empty() {
+        return out;
+    }
     verdict_table(
         &mut out,
         &format!("floodgate against {BASELINE}"),
@@ -195,23 +184,64 @@ pub fn targets_markdown(records: &[Record], side: &[Record]) -> String {
     out
 }
 
-/// `### Targets: M of N met in this run (against)` and the table of `verdicts`.
-pub(super) fn verdict_table(out: &mut String, against: &str, verdicts: &[Verdict]) {
-    let met = verdicts.iter().filter(|v| v.met == Some(true)).count();
-    let judged = verdicts.iter().filter(|v| v.met.is_some()).count();
-    let _ = writeln!(
-        out,
-        "### Targets: {met} of {judged} met in this run ({against})\n"
+/// The cluster's targets against the single node, on the uniform 1-check closed loop: its
+/// checks per second at least 0.8x the node's (the same cores serve all its nodes), and node
+/// CPU per million checks, summed over its nodes, at most 1.3x. None when no cluster ran.
+pub(super) fn cluster_verdicts(records: &[Record]) -> Vec<Verdict> {
+    let workload = LATENCY_WORKLOADS[0];
+    let Some(cluster) = find(records, CLUSTER, workload, 0) else {
+        return Vec::new();
+    };
+    let single = find(records, SUBJECT, workload, 0);
+    let nodes = cluster.nodes;
+    let mut verdicts = Vec::new();
+    let target = format!("closed loop, {workload}: at least 0.8x the single node's checks/s");
+    verdicts.push(match single {
+        Some(f) if f.achieved_rate > 0.0 => {
+            let ratio = cluster.achieved_rate / f.achieved_rate;
+            let figure = format!(
+                "{ratio:.2}x ({:.0} / {:.0})",
+                cluster.achieved_rate, f.achieved_rate
+            );
+            Verdict::judged(target, figure, ratio, Bound::AtLeast(0.8))
+        }
+        _ => Verdict::unmeasured(target, "the single node did not run"),
+    });
+    let target = format!(
+        "node CPU per million checks, closed loop, {workload}, summed over {nodes} nodes: at \
+         most 1.3x the single node's"
     );
-    let _ = writeln!(out, "| target | this run | met |\n|---|---|---|");
-    for v in verdicts {
-        let met = match v.met {
-            Some(true) => "yes",
-            Some(false) => "**no**",
-            None => "-",
-        };
-        let _ = writeln!(out, "| {} | {} | {met} |", v.target, v.figure);
+    verdicts.push(match single {
+        Some(f) if f.cpu_s_per_million > 0.0 && cluster.cpu_s_per_million > 0.0 => {
+            let ratio = cluster.cpu_s_per_million / f.cpu_s_per_million;
+            let figure = format!(
+                "{ratio:.2}x ({:.2} / {:.2} s)",
+                cluster.cpu_s_per_million, f.cpu_s_per_million
+            );
+            Verdict::judged(target, figure, ratio, Bound::AtMost(1.3))
+        }
+        _ => Verdict::unmeasured(target, "not measured"),
+    });
+    verdicts
+}
+
+/// The cluster's targets table; empty when no cluster ran.
+pub fn cluster_markdown(records: &[Record]) -> String {
+    let mut out = String::new();
+    let verdicts = cluster_verdicts(records);
+    let nodes = records
+        .iter()
+        .find(|r| r.system == CLUSTER)
+        .map_or(0, |r| r.nodes);
+    if !verdicts.is_empty() {
+        verdict_table(
+            &mut out,
+            &format!("{CLUSTER} of {nodes} nodes against one {SUBJECT} node"),
+            &verdicts,
+        );
+        out.push('\n');
     }
+    out
 }
 
 #[cfg(test)]
@@ -227,6 +257,7 @@ pub(super) mod tests {
     ) -> Record {
         Record {
             system: system.to_owned(),
+            nodes: 1,
             workload: workload.to_owned(),
             mode: if rate == 0 { "closed" } else { "open" }.to_owned(),
             offered_rate: rate,
@@ -328,13 +359,35 @@ pub(super) mod tests {
         ];
         let table = targets_markdown(&records, &[]);
         let judged = line(&table, "| p99 at the highest rate redis+lua keeps up with");
-        assert!(judged.contains("(50000 req/s), zipf/1-check"), "{judged}");
         assert!(
-            judged.ends_with("| 0.20x (400 / 2000 µs) | yes |"),
+            judged.ends_with("| 0.20x (400 / 2000 µs at 50000 req/s) | yes |"),
             "{judged}"
         );
         // The low-load row (50,000 req/s is the lowest here), this one and bytes per key.
         assert!(table.starts_with("### Targets: 3 of 3 met"), "{table}");
+    }
+
+    #[test]
+    fn the_cluster_is_judged_against_the_single_node() {
+        let w = "uniform/1-check";
+        let mut cluster = record(CLUSTER, w, 0, 900_000.0, 700).on_nodes(3);
+        cluster.cpu_s_per_million = 0.4;
+        let records = [record(SUBJECT, w, 0, 1_000_000.0, 500), cluster];
+        let table = cluster_markdown(&records);
+        assert!(
+            table.contains("(floodgate-cluster of 3 nodes against one floodgate node)"),
+            "{table}"
+        );
+        let rate = line(&table, "| closed loop, uniform/1-check");
+        assert!(
+            rate.ends_with("| 0.90x (900000 / 1000000) | yes |"),
+            "{rate}"
+        );
+        let cpu = line(&table, "| node CPU per million checks");
+        assert!(cpu.ends_with("| 1.60x (0.40 / 0.25 s) | **no** |"), "{cpu}");
+        assert!(table.starts_with("### Targets: 1 of 2 met"), "{table}");
+        // Without a cluster run there is nothing to judge.
+        assert_eq!(cluster_markdown(&records[..1]), "");
     }
 
     #[test]
