@@ -1,10 +1,11 @@
 //! The window and log buckets as a shard's tables hold them, and what expiry and eviction read
 //! of any bucket, whatever its family ([`Identified`]).
 
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use parking_lot::Mutex;
 
+use super::changed::{Dirty, Family};
 use super::table::{GcraEntry, Use, margin_ms_of};
 use crate::algorithm::{SlidingLog, WindowState, fixed_window, sliding_window};
 use crate::{Algorithm, BucketKey, Decision, Limit};
@@ -15,8 +16,8 @@ pub(super) struct WindowEntry {
     pub(super) hash: u64,
     pub(super) check: u32,
     pub(super) slot: Mutex<(Limit, WindowState)>,
-    /// Changed since the last replication round.
-    pub(super) dirty: AtomicBool,
+    /// Changed since the last replication round; set only through [`Dirty`], which lists it.
+    dirty: AtomicBool,
     /// Consumed from since eviction last looked at the shard.
     pub(super) used: AtomicBool,
     /// An eviction pass once found it used (changed only under the exclusive lock).
@@ -29,8 +30,8 @@ pub(super) struct LogEntry {
     pub(super) hash: u64,
     pub(super) check: u32,
     pub(super) slot: Mutex<(Limit, SlidingLog)>,
-    /// Changed since the last replication round.
-    pub(super) dirty: AtomicBool,
+    /// Changed since the last replication round; set only through [`Dirty`], which lists it.
+    dirty: AtomicBool,
     /// Consumed from since eviction last looked at the shard.
     pub(super) used: AtomicBool,
     /// An eviction pass once found it used (changed only under the exclusive lock).
@@ -60,6 +61,43 @@ impl LogEntry {
             used: AtomicBool::new(false),
             promoted: false,
         }
+    }
+}
+
+/// [`Dirty::set_dirty`] of a mark kept as an `AtomicBool`. The load first keeps an
+/// already-marked hot bucket's cache line shared.
+fn set_flag(flag: &AtomicBool) -> bool {
+    !flag.load(Ordering::Relaxed) && !flag.swap(true, Ordering::Relaxed)
+}
+
+/// [`Dirty::take_dirty`] of a mark kept as an `AtomicBool`.
+fn take_flag(flag: &AtomicBool) -> bool {
+    flag.load(Ordering::Relaxed) && flag.swap(false, Ordering::Relaxed)
+}
+
+impl Dirty for WindowEntry {
+    const FAMILY: Family = Family::Window;
+    fn set_dirty(&self) -> bool {
+        set_flag(&self.dirty)
+    }
+    fn take_dirty(&self) -> bool {
+        take_flag(&self.dirty)
+    }
+    fn is_dirty(&self) -> bool {
+        self.dirty.load(Ordering::Relaxed)
+    }
+}
+
+impl Dirty for LogEntry {
+    const FAMILY: Family = Family::Log;
+    fn set_dirty(&self) -> bool {
+        set_flag(&self.dirty)
+    }
+    fn take_dirty(&self) -> bool {
+        take_flag(&self.dirty)
+    }
+    fn is_dirty(&self) -> bool {
+        self.dirty.load(Ordering::Relaxed)
     }
 }
 

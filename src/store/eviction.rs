@@ -7,6 +7,7 @@ use std::sync::atomic::Ordering;
 use hashbrown::HashTable;
 
 use super::budget::{Bounds, GCRA_BUCKET_BYTES, WINDOW_BUCKET_BYTES, log_bytes};
+use super::changed::Family;
 use super::entries::{Identified, same};
 use super::shard::Shard;
 use super::table::Use;
@@ -41,13 +42,6 @@ impl Cost {
             expires_in_ns,
         }
     }
-}
-
-#[derive(Debug, Clone, Copy)]
-enum Family {
-    Gcra,
-    Window,
-    Log,
 }
 
 impl Shard {
