@@ -1,11 +1,10 @@
-//! The window and log buckets as a shard's tables hold them, and what expiry and eviction read
-//! of any bucket, whatever its family ([`Identified`]).
+//! The window and log buckets as a shard's tables hold them, what expiry and eviction read of
+//! any bucket, whatever its family ([`Identified`]), and its changed mark ([`Dirty`]).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use parking_lot::Mutex;
 
-use super::changed::{Dirty, Family};
 use super::table::{GcraEntry, Use, margin_ms_of};
 use crate::algorithm::{SlidingLog, WindowState, fixed_window, sliding_window};
 use crate::{Algorithm, BucketKey, Decision, Limit};
@@ -16,7 +15,7 @@ pub(super) struct WindowEntry {
     pub(super) hash: u64,
     pub(super) check: u32,
     pub(super) slot: Mutex<(Limit, WindowState)>,
-    /// Changed since the last replication round; set only through [`Dirty`], which lists it.
+    /// Changed since the last replication round; set only through [`Dirty`] (see `changed.rs`).
     dirty: AtomicBool,
     /// Consumed from since eviction last looked at the shard.
     pub(super) used: AtomicBool,
@@ -30,7 +29,7 @@ pub(super) struct LogEntry {
     pub(super) hash: u64,
     pub(super) check: u32,
     pub(super) slot: Mutex<(Limit, SlidingLog)>,
-    /// Changed since the last replication round; set only through [`Dirty`], which lists it.
+    /// Changed since the last replication round; set only through [`Dirty`] (see `changed.rs`).
     dirty: AtomicBool,
     /// Consumed from since eviction last looked at the shard.
     pub(super) used: AtomicBool,
@@ -61,6 +60,38 @@ impl LogEntry {
             used: AtomicBool::new(false),
             promoted: false,
         }
+    }
+}
+
+/// Which of a shard's tables holds a bucket: one key may have a bucket in each.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Family {
+    Gcra,
+    Window,
+    Log,
+}
+
+/// A bucket with a changed mark, of any family.
+pub(super) trait Dirty: Identified {
+    const FAMILY: Family;
+    /// Sets the mark; true when it was clear (the key must then be listed).
+    #[must_use = "a bucket newly marked must be listed: use Shard::mark_dirty"]
+    fn set_dirty(&self) -> bool;
+    /// Clears the mark; true if it was set.
+    fn take_dirty(&self) -> bool;
+    fn is_dirty(&self) -> bool;
+}
+
+impl Dirty for GcraEntry {
+    const FAMILY: Family = Family::Gcra;
+    fn set_dirty(&self) -> bool {
+        self.mark_dirty()
+    }
+    fn take_dirty(&self) -> bool {
+        GcraEntry::take_dirty(self)
+    }
+    fn is_dirty(&self) -> bool {
+        GcraEntry::is_dirty(self)
     }
 }
 

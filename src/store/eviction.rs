@@ -7,8 +7,7 @@ use std::sync::atomic::Ordering;
 use hashbrown::HashTable;
 
 use super::budget::{Bounds, GCRA_BUCKET_BYTES, WINDOW_BUCKET_BYTES, log_bytes};
-use super::changed::Family;
-use super::entries::{Identified, same};
+use super::entries::{Family, Identified, same};
 use super::shard::Shard;
 use super::table::Use;
 use super::{StoreError, StoreStats};

@@ -11,9 +11,9 @@ use super::budget::{
     Account, Bounds, GCRA_BUCKET_BYTES, LOG_TIME_BYTES, WINDOW_BUCKET_BYTES, bucket_bytes,
     log_bytes,
 };
-use super::changed::{ChangedKeys, Dirty, Family};
+use super::changed::ChangedKeys;
 use super::entries::{
-    Identified, LogEntry, WindowEntry, decide_window, margin_ms, margin_ns, same,
+    Dirty, Family, Identified, LogEntry, WindowEntry, decide_window, margin_ms, margin_ns, same,
 };
 use super::table::{GcraEntry, GcraTable, MAX_MARGIN_MS};
 use super::{StoreError, StoreStats};
