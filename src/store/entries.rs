@@ -1,7 +1,7 @@
-//! The window and log buckets as a shard's tables hold them, and what expiry and eviction read
-//! of any bucket, whatever its family ([`Identified`]).
+//! The window and log buckets as a shard's tables hold them, what expiry and eviction read of
+//! any bucket, whatever its family ([`Identified`]), and its changed mark ([`Dirty`]).
 
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use parking_lot::Mutex;
 
@@ -15,8 +15,8 @@ pub(super) struct WindowEntry {
     pub(super) hash: u64,
     pub(super) check: u32,
     pub(super) slot: Mutex<(Limit, WindowState)>,
-    /// Changed since the last replication round.
-    pub(super) dirty: AtomicBool,
+    /// Changed since the last replication round; set only through [`Dirty`] (see `changed.rs`).
+    dirty: AtomicBool,
     /// Consumed from since eviction last looked at the shard.
     pub(super) used: AtomicBool,
     /// An eviction pass once found it used (changed only under the exclusive lock).
@@ -29,8 +29,8 @@ pub(super) struct LogEntry {
     pub(super) hash: u64,
     pub(super) check: u32,
     pub(super) slot: Mutex<(Limit, SlidingLog)>,
-    /// Changed since the last replication round.
-    pub(super) dirty: AtomicBool,
+    /// Changed since the last replication round; set only through [`Dirty`] (see `changed.rs`).
+    dirty: AtomicBool,
     /// Consumed from since eviction last looked at the shard.
     pub(super) used: AtomicBool,
     /// An eviction pass once found it used (changed only under the exclusive lock).
@@ -60,6 +60,75 @@ impl LogEntry {
             used: AtomicBool::new(false),
             promoted: false,
         }
+    }
+}
+
+/// Which of a shard's tables holds a bucket: one key may have a bucket in each.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Family {
+    Gcra,
+    Window,
+    Log,
+}
+
+/// A bucket with a changed mark, of any family.
+pub(super) trait Dirty: Identified {
+    const FAMILY: Family;
+    /// Sets the mark; true when it was clear (the key must then be listed).
+    #[must_use = "a bucket newly marked must be listed: use Shard::mark_dirty"]
+    fn set_dirty(&self) -> bool;
+    /// Clears the mark; true if it was set.
+    fn take_dirty(&self) -> bool;
+    fn is_dirty(&self) -> bool;
+}
+
+impl Dirty for GcraEntry {
+    const FAMILY: Family = Family::Gcra;
+    fn set_dirty(&self) -> bool {
+        self.mark_dirty()
+    }
+    fn take_dirty(&self) -> bool {
+        GcraEntry::take_dirty(self)
+    }
+    fn is_dirty(&self) -> bool {
+        GcraEntry::is_dirty(self)
+    }
+}
+
+/// [`Dirty::set_dirty`] of a mark kept as an `AtomicBool`. The load first keeps an
+/// already-marked hot bucket's cache line shared.
+fn set_flag(flag: &AtomicBool) -> bool {
+    !flag.load(Ordering::Relaxed) && !flag.swap(true, Ordering::Relaxed)
+}
+
+/// [`Dirty::take_dirty`] of a mark kept as an `AtomicBool`.
+fn take_flag(flag: &AtomicBool) -> bool {
+    flag.load(Ordering::Relaxed) && flag.swap(false, Ordering::Relaxed)
+}
+
+impl Dirty for WindowEntry {
+    const FAMILY: Family = Family::Window;
+    fn set_dirty(&self) -> bool {
+        set_flag(&self.dirty)
+    }
+    fn take_dirty(&self) -> bool {
+        take_flag(&self.dirty)
+    }
+    fn is_dirty(&self) -> bool {
+        self.dirty.load(Ordering::Relaxed)
+    }
+}
+
+impl Dirty for LogEntry {
+    const FAMILY: Family = Family::Log;
+    fn set_dirty(&self) -> bool {
+        set_flag(&self.dirty)
+    }
+    fn take_dirty(&self) -> bool {
+        take_flag(&self.dirty)
+    }
+    fn is_dirty(&self) -> bool {
+        self.dirty.load(Ordering::Relaxed)
     }
 }
 

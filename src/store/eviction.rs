@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 use hashbrown::HashTable;
 
 use super::budget::{Bounds, GCRA_BUCKET_BYTES, WINDOW_BUCKET_BYTES, log_bytes};
-use super::entries::{Identified, same};
+use super::entries::{Family, Identified, same};
 use super::shard::Shard;
 use super::table::Use;
 use super::{StoreError, StoreStats};
@@ -41,13 +41,6 @@ impl Cost {
             expires_in_ns,
         }
     }
-}
-
-#[derive(Debug, Clone, Copy)]
-enum Family {
-    Gcra,
-    Window,
-    Log,
 }
 
 impl Shard {

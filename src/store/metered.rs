@@ -129,7 +129,7 @@ impl Shard {
                         forgiven = rest;
                         (new_tat != tat).then_some(new_tat)
                     });
-                entry.mark_changed(margin_ms(limit));
+                self.mark_gcra_changed(entry, margin_ms(limit));
                 Some(forgiven)
             }
             Algorithm::FixedWindow | Algorithm::SlidingWindow => {
@@ -138,7 +138,7 @@ impl Shard {
                 adopt_limit(&mut slot, limit, now_ns);
                 let (state, forgiven) = slot.1.charge(limit, now_ns, cost);
                 slot.1 = state;
-                entry.dirty.store(true, Ordering::Relaxed);
+                self.mark_dirty(entry);
                 entry.used.store(true, Ordering::Relaxed);
                 Some(forgiven)
             }
@@ -151,7 +151,7 @@ impl Shard {
                 let forgiven = self
                     .bytes
                     .tracking(&mut slot.1, |log| log.charge(limit, now_ns, cost));
-                entry.dirty.store(true, Ordering::Relaxed);
+                self.mark_dirty(entry);
                 entry.used.store(true, Ordering::Relaxed);
                 Some(forgiven)
             }
@@ -164,14 +164,13 @@ impl Shard {
         match limit.algorithm() {
             Algorithm::Gcra => {
                 let (tat, forgiven) = gcra::charge(limit, 0, now_ns, cost);
-                self.gcra.insert(GcraEntry::new(key, margin_ns(limit), tat));
+                self.insert_gcra(GcraEntry::new(key, margin_ns(limit), tat));
                 self.bytes.charge(GCRA_BUCKET_BYTES);
                 forgiven
             }
             Algorithm::FixedWindow | Algorithm::SlidingWindow => {
                 let (state, forgiven) = WindowState::default().charge(limit, now_ns, cost);
-                let entry = WindowEntry::new(key, *limit, state, true);
-                self.windows.insert_unique(key.hash, entry, |e| e.hash);
+                self.insert_window(WindowEntry::new(key, *limit, state, true));
                 self.bytes.charge(WINDOW_BUCKET_BYTES);
                 forgiven
             }
@@ -179,8 +178,7 @@ impl Shard {
                 let mut log = SlidingLog::default();
                 let forgiven = log.charge(limit, now_ns, cost);
                 self.bytes.charge(log_bytes(&log));
-                self.logs
-                    .insert_unique(key.hash, LogEntry::new(key, *limit, log, true), |e| e.hash);
+                self.insert_log(LogEntry::new(key, *limit, log, true));
                 forgiven
             }
         }

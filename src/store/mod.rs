@@ -16,9 +16,15 @@
 //! of capacity consumed first. An evicted key that returns starts full, so it regains at most
 //! what it had consumed. A check fails with [`StoreError::Full`] (counted)
 //! only when nothing but its own bucket is left to evict.
+//!
+//! Replication reads what changed from a bounded list of changed keys per shard, filled as
+//! buckets become changed (`changed.rs`), so a round costs what changed, not what is held.
+//! Besides the buckets' bytes, each shard's list costs at most an eighth of its byte share and
+//! at most 96 KiB (64 shards: at most 6 MiB).
 
 mod bucket_state;
 mod budget;
+mod changed;
 mod entries;
 mod eviction;
 mod metered;
@@ -113,7 +119,7 @@ pub struct StoreStats {
 /// key's slot ahead of time. Updated after every exclusive access; a stale value only makes a
 /// prefetch useless, never wrong.
 #[repr(align(128))] // one shard per cache line pair: no false sharing between shards
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct PaddedShard {
     lock: RwLock<Shard>,
     slots_addr: AtomicUsize,
@@ -121,6 +127,14 @@ struct PaddedShard {
 }
 
 impl PaddedShard {
+    fn new(bounds: Bounds) -> Self {
+        PaddedShard {
+            lock: RwLock::new(Shard::new(changed::listed_capacity(bounds))),
+            slots_addr: AtomicUsize::new(0),
+            slots_mask: AtomicUsize::new(0),
+        }
+    }
+
     fn write(&self) -> ShardWriteGuard<'_> {
         ShardWriteGuard {
             guard: self.lock.write(),
@@ -183,13 +197,14 @@ impl BucketStore {
         if max_keys < shards {
             return Err(StoreError::TooFewKeys { max_keys, shards });
         }
+        let bounds = Bounds {
+            keys: max_keys / shards,
+            bytes: DEFAULT_MAX_STORE_BYTES / shards,
+        };
         Ok(BucketStore {
-            shards: (0..shards).map(|_| PaddedShard::default()).collect(),
+            shards: (0..shards).map(|_| PaddedShard::new(bounds)).collect(),
             shard_mask: shards - 1,
-            bounds: Bounds {
-                keys: max_keys / shards,
-                bytes: DEFAULT_MAX_STORE_BYTES / shards,
-            },
+            bounds,
             stats: StoreStats::default(),
             sweep_cursor: AtomicUsize::new(0),
         })
@@ -208,6 +223,11 @@ impl BucketStore {
             });
         }
         self.bounds.bytes = max_bytes / shards;
+        let listed = changed::listed_capacity(self.bounds);
+        for shard in self.shards.iter_mut() {
+            let shard = shard.lock.get_mut();
+            shard.changed = shard.changed.resized(listed);
+        }
         Ok(self)
     }
 
@@ -348,8 +368,11 @@ impl BucketStore {
             .refund(key, limit, cost, now_ns);
     }
 
-    /// The GCRA buckets changed since the last call and still in use: what an owner replicates to
-    /// its successor each round. Window and log buckets are not replicated.
+    /// The buckets (of every family) changed since the last call and still in use: what an
+    /// owner replicates to its successor each round. Costs what changed since the last call,
+    /// not what the store holds, unless a shard's list of changed keys overflowed: that shard
+    /// is then scanned whole, once. A bucket changed again while this runs may be reported
+    /// twice, each time as it then stood.
     pub fn take_changed(&self, now_ns: u64, out: &mut Vec<BucketState>) {
         for shard in self.shards.iter() {
             shard.lock.read().take_changed(now_ns, out);
@@ -476,6 +499,27 @@ impl BucketStore {
 
 #[cfg(test)]
 impl BucketStore {
+    /// The same store listing at most `listed` changed keys per shard: to make the list
+    /// overflow in tests.
+    pub(crate) fn with_listed_capacity(mut self, listed: usize) -> Self {
+        for shard in self.shards.iter_mut() {
+            let shard = shard.lock.get_mut();
+            shard.changed = shard.changed.resized(listed);
+        }
+        self
+    }
+
+    /// [`BucketStore::take_changed`] by scanning every bucket's mark, as it was done before the
+    /// changed keys were listed: what the list must reproduce.
+    pub(crate) fn take_changed_by_scan(&self, now_ns: u64, out: &mut Vec<BucketState>) {
+        for shard in self.shards.iter() {
+            let shard = shard.lock.read();
+            // The list is dropped with the marks: the scan reports them all.
+            for _ in shard.changed.drain() {}
+            shard.scan_changed(now_ns, out);
+        }
+    }
+
     /// What every bucket costs, counted afresh: the running account must equal it.
     pub(crate) fn recount_bytes(&self) -> usize {
         self.shards

@@ -151,7 +151,7 @@ impl Shard {
                         left = rest;
                         (new_tat != tat).then_some(new_tat)
                     });
-                entry.mark_dirty();
+                self.mark_dirty(entry);
                 Some(left)
             }
             Algorithm::FixedWindow | Algorithm::SlidingWindow => {
@@ -161,7 +161,7 @@ impl Shard {
                 let period = limit.period_ns();
                 let current = slot.1.rebase(period, period, now_ns);
                 slot.1 = window_take(current, period, at_ns, used.units);
-                entry.dirty.store(true, Ordering::Relaxed);
+                self.mark_dirty(entry);
                 Some(0)
             }
             Algorithm::SlidingLog => {
@@ -174,7 +174,7 @@ impl Shard {
                 self.bytes.tracking(&mut slot.1, |log| {
                     log.record_elsewhere(limit, at_ns, used.units, most, now_ns)
                 });
-                entry.dirty.store(true, Ordering::Relaxed);
+                self.mark_dirty(entry);
                 Some(0)
             }
         }
@@ -192,7 +192,7 @@ impl Shard {
         match limit.algorithm() {
             Algorithm::Gcra => {
                 let (tat, left) = gcra_take(limit, 0, used.units, now_ns);
-                self.gcra.insert(GcraEntry::new(key, margin_ns(limit), tat));
+                self.insert_gcra(GcraEntry::new(key, margin_ns(limit), tat));
                 self.bytes.charge(GCRA_BUCKET_BYTES);
                 left
             }
@@ -204,8 +204,7 @@ impl Shard {
                     previous: 0,
                 };
                 let state = window_take(empty, period, at_ns, used.units);
-                let entry = WindowEntry::new(key, *limit, state, true);
-                self.windows.insert_unique(key.hash, entry, |e| e.hash);
+                self.insert_window(WindowEntry::new(key, *limit, state, true));
                 self.bytes.charge(WINDOW_BUCKET_BYTES);
                 0
             }
@@ -214,8 +213,7 @@ impl Shard {
                 let most = used.max_log_entries.max(limit.burst() as usize);
                 log.record_elsewhere(limit, at_ns, used.units, most, now_ns);
                 self.bytes.charge(log_bytes(&log));
-                self.logs
-                    .insert_unique(key.hash, LogEntry::new(key, *limit, log, true), |e| e.hash);
+                self.insert_log(LogEntry::new(key, *limit, log, true));
                 0
             }
         }

@@ -1,6 +1,6 @@
 //! One shard of the bucket store: a table of buckets per algorithm family, and the decisions,
 //! refunds, exports and merges on them (eviction: `eviction.rs`; received consumption:
-//! `remote.rs`).
+//! `remote.rs`; the list of changed keys a replication round reads: `changed.rs`).
 
 use std::sync::atomic::Ordering;
 
@@ -11,8 +11,9 @@ use super::budget::{
     Account, Bounds, GCRA_BUCKET_BYTES, LOG_TIME_BYTES, WINDOW_BUCKET_BYTES, bucket_bytes,
     log_bytes,
 };
+use super::changed::ChangedKeys;
 use super::entries::{
-    Identified, LogEntry, WindowEntry, decide_window, margin_ms, margin_ns, same,
+    Dirty, Family, Identified, LogEntry, WindowEntry, decide_window, margin_ms, margin_ns, same,
 };
 use super::table::{GcraEntry, GcraTable, MAX_MARGIN_MS};
 use super::{StoreError, StoreStats};
@@ -33,13 +34,15 @@ pub(super) enum Undo {
 /// fresh, and the old one is left to expire like any idle bucket. Should the key come back to
 /// the old family before that, the old state is still right to read: a GCRA TAT, window counts
 /// (rebased to the limit then in force) and log times are all absolute time.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(super) struct Shard {
     pub(super) gcra: GcraTable,
     pub(super) windows: HashTable<WindowEntry>,
     pub(super) logs: HashTable<LogEntry>,
     /// What the buckets above cost, in bytes (`budget.rs`).
     pub(super) bytes: Account,
+    /// The keys of the buckets marked changed since the last round (`changed.rs`).
+    pub(super) changed: ChangedKeys,
 }
 
 /// A log bucket's next admission needs this many more bytes than the shard may still charge:
@@ -48,6 +51,17 @@ pub(super) struct Shard {
 pub(super) struct NeedsRoom(pub(super) usize);
 
 impl Shard {
+    /// An empty shard listing at most `listed` changed keys between two rounds.
+    pub(super) fn new(listed: usize) -> Self {
+        Shard {
+            gcra: GcraTable::default(),
+            windows: HashTable::new(),
+            logs: HashTable::new(),
+            bytes: Account::default(),
+            changed: ChangedKeys::new(listed),
+        }
+    }
+
     pub(super) fn len(&self) -> usize {
         self.gcra.len() + self.windows.len() + self.logs.len()
     }
@@ -83,7 +97,7 @@ impl Shard {
                     Ok(tat_ns) => {
                         // Consumed (or clamped): also keeps the eviction margin that of the
                         // limit in force, should it have changed.
-                        entry.mark_changed(margin_ms(limit));
+                        self.mark_gcra_changed(entry, margin_ms(limit));
                         (decision, Undo::Gcra { tat_ns })
                     }
                     Err(_) => (decision, Undo::Nothing),
@@ -95,12 +109,12 @@ impl Shard {
                 };
                 let mut slot = entry.slot.lock();
                 if adopt_limit(&mut slot, limit, now_ns) {
-                    entry.dirty.store(true, Ordering::Relaxed);
+                    self.mark_dirty(entry);
                 }
                 let (decision, new_state) = decide_window(limit, &slot.1, now_ns, cost);
                 let undo = match new_state {
                     Some(new_state) => {
-                        entry.dirty.store(true, Ordering::Relaxed);
+                        self.mark_dirty(entry);
                         entry.used.store(true, Ordering::Relaxed);
                         Undo::Window {
                             state: std::mem::replace(&mut slot.1, new_state),
@@ -129,7 +143,7 @@ impl Shard {
                 let decision = log.decide(limit, now_ns, cost);
                 slot.0 = *limit;
                 let undo = if decision.is_allowed() && cost > 0 {
-                    entry.dirty.store(true, Ordering::Relaxed);
+                    self.mark_dirty(entry);
                     entry.used.store(true, Ordering::Relaxed);
                     Undo::Log { cost }
                 } else {
@@ -180,15 +194,14 @@ impl Shard {
             Algorithm::Gcra => {
                 let (_, new_tat) = gcra::decide(limit, 0, now_ns, cost);
                 // `consumed` means decide returned a new TAT.
-                self.gcra
-                    .insert(GcraEntry::new(key, margin_ns(limit), new_tat.unwrap_or(0)));
+                self.insert_gcra(GcraEntry::new(key, margin_ns(limit), new_tat.unwrap_or(0)));
                 self.bytes.charge(GCRA_BUCKET_BYTES);
                 Ok((decision, Undo::Gcra { tat_ns: 0 }))
             }
             Algorithm::FixedWindow | Algorithm::SlidingWindow => {
                 let (_, state) = decide_window(limit, &WindowState::default(), now_ns, cost);
                 let entry = WindowEntry::new(key, *limit, state.unwrap_or_default(), true);
-                self.windows.insert_unique(key.hash, entry, |e| e.hash);
+                self.insert_window(entry);
                 self.bytes.charge(WINDOW_BUCKET_BYTES);
                 Ok((
                     decision,
@@ -201,8 +214,7 @@ impl Shard {
                 let mut log = SlidingLog::with_capacity(limit.burst() as usize);
                 log.decide(limit, now_ns, cost);
                 self.bytes.charge(log_bytes(&log));
-                self.logs
-                    .insert_unique(key.hash, LogEntry::new(key, *limit, log, true), |e| e.hash);
+                self.insert_log(LogEntry::new(key, *limit, log, true));
                 Ok((decision, Undo::Log { cost }))
             }
         }
@@ -226,7 +238,7 @@ impl Shard {
                             (tat > now_ns).then(|| tat.saturating_sub(back).max(now_ns))
                         });
                 if refunded.is_ok() {
-                    entry.mark_dirty();
+                    self.mark_dirty(entry);
                 }
             }
             Algorithm::FixedWindow | Algorithm::SlidingWindow => {
@@ -237,22 +249,94 @@ impl Shard {
                 adopt_limit(&mut slot, limit, now_ns);
                 if slot.1.window == now_ns / limit.period_ns() {
                     slot.1.count = slot.1.count.saturating_sub(cost);
-                    entry.dirty.store(true, Ordering::Relaxed);
+                    self.mark_dirty(entry);
                 }
             }
             Algorithm::SlidingLog => {
                 if let Some(entry) = self.logs.find(key.hash, same(key)) {
                     let mut slot = entry.slot.lock();
                     self.bytes.tracking(&mut slot.1, |log| log.undo(cost));
-                    entry.dirty.store(true, Ordering::Relaxed);
+                    self.mark_dirty(entry);
                 }
             }
         }
     }
 
+    /// Marks `entry` changed since the last round and, when it was not, lists its key: the
+    /// one way a bucket already in a table becomes changed (except [`Shard::mark_gcra_changed`]).
+    #[inline]
+    pub(super) fn mark_dirty<E: Dirty>(&self, entry: &E) {
+        if entry.set_dirty() {
+            self.changed.push(E::FAMILY, BucketKey::of(entry));
+        }
+    }
+
+    /// [`GcraEntry::mark_changed`], listing the key when the bucket was not changed before.
+    #[inline]
+    pub(super) fn mark_gcra_changed(&self, entry: &GcraEntry, margin_ms: u32) {
+        if entry.mark_changed(margin_ms) {
+            self.changed.push(Family::Gcra, entry.key());
+        }
+    }
+
+    /// Inserts a GCRA bucket whose key has none here, listing it if it is made changed.
+    pub(super) fn insert_gcra(&mut self, entry: GcraEntry) {
+        self.list_if_dirty(&entry);
+        self.gcra.insert(entry);
+    }
+
+    /// Inserts a window bucket whose key has none here, listing it if it is made changed.
+    pub(super) fn insert_window(&mut self, entry: WindowEntry) {
+        self.list_if_dirty(&entry);
+        self.windows.insert_unique(entry.hash, entry, |e| e.hash);
+    }
+
+    /// Inserts a log bucket whose key has none here, listing it if it is made changed.
+    pub(super) fn insert_log(&mut self, entry: LogEntry) {
+        self.list_if_dirty(&entry);
+        self.logs.insert_unique(entry.hash, entry, |e| e.hash);
+    }
+
+    fn list_if_dirty<E: Dirty>(&self, entry: &E) {
+        if entry.is_dirty() {
+            self.changed.push(E::FAMILY, BucketKey::of(entry));
+        }
+    }
+
     /// Appends the buckets changed since the last call (clearing their mark) that are still
-    /// in use at `now`.
+    /// in use at `now`: those whose keys were listed as they changed, or every bucket's mark
+    /// when the list overflowed.
     pub(super) fn take_changed(&self, now_ns: u64, out: &mut Vec<BucketState>) {
+        if self.changed.take_overflowed() {
+            self.scan_changed(now_ns, out);
+            return;
+        }
+        for (family, key) in self.changed.drain() {
+            // Not found: evicted or expired since it was listed. Found unmarked: listed twice,
+            // or already taken by an earlier round's scan.
+            let state = match family {
+                Family::Gcra => self
+                    .gcra
+                    .find(key)
+                    .filter(|e| e.take_dirty())
+                    .and_then(|e| gcra_state(e, now_ns)),
+                Family::Window => self
+                    .windows
+                    .find(key.hash, same(key))
+                    .filter(|e| Dirty::take_dirty(*e))
+                    .and_then(|e| e.state(now_ns)),
+                Family::Log => self
+                    .logs
+                    .find(key.hash, same(key))
+                    .filter(|e| Dirty::take_dirty(*e))
+                    .and_then(|e| e.state(now_ns)),
+            };
+            out.extend(state);
+        }
+    }
+
+    /// [`Shard::take_changed`] by reading every bucket's mark: after the list overflowed.
+    pub(super) fn scan_changed(&self, now_ns: u64, out: &mut Vec<BucketState>) {
         for entry in self.gcra.iter() {
             if entry.take_dirty()
                 && let Some(state) = gcra_state(entry, now_ns)
@@ -261,14 +345,14 @@ impl Shard {
             }
         }
         for entry in self.windows.iter() {
-            if entry.dirty.swap(false, Ordering::Relaxed)
+            if Dirty::take_dirty(entry)
                 && let Some(state) = entry.state(now_ns)
             {
                 out.push(state);
             }
         }
         for entry in self.logs.iter() {
-            if entry.dirty.swap(false, Ordering::Relaxed)
+            if Dirty::take_dirty(entry)
                 && let Some(state) = entry.state(now_ns)
             {
                 out.push(state);
@@ -332,7 +416,7 @@ impl Shard {
                 let entry = GcraEntry::new(key, u64::from(margin_ms) * 1_000_000, tat_ns);
                 // Received state is not ours to replicate onward until it changes here.
                 entry.take_dirty();
-                self.gcra.insert(entry);
+                self.insert_gcra(entry);
                 self.bytes.charge(GCRA_BUCKET_BYTES);
             }
             BucketValue::Window { limit, state } => {
@@ -351,7 +435,7 @@ impl Shard {
                     return false;
                 }
                 let entry = WindowEntry::new(key, *limit, received, false);
-                self.windows.insert_unique(key.hash, entry, |e| e.hash);
+                self.insert_window(entry);
                 self.bytes.charge(WINDOW_BUCKET_BYTES);
             }
             BucketValue::Log { limit, times_ns } => {
@@ -371,7 +455,7 @@ impl Shard {
                 }
                 self.bytes.charge(log_bytes(&log));
                 let entry = LogEntry::new(key, *limit, log, false);
-                self.logs.insert_unique(key.hash, entry, |e| e.hash);
+                self.insert_log(entry);
             }
         }
         true

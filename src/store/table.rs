@@ -92,31 +92,38 @@ impl GcraEntry {
         seen
     }
 
-    /// Marks the bucket changed; the load first keeps an already-dirty hot bucket's line shared.
+    /// Marks the bucket changed; true when it was not (its key must then be listed:
+    /// `Shard::mark_dirty`). The load first keeps an already-dirty hot bucket's line shared.
     #[inline]
-    pub(super) fn mark_dirty(&self) {
-        if self.meta.load(Ordering::Relaxed) & DIRTY == 0 {
-            self.meta.fetch_or(DIRTY, Ordering::Relaxed);
-        }
+    #[must_use = "a bucket newly marked must be listed: use Shard::mark_dirty"]
+    pub(super) fn mark_dirty(&self) -> bool {
+        self.meta.load(Ordering::Relaxed) & DIRTY == 0
+            && self.meta.fetch_or(DIRTY, Ordering::Relaxed) & DIRTY == 0
     }
 
     /// Marks the bucket changed and used and sets its margin (that of the limit now in force,
-    /// which may differ from the one it was created with). One load and, only when something
-    /// differs, one store: a hot bucket under an unchanged limit keeps its line shared.
+    /// which may differ from the one it was created with); true when it was not changed before
+    /// (its key must then be listed: `Shard::mark_gcra_changed`). One load and, only when
+    /// something differs, one swap: a hot bucket under an unchanged limit keeps its line shared.
     #[inline]
-    pub(super) fn mark_changed(&self, margin_ms: u32) {
+    #[must_use = "a bucket newly marked must be listed: use Shard::mark_gcra_changed"]
+    pub(super) fn mark_changed(&self, margin_ms: u32) -> bool {
         // Only an eviction pass (under the exclusive lock) changes PROMOTED: kept as read.
         let meta = self.meta.load(Ordering::Relaxed);
         let wanted = margin_ms | DIRTY | USED | (meta & PROMOTED);
-        if meta != wanted {
-            self.meta.store(wanted, Ordering::Relaxed);
-        }
+        // A swap, not a store: a round may clear the mark between the load and here, and
+        // only the value replaced tells whether this set it again (and must list the key).
+        meta != wanted && self.meta.swap(wanted, Ordering::Relaxed) & DIRTY == 0
     }
 
     /// Clears the changed mark; true if it was set.
     pub(super) fn take_dirty(&self) -> bool {
         self.meta.load(Ordering::Relaxed) & DIRTY != 0
             && self.meta.fetch_and(!DIRTY, Ordering::Relaxed) & DIRTY != 0
+    }
+
+    pub(super) fn is_dirty(&self) -> bool {
+        self.meta.load(Ordering::Relaxed) & DIRTY != 0
     }
 
     fn is_empty(&self) -> bool {

@@ -2,6 +2,7 @@
 //! slot's successor with the buckets' replication, and a hand-off sends the lease sets of the
 //! slots it carries before their buckets, so a new owner has them when it starts deciding.
 
+use floodgate::cluster::SlotTable;
 use floodgate::lease::LeaseSetState;
 use floodgate::wire::{
     FrameKind, LeaseSyncMessage, WireLeaseSet, encode_message, lease_set_wire_bytes,
@@ -40,10 +41,14 @@ impl Cluster {
         frames
     }
 
-    /// Sends the lease sets changed since the last round (and the releases) to their slots'
-    /// successors, or to the owner for a set decided here for another owner (a takeover).
-    pub(super) fn replicate_leases(&self, now_ns: u64) -> Vec<tokio::task::JoinHandle<bool>> {
-        let table = self.table();
+    /// The lease sets changed since the last round (and the releases) as frames for their
+    /// slots' successors, or for the owner of a set decided here for another owner (a
+    /// takeover), by peer address: part of [`Cluster::replication_frames`].
+    pub(super) fn lease_replication_frames(
+        &self,
+        now_ns: u64,
+        table: &SlotTable,
+    ) -> Vec<(String, Vec<u8>)> {
         let mut changed = Vec::new();
         self.leases.take_changed(now_ns, &mut changed);
         if changed.is_empty() {
@@ -61,7 +66,7 @@ impl Cluster {
                 by_target.entry(target).or_default().push(set);
             }
         }
-        let mut sends = Vec::new();
+        let mut frames = Vec::new();
         for (target, sets) in by_target {
             let Some(addr) = self.addr_of(target) else {
                 continue;
@@ -69,10 +74,10 @@ impl Cluster {
             metrics::counter!("floodgate_replicated_lease_sets_total", "direction" => "sent")
                 .increment(sets.len() as u64);
             for frame in self.lease_frames(false, &sets) {
-                sends.push(self.peers.send(addr.clone(), frame));
+                frames.push((addr.clone(), frame));
             }
         }
-        sends
+        frames
     }
 
     /// The lease sets of the slots each hand-off carries (by `carrier`, the hand-off index per

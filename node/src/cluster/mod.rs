@@ -315,7 +315,8 @@ impl LeaseIds for SystemLeaseIds {
 /// Runs gossip rounds and replication until shutdown.
 ///
 /// The replication lag gauge is the time since the start of the last round whose every message
-/// the successors acknowledged: how old their copies can be now (it grows while one is down).
+/// the successors acknowledged: how old their copies can be now (it grows while one is down,
+/// and while a round is late).
 pub(crate) async fn run(cluster: Arc<Cluster>, mut shutdown: watch::Receiver<bool>) {
     let tick = Duration::from_nanos(cluster.config.membership.gossip_interval_ns / 2)
         .max(Duration::from_millis(5));
@@ -323,6 +324,7 @@ pub(crate) async fn run(cluster: Arc<Cluster>, mut shutdown: watch::Receiver<boo
     let sync_ns = u64::try_from(cluster.config.sync_interval.as_nanos()).unwrap_or(u64::MAX);
     let mut next_sync_ns = 0;
     let replicated_through = Arc::new(AtomicU64::new(cluster.clock.now_ns()));
+    let mut round: Option<tokio::task::JoinHandle<()>> = None;
     loop {
         tokio::select! {
             _ = ticker.tick() => {}
@@ -330,23 +332,46 @@ pub(crate) async fn run(cluster: Arc<Cluster>, mut shutdown: watch::Receiver<boo
         }
         let now_ns = cluster.clock.now_ns();
         cluster.gossip_round(now_ns);
-        if now_ns >= next_sync_ns {
-            let sends = cluster.replicate(now_ns);
-            let through = replicated_through.clone();
-            // One waiter per round, each bounded by the sends' own timeout.
-            tokio::spawn(async move {
-                for send in sends {
-                    if !matches!(send.await, Ok(true)) {
-                        return;
-                    }
-                }
-                through.fetch_max(now_ns, Ordering::Relaxed);
-            });
+        // A round still reading the store is let finish rather than joined by another: rounds
+        // never pile up on a slow store, they only come later (the lag gauge shows it).
+        if now_ns >= next_sync_ns && round.as_ref().is_none_or(|r| r.is_finished()) {
+            round = Some(tokio::spawn(replication_round(
+                cluster.clone(),
+                now_ns,
+                replicated_through.clone(),
+            )));
             next_sync_ns = now_ns + sync_ns;
         }
         let lag_ns = now_ns.saturating_sub(replicated_through.load(Ordering::Relaxed));
         cluster.metrics.replication_lag.set(lag_ns as f64 / 1e9);
     }
+}
+
+/// One replication round started at `now_ns`: the changed buckets taken from the store and
+/// encoded on a blocking thread (the work grows with what changed, and a runtime worker is
+/// serving checks), then sent. Ends once the sends are under way; `through` moves to `now_ns`
+/// when every one of them is acknowledged.
+async fn replication_round(cluster: Arc<Cluster>, now_ns: u64, through: Arc<AtomicU64>) {
+    let reader = cluster.clone();
+    let frames = match tokio::task::spawn_blocking(move || reader.replication_frames(now_ns)).await
+    {
+        Ok(frames) => frames,
+        Err(e) => {
+            // Only a panic or the runtime shutting down: `through` stays, the lag grows.
+            tracing::error!(error = %e, "a replication round failed");
+            return;
+        }
+    };
+    let sends = cluster.send_frames(frames);
+    // One waiter per round, each bounded by the sends' own timeout.
+    tokio::spawn(async move {
+        for send in sends {
+            if !matches!(send.await, Ok(true)) {
+                return;
+            }
+        }
+        through.fetch_max(now_ns, Ordering::Relaxed);
+    });
 }
 
 #[cfg(test)]

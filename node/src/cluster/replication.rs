@@ -94,9 +94,11 @@ impl Cluster {
         frames
     }
 
-    /// Sends the buckets changed since the last round to their slots' successors; returns the
-    /// sends (each ends true once delivered).
-    pub(super) fn replicate(&self, now_ns: u64) -> Vec<tokio::task::JoinHandle<bool>> {
+    /// The synchronous part of a replication round: takes the buckets and lease sets changed
+    /// since the last round and encodes them as frames for their slots' successors (or, for
+    /// anything decided here for another owner, that owner), by peer address. Blocking: run it
+    /// off the runtime's workers (`run` does).
+    pub(super) fn replication_frames(&self, now_ns: u64) -> Vec<(String, Vec<u8>)> {
         let table = self.table();
         // Alone, there is nobody to replicate to; changed marks stay set, so a node that joins
         // later still receives them (through the hand-off first).
@@ -119,12 +121,29 @@ impl Cluster {
                 by_target.entry(target).or_default().push(bucket);
             }
         }
-        let mut sends = self.replicate_leases(now_ns);
+        let mut frames = self.lease_replication_frames(now_ns, &table);
         for (target, buckets) in by_target {
             self.metrics.replicated.increment(buckets.len() as u64);
-            sends.extend(self.send_buckets(target, None, &buckets));
+            let Some(addr) = self.addr_of(target) else {
+                continue;
+            };
+            for frame in self.bucket_frames(None, &buckets) {
+                frames.push((addr.clone(), frame));
+            }
         }
-        sends
+        frames
+    }
+
+    /// Sends a round's frames ([`Cluster::replication_frames`]); returns the sends (each ends
+    /// true once delivered).
+    pub(super) fn send_frames(
+        &self,
+        frames: Vec<(String, Vec<u8>)>,
+    ) -> Vec<tokio::task::JoinHandle<bool>> {
+        frames
+            .into_iter()
+            .map(|(addr, frame)| self.peers.send(addr, frame))
+            .collect()
     }
 }
 
@@ -210,6 +229,39 @@ mod tests {
             assert!(frame.len() <= 2 * budget, "{} bytes", frame.len());
         }
         assert_eq!(chunk_by_size(&[], budget), vec![&[] as &[BucketState]]);
+    }
+
+    /// A round's frames carry what changed since the last round, all to the other member of a
+    /// two-node cluster; nothing changed, no frame. Alone, a node keeps its changes for the
+    /// first round after another joins.
+    #[tokio::test]
+    async fn a_round_frames_what_changed_since_the_last() {
+        use crate::cluster::tests::{cluster_alone, joined_by_b};
+        use floodgate::Clock;
+        let a = cluster_alone();
+        let now = a.clock.now_ns();
+        let limit = Limit::gcra(10, floodgate::NANOS_PER_SEC, 10).unwrap();
+        let check = |name: &str| {
+            a.store
+                .check(BucketKey::for_key(name.as_bytes()), &limit, 1, now)
+                .unwrap()
+        };
+        check("before-b");
+        assert!(a.replication_frames(now).is_empty(), "nobody to send to");
+        drop(joined_by_b(&a, now));
+        assert_eq!(a.table().nodes().len(), 2);
+        let frames = a.replication_frames(now);
+        assert_eq!(frames.len(), 1);
+        assert_eq!(frames[0].0, "127.0.0.1:7001");
+        assert!(
+            a.replication_frames(now).is_empty(),
+            "nothing changed since"
+        );
+        check("before-b");
+        check("another");
+        let frames = a.replication_frames(now);
+        assert_eq!(frames.len(), 1);
+        assert!(frames.iter().all(|(addr, _)| addr == "127.0.0.1:7001"));
     }
 
     /// A hand-off's buckets for slots the receiver's table gives to a third member go on to
