@@ -411,7 +411,13 @@ impl BucketStore {
     pub fn merge(&self, states: &[BucketState], now_ns: u64) -> usize {
         let mut refused = 0;
         for state in states {
-            let mut shard = self.shards[self.shard_index(state.key)].write();
+            let shard = &self.shards[self.shard_index(state.key)];
+            // Most replicas land on a bucket the successor already holds: merged under the
+            // shared lock, beside the decisions; only a new bucket takes the shard exclusively.
+            if shard.lock.read().merge_existing(state, now_ns) {
+                continue;
+            }
+            let mut shard = shard.write();
             refused += usize::from(!shard.merge(state, now_ns, self.bounds, &self.stats));
         }
         refused

@@ -388,16 +388,14 @@ impl Shard {
         );
     }
 
-    /// Merges a bucket received from a peer so that a merge can only make a decision stricter:
-    /// GCRA keeps the later TAT (it has admitted more), a window the larger count per window, a
-    /// log the strictest view of both copies (`SlidingLog::merge`). Returns false when there was no room.
-    pub(super) fn merge(
-        &mut self,
-        state: &BucketState,
-        now_ns: u64,
-        bounds: Bounds,
-        stats: &StoreStats,
-    ) -> bool {
+    /// Merges a bucket received from a peer into this key's existing bucket, if it has one, so
+    /// that a merge can only make a decision stricter: GCRA keeps the later TAT (it has
+    /// admitted more), a window the larger count per window, a log the strictest view of both
+    /// copies (`SlidingLog::merge`). Callable under a shared lock (GCRA by `fetch_max`, windows and logs under their entry mutex), so the
+    /// replicas a successor receives all the time never stop its decisions. Returns false when
+    /// the key has no bucket of that family (a new one needs [`Shard::merge`]); a received
+    /// TAT already past counts as merged, as it changes nothing.
+    pub(super) fn merge_existing(&self, state: &BucketState, now_ns: u64) -> bool {
         let key = state.key;
         match &state.value {
             BucketValue::Gcra { tat_ns, margin_ms } => {
@@ -406,10 +404,57 @@ impl Shard {
                 if tat_ns <= now_ns {
                     return true;
                 }
-                if let Some(entry) = self.gcra.find(key) {
-                    entry.tat_ns.fetch_max(tat_ns, Ordering::Relaxed);
-                    return true;
-                }
+                let Some(entry) = self.gcra.find(key) else {
+                    return false;
+                };
+                entry.tat_ns.fetch_max(tat_ns, Ordering::Relaxed);
+            }
+            BucketValue::Window { limit, state } => {
+                let Some(entry) = self.windows.find(key.hash, same(key)) else {
+                    return false;
+                };
+                let received = plausible_window(limit, state, now_ns);
+                let mut slot = entry.slot.lock();
+                // Both copies counted in windows of the local limit's period before they are
+                // compared window by window.
+                let local_period = slot.0.period_ns();
+                let received = received.rebase(limit.period_ns(), local_period, now_ns);
+                let local = slot.1.rebase(local_period, local_period, now_ns);
+                slot.1 = local.merge(received);
+            }
+            BucketValue::Log { times_ns, .. } => {
+                let Some(entry) = self.logs.find(key.hash, same(key)) else {
+                    return false;
+                };
+                // Admissions are never in the future: later times are taken as now.
+                let times: Vec<u64> = times_ns.iter().map(|t| (*t).min(now_ns)).collect();
+                let mut slot = entry.slot.lock();
+                let limit = slot.0;
+                let log = SlidingLog::from_times(&limit, &times);
+                self.bytes
+                    .tracking(&mut slot.1, |mine| mine.merge(&limit, log, now_ns));
+            }
+        }
+        true
+    }
+
+    /// [`Shard::merge_existing`], or a new bucket for the key when it has none and there is
+    /// room (false: refused for lack of room).
+    pub(super) fn merge(
+        &mut self,
+        state: &BucketState,
+        now_ns: u64,
+        bounds: Bounds,
+        stats: &StoreStats,
+    ) -> bool {
+        if self.merge_existing(state, now_ns) {
+            return true;
+        }
+        let key = state.key;
+        match &state.value {
+            BucketValue::Gcra { tat_ns, margin_ms } => {
+                let margin_ms = (*margin_ms).min(MAX_MARGIN_MS);
+                let tat_ns = plausible_tat(*tat_ns, margin_ms, now_ns);
                 if !self.room_for(GCRA_BUCKET_BYTES, now_ns, bounds, stats) {
                     return false;
                 }
@@ -421,16 +466,6 @@ impl Shard {
             }
             BucketValue::Window { limit, state } => {
                 let received = plausible_window(limit, state, now_ns);
-                if let Some(entry) = self.windows.find(key.hash, same(key)) {
-                    let mut slot = entry.slot.lock();
-                    // Both copies counted in windows of the local limit's period before they
-                    // are compared window by window.
-                    let local_period = slot.0.period_ns();
-                    let received = received.rebase(limit.period_ns(), local_period, now_ns);
-                    let local = slot.1.rebase(local_period, local_period, now_ns);
-                    slot.1 = local.merge(received);
-                    return true;
-                }
                 if !self.room_for(WINDOW_BUCKET_BYTES, now_ns, bounds, stats) {
                     return false;
                 }
@@ -441,14 +476,6 @@ impl Shard {
             BucketValue::Log { limit, times_ns } => {
                 // Admissions are never in the future: later times are taken as now.
                 let times: Vec<u64> = times_ns.iter().map(|t| (*t).min(now_ns)).collect();
-                if let Some(entry) = self.logs.find(key.hash, same(key)) {
-                    let mut slot = entry.slot.lock();
-                    let limit = slot.0;
-                    let log = SlidingLog::from_times(&limit, &times);
-                    self.bytes
-                        .tracking(&mut slot.1, |mine| mine.merge(&limit, log, now_ns));
-                    return true;
-                }
                 let log = SlidingLog::from_times(limit, &times);
                 if !self.room_for(log_bytes(&log), now_ns, bounds, stats) {
                     return false;
