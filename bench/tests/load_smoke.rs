@@ -88,8 +88,9 @@ fn a_short_load_run_writes_a_well_formed_report() {
         .into_iter()
         .filter(|name| !stderr.contains(&format!("skipping the {name} baseline")))
         .collect();
-    // Per system: 2 workloads x (1 closed + 2 open steps), unless a step saturates.
-    let systems = 2 + baselines_ran.len();
+    // Per system (the node, the 3-node cluster, the RLS front, the baselines): 2 workloads x
+    // (1 closed + 2 open steps), unless a step saturates.
+    let systems = 3 + baselines_ran.len();
     assert!(
         records.len() >= systems * 2 && records.len() <= systems * 6,
         "{records:?}"
@@ -140,7 +141,21 @@ fn a_short_load_run_writes_a_well_formed_report() {
         }
         assert_eq!(record["errors"].as_u64(), Some(0), "{record}");
     }
-    for system in ["floodgate", "floodgate+rls"] {
+    // The cluster's records say so; every other system here is one server.
+    for record in &records {
+        let nodes = if record["system"] == "floodgate-cluster" {
+            3
+        } else {
+            1
+        };
+        assert_eq!(record["nodes"].as_u64(), Some(nodes), "{record}");
+    }
+    assert!(
+        stdout
+            .contains("met in this run (floodgate-cluster of 3 nodes against one floodgate node)"),
+        "{stdout}"
+    );
+    for system in ["floodgate", "floodgate-cluster", "floodgate+rls"] {
         for mode in ["closed", "open"] {
             assert!(
                 records
@@ -184,7 +199,7 @@ fn a_short_load_run_writes_a_well_formed_report() {
         }
         // The targets are judged against redis+lua when it ran.
         assert_eq!(
-            stdout.contains("### Targets: "),
+            stdout.contains("met in this run (floodgate against redis+lua)"),
             baselines_ran.contains(&"redis+lua"),
             "{stdout}"
         );
@@ -195,6 +210,61 @@ fn a_short_load_run_writes_a_well_formed_report() {
     }
     let svg = std::fs::read_to_string(out.path().join("latency.svg")).unwrap();
     assert!(svg.starts_with("<svg") && svg.contains("</svg>"));
+}
+
+/// `--runs 2` makes two whole runs, each with its own report, and judges the targets (here the
+/// cluster's against the node) on their medians.
+#[test]
+fn several_runs_are_judged_on_their_medians() {
+    let (stdout, _, out) = run_load(&[
+        "--runs",
+        "2",
+        "--duration",
+        "300ms",
+        "--keys",
+        "2000",
+        "--rates",
+        "500/s",
+        "--callers",
+        "8",
+        "--quiet",
+        "--spreads",
+        "uniform",
+        "--three-checks",
+        "false",
+        "--no-redis",
+        "--no-rls",
+        "--no-peers",
+    ]);
+    for k in 1..=2 {
+        assert!(stdout.contains(&format!("## Run {k} of 2")), "{stdout}");
+        let records = read_report(&out.path().join(format!("run-{k}")));
+        assert!(
+            records
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|r| r["system"] == "floodgate-cluster"),
+            "{records}"
+        );
+    }
+    let medians = stdout
+        .split("### Targets judged on the medians of 2 runs: ")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no medians table in {stdout}"));
+    // Both cluster targets, each with both runs' figures.
+    let rows: Vec<&str> = medians
+        .lines()
+        .filter(|l| l.starts_with("| closed loop") || l.starts_with("| node CPU"))
+        .collect();
+    assert_eq!(rows.len(), 2, "{medians}");
+    for row in rows {
+        assert_eq!(
+            row.split(" | ").nth(1).unwrap().matches(" / ").count(),
+            1,
+            "{row}"
+        );
+    }
 }
 
 /// Both gateway shapes drive a node, token leases included: with a client per thread, the
