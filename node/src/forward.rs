@@ -111,16 +111,60 @@ pub(crate) async fn answer_groups<'f>(
     now_ns: u64,
     out: &mut Vec<u8>,
 ) -> Option<ErrorCode> {
+    let forwarded_by = matches!(
+        frame.kind,
+        FrameKind::ForwardedCheckBatch | FrameKind::ForwardedScopedCheckBatch
+    )
+    .then_some(frame.request_id);
+    let decided = decide_groups(
+        shared,
+        caller,
+        forwarded_by,
+        groups,
+        scopes,
+        archived,
+        now_ns,
+    )
+    .await;
+    finish_batch(
+        &shared.metrics,
+        &decided.tally,
+        frame.request_id,
+        decided.decisions,
+        decided.table_version,
+        out,
+    );
+    None
+}
+
+/// A batch's decisions (one per check, in order), the version of the table they were made by,
+/// and what they were, for the metrics.
+pub(crate) struct Decided {
+    pub(crate) decisions: Vec<WireDecision>,
+    pub(crate) table_version: u64,
+    pub(crate) tally: DecisionTally,
+}
+
+/// Decides a validated batch's `groups` as [`answer_groups`] does, without a frame: the fronts
+/// that are not QUIC (`front_batch`) take the decisions as they are. `forwarded_by` is the
+/// sender's table version when a peer forwarded the batch.
+#[allow(clippy::too_many_arguments)]
+pub(crate) async fn decide_groups<'f>(
+    shared: &Shared,
+    caller: Caller<'_>,
+    forwarded_by: Option<u64>,
+    groups: &[Vec<ValidCheck>],
+    scopes: &[Scope],
+    archived: impl FnOnce() -> Option<&'f ArchivedCheckBatch>,
+    now_ns: u64,
+) -> Decided {
     let each = || groups.iter().map(Vec::as_slice);
     let refused = caller.take_refunds(each());
     let mut batch = Batch::new(shared, groups, scopes, now_ns);
     batch.refused = &refused;
-    let forwarded = matches!(
-        frame.kind,
-        FrameKind::ForwardedCheckBatch | FrameKind::ForwardedScopedCheckBatch
-    );
-    if forwarded {
-        batch.catch_up(frame.request_id).await;
+    let forwarded = forwarded_by.is_some();
+    if let Some(sender_version) = forwarded_by {
+        batch.catch_up(sender_version).await;
     }
     let (mut placed, table_version) = batch.place_first(forwarded, caller.try_again).await;
     if placed
@@ -156,15 +200,11 @@ pub(crate) async fn answer_groups<'f>(
             }
         }
     }
-    finish_batch(
-        &shared.metrics,
-        &tally,
-        frame.request_id,
+    Decided {
         decisions,
         table_version,
-        out,
-    );
-    None
+        tally,
+    }
 }
 
 /// One batch's groups, and the decisions made here so far.

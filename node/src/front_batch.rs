@@ -1,11 +1,11 @@
-//! One check batch through the path QUIC clients' batches take (`forward::answer_check_batch`:
+//! One check batch through the path QUIC clients' batches take (`forward::decide_groups`:
 //! decided here or forwarded to each owner), for the fronts that are not QUIC: the RLS and RESP.
 
 use floodgate::Clock;
 use floodgate::wire::{
-    CheckBatch, FrameKind, FrameReader, WireCheck, WireDecision, decode_decisions,
-    decode_error_frame, encode_message,
+    ArchivedCheckBatch, CheckBatch, HEADER_BYTES, WireCheck, WireDecision, decode_check_batch,
 };
+use rkyv::rancor;
 
 use crate::caller::Caller;
 use crate::state::Shared;
@@ -15,53 +15,52 @@ use crate::state::Shared;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Undecided(pub String);
 
-/// Sends one check batch through the path QUIC clients' batches take.
+/// Decides one check batch as a QUIC client's would be, one decision per check in order. The
+/// batch is archived once, as a client would send it, and validated by the same decoder, so the
+/// fronts are held to the same limits; the archive is what a forward to another owner carries.
+/// No frame is built or read around it, and the decisions are taken as they are.
 pub(crate) async fn run_batch(
     shared: &Shared,
     groups: Vec<Vec<WireCheck>>,
 ) -> Result<Vec<WireDecision>, Undecided> {
-    let expected = groups.len();
-    let mut bytes = Vec::new();
-    encode_message(&mut bytes, FrameKind::CheckBatch, 1, &CheckBatch { groups });
-    let max = shared.config.limits.max_frame_bytes;
-    let mut reader = FrameReader::new(max);
-    reader.extend(&bytes);
-    let frame = match reader.next_frame() {
-        Ok(Some(frame)) => frame,
-        other => {
-            return Err(Undecided(format!(
-                "the checks do not fit one frame: {other:?}"
-            )));
-        }
-    };
-    let mut out = Vec::new();
+    let expected: usize = groups.iter().map(Vec::len).sum();
+    let payload = rkyv::to_bytes::<rancor::Error>(&CheckBatch { groups })
+        .map_err(|e| Undecided(format!("the checks could not be encoded: {e}")))?;
+    let limits = shared.config.limits;
+    if HEADER_BYTES + payload.len() > limits.max_frame_bytes {
+        return Err(Undecided(format!(
+            "the checks do not fit one frame: {} bytes, at most {}",
+            HEADER_BYTES + payload.len(),
+            limits.max_frame_bytes
+        )));
+    }
+    let groups = decode_check_batch(&payload, &limits.wire()).map_err(|(_, m)| Undecided(m))?;
+    // Validated just above, so this access succeeds.
+    let archived = || rkyv::access::<ArchivedCheckBatch, rancor::Error>(&payload).ok();
     let now_ns = shared.clock.now_ns();
     // Neither an Envoy nor a Redis client can be told to try again: the call waits (at most
     // 500 ms) for a moving slot's hand-off instead, as for a client of an older version. The
     // RLS front's negative hits (its only refunds) are refused unless the operator allowed
     // them, and the RESP front sends none, so both are trusted with what gets here.
-    crate::forward::answer_check_batch(shared, Caller::trusted(false), &frame, now_ns, &mut out)
-        .await;
-    let mut reader = FrameReader::new(out.len().max(16));
-    reader.extend(&out);
-    let answer = match reader.next_frame() {
-        Ok(Some(answer)) => answer,
-        other => return Err(Undecided(format!("no answer to the checks: {other:?}"))),
-    };
-    match answer.kind {
-        FrameKind::DecisionBatch => {
-            let (decisions, _) =
-                decode_decisions(&answer.payload).map_err(|(_, m)| Undecided(m))?;
-            if decisions.len() != expected {
-                return Err(Undecided(
-                    "the answer has the wrong number of decisions".into(),
-                ));
-            }
-            Ok(decisions)
-        }
-        _ => Err(Undecided(match decode_error_frame(&answer.payload) {
-            Ok(error) => error.message,
-            Err((_, m)) => m,
-        })),
+    let decided = crate::forward::decide_groups(
+        shared,
+        Caller::trusted(false),
+        None,
+        &groups,
+        &[],
+        archived,
+        now_ns,
+    )
+    .await;
+    shared.metrics.add_decisions(&decided.tally);
+    shared
+        .metrics
+        .batch_checks
+        .record(decided.decisions.len() as f64);
+    if decided.decisions.len() != expected {
+        return Err(Undecided(
+            "the answer has the wrong number of decisions".into(),
+        ));
     }
+    Ok(decided.decisions)
 }
