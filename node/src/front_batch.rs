@@ -8,6 +8,7 @@ use floodgate::wire::{
 use rkyv::rancor;
 
 use crate::caller::Caller;
+use crate::service::record_batch;
 use crate::state::Shared;
 
 /// Why a batch could not be decided (each front answers it its own way: the RLS with
@@ -52,11 +53,7 @@ pub(crate) async fn run_batch(
         now_ns,
     )
     .await;
-    shared.metrics.add_decisions(&decided.tally);
-    shared
-        .metrics
-        .batch_checks
-        .record(decided.decisions.len() as f64);
+    record_batch(&shared.metrics, &decided.tally, decided.decisions.len());
     if decided.decisions.len() != expected {
         return Err(Undecided(
             "the answer has the wrong number of decisions".into(),

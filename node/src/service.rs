@@ -255,6 +255,12 @@ thread_local! {
     static GROUP_SCRATCH: RefCell<(Vec<BucketCheck>, Vec<Decision>)> = RefCell::default();
 }
 
+/// Counts a decided batch of `checks` checks in the node's metrics.
+pub fn record_batch(metrics: &NodeMetrics, tally: &DecisionTally, checks: usize) {
+    metrics.add_decisions(tally);
+    metrics.batch_checks.record(checks as f64);
+}
+
 /// Records the batch's metrics and appends its decision batch frame.
 pub fn finish_batch(
     metrics: &NodeMetrics,
@@ -264,8 +270,7 @@ pub fn finish_batch(
     table_version: u64,
     out: &mut Vec<u8>,
 ) {
-    metrics.add_decisions(tally);
-    metrics.batch_checks.record(decisions.len() as f64);
+    record_batch(metrics, tally, decisions.len());
     let mut decisions = decisions;
     with_scratch(|scratch| {
         encode_decisions(

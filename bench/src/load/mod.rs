@@ -207,6 +207,10 @@ async fn run_one_system_at_a_time(
 ) -> anyhow::Result<()> {
     // The generator alone first, so its own cost per check can be taken out of client CPU.
     run_generator(args, gateway, workloads, progress, records).await;
+    // One system through every workload, its records and notes added to the run's.
+    let mut measure = async |server: Option<&Server>, target: Targets| {
+        run_system(args, server, target, workloads, progress, records, notes).await
+    };
 
     // floodgate
     let (server, target) = if args.seeds.is_empty() {
@@ -223,80 +227,31 @@ async fn run_one_system_at_a_time(
             .await?;
         (None, target)
     };
-    run_system(
-        args,
-        server.as_ref(),
-        target,
-        workloads,
-        progress,
-        records,
-        notes,
-    )
-    .await?;
+    measure(server.as_ref(), target).await?;
     drop(server);
 
     // A cluster of nodes on this machine, each check sent to its key's owner.
     if args.with_cluster() {
         let (server, target) = start_floodgate_cluster(args, gateway).await?;
-        run_system(
-            args,
-            Some(&server),
-            target,
-            workloads,
-            progress,
-            records,
-            notes,
-        )
-        .await?;
+        measure(Some(&server), target).await?;
     }
 
     // The same node behind its gRPC front (a fresh one, so its memory and buckets are its own).
     if args.with_rls() {
         let (server, target) = start_rls_node(args, gateway).await?;
-        run_system(
-            args,
-            Some(&server),
-            target,
-            workloads,
-            progress,
-            records,
-            notes,
-        )
-        .await?;
+        measure(Some(&server), target).await?;
     }
 
     // The peers: envoyproxy/ratelimit beside floodgate+rls, and a Gubernator cluster.
     if args.with_peers() {
         if args.with_rls() {
             match start_envoy_ratelimit(args, gateway).await {
-                Ok((server, target)) => {
-                    run_system(
-                        args,
-                        Some(&server),
-                        target,
-                        workloads,
-                        progress,
-                        records,
-                        notes,
-                    )
-                    .await?
-                }
+                Ok((server, target)) => measure(Some(&server), target).await?,
                 Err(e) => progress.suspend(|| eprintln!("skipping envoy-ratelimit: {e:#}")),
             }
         }
         match start_gubernator(args, gateway).await {
-            Ok((server, target)) => {
-                run_system(
-                    args,
-                    Some(&server),
-                    target,
-                    workloads,
-                    progress,
-                    records,
-                    notes,
-                )
-                .await?
-            }
+            Ok((server, target)) => measure(Some(&server), target).await?,
             Err(e) => progress.suspend(|| eprintln!("skipping gubernator: {e:#}")),
         }
     }
@@ -313,18 +268,7 @@ async fn run_one_system_at_a_time(
             "redis+lua"
         };
         match start_redis_baseline(gateway, module, args.redis_connections).await {
-            Ok((server, target)) => {
-                run_system(
-                    args,
-                    Some(&server),
-                    target,
-                    workloads,
-                    progress,
-                    records,
-                    notes,
-                )
-                .await?
-            }
+            Ok((server, target)) => measure(Some(&server), target).await?,
             Err(e) => progress.suspend(|| eprintln!("skipping the {name} baseline: {e:#}")),
         }
     }

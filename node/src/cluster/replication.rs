@@ -58,12 +58,23 @@ impl Cluster {
         handoff: Option<(u64, Vec<u16>)>,
         buckets: &[BucketState],
     ) -> Vec<tokio::task::JoinHandle<bool>> {
+        self.send_frames(self.addressed_bucket_frames(owner_id, handoff, buckets))
+    }
+
+    /// [`Cluster::bucket_frames`] with the address of the node they go to (none when it is not
+    /// known).
+    fn addressed_bucket_frames(
+        &self,
+        owner_id: &str,
+        handoff: Option<(u64, Vec<u16>)>,
+        buckets: &[BucketState],
+    ) -> Vec<(String, Vec<u8>)> {
         let Some(addr) = self.addr_of(owner_id) else {
             return Vec::new();
         };
         self.bucket_frames(handoff, buckets)
             .into_iter()
-            .map(|frame| self.peers.send(addr.clone(), frame))
+            .map(|frame| (addr.clone(), frame))
             .collect()
     }
 
@@ -124,12 +135,7 @@ impl Cluster {
         let mut frames = self.lease_replication_frames(now_ns, &table);
         for (target, buckets) in by_target {
             self.metrics.replicated.increment(buckets.len() as u64);
-            let Some(addr) = self.addr_of(target) else {
-                continue;
-            };
-            for frame in self.bucket_frames(None, &buckets) {
-                frames.push((addr.clone(), frame));
-            }
+            frames.extend(self.addressed_bucket_frames(target, None, &buckets));
         }
         frames
     }
