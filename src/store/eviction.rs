@@ -94,6 +94,7 @@ impl Shard {
                 stats.evicted_used.fetch_add(1, Ordering::Relaxed);
             }
         }
+        self.give_back_slack();
         if self.fits(bytes, bounds) {
             return Ok(());
         }

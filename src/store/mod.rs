@@ -30,6 +30,7 @@ mod eviction;
 mod metered;
 mod remote;
 mod shard;
+mod slack;
 pub mod snapshot;
 mod table;
 

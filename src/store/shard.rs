@@ -546,7 +546,11 @@ impl Shard {
             });
             self.bytes.release(freed);
         }
-        (before - self.len(), next)
+        let dropped = before - self.len();
+        if dropped > 0 {
+            self.give_back_slack();
+        }
+        (dropped, next)
     }
 
     #[cfg(test)]

@@ -256,7 +256,7 @@ impl GcraTable {
     /// slot `from`, removing the others in place (as `remove` does). `keep` may be asked twice
     /// about an entry: one shifted back into the slot just emptied is looked at again. Returns
     /// how many were dropped and the slot to go on from, or `None` once the walk reached the
-    /// table's end (the table then shrinks if mostly empty). A table rebuilt between two calls
+    /// table's end (the caller then gives back the room: `slack.rs`). A table rebuilt between two calls
     /// is walked on from the same index: an entry may be looked at twice, or missed until the
     /// next walk, which only delays forgetting it.
     ///
@@ -285,14 +285,24 @@ impl GcraTable {
         if end < self.slots.len() {
             return (before - self.len, Some(end));
         }
+        (before - self.len, None)
+    }
+
+    /// The bytes the table's slots take.
+    pub(super) fn allocation_size(&self) -> usize {
+        self.slots.len() * size_of::<GcraEntry>()
+    }
+
+    /// Rebuilds the table with the fewest slots that hold its entries at most 3/4 full: then
+    /// more than 3/8 full, the load a bucket's charge assumes.
+    pub(super) fn shrink_to_fit(&mut self) {
         let mut slots = self.slots.len();
-        while slots > MIN_SLOTS && self.len * 8 < slots {
+        while slots > MIN_SLOTS && self.len * 4 <= (slots / 2) * 3 {
             slots /= 2;
         }
         if slots < self.slots.len() {
             self.rebuild(slots);
         }
-        (before - self.len, None)
     }
 
     pub(super) fn iter(&self) -> impl Iterator<Item = &GcraEntry> {

@@ -1,0 +1,34 @@
+//! The hostile gateway at a small scale, against the node binary: a flood of expensive limits
+//! of every algorithm and both kinds of lease over many keys keeps the process's peak resident
+//! memory (VmHWM) under `--max-store-bytes` plus the documented overhead, another caller's key
+//! is decided as before, and a new key afterwards is decided. (A memory bound, not a timing one.)
+
+#[path = "../../client/examples/hostile_gateway/flood.rs"]
+mod flood;
+
+use std::path::Path;
+
+use flood::{NodeProcess, Plan};
+
+const BUDGET: usize = 8 << 20;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hostile_gateway_keeps_the_node_under_its_store_budget() {
+    let node = NodeProcess::start(Path::new(env!("CARGO_BIN_EXE_floodgate-node")), BUDGET).unwrap();
+    // Every kind over its share, a debug build's node deciding it in seconds.
+    let plan = Plan {
+        budget: BUDGET,
+        logs: 2_048,
+        windows: 20_000,
+        gcra: 60_000,
+        leases: 8_000,
+        hot_keys: 64,
+    };
+    let report = flood::run(&node, &plan).await.unwrap();
+    let failures = flood::judge(&plan, &report);
+    assert!(
+        failures.is_empty(),
+        "{failures:#?}\n{report:#?}\nnode log:\n{}",
+        node.log.lock().unwrap()
+    );
+}
