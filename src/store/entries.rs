@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use parking_lot::Mutex;
 
-use super::table::{GcraEntry, Use, margin_ms_of};
+use super::table::{GcraEntry, Standing, Use, margin_ms_of};
 use crate::algorithm::{SlidingLog, WindowState, fixed_window, sliding_window};
 use crate::{Algorithm, BucketKey, Decision, Limit};
 
@@ -19,8 +19,8 @@ pub(super) struct WindowEntry {
     dirty: AtomicBool,
     /// Consumed from since eviction last looked at the shard.
     pub(super) used: AtomicBool,
-    /// An eviction pass once found it used (changed only under the exclusive lock).
-    pub(super) promoted: bool,
+    /// Where it stands with eviction passes (changed only under the exclusive lock).
+    pub(super) standing: Standing,
 }
 
 /// A sliding-log bucket (at most `SLIDING_LOG_MAX_LIMIT` timestamps).
@@ -33,8 +33,8 @@ pub(super) struct LogEntry {
     dirty: AtomicBool,
     /// Consumed from since eviction last looked at the shard.
     pub(super) used: AtomicBool,
-    /// An eviction pass once found it used (changed only under the exclusive lock).
-    pub(super) promoted: bool,
+    /// Where it stands with eviction passes (changed only under the exclusive lock).
+    pub(super) standing: Standing,
 }
 
 impl WindowEntry {
@@ -45,7 +45,7 @@ impl WindowEntry {
             slot: Mutex::new((limit, state)),
             dirty: AtomicBool::new(dirty),
             used: AtomicBool::new(false),
-            promoted: false,
+            standing: Standing::Unseen,
         }
     }
 }
@@ -58,7 +58,7 @@ impl LogEntry {
             slot: Mutex::new((limit, log)),
             dirty: AtomicBool::new(dirty),
             used: AtomicBool::new(false),
-            promoted: false,
+            standing: Standing::Unseen,
         }
     }
 }
@@ -192,10 +192,10 @@ pub(super) trait Identified {
     fn take_use(&mut self) -> Use;
 }
 
-/// [`Identified::take_use`] for an entry with a `used` mark and a `promoted` flag.
-fn take_use(used: &mut AtomicBool, promoted: &mut bool) -> Use {
-    let seen = Use::of(std::mem::take(used.get_mut()), *promoted);
-    *promoted |= seen == Use::Used;
+/// [`Identified::take_use`] for an entry with a `used` mark and a [`Standing`].
+fn take_use(used: &mut AtomicBool, standing: &mut Standing) -> Use {
+    let seen;
+    (seen, *standing) = Use::at_pass(std::mem::take(used.get_mut()), *standing);
     seen
 }
 
@@ -256,7 +256,7 @@ impl Identified for WindowEntry {
         ppm(limit.burst().saturating_sub(remaining), limit.burst())
     }
     fn take_use(&mut self) -> Use {
-        take_use(&mut self.used, &mut self.promoted)
+        take_use(&mut self.used, &mut self.standing)
     }
 }
 
@@ -289,7 +289,7 @@ impl Identified for LogEntry {
         ppm(limit.burst().saturating_sub(remaining), limit.burst())
     }
     fn take_use(&mut self) -> Use {
-        take_use(&mut self.used, &mut self.promoted)
+        take_use(&mut self.used, &mut self.standing)
     }
 }
 

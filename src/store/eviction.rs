@@ -51,8 +51,8 @@ impl Shard {
 
     /// Frees room for a bucket of `bytes` (or for `spare`'s bucket to grow by that much): first
     /// by forgetting expired buckets (no decision changes), then by evicting the cheapest to
-    /// forget by [`Cost`]: keys never consumed from again since they were made (the longest to
-    /// be full again first), then keys idle since the last pass, then keys in use; within
+    /// forget by [`Cost`]: keys not consumed from again after a pass first saw them (the
+    /// longest to be full again first), then keys idle since the last pass, then keys in use; within
     /// each, non-denying before denying, then the smallest share consumed. At least 1/16 of the shard goes at once, so the scan is
     /// amortised. An evicted key that returns starts full, so it regains what it had
     /// consumed: the order keeps that at a small share of a key nobody is using. Ranking by time
@@ -136,5 +136,65 @@ fn collect<E: Identified>(
     for entry in table.iter_mut() {
         let key = BucketKey::of(entry);
         out.push((Cost::of(entry, now_ns), family, key));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::{BucketKey, BucketStore, Limit, NANOS_PER_SEC as S, StoreConfig};
+
+    const HOUR: u64 = 3_600 * S;
+    const NOW: u64 = 1_000 * S;
+
+    fn key(name: &str) -> BucketKey {
+        BucketKey::for_key(name.as_bytes())
+    }
+
+    /// An attacker checks each junk key twice in a row, as a returning key is checked, beside a
+    /// key that came back across passes and is idle now. The junk stays on probation and goes
+    /// first: the returning key keeps its count. Ranking a second check as a return evicted it
+    /// as soon as the flood's one-off keys were gone.
+    #[test]
+    fn junk_checked_twice_does_not_outrank_a_returning_key() {
+        let store = BucketStore::new(StoreConfig {
+            max_keys: 64,
+            shards: 1,
+        })
+        .unwrap();
+        let limit = Limit::gcra(10, HOUR, 10).unwrap();
+        let remaining = |now| {
+            store
+                .check(key("returning"), &limit, 0, now)
+                .unwrap()
+                .remaining()
+        };
+        // One-off keys checked later than `returning` hold their room longer: they go first.
+        let mut one_off = 0;
+        let mut flood = |now, store: &BucketStore| {
+            for _ in 0..64 {
+                store
+                    .check(key(&format!("one-off{one_off}")), &limit, 1, now)
+                    .unwrap();
+                one_off += 1;
+            }
+        };
+        store.check(key("returning"), &limit, 1, NOW).unwrap();
+        flood(NOW + S, &store);
+        store
+            .check(key("returning"), &limit, 1, NOW + 2 * S)
+            .unwrap();
+        flood(NOW + 3 * S, &store);
+        assert_eq!(remaining(NOW + 3 * S), 8, "evicted before it came back");
+        let later = NOW + 4 * S;
+        for i in 0..1_000 {
+            let junk = key(&format!("junk{i}"));
+            store.check(junk, &limit, 1, later).unwrap();
+            store.check(junk, &limit, 1, later).unwrap();
+            assert_eq!(
+                remaining(later),
+                8,
+                "the returning key was evicted for junk{i}"
+            );
+        }
     }
 }

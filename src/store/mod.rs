@@ -9,8 +9,9 @@
 //! Bounds: at most `max_keys` buckets and `max_bytes` bytes of them (each split evenly over the
 //! shards; what a bucket costs: `budget.rs`, a sliding log with room for its whole limit). A
 //! full shard first forgets buckets that are full again (which changes no decision), then
-//! evicts in order of what forgetting gives away (`eviction.rs`): buckets never consumed from
-//! again after they were made (a flood's one-off keys, the longest to be full again first),
+//! evicts in order of what forgetting gives away (`eviction.rs`): buckets not consumed from
+//! again after an eviction pass first saw them (a flood's one-off keys, or keys checked twice in
+//! a row; the longest to be full again first),
 //! then those idle since the shard's last
 //! eviction, then those in use; within each, non-denying before denying and the smallest share
 //! of capacity consumed first. An evicted key that returns starts full, so it regains at most
@@ -104,9 +105,10 @@ pub struct BucketCheck {
 pub struct StoreStats {
     /// Buckets dropped to make room, whatever their state: the three below together.
     pub evicted: AtomicU64,
-    /// Evicted never having been consumed from again after they were made, not denying.
+    /// Evicted not having been consumed from again after a pass first saw them, not denying.
     pub evicted_new: AtomicU64,
-    /// Evicted after they had been consumed from again (keys that come back), not denying.
+    /// Evicted after they had been consumed from again across a pass (keys that come back),
+    /// not denying.
     pub evicted_used: AtomicU64,
     /// Evicted while denying: nothing else was left in their shard.
     pub evicted_denying: AtomicU64,

@@ -18,11 +18,12 @@ use crate::BucketKey;
 pub(super) struct GcraEntry {
     pub(super) hash: u64,
     pub(super) check: u32,
-    /// Low 29 bits: how far (in whole ms, rounded down, at most ~6 days) the TAT may run ahead
-    /// of `now` while a cost of 1 still passes; lets eviction tell a denying bucket without
-    /// knowing its limit (rounding down only makes a bucket look denying, which protects it).
-    /// Bit 29: seen in use by an eviction pass before. Bit 30: consumed from since the last
-    /// pass (see `eviction.rs`). Top bit: changed since the last replication round.
+    /// Low 28 bits: how far (in whole ms, rounded down, at most ~3.1 days) the TAT may run
+    /// ahead of `now` while a cost of 1 still passes; lets eviction tell a denying bucket
+    /// without knowing its limit (rounding down only makes a bucket look denying, which
+    /// protects it). Bits 28-29: where the bucket stands with eviction passes ([`Standing`]).
+    /// Bit 30: consumed from since the last pass (see `eviction.rs`). Top bit: changed since
+    /// the last replication round.
     pub(super) meta: AtomicU32,
     /// Theoretical arrival time. Updated by compare-and-swap: the value is the whole state, so
     /// `Relaxed` suffices (every update is a read-modify-write of this one atomic).
@@ -30,9 +31,11 @@ pub(super) struct GcraEntry {
 }
 
 /// How an eviction pass finds a bucket used: what it would give away to forget it grows in
-/// this order. A bucket starts `New`; one consumed from again before a pass is `Used` at that
-/// pass and, once seen so, `Idle` at the passes where it was not. A flood of one-off keys stays
-/// `New` and is evicted before any key that came back (a scan-resistant cache's probation).
+/// this order. A bucket starts `New`; one consumed from at a pass after the one that first saw
+/// it is `Used` at that pass and, once seen so, `Idle` at the passes where it was not. A flood
+/// of one-off keys stays `New` and is evicted before any key that came back (a scan-resistant
+/// cache's probation), and so does a flood checking each key twice in a row: being consumed
+/// from again counts only across a pass, so each junk key must outlive a pass as `New` first.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub(super) enum Use {
     New,
@@ -40,12 +43,26 @@ pub(super) enum Use {
     Used,
 }
 
+/// Where a bucket stands with the eviction passes that looked at it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(super) enum Standing {
+    /// No pass has looked at it yet.
+    #[default]
+    Unseen,
+    /// A pass saw it; it was not consumed from at a later one.
+    Seen,
+    /// Consumed from between two passes after the first that saw it: a returning key.
+    Promoted,
+}
+
 impl Use {
-    pub(super) fn of(used: bool, promoted: bool) -> Use {
-        match (used, promoted) {
-            (true, _) => Use::Used,
-            (false, true) => Use::Idle,
-            (false, false) => Use::New,
+    /// How a pass finds a bucket that stood at `standing` and was consumed from since the last
+    /// pass or not (`used`), and where it stands after this pass.
+    pub(super) fn at_pass(used: bool, standing: Standing) -> (Use, Standing) {
+        match (used, standing) {
+            (true, Standing::Seen | Standing::Promoted) => (Use::Used, Standing::Promoted),
+            (false, Standing::Promoted) => (Use::Idle, Standing::Promoted),
+            (_, Standing::Unseen | Standing::Seen) => (Use::New, Standing::Seen),
         }
     }
 }
@@ -54,10 +71,12 @@ impl Use {
 const DIRTY: u32 = 1 << 31;
 /// `meta` bit marking a bucket consumed from since eviction last looked (see `eviction.rs`).
 const USED: u32 = 1 << 30;
-/// `meta` bit marking a bucket an eviction pass once found in use.
+/// `meta` bit of [`Standing::Promoted`].
 const PROMOTED: u32 = 1 << 29;
-/// Largest margin `meta` holds (about 6.2 days); larger margins saturate to it.
-pub(super) const MAX_MARGIN_MS: u32 = PROMOTED - 1;
+/// `meta` bit of [`Standing::Seen`].
+const SEEN: u32 = 1 << 28;
+/// Largest margin `meta` holds (about 3.1 days); larger margins saturate to it.
+pub(super) const MAX_MARGIN_MS: u32 = SEEN - 1;
 
 /// A margin in nanoseconds as `meta` holds it: whole ms, rounded down, saturated.
 #[inline]
@@ -85,10 +104,20 @@ impl GcraEntry {
     /// How the bucket was used, as an eviction pass reads it (and moves it on).
     pub(super) fn take_use(&mut self) -> Use {
         let meta = self.meta.get_mut();
-        let seen = Use::of(*meta & USED != 0, *meta & PROMOTED != 0);
-        if *meta & USED != 0 {
-            *meta = (*meta & !USED) | PROMOTED;
-        }
+        let standing = if *meta & PROMOTED != 0 {
+            Standing::Promoted
+        } else if *meta & SEEN != 0 {
+            Standing::Seen
+        } else {
+            Standing::Unseen
+        };
+        let (seen, after) = Use::at_pass(*meta & USED != 0, standing);
+        let bits = match after {
+            Standing::Unseen => 0,
+            Standing::Seen => SEEN,
+            Standing::Promoted => PROMOTED,
+        };
+        *meta = (*meta & !(USED | SEEN | PROMOTED)) | bits;
         seen
     }
 
@@ -108,9 +137,9 @@ impl GcraEntry {
     #[inline]
     #[must_use = "a bucket newly marked must be listed: use Shard::mark_gcra_changed"]
     pub(super) fn mark_changed(&self, margin_ms: u32) -> bool {
-        // Only an eviction pass (under the exclusive lock) changes PROMOTED: kept as read.
+        // Only an eviction pass (under the exclusive lock) changes the standing: kept as read.
         let meta = self.meta.load(Ordering::Relaxed);
-        let wanted = margin_ms | DIRTY | USED | (meta & PROMOTED);
+        let wanted = margin_ms | DIRTY | USED | (meta & (SEEN | PROMOTED));
         // A swap, not a store: a round may clear the mark between the load and here, and
         // only the value replaced tells whether this set it again (and must list the key).
         meta != wanted && self.meta.swap(wanted, Ordering::Relaxed) & DIRTY == 0
