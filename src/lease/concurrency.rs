@@ -35,7 +35,18 @@ impl LeaseSet {
     pub fn reclaim(&mut self, now_ns: u64) -> usize {
         let before = self.leases.len();
         self.leases.retain(|l| l.expires_at_ns > now_ns);
+        self.give_back_room();
         before - self.leases.len()
+    }
+
+    /// Keeps room for at most twice the leases held (and the smallest allocation, 4), what
+    /// [`super::LEASE_BYTES`] charges: a set that once held many leases would otherwise keep
+    /// their room while the store counts only the few left.
+    fn give_back_room(&mut self) {
+        let least = self.leases.len().max(4);
+        if self.leases.capacity() > 2 * least {
+            self.leases.shrink_to(least);
+        }
     }
 
     /// Grants lease `id` if fewer than `limit.max()` are live at `now_ns` (reclaim first).
@@ -69,6 +80,7 @@ impl LeaseSet {
             return false;
         };
         self.leases.swap_remove(i);
+        self.give_back_room();
         self.changed = true;
         true
     }
@@ -100,6 +112,7 @@ impl LeaseSet {
             }
         }
         self.leases.retain(|l| !released.contains(&l.id));
+        self.give_back_room();
         added
     }
 

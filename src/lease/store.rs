@@ -16,6 +16,10 @@ const SHARDS: usize = 64;
 /// Most release tombstones a shard keeps between replication rounds. Past it the oldest are
 /// dropped: the replica then holds that lease until its TTL, stricter, never looser.
 const MAX_TOMBSTONES_PER_SHARD: usize = 4_096;
+/// Least time between two whole sweeps made by acquires refused for room: expired leases of
+/// keys nobody touches again are found within this long of a refusal, and a caller retrying
+/// at a full store walks the store at most ten times a second, not once per acquire.
+const ROOM_SWEEP_EVERY_NS: u64 = 100_000_000;
 
 /// What one held lease costs at most, in bytes: alone in its key's set, the map entry at the
 /// lowest load a hash map has after it grew (7/16) and the set's smallest allocation (4 leases).
@@ -116,6 +120,8 @@ pub struct LeaseStore {
     config: LeaseStoreConfig,
     ids: Box<dyn LeaseIds>,
     sweep_cursor: AtomicUsize,
+    /// When an acquire refused for room last swept the whole store (0: never).
+    room_swept_at_ns: AtomicU64,
     stats: LeaseStats,
 }
 
@@ -128,6 +134,7 @@ impl LeaseStore {
             config,
             ids,
             sweep_cursor: AtomicUsize::new(0),
+            room_swept_at_ns: AtomicU64::new(0),
             stats: LeaseStats::default(),
         }
     }
@@ -191,7 +198,46 @@ impl LeaseStore {
         // Drawn before the shard's lock is taken (the draw may be a system call); drawn again
         // under it only in the rare case the id is unusable.
         let drawn = self.ids.next_id();
-        let result = self.with_set(key, now_ns, |set, reclaimed| {
+        let mut result = self.try_acquire(key, limit, now_ns, drawn);
+        if result.is_err() && self.reclaim_for_room(now_ns) {
+            result = self.try_acquire(key, limit, now_ns, drawn);
+        }
+        let counter = match result {
+            Ok(Acquired::Granted { .. }) => &self.stats.grants,
+            Ok(Acquired::Refused { .. }) => &self.stats.refusals,
+            Err(_) => &self.stats.full,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+        result
+    }
+
+    /// Full: reclaims the expired leases of every key (those of keys nobody touches again hold
+    /// room until the sweep reaches them), at most once per [`ROOM_SWEEP_EVERY_NS`]. A live
+    /// lease is never dropped for room: its holder counts on it, and dropping it would let one
+    /// more in than the key's max. True when something was reclaimed.
+    fn reclaim_for_room(&self, now_ns: u64) -> bool {
+        let last = self.room_swept_at_ns.load(Ordering::Relaxed);
+        if last != 0 && now_ns.saturating_sub(last) < ROOM_SWEEP_EVERY_NS {
+            return false;
+        }
+        let claimed = self.room_swept_at_ns.compare_exchange(
+            last,
+            now_ns.max(1),
+            Ordering::Relaxed,
+            Ordering::Relaxed,
+        );
+        claimed.is_ok() && self.sweep(now_ns, SHARDS) > 0
+    }
+
+    /// [`LeaseStore::acquire`] without the sweep for room or the counters.
+    fn try_acquire(
+        &self,
+        key: BucketKey,
+        limit: &LeaseLimit,
+        now_ns: u64,
+        drawn: u64,
+    ) -> Result<Acquired, LeaseStoreError> {
+        self.with_set(key, now_ns, |set, reclaimed| {
             // The places this key's reclaim just freed count as free.
             let held = self.held.load(Ordering::Relaxed).saturating_sub(reclaimed);
             if held >= self.config.max_leases && set.len() < limit.max() as usize {
@@ -201,14 +247,7 @@ impl LeaseStore {
             }
             let id = self.fresh_id(set, drawn);
             Ok(set.acquire(limit, id, now_ns))
-        });
-        let counter = match result {
-            Ok(Acquired::Granted { .. }) => &self.stats.grants,
-            Ok(Acquired::Refused { .. }) => &self.stats.refusals,
-            Err(_) => &self.stats.full,
-        };
-        counter.fetch_add(1, Ordering::Relaxed);
-        result
+        })
     }
 
     /// Releases lease `id` of `key`; releasing one not held is not an error.
@@ -449,6 +488,55 @@ mod tests {
         assert_eq!(store.sweep(SEC, SHARDS), 2);
         assert_eq!(store.held(), 0);
         granted(store.acquire(BucketKey::for_key(b"c"), &limit, SEC));
+    }
+
+    /// A caller fills the store with short leases on keys it never touches again; once they
+    /// expire, a new key's acquire reclaims them instead of being refused until the sweep
+    /// reaches them. Live leases are never taken: a store full of them still refuses.
+    #[test]
+    fn expired_leases_nobody_touches_make_room_for_a_new_key() {
+        let store = store(2);
+        let short = LeaseLimit::new(10, SEC).unwrap();
+        granted(store.acquire(BucketKey::for_key(b"a"), &short, 0));
+        granted(store.acquire(BucketKey::for_key(b"b"), &short, 0));
+        granted(store.acquire(BucketKey::for_key(b"new"), &short, SEC));
+        assert_eq!(store.held(), 1);
+        let long = LeaseLimit::new(10, 3_600 * SEC).unwrap();
+        granted(store.acquire(BucketKey::for_key(b"live"), &long, SEC));
+        let later = 10 * SEC;
+        assert_eq!(
+            store.acquire(BucketKey::for_key(b"c"), &long, later),
+            Ok(Acquired::Granted {
+                lease: Lease {
+                    id: (1 << 40) + 4,
+                    expires_at_ns: later + 3_600 * SEC
+                },
+                in_use: 1
+            })
+        );
+        assert_eq!(
+            store.acquire(BucketKey::for_key(b"d"), &long, later + SEC),
+            Err(LeaseStoreError::Full { max_leases: 2 })
+        );
+        assert_eq!(store.in_use(BucketKey::for_key(b"live"), later + SEC), 1);
+    }
+
+    /// A caller fills one key with many short leases, then keeps one: the key's set gives back
+    /// the room of those that expired, so what it holds stays within what its lease is charged.
+    #[test]
+    fn a_set_gives_back_the_room_of_expired_leases() {
+        let store = store(10_000);
+        let key = BucketKey::for_key(b"k");
+        let short = LeaseLimit::new(10_000, SEC).unwrap();
+        for _ in 0..10_000 {
+            granted(store.acquire(key, &short, 0));
+        }
+        granted(store.acquire(key, &short, 2 * SEC));
+        let room = store.shard(key).lock().sets[&key].leases.capacity();
+        assert!(
+            room * size_of::<Lease>() <= LEASE_BYTES,
+            "one lease keeps room for {room}"
+        );
     }
 
     #[test]

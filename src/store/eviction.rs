@@ -19,6 +19,8 @@ struct Cost {
     /// A key in use over-admits as soon as it comes back; a flood's one-off key may never.
     used: Use,
     /// Within the same use, a denying bucket goes last: the key regains everything at once.
+    /// Not among new buckets: a flood chooses its limits, and emptying each key at once for a
+    /// month would otherwise rank the whole flood after every new key in honest use.
     denying: bool,
     /// Among new buckets, the one holding its room longest goes first: a one-off key about to
     /// be full again is forgotten soon at no cost, and a fixed window just begun (new again
@@ -29,16 +31,31 @@ struct Cost {
     expires_in_ns: u64,
 }
 
-impl Cost {
-    fn of(entry: &mut impl Identified, now_ns: u64) -> Cost {
+/// A bucket a pass may evict: its cost, and whether it denies now (counted apart).
+#[derive(Debug, Clone, Copy)]
+struct Candidate {
+    cost: Cost,
+    denying: bool,
+    family: Family,
+    key: BucketKey,
+}
+
+impl Candidate {
+    fn of(entry: &mut impl Identified, now_ns: u64, family: Family, key: BucketKey) -> Self {
         let used = entry.take_use();
         let expires_in_ns = entry.expires_in(now_ns);
-        Cost {
-            used,
-            denying: entry.is_denying(now_ns),
-            new_holds: Reverse(if used == Use::New { expires_in_ns } else { 0 }),
-            consumed_ppm: entry.consumed_ppm(now_ns),
-            expires_in_ns,
+        let denying = entry.is_denying(now_ns);
+        Candidate {
+            cost: Cost {
+                used,
+                denying: used != Use::New && denying,
+                new_holds: Reverse(if used == Use::New { expires_in_ns } else { 0 }),
+                consumed_ppm: entry.consumed_ppm(now_ns),
+                expires_in_ns,
+            },
+            denying,
+            family,
+            key,
         }
     }
 }
@@ -71,22 +88,29 @@ impl Shard {
         if self.fits(bytes, bounds) {
             return Ok(());
         }
-        let mut candidates: Vec<(Cost, Family, BucketKey)> = Vec::new();
+        let mut candidates: Vec<Candidate> = Vec::new();
         for entry in self.gcra.iter_mut() {
-            candidates.push((Cost::of(entry, now_ns), Family::Gcra, entry.key()));
+            let key = entry.key();
+            candidates.push(Candidate::of(entry, now_ns, Family::Gcra, key));
         }
         collect(&mut self.windows, Family::Window, now_ns, &mut candidates);
         collect(&mut self.logs, Family::Log, now_ns, &mut candidates);
-        candidates.retain(|c| Some(c.2) != spare);
-        candidates.sort_unstable_by_key(|c| c.0);
+        candidates.retain(|c| Some(c.key) != spare);
+        candidates.sort_unstable_by_key(|c| c.cost);
         let batch = (self.len() / 16).max(1);
-        for (evicted, &(cost, family, key)) in candidates.iter().enumerate() {
+        for (evicted, candidate) in candidates.iter().enumerate() {
             if evicted >= batch && self.fits(bytes, bounds) {
                 break;
             }
+            let Candidate {
+                cost,
+                denying,
+                family,
+                key,
+            } = *candidate;
             self.evict(family, key);
             stats.evicted.fetch_add(1, Ordering::Relaxed);
-            if cost.denying {
+            if denying {
                 stats.evicted_denying.fetch_add(1, Ordering::Relaxed);
             } else if cost.used == Use::New {
                 stats.evicted_new.fetch_add(1, Ordering::Relaxed);
@@ -131,11 +155,11 @@ fn collect<E: Identified>(
     table: &mut HashTable<E>,
     family: Family,
     now_ns: u64,
-    out: &mut Vec<(Cost, Family, BucketKey)>,
+    out: &mut Vec<Candidate>,
 ) {
     for entry in table.iter_mut() {
         let key = BucketKey::of(entry);
-        out.push((Cost::of(entry, now_ns), family, key));
+        out.push(Candidate::of(entry, now_ns, family, key));
     }
 }
 

@@ -53,7 +53,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 fn print(plan: &Plan, report: &Report) {
     let mib = |b: usize| b as f64 / MIB as f64;
     println!(
-        "node: --max-store-bytes {:.1} MiB, allowed overhead {:.1} MiB",
+        "node: --max-store-bytes {:.1} MiB; resident may grow by that plus {:.1} MiB",
         mib(plan.budget),
         mib(flood::OVERHEAD_BYTES)
     );
@@ -81,7 +81,8 @@ fn print(plan: &Plan, report: &Report) {
         mib(report.after.hwm)
     );
     println!(
-        "witness remaining after: {:?} (6 expected); a new key afterwards decided: {}",
-        report.witness_remaining, report.new_key_decided
+        "witness remaining before the flood and after each kind: {:?}; a new key afterwards \
+         decided: {}",
+        report.witness, report.new_key_decided
     );
 }

@@ -27,10 +27,30 @@ const MAX_STEP_INTERVAL: Duration = Duration::from_secs(1);
 /// about that long for its GCRA buckets, whatever the store's size. A store of a million keys
 /// (about 2M slots) takes about 512 steps, one every 58 ms.
 const SWEEP_SLOTS: usize = 4_096;
-/// Least time between two warnings that checks were answered `store_full`.
+/// Least time between two warnings that checks or lease acquires were answered `store_full`.
 const WARN_EVERY: Duration = Duration::from_secs(10);
 /// How often the store's counters and gauges are published.
 const PUBLISH_EVERY: Duration = Duration::from_millis(250);
+
+/// Loud but bounded: one warning per [`WARN_EVERY`], counting every refusal since the last.
+#[derive(Debug, Default)]
+struct Refusals {
+    warned_at: Option<tokio::time::Instant>,
+    warned: u64,
+}
+
+impl Refusals {
+    /// The refusals since the last warning when one is due now (`total`: since start).
+    fn due(&mut self, total: u64) -> Option<u64> {
+        if total <= self.warned || self.warned_at.is_some_and(|at| at.elapsed() < WARN_EVERY) {
+            return None;
+        }
+        self.warned_at = Some(tokio::time::Instant::now());
+        let since = total - self.warned;
+        self.warned = total;
+        Some(since)
+    }
+}
 
 /// The pause before the next step, so that a pass over the store as it is sized now takes
 /// about [`SWEEP_PASS`].
@@ -44,8 +64,7 @@ pub(super) async fn sweep_loop(shared: Arc<Shared>, mut shutdown: watch::Receive
     let stats = shared.store.stats();
     let (mut evicted, mut expired, mut refused) = (0, 0, 0);
     let (mut new, mut used, mut denying) = (0, 0, 0);
-    let mut warned: Option<tokio::time::Instant> = None;
-    let mut refused_warned = 0;
+    let (mut keys_refused, mut leases_refused) = (Refusals::default(), Refusals::default());
     shared
         .metrics
         .store_max_bytes
@@ -110,16 +129,22 @@ pub(super) async fn sweep_loop(shared: Arc<Shared>, mut shutdown: watch::Receive
         );
         publish(&shared.metrics.expired, &stats.expired, &mut expired);
         publish(&shared.metrics.refused_keys, &stats.refused, &mut refused);
-        // Loud but bounded: one line per WARN_EVERY, counting every refusal since the last.
-        if refused > refused_warned && warned.is_none_or(|at| at.elapsed() >= WARN_EVERY) {
-            warned = Some(tokio::time::Instant::now());
+        if let Some(since) = keys_refused.due(refused) {
             tracing::warn!(
-                refused = refused - refused_warned,
+                refused = since,
                 bytes = shared.store.bytes_used(),
                 max_bytes = shared.store.max_bytes(),
                 "the bucket store had nothing left to evict: checks answered store_full"
             );
-            refused_warned = refused;
+        }
+        let leases = &shared.cluster.leases;
+        if let Some(since) = leases_refused.due(leases.stats().full.load(Ordering::Relaxed)) {
+            tracing::warn!(
+                refused = since,
+                held = leases.held(),
+                max_leases = leases.config().max_leases,
+                "the lease store is full of live leases: acquires answered store_full"
+            );
         }
     }
 }
