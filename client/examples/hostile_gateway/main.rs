@@ -55,7 +55,7 @@ fn print(plan: &Plan, report: &Report) {
     println!(
         "node: --max-store-bytes {:.1} MiB; resident may grow by that plus {:.1} MiB",
         mib(plan.budget),
-        mib(flood::OVERHEAD_BYTES)
+        mib(flood::overhead_bytes(plan.budget))
     );
     println!(
         "{:<26} {:>9} {:>9} {:>12} {:>8}",
