@@ -250,6 +250,50 @@ mod tests {
         assert_eq!(stats.evicted_denying.load(Ordering::Relaxed), 1);
     }
 
+    /// An attacker checks each junk key twice in a row, as a returning key is checked, beside a
+    /// key that came back across passes and is idle now. The junk stays on probation and goes
+    /// first: the returning key keeps its count. Ranking a second check as a return evicted it
+    /// as soon as the flood's one-off keys were gone.
+    #[test]
+    fn junk_checked_twice_does_not_outrank_a_returning_key() {
+        let store = one_shard(64, 1 << 20);
+        let limit = Limit::gcra(10, HOUR, 10).unwrap();
+        let remaining = |now| {
+            store
+                .check(key("returning"), &limit, 0, now)
+                .unwrap()
+                .remaining()
+        };
+        // One-off keys checked later than `returning` hold their room longer: they go first.
+        let mut one_off = 0;
+        let mut flood = |now, store: &BucketStore| {
+            for _ in 0..64 {
+                store
+                    .check(key(&format!("one-off{one_off}")), &limit, 1, now)
+                    .unwrap();
+                one_off += 1;
+            }
+        };
+        store.check(key("returning"), &limit, 1, NOW).unwrap();
+        flood(NOW + S, &store);
+        store
+            .check(key("returning"), &limit, 1, NOW + 2 * S)
+            .unwrap();
+        flood(NOW + 3 * S, &store);
+        assert_eq!(remaining(NOW + 3 * S), 8, "evicted before it came back");
+        let later = NOW + 4 * S;
+        for i in 0..1_000 {
+            let junk = key(&format!("junk{i}"));
+            store.check(junk, &limit, 1, later).unwrap();
+            store.check(junk, &limit, 1, later).unwrap();
+            assert_eq!(
+                remaining(later),
+                8,
+                "the returning key was evicted for junk{i}"
+            );
+        }
+    }
+
     /// A flood of one-off keys beside a key in use, whose fixed window is partly used when room
     /// is made: the flood evicts its own keys, so the live key never admits more than its limit
     /// in a window. Ranking by share alone evicted the live window (a fifth used) before the
