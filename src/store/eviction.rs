@@ -18,9 +18,8 @@ use crate::BucketKey;
 struct Cost {
     /// A key in use over-admits as soon as it comes back; a flood's one-off key may never.
     used: Use,
-    /// Within the same use, a denying bucket goes last: the key regains everything at once.
-    /// Not among new buckets: a flood chooses its limits, and emptying each key at once for a
-    /// month would otherwise rank the whole flood after every new key in honest use.
+    /// Within the same use, a denying bucket goes last: the key regains everything at once (a
+    /// flood must not buy a locked-out key its attempts back).
     denying: bool,
     /// Among new buckets, the one holding its room longest goes first: a one-off key about to
     /// be full again is forgotten soon at no cost, and a fixed window just begun (new again
@@ -31,7 +30,7 @@ struct Cost {
     expires_in_ns: u64,
 }
 
-/// A bucket a pass may evict: its cost, and whether it denies now (counted apart).
+/// A bucket a pass may evict, and what evicting it gives away.
 #[derive(Debug, Clone, Copy)]
 struct Candidate {
     cost: Cost,
@@ -48,7 +47,7 @@ impl Candidate {
         Candidate {
             cost: Cost {
                 used,
-                denying: used != Use::New && denying,
+                denying,
                 new_holds: Reverse(if used == Use::New { expires_in_ns } else { 0 }),
                 consumed_ppm: entry.consumed_ppm(now_ns),
                 expires_in_ns,

@@ -546,11 +546,11 @@ impl Shard {
             });
             self.bytes.release(freed);
         }
-        let dropped = before - self.len();
-        if dropped > 0 {
+        if next.is_none() {
+            // Once the walk is done: a table rebuilt midway would end the walk early.
             self.give_back_slack();
         }
-        (dropped, next)
+        (before - self.len(), next)
     }
 
     #[cfg(test)]
