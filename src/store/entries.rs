@@ -189,13 +189,13 @@ pub(super) trait Identified {
         self.expires_in(now_ns) == 0
     }
     /// How the bucket was used since eviction last looked, moving it on ([`Use`]).
-    fn take_use(&mut self) -> Use;
+    fn take_use(&mut self, first_pass: bool) -> Use;
 }
 
 /// [`Identified::take_use`] for an entry with a `used` mark and a [`Standing`].
-fn take_use(used: &mut AtomicBool, standing: &mut Standing) -> Use {
+fn take_use(used: &mut AtomicBool, standing: &mut Standing, first_pass: bool) -> Use {
     let seen;
-    (seen, *standing) = Use::at_pass(std::mem::take(used.get_mut()), *standing);
+    (seen, *standing) = Use::at_pass(std::mem::take(used.get_mut()), *standing, first_pass);
     seen
 }
 
@@ -219,8 +219,8 @@ impl Identified for GcraEntry {
         let margin_ns = u64::from(self.margin_ms()) * 1_000_000;
         ppm(self.expires_in(now_ns), margin_ns)
     }
-    fn take_use(&mut self) -> Use {
-        GcraEntry::take_use(self)
+    fn take_use(&mut self, first_pass: bool) -> Use {
+        GcraEntry::take_use(self, first_pass)
     }
 }
 
@@ -255,8 +255,8 @@ impl Identified for WindowEntry {
         let remaining = decide_window(limit, state, now_ns, 0).0.remaining();
         ppm(limit.burst().saturating_sub(remaining), limit.burst())
     }
-    fn take_use(&mut self) -> Use {
-        take_use(&mut self.used, &mut self.standing)
+    fn take_use(&mut self, first_pass: bool) -> Use {
+        take_use(&mut self.used, &mut self.standing, first_pass)
     }
 }
 
@@ -288,8 +288,8 @@ impl Identified for LogEntry {
         let remaining = log.clone().decide(limit, now_ns, 0).remaining();
         ppm(limit.burst().saturating_sub(remaining), limit.burst())
     }
-    fn take_use(&mut self) -> Use {
-        take_use(&mut self.used, &mut self.standing)
+    fn take_use(&mut self, first_pass: bool) -> Use {
+        take_use(&mut self.used, &mut self.standing, first_pass)
     }
 }
 

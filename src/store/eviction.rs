@@ -40,8 +40,14 @@ struct Candidate {
 }
 
 impl Candidate {
-    fn of(entry: &mut impl Identified, now_ns: u64, family: Family, key: BucketKey) -> Self {
-        let used = entry.take_use();
+    fn of(
+        entry: &mut impl Identified,
+        now_ns: u64,
+        first_pass: bool,
+        family: Family,
+        key: BucketKey,
+    ) -> Self {
+        let used = entry.take_use(first_pass);
         let expires_in_ns = entry.expires_in(now_ns);
         let denying = entry.is_denying(now_ns);
         Candidate {
@@ -88,12 +94,19 @@ impl Shard {
             return Ok(());
         }
         let mut candidates: Vec<Candidate> = Vec::new();
+        let first = !std::mem::replace(&mut self.passed, true);
         for entry in self.gcra.iter_mut() {
             let key = entry.key();
-            candidates.push(Candidate::of(entry, now_ns, Family::Gcra, key));
+            candidates.push(Candidate::of(entry, now_ns, first, Family::Gcra, key));
         }
-        collect(&mut self.windows, Family::Window, now_ns, &mut candidates);
-        collect(&mut self.logs, Family::Log, now_ns, &mut candidates);
+        collect(
+            &mut self.windows,
+            Family::Window,
+            now_ns,
+            first,
+            &mut candidates,
+        );
+        collect(&mut self.logs, Family::Log, now_ns, first, &mut candidates);
         candidates.retain(|c| Some(c.key) != spare);
         candidates.sort_unstable_by_key(|c| c.cost);
         let batch = (self.len() / 16).max(1);
@@ -154,10 +167,11 @@ fn collect<E: Identified>(
     table: &mut HashTable<E>,
     family: Family,
     now_ns: u64,
+    first_pass: bool,
     out: &mut Vec<Candidate>,
 ) {
     for entry in table.iter_mut() {
         let key = BucketKey::of(entry);
-        out.push(Candidate::of(entry, now_ns, family, key));
+        out.push(Candidate::of(entry, now_ns, first_pass, family, key));
     }
 }

@@ -43,6 +43,8 @@ pub(super) struct Shard {
     pub(super) bytes: Account,
     /// The keys of the buckets marked changed since the last round (`changed.rs`).
     pub(super) changed: ChangedKeys,
+    /// An eviction pass has run here (`eviction.rs`: the first one tells returns apart alone).
+    pub(super) passed: bool,
 }
 
 /// A log bucket's next admission needs this many more bytes than the shard may still charge:
@@ -59,6 +61,7 @@ impl Shard {
             logs: HashTable::new(),
             bytes: Account::default(),
             changed: ChangedKeys::new(listed),
+            passed: false,
         }
     }
 

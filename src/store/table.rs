@@ -57,10 +57,13 @@ pub(super) enum Standing {
 
 impl Use {
     /// How a pass finds a bucket that stood at `standing` and was consumed from since the last
-    /// pass or not (`used`), and where it stands after this pass.
-    pub(super) fn at_pass(used: bool, standing: Standing) -> (Use, Standing) {
+    /// pass or not (`used`), and where it stands after this pass. The shard's first pass has
+    /// no earlier one to tell a return by: it takes a key checked again before it as returning
+    /// (a flood gains at most one shard's worth, idle from the next pass on).
+    pub(super) fn at_pass(used: bool, standing: Standing, first_pass: bool) -> (Use, Standing) {
         match (used, standing) {
             (true, Standing::Seen | Standing::Promoted) => (Use::Used, Standing::Promoted),
+            (true, Standing::Unseen) if first_pass => (Use::Used, Standing::Promoted),
             (false, Standing::Promoted) => (Use::Idle, Standing::Promoted),
             (_, Standing::Unseen | Standing::Seen) => (Use::New, Standing::Seen),
         }
@@ -102,7 +105,7 @@ impl GcraEntry {
     }
 
     /// How the bucket was used, as an eviction pass reads it (and moves it on).
-    pub(super) fn take_use(&mut self) -> Use {
+    pub(super) fn take_use(&mut self, first_pass: bool) -> Use {
         let meta = self.meta.get_mut();
         let standing = if *meta & PROMOTED != 0 {
             Standing::Promoted
@@ -111,7 +114,7 @@ impl GcraEntry {
         } else {
             Standing::Unseen
         };
-        let (seen, after) = Use::at_pass(*meta & USED != 0, standing);
+        let (seen, after) = Use::at_pass(*meta & USED != 0, standing, first_pass);
         let bits = match after {
             Standing::Unseen => 0,
             Standing::Seen => SEEN,
