@@ -32,7 +32,7 @@ resp-conformance: ## the same CL.THROTTLE calls through redis-py (into target/re
 	@command -v redis-server >/dev/null && command -v redis-cli >/dev/null || apt-get install -y redis-server redis-tools >/dev/null 2>&1 || echo "redis-server or redis-cli missing and not installable"
 	$(CARGO) test -p floodgate-node --test resp_conformance --locked -- --ignored
 
-hostile-gateway: ## build in release, start a node with --max-store-bytes HOSTILE_STORE_BYTES (64 MiB) and flood it from the public client with every algorithm and both kinds of lease; fails if its resident memory passes the budget plus the documented overhead, a live key is reset or a new key is refused (about 40 s)
+hostile-gateway: ## build in release, start a node with --max-store-bytes HOSTILE_STORE_BYTES (64 MiB) and flood it from the public client with every algorithm and both kinds of lease; fails if its resident memory passes the budget plus the documented overhead, a live key is reset or a new key is refused (about 50 s)
 	$(CARGO) build --release --locked -p floodgate-node -p floodgate-client --bin floodgate-node --example hostile_gateway
 	./target/release/examples/hostile_gateway --node target/release/floodgate-node --max-store-bytes $(HOSTILE_STORE_BYTES)
 

@@ -85,4 +85,5 @@ fn print(plan: &Plan, report: &Report) {
          decided: {}",
         report.witness, report.new_key_decided
     );
+    println!("token leases at the gateway: {:?}", report.token_leases);
 }
