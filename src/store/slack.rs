@@ -2,8 +2,8 @@
 //! table at the lowest load the table has after it grew (`budget.rs`); a table never shrinks by
 //! itself, so once evictions or expiry thin it, its memory would outgrow what its remaining
 //! buckets are charged (a flood of one family evicted for another would hold both). After
-//! every pass that removes buckets, a table holding more than its buckets' charge plus
-//! [`TABLE_SLACK_BYTES`] is rebuilt to fit them.
+//! every eviction pass, and once the expiry sweep has walked a shard, a table holding more
+//! than its buckets' charge plus [`TABLE_SLACK_BYTES`] is rebuilt to fit them.
 
 use hashbrown::HashTable;
 

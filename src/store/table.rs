@@ -288,9 +288,9 @@ impl GcraTable {
     /// slot `from`, removing the others in place (as `remove` does). `keep` may be asked twice
     /// about an entry: one shifted back into the slot just emptied is looked at again. Returns
     /// how many were dropped and the slot to go on from, or `None` once the walk reached the
-    /// table's end (the caller then gives back the room: `slack.rs`). A table rebuilt between two calls
-    /// is walked on from the same index: an entry may be looked at twice, or missed until the
-    /// next walk, which only delays forgetting it.
+    /// table's end (the caller then gives back the room: `slack.rs`). A table rebuilt between
+    /// two calls is walked on from the same index: an entry may be looked at twice, or missed
+    /// until the next walk, which only delays forgetting it.
     ///
     /// In place and in slices, because the expiry sweep runs it under the shard's lock:
     /// rebuilding the whole table on every sweep (a fresh table of hundreds of KiB, every entry
