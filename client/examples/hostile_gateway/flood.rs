@@ -419,6 +419,9 @@ pub fn judge(plan: &Plan, report: &Report) -> Vec<String> {
             report.witness
         ));
     }
+    if report.token_leases.is_none_or(|s| s.granted == 0) {
+        failures.push("no token was leased: the hot keys never reached the node's leases".into());
+    }
     if !report.new_key_decided {
         failures.push("a new key after the flood was not decided".to_owned());
     }
