@@ -245,7 +245,6 @@ mod tests {
     fn a_class_let_back_in_does_not_queue_ahead_of_critical() {
         let unloaded = unloaded_p99();
         let r = run(Upstream::DEMO, config(), true, 400, 21);
-        assert_eq!(r.top_level, 1);
         let critical = &r.classes[Critical.rank()];
         assert_eq!(critical.admitted, critical.sent);
         assert!(
@@ -258,5 +257,7 @@ mod tests {
             p99 * 2 < 3 * unloaded,
             "p99 {p99} against {unloaded} unloaded"
         );
+        // Default is not shed outright: critical did not need it.
+        assert_eq!(r.top_level, 1);
     }
 }
