@@ -4,7 +4,8 @@
 //!
 //! A round is one call of three checks, decided by the keys' owners like any other; when the
 //! cluster cannot answer, the gateway sheds on its own signal alone (fleet level 0) until it
-//! can.
+//! can. [`read_fleet_level`] reads the same counts without reporting (`floodgate status
+//! --brownout BACKEND`).
 
 use std::time::Duration;
 
@@ -13,10 +14,12 @@ use floodgate::check::{Check, FailureMode, Source};
 use floodgate::priority::brownout::{
     BrownoutReading, MAX_LEVEL, MAX_REPORTS, fleet_level, report_key, report_limit,
 };
+#[cfg(feature = "tower")]
 use tokio::sync::watch;
 
 use crate::Client;
 use crate::error::ClientError;
+#[cfg(feature = "tower")]
 use crate::shed::ShedGate;
 
 /// What is wrong with a brownout set-up.
@@ -38,6 +41,8 @@ pub struct BrownoutReporter {
     client: Client,
     keys: Vec<Vec<u8>>,
     limit: Limit,
+    // Only the task that runs rounds (feature `tower`) paces itself by it.
+    #[cfg_attr(not(feature = "tower"), allow(dead_code))]
     interval: Duration,
     quorum_bp: u32,
 }
@@ -69,12 +74,25 @@ impl BrownoutReporter {
     /// One round: counts `local_level` in (one report on each level up to it), and returns
     /// the fleet's level with the counts it was read from.
     pub async fn round(&self, local_level: u8) -> Result<(u8, BrownoutReading), BrownoutError> {
+        self.count(|level| u64::from(level <= local_level)).await
+    }
+
+    /// The fleet's level and its counts, reporting nothing (every check costs 0).
+    pub async fn peek(&self) -> Result<(u8, BrownoutReading), BrownoutError> {
+        self.count(|_| 0).await
+    }
+
+    /// One call of a check per level, each of `cost(level)`.
+    async fn count(
+        &self,
+        cost: impl Fn(u8) -> u64,
+    ) -> Result<(u8, BrownoutReading), BrownoutError> {
         let checks: Vec<Check> = self
             .keys
             .iter()
             .zip(0..)
             .map(|(key, level)| {
-                let cost = u64::from(level <= local_level);
+                let cost = cost(level);
                 // Closed: a count from a local fallback bucket would be this gateway's alone.
                 Check::new(key.clone(), self.limit)
                     .cost(cost)
@@ -95,6 +113,7 @@ impl BrownoutReporter {
     /// Runs rounds every interval with `gate`'s own level until `shutdown` turns true, and
     /// sets the fleet's level on it (0 while the cluster cannot answer). Each round waits for
     /// the one before: at most one call in flight.
+    #[cfg(feature = "tower")]
     pub async fn run(self, gate: ShedGate, mut shutdown: watch::Receiver<bool>) {
         let mut ticker = tokio::time::interval(self.interval);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -112,4 +131,18 @@ impl BrownoutReporter {
             }
         }
     }
+}
+
+/// `backend`'s fleet level as the gateways reporting every `interval` with `quorum_bp` see it,
+/// with the counts it was read from; nothing is reported. `interval` must be theirs: the
+/// counts are kept under the limit it makes.
+pub async fn read_fleet_level(
+    client: &Client,
+    backend: &str,
+    interval: Duration,
+    quorum_bp: u32,
+) -> Result<(u8, BrownoutReading), BrownoutError> {
+    BrownoutReporter::new(client.clone(), backend, interval, quorum_bp)?
+        .peek()
+        .await
 }

@@ -25,8 +25,9 @@
 //!   (the grouping and refund logic is the core's `floodgate::policy::grouping`).
 //! - `tower` (feature `tower`): `RateLimitLayer`, the limiter as a `tower::Layer`.
 //! - `shed` (feature `tower`): `ShedLayer`, load shedding in front of one upstream (the core's
-//!   adaptive shedder, lowest class first, `503` with `Retry-After`); `brownout`: the task that
-//!   reports a gateway's shedding level into the cluster and reads back the fleet's.
+//!   adaptive shedder, lowest class first, `503` with `Retry-After`).
+//! - `brownout`: the task (feature `tower`) that reports a gateway's shedding level into the
+//!   cluster and reads back the fleet's, and [`brownout::read_fleet_level`], the read alone.
 //! - `client`: [`Client`]: `connect`, and each call to its key's owner or the owner's successor;
 //!   `call`: one call to one node (breaker, queue, reply → verdicts).
 //! - [`Check`], [`FailureMode`], [`Verdict`], [`Source`], [`DegradedReason`]: the core's
@@ -64,7 +65,6 @@
 mod address;
 mod backoff;
 mod breaker;
-#[cfg(feature = "tower")]
 pub mod brownout;
 mod call;
 mod charge;

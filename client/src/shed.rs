@@ -46,8 +46,10 @@ pub struct ShedStatus {
     pub level: u8,
     pub local_level: u8,
     pub fleet_level: u8,
-    /// The adaptive limit on requests in flight.
+    /// The adaptive limit on requests in flight (critical's, counted alone).
     pub limit: u64,
+    /// The limit the lower classes are held to, counted with everything in flight.
+    pub lower_limit: u64,
     pub in_flight: u64,
 }
 
@@ -88,24 +90,24 @@ impl ShedGate {
             shedder.admit(now, class)
         } else {
             Admission::Admitted {
-                in_flight: shedder.admit_unchecked(now),
+                in_flight: shedder.admit_unchecked(now, class),
             }
         }
     }
 
-    /// An admitted request was answered after `latency`.
-    pub fn complete(&self, latency: std::time::Duration, in_flight: u64) {
+    /// An admitted request of `class` was answered after `latency`.
+    pub fn complete(&self, class: Priority, latency: std::time::Duration, in_flight: u64) {
         let now = self.now_ns();
         let latency_ns = u64::try_from(latency.as_nanos()).unwrap_or(u64::MAX);
         self.inner
             .shedder
             .lock()
-            .complete(now, latency_ns, in_flight);
+            .complete(now, class, latency_ns, in_flight);
     }
 
-    /// An admitted request was dropped unanswered.
-    pub fn abandon(&self) {
-        self.inner.shedder.lock().abandon();
+    /// An admitted request of `class` was dropped unanswered.
+    pub fn abandon(&self, class: Priority) {
+        self.inner.shedder.lock().abandon(class);
     }
 
     /// This gateway's own level, after closing the windows that have passed.
@@ -128,6 +130,7 @@ impl ShedGate {
             local_level: shedder.local_level(),
             fleet_level: shedder.fleet_level(),
             limit: shedder.limit(),
+            lower_limit: shedder.lower_limit(),
             in_flight: shedder.in_flight(),
         }
     }
@@ -210,6 +213,7 @@ impl<S, F> std::fmt::Debug for Shed<S, F> {
 /// dropped.
 struct InFlight {
     gate: ShedGate,
+    class: Priority,
     in_flight: u64,
     started: Instant,
     answered: bool,
@@ -225,9 +229,10 @@ impl InFlight {
 impl Drop for InFlight {
     fn drop(&mut self) {
         if self.answered {
-            self.gate.complete(self.started.elapsed(), self.in_flight);
+            self.gate
+                .complete(self.class, self.started.elapsed(), self.in_flight);
         } else {
-            self.gate.abandon();
+            self.gate.abandon(self.class);
         }
     }
 }
@@ -271,6 +276,7 @@ where
         let mut inner = std::mem::replace(&mut self.inner, clone);
         let place = InFlight {
             gate: self.gate.clone(),
+            class,
             in_flight,
             started: Instant::now(),
             answered: false,

@@ -213,3 +213,35 @@ async fn a_request_slower_than_the_ttl_keeps_its_lease() {
     assert_eq!(status, 200);
     stack.stop().await;
 }
+
+/// The demo upstream's work queue counts a request that went away (its future dropped while
+/// queued or in service) as gone: its place in the queue and in service is given back, so
+/// the queue the metrics show is the requests still waiting, never more.
+#[tokio::test(start_paused = true)]
+async fn the_work_queue_forgets_requests_dropped_part_way() {
+    let work = app::Work::new(1, Duration::from_millis(20));
+    let mut serving = Vec::new();
+    for _ in 0..5 {
+        let work = work.clone();
+        serving.push(tokio::spawn(async move { work.serve().await }));
+    }
+    tokio::task::yield_now().await;
+    let stats = work.stats();
+    assert_eq!(
+        (stats.in_service, stats.queued, stats.queued_max),
+        (1, 4, 4)
+    );
+    // The one in service and two of the queued ones go away.
+    for task in serving.drain(..3) {
+        task.abort();
+        let _ = task.await;
+    }
+    // The place given back went to the next in the queue.
+    let stats = work.stats();
+    assert_eq!((stats.in_service, stats.queued), (1, 1));
+    for task in serving {
+        task.await.unwrap();
+    }
+    let stats = work.stats();
+    assert_eq!((stats.in_service, stats.queued, stats.served), (0, 0, 2));
+}

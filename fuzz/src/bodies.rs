@@ -12,8 +12,9 @@ use floodgate::cluster::{MemberInfo, Membership, MembershipConfig, SLOTS};
 use floodgate::limit::format_period;
 use floodgate::policy::pattern::{PathPattern, normalize_path};
 use floodgate::policy::{
-    KEY_SEPARATOR, MAX_KEY_BYTES, MAX_WAIT_NS, Policy, RequestAttributes, client_ip,
+    KEY_SEPARATOR, MAX_KEY_BYTES, MAX_WAIT_NS, PlannedCheck, Policy, RequestAttributes, client_ip,
 };
+use floodgate::priority::Priority;
 use floodgate::resp::{Parsed, RespLimits, parse_command};
 use floodgate::store::snapshot::{
     SNAPSHOT_HEADER_BYTES, SNAPSHOT_TRAILER_BYTES, SnapshotError, decode_snapshot,
@@ -805,8 +806,49 @@ pub fn rules_yaml(data: &[u8]) -> Outcome {
             assert!(check.key.starts_with(check.rule.as_bytes()));
             assert!(check.cost <= check.limit.burst());
         }
+        classes_and_reserves(policy, &request);
     }
     Outcome::Accepted
+}
+
+/// A parsed policy's `priority:` and `reserve:` for one request: a named class is believed
+/// only as the file says, and every class plans the same checks and leases (same keys,
+/// algorithms, periods and TTLs) with a limit of at least 1 that never exceeds the limit of
+/// the class above it.
+fn classes_and_reserves(policy: &Policy, request: &RequestAttributes<'_>) {
+    let unnamed = policy.priority_of(request, None);
+    for named in ["critical", "SHEDDABLE", " default ", "urgent", ""] {
+        let class = policy.priority_of(request, Some(named));
+        if Priority::from_name(named).is_none() {
+            assert_eq!(class, unnamed, "{named:?} is no class");
+        }
+    }
+    let same = |a: &[PlannedCheck], b: &[PlannedCheck]| {
+        a.len() == b.len()
+            && a.iter().zip(b).all(|(a, b)| {
+                a.key == b.key
+                    && a.limit.algorithm() == b.limit.algorithm()
+                    && a.limit.period_ns() == b.limit.period_ns()
+            })
+    };
+    let checks = Priority::ALL.map(|class| policy.checks_for_class(request, class));
+    let leases = Priority::ALL.map(|class| policy.leases_for_class(request, class));
+    assert!(same(&policy.checks_for(request), &checks[unnamed.rank()]));
+    for pair in checks.windows(2) {
+        let (lower, higher) = (&pair[0], &pair[1]);
+        assert!(same(lower, higher));
+        for (l, h) in lower.iter().zip(higher) {
+            assert!(l.limit.burst() >= 1 && l.limit.burst() <= h.limit.burst());
+        }
+    }
+    for pair in leases.windows(2) {
+        let (lower, higher) = (&pair[0], &pair[1]);
+        assert_eq!(lower.len(), higher.len());
+        for (l, h) in lower.iter().zip(higher) {
+            assert_eq!((&l.key, l.limit.ttl_ns()), (&h.key, h.limit.ttl_ns()));
+            assert!(l.limit.max() >= 1 && l.limit.max() <= h.limit.max());
+        }
+    }
 }
 
 /// A rate or duration as written in a rules file or on a command line: refused, or a value that

@@ -844,6 +844,12 @@ fn rules_seeds() -> Vec<Seed> {
     use Outcome::{Accepted, Refused};
     let text = |s: &str| s.as_bytes().to_vec();
     let minimal = "rules:\n  - name: api\n    path: /**\n    key: ip\n    limit: 10/s\n";
+    let priority = "priority:\n  header: false\n  routes:\n    - { method: POST, path: /v1/auth/**, class: critical }\n    - { path: /, class: sheddable }\n  default: default\nrules:\n  - name: w\n    path: /**\n    key: global\n    concurrency: 7\n    reserve: { critical: 12.5%, default: 30% }\n  - name: r\n    path: /**\n    key: ip\n    limit: 3/s\n    algorithm: sliding-window\n    reserve: { critical: 99% }\n";
+    let reserve = |limit: &str, reserve: &str| {
+        format!(
+            "rules:\n  - name: x\n    path: /**\n    key: ip\n    {limit}\n    reserve: {reserve}\n"
+        )
+    };
     let composite = "plans: [free]\nrules:\n  - name: x\n    method: [GET, post]\n    path: /v1/*/y\n    key: [user, endpoint, plan]\n    plans:\n      free: {limit: 3/min, algorithm: sliding-log}\n    cost: 2\n    mode: shadow\n";
     vec![
         seed("rules_yaml", "example", text(EXAMPLE_RULES), Accepted),
@@ -860,6 +866,34 @@ fn rules_seeds() -> Vec<Seed> {
             "rules_yaml",
             "anchors",
             text("a: &x [*x]\nrules: *x\n"),
+            Refused,
+        ),
+        seed("rules_yaml", "priority", text(priority), Accepted),
+        seed(
+            "rules_yaml",
+            "reserve-sheddable",
+            text(&reserve("concurrency: 4", "{ sheddable: 10% }")),
+            Refused,
+        ),
+        seed(
+            "rules_yaml",
+            "reserve-whole",
+            text(&reserve(
+                "limit: 10/s\n    algorithm: fixed-window",
+                "{ critical: 60%, default: 40% }",
+            )),
+            Refused,
+        ),
+        seed(
+            "rules_yaml",
+            "reserve-gcra",
+            text(&reserve("limit: 10/s", "{ critical: 20% }")),
+            Refused,
+        ),
+        seed(
+            "rules_yaml",
+            "priority-unknown-class",
+            text("priority:\n  default: urgent\nrules: []\n"),
             Refused,
         ),
     ]

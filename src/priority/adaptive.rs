@@ -143,6 +143,12 @@ impl AdaptiveLimit {
         self.last_over_target
     }
 
+    /// Brings the limit down to `at` if it is above (never below `min_limit`): for a caller
+    /// about to let in more demand than the limit was learnt on.
+    pub fn cap(&mut self, at: u64) {
+        self.limit = self.limit.min(at as f64).max(self.config.min_limit);
+    }
+
     /// Records one answered request: it took `latency_ns` and started with `in_flight`
     /// requests in flight (itself included). Returns true when a window closed first.
     pub fn record(&mut self, now_ns: u64, latency_ns: u64, in_flight: u64) -> bool {
@@ -186,7 +192,10 @@ impl AdaptiveLimit {
         let target = self.target_ns().unwrap_or(mean).max(1);
         let gradient = (target as f64 / mean.max(1) as f64).clamp(0.5, 1.0);
         let busy = window.max_in_flight as f64 * 2.0 >= self.limit;
-        let headroom = if busy { 1.0 } else { 0.0 };
+        // Only demand that reached the limit says more would be taken: a limit grown past
+        // what was used lets a burst in all at once.
+        let pressed = window.max_in_flight as f64 + 1.0 >= self.limit;
+        let headroom = if pressed { 1.0 } else { 0.0 };
         let estimate = self.limit * gradient + headroom;
         let s = self.config.smoothing;
         self.limit = ((1.0 - s) * self.limit + s * estimate)

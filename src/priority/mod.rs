@@ -17,6 +17,8 @@ pub mod brownout;
 pub mod class;
 pub mod reserve;
 pub mod shedder;
+#[cfg(test)]
+pub(crate) mod upstream_sim;
 
 pub use adaptive::{AdaptiveConfig, AdaptiveLimit};
 pub use brownout::{BrownoutReading, MAX_LEVEL, fleet_level};

@@ -8,6 +8,8 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
+use floodgate_client::brownout::BrownoutError;
+use floodgate_client::core::priority::{BrownoutReading, Priority};
 use floodgate_client::core::region::Scope;
 use floodgate_client::core::{Algorithm, Decision, Limit, parse_duration_ns, parse_rate};
 use floodgate_client::logging::{self, LogFormat};
@@ -91,12 +93,33 @@ Output:
 The protocol column is the range of protocol versions each member speaks (`2` for a node of a
 build before versions were negotiated); the cluster speaks the highest version all share.
 
+With --brownout BACKEND (the name gateways' shedders report under, e.g. `work`), one line per
+backend reads the fleet's brownout level without reporting anything:
+  brownout work: fleet level 1 (sheddable shed); reports at level >= 0/1/2: 30/30/0, quorum 50%
+--brownout-interval and --brownout-quorum must be the gateways' own (their defaults are).
+
 Exit status: 0 when a node gave its table, 2 on error (bad arguments, no node answered).";
 
 #[derive(Debug, Args)]
 struct StatusArgs {
     #[command(flatten)]
     connection: ConnectionArgs,
+    /// Backends whose fleet brownout level to show (the names gateways report their shedding
+    /// level under, e.g. `work`); repeat the flag or separate with commas.
+    #[arg(long, value_delimiter = ',', value_name = "BACKEND")]
+    brownout: Vec<String>,
+    /// The gateways' brownout report interval: their counts are kept under the limit it makes.
+    #[arg(long, default_value = "100ms", value_parser = parse_duration_arg)]
+    brownout_interval: Duration,
+    /// The gateways' brownout quorum: the share of reports at a level or above that brings the
+    /// fleet to it.
+    #[arg(long, default_value = "50%", value_parser = parse_share)]
+    brownout_quorum: u32,
+}
+
+/// A share such as `50%`, in basis points.
+fn parse_share(text: &str) -> Result<u32, String> {
+    floodgate_client::core::priority::reserve::parse_share_bp(text).map_err(|e| e.to_string())
 }
 
 /// How to reach the nodes: shared by every subcommand that talks to them.
@@ -287,8 +310,8 @@ fn main() -> ExitCode {
 }
 
 /// Fetches one node's slot table and prints it.
-async fn run_status(args: &StatusArgs, out: &mut impl Write) -> Result<(), String> {
-    let args = &args.connection;
+async fn run_status(status: &StatusArgs, out: &mut impl Write) -> Result<(), String> {
+    let args = &status.connection;
     let config = args.client_config();
     let table = floodgate_client::fetch_slot_table(args.seeds(), &config)
         .await
@@ -310,7 +333,56 @@ async fn run_status(args: &StatusArgs, out: &mut impl Write) -> Result<(), Strin
             Err(e) => rules = format!("rules: unknown ({node}: {e})\n"),
         }
     }
-    out.write_all(rules.as_bytes()).map_err(|e| e.to_string())
+    out.write_all(rules.as_bytes()).map_err(|e| e.to_string())?;
+    if status.brownout.is_empty() {
+        return Ok(());
+    }
+    let client = floodgate_client::Client::connect(args.seeds(), config)
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut lines = String::new();
+    for backend in &status.brownout {
+        let read = floodgate_client::brownout::read_fleet_level(
+            &client,
+            backend,
+            status.brownout_interval,
+            status.brownout_quorum,
+        )
+        .await;
+        lines.push_str(&format_brownout(backend, read, status.brownout_quorum));
+    }
+    client.close().await;
+    out.write_all(lines.as_bytes()).map_err(|e| e.to_string())
+}
+
+/// One backend's brownout line: its fleet level and the counts, or why it is unknown.
+fn format_brownout(
+    backend: &str,
+    read: Result<(u8, BrownoutReading), BrownoutError>,
+    quorum_bp: u32,
+) -> String {
+    match read {
+        Ok((level, reading)) => {
+            let shed = match level {
+                0 => "nothing shed".to_owned(),
+                level => {
+                    Priority::ALL[..usize::from(level)]
+                        .iter()
+                        .map(|class| class.name())
+                        .collect::<Vec<_>>()
+                        .join(" and ")
+                        + " shed"
+                }
+            };
+            let counts: Vec<String> = reading.at_least.iter().map(u64::to_string).collect();
+            format!(
+                "brownout {backend}: fleet level {level} ({shed}); reports at level >= 0/1/2: {}, quorum {}%\n",
+                counts.join("/"),
+                f64::from(quorum_bp) / 100.0
+            )
+        }
+        Err(e) => format!("brownout {backend}: unknown ({e})\n"),
+    }
 }
 
 /// `floodgate rules check FILE`: the policy's description, or the rendered error.

@@ -130,3 +130,62 @@ async fn status_prints_the_cluster_table_and_exits_2_when_nobody_answers() {
         node.shutdown().await;
     }
 }
+
+/// `--brownout BACKEND` reads the fleet's level from the counts gateways report into the
+/// cluster, without reporting itself: a gateway at level 2 brings `work` to level 2, a
+/// backend nobody reports is at 0, a name no key can hold is said to be unknown.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_shows_the_fleet_brownout_level_per_backend() {
+    let certs = certs();
+    let node = start(&certs, Vec::new()).await;
+    let client = floodgate_client::Client::connect(&[node.local_addr()], client_config(&certs))
+        .await
+        .unwrap();
+    // An hour's interval: the counting period's boundaries (every 3 h from the epoch) fall
+    // within this test with odds of about one in a million.
+    let interval = std::time::Duration::from_secs(3_600);
+    let gateway =
+        floodgate_client::brownout::BrownoutReporter::new(client.clone(), "work", interval, 5_000)
+            .unwrap();
+    assert_eq!(gateway.round(2).await.unwrap().0, 2);
+
+    let ca = certs.dev.ca.display().to_string();
+    let addr = node.local_addr().to_string();
+    let args = [
+        "status",
+        "--seeds",
+        &addr,
+        "--ca",
+        &ca,
+        "--brownout",
+        "work,quiet",
+        "--brownout",
+        "a b",
+        "--brownout-interval",
+        "1h",
+    ];
+    for _ in 0..2 {
+        let out = floodgate(args.map(str::to_owned).into()).await;
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(out.status.success(), "{stdout}");
+        let brownout: Vec<&str> = stdout
+            .lines()
+            .filter(|l| l.starts_with("brownout "))
+            .collect();
+        // Read twice, the counts stay the gateway's one report: the status reports nothing.
+        assert_eq!(
+            brownout[..2],
+            [
+                "brownout work: fleet level 2 (sheddable and default shed); reports at level >= 0/1/2: 1/1/1, quorum 50%",
+                "brownout quiet: fleet level 0 (nothing shed); reports at level >= 0/1/2: 0/0/0, quorum 50%",
+            ],
+            "{stdout}"
+        );
+        assert!(
+            brownout[2].starts_with("brownout a b: unknown (backend name"),
+            "{stdout}"
+        );
+    }
+    client.close().await;
+    node.shutdown().await;
+}

@@ -98,10 +98,13 @@ impl GatewayMetrics {
                 ] {
                     gauge!(name, "backend" => backend.clone()).set(f64::from(value));
                 }
-                gauge!("floodgate_gateway_shed_limit", "backend" => backend.clone())
-                    .set(status.limit as f64);
-                gauge!("floodgate_gateway_shed_in_flight", "backend" => backend)
-                    .set(status.in_flight as f64);
+                for (name, value) in [
+                    ("floodgate_gateway_shed_limit", status.limit),
+                    ("floodgate_gateway_shed_lower_limit", status.lower_limit),
+                    ("floodgate_gateway_shed_in_flight", status.in_flight),
+                ] {
+                    gauge!(name, "backend" => backend.clone()).set(value as f64);
+                }
             }
             if let Some(work) = self.work.get() {
                 let stats = work.stats();
@@ -420,21 +423,34 @@ impl Work {
         }
     }
 
-    /// Serves one request: waits for a place, holds it for the work's time.
-    async fn serve(&self) {
+    /// Serves one request: waits for a place, holds it for the work's time. Dropped part way
+    /// (the caller went away), it leaves the counts as they would be had it never come.
+    pub async fn serve(&self) {
         let queued = self.queued.fetch_add(1, Ordering::Relaxed) + 1;
         self.queued_max.fetch_max(queued, Ordering::Relaxed);
+        let waiting = Counted(&self.queued);
         let arrived = tokio::time::Instant::now();
         // Never closed: the semaphore lives as long as the work.
         let permit = self.places.acquire().await;
-        self.queued.fetch_sub(1, Ordering::Relaxed);
+        drop(waiting);
         let waited = u64::try_from(arrived.elapsed().as_nanos()).unwrap_or(u64::MAX);
         self.queue_wait_ns.fetch_add(waited, Ordering::Relaxed);
         self.in_service.fetch_add(1, Ordering::Relaxed);
+        let serving = Counted(&self.in_service);
         tokio::time::sleep(self.takes).await;
-        self.in_service.fetch_sub(1, Ordering::Relaxed);
+        drop(serving);
         self.served.fetch_add(1, Ordering::Relaxed);
         drop(permit);
+    }
+}
+
+/// One unit of a count, taken back when dropped: a request's place in the queue or in
+/// service is given back however its future ends.
+struct Counted<'a>(&'a AtomicU64);
+
+impl Drop for Counted<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
     }
 }
 

@@ -4,7 +4,8 @@
 //! Identity comes from `X-User-Id`, `X-Api-Key`, `X-Tenant-Id`, `X-Plan` and `X-Home-Region`
 //! (for `scope: home` rules), as an auth step in front would set them; the client IP from the peer (and `X-Forwarded-For` through the rules'
 //! trusted proxies); the class from `X-Priority` (`critical`, `default`, `sheddable`; as the
-//! rules' `priority:` says). `GET /v1/work` (4 at once, 20 ms each, queued beyond) goes through
+//! rules' `priority:` says). The gateway believes these headers: the auth step in front must
+//! set them and strip a client's own (docs/GATEWAY.md). `GET /v1/work` (4 at once, 20 ms each, queued beyond) goes through
 //! a shedder (`--shed`), which reports its level into the cluster and sheds at the fleet's
 //! level too. `GET /metrics`: verdicts by rule and outcome, fallbacks, limiter latency, requests
 //! per class, the shedder's level and limit, the demo upstream's queue.
