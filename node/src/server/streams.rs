@@ -216,18 +216,6 @@ pub(super) async fn answer(
     }
 }
 
-/// True when a node may decide a whole frame here at once, without placing each group: it is
-/// alone in its table (or the last to leave), so nobody else owns anything, and no slot it
-/// gained waits for a hand-off. A member that just left is still handing its slots over:
-/// decided here before that lands, they would miss the leaver's last decisions.
-fn decides_all_here(
-    table: &floodgate::cluster::SlotTable,
-    me: &str,
-    ownership: &floodgate::cluster::ownership::Ownership,
-) -> bool {
-    table.nodes().iter().all(|n| n == me) && !ownership.awaits_any_handoff()
-}
-
 /// Answers a check batch (kind 1, or 10 from a peer) from `caller`: decided here, or
 /// forwarded by group.
 async fn answer_checks(
@@ -243,7 +231,8 @@ async fn answer_checks(
             cluster.wait_until_joined().await;
             let deciding = cluster.deciding();
             let table = cluster.table();
-            let alone = decides_all_here(&table, &cluster.me.id, &cluster.ownership());
+            // Alone in its table with nothing awaited: the whole frame is decided here.
+            let alone = cluster.ownership().decides_every_slot();
             if !alone {
                 drop(deciding);
                 // Groups may belong to other nodes, and gained slots may wait for a hand-off.
@@ -264,54 +253,5 @@ async fn answer_checks(
                 )
             }
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use std::sync::Arc;
-
-    use floodgate::cluster::SlotTable;
-    use floodgate::cluster::ownership::{Ownership, OwnershipConfig};
-
-    use super::decides_all_here;
-
-    fn table(epoch: u64, nodes: &[&str]) -> Arc<SlotTable> {
-        let nodes: Vec<String> = nodes.iter().map(|n| n.to_string()).collect();
-        Arc::new(SlotTable::compute(epoch, &nodes))
-    }
-
-    /// The last member left after a graceful leave waits for the leaver's hand-off before it
-    /// decides whole frames at once: until then each group is placed (and a gained slot
-    /// answered `try_again`). A rolling restart of a two-node region decided the leaver's keys
-    /// blind here, a burst over the limit per key.
-    #[test]
-    fn the_last_member_decides_whole_frames_only_once_the_leavers_hand_off_is_here() {
-        let mut a = Ownership::new(
-            "a".into(),
-            table(1, &["a", "b"]),
-            false,
-            1,
-            OwnershipConfig::default(),
-        );
-        assert!(!decides_all_here(a.table(), "a", &a), "b owns slots");
-        let alone = table(2, &["a"]);
-        a.handle_table(1_000, alone.clone(), |id| id == "b");
-        assert!(a.awaits_any_handoff());
-        assert!(
-            !decides_all_here(&alone, "a", &a),
-            "b's hand-off is on its way"
-        );
-        let gained: Vec<u16> = (0..floodgate::cluster::SLOTS as u16)
-            .filter(|&s| table(1, &["a", "b"]).owner(s) == Some("b"))
-            .collect();
-        let part = floodgate::cluster::ownership::ReceivedPart {
-            id: 7,
-            part: 0,
-            parts: 1,
-            slots: &gained,
-        };
-        assert!(a.handle_handoff(2_000, "b", part));
-        assert!(decides_all_here(&alone, "a", &a), "b's state is here");
     }
 }

@@ -412,6 +412,17 @@ impl Ownership {
         !self.handoffs.is_empty()
     }
 
+    /// True when every check may be decided here at once, without placing each (a driver's
+    /// shortcut for whole frames): this node is alone in its table (or the last to leave), so
+    /// nobody else owns anything; it is not waiting for its join; and no slot it gained waits
+    /// for a hand-off. A member that just left is still handing its slots over: decided here
+    /// before that lands, they would miss the leaver's last decisions.
+    pub fn decides_every_slot(&self) -> bool {
+        self.table.nodes().iter().all(|n| *n == self.me)
+            && self.phase() != Phase::Joining
+            && !self.awaits_any_handoff()
+    }
+
     /// True when a client's check on `slot` would be decided here at `now_ns`, without waiting:
     /// the node is not waiting for its join, owns the slot, and the slot waits for no hand-off.
     pub fn decides(&self, slot: u16, now_ns: u64) -> bool {
@@ -607,6 +618,29 @@ mod tests {
     }
 
     const NO_ONE_LEFT: fn(&str) -> bool = |_| false;
+
+    /// The last member left after a graceful leave waits for the leaver's hand-off before it
+    /// decides every check at once: until then each is placed (and a gained slot answered
+    /// `try_again`). A rolling restart of a two-node region decided the leaver's keys blind
+    /// through that shortcut, a burst over the limit per key.
+    #[test]
+    fn the_last_member_decides_every_slot_only_once_the_leavers_hand_off_is_here() {
+        let pair = table(1, &["a", "b"]);
+        let mut a = machine("a", pair.clone(), false);
+        assert!(!a.decides_every_slot(), "b owns slots");
+        a.handle_table(1_000, table(2, &["a"]), |id| id == "b");
+        assert!(a.awaits_any_handoff());
+        assert!(!a.decides_every_slot(), "b's hand-off is on its way");
+        let gained: Vec<u16> = (0..SLOTS as u16)
+            .filter(|&s| pair.owner(s) == Some("b"))
+            .collect();
+        assert!(a.handle_handoff(2_000, "b", part(7, &gained)));
+        assert!(a.decides_every_slot(), "b's state is here");
+
+        // A node waiting for its join decides nothing at once, table of one or not.
+        let joining = machine("c", table(1, &["c"]), true);
+        assert!(!joining.decides_every_slot());
+    }
 
     #[test]
     fn a_switch_hands_each_lost_slot_to_its_new_owner_once_and_never_decides_it_again() {

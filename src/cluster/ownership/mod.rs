@@ -76,10 +76,11 @@
 //! [`sim`] runs many machines over a delaying, losing, duplicating, reordering network with
 //! crashes, restarts, joins, leaves and stalls, and clients whose breakers open on owners that
 //! do not answer; it drives each machine as the node's driver does (decisions, forwards,
-//! takeovers, `TryAgain`). It checks this invariant at every change of the machines, and at
-//! every decision against every other node deciding that slot then: a pair is excused only by
-//! a window above that names the other decider (window 6 only while the decider's failure
-//! detector holds the other suspect or dead).
+//! takeovers, `TryAgain`, and the shortcut of a node alone in its table). It checks this
+//! invariant at every change of the machines, and at every decision against every other node
+//! deciding that slot then: a pair is excused only by a window above that names the other
+//! decider (window 6 only while the decider's failure detector holds the other suspect or
+//! dead).
 
 mod handoffs;
 mod machine;

@@ -119,6 +119,10 @@ pub struct SimConfig {
     /// A deliberately wrong driver: a slot still waiting for its hand-off is decided anyway
     /// (the machine's `TryAgain` ignored).
     pub decide_awaited_slots: bool,
+    /// A deliberately wrong driver: a node alone in its table decides every check at once,
+    /// whatever its gained slots still wait for (the node's whole-frame shortcut as it was
+    /// before it asked [`Ownership::decides_every_slot`]).
+    pub shortcut_ignores_handoffs: bool,
     /// How long after gossip's news a node switches tables (0: at once), as the node's driver
     /// does once the deciding gate is its own: meanwhile checks are placed by the old table
     /// with the membership's new verdicts.
@@ -172,6 +176,7 @@ impl SimConfig {
             takeover_without_suspicion: false,
             decide_unanswered_without_suspicion: false,
             decide_awaited_slots: false,
+            shortcut_ignores_handoffs: false,
             // Drawn apart from the generator above, so the faults a seed draws stay as they were.
             switch_lag_ns: if seed.is_multiple_of(2) {
                 10_000_000
@@ -419,6 +424,8 @@ pub struct SimReport {
     /// that message was lost or the table names the sender, counted as lost.
     pub passed_on_slots: u64,
     pub stranded_handoff_slots: u64,
+    /// Checks decided through the driver's shortcut for a node alone in its table.
+    pub shortcut_decisions: u64,
 }
 
 /// How a run failed: the seed, what broke, and the last events before it.
@@ -525,6 +532,7 @@ impl Sim {
                 owner_suspected_pairs: 0,
                 passed_on_slots: 0,
                 stranded_handoff_slots: 0,
+                shortcut_decisions: 0,
             },
             checked: Vec::new(),
             tables: BTreeMap::new(),
@@ -1234,6 +1242,16 @@ impl Sim {
         machine.place_again(slot, failed, last_round, self.now_ns, suspects)
     }
 
+    /// True when node `index` takes the driver's shortcut for a node alone in its table.
+    fn decides_every_slot(&self, index: usize) -> bool {
+        let machine = &self.nodes[index].life.as_ref().expect("running").ownership;
+        if self.config.shortcut_ignores_handoffs {
+            let me = machine.me();
+            return machine.table().nodes().iter().all(|n| n == me);
+        }
+        machine.decides_every_slot()
+    }
+
     /// A client's check reaches node `index`.
     fn handle_check(
         &mut self,
@@ -1248,6 +1266,13 @@ impl Sim {
         if life.ownership.phase() == Phase::Joining {
             self.report.try_again += 1;
             self.answer_client(client, id, Answer::Refused(Refusal::TryAgain));
+            return Ok(());
+        }
+        if self.decides_every_slot(index) {
+            // The driver's shortcut: a whole frame decided here without placing its checks.
+            self.report.shortcut_decisions += 1;
+            self.decided(index, slot, How::Owner)?;
+            self.answer_client(client, id, Answer::Decided);
             return Ok(());
         }
         let placement = self.place(index, slot, Arrival::from_client(takeover));
