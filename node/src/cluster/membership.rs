@@ -262,7 +262,8 @@ impl Cluster {
         for message in outgoing {
             drop(self.send_gossip(message));
         }
-        // Each send is bounded by PEER_TIMEOUT; the endpoint must not close before they land.
+        // Each hand-off frame is tried a few times, each try bounded by PEER_TIMEOUT; the
+        // endpoint must not close before they land.
         let mut lost = 0;
         for send in sends {
             lost += usize::from(!matches!(send.await, Ok(true)));

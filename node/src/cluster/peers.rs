@@ -18,6 +18,16 @@ use super::{PEER_TIMEOUT, RESOLVE_TIMEOUT};
 /// this only keeps hostile gossip from growing the maps).
 const MAX_KNOWN_PEERS: usize = 4_096;
 
+/// Tries of one hand-off frame. A hand-off lost between two live nodes leaves its slots
+/// waiting seconds for it and then decided beside the sender, and a leaving node gets no
+/// second chance, so a failed delivery is tried again. The receiver takes a repeated part
+/// once (parts count by hand-off id, buckets merge), so a retry after a delivery whose
+/// acknowledgement was lost costs nothing. Each try is bounded by `PEER_TIMEOUT`.
+const HANDOFF_TRIES: u32 = 3;
+
+/// Pause before a hand-off frame's second try (doubling after).
+const HANDOFF_RETRY_PAUSE: std::time::Duration = std::time::Duration::from_millis(50);
+
 /// Connections to other nodes, opened on demand and reused.
 #[derive(Debug)]
 pub(crate) struct Peers {
@@ -279,6 +289,33 @@ impl Peers {
         })
     }
 
+    /// As [`Peers::send`] for a frame of a hand-off: tried up to [`HANDOFF_TRIES`] times
+    /// until delivered. Ends true once delivered.
+    pub(crate) fn send_handoff(
+        self: &Arc<Self>,
+        addr: String,
+        frame: Vec<u8>,
+    ) -> tokio::task::JoinHandle<bool> {
+        let peers = self.clone();
+        tokio::spawn(async move {
+            let mut tried = 0;
+            let delivered = retried(HANDOFF_TRIES, HANDOFF_RETRY_PAUSE, || {
+                tried += 1;
+                if tried > 1 {
+                    metrics::counter!("floodgate_handoff_retries_total").increment(1);
+                    tracing::info!(peer = %addr, try_ = tried, "hand-off frame not delivered; trying again");
+                }
+                let send = peers.send(addr.clone(), frame.clone());
+                async move { matches!(send.await, Ok(true)) }
+            })
+            .await;
+            if !delivered {
+                tracing::warn!(peer = %addr, tries = HANDOFF_TRIES, "hand-off frame not delivered");
+            }
+            delivered
+        })
+    }
+
     /// Sends one frame on a bidirectional stream and returns the answer's frame of `kind`,
     /// waiting at most `limit` (a connection being made included).
     pub(crate) async fn request_within(
@@ -315,6 +352,25 @@ fn is_handshake_mistake(error: &quinn::ConnectionError) -> bool {
         E::Reset | E::TimedOut | E::LocallyClosed => false,
         E::VersionMismatch | E::TransportError(_) | E::CidsExhausted => true,
     }
+}
+
+/// Runs `attempt` until it returns true, at most `tries` times, pausing `pause` before the
+/// second try and twice as long before each after. True when one try succeeded.
+async fn retried<F, Fut>(tries: u32, mut pause: std::time::Duration, mut attempt: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    for i in 0..tries {
+        if i > 0 {
+            tokio::time::sleep(pause).await;
+            pause = pause.saturating_mul(2);
+        }
+        if attempt().await {
+            return true;
+        }
+    }
+    false
 }
 
 #[cfg(test)]
@@ -376,5 +432,42 @@ mod tests {
         ] {
             assert!(is_handshake_mistake(&mistake), "{mistake}");
         }
+    }
+
+    /// A hand-off frame is tried again after a failed delivery, with doubling pauses, and
+    /// given up after its last try (the paused clock shows the pauses, nothing sleeps).
+    #[tokio::test(start_paused = true)]
+    async fn a_failed_hand_off_frame_is_tried_again_then_given_up() {
+        let pause = std::time::Duration::from_millis(50);
+        let start = tokio::time::Instant::now();
+        let mut tries = 0;
+        let delivered = retried(3, pause, || {
+            tries += 1;
+            let ok = tries == 3;
+            async move { ok }
+        })
+        .await;
+        assert!(delivered);
+        assert_eq!(tries, 3);
+        assert_eq!(start.elapsed(), pause * 3, "50 ms, then 100 ms");
+
+        let mut tries = 0;
+        let delivered = retried(3, pause, || {
+            tries += 1;
+            async { false }
+        })
+        .await;
+        assert!(!delivered);
+        assert_eq!(tries, 3, "never more than its tries");
+
+        let mut tries = 0;
+        assert!(
+            retried(3, pause, || {
+                tries += 1;
+                async { true }
+            })
+            .await
+        );
+        assert_eq!(tries, 1, "a delivered frame is sent once");
     }
 }

@@ -51,14 +51,23 @@ impl Cluster {
     }
 
     /// Sends `buckets` to a node, split into frames; `handoff` is the hand-off's id and the
-    /// slots it carries (`None`: replicas).
+    /// slots it carries (`None`: replicas, which the next round sends again; a hand-off's
+    /// frames are tried again until delivered, a few times).
     pub(super) fn send_buckets(
         &self,
         owner_id: &str,
         handoff: Option<(u64, Vec<u16>)>,
         buckets: &[BucketState],
     ) -> Vec<tokio::task::JoinHandle<bool>> {
-        self.send_frames(self.addressed_bucket_frames(owner_id, handoff, buckets))
+        let is_handoff = handoff.is_some();
+        let frames = self.addressed_bucket_frames(owner_id, handoff, buckets);
+        if !is_handoff {
+            return self.send_frames(frames);
+        }
+        frames
+            .into_iter()
+            .map(|(addr, frame)| self.peers.send_handoff(addr, frame))
+            .collect()
     }
 
     /// [`Cluster::bucket_frames`] with the address of the node they go to (none when it is not

@@ -218,7 +218,7 @@ impl Cluster {
                 }
                 let sent: Vec<_> = bucket_frames
                     .into_iter()
-                    .map(|frame| peers.send(addr.clone(), frame))
+                    .map(|frame| peers.send_handoff(addr.clone(), frame))
                     .collect();
                 let mut delivered = true;
                 for send in sent {
