@@ -94,58 +94,12 @@ pub fn parse_response(buf: &[u8], closed: bool) -> Result<Parse, HttpError> {
     }
     let head = std::str::from_utf8(&buf[..head_end])
         .map_err(|_| HttpError::Malformed("head is not UTF-8"))?;
-    let mut lines = head.split("\r\n");
-    let status_line = lines.next().unwrap_or_default();
-    let mut parts = status_line.splitn(3, ' ');
-    let version = parts.next().unwrap_or_default();
-    let mut keep_alive = match version {
-        "HTTP/1.1" => true,
-        "HTTP/1.0" => false,
-        _ => return Err(HttpError::Malformed("not an HTTP/1.x status line")),
-    };
-    let code = parts.next().unwrap_or_default();
-    let status: u16 = match code.parse() {
-        Ok(s) if code.len() == 3 && (200..600).contains(&s) => s,
-        Ok(s) if (100..200).contains(&s) => {
-            return Err(HttpError::Malformed(
-                "interim (1xx) responses are not expected",
-            ));
-        }
-        _ => return Err(HttpError::Malformed("bad status code")),
-    };
-    let mut length: Option<usize> = None;
-    let mut chunked = false;
-    for line in lines {
-        let (name, value) = line
-            .split_once(':')
-            .ok_or(HttpError::Malformed("header line without a colon"))?;
-        let value = value.trim();
-        if name.eq_ignore_ascii_case("content-length") {
-            let n: usize = value
-                .parse()
-                .map_err(|_| HttpError::Malformed("bad content-length"))?;
-            if length.is_some_and(|l| l != n) {
-                return Err(HttpError::Malformed("conflicting content-length"));
-            }
-            length = Some(n);
-        } else if name.eq_ignore_ascii_case("transfer-encoding") {
-            chunked = value
-                .rsplit(',')
-                .next()
-                .is_some_and(|last| last.trim().eq_ignore_ascii_case("chunked"));
-            if !chunked {
-                return Err(HttpError::Malformed("unsupported transfer-encoding"));
-            }
-        } else if name.eq_ignore_ascii_case("connection") {
-            for token in value.split(',').map(str::trim) {
-                if token.eq_ignore_ascii_case("close") {
-                    keep_alive = false;
-                } else if token.eq_ignore_ascii_case("keep-alive") && version == "HTTP/1.0" {
-                    keep_alive = true;
-                }
-            }
-        }
-    }
+    let Head {
+        status,
+        mut keep_alive,
+        length,
+        chunked,
+    } = parse_head(head)?;
     let body = if status == 204 || status == 304 {
         Body::Fixed(0)
     } else if chunked {
@@ -183,6 +137,80 @@ pub fn parse_response(buf: &[u8], closed: bool) -> Result<Parse, HttpError> {
         None if closed => Err(HttpError::Truncated),
         None => Ok(Parse::Incomplete),
     }
+}
+
+/// What a response's head says about its body and its connection.
+struct Head {
+    status: u16,
+    keep_alive: bool,
+    length: Option<usize>,
+    chunked: bool,
+}
+
+/// The status line and the headers that matter here (without the blank line ending them).
+fn parse_head(head: &str) -> Result<Head, HttpError> {
+    let mut lines = head.split("\r\n");
+    let status_line = lines.next().unwrap_or_default();
+    let mut parts = status_line.splitn(3, ' ');
+    let version = parts.next().unwrap_or_default();
+    let keep_alive = match version {
+        "HTTP/1.1" => true,
+        "HTTP/1.0" => false,
+        _ => return Err(HttpError::Malformed("not an HTTP/1.x status line")),
+    };
+    let code = parts.next().unwrap_or_default();
+    let status: u16 = match code.parse() {
+        Ok(s) if code.len() == 3 && (200..600).contains(&s) => s,
+        Ok(s) if (100..200).contains(&s) => {
+            return Err(HttpError::Malformed(
+                "interim (1xx) responses are not expected",
+            ));
+        }
+        _ => return Err(HttpError::Malformed("bad status code")),
+    };
+    let mut head = Head {
+        status,
+        keep_alive,
+        length: None,
+        chunked: false,
+    };
+    for line in lines {
+        let (name, value) = line
+            .split_once(':')
+            .ok_or(HttpError::Malformed("header line without a colon"))?;
+        read_header(&mut head, version, name, value.trim())?;
+    }
+    Ok(head)
+}
+
+/// One header line's part in `head`: the body's length or encoding, or the connection's fate.
+fn read_header(head: &mut Head, version: &str, name: &str, value: &str) -> Result<(), HttpError> {
+    if name.eq_ignore_ascii_case("content-length") {
+        let n: usize = value
+            .parse()
+            .map_err(|_| HttpError::Malformed("bad content-length"))?;
+        if head.length.is_some_and(|l| l != n) {
+            return Err(HttpError::Malformed("conflicting content-length"));
+        }
+        head.length = Some(n);
+    } else if name.eq_ignore_ascii_case("transfer-encoding") {
+        head.chunked = value
+            .rsplit(',')
+            .next()
+            .is_some_and(|last| last.trim().eq_ignore_ascii_case("chunked"));
+        if !head.chunked {
+            return Err(HttpError::Malformed("unsupported transfer-encoding"));
+        }
+    } else if name.eq_ignore_ascii_case("connection") {
+        for token in value.split(',').map(str::trim) {
+            if token.eq_ignore_ascii_case("close") {
+                head.keep_alive = false;
+            } else if token.eq_ignore_ascii_case("keep-alive") && version == "HTTP/1.0" {
+                head.keep_alive = true;
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Where a chunked body starting at `start` ends (after its last chunk and trailers), or

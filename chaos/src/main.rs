@@ -9,7 +9,8 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 use floodgate_chaos::run::{RunSettings, ScenarioReport, UpgradeBins, run_scenario};
-use floodgate_chaos::{gateway_procs, procs, report, scenario, sim};
+use floodgate_chaos::scenario::{self, Scenario};
+use floodgate_chaos::{gateway_procs, procs, report, sim};
 use indicatif::{ProgressBar, ProgressStyle};
 
 #[derive(Debug, Parser)]
@@ -175,6 +176,24 @@ async fn run(args: RunArgs) -> anyhow::Result<bool> {
     );
     let old_builds = args.old_node_bin.is_some() && args.old_gateway_bin.is_some();
     let scenarios = scenario::select(&args.scenario, old_builds).map_err(anyhow::Error::msg)?;
+    let settings = run_settings(&args, &scenarios)?;
+    let reports = run_each(&scenarios, &settings).await?;
+    report::write_json(&reports, &args.out.join("report.json"))?;
+    println!("{}", report::table(&reports));
+    for line in report::upgrade_lines(&reports) {
+        println!("{line}");
+    }
+    println!(
+        "(report: {}, plots: {}/SCENARIO/SCENARIO.svg, node logs: {}/SCENARIO/logs)",
+        args.out.join("report.json").display(),
+        args.out.display(),
+        args.out.display()
+    );
+    Ok(reports.iter().all(|r| r.passed))
+}
+
+/// The settings every scenario runs with; creates the output directory.
+fn run_settings(args: &RunArgs, scenarios: &[Scenario]) -> anyhow::Result<RunSettings> {
     let upgrade = match (&args.old_node_bin, &args.old_gateway_bin) {
         (Some(node), Some(gateway)) if scenarios.iter().any(|s| s.needs_old_builds) => {
             // Absolute, so the report names the binaries wherever it is read from.
@@ -198,7 +217,7 @@ async fn run(args: RunArgs) -> anyhow::Result<bool> {
             "--availability-floor must be between 0 and 1"
         );
     }
-    let settings = RunSettings {
+    Ok(RunSettings {
         seed: args.seed,
         duration: args.duration,
         regions: args.regions,
@@ -209,7 +228,15 @@ async fn run(args: RunArgs) -> anyhow::Result<bool> {
         availability_floor: args.availability_floor,
         client_timeout: args.client_timeout,
         upgrade,
-    };
+    })
+}
+
+/// Runs the scenarios one after the other, with a progress bar on a terminal; an interrupt or
+/// SIGTERM stops the run.
+async fn run_each(
+    scenarios: &[Scenario],
+    settings: &RunSettings,
+) -> anyhow::Result<Vec<ScenarioReport>> {
     let progress = if std::io::stderr().is_terminal() {
         ProgressBar::new(scenarios.len() as u64)
     } else {
@@ -223,11 +250,11 @@ async fn run(args: RunArgs) -> anyhow::Result<bool> {
     // SIGTERM too (a CI cancel, `timeout`): without a handler the process would die without
     // dropping the world, and leave its nodes running.
     let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-    for scenario in &scenarios {
+    for scenario in scenarios {
         progress.set_message(scenario.name);
         // An interrupt drops the scenario's world, which kills its nodes (kill_on_drop).
         let outcome = tokio::select! {
-            outcome = run_scenario(scenario, &settings) => outcome,
+            outcome = run_scenario(scenario, settings) => outcome,
             _ = tokio::signal::ctrl_c() => {
                 progress.finish_and_clear();
                 anyhow::bail!("interrupted: every node of the run was killed");
@@ -250,16 +277,5 @@ async fn run(args: RunArgs) -> anyhow::Result<bool> {
         progress.inc(1);
     }
     progress.finish_and_clear();
-    report::write_json(&reports, &args.out.join("report.json"))?;
-    println!("{}", report::table(&reports));
-    for line in report::upgrade_lines(&reports) {
-        println!("{line}");
-    }
-    println!(
-        "(report: {}, plots: {}/SCENARIO/SCENARIO.svg, node logs: {}/SCENARIO/logs)",
-        args.out.join("report.json").display(),
-        args.out.display(),
-        args.out.display()
-    );
-    Ok(reports.iter().all(|r| r.passed))
+    Ok(reports)
 }

@@ -84,6 +84,8 @@ const FLOOD_MAX_KEYS: usize = 4_096;
 /// Longest a scenario may run past its duration (slow restarts) before it is called off.
 const OVERRUN: Duration = Duration::from_secs(90);
 
+/// Runs one scenario: its world started, driven and judged, then stopped; the nodes' logs
+/// are read last.
 pub async fn run_scenario(
     scenario: &Scenario,
     settings: &RunSettings,
@@ -115,54 +117,12 @@ pub async fn run_scenario(
         std::fs::remove_dir_all(&dir).with_context(|| format!("clearing {}", dir.display()))?;
     }
     std::fs::create_dir_all(&dir)?;
-    let certs = settings.out.join("certs");
-    let layout = Layout {
-        regions: settings.regions,
-        nodes_per_region: settings.nodes_per_region,
-        spares: if scenario.plan == Plan::Churn { 2 } else { 0 },
-        gateways_per_region: settings.gateways_per_region,
-    };
     let rules = match scenario.plan {
         Plan::RulesReload => Some(RulesFile::create(dir.join("rules.yaml"))?),
         Plan::RollingUpgrade => Some(RulesFile::create_fixed(dir.join("rules.yaml"))?),
         _ => None,
     };
-    let max_keys = if scenario.plan == Plan::KeyFlood {
-        FLOOD_MAX_KEYS
-    } else {
-        MAX_KEYS
-    };
-    let skewed = scenario.plan == Plan::ClockSkew;
-    let region_restart = scenario.plan == Plan::RegionRestart;
-    let setup = crate::procs::NodeSetup {
-        // The upgrade starts every node from the old build; the timeline moves them over.
-        binary: upgrade
-            .as_ref()
-            .map_or_else(|| settings.node_bin.clone(), |u| u.old_node.clone()),
-        certs,
-        logs: dir.join("logs"),
-        seeds: Vec::new(),
-        max_keys,
-        rules: rules.as_ref().map(|r| r.path.clone()),
-    };
-    let mut world = World::start(
-        layout.clone(),
-        setup,
-        |index| {
-            if skewed && index == SKEWED_NODE {
-                vec![format!("--test-only-clock-skew-ms={SKEW_MS}")]
-            } else if region_restart {
-                // At the default 100 ms a link carries at most 10 messages a second (one per
-                // destination per interval): 5,000 would take over 8 minutes. Every 2 ms, with
-                // the pump admitting every millisecond, a link passes 5,000 in under 15 s.
-                vec![format!("--region-sync-interval={REGION_RESTART_SYNC}")]
-            } else {
-                Vec::new()
-            }
-        },
-        settings.seed,
-    )
-    .await?;
+    let mut world = start_world(scenario, settings, rules.as_ref(), upgrade.as_ref(), &dir).await?;
     let outcome = drive_and_check(
         scenario,
         settings,
@@ -187,6 +147,58 @@ pub async fn run_scenario(
     Ok(report)
 }
 
+/// The scenario's nodes, started with its layout, binary and flags.
+async fn start_world(
+    scenario: &Scenario,
+    settings: &RunSettings,
+    rules: Option<&RulesFile>,
+    upgrade: Option<&UpgradeBins>,
+    dir: &Path,
+) -> anyhow::Result<World> {
+    let layout = Layout {
+        regions: settings.regions,
+        nodes_per_region: settings.nodes_per_region,
+        spares: if scenario.plan == Plan::Churn { 2 } else { 0 },
+        gateways_per_region: settings.gateways_per_region,
+    };
+    let max_keys = if scenario.plan == Plan::KeyFlood {
+        FLOOD_MAX_KEYS
+    } else {
+        MAX_KEYS
+    };
+    let skewed = scenario.plan == Plan::ClockSkew;
+    let region_restart = scenario.plan == Plan::RegionRestart;
+    let setup = crate::procs::NodeSetup {
+        // The upgrade starts every node from the old build; the timeline moves them over.
+        binary: upgrade.map_or_else(|| settings.node_bin.clone(), |u| u.old_node.clone()),
+        certs: settings.out.join("certs"),
+        logs: dir.join("logs"),
+        seeds: Vec::new(),
+        max_keys,
+        rules: rules.map(|r| r.path.clone()),
+    };
+    World::start(
+        layout,
+        setup,
+        |index| {
+            if skewed && index == SKEWED_NODE {
+                vec![format!("--test-only-clock-skew-ms={SKEW_MS}")]
+            } else if region_restart {
+                // At the default 100 ms a link carries at most 10 messages a second (one per
+                // destination per interval): 5,000 would take over 8 minutes. Every 2 ms, with
+                // the pump admitting every millisecond, a link passes 5,000 in under 15 s.
+                vec![format!("--region-sync-interval={REGION_RESTART_SYNC}")]
+            } else {
+                Vec::new()
+            }
+        },
+        settings.seed,
+    )
+    .await
+}
+
+/// Connects the gateways, drives the load while the timeline plays, then judges the records
+/// and writes the scenario's files.
 async fn drive_and_check(
     scenario: &Scenario,
     settings: &RunSettings,
@@ -195,22 +207,116 @@ async fn drive_and_check(
     upgrade: Option<&UpgradeBins>,
     dir: &Path,
 ) -> anyhow::Result<ScenarioReport> {
-    let ca = world.setup.certs.join("ca.pem");
-    // Every gateway at the client's defaults (timeout, breaker): what operators run.
-    let mut config = ClientConfig::with_ca_file(&ca);
-    if let Some(timeout) = settings.client_timeout {
-        config.timeout = timeout;
-    }
     let leased = scenario.plan == Plan::LeaseGatewayKill;
-    if leased {
-        config.token_leases.enabled = true;
-        config.token_leases.hot_above_per_sec = LEASE_HOT_ABOVE_PER_SEC;
-    }
+    let config = gateway_config(settings, world, leased);
     let front = if rules.is_some() {
         Front::Rules
     } else {
         Front::Client
     };
+    connect_gateways(world, settings, &config, front, leased).await?;
+    if let Some(bins) = upgrade {
+        // The example gateway's own `--timeout` default (50 ms) is not the client's: the
+        // processes are given the client's default, so they run as the in-process gateways do.
+        start_gateway_processes(world, bins, config.timeout, settings)
+            .await
+            .context("starting the old build's gateways")?;
+    }
+    settle(world).await?;
+    let keys = scenario_keys(scenario, settings, world, rules, leased)?;
+    let mut run = drive_load(scenario, settings, world, rules, &keys, leased).await?;
+    plan_findings(scenario, world, &mut run).await;
+    let result = check_records(scenario, settings, world, &keys, &mut run);
+    plan_checks(scenario, settings, world, &keys, &mut run);
+    write_decisions(&dir.join("decisions.csv"), &run.records, &keys)?;
+    let series = crate::svg::series(&run.records, &keys, &result, &scenario.bound, &world.spans);
+    crate::svg::write(
+        &dir.join(format!("{}.svg", scenario.name)),
+        scenario.name,
+        &series,
+        &world.spans,
+        run.run_ns,
+    )?;
+    Ok(ScenarioReport {
+        scenario: scenario.name.to_owned(),
+        seed: settings.seed,
+        passed: run.violations.is_empty(),
+        checks: result.checks,
+        admitted: result.admitted,
+        allowed: result.allowed,
+        bound: result.bound,
+        bound_rule: scenario.bound.short(),
+        bound_why: scenario.bound.why.to_owned(),
+        availability: result.availability,
+        p99_latency_ms: result.p99_latency_ms,
+        worst_ratio: result.worst_ratio,
+        worst_key: result.worst_key.clone(),
+        violations: run.violations,
+        faults: world.spans.clone(),
+        events: world
+            .events
+            .iter()
+            .map(|(t, e)| (*t as f64 / 1e9, e.clone()))
+            .collect(),
+        by_source: result.by_source.clone(),
+        extra: serde_json::Value::Object(run.extra),
+        result: Some(result),
+        series,
+    })
+}
+
+/// The checker's verdict on the records against the scenario's bound; its violations join the
+/// run's.
+fn check_records(
+    scenario: &Scenario,
+    settings: &RunSettings,
+    world: &World,
+    keys: &[KeySpec],
+    run: &mut Driven,
+) -> CheckResult {
+    let input = CheckInput {
+        keys,
+        bound: &scenario.bound,
+        faults: &world.spans,
+        min_availability: settings
+            .availability_floor
+            .unwrap_or(scenario.min_availability),
+        run_ns: run.run_ns,
+        regions: settings.regions,
+        fault_sides: bounds::fault_sides(scenario.plan, settings.regions),
+        origin_unix_ns: world.origin_unix_ns,
+    };
+    let result = checker::check(&run.records, &input);
+    let global: Vec<_> = result.keys.iter().filter(|k| k.global).collect();
+    if !global.is_empty() {
+        run.extra
+            .insert("global_keys".into(), serde_json::json!(global));
+    }
+    run.violations.extend(result.violations.iter().cloned());
+    result
+}
+
+/// Every gateway at the client's defaults (timeout, breaker): what operators run.
+fn gateway_config(settings: &RunSettings, world: &World, leased: bool) -> ClientConfig {
+    let mut config = ClientConfig::with_ca_file(world.setup.certs.join("ca.pem"));
+    if let Some(timeout) = settings.client_timeout {
+        config.timeout = timeout;
+    }
+    if leased {
+        config.token_leases.enabled = true;
+        config.token_leases.hot_above_per_sec = LEASE_HOT_ABOVE_PER_SEC;
+    }
+    config
+}
+
+/// `gateways_per_region` in-process gateways in every region.
+async fn connect_gateways(
+    world: &mut World,
+    settings: &RunSettings,
+    config: &ClientConfig,
+    front: Front,
+    leased: bool,
+) -> anyhow::Result<()> {
     let seeds = world.seeds();
     for region in 0..settings.regions {
         // With several regions a gateway talks to its own region's nodes only, as a real one
@@ -248,14 +354,18 @@ async fn drive_and_check(
             world.gateways.push(gateway);
         }
     }
-    if let Some(bins) = upgrade {
-        // The example gateway's own `--timeout` default (50 ms) is not the client's: the
-        // processes are given the client's default, so they run as the in-process gateways do.
-        start_gateway_processes(world, bins, config.timeout, settings)
-            .await
-            .context("starting the old build's gateways")?;
-    }
-    settle(world).await?;
+    Ok(())
+}
+
+/// The keys the load checks: the rules file's or the standard ones in every region, plus the
+/// scenario's own.
+fn scenario_keys(
+    scenario: &Scenario,
+    settings: &RunSettings,
+    world: &World,
+    rules: Option<&RulesFile>,
+    leased: bool,
+) -> anyhow::Result<Vec<KeySpec>> {
     let mut keys: Vec<KeySpec> = per_region(
         match rules {
             Some(rules) => rules.keys(),
@@ -276,11 +386,34 @@ async fn drive_and_check(
     if scenario.plan == Plan::RegionRestart {
         keys.push(pulsed_key_on_pump_link(world)?);
     }
+    Ok(keys)
+}
+
+/// What the load and the timeline left: the records, when the run ended, each node's live
+/// buckets, what was measured on the way and whether the timeline finished.
+struct Driven {
+    records: Vec<Record>,
+    run_ns: u64,
+    live: Vec<Option<f64>>,
+    extra: serde_json::Map<String, serde_json::Value>,
+    violations: Vec<String>,
+}
+
+/// Starts the load (and the scenario's side load), plays the timeline, measures what must be
+/// read while the nodes still run, then stops the load and closes the fault spans.
+async fn drive_load(
+    scenario: &Scenario,
+    settings: &RunSettings,
+    world: &mut World,
+    rules: Option<&RulesFile>,
+    keys: &[KeySpec],
+    leased: bool,
+) -> anyhow::Result<Driven> {
     // The run's clock starts with the load.
     world.set_origin();
     let plan = Arc::new(LoadPlan {
         health: world.health.clone(),
-        keys: keys.clone(),
+        keys: keys.to_vec(),
         origin: world.origin,
         tasks_per_gateway: 2,
         max_in_flight: 256,
@@ -305,7 +438,7 @@ async fn drive_and_check(
     let rss_before = node_rss(world);
     let played = tokio::time::timeout(
         settings.duration + OVERRUN,
-        timeline::play(scenario, world, settings.duration, rules, &keys),
+        timeline::play(scenario, world, settings.duration, rules, keys),
     )
     .await;
     let mut extra = serde_json::Map::new();
@@ -315,22 +448,7 @@ async fn drive_and_check(
     }
     let live = live_buckets(world).await;
     if leased {
-        let stats: serde_json::Map<String, serde_json::Value> = world
-            .gateways
-            .iter()
-            .filter(|g| !world.health.gateway_killed(g.index))
-            .filter_map(|g| {
-                let s = g.client.token_lease_stats()?;
-                Some((
-                    format!("gateway {}", g.index),
-                    serde_json::json!({
-                        "local_allowed": s.local_allowed, "local_denied": s.local_denied,
-                        "granted": s.granted, "returned": s.returned, "held": s.held,
-                    }),
-                ))
-            })
-            .collect();
-        extra.insert("token_leases".into(), serde_json::Value::Object(stats));
+        extra.insert("token_leases".into(), token_lease_stats(world));
     }
     let _ = stop_tx.send(true);
     let records: Vec<Record> = load.await.context("the load task failed")?;
@@ -352,6 +470,44 @@ async fn drive_and_check(
     if let Some(side) = side {
         extra.insert("side_load".into(), side);
     }
+    Ok(Driven {
+        records,
+        run_ns,
+        live,
+        extra,
+        violations,
+    })
+}
+
+/// The token-lease counters of every gateway still alive.
+fn token_lease_stats(world: &World) -> serde_json::Value {
+    let stats: serde_json::Map<String, serde_json::Value> = world
+        .gateways
+        .iter()
+        .filter(|g| !world.health.gateway_killed(g.index))
+        .filter_map(|g| {
+            let s = g.client.token_lease_stats()?;
+            Some((
+                format!("gateway {}", g.index),
+                serde_json::json!({
+                    "local_allowed": s.local_allowed, "local_denied": s.local_denied,
+                    "granted": s.granted, "returned": s.returned, "held": s.held,
+                }),
+            ))
+        })
+        .collect();
+    serde_json::Value::Object(stats)
+}
+
+/// What the scenario itself found on the way (the timeline's findings, its premise, the nodes'
+/// own counters), before the records are checked.
+async fn plan_findings(scenario: &Scenario, world: &mut World, run: &mut Driven) {
+    let Driven {
+        live,
+        extra,
+        violations,
+        ..
+    } = run;
     if scenario.plan == Plan::RegionRestart {
         let exchange = region_exchange(world).await;
         extra.insert("region_exchange".into(), exchange);
@@ -367,65 +523,69 @@ async fn drive_and_check(
         }
     }
     if scenario.plan == Plan::Stall {
-        // Checks each node decided as a takeover (for a slot it does not own): with the owner
-        // never declared dead, every one was decided beside a live owner.
-        let mut takeovers = serde_json::Map::new();
-        for node in world.nodes.iter().filter(|n| n.is_running()) {
-            let n =
-                crate::procs::metric_sum(node.spec.admin, "floodgate_takeover_checks_total", &[])
-                    .await;
-            takeovers.insert(format!("node {}", node.spec.index), serde_json::json!(n));
-        }
-        extra.insert(
-            "takeover_checks".into(),
-            serde_json::Value::Object(takeovers),
-        );
-        let stalls: Vec<u64> = world
-            .spans
-            .iter()
-            .map(|s| s.end_ns.saturating_sub(s.start_ns) / 1_000_000)
-            .collect();
-        extra.insert("stalls_ms".into(), serde_json::json!(stalls));
+        stall_findings(world, extra).await;
     }
     for (name, value) in std::mem::take(&mut world.findings) {
         extra.insert(name, value);
     }
     if scenario.plan == Plan::KeyFlood {
-        check_memory(&extra, &live, FLOOD_MAX_KEYS, &mut violations);
+        check_memory(extra, live, FLOOD_MAX_KEYS, violations);
         extra.insert("live_buckets".into(), serde_json::json!(live));
     }
-    let input = CheckInput {
-        keys: &keys,
-        bound: &scenario.bound,
-        faults: &world.spans,
-        min_availability: settings
-            .availability_floor
-            .unwrap_or(scenario.min_availability),
-        run_ns,
-        regions: settings.regions,
-        fault_sides: bounds::fault_sides(scenario.plan, settings.regions),
-        origin_unix_ns: world.origin_unix_ns,
-    };
-    let result = checker::check(&records, &input);
-    let global: Vec<_> = result.keys.iter().filter(|k| k.global).collect();
-    if !global.is_empty() {
-        extra.insert("global_keys".into(), serde_json::json!(global));
+}
+
+/// `stall`: the checks each node decided as a takeover (for a slot it does not own): with the
+/// owner never declared dead, every one was decided beside a live owner. And each stall's
+/// length.
+async fn stall_findings(world: &World, extra: &mut serde_json::Map<String, serde_json::Value>) {
+    let mut takeovers = serde_json::Map::new();
+    for node in world.nodes.iter().filter(|n| n.is_running()) {
+        let n =
+            crate::procs::metric_sum(node.spec.admin, "floodgate_takeover_checks_total", &[]).await;
+        takeovers.insert(format!("node {}", node.spec.index), serde_json::json!(n));
     }
-    violations.extend(result.violations.iter().cloned());
+    extra.insert(
+        "takeover_checks".into(),
+        serde_json::Value::Object(takeovers),
+    );
+    let stalls: Vec<u64> = world
+        .spans
+        .iter()
+        .map(|s| s.end_ns.saturating_sub(s.start_ns) / 1_000_000)
+        .collect();
+    extra.insert("stalls_ms".into(), serde_json::json!(stalls));
+}
+
+/// The checks only some scenarios add to the checker's: availability outside the upgrade's
+/// restarts, and each phase of a rules reload.
+fn plan_checks(
+    scenario: &Scenario,
+    settings: &RunSettings,
+    world: &World,
+    keys: &[KeySpec],
+    run: &mut Driven,
+) {
+    let Driven {
+        records,
+        run_ns,
+        extra,
+        violations,
+        ..
+    } = run;
     if scenario.plan == Plan::RollingUpgrade {
         // Judged with availability: `--availability-floor 0` asks for safety only.
         if settings.availability_floor != Some(0.0)
-            && let Some(found) = checker::failed_outside(&records, &world.restart_windows)
+            && let Some(found) = checker::failed_outside(records, &world.restart_windows)
         {
             violations.push(found);
         }
-        extra.insert("upgrade".into(), upgrade_extra(world, &records));
+        extra.insert("upgrade".into(), upgrade_extra(world, records));
     }
     if scenario.plan == Plan::RulesReload {
-        let phases = rules_phases(world, run_ns);
+        let phases = rules_phases(world, *run_ns);
         let (found, worst) = checker::check_phases(
-            &records,
-            &keys,
+            records,
+            keys,
             &phases,
             RULES_SETTLE_NS,
             world.origin_unix_ns,
@@ -433,41 +593,6 @@ async fn drive_and_check(
         violations.extend(found);
         extra.insert("phase_worst_ratio".into(), serde_json::json!(worst));
     }
-    write_decisions(&dir.join("decisions.csv"), &records, &keys)?;
-    let series = crate::svg::series(&records, &keys, &result, &scenario.bound, &world.spans);
-    crate::svg::write(
-        &dir.join(format!("{}.svg", scenario.name)),
-        scenario.name,
-        &series,
-        &world.spans,
-        run_ns,
-    )?;
-    Ok(ScenarioReport {
-        scenario: scenario.name.to_owned(),
-        seed: settings.seed,
-        passed: violations.is_empty(),
-        checks: result.checks,
-        admitted: result.admitted,
-        allowed: result.allowed,
-        bound: result.bound,
-        bound_rule: scenario.bound.short(),
-        bound_why: scenario.bound.why.to_owned(),
-        availability: result.availability,
-        p99_latency_ms: result.p99_latency_ms,
-        worst_ratio: result.worst_ratio,
-        worst_key: result.worst_key.clone(),
-        violations,
-        faults: world.spans.clone(),
-        events: world
-            .events
-            .iter()
-            .map(|(t, e)| (*t as f64 / 1e9, e.clone()))
-            .collect(),
-        by_source: result.by_source.clone(),
-        extra: serde_json::Value::Object(extra),
-        result: Some(result),
-        series,
-    })
 }
 
 /// Starts `gateways_per_region` example-gateway processes of the old build per region (one

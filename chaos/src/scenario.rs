@@ -136,6 +136,8 @@ const LEAVE_ERRORS: &[&str] = &[
 /// for a caller of another build), once per 10 s, and counts the rest.
 const HOSTILE_ERRORS: &[&str] = &["closed a stream: frame of protocol version 99"];
 
+/// Every scenario, in the order `all` runs them.
+// A table, one entry per scenario: long on purpose, so the scenarios read side by side.
 pub fn catalogue() -> Vec<Scenario> {
     let base = |name, about, plan, bound, min_availability| Scenario {
         name,

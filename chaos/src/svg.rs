@@ -108,7 +108,6 @@ fn escape(text: &str) -> String {
 }
 
 pub fn render(title: &str, series: &[KeySeries], faults: &[FaultSpan], run_ns: u64) -> String {
-    let seconds = (run_ns as f64 / 1e9).max(1.0);
     let top = series
         .iter()
         .flat_map(|s| s.points.iter().map(|p| p.1.max(p.3)))
@@ -116,8 +115,10 @@ pub fn render(title: &str, series: &[KeySeries], faults: &[FaultSpan], run_ns: u
         .unwrap_or(1)
         .max(1) as f64
         * 1.1;
-    let x = |s: f64| MARGIN + s / seconds * (WIDTH - 2.0 * MARGIN);
-    let y = |v: f64| HEIGHT - MARGIN - v / top * (HEIGHT - 2.0 * MARGIN);
+    let scale = Scale {
+        seconds: (run_ns as f64 / 1e9).max(1.0),
+        top,
+    };
     let mut svg = String::new();
     let _ = writeln!(
         svg,
@@ -128,9 +129,37 @@ pub fn render(title: &str, series: &[KeySeries], faults: &[FaultSpan], run_ns: u
         r#"<rect width="100%" height="100%" fill="white"/><text x="{MARGIN}" y="20" font-size="14">{}: admitted per window (solid) vs allowed (dashed) and bound (dotted)</text>"#,
         escape(title)
     );
+    draw_faults(&mut svg, &scale, faults, run_ns);
+    draw_axes(&mut svg, &scale);
+    draw_series(&mut svg, &scale, series);
+    svg.push_str("</svg>\n");
+    svg
+}
+
+/// Seconds into the run and values to pixels.
+struct Scale {
+    seconds: f64,
+    /// The value at the top of the plot.
+    top: f64,
+}
+
+impl Scale {
+    fn x(&self, s: f64) -> f64 {
+        MARGIN + s / self.seconds * (WIDTH - 2.0 * MARGIN)
+    }
+
+    fn y(&self, v: f64) -> f64 {
+        HEIGHT - MARGIN - v / self.top * (HEIGHT - 2.0 * MARGIN)
+    }
+}
+
+/// Each fault span as a shaded band, labelled.
+fn draw_faults(svg: &mut String, scale: &Scale, faults: &[FaultSpan], run_ns: u64) {
     for fault in faults {
-        let start = x(fault.start_ns as f64 / 1e9);
-        let end = x((fault.end_ns.min(run_ns)) as f64 / 1e9).max(start + 1.0);
+        let start = scale.x(fault.start_ns as f64 / 1e9);
+        let end = scale
+            .x((fault.end_ns.min(run_ns)) as f64 / 1e9)
+            .max(start + 1.0);
         let _ = writeln!(
             svg,
             r##"<rect x="{start:.1}" y="{MARGIN}" width="{:.1}" height="{:.1}" fill="#ffbb78" fill-opacity="0.35"/><text x="{:.1}" y="{:.1}" fill="#a05000">{}</text>"##,
@@ -141,40 +170,48 @@ pub fn render(title: &str, series: &[KeySeries], faults: &[FaultSpan], run_ns: u
             escape(&fault.label)
         );
     }
-    // Axes and ticks.
+}
+
+/// Axes and ticks.
+fn draw_axes(svg: &mut String, scale: &Scale) {
     let _ = writeln!(
         svg,
         r#"<line x1="{MARGIN}" y1="{0}" x2="{1}" y2="{0}" stroke="black"/><line x1="{MARGIN}" y1="{MARGIN}" x2="{MARGIN}" y2="{0}" stroke="black"/>"#,
         HEIGHT - MARGIN,
         WIDTH - MARGIN
     );
+    let seconds = scale.seconds;
     let step = (seconds / 10.0).ceil().max(1.0);
     let mut s = 0.0;
     while s <= seconds {
         let _ = writeln!(
             svg,
             r#"<text x="{:.1}" y="{:.1}" text-anchor="middle">{s}s</text>"#,
-            x(s),
+            scale.x(s),
             HEIGHT - MARGIN + 15.0
         );
         s += step;
     }
     for fraction in [0.0, 0.5, 1.0] {
-        let v = top / 1.1 * fraction;
+        let v = scale.top / 1.1 * fraction;
         let _ = writeln!(
             svg,
             r#"<text x="{:.1}" y="{:.1}" text-anchor="end">{v:.0}</text>"#,
             MARGIN - 4.0,
-            y(v) + 4.0
+            scale.y(v) + 4.0
         );
     }
+}
+
+/// Each key's three curves (admitted solid, allowed dashed, bound dotted) and its name.
+fn draw_series(svg: &mut String, scale: &Scale, series: &[KeySeries]) {
     for (i, curve) in series.iter().enumerate() {
         let colour = COLOURS[i % COLOURS.len()];
         let line = |pick: fn(&(f64, u64, u64, u64)) -> u64| -> String {
             curve
                 .points
                 .iter()
-                .map(|p| format!("{:.1},{:.1}", x(p.0), y(pick(p) as f64)))
+                .map(|p| format!("{:.1},{:.1}", scale.x(p.0), scale.y(pick(p) as f64)))
                 .collect::<Vec<_>>()
                 .join(" ")
         };
@@ -201,8 +238,6 @@ pub fn render(title: &str, series: &[KeySeries], faults: &[FaultSpan], run_ns: u
             escape(&curve.key)
         );
     }
-    svg.push_str("</svg>\n");
-    svg
 }
 
 #[cfg(test)]

@@ -46,230 +46,282 @@ pub async fn play(
 ) -> anyhow::Result<()> {
     let at = |share: f64| duration.mul_f64(share);
     match scenario.plan {
-        Plan::Steady | Plan::KeyFlood | Plan::HostileFlood => {
-            if scenario.plan != Plan::Steady {
-                world.until(at(0.2)).await;
-                let span = world.begin_span(scenario.name);
-                world.until(at(0.9)).await;
-                world.end_span(span);
-            }
-        }
-        Plan::Kill => {
-            world.until(at(0.3)).await;
-            let owner = world.owner_of(VICTIM_KEY)?;
-            let span = world.begin_span(format!("kill -9 node {owner}"));
-            world.kill(owner).await;
-            // It stays down: the span runs to the end of the run.
-            let _ = span;
-        }
-        Plan::Pause => {
-            world.until(at(0.3)).await;
-            let owner = world.owner_of(VICTIM_KEY)?;
-            let span = world.begin_span(format!("SIGSTOP node {owner} 3s"));
-            world.pause(owner, true).await?;
-            tokio::time::sleep(Duration::from_secs(3)).await;
-            world.pause(owner, false).await?;
-            world.end_span(span);
-        }
-        Plan::RollingRestart => {
-            world.until(at(0.15)).await;
-            let span = world.begin_span("rolling restart");
-            for node in 0..world.layout.initial_nodes() {
-                world.stop(node).await;
-                world.start_node(node).await?;
-                // Let clients refetch the table before the next node goes.
-                tokio::time::sleep(Duration::from_millis(500)).await;
-            }
-            world.end_span(span);
-        }
-        Plan::Churn => {
-            let first = world.layout.initial_nodes();
-            anyhow::ensure!(world.layout.spares >= 2, "churn needs two spare nodes");
-            let span = world.begin_span("churn");
-            world.until(at(0.2)).await;
-            world.start_node(first).await?;
-            world.until(at(0.4)).await;
-            world.stop(1).await;
-            world.until(at(0.6)).await;
-            world.start_node(first + 1).await?;
-            world.until(at(0.8)).await;
-            world.stop(first).await;
-            world.end_span(span);
-        }
-        Plan::RegionPartition => {
-            world.until(at(0.3)).await;
-            let (inside, outside) = region_sides(world, scenario.region_scope);
-            let span = world.begin_span("region 0 partitioned");
-            let mut ids = Vec::new();
-            for (a, b) in cross_pairs(&inside, &outside) {
-                ids.extend(world.faults.partition(a, b));
-            }
-            world.until(at(0.7)).await;
-            world.faults.remove(&ids);
-            world.end_span(span);
-        }
-        Plan::WanDelay => {
-            world.until(at(0.2)).await;
-            let wan = Effect {
-                drop: 0.01,
-                delay: Duration::from_millis(50),
-                jitter: Duration::from_millis(20),
-                ..Effect::default()
-            };
-            let span = world.begin_span("50ms+-20ms 1% loss between regions");
-            let mut ids = Vec::new();
-            for region in 0..world.layout.regions {
-                let (inside, outside) = one_region_sides(world, region);
-                for (a, b) in cross_pairs(&inside, &outside) {
-                    ids.push(world.faults.add(a, b, wan));
-                }
-            }
-            world.until(at(0.8)).await;
-            world.faults.remove(&ids);
-            world.end_span(span);
-        }
-        Plan::ClientPartition => {
-            world.until(at(0.3)).await;
-            let owner = world.owner_of(VICTIM_KEY)?;
-            let span = world.begin_span(format!("gateway 0 cut from node {owner}"));
-            let ids = world
-                .faults
-                .partition(Side::Gateways(vec![0]), Side::Nodes(vec![owner]));
-            world.until(at(0.7)).await;
-            world.faults.remove(&ids);
-            world.end_span(span);
-        }
-        Plan::RulesReload => {
-            let rules =
-                rules.ok_or_else(|| anyhow::anyhow!("rules-reload needs its rules file"))?;
-            for (step, share) in [(1, 0.35), (2, 0.65)] {
-                world.until(at(share)).await;
-                rules.write_step(step)?;
-                world.note(format!("rules file edited: {}", rules.describe_step(step)));
-            }
-        }
-        Plan::LeaseGatewayKill => {
-            world.until(at(0.4)).await;
-            let span = world.begin_span(format!("kill gateway {LEASE_VICTIM_GATEWAY}"));
-            world.kill_gateway(LEASE_VICTIM_GATEWAY).await;
-            // It stays dead: the span runs to the end of the run.
-            let _ = span;
-        }
-        Plan::RollingUpgrade => {
-            let new_node = world
-                .upgrade
-                .as_ref()
-                .map(|u| u.new_node_bin.clone())
-                .ok_or_else(|| anyhow::anyhow!("rolling-upgrade needs the builds to run"))?;
-            world.until(at(0.15)).await;
-            let before = cluster_version(world).await?;
-            world.note(format!("the old cluster speaks protocol version {before}"));
-            let span = world.begin_span("rolling upgrade");
-            // Every start from here on runs this build, with the same flags, address (hence
-            // node id) and data directory.
-            world.setup.binary = new_node.clone();
-            for node in 0..world.layout.initial_nodes() {
-                let from = world.now_ns();
-                world.stop(node).await;
-                world.note(format!(
-                    "node {node}: old build stopped, starting {}",
-                    new_node.display()
-                ));
-                world.start_node(node).await?;
-                // Let clients refetch the table before the next node goes.
-                tokio::time::sleep(Duration::from_millis(500)).await;
-                world.restart_window(format!("node {node} upgraded"), from);
-            }
-            // The old gateways against a cluster of the new build alone, for a while; by its end
-            // gossip has told every node that all members speak the newest version.
-            world.note("every node runs the new build");
-            tokio::time::sleep(Duration::from_secs(2)).await;
-            let after = cluster_version(world).await?;
-            world.note(format!(
-                "the upgraded cluster speaks protocol version {after}"
-            ));
-            anyhow::ensure!(
-                after == floodgate::protocol::NEWEST,
-                "after every node was upgraded the cluster speaks protocol version {after}, not {}",
-                floodgate::protocol::NEWEST
-            );
-            let places = world.upgrade.as_ref().map_or(0, |u| u.gateways.len());
-            for place in 0..places {
-                world.replace_gateway(place).await?;
-            }
-            world.end_span(span);
-        }
-        Plan::ClockSkew => {
-            // The skew is a fault from the start: the skewed node's aligned windows are not the
-            // others'.
-            let skewed = world.begin_span(format!("node {SKEWED_NODE}'s clock {SKEW_MS} ms ahead"));
-            world.until(at(0.5)).await;
-            let span = world.begin_span(format!("skewed node {SKEWED_NODE} leaves"));
-            world.stop(SKEWED_NODE).await;
-            world.end_span(skewed);
-            let _ = span;
-        }
-        Plan::Stall => {
-            let victim = world.busiest_owner(keys)?;
-            world.note(format!("node {victim} owns the busiest keys"));
-            let mut rng = SmallRng::seed_from_u64(world.seed ^ 0x5747_4c4c);
-            world.until(at(0.2)).await;
-            loop {
-                let gap = rng.random_range(STALL_GAP_MS);
-                let stall = rng.random_range(STALL_MS);
-                tokio::time::sleep(Duration::from_millis(gap)).await;
-                if world.origin.elapsed() + Duration::from_millis(stall) >= at(0.9) {
-                    break;
-                }
-                let span = world.begin_span(format!("SIGSTOP node {victim} {stall}ms"));
-                world.pause(victim, true).await?;
-                tokio::time::sleep(Duration::from_millis(stall)).await;
-                world.pause(victim, false).await?;
-                world.end_span(span);
-            }
-        }
-        Plan::RegionRestart => {
-            anyhow::ensure!(world.layout.regions == 2, "region-restart runs two regions");
-            // Duplicated and reordered datagrams between the regions all along (the exchange
-            // applies each message once, in any order).
-            let rough = Effect {
-                duplicate: 0.02,
-                reorder: 0.02,
-                ..Effect::default()
-            };
-            let span = world.begin_span("2% duplicated, 2% reordered between regions");
-            let (inside, outside) = one_region_sides(world, 0);
-            for (a, b) in cross_pairs(&inside, &outside) {
-                world.faults.add_both(a, b, rough);
-            }
-            let _ = span;
-            let sender = world.owner_in_region(PUMP_KEY, 0)?;
-            let receiver = world.owner_in_region(PUMP_KEY, 1)?;
-            world.until(at(0.7)).await;
-            let sent = crate::procs::metric_sum(
-                world.nodes[sender].spec.admin,
-                "floodgate_region_frames_sent_total",
-                &["region=\"r1\"", "kind=\"deltas\""],
-            )
-            .await;
-            world.note(format!(
-                "node {sender} sent {} delta messages to region 1 (its link to node {receiver} carries the pump key)",
-                sent.map_or("?".to_owned(), |n| format!("{n}"))
-            ));
-            world.findings.insert(
-                "link_before_restart".into(),
-                serde_json::json!({
-                    "sender": sender, "receiver": receiver,
-                    "delta_messages_to_region_1": sent,
-                }),
-            );
-            let restart = world.begin_span(format!("restart node {receiver} (region 1)"));
-            world.stop(receiver).await;
-            world.start_node(receiver).await?;
-            world.end_span(restart);
-        }
+        Plan::Steady => {}
+        Plan::KeyFlood | Plan::HostileFlood => flood_window(scenario, world, at).await,
+        Plan::Kill => kill_owner(world, at).await?,
+        Plan::Pause => pause_owner(world, at).await?,
+        Plan::RollingRestart => rolling_restart(world, at).await?,
+        Plan::Churn => churn(world, at).await?,
+        Plan::RegionPartition => partition_region(scenario, world, at).await,
+        Plan::WanDelay => delay_between_regions(world, at).await,
+        Plan::ClientPartition => cut_gateway_from_owner(world, at).await?,
+        Plan::RulesReload => edit_rules(world, rules, at).await?,
+        Plan::LeaseGatewayKill => kill_lease_gateway(world, at).await,
+        Plan::RollingUpgrade => rolling_upgrade(world, at).await?,
+        Plan::ClockSkew => skewed_node_leaves(world, at).await,
+        Plan::Stall => stall_busiest_owner(world, keys, at).await?,
+        Plan::RegionRestart => restart_pump_receiver(world, at).await?,
     }
     world.until(duration).await;
+    Ok(())
+}
+
+/// `key-flood` and `hostile-flood`: the flood itself is the side load; the span marks it.
+async fn flood_window(scenario: &Scenario, world: &mut World, at: impl Fn(f64) -> Duration) {
+    world.until(at(0.2)).await;
+    let span = world.begin_span(scenario.name);
+    world.until(at(0.9)).await;
+    world.end_span(span);
+}
+
+async fn kill_owner(world: &mut World, at: impl Fn(f64) -> Duration) -> anyhow::Result<()> {
+    world.until(at(0.3)).await;
+    let owner = world.owner_of(VICTIM_KEY)?;
+    let span = world.begin_span(format!("kill -9 node {owner}"));
+    world.kill(owner).await;
+    // It stays down: the span runs to the end of the run.
+    let _ = span;
+    Ok(())
+}
+
+async fn pause_owner(world: &mut World, at: impl Fn(f64) -> Duration) -> anyhow::Result<()> {
+    world.until(at(0.3)).await;
+    let owner = world.owner_of(VICTIM_KEY)?;
+    let span = world.begin_span(format!("SIGSTOP node {owner} 3s"));
+    world.pause(owner, true).await?;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    world.pause(owner, false).await?;
+    world.end_span(span);
+    Ok(())
+}
+
+async fn rolling_restart(world: &mut World, at: impl Fn(f64) -> Duration) -> anyhow::Result<()> {
+    world.until(at(0.15)).await;
+    let span = world.begin_span("rolling restart");
+    for node in 0..world.layout.initial_nodes() {
+        world.stop(node).await;
+        world.start_node(node).await?;
+        // Let clients refetch the table before the next node goes.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    world.end_span(span);
+    Ok(())
+}
+
+async fn churn(world: &mut World, at: impl Fn(f64) -> Duration) -> anyhow::Result<()> {
+    let first = world.layout.initial_nodes();
+    anyhow::ensure!(world.layout.spares >= 2, "churn needs two spare nodes");
+    let span = world.begin_span("churn");
+    world.until(at(0.2)).await;
+    world.start_node(first).await?;
+    world.until(at(0.4)).await;
+    world.stop(1).await;
+    world.until(at(0.6)).await;
+    world.start_node(first + 1).await?;
+    world.until(at(0.8)).await;
+    world.stop(first).await;
+    world.end_span(span);
+    Ok(())
+}
+
+async fn partition_region(scenario: &Scenario, world: &mut World, at: impl Fn(f64) -> Duration) {
+    world.until(at(0.3)).await;
+    let (inside, outside) = region_sides(world, scenario.region_scope);
+    let span = world.begin_span("region 0 partitioned");
+    let mut ids = Vec::new();
+    for (a, b) in cross_pairs(&inside, &outside) {
+        ids.extend(world.faults.partition(a, b));
+    }
+    world.until(at(0.7)).await;
+    world.faults.remove(&ids);
+    world.end_span(span);
+}
+
+async fn delay_between_regions(world: &mut World, at: impl Fn(f64) -> Duration) {
+    world.until(at(0.2)).await;
+    let wan = Effect {
+        drop: 0.01,
+        delay: Duration::from_millis(50),
+        jitter: Duration::from_millis(20),
+        ..Effect::default()
+    };
+    let span = world.begin_span("50ms+-20ms 1% loss between regions");
+    let mut ids = Vec::new();
+    for region in 0..world.layout.regions {
+        let (inside, outside) = one_region_sides(world, region);
+        for (a, b) in cross_pairs(&inside, &outside) {
+            ids.push(world.faults.add(a, b, wan));
+        }
+    }
+    world.until(at(0.8)).await;
+    world.faults.remove(&ids);
+    world.end_span(span);
+}
+
+async fn cut_gateway_from_owner(
+    world: &mut World,
+    at: impl Fn(f64) -> Duration,
+) -> anyhow::Result<()> {
+    world.until(at(0.3)).await;
+    let owner = world.owner_of(VICTIM_KEY)?;
+    let span = world.begin_span(format!("gateway 0 cut from node {owner}"));
+    let ids = world
+        .faults
+        .partition(Side::Gateways(vec![0]), Side::Nodes(vec![owner]));
+    world.until(at(0.7)).await;
+    world.faults.remove(&ids);
+    world.end_span(span);
+    Ok(())
+}
+
+async fn edit_rules(
+    world: &mut World,
+    rules: Option<&crate::rules::RulesFile>,
+    at: impl Fn(f64) -> Duration,
+) -> anyhow::Result<()> {
+    let rules = rules.ok_or_else(|| anyhow::anyhow!("rules-reload needs its rules file"))?;
+    for (step, share) in [(1, 0.35), (2, 0.65)] {
+        world.until(at(share)).await;
+        rules.write_step(step)?;
+        world.note(format!("rules file edited: {}", rules.describe_step(step)));
+    }
+    Ok(())
+}
+
+async fn kill_lease_gateway(world: &mut World, at: impl Fn(f64) -> Duration) {
+    world.until(at(0.4)).await;
+    let span = world.begin_span(format!("kill gateway {LEASE_VICTIM_GATEWAY}"));
+    world.kill_gateway(LEASE_VICTIM_GATEWAY).await;
+    // It stays dead: the span runs to the end of the run.
+    let _ = span;
+}
+
+async fn rolling_upgrade(world: &mut World, at: impl Fn(f64) -> Duration) -> anyhow::Result<()> {
+    let new_node = world
+        .upgrade
+        .as_ref()
+        .map(|u| u.new_node_bin.clone())
+        .ok_or_else(|| anyhow::anyhow!("rolling-upgrade needs the builds to run"))?;
+    world.until(at(0.15)).await;
+    let before = cluster_version(world).await?;
+    world.note(format!("the old cluster speaks protocol version {before}"));
+    let span = world.begin_span("rolling upgrade");
+    // Every start from here on runs this build, with the same flags, address (hence
+    // node id) and data directory.
+    world.setup.binary = new_node.clone();
+    for node in 0..world.layout.initial_nodes() {
+        let from = world.now_ns();
+        world.stop(node).await;
+        world.note(format!(
+            "node {node}: old build stopped, starting {}",
+            new_node.display()
+        ));
+        world.start_node(node).await?;
+        // Let clients refetch the table before the next node goes.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        world.restart_window(format!("node {node} upgraded"), from);
+    }
+    // The old gateways against a cluster of the new build alone, for a while; by its end
+    // gossip has told every node that all members speak the newest version.
+    world.note("every node runs the new build");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let after = cluster_version(world).await?;
+    world.note(format!(
+        "the upgraded cluster speaks protocol version {after}"
+    ));
+    anyhow::ensure!(
+        after == floodgate::protocol::NEWEST,
+        "after every node was upgraded the cluster speaks protocol version {after}, not {}",
+        floodgate::protocol::NEWEST
+    );
+    let places = world.upgrade.as_ref().map_or(0, |u| u.gateways.len());
+    for place in 0..places {
+        world.replace_gateway(place).await?;
+    }
+    world.end_span(span);
+    Ok(())
+}
+
+async fn skewed_node_leaves(world: &mut World, at: impl Fn(f64) -> Duration) {
+    // The skew is a fault from the start: the skewed node's aligned windows are not the
+    // others'.
+    let skewed = world.begin_span(format!("node {SKEWED_NODE}'s clock {SKEW_MS} ms ahead"));
+    world.until(at(0.5)).await;
+    let span = world.begin_span(format!("skewed node {SKEWED_NODE} leaves"));
+    world.stop(SKEWED_NODE).await;
+    world.end_span(skewed);
+    let _ = span;
+}
+
+async fn stall_busiest_owner(
+    world: &mut World,
+    keys: &[KeySpec],
+    at: impl Fn(f64) -> Duration,
+) -> anyhow::Result<()> {
+    let victim = world.busiest_owner(keys)?;
+    world.note(format!("node {victim} owns the busiest keys"));
+    let mut rng = SmallRng::seed_from_u64(world.seed ^ 0x5747_4c4c);
+    world.until(at(0.2)).await;
+    loop {
+        let gap = rng.random_range(STALL_GAP_MS);
+        let stall = rng.random_range(STALL_MS);
+        tokio::time::sleep(Duration::from_millis(gap)).await;
+        if world.origin.elapsed() + Duration::from_millis(stall) >= at(0.9) {
+            break;
+        }
+        let span = world.begin_span(format!("SIGSTOP node {victim} {stall}ms"));
+        world.pause(victim, true).await?;
+        tokio::time::sleep(Duration::from_millis(stall)).await;
+        world.pause(victim, false).await?;
+        world.end_span(span);
+    }
+    Ok(())
+}
+
+/// `region-restart`: rough links between the regions all along, then the pump key's receiver
+/// in region 1 restarts once its link has carried the premise's messages.
+async fn restart_pump_receiver(
+    world: &mut World,
+    at: impl Fn(f64) -> Duration,
+) -> anyhow::Result<()> {
+    anyhow::ensure!(world.layout.regions == 2, "region-restart runs two regions");
+    // Duplicated and reordered datagrams between the regions all along (the exchange
+    // applies each message once, in any order).
+    let rough = Effect {
+        duplicate: 0.02,
+        reorder: 0.02,
+        ..Effect::default()
+    };
+    let span = world.begin_span("2% duplicated, 2% reordered between regions");
+    let (inside, outside) = one_region_sides(world, 0);
+    for (a, b) in cross_pairs(&inside, &outside) {
+        world.faults.add_both(a, b, rough);
+    }
+    let _ = span;
+    let sender = world.owner_in_region(PUMP_KEY, 0)?;
+    let receiver = world.owner_in_region(PUMP_KEY, 1)?;
+    world.until(at(0.7)).await;
+    let sent = crate::procs::metric_sum(
+        world.nodes[sender].spec.admin,
+        "floodgate_region_frames_sent_total",
+        &["region=\"r1\"", "kind=\"deltas\""],
+    )
+    .await;
+    world.note(format!(
+        "node {sender} sent {} delta messages to region 1 (its link to node {receiver} carries the pump key)",
+        sent.map_or("?".to_owned(), |n| format!("{n}"))
+    ));
+    world.findings.insert(
+        "link_before_restart".into(),
+        serde_json::json!({
+            "sender": sender, "receiver": receiver,
+            "delta_messages_to_region_1": sent,
+        }),
+    );
+    let restart = world.begin_span(format!("restart node {receiver} (region 1)"));
+    world.stop(receiver).await;
+    world.start_node(receiver).await?;
+    world.end_span(restart);
     Ok(())
 }
 

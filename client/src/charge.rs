@@ -121,24 +121,13 @@ async fn send_round(
         if indices.is_empty() {
             continue;
         }
-        let wire = indices
-            .iter()
-            .map(|&i| to_wire(&charges[i], metered))
-            .collect();
-        // Scopes go on the wire only when one is not `region` (as for checks): a `global`
-        // charge is sent on to the other regions, a `home` one taken in its home region.
-        let scopes = if indices.iter().any(|&i| charges[i].scope != Scope::Region) {
-            indices
-                .iter()
-                .map(|&i| WireScope::of(&charges[i].scope))
-                .collect()
-        } else {
-            Vec::new()
-        };
         let (reply, answer) = reply_pair();
         let call = Call {
-            checks: wire,
-            scopes,
+            checks: indices
+                .iter()
+                .map(|&i| to_wire(&charges[i], metered))
+                .collect(),
+            scopes: wire_scopes(charges, &indices),
             reply,
             deadline,
         };
@@ -153,43 +142,66 @@ async fn send_round(
     }
     let mut again = Vec::new();
     for (indices, answer) in answers {
-        match answer.await {
-            Reply::Decided { decisions, start } => {
-                for (n, &i) in indices.iter().enumerate() {
-                    let decision = decisions.get(start + n).map(|d| d.to_decision());
-                    outcomes[i] = match decision {
-                        Some(Ok(decision)) if metered => Some(ChargeOutcome::Taken(decision)),
-                        Some(Ok(decision)) => Some(ChargeOutcome::Checked(decision)),
-                        Some(Err(code @ (ErrorCode::TryAgain | ErrorCode::ShuttingDown))) => {
-                            again.push((i, code));
-                            None
-                        }
-                        // `outcome_unknown`: a node sent it on and heard nothing back.
-                        Some(Err(ErrorCode::OutcomeUnknown)) => {
-                            Some(ChargeOutcome::Unknown(DegradedReason::Timeout))
-                        }
-                        // Answered, nothing taken (`store_full`, `not_owner`, ...).
-                        Some(Err(code)) => {
-                            Some(ChargeOutcome::Fallback(DegradedReason::Refused(code)))
-                        }
-                        None => Some(ChargeOutcome::Unknown(DegradedReason::Protocol)),
-                    };
-                }
+        settle(answer.await, &indices, metered, outcomes, &mut again);
+    }
+    again
+}
+
+/// Scopes go on the wire only when one is not `region` (as for checks): a `global` charge is
+/// sent on to the other regions, a `home` one taken in its home region.
+fn wire_scopes(charges: &[Check], indices: &[usize]) -> Vec<WireScope> {
+    if indices.iter().any(|&i| charges[i].scope != Scope::Region) {
+        indices
+            .iter()
+            .map(|&i| WireScope::of(&charges[i].scope))
+            .collect()
+    } else {
+        Vec::new()
+    }
+}
+
+/// The outcome of each charge of one call from the node's reply; those the node took nothing
+/// of go to `again`.
+fn settle(
+    reply: Reply,
+    indices: &[usize],
+    metered: bool,
+    outcomes: &mut [Option<ChargeOutcome>],
+    again: &mut Vec<(usize, ErrorCode)>,
+) {
+    match reply {
+        Reply::Decided { decisions, start } => {
+            for (n, &i) in indices.iter().enumerate() {
+                let decision = decisions.get(start + n).map(|d| d.to_decision());
+                outcomes[i] = match decision {
+                    Some(Ok(decision)) if metered => Some(ChargeOutcome::Taken(decision)),
+                    Some(Ok(decision)) => Some(ChargeOutcome::Checked(decision)),
+                    Some(Err(code @ (ErrorCode::TryAgain | ErrorCode::ShuttingDown))) => {
+                        again.push((i, code));
+                        None
+                    }
+                    // `outcome_unknown`: a node sent it on and heard nothing back.
+                    Some(Err(ErrorCode::OutcomeUnknown)) => {
+                        Some(ChargeOutcome::Unknown(DegradedReason::Timeout))
+                    }
+                    // Answered, nothing taken (`store_full`, `not_owner`, ...).
+                    Some(Err(code)) => Some(ChargeOutcome::Fallback(DegradedReason::Refused(code))),
+                    None => Some(ChargeOutcome::Unknown(DegradedReason::Protocol)),
+                };
             }
-            // The whole frame refused as invalid: nothing in it was taken.
-            Reply::Refused { code, .. } => {
-                for &i in &indices {
-                    outcomes[i] = Some(ChargeOutcome::Fallback(DegradedReason::Refused(code)));
-                }
+        }
+        // The whole frame refused as invalid: nothing in it was taken.
+        Reply::Refused { code, .. } => {
+            for &i in indices {
+                outcomes[i] = Some(ChargeOutcome::Fallback(DegradedReason::Refused(code)));
             }
-            Reply::Failed(reason) => {
-                for &i in &indices {
-                    outcomes[i] = Some(ChargeOutcome::Unknown(reason));
-                }
+        }
+        Reply::Failed(reason) => {
+            for &i in indices {
+                outcomes[i] = Some(ChargeOutcome::Unknown(reason));
             }
         }
     }
-    again
 }
 
 /// The charge as sent: a charge flag where every member reads it, else a check of its cost.

@@ -184,12 +184,14 @@ impl ClientConfig {
     /// Checks every field and their combinations; file contents are checked when the TLS
     /// configuration is built.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        let invalid = |field, problem: &str| {
-            Err(ConfigError::Invalid {
-                field,
-                problem: problem.to_owned(),
-            })
-        };
+        self.validate_names()?;
+        self.validate_calls()?;
+        self.validate_recovery()?;
+        self.validate_token_leases()
+    }
+
+    /// The name nodes are verified by, and the region.
+    fn validate_names(&self) -> Result<(), ConfigError> {
         if let Some(name) = &self.server_name
             && rustls::pki_types::ServerName::try_from(name.as_str()).is_err()
         {
@@ -203,6 +205,11 @@ impl ClientConfig {
         {
             return invalid("region", &e.to_string());
         }
+        Ok(())
+    }
+
+    /// Timeouts, streams and frames, the queue, and idle connections.
+    fn validate_calls(&self) -> Result<(), ConfigError> {
         if self.timeout.is_zero() {
             return invalid("timeout", "must be more than zero");
         }
@@ -246,6 +253,11 @@ impl ClientConfig {
                 "must be at least 2 s (keep-alives go every 1 s)",
             );
         }
+        Ok(())
+    }
+
+    /// The breaker, reconnecting, and the local fallback bucket store.
+    fn validate_recovery(&self) -> Result<(), ConfigError> {
         if self.breaker.failure_threshold == 0 {
             return invalid("breaker.failure_threshold", "must be at least 1");
         }
@@ -267,7 +279,11 @@ impl ClientConfig {
         if let Err(e) = floodgate::BucketStore::new(self.fallback_store) {
             return invalid("fallback_store", &e.to_string());
         }
-        // Checked even when off: a rule's `lease_above` uses these settings too.
+        Ok(())
+    }
+
+    /// Checked even when off: a rule's `lease_above` uses these settings too.
+    fn validate_token_leases(&self) -> Result<(), ConfigError> {
         let leases = &self.token_leases;
         if leases.hot_above_per_sec == 0 {
             return invalid("token_leases.hot_above_per_sec", "must be at least 1");
@@ -283,6 +299,13 @@ impl ClientConfig {
         }
         Ok(())
     }
+}
+
+fn invalid(field: &'static str, problem: &str) -> Result<(), ConfigError> {
+    Err(ConfigError::Invalid {
+        field,
+        problem: problem.to_owned(),
+    })
 }
 
 /// Checks the node list: at least one, none twice.

@@ -294,23 +294,8 @@ impl Refresher {
     /// Routes by `table`: links to every member of the sender's region that owns slots, closes
     /// links to members that left, and maps each slot to its owner's link.
     fn apply(&mut self, table: ClusterTable) {
-        if let Some(from) = table.members().iter().find(|m| m.id == table.from()) {
-            match &self.region {
-                // Its owners are its own region's: routing by them would leave this region.
-                Some(mine) if from.region != *mine => {
-                    tracing::warn!(
-                        node = %from.addr,
-                        "ignoring the slot table of a node of region `{}`: this client routes in region `{mine}`",
-                        from.region
-                    );
-                    return;
-                }
-                Some(_) => {}
-                None => {
-                    tracing::info!("routing in region `{}` (the first table's)", from.region);
-                    self.region = Some(from.region.clone());
-                }
-            }
+        if !self.routes_in_region_of(&table) {
+            return;
         }
         self.routing
             .hint
@@ -323,49 +308,9 @@ impl Refresher {
         {
             return;
         }
-        // Only the sending node's region: a table lists every region's members, but places
-        // slots among its own region's (a gateway talks to its own region's nodes only).
-        let region = table
-            .members()
-            .iter()
-            .find(|m| m.id == table.from())
-            .map(|m| m.region.clone());
-        let owners: HashMap<SocketAddr, &str> = table
-            .members()
-            .iter()
-            .filter(|m| m.state.owns_slots())
-            .filter(|m| region.as_ref().is_none_or(|r| *r == m.region))
-            .filter_map(|m| Some((parse_addr(&m.addr)?, m.id.as_str())))
-            .collect();
-        let seeds: HashSet<SocketAddr> = self.seeds.iter().map(|l| l.addr).collect();
-        for (&addr, &id) in owners.iter().filter(|(a, _)| !seeds.contains(a)) {
-            if let Some(i) = self.retiring.iter().position(|(_, e)| e.link.addr == addr) {
-                // Back before its link was closed.
-                let (_, entry) = self.retiring.swap_remove(i);
-                self.discovered.insert(addr, entry);
-            } else if !self.discovered.contains_key(&addr) {
-                match self.start_link(addr, id) {
-                    Ok(entry) => {
-                        tracing::info!(node = %addr, "discovered floodgate node");
-                        self.discovered.insert(addr, entry);
-                    }
-                    Err(e) => tracing::warn!(node = %addr, "cannot link to a member: {e}"),
-                }
-            }
-        }
-        let departed: Vec<SocketAddr> = self
-            .discovered
-            .keys()
-            .filter(|addr| !owners.contains_key(addr))
-            .copied()
-            .collect();
-        let retire_at = Instant::now() + self.grace;
-        for addr in departed {
-            if let Some(entry) = self.discovered.remove(&addr) {
-                log_departure(&table, addr);
-                self.retiring.push((retire_at, entry));
-            }
-        }
+        let owners = region_owners(&table);
+        self.link_owners(&owners);
+        self.retire_departed(&table, &owners);
         let links: Vec<Arc<NodeLink>> = self
             .seeds
             .iter()
@@ -373,29 +318,7 @@ impl Refresher {
             .chain(self.discovered.values().map(|d| d.link.clone()))
             .collect();
         self.mark_rejoined(&links, &owners);
-        // Member index → link index, then slot → link index.
-        let member_link: Vec<u16> = table
-            .members()
-            .iter()
-            .map(|m| {
-                parse_addr(&m.addr)
-                    .filter(|_| m.state.owns_slots())
-                    .and_then(|addr| links.iter().position(|l| l.addr == addr))
-                    .and_then(|i| u16::try_from(i).ok())
-                    .unwrap_or(NONE)
-            })
-            .collect();
-        let link_of = |member: Option<usize>| {
-            member
-                .and_then(|m| member_link.get(m).copied())
-                .unwrap_or(NONE)
-        };
-        let slots = 0..SLOTS as u16;
-        let slot_link = slots
-            .clone()
-            .map(|s| link_of(table.owner_member(s)))
-            .collect();
-        let successor_link = slots.map(|s| link_of(table.successor_member(s))).collect();
+        let (slot_link, successor_link) = slot_links(&table, &links);
         let table = Arc::new(table);
         tracing::debug!(
             version = table.version(),
@@ -412,6 +335,68 @@ impl Refresher {
         };
         self.routing.replace(routes);
         self.last_table = Some(table);
+    }
+
+    /// Whether `table`'s sender is of this client's region; the first table's sender chooses
+    /// the region.
+    fn routes_in_region_of(&mut self, table: &ClusterTable) -> bool {
+        let Some(from) = table.members().iter().find(|m| m.id == table.from()) else {
+            return true;
+        };
+        match &self.region {
+            // Its owners are its own region's: routing by them would leave this region.
+            Some(mine) if from.region != *mine => {
+                tracing::warn!(
+                    node = %from.addr,
+                    "ignoring the slot table of a node of region `{}`: this client routes in region `{mine}`",
+                    from.region
+                );
+                return false;
+            }
+            Some(_) => {}
+            None => {
+                tracing::info!("routing in region `{}` (the first table's)", from.region);
+                self.region = Some(from.region.clone());
+            }
+        }
+        true
+    }
+
+    /// A link to every owner that is not a seed: one back before its link was closed keeps it.
+    fn link_owners(&mut self, owners: &HashMap<SocketAddr, &str>) {
+        let seeds: HashSet<SocketAddr> = self.seeds.iter().map(|l| l.addr).collect();
+        for (&addr, &id) in owners.iter().filter(|(a, _)| !seeds.contains(a)) {
+            if let Some(i) = self.retiring.iter().position(|(_, e)| e.link.addr == addr) {
+                // Back before its link was closed.
+                let (_, entry) = self.retiring.swap_remove(i);
+                self.discovered.insert(addr, entry);
+            } else if !self.discovered.contains_key(&addr) {
+                match self.start_link(addr, id) {
+                    Ok(entry) => {
+                        tracing::info!(node = %addr, "discovered floodgate node");
+                        self.discovered.insert(addr, entry);
+                    }
+                    Err(e) => tracing::warn!(node = %addr, "cannot link to a member: {e}"),
+                }
+            }
+        }
+    }
+
+    /// Links to members no longer among the owners close after the grace.
+    fn retire_departed(&mut self, table: &ClusterTable, owners: &HashMap<SocketAddr, &str>) {
+        let departed: Vec<SocketAddr> = self
+            .discovered
+            .keys()
+            .filter(|addr| !owners.contains_key(addr))
+            .copied()
+            .collect();
+        let retire_at = Instant::now() + self.grace;
+        for addr in departed {
+            if let Some(entry) = self.discovered.remove(&addr) {
+                log_departure(table, addr);
+                self.retiring.push((retire_at, entry));
+            }
+        }
     }
 
     /// Marks the links of members that own slots now but did not in the last table (back after
@@ -454,6 +439,52 @@ impl Refresher {
         ];
         Ok(Discovered { link, stop, tasks })
     }
+}
+
+/// The members that own slots, by address. Only the sending node's region: a table lists every
+/// region's members, but places slots among its own region's (a gateway talks to its own
+/// region's nodes only).
+fn region_owners(table: &ClusterTable) -> HashMap<SocketAddr, &str> {
+    let region = table
+        .members()
+        .iter()
+        .find(|m| m.id == table.from())
+        .map(|m| m.region.clone());
+    table
+        .members()
+        .iter()
+        .filter(|m| m.state.owns_slots())
+        .filter(|m| region.as_ref().is_none_or(|r| *r == m.region))
+        .filter_map(|m| Some((parse_addr(&m.addr)?, m.id.as_str())))
+        .collect()
+}
+
+/// Each slot's owner's link and its successor's, as indexes into `links` (`NONE`: no link).
+fn slot_links(table: &ClusterTable, links: &[Arc<NodeLink>]) -> (Box<[u16]>, Box<[u16]>) {
+    // Member index → link index, then slot → link index.
+    let member_link: Vec<u16> = table
+        .members()
+        .iter()
+        .map(|m| {
+            parse_addr(&m.addr)
+                .filter(|_| m.state.owns_slots())
+                .and_then(|addr| links.iter().position(|l| l.addr == addr))
+                .and_then(|i| u16::try_from(i).ok())
+                .unwrap_or(NONE)
+        })
+        .collect();
+    let link_of = |member: Option<usize>| {
+        member
+            .and_then(|m| member_link.get(m).copied())
+            .unwrap_or(NONE)
+    };
+    let slots = 0..SLOTS as u16;
+    let slot_link = slots
+        .clone()
+        .map(|s| link_of(table.owner_member(s)))
+        .collect();
+    let successor_link = slots.map(|s| link_of(table.successor_member(s))).collect();
+    (slot_link, successor_link)
 }
 
 /// Resolves at `at`, or never.

@@ -258,6 +258,7 @@ fn frame_seeds() -> Vec<Seed> {
     ]
 }
 
+// A list of seeds, one case each: long on purpose, so the cases read side by side.
 fn check_batch_seeds() -> Vec<Seed> {
     use Outcome::{Accepted, Refused};
     let gcra = limit(Algorithm::Gcra, 10, S, 20);
@@ -680,6 +681,7 @@ fn exported_buckets() -> Vec<BucketState> {
     out
 }
 
+// A list of seeds, one case each: long on purpose, so the cases read side by side.
 fn replicate_seeds() -> Vec<Seed> {
     use Outcome::{Accepted, Refused};
     let encode = |message: &ReplicateMessage| reframe(FrameKind::Replicate, message).to_vec();
@@ -955,6 +957,7 @@ fn snapshot_file(buckets: &[BucketState], written_unix_ns: u64) -> Vec<u8> {
 /// Where the first entry of a snapshot file starts, and within it the algorithm tag.
 const FIRST_ENTRY_TAG_AT: usize = SNAPSHOT_HEADER_BYTES + 8 + 4;
 
+// A list of seeds, one case each: long on purpose, so the cases read side by side.
 fn snapshot_seeds() -> Vec<Seed> {
     use Outcome::{Accepted, Refused};
     let written = 1_000 * S;

@@ -366,28 +366,7 @@ fn config_from(flags: &Flags, addresses: Addresses) -> anyhow::Result<NodeConfig
         admin,
         advertise,
     } = addresses;
-    let tls = match (&flags.cert, &flags.key, &flags.data_dir) {
-        (Some(cert), Some(key), _) => TlsConfig {
-            cert: cert.clone(),
-            key: key.clone(),
-            client_ca: flags.client_ca.clone(),
-            peer_ca: flags.peer_ca.clone(),
-        },
-        (_, _, Some(dir)) => {
-            let dev = ensure_dev_certs(dir)?;
-            let (cert, key) = match &flags.node_id {
-                Some(id) => dev.node_cert_for(id).context("--node-id")?,
-                None => (dev.node_cert.clone(), dev.node_key.clone()),
-            };
-            TlsConfig {
-                cert,
-                key,
-                client_ca: flags.client_ca.clone(),
-                peer_ca: Some(flags.peer_ca.clone().unwrap_or(dev.ca)),
-            }
-        }
-        _ => bail!("give --data-dir DIR (development certificates) or --cert and --key"),
-    };
+    let tls = tls_config(flags)?;
     let limits = NodeLimits {
         max_frame_bytes: flags.max_frame_bytes,
         max_batch: flags.max_batch,
@@ -406,36 +385,7 @@ fn config_from(flags: &Flags, addresses: Addresses) -> anyhow::Result<NodeConfig
         max_keys: flags.max_keys,
         ..StoreConfig::default()
     };
-    anyhow::ensure!(
-        flags.seeds.is_empty() || tls.peer_ca.is_some(),
-        "--seeds needs --peer-ca (or --data-dir) to verify the other nodes"
-    );
-    check_advertised(listen, advertise)?;
-    anyhow::ensure!(
-        flags.dead_after > flags.suspect_after,
-        "--dead-after must be longer than --suspect-after"
-    );
-    anyhow::ensure!(
-        !flags.takeover_forward_timeout.is_zero()
-            && flags.takeover_forward_timeout < flags.suspect_after,
-        "--takeover-forward-timeout must be more than zero and shorter than --suspect-after"
-    );
-    let membership = MembershipConfig {
-        suspect_after_ns: nanos(flags.suspect_after),
-        dead_after_ns: nanos(flags.dead_after),
-        ..MembershipConfig::default()
-    };
-    let cluster = ClusterConfig {
-        node_id: flags.node_id.clone(),
-        region: flags.region.clone(),
-        advertise,
-        seeds: flags.seeds.clone(),
-        membership,
-        sync_interval: flags.sync_interval,
-        region_sync_interval: flags.region_sync_interval,
-        takeover_forward_timeout: flags.takeover_forward_timeout,
-        allow_alone: flags.allow_alone,
-    };
+    let cluster = cluster_config(flags, &tls, listen, advertise)?;
     anyhow::ensure!(
         flags.clock_skew_ms().unsigned_abs() <= 3_600_000,
         "--test-only-clock-skew-ms must be within one hour (3600000)"
@@ -458,6 +408,72 @@ fn config_from(flags: &Flags, addresses: Addresses) -> anyhow::Result<NodeConfig
         rlqs,
         resp: resp_settings(flags)?,
         test_only_clock_skew_ns: flags.clock_skew_ms() * 1_000_000,
+    })
+}
+
+/// `--cert` and `--key`, or development certificates in `--data-dir` (for `--node-id` when
+/// given).
+fn tls_config(flags: &Flags) -> anyhow::Result<TlsConfig> {
+    Ok(match (&flags.cert, &flags.key, &flags.data_dir) {
+        (Some(cert), Some(key), _) => TlsConfig {
+            cert: cert.clone(),
+            key: key.clone(),
+            client_ca: flags.client_ca.clone(),
+            peer_ca: flags.peer_ca.clone(),
+        },
+        (_, _, Some(dir)) => {
+            let dev = ensure_dev_certs(dir)?;
+            let (cert, key) = match &flags.node_id {
+                Some(id) => dev.node_cert_for(id).context("--node-id")?,
+                None => (dev.node_cert.clone(), dev.node_key.clone()),
+            };
+            TlsConfig {
+                cert,
+                key,
+                client_ca: flags.client_ca.clone(),
+                peer_ca: Some(flags.peer_ca.clone().unwrap_or(dev.ca)),
+            }
+        }
+        _ => bail!("give --data-dir DIR (development certificates) or --cert and --key"),
+    })
+}
+
+/// The cluster flags: seeds, the advertised address, the failure detector's times.
+fn cluster_config(
+    flags: &Flags,
+    tls: &TlsConfig,
+    listen: SocketAddr,
+    advertise: Option<SocketAddr>,
+) -> anyhow::Result<ClusterConfig> {
+    anyhow::ensure!(
+        flags.seeds.is_empty() || tls.peer_ca.is_some(),
+        "--seeds needs --peer-ca (or --data-dir) to verify the other nodes"
+    );
+    check_advertised(listen, advertise)?;
+    anyhow::ensure!(
+        flags.dead_after > flags.suspect_after,
+        "--dead-after must be longer than --suspect-after"
+    );
+    anyhow::ensure!(
+        !flags.takeover_forward_timeout.is_zero()
+            && flags.takeover_forward_timeout < flags.suspect_after,
+        "--takeover-forward-timeout must be more than zero and shorter than --suspect-after"
+    );
+    let membership = MembershipConfig {
+        suspect_after_ns: nanos(flags.suspect_after),
+        dead_after_ns: nanos(flags.dead_after),
+        ..MembershipConfig::default()
+    };
+    Ok(ClusterConfig {
+        node_id: flags.node_id.clone(),
+        region: flags.region.clone(),
+        advertise,
+        seeds: flags.seeds.clone(),
+        membership,
+        sync_interval: flags.sync_interval,
+        region_sync_interval: flags.region_sync_interval,
+        takeover_forward_timeout: flags.takeover_forward_timeout,
+        allow_alone: flags.allow_alone,
     })
 }
 

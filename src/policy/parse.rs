@@ -87,16 +87,7 @@ fn parse_policy(text: &str) -> Result<Policy, PolicyError> {
         None => HashMap::new(),
     };
     let max_waiting = match top.get("max_waiting") {
-        Some(node) => {
-            let n = yaml::unsigned(node, "`max_waiting`")?;
-            if n > MAX_WAITING {
-                return Err(error_at(
-                    node,
-                    format!("max_waiting {n} is above {MAX_WAITING}"),
-                ));
-            }
-            n as usize
-        }
+        Some(node) => parse_max_waiting(node)?,
         None => DEFAULT_MAX_WAITING,
     };
     let trusted_proxies = match top.get("trusted_proxies") {
@@ -115,30 +106,7 @@ fn parse_policy(text: &str) -> Result<Policy, PolicyError> {
         Some(node) => parse_priority(node)?,
         None => PriorityRules::default(),
     };
-    let rules_node = top.require("rules")?;
-    let items = yaml::sequence(rules_node, "`rules`")?;
-    if items.len() > MAX_RULES {
-        return Err(error_at(
-            rules_node,
-            format!("{} rules; the maximum is {MAX_RULES}", items.len()),
-        ));
-    }
-    let mut rules: Vec<Rule> = Vec::with_capacity(items.len());
-    let mut seen: HashMap<String, usize> = HashMap::new();
-    for item in items {
-        let (rule, name_node) = parse_rule(item, &plans, &regions)?;
-        if let Some(line) = seen.get(rule.name()) {
-            return Err(error_at(
-                name_node,
-                format!(
-                    "duplicate rule name `{}` (first defined on line {line})",
-                    rule.name()
-                ),
-            ));
-        }
-        seen.insert(rule.name().to_owned(), name_node.span.start.line());
-        rules.push(rule);
-    }
+    let rules = parse_rules(top.require("rules")?, &plans, &regions)?;
     Ok(Policy {
         version: format!("{:016x}", xxh3_64(text.as_bytes())),
         rules,
@@ -151,6 +119,49 @@ fn parse_policy(text: &str) -> Result<Policy, PolicyError> {
         tenants,
         priority,
     })
+}
+
+fn parse_max_waiting(node: &Node<'_>) -> Result<usize, PolicyError> {
+    let n = yaml::unsigned(node, "`max_waiting`")?;
+    if n > MAX_WAITING {
+        return Err(error_at(
+            node,
+            format!("max_waiting {n} is above {MAX_WAITING}"),
+        ));
+    }
+    Ok(n as usize)
+}
+
+/// `rules`: at most `MAX_RULES`, each name used once.
+fn parse_rules(
+    rules_node: &Node<'_>,
+    plans: &[String],
+    regions: &[RegionName],
+) -> Result<Vec<Rule>, PolicyError> {
+    let items = yaml::sequence(rules_node, "`rules`")?;
+    if items.len() > MAX_RULES {
+        return Err(error_at(
+            rules_node,
+            format!("{} rules; the maximum is {MAX_RULES}", items.len()),
+        ));
+    }
+    let mut rules: Vec<Rule> = Vec::with_capacity(items.len());
+    let mut seen: HashMap<String, usize> = HashMap::new();
+    for item in items {
+        let (rule, name_node) = parse_rule(item, plans, regions)?;
+        if let Some(line) = seen.get(rule.name()) {
+            return Err(error_at(
+                name_node,
+                format!(
+                    "duplicate rule name `{}` (first defined on line {line})",
+                    rule.name()
+                ),
+            ));
+        }
+        seen.insert(rule.name().to_owned(), name_node.span.start.line());
+        rules.push(rule);
+    }
+    Ok(rules)
 }
 
 /// A name for a rule or plan: 1 to 64 of `A-Z a-z 0-9 . _ -`, starting with a letter or digit.
@@ -217,7 +228,8 @@ fn parse_trusted_proxies(node: &Node<'_>) -> Result<TrustedProxies, PolicyError>
     Ok(TrustedProxies::from_networks(networks))
 }
 
-/// One rule, and the node of its name (for duplicate-name errors).
+/// One rule, and the node of its name (for duplicate-name errors). Fields are read in a fixed
+/// order, so a rule with several mistakes always reports the same one first.
 fn parse_rule<'n, 'a>(
     node: &'n Node<'a>,
     plans: &[String],
@@ -226,15 +238,7 @@ fn parse_rule<'n, 'a>(
     let fields = Fields::new(node, "a rule", RULE_FIELDS)?;
     let name_node = fields.require("name")?;
     let name = check_name(name_node, "a rule name")?;
-    let mut methods = Vec::new();
-    if let Some(method_node) = fields.get("method") {
-        for (text, item) in yaml::strings(method_node, "`method`")? {
-            let method = parse_method(text).map_err(|e| error_at(item, e))?;
-            if !methods.contains(&method) {
-                methods.push(method);
-            }
-        }
-    }
+    let methods = parse_methods(&fields)?;
     let path_node = fields.require("path")?;
     let path = PathPattern::parse(yaml::string(path_node, "`path`")?)
         .map_err(|e| error_at(path_node, e))?;
@@ -244,73 +248,24 @@ fn parse_rule<'n, 'a>(
         None => Algorithm::Gcra,
     };
     let concurrency = super::concurrency::parse_concurrency(&fields)?;
-    let limit = match fields.get("limit") {
-        Some(limit_node) => Some(parse_limit(limit_node, fields.get("burst"), algorithm)?),
-        None => {
-            if let Some(burst) = fields.get("burst") {
-                return Err(error_at(burst, "`burst` needs a `limit` beside it"));
-            }
-            None
-        }
-    };
-    let rule_plans = match fields.get("plans") {
-        Some(plans_node) => parse_rule_plans(plans_node, plans, algorithm)?,
-        None => Vec::new(),
-    };
-    let default_plan = match fields.get("default_plan") {
-        Some(node) => Some(parse_default_plan(node, plans)?),
-        None => None,
-    };
-    if limit.is_none() && rule_plans.is_empty() && concurrency.is_none() {
-        return Err(error_at(
-            fields.node(),
-            format!(
-                "rule `{name}` needs a `limit`, per-plan limits under `plans`, or both (or \
-                 `concurrency` for requests in flight)"
-            ),
-        ));
-    }
+    let RuleLimits {
+        limit,
+        plans: rule_plans,
+        default_plan,
+    } = parse_rule_limits(&fields, &name, plans, algorithm, concurrency.is_some())?;
+    // The rule's own limit and every plan's.
+    let limits = || limit.iter().chain(rule_plans.iter().map(|p| &p.1));
     let cost = match fields.get("cost") {
-        Some(cost_node) => parse_cost(
-            cost_node,
-            limit.iter().chain(rule_plans.iter().map(|p| &p.1)),
-        )?,
+        Some(cost_node) => parse_cost(cost_node, limits())?,
         None => 1,
     };
-    let least_burst = limit
-        .iter()
-        .chain(rule_plans.iter().map(|p| &p.1))
-        .filter_map(|l| match l {
-            RuleLimit::Limited(limit) => Some(limit.burst()),
-            RuleLimit::Unlimited => None,
-        })
-        .min()
-        .unwrap_or(crate::MAX_BURST);
-    let cost_from = super::metered::parse_cost_from(&fields, least_burst)?;
+    let cost_from = super::metered::parse_cost_from(&fields, least_burst(limits()))?;
     let failure_mode = match fields.get("failure_mode") {
-        Some(n) => match yaml::string(n, "`failure_mode`")? {
-            "open" => FailureMode::Open,
-            "closed" => FailureMode::Closed,
-            other => {
-                return Err(error_at(
-                    n,
-                    format!("failure_mode `{other}`: expected open or closed"),
-                ));
-            }
-        },
+        Some(n) => parse_failure_mode(n)?,
         None => FailureMode::Open,
     };
     let mode = match fields.get("mode") {
-        Some(n) => match yaml::string(n, "`mode`")? {
-            "enforce" => Mode::Enforce,
-            "shadow" => Mode::Shadow,
-            other => {
-                return Err(error_at(
-                    n,
-                    format!("mode `{other}`: expected enforce or shadow"),
-                ));
-            }
-        },
+        Some(n) => parse_mode(n)?,
         None => Mode::Enforce,
     };
     let max_wait_ns = match fields.get("max_wait") {
@@ -326,11 +281,7 @@ fn parse_rule<'n, 'a>(
         .map(parse_lease_above)
         .transpose()?;
     let reserve = match fields.get("reserve") {
-        Some(n) => parse_reserve(
-            n,
-            concurrency,
-            limit.iter().chain(rule_plans.iter().map(|p| &p.1)),
-        )?,
+        Some(n) => parse_reserve(n, concurrency, limits())?,
         None => Reservation::NONE,
     };
     let rule = Rule {
@@ -352,6 +303,112 @@ fn parse_rule<'n, 'a>(
         reserve,
     };
     Ok((rule, name_node))
+}
+
+/// A rule's own limit, its limits per plan, and the plan it takes for an undeclared one.
+struct RuleLimits {
+    limit: Option<RuleLimit>,
+    plans: Vec<(String, RuleLimit)>,
+    default_plan: Option<String>,
+}
+
+/// `limit` (with `burst`), `plans` and `default_plan`: at least one limit, unless the rule
+/// limits only requests in flight (`concurrency`).
+fn parse_rule_limits(
+    fields: &Fields<'_, '_>,
+    name: &str,
+    plans: &[String],
+    algorithm: Algorithm,
+    concurrency: bool,
+) -> Result<RuleLimits, PolicyError> {
+    let limit = parse_rule_limit(fields, algorithm)?;
+    let rule_plans = match fields.get("plans") {
+        Some(plans_node) => parse_rule_plans(plans_node, plans, algorithm)?,
+        None => Vec::new(),
+    };
+    let default_plan = match fields.get("default_plan") {
+        Some(node) => Some(parse_default_plan(node, plans)?),
+        None => None,
+    };
+    if limit.is_none() && rule_plans.is_empty() && !concurrency {
+        return Err(error_at(
+            fields.node(),
+            format!(
+                "rule `{name}` needs a `limit`, per-plan limits under `plans`, or both (or \
+                 `concurrency` for requests in flight)"
+            ),
+        ));
+    }
+    Ok(RuleLimits {
+        limit,
+        plans: rule_plans,
+        default_plan,
+    })
+}
+
+/// `method`: one method or a list, each kept once.
+fn parse_methods(fields: &Fields<'_, '_>) -> Result<Vec<String>, PolicyError> {
+    let mut methods = Vec::new();
+    if let Some(method_node) = fields.get("method") {
+        for (text, item) in yaml::strings(method_node, "`method`")? {
+            let method = parse_method(text).map_err(|e| error_at(item, e))?;
+            if !methods.contains(&method) {
+                methods.push(method);
+            }
+        }
+    }
+    Ok(methods)
+}
+
+/// `limit` (with `burst` beside it); a `burst` alone is an error.
+fn parse_rule_limit(
+    fields: &Fields<'_, '_>,
+    algorithm: Algorithm,
+) -> Result<Option<RuleLimit>, PolicyError> {
+    match fields.get("limit") {
+        Some(limit_node) => Ok(Some(parse_limit(
+            limit_node,
+            fields.get("burst"),
+            algorithm,
+        )?)),
+        None => match fields.get("burst") {
+            Some(burst) => Err(error_at(burst, "`burst` needs a `limit` beside it")),
+            None => Ok(None),
+        },
+    }
+}
+
+/// The smallest burst of `limits` (unlimited ones have none); the largest burst if none has.
+fn least_burst<'l>(limits: impl Iterator<Item = &'l RuleLimit>) -> u64 {
+    limits
+        .filter_map(|l| match l {
+            RuleLimit::Limited(limit) => Some(limit.burst()),
+            RuleLimit::Unlimited => None,
+        })
+        .min()
+        .unwrap_or(crate::MAX_BURST)
+}
+
+fn parse_failure_mode(node: &Node<'_>) -> Result<FailureMode, PolicyError> {
+    match yaml::string(node, "`failure_mode`")? {
+        "open" => Ok(FailureMode::Open),
+        "closed" => Ok(FailureMode::Closed),
+        other => Err(error_at(
+            node,
+            format!("failure_mode `{other}`: expected open or closed"),
+        )),
+    }
+}
+
+fn parse_mode(node: &Node<'_>) -> Result<Mode, PolicyError> {
+    match yaml::string(node, "`mode`")? {
+        "enforce" => Ok(Mode::Enforce),
+        "shadow" => Ok(Mode::Shadow),
+        other => Err(error_at(
+            node,
+            format!("mode `{other}`: expected enforce or shadow"),
+        )),
+    }
 }
 
 fn parse_key(node: &Node<'_>) -> Result<Vec<KeyPart>, PolicyError> {

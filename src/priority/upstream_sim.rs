@@ -100,92 +100,151 @@ pub fn run(
     rate: u64,
     seconds: u64,
 ) -> Run {
-    let mut shedder = Shedder::new(config, 0);
-    let mut out = Run::default();
     let interval = SEC / rate.max(1);
     let total = seconds * SEC / interval;
-    let recorded_from = SEC;
-    let mut free_at: BinaryHeap<Reverse<u64>> = (0..upstream.places).map(|_| Reverse(0)).collect();
-    let mut answers: BinaryHeap<Reverse<Pending>> = BinaryHeap::new();
-    // Admitted requests by arrival at the upstream: (arrival, start of service, class).
-    let mut upstream_log: VecDeque<(u64, u64, Priority)> = VecDeque::new();
-    let mut seed: u64 = 0x9e37_79b9_7f4a_7c15;
-    let mut jitter = || {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        seed % upstream.jitter_ns.max(1)
-    };
-    let mut served = 0u64;
+    let mut model = Model::new(upstream, config, seconds);
     for i in 0..total {
         let now = i * interval;
-        while let Some(Reverse(p)) = answers.peek() {
+        model.answer_due(now);
+        model.shedder.tick(now);
+        let class = MIX[(i % MIX.len() as u64) as usize];
+        let recorded = now >= RECORDED_FROM;
+        if let Some(in_flight) = model.admit(now, class, enforce, recorded) {
+            model.serve(i, now, class, in_flight, recorded);
+        }
+    }
+    model.out.served_per_s = model.served as f64 / (seconds - 1) as f64;
+    model.out
+}
+
+/// The first second is not recorded: the shedder and the queue settle.
+const RECORDED_FROM: u64 = SEC;
+
+/// The shedder, the upstream's places and queue, and the answers on their way back.
+struct Model {
+    upstream: Upstream,
+    shedder: Shedder,
+    out: Run,
+    seconds: u64,
+    /// When each place is free next.
+    free_at: BinaryHeap<Reverse<u64>>,
+    answers: BinaryHeap<Reverse<Pending>>,
+    /// Admitted requests by arrival at the upstream: (arrival, start of service, class).
+    upstream_log: VecDeque<(u64, u64, Priority)>,
+    /// The jitter's xorshift state.
+    seed: u64,
+    served: u64,
+}
+
+impl Model {
+    fn new(upstream: Upstream, config: ShedderConfig, seconds: u64) -> Self {
+        Model {
+            upstream,
+            shedder: Shedder::new(config, 0),
+            out: Run::default(),
+            seconds,
+            free_at: (0..upstream.places).map(|_| Reverse(0)).collect(),
+            answers: BinaryHeap::new(),
+            upstream_log: VecDeque::new(),
+            seed: 0x9e37_79b9_7f4a_7c15,
+            served: 0,
+        }
+    }
+
+    fn jitter(&mut self) -> u64 {
+        self.seed ^= self.seed << 13;
+        self.seed ^= self.seed >> 7;
+        self.seed ^= self.seed << 17;
+        self.seed % self.upstream.jitter_ns.max(1)
+    }
+
+    /// Every answer back at the gateway by `now`, completed in the shedder.
+    fn answer_due(&mut self, now: u64) {
+        while let Some(Reverse(p)) = self.answers.peek() {
             if p.done_ns > now {
                 break;
             }
-            let Some(Reverse(p)) = answers.pop() else {
+            let Some(Reverse(p)) = self.answers.pop() else {
                 break;
             };
-            shedder.complete(p.done_ns, p.class, p.done_ns - p.sent_ns, p.in_flight);
-            out.top_level = out.top_level.max(shedder.local_level());
+            self.shedder
+                .complete(p.done_ns, p.class, p.done_ns - p.sent_ns, p.in_flight);
+            self.out.top_level = self.out.top_level.max(self.shedder.local_level());
         }
-        shedder.tick(now);
-        let class = MIX[(i % MIX.len() as u64) as usize];
-        let recorded = now >= recorded_from;
+    }
+
+    /// The shedder's decision on a request of `class` (its requests in flight if admitted).
+    fn admit(&mut self, now: u64, class: Priority, enforce: bool, recorded: bool) -> Option<u64> {
         let in_flight = if enforce {
-            match shedder.admit(now, class) {
+            match self.shedder.admit(now, class) {
                 Admission::Admitted { in_flight } => Some(in_flight),
                 Admission::Shed { .. } => None,
             }
         } else {
-            Some(shedder.admit_unchecked(now, class))
+            Some(self.shedder.admit_unchecked(now, class))
         };
-        out.top_level = out.top_level.max(shedder.local_level());
-        let c = &mut out.classes[class.rank()];
+        self.out.top_level = self.out.top_level.max(self.shedder.local_level());
         if recorded {
-            c.sent += 1;
+            self.out.classes[class.rank()].sent += 1;
         }
-        let Some(in_flight) = in_flight else { continue };
-        let at_upstream = now + upstream.overhead_ns + jitter();
-        let Some(Reverse(free)) = free_at.pop() else {
-            continue;
+        in_flight
+    }
+
+    /// An admitted request through the upstream's queue and a place, its answer on its way
+    /// back.
+    fn serve(&mut self, seq: u64, now: u64, class: Priority, in_flight: u64, recorded: bool) {
+        let at_upstream = now + self.upstream.overhead_ns + self.jitter();
+        let Some(Reverse(free)) = self.free_at.pop() else {
+            return;
         };
         let start = free.max(at_upstream);
-        let finish = start + upstream.service_ns;
-        free_at.push(Reverse(finish));
-        while upstream_log
-            .front()
-            .is_some_and(|&(_, s, _)| s <= at_upstream)
-        {
-            upstream_log.pop_front();
-        }
+        let finish = start + self.upstream.service_ns;
+        self.free_at.push(Reverse(finish));
+        self.forget_started(at_upstream);
         if class == Priority::Critical && recorded {
-            let ahead = upstream_log
-                .iter()
-                .filter(|&&(a, s, c)| a <= at_upstream && s > at_upstream && c < class)
-                .count() as u64;
-            out.critical_behind_lower += u64::from(ahead > 0);
-            out.most_lower_ahead = out.most_lower_ahead.max(ahead);
+            self.count_lower_ahead(at_upstream, class);
         }
-        upstream_log.push_back((at_upstream, start, class));
-        let done = finish + upstream.overhead_ns + jitter();
+        self.upstream_log.push_back((at_upstream, start, class));
+        let done = finish + self.upstream.overhead_ns + self.jitter();
         if recorded {
+            let c = &mut self.out.classes[class.rank()];
             c.admitted += 1;
             c.latencies_ns.push(done - now);
         }
-        if (recorded_from..seconds * SEC).contains(&finish) {
-            served += 1;
+        if (RECORDED_FROM..self.seconds * SEC).contains(&finish) {
+            self.served += 1;
         }
-        answers.push(Reverse(Pending {
+        self.answers.push(Reverse(Pending {
             done_ns: done,
-            seq: i,
+            seq,
             class,
             sent_ns: now,
             in_flight,
         }));
     }
-    out.served_per_s = served as f64 / (seconds - 1) as f64;
-    out
+
+    /// Drops the requests whose service started by `at_upstream`: only those still waiting
+    /// can be ahead of a newcomer.
+    fn forget_started(&mut self, at_upstream: u64) {
+        while self
+            .upstream_log
+            .front()
+            .is_some_and(|&(_, s, _)| s <= at_upstream)
+        {
+            self.upstream_log.pop_front();
+        }
+    }
+
+    /// A request of `class` arriving at `at_upstream`: the lower-class requests waiting ahead.
+    fn count_lower_ahead(&mut self, at_upstream: u64, class: Priority) {
+        let ahead = self
+            .upstream_log
+            .iter()
+            .filter(|&&(a, s, c)| a <= at_upstream && s > at_upstream && c < class)
+            .count() as u64;
+        self.out.critical_behind_lower += u64::from(ahead > 0);
+        self.out.most_lower_ahead = self.out.most_lower_ahead.max(ahead);
+    }
 }
 
 #[cfg(test)]

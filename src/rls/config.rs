@@ -430,41 +430,11 @@ fn load_rule(
         .map(|n| yaml::string(n, "`name`").map(str::to_owned))
         .transpose()?
         .filter(|n| !n.is_empty());
-    let mut replaces = Vec::new();
-    if let Some(list) = fields.get("replaces") {
-        for entry in yaml::sequence(list, "`replaces`")? {
-            let entry_fields = Fields::new(entry, "a `replaces` entry", &["name"])?;
-            let name_node = entry_fields.require("name")?;
-            let replaced = yaml::string(name_node, "`name`")?;
-            if replaced.is_empty() {
-                return Err(yaml::error_at(
-                    name_node,
-                    "a `replaces` entry has an empty name",
-                ));
-            }
-            if name.as_deref() == Some(replaced) {
-                return Err(yaml::error_at(
-                    name_node,
-                    "a rule cannot replace itself (`replaces` names this rule's own `name`)",
-                ));
-            }
-            replaces.push(replaced.to_owned());
-        }
-    }
-    let unit = fields
-        .get("unit")
-        .map(|n| {
-            let text = yaml::string(n, "`unit`")?;
-            Unit::from_name(text).map(|u| (u, n)).ok_or_else(|| {
-                yaml::error_at(
-                    n,
-                    format!(
-                        "invalid rate limit unit `{text}`; expected second, minute, hour, day, week, month or year"
-                    ),
-                )
-            })
-        })
-        .transpose()?;
+    let replaces = match fields.get("replaces") {
+        Some(list) => load_replaces(list, name.as_deref())?,
+        None => Vec::new(),
+    };
+    let unit = load_unit(&fields)?;
     let counted = if unlimited {
         if let Some((_, n)) = unit {
             return Err(yaml::error_at(
@@ -477,31 +447,7 @@ fn load_rule(
         let (unit, _) = unit.ok_or_else(|| {
             yaml::error_at(node, "`rate_limit` needs a `unit` (or `unlimited: true`)")
         })?;
-        let rpu_node = fields.require("requests_per_unit")?;
-        let rpu = yaml::unsigned(rpu_node, "`requests_per_unit`")?;
-        let rpu = u32::try_from(rpu)
-            .map_err(|_| yaml::error_at(rpu_node, "`requests_per_unit` is above 4294967295"))?;
-        let algorithm = fields
-            .get("algorithm")
-            .map(|n| {
-                let text = yaml::string(n, "`algorithm`")?;
-                text.parse::<Algorithm>()
-                    .map_err(|e| yaml::error_at(n, e.to_string()))
-            })
-            .transpose()?
-            .unwrap_or(Algorithm::FixedWindow);
-        let burst = fields
-            .get("burst")
-            .map(|n| yaml::unsigned(n, "`burst`"))
-            .transpose()?;
-        let at = fields
-            .get("burst")
-            .or(fields.get("algorithm"))
-            .unwrap_or(rpu_node);
-        let mut counted =
-            Counted::new(rpu, unit, algorithm, burst).map_err(|e| yaml::error_at(at, e))?;
-        counted.metered_estimate = metered_estimate(&fields, counted.limit.burst())?;
-        Some(counted)
+        Some(load_counted(&fields, unit)?)
     };
     Ok(RateRule {
         full_key: full_key.to_owned(),
@@ -511,6 +457,78 @@ fn load_rule(
         detailed_metric,
         counted,
     })
+}
+
+/// `replaces`: the names of the rules this one replaces, none empty and not its own `name`.
+fn load_replaces(list: &Node<'_>, name: Option<&str>) -> Result<Vec<String>, PolicyError> {
+    let mut replaces = Vec::new();
+    for entry in yaml::sequence(list, "`replaces`")? {
+        let entry_fields = Fields::new(entry, "a `replaces` entry", &["name"])?;
+        let name_node = entry_fields.require("name")?;
+        let replaced = yaml::string(name_node, "`name`")?;
+        if replaced.is_empty() {
+            return Err(yaml::error_at(
+                name_node,
+                "a `replaces` entry has an empty name",
+            ));
+        }
+        if name == Some(replaced) {
+            return Err(yaml::error_at(
+                name_node,
+                "a rule cannot replace itself (`replaces` names this rule's own `name`)",
+            ));
+        }
+        replaces.push(replaced.to_owned());
+    }
+    Ok(replaces)
+}
+
+/// `unit`, and its node (for the error when the rule is unlimited).
+fn load_unit<'n, 'a>(fields: &Fields<'n, 'a>) -> Result<Option<(Unit, &'n Node<'a>)>, PolicyError> {
+    fields
+        .get("unit")
+        .map(|n| {
+            let text = yaml::string(n, "`unit`")?;
+            Unit::from_name(text).map(|u| (u, n)).ok_or_else(|| {
+                yaml::error_at(
+                    n,
+                    format!(
+                        "invalid rate limit unit `{text}`; expected second, minute, hour, day, week, month or year"
+                    ),
+                )
+            })
+        })
+        .transpose()
+}
+
+/// A counted rule's limit: `requests_per_unit` per `unit`, its `algorithm`, `burst` and metered
+/// estimate.
+fn load_counted(fields: &Fields<'_, '_>, unit: Unit) -> Result<Counted, PolicyError> {
+    let rpu_node = fields.require("requests_per_unit")?;
+    let rpu = yaml::unsigned(rpu_node, "`requests_per_unit`")?;
+    let rpu = u32::try_from(rpu)
+        .map_err(|_| yaml::error_at(rpu_node, "`requests_per_unit` is above 4294967295"))?;
+    let algorithm = fields
+        .get("algorithm")
+        .map(|n| {
+            let text = yaml::string(n, "`algorithm`")?;
+            text.parse::<Algorithm>()
+                .map_err(|e| yaml::error_at(n, e.to_string()))
+        })
+        .transpose()?
+        .unwrap_or(Algorithm::FixedWindow);
+    let burst = fields
+        .get("burst")
+        .map(|n| yaml::unsigned(n, "`burst`"))
+        .transpose()?;
+    let at = fields
+        .get("burst")
+        .or(fields.get("algorithm"))
+        .unwrap_or(rpu_node);
+    let mut counted =
+        Counted::new(rpu, unit, algorithm, burst).map_err(|e| yaml::error_at(at, e))?;
+    counted.metered_estimate = metered_estimate(fields, counted.limit.burst())?;
+    Ok(counted)
 }
 
 /// A rule's `metered` and `estimate`: `Some(estimate)` for a metered rule.

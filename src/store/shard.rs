@@ -80,81 +80,103 @@ impl Shard {
         now_ns: u64,
         max_bytes: usize,
     ) -> Result<Option<(Decision, Undo)>, NeedsRoom> {
-        Ok(Some(match limit.algorithm() {
-            Algorithm::Gcra => {
-                let Some(entry) = self.gcra.find(key) else {
-                    return Ok(None);
-                };
-                // Compare-and-swap, retried on a race; the closure runs at least once, so
-                // `decision` is always set. Relaxed suffices: the TAT is the whole state.
-                let mut decision = Decision::CostExceedsBurst { burst: 0 };
-                let stored =
-                    entry
-                        .tat_ns
-                        .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |tat| {
-                            let (decided, new_tat) = gcra::decide(limit, tat, now_ns, cost);
-                            decision = decided;
-                            new_tat
-                        });
-                match stored {
-                    Ok(tat_ns) => {
-                        // Consumed (or clamped): also keeps the eviction margin that of the
-                        // limit in force, should it have changed.
-                        self.mark_gcra_changed(entry, margin_ms(limit));
-                        (decision, Undo::Gcra { tat_ns })
-                    }
-                    Err(_) => (decision, Undo::Nothing),
-                }
-            }
+        match limit.algorithm() {
+            Algorithm::Gcra => Ok(self.existing_gcra(key, limit, cost, now_ns)),
             Algorithm::FixedWindow | Algorithm::SlidingWindow => {
-                let Some(entry) = self.windows.find(key.hash, same(key)) else {
-                    return Ok(None);
-                };
-                let mut slot = entry.slot.lock();
-                if adopt_limit(&mut slot, limit, now_ns) {
-                    self.mark_dirty(entry);
-                }
-                let (decision, new_state) = decide_window(limit, &slot.1, now_ns, cost);
-                let undo = match new_state {
-                    Some(new_state) => {
-                        self.mark_dirty(entry);
-                        entry.used.store(true, Ordering::Relaxed);
-                        Undo::Window {
-                            state: std::mem::replace(&mut slot.1, new_state),
-                        }
-                    }
-                    None => Undo::Nothing,
-                };
-                (decision, undo)
+                Ok(self.existing_window(key, limit, cost, now_ns))
             }
-            Algorithm::SlidingLog => {
-                let Some(entry) = self.logs.find(key.hash, same(key)) else {
-                    return Ok(None);
-                };
-                let mut slot = entry.slot.lock();
-                let log = &mut slot.1;
-                let growth = log.growth_for(limit, now_ns, cost);
-                if growth > 0 {
-                    // Charged before it grows, so concurrent growths cannot pass the bound.
-                    let bytes = growth * LOG_TIME_BYTES;
-                    if !self.bytes.try_charge(bytes, max_bytes) {
-                        return Err(NeedsRoom(bytes));
-                    }
-                    self.bytes.tracking(log, |log| log.grow(growth));
-                    self.bytes.release(bytes);
-                }
-                let decision = log.decide(limit, now_ns, cost);
-                slot.0 = *limit;
-                let undo = if decision.is_allowed() && cost > 0 {
-                    self.mark_dirty(entry);
-                    entry.used.store(true, Ordering::Relaxed);
-                    Undo::Log { cost }
-                } else {
-                    Undo::Nothing
-                };
-                (decision, undo)
+            Algorithm::SlidingLog => self.existing_log(key, limit, cost, now_ns, max_bytes),
+        }
+    }
+
+    fn existing_gcra(
+        &self,
+        key: BucketKey,
+        limit: &Limit,
+        cost: u64,
+        now_ns: u64,
+    ) -> Option<(Decision, Undo)> {
+        let entry = self.gcra.find(key)?;
+        // Compare-and-swap, retried on a race; the closure runs at least once, so
+        // `decision` is always set. Relaxed suffices: the TAT is the whole state.
+        let mut decision = Decision::CostExceedsBurst { burst: 0 };
+        let stored = entry
+            .tat_ns
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |tat| {
+                let (decided, new_tat) = gcra::decide(limit, tat, now_ns, cost);
+                decision = decided;
+                new_tat
+            });
+        Some(match stored {
+            Ok(tat_ns) => {
+                // Consumed (or clamped): also keeps the eviction margin that of the
+                // limit in force, should it have changed.
+                self.mark_gcra_changed(entry, margin_ms(limit));
+                (decision, Undo::Gcra { tat_ns })
             }
-        }))
+            Err(_) => (decision, Undo::Nothing),
+        })
+    }
+
+    fn existing_window(
+        &self,
+        key: BucketKey,
+        limit: &Limit,
+        cost: u64,
+        now_ns: u64,
+    ) -> Option<(Decision, Undo)> {
+        let entry = self.windows.find(key.hash, same(key))?;
+        let mut slot = entry.slot.lock();
+        if adopt_limit(&mut slot, limit, now_ns) {
+            self.mark_dirty(entry);
+        }
+        let (decision, new_state) = decide_window(limit, &slot.1, now_ns, cost);
+        let undo = match new_state {
+            Some(new_state) => {
+                self.mark_dirty(entry);
+                entry.used.store(true, Ordering::Relaxed);
+                Undo::Window {
+                    state: std::mem::replace(&mut slot.1, new_state),
+                }
+            }
+            None => Undo::Nothing,
+        };
+        Some((decision, undo))
+    }
+
+    fn existing_log(
+        &self,
+        key: BucketKey,
+        limit: &Limit,
+        cost: u64,
+        now_ns: u64,
+        max_bytes: usize,
+    ) -> Result<Option<(Decision, Undo)>, NeedsRoom> {
+        let Some(entry) = self.logs.find(key.hash, same(key)) else {
+            return Ok(None);
+        };
+        let mut slot = entry.slot.lock();
+        let log = &mut slot.1;
+        let growth = log.growth_for(limit, now_ns, cost);
+        if growth > 0 {
+            // Charged before it grows, so concurrent growths cannot pass the bound.
+            let bytes = growth * LOG_TIME_BYTES;
+            if !self.bytes.try_charge(bytes, max_bytes) {
+                return Err(NeedsRoom(bytes));
+            }
+            self.bytes.tracking(log, |log| log.grow(growth));
+            self.bytes.release(bytes);
+        }
+        let decision = log.decide(limit, now_ns, cost);
+        slot.0 = *limit;
+        let undo = if decision.is_allowed() && cost > 0 {
+            self.mark_dirty(entry);
+            entry.used.store(true, Ordering::Relaxed);
+            Undo::Log { cost }
+        } else {
+            Undo::Nothing
+        };
+        Ok(Some((decision, undo)))
     }
 
     /// Decides, creating the bucket when the check consumes from a key not seen before (peeks

@@ -102,26 +102,22 @@ struct Flags {
 async fn main() -> anyhow::Result<()> {
     let flags = Flags::parse();
     logging::init(flags.log_format, "info");
-    let mut config = ClientConfig::with_ca_file(&flags.ca);
-    config.timeout = flags.timeout;
-    config.server_name = flags.server_name.clone();
-    if let (Some(cert), Some(key)) = (&flags.client_cert, &flags.client_key) {
-        config.client_auth = Some(floodgate_client::ClientAuth {
-            cert: cert.clone(),
-            key: key.clone(),
-        });
-    }
     let local = rules_source::load_local(flags.rules.as_deref(), flags.rules_cache.as_deref())?;
     let (policy, local_source) = local.unzip();
-    let limiter = RateLimiter::connect_with(&flags.seeds, config, LimiterConfig::default(), policy)
-        .await
-        .map_err(|e| match e {
-            LimiterError::NoPolicy(_) => anyhow::anyhow!(
-                "{e}; give the gateway rules to start from with --rules FILE (or --rules-cache \
-                 FILE once a node has served rules)"
-            ),
-            other => other.into(),
-        })?;
+    let limiter = RateLimiter::connect_with(
+        &flags.seeds,
+        client_config(&flags),
+        LimiterConfig::default(),
+        policy,
+    )
+    .await
+    .map_err(|e| match e {
+        LimiterError::NoPolicy(_) => anyhow::anyhow!(
+            "{e}; give the gateway rules to start from with --rules FILE (or --rules-cache \
+             FILE once a node has served rules)"
+        ),
+        other => other.into(),
+    })?;
 
     let (shutdown, shutdown_rx) = watch::channel(false);
     let upstream = TcpListener::bind(flags.upstream)
@@ -152,21 +148,7 @@ async fn main() -> anyhow::Result<()> {
     let metrics = app::GatewayMetrics::new();
     metrics.watch_work(work);
     let upkeep_task = tokio::spawn(metrics.clone().upkeep(shutdown_rx.clone()));
-    let enforce = flags.shed == "on";
-    let gate = ShedGate::new(app::WORK_BACKEND, ShedderConfig::default(), enforce);
-    let brownout_task = if enforce {
-        let reporter = BrownoutReporter::new(
-            limiter.client().clone(),
-            app::WORK_BACKEND,
-            flags.brownout_interval,
-            flags.brownout_quorum,
-        )?;
-        Some(tokio::spawn(
-            reporter.run(gate.clone(), shutdown_rx.clone()),
-        ))
-    } else {
-        None
-    };
+    let (gate, brownout_task) = start_shedding(&flags, &limiter, &shutdown_rx)?;
     let app = app::app_with_gate(limiter.clone(), upstream_addr, metrics, gate);
     let server = tokio::spawn(app::serve(listener, app, shutdown_rx));
     wait_for_signal().await?;
@@ -182,6 +164,43 @@ async fn main() -> anyhow::Result<()> {
     }
     limiter.close().await;
     Ok(())
+}
+
+/// The client's settings from the flags: timeout, server name, client certificate.
+fn client_config(flags: &Flags) -> ClientConfig {
+    let mut config = ClientConfig::with_ca_file(&flags.ca);
+    config.timeout = flags.timeout;
+    config.server_name = flags.server_name.clone();
+    if let (Some(cert), Some(key)) = (&flags.client_cert, &flags.client_key) {
+        config.client_auth = Some(floodgate_client::ClientAuth {
+            cert: cert.clone(),
+            key: key.clone(),
+        });
+    }
+    config
+}
+
+/// The shedder's gate in front of the demo work and, when it sheds (`--shed on`), the task
+/// reporting its level into the cluster.
+fn start_shedding(
+    flags: &Flags,
+    limiter: &RateLimiter,
+    shutdown: &watch::Receiver<bool>,
+) -> anyhow::Result<(ShedGate, Option<tokio::task::JoinHandle<()>>)> {
+    let enforce = flags.shed == "on";
+    let gate = ShedGate::new(app::WORK_BACKEND, ShedderConfig::default(), enforce);
+    let brownout_task = if enforce {
+        let reporter = BrownoutReporter::new(
+            limiter.client().clone(),
+            app::WORK_BACKEND,
+            flags.brownout_interval,
+            flags.brownout_quorum,
+        )?;
+        Some(tokio::spawn(reporter.run(gate.clone(), shutdown.clone())))
+    } else {
+        None
+    };
+    Ok((gate, brownout_task))
 }
 
 async fn wait_for_signal() -> anyhow::Result<()> {

@@ -29,6 +29,7 @@
 //! run with [`run`]; it returns a [`SimReport`] or a [`SimFailure`] carrying the seed and the
 //! last events.
 
+mod engine;
 mod moves;
 mod network;
 mod oracle;
@@ -42,13 +43,11 @@ pub use self::network::{NetworkConfig, Partition};
 pub use self::oracle::{Admission, Bounds, Violation, Worst, judge};
 pub use self::traffic::TrafficConfig;
 
-use self::network::{InTransit, Network};
-use self::traffic::Traffic;
+use self::engine::Sim;
 use super::admission::over_admission_bound;
 use super::config::ExchangeConfig;
-use super::delta::{Outgoing, Peer};
+use super::delta::Peer;
 use super::exchange::Exchange;
-use super::scope::RegionName;
 use crate::simulation::{SplitMix64, TraceDigest};
 use crate::{Algorithm, BucketKey, BucketStore, Limit, NANOS_PER_SEC, StoreConfig};
 
@@ -303,279 +302,101 @@ pub fn run_seed(seed: u64) -> Result<Vec<SimReport>, SimFailure> {
 
 /// Runs one simulation.
 pub fn run(config: &SimConfig) -> Result<SimReport, SimFailure> {
-    let algorithm = config.limit.algorithm();
-    let fail = |what: String, trace: &Trace| SimFailure {
-        seed: config.seed,
-        algorithm,
-        what,
-        trace: trace.events.iter().cloned().collect(),
-    };
-    let mut trace = Trace::default();
-    let mut rng = SplitMix64::new(config.seed);
-    let peers: Vec<Peer> = (0..config.regions)
-        .map(|i| {
-            let region = RegionName::new(&format!("r{i}"))
-                .unwrap_or_else(|_| unreachable!("r0, r1, ... are valid region names"));
-            Peer::new(region, &format!("node-{i}"))
-        })
-        .collect();
-    let mut regions: Vec<Region> = peers
-        .iter()
-        .map(|me| Region {
-            store: sim_store(),
-            exchange: Exchange::new(config.exchange, me.clone(), 1),
-            others: peers.iter().filter(|p| *p != me).cloned().collect(),
-            admitted: 0,
-        })
-        .collect();
-    let mut network = Network::new(config.network);
-    let mut traffic = Traffic::new(config.traffic, config.regions, config.traffic_ns, &mut rng);
-    let key = BucketKey::for_key(b"sim\x1fglobal");
-    let mut admissions: Vec<Admission> = Vec::new();
-    let mut asked = 0u64;
-    let cut_at = config.bounds().partition_start_ns.min(config.traffic_ns);
-    let mut asked_before_cut: Vec<(u64, u64)> = Vec::new();
+    let mut sim = Sim::new(config);
     let end_ns = config.traffic_ns + config.drain_ns;
-    let mut ledger = Ledger {
-        sessions: vec![1; config.regions],
-        restarts_of: vec![0; config.regions],
-        ..Ledger::default()
-    };
-    let mut next_restart = 0usize;
-    let mut restarts_past_window = 0u64;
-    let mut now = 0u64;
     let mut events = 0u64;
     loop {
         events += 1;
         if events > MAX_EVENTS {
-            return Err(fail(format!("more than {MAX_EVENTS} events"), &trace));
+            let what = format!("more than {MAX_EVENTS} events");
+            return Err(sim.trace.failure(config, what));
         }
-        let next = [
-            traffic.next_arrival(),
-            network.next_arrival(),
-            regions
-                .iter()
-                .filter_map(|r| r.exchange.poll_timeout())
-                .min(),
-            config.restarts.get(next_restart).map(|r| r.at_ns),
-        ]
-        .into_iter()
-        .flatten()
-        .min();
-        let Some(next) = next else { break };
+        let Some(next) = sim.next_event() else { break };
         if next > end_ns {
             break;
         }
-        now = now.max(next);
-
-        while let Some(restart) = config.restarts.get(next_restart).filter(|r| r.at_ns <= now) {
-            next_restart += 1;
-            let i = restart.region;
-            let window = regions[i].exchange.config().dedupe_window;
-            if (0..config.regions)
-                .any(|j| j != i && regions[j].exchange.sent_to(&peers[i]) > window)
-            {
-                restarts_past_window += 1;
-            }
-            ledger.restart(i, &regions[i].exchange, &peers, key, now);
-            regions[i].exchange =
-                Exchange::new(config.exchange, peers[i].clone(), ledger.sessions[i]);
-            if !restart.keep_store {
-                regions[i].store = sim_store();
-            }
-            trace.push(|| {
-                format!(
-                    "{} r{i} restarts, session {}, store {}",
-                    ms(now),
-                    ledger.sessions[i],
-                    if restart.keep_store { "kept" } else { "lost" }
-                )
-            });
-        }
-
-        while let Some(mut m) = network.receive(now) {
-            if config.strip_resync {
-                match &mut m.message {
-                    Outgoing::Deltas(batch) => batch.settled_below = None,
-                    Outgoing::Ack(ack) => ack.receiver_session = None,
-                }
-            }
-            let to = &mut regions[m.to];
-            match &m.message {
-                Outgoing::Deltas(batch) => {
-                    let before = to.exchange.applied_from(&peers[m.from]);
-                    to.exchange.handle_deltas(now, batch, &to.store);
-                    let units = to.exchange.applied_from(&peers[m.from]) - before;
-                    if units > 0 {
-                        ledger
-                            .applied(m.to, m.from, batch, units)
-                            .map_err(|what| fail(what, &trace))?;
-                    }
-                    trace.push(|| {
-                        let units: u64 = batch.deltas.iter().map(|d| d.units).sum();
-                        format!(
-                            "{} r{} <- r{}: deltas seq {} ({units} units)",
-                            ms(now),
-                            m.to,
-                            m.from,
-                            batch.seq
-                        )
-                    });
-                    let applied = regions[m.to].exchange.applied_from(&peers[m.from]);
-                    let admitted = regions[m.from].admitted;
-                    if applied > admitted {
-                        return Err(fail(
-                            format!(
-                                "r{} applied {applied} units from r{}, which admitted only {admitted}",
-                                m.to, m.from
-                            ),
-                            &trace,
-                        ));
-                    }
-                }
-                Outgoing::Ack(ack) => {
-                    to.exchange.handle_ack(now, ack);
-                    trace.push(|| {
-                        format!(
-                            "{} r{} <- r{}: ack below {} also {:?}",
-                            ms(now),
-                            m.to,
-                            m.from,
-                            ack.below,
-                            ack.also
-                        )
-                    });
-                }
-            }
-        }
-
-        while let Some(arrival) = traffic.take_due(now) {
-            asked += arrival.cost;
-            if now < cut_at {
-                asked_before_cut.push((now, arrival.cost));
-            }
-            let region = &mut regions[arrival.region];
-            let decision = region
-                .exchange
-                .check_global(
-                    now,
-                    &region.store,
-                    key,
-                    &config.limit,
-                    arrival.cost,
-                    &region.others,
-                )
-                .map_err(|e| fail(format!("store error: {e}"), &trace))?;
-            if decision.is_allowed() {
-                region.admitted += arrival.cost;
-                *ledger
-                    .admitted
-                    .entry((arrival.region, ledger.sessions[arrival.region]))
-                    .or_insert(0) += arrival.cost;
-                admissions.push(Admission {
-                    at_ns: now,
-                    region: arrival.region,
-                    cost: arrival.cost,
-                });
-                trace.push(|| format!("{} r{} admits {}", ms(now), arrival.region, arrival.cost));
-            }
-        }
-
-        for (from, region) in regions.iter_mut().enumerate() {
-            while let Some(transmit) = region.exchange.poll_transmit(now) {
-                let Some(to) = peers.iter().position(|p| *p == transmit.to) else {
-                    continue;
-                };
-                let what = match &transmit.message {
-                    Outgoing::Deltas(b) => format!("deltas seq {}", b.seq),
-                    Outgoing::Ack(a) => format!("ack below {}", a.below),
-                };
-                let fate = network.send(
-                    &mut rng,
-                    now,
-                    InTransit {
-                        from,
-                        to,
-                        message: transmit.message,
-                    },
-                );
-                trace.push(|| format!("{} r{from} -> r{to}: {what} {fate:?}", ms(now)));
-            }
-        }
+        sim.now = sim.now.max(next);
+        sim.restart_due();
+        sim.deliver_due()?;
+        sim.admit_due()?;
+        sim.send_due();
     }
+    judge_run(sim)
+}
 
+/// After the run: the bound in every window, liveness before the cut, every region drained,
+/// and every unit applied exactly once.
+fn judge_run(sim: Sim<'_>) -> Result<SimReport, SimFailure> {
+    let config = sim.config;
+    let fail = |what: String| sim.trace.failure(config, what);
     let bounds = config.bounds();
-    let worst = judge(&config.limit, &admissions, &bounds).map_err(|v| {
-        fail(
-            format!(
-                "over-admission of {:.2} units at {} exceeds the {} bound of {} ({} admitted)",
-                v.over,
-                ms(v.at_ns),
-                v.regime,
-                v.bound,
-                admissions.len()
-            ),
-            &trace,
-        )
+    let admissions = &sim.admissions;
+    let worst = judge(&config.limit, admissions, &bounds).map_err(|v| {
+        fail(format!(
+            "over-admission of {:.2} units at {} exceeds the {} bound of {} ({} admitted)",
+            v.over,
+            ms(v.at_ns),
+            v.regime,
+            v.bound,
+            admissions.len()
+        ))
     })?;
     let (admitted_before_cut, exact_before_cut) =
-        check_liveness(config, &admissions, &asked_before_cut)
-            .map_err(|what| fail(what, &trace))?;
+        check_liveness(config, admissions, &sim.asked_before_cut).map_err(fail)?;
+    check_drained(config, &sim.regions, &sim.peers).map_err(fail)?;
+    let max_in_flight = config.exchange.max_in_flight as u64;
+    sim.ledger
+        .judge(&sim.regions, &sim.peers, sim.key, max_in_flight)
+        .map_err(fail)?;
+    let stats: Vec<_> = sim.regions.iter().map(|r| r.exchange.stats()).collect();
+    Ok(SimReport {
+        seed: config.seed,
+        algorithm: config.limit.algorithm(),
+        bounds,
+        worst,
+        admitted: admissions.iter().map(|a| a.cost).sum(),
+        asked: sim.asked,
+        messages: sim.network.sent,
+        lost: sim.network.lost,
+        duplicated: sim.network.duplicated,
+        retransmissions: stats.iter().map(|s| s.retransmissions).sum(),
+        denied_by_share: stats.iter().map(|s| s.denied_by_share).sum(),
+        restarts_past_window: sim.restarts_past_window,
+        admitted_before_cut,
+        exact_before_cut,
+        digest: sim.trace.digest.value(),
+    })
+}
+
+/// After the traffic stopped and the network drained: every region has confirmed all it
+/// admitted, lost nothing to a full store and (without restarts) applied from each other region
+/// exactly what that region admitted.
+fn check_drained(config: &SimConfig, regions: &[Region], peers: &[Peer]) -> Result<(), String> {
     for (i, region) in regions.iter().enumerate() {
         if !region.exchange.is_idle() {
-            return Err(fail(
-                format!(
-                    "r{i} still has unconfirmed deltas {} after the traffic stopped",
-                    ms(config.drain_ns)
-                ),
-                &trace,
+            return Err(format!(
+                "r{i} still has unconfirmed deltas {} after the traffic stopped",
+                ms(config.drain_ns)
             ));
         }
         let stats = region.exchange.stats();
         if stats.units_lost_store_full > 0 {
-            return Err(fail(
-                format!(
-                    "r{i} lost {} units to a full store",
-                    stats.units_lost_store_full
-                ),
-                &trace,
+            return Err(format!(
+                "r{i} lost {} units to a full store",
+                stats.units_lost_store_full
             ));
         }
         for (j, sender) in regions.iter().enumerate() {
             let applied = region.exchange.applied_from(&peers[j]);
             if config.restarts.is_empty() && j != i && applied != sender.admitted {
-                return Err(fail(
-                    format!(
-                        "r{i} applied {applied} units from r{j}, which admitted {}: not exactly once",
-                        sender.admitted
-                    ),
-                    &trace,
+                return Err(format!(
+                    "r{i} applied {applied} units from r{j}, which admitted {}: not exactly once",
+                    sender.admitted
                 ));
             }
         }
     }
-    let max_in_flight = config.exchange.max_in_flight as u64;
-    ledger
-        .judge(&regions, &peers, key, max_in_flight)
-        .map_err(|what| fail(what, &trace))?;
-    let stats: Vec<_> = regions.iter().map(|r| r.exchange.stats()).collect();
-    Ok(SimReport {
-        seed: config.seed,
-        algorithm,
-        bounds,
-        worst,
-        admitted: admissions.iter().map(|a| a.cost).sum(),
-        asked,
-        messages: network.sent,
-        lost: network.lost,
-        duplicated: network.duplicated,
-        retransmissions: stats.iter().map(|s| s.retransmissions).sum(),
-        denied_by_share: stats.iter().map(|s| s.denied_by_share).sum(),
-        restarts_past_window,
-        admitted_before_cut,
-        exact_before_cut,
-        digest: trace.digest.value(),
-    })
+    Ok(())
 }
 
 fn sim_store() -> BucketStore {
