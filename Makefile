@@ -141,7 +141,7 @@ bench-peers:     ## floodgate beside its peers only (Gubernator v2.13.0, 3 nodes
 	@bash bench/go-peer.sh gubernator >/dev/null || echo "the gubernator peer will be skipped"
 	@bash bench/go-peer.sh envoy-ratelimit >/dev/null || echo "the envoy-ratelimit peer will be skipped"
 	$(CARGO) build --release --locked -p floodgate-node -p floodgate-bench
-	./target/release/floodgate-bench load --no-redis --spreads uniform --three-checks false --rates 10000/s,50000/s --out target/bench-peers
+	./target/release/floodgate-bench load --no-redis --spreads uniform --three-checks false --rates 1000/s,2000/s,10000/s,50000/s --runs $(RUNS) --out target/bench-peers
 	./target/release/floodgate-bench accuracy --out target/bench-peers/accuracy
 
 bench-rlqs:      ## Envoy 1.40 limiting through floodgate's RLS (a call per request) and through its RLQS (a share Envoy enforces), same limit and client: requests/s and node CPU per request (Envoy from make envoy-test)
