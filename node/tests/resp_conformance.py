@@ -1,6 +1,8 @@
 """One sequence of CL.THROTTLE calls replayed through redis-py against redis-server with the
 redis-cell module and against floodgate's Redis front, step by step, replies compared: limited,
-limit and remaining exactly, retry_after and reset_after within one second, errors word for word.
+limit and remaining exactly (remaining within what the limit earns over the step's own timing,
+for limits fast enough to earn a token in it), retry_after and reset_after within one second,
+errors word for word.
 
 Usage: resp_conformance.py REDIS_PORT FLOODGATE_PORT. Prints one line per step and exits 1 on any
 difference. `resp_conformance.py --sequence` prints the sequence as JSON instead, for the other
@@ -8,7 +10,9 @@ clients' runs (resp_conformance_go) to replay, so every client replays the same 
 """
 
 import json
+import math
 import sys
+import time
 
 import redis
 
@@ -52,10 +56,26 @@ def call(client, args):
         return "error: " + str(error)
 
 
-def same(expected, got):
+def drift(args, seconds):
+    """Tokens the call's limit earns in `seconds` (0 without a limit): how far `remaining` may
+    differ between two servers whose clocks were read up to that far apart relative to the
+    key's previous call. Within a hundredth of a token it is taken as none, so slow limits are
+    compared exactly; a limit of a token a millisecond (the `fast` steps) earns several in one
+    round trip's jitter on a busy machine."""
+    try:
+        count, period = int(args[3]), int(args[4])
+    except (IndexError, ValueError):
+        return 0
+    if count <= 0 or period <= 0:
+        return 0
+    tokens = seconds * count / period
+    return 0 if tokens < 0.01 else math.ceil(tokens)
+
+
+def same(expected, got, tolerance=0):
     if isinstance(expected, str) or isinstance(got, str):
         return expected == got
-    if expected[:3] != got[:3]:
+    if expected[:2] != got[:2] or abs(expected[2] - got[2]) > tolerance:
         return False
     return all(
         (e == -1) == (g == -1) and abs(e - g) <= 1 for e, g in zip(expected[3:], got[3:])
@@ -73,9 +93,15 @@ def main():
     for client in (cell, gate):
         assert client.ping() is True
     differences = 0
+    # Per key, how long its previous step took: both servers read their clocks within it.
+    took = {}
     for step, args in enumerate(sequence()):
+        start = time.monotonic()
         expected, got = call(cell, args), call(gate, args)
-        ok = same(expected, got)
+        now = time.monotonic()
+        slack = (now - start) + took.get(args[1], 0.0)
+        took[args[1]] = now - start
+        ok = same(expected, got, drift(args, slack))
         differences += not ok
         print(f"{'ok  ' if ok else 'DIFF'} {step:2} {' '.join(map(str, args))}: "
               f"redis-cell {expected} floodgate {got}")

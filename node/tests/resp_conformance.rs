@@ -3,12 +3,15 @@
 //! `bench/redis-cell.sh`) and against a floodgate node's Redis front, replies compared (timing
 //! fields within one second), by redis-py (`resp_conformance.py`, in a throwaway virtualenv
 //! `target/resp-venv`), by go-redis (`resp_conformance_go`, the same sequence over RESP3 and
-//! RESP2, built with the machine's Go into `target/resp-go`) and by redis-cli.
+//! RESP2, built with the machine's Go into `target/resp-go`), by Java's Redisson
+//! (`resp_conformance_java`, the same sequence through its command executor over RESP3 and RESP2,
+//! jars from Maven Central into `target/resp-java`) and by redis-cli.
 //!
 //! Ignored by default: it needs redis-server and redis-cli (Debian's `redis-server` and
-//! `redis-tools`) and Go, and downloads the module's crate, redis-py and go-redis.
-//! `make resp-conformance` runs it. One test runs with every `cargo test`: redis-py against
-//! floodgate alone over TLS (`--resp-tls`), as an application with `rediss://` would connect.
+//! `redis-tools`), Go, a JDK and Maven, and downloads the module's crate, redis-py, go-redis and
+//! Redisson. `make resp-conformance` runs it; the Redisson test skips, saying why, without a JDK,
+//! Maven or the jars. One test runs with every `cargo test`: redis-py against floodgate alone
+//! over TLS (`--resp-tls`), as an application with `rediss://` would connect.
 //! The same arithmetic is compared without any of them, on every `cargo test`, by the unit
 //! tests of `node/src/resp/throttle.rs` against a port of redis-cell's code.
 
@@ -213,6 +216,49 @@ async fn go_redis_sees_the_same_replies_from_floodgate_and_redis_cell() {
         .arg(redis.port.to_string())
         .arg(addr.port().to_string());
     replay(command, sequence.stdout, "go-redis").await;
+    node.node.shutdown().await;
+}
+
+/// The Java replay (`resp_conformance_java`, Redisson), built once into `target/resp-java` by
+/// its `build.sh`: the classes directory and the jars' directory, or why it cannot be had.
+fn java_client() -> Result<(PathBuf, PathBuf), String> {
+    let built = Command::new("bash")
+        .arg(tests_dir().join("resp_conformance_java/build.sh"))
+        .output()
+        .map_err(|e| format!("bash does not run: {e}"))?;
+    if !built.status.success() {
+        return Err(String::from_utf8_lossy(&built.stderr).trim().to_owned());
+    }
+    let out = PathBuf::from(String::from_utf8(built.stdout).unwrap().trim());
+    Ok((out.join("classes"), out.join("lib")))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs redis-server, a JDK and Maven, downloads redis-cell, redis-py and Redisson: make resp-conformance"]
+async fn redisson_sees_the_same_replies_from_floodgate_and_redis_cell() {
+    // Without a JDK, Maven or Maven Central this client is skipped, not failed: it is optional.
+    let (classes, lib) = match java_client() {
+        Ok(built) => built,
+        Err(why) => {
+            println!("skipped: {why}");
+            return;
+        }
+    };
+    let redis = start_redis_cell();
+    let (node, addr) = floodgate().await;
+    let sequence = Command::new(python())
+        .arg(tests_dir().join("resp_conformance.py"))
+        .arg("--sequence")
+        .output()
+        .expect("resp_conformance.py --sequence runs");
+    assert!(sequence.status.success(), "{sequence:?}");
+    let classpath = format!("{}:{}/*", classes.display(), lib.display());
+    let mut command = Command::new("java");
+    command
+        .args(["-cp", &classpath, "RespConformance"])
+        .arg(redis.port.to_string())
+        .arg(addr.port().to_string());
+    replay(command, sequence.stdout, "Redisson").await;
     node.node.shutdown().await;
 }
 

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use indicatif::ProgressBar;
 
+use super::side_by_side::stall_note;
 use super::systems::bench_limit;
 use super::{Gateway, KeySpread, LoadArgs, Record, Server, Targets, Workload};
 use super::{driver, process, report, workload};
@@ -64,8 +65,17 @@ pub(super) async fn run_system(
             }
             progress.set_message(format!("{name} {workload}: open loop at {rate}/s"));
             let cpu_before = Cpu::now(server);
+            let transport_before = target.transport();
             let run = driver::open_loop(&target, keys.clone(), rate, seconds, 11 + w as u64).await;
             saturated = run.saturated || run.requests_per_second() < 0.9 * rate as f64;
+            // A stall of the machine decides a low rate's p99 (a 4 s step at 1,000 req/s has 40
+            // requests past it): the note tells it from a system's own slowness.
+            let step = format!("alone at {rate}/s");
+            if let Some(note) = stall_note(&step, &target, workload, &run, transport_before)
+                && !saturated
+            {
+                notes.push(note);
+            }
             records.push(
                 Record::new(
                     name,

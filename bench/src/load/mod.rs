@@ -232,7 +232,7 @@ async fn run_one_system_at_a_time(
 
     // A cluster of nodes on this machine, each check sent to its key's owner.
     if args.with_cluster() {
-        let (server, target) = start_floodgate_cluster(args, gateway).await?;
+        let (server, target) = start_floodgate_cluster(args, gateway, "cluster-data").await?;
         measure(Some(&server), target).await?;
     }
 

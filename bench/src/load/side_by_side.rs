@@ -6,7 +6,9 @@ use std::time::Duration;
 
 use indicatif::ProgressBar;
 
-use super::systems::{start_floodgate_node, start_gubernator, start_redis_baseline};
+use super::systems::{
+    start_floodgate_cluster, start_floodgate_node, start_gubernator, start_redis_baseline,
+};
 use super::{Gateway, LoadArgs, Record, Targets, Workload, driver, report, workload};
 
 /// Turns run before the side-by-side step's first spread and not recorded. The servers are
@@ -33,6 +35,16 @@ pub(super) async fn side_by_side(
     let (node, floodgate) = start_floodgate_node(args, gateway, "side-node-data").await?;
     let mut targets = vec![floodgate];
     let mut servers = vec![node];
+    // The cluster beside Gubernator's three nodes, server for server.
+    if args.with_cluster() {
+        match start_floodgate_cluster(args, gateway, "side-cluster-data").await {
+            Ok((server, target)) => {
+                servers.push(server);
+                targets.push(target);
+            }
+            Err(e) => progress.suspend(|| eprintln!("side by side without the cluster: {e:#}")),
+        }
+    }
     let cell_module = args.redis_cell_module();
     for module in [None, Some(cell_module.as_path())] {
         if args.no_redis {
@@ -79,7 +91,8 @@ pub(super) async fn side_by_side(
         )
         .await;
         for ((target, run), before) in targets.iter().zip(&runs).zip(&transport_before) {
-            if let Some(note) = stall_note(target, workload, run, *before) {
+            let step = "side by side (turns of all systems counted)";
+            if let Some(note) = stall_note(step, target, workload, run, *before) {
                 progress.suspend(|| eprintln!("{note}"));
             }
             let mut record = Record::new(
@@ -114,10 +127,11 @@ pub(super) fn keeps_up(records: &[Record], system: &str, rates: &[u64]) -> bool 
         && runs.all(|r| !r.saturated && r.requests_per_second >= 0.99 * rate as f64)
 }
 
-/// A line on a system's stalled requests in the side-by-side step, if it had any: how many,
-/// when they were due and the worst, with the QUIC packets lost meanwhile (a loss costs a call
-/// at least a retransmission timeout), so a stall can be told from a lost datagram.
-fn stall_note(
+/// A line on a system's stalled requests in an open-loop step (`step`: which), if it had any:
+/// how many, when they were due and the worst, with the QUIC packets lost meanwhile (a loss
+/// costs a call at least a retransmission timeout), so a stall can be told from a lost datagram.
+pub(super) fn stall_note(
+    step: &str,
     target: &Targets,
     workload: &Workload,
     run: &driver::RunResult,
@@ -133,8 +147,8 @@ fn stall_note(
         _ => String::new(),
     };
     Some(format!(
-        "side by side, {} {workload}: {} requests took {} ms or more, due {:.2}-{:.2} s into \
-         the step (turns of all systems counted), the worst {} ms{transport}",
+        "{step}, {} {workload}: {} requests took {} ms or more, due {:.2}-{:.2} s into \
+         the step, the worst {} ms{transport}",
         target.name(),
         stalled.requests,
         driver::STALLED.as_millis(),

@@ -33,14 +33,15 @@ pub(super) async fn start_floodgate_node(
 }
 
 /// Starts a cluster of `args.cluster_nodes` nodes (one runtime thread each, data in
-/// `out/cluster-data`), every one seeded at the first, and connects the `floodgate-cluster`
+/// `out/data_dir`), every one seeded at the first, and connects the `floodgate-cluster`
 /// target of every gateway worker to it once every node owns slots. The returned server's CPU
 /// and memory are the nodes' summed.
 pub(super) async fn start_floodgate_cluster(
     args: &LoadArgs,
     gateway: &Gateway,
+    data_dir: &str,
 ) -> anyhow::Result<(Server, Targets)> {
-    let (binary, data_dir) = (args.node_binary(), args.out.join("cluster-data"));
+    let (binary, data_dir) = (args.node_binary(), args.out.join(data_dir));
     let mut nodes: Vec<Server> = Vec::with_capacity(args.cluster_nodes);
     for _ in 0..args.cluster_nodes {
         let seeds = match nodes.first() {
