@@ -502,6 +502,7 @@ fn frames(version: u8) -> BTreeMap<String, String> {
         assignments: vec![
             WireRlqsAssignment {
                 stream: 3,
+                seq: 12,
                 bucket: bucket.clone(),
                 action: RLQS_TOKEN_BUCKET,
                 tokens_per_fill: 29,
@@ -509,6 +510,7 @@ fn frames(version: u8) -> BTreeMap<String, String> {
             },
             WireRlqsAssignment {
                 stream: 4,
+                seq: 13,
                 bucket,
                 action: RLQS_DENY,
                 ..WireRlqsAssignment::default()

@@ -71,6 +71,10 @@ pub struct RlqsReportBatch {
 #[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq, Default)]
 pub struct WireRlqsAssignment {
     pub stream: u64,
+    /// The owner's count of its rebalances when it made this assignment: the answer to a
+    /// report and a push sent one-way may arrive in either order, and the receiver keeps the
+    /// later one (from the same owner) for each stream and bucket.
+    pub seq: u64,
     pub bucket: WireRlqsBucket,
     pub action: u8,
     pub tokens_per_fill: u32,
@@ -257,6 +261,7 @@ mod tests {
             from: "node-0".into(),
             assignments: vec![WireRlqsAssignment {
                 stream: 3,
+                seq: 12,
                 bucket: bucket("shared"),
                 action: RLQS_TOKEN_BUCKET,
                 tokens_per_fill: 29,
