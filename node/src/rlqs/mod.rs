@@ -6,12 +6,18 @@
 //! gives the bucket's `BucketId`, so that all Envoys together stay within it. Buckets that no
 //! rule limits are answered ALLOW_ALL.
 //!
+//! In a cluster any node accepts a stream; each bucket's shares are computed by the bucket's
+//! owner (its slot's, by the slot table, as any key's), which counts the Envoys of every node
+//! that reports it. The accepting node relays the reports of buckets it does not own (kind 21)
+//! and passes the owner's assignments to its streams (kind 22).
+//!
 //! - `shares`: the fair-share allocator, pure (the clock passed in).
 //! - `service`: the gRPC stream around it, the pushes to other streams, metrics.
-//!
-//! The shares are kept by the node the Envoys stream to: with several nodes, Envoys of one
-//! bucket must stream to the same node (one RLQS address), or each node splits the whole limit.
+//! - `relay`: the accepting node's queue of reports for other owners, and its sender.
+//! - `remote`: the owner's numbering of other nodes' Envoys, and the relay messages.
 
+mod relay;
+mod remote;
 mod service;
 pub mod shares;
 
@@ -24,9 +30,12 @@ use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_serv
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
+use floodgate::wire::{ErrorCode, Frame, decode_rlqs_assignments, decode_rlqs_reports};
+
 pub use crate::config::RlqsSettings;
 use crate::rls::RlsConfigHandle;
 use crate::state::Shared;
+pub(crate) use service::Hub;
 
 /// Most concurrent streams per HTTP/2 connection (an Envoy opens one per domain).
 const MAX_STREAMS_PER_CONNECTION: u32 = 1_024;
@@ -55,7 +64,8 @@ pub(crate) async fn start(
         .with_context(|| format!("binding the RLQS listener on {}", settings.listen))?;
     let addr = listener.local_addr()?;
     let limits = shared.config.limits;
-    let hub = Arc::new(service::Hub::new(config, settings.clone()));
+    let hub = shared.rlqs.clone();
+    hub.set_config(config);
     let (health, health_service) = tonic_health::server::health_reporter();
     health
         .set_serving::<RateLimitQuotaServiceServer<service::RlqsService>>()
@@ -89,22 +99,6 @@ pub(crate) async fn start(
             tracing::error!(error = %e, "the RLQS server stopped");
         }
     });
-    let mut stop = shutdown;
-    tasks.spawn(async move {
-        let mut tick = tokio::time::interval(EXPIRE_EVERY);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tokio::select! {
-                _ = tick.tick() => hub.expire(),
-                _ = stop.wait_for(|stopping| *stopping) => return,
-            }
-        }
-    });
-    if !shared.config.cluster.seeds.is_empty() {
-        tracing::warn!(
-            "RLQS shares are kept by the node each Envoy streams to: point every Envoy of a bucket at the same node"
-        );
-    }
     tracing::info!(
         %addr,
         ttl_s = settings.assignment_ttl_s,
@@ -113,4 +107,71 @@ pub(crate) async fn start(
         "RLQS (Envoy rate limit quota service) listening"
     );
     Ok(addr)
+}
+
+/// The node's RLQS upkeep, with or without `--rlqs-listen` (a node may own buckets other
+/// nodes' Envoys report): expired shares dropped every second, and reports for other owners
+/// relayed as they come.
+pub(crate) async fn upkeep(hub: Arc<Hub>, max_frame_bytes: usize, shutdown: watch::Receiver<bool>) {
+    let relay = tokio::spawn(relay::run(hub.clone(), max_frame_bytes, shutdown.clone()));
+    expire_every_second(hub, shutdown).await;
+    relay.abort();
+}
+
+/// Drops expired shares every [`EXPIRE_EVERY`] until shutdown.
+pub(crate) async fn expire_every_second(hub: Arc<Hub>, mut stop: watch::Receiver<bool>) {
+    let mut tick = tokio::time::interval(EXPIRE_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => hub.expire(),
+            _ = stop.wait_for(|stopping| *stopping) => return,
+        }
+    }
+}
+
+/// Kind 21: a peer's reports for buckets this node owns, answered with the assignments of
+/// that peer's Envoys (kind 22). A peer speaks only as itself (`certified`).
+pub(crate) fn answer_reports(
+    shared: &Shared,
+    certified: impl Fn(&str) -> bool,
+    frame: &Frame,
+    out: &mut Vec<u8>,
+) -> Option<ErrorCode> {
+    let (code, message) = match decode_rlqs_reports(&frame.payload) {
+        Ok(batch) if certified(&batch.from) => {
+            let from = batch.from.clone();
+            let assignments = shared.rlqs.take_relayed(&from, batch);
+            out.extend(remote::assignments_frame(
+                &shared.cluster.me.id,
+                assignments,
+                frame.request_id,
+            ));
+            return None;
+        }
+        Ok(batch) => (
+            ErrorCode::Forbidden,
+            format!(
+                "RLQS reports from `{}`: the connection's certificate names another node",
+                batch.from
+            ),
+        ),
+        Err(refusal) => refusal,
+    };
+    crate::service::encode_error(out, frame.request_id, code, message);
+    Some(code)
+}
+
+/// Kind 22 sent one-way: a bucket owner's new assignments for this node's Envoys.
+pub(crate) fn take_assignments(
+    shared: &Shared,
+    certified: impl Fn(&str) -> bool,
+    payload: &[u8],
+) -> Result<(), ErrorCode> {
+    let batch = decode_rlqs_assignments(payload).map_err(|(code, _)| code)?;
+    if !certified(&batch.from) {
+        return Err(ErrorCode::Forbidden);
+    }
+    shared.rlqs.deliver(&batch.from, batch.assignments);
+    Ok(())
 }

@@ -117,7 +117,12 @@ impl Node {
             metrics.connections.clone(),
             metrics.peer_connections.clone(),
         ));
+        let rlqs_settings = config.rlqs.clone().unwrap_or_else(|| {
+            crate::rlqs::RlqsSettings::new(SocketAddr::from(([127, 0, 0, 1], 0)))
+        });
+        let rlqs = Arc::new(crate::rlqs::Hub::new(rlqs_settings, Some(cluster.clone())));
         let shared = Arc::new(Shared {
+            rlqs,
             store,
             clock,
             metrics,
@@ -192,6 +197,11 @@ impl Node {
             shutdown_rx.clone(),
         ));
         tasks.spawn(sweep_loop(shared.clone(), shutdown_rx.clone()));
+        tasks.spawn(crate::rlqs::upkeep(
+            shared.rlqs.clone(),
+            shared.config.limits.max_frame_bytes,
+            shutdown_rx.clone(),
+        ));
         tasks.spawn(crate::metrics::upkeep_loop(shutdown_rx.clone()));
         if let Some(rules) = &shared.rules {
             tasks.spawn(crate::rules::watch_file(rules.clone(), shutdown_rx.clone()));
