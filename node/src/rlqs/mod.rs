@@ -175,3 +175,18 @@ pub(crate) fn take_assignments(
     shared.rlqs.deliver(&batch.from, batch.assignments);
     Ok(())
 }
+
+/// The slot that places an RLQS bucket (its domain and `BucketId` entries, in any order): the
+/// slot's owner computes the bucket's shares.
+pub fn bucket_slot(domain: &str, entries: &[(&str, &str)]) -> u16 {
+    let mut entries: Vec<(String, String)> = entries
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect();
+    entries.sort_unstable();
+    let key = shares::BucketKey {
+        domain: domain.to_owned(),
+        entries,
+    };
+    floodgate::cluster::slot_of(&remote::slot_key(&key))
+}
