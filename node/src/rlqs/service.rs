@@ -727,3 +727,105 @@ impl RateLimitQuotaService for RlqsService {
         Ok(Response::new(ReceiverStream::new(receiver)))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    const CONFIG: &str = "\
+domain: edge
+descriptors:
+  - key: name
+    value: minute
+    rate_limit: {unit: minute, requests_per_unit: 600}
+";
+
+    fn minute() -> BucketId {
+        BucketId {
+            bucket: [("name".to_owned(), "minute".to_owned())]
+                .into_iter()
+                .collect(),
+        }
+    }
+
+    fn report(allowed: u64, elapsed_s: i64) -> RateLimitQuotaUsageReports {
+        RateLimitQuotaUsageReports {
+            domain: "edge".to_owned(),
+            bucket_quota_usages: vec![BucketQuotaUsage {
+                bucket_id: Some(minute()),
+                time_elapsed: Some(PbDuration {
+                    seconds: elapsed_s,
+                    nanos: 0,
+                }),
+                num_requests_allowed: allowed,
+                num_requests_denied: 0,
+            }],
+        }
+    }
+
+    /// The last `tokens_per_fill` among the answers waiting for a stream.
+    fn last_tokens(answers: &mut mpsc::Receiver<Result<RateLimitQuotaResponse, Status>>) -> u32 {
+        let mut last = 0;
+        while let Ok(answer) = answers.try_recv() {
+            for action in answer.unwrap().bucket_action {
+                if let Some(bucket_action::BucketAction::QuotaAssignmentAction(q)) =
+                    action.bucket_action
+                    && let Some(Strategy::TokenBucket(t)) =
+                        q.rate_limit_strategy.and_then(|s| s.strategy)
+                {
+                    last = t.tokens_per_fill.map_or(0, |v| v.value);
+                }
+            }
+        }
+        last
+    }
+
+    /// The running node's expiry task on tokio's paused clock: a closed Envoy's share stays
+    /// reserved for its time to live (15 s) and the one-second margin, then the task drops it
+    /// and the other Envoy's next report gets the whole limit; once that one is silent as
+    /// long, the bucket is gone. No wall clock: the runtime's clock moves only when all tasks
+    /// wait.
+    #[tokio::test(start_paused = true)]
+    async fn the_expiry_task_returns_a_closed_envoys_share_after_its_time_to_live() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("config.yaml");
+        std::fs::write(&file, CONFIG).unwrap();
+        let hub = Arc::new(Hub::new(
+            RlqsSettings::new("127.0.0.1:0".parse().unwrap()),
+            None,
+        ));
+        hub.set_config(RlsConfigHandle::load(&file).unwrap());
+        let (stop, stopped) = tokio::sync::watch::channel(false);
+        let task = tokio::spawn(super::super::expire_every_second(hub.clone(), stopped));
+        let (one, mut one_answers) = hub.open_stream();
+        let (two, mut two_answers) = hub.open_stream();
+        let (mut d1, mut d2) = (None, None);
+        hub.take(one, &mut d1, report(1, 0)).unwrap();
+        hub.take(two, &mut d2, report(1, 0)).unwrap();
+        let first = last_tokens(&mut one_answers);
+        let second = last_tokens(&mut two_answers);
+        assert_eq!(first + second, 598);
+        hub.close_stream(one);
+        let key = key_of("edge", &minute());
+        let envoys = |hub: &Hub| hub.shares.lock().envoys(&key);
+
+        // 10 s on, the closed Envoy may still enforce its assignment: reserved.
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        hub.take(two, &mut d2, report(50, 5)).unwrap();
+        assert_eq!(last_tokens(&mut two_answers), second);
+        assert_eq!(envoys(&hub), 2);
+
+        // Past 15 s and the margin, the task has dropped it; the next report gets it all.
+        tokio::time::sleep(Duration::from_secs(7)).await;
+        assert_eq!(envoys(&hub), 1);
+        hub.take(two, &mut d2, report(50, 5)).unwrap();
+        assert_eq!(last_tokens(&mut two_answers), 599);
+
+        // Silent for as long, the last Envoy's share expires too: nothing is kept.
+        tokio::time::sleep(Duration::from_secs(17)).await;
+        assert_eq!(hub.shares.lock().bucket_count(), 0);
+        stop.send(true).unwrap();
+        task.await.unwrap();
+    }
+}
