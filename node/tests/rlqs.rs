@@ -3,7 +3,8 @@
 //! (a client written elsewhere) driven by `rlqs_client.py`.
 //!
 //! Every wait is for an answer the node sends at once (bounded by a timeout); nothing sleeps.
-//! What only time shows (expiry) is tested on the allocator with its injected clock.
+//! What only time shows (expiry) is tested on the allocator with its injected clock and on the
+//! hub's expiry task with tokio's paused clock (`node/src/rlqs/service.rs`).
 
 mod common;
 

@@ -336,3 +336,60 @@ async fn with_a_member_of_an_older_version_each_node_keeps_its_own_shares() {
     assert_eq!(envoy.next_after(0).await, LIMIT as u32 - 1);
     node.node.shutdown().await;
 }
+
+/// What a peer (a node certificate) sends as RLQS relays is validated before anything is kept:
+/// junk is answered with `malformed_payload` in words, reports in another node's name with
+/// `forbidden`, and a junk one-way assignment message is counted and dropped; the node keeps
+/// serving.
+#[tokio::test]
+async fn junk_relay_messages_from_a_peer_are_refused_in_words() {
+    use floodgate::wire::{
+        ErrorCode, FrameKind, FrameReader, RlqsReportBatch, decode_error_frame, encode_frame,
+        encode_message,
+    };
+    let (_dir, file) = config_file();
+    let node = start_node(with_rlqs(&file)).await;
+    let connection = connect(node.node.local_addr(), peer_config(&node.certs)).await;
+    let refusal = |bytes: Vec<u8>| {
+        let mut reader = FrameReader::new(1 << 20);
+        reader.extend(&bytes);
+        let frame = reader.next_frame().unwrap().unwrap();
+        assert_eq!(frame.kind, FrameKind::Error);
+        let error = decode_error_frame(&frame.payload).unwrap();
+        (ErrorCode::from_u16(error.code).unwrap(), error.message)
+    };
+    let mut junk = Vec::new();
+    encode_frame(&mut junk, FrameKind::RlqsReports, 5, &[0xAB; 40]);
+    let answer = floodgate_node::exchange::round_trip(&connection, &junk, 1 << 20)
+        .await
+        .unwrap();
+    let (code, message) = refusal(answer);
+    assert_eq!(code, ErrorCode::MalformedPayload);
+    assert!(message.contains("RLQS report batch"), "{message}");
+
+    let mut forged = Vec::new();
+    let batch = RlqsReportBatch {
+        from: "someone-else".into(),
+        ..RlqsReportBatch::default()
+    };
+    encode_message(&mut forged, FrameKind::RlqsReports, 6, &batch);
+    let answer = floodgate_node::exchange::round_trip(&connection, &forged, 1 << 20)
+        .await
+        .unwrap();
+    let (code, message) = refusal(answer);
+    assert_eq!(code, ErrorCode::Forbidden);
+    assert!(message.contains("`someone-else`"), "{message}");
+
+    let mut junk = Vec::new();
+    encode_frame(&mut junk, FrameKind::RlqsAssignments, 0, &[0xCD; 40]);
+    let mut stream = connection.open_uni().await.unwrap();
+    stream.write_all(&junk).await.unwrap();
+    stream.finish().unwrap();
+    let _ = tokio::time::timeout(Duration::from_secs(10), stream.stopped()).await;
+    // Still serving Envoys.
+    let (changes, _) = watch::channel(0);
+    let mut envoy = open(rlqs_addr(&node.node), &changes).await;
+    envoy.report(&user("after"), 1, 0).await;
+    assert_eq!(envoy.next_after(0).await, LIMIT as u32 - 1);
+    node.node.shutdown().await;
+}
