@@ -66,7 +66,7 @@ struct Held {
     seq: u64,
 }
 
-/// A push with the rebalance that made it (by its owner's count) and the owner (`None`: here).
+/// A push with the rebalance that made it, by its owner's count.
 #[derive(Debug)]
 pub(crate) struct Stamped {
     pub(crate) seq: u64,
@@ -83,7 +83,9 @@ pub(crate) struct Hub {
     shares: Mutex<Shares>,
     streams: Mutex<HashMap<StreamId, LocalStream>>,
     next_stream: AtomicU64,
-    /// Rebalances made here, counted under the allocator's lock: their order.
+    /// Rebalances made here, counted under the allocator's lock: their order. Counted from
+    /// the start's wall-clock time in nanoseconds, so a restarted owner's count starts above
+    /// its last life's and its assignments are not taken for stale ones.
     seq: AtomicU64,
     epoch: tokio::time::Instant,
     /// The slot table buckets are placed by and the peers they are relayed to; `None`: every
@@ -109,7 +111,7 @@ impl Hub {
             shares: Mutex::new(shares),
             streams: Mutex::new(HashMap::new()),
             next_stream: AtomicU64::new(1),
-            seq: AtomicU64::new(1),
+            seq: AtomicU64::new(first_seq()),
             epoch: tokio::time::Instant::now(),
             cluster,
             relay: Relay::default(),
@@ -524,7 +526,7 @@ impl Hub {
             let stale = local
                 .held
                 .get(&push.bucket)
-                .is_some_and(|h| h.owner == owner && h.seq > seq);
+                .is_some_and(|h| h.owner == owner && h.seq > seq && h.expires_ns > now);
             if stale {
                 counter!("floodgate_rlqs_stale_assignments_total").increment(1);
                 continue;
@@ -600,6 +602,14 @@ impl Hub {
             }
         }
     }
+}
+
+/// The first rebalance number: the wall clock's nanoseconds since 1970 (1 when it reads
+/// earlier).
+fn first_seq() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(1, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX / 2))
 }
 
 /// A blanket rule for `ttl`.
@@ -827,5 +837,27 @@ descriptors:
         assert_eq!(hub.shares.lock().bucket_count(), 0);
         stop.send(true).unwrap();
         task.await.unwrap();
+    }
+
+    /// An owner's answer and its one-way pushes may arrive in either order: an assignment of
+    /// an earlier rebalance than the one a stream last got from the same owner is not sent; a
+    /// new owner's is.
+    #[test]
+    fn an_earlier_rebalances_assignment_arriving_late_is_not_sent() {
+        let hub = Hub::new(RlqsSettings::new("127.0.0.1:0".parse().unwrap()), None);
+        let (stream, mut answers) = hub.open_stream();
+        let assignment = |seq: u64, tokens: u32| WireRlqsAssignment {
+            stream,
+            seq,
+            bucket: super::super::remote::wire_bucket(&key_of("edge", &minute())),
+            action: RLQS_TOKEN_BUCKET,
+            tokens_per_fill: tokens,
+            fill_interval_s: 60,
+        };
+        hub.deliver("node-1", vec![assignment(10, 50)]);
+        hub.deliver("node-1", vec![assignment(9, 70)]);
+        assert_eq!(last_tokens(&mut answers), 50);
+        hub.deliver("node-2", vec![assignment(1, 30)]);
+        assert_eq!(last_tokens(&mut answers), 30, "another owner's count");
     }
 }
