@@ -30,11 +30,14 @@ use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_serv
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
-use floodgate::wire::{ErrorCode, Frame, decode_rlqs_assignments, decode_rlqs_reports};
+use floodgate::wire::{
+    ErrorCode, Frame, FrameKind, decode_rlqs_assignments, decode_rlqs_reports, encode_message,
+};
+use metrics::counter;
 
+use crate::config::NodeConfig;
 pub use crate::config::RlqsSettings;
 use crate::rls::RlsConfigHandle;
-use crate::state::Shared;
 pub(crate) use service::Hub;
 
 /// Most concurrent streams per HTTP/2 connection (an Envoy opens one per domain).
@@ -42,20 +45,19 @@ const MAX_STREAMS_PER_CONNECTION: u32 = 1_024;
 /// How often expired shares are dropped (they are also dropped on their bucket's next report).
 const EXPIRE_EVERY: Duration = Duration::from_secs(1);
 
-/// Binds the listener and spawns the server and the expiry task.
+/// Binds the listener and spawns the server around `hub` (the node's, given `node`'s TLS and
+/// limits).
 pub(crate) async fn start(
-    shared: Arc<Shared>,
+    hub: Arc<Hub>,
+    node: &NodeConfig,
     settings: &RlqsSettings,
     config: Arc<RlsConfigHandle>,
     shutdown: watch::Receiver<bool>,
     tasks: &mut JoinSet<()>,
 ) -> anyhow::Result<SocketAddr> {
-    settings.validate(&shared.config.tls)?;
+    settings.validate(&node.tls)?;
     let tls = if settings.tls {
-        Some(crate::rls::tls_config(
-            &shared.config.tls,
-            settings.client_auth,
-        )?)
+        Some(crate::rls::tls_config(&node.tls, settings.client_auth)?)
     } else {
         None
     };
@@ -63,8 +65,7 @@ pub(crate) async fn start(
         .await
         .with_context(|| format!("binding the RLQS listener on {}", settings.listen))?;
     let addr = listener.local_addr()?;
-    let limits = shared.config.limits;
-    let hub = shared.rlqs.clone();
+    let limits = node.limits;
     hub.set_config(config);
     let (health, health_service) = tonic_health::server::health_reporter();
     health
@@ -113,7 +114,11 @@ pub(crate) async fn start(
 /// nodes' Envoys report): expired shares dropped every second, and reports for other owners
 /// relayed as they come.
 pub(crate) async fn upkeep(hub: Arc<Hub>, max_frame_bytes: usize, shutdown: watch::Receiver<bool>) {
-    let relay = tokio::spawn(relay::run(hub.clone(), max_frame_bytes, shutdown.clone()));
+    let relay = tokio::spawn(relay_reports(
+        hub.clone(),
+        max_frame_bytes,
+        shutdown.clone(),
+    ));
     expire_every_second(hub, shutdown).await;
     relay.abort();
 }
@@ -133,7 +138,8 @@ pub(crate) async fn expire_every_second(hub: Arc<Hub>, mut stop: watch::Receiver
 /// Kind 21: a peer's reports for buckets this node owns, answered with the assignments of
 /// that peer's Envoys (kind 22). A peer speaks only as itself (`certified`).
 pub(crate) fn answer_reports(
-    shared: &Shared,
+    hub: &Hub,
+    me: &str,
     certified: impl Fn(&str) -> bool,
     frame: &Frame,
     out: &mut Vec<u8>,
@@ -141,12 +147,8 @@ pub(crate) fn answer_reports(
     let (code, message) = match decode_rlqs_reports(&frame.payload) {
         Ok(batch) if certified(&batch.from) => {
             let from = batch.from.clone();
-            let assignments = shared.rlqs.take_relayed(&from, batch);
-            out.extend(remote::assignments_frame(
-                &shared.cluster.me.id,
-                assignments,
-                frame.request_id,
-            ));
+            let assignments = hub.take_relayed(&from, batch);
+            out.extend(remote::assignments_frame(me, assignments, frame.request_id));
             return None;
         }
         Ok(batch) => (
@@ -164,7 +166,7 @@ pub(crate) fn answer_reports(
 
 /// Kind 22 sent one-way: a bucket owner's new assignments for this node's Envoys.
 pub(crate) fn take_assignments(
-    shared: &Shared,
+    hub: &Hub,
     certified: impl Fn(&str) -> bool,
     payload: &[u8],
 ) -> Result<(), ErrorCode> {
@@ -172,7 +174,7 @@ pub(crate) fn take_assignments(
     if !certified(&batch.from) {
         return Err(ErrorCode::Forbidden);
     }
-    shared.rlqs.deliver(&batch.from, batch.assignments);
+    hub.deliver(&batch.from, batch.assignments);
     Ok(())
 }
 
@@ -189,4 +191,61 @@ pub fn bucket_slot(domain: &str, entries: &[(&str, &str)]) -> u16 {
         entries,
     };
     floodgate::cluster::slot_of(&remote::slot_key(&key))
+}
+
+/// Sends what is queued for other owners whenever something is, until shutdown: one message per
+/// owner (more for a large queue), all owners at once, each answer's assignments to the streams.
+async fn relay_reports(hub: Arc<Hub>, max_frame_bytes: usize, mut shutdown: watch::Receiver<bool>) {
+    let Some(cluster) = hub.cluster.clone() else {
+        return;
+    };
+    loop {
+        tokio::select! {
+            _ = hub.relay.queued() => {}
+            _ = shutdown.wait_for(|stopping| *stopping) => return,
+        }
+        let batches = hub.relay.take(&cluster.me.id, max_frame_bytes / 2);
+        let mut sends = JoinSet::new();
+        for (owner, batch) in batches {
+            let reports = batch.reports.len() as u64;
+            let Some(addr) = cluster.addr_of(&owner) else {
+                counter!("floodgate_rlqs_relay_failures_total").increment(reports);
+                continue;
+            };
+            let mut frame = Vec::new();
+            encode_message(&mut frame, FrameKind::RlqsReports, 0, &batch);
+            counter!("floodgate_rlqs_relayed_reports_total", "direction" => "sent")
+                .increment(reports);
+            let peers = cluster.peers.clone();
+            sends.spawn(async move {
+                let answer = peers
+                    .request_within(
+                        relay::RELAY_TIMEOUT,
+                        &addr,
+                        &frame,
+                        max_frame_bytes + 64,
+                        FrameKind::RlqsAssignments,
+                    )
+                    .await;
+                (owner, reports, answer)
+            });
+        }
+        while let Some(Ok((owner, reports, answer))) = sends.join_next().await {
+            match answer.map(|frame| decode_rlqs_assignments(&frame.payload)) {
+                Ok(Ok(batch)) => {
+                    counter!("floodgate_rlqs_relayed_assignments_total", "way" => "answered")
+                        .increment(batch.assignments.len() as u64);
+                    hub.deliver(&owner, batch.assignments);
+                }
+                Ok(Err((code, why))) => {
+                    counter!("floodgate_rlqs_relay_failures_total").increment(reports);
+                    tracing::warn!(%owner, %code, "an RLQS relay's answer was refused: {why}");
+                }
+                Err(e) => {
+                    counter!("floodgate_rlqs_relay_failures_total").increment(reports);
+                    tracing::debug!(%owner, error = %e, "an RLQS relay got no answer");
+                }
+            }
+        }
+    }
 }

@@ -1,30 +1,23 @@
-//! Reports of buckets another node owns, queued by owner and sent in batches (kind 21): one
-//! task sends everything queued, one frame per owner (several for a large queue), all owners at
-//! once, and hands each answer's assignments to the streams. Reports that arrive meanwhile wait
-//! for the next round, so a busy node sends fewer, larger frames. The queue is bounded in
+//! Reports of buckets another node owns, queued by owner for the task that sends them in
+//! batches (kind 21, `relay_reports` in the parent): everything queued goes at once, and reports
+//! that arrive meanwhile wait for the next round, so a busy node sends fewer, larger frames. The queue is bounded in
 //! bytes; past it a report is dropped (counted): its Envoy keeps its assignment until the next
 //! report renews it or it expires.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::sync::Arc;
 use std::time::Duration;
 
-use floodgate::wire::{
-    FrameKind, MAX_WIRE_RLQS_ITEMS, RlqsReportBatch, WireRlqsReport, decode_rlqs_assignments,
-    encode_message,
-};
-use metrics::counter;
+use floodgate::wire::{MAX_WIRE_RLQS_ITEMS, RlqsReportBatch, WireRlqsReport};
 use parking_lot::Mutex;
-use tokio::sync::{Notify, watch};
+use tokio::sync::Notify;
 
-use super::service::Hub;
 use super::shares::StreamId;
 
 /// Most bytes of reports and closes waiting for all owners together.
 pub(crate) const MAX_QUEUED_BYTES: usize = 8 << 20;
 /// Longest a relay waits for the owner's answer: Envoy reports every 5 s, so an answer later
 /// than this is better dropped for the next report's.
-const RELAY_TIMEOUT: Duration = Duration::from_secs(2);
+pub(crate) const RELAY_TIMEOUT: Duration = Duration::from_secs(2);
 /// Fixed bytes counted per report besides its bucket's strings.
 const REPORT_OVERHEAD: usize = 96;
 
@@ -111,9 +104,14 @@ impl Relay {
         self.wake.notify_one();
     }
 
+    /// Returns once something was queued since the last [`Relay::take`] (at once if it was).
+    pub(crate) async fn queued(&self) {
+        self.wake.notified().await;
+    }
+
     /// Everything queued, by owner, cut into messages of at most `max_bytes` (and
     /// [`MAX_WIRE_RLQS_ITEMS`] reports or closes).
-    fn take(&self, me: &str, max_bytes: usize) -> Vec<(String, RlqsReportBatch, usize)> {
+    pub(crate) fn take(&self, me: &str, max_bytes: usize) -> Vec<(String, RlqsReportBatch)> {
         let mut pending = self.pending.lock();
         pending.bytes = 0;
         let by_owner = std::mem::take(&mut pending.by_owner);
@@ -139,75 +137,15 @@ impl Relay {
                             ..RlqsReportBatch::default()
                         },
                     );
-                    batches.push((owner.clone(), full, bytes));
+                    batches.push((owner.clone(), full));
                     bytes = 0;
                 }
                 bytes += size;
                 batch.reports.push(report);
             }
-            batches.push((owner, batch, bytes));
+            batches.push((owner, batch));
         }
         batches
-    }
-}
-
-/// Sends what is queued whenever something is, until shutdown.
-pub(crate) async fn run(
-    hub: Arc<Hub>,
-    max_frame_bytes: usize,
-    mut shutdown: watch::Receiver<bool>,
-) {
-    let Some(cluster) = hub.cluster.clone() else {
-        return;
-    };
-    loop {
-        tokio::select! {
-            _ = hub.relay.wake.notified() => {}
-            _ = shutdown.wait_for(|stopping| *stopping) => return,
-        }
-        let batches = hub.relay.take(&cluster.me.id, max_frame_bytes / 2);
-        let mut sends = tokio::task::JoinSet::new();
-        for (owner, batch, _) in batches {
-            let reports = batch.reports.len() as u64;
-            let Some(addr) = cluster.addr_of(&owner) else {
-                counter!("floodgate_rlqs_relay_failures_total").increment(reports);
-                continue;
-            };
-            let mut frame = Vec::new();
-            encode_message(&mut frame, FrameKind::RlqsReports, 0, &batch);
-            counter!("floodgate_rlqs_relayed_reports_total", "direction" => "sent")
-                .increment(reports);
-            let peers = cluster.peers.clone();
-            sends.spawn(async move {
-                let answer = peers
-                    .request_within(
-                        RELAY_TIMEOUT,
-                        &addr,
-                        &frame,
-                        max_frame_bytes + 64,
-                        FrameKind::RlqsAssignments,
-                    )
-                    .await;
-                (owner, reports, answer)
-            });
-        }
-        while let Some(Ok((owner, reports, answer))) = sends.join_next().await {
-            match answer.map(|frame| decode_rlqs_assignments(&frame.payload)) {
-                Ok(Ok(batch)) => {
-                    counter!("floodgate_rlqs_relayed_assignments_total", "way" => "answered")
-                        .increment(batch.assignments.len() as u64);
-                    hub.deliver(&owner, batch.assignments);
-                }
-                Ok(Err((code, why))) => {
-                    counter!("floodgate_rlqs_relay_failures_total").increment(reports);
-                    tracing::warn!(%owner, %code, "an RLQS relay's answer was refused: {why}");
-                }
-                Err(e) => {
-                    counter!("floodgate_rlqs_relay_failures_total").increment(reports);
-                    tracing::debug!(%owner, error = %e, "an RLQS relay got no answer");
-                }
-            }
-        }
     }
 }
 
@@ -244,11 +182,11 @@ mod tests {
         let batches = relay.take("node-0", 1 << 20);
         let to_1: Vec<usize> = batches
             .iter()
-            .filter(|(o, _, _)| o == "node-1")
-            .map(|(_, b, _)| b.reports.len())
+            .filter(|(o, _)| o == "node-1")
+            .map(|(_, b)| b.reports.len())
             .collect();
         assert_eq!(to_1, vec![MAX_WIRE_RLQS_ITEMS, 5]);
-        let to_2 = batches.iter().find(|(o, _, _)| o == "node-2").unwrap();
+        let to_2 = batches.iter().find(|(o, _)| o == "node-2").unwrap();
         assert_eq!((to_2.1.reports.len(), to_2.1.closed.clone()), (1, vec![2]));
         assert!(relay.take("node-0", 1 << 20).is_empty(), "all taken");
     }

@@ -11,8 +11,14 @@ use floodgate::wire::{
     WireRlqsBucket, WireRlqsEntry, WireRlqsReport, encode_message,
 };
 
-use super::service::Stamped;
 use super::shares::{Assignment, BucketKey, Limit, Push, StreamId, Usage};
+
+/// A push with the rebalance that made it, by its owner's count.
+#[derive(Debug)]
+pub(crate) struct Stamped {
+    pub(crate) seq: u64,
+    pub(crate) push: Push,
+}
 
 /// Other nodes' Envoys holding or asking for a share here, bounded: past `max`, a new one is
 /// refused (denied) until expiry frees room.

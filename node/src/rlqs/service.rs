@@ -34,7 +34,7 @@ use tonic::codegen::tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
 use super::relay::Relay;
-use super::remote::Remotes;
+use super::remote::{Remotes, Stamped};
 use super::shares::{Assignment, BucketKey, Limit, Push, Shares, SharesConfig, StreamId, Usage};
 use crate::cluster::Cluster;
 use crate::config::RlqsSettings;
@@ -64,13 +64,6 @@ struct Held {
     expires_ns: u64,
     owner: Option<Arc<str>>,
     seq: u64,
-}
-
-/// A push with the rebalance that made it, by its owner's count.
-#[derive(Debug)]
-pub(crate) struct Stamped {
-    pub(crate) seq: u64,
-    pub(crate) push: Push,
 }
 
 /// What every stream shares: the configuration, the allocator, the streams' senders, the

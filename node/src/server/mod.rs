@@ -171,7 +171,8 @@ impl Node {
         let rlqs = match (shared.config.rlqs.clone(), &rls) {
             (Some(settings), Some((_, handle))) => Some(
                 crate::rlqs::start(
-                    shared.clone(),
+                    shared.rlqs.clone(),
+                    &shared.config,
                     &settings,
                     handle.clone(),
                     shutdown_rx.clone(),

@@ -80,7 +80,8 @@ pub(super) async fn serve_uni_message(
             }
             FrameKind::RlqsAssignments => {
                 let certified = |id: &str| from.remote.certified_as(&shared, id);
-                if let Err(code) = crate::rlqs::take_assignments(&shared, certified, &frame.payload)
+                if let Err(code) =
+                    crate::rlqs::take_assignments(&shared.rlqs, certified, &frame.payload)
                 {
                     shared.metrics.frame_error(code);
                 }

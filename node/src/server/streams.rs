@@ -134,7 +134,10 @@ pub(super) async fn answer_available(
             Ok(Some(frame)) if frame.kind == FrameKind::RlqsReports => {
                 frames += 1;
                 let certified = |id: &str| remote.certified_as(shared, id);
-                if let Some(code) = crate::rlqs::answer_reports(shared, certified, &frame, out) {
+                let me = shared.cluster.me.id.as_str();
+                if let Some(code) =
+                    crate::rlqs::answer_reports(&shared.rlqs, me, certified, &frame, out)
+                {
                     shared.metrics.frame_error(code);
                 }
             }
