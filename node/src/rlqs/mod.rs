@@ -15,18 +15,18 @@
 //! - `service`: the gRPC stream around it, the pushes to other streams, metrics.
 //! - `relay`: the accepting node's queue of reports for other owners, and its sender.
 //! - `remote`: the owner's numbering of other nodes' Envoys, and the relay messages.
+//!
+//! The listener itself is started by the server (`server/rlqs_listener.rs`), which also owns
+//! the RLS front whose TLS and accept loop it shares: this module reads no node state.
 
 mod relay;
 mod remote;
 mod service;
 pub mod shares;
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::Context;
-use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_server::RateLimitQuotaServiceServer;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
@@ -35,80 +35,11 @@ use floodgate::wire::{
 };
 use metrics::counter;
 
-use crate::config::NodeConfig;
 pub use crate::config::RlqsSettings;
-use crate::rls::RlsConfigHandle;
-pub(crate) use service::Hub;
+pub(crate) use service::{Hub, RlqsService};
 
-/// Most concurrent streams per HTTP/2 connection (an Envoy opens one per domain).
-const MAX_STREAMS_PER_CONNECTION: u32 = 1_024;
 /// How often expired shares are dropped (they are also dropped on their bucket's next report).
 const EXPIRE_EVERY: Duration = Duration::from_secs(1);
-
-/// Binds the listener and spawns the server around `hub` (the node's, given `node`'s TLS and
-/// limits).
-pub(crate) async fn start(
-    hub: Arc<Hub>,
-    node: &NodeConfig,
-    settings: &RlqsSettings,
-    config: Arc<RlsConfigHandle>,
-    shutdown: watch::Receiver<bool>,
-    tasks: &mut JoinSet<()>,
-) -> anyhow::Result<SocketAddr> {
-    settings.validate(&node.tls)?;
-    let tls = if settings.tls {
-        Some(crate::rls::tls_config(&node.tls, settings.client_auth)?)
-    } else {
-        None
-    };
-    let listener = tokio::net::TcpListener::bind(settings.listen)
-        .await
-        .with_context(|| format!("binding the RLQS listener on {}", settings.listen))?;
-    let addr = listener.local_addr()?;
-    let limits = node.limits;
-    hub.set_config(config);
-    let (health, health_service) = tonic_health::server::health_reporter();
-    health
-        .set_serving::<RateLimitQuotaServiceServer<service::RlqsService>>()
-        .await;
-    let rlqs = RateLimitQuotaServiceServer::new(service::RlqsService { hub: hub.clone() })
-        .max_decoding_message_size(limits.max_frame_bytes)
-        .max_encoding_message_size(limits.max_frame_bytes);
-    let windows = limits.quic_windows();
-    let stream_window = u32::try_from(windows.stream_receive).unwrap_or(u32::MAX);
-    let connection_window = u32::try_from(windows.connection_receive).unwrap_or(u32::MAX);
-    let incoming = crate::rls::bounded_incoming(listener, limits.max_connections, shutdown.clone());
-    let mut stop = shutdown.clone();
-    let mut builder = tonic::transport::Server::builder();
-    if let Some(tls) = tls {
-        builder = builder
-            .tls_config(tls)
-            .context("the RLQS listener's TLS configuration")?;
-    }
-    tasks.spawn(async move {
-        let served = builder
-            .initial_stream_window_size(stream_window)
-            .initial_connection_window_size(connection_window)
-            .max_concurrent_streams(MAX_STREAMS_PER_CONNECTION)
-            .add_service(health_service)
-            .add_service(rlqs)
-            .serve_with_incoming_shutdown(incoming, async move {
-                let _ = stop.wait_for(|stopping| *stopping).await;
-            })
-            .await;
-        if let Err(e) = served {
-            tracing::error!(error = %e, "the RLQS server stopped");
-        }
-    });
-    tracing::info!(
-        %addr,
-        ttl_s = settings.assignment_ttl_s,
-        tls = settings.tls,
-        client_auth = settings.client_auth,
-        "RLQS (Envoy rate limit quota service) listening"
-    );
-    Ok(addr)
-}
 
 /// The node's RLQS upkeep, with or without `--rlqs-listen` (a node may own buckets other
 /// nodes' Envoys report): expired shares dropped every second, and reports for other owners

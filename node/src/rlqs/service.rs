@@ -38,7 +38,6 @@ use super::remote::{Remotes, Stamped};
 use super::shares::{Assignment, BucketKey, Limit, Push, Shares, SharesConfig, StreamId, Usage};
 use crate::cluster::Cluster;
 use crate::config::RlqsSettings;
-use crate::rls::RlsConfigHandle;
 
 /// Most entries in one `BucketId` (Envoy's bucket builders make a handful).
 pub const MAX_BUCKET_ENTRIES: usize = 64;
@@ -71,7 +70,7 @@ struct Held {
 /// to the owners of buckets this node does not own.
 #[derive(Debug)]
 pub(crate) struct Hub {
-    config: OnceLock<Arc<RlsConfigHandle>>,
+    config: OnceLock<ConfigSource>,
     pub(super) settings: RlqsSettings,
     shares: Mutex<Shares>,
     streams: Mutex<HashMap<StreamId, LocalStream>>,
@@ -111,10 +110,11 @@ impl Hub {
         }
     }
 
-    /// The RLS configuration the streams' buckets are matched against (`--rls-config`); a node
-    /// without it serves no stream but still computes the shares of the buckets it owns.
-    pub(crate) fn set_config(&self, config: Arc<RlsConfigHandle>) {
-        let _ = self.config.set(config);
+    /// Where the RLS configuration the streams' buckets are matched against comes from
+    /// (`--rls-config`, reloaded); a node without it serves no stream but still computes the
+    /// shares of the buckets it owns.
+    pub(crate) fn set_config(&self, current: impl Fn() -> Arc<RlsConfig> + Send + Sync + 'static) {
+        let _ = self.config.set(ConfigSource(Box::new(current)));
     }
 
     /// Nanoseconds since the hub started: the allocator's clock (tokio's, so a test may pause
@@ -245,7 +245,7 @@ impl Hub {
             Some(_) => {}
             None => *domain = Some(reports.domain.clone()),
         }
-        let Some(config) = self.config.get().map(|c| c.current()) else {
+        let Some(config) = self.config.get().map(|c| (c.0)()) else {
             return Err(Status::unavailable("this node has no --rls-config"));
         };
         if !config.has_domain(&reports.domain) {
@@ -597,6 +597,15 @@ impl Hub {
     }
 }
 
+/// The configuration in force, read again for every message (it is reloaded).
+struct ConfigSource(Box<dyn Fn() -> Arc<RlsConfig> + Send + Sync>);
+
+impl std::fmt::Debug for ConfigSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ConfigSource")
+    }
+}
+
 /// The first rebalance number: the wall clock's nanoseconds since 1970 (1 when it reads
 /// earlier).
 fn first_seq() -> u64 {
@@ -798,7 +807,8 @@ descriptors:
             RlqsSettings::new("127.0.0.1:0".parse().unwrap()),
             None,
         ));
-        hub.set_config(RlsConfigHandle::load(&file).unwrap());
+        let handle = crate::rls::RlsConfigHandle::load(&file).unwrap();
+        hub.set_config(move || handle.current());
         let (stop, stopped) = tokio::sync::watch::channel(false);
         let task = tokio::spawn(super::super::expire_every_second(hub.clone(), stopped));
         let (one, mut one_answers) = hub.open_stream();

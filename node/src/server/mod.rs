@@ -9,6 +9,7 @@
 mod connection;
 mod peer_messages;
 mod remote;
+mod rlqs_listener;
 mod streams;
 mod sweeper;
 
@@ -170,7 +171,7 @@ impl Node {
         };
         let rlqs = match (shared.config.rlqs.clone(), &rls) {
             (Some(settings), Some((_, handle))) => Some(
-                crate::rlqs::start(
+                rlqs_listener::start(
                     shared.rlqs.clone(),
                     &shared.config,
                     &settings,
