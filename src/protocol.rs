@@ -20,8 +20,9 @@ pub const OLDEST: u8 = 2;
 /// point and the receiver's session to the region exchange, and the `try_again` answer; 5
 /// changes no layout: a node takes region deltas from a member of its own region (passed on to
 /// the key's owner there); 6 adds two check flags, peek and charge (metered costs), and the
-/// `outcome_unknown` answer, with no layout change either.
-pub const NEWEST: u8 = 6;
+/// `outcome_unknown` answer, with no layout change either; 7 adds two peer kinds, RLQS usage
+/// reports relayed to a bucket's owner and its assignments back (no layout change).
+pub const NEWEST: u8 = 7;
 /// What this build speaks.
 pub const SUPPORTED: VersionRange = VersionRange {
     min: OLDEST,
@@ -163,6 +164,10 @@ pub enum Feature {
     /// `outcome_unknown`. An older node refuses a frame with either flag as malformed, so a
     /// client sends them, and a node forwards them, only once the cluster version has it.
     MeteredCosts,
+    /// A node accepting an Envoy's RLQS stream relays the usage of each bucket to the bucket's
+    /// owner (kind 21) and takes the assignments it sends back (kind 22), where an older
+    /// cluster's nodes each split a bucket's limit among their own Envoys.
+    RlqsRelay,
 }
 
 impl Feature {
@@ -173,6 +178,7 @@ impl Feature {
             Feature::RegionResync | Feature::TryAgain | Feature::ForwardedScopes => 4,
             Feature::RegionPassOn => 5,
             Feature::MeteredCosts => 6,
+            Feature::RlqsRelay => 7,
         }
     }
 
@@ -278,7 +284,7 @@ mod tests {
     #[test]
     fn ranges_print_as_operators_read_them() {
         assert_eq!(range(2, 3).to_string(), "2-3");
-        assert_eq!(SUPPORTED.to_string(), "2-6");
+        assert_eq!(SUPPORTED.to_string(), "2-7");
         assert_eq!(range(2, 2).to_string(), "2");
     }
 }

@@ -29,6 +29,10 @@ use floodgate::wire::{
     decode_token_lease_batch, encode_frame, encode_gossip, encode_message, encode_message_at,
     encode_slot_table,
 };
+use floodgate::wire::{
+    RLQS_DENY, RLQS_TOKEN_BUCKET, RlqsAssignmentBatch, RlqsReportBatch, WireRlqsAssignment,
+    WireRlqsBucket, WireRlqsEntry, WireRlqsReport, decode_rlqs_assignments, decode_rlqs_reports,
+};
 use floodgate::{Decision, Limit, NANOS_PER_SEC};
 
 fn golden_path(name: &str) -> PathBuf {
@@ -466,6 +470,55 @@ fn frames(version: u8) -> BTreeMap<String, String> {
     };
     encode_message(&mut frame, FrameKind::TokenLeaseAnswers, 12, &answers);
     put(FrameKind::TokenLeaseAnswers, frame);
+
+    let bucket = WireRlqsBucket {
+        domain: "edge".into(),
+        entries: vec![WireRlqsEntry {
+            key: "name".into(),
+            value: "shared".into(),
+        }],
+    };
+    let mut frame = Vec::new();
+    let reports = RlqsReportBatch {
+        from: "node-1".into(),
+        reports: vec![WireRlqsReport {
+            stream: 3,
+            bucket: bucket.clone(),
+            requests: 60,
+            period_s: 60,
+            allowed: 5,
+            denied: 1,
+            elapsed_ns: 5 * NANOS_PER_SEC,
+            held_tokens: 29,
+        }],
+        closed: vec![7],
+    };
+    encode_message(&mut frame, FrameKind::RlqsReports, 13, &reports);
+    put(FrameKind::RlqsReports, frame);
+
+    let mut frame = Vec::new();
+    let assignments = RlqsAssignmentBatch {
+        from: "node-0".into(),
+        assignments: vec![
+            WireRlqsAssignment {
+                stream: 3,
+                seq: 12,
+                bucket: bucket.clone(),
+                action: RLQS_TOKEN_BUCKET,
+                tokens_per_fill: 29,
+                fill_interval_s: 60,
+            },
+            WireRlqsAssignment {
+                stream: 4,
+                seq: 13,
+                bucket,
+                action: RLQS_DENY,
+                ..WireRlqsAssignment::default()
+            },
+        ],
+    };
+    encode_message(&mut frame, FrameKind::RlqsAssignments, 13, &assignments);
+    put(FrameKind::RlqsAssignments, frame);
     out
 }
 
@@ -572,6 +625,8 @@ fn every_pinned_frame_of_every_version_decodes() {
                 FrameKind::LeaseSync => decode_lease_sync(payload).is_ok(),
                 FrameKind::TokenLeaseBatch => decode_token_lease_batch(payload, &limits).is_ok(),
                 FrameKind::TokenLeaseAnswers => decode_token_lease_answers(payload).is_ok(),
+                FrameKind::RlqsReports => decode_rlqs_reports(payload).is_ok(),
+                FrameKind::RlqsAssignments => decode_rlqs_assignments(payload).is_ok(),
             };
             assert!(ok, "{name} of {file} does not decode");
             decoded += 1;

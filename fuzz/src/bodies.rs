@@ -239,6 +239,8 @@ fn decode_by_kind(payload: &[u8], kind: FrameKind, version: u8) {
         FrameKind::TokenLeaseAnswers => {
             outcome(&floodgate::wire::decode_token_lease_answers(payload))
         }
+        FrameKind::RlqsReports => outcome(&floodgate::wire::decode_rlqs_reports(payload)),
+        FrameKind::RlqsAssignments => outcome(&floodgate::wire::decode_rlqs_assignments(payload)),
     };
 }
 

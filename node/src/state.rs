@@ -32,6 +32,9 @@ pub(crate) struct Shared {
     pub(crate) region_sync: Arc<crate::region_sync::RegionSync<EpochClock>>,
     /// The rules file in force (`--rules`), served to clients and hot-reloaded.
     pub(crate) rules: Option<Arc<crate::rules::RulesHandle>>,
+    /// RLQS shares: of the buckets this node owns, whoever's Envoys report them, and the
+    /// reports of this node's Envoys for other owners (with or without `--rlqs-listen`).
+    pub(crate) rlqs: Arc<crate::rlqs::Hub>,
     /// Buckets merged from peers (replicas and hand-offs) since start.
     pub(crate) received: watch::Sender<u64>,
     /// Who may send peer-only frames (gossip, replicate, forwarded checks); replaced when the

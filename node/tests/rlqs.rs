@@ -3,7 +3,8 @@
 //! (a client written elsewhere) driven by `rlqs_client.py`.
 //!
 //! Every wait is for an answer the node sends at once (bounded by a timeout); nothing sleeps.
-//! What only time shows (expiry) is tested on the allocator with its injected clock.
+//! What only time shows (expiry) is tested on the allocator with its injected clock and on the
+//! hub's expiry task with tokio's paused clock (`node/src/rlqs/service.rs`).
 
 mod common;
 
@@ -352,7 +353,7 @@ async fn an_idle_bucket_is_abandoned_and_reported_again_from_scratch() {
 }
 
 #[tokio::test]
-async fn hostile_buckets_are_ignored_and_counted_and_the_others_answered() {
+async fn hostile_buckets_are_denied_or_ignored_counted_and_the_others_answered() {
     let node = start_rlqs(|s| {
         s.max_buckets_per_stream = 3;
         s.max_bucket_id_bytes = 64;
@@ -374,15 +375,21 @@ async fn hostile_buckets_are_ignored_and_counted_and_the_others_answered() {
         .await;
     assert_eq!(said(&answer).len(), 1, "{answer:?}");
     assert_eq!(tokens(&answer, &minute), 599);
+    // An oversized bucket id is refused: denied (a refused bucket must not pass unlimited
+    // under the Envoy's no-assignment behaviour).
+    let huge = bucket(&[("name", &huge)]);
     let answer = envoy
         .report(vec![
-            usage(bucket(&[("name", &huge)]), 1, 0, 0),
-            usage(many, 1, 0, 0),
+            usage(huge.clone(), 1, 0, 0),
+            usage(many.clone(), 1, 0, 0),
             usage(minute.clone(), 1, 0, 5),
         ])
         .await;
-    assert_eq!(said(&answer).len(), 1, "{answer:?}");
-    // Past the most buckets of one stream, a bucket gets no assignment.
+    let said_now = said(&answer);
+    assert_eq!(said_now.len(), 3, "{answer:?}");
+    assert_eq!(said_now.get(&k(&huge)), Some(&Said::DenyAll));
+    assert_eq!(said_now.get(&k(&many)), Some(&Said::DenyAll));
+    // Past the most buckets of one stream, a bucket is denied.
     let b = bucket(&[("tenant", "b"), ("plan", "small")]);
     let c = bucket(&[("tenant", "c"), ("plan", "small")]);
     let d = bucket(&[("tenant", "d"), ("plan", "small")]);
@@ -391,9 +398,11 @@ async fn hostile_buckets_are_ignored_and_counted_and_the_others_answered() {
         .await;
     assert_eq!(said(&answer).len(), 2);
     let answer = envoy
-        .report(vec![usage(d, 1, 0, 0), usage(b.clone(), 1, 0, 5)])
+        .report(vec![usage(d.clone(), 1, 0, 0), usage(b.clone(), 1, 0, 5)])
         .await;
-    assert_eq!(said(&answer).into_keys().collect::<Vec<_>>(), vec![k(&b)]);
+    let said_now = said(&answer);
+    assert_eq!(said_now.get(&k(&d)), Some(&Said::DenyAll), "{answer:?}");
+    assert!(matches!(said_now.get(&k(&b)), Some(Said::TokenBucket(..))));
     let open_page = metrics_page(&node.node.node).await;
     assert!(metric_value(&open_page, "floodgate_rlqs_streams_open") >= 1.0);
     // A message with more buckets than a stream may have is refused whole.

@@ -23,6 +23,7 @@ mod messages;
 mod packing;
 mod policy_messages;
 mod region_messages;
+mod rlqs_messages;
 mod token_lease_messages;
 
 pub use check_batch::{
@@ -64,6 +65,11 @@ pub use region_messages::{
     RegionAckMessage, RegionAckMessageV4, RegionDeltasMessage, RegionDeltasMessageV4,
     ScopedCheckBatch, WireDelta, WireScope, decode_region_ack, decode_region_deltas,
     decode_scoped_check_batch, encode_region_ack, encode_region_deltas,
+};
+pub use rlqs_messages::{
+    MAX_WIRE_RLQS_BUCKET_BYTES, MAX_WIRE_RLQS_ENTRIES, MAX_WIRE_RLQS_ITEMS, RLQS_ABANDON,
+    RLQS_DENY, RLQS_TOKEN_BUCKET, RlqsAssignmentBatch, RlqsReportBatch, WireRlqsAssignment,
+    WireRlqsBucket, WireRlqsEntry, WireRlqsReport, decode_rlqs_assignments, decode_rlqs_reports,
 };
 pub use token_lease_messages::{
     ArchivedTokenLeaseBatch, TokenLeaseAnswer, TokenLeaseAnswers, TokenLeaseBatch,
@@ -153,6 +159,14 @@ pub enum FrameKind {
     /// own its slots (a group with `global` checks, which kind 10 cannot carry); answered with
     /// a [`DecisionBatch`], never forwarded again. Sent only once every member speaks 4.
     ForwardedScopedCheckBatch = 20,
+    /// Node → node, from version 7: an [`RlqsReportBatch`], the usage of RLQS buckets the
+    /// receiver owns, from the node the Envoys stream to; answered with a kind 22. Sent only
+    /// once every member speaks 7.
+    RlqsReports = 21,
+    /// Node → node, from version 7: an [`RlqsAssignmentBatch`], a bucket owner's assignments
+    /// for the receiver's Envoys: the answer to a kind 21, or sent one-way when another
+    /// Envoy's report moved their shares.
+    RlqsAssignments = 22,
 }
 
 impl FrameKind {
@@ -178,6 +192,8 @@ impl FrameKind {
             18 => Some(FrameKind::TokenLeaseBatch),
             19 => Some(FrameKind::TokenLeaseAnswers),
             20 => Some(FrameKind::ForwardedScopedCheckBatch),
+            21 => Some(FrameKind::RlqsReports),
+            22 => Some(FrameKind::RlqsAssignments),
             _ => None,
         }
     }
@@ -202,7 +218,7 @@ impl FrameKind {
     }
 
     /// True for the kinds only another node may send (gossip, replication, forwarded checks,
-    /// id conflicts, region deltas and their acknowledgements, lease syncs): the receiver
+    /// id conflicts, region deltas and their acknowledgements, lease syncs, RLQS relays): the receiver
     /// closes a connection without a peer certificate that sends one, with
     /// [`ErrorCode::Forbidden`]. Every kind must decide here.
     pub fn peer_only(self) -> bool {
@@ -214,7 +230,9 @@ impl FrameKind {
             | FrameKind::RegionDeltas
             | FrameKind::RegionAck
             | FrameKind::LeaseSync
-            | FrameKind::ForwardedScopedCheckBatch => true,
+            | FrameKind::ForwardedScopedCheckBatch
+            | FrameKind::RlqsReports
+            | FrameKind::RlqsAssignments => true,
             FrameKind::CheckBatch
             | FrameKind::DecisionBatch
             | FrameKind::Error

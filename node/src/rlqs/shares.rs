@@ -57,6 +57,9 @@ pub enum Assignment {
     },
     /// Forget the bucket: it was idle for long enough.
     Abandon,
+    /// Deny everything until it expires: the bucket was refused past a bound (never made by
+    /// the allocator, only by the service around it).
+    Deny,
 }
 
 /// An assignment for one stream and bucket, to be sent now.
@@ -74,6 +77,9 @@ pub struct Usage {
     pub denied: u64,
     /// Since the Envoy's previous report of the bucket (0 in its first).
     pub elapsed_ns: u64,
+    /// The `tokens_per_fill` the Envoy holds now by its node's record (0: none): what another
+    /// owner gave it before the bucket moved here.
+    pub held: u32,
 }
 
 /// The allocator's settings and bounds.
@@ -126,6 +132,11 @@ struct Participant {
 #[derive(Debug)]
 struct Bucket {
     limit: Limit,
+    /// Until then no share grows and a new Envoy gets the least (1): an Envoy arrived holding
+    /// an assignment this allocator did not give (the bucket moved here, from another owner or
+    /// an earlier life of this one), so others may hold ones it has not heard of yet, and all
+    /// of those have expired or been reported by then.
+    settling_until_ns: u64,
     /// By stream id: ordered, so every split is deterministic.
     participants: BTreeMap<StreamId, Participant>,
 }
@@ -174,6 +185,16 @@ impl Shares {
         let Some(state) = self.buckets.get_mut(bucket) else {
             return Ok(Vec::new());
         };
+        let settle_for = config.ttl_ns.saturating_add(EXPIRY_MARGIN_NS);
+        if !known
+            && usage.held > 0
+            && let Some(me) = state.participants.get_mut(&stream)
+        {
+            // Counted as given until its next assignment replaces it.
+            me.tokens = usage.held;
+            me.expires_ns = now_ns.saturating_add(settle_for);
+            state.settling_until_ns = now_ns.saturating_add(settle_for);
+        }
         // A reloaded configuration may have changed the limit.
         state.limit = limit;
         let Some(me) = state.participants.get_mut(&stream) else {
@@ -234,6 +255,11 @@ impl Shares {
         }
     }
 
+    /// True while `stream` holds (or is reserved) a share of some bucket.
+    pub fn holds_stream(&self, stream: StreamId) -> bool {
+        self.per_stream.contains_key(&stream)
+    }
+
     /// Buckets held.
     pub fn bucket_count(&self) -> usize {
         self.buckets.len()
@@ -281,6 +307,7 @@ impl Shares {
         }
         let state = self.buckets.entry(bucket.clone()).or_insert(Bucket {
             limit,
+            settling_until_ns: 0,
             participants: BTreeMap::new(),
         });
         state.participants.insert(
@@ -383,6 +410,16 @@ impl Shares {
                 (*stream, p.tokens, target)
             })
             .collect();
+        // While the bucket settles, shares only shrink and newcomers get the least.
+        let settling = now_ns < state.settling_until_ns;
+        let targets: Vec<(StreamId, u32, u32)> = if settling {
+            targets
+                .into_iter()
+                .map(|(s, old, target)| (s, old, if old > 0 { target.min(old) } else { 1 }))
+                .collect()
+        } else {
+            targets
+        };
         let steady =
             |old: u32, target: u32| old > 0 && old.abs_diff(target) <= (old / SLACK).max(1);
         let budget = available.max(targets.iter().map(|t| u128::from(t.2)).sum());
@@ -461,6 +498,7 @@ mod tests {
             allowed,
             denied,
             elapsed_ns: elapsed_s * S,
+            held: 0,
         }
     }
 
@@ -654,6 +692,39 @@ mod tests {
         // A refused report leaves the others as they were.
         assert_eq!(shares.bucket_count(), 3);
         assert_eq!(shares.envoys(&key("a")), 2);
+    }
+
+    #[test]
+    fn an_envoy_holding_another_owners_share_settles_the_bucket_until_old_shares_expire() {
+        let mut shares = Shares::new(config());
+        let b = key("a");
+        // The bucket moved here: the first Envoy to report holds 299 from the old owner, and
+        // another Envoy (not yet reported) may hold the rest.
+        let held = Usage {
+            held: 299,
+            ..usage(20, 0, 5)
+        };
+        let pushes = shares.report(0, 1, &b, PER_MINUTE, held).unwrap();
+        assert_eq!(tokens_of(&pushes, 1), Some(299), "kept, not grown to 599");
+        // A newcomer while settling gets the least.
+        let pushes = shares.report(S, 2, &b, PER_MINUTE, usage(1, 0, 0)).unwrap();
+        assert_eq!(tokens_of(&pushes, 2), Some(1));
+        // The Envoy that held the rest reports it: still nothing grows.
+        let other = Usage {
+            held: 299,
+            ..usage(20, 0, 5)
+        };
+        shares.report(2 * S, 3, &b, PER_MINUTE, other).unwrap();
+        assert!(shares.committed(&b) <= 600 + 2, "{}", shares.committed(&b));
+        // Once every old assignment has expired or been reported, the split is the usual one.
+        let later = 2 * S + TTL + EXPIRY_MARGIN_NS;
+        for s in 1..=3 {
+            shares
+                .report(later, s, &b, PER_MINUTE, usage(20, 0, 5))
+                .unwrap();
+        }
+        assert!(shares.tokens(2, &b).unwrap() > 1);
+        assert!(shares.committed(&b) <= 600);
     }
 
     /// Envoys of `bucket` whose share cannot change now (closed, or silent past the TTL).

@@ -9,6 +9,7 @@
 mod connection;
 mod peer_messages;
 mod remote;
+mod rlqs_listener;
 mod streams;
 mod sweeper;
 
@@ -117,7 +118,12 @@ impl Node {
             metrics.connections.clone(),
             metrics.peer_connections.clone(),
         ));
+        let rlqs_settings = config.rlqs.clone().unwrap_or_else(|| {
+            crate::rlqs::RlqsSettings::new(SocketAddr::from(([127, 0, 0, 1], 0)))
+        });
+        let rlqs = Arc::new(crate::rlqs::Hub::new(rlqs_settings, Some(cluster.clone())));
         let shared = Arc::new(Shared {
+            rlqs,
             store,
             clock,
             metrics,
@@ -165,8 +171,9 @@ impl Node {
         };
         let rlqs = match (shared.config.rlqs.clone(), &rls) {
             (Some(settings), Some((_, handle))) => Some(
-                crate::rlqs::start(
-                    shared.clone(),
+                rlqs_listener::start(
+                    shared.rlqs.clone(),
+                    &shared.config,
                     &settings,
                     handle.clone(),
                     shutdown_rx.clone(),
@@ -192,6 +199,11 @@ impl Node {
             shutdown_rx.clone(),
         ));
         tasks.spawn(sweep_loop(shared.clone(), shutdown_rx.clone()));
+        tasks.spawn(crate::rlqs::upkeep(
+            shared.rlqs.clone(),
+            shared.config.limits.max_frame_bytes,
+            shutdown_rx.clone(),
+        ));
         tasks.spawn(crate::metrics::upkeep_loop(shutdown_rx.clone()));
         if let Some(rules) = &shared.rules {
             tasks.spawn(crate::rules::watch_file(rules.clone(), shutdown_rx.clone()));

@@ -78,6 +78,14 @@ pub(super) async fn serve_uni_message(
             FrameKind::RegionDeltas | FrameKind::RegionAck => {
                 on_region_frame(&shared, &from.remote, &frame);
             }
+            FrameKind::RlqsAssignments => {
+                let certified = |id: &str| from.remote.certified_as(&shared, id);
+                if let Err(code) =
+                    crate::rlqs::take_assignments(&shared.rlqs, certified, &frame.payload)
+                {
+                    shared.metrics.frame_error(code);
+                }
+            }
             _ => shared.metrics.frame_error(ErrorCode::UnknownKind),
         }
     }

@@ -131,6 +131,16 @@ pub(super) async fn answer_available(
                 remote.forbid(shared, frame.kind);
                 break Some(ErrorCode::Forbidden);
             }
+            Ok(Some(frame)) if frame.kind == FrameKind::RlqsReports => {
+                frames += 1;
+                let certified = |id: &str| remote.certified_as(shared, id);
+                let me = shared.cluster.me.id.as_str();
+                if let Some(code) =
+                    crate::rlqs::answer_reports(&shared.rlqs, me, certified, &frame, out)
+                {
+                    shared.metrics.frame_error(code);
+                }
+            }
             Ok(Some(frame)) => {
                 frames += 1;
                 let caller = remote.caller(shared);

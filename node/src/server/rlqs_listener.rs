@@ -1,0 +1,81 @@
+//! The RLQS listener (`--rlqs-listen`): tonic's server around the node's RLQS hub, with the
+//! RLS front's TLS set-up and bounded accept loop.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use anyhow::Context;
+use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_server::RateLimitQuotaServiceServer;
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+
+use crate::config::NodeConfig;
+use crate::rlqs::{Hub, RlqsService, RlqsSettings};
+use crate::rls::RlsConfigHandle;
+
+/// Most concurrent streams per HTTP/2 connection (an Envoy opens one per domain).
+const MAX_STREAMS_PER_CONNECTION: u32 = 1_024;
+/// Binds the listener and spawns the server around `hub` (the node's, given `node`'s TLS and
+/// limits).
+pub(super) async fn start(
+    hub: Arc<Hub>,
+    node: &NodeConfig,
+    settings: &RlqsSettings,
+    config: Arc<RlsConfigHandle>,
+    shutdown: watch::Receiver<bool>,
+    tasks: &mut JoinSet<()>,
+) -> anyhow::Result<SocketAddr> {
+    settings.validate(&node.tls)?;
+    let tls = if settings.tls {
+        Some(crate::rls::tls_config(&node.tls, settings.client_auth)?)
+    } else {
+        None
+    };
+    let listener = tokio::net::TcpListener::bind(settings.listen)
+        .await
+        .with_context(|| format!("binding the RLQS listener on {}", settings.listen))?;
+    let addr = listener.local_addr()?;
+    let limits = node.limits;
+    hub.set_config(move || config.current());
+    let (health, health_service) = tonic_health::server::health_reporter();
+    health
+        .set_serving::<RateLimitQuotaServiceServer<RlqsService>>()
+        .await;
+    let rlqs = RateLimitQuotaServiceServer::new(RlqsService { hub: hub.clone() })
+        .max_decoding_message_size(limits.max_frame_bytes)
+        .max_encoding_message_size(limits.max_frame_bytes);
+    let windows = limits.quic_windows();
+    let stream_window = u32::try_from(windows.stream_receive).unwrap_or(u32::MAX);
+    let connection_window = u32::try_from(windows.connection_receive).unwrap_or(u32::MAX);
+    let incoming = crate::rls::bounded_incoming(listener, limits.max_connections, shutdown.clone());
+    let mut stop = shutdown.clone();
+    let mut builder = tonic::transport::Server::builder();
+    if let Some(tls) = tls {
+        builder = builder
+            .tls_config(tls)
+            .context("the RLQS listener's TLS configuration")?;
+    }
+    tasks.spawn(async move {
+        let served = builder
+            .initial_stream_window_size(stream_window)
+            .initial_connection_window_size(connection_window)
+            .max_concurrent_streams(MAX_STREAMS_PER_CONNECTION)
+            .add_service(health_service)
+            .add_service(rlqs)
+            .serve_with_incoming_shutdown(incoming, async move {
+                let _ = stop.wait_for(|stopping| *stopping).await;
+            })
+            .await;
+        if let Err(e) = served {
+            tracing::error!(error = %e, "the RLQS server stopped");
+        }
+    });
+    tracing::info!(
+        %addr,
+        ttl_s = settings.assignment_ttl_s,
+        tls = settings.tls,
+        client_auth = settings.client_auth,
+        "RLQS (Envoy rate limit quota service) listening"
+    );
+    Ok(addr)
+}
