@@ -204,19 +204,24 @@ fn go_client() -> PathBuf {
 async fn go_redis_sees_the_same_replies_from_floodgate_and_redis_cell() {
     let redis = start_redis_cell();
     let (node, addr) = floodgate().await;
-    // The sequence is redis-py's, so both clients replay the same calls.
+    let sequence = python_sequence();
+    let mut command = Command::new(go_client());
+    command
+        .arg(redis.port.to_string())
+        .arg(addr.port().to_string());
+    replay(command, sequence, "go-redis").await;
+    node.node.shutdown().await;
+}
+
+/// The calls redis-py replays, as JSON, so every other client replays the same ones.
+fn python_sequence() -> Vec<u8> {
     let sequence = Command::new(python())
         .arg(tests_dir().join("resp_conformance.py"))
         .arg("--sequence")
         .output()
         .expect("resp_conformance.py --sequence runs");
     assert!(sequence.status.success(), "{sequence:?}");
-    let mut command = Command::new(go_client());
-    command
-        .arg(redis.port.to_string())
-        .arg(addr.port().to_string());
-    replay(command, sequence.stdout, "go-redis").await;
-    node.node.shutdown().await;
+    sequence.stdout
 }
 
 /// The Java replay (`resp_conformance_java`, Redisson), built once into `target/resp-java` by
@@ -246,19 +251,14 @@ async fn redisson_sees_the_same_replies_from_floodgate_and_redis_cell() {
     };
     let redis = start_redis_cell();
     let (node, addr) = floodgate().await;
-    let sequence = Command::new(python())
-        .arg(tests_dir().join("resp_conformance.py"))
-        .arg("--sequence")
-        .output()
-        .expect("resp_conformance.py --sequence runs");
-    assert!(sequence.status.success(), "{sequence:?}");
+    let sequence = python_sequence();
     let classpath = format!("{}:{}/*", classes.display(), lib.display());
     let mut command = Command::new("java");
     command
         .args(["-cp", &classpath, "RespConformance"])
         .arg(redis.port.to_string())
         .arg(addr.port().to_string());
-    replay(command, sequence.stdout, "Redisson").await;
+    replay(command, sequence, "Redisson").await;
     node.node.shutdown().await;
 }
 
