@@ -19,6 +19,7 @@
 //! The listener itself is started by the server (`server/rlqs_listener.rs`), which also owns
 //! the RLS front whose TLS and accept loop it shares: this module reads no node state.
 
+pub mod regions;
 mod relay;
 mod remote;
 mod service;
