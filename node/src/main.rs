@@ -193,6 +193,12 @@ struct Flags {
     /// Envoy forgets it, its share returns to the others); 0: never.
     #[arg(long, value_name = "N", default_value_t = 120)]
     rlqs_idle_reports: u32,
+    /// Share the limits of this RLQS domain's buckets across regions (`scope: global`): each
+    /// region's Envoys get a part of the limit, by demand, instead of the whole. Repeat for
+    /// more domains; give every node of every region the same list (an owner needs it whether
+    /// or not it serves --rlqs-listen).
+    #[arg(long, value_name = "DOMAIN")]
+    rlqs_global_domain: Vec<String>,
     /// Serve the Redis protocol (RESP2, RESP3 after HELLO 3) on ADDR: redis-cell's
     /// `CL.THROTTLE key max_burst count period [quantity]` for any Redis client, decided by
     /// each key's owner in the cluster.
@@ -406,6 +412,7 @@ fn config_from(flags: &Flags, addresses: Addresses) -> anyhow::Result<NodeConfig
         state_dir: flags.state_dir.clone(),
         rls,
         rlqs,
+        rlqs_global_domains: flags.rlqs_global_domain.iter().cloned().collect(),
         resp: resp_settings(flags)?,
         test_only_clock_skew_ns: flags.clock_skew_ms() * 1_000_000,
     })

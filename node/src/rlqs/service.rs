@@ -33,6 +33,7 @@ use tokio::sync::mpsc;
 use tonic::codegen::tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
+use super::global::Global;
 use super::relay::Relay;
 use super::remote::{Remotes, Stamped};
 use super::shares::{Assignment, BucketKey, Limit, Push, Shares, SharesConfig, StreamId, Usage};
@@ -72,7 +73,7 @@ struct Held {
 pub(crate) struct Hub {
     config: OnceLock<ConfigSource>,
     pub(super) settings: RlqsSettings,
-    shares: Mutex<Shares>,
+    pub(super) shares: Mutex<Shares>,
     streams: Mutex<HashMap<StreamId, LocalStream>>,
     next_stream: AtomicU64,
     /// Rebalances made here, counted under the allocator's lock: their order. Counted from
@@ -85,6 +86,8 @@ pub(crate) struct Hub {
     pub(super) cluster: Option<Arc<Cluster>>,
     pub(super) remotes: Mutex<Remotes>,
     pub(super) relay: Relay,
+    /// `scope: global` buckets: this region's parts, and the splits this node decides.
+    pub(super) global: Global,
 }
 
 impl Hub {
@@ -96,7 +99,9 @@ impl Hub {
             max_buckets_per_stream: settings.max_buckets_per_stream,
             max_buckets: settings.max_buckets,
         });
+        let ttl_ns = u64::from(settings.assignment_ttl_s) * NANOS_PER_SEC;
         Hub {
+            global: Global::new(settings.global_domains.clone(), ttl_ns, settings.max_buckets),
             config: OnceLock::new(),
             remotes: Mutex::new(Remotes::new(settings.max_buckets)),
             settings,
@@ -123,7 +128,12 @@ impl Hub {
         u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX)
     }
 
-    fn ttl_ns(&self) -> u64 {
+    /// The next rebalance number.
+    pub(super) fn next_seq(&self) -> u64 {
+        self.seq.fetch_add(1, Ordering::Relaxed)
+    }
+
+    pub(super) fn ttl_ns(&self) -> u64 {
         u64::from(self.settings.assignment_ttl_s) * NANOS_PER_SEC
     }
 
@@ -201,6 +211,8 @@ impl Hub {
         limit: Limit,
         used: Usage,
     ) -> Result<Vec<Stamped>, super::shares::Refused> {
+        // A global bucket's Envoys split this region's part.
+        let limit = self.regional_limit(now_ns, key, limit);
         let mut shares = self.shares.lock();
         let pushes = shares.report(now_ns, stream, key, limit, used)?;
         let seq = self.seq.fetch_add(1, Ordering::Relaxed);
@@ -451,7 +463,7 @@ impl Hub {
 
     /// Sends the pushes of this node's streams (and `reporter`'s allow-alls); returns the
     /// others by the node their Envoy streams to.
-    fn send(
+    pub(super) fn send(
         &self,
         reporter: Option<(StreamId, Vec<BucketId>)>,
         pushes: Vec<Stamped>,
