@@ -36,8 +36,8 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 
 use floodgate::wire::{
-    ErrorCode, Frame, FrameKind, RlqsRegionClaims, RlqsRegionParts, WireRegionClaim,
-    decode_rlqs_assignments, decode_rlqs_region_claims, decode_rlqs_region_parts,
+    ErrorCode, Frame, FrameKind, RlqsRegionClaims, RlqsRegionParts, RlqsReportBatch,
+    WireRegionClaim, WireRlqsReport, decode_rlqs_assignments, decode_rlqs_region_claims, decode_rlqs_region_parts,
     decode_rlqs_reports, encode_message,
 };
 use metrics::counter;
@@ -282,6 +282,9 @@ pub fn bucket_slot(domain: &str, entries: &[(&str, &str)]) -> u16 {
 
 /// Sends what is queued for other owners whenever something is, until shutdown: one message per
 /// owner (more for a large queue), all owners at once, each answer's assignments to the streams.
+/// Reports no owner took are tried once more, each to its bucket's owner by the table then (the
+/// owner may have moved, to this node too); past that they are lost (counted), and their Envoys
+/// keep their assignments until their next reports.
 async fn relay_reports(hub: Arc<Hub>, max_frame_bytes: usize, mut shutdown: watch::Receiver<bool>) {
     let Some(cluster) = hub.cluster.clone() else {
         return;
@@ -292,47 +295,71 @@ async fn relay_reports(hub: Arc<Hub>, max_frame_bytes: usize, mut shutdown: watc
             _ = shutdown.wait_for(|stopping| *stopping) => return,
         }
         let batches = hub.relay.take(&cluster.me.id, max_frame_bytes / 2);
-        let mut sends = JoinSet::new();
-        for (owner, batch) in batches {
-            let reports = batch.reports.len() as u64;
-            let Some(addr) = cluster.addr_of(&owner) else {
-                counter!("floodgate_rlqs_relay_failures_total").increment(reports);
-                continue;
-            };
-            let mut frame = Vec::new();
-            encode_message(&mut frame, FrameKind::RlqsReports, 0, &batch);
-            counter!("floodgate_rlqs_relayed_reports_total", "direction" => "sent")
-                .increment(reports);
-            let peers = cluster.peers.clone();
-            sends.spawn(async move {
-                let answer = peers
-                    .request_within(
-                        relay::RELAY_TIMEOUT,
-                        &addr,
-                        &frame,
-                        max_frame_bytes + 64,
-                        FrameKind::RlqsAssignments,
-                    )
-                    .await;
-                (owner, reports, answer)
-            });
+        let unanswered = relay_round(&hub, &cluster, batches, max_frame_bytes).await;
+        if unanswered.is_empty() {
+            continue;
         }
-        while let Some(Ok((owner, reports, answer))) = sends.join_next().await {
-            match answer.map(|frame| decode_rlqs_assignments(&frame.payload)) {
-                Ok(Ok(batch)) => {
-                    counter!("floodgate_rlqs_relayed_assignments_total", "way" => "answered")
-                        .increment(batch.assignments.len() as u64);
-                    hub.deliver(&owner, batch.assignments);
-                }
-                Ok(Err((code, why))) => {
-                    counter!("floodgate_rlqs_relay_failures_total").increment(reports);
-                    tracing::warn!(%owner, %code, "an RLQS relay's answer was refused: {why}");
-                }
-                Err(e) => {
-                    counter!("floodgate_rlqs_relay_failures_total").increment(reports);
-                    tracing::debug!(%owner, error = %e, "an RLQS relay got no answer");
-                }
+        counter!("floodgate_rlqs_relay_retries_total").increment(unanswered.len() as u64);
+        let again = hub.reroute(unanswered, max_frame_bytes / 2);
+        let lost = relay_round(&hub, &cluster, again, max_frame_bytes).await;
+        counter!("floodgate_rlqs_relay_failures_total").increment(lost.len() as u64);
+    }
+}
+
+/// Sends each batch to its owner, all at once, and each answer's assignments to the streams;
+/// returns the reports no owner took (owner unknown, silent for the relay timeout, its answer
+/// refused, or left out of its answer).
+async fn relay_round(
+    hub: &Hub,
+    cluster: &Arc<crate::cluster::Cluster>,
+    batches: Vec<(String, RlqsReportBatch)>,
+    max_frame_bytes: usize,
+) -> Vec<WireRlqsReport> {
+    let mut unanswered = Vec::new();
+    let mut sends = JoinSet::new();
+    for (owner, batch) in batches {
+        let Some(addr) = cluster.addr_of(&owner) else {
+            unanswered.extend(batch.reports);
+            continue;
+        };
+        let mut frame = Vec::new();
+        encode_message(&mut frame, FrameKind::RlqsReports, 0, &batch);
+        counter!("floodgate_rlqs_relayed_reports_total", "direction" => "sent")
+            .increment(batch.reports.len() as u64);
+        let peers = cluster.peers.clone();
+        sends.spawn(async move {
+            let answer = peers
+                .request_within(
+                    relay::RELAY_TIMEOUT,
+                    &addr,
+                    &frame,
+                    max_frame_bytes + 64,
+                    FrameKind::RlqsAssignments,
+                )
+                .await;
+            (owner, batch.reports, answer)
+        });
+    }
+    while let Some(joined) = sends.join_next().await {
+        let Ok((owner, reports, answer)) = joined else {
+            continue;
+        };
+        match answer.map(|frame| decode_rlqs_assignments(&frame.payload)) {
+            Ok(Ok(batch)) => {
+                counter!("floodgate_rlqs_relayed_assignments_total", "way" => "answered")
+                    .increment(batch.assignments.len() as u64);
+                unanswered.extend(relay::unanswered(reports, &batch.assignments));
+                hub.deliver(&owner, batch.assignments);
+            }
+            Ok(Err((code, why))) => {
+                tracing::warn!(%owner, %code, "an RLQS relay's answer was refused: {why}");
+                unanswered.extend(reports);
+            }
+            Err(e) => {
+                tracing::debug!(%owner, error = %e, "an RLQS relay got no answer");
+                unanswered.extend(reports);
             }
         }
     }
+    unanswered
 }

@@ -26,6 +26,7 @@ use floodgate::protocol::Feature;
 use floodgate::rls::RlsConfig;
 use floodgate::wire::{
     RLQS_ABANDON, RLQS_DENY, RLQS_TOKEN_BUCKET, RlqsReportBatch, WireRlqsAssignment,
+    WireRlqsReport,
 };
 use metrics::{counter, gauge, histogram};
 use parking_lot::Mutex;
@@ -351,6 +352,12 @@ impl Hub {
         }
         for report in batch.reports {
             let key = super::remote::key_of_wire(&report.bucket);
+            if self.owner_elsewhere(&key).is_some() {
+                // Another node owns it by this node's table: left out of the answer, so the
+                // sender tries that owner (two owners would each split the whole limit).
+                counter!("floodgate_rlqs_ignored_total", "reason" => "not_owner").increment(1);
+                continue;
+            }
             let interned = self.remotes.lock().intern(from, report.stream, || {
                 self.next_stream.fetch_add(1, Ordering::Relaxed)
             });
@@ -391,6 +398,54 @@ impl Hub {
         }
         self.push_to_nodes(elsewhere);
         answer
+    }
+
+    /// Reports a relay left unanswered, placed again by the table now: those of buckets this
+    /// node owns now are taken here, the others batched for their owners (remembered, so a
+    /// close reaches them too).
+    pub(crate) fn reroute(
+        &self,
+        reports: Vec<WireRlqsReport>,
+        max_bytes: usize,
+    ) -> Vec<(String, RlqsReportBatch)> {
+        let Some(cluster) = &self.cluster else {
+            return Vec::new();
+        };
+        let again = Relay::default();
+        let now = self.now_ns();
+        let mut pushes = Vec::new();
+        for report in reports {
+            let key = super::remote::key_of_wire(&report.bucket);
+            if let Some(owner) = self.owner_elsewhere(&key) {
+                self.relay.remember(report.stream, &owner);
+                again.enqueue(report.stream, vec![(owner, report)]);
+                continue;
+            }
+            if !self.streams.lock().contains_key(&report.stream) {
+                continue;
+            }
+            let limit = Limit {
+                requests: report.requests,
+                period_s: report.period_s,
+            };
+            let used = Usage {
+                allowed: report.allowed,
+                denied: report.denied,
+                elapsed_ns: report.elapsed_ns,
+                held: report.held_tokens,
+            };
+            match self.report(now, report.stream, &key, limit, used) {
+                Ok(more) => pushes.extend(more),
+                Err(refused) => {
+                    counter!("floodgate_rlqs_ignored_total", "reason" => refused.reason())
+                        .increment(1);
+                    pushes.push(self.deny(report.stream, key));
+                }
+            }
+        }
+        let elsewhere = self.send(None, pushes);
+        self.push_to_nodes(elsewhere);
+        again.take(&cluster.me.id, max_bytes)
     }
 
     /// Assignments for this node's streams from their buckets' owner `from`.
