@@ -69,9 +69,8 @@ fn region_seeds() -> Vec<Seed> {
     use Outcome::{Accepted, Refused};
     use floodgate::region::{RegionName, Scope};
     use floodgate::wire::{
-        RegionAckMessage, RegionDeltasMessage, RlqsRegionClaims, RlqsRegionParts,
-        ScopedCheckBatch, WireDelta, WireRegionClaim, WireRegionPart, WireRlqsBucket,
-        WireRlqsEntry,
+        RegionAckMessage, RegionDeltasMessage, RlqsRegionClaims, RlqsRegionParts, ScopedCheckBatch,
+        WireDelta, WireRegionClaim, WireRegionPart, WireRlqsBucket, WireRlqsEntry,
     };
     let tagged = |which: u8, payload: Vec<u8>| [&[which][..], &payload].concat();
     let gcra = limit(Algorithm::Gcra, 10, S, 10);
@@ -188,7 +187,10 @@ fn region_seeds() -> Vec<Seed> {
         seed(
             "region_messages",
             "rlqs-claims-bad-region",
-            tagged(3, reframe(FrameKind::RlqsRegionClaims, &bad_region).to_vec()),
+            tagged(
+                3,
+                reframe(FrameKind::RlqsRegionClaims, &bad_region).to_vec(),
+            ),
             Refused,
         ),
     ]

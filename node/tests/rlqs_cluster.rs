@@ -440,7 +440,11 @@ async fn a_relay_for_a_bucket_another_member_owns_is_left_out_of_the_answer() {
     assert_eq!(frame.kind, FrameKind::RlqsAssignments);
     let assignments = decode_rlqs_assignments(&frame.payload).unwrap().assignments;
     let streams: Vec<u64> = assignments.iter().map(|a| a.stream).collect();
-    assert_eq!(streams, vec![1], "only the bucket this node owns is answered");
+    assert_eq!(
+        streams,
+        vec![1],
+        "only the bucket this node owns is answered"
+    );
     for node in nodes {
         node.shutdown().await;
     }

@@ -81,7 +81,11 @@ async fn two_regions(file: &std::path::Path, global: bool) -> (TestNode, Node) {
             }
         })
         .await;
-        assert!(knows.is_ok(), "{} did not learn the other region", node.node_id());
+        assert!(
+            knows.is_ok(),
+            "{} did not learn the other region",
+            node.node_id()
+        );
     }
     (first, second)
 }
@@ -263,4 +267,91 @@ async fn without_the_global_flag_each_region_gives_the_whole_limit() {
     drop((a, b));
     second.shutdown().await;
     first.node.shutdown().await;
+}
+
+/// One node of region `a` that has heard (by gossip) of a member of region `b` speaking
+/// `versions`, which then stays silent; returns the tokens a lone Envoy of `a` is given for
+/// a global bucket, first and after two of the node's one-second rounds.
+async fn lone_envoy_beside_a_silent_region(
+    file: &std::path::Path,
+    versions: (u8, u8),
+) -> (u64, u64, TestNode) {
+    let node = start_node(|c| {
+        node_in("a", file, true, c);
+        // The silent member stays alive for the whole test.
+        c.cluster.membership = MembershipConfig {
+            suspect_after_ns: 600 * 1_000_000_000,
+            dead_after_ns: 1_200 * 1_000_000_000,
+            ..MembershipConfig::default()
+        };
+    })
+    .await;
+    let silent = floodgate::cluster::membership::MemberDigest {
+        info: floodgate::cluster::MemberInfo {
+            id: "silent-peer".to_owned(),
+            addr: "127.0.0.1:9".to_owned(),
+            region: "b".to_owned(),
+        },
+        incarnation: 1,
+        heartbeat: 1,
+        left: false,
+        versions: floodgate::protocol::VersionRange::new(versions.0, versions.1),
+    };
+    let mut frame = Vec::new();
+    let gossip = floodgate::cluster::Gossip {
+        members: vec![silent],
+    };
+    floodgate::wire::encode_gossip(&mut frame, floodgate::protocol::NEWEST, &gossip);
+    let connection = connect(node.node.local_addr(), peer_config(&node.certs)).await;
+    let mut stream = connection.open_uni().await.unwrap();
+    stream.write_all(&frame).await.unwrap();
+    stream.finish().unwrap();
+    let mut tables = node.node.watch_slot_table();
+    let known = tokio::time::timeout(WAIT, async {
+        while node.node.member_addr("silent-peer").is_none() {
+            tables.changed().await.unwrap();
+        }
+    })
+    .await;
+    assert!(known.is_ok(), "the silent member's gossip was not taken");
+    assert_eq!(node.node.cluster_version(), versions.1);
+    let (changes, _) = watch::channel(0);
+    let a = open(rlqs_addr(&node.node), &changes).await;
+    let mut changed = changes.subscribe();
+    a.report(1, 0).await;
+    let first = tokio::time::timeout(WAIT, async {
+        while a.tokens() == 0 {
+            changed.changed().await.unwrap();
+        }
+        a.tokens()
+    })
+    .await
+    .expect("a first assignment");
+    // Rounds run every second; a later assignment (a push) may come with one of them.
+    let later = tokio::time::timeout(Duration::from_secs(3), async {
+        loop {
+            changed.changed().await.unwrap();
+        }
+    })
+    .await;
+    assert!(later.is_err());
+    (first, a.tokens(), node)
+}
+
+/// A member below version 10 anywhere: each region splits the whole limit (logged once and
+/// counted); with every member on 10, a lone region starts at its floor and grows to what the
+/// silent region does not hold (its floor stays reserved for it).
+#[tokio::test]
+async fn a_member_below_version_10_keeps_each_regions_whole_limit() {
+    let (_dir, file) = config_file();
+    let (first, later, node) = lone_envoy_beside_a_silent_region(&file, (2, 9)).await;
+    assert_eq!((first, later), (LIMIT - 1, LIMIT - 1));
+    let page = metrics_page(&node.node).await;
+    assert!(metric_value(&page, "floodgate_rlqs_global_unsplit_total") >= 1.0);
+    node.node.shutdown().await;
+
+    let (first, later, node) = lone_envoy_beside_a_silent_region(&file, (2, 10)).await;
+    let floor = LIMIT / 4;
+    assert_eq!((first, later), (floor - 1, LIMIT - floor - 1));
+    node.node.shutdown().await;
 }

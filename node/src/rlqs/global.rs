@@ -150,9 +150,7 @@ impl Hub {
             let mut shares = self.shares.lock();
             parts.retain(|key, _| shares.envoys(key) > 0);
             for (key, share) in parts.iter() {
-                let part = share
-                    .part(now, self.ttl_ns(), known.len())
-                    .min(share.limit);
+                let part = share.part(now, self.ttl_ns(), known.len()).min(share.limit);
                 let limit = Limit {
                     requests: part,
                     period_s: share.period_s,

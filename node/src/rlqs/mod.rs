@@ -37,8 +37,8 @@ use tokio::task::JoinSet;
 
 use floodgate::wire::{
     ErrorCode, Frame, FrameKind, RlqsRegionClaims, RlqsRegionParts, RlqsReportBatch,
-    WireRegionClaim, WireRlqsReport, decode_rlqs_assignments, decode_rlqs_region_claims, decode_rlqs_region_parts,
-    decode_rlqs_reports, encode_message,
+    WireRegionClaim, WireRlqsReport, decode_rlqs_assignments, decode_rlqs_region_claims,
+    decode_rlqs_region_parts, decode_rlqs_reports, encode_message,
 };
 use metrics::counter;
 

@@ -102,7 +102,11 @@ impl Hub {
         });
         let ttl_ns = u64::from(settings.assignment_ttl_s) * NANOS_PER_SEC;
         Hub {
-            global: Global::new(settings.global_domains.clone(), ttl_ns, settings.max_buckets),
+            global: Global::new(
+                settings.global_domains.clone(),
+                ttl_ns,
+                settings.max_buckets,
+            ),
             config: OnceLock::new(),
             remotes: Mutex::new(Remotes::new(settings.max_buckets)),
             settings,
