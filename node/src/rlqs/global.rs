@@ -3,14 +3,20 @@
 //! bucket's owner in the deciding region, the parts it answers, and, on that owner, the answers.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use floodgate::cluster::slot_of;
 use floodgate::protocol::Feature;
 use floodgate::region::RegionName;
-use floodgate::wire::{WireRegionClaim, WireRegionPart};
+use floodgate::wire::{
+    ErrorCode, Frame, FrameKind, RlqsRegionClaims, RlqsRegionParts, WireRegionClaim,
+    WireRegionPart, decode_rlqs_region_claims, decode_rlqs_region_parts, encode_message,
+};
 use metrics::counter;
 use parking_lot::Mutex;
+use tokio::sync::watch;
+use tokio::task::JoinSet;
 
 use super::regions::{RegionClaim, RegionShare, RegionSplits, SplitConfig, floor};
 use super::remote::{Stamped, key_of_wire, slot_key, wire_bucket};
@@ -245,4 +251,147 @@ impl Hub {
         let elsewhere = self.send(None, pushes);
         self.push_to_nodes(elsewhere);
     }
+}
+
+/// Every second until shutdown: the claims of this node's global buckets to their deciding
+/// owners (one message per owner, more for many buckets), their parts applied as they come.
+/// A round waits for its answers (at most the relay timeout) before the next starts.
+pub(super) async fn exchange_parts(
+    hub: Arc<Hub>,
+    max_frame_bytes: usize,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let Some(cluster) = hub.cluster.clone() else {
+        return;
+    };
+    let mut tick = tokio::time::interval(super::EXPIRE_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = shutdown.wait_for(|stopping| *stopping) => return,
+        }
+        let round = hub.claims();
+        if !round.here.is_empty() {
+            let parts = hub.decide(&cluster.me.region, round.here);
+            hub.take_parts(round.asked_ns, parts);
+        }
+        let mut sends = JoinSet::new();
+        for (owner, claims) in round.by_node {
+            let Some(addr) = cluster.addr_of(&owner) else {
+                counter!("floodgate_rlqs_region_failures_total").increment(claims.len() as u64);
+                continue;
+            };
+            for claims in in_messages(claims, max_frame_bytes / 2) {
+                counter!("floodgate_rlqs_region_claims_total", "direction" => "sent")
+                    .increment(claims.len() as u64);
+                let count = claims.len() as u64;
+                let message = RlqsRegionClaims {
+                    from: cluster.me.id.clone(),
+                    region: cluster.me.region.clone(),
+                    claims,
+                };
+                let mut frame = Vec::new();
+                encode_message(&mut frame, FrameKind::RlqsRegionClaims, 0, &message);
+                let (peers, addr, owner) = (cluster.peers.clone(), addr.clone(), owner.clone());
+                sends.spawn(async move {
+                    let answer = peers
+                        .request_within(
+                            super::relay::RELAY_TIMEOUT,
+                            &addr,
+                            &frame,
+                            max_frame_bytes + 64,
+                            FrameKind::RlqsRegionParts,
+                        )
+                        .await;
+                    (owner, count, answer)
+                });
+            }
+        }
+        while let Some(Ok((owner, count, answer))) = sends.join_next().await {
+            match answer.map(|frame| decode_rlqs_region_parts(&frame.payload)) {
+                Ok(Ok(parts)) if parts.from == owner => hub.take_parts(round.asked_ns, parts.parts),
+                Ok(Ok(_)) => {
+                    counter!("floodgate_rlqs_region_failures_total").increment(count);
+                    tracing::warn!(%owner, "RLQS region parts answered in another node's name");
+                }
+                Ok(Err((code, why))) => {
+                    counter!("floodgate_rlqs_region_failures_total").increment(count);
+                    tracing::warn!(%owner, %code, "RLQS region parts were refused: {why}");
+                }
+                Err(e) => {
+                    // The region keeps its part for the hold time, then its floor.
+                    counter!("floodgate_rlqs_region_failures_total").increment(count);
+                    tracing::debug!(%owner, error = %e, "RLQS region claims got no answer");
+                }
+            }
+        }
+    }
+}
+
+/// `claims` cut into messages of at most [`floodgate::wire::MAX_WIRE_RLQS_ITEMS`] claims and
+/// about `max_bytes` each (each claim counted as its strings plus 64 bytes).
+fn in_messages(claims: Vec<WireRegionClaim>, max_bytes: usize) -> Vec<Vec<WireRegionClaim>> {
+    let size = |c: &WireRegionClaim| {
+        64 + c.bucket.domain.len()
+            + c.bucket
+                .entries
+                .iter()
+                .map(|e| e.key.len() + e.value.len() + 16)
+                .sum::<usize>()
+    };
+    let mut messages: Vec<Vec<WireRegionClaim>> = Vec::new();
+    let mut bytes = 0;
+    for claim in claims {
+        let n = size(&claim);
+        match messages.last_mut() {
+            Some(last)
+                if last.len() < floodgate::wire::MAX_WIRE_RLQS_ITEMS && bytes + n <= max_bytes =>
+            {
+                bytes += n;
+                last.push(claim);
+            }
+            _ => {
+                bytes = n;
+                messages.push(vec![claim]);
+            }
+        }
+    }
+    messages
+}
+
+/// Kind 23: another region's claims for global buckets this node decides, answered with
+/// their parts (kind 24). A peer speaks only as itself, from the region the membership knows
+/// it in.
+pub(crate) fn answer_region_claims(
+    hub: &Hub,
+    me: &str,
+    certified: impl Fn(&str) -> bool,
+    region_of: impl Fn(&str) -> Option<String>,
+    frame: &Frame,
+    out: &mut Vec<u8>,
+) -> Option<ErrorCode> {
+    let (code, message) = match decode_rlqs_region_claims(&frame.payload) {
+        Ok(claims)
+            if certified(&claims.from)
+                && region_of(&claims.from).as_deref() == Some(claims.region.as_str()) =>
+        {
+            let parts = RlqsRegionParts {
+                from: me.to_owned(),
+                parts: hub.decide(&claims.region, claims.claims),
+            };
+            encode_message(out, FrameKind::RlqsRegionParts, frame.request_id, &parts);
+            return None;
+        }
+        Ok(claims) => (
+            ErrorCode::Forbidden,
+            format!(
+                "RLQS region claims from `{}` of region `{}`: the connection's certificate names                  another node, or the membership knows it in another region",
+                claims.from, claims.region
+            ),
+        ),
+        Err(refusal) => refusal,
+    };
+    crate::service::encode_error(out, frame.request_id, code, message);
+    Some(code)
 }
