@@ -21,8 +21,10 @@ pub const OLDEST: u8 = 2;
 /// changes no layout: a node takes region deltas from a member of its own region (passed on to
 /// the key's owner there); 6 adds two check flags, peek and charge (metered costs), and the
 /// `outcome_unknown` answer, with no layout change either; 7 adds two peer kinds, RLQS usage
-/// reports relayed to a bucket's owner and its assignments back (no layout change).
-pub const NEWEST: u8 = 7;
+/// reports relayed to a bucket's owner and its assignments back (no layout change); 10 adds two
+/// peer kinds, a region's claims for global RLQS buckets and its parts back (no layout change;
+/// 8 and 9 change nothing this build sends).
+pub const NEWEST: u8 = 10;
 /// What this build speaks.
 pub const SUPPORTED: VersionRange = VersionRange {
     min: OLDEST,
@@ -168,6 +170,10 @@ pub enum Feature {
     /// owner (kind 21) and takes the assignments it sends back (kind 22), where an older
     /// cluster's nodes each split a bucket's limit among their own Envoys.
     RlqsRelay,
+    /// A region's owner of a `scope: global` RLQS bucket asks the bucket's owner in the deciding
+    /// region for its region's part of the limit (kinds 23 and 24), where an older cluster's
+    /// regions each split the whole limit among their own Envoys.
+    RlqsGlobal,
 }
 
 impl Feature {
@@ -179,6 +185,7 @@ impl Feature {
             Feature::RegionPassOn => 5,
             Feature::MeteredCosts => 6,
             Feature::RlqsRelay => 7,
+            Feature::RlqsGlobal => 10,
         }
     }
 
@@ -284,7 +291,7 @@ mod tests {
     #[test]
     fn ranges_print_as_operators_read_them() {
         assert_eq!(range(2, 3).to_string(), "2-3");
-        assert_eq!(SUPPORTED.to_string(), "2-7");
+        assert_eq!(SUPPORTED.to_string(), "2-10");
         assert_eq!(range(2, 2).to_string(), "2");
     }
 }

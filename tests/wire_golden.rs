@@ -30,8 +30,10 @@ use floodgate::wire::{
     encode_slot_table,
 };
 use floodgate::wire::{
-    RLQS_DENY, RLQS_TOKEN_BUCKET, RlqsAssignmentBatch, RlqsReportBatch, WireRlqsAssignment,
-    WireRlqsBucket, WireRlqsEntry, WireRlqsReport, decode_rlqs_assignments, decode_rlqs_reports,
+    RLQS_DENY, RLQS_TOKEN_BUCKET, RlqsAssignmentBatch, RlqsRegionClaims, RlqsRegionParts,
+    RlqsReportBatch, WireRegionClaim, WireRegionPart, WireRlqsAssignment, WireRlqsBucket,
+    WireRlqsEntry, WireRlqsReport, decode_rlqs_assignments, decode_rlqs_region_claims,
+    decode_rlqs_region_parts, decode_rlqs_reports,
 };
 use floodgate::{Decision, Limit, NANOS_PER_SEC};
 
@@ -511,7 +513,7 @@ fn frames(version: u8) -> BTreeMap<String, String> {
             WireRlqsAssignment {
                 stream: 4,
                 seq: 13,
-                bucket,
+                bucket: bucket.clone(),
                 action: RLQS_DENY,
                 ..WireRlqsAssignment::default()
             },
@@ -519,6 +521,29 @@ fn frames(version: u8) -> BTreeMap<String, String> {
     };
     encode_message(&mut frame, FrameKind::RlqsAssignments, 13, &assignments);
     put(FrameKind::RlqsAssignments, frame);
+
+    let mut frame = Vec::new();
+    let claims = RlqsRegionClaims {
+        from: "node-1".into(),
+        region: "us".into(),
+        claims: vec![WireRegionClaim {
+            bucket: bucket.clone(),
+            requests: 600,
+            period_s: 60,
+            demand: 420,
+            claim: 300,
+        }],
+    };
+    encode_message(&mut frame, FrameKind::RlqsRegionClaims, 13, &claims);
+    put(FrameKind::RlqsRegionClaims, frame);
+
+    let mut frame = Vec::new();
+    let parts = RlqsRegionParts {
+        from: "node-0".into(),
+        parts: vec![WireRegionPart { bucket, part: 450 }],
+    };
+    encode_message(&mut frame, FrameKind::RlqsRegionParts, 13, &parts);
+    put(FrameKind::RlqsRegionParts, frame);
     out
 }
 
@@ -627,6 +652,8 @@ fn every_pinned_frame_of_every_version_decodes() {
                 FrameKind::TokenLeaseAnswers => decode_token_lease_answers(payload).is_ok(),
                 FrameKind::RlqsReports => decode_rlqs_reports(payload).is_ok(),
                 FrameKind::RlqsAssignments => decode_rlqs_assignments(payload).is_ok(),
+                FrameKind::RlqsRegionClaims => decode_rlqs_region_claims(payload).is_ok(),
+                FrameKind::RlqsRegionParts => decode_rlqs_region_parts(payload).is_ok(),
             };
             assert!(ok, "{name} of {file} does not decode");
             decoded += 1;

@@ -241,6 +241,10 @@ fn decode_by_kind(payload: &[u8], kind: FrameKind, version: u8) {
         }
         FrameKind::RlqsReports => outcome(&floodgate::wire::decode_rlqs_reports(payload)),
         FrameKind::RlqsAssignments => outcome(&floodgate::wire::decode_rlqs_assignments(payload)),
+        FrameKind::RlqsRegionClaims => {
+            outcome(&floodgate::wire::decode_rlqs_region_claims(payload))
+        }
+        FrameKind::RlqsRegionParts => outcome(&floodgate::wire::decode_rlqs_region_parts(payload)),
     };
 }
 
@@ -1090,7 +1094,7 @@ pub fn region_messages(data: &[u8]) -> Outcome {
         return Outcome::Refused;
     };
     let payload = aligned(rest);
-    match which % 3 {
+    match which % 5 {
         0 => {
             let Ok((groups, scopes)) = decode_scoped_check_batch(&payload, &CHECK_TARGET_LIMITS)
             else {
@@ -1111,13 +1115,31 @@ pub fn region_messages(data: &[u8]) -> Outcome {
             }
             Outcome::Accepted
         }
-        _ => {
+        2 => {
             let decoded = decode_region_ack(BASE_LAYOUT, &payload);
             let Ok(ack) = &decoded else {
                 return Outcome::Refused;
             };
             let again = reframe(FrameKind::RegionAck, &RegionAckMessage::from(ack));
             assert_eq!(decode_region_ack(BASE_LAYOUT, &again), decoded);
+            Outcome::Accepted
+        }
+        3 => {
+            let decoded = floodgate::wire::decode_rlqs_region_claims(&payload);
+            let Ok(claims) = &decoded else {
+                return Outcome::Refused;
+            };
+            let again = reframe(FrameKind::RlqsRegionClaims, claims);
+            assert_eq!(floodgate::wire::decode_rlqs_region_claims(&again), decoded);
+            Outcome::Accepted
+        }
+        _ => {
+            let decoded = floodgate::wire::decode_rlqs_region_parts(&payload);
+            let Ok(parts) = &decoded else {
+                return Outcome::Refused;
+            };
+            let again = reframe(FrameKind::RlqsRegionParts, parts);
+            assert_eq!(floodgate::wire::decode_rlqs_region_parts(&again), decoded);
             Outcome::Accepted
         }
     }

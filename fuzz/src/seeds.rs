@@ -68,7 +68,10 @@ pub fn all() -> Vec<Seed> {
 fn region_seeds() -> Vec<Seed> {
     use Outcome::{Accepted, Refused};
     use floodgate::region::{RegionName, Scope};
-    use floodgate::wire::{RegionAckMessage, RegionDeltasMessage, ScopedCheckBatch, WireDelta};
+    use floodgate::wire::{
+        RegionAckMessage, RegionDeltasMessage, RlqsRegionClaims, RlqsRegionParts, ScopedCheckBatch,
+        WireDelta, WireRegionClaim, WireRegionPart, WireRlqsBucket, WireRlqsEntry,
+    };
     let tagged = |which: u8, payload: Vec<u8>| [&[which][..], &payload].concat();
     let gcra = limit(Algorithm::Gcra, 10, S, 10);
     let batch = CheckBatch {
@@ -111,6 +114,32 @@ fn region_seeds() -> Vec<Seed> {
         seq: 0,
         ..deltas.clone()
     };
+    let bucket = WireRlqsBucket {
+        domain: "edge".to_owned(),
+        entries: vec![WireRlqsEntry {
+            key: "name".to_owned(),
+            value: "shared".to_owned(),
+        }],
+    };
+    let claims = RlqsRegionClaims {
+        from: "node-1".to_owned(),
+        region: "us".to_owned(),
+        claims: vec![WireRegionClaim {
+            bucket: bucket.clone(),
+            requests: 600,
+            period_s: 60,
+            demand: 420,
+            claim: 300,
+        }],
+    };
+    let parts = RlqsRegionParts {
+        from: "node-0".to_owned(),
+        parts: vec![WireRegionPart { bucket, part: 450 }],
+    };
+    let bad_region = RlqsRegionClaims {
+        region: "us east".to_owned(),
+        ..claims.clone()
+    };
     vec![
         seed(
             "region_messages",
@@ -143,6 +172,27 @@ fn region_seeds() -> Vec<Seed> {
             Refused,
         ),
         seed("region_messages", "empty", Vec::new(), Refused),
+        seed(
+            "region_messages",
+            "rlqs-claims",
+            tagged(3, reframe(FrameKind::RlqsRegionClaims, &claims).to_vec()),
+            Accepted,
+        ),
+        seed(
+            "region_messages",
+            "rlqs-parts",
+            tagged(4, reframe(FrameKind::RlqsRegionParts, &parts).to_vec()),
+            Accepted,
+        ),
+        seed(
+            "region_messages",
+            "rlqs-claims-bad-region",
+            tagged(
+                3,
+                reframe(FrameKind::RlqsRegionClaims, &bad_region).to_vec(),
+            ),
+            Refused,
+        ),
     ]
 }
 

@@ -30,6 +30,9 @@ pub struct NodeConfig {
     pub rls: Option<RlsSettings>,
     /// `--rlqs-listen`: Envoy's rate limit quota service, on `rls`'s configuration; `None`: off.
     pub rlqs: Option<RlqsSettings>,
+    /// `--rlqs-global-domain`: the RLQS domains whose buckets' limits are shared across regions
+    /// (with or without `--rlqs-listen`: a bucket's owner needs them).
+    pub rlqs_global_domains: std::collections::BTreeSet<String>,
     /// `--resp-listen`: the Redis protocol front (`CL.THROTTLE`); `None`: off.
     pub resp: Option<RespSettings>,
     /// TEST ONLY (`--test-only-clock-skew-ms`): how far this node's clock reads ahead of the
@@ -235,6 +238,7 @@ impl NodeConfig {
             state_dir: None,
             rls: None,
             rlqs: None,
+            rlqs_global_domains: Default::default(),
             resp: None,
             test_only_clock_skew_ns: 0,
         }
@@ -340,6 +344,8 @@ pub struct RlqsSettings {
     pub tls: bool,
     /// With `tls`: require a client certificate signed by the node's client CA.
     pub client_auth: bool,
+    /// The domains whose buckets' limits are split among regions (`scope: global`).
+    pub global_domains: std::collections::BTreeSet<String>,
 }
 
 impl RlqsSettings {
@@ -355,6 +361,7 @@ impl RlqsSettings {
             max_bucket_id_bytes: 1_024,
             tls: false,
             client_auth: false,
+            global_domains: Default::default(),
         }
     }
 

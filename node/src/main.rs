@@ -193,6 +193,12 @@ struct Flags {
     /// Envoy forgets it, its share returns to the others); 0: never.
     #[arg(long, value_name = "N", default_value_t = 120)]
     rlqs_idle_reports: u32,
+    /// Share the limits of this RLQS domain's buckets across regions (`scope: global`): each
+    /// region's Envoys get a part of the limit, by demand, instead of the whole. Repeat for
+    /// more domains; give every node of every region the same list (an owner needs it whether
+    /// or not it serves --rlqs-listen).
+    #[arg(long, value_name = "DOMAIN")]
+    rlqs_global_domain: Vec<String>,
     /// Serve the Redis protocol (RESP2, RESP3 after HELLO 3) on ADDR: redis-cell's
     /// `CL.THROTTLE key max_burst count period [quantity]` for any Redis client, decided by
     /// each key's owner in the cluster.
@@ -406,6 +412,7 @@ fn config_from(flags: &Flags, addresses: Addresses) -> anyhow::Result<NodeConfig
         state_dir: flags.state_dir.clone(),
         rls,
         rlqs,
+        rlqs_global_domains: rlqs_global_domains(flags)?,
         resp: resp_settings(flags)?,
         test_only_clock_skew_ns: flags.clock_skew_ms() * 1_000_000,
     })
@@ -475,6 +482,18 @@ fn cluster_config(
         takeover_forward_timeout: flags.takeover_forward_timeout,
         allow_alone: flags.allow_alone,
     })
+}
+
+/// `--rlqs-global-domain`: each a domain name as RLQS streams carry them (1 to 256 bytes).
+fn rlqs_global_domains(flags: &Flags) -> anyhow::Result<std::collections::BTreeSet<String>> {
+    for domain in &flags.rlqs_global_domain {
+        anyhow::ensure!(
+            (1..=256).contains(&domain.len()),
+            "--rlqs-global-domain needs a domain of 1 to 256 bytes, not {} bytes",
+            domain.len()
+        );
+    }
+    Ok(flags.rlqs_global_domain.iter().cloned().collect())
 }
 
 /// `--rlqs-*`: RLQS needs the RLS configuration (its limits), and its TLS flags need it on.
@@ -716,6 +735,22 @@ mod tests {
                 .unwrap_err()
                 .contains("needs --rlqs-tls")
         );
+        let domains = |args: &[&str]| {
+            let flags = Flags::try_parse_from(["floodgate-node"].iter().chain(args)).unwrap();
+            rlqs_global_domains(&flags).map_err(|e| e.to_string())
+        };
+        assert!(
+            domains(&["--rlqs-global-domain", ""])
+                .unwrap_err()
+                .contains("--rlqs-global-domain")
+        );
+        let two = [
+            "--rlqs-global-domain",
+            "edge",
+            "--rlqs-global-domain",
+            "api",
+        ];
+        assert_eq!(domains(&two).unwrap().len(), 2);
         let good = settings(&listen, true).unwrap().unwrap();
         assert_eq!(
             (good.assignment_ttl_s, good.idle_reports_before_abandon),

@@ -393,3 +393,60 @@ async fn junk_relay_messages_from_a_peer_are_refused_in_words() {
     assert_eq!(envoy.next_after(0).await, LIMIT as u32 - 1);
     node.node.shutdown().await;
 }
+
+/// A relayed report is taken only by the bucket's owner by the receiver's own table: one for a
+/// bucket another member owns is left out of the answer (the sender then tries that owner),
+/// where two owners would each split the whole limit.
+#[tokio::test]
+async fn a_relay_for_a_bucket_another_member_owns_is_left_out_of_the_answer() {
+    use floodgate::wire::{
+        FrameKind, FrameReader, RlqsReportBatch, WireRlqsBucket, WireRlqsEntry, WireRlqsReport,
+        decode_rlqs_assignments, encode_message,
+    };
+    let (_dir, file) = config_file();
+    let (nodes, first) = cluster_with(2, with_rlqs(&file)).await;
+    let other = nodes[0].node_id().to_owned();
+    let mine = user_owned_by(&first.node, first.node.node_id());
+    let theirs = user_owned_by(&first.node, &other);
+    let connection = connect(first.node.local_addr(), peer_config(&first.certs)).await;
+    let report = |stream: u64, name: &str| WireRlqsReport {
+        stream,
+        bucket: WireRlqsBucket {
+            domain: "edge".into(),
+            entries: vec![WireRlqsEntry {
+                key: "user".into(),
+                value: name.into(),
+            }],
+        },
+        requests: LIMIT,
+        period_s: 60,
+        allowed: 1,
+        ..WireRlqsReport::default()
+    };
+    // From the other member (the development certificate names every loopback id).
+    let batch = RlqsReportBatch {
+        from: other.clone(),
+        reports: vec![report(1, &mine), report(2, &theirs)],
+        closed: vec![],
+    };
+    let mut frame = Vec::new();
+    encode_message(&mut frame, FrameKind::RlqsReports, 9, &batch);
+    let answer = floodgate_node::exchange::round_trip(&connection, &frame, 1 << 20)
+        .await
+        .unwrap();
+    let mut reader = FrameReader::new(1 << 20);
+    reader.extend(&answer);
+    let frame = reader.next_frame().unwrap().unwrap();
+    assert_eq!(frame.kind, FrameKind::RlqsAssignments);
+    let assignments = decode_rlqs_assignments(&frame.payload).unwrap().assignments;
+    let streams: Vec<u64> = assignments.iter().map(|a| a.stream).collect();
+    assert_eq!(
+        streams,
+        vec![1],
+        "only the bucket this node owns is answered"
+    );
+    for node in nodes {
+        node.shutdown().await;
+    }
+    first.node.shutdown().await;
+}

@@ -24,6 +24,7 @@ mod packing;
 mod policy_messages;
 mod region_messages;
 mod rlqs_messages;
+mod rlqs_region_messages;
 mod token_lease_messages;
 
 pub use check_batch::{
@@ -70,6 +71,10 @@ pub use rlqs_messages::{
     MAX_WIRE_RLQS_BUCKET_BYTES, MAX_WIRE_RLQS_ENTRIES, MAX_WIRE_RLQS_ITEMS, RLQS_ABANDON,
     RLQS_DENY, RLQS_TOKEN_BUCKET, RlqsAssignmentBatch, RlqsReportBatch, WireRlqsAssignment,
     WireRlqsBucket, WireRlqsEntry, WireRlqsReport, decode_rlqs_assignments, decode_rlqs_reports,
+};
+pub use rlqs_region_messages::{
+    RlqsRegionClaims, RlqsRegionParts, WireRegionClaim, WireRegionPart, decode_rlqs_region_claims,
+    decode_rlqs_region_parts,
 };
 pub use token_lease_messages::{
     ArchivedTokenLeaseBatch, TokenLeaseAnswer, TokenLeaseAnswers, TokenLeaseBatch,
@@ -167,6 +172,13 @@ pub enum FrameKind {
     /// for the receiver's Envoys: the answer to a kind 21, or sent one-way when another
     /// Envoy's report moved their shares.
     RlqsAssignments = 22,
+    /// Node → node, from version 10: [`RlqsRegionClaims`], a region owner's demand and claim
+    /// for `scope: global` RLQS buckets the receiver decides the split of; answered with a
+    /// kind 24. Sent only once every member speaks 10.
+    RlqsRegionClaims = 23,
+    /// Node → node, from version 10: [`RlqsRegionParts`], each claimed bucket's part of its
+    /// limit for the asking region: the answer to a kind 23.
+    RlqsRegionParts = 24,
 }
 
 impl FrameKind {
@@ -194,6 +206,8 @@ impl FrameKind {
             20 => Some(FrameKind::ForwardedScopedCheckBatch),
             21 => Some(FrameKind::RlqsReports),
             22 => Some(FrameKind::RlqsAssignments),
+            23 => Some(FrameKind::RlqsRegionClaims),
+            24 => Some(FrameKind::RlqsRegionParts),
             _ => None,
         }
     }
@@ -232,7 +246,9 @@ impl FrameKind {
             | FrameKind::LeaseSync
             | FrameKind::ForwardedScopedCheckBatch
             | FrameKind::RlqsReports
-            | FrameKind::RlqsAssignments => true,
+            | FrameKind::RlqsAssignments
+            | FrameKind::RlqsRegionClaims
+            | FrameKind::RlqsRegionParts => true,
             FrameKind::CheckBatch
             | FrameKind::DecisionBatch
             | FrameKind::Error

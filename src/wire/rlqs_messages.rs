@@ -92,18 +92,18 @@ pub struct RlqsAssignmentBatch {
     pub assignments: Vec<WireRlqsAssignment>,
 }
 
-fn too_many(what: &str, n: usize) -> Refusal {
+pub(super) fn too_many(what: &str, n: usize) -> Refusal {
     (
         ErrorCode::BatchTooLarge,
         format!("{n} {what} in one RLQS relay message; the most is {MAX_WIRE_RLQS_ITEMS}"),
     )
 }
 
-fn malformed(message: String) -> Refusal {
+pub(super) fn malformed(message: String) -> Refusal {
     (ErrorCode::MalformedPayload, message)
 }
 
-fn check_from(from: &str) -> Result<(), Refusal> {
+pub(super) fn check_from(from: &str) -> Result<(), Refusal> {
     if from.is_empty() || from.len() > MAX_WIRE_NODE_ID_BYTES {
         return Err(malformed(format!(
             "an RLQS relay message's sender id has {} bytes (1 to {MAX_WIRE_NODE_ID_BYTES})",
@@ -113,7 +113,7 @@ fn check_from(from: &str) -> Result<(), Refusal> {
     Ok(())
 }
 
-fn check_bucket(i: usize, bucket: &WireRlqsBucket) -> Result<(), Refusal> {
+pub(super) fn check_bucket(i: usize, bucket: &WireRlqsBucket) -> Result<(), Refusal> {
     let bytes: usize = bucket
         .entries
         .iter()
@@ -143,7 +143,7 @@ fn check_bucket(i: usize, bucket: &WireRlqsBucket) -> Result<(), Refusal> {
     Ok(())
 }
 
-fn check_period(i: usize, period_s: u64) -> Result<(), Refusal> {
+pub(super) fn check_period(i: usize, period_s: u64) -> Result<(), Refusal> {
     if period_s == 0 || period_s > MAX_WIRE_RLQS_PERIOD_S {
         return Err(malformed(format!(
             "RLQS item {i}: a period of {period_s} s (1 to {MAX_WIRE_RLQS_PERIOD_S})"

@@ -49,6 +49,11 @@ impl RegionRings {
         self.regions
     }
 
+    /// The other regions' names.
+    pub(crate) fn names(&self) -> impl Iterator<Item = &RegionName> {
+        self.tables.keys()
+    }
+
     /// The owner of `slot` in every other region that has one.
     pub(crate) fn owners_elsewhere(&self, slot: u16) -> Vec<Peer> {
         self.tables

@@ -15,10 +15,15 @@
 //! - `service`: the gRPC stream around it, the pushes to other streams, metrics.
 //! - `relay`: the accepting node's queue of reports for other owners, and its sender.
 //! - `remote`: the owner's numbering of other nodes' Envoys, and the relay messages.
+//! - `regions`: how a `scope: global` bucket's limit is split among regions, pure.
+//! - `global`: the node's side of it: each region's part, the claims to the deciding owner
+//!   (kind 23) and its parts back (kind 24).
 //!
 //! The listener itself is started by the server (`server/rlqs_listener.rs`), which also owns
 //! the RLS front whose TLS and accept loop it shares: this module reads no node state.
 
+mod global;
+pub mod regions;
 mod relay;
 mod remote;
 mod service;
@@ -31,27 +36,35 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 
 use floodgate::wire::{
-    ErrorCode, Frame, FrameKind, decode_rlqs_assignments, decode_rlqs_reports, encode_message,
+    ErrorCode, Frame, FrameKind, RlqsReportBatch, WireRlqsReport, decode_rlqs_assignments,
+    decode_rlqs_reports, encode_message,
 };
 use metrics::counter;
 
 pub use crate::config::RlqsSettings;
+pub(crate) use global::answer_region_claims;
 pub(crate) use service::{Hub, RlqsService};
 
 /// How often expired shares are dropped (they are also dropped on their bucket's next report).
 const EXPIRE_EVERY: Duration = Duration::from_secs(1);
 
 /// The node's RLQS upkeep, with or without `--rlqs-listen` (a node may own buckets other
-/// nodes' Envoys report): expired shares dropped every second, and reports for other owners
-/// relayed as they come.
+/// nodes' Envoys report): expired shares dropped every second, reports for other owners
+/// relayed as they come, and global buckets' parts asked for every second.
 pub(crate) async fn upkeep(hub: Arc<Hub>, max_frame_bytes: usize, shutdown: watch::Receiver<bool>) {
     let relay = tokio::spawn(relay_reports(
         hub.clone(),
         max_frame_bytes,
         shutdown.clone(),
     ));
+    let regions = tokio::spawn(global::exchange_parts(
+        hub.clone(),
+        max_frame_bytes,
+        shutdown.clone(),
+    ));
     expire_every_second(hub, shutdown).await;
     relay.abort();
+    regions.abort();
 }
 
 /// Drops expired shares every [`EXPIRE_EVERY`] until shutdown.
@@ -126,6 +139,9 @@ pub fn bucket_slot(domain: &str, entries: &[(&str, &str)]) -> u16 {
 
 /// Sends what is queued for other owners whenever something is, until shutdown: one message per
 /// owner (more for a large queue), all owners at once, each answer's assignments to the streams.
+/// Reports no owner took are tried once more, each to its bucket's owner by the table then (the
+/// owner may have moved, to this node too); past that they are lost (counted), and their Envoys
+/// keep their assignments until their next reports.
 async fn relay_reports(hub: Arc<Hub>, max_frame_bytes: usize, mut shutdown: watch::Receiver<bool>) {
     let Some(cluster) = hub.cluster.clone() else {
         return;
@@ -136,47 +152,71 @@ async fn relay_reports(hub: Arc<Hub>, max_frame_bytes: usize, mut shutdown: watc
             _ = shutdown.wait_for(|stopping| *stopping) => return,
         }
         let batches = hub.relay.take(&cluster.me.id, max_frame_bytes / 2);
-        let mut sends = JoinSet::new();
-        for (owner, batch) in batches {
-            let reports = batch.reports.len() as u64;
-            let Some(addr) = cluster.addr_of(&owner) else {
-                counter!("floodgate_rlqs_relay_failures_total").increment(reports);
-                continue;
-            };
-            let mut frame = Vec::new();
-            encode_message(&mut frame, FrameKind::RlqsReports, 0, &batch);
-            counter!("floodgate_rlqs_relayed_reports_total", "direction" => "sent")
-                .increment(reports);
-            let peers = cluster.peers.clone();
-            sends.spawn(async move {
-                let answer = peers
-                    .request_within(
-                        relay::RELAY_TIMEOUT,
-                        &addr,
-                        &frame,
-                        max_frame_bytes + 64,
-                        FrameKind::RlqsAssignments,
-                    )
-                    .await;
-                (owner, reports, answer)
-            });
+        let unanswered = relay_round(&hub, &cluster, batches, max_frame_bytes).await;
+        if unanswered.is_empty() {
+            continue;
         }
-        while let Some(Ok((owner, reports, answer))) = sends.join_next().await {
-            match answer.map(|frame| decode_rlqs_assignments(&frame.payload)) {
-                Ok(Ok(batch)) => {
-                    counter!("floodgate_rlqs_relayed_assignments_total", "way" => "answered")
-                        .increment(batch.assignments.len() as u64);
-                    hub.deliver(&owner, batch.assignments);
-                }
-                Ok(Err((code, why))) => {
-                    counter!("floodgate_rlqs_relay_failures_total").increment(reports);
-                    tracing::warn!(%owner, %code, "an RLQS relay's answer was refused: {why}");
-                }
-                Err(e) => {
-                    counter!("floodgate_rlqs_relay_failures_total").increment(reports);
-                    tracing::debug!(%owner, error = %e, "an RLQS relay got no answer");
-                }
+        counter!("floodgate_rlqs_relay_retries_total").increment(unanswered.len() as u64);
+        let again = hub.reroute(unanswered, max_frame_bytes / 2);
+        let lost = relay_round(&hub, &cluster, again, max_frame_bytes).await;
+        counter!("floodgate_rlqs_relay_failures_total").increment(lost.len() as u64);
+    }
+}
+
+/// Sends each batch to its owner, all at once, and each answer's assignments to the streams;
+/// returns the reports no owner took (owner unknown, silent for the relay timeout, its answer
+/// refused, or left out of its answer).
+async fn relay_round(
+    hub: &Hub,
+    cluster: &Arc<crate::cluster::Cluster>,
+    batches: Vec<(String, RlqsReportBatch)>,
+    max_frame_bytes: usize,
+) -> Vec<WireRlqsReport> {
+    let mut unanswered = Vec::new();
+    let mut sends = JoinSet::new();
+    for (owner, batch) in batches {
+        let Some(addr) = cluster.addr_of(&owner) else {
+            unanswered.extend(batch.reports);
+            continue;
+        };
+        let mut frame = Vec::new();
+        encode_message(&mut frame, FrameKind::RlqsReports, 0, &batch);
+        counter!("floodgate_rlqs_relayed_reports_total", "direction" => "sent")
+            .increment(batch.reports.len() as u64);
+        let peers = cluster.peers.clone();
+        sends.spawn(async move {
+            let answer = peers
+                .request_within(
+                    relay::RELAY_TIMEOUT,
+                    &addr,
+                    &frame,
+                    max_frame_bytes + 64,
+                    FrameKind::RlqsAssignments,
+                )
+                .await;
+            (owner, batch.reports, answer)
+        });
+    }
+    while let Some(joined) = sends.join_next().await {
+        let Ok((owner, reports, answer)) = joined else {
+            continue;
+        };
+        match answer.map(|frame| decode_rlqs_assignments(&frame.payload)) {
+            Ok(Ok(batch)) => {
+                counter!("floodgate_rlqs_relayed_assignments_total", "way" => "answered")
+                    .increment(batch.assignments.len() as u64);
+                unanswered.extend(relay::unanswered(reports, &batch.assignments));
+                hub.deliver(&owner, batch.assignments);
+            }
+            Ok(Err((code, why))) => {
+                tracing::warn!(%owner, %code, "an RLQS relay's answer was refused: {why}");
+                unanswered.extend(reports);
+            }
+            Err(e) => {
+                tracing::debug!(%owner, error = %e, "an RLQS relay got no answer");
+                unanswered.extend(reports);
             }
         }
     }
+    unanswered
 }

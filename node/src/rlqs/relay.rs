@@ -4,10 +4,12 @@
 //! bytes; past it a report is dropped (counted): its Envoy keeps its assignment until the next
 //! report renews it or it expires.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::time::Duration;
 
-use floodgate::wire::{MAX_WIRE_RLQS_ITEMS, RlqsReportBatch, WireRlqsReport};
+use floodgate::wire::{
+    MAX_WIRE_RLQS_ITEMS, RlqsReportBatch, WireRlqsAssignment, WireRlqsBucket, WireRlqsReport,
+};
 use parking_lot::Mutex;
 use tokio::sync::Notify;
 
@@ -85,6 +87,15 @@ impl Relay {
         dropped
     }
 
+    /// `stream`'s reports went to `owner` too (a retry): it is told when the stream closes.
+    pub(crate) fn remember(&self, stream: StreamId, owner: &str) {
+        let mut pending = self.pending.lock();
+        let owners = pending.relayed_to.entry(stream).or_default();
+        if !owners.contains(owner) {
+            owners.insert(owner.to_owned());
+        }
+    }
+
     /// `stream` closed: every owner its reports went to is told with the next batch.
     pub(crate) fn close(&self, stream: StreamId) {
         let mut pending = self.pending.lock();
@@ -149,6 +160,19 @@ impl Relay {
     }
 }
 
+/// The reports of `sent` the owner's answer has no assignment for: it did not take them (by its
+/// table another node owns their bucket).
+pub(crate) fn unanswered(
+    sent: Vec<WireRlqsReport>,
+    answered: &[WireRlqsAssignment],
+) -> Vec<WireRlqsReport> {
+    let got: HashSet<(u64, &WireRlqsBucket)> =
+        answered.iter().map(|a| (a.stream, &a.bucket)).collect();
+    sent.into_iter()
+        .filter(|r| !got.contains(&(r.stream, &r.bucket)))
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -189,6 +213,21 @@ mod tests {
         let to_2 = batches.iter().find(|(o, _)| o == "node-2").unwrap();
         assert_eq!((to_2.1.reports.len(), to_2.1.closed.clone()), (1, vec![2]));
         assert!(relay.take("node-0", 1 << 20).is_empty(), "all taken");
+    }
+
+    #[test]
+    fn reports_an_answer_leaves_out_are_the_unanswered_ones() {
+        let sent = vec![report(1, "a"), report(2, "a"), report(1, "b")];
+        let answered = vec![WireRlqsAssignment {
+            stream: 1,
+            bucket: report(1, "a").bucket,
+            ..WireRlqsAssignment::default()
+        }];
+        let left: Vec<(u64, String)> = unanswered(sent, &answered)
+            .into_iter()
+            .map(|r| (r.stream, r.bucket.entries[0].value.clone()))
+            .collect();
+        assert_eq!(left, vec![(2, "a".to_owned()), (1, "b".to_owned())]);
     }
 
     #[test]

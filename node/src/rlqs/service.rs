@@ -26,6 +26,7 @@ use floodgate::protocol::Feature;
 use floodgate::rls::RlsConfig;
 use floodgate::wire::{
     RLQS_ABANDON, RLQS_DENY, RLQS_TOKEN_BUCKET, RlqsReportBatch, WireRlqsAssignment,
+    WireRlqsReport,
 };
 use metrics::{counter, gauge, histogram};
 use parking_lot::Mutex;
@@ -33,6 +34,7 @@ use tokio::sync::mpsc;
 use tonic::codegen::tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
+use super::global::Global;
 use super::relay::Relay;
 use super::remote::{Remotes, Stamped};
 use super::shares::{Assignment, BucketKey, Limit, Push, Shares, SharesConfig, StreamId, Usage};
@@ -72,7 +74,7 @@ struct Held {
 pub(crate) struct Hub {
     config: OnceLock<ConfigSource>,
     pub(super) settings: RlqsSettings,
-    shares: Mutex<Shares>,
+    pub(super) shares: Mutex<Shares>,
     streams: Mutex<HashMap<StreamId, LocalStream>>,
     next_stream: AtomicU64,
     /// Rebalances made here, counted under the allocator's lock: their order. Counted from
@@ -85,6 +87,8 @@ pub(crate) struct Hub {
     pub(super) cluster: Option<Arc<Cluster>>,
     pub(super) remotes: Mutex<Remotes>,
     pub(super) relay: Relay,
+    /// `scope: global` buckets: this region's parts, and the splits this node decides.
+    pub(super) global: Global,
 }
 
 impl Hub {
@@ -96,7 +100,13 @@ impl Hub {
             max_buckets_per_stream: settings.max_buckets_per_stream,
             max_buckets: settings.max_buckets,
         });
+        let ttl_ns = u64::from(settings.assignment_ttl_s) * NANOS_PER_SEC;
         Hub {
+            global: Global::new(
+                settings.global_domains.clone(),
+                ttl_ns,
+                settings.max_buckets,
+            ),
             config: OnceLock::new(),
             remotes: Mutex::new(Remotes::new(settings.max_buckets)),
             settings,
@@ -123,7 +133,12 @@ impl Hub {
         u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX)
     }
 
-    fn ttl_ns(&self) -> u64 {
+    /// The next rebalance number.
+    pub(super) fn next_seq(&self) -> u64 {
+        self.seq.fetch_add(1, Ordering::Relaxed)
+    }
+
+    pub(super) fn ttl_ns(&self) -> u64 {
         u64::from(self.settings.assignment_ttl_s) * NANOS_PER_SEC
     }
 
@@ -201,6 +216,8 @@ impl Hub {
         limit: Limit,
         used: Usage,
     ) -> Result<Vec<Stamped>, super::shares::Refused> {
+        // A global bucket's Envoys split this region's part.
+        let limit = self.regional_limit(now_ns, key, limit);
         let mut shares = self.shares.lock();
         let pushes = shares.report(now_ns, stream, key, limit, used)?;
         let seq = self.seq.fetch_add(1, Ordering::Relaxed);
@@ -339,6 +356,12 @@ impl Hub {
         }
         for report in batch.reports {
             let key = super::remote::key_of_wire(&report.bucket);
+            if self.owner_elsewhere(&key).is_some() {
+                // Another node owns it by this node's table: left out of the answer, so the
+                // sender tries that owner (two owners would each split the whole limit).
+                counter!("floodgate_rlqs_ignored_total", "reason" => "not_owner").increment(1);
+                continue;
+            }
             let interned = self.remotes.lock().intern(from, report.stream, || {
                 self.next_stream.fetch_add(1, Ordering::Relaxed)
             });
@@ -379,6 +402,54 @@ impl Hub {
         }
         self.push_to_nodes(elsewhere);
         answer
+    }
+
+    /// Reports a relay left unanswered, placed again by the table now: those of buckets this
+    /// node owns now are taken here, the others batched for their owners (remembered, so a
+    /// close reaches them too).
+    pub(crate) fn reroute(
+        &self,
+        reports: Vec<WireRlqsReport>,
+        max_bytes: usize,
+    ) -> Vec<(String, RlqsReportBatch)> {
+        let Some(cluster) = &self.cluster else {
+            return Vec::new();
+        };
+        let again = Relay::default();
+        let now = self.now_ns();
+        let mut pushes = Vec::new();
+        for report in reports {
+            let key = super::remote::key_of_wire(&report.bucket);
+            if let Some(owner) = self.owner_elsewhere(&key) {
+                self.relay.remember(report.stream, &owner);
+                again.enqueue(report.stream, vec![(owner, report)]);
+                continue;
+            }
+            if !self.streams.lock().contains_key(&report.stream) {
+                continue;
+            }
+            let limit = Limit {
+                requests: report.requests,
+                period_s: report.period_s,
+            };
+            let used = Usage {
+                allowed: report.allowed,
+                denied: report.denied,
+                elapsed_ns: report.elapsed_ns,
+                held: report.held_tokens,
+            };
+            match self.report(now, report.stream, &key, limit, used) {
+                Ok(more) => pushes.extend(more),
+                Err(refused) => {
+                    counter!("floodgate_rlqs_ignored_total", "reason" => refused.reason())
+                        .increment(1);
+                    pushes.push(self.deny(report.stream, key));
+                }
+            }
+        }
+        let elsewhere = self.send(None, pushes);
+        self.push_to_nodes(elsewhere);
+        again.take(&cluster.me.id, max_bytes)
     }
 
     /// Assignments for this node's streams from their buckets' owner `from`.
@@ -451,7 +522,7 @@ impl Hub {
 
     /// Sends the pushes of this node's streams (and `reporter`'s allow-alls); returns the
     /// others by the node their Envoy streams to.
-    fn send(
+    pub(super) fn send(
         &self,
         reporter: Option<(StreamId, Vec<BucketId>)>,
         pushes: Vec<Stamped>,

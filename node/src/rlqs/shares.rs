@@ -290,6 +290,30 @@ impl Shares {
         })
     }
 
+    /// The sum of `bucket`'s open Envoys' demand, requests per period.
+    pub fn demand(&self, bucket: &BucketKey) -> u64 {
+        self.buckets.get(bucket).map_or(0, |b| {
+            b.participants
+                .values()
+                .filter(|p| p.open)
+                .fold(0, |sum, p| sum.saturating_add(p.demand))
+        })
+    }
+
+    /// `bucket`'s limit changed outside a report (its region's part of a global limit): the
+    /// shares are rebalanced at once, so a shrink reaches the Envoys now, not at their next
+    /// reports.
+    pub fn set_limit(&mut self, now_ns: u64, bucket: &BucketKey, limit: Limit) -> Vec<Push> {
+        let Some(state) = self.buckets.get_mut(bucket) else {
+            return Vec::new();
+        };
+        if state.limit == limit {
+            return Vec::new();
+        }
+        state.limit = limit;
+        self.rebalance(now_ns, bucket, None)
+    }
+
     fn admit(&mut self, stream: StreamId, bucket: &BucketKey, limit: Limit) -> Result<(), Refused> {
         let c = self.config;
         let stream_buckets = self.per_stream.get(&stream).map_or(0, HashSet::len);

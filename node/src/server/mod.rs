@@ -118,9 +118,10 @@ impl Node {
             metrics.connections.clone(),
             metrics.peer_connections.clone(),
         ));
-        let rlqs_settings = config.rlqs.clone().unwrap_or_else(|| {
+        let mut rlqs_settings = config.rlqs.clone().unwrap_or_else(|| {
             crate::rlqs::RlqsSettings::new(SocketAddr::from(([127, 0, 0, 1], 0)))
         });
+        rlqs_settings.global_domains = config.rlqs_global_domains.clone();
         let rlqs = Arc::new(crate::rlqs::Hub::new(rlqs_settings, Some(cluster.clone())));
         let shared = Arc::new(Shared {
             rlqs,

@@ -141,6 +141,22 @@ pub(super) async fn answer_available(
                     shared.metrics.frame_error(code);
                 }
             }
+            Ok(Some(frame)) if frame.kind == FrameKind::RlqsRegionClaims => {
+                frames += 1;
+                let certified = |id: &str| remote.certified_as(shared, id);
+                let region_of = |id: &str| shared.cluster.region_of(id);
+                let me = shared.cluster.me.id.as_str();
+                if let Some(code) = crate::rlqs::answer_region_claims(
+                    &shared.rlqs,
+                    me,
+                    certified,
+                    region_of,
+                    &frame,
+                    out,
+                ) {
+                    shared.metrics.frame_error(code);
+                }
+            }
             Ok(Some(frame)) => {
                 frames += 1;
                 let caller = remote.caller(shared);
