@@ -338,19 +338,19 @@ async fn lone_envoy_beside_a_silent_region(
     (first, a.tokens(), node)
 }
 
-/// A member below version 10 anywhere: each region splits the whole limit (logged once and
-/// counted); with every member on 10, a lone region starts at its floor and grows to what the
+/// A member below version 8 anywhere: each region splits the whole limit (logged once and
+/// counted); with every member on 8, a lone region starts at its floor and grows to what the
 /// silent region does not hold (its floor stays reserved for it).
 #[tokio::test]
-async fn a_member_below_version_10_keeps_each_regions_whole_limit() {
+async fn a_member_below_version_8_keeps_each_regions_whole_limit() {
     let (_dir, file) = config_file();
-    let (first, later, node) = lone_envoy_beside_a_silent_region(&file, (2, 9)).await;
+    let (first, later, node) = lone_envoy_beside_a_silent_region(&file, (2, 7)).await;
     assert_eq!((first, later), (LIMIT - 1, LIMIT - 1));
     let page = metrics_page(&node.node).await;
     assert!(metric_value(&page, "floodgate_rlqs_global_unsplit_total") >= 1.0);
     node.node.shutdown().await;
 
-    let (first, later, node) = lone_envoy_beside_a_silent_region(&file, (2, 10)).await;
+    let (first, later, node) = lone_envoy_beside_a_silent_region(&file, (2, 8)).await;
     let floor = LIMIT / 4;
     assert_eq!((first, later), (floor - 1, LIMIT - floor - 1));
     node.node.shutdown().await;

@@ -172,11 +172,11 @@ pub enum FrameKind {
     /// for the receiver's Envoys: the answer to a kind 21, or sent one-way when another
     /// Envoy's report moved their shares.
     RlqsAssignments = 22,
-    /// Node → node, from version 10: [`RlqsRegionClaims`], a region owner's demand and claim
+    /// Node → node, from version 8: [`RlqsRegionClaims`], a region owner's demand and claim
     /// for `scope: global` RLQS buckets the receiver decides the split of; answered with a
-    /// kind 24. Sent only once every member speaks 10.
+    /// kind 24. Sent only once every member speaks 8.
     RlqsRegionClaims = 23,
-    /// Node → node, from version 10: [`RlqsRegionParts`], each claimed bucket's part of its
+    /// Node → node, from version 8: [`RlqsRegionParts`], each claimed bucket's part of its
     /// limit for the asking region: the answer to a kind 23.
     RlqsRegionParts = 24,
 }

@@ -1,4 +1,4 @@
-//! RLQS region messages (protocol version 10): for a `scope: global` bucket, each region's owner
+//! RLQS region messages (protocol version 8): for a `scope: global` bucket, each region's owner
 //! tells the bucket's owner in the deciding region its demand and claim (kind 23), and is
 //! answered with its region's part of the limit (kind 24, same request id). Validated like the
 //! relay messages, then held to the same bounds.

@@ -30,7 +30,7 @@ pub(crate) struct Global {
     parts: Mutex<HashMap<BucketKey, RegionShare>>,
     splits: Mutex<RegionSplits>,
     max_buckets: usize,
-    /// Set once the lack of a member speaking version 10 was logged.
+    /// Set once the lack of a member speaking version 8 was logged.
     warned_old: AtomicBool,
 }
 
@@ -53,7 +53,7 @@ impl Global {
 enum Split {
     /// One region (or no cluster): a global bucket is an ordinary one.
     Off,
-    /// A member does not speak version 10: each region splits the whole limit.
+    /// A member does not speak version 8: each region splits the whole limit.
     OldMembers,
     /// The regions the membership knows, sorted, this node's among them; the first decides.
     On(Vec<String>),
@@ -99,7 +99,7 @@ impl Hub {
                 if !self.global.warned_old.swap(true, Ordering::Relaxed) {
                     tracing::warn!(
                         domain = %key.domain,
-                        "a member speaks a protocol version below 10: each region shares the \
+                        "a member speaks a protocol version below 8: each region shares the \
                          whole limit of a global RLQS bucket among its own Envoys (further \
                          ones are counted, not logged)"
                     );
