@@ -2,9 +2,9 @@
 //! Envoys split here (this region's part, see `regions`), the claims sent every second to each
 //! bucket's owner in the deciding region, the parts it answers, and, on that owner, the answers.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 
 use floodgate::cluster::slot_of;
 use floodgate::protocol::Feature;
@@ -14,40 +14,13 @@ use floodgate::wire::{
     WireRegionPart, decode_rlqs_region_claims, decode_rlqs_region_parts, encode_message,
 };
 use metrics::counter;
-use parking_lot::Mutex;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
-use super::regions::{RegionClaim, RegionShare, RegionSplits, SplitConfig, floor};
+use super::regions::{RegionClaim, RegionShare, floor};
 use super::remote::{Stamped, key_of_wire, slot_key, wire_bucket};
 use super::service::Hub;
 use super::shares::{BucketKey, Limit};
-
-/// The global buckets this node computes shares of, and the splits it decides.
-#[derive(Debug)]
-pub(crate) struct Global {
-    domains: BTreeSet<String>,
-    parts: Mutex<HashMap<BucketKey, RegionShare>>,
-    splits: Mutex<RegionSplits>,
-    max_buckets: usize,
-    /// Set once the lack of a member speaking version 8 was logged.
-    warned_old: AtomicBool,
-}
-
-impl Global {
-    pub(crate) fn new(domains: BTreeSet<String>, ttl_ns: u64, max_buckets: usize) -> Global {
-        Global {
-            domains,
-            parts: Mutex::new(HashMap::new()),
-            splits: Mutex::new(RegionSplits::new(SplitConfig {
-                ttl_ns,
-                max_buckets,
-            })),
-            max_buckets,
-            warned_old: AtomicBool::new(false),
-        }
-    }
-}
 
 /// Whether global buckets are split among regions now.
 enum Split {

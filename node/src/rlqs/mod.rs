@@ -23,6 +23,7 @@
 //! the RLS front whose TLS and accept loop it shares: this module reads no node state.
 
 mod global;
+mod global_state;
 pub mod regions;
 mod relay;
 mod remote;
