@@ -27,8 +27,8 @@ use floodgate::cluster::ownership::{Arrival, Failed, Placement, Refusal};
 use floodgate::protocol::Feature;
 use floodgate::region::Scope;
 use floodgate::wire::{
-    ArchivedCheckBatch, ErrorCode, Frame, FrameKind, ScopedCheckBatch, ValidCheck, WireDecision,
-    encode_message,
+    ArchivedCheckBatch, CheckGroups, ErrorCode, Frame, FrameKind, ScopedCheckBatch, ValidCheck,
+    WireDecision, encode_message,
 };
 use rkyv::rancor;
 
@@ -105,7 +105,7 @@ pub(crate) async fn answer_groups<'f>(
     shared: &Shared,
     caller: Caller<'_>,
     frame: &Frame,
-    groups: &[Vec<ValidCheck>],
+    groups: &CheckGroups,
     scopes: &[Scope],
     archived: impl FnOnce() -> Option<&'f ArchivedCheckBatch>,
     now_ns: u64,
@@ -153,12 +153,12 @@ pub(crate) async fn decide_groups<'f>(
     shared: &Shared,
     caller: Caller<'_>,
     forwarded_by: Option<u64>,
-    groups: &[Vec<ValidCheck>],
+    groups: &CheckGroups,
     scopes: &[Scope],
     archived: impl FnOnce() -> Option<&'f ArchivedCheckBatch>,
     now_ns: u64,
 ) -> Decided {
-    let each = || groups.iter().map(Vec::as_slice);
+    let each = || groups.iter();
     let refused = caller.take_refunds(each());
     let mut batch = Batch::new(shared, groups, scopes, now_ns);
     batch.refused = &refused;
@@ -210,7 +210,7 @@ pub(crate) async fn decide_groups<'f>(
 /// One batch's groups, and the decisions made here so far.
 struct Batch<'a> {
     shared: &'a Shared,
-    groups: &'a [Vec<ValidCheck>],
+    groups: &'a CheckGroups,
     /// One per check in flattened order, or none (every check `region`).
     scopes: &'a [Scope],
     /// Where each group's scopes start in `scopes` (empty with it).
@@ -228,18 +228,13 @@ struct Batch<'a> {
 }
 
 impl<'a> Batch<'a> {
-    fn new(
-        shared: &'a Shared,
-        groups: &'a [Vec<ValidCheck>],
-        scopes: &'a [Scope],
-        now_ns: u64,
-    ) -> Self {
+    fn new(shared: &'a Shared, groups: &'a CheckGroups, scopes: &'a [Scope], now_ns: u64) -> Self {
         let mut starts = Vec::new();
         let mut reach = Vec::new();
         if !scopes.is_empty() {
             let mine = shared.cluster.me.region.as_str();
             let mut start = 0;
-            for group in groups {
+            for group in groups.iter() {
                 starts.push(start);
                 let end = (start + group.len()).min(scopes.len());
                 reach.push(Reach::of(group, &scopes[start..end], mine));
@@ -255,7 +250,7 @@ impl<'a> Batch<'a> {
             rings: None,
             now_ns,
             tally: DecisionTally::default(),
-            local: Vec::with_capacity(groups.iter().map(Vec::len).sum()),
+            local: Vec::with_capacity(groups.check_count()),
             refused: &[],
         }
     }
@@ -383,7 +378,7 @@ impl<'a> Batch<'a> {
         let mut taken_over = 0;
         let mut placed = Vec::with_capacity(self.groups.len());
         for (i, placement) in placements.into_iter().enumerate() {
-            prefetch_before(&shared.store, i, |j| self.groups.get(j).map(Vec::as_slice));
+            prefetch_before(&shared.store, i, |j| self.groups.group(j));
             placed.push(match placement {
                 _ if self.refused.get(i).copied().unwrap_or(false) => {
                     GroupState::Refused(REFUND_REFUSED)
@@ -508,7 +503,7 @@ fn is_metered(group: &[ValidCheck]) -> bool {
 /// The batch's decisions in request order, from where each group was placed, and how many
 /// of them are `try_again`.
 fn assemble(
-    groups: &[Vec<ValidCheck>],
+    groups: &CheckGroups,
     placed: Vec<GroupState>,
     local: Vec<WireDecision>,
 ) -> (Vec<WireDecision>, usize) {

@@ -3,7 +3,8 @@
 
 use floodgate::Clock;
 use floodgate::wire::{
-    ArchivedCheckBatch, CheckBatch, HEADER_BYTES, WireCheck, WireDecision, decode_check_batch,
+    ArchivedCheckBatch, CheckBatch, CheckGroups, HEADER_BYTES, WireCheck, WireDecision,
+    decode_check_batch_into,
 };
 use rkyv::rancor;
 
@@ -35,7 +36,9 @@ pub(crate) async fn run_batch(
             limits.max_frame_bytes
         )));
     }
-    let groups = decode_check_batch(&payload, &limits.wire()).map_err(|(_, m)| Undecided(m))?;
+    let mut groups = CheckGroups::default();
+    decode_check_batch_into(&payload, &limits.wire(), &mut groups)
+        .map_err(|(_, m)| Undecided(m))?;
     // Validated just above, so this access succeeds.
     let archived = || rkyv::access::<ArchivedCheckBatch, rancor::Error>(&payload).ok();
     let now_ns = shared.clock.now_ns();

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use floodgate::wire::{
-    ArchivedCheckBatch, CheckBatch, FrameKind, ValidCheck, WireDecision, decode_decisions,
+    ArchivedCheckBatch, CheckBatch, CheckGroups, FrameKind, WireDecision, decode_decisions,
 };
 
 use crate::state::Shared;
@@ -65,7 +65,7 @@ pub(crate) fn batches(
 pub(crate) async fn send(
     shared: &Shared,
     batches: Vec<OwnerBatch>,
-    groups: &[Vec<ValidCheck>],
+    groups: &CheckGroups,
 ) -> Vec<GroupAnswer> {
     let max = shared.config.limits.max_frame_bytes;
     let mut forwards = tokio::task::JoinSet::new();

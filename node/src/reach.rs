@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use floodgate::BucketCheck;
 use floodgate::region::{RegionName, Scope};
 use floodgate::wire::{
-    ArchivedCheckBatch, ErrorCode, FrameKind, ValidCheck, WireDecision, encode_message,
+    ArchivedCheckBatch, CheckGroups, ErrorCode, FrameKind, ValidCheck, WireDecision, encode_message,
 };
 
 use crate::cluster::{PEER_TIMEOUT, RegionRings};
@@ -53,7 +53,7 @@ pub(crate) async fn forward_home(
     shared: &Shared,
     archived: Option<&ArchivedCheckBatch>,
     reach: &[Reach],
-    groups: &[Vec<ValidCheck>],
+    groups: &CheckGroups,
     wanted: &[usize],
 ) -> Vec<(usize, Vec<WireDecision>)> {
     let rings = shared.cluster.region_rings();

@@ -13,7 +13,8 @@
 
 use floodgate::region::Scope;
 use floodgate::wire::{
-    ArchivedScopedCheckBatch, CheckBatch, ErrorCode, Frame, FrameKind, decode_scoped_check_batch,
+    ArchivedScopedCheckBatch, CheckBatch, CheckGroups, ErrorCode, Frame, FrameKind,
+    decode_scoped_check_batch,
 };
 use rkyv::rancor;
 
@@ -62,7 +63,14 @@ pub(crate) async fn answer_scoped_batch(
             .map(|scoped| &scoped.batch)
     };
     Ok(crate::forward::answer_groups(
-        shared, caller, frame, &groups, &scopes, archived, now_ns, out,
+        shared,
+        caller,
+        frame,
+        &CheckGroups::from(groups),
+        &scopes,
+        archived,
+        now_ns,
+        out,
     )
     .await)
 }

@@ -5,7 +5,7 @@ use std::cell::RefCell;
 
 use floodgate::wire::{
     CheckGroups, DecisionBatch, ErrorCode, ErrorFrame, Frame, FrameKind, ValidCheck, WireDecision,
-    WireLimits, decode_check_batch, decode_check_batch_into, encode_frame, encode_message,
+    WireLimits, decode_check_batch_into, encode_frame, encode_message,
 };
 use floodgate::{BucketCheck, BucketStore, Decision};
 use rkyv::util::AlignedVec;
@@ -167,14 +167,16 @@ pub fn decode_frame(
     frame: &Frame,
     limits: &WireLimits,
     out: &mut Vec<u8>,
-) -> Result<Vec<Vec<ValidCheck>>, ErrorCode> {
+) -> Result<CheckGroups, ErrorCode> {
     if let Some(code) = refuse_kind(frame, out) {
         return Err(code);
     }
-    decode_check_batch(&frame.payload, limits).map_err(|(code, message)| {
+    let mut groups = CheckGroups::default();
+    decode_check_batch_into(&frame.payload, limits, &mut groups).map_err(|(code, message)| {
         encode_error(out, frame.request_id, code, message);
         code
-    })
+    })?;
+    Ok(groups)
 }
 
 /// Decides one group here (all-or-nothing when it has several checks; refunds and charges one

@@ -357,7 +357,7 @@ impl CheckGroups {
     }
 
     /// Every group's checks, in order.
-    pub fn iter(&self) -> impl Iterator<Item = &[ValidCheck]> {
+    pub fn iter(&self) -> impl Iterator<Item = &[ValidCheck]> + Clone {
         (0..self.len()).filter_map(|i| self.group(i))
     }
 
@@ -375,6 +375,33 @@ impl CheckGroups {
             self.ends.push(self.checks.len());
         }
         Ok(())
+    }
+}
+
+/// Group `i`'s checks; panics when there is no group `i`, as a slice index does.
+impl std::ops::Index<usize> for CheckGroups {
+    type Output = [ValidCheck];
+
+    fn index(&self, i: usize) -> &[ValidCheck] {
+        let end = self.ends[i];
+        let start = if i == 0 { 0 } else { self.ends[i - 1] };
+        &self.checks[start..end]
+    }
+}
+
+/// Groups already validated one by one (the scoped decoder's), flattened in order.
+impl From<Vec<Vec<ValidCheck>>> for CheckGroups {
+    fn from(nested: Vec<Vec<ValidCheck>>) -> Self {
+        let mut groups = CheckGroups {
+            checks: Vec::with_capacity(nested.iter().map(Vec::len).sum()),
+            ends: Vec::with_capacity(nested.len()),
+            limits: Vec::new(),
+        };
+        for group in nested {
+            groups.checks.extend(group);
+            groups.ends.push(groups.checks.len());
+        }
+        groups
     }
 }
 
@@ -586,6 +613,11 @@ mod tests {
         assert_eq!(flat.iter().collect::<Vec<_>>(), nested);
         assert_eq!(nested[1][2].key, BucketKey::for_key(b"d"));
         assert_eq!(flat.group(3), None);
+        assert_eq!(&flat[1], nested[1].as_slice());
+        // Flattened from nested groups: the same groups, indexed the same way.
+        let from_nested = CheckGroups::from(nested.clone());
+        assert_eq!(from_nested.iter().collect::<Vec<_>>(), nested);
+        assert_eq!(&from_nested[2], nested[2].as_slice());
         // Reused: a second, smaller batch replaces the first.
         decode_check_batch_into(&payload(vec![vec![check("z")]]), &limits, &mut flat).unwrap();
         assert_eq!(flat.len(), 1);

@@ -261,27 +261,30 @@ impl Cluster {
         }
     }
 
-    /// Waits (at most [`OLD_CALLER_HANDOFF_WAIT`] from `read_ns`, when the request was read)
-    /// for the hand-offs of any of `slots` this node just gained, then takes the deciding gate
-    /// ([`Cluster::deciding`]). Looked at again under the gate, at most three times in all, as
-    /// the table may switch between the wait and the gate. For callers that cannot be told
-    /// `try_again` (older clients, Envoy, leases): a slot still waiting after that is refused
-    /// by the machine's placement. Every request that decides on this node's state (checks and
-    /// leases) enters the gate, so a table switch's hand-off carries what they decided.
+    /// Takes the deciding gate ([`Cluster::deciding`]) once none of `slots` this node just
+    /// gained awaits its hand-off, waiting for them (at most [`OLD_CALLER_HANDOFF_WAIT`] from
+    /// `read_ns`, when the request was read) outside the gate, at most three times, as the
+    /// table may switch between a wait and the gate. Looked at under the gate first, so the
+    /// usual frame, with nothing awaited, takes the ownership lock once here. For callers that
+    /// cannot be told `try_again` (older clients, Envoy, leases): a slot still waiting after
+    /// that is refused by the machine's placement. Every request that decides on this node's
+    /// state (checks and leases) enters the gate, so a table switch's hand-off carries what
+    /// they decided.
     pub(crate) async fn enter_deciding(
         &self,
         slots: impl Iterator<Item = u16> + Clone,
         read_ns: u64,
     ) -> parking_lot::RwLockReadGuard<'_, ()> {
         let give_up_ns = read_ns.saturating_add(OLD_CALLER_HANDOFF_WAIT.as_nanos() as u64);
-        let mut attempts = 0;
+        let mut waits = 0;
         loop {
-            self.wait_for_handoffs(slots.clone(), give_up_ns).await;
             let deciding = self.deciding();
-            attempts += 1;
-            if attempts == 3 || !self.awaits_handoff(slots.clone(), self.clock.now_ns()) {
+            if waits == 3 || !self.awaits_handoff(slots.clone(), self.clock.now_ns()) {
                 return deciding;
             }
+            drop(deciding);
+            self.wait_for_handoffs(slots.clone(), give_up_ns).await;
+            waits += 1;
         }
     }
 
