@@ -98,7 +98,7 @@ fn framing_errors_carry_their_codes() {
     );
     let mut wrong_version = Vec::new();
     encode_frame(&mut wrong_version, FrameKind::CheckBatch, 1, b"");
-    wrong_version[2] = 9;
+    wrong_version[2] = floodgate::protocol::NEWEST + 1;
     assert_eq!(
         one_frame(&wrong_version).unwrap_err().code,
         ErrorCode::UnsupportedVersion
