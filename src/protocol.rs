@@ -22,8 +22,10 @@ pub const OLDEST: u8 = 2;
 /// the key's owner there); 6 adds two check flags, peek and charge (metered costs), and the
 /// `outcome_unknown` answer, with no layout change either; 7 adds two peer kinds, RLQS usage
 /// reports relayed to a bucket's owner and its assignments back (no layout change); 8 adds two
-/// peer kinds, a region's claims for global RLQS buckets and its parts back (no layout change).
-pub const NEWEST: u8 = 8;
+/// peer kinds, a region's claims for global RLQS buckets and its parts back (no layout change);
+/// 9 adds to gossip whether a member is still joining, and a member tells each newcomer which
+/// slots it does not decide; 10 makes lease ids 128 bits (kinds 15-17).
+pub const NEWEST: u8 = 10;
 /// What this build speaks.
 pub const SUPPORTED: VersionRange = VersionRange {
     min: OLDEST,
@@ -173,6 +175,17 @@ pub enum Feature {
     /// region for its region's part of the limit (kinds 23 and 24), where an older cluster's
     /// regions each split the whole limit among their own Envoys.
     RlqsGlobal,
+    /// Gossip says whether each member is still joining: a joining node takes its first table
+    /// only once it knows a member that is not, and no table names a joining member. A member
+    /// sends each newcomer in its table a release (a hand-off listing every slot it does not
+    /// decide), and a newcomer decides a gained slot once every member's release or hand-off
+    /// has listed it, not on a guess of who owned it before. An older member sends none, so a
+    /// newcomer waits for them only once the cluster version has it.
+    SettledJoins,
+    /// Lease ids are 128 bits in kinds 15-17 (64 before). A caller speaking an older version is
+    /// granted 64-bit ids, and so is every caller while the cluster version is older (a lease
+    /// is replicated to members that must read its id).
+    WideLeaseIds,
 }
 
 impl Feature {
@@ -185,6 +198,8 @@ impl Feature {
             Feature::MeteredCosts => 6,
             Feature::RlqsRelay => 7,
             Feature::RlqsGlobal => 8,
+            Feature::SettledJoins => 9,
+            Feature::WideLeaseIds => 10,
         }
     }
 

@@ -21,18 +21,24 @@ fn info(id: &str, addr: &str) -> MemberInfo {
 }
 
 /// A membership; every one also has a seed nobody answers at, so each of its rounds sends at
-/// least one message (its digest) even while it knows nobody.
+/// least one message (its digest) even while it knows nobody. One given no seeds of its own is
+/// the first of its cluster, as a node started without seeds is: it has founded it.
 fn node(id: &str, addr: &str, incarnation: u64, seeds: &[&str], now: u64) -> Membership {
+    let first = seeds.is_empty();
     let mut seeds: Vec<String> = seeds.iter().map(|s| s.to_string()).collect();
     seeds.push("10.255.255.255:1".into());
-    Membership::new(
+    let mut membership = Membership::new(
         info(id, addr),
         incarnation,
         seeds,
         MembershipConfig::default(),
         now,
         incarnation ^ 0x5eed,
-    )
+    );
+    if first {
+        membership.found();
+    }
+    membership
 }
 
 /// What `node` gossips at its next round (its own digest included).

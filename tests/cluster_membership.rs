@@ -266,6 +266,7 @@ fn a_forged_departure_is_overtaken_by_the_members_own_heartbeats() {
                 heartbeat: n0.heartbeat_of("n3").unwrap() + MAX_DEPARTURE_HEARTBEAT_LEAD,
                 left: true,
                 versions: None,
+                joining: false,
             }],
         };
         let now = sim.now;
@@ -304,6 +305,7 @@ fn a_forged_departure_of_a_newcomer_is_not_relayed() {
                 heartbeat: u64::MAX,
                 left: true,
                 versions: None,
+                joining: false,
             }],
         };
         let now = sim.now;
@@ -337,6 +339,7 @@ mod versions {
                 heartbeat,
                 left: false,
                 versions,
+                joining: false,
             }],
         }
     }

@@ -4,7 +4,9 @@
 //! `max` live leases on a key, and refuses with the time until the earliest expiry.
 
 use floodgate::BucketKey;
-use floodgate::lease::{Acquired, LeaseIds, LeaseLimit, LeaseStore, LeaseStoreConfig, Renewed};
+use floodgate::lease::{
+    Acquired, LeaseId, LeaseIdWidth, LeaseIds, LeaseLimit, LeaseStore, LeaseStoreConfig, Renewed,
+};
 use proptest::prelude::*;
 
 const KEYS: usize = 3;
@@ -16,14 +18,14 @@ const MS: u64 = 1_000_000;
 struct Splitmix(std::sync::atomic::AtomicU64);
 
 impl LeaseIds for Splitmix {
-    fn next_id(&self) -> u64 {
+    fn next_id(&self) -> LeaseId {
         let seed = self
             .0
             .fetch_add(0x9e37_79b9_7f4a_7c15, std::sync::atomic::Ordering::Relaxed);
         let mut z = seed.wrapping_add(0x9e37_79b9_7f4a_7c15);
         z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
         z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
+        LeaseId::from(z ^ (z >> 31)) << 64 | LeaseId::from(z)
     }
 }
 
@@ -61,11 +63,11 @@ fn op() -> impl Strategy<Value = Op> {
 /// The model: per key, each granted lease's id and expiry; a lease is live while `now < expiry`.
 #[derive(Default)]
 struct Model {
-    leases: Vec<Vec<(u64, u64)>>,
+    leases: Vec<Vec<(LeaseId, u64)>>,
 }
 
 impl Model {
-    fn live(&self, key: usize, now: u64) -> Vec<(u64, u64)> {
+    fn live(&self, key: usize, now: u64) -> Vec<(LeaseId, u64)> {
         self.leases[key]
             .iter()
             .copied()
@@ -80,14 +82,14 @@ proptest! {
         let store = LeaseStore::new(LeaseStoreConfig { max_leases: 1_000 }, Box::new(Splitmix::default()));
         let keys: Vec<BucketKey> = (0..KEYS).map(|i| BucketKey::for_key(format!("k{i}").as_bytes())).collect();
         let mut model = Model { leases: vec![Vec::new(); KEYS] };
-        let mut granted: Vec<(usize, u64)> = Vec::new();
+        let mut granted: Vec<(usize, LeaseId)> = Vec::new();
         let mut now = 1_000 * MS;
         for op in ops {
             match op {
                 Op::Acquire { key, max, ttl_ms } => {
                     let limit = LeaseLimit::new(max, ttl_ms * MS).unwrap();
                     let live = model.live(key, now);
-                    match store.acquire(keys[key], &limit, now).unwrap() {
+                    match store.acquire(keys[key], &limit, now, LeaseIdWidth::Bits128).unwrap() {
                         Acquired::Granted { lease, in_use } => {
                             prop_assert!((live.len() as u64) < max, "granted with {} of {max} live", live.len());
                             prop_assert_eq!(in_use, live.len() as u64 + 1);

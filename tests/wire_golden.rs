@@ -26,8 +26,8 @@ use floodgate::wire::{
     decode_lease_answers, decode_lease_requests, decode_lease_sync, decode_policy_message,
     decode_policy_request, decode_region_ack, decode_region_deltas, decode_replicate,
     decode_scoped_check_batch, decode_slot_table, decode_token_lease_answers,
-    decode_token_lease_batch, encode_frame, encode_gossip, encode_message, encode_message_at,
-    encode_slot_table,
+    decode_token_lease_batch, encode_frame, encode_gossip, encode_lease_answers,
+    encode_lease_requests, encode_lease_sync, encode_message, encode_message_at, encode_slot_table,
 };
 use floodgate::wire::{
     RLQS_DENY, RLQS_TOKEN_BUCKET, RlqsAssignmentBatch, RlqsRegionClaims, RlqsRegionParts,
@@ -169,6 +169,7 @@ fn frames(version: u8) -> BTreeMap<String, String> {
                 heartbeat: 41,
                 left: false,
                 versions: VersionRange::new(2, 3),
+                joining: true,
             },
             MemberDigest {
                 info: member("node-1", 7101),
@@ -176,6 +177,7 @@ fn frames(version: u8) -> BTreeMap<String, String> {
                 heartbeat: 40,
                 left: true,
                 versions: None,
+                joining: false,
             },
         ],
     };
@@ -381,24 +383,36 @@ fn frames(version: u8) -> BTreeMap<String, String> {
 
     let mut frame = Vec::new();
     let limit = LeaseLimit::new(3, 30 * NANOS_PER_SEC).unwrap();
+    // From version 10 a lease id has 128 bits: the pinned ones use the upper 64 too.
+    let lease_id = |low: u128| {
+        if protocol::Feature::WideLeaseIds.readable_at(version) {
+            (0xfeed_beef_0000_0009 << 64) | low
+        } else {
+            low
+        }
+    };
     let requests = LeaseRequestBatch {
         requests: vec![
             WireLeaseRequest::acquire("exports:tenant-7", &limit),
-            WireLeaseRequest::release("exports:tenant-7", 0x1234_5678_0000_0001),
+            WireLeaseRequest::release("exports:tenant-7", lease_id(0x1234_5678_0000_0001)),
             WireLeaseRequest {
                 takeover: true,
-                ..WireLeaseRequest::renew("exports:tenant-7", 0x1234_5678_0000_0002, NANOS_PER_SEC)
+                ..WireLeaseRequest::renew(
+                    "exports:tenant-7",
+                    lease_id(0x1234_5678_0000_0002),
+                    NANOS_PER_SEC,
+                )
             },
         ],
     };
-    encode_message(&mut frame, FrameKind::LeaseRequest, 21, &requests);
+    encode_lease_requests(&mut frame, version, 21, &requests);
     put(FrameKind::LeaseRequest, frame);
 
     let mut frame = Vec::new();
     let answers = LeaseAnswerBatch {
         answers: [
             LeaseAnswer::Granted {
-                lease_id: 0x1234_5678_0000_0003,
+                lease_id: lease_id(0x1234_5678_0000_0003),
                 in_use: 1,
                 expires_in_ns: 30 * NANOS_PER_SEC,
             },
@@ -417,7 +431,7 @@ fn frames(version: u8) -> BTreeMap<String, String> {
         .collect(),
         table_version: 0xfeed,
     };
-    encode_message(&mut frame, FrameKind::LeaseAnswer, 21, &answers);
+    encode_lease_answers(&mut frame, version, 21, &answers);
     put(FrameKind::LeaseAnswer, frame);
 
     let mut frame = Vec::new();
@@ -428,13 +442,13 @@ fn frames(version: u8) -> BTreeMap<String, String> {
             key: 0x0123_4567_89ab_cdef_0011_2233,
             max: 3,
             leases: vec![WireLease {
-                id: 0x1234_5678_0000_0003,
+                id: lease_id(0x1234_5678_0000_0003),
                 expires_at_ns: 1_700_000_030_000_000_000,
             }],
-            released: vec![0x1234_5678_0000_0001],
+            released: vec![lease_id(0x1234_5678_0000_0001)],
         }],
     };
-    encode_message(&mut frame, FrameKind::LeaseSync, 0, &sync);
+    assert_eq!(encode_lease_sync(&mut frame, version, &sync), 0);
     put(FrameKind::LeaseSync, frame);
 
     let mut frame = Vec::new();
@@ -645,9 +659,11 @@ fn every_pinned_frame_of_every_version_decodes() {
                 FrameKind::RegionAck => decode_region_ack(frame.version, payload).is_ok_and(|a| {
                     a.receiver_session == (version >= 4).then_some(1_700_000_000_500_000_000)
                 }),
-                FrameKind::LeaseRequest => decode_lease_requests(payload, &limits).is_ok(),
-                FrameKind::LeaseAnswer => decode_lease_answers(payload).is_ok(),
-                FrameKind::LeaseSync => decode_lease_sync(payload).is_ok(),
+                FrameKind::LeaseRequest => {
+                    decode_lease_requests(frame.version, payload, &limits).is_ok()
+                }
+                FrameKind::LeaseAnswer => decode_lease_answers(frame.version, payload).is_ok(),
+                FrameKind::LeaseSync => decode_lease_sync(frame.version, payload).is_ok(),
                 FrameKind::TokenLeaseBatch => decode_token_lease_batch(payload, &limits).is_ok(),
                 FrameKind::TokenLeaseAnswers => decode_token_lease_answers(payload).is_ok(),
                 FrameKind::RlqsReports => decode_rlqs_reports(payload).is_ok(),

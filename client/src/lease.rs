@@ -7,16 +7,17 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use floodgate::lease::LeaseLimit;
+use floodgate::lease::{LeaseId, LeaseLimit};
 use floodgate::wire::{
     ErrorCode, FrameKind, LeaseAnswer, LeaseRequestBatch, WireLeaseRequest, decode_lease_answers,
+    encode_lease_requests,
 };
 
 use crate::client::Client;
 use crate::config::MAX_KEY_BYTES;
 use crate::error::ClientError;
 use crate::link::NodeLink;
-use crate::request::{AnswerError, request};
+use crate::request::{AnswerError, request_encoded};
 
 /// Shortest time a lease call waits for its answer: it opens a stream of its own (one round
 /// trip more than a check), so the check timeout (5 ms by default) would be too tight.
@@ -32,14 +33,15 @@ const MAX_ANSWER_BYTES: usize = 64 * 1024;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Lease {
     key: Vec<u8>,
-    id: u64,
+    id: LeaseId,
     in_use: u64,
     expires_in: Duration,
 }
 
 impl Lease {
-    /// The lease's id, unique on the node that granted it.
-    pub fn id(&self) -> u64 {
+    /// The lease's id, unique among its key's leases: 128 random bits (64 from a node, or a
+    /// cluster, that speaks protocol version 9 or older).
+    pub fn id(&self) -> LeaseId {
         self.id
     }
 
@@ -223,9 +225,10 @@ async fn send(
             ..request.clone()
         }],
     };
-    let payload = rkyv::to_bytes::<rkyv::rancor::Error>(&batch)
-        .map_err(|e| ClientError::BadRequest(format!("cannot encode the lease request: {e}")))?;
-    let answered = tokio::time::timeout(timeout, request_on(&connection, &payload))
+    // In the layout of the version the connection agreed on.
+    let mut frame = Vec::new();
+    encode_lease_requests(&mut frame, agreed_version(&connection), 1, &batch);
+    let answered = tokio::time::timeout(timeout, request_on(&connection, &frame))
         .await
         .map_err(|_| {
             ClientError::Unavailable(format!(
@@ -241,9 +244,10 @@ async fn send(
         },
         AnswerError::Failed(why) => ClientError::Unavailable(format!("{}: {why}", link.addr)),
     })?;
-    let (answers, version) = decode_lease_answers(&payload).map_err(|(_, why)| {
-        ClientError::Unavailable(format!("bad lease answer from {}: {why}", link.addr))
-    })?;
+    let (answers, version) =
+        decode_lease_answers(payload.version, &payload.payload).map_err(|(_, why)| {
+            ClientError::Unavailable(format!("bad lease answer from {}: {why}", link.addr))
+        })?;
     match answers.as_slice() {
         [answer] => Ok((*answer, version)),
         other => Err(ClientError::Unavailable(format!(
@@ -254,18 +258,23 @@ async fn send(
     }
 }
 
+/// Sends one encoded kind 15 `frame` on its own stream; the answer frame (its version says its
+/// layout).
 async fn request_on(
     connection: &quinn::Connection,
-    payload: &[u8],
-) -> Result<rkyv::util::AlignedVec, AnswerError> {
-    request(
-        connection,
-        FrameKind::LeaseRequest,
-        payload,
-        FrameKind::LeaseAnswer,
-        MAX_ANSWER_BYTES,
-    )
-    .await
+    frame: &[u8],
+) -> Result<floodgate::wire::Frame, AnswerError> {
+    request_encoded(connection, frame, FrameKind::LeaseAnswer, MAX_ANSWER_BYTES).await
+}
+
+/// The protocol version a connection agreed on in its handshake (its ALPN id).
+fn agreed_version(connection: &quinn::Connection) -> u8 {
+    connection
+        .handshake_data()
+        .and_then(|data| data.downcast::<quinn::crypto::rustls::HandshakeData>().ok())
+        .and_then(|data| data.protocol)
+        .and_then(|id| floodgate::protocol::version_of_alpn(&id))
+        .unwrap_or(floodgate::protocol::OLDEST)
 }
 
 fn check_key(key: &[u8]) -> Result<(), ClientError> {

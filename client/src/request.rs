@@ -98,12 +98,24 @@ pub(crate) async fn request_frame(
     expected: FrameKind,
     max_answer_bytes: usize,
 ) -> Result<Frame, AnswerError> {
-    // Each request has its own stream, so its id only has to be nonzero.
-    const REQUEST_ID: u64 = 1;
-    let (mut send, mut recv) = conn.open_bi().await.map_err(failed)?;
     let mut frame = Vec::new();
     encode_frame(&mut frame, kind, REQUEST_ID, payload);
-    send.write_all(&frame).await.map_err(failed)?;
+    request_encoded(conn, &frame, expected, max_answer_bytes).await
+}
+
+/// Each request has its own stream, so its id only has to be nonzero.
+pub(crate) const REQUEST_ID: u64 = 1;
+
+/// As [`request_frame`], for a frame already encoded (in the layout its version needs), with
+/// request id [`REQUEST_ID`].
+pub(crate) async fn request_encoded(
+    conn: &quinn::Connection,
+    frame: &[u8],
+    expected: FrameKind,
+    max_answer_bytes: usize,
+) -> Result<Frame, AnswerError> {
+    let (mut send, mut recv) = conn.open_bi().await.map_err(failed)?;
+    send.write_all(frame).await.map_err(failed)?;
     send.finish().map_err(failed)?;
     let bytes = recv.read_to_end(max_answer_bytes).await.map_err(failed)?;
     let mut reader = FrameReader::new(max_answer_bytes);

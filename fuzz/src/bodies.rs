@@ -229,9 +229,13 @@ fn decode_by_kind(payload: &[u8], kind: FrameKind, version: u8) {
         }
         FrameKind::RegionDeltas => outcome(&decode_region_deltas(version, payload)),
         FrameKind::RegionAck => outcome(&decode_region_ack(version, payload)),
-        FrameKind::LeaseRequest => outcome(&decode_lease_requests(payload, &WireLimits::default())),
-        FrameKind::LeaseAnswer => outcome(&decode_lease_answers(payload)),
-        FrameKind::LeaseSync => outcome(&decode_lease_sync(payload)),
+        FrameKind::LeaseRequest => outcome(&decode_lease_requests(
+            version,
+            payload,
+            &WireLimits::default(),
+        )),
+        FrameKind::LeaseAnswer => outcome(&decode_lease_answers(version, payload)),
+        FrameKind::LeaseSync => outcome(&decode_lease_sync(version, payload)),
         FrameKind::TokenLeaseBatch => outcome(&floodgate::wire::decode_token_lease_batch(
             payload,
             &WireLimits::default(),

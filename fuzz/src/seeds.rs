@@ -234,6 +234,51 @@ fn request_seeds() -> Vec<Seed> {
     ]
 }
 
+/// A lease request, answer and sync in version 10's layouts (128-bit ids).
+fn lease_frames_v10() -> Vec<u8> {
+    use floodgate::lease::LeaseLimit;
+    use floodgate::wire::{
+        LeaseAnswer, LeaseAnswerBatch, LeaseRequestBatch, LeaseSyncMessage, WireLease,
+        WireLeaseAnswer, WireLeaseRequest, WireLeaseSet, encode_lease_answers,
+        encode_lease_requests, encode_lease_sync,
+    };
+    let version = floodgate::protocol::Feature::WideLeaseIds.since();
+    let id = (0xfeed_beef_u128 << 64) | 7;
+    let lease_limit = LeaseLimit::new(3, 30 * S).expect("a valid lease limit");
+    let mut stream = Vec::new();
+    let requests = LeaseRequestBatch {
+        requests: vec![
+            WireLeaseRequest::acquire("jobs", &lease_limit),
+            WireLeaseRequest::release("jobs", id),
+        ],
+    };
+    encode_lease_requests(&mut stream, version, 1, &requests);
+    let answers = LeaseAnswerBatch {
+        answers: vec![WireLeaseAnswer::from(LeaseAnswer::Granted {
+            lease_id: id,
+            in_use: 1,
+            expires_in_ns: 30 * S,
+        })],
+        table_version: 3,
+    };
+    encode_lease_answers(&mut stream, version, 1, &answers);
+    let sync = LeaseSyncMessage {
+        from: "node-a".to_owned(),
+        handoff: false,
+        sets: vec![WireLeaseSet {
+            key: 7,
+            max: 3,
+            leases: vec![WireLease {
+                id,
+                expires_at_ns: 30 * S,
+            }],
+            released: vec![id ^ 1],
+        }],
+    };
+    encode_lease_sync(&mut stream, version, &sync);
+    stream
+}
+
 fn frame_seeds() -> Vec<Seed> {
     use Outcome::{Accepted, Refused};
     let gcra = limit(Algorithm::Gcra, 10, S, 10);
@@ -262,6 +307,12 @@ fn frame_seeds() -> Vec<Seed> {
     let mut old_version = stream.clone();
     old_version[2] = 0;
     vec![
+        seed(
+            "frame_reader",
+            "lease-frames-v10",
+            with_piece(0, &lease_frames_v10()),
+            Accepted,
+        ),
         seed(
             "frame_reader",
             "three-frames",
@@ -554,6 +605,7 @@ fn member(id: &str, incarnation: u64, heartbeat: u64, left: bool) -> MemberDiges
         heartbeat,
         left,
         versions: floodgate::protocol::VersionRange::new(2, 3),
+        joining: false,
     }
 }
 

@@ -7,10 +7,11 @@
 
 use floodgate::Clock;
 use floodgate::cluster::ownership::{Arrival, Placement, Refusal};
-use floodgate::lease::{Acquired, LeaseStore, LeaseStoreError, Renewed};
+use floodgate::lease::{Acquired, LeaseIdWidth, LeaseStore, LeaseStoreError, Renewed};
+use floodgate::protocol::Feature;
 use floodgate::wire::{
-    ErrorCode, Frame, FrameKind, LeaseAnswer, LeaseAnswerBatch, LeaseOp, ValidLeaseRequest,
-    WireLeaseAnswer, decode_lease_requests, encode_message,
+    ErrorCode, Frame, LeaseAnswer, LeaseAnswerBatch, LeaseOp, ValidLeaseRequest, WireLeaseAnswer,
+    decode_lease_requests, encode_lease_answers,
 };
 
 use crate::service::encode_error;
@@ -23,15 +24,24 @@ pub(crate) async fn answer_lease_requests(
     frame: &Frame,
     out: &mut Vec<u8>,
 ) -> Option<ErrorCode> {
-    let requests = match decode_lease_requests(&frame.payload, &shared.config.limits.wire()) {
-        Ok(requests) => requests,
-        Err((code, message)) => {
-            encode_error(out, frame.request_id, code, message);
-            return Some(code);
-        }
-    };
+    let requests =
+        match decode_lease_requests(frame.version, &frame.payload, &shared.config.limits.wire()) {
+            Ok(requests) => requests,
+            Err((code, message)) => {
+                encode_error(out, frame.request_id, code, message);
+                return Some(code);
+            }
+        };
     let cluster = &shared.cluster;
     cluster.wait_until_joined().await;
+    // 128-bit ids for a caller whose frame has them, once every member reads them too (its
+    // replicas carry the ids).
+    let wide = Feature::WideLeaseIds;
+    let width = if wide.readable_at(frame.version) && wide.readable_at(cluster.cluster_version()) {
+        LeaseIdWidth::Bits128
+    } else {
+        LeaseIdWidth::Bits64
+    };
     let slots = requests.iter().map(|r| r.key.slot());
     let read_ns = shared.clock.now_ns();
     let (answers, table_version) = {
@@ -52,7 +62,7 @@ pub(crate) async fn answer_lease_requests(
             .map(|(request, placement)| {
                 let answer = match placement {
                     Placement::Decide | Placement::Takeover => {
-                        decide(&cluster.leases, request, now_ns)
+                        decide(&cluster.leases, request, now_ns, width)
                     }
                     Placement::Forward(_) | Placement::Refuse(Refusal::NotOwner) => {
                         LeaseAnswer::Error(ErrorCode::NotOwner)
@@ -67,9 +77,10 @@ pub(crate) async fn answer_lease_requests(
             .collect();
         (answers, version)
     };
-    encode_message(
+    // In the layout the caller's frame had: what its version reads.
+    encode_lease_answers(
         out,
-        FrameKind::LeaseAnswer,
+        frame.version,
         frame.request_id,
         &LeaseAnswerBatch {
             answers,
@@ -79,11 +90,16 @@ pub(crate) async fn answer_lease_requests(
     None
 }
 
-/// Decides one request on `leases` at `now_ns`.
-pub(crate) fn decide(leases: &LeaseStore, request: &ValidLeaseRequest, now_ns: u64) -> LeaseAnswer {
+/// Decides one request on `leases` at `now_ns`; a grant's id is `width` wide.
+pub(crate) fn decide(
+    leases: &LeaseStore,
+    request: &ValidLeaseRequest,
+    now_ns: u64,
+    width: LeaseIdWidth,
+) -> LeaseAnswer {
     let key = request.key;
     match request.op {
-        LeaseOp::Acquire(limit) => match leases.acquire(key, &limit, now_ns) {
+        LeaseOp::Acquire(limit) => match leases.acquire(key, &limit, now_ns, width) {
             Ok(Acquired::Granted { lease, in_use }) => LeaseAnswer::Granted {
                 lease_id: lease.id,
                 in_use,
@@ -199,17 +215,35 @@ mod tests {
         LeaseStore::new(LeaseStoreConfig::default(), Box::new(SystemLeaseIds::new()))
     }
 
-    /// The node's ids are 64 random bits each: 1,000 grants on one key are all distinct, none
-    /// is 0, and no two are within 2^16 of each other (a counter's are 1 apart; 1,000 random
-    /// ids come that close with a chance of about 2^-28).
+    /// The node's ids are 128 random bits each (64 for an older caller): 1,000 grants on one
+    /// key are all distinct, none is 0, and no two are within 2^16 of each other (a counter's
+    /// are 1 apart; 1,000 random ids come that close with a chance of about 2^-28).
     #[test]
     fn lease_ids_are_not_predictable_from_one_another() {
         let leases = store();
-        let mut ids: Vec<u64> = (0..1_000)
-            .map(|_| match decide(&leases, &acquire(b"k", 100_000), SEC) {
+        let narrow = (0..1_000).map(|_| {
+            match decide(
+                &leases,
+                &acquire(b"narrow", 100_000),
+                SEC,
+                LeaseIdWidth::Bits64,
+            ) {
                 LeaseAnswer::Granted { lease_id, .. } => lease_id,
                 other => panic!("expected a grant, got {other:?}"),
-            })
+            }
+        });
+        assert!(
+            narrow
+                .into_iter()
+                .all(|id| id != 0 && id <= u128::from(u64::MAX))
+        );
+        let mut ids: Vec<u128> = (0..1_000)
+            .map(
+                |_| match decide(&leases, &acquire(b"k", 100_000), SEC, LeaseIdWidth::Bits128) {
+                    LeaseAnswer::Granted { lease_id, .. } => lease_id,
+                    other => panic!("expected a grant, got {other:?}"),
+                },
+            )
             .collect();
         assert!(ids.iter().all(|&id| id != 0));
         ids.sort_unstable();
@@ -218,11 +252,11 @@ mod tests {
         assert!(closest > 1 << 16, "two ids only {closest} apart");
         // The source itself: consecutive draws differ in about half their bits, not by a step.
         let source = SystemLeaseIds::new();
-        let draws: Vec<u64> = (0..1_000).map(|_| source.next_id()).collect();
+        let draws: Vec<u128> = (0..1_000).map(|_| source.next_id()).collect();
         let flipped: u32 = draws.windows(2).map(|w| (w[0] ^ w[1]).count_ones()).sum();
         let mean = f64::from(flipped) / 999.0;
         assert!(
-            (28.0..=36.0).contains(&mean),
+            (60.0..=68.0).contains(&mean),
             "{mean} bits differ on average"
         );
     }
@@ -234,13 +268,13 @@ mod tests {
             lease_id,
             in_use: 1,
             expires_in_ns,
-        } = decide(&leases, &acquire(b"k", 1), SEC)
+        } = decide(&leases, &acquire(b"k", 1), SEC, LeaseIdWidth::Bits128)
         else {
             panic!("expected a grant");
         };
         assert_eq!(expires_in_ns, 10 * SEC);
         assert_eq!(
-            decide(&leases, &acquire(b"k", 1), 4 * SEC),
+            decide(&leases, &acquire(b"k", 1), 4 * SEC, LeaseIdWidth::Bits128),
             LeaseAnswer::Refused {
                 in_use: 1,
                 retry_after_ns: 7 * SEC
@@ -254,7 +288,7 @@ mod tests {
             ..acquire(b"k", 1)
         };
         assert_eq!(
-            decide(&leases, &renew, 5 * SEC),
+            decide(&leases, &renew, 5 * SEC, LeaseIdWidth::Bits128),
             LeaseAnswer::Renewed {
                 in_use: 1,
                 expires_in_ns: 20 * SEC
@@ -265,21 +299,21 @@ mod tests {
             ..acquire(b"k", 1)
         };
         assert_eq!(
-            decide(&leases, &release, 6 * SEC),
+            decide(&leases, &release, 6 * SEC, LeaseIdWidth::Bits128),
             LeaseAnswer::Released {
                 was_held: true,
                 in_use: 0
             }
         );
         assert_eq!(
-            decide(&leases, &release, 6 * SEC),
+            decide(&leases, &release, 6 * SEC, LeaseIdWidth::Bits128),
             LeaseAnswer::Released {
                 was_held: false,
                 in_use: 0
             }
         );
         assert_eq!(
-            decide(&leases, &renew, 6 * SEC),
+            decide(&leases, &renew, 6 * SEC, LeaseIdWidth::Bits128),
             LeaseAnswer::NotHeld { in_use: 0 }
         );
     }
@@ -291,21 +325,31 @@ mod tests {
     fn an_abandoned_lease_frees_its_place_at_its_ttl() {
         let leases = store();
         assert!(matches!(
-            decide(&leases, &acquire(b"k", 1), 0),
+            decide(&leases, &acquire(b"k", 1), 0, LeaseIdWidth::Bits128),
             LeaseAnswer::Granted { .. }
         ));
         assert_eq!(
-            decide(&leases, &acquire(b"k", 1), 10 * SEC - 1),
+            decide(
+                &leases,
+                &acquire(b"k", 1),
+                10 * SEC - 1,
+                LeaseIdWidth::Bits128
+            ),
             LeaseAnswer::Refused {
                 in_use: 1,
                 retry_after_ns: 1
             }
         );
         assert!(matches!(
-            decide(&leases, &acquire(b"k", 1), 10 * SEC),
+            decide(&leases, &acquire(b"k", 1), 10 * SEC, LeaseIdWidth::Bits128),
             LeaseAnswer::Granted { in_use: 1, .. }
         ));
-        decide(&leases, &acquire(b"untouched", 1), 10 * SEC);
+        decide(
+            &leases,
+            &acquire(b"untouched", 1),
+            10 * SEC,
+            LeaseIdWidth::Bits128,
+        );
         assert_eq!(leases.held(), 2);
         assert_eq!(leases.sweep(20 * SEC, usize::MAX), 2);
         assert_eq!(leases.held(), 0);

@@ -86,6 +86,7 @@ mod tests {
                 heartbeat,
                 left,
                 versions: None,
+                joining: false,
             }],
         }
     }

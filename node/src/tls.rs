@@ -280,6 +280,34 @@ impl PeerTrust {
     }
 }
 
+/// The names a peer's certificate carries, for telling which members' digests are its own
+/// word: checked by name alone, the chain having been verified when the connection was taken
+/// as a peer's ([`PeerTrust::is_peer`]).
+pub struct NodeNames(Option<CertificateDer<'static>>);
+
+impl NodeNames {
+    /// The end-entity certificate of `identity` (quinn's `peer_identity`), if any.
+    pub fn of(identity: Option<Box<dyn Any>>) -> Self {
+        NodeNames(presented_chain(identity).and_then(|chain| chain.into_iter().next()))
+    }
+
+    /// A checker of node ids: true for each id the certificate is valid for, as it would be
+    /// when dialed by that id ([`server_name_of`]).
+    pub fn checker(&self) -> impl Fn(&str) -> bool + '_ {
+        let parsed = self
+            .0
+            .as_ref()
+            .and_then(|der| rustls::server::ParsedCertificate::try_from(der).ok());
+        move |id| {
+            let (Some(parsed), Ok(name)) = (&parsed, server_name_of(id)) else {
+                return false;
+            };
+            ServerName::try_from(name)
+                .is_ok_and(|name| rustls::client::verify_server_name(parsed, &name).is_ok())
+        }
+    }
+}
+
 /// True when a server verification failed, if at all, only on the name.
 fn accepts_any_name(verified: &Result<ServerCertVerified, rustls::Error>) -> bool {
     matches!(
@@ -337,7 +365,10 @@ pub struct PeerClientConfigs {
     pub seeds: quinn::ClientConfig,
 }
 
-pub fn peer_client_configs(tls: &TlsConfig) -> anyhow::Result<PeerClientConfigs> {
+pub fn peer_client_configs(
+    tls: &TlsConfig,
+    limits: &NodeLimits,
+) -> anyhow::Result<PeerClientConfigs> {
     let roots = match &tls.peer_ca {
         Some(ca) => roots(ca)?,
         None => RootCertStore::empty(),
@@ -350,14 +381,15 @@ pub fn peer_client_configs(tls: &TlsConfig) -> anyhow::Result<PeerClientConfigs>
     };
     let seeds = Arc::new(AnyNodeName(members.clone()));
     Ok(PeerClientConfigs {
-        members: peer_client_config(tls, members)?,
-        seeds: peer_client_config(tls, seeds)?,
+        members: peer_client_config(tls, members, limits)?,
+        seeds: peer_client_config(tls, seeds, limits)?,
     })
 }
 
 fn peer_client_config(
     tls: &TlsConfig,
     verifier: Arc<dyn ServerCertVerifier>,
+    limits: &NodeLimits,
 ) -> anyhow::Result<quinn::ClientConfig> {
     let mut crypto = rustls::ClientConfig::builder_with_provider(provider())
         .with_protocol_versions(&[&rustls::version::TLS13])?
@@ -371,6 +403,10 @@ fn peer_client_config(
     transport.keep_alive_interval(Some(Duration::from_secs(1)));
     transport.max_idle_timeout(quinn::IdleTimeout::try_from(Duration::from_secs(5)).ok());
     transport.mtu_discovery_config(Some(path_mtu_discovery()));
+    // The peer dialed writes back on this connection too (answers, and streams of its own):
+    // bounded as an accepted peer's connection is, by its streams (as many at once, each one
+    // frame's window), not by quinn's defaults (100 of each kind at 1.25 MB).
+    peer_stream_windows(&mut transport, limits);
     config.transport_config(Arc::new(transport));
     Ok(config)
 }
@@ -464,24 +500,42 @@ impl ServerCertVerifier for NoPeers {
     }
 }
 
+/// Unidirectional streams another node may have open at once on one connection.
+const PEER_UNI_STREAMS: u32 = 64;
+
 fn transport_config(limits: &NodeLimits) -> quinn::TransportConfig {
     let mut transport = quinn::TransportConfig::default();
     transport
         .max_concurrent_bidi_streams(quinn::VarInt::from_u32(limits.max_streams_per_connection));
     // Peers send gossip and bucket batches on short unidirectional streams.
-    transport.max_concurrent_uni_streams(quinn::VarInt::from_u32(64));
+    transport.max_concurrent_uni_streams(quinn::VarInt::from_u32(PEER_UNI_STREAMS));
     transport.keep_alive_interval(Some(Duration::from_secs(1)));
     // 5 s fits in a VarInt of milliseconds.
     transport.max_idle_timeout(quinn::IdleTimeout::try_from(Duration::from_secs(5)).ok());
     transport.mtu_discovery_config(Some(path_mtu_discovery()));
     transport.ack_frequency_config(Some(ack_frequency()));
     let windows = limits.quic_windows();
-    // Each fits a VarInt: a frame is at most 64 MiB, the budget's share no more than the budget.
-    let varint = |bytes: u64| quinn::VarInt::from_u64(bytes).unwrap_or(quinn::VarInt::MAX);
     transport.stream_receive_window(varint(windows.stream_receive));
     transport.receive_window(varint(windows.connection_receive));
     transport.send_window(windows.send);
     transport
+}
+
+/// A window in bytes as a VarInt: each fits (a frame is at most 64 MiB, the budget's share no
+/// more than the budget).
+fn varint(bytes: u64) -> quinn::VarInt {
+    quinn::VarInt::from_u64(bytes).unwrap_or(quinn::VarInt::MAX)
+}
+
+/// What a connection this node dialed to a peer receives: the streams the peer may open as on
+/// an accepted connection, each with one frame's window, and no connection-wide window beyond
+/// them (as the node gives an accepted peer's connection once it knows it is one).
+fn peer_stream_windows(transport: &mut quinn::TransportConfig, limits: &NodeLimits) {
+    transport
+        .max_concurrent_bidi_streams(quinn::VarInt::from_u32(limits.max_streams_per_connection));
+    transport.max_concurrent_uni_streams(quinn::VarInt::from_u32(PEER_UNI_STREAMS));
+    transport.stream_receive_window(varint(limits.quic_windows().stream_receive));
+    transport.receive_window(quinn::VarInt::MAX);
 }
 
 /// Asks whoever connects to acknowledge the node's packets less often (see

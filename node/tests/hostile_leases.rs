@@ -6,10 +6,12 @@
 mod common;
 
 use common::*;
+use floodgate::lease::LeaseId;
+use floodgate::protocol::NEWEST;
 use floodgate::wire::{
     ErrorCode, FrameKind, FrameReader, LEASE_ACQUIRE, LeaseAnswer, LeaseRequestBatch,
     LeaseSyncMessage, WireLeaseRequest, decode_error_frame, decode_lease_answers, encode_frame,
-    encode_message,
+    encode_lease_requests, encode_message,
 };
 
 const SEC: u64 = 1_000_000_000;
@@ -23,7 +25,9 @@ fn parse(bytes: &[u8]) -> Replies {
     let mut replies = Vec::new();
     while let Some(frame) = reader.next_frame().unwrap() {
         let reply = match frame.kind {
-            FrameKind::LeaseAnswer => Ok(decode_lease_answers(&frame.payload).unwrap().0),
+            FrameKind::LeaseAnswer => Ok(decode_lease_answers(frame.version, &frame.payload)
+                .unwrap()
+                .0),
             FrameKind::Error => {
                 let error = decode_error_frame(&frame.payload).unwrap();
                 Err((ErrorCode::from_u16(error.code).unwrap(), error.message))
@@ -36,10 +40,15 @@ fn parse(bytes: &[u8]) -> Replies {
 }
 
 fn frame(request_id: u64, requests: Vec<WireLeaseRequest>) -> Vec<u8> {
+    frame_at(NEWEST, request_id, requests)
+}
+
+/// A kind 15 frame as a caller speaking `version` sends it.
+fn frame_at(version: u8, request_id: u64, requests: Vec<WireLeaseRequest>) -> Vec<u8> {
     let mut out = Vec::new();
-    encode_message(
+    encode_lease_requests(
         &mut out,
-        FrameKind::LeaseRequest,
+        version,
         request_id,
         &LeaseRequestBatch { requests },
     );
@@ -195,9 +204,19 @@ async fn past_the_node_wide_bound_an_acquire_is_answered_store_full() {
 }
 
 /// The id of the lease granted by a one-request frame.
-async fn granted_id(connection: &quinn::Connection, request: WireLeaseRequest) -> u64 {
+async fn granted_id(connection: &quinn::Connection, request: WireLeaseRequest) -> LeaseId {
+    granted_id_at(NEWEST, connection, request).await
+}
+
+/// As [`granted_id`], asked by a caller speaking `version`.
+async fn granted_id_at(
+    version: u8,
+    connection: &quinn::Connection,
+    request: WireLeaseRequest,
+) -> LeaseId {
+    let bytes = frame_at(version, 1, vec![request]);
     let replies = parse(
-        &floodgate_node::exchange::round_trip(connection, &frame(1, vec![request]), 1 << 20)
+        &floodgate_node::exchange::round_trip(connection, &bytes, 1 << 20)
             .await
             .unwrap(),
     );
@@ -219,7 +238,7 @@ async fn a_caller_cannot_release_or_renew_anothers_lease_by_guessing_its_id() {
     let before = granted_id(&victim, shared()).await;
     let own = granted_id(&attacker, shared()).await;
     let after = granted_id(&victim, shared()).await;
-    let guesses: Vec<u64> = (1..=GUESSES)
+    let guesses: Vec<LeaseId> = (1..=LeaseId::from(GUESSES))
         .flat_map(|d| [own.wrapping_add(d), own.wrapping_sub(d)])
         .filter(|&id| id != 0)
         .collect();
@@ -284,6 +303,50 @@ async fn a_caller_cannot_release_or_renew_anothers_lease_by_guessing_its_id() {
                 in_use: 1
             }
         ]
+    );
+    node.node.shutdown().await;
+}
+
+/// A caller speaking version 10 is granted ids of 128 random bits (the upper 64 are not all 0 in
+/// any of 8 grants but once in 2^512); one speaking 9 or less, whose frames carry 64, is
+/// granted 64-bit ids, and renews and releases them as before.
+#[tokio::test]
+async fn ids_are_128_bits_for_a_caller_of_version_10_and_64_for_an_older_one() {
+    let node = start_node(|_| {}).await;
+    let connection = connect(node.node.local_addr(), client_config(&node.certs, false)).await;
+    let mut wide = 0;
+    for _ in 0..8 {
+        let id = granted_id(&connection, acquire(b"wide", 100, 60 * SEC)).await;
+        wide += u32::from(id >> 64 != 0);
+    }
+    assert!(wide > 0, "no id used its upper 64 bits");
+    let old = 9;
+    let id = granted_id_at(old, &connection, acquire(b"narrow", 100, 60 * SEC)).await;
+    assert!(id != 0 && id >> 64 == 0, "{id:#x}");
+    let again = [
+        WireLeaseRequest::renew("narrow", id, 60 * SEC),
+        WireLeaseRequest::release("narrow", id),
+    ];
+    let replies = parse(
+        &floodgate_node::exchange::round_trip(
+            &connection,
+            &frame_at(old, 2, again.to_vec()),
+            1 << 20,
+        )
+        .await
+        .unwrap(),
+    );
+    let answers = replies[0].1.as_ref().unwrap();
+    assert!(
+        matches!(answers[0], LeaseAnswer::Renewed { .. }),
+        "{answers:?}"
+    );
+    assert_eq!(
+        answers[1],
+        LeaseAnswer::Released {
+            was_held: true,
+            in_use: 0
+        }
     );
     node.node.shutdown().await;
 }

@@ -28,6 +28,7 @@ fn digest(info: MemberInfo, incarnation: u64, left: bool) -> MemberDigest {
         heartbeat: if left { u64::MAX } else { 1 },
         left,
         versions: None,
+        joining: false,
     }
 }
 
@@ -303,4 +304,68 @@ async fn a_peer_cannot_make_a_node_yield_its_id_with_a_forged_conflict() {
     assert_eq!(*victim.node.watch_refusal().borrow(), None);
     assert_eq!(victim.node.not_ready_reason(), None);
     victim.node.shutdown().await;
+}
+
+/// Nodes known by DNS ids, each with its own certificate; a third certificate of the same CA,
+/// for `fg-m`, in a hostile peer's hands. Another member's digest from it is a relay: it cannot
+/// restart that member in another region as a joining node (which would drop it from every
+/// table at once, and leave its own heartbeats, of its real life, counting for nothing), nor
+/// announce its departure. The member keeps its slots.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_cannot_restart_retire_or_unjoin_another_member() {
+    let a = start_node(|c| c.cluster.node_id = Some("fg-a".into())).await;
+    let mut config = NodeConfig::for_tests(&a.certs);
+    config.cluster.node_id = Some("fg-b".into());
+    config.cluster.seeds = vec![a.node.local_addr().into()];
+    certify_node_id(&mut config, &a.certs);
+    let b = Node::start(config).await.unwrap();
+    converge(&a.node, 2).await;
+    converge(&b, 2).await;
+    let (cert, key) = a.certs.node_cert_for("fg-m").unwrap();
+    let attacker = connect(
+        a.node.local_addr(),
+        quic_client_config(&a.certs.ca, Some((&cert, &key))),
+    )
+    .await;
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    let addr = a.node.member_addr("fg-b").unwrap();
+    let restarted = MemberDigest {
+        joining: true,
+        ..digest(
+            MemberInfo {
+                id: "fg-b".to_owned(),
+                addr: addr.clone(),
+                region: "elsewhere".to_owned(),
+            },
+            now_ms,
+            false,
+        )
+    };
+    let departed = digest(
+        MemberInfo {
+            id: "fg-b".to_owned(),
+            addr,
+            region: "local".to_owned(),
+        },
+        now_ms,
+        true,
+    );
+    let frames = [
+        gossip_frame(vec![restarted]),
+        gossip_frame(vec![departed]),
+        marker_frame("marker", "local"),
+    ]
+    .concat();
+    send_frames(&attacker, &frames).await;
+    wait_for_marker(&a.node, "marker").await;
+    assert!(
+        a.node.owners().iter().any(|n| n == "fg-b"),
+        "fg-b lost its slots: {:?}",
+        a.node.owners()
+    );
+    b.shutdown().await;
+    a.node.shutdown().await;
 }

@@ -312,6 +312,7 @@ async fn with_a_member_of_an_older_version_each_node_keeps_its_own_shares() {
         heartbeat: 1,
         left: false,
         versions: floodgate::protocol::VersionRange::new(2, 6),
+        joining: false,
     };
     let mut frame = Vec::new();
     let gossip = floodgate::cluster::Gossip { members: vec![old] };

@@ -296,6 +296,7 @@ async fn lone_envoy_beside_a_silent_region(
         heartbeat: 1,
         left: false,
         versions: floodgate::protocol::VersionRange::new(versions.0, versions.1),
+        joining: false,
     };
     let mut frame = Vec::new();
     let gossip = floodgate::cluster::Gossip {

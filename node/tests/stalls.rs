@@ -31,6 +31,7 @@ fn silent_member(id: &str) -> Vec<u8> {
         heartbeat: 1,
         left: false,
         versions: None,
+        joining: false,
     };
     let mut frame = Vec::new();
     floodgate::wire::encode_gossip(

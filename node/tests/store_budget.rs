@@ -9,7 +9,7 @@ use common::*;
 use floodgate::lease::LEASE_BYTES;
 use floodgate::wire::{
     CheckBatch, ErrorCode, FrameKind, FrameReader, LEASE_ACQUIRE, LeaseAnswer, LeaseRequestBatch,
-    WireCheck, WireLeaseRequest, decode_lease_answers, encode_message,
+    WireCheck, WireLeaseRequest, decode_lease_answers, encode_lease_requests, encode_message,
 };
 use floodgate::{Algorithm, Limit, NANOS_PER_SEC};
 
@@ -39,9 +39,9 @@ fn lease_frame(range: std::ops::Range<usize>) -> Vec<u8> {
         })
         .collect();
     let mut out = Vec::new();
-    encode_message(
+    encode_lease_requests(
         &mut out,
-        FrameKind::LeaseRequest,
+        floodgate::protocol::NEWEST,
         1,
         &LeaseRequestBatch { requests },
     );
@@ -138,7 +138,7 @@ async fn a_flood_of_expensive_limits_stays_within_the_store_budget() {
         reader.extend(&bytes);
         let frame = reader.next_frame().unwrap().unwrap();
         assert_eq!(frame.kind, FrameKind::LeaseAnswer);
-        let (answers, _) = decode_lease_answers(&frame.payload).unwrap();
+        let (answers, _) = decode_lease_answers(frame.version, &frame.payload).unwrap();
         full += answers
             .iter()
             .filter(|a| **a == LeaseAnswer::Error(ErrorCode::StoreFull))

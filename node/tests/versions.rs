@@ -133,6 +133,7 @@ async fn every_kind_a_version_2_caller_or_peer_sends_is_read() {
         heartbeat: 1,
         left: false,
         versions: None,
+        joining: false,
     };
     let mut frames = golden["Gossip"].clone();
     let gossip = floodgate::cluster::Gossip {

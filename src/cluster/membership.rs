@@ -19,6 +19,18 @@
 //! departure only at the incarnation the member is known in and at most
 //! [`MAX_DEPARTURE_HEARTBEAT_LEAD`] heartbeats past the last one heard (the member's own later
 //! heartbeats undo a forged one), and a departure of a member never seen alive is not relayed.
+//! A node's driver says which digests are the sender's own word (its certificate names the
+//! member); the others are relays, which take only what gossip needs passed on
+//! ([`Membership::handle_gossip_from`]).
+//!
+//! A node started with seeds is **joining** until it knows a member that is not, and its digest
+//! says so. No node counts a joining member among the owners, so a newcomer's first table is
+//! always made from settled members' views, never from another newcomer's (which names nobody
+//! yet). Nodes started together, each joining through the others, have no settled member to
+//! find: the seed with the smallest id founds the cluster once it knows every other seed as a
+//! joining member (for [`FOUNDING_ROUNDS`] gossip rounds), and the others join it; nodes that
+//! do not list themselves fall back, after the failure detector's timeout, to the smallest id
+//! among the joining members each knows.
 
 use std::collections::BTreeMap;
 
@@ -29,6 +41,10 @@ use crate::protocol::{self, VersionRange};
 /// The most members a node tracks, whatever its configuration: gossip names at most this
 /// many (the wire refuses more, `wire::MAX_GOSSIP_DIGESTS`).
 pub const MAX_MEMBERS: usize = 1_024;
+
+/// Gossip rounds a joining node waits, knowing only other joining members, before the one with
+/// the smallest id among them founds the cluster.
+pub const FOUNDING_ROUNDS: u64 = 3;
 
 /// Timings and bounds. Defaults: a silent node is suspect after 500 ms and dead after 1 s.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -105,6 +121,9 @@ pub struct MemberDigest {
     /// The protocol versions the member speaks in this incarnation; `None` when the sender did
     /// not say (version 2's gossip has no ranges).
     pub versions: Option<VersionRange>,
+    /// The member has not joined yet (it owns nothing); false when the sender did not say
+    /// (gossip before version 9).
+    pub joining: bool,
 }
 
 /// A gossip message: the sender's view of every member it considers alive, suspect or departed.
@@ -176,6 +195,22 @@ struct Member {
     /// False for a member known only from a departure relayed to this node: it is not passed
     /// on, so a forged one is forgotten here after `forget_after` instead of going round.
     relay: bool,
+    /// Not joined yet, as its latest digest said: no table names it.
+    joining: bool,
+    /// What bounds a heartbeat relayed by another peer ([`Membership::handle_gossip_from`]):
+    /// the heartbeat heard in the member's own word (or when its life was first heard of) and
+    /// when; a relay may be ahead of it by the gossip rounds since, and a few more.
+    anchor: Anchor,
+    /// The incarnation was taken from a relay, not the member's own word: the member's own
+    /// digest of an earlier life overrides it (a relay may have been forged).
+    relayed_incarnation: bool,
+}
+
+/// A heartbeat and when it was heard.
+#[derive(Debug, Clone, Copy)]
+struct Anchor {
+    heartbeat: u64,
+    at_ns: u64,
 }
 
 /// One node's view of the cluster.
@@ -184,12 +219,27 @@ pub struct Membership {
     me: String,
     members: BTreeMap<String, Member>,
     seeds: Vec<String>,
+    /// This node's own address was among its seeds: nodes started together with one list of
+    /// seeds are each among them, and the one with the smallest id founds the cluster.
+    seeded_self: bool,
     config: MembershipConfig,
     next_round_ns: u64,
     rng: u64,
     epoch: u64,
     /// Set once an [`IdConflict`] told us another node holds our id: we stay silent.
     refused: bool,
+    /// When this node started (its founding wait counts from there).
+    started_ns: u64,
+}
+
+/// True when `seed` (HOST:PORT as configured) names `member`: its advertised address, or its
+/// node id as the host (a seed list of DNS names beside advertised IPs, as in Kubernetes).
+fn names(seed: &str, member: &MemberInfo) -> bool {
+    if seed == member.addr {
+        return true;
+    }
+    let host = seed.rsplit_once(':').map_or(seed, |(host, _)| host);
+    host.trim_start_matches('[').trim_end_matches(']') == member.id
 }
 
 impl Membership {
@@ -216,21 +266,105 @@ impl Membership {
             since_ns: now_ns,
             versions: Some(protocol::SUPPORTED),
             relay: true,
+            joining: false,
+            anchor: Anchor {
+                heartbeat: 0,
+                at_ns: now_ns,
+            },
+            relayed_incarnation: false,
         };
-        let seeds = seeds
+        let seeded_self = seeds.iter().any(|seed| names(seed, &member.info));
+        let seeds: Vec<String> = seeds
             .into_iter()
-            .filter(|s| *s != member.info.addr)
+            .filter(|s| !names(s, &member.info))
             .collect();
+        let member = Member {
+            joining: !seeds.is_empty(),
+            ..member
+        };
         Membership {
             me: id.clone(),
             members: BTreeMap::from([(id, member)]),
             seeds,
+            seeded_self,
             config,
             next_round_ns: now_ns,
             rng: seed | 1,
             epoch: 1,
             refused: false,
+            started_ns: now_ns,
         }
+    }
+
+    /// True while this node has not joined: started with seeds, it knows no settled member
+    /// yet and has not founded the cluster.
+    pub fn is_joining(&self) -> bool {
+        self.members.get(&self.me).is_some_and(|m| m.joining)
+    }
+
+    /// This node is the first of its cluster (every seed turned out to be itself): it joins
+    /// nothing and owns its slots from now on.
+    pub fn found(&mut self) {
+        if let Some(me) = self.members.get_mut(&self.me)
+            && me.joining
+        {
+            me.joining = false;
+            self.epoch += 1;
+        }
+    }
+
+    /// Ends the join when this node knows a settled member (alive, not joining), or founds the
+    /// cluster (see [`Membership::founds`]). A change moves the epoch (the table is made again).
+    fn settle(&mut self, now_ns: u64) {
+        if !self.is_joining() {
+            return;
+        }
+        let settled_known = self
+            .members
+            .values()
+            .any(|m| m.info.id != self.me && !m.joining && m.state == MemberState::Alive);
+        let founder = self.founds(now_ns);
+        if settled_known || founder {
+            self.found();
+        }
+    }
+
+    /// Nodes started together, each joining through the others, have no settled member to
+    /// find, so one of them founds the cluster. Any settled member it knows, even suspect (it
+    /// may be stalled), bars founding. Two ways, the first exact:
+    /// - **Among the seeds:** the seed with the smallest id founds once it has waited
+    ///   [`FOUNDING_ROUNDS`] gossip rounds, is itself a seed, and knows every other seed as an
+    ///   alive member still joining (a seed names a member by its advertised address or by its
+    ///   node id as the host). Nodes given one seed list agree on that one.
+    /// - **Otherwise**, when no node lists itself (each given only its peers), after the
+    ///   failure detector's `dead_after`: the node with the smallest id among the alive joining
+    ///   members it knows, when it knows at least one. By then every node started together has
+    ///   heard of the others through its seeds, so they pick the same one; views that still
+    ///   differ could found twice, which the tables then merge as any two settled members do.
+    ///
+    /// A node that knows no other member (its seeds unreachable) never founds: it keeps
+    /// waiting for the cluster, deciding alone meanwhile as the ownership machine allows.
+    fn founds(&self, now_ns: u64) -> bool {
+        let waited = now_ns.saturating_sub(self.started_ns);
+        if waited < FOUNDING_ROUNDS.saturating_mul(self.config.gossip_interval_ns) {
+            return false;
+        }
+        let others = || self.members.values().filter(|m| m.info.id != self.me);
+        if others().any(|m| m.state.owns_slots() && !m.joining) {
+            return false;
+        }
+        let joining_above = |m: &&Member| m.joining && m.state == MemberState::Alive;
+        if self.seeded_self {
+            let every_seed_known = self.seeds.iter().all(|seed| {
+                others().any(|m| names(seed, &m.info) && joining_above(&m) && m.info.id > self.me)
+            });
+            if every_seed_known {
+                return true;
+            }
+        }
+        waited >= self.config.dead_after_ns
+            && others().any(|m| joining_above(&m))
+            && others().filter(joining_above).all(|m| m.info.id > self.me)
     }
 
     pub fn me(&self) -> &str {
@@ -275,23 +409,38 @@ impl Membership {
         self.members.values().map(|m| (&m.info, m.state))
     }
 
-    /// Ids of the members that own slots (alive or suspect), sorted.
+    /// Ids of the members that own slots (alive or suspect, and joined; this node always),
+    /// sorted.
     pub fn owners(&self) -> Vec<String> {
         self.members
             .values()
-            .filter(|m| m.state.owns_slots())
+            .filter(|m| self.owns(m))
             .map(|m| m.info.id.clone())
             .collect()
     }
 
-    /// Ids of the members of `region` that own slots (alive or suspect), sorted: that region's
-    /// ring. Every region has its own owners, so a key has one owner per region.
+    /// Ids of the members of `region` that own slots (as [`Membership::owners`]), sorted: that
+    /// region's ring. Every region has its own owners, so a key has one owner per region.
     pub fn owners_in(&self, region: &str) -> Vec<String> {
         self.members
             .values()
-            .filter(|m| m.state.owns_slots() && m.info.region == region)
+            .filter(|m| self.owns(m) && m.info.region == region)
             .map(|m| m.info.id.clone())
             .collect()
+    }
+
+    /// A member owns slots while alive or suspect, once joined. This node's own table names it
+    /// while it joins (a table of one, which the ownership machine does not count as owning).
+    /// Once this node has left, joining members count too: its last table says where its
+    /// buckets go, and a member that joined meanwhile (its news not here yet) is a better
+    /// heir than nobody.
+    fn owns(&self, m: &Member) -> bool {
+        let left = || {
+            self.members
+                .get(&self.me)
+                .is_some_and(|me| me.state == MemberState::Left)
+        };
+        m.state.owns_slots() && (!m.joining || m.info.id == self.me || left())
     }
 
     /// The regions of every known member (each once, sorted).
@@ -335,7 +484,27 @@ impl Membership {
     /// own leave, or a relay of it), at most [`MAX_DEPARTURE_HEARTBEAT_LEAD`] heartbeats past
     /// the last one heard. Returns the conflicts to send (each to its `claimant_addr`): digests
     /// that name a live member's id at another address, which are refused.
+    ///
+    /// Every digest is taken as its member's own word: for simulations and drivers whose
+    /// gossip comes from trusted senders. A node takes a peer's gossip with
+    /// [`Membership::handle_gossip_from`].
     pub fn handle_gossip(&mut self, now_ns: u64, gossip: &Gossip) -> Vec<IdConflict> {
+        self.handle_gossip_from(now_ns, &|_| true, gossip)
+    }
+
+    /// As [`Membership::handle_gossip`], for gossip from a peer that speaks only for the members
+    /// `own` says (those its certificate names). Another member's digest is a relay, and takes
+    /// only what gossip needs relayed ([`Membership::take_relayed`]): new members, the end of a
+    /// join, and heartbeats (at most [`MAX_RELAYED_HEARTBEAT_LEAD`] rounds ahead of what was
+    /// heard); a departure, a joining flag, a new region or versions, and a restart of a member
+    /// still heard are the member's own word. A member's own digest of an earlier life
+    /// overrides a life only a relay told of.
+    pub fn handle_gossip_from(
+        &mut self,
+        now_ns: u64,
+        own: &dyn Fn(&str) -> bool,
+        gossip: &Gossip,
+    ) -> Vec<IdConflict> {
         let owners_before = self.owners();
         let mut conflicts = Vec::new();
         if self.refused {
@@ -371,16 +540,28 @@ impl Membership {
                     } else if !digest.left {
                         // The old address is dead or gone: the id has moved (whatever the
                         // incarnation, which compares only lives at one address).
-                        member.incarnation = digest.incarnation;
-                        member.heartbeat = digest.heartbeat;
-                        member.info = digest.info.clone();
-                        member.state = MemberState::Alive;
-                        member.since_ns = now_ns;
-                        member.versions = digest.versions;
-                        member.relay = true;
+                        take_life(member, digest, now_ns, !own(id));
                     }
                 }
+                Some(member) if !own(id) => {
+                    take_relayed(member, digest, now_ns, self.config.gossip_interval_ns);
+                }
                 Some(member) => {
+                    if digest.incarnation < member.incarnation
+                        && member.relayed_incarnation
+                        && !digest.left
+                    {
+                        // The member speaks of its life: a later one only a relay told of was
+                        // not its own.
+                        take_life(member, digest, now_ns, false);
+                        continue;
+                    }
+                    if digest.incarnation == member.incarnation {
+                        member.anchor = Anchor {
+                            heartbeat: digest.heartbeat,
+                            at_ns: now_ns,
+                        };
+                    }
                     // A range belongs to one incarnation: a digest of the same life that says
                     // it fills in what a version 2 digest left out.
                     if digest.incarnation == member.incarnation && digest.versions.is_some() {
@@ -409,6 +590,11 @@ impl Membership {
                         if digest.incarnation > member.incarnation {
                             // Perhaps another build: only its new digests say what it speaks.
                             member.versions = digest.versions;
+                            member.anchor = Anchor {
+                                heartbeat: digest.heartbeat,
+                                at_ns: now_ns,
+                            };
+                            member.relayed_incarnation = !own(id);
                         }
                         member.incarnation = digest.incarnation;
                         member.heartbeat = digest.heartbeat;
@@ -416,6 +602,7 @@ impl Membership {
                         member.state = MemberState::Alive;
                         member.since_ns = now_ns;
                         member.relay = true;
+                        member.joining = digest.joining;
                     }
                 }
                 None if room => {
@@ -434,6 +621,12 @@ impl Membership {
                             since_ns: now_ns,
                             versions: digest.versions,
                             relay: !digest.left,
+                            joining: digest.joining,
+                            anchor: Anchor {
+                                heartbeat: digest.heartbeat,
+                                at_ns: now_ns,
+                            },
+                            relayed_incarnation: !own(id),
                         },
                     );
                 }
@@ -441,6 +634,7 @@ impl Membership {
             }
         }
         self.bump_epoch_if_changed(&owners_before);
+        self.settle(now_ns);
         conflicts
     }
 
@@ -496,6 +690,7 @@ impl Membership {
             m.state.owns_slots() || now_ns.saturating_sub(m.since_ns) < config.forget_after_ns
         });
         self.bump_epoch_if_changed(&owners_before);
+        self.settle(now_ns);
         // A refused node must not spread its claim any further.
         if now_ns < self.next_round_ns || self.refused {
             return Vec::new();
@@ -549,6 +744,7 @@ impl Membership {
                 heartbeat: m.heartbeat,
                 left: m.state == MemberState::Left,
                 versions: m.versions,
+                joining: m.joining,
             })
             .collect();
         Gossip { members }
@@ -613,6 +809,75 @@ impl Membership {
     }
 }
 
+/// Most gossip rounds a heartbeat relayed by another peer may be ahead of the member's anchor
+/// (the heartbeat last heard in its own word, plus one a round since): a member gossips once a
+/// round, so only a forged relay goes further. Past it a relayed heartbeat is taken as this
+/// far ahead: still news that the member lives, but a forged one cannot pin the member at a
+/// heartbeat its own gossip would take long to pass (each silent round of it a step towards
+/// its death at every node).
+pub const MAX_RELAYED_HEARTBEAT_LEAD: u64 = 2;
+
+/// Starts `member`'s life of `digest`: a restart, a move to another address, or the life its own
+/// word names.
+fn take_life(member: &mut Member, digest: &MemberDigest, now_ns: u64, relayed: bool) {
+    member.incarnation = digest.incarnation;
+    member.heartbeat = digest.heartbeat;
+    member.info = digest.info.clone();
+    member.state = MemberState::Alive;
+    member.since_ns = now_ns;
+    member.versions = digest.versions;
+    member.relay = true;
+    member.joining = digest.joining;
+    member.anchor = Anchor {
+        heartbeat: digest.heartbeat,
+        at_ns: now_ns,
+    };
+    member.relayed_incarnation = relayed;
+}
+
+/// A digest of a known `member` at the same address, relayed by a peer that is not that member:
+/// what gossip needs from it, and no more.
+/// - A departure is not taken: a leaver tells every member it knows itself, and one it missed
+///   finds it dead when it falls silent.
+/// - A new life (a restart) is taken only once the member's old one is no longer heard
+///   (suspect or dead): a forged restart cannot silence a live member, whose own heartbeats
+///   would no longer count.
+/// - In the same life: versions only where none were known, a departed member stays departed,
+///   a heartbeat at most [`MAX_RELAYED_HEARTBEAT_LEAD`] rounds ahead of the anchor, and a
+///   joining member may be said to have joined, never a joined one to be joining again.
+fn take_relayed(member: &mut Member, digest: &MemberDigest, now_ns: u64, interval_ns: u64) {
+    if digest.left {
+        return;
+    }
+    if digest.incarnation > member.incarnation {
+        if member.state != MemberState::Alive {
+            take_life(member, digest, now_ns, true);
+        }
+        return;
+    }
+    if digest.incarnation < member.incarnation || member.state == MemberState::Left {
+        return;
+    }
+    if member.versions.is_none() {
+        member.versions = digest.versions;
+    }
+    let rounds = now_ns.saturating_sub(member.anchor.at_ns) / interval_ns.max(1);
+    let latest = member
+        .anchor
+        .heartbeat
+        .saturating_add(rounds)
+        .saturating_add(MAX_RELAYED_HEARTBEAT_LEAD);
+    let heartbeat = digest.heartbeat.min(latest);
+    if heartbeat <= member.heartbeat {
+        return;
+    }
+    member.heartbeat = heartbeat;
+    member.state = MemberState::Alive;
+    member.since_ns = now_ns;
+    member.relay = true;
+    member.joining &= digest.joining;
+}
+
 /// The conflict `holder` (alive at its address) answers to a digest claiming its id elsewhere.
 fn conflict(holder: &Member, claim: &MemberDigest) -> IdConflict {
     IdConflict {
@@ -649,6 +914,7 @@ mod tests {
                 heartbeat,
                 left,
                 versions: None,
+                joining: false,
             }],
         }
     }
@@ -786,5 +1052,263 @@ mod tests {
         assert_eq!(me.state_of("victim"), Some(MemberState::Left));
         drop(me.handle_gossip(NOW, &digest("victim", NOW / MS, 0, false)));
         assert_eq!(me.state_of("victim"), Some(MemberState::Alive));
+    }
+
+    fn seed_member(id: &str, host: u8) -> MemberInfo {
+        MemberInfo {
+            id: id.into(),
+            addr: format!("10.0.1.{host}:7100"),
+            region: "eu".into(),
+        }
+    }
+
+    /// Gossip between every pair at rounds `rounds` (of the default interval, from `NOW`).
+    fn gossip_rounds(nodes: &mut [Membership], rounds: std::ops::RangeInclusive<u64>) {
+        let interval = MembershipConfig::default().gossip_interval_ns;
+        for round in rounds {
+            let now = NOW + round * interval;
+            // Each node's round (its heartbeat moves on), then every view to every other.
+            nodes.iter_mut().for_each(|node| drop(node.poll(now)));
+            let views: Vec<Gossip> = nodes.iter().map(Membership::digest).collect();
+            for (i, node) in nodes.iter_mut().enumerate() {
+                for (j, view) in views.iter().enumerate() {
+                    if i != j {
+                        node.handle_gossip(now, view);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Nodes started together with one seed list naming them all (by node id, beside
+    /// advertised IPs): the smallest id founds once the founding rounds have passed, and the
+    /// others settle by it; no other one founds a cluster of its own.
+    #[test]
+    fn nodes_started_together_are_founded_by_the_smallest_seed() {
+        let seeds = vec![
+            "a.internal:7100".to_owned(),
+            "b.internal:7100".to_owned(),
+            "c.internal:7100".to_owned(),
+        ];
+        let mut nodes: Vec<Membership> = ["a.internal", "b.internal", "c.internal"]
+            .iter()
+            .zip(1..)
+            .map(|(id, host)| {
+                let config = MembershipConfig::default();
+                Membership::new(
+                    seed_member(id, host),
+                    1,
+                    seeds.clone(),
+                    config,
+                    NOW,
+                    host.into(),
+                )
+            })
+            .collect();
+        assert!(nodes.iter().all(Membership::is_joining));
+        gossip_rounds(&mut nodes, 1..=FOUNDING_ROUNDS - 1);
+        assert!(
+            nodes.iter().all(Membership::is_joining),
+            "too early to found"
+        );
+        gossip_rounds(&mut nodes, FOUNDING_ROUNDS..=FOUNDING_ROUNDS);
+        assert!(!nodes[0].is_joining(), "the smallest seed founds");
+        // One round to hear the founder settled, one more for the others to hear that.
+        gossip_rounds(&mut nodes, FOUNDING_ROUNDS + 1..=FOUNDING_ROUNDS + 2);
+        for node in &nodes {
+            assert!(!node.is_joining());
+            assert_eq!(
+                node.owners(),
+                vec!["a.internal", "b.internal", "c.internal"]
+            );
+        }
+    }
+
+    /// Nodes whose seeds do not name themselves (each seeded with the other) wait out the
+    /// failure detector's timeout, then the smaller id founds and the other joins it.
+    #[test]
+    fn nodes_outside_their_own_seeds_found_after_the_failure_timeout() {
+        let config = MembershipConfig::default();
+        let mut nodes = vec![
+            Membership::new(
+                seed_member("a", 1),
+                1,
+                vec!["10.0.1.2:7100".into()],
+                config,
+                NOW,
+                1,
+            ),
+            Membership::new(
+                seed_member("b", 2),
+                1,
+                vec!["10.0.1.1:7100".into()],
+                config,
+                NOW,
+                2,
+            ),
+        ];
+        let timeout_rounds = config.dead_after_ns / config.gossip_interval_ns;
+        gossip_rounds(&mut nodes, 1..=timeout_rounds - 1);
+        assert!(
+            nodes.iter().all(Membership::is_joining),
+            "neither is among its seeds: they wait for a settled member first"
+        );
+        gossip_rounds(&mut nodes, timeout_rounds..=timeout_rounds);
+        // The smaller id founds in its round; the other hears it in the same exchange.
+        assert!(!nodes[0].is_joining(), "the smaller id founds");
+        gossip_rounds(&mut nodes, timeout_rounds + 1..=timeout_rounds + 2);
+        for node in &nodes {
+            assert!(!node.is_joining());
+            assert_eq!(node.owners(), vec!["a", "b"]);
+        }
+    }
+
+    /// A node whose seeds never answer knows nobody and never founds: a cluster may be there
+    /// beyond them.
+    #[test]
+    fn a_node_that_knows_no_member_never_founds() {
+        let config = MembershipConfig::default();
+        let mut nodes = vec![Membership::new(
+            seed_member("a", 1),
+            1,
+            vec!["10.0.1.2:7100".into()],
+            config,
+            NOW,
+            1,
+        )];
+        gossip_rounds(&mut nodes, 1..=10 * FOUNDING_ROUNDS);
+        assert!(nodes[0].is_joining());
+    }
+
+    /// Gossip from "mallory", whose certificate names only itself.
+    fn from_mallory(me: &mut Membership, now: u64, members: Vec<MemberDigest>) {
+        drop(me.handle_gossip_from(now, &|id| id == "mallory", &Gossip { members }));
+    }
+
+    fn claim(id: &str, incarnation: u64, heartbeat: u64) -> MemberDigest {
+        let Gossip { mut members } = digest(id, incarnation, heartbeat, false);
+        members.remove(0)
+    }
+
+    /// A node that heard `victim` itself, alive at heartbeat 3 of `incarnation`, at `NOW`.
+    fn heard_victim(incarnation: u64) -> Membership {
+        let mut me = Membership::new(
+            info("me"),
+            NOW / MS,
+            Vec::new(),
+            MembershipConfig::default(),
+            NOW,
+            7,
+        );
+        let own = claim("victim", incarnation, 3);
+        let own = MemberDigest {
+            versions: Some(protocol::SUPPORTED),
+            ..own
+        };
+        drop(me.handle_gossip_from(NOW, &|id| id == "victim", &Gossip { members: vec![own] }));
+        me
+    }
+
+    /// One peer's relayed claims about a live member cannot retire it, restart it, make it
+    /// joining again, move it to another region or say it speaks other versions: it keeps its
+    /// slots, in the life and region it gossips itself.
+    #[test]
+    fn a_peer_cannot_speak_for_another_live_member() {
+        let known = NOW / MS - 60_000;
+        let mut me = heard_victim(known);
+        let elsewhere = MemberInfo {
+            region: "us".into(),
+            ..info("victim")
+        };
+        let forged = [
+            MemberDigest {
+                left: true,
+                ..claim("victim", known, 4)
+            },
+            claim("victim", NOW / MS, 1),
+            MemberDigest {
+                joining: true,
+                ..claim("victim", known, 4)
+            },
+            MemberDigest {
+                info: elsewhere,
+                ..claim("victim", known, 4)
+            },
+            MemberDigest {
+                versions: Some(VersionRange::new(2, 2).unwrap()),
+                ..claim("victim", known, 4)
+            },
+        ];
+        for claim in forged {
+            from_mallory(&mut me, NOW, vec![claim.clone()]);
+            assert_eq!(me.state_of("victim"), Some(MemberState::Alive), "{claim:?}");
+            assert_eq!(me.incarnation_of("victim"), Some(known), "{claim:?}");
+            assert_eq!(me.info("victim").unwrap().region, "eu", "{claim:?}");
+            assert_eq!(me.owners(), vec!["me", "victim"], "{claim:?}");
+            assert_eq!(me.versions_of("victim"), Some(protocol::SUPPORTED));
+        }
+        // The member's own word still counts: its leave is taken.
+        let leave = MemberDigest {
+            left: true,
+            ..claim("victim", known, 5)
+        };
+        drop(me.handle_gossip_from(
+            NOW,
+            &|id| id == "victim",
+            &Gossip {
+                members: vec![leave],
+            },
+        ));
+        assert_eq!(me.state_of("victim"), Some(MemberState::Left));
+    }
+
+    /// A relayed heartbeat far ahead of the member's own cannot pin it: the member's own
+    /// heartbeats, one a round, keep counting, and it is never suspected while it gossips.
+    #[test]
+    fn a_relayed_heartbeat_cannot_outrun_the_members_own() {
+        let known = NOW / MS - 60_000;
+        let mut me = heard_victim(known);
+        let interval = MembershipConfig::default().gossip_interval_ns;
+        let dead_after = MembershipConfig::default().dead_after_ns;
+        from_mallory(&mut me, NOW, vec![claim("victim", known, u64::MAX - 1)]);
+        assert!(me.heartbeat_of("victim").unwrap() <= 3 + MAX_RELAYED_HEARTBEAT_LEAD);
+        for round in 1..=3 * dead_after / interval {
+            let now = NOW + round * interval;
+            drop(me.poll(now));
+            let own = claim("victim", known, 3 + round);
+            drop(me.handle_gossip_from(now, &|id| id == "victim", &Gossip { members: vec![own] }));
+            // The forger keeps relaying its pin every round.
+            from_mallory(&mut me, now, vec![claim("victim", known, u64::MAX - 1)]);
+            assert_eq!(
+                me.state_of("victim"),
+                Some(MemberState::Alive),
+                "round {round}"
+            );
+        }
+        // Once the forger stops, the member's own heartbeats pass what it left behind within
+        // the lead: never long enough to be suspected.
+        let pinned = me.heartbeat_of("victim").unwrap();
+        let last_own = 3 + 3 * dead_after / interval;
+        assert!(pinned <= last_own + MAX_RELAYED_HEARTBEAT_LEAD, "{pinned}");
+    }
+
+    /// A relayed restart is taken once the member's old life is no longer heard (that is how a
+    /// restart looks from afar); the member's own word of its earlier life overrides a later
+    /// life only a relay told of.
+    #[test]
+    fn a_relayed_restart_waits_for_silence_and_yields_to_the_members_own_word() {
+        let known = NOW / MS - 60_000;
+        let mut me = heard_victim(known);
+        let config = MembershipConfig::default();
+        let silent = NOW + config.suspect_after_ns;
+        drop(me.poll(silent));
+        assert_eq!(me.state_of("victim"), Some(MemberState::Suspect));
+        from_mallory(&mut me, silent, vec![claim("victim", NOW / MS, 1)]);
+        assert_eq!(me.incarnation_of("victim"), Some(NOW / MS));
+        assert_eq!(me.state_of("victim"), Some(MemberState::Alive));
+        let own = claim("victim", known, 9);
+        drop(me.handle_gossip_from(silent, &|id| id == "victim", &Gossip { members: vec![own] }));
+        assert_eq!(me.incarnation_of("victim"), Some(known));
+        assert_eq!(me.heartbeat_of("victim"), Some(9));
     }
 }

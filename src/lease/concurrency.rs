@@ -7,7 +7,7 @@ use super::LeaseLimit;
 /// when it is reclaimed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Lease {
-    pub id: u64,
+    pub id: super::LeaseId,
     pub expires_at_ns: u64,
 }
 
@@ -50,7 +50,7 @@ impl LeaseSet {
     }
 
     /// Grants lease `id` if fewer than `limit.max()` are live at `now_ns` (reclaim first).
-    pub fn acquire(&mut self, limit: &LeaseLimit, id: u64, now_ns: u64) -> Acquired {
+    pub fn acquire(&mut self, limit: &LeaseLimit, id: super::LeaseId, now_ns: u64) -> Acquired {
         self.max = limit.max();
         let in_use = self.leases.len() as u64;
         if in_use >= limit.max() {
@@ -75,7 +75,7 @@ impl LeaseSet {
 
     /// Releases lease `id`; false when it is not held (released already, expired, unknown):
     /// releasing twice is not an error.
-    pub fn release(&mut self, id: u64) -> bool {
+    pub fn release(&mut self, id: super::LeaseId) -> bool {
         let Some(i) = self.leases.iter().position(|l| l.id == id) else {
             return false;
         };
@@ -87,7 +87,7 @@ impl LeaseSet {
 
     /// Extends lease `id` to expire `ttl_ns` after `now_ns`; `None` when it is not held (it
     /// expired and may have been granted to someone else: the holder must acquire again).
-    pub fn renew(&mut self, id: u64, ttl_ns: u64, now_ns: u64) -> Option<Lease> {
+    pub fn renew(&mut self, id: super::LeaseId, ttl_ns: u64, now_ns: u64) -> Option<Lease> {
         let lease = self.leases.iter_mut().find(|l| l.id == id)?;
         lease.expires_at_ns = now_ns.saturating_add(ttl_ns);
         self.changed = true;
@@ -97,7 +97,13 @@ impl LeaseSet {
     /// Merges a copy from a peer: the union of both (a lease either side holds is held, until
     /// the later of the two expiries), minus the ids the peer released. Never loses a grant, so
     /// a merge can only make a key stricter. Returns how many leases were added.
-    pub fn merge(&mut self, max: u64, leases: &[Lease], released: &[u64], now_ns: u64) -> usize {
+    pub fn merge(
+        &mut self,
+        max: u64,
+        leases: &[Lease],
+        released: &[super::LeaseId],
+        now_ns: u64,
+    ) -> usize {
         if max > 0 {
             self.max = max;
         }
@@ -220,7 +226,7 @@ mod tests {
             },
         ];
         assert_eq!(set.merge(3, &theirs, &[1], 2 * SEC), 1);
-        let mut held: Vec<(u64, u64)> = set
+        let mut held: Vec<(super::super::LeaseId, u64)> = set
             .leases()
             .iter()
             .map(|l| (l.id, l.expires_at_ns / SEC))

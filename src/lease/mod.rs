@@ -11,9 +11,13 @@ mod concurrency;
 mod limit;
 mod store;
 
+/// A lease's id: 128 random bits (64 for a caller whose protocol version carries no more, see
+/// [`LeaseIdWidth`]); 0 names no lease.
+pub type LeaseId = u128;
+
 pub use concurrency::{Acquired, Lease, LeaseSet};
 pub use limit::{LeaseLimit, LeaseLimitError, MAX_LEASE_MAX, MAX_LEASE_TTL_NS, MIN_LEASE_TTL_NS};
 pub use store::{
-    LEASE_BYTES, LeaseIds, LeaseSetState, LeaseStats, LeaseStore, LeaseStoreConfig,
+    LEASE_BYTES, LeaseIdWidth, LeaseIds, LeaseSetState, LeaseStats, LeaseStore, LeaseStoreConfig,
     LeaseStoreError, Released, Renewed,
 };

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use parking_lot::Mutex;
 
-use super::{Acquired, Lease, LeaseLimit, LeaseSet};
+use super::{Acquired, Lease, LeaseId, LeaseLimit, LeaseSet};
 use crate::BucketKey;
 
 /// Shards of the map: lease operations are rare next to checks, so a few suffice to keep
@@ -46,13 +46,31 @@ impl Default for LeaseStoreConfig {
 ///
 /// A lease is named by its key and its id alone: whoever sends both may release or renew it. So
 /// an id must tell nothing about any other: holding one lease must not let a caller work out its
-/// neighbours'. Each id is 64 bits drawn from a cryptographically secure generator (the node
-/// draws them from the operating system's; the core reads no randomness of its own), and a
+/// neighbours'. Each id is 128 bits drawn from a cryptographically secure generator (the node
+/// draws them from the operating system's; the core reads no randomness of its own), cut to
+/// their low 64 for a caller whose protocol version carries no more ([`LeaseIdWidth`]), and a
 /// store's ids are never 0 ("no lease") nor one a live lease of the same key holds (drawn again:
-/// two live leases of one key never share an id). 64 bits because ids are `u64` on the wire.
+/// two live leases of one key never share an id).
 pub trait LeaseIds: Send + Sync + std::fmt::Debug {
-    /// The next id: 64 bits from a cryptographically secure generator.
-    fn next_id(&self) -> u64;
+    /// The next id: 128 bits from a cryptographically secure generator.
+    fn next_id(&self) -> LeaseId;
+}
+
+/// How many random bits a new lease's id has.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LeaseIdWidth {
+    /// For a caller, or a cluster member, whose protocol version has 64-bit lease ids.
+    Bits64,
+    Bits128,
+}
+
+impl LeaseIdWidth {
+    fn cut(self, id: LeaseId) -> LeaseId {
+        match self {
+            LeaseIdWidth::Bits64 => id & LeaseId::from(u64::MAX),
+            LeaseIdWidth::Bits128 => id,
+        }
+    }
 }
 
 /// Why an acquire could not be decided.
@@ -92,7 +110,7 @@ pub struct LeaseSetState {
     pub max: u64,
     pub leases: Vec<Lease>,
     /// Ids released here since the last round, for the receiver to drop.
-    pub released: Vec<u64>,
+    pub released: Vec<LeaseId>,
 }
 
 /// Counters since start, published by the node.
@@ -109,7 +127,7 @@ pub struct LeaseStats {
 #[derive(Debug, Default)]
 struct Shard {
     sets: HashMap<BucketKey, LeaseSet>,
-    tombstones: Vec<(BucketKey, u64)>,
+    tombstones: Vec<(BucketKey, LeaseId)>,
 }
 
 /// Every key's leases on one node.
@@ -145,11 +163,11 @@ impl LeaseStore {
 
     /// `drawn` if it is a usable id for `set`, else fresh draws until one is: never 0 (which
     /// means "no lease"), never an id a live lease of the key holds. Either happens once in
-    /// about 2^64 / (leases of the key) draws.
-    fn fresh_id(&self, set: &LeaseSet, drawn: u64) -> u64 {
-        let mut id = drawn;
+    /// about 2^64 / (leases of the key) draws (2^128 for wide ids).
+    fn fresh_id(&self, set: &LeaseSet, drawn: LeaseId, width: LeaseIdWidth) -> LeaseId {
+        let mut id = width.cut(drawn);
         while id == 0 || set.leases.iter().any(|l| l.id == id) {
-            id = self.ids.next_id();
+            id = width.cut(self.ids.next_id());
         }
         id
     }
@@ -188,19 +206,20 @@ impl LeaseStore {
         }
     }
 
-    /// Grants a lease on `key` if fewer than `limit.max()` are held there.
+    /// Grants a lease on `key` if fewer than `limit.max()` are held there, its id `width` wide.
     pub fn acquire(
         &self,
         key: BucketKey,
         limit: &LeaseLimit,
         now_ns: u64,
+        width: LeaseIdWidth,
     ) -> Result<Acquired, LeaseStoreError> {
         // Drawn before the shard's lock is taken (the draw may be a system call); drawn again
         // under it only in the rare case the id is unusable.
         let drawn = self.ids.next_id();
-        let mut result = self.try_acquire(key, limit, now_ns, drawn);
+        let mut result = self.try_acquire(key, limit, now_ns, (drawn, width));
         if result.is_err() && self.reclaim_for_room(now_ns) {
-            result = self.try_acquire(key, limit, now_ns, drawn);
+            result = self.try_acquire(key, limit, now_ns, (drawn, width));
         }
         let counter = match result {
             Ok(Acquired::Granted { .. }) => &self.stats.grants,
@@ -235,7 +254,7 @@ impl LeaseStore {
         key: BucketKey,
         limit: &LeaseLimit,
         now_ns: u64,
-        drawn: u64,
+        (drawn, width): (LeaseId, LeaseIdWidth),
     ) -> Result<Acquired, LeaseStoreError> {
         self.with_set(key, now_ns, |set, reclaimed| {
             // The places this key's reclaim just freed count as free.
@@ -245,13 +264,13 @@ impl LeaseStore {
                     max_leases: self.config.max_leases,
                 });
             }
-            let id = self.fresh_id(set, drawn);
+            let id = self.fresh_id(set, drawn, width);
             Ok(set.acquire(limit, id, now_ns))
         })
     }
 
     /// Releases lease `id` of `key`; releasing one not held is not an error.
-    pub fn release(&self, key: BucketKey, id: u64, now_ns: u64) -> Released {
+    pub fn release(&self, key: BucketKey, id: LeaseId, now_ns: u64) -> Released {
         let (released, in_use) =
             self.with_set(key, now_ns, |set, _| (set.release(id), set.len() as u64));
         if released {
@@ -266,7 +285,7 @@ impl LeaseStore {
     }
 
     /// Extends lease `id` of `key` to `ttl_ns` from now.
-    pub fn renew(&self, key: BucketKey, id: u64, ttl_ns: u64, now_ns: u64) -> Renewed {
+    pub fn renew(&self, key: BucketKey, id: LeaseId, ttl_ns: u64, now_ns: u64) -> Renewed {
         self.with_set(key, now_ns, |set, _| match set.renew(id, ttl_ns, now_ns) {
             Some(lease) => Renewed::Renewed {
                 lease,
@@ -417,12 +436,12 @@ mod tests {
     /// draws them from a secure generator).
     #[derive(Debug)]
     struct ScriptedIds {
-        script: Mutex<Vec<u64>>,
+        script: Mutex<Vec<LeaseId>>,
         next: AtomicU64,
     }
 
     impl ScriptedIds {
-        fn new(script: &[u64]) -> Box<Self> {
+        fn new(script: &[LeaseId]) -> Box<Self> {
             Box::new(ScriptedIds {
                 script: Mutex::new(script.iter().rev().copied().collect()),
                 next: AtomicU64::new(1 << 40),
@@ -431,11 +450,11 @@ mod tests {
     }
 
     impl LeaseIds for ScriptedIds {
-        fn next_id(&self) -> u64 {
+        fn next_id(&self) -> LeaseId {
             self.script
                 .lock()
                 .pop()
-                .unwrap_or_else(|| self.next.fetch_add(1, Ordering::Relaxed))
+                .unwrap_or_else(|| self.next.fetch_add(1, Ordering::Relaxed).into())
         }
     }
 
@@ -460,15 +479,20 @@ mod tests {
         );
         let key = BucketKey::for_key(b"k");
         let limit = LeaseLimit::new(10, SEC).unwrap();
-        let a = granted(store.acquire(key, &limit, 0));
+        let a = granted(store.acquire(key, &limit, 0, LeaseIdWidth::Bits128));
         assert_eq!(a.id, 42);
-        let b = granted(store.acquire(key, &limit, 0));
+        let b = granted(store.acquire(key, &limit, 0, LeaseIdWidth::Bits128));
         assert_eq!(b.id, 7, "42 is live on this key: drawn again, twice");
-        let other = granted(store.acquire(BucketKey::for_key(b"other"), &limit, 0));
+        let other = granted(store.acquire(
+            BucketKey::for_key(b"other"),
+            &limit,
+            0,
+            LeaseIdWidth::Bits128,
+        ));
         assert_eq!(other.id, 42);
         // Once 42 is released on `k`, it may be drawn there again.
         assert!(store.release(key, a.id, 0).released);
-        let c = granted(store.acquire(key, &limit, 0));
+        let c = granted(store.acquire(key, &limit, 0, LeaseIdWidth::Bits128));
         assert_eq!(c.id, 42);
         assert_eq!(store.in_use(key, 0), 2);
     }
@@ -477,17 +501,17 @@ mod tests {
     fn the_node_wide_bound_refuses_new_leases_and_counts_them() {
         let store = store(2);
         let limit = LeaseLimit::new(10, SEC).unwrap();
-        granted(store.acquire(BucketKey::for_key(b"a"), &limit, 0));
-        granted(store.acquire(BucketKey::for_key(b"b"), &limit, 0));
+        granted(store.acquire(BucketKey::for_key(b"a"), &limit, 0, LeaseIdWidth::Bits128));
+        granted(store.acquire(BucketKey::for_key(b"b"), &limit, 0, LeaseIdWidth::Bits128));
         assert_eq!(
-            store.acquire(BucketKey::for_key(b"c"), &limit, 0),
+            store.acquire(BucketKey::for_key(b"c"), &limit, 0, LeaseIdWidth::Bits128),
             Err(LeaseStoreError::Full { max_leases: 2 })
         );
         assert_eq!(store.stats().full.load(Ordering::Relaxed), 1);
         // Once they expire, the sweep gives the room back.
         assert_eq!(store.sweep(SEC, SHARDS), 2);
         assert_eq!(store.held(), 0);
-        granted(store.acquire(BucketKey::for_key(b"c"), &limit, SEC));
+        granted(store.acquire(BucketKey::for_key(b"c"), &limit, SEC, LeaseIdWidth::Bits128));
     }
 
     /// A caller fills the store with short leases on keys it never touches again; once they
@@ -497,15 +521,30 @@ mod tests {
     fn expired_leases_nobody_touches_make_room_for_a_new_key() {
         let store = store(2);
         let short = LeaseLimit::new(10, SEC).unwrap();
-        granted(store.acquire(BucketKey::for_key(b"a"), &short, 0));
-        granted(store.acquire(BucketKey::for_key(b"b"), &short, 0));
-        granted(store.acquire(BucketKey::for_key(b"new"), &short, SEC));
+        granted(store.acquire(BucketKey::for_key(b"a"), &short, 0, LeaseIdWidth::Bits128));
+        granted(store.acquire(BucketKey::for_key(b"b"), &short, 0, LeaseIdWidth::Bits128));
+        granted(store.acquire(
+            BucketKey::for_key(b"new"),
+            &short,
+            SEC,
+            LeaseIdWidth::Bits128,
+        ));
         assert_eq!(store.held(), 1);
         let long = LeaseLimit::new(10, 3_600 * SEC).unwrap();
-        granted(store.acquire(BucketKey::for_key(b"live"), &long, SEC));
+        granted(store.acquire(
+            BucketKey::for_key(b"live"),
+            &long,
+            SEC,
+            LeaseIdWidth::Bits128,
+        ));
         let later = 10 * SEC;
         assert_eq!(
-            store.acquire(BucketKey::for_key(b"c"), &long, later),
+            store.acquire(
+                BucketKey::for_key(b"c"),
+                &long,
+                later,
+                LeaseIdWidth::Bits128
+            ),
             Ok(Acquired::Granted {
                 lease: Lease {
                     id: (1 << 40) + 4,
@@ -515,7 +554,12 @@ mod tests {
             })
         );
         assert_eq!(
-            store.acquire(BucketKey::for_key(b"d"), &long, later + SEC),
+            store.acquire(
+                BucketKey::for_key(b"d"),
+                &long,
+                later + SEC,
+                LeaseIdWidth::Bits128
+            ),
             Err(LeaseStoreError::Full { max_leases: 2 })
         );
         assert_eq!(store.in_use(BucketKey::for_key(b"live"), later + SEC), 1);
@@ -529,9 +573,9 @@ mod tests {
         let key = BucketKey::for_key(b"k");
         let short = LeaseLimit::new(10_000, SEC).unwrap();
         for _ in 0..10_000 {
-            granted(store.acquire(key, &short, 0));
+            granted(store.acquire(key, &short, 0, LeaseIdWidth::Bits128));
         }
-        granted(store.acquire(key, &short, 2 * SEC));
+        granted(store.acquire(key, &short, 2 * SEC, LeaseIdWidth::Bits128));
         let room = store.shard(key).lock().sets[&key].leases.capacity();
         assert!(
             room * size_of::<Lease>() <= LEASE_BYTES,
@@ -543,10 +587,20 @@ mod tests {
     fn a_full_store_still_grants_a_place_its_own_key_just_reclaimed() {
         let store = store(1);
         let key = BucketKey::for_key(b"a");
-        granted(store.acquire(key, &LeaseLimit::new(10, SEC).unwrap(), 0));
+        granted(store.acquire(
+            key,
+            &LeaseLimit::new(10, SEC).unwrap(),
+            0,
+            LeaseIdWidth::Bits128,
+        ));
         // Expired but not swept: the store counts it as held until someone looks.
         assert_eq!(store.held(), 1);
-        granted(store.acquire(key, &LeaseLimit::new(10, SEC).unwrap(), SEC));
+        granted(store.acquire(
+            key,
+            &LeaseLimit::new(10, SEC).unwrap(),
+            SEC,
+            LeaseIdWidth::Bits128,
+        ));
         assert_eq!(store.held(), 1);
     }
 
@@ -556,8 +610,8 @@ mod tests {
         let replica = store(100);
         let key = BucketKey::for_key(b"k");
         let limit = LeaseLimit::new(2, 10 * SEC).unwrap();
-        let a = granted(owner.acquire(key, &limit, 0));
-        granted(owner.acquire(key, &limit, 0));
+        let a = granted(owner.acquire(key, &limit, 0, LeaseIdWidth::Bits128));
+        granted(owner.acquire(key, &limit, 0, LeaseIdWidth::Bits128));
         let mut changed = Vec::new();
         owner.take_changed(0, &mut changed);
         assert_eq!(changed.len(), 1);
@@ -581,15 +635,15 @@ mod tests {
         let store = store(100);
         let key = BucketKey::for_key(b"k");
         let limit = LeaseLimit::new(1, 5 * SEC).unwrap();
-        granted(store.acquire(key, &limit, 0));
+        granted(store.acquire(key, &limit, 0, LeaseIdWidth::Bits128));
         assert!(matches!(
-            store.acquire(key, &limit, 5 * SEC - 1),
+            store.acquire(key, &limit, 5 * SEC - 1, LeaseIdWidth::Bits128),
             Ok(Acquired::Refused {
                 in_use: 1,
                 retry_after_ns: 1
             })
         ));
-        granted(store.acquire(key, &limit, 5 * SEC));
+        granted(store.acquire(key, &limit, 5 * SEC, LeaseIdWidth::Bits128));
         assert_eq!(store.stats().expiries.load(Ordering::Relaxed), 1);
         assert_eq!(store.held(), 1);
     }

@@ -292,6 +292,24 @@ struct DigestV3 {
     max_version: u8,
 }
 
+/// Version 8: each digest also says whether its member is still joining.
+#[derive(Archive, Serialize, Deserialize)]
+struct GossipV8 {
+    members: Vec<DigestV8>,
+}
+
+#[derive(Archive, Serialize, Deserialize)]
+struct DigestV8 {
+    info: MemberInfo,
+    incarnation: u64,
+    heartbeat: u64,
+    left: bool,
+    /// 0..0: not known to the sender.
+    min_version: u8,
+    max_version: u8,
+    joining: bool,
+}
+
 /// A range as layouts from version 3 carry it: `0..0` for one the sender does not know.
 fn range_to_wire(range: Option<VersionRange>) -> (u8, u8) {
     range.map_or((0, 0), |r| (r.min, r.max))
@@ -310,7 +328,28 @@ fn range_from_wire(what: &str, min: u8, max: u8) -> Result<Option<VersionRange>,
 /// Appends `gossip` as a frame for a peer speaking `version`: with ranges from version 3, in
 /// version 2's layout (ranges left out) for a peer that speaks only that.
 pub fn encode_gossip(out: &mut Vec<u8>, version: u8, gossip: &Gossip) {
-    if Feature::MemberVersions.readable_at(version) {
+    if Feature::SettledJoins.readable_at(version) {
+        let message = GossipV8 {
+            members: gossip
+                .members
+                .iter()
+                .map(|d| {
+                    let (min_version, max_version) = range_to_wire(d.versions);
+                    DigestV8 {
+                        info: d.info.clone(),
+                        incarnation: d.incarnation,
+                        heartbeat: d.heartbeat,
+                        left: d.left,
+                        min_version,
+                        max_version,
+                        joining: d.joining,
+                    }
+                })
+                .collect(),
+        };
+        let layout = FrameKind::Gossip.layout_at(version);
+        encode_message_at(out, layout, FrameKind::Gossip, 0, &message);
+    } else if Feature::MemberVersions.readable_at(version) {
         let message = GossipV3 {
             members: gossip
                 .members
@@ -352,7 +391,28 @@ pub fn encode_gossip(out: &mut Vec<u8>, version: u8, gossip: &Gossip) {
 /// [`MAX_MEMBER_FIELD_BYTES`] and a valid region name. Honest nodes pass on what they were
 /// told, so one oversized field let in would travel in every node's gossip.
 pub fn decode_gossip(layout: u8, payload: &[u8]) -> Result<Gossip, Refusal> {
-    let members = if Feature::MemberVersions.readable_at(layout) {
+    let members = if Feature::SettledJoins.readable_at(layout) {
+        let archived = access_validated::<ArchivedGossipV8>(payload, "gossip message")?;
+        digest_count(archived.members.len())?;
+        archived
+            .members
+            .iter()
+            .enumerate()
+            .map(|(i, d)| {
+                Ok(MemberDigest {
+                    versions: range_from_wire("gossip", d.min_version, d.max_version)?,
+                    joining: d.joining,
+                    ..digest(
+                        i,
+                        &d.info,
+                        d.incarnation.to_native(),
+                        d.heartbeat.to_native(),
+                        d.left,
+                    )?
+                })
+            })
+            .collect::<Result<_, Refusal>>()?
+    } else if Feature::MemberVersions.readable_at(layout) {
         let archived = access_validated::<ArchivedGossipV3>(payload, "gossip message")?;
         digest_count(archived.members.len())?;
         archived
@@ -435,6 +495,7 @@ fn digest(
         heartbeat,
         left,
         versions: None,
+        joining: false,
     })
 }
 
@@ -662,6 +723,7 @@ mod tests {
             heartbeat: 9,
             left: false,
             versions,
+            joining: false,
         };
         Gossip {
             members: vec![
@@ -775,6 +837,7 @@ mod tests {
                     heartbeat: 1,
                     left: false,
                     versions: None,
+                    joining: false,
                 })
                 .collect(),
         };

@@ -2,13 +2,19 @@
 //! (kind 16), and lease sets between nodes (kind 17: replicas to a slot's successor, a hand-off
 //! to a new owner). Validated before any field is read, like every other payload; a `max` or
 //! TTL outside `LeaseLimit`'s bounds is refused as `invalid_limit`.
+//!
+//! Lease ids are 128 bits from version 10 (`Feature::WideLeaseIds`): the public structs here
+//! are that layout. Versions 2-8 carry 64-bit ids (the structs of `v2`, converted at the edge):
+//! a caller speaking only those is granted 64-bit ids, and so is everyone while a member of
+//! the cluster speaks only those (its lease syncs could not carry more).
 
 use rkyv::{Archive, Deserialize, Serialize};
 
-use super::ErrorCode;
 use super::messages::{Refusal, WireLimits, access_validated};
+use super::{ErrorCode, FrameKind, encode_message_at};
 use crate::BucketKey;
-use crate::lease::{Lease, LeaseLimit, LeaseSetState, MAX_LEASE_MAX};
+use crate::lease::{Lease, LeaseId, LeaseLimit, LeaseSetState, MAX_LEASE_MAX};
+use crate::protocol::Feature;
 
 /// Most lease sets one kind 17 message may carry.
 pub const MAX_WIRE_LEASE_SETS: usize = 4_096;
@@ -37,7 +43,7 @@ pub struct WireLeaseRequest {
     /// Acquire and renew: how long the lease is held unless renewed (1 ms ..= 1 day).
     pub ttl_ns: u64,
     /// Release and renew: the lease; 0 for an acquire.
-    pub lease_id: u64,
+    pub lease_id: LeaseId,
     /// Sent to the slot's successor because the owner is unreachable: decided from its replica.
     pub takeover: bool,
 }
@@ -55,7 +61,7 @@ pub struct WireLeaseAnswer {
     /// of a lease not held, 6 error (`error_code` says which).
     pub outcome: u8,
     pub error_code: u16,
-    pub lease_id: u64,
+    pub lease_id: LeaseId,
     pub in_use: u64,
     /// Granted and renewed: time until the lease expires. Refused: until the earliest expires.
     pub after_ns: u64,
@@ -72,7 +78,7 @@ pub struct LeaseAnswerBatch {
 /// One lease as replicated.
 #[derive(Archive, Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct WireLease {
-    pub id: u64,
+    pub id: LeaseId,
     pub expires_at_ns: u64,
 }
 
@@ -83,7 +89,7 @@ pub struct WireLeaseSet {
     /// 0 when the set carries only releases.
     pub max: u64,
     pub leases: Vec<WireLease>,
-    pub released: Vec<u64>,
+    pub released: Vec<LeaseId>,
 }
 
 /// Kind 17, node → node (unidirectional, unanswered): lease sets for a slot's successor
@@ -109,15 +115,15 @@ pub struct ValidLeaseRequest {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LeaseOp {
     Acquire(LeaseLimit),
-    Release { id: u64 },
-    Renew { id: u64, ttl_ns: u64 },
+    Release { id: LeaseId },
+    Renew { id: LeaseId, ttl_ns: u64 },
 }
 
 /// An answer as the client reads it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LeaseAnswer {
     Granted {
-        lease_id: u64,
+        lease_id: LeaseId,
         in_use: u64,
         expires_in_ns: u64,
     },
@@ -189,7 +195,7 @@ impl WireLeaseRequest {
         }
     }
 
-    pub fn release(key: impl Into<Vec<u8>>, lease_id: u64) -> Self {
+    pub fn release(key: impl Into<Vec<u8>>, lease_id: LeaseId) -> Self {
         WireLeaseRequest {
             op: LEASE_RELEASE,
             key: key.into(),
@@ -198,7 +204,7 @@ impl WireLeaseRequest {
         }
     }
 
-    pub fn renew(key: impl Into<Vec<u8>>, lease_id: u64, ttl_ns: u64) -> Self {
+    pub fn renew(key: impl Into<Vec<u8>>, lease_id: LeaseId, ttl_ns: u64) -> Self {
         WireLeaseRequest {
             op: LEASE_RENEW,
             key: key.into(),
@@ -209,41 +215,236 @@ impl WireLeaseRequest {
     }
 }
 
+/// Version 2's layouts of kinds 15-17 (64-bit lease ids), spoken through version 9.
+mod v2 {
+    use rkyv::{Archive, Deserialize, Serialize};
+
+    #[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq, Default)]
+    pub(super) struct WireLeaseRequest {
+        pub(super) op: u8,
+        pub(super) key: Vec<u8>,
+        pub(super) max: u64,
+        pub(super) ttl_ns: u64,
+        pub(super) lease_id: u64,
+        pub(super) takeover: bool,
+    }
+
+    #[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq, Default)]
+    pub(super) struct LeaseRequestBatch {
+        pub(super) requests: Vec<WireLeaseRequest>,
+    }
+
+    #[derive(Archive, Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq, Default)]
+    pub(super) struct WireLeaseAnswer {
+        pub(super) outcome: u8,
+        pub(super) error_code: u16,
+        pub(super) lease_id: u64,
+        pub(super) in_use: u64,
+        pub(super) after_ns: u64,
+    }
+
+    #[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq, Default)]
+    pub(super) struct LeaseAnswerBatch {
+        pub(super) answers: Vec<WireLeaseAnswer>,
+        pub(super) table_version: u64,
+    }
+
+    #[derive(Archive, Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq, Default)]
+    pub(super) struct WireLease {
+        pub(super) id: u64,
+        pub(super) expires_at_ns: u64,
+    }
+
+    #[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq, Default)]
+    pub(super) struct WireLeaseSet {
+        pub(super) key: u128,
+        pub(super) max: u64,
+        pub(super) leases: Vec<WireLease>,
+        pub(super) released: Vec<u64>,
+    }
+
+    #[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq, Default)]
+    pub(super) struct LeaseSyncMessage {
+        pub(super) from: String,
+        pub(super) handoff: bool,
+        pub(super) sets: Vec<WireLeaseSet>,
+    }
+}
+
+/// A lease id in version 2's 64 bits; `None` for a wide one, which no end speaking only that
+/// version was given.
+fn narrow(id: LeaseId) -> Option<u64> {
+    u64::try_from(id).ok()
+}
+
+/// Appends `batch` as one kind 15 frame in the layout of an end speaking `version`. An id
+/// wider than that layout carries goes as 0 (refused: "without a lease id"): only a grant over
+/// a version 10 connection has one.
+pub fn encode_lease_requests(
+    out: &mut Vec<u8>,
+    version: u8,
+    request_id: u64,
+    batch: &LeaseRequestBatch,
+) {
+    let layout = FrameKind::LeaseRequest.layout_at(version);
+    if Feature::WideLeaseIds.readable_at(layout) {
+        return encode_message_at(out, layout, FrameKind::LeaseRequest, request_id, batch);
+    }
+    let old = v2::LeaseRequestBatch {
+        requests: batch
+            .requests
+            .iter()
+            .map(|r| v2::WireLeaseRequest {
+                op: r.op,
+                key: r.key.clone(),
+                max: r.max,
+                ttl_ns: r.ttl_ns,
+                lease_id: narrow(r.lease_id).unwrap_or(0),
+                takeover: r.takeover,
+            })
+            .collect(),
+    };
+    encode_message_at(out, layout, FrameKind::LeaseRequest, request_id, &old);
+}
+
+/// Appends `batch` as one kind 16 frame in the layout of an end speaking `version` (a grant of
+/// a wide id, which such an end is never given, would go as a grant without an id: refused).
+pub fn encode_lease_answers(
+    out: &mut Vec<u8>,
+    version: u8,
+    request_id: u64,
+    batch: &LeaseAnswerBatch,
+) {
+    let layout = FrameKind::LeaseAnswer.layout_at(version);
+    if Feature::WideLeaseIds.readable_at(layout) {
+        return encode_message_at(out, layout, FrameKind::LeaseAnswer, request_id, batch);
+    }
+    let old = v2::LeaseAnswerBatch {
+        answers: batch
+            .answers
+            .iter()
+            .map(|a| v2::WireLeaseAnswer {
+                outcome: a.outcome,
+                error_code: a.error_code,
+                lease_id: narrow(a.lease_id).unwrap_or(0),
+                in_use: a.in_use,
+                after_ns: a.after_ns,
+            })
+            .collect(),
+        table_version: batch.table_version,
+    };
+    encode_message_at(out, layout, FrameKind::LeaseAnswer, request_id, &old);
+}
+
+/// Appends `message` as one kind 17 frame in the layout every member speaking `version` reads.
+/// Version 2's layout cannot carry a wide id: such leases are left out (counted in the
+/// returned number), as happens only when a member speaking 9 or less joins a cluster that
+/// granted wide ids.
+pub fn encode_lease_sync(out: &mut Vec<u8>, version: u8, message: &LeaseSyncMessage) -> usize {
+    let layout = FrameKind::LeaseSync.layout_at(version);
+    if Feature::WideLeaseIds.readable_at(layout) {
+        encode_message_at(out, layout, FrameKind::LeaseSync, 0, message);
+        return 0;
+    }
+    let mut left_out = 0;
+    let old = v2::LeaseSyncMessage {
+        from: message.from.clone(),
+        handoff: message.handoff,
+        sets: message
+            .sets
+            .iter()
+            .map(|set| v2::WireLeaseSet {
+                key: set.key,
+                max: set.max,
+                leases: set
+                    .leases
+                    .iter()
+                    .filter_map(|l| {
+                        let id = narrow(l.id);
+                        left_out += usize::from(id.is_none());
+                        Some(v2::WireLease {
+                            id: id?,
+                            expires_at_ns: l.expires_at_ns,
+                        })
+                    })
+                    .collect(),
+                released: set.released.iter().filter_map(|&id| narrow(id)).collect(),
+            })
+            .collect(),
+    };
+    encode_message_at(out, layout, FrameKind::LeaseSync, 0, &old);
+    left_out
+}
+
+/// `archived`, validated already, as its owned struct `T`: a frame's worth at most.
+fn deserialized<A, T>(archived: &A) -> Result<T, Refusal>
+where
+    A: rkyv::Deserialize<T, rkyv::api::high::HighDeserializer<rkyv::rancor::Error>>,
+{
+    rkyv::deserialize::<T, rkyv::rancor::Error>(archived)
+        .map_err(|e| malformed(format!("lease message: {e}")))
+}
+
 fn malformed(message: String) -> Refusal {
     (ErrorCode::MalformedPayload, message)
 }
 
-/// Validates a kind 15 payload: at most `max_batch` requests, keys within `max_key_bytes`, a
-/// known op, a valid limit or TTL, a lease id where one is needed. Any fault refuses the frame.
+/// Validates a kind 15 payload in layout `layout` (the frame's version byte): at most
+/// `max_batch` requests, keys within `max_key_bytes`, a known op, a valid limit or TTL, a lease
+/// id where one is needed. Any fault refuses the frame.
 pub fn decode_lease_requests(
+    layout: u8,
     payload: &[u8],
     limits: &WireLimits,
 ) -> Result<Vec<ValidLeaseRequest>, Refusal> {
-    let batch = access_validated::<ArchivedLeaseRequestBatch>(payload, "lease request batch")?;
-    if batch.requests.len() > limits.max_batch {
-        return Err((
-            ErrorCode::BatchTooLarge,
-            format!(
-                "{} lease requests in one frame; the maximum is {}",
-                batch.requests.len(),
-                limits.max_batch
-            ),
-        ));
-    }
-    if batch.requests.is_empty() {
-        return Err(malformed(
-            "a lease request batch with no requests".to_owned(),
-        ));
-    }
-    batch
-        .requests
+    let what = "lease request batch";
+    let requests = if Feature::WideLeaseIds.readable_at(layout) {
+        let batch = access_validated::<ArchivedLeaseRequestBatch>(payload, what)?;
+        request_count(batch.requests.len(), limits)?;
+        deserialized::<_, LeaseRequestBatch>(batch)?.requests
+    } else {
+        let batch = access_validated::<v2::ArchivedLeaseRequestBatch>(payload, what)?;
+        request_count(batch.requests.len(), limits)?;
+        let batch: v2::LeaseRequestBatch = deserialized(batch)?;
+        batch
+            .requests
+            .into_iter()
+            .map(|r| WireLeaseRequest {
+                op: r.op,
+                key: r.key,
+                max: r.max,
+                ttl_ns: r.ttl_ns,
+                lease_id: r.lease_id.into(),
+                takeover: r.takeover,
+            })
+            .collect()
+    };
+    requests
         .iter()
         .map(|r| validate_request(r, limits))
         .collect()
 }
 
+fn request_count(requests: usize, limits: &WireLimits) -> Result<(), Refusal> {
+    if requests > limits.max_batch {
+        return Err((
+            ErrorCode::BatchTooLarge,
+            format!(
+                "{requests} lease requests in one frame; the maximum is {}",
+                limits.max_batch
+            ),
+        ));
+    }
+    if requests == 0 {
+        return Err(malformed(
+            "a lease request batch with no requests".to_owned(),
+        ));
+    }
+    Ok(())
+}
+
 fn validate_request(
-    request: &ArchivedWireLeaseRequest,
+    request: &WireLeaseRequest,
     limits: &WireLimits,
 ) -> Result<ValidLeaseRequest, Refusal> {
     if request.key.len() > limits.max_key_bytes {
@@ -256,7 +457,7 @@ fn validate_request(
             ),
         ));
     }
-    let id = request.lease_id.to_native();
+    let id = request.lease_id;
     let needs_id = |what: &str| {
         if id == 0 {
             Err(malformed(format!("a lease {what} without a lease id")))
@@ -266,16 +467,15 @@ fn validate_request(
     };
     let invalid = |e: crate::lease::LeaseLimitError| (ErrorCode::InvalidLimit, e.to_string());
     let op = match request.op {
-        LEASE_ACQUIRE => LeaseOp::Acquire(
-            LeaseLimit::new(request.max.to_native(), request.ttl_ns.to_native())
-                .map_err(invalid)?,
-        ),
+        LEASE_ACQUIRE => {
+            LeaseOp::Acquire(LeaseLimit::new(request.max, request.ttl_ns).map_err(invalid)?)
+        }
         LEASE_RELEASE => LeaseOp::Release {
             id: needs_id("release")?,
         },
         LEASE_RENEW => LeaseOp::Renew {
             id: needs_id("renewal")?,
-            ttl_ns: LeaseLimit::check_ttl(request.ttl_ns.to_native()).map_err(invalid)?,
+            ttl_ns: LeaseLimit::check_ttl(request.ttl_ns).map_err(invalid)?,
         },
         other => {
             return Err(malformed(format!(
@@ -284,25 +484,48 @@ fn validate_request(
         }
     };
     Ok(ValidLeaseRequest {
-        key: BucketKey::for_key(request.key.as_slice()),
+        key: BucketKey::for_key(&request.key),
         op,
         takeover: request.takeover,
     })
 }
 
-/// Validates a kind 16 payload (client side: a node is not trusted blindly either); returns
-/// the answers and the node's table version.
-pub fn decode_lease_answers(payload: &[u8]) -> Result<(Vec<LeaseAnswer>, u64), Refusal> {
-    let batch = access_validated::<ArchivedLeaseAnswerBatch>(payload, "lease answer batch")?;
+/// Validates a kind 16 payload in layout `layout` (client side: a node is not trusted blindly
+/// either); returns the answers and the node's table version.
+pub fn decode_lease_answers(
+    layout: u8,
+    payload: &[u8],
+) -> Result<(Vec<LeaseAnswer>, u64), Refusal> {
+    let what = "lease answer batch";
+    let batch: LeaseAnswerBatch = if Feature::WideLeaseIds.readable_at(layout) {
+        deserialized(access_validated::<ArchivedLeaseAnswerBatch>(payload, what)?)?
+    } else {
+        let batch: v2::LeaseAnswerBatch = deserialized(access_validated::<
+            v2::ArchivedLeaseAnswerBatch,
+        >(payload, what)?)?;
+        LeaseAnswerBatch {
+            answers: batch
+                .answers
+                .into_iter()
+                .map(|a| WireLeaseAnswer {
+                    outcome: a.outcome,
+                    error_code: a.error_code,
+                    lease_id: a.lease_id.into(),
+                    in_use: a.in_use,
+                    after_ns: a.after_ns,
+                })
+                .collect(),
+            table_version: batch.table_version,
+        }
+    };
     let answers = batch
         .answers
         .iter()
         .map(|a| {
-            let in_use = a.in_use.to_native();
-            let after_ns = a.after_ns.to_native();
+            let (in_use, after_ns) = (a.in_use, a.after_ns);
             Ok(match a.outcome {
-                0 if a.lease_id.to_native() != 0 => LeaseAnswer::Granted {
-                    lease_id: a.lease_id.to_native(),
+                0 if a.lease_id != 0 => LeaseAnswer::Granted {
+                    lease_id: a.lease_id,
                     in_use,
                     expires_in_ns: after_ns,
                 },
@@ -320,8 +543,7 @@ pub fn decode_lease_answers(payload: &[u8]) -> Result<(Vec<LeaseAnswer>, u64), R
                 },
                 5 => LeaseAnswer::NotHeld { in_use },
                 6 => LeaseAnswer::Error(
-                    ErrorCode::from_u16(a.error_code.to_native())
-                        .unwrap_or(ErrorCode::MalformedPayload),
+                    ErrorCode::from_u16(a.error_code).unwrap_or(ErrorCode::MalformedPayload),
                 ),
                 other => {
                     return Err(malformed(format!(
@@ -331,7 +553,7 @@ pub fn decode_lease_answers(payload: &[u8]) -> Result<(Vec<LeaseAnswer>, u64), R
             })
         })
         .collect::<Result<Vec<_>, _>>()?;
-    Ok((answers, batch.table_version.to_native()))
+    Ok((answers, batch.table_version))
 }
 
 /// A kind 17 message, validated.
@@ -342,26 +564,44 @@ pub struct LeaseSync {
     pub sets: Vec<LeaseSetState>,
 }
 
-/// Validates a kind 17 payload: a sender id of 1..=256 bytes, at most 4,096 sets, each with a
-/// `max` of at most 100,000 and at most that many leases, ids non-zero, expiries bounded, at
-/// most 4,096 released ids.
-pub fn decode_lease_sync(payload: &[u8]) -> Result<LeaseSync, Refusal> {
-    let message = access_validated::<ArchivedLeaseSyncMessage>(payload, "lease sync message")?;
-    if message.from.is_empty() || message.from.len() > MAX_FROM_BYTES {
-        return Err(malformed(format!(
-            "lease sync from an id of {} bytes (1..={MAX_FROM_BYTES})",
-            message.from.len()
-        )));
-    }
-    if message.sets.len() > MAX_WIRE_LEASE_SETS {
-        return Err(malformed(format!(
-            "{} lease sets in one message; the maximum is {MAX_WIRE_LEASE_SETS}",
-            message.sets.len()
-        )));
-    }
+/// Validates a kind 17 payload in layout `layout`: a sender id of 1..=256 bytes, at most
+/// 4,096 sets, each with a `max` of at most 100,000 and at most that many leases, ids non-zero,
+/// expiries bounded, at most 4,096 released ids.
+pub fn decode_lease_sync(layout: u8, payload: &[u8]) -> Result<LeaseSync, Refusal> {
+    let what = "lease sync message";
+    let message: LeaseSyncMessage = if Feature::WideLeaseIds.readable_at(layout) {
+        let archived = access_validated::<ArchivedLeaseSyncMessage>(payload, what)?;
+        sync_bounds(archived.from.len(), archived.sets.len())?;
+        deserialized(archived)?
+    } else {
+        let archived = access_validated::<v2::ArchivedLeaseSyncMessage>(payload, what)?;
+        sync_bounds(archived.from.len(), archived.sets.len())?;
+        let message: v2::LeaseSyncMessage = deserialized(archived)?;
+        LeaseSyncMessage {
+            from: message.from,
+            handoff: message.handoff,
+            sets: message
+                .sets
+                .into_iter()
+                .map(|set| WireLeaseSet {
+                    key: set.key,
+                    max: set.max,
+                    leases: set
+                        .leases
+                        .into_iter()
+                        .map(|l| WireLease {
+                            id: l.id.into(),
+                            expires_at_ns: l.expires_at_ns,
+                        })
+                        .collect(),
+                    released: set.released.into_iter().map(LeaseId::from).collect(),
+                })
+                .collect(),
+        }
+    };
     let mut sets = Vec::with_capacity(message.sets.len());
-    for set in message.sets.iter() {
-        let max = set.max.to_native();
+    for set in &message.sets {
+        let max = set.max;
         if max > MAX_LEASE_MAX || set.leases.len() as u64 > MAX_LEASE_MAX {
             return Err((
                 ErrorCode::InvalidLimit,
@@ -378,8 +618,7 @@ pub fn decode_lease_sync(payload: &[u8]) -> Result<LeaseSync, Refusal> {
             )));
         }
         let mut leases = Vec::with_capacity(set.leases.len());
-        for lease in set.leases.iter() {
-            let (id, expires_at_ns) = (lease.id.to_native(), lease.expires_at_ns.to_native());
+        for &WireLease { id, expires_at_ns } in &set.leases {
             if id == 0 || expires_at_ns > MAX_WIRE_LEASE_EXPIRY_NS {
                 return Err(malformed(format!(
                     "lease {id} expiring at {expires_at_ns} ns (ids are non-zero, expiries at most {MAX_WIRE_LEASE_EXPIRY_NS})"
@@ -388,17 +627,31 @@ pub fn decode_lease_sync(payload: &[u8]) -> Result<LeaseSync, Refusal> {
             leases.push(Lease { id, expires_at_ns });
         }
         sets.push(LeaseSetState {
-            key: BucketKey::from_u128(set.key.to_native()),
+            key: BucketKey::from_u128(set.key),
             max,
             leases,
-            released: set.released.iter().map(|id| id.to_native()).collect(),
+            released: set.released.clone(),
         });
     }
     Ok(LeaseSync {
-        from: message.from.as_str().to_owned(),
+        from: message.from,
         handoff: message.handoff,
         sets,
     })
+}
+
+fn sync_bounds(from_bytes: usize, sets: usize) -> Result<(), Refusal> {
+    if from_bytes == 0 || from_bytes > MAX_FROM_BYTES {
+        return Err(malformed(format!(
+            "lease sync from an id of {from_bytes} bytes (1..={MAX_FROM_BYTES})"
+        )));
+    }
+    if sets > MAX_WIRE_LEASE_SETS {
+        return Err(malformed(format!(
+            "{sets} lease sets in one message; the maximum is {MAX_WIRE_LEASE_SETS}"
+        )));
+    }
+    Ok(())
 }
 
 impl From<&LeaseSetState> for WireLeaseSet {
@@ -421,18 +674,102 @@ impl From<&LeaseSetState> for WireLeaseSet {
 
 /// Encoded bytes a lease set takes in a kind 17 message, about: for splitting into frames.
 pub fn lease_set_wire_bytes(state: &LeaseSetState) -> usize {
-    64 + 16 * state.leases.len() + 8 * state.released.len()
+    64 + 32 * state.leases.len() + 16 * state.released.len()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::wire::FrameKind;
+    use crate::protocol::NEWEST;
     use crate::wire::frame::framed_payload;
+    use crate::wire::{FrameKind, FrameReader};
+
+    /// The one frame `encode` appends: its layout byte and payload.
+    fn framed(encode: impl FnOnce(&mut Vec<u8>)) -> (u8, Vec<u8>) {
+        let mut bytes = Vec::new();
+        encode(&mut bytes);
+        let mut reader = FrameReader::new(1 << 20);
+        reader.extend(&bytes);
+        let frame = reader.next_frame().unwrap().unwrap();
+        (frame.version, frame.payload.to_vec())
+    }
+
+    /// An end speaking 9 or less reads and sends 64-bit ids in version 2's layout; one speaking
+    /// 10 the full 128 bits. A wide id never reaches an older end: encoded for one it is 0
+    /// (refused as a request or grant without an id), and a lease sync leaves it out.
+    #[test]
+    fn ids_are_128_bits_from_version_10_and_64_before() {
+        let wide: LeaseId = (7 << 64) | 9;
+        for (version, layout, id) in [(NEWEST, 10, wide), (9, 2, 9), (2, 2, 9)] {
+            let batch = LeaseRequestBatch {
+                requests: vec![WireLeaseRequest::release("k", id)],
+            };
+            let (read_layout, payload) =
+                framed(|out| encode_lease_requests(out, version, 1, &batch));
+            assert_eq!(read_layout, layout, "version {version}");
+            let decoded = decode_lease_requests(layout, &payload, &WireLimits::default()).unwrap();
+            assert_eq!(decoded[0].op, LeaseOp::Release { id }, "version {version}");
+
+            let answers = LeaseAnswerBatch {
+                answers: vec![WireLeaseAnswer::from(LeaseAnswer::Granted {
+                    lease_id: id,
+                    in_use: 1,
+                    expires_in_ns: 5,
+                })],
+                table_version: 3,
+            };
+            let (read_layout, payload) =
+                framed(|out| encode_lease_answers(out, version, 1, &answers));
+            assert_eq!(read_layout, layout);
+            let (decoded, _) = decode_lease_answers(layout, &payload).unwrap();
+            assert!(
+                matches!(decoded[0], LeaseAnswer::Granted { lease_id, .. } if lease_id == id),
+                "version {version}: {decoded:?}"
+            );
+        }
+        // A wide id in an older layout.
+        let batch = LeaseRequestBatch {
+            requests: vec![WireLeaseRequest::release("k", wide)],
+        };
+        let (layout, payload) = framed(|out| encode_lease_requests(out, 9, 1, &batch));
+        let refused = decode_lease_requests(layout, &payload, &WireLimits::default());
+        assert!(refused.unwrap_err().1.contains("without a lease id"));
+        let sync = LeaseSyncMessage {
+            from: "node-a".into(),
+            handoff: false,
+            sets: vec![WireLeaseSet {
+                key: 7,
+                max: 3,
+                leases: vec![
+                    WireLease {
+                        id: wide,
+                        expires_at_ns: 10,
+                    },
+                    WireLease {
+                        id: 9,
+                        expires_at_ns: 10,
+                    },
+                ],
+                released: vec![wide, 4],
+            }],
+        };
+        let mut left_out = 0;
+        let (layout, payload) = framed(|out| left_out = encode_lease_sync(out, 9, &sync));
+        assert_eq!((layout, left_out), (2, 1));
+        let decoded = decode_lease_sync(layout, &payload).unwrap();
+        assert_eq!(decoded.sets[0].leases.len(), 1);
+        assert_eq!(decoded.sets[0].leases[0].id, 9);
+        assert_eq!(decoded.sets[0].released, vec![4]);
+        let (layout, payload) = framed(|out| left_out = encode_lease_sync(out, NEWEST, &sync));
+        assert_eq!((layout, left_out), (10, 0));
+        let decoded = decode_lease_sync(layout, &payload).unwrap();
+        assert_eq!(decoded.sets[0].leases[0].id, wide);
+        assert_eq!(decoded.sets[0].released, vec![wide, 4]);
+    }
 
     fn decode(requests: Vec<WireLeaseRequest>) -> Result<Vec<ValidLeaseRequest>, Refusal> {
         let bytes = framed_payload(FrameKind::LeaseRequest, &LeaseRequestBatch { requests });
-        decode_lease_requests(&bytes, &WireLimits::default())
+        decode_lease_requests(NEWEST, &bytes, &WireLimits::default())
     }
 
     #[test]
@@ -498,7 +835,8 @@ mod tests {
             ErrorCode::MalformedPayload
         );
         let (code, message) =
-            decode_lease_requests(b"not an archive at all..", &WireLimits::default()).unwrap_err();
+            decode_lease_requests(NEWEST, b"not an archive at all..", &WireLimits::default())
+                .unwrap_err();
         assert_eq!(code, ErrorCode::MalformedPayload);
         assert!(message.contains("lease request batch"), "{message}");
     }
@@ -531,7 +869,7 @@ mod tests {
             table_version: 42,
         };
         assert_eq!(
-            decode_lease_answers(&framed_payload(FrameKind::LeaseRequest, &batch)).unwrap(),
+            decode_lease_answers(NEWEST, &framed_payload(FrameKind::LeaseRequest, &batch)).unwrap(),
             (answers, 42)
         );
         let bad = LeaseAnswerBatch {
@@ -541,20 +879,25 @@ mod tests {
             }],
             table_version: 0,
         };
-        assert!(decode_lease_answers(&framed_payload(FrameKind::LeaseRequest, &bad)).is_err());
+        assert!(
+            decode_lease_answers(NEWEST, &framed_payload(FrameKind::LeaseRequest, &bad)).is_err()
+        );
     }
 
     #[test]
     fn lease_sync_is_bounded() {
         let sync = |sets: Vec<WireLeaseSet>| {
-            decode_lease_sync(&framed_payload(
-                FrameKind::LeaseRequest,
-                &LeaseSyncMessage {
-                    from: "node-a".into(),
-                    handoff: false,
-                    sets,
-                },
-            ))
+            decode_lease_sync(
+                NEWEST,
+                &framed_payload(
+                    FrameKind::LeaseRequest,
+                    &LeaseSyncMessage {
+                        from: "node-a".into(),
+                        handoff: false,
+                        sets,
+                    },
+                ),
+            )
         };
         let set = WireLeaseSet {
             key: 7,
@@ -578,10 +921,10 @@ mod tests {
             ..set.clone()
         };
         assert_eq!(sync(vec![too_big]).unwrap_err().0, ErrorCode::InvalidLimit);
-        let anonymous = decode_lease_sync(&framed_payload(
-            FrameKind::LeaseRequest,
-            &LeaseSyncMessage::default(),
-        ));
+        let anonymous = decode_lease_sync(
+            NEWEST,
+            &framed_payload(FrameKind::LeaseRequest, &LeaseSyncMessage::default()),
+        );
         assert!(anonymous.unwrap_err().1.contains("id of 0 bytes"));
     }
 }

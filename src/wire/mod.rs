@@ -51,7 +51,7 @@ pub use lease_messages::{
     LeaseAnswerBatch, LeaseOp, LeaseRequestBatch, LeaseSync, LeaseSyncMessage,
     MAX_WIRE_LEASE_EXPIRY_NS, MAX_WIRE_LEASE_SETS, ValidLeaseRequest, WireLease, WireLeaseAnswer,
     WireLeaseRequest, WireLeaseSet, decode_lease_answers, decode_lease_requests, decode_lease_sync,
-    lease_set_wire_bytes,
+    encode_lease_answers, encode_lease_requests, encode_lease_sync, lease_set_wire_bytes,
 };
 pub use messages::{
     ArchivedErrorFrame, ArchivedWireCheck, ErrorFrame, ValidCheck, WireCheck, WireLimits,
@@ -218,7 +218,15 @@ impl FrameKind {
     pub fn layout_at(self, version: u8) -> u8 {
         let member_versions = crate::protocol::Feature::MemberVersions;
         let region_resync = crate::protocol::Feature::RegionResync;
+        let settled_joins = crate::protocol::Feature::SettledJoins;
+        let wide_lease_ids = crate::protocol::Feature::WideLeaseIds;
         match self {
+            FrameKind::LeaseRequest | FrameKind::LeaseAnswer | FrameKind::LeaseSync
+                if wide_lease_ids.readable_at(version) =>
+            {
+                wide_lease_ids.since()
+            }
+            FrameKind::Gossip if settled_joins.readable_at(version) => settled_joins.since(),
             FrameKind::Gossip | FrameKind::SlotTable if member_versions.readable_at(version) => {
                 member_versions.since()
             }

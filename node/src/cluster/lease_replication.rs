@@ -4,9 +4,7 @@
 
 use floodgate::cluster::SlotTable;
 use floodgate::lease::LeaseSetState;
-use floodgate::wire::{
-    FrameKind, LeaseSyncMessage, WireLeaseSet, encode_message, lease_set_wire_bytes,
-};
+use floodgate::wire::{LeaseSyncMessage, WireLeaseSet, encode_lease_sync, lease_set_wire_bytes};
 use std::collections::HashMap;
 
 use super::Cluster;
@@ -34,7 +32,11 @@ impl Cluster {
                 sets: sets[start..end].iter().map(WireLeaseSet::from).collect(),
             };
             let mut frame = Vec::new();
-            encode_message(&mut frame, FrameKind::LeaseSync, 0, &message);
+            // In the layout every member reads: 128-bit ids once the cluster version has them.
+            let left_out = encode_lease_sync(&mut frame, self.cluster_version(), &message);
+            if left_out > 0 {
+                metrics::counter!("floodgate_lease_sync_left_out_total").increment(left_out as u64);
+            }
             frames.push(frame);
             start = end;
         }

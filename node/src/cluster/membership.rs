@@ -38,10 +38,12 @@ impl Cluster {
         }
     }
 
-    pub(crate) fn handle_gossip(&self, now_ns: u64, gossip: &Gossip) {
+    /// Takes a peer's gossip; `own` says which members' digests are the sender's own word (the
+    /// members its certificate names), the others being relays.
+    pub(crate) fn handle_gossip(&self, now_ns: u64, own: &dyn Fn(&str) -> bool, gossip: &Gossip) {
         let mut conflicts = Vec::new();
         drop(self.update_table(now_ns, |membership| {
-            conflicts = membership.handle_gossip(now_ns, gossip)
+            conflicts = membership.handle_gossip_from(now_ns, own, gossip)
         }));
         self.publish_cluster_version();
         for conflict in conflicts {
@@ -153,9 +155,10 @@ impl Cluster {
             // first of its cluster and has nobody to wait for. Under the update lock, so no
             // table update sees the flag change halfway (busy: the next round retries).
             if let Some(_one_at_a_time) = self.updating.try_lock() {
+                self.membership.lock().found();
                 let actions: Vec<Action> = {
                     let mut ownership = self.ownership.lock();
-                    ownership.handle_no_one_to_join();
+                    ownership.handle_no_one_to_join(now_ns);
                     std::iter::from_fn(|| ownership.poll_action()).collect()
                 };
                 drop(self.carry_out(actions, now_ns));

@@ -283,8 +283,7 @@ fn lease_store(max_leases: Option<usize>) -> LeaseStore {
 
 /// Lease ids from the operating system's cryptographically secure generator: ring's
 /// `SystemRandom` (getrandom), through the rustls provider the node's TLS already uses. Each id
-/// is 64 fresh random bits; ids are `u64` on the wire, so more would need a new protocol
-/// version.
+/// is 128 fresh random bits (the store cuts them to 64 for a caller of an older version).
 #[derive(Debug)]
 pub(crate) struct SystemLeaseIds {
     random: &'static dyn rustls::crypto::SecureRandom,
@@ -303,12 +302,12 @@ impl SystemLeaseIds {
 }
 
 impl LeaseIds for SystemLeaseIds {
-    fn next_id(&self) -> u64 {
-        let mut bytes = [0; 8];
+    fn next_id(&self) -> floodgate::lease::LeaseId {
+        let mut bytes = [0; 16];
         self.random
             .fill(&mut bytes)
             .expect("the operating system's random source failed: no lease id can be drawn");
-        u64::from_le_bytes(bytes)
+        u128::from_le_bytes(bytes)
     }
 }
 
@@ -418,6 +417,8 @@ pub(super) mod tests {
             now,
             7,
         );
+        // b has joined (it heard of a, a settled member, first): a's tables name it only then.
+        b.found();
         for out in b.poll(now) {
             drop(cluster.update_table(now, |m| drop(m.handle_gossip(now, &out.gossip))));
         }

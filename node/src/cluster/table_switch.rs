@@ -52,7 +52,7 @@ impl Cluster {
             .updating
             .try_lock()
             .unwrap_or_else(|| off_the_worker(true, || self.updating.lock()));
-        let (epoch, owners, departed, first_of_region) = {
+        let (epoch, owners, departed, first_of_region, cluster_version) = {
             let mut membership = self.membership.lock();
             change(&mut membership);
             drop(self.member_log.lock().observe(&membership));
@@ -65,17 +65,22 @@ impl Cluster {
                 .collect();
             // This node's ring is its own region's: a key has one owner per region.
             let owners = membership.owners_in(&self.me.region);
-            // Others known, none of them in this region: the first of its region, with nobody
-            // to wait for (as a node whose seeds are all itself).
-            let first_of_region = owners.len() == 1
-                && membership
-                    .members()
-                    .any(|(info, state)| info.region != self.me.region && state.owns_slots());
+            // Joined with nobody else in this region (it founded the cluster, or knows settled
+            // members of other regions only): the first of its region, with nobody to wait
+            // for (as a node whose seeds are all itself).
+            let first_of_region = owners.len() == 1 && !membership.is_joining();
             if self.region_rings.read().epoch() != membership.epoch() {
                 let rings = super::RegionRings::compute(&membership, &self.me.region);
                 *self.region_rings.write() = Arc::new(rings);
             }
-            (membership.epoch(), owners, departed, first_of_region)
+            let cluster_version = membership.cluster_version().unwrap_or(0);
+            (
+                membership.epoch(),
+                owners,
+                departed,
+                first_of_region,
+                cluster_version,
+            )
         };
         let old = self.table();
         if old.epoch() == epoch {
@@ -84,7 +89,7 @@ impl Cluster {
         if first_of_region && self.ownership.lock().is_joining() {
             let actions: Vec<Action> = {
                 let mut ownership = self.ownership.lock();
-                ownership.handle_no_one_to_join();
+                ownership.handle_no_one_to_join(now_ns);
                 std::iter::from_fn(|| ownership.poll_action()).collect()
             };
             drop(self.carry_out(actions, now_ns));
@@ -103,6 +108,9 @@ impl Cluster {
             // hand-offs exported below hold them all.
             let _no_decisions = self.deciding.write();
             let mut ownership = self.ownership.lock();
+            // Whether this switch sends releases to newcomers, and a join waits for every
+            // member's, follows what every member speaks.
+            ownership.handle_cluster_version(cluster_version);
             let old = ownership.handle_table_with(now_ns, new.clone(), join_base, |id| {
                 departed.iter().any(|d| d == id)
             });

@@ -95,7 +95,7 @@ impl Node {
             .map(crate::rules::RulesHandle::load)
             .transpose()?;
         let clock = EpochClock::start().skewed(config.test_only_clock_skew_ns);
-        let peer_config = tls::peer_client_configs(&config.tls)?;
+        let peer_config = tls::peer_client_configs(&config.tls, &config.limits)?;
         let metrics = NodeMetrics::register();
         let store = Arc::new(store);
         let cluster = Arc::new(
@@ -399,7 +399,7 @@ impl Node {
             tls::check_own_certificate(&config.tls, id)?;
         }
         let server = tls::server_config(&config.tls, &config.limits)?;
-        let peers = tls::peer_client_configs(&config.tls)?;
+        let peers = tls::peer_client_configs(&config.tls, &config.limits)?;
         let trust = tls::PeerTrust::new(&config.tls)?;
         self.endpoint.set_server_config(Some(server));
         self.shared.cluster.peers.set_configs(peers);

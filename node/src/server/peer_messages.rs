@@ -66,7 +66,13 @@ pub(super) async fn serve_uni_message(
             }
             _ if !is_peer => shared.metrics.frame_error(ErrorCode::UnknownKind),
             FrameKind::Gossip => match decode_gossip(frame.version, &frame.payload) {
-                Ok(gossip) => shared.cluster.handle_gossip(now_ns, &gossip),
+                Ok(gossip) => {
+                    // A peer speaks for the members its certificate names; the rest it relays.
+                    let names = crate::tls::NodeNames::of(from.remote.connection.peer_identity());
+                    shared
+                        .cluster
+                        .handle_gossip(now_ns, &names.checker(), &gossip);
+                }
                 Err((code, _)) => shared.metrics.frame_error(code),
             },
             FrameKind::IdConflict => match decode_id_conflict(&frame.payload) {
@@ -74,7 +80,7 @@ pub(super) async fn serve_uni_message(
                 Err((code, _)) => shared.metrics.frame_error(code),
             },
             FrameKind::Replicate => on_replicate(&shared, &from.remote, &frame.payload, now_ns),
-            FrameKind::LeaseSync => on_lease_sync(&shared, &from.remote, &frame.payload, now_ns),
+            FrameKind::LeaseSync => on_lease_sync(&shared, &from.remote, &frame, now_ns),
             FrameKind::RegionDeltas | FrameKind::RegionAck => {
                 on_region_frame(&shared, &from.remote, &frame);
             }
@@ -173,8 +179,8 @@ fn on_replicate(shared: &Shared, remote: &Remote, payload: &[u8], now_ns: u64) {
 }
 
 /// A peer's lease sets (replicated, or handed off with their slots), merged.
-fn on_lease_sync(shared: &Shared, remote: &Remote, payload: &[u8], now_ns: u64) {
-    match decode_lease_sync(payload) {
+fn on_lease_sync(shared: &Shared, remote: &Remote, frame: &floodgate::wire::Frame, now_ns: u64) {
+    match decode_lease_sync(frame.version, &frame.payload) {
         // A node speaks only as itself, as for replicas.
         Ok(sync) if !remote.certified_as(shared, &sync.from) => {
             shared.metrics.frame_error(ErrorCode::Forbidden);

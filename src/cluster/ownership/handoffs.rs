@@ -1,18 +1,24 @@
-//! Hand-off bookkeeping: which gained slots wait for their previous owner's hand-off, which
-//! hand-offs arrived, and the parts of those still incomplete.
+//! Hand-off bookkeeping: which gained slots wait for whose hand-off, which hand-offs arrived,
+//! and the parts of those still incomplete.
 //!
-//! Every hand-off names the slots it carries. A slot gained from a node waits until a complete
-//! hand-off from that node carrying that slot has been merged (every part of it: parts arrive
-//! in any order, and a part sent twice counts once), or until its deadline. A hand-off that
-//! arrived shortly before this node switched tables counts; one for a slot this node has since
-//! given away does not (the slot's state moved on after it).
+//! Every hand-off names the slots it carries. A gained slot waits for one or more senders (its
+//! previous owner; at a join, every member): for each, until a complete hand-off from that
+//! sender carrying that slot has been merged (every part of it: parts arrive in any order, and
+//! a part sent twice counts once), or until that wait's deadline. A hand-off that arrived
+//! shortly before this node switched tables counts; one for a slot this node has since given
+//! away does not (the slot's state moved on after it).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+
+use crate::cluster::SLOTS;
 
 /// Most hand-offs being received at once (each holds the list of its slots).
 pub const MAX_PARTIAL: usize = 256;
-/// A hand-off whose parts have not all arrived after this long is forgotten.
+/// A hand-off whose parts have not all arrived after this long is forgotten, and so is a
+/// complete one: a wait that starts later does not count it.
 pub const PARTIAL_TTL_NS: u64 = 10_000_000_000;
+/// Complete hand-offs remembered per sender (each is a bit per slot, 512 bytes).
+const ARRIVED_PER_SENDER: usize = 8;
 
 /// One received part of a hand-off, as the wire's `HandoffPart` carries it (borrowed, so this
 /// module needs nothing from the wire).
@@ -31,20 +37,48 @@ pub struct ReceivedPart<'a> {
 /// The hand-off state of one node. Ordered maps, so a simulation replays byte for byte.
 #[derive(Debug, Default, Clone)]
 pub struct Handoffs {
-    /// Gained slots whose state is on its way.
-    pending: BTreeMap<u16, Pending>,
-    /// Slots a complete hand-off carried here: from whom, and when.
-    arrived: BTreeMap<u16, (String, u64)>,
+    /// Gained slots whose state (or word that the sender holds none) is on its way, by slot
+    /// and sender.
+    pending: BTreeMap<(u16, String), Pending>,
+    /// Complete hand-offs by sender, latest last: when, and the slots they carried.
+    arrived: BTreeMap<String, VecDeque<(u64, SlotSet)>>,
     /// Hand-offs still missing parts, by sender and hand-off id.
     partial: BTreeMap<(String, u64), Partial>,
 }
 
-/// A gained slot's wait: from whom, since when, and until when.
+/// One wait of a gained slot for one sender: since when, and until when.
 #[derive(Debug, Clone)]
 struct Pending {
-    from: String,
     since_ns: u64,
     until_ns: u64,
+}
+
+/// A set of slots, a bit each.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct SlotSet(Box<[u64; SLOTS / 64]>);
+
+impl SlotSet {
+    fn of(slots: &[u16]) -> Self {
+        let mut set = SlotSet(Box::new([0; SLOTS / 64]));
+        for &slot in slots {
+            if let Some(word) = set.0.get_mut(usize::from(slot) / 64) {
+                *word |= 1 << (slot % 64);
+            }
+        }
+        set
+    }
+
+    fn contains(&self, slot: u16) -> bool {
+        self.0
+            .get(usize::from(slot) / 64)
+            .is_some_and(|word| word & (1 << (slot % 64)) != 0)
+    }
+
+    fn remove(&mut self, slot: u16) {
+        if let Some(word) = self.0.get_mut(usize::from(slot) / 64) {
+            *word &= !(1 << (slot % 64));
+        }
+    }
 }
 
 #[derive(Debug, Default, Clone)]
@@ -59,29 +93,38 @@ struct Partial {
 }
 
 impl Handoffs {
-    /// `slot` was gained from `from`: it waits (until `now_ns + wait_ns`) for `from`'s hand-off,
-    /// unless one carrying it arrived within the last `wait_ns`. Returns true when it waits.
+    /// `slot` was gained and waits (until `now_ns + wait_ns`) for `from`'s hand-off, unless one
+    /// from `from` carrying it arrived within the last `wait_ns`. Returns true when it waits.
     pub fn expect(&mut self, slot: u16, from: &str, now_ns: u64, wait_ns: u64) -> bool {
-        let arrived = self
-            .arrived
-            .get(&slot)
-            .is_some_and(|(by, at)| by == from && now_ns.saturating_sub(*at) < wait_ns);
+        let arrived = self.arrived.get(from).is_some_and(|hand_offs| {
+            hand_offs
+                .iter()
+                .any(|(at, slots)| now_ns.saturating_sub(*at) < wait_ns && slots.contains(slot))
+        });
         if !arrived {
             let pending = Pending {
-                from: from.to_owned(),
                 since_ns: now_ns,
                 until_ns: now_ns.saturating_add(wait_ns),
             };
-            self.pending.insert(slot, pending);
+            self.pending.insert((slot, from.to_owned()), pending);
         }
         !arrived
+    }
+
+    /// True when a complete hand-off from `from` arrived within the last `within_ns`.
+    pub fn heard_from(&self, from: &str, now_ns: u64, within_ns: u64) -> bool {
+        self.arrived.get(from).is_some_and(|hand_offs| {
+            hand_offs
+                .iter()
+                .any(|(at, _)| now_ns.saturating_sub(*at) < within_ns)
+        })
     }
 
     /// Every wait's deadline becomes its start plus `wait_of(from)` (a sender's standing in
     /// the failure detector changed).
     pub fn set_waits(&mut self, wait_of: impl Fn(&str) -> u64) {
-        for pending in self.pending.values_mut() {
-            pending.until_ns = pending.since_ns.saturating_add(wait_of(&pending.from));
+        for ((_, from), pending) in &mut self.pending {
+            pending.until_ns = pending.since_ns.saturating_add(wait_of(from));
         }
     }
 
@@ -126,31 +169,43 @@ impl Handoffs {
                 .unwrap_or_default()
         };
         for &slot in &slots {
-            if self.pending.get(&slot).is_some_and(|p| p.from == from) {
-                self.pending.remove(&slot);
-            }
-            self.arrived.insert(slot, (from.to_owned(), now_ns));
+            self.pending.remove(&(slot, from.to_owned()));
         }
+        // Remembered for a wait that starts later (this hand-off beat the switch), while
+        // recent: a sender's oldest past the count, and every sender's past their time, go.
+        for hand_offs in self.arrived.values_mut() {
+            hand_offs.retain(|(at, _)| now_ns.saturating_sub(*at) < PARTIAL_TTL_NS);
+        }
+        self.arrived.retain(|_, hand_offs| !hand_offs.is_empty());
+        let hand_offs = self.arrived.entry(from.to_owned()).or_default();
+        if hand_offs.len() >= ARRIVED_PER_SENDER {
+            hand_offs.pop_front();
+        }
+        hand_offs.push_back((now_ns, SlotSet::of(&slots)));
         Some(slots)
     }
 
     /// This node gave `slot` away: what arrived for it before is stale from now on.
     pub fn gave_away(&mut self, slot: u16) {
-        self.arrived.remove(&slot);
-        self.pending.remove(&slot);
+        for hand_offs in self.arrived.values_mut() {
+            for (_, slots) in hand_offs.iter_mut() {
+                slots.remove(slot);
+            }
+        }
+        self.pending.retain(|(s, _), _| *s != slot);
     }
 
-    /// Forgets expectations whose deadline passed (those slots are decided from what is here);
-    /// returns their slots and whom they waited for.
+    /// Forgets waits whose deadline passed (those slots are decided from what is here, unless
+    /// they still wait for another sender); returns their slots and whom they waited for.
     pub fn expire(&mut self, now_ns: u64) -> Vec<(u16, String)> {
         let expired: Vec<(u16, String)> = self
             .pending
             .iter()
             .filter(|(_, p)| p.until_ns <= now_ns)
-            .map(|(slot, p)| (*slot, p.from.clone()))
+            .map(|(key, _)| key.clone())
             .collect();
-        for (slot, _) in &expired {
-            self.pending.remove(slot);
+        for key in &expired {
+            self.pending.remove(key);
         }
         expired
     }
@@ -159,35 +214,44 @@ impl Handoffs {
         self.pending.is_empty()
     }
 
-    /// The latest deadline among `slots` that still wait at `now_ns`, if any does.
+    /// The latest deadline among the waits of `slots` that still run at `now_ns`, if any does.
     pub fn deadline(&self, slots: impl Iterator<Item = u16>, now_ns: u64) -> Option<u64> {
         if self.pending.is_empty() {
             return None;
         }
         slots
-            .filter_map(|s| self.pending.get(&s))
-            .map(|p| p.until_ns)
+            .flat_map(|s| self.waits_of(s))
+            .map(|(_, p)| p.until_ns)
             .filter(|until| *until > now_ns)
             .max()
     }
 
-    /// The earliest deadline of any waiting slot.
+    /// The earliest deadline of any wait.
     pub fn next_deadline(&self) -> Option<u64> {
         self.pending.values().map(|p| p.until_ns).min()
     }
 
-    /// Who `slot` waited for, if its wait ran out by `now_ns` and was not yet forgotten
-    /// ([`Handoffs::expire`]).
-    pub fn expired_wait(&self, slot: u16, now_ns: u64) -> Option<&str> {
-        self.pending
-            .get(&slot)
-            .filter(|p| p.until_ns <= now_ns)
-            .map(|p| p.from.as_str())
+    /// Whom `slot` waited for in waits that ran out by `now_ns` and were not yet forgotten
+    /// ([`Handoffs::expire`]); empty when none did.
+    pub fn expired_waits(&self, slot: u16, now_ns: u64) -> Vec<String> {
+        self.waits_of(slot)
+            .filter(|(_, p)| p.until_ns <= now_ns)
+            .map(|(from, _)| from.to_owned())
+            .collect()
     }
 
-    /// Who `slot` waits for, if it waits.
-    pub fn awaited_from(&self, slot: u16) -> Option<&str> {
-        self.pending.get(&slot).map(|p| p.from.as_str())
+    /// Whom `slot` waits for.
+    pub fn awaited_from(&self, slot: u16) -> Vec<String> {
+        self.waits_of(slot)
+            .map(|(from, _)| from.to_owned())
+            .collect()
+    }
+
+    fn waits_of(&self, slot: u16) -> impl Iterator<Item = (&str, &Pending)> {
+        self.pending
+            .range((slot, String::new())..)
+            .take_while(move |((s, _), _)| *s == slot)
+            .map(|((_, from), pending)| (from.as_str(), pending))
     }
 
     /// Hand-offs still missing parts (bounded by `MAX_PARTIAL`).

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use super::handoffs::{Handoffs, ReceivedPart};
 use super::placement::{Arrival, Failed, Placement, Refusal, first_place, next_place};
 use crate::cluster::{SLOTS, SlotTable};
+use crate::protocol::Feature;
 
 /// Timings and bounds of the machine.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -74,8 +75,9 @@ pub enum Phase {
 pub enum Window {
     /// A joining node gave up waiting for the cluster and decides with its table of one.
     Alone,
-    /// The slot's wait for `from`'s hand-off expired before the hand-off arrived.
-    WaitExpired { from: String },
+    /// The slot's waits for the hand-offs of `from` (its previous owner; at a join, members
+    /// that had not sent theirs) expired before the hand-offs arrived. Sorted.
+    WaitExpired { from: Vec<String> },
     /// The slot was gained from `from`, which this node's membership holds dead (not departed):
     /// no hand-off comes; the successor decides from its replicas.
     OwnerDeclaredDead { from: String },
@@ -108,6 +110,18 @@ pub struct Ownership {
     unconfirmed: BTreeMap<u16, Window>,
     joining: bool,
     decided_alone: bool,
+    /// Every member speaks releases ([`Ownership::handle_cluster_version`]): a member tells
+    /// each newcomer in its table which slots it does not decide, and a newcomer decides a
+    /// gained slot only once every member has.
+    releases: bool,
+    /// Members of this node's table that have not taken it in yet, as far as it knows (no
+    /// release or hand-off from them since it joined): they may still decide slots their own
+    /// table gives them, so every slot this node gains waits for them too.
+    unreleased: BTreeSet<String>,
+    /// When this node joined (or founded its cluster): for a while after, members may not
+    /// know it yet, so a member that appears in its table may have decided slots this node's
+    /// table gives it, and this node waits for that member's release of them.
+    joined_at_ns: Option<u64>,
     next_handoff_id: u64,
     actions: VecDeque<Action>,
     /// Counts every change of what this machine would decide (for checkers).
@@ -138,6 +152,9 @@ impl Ownership {
             unconfirmed: BTreeMap::new(),
             joining,
             decided_alone: false,
+            releases: false,
+            unreleased: BTreeSet::new(),
+            joined_at_ns: None,
             next_handoff_id: first_handoff_id,
             actions: VecDeque::new(),
             changes: 0,
@@ -159,6 +176,13 @@ impl Ownership {
         let suspected = &self.suspected;
         self.handoffs
             .set_waits(|from| wait_for(&config, suspected.contains(from)));
+    }
+
+    /// The highest protocol version every member speaks, as membership last said: from
+    /// [`Feature::SettledJoins`]'s version on, newcomers hear from every member (see
+    /// [`Ownership::handle_table`]).
+    pub fn handle_cluster_version(&mut self, version: u8) {
+        self.releases = Feature::SettledJoins.readable_at(version);
     }
 
     pub fn me(&self) -> &str {
@@ -252,13 +276,33 @@ impl Ownership {
         // A node that just joined owned nothing before: its table of one was not ownership.
         // What it gains comes from the cluster as it was without it.
         let joined_now = new.nodes().len() > 1 && self.joining;
+        self.unreleased.retain(|m| new.contains(m));
+        if !joined_now && self.releases && self.young(now_ns) && new.contains(&self.me) {
+            self.expect_releases_of_newcomers(&new, now_ns);
+        }
+        if joined_now && self.releases {
+            let config = self.config;
+            let (handoffs, suspected) = (&self.handoffs, &self.suspected);
+            self.unreleased = new
+                .nodes()
+                .iter()
+                .filter(|m| **m != self.me)
+                .filter(|m| {
+                    let wait = wait_for(&config, suspected.contains(m.as_str()));
+                    !handoffs.heard_from(m, now_ns, wait)
+                })
+                .cloned()
+                .collect();
+        }
         let before = match join_base {
             Some(base) if joined_now => base,
             _ if joined_now => self.join_base(&new).unwrap_or_else(|| self.table.clone()),
             _ => self.table.clone(),
         };
         self.expect_handoffs(&before, &new, now_ns, &announced_leave);
-        if joined_now {
+        if joined_now && self.releases {
+            self.expect_releases(&new, now_ns);
+        } else if joined_now {
             for slot in 0..SLOTS as u16 {
                 if new.owner(slot) == Some(self.me.as_str())
                     && !self.unconfirmed.contains_key(&slot)
@@ -273,9 +317,10 @@ impl Ownership {
         let old = self.switch(new.clone());
         if joined_now {
             self.joining = false;
+            self.joined_at_ns = Some(now_ns);
             self.actions.push_back(Action::Joined);
         }
-        self.queue_handoffs(&before, &new);
+        self.queue_handoffs(&before, &new, !joined_now && self.releases);
         if joined_now && !self.decided_alone {
             self.announce_joined(&new);
         }
@@ -285,9 +330,10 @@ impl Ownership {
 
     /// Every seed turned out to be this node: it is the first of its cluster, with nobody to
     /// wait for.
-    pub fn handle_no_one_to_join(&mut self) {
+    pub fn handle_no_one_to_join(&mut self, now_ns: u64) {
         if self.joining {
             self.joining = false;
+            self.joined_at_ns = Some(now_ns);
             self.actions.push_back(Action::Joined);
             self.changes += 1;
         }
@@ -308,11 +354,18 @@ impl Ownership {
         let Some(slots) = self.handoffs.received(from, part, now_ns) else {
             return false;
         };
+        // Whatever it carries, a hand-off from a member says its table names this node.
+        self.unreleased.remove(from);
         for slot in slots {
-            if let Some(Window::WaitExpired { from: by } | Window::OwnerDeclaredDead { from: by }) =
-                self.unconfirmed.get(&slot)
-                && by == from
-            {
+            let confirmed = match self.unconfirmed.get_mut(&slot) {
+                Some(Window::WaitExpired { from: by }) => {
+                    by.retain(|b| b != from);
+                    by.is_empty()
+                }
+                Some(Window::OwnerDeclaredDead { from: by }) => by == from,
+                _ => false,
+            };
+            if confirmed {
                 self.unconfirmed.remove(&slot);
             }
         }
@@ -327,7 +380,17 @@ impl Ownership {
             self.changes += 1;
         }
         for (slot, from) in expired {
-            self.unconfirmed.insert(slot, Window::WaitExpired { from });
+            match self.unconfirmed.get_mut(&slot) {
+                Some(Window::WaitExpired { from: by }) => {
+                    if let Err(at) = by.binary_search(&from) {
+                        by.insert(at, from);
+                    }
+                }
+                _ => {
+                    let from = vec![from];
+                    self.unconfirmed.insert(slot, Window::WaitExpired { from });
+                }
+            }
         }
     }
 
@@ -453,10 +516,14 @@ impl Ownership {
         if self.phase() == Phase::Alone {
             return Some(Window::Alone);
         }
-        if let Some(from) = self.handoffs.expired_wait(slot, now_ns) {
-            return Some(Window::WaitExpired {
-                from: from.to_owned(),
-            });
+        let mut from = self.handoffs.expired_waits(slot, now_ns);
+        if !from.is_empty() {
+            if let Some(Window::WaitExpired { from: before }) = self.unconfirmed.get(&slot) {
+                from.extend(before.iter().cloned());
+            }
+            from.sort();
+            from.dedup();
+            return Some(Window::WaitExpired { from });
         }
         self.unconfirmed.get(&slot).cloned()
     }
@@ -478,11 +545,16 @@ impl Ownership {
     ) {
         self.handle_timeout(now_ns);
         let me = self.me.as_str();
+        let unreleased: Vec<String> = self.unreleased.iter().cloned().collect();
         for slot in 0..SLOTS as u16 {
             if let (Some(was), Some(now_owner)) = (before.owner(slot), new.owner(slot))
                 && now_owner == me
                 && was != me
             {
+                for member in &unreleased {
+                    let wait = wait_for(&self.config, self.suspected.contains(member));
+                    self.handoffs.expect(slot, member, now_ns, wait);
+                }
                 if new.contains(was) || announced_leave(was) {
                     // Waiting, or its hand-off already here: either way not decided blind.
                     let wait = wait_for(&self.config, self.suspected.contains(was));
@@ -494,6 +566,53 @@ impl Ownership {
                         .insert(slot, Window::OwnerDeclaredDead { from });
                 }
             }
+        }
+    }
+
+    /// A newcomer's gained slots wait for every other member of its first table: each tells it
+    /// the slots it does not decide when its own table takes the newcomer in (a release), and
+    /// one that decides such a slot by its own view hands it over when that view gives it to
+    /// the newcomer. So no member's view of who owned a slot before has to be guessed.
+    fn expect_releases(&mut self, new: &SlotTable, now_ns: u64) {
+        let me = self.me.as_str();
+        let others: Vec<&String> = new.nodes().iter().filter(|n| *n != me).collect();
+        for slot in 0..SLOTS as u16 {
+            if new.owner(slot) != Some(me) {
+                continue;
+            }
+            for &other in &others {
+                let wait = wait_for(&self.config, self.suspected.contains(other));
+                self.handoffs.expect(slot, other, now_ns, wait);
+            }
+            self.unconfirmed.remove(&slot);
+        }
+    }
+
+    /// True for a while after this node joined: members that did not know it then may not yet.
+    fn young(&self, now_ns: u64) -> bool {
+        self.joined_at_ns
+            .is_some_and(|at| now_ns.saturating_sub(at) < wait_for(&self.config, false))
+    }
+
+    /// A young node's table takes in members it did not name before: one may have joined (or
+    /// heard of this node) without this node's news and decided slots that this node's table
+    /// gives it. Those slots wait for its release, as a newcomer's wait for every member's.
+    fn expect_releases_of_newcomers(&mut self, new: &SlotTable, now_ns: u64) {
+        let me = self.me.as_str();
+        let newcomers: Vec<String> = new
+            .nodes()
+            .iter()
+            .filter(|n| *n != me && !self.table.contains(n))
+            .cloned()
+            .collect();
+        for newcomer in newcomers {
+            let wait = wait_for(&self.config, self.suspected.contains(&newcomer));
+            for slot in 0..SLOTS as u16 {
+                if new.owner(slot) == Some(me) {
+                    self.handoffs.expect(slot, &newcomer, now_ns, wait);
+                }
+            }
+            self.unreleased.insert(newcomer);
         }
     }
 
@@ -523,8 +642,12 @@ impl Ownership {
     }
 
     /// Queues a hand-off to every node that gains slots from this one (even with no buckets:
-    /// it holds checks on those slots until it hears from this node).
-    fn queue_handoffs(&mut self, before: &SlotTable, new: &SlotTable) {
+    /// it holds checks on those slots until it hears from this node). With `releases`, every
+    /// member `new` names that `before` did not gets a release instead: every slot `new` gives
+    /// it (with this node's buckets of them). A slot this node's view gives to a third member
+    /// is not listed, so a newcomer whose view differs (it has not heard of that member) waits
+    /// until the views agree.
+    fn queue_handoffs(&mut self, before: &SlotTable, new: &SlotTable, releases: bool) {
         let me = Some(self.me.as_str());
         let mut slots: BTreeMap<&str, Vec<u16>> = BTreeMap::new();
         for slot in 0..SLOTS as u16 {
@@ -533,6 +656,13 @@ impl Ownership {
                 && Some(owner) != me
             {
                 slots.entry(owner).or_default().push(slot);
+            }
+        }
+        if releases && new.contains(&self.me) {
+            for newcomer in new.nodes() {
+                if Some(newcomer.as_str()) != me && !before.contains(newcomer) {
+                    slots.insert(newcomer, Self::owned_by(new, newcomer));
+                }
             }
         }
         for (to, slots) in slots {
@@ -555,6 +685,7 @@ impl Ownership {
         let slots: Vec<u16> = (0..SLOTS as u16)
             .filter(|&s| table.owner(s) != me)
             .collect();
+        let releases = self.releases;
         let others: Vec<String> = table
             .nodes()
             .iter()
@@ -563,12 +694,22 @@ impl Ownership {
             .collect();
         for to in others {
             let id = self.fresh_handoff_id();
-            self.actions.push_back(Action::HandOff(HandOff {
-                to,
-                id,
-                slots: slots.clone(),
-            }));
+            // With releases, an announcement is one: only the slots its table gives `to`.
+            let slots = if releases {
+                Self::owned_by(table, &to)
+            } else {
+                slots.clone()
+            };
+            self.actions
+                .push_back(Action::HandOff(HandOff { to, id, slots }));
         }
+    }
+
+    /// The slots `table` gives `owner`.
+    fn owned_by(table: &SlotTable, owner: &str) -> Vec<u16> {
+        (0..SLOTS as u16)
+            .filter(|&s| table.owner(s) == Some(owner))
+            .collect()
     }
 
     fn fresh_handoff_id(&mut self) -> u64 {
@@ -717,7 +858,9 @@ mod tests {
         assert!(late.decides(slot, 10 + WAIT));
         assert_eq!(
             late.window(slot, 10 + WAIT),
-            Some(Window::WaitExpired { from: "c".into() })
+            Some(Window::WaitExpired {
+                from: vec!["c".into()]
+            })
         );
 
         // c is dead: nothing comes, nothing is awaited.

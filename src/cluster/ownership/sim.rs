@@ -137,6 +137,16 @@ pub struct SimConfig {
     /// when a check is placed, so its slots are taken over from replicas before its
     /// hand-off lands.
     pub take_over_from_departed: bool,
+    /// A deliberately wrong driver: newcomers guess each gained slot's previous owner (the
+    /// table without them) and wait for that one alone, as before releases, in a cluster
+    /// whose members all speak them; the checker then excuses no guess.
+    pub guessing_newcomers: bool,
+    /// The first nodes start at one instant, each with all of them as seeds (itself too), as
+    /// a fleet's first rollout does: none is settled, so one must found the cluster.
+    pub started_together: bool,
+    /// With `started_together`: each node's seeds are the others, not itself (as when each is
+    /// given its peers' addresses), so the founder is chosen after the failure timeout.
+    pub seeds_omit_self: bool,
 }
 
 impl SimConfig {
@@ -186,6 +196,9 @@ impl SimConfig {
             take_over_from_departed: false,
             joined_hands_nothing: false,
             keep_stranded: false,
+            guessing_newcomers: false,
+            started_together: seed % 4 == 3,
+            seeds_omit_self: seed % 8 == 7,
         }
         .with_timeouts()
     }
@@ -203,21 +216,61 @@ impl SimConfig {
 /// gossip interval, so an owner's silence as its peers see it stays short of suspicion.
 pub const MAX_STALL_NS: u64 = 400_000_000;
 
+/// What the other deciders of a slot at one decision came to.
+#[derive(Default)]
+struct Pairs {
+    /// Pairs a window excused.
+    excused: u32,
+    /// Of those, pairs excused by the driver's suspicion alone.
+    suspected: u64,
+    /// Pairs beside a stalled owner that no machine window excused.
+    stalled: u64,
+    failure: Option<String>,
+}
+
+/// Whether a decision saw every earlier decision of its slot.
+struct Blind {
+    /// The decision falls in a window (its over-admission is allowed).
+    windowed: bool,
+    /// Decisions of the slot made outside windows so far.
+    made: u64,
+    /// Of those, what the deciding node's state holds.
+    known: u64,
+    failure: Option<String>,
+}
+
+/// The window a driver's decision is in: for a takeover or an unanswered forward, `other` when
+/// the decider's failure detector holds it suspect or dead.
+fn suspected_by(life: &Running, how: How, other: &str) -> Option<Window> {
+    let suspect = matches!(
+        life.membership.state_of(other),
+        Some(MemberState::Suspect | MemberState::Dead)
+    );
+    (matches!(how, How::Takeover | How::Unanswered) && suspect).then(|| Window::OwnerSuspected {
+        owner: other.to_owned(),
+    })
+}
+
+/// One part of a hand-off on its way.
+#[derive(Debug, Clone)]
+struct HandoffDelivery {
+    from: String,
+    id: u64,
+    part: u32,
+    parts: u32,
+    slots: Vec<u16>,
+    /// The state it carries: per slot, how many of the slot's decisions its sender knew of
+    /// (see [`Sim::made`]); empty for an announcement.
+    known: Vec<(u16, u64)>,
+}
+
 /// A message on its way.
 #[derive(Debug, Clone)]
 enum Payload {
-    /// Gossip, with the versions its sender speaks (the layout follows what both share).
-    Gossip(VersionRange, Gossip),
-    HandoffPart {
-        from: String,
-        id: u64,
-        part: u32,
-        parts: u32,
-        slots: Vec<u16>,
-        /// The state it carries: per slot, how many of the slot's decisions its sender knew
-        /// of (see [`Sim::made`]); empty for an announcement.
-        known: Vec<(u16, u64)>,
-    },
+    /// Gossip, with its sender's id (its certificate's name: only its own digest is its word,
+    /// the others are relays) and the versions it speaks (the layout follows what both share).
+    Gossip(String, VersionRange, Gossip),
+    HandoffPart(HandoffDelivery),
     /// A client's check; `takeover` marks it for the slot's successor.
     Check {
         client: usize,
@@ -426,6 +479,8 @@ pub struct SimReport {
     pub stranded_handoff_slots: u64,
     /// Checks decided through the driver's shortcut for a node alone in its table.
     pub shortcut_decisions: u64,
+    /// Nodes that founded a cluster (started with seeds, none settled, the seed chosen to).
+    pub foundings: u64,
 }
 
 /// How a run failed: the seed, what broke, and the last events before it.
@@ -533,6 +588,7 @@ impl Sim {
                 passed_on_slots: 0,
                 stranded_handoff_slots: 0,
                 shortcut_decisions: 0,
+                foundings: 0,
             },
             checked: Vec::new(),
             tables: BTreeMap::new(),
@@ -578,7 +634,9 @@ impl Sim {
             }
         }
         for (_, payload) in self.network.values() {
-            if let Payload::HandoffPart { known, .. } | Payload::PassedOn { known } = payload {
+            if let Payload::HandoffPart(HandoffDelivery { known, .. })
+            | Payload::PassedOn { known } = payload
+            {
                 known.iter().for_each(|&(slot, n)| keep(slot, n));
             }
         }
@@ -596,9 +654,11 @@ impl Sim {
         let end = start + self.config.duration_ns;
         while self.now_ns < end {
             // The first nodes start one after another, as a rollout does (each has joined
-            // before the next starts); later joins and restarts come at any time.
+            // before the next starts), or all at once; later joins and restarts come at any
+            // time.
             if self.nodes.len() < self.config.nodes
-                && self.now_ns >= start + self.nodes.len() as u64 * STAGGER_NS
+                && (self.config.started_together
+                    || self.now_ns >= start + self.nodes.len() as u64 * STAGGER_NS)
             {
                 self.add_node();
             }
@@ -715,14 +775,21 @@ impl Sim {
 
     fn start(&mut self, index: usize) {
         let id = self.nodes[index].id.clone();
-        let seeds: Vec<String> = if index == 0 && self.nodes[index].lives == 0 {
-            Vec::new()
-        } else {
-            (0..self.nodes.len().min(2))
-                .filter(|&i| i != index)
-                .map(Self::id_of)
-                .collect()
-        };
+        let first_life = self.nodes[index].lives == 0;
+        let seeds: Vec<String> =
+            if self.config.started_together && first_life && index < self.config.nodes {
+                (0..self.config.nodes)
+                    .filter(|&i| !self.config.seeds_omit_self || i != index)
+                    .map(Self::id_of)
+                    .collect()
+            } else if index == 0 && first_life {
+                Vec::new()
+            } else {
+                (0..self.nodes.len().min(2))
+                    .filter(|&i| i != index)
+                    .map(Self::id_of)
+                    .collect()
+            };
         let info = MemberInfo {
             id: id.clone(),
             addr: id.clone(),
@@ -836,9 +903,10 @@ impl Sim {
                 continue;
             };
             let now = self.now_ns;
-            let receiver = self.nodes[index].versions;
             let Some(life) = self.nodes[index].life.as_mut() else {
-                if let Payload::HandoffPart { known, .. } | Payload::PassedOn { known } = payload {
+                if let Payload::HandoffPart(HandoffDelivery { known, .. })
+                | Payload::PassedOn { known } = payload
+                {
                     // Sent to a node that is down: the state it carried is lost with it.
                     self.lose(known.into_iter().map(|(slot, _)| slot), None);
                 }
@@ -867,78 +935,10 @@ impl Sim {
                     self.handle_forward_answer(index, id, answer)?
                 }
                 Payload::ClientAnswer { .. } => {}
-                Payload::Gossip(from, mut gossip) => {
-                    // As over QUIC: no shared version, no connection; version 2's layout has
-                    // no ranges.
-                    let Some(agreed) = from.highest_shared(receiver) else {
-                        continue;
-                    };
-                    if !Feature::MemberVersions.readable_at(agreed) {
-                        gossip.members.iter_mut().for_each(|d| d.versions = None);
-                    }
-                    drop(life.membership.handle_gossip(now, &gossip));
-                    if self.config.switch_lag_ns == 0 {
-                        self.update_table(index);
-                    } else {
-                        life.switch_due
-                            .get_or_insert(now + self.config.switch_lag_ns);
-                    }
+                Payload::Gossip(sender, from, gossip) => {
+                    self.deliver_gossip(index, &sender, from, gossip)
                 }
-                Payload::HandoffPart {
-                    from,
-                    id,
-                    part,
-                    parts,
-                    slots,
-                    known,
-                } => {
-                    // The driver merges a part's buckets whether or not the machine counts it,
-                    // and sends on those of slots its table gives to a third member (the
-                    // sender's view was not its own, window 4) to that owner.
-                    let mut passed: BTreeMap<String, Vec<(u16, u64)>> = BTreeMap::new();
-                    let mut stranded = Vec::new();
-                    for (slot, n) in known {
-                        let mine = life.known.entry(slot).or_insert(0);
-                        *mine = (*mine).max(n);
-                        match life.ownership.table().owner(slot) {
-                            _ if n == 0 => {}
-                            Some(owner) if owner == to => {}
-                            Some(owner) if owner != from => {
-                                passed.entry(owner.to_owned()).or_default().push((slot, n));
-                            }
-                            // Ours once our table catches up with the sender's; until then
-                            // counted as lost, should it never.
-                            _ => stranded.push(slot),
-                        }
-                    }
-                    let received = ReceivedPart {
-                        id,
-                        part,
-                        parts,
-                        slots: &slots,
-                    };
-                    if life.ownership.handle_handoff(now, &from, received) {
-                        self.report.handoffs_completed += 1;
-                        self.log(format!(
-                            "{to} completed hand-off {id} from {from} ({} slots)",
-                            slots.len()
-                        ));
-                    }
-                    if self.config.keep_stranded {
-                        passed.clear();
-                    }
-                    for (owner, known) in passed {
-                        self.report.passed_on_slots += known.len() as u64;
-                        let slots: Vec<u16> = known.iter().map(|&(slot, _)| slot).collect();
-                        if !self.send(owner, Payload::PassedOn { known }) {
-                            stranded.extend(slots);
-                        }
-                    }
-                    if !stranded.is_empty() {
-                        self.report.stranded_handoff_slots += stranded.len() as u64;
-                        self.lose(stranded.into_iter(), None);
-                    }
-                }
+                Payload::HandoffPart(part) => self.deliver_handoff_part(index, part),
                 Payload::PassedOn { known } => {
                     for (slot, n) in known {
                         let mine = life.known.entry(slot).or_insert(0);
@@ -949,6 +949,105 @@ impl Sim {
             self.check()?;
         }
         Ok(())
+    }
+
+    /// A gossip message reaches a running node: read as over QUIC (no shared version, no
+    /// connection; version 2's layout has no ranges, and layouts before 8 do not say who is
+    /// joining; only the sender's own digest is its word), then the node's table follows, at
+    /// once or after the switch lag.
+    fn deliver_gossip(
+        &mut self,
+        index: usize,
+        sender: &str,
+        from: VersionRange,
+        mut gossip: Gossip,
+    ) {
+        let now = self.now_ns;
+        let receiver = self.nodes[index].versions;
+        let Some(agreed) = from.highest_shared(receiver) else {
+            return;
+        };
+        if !Feature::MemberVersions.readable_at(agreed) {
+            gossip.members.iter_mut().for_each(|d| d.versions = None);
+        }
+        if !Feature::SettledJoins.readable_at(agreed) {
+            gossip.members.iter_mut().for_each(|d| d.joining = false);
+        }
+        let life = self.nodes[index]
+            .life
+            .as_mut()
+            .expect("delivered to a running node");
+        let own = |member: &str| member == sender;
+        drop(life.membership.handle_gossip_from(now, &own, &gossip));
+        if self.config.switch_lag_ns == 0 {
+            self.update_table(index);
+        } else {
+            life.switch_due
+                .get_or_insert(now + self.config.switch_lag_ns);
+        }
+    }
+
+    /// A hand-off part reaches a running node. The driver merges a part's buckets whether or
+    /// not the machine counts it, and sends on those of slots its table gives to a third
+    /// member (the sender's view was not its own, window 4) to that owner.
+    fn deliver_handoff_part(&mut self, index: usize, delivery: HandoffDelivery) {
+        let now = self.now_ns;
+        let to = self.nodes[index].id.clone();
+        let HandoffDelivery {
+            from,
+            id,
+            part,
+            parts,
+            slots,
+            known,
+        } = delivery;
+        let life = self.nodes[index]
+            .life
+            .as_mut()
+            .expect("delivered to a running node");
+        let mut passed: BTreeMap<String, Vec<(u16, u64)>> = BTreeMap::new();
+        let mut stranded = Vec::new();
+        for (slot, n) in known {
+            let mine = life.known.entry(slot).or_insert(0);
+            *mine = (*mine).max(n);
+            match life.ownership.table().owner(slot) {
+                _ if n == 0 => {}
+                Some(owner) if owner == to => {}
+                Some(owner) if owner != from => {
+                    passed.entry(owner.to_owned()).or_default().push((slot, n));
+                }
+                // Ours once our table catches up with the sender's; until then counted as
+                // lost, should it never.
+                _ => stranded.push(slot),
+            }
+        }
+        let received = ReceivedPart {
+            id,
+            part,
+            parts,
+            slots: &slots,
+        };
+        if life.ownership.handle_handoff(now, &from, received) {
+            self.report.handoffs_completed += 1;
+            self.log(format!(
+                "{to} completed hand-off {id} from {from} ({} slots)",
+                slots.len()
+            ));
+        }
+        if self.config.keep_stranded {
+            passed.clear();
+        }
+        for (owner, known) in passed {
+            self.report.passed_on_slots += known.len() as u64;
+            let slots: Vec<u16> = known.iter().map(|&(slot, _)| slot).collect();
+            if !self.send(owner, Payload::PassedOn { known }) {
+                stranded.extend(slots);
+            }
+        }
+        if !stranded.is_empty() {
+            self.report.stranded_handoff_slots += stranded.len() as u64;
+            self.lose(stranded.into_iter(), None);
+        }
     }
 
     /// Switches a node's table when its membership moved owners, and carries out its actions.
@@ -974,6 +1073,17 @@ impl Sim {
         let new = self.table(epoch, &owners);
         let id = self.nodes[index].id.clone();
         let life = self.nodes[index].life.as_mut().expect("running");
+        // As the node's driver does: a node that founded the cluster (its membership joined
+        // with nobody else) joins nothing, and the machine hears the cluster version before
+        // each switch.
+        if owners.len() == 1 && !life.membership.is_joining() && life.ownership.is_joining() {
+            life.ownership.handle_no_one_to_join(now);
+            self.report.foundings += 1;
+        }
+        if !self.config.guessing_newcomers {
+            let version = life.membership.cluster_version().unwrap_or(0);
+            life.ownership.handle_cluster_version(version);
+        }
         let membership = &life.membership;
         let announced_leave = |member: &str| membership.state_of(member) == Some(MemberState::Left);
         if self.config.send_before_switch {
@@ -1036,14 +1146,14 @@ impl Sim {
                     };
                     let mut lost = false;
                     for part in 0..parts {
-                        let payload = Payload::HandoffPart {
+                        let payload = Payload::HandoffPart(HandoffDelivery {
                             from: id.clone(),
                             id: handoff.id,
                             part,
                             parts,
                             slots: handoff.slots.clone(),
                             known: known.clone(),
-                        };
+                        });
                         lost |= !self.send(handoff.to.clone(), payload);
                     }
                     if lost {
@@ -1114,8 +1224,10 @@ impl Sim {
             };
             let outgoing = life.membership.poll(now);
             let versions = self.nodes[index].claimed;
+            let sender = self.nodes[index].id.clone();
             for message in outgoing {
-                self.send(message.to, Payload::Gossip(versions, message.gossip));
+                let gossip = Payload::Gossip(sender.clone(), versions, message.gossip);
+                self.send(message.to, gossip);
             }
             let due = match self.nodes[index].life.as_mut() {
                 Some(life) if life.switch_due.is_none_or(|at| at <= now) => {
@@ -1457,13 +1569,40 @@ impl Sim {
 
     /// Node `index` decided `slot` now, as `how`: every other node deciding the slot at this
     /// instant (its machine names it the deciding owner, stalled or not, or it decided the slot
-    /// outside its table at this same instant) must be excused by a named window.
+    /// outside its table at this same instant) must be excused by a named window, and a
+    /// decision outside every window must see every earlier one of the slot.
     fn decided(&mut self, index: usize, slot: u16, how: How) -> Result<(), SimFailure> {
+        let how = self.count_decision(index, slot, how);
+        let pairs = self.other_deciders(index, slot, how);
+        let blind = self.blind_decision(index, slot, how, pairs.excused);
+        let life = self.nodes[index].life.as_mut().expect("running");
+        if blind.windowed {
+            // A window's decisions are the over-admission it allows; from here this node's
+            // state stands for the slot.
+            life.known.insert(slot, blind.known.max(blind.made));
+        } else {
+            self.made.insert(slot, blind.made + 1);
+            life.known.insert(slot, blind.made + 1);
+        }
+        self.report.stall_second_deciders += pairs.stalled;
+        self.report.owner_suspected_pairs += pairs.suspected;
+        if how != How::Owner {
+            let id = self.nodes[index].id.clone();
+            self.log(format!("{id} decides slot {slot} ({how:?})"));
+            self.instant_decisions.push((slot, index, how));
+        }
+        match pairs.failure.or(blind.failure) {
+            Some(message) => Err(self.fail(message)),
+            None => Ok(()),
+        }
+    }
+
+    /// Counts a decision in the report and says how it was made: the owner by its own table
+    /// decides as the machine check sees it; anything else is a decision outside the
+    /// machine's view.
+    fn count_decision(&mut self, index: usize, slot: u16, how: How) -> How {
         let now = self.now_ns;
-        let life = self.nodes[index].life.as_ref().expect("running");
-        let machine = &life.ownership;
-        // The owner by its own table decides as the machine check sees it; anything else is
-        // a decision outside the machine's view.
+        let machine = &self.nodes[index].life.as_ref().expect("running").ownership;
         let how = if machine.table().owner(slot) == Some(machine.me()) && how != How::Takeover {
             How::Owner
         } else {
@@ -1480,23 +1619,16 @@ impl Sim {
             self.instant_of_decisions = now;
             self.instant_decisions.clear();
         }
-        // The window a driver's decision is in: for a takeover or an unanswered forward, the
-        // owners its failure detector holds suspect or dead, named one by one below.
-        let suspected_by = |life: &Running, how: How, other: &str| -> Option<Window> {
-            let suspect = matches!(
-                life.membership.state_of(other),
-                Some(MemberState::Suspect | MemberState::Dead)
-            );
-            (matches!(how, How::Takeover | How::Unanswered) && suspect).then(|| {
-                Window::OwnerSuspected {
-                    owner: other.to_owned(),
-                }
-            })
-        };
-        let mut failure = None;
-        let mut stalled_pairs = 0;
-        let mut suspected_pairs = 0;
-        let mut excused_pairs = 0;
+        how
+    }
+
+    /// Every other node deciding `slot` now beside node `index`'s decision, each pair
+    /// excused or not.
+    fn other_deciders(&self, index: usize, slot: u16, how: How) -> Pairs {
+        let now = self.now_ns;
+        let life = self.nodes[index].life.as_ref().expect("running");
+        let machine = &life.ownership;
+        let mut pairs = Pairs::default();
         for (j, node) in self.nodes.iter().enumerate() {
             let Some(other) = node.life.as_ref().filter(|_| j != index) else {
                 continue;
@@ -1517,20 +1649,22 @@ impl Sim {
             let a = machine;
             let b = &other.ownership;
             let split = !a.table().contains(b.me()) && !b.table().contains(a.me());
-            let by_machine = split || excuses(a, b, slot, now) || excuses(b, a, slot, now);
+            let guesses = !self.config.guessing_newcomers;
+            let by_machine =
+                split || excuses(a, b, slot, now, guesses) || excuses(b, a, slot, now, guesses);
             let by_suspicion = mine.is_some() || theirs.is_some();
             let excused = self.config.excuse_windows && (by_machine || by_suspicion);
-            excused_pairs += u32::from(excused);
+            pairs.excused += u32::from(excused);
             if excused && !by_machine {
-                suspected_pairs += 1;
+                pairs.suspected += 1;
             }
             // Beside a stalled owner, only the machine's windows (a table switch meanwhile)
             // may excuse a second decider: a stall is too short for suspicion.
             if tenure && other.stalled(now) && !by_machine {
-                stalled_pairs += 1;
+                pairs.stalled += 1;
             }
-            if !excused && failure.is_none() {
-                failure = Some(format!(
+            if !excused && pairs.failure.is_none() {
+                pairs.failure = Some(format!(
                     "slot {slot} decided by {} ({how:?}, window {:?}) while {} decides it \
                      ({}{}, window {:?}); {} holds {} {:?}; tables of epochs {} {:?} and {} {:?}",
                     a.me(),
@@ -1553,8 +1687,15 @@ impl Sim {
                 ));
             }
         }
-        // Blind decisions: outside every window, this node's state must hold every decision
-        // of the slot made outside a window (its own, or brought by a hand-off).
+        pairs
+    }
+
+    /// Blind decisions: outside every window, node `index`'s state must hold every decision
+    /// of the slot made outside a window (its own, or brought by a hand-off).
+    fn blind_decision(&self, index: usize, slot: u16, how: How, excused_pairs: u32) -> Blind {
+        let now = self.now_ns;
+        let life = self.nodes[index].life.as_ref().expect("running");
+        let machine = &life.ownership;
         let owner_suspected = matches!(how, How::Takeover | How::Unanswered)
             && machine
                 .table()
@@ -1564,8 +1705,8 @@ impl Sim {
             && (machine.window(slot, now).is_some() || owner_suspected || excused_pairs > 0);
         let made = self.made.get(&slot).copied().unwrap_or(0);
         let known = life.known(slot);
-        if !windowed && known < made && failure.is_none() {
-            failure = Some(format!(
+        let failure = (!windowed && known < made).then(|| {
+            format!(
                 "slot {slot} decided by {} ({how:?}) blind to {} of its {made} decisions: its \
                  state holds {known}; {} holds its owner {:?} {:?}; table of epoch {} {:?}",
                 machine.me(),
@@ -1578,27 +1719,13 @@ impl Sim {
                     .and_then(|o| life.membership.state_of(o)),
                 machine.table().epoch(),
                 machine.table().nodes(),
-            ));
-        }
-        let life = self.nodes[index].life.as_mut().expect("running");
-        if windowed {
-            // A window's decisions are the over-admission it allows; from here this node's
-            // state stands for the slot.
-            life.known.insert(slot, known.max(made));
-        } else {
-            self.made.insert(slot, made + 1);
-            life.known.insert(slot, made + 1);
-        }
-        self.report.stall_second_deciders += stalled_pairs;
-        self.report.owner_suspected_pairs += suspected_pairs;
-        if how != How::Owner {
-            let id = self.nodes[index].id.clone();
-            self.log(format!("{id} decides slot {slot} ({how:?})"));
-            self.instant_decisions.push((slot, index, how));
-        }
-        match failure {
-            Some(message) => Err(self.fail(message)),
-            None => Ok(()),
+            )
+        });
+        Blind {
+            windowed,
+            made,
+            known,
+            failure,
         }
     }
 
@@ -1829,7 +1956,10 @@ impl Sim {
         self.update_table(index);
         let versions = self.nodes[index].claimed;
         for message in outgoing {
-            self.send(message.to, Payload::Gossip(versions, message.gossip));
+            self.send(
+                message.to,
+                Payload::Gossip(id.clone(), versions, message.gossip),
+            );
         }
     }
 
@@ -1850,7 +1980,13 @@ impl Sim {
             .iter()
             .filter_map(|n| n.life.as_ref().map(|l| &l.ownership))
             .collect();
-        match check_instant(&machines, self.now_ns, self.config.excuse_windows) {
+        let excuse_guesses = !self.config.guessing_newcomers;
+        match check_instant(
+            &machines,
+            self.now_ns,
+            self.config.excuse_windows,
+            excuse_guesses,
+        ) {
             Ok(true) => self.report.windows_seen += 1,
             Ok(false) => {}
             Err(message) => return Err(self.fail(message)),
@@ -1866,7 +2002,8 @@ impl Sim {
 }
 
 /// The invariant at one instant: every two machines that both decide a slot are excused by a
-/// named window (with `excuse_windows` false: no two may). Returns whether any slot had two
+/// named window (with `excuse_windows` false: no two may; with `excuse_guesses` false, a
+/// newcomer's guess of a previous owner excuses nothing). Returns whether any slot had two
 /// deciders (inside windows).
 ///
 /// A pair is excused when one of them decides inside a window the machine marks for that slot
@@ -1876,6 +2013,7 @@ pub fn check_instant(
     machines: &[&Ownership],
     now_ns: u64,
     excuse_windows: bool,
+    excuse_guesses: bool,
 ) -> Result<bool, String> {
     let decided: Vec<Vec<bool>> = machines.iter().map(|m| m.decided_slots(now_ns)).collect();
     let mut doubled = false;
@@ -1890,23 +2028,29 @@ pub fn check_instant(
             continue;
         }
         doubled = true;
-        check_pairs(&deciders, slot as u16, now_ns, excuse_windows)?;
+        check_pairs(
+            &deciders,
+            slot as u16,
+            now_ns,
+            excuse_windows,
+            excuse_guesses,
+        )?;
     }
     Ok(doubled)
 }
 
 /// True when `a` decides `slot` beside `other` inside a window that names `other`: the wait for
-/// `other`'s hand-off expired, or `a` holds `other` dead; `a` decides alone; or `a` joined
-/// guessing the slot's previous owner was a node other than `other` (had it been `other`, `a`
-/// got the state from it, so `other` deciding still would be a fault).
-fn excuses(a: &Ownership, other: &Ownership, slot: u16, now_ns: u64) -> bool {
+/// `other`'s hand-off expired, or `a` holds `other` dead; `a` decides alone; or (with
+/// `guesses`: a cluster below releases) `a` joined guessing the slot's previous owner was a
+/// node other than `other` (had it been `other`, `a` got the state from it, so `other`
+/// deciding still would be a fault).
+fn excuses(a: &Ownership, other: &Ownership, slot: u16, now_ns: u64, guesses: bool) -> bool {
     match a.window(slot, now_ns) {
         None => false,
         Some(Window::Alone) => true,
-        Some(Window::WaitExpired { from } | Window::OwnerDeclaredDead { from }) => {
-            from == other.me()
-        }
-        Some(Window::JoinedGuessing { from }) => from != other.me(),
+        Some(Window::WaitExpired { from }) => from.iter().any(|f| f == other.me()),
+        Some(Window::OwnerDeclaredDead { from }) => from == other.me(),
+        Some(Window::JoinedGuessing { from }) => guesses && from != other.me(),
         // The driver's window, never the machine's: it names the owner held suspect.
         Some(Window::OwnerSuspected { owner }) => owner == other.me(),
     }
@@ -1918,6 +2062,7 @@ fn check_pairs(
     slot: u16,
     now_ns: u64,
     excuse_windows: bool,
+    excuse_guesses: bool,
 ) -> Result<(), String> {
     for (i, a) in deciders.iter().enumerate() {
         for b in &deciders[i + 1..] {
@@ -1925,7 +2070,9 @@ fn check_pairs(
             // holding the other dead): each side decides its own table's slots.
             let split = !a.table().contains(b.me()) && !b.table().contains(a.me());
             let excused = excuse_windows
-                && (split || excuses(a, b, slot, now_ns) || excuses(b, a, slot, now_ns));
+                && (split
+                    || excuses(a, b, slot, now_ns, excuse_guesses)
+                    || excuses(b, a, slot, now_ns, excuse_guesses));
             if !excused {
                 return Err(format!(
                     "slot {slot} decided by {} and {} at once (windows {:?} and {:?}; tables of \
