@@ -74,9 +74,9 @@ impl SlotSet {
             .is_some_and(|word| word & (1 << (slot % 64)) != 0)
     }
 
-    fn remove(&mut self, slot: u16) {
-        if let Some(word) = self.0.get_mut(usize::from(slot) / 64) {
-            *word &= !(1 << (slot % 64));
+    fn remove_all(&mut self, other: &SlotSet) {
+        for (word, gone) in self.0.iter_mut().zip(other.0.iter()) {
+            *word &= !gone;
         }
     }
 }
@@ -185,14 +185,20 @@ impl Handoffs {
         Some(slots)
     }
 
-    /// This node gave `slot` away: what arrived for it before is stale from now on.
-    pub fn gave_away(&mut self, slot: u16) {
+    /// This node gave `slots` away: what arrived for them before is stale from now on. One
+    /// pass over the waits for all of them: a switch gives away thousands of slots while
+    /// thousands of waits run, and the table switch holds the deciding gate meanwhile.
+    pub fn gave_away(&mut self, slots: &[u16]) {
+        if slots.is_empty() {
+            return;
+        }
+        let given = SlotSet::of(slots);
         for hand_offs in self.arrived.values_mut() {
-            for (_, slots) in hand_offs.iter_mut() {
-                slots.remove(slot);
+            for (_, arrived) in hand_offs.iter_mut() {
+                arrived.remove_all(&given);
             }
         }
-        self.pending.retain(|(s, _), _| *s != slot);
+        self.pending.retain(|(s, _), _| !given.contains(*s));
     }
 
     /// Forgets waits whose deadline passed (those slots are decided from what is here, unless
@@ -317,7 +323,7 @@ mod tests {
         assert!(h.is_empty());
         assert!(h.expect(2, "x", 100 + WAIT, WAIT));
         assert!(h.deadline([2u16].into_iter(), 100 + WAIT).is_some());
-        h.gave_away(3);
+        h.gave_away(&[3]);
         h.expect(3, "x", 101, WAIT);
         assert!(h.deadline([3u16].into_iter(), 101).is_some());
     }

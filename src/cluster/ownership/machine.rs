@@ -612,7 +612,12 @@ impl Ownership {
                     self.handoffs.expect(slot, &newcomer, now_ns, wait);
                 }
             }
-            self.unreleased.insert(newcomer);
+            // Its release may have come first (its table took this node in before this
+            // node's took it in): then it has nothing more to say of slots this node gains
+            // later, and they must not wait for it.
+            if !self.handoffs.heard_from(&newcomer, now_ns, wait) {
+                self.unreleased.insert(newcomer);
+            }
         }
     }
 
@@ -628,16 +633,18 @@ impl Ownership {
             }
         }
         let me = Some(self.me.as_str());
+        let mut lost = Vec::new();
         for (slot, given) in self.given_away.iter_mut().enumerate() {
             let slot = slot as u16;
             if new.owner(slot) == me {
                 *given = false;
             } else if old.owner(slot) == me {
                 *given = true;
-                self.handoffs.gave_away(slot);
+                lost.push(slot);
                 self.unconfirmed.remove(&slot);
             }
         }
+        self.handoffs.gave_away(&lost);
         old
     }
 
@@ -781,6 +788,44 @@ mod tests {
         // A node waiting for its join decides nothing at once, table of one or not.
         let joining = machine("c", table(1, &["c"]), true);
         assert!(!joining.decides_every_slot());
+    }
+
+    /// Two nodes that joined through one founder, each before hearing of the other: when n2's
+    /// release reaches n1 before n1's table takes n2 in, n2 has told n1 all it will, so the
+    /// slots n1 gains later from the founder's leave wait for the founder alone. (They once
+    /// waited for n2 too, out to the 5 s wait, in every rolling restart of a young cluster.)
+    #[test]
+    fn a_young_node_waits_for_no_newcomer_whose_release_came_first() {
+        const MS: u64 = 1_000_000;
+        let mut n1 = machine("n1", table(0, &["n1"]), true);
+        n1.handle_cluster_version(Feature::SettledJoins.since());
+        let first = table(1, &["p", "n1"]);
+        n1.handle_table(0, first.clone(), NO_ONE_LEFT);
+        let mine = |t: &SlotTable| -> Vec<u16> {
+            (0..SLOTS as u16)
+                .filter(|&s| t.owner(s) == Some("n1"))
+                .collect()
+        };
+        assert!(n1.handle_handoff(MS, "p", part(1, &mine(&first))));
+        assert!(!n1.awaits_any_handoff(), "the founder released n1's slots");
+
+        let three = table(2, &["p", "n1", "n2"]);
+        assert!(n1.handle_handoff(10 * MS, "n2", part(2, &mine(&three))));
+        n1.handle_table(20 * MS, three.clone(), NO_ONE_LEFT);
+        assert!(!n1.awaits_any_handoff(), "n2's release is here");
+
+        let pair = table(3, &["n1", "n2"]);
+        n1.handle_table(30 * MS, pair.clone(), |id| id == "p");
+        let gained: Vec<u16> = (0..SLOTS as u16)
+            .filter(|&s| pair.owner(s) == Some("n1") && three.owner(s) == Some("p"))
+            .collect();
+        assert!(!gained.is_empty());
+        assert!(n1.awaits_any_handoff(), "the founder's hand-off is on its way");
+        assert!(n1.handle_handoff(40 * MS, "p", part(3, &gained)));
+        assert!(
+            gained.iter().all(|&s| n1.decides(s, 40 * MS)),
+            "the gained slots wait for n2, who has nothing to send"
+        );
     }
 
     #[test]
