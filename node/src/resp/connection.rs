@@ -1,4 +1,5 @@
-//! One RESP connection's loop: read into a buffer held against the node's budget, parse up to a pipeline's worth of commands, serve them, write the replies.
+//! One RESP connection's loop: read into a buffer held against the node's budget, parse up to
+//! a pipeline's worth of commands, serve them, write the replies.
 
 use std::time::Duration;
 
@@ -103,9 +104,9 @@ struct Pipeline {
     failure: Option<ProtocolError>,
 }
 
-/// Parses commands from the front of `buf` until [`MAX_PIPELINE`], an incomplete command or a
-/// protocol error; `needed` (the bytes the buffer must hold before parsing can say more) is
-/// where it stopped.
+/// Parses commands from the front of `buf` until [`MAX_PIPELINE`] of them, an incomplete
+/// command or a protocol error. `needed` is the bytes the buffer must hold before parsing can
+/// say more: nothing is parsed until it holds them, and parsing sets it anew.
 fn parse_pipeline(buf: &[u8], needed: &mut usize, limits: &RespLimits) -> Pipeline {
     let mut commands = Vec::new();
     let mut used = 0;

@@ -492,6 +492,8 @@ impl Hub {
         self.answer_local(None, pushes, Some(Arc::from(from)));
     }
 
+    /// What becomes of one bucket's usage in a message of `domain`, by the rule its
+    /// `BucketId` matches in `config`.
     fn plan(&self, config: &RlsConfig, domain: &str, usage: &BucketQuotaUsage) -> Planned {
         let Some(id) = usage.bucket_id.as_ref().filter(|id| !id.bucket.is_empty()) else {
             return Planned::Ignored("empty_bucket_id");
@@ -781,12 +783,16 @@ fn add(
     }
 }
 
+/// One bucket of a message, planned (the reason, where one is named, is the metrics label).
 enum Planned {
     /// Nothing to answer (no bucket id to name).
     Ignored(&'static str),
     /// Past a bound: denied (a production bucket must not pass unlimited for being refused).
     Refused(BucketId, &'static str),
+    /// No rule, an unlimited one or a shadow one: every request passes.
     AllowAll(BucketId),
+    /// Shared among the bucket's Envoys: the bucket, its rule's limit, the rule's name, and
+    /// the usage reported.
     Shared(BucketKey, Limit, String, Usage),
 }
 

@@ -428,11 +428,14 @@ impl Shares {
     }
 }
 
+/// A live Envoy in a rebalance: its stream, the tokens it holds, the tokens it is to hold.
+type Target = (StreamId, u32, u32);
+
 /// The tokens the bucket's live Envoys may share (its limit, less a token of burst for every
 /// Envoy and what the frozen ones hold), and each live Envoy's (stream, tokens held, target)
 /// by the formula: half split evenly, the other half by demand; while the bucket settles, no
-/// target above what its Envoy holds. `None`: no live Envoy.
-fn targets(state: &Bucket, now_ns: u64, ttl_ns: u64) -> Option<(u128, Vec<(StreamId, u32, u32)>)> {
+/// target above what its Envoy holds, and 1 for a newcomer. `None`: no live Envoy.
+fn targets(state: &Bucket, now_ns: u64, ttl_ns: u64) -> Option<(u128, Vec<Target>)> {
     let live = |p: &Participant| p.open && now_ns < p.last_report_ns.saturating_add(ttl_ns);
     let k_all = state.participants.len() as u64;
     // Every Envoy holds one token of burst; the rest is refill.
@@ -456,7 +459,7 @@ fn targets(state: &Bucket, now_ns: u64, ttl_ns: u64) -> Option<(u128, Vec<(Strea
         .filter(|p| live(p))
         .map(|p| u128::from(p.demand))
         .sum();
-    let targets: Vec<(StreamId, u32, u32)> = state
+    let targets: Vec<Target> = state
         .participants
         .iter()
         .filter(|(_, p)| live(p))
@@ -486,7 +489,7 @@ fn targets(state: &Bucket, now_ns: u64, ttl_ns: u64) -> Option<(u128, Vec<(Strea
 /// the formula, then each share kept where it is within the slack of it (when the kept ones
 /// still fit): Envoy resets a running bucket's fractional tokens on every change, so a share
 /// that wobbles by a token each report would cost a token each time.
-fn steadied(available: u128, targets: Vec<(StreamId, u32, u32)>) -> Vec<(StreamId, u32, u32)> {
+fn steadied(available: u128, targets: Vec<Target>) -> Vec<Target> {
     let steady = |old: u32, target: u32| old > 0 && old.abs_diff(target) <= (old / SLACK).max(1);
     let budget = available.max(targets.iter().map(|t| u128::from(t.2)).sum());
     let kept: u128 = targets

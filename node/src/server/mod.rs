@@ -1,10 +1,13 @@
 //! The running node: start (the composition root: store, cluster, endpoint, tasks), what tests
 //! and the binary ask of it, certificate reload, and graceful shutdown.
 //!
-//! - `connection`: the accept loop and one task per connection; who is a peer.
+//! - `connection`: the accept loop, admission after the handshake, one task per stream.
+//! - `remote`: the other end of a connection: whether it is a peer, which node it is.
 //! - `streams`: long-lived bidirectional streams: frames in, answers out.
 //! - `peer_messages`: one-way streams: gossip, replicas and hand-offs in; table pushes out.
-//! - `sweeper`: expired buckets forgotten a few shards at a time; store counters published.
+//! - `rlqs_listener`: the `--rlqs-listen` gRPC server around the node's RLQS hub.
+//! - `sweeper`: expired buckets forgotten a slice of a shard at a time, leases a shard at a
+//!   time; the stores' counters published.
 
 mod connection;
 mod peer_messages;
@@ -63,7 +66,8 @@ pub struct Node {
 }
 
 impl Node {
-    /// Binds the endpoint (and the admin server, if configured) and starts serving.
+    /// Binds the endpoint and the configured listeners (admin, RLS, RLQS, RESP), restores the
+    /// snapshots of `--state-dir`, and starts serving.
     pub async fn start(config: NodeConfig) -> anyhow::Result<Node> {
         config.limits.validate()?;
         if let Some(id) = &config.cluster.node_id {

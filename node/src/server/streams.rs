@@ -1,5 +1,6 @@
 //! Long-lived bidirectional streams: whatever bytes arrive are read into frames, every complete
-//! frame is answered (checks decided or forwarded, rules, the table), answers written at once.
+//! frame is answered (checks decided or forwarded, leases, rules, the table, RLQS reports and
+//! claims from peers), answers written at once.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
