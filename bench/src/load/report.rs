@@ -182,8 +182,10 @@ fn header(out: &mut String, titles: &[String]) {
 }
 
 /// The markdown comparison: closed-loop throughput and open-loop latency, floodgate beside each
-/// Redis baseline that ran, with floodgate's ratio to each; then, when it ran, `floodgate+rls`
-/// beside floodgate's own QUIC path and redis+lua (what the gRPC front costs); then memory.
+/// Redis baseline that ran, with floodgate's ratio to each; then, for those that ran, the
+/// cluster beside one node, `floodgate+rls` beside floodgate's own QUIC path and redis+lua
+/// (what the gRPC front costs), floodgate beside Gubernator and `floodgate+rls` beside
+/// envoyproxy/ratelimit; then memory, the failed calls and the generator's own CPU.
 pub fn markdown(records: &[Record]) -> String {
     let mut out = String::new();
     let mut workloads: Vec<&str> = Vec::new();
@@ -343,8 +345,8 @@ fn comparison(
         all: &all,
         level,
     };
-    tables.throughput(out);
-    tables.latency(out);
+    tables.throughput_table(out);
+    tables.latency_table(out);
 }
 
 /// What both tables of a comparison are made of.
@@ -362,7 +364,7 @@ struct Comparison<'a> {
 impl Comparison<'_> {
     /// The closed-loop table: the subject's throughput and its ratio to each reference's, then
     /// every system's CPU and latency.
-    fn throughput(&self, out: &mut String) {
+    fn throughput_table(&self, out: &mut String) {
         let (records, subject, references) = (self.records, self.subject, self.references);
         let names = self.all.join(" / ");
         let _ = writeln!(out, "{} Throughput (closed loop)\n", self.level);
@@ -413,7 +415,7 @@ impl Comparison<'_> {
 
     /// The open-loop table: each offered rate any of the systems ran at, every system's achieved
     /// rate and latency, and the subject's latency ratio to each reference.
-    fn latency(&self, out: &mut String) {
+    fn latency_table(&self, out: &mut String) {
         let (records, subject, references) = (self.records, self.subject, self.references);
         let _ = writeln!(
             out,

@@ -59,7 +59,8 @@ fn step_interval(steps_per_pass: usize) -> Duration {
     (SWEEP_PASS / steps).clamp(MIN_STEP_INTERVAL, MAX_STEP_INTERVAL)
 }
 
-/// Forgets expired buckets a slice of a shard at a time and publishes the store's counters.
+/// Until shutdown, a step at a time: expired buckets forgotten a slice of a shard at a time,
+/// expired leases a shard at a time; the stores' counters published every [`PUBLISH_EVERY`].
 pub(super) async fn sweep_loop(shared: Arc<Shared>, mut shutdown: watch::Receiver<bool>) {
     shared
         .metrics
