@@ -433,20 +433,7 @@ impl<'a> Batch<'a> {
             if !last_round {
                 // A refuser handed the slot off after our table was read: wait for ours to
                 // name someone else, then for that hand-off if the slot is now ours.
-                let refused: Vec<(u16, String)> = failed
-                    .iter()
-                    .filter_map(|&i| match &placed[i] {
-                        GroupState::NotOwner(by) => Some((self.slot(i), by.clone())),
-                        _ => None,
-                    })
-                    .collect();
-                if !refused.is_empty() {
-                    cluster
-                        .wait_for_table(TABLE_CATCH_UP, |table| {
-                            refused.iter().all(|(s, by)| table.owner(*s) != Some(by))
-                        })
-                        .await;
-                }
+                self.catch_up_with_refusers(&failed, placed).await;
             }
             // Only an unanswered forward asks; read before the ownership lock.
             let suspected = if failed
@@ -486,6 +473,26 @@ impl<'a> Batch<'a> {
                     Placement::Refuse(refusal) => GroupState::Refused(refusal_code(refusal)),
                 };
             }
+        }
+    }
+
+    /// Waits (at most [`TABLE_CATCH_UP`]) until this node's table no longer names, as the owner
+    /// of each `failed` group refused `not_owner`, the node that refused it.
+    async fn catch_up_with_refusers(&self, failed: &[usize], placed: &[GroupState]) {
+        let refused: Vec<(u16, String)> = failed
+            .iter()
+            .filter_map(|&i| match &placed[i] {
+                GroupState::NotOwner(by) => Some((self.slot(i), by.clone())),
+                _ => None,
+            })
+            .collect();
+        if !refused.is_empty() {
+            self.shared
+                .cluster
+                .wait_for_table(TABLE_CATCH_UP, |table| {
+                    refused.iter().all(|(s, by)| table.owner(*s) != Some(by))
+                })
+                .await;
         }
     }
 }

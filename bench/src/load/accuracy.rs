@@ -11,7 +11,7 @@
 //! the limit and no more.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -205,41 +205,10 @@ async fn floodgate_row(
             "local".to_owned()
         }
     };
-    let mut servers = Vec::new();
-    let mut addrs: Vec<SocketAddr> = Vec::new();
-    for i in 0..NODES {
-        let mut flags = vec!["--region".to_owned(), region(i)];
-        if let Some(first) = addrs.first() {
-            flags.extend(["--seeds".to_owned(), first.to_string()]);
-        }
-        let server = process::start_node_with(&binary, &data_dir, Some(1), None, &flags)?;
-        addrs.push(server.addr);
-        servers.push(server);
-    }
-    let ca = data_dir.join("ca.pem");
-    let mut clients = Vec::new();
-    for (i, addr) in addrs.iter().enumerate() {
-        let mut config = ClientConfig::with_ca_file(&ca);
-        config.timeout = Duration::from_secs(2);
-        config.region = Some(region(i));
-        let client = Client::connect(&[*addr], config)
-            .await
-            .context("connecting to the node")?;
-        clients.push(client);
-    }
+    let (servers, addrs) = start_nodes(&binary, &data_dir, &region)?;
     // Every client must know the whole cluster of its region (one node per region: itself).
     let members = if regions { 1 } else { NODES };
-    let deadline = Instant::now() + FORMING;
-    for client in &clients {
-        while client.nodes().len() < members {
-            anyhow::ensure!(
-                Instant::now() < deadline,
-                "the cluster did not form within {FORMING:?}"
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        client.wait_connected().await;
-    }
+    let clients = connect_clients(&data_dir.join("ca.pem"), &addrs, &region, members).await?;
     // Slots move to the joined nodes just after they join.
     tokio::time::sleep(Duration::from_secs(2)).await;
     let scope = if regions {
@@ -270,4 +239,57 @@ async fn floodgate_row(
         admitted,
         limit: args.limit,
     })
+}
+
+/// [`NODES`] nodes, node `i` in region `region(i)`, each after the first seeded at the first;
+/// their servers and addresses.
+fn start_nodes(
+    binary: &Path,
+    data_dir: &Path,
+    region: &impl Fn(usize) -> String,
+) -> anyhow::Result<(Vec<process::Server>, Vec<SocketAddr>)> {
+    let mut servers = Vec::new();
+    let mut addrs: Vec<SocketAddr> = Vec::new();
+    for i in 0..NODES {
+        let mut flags = vec!["--region".to_owned(), region(i)];
+        if let Some(first) = addrs.first() {
+            flags.extend(["--seeds".to_owned(), first.to_string()]);
+        }
+        let server = process::start_node_with(binary, data_dir, Some(1), None, &flags)?;
+        addrs.push(server.addr);
+        servers.push(server);
+    }
+    Ok((servers, addrs))
+}
+
+/// A client seeded at each of `addrs` (node `i` in region `region(i)`), returned once every
+/// one knows `members` nodes and is connected (within [`FORMING`]).
+async fn connect_clients(
+    ca: &Path,
+    addrs: &[SocketAddr],
+    region: &impl Fn(usize) -> String,
+    members: usize,
+) -> anyhow::Result<Vec<Client>> {
+    let mut clients = Vec::new();
+    for (i, addr) in addrs.iter().enumerate() {
+        let mut config = ClientConfig::with_ca_file(ca);
+        config.timeout = Duration::from_secs(2);
+        config.region = Some(region(i));
+        let client = Client::connect(&[*addr], config)
+            .await
+            .context("connecting to the node")?;
+        clients.push(client);
+    }
+    let deadline = Instant::now() + FORMING;
+    for client in &clients {
+        while client.nodes().len() < members {
+            anyhow::ensure!(
+                Instant::now() < deadline,
+                "the cluster did not form within {FORMING:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        client.wait_connected().await;
+    }
+    Ok(clients)
 }

@@ -14,6 +14,9 @@ use super::{driver, process, report, workload};
 /// The peers' system names: their memory is measured on `--peer-keys` keys.
 const PEERS: [&str; 2] = ["gubernator", "envoy-ratelimit"];
 
+/// One system through every workload: its key space loaded (resident bytes per key), then
+/// each workload's closed loop and open-loop rates (a leased workload only on a system that
+/// leases, its admitted checks then held to the limit); records and notes added to the run's.
 pub(super) async fn run_system(
     args: &LoadArgs,
     server: Option<&Server>,
@@ -24,7 +27,6 @@ pub(super) async fn run_system(
     notes: &mut Vec<String>,
 ) -> anyhow::Result<()> {
     let name = target.name();
-    let seconds = args.duration;
     let loaded = if PEERS.contains(&name) {
         args.keys.min(args.peer_keys)
     } else {
@@ -33,6 +35,13 @@ pub(super) async fn run_system(
     progress.set_message(format!("{name}: loading {loaded} keys"));
     let bytes_per_key = load_keys(&target, server, loaded).await?;
     progress.inc(1);
+    let system = Measured {
+        args,
+        server,
+        target: &target,
+        progress,
+        bytes_per_key,
+    };
     for (w, workload) in workloads.iter().enumerate() {
         if workload.spread.leased() && !target.leases() {
             progress.inc(1 + args.rates.len() as u64);
@@ -41,37 +50,89 @@ pub(super) async fn run_system(
         let keys = Arc::new(workload::KeyGen::new(*workload, args.keys));
         let first = records.len();
         let started = std::time::Instant::now();
-        progress.set_message(format!("{name} {workload}: closed loop"));
-        let cpu_before = Cpu::now(server);
-        let run =
-            driver::closed_loop(&target, keys.clone(), args.callers, seconds, 7 + w as u64).await;
-        records.push(
-            Record::new(
-                name,
-                &workload.to_string(),
-                0,
-                &run,
-                Cpu::now(server).since(cpu_before),
-                bytes_per_key,
-            )
-            .on_nodes(target.nodes()),
-        );
-        progress.inc(1);
+        records.push(system.closed_loop(w, workload, keys.clone()).await);
+        system.open_loops(w, workload, &keys, records, notes).await;
+        if workload.spread.leased() {
+            let admitted = records[first..].iter().map(|r| r.allowed).sum();
+            let note = lease_accounting(&target, *workload, admitted, started.elapsed(), records)?;
+            notes.push(note);
+        }
+    }
+    Ok(())
+}
+
+/// A system being measured: what each of its steps runs against and records.
+struct Measured<'a> {
+    args: &'a LoadArgs,
+    server: Option<&'a Server>,
+    target: &'a Targets,
+    progress: &'a ProgressBar,
+    bytes_per_key: f64,
+}
+
+impl Measured<'_> {
+    /// The closed loop of the `w`th workload: `--callers` callers, each checking again as soon
+    /// as it is answered, for `--duration`.
+    async fn closed_loop(
+        &self,
+        w: usize,
+        workload: &Workload,
+        keys: Arc<workload::KeyGen>,
+    ) -> Record {
+        let name = self.target.name();
+        self.progress
+            .set_message(format!("{name} {workload}: closed loop"));
+        let cpu_before = Cpu::now(self.server);
+        let run = driver::closed_loop(
+            self.target,
+            keys,
+            self.args.callers,
+            self.args.duration,
+            7 + w as u64,
+        )
+        .await;
+        let record = Record::new(
+            name,
+            &workload.to_string(),
+            0,
+            &run,
+            Cpu::now(self.server).since(cpu_before),
+            self.bytes_per_key,
+        )
+        .on_nodes(self.target.nodes());
+        self.progress.inc(1);
+        record
+    }
+
+    /// The open loop of the `w`th workload at each of `--rates` in turn, until the system falls
+    /// behind one (the later rates are skipped); a stall of the machine on a rate it kept up
+    /// with is noted.
+    async fn open_loops(
+        &self,
+        w: usize,
+        workload: &Workload,
+        keys: &Arc<workload::KeyGen>,
+        records: &mut Vec<Record>,
+        notes: &mut Vec<String>,
+    ) {
+        let (name, target) = (self.target.name(), self.target);
         let mut saturated = false;
-        for &rate in &args.rates {
+        for &rate in &self.args.rates {
             if saturated {
-                progress.inc(1);
+                self.progress.inc(1);
                 continue;
             }
-            progress.set_message(format!("{name} {workload}: open loop at {rate}/s"));
-            let cpu_before = Cpu::now(server);
+            self.progress
+                .set_message(format!("{name} {workload}: open loop at {rate}/s"));
+            let cpu_before = Cpu::now(self.server);
             let transport_before = target.transport();
-            let run = driver::open_loop(&target, keys.clone(), rate, seconds, 11 + w as u64).await;
+            let seconds = self.args.duration;
+            let run = driver::open_loop(target, keys.clone(), rate, seconds, 11 + w as u64).await;
             saturated = run.saturated || run.requests_per_second() < 0.9 * rate as f64;
             // A stall of the machine decides a low rate's p99 (a 4 s step at 1,000 req/s has 40
             // requests past it): the note tells it from a system's own slowness.
             let step = format!("alone at {rate}/s");
-            if let Some(note) = stall_note(&step, &target, workload, &run, transport_before)
+            if let Some(note) = stall_note(&step, target, workload, &run, transport_before)
                 && !saturated
             {
                 notes.push(note);
@@ -82,20 +143,14 @@ pub(super) async fn run_system(
                     &workload.to_string(),
                     rate,
                     &run,
-                    Cpu::now(server).since(cpu_before),
-                    bytes_per_key,
+                    Cpu::now(self.server).since(cpu_before),
+                    self.bytes_per_key,
                 )
                 .on_nodes(target.nodes()),
             );
-            progress.inc(1);
-        }
-        if workload.spread.leased() {
-            let admitted = records[first..].iter().map(|r| r.allowed).sum();
-            let note = lease_accounting(&target, *workload, admitted, started.elapsed(), records)?;
-            notes.push(note);
+            self.progress.inc(1);
         }
     }
-    Ok(())
 }
 
 /// Holds a leased workload to its limit: every request checks one key of its own, so what the

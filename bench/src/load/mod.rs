@@ -92,29 +92,7 @@ async fn run_once(args: &LoadArgs) -> anyhow::Result<(Vec<Record>, Vec<verdict::
         .with_context(|| format!("creating {}", args.out.display()))?;
     let workloads = args.workloads();
     let mut notes = Vec::new();
-    let systems = 1
-        + usize::from(args.with_cluster())
-        + usize::from(args.with_rls())
-        + if args.no_redis { 0 } else { 2 }
-        + if args.with_peers() {
-            1 + usize::from(args.with_rls())
-        } else {
-            0
-        };
-    let steps = if args.only_side_by_side {
-        workloads.len()
-    } else {
-        systems * workloads.len() * (1 + args.rates.len()) + systems + 2 * workloads.len()
-    };
-    let progress = if args.quiet {
-        ProgressBar::hidden()
-    } else {
-        ProgressBar::new(steps as u64)
-    };
-    progress.set_style(
-        ProgressStyle::with_template("{bar:30} {pos}/{len} {elapsed} {msg}")
-            .unwrap_or_else(|_| ProgressStyle::default_bar()),
-    );
+    let progress = progress_bar(args, workloads.len());
     let threads = match args.client_threads {
         Some(threads) => threads,
         None => std::thread::available_parallelism().map_or(1, usize::from),
@@ -151,16 +129,56 @@ async fn run_once(args: &LoadArgs) -> anyhow::Result<(Vec<Record>, Vec<verdict::
     verdicts.extend(peer_targets::verdicts(&records, &side));
     let whole_run = machine::CpuTimes::shares_since(run_start);
     print!("{}", machine_markdown(whole_run, side_machine));
+    write_reports(args, &records, &side, &notes)?;
+    Ok((records, verdicts))
+}
+
+/// The run's progress bar (hidden with `--quiet`), as long as the steps the run will take.
+fn progress_bar(args: &LoadArgs, workloads: usize) -> ProgressBar {
+    let systems = 1
+        + usize::from(args.with_cluster())
+        + usize::from(args.with_rls())
+        + if args.no_redis { 0 } else { 2 }
+        + if args.with_peers() {
+            1 + usize::from(args.with_rls())
+        } else {
+            0
+        };
+    let steps = if args.only_side_by_side {
+        workloads
+    } else {
+        systems * workloads * (1 + args.rates.len()) + systems + 2 * workloads
+    };
+    let progress = if args.quiet {
+        ProgressBar::hidden()
+    } else {
+        ProgressBar::new(steps as u64)
+    };
+    progress.set_style(
+        ProgressStyle::with_template("{bar:30} {pos}/{len} {elapsed} {msg}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    progress
+}
+
+/// Writes the run's records (`report.json`, `latency.svg`) and the side-by-side step's
+/// (`side-by-side.json`) into `--out`, and prints their tables and the run's notes.
+fn write_reports(
+    args: &LoadArgs,
+    records: &[Record],
+    side: &[Record],
+    notes: &[String],
+) -> anyhow::Result<()> {
     if !records.is_empty() {
-        report::write_json(&records, &args.out.join("report.json"))?;
-        report::write_svg(&records, &args.out.join("latency.svg"))?;
-        println!("{}", report::markdown(&records));
+        report::write_json(records, &args.out.join("report.json"))?;
+        report::write_svg(records, &args.out.join("latency.svg"))?;
+        println!("{}", report::markdown(records));
     }
     if !side.is_empty() {
-        report::write_json(&side, &args.out.join("side-by-side.json"))?;
+        report::write_json(side, &args.out.join("side-by-side.json"))?;
     }
-    print!("{}", report::side_by_side_markdown(&side));
-    for note in &notes {
+    print!("{}", report::side_by_side_markdown(side));
+    for note in notes {
         println!("{note}");
     }
     if !records.is_empty() {
@@ -170,7 +188,7 @@ async fn run_once(args: &LoadArgs) -> anyhow::Result<(Vec<Record>, Vec<verdict::
             args.out.join("latency.svg").display()
         );
     }
-    Ok((records, verdicts))
+    Ok(())
 }
 
 /// A line on how the machine's CPUs spent the run and its side-by-side step (empty where

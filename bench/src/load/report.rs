@@ -182,8 +182,10 @@ fn header(out: &mut String, titles: &[String]) {
 }
 
 /// The markdown comparison: closed-loop throughput and open-loop latency, floodgate beside each
-/// Redis baseline that ran, with floodgate's ratio to each; then, when it ran, `floodgate+rls`
-/// beside floodgate's own QUIC path and redis+lua (what the gRPC front costs); then memory.
+/// Redis baseline that ran, with floodgate's ratio to each; then, for those that ran, the
+/// cluster beside one node, `floodgate+rls` beside floodgate's own QUIC path and redis+lua
+/// (what the gRPC front costs), floodgate beside Gubernator and `floodgate+rls` beside
+/// envoyproxy/ratelimit; then memory, the failed calls and the generator's own CPU.
 pub fn markdown(records: &[Record]) -> String {
     let mut out = String::new();
     let mut workloads: Vec<&str> = Vec::new();
@@ -252,6 +254,14 @@ pub fn markdown(records: &[Record]) -> String {
             "####",
         );
     }
+    memory_line(&mut out, records);
+    errors_line(&mut out, records);
+    generator_line(&mut out, records, &workloads);
+    out
+}
+
+/// Each system's bytes per key, in the tables' order.
+fn memory_line(out: &mut String, records: &[Record]) {
     let mut every = vec![FLOODGATE, CLUSTER, RLS];
     every.extend(BASELINES);
     every.extend([GUBERNATOR, ENVOY_RATELIMIT]);
@@ -265,9 +275,6 @@ pub fn markdown(records: &[Record]) -> String {
         })
         .collect();
     let _ = writeln!(out, "\n### Memory\n\n{}", memory.join(", "));
-    errors_line(&mut out, records);
-    generator_line(&mut out, records, &workloads);
-    out
 }
 
 /// The runs in which calls failed (a timeout, an error answer), so a system's figures are read
@@ -330,90 +337,128 @@ fn comparison(
     let all: Vec<&str> = std::iter::once(subject)
         .chain(references.iter().copied())
         .collect();
-    let names = all.join(" / ");
+    let tables = Comparison {
+        records,
+        workloads,
+        subject,
+        references,
+        all: &all,
+        level,
+    };
+    tables.throughput_table(out);
+    tables.latency_table(out);
+}
 
-    let _ = writeln!(out, "{level} Throughput (closed loop)\n");
-    let mut titles = vec![
-        "workload".to_owned(),
-        format!("{subject} checks/s"),
-        format!("{subject} slowest-fastest 250 ms"),
-    ];
-    for b in references {
-        titles.push(format!("{b} checks/s"));
-        titles.push(format!("ratio to {b}"));
-    }
-    titles.push(format!("server CPU s/M ({names})"));
-    titles.push(format!("client CPU s/M ({names})"));
-    titles.push(format!("p50/p99 µs ({names})"));
-    header(out, &titles);
-    for w in workloads {
-        let f = find(records, subject, w, 0);
-        let mut cells = vec![
-            w.to_string(),
-            cell(f, |x| format!("{:.0}", x.achieved_rate)),
-            cell(f, |x| {
-                format!(
-                    "{:.2}M-{:.2}M",
-                    x.slowest_window_rate / 1e6,
-                    x.fastest_window_rate / 1e6
-                )
-            }),
+/// What both tables of a comparison are made of.
+struct Comparison<'a> {
+    records: &'a [Record],
+    workloads: &'a [&'a str],
+    subject: &'a str,
+    references: &'a [&'a str],
+    /// The subject, then its references.
+    all: &'a [&'a str],
+    /// The markdown heading level.
+    level: &'a str,
+}
+
+impl Comparison<'_> {
+    /// The closed-loop table: the subject's throughput and its ratio to each reference's, then
+    /// every system's CPU and latency.
+    fn throughput_table(&self, out: &mut String) {
+        let (records, subject, references) = (self.records, self.subject, self.references);
+        let names = self.all.join(" / ");
+        let _ = writeln!(out, "{} Throughput (closed loop)\n", self.level);
+        let mut titles = vec![
+            "workload".to_owned(),
+            format!("{subject} checks/s"),
+            format!("{subject} slowest-fastest 250 ms"),
         ];
         for b in references {
-            let r = find(records, b, w, 0);
-            cells.push(cell(r, |x| format!("{:.0}", x.achieved_rate)));
-            cells.push(ratio_of(f, r, |x| x.achieved_rate));
+            titles.push(format!("{b} checks/s"));
+            titles.push(format!("ratio to {b}"));
         }
-        let each = |show: fn(&Record) -> String| {
-            all.iter()
-                .map(|s| cell(find(records, s, w, 0), show))
-                .collect::<Vec<_>>()
-                .join(" / ")
-        };
-        cells.push(each(|x| format!("{:.2}", x.cpu_s_per_million)));
-        cells.push(each(|x| format!("{:.2}", x.client_cpu_s_per_million)));
-        cells.push(each(|x| format!("{}/{}", x.p50_us, x.p99_us)));
-        row(out, &cells);
+        titles.push(format!("server CPU s/M ({names})"));
+        titles.push(format!("client CPU s/M ({names})"));
+        titles.push(format!("p50/p99 µs ({names})"));
+        header(out, &titles);
+        for w in self.workloads {
+            let f = find(records, subject, w, 0);
+            let mut cells = vec![
+                w.to_string(),
+                cell(f, |x| format!("{:.0}", x.achieved_rate)),
+                cell(f, |x| {
+                    format!(
+                        "{:.2}M-{:.2}M",
+                        x.slowest_window_rate / 1e6,
+                        x.fastest_window_rate / 1e6
+                    )
+                }),
+            ];
+            for b in references {
+                let r = find(records, b, w, 0);
+                cells.push(cell(r, |x| format!("{:.0}", x.achieved_rate)));
+                cells.push(ratio_of(f, r, |x| x.achieved_rate));
+            }
+            let each = |show: fn(&Record) -> String| {
+                self.all
+                    .iter()
+                    .map(|s| cell(find(records, s, w, 0), show))
+                    .collect::<Vec<_>>()
+                    .join(" / ")
+            };
+            cells.push(each(|x| format!("{:.2}", x.cpu_s_per_million)));
+            cells.push(each(|x| format!("{:.2}", x.client_cpu_s_per_million)));
+            cells.push(each(|x| format!("{}/{}", x.p50_us, x.p99_us)));
+            row(out, &cells);
+        }
     }
 
-    let _ = writeln!(
-        out,
-        "\n{level} Latency at a fixed arrival rate (open loop, from the scheduled time)\n"
-    );
-    let mut titles = vec!["workload".to_owned(), "offered req/s".to_owned()];
-    for s in &all {
-        titles.push(format!("{s} achieved"));
-        titles.push(format!("{s} p50/p99/p99.9 µs"));
-    }
-    for b in references {
-        titles.push(format!("p50/p99 ratio to {b}"));
-    }
-    header(out, &titles);
-    for w in workloads {
-        let mut rates: Vec<u64> = records
-            .iter()
-            .filter(|r| r.workload == *w && r.offered_rate > 0 && all.contains(&r.system.as_str()))
-            .map(|r| r.offered_rate)
-            .collect();
-        rates.sort_unstable();
-        rates.dedup();
-        for rate in rates {
-            let mut cells = vec![w.to_string(), rate.to_string()];
-            for s in &all {
-                let r = find(records, s, w, rate);
-                cells.push(cell(r, |x| format!("{:.0}", x.requests_per_second)));
-                cells.push(cell(r, latency));
+    /// The open-loop table: each offered rate any of the systems ran at, every system's achieved
+    /// rate and latency, and the subject's latency ratio to each reference.
+    fn latency_table(&self, out: &mut String) {
+        let (records, subject, references) = (self.records, self.subject, self.references);
+        let _ = writeln!(
+            out,
+            "\n{} Latency at a fixed arrival rate (open loop, from the scheduled time)\n",
+            self.level
+        );
+        let mut titles = vec!["workload".to_owned(), "offered req/s".to_owned()];
+        for s in self.all {
+            titles.push(format!("{s} achieved"));
+            titles.push(format!("{s} p50/p99/p99.9 µs"));
+        }
+        for b in references {
+            titles.push(format!("p50/p99 ratio to {b}"));
+        }
+        header(out, &titles);
+        for w in self.workloads {
+            let mut rates: Vec<u64> = records
+                .iter()
+                .filter(|r| {
+                    r.workload == *w && r.offered_rate > 0 && self.all.contains(&r.system.as_str())
+                })
+                .map(|r| r.offered_rate)
+                .collect();
+            rates.sort_unstable();
+            rates.dedup();
+            for rate in rates {
+                let mut cells = vec![w.to_string(), rate.to_string()];
+                for s in self.all {
+                    let r = find(records, s, w, rate);
+                    cells.push(cell(r, |x| format!("{:.0}", x.requests_per_second)));
+                    cells.push(cell(r, latency));
+                }
+                let f = find(records, subject, w, rate);
+                for b in references {
+                    let r = find(records, b, w, rate);
+                    cells.push(format!(
+                        "{}/{}",
+                        ratio_of(f, r, |x| x.p50_us as f64),
+                        ratio_of(f, r, |x| x.p99_us as f64)
+                    ));
+                }
+                row(out, &cells);
             }
-            let f = find(records, subject, w, rate);
-            for b in references {
-                let r = find(records, b, w, rate);
-                cells.push(format!(
-                    "{}/{}",
-                    ratio_of(f, r, |x| x.p50_us as f64),
-                    ratio_of(f, r, |x| x.p99_us as f64)
-                ));
-            }
-            row(out, &cells);
         }
     }
 }

@@ -9,7 +9,7 @@ use indicatif::ProgressBar;
 use super::systems::{
     start_floodgate_cluster, start_floodgate_node, start_gubernator, start_redis_baseline,
 };
-use super::{Gateway, LoadArgs, Record, Targets, Workload, driver, report, workload};
+use super::{Gateway, LoadArgs, Record, Server, Targets, Workload, driver, report, workload};
 
 /// Turns run before the side-by-side step's first spread and not recorded. The servers are
 /// fresh and the machine is still settling from the steps before (their servers exiting with
@@ -32,41 +32,7 @@ pub(super) async fn side_by_side(
     let Some(&rate) = args.rates.first() else {
         return Ok(Vec::new());
     };
-    let (node, floodgate) = start_floodgate_node(args, gateway, "side-node-data").await?;
-    let mut targets = vec![floodgate];
-    let mut servers = vec![node];
-    // The cluster beside Gubernator's three nodes, server for server.
-    if args.with_cluster() {
-        match start_floodgate_cluster(args, gateway, "side-cluster-data").await {
-            Ok((server, target)) => {
-                servers.push(server);
-                targets.push(target);
-            }
-            Err(e) => progress.suspend(|| eprintln!("side by side without the cluster: {e:#}")),
-        }
-    }
-    let cell_module = args.redis_cell_module();
-    for module in [None, Some(cell_module.as_path())] {
-        if args.no_redis {
-            break;
-        }
-        match start_redis_baseline(gateway, module, args.redis_connections).await {
-            Ok((server, target)) => {
-                servers.push(server);
-                targets.push(target);
-            }
-            Err(e) => progress.suspend(|| eprintln!("side by side without a baseline: {e:#}")),
-        }
-    }
-    if with_gubernator {
-        match start_gubernator(args, gateway).await {
-            Ok((server, target)) => {
-                servers.push(server);
-                targets.push(target);
-            }
-            Err(e) => progress.suspend(|| eprintln!("side by side without gubernator: {e:#}")),
-        }
-    }
+    let (servers, targets) = start_servers(args, gateway, progress, with_gubernator).await?;
     if let Some(first) = workloads.iter().find(|w| !w.spread.leased()) {
         progress.set_message(format!("side by side: warming up on {first} at {rate}/s"));
         let keys = Arc::new(workload::KeyGen::new(*first, args.keys));
@@ -110,6 +76,53 @@ pub(super) async fn side_by_side(
     }
     drop(servers);
     Ok(records)
+}
+
+/// Fresh servers for the side-by-side step, and their targets: a floodgate node, then the
+/// cluster, the Redis baselines and Gubernator as they run in this step (one that fails to
+/// start is left out, and said so).
+async fn start_servers(
+    args: &LoadArgs,
+    gateway: &Gateway,
+    progress: &ProgressBar,
+    with_gubernator: bool,
+) -> anyhow::Result<(Vec<Server>, Vec<Targets>)> {
+    let (node, floodgate) = start_floodgate_node(args, gateway, "side-node-data").await?;
+    let mut targets = vec![floodgate];
+    let mut servers = vec![node];
+    // The cluster beside Gubernator's three nodes, server for server.
+    if args.with_cluster() {
+        match start_floodgate_cluster(args, gateway, "side-cluster-data").await {
+            Ok((server, target)) => {
+                servers.push(server);
+                targets.push(target);
+            }
+            Err(e) => progress.suspend(|| eprintln!("side by side without the cluster: {e:#}")),
+        }
+    }
+    let cell_module = args.redis_cell_module();
+    for module in [None, Some(cell_module.as_path())] {
+        if args.no_redis {
+            break;
+        }
+        match start_redis_baseline(gateway, module, args.redis_connections).await {
+            Ok((server, target)) => {
+                servers.push(server);
+                targets.push(target);
+            }
+            Err(e) => progress.suspend(|| eprintln!("side by side without a baseline: {e:#}")),
+        }
+    }
+    if with_gubernator {
+        match start_gubernator(args, gateway).await {
+            Ok((server, target)) => {
+                servers.push(server);
+                targets.push(target);
+            }
+            Err(e) => progress.suspend(|| eprintln!("side by side without gubernator: {e:#}")),
+        }
+    }
+    Ok((servers, targets))
 }
 
 /// Whether `system` kept up with the first offered rate on every workload it ran when run

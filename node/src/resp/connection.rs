@@ -1,8 +1,9 @@
-//! One RESP connection's loop: read into a buffer held against the node's budget, parse up to a pipeline's worth of commands, serve them, write the replies.
+//! One RESP connection's loop: read into a buffer held against the node's budget, parse up to
+//! a pipeline's worth of commands, serve them, write the replies.
 
 use std::time::Duration;
 
-use floodgate::resp::{Parsed, Reply, parse_command};
+use floodgate::resp::{Parsed, ProtocolError, Reply, RespLimits, parse_command};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::watch;
@@ -41,30 +42,11 @@ pub(crate) async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
     // Bytes the buffer must hold before parsing can say more.
     let mut needed = 1;
     loop {
-        let mut commands = Vec::new();
-        let mut used = 0;
-        let mut failure = None;
-        while commands.len() < MAX_PIPELINE && buf.len() - used >= needed {
-            match parse_command(&buf[used..], &limits) {
-                Ok(Parsed::Command(args, n)) => {
-                    commands.push(args);
-                    used += n;
-                    needed = 1;
-                }
-                Ok(Parsed::Skip(n)) => {
-                    used += n;
-                    needed = 1;
-                }
-                Ok(Parsed::Incomplete(n)) => {
-                    needed = n;
-                    break;
-                }
-                Err(error) => {
-                    failure = Some(error);
-                    break;
-                }
-            }
-        }
+        let Pipeline {
+            commands,
+            used,
+            failure,
+        } = parse_pipeline(&buf, &mut needed, &limits);
         buf.drain(..used);
         if !commands.is_empty() {
             session.run(front, commands, &mut out).await;
@@ -112,6 +94,53 @@ pub(crate) async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
     }
 }
 
+/// What one round parses from the front of the buffer.
+struct Pipeline {
+    /// Whole commands, at most [`MAX_PIPELINE`].
+    commands: Vec<Vec<Vec<u8>>>,
+    /// Bytes the commands and the skipped input took.
+    used: usize,
+    /// The protocol error parsing stopped at, if any.
+    failure: Option<ProtocolError>,
+}
+
+/// Parses commands from the front of `buf` until [`MAX_PIPELINE`] of them, an incomplete
+/// command or a protocol error. `needed` is the bytes the buffer must hold before parsing can
+/// say more: nothing is parsed until it holds them, and parsing sets it anew.
+fn parse_pipeline(buf: &[u8], needed: &mut usize, limits: &RespLimits) -> Pipeline {
+    let mut commands = Vec::new();
+    let mut used = 0;
+    let mut failure = None;
+    while commands.len() < MAX_PIPELINE && buf.len() - used >= *needed {
+        match parse_command(&buf[used..], limits) {
+            Ok(Parsed::Command(args, n)) => {
+                commands.push(args);
+                used += n;
+                *needed = 1;
+            }
+            Ok(Parsed::Skip(n)) => {
+                used += n;
+                *needed = 1;
+            }
+            Ok(Parsed::Incomplete(n)) => {
+                *needed = n;
+                break;
+            }
+            Err(error) => {
+                failure = Some(error);
+                break;
+            }
+        }
+    }
+    Pipeline {
+        commands,
+        used,
+        failure,
+    }
+}
+
+/// The error written when the node-wide buffer budget refuses the connection's bytes (in
+/// RESP2: a simple error reads the same in RESP3).
 fn overloaded(front: &Front, out: &mut Vec<u8>) {
     Reply::Error(format!(
         "ERR floodgate is buffering too much for all its clients (limit {} bytes): retry later",

@@ -152,6 +152,21 @@ pub(crate) fn report(
     }
 }
 
+/// A relayed report's limit and usage, as the allocator takes them: the reverse of [`report`].
+pub(crate) fn limit_and_usage(report: &WireRlqsReport) -> (Limit, Usage) {
+    let limit = Limit {
+        requests: report.requests,
+        period_s: report.period_s,
+    };
+    let used = Usage {
+        allowed: report.allowed,
+        denied: report.denied,
+        elapsed_ns: report.elapsed_ns,
+        held: report.held_tokens,
+    };
+    (limit, used)
+}
+
 /// `push` (of rebalance `seq`) for the Envoy that is `stream` on its node.
 fn assignment(stream: u64, seq: u64, push: &Push) -> WireRlqsAssignment {
     let bucket = wire_bucket(&push.bucket);

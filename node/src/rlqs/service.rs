@@ -247,6 +247,49 @@ impl Hub {
         domain: &mut Option<String>,
         reports: RateLimitQuotaUsageReports,
     ) -> Result<(), Status> {
+        let config = self.config_for(domain, &reports)?;
+        let mut pushes = Vec::new();
+        let mut allow_all = Vec::new();
+        let mut relayed = Vec::new();
+        for usage in &reports.bucket_quota_usages {
+            match self.plan(&config, &reports.domain, usage) {
+                Planned::Ignored(reason) => {
+                    counter!("floodgate_rlqs_ignored_total", "reason" => reason).increment(1);
+                }
+                Planned::Refused(id, reason) => {
+                    counter!("floodgate_rlqs_ignored_total", "reason" => reason).increment(1);
+                    pushes.push(self.deny(stream, key_of(&reports.domain, &id)));
+                }
+                Planned::AllowAll(id) => allow_all.push(id),
+                Planned::Shared(key, limit, rule, used) => {
+                    if let Some(relay) =
+                        self.take_shared(stream, key, limit, &rule, used, &mut pushes)
+                    {
+                        relayed.push(relay);
+                    }
+                }
+            }
+        }
+        if !relayed.is_empty() {
+            let dropped = self.relay.enqueue(stream, relayed);
+            if !dropped.is_empty() {
+                counter!("floodgate_rlqs_relay_dropped_total").increment(dropped.len() as u64);
+            }
+        }
+        // A report here can move the shares of Envoys on other nodes too.
+        let elsewhere = self.send(Some((stream, allow_all)), pushes);
+        self.push_to_nodes(elsewhere);
+        Ok(())
+    }
+
+    /// The configuration a message is matched against, once the message is found fit: its
+    /// domain not empty, the stream's own (the first message names it, in `domain`), in the
+    /// configuration, and no more buckets than a stream may have.
+    fn config_for(
+        &self,
+        domain: &mut Option<String>,
+        reports: &RateLimitQuotaUsageReports,
+    ) -> Result<Arc<RlsConfig>, Status> {
         if reports.domain.is_empty() {
             return Err(Status::invalid_argument(
                 "the RLQS domain must not be empty",
@@ -278,53 +321,40 @@ impl Hub {
                 self.settings.max_buckets_per_stream
             )));
         }
-        let mut pushes = Vec::new();
-        let mut allow_all = Vec::new();
-        let mut relayed = Vec::new();
-        for usage in &reports.bucket_quota_usages {
-            match self.plan(&config, &reports.domain, usage) {
-                Planned::Ignored(reason) => {
-                    counter!("floodgate_rlqs_ignored_total", "reason" => reason).increment(1);
+        Ok(config)
+    }
+
+    /// One shared bucket's usage by `stream` (what it holds added): the report for its owner
+    /// when that is another node, else into the allocator here, its pushes (or a denial, when
+    /// refused) added to `pushes`.
+    fn take_shared(
+        &self,
+        stream: StreamId,
+        key: BucketKey,
+        limit: Limit,
+        rule: &str,
+        mut used: Usage,
+        pushes: &mut Vec<Stamped>,
+    ) -> Option<(String, WireRlqsReport)> {
+        let now = self.now_ns();
+        used.held = self.held(stream, &key, now);
+        if let Some(owner) = self.owner_elsewhere(&key) {
+            return Some((owner, super::remote::report(stream, &key, limit, used)));
+        }
+        match self.report(now, stream, &key, limit, used) {
+            Ok(more) => {
+                for stamped in &more {
+                    record_share(rule, &stamped.push, limit);
                 }
-                Planned::Refused(id, reason) => {
-                    counter!("floodgate_rlqs_ignored_total", "reason" => reason).increment(1);
-                    pushes.push(self.deny(stream, key_of(&reports.domain, &id)));
-                }
-                Planned::AllowAll(id) => allow_all.push(id),
-                Planned::Shared(key, limit, rule, mut used) => {
-                    let now = self.now_ns();
-                    used.held = self.held(stream, &key, now);
-                    if let Some(owner) = self.owner_elsewhere(&key) {
-                        relayed.push((owner, super::remote::report(stream, &key, limit, used)));
-                        continue;
-                    }
-                    match self.report(now, stream, &key, limit, used) {
-                        Ok(more) => {
-                            for stamped in &more {
-                                record_share(&rule, &stamped.push, limit);
-                            }
-                            pushes.extend(more);
-                        }
-                        Err(refused) => {
-                            tracing::debug!(%refused, "RLQS bucket refused");
-                            counter!("floodgate_rlqs_ignored_total", "reason" => refused.reason())
-                                .increment(1);
-                            pushes.push(self.deny(stream, key));
-                        }
-                    }
-                }
+                pushes.extend(more);
+            }
+            Err(refused) => {
+                tracing::debug!(%refused, "RLQS bucket refused");
+                counter!("floodgate_rlqs_ignored_total", "reason" => refused.reason()).increment(1);
+                pushes.push(self.deny(stream, key));
             }
         }
-        if !relayed.is_empty() {
-            let dropped = self.relay.enqueue(stream, relayed);
-            if !dropped.is_empty() {
-                counter!("floodgate_rlqs_relay_dropped_total").increment(dropped.len() as u64);
-            }
-        }
-        // A report here can move the shares of Envoys on other nodes too.
-        let elsewhere = self.send(Some((stream, allow_all)), pushes);
-        self.push_to_nodes(elsewhere);
-        Ok(())
+        None
     }
 
     /// Reports relayed by the node `from` for buckets this node owns: each of its Envoys is
@@ -371,16 +401,7 @@ impl Hub {
                 answer.push(super::remote::deny(report.stream, seq, report.bucket));
                 continue;
             };
-            let limit = Limit {
-                requests: report.requests,
-                period_s: report.period_s,
-            };
-            let used = Usage {
-                allowed: report.allowed,
-                denied: report.denied,
-                elapsed_ns: report.elapsed_ns,
-                held: report.held_tokens,
-            };
+            let (limit, used) = super::remote::limit_and_usage(&report);
             match self.report(now, id, &key, limit, used) {
                 Ok(more) => {
                     for stamped in &more {
@@ -428,16 +449,7 @@ impl Hub {
             if !self.streams.lock().contains_key(&report.stream) {
                 continue;
             }
-            let limit = Limit {
-                requests: report.requests,
-                period_s: report.period_s,
-            };
-            let used = Usage {
-                allowed: report.allowed,
-                denied: report.denied,
-                elapsed_ns: report.elapsed_ns,
-                held: report.held_tokens,
-            };
+            let (limit, used) = super::remote::limit_and_usage(&report);
             match self.report(now, report.stream, &key, limit, used) {
                 Ok(more) => pushes.extend(more),
                 Err(refused) => {
@@ -480,6 +492,8 @@ impl Hub {
         self.answer_local(None, pushes, Some(Arc::from(from)));
     }
 
+    /// What becomes of one bucket's usage in a message of `domain`, by the rule its
+    /// `BucketId` matches in `config`.
     fn plan(&self, config: &RlsConfig, domain: &str, usage: &BucketQuotaUsage) -> Planned {
         let Some(id) = usage.bucket_id.as_ref().filter(|id| !id.bucket.is_empty()) else {
             return Planned::Ignored("empty_bucket_id");
@@ -560,24 +574,13 @@ impl Hub {
         pushes: Vec<Stamped>,
         owner: Option<Arc<str>>,
     ) {
-        let ttl_s = self.settings.assignment_ttl_s;
         let ttl = Some(PbDuration {
-            seconds: i64::from(ttl_s),
+            seconds: i64::from(self.settings.assignment_ttl_s),
             nanos: 0,
         });
         let mut answers: Vec<(StreamId, RateLimitQuotaResponse)> = Vec::new();
         if let Some((stream, allow_all)) = reporter {
-            for id in allow_all {
-                add(
-                    &mut answers,
-                    stream,
-                    BucketAction {
-                        bucket_id: Some(id),
-                        bucket_action: Some(blanket(ttl, BlanketRule::AllowAll)),
-                    },
-                );
-                counter!("floodgate_rlqs_assignments_total", "kind" => "allow_all").increment(1);
-            }
+            add_allow_alls(&mut answers, stream, allow_all, ttl);
         }
         let now = self.now_ns();
         let mut streams = self.streams.lock();
@@ -587,63 +590,18 @@ impl Hub {
                 counter!("floodgate_rlqs_dropped_answers_total").increment(1);
                 continue;
             };
-            let stale = local
-                .held
-                .get(&push.bucket)
-                .is_some_and(|h| h.owner == owner && h.seq > seq && h.expires_ns > now);
-            if stale {
+            if local.is_stale(&push.bucket, &owner, seq, now) {
                 counter!("floodgate_rlqs_stale_assignments_total").increment(1);
                 continue;
             }
-            let tokens = match push.assignment {
-                Assignment::TokenBucket {
-                    tokens_per_fill, ..
-                } => tokens_per_fill,
-                _ => 0,
+            let held = Held {
+                tokens: tokens_of(push.assignment),
+                expires_ns: now.saturating_add(self.ttl_ns()),
+                owner: owner.clone(),
+                seq,
             };
-            let fits = local.held.len() < self.settings.max_buckets_per_stream;
-            if fits || local.held.contains_key(&push.bucket) {
-                let held = Held {
-                    tokens,
-                    expires_ns: now.saturating_add(self.ttl_ns()),
-                    owner: owner.clone(),
-                    seq,
-                };
-                local.held.insert(push.bucket.clone(), held);
-            }
-            let action = match push.assignment {
-                Assignment::TokenBucket {
-                    max_tokens,
-                    tokens_per_fill,
-                    fill_interval_s,
-                } => {
-                    counter!("floodgate_rlqs_assignments_total", "kind" => "token_bucket")
-                        .increment(1);
-                    bucket_action::BucketAction::QuotaAssignmentAction(QuotaAssignmentAction {
-                        assignment_time_to_live: ttl,
-                        rate_limit_strategy: Some(RateLimitStrategy {
-                            strategy: Some(Strategy::TokenBucket(TokenBucket {
-                                max_tokens,
-                                tokens_per_fill: Some(UInt32Value {
-                                    value: tokens_per_fill,
-                                }),
-                                fill_interval: Some(PbDuration {
-                                    seconds: i64::try_from(fill_interval_s).unwrap_or(i64::MAX),
-                                    nanos: 0,
-                                }),
-                            })),
-                        }),
-                    })
-                }
-                Assignment::Abandon => {
-                    counter!("floodgate_rlqs_assignments_total", "kind" => "abandon").increment(1);
-                    bucket_action::BucketAction::AbandonAction(AbandonAction {})
-                }
-                Assignment::Deny => {
-                    counter!("floodgate_rlqs_assignments_total", "kind" => "deny").increment(1);
-                    blanket(ttl, BlanketRule::DenyAll)
-                }
-            };
+            local.hold(&push.bucket, held, self.settings.max_buckets_per_stream);
+            let action = action_of(push.assignment, ttl);
             // A map compares equal whatever its order: the Envoy recognises its own BucketId.
             let bucket_id = BucketId {
                 bucket: push.bucket.entries.into_iter().collect(),
@@ -657,13 +615,112 @@ impl Hub {
                 },
             );
         }
-        for (stream, answer) in answers {
-            let Some(local) = streams.get(&stream) else {
-                continue;
-            };
-            if local.sender.try_send(Ok(answer)).is_err() {
-                counter!("floodgate_rlqs_dropped_answers_total").increment(1);
-            }
+        send_answers(&streams, answers);
+    }
+}
+
+impl LocalStream {
+    /// Whether a push of rebalance `seq` by `owner` for `bucket` is older than the one this
+    /// stream holds from the same owner, while that one still binds.
+    fn is_stale(
+        &self,
+        bucket: &BucketKey,
+        owner: &Option<Arc<str>>,
+        seq: u64,
+        now_ns: u64,
+    ) -> bool {
+        self.held
+            .get(bucket)
+            .is_some_and(|h| h.owner == *owner && h.seq > seq && h.expires_ns > now_ns)
+    }
+
+    /// Records `held` as what this stream holds for `bucket`; a new bucket past `max_buckets`
+    /// is not recorded (its assignment is still sent).
+    fn hold(&mut self, bucket: &BucketKey, held: Held, max_buckets: usize) {
+        if self.held.len() < max_buckets || self.held.contains_key(bucket) {
+            self.held.insert(bucket.clone(), held);
+        }
+    }
+}
+
+/// The tokens an assignment gives (0: not a token bucket).
+fn tokens_of(assignment: Assignment) -> u32 {
+    match assignment {
+        Assignment::TokenBucket {
+            tokens_per_fill, ..
+        } => tokens_per_fill,
+        _ => 0,
+    }
+}
+
+/// An allow-all for `stream` of each bucket in `ids`, for `ttl`.
+fn add_allow_alls(
+    answers: &mut Vec<(StreamId, RateLimitQuotaResponse)>,
+    stream: StreamId,
+    ids: Vec<BucketId>,
+    ttl: Option<PbDuration>,
+) {
+    for id in ids {
+        add(
+            answers,
+            stream,
+            BucketAction {
+                bucket_id: Some(id),
+                bucket_action: Some(blanket(ttl, BlanketRule::AllowAll)),
+            },
+        );
+        counter!("floodgate_rlqs_assignments_total", "kind" => "allow_all").increment(1);
+    }
+}
+
+/// What Envoy is told for `assignment`, bound for `ttl` (counted by kind).
+fn action_of(assignment: Assignment, ttl: Option<PbDuration>) -> bucket_action::BucketAction {
+    match assignment {
+        Assignment::TokenBucket {
+            max_tokens,
+            tokens_per_fill,
+            fill_interval_s,
+        } => {
+            counter!("floodgate_rlqs_assignments_total", "kind" => "token_bucket").increment(1);
+            bucket_action::BucketAction::QuotaAssignmentAction(QuotaAssignmentAction {
+                assignment_time_to_live: ttl,
+                rate_limit_strategy: Some(RateLimitStrategy {
+                    strategy: Some(Strategy::TokenBucket(TokenBucket {
+                        max_tokens,
+                        tokens_per_fill: Some(UInt32Value {
+                            value: tokens_per_fill,
+                        }),
+                        fill_interval: Some(PbDuration {
+                            seconds: i64::try_from(fill_interval_s).unwrap_or(i64::MAX),
+                            nanos: 0,
+                        }),
+                    })),
+                }),
+            })
+        }
+        Assignment::Abandon => {
+            counter!("floodgate_rlqs_assignments_total", "kind" => "abandon").increment(1);
+            bucket_action::BucketAction::AbandonAction(AbandonAction {})
+        }
+        Assignment::Deny => {
+            counter!("floodgate_rlqs_assignments_total", "kind" => "deny").increment(1);
+            blanket(ttl, BlanketRule::DenyAll)
+        }
+    }
+}
+
+/// Each answer to its stream, if still open; one whose stream's queue is full is dropped (and
+/// counted).
+fn send_answers(
+    streams: &HashMap<StreamId, LocalStream>,
+    answers: Vec<(StreamId, RateLimitQuotaResponse)>,
+) {
+    for (stream, answer) in answers {
+        let Some(local) = streams.get(&stream) else {
+            continue;
+        };
+        if local.sender.try_send(Ok(answer)).is_err() {
+            counter!("floodgate_rlqs_dropped_answers_total").increment(1);
         }
     }
 }
@@ -726,12 +783,16 @@ fn add(
     }
 }
 
+/// One bucket of a message, planned (the reason, where one is named, is the metrics label).
 enum Planned {
     /// Nothing to answer (no bucket id to name).
     Ignored(&'static str),
     /// Past a bound: denied (a production bucket must not pass unlimited for being refused).
     Refused(BucketId, &'static str),
+    /// No rule, an unlimited one or a shadow one: every request passes.
     AllowAll(BucketId),
+    /// Shared among the bucket's Envoys: the bucket, its rule's limit, the rule's name, and
+    /// the usage reported.
     Shared(BucketKey, Limit, String, Usage),
 }
 

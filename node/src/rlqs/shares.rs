@@ -394,71 +394,11 @@ impl Shares {
         let Some(state) = self.buckets.get_mut(bucket) else {
             return Vec::new();
         };
-        let live = |p: &Participant| p.open && now_ns < p.last_report_ns.saturating_add(ttl_ns);
-        let k_all = state.participants.len() as u64;
-        // Every Envoy holds one token of burst; the rest is refill.
-        let capacity = state.limit.requests.saturating_sub(k_all);
-        let frozen: u64 = state
-            .participants
-            .values()
-            .filter(|p| !live(p))
-            .map(|p| u64::from(p.tokens))
-            .sum();
-        let available = u128::from(capacity.saturating_sub(frozen));
-        let live_count = state.participants.values().filter(|p| live(p)).count() as u128;
-        if live_count == 0 {
+        let Some((available, targets)) = targets(state, now_ns, ttl_ns) else {
             return Vec::new();
-        }
-        let floor = available / (2 * live_count);
-        let rest = available - floor * live_count;
-        let demand: u128 = state
-            .participants
-            .values()
-            .filter(|p| live(p))
-            .map(|p| u128::from(p.demand))
-            .sum();
-        // The split by the formula, then each share kept where it is within the slack of it
-        // (when the kept ones still fit): Envoy resets a running bucket's fractional tokens on
-        // every change, so a share that wobbles by a token each report would cost a token
-        // each time.
-        let targets: Vec<(StreamId, u32, u32)> = state
-            .participants
-            .iter()
-            .filter(|(_, p)| live(p))
-            .map(|(stream, p)| {
-                // No demand reported yet: the rest is split evenly too.
-                let extra = (rest * u128::from(p.demand))
-                    .checked_div(demand)
-                    .unwrap_or(rest / live_count);
-                let target = u32::try_from(floor + extra).unwrap_or(u32::MAX).max(1);
-                (*stream, p.tokens, target)
-            })
-            .collect();
-        // While the bucket settles, shares only shrink and newcomers get the least.
-        let settling = now_ns < state.settling_until_ns;
-        let targets: Vec<(StreamId, u32, u32)> = if settling {
-            targets
-                .into_iter()
-                .map(|(s, old, target)| (s, old, if old > 0 { target.min(old) } else { 1 }))
-                .collect()
-        } else {
-            targets
         };
-        let steady =
-            |old: u32, target: u32| old > 0 && old.abs_diff(target) <= (old / SLACK).max(1);
-        let budget = available.max(targets.iter().map(|t| u128::from(t.2)).sum());
-        let kept: u128 = targets
-            .iter()
-            .map(|&(_, old, target)| u128::from(if steady(old, target) { old } else { target }))
-            .sum();
-        let keep = kept <= budget;
         let mut pushes = Vec::new();
-        for (stream, old, target) in targets {
-            let tokens = if keep && steady(old, target) {
-                old
-            } else {
-                target
-            };
+        for (stream, old, tokens) in steadied(available, targets) {
             if tokens == old && Some(stream) != reporter {
                 continue;
             }
@@ -486,6 +426,88 @@ impl Shares {
         pushes.sort_by_key(|(grows, _)| *grows);
         pushes.into_iter().map(|(_, p)| p).collect()
     }
+}
+
+/// A live Envoy in a rebalance: its stream, the tokens it holds, the tokens it is to hold.
+type Target = (StreamId, u32, u32);
+
+/// The tokens the bucket's live Envoys may share (its limit, less a token of burst for every
+/// Envoy and what the frozen ones hold), and each live Envoy's (stream, tokens held, target)
+/// by the formula: half split evenly, the other half by demand; while the bucket settles, no
+/// target above what its Envoy holds, and 1 for a newcomer. `None`: no live Envoy.
+fn targets(state: &Bucket, now_ns: u64, ttl_ns: u64) -> Option<(u128, Vec<Target>)> {
+    let live = |p: &Participant| p.open && now_ns < p.last_report_ns.saturating_add(ttl_ns);
+    let k_all = state.participants.len() as u64;
+    // Every Envoy holds one token of burst; the rest is refill.
+    let capacity = state.limit.requests.saturating_sub(k_all);
+    let frozen: u64 = state
+        .participants
+        .values()
+        .filter(|p| !live(p))
+        .map(|p| u64::from(p.tokens))
+        .sum();
+    let available = u128::from(capacity.saturating_sub(frozen));
+    let live_count = state.participants.values().filter(|p| live(p)).count() as u128;
+    if live_count == 0 {
+        return None;
+    }
+    let floor = available / (2 * live_count);
+    let rest = available - floor * live_count;
+    let demand: u128 = state
+        .participants
+        .values()
+        .filter(|p| live(p))
+        .map(|p| u128::from(p.demand))
+        .sum();
+    let targets: Vec<Target> = state
+        .participants
+        .iter()
+        .filter(|(_, p)| live(p))
+        .map(|(stream, p)| {
+            // No demand reported yet: the rest is split evenly too.
+            let extra = (rest * u128::from(p.demand))
+                .checked_div(demand)
+                .unwrap_or(rest / live_count);
+            let target = u32::try_from(floor + extra).unwrap_or(u32::MAX).max(1);
+            (*stream, p.tokens, target)
+        })
+        .collect();
+    // While the bucket settles, shares only shrink and newcomers get the least.
+    let settling = now_ns < state.settling_until_ns;
+    let targets = if settling {
+        targets
+            .into_iter()
+            .map(|(s, old, target)| (s, old, if old > 0 { target.min(old) } else { 1 }))
+            .collect()
+    } else {
+        targets
+    };
+    Some((available, targets))
+}
+
+/// Each (stream, tokens held, target) as (stream, tokens held, tokens to give): the split by
+/// the formula, then each share kept where it is within the slack of it (when the kept ones
+/// still fit): Envoy resets a running bucket's fractional tokens on every change, so a share
+/// that wobbles by a token each report would cost a token each time.
+fn steadied(available: u128, targets: Vec<Target>) -> Vec<Target> {
+    let steady = |old: u32, target: u32| old > 0 && old.abs_diff(target) <= (old / SLACK).max(1);
+    let budget = available.max(targets.iter().map(|t| u128::from(t.2)).sum());
+    let kept: u128 = targets
+        .iter()
+        .map(|&(_, old, target)| u128::from(if steady(old, target) { old } else { target }))
+        .sum();
+    let keep = kept <= budget;
+    targets
+        .into_iter()
+        .map(|(stream, old, target)| {
+            let tokens = if keep && steady(old, target) {
+                old
+            } else {
+                target
+            };
+            (stream, old, tokens)
+        })
+        .collect()
 }
 
 #[cfg(test)]

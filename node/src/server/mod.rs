@@ -1,10 +1,13 @@
 //! The running node: start (the composition root: store, cluster, endpoint, tasks), what tests
 //! and the binary ask of it, certificate reload, and graceful shutdown.
 //!
-//! - `connection`: the accept loop and one task per connection; who is a peer.
+//! - `connection`: the accept loop, admission after the handshake, one task per stream.
+//! - `remote`: the other end of a connection: whether it is a peer, which node it is.
 //! - `streams`: long-lived bidirectional streams: frames in, answers out.
 //! - `peer_messages`: one-way streams: gossip, replicas and hand-offs in; table pushes out.
-//! - `sweeper`: expired buckets forgotten a few shards at a time; store counters published.
+//! - `rlqs_listener`: the `--rlqs-listen` gRPC server around the node's RLQS hub.
+//! - `sweeper`: expired buckets forgotten a slice of a shard at a time, leases a shard at a
+//!   time; the stores' counters published.
 
 mod connection;
 mod peer_messages;
@@ -63,7 +66,8 @@ pub struct Node {
 }
 
 impl Node {
-    /// Binds the endpoint (and the admin server, if configured) and starts serving.
+    /// Binds the endpoint and the configured listeners (admin, RLS, RLQS, RESP), restores the
+    /// snapshots of `--state-dir`, and starts serving.
     pub async fn start(config: NodeConfig) -> anyhow::Result<Node> {
         config.limits.validate()?;
         if let Some(id) = &config.cluster.node_id {
@@ -71,73 +75,9 @@ impl Node {
             tls::check_own_certificate(&config.tls, id)?;
         }
         let peer_trust = tls::PeerTrust::new(&config.tls)?;
-        let server_config = tls::server_config(&config.tls, &config.limits)?;
-        // As `Endpoint::server`, with the node's endpoint settings.
-        let socket = std::net::UdpSocket::bind(config.listen)
-            .with_context(|| format!("binding the QUIC endpoint on {}", config.listen))?;
-        let endpoint = quinn::Endpoint::new(
-            tls::endpoint_config(),
-            Some(server_config),
-            socket,
-            Arc::new(floodgate_udp_runtime::ReadInterestRuntime),
-        )
-        .with_context(|| format!("starting the QUIC endpoint on {}", config.listen))?;
+        let endpoint = bind_endpoint(&config)?;
         let local_addr = endpoint.local_addr()?;
-        let store = BucketStore::new(config.store)?.with_max_bytes(config.limits.bucket_bytes())?;
-        let snapshots = config
-            .state_dir
-            .as_deref()
-            .map(crate::snapshot::Snapshots::open)
-            .transpose()?;
-        let rules = config
-            .rules
-            .as_deref()
-            .map(crate::rules::RulesHandle::load)
-            .transpose()?;
-        let clock = EpochClock::start().skewed(config.test_only_clock_skew_ns);
-        let peer_config = tls::peer_client_configs(&config.tls, &config.limits)?;
-        let metrics = NodeMetrics::register();
-        let store = Arc::new(store);
-        let cluster = Arc::new(
-            Cluster::new(
-                config.cluster.clone(),
-                local_addr,
-                endpoint.clone(),
-                peer_config,
-                store.clone(),
-                clock,
-                metrics.cluster(),
-            )
-            .with_frame_limit(config.limits.max_frame_bytes)
-            .with_max_leases(config.limits.lease_cap()),
-        );
-        let region_sync = Arc::new(region_sync(&config, &cluster, store.clone(), clock)?);
-        let allowance = Arc::new(ConnectionAllowance::new(
-            config.limits.max_connections,
-            config.limits.max_peer_connections,
-            metrics.connections.clone(),
-            metrics.peer_connections.clone(),
-        ));
-        let mut rlqs_settings = config.rlqs.clone().unwrap_or_else(|| {
-            crate::rlqs::RlqsSettings::new(SocketAddr::from(([127, 0, 0, 1], 0)))
-        });
-        rlqs_settings.global_domains = config.rlqs_global_domains.clone();
-        let rlqs = Arc::new(crate::rlqs::Hub::new(rlqs_settings, Some(cluster.clone())));
-        let shared = Arc::new(Shared {
-            rlqs,
-            store,
-            clock,
-            metrics,
-            allowance,
-            budget: BufferBudget::new(config.limits.max_buffered_bytes),
-            ready: AtomicBool::new(true),
-            cluster,
-            region_sync,
-            rules,
-            received: watch::Sender::new(0),
-            peer_trust: parking_lot::RwLock::new(peer_trust),
-            config,
-        });
+        let (shared, snapshots) = build_shared(config, &endpoint, local_addr, peer_trust)?;
         if let Some(snapshots) = &snapshots {
             // Before the first check is served: a restored daily quota counts from the start.
             snapshots.load(&shared);
@@ -151,75 +91,13 @@ impl Node {
                 shutdown_rx.clone(),
             ));
         }
-        let admin_addr = match shared.config.admin {
-            Some(addr) => {
-                let listener = tokio::net::TcpListener::bind(addr)
-                    .await
-                    .with_context(|| format!("binding the admin server on {addr}"))?;
-                let admin_addr = listener.local_addr()?;
-                tasks.spawn(admin::serve(listener, shared.clone(), shutdown_rx.clone()));
-                Some(admin_addr)
-            }
-            None => None,
-        };
-        let rls = match shared.config.rls.clone() {
-            Some(settings) => {
-                let rls =
-                    crate::rls::start(shared.clone(), &settings, shutdown_rx.clone(), &mut tasks);
-                Some(rls.await?)
-            }
-            None => None,
-        };
-        let rlqs = match (shared.config.rlqs.clone(), &rls) {
-            (Some(settings), Some((_, handle))) => Some(
-                rlqs_listener::start(
-                    shared.rlqs.clone(),
-                    &shared.config,
-                    &settings,
-                    handle.clone(),
-                    shutdown_rx.clone(),
-                    &mut tasks,
-                )
-                .await?,
-            ),
-            (Some(_), None) => anyhow::bail!(
-                "--rlqs-listen needs --rls-config PATH: the RLQS limits come from the RLS configuration"
-            ),
-            (None, _) => None,
-        };
-        let resp = match shared.config.resp.clone() {
-            Some(settings) => Some(
-                crate::resp::start(shared.clone(), settings, shutdown_rx.clone(), &mut tasks)
-                    .await?,
-            ),
-            None => None,
-        };
-        tasks.spawn(accept_loop(
-            endpoint.clone(),
-            shared.clone(),
-            shutdown_rx.clone(),
-        ));
-        tasks.spawn(sweep_loop(shared.clone(), shutdown_rx.clone()));
-        tasks.spawn(crate::rlqs::upkeep(
-            shared.rlqs.clone(),
-            shared.config.limits.max_frame_bytes,
-            shutdown_rx.clone(),
-        ));
-        tasks.spawn(crate::metrics::upkeep_loop(shutdown_rx.clone()));
-        if let Some(rules) = &shared.rules {
-            tasks.spawn(crate::rules::watch_file(rules.clone(), shutdown_rx.clone()));
-        }
-        let links = Arc::new(crate::region_links::PeerLinks {
-            cluster: shared.cluster.clone(),
-        });
-        let sync = shared.region_sync.clone();
-        let sync_shutdown = shutdown_rx.clone();
-        tasks.spawn(async move { sync.run(links, sync_shutdown).await });
-        tasks.spawn(crate::region_links::follow_rings(
-            shared.clone(),
-            shutdown_rx.clone(),
-        ));
-        tasks.spawn(cluster::run(shared.cluster.clone(), shutdown_rx));
+        let Fronts {
+            admin_addr,
+            rls,
+            rlqs,
+            resp,
+        } = start_fronts(&shared, &shutdown_rx, &mut tasks).await?;
+        spawn_background(&shared, &endpoint, shutdown_rx, &mut tasks);
         tracing::info!(%local_addr, ?admin_addr, "floodgate node listening");
         Ok(Node {
             local_addr,
@@ -337,12 +215,12 @@ impl Node {
         self.shared.cluster.cluster_version()
     }
 
-    /// The current slot table.
     /// The inter-region exchange of global keys (its counters, whether all is confirmed).
     pub fn region_sync(&self) -> &Arc<crate::region_sync::RegionSync<EpochClock>> {
         &self.shared.region_sync
     }
 
+    /// The current slot table.
     pub fn slot_table(&self) -> Arc<floodgate::cluster::SlotTable> {
         self.shared.cluster.table()
     }
@@ -456,6 +334,197 @@ impl Node {
         let _ = tokio::time::timeout(DRAIN_TIMEOUT, self.endpoint.wait_idle()).await;
         tracing::info!(addr = %self.local_addr, "floodgate node stopped");
     }
+}
+
+/// The QUIC endpoint on `--listen`: as `Endpoint::server`, with the node's endpoint settings.
+fn bind_endpoint(config: &NodeConfig) -> anyhow::Result<quinn::Endpoint> {
+    let server_config = tls::server_config(&config.tls, &config.limits)?;
+    let socket = std::net::UdpSocket::bind(config.listen)
+        .with_context(|| format!("binding the QUIC endpoint on {}", config.listen))?;
+    quinn::Endpoint::new(
+        tls::endpoint_config(),
+        Some(server_config),
+        socket,
+        Arc::new(floodgate_udp_runtime::ReadInterestRuntime),
+    )
+    .with_context(|| format!("starting the QUIC endpoint on {}", config.listen))
+}
+
+/// What every task of the node shares (store, cluster, region exchange, RLQS hub, rules,
+/// connection allowance and budget), and the snapshots of `--state-dir`, not loaded yet.
+fn build_shared(
+    config: NodeConfig,
+    endpoint: &quinn::Endpoint,
+    local_addr: SocketAddr,
+    peer_trust: tls::PeerTrust,
+) -> anyhow::Result<(Arc<Shared>, Option<Arc<crate::snapshot::Snapshots>>)> {
+    let store = BucketStore::new(config.store)?.with_max_bytes(config.limits.bucket_bytes())?;
+    let snapshots = config
+        .state_dir
+        .as_deref()
+        .map(crate::snapshot::Snapshots::open)
+        .transpose()?;
+    let rules = config
+        .rules
+        .as_deref()
+        .map(crate::rules::RulesHandle::load)
+        .transpose()?;
+    let clock = EpochClock::start().skewed(config.test_only_clock_skew_ns);
+    let peer_config = tls::peer_client_configs(&config.tls, &config.limits)?;
+    let metrics = NodeMetrics::register();
+    let store = Arc::new(store);
+    let cluster = Arc::new(
+        Cluster::new(
+            config.cluster.clone(),
+            local_addr,
+            endpoint.clone(),
+            peer_config,
+            store.clone(),
+            clock,
+            metrics.cluster(),
+        )
+        .with_frame_limit(config.limits.max_frame_bytes)
+        .with_max_leases(config.limits.lease_cap()),
+    );
+    let region_sync = Arc::new(region_sync(&config, &cluster, store.clone(), clock)?);
+    let allowance = Arc::new(ConnectionAllowance::new(
+        config.limits.max_connections,
+        config.limits.max_peer_connections,
+        metrics.connections.clone(),
+        metrics.peer_connections.clone(),
+    ));
+    let rlqs = rlqs_hub(&config, &cluster);
+    let shared = Arc::new(Shared {
+        rlqs,
+        store,
+        clock,
+        metrics,
+        allowance,
+        budget: BufferBudget::new(config.limits.max_buffered_bytes),
+        ready: AtomicBool::new(true),
+        cluster,
+        region_sync,
+        rules,
+        received: watch::Sender::new(0),
+        peer_trust: parking_lot::RwLock::new(peer_trust),
+        config,
+    });
+    Ok((shared, snapshots))
+}
+
+/// The RLQS hub. A node without `--rlqs-listen` has one too (on default settings): it computes
+/// the shares of the buckets it owns for the Envoys of other nodes.
+fn rlqs_hub(config: &NodeConfig, cluster: &Arc<Cluster>) -> Arc<crate::rlqs::Hub> {
+    let mut settings = config
+        .rlqs
+        .clone()
+        .unwrap_or_else(|| crate::rlqs::RlqsSettings::new(SocketAddr::from(([127, 0, 0, 1], 0))));
+    settings.global_domains = config.rlqs_global_domains.clone();
+    Arc::new(crate::rlqs::Hub::new(settings, Some(cluster.clone())))
+}
+
+/// The listeners beside the QUIC endpoint, each `None` when not configured.
+struct Fronts {
+    /// `--admin`: the bound address.
+    admin_addr: Option<SocketAddr>,
+    /// `--rls-listen`: the bound address and the configuration in force.
+    rls: Option<(SocketAddr, Arc<crate::rls::RlsConfigHandle>)>,
+    /// `--rlqs-listen`: the bound address.
+    rlqs: Option<SocketAddr>,
+    /// `--resp-listen`: the bound address.
+    resp: Option<SocketAddr>,
+}
+
+/// Binds the configured listeners, in this order: admin, RLS, RLQS (which needs the RLS
+/// configuration), RESP; their tasks go into `tasks`.
+async fn start_fronts(
+    shared: &Arc<Shared>,
+    shutdown: &watch::Receiver<bool>,
+    tasks: &mut JoinSet<()>,
+) -> anyhow::Result<Fronts> {
+    let admin_addr = match shared.config.admin {
+        Some(addr) => {
+            let listener = tokio::net::TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("binding the admin server on {addr}"))?;
+            let admin_addr = listener.local_addr()?;
+            tasks.spawn(admin::serve(listener, shared.clone(), shutdown.clone()));
+            Some(admin_addr)
+        }
+        None => None,
+    };
+    let rls = match shared.config.rls.clone() {
+        Some(settings) => {
+            let rls = crate::rls::start(shared.clone(), &settings, shutdown.clone(), tasks);
+            Some(rls.await?)
+        }
+        None => None,
+    };
+    let rlqs = match (shared.config.rlqs.clone(), &rls) {
+        (Some(settings), Some((_, handle))) => Some(
+            rlqs_listener::start(
+                shared.rlqs.clone(),
+                &shared.config,
+                &settings,
+                handle.clone(),
+                shutdown.clone(),
+                tasks,
+            )
+            .await?,
+        ),
+        (Some(_), None) => anyhow::bail!(
+            "--rlqs-listen needs --rls-config PATH: the RLQS limits come from the RLS configuration"
+        ),
+        (None, _) => None,
+    };
+    let resp = match shared.config.resp.clone() {
+        Some(settings) => {
+            Some(crate::resp::start(shared.clone(), settings, shutdown.clone(), tasks).await?)
+        }
+        None => None,
+    };
+    Ok(Fronts {
+        admin_addr,
+        rls,
+        rlqs,
+        resp,
+    })
+}
+
+/// The node's own tasks, until `shutdown`: accepting QUIC connections, the sweeper, RLQS and
+/// metrics upkeep, the rules file's watch, the region exchange and the cluster's.
+fn spawn_background(
+    shared: &Arc<Shared>,
+    endpoint: &quinn::Endpoint,
+    shutdown: watch::Receiver<bool>,
+    tasks: &mut JoinSet<()>,
+) {
+    tasks.spawn(accept_loop(
+        endpoint.clone(),
+        shared.clone(),
+        shutdown.clone(),
+    ));
+    tasks.spawn(sweep_loop(shared.clone(), shutdown.clone()));
+    tasks.spawn(crate::rlqs::upkeep(
+        shared.rlqs.clone(),
+        shared.config.limits.max_frame_bytes,
+        shutdown.clone(),
+    ));
+    tasks.spawn(crate::metrics::upkeep_loop(shutdown.clone()));
+    if let Some(rules) = &shared.rules {
+        tasks.spawn(crate::rules::watch_file(rules.clone(), shutdown.clone()));
+    }
+    let links = Arc::new(crate::region_links::PeerLinks {
+        cluster: shared.cluster.clone(),
+    });
+    let sync = shared.region_sync.clone();
+    let sync_shutdown = shutdown.clone();
+    tasks.spawn(async move { sync.run(links, sync_shutdown).await });
+    tasks.spawn(crate::region_links::follow_rings(
+        shared.clone(),
+        shutdown.clone(),
+    ));
+    tasks.spawn(cluster::run(shared.cluster.clone(), shutdown));
 }
 
 /// The node's region exchange: this node as a peer of its region, its start time as the

@@ -1,5 +1,6 @@
 //! Long-lived bidirectional streams: whatever bytes arrive are read into frames, every complete
-//! frame is answered (checks decided or forwarded, rules, the table), answers written at once.
+//! frame is answered (checks decided or forwarded, leases, rules, the table, RLQS reports and
+//! claims from peers), answers written at once.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -131,38 +132,18 @@ pub(super) async fn answer_available(
                 remote.forbid(shared, frame.kind);
                 break Some(ErrorCode::Forbidden);
             }
-            Ok(Some(frame)) if frame.kind == FrameKind::RlqsReports => {
-                frames += 1;
-                let certified = |id: &str| remote.certified_as(shared, id);
-                let me = shared.cluster.me.id.as_str();
-                if let Some(code) =
-                    crate::rlqs::answer_reports(&shared.rlqs, me, certified, &frame, out)
-                {
-                    shared.metrics.frame_error(code);
-                }
-            }
-            Ok(Some(frame)) if frame.kind == FrameKind::RlqsRegionClaims => {
-                frames += 1;
-                let certified = |id: &str| remote.certified_as(shared, id);
-                let region_of = |id: &str| shared.cluster.region_of(id);
-                let me = shared.cluster.me.id.as_str();
-                if let Some(code) = crate::rlqs::answer_region_claims(
-                    &shared.rlqs,
-                    me,
-                    certified,
-                    region_of,
-                    &frame,
-                    out,
-                ) {
-                    shared.metrics.frame_error(code);
-                }
-            }
             Ok(Some(frame)) => {
                 frames += 1;
-                let caller = remote.caller(shared);
-                if let Some(code) =
-                    answer(shared, remote.version(), caller, &frame, now_ns, out).await
-                {
+                let refused = match frame.kind {
+                    FrameKind::RlqsReports | FrameKind::RlqsRegionClaims => {
+                        answer_rlqs(shared, remote, &frame, out)
+                    }
+                    _ => {
+                        let caller = remote.caller(shared);
+                        answer(shared, remote.version(), caller, &frame, now_ns, out).await
+                    }
+                };
+                if let Some(code) = refused {
                     shared.metrics.frame_error(code);
                 }
             }
@@ -170,17 +151,7 @@ pub(super) async fn answer_available(
             Err(e) => {
                 shared.metrics.frame_error(e.code);
                 if e.code == ErrorCode::UnsupportedVersion && time_to_complain(now_ns) {
-                    // A caller of another build: say so where operators look, not only to it;
-                    // once per interval, so a hostile caller cannot flood the log (every frame
-                    // is counted in `floodgate_frame_errors_total`).
-                    tracing::error!(
-                        from = %remote.connection.remote_address(),
-                        "closed a stream: {} (more such streams are counted in \
-                         floodgate_frame_errors_total{{code=\"unsupported_version\"}}, \
-                         logged once per {}s)",
-                        e.message,
-                        COMPLAINT_INTERVAL_NS / 1_000_000_000
-                    );
+                    complain_of_version(remote, &e.message);
                 }
                 encode_error(out, e.request_id, e.code, e.message);
                 if e.code.closes_stream() {
@@ -196,6 +167,38 @@ pub(super) async fn answer_available(
             .record(started.elapsed().as_secs_f64() / f64::from(frames));
     }
     fatal
+}
+
+/// Answers an RLQS frame between nodes: relayed reports (kind 21) or a region's claims (kind
+/// 23), each sender checked against the certificate the connection presented.
+fn answer_rlqs(
+    shared: &Shared,
+    remote: &Remote,
+    frame: &Frame,
+    out: &mut Vec<u8>,
+) -> Option<ErrorCode> {
+    let certified = |id: &str| remote.certified_as(shared, id);
+    let me = shared.cluster.me.id.as_str();
+    if frame.kind == FrameKind::RlqsRegionClaims {
+        let region_of = |id: &str| shared.cluster.region_of(id);
+        crate::rlqs::answer_region_claims(&shared.rlqs, me, certified, region_of, frame, out)
+    } else {
+        crate::rlqs::answer_reports(&shared.rlqs, me, certified, frame, out)
+    }
+}
+
+/// Says where operators look that a caller of another build was refused, not only to it
+/// (callers logged at most once per [`COMPLAINT_INTERVAL_NS`], so a hostile caller cannot
+/// flood the log; every frame is counted in `floodgate_frame_errors_total`).
+fn complain_of_version(remote: &Remote, message: &str) {
+    tracing::error!(
+        from = %remote.connection.remote_address(),
+        "closed a stream: {} (more such streams are counted in \
+         floodgate_frame_errors_total{{code=\"unsupported_version\"}}, \
+         logged once per {}s)",
+        message,
+        COMPLAINT_INTERVAL_NS / 1_000_000_000
+    );
 }
 
 /// Answers one frame received on a bidirectional stream of a connection speaking `version`.
@@ -252,32 +255,28 @@ async fn answer_checks(
     out: &mut Vec<u8>,
 ) -> Option<ErrorCode> {
     let cluster = &shared.cluster;
-    {
-        {
-            cluster.wait_until_joined().await;
-            let deciding = cluster.deciding();
-            let table = cluster.table();
-            // Alone in its table with nothing awaited: the whole frame is decided here.
-            let alone = cluster.ownership().decides_every_slot();
-            if !alone {
-                drop(deciding);
-                // Groups may belong to other nodes, and gained slots may wait for a hand-off.
-                forward::answer_check_batch(shared, caller, frame, now_ns, out).await
-            } else {
-                // A node alone decides everything here, synchronously, with the table held: a
-                // node that joins meanwhile receives these decisions in its hand-off.
-                let limits = shared.config.limits.wire();
-                answer_frame(
-                    caller,
-                    &shared.store,
-                    &limits,
-                    &shared.metrics,
-                    now_ns,
-                    table.version(),
-                    frame,
-                    out,
-                )
-            }
-        }
+    cluster.wait_until_joined().await;
+    let deciding = cluster.deciding();
+    let table = cluster.table();
+    // Alone in its table with nothing awaited: the whole frame is decided here.
+    let alone = cluster.ownership().decides_every_slot();
+    if !alone {
+        drop(deciding);
+        // Groups may belong to other nodes, and gained slots may wait for a hand-off.
+        forward::answer_check_batch(shared, caller, frame, now_ns, out).await
+    } else {
+        // A node alone decides everything here, synchronously, with the table held: a
+        // node that joins meanwhile receives these decisions in its hand-off.
+        let limits = shared.config.limits.wire();
+        answer_frame(
+            caller,
+            &shared.store,
+            &limits,
+            &shared.metrics,
+            now_ns,
+            table.version(),
+            frame,
+            out,
+        )
     }
 }

@@ -59,18 +59,15 @@ fn step_interval(steps_per_pass: usize) -> Duration {
     (SWEEP_PASS / steps).clamp(MIN_STEP_INTERVAL, MAX_STEP_INTERVAL)
 }
 
-/// Forgets expired buckets a slice of a shard at a time and publishes the store's counters.
+/// Until shutdown, a step at a time: expired buckets forgotten a slice of a shard at a time,
+/// expired leases a shard at a time; the stores' counters published every [`PUBLISH_EVERY`].
 pub(super) async fn sweep_loop(shared: Arc<Shared>, mut shutdown: watch::Receiver<bool>) {
-    let stats = shared.store.stats();
-    let (mut evicted, mut expired, mut refused) = (0, 0, 0);
-    let (mut new, mut used, mut denying) = (0, 0, 0);
-    let (mut keys_refused, mut leases_refused) = (Refusals::default(), Refusals::default());
     shared
         .metrics
         .store_max_bytes
         .set(shared.store.max_bytes() as f64);
-    let mut lease_metrics = crate::lease::LeaseMetrics::default();
-    let mut published = tokio::time::Instant::now();
+    let mut published = Published::default();
+    let mut published_at = tokio::time::Instant::now();
     let mut cursor = floodgate::SweepCursor::default();
     loop {
         // Paced from the end of the last step: a late step is not made up for in a burst.
@@ -79,31 +76,64 @@ pub(super) async fn sweep_loop(shared: Arc<Shared>, mut shutdown: watch::Receive
             _ = tokio::time::sleep(pause) => {}
             _ = shutdown.changed() => return,
         }
-        // On a blocking-pool thread, not a runtime worker (one, by default, on small machines):
-        // a step's GCRA slice is bounded, but the step that ends a shard also filters its
-        // window and log maps whole, and a store of mostly window keys makes that a long walk.
-        let sweeping = shared.clone();
-        let stepped = tokio::task::spawn_blocking(move || {
-            let now_ns = sweeping.clock.now_ns();
-            sweeping.store.sweep_step(now_ns, &mut cursor, SWEEP_SLOTS);
-            // Leases are also reclaimed when their key is next touched; the sweep frees the
-            // room of keys nobody touches again (a gateway that crashed holding them).
-            sweeping.cluster.leases.sweep(now_ns, 1);
-            cursor
-        })
-        .await;
-        match stepped {
-            Ok(next) => cursor = next,
-            Err(_) => {
+        match sweep_step(&shared, cursor).await {
+            Some(next) => cursor = next,
+            None => {
                 tracing::error!("the expiry sweep panicked; sweeping stops");
                 return;
             }
         }
-        if published.elapsed() < PUBLISH_EVERY {
+        if published_at.elapsed() < PUBLISH_EVERY {
             continue;
         }
-        published = tokio::time::Instant::now();
-        lease_metrics.publish(&shared.cluster.leases);
+        published_at = tokio::time::Instant::now();
+        published.publish(&shared);
+    }
+}
+
+/// One step from `cursor`: a slice of expired buckets forgotten and one shard of leases
+/// reclaimed. Returns where the next step starts; `None` if the step panicked.
+async fn sweep_step(
+    shared: &Arc<Shared>,
+    mut cursor: floodgate::SweepCursor,
+) -> Option<floodgate::SweepCursor> {
+    // On a blocking-pool thread, not a runtime worker (one, by default, on small machines):
+    // a step's GCRA slice is bounded, but the step that ends a shard also filters its
+    // window and log maps whole, and a store of mostly window keys makes that a long walk.
+    let sweeping = shared.clone();
+    tokio::task::spawn_blocking(move || {
+        let now_ns = sweeping.clock.now_ns();
+        sweeping.store.sweep_step(now_ns, &mut cursor, SWEEP_SLOTS);
+        // Leases are also reclaimed when their key is next touched; the sweep frees the
+        // room of keys nobody touches again (a gateway that crashed holding them).
+        sweeping.cluster.leases.sweep(now_ns, 1);
+        cursor
+    })
+    .await
+    .ok()
+}
+
+/// What the sweeper published last: each store counter's total then (metrics counters take
+/// the difference), the lease store's, and when each store-full warning was last given.
+#[derive(Debug, Default)]
+struct Published {
+    evicted: u64,
+    expired: u64,
+    refused: u64,
+    new: u64,
+    used: u64,
+    denying: u64,
+    keys_refused: Refusals,
+    leases_refused: Refusals,
+    leases: crate::lease::LeaseMetrics,
+}
+
+impl Published {
+    /// Publishes the lease and bucket stores' gauges and counters and the buffered bytes, and
+    /// warns (at most once per [`WARN_EVERY`] each) when either store refused for being full.
+    fn publish(&mut self, shared: &Shared) {
+        let stats = shared.store.stats();
+        self.leases.publish(&shared.cluster.leases);
         shared.metrics.live_buckets.set(shared.store.len() as f64);
         shared
             .metrics
@@ -119,17 +149,29 @@ pub(super) async fn sweep_loop(shared: Arc<Shared>, mut shutdown: watch::Receive
             .metrics
             .store_bytes
             .set(shared.store.bytes_used() as f64);
-        publish(&shared.metrics.evicted, &stats.evicted, &mut evicted);
-        publish(&shared.metrics.evictions[0], &stats.evicted_new, &mut new);
-        publish(&shared.metrics.evictions[1], &stats.evicted_used, &mut used);
+        publish(&shared.metrics.evicted, &stats.evicted, &mut self.evicted);
+        publish(
+            &shared.metrics.evictions[0],
+            &stats.evicted_new,
+            &mut self.new,
+        );
+        publish(
+            &shared.metrics.evictions[1],
+            &stats.evicted_used,
+            &mut self.used,
+        );
         publish(
             &shared.metrics.evictions[2],
             &stats.evicted_denying,
-            &mut denying,
+            &mut self.denying,
         );
-        publish(&shared.metrics.expired, &stats.expired, &mut expired);
-        publish(&shared.metrics.refused_keys, &stats.refused, &mut refused);
-        if let Some(since) = keys_refused.due(refused) {
+        publish(&shared.metrics.expired, &stats.expired, &mut self.expired);
+        publish(
+            &shared.metrics.refused_keys,
+            &stats.refused,
+            &mut self.refused,
+        );
+        if let Some(since) = self.keys_refused.due(self.refused) {
             tracing::warn!(
                 refused = since,
                 bytes = shared.store.bytes_used(),
@@ -138,7 +180,10 @@ pub(super) async fn sweep_loop(shared: Arc<Shared>, mut shutdown: watch::Receive
             );
         }
         let leases = &shared.cluster.leases;
-        if let Some(since) = leases_refused.due(leases.stats().full.load(Ordering::Relaxed)) {
+        if let Some(since) = self
+            .leases_refused
+            .due(leases.stats().full.load(Ordering::Relaxed))
+        {
             tracing::warn!(
                 refused = since,
                 held = leases.held(),
