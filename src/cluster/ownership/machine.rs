@@ -820,7 +820,10 @@ mod tests {
             .filter(|&s| pair.owner(s) == Some("n1") && three.owner(s) == Some("p"))
             .collect();
         assert!(!gained.is_empty());
-        assert!(n1.awaits_any_handoff(), "the founder's hand-off is on its way");
+        assert!(
+            n1.awaits_any_handoff(),
+            "the founder's hand-off is on its way"
+        );
         assert!(n1.handle_handoff(40 * MS, "p", part(3, &gained)));
         assert!(
             gained.iter().all(|&s| n1.decides(s, 40 * MS)),
