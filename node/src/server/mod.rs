@@ -6,6 +6,8 @@
 //! - `peer_messages`: one-way streams: gossip, replicas and hand-offs in; table pushes out.
 //! - `sweeper`: expired buckets forgotten a few shards at a time; store counters published.
 
+#[cfg(test)]
+mod allocations;
 mod connection;
 mod peer_messages;
 mod remote;
