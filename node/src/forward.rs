@@ -37,7 +37,7 @@ use crate::cluster::RegionRings;
 use crate::metrics::DecisionTally;
 use crate::owner_batches;
 use crate::reach::Reach;
-use crate::service::{decide_group, decode_frame, finish_batch, prefetch_before};
+use crate::service::{decide_group, decode_frame_into, finish_batch, prefetch_before};
 use crate::state::Shared;
 use std::sync::Arc;
 
@@ -77,6 +77,52 @@ fn refusal_code(refusal: Refusal) -> ErrorCode {
     }
 }
 
+/// Buffers one batch on the cluster path uses from start to answer, reused from batch to
+/// batch: fresh ones cost an allocation each per frame (several for the decoded groups). A
+/// batch may wait (for hand-offs, for forwards) and another batch run on the thread meanwhile,
+/// so each batch takes a set of its own from the thread's spares and gives it back when done.
+#[derive(Default)]
+pub(crate) struct BatchBuffers {
+    groups: CheckGroups,
+    placements: Vec<Placement>,
+    placed: Vec<GroupState>,
+    decisions: Vec<WireDecision>,
+}
+
+/// Spare sets kept per thread: about as many as batches wait at once on one thread; a set given
+/// back beyond it is freed.
+const SPARE_BUFFERS: usize = 16;
+
+thread_local! {
+    static SPARE_BUFFERS_HERE: std::cell::RefCell<Vec<BatchBuffers>> =
+        const { std::cell::RefCell::new(Vec::new()) };
+}
+
+impl BatchBuffers {
+    /// A spare set of this thread's, or a fresh one.
+    pub(crate) fn take() -> Self {
+        SPARE_BUFFERS_HERE
+            .try_with(|spares| spares.try_borrow_mut().ok()?.pop())
+            .ok()
+            .flatten()
+            .unwrap_or_default()
+    }
+
+    /// Keeps the set for this thread's next batch (its contents are dropped, its room kept).
+    pub(crate) fn give_back(mut self) {
+        self.placements.clear();
+        self.placed.clear();
+        self.decisions.clear();
+        let _ = SPARE_BUFFERS_HERE.try_with(|spares| {
+            if let Ok(mut spares) = spares.try_borrow_mut()
+                && spares.len() < SPARE_BUFFERS
+            {
+                spares.push(self);
+            }
+        });
+    }
+}
+
 /// Answers a check batch from a caller (client or peer).
 pub(crate) async fn answer_check_batch(
     shared: &Shared,
@@ -86,13 +132,30 @@ pub(crate) async fn answer_check_batch(
     out: &mut Vec<u8>,
 ) -> Option<ErrorCode> {
     let limits = shared.config.limits;
-    let groups = match decode_frame(frame, &limits.wire(), out) {
-        Ok(groups) => groups,
-        Err(code) => return Some(code),
-    };
-    // Already validated by decode_frame, so this access succeeds.
+    let mut buffers = BatchBuffers::take();
+    let mut groups = std::mem::take(&mut buffers.groups);
+    if let Err(code) = decode_frame_into(frame, &limits.wire(), &mut groups, out) {
+        buffers.groups = groups;
+        buffers.give_back();
+        return Some(code);
+    }
+    // Already validated by decode_frame_into, so this access succeeds.
     let archived = || rkyv::access::<ArchivedCheckBatch, rancor::Error>(&frame.payload).ok();
-    answer_groups(shared, caller, frame, &groups, &[], archived, now_ns, out).await
+    let refused = answer_groups(
+        shared,
+        caller,
+        frame,
+        &groups,
+        &[],
+        archived,
+        now_ns,
+        &mut buffers,
+        out,
+    )
+    .await;
+    buffers.groups = groups;
+    buffers.give_back();
+    refused
 }
 
 /// Answers a validated batch's `groups` (kinds 1, 10, 12 and 20) whose checks have `scopes`
@@ -109,6 +172,7 @@ pub(crate) async fn answer_groups<'f>(
     scopes: &[Scope],
     archived: impl FnOnce() -> Option<&'f ArchivedCheckBatch>,
     now_ns: u64,
+    buffers: &mut BatchBuffers,
     out: &mut Vec<u8>,
 ) -> Option<ErrorCode> {
     let forwarded_by = matches!(
@@ -116,7 +180,7 @@ pub(crate) async fn answer_groups<'f>(
         FrameKind::ForwardedCheckBatch | FrameKind::ForwardedScopedCheckBatch
     )
     .then_some(frame.request_id);
-    let decided = decide_groups(
+    let mut decided = decide_groups(
         shared,
         caller,
         forwarded_by,
@@ -124,16 +188,18 @@ pub(crate) async fn answer_groups<'f>(
         scopes,
         archived,
         now_ns,
+        buffers,
     )
     .await;
     finish_batch(
         &shared.metrics,
         &decided.tally,
         frame.request_id,
-        decided.decisions,
+        &mut decided.decisions,
         decided.table_version,
         out,
     );
+    buffers.decisions = decided.decisions;
     None
 }
 
@@ -157,16 +223,28 @@ pub(crate) async fn decide_groups<'f>(
     scopes: &[Scope],
     archived: impl FnOnce() -> Option<&'f ArchivedCheckBatch>,
     now_ns: u64,
+    buffers: &mut BatchBuffers,
 ) -> Decided {
     let each = || groups.iter();
     let refused = caller.take_refunds(each());
     let mut batch = Batch::new(shared, groups, scopes, now_ns);
+    batch.local = std::mem::take(&mut buffers.decisions);
+    batch.local.clear();
+    batch.local.reserve(groups.check_count());
     batch.refused = &refused;
     let forwarded = forwarded_by.is_some();
     if let Some(sender_version) = forwarded_by {
         batch.catch_up(sender_version).await;
     }
-    let (mut placed, table_version) = batch.place_first(forwarded, caller.try_again).await;
+    let mut placed = std::mem::take(&mut buffers.placed);
+    let table_version = batch
+        .place_first(
+            forwarded,
+            caller.try_again,
+            &mut buffers.placements,
+            &mut placed,
+        )
+        .await;
     if placed
         .iter()
         .any(|p| matches!(p, GroupState::Remote(_) | GroupState::Home))
@@ -188,7 +266,8 @@ pub(crate) async fn decide_groups<'f>(
             .await;
     }
     let Batch { tally, local, .. } = batch;
-    let (mut decisions, held) = assemble(groups, placed, local);
+    let (mut decisions, held) = assemble(groups, &mut placed, local);
+    buffers.placed = placed;
     shared.metrics.try_again.increment(held as u64);
     caller.settle(each(), &decisions, &refused);
     if held > 0 && !caller.try_again {
@@ -250,7 +329,7 @@ impl<'a> Batch<'a> {
             rings: None,
             now_ns,
             tally: DecisionTally::default(),
-            local: Vec::with_capacity(groups.check_count()),
+            local: Vec::new(),
             refused: &[],
         }
     }
@@ -357,11 +436,18 @@ impl<'a> Batch<'a> {
         }
     }
 
-    /// Decides what is this node's, and marks the rest for forwarding or refusal. Returns the
-    /// placements and the version of the table they were made by. With `try_again` (the
-    /// caller knows that answer) nothing waits: a group whose slot awaits its hand-off is
-    /// answered `try_again`; otherwise gained slots wait (bounded) for their hand-off first.
-    async fn place_first(&mut self, forwarded: bool, try_again: bool) -> (Vec<GroupState>, u64) {
+    /// Decides what is this node's, and marks the rest for forwarding or refusal, into
+    /// `placed` (one per group; `placements` is scratch). Returns the version of the table
+    /// they were made by. With `try_again` (the caller knows that answer) nothing waits: a
+    /// group whose slot awaits its hand-off is answered `try_again`; otherwise gained slots
+    /// wait (bounded) for their hand-off first.
+    async fn place_first(
+        &mut self,
+        forwarded: bool,
+        try_again: bool,
+        placements: &mut Vec<Placement>,
+        placed: &mut Vec<GroupState>,
+    ) -> u64 {
         let shared = self.shared;
         let cluster = &shared.cluster;
         // The machine places every group by the table in force (stable under the gate); slots
@@ -371,13 +457,15 @@ impl<'a> Batch<'a> {
         } else {
             cluster.enter_deciding(self.slots(), self.now_ns).await
         };
-        let (placements, version) = cluster.place_each(
+        let version = cluster.place_each_into(
             (0..self.groups.len()).map(|i| (self.slot(i), self.arrival(i, forwarded))),
             shared.clock.now_ns(),
+            placements,
         );
         let mut taken_over = 0;
-        let mut placed = Vec::with_capacity(self.groups.len());
-        for (i, placement) in placements.into_iter().enumerate() {
+        placed.clear();
+        placed.reserve(self.groups.len());
+        for (i, placement) in placements.drain(..).enumerate() {
             prefetch_before(&shared.store, i, |j| self.groups.group(j));
             placed.push(match placement {
                 _ if self.refused.get(i).copied().unwrap_or(false) => {
@@ -399,7 +487,7 @@ impl<'a> Batch<'a> {
         }
         drop(deciding);
         shared.metrics.taken_over.increment(taken_over);
-        (placed, version)
+        version
     }
 
     /// Forwards the `Remote` groups; those refused (`not_owner`) or unanswered are placed again
@@ -509,18 +597,20 @@ fn is_metered(group: &[ValidCheck]) -> bool {
 
 /// The batch's decisions in request order, from where each group was placed, and how many
 /// of them are `try_again`.
+/// `placed` is left empty.
 fn assemble(
     groups: &CheckGroups,
-    placed: Vec<GroupState>,
+    placed: &mut Vec<GroupState>,
     local: Vec<WireDecision>,
 ) -> (Vec<WireDecision>, usize) {
     if placed.iter().all(|p| matches!(p, GroupState::Here(_))) {
         // Decided here in order: nothing to rearrange.
+        placed.clear();
         return (local, 0);
     }
     let mut decisions = Vec::with_capacity(local.capacity());
     let mut held = 0;
-    for (group, place) in groups.iter().zip(placed) {
+    for (group, place) in groups.iter().zip(placed.drain(..)) {
         let refused = |code| std::iter::repeat_n(WireDecision::error(code), group.len());
         // Sent on with no answer: a charge may have been taken there.
         let unresolved = |code| {

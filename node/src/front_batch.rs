@@ -46,6 +46,7 @@ pub(crate) async fn run_batch(
     // 500 ms) for a moving slot's hand-off instead, as for a client of an older version. The
     // RLS front's negative hits (its only refunds) are refused unless the operator allowed
     // them, and the RESP front sends none, so both are trusted with what gets here.
+    let mut buffers = crate::forward::BatchBuffers::take();
     let decided = crate::forward::decide_groups(
         shared,
         Caller::trusted(false),
@@ -54,8 +55,10 @@ pub(crate) async fn run_batch(
         &[],
         archived,
         now_ns,
+        &mut buffers,
     )
     .await;
+    buffers.give_back();
     record_batch(&shared.metrics, &decided.tally, decided.decisions.len());
     if decided.decisions.len() != expected {
         return Err(Undecided(

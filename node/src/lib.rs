@@ -46,6 +46,8 @@ pub mod exchange;
 
 mod admin;
 mod admission;
+#[cfg(test)]
+mod alloc_counter;
 mod budget;
 mod caller;
 mod forward;

@@ -62,7 +62,8 @@ pub(crate) async fn answer_scoped_batch(
             .ok()
             .map(|scoped| &scoped.batch)
     };
-    Ok(crate::forward::answer_groups(
+    let mut buffers = crate::forward::BatchBuffers::take();
+    let refused = crate::forward::answer_groups(
         shared,
         caller,
         frame,
@@ -70,9 +71,12 @@ pub(crate) async fn answer_scoped_batch(
         &scopes,
         archived,
         now_ns,
+        &mut buffers,
         out,
     )
-    .await)
+    .await;
+    buffers.give_back();
+    Ok(refused)
 }
 
 /// The kind 1 frame inside a kind 12 one, or the kind 10 inside a kind 20 (already validated).

@@ -162,21 +162,21 @@ fn prefetch_group(store: &BucketStore, group: Option<&[ValidCheck]>) {
     }
 }
 
-/// Validates a check batch frame; on refusal appends the error frame and returns its code.
-pub fn decode_frame(
+/// Validates a check batch frame into `groups` (their room reused); on refusal appends the
+/// error frame and returns its code.
+pub fn decode_frame_into(
     frame: &Frame,
     limits: &WireLimits,
+    groups: &mut CheckGroups,
     out: &mut Vec<u8>,
-) -> Result<CheckGroups, ErrorCode> {
+) -> Result<(), ErrorCode> {
     if let Some(code) = refuse_kind(frame, out) {
         return Err(code);
     }
-    let mut groups = CheckGroups::default();
-    decode_check_batch_into(&frame.payload, limits, &mut groups).map_err(|(code, message)| {
+    decode_check_batch_into(&frame.payload, limits, groups).map_err(|(code, message)| {
         encode_error(out, frame.request_id, code, message);
         code
-    })?;
-    Ok(groups)
+    })
 }
 
 /// Decides one group here (all-or-nothing when it has several checks; refunds and charges one
@@ -263,22 +263,22 @@ pub fn record_batch(metrics: &NodeMetrics, tally: &DecisionTally, checks: usize)
     metrics.batch_checks.record(checks as f64);
 }
 
-/// Records the batch's metrics and appends its decision batch frame.
+/// Records the batch's metrics and appends its decision batch frame (`decisions` are left as
+/// they were, for their room to be reused).
 pub fn finish_batch(
     metrics: &NodeMetrics,
     tally: &DecisionTally,
     request_id: u64,
-    decisions: Vec<WireDecision>,
+    decisions: &mut Vec<WireDecision>,
     table_version: u64,
     out: &mut Vec<u8>,
 ) {
     record_batch(metrics, tally, decisions.len());
-    let mut decisions = decisions;
     with_scratch(|scratch| {
         encode_decisions(
             out,
             request_id,
-            &mut decisions,
+            decisions,
             table_version,
             &mut scratch.archive,
         );

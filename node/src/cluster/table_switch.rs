@@ -301,27 +301,36 @@ impl Cluster {
     /// one decisions are made by.
     pub(crate) fn place_each(
         &self,
-        arrivals: impl Iterator<Item = (u16, Arrival)>,
+        arrivals: impl Iterator<Item = (u16, Arrival)> + Clone,
         now_ns: u64,
     ) -> (Vec<Placement>, u64) {
-        let arrivals: Vec<(u16, Arrival)> = arrivals.collect();
+        let mut placements = Vec::new();
+        let version = self.place_each_into(arrivals, now_ns, &mut placements);
+        (placements, version)
+    }
+
+    /// [`Cluster::place_each`] into `placements` (cleared first, its room reused).
+    pub(crate) fn place_each_into(
+        &self,
+        arrivals: impl Iterator<Item = (u16, Arrival)> + Clone,
+        now_ns: u64,
+        placements: &mut Vec<Placement>,
+    ) -> u64 {
         // Only a takeover asks; read before the ownership lock (the membership lock is never
         // taken inside it).
-        let suspected = if arrivals.iter().any(|(_, a)| *a == Arrival::Takeover) {
+        let suspected = if arrivals.clone().any(|(_, a)| a == Arrival::Takeover) {
             self.suspected_members()
         } else {
             Vec::new()
         };
         let ownership = self.ownership();
-        let placements = arrivals
-            .into_iter()
-            .map(|(slot, arrival)| {
-                ownership.place(slot, arrival, now_ns, |id| {
-                    suspected.iter().any(|s| s == id)
-                })
+        placements.clear();
+        placements.extend(arrivals.map(|(slot, arrival)| {
+            ownership.place(slot, arrival, now_ns, |id| {
+                suspected.iter().any(|s| s == id)
             })
-            .collect();
-        (placements, ownership.table().version())
+        }));
+        ownership.table().version()
     }
 
     /// True when one of `slots` still waits for a hand-off at `now_ns`.

@@ -9,6 +9,8 @@
 //! - `sweeper`: expired buckets forgotten a slice of a shard at a time, leases a shard at a
 //!   time; the stores' counters published.
 
+#[cfg(test)]
+mod allocations;
 mod connection;
 mod peer_messages;
 mod remote;

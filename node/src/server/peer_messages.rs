@@ -79,7 +79,9 @@ pub(super) async fn serve_uni_message(
                 Ok(conflict) => shared.cluster.handle_conflict(&conflict, now_ns).await,
                 Err((code, _)) => shared.metrics.frame_error(code),
             },
-            FrameKind::Replicate => on_replicate(&shared, &from.remote, &frame.payload, now_ns),
+            FrameKind::Replicate => {
+                on_replicate(&shared, &from.remote, &frame.payload, now_ns).await;
+            }
             FrameKind::LeaseSync => on_lease_sync(&shared, &from.remote, &frame, now_ns),
             FrameKind::RegionDeltas | FrameKind::RegionAck => {
                 on_region_frame(&shared, &from.remote, &frame);
@@ -133,7 +135,7 @@ async fn read_message<'s>(
 /// Replicas, or a part of a hand-off: merged into the store (only ever stricter); a hand-off
 /// part also counts toward its hand-off, and its buckets for slots this node's table gives to
 /// a third member go on to that owner.
-fn on_replicate(shared: &Shared, remote: &Remote, payload: &[u8], now_ns: u64) {
+async fn on_replicate(shared: &Shared, remote: &Remote, payload: &[u8], now_ns: u64) {
     let Replicated {
         from: sender_id,
         handoff,
@@ -151,7 +153,18 @@ fn on_replicate(shared: &Shared, remote: &Remote, payload: &[u8], now_ns: u64) {
         );
         return;
     }
-    let refused = shared.store.merge(&buckets, now_ns);
+    // A frame holds thousands of buckets, each merge a cache miss: merged on a blocking
+    // thread, so the checks this worker serves do not wait behind them.
+    let store = shared.store.clone();
+    let merged = tokio::task::spawn_blocking(move || {
+        let refused = store.merge(&buckets, now_ns);
+        (buckets, refused)
+    })
+    .await;
+    // Only a panic or the runtime shutting down: nothing merged, nothing counted.
+    let Ok((buckets, refused)) = merged else {
+        return;
+    };
     if let Some(part) = &handoff {
         tracing::info!(
             from = %sender_id,
