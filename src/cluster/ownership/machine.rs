@@ -105,6 +105,10 @@ pub struct Ownership {
     /// owner, so this node never decides them (a forwarder with an older table is told
     /// `not_owner`).
     given_away: Vec<bool>,
+    /// Slots this node let go of while no member could take them (its table emptied as it
+    /// left, knowing nobody): their buckets are still here, and go to the first owner a later
+    /// table names.
+    orphaned: BTreeSet<u16>,
     handoffs: Handoffs,
     /// Owned slots decided without their previous owner's state, and why.
     unconfirmed: BTreeMap<u16, Window>,
@@ -148,6 +152,7 @@ impl Ownership {
             table,
             past_versions: VecDeque::new(),
             given_away: vec![false; SLOTS],
+            orphaned: BTreeSet::new(),
             handoffs: Handoffs::default(),
             unconfirmed: BTreeMap::new(),
             joining,
@@ -642,6 +647,9 @@ impl Ownership {
                 *given = true;
                 lost.push(slot);
                 self.unconfirmed.remove(&slot);
+                if new.owner(slot).is_none() {
+                    self.orphaned.insert(slot);
+                }
             }
         }
         self.handoffs.gave_away(&lost);
@@ -658,11 +666,14 @@ impl Ownership {
         let me = Some(self.me.as_str());
         let mut slots: BTreeMap<&str, Vec<u16>> = BTreeMap::new();
         for slot in 0..SLOTS as u16 {
-            if before.owner(slot) == me
+            let last_held_here = before.owner(slot) == me
+                || (before.owner(slot).is_none() && self.orphaned.contains(&slot));
+            if last_held_here
                 && let Some(owner) = new.owner(slot)
                 && Some(owner) != me
             {
                 slots.entry(owner).or_default().push(slot);
+                self.orphaned.remove(&slot);
             }
         }
         if releases && new.contains(&self.me) {
@@ -829,6 +840,34 @@ mod tests {
             gained.iter().all(|&s| n1.decides(s, 40 * MS)),
             "the gained slots wait for n2, who has nothing to send"
         );
+    }
+
+    /// A lone node that leaves knowing nobody keeps its buckets; when members turn up before
+    /// it stops, each gets the slots the new table gives it (they would start blind).
+    #[test]
+    fn a_leaver_that_knew_nobody_hands_its_slots_to_the_members_it_learns_of() {
+        let mut a = machine("a", table(1, &["a"]), false);
+        a.handle_table(0, table(2, &[]), NO_ONE_LEFT);
+        assert!(actions(&mut a).is_empty(), "nobody to hand anything to");
+        let later = table(3, &["b", "c"]);
+        a.handle_table(1_000, later.clone(), NO_ONE_LEFT);
+        let mut handed: Vec<(String, usize)> = actions(&mut a)
+            .into_iter()
+            .filter_map(|action| match action {
+                Action::HandOff(h) => Some((h.to, h.slots.len())),
+                Action::Joined => None,
+            })
+            .collect();
+        handed.sort();
+        assert_eq!(
+            handed,
+            vec![
+                ("b".to_owned(), later.slots_owned("b")),
+                ("c".to_owned(), later.slots_owned("c")),
+            ]
+        );
+        a.handle_table(2_000, table(4, &["b", "c", "d"]), NO_ONE_LEFT);
+        assert!(actions(&mut a).is_empty(), "handed once");
     }
 
     #[test]
