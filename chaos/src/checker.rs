@@ -483,10 +483,23 @@ fn p99_ms(records: &[Record]) -> f64 {
     latencies[at] as f64 / 1e6
 }
 
+/// Most checks per check outside every restart window that may miss the gateway's deadline:
+/// with no fault at all, a two-core host running three nodes, six gateways and this harness
+/// misses the client's default 5 ms deadline about once in 1,000 to 10,000 checks (a thread
+/// not scheduled in time). A version fault that drops one kind of frame misses it on every
+/// check of that kind, far above this.
+pub const DEADLINE_MISSES_ALLOWED: f64 = 0.002;
+
 /// Checks no node decided (fail-closed, fallback, an error or no answer) outside every restart
 /// window: one line saying how many and the first few, or none. A check counts as inside when
-/// any of its time (sent to answered) meets a window.
-pub fn failed_outside(records: &[Record], windows: &[FaultSpan]) -> Option<String> {
+/// any of its time (sent to answered) meets a window. Checks that failed only by missing the
+/// gateway's `deadline` (the client said so, or an unexplained failure took at least that
+/// long) are allowed up to [`DEADLINE_MISSES_ALLOWED`] of all checks; any other failure is not.
+pub fn failed_outside(
+    records: &[Record],
+    windows: &[FaultSpan],
+    deadline: std::time::Duration,
+) -> Option<String> {
     let outside: Vec<&Record> = records
         .iter()
         .filter(|r| !r.via.by_a_node())
@@ -496,7 +509,17 @@ pub fn failed_outside(records: &[Record], windows: &[FaultSpan]) -> Option<Strin
                 .any(|w| r.sent_ns <= w.end_ns && r.done_ns >= w.start_ns)
         })
         .collect();
-    if outside.is_empty() {
+    let missed_deadline = |r: &Record| {
+        matches!(r.via, Via::FailClosed | Via::Fallback)
+            && match r.reason {
+                Some(reason) => reason == floodgate_client::DegradedReason::Timeout,
+                None => r.done_ns.saturating_sub(r.sent_ns) >= deadline.as_nanos() as u64,
+            }
+    };
+    let (late, other): (Vec<&Record>, Vec<&Record>) =
+        outside.iter().partition(|r| missed_deadline(r));
+    let allowed = (records.len() as f64 * DEADLINE_MISSES_ALLOWED).floor() as usize;
+    if other.is_empty() && late.len() <= allowed {
         return None;
     }
     let first: Vec<String> = outside
@@ -504,16 +527,21 @@ pub fn failed_outside(records: &[Record], windows: &[FaultSpan]) -> Option<Strin
         .take(5)
         .map(|r| {
             format!(
-                "gateway {} {:?} at {:.3}s",
+                "gateway {} {:?} at {:.3}s after {:.1} ms",
                 r.gateway,
                 r.via,
-                r.sent_ns as f64 / 1e9
+                r.sent_ns as f64 / 1e9,
+                r.done_ns.saturating_sub(r.sent_ns) as f64 / 1e6
             )
         })
         .collect();
     Some(format!(
-        "{} checks not decided by a node outside every restart window (first: {})",
+        "{} checks not decided by a node outside every restart window, {} of them past the \
+         {} ms deadline (allowed: {allowed} such of {} checks; first: {})",
         outside.len(),
+        late.len(),
+        deadline.as_millis(),
+        records.len(),
         first.join(", ")
     ))
 }
@@ -811,11 +839,12 @@ mod tests {
 
     #[test]
     fn a_failed_check_is_a_violation_only_outside_the_restart_windows() {
+        let deadline = std::time::Duration::from_millis(5);
         let at = |ms: u64, via: Via| Record {
             key: 0,
             gateway: 3,
             sent_ns: ms * 1_000_000,
-            done_ns: ms * 1_000_000 + 50_000_000,
+            done_ns: ms * 1_000_000 + 1_000_000,
             admitted: false,
             via,
             routed_to: 0,
@@ -829,21 +858,66 @@ mod tests {
         // Inside the window, or answered after it began, or sent just before it ended.
         let inside = [
             at(1_500, Via::FailClosed),
-            at(960, Via::Error),
+            at(999, Via::Error),
             at(2_000, Via::Fallback),
         ];
-        assert_eq!(failed_outside(&inside, &windows), None);
+        assert_eq!(failed_outside(&inside, &windows, deadline), None);
         // Decided by a node anywhere: never a failure.
         let decided = [at(100, Via::Node), at(2_500, Via::Takeover)];
-        assert_eq!(failed_outside(&decided, &windows), None);
+        assert_eq!(failed_outside(&decided, &windows, deadline), None);
         let outside = [at(100, Via::FailClosed), at(2_100, Via::Error)];
-        let found = failed_outside(&outside, &windows).unwrap();
+        let found = failed_outside(&outside, &windows, deadline).unwrap();
         assert!(
             found.starts_with("2 checks not decided by a node"),
             "{found}"
         );
-        assert!(found.contains("gateway 3 FailClosed at 0.100s"), "{found}");
-        assert!(failed_outside(&outside, &[]).is_some());
+        assert!(
+            found.contains("gateway 3 FailClosed at 0.100s after 1.0 ms"),
+            "{found}"
+        );
+        assert!(failed_outside(&outside, &[], deadline).is_some());
+    }
+
+    #[test]
+    fn a_few_missed_deadlines_outside_the_windows_are_allowed_and_no_more() {
+        let deadline = std::time::Duration::from_millis(5);
+        let check = |i: u64, via: Via, took_ms: u64, reason| Record {
+            key: 0,
+            gateway: 1,
+            sent_ns: i * 1_000_000,
+            done_ns: i * 1_000_000 + took_ms * 1_000_000,
+            admitted: false,
+            via,
+            routed_to: 0,
+            reason,
+        };
+        let timeout = Some(floodgate_client::DegradedReason::Timeout);
+        // 1,000 checks allow two deadline misses.
+        let mut records: Vec<Record> = (0..998).map(|i| check(i, Via::Node, 1, None)).collect();
+        records.push(check(998, Via::FailClosed, 6, timeout));
+        // An HTTP gateway's 503 carries no reason: late enough, it is a missed deadline.
+        records.push(check(999, Via::FailClosed, 7, None));
+        assert_eq!(failed_outside(&records, &[], deadline), None);
+        // A third is one too many.
+        records[0] = check(0, Via::FailClosed, 6, timeout);
+        let found = failed_outside(&records, &[], deadline).unwrap();
+        assert!(
+            found.contains("3 of them past the 5 ms deadline"),
+            "{found}"
+        );
+        // A failure for any other reason, or a quick unexplained one, is never allowed.
+        records[0] = check(0, Via::Node, 1, None);
+        records[1] = check(
+            1,
+            Via::FailClosed,
+            0,
+            Some(floodgate_client::DegradedReason::Unreachable),
+        );
+        assert!(failed_outside(&records, &[], deadline).is_some());
+        records[1] = check(1, Via::FailClosed, 1, None);
+        assert!(failed_outside(&records, &[], deadline).is_some());
+        records[1] = check(1, Via::Node, 1, None);
+        assert_eq!(failed_outside(&records, &[], deadline), None);
     }
 
     #[test]

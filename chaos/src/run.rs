@@ -574,8 +574,9 @@ fn plan_checks(
     } = run;
     if scenario.plan == Plan::RollingUpgrade {
         // Judged with availability: `--availability-floor 0` asks for safety only.
+        let deadline = gateway_config(settings, world, false).timeout;
         if settings.availability_floor != Some(0.0)
-            && let Some(found) = checker::failed_outside(records, &world.restart_windows)
+            && let Some(found) = checker::failed_outside(records, &world.restart_windows, deadline)
         {
             violations.push(found);
         }

@@ -345,7 +345,7 @@ pub fn catalogue() -> Vec<Scenario> {
             // Three nodes, so a key keeps two live members to move between while one restarts.
             layout: Some((1, 3)),
             bound: Bound {
-                why: "exact: the rolling restart's graceful leaves and joins, across builds: an old node hands its buckets to new ones and back; no failed check outside a node's or gateway's restart",
+                why: "exact: the rolling restart's graceful leaves and joins, across builds: an old node hands its buckets to new ones and back; no failed check outside a node's or gateway's restart but a rare missed deadline (at most 1 in 500 checks)",
                 ..Bound::exact()
             },
             ..base(
