@@ -196,3 +196,48 @@ fn deltas_applied_where_they_arrive_are_caught() {
     assert!(failure.contains("landed in"), "{failure}");
     eprintln!("caught: {failure}");
 }
+
+/// The admission rule while a key's slot moves inside a region, over many seeds: the units the
+/// region admitted and the other has not confirmed stay within one share, across every move,
+/// because the giving node hands its unconfirmed units to the new decider.
+#[test]
+fn unconfirmed_units_follow_a_key_whose_slot_moves_inside_its_region() {
+    use floodgate::region::sim::{HandoverConfig, run_handover};
+    let seeds: Vec<u64> = seeds().into_iter().take(100).collect();
+    let (mut moves, mut inherited, mut denied, mut most) = (0, 0, 0, 0);
+    for &seed in &seeds {
+        let report =
+            run_handover(&HandoverConfig::from_seed(seed)).unwrap_or_else(|f| panic!("{f}"));
+        moves += report.moves;
+        inherited += report.inherited_units;
+        denied += report.denied_by_share;
+        most = most.max(report.most_unconfirmed);
+        assert!(report.most_unconfirmed <= report.bound);
+    }
+    eprintln!(
+        "{} seeds: {moves} moves, {inherited} units inherited, {denied} checks held back, \
+         at most {most} units unconfirmed",
+        seeds.len()
+    );
+    assert!(
+        moves > 0 && inherited > 0 && denied > 0,
+        "no hand-off carried units, or the rule never held a check back: the test proves nothing"
+    );
+}
+
+/// The control: hand-offs without the unconfirmed units let the new decider admit a share of
+/// its own beside the old one's, and the checker says so.
+#[test]
+fn hand_offs_without_unconfirmed_units_are_caught() {
+    use floodgate::region::sim::{HandoverConfig, run_handover};
+    let caught = (0..20).find_map(|seed| {
+        run_handover(&HandoverConfig {
+            hand_over_nothing: true,
+            ..HandoverConfig::from_seed(seed)
+        })
+        .err()
+    });
+    let failure = caught.expect("no seed of 20 caught hand-offs without unconfirmed units");
+    assert!(failure.contains("over the bound"), "{failure}");
+    eprintln!("caught: {failure}");
+}

@@ -29,8 +29,10 @@ use super::admission::share_allows;
 use super::config::ExchangeConfig;
 use super::delta::{Delta, DeltaAck, DeltaBatch, Outgoing, Peer, Transmit};
 use super::inbox::{Inbox, Receipt};
+use super::inherited::{Inherited, UnconfirmedUnits};
 use super::outbox::Outbox;
 use super::route::Route;
+use super::scope::RegionName;
 use crate::store::RemoteUse;
 use crate::{BucketKey, BucketStore, Decision, Limit, StoreError};
 
@@ -66,6 +68,10 @@ pub struct ExchangeStats {
     /// Units received for keys whose hand-off this node still waited for, held for the key's
     /// next check.
     pub held_units: u64,
+    /// Unconfirmed units handed over with keys this node gained, counted by its admission
+    /// rule; and those it had no room for (more than `max_pending_keys` keys).
+    pub inherited_units: u64,
+    pub inherited_units_dropped: u64,
 }
 
 /// One destination's side of the exchange, for metrics and status.
@@ -103,6 +109,9 @@ pub struct Exchange {
     ack_due: BTreeSet<Peer>,
     /// GCRA units received that their bucket could not take yet (it was a capacity ahead).
     backlog: HashMap<BucketKey, (Limit, u64)>,
+    /// Units other regions had not confirmed when keys came here from another node of this
+    /// region, counted beside this node's own.
+    inherited: Inherited,
     retransmissions_seen: u64,
     stats: ExchangeStats,
 }
@@ -120,6 +129,7 @@ impl Exchange {
             inboxes: BTreeMap::new(),
             ack_due: BTreeSet::new(),
             backlog: HashMap::new(),
+            inherited: Inherited::default(),
             retransmissions_seen: 0,
             stats: ExchangeStats::default(),
         }
@@ -226,14 +236,78 @@ impl Exchange {
                 self.stats.refused_outbox_full += 1;
                 return self.held_back(now_ns, store, key, limit).map(Some);
             }
-            if outbox.is_reachable(now_ns, &self.config)
-                && !share_allows(outbox.unconfirmed(key), cost, share)
+            let unconfirmed = outbox.unconfirmed(key).saturating_add(self.inherited.units(
+                key,
+                &dest.region,
+                now_ns,
+            ));
+            if outbox.is_reachable(now_ns, &self.config) && !share_allows(unconfirmed, cost, share)
             {
                 self.stats.denied_by_share += 1;
                 return self.held_back(now_ns, store, key, limit).map(Some);
             }
         }
         Ok(None)
+    }
+
+    /// For the hand-off of keys this node stops deciding (`moving`): per key and other region,
+    /// the units admitted here (or inherited) that the region has not confirmed, for the new
+    /// decider to [`Exchange::inherit`]. What this node admitted stays in its outboxes and is
+    /// still sent and confirmed from here; the inherited entries leave with the key.
+    pub fn unconfirmed_of(
+        &mut self,
+        now_ns: u64,
+        moving: &dyn Fn(BucketKey) -> bool,
+    ) -> Vec<UnconfirmedUnits> {
+        let mut units = self.inherited.take(now_ns, moving);
+        for (dest, outbox) in &self.outboxes {
+            if dest.region == self.me.region {
+                continue;
+            }
+            for (key, count) in outbox.unconfirmed_keys() {
+                if !moving(key) {
+                    continue;
+                }
+                // Two destinations in one region (its ring moved): the larger counts, as the
+                // admission rule holds each destination to the share on its own.
+                match units
+                    .iter_mut()
+                    .find(|u| u.key == key && u.region == dest.region)
+                {
+                    Some(u) => u.units = u.units.max(count),
+                    None => units.push(UnconfirmedUnits {
+                        key,
+                        region: dest.region.clone(),
+                        units: count,
+                    }),
+                }
+            }
+        }
+        units
+    }
+
+    /// Counts `units`, handed over with keys this node now decides, against their regions'
+    /// shares for `unreachable_after` (when their sender would have stopped counting them).
+    pub fn inherit(&mut self, now_ns: u64, units: &[UnconfirmedUnits]) {
+        let until_ns = now_ns.saturating_add(self.config.unreachable_after_ns);
+        for entry in units {
+            if self
+                .inherited
+                .add(now_ns, entry, until_ns, self.config.max_pending_keys)
+            {
+                self.stats.inherited_units = self.stats.inherited_units.saturating_add(entry.units);
+            } else {
+                self.stats.inherited_units_dropped = self
+                    .stats
+                    .inherited_units_dropped
+                    .saturating_add(entry.units);
+            }
+        }
+    }
+
+    /// Units of `key` toward `region` inherited and still counted at `now_ns`.
+    pub fn inherited_units(&self, key: BucketKey, region: &RegionName, now_ns: u64) -> u64 {
+        self.inherited.units(key, region, now_ns)
     }
 
     /// Queues `cost` units of `key`, admitted here, for each of `others` (the second half of
@@ -555,8 +629,10 @@ impl Exchange {
 
     /// Forgets the inboxes of senders that have sent nothing for
     /// [`ExchangeConfig::inbox_idle_ns`] (see there why that is safe); returns how many. Called
-    /// when a new sender finds every place taken, and periodically by the node.
+    /// when a new sender finds every place taken, and periodically by the node (which also
+    /// drops inherited units past their time then).
     pub fn evict_idle_inboxes(&mut self, now_ns: u64) -> usize {
+        self.inherited.prune(now_ns);
         let before = self.inboxes.len();
         let idle_ns = self.config.inbox_idle_ns;
         self.inboxes

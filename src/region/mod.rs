@@ -16,6 +16,8 @@
 //! - `outbox`: per destination, pending deltas, messages in flight, unconfirmed units.
 //! - `inbox`: per sender, exactly-once application by sequence number.
 //! - `route`: [`Route`], where a received delta goes when this region's ownership moved.
+//! - `inherited`: [`UnconfirmedUnits`], what other regions had not confirmed when a key moved
+//!   to another node of this region, handed over with it and counted by the new decider.
 //! - `admission`: the local admission rule for global keys and its bound.
 //! - `exchange`: [`Exchange`], the machine tying them to a [`crate::BucketStore`].
 //! - `home`: [`home_fallback_limit`], a `home` check's local share when its home is away.
@@ -27,6 +29,7 @@ mod delta;
 mod exchange;
 mod home;
 mod inbox;
+mod inherited;
 mod outbox;
 mod route;
 mod scope;
@@ -38,5 +41,6 @@ pub use delta::{Delta, DeltaAck, DeltaBatch, MAX_ACK_RANGES, Outgoing, Peer, Tra
 pub use exchange::{DestinationStats, Exchange, ExchangeStats};
 pub use home::home_fallback_limit;
 pub use inbox::DEDUPE_WINDOW;
+pub use inherited::UnconfirmedUnits;
 pub use route::Route;
 pub use scope::{MAX_REGION_NAME_BYTES, RegionName, RegionNameError, Scope, ScopeError};

@@ -113,6 +113,11 @@ impl Outbox {
         self.unconfirmed.get(&key).copied().unwrap_or(0)
     }
 
+    /// Every key with units not confirmed, and how many.
+    pub(super) fn unconfirmed_keys(&self) -> impl Iterator<Item = (BucketKey, u64)> + '_ {
+        self.unconfirmed.iter().map(|(&key, &units)| (key, units))
+    }
+
     /// Nothing pending or in flight.
     pub(super) fn is_idle(&self) -> bool {
         self.unconfirmed.is_empty()

@@ -22,7 +22,8 @@
 //! and receiver session on the way (as version 2's layout), and the checker must catch it.
 //!
 //! [`run_moves`] is a second, smaller simulation: deltas while a key's slot moves between the
-//! two nodes of one region (see its module).
+//! two nodes of one region (see its module). [`run_handover`] is a third: the admission rule
+//! while the slot moves, its unconfirmed units handed over with it.
 //!
 //! Deterministic: every choice comes from one [`SplitMix64`] seeded by [`SimConfig::seed`], so a
 //! failure names its seed and replays exactly (the tests read `FLOODGATE_SIM_SEED`). Drive one
@@ -30,6 +31,7 @@
 //! last events.
 
 mod engine;
+mod handover;
 mod moves;
 mod network;
 mod oracle;
@@ -38,6 +40,7 @@ mod traffic;
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::fmt;
 
+pub use self::handover::{HandoverConfig, HandoverReport, run_handover};
 pub use self::moves::{MovesConfig, MovesReport, run_moves};
 pub use self::network::{NetworkConfig, Partition};
 pub use self::oracle::{Admission, Bounds, Violation, Worst, judge};
