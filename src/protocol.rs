@@ -24,8 +24,10 @@ pub const OLDEST: u8 = 2;
 /// reports relayed to a bucket's owner and its assignments back (no layout change); 8 adds two
 /// peer kinds, a region's claims for global RLQS buckets and its parts back (no layout change);
 /// 9 adds to gossip whether a member is still joining, and a member tells each newcomer which
-/// slots it does not decide; 10 makes lease ids 128 bits (kinds 15-17).
-pub const NEWEST: u8 = 10;
+/// slots it does not decide; 10 makes lease ids 128 bits (kinds 15-17); 11 adds a peer kind, the
+/// units of global keys other regions have not confirmed, sent with a hand-off (no layout
+/// change).
+pub const NEWEST: u8 = 11;
 /// What this build speaks.
 pub const SUPPORTED: VersionRange = VersionRange {
     min: OLDEST,
@@ -186,6 +188,11 @@ pub enum Feature {
     /// granted 64-bit ids, and so is every caller while the cluster version is older (a lease
     /// is replicated to members that must read its id).
     WideLeaseIds,
+    /// A node handing off slots sends the new owner, before the buckets, the units of global
+    /// keys in them that other regions have not confirmed (kind 25), which the new owner counts
+    /// against each key's share; an older member refuses the kind, so it is sent only once the
+    /// cluster version has it.
+    UnconfirmedHandoff,
 }
 
 impl Feature {
@@ -200,6 +207,7 @@ impl Feature {
             Feature::RlqsGlobal => 8,
             Feature::SettledJoins => 9,
             Feature::WideLeaseIds => 10,
+            Feature::UnconfirmedHandoff => 11,
         }
     }
 

@@ -35,6 +35,7 @@ use floodgate::wire::{
     WireRlqsEntry, WireRlqsReport, decode_rlqs_assignments, decode_rlqs_region_claims,
     decode_rlqs_region_parts, decode_rlqs_reports,
 };
+use floodgate::wire::{RegionUnconfirmedMessage, WireUnconfirmed, decode_region_unconfirmed};
 use floodgate::{Decision, Limit, NANOS_PER_SEC};
 
 fn golden_path(name: &str) -> PathBuf {
@@ -558,6 +559,18 @@ fn frames(version: u8) -> BTreeMap<String, String> {
     };
     encode_message(&mut frame, FrameKind::RlqsRegionParts, 13, &parts);
     put(FrameKind::RlqsRegionParts, frame);
+
+    let mut frame = Vec::new();
+    let unconfirmed = RegionUnconfirmedMessage {
+        from: "node-0".into(),
+        units: vec![WireUnconfirmed {
+            key: 0x0123_4567_89ab_cdef_0011_2233_4455_6677,
+            region: "us".into(),
+            units: 17,
+        }],
+    };
+    encode_message(&mut frame, FrameKind::RegionUnconfirmed, 0, &unconfirmed);
+    put(FrameKind::RegionUnconfirmed, frame);
     out
 }
 
@@ -670,6 +683,7 @@ fn every_pinned_frame_of_every_version_decodes() {
                 FrameKind::RlqsAssignments => decode_rlqs_assignments(payload).is_ok(),
                 FrameKind::RlqsRegionClaims => decode_rlqs_region_claims(payload).is_ok(),
                 FrameKind::RlqsRegionParts => decode_rlqs_region_parts(payload).is_ok(),
+                FrameKind::RegionUnconfirmed => decode_region_unconfirmed(payload).is_ok(),
             };
             assert!(ok, "{name} of {file} does not decode");
             decoded += 1;

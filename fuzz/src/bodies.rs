@@ -249,6 +249,9 @@ fn decode_by_kind(payload: &[u8], kind: FrameKind, version: u8) {
             outcome(&floodgate::wire::decode_rlqs_region_claims(payload))
         }
         FrameKind::RlqsRegionParts => outcome(&floodgate::wire::decode_rlqs_region_parts(payload)),
+        FrameKind::RegionUnconfirmed => {
+            outcome(&floodgate::wire::decode_region_unconfirmed(payload))
+        }
     };
 }
 
@@ -1090,15 +1093,16 @@ pub fn snapshot_merge(data: &[u8]) -> Outcome {
 pub const REGION_TARGET_RECEIVER: &str = "fuzz.receiver";
 
 /// A region message payload, its first byte picking the decoder (0 scoped check batch, 1 region
-/// deltas, 2 region ack; others modulo 3): refused, or within its bounds and re-encoding to
-/// itself. Accepted deltas are applied to a store through an exchange twice: the units count
-/// once, the second arrival is a duplicate, nothing panics.
+/// deltas, 2 region ack, 3 RLQS region claims, 4 RLQS region parts, 5 a hand-off's unconfirmed
+/// units; others modulo 6): refused, or within its bounds and re-encoding to itself. Accepted
+/// deltas are applied to a store through an exchange twice: the units count once, the second
+/// arrival is a duplicate, nothing panics. Accepted unconfirmed units are inherited and count.
 pub fn region_messages(data: &[u8]) -> Outcome {
     let Some((&which, rest)) = data.split_first() else {
         return Outcome::Refused;
     };
     let payload = aligned(rest);
-    match which % 5 {
+    match which % 6 {
         0 => {
             let Ok((groups, scopes)) = decode_scoped_check_batch(&payload, &CHECK_TARGET_LIMITS)
             else {
@@ -1137,7 +1141,7 @@ pub fn region_messages(data: &[u8]) -> Outcome {
             assert_eq!(floodgate::wire::decode_rlqs_region_claims(&again), decoded);
             Outcome::Accepted
         }
-        _ => {
+        4 => {
             let decoded = floodgate::wire::decode_rlqs_region_parts(&payload);
             let Ok(parts) = &decoded else {
                 return Outcome::Refused;
@@ -1146,6 +1150,32 @@ pub fn region_messages(data: &[u8]) -> Outcome {
             assert_eq!(floodgate::wire::decode_rlqs_region_parts(&again), decoded);
             Outcome::Accepted
         }
+        _ => {
+            use floodgate::wire::{RegionUnconfirmedMessage, decode_region_unconfirmed};
+            let decoded = decode_region_unconfirmed(&payload);
+            let Ok(message) = &decoded else {
+                return Outcome::Refused;
+            };
+            let again = reframe(
+                FrameKind::RegionUnconfirmed,
+                &RegionUnconfirmedMessage::from(message),
+            );
+            assert_eq!(decode_region_unconfirmed(&again), decoded);
+            inherit_all(&message.units);
+            Outcome::Accepted
+        }
+    }
+}
+
+/// Inherits `units` in an exchange and checks they count, whatever the peer claims: an
+/// inherited key's share is never left larger than without them.
+fn inherit_all(units: &[floodgate::region::UnconfirmedUnits]) {
+    use floodgate::region::{Exchange, ExchangeConfig, Peer, RegionName};
+    let here = RegionName::new(REGION_TARGET_RECEIVER).expect("a valid region name");
+    let mut exchange = Exchange::new(ExchangeConfig::for_regions(3), Peer::new(here, "n"), 1);
+    exchange.inherit(1, units);
+    for entry in units {
+        assert!(exchange.inherited_units(entry.key, &entry.region, 1) >= entry.units);
     }
 }
 

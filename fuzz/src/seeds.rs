@@ -136,6 +136,16 @@ fn region_seeds() -> Vec<Seed> {
         from: "node-0".to_owned(),
         parts: vec![WireRegionPart { bucket, part: 450 }],
     };
+    let unconfirmed = floodgate::wire::RegionUnconfirmedMessage {
+        from: "node-0".to_owned(),
+        units: vec![floodgate::wire::WireUnconfirmed {
+            key: 42,
+            region: "us".to_owned(),
+            units: 5,
+        }],
+    };
+    let mut zero_units = unconfirmed.clone();
+    zero_units.units[0].units = 0;
     let bad_region = RlqsRegionClaims {
         region: "us east".to_owned(),
         ..claims.clone()
@@ -183,6 +193,24 @@ fn region_seeds() -> Vec<Seed> {
             "rlqs-parts",
             tagged(4, reframe(FrameKind::RlqsRegionParts, &parts).to_vec()),
             Accepted,
+        ),
+        seed(
+            "region_messages",
+            "unconfirmed",
+            tagged(
+                5,
+                reframe(FrameKind::RegionUnconfirmed, &unconfirmed).to_vec(),
+            ),
+            Accepted,
+        ),
+        seed(
+            "region_messages",
+            "unconfirmed-zero-units",
+            tagged(
+                5,
+                reframe(FrameKind::RegionUnconfirmed, &zero_units).to_vec(),
+            ),
+            Refused,
         ),
         seed(
             "region_messages",

@@ -26,6 +26,7 @@ mod region_messages;
 mod rlqs_messages;
 mod rlqs_region_messages;
 mod token_lease_messages;
+mod unconfirmed_messages;
 
 pub use check_batch::{
     ArchivedCheckBatch, ArchivedPackedBatch, CheckBatch, CheckGroups, PackError, PackedBatch,
@@ -79,6 +80,10 @@ pub use rlqs_region_messages::{
 pub use token_lease_messages::{
     ArchivedTokenLeaseBatch, TokenLeaseAnswer, TokenLeaseAnswers, TokenLeaseBatch,
     TokenLeaseRequest, ValidTokenLease, decode_token_lease_answers, decode_token_lease_batch,
+};
+pub use unconfirmed_messages::{
+    MAX_WIRE_UNCONFIRMED, RegionUnconfirmed, RegionUnconfirmedMessage, WireUnconfirmed,
+    decode_region_unconfirmed,
 };
 
 /// First two bytes of every frame.
@@ -179,6 +184,10 @@ pub enum FrameKind {
     /// Node → node, from version 8: [`RlqsRegionParts`], each claimed bucket's part of its
     /// limit for the asking region: the answer to a kind 23.
     RlqsRegionParts = 24,
+    /// Node → node of one region, from version 11: a [`RegionUnconfirmedMessage`], the units
+    /// of global keys other regions had not confirmed when the sender handed their slots to
+    /// the receiver, sent before the hand-off's buckets. Sent only once every member speaks 11.
+    RegionUnconfirmed = 25,
 }
 
 impl FrameKind {
@@ -208,6 +217,7 @@ impl FrameKind {
             22 => Some(FrameKind::RlqsAssignments),
             23 => Some(FrameKind::RlqsRegionClaims),
             24 => Some(FrameKind::RlqsRegionParts),
+            25 => Some(FrameKind::RegionUnconfirmed),
             _ => None,
         }
     }
@@ -256,7 +266,8 @@ impl FrameKind {
             | FrameKind::RlqsReports
             | FrameKind::RlqsAssignments
             | FrameKind::RlqsRegionClaims
-            | FrameKind::RlqsRegionParts => true,
+            | FrameKind::RlqsRegionParts
+            | FrameKind::RegionUnconfirmed => true,
             FrameKind::CheckBatch
             | FrameKind::DecisionBatch
             | FrameKind::Error
