@@ -7,7 +7,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use floodgate::region::{Exchange, ExchangeStats, Outgoing, Peer, RegionName, Route};
+use floodgate::region::{
+    Exchange, ExchangeStats, Outgoing, Peer, RegionName, Route, UnconfirmedUnits,
+};
 use floodgate::wire::{
     ErrorCode, FrameKind, decode_region_ack, decode_region_deltas, encode_region_ack,
     encode_region_deltas,
@@ -349,6 +351,21 @@ impl<C: Clock> RegionSync<C> {
             self.changed();
         }
         passed
+    }
+
+    /// For a hand-off: the units of the keys `moving` names (their slots leave this node) that
+    /// other regions have not confirmed, for the new owner to count (see
+    /// [`Exchange::unconfirmed_of`]). Call after the table switch, under the deciding gate, so
+    /// no admission under the old table is still to come.
+    pub fn unconfirmed_of(&self, moving: &dyn Fn(BucketKey) -> bool) -> Vec<UnconfirmedUnits> {
+        let now = self.clock.now_ns();
+        self.exchange.lock().unconfirmed_of(now, moving)
+    }
+
+    /// Counts units handed over with slots this node gained against their keys' shares.
+    pub fn inherit(&self, units: &[UnconfirmedUnits]) {
+        let now = self.clock.now_ns();
+        self.exchange.lock().inherit(now, units);
     }
 
     /// This node as the exchange names it.

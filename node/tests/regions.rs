@@ -293,3 +293,98 @@ async fn a_bad_scoped_batch_is_refused_in_words_and_decides_nothing() {
     .await;
     assert_eq!(answers.allowed(), 1);
 }
+
+/// A global key's units that the other region has not confirmed go with its slot to the new
+/// owner in the region, which counts them against the region's share: `eu`'s first node admits
+/// a share (10 of a burst of 20) of each of 64 keys and sends none of it yet (a sync interval
+/// of an hour); a second `eu` node joins and takes some of those keys. It must admit none of
+/// them: its region's share is already spent. Without the hand-off's units it admitted a share
+/// more of each (the region's unconfirmed units at twice its share).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unconfirmed_units_go_with_their_slot_to_the_new_owner() {
+    let first = start_node(|c| {
+        fast(c, "eu");
+        c.cluster.region_sync_interval = Duration::from_secs(3_600);
+    })
+    .await;
+    let seed = first.node.local_addr();
+    let mut config = NodeConfig::for_tests(&first.certs);
+    fast(&mut config, "us");
+    config.cluster.seeds = vec![seed.into()];
+    let us = Node::start(config).await.unwrap();
+    let a = &first.node;
+    knows(a, us.node_id()).await;
+    let limit = Limit::gcra(20, 3_600 * NANOS_PER_SEC, 20).unwrap();
+    let keys: Vec<Vec<u8>> = (0..64)
+        .map(|i| format!("moving-{i}").into_bytes())
+        .collect();
+    let to_a = connect(a.local_addr(), client_config(&first.certs, false)).await;
+    for key in &keys {
+        let allowed = round(
+            &[a],
+            std::slice::from_ref(&to_a),
+            key,
+            &limit,
+            12,
+            &Scope::Global,
+        )
+        .await;
+        // Its region's share, none of it confirmed.
+        assert_eq!(allowed, vec![10], "{}", String::from_utf8_lossy(key));
+    }
+    assert!(
+        a.region_sync().unconfirmed_units() > 0,
+        "nothing left unconfirmed"
+    );
+
+    let mut config = NodeConfig::for_tests(&first.certs);
+    fast(&mut config, "eu");
+    config.cluster.seeds = vec![seed.into()];
+    let b = Node::start(config).await.unwrap();
+    converge(a, 2).await;
+    converge(&b, 2).await;
+    b.handoffs_settled().await;
+    let table = b.slot_table();
+    let moved: Vec<&Vec<u8>> = keys
+        .iter()
+        .filter(|k| table.owner(floodgate::cluster::slot_of(k)) == Some(b.node_id()))
+        .collect();
+    assert!(!moved.is_empty(), "no key moved to the new node");
+    assert!(
+        b.region_sync().stats().inherited_units > 0,
+        "the new owner inherited nothing"
+    );
+    let to_b = connect(b.local_addr(), client_config(&first.certs, false)).await;
+    for key in moved {
+        let allowed = round(
+            &[&b],
+            std::slice::from_ref(&to_b),
+            key,
+            &limit,
+            5,
+            &Scope::Global,
+        )
+        .await;
+        assert_eq!(
+            allowed,
+            vec![0],
+            "the new owner admitted {} more of {} while its region's share was unconfirmed",
+            allowed[0],
+            String::from_utf8_lossy(key)
+        );
+    }
+    b.shutdown().await;
+    us.shutdown().await;
+}
+
+/// Waits (bounded) until `node` knows the member `id`.
+async fn knows(node: &Node, id: &str) {
+    let mut tables = node.watch_slot_table();
+    let known = tokio::time::timeout(WAIT, async {
+        while node.member_addr(id).is_none() {
+            tables.changed().await.unwrap();
+        }
+    })
+    .await;
+    assert!(known.is_ok(), "{} never learned of {id}", node.node_id());
+}

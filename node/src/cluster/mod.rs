@@ -9,6 +9,8 @@
 //!   `lease_replication`: the same for concurrency leases (kind 17), and leases in hand-offs.
 //! - `table_message`: the slot table and members as clients receive them, encoded once.
 //! - `peers`: connections to other nodes, dialed by id and reused.
+//! - `unconfirmed_handoff`: region units other regions have not confirmed, handed over with
+//!   their slots (kind 25).
 
 mod delta_routes;
 mod lease_replication;
@@ -18,6 +20,7 @@ mod region_rings;
 mod replication;
 mod table_message;
 mod table_switch;
+mod unconfirmed_handoff;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -38,6 +41,7 @@ pub use crate::config::ClusterConfig;
 pub(crate) use peers::Peers;
 pub(crate) use region_rings::RegionRings;
 use table_message::EncodedTable;
+pub(crate) use unconfirmed_handoff::UnconfirmedSource;
 
 /// Most encoded bytes of buckets in one replication or hand-off frame: well under the smallest
 /// frame limit a node accepts (`NodeLimits` refuses less than this plus room for the rest).
@@ -107,6 +111,9 @@ pub(crate) struct Cluster {
     region_rings: parking_lot::RwLock<Arc<RegionRings>>,
     /// The cluster version last published (metric and log), to log it when it changes.
     published_cluster_version: std::sync::atomic::AtomicU8,
+    /// The region exchange's unconfirmed units, handed over with slots (set by a node with
+    /// regions).
+    unconfirmed_source: std::sync::OnceLock<Arc<dyn UnconfirmedSource>>,
 }
 
 impl Cluster {
@@ -185,6 +192,7 @@ impl Cluster {
             encoded_table: Mutex::new(None),
             region_rings: parking_lot::RwLock::new(Arc::new(RegionRings::default())),
             published_cluster_version: std::sync::atomic::AtomicU8::new(0),
+            unconfirmed_source: std::sync::OnceLock::new(),
             config,
         }
     }

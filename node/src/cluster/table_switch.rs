@@ -194,10 +194,13 @@ impl Cluster {
             }
         }
         let leases = self.leases_to_hand_off(&carrier, handoffs.len(), now_ns);
+        let units = self.unconfirmed_frames(&carrier, handoffs.len());
         // Every node that gains slots from us hears from us, even with no buckets: it holds
         // checks on those slots until then.
         let mut sends = Vec::new();
-        for ((handoff, buckets), lease_sets) in handoffs.iter().zip(moved).zip(leases) {
+        for (((handoff, buckets), lease_sets), unit_frames) in
+            handoffs.iter().zip(moved).zip(leases).zip(units)
+        {
             self.metrics.handed_off.increment(buckets.len() as u64);
             tracing::info!(
                 to = %handoff.to,
@@ -206,22 +209,26 @@ impl Cluster {
                 "handing off"
             );
             let carried = Some((handoff.id, handoff.slots.clone()));
-            if lease_sets.is_empty() {
+            if lease_sets.is_empty() && unit_frames.is_empty() {
                 sends.extend(self.send_buckets(&handoff.to, carried, &buckets));
                 continue;
             }
             let Some(addr) = self.addr_of(&handoff.to) else {
                 continue;
             };
-            metrics::counter!("floodgate_handoff_lease_sets_total", "direction" => "sent")
-                .increment(lease_sets.len() as u64);
-            // The leases first, delivered before the buckets go: the bucket hand-off is what
-            // lets the new owner decide the slots, and it must find their leases there.
-            let lease_frames = self.lease_frames(true, &lease_sets);
+            if !lease_sets.is_empty() {
+                metrics::counter!("floodgate_handoff_lease_sets_total", "direction" => "sent")
+                    .increment(lease_sets.len() as u64);
+            }
+            // The region units and the leases first, delivered before the buckets go: the
+            // bucket hand-off is what lets the new owner decide the slots, and it must find
+            // them there.
+            let mut first = unit_frames;
+            first.extend(self.lease_frames(true, &lease_sets));
             let bucket_frames = self.bucket_frames(carried, &buckets);
             let peers = self.peers.clone();
             sends.push(tokio::spawn(async move {
-                for frame in lease_frames {
+                for frame in first {
                     let _ = peers.send(addr.clone(), frame).await;
                 }
                 let sent: Vec<_> = bucket_frames

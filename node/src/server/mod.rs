@@ -389,6 +389,7 @@ fn build_shared(
         .with_max_leases(config.limits.lease_cap()),
     );
     let region_sync = Arc::new(region_sync(&config, &cluster, store.clone(), clock)?);
+    cluster.hand_over_unconfirmed_from(region_sync.clone());
     let allowance = Arc::new(ConnectionAllowance::new(
         config.limits.max_connections,
         config.limits.max_peer_connections,
