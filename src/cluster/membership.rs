@@ -512,130 +512,62 @@ impl Membership {
         }
         let latest_incarnation = (now_ns / 1_000_000).saturating_add(MAX_INCARNATION_AHEAD_MS);
         for digest in &gossip.members {
-            if digest.incarnation > latest_incarnation {
-                continue;
-            }
-            let id = &digest.info.id;
-            if *id == self.me {
-                // Nobody else speaks for us; another address claiming our id is told so.
-                if let Some(me) = self.members.get(id)
-                    && me.info.addr != digest.info.addr
-                    && !digest.left
-                    && me.state.owns_slots()
-                    && conflicts.len() < MAX_CONFLICTS_PER_GOSSIP
-                {
-                    conflicts.push(conflict(me, digest));
-                }
-                continue;
-            }
-            let room = self.members.len() < self.config.max_members;
-            match self.members.get_mut(id) {
-                Some(member) if member.info.addr != digest.info.addr => {
-                    if member.state.owns_slots() {
-                        // Alive (or suspect) elsewhere: the id is taken. A departure gossiped
-                        // from the other address is not this member's and is dropped.
-                        if !digest.left && conflicts.len() < MAX_CONFLICTS_PER_GOSSIP {
-                            conflicts.push(conflict(member, digest));
-                        }
-                    } else if !digest.left {
-                        // The old address is dead or gone: the id has moved (whatever the
-                        // incarnation, which compares only lives at one address).
-                        take_life(member, digest, now_ns, !own(id));
-                    }
-                }
-                Some(member) if !own(id) => {
-                    take_relayed(member, digest, now_ns, self.config.gossip_interval_ns);
-                }
-                Some(member) => {
-                    if digest.incarnation < member.incarnation
-                        && member.relayed_incarnation
-                        && !digest.left
-                    {
-                        // The member speaks of its life: a later one only a relay told of was
-                        // not its own.
-                        take_life(member, digest, now_ns, false);
-                        continue;
-                    }
-                    if digest.incarnation == member.incarnation {
-                        member.anchor = Anchor {
-                            heartbeat: digest.heartbeat,
-                            at_ns: now_ns,
-                        };
-                    }
-                    // A range belongs to one incarnation: a digest of the same life that says
-                    // it fills in what a version 2 digest left out.
-                    if digest.incarnation == member.incarnation && digest.versions.is_some() {
-                        member.versions = digest.versions;
-                    }
-                    let version = (digest.incarnation, digest.heartbeat);
-                    if digest.left {
-                        // A leaver announces its life's end with its latest heartbeat, and
-                        // others relay that as is. At another incarnation it is a claim about
-                        // a life this node does not know (a restart it has not heard of leaves
-                        // by going silent); below a heartbeat heard alive it is not the
-                        // leaver's; far ahead it would outlast the member's own heartbeats.
-                        let lead = digest.heartbeat.checked_sub(member.heartbeat);
-                        if digest.incarnation == member.incarnation
-                            && member.state != MemberState::Left
-                            && lead.is_some_and(|lead| lead <= MAX_DEPARTURE_HEARTBEAT_LEAD)
-                        {
-                            member.state = MemberState::Left;
-                            member.heartbeat = digest.heartbeat;
-                            member.since_ns = now_ns;
-                        }
-                    } else if version > (member.incarnation, member.heartbeat) {
-                        // Progress: a new incarnation, or a heartbeat past the last one heard
-                        // (for a departed member, past its departure's, which its own digests
-                        // never are: the departure was forged).
-                        if digest.incarnation > member.incarnation {
-                            // Perhaps another build: only its new digests say what it speaks.
-                            member.versions = digest.versions;
-                            member.anchor = Anchor {
-                                heartbeat: digest.heartbeat,
-                                at_ns: now_ns,
-                            };
-                            member.relayed_incarnation = !own(id);
-                        }
-                        member.incarnation = digest.incarnation;
-                        member.heartbeat = digest.heartbeat;
-                        member.info = digest.info.clone();
-                        member.state = MemberState::Alive;
-                        member.since_ns = now_ns;
-                        member.relay = true;
-                        member.joining = digest.joining;
-                    }
-                }
-                None if room => {
-                    let state = if digest.left {
-                        MemberState::Left
-                    } else {
-                        MemberState::Alive
-                    };
-                    self.members.insert(
-                        id.clone(),
-                        Member {
-                            info: digest.info.clone(),
-                            incarnation: digest.incarnation,
-                            heartbeat: digest.heartbeat,
-                            state,
-                            since_ns: now_ns,
-                            versions: digest.versions,
-                            relay: !digest.left,
-                            joining: digest.joining,
-                            anchor: Anchor {
-                                heartbeat: digest.heartbeat,
-                                at_ns: now_ns,
-                            },
-                            relayed_incarnation: !own(id),
-                        },
-                    );
-                }
-                None => {}
+            if digest.incarnation <= latest_incarnation {
+                self.take_digest(now_ns, own, digest, &mut conflicts);
             }
         }
         self.bump_epoch_if_changed(&owners_before);
         self.settle(now_ns);
         conflicts
+    }
+
+    /// One digest of a peer's gossip (see [`Membership::handle_gossip_from`]); a conflict it
+    /// reveals goes to `conflicts`.
+    fn take_digest(
+        &mut self,
+        now_ns: u64,
+        own: &dyn Fn(&str) -> bool,
+        digest: &MemberDigest,
+        conflicts: &mut Vec<IdConflict>,
+    ) {
+        let id = &digest.info.id;
+        if *id == self.me {
+            // Nobody else speaks for us; another address claiming our id is told so.
+            if let Some(me) = self.members.get(id)
+                && me.info.addr != digest.info.addr
+                && !digest.left
+                && me.state.owns_slots()
+                && conflicts.len() < MAX_CONFLICTS_PER_GOSSIP
+            {
+                conflicts.push(conflict(me, digest));
+            }
+            return;
+        }
+        let room = self.members.len() < self.config.max_members;
+        match self.members.get_mut(id) {
+            Some(member) if member.info.addr != digest.info.addr => {
+                if member.state.owns_slots() {
+                    // Alive (or suspect) elsewhere: the id is taken. A departure gossiped
+                    // from the other address is not this member's and is dropped.
+                    if !digest.left && conflicts.len() < MAX_CONFLICTS_PER_GOSSIP {
+                        conflicts.push(conflict(member, digest));
+                    }
+                } else if !digest.left {
+                    // The old address is dead or gone: the id has moved (whatever the
+                    // incarnation, which compares only lives at one address).
+                    take_life(member, digest, now_ns, !own(id));
+                }
+            }
+            Some(member) if !own(id) => {
+                take_relayed(member, digest, now_ns, self.config.gossip_interval_ns);
+            }
+            Some(member) => take_own_word(member, digest, now_ns),
+            None if room => {
+                self.members
+                    .insert(id.clone(), new_member(digest, now_ns, !own(id)));
+            }
+            None => {}
+        }
     }
 
     /// Judges a conflict sent to us. The node that started first keeps the id: the larger
@@ -833,6 +765,87 @@ fn take_life(member: &mut Member, digest: &MemberDigest, now_ns: u64, relayed: b
         at_ns: now_ns,
     };
     member.relayed_incarnation = relayed;
+}
+
+/// A member's own digest: a life of its own, a heartbeat, a departure at the life it is known
+/// in, or progress (a new incarnation, a heartbeat past the last one heard).
+fn take_own_word(member: &mut Member, digest: &MemberDigest, now_ns: u64) {
+    if digest.incarnation < member.incarnation && member.relayed_incarnation && !digest.left {
+        // The member speaks of its life: a later one only a relay told of was not its own.
+        take_life(member, digest, now_ns, false);
+        return;
+    }
+    if digest.incarnation == member.incarnation {
+        member.anchor = Anchor {
+            heartbeat: digest.heartbeat,
+            at_ns: now_ns,
+        };
+    }
+    // A range belongs to one incarnation: a digest of the same life that says it fills in
+    // what a version 2 digest left out.
+    if digest.incarnation == member.incarnation && digest.versions.is_some() {
+        member.versions = digest.versions;
+    }
+    let version = (digest.incarnation, digest.heartbeat);
+    if digest.left {
+        // A leaver announces its life's end with its latest heartbeat, and others relay that
+        // as is. At another incarnation it is a claim about a life this node does not know (a
+        // restart it has not heard of leaves by going silent); below a heartbeat heard alive it
+        // is not the leaver's; far ahead it would outlast the member's own heartbeats.
+        let lead = digest.heartbeat.checked_sub(member.heartbeat);
+        if digest.incarnation == member.incarnation
+            && member.state != MemberState::Left
+            && lead.is_some_and(|lead| lead <= MAX_DEPARTURE_HEARTBEAT_LEAD)
+        {
+            member.state = MemberState::Left;
+            member.heartbeat = digest.heartbeat;
+            member.since_ns = now_ns;
+        }
+    } else if version > (member.incarnation, member.heartbeat) {
+        // Progress: a new incarnation, or a heartbeat past the last one heard (for a departed
+        // member, past its departure's, which its own digests never are: the departure was
+        // forged).
+        if digest.incarnation > member.incarnation {
+            // Perhaps another build: only its new digests say what it speaks.
+            member.versions = digest.versions;
+            member.anchor = Anchor {
+                heartbeat: digest.heartbeat,
+                at_ns: now_ns,
+            };
+            member.relayed_incarnation = false;
+        }
+        member.incarnation = digest.incarnation;
+        member.heartbeat = digest.heartbeat;
+        member.info = digest.info.clone();
+        member.state = MemberState::Alive;
+        member.since_ns = now_ns;
+        member.relay = true;
+        member.joining = digest.joining;
+    }
+}
+
+/// A member first heard of in `digest` (`relayed`: from another member's gossip).
+fn new_member(digest: &MemberDigest, now_ns: u64, relayed: bool) -> Member {
+    let state = if digest.left {
+        MemberState::Left
+    } else {
+        MemberState::Alive
+    };
+    Member {
+        info: digest.info.clone(),
+        incarnation: digest.incarnation,
+        heartbeat: digest.heartbeat,
+        state,
+        since_ns: now_ns,
+        versions: digest.versions,
+        relay: !digest.left,
+        joining: digest.joining,
+        anchor: Anchor {
+            heartbeat: digest.heartbeat,
+            at_ns: now_ns,
+        },
+        relayed_incarnation: relayed,
+    }
 }
 
 /// A digest of a known `member` at the same address, relayed by a peer that is not that member:
