@@ -66,12 +66,17 @@ pub fn all() -> Vec<Seed> {
 }
 
 fn region_seeds() -> Vec<Seed> {
+    let mut seeds = region_delta_seeds();
+    seeds.extend(rlqs_region_seeds());
+    seeds.extend(unconfirmed_seeds());
+    seeds
+}
+
+/// The `region_messages` target's scoped batches, deltas and acknowledgements (tags 0-2).
+fn region_delta_seeds() -> Vec<Seed> {
     use Outcome::{Accepted, Refused};
     use floodgate::region::{RegionName, Scope};
-    use floodgate::wire::{
-        RegionAckMessage, RegionDeltasMessage, RlqsRegionClaims, RlqsRegionParts, ScopedCheckBatch,
-        WireDelta, WireRegionClaim, WireRegionPart, WireRlqsBucket, WireRlqsEntry,
-    };
+    use floodgate::wire::{RegionAckMessage, RegionDeltasMessage, ScopedCheckBatch, WireDelta};
     let tagged = |which: u8, payload: Vec<u8>| [&[which][..], &payload].concat();
     let gcra = limit(Algorithm::Gcra, 10, S, 10);
     let batch = CheckBatch {
@@ -114,42 +119,6 @@ fn region_seeds() -> Vec<Seed> {
         seq: 0,
         ..deltas.clone()
     };
-    let bucket = WireRlqsBucket {
-        domain: "edge".to_owned(),
-        entries: vec![WireRlqsEntry {
-            key: "name".to_owned(),
-            value: "shared".to_owned(),
-        }],
-    };
-    let claims = RlqsRegionClaims {
-        from: "node-1".to_owned(),
-        region: "us".to_owned(),
-        claims: vec![WireRegionClaim {
-            bucket: bucket.clone(),
-            requests: 600,
-            period_s: 60,
-            demand: 420,
-            claim: 300,
-        }],
-    };
-    let parts = RlqsRegionParts {
-        from: "node-0".to_owned(),
-        parts: vec![WireRegionPart { bucket, part: 450 }],
-    };
-    let unconfirmed = floodgate::wire::RegionUnconfirmedMessage {
-        from: "node-0".to_owned(),
-        units: vec![floodgate::wire::WireUnconfirmed {
-            key: 42,
-            region: "us".to_owned(),
-            units: 5,
-        }],
-    };
-    let mut zero_units = unconfirmed.clone();
-    zero_units.units[0].units = 0;
-    let bad_region = RlqsRegionClaims {
-        region: "us east".to_owned(),
-        ..claims.clone()
-    };
     vec![
         seed(
             "region_messages",
@@ -182,6 +151,44 @@ fn region_seeds() -> Vec<Seed> {
             Refused,
         ),
         seed("region_messages", "empty", Vec::new(), Refused),
+    ]
+}
+
+/// The `region_messages` target's RLQS region claims and parts (tags 3 and 4).
+fn rlqs_region_seeds() -> Vec<Seed> {
+    use Outcome::{Accepted, Refused};
+    use floodgate::wire::{
+        RlqsRegionClaims, RlqsRegionParts, WireRegionClaim, WireRegionPart, WireRlqsBucket,
+        WireRlqsEntry,
+    };
+    let tagged = |which: u8, payload: Vec<u8>| [&[which][..], &payload].concat();
+    let bucket = WireRlqsBucket {
+        domain: "edge".to_owned(),
+        entries: vec![WireRlqsEntry {
+            key: "name".to_owned(),
+            value: "shared".to_owned(),
+        }],
+    };
+    let claims = RlqsRegionClaims {
+        from: "node-1".to_owned(),
+        region: "us".to_owned(),
+        claims: vec![WireRegionClaim {
+            bucket: bucket.clone(),
+            requests: 600,
+            period_s: 60,
+            demand: 420,
+            claim: 300,
+        }],
+    };
+    let parts = RlqsRegionParts {
+        from: "node-0".to_owned(),
+        parts: vec![WireRegionPart { bucket, part: 450 }],
+    };
+    let bad_region = RlqsRegionClaims {
+        region: "us east".to_owned(),
+        ..claims.clone()
+    };
+    vec![
         seed(
             "region_messages",
             "rlqs-claims",
@@ -194,6 +201,33 @@ fn region_seeds() -> Vec<Seed> {
             tagged(4, reframe(FrameKind::RlqsRegionParts, &parts).to_vec()),
             Accepted,
         ),
+        seed(
+            "region_messages",
+            "rlqs-claims-bad-region",
+            tagged(
+                3,
+                reframe(FrameKind::RlqsRegionClaims, &bad_region).to_vec(),
+            ),
+            Refused,
+        ),
+    ]
+}
+
+/// The `region_messages` target's hand-off units (tag 5).
+fn unconfirmed_seeds() -> Vec<Seed> {
+    use Outcome::{Accepted, Refused};
+    let tagged = |which: u8, payload: Vec<u8>| [&[which][..], &payload].concat();
+    let unconfirmed = floodgate::wire::RegionUnconfirmedMessage {
+        from: "node-0".to_owned(),
+        units: vec![floodgate::wire::WireUnconfirmed {
+            key: 42,
+            region: "us".to_owned(),
+            units: 5,
+        }],
+    };
+    let mut zero_units = unconfirmed.clone();
+    zero_units.units[0].units = 0;
+    vec![
         seed(
             "region_messages",
             "unconfirmed",
@@ -209,15 +243,6 @@ fn region_seeds() -> Vec<Seed> {
             tagged(
                 5,
                 reframe(FrameKind::RegionUnconfirmed, &zero_units).to_vec(),
-            ),
-            Refused,
-        ),
-        seed(
-            "region_messages",
-            "rlqs-claims-bad-region",
-            tagged(
-                3,
-                reframe(FrameKind::RlqsRegionClaims, &bad_region).to_vec(),
             ),
             Refused,
         ),
@@ -388,6 +413,8 @@ fn frame_seeds() -> Vec<Seed> {
 }
 
 // A list of seeds, one case each: long on purpose, so the cases read side by side.
+/// A table of seeds, one entry per case, sharing the fixtures above them: split, the cases would
+/// only be scattered.
 fn check_batch_seeds() -> Vec<Seed> {
     use Outcome::{Accepted, Refused};
     let gcra = limit(Algorithm::Gcra, 10, S, 20);
@@ -812,6 +839,8 @@ fn exported_buckets() -> Vec<BucketState> {
 }
 
 // A list of seeds, one case each: long on purpose, so the cases read side by side.
+/// A table of seeds, one entry per case, sharing the fixtures above them: split, the cases would
+/// only be scattered.
 fn replicate_seeds() -> Vec<Seed> {
     use Outcome::{Accepted, Refused};
     let encode = |message: &ReplicateMessage| reframe(FrameKind::Replicate, message).to_vec();
@@ -1088,6 +1117,8 @@ fn snapshot_file(buckets: &[BucketState], written_unix_ns: u64) -> Vec<u8> {
 const FIRST_ENTRY_TAG_AT: usize = SNAPSHOT_HEADER_BYTES + 8 + 4;
 
 // A list of seeds, one case each: long on purpose, so the cases read side by side.
+/// A table of seeds, one entry per case, sharing the fixtures above them: split, the cases would
+/// only be scattered.
 fn snapshot_seeds() -> Vec<Seed> {
     use Outcome::{Accepted, Refused};
     let written = 1_000 * S;
