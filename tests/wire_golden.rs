@@ -127,6 +127,16 @@ fn frames(version: u8) -> BTreeMap<String, String> {
     let mut put = |kind: FrameKind, bytes: Vec<u8>| {
         out.insert(format!("{kind:?}"), hex(&bytes));
     };
+    checks_and_answers(&mut put);
+    cluster_frames(version, &mut put);
+    region_frames(version, &mut put);
+    lease_frames(version, &mut put);
+    rlqs_frames(&mut put);
+    out
+}
+
+/// A check batch and its answers: kinds 1-3.
+fn checks_and_answers(put: &mut dyn FnMut(FrameKind, Vec<u8>)) {
     let mut frame = Vec::new();
     encode_message(&mut frame, FrameKind::CheckBatch, 7, &check_batch());
     put(FrameKind::CheckBatch, frame);
@@ -160,7 +170,11 @@ fn frames(version: u8) -> BTreeMap<String, String> {
     };
     encode_message(&mut frame, FrameKind::Error, 0, &error);
     put(FrameKind::Error, frame);
+}
 
+/// Between nodes and to clients about the cluster, and the rules: kinds 4-11.
+/// A table of fixed messages, one per kind: long for that alone.
+fn cluster_frames(version: u8, put: &mut dyn FnMut(FrameKind, Vec<u8>)) {
     let mut frame = Vec::new();
     let gossip = Gossip {
         members: vec![
@@ -282,7 +296,11 @@ fn frames(version: u8) -> BTreeMap<String, String> {
     };
     encode_message(&mut frame, FrameKind::IdConflict, 0, &conflict);
     put(FrameKind::IdConflict, frame);
+}
 
+/// Regions: kinds 12-14, 20 and 25.
+/// A table of fixed messages, one per kind: long for that alone.
+fn region_frames(version: u8, put: &mut dyn FnMut(FrameKind, Vec<u8>)) {
     let mut frame = Vec::new();
     let scoped = ScopedCheckBatch {
         batch: check_batch(),
@@ -382,6 +400,22 @@ fn frames(version: u8) -> BTreeMap<String, String> {
     }
     put(FrameKind::RegionAck, frame);
 
+    let mut frame = Vec::new();
+    let unconfirmed = RegionUnconfirmedMessage {
+        from: "node-0".into(),
+        units: vec![WireUnconfirmed {
+            key: 0x0123_4567_89ab_cdef_0011_2233_4455_6677,
+            region: "us".into(),
+            units: 17,
+        }],
+    };
+    encode_message(&mut frame, FrameKind::RegionUnconfirmed, 0, &unconfirmed);
+    put(FrameKind::RegionUnconfirmed, frame);
+}
+
+/// Concurrency and token leases: kinds 15-19.
+/// A table of fixed messages, one per kind: long for that alone.
+fn lease_frames(version: u8, put: &mut dyn FnMut(FrameKind, Vec<u8>)) {
     let mut frame = Vec::new();
     let limit = LeaseLimit::new(3, 30 * NANOS_PER_SEC).unwrap();
     // From version 10 a lease id has 128 bits: the pinned ones use the upper 64 too.
@@ -487,7 +521,10 @@ fn frames(version: u8) -> BTreeMap<String, String> {
     };
     encode_message(&mut frame, FrameKind::TokenLeaseAnswers, 12, &answers);
     put(FrameKind::TokenLeaseAnswers, frame);
+}
 
+/// RLQS relays and region parts: kinds 21-24.
+fn rlqs_frames(put: &mut dyn FnMut(FrameKind, Vec<u8>)) {
     let bucket = WireRlqsBucket {
         domain: "edge".into(),
         entries: vec![WireRlqsEntry {
@@ -559,19 +596,6 @@ fn frames(version: u8) -> BTreeMap<String, String> {
     };
     encode_message(&mut frame, FrameKind::RlqsRegionParts, 13, &parts);
     put(FrameKind::RlqsRegionParts, frame);
-
-    let mut frame = Vec::new();
-    let unconfirmed = RegionUnconfirmedMessage {
-        from: "node-0".into(),
-        units: vec![WireUnconfirmed {
-            key: 0x0123_4567_89ab_cdef_0011_2233_4455_6677,
-            region: "us".into(),
-            units: 17,
-        }],
-    };
-    encode_message(&mut frame, FrameKind::RegionUnconfirmed, 0, &unconfirmed);
-    put(FrameKind::RegionUnconfirmed, frame);
-    out
 }
 
 /// The kinds whose layout changed in `version` (and so have golden frames of their own).
