@@ -494,8 +494,7 @@ pub fn validate_check_batch_into(
             .index_of(wire, &mut seen)
             .map_err(|e| malformed(e.to_string()))?;
         if seen.len() > before {
-            let limit =
-                limit_from_wire(wire.algorithm, wire.rate, wire.period_ns, wire.burst)?;
+            let limit = limit_from_wire(wire.algorithm, wire.rate, wire.period_ns, wire.burst)?;
             limits.admit(&limit)?;
             groups.limits.push(limit);
         }

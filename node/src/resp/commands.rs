@@ -300,8 +300,13 @@ fn write_integers(values: [i64; 5], protocol: Protocol, out: &mut Vec<u8>) {
 }
 
 /// `floodgate_resp_throttles_total`'s results, in [`Front::throttles`]' order.
-pub(crate) const RESULTS: [&str; 5] =
-    ["allowed", "limited", "refused", "failed_closed", "failed_open"];
+pub(crate) const RESULTS: [&str; 5] = [
+    "allowed",
+    "limited",
+    "refused",
+    "failed_closed",
+    "failed_open",
+];
 const ALLOWED: usize = 0;
 const LIMITED: usize = 1;
 const REFUSED: usize = 2;
