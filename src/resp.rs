@@ -213,7 +213,7 @@ impl Reply {
             Reply::Error(text) => line_reply(out, b'-', text),
             Reply::Integer(n) => {
                 out.push(b':');
-                out.extend_from_slice(n.to_string().as_bytes());
+                decimal(out, *n);
                 out.extend_from_slice(b"\r\n");
             }
             Reply::Bulk(bytes) => {
@@ -247,8 +247,27 @@ impl Reply {
 
 fn header(out: &mut Vec<u8>, kind: u8, len: usize) {
     out.push(kind);
-    out.extend_from_slice(len.to_string().as_bytes());
+    decimal(out, i64::try_from(len).unwrap_or(i64::MAX));
     out.extend_from_slice(b"\r\n");
+}
+
+/// `n` in decimal, written in place: a reply's numbers cost no allocation.
+fn decimal(out: &mut Vec<u8>, n: i64) {
+    let mut digits = [0u8; 20];
+    let mut at = digits.len();
+    let mut rest = n.unsigned_abs();
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (rest % 10) as u8;
+        rest /= 10;
+        if rest == 0 {
+            break;
+        }
+    }
+    if n < 0 {
+        out.push(b'-');
+    }
+    out.extend_from_slice(&digits[at..]);
 }
 
 /// A status or error line: a line break inside would start a bogus reply, so it becomes a space.
@@ -271,6 +290,18 @@ mod tests {
 
     fn args(words: &[&str]) -> Vec<Vec<u8>> {
         words.iter().map(|w| w.as_bytes().to_vec()).collect()
+    }
+
+    #[test]
+    fn integers_are_written_as_decimal_text() {
+        for n in [0, 7, -1, 10, -10, 1_000_000_007, i64::MAX, i64::MIN] {
+            let mut out = Vec::new();
+            Reply::Integer(n).write(Protocol::Resp2, &mut out);
+            assert_eq!(out, format!(":{n}\r\n").into_bytes());
+        }
+        let mut out = Vec::new();
+        Reply::Array(vec![Reply::Integer(1); 12]).write(Protocol::Resp3, &mut out);
+        assert!(out.starts_with(b"*12\r\n:1\r\n"));
     }
 
     #[test]

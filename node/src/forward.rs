@@ -83,7 +83,7 @@ fn refusal_code(refusal: Refusal) -> ErrorCode {
 /// so each batch takes a set of its own from the thread's spares and gives it back when done.
 #[derive(Default)]
 pub(crate) struct BatchBuffers {
-    groups: CheckGroups,
+    pub(crate) groups: CheckGroups,
     placements: Vec<Placement>,
     placed: Vec<GroupState>,
     decisions: Vec<WireDecision>,

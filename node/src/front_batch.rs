@@ -1,12 +1,15 @@
 //! One check batch through the path QUIC clients' batches take (`forward::decide_groups`:
 //! decided here or forwarded to each owner), for the fronts that are not QUIC: the RLS and RESP.
 
+use std::sync::OnceLock;
+
 use floodgate::Clock;
 use floodgate::wire::{
     ArchivedCheckBatch, CheckBatch, CheckGroups, HEADER_BYTES, WireCheck, WireDecision,
-    decode_check_batch_into,
+    decode_check_batch_into, validate_check_batch_into,
 };
 use rkyv::rancor;
+use rkyv::util::AlignedVec;
 
 use crate::caller::Caller;
 use crate::service::record_batch;
@@ -18,46 +21,56 @@ use crate::state::Shared;
 pub(crate) struct Undecided(pub String);
 
 /// Decides one check batch as a QUIC client's would be, one decision per check in order. The
-/// batch is archived once, as a client would send it, and validated by the same decoder, so the
-/// fronts are held to the same limits; the archive is what a forward to another owner carries.
-/// No frame is built or read around it, and the decisions are taken as they are.
+/// batch is held to the limits a client's is: validated as the decoder validates it archived
+/// (`validate_check_batch_into`, without archiving it, when it surely fits a frame; archived,
+/// sized and decoded otherwise). It is archived, as a client would send it, only when a group
+/// is forwarded: the archive is what a forward to another owner carries. No frame is built or
+/// read around it, and the decisions are taken as they are.
 pub(crate) async fn run_batch(
     shared: &Shared,
     groups: Vec<Vec<WireCheck>>,
 ) -> Result<Vec<WireDecision>, Undecided> {
     let expected: usize = groups.iter().map(Vec::len).sum();
-    let payload = rkyv::to_bytes::<rancor::Error>(&CheckBatch { groups })
-        .map_err(|e| Undecided(format!("the checks could not be encoded: {e}")))?;
+    let batch = CheckBatch { groups };
     let limits = shared.config.limits;
-    if HEADER_BYTES + payload.len() > limits.max_frame_bytes {
-        return Err(Undecided(format!(
-            "the checks do not fit one frame: {} bytes, at most {}",
-            HEADER_BYTES + payload.len(),
-            limits.max_frame_bytes
-        )));
+    let payload: OnceLock<Option<AlignedVec>> = OnceLock::new();
+    let mut buffers = crate::forward::BatchBuffers::take();
+    let mut checks = std::mem::take(&mut buffers.groups);
+    let validated = if batch.fits_packed(limits.max_frame_bytes.saturating_sub(HEADER_BYTES)) {
+        validate_check_batch_into(&batch, &limits.wire(), &mut checks)
+            .map_err(|(_, m)| Undecided(m))
+    } else {
+        archive_and_decode(&batch, &limits, &payload, &mut checks)
+    };
+    if let Err(why) = validated {
+        buffers.groups = checks;
+        buffers.give_back();
+        return Err(why);
     }
-    let mut groups = CheckGroups::default();
-    decode_check_batch_into(&payload, &limits.wire(), &mut groups)
-        .map_err(|(_, m)| Undecided(m))?;
-    // Validated just above, so this access succeeds.
-    let archived = || rkyv::access::<ArchivedCheckBatch, rancor::Error>(&payload).ok();
+    // Packed on the first forward; it packed before (`fits_packed`) or already.
+    let archived = || {
+        let payload = payload
+            .get_or_init(|| rkyv::to_bytes::<rancor::Error>(&batch).ok())
+            .as_ref()?;
+        rkyv::access::<ArchivedCheckBatch, rancor::Error>(payload).ok()
+    };
     let now_ns = shared.clock.now_ns();
     // Neither an Envoy nor a Redis client can be told to try again: the call waits (at most
     // 500 ms) for a moving slot's hand-off instead, as for a client of an older version. The
     // RLS front's negative hits (its only refunds) are refused unless the operator allowed
     // them, and the RESP front sends none, so both are trusted with what gets here.
-    let mut buffers = crate::forward::BatchBuffers::take();
     let decided = crate::forward::decide_groups(
         shared,
         Caller::trusted(false),
         None,
-        &groups,
+        &checks,
         &[],
         archived,
         now_ns,
         &mut buffers,
     )
     .await;
+    buffers.groups = checks;
     buffers.give_back();
     record_batch(&shared.metrics, &decided.tally, decided.decisions.len());
     if decided.decisions.len() != expected {
@@ -66,4 +79,26 @@ pub(crate) async fn run_batch(
         ));
     }
     Ok(decided.decisions)
+}
+
+/// A batch that may not fit a frame: archived into `payload`, refused if it does not fit, and
+/// decoded as a client's frame would be.
+fn archive_and_decode(
+    batch: &CheckBatch,
+    limits: &crate::config::NodeLimits,
+    payload: &OnceLock<Option<AlignedVec>>,
+    checks: &mut CheckGroups,
+) -> Result<(), Undecided> {
+    let archived = rkyv::to_bytes::<rancor::Error>(batch)
+        .map_err(|e| Undecided(format!("the checks could not be encoded: {e}")))?;
+    if HEADER_BYTES + archived.len() > limits.max_frame_bytes {
+        return Err(Undecided(format!(
+            "the checks do not fit one frame: {} bytes, at most {}",
+            HEADER_BYTES + archived.len(),
+            limits.max_frame_bytes
+        )));
+    }
+    decode_check_batch_into(&archived, &limits.wire(), checks).map_err(|(_, m)| Undecided(m))?;
+    let _ = payload.set(Some(archived));
+    Ok(())
 }

@@ -457,6 +457,99 @@ fn decode_archived_into(
     groups.close_group()
 }
 
+/// Validates `batch` into `groups` (cleared first) as [`decode_check_batch_into`] validates
+/// the same batch archived: the same checks in the same order, the same refusals, without
+/// packing it. For a batch that [`CheckBatch::fits_packed`]; on a refusal `groups` holds
+/// nothing usable.
+pub fn validate_check_batch_into(
+    batch: &CheckBatch,
+    limits: &WireLimits,
+    groups: &mut CheckGroups,
+) -> Result<(), Refusal> {
+    groups.clear();
+    let count: usize = batch.groups.iter().map(Vec::len).sum();
+    if count > limits.max_batch {
+        return Err((
+            ErrorCode::BatchTooLarge,
+            format!(
+                "{count} checks in one frame; the maximum is {}",
+                limits.max_batch
+            ),
+        ));
+    }
+    groups.checks.reserve(count);
+    // Every limit before any key, as the decoder reads the packed limits first (in the order
+    // they first appear), validating each distinct one once.
+    let mut seen: Vec<WireLimit> = Vec::new();
+    let mut table = LimitTable::default();
+    for check in batch.groups.iter().flatten() {
+        let wire = WireLimit {
+            rate: check.rate,
+            period_ns: check.period_ns,
+            burst: check.burst,
+            algorithm: check.algorithm,
+        };
+        let before = seen.len();
+        let index = table
+            .index_of(wire, &mut seen)
+            .map_err(|e| malformed(e.to_string()))?;
+        if seen.len() > before {
+            let limit = limit_from_wire(wire.algorithm, wire.rate, wire.period_ns, wire.burst)?;
+            limits.admit(&limit)?;
+            groups.limits.push(limit);
+        }
+        groups.checks.push(ValidCheck {
+            key: BucketKey::for_key(&check.key),
+            limit: groups.limits[usize::from(index)],
+            cost: check.cost,
+            refund: check.refund,
+            takeover: check.takeover,
+            peek: check.peek,
+            charge: check.charge,
+        });
+    }
+    let mut at = 0;
+    for group in &batch.groups {
+        let start = at;
+        for check in group {
+            check_key_len(check.key.len(), limits)?;
+            at += 1;
+        }
+        if at > start {
+            check_group(&groups.checks[start..at])?;
+            groups.ends.push(at);
+        }
+    }
+    Ok(())
+}
+
+impl CheckBatch {
+    /// True when the batch packs (no empty group, at most 65,536 distinct limits) into at most
+    /// `max_bytes`: found without packing it, from a bound on its packed size (its keys, 16
+    /// bytes a check, 32 a limit, the layout's fixed bytes and padding), so a batch near the
+    /// bound answers false though it may fit.
+    pub fn fits_packed(&self, max_bytes: usize) -> bool {
+        let mut checks = 0usize;
+        let mut key_bytes = 0usize;
+        for group in &self.groups {
+            if group.is_empty() {
+                return false;
+            }
+            checks += group.len();
+            key_bytes = key_bytes.saturating_add(group.iter().map(|c| c.key.len()).sum());
+        }
+        // At most one distinct limit per check.
+        let bound = key_bytes
+            .saturating_add(checks.saturating_mul(16 + 32))
+            .saturating_add(PACKED_LAYOUT_BYTES);
+        checks <= usize::from(u16::MAX) && bound <= max_bytes
+    }
+}
+
+/// More than a packed batch takes beyond its keys, checks and limits: its three vectors' heads
+/// (8 bytes each) and padding to align each vector's contents (up to 8 bytes each).
+const PACKED_LAYOUT_BYTES: usize = 64;
+
 /// A packed limit as the store takes it, or why not.
 fn valid_limit(limit: &ArchivedWireLimit) -> Result<Limit, Refusal> {
     limit_from_wire(
@@ -724,5 +817,94 @@ mod tests {
         let mut p = good;
         p.limits[0].rate = 0;
         assert_eq!(refusal(p).0, ErrorCode::InvalidLimit);
+    }
+
+    /// Validating a batch as it is refuses and accepts exactly what decoding it archived does,
+    /// over seeded random batches (sizes, keys, limits valid or not, flags), and the packed
+    /// size bound is never below the archive's size.
+    #[test]
+    fn validating_unpacked_agrees_with_decoding_packed() {
+        let limits = WireLimits {
+            max_batch: 12,
+            max_key_bytes: 40,
+            max_period_ns: 3_600_000_000_000,
+            max_log_limit: 50,
+        };
+        let wire = |l: Limit| {
+            let c = WireCheck::new("", &l, 1);
+            WireLimit {
+                rate: c.rate,
+                period_ns: c.period_ns,
+                burst: c.burst,
+                algorithm: c.algorithm,
+            }
+        };
+        let candidates = [
+            wire(limit()),
+            wire(Limit::gcra(5, 60_000_000_000, 5).unwrap()),
+            // A period past `max_period_ns`, a sliding log past `max_log_limit`, a zero rate.
+            wire(Limit::gcra(1, 7_200_000_000_000, 1).unwrap()),
+            wire(Limit::new(Algorithm::SlidingLog, 100, 1_000_000_000, 100).unwrap()),
+            WireLimit {
+                rate: 0,
+                period_ns: 1_000_000_000,
+                burst: 1,
+                algorithm: 0,
+            },
+        ];
+        let mut seed: u64 = 0x5eed;
+        let mut next = |n: u64| {
+            seed = seed
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+            (seed >> 33) % n
+        };
+        let (mut accepted, mut refused) = (0, 0);
+        for _ in 0..3_000 {
+            let mut groups = Vec::new();
+            for _ in 0..1 + next(5) {
+                let mut group = Vec::new();
+                for _ in 0..1 + next(4) {
+                    let spread = if next(4) == 0 { 5 } else { 2 };
+                    let l = candidates[next(spread) as usize];
+                    let key_len = if next(10) == 0 { 41 } else { next(12) } as usize;
+                    let mut check = WireCheck {
+                        key: vec![b'k'; key_len],
+                        algorithm: l.algorithm,
+                        rate: l.rate,
+                        period_ns: l.period_ns,
+                        burst: l.burst,
+                        cost: next(3),
+                        refund: false,
+                        takeover: next(8) == 0,
+                        peek: false,
+                        charge: false,
+                    };
+                    match next(12) {
+                        0 => check.refund = true,
+                        1 => check.peek = true,
+                        2 => check.charge = true,
+                        _ => {}
+                    }
+                    group.push(check);
+                }
+                groups.push(group);
+            }
+            let batch = CheckBatch { groups };
+            let archived = archive(&batch);
+            assert!(!batch.fits_packed(archived.len() - 1));
+            let mut decoded = CheckGroups::default();
+            let mut validated = CheckGroups::default();
+            let decoding = decode_check_batch_into(&archived, &limits, &mut decoded);
+            let validating = validate_check_batch_into(&batch, &limits, &mut validated);
+            assert_eq!(decoding, validating, "{batch:?}");
+            if decoding.is_ok() {
+                assert_eq!(decoded, validated);
+                accepted += 1;
+            } else {
+                refused += 1;
+            }
+        }
+        assert!(accepted > 300 && refused > 300, "{accepted} {refused}");
     }
 }

@@ -31,7 +31,7 @@ mod unconfirmed_messages;
 pub use check_batch::{
     ArchivedCheckBatch, ArchivedPackedBatch, CheckBatch, CheckGroups, PackError, PackedBatch,
     PackedCheck, REFUND, STARTS_GROUP, TAKEOVER, WireLimit, decode_check_batch,
-    decode_check_batch_into,
+    decode_check_batch_into, validate_check_batch_into,
 };
 pub use cluster_messages::{
     HandoffPart, MAX_GOSSIP_DIGESTS, MAX_HANDOFF_PARTS, MAX_MEMBER_FIELD_BYTES, MAX_WIRE_TAT_NS,

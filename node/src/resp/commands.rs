@@ -1,7 +1,6 @@
 //! A connection's session and the dispatch of its commands: the handshake commands answered here as Redis answers them, runs of `CL.THROTTLE` decided as one batch.
 
 use floodgate::resp::{Protocol, Reply};
-use metrics::counter;
 
 use super::Front;
 use super::decide::decide;
@@ -50,8 +49,7 @@ impl Session {
             if self.closing {
                 break;
             }
-            let name = command[0].to_ascii_lowercase();
-            if name == b"cl.throttle" && self.authenticated {
+            if command[0].eq_ignore_ascii_case(b"cl.throttle") && self.authenticated {
                 let limits = &front.shared.config.limits;
                 let parsed = throttle::parse(&command[1..], limits.max_key_bytes)
                     .and_then(|t| within_period_cap(t, limits.max_limit_period));
@@ -60,6 +58,7 @@ impl Session {
             }
             self.throttle_run(front, std::mem::take(&mut run), out)
                 .await;
+            let name = command[0].to_ascii_lowercase();
             self.command(front, &name, &command)
                 .write(self.protocol, out);
         }
@@ -77,32 +76,39 @@ impl Session {
         }
         let valid: Vec<&Throttle> = run.iter().filter_map(|t| t.as_ref().ok()).collect();
         let mut decisions = decide(&front.shared, &valid).await.into_iter();
-        let mut tally: Vec<(&'static str, u64)> = Vec::new();
+        let mut tally = [0u64; RESULTS.len()];
         for parsed in &run {
-            let (reply, result) = match parsed {
-                Err(error) => (Reply::Error(error.clone()), "refused"),
+            let result = match parsed {
+                Err(error) => {
+                    Reply::Error(error.clone()).write(self.protocol, out);
+                    REFUSED
+                }
                 Ok(throttle) => match decisions.next() {
                     Some(Ok(decision)) => {
                         let reply = throttle::reply(throttle, &decision);
-                        let result = if reply[0] == 0 { "allowed" } else { "limited" };
-                        (integers(reply), result)
+                        write_integers(reply, self.protocol, out);
+                        if reply[0] == 0 { ALLOWED } else { LIMITED }
                     }
-                    Some(Err(why)) => undecided(front.settings.failure_mode, throttle, &why),
-                    None => (
-                        Reply::error("ERR floodgate could not decide the key"),
-                        "failed_closed",
-                    ),
+                    Some(Err(why)) => {
+                        let (reply, result) =
+                            undecided(front.settings.failure_mode, throttle, &why);
+                        reply.write(self.protocol, out);
+                        result
+                    }
+                    None => {
+                        Reply::error("ERR floodgate could not decide the key")
+                            .write(self.protocol, out);
+                        FAILED_CLOSED
+                    }
                 },
             };
-            match tally.iter_mut().find(|(r, _)| *r == result) {
-                Some((_, n)) => *n += 1,
-                None => tally.push((result, 1)),
-            }
-            reply.write(self.protocol, out);
+            tally[result] += 1;
         }
         // One metric update per result per run, not per call.
-        for (result, n) in tally {
-            counter!("floodgate_resp_throttles_total", "result" => result).increment(n);
+        for (counter, n) in front.throttles.iter().zip(tally) {
+            if n > 0 {
+                counter.increment(n);
+            }
         }
     }
 
@@ -284,6 +290,29 @@ fn integers(values: [i64; 5]) -> Reply {
     Reply::Array(values.map(Reply::Integer).to_vec())
 }
 
+/// [`integers`] written as it is, without building the reply (its bytes are the same in both
+/// protocols).
+fn write_integers(values: [i64; 5], protocol: Protocol, out: &mut Vec<u8>) {
+    out.extend_from_slice(b"*5\r\n");
+    for value in values {
+        Reply::Integer(value).write(protocol, out);
+    }
+}
+
+/// `floodgate_resp_throttles_total`'s results, in [`Front::throttles`]' order.
+pub(crate) const RESULTS: [&str; 5] = [
+    "allowed",
+    "limited",
+    "refused",
+    "failed_closed",
+    "failed_open",
+];
+const ALLOWED: usize = 0;
+const LIMITED: usize = 1;
+const REFUSED: usize = 2;
+const FAILED_CLOSED: usize = 3;
+const FAILED_OPEN: usize = 4;
+
 fn arity(name: &str) -> Reply {
     Reply::error(format!(
         "ERR wrong number of arguments for '{name}' command"
@@ -434,12 +463,12 @@ fn within_period_cap(throttle: Throttle, cap: std::time::Duration) -> Result<Thr
 
 /// The reply to a throttle the cluster could not decide (`why`), by the front's failure mode,
 /// and the result it is counted under.
-fn undecided(mode: RespFailureMode, throttle: &Throttle, why: &str) -> (Reply, &'static str) {
+fn undecided(mode: RespFailureMode, throttle: &Throttle, why: &str) -> (Reply, usize) {
     match mode {
-        RespFailureMode::Open => (integers(throttle::open_reply(throttle)), "failed_open"),
+        RespFailureMode::Open => (integers(throttle::open_reply(throttle)), FAILED_OPEN),
         RespFailureMode::Closed => (
             Reply::Error(format!("ERR floodgate could not decide the key: {why}")),
-            "failed_closed",
+            FAILED_CLOSED,
         ),
     }
 }
@@ -449,6 +478,17 @@ mod tests {
     use super::*;
 
     #[test]
+    fn integers_written_as_they_are_read_as_the_reply() {
+        for protocol in [Protocol::Resp2, Protocol::Resp3] {
+            let values = [1, 1001, 0, 59, -1];
+            let (mut direct, mut built) = (Vec::new(), Vec::new());
+            write_integers(values, protocol, &mut direct);
+            integers(values).write(protocol, &mut built);
+            assert_eq!(direct, built);
+        }
+    }
+
+    #[test]
     fn an_undecided_throttle_follows_the_failure_mode() {
         let throttle = throttle::parse(&words("k 4 1 3600 2"), 256).unwrap();
         let (closed, result) = undecided(RespFailureMode::Closed, &throttle, "store_full");
@@ -456,11 +496,11 @@ mod tests {
             closed,
             Reply::Error("ERR floodgate could not decide the key: store_full".to_owned())
         );
-        assert_eq!(result, "failed_closed");
+        assert_eq!(RESULTS[result], "failed_closed");
         // Open: allowed as if the bucket were full: limit 5, 2 taken, 3 left, no waits.
         let (open, result) = undecided(RespFailureMode::Open, &throttle, "store_full");
         assert_eq!(open, integers([0, 5, 3, -1, 0]));
-        assert_eq!(result, "failed_open");
+        assert_eq!(RESULTS[result], "failed_open");
     }
 
     #[test]

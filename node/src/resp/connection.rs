@@ -41,6 +41,9 @@ pub(crate) async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
     let mut out: Vec<u8> = Vec::new();
     // Bytes the buffer must hold before parsing can say more.
     let mut needed = 1;
+    // Made once and polled beside every read: a new one per read cost a registration each.
+    let stopping = shutdown.wait_for(|stopping| *stopping);
+    tokio::pin!(stopping);
     loop {
         let Pipeline {
             commands,
@@ -85,7 +88,7 @@ pub(crate) async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
         }
         let read = tokio::select! {
             read = stream.read(&mut chunk[..]) => read,
-            _ = shutdown.wait_for(|stopping| *stopping) => return,
+            _ = &mut stopping => return,
         };
         match read {
             Ok(0) | Err(_) => return,

@@ -39,6 +39,9 @@ pub const PASSWORD_ENV: &str = "FLOODGATE_RESP_PASSWORD";
 pub(crate) struct Front {
     pub(crate) shared: Arc<Shared>,
     pub(crate) settings: RespSettings,
+    /// `floodgate_resp_throttles_total` by result (`commands::RESULTS`), resolved once: a
+    /// labelled counter looked up per call cost a registry lookup each.
+    pub(crate) throttles: [metrics::Counter; 5],
 }
 
 /// Binds the listener and spawns the accept loop; returns the bound address.
@@ -77,7 +80,13 @@ pub(crate) async fn start(
     );
     // The same allowance as the QUIC endpoint's clients, counted apart.
     let allowance = Arc::new(Semaphore::new(shared.config.limits.max_connections));
-    let front = Arc::new(Front { shared, settings });
+    let throttles = commands::RESULTS
+        .map(|result| metrics::counter!("floodgate_resp_throttles_total", "result" => result));
+    let front = Arc::new(Front {
+        shared,
+        settings,
+        throttles,
+    });
     tasks.spawn(accept_loop(listener, tls, front, allowance, shutdown));
     Ok(addr)
 }
