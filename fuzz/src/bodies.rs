@@ -1167,15 +1167,28 @@ pub fn region_messages(data: &[u8]) -> Outcome {
     }
 }
 
-/// Inherits `units` in an exchange and checks they count, whatever the peer claims: an
-/// inherited key's share is never left larger than without them.
+/// Inherits `units` in an exchange, whatever the peer claims: nothing panics, and no key counts
+/// more units toward a region than the entries for it claimed (entries for the receiver's own
+/// region, or past the bound on regions per key, count nothing).
 fn inherit_all(units: &[floodgate::region::UnconfirmedUnits]) {
     use floodgate::region::{Exchange, ExchangeConfig, Peer, RegionName};
     let here = RegionName::new(REGION_TARGET_RECEIVER).expect("a valid region name");
-    let mut exchange = Exchange::new(ExchangeConfig::for_regions(3), Peer::new(here, "n"), 1);
+    let mut exchange = Exchange::new(
+        ExchangeConfig::for_regions(3),
+        Peer::new(here.clone(), "n"),
+        1,
+    );
     exchange.inherit(1, units);
     for entry in units {
-        assert!(exchange.inherited_units(entry.key, &entry.region, 1) >= entry.units);
+        let claimed = units
+            .iter()
+            .filter(|u| u.key == entry.key && u.region == entry.region)
+            .fold(0u64, |sum, u| sum.saturating_add(u.units));
+        let counted = exchange.inherited_units(entry.key, &entry.region, 1);
+        assert!(counted <= claimed, "{counted} counted of {claimed} claimed");
+        if entry.region == here {
+            assert_eq!(counted, 0, "units for the receiver's own region counted");
+        }
     }
 }
 

@@ -83,6 +83,7 @@ pub(crate) async fn follow_rings(shared: Arc<Shared>, mut shutdown: watch::Recei
             }
             _ = ticker.tick() => {
                 shared.region_sync.evict_idle_inboxes();
+                shared.region_sync.prune_inherited();
                 publish(&shared);
             }
             _ = shutdown.changed() => return,
@@ -135,4 +136,7 @@ fn publish(shared: &Shared) {
     metrics::gauge!("floodgate_region_refused_messages").set(stats.refused_messages as f64);
     metrics::gauge!("floodgate_region_passed_on_units").set(stats.passed_on_units as f64);
     metrics::gauge!("floodgate_region_held_units").set(stats.held_units as f64);
+    metrics::gauge!("floodgate_region_inherited_units").set(stats.inherited_units as f64);
+    metrics::gauge!("floodgate_region_inherited_units_dropped")
+        .set(stats.inherited_units_dropped as f64);
 }

@@ -355,11 +355,14 @@ impl<C: Clock> RegionSync<C> {
 
     /// For a hand-off: the units of the keys `moving` names (their slots leave this node) that
     /// other regions have not confirmed, for the new owner to count (see
-    /// [`Exchange::unconfirmed_of`]). Call after the table switch, under the deciding gate, so
-    /// no admission under the old table is still to come.
-    pub fn unconfirmed_of(&self, moving: &dyn Fn(BucketKey) -> bool) -> Vec<UnconfirmedUnits> {
+    /// [`Exchange::hand_over_unconfirmed`]). Call after the table switch returned, so no
+    /// admission under the old table is still to come.
+    pub fn hand_over_unconfirmed(
+        &self,
+        moving: &dyn Fn(BucketKey) -> bool,
+    ) -> Vec<UnconfirmedUnits> {
         let now = self.clock.now_ns();
-        self.exchange.lock().unconfirmed_of(now, moving)
+        self.exchange.lock().hand_over_unconfirmed(now, moving)
     }
 
     /// Counts units handed over with slots this node gained against their keys' shares.
@@ -410,6 +413,11 @@ impl<C: Clock> RegionSync<C> {
     /// many.
     pub fn evict_idle_inboxes(&self) -> usize {
         self.exchange.lock().evict_idle_inboxes(self.clock.now_ns())
+    }
+
+    /// Frees inherited units past their time.
+    pub fn prune_inherited(&self) {
+        self.exchange.lock().prune_inherited(self.clock.now_ns());
     }
 
     pub fn stats(&self) -> ExchangeStats {

@@ -354,25 +354,23 @@ async fn unconfirmed_units_go_with_their_slot_to_the_new_owner() {
         b.region_sync().stats().inherited_units > 0,
         "the new owner inherited nothing"
     );
+    // Every check of every moved key in one round trip: the units count for 2 s after they
+    // came, which a round trip per key on a loaded host could outlast.
     let to_b = connect(b.local_addr(), client_config(&first.certs, false)).await;
-    for key in moved {
-        let allowed = round(
-            &[&b],
-            std::slice::from_ref(&to_b),
-            key,
-            &limit,
-            5,
-            &Scope::Global,
-        )
-        .await;
-        assert_eq!(
-            allowed,
-            vec![0],
-            "the new owner admitted {} more of {} while its region's share was unconfirmed",
-            allowed[0],
-            String::from_utf8_lossy(key)
-        );
+    let mut bytes = Vec::new();
+    for key in &moved {
+        bytes.extend(scoped_frames(key, &limit, 5, &Scope::Global));
     }
+    let answers = exchange(&to_b, &bytes).await;
+    assert!(answers.errors.is_empty(), "{:?}", answers.errors);
+    assert_eq!(
+        answers.allowed(),
+        0,
+        "the new owner admitted {} more of {} keys whose region share was unconfirmed",
+        answers.allowed(),
+        moved.len()
+    );
+    refuses_units_from_outside_its_region(&b, us.node_id(), a.node_id(), &first).await;
     b.shutdown().await;
     us.shutdown().await;
 }
@@ -387,4 +385,42 @@ async fn knows(node: &Node, id: &str) {
     })
     .await;
     assert!(known.is_ok(), "{} never learned of {id}", node.node_id());
+}
+
+/// Kind 25 is taken only from a member of the receiver's own region, and answered once the
+/// units count: from `us`'s node or an unknown id it is refused as forbidden.
+async fn refuses_units_from_outside_its_region(
+    receiver: &Node,
+    other_region: &str,
+    same_region: &str,
+    first: &TestNode,
+) {
+    use floodgate::wire::{ErrorCode, RegionUnconfirmedMessage, WireUnconfirmed};
+    let peer = connect(receiver.local_addr(), peer_config(&first.certs)).await;
+    for (from, accepted) in [
+        (same_region, true),
+        (other_region, false),
+        ("nobody:1", false),
+    ] {
+        let message = RegionUnconfirmedMessage {
+            from: from.to_owned(),
+            units: vec![WireUnconfirmed {
+                key: 42,
+                region: "us".into(),
+                units: 1,
+            }],
+        };
+        let mut frame = Vec::new();
+        encode_message(&mut frame, FrameKind::RegionUnconfirmed, 9, &message);
+        let answer = floodgate_node::exchange::round_trip(&peer, &frame, 4096)
+            .await
+            .unwrap();
+        let taken = floodgate_node::exchange::frame_of_kind(&answer, FrameKind::RegionUnconfirmed);
+        assert_eq!(taken.is_ok(), accepted, "from {from}: {taken:?}");
+        if !accepted {
+            let error = floodgate_node::exchange::frame_of_kind(&answer, FrameKind::Error).unwrap();
+            let error = floodgate::wire::decode_error_frame(&error.payload).unwrap();
+            assert_eq!(error.code, ErrorCode::Forbidden as u16, "from {from}");
+        }
+    }
 }

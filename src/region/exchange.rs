@@ -251,50 +251,47 @@ impl Exchange {
     }
 
     /// For the hand-off of keys this node stops deciding (`moving`): per key and other region,
-    /// the units admitted here (or inherited) that the region has not confirmed, for the new
-    /// decider to [`Exchange::inherit`]. What this node admitted stays in its outboxes and is
-    /// still sent and confirmed from here; the inherited entries leave with the key.
-    pub fn unconfirmed_of(
+    /// the units the region has not confirmed that this node's admission rule counted, for the
+    /// new decider to [`Exchange::inherit`]: those admitted here and those inherited, added.
+    /// What this node admitted stays in its outboxes and is still sent and confirmed from
+    /// here; the inherited entries leave with the key.
+    pub fn hand_over_unconfirmed(
         &mut self,
         now_ns: u64,
         moving: &dyn Fn(BucketKey) -> bool,
     ) -> Vec<UnconfirmedUnits> {
-        let mut units = self.inherited.take(now_ns, moving);
+        let mut units: HashMap<(BucketKey, RegionName), u64> = HashMap::new();
         for (dest, outbox) in &self.outboxes {
             if dest.region == self.me.region {
                 continue;
             }
             for (key, count) in outbox.unconfirmed_keys() {
-                if !moving(key) {
-                    continue;
-                }
-                // Two destinations in one region (its ring moved): the larger counts, as the
-                // admission rule holds each destination to the share on its own.
-                match units
-                    .iter_mut()
-                    .find(|u| u.key == key && u.region == dest.region)
-                {
-                    Some(u) => u.units = u.units.max(count),
-                    None => units.push(UnconfirmedUnits {
-                        key,
-                        region: dest.region.clone(),
-                        units: count,
-                    }),
+                if moving(key) {
+                    // Two destinations in one region (its ring moved): the larger, as the
+                    // admission rule holds each destination to the share on its own.
+                    let entry = units.entry((key, dest.region.clone())).or_insert(0);
+                    *entry = (*entry).max(count);
                 }
             }
         }
+        for inherited in self.inherited.take(now_ns, moving) {
+            let entry = units.entry((inherited.key, inherited.region)).or_insert(0);
+            *entry = entry.saturating_add(inherited.units);
+        }
         units
+            .into_iter()
+            .map(|((key, region), units)| UnconfirmedUnits { key, region, units })
+            .collect()
     }
 
     /// Counts `units`, handed over with keys this node now decides, against their regions'
-    /// shares for `unreachable_after` (when their sender would have stopped counting them).
+    /// shares for `unreachable_after` (see `super::inherited` for why that long). Units for
+    /// this node's own region are not another region's to confirm and are ignored.
     pub fn inherit(&mut self, now_ns: u64, units: &[UnconfirmedUnits]) {
         let until_ns = now_ns.saturating_add(self.config.unreachable_after_ns);
-        for entry in units {
-            if self
-                .inherited
-                .add(now_ns, entry, until_ns, self.config.max_pending_keys)
-            {
+        let bounds = (self.config.max_pending_keys, self.config.regions);
+        for entry in units.iter().filter(|u| u.region != self.me.region) {
+            if self.inherited.add(now_ns, entry, until_ns, bounds) {
                 self.stats.inherited_units = self.stats.inherited_units.saturating_add(entry.units);
             } else {
                 self.stats.inherited_units_dropped = self
@@ -627,12 +624,16 @@ impl Exchange {
         }
     }
 
+    /// Drops inherited units past their time; returns how many keys still hold some. Called
+    /// periodically by the node (a lookup ignores expired units anyway: this frees them).
+    pub fn prune_inherited(&mut self, now_ns: u64) -> usize {
+        self.inherited.prune(now_ns)
+    }
+
     /// Forgets the inboxes of senders that have sent nothing for
     /// [`ExchangeConfig::inbox_idle_ns`] (see there why that is safe); returns how many. Called
-    /// when a new sender finds every place taken, and periodically by the node (which also
-    /// drops inherited units past their time then).
+    /// when a new sender finds every place taken, and periodically by the node.
     pub fn evict_idle_inboxes(&mut self, now_ns: u64) -> usize {
-        self.inherited.prune(now_ns);
         let before = self.inboxes.len();
         let idle_ns = self.config.inbox_idle_ns;
         self.inboxes
@@ -861,6 +862,53 @@ mod tests {
     /// A receiver restarted while its sender was past the sequence window: the sender's next
     /// message starts the new inbox at the settled point, so it is applied and acknowledged at
     /// once, and the link stays reachable (before, it was refused as out of window forever).
+    /// A hand-off carries what the giver's admission rule counted: its own unconfirmed units
+    /// and those it inherited, added; the receiver counts them for another region only.
+    #[test]
+    fn a_hand_off_carries_own_and_inherited_units_added() {
+        let store = store();
+        let key = BucketKey::for_key(b"k");
+        let limit = Limit::gcra(100, NANOS_PER_SEC, 100).unwrap();
+        let us = peer("us");
+        let mut giver = Exchange::new(ExchangeConfig::for_regions(2), peer("eu"), 1);
+        giver.inherit(
+            0,
+            &[UnconfirmedUnits {
+                key,
+                region: us.region.clone(),
+                units: 7,
+            }],
+        );
+        // Units for the giver's own region are not another region's to confirm.
+        giver.inherit(
+            0,
+            &[UnconfirmedUnits {
+                key,
+                region: peer("eu").region,
+                units: 50,
+            }],
+        );
+        assert_eq!(giver.inherited_units(key, &peer("eu").region, 0), 0);
+        for _ in 0..5 {
+            let decided = giver.check_global(0, &store, key, &limit, 1, std::slice::from_ref(&us));
+            assert!(decided.unwrap().is_allowed());
+        }
+        let other = BucketKey::for_key(b"other");
+        let handed = giver.hand_over_unconfirmed(0, &|k| k == key);
+        assert_eq!(
+            handed,
+            vec![UnconfirmedUnits {
+                key,
+                region: us.region.clone(),
+                units: 12
+            }]
+        );
+        assert!(giver.hand_over_unconfirmed(0, &|k| k == other).is_empty());
+        // Taken: the inherited units left with the key, the giver's own stay in its outbox.
+        assert_eq!(giver.inherited_units(key, &us.region, 0), 0);
+        assert_eq!(giver.unconfirmed(&us, key), 5);
+    }
+
     #[test]
     fn a_restarted_receiver_applies_a_sender_past_the_window_at_once() {
         let (mut a, mut b) = (Node::new("a", 1), Node::new("b", 1));

@@ -316,6 +316,30 @@ impl Peers {
         })
     }
 
+    /// Sends a request of a hand-off (`frame`, answered with a frame of `kind`) and waits for
+    /// its answer, tried up to [`HANDOFF_TRIES`] times like the hand-off's buckets. True once
+    /// answered.
+    pub(crate) async fn request_for_handoff(
+        &self,
+        addr: &str,
+        frame: &[u8],
+        kind: FrameKind,
+    ) -> bool {
+        // An answer is one short frame: an acknowledgement, or an error saying why not.
+        const MOST_ANSWER_BYTES: usize = 4 * 1024;
+        let mut tried = 0;
+        let answered = retried(HANDOFF_TRIES, HANDOFF_RETRY_PAUSE, || {
+            tried += 1;
+            let request = self.request_within(PEER_TIMEOUT, addr, frame, MOST_ANSWER_BYTES, kind);
+            async move { request.await.is_ok() }
+        })
+        .await;
+        if !answered {
+            tracing::warn!(peer = %addr, tries = tried, ?kind, "hand-off request not answered");
+        }
+        answered
+    }
+
     /// Sends one frame on a bidirectional stream and returns the answer's frame of `kind`,
     /// waiting at most `limit` (a connection being made included).
     pub(crate) async fn request_within(

@@ -220,15 +220,21 @@ impl Cluster {
                 metrics::counter!("floodgate_handoff_lease_sets_total", "direction" => "sent")
                     .increment(lease_sets.len() as u64);
             }
-            // The region units and the leases first, delivered before the buckets go: the
-            // bucket hand-off is what lets the new owner decide the slots, and it must find
-            // them there.
-            let mut first = unit_frames;
-            first.extend(self.lease_frames(true, &lease_sets));
+            // The region units and the leases first, answered or delivered before the buckets
+            // go: the bucket hand-off is what lets the new owner decide the slots, and it must
+            // find them there.
+            let lease_frames = self.lease_frames(true, &lease_sets);
             let bucket_frames = self.bucket_frames(carried, &buckets);
             let peers = self.peers.clone();
             sends.push(tokio::spawn(async move {
-                for frame in first {
+                if !unit_frames.is_empty()
+                    && !super::unconfirmed_handoff::deliver_unconfirmed(&peers, &addr, unit_frames)
+                        .await
+                {
+                    metrics::counter!("floodgate_handoff_unconfirmed_undelivered_total")
+                        .increment(1);
+                }
+                for frame in lease_frames {
                     let _ = peers.send(addr.clone(), frame).await;
                 }
                 let sent: Vec<_> = bucket_frames

@@ -1,7 +1,8 @@
 //! Region units in hand-offs (kind 25): the units of global keys that other regions have not
-//! confirmed go with their slots to the new owner, before the buckets, so its admission rule
-//! counts them (see `floodgate::region::UnconfirmedUnits`). The exchange belongs to the node's
-//! region sync, which the cluster reaches only through [`UnconfirmedSource`].
+//! confirmed go with their slots to the new owner, as requests it answers once they count, and
+//! the hand-off's buckets go only after the answers, so its admission rule counts them when it
+//! starts deciding (see `floodgate::region::UnconfirmedUnits`). The exchange belongs to the
+//! node's region sync, which the cluster reaches only through [`UnconfirmedSource`].
 
 use std::sync::Arc;
 
@@ -18,13 +19,14 @@ const UNITS_PER_FRAME: usize = 1_024;
 
 /// Where a hand-off's unconfirmed units come from: the region exchange.
 pub(crate) trait UnconfirmedSource: Send + Sync + std::fmt::Debug {
-    /// Units of the keys `moving` names that other regions have not confirmed.
-    fn unconfirmed_of(&self, moving: &dyn Fn(BucketKey) -> bool) -> Vec<UnconfirmedUnits>;
+    /// Units of the keys `moving` names that other regions have not confirmed, taken for a
+    /// hand-off.
+    fn hand_over_unconfirmed(&self, moving: &dyn Fn(BucketKey) -> bool) -> Vec<UnconfirmedUnits>;
 }
 
 impl<C: floodgate::Clock + Send + Sync> UnconfirmedSource for crate::region_sync::RegionSync<C> {
-    fn unconfirmed_of(&self, moving: &dyn Fn(BucketKey) -> bool) -> Vec<UnconfirmedUnits> {
-        crate::region_sync::RegionSync::unconfirmed_of(self, moving)
+    fn hand_over_unconfirmed(&self, moving: &dyn Fn(BucketKey) -> bool) -> Vec<UnconfirmedUnits> {
+        crate::region_sync::RegionSync::hand_over_unconfirmed(self, moving)
     }
 }
 
@@ -50,7 +52,8 @@ impl Cluster {
             return frames;
         }
         let mut moved: Vec<Vec<UnconfirmedUnits>> = vec![Vec::new(); handoffs];
-        for units in source.unconfirmed_of(&|key| carrier[usize::from(key.slot())].is_some()) {
+        let moving = |key: BucketKey| carrier[usize::from(key.slot())].is_some();
+        for units in source.hand_over_unconfirmed(&moving) {
             if let Some(i) = carrier[usize::from(units.key.slot())] {
                 moved[i].push(units);
             }
@@ -68,4 +71,29 @@ impl Cluster {
         }
         frames
     }
+}
+
+/// Sends a hand-off's kind 25 frames to `addr`, all at once, and waits for every answer: true
+/// when each was answered (its units count there). A frame left unanswered after its tries
+/// loses its units to the new owner (its admission rule may then pass the share by them, as
+/// for a destination it counts unreachable).
+pub(super) async fn deliver_unconfirmed(
+    peers: &Arc<super::Peers>,
+    addr: &str,
+    frames: Vec<Vec<u8>>,
+) -> bool {
+    let mut requests = tokio::task::JoinSet::new();
+    for frame in frames {
+        let (peers, addr) = (peers.clone(), addr.to_owned());
+        requests.spawn(async move {
+            peers
+                .request_for_handoff(&addr, &frame, FrameKind::RegionUnconfirmed)
+                .await
+        });
+    }
+    let mut all = true;
+    while let Some(answered) = requests.join_next().await {
+        all &= matches!(answered, Ok(true));
+    }
+    all
 }

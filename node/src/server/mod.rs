@@ -17,6 +17,7 @@ mod remote;
 mod rlqs_listener;
 mod streams;
 mod sweeper;
+mod unconfirmed;
 
 use std::net::SocketAddr;
 use std::sync::Arc;

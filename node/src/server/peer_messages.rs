@@ -8,7 +8,7 @@ use std::time::Duration;
 use floodgate::Clock;
 use floodgate::wire::{
     ErrorCode, FrameKind, HEADER_BYTES, Replicated, decode_gossip, decode_id_conflict,
-    decode_lease_sync, decode_region_unconfirmed, decode_replicate,
+    decode_lease_sync, decode_replicate,
 };
 use tokio::sync::watch;
 
@@ -85,9 +85,6 @@ pub(super) async fn serve_uni_message(
             FrameKind::LeaseSync => on_lease_sync(&shared, &from.remote, &frame, now_ns),
             FrameKind::RegionDeltas | FrameKind::RegionAck => {
                 on_region_frame(&shared, &from.remote, &frame);
-            }
-            FrameKind::RegionUnconfirmed => {
-                on_region_unconfirmed(&shared, &from.remote, &frame.payload);
             }
             FrameKind::RlqsAssignments => {
                 let certified = |id: &str| from.remote.certified_as(&shared, id);
@@ -233,34 +230,6 @@ fn on_region_frame(shared: &Shared, remote: &Remote, frame: &floodgate::wire::Fr
         .increment(1),
         Err(code) => shared.metrics.frame_error(code),
     }
-}
-
-/// A hand-off's unconfirmed region units (kind 25) from a member of this node's region, as
-/// its certificate names it: counted against their keys' shares here.
-fn on_region_unconfirmed(shared: &Shared, remote: &Remote, payload: &[u8]) {
-    let message = match decode_region_unconfirmed(payload) {
-        Ok(message) => message,
-        Err((code, _)) => return shared.metrics.frame_error(code),
-    };
-    let same_region = shared
-        .cluster
-        .region_of(&message.from)
-        .is_some_and(|region| region == shared.cluster.me.region);
-    if !remote.certified_as(shared, &message.from) || !same_region {
-        shared.metrics.frame_error(ErrorCode::Forbidden);
-        tracing::warn!(
-            remote = %remote.connection.remote_address(),
-            "dropped unconfirmed region units from `{}`: its certificate names another node, or it is not a member of this region",
-            message.from
-        );
-        return;
-    }
-    let units = message
-        .units
-        .iter()
-        .fold(0u64, |sum, u| sum.saturating_add(u.units));
-    shared.region_sync.inherit(&message.units);
-    metrics::counter!("floodgate_region_units_inherited_total").increment(units);
 }
 
 /// A one-way message that could not be cut into a frame: counted, and logged (a frame of a

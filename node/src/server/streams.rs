@@ -138,6 +138,9 @@ pub(super) async fn answer_available(
                     FrameKind::RlqsReports | FrameKind::RlqsRegionClaims => {
                         answer_rlqs(shared, remote, &frame, out)
                     }
+                    FrameKind::RegionUnconfirmed => {
+                        super::unconfirmed::answer_unconfirmed(shared, remote, &frame, out)
+                    }
                     _ => {
                         let caller = remote.caller(shared);
                         answer(shared, remote.version(), caller, &frame, now_ns, out).await

@@ -1,15 +1,16 @@
 //! A seeded simulation of the admission rule while a key's slot moves inside a region: region
-//! `a` has two nodes between which one global key's slot moves again and again, and whichever
-//! decides it admits a steady load; region `b` has one node that receives `a`'s units and
+//! `a` has three nodes among which one global key's slot moves again and again (so units
+//! inherited with one move are handed over again with the next), and whichever decides it
+//! admits a steady load; region `b` has one node that receives `a`'s units and
 //! confirms them over a network that delays, loses and duplicates.
 //!
 //! A move is carried out as the node driver does: each node of `a` hears of it a little late;
 //! the one that gave the slot away stops deciding at once and sends the slot's hand-off, with
-//! the units `b` has not confirmed ([`Exchange::unconfirmed_of`]), to the other; that one
-//! decides only once its view names it and the hand-off arrived ([`Exchange::inherit`]).
+//! the units `b` has not confirmed ([`Exchange::hand_over_unconfirmed`]), to the new owner; that
+//! one decides only once its view names it and the hand-off arrived ([`Exchange::inherit`]).
 //!
 //! The checker asserts, after every millisecond, that the units region `a` admitted and `b`
-//! has not confirmed, over both nodes, stay within one share of the key's burst: the bound
+//! has not confirmed, over its three nodes, stay within one share of the key's burst: the bound
 //! the admission rule gives one region. `b` never counts as unreachable (a long
 //! `unreachable_after`), so inherited units never expire within a run. At the end, the network drained, `b` applied every unit
 //! `a` admitted exactly once. [`HandoverConfig::hand_over_nothing`] is the control (hand-offs
@@ -22,9 +23,10 @@ use crate::simulation::SplitMix64;
 use crate::{Algorithm, BucketKey, BucketStore, Limit, StoreConfig};
 
 const MS: u64 = 1_000_000;
-/// Nodes 0 and 1 are region `a`'s, node 2 is region `b`'s.
-const NODES: usize = 3;
-const B: usize = 2;
+/// Nodes 0 to 2 are region `a`'s, node 3 is region `b`'s.
+const A_NODES: usize = 3;
+const NODES: usize = A_NODES + 1;
+const B: usize = A_NODES;
 /// The key's limit: 40 units per 100 ms window, so one region's share is 20.
 const BURST: u64 = 40;
 const WINDOW_NS: u64 = 100 * MS;
@@ -59,7 +61,7 @@ impl HandoverConfig {
 pub struct HandoverReport {
     pub moves: u64,
     pub admitted_units: u64,
-    /// Units inherited with hand-offs, over both nodes of `a`.
+    /// Units inherited with hand-offs, over the nodes of `a`.
     pub inherited_units: u64,
     /// Checks the admission rule held back.
     pub denied_by_share: u64,
@@ -90,6 +92,7 @@ fn peer(index: usize) -> Peer {
     let (region, node) = match index {
         0 => ("a", "a1"),
         1 => ("a", "a2"),
+        2 => ("a", "a3"),
         _ => ("b", "b1"),
     };
     Peer::new(
@@ -128,7 +131,7 @@ struct World<'c> {
     /// The latest move and who it names.
     moves: u64,
     owner: usize,
-    views: [View; 2],
+    views: [View; A_NODES],
     /// View changes on their way: (when, node of `a`, move, new owner).
     news: Vec<(u64, usize, u64, usize)>,
     handoffs: Vec<Handoff>,
@@ -172,7 +175,7 @@ impl<'c> World<'c> {
             }),
             moves: 0,
             owner: 0,
-            views: [View::default(); 2],
+            views: [View::default(); A_NODES],
             news: Vec::new(),
             handoffs: Vec::new(),
             next_move_ns: config.move_every_ns,
@@ -200,7 +203,7 @@ impl<'c> World<'c> {
     /// The node of `a` that decides the key now, if any: its view names it and the move's
     /// hand-off reached it.
     fn decider(&self) -> Option<usize> {
-        (0..2).find(|&node| {
+        (0..A_NODES).find(|&node| {
             let view = self.views[node];
             view.owner == node && view.handoff_of_move >= view.move_seen
         })
@@ -212,9 +215,9 @@ impl<'c> World<'c> {
             return;
         }
         self.moves += 1;
-        self.owner = 1 - self.owner;
+        self.owner = (self.owner + self.rng.range(1, A_NODES as u64 - 1) as usize) % A_NODES;
         self.report.moves += 1;
-        for node in 0..2 {
+        for node in 0..A_NODES {
             let at = now + self.rng.range(0, 50) * MS;
             self.news.push((at, node, self.moves, self.owner));
         }
@@ -239,7 +242,7 @@ impl<'c> World<'c> {
             let units = if self.config.hand_over_nothing {
                 Vec::new()
             } else {
-                self.exchanges[node].unconfirmed_of(now, &|k| k == key)
+                self.exchanges[node].hand_over_unconfirmed(now, &|k| k == key)
             };
             self.handoffs.push(Handoff {
                 of_move,
@@ -321,19 +324,19 @@ impl<'c> World<'c> {
         Ok(())
     }
 
-    /// Region `a`'s units unconfirmed by `b`, over both nodes, within the bound.
+    /// Region `a`'s units unconfirmed by `b`, over its nodes, within the bound.
     fn check_bound(&mut self) -> Result<(), String> {
-        let per_node = [0, 1].map(|node| self.exchanges[node].unconfirmed(&peer(B), self.key));
-        let total = per_node[0] + per_node[1];
+        let per_node: Vec<u64> = (0..A_NODES)
+            .map(|node| self.exchanges[node].unconfirmed(&peer(B), self.key))
+            .collect();
+        let total: u64 = per_node.iter().sum();
         self.report.most_unconfirmed = self.report.most_unconfirmed.max(total);
         if total > self.report.bound {
             return Err(format!(
                 "at {} ms region a has {total} units unconfirmed by b, over the bound of {} \
-                 ({} and {} per node, move {})",
+                 ({per_node:?} per node, move {})",
                 self.now / MS,
                 self.report.bound,
-                per_node[0],
-                per_node[1],
                 self.moves
             ));
         }
@@ -346,7 +349,7 @@ impl<'c> World<'c> {
         if !self.exchanges.iter().all(Exchange::is_idle) {
             return Err("the exchanges did not settle in the drain time".into());
         }
-        let applied: u64 = (0..2)
+        let applied: u64 = (0..A_NODES)
             .map(|node| self.exchanges[B].applied_from(&peer(node)))
             .sum();
         if applied != self.report.admitted_units {
@@ -356,7 +359,7 @@ impl<'c> World<'c> {
             ));
         }
         let report = &mut self.report;
-        for node in 0..2 {
+        for node in 0..A_NODES {
             let stats = self.exchanges[node].stats();
             report.inherited_units += stats.inherited_units;
             report.denied_by_share += stats.denied_by_share;
