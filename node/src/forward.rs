@@ -373,7 +373,7 @@ impl<'a> Batch<'a> {
             let rings = self
                 .rings
                 .get_or_insert_with(|| {
-                    let rings = shared.cluster.region_rings();
+                    let rings = shared.cluster.regions.rings();
                     shared.region_sync.set_regions(rings.regions());
                     rings
                 })

@@ -56,7 +56,7 @@ pub(crate) async fn forward_home(
     groups: &CheckGroups,
     wanted: &[usize],
 ) -> Vec<(usize, Vec<WireDecision>)> {
-    let rings = shared.cluster.region_rings();
+    let rings = shared.cluster.regions.rings();
     let mut homes: BTreeMap<String, Vec<usize>> = BTreeMap::new();
     for &i in wanted {
         if let Some(Reach::Home(home)) = reach.get(i) {

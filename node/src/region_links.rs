@@ -64,7 +64,7 @@ pub(crate) async fn follow_rings(shared: Arc<Shared>, mut shutdown: watch::Recei
                 if changed.is_err() {
                     return;
                 }
-                let rings = shared.cluster.region_rings();
+                let rings = shared.cluster.regions.rings();
                 let new_owner = |region: &RegionName, key: BucketKey| {
                     let owner = rings.owner_in(region, key.slot())?;
                     Some(Peer::new(region.clone(), owner))

@@ -36,7 +36,7 @@ use crate::metrics::ClusterMetrics;
 
 pub use crate::config::ClusterConfig;
 pub(crate) use peers::Peers;
-pub(crate) use region_rings::RegionRings;
+pub(crate) use region_rings::{OtherRegions, RegionRings};
 use table_message::EncodedTable;
 
 /// Most encoded bytes of buckets in one replication or hand-off frame: well under the smallest
@@ -104,7 +104,7 @@ pub(crate) struct Cluster {
     /// The last slot-table payload encoded for clients, reused while it is current.
     encoded_table: Mutex<Option<Arc<EncodedTable>>>,
     /// The other regions' rings, recomputed when the membership's owners change.
-    region_rings: parking_lot::RwLock<Arc<RegionRings>>,
+    pub(crate) regions: Arc<OtherRegions>,
     /// The cluster version last published (metric and log), to log it when it changes.
     published_cluster_version: std::sync::atomic::AtomicU8,
 }
@@ -183,7 +183,7 @@ impl Cluster {
             updating: Mutex::new(()),
             member_log: Mutex::new(MemberLog::default()),
             encoded_table: Mutex::new(None),
-            region_rings: parking_lot::RwLock::new(Arc::new(RegionRings::default())),
+            regions: Arc::default(),
             published_cluster_version: std::sync::atomic::AtomicU8::new(0),
             config,
         }
@@ -238,11 +238,6 @@ impl Cluster {
             }
         })
         .await;
-    }
-
-    /// The other regions' rings as of the last change of owners.
-    pub(crate) fn region_rings(&self) -> Arc<RegionRings> {
-        self.region_rings.read().clone()
     }
 
     /// The address of the member with this id.

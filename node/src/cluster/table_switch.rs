@@ -69,10 +69,7 @@ impl Cluster {
             // members of other regions only): the first of its region, with nobody to wait
             // for (as a node whose seeds are all itself).
             let first_of_region = owners.len() == 1 && !membership.is_joining();
-            if self.region_rings.read().epoch() != membership.epoch() {
-                let rings = super::RegionRings::compute(&membership, &self.me.region);
-                *self.region_rings.write() = Arc::new(rings);
-            }
+            self.regions.follow(&membership, &self.me.region);
             let cluster_version = membership.cluster_version().unwrap_or(0);
             (
                 membership.epoch(),

@@ -45,7 +45,7 @@ impl Hub {
         let Some(cluster) = &self.cluster else {
             return Split::Off;
         };
-        let rings = cluster.region_rings();
+        let rings = cluster.regions.rings();
         let mut known: Vec<String> = rings.names().map(|r| r.as_str().to_owned()).collect();
         if known.is_empty() {
             return Split::Off;
@@ -118,7 +118,7 @@ impl Hub {
         };
         let decider = &known[0];
         let decider_name = RegionName::new(decider).ok();
-        let rings = cluster.region_rings();
+        let rings = cluster.regions.rings();
         let mut round = Round {
             asked_ns: now,
             ..Round::default()
