@@ -423,7 +423,7 @@ impl<'a> Batch<'a> {
     /// another node that carry a peek or a charge while some member reads neither: an older
     /// receiver would refuse the whole frame, with the other groups in it.
     fn refuse_unreadable_metered(&self, placed: &mut [GroupState]) {
-        let cluster_version = self.shared.cluster.cluster_version();
+        let cluster_version = self.shared.cluster.members.cluster_version();
         if Feature::MeteredCosts.readable_at(cluster_version) {
             return;
         }
@@ -528,7 +528,7 @@ impl<'a> Batch<'a> {
                 .iter()
                 .any(|&i| matches!(placed[i], GroupState::Unanswered))
             {
-                cluster.suspected_members()
+                cluster.members.suspected_members()
             } else {
                 Vec::new()
             };
@@ -661,7 +661,8 @@ impl Batch<'_> {
         let shared = self.shared;
         let groups = self.groups;
         let cluster = &shared.cluster;
-        let scoped_forwards = Feature::ForwardedScopes.readable_at(cluster.cluster_version());
+        let scoped_forwards =
+            Feature::ForwardedScopes.readable_at(cluster.members.cluster_version());
         let mut remote: BTreeMap<String, Vec<usize>> = BTreeMap::new();
         for (i, place) in placed.iter_mut().enumerate() {
             if let GroupState::Remote(owner) = place {

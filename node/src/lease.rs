@@ -37,11 +37,12 @@ pub(crate) async fn answer_lease_requests(
     // 128-bit ids for a caller whose frame has them, once every member reads them too (its
     // replicas carry the ids).
     let wide = Feature::WideLeaseIds;
-    let width = if wide.readable_at(frame.version) && wide.readable_at(cluster.cluster_version()) {
-        LeaseIdWidth::Bits128
-    } else {
-        LeaseIdWidth::Bits64
-    };
+    let width =
+        if wide.readable_at(frame.version) && wide.readable_at(cluster.members.cluster_version()) {
+            LeaseIdWidth::Bits128
+        } else {
+            LeaseIdWidth::Bits64
+        };
     let slots = requests.iter().map(|r| r.key.slot());
     let read_ns = shared.clock.now_ns();
     let (answers, table_version) = {

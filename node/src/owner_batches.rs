@@ -70,7 +70,7 @@ pub(crate) async fn send(
     let max = shared.config.limits.max_frame_bytes;
     let mut forwards = tokio::task::JoinSet::new();
     for batch in batches {
-        let Some(addr) = shared.cluster.addr_of(&batch.owner) else {
+        let Some(addr) = shared.cluster.members.addr_of(&batch.owner) else {
             continue;
         };
         let peers = shared.cluster.peers.clone();

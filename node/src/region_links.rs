@@ -26,7 +26,7 @@ impl RegionLinks for PeerLinks {
     fn send(&self, to: &Peer, message: Outgoing) {
         // A peer the membership no longer knows: dropped, sent again once its region's ring
         // names an owner the membership knows.
-        let Some(addr) = self.cluster.addr_of(&to.node) else {
+        let Some(addr) = self.cluster.members.addr_of(&to.node) else {
             return;
         };
         let kind = match message {

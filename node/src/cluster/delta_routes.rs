@@ -19,7 +19,7 @@ impl Cluster {
         region: RegionName,
         now_ns: u64,
     ) -> impl Fn(BucketKey) -> Route + '_ {
-        let pass_on = Feature::RegionPassOn.readable_at(self.cluster_version());
+        let pass_on = Feature::RegionPassOn.readable_at(self.members.cluster_version());
         move |key: BucketKey| {
             let slot = key.slot();
             let ownership = self.ownership();
@@ -58,7 +58,7 @@ mod tests {
         let a = cluster_alone();
         let now = a.clock.now_ns();
         drop(joined_by_b(&a, now));
-        assert_eq!(a.cluster_version(), floodgate::protocol::NEWEST);
+        assert_eq!(a.members.cluster_version(), floodgate::protocol::NEWEST);
         let table = a.table();
         let key_of = |owner: &str| {
             (0..100_000u32)

@@ -33,7 +33,7 @@ impl Cluster {
             };
             let mut frame = Vec::new();
             // In the layout every member reads: 128-bit ids once the cluster version has them.
-            let left_out = encode_lease_sync(&mut frame, self.cluster_version(), &message);
+            let left_out = encode_lease_sync(&mut frame, self.members.cluster_version(), &message);
             if left_out > 0 {
                 metrics::counter!("floodgate_lease_sync_left_out_total").increment(left_out as u64);
             }
@@ -70,7 +70,7 @@ impl Cluster {
         }
         let mut frames = Vec::new();
         for (target, sets) in by_target {
-            let Some(addr) = self.addr_of(target) else {
+            let Some(addr) = self.members.addr_of(target) else {
                 continue;
             };
             metrics::counter!("floodgate_replicated_lease_sets_total", "direction" => "sent")

@@ -11,8 +11,9 @@
 //! - `peers`: connections to other nodes, dialed by id and reused.
 
 mod delta_routes;
+mod gossip;
 mod lease_replication;
-mod membership;
+mod members;
 mod peers;
 mod region_rings;
 mod replication;
@@ -25,16 +26,16 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use floodgate::cluster::ownership::{Ownership, OwnershipConfig};
-use floodgate::cluster::{MemberInfo, MemberState, Membership, SlotTable};
+use floodgate::cluster::{MemberInfo, Membership, SlotTable};
 use floodgate::lease::{LeaseIds, LeaseStore, LeaseStoreConfig};
 use floodgate::{BucketStore, Clock, EpochClock};
 use parking_lot::Mutex;
 use tokio::sync::watch;
 
-use crate::member_log::MemberLog;
 use crate::metrics::ClusterMetrics;
 
 pub use crate::config::ClusterConfig;
+pub(crate) use members::Members;
 pub(crate) use peers::Peers;
 pub(crate) use region_rings::{OtherRegions, RegionRings};
 use table_message::EncodedTable;
@@ -60,7 +61,8 @@ const RESOLVE_TIMEOUT: Duration = Duration::from_secs(1);
 pub(crate) struct Cluster {
     pub(crate) me: MemberInfo,
     config: ClusterConfig,
-    membership: Mutex<Membership>,
+    /// Who is in the cluster and where.
+    pub(crate) members: Arc<Members>,
     /// Who decides which slot while slots move: the table in force and the ones before it,
     /// the slots given away, gained slots waiting for their hand-off, the join phase. The core's
     /// sans-I/O machine; this driver feeds it and carries out its actions.
@@ -86,12 +88,6 @@ pub(crate) struct Cluster {
     joining: std::sync::atomic::AtomicBool,
     /// Rung when a joining node has its first real table.
     joined: tokio::sync::Notify,
-    /// Set (with the reason) once another node proved to hold this node's id first: this node
-    /// is out of the cluster and its process should stop.
-    refused: watch::Sender<Option<String>>,
-    /// When the log may next say that no seed answered, or that an id is claimed twice.
-    next_join_complaint_ns: AtomicU64,
-    next_conflict_complaint_ns: AtomicU64,
     /// Held shared while a batch reads the table and decides its groups, exclusively while the
     /// table is switched: once a switch returns, no decision made under the old table is still
     /// in flight, so the hand-off exported after it holds every decision made here.
@@ -99,14 +95,10 @@ pub(crate) struct Cluster {
     /// One table update at a time (gossip, the gossip loop, a leave), so a leave's hand-off is
     /// the one it waits for.
     updating: Mutex<()>,
-    /// Members' states as last logged: suspicion and death are logged at WARN as they happen.
-    member_log: Mutex<MemberLog>,
     /// The last slot-table payload encoded for clients, reused while it is current.
     encoded_table: Mutex<Option<Arc<EncodedTable>>>,
     /// The other regions' rings, recomputed when the membership's owners change.
     pub(crate) regions: Arc<OtherRegions>,
-    /// The cluster version last published (metric and log), to log it when it changes.
-    published_cluster_version: std::sync::atomic::AtomicU8,
 }
 
 impl Cluster {
@@ -155,18 +147,26 @@ impl Cluster {
             OwnershipConfig::default(),
         );
         let leases = Arc::new(lease_store(None));
+        let peers = Arc::new(Peers::new(
+            endpoint,
+            peer_config,
+            metrics.peer_handshake_failures.clone(),
+            metrics.outbound_version_mismatches.clone(),
+            own_addrs,
+        ));
+        let members = Arc::new(Members::new(
+            me.clone(),
+            membership,
+            peers.clone(),
+            metrics.clone(),
+            now_ns,
+        ));
         Cluster {
             me,
-            membership: Mutex::new(membership),
+            members,
             ownership: Mutex::new(ownership),
             table: watch::Sender::new(table),
-            peers: Arc::new(Peers::new(
-                endpoint,
-                peer_config,
-                metrics.peer_handshake_failures.clone(),
-                metrics.outbound_version_mismatches.clone(),
-                own_addrs,
-            )),
+            peers,
             handoff_arrived: tokio::sync::Notify::new(),
             bucket_bytes_per_frame: BUCKET_BYTES_PER_FRAME,
             store,
@@ -176,15 +176,10 @@ impl Cluster {
             metrics,
             joining: std::sync::atomic::AtomicBool::new(has_other_seeds),
             joined: tokio::sync::Notify::new(),
-            refused: watch::Sender::new(None),
-            next_join_complaint_ns: AtomicU64::new(now_ns + JOIN_WAIT.as_nanos() as u64),
-            next_conflict_complaint_ns: AtomicU64::new(0),
             deciding: parking_lot::RwLock::new(()),
             updating: Mutex::new(()),
-            member_log: Mutex::new(MemberLog::default()),
             encoded_table: Mutex::new(None),
             regions: Arc::default(),
-            published_cluster_version: std::sync::atomic::AtomicU8::new(0),
             config,
         }
     }
@@ -238,31 +233,6 @@ impl Cluster {
             }
         })
         .await;
-    }
-
-    /// The address of the member with this id.
-    pub(crate) fn addr_of(&self, id: &str) -> Option<String> {
-        self.membership.lock().info(id).map(|m| m.addr.clone())
-    }
-
-    /// Ids of the members the failure detector holds suspect or dead: silent for longer than a
-    /// slow moment. Only those are taken over from (almost always none), and only their
-    /// hand-offs are waited for briefly. A member that announced its leave is not among them:
-    /// it is handing its buckets to the new owners, so a takeover decided from replicas, or a
-    /// wait cut short, would miss its last decisions (merged, the hand-off's state does not add
-    /// to what was decided without it).
-    pub(crate) fn suspected_members(&self) -> Vec<String> {
-        self.membership
-            .lock()
-            .members()
-            .filter(|(_, state)| matches!(state, MemberState::Suspect | MemberState::Dead))
-            .map(|(info, _)| info.id.clone())
-            .collect()
-    }
-
-    /// The region the member with this id is known in.
-    pub(crate) fn region_of(&self, id: &str) -> Option<String> {
-        self.membership.lock().info(id).map(|m| m.region.clone())
     }
 }
 
@@ -426,8 +396,8 @@ pub(super) mod tests {
     /// last decisions. A member silent past suspicion is taken over from.
     #[tokio::test]
     async fn a_takeover_for_a_departed_owner_is_forwarded_and_one_for_a_silent_owner_decided() {
-        use floodgate::cluster::MembershipConfig;
         use floodgate::cluster::ownership::{Arrival, Placement};
+        use floodgate::cluster::{MemberState, MembershipConfig};
         let a = cluster_alone();
         let now = a.clock.now_ns();
         // b joins through a; a's table then names both.
@@ -440,16 +410,16 @@ pub(super) mod tests {
         let place = || a.place_each([(slot, Arrival::Takeover)].into_iter(), now).0;
 
         // a hears of b's leave; its table has not switched yet.
-        for out in a.membership.lock().poll(now) {
+        for out in a.members.membership().poll(now) {
             drop(b.handle_gossip(now, &out.gossip));
         }
         let leave = b.leave(now);
         assert!(!leave.is_empty(), "b tells a of its leave");
         for out in &leave {
-            drop(a.membership.lock().handle_gossip(now, &out.gossip));
+            drop(a.members.membership().handle_gossip(now, &out.gossip));
         }
         assert_eq!(
-            a.membership.lock().state_of("node-b"),
+            a.members.membership().state_of("node-b"),
             Some(MemberState::Left)
         );
         assert_eq!(place(), vec![Placement::Forward("node-b".into())]);
@@ -458,9 +428,9 @@ pub(super) mod tests {
         let c = cluster_alone();
         drop(joined_by_b(&c, now));
         let suspect_at = now + MembershipConfig::default().suspect_after_ns + 1;
-        drop(c.membership.lock().poll(suspect_at));
+        drop(c.members.membership().poll(suspect_at));
         assert_eq!(
-            c.membership.lock().state_of("node-b"),
+            c.members.membership().state_of("node-b"),
             Some(MemberState::Suspect)
         );
         let placed = c

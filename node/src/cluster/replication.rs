@@ -78,7 +78,7 @@ impl Cluster {
         handoff: Option<(u64, Vec<u16>)>,
         buckets: &[BucketState],
     ) -> Vec<(String, Vec<u8>)> {
-        let Some(addr) = self.addr_of(owner_id) else {
+        let Some(addr) = self.members.addr_of(owner_id) else {
             return Vec::new();
         };
         self.bucket_frames(handoff, buckets)

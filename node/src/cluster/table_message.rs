@@ -5,9 +5,7 @@ use std::sync::Arc;
 
 use floodgate::cluster::SlotTable;
 use floodgate::protocol;
-use floodgate::wire::{
-    FrameKind, SlotTableMessage, TableMember, member_state_to_wire, slot_table_payload,
-};
+use floodgate::wire::{FrameKind, SlotTableMessage, TableMember, slot_table_payload};
 
 use super::Cluster;
 
@@ -32,8 +30,8 @@ impl Cluster {
         let encoded = match cached {
             Some(c)
                 if Arc::ptr_eq(&c.table, &table)
-                    && self.members_are(&c.members)
-                    && c.cluster_version == self.cluster_version() =>
+                    && self.members.are(&c.members)
+                    && c.cluster_version == self.members.cluster_version() =>
             {
                 c
             }
@@ -64,35 +62,9 @@ impl Cluster {
         }
     }
 
-    /// True when the members, their states and their versions are still exactly `members`.
-    pub(super) fn members_are(&self, members: &[TableMember]) -> bool {
-        let membership = self.membership.lock();
-        let mut now = membership.members();
-        members.iter().all(|m| {
-            now.next().is_some_and(|(info, state)| {
-                m.id == info.id
-                    && m.addr == info.addr
-                    && m.region == info.region
-                    && m.state == member_state_to_wire(state)
-                    && m.versions == membership.versions_of(&info.id)
-            })
-        }) && now.next().is_none()
-    }
-
     /// The slot table and members as a message.
     pub(super) fn table_message(&self, table: &SlotTable) -> SlotTableMessage {
-        let membership = self.membership.lock();
-        let members: Vec<TableMember> = membership
-            .members()
-            .map(|(info, state)| TableMember {
-                id: info.id.clone(),
-                addr: info.addr.clone(),
-                region: info.region.clone(),
-                state: member_state_to_wire(state),
-                versions: membership.versions_of(&info.id),
-            })
-            .collect();
-        drop(membership);
+        let members = self.members.table_members();
         // Each table node's member index, looked up once, not once per slot.
         let member_of: Vec<u16> = table
             .nodes()
@@ -118,7 +90,7 @@ impl Cluster {
             members,
             owners,
             successors,
-            cluster_version: self.cluster_version(),
+            cluster_version: self.members.cluster_version(),
         }
     }
 }
@@ -154,7 +126,7 @@ mod tests {
         assert_eq!(decoded(&first).owners, vec![0; floodgate::cluster::SLOTS]);
 
         // A member's state changes (here: this node leaves), not the table.
-        drop(cluster.membership.lock().leave(2_000_000_000));
+        drop(cluster.members.membership().leave(2_000_000_000));
         let mut after_leave = Vec::new();
         cluster.encode_table(&mut after_leave, protocol::NEWEST, 1);
         assert_eq!(decoded(&after_leave).members[0].state, 3);

@@ -7,9 +7,10 @@ use std::sync::Arc;
 use floodgate::BucketState;
 use floodgate::Clock;
 use floodgate::cluster::ownership::{Action, Arrival, HandOff, Ownership, Placement, ReceivedPart};
-use floodgate::cluster::{MemberState, Membership, SlotTable};
+use floodgate::cluster::{Membership, SlotTable};
 use floodgate::wire::HandoffPart;
 
+use super::members::OwnersNow;
 use super::{Cluster, OLD_CALLER_HANDOFF_WAIT};
 
 /// From this many owners a table takes milliseconds to compute (about 3 ms for 100, 25 ms for
@@ -52,33 +53,13 @@ impl Cluster {
             .updating
             .try_lock()
             .unwrap_or_else(|| off_the_worker(true, || self.updating.lock()));
-        let (epoch, owners, departed, first_of_region, cluster_version) = {
-            let mut membership = self.membership.lock();
-            change(&mut membership);
-            drop(self.member_log.lock().observe(&membership));
-            self.peers
-                .learn_ids(membership.members().map(|(info, _)| info));
-            let departed: Vec<String> = membership
-                .members()
-                .filter(|(_, state)| *state == MemberState::Left)
-                .map(|(info, _)| info.id.clone())
-                .collect();
-            // This node's ring is its own region's: a key has one owner per region.
-            let owners = membership.owners_in(&self.me.region);
-            // Joined with nobody else in this region (it founded the cluster, or knows settled
-            // members of other regions only): the first of its region, with nobody to wait
-            // for (as a node whose seeds are all itself).
-            let first_of_region = owners.len() == 1 && !membership.is_joining();
-            self.regions.follow(&membership, &self.me.region);
-            let cluster_version = membership.cluster_version().unwrap_or(0);
-            (
-                membership.epoch(),
-                owners,
-                departed,
-                first_of_region,
-                cluster_version,
-            )
-        };
+        let OwnersNow {
+            epoch,
+            owners,
+            departed,
+            first_of_region,
+            cluster_version,
+        } = self.members.change(change, &self.regions);
         let old = self.table();
         if old.epoch() == epoch {
             return Vec::new();
@@ -126,7 +107,7 @@ impl Cluster {
             (actions, gained.len(), waiting)
         };
         self.metrics.table_epoch.set(epoch as f64);
-        self.publish_members();
+        self.members.publish_members();
         tracing::info!(epoch, owners = ?owners, gained, waiting, "slot table changed");
         self.carry_out(actions, now_ns)
     }
@@ -207,7 +188,7 @@ impl Cluster {
                 sends.extend(self.send_buckets(&handoff.to, carried, &buckets));
                 continue;
             }
-            let Some(addr) = self.addr_of(&handoff.to) else {
+            let Some(addr) = self.members.addr_of(&handoff.to) else {
                 continue;
             };
             metrics::counter!("floodgate_handoff_lease_sets_total", "direction" => "sent")
@@ -316,7 +297,7 @@ impl Cluster {
         // Only a takeover asks; read before the ownership lock (the membership lock is never
         // taken inside it).
         let suspected = if arrivals.clone().any(|(_, a)| a == Arrival::Takeover) {
-            self.suspected_members()
+            self.members.suspected_members()
         } else {
             Vec::new()
         };

@@ -50,7 +50,7 @@ impl Hub {
         if known.is_empty() {
             return Split::Off;
         }
-        if !Feature::RlqsGlobal.readable_at(cluster.cluster_version()) {
+        if !Feature::RlqsGlobal.readable_at(cluster.members.cluster_version()) {
             return Split::OldMembers;
         }
         known.push(cluster.me.region.clone());
@@ -251,7 +251,7 @@ pub(super) async fn exchange_parts(
         }
         let mut sends = JoinSet::new();
         for (owner, claims) in round.by_node {
-            let Some(addr) = cluster.addr_of(&owner) else {
+            let Some(addr) = cluster.members.addr_of(&owner) else {
                 counter!("floodgate_rlqs_region_failures_total").increment(claims.len() as u64);
                 continue;
             };

@@ -176,7 +176,7 @@ async fn relay_round(
     let mut unanswered = Vec::new();
     let mut sends = JoinSet::new();
     for (owner, batch) in batches {
-        let Some(addr) = cluster.addr_of(&owner) else {
+        let Some(addr) = cluster.members.addr_of(&owner) else {
             unanswered.extend(batch.reports);
             continue;
         };

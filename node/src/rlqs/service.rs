@@ -187,7 +187,7 @@ impl Hub {
     /// version 7); `None`: the shares are computed here.
     fn owner_elsewhere(&self, key: &BucketKey) -> Option<String> {
         let cluster = self.cluster.as_ref()?;
-        if !Feature::RlqsRelay.readable_at(cluster.cluster_version()) {
+        if !Feature::RlqsRelay.readable_at(cluster.members.cluster_version()) {
             return None;
         }
         let table = cluster.table();
@@ -552,7 +552,7 @@ impl Hub {
             return;
         };
         for (node, assignments) in by_node {
-            let Some(addr) = cluster.addr_of(&node) else {
+            let Some(addr) = cluster.members.addr_of(&node) else {
                 counter!("floodgate_rlqs_dropped_answers_total")
                     .increment(assignments.len() as u64);
                 continue;

@@ -188,7 +188,7 @@ impl Node {
     /// Becomes `Some(reason)` if the cluster refused this node (another live node holds its
     /// id); the node then sends no gossip and should be stopped.
     pub fn watch_refusal(&self) -> watch::Receiver<Option<String>> {
-        self.shared.cluster.watch_refusal()
+        self.shared.cluster.members.watch_refusal()
     }
 
     /// Resolves once the node has joined a cluster: heard from another member and taken its
@@ -208,13 +208,13 @@ impl Node {
 
     /// The address this node knows the member `id` at.
     pub fn member_addr(&self, id: &str) -> Option<String> {
-        self.shared.cluster.addr_of(id)
+        self.shared.cluster.members.addr_of(id)
     }
 
     /// The highest protocol version every member speaks, as gossip told this node (0: their
     /// ranges share none).
     pub fn cluster_version(&self) -> u8 {
-        self.shared.cluster.cluster_version()
+        self.shared.cluster.members.cluster_version()
     }
 
     /// The inter-region exchange of global keys (its counters, whether all is confirmed).

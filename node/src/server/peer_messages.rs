@@ -76,7 +76,13 @@ pub(super) async fn serve_uni_message(
                 Err((code, _)) => shared.metrics.frame_error(code),
             },
             FrameKind::IdConflict => match decode_id_conflict(&frame.payload) {
-                Ok(conflict) => shared.cluster.handle_conflict(&conflict, now_ns).await,
+                Ok(conflict) => {
+                    shared
+                        .cluster
+                        .members
+                        .handle_conflict(&conflict, now_ns)
+                        .await
+                }
                 Err((code, _)) => shared.metrics.frame_error(code),
             },
             FrameKind::Replicate => {
@@ -210,7 +216,7 @@ fn on_region_frame(shared: &Shared, remote: &Remote, frame: &floodgate::wire::Fr
     // A node speaks only as itself: the message must name the certified node, in the region
     // the membership knows it in.
     let certified = |node: &str| remote.certified_as(shared, node);
-    let region_of = |node: &str| shared.cluster.region_of(node);
+    let region_of = |node: &str| shared.cluster.members.region_of(node);
     // Under the gate: the table the units are routed by stays in force until they landed, so
     // a table switch's hand-off carries them.
     let _deciding = shared.cluster.deciding();

@@ -180,7 +180,7 @@ fn answer_rlqs(
     let certified = |id: &str| remote.certified_as(shared, id);
     let me = shared.cluster.me.id.as_str();
     if frame.kind == FrameKind::RlqsRegionClaims {
-        let region_of = |id: &str| shared.cluster.region_of(id);
+        let region_of = |id: &str| shared.cluster.members.region_of(id);
         crate::rlqs::answer_region_claims(&shared.rlqs, me, certified, region_of, frame, out)
     } else {
         crate::rlqs::answer_reports(&shared.rlqs, me, certified, frame, out)
