@@ -408,11 +408,12 @@ impl<'a> Batch<'a> {
     /// that follows sees the change.
     async fn catch_up(&self, sender_version: u64) {
         let cluster = &self.shared.cluster;
-        if cluster.had_version(sender_version) {
+        if cluster.slots.had_version(sender_version) {
             return;
         }
         let me = cluster.me.id.as_str();
         cluster
+            .slots
             .wait_for_table(TABLE_CATCH_UP, |table| {
                 !table.contains(me) || self.slots().all(|s| table.owner(s) == Some(me))
             })
@@ -453,11 +454,14 @@ impl<'a> Batch<'a> {
         // The machine places every group by the table in force (stable under the gate); slots
         // this node gave away are refused to a forwarder.
         let deciding = if try_again {
-            cluster.deciding()
+            cluster.slots.deciding()
         } else {
-            cluster.enter_deciding(self.slots(), self.now_ns).await
+            cluster
+                .slots
+                .enter_deciding(self.slots(), self.now_ns)
+                .await
         };
-        let version = cluster.place_each_into(
+        let version = cluster.slots.place_each_into(
             (0..self.groups.len()).map(|i| (self.slot(i), self.arrival(i, forwarded))),
             shared.clock.now_ns(),
             placements,
@@ -532,10 +536,10 @@ impl<'a> Batch<'a> {
             } else {
                 Vec::new()
             };
-            let _deciding = cluster.deciding();
+            let _deciding = cluster.slots.deciding();
             let now = shared.clock.now_ns();
             let placements: Vec<(usize, Placement)> = {
-                let ownership = cluster.ownership();
+                let ownership = cluster.slots.ownership();
                 version = ownership.table().version();
                 failed
                     .into_iter()
@@ -577,6 +581,7 @@ impl<'a> Batch<'a> {
         if !refused.is_empty() {
             self.shared
                 .cluster
+                .slots
                 .wait_for_table(TABLE_CATCH_UP, |table| {
                     refused.iter().all(|(s, by)| table.owner(*s) != Some(by))
                 })

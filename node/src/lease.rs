@@ -33,7 +33,7 @@ pub(crate) async fn answer_lease_requests(
             }
         };
     let cluster = &shared.cluster;
-    cluster.wait_until_joined().await;
+    cluster.slots.wait_until_joined().await;
     // 128-bit ids for a caller whose frame has them, once every member reads them too (its
     // replicas carry the ids).
     let wide = Feature::WideLeaseIds;
@@ -49,8 +49,8 @@ pub(crate) async fn answer_lease_requests(
         // Gained slots wait (bounded) for their previous owner's hand-off, which brings the
         // leases. Decided under the gate: a table switch waits, so its hand-off holds these
         // grants.
-        let _deciding = cluster.enter_deciding(slots, read_ns).await;
-        let (placements, version) = cluster.place_each(
+        let _deciding = cluster.slots.enter_deciding(slots, read_ns).await;
+        let (placements, version) = cluster.slots.place_each(
             requests
                 .iter()
                 .map(|r| (r.key.slot(), Arrival::from_client(r.takeover))),

@@ -56,7 +56,7 @@ impl RegionLinks for PeerLinks {
 /// publishes per peer region: keys with deltas waiting, unconfirmed units, retransmissions, the
 /// delta lag.
 pub(crate) async fn follow_rings(shared: Arc<Shared>, mut shutdown: watch::Receiver<bool>) {
-    let mut tables = shared.cluster.watch_table();
+    let mut tables = shared.cluster.slots.watch_table();
     let mut ticker = tokio::time::interval(METRICS_INTERVAL);
     loop {
         tokio::select! {
@@ -93,11 +93,12 @@ pub(crate) async fn follow_rings(shared: Arc<Shared>, mut shutdown: watch::Recei
 /// This region's table changed: remote units held or passed on follow the keys' new owners.
 fn follow_ownership(shared: &Shared) {
     let me = shared.region_sync.me();
-    let _deciding = shared.cluster.deciding();
+    let _deciding = shared.cluster.slots.deciding();
     let route = shared
         .cluster
+        .slots
         .delta_router(me.region.clone(), shared.clock.now_ns());
-    let still_member = |peer: &Peer| shared.cluster.owns_slots(peer);
+    let still_member = |peer: &Peer| shared.cluster.slots.owns_slots(peer);
     let passed = shared.region_sync.follow_ownership(&route, &still_member);
     if passed > 0 {
         tracing::debug!(

@@ -34,12 +34,12 @@ pub(crate) async fn answer_token_leases(
         }
     };
     let cluster = &shared.cluster;
-    cluster.wait_until_joined().await;
+    cluster.slots.wait_until_joined().await;
     let slots = || requests.iter().map(|r| r.key.slot());
     // Gained slots wait for their previous owner's hand-off, as checks do; then everything is
     // placed and decided under the deciding gate, so a table switch's hand-off holds it.
-    let deciding = cluster.enter_deciding(slots(), now_ns).await;
-    let (placements, table_version) = cluster.place_each(
+    let deciding = cluster.slots.enter_deciding(slots(), now_ns).await;
+    let (placements, table_version) = cluster.slots.place_each(
         requests
             .iter()
             .map(|r| (r.key.slot(), Arrival::from_client(r.takeover))),

@@ -1,41 +1,12 @@
 //! The gossip round and what changes the members: a peer's gossip in, this node's out, the join
 //! and readiness, and a graceful leave. Each change of owners goes through the table update.
 
-use std::sync::atomic::Ordering;
-
 use floodgate::Clock;
 use floodgate::cluster::Gossip;
-use floodgate::cluster::ownership::Action;
 
-use super::{Cluster, JOIN_WAIT};
+use super::Cluster;
 
 impl Cluster {
-    /// While a node started with seeds has not heard from the cluster, its table of one is not
-    /// real ownership: checks wait (bounded) until it has joined, or decide alone after that.
-    pub(crate) async fn wait_until_joined(&self) {
-        if !self.joining.load(std::sync::atomic::Ordering::Relaxed) {
-            return;
-        }
-        let _ = tokio::time::timeout(JOIN_WAIT, self.joined()).await;
-        if self.joining.load(std::sync::atomic::Ordering::Relaxed) {
-            self.ownership.lock().handle_join_wait_expired();
-        }
-    }
-
-    /// Resolves once this node has its first real table (at once for a node without seeds).
-    pub(crate) async fn joined(&self) {
-        loop {
-            // Registered before the look, so a join in between still wakes it.
-            let joined = self.joined.notified();
-            tokio::pin!(joined);
-            joined.as_mut().enable();
-            if !self.joining.load(std::sync::atomic::Ordering::Relaxed) {
-                return;
-            }
-            joined.await;
-        }
-    }
-
     /// Takes a peer's gossip; `own` says which members' digests are the sender's own word (the
     /// members its certificate names), the others being relays.
     pub(crate) fn handle_gossip(&self, now_ns: u64, own: &dyn Fn(&str) -> bool, gossip: &Gossip) {
@@ -52,7 +23,7 @@ impl Cluster {
         if let Some(reason) = self.members.refusal() {
             return Some(format!("refused: {reason}"));
         }
-        if self.joining.load(std::sync::atomic::Ordering::Relaxed) && !self.config.allow_alone {
+        if self.slots.is_joining() && !self.config.allow_alone {
             return Some("not joined: no seed answered".to_owned());
         }
         None
@@ -61,7 +32,7 @@ impl Cluster {
     /// One gossip round: the join looked at, suspicion fed to the machine, gossip sent, and the
     /// owners it changed switched to.
     pub(super) fn gossip_round(&self, now_ns: u64) {
-        if self.joining.load(Ordering::Relaxed)
+        if self.slots.is_joining()
             && self
                 .peers
                 .seeds_are_all_me(&self.config.seeds, &self.members.me().addr)
@@ -71,15 +42,11 @@ impl Cluster {
             // table update sees the flag change halfway (busy: the next round retries).
             if let Some(_one_at_a_time) = self.updating.try_lock() {
                 self.members.found();
-                let actions: Vec<Action> = {
-                    let mut ownership = self.ownership.lock();
-                    ownership.handle_no_one_to_join(now_ns);
-                    std::iter::from_fn(|| ownership.poll_action()).collect()
-                };
+                let actions = self.slots.no_one_to_join(now_ns);
                 drop(self.carry_out(actions, now_ns));
             }
         }
-        if self.joining.load(Ordering::Relaxed) {
+        if self.slots.is_joining() {
             self.members.complain_not_joined(&self.config.seeds, now_ns);
         }
         {
@@ -87,11 +54,7 @@ impl Cluster {
             // that ran out end in the machine too (checks already look lazily). Read before
             // the ownership lock: the membership lock is never taken inside it.
             let suspected = self.members.suspected_members();
-            let mut ownership = self.ownership.lock();
-            ownership.handle_suspicion(suspected);
-            if ownership.poll_timeout().is_some_and(|at| at <= now_ns) {
-                ownership.handle_timeout(now_ns);
-            }
+            self.slots.follow_suspicion(suspected, now_ns);
         }
         self.members.gossip(now_ns);
         self.members.publish_cluster_version();

@@ -10,13 +10,13 @@
 //! - `table_message`: the slot table and members as clients receive them, encoded once.
 //! - `peers`: connections to other nodes, dialed by id and reused.
 
-mod delta_routes;
 mod gossip;
 mod lease_replication;
 mod members;
 mod peers;
 mod region_rings;
 mod replication;
+mod slot_ownership;
 mod table_message;
 mod table_switch;
 
@@ -25,7 +25,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use floodgate::cluster::ownership::{Ownership, OwnershipConfig};
 use floodgate::cluster::{MemberInfo, Membership, SlotTable};
 use floodgate::lease::{LeaseIds, LeaseStore, LeaseStoreConfig};
 use floodgate::{BucketStore, Clock, EpochClock};
@@ -38,6 +37,7 @@ pub use crate::config::ClusterConfig;
 pub(crate) use members::Members;
 pub(crate) use peers::Peers;
 pub(crate) use region_rings::{OtherRegions, RegionRings};
+pub(crate) use slot_ownership::SlotOwnership;
 use table_message::EncodedTable;
 
 /// Most encoded bytes of buckets in one replication or hand-off frame: well under the smallest
@@ -63,16 +63,9 @@ pub(crate) struct Cluster {
     config: ClusterConfig,
     /// Who is in the cluster and where.
     pub(crate) members: Arc<Members>,
-    /// Who decides which slot while slots move: the table in force and the ones before it,
-    /// the slots given away, gained slots waiting for their hand-off, the join phase. The core's
-    /// sans-I/O machine; this driver feeds it and carries out its actions.
-    ownership: Mutex<Ownership>,
-    /// The machine's table, published: a watch so tests and tools can await changes instead of
-    /// polling, and checks read it without the machine's lock.
-    table: watch::Sender<Arc<SlotTable>>,
+    /// Who decides which slot while slots move.
+    pub(crate) slots: Arc<SlotOwnership>,
     pub(crate) peers: Arc<Peers>,
-    /// Rung when a hand-off completes: checks waiting on gained slots look again.
-    handoff_arrived: tokio::sync::Notify,
     /// Encoded bucket bytes per replication or hand-off frame.
     bucket_bytes_per_frame: usize,
     /// The buckets replicated and handed off, and where merged ones go.
@@ -83,15 +76,6 @@ pub(crate) struct Cluster {
     pub(crate) lease_sets_received: watch::Sender<u64>,
     clock: EpochClock,
     metrics: ClusterMetrics,
-    /// The machine's join phase, mirrored for the per-check look (set false only after the real
-    /// table is published, so a check that sees the node joined also sees that table).
-    joining: std::sync::atomic::AtomicBool,
-    /// Rung when a joining node has its first real table.
-    joined: tokio::sync::Notify,
-    /// Held shared while a batch reads the table and decides its groups, exclusively while the
-    /// table is switched: once a switch returns, no decision made under the old table is still
-    /// in flight, so the hand-off exported after it holds every decision made here.
-    deciding: parking_lot::RwLock<()>,
     /// One table update at a time (gossip, the gossip loop, a leave), so a leave's hand-off is
     /// the one it waits for.
     updating: Mutex<()>,
@@ -138,14 +122,6 @@ impl Cluster {
             membership.epoch(),
             &membership.owners_in(&me.region),
         ));
-        // Hand-off ids start from the start time, so a restart does not reuse its last life's.
-        let ownership = Ownership::new(
-            me.id.clone(),
-            table.clone(),
-            has_other_seeds,
-            now_ns,
-            OwnershipConfig::default(),
-        );
         let leases = Arc::new(lease_store(None));
         let peers = Arc::new(Peers::new(
             endpoint,
@@ -161,22 +137,25 @@ impl Cluster {
             metrics.clone(),
             now_ns,
         ));
+        let slots = Arc::new(SlotOwnership::new(
+            me.id.clone(),
+            members.clone(),
+            clock,
+            table,
+            has_other_seeds,
+            now_ns,
+        ));
         Cluster {
             me,
             members,
-            ownership: Mutex::new(ownership),
-            table: watch::Sender::new(table),
+            slots,
             peers,
-            handoff_arrived: tokio::sync::Notify::new(),
             bucket_bytes_per_frame: BUCKET_BYTES_PER_FRAME,
             store,
             leases,
             lease_sets_received: watch::Sender::new(0),
             clock,
             metrics,
-            joining: std::sync::atomic::AtomicBool::new(has_other_seeds),
-            joined: tokio::sync::Notify::new(),
-            deciding: parking_lot::RwLock::new(()),
             updating: Mutex::new(()),
             encoded_table: Mutex::new(None),
             regions: Arc::default(),
@@ -195,44 +174,6 @@ impl Cluster {
     pub(crate) fn with_max_leases(mut self, max_leases: usize) -> Self {
         self.leases = Arc::new(lease_store(Some(max_leases)));
         self
-    }
-
-    pub(crate) fn table(&self) -> Arc<SlotTable> {
-        self.table.borrow().clone()
-    }
-
-    pub(crate) fn watch_table(&self) -> watch::Receiver<Arc<SlotTable>> {
-        self.table.subscribe()
-    }
-
-    /// Held while deciding: the table read under it stays this node's table until it is
-    /// dropped. Never held across an await.
-    pub(crate) fn deciding(&self) -> parking_lot::RwLockReadGuard<'_, ()> {
-        self.deciding.read()
-    }
-
-    /// The ownership machine, to place checks (under [`Cluster::deciding`], so its table is
-    /// the one decisions are made under). Never held across an await.
-    pub(crate) fn ownership(&self) -> parking_lot::MutexGuard<'_, Ownership> {
-        self.ownership.lock()
-    }
-
-    /// True when `version` is that of a table this node had before its current one.
-    pub(crate) fn had_version(&self, version: u64) -> bool {
-        self.ownership.lock().had_version(version)
-    }
-
-    /// Waits until `done` holds for this node's table, or `limit` passes.
-    pub(crate) async fn wait_for_table(&self, limit: Duration, done: impl Fn(&SlotTable) -> bool) {
-        let mut tables = self.watch_table();
-        let _ = tokio::time::timeout(limit, async {
-            while !done(&tables.borrow_and_update()) {
-                if tables.changed().await.is_err() {
-                    return;
-                }
-            }
-        })
-        .await;
     }
 }
 
@@ -402,12 +343,16 @@ pub(super) mod tests {
         let now = a.clock.now_ns();
         // b joins through a; a's table then names both.
         let mut b = joined_by_b(&a, now);
-        let table = a.table();
+        let table = a.slots.table();
         assert_eq!(table.nodes().len(), 2, "a knows b: {:?}", table.nodes());
         let slot = (0..floodgate::cluster::SLOTS as u16)
             .find(|&s| table.owner(s) == Some("node-b") && table.successor(s) == Some("node-a"))
             .expect("b owns a slot a succeeds");
-        let place = || a.place_each([(slot, Arrival::Takeover)].into_iter(), now).0;
+        let place = || {
+            a.slots
+                .place_each([(slot, Arrival::Takeover)].into_iter(), now)
+                .0
+        };
 
         // a hears of b's leave; its table has not switched yet.
         for out in a.members.membership().poll(now) {
@@ -434,6 +379,7 @@ pub(super) mod tests {
             Some(MemberState::Suspect)
         );
         let placed = c
+            .slots
             .place_each([(slot, Arrival::Takeover)].into_iter(), suspect_at)
             .0;
         assert_eq!(placed, vec![Placement::Takeover]);

@@ -41,7 +41,7 @@ impl Cluster {
     /// decisions stricter. None goes back to `from`: our table naming the sender means ours is
     /// the one behind, and the switch to come makes them ours. Returns how many were sent on.
     pub(crate) fn pass_on_stranded(&self, from: &str, buckets: &[BucketState]) -> usize {
-        let table = self.table();
+        let table = self.slots.table();
         let mut sent = 0;
         for (owner, buckets) in stranded(&table, &self.me.id, from, buckets) {
             sent += buckets.len();
@@ -119,7 +119,7 @@ impl Cluster {
     /// anything decided here for another owner, that owner), by peer address. Blocking: run it
     /// off the runtime's workers (`run` does).
     pub(super) fn replication_frames(&self, now_ns: u64) -> Vec<(String, Vec<u8>)> {
-        let table = self.table();
+        let table = self.slots.table();
         // Alone, there is nobody to replicate to; changed marks stay set, so a node that joins
         // later still receives them (through the hand-off first).
         if table.nodes().len() < 2 {
@@ -264,7 +264,7 @@ mod tests {
         check("before-b");
         assert!(a.replication_frames(now).is_empty(), "nobody to send to");
         drop(joined_by_b(&a, now));
-        assert_eq!(a.table().nodes().len(), 2);
+        assert_eq!(a.slots.table().nodes().len(), 2);
         let frames = a.replication_frames(now);
         assert_eq!(frames.len(), 1);
         assert_eq!(frames[0].0, "127.0.0.1:7001");

@@ -25,7 +25,7 @@ impl Cluster {
     /// per table and member list and reused: every client fetches or is pushed each new table,
     /// and each would otherwise map all slots to members and serialize them again.
     pub(crate) fn encode_table(&self, out: &mut Vec<u8>, version: u8, request_id: u64) {
-        let table = self.table();
+        let table = self.slots.table();
         let cached = self.encoded_table.lock().clone();
         let encoded = match cached {
             Some(c)
@@ -122,7 +122,10 @@ mod tests {
             cluster.encoded_table.lock().as_ref().unwrap()
         ));
         assert_eq!(first, second);
-        assert_eq!(decoded(&first), cluster.table_message(&cluster.table()));
+        assert_eq!(
+            decoded(&first),
+            cluster.table_message(&cluster.slots.table())
+        );
         assert_eq!(decoded(&first).owners, vec![0; floodgate::cluster::SLOTS]);
 
         // A member's state changes (here: this node leaves), not the table.
@@ -133,7 +136,7 @@ mod tests {
 
         // A new table.
         let table = Arc::new(SlotTable::compute(9, &["node-a".into(), "node-b".into()]));
-        cluster.table.send_replace(table.clone());
+        cluster.slots.publish(table.clone());
         let mut new_table = Vec::new();
         cluster.encode_table(&mut new_table, protocol::NEWEST, 1);
         let message = decoded(&new_table);

@@ -190,7 +190,7 @@ impl Hub {
         if !Feature::RlqsRelay.readable_at(cluster.members.cluster_version()) {
             return None;
         }
-        let table = cluster.table();
+        let table = cluster.slots.table();
         let owner = table.owner(slot_of(&super::remote::slot_key(key)))?;
         (owner != cluster.me.id).then(|| owner.to_owned())
     }

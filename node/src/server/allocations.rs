@@ -90,7 +90,7 @@ fn a_warm_cluster_path_allocates_nothing_beyond_the_lone_nodes_steps() {
         (a, b)
     });
     let shared = a.shared.clone();
-    let table = shared.cluster.table();
+    let table = shared.cluster.slots.table();
     let me = shared.cluster.me.id.as_str();
     let keys: Vec<Vec<u8>> = (0..)
         .map(|i| format!("user:{i}").into_bytes())

@@ -175,7 +175,7 @@ impl Node {
 
     /// Ids of the members this node currently counts as owners of slots.
     pub fn owners(&self) -> Vec<String> {
-        self.shared.cluster.table().nodes().to_vec()
+        self.shared.cluster.slots.table().nodes().to_vec()
     }
 
     /// Why the node is not ready (what `/readyz` answers 503 with), or `None` when it serves
@@ -194,7 +194,7 @@ impl Node {
     /// Resolves once the node has joined a cluster: heard from another member and taken its
     /// real table (at once for a node started without seeds).
     pub async fn joined(&self) {
-        self.shared.cluster.joined().await
+        self.shared.cluster.slots.joined().await
     }
 
     /// Resolves once no slot this node gained waits for its hand-off any longer (the hand-off
@@ -203,7 +203,7 @@ impl Node {
     pub async fn handoffs_settled(&self) {
         let cluster = &self.shared.cluster;
         let slots = 0..floodgate::cluster::SLOTS as u16;
-        cluster.wait_for_handoffs(slots, u64::MAX).await
+        cluster.slots.wait_for_handoffs(slots, u64::MAX).await
     }
 
     /// The address this node knows the member `id` at.
@@ -224,7 +224,7 @@ impl Node {
 
     /// The current slot table.
     pub fn slot_table(&self) -> Arc<floodgate::cluster::SlotTable> {
-        self.shared.cluster.table()
+        self.shared.cluster.slots.table()
     }
 
     /// Counts buckets merged from peers (replicas and hand-offs); await a change instead of
@@ -268,7 +268,7 @@ impl Node {
 
     /// Every new slot table, as it is adopted (await `changed()` instead of polling).
     pub fn watch_slot_table(&self) -> watch::Receiver<Arc<floodgate::cluster::SlotTable>> {
-        self.shared.cluster.watch_table()
+        self.shared.cluster.slots.watch_table()
     }
 
     /// Reads the certificates, key and CAs again from their files (SIGHUP) and uses them for new
@@ -302,7 +302,7 @@ impl Node {
         // Leave first: peers stop routing here and receive our buckets before we stop answering.
         // Then keep answering (forwarding to the new owners) while clients fetch the new table.
         self.shared.cluster.leave().await;
-        if !self.shared.cluster.table().nodes().is_empty() {
+        if !self.shared.cluster.slots.table().nodes().is_empty() {
             tokio::time::sleep(LEAVE_LINGER).await;
         }
         // Global units admitted here and not yet confirmed by the other regions would be lost

@@ -180,7 +180,10 @@ async fn on_replicate(shared: &Shared, remote: &Remote, payload: &[u8], now_ns: 
             buckets = buckets.len(),
             "hand-off part received"
         );
-        shared.cluster.handoff_received(&sender_id, part, now_ns);
+        shared
+            .cluster
+            .slots
+            .handoff_received(&sender_id, part, now_ns);
         let passed = shared.cluster.pass_on_stranded(&sender_id, &buckets);
         if passed > 0 {
             metrics::counter!("floodgate_handoff_buckets_passed_on_total").increment(passed as u64);
@@ -219,9 +222,10 @@ fn on_region_frame(shared: &Shared, remote: &Remote, frame: &floodgate::wire::Fr
     let region_of = |node: &str| shared.cluster.members.region_of(node);
     // Under the gate: the table the units are routed by stays in force until they landed, so
     // a table switch's hand-off carries them.
-    let _deciding = shared.cluster.deciding();
+    let _deciding = shared.cluster.slots.deciding();
     let route = shared
         .cluster
+        .slots
         .delta_router(shared.region_sync.me().region, shared.clock.now_ns());
     match shared.region_sync.receive_from(
         frame.kind,
@@ -261,7 +265,7 @@ pub(super) async fn push_tables(
 ) {
     let connection = &remote.connection;
     let version = remote.version();
-    let mut tables = shared.cluster.watch_table();
+    let mut tables = shared.cluster.slots.watch_table();
     tables.borrow_and_update();
     loop {
         tokio::select! {

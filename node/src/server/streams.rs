@@ -216,7 +216,7 @@ pub(super) async fn answer(
             answer_checks(shared, caller, frame, now_ns, out).await
         }
         FrameKind::ScopedCheckBatch | FrameKind::ForwardedScopedCheckBatch => {
-            cluster.wait_until_joined().await;
+            cluster.slots.wait_until_joined().await;
             match crate::scoped::answer_scoped_batch(shared, caller, frame, now_ns, out).await {
                 Ok(refused) => refused,
                 Err(plain) => answer_checks(shared, caller, &plain, now_ns, out).await,
@@ -255,11 +255,11 @@ async fn answer_checks(
     out: &mut Vec<u8>,
 ) -> Option<ErrorCode> {
     let cluster = &shared.cluster;
-    cluster.wait_until_joined().await;
-    let deciding = cluster.deciding();
-    let table = cluster.table();
+    cluster.slots.wait_until_joined().await;
+    let deciding = cluster.slots.deciding();
+    let table = cluster.slots.table();
     // Alone in its table with nothing awaited: the whole frame is decided here.
-    let alone = cluster.ownership().decides_every_slot();
+    let alone = cluster.slots.ownership().decides_every_slot();
     if !alone {
         drop(deciding);
         // Groups may belong to other nodes, and gained slots may wait for a hand-off.
