@@ -38,7 +38,7 @@ pub(crate) use members::Members;
 pub(crate) use peers::Peers;
 pub(crate) use region_rings::{OtherRegions, RegionRings};
 pub(crate) use slot_ownership::SlotOwnership;
-use table_message::EncodedTable;
+pub(crate) use table_message::TableMessages;
 
 /// Most encoded bytes of buckets in one replication or hand-off frame: well under the smallest
 /// frame limit a node accepts (`NodeLimits` refuses less than this plus room for the rest).
@@ -79,8 +79,8 @@ pub(crate) struct Cluster {
     /// One table update at a time (gossip, the gossip loop, a leave), so a leave's hand-off is
     /// the one it waits for.
     updating: Mutex<()>,
-    /// The last slot-table payload encoded for clients, reused while it is current.
-    encoded_table: Mutex<Option<Arc<EncodedTable>>>,
+    /// The slot table as clients receive it.
+    pub(crate) tables: Arc<TableMessages>,
     /// The other regions' rings, recomputed when the membership's owners change.
     pub(crate) regions: Arc<OtherRegions>,
 }
@@ -145,10 +145,16 @@ impl Cluster {
             has_other_seeds,
             now_ns,
         ));
+        let tables = Arc::new(TableMessages::new(
+            me.id.clone(),
+            members.clone(),
+            slots.clone(),
+        ));
         Cluster {
             me,
             members,
             slots,
+            tables,
             peers,
             bucket_bytes_per_frame: BUCKET_BYTES_PER_FRAME,
             store,
@@ -157,7 +163,6 @@ impl Cluster {
             clock,
             metrics,
             updating: Mutex::new(()),
-            encoded_table: Mutex::new(None),
             regions: Arc::default(),
             config,
         }

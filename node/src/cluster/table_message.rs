@@ -1,17 +1,29 @@
-//! The slot table and members as one `SlotTable` message, as clients and `floodgate status`
-//! receive them, encoded once per table and member list.
+//! [`TableMessages`]: the slot table and members as one `SlotTable` message, as clients and
+//! `floodgate status` receive them, encoded once per table and member list.
 
 use std::sync::Arc;
 
 use floodgate::cluster::SlotTable;
 use floodgate::protocol;
 use floodgate::wire::{FrameKind, SlotTableMessage, TableMember, slot_table_payload};
+use parking_lot::Mutex;
 
-use super::Cluster;
+use super::{Members, SlotOwnership};
+
+/// The slot-table message clients receive, encoded once and reused while it is current.
+#[derive(Debug)]
+pub(crate) struct TableMessages {
+    /// This node's id: the message's sender.
+    me: String,
+    members: Arc<Members>,
+    slots: Arc<SlotOwnership>,
+    /// The last slot-table payload encoded for clients, reused while it is current.
+    encoded: Mutex<Option<Arc<EncodedTable>>>,
+}
 
 /// A slot-table message encoded once per version clients speak, with what it was encoded from.
 #[derive(Debug)]
-pub(super) struct EncodedTable {
+struct EncodedTable {
     table: Arc<SlotTable>,
     members: Vec<TableMember>,
     cluster_version: u8,
@@ -19,14 +31,23 @@ pub(super) struct EncodedTable {
     payloads: Vec<(u8, rkyv::util::AlignedVec)>,
 }
 
-impl Cluster {
+impl TableMessages {
+    pub(super) fn new(me: String, members: Arc<Members>, slots: Arc<SlotOwnership>) -> Self {
+        TableMessages {
+            me,
+            members,
+            slots,
+            encoded: Mutex::new(None),
+        }
+    }
+
     /// Appends the slot table and members as one `SlotTable` frame for a client speaking
     /// `version`, as clients and `floodgate status` receive them. The payloads are encoded once
     /// per table and member list and reused: every client fetches or is pushed each new table,
     /// and each would otherwise map all slots to members and serialize them again.
     pub(crate) fn encode_table(&self, out: &mut Vec<u8>, version: u8, request_id: u64) {
         let table = self.slots.table();
-        let cached = self.encoded_table.lock().clone();
+        let cached = self.encoded.lock().clone();
         let encoded = match cached {
             Some(c)
                 if Arc::ptr_eq(&c.table, &table)
@@ -46,7 +67,7 @@ impl Cluster {
                     cluster_version: message.cluster_version,
                     payloads,
                 });
-                *self.encoded_table.lock() = Some(encoded.clone());
+                *self.encoded.lock() = Some(encoded.clone());
                 encoded
             }
         };
@@ -86,7 +107,7 @@ impl Cluster {
         SlotTableMessage {
             version: table.version(),
             epoch: table.epoch(),
-            from: self.me.id.clone(),
+            from: self.me.clone(),
             members,
             owners,
             successors,
@@ -114,34 +135,40 @@ mod tests {
     async fn the_table_message_is_encoded_once_per_table_and_member_list() {
         let cluster = cluster_alone();
         let (mut first, mut second) = (Vec::new(), Vec::new());
-        cluster.encode_table(&mut first, protocol::NEWEST, 1);
-        let cached = cluster.encoded_table.lock().clone().unwrap();
-        cluster.encode_table(&mut second, protocol::NEWEST, 1);
+        cluster.tables.encode_table(&mut first, protocol::NEWEST, 1);
+        let cached = cluster.tables.encoded.lock().clone().unwrap();
+        cluster
+            .tables
+            .encode_table(&mut second, protocol::NEWEST, 1);
         assert!(Arc::ptr_eq(
             &cached,
-            cluster.encoded_table.lock().as_ref().unwrap()
+            cluster.tables.encoded.lock().as_ref().unwrap()
         ));
         assert_eq!(first, second);
         assert_eq!(
             decoded(&first),
-            cluster.table_message(&cluster.slots.table())
+            cluster.tables.table_message(&cluster.slots.table())
         );
         assert_eq!(decoded(&first).owners, vec![0; floodgate::cluster::SLOTS]);
 
         // A member's state changes (here: this node leaves), not the table.
         drop(cluster.members.membership().leave(2_000_000_000));
         let mut after_leave = Vec::new();
-        cluster.encode_table(&mut after_leave, protocol::NEWEST, 1);
+        cluster
+            .tables
+            .encode_table(&mut after_leave, protocol::NEWEST, 1);
         assert_eq!(decoded(&after_leave).members[0].state, 3);
 
         // A new table.
         let table = Arc::new(SlotTable::compute(9, &["node-a".into(), "node-b".into()]));
         cluster.slots.publish(table.clone());
         let mut new_table = Vec::new();
-        cluster.encode_table(&mut new_table, protocol::NEWEST, 1);
+        cluster
+            .tables
+            .encode_table(&mut new_table, protocol::NEWEST, 1);
         let message = decoded(&new_table);
         assert_eq!(message.epoch, 9);
-        assert_eq!(message, cluster.table_message(&table));
+        assert_eq!(message, cluster.tables.table_message(&table));
     }
 
     /// A client of version 2 gets version 2's layout, without ranges; a newer one gets the
@@ -150,8 +177,8 @@ mod tests {
     async fn each_client_gets_the_table_in_the_version_it_speaks() {
         let cluster = cluster_alone();
         let (mut old, mut new) = (Vec::new(), Vec::new());
-        cluster.encode_table(&mut old, 2, 1);
-        cluster.encode_table(&mut new, 3, 1);
+        cluster.tables.encode_table(&mut old, 2, 1);
+        cluster.tables.encode_table(&mut new, 3, 1);
         assert_eq!(old[2], 2);
         assert_eq!(new[2], 3);
         let (old, new) = (decoded(&old), decoded(&new));

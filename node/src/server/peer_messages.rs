@@ -274,7 +274,7 @@ pub(super) async fn push_tables(
             _ = shutdown.changed() => return,
         }
         let mut frame = Vec::new();
-        shared.cluster.encode_table(&mut frame, version, 0);
+        shared.cluster.tables.encode_table(&mut frame, version, 0);
         let pushed = tokio::time::timeout(PUSH_TIMEOUT, async {
             let mut stream = connection.open_uni().await?;
             stream.write_all(&frame).await?;

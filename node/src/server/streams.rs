@@ -230,7 +230,7 @@ pub(super) async fn answer(
             crate::rules::answer_policy_request(shared.rules.as_deref(), frame, out)
         }
         FrameKind::TableRequest => {
-            cluster.encode_table(out, version, frame.request_id);
+            cluster.tables.encode_table(out, version, frame.request_id);
             None
         }
         other => {
