@@ -26,7 +26,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use floodgate::cluster::{MemberInfo, Membership, SlotTable};
-use floodgate::lease::{LeaseIds, LeaseStore, LeaseStoreConfig};
+use floodgate::lease::LeaseStore;
 use floodgate::{BucketStore, Clock, EpochClock};
 use parking_lot::Mutex;
 use tokio::sync::watch;
@@ -34,6 +34,7 @@ use tokio::sync::watch;
 use crate::metrics::ClusterMetrics;
 
 pub use crate::config::ClusterConfig;
+pub(crate) use lease_replication::LeaseReplication;
 pub(crate) use members::Members;
 pub(crate) use peers::Peers;
 pub(crate) use region_rings::{OtherRegions, RegionRings};
@@ -72,8 +73,8 @@ pub(crate) struct Cluster {
     store: Arc<BucketStore>,
     /// Concurrency leases, replicated and handed off with the buckets of their slots.
     pub(crate) leases: Arc<LeaseStore>,
-    /// Lease sets merged from peers since start (for tests and tools to await).
-    pub(crate) lease_sets_received: watch::Sender<u64>,
+    /// Leases between nodes.
+    pub(crate) lease_replication: Arc<LeaseReplication>,
     clock: EpochClock,
     metrics: ClusterMetrics,
     /// One table update at a time (gossip, the gossip loop, a leave), so a leave's hand-off is
@@ -85,28 +86,42 @@ pub(crate) struct Cluster {
     pub(crate) regions: Arc<OtherRegions>,
 }
 
+/// What a node's cluster is built from.
+#[derive(Debug)]
+pub(crate) struct ClusterSetup {
+    pub(crate) config: ClusterConfig,
+    /// The QUIC address the node listens on (and advertises, unless `config.advertise` says).
+    pub(crate) listen: SocketAddr,
+    /// Where connections to peers are dialed from.
+    pub(crate) endpoint: quinn::Endpoint,
+    pub(crate) peer_config: crate::tls::PeerClientConfigs,
+    /// The buckets replicated and handed off, and where merged ones go.
+    pub(crate) store: Arc<BucketStore>,
+    /// Concurrency leases, replicated and handed off with the buckets of their slots.
+    pub(crate) leases: Arc<LeaseStore>,
+    pub(crate) clock: EpochClock,
+    pub(crate) metrics: ClusterMetrics,
+    /// The largest frame peers accept: replication frames carry half of it in buckets (at most
+    /// `BUCKET_BYTES_PER_FRAME`).
+    pub(crate) max_frame_bytes: usize,
+}
+
 impl Cluster {
-    pub(crate) fn new(
-        config: ClusterConfig,
-        listen: SocketAddr,
-        endpoint: quinn::Endpoint,
-        peer_config: crate::tls::PeerClientConfigs,
-        store: Arc<BucketStore>,
-        clock: EpochClock,
-        metrics: ClusterMetrics,
-    ) -> Self {
+    pub(crate) fn new(setup: ClusterSetup) -> Self {
+        let ClusterSetup {
+            config,
+            listen,
+            endpoint,
+            peer_config,
+            store,
+            leases,
+            clock,
+            metrics,
+            max_frame_bytes,
+        } = setup;
         let now_ns = clock.now_ns();
-        let addr = config.advertise.unwrap_or(listen).to_string();
-        let me = MemberInfo {
-            id: config.node_id.clone().unwrap_or_else(|| addr.clone()),
-            addr,
-            region: config.region.clone(),
-        };
+        let me = me_at(&config, listen);
         let seeds: Vec<String> = config.seeds.iter().map(ToString::to_string).collect();
-        let mut own_addrs: Vec<SocketAddr> = me.addr.parse().ok().into_iter().collect();
-        if !listen.ip().is_unspecified() {
-            own_addrs.push(listen);
-        }
         // A node listed among its own seeds (one list for every node) has nobody to wait for.
         let has_other_seeds = seeds.iter().any(|s| *s != me.addr);
         // The start time in ms is the incarnation: a restart always comes back newer.
@@ -122,13 +137,12 @@ impl Cluster {
             membership.epoch(),
             &membership.owners_in(&me.region),
         ));
-        let leases = Arc::new(lease_store(None));
         let peers = Arc::new(Peers::new(
             endpoint,
             peer_config,
             metrics.peer_handshake_failures.clone(),
             metrics.outbound_version_mismatches.clone(),
-            own_addrs,
+            own_addrs(&me, listen),
         ));
         let members = Arc::new(Members::new(
             me.clone(),
@@ -150,16 +164,23 @@ impl Cluster {
             members.clone(),
             slots.clone(),
         ));
+        let bucket_bytes_per_frame = (max_frame_bytes / 2).min(BUCKET_BYTES_PER_FRAME);
+        let lease_replication = Arc::new(LeaseReplication::new(
+            me.id.clone(),
+            leases.clone(),
+            bucket_bytes_per_frame,
+            members.clone(),
+        ));
         Cluster {
             me,
             members,
             slots,
             tables,
             peers,
-            bucket_bytes_per_frame: BUCKET_BYTES_PER_FRAME,
+            bucket_bytes_per_frame,
             store,
             leases,
-            lease_sets_received: watch::Sender::new(0),
+            lease_replication,
             clock,
             metrics,
             updating: Mutex::new(()),
@@ -167,59 +188,27 @@ impl Cluster {
             config,
         }
     }
+}
 
-    /// Sizes replication frames for peers that accept frames of `max_frame_bytes` (half of it
-    /// for buckets, at most `BUCKET_BYTES_PER_FRAME`).
-    pub(crate) fn with_frame_limit(mut self, max_frame_bytes: usize) -> Self {
-        self.bucket_bytes_per_frame = (max_frame_bytes / 2).min(BUCKET_BYTES_PER_FRAME);
-        self
-    }
-
-    /// Bounds this node's lease store at `max_leases` held at once (replicas included).
-    pub(crate) fn with_max_leases(mut self, max_leases: usize) -> Self {
-        self.leases = Arc::new(lease_store(Some(max_leases)));
-        self
+/// This node as a member: its id (`--node-id`, or its address), the address it advertises
+/// (`--advertise`, or the one it listens on), its region.
+fn me_at(config: &ClusterConfig, listen: SocketAddr) -> MemberInfo {
+    let addr = config.advertise.unwrap_or(listen).to_string();
+    MemberInfo {
+        id: config.node_id.clone().unwrap_or_else(|| addr.clone()),
+        addr,
+        region: config.region.clone(),
     }
 }
 
-/// A lease store bounded at `max_leases` (default: the core's), its ids drawn from the
-/// operating system's secure generator: a caller holding one lease cannot work out another's
-/// id, and two nodes, or two lives of one node, grant the same id only by a 2^-64 chance.
-fn lease_store(max_leases: Option<usize>) -> LeaseStore {
-    let config = LeaseStoreConfig {
-        max_leases: max_leases.unwrap_or(LeaseStoreConfig::default().max_leases),
-    };
-    LeaseStore::new(config, Box::new(SystemLeaseIds::new()))
-}
-
-/// Lease ids from the operating system's cryptographically secure generator: ring's
-/// `SystemRandom` (getrandom), through the rustls provider the node's TLS already uses. Each id
-/// is 128 fresh random bits (the store cuts them to 64 for a caller of an older version).
-#[derive(Debug)]
-pub(crate) struct SystemLeaseIds {
-    random: &'static dyn rustls::crypto::SecureRandom,
-}
-
-impl SystemLeaseIds {
-    /// Panics if the operating system has no random source to give (then no id is safe to
-    /// grant); the first draw is made here, at start, so that shows before any lease is.
-    pub(crate) fn new() -> Self {
-        let ids = SystemLeaseIds {
-            random: rustls::crypto::ring::default_provider().secure_random,
-        };
-        ids.next_id();
-        ids
+/// This node's own addresses: the advertised one, and the one listened on when specific (a
+/// seed name that resolves to one of them is this node).
+fn own_addrs(me: &MemberInfo, listen: SocketAddr) -> Vec<SocketAddr> {
+    let mut own_addrs: Vec<SocketAddr> = me.addr.parse().ok().into_iter().collect();
+    if !listen.ip().is_unspecified() {
+        own_addrs.push(listen);
     }
-}
-
-impl LeaseIds for SystemLeaseIds {
-    fn next_id(&self) -> floodgate::lease::LeaseId {
-        let mut bytes = [0; 16];
-        self.random
-            .fill(&mut bytes)
-            .expect("the operating system's random source failed: no lease id can be drawn");
-        u128::from_le_bytes(bytes)
-    }
+    own_addrs
 }
 
 /// Runs gossip rounds and replication until shutdown.
@@ -300,18 +289,20 @@ pub(super) mod tests {
             node_id: Some("node-a".into()),
             ..ClusterConfig::default()
         };
-        Cluster::new(
+        Cluster::new(ClusterSetup {
             config,
-            "127.0.0.1:7000".parse().unwrap(),
+            listen: "127.0.0.1:7000".parse().unwrap(),
             endpoint,
-            crate::tls::PeerClientConfigs {
+            peer_config: crate::tls::PeerClientConfigs {
                 members: quinn::ClientConfig::new(quic.clone()),
                 seeds: quinn::ClientConfig::new(quic),
             },
-            Arc::new(BucketStore::new(floodgate::StoreConfig::default()).unwrap()),
-            floodgate::EpochClock::start(),
-            crate::metrics::NodeMetrics::register().cluster(),
-        )
+            store: Arc::new(BucketStore::new(floodgate::StoreConfig::default()).unwrap()),
+            leases: Arc::new(crate::lease::lease_store(None)),
+            clock: floodgate::EpochClock::start(),
+            metrics: crate::metrics::NodeMetrics::register().cluster(),
+            max_frame_bytes: crate::config::NodeLimits::default().max_frame_bytes,
+        })
     }
 
     /// The membership of a second member, "node-b", once it has joined through `cluster`.

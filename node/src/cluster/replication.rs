@@ -141,7 +141,7 @@ impl Cluster {
                 by_target.entry(target).or_default().push(bucket);
             }
         }
-        let mut frames = self.lease_replication_frames(now_ns, &table);
+        let mut frames = self.lease_replication.round_frames(now_ns, &table);
         for (target, buckets) in by_target {
             self.metrics.replicated.increment(buckets.len() as u64);
             frames.extend(self.addressed_bucket_frames(target, None, &buckets));

@@ -134,7 +134,7 @@ impl Cluster {
                 moved[i].push(bucket);
             }
         }
-        let leases = self.leases_to_hand_off(&carrier, handoffs.len(), now_ns);
+        let leases = (self.lease_replication).leases_to_hand_off(&carrier, handoffs.len(), now_ns);
         // Every node that gains slots from us hears from us, even with no buckets: it holds
         // checks on those slots until then.
         let mut sends = Vec::new();
@@ -158,7 +158,7 @@ impl Cluster {
                 .increment(lease_sets.len() as u64);
             // The leases first, delivered before the buckets go: the bucket hand-off is what
             // lets the new owner decide the slots, and it must find their leases there.
-            let lease_frames = self.lease_frames(true, &lease_sets);
+            let lease_frames = self.lease_replication.lease_frames(true, &lease_sets);
             let bucket_frames = self.bucket_frames(carried, &buckets);
             let peers = self.peers.clone();
             sends.push(tokio::spawn(async move {

@@ -31,7 +31,7 @@ use tokio::task::JoinSet;
 
 use crate::admission::ConnectionAllowance;
 use crate::budget::BufferBudget;
-use crate::cluster::Cluster;
+use crate::cluster::{Cluster, ClusterSetup};
 use crate::config::NodeConfig;
 use crate::metrics::NodeMetrics;
 use crate::state::{Shared, not_ready_reason};
@@ -244,7 +244,7 @@ impl Node {
     /// Counts lease sets merged from peers (replicas and hand-offs); await a change instead of
     /// polling.
     pub fn watch_received_lease_sets(&self) -> watch::Receiver<u64> {
-        self.shared.cluster.lease_sets_received.subscribe()
+        self.shared.cluster.lease_replication.watch_received()
     }
 
     /// Bytes buffered from all streams now, and the most ever buffered at once (both within
@@ -375,19 +375,18 @@ fn build_shared(
     let peer_config = tls::peer_client_configs(&config.tls, &config.limits)?;
     let metrics = NodeMetrics::register();
     let store = Arc::new(store);
-    let cluster = Arc::new(
-        Cluster::new(
-            config.cluster.clone(),
-            local_addr,
-            endpoint.clone(),
-            peer_config,
-            store.clone(),
-            clock,
-            metrics.cluster(),
-        )
-        .with_frame_limit(config.limits.max_frame_bytes)
-        .with_max_leases(config.limits.lease_cap()),
-    );
+    let leases = Arc::new(crate::lease::lease_store(Some(config.limits.lease_cap())));
+    let cluster = Arc::new(Cluster::new(ClusterSetup {
+        config: config.cluster.clone(),
+        listen: local_addr,
+        endpoint: endpoint.clone(),
+        peer_config,
+        store: store.clone(),
+        leases,
+        clock,
+        metrics: metrics.cluster(),
+        max_frame_bytes: config.limits.max_frame_bytes,
+    }));
     let region_sync = Arc::new(region_sync(&config, &cluster, store.clone(), clock)?);
     let allowance = Arc::new(ConnectionAllowance::new(
         config.limits.max_connections,

@@ -208,7 +208,10 @@ fn on_lease_sync(shared: &Shared, remote: &Remote, frame: &floodgate::wire::Fram
             shared.metrics.frame_error(ErrorCode::Forbidden);
         }
         Ok(sync) => {
-            crate::lease::merge_from_peer(&shared.cluster, sync.sets, sync.handoff, now_ns);
+            shared
+                .cluster
+                .lease_replication
+                .merge_from_peer(sync.sets, sync.handoff, now_ns);
         }
         Err((code, _)) => shared.metrics.frame_error(code),
     }
