@@ -5,7 +5,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use floodgate::{BucketStore, EpochClock};
-use tokio::sync::watch;
 
 use crate::admission::ConnectionAllowance;
 use crate::budget::BufferBudget;
@@ -35,8 +34,6 @@ pub(crate) struct Shared {
     /// RLQS shares: of the buckets this node owns, whoever's Envoys report them, and the
     /// reports of this node's Envoys for other owners (with or without `--rlqs-listen`).
     pub(crate) rlqs: Arc<crate::rlqs::Hub>,
-    /// Buckets merged from peers (replicas and hand-offs) since start.
-    pub(crate) received: watch::Sender<u64>,
     /// Who may send peer-only frames (gossip, replicate, forwarded checks); replaced when the
     /// certificates are reloaded.
     pub(crate) peer_trust: parking_lot::RwLock<tls::PeerTrust>,

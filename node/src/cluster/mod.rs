@@ -38,6 +38,7 @@ pub(crate) use lease_replication::LeaseReplication;
 pub(crate) use members::Members;
 pub(crate) use peers::Peers;
 pub(crate) use region_rings::{OtherRegions, RegionRings};
+pub(crate) use replication::Replication;
 pub(crate) use slot_ownership::SlotOwnership;
 pub(crate) use table_message::TableMessages;
 
@@ -67,10 +68,8 @@ pub(crate) struct Cluster {
     /// Who decides which slot while slots move.
     pub(crate) slots: Arc<SlotOwnership>,
     pub(crate) peers: Arc<Peers>,
-    /// Encoded bucket bytes per replication or hand-off frame.
-    bucket_bytes_per_frame: usize,
-    /// The buckets replicated and handed off, and where merged ones go.
-    store: Arc<BucketStore>,
+    /// Buckets between nodes.
+    pub(crate) replication: Arc<Replication>,
     /// Concurrency leases, replicated and handed off with the buckets of their slots.
     pub(crate) leases: Arc<LeaseStore>,
     /// Leases between nodes.
@@ -165,6 +164,14 @@ impl Cluster {
             slots.clone(),
         ));
         let bucket_bytes_per_frame = (max_frame_bytes / 2).min(BUCKET_BYTES_PER_FRAME);
+        let replication = Arc::new(Replication::new(
+            me.id.clone(),
+            store,
+            bucket_bytes_per_frame,
+            members.clone(),
+            peers.clone(),
+            metrics.clone(),
+        ));
         let lease_replication = Arc::new(LeaseReplication::new(
             me.id.clone(),
             leases.clone(),
@@ -177,8 +184,7 @@ impl Cluster {
             slots,
             tables,
             peers,
-            bucket_bytes_per_frame,
-            store,
+            replication,
             leases,
             lease_replication,
             clock,
@@ -261,7 +267,7 @@ async fn replication_round(cluster: Arc<Cluster>, now_ns: u64, through: Arc<Atom
             return;
         }
     };
-    let sends = cluster.send_frames(frames);
+    let sends = cluster.replication.send_frames(frames);
     // One waiter per round, each bounded by the sends' own timeout.
     tokio::spawn(async move {
         for send in sends {
@@ -271,6 +277,25 @@ async fn replication_round(cluster: Arc<Cluster>, now_ns: u64, through: Arc<Atom
         }
         through.fetch_max(now_ns, Ordering::Relaxed);
     });
+}
+
+impl Cluster {
+    /// The synchronous part of a replication round: takes the buckets and lease sets changed
+    /// since the last round and encodes them as frames for their slots' successors (or, for
+    /// anything decided here for another owner, that owner), by peer address. Blocking: run it
+    /// off the runtime's workers (`run` does).
+    fn replication_frames(&self, now_ns: u64) -> Vec<(String, Vec<u8>)> {
+        let table = self.slots.table();
+        // Alone, there is nobody to replicate to; changed marks stay set, so a node that joins
+        // later still receives them (through the hand-off first).
+        if table.nodes().len() < 2 {
+            return Vec::new();
+        }
+        let buckets = self.replication.round_frames(now_ns, &table);
+        let mut frames = self.lease_replication.round_frames(now_ns, &table);
+        frames.extend(buckets);
+        frames
+    }
 }
 
 #[cfg(test)]

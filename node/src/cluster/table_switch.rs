@@ -4,7 +4,6 @@
 
 use std::sync::Arc;
 
-use floodgate::BucketState;
 use floodgate::cluster::ownership::{Action, HandOff};
 use floodgate::cluster::{Membership, SlotTable};
 
@@ -73,7 +72,9 @@ impl Cluster {
             actions,
             gained,
             waiting,
-        } = (self.slots).switch(now_ns, new, join_base, &departed, cluster_version);
+        } = self
+            .slots
+            .switch(now_ns, new, join_base, &departed, cluster_version);
         self.metrics.table_epoch.set(epoch as f64);
         self.members.publish_members();
         tracing::info!(epoch, owners = ?owners, gained, waiting, "slot table changed");
@@ -120,21 +121,12 @@ impl Cluster {
                 }
             }
         }
-        let mut buckets = Vec::new();
-        if carrier.iter().any(Option::is_some) {
-            self.store.export(
-                now_ns,
-                &|key| carrier[usize::from(key.slot())].is_some(),
-                &mut buckets,
-            );
-        }
-        let mut moved: Vec<Vec<BucketState>> = vec![Vec::new(); handoffs.len()];
-        for bucket in buckets {
-            if let Some(i) = carrier[usize::from(bucket.key.slot())] {
-                moved[i].push(bucket);
-            }
-        }
-        let leases = (self.lease_replication).leases_to_hand_off(&carrier, handoffs.len(), now_ns);
+        let moved = self
+            .replication
+            .buckets_to_hand_off(&carrier, handoffs.len(), now_ns);
+        let leases = self
+            .lease_replication
+            .leases_to_hand_off(&carrier, handoffs.len(), now_ns);
         // Every node that gains slots from us hears from us, even with no buckets: it holds
         // checks on those slots until then.
         let mut sends = Vec::new();
@@ -148,7 +140,10 @@ impl Cluster {
             );
             let carried = Some((handoff.id, handoff.slots.clone()));
             if lease_sets.is_empty() {
-                sends.extend(self.send_buckets(&handoff.to, carried, &buckets));
+                sends.extend(
+                    self.replication
+                        .send_buckets(&handoff.to, carried, &buckets),
+                );
                 continue;
             }
             let Some(addr) = self.members.addr_of(&handoff.to) else {
@@ -159,7 +154,7 @@ impl Cluster {
             // The leases first, delivered before the buckets go: the bucket hand-off is what
             // lets the new owner decide the slots, and it must find their leases there.
             let lease_frames = self.lease_replication.lease_frames(true, &lease_sets);
-            let bucket_frames = self.bucket_frames(carried, &buckets);
+            let bucket_frames = self.replication.bucket_frames(carried, &buckets);
             let peers = self.peers.clone();
             sends.push(tokio::spawn(async move {
                 for frame in lease_frames {

@@ -230,7 +230,7 @@ impl Node {
     /// Counts buckets merged from peers (replicas and hand-offs); await a change instead of
     /// polling.
     pub fn watch_received_buckets(&self) -> watch::Receiver<u64> {
-        self.shared.received.subscribe()
+        self.shared.cluster.replication.watch_received()
     }
 
     /// Live concurrency leases of `key` (the key bytes a client sends) on this node now:
@@ -406,7 +406,6 @@ fn build_shared(
         cluster,
         region_sync,
         rules,
-        received: watch::Sender::new(0),
         peer_trust: parking_lot::RwLock::new(peer_trust),
         config,
     });

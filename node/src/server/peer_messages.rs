@@ -159,16 +159,9 @@ async fn on_replicate(shared: &Shared, remote: &Remote, payload: &[u8], now_ns: 
         );
         return;
     }
-    // A frame holds thousands of buckets, each merge a cache miss: merged on a blocking
-    // thread, so the checks this worker serves do not wait behind them.
-    let store = shared.store.clone();
-    let merged = tokio::task::spawn_blocking(move || {
-        let refused = store.merge(&buckets, now_ns);
-        (buckets, refused)
-    })
-    .await;
+    let replication = &shared.cluster.replication;
     // Only a panic or the runtime shutting down: nothing merged, nothing counted.
-    let Ok((buckets, refused)) = merged else {
+    let Some((buckets, refused)) = replication.merge(buckets, now_ns).await else {
         return;
     };
     if let Some(part) = &handoff {
@@ -184,7 +177,8 @@ async fn on_replicate(shared: &Shared, remote: &Remote, payload: &[u8], now_ns: 
             .cluster
             .slots
             .handoff_received(&sender_id, part, now_ns);
-        let passed = shared.cluster.pass_on_stranded(&sender_id, &buckets);
+        let passed =
+            replication.pass_on_stranded(&shared.cluster.slots.table(), &sender_id, &buckets);
         if passed > 0 {
             metrics::counter!("floodgate_handoff_buckets_passed_on_total").increment(passed as u64);
         }
@@ -195,9 +189,7 @@ async fn on_replicate(shared: &Shared, remote: &Remote, payload: &[u8], now_ns: 
         &shared.metrics.received_replicas
     };
     counter.increment((buckets.len() - refused) as u64);
-    shared
-        .received
-        .send_modify(|n| *n += (buckets.len() - refused) as u64);
+    replication.count_received((buckets.len() - refused) as u64);
 }
 
 /// A peer's lease sets (replicated, or handed off with their slots), merged.
