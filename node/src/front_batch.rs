@@ -48,7 +48,7 @@ pub(crate) async fn run_batch(
     // them, and the RESP front sends none, so both are trusted with what gets here.
     let mut buffers = crate::forward::BatchBuffers::take();
     let decided = crate::forward::decide_groups(
-        shared,
+        &shared.checks,
         Caller::trusted(false),
         None,
         &groups,

@@ -16,56 +16,55 @@ use floodgate::wire::{
     decode_lease_requests, encode_lease_answers,
 };
 
+use crate::check_path::CheckPath;
 use crate::service::encode_error;
-use crate::state::Shared;
 
 /// Answers one kind 15 frame: appends a kind 16 (or an error frame for a refused frame, whose
 /// code it returns).
 pub(crate) async fn answer_lease_requests(
-    shared: &Shared,
+    checks: &CheckPath,
     frame: &Frame,
     out: &mut Vec<u8>,
 ) -> Option<ErrorCode> {
-    let requests =
-        match decode_lease_requests(frame.version, &frame.payload, &shared.config.limits.wire()) {
-            Ok(requests) => requests,
-            Err((code, message)) => {
-                encode_error(out, frame.request_id, code, message);
-                return Some(code);
-            }
-        };
-    let cluster = &shared.cluster;
-    cluster.slots.wait_until_joined().await;
+    let requests = match decode_lease_requests(frame.version, &frame.payload, &checks.limits.wire())
+    {
+        Ok(requests) => requests,
+        Err((code, message)) => {
+            encode_error(out, frame.request_id, code, message);
+            return Some(code);
+        }
+    };
+    checks.slots.wait_until_joined().await;
     // 128-bit ids for a caller whose frame has them, once every member reads them too (its
     // replicas carry the ids).
     let wide = Feature::WideLeaseIds;
     let width =
-        if wide.readable_at(frame.version) && wide.readable_at(cluster.members.cluster_version()) {
+        if wide.readable_at(frame.version) && wide.readable_at(checks.members.cluster_version()) {
             LeaseIdWidth::Bits128
         } else {
             LeaseIdWidth::Bits64
         };
     let slots = requests.iter().map(|r| r.key.slot());
-    let read_ns = shared.clock.now_ns();
+    let read_ns = checks.clock.now_ns();
     let (answers, table_version) = {
         // Gained slots wait (bounded) for their previous owner's hand-off, which brings the
         // leases. Decided under the gate: a table switch waits, so its hand-off holds these
         // grants.
-        let _deciding = cluster.slots.enter_deciding(slots, read_ns).await;
-        let (placements, version) = cluster.slots.place_each(
+        let _deciding = checks.slots.enter_deciding(slots, read_ns).await;
+        let (placements, version) = checks.slots.place_each(
             requests
                 .iter()
                 .map(|r| (r.key.slot(), Arrival::from_client(r.takeover))),
-            shared.clock.now_ns(),
+            checks.clock.now_ns(),
         );
-        let now_ns = shared.clock.now_ns();
+        let now_ns = checks.clock.now_ns();
         let answers: Vec<WireLeaseAnswer> = requests
             .iter()
             .zip(placements)
             .map(|(request, placement)| {
                 let answer = match placement {
                     Placement::Decide | Placement::Takeover => {
-                        decide(&cluster.leases, request, now_ns, width)
+                        decide(&checks.leases, request, now_ns, width)
                     }
                     Placement::Forward(_) | Placement::Refuse(Refusal::NotOwner) => {
                         LeaseAnswer::Error(ErrorCode::NotOwner)

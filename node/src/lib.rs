@@ -50,6 +50,7 @@ mod admission;
 mod alloc_counter;
 mod budget;
 mod caller;
+mod check_path;
 mod forward;
 mod front_batch;
 mod lease;

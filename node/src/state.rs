@@ -19,7 +19,7 @@ pub(crate) struct Shared {
     pub(crate) config: NodeConfig,
     pub(crate) store: Arc<BucketStore>,
     pub(crate) clock: EpochClock,
-    pub(crate) metrics: NodeMetrics,
+    pub(crate) metrics: Arc<NodeMetrics>,
     /// Client and peer connections, counted apart.
     pub(crate) allowance: Arc<ConnectionAllowance>,
     /// Bytes buffered from all streams, against `max_buffered_bytes`.
@@ -37,6 +37,8 @@ pub(crate) struct Shared {
     /// Who may send peer-only frames (gossip, replicate, forwarded checks); replaced when the
     /// certificates are reloaded.
     pub(crate) peer_trust: parking_lot::RwLock<tls::PeerTrust>,
+    /// What deciding a request on this node's state takes.
+    pub(crate) checks: Arc<crate::check_path::CheckPath>,
 }
 
 pub(crate) fn not_ready_reason(shared: &Shared) -> Option<String> {

@@ -31,6 +31,7 @@ use tokio::task::JoinSet;
 
 use crate::admission::ConnectionAllowance;
 use crate::budget::BufferBudget;
+use crate::check_path::CheckPath;
 use crate::cluster::{Cluster, ClusterSetup};
 use crate::config::NodeConfig;
 use crate::metrics::NodeMetrics;
@@ -395,7 +396,22 @@ fn build_shared(
         metrics.peer_connections.clone(),
     ));
     let rlqs = rlqs_hub(&config, &cluster);
+    let metrics = Arc::new(metrics);
+    let checks = Arc::new(CheckPath {
+        limits: config.limits,
+        takeover_forward_timeout: config.cluster.takeover_forward_timeout,
+        store: store.clone(),
+        leases: cluster.leases.clone(),
+        clock,
+        metrics: metrics.clone(),
+        slots: cluster.slots.clone(),
+        members: cluster.members.clone(),
+        peers: cluster.peers.clone(),
+        regions: cluster.regions.clone(),
+        region_sync: region_sync.clone(),
+    });
     let shared = Arc::new(Shared {
+        checks,
         rlqs,
         store,
         clock,

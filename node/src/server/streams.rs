@@ -217,14 +217,19 @@ pub(super) async fn answer(
         }
         FrameKind::ScopedCheckBatch | FrameKind::ForwardedScopedCheckBatch => {
             cluster.slots.wait_until_joined().await;
-            match crate::scoped::answer_scoped_batch(shared, caller, frame, now_ns, out).await {
+            match crate::scoped::answer_scoped_batch(&shared.checks, caller, frame, now_ns, out)
+                .await
+            {
                 Ok(refused) => refused,
                 Err(plain) => answer_checks(shared, caller, &plain, now_ns, out).await,
             }
         }
-        FrameKind::LeaseRequest => crate::lease::answer_lease_requests(shared, frame, out).await,
+        FrameKind::LeaseRequest => {
+            crate::lease::answer_lease_requests(&shared.checks, frame, out).await
+        }
         FrameKind::TokenLeaseBatch => {
-            crate::token_leases::answer_token_leases(shared, caller, frame, now_ns, out).await
+            crate::token_leases::answer_token_leases(&shared.checks, caller, frame, now_ns, out)
+                .await
         }
         FrameKind::PolicyRequest => {
             crate::rules::answer_policy_request(shared.rules.as_deref(), frame, out)
@@ -263,7 +268,7 @@ async fn answer_checks(
     if !alone {
         drop(deciding);
         // Groups may belong to other nodes, and gained slots may wait for a hand-off.
-        forward::answer_check_batch(shared, caller, frame, now_ns, out).await
+        forward::answer_check_batch(&shared.checks, caller, frame, now_ns, out).await
     } else {
         // A node alone decides everything here, synchronously, with the table held: a
         // node that joins meanwhile receives these decisions in its hand-off.
