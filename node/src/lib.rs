@@ -69,7 +69,6 @@ mod scoped;
 mod server;
 mod service;
 pub mod snapshot;
-mod state;
 mod tls;
 mod token_leases;
 

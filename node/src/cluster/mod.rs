@@ -58,31 +58,44 @@ const COMPLAINT_INTERVAL_NS: u64 = 1_000_000_000;
 /// Longest a seed's name may take to resolve before the dial is given up (retried next round).
 const RESOLVE_TIMEOUT: Duration = Duration::from_secs(1);
 
-/// The cluster state one node keeps.
+/// The driver of the cluster's parts: the gossip round, each change of owners switched to
+/// through the table update and its hand-offs, replication rounds, the leave. It keeps its own
+/// handles on the parts it drives; the rest of the node is handed the parts it uses
+/// ([`ClusterParts`]), never this.
 #[derive(Debug)]
 pub(crate) struct Cluster {
-    pub(crate) me: MemberInfo,
     config: ClusterConfig,
-    /// Who is in the cluster and where.
-    pub(crate) members: Arc<Members>,
-    /// Who decides which slot while slots move.
-    pub(crate) slots: Arc<SlotOwnership>,
-    pub(crate) peers: Arc<Peers>,
-    /// Buckets between nodes.
-    pub(crate) replication: Arc<Replication>,
-    /// Concurrency leases, replicated and handed off with the buckets of their slots.
-    pub(crate) leases: Arc<LeaseStore>,
-    /// Leases between nodes.
-    pub(crate) lease_replication: Arc<LeaseReplication>,
+    members: Arc<Members>,
+    slots: Arc<SlotOwnership>,
+    peers: Arc<Peers>,
+    replication: Arc<Replication>,
+    lease_replication: Arc<LeaseReplication>,
+    regions: Arc<OtherRegions>,
     clock: EpochClock,
     metrics: ClusterMetrics,
     /// One table update at a time (gossip, the gossip loop, a leave), so a leave's hand-off is
     /// the one it waits for.
     updating: Mutex<()>,
+}
+
+/// The cluster's parts, each owning its state, for the node to hand to the tasks that use
+/// them.
+#[derive(Debug, Clone)]
+pub(crate) struct ClusterParts {
+    /// Who is in the cluster and where.
+    pub(crate) members: Arc<Members>,
+    /// Who decides which slot while slots move.
+    pub(crate) slots: Arc<SlotOwnership>,
     /// The slot table as clients receive it.
     pub(crate) tables: Arc<TableMessages>,
-    /// The other regions' rings, recomputed when the membership's owners change.
+    /// Buckets between nodes.
+    pub(crate) replication: Arc<Replication>,
+    /// Concurrency leases between nodes.
+    pub(crate) lease_replication: Arc<LeaseReplication>,
+    /// The other regions' rings.
     pub(crate) regions: Arc<OtherRegions>,
+    /// Connections to other nodes.
+    pub(crate) peers: Arc<Peers>,
 }
 
 /// What a node's cluster is built from.
@@ -106,7 +119,9 @@ pub(crate) struct ClusterSetup {
 }
 
 impl Cluster {
-    pub(crate) fn new(setup: ClusterSetup) -> Self {
+    /// Builds the parts and their driver: the node hands the parts to the tasks that use them,
+    /// and runs the driver ([`run`]).
+    pub(crate) fn new(setup: ClusterSetup) -> (Cluster, ClusterParts) {
         let ClusterSetup {
             config,
             listen,
@@ -120,18 +135,7 @@ impl Cluster {
         } = setup;
         let now_ns = clock.now_ns();
         let me = me_at(&config, listen);
-        let seeds: Vec<String> = config.seeds.iter().map(ToString::to_string).collect();
-        // A node listed among its own seeds (one list for every node) has nobody to wait for.
-        let has_other_seeds = seeds.iter().any(|s| *s != me.addr);
-        // The start time in ms is the incarnation: a restart always comes back newer.
-        let membership = Membership::new(
-            me.clone(),
-            now_ns / 1_000_000,
-            seeds,
-            config.membership,
-            now_ns,
-            now_ns,
-        );
+        let (membership, has_other_seeds) = starting_membership(&config, &me, now_ns);
         let table = Arc::new(SlotTable::compute(
             membership.epoch(),
             &membership.owners_in(&me.region),
@@ -143,57 +147,79 @@ impl Cluster {
             metrics.outbound_version_mismatches.clone(),
             own_addrs(&me, listen),
         ));
+        let id = me.id.clone();
         let members = Arc::new(Members::new(
-            me.clone(),
+            me,
             membership,
             peers.clone(),
             metrics.clone(),
             now_ns,
         ));
         let slots = Arc::new(SlotOwnership::new(
-            me.id.clone(),
+            id.clone(),
             members.clone(),
             clock,
             table,
             has_other_seeds,
             now_ns,
         ));
-        let tables = Arc::new(TableMessages::new(
-            me.id.clone(),
-            members.clone(),
-            slots.clone(),
-        ));
         let bucket_bytes_per_frame = (max_frame_bytes / 2).min(BUCKET_BYTES_PER_FRAME);
-        let replication = Arc::new(Replication::new(
-            me.id.clone(),
-            store,
-            bucket_bytes_per_frame,
-            members.clone(),
-            peers.clone(),
-            metrics.clone(),
-        ));
-        let lease_replication = Arc::new(LeaseReplication::new(
-            me.id.clone(),
-            leases.clone(),
-            bucket_bytes_per_frame,
-            members.clone(),
-        ));
-        Cluster {
-            me,
+        let parts = ClusterParts {
+            tables: Arc::new(TableMessages::new(
+                id.clone(),
+                members.clone(),
+                slots.clone(),
+            )),
+            replication: Arc::new(Replication::new(
+                id.clone(),
+                store,
+                bucket_bytes_per_frame,
+                members.clone(),
+                peers.clone(),
+                metrics.clone(),
+            )),
+            lease_replication: Arc::new(LeaseReplication::new(
+                id,
+                leases,
+                bucket_bytes_per_frame,
+                members.clone(),
+            )),
+            regions: Arc::default(),
             members,
             slots,
-            tables,
             peers,
-            replication,
-            leases,
-            lease_replication,
+        };
+        let cluster = Cluster {
+            config,
+            members: parts.members.clone(),
+            slots: parts.slots.clone(),
+            peers: parts.peers.clone(),
+            replication: parts.replication.clone(),
+            lease_replication: parts.lease_replication.clone(),
+            regions: parts.regions.clone(),
             clock,
             metrics,
             updating: Mutex::new(()),
-            regions: Arc::default(),
-            config,
-        }
+        };
+        (cluster, parts)
     }
+}
+
+/// The membership a node starts with (its start time in ms the incarnation: a restart always
+/// comes back newer), and whether it has seeds other than itself to join.
+fn starting_membership(config: &ClusterConfig, me: &MemberInfo, now_ns: u64) -> (Membership, bool) {
+    let seeds: Vec<String> = config.seeds.iter().map(ToString::to_string).collect();
+    // A node listed among its own seeds (one list for every node) has nobody to wait for.
+    let has_other_seeds = seeds.iter().any(|s| *s != me.addr);
+    let membership = Membership::new(
+        me.clone(),
+        now_ns / 1_000_000,
+        seeds,
+        config.membership,
+        now_ns,
+        now_ns,
+    );
+    (membership, has_other_seeds)
 }
 
 /// This node as a member: its id (`--node-id`, or its address), the address it advertises
@@ -303,6 +329,11 @@ pub(super) mod tests {
     use super::*;
 
     pub(crate) fn cluster_alone() -> Cluster {
+        alone().0
+    }
+
+    /// A cluster of one, node-a, and its parts.
+    pub(crate) fn alone() -> (Cluster, ClusterParts) {
         let crypto = rustls::ClientConfig::builder_with_provider(crate::tls::provider())
             .with_protocol_versions(&[&rustls::version::TLS13])
             .unwrap()

@@ -118,7 +118,7 @@ impl TableMessages {
 
 #[cfg(test)]
 mod tests {
-    use super::super::tests::cluster_alone;
+    use super::super::tests::alone;
     use super::*;
 
     fn decoded(frame: &[u8]) -> SlotTableMessage {
@@ -133,52 +133,50 @@ mod tests {
     /// encoded again (with what changed) when either changes.
     #[tokio::test]
     async fn the_table_message_is_encoded_once_per_table_and_member_list() {
-        let cluster = cluster_alone();
+        let (_, parts) = alone();
         let (mut first, mut second) = (Vec::new(), Vec::new());
-        cluster.tables.encode_table(&mut first, protocol::NEWEST, 1);
-        let cached = cluster.tables.encoded.lock().clone().unwrap();
-        cluster
-            .tables
-            .encode_table(&mut second, protocol::NEWEST, 1);
+        parts.tables.encode_table(&mut first, protocol::NEWEST, 1);
+        let cached = parts.tables.encoded.lock().clone().unwrap();
+        parts.tables.encode_table(&mut second, protocol::NEWEST, 1);
         assert!(Arc::ptr_eq(
             &cached,
-            cluster.tables.encoded.lock().as_ref().unwrap()
+            parts.tables.encoded.lock().as_ref().unwrap()
         ));
         assert_eq!(first, second);
         assert_eq!(
             decoded(&first),
-            cluster.tables.table_message(&cluster.slots.table())
+            parts.tables.table_message(&parts.slots.table())
         );
         assert_eq!(decoded(&first).owners, vec![0; floodgate::cluster::SLOTS]);
 
         // A member's state changes (here: this node leaves), not the table.
-        drop(cluster.members.membership().leave(2_000_000_000));
+        drop(parts.members.membership().leave(2_000_000_000));
         let mut after_leave = Vec::new();
-        cluster
+        parts
             .tables
             .encode_table(&mut after_leave, protocol::NEWEST, 1);
         assert_eq!(decoded(&after_leave).members[0].state, 3);
 
         // A new table.
         let table = Arc::new(SlotTable::compute(9, &["node-a".into(), "node-b".into()]));
-        cluster.slots.publish(table.clone());
+        parts.slots.publish(table.clone());
         let mut new_table = Vec::new();
-        cluster
+        parts
             .tables
             .encode_table(&mut new_table, protocol::NEWEST, 1);
         let message = decoded(&new_table);
         assert_eq!(message.epoch, 9);
-        assert_eq!(message, cluster.tables.table_message(&table));
+        assert_eq!(message, parts.tables.table_message(&table));
     }
 
     /// A client of version 2 gets version 2's layout, without ranges; a newer one gets the
     /// ranges and the cluster version.
     #[tokio::test]
     async fn each_client_gets_the_table_in_the_version_it_speaks() {
-        let cluster = cluster_alone();
+        let (_, parts) = alone();
         let (mut old, mut new) = (Vec::new(), Vec::new());
-        cluster.tables.encode_table(&mut old, 2, 1);
-        cluster.tables.encode_table(&mut new, 3, 1);
+        parts.tables.encode_table(&mut old, 2, 1);
+        parts.tables.encode_table(&mut new, 3, 1);
         assert_eq!(old[2], 2);
         assert_eq!(new[2], 3);
         let (old, new) = (decoded(&old), decoded(&new));

@@ -53,7 +53,7 @@ impl Hub {
         if !Feature::RlqsGlobal.readable_at(cluster.members.cluster_version()) {
             return Split::OldMembers;
         }
-        known.push(cluster.me.region.clone());
+        known.push(cluster.members.me().region.clone());
         known.sort_unstable();
         known.dedup();
         Split::On(known)
@@ -146,7 +146,7 @@ impl Hub {
                     demand: shares.demand(key),
                     claim: part.max(shares.committed(key)),
                 };
-                if *decider == cluster.me.region {
+                if *decider == cluster.members.me().region {
                     round.here.push(claim);
                     continue;
                 }
@@ -246,7 +246,7 @@ pub(super) async fn exchange_parts(
         }
         let round = hub.claims();
         if !round.here.is_empty() {
-            let parts = hub.decide(&cluster.me.region, round.here);
+            let parts = hub.decide(&cluster.members.me().region, round.here);
             hub.take_parts(round.asked_ns, parts);
         }
         let mut sends = JoinSet::new();
@@ -260,8 +260,8 @@ pub(super) async fn exchange_parts(
                     .increment(claims.len() as u64);
                 let count = claims.len() as u64;
                 let message = RlqsRegionClaims {
-                    from: cluster.me.id.clone(),
-                    region: cluster.me.region.clone(),
+                    from: cluster.members.me().id.clone(),
+                    region: cluster.members.me().region.clone(),
                     claims,
                 };
                 let mut frame = Vec::new();
