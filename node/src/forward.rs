@@ -4,7 +4,7 @@
 //! file waits, decides and sends.
 //!
 //! What keeps each key decided by one bucket while slots move or a node is slow:
-//! - groups are placed and decided under `Cluster::deciding`: a table switch waits for them,
+//! - groups are placed and decided under `SlotOwnership::deciding`: a table switch waits for them,
 //!   so the hand-off exported after a switch holds every decision made here;
 //! - a group whose gained slot still waits for its previous owner's hand-off is answered
 //!   `try_again` at once, so no frame waits on another group's hand-off (a caller of an older
@@ -33,12 +33,12 @@ use floodgate::wire::{
 use rkyv::rancor;
 
 use crate::caller::{Caller, REFUND_REFUSED};
+use crate::check_path::CheckPath;
 use crate::cluster::RegionRings;
 use crate::metrics::DecisionTally;
 use crate::owner_batches;
 use crate::reach::Reach;
 use crate::service::{decide_group, decode_frame_into, finish_batch, prefetch_before};
-use crate::state::Shared;
 use std::sync::Arc;
 
 /// Longest a node waits for its slot table to catch up with a peer's.
@@ -125,13 +125,13 @@ impl BatchBuffers {
 
 /// Answers a check batch from a caller (client or peer).
 pub(crate) async fn answer_check_batch(
-    shared: &Shared,
+    checks: &CheckPath,
     caller: Caller<'_>,
     frame: &Frame,
     now_ns: u64,
     out: &mut Vec<u8>,
 ) -> Option<ErrorCode> {
-    let limits = shared.config.limits;
+    let limits = checks.limits;
     let mut buffers = BatchBuffers::take();
     let mut groups = std::mem::take(&mut buffers.groups);
     if let Err(code) = decode_frame_into(frame, &limits.wire(), &mut groups, out) {
@@ -142,7 +142,7 @@ pub(crate) async fn answer_check_batch(
     // Already validated by decode_frame_into, so this access succeeds.
     let archived = || rkyv::access::<ArchivedCheckBatch, rancor::Error>(&frame.payload).ok();
     let refused = answer_groups(
-        shared,
+        checks,
         caller,
         frame,
         &groups,
@@ -165,7 +165,7 @@ pub(crate) async fn answer_check_batch(
 /// refused before it is placed.
 #[allow(clippy::too_many_arguments)]
 pub(crate) async fn answer_groups<'f>(
-    shared: &Shared,
+    checks: &CheckPath,
     caller: Caller<'_>,
     frame: &Frame,
     groups: &CheckGroups,
@@ -181,7 +181,7 @@ pub(crate) async fn answer_groups<'f>(
     )
     .then_some(frame.request_id);
     let mut decided = decide_groups(
-        shared,
+        checks,
         caller,
         forwarded_by,
         groups,
@@ -192,7 +192,7 @@ pub(crate) async fn answer_groups<'f>(
     )
     .await;
     finish_batch(
-        &shared.metrics,
+        &checks.metrics,
         &decided.tally,
         frame.request_id,
         &mut decided.decisions,
@@ -216,7 +216,7 @@ pub(crate) struct Decided {
 /// sender's table version when a peer forwarded the batch.
 #[allow(clippy::too_many_arguments)]
 pub(crate) async fn decide_groups<'f>(
-    shared: &Shared,
+    checks: &CheckPath,
     caller: Caller<'_>,
     forwarded_by: Option<u64>,
     groups: &CheckGroups,
@@ -227,7 +227,7 @@ pub(crate) async fn decide_groups<'f>(
 ) -> Decided {
     let each = || groups.iter();
     let refused = caller.take_refunds(each());
-    let mut batch = Batch::new(shared, groups, scopes, now_ns);
+    let mut batch = Batch::new(checks, groups, scopes, now_ns);
     batch.local = std::mem::take(&mut buffers.decisions);
     batch.local.clear();
     batch.local.reserve(groups.check_count());
@@ -256,7 +256,7 @@ pub(crate) async fn decide_groups<'f>(
             .collect();
         if !homes.is_empty() {
             let answers =
-                crate::reach::forward_home(shared, archived, &batch.reach, groups, &homes).await;
+                crate::reach::forward_home(checks, archived, &batch.reach, groups, &homes).await;
             for (i, answer) in answers {
                 placed[i] = GroupState::Answered(answer);
             }
@@ -268,7 +268,7 @@ pub(crate) async fn decide_groups<'f>(
     let Batch { tally, local, .. } = batch;
     let (mut decisions, held) = assemble(groups, &mut placed, local);
     buffers.placed = placed;
-    shared.metrics.try_again.increment(held as u64);
+    checks.metrics.try_again.increment(held as u64);
     caller.settle(each(), &decisions, &refused);
     if held > 0 && !caller.try_again {
         // An older caller knows no `try_again`: it fails over as for a node going away.
@@ -288,7 +288,7 @@ pub(crate) async fn decide_groups<'f>(
 
 /// One batch's groups, and the decisions made here so far.
 struct Batch<'a> {
-    shared: &'a Shared,
+    checks: &'a CheckPath,
     groups: &'a CheckGroups,
     /// One per check in flattened order, or none (every check `region`).
     scopes: &'a [Scope],
@@ -307,11 +307,16 @@ struct Batch<'a> {
 }
 
 impl<'a> Batch<'a> {
-    fn new(shared: &'a Shared, groups: &'a CheckGroups, scopes: &'a [Scope], now_ns: u64) -> Self {
+    fn new(
+        checks: &'a CheckPath,
+        groups: &'a CheckGroups,
+        scopes: &'a [Scope],
+        now_ns: u64,
+    ) -> Self {
         let mut starts = Vec::new();
         let mut reach = Vec::new();
         if !scopes.is_empty() {
-            let mine = shared.cluster.me.region.as_str();
+            let mine = checks.members.me().region.as_str();
             let mut start = 0;
             for group in groups.iter() {
                 starts.push(start);
@@ -321,7 +326,7 @@ impl<'a> Batch<'a> {
             }
         }
         Batch {
-            shared,
+            checks,
             groups,
             scopes,
             starts,
@@ -369,12 +374,12 @@ impl<'a> Batch<'a> {
     fn decide(&mut self, i: usize) -> GroupState {
         let start = self.local.len();
         if *self.reach(i) == Reach::Global {
-            let shared = self.shared;
+            let checks = self.checks;
             let rings = self
                 .rings
                 .get_or_insert_with(|| {
-                    let rings = shared.cluster.region_rings();
-                    shared.region_sync.set_regions(rings.regions());
+                    let rings = checks.regions.rings();
+                    checks.region_sync.set_regions(rings.regions());
                     rings
                 })
                 .clone();
@@ -384,7 +389,7 @@ impl<'a> Batch<'a> {
                 .map(|s| *s == Scope::Global)
                 .collect();
             crate::reach::decide_global_group(
-                shared,
+                &checks.region_sync,
                 &rings,
                 &self.groups[i],
                 &global,
@@ -392,7 +397,7 @@ impl<'a> Batch<'a> {
             );
         } else {
             decide_group(
-                &self.shared.store,
+                &self.checks.store,
                 &mut self.tally,
                 self.now_ns,
                 &self.groups[i],
@@ -407,12 +412,13 @@ impl<'a> Batch<'a> {
     /// ours may be the older one: wait (bounded) for it to name this node, so the hand-off wait
     /// that follows sees the change.
     async fn catch_up(&self, sender_version: u64) {
-        let cluster = &self.shared.cluster;
-        if cluster.had_version(sender_version) {
+        let checks = self.checks;
+        if checks.slots.had_version(sender_version) {
             return;
         }
-        let me = cluster.me.id.as_str();
-        cluster
+        let me = checks.members.me().id.as_str();
+        checks
+            .slots
             .wait_for_table(TABLE_CATCH_UP, |table| {
                 !table.contains(me) || self.slots().all(|s| table.owner(s) == Some(me))
             })
@@ -423,7 +429,7 @@ impl<'a> Batch<'a> {
     /// another node that carry a peek or a charge while some member reads neither: an older
     /// receiver would refuse the whole frame, with the other groups in it.
     fn refuse_unreadable_metered(&self, placed: &mut [GroupState]) {
-        let cluster_version = self.shared.cluster.cluster_version();
+        let cluster_version = self.checks.members.cluster_version();
         if Feature::MeteredCosts.readable_at(cluster_version) {
             return;
         }
@@ -448,25 +454,24 @@ impl<'a> Batch<'a> {
         placements: &mut Vec<Placement>,
         placed: &mut Vec<GroupState>,
     ) -> u64 {
-        let shared = self.shared;
-        let cluster = &shared.cluster;
+        let checks = self.checks;
         // The machine places every group by the table in force (stable under the gate); slots
         // this node gave away are refused to a forwarder.
         let deciding = if try_again {
-            cluster.deciding()
+            checks.slots.deciding()
         } else {
-            cluster.enter_deciding(self.slots(), self.now_ns).await
+            checks.slots.enter_deciding(self.slots(), self.now_ns).await
         };
-        let version = cluster.place_each_into(
+        let version = checks.slots.place_each_into(
             (0..self.groups.len()).map(|i| (self.slot(i), self.arrival(i, forwarded))),
-            shared.clock.now_ns(),
+            checks.clock.now_ns(),
             placements,
         );
         let mut taken_over = 0;
         placed.clear();
         placed.reserve(self.groups.len());
         for (i, placement) in placements.drain(..).enumerate() {
-            prefetch_before(&shared.store, i, |j| self.groups.group(j));
+            prefetch_before(&checks.store, i, |j| self.groups.group(j));
             placed.push(match placement {
                 _ if self.refused.get(i).copied().unwrap_or(false) => {
                     GroupState::Refused(REFUND_REFUSED)
@@ -486,7 +491,7 @@ impl<'a> Batch<'a> {
             });
         }
         drop(deciding);
-        shared.metrics.taken_over.increment(taken_over);
+        checks.metrics.taken_over.increment(taken_over);
         version
     }
 
@@ -498,8 +503,7 @@ impl<'a> Batch<'a> {
         placed: &mut [GroupState],
         table_version: u64,
     ) {
-        let shared = self.shared;
-        let cluster = &shared.cluster;
+        let checks = self.checks;
         let mut version = table_version;
         for last_round in [false, true] {
             if !placed.iter().any(|p| matches!(p, GroupState::Remote(_))) {
@@ -528,14 +532,14 @@ impl<'a> Batch<'a> {
                 .iter()
                 .any(|&i| matches!(placed[i], GroupState::Unanswered))
             {
-                cluster.suspected_members()
+                checks.members.suspected_members()
             } else {
                 Vec::new()
             };
-            let _deciding = cluster.deciding();
-            let now = shared.clock.now_ns();
+            let _deciding = checks.slots.deciding();
+            let now = checks.clock.now_ns();
             let placements: Vec<(usize, Placement)> = {
-                let ownership = cluster.ownership();
+                let ownership = checks.slots.ownership();
                 version = ownership.table().version();
                 failed
                     .into_iter()
@@ -575,8 +579,8 @@ impl<'a> Batch<'a> {
             })
             .collect();
         if !refused.is_empty() {
-            self.shared
-                .cluster
+            self.checks
+                .slots
                 .wait_for_table(TABLE_CATCH_UP, |table| {
                     refused.iter().all(|(s, by)| table.owner(*s) != Some(by))
                 })
@@ -658,10 +662,10 @@ impl Batch<'_> {
         placed: &mut [GroupState],
         table_version: u64,
     ) {
-        let shared = self.shared;
+        let checks = self.checks;
         let groups = self.groups;
-        let cluster = &shared.cluster;
-        let scoped_forwards = Feature::ForwardedScopes.readable_at(cluster.cluster_version());
+        let scoped_forwards =
+            Feature::ForwardedScopes.readable_at(checks.members.cluster_version());
         let mut remote: BTreeMap<String, Vec<usize>> = BTreeMap::new();
         for (i, place) in placed.iter_mut().enumerate() {
             if let GroupState::Remote(owner) = place {
@@ -694,7 +698,7 @@ impl Batch<'_> {
                     &batch,
                 );
             }
-            shared
+            checks
                 .metrics
                 .forwarded
                 .increment(indices.iter().map(|&i| groups[i].len() as u64).sum());
@@ -706,19 +710,19 @@ impl Batch<'_> {
             // than timing out on this node too (and opening its breaker to it), and the stream
             // behind this frame waits no longer.
             let within = if takeover {
-                shared.config.cluster.takeover_forward_timeout
+                checks.takeover_forward_timeout
             } else {
                 FORWARD_TIMEOUT
             };
             (frame, within)
         });
-        for answer in owner_batches::send(shared, batches, groups).await {
+        for answer in owner_batches::send(checks, batches, groups).await {
             placed[answer.group] = if answer
                 .decisions
                 .first()
                 .is_some_and(|d| d.to_decision() == Err(ErrorCode::NotOwner))
             {
-                shared
+                checks
                     .metrics
                     .forward_refused
                     .increment(answer.decisions.len() as u64);

@@ -1,7 +1,7 @@
 //! One check batch through the path QUIC clients' batches take (`forward::decide_groups`:
 //! decided here or forwarded to each owner), for the fronts that are not QUIC: the RLS and RESP.
 
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
 use floodgate::Clock;
 use floodgate::wire::{
@@ -11,9 +11,21 @@ use floodgate::wire::{
 use rkyv::rancor;
 use rkyv::util::AlignedVec;
 
+use crate::budget::BufferBudget;
 use crate::caller::Caller;
+use crate::check_path::CheckPath;
+use crate::config::NodeConfig;
 use crate::service::record_batch;
-use crate::state::Shared;
+
+/// What the fronts beside QUIC (the RLS and RESP) share: the node's configuration (their TLS
+/// and limits), the node-wide budget of buffered bytes (their calls count in it beside the QUIC
+/// streams'), and the check path their batches take.
+#[derive(Debug)]
+pub(crate) struct FrontContext {
+    pub(crate) config: NodeConfig,
+    pub(crate) budget: Arc<BufferBudget>,
+    pub(crate) checks: Arc<CheckPath>,
+}
 
 /// Why a batch could not be decided (each front answers it its own way: the RLS with
 /// `UNAVAILABLE`, the RESP front by its failure mode).
@@ -27,12 +39,13 @@ pub(crate) struct Undecided(pub String);
 /// is forwarded: the archive is what a forward to another owner carries. No frame is built or
 /// read around it, and the decisions are taken as they are.
 pub(crate) async fn run_batch(
-    shared: &Shared,
+    front: &FrontContext,
     groups: Vec<Vec<WireCheck>>,
 ) -> Result<Vec<WireDecision>, Undecided> {
     let expected: usize = groups.iter().map(Vec::len).sum();
     let batch = CheckBatch { groups };
-    let limits = shared.config.limits;
+    let path = &front.checks;
+    let limits = path.limits;
     let payload: OnceLock<Option<AlignedVec>> = OnceLock::new();
     let mut buffers = crate::forward::BatchBuffers::take();
     let mut checks = std::mem::take(&mut buffers.groups);
@@ -54,13 +67,13 @@ pub(crate) async fn run_batch(
             .as_ref()?;
         rkyv::access::<ArchivedCheckBatch, rancor::Error>(payload).ok()
     };
-    let now_ns = shared.clock.now_ns();
+    let now_ns = path.clock.now_ns();
     // Neither an Envoy nor a Redis client can be told to try again: the call waits (at most
     // 500 ms) for a moving slot's hand-off instead, as for a client of an older version. The
     // RLS front's negative hits (its only refunds) are refused unless the operator allowed
     // them, and the RESP front sends none, so both are trusted with what gets here.
     let decided = crate::forward::decide_groups(
-        shared,
+        path,
         Caller::trusted(false),
         None,
         &checks,
@@ -72,7 +85,7 @@ pub(crate) async fn run_batch(
     .await;
     buffers.groups = checks;
     buffers.give_back();
-    record_batch(&shared.metrics, &decided.tally, decided.decisions.len());
+    record_batch(&path.metrics, &decided.tally, decided.decisions.len());
     if decided.decisions.len() != expected {
         return Err(Undecided(
             "the answer has the wrong number of decisions".into(),

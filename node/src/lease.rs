@@ -7,62 +7,64 @@
 
 use floodgate::Clock;
 use floodgate::cluster::ownership::{Arrival, Placement, Refusal};
-use floodgate::lease::{Acquired, LeaseIdWidth, LeaseStore, LeaseStoreError, Renewed};
+use floodgate::lease::{
+    Acquired, LeaseIdWidth, LeaseIds, LeaseStore, LeaseStoreConfig, LeaseStoreError, Renewed,
+};
 use floodgate::protocol::Feature;
 use floodgate::wire::{
     ErrorCode, Frame, LeaseAnswer, LeaseAnswerBatch, LeaseOp, ValidLeaseRequest, WireLeaseAnswer,
     decode_lease_requests, encode_lease_answers,
 };
 
+use crate::check_path::CheckPath;
 use crate::service::encode_error;
-use crate::state::Shared;
 
 /// Answers one kind 15 frame: appends a kind 16 (or an error frame for a refused frame, whose
 /// code it returns).
 pub(crate) async fn answer_lease_requests(
-    shared: &Shared,
+    checks: &CheckPath,
     frame: &Frame,
     out: &mut Vec<u8>,
 ) -> Option<ErrorCode> {
-    let requests =
-        match decode_lease_requests(frame.version, &frame.payload, &shared.config.limits.wire()) {
-            Ok(requests) => requests,
-            Err((code, message)) => {
-                encode_error(out, frame.request_id, code, message);
-                return Some(code);
-            }
-        };
-    let cluster = &shared.cluster;
-    cluster.wait_until_joined().await;
+    let requests = match decode_lease_requests(frame.version, &frame.payload, &checks.limits.wire())
+    {
+        Ok(requests) => requests,
+        Err((code, message)) => {
+            encode_error(out, frame.request_id, code, message);
+            return Some(code);
+        }
+    };
+    checks.slots.wait_until_joined().await;
     // 128-bit ids for a caller whose frame has them, once every member reads them too (its
     // replicas carry the ids).
     let wide = Feature::WideLeaseIds;
-    let width = if wide.readable_at(frame.version) && wide.readable_at(cluster.cluster_version()) {
-        LeaseIdWidth::Bits128
-    } else {
-        LeaseIdWidth::Bits64
-    };
+    let width =
+        if wide.readable_at(frame.version) && wide.readable_at(checks.members.cluster_version()) {
+            LeaseIdWidth::Bits128
+        } else {
+            LeaseIdWidth::Bits64
+        };
     let slots = requests.iter().map(|r| r.key.slot());
-    let read_ns = shared.clock.now_ns();
+    let read_ns = checks.clock.now_ns();
     let (answers, table_version) = {
         // Gained slots wait (bounded) for their previous owner's hand-off, which brings the
         // leases. Decided under the gate: a table switch waits, so its hand-off holds these
         // grants.
-        let _deciding = cluster.enter_deciding(slots, read_ns).await;
-        let (placements, version) = cluster.place_each(
+        let _deciding = checks.slots.enter_deciding(slots, read_ns).await;
+        let (placements, version) = checks.slots.place_each(
             requests
                 .iter()
                 .map(|r| (r.key.slot(), Arrival::from_client(r.takeover))),
-            shared.clock.now_ns(),
+            checks.clock.now_ns(),
         );
-        let now_ns = shared.clock.now_ns();
+        let now_ns = checks.clock.now_ns();
         let answers: Vec<WireLeaseAnswer> = requests
             .iter()
             .zip(placements)
             .map(|(request, placement)| {
                 let answer = match placement {
                     Placement::Decide | Placement::Takeover => {
-                        decide(&cluster.leases, request, now_ns, width)
+                        decide(&checks.leases, request, now_ns, width)
                     }
                     Placement::Forward(_) | Placement::Refuse(Refusal::NotOwner) => {
                         LeaseAnswer::Error(ErrorCode::NotOwner)
@@ -131,29 +133,43 @@ pub(crate) fn decide(
     }
 }
 
-/// Merges a peer's lease sets (replicas or a hand-off), expiries clamped to at most the
-/// longest TTL from now: a peer's clock or bytes cannot pin a lease for longer than a day.
-pub(crate) fn merge_from_peer(
-    cluster: &crate::cluster::Cluster,
-    mut sets: Vec<floodgate::lease::LeaseSetState>,
-    handoff: bool,
-    now_ns: u64,
-) {
-    let latest = now_ns.saturating_add(floodgate::lease::MAX_LEASE_TTL_NS);
-    for set in &mut sets {
-        for lease in &mut set.leases {
-            lease.expires_at_ns = lease.expires_at_ns.min(latest);
-        }
+/// A lease store bounded at `max_leases` (default: the core's), its ids drawn from the
+/// operating system's secure generator: a caller holding one lease cannot work out another's
+/// id, and two nodes, or two lives of one node, grant the same id only by a 2^-64 chance.
+pub(crate) fn lease_store(max_leases: Option<usize>) -> LeaseStore {
+    let config = LeaseStoreConfig {
+        max_leases: max_leases.unwrap_or(LeaseStoreConfig::default().max_leases),
+    };
+    LeaseStore::new(config, Box::new(SystemLeaseIds::new()))
+}
+
+/// Lease ids from the operating system's cryptographically secure generator: ring's
+/// `SystemRandom` (getrandom), through the rustls provider the node's TLS already uses. Each id
+/// is 128 fresh random bits (the store cuts them to 64 for a caller of an older version).
+#[derive(Debug)]
+pub(crate) struct SystemLeaseIds {
+    random: &'static dyn rustls::crypto::SecureRandom,
+}
+
+impl SystemLeaseIds {
+    /// Panics if the operating system has no random source to give (then no id is safe to
+    /// grant); the first draw is made here, at start, so that shows before any lease is.
+    pub(crate) fn new() -> Self {
+        let ids = SystemLeaseIds {
+            random: rustls::crypto::ring::default_provider().secure_random,
+        };
+        ids.next_id();
+        ids
     }
-    let dropped = cluster.leases.merge(&sets, now_ns);
-    cluster
-        .lease_sets_received
-        .send_modify(|n| *n += sets.len() as u64);
-    let direction = if handoff { "handoff" } else { "replica" };
-    metrics::counter!("floodgate_received_lease_sets_total", "kind" => direction)
-        .increment(sets.len() as u64);
-    if dropped > 0 {
-        metrics::counter!("floodgate_lease_merge_dropped_total").increment(dropped as u64);
+}
+
+impl LeaseIds for SystemLeaseIds {
+    fn next_id(&self) -> floodgate::lease::LeaseId {
+        let mut bytes = [0; 16];
+        self.random
+            .fill(&mut bytes)
+            .expect("the operating system's random source failed: no lease id can be drawn");
+        u128::from_le_bytes(bytes)
     }
 }
 
@@ -195,9 +211,7 @@ impl LeaseMetrics {
 #[cfg(test)]
 mod tests {
     use floodgate::BucketKey;
-    use floodgate::lease::{LeaseIds, LeaseLimit, LeaseStoreConfig};
-
-    use crate::cluster::SystemLeaseIds;
+    use floodgate::lease::LeaseLimit;
 
     use super::*;
 
@@ -358,25 +372,5 @@ mod tests {
             .expiries
             .load(std::sync::atomic::Ordering::Relaxed);
         assert_eq!(expiries, 3);
-    }
-
-    #[tokio::test]
-    async fn merged_expiries_are_clamped_to_a_day_from_now() {
-        let key = BucketKey::for_key(b"k");
-        let far = floodgate::lease::LeaseSetState {
-            key,
-            max: 1,
-            leases: vec![floodgate::lease::Lease {
-                id: 9,
-                expires_at_ns: u64::MAX / 2,
-            }],
-            released: Vec::new(),
-        };
-        let cluster = crate::cluster::tests::cluster_alone();
-        merge_from_peer(&cluster, vec![far], false, SEC);
-        let leases = &cluster.leases;
-        let day = floodgate::lease::MAX_LEASE_TTL_NS;
-        assert_eq!(leases.in_use(key, SEC + day - 1), 1);
-        assert_eq!(leases.in_use(key, SEC + day), 0);
     }
 }

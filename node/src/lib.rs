@@ -50,6 +50,7 @@ mod admission;
 mod alloc_counter;
 mod budget;
 mod caller;
+mod check_path;
 mod forward;
 mod front_batch;
 mod lease;
@@ -68,7 +69,6 @@ mod scoped;
 mod server;
 mod service;
 pub mod snapshot;
-mod state;
 mod tls;
 mod token_leases;
 

@@ -9,7 +9,7 @@ use floodgate::wire::{
     ArchivedCheckBatch, CheckBatch, CheckGroups, FrameKind, WireDecision, decode_decisions,
 };
 
-use crate::state::Shared;
+use crate::check_path::CheckPath;
 
 /// What one node is sent: the indices of its groups and the encoded frame that carries them.
 pub(crate) struct OwnerBatch {
@@ -63,17 +63,17 @@ pub(crate) fn batches(
 /// full (a node whose address is unknown, that did not answer in time, or whose answer does
 /// not match what was sent leaves its groups out). `groups` gives each group's size.
 pub(crate) async fn send(
-    shared: &Shared,
+    checks: &CheckPath,
     batches: Vec<OwnerBatch>,
     groups: &CheckGroups,
 ) -> Vec<GroupAnswer> {
-    let max = shared.config.limits.max_frame_bytes;
+    let max = checks.limits.max_frame_bytes;
     let mut forwards = tokio::task::JoinSet::new();
     for batch in batches {
-        let Some(addr) = shared.cluster.addr_of(&batch.owner) else {
+        let Some(addr) = checks.members.addr_of(&batch.owner) else {
             continue;
         };
-        let peers = shared.cluster.peers.clone();
+        let peers = checks.peers.clone();
         forwards.spawn(async move {
             let answer = peers
                 .request_within(

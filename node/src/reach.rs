@@ -5,15 +5,16 @@
 
 use std::collections::BTreeMap;
 
-use floodgate::BucketCheck;
 use floodgate::region::{RegionName, Scope};
 use floodgate::wire::{
     ArchivedCheckBatch, CheckGroups, ErrorCode, FrameKind, ValidCheck, WireDecision, encode_message,
 };
+use floodgate::{BucketCheck, EpochClock};
 
+use crate::check_path::CheckPath;
 use crate::cluster::{PEER_TIMEOUT, RegionRings};
 use crate::owner_batches;
-use crate::state::Shared;
+use crate::region_sync::RegionSync;
 
 /// How a group is decided, from its checks' scopes.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -50,13 +51,13 @@ impl Reach {
 /// forwarded batch per owner, all at once); returns the answers that came, by group index
 /// (a group no answer came for is left out).
 pub(crate) async fn forward_home(
-    shared: &Shared,
+    checks: &CheckPath,
     archived: Option<&ArchivedCheckBatch>,
     reach: &[Reach],
     groups: &CheckGroups,
     wanted: &[usize],
 ) -> Vec<(usize, Vec<WireDecision>)> {
-    let rings = shared.cluster.region_rings();
+    let rings = checks.regions.rings();
     let mut homes: BTreeMap<String, Vec<usize>> = BTreeMap::new();
     for &i in wanted {
         if let Some(Reach::Home(home)) = reach.get(i) {
@@ -75,7 +76,7 @@ pub(crate) async fn forward_home(
         encode_message(&mut frame, FrameKind::ForwardedCheckBatch, 0, &batch);
         (frame, PEER_TIMEOUT)
     });
-    owner_batches::send(shared, batches, groups)
+    owner_batches::send(checks, batches, groups)
         .await
         .into_iter()
         // `not_owner` from the home: its ring disagrees with ours for now; unanswered.
@@ -90,7 +91,7 @@ pub(crate) async fn forward_home(
 
 /// Decides a group with global checks here, all or nothing (a group of charges: each taken).
 pub(crate) fn decide_global_group(
-    shared: &Shared,
+    region_sync: &RegionSync<EpochClock>,
     rings: &RegionRings,
     group: &[ValidCheck],
     global: &[bool],
@@ -102,14 +103,14 @@ pub(crate) fn decide_global_group(
         .map(|c| rings.owners_elsewhere(c.key.slot()))
         .collect();
     if group[0].charge {
-        let charged = shared.region_sync.charge_group(&checks, global, &others);
+        let charged = region_sync.charge_group(&checks, global, &others);
         out.extend(charged.into_iter().map(|charged| match charged {
             Ok(charged) => WireDecision::from(charged.decision),
             Err(_) => WireDecision::error(ErrorCode::StoreFull),
         }));
         return;
     }
-    match shared.region_sync.check_group(&checks, global, &others) {
+    match region_sync.check_group(&checks, global, &others) {
         Ok(decided) => out.extend(decided.into_iter().map(WireDecision::from)),
         Err(_) => out.extend(refused(group.len(), ErrorCode::StoreFull)),
     }

@@ -7,26 +7,28 @@ use std::sync::Arc;
 
 use floodgate::BucketKey;
 use floodgate::Clock;
+use floodgate::EpochClock;
 use floodgate::region::{Outgoing, Peer, RegionName};
 
 use tokio::sync::watch;
 
-use crate::cluster::Cluster;
-use crate::region_sync::{RegionLinks, encode_region_frame};
-use crate::state::Shared;
+use crate::cluster::{Members, OtherRegions, Peers, SlotOwnership};
+use crate::region_sync::{RegionLinks, RegionSync, encode_region_frame};
 
 /// How often the exchange's per-region metrics are published.
 const METRICS_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
 
 pub(crate) struct PeerLinks {
-    pub(crate) cluster: Arc<Cluster>,
+    /// Where the owners are.
+    pub(crate) members: Arc<Members>,
+    pub(crate) peers: Arc<Peers>,
 }
 
 impl RegionLinks for PeerLinks {
     fn send(&self, to: &Peer, message: Outgoing) {
         // A peer the membership no longer knows: dropped, sent again once its region's ring
         // names an owner the membership knows.
-        let Some(addr) = self.cluster.addr_of(&to.node) else {
+        let Some(addr) = self.members.addr_of(&to.node) else {
             return;
         };
         let kind = match message {
@@ -42,8 +44,7 @@ impl RegionLinks for PeerLinks {
         // Encoded for the version the connection to the peer agreed on: version 4's layout
         // only to a peer that reads it.
         drop(
-            self.cluster
-                .peers
+            self.peers
                 .send_with(addr, move |version| encode_region_frame(version, &message)),
         );
     }
@@ -55,8 +56,14 @@ impl RegionLinks for PeerLinks {
 /// the exchange's `inbox_idle_ns` (every restarted node in another region is a new sender) and
 /// publishes per peer region: keys with deltas waiting, unconfirmed units, retransmissions, the
 /// delta lag.
-pub(crate) async fn follow_rings(shared: Arc<Shared>, mut shutdown: watch::Receiver<bool>) {
-    let mut tables = shared.cluster.watch_table();
+pub(crate) async fn follow_rings(
+    region_sync: Arc<RegionSync<EpochClock>>,
+    slots: Arc<SlotOwnership>,
+    regions: Arc<OtherRegions>,
+    clock: EpochClock,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let mut tables = slots.watch_table();
     let mut ticker = tokio::time::interval(METRICS_INTERVAL);
     loop {
         tokio::select! {
@@ -64,13 +71,13 @@ pub(crate) async fn follow_rings(shared: Arc<Shared>, mut shutdown: watch::Recei
                 if changed.is_err() {
                     return;
                 }
-                let rings = shared.cluster.region_rings();
+                let rings = regions.rings();
                 let new_owner = |region: &RegionName, key: BucketKey| {
                     let owner = rings.owner_in(region, key.slot())?;
                     Some(Peer::new(region.clone(), owner))
                 };
                 let (moved, lost) =
-                    shared.region_sync.forget_gone(|peer| rings.keeps(peer), &new_owner);
+                    region_sync.forget_gone(|peer| rings.keeps(peer), &new_owner);
                 if moved > 0 {
                     tracing::info!(units = moved, "region deltas of owners that left their ring go to the keys' new owners");
                     metrics::counter!("floodgate_region_units_rerouted_total").increment(moved);
@@ -79,12 +86,12 @@ pub(crate) async fn follow_rings(shared: Arc<Shared>, mut shutdown: watch::Recei
                     tracing::info!(units = lost, "dropped region deltas of owners that left their ring (no new owner in sight)");
                     metrics::counter!("floodgate_region_units_dropped_total").increment(lost);
                 }
-                follow_ownership(&shared);
+                follow_ownership(&region_sync, &slots, clock);
             }
             _ = ticker.tick() => {
-                shared.region_sync.evict_idle_inboxes();
-                shared.region_sync.prune_inherited();
-                publish(&shared);
+                region_sync.evict_idle_inboxes();
+                region_sync.prune_inherited();
+                publish(&region_sync);
             }
             _ = shutdown.changed() => return,
         }
@@ -92,14 +99,16 @@ pub(crate) async fn follow_rings(shared: Arc<Shared>, mut shutdown: watch::Recei
 }
 
 /// This region's table changed: remote units held or passed on follow the keys' new owners.
-fn follow_ownership(shared: &Shared) {
-    let me = shared.region_sync.me();
-    let _deciding = shared.cluster.deciding();
-    let route = shared
-        .cluster
-        .delta_router(me.region.clone(), shared.clock.now_ns());
-    let still_member = |peer: &Peer| shared.cluster.owns_slots(peer);
-    let passed = shared.region_sync.follow_ownership(&route, &still_member);
+fn follow_ownership(
+    region_sync: &RegionSync<EpochClock>,
+    slots: &SlotOwnership,
+    clock: EpochClock,
+) {
+    let me = region_sync.me();
+    let _deciding = slots.deciding();
+    let route = slots.delta_router(me.region.clone(), clock.now_ns());
+    let still_member = |peer: &Peer| slots.owns_slots(peer);
+    let passed = region_sync.follow_ownership(&route, &still_member);
     if passed > 0 {
         tracing::debug!(
             units = passed,
@@ -108,10 +117,10 @@ fn follow_ownership(shared: &Shared) {
     }
 }
 
-fn publish(shared: &Shared) {
+fn publish(region_sync: &RegionSync<EpochClock>) {
     let mut per_region: std::collections::BTreeMap<String, (usize, u64, u64, u64)> =
         Default::default();
-    for d in shared.region_sync.destinations() {
+    for d in region_sync.destinations() {
         let entry = per_region
             .entry(d.peer.region.as_str().to_owned())
             .or_default();
@@ -130,7 +139,7 @@ fn publish(shared: &Shared) {
         metrics::gauge!("floodgate_region_delta_lag_seconds", "region" => region)
             .set(lag_ns as f64 / 1e9);
     }
-    let stats = shared.region_sync.stats();
+    let stats = region_sync.stats();
     metrics::gauge!("floodgate_region_denied_by_share").set(stats.denied_by_share as f64);
     metrics::gauge!("floodgate_region_applied_messages").set(stats.applied_messages as f64);
     metrics::gauge!("floodgate_region_refused_messages").set(stats.refused_messages as f64);

@@ -19,28 +19,27 @@ use floodgate::wire::{
 use rkyv::rancor;
 
 use crate::caller::Caller;
+use crate::check_path::CheckPath;
 use crate::service::encode_error;
-use crate::state::Shared;
 
 /// Answers a kind 12 frame (or kind 20 from a peer) into `out`, or gives back the plain kind
 /// 1 (or 10) frame it amounts to (every check `region` here), for the caller to answer as any
 /// check batch.
 pub(crate) async fn answer_scoped_batch(
-    shared: &Shared,
+    checks: &CheckPath,
     caller: Caller<'_>,
     frame: &Frame,
     now_ns: u64,
     out: &mut Vec<u8>,
 ) -> Result<Option<ErrorCode>, Frame> {
-    let (groups, scopes) =
-        match decode_scoped_check_batch(&frame.payload, &shared.config.limits.wire()) {
-            Ok(decoded) => decoded,
-            Err((code, message)) => {
-                encode_error(out, frame.request_id, code, message);
-                return Ok(Some(code));
-            }
-        };
-    let mine = shared.cluster.me.region.as_str();
+    let (groups, scopes) = match decode_scoped_check_batch(&frame.payload, &checks.limits.wire()) {
+        Ok(decoded) => decoded,
+        Err((code, message)) => {
+            encode_error(out, frame.request_id, code, message);
+            return Ok(Some(code));
+        }
+    };
+    let mine = checks.members.me().region.as_str();
     let here = |scope: &Scope| match scope {
         Scope::Region => true,
         Scope::Global => false,
@@ -64,7 +63,7 @@ pub(crate) async fn answer_scoped_batch(
     };
     let mut buffers = crate::forward::BatchBuffers::take();
     let refused = crate::forward::answer_groups(
-        shared,
+        checks,
         caller,
         frame,
         &CheckGroups::from(groups),

@@ -16,11 +16,11 @@ use floodgate::store::snapshot::{
     SNAPSHOT_HEADER_BYTES, SNAPSHOT_TRAILER_BYTES, decode_snapshot_limited, encode_snapshot,
     is_live, is_long_period, max_snapshot_bytes, snapshot_content_hash,
 };
-use floodgate::{BucketStore, Clock};
+use floodgate::{BucketStore, Clock, EpochClock};
 use parking_lot::Mutex;
 use tokio::sync::watch;
 
-use crate::state::Shared;
+use crate::metrics::NodeMetrics;
 
 /// The snapshot's file name inside the state directory.
 pub const SNAPSHOT_FILE: &str = "buckets.snapshot";
@@ -86,8 +86,13 @@ impl Snapshots {
     /// Loads the snapshot into `store` through the same merge as state received from peers.
     /// Returns how many buckets were loaded. Never fails: a missing file means a first start, a
     /// bad one is reported, moved aside, and the node starts empty.
-    pub(crate) fn load(&self, shared: &Shared) -> usize {
-        let (store, now_ns) = (&shared.store, shared.clock.now_ns());
+    pub(crate) fn load(
+        &self,
+        store: &BucketStore,
+        clock: &EpochClock,
+        metrics: &NodeMetrics,
+    ) -> usize {
+        let now_ns = clock.now_ns();
         let path = self.path();
         let bytes = match read_bounded(&path, snapshot_bound(store)) {
             Ok(Some(bytes)) => bytes,
@@ -96,7 +101,7 @@ impl Snapshots {
                 return 0;
             }
             Err(reason) => {
-                shared.metrics.snapshot_refused.increment(1);
+                metrics.snapshot_refused.increment(1);
                 self.refuse(&path, &reason);
                 return 0;
             }
@@ -104,7 +109,7 @@ impl Snapshots {
         let snapshot = match decode_snapshot_limited(&bytes, store.max_keys()) {
             Ok(snapshot) => snapshot,
             Err(e) => {
-                shared.metrics.snapshot_refused.increment(1);
+                metrics.snapshot_refused.increment(1);
                 self.refuse(&path, &e.to_string());
                 return 0;
             }
@@ -220,14 +225,18 @@ fn write_atomically(dir: &Path, temp: &Path, path: &Path, bytes: &[u8]) -> io::R
 }
 
 /// One snapshot attempt, off the async workers, with its metrics.
-pub(crate) async fn snapshot_once(snapshots: &Arc<Snapshots>, shared: &Arc<Shared>) {
-    let (task_snapshots, task_shared) = (snapshots.clone(), shared.clone());
+pub(crate) async fn snapshot_once(
+    snapshots: &Arc<Snapshots>,
+    store: &Arc<BucketStore>,
+    clock: EpochClock,
+    metrics: &NodeMetrics,
+) {
+    let (task_snapshots, task_store) = (snapshots.clone(), store.clone());
     let result = tokio::task::spawn_blocking(move || {
-        let now_ns = task_shared.clock.now_ns();
-        task_snapshots.write_if_changed(&task_shared.store, now_ns)
+        let now_ns = clock.now_ns();
+        task_snapshots.write_if_changed(&task_store, now_ns)
     })
     .await;
-    let metrics = &shared.metrics;
     match result {
         Ok(Ok(Outcome::Written { buckets, bytes })) => {
             metrics.snapshot_writes.increment(1);
@@ -257,7 +266,9 @@ pub(crate) async fn snapshot_once(snapshots: &Arc<Snapshots>, shared: &Arc<Share
 /// write is the shutdown path's, after the last check has been answered).
 pub(crate) async fn run(
     snapshots: Arc<Snapshots>,
-    shared: Arc<Shared>,
+    store: Arc<BucketStore>,
+    clock: EpochClock,
+    metrics: Arc<NodeMetrics>,
     mut shutdown: watch::Receiver<bool>,
 ) {
     let mut ticker = tokio::time::interval(SNAPSHOT_INTERVAL);
@@ -267,7 +278,7 @@ pub(crate) async fn run(
             _ = ticker.tick() => {}
             _ = shutdown.changed() => return,
         }
-        snapshot_once(&snapshots, &shared).await;
+        snapshot_once(&snapshots, &store, clock, &metrics).await;
     }
 }
 

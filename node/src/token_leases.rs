@@ -14,32 +14,31 @@ use floodgate::wire::{
 };
 
 use crate::caller::Caller;
+use crate::check_path::CheckPath;
 use crate::service::encode_error;
-use crate::state::Shared;
 
 /// Answers one kind 18 frame from `caller`: a kind 19 frame, or an error frame when it is
 /// refused whole.
 pub(crate) async fn answer_token_leases(
-    shared: &Shared,
+    checks: &CheckPath,
     caller: Caller<'_>,
     frame: &Frame,
     now_ns: u64,
     out: &mut Vec<u8>,
 ) -> Option<ErrorCode> {
-    let requests = match decode_token_lease_batch(&frame.payload, &shared.config.limits.wire()) {
+    let requests = match decode_token_lease_batch(&frame.payload, &checks.limits.wire()) {
         Ok(requests) => requests,
         Err((code, message)) => {
             encode_error(out, frame.request_id, code, message);
             return Some(code);
         }
     };
-    let cluster = &shared.cluster;
-    cluster.wait_until_joined().await;
+    checks.slots.wait_until_joined().await;
     let slots = || requests.iter().map(|r| r.key.slot());
     // Gained slots wait for their previous owner's hand-off, as checks do; then everything is
     // placed and decided under the deciding gate, so a table switch's hand-off holds it.
-    let deciding = cluster.enter_deciding(slots(), now_ns).await;
-    let (placements, table_version) = cluster.place_each(
+    let deciding = checks.slots.enter_deciding(slots(), now_ns).await;
+    let (placements, table_version) = checks.slots.place_each(
         requests
             .iter()
             .map(|r| (r.key.slot(), Arrival::from_client(r.takeover))),
@@ -51,7 +50,7 @@ pub(crate) async fn answer_token_leases(
         .zip(placements)
         .map(|(request, placement)| match placement {
             Placement::Decide | Placement::Takeover => {
-                decide(&shared.store, caller, request, now_ns, &mut tally)
+                decide(&checks.store, caller, request, now_ns, &mut tally)
             }
             // Forwarding a lease would make the forwarder hold nothing: the client asks its
             // owner, or checks the key as usual.

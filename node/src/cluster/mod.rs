@@ -12,12 +12,13 @@
 //! - `unconfirmed_handoff`: region units other regions have not confirmed, handed over with
 //!   their slots (kind 25).
 
-mod delta_routes;
+mod gossip;
 mod lease_replication;
-mod membership;
+mod members;
 mod peers;
 mod region_rings;
 mod replication;
+mod slot_ownership;
 mod table_message;
 mod table_switch;
 mod unconfirmed_handoff;
@@ -27,20 +28,22 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use floodgate::cluster::ownership::{Ownership, OwnershipConfig};
-use floodgate::cluster::{MemberInfo, MemberState, Membership, SlotTable};
-use floodgate::lease::{LeaseIds, LeaseStore, LeaseStoreConfig};
+use floodgate::cluster::{MemberInfo, Membership, SlotTable};
+use floodgate::lease::LeaseStore;
 use floodgate::{BucketStore, Clock, EpochClock};
 use parking_lot::Mutex;
 use tokio::sync::watch;
 
-use crate::member_log::MemberLog;
 use crate::metrics::ClusterMetrics;
 
 pub use crate::config::ClusterConfig;
+pub(crate) use lease_replication::LeaseReplication;
+pub(crate) use members::Members;
 pub(crate) use peers::Peers;
-pub(crate) use region_rings::RegionRings;
-use table_message::EncodedTable;
+pub(crate) use region_rings::{OtherRegions, RegionRings};
+pub(crate) use replication::Replication;
+pub(crate) use slot_ownership::SlotOwnership;
+pub(crate) use table_message::TableMessages;
 pub(crate) use unconfirmed_handoff::UnconfirmedSource;
 
 /// Most encoded bytes of buckets in one replication or hand-off frame: well under the smallest
@@ -59,264 +62,193 @@ const COMPLAINT_INTERVAL_NS: u64 = 1_000_000_000;
 /// Longest a seed's name may take to resolve before the dial is given up (retried next round).
 const RESOLVE_TIMEOUT: Duration = Duration::from_secs(1);
 
-/// The cluster state one node keeps.
+/// The driver of the cluster's parts: the gossip round, each change of owners switched to
+/// through the table update and its hand-offs, replication rounds, the leave. It keeps its own
+/// handles on the parts it drives; the rest of the node is handed the parts it uses
+/// ([`ClusterParts`]), never this.
 #[derive(Debug)]
 pub(crate) struct Cluster {
-    pub(crate) me: MemberInfo,
     config: ClusterConfig,
-    membership: Mutex<Membership>,
-    /// Who decides which slot while slots move: the table in force and the ones before it,
-    /// the slots given away, gained slots waiting for their hand-off, the join phase. The core's
-    /// sans-I/O machine; this driver feeds it and carries out its actions.
-    ownership: Mutex<Ownership>,
-    /// The machine's table, published: a watch so tests and tools can await changes instead of
-    /// polling, and checks read it without the machine's lock.
-    table: watch::Sender<Arc<SlotTable>>,
-    pub(crate) peers: Arc<Peers>,
-    /// Rung when a hand-off completes: checks waiting on gained slots look again.
-    handoff_arrived: tokio::sync::Notify,
-    /// Encoded bucket bytes per replication or hand-off frame.
-    bucket_bytes_per_frame: usize,
-    /// The buckets replicated and handed off, and where merged ones go.
-    store: Arc<BucketStore>,
-    /// Concurrency leases, replicated and handed off with the buckets of their slots.
-    pub(crate) leases: Arc<LeaseStore>,
-    /// Lease sets merged from peers since start (for tests and tools to await).
-    pub(crate) lease_sets_received: watch::Sender<u64>,
+    members: Arc<Members>,
+    slots: Arc<SlotOwnership>,
+    peers: Arc<Peers>,
+    replication: Arc<Replication>,
+    lease_replication: Arc<LeaseReplication>,
+    regions: Arc<OtherRegions>,
     clock: EpochClock,
     metrics: ClusterMetrics,
-    /// The machine's join phase, mirrored for the per-check look (set false only after the real
-    /// table is published, so a check that sees the node joined also sees that table).
-    joining: std::sync::atomic::AtomicBool,
-    /// Rung when a joining node has its first real table.
-    joined: tokio::sync::Notify,
-    /// Set (with the reason) once another node proved to hold this node's id first: this node
-    /// is out of the cluster and its process should stop.
-    refused: watch::Sender<Option<String>>,
-    /// When the log may next say that no seed answered, or that an id is claimed twice.
-    next_join_complaint_ns: AtomicU64,
-    next_conflict_complaint_ns: AtomicU64,
-    /// Held shared while a batch reads the table and decides its groups, exclusively while the
-    /// table is switched: once a switch returns, no decision made under the old table is still
-    /// in flight, so the hand-off exported after it holds every decision made here.
-    deciding: parking_lot::RwLock<()>,
     /// One table update at a time (gossip, the gossip loop, a leave), so a leave's hand-off is
     /// the one it waits for.
     updating: Mutex<()>,
-    /// Members' states as last logged: suspicion and death are logged at WARN as they happen.
-    member_log: Mutex<MemberLog>,
-    /// The last slot-table payload encoded for clients, reused while it is current.
-    encoded_table: Mutex<Option<Arc<EncodedTable>>>,
-    /// The other regions' rings, recomputed when the membership's owners change.
-    region_rings: parking_lot::RwLock<Arc<RegionRings>>,
-    /// The cluster version last published (metric and log), to log it when it changes.
-    published_cluster_version: std::sync::atomic::AtomicU8,
-    /// The region exchange's unconfirmed units, handed over with slots (set by a node with
-    /// regions).
+    /// The region exchange's unconfirmed units, handed over with slots (set once the node's
+    /// region exchange is built).
     unconfirmed_source: std::sync::OnceLock<Arc<dyn UnconfirmedSource>>,
 }
 
+/// The cluster's parts, each owning its state, for the node to hand to the tasks that use
+/// them.
+#[derive(Debug, Clone)]
+pub(crate) struct ClusterParts {
+    /// Who is in the cluster and where.
+    pub(crate) members: Arc<Members>,
+    /// Who decides which slot while slots move.
+    pub(crate) slots: Arc<SlotOwnership>,
+    /// The slot table as clients receive it.
+    pub(crate) tables: Arc<TableMessages>,
+    /// Buckets between nodes.
+    pub(crate) replication: Arc<Replication>,
+    /// Concurrency leases between nodes.
+    pub(crate) lease_replication: Arc<LeaseReplication>,
+    /// The other regions' rings.
+    pub(crate) regions: Arc<OtherRegions>,
+    /// Connections to other nodes.
+    pub(crate) peers: Arc<Peers>,
+}
+
+/// What a node's cluster is built from.
+#[derive(Debug)]
+pub(crate) struct ClusterSetup {
+    pub(crate) config: ClusterConfig,
+    /// The QUIC address the node listens on (and advertises, unless `config.advertise` says).
+    pub(crate) listen: SocketAddr,
+    /// Where connections to peers are dialed from.
+    pub(crate) endpoint: quinn::Endpoint,
+    pub(crate) peer_config: crate::tls::PeerClientConfigs,
+    /// The buckets replicated and handed off, and where merged ones go.
+    pub(crate) store: Arc<BucketStore>,
+    /// Concurrency leases, replicated and handed off with the buckets of their slots.
+    pub(crate) leases: Arc<LeaseStore>,
+    pub(crate) clock: EpochClock,
+    pub(crate) metrics: ClusterMetrics,
+    /// The largest frame peers accept: replication frames carry half of it in buckets (at most
+    /// `BUCKET_BYTES_PER_FRAME`).
+    pub(crate) max_frame_bytes: usize,
+}
+
 impl Cluster {
-    pub(crate) fn new(
-        config: ClusterConfig,
-        listen: SocketAddr,
-        endpoint: quinn::Endpoint,
-        peer_config: crate::tls::PeerClientConfigs,
-        store: Arc<BucketStore>,
-        clock: EpochClock,
-        metrics: ClusterMetrics,
-    ) -> Self {
+    /// Builds the parts and their driver: the node hands the parts to the tasks that use them,
+    /// and runs the driver ([`run`]).
+    pub(crate) fn new(setup: ClusterSetup) -> (Cluster, ClusterParts) {
+        let ClusterSetup {
+            config,
+            listen,
+            endpoint,
+            peer_config,
+            store,
+            leases,
+            clock,
+            metrics,
+            max_frame_bytes,
+        } = setup;
         let now_ns = clock.now_ns();
-        let addr = config.advertise.unwrap_or(listen).to_string();
-        let me = MemberInfo {
-            id: config.node_id.clone().unwrap_or_else(|| addr.clone()),
-            addr,
-            region: config.region.clone(),
-        };
-        let seeds: Vec<String> = config.seeds.iter().map(ToString::to_string).collect();
-        let mut own_addrs: Vec<SocketAddr> = me.addr.parse().ok().into_iter().collect();
-        if !listen.ip().is_unspecified() {
-            own_addrs.push(listen);
-        }
-        // A node listed among its own seeds (one list for every node) has nobody to wait for.
-        let has_other_seeds = seeds.iter().any(|s| *s != me.addr);
-        // The start time in ms is the incarnation: a restart always comes back newer.
-        let membership = Membership::new(
-            me.clone(),
-            now_ns / 1_000_000,
-            seeds,
-            config.membership,
-            now_ns,
-            now_ns,
-        );
+        let me = me_at(&config, listen);
+        let (membership, has_other_seeds) = starting_membership(&config, &me, now_ns);
         let table = Arc::new(SlotTable::compute(
             membership.epoch(),
             &membership.owners_in(&me.region),
         ));
-        // Hand-off ids start from the start time, so a restart does not reuse its last life's.
-        let ownership = Ownership::new(
-            me.id.clone(),
-            table.clone(),
+        let peers = Arc::new(Peers::new(
+            endpoint,
+            peer_config,
+            metrics.peer_handshake_failures.clone(),
+            metrics.outbound_version_mismatches.clone(),
+            own_addrs(&me, listen),
+        ));
+        let id = me.id.clone();
+        let members = Arc::new(Members::new(
+            me,
+            membership,
+            peers.clone(),
+            metrics.clone(),
+            now_ns,
+        ));
+        let slots = Arc::new(SlotOwnership::new(
+            id.clone(),
+            members.clone(),
+            clock,
+            table,
             has_other_seeds,
             now_ns,
-            OwnershipConfig::default(),
-        );
-        let leases = Arc::new(lease_store(None));
-        Cluster {
-            me,
-            membership: Mutex::new(membership),
-            ownership: Mutex::new(ownership),
-            table: watch::Sender::new(table),
-            peers: Arc::new(Peers::new(
-                endpoint,
-                peer_config,
-                metrics.peer_handshake_failures.clone(),
-                metrics.outbound_version_mismatches.clone(),
-                own_addrs,
+        ));
+        let bucket_bytes_per_frame = (max_frame_bytes / 2).min(BUCKET_BYTES_PER_FRAME);
+        let parts = ClusterParts {
+            tables: Arc::new(TableMessages::new(
+                id.clone(),
+                members.clone(),
+                slots.clone(),
             )),
-            handoff_arrived: tokio::sync::Notify::new(),
-            bucket_bytes_per_frame: BUCKET_BYTES_PER_FRAME,
-            store,
-            leases,
-            lease_sets_received: watch::Sender::new(0),
+            replication: Arc::new(Replication::new(
+                id.clone(),
+                store,
+                bucket_bytes_per_frame,
+                members.clone(),
+                peers.clone(),
+                metrics.clone(),
+            )),
+            lease_replication: Arc::new(LeaseReplication::new(
+                id,
+                leases,
+                bucket_bytes_per_frame,
+                members.clone(),
+            )),
+            regions: Arc::default(),
+            members,
+            slots,
+            peers,
+        };
+        let cluster = Cluster {
+            config,
+            members: parts.members.clone(),
+            slots: parts.slots.clone(),
+            peers: parts.peers.clone(),
+            replication: parts.replication.clone(),
+            lease_replication: parts.lease_replication.clone(),
+            regions: parts.regions.clone(),
             clock,
             metrics,
-            joining: std::sync::atomic::AtomicBool::new(has_other_seeds),
-            joined: tokio::sync::Notify::new(),
-            refused: watch::Sender::new(None),
-            next_join_complaint_ns: AtomicU64::new(now_ns + JOIN_WAIT.as_nanos() as u64),
-            next_conflict_complaint_ns: AtomicU64::new(0),
-            deciding: parking_lot::RwLock::new(()),
             updating: Mutex::new(()),
-            member_log: Mutex::new(MemberLog::default()),
-            encoded_table: Mutex::new(None),
-            region_rings: parking_lot::RwLock::new(Arc::new(RegionRings::default())),
-            published_cluster_version: std::sync::atomic::AtomicU8::new(0),
             unconfirmed_source: std::sync::OnceLock::new(),
-            config,
-        }
-    }
-
-    /// Sizes replication frames for peers that accept frames of `max_frame_bytes` (half of it
-    /// for buckets, at most `BUCKET_BYTES_PER_FRAME`).
-    pub(crate) fn with_frame_limit(mut self, max_frame_bytes: usize) -> Self {
-        self.bucket_bytes_per_frame = (max_frame_bytes / 2).min(BUCKET_BYTES_PER_FRAME);
-        self
-    }
-
-    /// Bounds this node's lease store at `max_leases` held at once (replicas included).
-    pub(crate) fn with_max_leases(mut self, max_leases: usize) -> Self {
-        self.leases = Arc::new(lease_store(Some(max_leases)));
-        self
-    }
-
-    pub(crate) fn table(&self) -> Arc<SlotTable> {
-        self.table.borrow().clone()
-    }
-
-    pub(crate) fn watch_table(&self) -> watch::Receiver<Arc<SlotTable>> {
-        self.table.subscribe()
-    }
-
-    /// Held while deciding: the table read under it stays this node's table until it is
-    /// dropped. Never held across an await.
-    pub(crate) fn deciding(&self) -> parking_lot::RwLockReadGuard<'_, ()> {
-        self.deciding.read()
-    }
-
-    /// The ownership machine, to place checks (under [`Cluster::deciding`], so its table is
-    /// the one decisions are made under). Never held across an await.
-    pub(crate) fn ownership(&self) -> parking_lot::MutexGuard<'_, Ownership> {
-        self.ownership.lock()
-    }
-
-    /// True when `version` is that of a table this node had before its current one.
-    pub(crate) fn had_version(&self, version: u64) -> bool {
-        self.ownership.lock().had_version(version)
-    }
-
-    /// Waits until `done` holds for this node's table, or `limit` passes.
-    pub(crate) async fn wait_for_table(&self, limit: Duration, done: impl Fn(&SlotTable) -> bool) {
-        let mut tables = self.watch_table();
-        let _ = tokio::time::timeout(limit, async {
-            while !done(&tables.borrow_and_update()) {
-                if tables.changed().await.is_err() {
-                    return;
-                }
-            }
-        })
-        .await;
-    }
-
-    /// The other regions' rings as of the last change of owners.
-    pub(crate) fn region_rings(&self) -> Arc<RegionRings> {
-        self.region_rings.read().clone()
-    }
-
-    /// The address of the member with this id.
-    pub(crate) fn addr_of(&self, id: &str) -> Option<String> {
-        self.membership.lock().info(id).map(|m| m.addr.clone())
-    }
-
-    /// Ids of the members the failure detector holds suspect or dead: silent for longer than a
-    /// slow moment. Only those are taken over from (almost always none), and only their
-    /// hand-offs are waited for briefly. A member that announced its leave is not among them:
-    /// it is handing its buckets to the new owners, so a takeover decided from replicas, or a
-    /// wait cut short, would miss its last decisions (merged, the hand-off's state does not add
-    /// to what was decided without it).
-    pub(crate) fn suspected_members(&self) -> Vec<String> {
-        self.membership
-            .lock()
-            .members()
-            .filter(|(_, state)| matches!(state, MemberState::Suspect | MemberState::Dead))
-            .map(|(info, _)| info.id.clone())
-            .collect()
-    }
-
-    /// The region the member with this id is known in.
-    pub(crate) fn region_of(&self, id: &str) -> Option<String> {
-        self.membership.lock().info(id).map(|m| m.region.clone())
-    }
-}
-
-/// A lease store bounded at `max_leases` (default: the core's), its ids drawn from the
-/// operating system's secure generator: a caller holding one lease cannot work out another's
-/// id, and two nodes, or two lives of one node, grant the same id only by a 2^-64 chance.
-fn lease_store(max_leases: Option<usize>) -> LeaseStore {
-    let config = LeaseStoreConfig {
-        max_leases: max_leases.unwrap_or(LeaseStoreConfig::default().max_leases),
-    };
-    LeaseStore::new(config, Box::new(SystemLeaseIds::new()))
-}
-
-/// Lease ids from the operating system's cryptographically secure generator: ring's
-/// `SystemRandom` (getrandom), through the rustls provider the node's TLS already uses. Each id
-/// is 128 fresh random bits (the store cuts them to 64 for a caller of an older version).
-#[derive(Debug)]
-pub(crate) struct SystemLeaseIds {
-    random: &'static dyn rustls::crypto::SecureRandom,
-}
-
-impl SystemLeaseIds {
-    /// Panics if the operating system has no random source to give (then no id is safe to
-    /// grant); the first draw is made here, at start, so that shows before any lease is.
-    pub(crate) fn new() -> Self {
-        let ids = SystemLeaseIds {
-            random: rustls::crypto::ring::default_provider().secure_random,
         };
-        ids.next_id();
-        ids
+        (cluster, parts)
     }
 }
 
-impl LeaseIds for SystemLeaseIds {
-    fn next_id(&self) -> floodgate::lease::LeaseId {
-        let mut bytes = [0; 16];
-        self.random
-            .fill(&mut bytes)
-            .expect("the operating system's random source failed: no lease id can be drawn");
-        u128::from_le_bytes(bytes)
+/// The membership a node starts with (its start time in ms the incarnation: a restart always
+/// comes back newer), and whether it has seeds other than itself to join.
+fn starting_membership(config: &ClusterConfig, me: &MemberInfo, now_ns: u64) -> (Membership, bool) {
+    let seeds: Vec<String> = config.seeds.iter().map(ToString::to_string).collect();
+    // A node listed among its own seeds (one list for every node) has nobody to wait for.
+    let has_other_seeds = seeds.iter().any(|s| *s != me.addr);
+    let membership = Membership::new(
+        me.clone(),
+        now_ns / 1_000_000,
+        seeds,
+        config.membership,
+        now_ns,
+        now_ns,
+    );
+    (membership, has_other_seeds)
+}
+
+/// This node as a member: its id (`--node-id`, or its address), the address it advertises
+/// (`--advertise`, or the one it listens on), its region.
+fn me_at(config: &ClusterConfig, listen: SocketAddr) -> MemberInfo {
+    let addr = config.advertise.unwrap_or(listen).to_string();
+    MemberInfo {
+        id: config.node_id.clone().unwrap_or_else(|| addr.clone()),
+        addr,
+        region: config.region.clone(),
     }
+}
+
+/// This node's own addresses: the advertised one, and the one listened on when specific (a
+/// seed name that resolves to one of them is this node).
+fn own_addrs(me: &MemberInfo, listen: SocketAddr) -> Vec<SocketAddr> {
+    let mut own_addrs: Vec<SocketAddr> = me.addr.parse().ok().into_iter().collect();
+    if !listen.ip().is_unspecified() {
+        own_addrs.push(listen);
+    }
+    own_addrs
 }
 
 /// Runs gossip rounds and replication until shutdown.
@@ -369,7 +301,7 @@ async fn replication_round(cluster: Arc<Cluster>, now_ns: u64, through: Arc<Atom
             return;
         }
     };
-    let sends = cluster.send_frames(frames);
+    let sends = cluster.replication.send_frames(frames);
     // One waiter per round, each bounded by the sends' own timeout.
     tokio::spawn(async move {
         for send in sends {
@@ -381,11 +313,35 @@ async fn replication_round(cluster: Arc<Cluster>, now_ns: u64, through: Arc<Atom
     });
 }
 
+impl Cluster {
+    /// The synchronous part of a replication round: takes the buckets and lease sets changed
+    /// since the last round and encodes them as frames for their slots' successors (or, for
+    /// anything decided here for another owner, that owner), by peer address. Blocking: run it
+    /// off the runtime's workers (`run` does).
+    fn replication_frames(&self, now_ns: u64) -> Vec<(String, Vec<u8>)> {
+        let table = self.slots.table();
+        // Alone, there is nobody to replicate to; changed marks stay set, so a node that joins
+        // later still receives them (through the hand-off first).
+        if table.nodes().len() < 2 {
+            return Vec::new();
+        }
+        let buckets = self.replication.round_frames(now_ns, &table);
+        let mut frames = self.lease_replication.round_frames(now_ns, &table);
+        frames.extend(buckets);
+        frames
+    }
+}
+
 #[cfg(test)]
 pub(super) mod tests {
     use super::*;
 
     pub(crate) fn cluster_alone() -> Cluster {
+        alone().0
+    }
+
+    /// A cluster of one, node-a, and its parts.
+    pub(crate) fn alone() -> (Cluster, ClusterParts) {
         let crypto = rustls::ClientConfig::builder_with_provider(crate::tls::provider())
             .with_protocol_versions(&[&rustls::version::TLS13])
             .unwrap()
@@ -397,18 +353,20 @@ pub(super) mod tests {
             node_id: Some("node-a".into()),
             ..ClusterConfig::default()
         };
-        Cluster::new(
+        Cluster::new(ClusterSetup {
             config,
-            "127.0.0.1:7000".parse().unwrap(),
+            listen: "127.0.0.1:7000".parse().unwrap(),
             endpoint,
-            crate::tls::PeerClientConfigs {
+            peer_config: crate::tls::PeerClientConfigs {
                 members: quinn::ClientConfig::new(quic.clone()),
                 seeds: quinn::ClientConfig::new(quic),
             },
-            Arc::new(BucketStore::new(floodgate::StoreConfig::default()).unwrap()),
-            floodgate::EpochClock::start(),
-            crate::metrics::NodeMetrics::register().cluster(),
-        )
+            store: Arc::new(BucketStore::new(floodgate::StoreConfig::default()).unwrap()),
+            leases: Arc::new(crate::lease::lease_store(None)),
+            clock: floodgate::EpochClock::start(),
+            metrics: crate::metrics::NodeMetrics::register().cluster(),
+            max_frame_bytes: crate::config::NodeLimits::default().max_frame_bytes,
+        })
     }
 
     /// The membership of a second member, "node-b", once it has joined through `cluster`.
@@ -439,30 +397,34 @@ pub(super) mod tests {
     /// last decisions. A member silent past suspicion is taken over from.
     #[tokio::test]
     async fn a_takeover_for_a_departed_owner_is_forwarded_and_one_for_a_silent_owner_decided() {
-        use floodgate::cluster::MembershipConfig;
         use floodgate::cluster::ownership::{Arrival, Placement};
+        use floodgate::cluster::{MemberState, MembershipConfig};
         let a = cluster_alone();
         let now = a.clock.now_ns();
         // b joins through a; a's table then names both.
         let mut b = joined_by_b(&a, now);
-        let table = a.table();
+        let table = a.slots.table();
         assert_eq!(table.nodes().len(), 2, "a knows b: {:?}", table.nodes());
         let slot = (0..floodgate::cluster::SLOTS as u16)
             .find(|&s| table.owner(s) == Some("node-b") && table.successor(s) == Some("node-a"))
             .expect("b owns a slot a succeeds");
-        let place = || a.place_each([(slot, Arrival::Takeover)].into_iter(), now).0;
+        let place = || {
+            a.slots
+                .place_each([(slot, Arrival::Takeover)].into_iter(), now)
+                .0
+        };
 
         // a hears of b's leave; its table has not switched yet.
-        for out in a.membership.lock().poll(now) {
+        for out in a.members.membership().poll(now) {
             drop(b.handle_gossip(now, &out.gossip));
         }
         let leave = b.leave(now);
         assert!(!leave.is_empty(), "b tells a of its leave");
         for out in &leave {
-            drop(a.membership.lock().handle_gossip(now, &out.gossip));
+            drop(a.members.membership().handle_gossip(now, &out.gossip));
         }
         assert_eq!(
-            a.membership.lock().state_of("node-b"),
+            a.members.membership().state_of("node-b"),
             Some(MemberState::Left)
         );
         assert_eq!(place(), vec![Placement::Forward("node-b".into())]);
@@ -471,12 +433,13 @@ pub(super) mod tests {
         let c = cluster_alone();
         drop(joined_by_b(&c, now));
         let suspect_at = now + MembershipConfig::default().suspect_after_ns + 1;
-        drop(c.membership.lock().poll(suspect_at));
+        drop(c.members.membership().poll(suspect_at));
         assert_eq!(
-            c.membership.lock().state_of("node-b"),
+            c.members.membership().state_of("node-b"),
             Some(MemberState::Suspect)
         );
         let placed = c
+            .slots
             .place_each([(slot, Arrival::Takeover)].into_iter(), suspect_at)
             .0;
         assert_eq!(placed, vec![Placement::Takeover]);

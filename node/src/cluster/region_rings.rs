@@ -1,12 +1,36 @@
 //! The other regions' rings: one slot table per region, computed from that region's members in
 //! the one membership view, so this node finds the owner of a key in every other region (where
-//! its global keys' deltas go).
+//! its global keys' deltas go). [`OtherRegions`] keeps the current ones.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use floodgate::cluster::{Membership, SlotTable};
 use floodgate::region::{Peer, RegionName};
+use parking_lot::RwLock;
+
+/// The other regions' rings as of the last change of owners, recomputed when the membership's
+/// epoch moves.
+#[derive(Debug, Default)]
+pub(crate) struct OtherRegions {
+    rings: RwLock<Arc<RegionRings>>,
+}
+
+impl OtherRegions {
+    /// The other regions' rings as of the last change of owners.
+    pub(crate) fn rings(&self) -> Arc<RegionRings> {
+        self.rings.read().clone()
+    }
+
+    /// Recomputes the rings from `membership` (this node in region `mine`) when its epoch is
+    /// not theirs.
+    pub(super) fn follow(&self, membership: &Membership, mine: &str) {
+        if self.rings.read().epoch() != membership.epoch() {
+            let rings = RegionRings::compute(membership, mine);
+            *self.rings.write() = Arc::new(rings);
+        }
+    }
+}
 
 /// Every other region's slot table, as of one membership epoch.
 #[derive(Debug, Default)]

@@ -1,14 +1,35 @@
-//! Replication: the buckets changed since the last round go to each slot's successor, and
-//! buckets (replicas or a hand-off) are split into frames a peer accepts.
+//! [`Replication`]: the buckets changed since the last round go to each slot's successor,
+//! buckets (replicas or a hand-off) are split into frames a peer accepts, and a peer's buckets
+//! are merged here.
 
 use std::collections::HashMap;
-
-use floodgate::BucketState;
-use floodgate::wire::{FrameKind, HandoffPart, ReplicateMessage, WireBucket, encode_message};
+use std::sync::Arc;
 
 use floodgate::cluster::SlotTable;
+use floodgate::wire::{FrameKind, HandoffPart, ReplicateMessage, WireBucket, encode_message};
+use floodgate::{BucketState, BucketStore};
+use tokio::sync::watch;
 
-use super::Cluster;
+use crate::metrics::ClusterMetrics;
+
+use super::{Members, Peers};
+
+/// Buckets between nodes: replicated, handed off, merged in.
+#[derive(Debug)]
+pub(crate) struct Replication {
+    /// This node's id: the sender of its replicate frames.
+    me: String,
+    /// The buckets replicated and handed off, and where merged ones go.
+    store: Arc<BucketStore>,
+    /// Encoded bucket bytes per replication or hand-off frame.
+    bucket_bytes_per_frame: usize,
+    /// Where successors and owners are.
+    members: Arc<Members>,
+    peers: Arc<Peers>,
+    metrics: ClusterMetrics,
+    /// Buckets merged from peers (replicas and hand-offs) since start.
+    received: watch::Sender<u64>,
+}
 
 /// Of the buckets a hand-off from `from` brought to `me`, those whose slot `table` gives to a
 /// third member, by that owner (none once `me` has left).
@@ -33,17 +54,70 @@ fn stranded<'t>(
     by_owner
 }
 
-impl Cluster {
-    /// Sends on, as replicas to their owner, the buckets a hand-off brought for slots this
-    /// node's table gives to a third member: the sender's view of the cluster was not ours
+impl Replication {
+    pub(super) fn new(
+        me: String,
+        store: Arc<BucketStore>,
+        bucket_bytes_per_frame: usize,
+        members: Arc<Members>,
+        peers: Arc<Peers>,
+        metrics: ClusterMetrics,
+    ) -> Self {
+        Replication {
+            me,
+            store,
+            bucket_bytes_per_frame,
+            members,
+            peers,
+            metrics,
+            received: watch::Sender::new(0),
+        }
+    }
+
+    /// Merges a peer's buckets (replicas, or a part of a hand-off) into the store, only ever
+    /// stricter. A frame holds thousands of buckets, each merge a cache miss: merged on a
+    /// blocking thread, so the checks this worker serves do not wait behind them. Returns the
+    /// buckets and how many of them the store refused; `None` only if the merge panicked or
+    /// the runtime is shutting down (nothing merged).
+    pub(crate) async fn merge(
+        &self,
+        buckets: Vec<BucketState>,
+        now_ns: u64,
+    ) -> Option<(Vec<BucketState>, usize)> {
+        let store = self.store.clone();
+        tokio::task::spawn_blocking(move || {
+            let refused = store.merge(&buckets, now_ns);
+            (buckets, refused)
+        })
+        .await
+        .ok()
+    }
+
+    /// Counts `merged` buckets from peers.
+    pub(crate) fn count_received(&self, merged: u64) {
+        self.received.send_modify(|n| *n += merged);
+    }
+
+    /// Counts buckets merged from peers (replicas and hand-offs); await a change instead of
+    /// polling.
+    pub(crate) fn watch_received(&self) -> watch::Receiver<u64> {
+        self.received.subscribe()
+    }
+
+    /// Sends on, as replicas to their owner, the buckets a hand-off brought for slots `table`
+    /// (this node's) gives to a third member: the sender's view of the cluster was not ours
     /// (a member that joined through one still joining, or heard of a restart first), and
     /// kept here alone they would be lost to the owner. Merged there, they can only make its
     /// decisions stricter. None goes back to `from`: our table naming the sender means ours is
     /// the one behind, and the switch to come makes them ours. Returns how many were sent on.
-    pub(crate) fn pass_on_stranded(&self, from: &str, buckets: &[BucketState]) -> usize {
-        let table = self.table();
+    pub(crate) fn pass_on_stranded(
+        &self,
+        table: &SlotTable,
+        from: &str,
+        buckets: &[BucketState],
+    ) -> usize {
         let mut sent = 0;
-        for (owner, buckets) in stranded(&table, &self.me.id, from, buckets) {
+        for (owner, buckets) in stranded(table, &self.me, from, buckets) {
             sent += buckets.len();
             drop(self.send_buckets(owner, None, &buckets));
         }
@@ -70,7 +144,7 @@ impl Cluster {
             .collect()
     }
 
-    /// [`Cluster::bucket_frames`] with the address of the node they go to (none when it is not
+    /// [`Replication::bucket_frames`] with the address of the node they go to (none when it is not
     /// known).
     fn addressed_bucket_frames(
         &self,
@@ -78,7 +152,7 @@ impl Cluster {
         handoff: Option<(u64, Vec<u16>)>,
         buckets: &[BucketState],
     ) -> Vec<(String, Vec<u8>)> {
-        let Some(addr) = self.addr_of(owner_id) else {
+        let Some(addr) = self.members.addr_of(owner_id) else {
             return Vec::new();
         };
         self.bucket_frames(handoff, buckets)
@@ -98,7 +172,7 @@ impl Cluster {
         let mut frames = Vec::new();
         for (part, chunk) in chunks.into_iter().enumerate() {
             let message = ReplicateMessage {
-                from: self.me.id.clone(),
+                from: self.me.clone(),
                 handoff: handoff.as_ref().map(|(id, slots)| HandoffPart {
                     id: *id,
                     part: part as u32,
@@ -114,20 +188,13 @@ impl Cluster {
         frames
     }
 
-    /// The synchronous part of a replication round: takes the buckets and lease sets changed
-    /// since the last round and encodes them as frames for their slots' successors (or, for
-    /// anything decided here for another owner, that owner), by peer address. Blocking: run it
-    /// off the runtime's workers (`run` does).
-    pub(super) fn replication_frames(&self, now_ns: u64) -> Vec<(String, Vec<u8>)> {
-        let table = self.table();
-        // Alone, there is nobody to replicate to; changed marks stay set, so a node that joins
-        // later still receives them (through the hand-off first).
-        if table.nodes().len() < 2 {
-            return Vec::new();
-        }
+    /// The buckets changed since the last round as frames for their slots' successors by
+    /// `table` (or, for anything decided here for another owner, that owner), by peer address:
+    /// part of a replication round's frames. Blocking: run it off the runtime's workers.
+    pub(super) fn round_frames(&self, now_ns: u64, table: &SlotTable) -> Vec<(String, Vec<u8>)> {
         let mut changed = Vec::new();
         self.store.take_changed(now_ns, &mut changed);
-        let me = self.me.id.as_str();
+        let me = self.me.as_str();
         let mut by_target: HashMap<&str, Vec<BucketState>> = HashMap::new();
         for bucket in changed {
             let slot = bucket.key.slot();
@@ -141,7 +208,7 @@ impl Cluster {
                 by_target.entry(target).or_default().push(bucket);
             }
         }
-        let mut frames = self.lease_replication_frames(now_ns, &table);
+        let mut frames = Vec::new();
         for (target, buckets) in by_target {
             self.metrics.replicated.increment(buckets.len() as u64);
             frames.extend(self.addressed_bucket_frames(target, None, &buckets));
@@ -149,8 +216,32 @@ impl Cluster {
         frames
     }
 
-    /// Sends a round's frames ([`Cluster::replication_frames`]); returns the sends (each ends
-    /// true once delivered).
+    /// The buckets of the slots each hand-off carries (by `carrier`, the hand-off index per
+    /// slot), exported after the table switch.
+    pub(super) fn buckets_to_hand_off(
+        &self,
+        carrier: &[Option<usize>],
+        handoffs: usize,
+        now_ns: u64,
+    ) -> Vec<Vec<BucketState>> {
+        let mut buckets = Vec::new();
+        if carrier.iter().any(Option::is_some) {
+            self.store.export(
+                now_ns,
+                &|key| carrier[usize::from(key.slot())].is_some(),
+                &mut buckets,
+            );
+        }
+        let mut moved: Vec<Vec<BucketState>> = vec![Vec::new(); handoffs];
+        for bucket in buckets {
+            if let Some(i) = carrier[usize::from(bucket.key.slot())] {
+                moved[i].push(bucket);
+            }
+        }
+        moved
+    }
+
+    /// Sends a round's frames; returns the sends (each ends true once delivered).
     pub(super) fn send_frames(
         &self,
         frames: Vec<(String, Vec<u8>)>,
@@ -257,14 +348,15 @@ mod tests {
         let now = a.clock.now_ns();
         let limit = Limit::gcra(10, floodgate::NANOS_PER_SEC, 10).unwrap();
         let check = |name: &str| {
-            a.store
+            a.replication
+                .store
                 .check(BucketKey::for_key(name.as_bytes()), &limit, 1, now)
                 .unwrap()
         };
         check("before-b");
         assert!(a.replication_frames(now).is_empty(), "nobody to send to");
         drop(joined_by_b(&a, now));
-        assert_eq!(a.table().nodes().len(), 2);
+        assert_eq!(a.slots.table().nodes().len(), 2);
         let frames = a.replication_frames(now);
         assert_eq!(frames.len(), 1);
         assert_eq!(frames[0].0, "127.0.0.1:7001");

@@ -1,19 +1,29 @@
-//! The slot table and members as one `SlotTable` message, as clients and `floodgate status`
-//! receive them, encoded once per table and member list.
+//! [`TableMessages`]: the slot table and members as one `SlotTable` message, as clients and
+//! `floodgate status` receive them, encoded once per table and member list.
 
 use std::sync::Arc;
 
 use floodgate::cluster::SlotTable;
 use floodgate::protocol;
-use floodgate::wire::{
-    FrameKind, SlotTableMessage, TableMember, member_state_to_wire, slot_table_payload,
-};
+use floodgate::wire::{FrameKind, SlotTableMessage, TableMember, slot_table_payload};
+use parking_lot::Mutex;
 
-use super::Cluster;
+use super::{Members, SlotOwnership};
+
+/// The slot-table message clients receive, encoded once and reused while it is current.
+#[derive(Debug)]
+pub(crate) struct TableMessages {
+    /// This node's id: the message's sender.
+    me: String,
+    members: Arc<Members>,
+    slots: Arc<SlotOwnership>,
+    /// The last slot-table payload encoded for clients, reused while it is current.
+    encoded: Mutex<Option<Arc<EncodedTable>>>,
+}
 
 /// A slot-table message encoded once per version clients speak, with what it was encoded from.
 #[derive(Debug)]
-pub(super) struct EncodedTable {
+struct EncodedTable {
     table: Arc<SlotTable>,
     members: Vec<TableMember>,
     cluster_version: u8,
@@ -21,19 +31,28 @@ pub(super) struct EncodedTable {
     payloads: Vec<(u8, rkyv::util::AlignedVec)>,
 }
 
-impl Cluster {
+impl TableMessages {
+    pub(super) fn new(me: String, members: Arc<Members>, slots: Arc<SlotOwnership>) -> Self {
+        TableMessages {
+            me,
+            members,
+            slots,
+            encoded: Mutex::new(None),
+        }
+    }
+
     /// Appends the slot table and members as one `SlotTable` frame for a client speaking
     /// `version`, as clients and `floodgate status` receive them. The payloads are encoded once
     /// per table and member list and reused: every client fetches or is pushed each new table,
     /// and each would otherwise map all slots to members and serialize them again.
     pub(crate) fn encode_table(&self, out: &mut Vec<u8>, version: u8, request_id: u64) {
-        let table = self.table();
-        let cached = self.encoded_table.lock().clone();
+        let table = self.slots.table();
+        let cached = self.encoded.lock().clone();
         let encoded = match cached {
             Some(c)
                 if Arc::ptr_eq(&c.table, &table)
-                    && self.members_are(&c.members)
-                    && c.cluster_version == self.cluster_version() =>
+                    && self.members.are(&c.members)
+                    && c.cluster_version == self.members.cluster_version() =>
             {
                 c
             }
@@ -48,7 +67,7 @@ impl Cluster {
                     cluster_version: message.cluster_version,
                     payloads,
                 });
-                *self.encoded_table.lock() = Some(encoded.clone());
+                *self.encoded.lock() = Some(encoded.clone());
                 encoded
             }
         };
@@ -64,35 +83,9 @@ impl Cluster {
         }
     }
 
-    /// True when the members, their states and their versions are still exactly `members`.
-    pub(super) fn members_are(&self, members: &[TableMember]) -> bool {
-        let membership = self.membership.lock();
-        let mut now = membership.members();
-        members.iter().all(|m| {
-            now.next().is_some_and(|(info, state)| {
-                m.id == info.id
-                    && m.addr == info.addr
-                    && m.region == info.region
-                    && m.state == member_state_to_wire(state)
-                    && m.versions == membership.versions_of(&info.id)
-            })
-        }) && now.next().is_none()
-    }
-
     /// The slot table and members as a message.
     pub(super) fn table_message(&self, table: &SlotTable) -> SlotTableMessage {
-        let membership = self.membership.lock();
-        let members: Vec<TableMember> = membership
-            .members()
-            .map(|(info, state)| TableMember {
-                id: info.id.clone(),
-                addr: info.addr.clone(),
-                region: info.region.clone(),
-                state: member_state_to_wire(state),
-                versions: membership.versions_of(&info.id),
-            })
-            .collect();
-        drop(membership);
+        let members = self.members.table_members();
         // Each table node's member index, looked up once, not once per slot.
         let member_of: Vec<u16> = table
             .nodes()
@@ -114,18 +107,18 @@ impl Cluster {
         SlotTableMessage {
             version: table.version(),
             epoch: table.epoch(),
-            from: self.me.id.clone(),
+            from: self.me.clone(),
             members,
             owners,
             successors,
-            cluster_version: self.cluster_version(),
+            cluster_version: self.members.cluster_version(),
         }
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::super::tests::cluster_alone;
+    use super::super::tests::alone;
     use super::*;
 
     fn decoded(frame: &[u8]) -> SlotTableMessage {
@@ -140,43 +133,50 @@ mod tests {
     /// encoded again (with what changed) when either changes.
     #[tokio::test]
     async fn the_table_message_is_encoded_once_per_table_and_member_list() {
-        let cluster = cluster_alone();
+        let (_, parts) = alone();
         let (mut first, mut second) = (Vec::new(), Vec::new());
-        cluster.encode_table(&mut first, protocol::NEWEST, 1);
-        let cached = cluster.encoded_table.lock().clone().unwrap();
-        cluster.encode_table(&mut second, protocol::NEWEST, 1);
+        parts.tables.encode_table(&mut first, protocol::NEWEST, 1);
+        let cached = parts.tables.encoded.lock().clone().unwrap();
+        parts.tables.encode_table(&mut second, protocol::NEWEST, 1);
         assert!(Arc::ptr_eq(
             &cached,
-            cluster.encoded_table.lock().as_ref().unwrap()
+            parts.tables.encoded.lock().as_ref().unwrap()
         ));
         assert_eq!(first, second);
-        assert_eq!(decoded(&first), cluster.table_message(&cluster.table()));
+        assert_eq!(
+            decoded(&first),
+            parts.tables.table_message(&parts.slots.table())
+        );
         assert_eq!(decoded(&first).owners, vec![0; floodgate::cluster::SLOTS]);
 
         // A member's state changes (here: this node leaves), not the table.
-        drop(cluster.membership.lock().leave(2_000_000_000));
+        drop(parts.members.membership().leave(2_000_000_000));
         let mut after_leave = Vec::new();
-        cluster.encode_table(&mut after_leave, protocol::NEWEST, 1);
+        parts
+            .tables
+            .encode_table(&mut after_leave, protocol::NEWEST, 1);
         assert_eq!(decoded(&after_leave).members[0].state, 3);
 
         // A new table.
         let table = Arc::new(SlotTable::compute(9, &["node-a".into(), "node-b".into()]));
-        cluster.table.send_replace(table.clone());
+        parts.slots.publish(table.clone());
         let mut new_table = Vec::new();
-        cluster.encode_table(&mut new_table, protocol::NEWEST, 1);
+        parts
+            .tables
+            .encode_table(&mut new_table, protocol::NEWEST, 1);
         let message = decoded(&new_table);
         assert_eq!(message.epoch, 9);
-        assert_eq!(message, cluster.table_message(&table));
+        assert_eq!(message, parts.tables.table_message(&table));
     }
 
     /// A client of version 2 gets version 2's layout, without ranges; a newer one gets the
     /// ranges and the cluster version.
     #[tokio::test]
     async fn each_client_gets_the_table_in_the_version_it_speaks() {
-        let cluster = cluster_alone();
+        let (_, parts) = alone();
         let (mut old, mut new) = (Vec::new(), Vec::new());
-        cluster.encode_table(&mut old, 2, 1);
-        cluster.encode_table(&mut new, 3, 1);
+        parts.tables.encode_table(&mut old, 2, 1);
+        parts.tables.encode_table(&mut new, 3, 1);
         assert_eq!(old[2], 2);
         assert_eq!(new[2], 3);
         let (old, new) = (decoded(&old), decoded(&new));

@@ -4,13 +4,12 @@
 
 use std::sync::Arc;
 
-use floodgate::BucketState;
-use floodgate::Clock;
-use floodgate::cluster::ownership::{Action, Arrival, HandOff, Ownership, Placement, ReceivedPart};
-use floodgate::cluster::{MemberState, Membership, SlotTable};
-use floodgate::wire::HandoffPart;
+use floodgate::cluster::ownership::{Action, HandOff};
+use floodgate::cluster::{Membership, SlotTable};
 
-use super::{Cluster, OLD_CALLER_HANDOFF_WAIT};
+use super::Cluster;
+use super::members::OwnersNow;
+use super::slot_ownership::Switched;
 
 /// From this many owners a table takes milliseconds to compute (about 3 ms for 100, 25 ms for
 /// 1,000, measured by the `slots` benchmark).
@@ -52,84 +51,32 @@ impl Cluster {
             .updating
             .try_lock()
             .unwrap_or_else(|| off_the_worker(true, || self.updating.lock()));
-        let (epoch, owners, departed, first_of_region, cluster_version) = {
-            let mut membership = self.membership.lock();
-            change(&mut membership);
-            drop(self.member_log.lock().observe(&membership));
-            self.peers
-                .learn_ids(membership.members().map(|(info, _)| info));
-            let departed: Vec<String> = membership
-                .members()
-                .filter(|(_, state)| *state == MemberState::Left)
-                .map(|(info, _)| info.id.clone())
-                .collect();
-            // This node's ring is its own region's: a key has one owner per region.
-            let owners = membership.owners_in(&self.me.region);
-            // Joined with nobody else in this region (it founded the cluster, or knows settled
-            // members of other regions only): the first of its region, with nobody to wait
-            // for (as a node whose seeds are all itself).
-            let first_of_region = owners.len() == 1 && !membership.is_joining();
-            if self.region_rings.read().epoch() != membership.epoch() {
-                let rings = super::RegionRings::compute(&membership, &self.me.region);
-                *self.region_rings.write() = Arc::new(rings);
-            }
-            let cluster_version = membership.cluster_version().unwrap_or(0);
-            (
-                membership.epoch(),
-                owners,
-                departed,
-                first_of_region,
-                cluster_version,
-            )
-        };
-        let old = self.table();
+        let OwnersNow {
+            epoch,
+            owners,
+            departed,
+            first_of_region,
+            cluster_version,
+        } = self.members.change(change, &self.regions);
+        let old = self.slots.table();
         if old.epoch() == epoch {
             return Vec::new();
         }
-        if first_of_region && self.ownership.lock().is_joining() {
-            let actions: Vec<Action> = {
-                let mut ownership = self.ownership.lock();
-                ownership.handle_no_one_to_join(now_ns);
-                std::iter::from_fn(|| ownership.poll_action()).collect()
-            };
+        if first_of_region && self.slots.ownership().is_joining() {
+            let actions = self.slots.no_one_to_join(now_ns);
             drop(self.carry_out(actions, now_ns));
         }
         let new = Arc::new(compute_table(epoch, &owners));
-        // A join's base table is computed before decisions stop, as the new table is (the
-        // phase cannot change meanwhile: this is the one update running).
-        let joining = self.ownership.lock().is_joining();
-        let join_base = (joining && owners.len() > 1).then(|| {
-            off_the_worker(owners.len() >= BIG_TABLE, || {
-                Arc::new(Ownership::table_without(&self.me.id, &new))
-            })
-        });
-        let (actions, gained, waiting) = {
-            // Once the gate is ours, no decision under the old table is in flight: the
-            // hand-offs exported below hold them all.
-            let _no_decisions = self.deciding.write();
-            let mut ownership = self.ownership.lock();
-            // Whether this switch sends releases to newcomers, and a join waits for every
-            // member's, follows what every member speaks.
-            ownership.handle_cluster_version(cluster_version);
-            let old = ownership.handle_table_with(now_ns, new.clone(), join_base, |id| {
-                departed.iter().any(|d| d == id)
-            });
-            // What this switch gave this node, and how much of it waits for a hand-off: an
-            // operator (and a chaos run) reads from the log whether a slot was decided blind.
-            let me = Some(self.me.id.as_str());
-            let gained: Vec<u16> = (0..floodgate::cluster::SLOTS as u16)
-                .filter(|&s| new.owner(s) == me && old.owner(s) != me)
-                .collect();
-            let waiting = gained
-                .iter()
-                .filter(|&&s| ownership.awaits_handoff(std::iter::once(s), now_ns))
-                .count();
-            self.table.send_replace(new);
-            let actions = std::iter::from_fn(|| ownership.poll_action()).collect::<Vec<_>>();
-            (actions, gained.len(), waiting)
-        };
+        let join_base = self.slots.join_base(&owners, &new);
+        let Switched {
+            actions,
+            gained,
+            waiting,
+        } = self
+            .slots
+            .switch(now_ns, new, join_base, &departed, cluster_version);
         self.metrics.table_epoch.set(epoch as f64);
-        self.publish_members();
+        self.members.publish_members();
         tracing::info!(epoch, owners = ?owners, gained, waiting, "slot table changed");
         self.carry_out(actions, now_ns)
     }
@@ -144,12 +91,7 @@ impl Cluster {
         let mut handoffs = Vec::new();
         for action in actions {
             match action {
-                Action::Joined => {
-                    // Only now: a check that sees the node joined must also see its real table.
-                    self.joining
-                        .store(false, std::sync::atomic::Ordering::Relaxed);
-                    self.joined.notify_waiters();
-                }
+                Action::Joined => self.slots.mark_joined(),
                 Action::HandOff(handoff) => handoffs.push(handoff),
             }
         }
@@ -168,7 +110,7 @@ impl Cluster {
         now_ns: u64,
     ) -> Vec<tokio::task::JoinHandle<bool>> {
         // Which hand-off carries each slot's buckets: the one to its owner.
-        let table = self.table();
+        let table = self.slots.table();
         let mut carrier = vec![None; floodgate::cluster::SLOTS];
         for (i, handoff) in handoffs.iter().enumerate() {
             for &slot in &handoff.slots {
@@ -179,21 +121,12 @@ impl Cluster {
                 }
             }
         }
-        let mut buckets = Vec::new();
-        if carrier.iter().any(Option::is_some) {
-            self.store.export(
-                now_ns,
-                &|key| carrier[usize::from(key.slot())].is_some(),
-                &mut buckets,
-            );
-        }
-        let mut moved: Vec<Vec<BucketState>> = vec![Vec::new(); handoffs.len()];
-        for bucket in buckets {
-            if let Some(i) = carrier[usize::from(bucket.key.slot())] {
-                moved[i].push(bucket);
-            }
-        }
-        let leases = self.leases_to_hand_off(&carrier, handoffs.len(), now_ns);
+        let moved = self
+            .replication
+            .buckets_to_hand_off(&carrier, handoffs.len(), now_ns);
+        let leases = self
+            .lease_replication
+            .leases_to_hand_off(&carrier, handoffs.len(), now_ns);
         let units = self.unconfirmed_frames(&carrier, handoffs.len());
         // Every node that gains slots from us hears from us, even with no buckets: it holds
         // checks on those slots until then.
@@ -210,10 +143,13 @@ impl Cluster {
             );
             let carried = Some((handoff.id, handoff.slots.clone()));
             if lease_sets.is_empty() && unit_frames.is_empty() {
-                sends.extend(self.send_buckets(&handoff.to, carried, &buckets));
+                sends.extend(
+                    self.replication
+                        .send_buckets(&handoff.to, carried, &buckets),
+                );
                 continue;
             }
-            let Some(addr) = self.addr_of(&handoff.to) else {
+            let Some(addr) = self.members.addr_of(&handoff.to) else {
                 continue;
             };
             if !lease_sets.is_empty() {
@@ -223,8 +159,8 @@ impl Cluster {
             // The region units and the leases first, answered or delivered before the buckets
             // go: the bucket hand-off is what lets the new owner decide the slots, and it must
             // find them there.
-            let lease_frames = self.lease_frames(true, &lease_sets);
-            let bucket_frames = self.bucket_frames(carried, &buckets);
+            let lease_frames = self.lease_replication.lease_frames(true, &lease_sets);
+            let bucket_frames = self.replication.bucket_frames(carried, &buckets);
             let peers = self.peers.clone();
             sends.push(tokio::spawn(async move {
                 if !unit_frames.is_empty()
@@ -249,119 +185,6 @@ impl Cluster {
             }));
         }
         sends
-    }
-
-    /// Waits until none of `slots` awaits a hand-off, or until `give_up_ns` (on the node's
-    /// clock) if that comes first. A wait that reaches the machine's own deadline ends in the
-    /// machine too; one cut short by `give_up_ns` leaves it to the next gossip round.
-    pub(crate) async fn wait_for_handoffs(
-        &self,
-        slots: impl Iterator<Item = u16> + Clone,
-        give_up_ns: u64,
-    ) {
-        loop {
-            // Created before the look, so a hand-off arriving in between still wakes it.
-            let notified = self.handoff_arrived.notified();
-            let now_ns = self.clock.now_ns();
-            let latest = self
-                .ownership
-                .lock()
-                .handoff_deadline(slots.clone(), now_ns);
-            let Some(until) = latest else { return };
-            let stop = until.min(give_up_ns);
-            if stop <= now_ns {
-                return;
-            }
-            let left = std::time::Duration::from_nanos(stop - now_ns);
-            if tokio::time::timeout(left, notified).await.is_err() {
-                if stop == until {
-                    self.ownership.lock().handle_timeout(until);
-                }
-                return;
-            }
-        }
-    }
-
-    /// Takes the deciding gate ([`Cluster::deciding`]) once none of `slots` this node just
-    /// gained awaits its hand-off, waiting for them (at most [`OLD_CALLER_HANDOFF_WAIT`] from
-    /// `read_ns`, when the request was read) outside the gate, at most three times, as the
-    /// table may switch between a wait and the gate. Looked at under the gate first, so the
-    /// usual frame, with nothing awaited, takes the ownership lock once here. For callers that
-    /// cannot be told `try_again` (older clients, Envoy, leases): a slot still waiting after
-    /// that is refused by the machine's placement. Every request that decides on this node's
-    /// state (checks and leases) enters the gate, so a table switch's hand-off carries what
-    /// they decided.
-    pub(crate) async fn enter_deciding(
-        &self,
-        slots: impl Iterator<Item = u16> + Clone,
-        read_ns: u64,
-    ) -> parking_lot::RwLockReadGuard<'_, ()> {
-        let give_up_ns = read_ns.saturating_add(OLD_CALLER_HANDOFF_WAIT.as_nanos() as u64);
-        let mut waits = 0;
-        loop {
-            let deciding = self.deciding();
-            if waits == 3 || !self.awaits_handoff(slots.clone(), self.clock.now_ns()) {
-                return deciding;
-            }
-            drop(deciding);
-            self.wait_for_handoffs(slots.clone(), give_up_ns).await;
-            waits += 1;
-        }
-    }
-
-    /// Places each `(slot, arrival)` by the table in force at `now_ns`, with that table's
-    /// version. Call it under the deciding gate ([`Cluster::deciding`]), so the table is the
-    /// one decisions are made by.
-    pub(crate) fn place_each(
-        &self,
-        arrivals: impl Iterator<Item = (u16, Arrival)> + Clone,
-        now_ns: u64,
-    ) -> (Vec<Placement>, u64) {
-        let mut placements = Vec::new();
-        let version = self.place_each_into(arrivals, now_ns, &mut placements);
-        (placements, version)
-    }
-
-    /// [`Cluster::place_each`] into `placements` (cleared first, its room reused).
-    pub(crate) fn place_each_into(
-        &self,
-        arrivals: impl Iterator<Item = (u16, Arrival)> + Clone,
-        now_ns: u64,
-        placements: &mut Vec<Placement>,
-    ) -> u64 {
-        // Only a takeover asks; read before the ownership lock (the membership lock is never
-        // taken inside it).
-        let suspected = if arrivals.clone().any(|(_, a)| a == Arrival::Takeover) {
-            self.suspected_members()
-        } else {
-            Vec::new()
-        };
-        let ownership = self.ownership();
-        placements.clear();
-        placements.extend(arrivals.map(|(slot, arrival)| {
-            ownership.place(slot, arrival, now_ns, |id| {
-                suspected.iter().any(|s| s == id)
-            })
-        }));
-        ownership.table().version()
-    }
-
-    /// True when one of `slots` still waits for a hand-off at `now_ns`.
-    pub(crate) fn awaits_handoff(&self, slots: impl Iterator<Item = u16>, now_ns: u64) -> bool {
-        self.ownership.lock().awaits_handoff(slots, now_ns)
-    }
-
-    /// A part of a hand-off from `from` arrived (its buckets already merged).
-    pub(crate) fn handoff_received(&self, from: &str, part: &HandoffPart, now_ns: u64) {
-        let part = ReceivedPart {
-            id: part.id,
-            part: part.part,
-            parts: part.parts,
-            slots: &part.slots,
-        };
-        if self.ownership.lock().handle_handoff(now_ns, from, part) {
-            self.handoff_arrived.notify_waiters();
-        }
     }
 }
 

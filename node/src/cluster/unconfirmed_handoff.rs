@@ -48,7 +48,7 @@ impl Cluster {
         let Some(source) = self.unconfirmed_source.get() else {
             return frames;
         };
-        if !Feature::UnconfirmedHandoff.readable_at(self.cluster_version()) {
+        if !Feature::UnconfirmedHandoff.readable_at(self.members.cluster_version()) {
             return frames;
         }
         let mut moved: Vec<Vec<UnconfirmedUnits>> = vec![Vec::new(); handoffs];
@@ -61,7 +61,7 @@ impl Cluster {
         for (units, frames) in moved.iter().zip(frames.iter_mut()) {
             for chunk in units.chunks(UNITS_PER_FRAME) {
                 let message = RegionUnconfirmedMessage {
-                    from: self.me.id.clone(),
+                    from: self.members.me().id.clone(),
                     units: chunk.iter().map(WireUnconfirmed::from).collect(),
                 };
                 let mut frame = Vec::new();

@@ -4,8 +4,8 @@ use floodgate::Decision;
 use floodgate::wire::WireCheck;
 
 use super::throttle::Throttle;
+use crate::front_batch::FrontContext;
 use crate::front_batch::{Undecided, run_batch};
-use crate::state::Shared;
 
 /// What one check of a batch costs in a frame beyond its key (limit, cost, flags, framing).
 const CHECK_OVERHEAD_BYTES: usize = 96;
@@ -13,7 +13,7 @@ const CHECK_OVERHEAD_BYTES: usize = 96;
 /// One decision per throttle, in order, or why it was not decided. Checks of one key stay in
 /// order: a batch's groups for one owner are decided in the order sent.
 pub(crate) async fn decide(
-    shared: &Shared,
+    shared: &FrontContext,
     throttles: &[&Throttle],
 ) -> Vec<Result<Decision, String>> {
     let limits = shared.config.limits;

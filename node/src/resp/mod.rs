@@ -29,7 +29,7 @@ use tokio::sync::{Semaphore, watch};
 use tokio::task::JoinSet;
 
 pub use crate::config::{RespFailureMode, RespSettings};
-use crate::state::Shared;
+use crate::front_batch::FrontContext;
 
 /// Where the environment may give the password (`AUTH`) instead of `--resp-password-file`.
 pub const PASSWORD_ENV: &str = "FLOODGATE_RESP_PASSWORD";
@@ -37,7 +37,7 @@ pub const PASSWORD_ENV: &str = "FLOODGATE_RESP_PASSWORD";
 /// What every connection of the front shares.
 #[derive(Debug)]
 pub(crate) struct Front {
-    pub(crate) shared: Arc<Shared>,
+    pub(crate) shared: Arc<FrontContext>,
     pub(crate) settings: RespSettings,
     /// `floodgate_resp_throttles_total` by result (`commands::RESULTS`), resolved once: a
     /// labelled counter looked up per call cost a registry lookup each.
@@ -46,7 +46,7 @@ pub(crate) struct Front {
 
 /// Binds the listener and spawns the accept loop; returns the bound address.
 pub(crate) async fn start(
-    shared: Arc<Shared>,
+    shared: Arc<FrontContext>,
     settings: RespSettings,
     shutdown: watch::Receiver<bool>,
     tasks: &mut JoinSet<()>,

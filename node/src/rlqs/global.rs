@@ -45,15 +45,15 @@ impl Hub {
         let Some(cluster) = &self.cluster else {
             return Split::Off;
         };
-        let rings = cluster.region_rings();
+        let rings = cluster.regions.rings();
         let mut known: Vec<String> = rings.names().map(|r| r.as_str().to_owned()).collect();
         if known.is_empty() {
             return Split::Off;
         }
-        if !Feature::RlqsGlobal.readable_at(cluster.cluster_version()) {
+        if !Feature::RlqsGlobal.readable_at(cluster.members.cluster_version()) {
             return Split::OldMembers;
         }
-        known.push(cluster.me.region.clone());
+        known.push(cluster.members.me().region.clone());
         known.sort_unstable();
         known.dedup();
         Split::On(known)
@@ -118,7 +118,7 @@ impl Hub {
         };
         let decider = &known[0];
         let decider_name = RegionName::new(decider).ok();
-        let rings = cluster.region_rings();
+        let rings = cluster.regions.rings();
         let mut round = Round {
             asked_ns: now,
             ..Round::default()
@@ -146,7 +146,7 @@ impl Hub {
                     demand: shares.demand(key),
                     claim: part.max(shares.committed(key)),
                 };
-                if *decider == cluster.me.region {
+                if *decider == cluster.members.me().region {
                     round.here.push(claim);
                     continue;
                 }
@@ -246,12 +246,12 @@ pub(super) async fn exchange_parts(
         }
         let round = hub.claims();
         if !round.here.is_empty() {
-            let parts = hub.decide(&cluster.me.region, round.here);
+            let parts = hub.decide(&cluster.members.me().region, round.here);
             hub.take_parts(round.asked_ns, parts);
         }
         let mut sends = JoinSet::new();
         for (owner, claims) in round.by_node {
-            let Some(addr) = cluster.addr_of(&owner) else {
+            let Some(addr) = cluster.members.addr_of(&owner) else {
                 counter!("floodgate_rlqs_region_failures_total").increment(claims.len() as u64);
                 continue;
             };
@@ -260,8 +260,8 @@ pub(super) async fn exchange_parts(
                     .increment(claims.len() as u64);
                 let count = claims.len() as u64;
                 let message = RlqsRegionClaims {
-                    from: cluster.me.id.clone(),
-                    region: cluster.me.region.clone(),
+                    from: cluster.members.me().id.clone(),
+                    region: cluster.members.me().region.clone(),
                     claims,
                 };
                 let mut frame = Vec::new();

@@ -44,7 +44,7 @@ use metrics::counter;
 
 pub use crate::config::RlqsSettings;
 pub(crate) use global::answer_region_claims;
-pub(crate) use service::{Hub, RlqsService};
+pub(crate) use service::{ClusterView, Hub, RlqsService};
 
 /// How often expired shares are dropped (they are also dropped on their bucket's next report).
 const EXPIRE_EVERY: Duration = Duration::from_secs(1);
@@ -152,7 +152,9 @@ async fn relay_reports(hub: Arc<Hub>, max_frame_bytes: usize, mut shutdown: watc
             _ = hub.relay.queued() => {}
             _ = shutdown.wait_for(|stopping| *stopping) => return,
         }
-        let batches = hub.relay.take(&cluster.me.id, max_frame_bytes / 2);
+        let batches = hub
+            .relay
+            .take(&cluster.members.me().id, max_frame_bytes / 2);
         let unanswered = relay_round(&hub, &cluster, batches, max_frame_bytes).await;
         if unanswered.is_empty() {
             continue;
@@ -169,14 +171,14 @@ async fn relay_reports(hub: Arc<Hub>, max_frame_bytes: usize, mut shutdown: watc
 /// refused, or left out of its answer).
 async fn relay_round(
     hub: &Hub,
-    cluster: &Arc<crate::cluster::Cluster>,
+    cluster: &Arc<ClusterView>,
     batches: Vec<(String, RlqsReportBatch)>,
     max_frame_bytes: usize,
 ) -> Vec<WireRlqsReport> {
     let mut unanswered = Vec::new();
     let mut sends = JoinSet::new();
     for (owner, batch) in batches {
-        let Some(addr) = cluster.addr_of(&owner) else {
+        let Some(addr) = cluster.members.addr_of(&owner) else {
             unanswered.extend(batch.reports);
             continue;
         };

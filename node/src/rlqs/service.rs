@@ -38,7 +38,7 @@ use super::global_state::Global;
 use super::relay::Relay;
 use super::remote::{Remotes, Stamped};
 use super::shares::{Assignment, BucketKey, Limit, Push, Shares, SharesConfig, StreamId, Usage};
-use crate::cluster::Cluster;
+use crate::cluster::{Members, OtherRegions, Peers, SlotOwnership};
 use crate::config::RlqsSettings;
 
 /// Most entries in one `BucketId` (Envoy's bucket builders make a handful).
@@ -84,15 +84,26 @@ pub(crate) struct Hub {
     epoch: tokio::time::Instant,
     /// The slot table buckets are placed by and the peers they are relayed to; `None`: every
     /// bucket is decided here.
-    pub(super) cluster: Option<Arc<Cluster>>,
+    pub(super) cluster: Option<Arc<ClusterView>>,
     pub(super) remotes: Mutex<Remotes>,
     pub(super) relay: Relay,
     /// `scope: global` buckets: this region's parts, and the splits this node decides.
     pub(super) global: Global,
 }
 
+/// The cluster as the hub places buckets and relays reports by: this node, the members'
+/// addresses and the version they all speak, the slot table, the other regions' rings, and the
+/// peers messages go through.
+#[derive(Debug)]
+pub(crate) struct ClusterView {
+    pub(crate) members: Arc<Members>,
+    pub(crate) slots: Arc<SlotOwnership>,
+    pub(crate) regions: Arc<OtherRegions>,
+    pub(crate) peers: Arc<Peers>,
+}
+
 impl Hub {
-    pub(crate) fn new(settings: RlqsSettings, cluster: Option<Arc<Cluster>>) -> Hub {
+    pub(crate) fn new(settings: RlqsSettings, cluster: Option<Arc<ClusterView>>) -> Hub {
         let shares = Shares::new(SharesConfig {
             ttl_ns: u64::from(settings.assignment_ttl_s) * NANOS_PER_SEC,
             idle_reports_before_abandon: settings.idle_reports_before_abandon,
@@ -187,12 +198,12 @@ impl Hub {
     /// version 7); `None`: the shares are computed here.
     fn owner_elsewhere(&self, key: &BucketKey) -> Option<String> {
         let cluster = self.cluster.as_ref()?;
-        if !Feature::RlqsRelay.readable_at(cluster.cluster_version()) {
+        if !Feature::RlqsRelay.readable_at(cluster.members.cluster_version()) {
             return None;
         }
-        let table = cluster.table();
+        let table = cluster.slots.table();
         let owner = table.owner(slot_of(&super::remote::slot_key(key)))?;
-        (owner != cluster.me.id).then(|| owner.to_owned())
+        (owner != cluster.members.me().id).then(|| owner.to_owned())
     }
 
     /// The tokens `stream` holds for `bucket` by the last assignment sent to it (0: none or
@@ -461,7 +472,7 @@ impl Hub {
         }
         let elsewhere = self.send(None, pushes);
         self.push_to_nodes(elsewhere);
-        again.take(&cluster.me.id, max_bytes)
+        again.take(&cluster.members.me().id, max_bytes)
     }
 
     /// Assignments for this node's streams from their buckets' owner `from`.
@@ -552,14 +563,14 @@ impl Hub {
             return;
         };
         for (node, assignments) in by_node {
-            let Some(addr) = cluster.addr_of(&node) else {
+            let Some(addr) = cluster.members.addr_of(&node) else {
                 counter!("floodgate_rlqs_dropped_answers_total")
                     .increment(assignments.len() as u64);
                 continue;
             };
             counter!("floodgate_rlqs_relayed_assignments_total", "way" => "pushed")
                 .increment(assignments.len() as u64);
-            let frame = super::remote::assignments_frame(&cluster.me.id, assignments, 0);
+            let frame = super::remote::assignments_frame(&cluster.members.me().id, assignments, 0);
             // Sent in the background; a push lost leaves the Envoy its last assignment.
             drop(cluster.peers.send(addr, frame));
         }

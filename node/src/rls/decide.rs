@@ -8,14 +8,14 @@ use floodgate::Decision;
 use floodgate::rls::Planned;
 use floodgate::wire::WireCheck;
 
+use crate::front_batch::FrontContext;
 pub(crate) use crate::front_batch::Undecided;
 use crate::front_batch::run_batch;
-use crate::state::Shared;
 
 /// One decision per plan (`None` where nothing is counted), with the over-limit descriptors'
 /// partners refunded.
 pub(crate) async fn decide(
-    shared: &Shared,
+    front: &FrontContext,
     plans: &[Planned],
 ) -> Result<Vec<Option<Decision>>, Undecided> {
     let checks: Vec<(usize, WireCheck)> = plans
@@ -47,7 +47,7 @@ pub(crate) async fn decide(
     // One group per descriptor: each goes to the owner of its own key (and a group is all
     // refunds or none).
     let groups = checks.iter().map(|(_, c)| vec![c.clone()]).collect();
-    let answers = run_batch(shared, groups).await?;
+    let answers = run_batch(front, groups).await?;
     for ((i, _), answer) in checks.iter().zip(&answers) {
         let decision = answer
             .to_decision()
@@ -61,14 +61,14 @@ pub(crate) async fn decide(
         !shadow && !check.charge && decisions[*i].is_some_and(|d| !d.is_allowed())
     });
     if over_limit {
-        refund_allowed(shared, &checks, &mut decisions).await;
+        refund_allowed(front, &checks, &mut decisions).await;
     }
     Ok(decisions)
 }
 
 /// Gives back what the allowed checks took; their answers become the buckets as they now stand.
 async fn refund_allowed(
-    shared: &Shared,
+    front: &FrontContext,
     checks: &[(usize, WireCheck)],
     decisions: &mut [Option<Decision>],
 ) {
@@ -92,7 +92,7 @@ async fn refund_allowed(
         return;
     }
     let groups = refunds.iter().map(|(_, c)| vec![c.clone()]).collect();
-    match run_batch(shared, groups).await {
+    match run_batch(front, groups).await {
         Ok(answers) => {
             for ((i, _), answer) in refunds.iter().zip(answers) {
                 if let Ok(decision) = answer.to_decision() {

@@ -27,7 +27,7 @@ pub use config_file::RlsConfigHandle;
 /// The bounded accept loop, shared with the RLQS listener.
 pub(crate) use incoming::bounded as bounded_incoming;
 
-use crate::state::Shared;
+use crate::front_batch::FrontContext;
 
 /// Where envoyproxy/ratelimit serves gRPC, so an Envoy config moved over needs no port change.
 pub const DEFAULT_RLS_LISTEN: SocketAddr =
@@ -41,25 +41,25 @@ pub use crate::config::RlsSettings;
 
 /// Loads the configuration, binds the listener and spawns the server and the reload poller.
 pub(crate) async fn start(
-    shared: Arc<Shared>,
+    front: Arc<FrontContext>,
     settings: &RlsSettings,
     shutdown: watch::Receiver<bool>,
     tasks: &mut JoinSet<()>,
 ) -> anyhow::Result<(SocketAddr, Arc<RlsConfigHandle>)> {
-    settings.validate(&shared.config.tls)?;
+    settings.validate(&front.config.tls)?;
     let handle = RlsConfigHandle::load(&settings.config)?;
     let listener = tokio::net::TcpListener::bind(settings.listen)
         .await
         .with_context(|| format!("binding the RLS listener on {}", settings.listen))?;
     let addr = listener.local_addr()?;
-    let max_message = shared.config.limits.max_frame_bytes;
-    let shared_tls = shared.config.tls.clone();
-    let shared_limits = shared.config.limits;
+    let max_message = front.config.limits.max_frame_bytes;
+    let shared_tls = front.config.tls.clone();
+    let shared_limits = front.config.limits;
     // The same allowance as the QUIC endpoint's clients, counted apart.
-    let max_connections = shared.config.limits.max_connections;
+    let max_connections = front.config.limits.max_connections;
     let shutdown_incoming = shutdown.clone();
     let service = service::RlsService {
-        shared,
+        front,
         config: handle.clone(),
         rate_limit_headers: settings.rate_limit_headers,
         plan: floodgate::rls::PlanOptions {

@@ -25,16 +25,17 @@ use tonic::{Request, Response, Status};
 use super::config_file::RlsConfigHandle;
 use super::decide::{Undecided, decide};
 use crate::budget::{BufferBudget, Reservation};
-use crate::state::Shared;
+use crate::front_batch::FrontContext;
 
 /// Most entries in one descriptor (Envoy sends a handful).
 pub const MAX_ENTRIES: usize = 64;
 
-/// The service: the node's shared state, the configuration in force, the header flag, and
-/// what descriptors may ask for (negative hits).
+/// The service: what the fronts share (the node's configuration, the buffer budget, the check
+/// path), the configuration in force, the header flag, and what descriptors may ask for
+/// (negative hits).
 #[derive(Debug)]
 pub(crate) struct RlsService {
-    pub(crate) shared: Arc<Shared>,
+    pub(crate) front: Arc<FrontContext>,
     pub(crate) config: Arc<RlsConfigHandle>,
     pub(crate) rate_limit_headers: bool,
     pub(crate) plan: PlanOptions,
@@ -49,7 +50,7 @@ impl RateLimitService for RlsService {
         let started = Instant::now();
         // The decoded request is held until it is answered: it counts in the node's buffer
         // budget beside the QUIC streams', so neither front can starve the other.
-        let _held = reserve_call(&self.shared.budget, request.get_ref().encoded_len())?;
+        let _held = reserve_call(&self.front.budget, request.get_ref().encoded_len())?;
         let result = self.answer(request.into_inner()).await;
         histogram!("floodgate_rls_request_seconds").record(started.elapsed().as_secs_f64());
         result.map(Response::new)
@@ -73,7 +74,7 @@ fn reserve_call(budget: &BufferBudget, bytes: usize) -> Result<Reservation<'_>, 
 
 impl RlsService {
     async fn answer(&self, request: RateLimitRequest) -> Result<RateLimitResponse, Status> {
-        let descriptors = validate(&request, self.shared.config.limits.max_batch)?;
+        let descriptors = validate(&request, self.front.config.limits.max_batch)?;
         let config = self.config.current();
         let plans = plan_request(
             &config,
@@ -91,7 +92,7 @@ impl RlsService {
         }) {
             return Err(Status::invalid_argument(format!("descriptor {i}: {why}")));
         }
-        let decisions = decide(&self.shared, &plans)
+        let decisions = decide(&self.front, &plans)
             .await
             .map_err(|Undecided(e)| Status::unavailable(format!("not decided: {e}")))?;
         let answers: Vec<DescriptorAnswer> = plans

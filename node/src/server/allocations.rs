@@ -89,16 +89,17 @@ fn a_warm_cluster_path_allocates_nothing_beyond_the_lone_nodes_steps() {
         }
         (a, b)
     });
-    let shared = a.shared.clone();
-    let table = shared.cluster.table();
-    let me = shared.cluster.me.id.as_str();
+    let answering = a.wiring.answering();
+    let path = answering.checks.clone();
+    let table = path.slots.table();
+    let me = path.members.me().id.as_str();
     let keys: Vec<Vec<u8>> = (0..)
         .map(|i| format!("user:{i}").into_bytes())
         .filter(|key| table.owner(floodgate::cluster::slot_of(key)) == Some(me))
         .take(96)
         .collect();
     let checks = keys.len();
-    let mut reader = FrameReader::new(shared.config.limits.max_frame_bytes);
+    let mut reader = FrameReader::new(path.limits.max_frame_bytes);
     reader.extend(&check_batch_frame(&keys));
     let frame = reader.next_frame().unwrap().unwrap();
     // A gateway's connection: it may refund what it was granted, so every answer is credited.
@@ -111,9 +112,9 @@ fn a_warm_cluster_path_allocates_nothing_beyond_the_lone_nodes_steps() {
     let mut out = Vec::new();
     let answer = |out: &mut Vec<u8>| {
         out.clear();
-        let now_ns = floodgate::Clock::now_ns(&shared.clock);
-        let answering = pin!(super::streams::answer(
-            &shared,
+        let now_ns = floodgate::Clock::now_ns(&path.clock);
+        let pending = pin!(super::streams::answer(
+            &answering,
             floodgate::protocol::NEWEST,
             caller,
             &frame,
@@ -121,7 +122,7 @@ fn a_warm_cluster_path_allocates_nothing_beyond_the_lone_nodes_steps() {
             out,
         ));
         // A batch of this node's keys, none of them awaiting a hand-off, waits for nothing.
-        match answering.poll(&mut Context::from_waker(Waker::noop())) {
+        match pending.poll(&mut Context::from_waker(Waker::noop())) {
             Poll::Ready(refused) => assert_eq!(refused, None),
             Poll::Pending => panic!("the batch waited"),
         }
@@ -144,15 +145,15 @@ fn a_warm_cluster_path_allocates_nothing_beyond_the_lone_nodes_steps() {
         }
     });
     // The same frame through the lone node's path, on the same store, as warm.
-    let limits = shared.config.limits.wire();
+    let limits = path.limits.wire();
     let lone = |out: &mut Vec<u8>| {
         out.clear();
-        let now_ns = floodgate::Clock::now_ns(&shared.clock);
+        let now_ns = floodgate::Clock::now_ns(&path.clock);
         let refused = crate::service::answer_frame(
             caller,
-            &shared.store,
+            &path.store,
             &limits,
-            &shared.metrics,
+            &path.metrics,
             now_ns,
             table.version(),
             &frame,

@@ -7,16 +7,66 @@ use floodgate::wire::ErrorCode;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
-use crate::admission::Handshake;
-use crate::state::Shared;
+use crate::admission::{ConnectionAllowance, Handshake};
+use crate::budget::BufferBudget;
+use crate::config::NodeLimits;
+use crate::metrics::NodeMetrics;
+use crate::tls::PeerTrust;
 
-use super::peer_messages::{UniSender, serve_uni_message};
+use super::peer_messages::{PeerMessages, UniSender, serve_uni_message};
 use super::remote::Remote;
-use super::streams::serve_stream;
+use super::streams::{Answering, serve_stream};
+
+/// What every QUIC connection shares: who is admitted (clients and peers counted apart), the
+/// node-wide budget of bytes buffered from streams, and who counts as a peer.
+#[derive(Debug)]
+pub(super) struct Connections {
+    /// Client and peer connections, counted apart.
+    pub(super) allowance: Arc<ConnectionAllowance>,
+    /// Bytes buffered from all streams (and the RLS and RESP fronts' calls), against
+    /// `max_buffered_bytes`.
+    pub(super) budget: Arc<BufferBudget>,
+    /// Who may send peer-only frames (gossip, replicate, forwarded checks); replaced when the
+    /// certificates are reloaded.
+    pub(super) peer_trust: Arc<parking_lot::RwLock<PeerTrust>>,
+    /// Frame sizes and the write timeout.
+    pub(super) limits: NodeLimits,
+    pub(super) metrics: Arc<NodeMetrics>,
+}
+
+/// What a connection's tasks are handed: admission and reading, what answers its streams'
+/// frames, and what takes its one-way messages in.
+#[derive(Debug, Clone)]
+pub(super) struct Serving {
+    pub(super) connections: Arc<Connections>,
+    pub(super) answering: Arc<Answering>,
+    pub(super) messages: Arc<PeerMessages>,
+}
+
+impl Connections {
+    pub(super) fn new(
+        limits: NodeLimits,
+        metrics: Arc<NodeMetrics>,
+        peer_trust: PeerTrust,
+    ) -> Self {
+        Connections {
+            allowance: Arc::new(ConnectionAllowance::new(
+                limits.max_connections,
+                limits.max_peer_connections,
+                metrics.connections.clone(),
+                metrics.peer_connections.clone(),
+            )),
+            budget: Arc::new(BufferBudget::new(limits.max_buffered_bytes)),
+            peer_trust: Arc::new(parking_lot::RwLock::new(peer_trust)),
+            limits,
+            metrics,
+        }
+    }
+}
 
 pub(super) async fn accept_loop(
     endpoint: quinn::Endpoint,
-    shared: Arc<Shared>,
+    serving: Serving,
     mut shutdown: watch::Receiver<bool>,
 ) {
     let mut connections = JoinSet::new();
@@ -26,8 +76,8 @@ pub(super) async fn accept_loop(
             _ = shutdown.changed() => break,
         };
         let Some(incoming) = incoming else { break };
-        let Some(handshake) = shared.allowance.start_handshake() else {
-            shared.metrics.connections_refused.increment(1);
+        let Some(handshake) = serving.connections.allowance.start_handshake() else {
+            serving.connections.metrics.connections_refused.increment(1);
             incoming.refuse();
             continue;
         };
@@ -36,7 +86,7 @@ pub(super) async fn accept_loop(
         connections.spawn(serve_connection(
             incoming,
             handshake,
-            shared.clone(),
+            serving.clone(),
             shutdown.clone(),
         ));
     }
@@ -46,7 +96,7 @@ pub(super) async fn accept_loop(
 pub(super) async fn serve_connection(
     incoming: quinn::Incoming,
     handshake: Handshake,
-    shared: Arc<Shared>,
+    serving: Serving,
     mut shutdown: watch::Receiver<bool>,
 ) {
     let connection = match incoming.await {
@@ -56,11 +106,16 @@ pub(super) async fn serve_connection(
             return;
         }
     };
-    let remote = Remote::new(connection.clone());
+    let Serving {
+        connections,
+        answering,
+        messages,
+    } = serving;
+    let remote = Remote::new(connection.clone(), connections.peer_trust.clone());
     // Peers are counted apart from clients: only a node certificate of the peer CA is one.
-    let peer = remote.is_peer(&shared);
-    let Some(_admitted) = shared.allowance.admit(handshake, peer) else {
-        shared.metrics.connections_refused.increment(1);
+    let peer = remote.is_peer();
+    let Some(_admitted) = connections.allowance.admit(handshake, peer) else {
+        connections.metrics.connections_refused.increment(1);
         let side = if peer { "peer" } else { "client" };
         connection.close(
             quinn::VarInt::from_u32(ErrorCode::Overloaded as u32),
@@ -88,7 +143,13 @@ pub(super) async fn serve_connection(
                         remote: remote.clone(),
                         subscribed: subscribed.clone(),
                     };
-                    streams.spawn(serve_uni_message(recv, from, shared.clone(), shutdown.clone()));
+                    streams.spawn(serve_uni_message(
+                        recv,
+                        from,
+                        connections.clone(),
+                        messages.clone(),
+                        shutdown.clone(),
+                    ));
                 }
                 None
             }),
@@ -102,7 +163,8 @@ pub(super) async fn serve_connection(
                     send,
                     recv,
                     remote,
-                    shared.clone(),
+                    connections.clone(),
+                    answering.clone(),
                     shutdown.clone(),
                 ));
             }

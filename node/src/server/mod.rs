@@ -1,6 +1,7 @@
-//! The running node: start (the composition root: store, cluster, endpoint, tasks), what tests
-//! and the binary ask of it, certificate reload, and graceful shutdown.
+//! The running node: start (the endpoint, the parts, the tasks), what tests and the binary ask
+//! of it, certificate reload, and graceful shutdown.
 //!
+//! - `wiring`: the composition root: the node's parts built once, each task handed its own.
 //! - `connection`: the accept loop, admission after the handshake, one task per stream.
 //! - `remote`: the other end of a connection: whether it is a peer, which node it is.
 //! - `streams`: long-lived bidirectional streams: frames in, answers out.
@@ -18,28 +19,24 @@ mod rlqs_listener;
 mod streams;
 mod sweeper;
 mod unconfirmed;
+mod wiring;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use anyhow::Context;
+use floodgate::EpochClock;
 use floodgate::wire::ErrorCode;
-use floodgate::{BucketStore, EpochClock};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
-use crate::admission::ConnectionAllowance;
-use crate::budget::BufferBudget;
-use crate::cluster::Cluster;
 use crate::config::NodeConfig;
-use crate::metrics::NodeMetrics;
-use crate::state::{Shared, not_ready_reason};
 use crate::{admin, cluster, tls};
 
 use connection::accept_loop;
 use sweeper::sweep_loop;
+use wiring::{Wiring, wire};
 
 /// How long shutdown waits for in-flight work before closing connections regardless.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(2);
@@ -58,7 +55,8 @@ pub struct Node {
     shutdown: watch::Sender<bool>,
     tasks: JoinSet<()>,
     endpoint: quinn::Endpoint,
-    shared: Arc<Shared>,
+    /// The node's parts, as built at start.
+    wiring: Wiring,
     snapshots: Option<Arc<crate::snapshot::Snapshots>>,
     /// `--rls-listen`: the bound address and the configuration in force.
     rls: Option<(SocketAddr, Arc<crate::rls::RlsConfigHandle>)>,
@@ -80,17 +78,20 @@ impl Node {
         let peer_trust = tls::PeerTrust::new(&config.tls)?;
         let endpoint = bind_endpoint(&config)?;
         let local_addr = endpoint.local_addr()?;
-        let (shared, snapshots) = build_shared(config, &endpoint, local_addr, peer_trust)?;
+        let (wiring, snapshots) = wire(config, &endpoint, local_addr, peer_trust)?;
+        let checks = &wiring.checks;
         if let Some(snapshots) = &snapshots {
             // Before the first check is served: a restored daily quota counts from the start.
-            snapshots.load(&shared);
+            snapshots.load(&checks.store, &checks.clock, &checks.metrics);
         }
         let (shutdown, shutdown_rx) = watch::channel(false);
         let mut tasks = JoinSet::new();
         if let Some(snapshots) = &snapshots {
             tasks.spawn(crate::snapshot::run(
                 snapshots.clone(),
-                shared.clone(),
+                checks.store.clone(),
+                checks.clock,
+                checks.metrics.clone(),
                 shutdown_rx.clone(),
             ));
         }
@@ -99,8 +100,8 @@ impl Node {
             rls,
             rlqs,
             resp,
-        } = start_fronts(&shared, &shutdown_rx, &mut tasks).await?;
-        spawn_background(&shared, &endpoint, shutdown_rx, &mut tasks);
+        } = start_fronts(&wiring, &shutdown_rx, &mut tasks).await?;
+        spawn_background(&wiring, &endpoint, shutdown_rx, &mut tasks);
         tracing::info!(%local_addr, ?admin_addr, "floodgate node listening");
         Ok(Node {
             local_addr,
@@ -108,7 +109,7 @@ impl Node {
             shutdown,
             tasks,
             endpoint,
-            shared,
+            wiring,
             snapshots,
             rls,
             rlqs,
@@ -148,134 +149,137 @@ impl Node {
 
     /// Buckets currently held (for tests and status).
     pub fn live_buckets(&self) -> usize {
-        self.shared.store.len()
+        self.wiring.checks.store.len()
     }
 
     /// Bytes the bucket store accounts now, and its budget (7/8 of `max_store_bytes`).
     pub fn store_bytes(&self) -> (usize, usize) {
         (
-            self.shared.store.bytes_used(),
-            self.shared.store.max_bytes(),
+            self.wiring.checks.store.bytes_used(),
+            self.wiring.checks.store.max_bytes(),
         )
     }
 
     /// Concurrency leases held on this node now, all keys together.
     pub fn leases_held(&self) -> usize {
-        self.shared.cluster.leases.held()
+        self.wiring.checks.leases.held()
     }
 
     /// The rules in force, when started with `--rules`.
     pub fn rules(&self) -> Option<&Arc<crate::rules::RulesHandle>> {
-        self.shared.rules.as_ref()
+        self.wiring.rules.as_ref()
     }
 
     /// This node's id in the cluster.
     pub fn node_id(&self) -> &str {
-        &self.shared.cluster.me.id
+        &self.wiring.parts.members.me().id
     }
 
     /// Ids of the members this node currently counts as owners of slots.
     pub fn owners(&self) -> Vec<String> {
-        self.shared.cluster.table().nodes().to_vec()
+        self.wiring.parts.slots.table().nodes().to_vec()
     }
 
     /// Why the node is not ready (what `/readyz` answers 503 with), or `None` when it serves
     /// with the cluster: not while shutting down, refused, or (with seeds and without
     /// `--allow-alone`) not joined yet.
     pub fn not_ready_reason(&self) -> Option<String> {
-        not_ready_reason(&self.shared)
+        self.wiring.readiness.not_ready_reason()
     }
 
     /// Becomes `Some(reason)` if the cluster refused this node (another live node holds its
     /// id); the node then sends no gossip and should be stopped.
     pub fn watch_refusal(&self) -> watch::Receiver<Option<String>> {
-        self.shared.cluster.watch_refusal()
+        self.wiring.parts.members.watch_refusal()
     }
 
     /// Resolves once the node has joined a cluster: heard from another member and taken its
     /// real table (at once for a node started without seeds).
     pub async fn joined(&self) {
-        self.shared.cluster.joined().await
+        self.wiring.parts.slots.joined().await
     }
 
     /// Resolves once no slot this node gained waits for its hand-off any longer (the hand-off
     /// arrived, or its wait ran out). Until then a version-4 caller's check on such a slot is
     /// answered `try_again`; tests and tools await this instead of retrying.
     pub async fn handoffs_settled(&self) {
-        let cluster = &self.shared.cluster;
-        let slots = 0..floodgate::cluster::SLOTS as u16;
-        cluster.wait_for_handoffs(slots, u64::MAX).await
+        let slots = &self.wiring.parts.slots;
+        let all = 0..floodgate::cluster::SLOTS as u16;
+        slots.wait_for_handoffs(all, u64::MAX).await
     }
 
     /// The address this node knows the member `id` at.
     pub fn member_addr(&self, id: &str) -> Option<String> {
-        self.shared.cluster.addr_of(id)
+        self.wiring.parts.members.addr_of(id)
     }
 
     /// The highest protocol version every member speaks, as gossip told this node (0: their
     /// ranges share none).
     pub fn cluster_version(&self) -> u8 {
-        self.shared.cluster.cluster_version()
+        self.wiring.parts.members.cluster_version()
     }
 
     /// The inter-region exchange of global keys (its counters, whether all is confirmed).
     pub fn region_sync(&self) -> &Arc<crate::region_sync::RegionSync<EpochClock>> {
-        &self.shared.region_sync
+        &self.wiring.checks.region_sync
     }
 
     /// The current slot table.
     pub fn slot_table(&self) -> Arc<floodgate::cluster::SlotTable> {
-        self.shared.cluster.table()
+        self.wiring.parts.slots.table()
     }
 
     /// Counts buckets merged from peers (replicas and hand-offs); await a change instead of
     /// polling.
     pub fn watch_received_buckets(&self) -> watch::Receiver<u64> {
-        self.shared.received.subscribe()
+        self.wiring.parts.replication.watch_received()
     }
 
     /// Live concurrency leases of `key` (the key bytes a client sends) on this node now:
     /// decided here, or replicas and hand-offs from peers.
     pub fn leases_in_use(&self, key: &[u8]) -> u64 {
-        let now_ns = floodgate::Clock::now_ns(&self.shared.clock);
+        let now_ns = floodgate::Clock::now_ns(&self.wiring.checks.clock);
         let key = floodgate::BucketKey::for_key(key);
-        self.shared.cluster.leases.in_use(key, now_ns)
+        self.wiring.checks.leases.in_use(key, now_ns)
     }
 
     /// Counts lease sets merged from peers (replicas and hand-offs); await a change instead of
     /// polling.
     pub fn watch_received_lease_sets(&self) -> watch::Receiver<u64> {
-        self.shared.cluster.lease_sets_received.subscribe()
+        self.wiring.parts.lease_replication.watch_received()
     }
 
     /// Bytes buffered from all streams now, and the most ever buffered at once (both within
     /// `max_buffered_bytes`).
     pub fn buffered_bytes(&self) -> (usize, usize) {
-        (self.shared.budget.used(), self.shared.budget.peak())
+        (
+            self.wiring.connections.budget.used(),
+            self.wiring.connections.budget.peak(),
+        )
     }
 
     /// Client and peer connections admitted now.
     pub fn connection_counts(&self) -> (usize, usize) {
         (
-            self.shared.allowance.clients(),
-            self.shared.allowance.peers(),
+            self.wiring.connections.allowance.clients(),
+            self.wiring.connections.allowance.peers(),
         )
     }
 
     /// The admitted (clients, peers) connections, as they change (await instead of polling).
     pub fn watch_connection_counts(&self) -> watch::Receiver<(usize, usize)> {
-        self.shared.allowance.watch_counts()
+        self.wiring.connections.allowance.watch_counts()
     }
 
     /// Every new slot table, as it is adopted (await `changed()` instead of polling).
     pub fn watch_slot_table(&self) -> watch::Receiver<Arc<floodgate::cluster::SlotTable>> {
-        self.shared.cluster.watch_table()
+        self.wiring.parts.slots.watch_table()
     }
 
     /// Reads the certificates, key and CAs again from their files (SIGHUP) and uses them for new
     /// connections, served and dialed; open connections keep theirs. On error nothing changes.
     pub fn reload_tls(&self) -> anyhow::Result<()> {
-        let config = &self.shared.config;
+        let config = &self.wiring.config;
         if let Some(id) = &config.cluster.node_id {
             tls::check_own_certificate(&config.tls, id)?;
         }
@@ -283,8 +287,8 @@ impl Node {
         let peers = tls::peer_client_configs(&config.tls, &config.limits)?;
         let trust = tls::PeerTrust::new(&config.tls)?;
         self.endpoint.set_server_config(Some(server));
-        self.shared.cluster.peers.set_configs(peers);
-        *self.shared.peer_trust.write() = trust;
+        self.wiring.parts.peers.set_configs(peers);
+        *self.wiring.connections.peer_trust.write() = trust;
         tracing::info!("certificates reloaded");
         Ok(())
     }
@@ -299,17 +303,22 @@ impl Node {
     /// admitted here, refuse new connections, answer every frame already received, finish each
     /// stream, close connections with `ShuttingDown`, and wait (bounded) for peers to see it.
     pub async fn shutdown(mut self) {
-        self.shared.ready.store(false, Ordering::Relaxed);
+        self.wiring.readiness.shutting_down();
         // Leave first: peers stop routing here and receive our buckets before we stop answering.
         // Then keep answering (forwarding to the new owners) while clients fetch the new table.
-        self.shared.cluster.leave().await;
-        if !self.shared.cluster.table().nodes().is_empty() {
+        self.wiring.cluster.leave().await;
+        if !self.wiring.parts.slots.table().nodes().is_empty() {
             tokio::time::sleep(LEAVE_LINGER).await;
         }
         // Global units admitted here and not yet confirmed by the other regions would be lost
         // to them with this session: send them now and wait (bounded) for the acknowledgements,
         // while the sender task and the peer endpoint still run.
-        let unconfirmed = self.shared.region_sync.drain(REGION_DRAIN_TIMEOUT).await;
+        let unconfirmed = self
+            .wiring
+            .checks
+            .region_sync
+            .drain(REGION_DRAIN_TIMEOUT)
+            .await;
         if unconfirmed > 0 {
             tracing::warn!(
                 units = unconfirmed,
@@ -328,7 +337,9 @@ impl Node {
         }
         // Every received check has been answered: the last snapshot holds all of them.
         if let Some(snapshots) = &self.snapshots {
-            crate::snapshot::snapshot_once(snapshots, &self.shared).await;
+            let checks = &self.wiring.checks;
+            crate::snapshot::snapshot_once(snapshots, &checks.store, checks.clock, &checks.metrics)
+                .await;
         }
         self.endpoint.close(
             quinn::VarInt::from_u32(ErrorCode::ShuttingDown as u32),
@@ -353,80 +364,6 @@ fn bind_endpoint(config: &NodeConfig) -> anyhow::Result<quinn::Endpoint> {
     .with_context(|| format!("starting the QUIC endpoint on {}", config.listen))
 }
 
-/// What every task of the node shares (store, cluster, region exchange, RLQS hub, rules,
-/// connection allowance and budget), and the snapshots of `--state-dir`, not loaded yet.
-fn build_shared(
-    config: NodeConfig,
-    endpoint: &quinn::Endpoint,
-    local_addr: SocketAddr,
-    peer_trust: tls::PeerTrust,
-) -> anyhow::Result<(Arc<Shared>, Option<Arc<crate::snapshot::Snapshots>>)> {
-    let store = BucketStore::new(config.store)?.with_max_bytes(config.limits.bucket_bytes())?;
-    let snapshots = config
-        .state_dir
-        .as_deref()
-        .map(crate::snapshot::Snapshots::open)
-        .transpose()?;
-    let rules = config
-        .rules
-        .as_deref()
-        .map(crate::rules::RulesHandle::load)
-        .transpose()?;
-    let clock = EpochClock::start().skewed(config.test_only_clock_skew_ns);
-    let peer_config = tls::peer_client_configs(&config.tls, &config.limits)?;
-    let metrics = NodeMetrics::register();
-    let store = Arc::new(store);
-    let cluster = Arc::new(
-        Cluster::new(
-            config.cluster.clone(),
-            local_addr,
-            endpoint.clone(),
-            peer_config,
-            store.clone(),
-            clock,
-            metrics.cluster(),
-        )
-        .with_frame_limit(config.limits.max_frame_bytes)
-        .with_max_leases(config.limits.lease_cap()),
-    );
-    let region_sync = Arc::new(region_sync(&config, &cluster, store.clone(), clock)?);
-    cluster.hand_over_unconfirmed_from(region_sync.clone());
-    let allowance = Arc::new(ConnectionAllowance::new(
-        config.limits.max_connections,
-        config.limits.max_peer_connections,
-        metrics.connections.clone(),
-        metrics.peer_connections.clone(),
-    ));
-    let rlqs = rlqs_hub(&config, &cluster);
-    let shared = Arc::new(Shared {
-        rlqs,
-        store,
-        clock,
-        metrics,
-        allowance,
-        budget: BufferBudget::new(config.limits.max_buffered_bytes),
-        ready: AtomicBool::new(true),
-        cluster,
-        region_sync,
-        rules,
-        received: watch::Sender::new(0),
-        peer_trust: parking_lot::RwLock::new(peer_trust),
-        config,
-    });
-    Ok((shared, snapshots))
-}
-
-/// The RLQS hub. A node without `--rlqs-listen` has one too (on default settings): it computes
-/// the shares of the buckets it owns for the Envoys of other nodes.
-fn rlqs_hub(config: &NodeConfig, cluster: &Arc<Cluster>) -> Arc<crate::rlqs::Hub> {
-    let mut settings = config
-        .rlqs
-        .clone()
-        .unwrap_or_else(|| crate::rlqs::RlqsSettings::new(SocketAddr::from(([127, 0, 0, 1], 0))));
-    settings.global_domains = config.rlqs_global_domains.clone();
-    Arc::new(crate::rlqs::Hub::new(settings, Some(cluster.clone())))
-}
-
 /// The listeners beside the QUIC endpoint, each `None` when not configured.
 struct Fronts {
     /// `--admin`: the bound address.
@@ -442,33 +379,35 @@ struct Fronts {
 /// Binds the configured listeners, in this order: admin, RLS, RLQS (which needs the RLS
 /// configuration), RESP; their tasks go into `tasks`.
 async fn start_fronts(
-    shared: &Arc<Shared>,
+    wiring: &Wiring,
     shutdown: &watch::Receiver<bool>,
     tasks: &mut JoinSet<()>,
 ) -> anyhow::Result<Fronts> {
-    let admin_addr = match shared.config.admin {
+    let config = &wiring.config;
+    let admin_addr = match config.admin {
         Some(addr) => {
             let listener = tokio::net::TcpListener::bind(addr)
                 .await
                 .with_context(|| format!("binding the admin server on {addr}"))?;
             let admin_addr = listener.local_addr()?;
-            tasks.spawn(admin::serve(listener, shared.clone(), shutdown.clone()));
+            let readiness = wiring.readiness.clone();
+            tasks.spawn(admin::serve(listener, readiness, shutdown.clone()));
             Some(admin_addr)
         }
         None => None,
     };
-    let rls = match shared.config.rls.clone() {
+    let rls = match config.rls.clone() {
         Some(settings) => {
-            let rls = crate::rls::start(shared.clone(), &settings, shutdown.clone(), tasks);
+            let rls = crate::rls::start(wiring.front(), &settings, shutdown.clone(), tasks);
             Some(rls.await?)
         }
         None => None,
     };
-    let rlqs = match (shared.config.rlqs.clone(), &rls) {
+    let rlqs = match (config.rlqs.clone(), &rls) {
         (Some(settings), Some((_, handle))) => Some(
             rlqs_listener::start(
-                shared.rlqs.clone(),
-                &shared.config,
+                wiring.rlqs.clone(),
+                config,
                 &settings,
                 handle.clone(),
                 shutdown.clone(),
@@ -481,9 +420,9 @@ async fn start_fronts(
         ),
         (None, _) => None,
     };
-    let resp = match shared.config.resp.clone() {
+    let resp = match config.resp.clone() {
         Some(settings) => {
-            Some(crate::resp::start(shared.clone(), settings, shutdown.clone(), tasks).await?)
+            Some(crate::resp::start(wiring.front(), settings, shutdown.clone(), tasks).await?)
         }
         None => None,
     };
@@ -498,56 +437,40 @@ async fn start_fronts(
 /// The node's own tasks, until `shutdown`: accepting QUIC connections, the sweeper, RLQS and
 /// metrics upkeep, the rules file's watch, the region exchange and the cluster's.
 fn spawn_background(
-    shared: &Arc<Shared>,
+    wiring: &Wiring,
     endpoint: &quinn::Endpoint,
     shutdown: watch::Receiver<bool>,
     tasks: &mut JoinSet<()>,
 ) {
     tasks.spawn(accept_loop(
         endpoint.clone(),
-        shared.clone(),
+        wiring.serving(),
         shutdown.clone(),
     ));
-    tasks.spawn(sweep_loop(shared.clone(), shutdown.clone()));
+    tasks.spawn(sweep_loop(wiring.swept(), shutdown.clone()));
     tasks.spawn(crate::rlqs::upkeep(
-        shared.rlqs.clone(),
-        shared.config.limits.max_frame_bytes,
+        wiring.rlqs.clone(),
+        wiring.config.limits.max_frame_bytes,
         shutdown.clone(),
     ));
     tasks.spawn(crate::metrics::upkeep_loop(shutdown.clone()));
-    if let Some(rules) = &shared.rules {
+    if let Some(rules) = &wiring.rules {
         tasks.spawn(crate::rules::watch_file(rules.clone(), shutdown.clone()));
     }
+    let parts = &wiring.parts;
     let links = Arc::new(crate::region_links::PeerLinks {
-        cluster: shared.cluster.clone(),
+        members: parts.members.clone(),
+        peers: parts.peers.clone(),
     });
-    let sync = shared.region_sync.clone();
+    let sync = wiring.checks.region_sync.clone();
     let sync_shutdown = shutdown.clone();
     tasks.spawn(async move { sync.run(links, sync_shutdown).await });
     tasks.spawn(crate::region_links::follow_rings(
-        shared.clone(),
+        wiring.checks.region_sync.clone(),
+        parts.slots.clone(),
+        parts.regions.clone(),
+        wiring.checks.clock,
         shutdown.clone(),
     ));
-    tasks.spawn(cluster::run(shared.cluster.clone(), shutdown));
-}
-
-/// The node's region exchange: this node as a peer of its region, its start time as the
-/// session (a restart is told from a replay), the sync interval from the flags.
-fn region_sync(
-    config: &NodeConfig,
-    cluster: &Cluster,
-    store: Arc<floodgate::BucketStore>,
-    clock: EpochClock,
-) -> anyhow::Result<crate::region_sync::RegionSync<EpochClock>> {
-    let region = floodgate::region::RegionName::new(&cluster.me.region)
-        .map_err(|e| anyhow::anyhow!("--region {:?}: {e}", cluster.me.region))?;
-    let me = floodgate::region::Peer::new(region, &cluster.me.id);
-    let exchange_config = floodgate::region::ExchangeConfig {
-        sync_interval_ns: u64::try_from(config.cluster.region_sync_interval.as_nanos())
-            .unwrap_or(u64::MAX),
-        ..floodgate::region::ExchangeConfig::for_regions(1)
-    };
-    let exchange =
-        floodgate::region::Exchange::new(exchange_config, me, floodgate::Clock::now_ns(&clock));
-    Ok(crate::region_sync::RegionSync::new(exchange, store, clock))
+    tasks.spawn(cluster::run(wiring.cluster.clone(), shutdown));
 }

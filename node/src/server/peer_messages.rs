@@ -12,9 +12,29 @@ use floodgate::wire::{
 };
 use tokio::sync::watch;
 
-use crate::state::Shared;
+use crate::cluster::{
+    Cluster, LeaseReplication, Members, Replication, SlotOwnership, TableMessages,
+};
+use crate::metrics::NodeMetrics;
 
+use super::connection::Connections;
 use super::remote::Remote;
+
+/// What takes in one-way messages: the cluster's driver (gossip) and parts (id conflicts,
+/// replicas and hand-offs, lease sets, table pushes), the region exchange and the RLQS hub.
+#[derive(Debug)]
+pub(super) struct PeerMessages {
+    pub(super) cluster: Arc<Cluster>,
+    pub(super) members: Arc<Members>,
+    pub(super) slots: Arc<SlotOwnership>,
+    pub(super) tables: Arc<TableMessages>,
+    pub(super) replication: Arc<Replication>,
+    pub(super) lease_replication: Arc<LeaseReplication>,
+    pub(super) region_sync: Arc<crate::region_sync::RegionSync<floodgate::EpochClock>>,
+    pub(super) rlqs: Arc<crate::rlqs::Hub>,
+    pub(super) clock: floodgate::EpochClock,
+    pub(super) metrics: Arc<NodeMetrics>,
+}
 
 /// Longest one slot-table push to a client may take.
 pub(super) const PUSH_TIMEOUT: Duration = Duration::from_secs(1);
@@ -32,12 +52,13 @@ pub(super) struct UniSender {
 pub(super) async fn serve_uni_message(
     mut recv: quinn::RecvStream,
     from: UniSender,
-    shared: Arc<Shared>,
+    connections: Arc<Connections>,
+    messages: Arc<PeerMessages>,
     shutdown: watch::Receiver<bool>,
 ) {
-    let is_peer = from.remote.is_peer(&shared);
+    let is_peer = from.remote.is_peer();
     let Some((mut reader, _reserved)) =
-        read_message(&mut recv, &from.remote, &shared, is_peer).await
+        read_message(&mut recv, &from.remote, &connections, is_peer).await
     else {
         return;
     };
@@ -46,55 +67,55 @@ pub(super) async fn serve_uni_message(
             Ok(Some(frame)) => frame,
             Ok(None) => return,
             Err(e) => {
-                refused_message(&shared, &from.remote, &e);
+                refused_message(&messages.metrics, &from.remote, &e);
                 return;
             }
         };
-        let now_ns = shared.clock.now_ns();
+        let now_ns = messages.clock.now_ns();
         match frame.kind {
             FrameKind::TableRequest => {
                 if !from.subscribed.swap(true, Ordering::Relaxed) {
-                    push_tables(&from.remote, &shared, shutdown.clone()).await;
+                    push_tables(&from.remote, &messages, shutdown.clone()).await;
                 }
                 return;
             }
             // A peer pushing its table to this node as to any client: nodes keep their own.
             FrameKind::SlotTable if is_peer => {}
             kind if kind.peer_only() && !is_peer => {
-                from.remote.forbid(&shared, kind);
+                from.remote.forbid(&messages.metrics, kind);
                 return;
             }
-            _ if !is_peer => shared.metrics.frame_error(ErrorCode::UnknownKind),
+            _ if !is_peer => messages.metrics.frame_error(ErrorCode::UnknownKind),
             FrameKind::Gossip => match decode_gossip(frame.version, &frame.payload) {
                 Ok(gossip) => {
                     // A peer speaks for the members its certificate names; the rest it relays.
                     let names = crate::tls::NodeNames::of(from.remote.connection.peer_identity());
-                    shared
+                    messages
                         .cluster
                         .handle_gossip(now_ns, &names.checker(), &gossip);
                 }
-                Err((code, _)) => shared.metrics.frame_error(code),
+                Err((code, _)) => messages.metrics.frame_error(code),
             },
             FrameKind::IdConflict => match decode_id_conflict(&frame.payload) {
-                Ok(conflict) => shared.cluster.handle_conflict(&conflict, now_ns).await,
-                Err((code, _)) => shared.metrics.frame_error(code),
+                Ok(conflict) => messages.members.handle_conflict(&conflict, now_ns).await,
+                Err((code, _)) => messages.metrics.frame_error(code),
             },
             FrameKind::Replicate => {
-                on_replicate(&shared, &from.remote, &frame.payload, now_ns).await;
+                on_replicate(&messages, &from.remote, &frame.payload, now_ns).await;
             }
-            FrameKind::LeaseSync => on_lease_sync(&shared, &from.remote, &frame, now_ns),
+            FrameKind::LeaseSync => on_lease_sync(&messages, &from.remote, &frame, now_ns),
             FrameKind::RegionDeltas | FrameKind::RegionAck => {
-                on_region_frame(&shared, &from.remote, &frame);
+                on_region_frame(&messages, &from.remote, &frame);
             }
             FrameKind::RlqsAssignments => {
-                let certified = |id: &str| from.remote.certified_as(&shared, id);
+                let certified = |id: &str| from.remote.certified_as(id);
                 if let Err(code) =
-                    crate::rlqs::take_assignments(&shared.rlqs, certified, &frame.payload)
+                    crate::rlqs::take_assignments(&messages.rlqs, certified, &frame.payload)
                 {
-                    shared.metrics.frame_error(code);
+                    messages.metrics.frame_error(code);
                 }
             }
-            _ => shared.metrics.frame_error(ErrorCode::UnknownKind),
+            _ => messages.metrics.frame_error(ErrorCode::UnknownKind),
         }
     }
 }
@@ -105,10 +126,10 @@ pub(super) async fn serve_uni_message(
 async fn read_message<'s>(
     recv: &mut quinn::RecvStream,
     remote: &Remote,
-    shared: &'s Shared,
+    connections: &'s Connections,
     is_peer: bool,
 ) -> Option<(floodgate::wire::FrameReader, crate::budget::Reservation<'s>)> {
-    let max = shared.config.limits.max_frame_bytes;
+    let max = connections.limits.max_frame_bytes;
     let mut header = [0u8; HEADER_BYTES];
     if recv.read_exact(&mut header).await.is_err() {
         return None;
@@ -116,15 +137,17 @@ async fn read_message<'s>(
     if let Some(kind) = FrameKind::from_u8(header[3]).filter(|k| k.peer_only())
         && !is_peer
     {
-        remote.forbid(shared, kind);
+        remote.forbid(&connections.metrics, kind);
         return None;
     }
     let readable = if is_peer { max + HEADER_BYTES } else { 64 };
-    match crate::budget::read_message(recv, &header, max, readable, &shared.budget, is_peer).await {
+    match crate::budget::read_message(recv, &header, max, readable, &connections.budget, is_peer)
+        .await
+    {
         Ok(read) => Some(read),
         Err(over_budget) => {
             if over_budget.is_some() {
-                shared.metrics.over_buffer_budget.increment(1);
+                connections.metrics.over_buffer_budget.increment(1);
                 let _ = recv.stop(quinn::VarInt::from_u32(ErrorCode::Overloaded as u32));
             }
             None
@@ -135,34 +158,27 @@ async fn read_message<'s>(
 /// Replicas, or a part of a hand-off: merged into the store (only ever stricter); a hand-off
 /// part also counts toward its hand-off, and its buckets for slots this node's table gives to
 /// a third member go on to that owner.
-async fn on_replicate(shared: &Shared, remote: &Remote, payload: &[u8], now_ns: u64) {
+async fn on_replicate(messages: &PeerMessages, remote: &Remote, payload: &[u8], now_ns: u64) {
     let Replicated {
         from: sender_id,
         handoff,
         buckets,
     } = match decode_replicate(payload) {
         Ok(replicated) => replicated,
-        Err((code, _)) => return shared.metrics.frame_error(code),
+        Err((code, _)) => return messages.metrics.frame_error(code),
     };
     // A node speaks only as itself: its hand-offs count as the named node's.
-    if !remote.certified_as(shared, &sender_id) {
-        shared.metrics.frame_error(ErrorCode::Forbidden);
+    if !remote.certified_as(&sender_id) {
+        messages.metrics.frame_error(ErrorCode::Forbidden);
         tracing::warn!(
             remote = %remote.connection.remote_address(),
             "dropped a replicate from `{sender_id}`: its certificate names another node"
         );
         return;
     }
-    // A frame holds thousands of buckets, each merge a cache miss: merged on a blocking
-    // thread, so the checks this worker serves do not wait behind them.
-    let store = shared.store.clone();
-    let merged = tokio::task::spawn_blocking(move || {
-        let refused = store.merge(&buckets, now_ns);
-        (buckets, refused)
-    })
-    .await;
+    let replication = &messages.replication;
     // Only a panic or the runtime shutting down: nothing merged, nothing counted.
-    let Ok((buckets, refused)) = merged else {
+    let Some((buckets, refused)) = replication.merge(buckets, now_ns).await else {
         return;
     };
     if let Some(part) = &handoff {
@@ -174,50 +190,55 @@ async fn on_replicate(shared: &Shared, remote: &Remote, payload: &[u8], now_ns: 
             buckets = buckets.len(),
             "hand-off part received"
         );
-        shared.cluster.handoff_received(&sender_id, part, now_ns);
-        let passed = shared.cluster.pass_on_stranded(&sender_id, &buckets);
+        messages.slots.handoff_received(&sender_id, part, now_ns);
+        let passed = replication.pass_on_stranded(&messages.slots.table(), &sender_id, &buckets);
         if passed > 0 {
             metrics::counter!("floodgate_handoff_buckets_passed_on_total").increment(passed as u64);
         }
     }
     let counter = if handoff.is_some() {
-        &shared.metrics.received_handoff
+        &messages.metrics.received_handoff
     } else {
-        &shared.metrics.received_replicas
+        &messages.metrics.received_replicas
     };
     counter.increment((buckets.len() - refused) as u64);
-    shared
-        .received
-        .send_modify(|n| *n += (buckets.len() - refused) as u64);
+    replication.count_received((buckets.len() - refused) as u64);
 }
 
 /// A peer's lease sets (replicated, or handed off with their slots), merged.
-fn on_lease_sync(shared: &Shared, remote: &Remote, frame: &floodgate::wire::Frame, now_ns: u64) {
+fn on_lease_sync(
+    messages: &PeerMessages,
+    remote: &Remote,
+    frame: &floodgate::wire::Frame,
+    now_ns: u64,
+) {
     match decode_lease_sync(frame.version, &frame.payload) {
         // A node speaks only as itself, as for replicas.
-        Ok(sync) if !remote.certified_as(shared, &sync.from) => {
-            shared.metrics.frame_error(ErrorCode::Forbidden);
+        Ok(sync) if !remote.certified_as(&sync.from) => {
+            messages.metrics.frame_error(ErrorCode::Forbidden);
         }
         Ok(sync) => {
-            crate::lease::merge_from_peer(&shared.cluster, sync.sets, sync.handoff, now_ns);
+            messages
+                .lease_replication
+                .merge_from_peer(sync.sets, sync.handoff, now_ns);
         }
-        Err((code, _)) => shared.metrics.frame_error(code),
+        Err((code, _)) => messages.metrics.frame_error(code),
     }
 }
 
 /// Region deltas or an acknowledgement (kinds 13 and 14), handled by the region exchange.
-fn on_region_frame(shared: &Shared, remote: &Remote, frame: &floodgate::wire::Frame) {
+fn on_region_frame(messages: &PeerMessages, remote: &Remote, frame: &floodgate::wire::Frame) {
     // A node speaks only as itself: the message must name the certified node, in the region
     // the membership knows it in.
-    let certified = |node: &str| remote.certified_as(shared, node);
-    let region_of = |node: &str| shared.cluster.region_of(node);
+    let certified = |node: &str| remote.certified_as(node);
+    let region_of = |node: &str| messages.members.region_of(node);
     // Under the gate: the table the units are routed by stays in force until they landed, so
     // a table switch's hand-off carries them.
-    let _deciding = shared.cluster.deciding();
-    let route = shared
-        .cluster
-        .delta_router(shared.region_sync.me().region, shared.clock.now_ns());
-    match shared.region_sync.receive_from(
+    let _deciding = messages.slots.deciding();
+    let route = messages
+        .slots
+        .delta_router(messages.region_sync.me().region, messages.clock.now_ns());
+    match messages.region_sync.receive_from(
         frame.kind,
         frame.version,
         &frame.payload,
@@ -228,15 +249,15 @@ fn on_region_frame(shared: &Shared, remote: &Remote, frame: &floodgate::wire::Fr
         Ok(()) => metrics::counter!("floodgate_region_frames_received_total",
             "kind" => if frame.kind == FrameKind::RegionDeltas { "deltas" } else { "ack" })
         .increment(1),
-        Err(code) => shared.metrics.frame_error(code),
+        Err(code) => messages.metrics.frame_error(code),
     }
 }
 
 /// A one-way message that could not be cut into a frame: counted, and logged (a frame of a
 /// protocol version this node does not read at ERROR, with both versions: a peer or client of
 /// another build sent it, and nothing it said was read).
-fn refused_message(shared: &Shared, remote: &Remote, error: &floodgate::wire::FrameError) {
-    shared.metrics.frame_error(error.code);
+fn refused_message(metrics: &NodeMetrics, remote: &Remote, error: &floodgate::wire::FrameError) {
+    metrics.frame_error(error.code);
     let from = remote.connection.remote_address();
     if error.code == ErrorCode::UnsupportedVersion {
         tracing::error!(%from, "dropped a one-way message: {}", error.message);
@@ -250,12 +271,12 @@ fn refused_message(shared: &Shared, remote: &Remote, error: &floodgate::wire::Fr
 /// by the new table without waiting for an answer to hint at it.
 pub(super) async fn push_tables(
     remote: &Remote,
-    shared: &Shared,
+    messages: &PeerMessages,
     mut shutdown: watch::Receiver<bool>,
 ) {
     let connection = &remote.connection;
     let version = remote.version();
-    let mut tables = shared.cluster.watch_table();
+    let mut tables = messages.slots.watch_table();
     tables.borrow_and_update();
     loop {
         tokio::select! {
@@ -264,7 +285,7 @@ pub(super) async fn push_tables(
             _ = shutdown.changed() => return,
         }
         let mut frame = Vec::new();
-        shared.cluster.encode_table(&mut frame, version, 0);
+        messages.tables.encode_table(&mut frame, version, 0);
         let pushed = tokio::time::timeout(PUSH_TIMEOUT, async {
             let mut stream = connection.open_uni().await?;
             stream.write_all(&frame).await?;

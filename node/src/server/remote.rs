@@ -7,7 +7,8 @@ use floodgate::protocol::Feature;
 use floodgate::wire::{ErrorCode, FrameKind};
 
 use crate::caller::{Caller, RefundCredit};
-use crate::state::Shared;
+use crate::metrics::NodeMetrics;
+use crate::tls::PeerTrust;
 
 /// The other end of a connection, and whether it is a peer.
 #[derive(Clone)]
@@ -22,25 +23,31 @@ pub(super) struct Remote {
     version: u8,
     /// What a gateway may refund on this connection (unused for a peer).
     credit: Arc<RefundCredit>,
+    /// Who counts as a peer, and which node ids a certificate carries.
+    trust: Arc<parking_lot::RwLock<PeerTrust>>,
 }
 
 impl Remote {
-    pub(super) fn new(connection: quinn::Connection) -> Self {
+    pub(super) fn new(
+        connection: quinn::Connection,
+        trust: Arc<parking_lot::RwLock<PeerTrust>>,
+    ) -> Self {
         Remote {
             version: crate::tls::agreed_version(&connection),
             connection,
             peer: Arc::new(OnceLock::new()),
             certified: Arc::default(),
             credit: Arc::default(),
+            trust,
         }
     }
 
     /// How a check batch from this connection is answered: what its version understands, and
     /// what a gateway may refund (a peer's forwarded refunds were checked where they entered).
-    pub(super) fn caller(&self, shared: &Shared) -> Caller<'_> {
+    pub(super) fn caller(&self) -> Caller<'_> {
         Caller {
             try_again: Feature::TryAgain.readable_at(self.version),
-            credit: (!self.is_peer(shared)).then_some(&*self.credit),
+            credit: (!self.is_peer()).then_some(&*self.credit),
         }
     }
 
@@ -51,21 +58,21 @@ impl Remote {
     }
 
     /// True when the connection's certificate is a node's from the peer CA.
-    pub(super) fn is_peer(&self, shared: &Shared) -> bool {
+    pub(super) fn is_peer(&self) -> bool {
         *self.peer.get_or_init(|| {
             let identity = self.connection.peer_identity();
-            shared.peer_trust.read().is_peer(identity)
+            self.trust.read().is_peer(identity)
         })
     }
 
     /// True when the connection's certificate is a node certificate for node `id`.
-    pub(super) fn certified_as(&self, shared: &Shared, id: &str) -> bool {
+    pub(super) fn certified_as(&self, id: &str) -> bool {
         let mut certified = self.certified.lock();
         if certified.as_deref() == Some(id) {
             return true;
         }
         let identity = self.connection.peer_identity();
-        let names = shared.peer_trust.read().names(identity, id);
+        let names = self.trust.read().names(identity, id);
         if names {
             *certified = Some(id.to_owned());
         }
@@ -73,9 +80,9 @@ impl Remote {
     }
 
     /// Refuses a peer-only frame from a non-peer: closes the connection with `forbidden`, the
-    /// payload unread.
-    pub(super) fn forbid(&self, shared: &Shared, kind: FrameKind) {
-        shared.metrics.frame_error(ErrorCode::Forbidden);
+    /// payload unread (counted in `metrics`).
+    pub(super) fn forbid(&self, metrics: &NodeMetrics, kind: FrameKind) {
+        metrics.frame_error(ErrorCode::Forbidden);
         tracing::warn!(
             remote = %self.connection.remote_address(),
             "closing a connection that sent {kind:?} frames without a peer certificate"

@@ -12,11 +12,24 @@ use tokio::sync::watch;
 
 use crate::budget::BudgetedReader;
 use crate::caller::Caller;
+use crate::check_path::CheckPath;
+use crate::cluster::TableMessages;
 use crate::forward;
 use crate::service::{answer_frame, encode_error};
-use crate::state::Shared;
 
+use super::connection::Connections;
 use super::remote::Remote;
+
+/// What answers the frames of a bidirectional stream: the check path (checks, leases, token
+/// leases), the slot-table message, the rules, and the RLQS hub (peers' reports and claims).
+#[derive(Debug)]
+pub(super) struct Answering {
+    pub(super) checks: Arc<CheckPath>,
+    pub(super) tables: Arc<TableMessages>,
+    /// The rules file in force (`--rules`), served to clients.
+    pub(super) rules: Option<Arc<crate::rules::RulesHandle>>,
+    pub(super) rlqs: Arc<crate::rlqs::Hub>,
+}
 
 /// Serves one long-lived stream: reads whatever bytes arrive, answers every complete frame, and
 /// writes all answers of one read at once.
@@ -24,12 +37,13 @@ pub(super) async fn serve_stream(
     mut send: quinn::SendStream,
     mut recv: quinn::RecvStream,
     remote: Remote,
-    shared: Arc<Shared>,
+    connections: Arc<Connections>,
+    answering: Arc<Answering>,
     mut shutdown: watch::Receiver<bool>,
 ) {
     // Buffered bytes are reserved from the node-wide budget; quinn's chunks are read directly,
     // so a stream holds no read buffer of its own.
-    let mut reader = BudgetedReader::new(&shared.budget, shared.config.limits.max_frame_bytes);
+    let mut reader = BudgetedReader::new(&connections.budget, connections.limits.max_frame_bytes);
     let mut out = Vec::new();
     loop {
         let read = tokio::select! {
@@ -46,33 +60,33 @@ pub(super) async fn serve_stream(
         let fatal = match read {
             Ok(Some(ref chunk)) => match reader.extend(&chunk.bytes) {
                 Ok(()) => {
-                    let fatal = answer_available(&shared, &remote, &mut reader, &mut out).await;
+                    let fatal = answer_available(&answering, &remote, &mut reader, &mut out).await;
                     reader.settle();
                     fatal
                 }
                 Err(e) => {
-                    shared.metrics.over_buffer_budget.increment(1);
-                    shared.metrics.frame_error(e.code);
+                    connections.metrics.over_buffer_budget.increment(1);
+                    connections.metrics.frame_error(e.code);
                     encode_error(&mut out, e.request_id, e.code, e.message);
                     Some(e.code)
                 }
             },
             Ok(None) => reader.finish().err().map(|e| {
-                shared.metrics.frame_error(e.code);
+                connections.metrics.frame_error(e.code);
                 encode_error(&mut out, e.request_id, e.code, e.message);
                 e.code
             }),
             Err(_) => return,
         };
         if !out.is_empty() {
-            let timeout = shared.config.limits.write_timeout;
+            let timeout = connections.limits.write_timeout;
             match tokio::time::timeout(timeout, send.write_all(&out)).await {
                 Ok(Ok(())) => {}
                 Ok(Err(_)) => return,
                 Err(_) => {
                     // The caller stopped reading its answers: what it sent stays decided, but
                     // the node holds no more of its bytes for it.
-                    shared.metrics.write_timeouts.increment(1);
+                    connections.metrics.write_timeouts.increment(1);
                     tracing::debug!(from = %remote.connection.remote_address(), "a caller took no answer for {timeout:?}: stream reset");
                     let _ = send.reset(quinn::VarInt::from_u32(ErrorCode::Overloaded as u32));
                     let _ = recv.stop(quinn::VarInt::from_u32(ErrorCode::Overloaded as u32));
@@ -117,42 +131,46 @@ fn time_to_complain(now_ns: u64) -> bool {
 
 /// Answers every complete frame in `reader`; returns the code of an error that ends the stream.
 pub(super) async fn answer_available(
-    shared: &Shared,
+    answering: &Answering,
     remote: &Remote,
     reader: &mut BudgetedReader<'_>,
     out: &mut Vec<u8>,
 ) -> Option<ErrorCode> {
+    let metrics = &answering.checks.metrics;
     // One clock read for all frames of this read: checks that arrive together decide at one instant.
-    let now_ns = shared.clock.now_ns();
+    let now_ns = answering.checks.clock.now_ns();
     let started = Instant::now();
     let mut frames = 0;
     let fatal = loop {
         match reader.next_frame() {
-            Ok(Some(frame)) if frame.kind.peer_only() && !remote.is_peer(shared) => {
-                remote.forbid(shared, frame.kind);
+            Ok(Some(frame)) if frame.kind.peer_only() && !remote.is_peer() => {
+                remote.forbid(metrics, frame.kind);
                 break Some(ErrorCode::Forbidden);
             }
             Ok(Some(frame)) => {
                 frames += 1;
                 let refused = match frame.kind {
                     FrameKind::RlqsReports | FrameKind::RlqsRegionClaims => {
-                        answer_rlqs(shared, remote, &frame, out)
+                        answer_rlqs(answering, remote, &frame, out)
                     }
-                    FrameKind::RegionUnconfirmed => {
-                        super::unconfirmed::answer_unconfirmed(shared, remote, &frame, out)
-                    }
+                    FrameKind::RegionUnconfirmed => super::unconfirmed::answer_unconfirmed(
+                        &answering.checks,
+                        remote,
+                        &frame,
+                        out,
+                    ),
                     _ => {
-                        let caller = remote.caller(shared);
-                        answer(shared, remote.version(), caller, &frame, now_ns, out).await
+                        let caller = remote.caller();
+                        answer(answering, remote.version(), caller, &frame, now_ns, out).await
                     }
                 };
                 if let Some(code) = refused {
-                    shared.metrics.frame_error(code);
+                    metrics.frame_error(code);
                 }
             }
             Ok(None) => break None,
             Err(e) => {
-                shared.metrics.frame_error(e.code);
+                metrics.frame_error(e.code);
                 if e.code == ErrorCode::UnsupportedVersion && time_to_complain(now_ns) {
                     complain_of_version(remote, &e.message);
                 }
@@ -164,8 +182,7 @@ pub(super) async fn answer_available(
         }
     };
     if frames > 0 {
-        shared
-            .metrics
+        metrics
             .frame_seconds
             .record(started.elapsed().as_secs_f64() / f64::from(frames));
     }
@@ -175,18 +192,19 @@ pub(super) async fn answer_available(
 /// Answers an RLQS frame between nodes: relayed reports (kind 21) or a region's claims (kind
 /// 23), each sender checked against the certificate the connection presented.
 fn answer_rlqs(
-    shared: &Shared,
+    answering: &Answering,
     remote: &Remote,
     frame: &Frame,
     out: &mut Vec<u8>,
 ) -> Option<ErrorCode> {
-    let certified = |id: &str| remote.certified_as(shared, id);
-    let me = shared.cluster.me.id.as_str();
+    let certified = |id: &str| remote.certified_as(id);
+    let members = &answering.checks.members;
+    let me = members.me().id.as_str();
     if frame.kind == FrameKind::RlqsRegionClaims {
-        let region_of = |id: &str| shared.cluster.region_of(id);
-        crate::rlqs::answer_region_claims(&shared.rlqs, me, certified, region_of, frame, out)
+        let region_of = |id: &str| members.region_of(id);
+        crate::rlqs::answer_region_claims(&answering.rlqs, me, certified, region_of, frame, out)
     } else {
-        crate::rlqs::answer_reports(&shared.rlqs, me, certified, frame, out)
+        crate::rlqs::answer_reports(&answering.rlqs, me, certified, frame, out)
     }
 }
 
@@ -206,34 +224,36 @@ fn complain_of_version(remote: &Remote, message: &str) {
 
 /// Answers one frame received on a bidirectional stream of a connection speaking `version`.
 pub(super) async fn answer(
-    shared: &Shared,
+    answering: &Answering,
     version: u8,
     caller: Caller<'_>,
     frame: &Frame,
     now_ns: u64,
     out: &mut Vec<u8>,
 ) -> Option<ErrorCode> {
-    let cluster = &shared.cluster;
+    let checks = &answering.checks;
     match frame.kind {
         FrameKind::CheckBatch | FrameKind::ForwardedCheckBatch => {
-            answer_checks(shared, caller, frame, now_ns, out).await
+            answer_checks(checks, caller, frame, now_ns, out).await
         }
         FrameKind::ScopedCheckBatch | FrameKind::ForwardedScopedCheckBatch => {
-            cluster.wait_until_joined().await;
-            match crate::scoped::answer_scoped_batch(shared, caller, frame, now_ns, out).await {
+            checks.slots.wait_until_joined().await;
+            match crate::scoped::answer_scoped_batch(checks, caller, frame, now_ns, out).await {
                 Ok(refused) => refused,
-                Err(plain) => answer_checks(shared, caller, &plain, now_ns, out).await,
+                Err(plain) => answer_checks(checks, caller, &plain, now_ns, out).await,
             }
         }
-        FrameKind::LeaseRequest => crate::lease::answer_lease_requests(shared, frame, out).await,
+        FrameKind::LeaseRequest => crate::lease::answer_lease_requests(checks, frame, out).await,
         FrameKind::TokenLeaseBatch => {
-            crate::token_leases::answer_token_leases(shared, caller, frame, now_ns, out).await
+            crate::token_leases::answer_token_leases(checks, caller, frame, now_ns, out).await
         }
         FrameKind::PolicyRequest => {
-            crate::rules::answer_policy_request(shared.rules.as_deref(), frame, out)
+            crate::rules::answer_policy_request(answering.rules.as_deref(), frame, out)
         }
         FrameKind::TableRequest => {
-            cluster.encode_table(out, version, frame.request_id);
+            answering
+                .tables
+                .encode_table(out, version, frame.request_id);
             None
         }
         other => {
@@ -251,31 +271,31 @@ pub(super) async fn answer(
 /// Answers a check batch (kind 1, or 10 from a peer) from `caller`: decided here, or
 /// forwarded by group.
 async fn answer_checks(
-    shared: &Shared,
+    checks: &CheckPath,
     caller: Caller<'_>,
     frame: &Frame,
     now_ns: u64,
     out: &mut Vec<u8>,
 ) -> Option<ErrorCode> {
-    let cluster = &shared.cluster;
-    cluster.wait_until_joined().await;
-    let deciding = cluster.deciding();
-    let table = cluster.table();
+    let slots = &checks.slots;
+    slots.wait_until_joined().await;
+    let deciding = slots.deciding();
+    let table = slots.table();
     // Alone in its table with nothing awaited: the whole frame is decided here.
-    let alone = cluster.ownership().decides_every_slot();
+    let alone = slots.ownership().decides_every_slot();
     if !alone {
         drop(deciding);
         // Groups may belong to other nodes, and gained slots may wait for a hand-off.
-        forward::answer_check_batch(shared, caller, frame, now_ns, out).await
+        forward::answer_check_batch(checks, caller, frame, now_ns, out).await
     } else {
         // A node alone decides everything here, synchronously, with the table held: a
         // node that joins meanwhile receives these decisions in its hand-off.
-        let limits = shared.config.limits.wire();
+        let limits = checks.limits.wire();
         answer_frame(
             caller,
-            &shared.store,
+            &checks.store,
             &limits,
-            &shared.metrics,
+            &checks.metrics,
             now_ns,
             table.version(),
             frame,

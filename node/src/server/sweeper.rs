@@ -7,9 +7,22 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use floodgate::Clock;
+use floodgate::lease::LeaseStore;
+use floodgate::{BucketStore, EpochClock};
 use tokio::sync::watch;
 
-use crate::state::Shared;
+use crate::budget::BufferBudget;
+use crate::metrics::NodeMetrics;
+
+/// What the sweeper sweeps and publishes: the bucket and lease stores, and the buffered bytes.
+#[derive(Debug)]
+pub(super) struct Swept {
+    pub(super) store: Arc<BucketStore>,
+    pub(super) leases: Arc<LeaseStore>,
+    pub(super) clock: EpochClock,
+    pub(super) metrics: Arc<NodeMetrics>,
+    pub(super) budget: Arc<BufferBudget>,
+}
 
 /// How long one pass of the sweeper over the whole bucket store should take. Expired buckets
 /// only hold memory (a full shard forgets its own when a new key needs room), so the sweeper
@@ -61,22 +74,22 @@ fn step_interval(steps_per_pass: usize) -> Duration {
 
 /// Until shutdown, a step at a time: expired buckets forgotten a slice of a shard at a time,
 /// expired leases a shard at a time; the stores' counters published every [`PUBLISH_EVERY`].
-pub(super) async fn sweep_loop(shared: Arc<Shared>, mut shutdown: watch::Receiver<bool>) {
-    shared
+pub(super) async fn sweep_loop(swept: Arc<Swept>, mut shutdown: watch::Receiver<bool>) {
+    swept
         .metrics
         .store_max_bytes
-        .set(shared.store.max_bytes() as f64);
+        .set(swept.store.max_bytes() as f64);
     let mut published = Published::default();
     let mut published_at = tokio::time::Instant::now();
     let mut cursor = floodgate::SweepCursor::default();
     loop {
         // Paced from the end of the last step: a late step is not made up for in a burst.
-        let pause = step_interval(shared.store.sweep_steps_per_pass(SWEEP_SLOTS));
+        let pause = step_interval(swept.store.sweep_steps_per_pass(SWEEP_SLOTS));
         tokio::select! {
             _ = tokio::time::sleep(pause) => {}
             _ = shutdown.changed() => return,
         }
-        match sweep_step(&shared, cursor).await {
+        match sweep_step(&swept, cursor).await {
             Some(next) => cursor = next,
             None => {
                 tracing::error!("the expiry sweep panicked; sweeping stops");
@@ -87,26 +100,26 @@ pub(super) async fn sweep_loop(shared: Arc<Shared>, mut shutdown: watch::Receive
             continue;
         }
         published_at = tokio::time::Instant::now();
-        published.publish(&shared);
+        published.publish(&swept);
     }
 }
 
 /// One step from `cursor`: a slice of expired buckets forgotten and one shard of leases
 /// reclaimed. Returns where the next step starts; `None` if the step panicked.
 async fn sweep_step(
-    shared: &Arc<Shared>,
+    swept: &Arc<Swept>,
     mut cursor: floodgate::SweepCursor,
 ) -> Option<floodgate::SweepCursor> {
     // On a blocking-pool thread, not a runtime worker (one, by default, on small machines):
     // a step's GCRA slice is bounded, but the step that ends a shard also filters its
     // window and log maps whole, and a store of mostly window keys makes that a long walk.
-    let sweeping = shared.clone();
+    let sweeping = swept.clone();
     tokio::task::spawn_blocking(move || {
         let now_ns = sweeping.clock.now_ns();
         sweeping.store.sweep_step(now_ns, &mut cursor, SWEEP_SLOTS);
         // Leases are also reclaimed when their key is next touched; the sweep frees the
         // room of keys nobody touches again (a gateway that crashed holding them).
-        sweeping.cluster.leases.sweep(now_ns, 1);
+        sweeping.leases.sweep(now_ns, 1);
         cursor
     })
     .await
@@ -131,55 +144,52 @@ struct Published {
 impl Published {
     /// Publishes the lease and bucket stores' gauges and counters and the buffered bytes, and
     /// warns (at most once per [`WARN_EVERY`] each) when either store refused for being full.
-    fn publish(&mut self, shared: &Shared) {
-        let stats = shared.store.stats();
-        self.leases.publish(&shared.cluster.leases);
-        shared.metrics.live_buckets.set(shared.store.len() as f64);
-        shared
-            .metrics
-            .buffered_bytes
-            .set(shared.budget.used() as f64);
+    fn publish(&mut self, swept: &Swept) {
+        let stats = swept.store.stats();
+        self.leases.publish(&swept.leases);
+        swept.metrics.live_buckets.set(swept.store.len() as f64);
+        swept.metrics.buffered_bytes.set(swept.budget.used() as f64);
         let publish =
             |counter: &metrics::Counter, total: &std::sync::atomic::AtomicU64, seen: &mut u64| {
                 let now = total.load(Ordering::Relaxed);
                 counter.increment(now - *seen);
                 *seen = now;
             };
-        shared
+        swept
             .metrics
             .store_bytes
-            .set(shared.store.bytes_used() as f64);
-        publish(&shared.metrics.evicted, &stats.evicted, &mut self.evicted);
+            .set(swept.store.bytes_used() as f64);
+        publish(&swept.metrics.evicted, &stats.evicted, &mut self.evicted);
         publish(
-            &shared.metrics.evictions[0],
+            &swept.metrics.evictions[0],
             &stats.evicted_new,
             &mut self.new,
         );
         publish(
-            &shared.metrics.evictions[1],
+            &swept.metrics.evictions[1],
             &stats.evicted_used,
             &mut self.used,
         );
         publish(
-            &shared.metrics.evictions[2],
+            &swept.metrics.evictions[2],
             &stats.evicted_denying,
             &mut self.denying,
         );
-        publish(&shared.metrics.expired, &stats.expired, &mut self.expired);
+        publish(&swept.metrics.expired, &stats.expired, &mut self.expired);
         publish(
-            &shared.metrics.refused_keys,
+            &swept.metrics.refused_keys,
             &stats.refused,
             &mut self.refused,
         );
         if let Some(since) = self.keys_refused.due(self.refused) {
             tracing::warn!(
                 refused = since,
-                bytes = shared.store.bytes_used(),
-                max_bytes = shared.store.max_bytes(),
+                bytes = swept.store.bytes_used(),
+                max_bytes = swept.store.max_bytes(),
                 "the bucket store had nothing left to evict: checks answered store_full"
             );
         }
-        let leases = &shared.cluster.leases;
+        let leases = &swept.leases;
         if let Some(since) = self
             .leases_refused
             .due(leases.stats().full.load(Ordering::Relaxed))

@@ -8,15 +8,15 @@ use floodgate::wire::{
     encode_message,
 };
 
+use crate::check_path::CheckPath;
 use crate::service::encode_error;
-use crate::state::Shared;
 
 use super::remote::Remote;
 
 /// Answers one kind 25: an empty kind 25 (same request id) once the units count, or an error
 /// frame saying why they were refused.
 pub(super) fn answer_unconfirmed(
-    shared: &Shared,
+    checks: &CheckPath,
     remote: &Remote,
     frame: &Frame,
     out: &mut Vec<u8>,
@@ -29,11 +29,11 @@ pub(super) fn answer_unconfirmed(
         }
     };
     // A node speaks only as itself, and hands slots only to members of its own region.
-    let same_region = shared
-        .cluster
+    let members = &checks.members;
+    let same_region = members
         .region_of(&message.from)
-        .is_some_and(|region| region == shared.cluster.me.region);
-    if !remote.certified_as(shared, &message.from) || !same_region {
+        .is_some_and(|region| region == members.me().region);
+    if !remote.certified_as(&message.from) || !same_region {
         let why = format!(
             "unconfirmed region units from `{}`: its certificate names another node, or it is \
              not a member of this region",
@@ -43,9 +43,9 @@ pub(super) fn answer_unconfirmed(
         encode_error(out, frame.request_id, ErrorCode::Forbidden, why);
         return Some(ErrorCode::Forbidden);
     }
-    shared.region_sync.inherit(&message.units);
+    checks.region_sync.inherit(&message.units);
     let answer = RegionUnconfirmedMessage {
-        from: shared.cluster.me.id.clone(),
+        from: members.me().id.clone(),
         units: Vec::new(),
     };
     encode_message(out, FrameKind::RegionUnconfirmed, frame.request_id, &answer);

@@ -286,16 +286,10 @@ impl Ownership {
             self.expect_releases_of_newcomers(&new, now_ns);
         }
         if joined_now && self.releases {
-            let config = self.config;
-            let (handoffs, suspected) = (&self.handoffs, &self.suspected);
             self.unreleased = new
                 .nodes()
                 .iter()
-                .filter(|m| **m != self.me)
-                .filter(|m| {
-                    let wait = wait_for(&config, suspected.contains(m.as_str()));
-                    !handoffs.heard_from(m, now_ns, wait)
-                })
+                .filter(|m| **m != self.me && !self.released_already(m, now_ns))
                 .cloned()
                 .collect();
         }
@@ -617,13 +611,18 @@ impl Ownership {
                     self.handoffs.expect(slot, &newcomer, now_ns, wait);
                 }
             }
-            // Its release may have come first (its table took this node in before this
-            // node's took it in): then it has nothing more to say of slots this node gains
-            // later, and they must not wait for it.
-            if !self.handoffs.heard_from(&newcomer, now_ns, wait) {
+            if !self.released_already(&newcomer, now_ns) {
                 self.unreleased.insert(newcomer);
             }
         }
+    }
+
+    /// True when `member`'s release came already: a complete hand-off from it arrived within
+    /// its wait (its table took this node in before this node's took it in). It then has
+    /// nothing more to say of slots this node gains later, and they must not wait for it.
+    fn released_already(&self, member: &str, now_ns: u64) -> bool {
+        let wait = wait_for(&self.config, self.suspected.contains(member));
+        self.handoffs.heard_from(member, now_ns, wait)
     }
 
     /// Makes `new` the table in force and records the slots it gives away. Returns the old one.
