@@ -1,5 +1,6 @@
 //! One check batch through the path QUIC clients' batches take (`forward::decide_groups`:
-//! decided here or forwarded to each owner), for the fronts that are not QUIC: the RLS and RESP.
+//! decided here or forwarded to each owner), for the fronts that are not QUIC: the RLS and RESP,
+//! and [`FrontContext`], what those fronts are handed.
 
 use std::sync::{Arc, OnceLock};
 

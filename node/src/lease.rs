@@ -1,5 +1,6 @@
 //! Kind 15: a client's lease requests (acquire, release, renew), each placed by its key's slot
-//! like a check and decided on this node's lease store, answered with one kind 16.
+//! like a check and decided on this node's lease store, answered with one kind 16. The store
+//! itself is built here, its ids drawn from the operating system's secure generator.
 //!
 //! A request for a slot this node does not own is answered `not_owner` (not forwarded): the
 //! client refreshes its slot table and sends it again to the owner. A takeover (the client lost

@@ -9,21 +9,25 @@
 //! - [`certs`]: development certificates for `--data-dir` and PEM loading.
 //! - `node_id`: what a node id may be (a DNS name its certificate carries).
 //! - `tls`: the QUIC server configuration (TLS 1.3, ALPN `floodgate/1`, optional mutual TLS).
-//! - `state`: `Shared`, what every connection and stream task shares.
-//! - `server/`: [`Node`]: start, connections, streams, peer messages, sweeper, graceful shutdown.
+//! - `server/`: [`Node`]: start (the composition root, `server/wiring.rs`), connections,
+//!   streams, peer messages, sweeper, graceful shutdown. Each task is handed the parts it uses.
 //! - `admission`: separate connection allowances for clients and peers.
 //! - `budget`: the node-wide budget of bytes buffered from streams.
 //! - `caller`: who sent a check batch: whether it knows `try_again`, what a gateway may refund.
 //! - `service`: the pure step from a received frame to the bytes of its answer.
-//! - [`cluster`]: the driver of the core's membership and ownership machines: gossip, table
-//!   switches under the deciding gate, hand-offs, replication, the table message, peers.
+//! - [`cluster`]: the core's membership and ownership machines, driven: parts that each own
+//!   their state (members, slot ownership and the deciding gate, the table message,
+//!   replication of buckets and leases, the other regions' rings, peers), and the driver that
+//!   runs gossip, table switches and their hand-offs.
+//! - `check_path`: `CheckPath`, what deciding a request on this node's state takes.
 //! - [`region_sync`]: the inter-region delta exchange of global keys (the core's `Exchange`
 //!   driven); `region_links` sends its frames to peers; `scoped`: kind 12, checks with scopes.
 //! - `token_leases`: kind 18, tokens of hot keys granted to gateways (and returned), decided
 //!   where checks are.
 //! - `member_log`: peers suspected or declared dead logged at WARN as it happens.
-//! - `lease`: kind 15, concurrency leases placed by slot and decided on the lease store;
-//!   their replication and hand-off are in `cluster`.
+//! - `lease`: kind 15, concurrency leases placed by slot and decided on the lease store (its
+//!   ids from the operating system's secure generator); their replication and hand-off are in
+//!   `cluster`.
 //! - `forward`: checks placed by the core's ownership machine: decided here, sent to their owner,
 //!   refusals placed again; `reach`: how a scoped group is decided (region, global, home);
 //!   `owner_batches`: groups sent on to their deciders, one frame per node, answers split back.
@@ -32,8 +36,9 @@
 //! - [`rlqs`]: `--rlqs-listen`: Envoy's rate limit quota service (RLQS): fair shares of each
 //!   bucket's limit among the Envoys reporting it, as token buckets they enforce themselves.
 //! - [`resp`]: `--resp-listen`: the Redis protocol front, redis-cell's `CL.THROTTLE` on the
-//!   cluster; `front_batch`: one check batch through `forward`, for the RLS and RESP fronts.
-//! - `admin`: `/metrics`, `/healthz`, `/readyz`.
+//!   cluster; `front_batch`: one check batch through `forward`, for the RLS and RESP fronts,
+//!   and `FrontContext`, what those fronts share.
+//! - `admin`: `/metrics`, `/healthz`, `/readyz` (and `Readiness`, what it answers).
 //! - `metrics`: metric names and handles.
 //! - [`snapshot`]: `--state-dir`: long-period buckets saved every second and at shutdown, loaded
 //!   at start.

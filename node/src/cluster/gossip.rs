@@ -1,5 +1,6 @@
-//! The gossip round and what changes the members: a peer's gossip in, this node's out, the join
-//! and readiness, and a graceful leave. Each change of owners goes through the table update.
+//! The driver's gossip: the round (a node whose seeds are all itself founds its cluster,
+//! suspicion fed to the ownership machine, gossip out), a peer's gossip in, readiness, and a
+//! graceful leave. Each change of owners goes through the table update (`table_switch`).
 
 use floodgate::Clock;
 use floodgate::cluster::Gossip;

@@ -1,16 +1,28 @@
-//! The node's part of the cluster: the state one node keeps and the loop that drives it. The
-//! decisions live in the core's sans-I/O `Membership`, `SlotTable` and `Ownership`; these files
-//! only move their messages, run their timers and carry out their actions.
+//! The node's part of the cluster: parts that each own their state, and the driver that runs
+//! them. The decisions live in the core's sans-I/O `Membership`, `SlotTable` and `Ownership`;
+//! these files only move their messages, run their timers and carry out their actions.
 //!
-//! - `membership`: gossip in and out, id conflicts, the join, readiness and a graceful leave.
+//! The parts, handed out once (`ClusterParts`) to the tasks that use them:
+//! - `members`: `Members`, who is in the cluster and where: the membership (gossip and the
+//!   failure detector), the members' log and gauges, id conflicts and the refusal they may
+//!   bring, the cluster version.
+//! - `slot_ownership`: `SlotOwnership`, who decides which slot: the ownership machine, the
+//!   table in force (published), the deciding gate, the join, the waits for hand-offs, and
+//!   where a received region delta goes.
+//! - `table_message`: `TableMessages`, the slot table and members as clients receive them,
+//!   encoded once.
+//! - `replication`: `Replication`, changed buckets to each slot's successor, buckets split
+//!   into frames, a peer's buckets merged; `lease_replication`: `LeaseReplication`, the same
+//!   for concurrency leases (kind 17), and leases in hand-offs.
+//! - `region_rings`: `OtherRegions`, the other regions' rings, followed from the membership.
+//! - `peers`: `Peers`, connections to other nodes, dialed by id and reused.
+//!
+//! The driver, `Cluster` (its loop is `run`: gossip rounds and replication rounds):
+//! - `gossip`: the gossip round, a peer's gossip in, readiness and a graceful leave.
 //! - `table_switch`: a change of owners becomes a new table, switched under the deciding gate
 //!   through the ownership machine, and the hand-offs it owes go out.
-//! - `replication`: changed buckets to each slot's successor, buckets split into frames;
-//!   `lease_replication`: the same for concurrency leases (kind 17), and leases in hand-offs.
-//! - `table_message`: the slot table and members as clients receive them, encoded once.
-//! - `peers`: connections to other nodes, dialed by id and reused.
 //! - `unconfirmed_handoff`: region units other regions have not confirmed, handed over with
-//!   their slots (kind 25).
+//!   their slots (kind 25), taken from the region exchange through `UnconfirmedSource`.
 
 mod gossip;
 mod lease_replication;
@@ -64,8 +76,9 @@ const RESOLVE_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// The driver of the cluster's parts: the gossip round, each change of owners switched to
 /// through the table update and its hand-offs, replication rounds, the leave. It keeps its own
-/// handles on the parts it drives; the rest of the node is handed the parts it uses
-/// ([`ClusterParts`]), never this.
+/// handles on the parts it drives and hands none of them out: the node is given the parts once
+/// ([`ClusterParts`]), and keeps the driver only for what is the driver's (a peer's gossip,
+/// readiness, the leave, its loop).
 #[derive(Debug)]
 pub(crate) struct Cluster {
     config: ClusterConfig,
@@ -142,11 +155,7 @@ impl Cluster {
         } = setup;
         let now_ns = clock.now_ns();
         let me = me_at(&config, listen);
-        let (membership, has_other_seeds) = starting_membership(&config, &me, now_ns);
-        let table = Arc::new(SlotTable::compute(
-            membership.epoch(),
-            &membership.owners_in(&me.region),
-        ));
+        let (membership, table, has_other_seeds) = starting_membership(&config, &me, now_ns);
         let peers = Arc::new(Peers::new(
             endpoint,
             peer_config,
@@ -214,8 +223,13 @@ impl Cluster {
 }
 
 /// The membership a node starts with (its start time in ms the incarnation: a restart always
-/// comes back newer), and whether it has seeds other than itself to join.
-fn starting_membership(config: &ClusterConfig, me: &MemberInfo, now_ns: u64) -> (Membership, bool) {
+/// comes back newer), its table (of itself alone), and whether it has seeds other than itself
+/// to join.
+fn starting_membership(
+    config: &ClusterConfig,
+    me: &MemberInfo,
+    now_ns: u64,
+) -> (Membership, Arc<SlotTable>, bool) {
     let seeds: Vec<String> = config.seeds.iter().map(ToString::to_string).collect();
     // A node listed among its own seeds (one list for every node) has nobody to wait for.
     let has_other_seeds = seeds.iter().any(|s| *s != me.addr);
@@ -227,7 +241,11 @@ fn starting_membership(config: &ClusterConfig, me: &MemberInfo, now_ns: u64) -> 
         now_ns,
         now_ns,
     );
-    (membership, has_other_seeds)
+    let table = Arc::new(SlotTable::compute(
+        membership.epoch(),
+        &membership.owners_in(&me.region),
+    ));
+    (membership, table, has_other_seeds)
 }
 
 /// This node as a member: its id (`--node-id`, or its address), the address it advertises
@@ -333,7 +351,7 @@ impl Cluster {
 }
 
 #[cfg(test)]
-pub(super) mod tests {
+mod tests {
     use super::*;
 
     pub(crate) fn cluster_alone() -> Cluster {

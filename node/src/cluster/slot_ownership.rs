@@ -1,7 +1,8 @@
 //! [`SlotOwnership`]: who decides which slot while slots move. The core's sans-I/O `Ownership`
 //! machine behind its lock, the table in force (published), the deciding gate a table switch
 //! takes, the join, the waits for gained slots' hand-offs, and where a received region delta
-//! goes inside this region (the table in force decides, see `floodgate::region::Route`).
+//! goes inside this region (the table in force decides, see `floodgate::region::Route`). Big
+//! slot tables are computed with the runtime told the worker blocks.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -19,8 +20,32 @@ use floodgate::{Clock, EpochClock};
 use parking_lot::{Mutex, MutexGuard, RwLock, RwLockReadGuard};
 use tokio::sync::{Notify, watch};
 
-use super::table_switch::{BIG_TABLE, off_the_worker};
 use super::{JOIN_WAIT, Members, OLD_CALLER_HANDOFF_WAIT};
+
+/// From this many owners a table takes milliseconds to compute (about 3 ms for 100, 25 ms for
+/// 1,000, measured by the `slots` benchmark).
+const BIG_TABLE: usize = 64;
+
+/// Computes a slot table. A big one is computed with the runtime told that this worker blocks,
+/// so the worker's other tasks move to another thread meanwhile (a current-thread runtime, as
+/// in some tests, has nowhere to move them and computes inline).
+pub(super) fn compute_table(epoch: u64, owners: &[String]) -> SlotTable {
+    off_the_worker(owners.len() >= BIG_TABLE, || {
+        SlotTable::compute(epoch, owners)
+    })
+}
+
+/// Runs `work`, when `blocks`, with the runtime told this worker blocks (on a multi-thread
+/// runtime; elsewhere inline).
+pub(super) fn off_the_worker<T>(blocks: bool, work: impl FnOnce() -> T) -> T {
+    let multi_thread = tokio::runtime::Handle::try_current()
+        .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
+    if blocks && multi_thread {
+        tokio::task::block_in_place(work)
+    } else {
+        work()
+    }
+}
 
 /// Who decides which slot, and when a slot may be decided here.
 #[derive(Debug)]
@@ -418,5 +443,23 @@ mod tests {
         assert_eq!(route(key_of("node-a")), Route::Here);
         assert!(a.slots.owns_slots(&b));
         assert!(!a.slots.owns_slots(&Peer::new(region, "node-c")));
+    }
+
+    fn owners(n: usize) -> Vec<String> {
+        (0..n).map(|i| format!("node-{i}")).collect()
+    }
+
+    /// A big table is computed off the worker on a multi-thread runtime, inline on a
+    /// current-thread one (where `block_in_place` would panic), the same either way.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_big_table_computed_off_the_worker_is_the_same() {
+        let owners = owners(BIG_TABLE);
+        assert_eq!(compute_table(3, &owners), SlotTable::compute(3, &owners));
+    }
+
+    #[tokio::test]
+    async fn a_big_table_on_a_current_thread_runtime_is_computed_without_panicking() {
+        let owners = owners(BIG_TABLE);
+        assert_eq!(compute_table(3, &owners), SlotTable::compute(3, &owners));
     }
 }

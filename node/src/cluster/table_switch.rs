@@ -1,40 +1,15 @@
-//! Table switches: a change of owners becomes a new slot table, switched under the deciding
-//! gate through the ownership machine; the hand-offs it owes go out, and checks on gained slots
-//! wait for theirs.
+//! The driver's table switches: a change of owners becomes a new slot table, switched under
+//! the deciding gate through the ownership machine (`SlotOwnership::switch`); the hand-offs it
+//! owes go out, the leases of their slots before the buckets.
 
 use std::sync::Arc;
 
+use floodgate::cluster::Membership;
 use floodgate::cluster::ownership::{Action, HandOff};
-use floodgate::cluster::{Membership, SlotTable};
 
 use super::Cluster;
 use super::members::OwnersNow;
-use super::slot_ownership::Switched;
-
-/// From this many owners a table takes milliseconds to compute (about 3 ms for 100, 25 ms for
-/// 1,000, measured by the `slots` benchmark).
-pub(super) const BIG_TABLE: usize = 64;
-
-/// Computes a slot table. A big one is computed with the runtime told that this worker blocks,
-/// so the worker's other tasks move to another thread meanwhile (a current-thread runtime, as
-/// in some tests, has nowhere to move them and computes inline).
-pub(super) fn compute_table(epoch: u64, owners: &[String]) -> SlotTable {
-    off_the_worker(owners.len() >= BIG_TABLE, || {
-        SlotTable::compute(epoch, owners)
-    })
-}
-
-/// Runs `work`, when `blocks`, with the runtime told this worker blocks (on a multi-thread
-/// runtime; elsewhere inline).
-pub(super) fn off_the_worker<T>(blocks: bool, work: impl FnOnce() -> T) -> T {
-    let multi_thread = tokio::runtime::Handle::try_current()
-        .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
-    if blocks && multi_thread {
-        tokio::task::block_in_place(work)
-    } else {
-        work()
-    }
-}
+use super::slot_ownership::{Switched, compute_table, off_the_worker};
 
 impl Cluster {
     /// Applies `change` to the membership; when the owners changed, switches to the new slot
@@ -185,28 +160,5 @@ impl Cluster {
             }));
         }
         sends
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn owners(n: usize) -> Vec<String> {
-        (0..n).map(|i| format!("node-{i}")).collect()
-    }
-
-    /// A big table is computed off the worker on a multi-thread runtime, inline on a
-    /// current-thread one (where `block_in_place` would panic), the same either way.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_big_table_computed_off_the_worker_is_the_same() {
-        let owners = owners(BIG_TABLE);
-        assert_eq!(compute_table(3, &owners), SlotTable::compute(3, &owners));
-    }
-
-    #[tokio::test]
-    async fn a_big_table_on_a_current_thread_runtime_is_computed_without_panicking() {
-        let owners = owners(BIG_TABLE);
-        assert_eq!(compute_table(3, &owners), SlotTable::compute(3, &owners));
     }
 }

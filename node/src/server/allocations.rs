@@ -90,16 +90,16 @@ fn a_warm_cluster_path_allocates_nothing_beyond_the_lone_nodes_steps() {
         (a, b)
     });
     let answering = a.wiring.answering();
-    let path = answering.checks.clone();
-    let table = path.slots.table();
-    let me = path.members.me().id.as_str();
+    let checks = answering.checks.clone();
+    let table = checks.slots.table();
+    let me = checks.members.me().id.as_str();
     let keys: Vec<Vec<u8>> = (0..)
         .map(|i| format!("user:{i}").into_bytes())
         .filter(|key| table.owner(floodgate::cluster::slot_of(key)) == Some(me))
         .take(96)
         .collect();
-    let checks = keys.len();
-    let mut reader = FrameReader::new(path.limits.max_frame_bytes);
+    let check_count = keys.len();
+    let mut reader = FrameReader::new(checks.limits.max_frame_bytes);
     reader.extend(&check_batch_frame(&keys));
     let frame = reader.next_frame().unwrap().unwrap();
     // A gateway's connection: it may refund what it was granted, so every answer is credited.
@@ -112,7 +112,7 @@ fn a_warm_cluster_path_allocates_nothing_beyond_the_lone_nodes_steps() {
     let mut out = Vec::new();
     let answer = |out: &mut Vec<u8>| {
         out.clear();
-        let now_ns = floodgate::Clock::now_ns(&path.clock);
+        let now_ns = floodgate::Clock::now_ns(&checks.clock);
         let pending = pin!(super::streams::answer(
             &answering,
             floodgate::protocol::NEWEST,
@@ -136,7 +136,7 @@ fn a_warm_cluster_path_allocates_nothing_beyond_the_lone_nodes_steps() {
     let decided = answers.next_frame().unwrap().unwrap();
     assert_eq!(decided.kind, FrameKind::DecisionBatch);
     let decisions = decode_decision_batch(&decided.payload).unwrap();
-    assert_eq!(decisions.len(), checks);
+    assert_eq!(decisions.len(), check_count);
     assert!(decisions.iter().all(|d| d.to_decision().is_ok()));
 
     let ((), cluster_path) = allocations_during(|| {
@@ -145,15 +145,15 @@ fn a_warm_cluster_path_allocates_nothing_beyond_the_lone_nodes_steps() {
         }
     });
     // The same frame through the lone node's path, on the same store, as warm.
-    let limits = path.limits.wire();
+    let limits = checks.limits.wire();
     let lone = |out: &mut Vec<u8>| {
         out.clear();
-        let now_ns = floodgate::Clock::now_ns(&path.clock);
+        let now_ns = floodgate::Clock::now_ns(&checks.clock);
         let refused = crate::service::answer_frame(
             caller,
-            &path.store,
+            &checks.store,
             &limits,
-            &path.metrics,
+            &checks.metrics,
             now_ns,
             table.version(),
             &frame,

@@ -7,32 +7,12 @@ use floodgate::wire::ErrorCode;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
-use crate::admission::{ConnectionAllowance, Handshake};
-use crate::budget::BufferBudget;
-use crate::config::NodeLimits;
-use crate::metrics::NodeMetrics;
-use crate::tls::PeerTrust;
+use crate::admission::{Admitted, Handshake};
 
+use super::Connections;
 use super::peer_messages::{PeerMessages, UniSender, serve_uni_message};
 use super::remote::Remote;
 use super::streams::{Answering, serve_stream};
-
-/// What every QUIC connection shares: who is admitted (clients and peers counted apart), the
-/// node-wide budget of bytes buffered from streams, and who counts as a peer.
-#[derive(Debug)]
-pub(super) struct Connections {
-    /// Client and peer connections, counted apart.
-    pub(super) allowance: Arc<ConnectionAllowance>,
-    /// Bytes buffered from all streams (and the RLS and RESP fronts' calls), against
-    /// `max_buffered_bytes`.
-    pub(super) budget: Arc<BufferBudget>,
-    /// Who may send peer-only frames (gossip, replicate, forwarded checks); replaced when the
-    /// certificates are reloaded.
-    pub(super) peer_trust: Arc<parking_lot::RwLock<PeerTrust>>,
-    /// Frame sizes and the write timeout.
-    pub(super) limits: NodeLimits,
-    pub(super) metrics: Arc<NodeMetrics>,
-}
 
 /// What a connection's tasks are handed: admission and reading, what answers its streams'
 /// frames, and what takes its one-way messages in.
@@ -41,27 +21,6 @@ pub(super) struct Serving {
     pub(super) connections: Arc<Connections>,
     pub(super) answering: Arc<Answering>,
     pub(super) messages: Arc<PeerMessages>,
-}
-
-impl Connections {
-    pub(super) fn new(
-        limits: NodeLimits,
-        metrics: Arc<NodeMetrics>,
-        peer_trust: PeerTrust,
-    ) -> Self {
-        Connections {
-            allowance: Arc::new(ConnectionAllowance::new(
-                limits.max_connections,
-                limits.max_peer_connections,
-                metrics.connections.clone(),
-                metrics.peer_connections.clone(),
-            )),
-            budget: Arc::new(BufferBudget::new(limits.max_buffered_bytes)),
-            peer_trust: Arc::new(parking_lot::RwLock::new(peer_trust)),
-            limits,
-            metrics,
-        }
-    }
 }
 
 pub(super) async fn accept_loop(
@@ -112,23 +71,9 @@ pub(super) async fn serve_connection(
         messages,
     } = serving;
     let remote = Remote::new(connection.clone(), connections.peer_trust.clone());
-    // Peers are counted apart from clients: only a node certificate of the peer CA is one.
-    let peer = remote.is_peer();
-    let Some(_admitted) = connections.allowance.admit(handshake, peer) else {
-        connections.metrics.connections_refused.increment(1);
-        let side = if peer { "peer" } else { "client" };
-        connection.close(
-            quinn::VarInt::from_u32(ErrorCode::Overloaded as u32),
-            format!("too many {side} connections: retry later").as_bytes(),
-        );
+    let Some(_admitted) = admit(&connections, &remote, handshake) else {
         return;
     };
-    if peer {
-        // A peer's hand-off sends all its parts at once, each bounded by a short timeout: a
-        // connection window of a client's share would queue them past it. A peer is bounded
-        // by its streams instead (80 at once, each one frame's window).
-        connection.set_receive_window(quinn::VarInt::MAX);
-    }
     let mut streams = JoinSet::new();
     let subscribed = Arc::new(AtomicBool::new(false));
     loop {
@@ -183,4 +128,27 @@ pub(super) async fn serve_connection(
             b"node shutting down",
         );
     }
+}
+
+/// Admits the connection of `remote`, or closes it with `overloaded`. Peers are counted apart
+/// from clients: only a node certificate of the peer CA is one.
+fn admit(connections: &Connections, remote: &Remote, handshake: Handshake) -> Option<Admitted> {
+    let connection = &remote.connection;
+    let peer = remote.is_peer();
+    let Some(admitted) = connections.allowance.admit(handshake, peer) else {
+        connections.metrics.connections_refused.increment(1);
+        let side = if peer { "peer" } else { "client" };
+        connection.close(
+            quinn::VarInt::from_u32(ErrorCode::Overloaded as u32),
+            format!("too many {side} connections: retry later").as_bytes(),
+        );
+        return None;
+    };
+    if peer {
+        // A peer's hand-off sends all its parts at once, each bounded by a short timeout: a
+        // connection window of a client's share would queue them past it. A peer is bounded
+        // by its streams instead (80 at once, each one frame's window).
+        connection.set_receive_window(quinn::VarInt::MAX);
+    }
+    Some(admitted)
 }

@@ -2,13 +2,16 @@
 //! of it, certificate reload, and graceful shutdown.
 //!
 //! - `wiring`: the composition root: the node's parts built once, each task handed its own.
-//! - `connection`: the accept loop, admission after the handshake, one task per stream.
+//! - `connection`: the accept loop, admission after the handshake, one task per stream
+//!   (`Serving`: what a connection's tasks are handed; `Connections`, here: admission, the
+//!   buffer budget, peer trust).
 //! - `remote`: the other end of a connection: whether it is a peer, which node it is.
-//! - `streams`: long-lived bidirectional streams: frames in, answers out.
-//! - `peer_messages`: one-way streams: gossip, replicas and hand-offs in; table pushes out.
+//! - `streams`: long-lived bidirectional streams: frames in, answers out (`Answering`).
+//! - `peer_messages`: one-way streams: gossip, replicas and hand-offs in; table pushes out
+//!   (`PeerMessages`).
 //! - `rlqs_listener`: the `--rlqs-listen` gRPC server around the node's RLQS hub.
 //! - `sweeper`: expired buckets forgotten a slice of a shard at a time, leases a shard at a
-//!   time; the stores' counters published.
+//!   time; the stores' counters published (`Swept`).
 
 #[cfg(test)]
 mod allocations;
@@ -31,7 +34,10 @@ use floodgate::wire::ErrorCode;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
-use crate::config::NodeConfig;
+use crate::admission::ConnectionAllowance;
+use crate::budget::BufferBudget;
+use crate::config::{NodeConfig, NodeLimits};
+use crate::metrics::NodeMetrics;
 use crate::{admin, cluster, tls};
 
 use connection::accept_loop;
@@ -46,6 +52,44 @@ const REGION_DRAIN_TIMEOUT: Duration = Duration::from_secs(2);
 /// How long a leaving node keeps answering after its leave: clients refetch the table at least
 /// every second and at once when a link drops, so most have moved on by then.
 const LEAVE_LINGER: Duration = Duration::from_millis(300);
+
+/// What every QUIC connection shares: who is admitted (clients and peers counted apart), the
+/// node-wide budget of bytes buffered from streams, and who counts as a peer.
+#[derive(Debug)]
+pub(super) struct Connections {
+    /// Client and peer connections, counted apart.
+    pub(super) allowance: Arc<ConnectionAllowance>,
+    /// Bytes buffered from all streams (and the RLS and RESP fronts' calls), against
+    /// `max_buffered_bytes`.
+    pub(super) budget: Arc<BufferBudget>,
+    /// Who may send peer-only frames (gossip, replicate, forwarded checks); replaced when the
+    /// certificates are reloaded.
+    pub(super) peer_trust: Arc<parking_lot::RwLock<tls::PeerTrust>>,
+    /// Frame sizes and the write timeout.
+    pub(super) limits: NodeLimits,
+    pub(super) metrics: Arc<NodeMetrics>,
+}
+
+impl Connections {
+    pub(super) fn new(
+        limits: NodeLimits,
+        metrics: Arc<NodeMetrics>,
+        peer_trust: tls::PeerTrust,
+    ) -> Self {
+        Connections {
+            allowance: Arc::new(ConnectionAllowance::new(
+                limits.max_connections,
+                limits.max_peer_connections,
+                metrics.connections.clone(),
+                metrics.peer_connections.clone(),
+            )),
+            budget: Arc::new(BufferBudget::new(limits.max_buffered_bytes)),
+            peer_trust: Arc::new(parking_lot::RwLock::new(peer_trust)),
+            limits,
+            metrics,
+        }
+    }
+}
 
 /// A running node. Dropping it without [`Node::shutdown`] aborts its tasks.
 #[derive(Debug)]

@@ -17,7 +17,7 @@ use crate::cluster::{
 };
 use crate::metrics::NodeMetrics;
 
-use super::connection::Connections;
+use super::Connections;
 use super::remote::Remote;
 
 /// What takes in one-way messages: the cluster's driver (gossip) and parts (id conflicts,

@@ -17,7 +17,7 @@ use crate::cluster::TableMessages;
 use crate::forward;
 use crate::service::{answer_frame, encode_error};
 
-use super::connection::Connections;
+use super::Connections;
 use super::remote::Remote;
 
 /// What answers the frames of a bidirectional stream: the check path (checks, leases, token

@@ -16,7 +16,8 @@ use crate::metrics::NodeMetrics;
 use crate::region_sync::RegionSync;
 use crate::tls;
 
-use super::connection::{Connections, Serving};
+use super::Connections;
+use super::connection::Serving;
 use super::peer_messages::PeerMessages;
 use super::streams::Answering;
 use super::sweeper::Swept;
