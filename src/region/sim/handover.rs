@@ -17,7 +17,7 @@
 //! without the unconfirmed units, as before they were handed over), which the checker must
 //! catch.
 
-use super::network::{InTransit, Network, NetworkConfig};
+use super::network::{Network, NetworkConfig, send_all};
 use crate::region::{Exchange, ExchangeConfig, Outgoing, Peer, RegionName, UnconfirmedUnits};
 use crate::simulation::SplitMix64;
 use crate::{Algorithm, BucketKey, BucketStore, Limit, StoreConfig};
@@ -303,25 +303,14 @@ impl<'c> World<'c> {
     }
 
     fn send_due(&mut self) -> Result<(), String> {
-        let now = self.now;
-        for (from, exchange) in self.exchanges.iter_mut().enumerate() {
-            // Bounded: each node has little to send per millisecond.
-            for _ in 0..64 {
-                let Some(transmit) = exchange.poll_transmit(now) else {
-                    break;
-                };
-                let Some(to) = index_of(&transmit.to) else {
-                    return Err(format!("a message to an unknown node {}", transmit.to));
-                };
-                let message = InTransit {
-                    from,
-                    to,
-                    message: transmit.message,
-                };
-                self.network.send(&mut self.rng, now, message);
-            }
-        }
-        Ok(())
+        send_all(
+            &mut self.network,
+            &mut self.rng,
+            self.now,
+            &mut self.exchanges,
+            &index_of,
+        )
+        .map(drop)
     }
 
     /// Region `a`'s units unconfirmed by `b`, over its nodes, within the bound.

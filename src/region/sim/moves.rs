@@ -14,7 +14,7 @@
 //! held for the key's next check. [`MovesConfig::route_everything_here`] is the control (every
 //! delta applied where it arrives, as before routing), which the checker must catch.
 
-use super::network::{InTransit, Network, NetworkConfig};
+use super::network::{Network, NetworkConfig, send_all};
 use crate::region::{Exchange, ExchangeConfig, Outgoing, Peer, RegionName, Route};
 use crate::simulation::SplitMix64;
 use crate::{Algorithm, BucketKey, BucketStore, Limit, NANOS_PER_SEC, StoreConfig};
@@ -303,25 +303,14 @@ impl<'c> World<'c> {
 
     /// What every node has due, onto the network.
     fn send_due(&mut self) -> Result<(), String> {
-        let now = self.now;
-        for (from, exchange) in self.exchanges.iter_mut().enumerate() {
-            // Bounded: each node has little to send per millisecond.
-            for _ in 0..64 {
-                let Some(transmit) = exchange.poll_transmit(now) else {
-                    break;
-                };
-                let Some(to) = index_of(&transmit.to) else {
-                    return Err(format!("a message to an unknown node {}", transmit.to));
-                };
-                self.report.messages += 1;
-                let message = InTransit {
-                    from,
-                    to,
-                    message: transmit.message,
-                };
-                self.network.send(&mut self.rng, now, message);
-            }
-        }
+        let sent = send_all(
+            &mut self.network,
+            &mut self.rng,
+            self.now,
+            &mut self.exchanges,
+            &index_of,
+        )?;
+        self.report.messages += sent;
         Ok(())
     }
 

@@ -4,7 +4,8 @@
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 
-use super::super::delta::Outgoing;
+use super::super::delta::{Outgoing, Peer};
+use super::super::exchange::Exchange;
 use crate::simulation::SplitMix64;
 
 /// One region cut off from every other between `start_ns` and `end_ns`.
@@ -128,4 +129,35 @@ impl Network {
         }
         None
     }
+}
+
+/// What every node has due at `now_ns`, onto `network` (at most 64 messages a node: each has
+/// little to send per millisecond); `index_of` names each destination's node. Returns how many
+/// were sent, or the first destination no node is.
+pub fn send_all(
+    network: &mut Network,
+    rng: &mut SplitMix64,
+    now_ns: u64,
+    exchanges: &mut [Exchange],
+    index_of: &dyn Fn(&Peer) -> Option<usize>,
+) -> Result<u64, String> {
+    let mut sent = 0;
+    for (from, exchange) in exchanges.iter_mut().enumerate() {
+        for _ in 0..64 {
+            let Some(transmit) = exchange.poll_transmit(now_ns) else {
+                break;
+            };
+            let Some(to) = index_of(&transmit.to) else {
+                return Err(format!("a message to an unknown node {}", transmit.to));
+            };
+            let message = InTransit {
+                from,
+                to,
+                message: transmit.message,
+            };
+            network.send(rng, now_ns, message);
+            sent += 1;
+        }
+    }
+    Ok(sent)
 }
