@@ -264,6 +264,10 @@ pub struct ClusterConfig {
     /// How often the owner of a global key sends what it admitted to the key's owner in every
     /// other region (`--region-sync-interval`).
     pub region_sync_interval: Duration,
+    /// How long a destination may confirm nothing before it stops holding local admissions back,
+    /// and how long unconfirmed units a hand-off brought count (no flag: the exchange's
+    /// default of 2 s; a test lengthens it where a loaded host could outlast it).
+    pub region_unreachable_after: Duration,
     /// How long a takeover forwarded to an owner held alive waits for its answer before it is
     /// answered `try_again` (`--takeover-forward-timeout`).
     pub takeover_forward_timeout: Duration,
@@ -280,6 +284,9 @@ impl Default for ClusterConfig {
             sync_interval: Duration::from_millis(100),
             allow_alone: false,
             region_sync_interval: Duration::from_millis(100),
+            region_unreachable_after: Duration::from_nanos(
+                floodgate::region::ExchangeConfig::default().unreachable_after_ns,
+            ),
             takeover_forward_timeout: Duration::from_millis(3),
         }
     }

@@ -481,6 +481,7 @@ fn cluster_config(
         region_sync_interval: flags.region_sync_interval,
         takeover_forward_timeout: flags.takeover_forward_timeout,
         allow_alone: flags.allow_alone,
+        ..ClusterConfig::default()
     })
 }
 

@@ -319,6 +319,7 @@ async fn unconfirmed_units_go_with_their_slot_to_the_new_owner() {
         .map(|i| format!("moving-{i}").into_bytes())
         .collect();
     let to_a = connect(a.local_addr(), client_config(&first.certs, false)).await;
+    holds_back_for(a, &to_a, "us").await;
     for key in &keys {
         let allowed = round(
             &[a],
@@ -332,14 +333,18 @@ async fn unconfirmed_units_go_with_their_slot_to_the_new_owner() {
         // Its region's share, none of it confirmed.
         assert_eq!(allowed, vec![10], "{}", String::from_utf8_lossy(key));
     }
-    assert!(
-        a.region_sync().unconfirmed_units() > 0,
-        "nothing left unconfirmed"
+    assert_eq!(
+        a.region_sync().unconfirmed_units(),
+        64 * 10,
+        "a share of each key unconfirmed"
     );
 
     let mut config = NodeConfig::for_tests(&first.certs);
     fast(&mut config, "eu");
     config.cluster.seeds = vec![seed.into()];
+    // The inherited units count this long: longer than a loaded host may take from the
+    // hand-off to the checks below (2 s by default).
+    config.cluster.region_unreachable_after = Duration::from_secs(60);
     let b = Node::start(config).await.unwrap();
     converge(a, 2).await;
     converge(&b, 2).await;
@@ -357,6 +362,7 @@ async fn unconfirmed_units_go_with_their_slot_to_the_new_owner() {
     // Every check of every moved key in one round trip: the units count for 2 s after they
     // came, which a round trip per key on a loaded host could outlast.
     let to_b = connect(b.local_addr(), client_config(&first.certs, false)).await;
+    holds_back_for(&b, &to_b, "us").await;
     let mut bytes = Vec::new();
     for key in &moved {
         bytes.extend(scoped_frames(key, &limit, 5, &Scope::Global));
@@ -423,4 +429,26 @@ async fn refuses_units_from_outside_its_region(
             assert_eq!(error.code, ErrorCode::Forbidden as u16, "from {from}");
         }
     }
+}
+
+/// Waits (at most 1,000 round trips, no sleep) until `node` holds global checks back for
+/// `region`'s share: its view of that region's ring names an owner. Each try spends two checks
+/// of a fresh key of burst 2 (a share of 1): the second is held back once the region counts.
+async fn holds_back_for(node: &Node, connection: &quinn::Connection, region: &str) {
+    let limit = Limit::gcra(2, 3_600 * NANOS_PER_SEC, 2).unwrap();
+    for i in 0..1_000 {
+        let key = format!("probe-{region}-{i}");
+        let answers = exchange(
+            connection,
+            &scoped_frames(key.as_bytes(), &limit, 2, &Scope::Global),
+        )
+        .await;
+        if answers.allowed() == 1 {
+            return;
+        }
+    }
+    panic!(
+        "{} never held a global check back for {region}",
+        node.node_id()
+    );
 }

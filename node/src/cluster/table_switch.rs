@@ -136,29 +136,51 @@ impl Cluster {
             // find them there.
             let lease_frames = self.lease_replication.lease_frames(true, &lease_sets);
             let bucket_frames = self.replication.bucket_frames(carried, &buckets);
-            let peers = self.peers.clone();
-            sends.push(tokio::spawn(async move {
-                if !unit_frames.is_empty()
-                    && !super::unconfirmed_handoff::deliver_unconfirmed(&peers, &addr, unit_frames)
-                        .await
-                {
-                    metrics::counter!("floodgate_handoff_unconfirmed_undelivered_total")
-                        .increment(1);
-                }
-                for frame in lease_frames {
-                    let _ = peers.send(addr.clone(), frame).await;
-                }
-                let sent: Vec<_> = bucket_frames
-                    .into_iter()
-                    .map(|frame| peers.send_handoff(addr.clone(), frame))
-                    .collect();
-                let mut delivered = true;
-                for send in sent {
-                    delivered &= matches!(send.await, Ok(true));
-                }
-                delivered
-            }));
+            let first = FirstFrames {
+                units: unit_frames,
+                leases: lease_frames,
+            };
+            sends.push(tokio::spawn(send_in_order(
+                self.peers.clone(),
+                addr,
+                first,
+                bucket_frames,
+            )));
         }
         sends
     }
+}
+
+/// What a hand-off sends before its buckets: its region units (kind 25 requests) and its
+/// lease sets.
+struct FirstFrames {
+    units: Vec<Vec<u8>>,
+    leases: Vec<Vec<u8>>,
+}
+
+/// Sends one hand-off to `addr`: the region units answered and the leases delivered first,
+/// then the buckets. True when every bucket frame was delivered.
+async fn send_in_order(
+    peers: std::sync::Arc<super::Peers>,
+    addr: String,
+    first: FirstFrames,
+    bucket_frames: Vec<Vec<u8>>,
+) -> bool {
+    if !first.units.is_empty()
+        && !super::unconfirmed_handoff::deliver_unconfirmed(&peers, &addr, first.units).await
+    {
+        metrics::counter!("floodgate_handoff_unconfirmed_undelivered_total").increment(1);
+    }
+    for frame in first.leases {
+        let _ = peers.send(addr.clone(), frame).await;
+    }
+    let sent: Vec<_> = bucket_frames
+        .into_iter()
+        .map(|frame| peers.send_handoff(addr.clone(), frame))
+        .collect();
+    let mut delivered = true;
+    for send in sent {
+        delivered &= matches!(send.await, Ok(true));
+    }
+    delivered
 }

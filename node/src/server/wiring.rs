@@ -195,6 +195,8 @@ fn region_sync(
     let exchange_config = floodgate::region::ExchangeConfig {
         sync_interval_ns: u64::try_from(config.cluster.region_sync_interval.as_nanos())
             .unwrap_or(u64::MAX),
+        unreachable_after_ns: u64::try_from(config.cluster.region_unreachable_after.as_nanos())
+            .unwrap_or(u64::MAX),
         ..floodgate::region::ExchangeConfig::for_regions(1)
     };
     let exchange =
