@@ -9,6 +9,7 @@
 //! - `streams`: long-lived bidirectional streams: frames in, answers out (`Answering`).
 //! - `peer_messages`: one-way streams: gossip, replicas and hand-offs in; table pushes out
 //!   (`PeerMessages`).
+//! - `unconfirmed`: a hand-off's unconfirmed region units (kind 25), counted, then answered.
 //! - `rlqs_listener`: the `--rlqs-listen` gRPC server around the node's RLQS hub.
 //! - `sweeper`: expired buckets forgotten a slice of a shard at a time, leases a shard at a
 //!   time; the stores' counters published (`Swept`).
