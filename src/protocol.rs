@@ -26,8 +26,8 @@ pub const OLDEST: u8 = 2;
 /// 9 adds to gossip whether a member is still joining, and a member tells each newcomer which
 /// slots it does not decide; 10 makes lease ids 128 bits (kinds 15-17); 11 adds a peer kind, the
 /// units of global keys other regions have not confirmed, sent with a hand-off (no layout
-/// change).
-pub const NEWEST: u8 = 11;
+/// change); 12 sends replicated GCRA buckets as columns (kind 7).
+pub const NEWEST: u8 = 12;
 /// What this build speaks.
 pub const SUPPORTED: VersionRange = VersionRange {
     min: OLDEST,
@@ -193,6 +193,11 @@ pub enum Feature {
     /// against each key's share; an older member refuses the kind, so it is sent only once the
     /// cluster version has it.
     UnconfirmedHandoff,
+    /// Replicate frames (kind 7) carry GCRA buckets, nearly every bucket replicated, as three
+    /// columns (key, arrival time, margin: 28 bytes a bucket where a flat bucket takes 96),
+    /// windows and logs flat as before. Replicas go to one peer and are not passed on, but a
+    /// hand-off's may be, so it is used only once the cluster version has it.
+    CompactReplicas,
 }
 
 impl Feature {
@@ -208,6 +213,7 @@ impl Feature {
             Feature::SettledJoins => 9,
             Feature::WideLeaseIds => 10,
             Feature::UnconfirmedHandoff => 11,
+            Feature::CompactReplicas => 12,
         }
     }
 

@@ -18,7 +18,9 @@ fn received(message: &ReplicateMessage) -> Vec<floodgate::BucketState> {
     let mut reader = FrameReader::new(1 << 20);
     reader.extend(&bytes);
     let frame = reader.next_frame().unwrap().unwrap();
-    decode_replicate(&frame.payload).unwrap().buckets
+    decode_replicate(frame.version, &frame.payload)
+        .unwrap()
+        .buckets
 }
 
 /// A replicated GCRA bucket whose key has zero low bits: the GCRA table marks empty slots with a
@@ -96,8 +98,11 @@ fn a_replicated_arrival_time_near_the_end_of_time_is_refused() {
     );
     let mut reader = FrameReader::new(1 << 20);
     reader.extend(&bytes);
-    let (code, message) = decode_replicate(&reader.next_frame().unwrap().unwrap().payload)
-        .expect_err("a TAT past the bound is refused");
+    let (code, message) = {
+        let frame = reader.next_frame().unwrap().unwrap();
+        decode_replicate(frame.version, &frame.payload)
+    }
+    .expect_err("a TAT past the bound is refused");
     assert_eq!(code, ErrorCode::MalformedPayload);
     assert!(message.contains("arrival time"), "{message}");
 

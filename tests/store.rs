@@ -858,7 +858,11 @@ fn a_log_left_owing_replicates_and_snapshots_whole() {
     encode_message(&mut frame, FrameKind::Replicate, 1, &message);
     let mut reader = FrameReader::new(1 << 20);
     reader.extend(&frame);
-    let replicated = decode_replicate(&reader.next_frame().unwrap().unwrap().payload).unwrap();
+    let replicated = {
+        let frame = reader.next_frame().unwrap().unwrap();
+        decode_replicate(frame.version, &frame.payload)
+    }
+    .unwrap();
     let mut snapshot = Vec::new();
     encode_snapshot(&states, now, &mut snapshot);
     let restored = decode_snapshot(&snapshot).unwrap();

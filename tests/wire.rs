@@ -2,9 +2,9 @@
 //! (limits on everything from outside; docs/PROTOCOL.md).
 
 use floodgate::wire::{
-    CheckBatch, DecisionBatch, ErrorCode, FrameKind, FrameReader, HEADER_BYTES, PackedBatch,
-    WireCheck, WireDecision, WireLimits, decode_check_batch, decode_decision_batch, encode_frame,
-    encode_message,
+    BASE_LAYOUT, CheckBatch, DecisionBatch, ErrorCode, FrameKind, FrameReader, HEADER_BYTES,
+    PackedBatch, WireCheck, WireDecision, WireLimits, decode_check_batch, decode_decision_batch,
+    encode_frame, encode_message, encode_message_at,
 };
 use floodgate::{Algorithm, Decision, Limit, NANOS_PER_SEC};
 use proptest::prelude::*;
@@ -334,7 +334,7 @@ fn replicate_messages_round_trip_and_bad_ones_are_refused() {
         handoff: Some(handoff.clone()),
         buckets: buckets.iter().map(WireBucket::from).collect(),
     };
-    let decoded = decode_replicate(&encode(&message)).unwrap();
+    let decoded = decode_replicate(BASE_LAYOUT, &encode(&message)).unwrap();
     assert_eq!(decoded.from, "a");
     assert_eq!(decoded.handoff, Some(handoff.clone()));
     assert_eq!(decoded.buckets, buckets);
@@ -342,7 +342,7 @@ fn replicate_messages_round_trip_and_bad_ones_are_refused() {
     let refused = |change: &dyn Fn(&mut ReplicateMessage)| {
         let mut bad = message.clone();
         change(&mut bad);
-        decode_replicate(&encode(&bad)).unwrap_err().0
+        decode_replicate(BASE_LAYOUT, &encode(&bad)).unwrap_err().0
     };
     let malformed = ErrorCode::MalformedPayload;
     assert_eq!(refused(&|m| m.buckets[1].rate = 0), malformed);
@@ -359,4 +359,43 @@ fn replicate_messages_round_trip_and_bad_ones_are_refused() {
         refused(&|m| m.handoff.as_mut().unwrap().slots.push(4_096)),
         malformed
     );
+    compact_replicas_round_trip_and_bad_ones_are_refused(&buckets, handoff);
+}
+
+/// Version 12's layout (GCRA buckets as columns) carries the same buckets; columns of unequal
+/// length, or an arrival time past any store's, are refused as malformed.
+fn compact_replicas_round_trip_and_bad_ones_are_refused(
+    buckets: &[floodgate::BucketState],
+    handoff: floodgate::wire::HandoffPart,
+) {
+    use floodgate::wire::{ReplicateMessageV12, decode_replicate, encode_replicate};
+    let version = floodgate::protocol::Feature::CompactReplicas.since();
+    let mut bytes = Vec::new();
+    encode_replicate(&mut bytes, version, "a", Some(handoff.clone()), buckets);
+    let frame = one_frame(&bytes).unwrap().unwrap();
+    assert_eq!(frame.version, version);
+    let decoded = decode_replicate(frame.version, &frame.payload).unwrap();
+    assert_eq!(decoded.handoff, Some(handoff));
+    // GCRA buckets first, then the others, each in the order given.
+    let mut expected = buckets.to_vec();
+    expected.sort_by_key(|b| !matches!(b.value, floodgate::BucketValue::Gcra { .. }));
+    assert_eq!(decoded.buckets, expected);
+
+    let message =
+        rkyv::from_bytes::<ReplicateMessageV12, rkyv::rancor::Error>(&frame.payload).unwrap();
+    assert_eq!(message.gcra_key_hashes.len(), 1);
+    let refused = |change: &dyn Fn(&mut ReplicateMessageV12)| {
+        let mut bad = message.clone();
+        change(&mut bad);
+        let mut bytes = Vec::new();
+        encode_message_at(&mut bytes, version, FrameKind::Replicate, 0, &bad);
+        let frame = one_frame(&bytes).unwrap().unwrap();
+        decode_replicate(frame.version, &frame.payload).unwrap_err()
+    };
+    let (code, why) = refused(&|m| m.gcra_key_checks.push(1));
+    assert_eq!(code, ErrorCode::MalformedPayload);
+    assert!(why.contains("GCRA columns"), "{why}");
+    let (code, why) = refused(&|m| m.gcra_tats_ns[0] = u64::MAX);
+    assert_eq!(code, ErrorCode::MalformedPayload);
+    assert!(why.contains("arrival time"), "{why}");
 }

@@ -27,7 +27,8 @@ use floodgate::wire::{
     decode_policy_request, decode_region_ack, decode_region_deltas, decode_replicate,
     decode_scoped_check_batch, decode_slot_table, decode_token_lease_answers,
     decode_token_lease_batch, encode_frame, encode_gossip, encode_lease_answers,
-    encode_lease_requests, encode_lease_sync, encode_message, encode_message_at, encode_slot_table,
+    encode_lease_requests, encode_lease_sync, encode_message, encode_message_at, encode_replicate,
+    encode_slot_table,
 };
 use floodgate::wire::{
     RLQS_DENY, RLQS_TOKEN_BUCKET, RlqsAssignmentBatch, RlqsRegionClaims, RlqsRegionParts,
@@ -36,7 +37,7 @@ use floodgate::wire::{
     decode_rlqs_region_parts, decode_rlqs_reports,
 };
 use floodgate::wire::{RegionUnconfirmedMessage, WireUnconfirmed, decode_region_unconfirmed};
-use floodgate::{Decision, Limit, NANOS_PER_SEC};
+use floodgate::{Algorithm, BucketKey, BucketState, BucketValue, Decision, Limit, NANOS_PER_SEC};
 
 fn golden_path(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -232,34 +233,56 @@ fn cluster_frames(version: u8, put: &mut dyn FnMut(FrameKind, Vec<u8>)) {
     put(FrameKind::SlotTable, frame);
 
     let mut frame = Vec::new();
-    let replicate = ReplicateMessage {
-        from: "node-1".into(),
-        handoff: Some(HandoffPart {
-            id: 5,
-            part: 0,
-            parts: 2,
-            slots: vec![17, 4095],
-        }),
-        buckets: vec![
-            WireBucket {
-                key: 0x0011_2233_4455_6677_8899_aabb_ccdd_eeff,
-                algorithm: 0,
-                tat_ns: 1_700_000_000_000_000_000,
-                margin_ms: 250,
-                ..WireBucket::default()
-            },
-            WireBucket {
-                key: 7,
-                algorithm: 3,
-                rate: 3,
-                period_ns: NANOS_PER_SEC,
-                burst: 3,
-                times_ns: vec![10, 20],
-                ..WireBucket::default()
-            },
-        ],
+    let handoff = HandoffPart {
+        id: 5,
+        part: 0,
+        parts: 2,
+        slots: vec![17, 4095],
     };
-    encode_message(&mut frame, FrameKind::Replicate, 0, &replicate);
+    if protocol::Feature::CompactReplicas.readable_at(version) {
+        // From the store's buckets, as a node sends them: GCRA as columns (a key is 96 bits).
+        let buckets = [
+            BucketState {
+                key: BucketKey::from_u128(0x4455_6677_8899_aabb_ccdd_eeff),
+                value: BucketValue::Gcra {
+                    tat_ns: 1_700_000_000_000_000_000,
+                    margin_ms: 250,
+                },
+            },
+            BucketState {
+                key: BucketKey::from_u128(7),
+                value: BucketValue::Log {
+                    limit: Limit::new(Algorithm::SlidingLog, 3, NANOS_PER_SEC, 3).unwrap(),
+                    times_ns: vec![10, 20],
+                },
+            },
+        ];
+        encode_replicate(&mut frame, version, "node-1", Some(handoff), &buckets);
+    } else {
+        let replicate = ReplicateMessage {
+            from: "node-1".into(),
+            handoff: Some(handoff),
+            buckets: vec![
+                WireBucket {
+                    key: 0x0011_2233_4455_6677_8899_aabb_ccdd_eeff,
+                    algorithm: 0,
+                    tat_ns: 1_700_000_000_000_000_000,
+                    margin_ms: 250,
+                    ..WireBucket::default()
+                },
+                WireBucket {
+                    key: 7,
+                    algorithm: 3,
+                    rate: 3,
+                    period_ns: NANOS_PER_SEC,
+                    burst: 3,
+                    times_ns: vec![10, 20],
+                    ..WireBucket::default()
+                },
+            ],
+        };
+        encode_message(&mut frame, FrameKind::Replicate, 0, &replicate);
+    }
     put(FrameKind::Replicate, frame);
 
     let mut frame = Vec::new();
@@ -684,7 +707,7 @@ fn every_pinned_frame_of_every_version_decodes() {
                     decode_slot_table(frame.version, payload),
                     Err((_, why)) if why.starts_with("slot table with 4 owners and 4 successors")
                 ),
-                FrameKind::Replicate => decode_replicate(payload).is_ok(),
+                FrameKind::Replicate => decode_replicate(frame.version, payload).is_ok(),
                 FrameKind::PolicyRequest => decode_policy_request(payload).is_ok(),
                 FrameKind::Policy => decode_policy_message(payload).is_ok(),
                 FrameKind::IdConflict => decode_id_conflict(payload).is_ok(),

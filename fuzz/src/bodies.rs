@@ -23,11 +23,11 @@ use floodgate::store::snapshot::{
 use floodgate::wire::{
     BASE_LAYOUT, CheckBatch, DecisionBatch, ErrorCode, ErrorFrame, FrameKind, FrameReader,
     HEADER_BYTES, MAX_HANDOFF_PARTS, MAX_POLICY_TEXT_BYTES, RegionAckMessage, RegionDeltasMessage,
-    ReplicateMessage, Replicated, WireBucket, WireDecision, WireLimits, decode_check_batch,
-    decode_decisions, decode_error_frame, decode_gossip, decode_id_conflict, decode_lease_answers,
-    decode_lease_requests, decode_lease_sync, decode_policy_message, decode_policy_request,
-    decode_region_ack, decode_region_deltas, decode_replicate, decode_scoped_check_batch,
-    decode_slot_table, encode_frame, encode_gossip, encode_message, encode_slot_table,
+    WireDecision, WireLimits, decode_check_batch, decode_decisions, decode_error_frame,
+    decode_gossip, decode_id_conflict, decode_lease_answers, decode_lease_requests,
+    decode_lease_sync, decode_policy_message, decode_policy_request, decode_region_ack,
+    decode_region_deltas, decode_replicate, decode_scoped_check_batch, decode_slot_table,
+    encode_frame, encode_gossip, encode_message, encode_replicate, encode_slot_table,
 };
 use floodgate::{
     Algorithm, BucketCheck, BucketKey, BucketState, BucketStore, BucketValue, Clock, Decision,
@@ -221,7 +221,7 @@ fn decode_by_kind(payload: &[u8], kind: FrameKind, version: u8) {
         FrameKind::IdConflict => outcome(&decode_id_conflict(payload)),
         FrameKind::TableRequest => Outcome::Accepted,
         FrameKind::SlotTable => outcome(&decode_slot_table(version, payload)),
-        FrameKind::Replicate => outcome(&decode_replicate(payload)),
+        FrameKind::Replicate => outcome(&decode_replicate(version, payload)),
         FrameKind::PolicyRequest => outcome(&decode_policy_request(payload)),
         FrameKind::Policy => outcome(&decode_policy_message(payload)),
         FrameKind::ScopedCheckBatch | FrameKind::ForwardedScopedCheckBatch => {
@@ -578,20 +578,30 @@ pub fn slot_table(data: &[u8]) -> Outcome {
     result
 }
 
-/// The wire form of a validated replicate message (as a sender builds it from its store).
-fn replicate_message(replicated: &Replicated) -> ReplicateMessage {
-    ReplicateMessage {
-        from: replicated.from.clone(),
-        handoff: replicated.handoff.clone(),
-        buckets: replicated.buckets.iter().map(WireBucket::from).collect(),
+/// The layouts a replicate payload may have: version 2's (flat buckets) and version 12's (GCRA
+/// buckets as columns).
+fn replicate_layouts() -> [u8; 2] {
+    [
+        BASE_LAYOUT,
+        floodgate::protocol::Feature::CompactReplicas.since(),
+    ]
+}
+
+/// A replicate payload read in each layout: refused, or a hand-off in range, every bucket's
+/// limit valid and its log no longer than twice the limit (one limit owed), and it re-encodes to
+/// the same buckets.
+pub fn replicate(data: &[u8]) -> Outcome {
+    let payload = aligned(data);
+    let outcomes = replicate_layouts().map(|layout| replicate_at(layout, &payload));
+    if outcomes.contains(&Outcome::Accepted) {
+        Outcome::Accepted
+    } else {
+        Outcome::Refused
     }
 }
 
-/// A replicate payload: refused, or a hand-off in range, every bucket's limit valid and its log
-/// no longer than twice the limit (one limit owed), and it re-encodes to the same buckets.
-pub fn replicate(data: &[u8]) -> Outcome {
-    let payload = aligned(data);
-    let decoded = decode_replicate(&payload);
+fn replicate_at(layout: u8, payload: &[u8]) -> Outcome {
+    let decoded = decode_replicate(layout, payload);
     let Ok(replicated) = &decoded else {
         return Outcome::Refused;
     };
@@ -613,8 +623,13 @@ pub fn replicate(data: &[u8]) -> Outcome {
             }
         }
     }
-    let again = reframe(FrameKind::Replicate, &replicate_message(replicated));
-    assert_eq!(decode_replicate(&again), decoded);
+    // As a sender encodes what its store holds.
+    let (version, again) = read_back(|out| {
+        let handoff = replicated.handoff.clone();
+        encode_replicate(out, layout, &replicated.from, handoff, &replicated.buckets)
+    });
+    assert_eq!(version, layout);
+    assert_eq!(decode_replicate(version, &again), decoded);
     Outcome::Accepted
 }
 
@@ -648,7 +663,10 @@ fn longest_wait(limit: &Limit) -> u64 {
 /// the limit allows.
 pub fn replicate_merge(data: &[u8]) -> Outcome {
     let payload = aligned(data);
-    let Ok(replicated) = decode_replicate(&payload) else {
+    let Some(replicated) = replicate_layouts()
+        .into_iter()
+        .find_map(|layout| decode_replicate(layout, &payload).ok())
+    else {
         return Outcome::Refused;
     };
     merge_and_check(&replicated.buckets, FakeClock::new(1_000 * NANOS_PER_SEC));

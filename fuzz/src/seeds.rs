@@ -7,10 +7,10 @@ use floodgate::algorithm::WindowState;
 use floodgate::cluster::membership::MemberDigest;
 use floodgate::cluster::{Gossip, MemberInfo, SLOTS, SlotTable};
 use floodgate::wire::{
-    CheckBatch, DecisionBatch, ErrorCode, ErrorFrame, FrameKind, HandoffPart, MAX_WIRE_TAT_NS,
-    PackedBatch, PackedDecisions, PolicyMessage, PolicyRequest, ReplicateMessage, SlotTableMessage,
-    TableMember, WireBucket, WireCheck, WireDecision, encode_frame, encode_gossip, encode_message,
-    encode_slot_table,
+    CheckBatch, DecisionBatch, ErrorCode, ErrorFrame, FrameKind, HEADER_BYTES, HandoffPart,
+    MAX_WIRE_TAT_NS, PackedBatch, PackedDecisions, PolicyMessage, PolicyRequest, ReplicateMessage,
+    ReplicateMessageV12, SlotTableMessage, TableMember, WireBucket, WireCheck, WireDecision,
+    encode_frame, encode_gossip, encode_message, encode_replicate, encode_slot_table,
 };
 use floodgate::{
     Algorithm, BucketKey, BucketState, BucketStore, BucketValue, Decision, Limit, MAX_PERIOD_NS,
@@ -838,6 +838,41 @@ fn exported_buckets() -> Vec<BucketState> {
     out
 }
 
+/// Replicate payloads in version 12's layout (GCRA buckets as columns): a node's exported
+/// buckets as a hand-off, and columns of unequal length.
+fn compact_replicate_seeds() -> Vec<(&'static str, Vec<u8>, Outcome)> {
+    let version = floodgate::protocol::Feature::CompactReplicas.since();
+    let handoff = HandoffPart {
+        id: 7,
+        part: 0,
+        parts: 1,
+        slots: vec![0, 4095],
+    };
+    let mut frame = Vec::new();
+    encode_replicate(
+        &mut frame,
+        version,
+        "node-1",
+        Some(handoff),
+        &exported_buckets(),
+    );
+    let payload = frame[HEADER_BYTES..].to_vec();
+    // A key hash and an arrival time, but no check or margin for them.
+    let unequal = ReplicateMessageV12 {
+        gcra_key_hashes: vec![1],
+        gcra_tats_ns: vec![5],
+        ..ReplicateMessageV12::default()
+    };
+    vec![
+        ("compact-handoff", payload, Outcome::Accepted),
+        (
+            "compact-unequal-columns",
+            reframe(FrameKind::Replicate, &unequal).to_vec(),
+            Outcome::Refused,
+        ),
+    ]
+}
+
 // A list of seeds, one case each: long on purpose, so the cases read side by side.
 /// A table of seeds, one entry per case, sharing the fixtures above them: split, the cases would
 /// only be scattered.
@@ -916,8 +951,14 @@ fn replicate_seeds() -> Vec<Seed> {
         }],
         ..ReplicateMessage::default()
     };
+    let compact = compact_replicate_seeds();
     let mut seeds = Vec::new();
     for target in ["replicate", "replicate_merge"] {
+        seeds.extend(
+            compact
+                .iter()
+                .map(|(name, bytes, expect)| seed(target, name, bytes.clone(), *expect)),
+        );
         seeds.extend([
             seed(target, "replicas", encode(&replicas), Accepted),
             seed(target, "handoff", encode(&handoff), Accepted),

@@ -120,6 +120,24 @@ pub struct ReplicateMessage {
     pub buckets: Vec<WireBucket>,
 }
 
+/// Version 12's replicate message: GCRA buckets (nearly all of them) as columns of the same
+/// length, 24 bytes a bucket (a key's 96 bits as its hash and check, the arrival time, the
+/// margin), where a flat [`WireBucket`] takes 96 with its unused window, limit and log fields;
+/// windows and logs flat, as before.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq, Default)]
+pub struct ReplicateMessageV12 {
+    pub from: String,
+    pub handoff: Option<HandoffPart>,
+    /// The low 64 bits of each key (`BucketKey::to_u128`).
+    pub gcra_key_hashes: Vec<u64>,
+    /// The next 32 bits of each key.
+    pub gcra_key_checks: Vec<u32>,
+    pub gcra_tats_ns: Vec<u64>,
+    pub gcra_margins_ms: Vec<u32>,
+    /// Windows and logs.
+    pub others: Vec<WireBucket>,
+}
+
 /// Which hand-off a message belongs to: hand-off `id` of its sender, sent as `parts` messages
 /// (which may arrive in any order), carrying the state of `slots` (every part lists them all).
 #[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
@@ -212,49 +230,56 @@ fn bucket_from_wire(bucket: &ArchivedWireBucket) -> Result<BucketState, Refusal>
     let algorithm = *Algorithm::ALL
         .get(usize::from(bucket.algorithm))
         .ok_or_else(|| malformed("bucket", format!("unknown algorithm {}", bucket.algorithm)))?;
-    let value = if algorithm == Algorithm::Gcra {
-        let tat_ns = bucket.tat_ns.to_native();
-        if tat_ns > MAX_WIRE_TAT_NS {
+    if algorithm == Algorithm::Gcra {
+        return gcra_from_wire(
+            bucket.key.to_native(),
+            bucket.tat_ns.to_native(),
+            bucket.margin_ms.to_native(),
+        );
+    }
+    let limit = Limit::new(
+        algorithm,
+        bucket.rate.to_native(),
+        bucket.period_ns.to_native(),
+        bucket.burst.to_native(),
+    )
+    .map_err(|e| malformed("bucket", e))?;
+    let value = if algorithm == Algorithm::SlidingLog {
+        if bucket.times_ns.len() > SlidingLog::most_entries(&limit) {
             return Err(malformed(
                 "bucket",
-                format!("GCRA arrival time {tat_ns} ns is later than any store reaches"),
+                "log longer than twice its limit (one limit owed)",
             ));
         }
-        BucketValue::Gcra {
-            tat_ns,
-            margin_ms: bucket.margin_ms.to_native(),
+        BucketValue::Log {
+            limit,
+            times_ns: bucket.times_ns.iter().map(|t| t.to_native()).collect(),
         }
     } else {
-        let limit = Limit::new(
-            algorithm,
-            bucket.rate.to_native(),
-            bucket.period_ns.to_native(),
-            bucket.burst.to_native(),
-        )
-        .map_err(|e| malformed("bucket", e))?;
-        if algorithm == Algorithm::SlidingLog {
-            if bucket.times_ns.len() > SlidingLog::most_entries(&limit) {
-                return Err(malformed(
-                    "bucket",
-                    "log longer than twice its limit (one limit owed)",
-                ));
-            }
-            BucketValue::Log {
-                limit,
-                times_ns: bucket.times_ns.iter().map(|t| t.to_native()).collect(),
-            }
-        } else {
-            BucketValue::Window {
-                limit,
-                state: WindowState {
-                    window: bucket.window.to_native(),
-                    count: bucket.count.to_native(),
-                    previous: bucket.previous.to_native(),
-                },
-            }
+        BucketValue::Window {
+            limit,
+            state: WindowState {
+                window: bucket.window.to_native(),
+                count: bucket.count.to_native(),
+                previous: bucket.previous.to_native(),
+            },
         }
     };
     Ok(BucketState { key, value })
+}
+
+/// Validates one received GCRA bucket: its arrival time in range.
+fn gcra_from_wire(key: u128, tat_ns: u64, margin_ms: u32) -> Result<BucketState, Refusal> {
+    if tat_ns > MAX_WIRE_TAT_NS {
+        return Err(malformed(
+            "bucket",
+            format!("GCRA arrival time {tat_ns} ns is later than any store reaches"),
+        ));
+    }
+    Ok(BucketState {
+        key: BucketKey::from_u128(key),
+        value: BucketValue::Gcra { tat_ns, margin_ms },
+    })
 }
 
 fn malformed(what: &str, e: impl std::fmt::Display) -> Refusal {
@@ -538,10 +563,122 @@ pub fn decode_id_conflict(payload: &[u8]) -> Result<IdConflict, Refusal> {
     Ok(conflict)
 }
 
-/// Validates a replication payload.
-pub fn decode_replicate(payload: &[u8]) -> Result<Replicated, Refusal> {
+/// Appends `buckets` as one replicate frame in the layout an end speaking `version` reads
+/// (see [`FrameKind::layout_at`]).
+pub fn encode_replicate(
+    out: &mut Vec<u8>,
+    version: u8,
+    from: &str,
+    handoff: Option<HandoffPart>,
+    buckets: &[BucketState],
+) {
+    let layout = FrameKind::Replicate.layout_at(version);
+    if !Feature::CompactReplicas.readable_at(layout) {
+        let message = ReplicateMessage {
+            from: from.to_owned(),
+            handoff,
+            buckets: buckets.iter().map(WireBucket::from).collect(),
+        };
+        return encode_message_at(out, layout, FrameKind::Replicate, 0, &message);
+    }
+    let gcra = buckets
+        .iter()
+        .filter(|b| matches!(b.value, BucketValue::Gcra { .. }))
+        .count();
+    let mut message = ReplicateMessageV12 {
+        from: from.to_owned(),
+        handoff,
+        gcra_key_hashes: Vec::with_capacity(gcra),
+        gcra_key_checks: Vec::with_capacity(gcra),
+        gcra_tats_ns: Vec::with_capacity(gcra),
+        gcra_margins_ms: Vec::with_capacity(gcra),
+        others: Vec::new(),
+    };
+    for bucket in buckets {
+        match bucket.value {
+            BucketValue::Gcra { tat_ns, margin_ms } => {
+                let key = bucket.key.to_u128();
+                // Truncations intended: a key is 96 bits, its hash the low 64.
+                message.gcra_key_hashes.push(key as u64);
+                message.gcra_key_checks.push((key >> 64) as u32);
+                message.gcra_tats_ns.push(tat_ns);
+                message.gcra_margins_ms.push(margin_ms);
+            }
+            _ => message.others.push(WireBucket::from(bucket)),
+        }
+    }
+    encode_message_at(out, layout, FrameKind::Replicate, 0, &message);
+}
+
+/// Bytes `bucket` takes in a replicate frame of `version`'s layout, at most: for cutting a
+/// round's buckets into frames under the receiver's frame limit.
+pub fn replicated_bytes(version: u8, bucket: &BucketState) -> usize {
+    let compact = Feature::CompactReplicas.readable_at(FrameKind::Replicate.layout_at(version));
+    match &bucket.value {
+        // An entry in each of the four columns.
+        BucketValue::Gcra { .. } if compact => 24,
+        // A flat WireBucket archives to under 128 bytes, plus 8 per log entry.
+        BucketValue::Log { times_ns, .. } => 128 + 8 * times_ns.len(),
+        _ => 128,
+    }
+}
+
+/// Validates a replication payload of layout `layout` (the frame's version byte).
+pub fn decode_replicate(layout: u8, payload: &[u8]) -> Result<Replicated, Refusal> {
+    if Feature::CompactReplicas.readable_at(layout) {
+        return decode_replicate_v12(payload);
+    }
     let message = access_validated::<ArchivedReplicateMessage>(payload, "replication message")?;
-    let handoff = message.handoff.as_ref().map(|h| HandoffPart {
+    Ok(Replicated {
+        from: message.from.as_str().to_owned(),
+        handoff: handoff_from_wire(message.handoff.as_ref())?,
+        buckets: message
+            .buckets
+            .iter()
+            .map(bucket_from_wire)
+            .collect::<Result<_, _>>()?,
+    })
+}
+
+fn decode_replicate_v12(payload: &[u8]) -> Result<Replicated, Refusal> {
+    let message = access_validated::<ArchivedReplicateMessageV12>(payload, "replication message")?;
+    let gcra = message.gcra_key_hashes.len();
+    let lengths = [
+        message.gcra_key_checks.len(),
+        message.gcra_tats_ns.len(),
+        message.gcra_margins_ms.len(),
+    ];
+    if lengths.iter().any(|&len| len != gcra) {
+        return Err(malformed(
+            "replication",
+            format!("GCRA columns of {gcra} key hashes and {lengths:?} checks, times, margins"),
+        ));
+    }
+    let mut buckets = Vec::with_capacity(gcra + message.others.len());
+    for i in 0..gcra {
+        let key = u128::from(message.gcra_key_hashes[i].to_native())
+            | (u128::from(message.gcra_key_checks[i].to_native()) << 64);
+        buckets.push(gcra_from_wire(
+            key,
+            message.gcra_tats_ns[i].to_native(),
+            message.gcra_margins_ms[i].to_native(),
+        )?);
+    }
+    for bucket in message.others.iter() {
+        buckets.push(bucket_from_wire(bucket)?);
+    }
+    Ok(Replicated {
+        from: message.from.as_str().to_owned(),
+        handoff: handoff_from_wire(message.handoff.as_ref())?,
+        buckets,
+    })
+}
+
+/// A received hand-off part, its part number and slots in range.
+fn handoff_from_wire(
+    handoff: Option<&ArchivedHandoffPart>,
+) -> Result<Option<HandoffPart>, Refusal> {
+    let handoff = handoff.map(|h| HandoffPart {
         id: h.id.to_native(),
         part: h.part.to_native(),
         parts: h.parts.to_native(),
@@ -558,15 +695,7 @@ pub fn decode_replicate(payload: &[u8]) -> Result<Replicated, Refusal> {
             return Err(malformed("replication", "hand-off slots out of range"));
         }
     }
-    Ok(Replicated {
-        from: message.from.as_str().to_owned(),
-        handoff,
-        buckets: message
-            .buckets
-            .iter()
-            .map(bucket_from_wire)
-            .collect::<Result<_, _>>()?,
-    })
+    Ok(handoff)
 }
 
 /// Appends `table` as a frame for a client speaking `version`: with ranges and the cluster

@@ -35,9 +35,10 @@ pub use check_batch::{
 };
 pub use cluster_messages::{
     HandoffPart, MAX_GOSSIP_DIGESTS, MAX_HANDOFF_PARTS, MAX_MEMBER_FIELD_BYTES, MAX_WIRE_TAT_NS,
-    ReplicateMessage, Replicated, SlotTableMessage, TableMember, WireBucket, decode_gossip,
-    decode_id_conflict, decode_replicate, decode_slot_table, encode_gossip, encode_slot_table,
-    member_state_from_wire, member_state_to_wire, slot_table_payload,
+    ReplicateMessage, ReplicateMessageV12, Replicated, SlotTableMessage, TableMember, WireBucket,
+    decode_gossip, decode_id_conflict, decode_replicate, decode_slot_table, encode_gossip,
+    encode_replicate, encode_slot_table, member_state_from_wire, member_state_to_wire,
+    replicated_bytes, slot_table_payload,
 };
 pub use decision_batch::{
     ArchivedDecisionBatch, ArchivedPackedDecisions, DecisionBatch, PackedDecisions, WireDecision,
@@ -230,7 +231,11 @@ impl FrameKind {
         let region_resync = crate::protocol::Feature::RegionResync;
         let settled_joins = crate::protocol::Feature::SettledJoins;
         let wide_lease_ids = crate::protocol::Feature::WideLeaseIds;
+        let compact_replicas = crate::protocol::Feature::CompactReplicas;
         match self {
+            FrameKind::Replicate if compact_replicas.readable_at(version) => {
+                compact_replicas.since()
+            }
             FrameKind::LeaseRequest | FrameKind::LeaseAnswer | FrameKind::LeaseSync
                 if wide_lease_ids.readable_at(version) =>
             {

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use floodgate::cluster::SlotTable;
-use floodgate::wire::{FrameKind, HandoffPart, ReplicateMessage, WireBucket, encode_message};
+use floodgate::wire::{HandoffPart, encode_replicate, replicated_bytes};
 use floodgate::{BucketState, BucketStore};
 use tokio::sync::watch;
 
@@ -167,22 +167,21 @@ impl Replication {
         handoff: Option<(u64, Vec<u16>)>,
         buckets: &[BucketState],
     ) -> Vec<Vec<u8>> {
-        let chunks = chunk_by_size(buckets, self.bucket_bytes_per_frame);
+        // Every member reads the cluster version's layout, whoever a hand-off's buckets are
+        // passed on to.
+        let version = self.members.cluster_version();
+        let chunks = chunk_by_size(version, buckets, self.bucket_bytes_per_frame);
         let parts = chunks.len() as u32;
         let mut frames = Vec::new();
         for (part, chunk) in chunks.into_iter().enumerate() {
-            let message = ReplicateMessage {
-                from: self.me.clone(),
-                handoff: handoff.as_ref().map(|(id, slots)| HandoffPart {
-                    id: *id,
-                    part: part as u32,
-                    parts,
-                    slots: slots.clone(),
-                }),
-                buckets: chunk.iter().map(WireBucket::from).collect(),
-            };
+            let handoff = handoff.as_ref().map(|(id, slots)| HandoffPart {
+                id: *id,
+                part: part as u32,
+                parts,
+                slots: slots.clone(),
+            });
             let mut frame = Vec::new();
-            encode_message(&mut frame, FrameKind::Replicate, 0, &message);
+            encode_replicate(&mut frame, version, &self.me, handoff, chunk);
             frames.push(frame);
         }
         frames
@@ -253,20 +252,18 @@ impl Replication {
     }
 }
 
-/// Splits `buckets` into runs of at most `budget` encoded bytes (a bucket larger than the
-/// budget, a long log, goes alone); always at least one run, empty when there are no buckets.
-pub(super) fn chunk_by_size(buckets: &[BucketState], budget: usize) -> Vec<&[BucketState]> {
-    // A flat WireBucket archives to under 128 bytes plus 8 per log entry.
-    let size = |b: &BucketState| {
-        128 + match &b.value {
-            floodgate::BucketValue::Log { times_ns, .. } => 8 * times_ns.len(),
-            _ => 0,
-        }
-    };
+/// Splits `buckets` into runs of at most `budget` bytes once encoded for an end speaking
+/// `version` (a bucket larger than the budget, a long log, goes alone); always at least one
+/// run, empty when there are no buckets.
+pub(super) fn chunk_by_size(
+    version: u8,
+    buckets: &[BucketState],
+    budget: usize,
+) -> Vec<&[BucketState]> {
     let mut chunks = Vec::new();
     let (mut start, mut bytes) = (0, 0);
     for (i, bucket) in buckets.iter().enumerate() {
-        let next = size(bucket);
+        let next = replicated_bytes(version, bucket);
         if i > start && bytes + next > budget {
             chunks.push(&buckets[start..i]);
             (start, bytes) = (i, 0);
@@ -316,25 +313,25 @@ mod tests {
             })
             .collect();
         let budget = 64 * 1024;
-        let chunks = chunk_by_size(&buckets, budget);
-        assert!(chunks.len() > 1);
-        assert_eq!(chunks.iter().map(|c| c.len()).sum::<usize>(), buckets.len());
-        for chunk in chunks {
-            let message = ReplicateMessage {
-                from: "node-with-a-long-id:65535".into(),
-                handoff: Some(HandoffPart {
+        for version in [floodgate::protocol::OLDEST, floodgate::protocol::NEWEST] {
+            let chunks = chunk_by_size(version, &buckets, budget);
+            assert!(chunks.len() > 1);
+            assert_eq!(chunks.iter().map(|c| c.len()).sum::<usize>(), buckets.len());
+            for chunk in chunks {
+                let handoff = HandoffPart {
                     id: u64::MAX,
                     part: 0,
                     parts: 1,
                     slots: (0..floodgate::cluster::SLOTS as u16).collect(),
-                }),
-                buckets: chunk.iter().map(WireBucket::from).collect(),
-            };
-            let mut frame = Vec::new();
-            encode_message(&mut frame, FrameKind::Replicate, 0, &message);
-            assert!(frame.len() <= 2 * budget, "{} bytes", frame.len());
+                };
+                let mut frame = Vec::new();
+                let from = "node-with-a-long-id:65535";
+                encode_replicate(&mut frame, version, from, Some(handoff), chunk);
+                assert!(frame.len() <= 2 * budget, "{} bytes", frame.len());
+            }
+            let nothing = chunk_by_size(version, &[], budget);
+            assert_eq!(nothing, vec![&[] as &[BucketState]]);
         }
-        assert_eq!(chunk_by_size(&[], budget), vec![&[] as &[BucketState]]);
     }
 
     /// A round's frames carry what changed since the last round, all to the other member of a

@@ -101,7 +101,7 @@ pub(super) async fn serve_uni_message(
                 Err((code, _)) => messages.metrics.frame_error(code),
             },
             FrameKind::Replicate => {
-                on_replicate(&messages, &from.remote, &frame.payload, now_ns).await;
+                on_replicate(&messages, &from.remote, &frame, now_ns).await;
             }
             FrameKind::LeaseSync => on_lease_sync(&messages, &from.remote, &frame, now_ns),
             FrameKind::RegionDeltas | FrameKind::RegionAck => {
@@ -158,12 +158,17 @@ async fn read_message<'s>(
 /// Replicas, or a part of a hand-off: merged into the store (only ever stricter); a hand-off
 /// part also counts toward its hand-off, and its buckets for slots this node's table gives to
 /// a third member go on to that owner.
-async fn on_replicate(messages: &PeerMessages, remote: &Remote, payload: &[u8], now_ns: u64) {
+async fn on_replicate(
+    messages: &PeerMessages,
+    remote: &Remote,
+    frame: &floodgate::wire::Frame,
+    now_ns: u64,
+) {
     let Replicated {
         from: sender_id,
         handoff,
         buckets,
-    } = match decode_replicate(payload) {
+    } = match decode_replicate(frame.version, &frame.payload) {
         Ok(replicated) => replicated,
         Err((code, _)) => return messages.metrics.frame_error(code),
     };
