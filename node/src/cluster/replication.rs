@@ -341,6 +341,7 @@ mod tests {
     async fn a_round_frames_what_changed_since_the_last() {
         use crate::cluster::tests::{cluster_alone, joined_by_b};
         use floodgate::Clock;
+        use floodgate::protocol::Feature;
         let a = cluster_alone();
         let now = a.clock.now_ns();
         let limit = Limit::gcra(10, floodgate::NANOS_PER_SEC, 10).unwrap();
@@ -357,6 +358,13 @@ mod tests {
         let frames = a.replication_frames(now);
         assert_eq!(frames.len(), 1);
         assert_eq!(frames[0].0, "127.0.0.1:7001");
+        // Both speak the newest version: GCRA buckets go as columns, and read back whole.
+        let mut reader = floodgate::wire::FrameReader::new(1 << 20);
+        reader.extend(&frames[0].1);
+        let frame = reader.next_frame().unwrap().unwrap();
+        assert_eq!(frame.version, Feature::CompactReplicas.since());
+        let replicated = floodgate::wire::decode_replicate(frame.version, &frame.payload).unwrap();
+        assert_eq!(replicated.buckets.len(), 1);
         assert!(
             a.replication_frames(now).is_empty(),
             "nothing changed since"
