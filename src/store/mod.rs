@@ -412,8 +412,24 @@ impl BucketStore {
     /// Merges buckets received from a peer (the later TAT wins). Returns how many could not be
     /// stored for lack of room.
     pub fn merge(&self, states: &[BucketState], now_ns: u64) -> usize {
+        /// Buckets whose slots are prefetched together, one burst ahead of those being merged:
+        /// a replica's bucket is as cold as a check's (see `prefetch`).
+        const BURST: usize = 8;
         let mut refused = 0;
-        for state in states {
+        for (i, state) in states.iter().enumerate() {
+            if i % BURST == 0 {
+                let ahead = if i == 0 {
+                    0..2 * BURST
+                } else {
+                    i + BURST..i + 2 * BURST
+                };
+                for next in states
+                    .get(ahead.start..ahead.end.min(states.len()))
+                    .unwrap_or(&[])
+                {
+                    self.prefetch(next.key);
+                }
+            }
             let shard = &self.shards[self.shard_index(state.key)];
             // Most replicas land on a bucket the successor already holds: merged under the
             // shared lock, beside the decisions; only a new bucket takes the shard exclusively.

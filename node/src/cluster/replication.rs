@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use floodgate::cluster::SlotTable;
+use floodgate::cluster::{SLOTS, SlotTable};
 use floodgate::wire::{HandoffPart, encode_replicate, replicated_bytes};
 use floodgate::{BucketState, BucketStore};
 use tokio::sync::watch;
@@ -193,22 +193,45 @@ impl Replication {
     pub(super) fn round_frames(&self, now_ns: u64, table: &SlotTable) -> Vec<(String, Vec<u8>)> {
         let mut changed = Vec::new();
         self.store.take_changed(now_ns, &mut changed);
+        // Where each slot's buckets go, looked up once per slot rather than once per bucket:
+        // our slots to their successor, anything decided here for another owner (a forward
+        // that failed) to that owner.
         let me = self.me.as_str();
-        let mut by_target: HashMap<&str, Vec<BucketState>> = HashMap::new();
+        let mut targets: Vec<&str> = Vec::new();
+        let slot_target: Vec<Option<usize>> = (0..SLOTS as u16)
+            .map(|slot| {
+                let target = match table.owner(slot) {
+                    Some(owner) if owner == me => table.successor(slot),
+                    other => other,
+                }?;
+                Some(match targets.iter().position(|t| *t == target) {
+                    Some(i) => i,
+                    None => {
+                        targets.push(target);
+                        targets.len() - 1
+                    }
+                })
+            })
+            .collect();
+        // Counted first, so each target's list is allocated once at its size.
+        let mut counts = vec![0; targets.len()];
+        for bucket in &changed {
+            if let Some(i) = slot_target[usize::from(bucket.key.slot())] {
+                counts[i] += 1;
+            }
+        }
+        let mut by_target: Vec<Vec<BucketState>> =
+            counts.iter().map(|&n| Vec::with_capacity(n)).collect();
         for bucket in changed {
-            let slot = bucket.key.slot();
-            // Our slots go to their successor; anything decided here for another owner (a
-            // forward that failed) goes to that owner.
-            let target = match table.owner(slot) {
-                Some(owner) if owner == me => table.successor(slot),
-                other => other,
-            };
-            if let Some(target) = target {
-                by_target.entry(target).or_default().push(bucket);
+            if let Some(i) = slot_target[usize::from(bucket.key.slot())] {
+                by_target[i].push(bucket);
             }
         }
         let mut frames = Vec::new();
-        for (target, buckets) in by_target {
+        for (target, buckets) in targets.into_iter().zip(by_target) {
+            if buckets.is_empty() {
+                continue;
+            }
             self.metrics.replicated.increment(buckets.len() as u64);
             frames.extend(self.addressed_bucket_frames(target, None, &buckets));
         }
