@@ -45,9 +45,10 @@ pub struct RegionSync<C> {
     store: Arc<BucketStore>,
     clock: C,
     wake: Notify,
-    /// When the sender task next looks at the exchange of its own accord (the clock's ns), set
-    /// under the exchange's lock: only a change that makes a message due before then wakes it
-    /// (a global check's units wait for the sync interval anyway, so most wake nothing).
+    /// When the sender task next looks at the exchange of its own accord (the clock's ns; 0
+    /// until its first look, which it takes as it starts), set under the exchange's lock: only
+    /// a change that makes a message due before then wakes it (a global check's units wait for
+    /// the sync interval anyway, so most wake nothing).
     wakes_at: AtomicU64,
     /// Counts every change (a check recorded, a frame handled) while someone watches it: tests
     /// and a graceful stop wait on it.

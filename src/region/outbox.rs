@@ -309,7 +309,11 @@ mod tests {
         // What is taken back unconfirmed is in the keys' order too.
         out.record(key(9), &limit(), 1, MS);
         out.record(key(10), &limit(), 1, MS);
-        let taken: Vec<u128> = out.take_unconfirmed().iter().map(|d| d.key.to_u128()).collect();
+        let taken: Vec<u128> = out
+            .take_unconfirmed()
+            .iter()
+            .map(|d| d.key.to_u128())
+            .collect();
         let mut pending_first = taken[..2].to_vec();
         pending_first.sort_unstable();
         assert_eq!(taken[..2], pending_first[..]);

@@ -73,12 +73,16 @@ mod tests {
             #[command(flatten)]
             load: LoadArgs,
         }
-        let args = Cli::try_parse_from(["load", "--rates", "10/s,20/s"]).unwrap().load;
+        let args = Cli::try_parse_from(["load", "--rates", "10/s,20/s"])
+            .unwrap()
+            .load;
         assert_eq!(regions_args(&args).rates, [10]);
         assert!(args.with_regions());
         let skipped = Cli::try_parse_from(["load", "--no-regions"]).unwrap().load;
         assert!(!skipped.with_regions());
-        let no_uniform = Cli::try_parse_from(["load", "--spreads", "zipf"]).unwrap().load;
+        let no_uniform = Cli::try_parse_from(["load", "--spreads", "zipf"])
+            .unwrap()
+            .load;
         assert!(!no_uniform.with_regions());
     }
 }

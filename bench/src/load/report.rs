@@ -292,7 +292,9 @@ fn regions_section(out: &mut String, records: &[Record], workloads: &[&str]) {
     let alone: Vec<String> = [REGIONS_GLOBAL, REGIONS_REGION]
         .iter()
         .filter_map(|s| {
-            let r = records.iter().find(|r| r.system == *s && r.offered_rate == 0)?;
+            let r = records
+                .iter()
+                .find(|r| r.system == *s && r.offered_rate == 0)?;
             let first = r.first_node_cpu_s_per_million?;
             Some(format!(
                 "{s}: {first:.2} of {:.2} ({:.2} in region b)",

@@ -283,18 +283,12 @@ pub(super) fn regions_verdicts(records: &[Record]) -> Vec<Verdict> {
         )
     };
     vec![
-        global_over_region(
-            target("both regions' nodes summed"),
-            global,
-            region,
-            |r| Some(r.cpu_s_per_million),
-        ),
-        global_over_region(
-            target("region a's node alone"),
-            global,
-            region,
-            |r| r.first_node_cpu_s_per_million,
-        ),
+        global_over_region(target("both regions' nodes summed"), global, region, |r| {
+            Some(r.cpu_s_per_million)
+        }),
+        global_over_region(target("region a's node alone"), global, region, |r| {
+            r.first_node_cpu_s_per_million
+        }),
     ]
 }
 
@@ -477,15 +471,31 @@ pub(super) mod tests {
         );
         let summed = line(&table, "| global check node CPU at most 1.5x");
         assert!(summed.contains("both regions' nodes summed"), "{summed}");
-        assert!(summed.ends_with("| 2.00x (4.00 / 2.00 s) | **no** |"), "{summed}");
-        let alone = line(&table, "| global check node CPU at most 1.5x a region check's (CPU s/M, closed loop, uniform/1-check, region a's");
-        assert!(alone.ends_with("| 1.32x (2.50 / 1.90 s) | yes |"), "{alone}");
+        assert!(
+            summed.ends_with("| 2.00x (4.00 / 2.00 s) | **no** |"),
+            "{summed}"
+        );
+        let alone = line(
+            &table,
+            "| global check node CPU at most 1.5x a region check's (CPU s/M, closed loop, uniform/1-check, region a's",
+        );
+        assert!(
+            alone.ends_with("| 1.32x (2.50 / 1.90 s) | yes |"),
+            "{alone}"
+        );
         assert!(table.starts_with("### Targets: 1 of 2 met"), "{table}");
         // The bound itself is met.
         let mut at_bound = records.clone();
         at_bound[2].cpu_s_per_million = 3.0;
-        let summed = line(&regions_markdown(&at_bound), "| global check node CPU at most 1.5x").to_owned();
-        assert!(summed.ends_with("| 1.50x (3.00 / 2.00 s) | yes |"), "{summed}");
+        let summed = line(
+            &regions_markdown(&at_bound),
+            "| global check node CPU at most 1.5x",
+        )
+        .to_owned();
+        assert!(
+            summed.ends_with("| 1.50x (3.00 / 2.00 s) | yes |"),
+            "{summed}"
+        );
     }
 
     #[test]

@@ -125,3 +125,31 @@ impl RegionRings {
             .is_none_or(|t| t.nodes().is_empty() || t.nodes().iter().any(|n| **n == *peer.node))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_slot_names_its_owner_in_every_other_region() {
+        let table = |nodes: &[&str]| {
+            let nodes: Vec<String> = nodes.iter().map(|n| n.to_string()).collect();
+            Arc::new(SlotTable::compute(1, &nodes))
+        };
+        let mut tables = BTreeMap::new();
+        tables.insert(RegionName::new("b").unwrap(), table(&["b-1", "b-2", "b-3"]));
+        tables.insert(RegionName::new("c").unwrap(), table(&["c-1"]));
+        tables.insert(RegionName::new("d").unwrap(), table(&[]));
+        let owners = owners_by_slot(&tables);
+        assert_eq!(owners.len(), SLOTS);
+        for slot in [0u16, 1, 777, 4_095] {
+            let expected: Vec<Peer> = tables
+                .iter()
+                .filter_map(|(region, t)| Some(Peer::new(region.clone(), t.owner(slot)?)))
+                .collect();
+            assert_eq!(owners[usize::from(slot)][..], expected[..], "slot {slot}");
+            assert_eq!(expected.len(), 2, "region d has no owner");
+        }
+        assert!(RegionRings::default().owners_elsewhere(7).is_empty());
+    }
+}
