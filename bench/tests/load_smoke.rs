@@ -80,9 +80,35 @@ fn a_short_load_run_writes_a_well_formed_report() {
         .count();
     assert_eq!(generator, 4, "{all_records:?}");
     assert!(stdout.contains("### The load generator alone"), "{stdout}");
+    // The two regions' systems: the uniform 1-check workload only, its closed loop and the
+    // first rate, each on two nodes with region a's node's own figure beside the sum.
+    const REGIONS: [&str; 2] = [
+        "floodgate-regions-region-scope",
+        "floodgate-regions-global-scope",
+    ];
+    let in_regions = |r: &serde_json::Value| REGIONS.iter().any(|s| r["system"] == *s);
+    let regions: Vec<&serde_json::Value> = all_records.iter().filter(|r| in_regions(r)).collect();
+    assert_eq!(regions.len(), 4, "{all_records:?}");
+    for record in &regions {
+        assert_eq!(record["workload"], "uniform/1-check", "{record}");
+        assert_eq!(record["nodes"].as_u64(), Some(2), "{record}");
+        assert!(record["first_node_cpu_s_per_million"].is_f64(), "{record}");
+        assert_ne!(record["offered_rate"].as_u64(), Some(1000), "{record}");
+    }
+    assert!(
+        stdout.contains(
+            "met in this run (floodgate-regions-global-scope against \
+             floodgate-regions-region-scope: two regions of one node each)"
+        ),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("Server CPU s/M of region a's node alone, closed loop:"),
+        "{stdout}"
+    );
     let records: Vec<&serde_json::Value> = all_records
         .iter()
-        .filter(|r| r["system"] != "generator")
+        .filter(|r| r["system"] != "generator" && !in_regions(r))
         .collect();
     let baselines_ran: Vec<&str> = ["redis+lua", "redis+cell"]
         .into_iter()

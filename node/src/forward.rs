@@ -18,6 +18,7 @@
 //!   check is answered `try_again`. Only once it is suspected does this node decide: as the
 //!   slot's successor it holds the owner's replicas.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::ops::Range;
 use std::time::Duration;
@@ -383,11 +384,12 @@ impl<'a> Batch<'a> {
                     rings
                 })
                 .clone();
-            let global: Vec<bool> = self
-                .scopes_of(i)
-                .iter()
-                .map(|s| *s == Scope::Global)
-                .collect();
+            let scopes = self.scopes_of(i);
+            // A group of one global check (the usual one) needs no list of its own.
+            let global: Cow<'_, [bool]> = match scopes {
+                [Scope::Global] => Cow::Borrowed(&[true]),
+                _ => scopes.iter().map(|s| *s == Scope::Global).collect(),
+            };
             crate::reach::decide_global_group(
                 &checks.region_sync,
                 &rings,

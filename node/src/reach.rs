@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 
-use floodgate::region::{RegionName, Scope};
+use floodgate::region::{Peer, RegionName, Scope};
 use floodgate::wire::{
     ArchivedCheckBatch, CheckGroups, ErrorCode, FrameKind, ValidCheck, WireDecision, encode_message,
 };
@@ -90,6 +90,7 @@ pub(crate) async fn forward_home(
 }
 
 /// Decides a group with global checks here, all or nothing (a group of charges: each taken).
+/// `global` says which are global (one per check; of a group of one, true).
 pub(crate) fn decide_global_group(
     region_sync: &RegionSync<EpochClock>,
     rings: &RegionRings,
@@ -97,20 +98,38 @@ pub(crate) fn decide_global_group(
     global: &[bool],
     out: &mut Vec<WireDecision>,
 ) {
+    if let [check] = group {
+        // The usual group, one check: its lists on the stack, not three allocations a check.
+        let others = [rings.owners_elsewhere(check.key.slot())];
+        decide_with(region_sync, group, &[check.check()], global, &others, out);
+        return;
+    }
     let checks: Vec<BucketCheck> = group.iter().map(ValidCheck::check).collect();
-    let others: Vec<_> = group
+    let others: Vec<&[Peer]> = group
         .iter()
         .map(|c| rings.owners_elsewhere(c.key.slot()))
         .collect();
+    decide_with(region_sync, group, &checks, global, &others, out);
+}
+
+/// [`decide_global_group`] with the group's store checks and each one's owners elsewhere.
+fn decide_with(
+    region_sync: &RegionSync<EpochClock>,
+    group: &[ValidCheck],
+    checks: &[BucketCheck],
+    global: &[bool],
+    others: &[&[Peer]],
+    out: &mut Vec<WireDecision>,
+) {
     if group[0].charge {
-        let charged = region_sync.charge_group(&checks, global, &others);
+        let charged = region_sync.charge_group(checks, global, others);
         out.extend(charged.into_iter().map(|charged| match charged {
             Ok(charged) => WireDecision::from(charged.decision),
             Err(_) => WireDecision::error(ErrorCode::StoreFull),
         }));
         return;
     }
-    match region_sync.check_group(&checks, global, &others) {
+    match region_sync.check_group(checks, global, others) {
         Ok(decided) => out.extend(decided.into_iter().map(WireDecision::from)),
         Err(_) => out.extend(refused(group.len(), ErrorCode::StoreFull)),
     }

@@ -4,7 +4,7 @@
 //! and sleeps until the exchange's next timeout or a wake-up.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use floodgate::region::{
@@ -36,13 +36,22 @@ pub fn encode_region_frame(version: u8, message: &Outgoing) -> Vec<u8> {
     frame
 }
 
+/// Longest the sender task sleeps when nothing is due: it looks again regardless.
+const IDLE_WAIT: Duration = Duration::from_secs(1);
+
 /// One node's exchange with the owners of its global keys in the other regions.
 pub struct RegionSync<C> {
     exchange: Mutex<Exchange>,
     store: Arc<BucketStore>,
     clock: C,
     wake: Notify,
-    /// Counts every change (a check recorded, a frame handled): tests and status wait on it.
+    /// When the sender task next looks at the exchange of its own accord (the clock's ns; 0
+    /// until its first look, which it takes as it starts), set under the exchange's lock: only
+    /// a change that makes a message due before then wakes it (a global check's units wait for
+    /// the sync interval anyway, so most wake nothing).
+    wakes_at: AtomicU64,
+    /// Counts every change (a check recorded, a frame handled) while someone watches it: tests
+    /// and a graceful stop wait on it.
     progress: watch::Sender<u64>,
     /// Set once a frame not in its sender's own name was logged: a hostile peer repeating it
     /// is counted, not logged again.
@@ -64,6 +73,7 @@ impl<C: Clock> RegionSync<C> {
             store,
             clock,
             wake: Notify::new(),
+            wakes_at: AtomicU64::new(0),
             progress: watch::Sender::new(0),
             warned_forbidden: AtomicBool::new(false),
         }
@@ -78,11 +88,9 @@ impl<C: Clock> RegionSync<C> {
         others: &[Peer],
     ) -> Result<Decision, StoreError> {
         let now = self.clock.now_ns();
-        let decision =
-            self.exchange
-                .lock()
-                .check_global(now, &self.store, key, limit, cost, others);
-        self.changed();
+        let mut exchange = self.exchange.lock();
+        let decision = exchange.check_global(now, &self.store, key, limit, cost, others);
+        self.changed(&exchange);
         decision
     }
 
@@ -94,7 +102,7 @@ impl<C: Clock> RegionSync<C> {
         &self,
         checks: &[BucketCheck],
         global: &[bool],
-        others: &[Vec<Peer>],
+        others: &[&[Peer]],
     ) -> Result<Vec<Decision>, StoreError> {
         let now = self.clock.now_ns();
         let mut exchange = self.exchange.lock();
@@ -140,8 +148,7 @@ impl<C: Clock> RegionSync<C> {
                 exchange.record_admitted(now, check.key, &check.limit, check.cost, others);
             }
         }
-        drop(exchange);
-        self.changed();
+        self.changed(&exchange);
         Ok(decisions)
     }
 
@@ -153,7 +160,7 @@ impl<C: Clock> RegionSync<C> {
         &self,
         charges: &[BucketCheck],
         global: &[bool],
-        others: &[Vec<Peer>],
+        others: &[&[Peer]],
     ) -> Vec<Result<Charged, StoreError>> {
         let now = self.clock.now_ns();
         let mut exchange = self.exchange.lock();
@@ -172,8 +179,7 @@ impl<C: Clock> RegionSync<C> {
                 Ok(charged)
             })
             .collect();
-        drop(exchange);
-        self.changed();
+        self.changed(&exchange);
         charged
     }
 
@@ -223,18 +229,19 @@ impl<C: Clock> RegionSync<C> {
             FrameKind::RegionDeltas => {
                 let batch = decode_region_deltas(layout, payload).map_err(|(code, _)| code)?;
                 self.speaks_as_itself(kind, &batch.from, certified, region_of)?;
-                self.exchange
-                    .lock()
-                    .handle_routed_deltas(now, &batch, &self.store, route);
+                let mut exchange = self.exchange.lock();
+                exchange.handle_routed_deltas(now, &batch, &self.store, route);
+                self.changed(&exchange);
             }
             FrameKind::RegionAck => {
                 let ack = decode_region_ack(layout, payload).map_err(|(code, _)| code)?;
                 self.speaks_as_itself(kind, &ack.from, certified, region_of)?;
-                self.exchange.lock().handle_ack(now, &ack);
+                let mut exchange = self.exchange.lock();
+                exchange.handle_ack(now, &ack);
+                self.changed(&exchange);
             }
             _ => return Err(ErrorCode::UnknownKind),
         }
-        self.changed();
         Ok(())
     }
 
@@ -278,7 +285,11 @@ impl<C: Clock> RegionSync<C> {
             };
             links.send(&transmit.to, transmit.message);
         }
-        exchange.poll_timeout()
+        let next = exchange.poll_timeout();
+        let idle_until = now.saturating_add(IDLE_WAIT.as_nanos() as u64);
+        self.wakes_at
+            .store(next.unwrap_or(idle_until), Ordering::Relaxed);
+        next
     }
 
     /// Sends what is due, then sleeps until the next timeout or a wake-up, until `shutdown`.
@@ -287,9 +298,7 @@ impl<C: Clock> RegionSync<C> {
             let next = self.flush(links.as_ref());
             let now = self.clock.now_ns();
             // No timeout: sleep until woken (a long bound keeps the loop alive regardless).
-            let wait = next.map_or(Duration::from_secs(1), |at| {
-                Duration::from_nanos(at.saturating_sub(now))
-            });
+            let wait = next.map_or(IDLE_WAIT, |at| Duration::from_nanos(at.saturating_sub(now)));
             tokio::select! {
                 () = tokio::time::sleep(wait) => {}
                 () = self.wake.notified() => {}
@@ -327,9 +336,8 @@ impl<C: Clock> RegionSync<C> {
             queued = queued.saturating_add(q);
             lost = lost.saturating_add(l);
         }
-        drop(exchange);
         if queued > 0 || lost > 0 {
-            self.changed();
+            self.changed(&exchange);
         }
         (queued, lost)
     }
@@ -343,12 +351,10 @@ impl<C: Clock> RegionSync<C> {
         still_member: &dyn Fn(&Peer) -> bool,
     ) -> u64 {
         let now = self.clock.now_ns();
-        let passed = self
-            .exchange
-            .lock()
-            .follow_ownership(now, &self.store, route, still_member);
+        let mut exchange = self.exchange.lock();
+        let passed = exchange.follow_ownership(now, &self.store, route, still_member);
         if passed > 0 {
-            self.changed();
+            self.changed(&exchange);
         }
         passed
     }
@@ -434,8 +440,16 @@ impl<C: Clock> RegionSync<C> {
         self.progress.subscribe()
     }
 
-    fn changed(&self) {
-        self.progress.send_modify(|n| *n += 1);
-        self.wake.notify_one();
+    /// After a change to `exchange` (still locked): counts it for those watching (a send
+    /// with nobody subscribed would only take the watch's lock and wake no one), and wakes the
+    /// sender task if a message is now due before it would look of its own accord.
+    fn changed(&self, exchange: &Exchange) {
+        if self.progress.receiver_count() > 0 {
+            self.progress.send_modify(|n| *n += 1);
+        }
+        let wakes_at = self.wakes_at.load(Ordering::Relaxed);
+        if exchange.poll_timeout().is_some_and(|due| due < wakes_at) {
+            self.wake.notify_one();
+        }
     }
 }

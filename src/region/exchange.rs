@@ -94,6 +94,23 @@ fn resumed_outbox(forgotten: &mut BTreeMap<Peer, u64>, dest: &Peer) -> Outbox {
         .map_or_else(Outbox::new, Outbox::starting_at)
 }
 
+/// `dest`'s outbox in `outboxes`, made (going on from `forgotten`) if it has none. Looked up
+/// by reference first: a global check finds it there, and cloning the peer for the map's entry
+/// took and gave back two reference counts per check.
+fn outbox_for<'a>(
+    outboxes: &'a mut BTreeMap<Peer, Outbox>,
+    forgotten: &mut BTreeMap<Peer, u64>,
+    dest: &Peer,
+) -> &'a mut Outbox {
+    if !outboxes.contains_key(dest) {
+        outboxes.insert(dest.clone(), resumed_outbox(forgotten, dest));
+    }
+    // Present: inserted just above when it was missing.
+    outboxes
+        .get_mut(dest)
+        .unwrap_or_else(|| unreachable!("the outbox was just made"))
+}
+
 /// One node's delta exchange with the owners of the same keys in the other regions.
 #[derive(Debug)]
 pub struct Exchange {
@@ -228,10 +245,7 @@ impl Exchange {
         }
         let share = self.config.share(limit.burst());
         for dest in others.iter().filter(|d| d.region != self.me.region) {
-            let outbox = self
-                .outboxes
-                .entry(dest.clone())
-                .or_insert_with(|| resumed_outbox(&mut self.forgotten_seqs, dest));
+            let outbox = outbox_for(&mut self.outboxes, &mut self.forgotten_seqs, dest);
             if !outbox.can_hold(key, &self.config) {
                 self.stats.refused_outbox_full += 1;
                 return self.held_back(now_ns, store, key, limit).map(Some);
@@ -322,9 +336,7 @@ impl Exchange {
             return;
         }
         for dest in others.iter().filter(|d| d.region != self.me.region) {
-            self.outboxes
-                .entry(dest.clone())
-                .or_insert_with(|| resumed_outbox(&mut self.forgotten_seqs, dest))
+            outbox_for(&mut self.outboxes, &mut self.forgotten_seqs, dest)
                 .record(key, limit, cost, now_ns);
         }
     }

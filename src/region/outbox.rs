@@ -2,7 +2,7 @@
 //! acknowledged (sent again with a doubling wait), and per key the units the destination has
 //! not confirmed yet (what the admission rule limits).
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{HashMap, VecDeque};
 
 use super::config::ExchangeConfig;
 use super::delta::Delta;
@@ -20,8 +20,10 @@ struct InFlight {
 #[derive(Debug)]
 pub(super) struct Outbox {
     next_seq: u64,
-    /// Keyed by the key's bits: a deterministic order, so a seeded simulation replays exactly.
-    pending: BTreeMap<u128, Delta>,
+    /// Keyed by the key's bits. A hash table: a global check adds to it, and an ordered map
+    /// shifted entries within its nodes at every insertion of a new key. Taken out in the
+    /// keys' order (`take_pending`), so a seeded simulation replays exactly.
+    pending: HashMap<u128, Delta>,
     in_flight: VecDeque<InFlight>,
     /// Units per key in `pending` and `in_flight` together (kept equal to their sum).
     unconfirmed: HashMap<BucketKey, u64>,
@@ -46,7 +48,7 @@ impl Outbox {
     pub(super) fn starting_at(next_seq: u64) -> Self {
         Outbox {
             next_seq: next_seq.max(1),
-            pending: BTreeMap::new(),
+            pending: HashMap::new(),
             in_flight: VecDeque::new(),
             unconfirmed: HashMap::new(),
             progress_ns: 0,
@@ -71,10 +73,11 @@ impl Outbox {
             .unwrap_or(self.next_seq)
     }
 
-    /// Whether new units of `key` have room (its key is pending already, or the table is not
-    /// full).
+    /// Whether new units of `key` have room (the table is not full, or its key is pending
+    /// already). The length first: looking the key up costs a search of the table on every
+    /// global check, and is needed only once the table is full.
     pub(super) fn can_hold(&self, key: BucketKey, config: &ExchangeConfig) -> bool {
-        self.pending.contains_key(&key.to_u128()) || self.pending.len() < config.max_pending_keys
+        self.pending.len() < config.max_pending_keys || self.pending.contains_key(&key.to_u128())
     }
 
     /// Queues `units` of `key` admitted at `now_ns` (the caller checked `can_hold`).
@@ -174,13 +177,7 @@ impl Outbox {
         {
             return None;
         }
-        let mut deltas = Vec::with_capacity(self.pending.len().min(config.max_deltas_per_message));
-        while deltas.len() < config.max_deltas_per_message.max(1) {
-            let Some((_, delta)) = self.pending.pop_first() else {
-                break;
-            };
-            deltas.push(delta);
-        }
+        let deltas = self.take_pending(config.max_deltas_per_message);
         if self.pending.is_empty() {
             self.next_flush_ns = now_ns.saturating_add(config.sync_interval_ns);
         }
@@ -193,6 +190,21 @@ impl Outbox {
             wait_ns: config.retransmit_ns,
         });
         Some((seq, deltas))
+    }
+
+    /// Takes the pending deltas of the `most` smallest keys (at least one), in the keys' order.
+    fn take_pending(&mut self, most: usize) -> Vec<Delta> {
+        let most = most.max(1);
+        if self.pending.len() <= most {
+            let mut deltas: Vec<Delta> = self.pending.drain().map(|(_, d)| d).collect();
+            deltas.sort_unstable_by_key(|d| d.key.to_u128());
+            return deltas;
+        }
+        let mut keys: Vec<u128> = self.pending.keys().copied().collect();
+        keys.select_nth_unstable(most - 1);
+        keys.truncate(most);
+        keys.sort_unstable();
+        keys.iter().filter_map(|k| self.pending.remove(k)).collect()
     }
 
     /// Takes the acknowledged messages out of flight: every sequence number below `below`, and
@@ -224,6 +236,7 @@ impl Outbox {
     /// applied already: its acknowledgement was not seen), emptying the outbox.
     pub(super) fn take_unconfirmed(&mut self) -> Vec<Delta> {
         let mut deltas: Vec<Delta> = std::mem::take(&mut self.pending).into_values().collect();
+        deltas.sort_unstable_by_key(|d| d.key.to_u128());
         for message in self.in_flight.drain(..) {
             deltas.extend(message.deltas);
         }
@@ -268,6 +281,43 @@ mod tests {
 
     fn limit() -> Limit {
         Limit::gcra(10, S, 10).unwrap()
+    }
+
+    #[test]
+    fn pending_deltas_leave_in_the_keys_order_a_message_at_a_time() {
+        let config = ExchangeConfig {
+            max_deltas_per_message: 3,
+            max_in_flight: 16,
+            ..ExchangeConfig::default()
+        };
+        let mut out = Outbox::new();
+        for n in 0..8 {
+            out.record(key(n), &limit(), 1, MS);
+        }
+        let mut sent = Vec::new();
+        for expected in [3, 3, 2] {
+            let (_, deltas) = out.next_message(MS, &config).unwrap();
+            assert_eq!(deltas.len(), expected);
+            sent.extend(deltas.iter().map(|d| d.key.to_u128()));
+        }
+        assert_eq!(out.pending_keys(), 0);
+        let mut ordered = sent.clone();
+        ordered.sort_unstable();
+        ordered.dedup();
+        assert_eq!(sent, ordered, "every key once, the smallest first");
+        assert_eq!(sent.len(), 8);
+        // What is taken back unconfirmed is in the keys' order too.
+        out.record(key(9), &limit(), 1, MS);
+        out.record(key(10), &limit(), 1, MS);
+        let taken: Vec<u128> = out
+            .take_unconfirmed()
+            .iter()
+            .map(|d| d.key.to_u128())
+            .collect();
+        let mut pending_first = taken[..2].to_vec();
+        pending_first.sort_unstable();
+        assert_eq!(taken[..2], pending_first[..]);
+        assert_eq!(taken.len(), 10);
     }
 
     #[test]

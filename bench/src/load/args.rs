@@ -96,9 +96,16 @@ pub struct LoadArgs {
     /// are spread over all its owners (0 or 1: skip it; it is also skipped with `--seeds`).
     #[arg(long, default_value_t = 3)]
     pub cluster_nodes: usize,
-    /// Runtime threads of each node of `floodgate-cluster` (the same cores serve them all).
+    /// Runtime threads of each node of `floodgate-cluster` and of the two regions' systems
+    /// (the same cores serve them all).
     #[arg(long, default_value_t = 1)]
     pub cluster_node_threads: usize,
+    /// Skip the two regions' systems (`floodgate-regions-region-scope` and
+    /// `floodgate-regions-global-scope`: a node per region on this machine, the uniform
+    /// 1-check workload sent to region a's node with every check of scope `region`, then
+    /// `global`); they are also skipped with `--seeds`, and when `--spreads` has no `uniform`.
+    #[arg(long)]
+    pub no_regions: bool,
     /// Threads of the gateway this process plays, which run the load generator and every
     /// system's clients (default: one per core).
     #[arg(long)]
@@ -128,6 +135,11 @@ impl LoadArgs {
     /// Whether `floodgate-cluster` runs.
     pub(super) fn with_cluster(&self) -> bool {
         self.cluster_nodes >= 2 && self.seeds.is_empty()
+    }
+
+    /// Whether the two regions' systems run.
+    pub(super) fn with_regions(&self) -> bool {
+        !self.no_regions && self.seeds.is_empty() && self.spreads.contains(&KeySpread::Uniform)
     }
 
     /// The floodgate-node binary to start.

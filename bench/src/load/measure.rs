@@ -205,11 +205,13 @@ fn lease_accounting(
     ))
 }
 
-/// CPU seconds used so far by the server under test (0 when it is not ours to read) and by
-/// this process (the load generator and the client under test).
+/// CPU seconds used so far by the server under test (0 when it is not ours to read), by its
+/// first process alone when others serve beside it, and by this process (the load generator
+/// and the client under test).
 #[derive(Debug, Clone, Copy)]
 struct Cpu {
     server: f64,
+    first_server: Option<f64>,
     client: f64,
 }
 
@@ -217,6 +219,9 @@ impl Cpu {
     fn now(server: Option<&Server>) -> Self {
         Cpu {
             server: server.and_then(|s| s.cpu_seconds().ok()).unwrap_or(0.0),
+            first_server: server
+                .filter(|s| s.has_companions())
+                .and_then(|s| s.own_cpu_seconds().ok()),
             client: process::own_cpu_seconds(),
         }
     }
@@ -224,6 +229,10 @@ impl Cpu {
     fn since(self, before: Cpu) -> report::CpuSeconds {
         report::CpuSeconds {
             server: self.server - before.server,
+            first_server: self
+                .first_server
+                .zip(before.first_server)
+                .map(|(now, then)| now - then),
             client: self.client - before.client,
         }
     }

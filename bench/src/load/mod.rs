@@ -11,6 +11,9 @@
 //! time). Outputs a markdown table with ratios, `report.json` and `latency.svg` in the output
 //! folder.
 //!
+//! Beside them, two regions of one node each (`regions`): global checks against region checks
+//! on the same pair of nodes.
+//!
 //! This module runs the steps in order and prints the tables. The flags are in `args`; starting
 //! each system in `systems`; one system's measurement in `measure`; the side-by-side step in
 //! `side_by_side`.
@@ -26,6 +29,7 @@ mod outcome;
 mod peer_targets;
 mod peers;
 pub(crate) mod process;
+mod regions;
 mod report;
 mod rls;
 mod side_by_side;
@@ -123,9 +127,11 @@ async fn run_once(args: &LoadArgs) -> anyhow::Result<(Vec<Record>, Vec<verdict::
     progress.finish_and_clear();
     print!("{}", targets::targets_markdown(&records, &side));
     print!("{}", targets::cluster_markdown(&records));
+    print!("{}", targets::regions_markdown(&records));
     print!("{}", peer_targets::markdown(&records, &side));
     let mut verdicts = targets::baseline_verdicts(&records, &side);
     verdicts.extend(targets::cluster_verdicts(&records));
+    verdicts.extend(targets::regions_verdicts(&records));
     verdicts.extend(peer_targets::verdicts(&records, &side));
     let whole_run = machine::CpuTimes::shares_since(run_start);
     print!("{}", machine_markdown(whole_run, side_machine));
@@ -147,7 +153,12 @@ fn progress_bar(args: &LoadArgs, workloads: usize) -> ProgressBar {
     let steps = if args.only_side_by_side {
         workloads
     } else {
-        systems * workloads * (1 + args.rates.len()) + systems + 2 * workloads
+        let regions = if args.with_regions() {
+            regions::STEPS
+        } else {
+            0
+        };
+        systems * workloads * (1 + args.rates.len()) + systems + 2 * workloads + regions
     };
     let progress = if args.quiet {
         ProgressBar::hidden()
@@ -214,7 +225,8 @@ fn machine_markdown(
 }
 
 /// The main run: the generator alone, then each system in turn (floodgate, floodgate-cluster,
-/// floodgate+rls, the peers, the Redis baselines), each through the closed loop and the open-loop rates.
+/// floodgate+rls, the peers, the Redis baselines, the two regions), each through the closed
+/// loop and the open-loop rates.
 async fn run_one_system_at_a_time(
     args: &LoadArgs,
     gateway: &Gateway,
@@ -289,6 +301,11 @@ async fn run_one_system_at_a_time(
             Ok((server, target)) => measure(Some(&server), target).await?,
             Err(e) => progress.suspend(|| eprintln!("skipping the {name} baseline: {e:#}")),
         }
+    }
+
+    // Two regions on this machine: global checks beside region checks.
+    if args.with_regions() {
+        regions::run_regions(args, gateway, progress, records, notes).await?;
     }
     Ok(())
 }

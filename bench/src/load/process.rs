@@ -52,11 +52,21 @@ impl Server {
 
     /// User + system CPU seconds used so far, companions included.
     pub fn cpu_seconds(&self) -> anyhow::Result<f64> {
-        let mut seconds = cpu_seconds_of(&format!("/proc/{}/stat", self.pid()))?;
+        let mut seconds = self.own_cpu_seconds()?;
         for other in &self.companions {
             seconds += other.cpu_seconds()?;
         }
         Ok(seconds)
+    }
+
+    /// User + system CPU seconds this process alone used so far (its companions left out).
+    pub fn own_cpu_seconds(&self) -> anyhow::Result<f64> {
+        cpu_seconds_of(&format!("/proc/{}/stat", self.pid()))
+    }
+
+    /// True when other processes serve beside this one.
+    pub fn has_companions(&self) -> bool {
+        !self.companions.is_empty()
     }
 
     /// Resident memory in bytes, companions included.

@@ -9,7 +9,7 @@ use plotters::prelude::*;
 use serde::Serialize;
 
 use super::driver::RunResult;
-use super::target::{CLUSTER, GENERATOR};
+use super::target::{CLUSTER, GENERATOR, REGIONS_GLOBAL, REGIONS_REGION};
 
 #[derive(Debug, Clone, Serialize)]
 pub struct Record {
@@ -27,8 +27,14 @@ pub struct Record {
     pub p50_us: u64,
     pub p99_us: u64,
     pub p999_us: u64,
-    /// Server CPU seconds per million checks during this run.
+    /// Server CPU seconds per million checks during this run (every node of a system of
+    /// several, summed).
     pub cpu_s_per_million: f64,
+    /// The first node's CPU seconds per million checks alone, for a system of several nodes:
+    /// the seed node of `floodgate-cluster`, region `a`'s node (the one the gateway talks to)
+    /// of the two regions' systems.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub first_node_cpu_s_per_million: Option<f64>,
     /// The bench process's CPU seconds per million checks during this run: the client under
     /// test and the load generator (whose own cost is the `generator` records').
     pub client_cpu_s_per_million: f64,
@@ -90,6 +96,7 @@ impl Record {
             p99_us: run.latency_us.value_at_quantile(0.99),
             p999_us: run.latency_us.value_at_quantile(0.999),
             cpu_s_per_million: per_million(cpu.server),
+            first_node_cpu_s_per_million: cpu.first_server.map(per_million),
             client_cpu_s_per_million: per_million(cpu.client),
             bytes_per_key,
             allowed: run.allowed,
@@ -112,6 +119,8 @@ impl Record {
 #[derive(Debug, Clone, Copy, Default)]
 pub struct CpuSeconds {
     pub server: f64,
+    /// The first server process alone, when others serve beside it.
+    pub first_server: Option<f64>,
     pub client: f64,
 }
 
@@ -218,6 +227,9 @@ pub fn markdown(records: &[Record]) -> String {
         );
         comparison(&mut out, records, &workloads, CLUSTER, &[FLOODGATE], "####");
     }
+    if !ran(&[REGIONS_GLOBAL]).is_empty() {
+        regions_section(&mut out, records, &workloads);
+    }
     if !ran(&[RLS]).is_empty() {
         let _ = writeln!(
             out,
@@ -260,9 +272,49 @@ pub fn markdown(records: &[Record]) -> String {
     out
 }
 
+/// Global checks beside region checks on two regions of one node each: the comparison
+/// tables (server CPU there is both nodes summed), then region a's node alone.
+fn regions_section(out: &mut String, records: &[Record], workloads: &[&str]) {
+    let _ = writeln!(
+        out,
+        "\n### {REGIONS_GLOBAL}: two regions of one node each on this machine, the gateway in \
+         region a, every check `global`, beside every check `region` (server CPU: both nodes \
+         summed)\n"
+    );
+    comparison(
+        out,
+        records,
+        workloads,
+        REGIONS_GLOBAL,
+        &[REGIONS_REGION],
+        "####",
+    );
+    let alone: Vec<String> = [REGIONS_GLOBAL, REGIONS_REGION]
+        .iter()
+        .filter_map(|s| {
+            let r = records
+                .iter()
+                .find(|r| r.system == *s && r.offered_rate == 0)?;
+            let first = r.first_node_cpu_s_per_million?;
+            Some(format!(
+                "{s}: {first:.2} of {:.2} ({:.2} in region b)",
+                r.cpu_s_per_million,
+                r.cpu_s_per_million - first
+            ))
+        })
+        .collect();
+    if !alone.is_empty() {
+        let _ = writeln!(
+            out,
+            "\nServer CPU s/M of region a's node alone, closed loop: {}",
+            alone.join(", ")
+        );
+    }
+}
+
 /// Each system's bytes per key, in the tables' order.
 fn memory_line(out: &mut String, records: &[Record]) {
-    let mut every = vec![FLOODGATE, CLUSTER, RLS];
+    let mut every = vec![FLOODGATE, CLUSTER, REGIONS_REGION, REGIONS_GLOBAL, RLS];
     every.extend(BASELINES);
     every.extend([GUBERNATOR, ENVOY_RATELIMIT]);
     let memory: Vec<String> = every
@@ -590,6 +642,7 @@ mod tests {
             p99_us,
             p999_us: p99_us * 2,
             cpu_s_per_million: 1.0,
+            first_node_cpu_s_per_million: None,
             client_cpu_s_per_million: 2.0,
             bytes_per_key: 100.0,
             allowed: 1,

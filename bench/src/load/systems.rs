@@ -2,6 +2,7 @@
 //! the peers) and connecting every gateway worker's target to it, all with the same limit.
 
 use anyhow::Context;
+use floodgate::region::Scope;
 use floodgate::{Limit, NANOS_PER_SEC};
 
 use super::{Gateway, LoadArgs, Server, Target, Targets, peers, process, rls, start_redis};
@@ -64,6 +65,34 @@ pub(super) async fn start_floodgate_cluster(
         .connect(|| {
             let ca = ca.clone();
             async move { Target::floodgate_cluster(addr, &ca, bench_limit(), count).await }
+        })
+        .await?;
+    Ok((server, target))
+}
+
+/// Starts two regions of one node each (`--region a`, then `--region b` seeded at `a`; one
+/// runtime thread each, as a cluster's nodes, data in `out/data_dir`) and connects every
+/// gateway worker's target to region `a`'s node, every check of `scope`, once that node knows
+/// region `b`'s. The returned server is `a`'s node, with `b`'s as its companion: their CPU and
+/// memory summed, `a`'s alone beside it.
+pub(super) async fn start_floodgate_regions(
+    args: &LoadArgs,
+    gateway: &Gateway,
+    data_dir: &str,
+    scope: Scope,
+) -> anyhow::Result<(Server, Targets)> {
+    let (binary, data_dir) = (args.node_binary(), args.out.join(data_dir));
+    let threads = Some(args.cluster_node_threads);
+    let region = |name: &str| vec!["--region".to_owned(), name.to_owned()];
+    let a = process::start_node_with(&binary, &data_dir, threads, None, &region("a"))?;
+    let seeded = [region("b"), vec!["--seeds".to_owned(), a.addr.to_string()]].concat();
+    let b = process::start_node_with(&binary, &data_dir, threads, None, &seeded)?;
+    let (addr, ca) = (a.addr, data_dir.join("ca.pem"));
+    let server = a.with(vec![b]);
+    let target = gateway
+        .connect(|| {
+            let (ca, scope) = (ca.clone(), scope.clone());
+            async move { Target::floodgate_regions(addr, &ca, bench_limit(), scope).await }
         })
         .await?;
     Ok((server, target))

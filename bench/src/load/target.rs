@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::Context;
+use floodgate::region::Scope;
 use floodgate::{Limit, NANOS_PER_SEC};
 use floodgate_client::{Check, Client, ClientConfig, Source, Verdict};
 
@@ -45,8 +46,13 @@ pub enum Target {
         leasing: Client,
         limit: Limit,
         /// Nodes of the cluster behind the clients: 1, or [`CLUSTER`]'s when the keys are
-        /// spread over several owners.
+        /// spread over several owners (or the two regions' nodes of [`REGIONS_GLOBAL`]).
         nodes: usize,
+        /// The scope every check is sent with (`region`, the default, but for
+        /// [`REGIONS_GLOBAL`]).
+        scope: Scope,
+        /// The system's name in the records.
+        name: &'static str,
     },
     Redis {
         pool: RedisPool,
@@ -114,6 +120,12 @@ impl RedisPool {
 pub const GENERATOR: &str = "generator";
 /// floodgate as a cluster of several nodes on this machine, each check sent to its key's owner.
 pub const CLUSTER: &str = "floodgate-cluster";
+/// Two regions of one node each on this machine, the gateway in region `a`: every check of
+/// scope `global` (decided in `a`, its units merged in `b` as deltas) ...
+pub const REGIONS_GLOBAL: &str = "floodgate-regions-global-scope";
+/// ... and the same two regions with every check of scope `region` (decided in `a` alone):
+/// what a global check is compared with.
+pub const REGIONS_REGION: &str = "floodgate-regions-region-scope";
 /// Longest wait for a cluster's members to own their slots and a client to reach each.
 const FORMING: Duration = Duration::from_secs(60);
 
@@ -144,8 +156,9 @@ fn give_back_buffers(checks: Vec<Check>, verdicts: Vec<Verdict>) {
     });
 }
 
-/// One check per key with `limit`, written over `checks` (their key buffers reused).
-fn fill_checks(checks: &mut Vec<Check>, keys: &[String], limit: &Limit) {
+/// One check per key with `limit` and `scope`, written over `checks` (their key buffers
+/// reused).
+fn fill_checks(checks: &mut Vec<Check>, keys: &[String], limit: &Limit, scope: &Scope) {
     checks.truncate(keys.len());
     for (i, key) in keys.iter().enumerate() {
         match checks.get_mut(i) {
@@ -153,8 +166,13 @@ fn fill_checks(checks: &mut Vec<Check>, keys: &[String], limit: &Limit) {
                 check.key.clear();
                 check.key.extend_from_slice(key.as_bytes());
                 check.limit = *limit;
+                check.scope.clone_from(scope);
             }
-            None => checks.push(Check::new(key.as_bytes(), *limit)),
+            None => {
+                let mut check = Check::new(key.as_bytes(), *limit);
+                check.scope = scope.clone();
+                checks.push(check);
+            }
         }
     }
 }
@@ -246,6 +264,39 @@ impl Target {
             leasing,
             limit,
             nodes,
+            scope: Scope::Region,
+            name: if nodes == 1 { "floodgate" } else { CLUSTER },
+        })
+    }
+
+    /// A client of region `a`'s node, seeded at `node`, that waits until that node's table
+    /// names both regions' nodes (so the node knows its keys' owners in region `b`), every
+    /// check of `scope`: [`REGIONS_GLOBAL`] for `global`, else [`REGIONS_REGION`]. No token
+    /// leases: the leased workload does not run on this system.
+    pub async fn floodgate_regions(
+        node: std::net::SocketAddr,
+        ca: &std::path::Path,
+        limit: Limit,
+        scope: Scope,
+    ) -> anyhow::Result<Self> {
+        let mut config = ClientConfig::with_ca_file(ca);
+        config.timeout = Duration::from_secs(2);
+        config.region = Some("a".to_owned());
+        let client = Client::connect(&[floodgate_client::HostPort::from(node)], config)
+            .await
+            .context("connecting to region a's node")?;
+        await_regions(&client).await?;
+        let name = match scope {
+            Scope::Global => REGIONS_GLOBAL,
+            _ => REGIONS_REGION,
+        };
+        Ok(Target::Floodgate {
+            leasing: client.clone(),
+            client,
+            limit,
+            nodes: 2,
+            scope,
+            name,
         })
     }
 
@@ -321,8 +372,7 @@ impl Target {
 
     pub fn name(&self) -> &'static str {
         match self {
-            Target::Floodgate { nodes: 1, .. } => "floodgate",
-            Target::Floodgate { .. } => CLUSTER,
+            Target::Floodgate { name, .. } => name,
             Target::Rls(_) => "floodgate+rls",
             Target::EnvoyRatelimit(_) => "envoy-ratelimit",
             Target::Gubernator(_) => "gubernator",
@@ -341,9 +391,10 @@ impl Target {
         }
     }
 
-    /// True when this system can run a workload through token leases (floodgate's client).
+    /// True when this system can run a workload through token leases (floodgate's client,
+    /// but for the two regions' systems, whose clients lease nothing).
     pub fn leases(&self) -> bool {
-        matches!(self, Target::Floodgate { .. })
+        matches!(self, Target::Floodgate { name, .. } if ![REGIONS_GLOBAL, REGIONS_REGION].contains(name))
     }
 
     /// What this system's leasing client did (`None`: no leases here).
@@ -373,9 +424,12 @@ impl Target {
     /// Checks one request's keys all-or-nothing, through the leasing client when `leased`.
     pub async fn check_leased(&self, keys: &[String], leased: bool) -> anyhow::Result<Outcome> {
         match self {
-            Target::Floodgate { leasing, limit, .. } if leased => {
-                floodgate_outcome(leasing, keys, limit).await
-            }
+            Target::Floodgate {
+                leasing,
+                limit,
+                scope,
+                ..
+            } if leased => floodgate_outcome(leasing, keys, limit, scope).await,
             _ => self.check(keys).await,
         }
     }
@@ -389,7 +443,12 @@ impl Target {
                 tokio::task::yield_now().await;
                 Ok(Outcome::Allowed)
             }
-            Target::Floodgate { client, limit, .. } => floodgate_outcome(client, keys, limit).await,
+            Target::Floodgate {
+                client,
+                limit,
+                scope,
+                ..
+            } => floodgate_outcome(client, keys, limit, scope).await,
             Target::Redis {
                 pool,
                 script,
@@ -468,14 +527,43 @@ async fn await_members(client: &Client, nodes: usize) -> anyhow::Result<()> {
         .context("connecting to every member")
 }
 
+/// Waits until `client`'s table (from region `a`'s node) names a member of region `b` too,
+/// and members of `a` that own slots, then until it is connected: before that, a global check
+/// would find no owner in `b` and cost what a region check does.
+async fn await_regions(client: &Client) -> anyhow::Result<()> {
+    let deadline = tokio::time::Instant::now() + FORMING;
+    loop {
+        let formed = client.slot_table().is_some_and(|table| {
+            let members = table.members();
+            members.iter().any(|m| m.region == "b")
+                && members
+                    .iter()
+                    .filter(|m| m.region == "a")
+                    .all(|m| table.slots_owned(&m.id) > 0)
+        });
+        if formed && !client.nodes().is_empty() {
+            break;
+        }
+        anyhow::ensure!(
+            tokio::time::Instant::now() < deadline,
+            "region a's node did not learn of region b's within {FORMING:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tokio::time::timeout_at(deadline, client.wait_connected())
+        .await
+        .context("connecting to region a's node")
+}
+
 /// One request through a floodgate client: its keys as one all-or-nothing group.
 async fn floodgate_outcome(
     client: &Client,
     keys: &[String],
     limit: &Limit,
+    scope: &Scope,
 ) -> anyhow::Result<Outcome> {
     let (mut checks, mut verdicts) = take_buffers();
-    fill_checks(&mut checks, keys, limit);
+    fill_checks(&mut checks, keys, limit, scope);
     let answered = client.check_into(&checks, &mut verdicts).await;
     let outcome = if verdicts.iter().any(|v| v.source != Source::Node) {
         Outcome::Degraded
@@ -499,13 +587,24 @@ mod tests {
         let keys = |names: &[&str]| names.iter().map(|k| k.to_string()).collect::<Vec<_>>();
         let mut checks = Vec::new();
         for request in [keys(&["user:1", "ip:1", "key:1"]), keys(&["user:22"])] {
-            fill_checks(&mut checks, &request, &limit);
+            fill_checks(&mut checks, &request, &limit, &Scope::Region);
             let fresh: Vec<Check> = request
                 .iter()
                 .map(|k| Check::new(k.as_bytes(), limit))
                 .collect();
             assert_eq!(checks, fresh);
         }
+    }
+
+    #[test]
+    fn reused_check_buffers_take_the_scope_given() {
+        let limit = Limit::gcra(1_000, 3_600 * NANOS_PER_SEC, 1_000).unwrap();
+        let keys = ["user:1".to_owned()];
+        let mut checks = Vec::new();
+        fill_checks(&mut checks, &keys, &limit, &Scope::Global);
+        assert_eq!(checks[0].scope, Scope::Global);
+        fill_checks(&mut checks, &keys, &limit, &Scope::Region);
+        assert_eq!(checks[0].scope, Scope::Region);
     }
 
     #[test]

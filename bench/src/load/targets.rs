@@ -5,7 +5,7 @@
 use std::fmt::Write as _;
 
 use super::report::{Record, find};
-use super::target::CLUSTER;
+use super::target::{CLUSTER, REGIONS_GLOBAL, REGIONS_REGION};
 use super::verdict::{Bound, Verdict, verdict_table};
 
 const SUBJECT: &str = "floodgate";
@@ -244,6 +244,69 @@ pub fn cluster_markdown(records: &[Record]) -> String {
     out
 }
 
+/// Most a global check's node CPU may be, as a multiple of a region check's.
+const GLOBAL_OVER_REGION: f64 = 1.5;
+
+/// One row of the global scope's target: `global` over `region` (CPU s/M, as `figure` reads it
+/// from a record), judged at most [`GLOBAL_OVER_REGION`]; unmeasured when either is missing.
+fn global_over_region(
+    target: String,
+    global: Option<&Record>,
+    region: Option<&Record>,
+    figure: fn(&Record) -> Option<f64>,
+) -> Verdict {
+    match (global.and_then(figure), region.and_then(figure)) {
+        (Some(g), Some(r)) if g > 0.0 && r > 0.0 => {
+            let ratio = g / r;
+            let shown = format!("{ratio:.2}x ({g:.2} / {r:.2} s)");
+            Verdict::judged(target, shown, ratio, Bound::AtMost(GLOBAL_OVER_REGION))
+        }
+        _ => Verdict::unmeasured(target, "not measured"),
+    }
+}
+
+/// The global scope's target on the two regions' systems (uniform 1-check closed loop, the
+/// gateway in region a): node CPU per million global checks at most 1.5x region checks',
+/// judged on both regions' nodes summed (a global check costs region b a merge of its delta,
+/// part of its cost), and on region a's node alone beside it. None when neither ran.
+pub(super) fn regions_verdicts(records: &[Record]) -> Vec<Verdict> {
+    let workload = LATENCY_WORKLOADS[0];
+    let global = find(records, REGIONS_GLOBAL, workload, 0);
+    let region = find(records, REGIONS_REGION, workload, 0);
+    if global.is_none() && region.is_none() {
+        return Vec::new();
+    }
+    let target = |whose: &str| {
+        format!(
+            "global check node CPU at most {GLOBAL_OVER_REGION}x a region check's (CPU s/M, \
+             closed loop, {workload}, {whose})"
+        )
+    };
+    vec![
+        global_over_region(target("both regions' nodes summed"), global, region, |r| {
+            Some(r.cpu_s_per_million)
+        }),
+        global_over_region(target("region a's node alone"), global, region, |r| {
+            r.first_node_cpu_s_per_million
+        }),
+    ]
+}
+
+/// The global scope's targets table; empty when the two regions' systems did not run.
+pub fn regions_markdown(records: &[Record]) -> String {
+    let mut out = String::new();
+    let verdicts = regions_verdicts(records);
+    if !verdicts.is_empty() {
+        verdict_table(
+            &mut out,
+            &format!("{REGIONS_GLOBAL} against {REGIONS_REGION}: two regions of one node each"),
+            &verdicts,
+        );
+        out.push('\n');
+    }
+    out
+}
+
 #[cfg(test)]
 pub(super) mod tests {
     use super::*;
@@ -267,6 +330,7 @@ pub(super) mod tests {
             p99_us,
             p999_us: p99_us * 2,
             cpu_s_per_million: 0.25,
+            first_node_cpu_s_per_million: None,
             client_cpu_s_per_million: 0.5,
             bytes_per_key: 55.0,
             allowed: 1,
@@ -388,6 +452,69 @@ pub(super) mod tests {
         assert!(table.starts_with("### Targets: 1 of 2 met"), "{table}");
         // Without a cluster run there is nothing to judge.
         assert_eq!(cluster_markdown(&records[..1]), "");
+    }
+
+    #[test]
+    fn a_global_check_is_judged_against_a_region_check_summed_and_alone() {
+        let w = "uniform/1-check";
+        let mut region = record(REGIONS_REGION, w, 0, 200_000.0, 500).on_nodes(2);
+        region.cpu_s_per_million = 2.0;
+        region.first_node_cpu_s_per_million = Some(1.9);
+        let mut global = record(REGIONS_GLOBAL, w, 0, 100_000.0, 900).on_nodes(2);
+        global.cpu_s_per_million = 4.0;
+        global.first_node_cpu_s_per_million = Some(2.5);
+        let records = [record(SUBJECT, w, 0, 1_000_000.0, 500), region, global];
+        let table = regions_markdown(&records);
+        assert!(
+            table.contains(&format!("({REGIONS_GLOBAL} against {REGIONS_REGION}")),
+            "{table}"
+        );
+        let summed = line(&table, "| global check node CPU at most 1.5x");
+        assert!(summed.contains("both regions' nodes summed"), "{summed}");
+        assert!(
+            summed.ends_with("| 2.00x (4.00 / 2.00 s) | **no** |"),
+            "{summed}"
+        );
+        let alone = line(
+            &table,
+            "| global check node CPU at most 1.5x a region check's (CPU s/M, closed loop, uniform/1-check, region a's",
+        );
+        assert!(
+            alone.ends_with("| 1.32x (2.50 / 1.90 s) | yes |"),
+            "{alone}"
+        );
+        assert!(table.starts_with("### Targets: 1 of 2 met"), "{table}");
+        // The bound itself is met.
+        let mut at_bound = records.clone();
+        at_bound[2].cpu_s_per_million = 3.0;
+        let summed = line(
+            &regions_markdown(&at_bound),
+            "| global check node CPU at most 1.5x",
+        )
+        .to_owned();
+        assert!(
+            summed.ends_with("| 1.50x (3.00 / 2.00 s) | yes |"),
+            "{summed}"
+        );
+    }
+
+    #[test]
+    fn the_global_scope_is_unmeasured_without_both_scopes_and_absent_without_either() {
+        let w = "uniform/1-check";
+        let mut global = record(REGIONS_GLOBAL, w, 0, 100_000.0, 900).on_nodes(2);
+        global.first_node_cpu_s_per_million = Some(0.3);
+        let verdicts = regions_verdicts(&[global]);
+        assert_eq!(verdicts.len(), 2);
+        assert!(verdicts.iter().all(|v| v.met().is_none()));
+        // A record without the first node's figure (a system of one node) is not judged alone.
+        let region = record(REGIONS_REGION, w, 0, 200_000.0, 500);
+        let mut global = record(REGIONS_GLOBAL, w, 0, 100_000.0, 900);
+        global.first_node_cpu_s_per_million = Some(0.3);
+        let verdicts = regions_verdicts(&[region, global]);
+        assert_eq!(verdicts[0].met(), Some(true));
+        assert_eq!(verdicts[1].met(), None);
+        assert!(regions_verdicts(&[record(SUBJECT, w, 0, 1.0, 1)]).is_empty());
+        assert_eq!(regions_markdown(&[]), "");
     }
 
     #[test]

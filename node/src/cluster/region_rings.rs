@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use floodgate::cluster::{Membership, SlotTable};
+use floodgate::cluster::{Membership, SLOTS, SlotTable};
 use floodgate::region::{Peer, RegionName};
 use parking_lot::RwLock;
 
@@ -32,6 +32,28 @@ impl OtherRegions {
     }
 }
 
+/// Per slot of the ring, the owner of that slot in each of `tables`' regions that has one (a
+/// node's name shared by all the slots it owns).
+fn owners_by_slot(tables: &BTreeMap<RegionName, Arc<SlotTable>>) -> Vec<Box<[Peer]>> {
+    let nodes: Vec<Vec<Peer>> = tables
+        .iter()
+        .map(|(region, table)| {
+            let nodes = table.nodes().iter();
+            nodes.map(|node| Peer::new(region.clone(), node)).collect()
+        })
+        .collect();
+    (0..SLOTS)
+        .map(|slot| {
+            let slot = slot as u16;
+            tables
+                .values()
+                .zip(&nodes)
+                .filter_map(|(table, peers)| peers.get(table.owner_index(slot)?).cloned())
+                .collect()
+        })
+        .collect()
+}
+
 /// Every other region's slot table, as of one membership epoch.
 #[derive(Debug, Default)]
 pub(crate) struct RegionRings {
@@ -39,6 +61,9 @@ pub(crate) struct RegionRings {
     /// How many regions the membership knows (this one included), whatever their members' state.
     regions: usize,
     tables: BTreeMap<RegionName, Arc<SlotTable>>,
+    /// Per slot, its owner in every other region that has one: read at every global check, so
+    /// made once per epoch rather than a node name allocated per check.
+    owners_by_slot: Vec<Box<[Peer]>>,
 }
 
 impl RegionRings {
@@ -61,6 +86,7 @@ impl RegionRings {
         RegionRings {
             epoch: membership.epoch(),
             regions: names.len().max(1),
+            owners_by_slot: owners_by_slot(&tables),
             tables,
         }
     }
@@ -79,11 +105,10 @@ impl RegionRings {
     }
 
     /// The owner of `slot` in every other region that has one.
-    pub(crate) fn owners_elsewhere(&self, slot: u16) -> Vec<Peer> {
-        self.tables
-            .iter()
-            .filter_map(|(region, table)| Some(Peer::new(region.clone(), table.owner(slot)?)))
-            .collect()
+    pub(crate) fn owners_elsewhere(&self, slot: u16) -> &[Peer] {
+        self.owners_by_slot
+            .get(usize::from(slot))
+            .map_or(&[], |owners| owners)
     }
 
     /// The owner of `slot` in `region` (another region), if it has one.
@@ -98,5 +123,33 @@ impl RegionRings {
         self.tables
             .get(&peer.region)
             .is_none_or(|t| t.nodes().is_empty() || t.nodes().iter().any(|n| **n == *peer.node))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_slot_names_its_owner_in_every_other_region() {
+        let table = |nodes: &[&str]| {
+            let nodes: Vec<String> = nodes.iter().map(|n| n.to_string()).collect();
+            Arc::new(SlotTable::compute(1, &nodes))
+        };
+        let mut tables = BTreeMap::new();
+        tables.insert(RegionName::new("b").unwrap(), table(&["b-1", "b-2", "b-3"]));
+        tables.insert(RegionName::new("c").unwrap(), table(&["c-1"]));
+        tables.insert(RegionName::new("d").unwrap(), table(&[]));
+        let owners = owners_by_slot(&tables);
+        assert_eq!(owners.len(), SLOTS);
+        for slot in [0u16, 1, 777, 4_095] {
+            let expected: Vec<Peer> = tables
+                .iter()
+                .filter_map(|(region, t)| Some(Peer::new(region.clone(), t.owner(slot)?)))
+                .collect();
+            assert_eq!(owners[usize::from(slot)][..], expected[..], "slot {slot}");
+            assert_eq!(expected.len(), 2, "region d has no owner");
+        }
+        assert!(RegionRings::default().owners_elsewhere(7).is_empty());
     }
 }
