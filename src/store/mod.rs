@@ -418,15 +418,10 @@ impl BucketStore {
         let mut refused = 0;
         for (i, state) in states.iter().enumerate() {
             if i % BURST == 0 {
-                let ahead = if i == 0 {
-                    0..2 * BURST
-                } else {
-                    i + BURST..i + 2 * BURST
-                };
-                for next in states
-                    .get(ahead.start..ahead.end.min(states.len()))
-                    .unwrap_or(&[])
-                {
+                // The first burst's own slots too, at the start.
+                let from = if i == 0 { 0 } else { i + BURST };
+                let to = (i + 2 * BURST).min(states.len());
+                for next in states.get(from..to).unwrap_or_default() {
                     self.prefetch(next.key);
                 }
             }
