@@ -141,6 +141,7 @@ fn publish(region_sync: &RegionSync<EpochClock>) {
     }
     let stats = region_sync.stats();
     metrics::gauge!("floodgate_region_denied_by_share").set(stats.denied_by_share as f64);
+    metrics::gauge!("floodgate_region_refused_outbox_full").set(stats.refused_outbox_full as f64);
     metrics::gauge!("floodgate_region_applied_messages").set(stats.applied_messages as f64);
     metrics::gauge!("floodgate_region_refused_messages").set(stats.refused_messages as f64);
     metrics::gauge!("floodgate_region_passed_on_units").set(stats.passed_on_units as f64);

@@ -921,6 +921,59 @@ mod tests {
         assert_eq!(giver.unconfirmed(&us, key), 5);
     }
 
+    /// Many distinct keys, more a sync interval than the pending table holds: the sender task
+    /// (which sends when `poll_timeout` says something is due) sends a half-full table at once,
+    /// so no global check is refused for a full table and every unit reaches the other region.
+    /// Before, the table waited for the interval and filled up within it.
+    #[test]
+    fn distinct_keys_faster_than_the_table_holds_per_interval_are_all_admitted() {
+        let config = ExchangeConfig {
+            max_pending_keys: 1_000,
+            max_deltas_per_message: 100,
+            max_in_flight: 4,
+            ..ExchangeConfig::for_regions(2)
+        };
+        let big_store = || {
+            BucketStore::new(StoreConfig {
+                max_keys: 16_384,
+                shards: 4,
+            })
+            .unwrap()
+        };
+        let mut a = Node {
+            exchange: Exchange::new(config, peer("a"), 1),
+            store: big_store(),
+        };
+        let mut b = Node {
+            exchange: Exchange::new(config, peer("b"), 1),
+            store: big_store(),
+        };
+        let limit = Limit::gcra(10, NANOS_PER_SEC, 10).unwrap();
+        let others = [peer("b")];
+        // 20 new keys a millisecond for 400 ms: 2,000 keys an interval, twice the table.
+        let mut admitted = 0;
+        for ms in 0..400u64 {
+            let now = NANOS_PER_SEC + ms * MS;
+            for i in 0..20 {
+                let key = BucketKey::for_key(format!("user:{ms}:{i}").as_bytes());
+                let decision = a
+                    .exchange
+                    .check_global(now, &a.store, key, &limit, 1, &others)
+                    .unwrap();
+                admitted += u64::from(decision.is_allowed());
+            }
+            if a.exchange.poll_timeout().is_some_and(|due| due <= now) {
+                settle(now, &mut a, &mut b);
+            }
+        }
+        assert_eq!(a.exchange.stats().refused_outbox_full, 0);
+        assert_eq!(admitted, 8_000);
+        let end = NANOS_PER_SEC + 500 * MS;
+        settle(end, &mut a, &mut b);
+        assert_eq!(b.exchange.applied_from(&peer("a")), 8_000);
+        assert!(a.exchange.is_idle());
+    }
+
     #[test]
     fn a_restarted_receiver_applies_a_sender_past_the_window_at_once() {
         let (mut a, mut b) = (Node::new("a", 1), Node::new("b", 1));

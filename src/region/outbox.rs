@@ -172,7 +172,7 @@ impl Outbox {
             return Some((due.seq, due.deltas.clone()));
         }
         if self.pending.is_empty()
-            || now_ns < self.next_flush_ns
+            || (now_ns < self.next_flush_ns && !self.filling_up(config))
             || self.in_flight.len() >= config.max_in_flight
         {
             return None;
@@ -259,11 +259,25 @@ impl Outbox {
         }
     }
 
-    /// When this outbox next has something to send, if it is waiting for time to pass.
+    /// The pending table is half full: its deltas go now rather than at the interval. Waiting
+    /// only aggregates repeated keys, and on many distinct keys (a global limit per user, at
+    /// hundreds of thousands of users a second) a table filled within one interval would deny
+    /// the next key's checks (`refused_outbox_full`) while slots in flight sat free.
+    fn filling_up(&self, config: &ExchangeConfig) -> bool {
+        self.pending.len() >= config.max_pending_keys.div_ceil(2)
+    }
+
+    /// When this outbox next has something to send, if it is waiting for time to pass (0: due
+    /// already).
     pub(super) fn next_timeout(&self, config: &ExchangeConfig) -> Option<u64> {
         let resend = self.in_flight.iter().map(|m| m.resend_at_ns).min();
+        let flush_at = if self.filling_up(config) {
+            0
+        } else {
+            self.next_flush_ns
+        };
         let flush = (!self.pending.is_empty() && self.in_flight.len() < config.max_in_flight)
-            .then_some(self.next_flush_ns);
+            .then_some(flush_at);
         resend.into_iter().chain(flush).min()
     }
 }
@@ -399,6 +413,27 @@ mod tests {
         );
         out.acknowledge(4, &[], 270 * MS);
         assert!(out.is_idle());
+    }
+
+    #[test]
+    fn a_half_full_pending_table_goes_before_the_interval() {
+        let config = ExchangeConfig {
+            max_pending_keys: 4,
+            ..ExchangeConfig::default()
+        };
+        let mut out = Outbox::new();
+        out.record(key(1), &limit(), 1, 0);
+        out.next_message(0, &config).unwrap();
+        out.record(key(2), &limit(), 1, MS);
+        assert_eq!(out.next_message(MS, &config), None, "one key waits");
+        assert_eq!(out.next_timeout(&config), Some(100 * MS));
+        out.record(key(3), &limit(), 1, 2 * MS);
+        assert_eq!(out.next_timeout(&config), Some(0), "two of four: due now");
+        let (_, deltas) = out.next_message(2 * MS, &config).unwrap();
+        assert_eq!(deltas.len(), 2);
+        // Emptied, the table waits for the interval again.
+        out.record(key(4), &limit(), 1, 3 * MS);
+        assert_eq!(out.next_timeout(&config), Some(102 * MS));
     }
 
     #[test]
