@@ -128,10 +128,12 @@ async fn run_once(args: &LoadArgs) -> anyhow::Result<(Vec<Record>, Vec<verdict::
     print!("{}", targets::targets_markdown(&records, &side));
     print!("{}", targets::cluster_markdown(&records));
     print!("{}", targets::regions_markdown(&records));
+    print!("{}", targets::rls_markdown(&records));
     print!("{}", peer_targets::markdown(&records, &side));
     let mut verdicts = targets::baseline_verdicts(&records, &side);
     verdicts.extend(targets::cluster_verdicts(&records));
     verdicts.extend(targets::regions_verdicts(&records));
+    verdicts.extend(targets::rls_verdicts(&records));
     verdicts.extend(peer_targets::verdicts(&records, &side));
     let whole_run = machine::CpuTimes::shares_since(run_start);
     print!("{}", machine_markdown(whole_run, side_machine));

@@ -4,12 +4,13 @@
 //! envoyproxy/ratelimit's checks per second.
 
 use super::report::{Record, find};
+use super::target::RLS;
 use super::verdict::{Bound, Verdict, verdict_table};
 
 const WORKLOAD: &str = "uniform/1-check";
 
 /// `subject`'s closed-loop checks/s over `peer`'s, at least `at_least`.
-fn throughput(records: &[Record], subject: &str, peer: &str, at_least: f64) -> Verdict {
+pub(super) fn throughput(records: &[Record], subject: &str, peer: &str, at_least: f64) -> Verdict {
     let target =
         format!("closed loop, {WORKLOAD}: {subject} at least {at_least:.0}x {peer}'s checks/s");
     match (
@@ -96,7 +97,7 @@ pub(super) fn verdicts(records: &[Record], side: &[Record]) -> Vec<Verdict> {
         }
     }
     if ran("envoy-ratelimit") {
-        verdicts.push(throughput(records, "floodgate+rls", "envoy-ratelimit", 2.0));
+        verdicts.push(throughput(records, RLS, "envoy-ratelimit", 2.0));
     }
     verdicts
 }

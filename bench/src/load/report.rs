@@ -9,7 +9,7 @@ use plotters::prelude::*;
 use serde::Serialize;
 
 use super::driver::RunResult;
-use super::target::{CLUSTER, GENERATOR, REGIONS_GLOBAL, REGIONS_REGION};
+use super::target::{CLUSTER, GENERATOR, REGIONS_GLOBAL, REGIONS_REGION, RLS};
 
 #[derive(Debug, Clone, Serialize)]
 pub struct Record {
@@ -125,8 +125,6 @@ pub struct CpuSeconds {
 }
 
 const FLOODGATE: &str = "floodgate";
-/// The same node through Envoy's rate limit service (RLS v3 gRPC) instead of its QUIC client.
-const RLS: &str = "floodgate+rls";
 /// The Redis setups floodgate is compared with, in table order: the token-bucket Lua script, and
 /// redis-cell's native GCRA command (the fastest Redis setup a team would pick).
 const BASELINES: [&str; 2] = ["redis+lua", "redis+cell"];

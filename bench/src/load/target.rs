@@ -120,6 +120,8 @@ impl RedisPool {
 pub const GENERATOR: &str = "generator";
 /// floodgate as a cluster of several nodes on this machine, each check sent to its key's owner.
 pub const CLUSTER: &str = "floodgate-cluster";
+/// The same node through Envoy's rate limit service (RLS v3 gRPC) instead of its QUIC client.
+pub const RLS: &str = "floodgate+rls";
 /// Two regions of one node each on this machine, the gateway in region `a`: every check of
 /// scope `global` (decided in `a`, its units merged in `b` as deltas) ...
 pub const REGIONS_GLOBAL: &str = "floodgate-regions-global-scope";

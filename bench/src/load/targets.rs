@@ -5,7 +5,7 @@
 use std::fmt::Write as _;
 
 use super::report::{Record, find};
-use super::target::{CLUSTER, REGIONS_GLOBAL, REGIONS_REGION};
+use super::target::{CLUSTER, REGIONS_GLOBAL, REGIONS_REGION, RLS};
 use super::verdict::{Bound, Verdict, verdict_table};
 
 const SUBJECT: &str = "floodgate";
@@ -244,6 +244,50 @@ pub fn cluster_markdown(records: &[Record]) -> String {
     out
 }
 
+/// Most node CPU per descriptor through the RLS front, in µs (the same as seconds per million).
+const RLS_US_PER_DESCRIPTOR: f64 = 5.0;
+
+/// The RLS front's targets (an Envoy's calls, one descriptor per key): node CPU per descriptor
+/// at most [`RLS_US_PER_DESCRIPTOR`] in both closed loops (one descriptor a call, and three,
+/// as an Envoy with several rate limit actions sends), and its checks per second in the 1-check
+/// closed loop at least redis+lua's. None when the front did not run.
+pub(super) fn rls_verdicts(records: &[Record]) -> Vec<Verdict> {
+    if !records.iter().any(|r| r.system == RLS) {
+        return Vec::new();
+    }
+    let mut verdicts: Vec<Verdict> = [LATENCY_WORKLOADS[0], THREE_CHECKS]
+        .into_iter()
+        .map(|workload| {
+            let target = format!(
+                "node CPU per descriptor through the RLS front, closed loop, {workload}: at \
+                 most {RLS_US_PER_DESCRIPTOR} µs"
+            );
+            match find(records, RLS, workload, 0) {
+                Some(f) if f.cpu_s_per_million > 0.0 => Verdict::judged(
+                    target,
+                    format!("{:.1} µs", f.cpu_s_per_million),
+                    f.cpu_s_per_million,
+                    Bound::AtMost(RLS_US_PER_DESCRIPTOR),
+                ),
+                _ => Verdict::unmeasured(target, "not measured"),
+            }
+        })
+        .collect();
+    verdicts.push(super::peer_targets::throughput(records, RLS, BASELINE, 1.0));
+    verdicts
+}
+
+/// The RLS front's targets table; empty when the front did not run.
+pub fn rls_markdown(records: &[Record]) -> String {
+    let mut out = String::new();
+    let verdicts = rls_verdicts(records);
+    if !verdicts.is_empty() {
+        verdict_table(&mut out, &format!("{RLS}: the RLS front"), &verdicts);
+        out.push('\n');
+    }
+    out
+}
+
 /// Most a global check's node CPU may be, as a multiple of a region check's.
 const GLOBAL_OVER_REGION: f64 = 1.5;
 
@@ -452,6 +496,38 @@ pub(super) mod tests {
         assert!(table.starts_with("### Targets: 1 of 2 met"), "{table}");
         // Without a cluster run there is nothing to judge.
         assert_eq!(cluster_markdown(&records[..1]), "");
+    }
+
+    #[test]
+    fn the_rls_front_is_judged_per_descriptor_and_against_redis_lua() {
+        let w = "uniform/1-check";
+        let mut one = record(RLS, w, 0, 60_000.0, 900);
+        one.cpu_s_per_million = 14.5;
+        let mut three = record(RLS, THREE_CHECKS, 0, 90_000.0, 900);
+        three.cpu_s_per_million = 4.2;
+        let lua = record(BASELINE, w, 0, 120_000.0, 500);
+        let records = [one, three, lua];
+        let table = rls_markdown(&records);
+        assert!(table.contains("(floodgate+rls: the RLS front)"), "{table}");
+        let cpu = line(
+            &table,
+            "| node CPU per descriptor through the RLS front, closed loop, uniform/1-check",
+        );
+        assert!(cpu.ends_with("| 14.5 µs | **no** |"), "{cpu}");
+        let cpu = line(
+            &table,
+            "| node CPU per descriptor through the RLS front, closed loop, uniform/3-check",
+        );
+        assert!(cpu.ends_with("| 4.2 µs | yes |"), "{cpu}");
+        let rate = line(&table, "| closed loop, uniform/1-check: floodgate+rls");
+        assert!(
+            rate.ends_with("| 0.50x (60000 / 120000) | **no** |"),
+            "{rate}"
+        );
+        assert!(table.starts_with("### Targets: 1 of 3 met"), "{table}");
+        // Without redis+lua the rate is unmeasured; without the front nothing is judged.
+        assert!(rls_markdown(&records[..2]).contains("| not run |"));
+        assert_eq!(rls_markdown(&records[2..]), "");
     }
 
     #[test]
