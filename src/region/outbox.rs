@@ -172,7 +172,7 @@ impl Outbox {
             return Some((due.seq, due.deltas.clone()));
         }
         if self.pending.is_empty()
-            || (now_ns < self.next_flush_ns && !self.filling_up(config))
+            || now_ns < self.pending_due_ns(config)
             || self.in_flight.len() >= config.max_in_flight
         {
             return None;
@@ -259,25 +259,24 @@ impl Outbox {
         }
     }
 
-    /// The pending table is half full: its deltas go now rather than at the interval. Waiting
-    /// only aggregates repeated keys, and on many distinct keys (a global limit per user, at
-    /// hundreds of thousands of users a second) a table filled within one interval would deny
-    /// the next key's checks (`refused_outbox_full`) while slots in flight sat free.
-    fn filling_up(&self, config: &ExchangeConfig) -> bool {
-        self.pending.len() >= config.max_pending_keys.div_ceil(2)
+    /// When the pending deltas are due: at the interval, or at once (0) when the table is half
+    /// full. Waiting only aggregates repeated keys, and on many distinct keys (a global limit per
+    /// user, at hundreds of thousands of users a second) a table filled within one interval
+    /// would deny the next key's checks (`refused_outbox_full`) while slots in flight sat free.
+    fn pending_due_ns(&self, config: &ExchangeConfig) -> u64 {
+        if self.pending.len() >= config.max_pending_keys.div_ceil(2) {
+            0
+        } else {
+            self.next_flush_ns
+        }
     }
 
     /// When this outbox next has something to send, if it is waiting for time to pass (0: due
     /// already).
     pub(super) fn next_timeout(&self, config: &ExchangeConfig) -> Option<u64> {
         let resend = self.in_flight.iter().map(|m| m.resend_at_ns).min();
-        let flush_at = if self.filling_up(config) {
-            0
-        } else {
-            self.next_flush_ns
-        };
         let flush = (!self.pending.is_empty() && self.in_flight.len() < config.max_in_flight)
-            .then_some(flush_at);
+            .then(|| self.pending_due_ns(config));
         resend.into_iter().chain(flush).min()
     }
 }
