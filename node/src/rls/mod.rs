@@ -7,19 +7,19 @@
 //! - `config_file`: `--rls-config` (envoyproxy/ratelimit's files), validated and hot-reloaded.
 //! - `incoming`: the listener's connections, at most `max_connections` open at once.
 //! - `decide`: a request's checks through `forward::answer_check_batch`, refunds when denied.
+//! - `http2`: gRPC over HTTP/2, a connection's calls answered together.
 //! - `service`: the proto in and out, metrics.
 
 mod config_file;
 mod decide;
+mod http2;
 mod incoming;
 mod service;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
 
 use anyhow::Context;
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
@@ -32,10 +32,6 @@ use crate::front_batch::FrontContext;
 /// Where envoyproxy/ratelimit serves gRPC, so an Envoy config moved over needs no port change.
 pub const DEFAULT_RLS_LISTEN: SocketAddr =
     SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 8081);
-/// Most concurrent calls per HTTP/2 connection (Envoy multiplexes its calls over few).
-const MAX_STREAMS_PER_CONNECTION: u32 = 1_024;
-/// A call not answered in this time is cancelled (Envoy's own timeout is usually 20 ms to 1 s).
-const CALL_TIMEOUT: Duration = Duration::from_secs(5);
 
 pub use crate::config::RlsSettings;
 
@@ -48,62 +44,48 @@ pub(crate) async fn start(
 ) -> anyhow::Result<(SocketAddr, Arc<RlsConfigHandle>)> {
     settings.validate(&front.config.tls)?;
     let handle = RlsConfigHandle::load(&settings.config)?;
+    let tls = if settings.tls {
+        let mut config = crate::tls::tcp_server_config(
+            &front.config.tls,
+            settings.client_auth,
+            "--rls-client-auth",
+        )
+        .context("the RLS listener's TLS configuration")?;
+        config.alpn_protocols = vec![b"h2".to_vec()];
+        Some(tokio_rustls::TlsAcceptor::from(Arc::new(config)))
+    } else {
+        None
+    };
     let listener = tokio::net::TcpListener::bind(settings.listen)
         .await
         .with_context(|| format!("binding the RLS listener on {}", settings.listen))?;
     let addr = listener.local_addr()?;
-    let max_message = front.config.limits.max_frame_bytes;
-    let shared_tls = front.config.tls.clone();
-    let shared_limits = front.config.limits;
+    let limits = front.config.limits;
+    // HTTP/2 windows from the node's limits, as the QUIC endpoint's: they bound what a caller
+    // may send before the node reads it.
+    let windows = limits.quic_windows();
+    let http2 = http2::Http2Limits {
+        stream_window: u32::try_from(windows.stream_receive).unwrap_or(u32::MAX),
+        connection_window: u32::try_from(windows.connection_receive).unwrap_or(u32::MAX),
+        max_message: limits.max_frame_bytes,
+    };
     // The same allowance as the QUIC endpoint's clients, counted apart.
-    let max_connections = front.config.limits.max_connections;
-    let shutdown_incoming = shutdown.clone();
-    let service = service::RlsService {
+    let incoming = incoming::bounded(listener, limits.max_connections, shutdown.clone());
+    let service = Arc::new(service::RlsService {
         front,
         config: handle.clone(),
         rate_limit_headers: settings.rate_limit_headers,
         plan: floodgate::rls::PlanOptions {
             allow_negative_hits: settings.allow_negative_hits,
         },
-    };
-    let (health, health_service) = tonic_health::server::health_reporter();
-    health
-        .set_serving::<RateLimitServiceServer<service::RlsService>>()
-        .await;
-    let rls = RateLimitServiceServer::new(service)
-        .max_decoding_message_size(max_message)
-        .max_encoding_message_size(max_message);
-    let mut builder = tonic::transport::Server::builder();
-    if settings.tls {
-        builder = builder
-            .tls_config(tls_config(&shared_tls, settings.client_auth)?)
-            .context("the RLS listener's TLS configuration")?;
-    }
-    // HTTP/2 windows from the node's limits, as the QUIC endpoint's: hyper's defaults (1 MiB a
-    // stream and a connection) are not bounded by what the node was given.
-    let windows = shared_limits.quic_windows();
-    let stream_window = u32::try_from(windows.stream_receive).unwrap_or(u32::MAX);
-    let connection_window = u32::try_from(windows.connection_receive).unwrap_or(u32::MAX);
-    let mut stop = shutdown.clone();
-    tasks.spawn(async move {
-        let served = builder
-            .initial_stream_window_size(stream_window)
-            .initial_connection_window_size(connection_window)
-            .max_concurrent_streams(MAX_STREAMS_PER_CONNECTION)
-            .timeout(CALL_TIMEOUT)
-            .add_service(health_service)
-            .add_service(rls)
-            .serve_with_incoming_shutdown(
-                incoming::bounded(listener, max_connections, shutdown_incoming),
-                async move {
-                    let _ = stop.wait_for(|stopping| *stopping).await;
-                },
-            )
-            .await;
-        if let Err(e) = served {
-            tracing::error!(error = %e, "the RLS server stopped");
-        }
     });
+    tasks.spawn(http2::serve(
+        incoming.into_inner(),
+        tls,
+        service,
+        http2,
+        shutdown.clone(),
+    ));
     tasks.spawn(config_file::watch_config(handle.clone(), shutdown));
     tracing::info!(
         %addr,

@@ -10,7 +10,6 @@ use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescript
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
     DescriptorStatus, RateLimit,
 };
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitService;
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use envoy_types::pb::google::protobuf::{self as pbuf, value::Kind};
 use floodgate::NANOS_PER_SEC;
@@ -19,8 +18,7 @@ use floodgate::rls::{
     overall_code, plan_request, ratelimit_headers,
 };
 use metrics::{counter, histogram};
-use prost::Message;
-use tonic::{Request, Response, Status};
+use tonic::Status;
 
 use super::config_file::RlsConfigHandle;
 use super::decide::{Undecided, decide};
@@ -41,19 +39,19 @@ pub(crate) struct RlsService {
     pub(crate) plan: PlanOptions,
 }
 
-#[tonic::async_trait]
-impl RateLimitService for RlsService {
+impl super::http2::RateLimiter for RlsService {
     async fn should_rate_limit(
         &self,
-        request: Request<RateLimitRequest>,
-    ) -> Result<Response<RateLimitResponse>, Status> {
+        request: RateLimitRequest,
+        bytes: usize,
+    ) -> Result<RateLimitResponse, Status> {
         let started = Instant::now();
         // The decoded request is held until it is answered: it counts in the node's buffer
         // budget beside the QUIC streams', so neither front can starve the other.
-        let _held = reserve_call(&self.front.budget, request.get_ref().encoded_len())?;
-        let result = self.answer(request.into_inner()).await;
+        let _held = reserve_call(&self.front.budget, bytes)?;
+        let result = self.answer(request).await;
         histogram!("floodgate_rls_request_seconds").record(started.elapsed().as_secs_f64());
-        result.map(Response::new)
+        result
     }
 }
 
