@@ -208,6 +208,13 @@ enum Refusal {
     Grpc(Status),
 }
 
+/// `application/grpc`, alone or with a `+codec` or `;parameters` (not grpc-web's framing).
+fn is_grpc_content_type(value: &[u8]) -> bool {
+    value
+        .strip_prefix(b"application/grpc")
+        .is_some_and(|rest| rest.is_empty() || rest[0] == b'+' || rest[0] == b';')
+}
+
 fn route(head: &http::request::Parts) -> Result<Route, Refusal> {
     if head.method != Method::POST {
         return Err(Refusal::Http(StatusCode::METHOD_NOT_ALLOWED));
@@ -215,7 +222,7 @@ fn route(head: &http::request::Parts) -> Result<Route, Refusal> {
     let grpc = head
         .headers
         .get(CONTENT_TYPE)
-        .is_some_and(|t| t.as_bytes().starts_with(b"application/grpc"));
+        .is_some_and(|t| is_grpc_content_type(t.as_bytes()));
     if !grpc {
         return Err(Refusal::Http(StatusCode::UNSUPPORTED_MEDIA_TYPE));
     }
@@ -248,7 +255,7 @@ async fn answer_call(
     if route == Route::HealthWatch {
         return watch_health(limits, body, respond, shutdown.clone()).await;
     }
-    let answered = timeout(deadline, async {
+    let answering = timeout(deadline, async {
         let message = read_message(&mut body, limits.max_message).await?;
         match route {
             Route::ShouldRateLimit => {
@@ -264,13 +271,15 @@ async fn answer_call(
                 encode(&status, limits.max_message)
             }
         }
-    })
-    .await
-    .unwrap_or_else(|_| {
-        Err(Status::deadline_exceeded(format!(
-            "not answered within {deadline:?}"
-        )))
     });
+    // A call its caller reset is dropped at once: h2 no longer counts its stream against the
+    // connection's limit, so it must not hold the budget or the check path either.
+    let answered = tokio::select! {
+        answered = answering => answered.unwrap_or_else(|_| {
+            Err(Status::deadline_exceeded(format!("not answered within {deadline:?}")))
+        }),
+        _ = poll_fn(|cx| respond.poll_reset(cx)) => return,
+    };
     match answered {
         Ok(message) => answer(&mut respond, message),
         Err(status) => refuse(&mut respond, &Refusal::Grpc(status)),
@@ -904,6 +913,14 @@ mod tests {
                 Method::POST,
                 SHOULD_RATE_LIMIT,
                 Some("application/json")
+            )),
+            Err(Refusal::Http(StatusCode::UNSUPPORTED_MEDIA_TYPE))
+        ));
+        assert!(matches!(
+            route(&head(
+                Method::POST,
+                SHOULD_RATE_LIMIT,
+                Some("application/grpc-web")
             )),
             Err(Refusal::Http(StatusCode::UNSUPPORTED_MEDIA_TYPE))
         ));

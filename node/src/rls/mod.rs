@@ -64,9 +64,11 @@ pub(crate) async fn start(
     // HTTP/2 windows from the node's limits, as the QUIC endpoint's: they bound what a caller
     // may send before the node reads it.
     let windows = limits.quic_windows();
+    // HTTP/2 windows are at most 2^31 - 1 bytes (h2 asserts it).
+    let window = |bytes: u64| u32::try_from(bytes.min(i32::MAX as u64)).unwrap_or(i32::MAX as u32);
     let http2 = http2::Http2Limits {
-        stream_window: u32::try_from(windows.stream_receive).unwrap_or(u32::MAX),
-        connection_window: u32::try_from(windows.connection_receive).unwrap_or(u32::MAX),
+        stream_window: window(windows.stream_receive),
+        connection_window: window(windows.connection_receive),
         max_message: limits.max_frame_bytes,
     };
     // The same allowance as the QUIC endpoint's clients, counted apart.
