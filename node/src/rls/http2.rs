@@ -10,6 +10,12 @@
 //! HTTP 405 for a method other than POST, HTTP 415 for a body that is not gRPC,
 //! `RESOURCE_EXHAUSTED` for a message over the node's frame limit, `DEADLINE_EXCEEDED` past the
 //! caller's `grpc-timeout` (at most `CALL_TIMEOUT`).
+//!
+//! What a connection can make the node hold is bounded in bytes both ways. A call's message is
+//! read without giving the window back until it is whole, so unfinished messages stay within
+//! the connection's window. An answer is sent only as the caller's window takes it, at most
+//! `MAX_SEND_BUFFER_BYTES` queued per call. A connection idle for `IDLE_TIMEOUT` is closed,
+//! and a stopping node interrupts handshakes as well as calls.
 
 use std::future::{Future, poll_fn};
 use std::io;
@@ -21,6 +27,7 @@ use bytes::{BufMut, Bytes, BytesMut};
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use h2::RecvStream;
+use h2::SendStream;
 use h2::server::{Connection, SendResponse};
 use http::header::{CONTENT_TYPE, HeaderName};
 use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode};
@@ -28,7 +35,7 @@ use prost::Message;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
-use tokio::time::timeout;
+use tokio::time::{Instant, timeout, timeout_at};
 use tonic::Status;
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::{HealthCheckRequest, HealthCheckResponse};
@@ -37,6 +44,8 @@ use super::incoming::HeldConnection;
 
 /// Most concurrent calls per HTTP/2 connection (Envoy multiplexes its calls over few).
 pub(crate) const MAX_STREAMS_PER_CONNECTION: u32 = 1_024;
+/// HTTP/2's largest window, 2^31 - 1 bytes (h2 asserts it).
+pub(crate) const MAX_WINDOW: u32 = i32::MAX as u32;
 /// A call not answered in this time is refused (Envoy's own timeout is usually 20 ms to 1 s).
 pub(crate) const CALL_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long a TLS handshake and the HTTP/2 preface may take: a caller that stalls them holds a
@@ -44,8 +53,14 @@ pub(crate) const CALL_TIMEOUT: Duration = Duration::from_secs(5);
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Most bytes of one call's headers, decoded (Envoy sends a few hundred).
 const MAX_HEADER_LIST_BYTES: u32 = 16 * 1024;
-/// Most bytes queued for one call's answer before the caller's window takes them.
-const MAX_SEND_BUFFER_BYTES: usize = 64 * 1024;
+/// Most bytes of one call's answer queued at once: h2 assigns a call at most this much of the
+/// caller's window, and the rest waits for the window to move. With at most
+/// `MAX_STREAMS_PER_CONNECTION` calls, a connection that stops reading holds at most 16 MiB of
+/// answers (a stream with queued bytes still counts as open).
+const MAX_SEND_BUFFER_BYTES: usize = 16 * 1024;
+/// A connection with no call open and nothing arriving for this long is closed (GOAWAY): it
+/// would hold a place of `--max-connections`. Envoy opens a new one when it next calls.
+const IDLE_TIMEOUT: Duration = Duration::from_secs(300);
 /// A gRPC message's prefix: the compressed flag and the length, big-endian.
 const PREFIX_BYTES: usize = 5;
 
@@ -103,11 +118,17 @@ pub(crate) async fn serve(
         connections.spawn(async move {
             let served = match tls {
                 None => serve_connection(connection, &*service, limits, shutdown).await,
-                Some(tls) => match timeout(HANDSHAKE_TIMEOUT, tls.accept(connection)).await {
-                    Ok(Ok(stream)) => serve_connection(stream, &*service, limits, shutdown).await,
-                    Ok(Err(e)) => Err(format!("TLS handshake failed: {e}")),
-                    Err(_) => Err("the TLS handshake did not finish in time".to_owned()),
-                },
+                Some(tls) => {
+                    let handshake = timeout(HANDSHAKE_TIMEOUT, tls.accept(connection));
+                    match unless_stopping(shutdown.clone(), handshake).await {
+                        Some(Ok(Ok(stream))) => {
+                            serve_connection(stream, &*service, limits, shutdown).await
+                        }
+                        Some(Ok(Err(e))) => Err(format!("TLS handshake failed: {e}")),
+                        Some(Err(_)) => Err("the TLS handshake did not finish in time".to_owned()),
+                        None => Ok(()),
+                    }
+                }
             };
             if let Err(e) = served {
                 metrics::counter!("floodgate_rls_connection_errors_total").increment(1);
@@ -119,46 +140,89 @@ pub(crate) async fn serve(
     while connections.join_next().await.is_some() {}
 }
 
-/// One connection: its calls until the caller closes it or the node stops, when it says GOAWAY
-/// and answers the calls already open (for at most CALL_TIMEOUT).
+/// `work`'s outcome, or `None` once the node begins stopping first.
+async fn unless_stopping<F: Future>(
+    mut shutdown: watch::Receiver<bool>,
+    work: F,
+) -> Option<F::Output> {
+    tokio::select! {
+        done = work => Some(done),
+        _ = shutdown.wait_for(|stopping| *stopping) => None,
+    }
+}
+
+/// One connection: its calls until the caller closes it, it stays idle for `IDLE_TIMEOUT`, or
+/// the node stops; then it says GOAWAY and answers the calls already open (for at most
+/// CALL_TIMEOUT).
 async fn serve_connection<T>(
     io: T,
     service: &impl RateLimiter,
     limits: Http2Limits,
-    mut shutdown: watch::Receiver<bool>,
+    shutdown: watch::Receiver<bool>,
 ) -> Result<(), String>
 where
     T: AsyncRead + AsyncWrite + Unpin,
 {
+    // A message is read whole before its window is given back (`read_message`), so one of the
+    // largest size must fit a stream's window and the connection's.
+    let whole_message = u32::try_from(limits.max_message.saturating_add(PREFIX_BYTES))
+        .unwrap_or(u32::MAX)
+        .min(MAX_WINDOW);
+    let stream_window = limits.stream_window.max(whole_message);
     let handshake = h2::server::Builder::new()
-        .initial_window_size(limits.stream_window)
-        .initial_connection_window_size(limits.connection_window)
+        .initial_window_size(stream_window)
+        .initial_connection_window_size(limits.connection_window.max(stream_window))
         .max_concurrent_streams(MAX_STREAMS_PER_CONNECTION)
         .max_header_list_size(MAX_HEADER_LIST_BYTES)
         .max_send_buffer_size(MAX_SEND_BUFFER_BYTES)
         .handshake::<_, Bytes>(io);
-    let mut connection = timeout(HANDSHAKE_TIMEOUT, handshake)
-        .await
+    let Some(handshake) =
+        unless_stopping(shutdown.clone(), timeout(HANDSHAKE_TIMEOUT, handshake)).await
+    else {
+        return Ok(());
+    };
+    let mut connection = handshake
         .map_err(|_| "the HTTP/2 preface did not arrive in time".to_owned())?
         .map_err(|e| format!("HTTP/2 handshake failed: {e}"))?;
     let watchers_stop = shutdown.clone();
     let mut start =
         |request, respond| answer_call(service, limits, &watchers_stop, request, respond);
     let mut calls = FuturesUnordered::new();
-    let ended = tokio::select! {
-        ended = poll_fn(|cx| turn(&mut connection, &mut calls, &mut start, cx)) => Some(ended),
-        _ = shutdown.wait_for(|stopping| *stopping) => None,
-    };
+    let idle = tokio::time::sleep(IDLE_TIMEOUT);
+    tokio::pin!(idle);
+    let mut active = false;
+    let ended = unless_stopping(
+        shutdown,
+        poll_fn(|cx| {
+            let turned = turn(&mut connection, &mut calls, &mut start, &mut active, cx);
+            if let Poll::Ready(ended) = turned {
+                return Poll::Ready(Some(ended));
+            }
+            // The timer is moved on only when it fires, not at every turn: a connection is
+            // closed after one to two IDLE_TIMEOUTs without a call.
+            while idle.as_mut().poll(cx).is_ready() {
+                if !std::mem::take(&mut active) && calls.is_empty() {
+                    return Poll::Ready(None);
+                }
+                idle.as_mut().reset(Instant::now() + IDLE_TIMEOUT);
+            }
+            Poll::Pending
+        }),
+    )
+    .await
+    .flatten();
     if let Some(ended) = ended {
         return ended.map_err(|e| e.to_string());
     }
     connection.graceful_shutdown();
     match timeout(
         CALL_TIMEOUT,
-        poll_fn(|cx| turn(&mut connection, &mut calls, &mut start, cx)),
+        poll_fn(|cx| turn(&mut connection, &mut calls, &mut start, &mut active, cx)),
     )
     .await
     {
+        // A caller that hangs up once told GOAWAY has done nothing wrong.
+        Ok(Err(e)) if e.get_io().is_some_and(|io| hung_up(io.kind())) => Ok(()),
         Ok(ended) => ended.map_err(|e| e.to_string()),
         Err(_) => Err(format!(
             "{} calls were still open {CALL_TIMEOUT:?} after the node began stopping",
@@ -167,13 +231,22 @@ where
     }
 }
 
+fn hung_up(kind: io::ErrorKind) -> bool {
+    matches!(
+        kind,
+        io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset | io::ErrorKind::UnexpectedEof
+    )
+}
+
 /// One turn of a connection: first every call it has read (reading also writes out, at once,
 /// what the calls answered since the last turn), then every call that can go on. An answer wakes
-/// this task, whose next turn writes it with the others of this turn.
+/// this task, whose next turn writes it with the others of this turn. Sets `active` when a call
+/// arrived or is still open.
 fn turn<T, F>(
     connection: &mut Connection<T, Bytes>,
     calls: &mut FuturesUnordered<F>,
     start: &mut impl FnMut(Request<RecvStream>, SendResponse<Bytes>) -> F,
+    active: &mut bool,
     cx: &mut Context<'_>,
 ) -> Poll<Result<(), h2::Error>>
 where
@@ -182,13 +255,17 @@ where
 {
     loop {
         match connection.poll_accept(cx) {
-            Poll::Ready(Some(Ok((request, respond)))) => calls.push(start(request, respond)),
+            Poll::Ready(Some(Ok((request, respond)))) => {
+                *active = true;
+                calls.push(start(request, respond));
+            }
             Poll::Ready(Some(Err(e))) => return Poll::Ready(Err(e)),
             Poll::Ready(None) => return Poll::Ready(Ok(())),
             Poll::Pending => break,
         }
     }
     while let Poll::Ready(Some(())) = calls.poll_next_unpin(cx) {}
+    *active |= !calls.is_empty();
     Poll::Pending
 }
 
@@ -247,15 +324,20 @@ async fn answer_call(
     mut respond: SendResponse<Bytes>,
 ) {
     let (head, mut body) = request.into_parts();
-    let routed = route(&head).and_then(|route| Ok((route, deadline(&head.headers)?)));
-    let (route, deadline) = match routed {
+    let routed = route(&head).and_then(|route| Ok((route, asked_timeout(&head.headers)?)));
+    let (route, asked) = match routed {
         Ok(routed) => routed,
         Err(refusal) => return refuse(&mut respond, &refusal),
     };
     if route == Route::HealthWatch {
-        return watch_health(limits, body, respond, shutdown.clone()).await;
+        // A watch is not held to CALL_TIMEOUT: it lasts as long as its caller asked, or
+        // until the node stops.
+        let until = asked.map(|asked| Instant::now() + asked);
+        return watch_health(limits, body, respond, shutdown.clone(), until).await;
     }
-    let answering = timeout(deadline, async {
+    let deadline = call_deadline(asked);
+    let until = Instant::now() + deadline;
+    let answering = timeout_at(until, async {
         let message = read_message(&mut body, limits.max_message).await?;
         match route {
             Route::ShouldRateLimit => {
@@ -267,7 +349,7 @@ async fn answer_call(
                 encode(&response, limits.max_message)
             }
             Route::HealthCheck | Route::HealthWatch => {
-                let status = health_of(&decode_health(message)?)?;
+                let status = health_of(&decode_health(message)?, *shutdown.borrow())?;
                 encode(&status, limits.max_message)
             }
         }
@@ -281,15 +363,25 @@ async fn answer_call(
         _ = poll_fn(|cx| respond.poll_reset(cx)) => return,
     };
     match answered {
-        Ok(message) => answer(&mut respond, message),
+        // Past the deadline, or reset, while waiting for the caller's window: the stream is
+        // dropped, which resets it and frees what was queued.
+        Ok(message) => {
+            let _ = timeout_at(until, answer(&mut respond, message)).await;
+        }
         Err(status) => refuse(&mut respond, &Refusal::Grpc(status)),
     }
 }
 
-/// The caller's `grpc-timeout`, at most CALL_TIMEOUT (CALL_TIMEOUT without one).
-fn deadline(headers: &HeaderMap) -> Result<Duration, Refusal> {
+/// A unary call's deadline: the caller's `grpc-timeout`, at most CALL_TIMEOUT (CALL_TIMEOUT
+/// without one).
+fn call_deadline(asked: Option<Duration>) -> Duration {
+    asked.map_or(CALL_TIMEOUT, |asked| asked.min(CALL_TIMEOUT))
+}
+
+/// The caller's `grpc-timeout`, if it sent one.
+fn asked_timeout(headers: &HeaderMap) -> Result<Option<Duration>, Refusal> {
     let Some(value) = headers.get(GRPC_TIMEOUT) else {
-        return Ok(CALL_TIMEOUT);
+        return Ok(None);
     };
     let parsed = parse_timeout(value.as_bytes()).ok_or_else(|| {
         Refusal::Grpc(Status::invalid_argument(format!(
@@ -297,7 +389,7 @@ fn deadline(headers: &HeaderMap) -> Result<Duration, Refusal> {
             String::from_utf8_lossy(&value.as_bytes()[..value.len().min(32)])
         )))
     })?;
-    Ok(parsed.min(CALL_TIMEOUT))
+    Ok(Some(parsed))
 }
 
 /// gRPC's timeout: at most eight ASCII digits, then H, M, S, m, u or n.
@@ -319,16 +411,19 @@ fn parse_timeout(value: &[u8]) -> Option<Duration> {
 }
 
 /// The one message of a unary call: the body, whole, refused past `max_message` bytes as it
-/// arrives (the window given back as it is read).
+/// arrives. The window is given back only once the message is whole: what a caller has sent of
+/// unfinished messages then stays within the connection's window, where giving it back as it
+/// was read let each of a connection's calls hold a message of the largest size. (A call
+/// refused midway drops its stream, which gives its window back.)
 async fn read_message(body: &mut RecvStream, max_message: usize) -> Result<Bytes, Status> {
     let most = max_message.saturating_add(PREFIX_BYTES);
     let mut first: Option<Bytes> = None;
     let mut joined = BytesMut::new();
+    let mut held = 0;
     while let Some(chunk) = body.data().await {
         let chunk =
             chunk.map_err(|e| Status::cancelled(format!("the call's stream failed: {e}")))?;
-        let _ = body.flow_control().release_capacity(chunk.len());
-        let held = first.as_ref().map_or(0, Bytes::len) + joined.len() + chunk.len();
+        held += chunk.len();
         if held > most {
             return Err(over_limit(max_message));
         }
@@ -343,6 +438,7 @@ async fn read_message(body: &mut RecvStream, max_message: usize) -> Result<Bytes
             }
         }
     }
+    let _ = body.flow_control().release_capacity(held);
     unframe(first.unwrap_or_else(|| joined.freeze()), max_message)
 }
 
@@ -405,14 +501,20 @@ fn decode_health(message: Bytes) -> Result<HealthCheckRequest, Status> {
         .map_err(|e| Status::invalid_argument(format!("not a HealthCheckRequest: {e}")))
 }
 
-fn health_of(request: &HealthCheckRequest) -> Result<HealthCheckResponse, Status> {
+/// SERVING for the services served here, NOT_SERVING once the node is stopping (a load
+/// balancer should send new calls elsewhere while it drains).
+fn health_of(request: &HealthCheckRequest, stopping: bool) -> Result<HealthCheckResponse, Status> {
     if !HEALTHY_SERVICES.contains(&request.service.as_str()) {
         return Err(Status::not_found(format!(
             "no service `{}` here",
             request.service.chars().take(200).collect::<String>()
         )));
     }
-    Ok(serving(ServingStatus::Serving))
+    Ok(serving(if stopping {
+        ServingStatus::NotServing
+    } else {
+        ServingStatus::Serving
+    }))
 }
 
 fn serving(status: ServingStatus) -> HealthCheckResponse {
@@ -422,12 +524,14 @@ fn serving(status: ServingStatus) -> HealthCheckResponse {
 }
 
 /// `Watch`: the status now, then NOT_SERVING when the node stops (the stream ends there), or
-/// SERVICE_UNKNOWN for a service not served here.
+/// SERVICE_UNKNOWN for a service not served here. A caller's `grpc-timeout` (`until`) ends it
+/// with DEADLINE_EXCEEDED.
 async fn watch_health(
     limits: Http2Limits,
     mut body: RecvStream,
     mut respond: SendResponse<Bytes>,
     mut shutdown: watch::Receiver<bool>,
+    until: Option<Instant>,
 ) {
     let asked = timeout(CALL_TIMEOUT, read_message(&mut body, limits.max_message))
         .await
@@ -441,28 +545,44 @@ async fn watch_health(
         Ok(request) => request,
         Err(status) => return refuse(&mut respond, &Refusal::Grpc(status)),
     };
-    let now = match health_of(&request) {
+    let now = match health_of(&request, *shutdown.borrow()) {
         Ok(status) => status,
         Err(_) => serving(ServingStatus::ServiceUnknown),
     };
-    let Ok(first) = encode(&now, limits.max_message) else {
+    let (Ok(first), Ok(last)) = (
+        encode(&now, limits.max_message),
+        encode(&serving(ServingStatus::NotServing), limits.max_message),
+    ) else {
         return;
     };
     let Ok(mut stream) = respond.send_response(grpc_head(), false) else {
         return;
     };
-    if stream.send_data(first, false).is_err() {
-        return;
-    }
+    let deadline = async {
+        match until {
+            Some(until) => tokio::time::sleep_until(until).await,
+            None => std::future::pending().await,
+        }
+    };
     tokio::select! {
-        _ = shutdown.wait_for(|stopping| *stopping) => {}
-        // The caller cancelled the watch.
-        _ = poll_fn(|cx| stream.poll_reset(cx)) => return,
-    }
-    if let Ok(last) = encode(&serving(ServingStatus::NotServing), limits.max_message)
-        && stream.send_data(last, false).is_ok()
-    {
-        let _ = stream.send_trailers(ok_trailers());
+        // Bounded by the caller's window like any answer; a caller that never takes it is
+        // ended by its own deadline or the node's stop.
+        sent = async {
+            send_within_window(&mut stream, first, false).await?;
+            let _ = shutdown.wait_for(|stopping| *stopping).await;
+            if now.status != ServingStatus::NotServing as i32 {
+                send_within_window(&mut stream, last, false).await?;
+            }
+            Ok::<_, h2::Error>(())
+        } => {
+            if sent.is_ok() {
+                let _ = stream.send_trailers(ok_trailers());
+            }
+        }
+        () = deadline => {
+            let status = Status::deadline_exceeded("the Watch reached the caller's grpc-timeout");
+            let _ = stream.send_trailers(status_trailers(&status));
+        }
     }
 }
 
@@ -470,6 +590,16 @@ fn grpc_head() -> Response<()> {
     let mut head = Response::new(());
     head.headers_mut().insert(CONTENT_TYPE, GRPC_CONTENT_TYPE);
     head
+}
+
+/// `status` as gRPC's trailers (or a trailers-only answer's headers).
+fn status_trailers(status: &Status) -> HeaderMap {
+    let mut trailers = HeaderMap::with_capacity(2);
+    trailers.insert(GRPC_STATUS, HeaderValue::from(status.code() as i32));
+    if let Ok(message) = HeaderValue::from_str(&percent_encoded(status.message())) {
+        trailers.insert(GRPC_MESSAGE, message);
+    }
+    trailers
 }
 
 fn ok_trailers() -> HeaderMap {
@@ -480,13 +610,40 @@ fn ok_trailers() -> HeaderMap {
 
 /// A unary call's answer: its message, then the OK trailers. A caller gone meanwhile is not
 /// answered.
-fn answer(respond: &mut SendResponse<Bytes>, message: Bytes) {
+async fn answer(respond: &mut SendResponse<Bytes>, message: Bytes) {
     let Ok(mut stream) = respond.send_response(grpc_head(), false) else {
         return;
     };
-    if stream.send_data(message, false).is_ok() {
+    if send_within_window(&mut stream, message, false)
+        .await
+        .is_ok()
+    {
         let _ = stream.send_trailers(ok_trailers());
     }
+}
+
+/// Sends `data` as the caller's window takes it: h2 queues whatever `send_data` is given, so
+/// a caller that opens no window would make the node hold every answer. At once when the
+/// window has room (the usual case: Envoy's windows are large).
+async fn send_within_window(
+    stream: &mut SendStream<Bytes>,
+    mut data: Bytes,
+    end: bool,
+) -> Result<(), h2::Error> {
+    while !data.is_empty() {
+        stream.reserve_capacity(data.len());
+        let mut granted = stream.capacity();
+        while granted == 0 {
+            granted = match poll_fn(|cx| stream.poll_capacity(cx)).await {
+                Some(granted) => granted?,
+                // The stream was closed (reset by the caller).
+                None => return Err(h2::Error::from(h2::Reason::CANCEL)),
+            };
+        }
+        let piece = data.split_to(granted.min(data.len()));
+        stream.send_data(piece, end && data.is_empty())?;
+    }
+    Ok(())
 }
 
 /// A refusal: gRPC's trailers-only answer (the status in the headers, the stream ended), or an
@@ -500,11 +657,7 @@ fn refuse(respond: &mut SendResponse<Bytes>, refusal: &Refusal) {
         }
         Refusal::Grpc(status) => {
             let mut head = grpc_head();
-            let headers = head.headers_mut();
-            headers.insert(GRPC_STATUS, HeaderValue::from(status.code() as i32));
-            if let Ok(message) = HeaderValue::from_str(&percent_encoded(status.message())) {
-                headers.insert(GRPC_MESSAGE, message);
-            }
+            head.headers_mut().extend(status_trailers(status));
             head
         }
     };
@@ -597,20 +750,51 @@ mod tests {
 
     /// A served connection and an h2 client on it, in memory; the count of the server's writes.
     async fn connected() -> (h2::client::SendRequest<Bytes>, Arc<AtomicUsize>) {
-        let (client_io, server_io) = tokio::io::duplex(1 << 20);
-        let writes = Arc::new(AtomicUsize::new(0));
-        let server_io = CountedWrites {
-            io: server_io,
-            writes: writes.clone(),
-        };
-        tokio::spawn(async move {
-            // Never stopped: the test ends first.
-            let (_stop, stopping) = watch::channel(false);
-            serve_connection(server_io, &AllowsAll, LIMITS, stopping).await
-        });
-        let (client, connection) = h2::client::handshake(client_io).await.unwrap();
-        tokio::spawn(connection);
-        (client, writes)
+        let mut served = Served::start(LIMITS);
+        let client = served.client(&h2::client::Builder::new()).await;
+        // Never stopped: the test ends first.
+        std::mem::forget(served.stop);
+        (client, served.writes)
+    }
+
+    /// A connection's server half, not yet spoken to.
+    struct Served {
+        client_io: Option<tokio::io::DuplexStream>,
+        writes: Arc<AtomicUsize>,
+        stop: watch::Sender<bool>,
+        server: tokio::task::JoinHandle<Result<(), String>>,
+    }
+
+    impl Served {
+        fn start(limits: Http2Limits) -> Served {
+            let (client_io, server_io) = tokio::io::duplex(1 << 20);
+            let writes = Arc::new(AtomicUsize::new(0));
+            let server_io = CountedWrites {
+                io: server_io,
+                writes: writes.clone(),
+            };
+            let (stop, stopping) = watch::channel(false);
+            let server = tokio::spawn(async move {
+                serve_connection(server_io, &AllowsAll, limits, stopping).await
+            });
+            Served {
+                client_io: Some(client_io),
+                writes,
+                stop,
+                server,
+            }
+        }
+
+        /// An h2 client made by `builder` on the connection (which it takes).
+        async fn client(
+            &mut self,
+            builder: &h2::client::Builder,
+        ) -> h2::client::SendRequest<Bytes> {
+            let io = self.client_io.take().expect("one client a connection");
+            let (client, connection) = builder.handshake(io).await.unwrap();
+            tokio::spawn(connection);
+            client
+        }
     }
 
     /// Sends one call with `body` on `path` and returns the pending answer.
@@ -753,6 +937,189 @@ mod tests {
         assert_eq!(answered(after).await.1, code(tonic::Code::Ok));
     }
 
+    /// A call on `path` with `headers` whose body is sent by the caller (not ended).
+    fn open_call(
+        client: &mut h2::client::SendRequest<Bytes>,
+        path: &str,
+        headers: &[(&str, &str)],
+    ) -> (h2::client::ResponseFuture, h2::SendStream<Bytes>) {
+        let mut request = Request::builder()
+            .method(Method::POST)
+            .uri(format!("http://rls{path}"))
+            .header(CONTENT_TYPE, "application/grpc");
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        client
+            .send_request(request.body(()).unwrap(), false)
+            .unwrap()
+    }
+
+    /// A ShouldRateLimit message of exactly `bytes` bytes with its prefix (a descriptor's value
+    /// pads it).
+    fn message_of(bytes: usize) -> Bytes {
+        use envoy_types::pb::envoy::extensions::common::ratelimit::v3::{
+            RateLimitDescriptor, rate_limit_descriptor::Entry,
+        };
+        let mut padding = bytes;
+        loop {
+            let request = RateLimitRequest {
+                domain: "edge".into(),
+                descriptors: vec![RateLimitDescriptor {
+                    entries: vec![Entry {
+                        key: "k".into(),
+                        value: "x".repeat(padding),
+                    }],
+                    ..Default::default()
+                }],
+                ..Default::default()
+            };
+            let framed = PREFIX_BYTES + request.encoded_len();
+            if framed == bytes {
+                return encode(&request, usize::MAX).unwrap();
+            }
+            // The lengths' varints shrink with the value: a few rounds settle it.
+            padding = padding + bytes - framed;
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_unfinished_message_keeps_its_window_until_its_call_ends() {
+        // A stream's window holds one message of the largest size, the connection's HTTP/2's
+        // least (65,535 bytes): what callers have sent of unfinished messages is held within
+        // it, not a message per call.
+        let limits = Http2Limits {
+            stream_window: 0,
+            connection_window: 0,
+            max_message: 40_000,
+        };
+        let mut served = Served::start(limits);
+        let mut client = served.client(&h2::client::Builder::new()).await;
+        let whole = message_of(39_500);
+        let (first, mut first_body) = open_call(&mut client, SHOULD_RATE_LIMIT, &[]);
+        first_body.send_data(whole.slice(..39_000), false).unwrap();
+        // 26,535 bytes of the connection's window are left: a call of 30,000 cannot finish.
+        let (second, mut second_body) = open_call(&mut client, SHOULD_RATE_LIMIT, &[]);
+        second_body.send_data(message_of(30_000), true).unwrap();
+        let mut second = std::pin::pin!(answered(second));
+        assert!(
+            timeout(Duration::from_secs(1), &mut second).await.is_err(),
+            "the first call's 39,000 bytes still hold the window"
+        );
+        // Neither can finish: both end at the call deadline, and their windows come back.
+        first_body.send_data(whole.slice(39_000..), true).unwrap();
+        let deadline = Some((tonic::Code::DeadlineExceeded as i32).to_string());
+        assert_eq!(answered(first).await.1, deadline);
+        assert_eq!(second.await.1, deadline);
+        let after = send(
+            &mut client,
+            Method::POST,
+            SHOULD_RATE_LIMIT,
+            message_of(39_500),
+        );
+        assert_eq!(answered(after).await.1.as_deref(), Some("0"));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_answer_waits_for_the_callers_window_and_ends_at_the_deadline() {
+        let mut served = Served::start(LIMITS);
+        // The caller opens no window for the answers at all.
+        let mut client = served
+            .client(h2::client::Builder::new().initial_window_size(0))
+            .await;
+        let (answer, mut body) =
+            open_call(&mut client, SHOULD_RATE_LIMIT, &[("grpc-timeout", "200m")]);
+        body.send_data(should_rate_limit(), true).unwrap();
+        let (head, mut answer_body) = answer.await.unwrap().into_parts();
+        assert_eq!(
+            head.status,
+            StatusCode::OK,
+            "headers are not flow-controlled"
+        );
+        // The message never fits the window: the call is reset at its deadline rather than
+        // left queued.
+        let ended = timeout(Duration::from_secs(1), answer_body.data()).await;
+        let reset = ended.expect("the call ends at its deadline");
+        assert!(
+            matches!(&reset, Some(Err(e)) if e.reason() == Some(h2::Reason::CANCEL)),
+            "{reset:?}"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_idle_connection_is_closed_and_one_with_a_call_open_is_not() {
+        let mut idle = Served::start(LIMITS);
+        let mut client = idle.client(&h2::client::Builder::new()).await;
+        let call = send(
+            &mut client,
+            Method::POST,
+            SHOULD_RATE_LIMIT,
+            should_rate_limit(),
+        );
+        assert_eq!(answered(call).await.1.as_deref(), Some("0"));
+        let mut server = idle.server;
+        assert!(
+            timeout(IDLE_TIMEOUT, &mut server).await.is_err(),
+            "a connection used within the timeout stays"
+        );
+        let closed = timeout(2 * IDLE_TIMEOUT, server).await;
+        assert_eq!(closed.expect("closed once idle").unwrap(), Ok(()));
+
+        // A Watch is a call open: its connection stays however long it lasts.
+        let mut watched = Served::start(LIMITS);
+        let mut client = watched.client(&h2::client::Builder::new()).await;
+        let (answer, mut body) = open_call(&mut client, HEALTH_WATCH, &[]);
+        body.send_data(encode(&HealthCheckRequest::default(), 4_096).unwrap(), true)
+            .unwrap();
+        let (_, mut statuses) = answer.await.unwrap().into_parts();
+        let first = statuses.data().await.unwrap().unwrap();
+        let first = HealthCheckResponse::decode(unframe(first, 4_096).unwrap()).unwrap();
+        assert_eq!(first.status, ServingStatus::Serving as i32);
+        assert!(
+            timeout(10 * IDLE_TIMEOUT, &mut watched.server)
+                .await
+                .is_err()
+        );
+        // Stopping ends the watch with NOT_SERVING, and the connection.
+        watched.stop.send(true).unwrap();
+        let last = statuses.data().await.unwrap().unwrap();
+        let last = HealthCheckResponse::decode(unframe(last, 4_096).unwrap()).unwrap();
+        assert_eq!(last.status, ServingStatus::NotServing as i32);
+        assert_eq!(watched.server.await.unwrap(), Ok(()));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_watch_ends_at_its_callers_deadline() {
+        let mut served = Served::start(LIMITS);
+        let mut client = served.client(&h2::client::Builder::new()).await;
+        let (answer, mut body) = open_call(&mut client, HEALTH_WATCH, &[("grpc-timeout", "30S")]);
+        body.send_data(encode(&HealthCheckRequest::default(), 4_096).unwrap(), true)
+            .unwrap();
+        let started = Instant::now();
+        let (_, status, message) = answered(answer).await;
+        assert_eq!(
+            status,
+            Some((tonic::Code::DeadlineExceeded as i32).to_string())
+        );
+        let lasted = started.elapsed();
+        assert!(
+            (30..31).contains(&lasted.as_secs()),
+            "{lasted:?}: the caller's 30 s, not CALL_TIMEOUT"
+        );
+        let first = HealthCheckResponse::decode(unframe(message, 4_096).unwrap()).unwrap();
+        assert_eq!(first.status, ServingStatus::Serving as i32);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_stopping_node_does_not_wait_for_a_preface_that_never_comes() {
+        let served = Served::start(LIMITS);
+        // The caller connected and sent nothing.
+        let _silent = served.client_io;
+        served.stop.send(true).unwrap();
+        let stopped = timeout(Duration::from_secs(1), served.server).await;
+        assert_eq!(stopped.expect("not the handshake's 10 s").unwrap(), Ok(()));
+    }
+
     #[test]
     fn grpc_timeouts_parse_in_every_unit_and_refuse_the_rest() {
         assert_eq!(parse_timeout(b"20m"), Some(Duration::from_millis(20)));
@@ -785,11 +1152,17 @@ mod tests {
     #[test]
     fn a_timeout_is_held_to_the_call_timeout() {
         let mut headers = HeaderMap::new();
+        let deadline = |headers: &HeaderMap| asked_timeout(headers).map(call_deadline);
         assert_eq!(deadline(&headers).unwrap(), CALL_TIMEOUT);
         headers.insert(GRPC_TIMEOUT, HeaderValue::from_static("250m"));
         assert_eq!(deadline(&headers).unwrap(), Duration::from_millis(250));
         headers.insert(GRPC_TIMEOUT, HeaderValue::from_static("1H"));
         assert_eq!(deadline(&headers).unwrap(), CALL_TIMEOUT);
+        assert_eq!(
+            asked_timeout(&headers).unwrap(),
+            Some(Duration::from_secs(3_600)),
+            "a Watch gets what it asked"
+        );
         headers.insert(GRPC_TIMEOUT, HeaderValue::from_static("soon"));
         assert!(matches!(
             deadline(&headers),
@@ -843,7 +1216,7 @@ mod tests {
         let back = decode_health(unframe(framed, 1_000).unwrap()).unwrap();
         assert_eq!(back, asked);
         assert_eq!(
-            health_of(&back).unwrap().status,
+            health_of(&back, false).unwrap().status,
             ServingStatus::Serving as i32
         );
         assert_eq!(
@@ -859,14 +1232,22 @@ mod tests {
                 service: served.into(),
             };
             assert_eq!(
-                health_of(&asked).unwrap().status,
+                health_of(&asked, false).unwrap().status,
                 ServingStatus::Serving as i32
+            );
+            assert_eq!(
+                health_of(&asked, true).unwrap().status,
+                ServingStatus::NotServing as i32,
+                "a draining node sends new calls elsewhere"
             );
         }
         let other = HealthCheckRequest {
             service: "grpc.reflection".into(),
         };
-        assert_eq!(health_of(&other).unwrap_err().code(), tonic::Code::NotFound);
+        assert_eq!(
+            health_of(&other, false).unwrap_err().code(),
+            tonic::Code::NotFound
+        );
     }
 
     #[test]

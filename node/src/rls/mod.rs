@@ -64,8 +64,8 @@ pub(crate) async fn start(
     // HTTP/2 windows from the node's limits, as the QUIC endpoint's: they bound what a caller
     // may send before the node reads it.
     let windows = limits.quic_windows();
-    // HTTP/2 windows are at most 2^31 - 1 bytes (h2 asserts it).
-    let window = |bytes: u64| u32::try_from(bytes.min(i32::MAX as u64)).unwrap_or(i32::MAX as u32);
+    let window =
+        |bytes: u64| u32::try_from(bytes).map_or(http2::MAX_WINDOW, |w| w.min(http2::MAX_WINDOW));
     let http2 = http2::Http2Limits {
         stream_window: window(windows.stream_receive),
         connection_window: window(windows.connection_receive),
