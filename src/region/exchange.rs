@@ -125,7 +125,8 @@ pub struct Exchange {
     /// Senders owed an acknowledgement.
     ack_due: BTreeSet<Peer>,
     /// GCRA units received that their bucket could not take yet (it was a capacity ahead).
-    backlog: HashMap<BucketKey, (Limit, u64)>,
+    /// Looked up by every global check: hashbrown's hasher, not std's SipHash.
+    backlog: hashbrown::HashMap<BucketKey, (Limit, u64)>,
     /// Units other regions had not confirmed when keys came here from another node of this
     /// region, counted beside this node's own.
     inherited: Inherited,
@@ -145,7 +146,7 @@ impl Exchange {
             forgotten_seqs: BTreeMap::new(),
             inboxes: BTreeMap::new(),
             ack_due: BTreeSet::new(),
-            backlog: HashMap::new(),
+            backlog: hashbrown::HashMap::new(),
             inherited: Inherited::default(),
             retransmissions_seen: 0,
             stats: ExchangeStats::default(),

@@ -15,7 +15,7 @@
 //! confirmation: then the region can pass its share by what is left of them, as when a
 //! destination counts as unreachable.
 
-use std::collections::HashMap;
+use hashbrown::HashMap;
 
 use super::scope::RegionName;
 use crate::BucketKey;

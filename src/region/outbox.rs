@@ -1,8 +1,13 @@
 //! One destination's outbox: deltas pending (aggregated per key), messages in flight until
 //! acknowledged (sent again with a doubling wait), and per key the units the destination has
 //! not confirmed yet (what the admission rule limits).
+//!
+//! Every global check touches two of its tables, so they are hashbrown's (foldhash, seeded per
+//! process) rather than std's SipHash, which cost about a tenth of a global check.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
+
+use hashbrown::HashMap;
 
 use super::config::ExchangeConfig;
 use super::delta::Delta;
@@ -21,9 +26,12 @@ struct InFlight {
 pub(super) struct Outbox {
     next_seq: u64,
     /// Keyed by the key's bits. A hash table: a global check adds to it, and an ordered map
-    /// shifted entries within its nodes at every insertion of a new key. Taken out in the
-    /// keys' order (`take_pending`), so a seeded simulation replays exactly.
+    /// shifted entries within its nodes at every insertion of a new key.
     pending: HashMap<u128, Delta>,
+    /// Deltas taken out of `pending` when it fell due, in the keys' order (so a seeded
+    /// simulation replays exactly), leaving a message at a time. Taken out whole: picking each
+    /// message's keys from `pending` read the whole table once per message.
+    staged: VecDeque<Delta>,
     in_flight: VecDeque<InFlight>,
     /// Units per key in `pending` and `in_flight` together (kept equal to their sum).
     unconfirmed: HashMap<BucketKey, u64>,
@@ -49,6 +57,7 @@ impl Outbox {
         Outbox {
             next_seq: next_seq.max(1),
             pending: HashMap::new(),
+            staged: VecDeque::new(),
             in_flight: VecDeque::new(),
             unconfirmed: HashMap::new(),
             progress_ns: 0,
@@ -77,7 +86,7 @@ impl Outbox {
     /// already). The length first: looking the key up costs a search of the table on every
     /// global check, and is needed only once the table is full.
     pub(super) fn can_hold(&self, key: BucketKey, config: &ExchangeConfig) -> bool {
-        self.pending.len() < config.max_pending_keys || self.pending.contains_key(&key.to_u128())
+        self.pending_keys() < config.max_pending_keys || self.pending.contains_key(&key.to_u128())
     }
 
     /// Queues `units` of `key` admitted at `now_ns` (the caller checked `can_hold`).
@@ -133,9 +142,9 @@ impl Outbox {
             .fold(0, |a, &b| a.saturating_add(b))
     }
 
-    /// Keys with pending deltas (for stats and tests).
+    /// Deltas not sent yet (a key staged and pending again counts twice: both are held).
     pub(super) fn pending_keys(&self) -> usize {
-        self.pending.len()
+        self.pending.len() + self.staged.len()
     }
 
     pub(super) fn in_flight(&self) -> usize {
@@ -171,14 +180,18 @@ impl Outbox {
             self.retransmissions += 1;
             return Some((due.seq, due.deltas.clone()));
         }
-        if self.pending.is_empty()
+        if self.pending_keys() == 0
             || now_ns < self.pending_due_ns(config)
             || self.in_flight.len() >= config.max_in_flight
         {
             return None;
         }
-        let deltas = self.take_pending(config.max_deltas_per_message);
-        if self.pending.is_empty() {
+        if self.staged.is_empty() {
+            self.stage_pending();
+        }
+        let most = config.max_deltas_per_message.clamp(1, self.staged.len());
+        let deltas: Vec<Delta> = self.staged.drain(..most).collect();
+        if self.pending_keys() == 0 {
             self.next_flush_ns = now_ns.saturating_add(config.sync_interval_ns);
         }
         let seq = self.next_seq;
@@ -192,41 +205,32 @@ impl Outbox {
         Some((seq, deltas))
     }
 
-    /// Takes the pending deltas of the `most` smallest keys (at least one), in the keys' order.
-    fn take_pending(&mut self, most: usize) -> Vec<Delta> {
-        let most = most.max(1);
-        if self.pending.len() <= most {
-            let mut deltas: Vec<Delta> = self.pending.drain().map(|(_, d)| d).collect();
-            deltas.sort_unstable_by_key(|d| d.key.to_u128());
-            return deltas;
-        }
-        let mut keys: Vec<u128> = self.pending.keys().copied().collect();
-        keys.select_nth_unstable(most - 1);
-        keys.truncate(most);
-        keys.sort_unstable();
-        keys.iter().filter_map(|k| self.pending.remove(k)).collect()
+    /// Moves every pending delta to `staged`, in the keys' order.
+    fn stage_pending(&mut self) {
+        let mut deltas: Vec<Delta> = self.pending.drain().map(|(_, d)| d).collect();
+        deltas.sort_unstable_by_key(|d| d.key.to_u128());
+        self.staged = deltas.into();
     }
 
     /// Takes the acknowledged messages out of flight: every sequence number below `below`, and
     /// those in `also`. Their units are confirmed.
     pub(super) fn acknowledge(&mut self, below: u64, also: &[u64], now_ns: u64) {
         let before = self.in_flight.len();
-        let mut confirmed = Vec::new();
+        let unconfirmed = &mut self.unconfirmed;
         self.in_flight.retain(|m| {
             let acked = m.seq < below || also.contains(&m.seq);
             if acked {
-                confirmed.extend(m.deltas.iter().map(|d| (d.key, d.units)));
+                for delta in &m.deltas {
+                    if let Some(left) = unconfirmed.get_mut(&delta.key) {
+                        *left = left.saturating_sub(delta.units);
+                        if *left == 0 {
+                            unconfirmed.remove(&delta.key);
+                        }
+                    }
+                }
             }
             !acked
         });
-        for (key, units) in confirmed {
-            if let Some(left) = self.unconfirmed.get_mut(&key) {
-                *left = left.saturating_sub(units);
-                if *left == 0 {
-                    self.unconfirmed.remove(&key);
-                }
-            }
-        }
         if self.in_flight.len() < before {
             self.progress_ns = now_ns;
         }
@@ -235,8 +239,10 @@ impl Outbox {
     /// Every delta not confirmed, pending or in flight (a message in flight may have been
     /// applied already: its acknowledgement was not seen), emptying the outbox.
     pub(super) fn take_unconfirmed(&mut self) -> Vec<Delta> {
-        let mut deltas: Vec<Delta> = std::mem::take(&mut self.pending).into_values().collect();
-        deltas.sort_unstable_by_key(|d| d.key.to_u128());
+        let mut deltas: Vec<Delta> = self.staged.drain(..).collect();
+        let mut pending: Vec<Delta> = self.pending.drain().map(|(_, d)| d).collect();
+        pending.sort_unstable_by_key(|d| d.key.to_u128());
+        deltas.extend(pending);
         for message in self.in_flight.drain(..) {
             deltas.extend(message.deltas);
         }
@@ -259,12 +265,13 @@ impl Outbox {
         }
     }
 
-    /// When the pending deltas are due: at the interval, or at once (0) when the table is half
-    /// full. Waiting only aggregates repeated keys, and on many distinct keys (a global limit per
-    /// user, at hundreds of thousands of users a second) a table filled within one interval
-    /// would deny the next key's checks (`refused_outbox_full`) while slots in flight sat free.
+    /// When the pending deltas are due: at the interval, or at once (0) when some are staged
+    /// already or the table is half full. Waiting only aggregates repeated keys, and on many
+    /// distinct keys (a global limit per user, at hundreds of thousands of users a second) a
+    /// table filled within one interval would deny the next key's checks
+    /// (`refused_outbox_full`) while slots in flight sat free.
     fn pending_due_ns(&self, config: &ExchangeConfig) -> u64 {
-        if self.pending.len() >= config.max_pending_keys.div_ceil(2) {
+        if !self.staged.is_empty() || self.pending_keys() >= config.max_pending_keys.div_ceil(2) {
             0
         } else {
             self.next_flush_ns
@@ -275,7 +282,7 @@ impl Outbox {
     /// already).
     pub(super) fn next_timeout(&self, config: &ExchangeConfig) -> Option<u64> {
         let resend = self.in_flight.iter().map(|m| m.resend_at_ns).min();
-        let flush = (!self.pending.is_empty() && self.in_flight.len() < config.max_in_flight)
+        let flush = (self.pending_keys() > 0 && self.in_flight.len() < config.max_in_flight)
             .then(|| self.pending_due_ns(config));
         resend.into_iter().chain(flush).min()
     }
@@ -331,6 +338,61 @@ mod tests {
         pending_first.sort_unstable();
         assert_eq!(taken[..2], pending_first[..]);
         assert_eq!(taken.len(), 10);
+    }
+
+    #[test]
+    fn keys_recorded_while_a_round_leaves_follow_it_and_count_against_the_table() {
+        let config = ExchangeConfig {
+            max_deltas_per_message: 2,
+            max_pending_keys: 6,
+            ..ExchangeConfig::default()
+        };
+        let mut out = Outbox::new();
+        for n in [5, 1, 3] {
+            out.record(key(n), &limit(), 1, 0);
+        }
+        let first = out.next_message(0, &config).unwrap().1;
+        assert_eq!(first.len(), 2);
+        // A key smaller than every staged one, and a staged key again: both wait for the round.
+        out.record(key(0), &limit(), 1, MS);
+        out.record(key(5), &limit(), 2, MS);
+        assert_eq!(out.pending_keys(), 3, "one staged, two pending");
+        let staged_key = [1u8, 3, 5]
+            .into_iter()
+            .map(key)
+            .find(|k| !first.iter().any(|d| d.key == *k))
+            .unwrap();
+        let second = out.next_message(MS, &config).unwrap().1;
+        assert_eq!(second.len(), 1);
+        assert_eq!(
+            second[0].key, staged_key,
+            "the round ends before new keys go"
+        );
+        let third = out.next_message(MS, &config).unwrap().1;
+        let mut expected = vec![key(0).to_u128(), key(5).to_u128()];
+        expected.sort_unstable();
+        let third_keys: Vec<u128> = third.iter().map(|d| d.key.to_u128()).collect();
+        assert_eq!(third_keys, expected);
+        assert_eq!(out.unconfirmed(key(5)), 3);
+        // Staged deltas hold places of the table until they leave.
+        for n in 10..14 {
+            out.record(key(n), &limit(), 1, 2 * MS);
+        }
+        out.next_message(2 * MS, &config).unwrap();
+        out.record(key(20), &limit(), 1, 2 * MS);
+        out.record(key(21), &limit(), 1, 2 * MS);
+        assert_eq!(out.pending_keys(), 4);
+        assert!(out.can_hold(key(22), &config));
+        out.record(key(22), &limit(), 1, 2 * MS);
+        out.record(key(23), &limit(), 1, 2 * MS);
+        assert!(
+            !out.can_hold(key(24), &config),
+            "two staged and four pending fill six"
+        );
+        assert!(
+            out.can_hold(key(23), &config),
+            "a pending key takes more units"
+        );
     }
 
     #[test]
