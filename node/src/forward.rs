@@ -23,7 +23,6 @@ use std::collections::BTreeMap;
 use std::ops::Range;
 use std::time::Duration;
 
-use floodgate::Clock;
 use floodgate::cluster::ownership::{Arrival, Failed, Placement, Refusal};
 use floodgate::protocol::Feature;
 use floodgate::region::Scope;
@@ -31,6 +30,7 @@ use floodgate::wire::{
     ArchivedCheckBatch, CheckGroups, ErrorCode, Frame, FrameKind, ScopedCheckBatch, ValidCheck,
     WireDecision, encode_message,
 };
+use floodgate::{Clock, EpochClock};
 use rkyv::rancor;
 
 use crate::caller::{Caller, REFUND_REFUSED};
@@ -39,6 +39,7 @@ use crate::cluster::RegionRings;
 use crate::metrics::DecisionTally;
 use crate::owner_batches;
 use crate::reach::Reach;
+use crate::region_sync::GlobalChecks;
 use crate::service::{decide_group, decode_frame_into, finish_batch, prefetch_before};
 use std::sync::Arc;
 
@@ -370,17 +371,22 @@ impl<'a> Batch<'a> {
     }
 
     /// Decides group `i` here: a group with `global` checks through the region exchange
-    /// (the admission rule, then queued for the key's owner in every other region), any
-    /// other from the bucket alone.
-    fn decide(&mut self, i: usize) -> GroupState {
+    /// (the admission rule, then queued for the key's owner in every other region) in the
+    /// `global` session, opened by the first such group, any other from the bucket alone.
+    fn decide(
+        &mut self,
+        i: usize,
+        global: &mut Option<GlobalChecks<'a, EpochClock>>,
+    ) -> GroupState {
         let start = self.local.len();
         if *self.reach(i) == Reach::Global {
             let checks = self.checks;
+            let session = global.get_or_insert_with(|| checks.region_sync.global_checks());
             let rings = self
                 .rings
                 .get_or_insert_with(|| {
                     let rings = checks.regions.rings();
-                    checks.region_sync.set_regions(rings.regions());
+                    session.set_regions(rings.regions());
                     rings
                 })
                 .clone();
@@ -391,7 +397,7 @@ impl<'a> Batch<'a> {
                 _ => scopes.iter().map(|s| *s == Scope::Global).collect(),
             };
             crate::reach::decide_global_group(
-                &checks.region_sync,
+                session,
                 &rings,
                 &self.groups[i],
                 &global,
@@ -470,6 +476,8 @@ impl<'a> Batch<'a> {
             placements,
         );
         let mut taken_over = 0;
+        // Taken by the first global group, given back after the last.
+        let mut global = None;
         placed.clear();
         placed.reserve(self.groups.len());
         for (i, placement) in placements.drain(..).enumerate() {
@@ -483,15 +491,16 @@ impl<'a> Batch<'a> {
                     GroupState::Refused(ErrorCode::NotOwner)
                 }
                 _ if matches!(self.reach(i), Reach::Home(_)) => GroupState::Home,
-                Placement::Decide => self.decide(i),
+                Placement::Decide => self.decide(i, &mut global),
                 Placement::Takeover => {
                     taken_over += self.groups[i].len() as u64;
-                    self.decide(i)
+                    self.decide(i, &mut global)
                 }
                 Placement::Forward(owner) => GroupState::Remote(owner),
                 Placement::Refuse(refusal) => GroupState::Refused(refusal_code(refusal)),
             });
         }
+        drop(global);
         drop(deciding);
         checks.metrics.taken_over.increment(taken_over);
         version
@@ -560,9 +569,10 @@ impl<'a> Batch<'a> {
                     })
                     .collect()
             };
+            let mut global = None;
             for (i, placement) in placements {
                 placed[i] = match placement {
-                    Placement::Decide | Placement::Takeover => self.decide(i),
+                    Placement::Decide | Placement::Takeover => self.decide(i, &mut global),
                     Placement::Forward(owner) => GroupState::Remote(owner),
                     Placement::Refuse(refusal) => GroupState::Refused(refusal_code(refusal)),
                 };

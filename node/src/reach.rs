@@ -14,7 +14,7 @@ use floodgate::{BucketCheck, EpochClock};
 use crate::check_path::CheckPath;
 use crate::cluster::{PEER_TIMEOUT, RegionRings};
 use crate::owner_batches;
-use crate::region_sync::RegionSync;
+use crate::region_sync::GlobalChecks;
 
 /// How a group is decided, from its checks' scopes.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -92,7 +92,7 @@ pub(crate) async fn forward_home(
 /// Decides a group with global checks here, all or nothing (a group of charges: each taken).
 /// `global` says which are global (one per check; of a group of one, true).
 pub(crate) fn decide_global_group(
-    region_sync: &RegionSync<EpochClock>,
+    region_sync: &mut GlobalChecks<'_, EpochClock>,
     rings: &RegionRings,
     group: &[ValidCheck],
     global: &[bool],
@@ -114,7 +114,7 @@ pub(crate) fn decide_global_group(
 
 /// [`decide_global_group`] with the group's store checks and each one's owners elsewhere.
 fn decide_with(
-    region_sync: &RegionSync<EpochClock>,
+    region_sync: &mut GlobalChecks<'_, EpochClock>,
     group: &[ValidCheck],
     checks: &[BucketCheck],
     global: &[bool],
@@ -129,9 +129,11 @@ fn decide_with(
         }));
         return;
     }
-    match region_sync.check_group(checks, global, others) {
-        Ok(decided) => out.extend(decided.into_iter().map(WireDecision::from)),
-        Err(_) => out.extend(refused(group.len(), ErrorCode::StoreFull)),
+    if region_sync
+        .check_group(checks, global, others, out)
+        .is_err()
+    {
+        out.extend(refused(group.len(), ErrorCode::StoreFull));
     }
 }
 

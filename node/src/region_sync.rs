@@ -15,7 +15,7 @@ use floodgate::wire::{
     encode_region_deltas,
 };
 use floodgate::{BucketCheck, BucketKey, BucketStore, Charged, Clock, Decision, Limit, StoreError};
-use parking_lot::Mutex;
+use parking_lot::{Mutex, MutexGuard};
 use tokio::sync::{Notify, watch};
 
 /// Where the driver's messages go: one message for one peer, best effort, encoded by
@@ -94,93 +94,17 @@ impl<C: Clock> RegionSync<C> {
         decision
     }
 
-    /// Decides an all-or-nothing group of which the checks marked in `global` are global, each
-    /// with the owners of its key in the other regions (`others`, one list per check): every
-    /// global check must pass the admission rule, then the store decides the group, and what it
-    /// admitted is recorded for the other regions only if the whole group passed.
-    pub fn check_group(
-        &self,
-        checks: &[BucketCheck],
-        global: &[bool],
-        others: &[&[Peer]],
-    ) -> Result<Vec<Decision>, StoreError> {
-        let now = self.clock.now_ns();
-        let mut exchange = self.exchange.lock();
-        let mut held_back = None;
-        for ((check, _), others) in checks
-            .iter()
-            .zip(global)
-            .zip(others)
-            .filter(|((_, g), _)| **g)
-        {
-            held_back = exchange.hold_back(
-                now,
-                &self.store,
-                check.key,
-                &check.limit,
-                check.cost,
-                others,
-            )?;
-            if held_back.is_some() {
-                break;
-            }
+    /// A session for deciding a batch's global groups: the exchange's lock taken and the clock
+    /// read once for all of them, and the sender task told once, when the session ends (per
+    /// check, those were a tenth of a global check's cost). Hold it only for work without an
+    /// await: other checks and received frames wait for the lock meanwhile.
+    pub fn global_checks(&self) -> GlobalChecks<'_, C> {
+        GlobalChecks {
+            now_ns: self.clock.now_ns(),
+            exchange: self.exchange.lock(),
+            sync: self,
+            decisions: Vec::new(),
         }
-        let mut decisions = Vec::with_capacity(checks.len());
-        if let Some(denied) = held_back {
-            // Denied as a whole: every check is denied, retrying when the held-back one may pass.
-            let retry_after_ns = denied.retry_after_ns().unwrap_or(0);
-            for check in checks {
-                let peek = self.store.check(check.key, &check.limit, 0, now)?;
-                decisions.push(Decision::Denied {
-                    remaining: 0,
-                    retry_after_ns,
-                    reset_after_ns: peek.reset_after_ns(),
-                });
-            }
-        } else if self.store.check_all(checks, now, &mut decisions)? {
-            // A peek took nothing: nothing for the other regions.
-            for ((check, _), others) in checks
-                .iter()
-                .zip(global)
-                .zip(others)
-                .filter(|((check, g), _)| **g && !check.peek)
-            {
-                exchange.record_admitted(now, check.key, &check.limit, check.cost, others);
-            }
-        }
-        self.changed(&exchange);
-        Ok(decisions)
-    }
-
-    /// Takes metered charges (never refused, see `BucketStore::charge`), of which those marked
-    /// in `global` count for the other regions too: what each bucket took is recorded for the
-    /// owners of its key there (`others`, one list per charge). Answers each with its bucket
-    /// as it now stands.
-    pub fn charge_group(
-        &self,
-        charges: &[BucketCheck],
-        global: &[bool],
-        others: &[&[Peer]],
-    ) -> Vec<Result<Charged, StoreError>> {
-        let now = self.clock.now_ns();
-        let mut exchange = self.exchange.lock();
-        let charged = charges
-            .iter()
-            .zip(global)
-            .zip(others)
-            .map(|((charge, &global), others)| {
-                let charged = self
-                    .store
-                    .charge(charge.key, &charge.limit, charge.cost, now)?;
-                if global {
-                    let taken = charge.cost - charged.forgiven.min(charge.cost);
-                    exchange.record_admitted(now, charge.key, &charge.limit, taken, others);
-                }
-                Ok(charged)
-            })
-            .collect();
-        self.changed(&exchange);
-        charged
     }
 
     /// Sets how many regions share global limits (see [`Exchange::set_regions`]).
@@ -451,5 +375,119 @@ impl<C: Clock> RegionSync<C> {
         if exchange.poll_timeout().is_some_and(|due| due < wakes_at) {
             self.wake.notify_one();
         }
+    }
+}
+
+/// Global checks decided under one hold of the exchange's lock (see
+/// [`RegionSync::global_checks`]).
+pub struct GlobalChecks<'a, C: Clock> {
+    sync: &'a RegionSync<C>,
+    exchange: MutexGuard<'a, Exchange>,
+    now_ns: u64,
+    /// The store's decisions for one group, kept between groups.
+    decisions: Vec<Decision>,
+}
+
+impl<C: Clock> std::fmt::Debug for GlobalChecks<'_, C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GlobalChecks")
+            .field("now_ns", &self.now_ns)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<C: Clock> GlobalChecks<'_, C> {
+    /// Sets how many regions share global limits (see [`Exchange::set_regions`]).
+    pub fn set_regions(&mut self, regions: usize) {
+        self.exchange.set_regions(regions);
+    }
+
+    /// Decides an all-or-nothing group of which the checks marked in `global` are global, each
+    /// with the owners of its key in the other regions (`others`, one list per check): every
+    /// global check must pass the admission rule, then the store decides the group, and what it
+    /// admitted is recorded for the other regions only if the whole group passed. Adds one
+    /// decision per check to `out`, or none on an error.
+    pub fn check_group<D: From<Decision>>(
+        &mut self,
+        checks: &[BucketCheck],
+        global: &[bool],
+        others: &[&[Peer]],
+        out: &mut Vec<D>,
+    ) -> Result<(), StoreError> {
+        let (now, store) = (self.now_ns, &self.sync.store);
+        let exchange = &mut *self.exchange;
+        let mut held_back = None;
+        for ((check, _), others) in checks
+            .iter()
+            .zip(global)
+            .zip(others)
+            .filter(|((_, g), _)| **g)
+        {
+            held_back =
+                exchange.hold_back(now, store, check.key, &check.limit, check.cost, others)?;
+            if held_back.is_some() {
+                break;
+            }
+        }
+        let decisions = &mut self.decisions;
+        decisions.clear();
+        if let Some(denied) = held_back {
+            // Denied as a whole: every check is denied, retrying when the held-back one may pass.
+            let retry_after_ns = denied.retry_after_ns().unwrap_or(0);
+            for check in checks {
+                let peek = store.check(check.key, &check.limit, 0, now)?;
+                decisions.push(Decision::Denied {
+                    remaining: 0,
+                    retry_after_ns,
+                    reset_after_ns: peek.reset_after_ns(),
+                });
+            }
+        } else if store.check_all(checks, now, decisions)? {
+            // A peek took nothing: nothing for the other regions.
+            for ((check, _), others) in checks
+                .iter()
+                .zip(global)
+                .zip(others)
+                .filter(|((check, g), _)| **g && !check.peek)
+            {
+                exchange.record_admitted(now, check.key, &check.limit, check.cost, others);
+            }
+        }
+        out.extend(decisions.drain(..).map(D::from));
+        Ok(())
+    }
+
+    /// Takes metered charges (never refused, see `BucketStore::charge`), of which those marked
+    /// in `global` count for the other regions too: what each bucket took is recorded for the
+    /// owners of its key there (`others`, one list per charge). Answers each with its bucket
+    /// as it now stands.
+    pub fn charge_group(
+        &mut self,
+        charges: &[BucketCheck],
+        global: &[bool],
+        others: &[&[Peer]],
+    ) -> Vec<Result<Charged, StoreError>> {
+        let (now, store) = (self.now_ns, &self.sync.store);
+        let exchange = &mut *self.exchange;
+        charges
+            .iter()
+            .zip(global)
+            .zip(others)
+            .map(|((charge, &global), others)| {
+                let charged = store.charge(charge.key, &charge.limit, charge.cost, now)?;
+                if global {
+                    let taken = charge.cost - charged.forgiven.min(charge.cost);
+                    exchange.record_admitted(now, charge.key, &charge.limit, taken, others);
+                }
+                Ok(charged)
+            })
+            .collect()
+    }
+}
+
+impl<C: Clock> Drop for GlobalChecks<'_, C> {
+    /// What the session changed is counted, and the sender task woken, once.
+    fn drop(&mut self) {
+        self.sync.changed(&self.exchange);
     }
 }
