@@ -118,6 +118,9 @@ pub struct StoreStats {
     pub refused: AtomicU64,
 }
 
+/// Buckets prefetched together, one burst ahead of those being worked on (`prefetch_ahead`).
+const PREFETCH_BURST: usize = 8;
+
 /// A shard and, beside its lock, where its GCRA slots live: read without the lock to prefetch a
 /// key's slot ahead of time. Updated after every exclusive access; a stale value only makes a
 /// prefetch useless, never wrong.
@@ -281,6 +284,22 @@ impl BucketStore {
         table::prefetch(layout, key);
     }
 
+    /// For a pass over `items` whose buckets are cold (replicas merged, other regions' deltas
+    /// applied): at every `PREFETCH_BURST`-th item `i`, prefetches the buckets of the burst
+    /// after `i`'s (and at the start, of the first burst too), so the misses of a burst overlap
+    /// while the one before it is worked on.
+    #[inline]
+    pub fn prefetch_ahead<T>(&self, items: &[T], i: usize, key: impl Fn(&T) -> BucketKey) {
+        if i % PREFETCH_BURST != 0 {
+            return;
+        }
+        let from = if i == 0 { 0 } else { i + PREFETCH_BURST };
+        let to = (i + 2 * PREFETCH_BURST).min(items.len());
+        for next in items.get(from..to).unwrap_or_default() {
+            self.prefetch(key(next));
+        }
+    }
+
     /// Decides several checks all-or-nothing: if any is denied (or can never pass), none of them
     /// consumes. Returns one decision per check, in order; the checks that would have passed
     /// report the bucket as it stays (their cost-0 view). Holds every shard involved exclusively
@@ -412,19 +431,10 @@ impl BucketStore {
     /// Merges buckets received from a peer (the later TAT wins). Returns how many could not be
     /// stored for lack of room.
     pub fn merge(&self, states: &[BucketState], now_ns: u64) -> usize {
-        /// Buckets whose slots are prefetched together, one burst ahead of those being merged:
-        /// a replica's bucket is as cold as a check's (see `prefetch`).
-        const BURST: usize = 8;
         let mut refused = 0;
         for (i, state) in states.iter().enumerate() {
-            if i % BURST == 0 {
-                // The first burst's own slots too, at the start.
-                let from = if i == 0 { 0 } else { i + BURST };
-                let to = (i + 2 * BURST).min(states.len());
-                for next in states.get(from..to).unwrap_or_default() {
-                    self.prefetch(next.key);
-                }
-            }
+            // A replica's bucket is as cold as a check's (see `prefetch`).
+            self.prefetch_ahead(states, i, |s| s.key);
             let shard = &self.shards[self.shard_index(state.key)];
             // Most replicas land on a bucket the successor already holds: merged under the
             // shared lock, beside the decisions; only a new bucket takes the shard exclusively.
