@@ -569,7 +569,14 @@ async fn watch_health(
         // ended by its own deadline or the node's stop.
         sent = async {
             send_within_window(&mut stream, first, false).await?;
-            let _ = shutdown.wait_for(|stopping| *stopping).await;
+            tokio::select! {
+                _ = shutdown.wait_for(|stopping| *stopping) => {}
+                // The caller cancelled the watch: h2 no longer counts its stream, so neither
+                // may this connection's calls.
+                reset = poll_fn(|cx| stream.poll_reset(cx)) => {
+                    return Err(reset.map_or_else(|e| e, h2::Error::from));
+                }
+            }
             if now.status != ServingStatus::NotServing as i32 {
                 send_within_window(&mut stream, last, false).await?;
             }
@@ -1086,6 +1093,21 @@ mod tests {
         let last = HealthCheckResponse::decode(unframe(last, 4_096).unwrap()).unwrap();
         assert_eq!(last.status, ServingStatus::NotServing as i32);
         assert_eq!(watched.server.await.unwrap(), Ok(()));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_watch_its_caller_cancels_is_no_longer_a_call_open() {
+        let mut served = Served::start(LIMITS);
+        let mut client = served.client(&h2::client::Builder::new()).await;
+        let (answer, mut body) = open_call(&mut client, HEALTH_WATCH, &[]);
+        body.send_data(encode(&HealthCheckRequest::default(), 4_096).unwrap(), true)
+            .unwrap();
+        let (_, mut statuses) = answer.await.unwrap().into_parts();
+        assert!(statuses.data().await.unwrap().is_ok());
+        body.send_reset(h2::Reason::CANCEL);
+        // Nothing open: the connection is idle, and closed as such.
+        let closed = timeout(3 * IDLE_TIMEOUT, served.server).await;
+        assert_eq!(closed.expect("closed once idle").unwrap(), Ok(()));
     }
 
     #[tokio::test(start_paused = true)]
