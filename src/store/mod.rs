@@ -290,7 +290,7 @@ impl BucketStore {
     /// while the one before it is worked on.
     #[inline]
     pub fn prefetch_ahead<T>(&self, items: &[T], i: usize, key: impl Fn(&T) -> BucketKey) {
-        if i % PREFETCH_BURST != 0 {
+        if !i.is_multiple_of(PREFETCH_BURST) {
             return;
         }
         let from = if i == 0 { 0 } else { i + PREFETCH_BURST };
