@@ -381,15 +381,16 @@ impl<'a> Batch<'a> {
         let start = self.local.len();
         if *self.reach(i) == Reach::Global {
             let checks = self.checks;
-            let session = global.get_or_insert_with(|| checks.region_sync.global_checks());
+            // The rings are read before the exchange's lock is taken, as everywhere else.
+            let fresh = self.rings.is_none();
             let rings = self
                 .rings
-                .get_or_insert_with(|| {
-                    let rings = checks.regions.rings();
-                    session.set_regions(rings.regions());
-                    rings
-                })
+                .get_or_insert_with(|| checks.regions.rings())
                 .clone();
+            let session = global.get_or_insert_with(|| checks.region_sync.global_checks());
+            if fresh {
+                session.set_regions(rings.regions());
+            }
             let scopes = self.scopes_of(i);
             // A group of one global check (the usual one) needs no list of its own.
             let global: Cow<'_, [bool]> = match scopes {
