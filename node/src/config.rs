@@ -119,7 +119,30 @@ pub struct QuicWindows {
     pub send: u64,
 }
 
+/// HTTP/2's largest flow-control window, 2^31 - 1 bytes (h2 asserts it).
+pub const MAX_HTTP2_WINDOW: u32 = i32::MAX as u32;
+
+/// The windows of an HTTP/2 listener (the RLS and RLQS fronts): the QUIC ones, each at most
+/// [`MAX_HTTP2_WINDOW`] (a large `--max-buffered-bytes` share would pass it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Http2Windows {
+    pub stream: u32,
+    pub connection: u32,
+}
+
 impl NodeLimits {
+    /// The HTTP/2 flow-control windows, from these limits (see [`Http2Windows`]).
+    pub fn http2_windows(&self) -> Http2Windows {
+        let windows = self.quic_windows();
+        let clamp = |bytes: u64| {
+            u32::try_from(bytes.min(u64::from(MAX_HTTP2_WINDOW))).unwrap_or(MAX_HTTP2_WINDOW)
+        };
+        Http2Windows {
+            stream: clamp(windows.stream_receive),
+            connection: clamp(windows.connection_receive),
+        }
+    }
+
     /// The QUIC flow-control windows, from these limits (see [`QuicWindows`]).
     pub fn quic_windows(&self) -> QuicWindows {
         let one_frame = (self.max_frame_bytes + floodgate::wire::HEADER_BYTES) as u64;
@@ -458,6 +481,20 @@ pub enum RespFailureMode {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn http2_windows_are_the_quic_ones_within_http2s_largest() {
+        let limits = NodeLimits {
+            max_buffered_bytes: 16 << 30,
+            max_connections: 1,
+            max_peer_connections: 1,
+            ..NodeLimits::default()
+        };
+        let (quic, http2) = (limits.quic_windows(), limits.http2_windows());
+        assert!(quic.connection_receive > u64::from(MAX_HTTP2_WINDOW));
+        assert_eq!(http2.connection, MAX_HTTP2_WINDOW);
+        assert_eq!(u64::from(http2.stream), quic.stream_receive);
+    }
 
     #[test]
     fn quic_windows_follow_the_frame_size_and_the_budget() {

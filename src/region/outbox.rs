@@ -205,11 +205,16 @@ impl Outbox {
         Some((seq, deltas))
     }
 
-    /// Moves every pending delta to `staged`, in the keys' order.
+    /// Moves every pending delta to `staged`.
     fn stage_pending(&mut self) {
+        self.staged = self.take_pending().into();
+    }
+
+    /// Every pending delta, in the keys' order, emptying the table.
+    fn take_pending(&mut self) -> Vec<Delta> {
         let mut deltas: Vec<Delta> = self.pending.drain().map(|(_, d)| d).collect();
         deltas.sort_unstable_by_key(|d| d.key.to_u128());
-        self.staged = deltas.into();
+        deltas
     }
 
     /// Takes the acknowledged messages out of flight: every sequence number below `below`, and
@@ -240,9 +245,7 @@ impl Outbox {
     /// applied already: its acknowledgement was not seen), emptying the outbox.
     pub(super) fn take_unconfirmed(&mut self) -> Vec<Delta> {
         let mut deltas: Vec<Delta> = self.staged.drain(..).collect();
-        let mut pending: Vec<Delta> = self.pending.drain().map(|(_, d)| d).collect();
-        pending.sort_unstable_by_key(|d| d.key.to_u128());
-        deltas.extend(pending);
+        deltas.extend(self.take_pending());
         for message in self.in_flight.drain(..) {
             deltas.extend(message.deltas);
         }

@@ -44,8 +44,6 @@ use super::incoming::HeldConnection;
 
 /// Most concurrent calls per HTTP/2 connection (Envoy multiplexes its calls over few).
 pub(crate) const MAX_STREAMS_PER_CONNECTION: u32 = 1_024;
-/// HTTP/2's largest window, 2^31 - 1 bytes (h2 asserts it).
-pub(crate) const MAX_WINDOW: u32 = i32::MAX as u32;
 /// A call not answered in this time is refused (Envoy's own timeout is usually 20 ms to 1 s).
 pub(crate) const CALL_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long a TLS handshake and the HTTP/2 preface may take: a caller that stalls them holds a
@@ -167,7 +165,7 @@ where
     // largest size must fit a stream's window and the connection's.
     let whole_message = u32::try_from(limits.max_message.saturating_add(PREFIX_BYTES))
         .unwrap_or(u32::MAX)
-        .min(MAX_WINDOW);
+        .min(crate::config::MAX_HTTP2_WINDOW);
     let stream_window = limits.stream_window.max(whole_message);
     let handshake = h2::server::Builder::new()
         .initial_window_size(stream_window)

@@ -63,12 +63,10 @@ pub(crate) async fn start(
     let limits = front.config.limits;
     // HTTP/2 windows from the node's limits, as the QUIC endpoint's: they bound what a caller
     // may send before the node reads it.
-    let windows = limits.quic_windows();
-    let window =
-        |bytes: u64| u32::try_from(bytes).map_or(http2::MAX_WINDOW, |w| w.min(http2::MAX_WINDOW));
+    let windows = limits.http2_windows();
     let http2 = http2::Http2Limits {
-        stream_window: window(windows.stream_receive),
-        connection_window: window(windows.connection_receive),
+        stream_window: windows.stream,
+        connection_window: windows.connection,
         max_message: limits.max_frame_bytes,
     };
     // The same allowance as the QUIC endpoint's clients, counted apart.

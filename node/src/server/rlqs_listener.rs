@@ -44,9 +44,7 @@ pub(super) async fn start(
     let rlqs = RateLimitQuotaServiceServer::new(RlqsService { hub: hub.clone() })
         .max_decoding_message_size(limits.max_frame_bytes)
         .max_encoding_message_size(limits.max_frame_bytes);
-    let windows = limits.quic_windows();
-    let stream_window = u32::try_from(windows.stream_receive).unwrap_or(u32::MAX);
-    let connection_window = u32::try_from(windows.connection_receive).unwrap_or(u32::MAX);
+    let windows = limits.http2_windows();
     let incoming = crate::rls::bounded_incoming(listener, limits.max_connections, shutdown.clone());
     let mut stop = shutdown.clone();
     let mut builder = tonic::transport::Server::builder();
@@ -57,8 +55,8 @@ pub(super) async fn start(
     }
     tasks.spawn(async move {
         let served = builder
-            .initial_stream_window_size(stream_window)
-            .initial_connection_window_size(connection_window)
+            .initial_stream_window_size(windows.stream)
+            .initial_connection_window_size(windows.connection)
             .max_concurrent_streams(MAX_STREAMS_PER_CONNECTION)
             .add_service(health_service)
             .add_service(rlqs)
