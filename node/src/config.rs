@@ -122,6 +122,15 @@ pub struct QuicWindows {
 /// HTTP/2's largest flow-control window, 2^31 - 1 bytes (h2 asserts it).
 pub const MAX_HTTP2_WINDOW: u32 = i32::MAX as u32;
 
+/// The HTTP/2 listeners' keepalive (the RLS and RLQS fronts): a PING this often, which the
+/// caller must answer within [`HTTP2_KEEPALIVE_TIMEOUT`] or lose its connection. Without it, a
+/// caller that vanished (its machine gone, a NAT that dropped the flow) while holding a health
+/// `Watch` or an RLQS stream would keep its connection, and a place of `--max-connections`,
+/// until TCP noticed, which can take hours. Envoy answers PINGs in its codec.
+pub const HTTP2_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(60);
+/// How long a caller has to answer a keepalive PING.
+pub const HTTP2_KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(20);
+
 /// The windows of an HTTP/2 listener (the RLS and RLQS fronts): the QUIC ones, each at most
 /// [`MAX_HTTP2_WINDOW`] (a large `--max-buffered-bytes` share would pass it).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -14,11 +14,13 @@
 //! What a connection can make the node hold is bounded in bytes both ways. A call's message is
 //! read without giving the window back until it is whole, so unfinished messages stay within
 //! the connection's window. An answer is sent only as the caller's window takes it, at most
-//! `MAX_SEND_BUFFER_BYTES` queued per call. A connection idle for `IDLE_TIMEOUT` is closed,
-//! and a stopping node interrupts handshakes as well as calls.
+//! `MAX_SEND_BUFFER_BYTES` queued per call. A connection idle for `IDLE_TIMEOUT` is closed, so
+//! is one whose caller leaves a keepalive PING unanswered (`Keepalive`), and a stopping node
+//! interrupts handshakes as well as calls.
 
 use std::future::{Future, poll_fn};
 use std::io;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -41,6 +43,7 @@ use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::{HealthCheckRequest, HealthCheckResponse};
 
 use super::incoming::HeldConnection;
+use crate::config::{HTTP2_KEEPALIVE_INTERVAL, HTTP2_KEEPALIVE_TIMEOUT};
 
 /// Most concurrent calls per HTTP/2 connection (Envoy multiplexes its calls over few).
 pub(crate) const MAX_STREAMS_PER_CONNECTION: u32 = 1_024;
@@ -182,6 +185,11 @@ where
     let mut connection = handshake
         .map_err(|_| "the HTTP/2 preface did not arrive in time".to_owned())?
         .map_err(|e| format!("HTTP/2 handshake failed: {e}"))?;
+    let mut keepalive = Keepalive::new(
+        connection
+            .ping_pong()
+            .ok_or("the HTTP/2 connection's pings were taken already")?,
+    );
     let watchers_stop = shutdown.clone();
     let mut start =
         |request, respond| answer_call(service, limits, &watchers_stop, request, respond);
@@ -194,7 +202,11 @@ where
         poll_fn(|cx| {
             let turned = turn(&mut connection, &mut calls, &mut start, &mut active, cx);
             if let Poll::Ready(ended) = turned {
-                return Poll::Ready(Some(ended));
+                return Poll::Ready(Some(ended.map_err(|e| e.to_string())));
+            }
+            // After the turn, which sends a PING asked for and reads its PONG.
+            if let Poll::Ready(gone) = keepalive.poll(cx) {
+                return Poll::Ready(Some(Err(gone)));
             }
             // The timer is moved on only when it fires, not at every turn: a connection is
             // closed after one to two IDLE_TIMEOUTs without a call.
@@ -210,7 +222,7 @@ where
     .await
     .flatten();
     if let Some(ended) = ended {
-        return ended.map_err(|e| e.to_string());
+        return ended;
     }
     connection.graceful_shutdown();
     match timeout(
@@ -226,6 +238,58 @@ where
             "{} calls were still open {CALL_TIMEOUT:?} after the node began stopping",
             calls.len()
         )),
+    }
+}
+
+/// A connection's keepalive: a PING every `HTTP2_KEEPALIVE_INTERVAL`, which the caller must
+/// answer within `HTTP2_KEEPALIVE_TIMEOUT`. Calls and the idle timer cannot tell a caller that
+/// vanished from one holding a `Watch` open: a caller whose machine is gone answers nothing.
+struct Keepalive {
+    pings: h2::PingPong,
+    /// When the next PING goes or, with one out, when its caller is gone.
+    due: Pin<Box<tokio::time::Sleep>>,
+    awaiting_pong: bool,
+}
+
+impl Keepalive {
+    fn new(pings: h2::PingPong) -> Self {
+        Keepalive {
+            pings,
+            due: Box::pin(tokio::time::sleep(HTTP2_KEEPALIVE_INTERVAL)),
+            awaiting_pong: false,
+        }
+    }
+
+    /// Ready, saying why, once the caller left a PING unanswered; the connection must be
+    /// polled too, to send the PING and read the PONG.
+    fn poll(&mut self, cx: &mut Context<'_>) -> Poll<String> {
+        loop {
+            if self.awaiting_pong {
+                match self.pings.poll_pong(cx) {
+                    Poll::Ready(Ok(_)) => {
+                        self.awaiting_pong = false;
+                        let next = Instant::now() + HTTP2_KEEPALIVE_INTERVAL;
+                        self.due.as_mut().reset(next);
+                    }
+                    Poll::Ready(Err(e)) => return Poll::Ready(format!("keepalive: {e}")),
+                    Poll::Pending => {}
+                }
+            }
+            if self.due.as_mut().poll(cx).is_pending() {
+                return Poll::Pending;
+            }
+            if self.awaiting_pong {
+                return Poll::Ready(format!(
+                    "the caller left a keepalive PING unanswered for {HTTP2_KEEPALIVE_TIMEOUT:?}"
+                ));
+            }
+            if let Err(e) = self.pings.send_ping(h2::Ping::opaque()) {
+                return Poll::Ready(format!("keepalive: {e}"));
+            }
+            self.awaiting_pong = true;
+            let gone_at = Instant::now() + HTTP2_KEEPALIVE_TIMEOUT;
+            self.due.as_mut().reset(gone_at);
+        }
     }
 }
 
@@ -684,7 +748,6 @@ fn percent_encoded(message: &str) -> String {
 
 #[cfg(test)]
 mod tests {
-    use std::pin::Pin;
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
@@ -1073,13 +1136,7 @@ mod tests {
         // A Watch is a call open: its connection stays however long it lasts.
         let mut watched = Served::start(LIMITS);
         let mut client = watched.client(&h2::client::Builder::new()).await;
-        let (answer, mut body) = open_call(&mut client, HEALTH_WATCH, &[]);
-        body.send_data(encode(&HealthCheckRequest::default(), 4_096).unwrap(), true)
-            .unwrap();
-        let (_, mut statuses) = answer.await.unwrap().into_parts();
-        let first = statuses.data().await.unwrap().unwrap();
-        let first = HealthCheckResponse::decode(unframe(first, 4_096).unwrap()).unwrap();
-        assert_eq!(first.status, ServingStatus::Serving as i32);
+        let mut statuses = watching(&mut client).await;
         assert!(
             timeout(10 * IDLE_TIMEOUT, &mut watched.server)
                 .await
@@ -1128,6 +1185,62 @@ mod tests {
         );
         let first = HealthCheckResponse::decode(unframe(message, 4_096).unwrap()).unwrap();
         assert_eq!(first.status, ServingStatus::Serving as i32);
+    }
+
+    /// Opens a health Watch on `client` and reads its first answer, SERVING.
+    async fn watching(client: &mut h2::client::SendRequest<Bytes>) -> RecvStream {
+        let (answer, mut body) = open_call(client, HEALTH_WATCH, &[]);
+        body.send_data(encode(&HealthCheckRequest::default(), 4_096).unwrap(), true)
+            .unwrap();
+        let (_, mut statuses) = answer.await.unwrap().into_parts();
+        let first = statuses.data().await.unwrap().unwrap();
+        let first = HealthCheckResponse::decode(unframe(first, 4_096).unwrap()).unwrap();
+        assert_eq!(first.status, ServingStatus::Serving as i32);
+        statuses
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_caller_that_leaves_a_keepalive_ping_unanswered_loses_its_connection() {
+        // A caller that answers PINGs (h2's client does, as Envoy's codec does) keeps its
+        // Watch over many keepalive intervals.
+        let mut answering = Served::start(LIMITS);
+        let mut client = answering.client(&h2::client::Builder::new()).await;
+        let _statuses = watching(&mut client).await;
+        assert!(
+            timeout(5 * HTTP2_KEEPALIVE_INTERVAL, &mut answering.server)
+                .await
+                .is_err(),
+            "answered PINGs keep the connection"
+        );
+
+        // The same Watch, then the caller's machine vanishes: its socket stays open, and
+        // nothing it receives is answered any more.
+        let mut vanishing = Served::start(LIMITS);
+        let io = vanishing.client_io.take().unwrap();
+        let (mut client, connection) = h2::client::Builder::new().handshake(io).await.unwrap();
+        let (vanish, vanished) = tokio::sync::oneshot::channel::<()>();
+        tokio::spawn(async move {
+            tokio::pin!(connection);
+            tokio::select! {
+                _ = &mut connection => {}
+                _ = vanished => std::future::pending::<()>().await,
+            }
+        });
+        let _statuses = watching(&mut client).await;
+        let started = Instant::now();
+        vanish.send(()).unwrap();
+        let ended = timeout(10 * HTTP2_KEEPALIVE_INTERVAL, vanishing.server)
+            .await
+            .expect("the connection is closed")
+            .unwrap();
+        let why = ended.unwrap_err();
+        assert!(why.contains("keepalive PING unanswered"), "{why}");
+        let waited = started.elapsed();
+        assert!(
+            waited <= HTTP2_KEEPALIVE_INTERVAL + HTTP2_KEEPALIVE_TIMEOUT
+                && waited >= HTTP2_KEEPALIVE_TIMEOUT,
+            "{waited:?}: one interval to the PING, then its timeout"
+        );
     }
 
     #[tokio::test(start_paused = true)]

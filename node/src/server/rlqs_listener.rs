@@ -9,7 +9,7 @@ use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_serv
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
-use crate::config::NodeConfig;
+use crate::config::{HTTP2_KEEPALIVE_INTERVAL, HTTP2_KEEPALIVE_TIMEOUT, NodeConfig};
 use crate::rlqs::{Hub, RlqsService, RlqsSettings};
 use crate::rls::RlsConfigHandle;
 
@@ -58,6 +58,8 @@ pub(super) async fn start(
             .initial_stream_window_size(windows.stream)
             .initial_connection_window_size(windows.connection)
             .max_concurrent_streams(MAX_STREAMS_PER_CONNECTION)
+            .http2_keepalive_interval(Some(HTTP2_KEEPALIVE_INTERVAL))
+            .http2_keepalive_timeout(Some(HTTP2_KEEPALIVE_TIMEOUT))
             .add_service(health_service)
             .add_service(rlqs)
             .serve_with_incoming_shutdown(incoming, async move {
