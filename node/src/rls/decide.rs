@@ -18,62 +18,72 @@ pub(crate) async fn decide(
     front: &FrontContext,
     plans: &[Planned],
 ) -> Result<Vec<Option<Decision>>, Undecided> {
-    let checks: Vec<(usize, WireCheck)> = plans
+    // One group per descriptor: each goes to the owner of its own key (and a group is all
+    // refunds or none). `places`: each group's plan.
+    let (places, groups): (Vec<usize>, Vec<Vec<WireCheck>>) = plans
         .iter()
         .enumerate()
-        .filter_map(|(i, plan)| match plan {
-            Planned::Check {
-                key,
-                counted,
-                cost,
-                refund,
-                peek,
-                charge,
-                ..
-            } => {
-                let mut check = WireCheck::new(key.clone(), &counted.limit, *cost);
-                check.refund = *refund;
-                check.peek = *peek;
-                check.charge = *charge;
-                Some((i, check))
-            }
-            _ => None,
-        })
-        .collect();
+        .filter_map(|(i, plan)| Some((i, vec![wire_check(plan)?])))
+        .unzip();
     let mut decisions = vec![None; plans.len()];
-    if checks.is_empty() {
+    if groups.is_empty() {
         return Ok(decisions);
     }
-    // One group per descriptor: each goes to the owner of its own key (and a group is all
-    // refunds or none).
-    let groups = checks.iter().map(|(_, c)| vec![c.clone()]).collect();
     let answers = run_batch(front, groups).await?;
-    for ((i, _), answer) in checks.iter().zip(&answers) {
+    for (&i, answer) in places.iter().zip(&answers) {
         let decision = answer
             .to_decision()
             .map_err(|code| Undecided(format!("a check could not be decided: {code}")))?;
-        decisions[*i] = Some(decision);
+        decisions[i] = Some(decision);
     }
     // A charge is never refused (a bucket it left owing answers denied): it makes no request
     // over the limit.
-    let over_limit = checks.iter().any(|(i, check)| {
-        let shadow = matches!(&plans[*i], Planned::Check { rule, .. } if rule.shadow_mode);
-        !shadow && !check.charge && decisions[*i].is_some_and(|d| !d.is_allowed())
+    let over_limit = places.iter().any(|&i| match &plans[i] {
+        Planned::Check {
+            rule,
+            charge: false,
+            ..
+        } => !rule.shadow_mode && decisions[i].is_some_and(|d| !d.is_allowed()),
+        _ => false,
     });
     if over_limit {
-        refund_allowed(front, &checks, &mut decisions).await;
+        refund_allowed(front, plans, &places, &mut decisions).await;
     }
     Ok(decisions)
 }
 
-/// Gives back what the allowed checks took; their answers become the buckets as they now stand.
+/// The check a plan asks for, if it counts one.
+fn wire_check(plan: &Planned) -> Option<WireCheck> {
+    let Planned::Check {
+        key,
+        counted,
+        cost,
+        refund,
+        peek,
+        charge,
+        ..
+    } = plan
+    else {
+        return None;
+    };
+    let mut check = WireCheck::new(key.clone(), &counted.limit, *cost);
+    check.refund = *refund;
+    check.peek = *peek;
+    check.charge = *charge;
+    Some(check)
+}
+
+/// Gives back what the allowed checks (at `places` of `plans`) took; their answers become the
+/// buckets as they now stand.
 async fn refund_allowed(
     front: &FrontContext,
-    checks: &[(usize, WireCheck)],
+    plans: &[Planned],
+    places: &[usize],
     decisions: &mut [Option<Decision>],
 ) {
-    let refunds: Vec<(usize, WireCheck)> = checks
+    let (refunded, groups): (Vec<usize>, Vec<Vec<WireCheck>>) = places
         .iter()
+        .filter_map(|&i| Some((i, wire_check(&plans[i])?)))
         // A peek took nothing; a charge is spent whatever the request's answer.
         .filter(|(i, c)| {
             !c.refund
@@ -82,21 +92,19 @@ async fn refund_allowed(
                 && c.cost > 0
                 && decisions[*i].is_some_and(|d| d.is_allowed())
         })
-        .map(|(i, c)| {
-            let mut refund = c.clone();
+        .map(|(i, mut refund)| {
             refund.refund = true;
-            (*i, refund)
+            (i, vec![refund])
         })
-        .collect();
-    if refunds.is_empty() {
+        .unzip();
+    if groups.is_empty() {
         return;
     }
-    let groups = refunds.iter().map(|(_, c)| vec![c.clone()]).collect();
     match run_batch(front, groups).await {
         Ok(answers) => {
-            for ((i, _), answer) in refunds.iter().zip(answers) {
+            for (i, answer) in refunded.into_iter().zip(answers) {
                 if let Ok(decision) = answer.to_decision() {
-                    decisions[*i] = Some(decision);
+                    decisions[i] = Some(decision);
                 }
             }
         }

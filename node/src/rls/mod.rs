@@ -8,9 +8,11 @@
 //! - `incoming`: the listener's connections, at most `max_connections` open at once.
 //! - `decide`: a request's checks through `forward::answer_check_batch`, refunds when denied.
 //! - `http2`: gRPC over HTTP/2, a connection's calls answered together.
-//! - `service`: the proto in and out, metrics.
+//! - `service`: the proto in and out.
+//! - `counts`: its metrics, their handles registered once.
 
 mod config_file;
+mod counts;
 mod decide;
 mod http2;
 mod incoming;
@@ -78,6 +80,7 @@ pub(crate) async fn start(
         plan: floodgate::rls::PlanOptions {
             allow_negative_hits: settings.allow_negative_hits,
         },
+        metrics: counts::RlsMetrics::new(),
     });
     tasks.spawn(http2::serve(
         incoming.into_inner(),

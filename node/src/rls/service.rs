@@ -17,10 +17,10 @@ use floodgate::rls::{
     DescriptorAnswer, DescriptorRequest, PlanOptions, Planned, StatusCode, answer_descriptor,
     overall_code, plan_request, ratelimit_headers,
 };
-use metrics::{counter, histogram};
 use tonic::Status;
 
 use super::config_file::RlsConfigHandle;
+use super::counts::{Outcome, RlsMetrics};
 use super::decide::{Undecided, decide};
 use crate::budget::{BufferBudget, Reservation};
 use crate::front_batch::FrontContext;
@@ -30,13 +30,14 @@ pub const MAX_ENTRIES: usize = 64;
 
 /// The service: what the fronts share (the node's configuration, the buffer budget, the check
 /// path), the configuration in force, the header flag, and what descriptors may ask for
-/// (negative hits).
+/// (negative hits), and its metrics.
 #[derive(Debug)]
 pub(crate) struct RlsService {
     pub(crate) front: Arc<FrontContext>,
     pub(crate) config: Arc<RlsConfigHandle>,
     pub(crate) rate_limit_headers: bool,
     pub(crate) plan: PlanOptions,
+    pub(crate) metrics: RlsMetrics,
 }
 
 impl super::http2::RateLimiter for RlsService {
@@ -48,9 +49,13 @@ impl super::http2::RateLimiter for RlsService {
         let started = Instant::now();
         // The decoded request is held until it is answered: it counts in the node's buffer
         // budget beside the QUIC streams', so neither front can starve the other.
-        let _held = reserve_call(&self.front.budget, bytes)?;
+        let _held = reserve_call(&self.front.budget, bytes).inspect_err(|_| {
+            self.metrics.over_budget.increment(1);
+        })?;
         let result = self.answer(request).await;
-        histogram!("floodgate_rls_request_seconds").record(started.elapsed().as_secs_f64());
+        self.metrics
+            .request_seconds
+            .record(started.elapsed().as_secs_f64());
         result
     }
 }
@@ -60,7 +65,6 @@ impl super::http2::RateLimiter for RlsService {
 fn reserve_call(budget: &BufferBudget, bytes: usize) -> Result<Reservation<'_>, Status> {
     let mut held = budget.reservation();
     if held.resize(bytes, false).is_err() {
-        counter!("floodgate_rls_refused_total", "reason" => "over_budget").increment(1);
         return Err(Status::resource_exhausted(format!(
             "the node is buffering too much for all its callers (--max-buffered-bytes {}): \
              retry later",
@@ -71,8 +75,8 @@ fn reserve_call(budget: &BufferBudget, bytes: usize) -> Result<Reservation<'_>, 
 }
 
 impl RlsService {
-    async fn answer(&self, request: RateLimitRequest) -> Result<RateLimitResponse, Status> {
-        let descriptors = validate(&request, self.front.config.limits.max_batch)?;
+    async fn answer(&self, mut request: RateLimitRequest) -> Result<RateLimitResponse, Status> {
+        let descriptors = validate(&mut request, self.front.config.limits.max_batch)?;
         let config = self.config.current();
         let plans = plan_request(
             &config,
@@ -99,7 +103,7 @@ impl RlsService {
             .map(|(plan, decision)| answer_descriptor(plan, decision.as_ref()))
             .collect();
         let overall = overall_code(&answers);
-        record_metrics(&request.domain, &answers, overall);
+        self.record_metrics(&request.domain, &answers, overall);
         let mut response = RateLimitResponse {
             overall_code: overall as i32,
             statuses: answers.iter().map(status_of).collect(),
@@ -120,9 +124,10 @@ impl RlsService {
     }
 }
 
-/// The request's descriptors in the core's terms, refusing what no Envoy sends.
+/// The request's descriptors in the core's terms (taken out of it), refusing what no Envoy
+/// sends.
 fn validate(
-    request: &RateLimitRequest,
+    request: &mut RateLimitRequest,
     max_batch: usize,
 ) -> Result<Vec<DescriptorRequest>, Status> {
     if request.domain.is_empty() {
@@ -141,10 +146,13 @@ fn validate(
             request.descriptors.len()
         )));
     }
-    request.descriptors.iter().map(descriptor_request).collect()
+    std::mem::take(&mut request.descriptors)
+        .into_iter()
+        .map(descriptor_request)
+        .collect()
 }
 
-fn descriptor_request(descriptor: &RateLimitDescriptor) -> Result<DescriptorRequest, Status> {
+fn descriptor_request(descriptor: RateLimitDescriptor) -> Result<DescriptorRequest, Status> {
     if descriptor.entries.is_empty() || descriptor.entries.len() > MAX_ENTRIES {
         return Err(Status::invalid_argument(format!(
             "a descriptor has {} entries; expected 1 to {MAX_ENTRIES}",
@@ -154,8 +162,8 @@ fn descriptor_request(descriptor: &RateLimitDescriptor) -> Result<DescriptorRequ
     Ok(DescriptorRequest {
         entries: descriptor
             .entries
-            .iter()
-            .map(|e| (e.key.clone(), e.value.clone()))
+            .into_iter()
+            .map(|e| (e.key, e.value))
             .collect(),
         limit_override: descriptor
             .limit
@@ -220,27 +228,20 @@ fn denied_metadata(answers: &[DescriptorAnswer]) -> pbuf::Struct {
     pbuf::Struct { fields }
 }
 
-/// Per domain and rule: allowed, denied, shadow_denied (over, but in shadow mode), refunded
-/// (allowed, then given back because another descriptor denied the request). Only descriptors a
-/// configured rule counted are labelled, so the label set is bounded by the configuration.
-fn record_metrics(domain: &str, answers: &[DescriptorAnswer], overall: StatusCode) {
-    for answer in answers {
-        let (Some(rule), Some(_)) = (&answer.rule, answer.limit) else {
-            continue;
-        };
-        let result = match (answer.code, answer.shadow_denied, overall) {
-            (StatusCode::OverLimit, _, _) => "denied",
-            (_, true, _) => "shadow_denied",
-            (_, false, StatusCode::OverLimit) => "refunded",
-            _ => "allowed",
-        };
-        counter!(
-            "floodgate_rls_descriptors_total",
-            "domain" => domain.to_owned(),
-            "rule" => rule.display_name().to_owned(),
-            "result" => result,
-        )
-        .increment(1);
+impl RlsService {
+    /// Per domain and rule: allowed, denied, shadow_denied (over, but in shadow mode), refunded
+    /// (allowed, then given back because another descriptor denied the request). Only
+    /// descriptors a configured rule counted are labelled, so the label set is bounded by the
+    /// configuration.
+    fn record_metrics(&self, domain: &str, answers: &[DescriptorAnswer], overall: StatusCode) {
+        for answer in answers {
+            let (Some(rule), Some(_)) = (&answer.rule, answer.limit) else {
+                continue;
+            };
+            let outcome = Outcome::of(answer.code, answer.shadow_denied, overall);
+            self.metrics
+                .descriptor(domain, rule.display_name(), outcome);
+        }
     }
 }
 
