@@ -122,8 +122,9 @@ pub struct QuicWindows {
 /// HTTP/2's largest flow-control window, 2^31 - 1 bytes (h2 asserts it).
 pub const MAX_HTTP2_WINDOW: u32 = i32::MAX as u32;
 
-/// The HTTP/2 listeners' keepalive (the RLS and RLQS fronts): a PING this often, which the
-/// caller must answer within [`HTTP2_KEEPALIVE_TIMEOUT`] or lose its connection. Without it, a
+/// The HTTP/2 listeners' keepalive (the RLS and RLQS fronts): a PING this often (the RLQS
+/// listener's, hyper's, once nothing arrived for this long), which the caller must answer
+/// within [`HTTP2_KEEPALIVE_TIMEOUT`] or lose its connection. Without it, a
 /// caller that vanished (its machine gone, a NAT that dropped the flow) while holding a health
 /// `Watch` or an RLQS stream would keep its connection, and a place of `--max-connections`,
 /// until TCP noticed, which can take hours. Envoy answers PINGs in its codec.
