@@ -8,7 +8,7 @@ use std::collections::HashMap;
 
 use floodgate::rls::StatusCode;
 use metrics::{Counter, Histogram, counter, histogram};
-use parking_lot::Mutex;
+use parking_lot::RwLock;
 
 /// Most rules whose handles are kept. The label set is bounded by the configuration, but every
 /// reload may name new rules; past this many the handles are dropped and registered again as
@@ -57,23 +57,34 @@ pub(crate) struct RlsMetrics {
     pub(crate) request_seconds: Histogram,
     /// `floodgate_rls_refused_total{reason="over_budget"}`.
     pub(crate) over_budget: Counter,
-    descriptors: Mutex<(RuleCounters, usize)>,
+    /// Read for a handle registered already (every descriptor but a rule's first of each
+    /// result), written to register one.
+    descriptors: RwLock<(RuleCounters, usize)>,
 }
 
 impl RlsMetrics {
-    /// Registers the handles with the process's recorder (installed before any listener).
+    /// Registers the handles with the process's recorder, installing it if nothing has yet: a
+    /// handle taken before it is installed would count nowhere.
     pub(crate) fn new() -> Self {
+        crate::metrics::recorder();
         RlsMetrics {
             request_seconds: histogram!("floodgate_rls_request_seconds"),
             over_budget: counter!("floodgate_rls_refused_total", "reason" => "over_budget"),
-            descriptors: Mutex::new((HashMap::new(), 0)),
+            descriptors: RwLock::new((HashMap::new(), 0)),
         }
     }
 
     /// Counts a descriptor of `domain` that `rule` counted, in
     /// `floodgate_rls_descriptors_total{domain, rule, result}`.
     pub(crate) fn descriptor(&self, domain: &str, rule: &str, outcome: Outcome) {
-        let mut held = self.descriptors.lock();
+        let held = self.descriptors.read();
+        let registered = held.0.get(domain).and_then(|r| r.get(rule));
+        if let Some(counter) = registered.and_then(|handles| handles[outcome as usize].as_ref()) {
+            counter.increment(1);
+            return;
+        }
+        drop(held);
+        let mut held = self.descriptors.write();
         let (rules, count) = &mut *held;
         let handles = match rules.get_mut(domain).and_then(|r| r.get_mut(rule)) {
             Some(handles) => handles,
@@ -105,7 +116,7 @@ impl RlsMetrics {
     /// Rules whose handles are held.
     #[cfg(test)]
     fn rules_held(&self) -> usize {
-        self.descriptors.lock().1
+        self.descriptors.read().1
     }
 }
 
