@@ -1,5 +1,5 @@
 //! Decides an RLS request's checks through the cluster, the way a client's batch is: one check
-//! batch through `forward::answer_check_batch` (decided here or forwarded to each owner), then,
+//! batch through `front_batch::run_batch` (decided here or forwarded to each owner), then,
 //! when any descriptor is over its limit, a refund batch for what the others took: a denied
 //! request consumes nothing, across nodes. A metered rule's descriptors are peeks (taking
 //! nothing) or charges (spent: never refunded, never over the limit).

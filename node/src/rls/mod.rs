@@ -6,7 +6,7 @@
 //!
 //! - `config_file`: `--rls-config` (envoyproxy/ratelimit's files), validated and hot-reloaded.
 //! - `incoming`: the listener's connections, at most `max_connections` open at once.
-//! - `decide`: a request's checks through `forward::answer_check_batch`, refunds when denied.
+//! - `decide`: a request's checks through `front_batch::run_batch`, refunds when denied.
 //! - `http2`: gRPC over HTTP/2, a connection's calls answered together.
 //! - `service`: the proto in and out.
 //! - `counts`: its metrics, their handles registered once.
