@@ -16,9 +16,9 @@ use floodgate::cluster::{Gossip, IdConflict, MemberInfo, slot_of};
 use floodgate::lease::LeaseLimit;
 use floodgate::protocol::{self, VersionRange};
 use floodgate::wire::{
-    BASE_LAYOUT, CheckBatch, DecisionBatch, ErrorCode, ErrorFrame, FrameKind, FrameReader,
-    HandoffPart, LeaseAnswer, LeaseAnswerBatch, LeaseRequestBatch, LeaseSyncMessage, PolicyMessage,
-    PolicyRequest, RegionAckMessage, RegionAckMessageV4, RegionDeltasMessage,
+    BASE_LAYOUT, CheckBatch, CheckGroups, DecisionBatch, ErrorCode, ErrorFrame, FrameKind,
+    FrameReader, HandoffPart, LeaseAnswer, LeaseAnswerBatch, LeaseRequestBatch, LeaseSyncMessage,
+    PolicyMessage, PolicyRequest, RegionAckMessage, RegionAckMessageV4, RegionDeltasMessage,
     RegionDeltasMessageV4, ReplicateMessage, ScopedCheckBatch, SlotTableMessage, TableMember,
     TokenLeaseAnswer, TokenLeaseAnswers, TokenLeaseBatch, TokenLeaseRequest, WireBucket, WireCheck,
     WireDecision, WireDelta, WireLease, WireLeaseAnswer, WireLeaseRequest, WireLeaseSet, WireScope,
@@ -712,7 +712,7 @@ fn every_pinned_frame_of_every_version_decodes() {
                 FrameKind::Policy => decode_policy_message(payload).is_ok(),
                 FrameKind::IdConflict => decode_id_conflict(payload).is_ok(),
                 FrameKind::ScopedCheckBatch | FrameKind::ForwardedScopedCheckBatch => {
-                    decode_scoped_check_batch(payload, &limits).is_ok()
+                    decode_scoped_check_batch(payload, &limits, &mut CheckGroups::default()).is_ok()
                 }
                 FrameKind::RegionDeltas => decode_region_deltas(frame.version, payload)
                     .is_ok_and(|b| b.settled_below == (version >= 4).then_some(2)),

@@ -21,13 +21,14 @@ use floodgate::store::snapshot::{
     decode_snapshot_limited, encode_snapshot, is_live, is_long_period,
 };
 use floodgate::wire::{
-    BASE_LAYOUT, CheckBatch, DecisionBatch, ErrorCode, ErrorFrame, FrameKind, FrameReader,
-    HEADER_BYTES, MAX_HANDOFF_PARTS, MAX_POLICY_TEXT_BYTES, RegionAckMessage, RegionDeltasMessage,
-    WireDecision, WireLimits, decode_check_batch, decode_decisions, decode_error_frame,
-    decode_gossip, decode_id_conflict, decode_lease_answers, decode_lease_requests,
-    decode_lease_sync, decode_policy_message, decode_policy_request, decode_region_ack,
-    decode_region_deltas, decode_replicate, decode_scoped_check_batch, decode_slot_table,
-    encode_frame, encode_gossip, encode_message, encode_replicate, encode_slot_table,
+    BASE_LAYOUT, CheckBatch, CheckGroups, DecisionBatch, ErrorCode, ErrorFrame, FrameKind,
+    FrameReader, HEADER_BYTES, MAX_HANDOFF_PARTS, MAX_POLICY_TEXT_BYTES, RegionAckMessage,
+    RegionDeltasMessage, WireDecision, WireLimits, decode_check_batch, decode_decisions,
+    decode_error_frame, decode_gossip, decode_id_conflict, decode_lease_answers,
+    decode_lease_requests, decode_lease_sync, decode_policy_message, decode_policy_request,
+    decode_region_ack, decode_region_deltas, decode_replicate, decode_scoped_check_batch,
+    decode_slot_table, encode_frame, encode_gossip, encode_message, encode_replicate,
+    encode_slot_table,
 };
 use floodgate::{
     Algorithm, BucketCheck, BucketKey, BucketState, BucketStore, BucketValue, Clock, Decision,
@@ -225,7 +226,12 @@ fn decode_by_kind(payload: &[u8], kind: FrameKind, version: u8) {
         FrameKind::PolicyRequest => outcome(&decode_policy_request(payload)),
         FrameKind::Policy => outcome(&decode_policy_message(payload)),
         FrameKind::ScopedCheckBatch | FrameKind::ForwardedScopedCheckBatch => {
-            outcome(&decode_scoped_check_batch(payload, &WireLimits::default()))
+            let mut groups = CheckGroups::default();
+            outcome(&decode_scoped_check_batch(
+                payload,
+                &WireLimits::default(),
+                &mut groups,
+            ))
         }
         FrameKind::RegionDeltas => outcome(&decode_region_deltas(version, payload)),
         FrameKind::RegionAck => outcome(&decode_region_ack(version, payload)),
@@ -1122,11 +1128,12 @@ pub fn region_messages(data: &[u8]) -> Outcome {
     let payload = aligned(rest);
     match which % 6 {
         0 => {
-            let Ok((groups, scopes)) = decode_scoped_check_batch(&payload, &CHECK_TARGET_LIMITS)
+            let mut groups = CheckGroups::default();
+            let Ok(scopes) = decode_scoped_check_batch(&payload, &CHECK_TARGET_LIMITS, &mut groups)
             else {
                 return Outcome::Refused;
             };
-            assert_eq!(scopes.len(), groups.iter().map(Vec::len).sum::<usize>());
+            assert_eq!(scopes.len(), groups.check_count());
             Outcome::Accepted
         }
         1 => {

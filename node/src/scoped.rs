@@ -32,13 +32,46 @@ pub(crate) async fn answer_scoped_batch(
     now_ns: u64,
     out: &mut Vec<u8>,
 ) -> Result<Option<ErrorCode>, Frame> {
-    let (groups, scopes) = match decode_scoped_check_batch(&frame.payload, &checks.limits.wire()) {
-        Ok(decoded) => decoded,
+    let mut buffers = crate::forward::BatchBuffers::take();
+    let mut groups = std::mem::take(&mut buffers.groups);
+    let decoded = decode_scoped_check_batch(&frame.payload, &checks.limits.wire(), &mut groups);
+    let refused = match decoded {
+        Ok(scopes) => {
+            answer_scopes(
+                checks,
+                caller,
+                frame,
+                &groups,
+                &scopes,
+                now_ns,
+                &mut buffers,
+                out,
+            )
+            .await
+        }
         Err((code, message)) => {
             encode_error(out, frame.request_id, code, message);
-            return Ok(Some(code));
+            Ok(Some(code))
         }
     };
+    buffers.groups = groups;
+    buffers.give_back();
+    refused
+}
+
+/// Answers a decoded kind 12 (or 20) frame's `groups` with their `scopes`, as
+/// [`answer_scoped_batch`] says.
+#[allow(clippy::too_many_arguments)]
+async fn answer_scopes(
+    checks: &CheckPath,
+    caller: Caller<'_>,
+    frame: &Frame,
+    groups: &CheckGroups,
+    scopes: &[Scope],
+    now_ns: u64,
+    buffers: &mut crate::forward::BatchBuffers,
+    out: &mut Vec<u8>,
+) -> Result<Option<ErrorCode>, Frame> {
     let mine = checks.members.me().region.as_str();
     let here = |scope: &Scope| match scope {
         Scope::Region => true,
@@ -61,21 +94,10 @@ pub(crate) async fn answer_scoped_batch(
             .ok()
             .map(|scoped| &scoped.batch)
     };
-    let mut buffers = crate::forward::BatchBuffers::take();
-    let refused = crate::forward::answer_groups(
-        checks,
-        caller,
-        frame,
-        &CheckGroups::from(groups),
-        &scopes,
-        archived,
-        now_ns,
-        &mut buffers,
-        out,
+    Ok(crate::forward::answer_groups(
+        checks, caller, frame, groups, scopes, archived, now_ns, buffers, out,
     )
-    .await;
-    buffers.give_back();
-    Ok(refused)
+    .await)
 }
 
 /// The kind 1 frame inside a kind 12 one, or the kind 10 inside a kind 20 (already validated).

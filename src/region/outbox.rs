@@ -2,8 +2,11 @@
 //! acknowledged (sent again with a doubling wait), and per key the units the destination has
 //! not confirmed yet (what the admission rule limits).
 //!
-//! Every global check touches two of its tables, so they are hashbrown's (foldhash, seeded per
-//! process) rather than std's SipHash, which cost about a tenth of a global check.
+//! Every global check looks its key up once, in one table (`keys`, hashbrown's: foldhash,
+//! seeded per process, where std's SipHash cost about a tenth of a global check), which also
+//! says where the key's pending delta sits; the delta itself is appended to a vector. A table
+//! of pending deltas beside it cost a second search per check and, to send them in a
+//! reproducible order, a sort of every round.
 
 use std::collections::VecDeque;
 
@@ -22,19 +25,43 @@ struct InFlight {
     wait_ns: u64,
 }
 
+/// A key with units the destination has not confirmed.
+#[derive(Debug, Clone, Copy)]
+struct KeyState {
+    /// Its units pending and in flight together.
+    unconfirmed: u64,
+    /// The round in which its delta was appended to `pending`, and where: its delta while that
+    /// round is still the pending one, stale after.
+    round: u32,
+    index: u32,
+}
+
+impl KeyState {
+    /// Where `key` (this state's) has its delta in `pending` of round `round`, if it has one
+    /// there. The key is compared too, so a stale place can never add to another key's delta.
+    fn pending_in(&self, pending: &[Delta], round: u32, key: BucketKey) -> Option<usize> {
+        let index = self.index as usize;
+        (self.round == round && pending.get(index).is_some_and(|d| d.key == key)).then_some(index)
+    }
+}
+
 #[derive(Debug)]
 pub(super) struct Outbox {
     next_seq: u64,
-    /// Keyed by the key's bits. A hash table: a global check adds to it, and an ordered map
-    /// shifted entries within its nodes at every insertion of a new key.
-    pending: HashMap<u128, Delta>,
-    /// Deltas taken out of `pending` when it fell due, in the keys' order (so a seeded
-    /// simulation replays exactly), leaving a message at a time. Taken out whole: picking each
-    /// message's keys from `pending` read the whole table once per message.
-    staged: VecDeque<Delta>,
+    /// Deltas admitted since the last round fell due, one per key, in the order their keys
+    /// were first admitted (so a seeded simulation replays exactly).
+    pending: Vec<Delta>,
+    /// Counts the rounds that fell due: a key's place in `pending` is current only if it was
+    /// taken in this round.
+    round: u32,
+    /// The round that fell due, leaving a message at a time: `staged[staged_sent..]` is still
+    /// to go. Its room is reused by the next round (the two vectors swap).
+    staged: Vec<Delta>,
+    staged_sent: usize,
     in_flight: VecDeque<InFlight>,
-    /// Units per key in `pending` and `in_flight` together (kept equal to their sum).
-    unconfirmed: HashMap<BucketKey, u64>,
+    /// Per key with units not confirmed (pending or in flight): how many, and its pending
+    /// delta.
+    keys: HashMap<BucketKey, KeyState>,
     /// When the destination last confirmed something, or when deltas became outstanding after
     /// none were.
     progress_ns: u64,
@@ -56,10 +83,12 @@ impl Outbox {
     pub(super) fn starting_at(next_seq: u64) -> Self {
         Outbox {
             next_seq: next_seq.max(1),
-            pending: HashMap::new(),
-            staged: VecDeque::new(),
+            pending: Vec::new(),
+            round: 0,
+            staged: Vec::new(),
+            staged_sent: 0,
             in_flight: VecDeque::new(),
-            unconfirmed: HashMap::new(),
+            keys: HashMap::new(),
             progress_ns: 0,
             next_flush_ns: 0,
             retransmissions: 0,
@@ -83,10 +112,13 @@ impl Outbox {
     }
 
     /// Whether new units of `key` have room (the table is not full, or its key is pending
-    /// already). The length first: looking the key up costs a search of the table on every
-    /// global check, and is needed only once the table is full.
+    /// already). The length first: looking the key up is needed only once the table is full.
     pub(super) fn can_hold(&self, key: BucketKey, config: &ExchangeConfig) -> bool {
-        self.pending_keys() < config.max_pending_keys || self.pending.contains_key(&key.to_u128())
+        self.pending_keys() < config.max_pending_keys
+            || self
+                .keys
+                .get(&key)
+                .is_some_and(|state| state.pending_in(&self.pending, self.round, key).is_some())
     }
 
     /// Queues `units` of `key` admitted at `now_ns` (the caller checked `can_hold`).
@@ -104,47 +136,67 @@ impl Outbox {
         at_ns: u64,
         now_ns: u64,
     ) {
-        if self.unconfirmed.is_empty() {
+        if self.keys.is_empty() {
             self.progress_ns = now_ns;
         }
-        let delta = self.pending.entry(key.to_u128()).or_insert(Delta {
-            key,
-            limit: *limit,
-            units: 0,
-            at_ns,
+        let round = self.round;
+        let state = self.keys.entry(key).or_insert(KeyState {
+            unconfirmed: 0,
+            round: round.wrapping_sub(1),
+            index: 0,
         });
-        delta.units = delta.units.saturating_add(units);
-        delta.at_ns = delta.at_ns.max(at_ns);
-        delta.limit = *limit;
-        let unconfirmed = self.unconfirmed.entry(key).or_insert(0);
-        *unconfirmed = unconfirmed.saturating_add(units);
+        state.unconfirmed = state.unconfirmed.saturating_add(units);
+        if let Some(index) = state.pending_in(&self.pending, round, key) {
+            let delta = &mut self.pending[index];
+            delta.units = delta.units.saturating_add(units);
+            delta.at_ns = delta.at_ns.max(at_ns);
+            delta.limit = *limit;
+        } else {
+            // Past u32::MAX deltas a place cannot be kept: the key's next units get a delta
+            // of their own (sent apart, counted the same).
+            state.round = round;
+            state.index = u32::try_from(self.pending.len()).unwrap_or(u32::MAX);
+            self.pending.push(Delta {
+                key,
+                limit: *limit,
+                units,
+                at_ns,
+            });
+        }
     }
 
     /// Units of `key` the destination has not confirmed.
     pub(super) fn unconfirmed(&self, key: BucketKey) -> u64 {
-        self.unconfirmed.get(&key).copied().unwrap_or(0)
+        self.keys.get(&key).map_or(0, |state| state.unconfirmed)
     }
 
     /// Every key with units not confirmed, and how many.
     pub(super) fn unconfirmed_keys(&self) -> impl Iterator<Item = (BucketKey, u64)> + '_ {
-        self.unconfirmed.iter().map(|(&key, &units)| (key, units))
+        self.keys
+            .iter()
+            .map(|(&key, state)| (key, state.unconfirmed))
     }
 
     /// Nothing pending or in flight.
     pub(super) fn is_idle(&self) -> bool {
-        self.unconfirmed.is_empty()
+        self.keys.is_empty()
     }
 
     /// Units not confirmed, over every key.
     pub(super) fn total_unconfirmed(&self) -> u64 {
-        self.unconfirmed
+        self.keys
             .values()
-            .fold(0, |a, &b| a.saturating_add(b))
+            .fold(0, |a, state| a.saturating_add(state.unconfirmed))
     }
 
     /// Deltas not sent yet (a key staged and pending again counts twice: both are held).
     pub(super) fn pending_keys(&self) -> usize {
-        self.pending.len() + self.staged.len()
+        self.pending.len() + self.staged_left()
+    }
+
+    /// Deltas of the round that fell due still to go.
+    fn staged_left(&self) -> usize {
+        self.staged.len() - self.staged_sent
     }
 
     pub(super) fn in_flight(&self) -> usize {
@@ -186,11 +238,13 @@ impl Outbox {
         {
             return None;
         }
-        if self.staged.is_empty() {
+        if self.staged_left() == 0 {
             self.stage_pending();
         }
-        let most = config.max_deltas_per_message.clamp(1, self.staged.len());
-        let deltas: Vec<Delta> = self.staged.drain(..most).collect();
+        let most = config.max_deltas_per_message.clamp(1, self.staged_left());
+        let from = self.staged_sent;
+        let deltas = self.staged[from..from + most].to_vec();
+        self.staged_sent += most;
         if self.pending_keys() == 0 {
             self.next_flush_ns = now_ns.saturating_add(config.sync_interval_ns);
         }
@@ -205,31 +259,33 @@ impl Outbox {
         Some((seq, deltas))
     }
 
-    /// Moves every pending delta to `staged`.
+    /// The pending round falls due (the staged one has gone): its deltas become `staged`, and
+    /// the next round starts in the staged one's room.
     fn stage_pending(&mut self) {
-        self.staged = self.take_pending().into();
-    }
-
-    /// Every pending delta, in the keys' order, emptying the table.
-    fn take_pending(&mut self) -> Vec<Delta> {
-        let mut deltas: Vec<Delta> = self.pending.drain().map(|(_, d)| d).collect();
-        deltas.sort_unstable_by_key(|d| d.key.to_u128());
-        deltas
+        std::mem::swap(&mut self.pending, &mut self.staged);
+        self.pending.clear();
+        // Room for about twice this round, so a burst's room is not kept once it has passed.
+        let room = 2 * self.staged.len().max(1_024);
+        if self.pending.capacity() > 2 * room {
+            self.pending.shrink_to(room);
+        }
+        self.staged_sent = 0;
+        self.round = self.round.wrapping_add(1);
     }
 
     /// Takes the acknowledged messages out of flight: every sequence number below `below`, and
     /// those in `also`. Their units are confirmed.
     pub(super) fn acknowledge(&mut self, below: u64, also: &[u64], now_ns: u64) {
         let before = self.in_flight.len();
-        let unconfirmed = &mut self.unconfirmed;
+        let keys = &mut self.keys;
         self.in_flight.retain(|m| {
             let acked = m.seq < below || also.contains(&m.seq);
             if acked {
                 for delta in &m.deltas {
-                    if let Some(left) = unconfirmed.get_mut(&delta.key) {
-                        *left = left.saturating_sub(delta.units);
-                        if *left == 0 {
-                            unconfirmed.remove(&delta.key);
+                    if let Some(state) = keys.get_mut(&delta.key) {
+                        state.unconfirmed = state.unconfirmed.saturating_sub(delta.units);
+                        if state.unconfirmed == 0 {
+                            keys.remove(&delta.key);
                         }
                     }
                 }
@@ -244,12 +300,14 @@ impl Outbox {
     /// Every delta not confirmed, pending or in flight (a message in flight may have been
     /// applied already: its acknowledgement was not seen), emptying the outbox.
     pub(super) fn take_unconfirmed(&mut self) -> Vec<Delta> {
-        let mut deltas: Vec<Delta> = self.staged.drain(..).collect();
-        deltas.extend(self.take_pending());
+        let mut deltas: Vec<Delta> = self.staged.drain(self.staged_sent..).collect();
+        self.staged.clear();
+        self.staged_sent = 0;
+        deltas.append(&mut self.pending);
         for message in self.in_flight.drain(..) {
             deltas.extend(message.deltas);
         }
-        self.unconfirmed.clear();
+        self.keys.clear();
         deltas
     }
 
@@ -274,7 +332,7 @@ impl Outbox {
     /// table filled within one interval would deny the next key's checks
     /// (`refused_outbox_full`) while slots in flight sat free.
     fn pending_due_ns(&self, config: &ExchangeConfig) -> u64 {
-        if !self.staged.is_empty() || self.pending_keys() >= config.max_pending_keys.div_ceil(2) {
+        if self.staged_left() > 0 || self.pending_keys() >= config.max_pending_keys.div_ceil(2) {
             0
         } else {
             self.next_flush_ns
@@ -307,14 +365,14 @@ mod tests {
     }
 
     #[test]
-    fn pending_deltas_leave_in_the_keys_order_a_message_at_a_time() {
+    fn pending_deltas_leave_in_the_order_first_admitted_a_message_at_a_time() {
         let config = ExchangeConfig {
             max_deltas_per_message: 3,
             max_in_flight: 16,
             ..ExchangeConfig::default()
         };
         let mut out = Outbox::new();
-        for n in 0..8 {
+        for n in [3, 0, 7, 1, 3, 6, 2, 5, 4, 0] {
             out.record(key(n), &limit(), 1, MS);
         }
         let mut sent = Vec::new();
@@ -324,23 +382,26 @@ mod tests {
             sent.extend(deltas.iter().map(|d| d.key.to_u128()));
         }
         assert_eq!(out.pending_keys(), 0);
-        let mut ordered = sent.clone();
-        ordered.sort_unstable();
-        ordered.dedup();
-        assert_eq!(sent, ordered, "every key once, the smallest first");
-        assert_eq!(sent.len(), 8);
-        // What is taken back unconfirmed is in the keys' order too.
-        out.record(key(9), &limit(), 1, MS);
+        let first_admitted: Vec<u128> = [3, 0, 7, 1, 6, 2, 5, 4]
+            .into_iter()
+            .map(|n| key(n).to_u128())
+            .collect();
+        assert_eq!(
+            sent, first_admitted,
+            "every key once, in the order first admitted"
+        );
+        // What is taken back unconfirmed: what was pending first, in that order, then what is
+        // in flight.
         out.record(key(10), &limit(), 1, MS);
+        out.record(key(9), &limit(), 1, MS);
         let taken: Vec<u128> = out
             .take_unconfirmed()
             .iter()
             .map(|d| d.key.to_u128())
             .collect();
-        let mut pending_first = taken[..2].to_vec();
-        pending_first.sort_unstable();
-        assert_eq!(taken[..2], pending_first[..]);
-        assert_eq!(taken.len(), 10);
+        assert_eq!(taken[..2], [key(10).to_u128(), key(9).to_u128()]);
+        assert_eq!(taken[2..], first_admitted[..]);
+        assert!(out.is_idle());
     }
 
     #[test]
@@ -356,7 +417,7 @@ mod tests {
         }
         let first = out.next_message(0, &config).unwrap().1;
         assert_eq!(first.len(), 2);
-        // A key smaller than every staged one, and a staged key again: both wait for the round.
+        // A new key, and a staged key again: both wait for the round.
         out.record(key(0), &limit(), 1, MS);
         out.record(key(5), &limit(), 2, MS);
         assert_eq!(out.pending_keys(), 3, "one staged, two pending");
@@ -372,10 +433,8 @@ mod tests {
             "the round ends before new keys go"
         );
         let third = out.next_message(MS, &config).unwrap().1;
-        let mut expected = vec![key(0).to_u128(), key(5).to_u128()];
-        expected.sort_unstable();
-        let third_keys: Vec<u128> = third.iter().map(|d| d.key.to_u128()).collect();
-        assert_eq!(third_keys, expected);
+        let third_keys: Vec<BucketKey> = third.iter().map(|d| d.key).collect();
+        assert_eq!(third_keys, [key(0), key(5)]);
         assert_eq!(out.unconfirmed(key(5)), 3);
         // Staged deltas hold places of the table until they leave.
         for n in 10..14 {

@@ -416,7 +416,7 @@ pub fn decode_check_batch_into(
     decode_archived_into(batch, limits, groups)
 }
 
-fn decode_archived_into(
+pub(super) fn decode_archived_into(
     batch: &ArchivedCheckBatch,
     limits: &WireLimits,
     groups: &mut CheckGroups,

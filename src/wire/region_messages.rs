@@ -10,11 +10,9 @@
 
 use rkyv::{Archive, Deserialize, Serialize};
 
-use super::check_batch::{ArchivedCheckBatch, CheckBatch, decode_groups};
+use super::check_batch::{ArchivedCheckBatch, CheckBatch, CheckGroups, decode_archived_into};
 use super::frame::encode_message_at;
-use super::messages::{
-    Refusal, ValidCheck, WireLimits, access_validated, algorithm_to_wire, limit_from_wire,
-};
+use super::messages::{Refusal, WireLimits, access_validated, algorithm_to_wire, limit_from_wire};
 use super::{BASE_LAYOUT, ErrorCode, FrameKind};
 use crate::BucketKey;
 use crate::protocol::Feature;
@@ -234,17 +232,19 @@ fn peer(region: &str, node: &str) -> Result<Peer, Refusal> {
 }
 
 /// Validates a kind 12 payload: the checks as kind 1 validates them, and one valid scope per
-/// check (or none at all). Returns the groups and the scopes in flattened order.
+/// check (or none at all). Decodes the groups into `groups` (reused from frame to frame, as
+/// kind 1's are: no allocation per group) and returns the scopes in flattened order.
 pub fn decode_scoped_check_batch(
     payload: &[u8],
     limits: &WireLimits,
-) -> Result<(Vec<Vec<ValidCheck>>, Vec<Scope>), Refusal> {
+    groups: &mut CheckGroups,
+) -> Result<Vec<Scope>, Refusal> {
     let scoped = access_validated::<ArchivedScopedCheckBatch>(payload, "scoped check batch")?;
     let batch: &ArchivedCheckBatch = &scoped.batch;
-    let groups = decode_groups(batch, limits)?;
-    let total: usize = groups.iter().map(Vec::len).sum();
+    decode_archived_into(batch, limits, groups)?;
+    let total = groups.check_count();
     if scoped.scopes.is_empty() {
-        return Ok((groups, vec![Scope::Region; total]));
+        return Ok(vec![Scope::Region; total]);
     }
     if scoped.scopes.len() != total {
         return Err(malformed(format!(
@@ -267,7 +267,7 @@ pub fn decode_scoped_check_batch(
             }
         });
     }
-    Ok((groups, scopes))
+    Ok(scopes)
 }
 
 /// Validates a kind 13 payload of the layout of version `layout` (the frame's) into the
@@ -449,12 +449,15 @@ mod tests {
         };
         let scopes = [Scope::Global, Scope::Region, Scope::Home(eu())];
         let payload = bytes(&ScopedCheckBatch::new(batch.clone(), &scopes));
-        let (groups, decoded) =
-            decode_scoped_check_batch(&payload, &WireLimits::default()).unwrap();
+        let mut groups = CheckGroups::default();
+        let decoded =
+            decode_scoped_check_batch(&payload, &WireLimits::default(), &mut groups).unwrap();
         assert_eq!(groups.len(), 2);
+        assert_eq!(groups.check_count(), 3);
         assert_eq!(decoded, scopes);
         let none = bytes(&ScopedCheckBatch::new(batch, &[]));
-        let (_, decoded) = decode_scoped_check_batch(&none, &WireLimits::default()).unwrap();
+        let decoded =
+            decode_scoped_check_batch(&none, &WireLimits::default(), &mut groups).unwrap();
         assert_eq!(decoded, vec![Scope::Region; 3]);
     }
 
@@ -464,6 +467,7 @@ mod tests {
         let batch = CheckBatch {
             groups: vec![vec![WireCheck::new("a", &limit, 1)]],
         };
+        let mut groups = CheckGroups::default();
         for (scopes, says) in [
             (vec![WireScope::default(); 2], "2 scopes for 1 checks"),
             (
@@ -493,12 +497,14 @@ mod tests {
                 scopes,
             });
             let (code, message) =
-                decode_scoped_check_batch(&payload, &WireLimits::default()).unwrap_err();
+                decode_scoped_check_batch(&payload, &WireLimits::default(), &mut groups)
+                    .unwrap_err();
             assert_eq!(code, ErrorCode::MalformedPayload);
             assert!(message.contains(says), "{message}");
         }
         let (code, _) =
-            decode_scoped_check_batch(b"not rkyv at all!", &WireLimits::default()).unwrap_err();
+            decode_scoped_check_batch(b"not rkyv at all!", &WireLimits::default(), &mut groups)
+                .unwrap_err();
         assert_eq!(code, ErrorCode::MalformedPayload);
     }
 
