@@ -32,9 +32,10 @@ impl OtherRegions {
     }
 }
 
-/// Per slot of the ring, the owner of that slot in each of `tables`' regions that has one (a
-/// node's name shared by all the slots it owns).
-fn owners_by_slot(tables: &BTreeMap<RegionName, Arc<SlotTable>>) -> Vec<Box<[Peer]>> {
+/// Per slot of the ring, the owners of that slot in each of `tables`' regions that has one, as
+/// an index into a list of the distinct owner lists: a few lists (one per combination of
+/// owners) shared by all the slots they own.
+fn owners_by_slot(tables: &BTreeMap<RegionName, Arc<SlotTable>>) -> OwnersBySlot {
     let nodes: Vec<Vec<Peer>> = tables
         .iter()
         .map(|(region, table)| {
@@ -42,16 +43,35 @@ fn owners_by_slot(tables: &BTreeMap<RegionName, Arc<SlotTable>>) -> Vec<Box<[Pee
             nodes.map(|node| Peer::new(region.clone(), node)).collect()
         })
         .collect();
-    (0..SLOTS)
+    let mut index_of: BTreeMap<Box<[Peer]>, u16> = BTreeMap::new();
+    let mut lists: Vec<Box<[Peer]>> = Vec::new();
+    let slots = (0..SLOTS)
         .map(|slot| {
             let slot = slot as u16;
-            tables
+            let owners: Box<[Peer]> = tables
                 .values()
                 .zip(&nodes)
                 .filter_map(|(table, peers)| peers.get(table.owner_index(slot)?).cloned())
-                .collect()
+                .collect();
+            // At most one new list per slot, and SLOTS fits a u16.
+            *index_of.entry(owners).or_insert_with_key(|owners| {
+                lists.push(owners.clone());
+                (lists.len() - 1) as u16
+            })
         })
-        .collect()
+        .collect();
+    OwnersBySlot { lists, slots }
+}
+
+/// Each slot's owners in the other regions: read at every global check, so made once per
+/// epoch (not a node name allocated per check), and compact (a slot's entry is two bytes, not
+/// an allocation of its own, which cost a cache miss per check on cold slots).
+#[derive(Debug, Default)]
+struct OwnersBySlot {
+    /// The distinct owner lists.
+    lists: Vec<Box<[Peer]>>,
+    /// Per slot, its list in `lists`.
+    slots: Vec<u16>,
 }
 
 /// Every other region's slot table, as of one membership epoch.
@@ -61,9 +81,8 @@ pub(crate) struct RegionRings {
     /// How many regions the membership knows (this one included), whatever their members' state.
     regions: usize,
     tables: BTreeMap<RegionName, Arc<SlotTable>>,
-    /// Per slot, its owner in every other region that has one: read at every global check, so
-    /// made once per epoch rather than a node name allocated per check.
-    owners_by_slot: Vec<Box<[Peer]>>,
+    /// Per slot, its owner in every other region that has one.
+    owners_by_slot: OwnersBySlot,
 }
 
 impl RegionRings {
@@ -106,8 +125,11 @@ impl RegionRings {
 
     /// The owner of `slot` in every other region that has one.
     pub(crate) fn owners_elsewhere(&self, slot: u16) -> &[Peer] {
-        self.owners_by_slot
+        let by_slot = &self.owners_by_slot;
+        by_slot
+            .slots
             .get(usize::from(slot))
+            .and_then(|&list| by_slot.lists.get(usize::from(list)))
             .map_or(&[], |owners| owners)
     }
 
@@ -140,14 +162,20 @@ mod tests {
         tables.insert(RegionName::new("b").unwrap(), table(&["b-1", "b-2", "b-3"]));
         tables.insert(RegionName::new("c").unwrap(), table(&["c-1"]));
         tables.insert(RegionName::new("d").unwrap(), table(&[]));
-        let owners = owners_by_slot(&tables);
-        assert_eq!(owners.len(), SLOTS);
+        let rings = RegionRings {
+            owners_by_slot: owners_by_slot(&tables),
+            tables: tables.clone(),
+            ..RegionRings::default()
+        };
+        assert_eq!(rings.owners_by_slot.slots.len(), SLOTS);
+        // One list per owner in region b (region c's only node owns every slot).
+        assert_eq!(rings.owners_by_slot.lists.len(), 3);
         for slot in [0u16, 1, 777, 4_095] {
             let expected: Vec<Peer> = tables
                 .iter()
                 .filter_map(|(region, t)| Some(Peer::new(region.clone(), t.owner(slot)?)))
                 .collect();
-            assert_eq!(owners[usize::from(slot)][..], expected[..], "slot {slot}");
+            assert_eq!(rings.owners_elsewhere(slot), &expected[..], "slot {slot}");
             assert_eq!(expected.len(), 2, "region d has no owner");
         }
         assert!(RegionRings::default().owners_elsewhere(7).is_empty());
