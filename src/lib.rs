@@ -40,6 +40,7 @@ pub mod key;
 pub mod lease;
 pub mod limit;
 pub mod policy;
+mod prefetch;
 pub mod priority;
 pub mod protocol;
 pub mod region;

@@ -187,6 +187,46 @@ fn a_denied_group_leaves_the_other_buckets_untouched() {
 }
 
 proptest! {
+    /// A group of one through `check_all` (its shortcut) decides exactly as `check` does, and
+    /// leaves the bucket as `check` leaves it: allowed, denied, too costly, or the store full.
+    #[test]
+    fn a_group_of_one_decides_as_a_single_check(
+        algorithm in prop::sample::select(Algorithm::ALL.to_vec()),
+        steps in prop::collection::vec((0u8..6, 0u64..300_000_000, 0u64..5), 1..200),
+    ) {
+        let limit = Limit::new(algorithm, 3, NANOS_PER_SEC / 2, 3).unwrap();
+        // Room for 4 keys of 6: some first checks find the store full.
+        let (single, grouped) = (store(4, 1), store(4, 1));
+        let mut now = NOW;
+        let mut decisions = Vec::new();
+        for (k, advance, cost) in steps {
+            now += advance;
+            let name = format!("k{k}");
+            let alone = single.check(key(&name), &limit, cost, now);
+            let check = BucketCheck { key: key(&name), limit, cost, peek: false };
+            let group = grouped
+                .check_all(&[check], now, &mut decisions)
+                .map(|allowed| (allowed, decisions.clone()));
+            match (alone, group) {
+                (Ok(decision), Ok((allowed, out))) => {
+                    prop_assert_eq!(&out, &vec![decision]);
+                    prop_assert_eq!(allowed, decision.is_allowed());
+                }
+                (Err(a), Err(b)) => prop_assert_eq!(a, b),
+                (a, b) => prop_assert!(false, "check {:?}, check_all {:?}", a, b),
+            }
+        }
+        for k in 0..6u8 {
+            let name = format!("k{k}");
+            prop_assert_eq!(
+                single.check(key(&name), &limit, 0, now).ok(),
+                grouped.check(key(&name), &limit, 0, now).ok()
+            );
+        }
+    }
+}
+
+proptest! {
     /// Forgetting expired buckets at any moment changes no decision.
     #[test]
     fn expiry_never_changes_a_decision(

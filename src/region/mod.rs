@@ -13,7 +13,8 @@
 //! - `scope`: [`Scope`] and [`RegionName`].
 //! - `config`: [`ExchangeConfig`], every interval and bound.
 //! - `delta`: the messages ([`DeltaBatch`], [`DeltaAck`]) and [`Peer`].
-//! - `outbox`: per destination, pending deltas, messages in flight, unconfirmed units.
+//! - `outbox`: per destination, pending deltas, messages in flight, unconfirmed units
+//!   (`key_table`: its per-key counts).
 //! - `inbox`: per sender, exactly-once application by sequence number.
 //! - `route`: [`Route`], where a received delta goes when this region's ownership moved.
 //! - `inherited`: [`UnconfirmedUnits`], what other regions had not confirmed when a key moved
@@ -30,6 +31,7 @@ mod exchange;
 mod home;
 mod inbox;
 mod inherited;
+mod key_table;
 mod outbox;
 mod route;
 mod scope;

@@ -2,19 +2,20 @@
 //! acknowledged (sent again with a doubling wait), and per key the units the destination has
 //! not confirmed yet (what the admission rule limits).
 //!
-//! Every global check looks its key up once, in one table (`keys`, hashbrown's: foldhash,
-//! seeded per process, where std's SipHash cost about a tenth of a global check), which also
-//! says where the key's pending delta sits; the delta itself is appended to a vector. A table
-//! of pending deltas beside it cost a second search per check and, to send them in a
+//! Every global check looks its key up once, in one table (`keys`: see `key_table.rs`), which
+//! also says where the key's pending delta sits; the delta itself is appended to a vector. A
+//! table of pending deltas beside it cost a second search per check and, to send them in a
 //! reproducible order, a sort of every round.
 
 use std::collections::VecDeque;
 
-use hashbrown::HashMap;
-
 use super::config::ExchangeConfig;
 use super::delta::Delta;
+use super::key_table::{KeyState, KeyTable};
 use crate::{BucketKey, Limit};
+
+/// How far ahead the acknowledgements' pass over a message's keys prefetches their entries.
+const PREFETCH_AHEAD: usize = 8;
 
 /// A message sent and not yet acknowledged.
 #[derive(Debug, Clone)]
@@ -23,17 +24,6 @@ struct InFlight {
     deltas: Vec<Delta>,
     resend_at_ns: u64,
     wait_ns: u64,
-}
-
-/// A key with units the destination has not confirmed.
-#[derive(Debug, Clone, Copy)]
-struct KeyState {
-    /// Its units pending and in flight together.
-    unconfirmed: u64,
-    /// The round in which its delta was appended to `pending`, and where: its delta while that
-    /// round is still the pending one, stale after.
-    round: u32,
-    index: u32,
 }
 
 impl KeyState {
@@ -61,7 +51,7 @@ pub(super) struct Outbox {
     in_flight: VecDeque<InFlight>,
     /// Per key with units not confirmed (pending or in flight): how many, and its pending
     /// delta.
-    keys: HashMap<BucketKey, KeyState>,
+    keys: KeyTable,
     /// When the destination last confirmed something, or when deltas became outstanding after
     /// none were.
     progress_ns: u64,
@@ -88,7 +78,7 @@ impl Outbox {
             staged: Vec::new(),
             staged_sent: 0,
             in_flight: VecDeque::new(),
-            keys: HashMap::new(),
+            keys: KeyTable::default(),
             progress_ns: 0,
             next_flush_ns: 0,
             retransmissions: 0,
@@ -117,7 +107,7 @@ impl Outbox {
         self.pending_keys() < config.max_pending_keys
             || self
                 .keys
-                .get(&key)
+                .get(key)
                 .is_some_and(|state| state.pending_in(&self.pending, self.round, key).is_some())
     }
 
@@ -140,11 +130,14 @@ impl Outbox {
             self.progress_ns = now_ns;
         }
         let round = self.round;
-        let state = self.keys.entry(key).or_insert(KeyState {
-            unconfirmed: 0,
-            round: round.wrapping_sub(1),
-            index: 0,
-        });
+        let state = self.keys.entry_or_insert(
+            key,
+            KeyState {
+                unconfirmed: 0,
+                round: round.wrapping_sub(1),
+                index: 0,
+            },
+        );
         state.unconfirmed = state.unconfirmed.saturating_add(units);
         if let Some(index) = state.pending_in(&self.pending, round, key) {
             let delta = &mut self.pending[index];
@@ -167,14 +160,14 @@ impl Outbox {
 
     /// Units of `key` the destination has not confirmed.
     pub(super) fn unconfirmed(&self, key: BucketKey) -> u64 {
-        self.keys.get(&key).map_or(0, |state| state.unconfirmed)
+        self.keys.get(key).map_or(0, |state| state.unconfirmed)
     }
 
     /// Every key with units not confirmed, and how many.
     pub(super) fn unconfirmed_keys(&self) -> impl Iterator<Item = (BucketKey, u64)> + '_ {
         self.keys
             .iter()
-            .map(|(&key, state)| (key, state.unconfirmed))
+            .map(|(key, state)| (key, state.unconfirmed))
     }
 
     /// Nothing pending or in flight.
@@ -185,8 +178,8 @@ impl Outbox {
     /// Units not confirmed, over every key.
     pub(super) fn total_unconfirmed(&self) -> u64 {
         self.keys
-            .values()
-            .fold(0, |a, state| a.saturating_add(state.unconfirmed))
+            .iter()
+            .fold(0, |a, (_, state)| a.saturating_add(state.unconfirmed))
     }
 
     /// Deltas not sent yet (a key staged and pending again counts twice: both are held).
@@ -269,6 +262,7 @@ impl Outbox {
         if self.pending.capacity() > 2 * room {
             self.pending.shrink_to(room);
         }
+        self.keys.shrink_to_fit_keys();
         self.staged_sent = 0;
         self.round = self.round.wrapping_add(1);
     }
@@ -281,11 +275,15 @@ impl Outbox {
         self.in_flight.retain(|m| {
             let acked = m.seq < below || also.contains(&m.seq);
             if acked {
-                for delta in &m.deltas {
-                    if let Some(state) = keys.get_mut(&delta.key) {
+                // Each key's entry is cold by now (its check was a round trip ago).
+                for (i, delta) in m.deltas.iter().enumerate() {
+                    if let Some(ahead) = m.deltas.get(i + PREFETCH_AHEAD) {
+                        keys.prefetch(ahead.key);
+                    }
+                    if let Some(state) = keys.get_mut(delta.key) {
                         state.unconfirmed = state.unconfirmed.saturating_sub(delta.units);
                         if state.unconfirmed == 0 {
-                            keys.remove(&delta.key);
+                            keys.remove(delta.key);
                         }
                     }
                 }

@@ -361,15 +361,7 @@ impl GcraTable {
 pub(super) fn prefetch(layout: (usize, usize), key: BucketKey) {
     let (base, mask) = layout;
     let addr = base.wrapping_add((key.hash as usize & mask).wrapping_mul(size_of::<GcraEntry>()));
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: PREFETCHT0 is a hint that never faults and has no architectural effect, whatever
-    // the address; SSE is part of the x86_64 baseline.
-    #[allow(unsafe_code)]
-    unsafe {
-        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(addr as *const i8);
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = addr;
+    crate::prefetch::prefetch(addr);
 }
 
 #[cfg(test)]
