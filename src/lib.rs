@@ -39,6 +39,7 @@ pub mod decision;
 pub mod key;
 pub mod lease;
 pub mod limit;
+mod open_addressing;
 pub mod policy;
 mod prefetch;
 pub mod priority;

@@ -45,6 +45,11 @@ use std::sync::Arc;
 
 /// Longest a node waits for its slot table to catch up with a peer's.
 const TABLE_CATCH_UP: Duration = Duration::from_millis(300);
+
+/// How many global groups ahead of the one being decided have their exchange entries
+/// prefetched (as the store's buckets are, a burst ahead).
+const PREFETCH_AHEAD: usize = 8;
+
 /// Longest a forwarded group waits for its owner's answer. Peers answer in well under a
 /// millisecond; one silent this long is stalled or gone, and the frame behind it (a stream
 /// answers in order) should not wait longer. An unanswered group decides nothing twice: it is
@@ -387,9 +392,24 @@ impl<'a> Batch<'a> {
                 .rings
                 .get_or_insert_with(|| checks.regions.rings())
                 .clone();
+            let opened = global.is_none();
             let session = global.get_or_insert_with(|| checks.region_sync.global_checks());
             if fresh {
                 session.set_regions(rings.regions());
+            }
+            // The exchange's entries of the global groups ahead: from the session's start,
+            // the next PREFETCH_AHEAD; after, one more each group.
+            let ahead = if opened {
+                i + 1..i + 1 + PREFETCH_AHEAD
+            } else {
+                i + PREFETCH_AHEAD..i + PREFETCH_AHEAD + 1
+            };
+            for j in ahead {
+                if *self.reach(j) == Reach::Global
+                    && let Some(check) = self.groups.group(j).and_then(<[_]>::first)
+                {
+                    session.prefetch(check.key, rings.owners_elsewhere(check.key.slot()));
+                }
             }
             let scopes = self.scopes_of(i);
             // A group of one global check (the usual one) needs no list of its own.

@@ -402,6 +402,12 @@ impl<C: Clock> GlobalChecks<'_, C> {
         self.exchange.set_regions(regions);
     }
 
+    /// Starts loading what deciding a global check of `key` will read of the exchange (see
+    /// [`floodgate::region::Exchange::prefetch`]), `others` the key's owners elsewhere.
+    pub fn prefetch(&self, key: BucketKey, others: &[Peer]) {
+        self.exchange.prefetch(key, others);
+    }
+
     /// Decides an all-or-nothing group of which the checks marked in `global` are global, each
     /// with the owners of its key in the other regions (`others`, one list per check): every
     /// global check must pass the admission rule, then the store decides the group, and what it

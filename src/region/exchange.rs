@@ -226,6 +226,17 @@ impl Exchange {
         Ok(decision)
     }
 
+    /// Starts loading what [`Exchange::hold_back`] will read of `key` toward `others` (its
+    /// entry in each destination's outbox), for a caller about to decide it among others: the
+    /// misses of a batch's cold keys then overlap. A hint: nothing is read or changed.
+    pub fn prefetch(&self, key: BucketKey, others: &[Peer]) {
+        for dest in others.iter().filter(|d| d.region != self.me.region) {
+            if let Some(outbox) = self.outboxes.get(dest) {
+                outbox.prefetch(key);
+            }
+        }
+    }
+
     /// The first half of [`Exchange::check_global`], for callers that decide the bucket
     /// themselves (an all-or-nothing group): brings the key's backlogged remote units into its
     /// bucket, then returns the denial if the admission rule (or a full outbox) holds the check

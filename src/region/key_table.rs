@@ -11,6 +11,7 @@
 use std::hash::{BuildHasher, RandomState};
 
 use crate::BucketKey;
+use crate::open_addressing;
 
 /// A key's counts, as the outbox keeps them.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -50,6 +51,12 @@ impl Slot {
 
 const MIN_SLOTS: usize = 16;
 
+/// The home slot of `hash` in a table of 2^`bits` slots: multiply-shift of the seeded hash, so
+/// the high bits, which depend on every bit of the key's, pick the slot.
+fn home(seed: u64, bits: u32, hash: u64) -> usize {
+    ((hash ^ seed).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> (64 - bits)) as usize
+}
+
 #[derive(Debug)]
 pub(super) struct KeyTable {
     slots: Box<[Slot]>,
@@ -72,30 +79,18 @@ impl KeyTable {
         self.len == 0
     }
 
-    /// Where `hash`'s probe run starts: multiply-shift of the seeded hash, so the high bits,
-    /// which depend on every bit of the key's, pick the slot.
+    /// Where `hash`'s probe run starts.
     fn home(&self, hash: u64) -> usize {
-        let bits = self.slots.len().trailing_zeros();
-        ((hash ^ self.seed).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> (64 - bits)) as usize
-    }
-
-    fn mask(&self) -> usize {
-        self.slots.len() - 1
+        home(self.seed, self.slots.len().trailing_zeros(), hash)
     }
 
     fn index_of(&self, key: BucketKey) -> Option<usize> {
-        let mask = self.mask();
-        let mut i = self.home(key.hash);
-        loop {
-            let slot = &self.slots[i];
-            if slot.is(key) {
-                return Some(i);
-            }
-            if slot.is_empty() {
-                return None;
-            }
-            i = (i + 1) & mask;
-        }
+        open_addressing::find(
+            &self.slots,
+            self.home(key.hash),
+            |slot| slot.is(key),
+            Slot::is_empty,
+        )
     }
 
     pub(super) fn get(&self, key: BucketKey) -> Option<&KeyState> {
@@ -123,11 +118,7 @@ impl KeyTable {
     }
 
     fn place(&mut self, slot: Slot) -> usize {
-        let mask = self.mask();
-        let mut i = self.home(slot.hash);
-        while !self.slots[i].is_empty() {
-            i = (i + 1) & mask;
-        }
+        let i = open_addressing::first_empty(&self.slots, self.home(slot.hash), Slot::is_empty);
         self.slots[i] = slot;
         self.len += 1;
         i
@@ -135,30 +126,16 @@ impl KeyTable {
 
     /// Removes `key` if present, shifting the rest of its probe run back so no lookup breaks.
     pub(super) fn remove(&mut self, key: BucketKey) {
-        let Some(mut hole) = self.index_of(key) else {
-            return;
-        };
-        let mask = self.mask();
-        let mut next = hole;
-        loop {
-            next = (next + 1) & mask;
-            if self.slots[next].is_empty() {
-                break;
-            }
-            let home = self.home(self.slots[next].hash);
-            // Move `next` into the hole unless its home lies cyclically in (hole, next].
-            let stays = if hole <= next {
-                hole < home && home <= next
-            } else {
-                hole < home || home <= next
-            };
-            if !stays {
-                self.slots.swap(hole, next);
-                hole = next;
-            }
+        if let Some(hole) = self.index_of(key) {
+            let (seed, bits) = (self.seed, self.slots.len().trailing_zeros());
+            open_addressing::remove_at(
+                &mut self.slots,
+                hole,
+                |slot| home(seed, bits, slot.hash),
+                Slot::is_empty,
+            );
+            self.len -= 1;
         }
-        self.slots[hole] = Slot::default();
-        self.len -= 1;
     }
 
     /// Every key and its counts, in no particular order.

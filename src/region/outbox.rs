@@ -158,6 +158,11 @@ impl Outbox {
         }
     }
 
+    /// Starts loading `key`'s entry, for a check decided shortly (a hint: nothing is read).
+    pub(super) fn prefetch(&self, key: BucketKey) {
+        self.keys.prefetch(key);
+    }
+
     /// Units of `key` the destination has not confirmed.
     pub(super) fn unconfirmed(&self, key: BucketKey) -> u64 {
         self.keys.get(key).map_or(0, |state| state.unconfirmed)

@@ -317,14 +317,7 @@ impl BucketStore {
             // A group of one (every global check's, the usual kind 12 group): what the loop
             // below does for it, without its three vectors.
             let mut shard = self.shards[self.shard_index(check.key)].write();
-            let (decision, undo) = shard.decide_or_insert(
-                check.key,
-                &check.limit,
-                check.cost,
-                now_ns,
-                self.bounds,
-                &self.stats,
-            )?;
+            let (decision, undo) = self.take(&mut shard, check, now_ns)?;
             let allowed = decision.is_allowed();
             if !allowed {
                 shard.undo(check.key, undo);
@@ -352,14 +345,7 @@ impl BucketStore {
                 decisions.push(decision);
                 continue;
             }
-            match guards[at].decide_or_insert(
-                check.key,
-                &check.limit,
-                check.cost,
-                now_ns,
-                self.bounds,
-                &self.stats,
-            ) {
+            match self.take(&mut guards[at], check, now_ns) {
                 Ok((decision, undo)) => {
                     all_allowed &= decision.is_allowed();
                     decisions.push(decision);
@@ -400,6 +386,24 @@ impl BucketStore {
             }
         }
         Ok(false)
+    }
+
+    /// Decides `check` in its shard (held exclusively), inserting its bucket if needed: what
+    /// an all-or-nothing group takes, with how to undo it.
+    fn take(
+        &self,
+        shard: &mut Shard,
+        check: &BucketCheck,
+        now_ns: u64,
+    ) -> Result<(Decision, Undo), StoreError> {
+        shard.decide_or_insert(
+            check.key,
+            &check.limit,
+            check.cost,
+            now_ns,
+            self.bounds,
+            &self.stats,
+        )
     }
 
     /// Gives back units a request took but did not use (see `Shard::refund`): for requests whose

@@ -12,6 +12,7 @@
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use crate::BucketKey;
+use crate::open_addressing;
 
 /// A GCRA bucket: 24 bytes.
 #[derive(Debug, Default)]
@@ -211,18 +212,12 @@ impl GcraTable {
     }
 
     fn index_of(&self, key: BucketKey) -> Option<usize> {
-        let mask = self.mask();
-        let mut i = key.hash as usize & mask;
-        loop {
-            let slot = &self.slots[i];
-            if slot.is(key) {
-                return Some(i);
-            }
-            if slot.is_empty() {
-                return None;
-            }
-            i = (i + 1) & mask;
-        }
+        open_addressing::find(
+            &self.slots,
+            key.hash as usize,
+            |slot| slot.is(key),
+            GcraEntry::is_empty,
+        )
     }
 
     pub(super) fn find(&self, key: BucketKey) -> Option<&GcraEntry> {
@@ -243,11 +238,8 @@ impl GcraTable {
     }
 
     fn place(&mut self, entry: GcraEntry) {
-        let mask = self.mask();
-        let mut i = entry.hash as usize & mask;
-        while !self.slots[i].is_empty() {
-            i = (i + 1) & mask;
-        }
+        let start = entry.hash as usize;
+        let i = open_addressing::first_empty(&self.slots, start, GcraEntry::is_empty);
         self.slots[i] = entry;
         self.len += 1;
     }
@@ -260,27 +252,14 @@ impl GcraTable {
     }
 
     /// Empties the occupied slot `hole`, shifting the rest of its probe run back.
-    fn remove_at(&mut self, mut hole: usize) {
+    fn remove_at(&mut self, hole: usize) {
         let mask = self.mask();
-        let mut next = hole;
-        loop {
-            next = (next + 1) & mask;
-            if self.slots[next].is_empty() {
-                break;
-            }
-            let home = self.slots[next].hash as usize & mask;
-            // Move `next` into the hole unless its home lies cyclically in (hole, next].
-            let stays = if hole <= next {
-                hole < home && home <= next
-            } else {
-                hole < home || home <= next
-            };
-            if !stays {
-                self.slots.swap(hole, next);
-                hole = next;
-            }
-        }
-        self.slots[hole] = GcraEntry::default();
+        open_addressing::remove_at(
+            &mut self.slots,
+            hole,
+            |entry| entry.hash as usize & mask,
+            GcraEntry::is_empty,
+        );
         self.len -= 1;
     }
 
