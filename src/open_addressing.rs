@@ -38,8 +38,9 @@ pub(crate) fn first_empty<T>(slots: &[T], start: usize, is_empty: impl Fn(&T) ->
     i
 }
 
-/// Empties the occupied slot `hole`, moving back each later slot of its run whose `home` does
-/// not lie cyclically in (hole, slot], so every key stays reachable from its home.
+/// Empties the occupied slot `hole`, moving back each later slot of its run whose `home` (the
+/// slot its probe starts at, masked here as `find` masks its start) does not lie cyclically in
+/// (hole, slot], so every key stays reachable from its home.
 pub(crate) fn remove_at<T: Default>(
     slots: &mut [T],
     mut hole: usize,
@@ -53,7 +54,7 @@ pub(crate) fn remove_at<T: Default>(
         if is_empty(&slots[next]) {
             break;
         }
-        let home = home(&slots[next]);
+        let home = home(&slots[next]) & mask;
         let stays = if hole <= next {
             hole < home && home <= next
         } else {

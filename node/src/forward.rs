@@ -305,6 +305,8 @@ struct Batch<'a> {
     reach: Vec<Reach>,
     /// The other regions' owners, read once a global group is decided here.
     rings: Option<Arc<RegionRings>>,
+    /// Groups before this one have had their exchange entries prefetched (if global).
+    prefetched_to: usize,
     now_ns: u64,
     tally: DecisionTally,
     /// Decisions made here, in the order made; `GroupState::Here` holds ranges of it.
@@ -339,6 +341,7 @@ impl<'a> Batch<'a> {
             starts,
             reach,
             rings: None,
+            prefetched_to: 0,
             now_ns,
             tally: DecisionTally::default(),
             local: Vec::new(),
@@ -392,18 +395,13 @@ impl<'a> Batch<'a> {
                 .rings
                 .get_or_insert_with(|| checks.regions.rings())
                 .clone();
-            let opened = global.is_none();
             let session = global.get_or_insert_with(|| checks.region_sync.global_checks());
             if fresh {
                 session.set_regions(rings.regions());
             }
-            // The exchange's entries of the global groups ahead: from the session's start,
-            // the next PREFETCH_AHEAD; after, one more each group.
-            let ahead = if opened {
-                i + 1..i + 1 + PREFETCH_AHEAD
-            } else {
-                i + PREFETCH_AHEAD..i + PREFETCH_AHEAD + 1
-            };
+            // The exchange's entries of the global groups up to PREFETCH_AHEAD ahead, each once.
+            let ahead = self.prefetched_to.max(i + 1)..i + 1 + PREFETCH_AHEAD;
+            self.prefetched_to = ahead.end;
             for j in ahead {
                 if *self.reach(j) == Reach::Global
                     && let Some(check) = self.groups.group(j).and_then(<[_]>::first)

@@ -2,10 +2,11 @@
 //! acknowledged (sent again with a doubling wait), and per key the units the destination has
 //! not confirmed yet (what the admission rule limits).
 //!
-//! Every global check looks its key up once, in one table (`keys`: see `key_table.rs`), which
-//! also says where the key's pending delta sits; the delta itself is appended to a vector. A
-//! table of pending deltas beside it cost a second search per check and, to send them in a
-//! reproducible order, a sort of every round.
+//! Every global check finds its key in one table (`keys`: see `key_table.rs`; read by the
+//! admission rule, then again, in the same cache line, by the record), which also says where
+//! the key's pending delta sits; the delta itself is appended to a vector. A table of pending
+//! deltas beside it cost a second search per check and, to send them in a reproducible order,
+//! a sort of every round.
 
 use std::collections::VecDeque;
 
@@ -280,7 +281,11 @@ impl Outbox {
         self.in_flight.retain(|m| {
             let acked = m.seq < below || also.contains(&m.seq);
             if acked {
-                // Each key's entry is cold by now (its check was a round trip ago).
+                // Each key's entry is cold by now (its check was a round trip ago): the first
+                // ones prefetched at the start, then one more ahead at each.
+                for delta in m.deltas.iter().take(PREFETCH_AHEAD) {
+                    keys.prefetch(delta.key);
+                }
                 for (i, delta) in m.deltas.iter().enumerate() {
                     if let Some(ahead) = m.deltas.get(i + PREFETCH_AHEAD) {
                         keys.prefetch(ahead.key);
@@ -295,6 +300,10 @@ impl Outbox {
             }
             !acked
         });
+        if self.keys.is_empty() {
+            // Idle after a burst: its room is given back now, not at the next round.
+            self.keys.shrink_to_fit_keys();
+        }
         if self.in_flight.len() < before {
             self.progress_ns = now_ns;
         }

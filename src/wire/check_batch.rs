@@ -389,7 +389,7 @@ impl std::ops::Index<usize> for CheckGroups {
     }
 }
 
-/// Groups already validated one by one (the scoped decoder's), flattened in order.
+/// Groups already validated one by one, flattened in order.
 impl From<Vec<Vec<ValidCheck>>> for CheckGroups {
     fn from(nested: Vec<Vec<ValidCheck>>) -> Self {
         let mut groups = CheckGroups {
