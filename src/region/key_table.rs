@@ -51,6 +51,10 @@ impl Slot {
 
 const MIN_SLOTS: usize = 16;
 
+/// Slots a table keeps however few its keys (128 KiB): giving back less would only have it
+/// grow again at the next round, and more is given back after a burst.
+const KEPT_SLOTS: usize = 4_096;
+
 /// The home slot of `hash` in a table of 2^`bits` slots: multiply-shift of the seeded hash, so
 /// the high bits, which depend on every bit of the key's, pick the slot.
 fn home(seed: u64, bits: u32, hash: u64) -> usize {
@@ -152,11 +156,12 @@ impl KeyTable {
         self.len = 0;
     }
 
-    /// Gives back room once the keys are far fewer than the slots (after a burst).
+    /// Gives back room once the keys are far fewer than the slots (after a burst), down to
+    /// `KEPT_SLOTS`.
     pub(super) fn shrink_to_fit_keys(&mut self) {
-        let wanted = (self.len * 2).next_power_of_two().max(MIN_SLOTS);
-        if self.slots.len() >= wanted * 8 {
-            self.rebuild(wanted * 2);
+        let wanted = (self.len * 4).next_power_of_two().max(KEPT_SLOTS);
+        if self.slots.len() >= wanted * 4 {
+            self.rebuild(wanted);
         }
     }
 
@@ -198,17 +203,19 @@ mod tests {
 
     #[test]
     fn inserts_updates_and_removals_agree_with_a_map_through_growth_and_shrinking() {
+        let mut largest = 0;
         let mut rng = SplitMix64::new(7);
         let mut table = KeyTable::default();
         let mut model: HashMap<BucketKey, u64> = HashMap::new();
-        for step in 0..60_000u64 {
-            // Few keys early and late, up to 3,000 in the middle: the table grows and shrinks.
-            let keys = if (20_000..40_000).contains(&step) {
-                3_000
+        for step in 0..70_000u64 {
+            // Few keys early and late, up to 20,000 in the middle: the table grows past 16,384
+            // slots and shrinks back.
+            let keys = if (20_000..50_000).contains(&step) {
+                20_000
             } else {
                 40
             };
-            if step == 40_000 {
+            if step == 50_000 {
                 // The burst's keys are confirmed: only the few stay.
                 let few: Vec<BucketKey> = (0..40).map(key).collect();
                 for k in model.keys().filter(|k| !few.contains(k)) {
@@ -239,6 +246,7 @@ mod tests {
             if step % 997 == 0 {
                 table.shrink_to_fit_keys();
             }
+            largest = largest.max(table.slots.len());
             assert_eq!(table.len, model.len(), "step {step}");
             assert_eq!(
                 table.get(k).map(|s| s.unconfirmed),
@@ -252,8 +260,9 @@ mod tests {
         listed.sort_unstable_by_key(|(k, _)| k.to_u128());
         expected.sort_unstable_by_key(|(k, _)| k.to_u128());
         assert_eq!(listed, expected);
+        assert!(largest >= 16_384, "grew to {largest} slots");
         assert!(
-            table.slots.len() <= 1_024,
+            table.slots.len() == KEPT_SLOTS,
             "shrunk after the burst: {} slots for {}",
             table.slots.len(),
             table.len
