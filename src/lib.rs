@@ -41,7 +41,7 @@ pub mod lease;
 pub mod limit;
 mod open_addressing;
 pub mod policy;
-mod prefetch;
+pub mod prefetch;
 pub mod priority;
 pub mod protocol;
 pub mod region;

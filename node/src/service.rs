@@ -13,10 +13,6 @@ use rkyv::util::AlignedVec;
 use crate::caller::{Caller, REFUND_REFUSED};
 use crate::metrics::{DecisionTally, NodeMetrics};
 
-/// Groups whose buckets are prefetched together, one burst ahead of the groups being decided
-/// (measured in `bench/benches/core.rs`, `cold_frame_256`).
-const PREFETCH_BURST: usize = 8;
-
 /// Buffers the check path reuses from frame to frame on each runtime thread: the decoded
 /// groups, the decisions, and the archive of the answer. Fresh ones cost several allocations
 /// per frame and one per group; the functions that use them never await, so a thread's
@@ -132,9 +128,10 @@ fn refuse_kind(frame: &Frame, out: &mut Vec<u8>) -> Option<ErrorCode> {
 
 /// Called before deciding group `i` of a frame (`group(j)` is group `j`, `None` past the end):
 /// starts loading the buckets of groups to come, so cold keys' cache misses overlap instead of
-/// adding up. The prefetches go out in bursts, the next [`PREFETCH_BURST`] groups' at the start
-/// of each burst, not one group's between two decisions: a key's bucket usually lies on a page
-/// whose translation is not cached either, and a prefetch waits for its page walk before the
+/// adding up. The prefetches go out in bursts ([`floodgate::prefetch::burst_ahead`]: the next
+/// 8 groups' at the start of each burst, measured in `bench/benches/core.rs`,
+/// `cold_frame_256`), not one group's between two decisions: a key's bucket usually lies on a
+/// page whose translation is not cached either, and a prefetch waits for its page walk before the
 /// instructions after it can retire, so only prefetches issued back to back walk in parallel.
 /// With caches emptied between frames (as the processes sharing a vCPU empty them), a frame of
 /// 256 checks took about half the time it took with one group prefetched 8 ahead
@@ -144,11 +141,8 @@ pub fn prefetch_before<'g>(
     i: usize,
     group: impl Fn(usize) -> Option<&'g [ValidCheck]>,
 ) {
-    if !i.is_multiple_of(PREFETCH_BURST) {
-        return;
-    }
-    let from = if i == 0 { 0 } else { i + PREFETCH_BURST };
-    for j in from..i + 2 * PREFETCH_BURST {
+    // The groups past the end answer `None`: no length is needed.
+    for j in floodgate::prefetch::burst_ahead(i, usize::MAX) {
         prefetch_group(store, group(j));
     }
 }

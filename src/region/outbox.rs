@@ -15,9 +15,6 @@ use super::delta::Delta;
 use super::key_table::{KeyState, KeyTable};
 use crate::{BucketKey, Limit};
 
-/// How far ahead the acknowledgements' pass over a message's keys prefetches their entries.
-const PREFETCH_AHEAD: usize = 8;
-
 /// A message sent and not yet acknowledged.
 #[derive(Debug, Clone)]
 struct InFlight {
@@ -281,13 +278,9 @@ impl Outbox {
         self.in_flight.retain(|m| {
             let acked = m.seq < below || also.contains(&m.seq);
             if acked {
-                // Each key's entry is cold by now (its check was a round trip ago): the first
-                // ones prefetched at the start, then one more ahead at each.
-                for delta in m.deltas.iter().take(PREFETCH_AHEAD) {
-                    keys.prefetch(delta.key);
-                }
                 for (i, delta) in m.deltas.iter().enumerate() {
-                    if let Some(ahead) = m.deltas.get(i + PREFETCH_AHEAD) {
+                    // Each key's entry is cold by now (its check was a round trip ago).
+                    for ahead in &m.deltas[crate::prefetch::burst_ahead(i, m.deltas.len())] {
                         keys.prefetch(ahead.key);
                     }
                     if let Some(state) = keys.get_mut(delta.key) {

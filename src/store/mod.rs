@@ -118,9 +118,6 @@ pub struct StoreStats {
     pub refused: AtomicU64,
 }
 
-/// Buckets prefetched together, one burst ahead of those being worked on (`prefetch_ahead`).
-const PREFETCH_BURST: usize = 8;
-
 /// A shard and, beside its lock, where its GCRA slots live: read without the lock to prefetch a
 /// key's slot ahead of time. Updated after every exclusive access; a stale value only makes a
 /// prefetch useless, never wrong.
@@ -285,17 +282,10 @@ impl BucketStore {
     }
 
     /// For a pass over `items` whose buckets are cold (replicas merged, other regions' deltas
-    /// applied): at every `PREFETCH_BURST`-th item `i`, prefetches the buckets of the burst
-    /// after `i`'s (and at the start, of the first burst too), so the misses of a burst overlap
-    /// while the one before it is worked on.
+    /// applied): prefetches the buckets [`crate::prefetch::burst_ahead`] names at item `i`.
     #[inline]
     pub fn prefetch_ahead<T>(&self, items: &[T], i: usize, key: impl Fn(&T) -> BucketKey) {
-        if !i.is_multiple_of(PREFETCH_BURST) {
-            return;
-        }
-        let from = if i == 0 { 0 } else { i + PREFETCH_BURST };
-        let to = (i + 2 * PREFETCH_BURST).min(items.len());
-        for next in items.get(from..to).unwrap_or_default() {
+        for next in &items[crate::prefetch::burst_ahead(i, items.len())] {
             self.prefetch(key(next));
         }
     }

@@ -253,11 +253,10 @@ impl GcraTable {
 
     /// Empties the occupied slot `hole`, shifting the rest of its probe run back.
     fn remove_at(&mut self, hole: usize) {
-        let mask = self.mask();
         open_addressing::remove_at(
             &mut self.slots,
             hole,
-            |entry| entry.hash as usize & mask,
+            |entry| entry.hash as usize,
             GcraEntry::is_empty,
         );
         self.len -= 1;
