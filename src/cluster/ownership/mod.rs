@@ -41,8 +41,10 @@
 //!    joining member passes what it received on with its announcement, a joined one sends it
 //!    on to that owner as replicas (merged, only ever stricter), and the owner may decide
 //!    before they land.
-//! 5. **Split views**: two nodes whose tables do not name each other at all (a partition, or
-//!    each holding the other dead, as after a crash and restart while gossip was lost) each
+//! 5. **Split views**: two nodes whose tables do not name each other at all (a partition;
+//!    each holding the other dead, as after a crash and restart while gossip was lost; or two
+//!    newcomers that joined through one member before hearing of each other, the member's
+//!    release to the second listing slots its table gave the first a moment before) each
 //!    decide the slots their own table gives them, until gossip reaches both. The checker
 //!    knows this one from the pair of tables; a table that names the other decider excuses
 //!    nothing.
