@@ -83,16 +83,6 @@ async fn eventually(what: &str, mut done: impl FnMut() -> bool) -> Duration {
     }
 }
 
-/// True when every node sees exactly `nodes` as the owners, with one table version.
-fn converged(nodes: &[&Node]) -> bool {
-    let mut ids: Vec<String> = nodes.iter().map(|n| n.node_id().to_owned()).collect();
-    ids.sort();
-    let version = nodes[0].slot_table().version();
-    nodes
-        .iter()
-        .all(|n| n.owners() == ids && n.slot_table().version() == version)
-}
-
 /// A cluster of `n` nodes, the others joined through the first; returns once all agree.
 async fn cluster(certs: &Certs, n: usize) -> Vec<Node> {
     let first = start(certs, Vec::new()).await;

@@ -52,14 +52,7 @@ struct Stack {
 /// first node and do not yet know each other, each may decide slots the other's table gives it
 /// (a window docs/CLUSTER.md names), and a key decided by two nodes at once has two budgets.
 async fn formed(nodes: &[Node]) -> u64 {
-    let mut ids: Vec<String> = nodes.iter().map(|n| n.node_id().to_owned()).collect();
-    ids.sort();
-    let agree = || {
-        let version = nodes[0].slot_table().version();
-        nodes
-            .iter()
-            .all(|n| n.owners() == ids && n.slot_table().version() == version)
-    };
+    let all: Vec<&Node> = nodes.iter().collect();
     // Rung at every node's table change; a change between a look and the wait leaves a permit.
     let changed = Arc::new(Notify::new());
     let watchers: Vec<_> = nodes
@@ -75,7 +68,7 @@ async fn formed(nodes: &[Node]) -> u64 {
         })
         .collect();
     tokio::time::timeout(PATIENCE, async {
-        while !agree() {
+        while !converged(&all) {
             changed.notified().await;
         }
         for node in nodes {

@@ -79,3 +79,13 @@ pub fn per_hour(n: u64) -> Limit {
 
 /// Bound on waits for something that happens in milliseconds unless the code is broken.
 pub const PATIENCE: Duration = Duration::from_secs(20);
+
+/// True when every node sees exactly `nodes` as the owners, with one table version.
+pub fn converged(nodes: &[&Node]) -> bool {
+    let mut ids: Vec<String> = nodes.iter().map(|n| n.node_id().to_owned()).collect();
+    ids.sort();
+    let version = nodes[0].slot_table().version();
+    nodes
+        .iter()
+        .all(|n| n.owners() == ids && n.slot_table().version() == version)
+}
