@@ -129,10 +129,11 @@ fn refuse_kind(frame: &Frame, out: &mut Vec<u8>) -> Option<ErrorCode> {
 /// Called before deciding group `i` of a frame (`group(j)` is group `j`, `None` past the end):
 /// starts loading the buckets of groups to come, so cold keys' cache misses overlap instead of
 /// adding up. The prefetches go out in bursts ([`floodgate::prefetch::burst_ahead`]: the next
-/// 8 groups' at the start of each burst, measured in `bench/benches/core.rs`,
-/// `cold_frame_256`), not one group's between two decisions: a key's bucket usually lies on a
-/// page whose translation is not cached either, and a prefetch waits for its page walk before the
-/// instructions after it can retire, so only prefetches issued back to back walk in parallel.
+/// [`floodgate::prefetch::PREFETCH_BURST`] groups' at the start of each burst, measured in
+/// `bench/benches/core.rs`, `cold_frame_256`), not one group's between two decisions: a key's
+/// bucket usually lies on a page whose translation is not cached either, and a prefetch waits
+/// for its page walk before the instructions after it can retire, so only prefetches issued
+/// back to back walk in parallel.
 /// With caches emptied between frames (as the processes sharing a vCPU empty them), a frame of
 /// 256 checks took about half the time it took with one group prefetched 8 ahead
 /// (bench/RESULTS.md).
