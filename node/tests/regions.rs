@@ -32,7 +32,8 @@ fn fast(config: &mut NodeConfig, region: &str) {
     config.cluster.region_sync_interval = Duration::from_millis(20);
 }
 
-/// A node per region, `b` and `c` joining through `a`; returns once each knows the others.
+/// A node per region, `b` and `c` joining through `a`; returns once each counts the others as
+/// their regions' owners (before, a global key's units admitted here would never reach them).
 async fn three_regions() -> (TestNode, Vec<Node>) {
     let first = start_node(|c| fast(c, "a")).await;
     let seed = first.node.local_addr();
@@ -48,21 +49,17 @@ async fn three_regions() -> (TestNode, Vec<Node>) {
         .map(|n| n.node_id().to_owned())
         .collect();
     for node in std::iter::once(&first.node).chain(&others) {
-        let mut tables = node.watch_slot_table();
-        let knows_all = tokio::time::timeout(WAIT, async {
-            loop {
-                tables.borrow_and_update();
-                if ids.iter().all(|id| node.member_addr(id).is_some()) {
-                    return;
-                }
-                tables.changed().await.unwrap();
-            }
-        })
-        .await;
+        let elsewhere: Vec<&str> = ids
+            .iter()
+            .map(String::as_str)
+            .filter(|id| *id != node.node_id())
+            .collect();
+        let reaches_all = tokio::time::timeout(WAIT, node.reaches(&elsewhere)).await;
         assert!(
-            knows_all.is_ok(),
-            "{} did not learn every region's node",
-            node.node_id()
+            reaches_all.is_ok(),
+            "{} does not count every region's node as an owner: {:?}",
+            node.node_id(),
+            node.other_region_owners()
         );
         // Its own region's ring: itself alone, though it knows three members.
         assert_eq!(node.owners(), vec![node.node_id().to_owned()]);
@@ -313,13 +310,12 @@ async fn unconfirmed_units_go_with_their_slot_to_the_new_owner() {
     config.cluster.seeds = vec![seed.into()];
     let us = Node::start(config).await.unwrap();
     let a = &first.node;
-    knows(a, us.node_id()).await;
     let limit = Limit::gcra(20, 3_600 * NANOS_PER_SEC, 20).unwrap();
     let keys: Vec<Vec<u8>> = (0..64)
         .map(|i| format!("moving-{i}").into_bytes())
         .collect();
     let to_a = connect(a.local_addr(), client_config(&first.certs, false)).await;
-    holds_back_for(a, &to_a, "us").await;
+    holds_back_for(a, &to_a, &us).await;
     for key in &keys {
         let allowed = round(
             &[a],
@@ -362,7 +358,7 @@ async fn unconfirmed_units_go_with_their_slot_to_the_new_owner() {
     // Every check of every moved key in one round trip: the units count for 2 s after they
     // came, which a round trip per key on a loaded host could outlast.
     let to_b = connect(b.local_addr(), client_config(&first.certs, false)).await;
-    holds_back_for(&b, &to_b, "us").await;
+    holds_back_for(&b, &to_b, &us).await;
     let mut bytes = Vec::new();
     for key in &moved {
         bytes.extend(scoped_frames(key, &limit, 5, &Scope::Global));
@@ -379,18 +375,6 @@ async fn unconfirmed_units_go_with_their_slot_to_the_new_owner() {
     refuses_units_from_outside_its_region(&b, us.node_id(), a.node_id(), &first).await;
     b.shutdown().await;
     us.shutdown().await;
-}
-
-/// Waits (bounded) until `node` knows the member `id`.
-async fn knows(node: &Node, id: &str) {
-    let mut tables = node.watch_slot_table();
-    let known = tokio::time::timeout(WAIT, async {
-        while node.member_addr(id).is_none() {
-            tables.changed().await.unwrap();
-        }
-    })
-    .await;
-    assert!(known.is_ok(), "{} never learned of {id}", node.node_id());
 }
 
 /// Kind 25 is taken only from a member of the receiver's own region, and answered once the
@@ -431,24 +415,51 @@ async fn refuses_units_from_outside_its_region(
     }
 }
 
-/// Waits (at most 1,000 round trips, no sleep) until `node` holds global checks back for
-/// `region`'s share: its view of that region's ring names an owner. Each try spends two checks
-/// of a fresh key of burst 2 (a share of 1): the second is held back once the region counts.
-async fn holds_back_for(node: &Node, connection: &quinn::Connection, region: &str) {
+/// Waits (bounded) until `node` counts `other` (a node of another region) as an owner, then
+/// shows it holds global checks back to that region's share: one frame of two checks of a fresh
+/// key of burst 2 (a share of 1), decided in one pass, admits the first and holds the second
+/// back. That unit is the first `node` sends `other`, at once: returns once it is confirmed, so
+/// what `node` admits next waits for its next sync interval.
+async fn holds_back_for(node: &Node, connection: &quinn::Connection, other: &Node) {
+    let counted = tokio::time::timeout(WAIT, node.reaches(&[other.node_id()])).await;
+    assert!(
+        counted.is_ok(),
+        "{} never counted {} as an owner",
+        node.node_id(),
+        other.node_id()
+    );
     let limit = Limit::gcra(2, 3_600 * NANOS_PER_SEC, 2).unwrap();
-    for i in 0..1_000 {
-        let key = format!("probe-{region}-{i}");
-        let answers = exchange(
-            connection,
-            &scoped_frames(key.as_bytes(), &limit, 2, &Scope::Global),
-        )
-        .await;
-        if answers.allowed() == 1 {
-            return;
+    let key = format!("probe-{}", other.node_id()).into_bytes();
+    let check = WireCheck::new(key, &limit, 1);
+    let batch = CheckBatch {
+        groups: vec![vec![check.clone()], vec![check]],
+    };
+    let scoped = ScopedCheckBatch::new(batch, &[Scope::Global, Scope::Global]);
+    let mut bytes = Vec::new();
+    encode_message(&mut bytes, FrameKind::ScopedCheckBatch, 1, &scoped);
+    let answers = exchange(connection, &bytes).await;
+    assert!(answers.errors.is_empty(), "{:?}", answers.errors);
+    assert_eq!(
+        answers.allowed(),
+        1,
+        "{} did not hold the second check back for {}",
+        node.node_id(),
+        other.node_id()
+    );
+    let mut changes = node.region_sync().subscribe();
+    let confirmed = tokio::time::timeout(WAIT, async {
+        loop {
+            changes.borrow_and_update();
+            if node.region_sync().is_idle() {
+                return;
+            }
+            changes.changed().await.unwrap();
         }
-    }
-    panic!(
-        "{} never held a global check back for {region}",
+    })
+    .await;
+    assert!(
+        confirmed.is_ok(),
+        "{} never had its probe confirmed",
         node.node_id()
     );
 }

@@ -60,30 +60,19 @@ fn node_in(region: &str, file: &std::path::Path, global: bool, config: &mut Node
     }
 }
 
-/// Regions `a` and `b`, one node each, `b` joining through `a`; returns once each knows the
-/// other.
+/// Regions `a` and `b`, one node each, `b` joining through `a`; returns once each counts the
+/// other as its region's owner.
 async fn two_regions(file: &std::path::Path, global: bool) -> (TestNode, Node) {
     let first = start_node(|c| node_in("a", file, global, c)).await;
     let mut config = NodeConfig::for_tests(&first.certs);
     node_in("b", file, global, &mut config);
     config.cluster.seeds = vec![first.node.local_addr().into()];
     let second = Node::start(config).await.unwrap();
-    for node in [&first.node, &second] {
-        let ids = [first.node.node_id(), second.node_id()];
-        let mut tables = node.watch_slot_table();
-        let knows = tokio::time::timeout(WAIT, async {
-            loop {
-                tables.borrow_and_update();
-                if ids.iter().all(|id| node.member_addr(id).is_some()) {
-                    return;
-                }
-                tables.changed().await.unwrap();
-            }
-        })
-        .await;
+    for (node, other) in [(&first.node, &second), (&second, &first.node)] {
+        let knows = tokio::time::timeout(WAIT, node.reaches(&[other.node_id()])).await;
         assert!(
             knows.is_ok(),
-            "{} did not learn the other region",
+            "{} does not count the other region's node as an owner",
             node.node_id()
         );
     }

@@ -133,6 +133,12 @@ impl RegionRings {
             .map_or(&[], |owners| owners)
     }
 
+    /// Every node of every other region's ring.
+    pub(crate) fn owners(&self) -> Vec<String> {
+        let nodes = self.tables.values().flat_map(|t| t.nodes().iter());
+        nodes.map(|n| n.to_string()).collect()
+    }
+
     /// The owner of `slot` in `region` (another region), if it has one.
     pub(crate) fn owner_in(&self, region: &RegionName, slot: u16) -> Option<&str> {
         self.tables.get(region)?.owner(slot)

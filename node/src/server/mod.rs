@@ -225,6 +225,32 @@ impl Node {
         self.wiring.parts.slots.table().nodes().to_vec()
     }
 
+    /// Ids of the members of other regions this node sends its global keys' deltas to: the
+    /// owners in each other region's ring, as its membership view says. A member it still sees
+    /// joining is not one: units admitted meanwhile never reach it.
+    pub fn other_region_owners(&self) -> Vec<String> {
+        self.wiring.checks.regions.rings().owners()
+    }
+
+    /// Resolves once every one of `ids` (members of other regions) is an owner in its region's
+    /// ring as this node sees it, so its global keys' deltas reach each. Knowing a member's
+    /// address is not enough: a member seen joining owns nothing yet. The rings follow the
+    /// membership's epoch, as the slot table does, so each table published is a moment to look.
+    pub async fn reaches(&self, ids: &[&str]) {
+        let mut tables = self.watch_slot_table();
+        loop {
+            tables.borrow_and_update();
+            let owners = self.other_region_owners();
+            if ids.iter().all(|id| owners.iter().any(|o| o == id)) {
+                return;
+            }
+            if tables.changed().await.is_err() {
+                // The node stopped: nothing will change any more.
+                return std::future::pending().await;
+            }
+        }
+    }
+
     /// Why the node is not ready (what `/readyz` answers 503 with), or `None` when it serves
     /// with the cluster: not while shutting down, refused, or (with seeds and without
     /// `--allow-alone`) not joined yet.
