@@ -533,9 +533,10 @@ mod tests {
         #[test]
         fn the_list_reports_what_a_scan_would(
             ops in prop::collection::vec(op(), 1..300),
-            listed in 1usize..8,
+            listed in 1usize..40,
         ) {
             // Few places for 24 keys in 4 families: evictions and re-insertions are common.
+            // Lists longer than a round's prefetch burst (16) are read in several bursts.
             let listing = store(16, 2).with_listed_capacity(listed);
             let scanning = store(16, 2);
             let mut now = NOW;

@@ -18,6 +18,7 @@ use super::entries::{
 use super::table::{GcraEntry, GcraTable, MAX_MARGIN_MS};
 use super::{StoreError, StoreStats};
 use crate::algorithm::{SlidingLog, WindowState, gcra};
+use crate::prefetch::PREFETCH_BURST;
 use crate::{Algorithm, BucketKey, Decision, Limit};
 
 /// What to restore to take back an admission (multi-checks that end up denied).
@@ -336,27 +337,52 @@ impl Shard {
             self.scan_changed(now_ns, out);
             return;
         }
-        for (family, key) in self.changed.drain() {
-            // Not found: evicted or expired since it was listed. Found unmarked: listed twice,
-            // or already taken by an earlier round's scan.
-            let state = match family {
-                Family::Gcra => self
-                    .gcra
-                    .find(key)
-                    .filter(|e| e.take_dirty())
-                    .and_then(|e| gcra_state(e, now_ns)),
-                Family::Window => self
-                    .windows
-                    .find(key.hash, same(key))
-                    .filter(|e| Dirty::take_dirty(*e))
-                    .and_then(|e| e.state(now_ns)),
-                Family::Log => self
-                    .logs
-                    .find(key.hash, same(key))
-                    .filter(|e| Dirty::take_dirty(*e))
-                    .and_then(|e| e.state(now_ns)),
-            };
-            out.extend(state);
+        // Listed keys are as cold as a check's: taken a burst at a time, the burst's GCRA
+        // buckets prefetched before any is read, so their misses overlap (one after another,
+        // they were most of a round's cost).
+        let mut drained = self.changed.drain();
+        let mut burst = [(Family::Gcra, BucketKey { hash: 0, check: 0 }); 2 * PREFETCH_BURST];
+        loop {
+            let taken = burst
+                .iter_mut()
+                .zip(drained.by_ref())
+                .map(|(place, listed)| *place = listed)
+                .count();
+            if taken == 0 {
+                return;
+            }
+            let layout = self.gcra.layout();
+            for &(family, key) in &burst[..taken] {
+                if family == Family::Gcra {
+                    super::table::prefetch(layout, key);
+                }
+            }
+            for &(family, key) in &burst[..taken] {
+                out.extend(self.changed_state(family, key, now_ns));
+            }
+        }
+    }
+
+    /// The state of `key`'s bucket of `family` if it is marked changed, taking the mark. None
+    /// when not found (evicted or expired since it was listed) or found unmarked (listed
+    /// twice, or already taken by an earlier round's scan).
+    fn changed_state(&self, family: Family, key: BucketKey, now_ns: u64) -> Option<BucketState> {
+        match family {
+            Family::Gcra => self
+                .gcra
+                .find(key)
+                .filter(|e| e.take_dirty())
+                .and_then(|e| gcra_state(e, now_ns)),
+            Family::Window => self
+                .windows
+                .find(key.hash, same(key))
+                .filter(|e| Dirty::take_dirty(*e))
+                .and_then(|e| e.state(now_ns)),
+            Family::Log => self
+                .logs
+                .find(key.hash, same(key))
+                .filter(|e| Dirty::take_dirty(*e))
+                .and_then(|e| e.state(now_ns)),
         }
     }
 
