@@ -123,29 +123,28 @@ async fn futures_like_join(connections: &[quinn::Connection], bytes: &[u8]) -> V
     answers
 }
 
-/// Waits (bounded) until every node's exchange has everything it admitted confirmed.
+/// Waits (bounded) until every node's exchange has everything it admitted confirmed: one node
+/// after another, as an outbox fills only with what its node admits or passes on, and the
+/// tests send nothing while they wait.
 async fn settle(nodes: &[&Node]) {
-    let mut watches: Vec<_> = nodes.iter().map(|n| n.region_sync().subscribe()).collect();
-    let settled = tokio::time::timeout(WAIT, async {
-        loop {
-            for w in &mut watches {
-                w.borrow_and_update();
+    for node in nodes {
+        let mut changes = node.region_sync().subscribe();
+        let settled = tokio::time::timeout(WAIT, async {
+            loop {
+                changes.borrow_and_update();
+                if node.region_sync().is_idle() {
+                    return;
+                }
+                changes.changed().await.unwrap();
             }
-            if nodes.iter().all(|n| n.region_sync().is_idle()) {
-                return;
-            }
-            // Any node's change may be the last one.
-            let (first, rest) = watches.split_at_mut(1);
-            let (second, third) = rest.split_at_mut(1);
-            tokio::select! {
-                _ = first[0].changed() => {}
-                _ = second[0].changed() => {}
-                _ = third[0].changed() => {}
-            }
-        }
-    })
-    .await;
-    assert!(settled.is_ok(), "deltas still unconfirmed after {WAIT:?}");
+        })
+        .await;
+        assert!(
+            settled.is_ok(),
+            "{}: deltas still unconfirmed after {WAIT:?}",
+            node.node_id()
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -429,7 +428,7 @@ async fn holds_back_for(node: &Node, connection: &quinn::Connection, other: &Nod
         other.node_id()
     );
     let limit = Limit::gcra(2, 3_600 * NANOS_PER_SEC, 2).unwrap();
-    let key = format!("probe-{}", other.node_id()).into_bytes();
+    let key = format!("probe-{}-{}", node.node_id(), other.node_id()).into_bytes();
     let check = WireCheck::new(key, &limit, 1);
     let batch = CheckBatch {
         groups: vec![vec![check.clone()], vec![check]],
@@ -446,20 +445,5 @@ async fn holds_back_for(node: &Node, connection: &quinn::Connection, other: &Nod
         node.node_id(),
         other.node_id()
     );
-    let mut changes = node.region_sync().subscribe();
-    let confirmed = tokio::time::timeout(WAIT, async {
-        loop {
-            changes.borrow_and_update();
-            if node.region_sync().is_idle() {
-                return;
-            }
-            changes.changed().await.unwrap();
-        }
-    })
-    .await;
-    assert!(
-        confirmed.is_ok(),
-        "{} never had its probe confirmed",
-        node.node_id()
-    );
+    settle(&[node]).await;
 }
