@@ -1,0 +1,910 @@
+//! One HTTP/2 connection's state, without I/O: the caller's bytes go in (`receive`), whole calls
+//! come out (`take_calls`), answers go in (`answer`, `refuse`, ...), and the bytes to write
+//! collect in `out`, each turn's in one buffer so that they leave in one write.
+//!
+//! Only what a gRPC server of unary calls and one server-streaming method needs is kept:
+//! streams the caller opens, flow control both ways, SETTINGS, PING, GOAWAY and RST_STREAM. The
+//! node never pushes and never opens a stream. Whatever a caller sends is checked against RFC
+//! 9113; what breaks the connection's state (HPACK, flow control, framing) ends it with GOAWAY,
+//! what breaks one stream resets that stream only.
+
+use std::collections::{HashMap, VecDeque};
+use std::hash::BuildHasherDefault;
+use std::time::Duration;
+
+use bytes::{Buf, Bytes, BytesMut};
+use prost::Message;
+use rustc_hash::FxHasher;
+use tokio::time::Instant;
+use tonic::Status;
+
+use super::frame::{self, Head, Reason};
+use super::grpc::{self, Refusal, RequestHead, Route};
+
+/// Most bytes of one header block as it arrives, its CONTINUATIONs joined: a block must be
+/// decoded whole to keep HPACK's table in step, so this bounds what one block can hold.
+const MAX_HEADER_BLOCK_BYTES: usize = 64 * 1024;
+
+/// What the node allows a connection.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Limits {
+    /// The window of each stream the caller opens, at least one message of the largest size.
+    pub(super) stream_window: u32,
+    /// The connection's window, at least HTTP/2's initial 65,535.
+    pub(super) connection_window: u32,
+    pub(super) max_message: usize,
+    pub(super) max_streams: u32,
+    /// Most bytes of one call's headers, decoded (as HTTP/2 counts them: 32 more a field).
+    pub(super) max_header_list: usize,
+}
+
+/// A call whose request is whole.
+#[derive(Debug)]
+pub(super) struct Call {
+    pub(super) stream: u32,
+    pub(super) route: Route,
+    /// The message, without its prefix.
+    pub(super) message: Bytes,
+}
+
+/// Why the connection ends: sent to the caller as GOAWAY.
+#[derive(Debug)]
+pub(super) struct Broken {
+    pub(super) reason: Reason,
+    pub(super) why: String,
+}
+
+fn broken(reason: Reason, why: impl Into<String>) -> Broken {
+    Broken {
+        reason,
+        why: why.into(),
+    }
+}
+
+#[derive(Debug)]
+enum Phase {
+    /// The request's message is arriving.
+    Receiving { route: Route, body: BytesMut },
+    /// The request is whole; its answer is being decided.
+    Deciding,
+    /// A Watch answered with its first status; `not_serving` when that was NOT_SERVING.
+    Watching { not_serving: bool },
+}
+
+#[derive(Debug)]
+struct Stream {
+    phase: Phase,
+    /// Bytes the caller may still send on it.
+    receive_window: i64,
+    /// Bytes the node may still send on it.
+    send_window: i64,
+    /// Bytes of the connection's window its unfinished message holds.
+    held: usize,
+    /// The caller ended its side (END_STREAM).
+    remote_ended: bool,
+    /// When it is refused (or a Watch ended); what it was allowed, for the refusal.
+    deadline: Option<(Instant, Duration)>,
+    /// When a Watch ends, as its caller asked (None: when the node stops).
+    watch_until: Option<Instant>,
+    /// An answer's bytes waiting for the caller's window, and the trailers after them.
+    queued: Bytes,
+    trailers: Option<Bytes>,
+}
+
+pub(super) struct Connection {
+    limits: Limits,
+    hpack: loona_hpack::Decoder<'static>,
+    streams: HashMap<u32, Stream, BuildHasherDefault<FxHasher>>,
+    /// The highest stream the caller opened.
+    last_opened: u32,
+    preface_read: bool,
+    settings_read: bool,
+    /// The caller acknowledged the node's SETTINGS (until then it may use HTTP/2's defaults).
+    settings_acknowledged: bool,
+    /// A header block whose CONTINUATIONs are still to come: stream, HEADERS flags, fragments.
+    continuing: Option<(u32, u8, BytesMut)>,
+    /// Bytes the caller may still send on the connection.
+    receive_window: i64,
+    /// Bytes read and done with, to give back in a WINDOW_UPDATE.
+    released: usize,
+    send_window: i64,
+    peer_initial_window: i64,
+    peer_max_payload: usize,
+    /// Streams with answer bytes waiting for a window, in the order they began waiting.
+    blocked: VecDeque<u32>,
+    /// The node said GOAWAY: new streams are refused.
+    going_away: bool,
+    /// The caller said GOAWAY: it opens no more streams.
+    caller_going_away: bool,
+    /// A PING the node sent was answered.
+    pong: bool,
+    calls: Vec<Call>,
+    /// A stream opened since the last `take_opened`.
+    opened: bool,
+    /// What to write, in order.
+    pub(super) out: BytesMut,
+}
+
+impl std::fmt::Debug for Connection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Connection")
+            .field("streams", &self.streams.len())
+            .field("last_opened", &self.last_opened)
+            .field("out", &self.out.len())
+            .finish_non_exhaustive()
+    }
+}
+
+/// The PING payload of the node's keepalive.
+pub(super) const KEEPALIVE_PING: [u8; 8] = *b"fg-alive";
+
+impl Connection {
+    /// A connection whose first bytes to write are the node's SETTINGS and its connection
+    /// window.
+    pub(super) fn new(limits: Limits) -> Connection {
+        let mut hpack = loona_hpack::Decoder::new();
+        // The node never sends SETTINGS_HEADER_TABLE_SIZE: the caller's table is the default.
+        hpack.set_max_allowed_table_size(4_096);
+        let mut out = BytesMut::with_capacity(16 * 1024);
+        frame::put_settings(
+            &mut out,
+            &[
+                (frame::SETTINGS_ENABLE_PUSH, 0),
+                (frame::SETTINGS_MAX_CONCURRENT_STREAMS, limits.max_streams),
+                (frame::SETTINGS_INITIAL_WINDOW_SIZE, limits.stream_window),
+                (
+                    frame::SETTINGS_MAX_HEADER_LIST_SIZE,
+                    u32::try_from(limits.max_header_list).unwrap_or(u32::MAX),
+                ),
+            ],
+        );
+        let connection_window = limits.connection_window.max(frame::DEFAULT_WINDOW);
+        if connection_window > frame::DEFAULT_WINDOW {
+            frame::put_window_update(&mut out, 0, connection_window - frame::DEFAULT_WINDOW);
+        }
+        Connection {
+            limits,
+            hpack,
+            streams: HashMap::default(),
+            last_opened: 0,
+            preface_read: false,
+            settings_read: false,
+            settings_acknowledged: false,
+            continuing: None,
+            receive_window: i64::from(connection_window),
+            released: 0,
+            send_window: i64::from(frame::DEFAULT_WINDOW),
+            peer_initial_window: i64::from(frame::DEFAULT_WINDOW),
+            peer_max_payload: frame::MAX_PAYLOAD,
+            blocked: VecDeque::new(),
+            going_away: false,
+            caller_going_away: false,
+            pong: false,
+            calls: Vec::new(),
+            opened: false,
+            out,
+        }
+    }
+
+    /// The preface and the caller's first SETTINGS have been read.
+    pub(super) fn established(&self) -> bool {
+        self.settings_read
+    }
+
+    /// Calls open (read, deciding, answering or watching).
+    pub(super) fn open_streams(&self) -> usize {
+        self.streams.len()
+    }
+
+    /// Nothing more will happen here: the caller or the node said GOAWAY, and no call is open.
+    pub(super) fn finished(&self) -> bool {
+        (self.going_away || self.caller_going_away) && self.streams.is_empty()
+    }
+
+    /// Moves the calls read whole since the last look to `into`.
+    pub(super) fn take_calls(&mut self, into: &mut Vec<Call>) {
+        into.append(&mut self.calls);
+    }
+
+    /// A stream was opened since the last look.
+    pub(super) fn take_opened(&mut self) -> bool {
+        std::mem::take(&mut self.opened)
+    }
+
+    /// The caller answered the node's keepalive PING since the last look.
+    pub(super) fn take_pong(&mut self) -> bool {
+        std::mem::take(&mut self.pong)
+    }
+
+    pub(super) fn ping(&mut self) {
+        frame::put_ping(&mut self.out, 0, &KEEPALIVE_PING);
+    }
+
+    /// GOAWAY: the streams opened so far are served, later ones refused.
+    pub(super) fn go_away(&mut self) {
+        if !self.going_away {
+            self.going_away = true;
+            frame::put_go_away(&mut self.out, self.last_opened, Reason::NO_ERROR, "");
+        }
+    }
+
+    /// The GOAWAY that ends a connection the caller broke.
+    pub(super) fn go_away_broken(&mut self, broken: &Broken) {
+        self.going_away = true;
+        frame::put_go_away(&mut self.out, self.last_opened, broken.reason, &broken.why);
+    }
+
+    /// Reads every whole frame in `input` (leaving a partial one there).
+    pub(super) fn receive(&mut self, input: &mut BytesMut, now: Instant) -> Result<(), Broken> {
+        if !self.preface_read {
+            let seen = input.len().min(frame::PREFACE.len());
+            if input[..seen] != frame::PREFACE[..seen] {
+                return Err(broken(
+                    Reason::PROTOCOL_ERROR,
+                    "not HTTP/2: the connection preface is missing",
+                ));
+            }
+            if seen < frame::PREFACE.len() {
+                return Ok(());
+            }
+            input.advance(frame::PREFACE.len());
+            self.preface_read = true;
+        }
+        while let Some(head) = input.first_chunk::<{ frame::HEAD_BYTES }>().map(Head::read) {
+            if head.length > frame::MAX_PAYLOAD {
+                return Err(broken(
+                    Reason::FRAME_SIZE_ERROR,
+                    format!(
+                        "a frame of {} bytes, over the {} allowed",
+                        head.length,
+                        frame::MAX_PAYLOAD
+                    ),
+                ));
+            }
+            if input.len() < frame::HEAD_BYTES + head.length {
+                // Room for the rest of it, so the next read completes it.
+                input.reserve(frame::HEAD_BYTES + head.length - input.len());
+                break;
+            }
+            input.advance(frame::HEAD_BYTES);
+            let payload = input.split_to(head.length).freeze();
+            self.frame(head, payload, now)?;
+        }
+        self.give_back_window();
+        Ok(())
+    }
+
+    fn frame(&mut self, head: Head, payload: Bytes, now: Instant) -> Result<(), Broken> {
+        if !self.settings_read && head.kind != frame::SETTINGS {
+            return Err(broken(
+                Reason::PROTOCOL_ERROR,
+                "the caller's first frame must be SETTINGS",
+            ));
+        }
+        if self.continuing.is_some() && head.kind != frame::CONTINUATION {
+            return Err(broken(
+                Reason::PROTOCOL_ERROR,
+                "a header block was interrupted before its END_HEADERS",
+            ));
+        }
+        match head.kind {
+            frame::DATA => self.data(head, payload),
+            frame::HEADERS => self.headers(head, payload, now),
+            frame::CONTINUATION => self.continuation(head, payload, now),
+            frame::PRIORITY_FRAME => {
+                if head.stream == 0 {
+                    return Err(broken(Reason::PROTOCOL_ERROR, "PRIORITY on stream 0"));
+                }
+                if payload.len() != 5 {
+                    self.reset(head.stream, Reason::FRAME_SIZE_ERROR);
+                }
+                Ok(())
+            }
+            frame::RST_STREAM => self.caller_reset(head, &payload),
+            frame::SETTINGS => self.settings(head, &payload),
+            frame::PING => self.ping_frame(head, &payload),
+            frame::GOAWAY => {
+                if head.stream != 0 {
+                    return Err(broken(Reason::PROTOCOL_ERROR, "GOAWAY on a stream"));
+                }
+                self.caller_going_away = true;
+                Ok(())
+            }
+            frame::WINDOW_UPDATE => self.window_update(head, &payload),
+            frame::PUSH_PROMISE => Err(broken(
+                Reason::PROTOCOL_ERROR,
+                "a client may not send PUSH_PROMISE",
+            )),
+            // Frames of extensions the node does not know are ignored.
+            _ => Ok(()),
+        }
+    }
+
+    fn data(&mut self, head: Head, payload: Bytes) -> Result<(), Broken> {
+        if head.stream == 0 {
+            return Err(broken(Reason::PROTOCOL_ERROR, "DATA on stream 0"));
+        }
+        // The whole payload counts against the windows, padding too.
+        let length = payload.len();
+        self.receive_window -= length as i64;
+        if self.receive_window < 0 {
+            return Err(broken(
+                Reason::FLOW_CONTROL_ERROR,
+                "DATA past the connection's window",
+            ));
+        }
+        let Some(stream) = self.streams.get_mut(&head.stream) else {
+            if head.stream > self.last_opened {
+                return Err(broken(
+                    Reason::PROTOCOL_ERROR,
+                    "DATA on a stream never opened",
+                ));
+            }
+            // A stream already answered or reset: what was in flight is let go.
+            self.released += length;
+            return Ok(());
+        };
+        let Some(data) = frame::unpadded(head.flags, payload) else {
+            return Err(broken(Reason::PROTOCOL_ERROR, "DATA padded past its length"));
+        };
+        stream.held += length;
+        stream.receive_window -= length as i64;
+        if stream.remote_ended {
+            self.reset(head.stream, Reason::STREAM_CLOSED);
+            return Ok(());
+        }
+        if stream.receive_window < 0 {
+            self.reset(head.stream, Reason::FLOW_CONTROL_ERROR);
+            return Ok(());
+        }
+        let Phase::Receiving { body, .. } = &mut stream.phase else {
+            // Only a stream still receiving is not ended by its caller.
+            self.reset(head.stream, Reason::STREAM_CLOSED);
+            return Ok(());
+        };
+        if body.len() + data.len() > self.limits.max_message + grpc::PREFIX_BYTES {
+            let refusal = Refusal::Grpc(grpc::over_limit(self.limits.max_message));
+            self.refuse(head.stream, &refusal);
+            return Ok(());
+        }
+        body.extend_from_slice(&data);
+        if head.flags & frame::END_STREAM != 0 {
+            self.request_whole(head.stream);
+        }
+        Ok(())
+    }
+
+    fn headers(&mut self, head: Head, payload: Bytes, now: Instant) -> Result<(), Broken> {
+        if head.stream == 0 || head.stream % 2 == 0 {
+            return Err(broken(
+                Reason::PROTOCOL_ERROR,
+                "HEADERS on a stream a client may not open",
+            ));
+        }
+        let Some(mut block) = frame::unpadded(head.flags, payload) else {
+            return Err(broken(
+                Reason::PROTOCOL_ERROR,
+                "HEADERS padded past its length",
+            ));
+        };
+        if head.flags & frame::PRIORITY != 0 {
+            if block.len() < 5 {
+                return Err(broken(
+                    Reason::FRAME_SIZE_ERROR,
+                    "HEADERS too short for its priority",
+                ));
+            }
+            block.advance(5);
+        }
+        if head.flags & frame::END_HEADERS == 0 {
+            self.continuing = Some((head.stream, head.flags, BytesMut::from(&block[..])));
+            return Ok(());
+        }
+        self.header_block(head.stream, head.flags, &block, now)
+    }
+
+    fn continuation(&mut self, head: Head, payload: Bytes, now: Instant) -> Result<(), Broken> {
+        let Some((stream, flags, mut block)) = self.continuing.take() else {
+            return Err(broken(
+                Reason::PROTOCOL_ERROR,
+                "CONTINUATION without a header block before it",
+            ));
+        };
+        if head.stream != stream {
+            return Err(broken(
+                Reason::PROTOCOL_ERROR,
+                "CONTINUATION on another stream than its header block's",
+            ));
+        }
+        if block.len() + payload.len() > MAX_HEADER_BLOCK_BYTES {
+            return Err(broken(
+                Reason::ENHANCE_YOUR_CALM,
+                format!("a header block over {MAX_HEADER_BLOCK_BYTES} bytes"),
+            ));
+        }
+        block.extend_from_slice(&payload);
+        if head.flags & frame::END_HEADERS == 0 {
+            self.continuing = Some((stream, flags, block));
+            return Ok(());
+        }
+        self.header_block(stream, flags, &block, now)
+    }
+
+    /// A whole header block: a new call, or trailers ending one.
+    fn header_block(
+        &mut self,
+        id: u32,
+        flags: u8,
+        block: &[u8],
+        now: Instant,
+    ) -> Result<(), Broken> {
+        // Decoded in every case, to keep the table in step with the caller's.
+        let mut head = RequestHead::default();
+        let mut list_bytes = 0usize;
+        let mut malformed = false;
+        self.hpack
+            .decode_with_cb(block, |name, value| {
+                list_bytes += name.len() + value.len() + 32;
+                malformed |= name.iter().any(u8::is_ascii_uppercase)
+                    || matches!(
+                        &name[..],
+                        b"connection" | b"keep-alive" | b"proxy-connection" | b"upgrade"
+                    );
+                head.note(&name, &value);
+            })
+            .map_err(|e| {
+                broken(
+                    Reason::COMPRESSION_ERROR,
+                    format!("a header block HPACK cannot decode: {e:?}"),
+                )
+            })?;
+        let end_stream = flags & frame::END_STREAM != 0;
+        if let Some(stream) = self.streams.get_mut(&id) {
+            // Trailers: they must end the stream.
+            if !end_stream || stream.remote_ended {
+                self.reset(id, Reason::PROTOCOL_ERROR);
+            } else if matches!(stream.phase, Phase::Receiving { .. }) {
+                self.request_whole(id);
+            }
+            return Ok(());
+        }
+        if id <= self.last_opened {
+            // Trailers of a stream already answered or reset.
+            return Ok(());
+        }
+        self.last_opened = id;
+        self.opened = true;
+        if self.going_away || self.streams.len() >= self.limits.max_streams as usize {
+            self.reset_unopened(id, Reason::REFUSED_STREAM);
+            return Ok(());
+        }
+        if malformed {
+            self.reset_unopened(id, Reason::PROTOCOL_ERROR);
+            return Ok(());
+        }
+        let routed = if list_bytes > self.limits.max_header_list {
+            Err(Refusal::Http(431))
+        } else {
+            grpc::route(&head)
+        };
+        let (route, asked) = match routed {
+            Ok(routed) => routed,
+            Err(refusal) => {
+                frame::put_headers(&mut self.out, id, &grpc::refusal_block(&refusal), true);
+                if !end_stream {
+                    frame::put_reset(&mut self.out, id, Reason::NO_ERROR);
+                }
+                return Ok(());
+            }
+        };
+        let watch_until = if route == Route::HealthWatch {
+            asked.map(|asked| now + asked)
+        } else {
+            None
+        };
+        // A unary call's deadline is its own; a Watch's request must arrive within the call
+        // timeout, and the Watch ends when its caller asked.
+        let allowed = grpc::call_deadline(asked);
+        let receive_window = if self.settings_acknowledged {
+            i64::from(self.limits.stream_window)
+        } else {
+            i64::from(self.limits.stream_window.max(frame::DEFAULT_WINDOW))
+        };
+        self.streams.insert(
+            id,
+            Stream {
+                phase: Phase::Receiving {
+                    route,
+                    body: BytesMut::new(),
+                },
+                receive_window,
+                send_window: self.peer_initial_window,
+                held: 0,
+                remote_ended: false,
+                deadline: Some((now + allowed, allowed)),
+                watch_until,
+                queued: Bytes::new(),
+                trailers: None,
+            },
+        );
+        if end_stream {
+            self.request_whole(id);
+        }
+        Ok(())
+    }
+
+    /// The caller ended its side of a stream still receiving: its message is whole, and the
+    /// window it held is given back.
+    fn request_whole(&mut self, id: u32) {
+        let Some(stream) = self.streams.get_mut(&id) else {
+            return;
+        };
+        stream.remote_ended = true;
+        self.released += std::mem::take(&mut stream.held);
+        let Phase::Receiving { route, body } = std::mem::replace(&mut stream.phase, Phase::Deciding)
+        else {
+            return;
+        };
+        match grpc::unframe(body.freeze(), self.limits.max_message) {
+            Ok(message) => self.calls.push(Call {
+                stream: id,
+                route,
+                message,
+            }),
+            Err(status) => self.refuse(id, &Refusal::Grpc(status)),
+        }
+    }
+
+    fn caller_reset(&mut self, head: Head, payload: &[u8]) -> Result<(), Broken> {
+        if payload.len() != 4 {
+            return Err(broken(
+                Reason::FRAME_SIZE_ERROR,
+                "RST_STREAM not 4 bytes long",
+            ));
+        }
+        if head.stream == 0 || head.stream > self.last_opened {
+            return Err(broken(
+                Reason::PROTOCOL_ERROR,
+                "RST_STREAM on a stream never opened",
+            ));
+        }
+        self.close(head.stream);
+        Ok(())
+    }
+
+    fn settings(&mut self, head: Head, payload: &[u8]) -> Result<(), Broken> {
+        if head.stream != 0 {
+            return Err(broken(Reason::PROTOCOL_ERROR, "SETTINGS on a stream"));
+        }
+        if head.flags & frame::ACK != 0 {
+            if !payload.is_empty() {
+                return Err(broken(
+                    Reason::FRAME_SIZE_ERROR,
+                    "a SETTINGS acknowledgement with a payload",
+                ));
+            }
+            self.settings_acknowledged = true;
+            return Ok(());
+        }
+        if payload.len() % 6 != 0 {
+            return Err(broken(
+                Reason::FRAME_SIZE_ERROR,
+                "SETTINGS not a multiple of 6 bytes",
+            ));
+        }
+        for setting in payload.chunks_exact(6) {
+            let id = u16::from_be_bytes([setting[0], setting[1]]);
+            let value = u32::from_be_bytes([setting[2], setting[3], setting[4], setting[5]]);
+            match id {
+                frame::SETTINGS_ENABLE_PUSH if value > 1 => {
+                    return Err(broken(Reason::PROTOCOL_ERROR, "ENABLE_PUSH not 0 or 1"));
+                }
+                frame::SETTINGS_INITIAL_WINDOW_SIZE => {
+                    if value > frame::MAX_WINDOW {
+                        return Err(broken(
+                            Reason::FLOW_CONTROL_ERROR,
+                            "INITIAL_WINDOW_SIZE over 2^31-1",
+                        ));
+                    }
+                    let change = i64::from(value) - self.peer_initial_window;
+                    self.peer_initial_window = i64::from(value);
+                    for stream in self.streams.values_mut() {
+                        stream.send_window += change;
+                        if stream.send_window > i64::from(frame::MAX_WINDOW) {
+                            return Err(broken(
+                                Reason::FLOW_CONTROL_ERROR,
+                                "INITIAL_WINDOW_SIZE took a stream's window over 2^31-1",
+                            ));
+                        }
+                    }
+                }
+                frame::SETTINGS_MAX_FRAME_SIZE => {
+                    if !(frame::MAX_PAYLOAD as u32..=frame::MAX_ALLOWED_PAYLOAD).contains(&value) {
+                        return Err(broken(
+                            Reason::PROTOCOL_ERROR,
+                            "MAX_FRAME_SIZE outside 16,384 to 16,777,215",
+                        ));
+                    }
+                    self.peer_max_payload = value as usize;
+                }
+                // The header table's size is the caller's decoder's: the node indexes nothing.
+                // Limits on streams the node opens, and on header lists (the node's are small),
+                // do not apply.
+                _ => {}
+            }
+        }
+        self.settings_read = true;
+        frame::put_settings_ack(&mut self.out);
+        self.send_blocked();
+        Ok(())
+    }
+
+    fn ping_frame(&mut self, head: Head, payload: &[u8]) -> Result<(), Broken> {
+        if head.stream != 0 {
+            return Err(broken(Reason::PROTOCOL_ERROR, "PING on a stream"));
+        }
+        let Ok(payload) = <&[u8; 8]>::try_from(payload) else {
+            return Err(broken(Reason::FRAME_SIZE_ERROR, "PING not 8 bytes long"));
+        };
+        if head.flags & frame::ACK != 0 {
+            self.pong |= *payload == KEEPALIVE_PING;
+        } else {
+            frame::put_ping(&mut self.out, frame::ACK, payload);
+        }
+        Ok(())
+    }
+
+    fn window_update(&mut self, head: Head, payload: &[u8]) -> Result<(), Broken> {
+        if payload.len() != 4 {
+            return Err(broken(
+                Reason::FRAME_SIZE_ERROR,
+                "WINDOW_UPDATE not 4 bytes long",
+            ));
+        }
+        let increment = i64::from(frame::read_u31(payload));
+        if head.stream == 0 {
+            if increment == 0 {
+                return Err(broken(
+                    Reason::PROTOCOL_ERROR,
+                    "a WINDOW_UPDATE of 0 on the connection",
+                ));
+            }
+            self.send_window += increment;
+            if self.send_window > i64::from(frame::MAX_WINDOW) {
+                return Err(broken(
+                    Reason::FLOW_CONTROL_ERROR,
+                    "the connection's window over 2^31-1",
+                ));
+            }
+        } else {
+            let Some(stream) = self.streams.get_mut(&head.stream) else {
+                if head.stream > self.last_opened {
+                    return Err(broken(
+                        Reason::PROTOCOL_ERROR,
+                        "WINDOW_UPDATE on a stream never opened",
+                    ));
+                }
+                return Ok(());
+            };
+            stream.send_window += increment;
+            if increment == 0 {
+                self.reset(head.stream, Reason::PROTOCOL_ERROR);
+                return Ok(());
+            }
+            if stream.send_window > i64::from(frame::MAX_WINDOW) {
+                self.reset(head.stream, Reason::FLOW_CONTROL_ERROR);
+                return Ok(());
+            }
+        }
+        self.send_blocked();
+        Ok(())
+    }
+
+    /// Answers a unary call with `message` and OK. Nothing when the call is no longer open
+    /// (reset by its caller, or past its deadline).
+    pub(super) fn answer(&mut self, id: u32, message: &impl Message) {
+        if !self.deciding(id) {
+            return;
+        }
+        let length = match grpc::framed_length(message, self.limits.max_message) {
+            Ok(length) => length,
+            Err(status) => return self.refuse(id, &Refusal::Grpc(status)),
+        };
+        frame::put_headers(&mut self.out, id, frame::GRPC_HEAD, false);
+        let Some(stream) = self.streams.get_mut(&id) else {
+            return;
+        };
+        let room = self.send_window.min(stream.send_window);
+        if room >= length as i64 && length <= self.peer_max_payload {
+            // The usual case, encoded where it is sent.
+            frame::put_head(&mut self.out, length, frame::DATA, 0, id);
+            grpc::put_framed(&mut self.out, message);
+            frame::put_headers(&mut self.out, id, frame::OK_TRAILERS, true);
+            self.send_window -= length as i64;
+            self.finish(id);
+            return;
+        }
+        let mut framed = BytesMut::with_capacity(length);
+        grpc::put_framed(&mut framed, message);
+        stream.queued = framed.freeze();
+        stream.trailers = Some(Bytes::from_static(frame::OK_TRAILERS));
+        self.send_queued(id);
+    }
+
+    /// Opens a Watch's answer with its first status; it stays open until `end_watches` or its
+    /// deadline.
+    pub(super) fn watch(&mut self, id: u32, first: Bytes, not_serving: bool) {
+        if !self.deciding(id) {
+            return;
+        }
+        frame::put_headers(&mut self.out, id, frame::GRPC_HEAD, false);
+        let Some(stream) = self.streams.get_mut(&id) else {
+            return;
+        };
+        stream.phase = Phase::Watching { not_serving };
+        stream.deadline = stream.watch_until.map(|until| (until, Duration::ZERO));
+        stream.queued = first;
+        self.send_queued(id);
+    }
+
+    /// Ends every Watch with `last` (unless NOT_SERVING was its status already) and OK: the
+    /// node is stopping.
+    pub(super) fn end_watches(&mut self, last: &Bytes) {
+        let watching: Vec<u32> = self
+            .streams
+            .iter()
+            .filter(|(_, s)| matches!(s.phase, Phase::Watching { .. }) && s.trailers.is_none())
+            .map(|(&id, _)| id)
+            .collect();
+        for id in watching {
+            let Some(stream) = self.streams.get_mut(&id) else {
+                continue;
+            };
+            if let Phase::Watching { not_serving: false } = stream.phase {
+                let mut queued = BytesMut::from(&stream.queued[..]);
+                queued.extend_from_slice(last);
+                stream.queued = queued.freeze();
+            }
+            stream.trailers = Some(Bytes::from_static(frame::OK_TRAILERS));
+            self.send_queued(id);
+        }
+    }
+
+    /// The call is still waiting for its answer.
+    fn deciding(&self, id: u32) -> bool {
+        self.streams
+            .get(&id)
+            .is_some_and(|s| matches!(s.phase, Phase::Deciding))
+    }
+
+    /// Refuses a call: trailers-only (or an HTTP status) and the stream ended.
+    pub(super) fn refuse(&mut self, id: u32, refusal: &Refusal) {
+        if !self.streams.contains_key(&id) {
+            return;
+        }
+        frame::put_headers(&mut self.out, id, &grpc::refusal_block(refusal), true);
+        self.finish(id);
+    }
+
+    /// Sends what waits on stream `id` as the windows allow; its trailers and the stream's end
+    /// once it is all sent.
+    fn send_queued(&mut self, id: u32) {
+        let Some(stream) = self.streams.get_mut(&id) else {
+            return;
+        };
+        while !stream.queued.is_empty() {
+            let room = self.send_window.min(stream.send_window).max(0) as usize;
+            let piece = room.min(self.peer_max_payload).min(stream.queued.len());
+            if piece == 0 {
+                if !self.blocked.contains(&id) {
+                    self.blocked.push_back(id);
+                }
+                return;
+            }
+            let data = stream.queued.split_to(piece);
+            frame::put_data(&mut self.out, id, &data, false);
+            self.send_window -= piece as i64;
+            stream.send_window -= piece as i64;
+        }
+        if let Some(trailers) = stream.trailers.take() {
+            frame::put_headers(&mut self.out, id, &trailers, true);
+            self.finish(id);
+        }
+    }
+
+    /// Sends what the streams waiting for a window can now.
+    fn send_blocked(&mut self) {
+        for _ in 0..self.blocked.len() {
+            if self.send_window <= 0 {
+                return;
+            }
+            let Some(id) = self.blocked.pop_front() else {
+                return;
+            };
+            self.send_queued(id);
+        }
+    }
+
+    /// Resets stream `id` (the node's error on it, or its deadline).
+    pub(super) fn reset(&mut self, id: u32, reason: Reason) {
+        if self.streams.contains_key(&id) {
+            frame::put_reset(&mut self.out, id, reason);
+            self.close(id);
+        }
+    }
+
+    /// Resets a stream refused as it opened.
+    fn reset_unopened(&mut self, id: u32, reason: Reason) {
+        frame::put_reset(&mut self.out, id, reason);
+    }
+
+    /// Forgets stream `id` (the caller's reset, or the node's), its held window given back.
+    fn close(&mut self, id: u32) {
+        let Some(stream) = self.streams.remove(&id) else {
+            return;
+        };
+        self.released += stream.held;
+        if !stream.queued.is_empty() {
+            self.blocked.retain(|&b| b != id);
+        }
+    }
+
+    /// The node ended its side of stream `id`: it is forgotten, and a caller that had not ended
+    /// its side is asked to stop sending (RST_STREAM NO_ERROR, RFC 9113 §8.1).
+    fn finish(&mut self, id: u32) {
+        if self.streams.get(&id).is_some_and(|s| !s.remote_ended) {
+            frame::put_reset(&mut self.out, id, Reason::NO_ERROR);
+        }
+        self.close(id);
+    }
+
+    /// Gives the connection's window back (WINDOW_UPDATE) once half of it is read and done
+    /// with, or the caller has less than half left: the caller is never held back by bytes the
+    /// node is done with, and the node does not write an update per frame.
+    pub(super) fn give_back_window(&mut self) {
+        let half = i64::from(self.limits.connection_window.max(frame::DEFAULT_WINDOW) / 2);
+        let released = self.released as i64;
+        if released > 0 && (released >= half || self.receive_window < half) {
+            self.released = 0;
+            self.receive_window += released;
+            frame::put_window_update(&mut self.out, 0, released as u32);
+        }
+    }
+
+    /// Calls past their deadline: a call not yet answered is refused with DEADLINE_EXCEEDED;
+    /// one whose answer waits for the caller's window is reset (CANCEL); a Watch ends with
+    /// DEADLINE_EXCEEDED.
+    pub(super) fn expire(&mut self, now: Instant) {
+        let due: Vec<(u32, Duration)> = self
+            .streams
+            .iter()
+            .filter_map(|(&id, s)| s.deadline.filter(|(at, _)| *at <= now).map(|(_, d)| (id, d)))
+            .collect();
+        for (id, allowed) in due {
+            let Some(stream) = self.streams.get(&id) else {
+                continue;
+            };
+            if !stream.queued.is_empty() {
+                self.reset(id, Reason::CANCEL);
+                continue;
+            }
+            match stream.phase {
+                Phase::Watching { .. } => {
+                    let status = Status::deadline_exceeded("the Watch reached the caller's grpc-timeout");
+                    frame::put_headers(&mut self.out, id, &grpc::trailers_block(&status), true);
+                    self.finish(id);
+                }
+                Phase::Receiving { .. } | Phase::Deciding => {
+                    let status = Status::deadline_exceeded(format!("not answered within {allowed:?}"));
+                    self.refuse(id, &Refusal::Grpc(status));
+                }
+            }
+        }
+        self.give_back_window();
+    }
+
+    /// The earliest deadline of the calls open.
+    pub(super) fn next_deadline(&self) -> Option<Instant> {
+        self.streams.values().filter_map(|s| s.deadline.map(|(at, _)| at)).min()
+    }
+}
