@@ -20,6 +20,7 @@ use tonic::Status;
 
 use super::frame::{self, Head, Reason};
 use super::grpc::{self, Refusal, RequestHead, Route};
+use super::hpack;
 
 /// Most bytes of one header block as it arrives, its CONTINUATIONs joined: a block must be
 /// decoded whole to keep HPACK's table in step, so this bounds what one block can hold.
@@ -64,11 +65,55 @@ fn broken(reason: Reason, why: impl Into<String>) -> Broken {
 #[derive(Debug)]
 enum Phase {
     /// The request's message is arriving.
-    Receiving { route: Route, body: BytesMut },
+    Receiving { route: Route, body: Body },
     /// The request is whole; its answer is being decided.
     Deciding,
     /// A Watch answered with its first status; `not_serving` when that was NOT_SERVING.
     Watching { not_serving: bool },
+}
+
+/// A request's body as it arrives: a message in one DATA frame (Envoy's usual) is kept as it
+/// was read, without a copy.
+#[derive(Debug, Default)]
+enum Body {
+    #[default]
+    Empty,
+    One(Bytes),
+    Joined(BytesMut),
+}
+
+impl Body {
+    fn len(&self) -> usize {
+        match self {
+            Body::Empty => 0,
+            Body::One(bytes) => bytes.len(),
+            Body::Joined(joined) => joined.len(),
+        }
+    }
+
+    fn push(&mut self, data: Bytes) {
+        *self = match std::mem::take(self) {
+            Body::Empty => Body::One(data),
+            Body::One(first) => {
+                let mut joined = BytesMut::with_capacity(first.len() + data.len());
+                joined.extend_from_slice(&first);
+                joined.extend_from_slice(&data);
+                Body::Joined(joined)
+            }
+            Body::Joined(mut joined) => {
+                joined.extend_from_slice(&data);
+                Body::Joined(joined)
+            }
+        };
+    }
+
+    fn whole(self) -> Bytes {
+        match self {
+            Body::Empty => Bytes::new(),
+            Body::One(bytes) => bytes,
+            Body::Joined(joined) => joined.freeze(),
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -93,7 +138,7 @@ struct Stream {
 
 pub(super) struct Connection {
     limits: Limits,
-    hpack: loona_hpack::Decoder<'static>,
+    hpack: hpack::Decoder,
     streams: HashMap<u32, Stream, BuildHasherDefault<FxHasher>>,
     /// The highest stream the caller opened.
     last_opened: u32,
@@ -142,9 +187,8 @@ impl Connection {
     /// A connection whose first bytes to write are the node's SETTINGS and its connection
     /// window.
     pub(super) fn new(limits: Limits) -> Connection {
-        let mut hpack = loona_hpack::Decoder::new();
         // The node never sends SETTINGS_HEADER_TABLE_SIZE: the caller's table is the default.
-        hpack.set_max_allowed_table_size(4_096);
+        let hpack = hpack::Decoder::new(4_096);
         let mut out = BytesMut::with_capacity(16 * 1024);
         frame::put_settings(
             &mut out,
@@ -345,7 +389,10 @@ impl Connection {
             return Ok(());
         };
         let Some(data) = frame::unpadded(head.flags, payload) else {
-            return Err(broken(Reason::PROTOCOL_ERROR, "DATA padded past its length"));
+            return Err(broken(
+                Reason::PROTOCOL_ERROR,
+                "DATA padded past its length",
+            ));
         };
         stream.held += length;
         stream.receive_window -= length as i64;
@@ -367,7 +414,9 @@ impl Connection {
             self.refuse(head.stream, &refusal);
             return Ok(());
         }
-        body.extend_from_slice(&data);
+        if !data.is_empty() {
+            body.push(data);
+        }
         if head.flags & frame::END_STREAM != 0 {
             self.request_whole(head.stream);
         }
@@ -375,7 +424,7 @@ impl Connection {
     }
 
     fn headers(&mut self, head: Head, payload: Bytes, now: Instant) -> Result<(), Broken> {
-        if head.stream == 0 || head.stream % 2 == 0 {
+        if head.stream == 0 || head.stream.is_multiple_of(2) {
             return Err(broken(
                 Reason::PROTOCOL_ERROR,
                 "HEADERS on a stream a client may not open",
@@ -443,19 +492,19 @@ impl Connection {
         let mut list_bytes = 0usize;
         let mut malformed = false;
         self.hpack
-            .decode_with_cb(block, |name, value| {
+            .decode(block, |name, value| {
                 list_bytes += name.len() + value.len() + 32;
                 malformed |= name.iter().any(u8::is_ascii_uppercase)
                     || matches!(
-                        &name[..],
+                        name,
                         b"connection" | b"keep-alive" | b"proxy-connection" | b"upgrade"
                     );
-                head.note(&name, &value);
+                head.note(name, value);
             })
             .map_err(|e| {
                 broken(
                     Reason::COMPRESSION_ERROR,
-                    format!("a header block HPACK cannot decode: {e:?}"),
+                    format!("a header block HPACK cannot decode: {e}"),
                 )
             })?;
         let end_stream = flags & frame::END_STREAM != 0;
@@ -515,7 +564,7 @@ impl Connection {
             Stream {
                 phase: Phase::Receiving {
                     route,
-                    body: BytesMut::new(),
+                    body: Body::Empty,
                 },
                 receive_window,
                 send_window: self.peer_initial_window,
@@ -541,11 +590,12 @@ impl Connection {
         };
         stream.remote_ended = true;
         self.released += std::mem::take(&mut stream.held);
-        let Phase::Receiving { route, body } = std::mem::replace(&mut stream.phase, Phase::Deciding)
+        let Phase::Receiving { route, body } =
+            std::mem::replace(&mut stream.phase, Phase::Deciding)
         else {
             return;
         };
-        match grpc::unframe(body.freeze(), self.limits.max_message) {
+        match grpc::unframe(body.whole(), self.limits.max_message) {
             Ok(message) => self.calls.push(Call {
                 stream: id,
                 route,
@@ -586,7 +636,7 @@ impl Connection {
             self.settings_acknowledged = true;
             return Ok(());
         }
-        if payload.len() % 6 != 0 {
+        if !payload.len().is_multiple_of(6) {
             return Err(broken(
                 Reason::FRAME_SIZE_ERROR,
                 "SETTINGS not a multiple of 6 bytes",
@@ -878,7 +928,11 @@ impl Connection {
         let due: Vec<(u32, Duration)> = self
             .streams
             .iter()
-            .filter_map(|(&id, s)| s.deadline.filter(|(at, _)| *at <= now).map(|(_, d)| (id, d)))
+            .filter_map(|(&id, s)| {
+                s.deadline
+                    .filter(|(at, _)| *at <= now)
+                    .map(|(_, d)| (id, d))
+            })
             .collect();
         for (id, allowed) in due {
             let Some(stream) = self.streams.get(&id) else {
@@ -890,12 +944,14 @@ impl Connection {
             }
             match stream.phase {
                 Phase::Watching { .. } => {
-                    let status = Status::deadline_exceeded("the Watch reached the caller's grpc-timeout");
+                    let status =
+                        Status::deadline_exceeded("the Watch reached the caller's grpc-timeout");
                     frame::put_headers(&mut self.out, id, &grpc::trailers_block(&status), true);
                     self.finish(id);
                 }
                 Phase::Receiving { .. } | Phase::Deciding => {
-                    let status = Status::deadline_exceeded(format!("not answered within {allowed:?}"));
+                    let status =
+                        Status::deadline_exceeded(format!("not answered within {allowed:?}"));
                     self.refuse(id, &Refusal::Grpc(status));
                 }
             }
@@ -905,6 +961,327 @@ impl Connection {
 
     /// The earliest deadline of the calls open.
     pub(super) fn next_deadline(&self) -> Option<Instant> {
-        self.streams.values().filter_map(|s| s.deadline.map(|(at, _)| at)).min()
+        self.streams
+            .values()
+            .filter_map(|s| s.deadline.map(|(at, _)| at))
+            .min()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    type Fields = Vec<(Vec<u8>, Vec<u8>)>;
+
+    const LIMITS: Limits = Limits {
+        stream_window: 65_535,
+        connection_window: 1 << 20,
+        max_message: 4_096,
+        max_streams: 4,
+        max_header_list: 1_024,
+    };
+
+    /// A connection past its preface and SETTINGS, its own first bytes taken.
+    fn established() -> Connection {
+        let mut connection = Connection::new(LIMITS);
+        let mut input = BytesMut::from(&frame::PREFACE[..]);
+        frame::put_settings(&mut input, &[]);
+        connection.receive(&mut input, Instant::now()).unwrap();
+        assert!(connection.established());
+        connection.out.clear();
+        connection
+    }
+
+    /// The frames in `out`, with their payloads.
+    fn frames(out: &[u8]) -> Vec<(Head, Bytes)> {
+        let mut out = Bytes::copy_from_slice(out);
+        let mut frames = Vec::new();
+        while let Some(head) = out.first_chunk::<{ frame::HEAD_BYTES }>().map(Head::read) {
+            out.advance(frame::HEAD_BYTES);
+            frames.push((head, out.split_to(head.length)));
+        }
+        frames
+    }
+
+    fn call_block(encoder: &mut loona_hpack::Encoder<'_>, extra: &[(&[u8], &[u8])]) -> Vec<u8> {
+        let mut fields: Vec<(&[u8], &[u8])> = vec![
+            (b":method", b"POST"),
+            (b":scheme", b"http"),
+            (b":path", grpc::SHOULD_RATE_LIMIT.as_bytes()),
+            (b"content-type", b"application/grpc"),
+        ];
+        fields.extend_from_slice(extra);
+        encoder.encode(fields)
+    }
+
+    fn feed(connection: &mut Connection, bytes: &BytesMut) -> Result<(), Broken> {
+        let mut input = bytes.clone();
+        connection.receive(&mut input, Instant::now())
+    }
+
+    fn resets(out: &[u8]) -> Vec<(u32, Reason)> {
+        frames(out)
+            .into_iter()
+            .filter(|(head, _)| head.kind == frame::RST_STREAM)
+            .map(|(head, payload)| {
+                (
+                    head.stream,
+                    Reason(u32::from_be_bytes(payload[..].try_into().unwrap())),
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_call_is_read_whole_and_answered_with_its_trailers_in_one_buffer() {
+        let mut connection = established();
+        let mut encoder = loona_hpack::Encoder::new();
+        let mut input = BytesMut::new();
+        frame::put_headers(&mut input, 1, &call_block(&mut encoder, &[]), false);
+        frame::put_data(&mut input, 1, b"\0\0\0\0\x02ab", true);
+        feed(&mut connection, &input).unwrap();
+        let mut calls = Vec::new();
+        connection.take_calls(&mut calls);
+        assert_eq!(calls.len(), 1);
+        assert_eq!(
+            (calls[0].stream, calls[0].route),
+            (1, Route::ShouldRateLimit)
+        );
+        assert_eq!(calls[0].message, &b"ab"[..]);
+        let answer = tonic_health::pb::HealthCheckResponse { status: 1 };
+        connection.answer(1, &answer);
+        let sent = frames(&connection.out);
+        let kinds: Vec<(u8, u8)> = sent.iter().map(|(h, _)| (h.kind, h.flags)).collect();
+        assert_eq!(
+            kinds,
+            [
+                (frame::HEADERS, frame::END_HEADERS),
+                (frame::DATA, 0),
+                (frame::HEADERS, frame::END_HEADERS | frame::END_STREAM)
+            ]
+        );
+        assert_eq!(sent[1].1, &b"\0\0\0\0\x02\x08\x01"[..]);
+        assert_eq!(connection.open_streams(), 0);
+    }
+
+    #[test]
+    fn what_breaks_the_connection_ends_it_with_the_reason_http2_names() {
+        let cases: Vec<(&str, BytesMut, Reason)> = {
+            let mut cases = Vec::new();
+            let mut input = BytesMut::new();
+            frame::put_head(&mut input, frame::MAX_PAYLOAD + 1, frame::DATA, 0, 1);
+            cases.push(("an oversized frame", input, Reason::FRAME_SIZE_ERROR));
+            let mut input = BytesMut::new();
+            frame::put_data(&mut input, 3, b"x", false);
+            cases.push((
+                "DATA on a stream never opened",
+                input,
+                Reason::PROTOCOL_ERROR,
+            ));
+            let mut input = BytesMut::new();
+            frame::put_headers(&mut input, 2, b"\x88", true);
+            cases.push(("a stream a server opens", input, Reason::PROTOCOL_ERROR));
+            let mut input = BytesMut::new();
+            frame::put_headers(&mut input, 1, b"\xff\xff\xff\xff\xff\xff", true);
+            cases.push(("HPACK garbage", input, Reason::COMPRESSION_ERROR));
+            let mut input = BytesMut::new();
+            frame::put_window_update(&mut input, 0, frame::MAX_WINDOW);
+            cases.push(("a window past 2^31-1", input, Reason::FLOW_CONTROL_ERROR));
+            let mut input = BytesMut::new();
+            frame::put_head(&mut input, 0, frame::PUSH_PROMISE, 0, 1);
+            cases.push(("PUSH_PROMISE", input, Reason::PROTOCOL_ERROR));
+            let mut input = BytesMut::new();
+            frame::put_head(&mut input, 8, frame::HEADERS, 0, 1);
+            input.extend_from_slice(&[0x82; 8]);
+            frame::put_ping(&mut input, 0, b"12345678");
+            cases.push(("a header block interrupted", input, Reason::PROTOCOL_ERROR));
+            let mut input = BytesMut::new();
+            frame::put_head(&mut input, 1, frame::HEADERS, 0, 1);
+            input.extend_from_slice(&[0x82]);
+            for _ in 0..5 {
+                frame::put_head(&mut input, frame::MAX_PAYLOAD, frame::CONTINUATION, 0, 1);
+                input.extend_from_slice(&[0x82; frame::MAX_PAYLOAD]);
+            }
+            cases.push(("an endless header block", input, Reason::ENHANCE_YOUR_CALM));
+            cases
+        };
+        for (case, input, reason) in cases {
+            let broke = feed(&mut established(), &input).expect_err(case);
+            assert_eq!(broke.reason, reason, "{case}: {}", broke.why);
+        }
+        // Not HTTP/2 at all, and HTTP/2 that skips SETTINGS.
+        let mut fresh = Connection::new(LIMITS);
+        let broke = feed(&mut fresh, &BytesMut::from(&b"GET / HTTP/1.1\r\n"[..])).unwrap_err();
+        assert_eq!(broke.reason, Reason::PROTOCOL_ERROR);
+        let mut input = BytesMut::from(&frame::PREFACE[..]);
+        frame::put_ping(&mut input, 0, b"12345678");
+        let broke = feed(&mut Connection::new(LIMITS), &input).unwrap_err();
+        assert_eq!(broke.reason, Reason::PROTOCOL_ERROR);
+    }
+
+    #[test]
+    fn what_breaks_one_stream_resets_that_stream_and_the_connection_serves_on() {
+        let mut connection = established();
+        let mut encoder = loona_hpack::Encoder::new();
+        let mut input = BytesMut::new();
+        // Stream 1's message is past the limit: refused at its first frame and told to stop
+        // sending (NO_ERROR); the frames after it are let go.
+        frame::put_headers(&mut input, 1, &call_block(&mut encoder, &[]), false);
+        for _ in 0..4 {
+            frame::put_data(&mut input, 1, &[0; 16_384], false);
+        }
+        // Stream 3 names a header in capitals: malformed.
+        frame::put_headers(
+            &mut input,
+            3,
+            &call_block(&mut encoder, &[(b"X-Caps", b"1")]),
+            true,
+        );
+        // Stream 5's headers are over the list limit: HTTP 431.
+        let big = vec![b'v'; 1_100];
+        frame::put_headers(
+            &mut input,
+            5,
+            &call_block(&mut encoder, &[(b"x-big", &big)]),
+            true,
+        );
+        // Stream 7 is fine.
+        frame::put_headers(&mut input, 7, &call_block(&mut encoder, &[]), false);
+        frame::put_data(&mut input, 7, b"\0\0\0\0\0", true);
+        feed(&mut connection, &input).unwrap();
+        assert_eq!(
+            resets(&connection.out),
+            [(1, Reason::NO_ERROR), (3, Reason::PROTOCOL_ERROR)]
+        );
+        assert_eq!(
+            connection.released,
+            4 * 16_384 + 5,
+            "stream 1's bytes, and 7's once whole"
+        );
+        let statuses: Vec<(u32, Fields)> = frames(&connection.out)
+            .into_iter()
+            .filter(|(h, _)| h.kind == frame::HEADERS)
+            .map(|(h, block)| {
+                let mut fields = Vec::new();
+                loona_hpack::Decoder::new()
+                    .decode_with_cb(&block, |n, v| fields.push((n.into_owned(), v.into_owned())))
+                    .unwrap();
+                (h.stream, fields)
+            })
+            .collect();
+        assert_eq!(statuses.len(), 2);
+        let exhausted = (tonic::Code::ResourceExhausted as i32).to_string();
+        assert_eq!(statuses[0].0, 1);
+        assert_eq!(
+            statuses[0].1[2],
+            (b"grpc-status".to_vec(), exhausted.into_bytes())
+        );
+        assert_eq!((statuses[1].0, &statuses[1].1[0].1[..]), (5, &b"431"[..]));
+        let mut calls = Vec::new();
+        connection.take_calls(&mut calls);
+        assert_eq!(calls.iter().map(|c| c.stream).collect::<Vec<_>>(), [7]);
+    }
+
+    #[test]
+    fn streams_past_the_limit_are_refused_and_their_window_comes_back() {
+        let mut connection = established();
+        let mut encoder = loona_hpack::Encoder::new();
+        let mut input = BytesMut::new();
+        for stream in [1, 3, 5, 7, 9] {
+            frame::put_headers(&mut input, stream, &call_block(&mut encoder, &[]), false);
+            frame::put_data(&mut input, stream, &[0; 1_000], false);
+        }
+        feed(&mut connection, &input).unwrap();
+        assert_eq!(resets(&connection.out), [(9, Reason::REFUSED_STREAM)]);
+        assert_eq!(connection.open_streams(), 4);
+        // The caller resets the four: all 5,000 bytes are the connection's again.
+        let mut input = BytesMut::new();
+        for stream in [1, 3, 5, 7] {
+            frame::put_reset(&mut input, stream, Reason::CANCEL);
+        }
+        connection.out.clear();
+        feed(&mut connection, &input).unwrap();
+        assert_eq!(connection.open_streams(), 0);
+        assert_eq!(
+            connection.released, 5_000,
+            "not yet half the window: held back"
+        );
+        connection.receive_window = 100;
+        connection.give_back_window();
+        let updates: Vec<_> = frames(&connection.out)
+            .into_iter()
+            .filter(|(h, _)| h.kind == frame::WINDOW_UPDATE)
+            .map(|(_, p)| frame::read_u31(&p))
+            .collect();
+        assert_eq!(
+            updates,
+            [5_000],
+            "a caller short of window gets it back at once"
+        );
+    }
+
+    #[test]
+    fn an_answer_waits_for_the_window_and_leaves_as_it_opens() {
+        let mut connection = established();
+        let mut input = BytesMut::new();
+        frame::put_settings(&mut input, &[(frame::SETTINGS_INITIAL_WINDOW_SIZE, 3)]);
+        let mut encoder = loona_hpack::Encoder::new();
+        frame::put_headers(&mut input, 1, &call_block(&mut encoder, &[]), false);
+        frame::put_data(&mut input, 1, b"\0\0\0\0\0", true);
+        feed(&mut connection, &input).unwrap();
+        connection.take_calls(&mut Vec::new());
+        connection.out.clear();
+        connection.answer(1, &tonic_health::pb::HealthCheckResponse { status: 1 });
+        let data: Vec<Bytes> = frames(&connection.out)
+            .into_iter()
+            .filter(|(h, _)| h.kind == frame::DATA)
+            .map(|(_, p)| p)
+            .collect();
+        assert_eq!(data, [Bytes::from_static(b"\0\0\0")]);
+        assert_eq!(connection.open_streams(), 1);
+        connection.out.clear();
+        let mut input = BytesMut::new();
+        frame::put_window_update(&mut input, 1, 100);
+        feed(&mut connection, &input).unwrap();
+        let sent: Vec<(u8, Bytes)> = frames(&connection.out)
+            .into_iter()
+            .map(|(h, p)| (h.kind, p))
+            .collect();
+        assert_eq!(
+            sent[0],
+            (frame::DATA, Bytes::from_static(b"\0\x02\x08\x01"))
+        );
+        assert_eq!(
+            sent[1],
+            (frame::HEADERS, Bytes::from_static(frame::OK_TRAILERS))
+        );
+        assert_eq!(connection.open_streams(), 0);
+    }
+
+    proptest! {
+        /// Whatever follows the preface and SETTINGS, the connection reads it or says why it
+        /// ends; it never panics, and what it holds stays within its limits.
+        #[test]
+        fn any_bytes_are_read_or_refused_without_a_panic(
+            frames in proptest::collection::vec(
+                (0u8..12, any::<u8>(), 0u32..12, proptest::collection::vec(any::<u8>(), 0..64)),
+                0..40,
+            )
+        ) {
+            let mut connection = established();
+            let mut input = BytesMut::new();
+            for (kind, flags, stream, payload) in &frames {
+                frame::put_head(&mut input, payload.len(), *kind, *flags, *stream);
+                input.extend_from_slice(payload);
+            }
+            if feed(&mut connection, &input).is_ok() {
+                prop_assert!(connection.open_streams() <= LIMITS.max_streams as usize);
+                connection.expire(Instant::now() + grpc::CALL_TIMEOUT);
+                prop_assert_eq!(connection.open_streams(), 0);
+            }
+        }
     }
 }

@@ -71,7 +71,9 @@ pub(super) struct Head {
 impl Head {
     pub(super) fn read(bytes: &[u8; HEAD_BYTES]) -> Head {
         Head {
-            length: usize::from(bytes[0]) << 16 | usize::from(bytes[1]) << 8 | usize::from(bytes[2]),
+            length: usize::from(bytes[0]) << 16
+                | usize::from(bytes[1]) << 8
+                | usize::from(bytes[2]),
             kind: bytes[3],
             flags: bytes[4],
             // The reserved bit is ignored on receipt.
@@ -103,7 +105,13 @@ pub(super) fn unpadded(flags: u8, mut payload: Bytes) -> Option<Bytes> {
 pub(super) fn put_head(out: &mut BytesMut, length: usize, kind: u8, flags: u8, stream: u32) {
     debug_assert!(length <= MAX_ALLOWED_PAYLOAD as usize);
     let length = length as u32;
-    out.put_slice(&[(length >> 16) as u8, (length >> 8) as u8, length as u8, kind, flags]);
+    out.put_slice(&[
+        (length >> 16) as u8,
+        (length >> 8) as u8,
+        length as u8,
+        kind,
+        flags,
+    ]);
     out.put_u32(stream);
 }
 
@@ -152,7 +160,13 @@ pub(super) fn put_headers(out: &mut BytesMut, stream: u32, block: &[u8], end_str
 }
 
 pub(super) fn put_data(out: &mut BytesMut, stream: u32, data: &[u8], end_stream: bool) {
-    put_head(out, data.len(), DATA, if end_stream { END_STREAM } else { 0 }, stream);
+    put_head(
+        out,
+        data.len(),
+        DATA,
+        if end_stream { END_STREAM } else { 0 },
+        stream,
+    );
     out.put_slice(data);
 }
 
@@ -228,7 +242,10 @@ mod tests {
     fn padding_is_taken_off_and_padding_past_the_payload_is_refused() {
         let padded = Bytes::from_static(b"\x02abc\0\0");
         assert_eq!(unpadded(PADDED, padded).unwrap(), &b"abc"[..]);
-        assert_eq!(unpadded(0, Bytes::from_static(b"abc")).unwrap(), &b"abc"[..]);
+        assert_eq!(
+            unpadded(0, Bytes::from_static(b"abc")).unwrap(),
+            &b"abc"[..]
+        );
         assert!(unpadded(PADDED, Bytes::from_static(b"\x03ab")).is_none());
         assert!(unpadded(PADDED, Bytes::new()).is_none());
     }

@@ -22,6 +22,7 @@
 mod connection;
 mod frame;
 mod grpc;
+mod hpack;
 
 use std::future::{Future, poll_fn};
 use std::io;
@@ -197,6 +198,7 @@ where
         awaiting_pong: false,
         idle: Box::pin(tokio::time::sleep(IDLE_TIMEOUT)),
         active: false,
+        unflushed: false,
     };
     let mut stopped = std::pin::pin!(async move {
         let mut shutdown = shutdown;
@@ -246,6 +248,8 @@ struct Driver<'a, F, G> {
     idle: Pin<Box<Sleep>>,
     /// A call arrived since the idle timer last fired.
     active: bool,
+    /// Bytes written that a flush has not yet seen through.
+    unflushed: bool,
 }
 
 type Decided = (u32, Result<RateLimitResponse, Status>);
@@ -319,13 +323,16 @@ where
                     Poll::Pending => break,
                 }
             }
-            if wrote {
-                // TLS holds what it was given until flushed.
-                if let Poll::Ready(Err(e)) = Pin::new(&mut *io).poll_flush(cx) {
-                    return Poll::Ready(io_ended("writing", &e));
+            // TLS may hold what it was given until flushed; a flush the socket put off is
+            // tried again on the next turn.
+            if wrote || self.unflushed {
+                match Pin::new(&mut *io).poll_flush(cx) {
+                    Poll::Ready(Ok(())) => self.unflushed = false,
+                    Poll::Ready(Err(e)) => return Poll::Ready(io_ended("writing", &e)),
+                    Poll::Pending => self.unflushed = true,
                 }
-                again |= !reading;
             }
+            again |= wrote && !reading;
             if self.connection.finished() && self.connection.out.is_empty() {
                 return Poll::Ready(Ended::Closed);
             }
@@ -460,9 +467,9 @@ where
 /// An I/O error's end: a caller that hung up has done nothing wrong.
 fn io_ended(doing: &str, e: &io::Error) -> Ended {
     match e.kind() {
-        io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset | io::ErrorKind::UnexpectedEof => {
-            Ended::Closed
-        }
+        io::ErrorKind::BrokenPipe
+        | io::ErrorKind::ConnectionReset
+        | io::ErrorKind::UnexpectedEof => Ended::Closed,
         _ => Ended::Failed(format!("{doing}: {e}")),
     }
 }
@@ -979,5 +986,4 @@ mod tests {
         let stopped = timeout(Duration::from_secs(1), served.server).await;
         assert_eq!(stopped.expect("not the handshake's 10 s").unwrap(), Ok(()));
     }
-
 }
