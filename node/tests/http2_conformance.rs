@@ -1,0 +1,143 @@
+//! The RLS listener's HTTP/2 against h2spec (github.com/summerwind/h2spec v2.2.1, pinned in
+//! `http2_conformance_go`, built with the machine's Go into `target/h2spec` once): 145 cases
+//! of RFC 7540/9113 and HPACK, most of them a peer breaking the protocol on purpose, each
+//! expecting the GOAWAY or RST_STREAM and error code the RFC names. Run by `make
+//! http2-conformance` (ignored otherwise: it downloads Go modules).
+//!
+//! Three cases assume a server that answers a GET with a body, or leaves it unanswered for a
+//! while: the listener refuses a GET (HTTP 405, headers only) as soon as it has read the frames
+//! that came with it. `BY_DESIGN` names them and why; any other failure fails the test.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use common::start_node;
+use floodgate_node::rls::RlsSettings;
+
+/// h2spec's cases this listener fails without breaking HTTP/2, and why.
+const BY_DESIGN: [(&str, &str); 3] = [
+    (
+        "Sends a WINDOW_UPDATE frame on half-closed (remote) stream",
+        "expects a DATA frame answering its GET; the 405 refusal is headers only",
+    ),
+    (
+        "Sends a PRIORITY frame on half-closed (remote) stream",
+        "expects a DATA frame answering its GET; the 405 refusal is headers only",
+    ),
+    (
+        "Sends HEADERS frames that causes their advertised concurrent stream limit to be exceeded",
+        "each GET is refused and its stream closed as it arrives, so none stays open to pass \
+         the limit (the unit tests hold calls open to test it)",
+    ),
+];
+
+const CONFIG: &str = "\
+domain: edge
+descriptors:
+  - key: client
+    rate_limit:
+      unit: second
+      requests_per_unit: 1000
+";
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
+}
+
+/// h2spec, built once into `target/h2spec` from the pinned module.
+fn h2spec() -> PathBuf {
+    let binary = root().join("target/h2spec/h2spec");
+    if binary.exists() {
+        return binary;
+    }
+    let built = Command::new("go")
+        .args(["build", "-o"])
+        .arg(&binary)
+        .arg("github.com/summerwind/h2spec/cmd/h2spec")
+        .current_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/http2_conformance_go"))
+        .env("GOTOOLCHAIN", "local")
+        .output()
+        .unwrap_or_else(|e| panic!("go is not runnable (install Go 1.26 or newer): {e}"));
+    assert!(
+        built.status.success(),
+        "go build of h2spec failed: {}",
+        String::from_utf8_lossy(&built.stderr)
+    );
+    binary
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "builds h2spec with Go; run with `make http2-conformance`"]
+async fn h2spec_finds_nothing_but_the_cases_that_assume_a_slower_answer() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("config.yaml");
+    std::fs::write(&config, CONFIG).unwrap();
+    let node = start_node(|c| {
+        c.rls = Some(RlsSettings {
+            listen: "127.0.0.1:0".parse().unwrap(),
+            config,
+            rate_limit_headers: false,
+            tls: false,
+            client_auth: false,
+            allow_negative_hits: false,
+        });
+    })
+    .await;
+    let addr = node.node.rls_addr().unwrap();
+    let h2spec = h2spec();
+    let ran = tokio::task::spawn_blocking(move || {
+        Command::new(h2spec)
+            .args(["-h", "127.0.0.1", "-p", &addr.port().to_string()])
+            .args([
+                "-P",
+                "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit",
+            ])
+            // Seconds a case waits for the frame it expects.
+            .args(["-o", "2"])
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    let report = String::from_utf8_lossy(&ran.stdout);
+    let summary = report
+        .lines()
+        .find(|l| l.contains(" tests, ") && l.ends_with(" failed"))
+        .unwrap_or_else(|| panic!("no summary in h2spec's report:\n{report}"));
+    let counts: Vec<usize> = summary
+        .split(|c: char| !c.is_ascii_digit())
+        .filter_map(|n| n.parse().ok())
+        .collect();
+    println!("h2spec: {summary}");
+    let [tests, passed, skipped, failed] = counts[..] else {
+        panic!("an unexpected summary: {summary}");
+    };
+    assert!(
+        tests >= 145,
+        "{summary}: h2spec ran fewer cases than it has"
+    );
+    assert_eq!(passed + skipped + failed, tests, "{summary}");
+    // The failures, as listed after "Failures:".
+    let failures: Vec<&str> = report
+        .split_once("\nFailures:")
+        .map_or("", |(_, failures)| failures)
+        .lines()
+        .filter_map(|l| l.split_once("× ").map(|(_, case)| case.trim()))
+        .map(|case| case.split_once(": ").map_or(case, |(_, name)| name))
+        .collect();
+    assert_eq!(failures.len(), failed, "{report}");
+    let unexpected: Vec<&&str> = failures
+        .iter()
+        .filter(|case| !BY_DESIGN.iter().any(|(known, _)| **case == *known))
+        .collect();
+    assert!(
+        unexpected.is_empty(),
+        "h2spec cases failed that are not by design: {unexpected:?}\n{report}"
+    );
+    assert!(passed >= tests - skipped - BY_DESIGN.len(), "{summary}");
+}
