@@ -1330,8 +1330,8 @@ mod tests {
         let mut connection = established();
         let mut encoder = loona_hpack::Encoder::new();
         let mut input = BytesMut::new();
-        // Stream 1's message is past the limit: refused at its first frame and told to stop
-        // sending (NO_ERROR); the frames after it are let go.
+        // Stream 1's message is past the limit: refused once the read is read; it then drains,
+        // its frames let go.
         frame::put_headers(&mut input, 1, &call_block(&mut encoder, &[]), false);
         for _ in 0..3 {
             frame::put_data(&mut input, 1, &[0; 16_384], false);
