@@ -13,6 +13,7 @@ use std::hash::BuildHasherDefault;
 use std::time::Duration;
 
 use bytes::{Buf, Bytes, BytesMut};
+use futures_util::future::AbortHandle;
 use prost::Message;
 use rustc_hash::FxHasher;
 use tokio::time::Instant;
@@ -25,6 +26,9 @@ use super::hpack;
 /// Most bytes of one header block as it arrives, its CONTINUATIONs joined: a block must be
 /// decoded whole to keep HPACK's table in step, so this bounds what one block can hold.
 const MAX_HEADER_BLOCK_BYTES: usize = 64 * 1024;
+/// The node reads no more of a caller's frames while this much it was sent is still
+/// unwritten (the caller does not read): a frame adds at most a refusal's few KiB past it.
+pub(super) const MAX_UNWRITTEN_BYTES: usize = 256 * 1024;
 /// How many closed streams are remembered, to tell frames still in flight on a stream the node
 /// reset (let go) from frames a caller sends on a stream it knows is closed (its error).
 const RECENT_STREAMS: usize = 64;
@@ -74,7 +78,8 @@ const SELF_DEPENDENT: u8 = 0x80;
 /// What RFC 9113 §8.2 and §8.3 ask of a header block's fields, checked as they are decoded.
 #[derive(Debug, Default)]
 struct FieldCheck {
-    /// As HTTP/2 counts a header list: each field's bytes and 32 more.
+    /// As HTTP/2 counts a header list: each field's bytes and 32 more (counted by the caller
+    /// of `note`).
     list_bytes: usize,
     regular_seen: bool,
     pseudo_seen: bool,
@@ -87,7 +92,6 @@ struct FieldCheck {
 
 impl FieldCheck {
     fn note(&mut self, name: &[u8], value: &[u8]) {
-        self.list_bytes += name.len() + value.len() + 32;
         if let Some(pseudo) = name.strip_prefix(b":") {
             // Pseudo-fields come first, and a request has only these.
             self.pseudo_seen = true;
@@ -215,6 +219,10 @@ struct Stream {
     /// An answer's bytes waiting for the caller's window, and the trailers after them.
     queued: Bytes,
     trailers: Option<Bytes>,
+    /// In `blocked`: its bytes wait for the connection's window (not its own).
+    waiting_for_connection: bool,
+    /// Stops its decision when the stream closes first (reset, or past its deadline).
+    decision: Option<AbortHandle>,
 }
 
 pub(super) struct Connection {
@@ -241,9 +249,12 @@ pub(super) struct Connection {
     send_window: i64,
     peer_initial_window: i64,
     peer_max_payload: usize,
-    /// Streams with answer bytes waiting for a window, in the order they began waiting.
+    /// Streams whose answer bytes wait for the connection's window, in the order they began
+    /// waiting. A stream waiting for its own window waits for its own WINDOW_UPDATE instead.
     blocked: VecDeque<u32>,
-    /// The node said GOAWAY: new streams are refused.
+    /// The node said its first GOAWAY (`go_away`).
+    draining_connection: bool,
+    /// The node said its last GOAWAY: new streams are refused.
     going_away: bool,
     /// The caller said GOAWAY: it opens no more streams.
     caller_going_away: bool,
@@ -268,6 +279,8 @@ impl std::fmt::Debug for Connection {
 
 /// The PING payload of the node's keepalive.
 pub(super) const KEEPALIVE_PING: [u8; 8] = *b"fg-alive";
+/// The PING payload that follows the first GOAWAY: its answer says the caller has seen it.
+const GOAWAY_PING: [u8; 8] = *b"fg-going";
 
 impl Connection {
     /// A connection whose first bytes to write are the node's SETTINGS and its connection
@@ -309,6 +322,7 @@ impl Connection {
             peer_initial_window: i64::from(frame::DEFAULT_WINDOW),
             peer_max_payload: frame::MAX_PAYLOAD,
             blocked: VecDeque::new(),
+            draining_connection: false,
             going_away: false,
             caller_going_away: false,
             pong: false,
@@ -352,8 +366,18 @@ impl Connection {
         frame::put_ping(&mut self.out, 0, &KEEPALIVE_PING);
     }
 
-    /// GOAWAY: the streams opened so far are served, later ones refused.
+    /// GOAWAY in two steps, as RFC 9113 §6.8 suggests: first one naming the highest stream
+    /// id, with a PING, so that calls the caller sent meanwhile are still served; once the PING
+    /// comes back, the one naming the last stream opened, after which new streams are refused.
     pub(super) fn go_away(&mut self) {
+        if !self.draining_connection {
+            self.draining_connection = true;
+            frame::put_go_away(&mut self.out, frame::MAX_WINDOW, Reason::NO_ERROR, "");
+            frame::put_ping(&mut self.out, 0, &GOAWAY_PING);
+        }
+    }
+
+    fn go_away_final(&mut self) {
         if !self.going_away {
             self.going_away = true;
             frame::put_go_away(&mut self.out, self.last_opened, Reason::NO_ERROR, "");
@@ -366,8 +390,10 @@ impl Connection {
         frame::put_go_away(&mut self.out, self.last_opened, broken.reason, &broken.why);
     }
 
-    /// Reads every whole frame in `input` (leaving a partial one there).
-    pub(super) fn receive(&mut self, input: &mut BytesMut, now: Instant) -> Result<(), Broken> {
+    /// Reads the whole frames in `input`, leaving a partial one there, and the rest too once
+    /// `out` holds `MAX_UNWRITTEN_BYTES` (what the caller has not read bounds what it may ask).
+    /// True when whole frames were left for later.
+    pub(super) fn receive(&mut self, input: &mut BytesMut, now: Instant) -> Result<bool, Broken> {
         if !self.preface_read {
             let seen = input.len().min(frame::PREFACE.len());
             if input[..seen] != frame::PREFACE[..seen] {
@@ -377,12 +403,17 @@ impl Connection {
                 ));
             }
             if seen < frame::PREFACE.len() {
-                return Ok(());
+                return Ok(false);
             }
             input.advance(frame::PREFACE.len());
             self.preface_read = true;
         }
+        let mut left = false;
         while let Some(head) = input.first_chunk::<{ frame::HEAD_BYTES }>().map(Head::read) {
+            if self.out.len() >= MAX_UNWRITTEN_BYTES {
+                left = input.len() >= frame::HEAD_BYTES + head.length;
+                break;
+            }
             if head.length > frame::MAX_PAYLOAD {
                 return Err(broken(
                     Reason::FRAME_SIZE_ERROR,
@@ -416,7 +447,7 @@ impl Connection {
             self.refuse(id, &refused);
         }
         self.give_back_window();
-        Ok(())
+        Ok(left)
     }
 
     fn frame(&mut self, head: Head, payload: Bytes, now: Instant) -> Result<(), Broken> {
@@ -478,8 +509,11 @@ impl Connection {
     }
 
     fn data(&mut self, head: Head, payload: Bytes) -> Result<(), Broken> {
-        if head.stream == 0 {
-            return Err(broken(Reason::PROTOCOL_ERROR, "DATA on stream 0"));
+        if head.stream == 0 || head.stream.is_multiple_of(2) {
+            return Err(broken(
+                Reason::PROTOCOL_ERROR,
+                "DATA on a stream a client may not open",
+            ));
         }
         // The whole payload counts against the windows, padding too.
         let length = payload.len();
@@ -625,10 +659,15 @@ impl Connection {
         // Decoded in every case, to keep the table in step with the caller's.
         let mut head = RequestHead::default();
         let mut check = FieldCheck::default();
+        let max_list = self.limits.max_header_list;
         self.hpack
             .decode(block, |name, value| {
-                check.note(name, value);
-                head.note(name, value);
+                // Past the limit the block is refused: its fields are only counted.
+                check.list_bytes += name.len() + value.len() + 32;
+                if check.list_bytes <= max_list {
+                    check.note(name, value);
+                    head.note(name, value);
+                }
             })
             .map_err(|e| {
                 broken(
@@ -718,6 +757,8 @@ impl Connection {
                 watch_until,
                 queued: Bytes::new(),
                 trailers: None,
+                waiting_for_connection: false,
+                decision: None,
             },
         );
         if end_stream {
@@ -776,7 +817,7 @@ impl Connection {
                 "RST_STREAM not 4 bytes long",
             ));
         }
-        if head.stream == 0 || head.stream > self.last_opened {
+        if head.stream == 0 || head.stream > self.last_opened || head.stream.is_multiple_of(2) {
             return Err(broken(
                 Reason::PROTOCOL_ERROR,
                 "RST_STREAM on a stream never opened",
@@ -806,6 +847,7 @@ impl Connection {
                 "SETTINGS not a multiple of 6 bytes",
             ));
         }
+        let mut initial_window = None;
         for setting in payload.chunks_exact(6) {
             let id = u16::from_be_bytes([setting[0], setting[1]]);
             let value = u32::from_be_bytes([setting[2], setting[3], setting[4], setting[5]]);
@@ -820,17 +862,8 @@ impl Connection {
                             "INITIAL_WINDOW_SIZE over 2^31-1",
                         ));
                     }
-                    let change = i64::from(value) - self.peer_initial_window;
-                    self.peer_initial_window = i64::from(value);
-                    for stream in self.streams.values_mut() {
-                        stream.send_window += change;
-                        if stream.send_window > i64::from(frame::MAX_WINDOW) {
-                            return Err(broken(
-                                Reason::FLOW_CONTROL_ERROR,
-                                "INITIAL_WINDOW_SIZE took a stream's window over 2^31-1",
-                            ));
-                        }
-                    }
+                    // Applied once, below: the last value a frame carries is the one in force.
+                    initial_window = Some(i64::from(value));
                 }
                 frame::SETTINGS_MAX_FRAME_SIZE => {
                     if !(frame::MAX_PAYLOAD as u32..=frame::MAX_ALLOWED_PAYLOAD).contains(&value) {
@@ -847,9 +880,28 @@ impl Connection {
                 _ => {}
             }
         }
+        if let Some(window) = initial_window.filter(|w| *w != self.peer_initial_window) {
+            let change = window - self.peer_initial_window;
+            self.peer_initial_window = window;
+            let mut waiting = Vec::new();
+            for (&id, stream) in &mut self.streams {
+                stream.send_window += change;
+                if stream.send_window > i64::from(frame::MAX_WINDOW) {
+                    return Err(broken(
+                        Reason::FLOW_CONTROL_ERROR,
+                        "INITIAL_WINDOW_SIZE took a stream's window over 2^31-1",
+                    ));
+                }
+                if change > 0 && !stream.queued.is_empty() && !stream.waiting_for_connection {
+                    waiting.push(id);
+                }
+            }
+            for id in waiting {
+                self.send_queued(id);
+            }
+        }
         self.settings_read = true;
         frame::put_settings_ack(&mut self.out);
-        self.send_blocked();
         Ok(())
     }
 
@@ -862,6 +914,9 @@ impl Connection {
         };
         if head.flags & frame::ACK != 0 {
             self.pong |= *payload == KEEPALIVE_PING;
+            if *payload == GOAWAY_PING && self.draining_connection {
+                self.go_away_final();
+            }
         } else {
             frame::put_ping(&mut self.out, frame::ACK, payload);
         }
@@ -899,7 +954,7 @@ impl Connection {
                 );
             }
             let Some(stream) = self.streams.get_mut(&head.stream) else {
-                if head.stream > self.last_opened {
+                if head.stream > self.last_opened || head.stream.is_multiple_of(2) {
                     return Err(broken(
                         Reason::PROTOCOL_ERROR,
                         "WINDOW_UPDATE on a stream never opened",
@@ -912,6 +967,10 @@ impl Connection {
                 self.reset(head.stream, Reason::FLOW_CONTROL_ERROR);
                 return Ok(());
             }
+            if !stream.queued.is_empty() && !stream.waiting_for_connection {
+                self.send_queued(head.stream);
+            }
+            return Ok(());
         }
         self.send_blocked();
         Ok(())
@@ -987,8 +1046,15 @@ impl Connection {
         }
     }
 
+    /// Ties a call's decision to its stream: it is stopped if the stream closes first.
+    pub(super) fn decide_with(&mut self, id: u32, decision: AbortHandle) {
+        if let Some(stream) = self.streams.get_mut(&id) {
+            stream.decision = Some(decision);
+        }
+    }
+
     /// The call is still waiting for its answer.
-    fn deciding(&self, id: u32) -> bool {
+    pub(super) fn deciding(&self, id: u32) -> bool {
         self.streams
             .get(&id)
             .is_some_and(|s| matches!(s.phase, Phase::Deciding))
@@ -1010,14 +1076,18 @@ impl Connection {
             return;
         };
         while !stream.queued.is_empty() {
-            let room = self.send_window.min(stream.send_window).max(0) as usize;
-            let piece = room.min(self.peer_max_payload).min(stream.queued.len());
-            if piece == 0 {
-                if !self.blocked.contains(&id) {
+            if stream.send_window <= 0 {
+                return;
+            }
+            if self.send_window <= 0 {
+                if !stream.waiting_for_connection {
+                    stream.waiting_for_connection = true;
                     self.blocked.push_back(id);
                 }
                 return;
             }
+            let room = self.send_window.min(stream.send_window) as usize;
+            let piece = room.min(self.peer_max_payload).min(stream.queued.len());
             let data = stream.queued.split_to(piece);
             frame::put_data(&mut self.out, id, &data, false);
             self.send_window -= piece as i64;
@@ -1029,16 +1099,17 @@ impl Connection {
         }
     }
 
-    /// Sends what the streams waiting for a window can now.
+    /// Sends what the streams waiting for the connection's window can now, in turn, until the
+    /// window is spent again.
     fn send_blocked(&mut self) {
-        for _ in 0..self.blocked.len() {
-            if self.send_window <= 0 {
-                return;
-            }
+        while self.send_window > 0 {
             let Some(id) = self.blocked.pop_front() else {
                 return;
             };
-            self.send_queued(id);
+            if let Some(stream) = self.streams.get_mut(&id) {
+                stream.waiting_for_connection = false;
+                self.send_queued(id);
+            }
         }
     }
 
@@ -1073,8 +1144,11 @@ impl Connection {
             return;
         };
         self.released += stream.held;
-        if !stream.queued.is_empty() {
+        if stream.waiting_for_connection {
             self.blocked.retain(|&b| b != id);
+        }
+        if let Some(decision) = stream.decision {
+            decision.abort();
         }
         self.remember(id, by_node && !stream.remote_ended);
     }
@@ -1222,7 +1296,82 @@ mod tests {
 
     fn feed(connection: &mut Connection, bytes: &BytesMut) -> Result<(), Broken> {
         let mut input = bytes.clone();
-        connection.receive(&mut input, Instant::now())
+        connection.receive(&mut input, Instant::now()).map(|_| ())
+    }
+
+    fn goaways(out: &[u8]) -> Vec<u32> {
+        frames(out)
+            .into_iter()
+            .filter(|(head, _)| head.kind == frame::GOAWAY)
+            .map(|(_, payload)| frame::read_u31(&payload))
+            .collect()
+    }
+
+    #[test]
+    fn a_call_reset_before_it_is_decided_is_not_decided_and_a_reset_stops_its_decision() {
+        let mut connection = established();
+        let mut encoder = loona_hpack::Encoder::new();
+        let mut input = BytesMut::new();
+        // Opened, whole and reset in one read (a "rapid reset"): read whole, not to decide.
+        frame::put_headers(&mut input, 1, &call_block(&mut encoder, &[]), false);
+        frame::put_data(&mut input, 1, b"\0\0\0\0\0", true);
+        frame::put_reset(&mut input, 1, Reason::CANCEL);
+        frame::put_headers(&mut input, 3, &call_block(&mut encoder, &[]), false);
+        frame::put_data(&mut input, 3, b"\0\0\0\0\0", true);
+        feed(&mut connection, &input).unwrap();
+        let mut calls = Vec::new();
+        connection.take_calls(&mut calls);
+        assert_eq!(calls.len(), 2);
+        assert!(!connection.deciding(1) && connection.deciding(3));
+        // Stream 3's decision stops when its caller resets it.
+        let (stop, _stopped) = AbortHandle::new_pair();
+        connection.decide_with(3, stop.clone());
+        let mut input = BytesMut::new();
+        frame::put_reset(&mut input, 3, Reason::CANCEL);
+        feed(&mut connection, &input).unwrap();
+        assert!(stop.is_aborted());
+        assert_eq!(connection.open_streams(), 0);
+    }
+
+    #[test]
+    fn a_caller_that_reads_nothing_is_read_no_further() {
+        let mut connection = established();
+        connection.out.resize(MAX_UNWRITTEN_BYTES, 0);
+        let mut input = BytesMut::new();
+        for _ in 0..3 {
+            frame::put_ping(&mut input, 0, b"12345678");
+        }
+        assert!(connection.receive(&mut input, Instant::now()).unwrap());
+        assert_eq!(input.len(), 3 * 17, "left until the caller reads");
+        connection.out.clear();
+        assert!(!connection.receive(&mut input, Instant::now()).unwrap());
+        assert!(input.is_empty());
+        assert_eq!(frames(&connection.out).len(), 3, "three PING answers");
+    }
+
+    #[test]
+    fn going_away_serves_the_calls_sent_meanwhile_then_refuses_new_ones() {
+        let mut connection = established();
+        let mut encoder = loona_hpack::Encoder::new();
+        connection.go_away();
+        assert_eq!(goaways(&connection.out), [frame::MAX_WINDOW]);
+        connection.out.clear();
+        // A call already on its way is served.
+        let mut input = BytesMut::new();
+        frame::put_headers(&mut input, 1, &call_block(&mut encoder, &[]), false);
+        frame::put_data(&mut input, 1, b"\0\0\0\0\0", true);
+        feed(&mut connection, &input).unwrap();
+        assert!(connection.deciding(1));
+        // The PING comes back: the last GOAWAY names stream 1, and stream 3 is refused.
+        let mut input = BytesMut::new();
+        frame::put_ping(&mut input, frame::ACK, &GOAWAY_PING);
+        frame::put_headers(&mut input, 3, &call_block(&mut encoder, &[]), true);
+        feed(&mut connection, &input).unwrap();
+        assert_eq!(goaways(&connection.out), [1]);
+        assert_eq!(resets(&connection.out), [(3, Reason::REFUSED_STREAM)]);
+        assert!(!connection.finished(), "stream 1 is still to answer");
+        connection.answer(1, &tonic_health::pb::HealthCheckResponse { status: 1 });
+        assert!(connection.finished());
     }
 
     fn resets(out: &[u8]) -> Vec<(u32, Reason)> {

@@ -1,6 +1,7 @@
 //! gRPC over the listener's HTTP/2: which calls are served, their deadlines, the messages'
 //! 5-byte prefix, health, and the statuses sent back.
 
+use std::fmt::Write;
 use std::time::Duration;
 
 use bytes::{BufMut, Bytes, BytesMut};
@@ -272,7 +273,7 @@ pub(super) fn percent_encoded(message: &str) -> String {
         if (0x20..=0x7e).contains(&byte) && byte != b'%' {
             encoded.push(char::from(byte));
         } else {
-            encoded.push_str(&format!("%{byte:02X}"));
+            let _ = write!(encoded, "%{byte:02X}");
         }
     }
     encoded

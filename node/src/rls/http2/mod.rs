@@ -15,7 +15,7 @@
 //! read without giving the window back until it is whole, so unfinished messages stay within
 //! the connection's window. An answer is sent only as the caller's window takes it, and at most
 //! `MAX_STREAMS_PER_CONNECTION` calls are open; the node stops reading from a caller that does
-//! not read what it is sent (`MAX_UNWRITTEN_BYTES`). A connection idle for `IDLE_TIMEOUT` is
+//! not read what it is sent (`connection::MAX_UNWRITTEN_BYTES`). A connection idle for `IDLE_TIMEOUT` is
 //! closed, so is one whose caller leaves a keepalive PING unanswered, and a stopping node
 //! interrupts handshakes as well as calls.
 
@@ -33,6 +33,7 @@ use std::time::Duration;
 
 use bytes::{Buf, Bytes, BytesMut};
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use futures_util::future::{AbortHandle, Abortable};
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use prost::Message;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
@@ -59,9 +60,6 @@ const MAX_HEADER_LIST_BYTES: usize = 16 * 1024;
 /// A connection with no call open and none arriving for this long is closed (GOAWAY): it
 /// would hold a place of `--max-connections`. Envoy opens a new one when it next calls.
 const IDLE_TIMEOUT: Duration = Duration::from_secs(300);
-/// The node reads no more from a caller while this much it was sent is still unwritten (the
-/// caller does not read): what a turn adds is bounded by one read's answers.
-const MAX_UNWRITTEN_BYTES: usize = 256 * 1024;
 /// Most bytes taken from the socket in one read.
 const READ_BYTES: usize = 64 * 1024;
 /// How long a closing connection may take to write its last frames (its GOAWAY).
@@ -186,6 +184,7 @@ where
             async move { (stream, deciding.await) }
         },
         calls: FuturesUnordered::new(),
+        unread: false,
         arrived: Vec::new(),
         max_message: limits.max_message,
         stopping: false,
@@ -230,13 +229,17 @@ struct Driver<'a, F, G> {
     input: BytesMut,
     /// Starts deciding a `ShouldRateLimit` call.
     start: G,
-    calls: FuturesUnordered<F>,
+    /// The decisions under way, each stopped if its stream closes first.
+    calls: FuturesUnordered<Abortable<F>>,
+    /// Frames left in `input` while the caller's answers waited to be written.
+    unread: bool,
     /// The calls a read completed, taken from the connection.
     arrived: Vec<Call>,
     max_message: usize,
     stopping: bool,
-    /// When a stopping connection gives up on its open calls.
-    stop_by: Option<Instant>,
+    /// When a closing connection (stopping, or idle) gives up on its open calls, and why it
+    /// is closing.
+    stop_by: Option<(Instant, &'static str)>,
     shutdown: watch::Receiver<bool>,
     handshake_by: Pin<Box<Sleep>>,
     /// Fires at the earliest deadline of the calls open (`deadline_at`).
@@ -274,17 +277,20 @@ where
                     return Poll::Ready(Ended::Closed);
                 }
                 self.stopping = true;
-                self.stop_by = Some(Instant::now() + CALL_TIMEOUT);
-                self.connection.go_away();
+                self.close_within("the node began stopping");
             }
-            let reading = self.connection.out.len() < MAX_UNWRITTEN_BYTES;
-            if reading {
+            let reading = self.connection.out.len() < connection::MAX_UNWRITTEN_BYTES;
+            if reading && std::mem::take(&mut self.unread) {
+                if let Err(broken) = self.read_frames() {
+                    return Poll::Ready(Ended::Broken(broken));
+                }
+                again = true;
+            } else if reading {
                 self.input.reserve(READ_BYTES);
                 match tokio_util::io::poll_read_buf(Pin::new(&mut *io), cx, &mut self.input) {
                     Poll::Ready(Ok(0)) => return Poll::Ready(Ended::Closed),
                     Poll::Ready(Ok(_)) => {
-                        let now = Instant::now();
-                        if let Err(broken) = self.connection.receive(&mut self.input, now) {
+                        if let Err(broken) = self.read_frames() {
                             return Poll::Ready(Ended::Broken(broken));
                         }
                         again = true;
@@ -294,10 +300,14 @@ where
                 }
             }
             self.start_calls();
-            while let Poll::Ready(Some((stream, decided))) = self.calls.poll_next_unpin(cx) {
+            while let Poll::Ready(Some(decided)) = self.calls.poll_next_unpin(cx) {
                 match decided {
-                    Ok(response) => self.connection.answer(stream, &response),
-                    Err(status) => self.connection.refuse(stream, &Refusal::Grpc(status)),
+                    Ok((stream, Ok(response))) => self.connection.answer(stream, &response),
+                    Ok((stream, Err(status))) => {
+                        self.connection.refuse(stream, &Refusal::Grpc(status));
+                    }
+                    // Its stream closed first.
+                    Err(_aborted) => {}
                 }
             }
             if self.stopping {
@@ -342,16 +352,40 @@ where
         }
     }
 
+    /// Reads the frames in `input`; `unread` when some wait for the caller to read first.
+    fn read_frames(&mut self) -> Result<(), Broken> {
+        self.unread = self.connection.receive(&mut self.input, Instant::now())?;
+        Ok(())
+    }
+
+    /// From now the connection closes once its calls are done, or fails them after
+    /// CALL_TIMEOUT.
+    fn close_within(&mut self, why: &'static str) {
+        if self.stop_by.is_none() {
+            self.stop_by = Some((Instant::now() + CALL_TIMEOUT, why));
+        }
+        self.connection.go_away();
+    }
+
     /// Starts or answers each call the last read completed.
     fn start_calls(&mut self) {
         self.connection.take_calls(&mut self.arrived);
         for call in self.arrived.drain(..) {
             let stream = call.stream;
+            // Reset in the same read it arrived in: nothing to decide.
+            if !self.connection.deciding(stream) {
+                continue;
+            }
             match call.route {
                 Route::ShouldRateLimit => {
                     let bytes = call.message.len();
                     match RateLimitRequest::decode(call.message) {
-                        Ok(request) => self.calls.push((self.start)(stream, request, bytes)),
+                        Ok(request) => {
+                            let (stop, stopped) = AbortHandle::new_pair();
+                            let deciding = (self.start)(stream, request, bytes);
+                            self.calls.push(Abortable::new(deciding, stopped));
+                            self.connection.decide_with(stream, stop);
+                        }
                         Err(e) => {
                             let status =
                                 Status::invalid_argument(format!("not a RateLimitRequest: {e}"));
@@ -404,7 +438,8 @@ where
         // The calls' deadlines and the stopping connection's, on one timer. Each firing ends
         // every call due, so this settles within a few rounds.
         for _ in 0..4 {
-            let due = match (self.connection.next_deadline(), self.stop_by) {
+            let stop_by = self.stop_by.map(|(by, _)| by);
+            let due = match (self.connection.next_deadline(), stop_by) {
                 (Some(call), Some(stop)) => call.min(stop),
                 (call, stop) => match call.or(stop) {
                     Some(due) => due,
@@ -419,10 +454,15 @@ where
                 break;
             }
             let now = Instant::now();
-            if self.stop_by.is_some_and(|by| by <= now) {
+            if let Some((by, why)) = self.stop_by.filter(|(by, _)| *by <= now) {
+                let _ = by;
+                let open = self.connection.open_streams();
+                if open == 0 {
+                    // Only the caller's answer to the GOAWAY's PING was missing.
+                    return Poll::Ready(Ended::Closed);
+                }
                 return Poll::Ready(Ended::Failed(format!(
-                    "{} calls were still open {CALL_TIMEOUT:?} after the node began stopping",
-                    self.connection.open_streams()
+                    "{open} calls were still open {CALL_TIMEOUT:?} after {why}"
                 )));
             }
             self.connection.expire(now);
@@ -453,10 +493,11 @@ where
         // The idle timer is moved on only when it fires, not at every turn: a connection is
         // closed after one to two IDLE_TIMEOUTs without a call.
         self.active |= self.connection.take_opened();
-        while self.idle.as_mut().poll(cx).is_ready() {
+        while self.stop_by.is_none() && self.idle.as_mut().poll(cx).is_ready() {
             if !std::mem::take(&mut self.active) && self.connection.open_streams() == 0 {
-                self.connection.go_away();
-                return Poll::Ready(Ended::Closed);
+                // Closed as a stopping node closes it: calls already on their way are served.
+                self.close_within("the connection went idle");
+                break;
             }
             self.idle.as_mut().reset(Instant::now() + IDLE_TIMEOUT);
         }
