@@ -599,7 +599,8 @@ async fn the_python_envoy_data_plane_client_sees_reports_shares_a_kept_share_and
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(
         output.status.success(),
-        "rlqs_client.py failed:\n{stdout}\n{}",
+        "rlqs_client.py failed ({}):\n{stdout}\n{}",
+        output.status,
         String::from_utf8_lossy(&output.stderr)
     );
     let lines: Vec<&str> = stdout.lines().collect();
