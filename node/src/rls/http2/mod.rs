@@ -23,6 +23,7 @@ mod connection;
 mod frame;
 mod grpc;
 mod hpack;
+mod stream;
 
 use std::future::{Future, poll_fn};
 use std::io;
