@@ -10,7 +10,7 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 
 use common::start_node;
@@ -42,33 +42,13 @@ descriptors:
       requests_per_unit: 1000
 ";
 
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .unwrap()
-        .to_path_buf()
-}
-
-/// h2spec, built once into `target/h2spec` from the pinned module.
+/// h2spec, built into `target/h2spec` from the pinned module.
 fn h2spec() -> PathBuf {
-    let binary = root().join("target/h2spec/h2spec");
-    if binary.exists() {
-        return binary;
-    }
-    let built = Command::new("go")
-        .args(["build", "-o"])
-        .arg(&binary)
-        .arg("github.com/summerwind/h2spec/cmd/h2spec")
-        .current_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/http2_conformance_go"))
-        .env("GOTOOLCHAIN", "local")
-        .output()
-        .unwrap_or_else(|e| panic!("go is not runnable (install Go 1.26 or newer): {e}"));
-    assert!(
-        built.status.success(),
-        "go build of h2spec failed: {}",
-        String::from_utf8_lossy(&built.stderr)
-    );
-    binary
+    common::go_build(
+        "http2_conformance_go",
+        "github.com/summerwind/h2spec/cmd/h2spec",
+        "h2spec/h2spec",
+    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -178,25 +178,9 @@ fn tests_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests")
 }
 
-/// The Go replay (`resp_conformance_go`, go-redis v9), built once into `target/resp-go` with
-/// the machine's Go; its module comes from the Go module proxy.
+/// The Go replay (`resp_conformance_go`, go-redis v9), built into `target/resp-go`.
 fn go_client() -> PathBuf {
-    let out = root().join("target/resp-go");
-    let binary = out.join("resp-conformance-go");
-    let built = Command::new("go")
-        .args(["build", "-o"])
-        .arg(&binary)
-        .arg(".")
-        .current_dir(tests_dir().join("resp_conformance_go"))
-        .env("GOTOOLCHAIN", "local")
-        .output()
-        .unwrap_or_else(|e| panic!("go is not runnable (install Go 1.24 or newer): {e}"));
-    assert!(
-        built.status.success(),
-        "go build of resp_conformance_go failed: {}",
-        String::from_utf8_lossy(&built.stderr)
-    );
-    binary
+    common::go_build("resp_conformance_go", ".", "resp-go/resp-conformance-go")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

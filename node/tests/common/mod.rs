@@ -315,3 +315,25 @@ pub fn python_venv(
     }
     Ok(venv)
 }
+
+/// `package` (a main package of the Go module in `node/tests/{module}`), built with the
+/// machine's Go into `out` under the workspace's `target/` (Go's cache makes a rebuild cheap);
+/// the module's dependencies come from the Go module proxy.
+pub fn go_build(module: &str, package: &str, out: &str) -> std::path::PathBuf {
+    let manifest = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let binary = manifest.join("../target").join(out);
+    let built = std::process::Command::new("go")
+        .args(["build", "-o"])
+        .arg(&binary)
+        .arg(package)
+        .current_dir(manifest.join("tests").join(module))
+        .env("GOTOOLCHAIN", "local")
+        .output()
+        .unwrap_or_else(|e| panic!("go is not runnable (install Go 1.26 or newer): {e}"));
+    assert!(
+        built.status.success(),
+        "go build of {module} failed: {}",
+        String::from_utf8_lossy(&built.stderr)
+    );
+    binary
+}

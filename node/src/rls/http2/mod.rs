@@ -455,8 +455,7 @@ where
                 break;
             }
             let now = Instant::now();
-            if let Some((by, why)) = self.stop_by.filter(|(by, _)| *by <= now) {
-                let _ = by;
+            if let Some((_, why)) = self.stop_by.filter(|(by, _)| *by <= now) {
                 let open = self.connection.open_streams();
                 if open == 0 {
                     // Only the caller's answer to the GOAWAY's PING was missing.
