@@ -5,14 +5,13 @@
 //! no protoc and no build script.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Duration;
 
 use anyhow::Context;
 use floodgate::Limit;
 use tonic::codegen::http::uri::PathAndQuery;
-use tonic::transport::{Channel, Endpoint};
 use tonic_prost::ProstCodec;
 
+use super::grpc::Connection;
 use super::outcome::Outcome;
 
 #[derive(Clone, PartialEq, prost::Message)]
@@ -134,11 +133,11 @@ pub fn outcome(answer: &GetRateLimitsResp, keys: usize) -> anyhow::Result<Outcom
     })
 }
 
-/// HTTP/2 channels to every node of a cluster; calls take turns over them, so the requests land
-/// on every node and each forwards the keys it does not own to their owner, as behind a load
+/// HTTP/2 connections to every node of a cluster; calls take turns over them, so the requests
+/// land on every node and each forwards the keys it does not own to their owner, as behind a load
 /// balancer.
 pub struct GubernatorChannels {
-    channels: Vec<Channel>,
+    channels: Vec<Connection>,
     next: AtomicUsize,
     limit: Limit,
     behavior: i32,
@@ -152,18 +151,14 @@ impl std::fmt::Debug for GubernatorChannels {
     }
 }
 
-async fn connect(addr: std::net::SocketAddr) -> anyhow::Result<Channel> {
-    // The same generous timeout as the other clients': a slow answer counts as slow.
-    Endpoint::from_shared(format!("http://{addr}"))?
-        .timeout(Duration::from_secs(2))
-        .tcp_nodelay(true)
-        .connect()
+async fn connect(addr: std::net::SocketAddr) -> anyhow::Result<Connection> {
+    Connection::open(addr)
         .await
         .with_context(|| format!("connecting to Gubernator on {addr}"))
 }
 
 async fn unary<Req, Resp>(
-    channel: &Channel,
+    channel: &Connection,
     path: &'static str,
     message: Req,
 ) -> anyhow::Result<Resp>
@@ -171,7 +166,7 @@ where
     Req: prost::Message + Send + Sync + 'static,
     Resp: prost::Message + Default + Send + Sync + 'static,
 {
-    let mut grpc = tonic::client::Grpc::new(channel.clone());
+    let mut grpc = tonic::client::Grpc::with_origin(channel.clone(), channel.origin().clone());
     grpc.ready().await.context("Gubernator's channel")?;
     let answer = grpc
         .unary(

@@ -22,6 +22,7 @@ pub mod accuracy;
 mod args;
 mod driver;
 mod gateway;
+mod grpc;
 mod gubernator;
 mod machine;
 mod measure;

@@ -1,9 +1,8 @@
 //! The `floodgate+rls` system: the same node behind Envoy's rate limit service (RLS v3 gRPC),
-//! driven through tonic's generated client over a few HTTP/2 channels. The configuration it
+//! driven through tonic's generated client over a few HTTP/2 connections. The configuration it
 //! writes holds one domain whose descriptors enforce the same limit as the QUIC workloads.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Duration;
 
 use anyhow::Context;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
@@ -12,8 +11,8 @@ use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use floodgate::{Algorithm, Limit, NANOS_PER_SEC};
-use tonic::transport::{Channel, Endpoint};
 
+use super::grpc::Connection;
 use super::outcome::Outcome;
 
 /// The domain of the configuration the harness writes.
@@ -75,15 +74,16 @@ pub fn request(keys: &[String]) -> RateLimitRequest {
     }
 }
 
-/// HTTP/2 channels to the RLS listener; calls take turns over them, each multiplexing its calls.
+/// HTTP/2 connections to the RLS listener; calls take turns over them, each multiplexing its
+/// calls.
 pub struct RlsChannels {
-    clients: Vec<RateLimitServiceClient<Channel>>,
+    clients: Vec<RateLimitServiceClient<Connection>>,
     next: AtomicUsize,
 }
 
 impl std::fmt::Debug for RlsChannels {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "RlsChannels({} channels)", self.clients.len())
+        write!(f, "RlsChannels({} connections)", self.clients.len())
     }
 }
 
@@ -91,14 +91,11 @@ impl RlsChannels {
     pub async fn connect(addr: std::net::SocketAddr, channels: usize) -> anyhow::Result<Self> {
         let mut clients = Vec::with_capacity(channels.max(1));
         for _ in 0..channels.max(1) {
-            // The same generous timeout as the QUIC client's: a slow answer counts as slow.
-            let channel = Endpoint::from_shared(format!("http://{addr}"))?
-                .timeout(Duration::from_secs(2))
-                .tcp_nodelay(true)
-                .connect()
+            let connection = Connection::open(addr)
                 .await
                 .with_context(|| format!("connecting to the RLS listener on {addr}"))?;
-            clients.push(RateLimitServiceClient::new(channel));
+            let origin = connection.origin().clone();
+            clients.push(RateLimitServiceClient::with_origin(connection, origin));
         }
         let rls = RlsChannels {
             clients,
@@ -114,7 +111,7 @@ impl RlsChannels {
     /// One `ShouldRateLimit` call carrying one descriptor per key.
     pub async fn check(&self, keys: &[String]) -> anyhow::Result<Outcome> {
         let turn = self.next.fetch_add(1, Ordering::Relaxed);
-        // A clone shares the channel: the call is multiplexed on its HTTP/2 connection.
+        // A clone shares the connection: the call is multiplexed on it.
         let mut client = self.clients[turn % self.clients.len()].clone();
         let answer = client.should_rate_limit(request(keys)).await?.into_inner();
         match Code::try_from(answer.overall_code) {
