@@ -4,14 +4,12 @@
 //! and tags of the proto; the metadata maps left out, which prost then skips) so the bench needs
 //! no protoc and no build script.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
-
 use anyhow::Context;
 use floodgate::Limit;
 use tonic::codegen::http::uri::PathAndQuery;
 use tonic_prost::ProstCodec;
 
-use super::grpc::Connection;
+use super::grpc::{Connection, Connections};
 use super::outcome::Outcome;
 
 #[derive(Clone, PartialEq, prost::Message)]
@@ -137,8 +135,7 @@ pub fn outcome(answer: &GetRateLimitsResp, keys: usize) -> anyhow::Result<Outcom
 /// land on every node and each forwards the keys it does not own to their owner, as behind a load
 /// balancer.
 pub struct GubernatorChannels {
-    channels: Vec<Connection>,
-    next: AtomicUsize,
+    channels: Connections,
     limit: Limit,
     behavior: i32,
     /// The cluster's nodes the channels go to.
@@ -194,16 +191,15 @@ impl GubernatorChannels {
         limit: Limit,
         behavior: i32,
     ) -> anyhow::Result<Self> {
-        let mut channels = Vec::new();
-        for _ in 0..per_node.max(1) {
-            for &addr in nodes {
-                channels.push(connect(addr).await?);
-            }
-        }
-        anyhow::ensure!(!channels.is_empty(), "no Gubernator node to connect to");
+        anyhow::ensure!(!nodes.is_empty(), "no Gubernator node to connect to");
+        let addrs: Vec<std::net::SocketAddr> = (0..per_node.max(1))
+            .flat_map(|_| nodes.iter().copied())
+            .collect();
+        let channels = Connections::open(&addrs)
+            .await
+            .context("connecting to Gubernator")?;
         let cluster = GubernatorChannels {
             channels,
-            next: AtomicUsize::new(0),
             limit,
             behavior,
             nodes: nodes.len(),
@@ -221,15 +217,17 @@ impl GubernatorChannels {
 
     /// One `GetRateLimits` call carrying one request per key.
     pub async fn check(&self, keys: &[String]) -> anyhow::Result<Outcome> {
-        let turn = self.next.fetch_add(1, Ordering::Relaxed);
-        let channel = &self.channels[turn % self.channels.len()];
-        let answer: GetRateLimitsResp = unary(
-            channel,
+        let turn = self.channels.turn();
+        let answer: anyhow::Result<GetRateLimitsResp> = unary(
+            &turn.connection,
             "/pb.gubernator.V1/GetRateLimits",
             request(keys, &self.limit, self.behavior),
         )
-        .await?;
-        outcome(&answer, keys.len())
+        .await;
+        if answer.is_err() {
+            self.channels.recover(&turn).await;
+        }
+        outcome(&answer?, keys.len())
     }
 }
 

@@ -2,8 +2,6 @@
 //! driven through tonic's generated client over a few HTTP/2 connections. The configuration it
 //! writes holds one domain whose descriptors enforce the same limit as the QUIC workloads.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
-
 use anyhow::Context;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
@@ -12,7 +10,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use floodgate::{Algorithm, Limit, NANOS_PER_SEC};
 
-use super::grpc::Connection;
+use super::grpc::Connections;
 use super::outcome::Outcome;
 
 /// The domain of the configuration the harness writes.
@@ -77,30 +75,21 @@ pub fn request(keys: &[String]) -> RateLimitRequest {
 /// HTTP/2 connections to the RLS listener; calls take turns over them, each multiplexing its
 /// calls.
 pub struct RlsChannels {
-    clients: Vec<RateLimitServiceClient<Connection>>,
-    next: AtomicUsize,
+    connections: Connections,
 }
 
 impl std::fmt::Debug for RlsChannels {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "RlsChannels({} connections)", self.clients.len())
+        write!(f, "RlsChannels({} connections)", self.connections.len())
     }
 }
 
 impl RlsChannels {
     pub async fn connect(addr: std::net::SocketAddr, channels: usize) -> anyhow::Result<Self> {
-        let mut clients = Vec::with_capacity(channels.max(1));
-        for _ in 0..channels.max(1) {
-            let connection = Connection::open(addr)
-                .await
-                .with_context(|| format!("connecting to the RLS listener on {addr}"))?;
-            let origin = connection.origin().clone();
-            clients.push(RateLimitServiceClient::with_origin(connection, origin));
-        }
-        let rls = RlsChannels {
-            clients,
-            next: AtomicUsize::new(0),
-        };
+        let connections = Connections::open(&vec![addr; channels.max(1)])
+            .await
+            .context("connecting to the RLS listener")?;
+        let rls = RlsChannels { connections };
         // One call on a scratch value: a node without the domain fails here, in words, and not
         // with a million errors in the run.
         let probe = rls.check(&["user:floodgate-bench-probe".to_owned()]).await;
@@ -110,10 +99,17 @@ impl RlsChannels {
 
     /// One `ShouldRateLimit` call carrying one descriptor per key.
     pub async fn check(&self, keys: &[String]) -> anyhow::Result<Outcome> {
-        let turn = self.next.fetch_add(1, Ordering::Relaxed);
-        // A clone shares the connection: the call is multiplexed on it.
-        let mut client = self.clients[turn % self.clients.len()].clone();
-        let answer = client.should_rate_limit(request(keys)).await?.into_inner();
+        let turn = self.connections.turn();
+        let connection = turn.connection.clone();
+        let origin = connection.origin().clone();
+        let mut client = RateLimitServiceClient::with_origin(connection, origin);
+        let answer = match client.should_rate_limit(request(keys)).await {
+            Ok(answer) => answer.into_inner(),
+            Err(status) => {
+                self.connections.recover(&turn).await;
+                return Err(status.into());
+            }
+        };
         match Code::try_from(answer.overall_code) {
             Ok(Code::Ok) => Ok(Outcome::Allowed),
             Ok(Code::OverLimit) => Ok(Outcome::Denied),
