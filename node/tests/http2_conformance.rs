@@ -7,6 +7,11 @@
 //! Three cases assume a server that answers a GET with a body, or leaves it unanswered for a
 //! while: the listener refuses a GET (HTTP 405, headers only) as soon as it has read the frames
 //! that came with it. `BY_DESIGN` names them and why; any other failure fails the test.
+//!
+//! The second test drives the listener with grpc-go (its own HTTP/2 transport, BDP pings and
+//! all) and envoyproxy/go-control-plane's generated RLS stubs (`rls_grpc_go`, built into
+//! `target/rls-grpc-go`): the HTTP/2 of Go gateways, beside h2's (node/tests/rls.rs), gRPC
+//! C-core's (the Python client there) and Envoy's own (`make envoy-test`).
 
 mod common;
 
@@ -42,6 +47,25 @@ descriptors:
       requests_per_unit: 1000
 ";
 
+/// A node serving `CONFIG` on its RLS listener (cleartext).
+async fn start_rls(config: &str) -> (common::TestNode, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("config.yaml");
+    std::fs::write(&path, config).unwrap();
+    let node = start_node(|c| {
+        c.rls = Some(RlsSettings {
+            listen: "127.0.0.1:0".parse().unwrap(),
+            config: path,
+            rate_limit_headers: false,
+            tls: false,
+            client_auth: false,
+            allow_negative_hits: false,
+        });
+    })
+    .await;
+    (node, dir)
+}
+
 /// h2spec, built into `target/h2spec` from the pinned module.
 fn h2spec() -> PathBuf {
     common::go_build(
@@ -54,20 +78,7 @@ fn h2spec() -> PathBuf {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "builds h2spec with Go; run with `make http2-conformance`"]
 async fn h2spec_finds_nothing_but_the_cases_that_assume_a_slower_answer() {
-    let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("config.yaml");
-    std::fs::write(&config, CONFIG).unwrap();
-    let node = start_node(|c| {
-        c.rls = Some(RlsSettings {
-            listen: "127.0.0.1:0".parse().unwrap(),
-            config,
-            rate_limit_headers: false,
-            tls: false,
-            client_auth: false,
-            allow_negative_hits: false,
-        });
-    })
-    .await;
+    let (node, _dir) = start_rls(CONFIG).await;
     let addr = node.node.rls_addr().unwrap();
     let h2spec = h2spec();
     let ran = tokio::task::spawn_blocking(move || {
@@ -120,4 +131,55 @@ async fn h2spec_finds_nothing_but_the_cases_that_assume_a_slower_answer() {
         "h2spec cases failed that are not by design: {unexpected:?}\n{report}"
     );
     assert!(passed >= tests - skipped - BY_DESIGN.len(), "{summary}");
+}
+
+const GO_CLIENT_CONFIG: &str = "\
+domain: edge
+descriptors:
+  - key: generic_key
+    value: three
+    rate_limit: {unit: day, requests_per_unit: 3, name: three-a-day}
+  - key: generic_key
+    value: ten
+    rate_limit: {unit: day, requests_per_unit: 10}
+  - key: generic_key
+    value: five-hundred
+    rate_limit: {unit: day, requests_per_unit: 500}
+";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "builds a grpc-go client with Go; run with `make http2-conformance`"]
+async fn grpc_go_and_go_control_plane_stubs_are_answered() {
+    let (node, _dir) = start_rls(GO_CLIENT_CONFIG).await;
+    let addr = node.node.rls_addr().unwrap();
+    let client = common::go_build("rls_grpc_go", ".", "rls-grpc-go/rls_grpc_go");
+    let ran =
+        tokio::task::spawn_blocking(move || Command::new(client).arg(addr.to_string()).output());
+    // The client's own calls share a 60 s deadline; this bounds the whole run.
+    let output = tokio::time::timeout(std::time::Duration::from_secs(120), ran)
+        .await
+        .expect("the grpc-go client finishes within two minutes")
+        .unwrap()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "the grpc-go client failed ({}):\n{stdout}\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(
+        lines,
+        vec![
+            "health: SERVING",
+            "watch: SERVING",
+            "fourth: overall=OVER_LIMIT code=OVER_LIMIT remaining=0 name=three-a-day",
+            "concurrent: ok=500 over_limit=500 failed=0",
+            "one MiB message: code=ResourceExhausted",
+            "after it: overall=OK remaining=9",
+            "unknown method: code=Unimplemented",
+        ]
+    );
+    node.node.shutdown().await;
 }
