@@ -293,6 +293,12 @@ pub(crate) async fn decide_groups<'f>(
     }
 }
 
+/// How group `i` of a batch whose groups reach `reach` is decided (`Region` for a batch
+/// without scopes, whose `reach` is empty).
+fn reach_of(reach: &[Reach], i: usize) -> &Reach {
+    reach.get(i).unwrap_or(&Reach::Region)
+}
+
 /// One batch's groups, and the decisions made here so far.
 struct Batch<'a> {
     checks: &'a CheckPath,
@@ -351,7 +357,7 @@ impl<'a> Batch<'a> {
 
     /// How group `i` is decided (`Region` for a batch without scopes).
     fn reach(&self, i: usize) -> &Reach {
-        self.reach.get(i).unwrap_or(&Reach::Region)
+        reach_of(&self.reach, i)
     }
 
     /// The scopes of group `i`'s checks (empty for a batch without scopes).
@@ -389,27 +395,26 @@ impl<'a> Batch<'a> {
         let start = self.local.len();
         if *self.reach(i) == Reach::Global {
             let checks = self.checks;
-            // The rings are read before the exchange's lock is taken, as everywhere else.
+            // The exchange's entries of the global groups up to PREFETCH_AHEAD ahead, each once.
+            let ahead = self.prefetched_to.max(i + 1)..i + 1 + PREFETCH_AHEAD;
+            self.prefetched_to = ahead.end;
+            let scopes = self.scopes_of(i);
+            // The rings are read once a batch, before the exchange's lock is taken (as
+            // everywhere else), and borrowed after: not a reference count taken and given back
+            // per group (a locked instruction each, which waits for the group's stores to land).
             let fresh = self.rings.is_none();
-            let rings = self
-                .rings
-                .get_or_insert_with(|| checks.regions.rings())
-                .clone();
+            let rings: &RegionRings = self.rings.get_or_insert_with(|| checks.regions.rings());
             let session = global.get_or_insert_with(|| checks.region_sync.global_checks());
             if fresh {
                 session.set_regions(rings.regions());
             }
-            // The exchange's entries of the global groups up to PREFETCH_AHEAD ahead, each once.
-            let ahead = self.prefetched_to.max(i + 1)..i + 1 + PREFETCH_AHEAD;
-            self.prefetched_to = ahead.end;
             for j in ahead {
-                if *self.reach(j) == Reach::Global
+                if *reach_of(&self.reach, j) == Reach::Global
                     && let Some(check) = self.groups.group(j).and_then(<[_]>::first)
                 {
                     session.prefetch(check.key, rings.owners_elsewhere(check.key.slot()));
                 }
             }
-            let scopes = self.scopes_of(i);
             // A group of one global check (the usual one) needs no list of its own.
             let global: Cow<'_, [bool]> = match scopes {
                 [Scope::Global] => Cow::Borrowed(&[true]),
@@ -417,7 +422,7 @@ impl<'a> Batch<'a> {
             };
             crate::reach::decide_global_group(
                 session,
-                &rings,
+                rings,
                 &self.groups[i],
                 &global,
                 &mut self.local,
