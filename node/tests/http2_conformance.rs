@@ -17,6 +17,7 @@ mod common;
 
 use std::path::PathBuf;
 use std::process::Command;
+use std::time::Duration;
 
 use common::start_node;
 use floodgate_node::rls::RlsSettings;
@@ -81,20 +82,17 @@ async fn h2spec_finds_nothing_but_the_cases_that_assume_a_slower_answer() {
     let (node, _dir) = start_rls(CONFIG).await;
     let addr = node.node.rls_addr().unwrap();
     let h2spec = h2spec();
-    let ran = tokio::task::spawn_blocking(move || {
-        Command::new(h2spec)
-            .args(["-h", "127.0.0.1", "-p", &addr.port().to_string()])
-            .args([
-                "-P",
-                "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit",
-            ])
-            // Seconds a case waits for the frame it expects.
-            .args(["-o", "2"])
-            .output()
-            .unwrap()
-    })
-    .await
-    .unwrap();
+    let mut command = Command::new(h2spec);
+    command
+        .args(["-h", "127.0.0.1", "-p", &addr.port().to_string()])
+        .args([
+            "-P",
+            "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit",
+        ])
+        // Seconds a case waits for the frame it expects.
+        .args(["-o", "2"]);
+    // h2spec exits unsuccessfully when any case fails; its report says which, read below.
+    let ran = common::run_client(command, None, Duration::from_secs(300), "h2spec").await;
     let report = String::from_utf8_lossy(&ran.stdout);
     let summary = report
         .lines()
@@ -153,21 +151,11 @@ async fn grpc_go_and_go_control_plane_stubs_are_answered() {
     let (node, _dir) = start_rls(GO_CLIENT_CONFIG).await;
     let addr = node.node.rls_addr().unwrap();
     let client = common::go_build("rls_grpc_go", ".", "rls-grpc-go/rls_grpc_go");
-    let ran =
-        tokio::task::spawn_blocking(move || Command::new(client).arg(addr.to_string()).output());
+    let mut command = Command::new(client);
+    command.arg(addr.to_string());
     // The client's own calls share a 60 s deadline; this bounds the whole run.
-    let output = tokio::time::timeout(std::time::Duration::from_secs(120), ran)
-        .await
-        .expect("the grpc-go client finishes within two minutes")
-        .unwrap()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(
-        output.status.success(),
-        "the grpc-go client failed ({}):\n{stdout}\n{}",
-        output.status,
-        String::from_utf8_lossy(&output.stderr)
-    );
+    let output = common::run_client(command, None, Duration::from_secs(120), "rls_grpc_go").await;
+    let stdout = common::succeeded(&output, "the grpc-go client");
     let lines: Vec<&str> = stdout.lines().collect();
     assert_eq!(
         lines,

@@ -135,28 +135,11 @@ async fn floodgate() -> (TestNode, SocketAddr) {
 
 /// Runs one client's replay (`command`, given `stdin`) to its end, within two minutes, and
 /// asserts it found no difference; prints what it printed.
-async fn replay(mut command: Command, stdin: Vec<u8>, client: &'static str) {
-    let run = tokio::task::spawn_blocking(move || {
-        let mut child = command
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()?;
-        child.stdin.take().unwrap().write_all(&stdin)?;
-        child.wait_with_output()
-    });
-    let output = tokio::time::timeout(Duration::from_secs(120), run)
-        .await
-        .unwrap_or_else(|_| panic!("{client} finishes within two minutes"))
-        .unwrap()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    println!("{stdout}");
-    assert!(
-        output.status.success(),
-        "{client}: replies differ:\n{stdout}\n{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
+async fn replay(command: Command, stdin: Vec<u8>, client: &'static str) {
+    let output = run_client(command, Some(stdin), Duration::from_secs(120), client).await;
+    println!("{}", String::from_utf8_lossy(&output.stdout));
+    // Unsuccessful when the replies differ.
+    let stdout = succeeded(&output, client);
     assert!(stdout.contains("\n0 differences"), "{stdout}");
 }
 
@@ -330,19 +313,10 @@ async fn redis_py_calls_the_front_over_tls() {
          for _ in range(4):\n    print(r.execute_command('CL.THROTTLE', 'py:tls', 2, 3, 3600)[:3])\n",
         ca = node.certs.ca.display().to_string(),
     );
-    let run =
-        tokio::task::spawn_blocking(move || Command::new(python).args(["-c", &script]).output());
-    let output = tokio::time::timeout(Duration::from_secs(60), run)
-        .await
-        .expect("redis-py finishes within a minute")
-        .unwrap()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(
-        output.status.success(),
-        "redis-py failed:\n{stdout}\n{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
+    let mut command = Command::new(python);
+    command.args(["-c", &script]);
+    let output = run_client(command, None, Duration::from_secs(60), "redis-py").await;
+    let stdout = succeeded(&output, "redis-py");
     assert_eq!(
         stdout.lines().collect::<Vec<_>>(),
         ["True", "[0, 3, 2]", "[0, 3, 1]", "[0, 3, 0]", "[1, 3, 0]"]

@@ -585,24 +585,10 @@ async fn the_python_envoy_data_plane_client_sees_reports_shares_a_kept_share_and
     let node = start_rlqs(|s| s.idle_reports_before_abandon = 2).await;
     let addr = node.addr;
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/rlqs_client.py");
-    let run = tokio::task::spawn_blocking(move || {
-        Command::new(python)
-            .arg(script)
-            .arg(addr.to_string())
-            .output()
-    });
-    let output = tokio::time::timeout(Duration::from_secs(120), run)
-        .await
-        .expect("the Python client finishes within two minutes")
-        .unwrap()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(
-        output.status.success(),
-        "rlqs_client.py failed ({}):\n{stdout}\n{}",
-        output.status,
-        String::from_utf8_lossy(&output.stderr)
-    );
+    let mut command = Command::new(python);
+    command.arg(script).arg(addr.to_string());
+    let output = run_client(command, None, Duration::from_secs(120), "rlqs_client.py").await;
+    let stdout = succeeded(&output, "rlqs_client.py");
     let lines: Vec<&str> = stdout.lines().collect();
     let expected = [
         "first: token_bucket max_tokens=1 tokens_per_fill=599 fill_interval=60s ttl=15s",

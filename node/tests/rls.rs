@@ -947,24 +947,11 @@ async fn the_python_envoy_data_plane_client_sees_every_behaviour() {
     let rls = start_rls(true).await;
     let addr = rls.node.node.rls_addr().unwrap();
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/rls_client.py");
-    let run = tokio::task::spawn_blocking(move || {
-        Command::new(python)
-            .arg(script)
-            .arg(addr.to_string())
-            .output()
-    });
+    let mut command = Command::new(python);
+    command.arg(script).arg(addr.to_string());
     // The script's own calls time out after 10 s each; this bounds the whole run.
-    let output = tokio::time::timeout(Duration::from_secs(120), run)
-        .await
-        .expect("the Python client finishes within two minutes")
-        .unwrap()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(
-        output.status.success(),
-        "rls_client.py failed:\n{stdout}\n{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
+    let output = run_client(command, None, Duration::from_secs(120), "rls_client.py").await;
+    let stdout = succeeded(&output, "rls_client.py");
     let lines: Vec<&str> = stdout.lines().collect();
     assert_eq!(
         lines,

@@ -337,3 +337,45 @@ pub fn go_build(module: &str, package: &str, out: &str) -> std::path::PathBuf {
     );
     binary
 }
+
+/// Runs a foreign client (`command`, given `stdin` if any) to its end on a blocking thread, so
+/// the node it talks to keeps being served by the test's runtime; `limit` bounds the whole run.
+/// Panics, naming the client (`what`), if it cannot start or does not finish in time.
+pub async fn run_client(
+    mut command: std::process::Command,
+    stdin: Option<Vec<u8>>,
+    limit: std::time::Duration,
+    what: &str,
+) -> std::process::Output {
+    use std::io::Write;
+    use std::process::Stdio;
+    let run = tokio::task::spawn_blocking(move || {
+        command.stdout(Stdio::piped()).stderr(Stdio::piped());
+        if stdin.is_some() {
+            command.stdin(Stdio::piped());
+        }
+        let mut child = command.spawn()?;
+        if let (Some(bytes), Some(mut pipe)) = (stdin, child.stdin.take()) {
+            pipe.write_all(&bytes)?;
+        }
+        child.wait_with_output()
+    });
+    tokio::time::timeout(limit, run)
+        .await
+        .unwrap_or_else(|_| panic!("{what} did not finish within {limit:?}"))
+        .expect("the blocking thread ran to its end")
+        .unwrap_or_else(|e| panic!("{what} could not be run: {e}"))
+}
+
+/// `output`'s standard output, once it is known to have exited successfully; panics with
+/// both of its outputs otherwise.
+pub fn succeeded(output: &std::process::Output, what: &str) -> String {
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    assert!(
+        output.status.success(),
+        "{what} failed ({}):\n{stdout}\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    stdout
+}
