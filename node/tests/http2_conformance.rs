@@ -20,7 +20,6 @@ use std::process::Command;
 use std::time::Duration;
 
 use common::start_node;
-use floodgate_node::rls::RlsSettings;
 
 /// h2spec's cases this listener fails without breaking HTTP/2, and why.
 const BY_DESIGN: [(&str, &str); 3] = [
@@ -54,14 +53,7 @@ async fn start_rls(config: &str) -> (common::TestNode, tempfile::TempDir) {
     let path = dir.path().join("config.yaml");
     std::fs::write(&path, config).unwrap();
     let node = start_node(|c| {
-        c.rls = Some(RlsSettings {
-            listen: "127.0.0.1:0".parse().unwrap(),
-            config: path,
-            rate_limit_headers: false,
-            tls: false,
-            client_auth: false,
-            allow_negative_hits: false,
-        });
+        c.rls = Some(common::rls_settings(path));
     })
     .await;
     (node, dir)

@@ -23,7 +23,6 @@ use envoy_types::pb::envoy::service::rate_limit_quota::v3::{
 };
 use envoy_types::pb::google::protobuf::Duration as PbDuration;
 use floodgate_node::RlqsSettings;
-use floodgate_node::rls::RlsSettings;
 use tokio::sync::mpsc;
 use tonic::Streaming;
 use tonic::codegen::tokio_stream::wrappers::ReceiverStream;
@@ -61,14 +60,7 @@ async fn start_rlqs(adjust: impl FnOnce(&mut RlqsSettings)) -> RlqsNode {
     let mut rlqs = RlqsSettings::new("127.0.0.1:0".parse().unwrap());
     adjust(&mut rlqs);
     let node = start_node(|c| {
-        c.rls = Some(RlsSettings {
-            listen: "127.0.0.1:0".parse().unwrap(),
-            config: config_file,
-            rate_limit_headers: false,
-            tls: false,
-            client_auth: false,
-            allow_negative_hits: false,
-        });
+        c.rls = Some(rls_settings(config_file));
         c.rlqs = Some(rlqs);
         c.admin = Some("127.0.0.1:0".parse().unwrap());
     })
@@ -532,14 +524,7 @@ async fn rlqs_client_auth_without_tls_or_a_client_ca_stops_the_start() {
         std::fs::write(&config_file, CONFIG).unwrap();
         let certs = floodgate_node::ensure_dev_certs(dir.path()).unwrap();
         let mut config = floodgate_node::NodeConfig::for_tests(&certs);
-        config.rls = Some(RlsSettings {
-            listen: "127.0.0.1:0".parse().unwrap(),
-            config: config_file,
-            rate_limit_headers: false,
-            tls: false,
-            client_auth: false,
-            allow_negative_hits: false,
-        });
+        config.rls = Some(rls_settings(config_file));
         config.rlqs = Some(RlqsSettings {
             tls,
             client_auth: true,

@@ -19,7 +19,6 @@ use envoy_types::pb::envoy::service::rate_limit_quota::v3::{
     BucketId, RateLimitQuotaUsageReports,
 };
 use envoy_types::pb::google::protobuf::Duration as PbDuration;
-use floodgate_node::rls::RlsSettings;
 use floodgate_node::{Node, NodeConfig, RlqsSettings};
 use tokio::sync::{mpsc, watch};
 use tonic::codegen::tokio_stream::wrappers::ReceiverStream;
@@ -35,14 +34,7 @@ const LIMIT: u64 = 600;
 /// Each node serves RLQS from the same file.
 fn with_rlqs(file: &std::path::Path) -> impl Fn(&mut NodeConfig) + '_ {
     move |c: &mut NodeConfig| {
-        c.rls = Some(RlsSettings {
-            listen: "127.0.0.1:0".parse().unwrap(),
-            config: file.to_owned(),
-            rate_limit_headers: false,
-            tls: false,
-            client_auth: false,
-            allow_negative_hits: false,
-        });
+        c.rls = Some(rls_settings(file.to_owned()));
         c.rlqs = Some(RlqsSettings::new("127.0.0.1:0".parse().unwrap()));
         c.admin = Some("127.0.0.1:0".parse().unwrap());
     }

@@ -19,7 +19,6 @@ use std::time::{Duration, Instant};
 
 use common::envoy::{Envoy, envoy_binary, free_port, upstream};
 
-use floodgate_node::rls::RlsSettings;
 use floodgate_node::{Node, NodeConfig, RlqsSettings, ensure_dev_certs};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -242,14 +241,7 @@ async fn share_one_bucket(dir: &Path, rlqs_ports: &[u16], node: &Node) {
 
 /// The example's RLS configuration and RLQS on a node's configuration.
 fn serve_rlqs(config: &mut NodeConfig) {
-    config.rls = Some(RlsSettings {
-        listen: "127.0.0.1:0".parse().unwrap(),
-        config: example("ratelimit.yaml"),
-        rate_limit_headers: false,
-        tls: false,
-        client_auth: false,
-        allow_negative_hits: false,
-    });
+    config.rls = Some(common::rls_settings(example("ratelimit.yaml")));
     config.rlqs = Some(RlqsSettings::new("127.0.0.1:0".parse().unwrap()));
     config.admin = Some("127.0.0.1:0".parse().unwrap());
 }

@@ -21,7 +21,6 @@ use envoy_types::pb::envoy::service::rate_limit_quota::v3::{
 };
 use envoy_types::pb::google::protobuf::Duration as PbDuration;
 use floodgate::cluster::MembershipConfig;
-use floodgate_node::rls::RlsSettings;
 use floodgate_node::{Node, NodeConfig, RlqsSettings};
 use tokio::sync::{mpsc, watch};
 use tonic::codegen::tokio_stream::wrappers::ReceiverStream;
@@ -45,14 +44,7 @@ fn node_in(region: &str, file: &std::path::Path, global: bool, config: &mut Node
         ..MembershipConfig::default()
     };
     config.cluster.region = region.to_owned();
-    config.rls = Some(RlsSettings {
-        listen: "127.0.0.1:0".parse().unwrap(),
-        config: file.to_owned(),
-        rate_limit_headers: false,
-        tls: false,
-        client_auth: false,
-        allow_negative_hits: false,
-    });
+    config.rls = Some(rls_settings(file.to_owned()));
     config.rlqs = Some(RlqsSettings::new("127.0.0.1:0".parse().unwrap()));
     config.admin = Some("127.0.0.1:0".parse().unwrap());
     if global {

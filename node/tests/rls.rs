@@ -74,14 +74,7 @@ async fn start_rls_with(adjust: impl FnOnce(&mut RlsSettings)) -> RlsNode {
     let dir = tempfile::tempdir().unwrap();
     let config_file = dir.path().join("config.yaml");
     std::fs::write(&config_file, CONFIG).unwrap();
-    let mut settings = RlsSettings {
-        listen: "127.0.0.1:0".parse().unwrap(),
-        config: config_file.clone(),
-        rate_limit_headers: false,
-        tls: false,
-        client_auth: false,
-        allow_negative_hits: false,
-    };
+    let mut settings = rls_settings(config_file.clone());
     adjust(&mut settings);
     let node = start_node(|c| {
         c.rls = Some(settings);
@@ -560,14 +553,7 @@ async fn a_broken_configuration_stops_the_node_at_start_naming_file_line_and_col
     .unwrap();
     let certs = floodgate_node::ensure_dev_certs(dir.path()).unwrap();
     let mut config = floodgate_node::NodeConfig::for_tests(&certs);
-    config.rls = Some(RlsSettings {
-        listen: "127.0.0.1:0".parse().unwrap(),
-        config: file,
-        rate_limit_headers: false,
-        tls: false,
-        client_auth: false,
-        allow_negative_hits: false,
-    });
+    config.rls = Some(rls_settings(file));
     let error = format!(
         "{:#}",
         floodgate_node::Node::start(config).await.unwrap_err()
@@ -587,14 +573,7 @@ async fn descriptors_are_decided_by_their_owner_across_the_cluster() {
     let dir = tempfile::tempdir().unwrap();
     let config_file = dir.path().join("config.yaml");
     std::fs::write(&config_file, CONFIG).unwrap();
-    let settings = RlsSettings {
-        listen: "127.0.0.1:0".parse().unwrap(),
-        config: config_file,
-        rate_limit_headers: false,
-        tls: false,
-        client_auth: false,
-        allow_negative_hits: false,
-    };
+    let settings = rls_settings(config_file);
     let fast = |c: &mut floodgate_node::NodeConfig| {
         c.cluster.membership = MembershipConfig {
             gossip_interval_ns: 20 * MS,
@@ -718,12 +697,8 @@ async fn with_rls_tls_the_service_presents_the_node_certificate() {
     let config_file = dir.path().join("config.yaml");
     std::fs::write(&config_file, CONFIG).unwrap();
     let settings = RlsSettings {
-        listen: "127.0.0.1:0".parse().unwrap(),
-        config: config_file,
-        rate_limit_headers: false,
         tls: true,
-        client_auth: false,
-        allow_negative_hits: false,
+        ..rls_settings(config_file)
     };
     let node = start_node(|c| c.rls = Some(settings)).await;
     let addr = node.node.rls_addr().unwrap();
@@ -771,12 +746,9 @@ async fn with_rls_client_auth_only_callers_with_a_client_certificate_are_answere
     let mut config = floodgate_node::NodeConfig::for_tests(&certs);
     config.tls.client_ca = Some(certs.client_ca.clone());
     config.rls = Some(RlsSettings {
-        listen: "127.0.0.1:0".parse().unwrap(),
-        config: config_file,
-        rate_limit_headers: false,
         tls: true,
         client_auth: true,
-        allow_negative_hits: false,
+        ..rls_settings(config_file)
     });
     let node = floodgate_node::Node::start(config).await.unwrap();
     let url = format!("https://{}", node.rls_addr().unwrap());
@@ -842,12 +814,9 @@ async fn rls_client_auth_without_tls_or_a_client_ca_stops_the_start() {
         let mut config = floodgate_node::NodeConfig::for_tests(&certs);
         config.tls.client_ca = client_ca;
         config.rls = Some(RlsSettings {
-            listen: "127.0.0.1:0".parse().unwrap(),
-            config: config_file.clone(),
-            rate_limit_headers: false,
             tls,
             client_auth: true,
-            allow_negative_hits: false,
+            ..rls_settings(config_file.clone())
         });
         floodgate_node::Node::start(config)
     };
@@ -873,14 +842,7 @@ async fn connections_beyond_the_allowance_wait_until_one_closes() {
     let dir = tempfile::tempdir().unwrap();
     let config_file = dir.path().join("config.yaml");
     std::fs::write(&config_file, CONFIG).unwrap();
-    let settings = RlsSettings {
-        listen: "127.0.0.1:0".parse().unwrap(),
-        config: config_file,
-        rate_limit_headers: false,
-        tls: false,
-        client_auth: false,
-        allow_negative_hits: false,
-    };
+    let settings = rls_settings(config_file);
     let node = start_node(|c| {
         c.rls = Some(settings);
         c.limits.max_connections = 1;

@@ -11,7 +11,6 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use common::envoy::{Envoy, envoy_binary, free_port, upstream_with_header};
-use floodgate_node::rls::RlsSettings;
 use floodgate_node::{Node, NodeConfig, ensure_dev_certs};
 
 const RLS_CONFIG: &str = "\
@@ -147,14 +146,7 @@ async fn start(
     std::fs::write(&rls_file, rls_config).unwrap();
     let certs = ensure_dev_certs(dir.path()).unwrap();
     let mut config = NodeConfig::for_tests(&certs);
-    config.rls = Some(RlsSettings {
-        listen: "127.0.0.1:0".parse().unwrap(),
-        config: rls_file,
-        rate_limit_headers: false,
-        tls: false,
-        client_auth: false,
-        allow_negative_hits: false,
-    });
+    config.rls = Some(common::rls_settings(rls_file));
     let node = Node::start(config).await.unwrap();
     let upstream = upstream_with_header(upstream_header.0, upstream_header.1).await;
     let (listen, admin) = (free_port(), free_port());

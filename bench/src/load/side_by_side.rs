@@ -14,8 +14,9 @@ use super::{Gateway, LoadArgs, Record, Server, Targets, Workload, driver, report
 /// Turns run before the side-by-side step's first spread and not recorded. The servers are
 /// fresh and the machine is still settling from the steps before (their servers exiting with
 /// a million keys each), which lands on the first turns (floodgate's, when the turns came in
-/// one fixed order): in three of ten full runs without it, the first spread's p99 was 29-156 ms for floodgate (and 30-59 ms for both
-/// Redis baselines in one of them), where no later spread's passed 3.1 ms.
+/// one fixed order): in three of ten full runs without it, the first spread's p99 was
+/// 29-156 ms for floodgate (and 30-59 ms for both Redis baselines in one of them), where no
+/// later spread's passed 3.1 ms.
 const SIDE_BY_SIDE_WARM_UP: Duration = Duration::from_secs(1);
 
 /// Every system again at the first offered rate, on fresh servers, the systems taking turns

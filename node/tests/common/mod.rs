@@ -379,3 +379,16 @@ pub fn succeeded(output: &std::process::Output, what: &str) -> String {
     );
     stdout
 }
+
+/// The RLS listener's settings for a test: 127.0.0.1 on any port, cleartext, serving the
+/// envoyproxy/ratelimit configuration at `config`, every option off (as its flags default).
+pub fn rls_settings(config: std::path::PathBuf) -> floodgate_node::rls::RlsSettings {
+    floodgate_node::rls::RlsSettings {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        config,
+        rate_limit_headers: false,
+        tls: false,
+        client_auth: false,
+        allow_negative_hits: false,
+    }
+}
