@@ -9,6 +9,13 @@
 //! (evicted and made again while marked, or two racing markers): the second lookup finds its
 //! mark clear and skips it. A listed bucket since evicted or expired is not found and skipped.
 //!
+//! A GCRA bucket is marked only once it is worth replicating ([`gcra_worth_replicating`]): more
+//! than a sixteenth of its capacity used. One within that of full is left out of the rounds
+//! (most keys of a large, evenly used key space, each far from its limit): whatever copy a
+//! successor taking over holds of it (none, or an older one), a fresh bucket is at most that
+//! sixteenth more permissive, so the successor grants the key at most the sixteenth again.
+//! Window and log buckets are marked at every change.
+//!
 //! [`Shard::mark_dirty`]: super::shard::Shard::mark_dirty
 //! [`Shard::mark_gcra_changed`]: super::shard::Shard::mark_gcra_changed
 //! [`Shard::insert_gcra`]: super::shard::Shard::insert_gcra
@@ -19,7 +26,18 @@ use crossbeam_queue::ArrayQueue;
 
 use super::budget::Bounds;
 use super::entries::Family;
-use crate::BucketKey;
+use crate::{BucketKey, Limit};
+
+/// A GCRA bucket is replicated once more than `1 / REPLICATED_ABOVE` of its capacity is used.
+const REPLICATED_ABOVE: u64 = 16;
+
+/// Whether a GCRA bucket under `limit` whose TAT is `tat_ns` is worth replicating at `now_ns`:
+/// it runs more than a sixteenth of its capacity (burst × emission interval) ahead of now. A
+/// limit of a burst under 16 is replicated at every admission (one unit is more than that).
+pub(super) fn gcra_worth_replicating(limit: &Limit, tat_ns: u64, now_ns: u64) -> bool {
+    let capacity_ns = limit.burst().saturating_mul(limit.interval_ns());
+    tat_ns.saturating_sub(now_ns) > capacity_ns / REPLICATED_ABOVE
+}
 
 /// A listed key and the table its changed bucket is in (16 bytes).
 #[derive(Debug, Clone, Copy)]
@@ -147,6 +165,19 @@ mod tests {
             Limit::window(Algorithm::FixedWindow, 5, period_ns).unwrap(),
             Limit::window(Algorithm::SlidingWindow, 5, period_ns).unwrap(),
             Limit::window(Algorithm::SlidingLog, 5, period_ns).unwrap(),
+        ]
+    }
+
+    /// [`limits`] and a GCRA limit of a burst of 48, whose bucket is marked only once more than
+    /// 3 units are used.
+    fn limits_and_a_wide_burst(period_ns: u64) -> [Limit; 5] {
+        let [gcra, fixed, sliding, log] = limits(period_ns);
+        [
+            gcra,
+            fixed,
+            sliding,
+            log,
+            Limit::gcra(48, period_ns, 48).unwrap(),
         ]
     }
 
@@ -379,12 +410,53 @@ mod tests {
         assert_eq!(taken(&store, NOW).len(), 5);
     }
 
+    /// A GCRA bucket is listed only once more than a sixteenth of its capacity is used, then
+    /// at every change while it stays so; one that fell back within the sixteenth is not.
+    #[test]
+    fn a_gcra_bucket_is_listed_once_over_a_sixteenth_of_its_capacity() {
+        let store = store(1 << 10, 1);
+        let period = 3_600 * S;
+        // 32 units: a sixteenth is 2.
+        let limit = Limit::gcra(32, period, 32).unwrap();
+        let interval = limit.interval_ns();
+        let k = key("k");
+        let tat_of = |states: &[BucketState]| match states {
+            [
+                BucketState {
+                    value: BucketValue::Gcra { tat_ns, .. },
+                    ..
+                },
+            ] => *tat_ns,
+            other => panic!("one GCRA bucket expected, got {other:?}"),
+        };
+        for _ in 0..2 {
+            assert!(store.check(k, &limit, 1, NOW).unwrap().is_allowed());
+            assert!(taken(&store, NOW).is_empty(), "2 of 32 used: not listed");
+        }
+        assert!(store.check(k, &limit, 1, NOW).unwrap().is_allowed());
+        assert_eq!(tat_of(&taken(&store, NOW)), NOW + 3 * interval);
+        assert!(store.check(k, &limit, 1, NOW).unwrap().is_allowed());
+        assert_eq!(tat_of(&taken(&store, NOW)), NOW + 4 * interval);
+        // Three intervals later one unit is used again: 2 of 32, not listed.
+        let later = NOW + 3 * interval;
+        assert!(store.check(k, &limit, 1, later).unwrap().is_allowed());
+        assert!(taken(&store, later).is_empty());
+        let mut scanned = Vec::new();
+        store.take_changed_by_scan(later, &mut scanned);
+        assert!(scanned.is_empty(), "and not marked either");
+        // A bucket made by its first check is marked by the same rule: a cost of 3 is listed.
+        let other = key("other");
+        assert!(store.check(other, &limit, 3, NOW).unwrap().is_allowed());
+        assert_eq!(tat_of(&taken(&store, NOW)), NOW + 3 * interval);
+    }
+
     /// Checks on many threads mark buckets while rounds take them: every change is reported
     /// by some round, none is lost between a mark and its listing.
     #[test]
     fn no_change_is_lost_to_concurrent_rounds() {
         let store = store(1 << 14, 4).with_listed_capacity(64);
-        let limit = Limit::gcra(1_000, S, 1_000).unwrap();
+        // A burst under 16: every admission marks the bucket.
+        let limit = Limit::gcra(1_000, S, 4).unwrap();
         let window = Limit::window(Algorithm::FixedWindow, 1_000, S).unwrap();
         let threads = 4;
         let per_thread = 2_000;
@@ -444,7 +516,7 @@ mod tests {
 
     fn op() -> impl Strategy<Value = Op> {
         let k = 0u8..24;
-        let f = 0usize..4;
+        let f = 0usize..5;
         prop_oneof![
             6 => (k.clone(), f.clone(), 0u64..4).prop_map(|(key, family, cost)| Op::Check { key, family, cost }),
             1 => (k.clone(), f.clone(), 0u64..8).prop_map(|(key, family, cost)| Op::Charge { key, family, cost }),
@@ -482,7 +554,7 @@ mod tests {
     }
 
     fn apply(store: &BucketStore, op: &Op, now_ns: u64) {
-        let limits = limits(S);
+        let limits = limits_and_a_wide_burst(S);
         let name = |k: u8| BucketKey::for_key(&[k]);
         // Refusals (a shard full of denying keys) happen alike in both stores.
         match *op {
@@ -554,6 +626,50 @@ mod tests {
                 apply(&scanning, op, now);
             }
             prop_assert_eq!(listing.len(), scanning.len());
+        }
+
+        /// A successor that merged every round's buckets holds each key's GCRA bucket at most a
+        /// sixteenth of its capacity more permissive than the owner's, right after a round:
+        /// the most a takeover then grants a key again. Checks and charges of any cost, at any
+        /// pace, with rounds at any point.
+        #[test]
+        fn a_successor_is_at_most_a_sixteenth_behind_after_a_round(
+            ops in prop::collection::vec((0u8..12, 0u64..6, 0u64..3_000, any::<bool>(), any::<bool>()), 1..200),
+        ) {
+            // A unit a second, 64 at most: a sixteenth is 4 s.
+            let limit = Limit::gcra(64, 64 * S, 64).unwrap();
+            let owner = store(1 << 10, 2);
+            let successor = store(1 << 10, 2);
+            let mut now = NOW;
+            let round = |now| {
+                let mut states = Vec::new();
+                owner.take_changed(now, &mut states);
+                assert_eq!(successor.merge(&states, now), 0, "room for every bucket");
+            };
+            for &(k, cost, advance_ms, charge, then_round) in &ops {
+                now += advance_ms * 1_000_000;
+                let k = BucketKey::for_key(&[k]);
+                if charge {
+                    owner.charge(k, &limit, cost, now).unwrap();
+                } else {
+                    owner.check(k, &limit, cost, now).unwrap();
+                }
+                if then_round {
+                    round(now);
+                }
+            }
+            round(now);
+            let tat = |store: &BucketStore, k| match exported(store, now, k).as_slice() {
+                [BucketState { value: BucketValue::Gcra { tat_ns, .. }, .. }] => (*tat_ns).max(now),
+                // Expired (or never made): as a full bucket.
+                _ => now,
+            };
+            let sixteenth = 64 * limit.interval_ns() / 16;
+            for k in 0..12u8 {
+                let k = BucketKey::for_key(&[k]);
+                let behind = tat(&owner, k).saturating_sub(tat(&successor, k));
+                prop_assert!(behind <= sixteenth, "{} ns behind", behind);
+            }
         }
     }
 }

@@ -12,6 +12,7 @@
 use std::sync::atomic::Ordering;
 
 use super::budget::{GCRA_BUCKET_BYTES, WINDOW_BUCKET_BYTES, log_bytes};
+use super::changed::gcra_worth_replicating;
 use super::entries::{LogEntry, WindowEntry, decide_window, margin_ms, margin_ns, same};
 use super::shard::{Shard, adopt_limit, decide_fresh};
 use super::table::GcraEntry;
@@ -122,14 +123,17 @@ impl Shard {
             Algorithm::Gcra => {
                 let entry = self.gcra.find(key)?;
                 let mut forgiven = 0;
+                let mut tat_after = 0;
                 let _ = entry
                     .tat_ns
                     .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |tat| {
                         let (new_tat, rest) = gcra::charge(limit, tat, now_ns, cost);
                         forgiven = rest;
+                        tat_after = new_tat;
                         (new_tat != tat).then_some(new_tat)
                     });
-                self.mark_gcra_changed(entry, margin_ms(limit));
+                let replicate = gcra_worth_replicating(limit, tat_after, now_ns);
+                self.mark_gcra_changed(entry, margin_ms(limit), replicate);
                 Some(forgiven)
             }
             Algorithm::FixedWindow | Algorithm::SlidingWindow => {
@@ -164,7 +168,8 @@ impl Shard {
         match limit.algorithm() {
             Algorithm::Gcra => {
                 let (tat, forgiven) = gcra::charge(limit, 0, now_ns, cost);
-                self.insert_gcra(GcraEntry::new(key, margin_ns(limit), tat));
+                let replicate = gcra_worth_replicating(limit, tat, now_ns);
+                self.insert_gcra(GcraEntry::new(key, margin_ns(limit), tat, replicate));
                 self.bytes.charge(GCRA_BUCKET_BYTES);
                 forgiven
             }

@@ -22,6 +22,7 @@ use super::budget::{
     GCRA_BUCKET_BYTES, LOG_BUCKET_BYTES, LOG_TIME_BYTES, WINDOW_BUCKET_BYTES, bucket_bytes,
     log_bytes,
 };
+use super::changed::gcra_worth_replicating;
 use super::entries::{LogEntry, WindowEntry, margin_ns, same};
 use super::shard::{Shard, adopt_limit};
 use super::table::GcraEntry;
@@ -144,14 +145,18 @@ impl Shard {
             Algorithm::Gcra => {
                 let entry = self.gcra.find(key)?;
                 let mut left = used.units;
+                let mut tat_after = 0;
                 let _ = entry
                     .tat_ns
                     .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |tat| {
                         let (new_tat, rest) = gcra_take(limit, tat, used.units, now_ns);
                         left = rest;
+                        tat_after = new_tat;
                         (new_tat != tat).then_some(new_tat)
                     });
-                self.mark_dirty(entry);
+                if gcra_worth_replicating(limit, tat_after, now_ns) {
+                    self.mark_dirty(entry);
+                }
                 Some(left)
             }
             Algorithm::FixedWindow | Algorithm::SlidingWindow => {
@@ -192,7 +197,8 @@ impl Shard {
         match limit.algorithm() {
             Algorithm::Gcra => {
                 let (tat, left) = gcra_take(limit, 0, used.units, now_ns);
-                self.insert_gcra(GcraEntry::new(key, margin_ns(limit), tat));
+                let replicate = gcra_worth_replicating(limit, tat, now_ns);
+                self.insert_gcra(GcraEntry::new(key, margin_ns(limit), tat, replicate));
                 self.bytes.charge(GCRA_BUCKET_BYTES);
                 left
             }

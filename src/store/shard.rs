@@ -11,7 +11,7 @@ use super::budget::{
     Account, Bounds, GCRA_BUCKET_BYTES, LOG_TIME_BYTES, WINDOW_BUCKET_BYTES, bucket_bytes,
     log_bytes,
 };
-use super::changed::ChangedKeys;
+use super::changed::{ChangedKeys, gcra_worth_replicating};
 use super::entries::{
     Dirty, Family, Identified, LogEntry, WindowEntry, decide_window, margin_ms, margin_ns, same,
 };
@@ -101,18 +101,21 @@ impl Shard {
         // Compare-and-swap, retried on a race; the closure runs at least once, so
         // `decision` is always set. Relaxed suffices: the TAT is the whole state.
         let mut decision = Decision::CostExceedsBurst { burst: 0 };
+        let mut tat_after = 0;
         let stored = entry
             .tat_ns
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |tat| {
                 let (decided, new_tat) = gcra::decide(limit, tat, now_ns, cost);
                 decision = decided;
+                tat_after = new_tat.unwrap_or(tat);
                 new_tat
             });
         Some(match stored {
             Ok(tat_ns) => {
                 // Consumed (or clamped): also keeps the eviction margin that of the
                 // limit in force, should it have changed.
-                self.mark_gcra_changed(entry, margin_ms(limit));
+                let replicate = gcra_worth_replicating(limit, tat_after, now_ns);
+                self.mark_gcra_changed(entry, margin_ms(limit), replicate);
                 (decision, Undo::Gcra { tat_ns })
             }
             Err(_) => (decision, Undo::Nothing),
@@ -220,7 +223,9 @@ impl Shard {
             Algorithm::Gcra => {
                 let (_, new_tat) = gcra::decide(limit, 0, now_ns, cost);
                 // `consumed` means decide returned a new TAT.
-                self.insert_gcra(GcraEntry::new(key, margin_ns(limit), new_tat.unwrap_or(0)));
+                let tat = new_tat.unwrap_or(0);
+                let replicate = gcra_worth_replicating(limit, tat, now_ns);
+                self.insert_gcra(GcraEntry::new(key, margin_ns(limit), tat, replicate));
                 self.bytes.charge(GCRA_BUCKET_BYTES);
                 Ok((decision, Undo::Gcra { tat_ns: 0 }))
             }
@@ -299,8 +304,8 @@ impl Shard {
 
     /// [`GcraEntry::mark_changed`], listing the key when the bucket was not changed before.
     #[inline]
-    pub(super) fn mark_gcra_changed(&self, entry: &GcraEntry, margin_ms: u32) {
-        if entry.mark_changed(margin_ms) {
+    pub(super) fn mark_gcra_changed(&self, entry: &GcraEntry, margin_ms: u32, replicate: bool) {
+        if entry.mark_changed(margin_ms, replicate) {
             self.changed.push(Family::Gcra, entry.key());
         }
     }
@@ -509,9 +514,8 @@ impl Shard {
                 if !self.room_for(GCRA_BUCKET_BYTES, now_ns, bounds, stats) {
                     return false;
                 }
-                let entry = GcraEntry::new(key, u64::from(margin_ms) * 1_000_000, tat_ns);
                 // Received state is not ours to replicate onward until it changes here.
-                entry.take_dirty();
+                let entry = GcraEntry::new(key, u64::from(margin_ms) * 1_000_000, tat_ns, false);
                 self.insert_gcra(entry);
                 self.bytes.charge(GCRA_BUCKET_BYTES);
             }

@@ -91,12 +91,13 @@ pub(super) fn margin_ms_of(margin_ns: u64) -> u32 {
 }
 
 impl GcraEntry {
-    pub(super) fn new(key: BucketKey, margin_ns: u64, tat_ns: u64) -> Self {
+    /// A bucket, marked changed (to be replicated) when `changed`.
+    pub(super) fn new(key: BucketKey, margin_ns: u64, tat_ns: u64, changed: bool) -> Self {
         let margin_ms = margin_ms_of(margin_ns);
         GcraEntry {
             hash: key.hash,
             check: key.check,
-            meta: AtomicU32::new(margin_ms | DIRTY),
+            meta: AtomicU32::new(margin_ms | if changed { DIRTY } else { 0 }),
             tat_ns: AtomicU64::new(tat_ns),
         }
     }
@@ -134,19 +135,24 @@ impl GcraEntry {
             && self.meta.fetch_or(DIRTY, Ordering::Relaxed) & DIRTY == 0
     }
 
-    /// Marks the bucket changed and used and sets its margin (that of the limit now in force,
-    /// which may differ from the one it was created with); true when it was not changed before
-    /// (its key must then be listed: `Shard::mark_gcra_changed`). One load and, only when
-    /// something differs, one swap: a hot bucket under an unchanged limit keeps its line shared.
+    /// Marks the bucket used, sets its margin (that of the limit now in force, which may differ
+    /// from the one it was created with) and, when `replicate`, marks it changed; true when
+    /// that mark was newly set (its key must then be listed: `Shard::mark_gcra_changed`). One
+    /// load and, only when something differs, one compare-and-swap: a hot bucket under an
+    /// unchanged limit keeps its line shared. The swap keeps the changed mark (and the standing)
+    /// as they are at the swap, not as first loaded: a round may clear the mark in between, and
+    /// a mark set back without its key listed would keep every later change from being listed.
     #[inline]
     #[must_use = "a bucket newly marked must be listed: use Shard::mark_gcra_changed"]
-    pub(super) fn mark_changed(&self, margin_ms: u32) -> bool {
-        // Only an eviction pass (under the exclusive lock) changes the standing: kept as read.
-        let meta = self.meta.load(Ordering::Relaxed);
-        let wanted = margin_ms | DIRTY | USED | (meta & (SEEN | PROMOTED));
-        // A swap, not a store: a round may clear the mark between the load and here, and
-        // only the value replaced tells whether this set it again (and must list the key).
-        meta != wanted && self.meta.swap(wanted, Ordering::Relaxed) & DIRTY == 0
+    pub(super) fn mark_changed(&self, margin_ms: u32, replicate: bool) -> bool {
+        let set = if replicate { DIRTY } else { 0 };
+        let updated = self
+            .meta
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |meta| {
+                let wanted = margin_ms | set | USED | (meta & (DIRTY | SEEN | PROMOTED));
+                (meta != wanted).then_some(wanted)
+            });
+        matches!(updated, Ok(before) if replicate && before & DIRTY == 0)
     }
 
     /// Clears the changed mark; true if it was set.
@@ -347,7 +353,7 @@ mod tests {
     use super::*;
 
     fn entry(hash: u64, tat: u64) -> GcraEntry {
-        GcraEntry::new(key(hash), 0, tat)
+        GcraEntry::new(key(hash), 0, tat, true)
     }
 
     fn key(hash: u64) -> BucketKey {
