@@ -11,11 +11,9 @@
 
 use std::sync::atomic::Ordering;
 
-use super::budget::{GCRA_BUCKET_BYTES, WINDOW_BUCKET_BYTES, log_bytes};
-use super::changed::gcra_worth_replicating;
-use super::entries::{LogEntry, WindowEntry, decide_window, margin_ms, margin_ns, same};
+use super::budget::{WINDOW_BUCKET_BYTES, log_bytes};
+use super::entries::{LogEntry, WindowEntry, decide_window, same};
 use super::shard::{Shard, adopt_limit, decide_fresh};
-use super::table::GcraEntry;
 use super::{BucketStore, StoreError};
 use crate::algorithm::{SlidingLog, WindowState, gcra};
 use crate::{Algorithm, BucketKey, Decision, Limit};
@@ -132,8 +130,7 @@ impl Shard {
                         tat_after = new_tat;
                         (new_tat != tat).then_some(new_tat)
                     });
-                let replicate = gcra_worth_replicating(limit, tat_after, now_ns);
-                self.mark_gcra_changed(entry, margin_ms(limit), replicate);
+                self.mark_gcra_changed(entry, limit, tat_after, now_ns);
                 Some(forgiven)
             }
             Algorithm::FixedWindow | Algorithm::SlidingWindow => {
@@ -168,9 +165,7 @@ impl Shard {
         match limit.algorithm() {
             Algorithm::Gcra => {
                 let (tat, forgiven) = gcra::charge(limit, 0, now_ns, cost);
-                let replicate = gcra_worth_replicating(limit, tat, now_ns);
-                self.insert_gcra(GcraEntry::new(key, margin_ns(limit), tat, replicate));
-                self.bytes.charge(GCRA_BUCKET_BYTES);
+                self.insert_changed_gcra(key, limit, tat, now_ns);
                 forgiven
             }
             Algorithm::FixedWindow | Algorithm::SlidingWindow => {

@@ -19,13 +19,11 @@
 use std::sync::atomic::Ordering;
 
 use super::budget::{
-    GCRA_BUCKET_BYTES, LOG_BUCKET_BYTES, LOG_TIME_BYTES, WINDOW_BUCKET_BYTES, bucket_bytes,
-    log_bytes,
+    LOG_BUCKET_BYTES, LOG_TIME_BYTES, WINDOW_BUCKET_BYTES, bucket_bytes, log_bytes,
 };
 use super::changed::gcra_worth_replicating;
-use super::entries::{LogEntry, WindowEntry, margin_ns, same};
+use super::entries::{LogEntry, WindowEntry, same};
 use super::shard::{Shard, adopt_limit};
-use super::table::GcraEntry;
 use super::{BucketStore, StoreError};
 use crate::algorithm::{SlidingLog, WindowState};
 use crate::{Algorithm, BucketKey, Limit};
@@ -197,9 +195,7 @@ impl Shard {
         match limit.algorithm() {
             Algorithm::Gcra => {
                 let (tat, left) = gcra_take(limit, 0, used.units, now_ns);
-                let replicate = gcra_worth_replicating(limit, tat, now_ns);
-                self.insert_gcra(GcraEntry::new(key, margin_ns(limit), tat, replicate));
-                self.bytes.charge(GCRA_BUCKET_BYTES);
+                self.insert_changed_gcra(key, limit, tat, now_ns);
                 left
             }
             Algorithm::FixedWindow | Algorithm::SlidingWindow => {

@@ -114,8 +114,7 @@ impl Shard {
             Ok(tat_ns) => {
                 // Consumed (or clamped): also keeps the eviction margin that of the
                 // limit in force, should it have changed.
-                let replicate = gcra_worth_replicating(limit, tat_after, now_ns);
-                self.mark_gcra_changed(entry, margin_ms(limit), replicate);
+                self.mark_gcra_changed(entry, limit, tat_after, now_ns);
                 (decision, Undo::Gcra { tat_ns })
             }
             Err(_) => (decision, Undo::Nothing),
@@ -223,10 +222,7 @@ impl Shard {
             Algorithm::Gcra => {
                 let (_, new_tat) = gcra::decide(limit, 0, now_ns, cost);
                 // `consumed` means decide returned a new TAT.
-                let tat = new_tat.unwrap_or(0);
-                let replicate = gcra_worth_replicating(limit, tat, now_ns);
-                self.insert_gcra(GcraEntry::new(key, margin_ns(limit), tat, replicate));
-                self.bytes.charge(GCRA_BUCKET_BYTES);
+                self.insert_changed_gcra(key, limit, new_tat.unwrap_or(0), now_ns);
                 Ok((decision, Undo::Gcra { tat_ns: 0 }))
             }
             Algorithm::FixedWindow | Algorithm::SlidingWindow => {
@@ -302,10 +298,18 @@ impl Shard {
         }
     }
 
-    /// [`GcraEntry::mark_changed`], listing the key when the bucket was not changed before.
+    /// [`GcraEntry::mark_changed`] after a change under `limit` left the bucket's TAT at
+    /// `tat_ns`: marked (and its key listed) only when worth replicating.
     #[inline]
-    pub(super) fn mark_gcra_changed(&self, entry: &GcraEntry, margin_ms: u32, replicate: bool) {
-        if entry.mark_changed(margin_ms, replicate) {
+    pub(super) fn mark_gcra_changed(
+        &self,
+        entry: &GcraEntry,
+        limit: &Limit,
+        tat_ns: u64,
+        now_ns: u64,
+    ) {
+        let replicate = gcra_worth_replicating(limit, tat_ns, now_ns);
+        if entry.mark_changed(margin_ms(limit), replicate) {
             self.changed.push(Family::Gcra, entry.key());
         }
     }
@@ -314,6 +318,20 @@ impl Shard {
     pub(super) fn insert_gcra(&mut self, entry: GcraEntry) {
         self.list_if_dirty(&entry);
         self.gcra.insert(entry);
+    }
+
+    /// Makes `key`'s GCRA bucket under `limit`, left at `tat_ns` by a change here (marked only
+    /// when worth replicating), and charges its bytes. The caller made room.
+    pub(super) fn insert_changed_gcra(
+        &mut self,
+        key: BucketKey,
+        limit: &Limit,
+        tat_ns: u64,
+        now_ns: u64,
+    ) {
+        let replicate = gcra_worth_replicating(limit, tat_ns, now_ns);
+        self.insert_gcra(GcraEntry::new(key, margin_ns(limit), tat_ns, replicate));
+        self.bytes.charge(GCRA_BUCKET_BYTES);
     }
 
     /// Inserts a window bucket whose key has none here, listing it if it is made changed.
