@@ -9,12 +9,13 @@
 //! (evicted and made again while marked, or two racing markers): the second lookup finds its
 //! mark clear and skips it. A listed bucket since evicted or expired is not found and skipped.
 //!
-//! A GCRA bucket is marked only once it is worth replicating ([`gcra_worth_replicating`]): more
-//! than a sixteenth of its capacity used. One within that of full is left out of the rounds
-//! (most keys of a large, evenly used key space, each far from its limit): whatever copy a
-//! successor taking over holds of it (none, or an older one), a fresh bucket is at most that
-//! sixteenth more permissive, so the successor grants the key at most the sixteenth again.
-//! Window and log buckets are marked at every change.
+//! A bucket is marked only once it is worth replicating: more than a sixteenth of its capacity
+//! used ([`gcra_worth_replicating`]: its TAT's lead; [`count_worth_replicating`]: a window's or
+//! log's units counted now). One within that of full is left out of the rounds (most keys of a
+//! large, evenly used key space, each far from its limit): whatever copy a successor taking
+//! over holds of it (none, or an older one), a fresh bucket is at most that sixteenth more
+//! permissive, so the successor grants the key at most the sixteenth again. A change of limit
+//! and a refund mark a bucket whatever it holds.
 //!
 //! [`Shard::mark_dirty`]: super::shard::Shard::mark_dirty
 //! [`Shard::mark_gcra_changed`]: super::shard::Shard::mark_gcra_changed
@@ -25,7 +26,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use crossbeam_queue::ArrayQueue;
 
 use super::budget::Bounds;
-use super::entries::Family;
+use super::entries::{Family, decide_window};
+use crate::algorithm::{SlidingLog, WindowState};
 use crate::{BucketKey, Limit};
 
 /// A GCRA bucket is replicated once more than `1 / REPLICATED_ABOVE` of its capacity is used.
@@ -37,6 +39,30 @@ const REPLICATED_ABOVE: u64 = 16;
 pub(super) fn gcra_worth_replicating(limit: &Limit, tat_ns: u64, now_ns: u64) -> bool {
     let capacity_ns = limit.burst().saturating_mul(limit.interval_ns());
     tat_ns.saturating_sub(now_ns) > capacity_ns / REPLICATED_ABOVE
+}
+
+/// Whether a window or log bucket under `limit` that has `remaining` units left now (what a
+/// check of cost 0 would be told) is worth replicating: it counts more than a sixteenth of its
+/// limit. For a sliding window the previous window's weighted share counts too: a successor
+/// holding none of it could grant that much again. A limit under 16 is replicated at every
+/// admission, as for GCRA.
+pub(super) fn count_worth_replicating(limit: &Limit, remaining: u64) -> bool {
+    let capacity = limit.burst();
+    capacity
+        .saturating_sub(remaining)
+        .saturating_mul(REPLICATED_ABOVE)
+        > capacity
+}
+
+/// [`count_worth_replicating`] for a window bucket holding `state` at `now_ns`.
+pub(super) fn window_worth_replicating(limit: &Limit, state: &WindowState, now_ns: u64) -> bool {
+    let remaining = decide_window(limit, state, now_ns, 0).0.remaining();
+    count_worth_replicating(limit, remaining)
+}
+
+/// [`count_worth_replicating`] for a log bucket holding `log` at `now_ns`.
+pub(super) fn log_worth_replicating(limit: &Limit, log: &SlidingLog, now_ns: u64) -> bool {
+    count_worth_replicating(limit, log.peek(limit, now_ns, 0).remaining())
 }
 
 /// A listed key and the table its changed bucket is in (16 bytes).
@@ -450,6 +476,66 @@ mod tests {
         assert_eq!(tat_of(&taken(&store, NOW)), NOW + 3 * interval);
     }
 
+    /// A window or log bucket is listed only once it counts more than a sixteenth of its
+    /// limit, then at every change while it does; a sliding window counts the window before's
+    /// weighted share too.
+    #[test]
+    fn a_window_or_log_bucket_is_listed_once_over_a_sixteenth_of_its_limit() {
+        let hour = 3_600 * S;
+        // 32 units: a sixteenth is 2.
+        for algorithm in [
+            Algorithm::FixedWindow,
+            Algorithm::SlidingWindow,
+            Algorithm::SlidingLog,
+        ] {
+            let store = store(1 << 10, 1);
+            let limit = Limit::window(algorithm, 32, hour).unwrap();
+            let start = (NOW / hour + 1) * hour;
+            let k = key("k");
+            for _ in 0..2 {
+                assert!(store.check(k, &limit, 1, start).unwrap().is_allowed());
+                assert!(
+                    taken(&store, start).is_empty(),
+                    "{limit}: 2 of 32, not listed"
+                );
+            }
+            assert!(store.check(k, &limit, 1, start).unwrap().is_allowed());
+            assert_eq!(taken(&store, start), exported(&store, start, k), "{limit}");
+            assert!(store.check(k, &limit, 1, start).unwrap().is_allowed());
+            assert_eq!(taken(&store, start), exported(&store, start, k), "{limit}");
+            // A tenth into the next hour the 4 units count no more in a fixed window nor in the
+            // log (over an hour old), and weigh 3 in a sliding window: with 1 more, 4 of 32.
+            let next = start + hour + hour / 10;
+            assert!(store.check(k, &limit, 1, next).unwrap().is_allowed());
+            let listed = !taken(&store, next).is_empty();
+            assert_eq!(listed, algorithm == Algorithm::SlidingWindow, "{limit}");
+            let mut scanned = Vec::new();
+            store.take_changed_by_scan(next, &mut scanned);
+            assert!(scanned.is_empty(), "{limit}: nothing else marked");
+            // A bucket made by its first check follows the same rule; so does one made by a
+            // charge or by another region's units.
+            let (made, charged, remote) = (key("made"), key("charged"), key("remote"));
+            store.check(made, &limit, 2, next).unwrap();
+            store.charge(charged, &limit, 2, next).unwrap();
+            let two = RemoteUse {
+                units: 2,
+                at_ns: next,
+                max_log_entries: 10,
+            };
+            store.apply_remote(remote, &limit, two, next).unwrap();
+            assert!(taken(&store, next).is_empty(), "{limit}");
+            store.check(made, &limit, 1, next).unwrap();
+            store.charge(charged, &limit, 1, next).unwrap();
+            store
+                .apply_remote(remote, &limit, RemoteUse { units: 1, ..two }, next)
+                .unwrap();
+            let mut expected = exported(&store, next, made);
+            expected.extend(exported(&store, next, charged));
+            expected.extend(exported(&store, next, remote));
+            assert_eq!(taken(&store, next), sorted(expected), "{limit}");
+        }
+    }
+
     /// Checks on many threads mark buckets while rounds take them: every change is reported
     /// by some round, none is lost between a mark and its listing.
     #[test]
@@ -457,7 +543,8 @@ mod tests {
         let store = store(1 << 14, 4).with_listed_capacity(64);
         // A burst under 16: every admission marks the bucket.
         let limit = Limit::gcra(1_000, S, 4).unwrap();
-        let window = Limit::window(Algorithm::FixedWindow, 1_000, S).unwrap();
+        // A limit under 16 (each key takes its 4 units): every admission marks the bucket.
+        let window = Limit::window(Algorithm::FixedWindow, 4, S).unwrap();
         let threads = 4;
         let per_thread = 2_000;
         let done = AtomicBool::new(false);
@@ -669,6 +756,49 @@ mod tests {
                 let k = BucketKey::for_key(&[k]);
                 let behind = tat(&owner, k).saturating_sub(tat(&successor, k));
                 prop_assert!(behind <= sixteenth, "{} ns behind", behind);
+            }
+        }
+
+        /// The same for window and log buckets: after every round, a successor that merged
+        /// every round counts each key at most a sixteenth of its limit fewer units than the
+        /// owner (a sliding window's window before weighing in), read as a check would.
+        #[test]
+        fn a_successor_counts_at_most_a_sixteenth_fewer_after_a_round(
+            algorithm in 0usize..3,
+            ops in prop::collection::vec((0u8..12, 0u64..6, 0u64..20_000, any::<bool>(), any::<bool>()), 1..200),
+        ) {
+            let algorithm = [
+                Algorithm::FixedWindow,
+                Algorithm::SlidingWindow,
+                Algorithm::SlidingLog,
+            ][algorithm];
+            // 64 units a minute: a sixteenth is 4.
+            let limit = Limit::window(algorithm, 64, 60 * S).unwrap();
+            let owner = store(1 << 10, 2);
+            let successor = store(1 << 10, 2);
+            let used = |store: &BucketStore, k, now| {
+                64 - store.peek(k, &limit, 0, now).remaining()
+            };
+            let mut now = NOW;
+            for (i, &(k, cost, advance_ms, charge, then_round)) in ops.iter().enumerate() {
+                now += advance_ms * 1_000_000;
+                let k = BucketKey::for_key(&[k]);
+                if charge {
+                    owner.charge(k, &limit, cost, now).unwrap();
+                } else {
+                    owner.check(k, &limit, cost, now).unwrap();
+                }
+                if !then_round && i + 1 < ops.len() {
+                    continue;
+                }
+                let mut states = Vec::new();
+                owner.take_changed(now, &mut states);
+                prop_assert_eq!(successor.merge(&states, now), 0, "room for every bucket");
+                for k in 0..12u8 {
+                    let k = BucketKey::for_key(&[k]);
+                    let (ours, theirs) = (used(&owner, k, now), used(&successor, k, now));
+                    prop_assert!(ours <= theirs + 4, "{}: {} used, the successor {}", limit, ours, theirs);
+                }
             }
         }
     }

@@ -11,8 +11,7 @@
 
 use std::sync::atomic::Ordering;
 
-use super::budget::{WINDOW_BUCKET_BYTES, log_bytes};
-use super::entries::{LogEntry, WindowEntry, decide_window, same};
+use super::entries::{decide_window, same};
 use super::shard::{Shard, adopt_limit, decide_fresh};
 use super::{BucketStore, StoreError};
 use crate::algorithm::{SlidingLog, WindowState, gcra};
@@ -139,7 +138,7 @@ impl Shard {
                 adopt_limit(&mut slot, limit, now_ns);
                 let (state, forgiven) = slot.1.charge(limit, now_ns, cost);
                 slot.1 = state;
-                self.mark_dirty(entry);
+                self.mark_window_changed(entry, limit, &state, now_ns);
                 entry.used.store(true, Ordering::Relaxed);
                 Some(forgiven)
             }
@@ -152,7 +151,7 @@ impl Shard {
                 let forgiven = self
                     .bytes
                     .tracking(&mut slot.1, |log| log.charge(limit, now_ns, cost));
-                self.mark_dirty(entry);
+                self.mark_log_changed(entry, limit, &slot.1, now_ns);
                 entry.used.store(true, Ordering::Relaxed);
                 Some(forgiven)
             }
@@ -170,15 +169,13 @@ impl Shard {
             }
             Algorithm::FixedWindow | Algorithm::SlidingWindow => {
                 let (state, forgiven) = WindowState::default().charge(limit, now_ns, cost);
-                self.insert_window(WindowEntry::new(key, *limit, state, true));
-                self.bytes.charge(WINDOW_BUCKET_BYTES);
+                self.insert_changed_window(key, limit, state, now_ns);
                 forgiven
             }
             Algorithm::SlidingLog => {
                 let mut log = SlidingLog::default();
                 let forgiven = log.charge(limit, now_ns, cost);
-                self.bytes.charge(log_bytes(&log));
-                self.insert_log(LogEntry::new(key, *limit, log, true));
+                self.insert_changed_log(key, limit, log, now_ns);
                 forgiven
             }
         }

@@ -18,11 +18,9 @@
 
 use std::sync::atomic::Ordering;
 
-use super::budget::{
-    LOG_BUCKET_BYTES, LOG_TIME_BYTES, WINDOW_BUCKET_BYTES, bucket_bytes, log_bytes,
-};
+use super::budget::{LOG_BUCKET_BYTES, LOG_TIME_BYTES, bucket_bytes};
 use super::changed::gcra_worth_replicating;
-use super::entries::{LogEntry, WindowEntry, same};
+use super::entries::same;
 use super::shard::{Shard, adopt_limit};
 use super::{BucketStore, StoreError};
 use crate::algorithm::{SlidingLog, WindowState};
@@ -164,7 +162,7 @@ impl Shard {
                 let period = limit.period_ns();
                 let current = slot.1.rebase(period, period, now_ns);
                 slot.1 = window_take(current, period, at_ns, used.units);
-                self.mark_dirty(entry);
+                self.mark_window_changed(entry, limit, &slot.1, now_ns);
                 Some(0)
             }
             Algorithm::SlidingLog => {
@@ -177,7 +175,7 @@ impl Shard {
                 self.bytes.tracking(&mut slot.1, |log| {
                     log.record_elsewhere(limit, at_ns, used.units, most, now_ns)
                 });
-                self.mark_dirty(entry);
+                self.mark_log_changed(entry, limit, &slot.1, now_ns);
                 Some(0)
             }
         }
@@ -206,16 +204,14 @@ impl Shard {
                     previous: 0,
                 };
                 let state = window_take(empty, period, at_ns, used.units);
-                self.insert_window(WindowEntry::new(key, *limit, state, true));
-                self.bytes.charge(WINDOW_BUCKET_BYTES);
+                self.insert_changed_window(key, limit, state, now_ns);
                 0
             }
             Algorithm::SlidingLog => {
                 let mut log = SlidingLog::default();
                 let most = used.max_log_entries.max(limit.burst() as usize);
                 log.record_elsewhere(limit, at_ns, used.units, most, now_ns);
-                self.bytes.charge(log_bytes(&log));
-                self.insert_log(LogEntry::new(key, *limit, log, true));
+                self.insert_changed_log(key, limit, log, now_ns);
                 0
             }
         }

@@ -11,7 +11,10 @@ use super::budget::{
     Account, Bounds, GCRA_BUCKET_BYTES, LOG_TIME_BYTES, WINDOW_BUCKET_BYTES, bucket_bytes,
     log_bytes,
 };
-use super::changed::{ChangedKeys, gcra_worth_replicating};
+use super::changed::{
+    ChangedKeys, count_worth_replicating, gcra_worth_replicating, log_worth_replicating,
+    window_worth_replicating,
+};
 use super::entries::{
     Dirty, Family, Identified, LogEntry, WindowEntry, decide_window, margin_ms, margin_ns, same,
 };
@@ -136,7 +139,9 @@ impl Shard {
         let (decision, new_state) = decide_window(limit, &slot.1, now_ns, cost);
         let undo = match new_state {
             Some(new_state) => {
-                self.mark_dirty(entry);
+                if count_worth_replicating(limit, decision.remaining()) {
+                    self.mark_dirty(entry);
+                }
                 entry.used.store(true, Ordering::Relaxed);
                 Undo::Window {
                     state: std::mem::replace(&mut slot.1, new_state),
@@ -173,7 +178,9 @@ impl Shard {
         let decision = log.decide(limit, now_ns, cost);
         slot.0 = *limit;
         let undo = if decision.is_allowed() && cost > 0 {
-            self.mark_dirty(entry);
+            if count_worth_replicating(limit, decision.remaining()) {
+                self.mark_dirty(entry);
+            }
             entry.used.store(true, Ordering::Relaxed);
             Undo::Log { cost }
         } else {
@@ -227,9 +234,7 @@ impl Shard {
             }
             Algorithm::FixedWindow | Algorithm::SlidingWindow => {
                 let (_, state) = decide_window(limit, &WindowState::default(), now_ns, cost);
-                let entry = WindowEntry::new(key, *limit, state.unwrap_or_default(), true);
-                self.insert_window(entry);
-                self.bytes.charge(WINDOW_BUCKET_BYTES);
+                self.insert_changed_window(key, limit, state.unwrap_or_default(), now_ns);
                 Ok((
                     decision,
                     Undo::Window {
@@ -240,8 +245,7 @@ impl Shard {
             Algorithm::SlidingLog => {
                 let mut log = SlidingLog::with_capacity(limit.burst() as usize);
                 log.decide(limit, now_ns, cost);
-                self.bytes.charge(log_bytes(&log));
-                self.insert_log(LogEntry::new(key, *limit, log, true));
+                self.insert_changed_log(key, limit, log, now_ns);
                 Ok((decision, Undo::Log { cost }))
             }
         }
@@ -314,6 +318,34 @@ impl Shard {
         }
     }
 
+    /// Marks a window bucket changed (and lists its key) after a change left it at `state`
+    /// under `limit`, when worth replicating.
+    pub(super) fn mark_window_changed(
+        &self,
+        entry: &WindowEntry,
+        limit: &Limit,
+        state: &WindowState,
+        now_ns: u64,
+    ) {
+        if window_worth_replicating(limit, state, now_ns) {
+            self.mark_dirty(entry);
+        }
+    }
+
+    /// Marks a log bucket changed (and lists its key) after a change left it at `log` under
+    /// `limit`, when worth replicating.
+    pub(super) fn mark_log_changed(
+        &self,
+        entry: &LogEntry,
+        limit: &Limit,
+        log: &SlidingLog,
+        now_ns: u64,
+    ) {
+        if log_worth_replicating(limit, log, now_ns) {
+            self.mark_dirty(entry);
+        }
+    }
+
     /// Inserts a GCRA bucket whose key has none here, listing it if it is made changed.
     pub(super) fn insert_gcra(&mut self, entry: GcraEntry) {
         self.list_if_dirty(&entry);
@@ -332,6 +364,34 @@ impl Shard {
         let replicate = gcra_worth_replicating(limit, tat_ns, now_ns);
         self.insert_gcra(GcraEntry::new(key, margin_ns(limit), tat_ns, replicate));
         self.bytes.charge(GCRA_BUCKET_BYTES);
+    }
+
+    /// Makes `key`'s window bucket under `limit`, left at `state` by a change here (marked
+    /// only when worth replicating), and charges its bytes. The caller made room.
+    pub(super) fn insert_changed_window(
+        &mut self,
+        key: BucketKey,
+        limit: &Limit,
+        state: WindowState,
+        now_ns: u64,
+    ) {
+        let replicate = window_worth_replicating(limit, &state, now_ns);
+        self.insert_window(WindowEntry::new(key, *limit, state, replicate));
+        self.bytes.charge(WINDOW_BUCKET_BYTES);
+    }
+
+    /// Makes `key`'s log bucket under `limit`, left as `log` by a change here (marked only
+    /// when worth replicating), and charges its bytes. The caller made room.
+    pub(super) fn insert_changed_log(
+        &mut self,
+        key: BucketKey,
+        limit: &Limit,
+        log: SlidingLog,
+        now_ns: u64,
+    ) {
+        let replicate = log_worth_replicating(limit, &log, now_ns);
+        self.bytes.charge(log_bytes(&log));
+        self.insert_log(LogEntry::new(key, *limit, log, replicate));
     }
 
     /// Inserts a window bucket whose key has none here, listing it if it is made changed.
