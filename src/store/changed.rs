@@ -685,6 +685,36 @@ mod tests {
         }
     }
 
+    /// An owner's checks under `limit` (or charges), `ops` each (key, cost, milliseconds to
+    /// advance first, a charge, a round after it), with a successor that merges every round's
+    /// buckets; the last op is followed by a round. `each_round` is given the owner, the
+    /// successor and the time after every round.
+    fn rounds_to_a_successor(
+        limit: &Limit,
+        ops: &[(u8, u64, u64, bool, bool)],
+        mut each_round: impl FnMut(&BucketStore, &BucketStore, u64) -> Result<(), TestCaseError>,
+    ) -> Result<(), TestCaseError> {
+        let owner = store(1 << 10, 2);
+        let successor = store(1 << 10, 2);
+        let mut now = NOW;
+        for (i, &(k, cost, advance_ms, charge, then_round)) in ops.iter().enumerate() {
+            now += advance_ms * 1_000_000;
+            let k = BucketKey::for_key(&[k]);
+            if charge {
+                owner.charge(k, limit, cost, now).unwrap();
+            } else {
+                owner.check(k, limit, cost, now).unwrap();
+            }
+            if then_round || i + 1 == ops.len() {
+                let mut states = Vec::new();
+                owner.take_changed(now, &mut states);
+                prop_assert_eq!(successor.merge(&states, now), 0, "room for every bucket");
+                each_round(&owner, &successor, now)?;
+            }
+        }
+        Ok(())
+    }
+
     proptest! {
         /// On any sequence of decisions, charges, refunds, remote units, merges, evictions and
         /// expiry, the list reports the same buckets as a scan of every bucket's mark, round
@@ -716,7 +746,7 @@ mod tests {
         }
 
         /// A successor that merged every round's buckets holds each key's GCRA bucket at most a
-        /// sixteenth of its capacity more permissive than the owner's, right after a round:
+        /// sixteenth of its capacity more permissive than the owner's, right after every round:
         /// the most a takeover then grants a key again. Checks and charges of any cost, at any
         /// pace, with rounds at any point.
         #[test]
@@ -725,38 +755,20 @@ mod tests {
         ) {
             // A unit a second, 64 at most: a sixteenth is 4 s.
             let limit = Limit::gcra(64, 64 * S, 64).unwrap();
-            let owner = store(1 << 10, 2);
-            let successor = store(1 << 10, 2);
-            let mut now = NOW;
-            let round = |now| {
-                let mut states = Vec::new();
-                owner.take_changed(now, &mut states);
-                assert_eq!(successor.merge(&states, now), 0, "room for every bucket");
-            };
-            for &(k, cost, advance_ms, charge, then_round) in &ops {
-                now += advance_ms * 1_000_000;
-                let k = BucketKey::for_key(&[k]);
-                if charge {
-                    owner.charge(k, &limit, cost, now).unwrap();
-                } else {
-                    owner.check(k, &limit, cost, now).unwrap();
-                }
-                if then_round {
-                    round(now);
-                }
-            }
-            round(now);
-            let tat = |store: &BucketStore, k| match exported(store, now, k).as_slice() {
-                [BucketState { value: BucketValue::Gcra { tat_ns, .. }, .. }] => (*tat_ns).max(now),
-                // Expired (or never made): as a full bucket.
-                _ => now,
-            };
             let sixteenth = 64 * limit.interval_ns() / 16;
-            for k in 0..12u8 {
-                let k = BucketKey::for_key(&[k]);
-                let behind = tat(&owner, k).saturating_sub(tat(&successor, k));
-                prop_assert!(behind <= sixteenth, "{} ns behind", behind);
-            }
+            rounds_to_a_successor(&limit, &ops, |owner, successor, now| {
+                let tat = |store: &BucketStore, k| match exported(store, now, k).as_slice() {
+                    [BucketState { value: BucketValue::Gcra { tat_ns, .. }, .. }] => (*tat_ns).max(now),
+                    // Expired (or never made): as a full bucket.
+                    _ => now,
+                };
+                for k in 0..12u8 {
+                    let k = BucketKey::for_key(&[k]);
+                    let behind = tat(owner, k).saturating_sub(tat(successor, k));
+                    prop_assert!(behind <= sixteenth, "{} ns behind", behind);
+                }
+                Ok(())
+            })?;
         }
 
         /// The same for window and log buckets: after every round, a successor that merged
@@ -774,32 +786,15 @@ mod tests {
             ][algorithm];
             // 64 units a minute: a sixteenth is 4.
             let limit = Limit::window(algorithm, 64, 60 * S).unwrap();
-            let owner = store(1 << 10, 2);
-            let successor = store(1 << 10, 2);
-            let used = |store: &BucketStore, k, now| {
-                64 - store.peek(k, &limit, 0, now).remaining()
-            };
-            let mut now = NOW;
-            for (i, &(k, cost, advance_ms, charge, then_round)) in ops.iter().enumerate() {
-                now += advance_ms * 1_000_000;
-                let k = BucketKey::for_key(&[k]);
-                if charge {
-                    owner.charge(k, &limit, cost, now).unwrap();
-                } else {
-                    owner.check(k, &limit, cost, now).unwrap();
-                }
-                if !then_round && i + 1 < ops.len() {
-                    continue;
-                }
-                let mut states = Vec::new();
-                owner.take_changed(now, &mut states);
-                prop_assert_eq!(successor.merge(&states, now), 0, "room for every bucket");
+            let used = |store: &BucketStore, k, now| 64 - store.peek(k, &limit, 0, now).remaining();
+            rounds_to_a_successor(&limit, &ops, |owner, successor, now| {
                 for k in 0..12u8 {
                     let k = BucketKey::for_key(&[k]);
-                    let (ours, theirs) = (used(&owner, k, now), used(&successor, k, now));
+                    let (ours, theirs) = (used(owner, k, now), used(successor, k, now));
                     prop_assert!(ours <= theirs + 4, "{}: {} used, the successor {}", limit, ours, theirs);
                 }
-            }
+                Ok(())
+            })?;
         }
     }
 }
