@@ -234,7 +234,9 @@ impl Shard {
             }
             Algorithm::FixedWindow | Algorithm::SlidingWindow => {
                 let (_, state) = decide_window(limit, &WindowState::default(), now_ns, cost);
-                self.insert_changed_window(key, limit, state.unwrap_or_default(), now_ns);
+                // What the admission left is what the decision says remains: no second look.
+                let replicate = count_worth_replicating(limit, decision.remaining());
+                self.insert_window_marked(key, limit, state.unwrap_or_default(), replicate);
                 Ok((
                     decision,
                     Undo::Window {
@@ -245,7 +247,8 @@ impl Shard {
             Algorithm::SlidingLog => {
                 let mut log = SlidingLog::with_capacity(limit.burst() as usize);
                 log.decide(limit, now_ns, cost);
-                self.insert_changed_log(key, limit, log, now_ns);
+                let replicate = count_worth_replicating(limit, decision.remaining());
+                self.insert_log_marked(key, limit, log, replicate);
                 Ok((decision, Undo::Log { cost }))
             }
         }
@@ -376,6 +379,18 @@ impl Shard {
         now_ns: u64,
     ) {
         let replicate = window_worth_replicating(limit, &state, now_ns);
+        self.insert_window_marked(key, limit, state, replicate);
+    }
+
+    /// [`Shard::insert_changed_window`] when the caller already knows whether the bucket is
+    /// worth replicating (a check's decision says what it left).
+    fn insert_window_marked(
+        &mut self,
+        key: BucketKey,
+        limit: &Limit,
+        state: WindowState,
+        replicate: bool,
+    ) {
         self.insert_window(WindowEntry::new(key, *limit, state, replicate));
         self.bytes.charge(WINDOW_BUCKET_BYTES);
     }
@@ -390,6 +405,18 @@ impl Shard {
         now_ns: u64,
     ) {
         let replicate = log_worth_replicating(limit, &log, now_ns);
+        self.insert_log_marked(key, limit, log, replicate);
+    }
+
+    /// [`Shard::insert_changed_log`] when the caller already knows whether the bucket is
+    /// worth replicating (a check's decision says what it left).
+    fn insert_log_marked(
+        &mut self,
+        key: BucketKey,
+        limit: &Limit,
+        log: SlidingLog,
+        replicate: bool,
+    ) {
         self.bytes.charge(log_bytes(&log));
         self.insert_log(LogEntry::new(key, *limit, log, replicate));
     }
