@@ -2,11 +2,22 @@
 //! units in the trailing period `(now - period, now]` plus the cost fit the limit.
 //!
 //! Memory per key is at most `limit` timestamps, which is why [`crate::SLIDING_LOG_MAX_LIMIT`]
-//! caps the limit.
+//! caps the limit. A log starts with room for a few and doubles its room as it fills: most keys
+//! stay far below their limit, and room for the whole limit from the first check (8 KiB for a
+//! limit of 1,000) made a million such keys cost 8 GiB.
 
 use std::collections::VecDeque;
 
 use crate::{Decision, Limit};
+
+/// Room a new log starts with (unless its first cost needs more): 32 bytes of times.
+pub const FIRST_ROOM: usize = 4;
+
+/// The times a new log has room for when made by an admission of `cost` under `limit`.
+pub fn first_room(limit: &Limit, cost: u64) -> usize {
+    // At most SLIDING_LOG_MAX_LIMIT for any valid log limit, so the cast cannot truncate.
+    cost.max(FIRST_ROOM as u64).min(limit.burst()) as usize
+}
 
 /// The admission times of one key, oldest first.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -171,20 +182,33 @@ impl SlidingLog {
         }
     }
 
+    /// An empty log made for a first admission of `cost` under `limit`: room for
+    /// [`FIRST_ROOM`] times or the cost, whichever is more, and never more than the limit.
+    pub fn first_for(limit: &Limit, cost: u64) -> Self {
+        SlidingLog::with_capacity(first_room(limit, cost))
+    }
+
     /// How many times the log has room for without growing (what its memory is).
     pub fn capacity(&self) -> usize {
         self.times_ns.capacity()
     }
 
     /// How much more room an admission of `cost` now would need: none when it fits or would be
-    /// denied, else enough to reach the limit, so a log grows at most once under one limit.
+    /// denied, else twice the room it has (at least what the cost needs, at most the limit), so
+    /// a log filling one unit at a time grows about log2(limit / FIRST_ROOM) times.
     pub fn growth_for(&mut self, limit: &Limit, now_ns: u64, cost: u64) -> usize {
         self.forget_expired(limit, now_ns);
-        let (len, cap) = (self.times_ns.len() as u64, limit.burst());
-        if cost > cap || len + cost > cap || len + cost <= self.capacity() as u64 {
+        let (len, cap, room) = (
+            self.times_ns.len() as u64,
+            limit.burst(),
+            self.capacity() as u64,
+        );
+        if cost > cap || len + cost > cap || len + cost <= room {
             return 0;
         }
-        cap as usize - self.capacity()
+        // `room < len + cost <= cap`, so the target lies in (room, cap].
+        let target = (len + cost).max(room.saturating_mul(2)).min(cap);
+        (target - room) as usize
     }
 
     /// Makes room for `additional` more times.

@@ -4,7 +4,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use super::entries::{LogEntry, WindowEntry};
 use super::table::GcraEntry;
-use crate::algorithm::SlidingLog;
+use crate::algorithm::{SlidingLog, sliding_log};
 use crate::{Algorithm, Limit};
 
 /// A GCRA bucket: its slot at the lowest load a table has after it grew (3/8), so the charge
@@ -23,12 +23,15 @@ pub(super) fn log_bytes(log: &SlidingLog) -> usize {
     LOG_BUCKET_BYTES + LOG_TIME_BYTES * log.capacity()
 }
 
-/// What a new bucket of `limit` costs (a log is made with room for its whole limit).
-pub fn bucket_bytes(limit: &Limit) -> usize {
+/// What a new bucket of `limit` made by an admission of `cost` costs (a log is made with the
+/// room [`sliding_log::first_room`] gives, and grows as it fills).
+pub fn bucket_bytes(limit: &Limit, cost: u64) -> usize {
     match limit.algorithm() {
         Algorithm::Gcra => GCRA_BUCKET_BYTES,
         Algorithm::FixedWindow | Algorithm::SlidingWindow => WINDOW_BUCKET_BYTES,
-        Algorithm::SlidingLog => LOG_BUCKET_BYTES + LOG_TIME_BYTES * limit.burst() as usize,
+        Algorithm::SlidingLog => {
+            LOG_BUCKET_BYTES + LOG_TIME_BYTES * sliding_log::first_room(limit, cost)
+        }
     }
 }
 
@@ -137,19 +140,28 @@ mod tests {
         let window = Limit::new(Algorithm::FixedWindow, 10, HOUR, 10).unwrap();
         store.check(key("w"), &window, 1, NOW).unwrap();
         assert_eq!(store.bytes_used(), GCRA_BUCKET_BYTES + WINDOW_BUCKET_BYTES);
+        // A log starts with room for a few times and doubles it as it fills: at least to what
+        // an admission needs, at most to its limit (a raised limit lets it grow on).
         store.check(key("l"), &log(10), 1, NOW).unwrap();
         let base = GCRA_BUCKET_BYTES + WINDOW_BUCKET_BYTES + LOG_BUCKET_BYTES;
-        assert_eq!(store.bytes_used(), base + 10 * LOG_TIME_BYTES);
-        // Within its room the log does not grow; under a raised limit it grows once, to it.
-        store.check(key("l"), &log(10), 9, NOW).unwrap();
-        assert_eq!(store.bytes_used(), base + 10 * LOG_TIME_BYTES);
+        let room = |times: usize| base + times * LOG_TIME_BYTES;
+        assert_eq!(store.bytes_used(), room(sliding_log::FIRST_ROOM));
+        for (cost, after) in [(3, 4), (1, 8), (5, 10)] {
+            assert!(
+                store
+                    .check(key("l"), &log(10), cost, NOW)
+                    .unwrap()
+                    .is_allowed()
+            );
+            assert_eq!(store.bytes_used(), room(after), "after a cost of {cost}");
+        }
         assert!(
             store
                 .check(key("l"), &log(100), 50, NOW)
                 .unwrap()
                 .is_allowed()
         );
-        assert_eq!(store.bytes_used(), base + 100 * LOG_TIME_BYTES);
+        assert_eq!(store.bytes_used(), room(60));
         assert_eq!(store.bytes_used(), store.recount_bytes());
         // A denied admission needs no room.
         assert!(
@@ -158,7 +170,8 @@ mod tests {
                 .unwrap()
                 .is_allowed()
         );
-        assert_eq!(store.bytes_used(), base + 100 * LOG_TIME_BYTES);
+        assert_eq!(store.bytes_used(), room(60));
+        assert_eq!(store.bytes_used(), store.recount_bytes());
         store.sweep_expired(NOW + 2 * HOUR, 1);
         assert_eq!(store.len(), 0);
         assert_eq!(store.bytes_used(), 0);

@@ -79,7 +79,7 @@ fn charged_bucket_bytes(limit: &Limit, cost: u64) -> usize {
             super::budget::LOG_BUCKET_BYTES
                 + super::budget::LOG_TIME_BYTES * cost.min(most) as usize
         }
-        _ => super::budget::bucket_bytes(limit),
+        _ => super::budget::bucket_bytes(limit, 0),
     }
 }
 

@@ -7,7 +7,8 @@
 //! exclusively.
 //!
 //! Bounds: at most `max_keys` buckets and `max_bytes` bytes of them (each split evenly over the
-//! shards; what a bucket costs: `budget.rs`, a sliding log with room for its whole limit). A
+//! shards; what a bucket costs: `budget.rs`, a sliding log by the room it keeps, doubled as it
+//! fills up to its limit). A
 //! full shard first forgets buckets that are full again (which changes no decision), then
 //! evicts in order of what forgetting gives away (`eviction.rs`): buckets not consumed from
 //! again after an eviction pass first saw them (a flood's one-off keys, or keys checked twice in

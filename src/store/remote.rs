@@ -122,7 +122,7 @@ fn remote_bucket_bytes(limit: &Limit, used: RemoteUse) -> usize {
             let most = used.max_log_entries.max(limit.burst() as usize) as u64;
             LOG_BUCKET_BYTES + LOG_TIME_BYTES * used.units.min(most) as usize
         }
-        _ => bucket_bytes(limit),
+        _ => bucket_bytes(limit, 0),
     }
 }
 

@@ -221,7 +221,7 @@ impl Shard {
         if !consumed {
             return Ok((decision, Undo::Nothing));
         }
-        let bytes = bucket_bytes(limit);
+        let bytes = bucket_bytes(limit, cost);
         if !self.fits(bytes, bounds) {
             self.make_room(now_ns, bytes, bounds, None, stats)?;
         }
@@ -245,7 +245,7 @@ impl Shard {
                 ))
             }
             Algorithm::SlidingLog => {
-                let mut log = SlidingLog::with_capacity(limit.burst() as usize);
+                let mut log = SlidingLog::first_for(limit, cost);
                 log.decide(limit, now_ns, cost);
                 let replicate = count_worth_replicating(limit, decision.remaining());
                 self.insert_log_marked(key, limit, log, replicate);
