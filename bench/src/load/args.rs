@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use floodgate::NANOS_PER_SEC;
+use floodgate::{Algorithm, Limit, NANOS_PER_SEC};
 
 use super::gateway::GatewayShape;
 use super::workload::{KeySpread, Workload};
@@ -42,6 +42,13 @@ pub struct LoadArgs {
     /// Also run requests of 3 checks (user + IP + API key) over the uniform spread.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     pub three_checks: bool,
+    /// The algorithm of floodgate's limit (1,000 an hour): `gcra` (a burst of 1,000),
+    /// `fixed-window`, `sliding-window` or `sliding-log`. Redis's script, redis-cell, the RLS
+    /// front's rules and the peers enforce a token bucket, so any other needs `--no-redis
+    /// --no-rls --no-peers`: floodgate is then measured beside itself (the node, the cluster,
+    /// the regions).
+    #[arg(long, default_value = "gcra")]
+    pub algorithm: Algorithm,
     /// Skip both Redis baselines.
     #[arg(long)]
     pub no_redis: bool,
@@ -132,6 +139,29 @@ pub struct LoadArgs {
 }
 
 impl LoadArgs {
+    /// The flags that cannot go together, refused before anything starts.
+    pub(super) fn validate(&self) -> anyhow::Result<()> {
+        anyhow::ensure!(
+            self.algorithm == Algorithm::Gcra
+                || (self.no_redis && !self.with_rls() && !self.with_peers()),
+            "--algorithm {} is floodgate's alone (the baselines and peers enforce a token \
+             bucket): add --no-redis --no-rls --no-peers",
+            self.algorithm
+        );
+        Ok(())
+    }
+
+    /// The limit of every floodgate check (the node, the cluster, the regions): the
+    /// baselines' 1,000 an hour, under `--algorithm`.
+    pub(super) fn floodgate_limit(&self) -> Limit {
+        match self.algorithm {
+            Algorithm::Gcra => super::systems::bench_limit(),
+            // Valid by construction: 1,000 is within every window's and the log's range.
+            window => Limit::window(window, 1_000, 3_600 * NANOS_PER_SEC)
+                .unwrap_or_else(|_| unreachable!("valid limit")),
+        }
+    }
+
     /// Whether `floodgate-cluster` runs.
     pub(super) fn with_cluster(&self) -> bool {
         self.cluster_nodes >= 2 && self.seeds.is_empty()

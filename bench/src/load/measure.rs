@@ -4,10 +4,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use floodgate::{Algorithm, Limit};
 use indicatif::ProgressBar;
 
 use super::side_by_side::stall_note;
-use super::systems::bench_limit;
 use super::{Gateway, KeySpread, LoadArgs, Record, Server, Targets, Workload};
 use super::{driver, process, report, workload};
 
@@ -70,7 +70,9 @@ pub(super) async fn run_system(
                 .filter(|r| r.system == name && r.workload == this)
                 .map(|r| r.allowed)
                 .sum();
-            let note = lease_accounting(&target, *workload, admitted, started.elapsed(), records)?;
+            let limit = args.floodgate_limit();
+            let span = started.elapsed();
+            let note = lease_accounting(&target, *workload, &limit, admitted, span, records)?;
             notes.push(note);
         }
     }
@@ -171,18 +173,28 @@ impl Measured<'_> {
 
 /// Holds a leased workload to its limit: every request checks one key of its own, so what the
 /// generator counted as admitted over all its steps is what that key admitted, and the limit
-/// allows at most `burst + rate × elapsed` from a fresh bucket. Over it, the run fails. Also
-/// says how its throughput compares with the same key checked at the owner (`hot-key`).
+/// allows at most `burst + rate × elapsed` from a fresh bucket (a window limit: `rate` in each
+/// window the span touches). Over it, the run fails. Also says how its throughput compares with
+/// the same key checked at the owner (`hot-key`).
 fn lease_accounting(
     target: &Targets,
     workload: Workload,
+    limit: &Limit,
     admitted: u64,
     elapsed: Duration,
     records: &[Record],
 ) -> anyhow::Result<String> {
-    let limit = bench_limit();
-    let refilled = u128::from(limit.rate()) * elapsed.as_nanos() / u128::from(limit.period_ns());
-    let allowed = u128::from(limit.burst()) + refilled + 1;
+    let periods = elapsed.as_nanos() / u128::from(limit.period_ns());
+    let allowed = match limit.algorithm() {
+        Algorithm::Gcra => {
+            let refilled =
+                u128::from(limit.rate()) * elapsed.as_nanos() / u128::from(limit.period_ns());
+            u128::from(limit.burst()) + refilled + 1
+        }
+        // A span touches at most `periods + 2` aligned windows, each admitting `rate`; a
+        // sliding window or log admits no more than its fixed windows would.
+        _ => u128::from(limit.rate()) * (periods + 2),
+    };
     let name = target.name();
     let stats = target.lease_stats().unwrap_or_default();
     anyhow::ensure!(

@@ -41,14 +41,15 @@ mod verdict;
 mod workload;
 
 use anyhow::Context;
+use floodgate::Algorithm;
 use indicatif::{ProgressBar, ProgressStyle};
 
 use args::{MAX_RUNS, MAX_STEP};
 use measure::{run_generator, run_system};
 use side_by_side::{keeps_up, side_by_side};
 use systems::{
-    bench_limit, start_envoy_ratelimit, start_floodgate_cluster, start_floodgate_node,
-    start_gubernator, start_redis_baseline, start_rls_node,
+    start_envoy_ratelimit, start_floodgate_cluster, start_floodgate_node, start_gubernator,
+    start_redis_baseline, start_rls_node,
 };
 
 pub(crate) use args::parse_duration;
@@ -67,6 +68,7 @@ pub async fn run(args: LoadArgs) -> anyhow::Result<Vec<Record>> {
         (1..=MAX_RUNS).contains(&args.runs),
         "--runs must be 1 to {MAX_RUNS}"
     );
+    args.validate()?;
     if args.runs == 1 {
         return Ok(run_once(&args).await?.0);
     }
@@ -97,6 +99,12 @@ async fn run_once(args: &LoadArgs) -> anyhow::Result<(Vec<Record>, Vec<verdict::
         .with_context(|| format!("creating {}", args.out.display()))?;
     let workloads = args.workloads();
     let mut notes = Vec::new();
+    if args.algorithm != Algorithm::Gcra {
+        notes.push(format!(
+            "floodgate's checks are {} (the baselines and peers were not run)",
+            args.floodgate_limit()
+        ));
+    }
     let progress = progress_bar(args, workloads.len());
     let threads = match args.client_threads {
         Some(threads) => threads,
@@ -251,11 +259,11 @@ async fn run_one_system_at_a_time(
         (Some(server), target)
     } else {
         let ca = args.ca.clone().context("--seeds needs --ca")?;
-        let seed = args.seeds[0].clone();
+        let (seed, limit) = (args.seeds[0].clone(), args.floodgate_limit());
         let target = gateway
             .connect(|| {
                 let (seed, ca) = (seed.clone(), ca.clone());
-                async move { Target::floodgate(seed, &ca, bench_limit()).await }
+                async move { Target::floodgate(seed, &ca, limit).await }
             })
             .await?;
         (None, target)

@@ -7,8 +7,9 @@ use floodgate::{Limit, NANOS_PER_SEC};
 
 use super::{Gateway, LoadArgs, Server, Target, Targets, peers, process, rls, start_redis};
 
-/// The limit every check uses on both systems: 1,000 per hour with a burst of 1,000, so keys
-/// stay live (and in memory) for the whole run on both sides.
+/// The limit every check uses on every system (floodgate's under `--algorithm`,
+/// [`LoadArgs::floodgate_limit`]): 1,000 per hour with a burst of 1,000, so keys stay live (and
+/// in memory) for the whole run on every side.
 pub(super) fn bench_limit() -> Limit {
     // Valid by construction: rate, period and burst are in range.
     Limit::gcra(1_000, 3_600 * NANOS_PER_SEC, 1_000).unwrap_or_else(|_| unreachable!("valid limit"))
@@ -23,11 +24,11 @@ pub(super) async fn start_floodgate_node(
 ) -> anyhow::Result<(Server, Targets)> {
     let data_dir = args.out.join(data_dir);
     let server = process::start_node(&args.node_binary(), &data_dir, args.node_threads, None)?;
-    let (addr, ca) = (server.addr, data_dir.join("ca.pem"));
+    let (addr, ca, limit) = (server.addr, data_dir.join("ca.pem"), args.floodgate_limit());
     let target = gateway
         .connect(|| {
             let ca = ca.clone();
-            async move { Target::floodgate(addr, &ca, bench_limit()).await }
+            async move { Target::floodgate(addr, &ca, limit).await }
         })
         .await?;
     Ok((server, target))
@@ -60,11 +61,12 @@ pub(super) async fn start_floodgate_cluster(
     let mut nodes = nodes.into_iter();
     let first = nodes.next().context("a cluster needs at least one node")?;
     let (addr, ca, count) = (first.addr, data_dir.join("ca.pem"), args.cluster_nodes);
+    let limit = args.floodgate_limit();
     let server = first.with(nodes.collect());
     let target = gateway
         .connect(|| {
             let ca = ca.clone();
-            async move { Target::floodgate_cluster(addr, &ca, bench_limit(), count).await }
+            async move { Target::floodgate_cluster(addr, &ca, limit, count).await }
         })
         .await?;
     Ok((server, target))
@@ -87,12 +89,12 @@ pub(super) async fn start_floodgate_regions(
     let a = process::start_node_with(&binary, &data_dir, threads, None, &region("a"))?;
     let seeded = [region("b"), vec!["--seeds".to_owned(), a.addr.to_string()]].concat();
     let b = process::start_node_with(&binary, &data_dir, threads, None, &seeded)?;
-    let (addr, ca) = (a.addr, data_dir.join("ca.pem"));
+    let (addr, ca, limit) = (a.addr, data_dir.join("ca.pem"), args.floodgate_limit());
     let server = a.with(vec![b]);
     let target = gateway
         .connect(|| {
             let (ca, scope) = (ca.clone(), scope.clone());
-            async move { Target::floodgate_regions(addr, &ca, bench_limit(), scope).await }
+            async move { Target::floodgate_regions(addr, &ca, limit, scope).await }
         })
         .await?;
     Ok((server, target))
