@@ -3,17 +3,9 @@
 
 use anyhow::Context;
 use floodgate::region::Scope;
-use floodgate::{Limit, NANOS_PER_SEC};
 
+use super::args::bench_limit;
 use super::{Gateway, LoadArgs, Server, Target, Targets, peers, process, rls, start_redis};
-
-/// The limit every check uses on every system (floodgate's under `--algorithm`,
-/// [`LoadArgs::floodgate_limit`]): 1,000 per hour with a burst of 1,000, so keys stay live (and
-/// in memory) for the whole run on every side.
-pub(super) fn bench_limit() -> Limit {
-    // Valid by construction: rate, period and burst are in range.
-    Limit::gcra(1_000, 3_600 * NANOS_PER_SEC, 1_000).unwrap_or_else(|_| unreachable!("valid limit"))
-}
 
 /// Starts a node with its data (and dev certificates) in `out/data_dir` and connects the
 /// floodgate target of every gateway worker to it.
