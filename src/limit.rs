@@ -116,6 +116,15 @@ pub struct Limit {
 }
 
 impl Limit {
+    /// A valid limit held by the store's empty window slots, never decided against.
+    pub(crate) const EMPTY_SLOT: Limit = Limit {
+        algorithm: Algorithm::FixedWindow,
+        rate: 1,
+        period_ns: NANOS_PER_SEC,
+        burst: 1,
+        interval_ns: NANOS_PER_SEC,
+    };
+
     /// Builds a limit, checking every field and the combination.
     pub fn new(
         algorithm: Algorithm,

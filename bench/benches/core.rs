@@ -118,7 +118,7 @@ fn keyed_workload(c: &mut Criterion, name: &str, keys: &[u64]) {
             i = (i + BATCH) & (SEQUENCE - 1);
             for j in 0..BATCH {
                 if let Some(ahead) = buckets.get(j + PREFETCH_AHEAD) {
-                    store.prefetch(*ahead);
+                    store.prefetch(*ahead, limit.algorithm());
                 }
                 black_box(store.check(buckets[j], &limit, 1, now).unwrap());
             }
@@ -325,7 +325,7 @@ fn cold_frame(c: &mut Criterion) {
                     if i % BURST == 0 {
                         let from = if i == 0 { 0 } else { i + BURST };
                         for key in frame.iter().take(i + 2 * BURST).skip(from) {
-                            store.prefetch(*key);
+                            store.prefetch(*key, limit.algorithm());
                         }
                     }
                     black_box(store.check(frame[i], &limit, 1, now).unwrap());
@@ -341,7 +341,7 @@ fn cold_frame(c: &mut Criterion) {
                 now += STEP_NS;
                 for i in 0..FRAME {
                     if let Some(ahead) = frame.get(i + PREFETCH_AHEAD) {
-                        store.prefetch(*ahead);
+                        store.prefetch(*ahead, limit.algorithm());
                     }
                     black_box(store.check(frame[i], &limit, 1, now).unwrap());
                 }

@@ -153,7 +153,7 @@ pub fn prefetch_before<'g>(
 /// a 3-check closed loop waited on keys 2 and 3 (bench/RESULTS.md).
 fn prefetch_group(store: &BucketStore, group: Option<&[ValidCheck]>) {
     for check in group.unwrap_or_default() {
-        store.prefetch(check.key);
+        store.prefetch(check.key, check.limit.algorithm());
     }
 }
 

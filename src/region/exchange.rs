@@ -458,7 +458,7 @@ impl Exchange {
                 self.stats.applied_messages += 1;
                 for (i, delta) in batch.deltas.iter().enumerate() {
                     // Uniform keys' buckets are cold: a miss per delta, overlapped this way.
-                    store.prefetch_ahead(&batch.deltas, i, |d| d.key);
+                    store.prefetch_ahead(&batch.deltas, i, |d| (d.key, d.limit.algorithm()));
                     self.land(now_ns, store, route(delta.key), delta);
                 }
                 self.ack_due.insert(batch.from.clone());

@@ -7,7 +7,7 @@ use super::entries::{LogEntry, WindowEntry, window_is_expired};
 use super::table::{GcraEntry, MAX_MARGIN_MS};
 use crate::algorithm::WindowState;
 use crate::limit::MAX_CAPACITY_NS;
-use crate::{BucketKey, Limit, MAX_PERIOD_NS};
+use crate::{Algorithm, BucketKey, Limit, MAX_PERIOD_NS};
 
 /// A bucket as replicated or handed over between nodes.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -28,6 +28,16 @@ pub enum BucketValue {
     Window { limit: Limit, state: WindowState },
     /// A sliding log: its admission times, oldest first.
     Log { limit: Limit, times_ns: Vec<u64> },
+}
+
+impl BucketValue {
+    /// The algorithm whose table holds the bucket (a log's or window's own; GCRA's).
+    pub fn algorithm(&self) -> Algorithm {
+        match self {
+            BucketValue::Gcra { .. } => Algorithm::Gcra,
+            BucketValue::Window { limit, .. } | BucketValue::Log { limit, .. } => limit.algorithm(),
+        }
+    }
 }
 
 /// A received window state made safe to decide with under `limit` (the limit it was sent

@@ -10,9 +10,9 @@ use crate::{Algorithm, Limit};
 /// A GCRA bucket: its slot at the lowest load a table has after it grew (3/8), so the charge
 /// also covers the empty slots open addressing keeps.
 pub const GCRA_BUCKET_BYTES: usize = size_of::<GcraEntry>() * 8 / 3;
-/// A window bucket: the entry and its control byte at the lowest load a hash table has after it
-/// grew (7/16).
-pub const WINDOW_BUCKET_BYTES: usize = (size_of::<WindowEntry>() + 1) * 16 / 7;
+/// A window bucket: its slot at the lowest load its table has after it grew (3/8), as a GCRA
+/// bucket's.
+pub const WINDOW_BUCKET_BYTES: usize = size_of::<WindowEntry>() * 8 / 3;
 /// A sliding-log bucket before its times, counted like a window bucket.
 pub const LOG_BUCKET_BYTES: usize = (size_of::<LogEntry>() + 1) * 16 / 7;
 /// Each admission time a log has room for.
@@ -362,5 +362,14 @@ mod tests {
         assert!(!small.is_empty());
         assert!(small.bytes_used() <= small.max_bytes());
         assert_eq!(small.bytes_used(), small.recount_bytes());
+    }
+
+    /// The charges docs/OPERATIONS.md quotes for sizing a node: a GCRA bucket 64 bytes, a
+    /// window bucket 234 (its 88-byte slot at 3/8 load), a log 221 before its times.
+    #[test]
+    fn charges_are_the_documented_ones() {
+        assert_eq!(GCRA_BUCKET_BYTES, 64);
+        assert_eq!(WINDOW_BUCKET_BYTES, 234);
+        assert_eq!(LOG_BUCKET_BYTES, 221);
     }
 }

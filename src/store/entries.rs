@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use parking_lot::Mutex;
 
-use super::table::{GcraEntry, Standing, Use, margin_ms_of};
+use super::table::{GcraEntry, Keyed, KeyedTable, Standing, Use, margin_ms_of};
 use crate::algorithm::{SlidingLog, WindowState, fixed_window, sliding_window};
 use crate::{Algorithm, BucketKey, Decision, Limit};
 
@@ -49,6 +49,22 @@ impl WindowEntry {
         }
     }
 }
+
+impl Default for WindowEntry {
+    /// The empty slot of a window table (hash 0: no bucket).
+    fn default() -> Self {
+        WindowEntry::new(
+            BucketKey { hash: 0, check: 0 },
+            Limit::EMPTY_SLOT,
+            WindowState::default(),
+            false,
+        )
+    }
+}
+
+/// The fixed- and sliding-window buckets of a shard, in their slots as GCRA buckets are (one
+/// cache miss a cold key, prefetched a burst ahead like them).
+pub(super) type WindowTable = KeyedTable<WindowEntry>;
 
 impl LogEntry {
     pub(super) fn new(key: BucketKey, limit: Limit, log: SlidingLog, dirty: bool) -> Self {
@@ -176,9 +192,7 @@ pub(super) fn decide_window(
 }
 
 /// What expiry and eviction need to know of any bucket.
-pub(super) trait Identified {
-    fn hash(&self) -> u64;
-    fn check(&self) -> u32;
+pub(super) trait Identified: Keyed {
     /// Time until the bucket is full again (0 = expired).
     fn expires_in(&mut self, now_ns: u64) -> u64;
     /// True when a cost of 1 would be denied now: such a bucket must not be evicted.
@@ -200,12 +214,6 @@ fn take_use(used: &mut AtomicBool, standing: &mut Standing, first_pass: bool) ->
 }
 
 impl Identified for GcraEntry {
-    fn hash(&self) -> u64 {
-        self.hash
-    }
-    fn check(&self) -> u32 {
-        self.check
-    }
     fn expires_in(&mut self, now_ns: u64) -> u64 {
         self.tat_ns.get_mut().saturating_sub(now_ns)
     }
@@ -224,13 +232,16 @@ impl Identified for GcraEntry {
     }
 }
 
-impl Identified for WindowEntry {
+impl Keyed for WindowEntry {
     fn hash(&self) -> u64 {
         self.hash
     }
     fn check(&self) -> u32 {
         self.check
     }
+}
+
+impl Identified for WindowEntry {
     fn expires_in(&mut self, now_ns: u64) -> u64 {
         let (limit, state) = self.slot.get_mut();
         if window_is_expired(limit, state, now_ns) {
@@ -260,13 +271,16 @@ impl Identified for WindowEntry {
     }
 }
 
-impl Identified for LogEntry {
+impl Keyed for LogEntry {
     fn hash(&self) -> u64 {
         self.hash
     }
     fn check(&self) -> u32 {
         self.check
     }
+}
+
+impl Identified for LogEntry {
     fn expires_in(&mut self, now_ns: u64) -> u64 {
         let (limit, log) = self.slot.get_mut();
         if log.is_expired(limit, now_ns) {

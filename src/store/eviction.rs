@@ -4,8 +4,6 @@
 use std::cmp::Reverse;
 use std::sync::atomic::Ordering;
 
-use hashbrown::HashTable;
-
 use super::budget::{Bounds, GCRA_BUCKET_BYTES, WINDOW_BUCKET_BYTES, log_bytes};
 use super::entries::{Family, Identified, same};
 use super::shard::Shard;
@@ -99,14 +97,15 @@ impl Shard {
             let key = entry.key();
             candidates.push(Candidate::of(entry, now_ns, first, Family::Gcra, key));
         }
+        let windows = self.windows.iter_mut();
+        collect(windows, Family::Window, now_ns, first, &mut candidates);
         collect(
-            &mut self.windows,
-            Family::Window,
+            self.logs.iter_mut(),
+            Family::Log,
             now_ns,
             first,
             &mut candidates,
         );
-        collect(&mut self.logs, Family::Log, now_ns, first, &mut candidates);
         candidates.retain(|c| Some(c.key) != spare);
         candidates.sort_unstable_by_key(|c| c.cost);
         let batch = (self.len() / 16).max(1);
@@ -148,8 +147,7 @@ impl Shard {
                 }
             }
             Family::Window => {
-                if let Ok(entry) = self.windows.find_entry(key.hash, same(key)) {
-                    entry.remove();
+                if self.windows.remove(key).is_some() {
                     self.bytes.release(WINDOW_BUCKET_BYTES);
                 }
             }
@@ -163,14 +161,14 @@ impl Shard {
     }
 }
 
-fn collect<E: Identified>(
-    table: &mut HashTable<E>,
+fn collect<'a, E: Identified + 'a>(
+    entries: impl Iterator<Item = &'a mut E>,
     family: Family,
     now_ns: u64,
     first_pass: bool,
     out: &mut Vec<Candidate>,
 ) {
-    for entry in table.iter_mut() {
+    for entry in entries {
         let key = BucketKey::of(entry);
         out.push(Candidate::of(entry, now_ns, first_pass, family, key));
     }

@@ -92,7 +92,7 @@ impl Shard {
                 gcra::decide(limit, tat, now_ns, cost).0
             }),
             Algorithm::FixedWindow | Algorithm::SlidingWindow => {
-                self.windows.find(key.hash, same(key)).map(|entry| {
+                self.windows.find(key).map(|entry| {
                     // A copy: a peek changes nothing, not even the limit a bucket was kept under.
                     let mut slot = *entry.slot.lock();
                     adopt_limit(&mut slot, limit, now_ns);
@@ -133,7 +133,7 @@ impl Shard {
                 Some(forgiven)
             }
             Algorithm::FixedWindow | Algorithm::SlidingWindow => {
-                let entry = self.windows.find(key.hash, same(key))?;
+                let entry = self.windows.find(key)?;
                 let mut slot = entry.slot.lock();
                 adopt_limit(&mut slot, limit, now_ns);
                 let (state, forgiven) = slot.1.charge(limit, now_ns, cost);

@@ -1,10 +1,11 @@
 //! The bucket store: a sharded concurrent map from [`BucketKey`] to bucket state.
 //!
-//! Each shard is a `parking_lot::RwLock` over hash tables. A check on a known key takes the
-//! shard's lock *shared* and updates the bucket in place (GCRA by compare-and-swap on one
-//! `AtomicU64`, so concurrent checks on the same or different keys never wait for each other).
-//! Only the first consuming check of a new key, expiry sweeps and multi-checks take a shard
-//! exclusively.
+//! Each shard is a `parking_lot::RwLock` over a table per algorithm family (GCRA and window
+//! buckets in open-addressing tables, `table.rs`; sliding logs in a hash table). A check on a
+//! known key takes the shard's lock *shared* and updates the bucket in place (GCRA by
+//! compare-and-swap on one `AtomicU64`, so concurrent checks on the same or different keys
+//! never wait for each other). Only the first consuming check of a new key, expiry sweeps and
+//! multi-checks take a shard exclusively.
 //!
 //! Bounds: at most `max_keys` buckets and `max_bytes` bytes of them (each split evenly over the
 //! shards; what a bucket costs: `budget.rs`, a sliding log by the room it keeps, doubled as it
@@ -45,10 +46,12 @@ use self::budget::Bounds;
 pub use self::budget::{
     GCRA_BUCKET_BYTES, LOG_BUCKET_BYTES, LOG_TIME_BYTES, WINDOW_BUCKET_BYTES, bucket_bytes,
 };
+use self::entries::WindowEntry;
 pub use self::metered::Charged;
 pub use self::remote::RemoteUse;
 use self::shard::{NeedsRoom, Shard, Undo};
-use crate::{BucketKey, Decision, Limit};
+use self::table::GcraEntry;
+use crate::{Algorithm, BucketKey, Decision, Limit};
 
 /// Sizing of a [`BucketStore`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -119,23 +122,44 @@ pub struct StoreStats {
     pub refused: AtomicU64,
 }
 
-/// A shard and, beside its lock, where its GCRA slots live: read without the lock to prefetch a
-/// key's slot ahead of time. Updated after every exclusive access; a stale value only makes a
-/// prefetch useless, never wrong.
+/// A shard and, beside its lock, where its GCRA and window slots live: read without the lock to
+/// prefetch a key's slot ahead of time. Updated after every exclusive access; a stale value only
+/// makes a prefetch useless, never wrong.
 #[repr(align(128))] // one shard per cache line pair: no false sharing between shards
 #[derive(Debug)]
 struct PaddedShard {
     lock: RwLock<Shard>,
-    slots_addr: AtomicUsize,
-    slots_mask: AtomicUsize,
+    gcra_slots: SlotsHint,
+    window_slots: SlotsHint,
+}
+
+/// A table's layout (`KeyedTable::layout`) as last published.
+#[derive(Debug, Default)]
+struct SlotsHint {
+    addr: AtomicUsize,
+    mask: AtomicUsize,
+}
+
+impl SlotsHint {
+    fn get(&self) -> (usize, usize) {
+        (
+            self.addr.load(Ordering::Relaxed),
+            self.mask.load(Ordering::Relaxed),
+        )
+    }
+
+    fn set(&self, (addr, mask): (usize, usize)) {
+        self.addr.store(addr, Ordering::Relaxed);
+        self.mask.store(mask, Ordering::Relaxed);
+    }
 }
 
 impl PaddedShard {
     fn new(bounds: Bounds) -> Self {
         PaddedShard {
             lock: RwLock::new(Shard::new(changed::listed_capacity(bounds))),
-            slots_addr: AtomicUsize::new(0),
-            slots_mask: AtomicUsize::new(0),
+            gcra_slots: SlotsHint::default(),
+            window_slots: SlotsHint::default(),
         }
     }
 
@@ -168,9 +192,8 @@ impl std::ops::DerefMut for ShardWriteGuard<'_> {
 
 impl Drop for ShardWriteGuard<'_> {
     fn drop(&mut self) {
-        let (addr, mask) = self.guard.gcra.layout();
-        self.shard.slots_addr.store(addr, Ordering::Relaxed);
-        self.shard.slots_mask.store(mask, Ordering::Relaxed);
+        self.shard.gcra_slots.set(self.guard.gcra.layout());
+        self.shard.window_slots.set(self.guard.windows.layout());
     }
 }
 
@@ -269,25 +292,34 @@ impl BucketStore {
         Ok(decision)
     }
 
-    /// Starts loading `key`'s GCRA bucket into the cache without waiting for it. Callers that
-    /// decide a batch prefetch a few keys ahead, so cache misses on cold keys overlap instead of
-    /// adding up. Purely a hint: it reads no bucket and takes no lock.
+    /// Starts loading `key`'s bucket under `algorithm` into the cache without waiting for it.
+    /// Callers that decide a batch prefetch a few keys ahead, so cache misses on cold keys
+    /// overlap instead of adding up. Purely a hint: it reads no bucket and takes no lock. A log
+    /// is not prefetched: its times lie behind its entry, a miss no hint here can start.
     #[inline]
-    pub fn prefetch(&self, key: BucketKey) {
+    pub fn prefetch(&self, key: BucketKey, algorithm: Algorithm) {
         let shard = &self.shards[self.shard_index(key)];
-        let layout = (
-            shard.slots_addr.load(Ordering::Relaxed),
-            shard.slots_mask.load(Ordering::Relaxed),
-        );
-        table::prefetch(layout, key);
+        match algorithm {
+            Algorithm::Gcra => table::prefetch::<GcraEntry>(shard.gcra_slots.get(), key),
+            Algorithm::FixedWindow | Algorithm::SlidingWindow => {
+                table::prefetch::<WindowEntry>(shard.window_slots.get(), key);
+            }
+            Algorithm::SlidingLog => {}
+        }
     }
 
     /// For a pass over `items` whose buckets are cold (replicas merged, other regions' deltas
     /// applied): prefetches the buckets [`crate::prefetch::burst_ahead`] names at item `i`.
     #[inline]
-    pub fn prefetch_ahead<T>(&self, items: &[T], i: usize, key: impl Fn(&T) -> BucketKey) {
+    pub fn prefetch_ahead<T>(
+        &self,
+        items: &[T],
+        i: usize,
+        bucket: impl Fn(&T) -> (BucketKey, Algorithm),
+    ) {
         for next in &items[crate::prefetch::burst_ahead(i, items.len())] {
-            self.prefetch(key(next));
+            let (key, algorithm) = bucket(next);
+            self.prefetch(key, algorithm);
         }
     }
 
@@ -450,7 +482,7 @@ impl BucketStore {
         let mut refused = 0;
         for (i, state) in states.iter().enumerate() {
             // A replica's bucket is as cold as a check's (see `prefetch`).
-            self.prefetch_ahead(states, i, |s| s.key);
+            self.prefetch_ahead(states, i, |s| (s.key, s.value.algorithm()));
             let shard = &self.shards[self.shard_index(state.key)];
             // Most replicas land on a bucket the successor already holds: merged under the
             // shared lock, beside the decisions; only a new bucket takes the shard exclusively.
@@ -508,7 +540,7 @@ impl BucketStore {
         self.shards
             .iter()
             .map(|s| {
-                let slots = s.slots_mask.load(Ordering::Relaxed).saturating_add(1);
+                let slots = s.gcra_slots.get().1.saturating_add(1);
                 slots.div_ceil(max_slots.max(1))
             })
             .sum()

@@ -156,7 +156,7 @@ impl Shard {
                 Some(left)
             }
             Algorithm::FixedWindow | Algorithm::SlidingWindow => {
-                let entry = self.windows.find(key.hash, same(key))?;
+                let entry = self.windows.find(key)?;
                 let mut slot = entry.slot.lock();
                 adopt_limit(&mut slot, limit, now_ns);
                 let period = limit.period_ns();

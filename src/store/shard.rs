@@ -16,7 +16,8 @@ use super::changed::{
     window_worth_replicating,
 };
 use super::entries::{
-    Dirty, Family, Identified, LogEntry, WindowEntry, decide_window, margin_ms, margin_ns, same,
+    Dirty, Family, Identified, LogEntry, WindowEntry, WindowTable, decide_window, margin_ms,
+    margin_ns, same,
 };
 use super::table::{GcraEntry, GcraTable, MAX_MARGIN_MS};
 use super::{StoreError, StoreStats};
@@ -41,7 +42,7 @@ pub(super) enum Undo {
 #[derive(Debug)]
 pub(super) struct Shard {
     pub(super) gcra: GcraTable,
-    pub(super) windows: HashTable<WindowEntry>,
+    pub(super) windows: WindowTable,
     pub(super) logs: HashTable<LogEntry>,
     /// What the buckets above cost, in bytes (`budget.rs`).
     pub(super) bytes: Account,
@@ -61,7 +62,7 @@ impl Shard {
     pub(super) fn new(listed: usize) -> Self {
         Shard {
             gcra: GcraTable::default(),
-            windows: HashTable::new(),
+            windows: WindowTable::default(),
             logs: HashTable::new(),
             bytes: Account::default(),
             changed: ChangedKeys::new(listed),
@@ -131,7 +132,7 @@ impl Shard {
         cost: u64,
         now_ns: u64,
     ) -> Option<(Decision, Undo)> {
-        let entry = self.windows.find(key.hash, same(key))?;
+        let entry = self.windows.find(key)?;
         let mut slot = entry.slot.lock();
         if adopt_limit(&mut slot, limit, now_ns) {
             self.mark_dirty(entry);
@@ -276,7 +277,7 @@ impl Shard {
                 }
             }
             Algorithm::FixedWindow | Algorithm::SlidingWindow => {
-                let Some(entry) = self.windows.find(key.hash, same(key)) else {
+                let Some(entry) = self.windows.find(key) else {
                     return;
                 };
                 let mut slot = entry.slot.lock();
@@ -424,7 +425,7 @@ impl Shard {
     /// Inserts a window bucket whose key has none here, listing it if it is made changed.
     pub(super) fn insert_window(&mut self, entry: WindowEntry) {
         self.list_if_dirty(&entry);
-        self.windows.insert_unique(entry.hash, entry, |e| e.hash);
+        self.windows.insert(entry);
     }
 
     /// Inserts a log bucket whose key has none here, listing it if it is made changed.
@@ -447,8 +448,8 @@ impl Shard {
             self.scan_changed(now_ns, out);
             return;
         }
-        // Listed keys are as cold as a check's: taken a burst at a time, the burst's GCRA
-        // buckets prefetched before any is read, so their misses overlap (one after another,
+        // Listed keys are as cold as a check's: taken a burst at a time, the burst's GCRA and
+        // window buckets prefetched before any is read, so their misses overlap (one after another,
         // they were most of a round's cost).
         let mut drained = self.changed.drain();
         let mut burst = [(Family::Gcra, BucketKey { hash: 0, check: 0 }); 2 * PREFETCH_BURST];
@@ -461,10 +462,12 @@ impl Shard {
             if taken == 0 {
                 return;
             }
-            let layout = self.gcra.layout();
+            let layouts = (self.gcra.layout(), self.windows.layout());
             for &(family, key) in &burst[..taken] {
-                if family == Family::Gcra {
-                    super::table::prefetch(layout, key);
+                match family {
+                    Family::Gcra => super::table::prefetch::<GcraEntry>(layouts.0, key),
+                    Family::Window => super::table::prefetch::<WindowEntry>(layouts.1, key),
+                    Family::Log => {}
                 }
             }
             for &(family, key) in &burst[..taken] {
@@ -485,7 +488,7 @@ impl Shard {
                 .and_then(|e| gcra_state(e, now_ns)),
             Family::Window => self
                 .windows
-                .find(key.hash, same(key))
+                .find(key)
                 .filter(|e| Dirty::take_dirty(*e))
                 .and_then(|e| e.state(now_ns)),
             Family::Log => self
@@ -571,7 +574,7 @@ impl Shard {
                 entry.tat_ns.fetch_max(tat_ns, Ordering::Relaxed);
             }
             BucketValue::Window { limit, state } => {
-                let Some(entry) = self.windows.find(key.hash, same(key)) else {
+                let Some(entry) = self.windows.find(key) else {
                     return false;
                 };
                 let received = plausible_window(limit, state, now_ns);
@@ -659,7 +662,7 @@ impl Shard {
                 }
             }
             Undo::Window { state } => {
-                if let Some(e) = self.windows.find_mut(key.hash, same(key)) {
+                if let Some(e) = self.windows.find_mut(key) {
                     e.slot.get_mut().1 = state;
                 }
             }
@@ -693,7 +696,8 @@ impl Shard {
         self.bytes.release(gcra * GCRA_BUCKET_BYTES);
         if next.is_none() {
             let windows = self.windows.len();
-            self.windows.retain(|e| !e.is_expired(now_ns));
+            self.windows
+                .retain_slots(0, usize::MAX, |e| !e.is_expired(now_ns));
             self.bytes
                 .release((windows - self.windows.len()) * WINDOW_BUCKET_BYTES);
             let mut freed = 0;

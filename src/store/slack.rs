@@ -22,7 +22,11 @@ impl Shard {
         if self.gcra.allocation_size() > self.gcra.len() * GCRA_BUCKET_BYTES + TABLE_SLACK_BYTES {
             self.gcra.shrink_to_fit();
         }
-        shrink(&mut self.windows, WINDOW_BUCKET_BYTES);
+        if self.windows.allocation_size()
+            > self.windows.len() * WINDOW_BUCKET_BYTES + TABLE_SLACK_BYTES
+        {
+            self.windows.shrink_to_fit();
+        }
         shrink(&mut self.logs, LOG_BUCKET_BYTES);
     }
 }

@@ -1,13 +1,13 @@
-//! `GcraTable`: the open-addressing table that holds GCRA buckets, built for one cache miss per
-//! lookup and for prefetching.
+//! `KeyedTable`: the open-addressing table that holds the store's GCRA and window buckets, built
+//! for one cache miss per lookup and for prefetching.
 //!
-//! Each slot is a whole bucket (24 bytes: hash, check, margin, TAT), found by linear probing from
-//! `hash & mask`, so a lookup touches the slot's cache line and rarely the next; a general-purpose
-//! map would first read a control byte elsewhere (a second miss on a cold key). Load stays at
-//! most 3/4, so every probe ends at an empty slot; removal shifts the following run back
-//! (no tombstones). A slot with `hash == 0` is empty: `BucketKey` never has a zero hash (it is
-//! mapped away when the key is built, whatever the digest, so a received key cannot hide in an
-//! empty slot).
+//! Each slot is a whole bucket (a GCRA bucket's 24 bytes: hash, check, margin, TAT), found by
+//! linear probing from `hash & mask`, so a lookup touches the slot's cache line and rarely the
+//! next; a general-purpose map would first read a control byte elsewhere (a second miss on a
+//! cold key, and one no prefetch can start without the map's layout). Load stays at most 3/4,
+//! so every probe ends at an empty slot; removal shifts the following run back (no tombstones).
+//! A slot with `hash == 0` is empty: `BucketKey` never has a zero hash (it is mapped away when
+//! the key is built, whatever the digest, so a received key cannot hide in an empty slot).
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
@@ -165,14 +165,6 @@ impl GcraEntry {
         self.meta.load(Ordering::Relaxed) & DIRTY != 0
     }
 
-    fn is_empty(&self) -> bool {
-        self.hash == 0
-    }
-
-    fn is(&self, key: BucketKey) -> bool {
-        self.hash == key.hash && self.check == key.check
-    }
-
     pub(super) fn key(&self) -> BucketKey {
         BucketKey {
             hash: self.hash,
@@ -183,23 +175,51 @@ impl GcraEntry {
 
 const MIN_SLOTS: usize = 16;
 
-#[derive(Debug)]
-pub(super) struct GcraTable {
-    slots: Box<[GcraEntry]>,
-    len: usize,
+/// A bucket as a table finds it: by its key's hash and check.
+pub(super) trait Keyed {
+    fn hash(&self) -> u64;
+    fn check(&self) -> u32;
 }
 
-impl Default for GcraTable {
-    fn default() -> Self {
-        GcraTable::with_slots(MIN_SLOTS)
+impl Keyed for GcraEntry {
+    fn hash(&self) -> u64 {
+        self.hash
+    }
+    fn check(&self) -> u32 {
+        self.check
     }
 }
 
-impl GcraTable {
+/// An empty slot: every bucket kept in a table has a non-zero hash.
+fn is_empty<E: Keyed>(entry: &E) -> bool {
+    entry.hash() == 0
+}
+
+fn is<E: Keyed>(entry: &E, key: BucketKey) -> bool {
+    entry.hash() == key.hash && entry.check() == key.check
+}
+
+/// Buckets of one family in their slots; `E::default()` is the empty slot (hash 0).
+#[derive(Debug)]
+pub(super) struct KeyedTable<E> {
+    slots: Box<[E]>,
+    len: usize,
+}
+
+/// The GCRA buckets of a shard.
+pub(super) type GcraTable = KeyedTable<GcraEntry>;
+
+impl<E: Keyed + Default> Default for KeyedTable<E> {
+    fn default() -> Self {
+        KeyedTable::with_slots(MIN_SLOTS)
+    }
+}
+
+impl<E: Keyed + Default> KeyedTable<E> {
     fn with_slots(slots: usize) -> Self {
         debug_assert!(slots.is_power_of_two());
-        GcraTable {
-            slots: (0..slots).map(|_| GcraEntry::default()).collect(),
+        KeyedTable {
+            slots: (0..slots).map(|_| E::default()).collect(),
             len: 0,
         }
     }
@@ -221,40 +241,49 @@ impl GcraTable {
         open_addressing::find(
             &self.slots,
             key.hash as usize,
-            |slot| slot.is(key),
-            GcraEntry::is_empty,
+            |slot| is(slot, key),
+            is_empty,
         )
     }
 
-    pub(super) fn find(&self, key: BucketKey) -> Option<&GcraEntry> {
+    pub(super) fn find(&self, key: BucketKey) -> Option<&E> {
         self.index_of(key).map(|i| &self.slots[i])
     }
 
-    pub(super) fn find_mut(&mut self, key: BucketKey) -> Option<&mut GcraEntry> {
+    pub(super) fn find_mut(&mut self, key: BucketKey) -> Option<&mut E> {
         self.index_of(key).map(|i| &mut self.slots[i])
     }
 
     /// Inserts an entry whose key is not in the table.
-    pub(super) fn insert(&mut self, entry: GcraEntry) {
-        debug_assert!(!entry.is_empty() && self.index_of(entry.key()).is_none());
+    pub(super) fn insert(&mut self, entry: E) {
+        debug_assert!(!is_empty(&entry));
+        debug_assert!(
+            self.index_of(BucketKey {
+                hash: entry.hash(),
+                check: entry.check()
+            })
+            .is_none()
+        );
         if (self.len + 1) * 4 > self.slots.len() * 3 {
             self.rebuild(self.slots.len() * 2);
         }
         self.place(entry);
     }
 
-    fn place(&mut self, entry: GcraEntry) {
-        let start = entry.hash as usize;
-        let i = open_addressing::first_empty(&self.slots, start, GcraEntry::is_empty);
+    fn place(&mut self, entry: E) {
+        let start = entry.hash() as usize;
+        let i = open_addressing::first_empty(&self.slots, start, is_empty);
         self.slots[i] = entry;
         self.len += 1;
     }
 
-    /// Removes `key` if present, shifting the rest of its probe run back so no lookup breaks.
-    pub(super) fn remove(&mut self, key: BucketKey) {
-        if let Some(at) = self.index_of(key) {
-            self.remove_at(at);
-        }
+    /// Removes `key` if present, shifting the rest of its probe run back so no lookup breaks;
+    /// returns the entry removed.
+    pub(super) fn remove(&mut self, key: BucketKey) -> Option<E> {
+        let at = self.index_of(key)?;
+        let removed = std::mem::take(&mut self.slots[at]);
+        self.remove_at(at);
+        Some(removed)
     }
 
     /// Empties the occupied slot `hole`, shifting the rest of its probe run back.
@@ -262,8 +291,8 @@ impl GcraTable {
         open_addressing::remove_at(
             &mut self.slots,
             hole,
-            |entry| entry.hash as usize,
-            GcraEntry::is_empty,
+            |entry| entry.hash() as usize,
+            is_empty,
         );
         self.len -= 1;
     }
@@ -284,13 +313,13 @@ impl GcraTable {
         &mut self,
         from: usize,
         max_slots: usize,
-        mut keep: impl FnMut(&mut GcraEntry) -> bool,
+        mut keep: impl FnMut(&mut E) -> bool,
     ) -> (usize, Option<usize>) {
         let before = self.len;
         let end = from.saturating_add(max_slots).min(self.slots.len());
         let mut i = from;
         while i < end {
-            if !self.slots[i].is_empty() && !keep(&mut self.slots[i]) {
+            if !is_empty(&self.slots[i]) && !keep(&mut self.slots[i]) {
                 // The next entry of the run may now sit in slot `i`: not advancing looks at it.
                 // Each pass either advances or removes one entry, so the loop is bounded.
                 self.remove_at(i);
@@ -306,7 +335,7 @@ impl GcraTable {
 
     /// The bytes the table's slots take.
     pub(super) fn allocation_size(&self) -> usize {
-        self.slots.len() * size_of::<GcraEntry>()
+        self.slots.len() * size_of::<E>()
     }
 
     /// Rebuilds the table with the fewest slots that hold its entries at most 3/4 full: then
@@ -321,31 +350,36 @@ impl GcraTable {
         }
     }
 
-    pub(super) fn iter(&self) -> impl Iterator<Item = &GcraEntry> {
-        self.slots.iter().filter(|e| !e.is_empty())
+    pub(super) fn iter(&self) -> impl Iterator<Item = &E> {
+        self.slots.iter().filter(|e| !is_empty(*e))
     }
 
-    pub(super) fn iter_mut(&mut self) -> impl Iterator<Item = &mut GcraEntry> {
-        self.slots.iter_mut().filter(|e| !e.is_empty())
+    pub(super) fn iter_mut(&mut self) -> impl Iterator<Item = &mut E> {
+        self.slots.iter_mut().filter(|e| !is_empty(*e))
     }
 
     fn rebuild(&mut self, slots: usize) {
-        let old = std::mem::replace(self, GcraTable::with_slots(slots));
+        let old = std::mem::replace(self, KeyedTable::with_slots(slots));
         for entry in Vec::from(old.slots) {
-            if !entry.is_empty() {
+            if !is_empty(&entry) {
                 self.place(entry);
             }
         }
     }
 }
 
-/// Asks the CPU to start loading `key`'s first probe slot, given a table layout read earlier
-/// (possibly stale). A hint only: no memory is read here, so a stale address is harmless.
+/// Asks the CPU to start loading `key`'s first probe slot in a table of `E`, given its layout
+/// read earlier (possibly stale): the slot's first line and, for a slot that ends on another
+/// line, that one too. A hint only: no memory is read here, so a stale address is harmless.
 #[inline]
-pub(super) fn prefetch(layout: (usize, usize), key: BucketKey) {
+pub(super) fn prefetch<E>(layout: (usize, usize), key: BucketKey) {
     let (base, mask) = layout;
-    let addr = base.wrapping_add((key.hash as usize & mask).wrapping_mul(size_of::<GcraEntry>()));
-    crate::prefetch::prefetch(addr);
+    let first = base.wrapping_add((key.hash as usize & mask).wrapping_mul(size_of::<E>()));
+    let last = first.wrapping_add(size_of::<E>() - 1);
+    crate::prefetch::prefetch(first);
+    if first / 64 != last / 64 {
+        crate::prefetch::prefetch(last);
+    }
 }
 
 #[cfg(test)]
