@@ -43,10 +43,10 @@ pub struct LoadArgs {
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     pub three_checks: bool,
     /// The algorithm of floodgate's limit (1,000 an hour): `gcra` (a burst of 1,000),
-    /// `fixed-window`, `sliding-window` or `sliding-log`. Redis's script, redis-cell, the RLS
-    /// front's rules and the peers enforce a token bucket, so any other needs `--no-redis
-    /// --no-rls --no-peers`: floodgate is then measured beside itself (the node, the cluster,
-    /// the regions).
+    /// `fixed-window` (the RLS front's default), `sliding-window` or `sliding-log`, for the node,
+    /// the cluster, the regions and the RLS front's rules. Redis's script, redis-cell and
+    /// Gubernator enforce a token bucket (envoyproxy/ratelimit is compared with the RLS front),
+    /// so any other needs `--no-redis --no-peers`: floodgate is then measured beside itself.
     #[arg(long, default_value = "gcra")]
     pub algorithm: Algorithm,
     /// Skip both Redis baselines.
@@ -150,10 +150,9 @@ impl LoadArgs {
     /// The flags that cannot go together, refused before anything starts.
     pub(super) fn validate(&self) -> anyhow::Result<()> {
         anyhow::ensure!(
-            self.algorithm == Algorithm::Gcra
-                || (self.no_redis && !self.with_rls() && !self.with_peers()),
+            self.algorithm == Algorithm::Gcra || (self.no_redis && !self.with_peers()),
             "--algorithm {} is floodgate's alone (the baselines and peers enforce a token \
-             bucket): add --no-redis --no-rls --no-peers",
+             bucket): add --no-redis --no-peers",
             self.algorithm
         );
         Ok(())

@@ -101,7 +101,8 @@ async fn run_once(args: &LoadArgs) -> anyhow::Result<(Vec<Record>, Vec<verdict::
     let mut notes = Vec::new();
     if args.algorithm != Algorithm::Gcra {
         notes.push(format!(
-            "floodgate's checks are {} (the baselines and peers were not run)",
+            "floodgate's checks (and the RLS front's rules) are {} (the baselines and peers were \
+             not run)",
             args.floodgate_limit()
         ));
     }

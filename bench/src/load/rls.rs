@@ -25,7 +25,7 @@ pub fn config_yaml(limit: &Limit) -> anyhow::Result<String> {
     let unit = unit(limit)?;
     let shape = match limit.algorithm() {
         Algorithm::Gcra => format!(", algorithm: gcra, burst: {}", limit.burst()),
-        _ => anyhow::bail!("{limit}: the RLS system is only written for GCRA limits"),
+        window => format!(", algorithm: {window}"),
     };
     let mut yaml = format!("domain: {DOMAIN}\ndescriptors:\n");
     for key in DESCRIPTOR_KEYS {

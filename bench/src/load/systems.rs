@@ -100,7 +100,7 @@ pub(super) async fn start_rls_node(
 ) -> anyhow::Result<(Server, Targets)> {
     let binary = args.node_binary();
     let config = args.out.join("rls.yaml");
-    std::fs::write(&config, rls::config_yaml(&bench_limit())?)
+    std::fs::write(&config, rls::config_yaml(&args.floodgate_limit())?)
         .with_context(|| format!("writing {}", config.display()))?;
     let listen = process::free_tcp_addr()?;
     let data_dir = args.out.join("rls-node-data");
