@@ -9,10 +9,9 @@
 //!
 //! Bounds: at most `max_keys` buckets and `max_bytes` bytes of them (each split evenly over the
 //! shards; what a bucket costs: `budget.rs`, a sliding log by the room it keeps, doubled as it
-//! fills up to its limit). A
-//! full shard first forgets buckets that are full again (which changes no decision), then
-//! evicts in order of what forgetting gives away (`eviction.rs`): buckets not consumed from
-//! again after an eviction pass first saw them (a flood's one-off keys, or keys checked twice in
+//! fills up to its limit). A full shard first forgets buckets that are full again (which changes
+//! no decision), then evicts in order of what forgetting gives away (`eviction.rs`): buckets not
+//! consumed from again after an eviction pass first saw them (a flood's one-off keys, or keys checked twice in
 //! a row; the longest to be full again first),
 //! then those idle since the shard's last
 //! eviction, then those in use; within each, non-denying before denying and the smallest share

@@ -191,8 +191,9 @@ fn lease_accounting(
                 u128::from(limit.rate()) * elapsed.as_nanos() / u128::from(limit.period_ns());
             u128::from(limit.burst()) + refilled + 1
         }
-        // A span touches at most `periods + 2` aligned windows, each admitting `rate`; a
-        // sliding window or log admits no more than its fixed windows would.
+        // A span touches at most `periods + 2` aligned windows (whole periods, and a part at
+        // each end), each admitting `rate`; a sliding window or log admits no more than its
+        // fixed windows would.
         _ => u128::from(limit.rate()) * (periods + 2),
     };
     let name = target.name();
