@@ -9,15 +9,14 @@
 //!
 //! Bounds: at most `max_keys` buckets and `max_bytes` bytes of them (each split evenly over the
 //! shards; what a bucket costs: `budget.rs`, a sliding log by the room it keeps, doubled as it
-//! fills up to its limit). A full shard first forgets buckets that are full again (which changes
-//! no decision), then evicts in order of what forgetting gives away (`eviction.rs`): buckets not
-//! consumed from again after an eviction pass first saw them (a flood's one-off keys, or keys checked twice in
-//! a row; the longest to be full again first),
-//! then those idle since the shard's last
-//! eviction, then those in use; within each, non-denying before denying and the smallest share
-//! of capacity consumed first. An evicted key that returns starts full, so it regains at most
-//! what it had consumed. A check fails with [`StoreError::Full`] (counted)
-//! only when nothing but its own bucket is left to evict.
+//! fills up to its limit). A full shard first forgets buckets that are full again (which changes no
+//! decision), then evicts in order of what forgetting gives away (`eviction.rs`): buckets not
+//! consumed from again after an eviction pass first saw them (a flood's one-off keys, or keys
+//! checked twice in a row; the longest to be full again first), then those idle since the shard's
+//! last eviction, then those in use; within each, non-denying before denying and the smallest share
+//! of capacity consumed first. An evicted key that returns starts full, so it regains at most what
+//! it had consumed. A check fails with [`StoreError::Full`] (counted) only when nothing but its own
+//! bucket is left to evict.
 //!
 //! Replication reads what changed from a bounded list of changed keys per shard, filled as
 //! buckets become changed (`changed.rs`), so a round costs what changed, not what is held.
