@@ -66,6 +66,22 @@ impl Default for WindowEntry {
 /// cache miss a cold key, prefetched a burst ahead like them).
 pub(super) type WindowTable = KeyedTable<WindowEntry>;
 
+impl Default for LogEntry {
+    /// The empty slot of a log table (hash 0: no bucket); its empty log holds no allocation.
+    fn default() -> Self {
+        LogEntry::new(
+            BucketKey { hash: 0, check: 0 },
+            Limit::EMPTY_SLOT,
+            SlidingLog::default(),
+            false,
+        )
+    }
+}
+
+/// The sliding-log buckets of a shard, in their slots as the others are: the entry is found in
+/// one cache miss and prefetched a burst ahead; its times, behind it on the heap, are a second.
+pub(super) type LogTable = KeyedTable<LogEntry>;
+
 impl LogEntry {
     pub(super) fn new(key: BucketKey, limit: Limit, log: SlidingLog, dirty: bool) -> Self {
         LogEntry {
@@ -146,11 +162,6 @@ impl Dirty for LogEntry {
     fn is_dirty(&self) -> bool {
         self.dirty.load(Ordering::Relaxed)
     }
-}
-
-/// Finds `key`'s entry in a family's table.
-pub(super) fn same<'a, E: Identified>(key: BucketKey) -> impl Fn(&E) -> bool + 'a {
-    move |e| e.hash() == key.hash && e.check() == key.check
 }
 
 impl BucketKey {

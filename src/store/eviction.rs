@@ -5,7 +5,7 @@ use std::cmp::Reverse;
 use std::sync::atomic::Ordering;
 
 use super::budget::{Bounds, GCRA_BUCKET_BYTES, WINDOW_BUCKET_BYTES, log_bytes};
-use super::entries::{Family, Identified, same};
+use super::entries::{Family, Identified};
 use super::shard::Shard;
 use super::table::Use;
 use super::{StoreError, StoreStats};
@@ -152,8 +152,7 @@ impl Shard {
                 }
             }
             Family::Log => {
-                if let Ok(entry) = self.logs.find_entry(key.hash, same(key)) {
-                    let (mut removed, _) = entry.remove();
+                if let Some(mut removed) = self.logs.remove(key) {
                     self.bytes.release(log_bytes(&removed.slot.get_mut().1));
                 }
             }

@@ -11,7 +11,7 @@
 
 use std::sync::atomic::Ordering;
 
-use super::entries::{decide_window, same};
+use super::entries::decide_window;
 use super::shard::{Shard, adopt_limit, decide_fresh};
 use super::{BucketStore, StoreError};
 use crate::algorithm::{SlidingLog, WindowState, gcra};
@@ -101,7 +101,7 @@ impl Shard {
             }
             Algorithm::SlidingLog => self
                 .logs
-                .find(key.hash, same(key))
+                .find(key)
                 .map(|entry| entry.slot.lock().1.peek(limit, now_ns, cost)),
         };
         found.unwrap_or_else(|| decide_fresh(limit, now_ns, cost).0)
@@ -143,7 +143,7 @@ impl Shard {
                 Some(forgiven)
             }
             Algorithm::SlidingLog => {
-                let entry = self.logs.find(key.hash, same(key))?;
+                let entry = self.logs.find(key)?;
                 let mut slot = entry.slot.lock();
                 slot.0 = *limit;
                 // Spent already: recorded even past the budget, which the next new key's

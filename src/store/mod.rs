@@ -1,11 +1,11 @@
 //! The bucket store: a sharded concurrent map from [`BucketKey`] to bucket state.
 //!
-//! Each shard is a `parking_lot::RwLock` over a table per algorithm family (GCRA and window
-//! buckets in open-addressing tables, `table.rs`; sliding logs in a hash table). A check on a
-//! known key takes the shard's lock *shared* and updates the bucket in place (GCRA by
-//! compare-and-swap on one `AtomicU64`, so concurrent checks on the same or different keys
-//! never wait for each other). Only the first consuming check of a new key, expiry sweeps and
-//! multi-checks take a shard exclusively.
+//! Each shard is a `parking_lot::RwLock` over an open-addressing table per algorithm family
+//! (GCRA buckets, window buckets, sliding logs: `table.rs`). A check on a known key takes the
+//! shard's lock *shared* and updates the bucket in place (GCRA by compare-and-swap on one
+//! `AtomicU64`, so concurrent checks on the same or different keys never wait for each other).
+//! Only the first consuming check of a new key, expiry sweeps and multi-checks take a shard
+//! exclusively.
 //!
 //! Bounds: at most `max_keys` buckets and `max_bytes` bytes of them (each split evenly over the
 //! shards; what a bucket costs: `budget.rs`, a sliding log by the room it keeps, doubled as it
@@ -44,7 +44,7 @@ use self::budget::Bounds;
 pub use self::budget::{
     GCRA_BUCKET_BYTES, LOG_BUCKET_BYTES, LOG_TIME_BYTES, WINDOW_BUCKET_BYTES, bucket_bytes,
 };
-use self::entries::WindowEntry;
+use self::entries::{LogEntry, WindowEntry};
 pub use self::metered::Charged;
 pub use self::remote::RemoteUse;
 use self::shard::{NeedsRoom, Shard, Undo};
@@ -120,7 +120,7 @@ pub struct StoreStats {
     pub refused: AtomicU64,
 }
 
-/// A shard and, beside its lock, where its GCRA and window slots live: read without the lock to
+/// A shard and, beside its lock, where its tables' slots live: read without the lock to
 /// prefetch a key's slot ahead of time. Updated after every exclusive access; a stale value only
 /// makes a prefetch useless, never wrong.
 #[repr(align(128))] // one shard per cache line pair: no false sharing between shards
@@ -129,6 +129,7 @@ struct PaddedShard {
     lock: RwLock<Shard>,
     gcra_slots: SlotsHint,
     window_slots: SlotsHint,
+    log_slots: SlotsHint,
 }
 
 /// A table's layout (`KeyedTable::layout`) as last published.
@@ -158,6 +159,7 @@ impl PaddedShard {
             lock: RwLock::new(Shard::new(changed::listed_capacity(bounds))),
             gcra_slots: SlotsHint::default(),
             window_slots: SlotsHint::default(),
+            log_slots: SlotsHint::default(),
         }
     }
 
@@ -192,6 +194,7 @@ impl Drop for ShardWriteGuard<'_> {
     fn drop(&mut self) {
         self.shard.gcra_slots.set(self.guard.gcra.layout());
         self.shard.window_slots.set(self.guard.windows.layout());
+        self.shard.log_slots.set(self.guard.logs.layout());
     }
 }
 
@@ -292,8 +295,8 @@ impl BucketStore {
 
     /// Starts loading `key`'s bucket under `algorithm` into the cache without waiting for it.
     /// Callers that decide a batch prefetch a few keys ahead, so cache misses on cold keys
-    /// overlap instead of adding up. Purely a hint: it reads no bucket and takes no lock. A log
-    /// is not prefetched: its times lie behind its entry, a miss no hint here can start.
+    /// overlap instead of adding up. Purely a hint: it reads no bucket and takes no lock. Of a
+    /// log, only the entry: its times lie behind it, a miss no hint here can start.
     #[inline]
     pub fn prefetch(&self, key: BucketKey, algorithm: Algorithm) {
         let shard = &self.shards[self.shard_index(key)];
@@ -302,7 +305,7 @@ impl BucketStore {
             Algorithm::FixedWindow | Algorithm::SlidingWindow => {
                 table::prefetch::<WindowEntry>(shard.window_slots.get(), key);
             }
-            Algorithm::SlidingLog => {}
+            Algorithm::SlidingLog => table::prefetch::<LogEntry>(shard.log_slots.get(), key),
         }
     }
 

@@ -20,7 +20,6 @@ use std::sync::atomic::Ordering;
 
 use super::budget::{LOG_BUCKET_BYTES, LOG_TIME_BYTES, bucket_bytes};
 use super::changed::gcra_worth_replicating;
-use super::entries::same;
 use super::shard::{Shard, adopt_limit};
 use super::{BucketStore, StoreError};
 use crate::algorithm::{SlidingLog, WindowState};
@@ -166,7 +165,7 @@ impl Shard {
                 Some(0)
             }
             Algorithm::SlidingLog => {
-                let entry = self.logs.find(key.hash, same(key))?;
+                let entry = self.logs.find(key)?;
                 let mut slot = entry.slot.lock();
                 slot.0 = *limit;
                 let most = used.max_log_entries.max(limit.burst() as usize);

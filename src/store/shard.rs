@@ -4,8 +4,6 @@
 
 use std::sync::atomic::Ordering;
 
-use hashbrown::HashTable;
-
 use super::bucket_state::{BucketState, BucketValue, gcra_state, plausible_tat, plausible_window};
 use super::budget::{
     Account, Bounds, GCRA_BUCKET_BYTES, LOG_TIME_BYTES, WINDOW_BUCKET_BYTES, bucket_bytes,
@@ -16,8 +14,8 @@ use super::changed::{
     window_worth_replicating,
 };
 use super::entries::{
-    Dirty, Family, Identified, LogEntry, WindowEntry, WindowTable, decide_window, margin_ms,
-    margin_ns, same,
+    Dirty, Family, Identified, LogEntry, LogTable, WindowEntry, WindowTable, decide_window,
+    margin_ms, margin_ns,
 };
 use super::table::{GcraEntry, GcraTable, MAX_MARGIN_MS};
 use super::{StoreError, StoreStats};
@@ -43,7 +41,7 @@ pub(super) enum Undo {
 pub(super) struct Shard {
     pub(super) gcra: GcraTable,
     pub(super) windows: WindowTable,
-    pub(super) logs: HashTable<LogEntry>,
+    pub(super) logs: LogTable,
     /// What the buckets above cost, in bytes (`budget.rs`).
     pub(super) bytes: Account,
     /// The keys of the buckets marked changed since the last round (`changed.rs`).
@@ -63,7 +61,7 @@ impl Shard {
         Shard {
             gcra: GcraTable::default(),
             windows: WindowTable::default(),
-            logs: HashTable::new(),
+            logs: LogTable::default(),
             bytes: Account::default(),
             changed: ChangedKeys::new(listed),
             passed: false,
@@ -161,7 +159,7 @@ impl Shard {
         now_ns: u64,
         max_bytes: usize,
     ) -> Result<Option<(Decision, Undo)>, NeedsRoom> {
-        let Some(entry) = self.logs.find(key.hash, same(key)) else {
+        let Some(entry) = self.logs.find(key) else {
             return Ok(None);
         };
         let mut slot = entry.slot.lock();
@@ -288,7 +286,7 @@ impl Shard {
                 }
             }
             Algorithm::SlidingLog => {
-                if let Some(entry) = self.logs.find(key.hash, same(key)) {
+                if let Some(entry) = self.logs.find(key) {
                     let mut slot = entry.slot.lock();
                     self.bytes.tracking(&mut slot.1, |log| log.undo(cost));
                     self.mark_dirty(entry);
@@ -431,7 +429,7 @@ impl Shard {
     /// Inserts a log bucket whose key has none here, listing it if it is made changed.
     pub(super) fn insert_log(&mut self, entry: LogEntry) {
         self.list_if_dirty(&entry);
-        self.logs.insert_unique(entry.hash, entry, |e| e.hash);
+        self.logs.insert(entry);
     }
 
     fn list_if_dirty<E: Dirty>(&self, entry: &E) {
@@ -448,9 +446,9 @@ impl Shard {
             self.scan_changed(now_ns, out);
             return;
         }
-        // Listed keys are as cold as a check's: taken a burst at a time, the burst's GCRA and
-        // window buckets prefetched before any is read, so their misses overlap (one after another,
-        // they were most of a round's cost).
+        // Listed keys are as cold as a check's: taken a burst at a time, the burst's buckets
+        // prefetched before any is read, so their misses overlap (one after another, they were
+        // most of a round's cost).
         let mut drained = self.changed.drain();
         let mut burst = [(Family::Gcra, BucketKey { hash: 0, check: 0 }); 2 * PREFETCH_BURST];
         loop {
@@ -462,12 +460,16 @@ impl Shard {
             if taken == 0 {
                 return;
             }
-            let layouts = (self.gcra.layout(), self.windows.layout());
+            let layouts = (
+                self.gcra.layout(),
+                self.windows.layout(),
+                self.logs.layout(),
+            );
             for &(family, key) in &burst[..taken] {
                 match family {
                     Family::Gcra => super::table::prefetch::<GcraEntry>(layouts.0, key),
                     Family::Window => super::table::prefetch::<WindowEntry>(layouts.1, key),
-                    Family::Log => {}
+                    Family::Log => super::table::prefetch::<LogEntry>(layouts.2, key),
                 }
             }
             for &(family, key) in &burst[..taken] {
@@ -493,7 +495,7 @@ impl Shard {
                 .and_then(|e| e.state(now_ns)),
             Family::Log => self
                 .logs
-                .find(key.hash, same(key))
+                .find(key)
                 .filter(|e| Dirty::take_dirty(*e))
                 .and_then(|e| e.state(now_ns)),
         }
@@ -587,7 +589,7 @@ impl Shard {
                 slot.1 = local.merge(received);
             }
             BucketValue::Log { times_ns, .. } => {
-                let Some(entry) = self.logs.find(key.hash, same(key)) else {
+                let Some(entry) = self.logs.find(key) else {
                     return false;
                 };
                 // Admissions are never in the future: later times are taken as now.
@@ -667,7 +669,7 @@ impl Shard {
                 }
             }
             Undo::Log { cost } => {
-                if let Some(e) = self.logs.find_mut(key.hash, same(key)) {
+                if let Some(e) = self.logs.find_mut(key) {
                     self.bytes
                         .tracking(&mut e.slot.get_mut().1, |log| log.undo(cost));
                 }
@@ -701,7 +703,7 @@ impl Shard {
             self.bytes
                 .release((windows - self.windows.len()) * WINDOW_BUCKET_BYTES);
             let mut freed = 0;
-            self.logs.retain(|e| {
+            self.logs.retain_slots(0, usize::MAX, |e| {
                 let expired = e.is_expired(now_ns);
                 if expired {
                     freed += log_bytes(&e.slot.get_mut().1);

@@ -5,34 +5,27 @@
 //! every eviction pass, and once the expiry sweep has walked a shard, a table holding more
 //! than its buckets' charge plus [`TABLE_SLACK_BYTES`] is rebuilt to fit them.
 
-use hashbrown::HashTable;
-
 use super::budget::{GCRA_BUCKET_BYTES, LOG_BUCKET_BYTES, WINDOW_BUCKET_BYTES};
-use super::entries::Identified;
 use super::shard::Shard;
+use super::table::{Keyed, KeyedTable};
 
 /// Most a table may hold beyond its buckets' charge before it is shrunk: above the rounding of
-/// a table rebuilt to fit (its control bytes and group padding), so a rebuild is not repeated
-/// at once. Three tables a shard: part of the node's fixed overhead, not of its budget.
+/// a table rebuilt to fit (a power of two of slots), so a rebuild is not repeated at once. Three
+/// tables a shard: part of the node's fixed overhead, not of its budget.
 pub const TABLE_SLACK_BYTES: usize = 4 << 10;
 
 impl Shard {
     /// Shrinks every table holding more than its buckets are charged.
     pub(super) fn give_back_slack(&mut self) {
-        if self.gcra.allocation_size() > self.gcra.len() * GCRA_BUCKET_BYTES + TABLE_SLACK_BYTES {
-            self.gcra.shrink_to_fit();
-        }
-        if self.windows.allocation_size()
-            > self.windows.len() * WINDOW_BUCKET_BYTES + TABLE_SLACK_BYTES
-        {
-            self.windows.shrink_to_fit();
-        }
+        shrink(&mut self.gcra, GCRA_BUCKET_BYTES);
+        shrink(&mut self.windows, WINDOW_BUCKET_BYTES);
+        // A log is charged its times besides its slot; the slots alone are compared here.
         shrink(&mut self.logs, LOG_BUCKET_BYTES);
     }
 }
 
-fn shrink<E: Identified>(table: &mut HashTable<E>, charge: usize) {
+fn shrink<E: Keyed + Default>(table: &mut KeyedTable<E>, charge: usize) {
     if table.allocation_size() > table.len() * charge + TABLE_SLACK_BYTES {
-        table.shrink_to(table.len(), |e| e.hash());
+        table.shrink_to_fit();
     }
 }

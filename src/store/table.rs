@@ -1,5 +1,5 @@
-//! `KeyedTable`: the open-addressing table that holds the store's GCRA and window buckets, built
-//! for one cache miss per lookup and for prefetching.
+//! `KeyedTable`: the open-addressing table that holds each of the store's bucket families (GCRA,
+//! window, sliding log), built for one cache miss per lookup and for prefetching.
 //!
 //! Each slot is a whole bucket (a GCRA bucket's 24 bytes: hash, check, margin, TAT), found by
 //! linear probing from `hash & mask`, so a lookup touches the slot's cache line and rarely the
