@@ -5,6 +5,7 @@
 
 pub mod fixed_window;
 pub mod gcra;
+mod log_times;
 pub mod sliding_log;
 pub mod sliding_window;
 

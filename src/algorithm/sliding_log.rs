@@ -4,14 +4,14 @@
 //! Memory per key is at most `limit` timestamps, which is why [`crate::SLIDING_LOG_MAX_LIMIT`]
 //! caps the limit. A log starts with room for a few and doubles its room as it fills: most keys
 //! stay far below their limit, and room for the whole limit from the first check (8 KiB for a
-//! limit of 1,000) made a million such keys cost 8 GiB.
+//! limit of 1,000) made a million such keys cost 8 GiB. The first few are kept in the log itself
+//! (`log_times.rs`).
 
-use std::collections::VecDeque;
-
+use super::log_times::{INLINE, Times};
 use crate::{Decision, Limit};
 
-/// Room a new log starts with (unless its first cost needs more): 32 bytes of times.
-pub const FIRST_ROOM: usize = 4;
+/// Room a new log starts with (unless its first cost needs more): the times it keeps in place.
+pub const FIRST_ROOM: usize = INLINE;
 
 /// The times a new log has room for when made by an admission of `cost` under `limit`.
 pub fn first_room(limit: &Limit, cost: u64) -> usize {
@@ -22,7 +22,7 @@ pub fn first_room(limit: &Limit, cost: u64) -> usize {
 /// The admission times of one key, oldest first.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct SlidingLog {
-    times_ns: VecDeque<u64>,
+    times_ns: Times,
 }
 
 impl SlidingLog {
@@ -32,8 +32,7 @@ impl SlidingLog {
         self.forget_expired(limit, now_ns);
         let decision = self.peek(limit, now_ns, cost);
         if decision.is_allowed() {
-            self.times_ns
-                .extend(std::iter::repeat_n(now_ns, cost as usize));
+            self.times_ns.push_n(now_ns, cost as usize);
         }
         decision
     }
@@ -65,7 +64,9 @@ impl SlidingLog {
         } else {
             // The oldest `used + cost - cap` units must leave the window first.
             let must_leave = (used + cost - cap) as usize;
-            let leaves_at = self.times_ns[expired + must_leave - 1].saturating_add(period);
+            // Within the log: `must_leave <= used`, as `cost <= cap`.
+            let oldest_to_leave = self.times_ns.get(expired + must_leave - 1).unwrap_or(0);
+            let leaves_at = oldest_to_leave.saturating_add(period);
             Decision::Denied {
                 remaining: cap.saturating_sub(used),
                 retry_after_ns: leaves_at.saturating_sub(now_ns),
@@ -81,8 +82,7 @@ impl SlidingLog {
         self.forget_expired(limit, now_ns);
         let most = limit.burst().saturating_mul(2);
         let taken = cost.min(most.saturating_sub(self.times_ns.len() as u64));
-        self.times_ns
-            .extend(std::iter::repeat_n(now_ns, taken as usize));
+        self.times_ns.push_n(now_ns, taken as usize);
         cost - taken
     }
 
@@ -105,7 +105,7 @@ impl SlidingLog {
         let units = units.min(max_entries as u64) as usize;
         // One pass, whatever `units` is: the old times, the new ones spliced in order, and the
         // oldest dropped beyond the cap.
-        let mut times: Vec<u64> = self.times_ns.drain(..).collect();
+        let mut times: Vec<u64> = self.times_ns.iter().copied().collect();
         let at = times.partition_point(|&t| t <= at_ns);
         times.splice(at..at, std::iter::repeat_n(at_ns, units));
         let excess = times.len().saturating_sub(max_entries);
@@ -121,16 +121,15 @@ impl SlidingLog {
     /// Drops the entries that have left the trailing period.
     pub fn forget_expired(&mut self, limit: &Limit, now_ns: u64) {
         let horizon = now_ns.saturating_sub(limit.period_ns());
-        while self.times_ns.front().is_some_and(|&t| t <= horizon) {
-            self.times_ns.pop_front();
-        }
+        let expired = self.times_ns.iter().take_while(|&&t| t <= horizon).count();
+        self.times_ns.drop_oldest(expired);
     }
 
     /// True when no entry is within the period any more.
     pub fn is_expired(&self, limit: &Limit, now_ns: u64) -> bool {
         self.times_ns
             .back()
-            .is_none_or(|&t| t.saturating_add(limit.period_ns()) <= now_ns)
+            .is_none_or(|t| t.saturating_add(limit.period_ns()) <= now_ns)
     }
 
     /// Most entries a log under `limit` holds where it is replicated, handed off or written
@@ -176,21 +175,35 @@ impl SlidingLog {
     }
 
     /// An empty log with room for `entries` times, so it need not grow while it fills.
-    pub fn with_capacity(entries: usize) -> Self {
+    pub fn with_room(entries: usize) -> Self {
         SlidingLog {
-            times_ns: VecDeque::with_capacity(entries),
+            times_ns: Times::with_room(entries),
         }
     }
 
     /// An empty log made for a first admission of `cost` under `limit`: room for
     /// [`FIRST_ROOM`] times or the cost, whichever is more, and never more than the limit.
     pub fn first_for(limit: &Limit, cost: u64) -> Self {
-        SlidingLog::with_capacity(first_room(limit, cost))
+        SlidingLog::with_room(first_room(limit, cost))
     }
 
-    /// How many times the log has room for without growing (what its memory is).
-    pub fn capacity(&self) -> usize {
-        self.times_ns.capacity()
+    /// How many times the log has room for without growing.
+    pub fn room(&self) -> usize {
+        self.times_ns.room()
+    }
+
+    /// How many times it has room for on the heap, beyond the few kept in place (what its
+    /// memory is beside its own size).
+    pub fn heap_room(&self) -> usize {
+        self.times_ns.heap_room()
+    }
+
+    /// The heap room a log made by [`SlidingLog::first_for`] has.
+    pub fn first_heap_room(limit: &Limit, cost: u64) -> usize {
+        match first_room(limit, cost) {
+            room if room <= INLINE => 0,
+            room => room,
+        }
     }
 
     /// How much more room an admission of `cost` now would need: none when it fits or would be
@@ -201,7 +214,7 @@ impl SlidingLog {
         let (len, cap, room) = (
             self.times_ns.len() as u64,
             limit.burst(),
-            self.capacity() as u64,
+            self.room() as u64,
         );
         if cost > cap || len + cost > cap || len + cost <= room {
             return 0;
@@ -214,7 +227,17 @@ impl SlidingLog {
     /// Makes room for `additional` more times.
     pub fn grow(&mut self, additional: usize) {
         self.times_ns
-            .reserve_exact(self.capacity() - self.times_ns.len() + additional);
+            .reserve_exact(self.room() - self.times_ns.len() + additional);
+    }
+
+    /// How much more heap room [`SlidingLog::grow`] by `additional` takes.
+    pub fn heap_growth(&self, additional: usize) -> usize {
+        let room = self.room() + additional;
+        if room <= INLINE {
+            0
+        } else {
+            room - self.heap_room()
+        }
     }
 
     /// Number of recorded units (for memory accounting and tests).
@@ -229,6 +252,6 @@ impl SlidingLog {
     fn reset_after(&self, period: u64, now_ns: u64) -> u64 {
         self.times_ns
             .back()
-            .map_or(0, |&t| t.saturating_add(period).saturating_sub(now_ns))
+            .map_or(0, |t| t.saturating_add(period).saturating_sub(now_ns))
     }
 }

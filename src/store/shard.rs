@@ -167,7 +167,7 @@ impl Shard {
         let growth = log.growth_for(limit, now_ns, cost);
         if growth > 0 {
             // Charged before it grows, so concurrent growths cannot pass the bound.
-            let bytes = growth * LOG_TIME_BYTES;
+            let bytes = log.heap_growth(growth) * LOG_TIME_BYTES;
             if !self.bytes.try_charge(bytes, max_bytes) {
                 return Err(NeedsRoom(bytes));
             }
