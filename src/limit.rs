@@ -115,15 +115,55 @@ pub struct Limit {
     interval_ns: u64,
 }
 
-impl Limit {
-    /// A valid limit held by the store's empty window slots, never decided against.
-    pub(crate) const EMPTY_SLOT: Limit = Limit {
-        algorithm: Algorithm::FixedWindow,
-        rate: 1,
+/// A window or log limit as the store keeps it beside a bucket: all such a limit is made of
+/// (its burst is its rate, its interval follows), in 16 bytes where a `Limit` takes 40, so a
+/// window bucket's slot fits a cache line. Made only from a valid limit of those algorithms
+/// ([`Limit::packed`]), so it turns back into one ([`PackedLimit::limit`]) without checks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct PackedLimit {
+    period_ns: u64,
+    /// At most [`MAX_BURST`] for a window or log limit: fits.
+    rate: u32,
+    algorithm: Algorithm,
+}
+
+impl PackedLimit {
+    /// The limit held by the store's empty window and log slots, never decided against.
+    pub(crate) const EMPTY_SLOT: PackedLimit = PackedLimit {
         period_ns: NANOS_PER_SEC,
-        burst: 1,
-        interval_ns: NANOS_PER_SEC,
+        rate: 1,
+        algorithm: Algorithm::FixedWindow,
     };
+
+    pub(crate) fn period_ns(self) -> u64 {
+        self.period_ns
+    }
+
+    /// The `Limit` this was made from.
+    pub(crate) fn limit(self) -> Limit {
+        let rate = u64::from(self.rate);
+        Limit {
+            algorithm: self.algorithm,
+            rate,
+            period_ns: self.period_ns,
+            burst: rate,
+            interval_ns: self.period_ns.div_ceil(rate),
+        }
+    }
+}
+
+impl Limit {
+    /// The limit as a window or log bucket keeps it. Only for a limit whose burst is its rate
+    /// (every algorithm but GCRA).
+    pub(crate) fn packed(&self) -> PackedLimit {
+        debug_assert!(self.algorithm != Algorithm::Gcra && self.burst == self.rate);
+        PackedLimit {
+            period_ns: self.period_ns,
+            // At most MAX_BURST for these algorithms (checked by `new`).
+            rate: u32::try_from(self.rate).unwrap_or(u32::MAX),
+            algorithm: self.algorithm,
+        }
+    }
 
     /// Builds a limit, checking every field and the combination.
     pub fn new(
@@ -327,6 +367,33 @@ pub fn parse_decimal_scaled(number: &str, scale: u64) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A window or log limit comes back from its packed form as it was, at the extremes of
+    /// every field.
+    #[test]
+    fn packed_limits_come_back_whole() {
+        let algorithms = [
+            Algorithm::FixedWindow,
+            Algorithm::SlidingWindow,
+            Algorithm::SlidingLog,
+        ];
+        for algorithm in algorithms {
+            for period_ns in [MIN_PERIOD_NS, 7 * NANOS_PER_SEC, MAX_PERIOD_NS] {
+                for rate in [1, 3, 1_000, MAX_BURST] {
+                    let Ok(limit) = Limit::window(algorithm, rate, period_ns) else {
+                        continue;
+                    };
+                    assert_eq!(limit.packed().limit(), limit, "{limit:?}");
+                }
+            }
+        }
+        let packed = Limit::window(Algorithm::FixedWindow, MAX_BURST, MAX_PERIOD_NS).unwrap();
+        assert_eq!(packed.packed().limit().rate(), MAX_BURST);
+        assert_eq!(
+            PackedLimit::EMPTY_SLOT.limit(),
+            Limit::window(Algorithm::FixedWindow, 1, NANOS_PER_SEC).unwrap()
+        );
+    }
 
     #[test]
     fn invalid_limits_are_refused_with_specific_errors() {

@@ -85,6 +85,7 @@ impl WindowEntry {
     /// The bucket's state, if it is still in use at `now`.
     pub(super) fn state(&self, now_ns: u64) -> Option<BucketState> {
         let (limit, state) = *self.slot.lock();
+        let limit = limit.limit();
         (!window_is_expired(&limit, &state, now_ns)).then(|| BucketState {
             key: BucketKey::of(self),
             value: BucketValue::Window { limit, state },
@@ -96,11 +97,11 @@ impl LogEntry {
     /// The bucket's state, if it is still in use at `now`.
     pub(super) fn state(&self, now_ns: u64) -> Option<BucketState> {
         let slot = self.slot.lock();
-        let (limit, log) = (&slot.0, &slot.1);
-        (!log.is_expired(limit, now_ns)).then(|| BucketState {
+        let (limit, log) = (slot.0.limit(), &slot.1);
+        (!log.is_expired(&limit, now_ns)).then(|| BucketState {
             key: BucketKey::of(self),
             value: BucketValue::Log {
-                limit: *limit,
+                limit,
                 times_ns: log.times().collect(),
             },
         })

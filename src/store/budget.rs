@@ -369,12 +369,12 @@ mod tests {
     }
 
     /// The charges docs/OPERATIONS.md quotes for sizing a node: a GCRA bucket 64 bytes, a
-    /// window bucket 234 (its 88-byte slot at 3/8 load), a log 277 (its 104-byte slot at 3/8
+    /// window bucket 170 (its 64-byte slot at 3/8 load), a log 213 (its 80-byte slot at 3/8
     /// load, up to 4 times in place) before the times it has room for on the heap.
     #[test]
     fn charges_are_the_documented_ones() {
         assert_eq!(GCRA_BUCKET_BYTES, 64);
-        assert_eq!(WINDOW_BUCKET_BYTES, 234);
-        assert_eq!(LOG_BUCKET_BYTES, 277);
+        assert_eq!(WINDOW_BUCKET_BYTES, 170);
+        assert_eq!(LOG_BUCKET_BYTES, 213);
     }
 }

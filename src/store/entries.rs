@@ -7,14 +7,16 @@ use parking_lot::Mutex;
 
 use super::table::{GcraEntry, Keyed, KeyedTable, Standing, Use, margin_ms_of};
 use crate::algorithm::{SlidingLog, WindowState, fixed_window, sliding_window};
+use crate::limit::PackedLimit;
 use crate::{Algorithm, BucketKey, Decision, Limit};
 
-/// A fixed- or sliding-window bucket. The small mutex is uncontended except on one hot key.
+/// A fixed- or sliding-window bucket: 64 bytes. The small mutex is uncontended except on one hot
+/// key.
 #[derive(Debug)]
 pub(super) struct WindowEntry {
     pub(super) hash: u64,
     pub(super) check: u32,
-    pub(super) slot: Mutex<(Limit, WindowState)>,
+    pub(super) slot: Mutex<(PackedLimit, WindowState)>,
     /// Changed since the last replication round; set only through [`Dirty`] (see `changed.rs`).
     dirty: AtomicBool,
     /// Consumed from since eviction last looked at the shard.
@@ -28,7 +30,7 @@ pub(super) struct WindowEntry {
 pub(super) struct LogEntry {
     pub(super) hash: u64,
     pub(super) check: u32,
-    pub(super) slot: Mutex<(Limit, SlidingLog)>,
+    pub(super) slot: Mutex<(PackedLimit, SlidingLog)>,
     /// Changed since the last replication round; set only through [`Dirty`] (see `changed.rs`).
     dirty: AtomicBool,
     /// Consumed from since eviction last looked at the shard.
@@ -38,7 +40,7 @@ pub(super) struct LogEntry {
 }
 
 impl WindowEntry {
-    pub(super) fn new(key: BucketKey, limit: Limit, state: WindowState, dirty: bool) -> Self {
+    pub(super) fn new(key: BucketKey, limit: PackedLimit, state: WindowState, dirty: bool) -> Self {
         WindowEntry {
             hash: key.hash,
             check: key.check,
@@ -50,12 +52,20 @@ impl WindowEntry {
     }
 }
 
+impl WindowEntry {
+    /// Its limit and state, for expiry and eviction (under the shard's exclusive lock).
+    fn window(&mut self) -> (Limit, &WindowState) {
+        let (limit, state) = self.slot.get_mut();
+        (limit.limit(), state)
+    }
+}
+
 impl Default for WindowEntry {
     /// The empty slot of a window table (hash 0: no bucket).
     fn default() -> Self {
         WindowEntry::new(
             BucketKey { hash: 0, check: 0 },
-            Limit::EMPTY_SLOT,
+            PackedLimit::EMPTY_SLOT,
             WindowState::default(),
             false,
         )
@@ -66,12 +76,20 @@ impl Default for WindowEntry {
 /// cache miss a cold key, prefetched a burst ahead like them).
 pub(super) type WindowTable = KeyedTable<WindowEntry>;
 
+impl LogEntry {
+    /// Its limit and log, for expiry and eviction (under the shard's exclusive lock).
+    fn log(&mut self) -> (Limit, &SlidingLog) {
+        let (limit, log) = self.slot.get_mut();
+        (limit.limit(), log)
+    }
+}
+
 impl Default for LogEntry {
     /// The empty slot of a log table (hash 0: no bucket); its empty log holds no allocation.
     fn default() -> Self {
         LogEntry::new(
             BucketKey { hash: 0, check: 0 },
-            Limit::EMPTY_SLOT,
+            PackedLimit::EMPTY_SLOT,
             SlidingLog::default(),
             false,
         )
@@ -83,7 +101,7 @@ impl Default for LogEntry {
 pub(super) type LogTable = KeyedTable<LogEntry>;
 
 impl LogEntry {
-    pub(super) fn new(key: BucketKey, limit: Limit, log: SlidingLog, dirty: bool) -> Self {
+    pub(super) fn new(key: BucketKey, limit: PackedLimit, log: SlidingLog, dirty: bool) -> Self {
         LogEntry {
             hash: key.hash,
             check: key.check,
@@ -254,27 +272,27 @@ impl Keyed for WindowEntry {
 
 impl Identified for WindowEntry {
     fn expires_in(&mut self, now_ns: u64) -> u64 {
-        let (limit, state) = self.slot.get_mut();
-        if window_is_expired(limit, state, now_ns) {
+        let (limit, state) = self.window();
+        if window_is_expired(&limit, state, now_ns) {
             0
         } else {
-            decide_window(limit, state, now_ns, 0)
+            decide_window(&limit, state, now_ns, 0)
                 .0
                 .reset_after_ns()
                 .max(1)
         }
     }
     fn is_expired(&mut self, now_ns: u64) -> bool {
-        let (limit, state) = self.slot.get_mut();
-        window_is_expired(limit, state, now_ns)
+        let (limit, state) = self.window();
+        window_is_expired(&limit, state, now_ns)
     }
     fn is_denying(&mut self, now_ns: u64) -> bool {
-        let (limit, state) = self.slot.get_mut();
-        !decide_window(limit, state, now_ns, 1).0.is_allowed()
+        let (limit, state) = self.window();
+        !decide_window(&limit, state, now_ns, 1).0.is_allowed()
     }
     fn consumed_ppm(&mut self, now_ns: u64) -> u32 {
-        let (limit, state) = self.slot.get_mut();
-        let remaining = decide_window(limit, state, now_ns, 0).0.remaining();
+        let (limit, state) = self.window();
+        let remaining = decide_window(&limit, state, now_ns, 0).0.remaining();
         ppm(limit.burst().saturating_sub(remaining), limit.burst())
     }
     fn take_use(&mut self, first_pass: bool) -> Use {
@@ -293,24 +311,27 @@ impl Keyed for LogEntry {
 
 impl Identified for LogEntry {
     fn expires_in(&mut self, now_ns: u64) -> u64 {
-        let (limit, log) = self.slot.get_mut();
-        if log.is_expired(limit, now_ns) {
+        let (limit, log) = self.log();
+        if log.is_expired(&limit, now_ns) {
             0
         } else {
-            log.clone().decide(limit, now_ns, 0).reset_after_ns().max(1)
+            log.clone()
+                .decide(&limit, now_ns, 0)
+                .reset_after_ns()
+                .max(1)
         }
     }
     fn is_expired(&mut self, now_ns: u64) -> bool {
-        let (limit, log) = self.slot.get_mut();
-        log.is_expired(limit, now_ns)
+        let (limit, log) = self.log();
+        log.is_expired(&limit, now_ns)
     }
     fn is_denying(&mut self, now_ns: u64) -> bool {
-        let (limit, log) = self.slot.get_mut();
-        !log.clone().decide(limit, now_ns, 1).is_allowed()
+        let (limit, log) = self.log();
+        !log.clone().decide(&limit, now_ns, 1).is_allowed()
     }
     fn consumed_ppm(&mut self, now_ns: u64) -> u32 {
-        let (limit, log) = self.slot.get_mut();
-        let remaining = log.clone().decide(limit, now_ns, 0).remaining();
+        let (limit, log) = self.log();
+        let remaining = log.clone().decide(&limit, now_ns, 0).remaining();
         ppm(limit.burst().saturating_sub(remaining), limit.burst())
     }
     fn take_use(&mut self, first_pass: bool) -> Use {

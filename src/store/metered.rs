@@ -145,7 +145,7 @@ impl Shard {
             Algorithm::SlidingLog => {
                 let entry = self.logs.find(key)?;
                 let mut slot = entry.slot.lock();
-                slot.0 = *limit;
+                slot.0 = limit.packed();
                 // Spent already: recorded even past the budget, which the next new key's
                 // eviction restores (as for units admitted in another region).
                 let forgiven = self

@@ -167,7 +167,7 @@ impl Shard {
             Algorithm::SlidingLog => {
                 let entry = self.logs.find(key)?;
                 let mut slot = entry.slot.lock();
-                slot.0 = *limit;
+                slot.0 = limit.packed();
                 let most = used.max_log_entries.max(limit.burst() as usize);
                 // Admitted elsewhere already: recorded even past the budget, which the next
                 // new key's eviction restores.

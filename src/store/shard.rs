@@ -20,6 +20,7 @@ use super::entries::{
 use super::table::{GcraEntry, GcraTable, MAX_MARGIN_MS};
 use super::{StoreError, StoreStats};
 use crate::algorithm::{SlidingLog, WindowState, gcra};
+use crate::limit::PackedLimit;
 use crate::prefetch::PREFETCH_BURST;
 use crate::{Algorithm, BucketKey, Decision, Limit};
 
@@ -175,7 +176,7 @@ impl Shard {
             self.bytes.release(bytes);
         }
         let decision = log.decide(limit, now_ns, cost);
-        slot.0 = *limit;
+        slot.0 = limit.packed();
         let undo = if decision.is_allowed() && cost > 0 {
             if count_worth_replicating(limit, decision.remaining()) {
                 self.mark_dirty(entry);
@@ -390,7 +391,7 @@ impl Shard {
         state: WindowState,
         replicate: bool,
     ) {
-        self.insert_window(WindowEntry::new(key, *limit, state, replicate));
+        self.insert_window(WindowEntry::new(key, limit.packed(), state, replicate));
         self.bytes.charge(WINDOW_BUCKET_BYTES);
     }
 
@@ -417,7 +418,7 @@ impl Shard {
         replicate: bool,
     ) {
         self.bytes.charge(log_bytes(&log));
-        self.insert_log(LogEntry::new(key, *limit, log, replicate));
+        self.insert_log(LogEntry::new(key, limit.packed(), log, replicate));
     }
 
     /// Inserts a window bucket whose key has none here, listing it if it is made changed.
@@ -595,7 +596,7 @@ impl Shard {
                 // Admissions are never in the future: later times are taken as now.
                 let times: Vec<u64> = times_ns.iter().map(|t| (*t).min(now_ns)).collect();
                 let mut slot = entry.slot.lock();
-                let limit = slot.0;
+                let limit = slot.0.limit();
                 let log = SlidingLog::from_times(&limit, &times);
                 self.bytes
                     .tracking(&mut slot.1, |mine| mine.merge(&limit, log, now_ns));
@@ -634,7 +635,7 @@ impl Shard {
                 if !self.room_for(WINDOW_BUCKET_BYTES, now_ns, bounds, stats) {
                     return false;
                 }
-                let entry = WindowEntry::new(key, *limit, received, false);
+                let entry = WindowEntry::new(key, limit.packed(), received, false);
                 self.insert_window(entry);
                 self.bytes.charge(WINDOW_BUCKET_BYTES);
             }
@@ -646,7 +647,7 @@ impl Shard {
                     return false;
                 }
                 self.bytes.charge(log_bytes(&log));
-                let entry = LogEntry::new(key, *limit, log, false);
+                let entry = LogEntry::new(key, limit.packed(), log, false);
                 self.insert_log(entry);
             }
         }
@@ -741,12 +742,17 @@ impl Shard {
 /// counts are rebased to windows of the new period by absolute time (see
 /// [`WindowState::rebase`]), never read as indices of another period. Fixed and sliding windows
 /// share their counts (a count per window means the same in both). True when it changed.
-pub(super) fn adopt_limit(slot: &mut (Limit, WindowState), limit: &Limit, now_ns: u64) -> bool {
-    if slot.0 == *limit {
+pub(super) fn adopt_limit(
+    slot: &mut (PackedLimit, WindowState),
+    limit: &Limit,
+    now_ns: u64,
+) -> bool {
+    let kept = limit.packed();
+    if slot.0 == kept {
         return false;
     }
     slot.1 = slot.1.rebase(slot.0.period_ns(), limit.period_ns(), now_ns);
-    slot.0 = *limit;
+    slot.0 = kept;
     true
 }
 
