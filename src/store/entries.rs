@@ -50,9 +50,7 @@ impl WindowEntry {
             standing: Standing::Unseen,
         }
     }
-}
 
-impl WindowEntry {
     /// Its limit and state, for expiry and eviction (under the shard's exclusive lock).
     fn window(&mut self) -> (Limit, &WindowState) {
         let (limit, state) = self.slot.get_mut();
@@ -76,14 +74,6 @@ impl Default for WindowEntry {
 /// cache miss a cold key, prefetched a burst ahead like them).
 pub(super) type WindowTable = KeyedTable<WindowEntry>;
 
-impl LogEntry {
-    /// Its limit and log, for expiry and eviction (under the shard's exclusive lock).
-    fn log(&mut self) -> (Limit, &SlidingLog) {
-        let (limit, log) = self.slot.get_mut();
-        (limit.limit(), log)
-    }
-}
-
 impl Default for LogEntry {
     /// The empty slot of a log table (hash 0: no bucket); its empty log holds no allocation.
     fn default() -> Self {
@@ -96,8 +86,9 @@ impl Default for LogEntry {
     }
 }
 
-/// The sliding-log buckets of a shard, in their slots as the others are: the entry is found in
-/// one cache miss and prefetched a burst ahead; its times, behind it on the heap, are a second.
+/// The sliding-log buckets of a shard, in their slots as the others are: the entry, with its first
+/// few times, is found in one cache miss and prefetched a burst ahead; more times lie behind it on
+/// the heap.
 pub(super) type LogTable = KeyedTable<LogEntry>;
 
 impl LogEntry {
@@ -110,6 +101,12 @@ impl LogEntry {
             used: AtomicBool::new(false),
             standing: Standing::Unseen,
         }
+    }
+
+    /// Its limit and log, for expiry and eviction (under the shard's exclusive lock).
+    fn log(&mut self) -> (Limit, &SlidingLog) {
+        let (limit, log) = self.slot.get_mut();
+        (limit.limit(), log)
     }
 }
 

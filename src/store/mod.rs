@@ -296,7 +296,8 @@ impl BucketStore {
     /// Starts loading `key`'s bucket under `algorithm` into the cache without waiting for it.
     /// Callers that decide a batch prefetch a few keys ahead, so cache misses on cold keys
     /// overlap instead of adding up. Purely a hint: it reads no bucket and takes no lock. Of a
-    /// log, only the entry: its times lie behind it, a miss no hint here can start.
+    /// log, its slot, which holds its first few times; more lie behind it on the heap, a miss no
+    /// hint here can start.
     #[inline]
     pub fn prefetch(&self, key: BucketKey, algorithm: Algorithm) {
         let shard = &self.shards[self.shard_index(key)];
