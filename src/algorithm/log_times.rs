@@ -114,6 +114,11 @@ impl Times {
         }
     }
 
+    /// The heap room of times made or grown to hold `room` (none while they fit in place).
+    pub(super) fn heap_room_for(room: usize) -> usize {
+        if room <= INLINE { 0 } else { room }
+    }
+
     /// Appends `count` copies of `t` (a time no older than the newest held).
     pub(super) fn push_n(&mut self, t: u64, count: usize) {
         if let Times::Inline { len, times } = self {

@@ -200,10 +200,7 @@ impl SlidingLog {
 
     /// The heap room a log made by [`SlidingLog::first_for`] has.
     pub fn first_heap_room(limit: &Limit, cost: u64) -> usize {
-        match first_room(limit, cost) {
-            room if room <= INLINE => 0,
-            room => room,
-        }
+        Times::heap_room_for(first_room(limit, cost))
     }
 
     /// How much more room an admission of `cost` now would need: none when it fits or would be
@@ -232,12 +229,7 @@ impl SlidingLog {
 
     /// How much more heap room [`SlidingLog::grow`] by `additional` takes.
     pub fn heap_growth(&self, additional: usize) -> usize {
-        let room = self.room() + additional;
-        if room <= INLINE {
-            0
-        } else {
-            room - self.heap_room()
-        }
+        Times::heap_room_for(self.room() + additional) - self.heap_room()
     }
 
     /// Number of recorded units (for memory accounting and tests).

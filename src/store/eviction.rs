@@ -93,19 +93,12 @@ impl Shard {
         }
         let mut candidates: Vec<Candidate> = Vec::new();
         let first = !std::mem::replace(&mut self.passed, true);
-        for entry in self.gcra.iter_mut() {
-            let key = entry.key();
-            candidates.push(Candidate::of(entry, now_ns, first, Family::Gcra, key));
-        }
+        let gcra = self.gcra.iter_mut();
+        collect(gcra, Family::Gcra, now_ns, first, &mut candidates);
         let windows = self.windows.iter_mut();
         collect(windows, Family::Window, now_ns, first, &mut candidates);
-        collect(
-            self.logs.iter_mut(),
-            Family::Log,
-            now_ns,
-            first,
-            &mut candidates,
-        );
+        let logs = self.logs.iter_mut();
+        collect(logs, Family::Log, now_ns, first, &mut candidates);
         candidates.retain(|c| Some(c.key) != spare);
         candidates.sort_unstable_by_key(|c| c.cost);
         let batch = (self.len() / 16).max(1);
@@ -141,8 +134,7 @@ impl Shard {
     fn evict(&mut self, family: Family, key: BucketKey) {
         match family {
             Family::Gcra => {
-                if self.gcra.find(key).is_some() {
-                    self.gcra.remove(key);
+                if self.gcra.remove(key).is_some() {
                     self.bytes.release(GCRA_BUCKET_BYTES);
                 }
             }
