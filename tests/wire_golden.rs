@@ -19,16 +19,16 @@ use floodgate::wire::{
     BASE_LAYOUT, CheckBatch, CheckGroups, DecisionBatch, ErrorCode, ErrorFrame, FrameKind,
     FrameReader, HandoffPart, LeaseAnswer, LeaseAnswerBatch, LeaseRequestBatch, LeaseSyncMessage,
     PolicyMessage, PolicyRequest, RegionAckMessage, RegionAckMessageV4, RegionDeltasMessage,
-    RegionDeltasMessageV4, ReplicateMessage, ScopedCheckBatch, SlotTableMessage, TableMember,
-    TokenLeaseAnswer, TokenLeaseAnswers, TokenLeaseBatch, TokenLeaseRequest, WireBucket, WireCheck,
-    WireDecision, WireDelta, WireLease, WireLeaseAnswer, WireLeaseRequest, WireLeaseSet, WireScope,
-    decode_check_batch, decode_decisions, decode_error_frame, decode_gossip, decode_id_conflict,
-    decode_lease_answers, decode_lease_requests, decode_lease_sync, decode_policy_message,
-    decode_policy_request, decode_region_ack, decode_region_deltas, decode_replicate,
-    decode_scoped_check_batch, decode_slot_table, decode_token_lease_answers,
-    decode_token_lease_batch, encode_frame, encode_gossip, encode_lease_answers,
-    encode_lease_requests, encode_lease_sync, encode_message, encode_message_at, encode_replicate,
-    encode_slot_table,
+    RegionDeltasMessageV4, RegionDeltasMessageV13, ReplicateMessage, ScopedCheckBatch,
+    SlotTableMessage, TableMember, TokenLeaseAnswer, TokenLeaseAnswers, TokenLeaseBatch,
+    TokenLeaseRequest, WireBucket, WireCheck, WireDecision, WireDelta, WireDeltaLimit, WireLease,
+    WireLeaseAnswer, WireLeaseRequest, WireLeaseSet, WireScope, decode_check_batch,
+    decode_decisions, decode_error_frame, decode_gossip, decode_id_conflict, decode_lease_answers,
+    decode_lease_requests, decode_lease_sync, decode_policy_message, decode_policy_request,
+    decode_region_ack, decode_region_deltas, decode_replicate, decode_scoped_check_batch,
+    decode_slot_table, decode_token_lease_answers, decode_token_lease_batch, encode_frame,
+    encode_gossip, encode_lease_answers, encode_lease_requests, encode_lease_sync, encode_message,
+    encode_message_at, encode_replicate, encode_slot_table,
 };
 use floodgate::wire::{
     RLQS_DENY, RLQS_TOKEN_BUCKET, RlqsAssignmentBatch, RlqsRegionClaims, RlqsRegionParts,
@@ -384,7 +384,37 @@ fn region_frames(version: u8, put: &mut dyn FnMut(FrameKind, Vec<u8>)) {
         ],
     };
     let layout = FrameKind::RegionDeltas.layout_at(version);
-    if layout >= 4 {
+    if layout >= 13 {
+        // The same two deltas as columns: each limit once, units and ages as LEB128 integers
+        // (4 and 100 ms before the newest, 1 and 0).
+        let deltas = RegionDeltasMessageV13 {
+            region: deltas.region,
+            node: deltas.node,
+            session: deltas.session,
+            seq: deltas.seq,
+            settled_below: 2,
+            limits: vec![
+                WireDeltaLimit {
+                    algorithm: 0,
+                    rate: 100,
+                    period_ns: NANOS_PER_SEC,
+                    burst: 50,
+                },
+                WireDeltaLimit {
+                    algorithm: 3,
+                    rate: 3,
+                    period_ns: NANOS_PER_SEC,
+                    burst: 3,
+                },
+            ],
+            key_hashes: vec![0x8899_aabb_ccdd_eeff, 7],
+            key_checks: vec![0x4455_6677, 0],
+            limit_indices: vec![0, 1],
+            newest_at_ns: 1_700_000_000_200_000_000,
+            units_and_ages: vec![0x04, 0x80, 0xc2, 0xd7, 0x2f, 0x01, 0x00],
+        };
+        encode_message_at(&mut frame, layout, FrameKind::RegionDeltas, 0, &deltas);
+    } else if layout >= 4 {
         let deltas = RegionDeltasMessageV4 {
             region: deltas.region,
             node: deltas.node,

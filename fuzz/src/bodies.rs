@@ -1113,12 +1113,16 @@ pub fn snapshot_merge(data: &[u8]) -> Outcome {
     Outcome::Accepted
 }
 
+/// The layout of region deltas as columns.
+const COMPACT_DELTAS: u8 = 13;
+
 /// The receiving region of the `region_messages` target.
 pub const REGION_TARGET_RECEIVER: &str = "fuzz.receiver";
 
 /// A region message payload, its first byte picking the decoder (0 scoped check batch, 1 region
 /// deltas, 2 region ack, 3 RLQS region claims, 4 RLQS region parts, 5 a hand-off's unconfirmed
-/// units; others modulo 6): refused, or within its bounds and re-encoding to itself. Accepted
+/// units, 6 region deltas in version 13's columns; others modulo 7): refused, or within its
+/// bounds and re-encoding to itself. Accepted
 /// deltas are applied to a store through an exchange twice: the units count once, the second
 /// arrival is a duplicate, nothing panics. Accepted unconfirmed units are inherited and count.
 pub fn region_messages(data: &[u8]) -> Outcome {
@@ -1126,7 +1130,7 @@ pub fn region_messages(data: &[u8]) -> Outcome {
         return Outcome::Refused;
     };
     let payload = aligned(rest);
-    match which % 6 {
+    match which % 7 {
         0 => {
             let mut groups = CheckGroups::default();
             let Ok(scopes) = decode_scoped_check_batch(&payload, &CHECK_TARGET_LIMITS, &mut groups)
@@ -1164,6 +1168,22 @@ pub fn region_messages(data: &[u8]) -> Outcome {
             };
             let again = reframe(FrameKind::RlqsRegionClaims, claims);
             assert_eq!(floodgate::wire::decode_rlqs_region_claims(&again), decoded);
+            Outcome::Accepted
+        }
+        6 => {
+            use floodgate::wire::RegionDeltasMessageV13;
+            let decoded = decode_region_deltas(COMPACT_DELTAS, &payload);
+            let Ok(batch) = &decoded else {
+                return Outcome::Refused;
+            };
+            let again = reframe(
+                FrameKind::RegionDeltas,
+                &RegionDeltasMessageV13::from(batch),
+            );
+            assert_eq!(decode_region_deltas(COMPACT_DELTAS, &again), decoded);
+            if batch.from.region.as_str() != REGION_TARGET_RECEIVER {
+                apply_twice(batch);
+            }
             Outcome::Accepted
         }
         4 => {

@@ -152,6 +152,59 @@ fn region_delta_seeds() -> Vec<Seed> {
         ),
         seed("region_messages", "empty", Vec::new(), Refused),
     ]
+    .into_iter()
+    .chain(compact_delta_seeds())
+    .collect()
+}
+
+/// The `region_messages` target's deltas in version 13's columns (tag 6): a round of several
+/// limits, units and ages, and one whose units and ages run past its deltas.
+fn compact_delta_seeds() -> Vec<Seed> {
+    use floodgate::BucketKey;
+    use floodgate::region::{Delta, DeltaBatch, Peer, RegionName};
+    use floodgate::wire::RegionDeltasMessageV13;
+    let us = RegionName::new("us").expect("a valid region");
+    let limits = [
+        limit(Algorithm::Gcra, 10, S, 10),
+        limit(Algorithm::FixedWindow, 10, S, 10),
+        limit(Algorithm::SlidingLog, 10, S, 10),
+    ];
+    let batch = DeltaBatch {
+        from: Peer::new(us, "node-1"),
+        session: 3,
+        seq: 2,
+        settled_below: Some(1),
+        deltas: (0..6u64)
+            .map(|i| Delta {
+                key: BucketKey::for_key(&i.to_le_bytes()),
+                limit: limits[i as usize % 3],
+                units: [1, 4, u64::MAX][i as usize % 3],
+                at_ns: 1_700_000_000 * S - i * 9_000_000,
+            })
+            .collect(),
+    };
+    let compact = RegionDeltasMessageV13::from(&batch);
+    let trailing = RegionDeltasMessageV13 {
+        units_and_ages: [&compact.units_and_ages[..], &[1, 0]].concat(),
+        ..compact.clone()
+    };
+    let tagged = |message: &RegionDeltasMessageV13| {
+        [&[6][..], &reframe(FrameKind::RegionDeltas, message)].concat()
+    };
+    vec![
+        seed(
+            "region_messages",
+            "compact-deltas",
+            tagged(&compact),
+            Outcome::Accepted,
+        ),
+        seed(
+            "region_messages",
+            "compact-deltas-trailing",
+            tagged(&trailing),
+            Outcome::Refused,
+        ),
+    ]
 }
 
 /// The `region_messages` target's RLQS region claims and parts (tags 3 and 4).

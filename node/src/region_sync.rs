@@ -25,8 +25,9 @@ pub trait RegionLinks: Send + Sync + 'static {
     fn send(&self, to: &Peer, message: Outgoing);
 }
 
-/// `message` as a frame for a peer speaking `version`: version 4's layout (the settled point,
-/// the receiver's session) to a peer that reads it, version 2's to one that does not.
+/// `message` as a frame for a peer speaking `version`: the newest layout of its kind the peer
+/// reads (deltas as columns from version 13; the settled point and the receiver's session from
+/// 4; version 2's otherwise).
 pub fn encode_region_frame(version: u8, message: &Outgoing) -> Vec<u8> {
     let mut frame = Vec::new();
     match message {

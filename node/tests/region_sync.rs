@@ -182,11 +182,12 @@ async fn admitted_units_reach_the_other_region_once_even_after_losses() {
     stop.send_replace(true);
 }
 
-/// A link to a peer speaking version 3 or less gets version 2's layout of kinds 13 and 14; one
-/// speaking 4 gets version 4's (the settled point, the receiver's session). Both converge.
+/// The deltas a link carries (kind 13) are in the layout of the version it speaks: version 2's
+/// to a peer speaking 3 or less, version 4's (the settled point) to one speaking 4 to 12, the
+/// columns of 13 from 13. Every pair converges.
 #[tokio::test]
 async fn each_link_gets_the_layout_of_its_version() {
-    for (version, layout) in [(3, 2), (floodgate::protocol::NEWEST, 4)] {
+    for (version, layout) in [(3, 2), (12, 4), (floodgate::protocol::NEWEST, 13)] {
         let (a, b, stop, links) = pair_at(0, version);
         let limit = Limit::gcra(10, NANOS_PER_SEC, 10).unwrap();
         let key = BucketKey::for_key(b"tenant:acme");

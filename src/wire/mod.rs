@@ -27,6 +27,7 @@ mod rlqs_messages;
 mod rlqs_region_messages;
 mod token_lease_messages;
 mod unconfirmed_messages;
+mod varint;
 
 pub use check_batch::{
     ArchivedCheckBatch, ArchivedPackedBatch, CheckBatch, CheckGroups, PackError, PackedBatch,
@@ -66,8 +67,9 @@ pub use policy_messages::{
 pub use region_messages::{
     ArchivedScopedCheckBatch, MAX_WIRE_DELTA_AT_NS, MAX_WIRE_DELTAS, MAX_WIRE_NODE_ID_BYTES,
     RegionAckMessage, RegionAckMessageV4, RegionDeltasMessage, RegionDeltasMessageV4,
-    ScopedCheckBatch, WireDelta, WireScope, decode_region_ack, decode_region_deltas,
-    decode_scoped_check_batch, encode_region_ack, encode_region_deltas,
+    RegionDeltasMessageV13, ScopedCheckBatch, WireDelta, WireDeltaLimit, WireScope,
+    decode_region_ack, decode_region_deltas, decode_scoped_check_batch, encode_region_ack,
+    encode_region_deltas,
 };
 pub use rlqs_messages::{
     MAX_WIRE_RLQS_BUCKET_BYTES, MAX_WIRE_RLQS_ENTRIES, MAX_WIRE_RLQS_ITEMS, RLQS_ABANDON,
@@ -232,7 +234,11 @@ impl FrameKind {
         let settled_joins = crate::protocol::Feature::SettledJoins;
         let wide_lease_ids = crate::protocol::Feature::WideLeaseIds;
         let compact_replicas = crate::protocol::Feature::CompactReplicas;
+        let compact_deltas = crate::protocol::Feature::CompactDeltas;
         match self {
+            FrameKind::RegionDeltas if compact_deltas.readable_at(version) => {
+                compact_deltas.since()
+            }
             FrameKind::Replicate if compact_replicas.readable_at(version) => {
                 compact_replicas.since()
             }
