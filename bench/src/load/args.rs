@@ -44,9 +44,10 @@ pub struct LoadArgs {
     pub three_checks: bool,
     /// The algorithm of floodgate's limit (1,000 an hour): `gcra` (a burst of 1,000),
     /// `fixed-window` (the RLS front's default), `sliding-window` or `sliding-log`, for the node,
-    /// the cluster, the regions and the RLS front's rules. Redis's script, redis-cell and
-    /// Gubernator enforce a token bucket (envoyproxy/ratelimit is compared with the RLS front),
-    /// so any other needs `--no-redis --no-peers`: floodgate is then measured beside itself.
+    /// the cluster and the regions; any but `gcra` also for the RLS front's rules, which by
+    /// default are envoyproxy/ratelimit's own file (fixed windows of 1,000 an hour). Redis's
+    /// script, redis-cell and Gubernator enforce a token bucket, so any but `gcra` needs
+    /// `--no-redis --no-peers`: floodgate is then measured beside itself.
     #[arg(long, default_value = "gcra")]
     pub algorithm: Algorithm,
     /// Skip both Redis baselines.
@@ -166,6 +167,18 @@ impl LoadArgs {
             // Valid by construction: 1,000 is within every window's and the log's range.
             window => Limit::window(window, 1_000, 3_600 * NANOS_PER_SEC)
                 .unwrap_or_else(|_| unreachable!("valid limit")),
+        }
+    }
+
+    /// The RLS front's configuration. By default envoyproxy/ratelimit's own file, which counts
+    /// each descriptor in a fixed window per unit (its only algorithm, and the front's default):
+    /// `floodgate+rls` and `envoy-ratelimit` then enforce the same limit read from the same
+    /// text, as an Envoy user moving between them would run them. Under `--algorithm` (a window
+    /// or the log), floodgate's limit with that algorithm.
+    pub(super) fn rls_config_yaml(&self) -> anyhow::Result<String> {
+        match self.algorithm {
+            Algorithm::Gcra => super::peers::envoy_ratelimit_yaml(&bench_limit()),
+            _ => super::rls::config_yaml(&self.floodgate_limit()),
         }
     }
 
@@ -338,5 +351,34 @@ mod tests {
             err.contains("--seeds") && err.contains("has no port"),
             "{err}"
         );
+    }
+
+    /// By default the RLS front reads envoyproxy/ratelimit's own file, as fixed windows of
+    /// 1,000 an hour per descriptor value; `--algorithm` gives it floodgate's algorithm.
+    #[test]
+    fn the_rls_front_reads_envoy_ratelimits_file_unless_an_algorithm_is_named() {
+        use floodgate::rls::RlsConfig;
+        let defaults = parse(&[]).unwrap();
+        let yaml = defaults.rls_config_yaml().unwrap();
+        assert_eq!(
+            yaml,
+            super::super::peers::envoy_ratelimit_yaml(&bench_limit()).unwrap()
+        );
+        let window = Limit::window(Algorithm::FixedWindow, 1_000, 3_600 * NANOS_PER_SEC).unwrap();
+        let config = RlsConfig::from_files([("bench.yaml", yaml.as_str())]).unwrap();
+        for key in super::super::rls::DESCRIPTOR_KEYS {
+            let rule = config
+                .find(super::super::rls::DOMAIN, &[(key, "7")])
+                .unwrap();
+            assert_eq!(rule.counted.as_ref().unwrap().limit, window, "{key}");
+        }
+        let log = parse(&["--algorithm", "sliding-log"]).unwrap();
+        let config =
+            RlsConfig::from_files([("bench.yaml", log.rls_config_yaml().unwrap().as_str())])
+                .unwrap();
+        let rule = config
+            .find(super::super::rls::DOMAIN, &[("user", "7")])
+            .unwrap();
+        assert_eq!(rule.counted.as_ref().unwrap().limit, log.floodgate_limit());
     }
 }

@@ -5,7 +5,7 @@ use anyhow::Context;
 use floodgate::region::Scope;
 
 use super::args::bench_limit;
-use super::{Gateway, LoadArgs, Server, Target, Targets, peers, process, rls, start_redis};
+use super::{Gateway, LoadArgs, Server, Target, Targets, peers, process, start_redis};
 
 /// Starts a node with its data (and dev certificates) in `out/data_dir` and connects the
 /// floodgate target of every gateway worker to it.
@@ -92,15 +92,16 @@ pub(super) async fn start_floodgate_regions(
     Ok((server, target))
 }
 
-/// Writes the RLS configuration (the workloads' limit on each descriptor key), starts a node
-/// serving it on a free port, and connects the RLS target.
+/// Writes the RLS configuration ([`LoadArgs::rls_config_yaml`]: envoyproxy/ratelimit's own file
+/// unless `--algorithm` names another), starts a node serving it on a free port, and connects
+/// the RLS target.
 pub(super) async fn start_rls_node(
     args: &LoadArgs,
     gateway: &Gateway,
 ) -> anyhow::Result<(Server, Targets)> {
     let binary = args.node_binary();
     let config = args.out.join("rls.yaml");
-    std::fs::write(&config, rls::config_yaml(&args.floodgate_limit())?)
+    std::fs::write(&config, args.rls_config_yaml()?)
         .with_context(|| format!("writing {}", config.display()))?;
     let listen = process::free_tcp_addr()?;
     let data_dir = args.out.join("rls-node-data");

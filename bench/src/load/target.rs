@@ -344,7 +344,7 @@ impl Target {
     }
 
     /// The node's RLS listener, over `channels` HTTP/2 connections; the node enforces the limit
-    /// its `--rls-config` (written by [`super::rls::config_yaml`]) gives.
+    /// its `--rls-config` (written by [`super::args::LoadArgs::rls_config_yaml`]) gives.
     pub async fn rls(addr: std::net::SocketAddr, channels: usize) -> anyhow::Result<Self> {
         Ok(Target::Rls(
             super::rls::RlsChannels::connect(addr, channels).await?,
