@@ -1238,7 +1238,8 @@ fn inherit_all(units: &[floodgate::region::UnconfirmedUnits]) {
 }
 
 /// Applies `batch` twice through an exchange: applied once, acknowledged as a duplicate once
-/// (or, numbered beyond the window, refused twice).
+/// (or, numbered beyond the window, refused twice). A new sender's window starts at its
+/// settled point (1 when it gives none, as version 2's layout cannot).
 fn apply_twice(batch: &floodgate::region::DeltaBatch) {
     use floodgate::region::{DEDUPE_WINDOW, Exchange, ExchangeConfig, Peer, RegionName};
     let receiver = RegionName::new(REGION_TARGET_RECEIVER).expect("a valid region name");
@@ -1252,7 +1253,8 @@ fn apply_twice(batch: &floodgate::region::DeltaBatch) {
     exchange.handle_deltas(now, batch, &store);
     exchange.handle_deltas(now, batch, &store);
     assert!(store.len() <= store.max_keys());
-    if batch.seq > DEDUPE_WINDOW {
+    let window_start = batch.settled_below.unwrap_or(1).max(1);
+    if batch.seq >= window_start.saturating_add(DEDUPE_WINDOW) {
         // Too far ahead of a new sender's first number: refused both times, not acknowledged.
         assert_eq!(exchange.applied_from(&batch.from), 0);
         assert_eq!(exchange.stats().refused_messages, 2);
