@@ -23,11 +23,11 @@ use floodgate::store::snapshot::{
 use floodgate::wire::{
     BASE_LAYOUT, CheckBatch, CheckGroups, DecisionBatch, ErrorCode, ErrorFrame, FrameKind,
     FrameReader, HEADER_BYTES, MAX_HANDOFF_PARTS, MAX_POLICY_TEXT_BYTES, RegionAckMessage,
-    RegionDeltasMessage, WireDecision, WireLimits, decode_check_batch, decode_decisions,
-    decode_error_frame, decode_gossip, decode_id_conflict, decode_lease_answers,
-    decode_lease_requests, decode_lease_sync, decode_policy_message, decode_policy_request,
-    decode_region_ack, decode_region_deltas, decode_replicate, decode_scoped_check_batch,
-    decode_slot_table, encode_frame, encode_gossip, encode_message, encode_replicate,
+    WireDecision, WireLimits, decode_check_batch, decode_decisions, decode_error_frame,
+    decode_gossip, decode_id_conflict, decode_lease_answers, decode_lease_requests,
+    decode_lease_sync, decode_policy_message, decode_policy_request, decode_region_ack,
+    decode_region_deltas, decode_replicate, decode_scoped_check_batch, decode_slot_table,
+    encode_frame, encode_gossip, encode_message, encode_region_deltas, encode_replicate,
     encode_slot_table,
 };
 use floodgate::{
@@ -1113,9 +1113,6 @@ pub fn snapshot_merge(data: &[u8]) -> Outcome {
     Outcome::Accepted
 }
 
-/// The layout of region deltas as columns.
-const COMPACT_DELTAS: u8 = 13;
-
 /// The receiving region of the `region_messages` target.
 pub const REGION_TARGET_RECEIVER: &str = "fuzz.receiver";
 
@@ -1140,18 +1137,7 @@ pub fn region_messages(data: &[u8]) -> Outcome {
             assert_eq!(scopes.len(), groups.check_count());
             Outcome::Accepted
         }
-        1 => {
-            let decoded = decode_region_deltas(BASE_LAYOUT, &payload);
-            let Ok(batch) = &decoded else {
-                return Outcome::Refused;
-            };
-            let again = reframe(FrameKind::RegionDeltas, &RegionDeltasMessage::from(batch));
-            assert_eq!(decode_region_deltas(BASE_LAYOUT, &again), decoded);
-            if batch.from.region.as_str() != REGION_TARGET_RECEIVER {
-                apply_twice(batch);
-            }
-            Outcome::Accepted
-        }
+        1 => region_deltas(BASE_LAYOUT, &payload),
         2 => {
             let decoded = decode_region_ack(BASE_LAYOUT, &payload);
             let Ok(ack) = &decoded else {
@@ -1170,22 +1156,10 @@ pub fn region_messages(data: &[u8]) -> Outcome {
             assert_eq!(floodgate::wire::decode_rlqs_region_claims(&again), decoded);
             Outcome::Accepted
         }
-        6 => {
-            use floodgate::wire::RegionDeltasMessageV13;
-            let decoded = decode_region_deltas(COMPACT_DELTAS, &payload);
-            let Ok(batch) = &decoded else {
-                return Outcome::Refused;
-            };
-            let again = reframe(
-                FrameKind::RegionDeltas,
-                &RegionDeltasMessageV13::from(batch),
-            );
-            assert_eq!(decode_region_deltas(COMPACT_DELTAS, &again), decoded);
-            if batch.from.region.as_str() != REGION_TARGET_RECEIVER {
-                apply_twice(batch);
-            }
-            Outcome::Accepted
-        }
+        6 => region_deltas(
+            floodgate::protocol::Feature::CompactDeltas.since(),
+            &payload,
+        ),
         4 => {
             let decoded = floodgate::wire::decode_rlqs_region_parts(&payload);
             let Ok(parts) = &decoded else {
@@ -1235,6 +1209,22 @@ fn inherit_all(units: &[floodgate::region::UnconfirmedUnits]) {
             assert_eq!(counted, 0, "units for the receiver's own region counted");
         }
     }
+}
+
+/// Region deltas in the layout of `version` (2's or 13's): refused, or re-encoding through the
+/// node's own encoder to themselves, then applied twice.
+fn region_deltas(version: u8, payload: &[u8]) -> Outcome {
+    let decoded = decode_region_deltas(version, payload);
+    let Ok(batch) = &decoded else {
+        return Outcome::Refused;
+    };
+    let (layout, again) = read_back(|out| encode_region_deltas(out, version, batch));
+    assert_eq!(layout, version);
+    assert_eq!(decode_region_deltas(layout, &again), decoded);
+    if batch.from.region.as_str() != REGION_TARGET_RECEIVER {
+        apply_twice(batch);
+    }
+    Outcome::Accepted
 }
 
 /// Applies `batch` twice through an exchange: applied once, acknowledged as a duplicate once
