@@ -96,7 +96,7 @@ chaos:           ## every chaos scenario against real nodes behind fault proxies
 	@status=0; ./target/release/floodgate-chaos sim --seeds 1-5000 >target/chaos/sim.txt || status=$$?; cat target/chaos/sim.txt; exit $$status
 	./target/release/floodgate-chaos run --scenario all --duration $(CHAOS_DURATION) --out target/chaos
 
-upgrade-test:    ## a rolling upgrade under load from UPGRADE_BASE (default 2d609b0; nodes and example gateways, built once in target/upgrade-base) to this tree (about a minute once built): table, target/chaos-upgrade/report.json
+upgrade-test:    ## a rolling upgrade under load from UPGRADE_BASE (default 2d609b0; nodes and example gateways, built once in target/upgrade-base) to this tree, then two regions upgraded one after the other (about two minutes once built): table, target/chaos-upgrade/report.json
 	@set -e; \
 	want=$$(git rev-parse --verify --quiet '$(UPGRADE_BASE)^{commit}') || { echo "upgrade-test: commit $(UPGRADE_BASE) is not in this clone (git fetch it, or set UPGRADE_BASE)"; exit 2; }; \
 	bin=$(UPGRADE_DIR)/target/release; \
@@ -114,7 +114,7 @@ upgrade-test:    ## a rolling upgrade under load from UPGRADE_BASE (default 2d60
 	fi
 	$(CARGO) build --release --locked -p floodgate-node -p floodgate-chaos
 	$(CARGO) build --release --locked -p floodgate-client --example gateway --features tower,logging
-	./target/release/floodgate-chaos run --scenario rolling-upgrade \
+	./target/release/floodgate-chaos run --scenario rolling-upgrade,region-upgrade \
 	    --old-node-bin $(UPGRADE_DIR)/target/release/floodgate-node --old-gateway-bin $(UPGRADE_DIR)/target/release/examples/gateway \
 	    --node-bin ./target/release/floodgate-node --gateway-bin ./target/release/examples/gateway \
 	    --duration $(UPGRADE_DURATION) --out target/chaos-upgrade

@@ -159,8 +159,8 @@ pub enum Feature {
     /// A check may be answered with the error code `try_again` (nothing decided, send it again
     /// shortly) where an older caller waits or is answered `shutting_down`.
     TryAgain,
-    /// A node forwards a group with `global` checks to its owner as kind 20 (a scoped batch),
-    /// where an older cluster answers such a group `not_owner`.
+    /// A node forwards a group with `global` checks to its owner as kind 20 (a scoped batch);
+    /// to an owner that does not read it, such a group is answered `not_owner`.
     ForwardedScopes,
     /// A node passes region deltas for keys another member of its region decides on to that
     /// member (kind 13 from its own region), where an older member refuses them.
@@ -168,7 +168,9 @@ pub enum Feature {
     /// A check may be a peek (decide its cost, take nothing) or a charge (take its cost after
     /// the fact, never refused), and a charge whose outcome a node cannot know is answered
     /// `outcome_unknown`. An older node refuses a frame with either flag as malformed, so a
-    /// client sends them, and a node forwards them, only once the cluster version has it.
+    /// client sends them only once the cluster version has it, and a node forwards them to an
+    /// owner that reads them (to a home region's owner, not known to it, once the cluster
+    /// version has it).
     MeteredCosts,
     /// A node accepting an Envoy's RLQS stream relays the usage of each bucket to the bucket's
     /// owner (kind 21) and takes the assignments it sends back (kind 22), where an older

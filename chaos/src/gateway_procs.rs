@@ -289,11 +289,10 @@ pub struct HttpGateway {
     pub process: GatewayProcess,
 }
 
-/// What `rolling-upgrade` needs beside the world: this build's binaries to upgrade to, the
+/// What `rolling-upgrade` needs beside the world: this build's gateway to upgrade to, the
 /// gateway processes and every gateway process it started (for the report).
 #[derive(Debug)]
 pub struct Upgrade {
-    pub new_node_bin: PathBuf,
     pub new_gateway_bin: PathBuf,
     pub launch: GatewayLaunch,
     pub gateways: Vec<HttpGateway>,

@@ -10,7 +10,8 @@
 //!   `rules`: the rules file `rules-reload` edits and `rolling-upgrade` serves; `hostile`: the
 //!   hostile client; `gateway_procs`: example-gateway processes driven over HTTP (`http`).
 //! - `timeline`: what each scenario does, when; `run`: one scenario end to end.
-//! - `checker`: the invariants (`bounds`: the documented bound of global keys); `report` and `svg`: the outputs.
+//! - `checker`: the invariants (`bounds`: the documented bound of global keys;
+//!   `region_upgrade`: the exchange across builds); `report` and `svg`: the outputs.
 //! - `sim`: the core's seeded simulations (ownership, regions), many seeds at once.
 
 pub mod bounds;
@@ -23,6 +24,7 @@ pub mod keys;
 pub mod load;
 pub mod procs;
 pub mod proxy;
+pub mod region_upgrade;
 pub mod report;
 pub mod rules;
 pub mod run;

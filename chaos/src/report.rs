@@ -95,7 +95,7 @@ pub fn list(scenarios: &[Scenario]) -> String {
         );
         if matches!(
             s.plan,
-            Plan::RegionPartition | Plan::WanDelay | Plan::RegionRestart
+            Plan::RegionPartition | Plan::WanDelay | Plan::RegionRestart | Plan::RegionUpgrade
         ) {
             let _ = writeln!(out, "{:<17} {}", "", bounds::describe());
         }

@@ -102,7 +102,7 @@ pub async fn run_scenario(
         }
         None => settings,
     };
-    let upgrade = if scenario.plan == Plan::RollingUpgrade {
+    let upgrade = if scenario.needs_old_builds {
         Some(settings.upgrade.clone().with_context(|| {
             format!(
                 "{} needs --old-node-bin and --old-gateway-bin",
@@ -177,7 +177,7 @@ async fn start_world(
         max_keys,
         rules: rules.map(|r| r.path.clone()),
     };
-    World::start(
+    let mut world = World::start(
         layout,
         setup,
         |index| {
@@ -194,7 +194,9 @@ async fn start_world(
         },
         settings.seed,
     )
-    .await
+    .await?;
+    world.upgrade_to = upgrade.map(|_| settings.node_bin.clone());
+    Ok(world)
 }
 
 /// Connects the gateways, drives the load while the timeline plays, then judges the records
@@ -215,7 +217,7 @@ async fn drive_and_check(
         Front::Client
     };
     connect_gateways(world, settings, &config, front, leased).await?;
-    if let Some(bins) = upgrade {
+    if let Some(bins) = upgrade.filter(|_| scenario.plan == Plan::RollingUpgrade) {
         // The example gateway's own `--timeout` default (50 ms) is not the client's: the
         // processes are given the client's default, so they run as the in-process gateways do.
         start_gateway_processes(world, bins, config.timeout, settings)
@@ -528,6 +530,9 @@ async fn plan_findings(scenario: &Scenario, world: &mut World, run: &mut Driven)
     for (name, value) in std::mem::take(&mut world.findings) {
         extra.insert(name, value);
     }
+    if scenario.plan == Plan::RegionUpgrade {
+        violations.extend(crate::region_upgrade::judge(extra));
+    }
     if scenario.plan == Plan::KeyFlood {
         check_memory(extra, live, FLOOD_MAX_KEYS, violations);
         extra.insert("live_buckets".into(), serde_json::json!(live));
@@ -572,7 +577,7 @@ fn plan_checks(
         violations,
         ..
     } = run;
-    if scenario.plan == Plan::RollingUpgrade {
+    if scenario.needs_old_builds {
         // Judged with availability: `--availability-floor 0` asks for safety only.
         let deadline = gateway_config(settings, world, false).timeout;
         if settings.availability_floor != Some(0.0)
@@ -580,7 +585,18 @@ fn plan_checks(
         {
             violations.push(found);
         }
-        extra.insert("upgrade".into(), upgrade_extra(world, records));
+    }
+    match scenario.plan {
+        Plan::RollingUpgrade => {
+            extra.insert("upgrade".into(), upgrade_extra(world, records));
+        }
+        Plan::RegionUpgrade => {
+            extra.insert(
+                "restart_windows".into(),
+                serde_json::json!(world.restart_windows),
+            );
+        }
+        _ => {}
     }
     if scenario.plan == Plan::RulesReload {
         let phases = rules_phases(world, *run_ns);
@@ -633,7 +649,6 @@ async fn start_gateway_processes(
         gateways.push(HttpGateway { slot, process });
     }
     world.upgrade = Some(Upgrade {
-        new_node_bin: settings.node_bin.clone(),
         new_gateway_bin: bins.new_gateway.clone(),
         launch,
         gateways,

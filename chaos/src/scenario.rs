@@ -96,6 +96,7 @@ pub enum Plan {
     RollingUpgrade,
     Stall,
     RegionRestart,
+    RegionUpgrade,
 }
 
 /// Which endpoints a regional fault splits. Each region has its own ring, so a region cut off
@@ -356,6 +357,23 @@ pub fn catalogue() -> Vec<Scenario> {
                 0.95,
             )
         },
+        Scenario {
+            expected_errors: LEAVE_ERRORS,
+            needs_old_builds: true,
+            // Two nodes a region: each restart hands its buckets to a live member and back.
+            layout: Some((2, 2)),
+            bound: Bound {
+                why: "the global bound across builds: while one region runs the old build and the other this one, their exchange speaks the newest version both read, and each graceful restart hands its buckets over and back (exact); region keys exact",
+                ..Bound::exact()
+            },
+            ..base(
+                "region-upgrade",
+                "two regions of an OLD build (--old-node-bin) under load with global keys; region 1's nodes in turn SIGTERMed and started from this build, a stretch with the regions on different builds, then region 0's; the exchange must flow both ways on the older version while mixed and on the newest after",
+                Plan::RegionUpgrade,
+                Bound::exact(),
+                0.90,
+            )
+        },
     ]
 }
 
@@ -399,7 +417,8 @@ mod tests {
     fn all_leaves_out_the_upgrade_unless_the_old_builds_are_given() {
         let without = select("all", false).unwrap();
         assert!(!names(&without).contains(&"rolling-upgrade"));
-        assert_eq!(without.len(), catalogue().len() - 1);
+        assert!(!names(&without).contains(&"region-upgrade"));
+        assert_eq!(without.len(), catalogue().len() - 2);
         let with = select("all", true).unwrap();
         assert_eq!(names(&with), names(&catalogue()));
         assert!(names(&with).contains(&"rolling-upgrade"));
@@ -435,7 +454,15 @@ mod tests {
         assert_eq!(upgrade.min_availability, restart.min_availability);
         assert_eq!(upgrade.expected_errors, LEAVE_ERRORS);
         assert_eq!(upgrade.layout, Some((1, 3)));
-        assert!(catalogue().iter().filter(|s| s.needs_old_builds).count() == 1);
+        let old_builds: Vec<&str> = catalogue()
+            .iter()
+            .filter(|s| s.needs_old_builds)
+            .map(|s| s.name)
+            .collect();
+        assert_eq!(old_builds, ["rolling-upgrade", "region-upgrade"]);
+        let regions = find("region-upgrade").unwrap();
+        assert_eq!(regions.layout, Some((2, 2)));
+        assert_eq!(regions.bound.short(), "exact");
     }
 
     #[test]

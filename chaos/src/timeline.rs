@@ -10,6 +10,7 @@ use rand::{Rng, SeedableRng};
 
 use crate::faults::{Effect, Side};
 use crate::keys::KeySpec;
+use crate::region_upgrade;
 use crate::scenario::{Plan, RegionScope, Scenario};
 use crate::world::World;
 
@@ -61,6 +62,7 @@ pub async fn play(
         Plan::ClockSkew => skewed_node_leaves(world, at).await,
         Plan::Stall => stall_busiest_owner(world, keys, at).await?,
         Plan::RegionRestart => restart_pump_receiver(world, at).await?,
+        Plan::RegionUpgrade => region_upgrade(world, at).await?,
     }
     world.until(duration).await;
     Ok(())
@@ -197,29 +199,12 @@ async fn kill_lease_gateway(world: &mut World, at: impl Fn(f64) -> Duration) {
 }
 
 async fn rolling_upgrade(world: &mut World, at: impl Fn(f64) -> Duration) -> anyhow::Result<()> {
-    let new_node = world
-        .upgrade
-        .as_ref()
-        .map(|u| u.new_node_bin.clone())
-        .ok_or_else(|| anyhow::anyhow!("rolling-upgrade needs the builds to run"))?;
     world.until(at(0.15)).await;
     let before = cluster_version(world).await?;
     world.note(format!("the old cluster speaks protocol version {before}"));
     let span = world.begin_span("rolling upgrade");
-    // Every start from here on runs this build, with the same flags, address (hence
-    // node id) and data directory.
-    world.setup.binary = new_node.clone();
     for node in 0..world.layout.initial_nodes() {
-        let from = world.now_ns();
-        world.stop(node).await;
-        world.note(format!(
-            "node {node}: old build stopped, starting {}",
-            new_node.display()
-        ));
-        world.start_node(node).await?;
-        // Let clients refetch the table before the next node goes.
-        tokio::time::sleep(Duration::from_millis(500)).await;
-        world.restart_window(format!("node {node} upgraded"), from);
+        upgrade_node(world, node).await?;
     }
     // The old gateways against a cluster of the new build alone, for a while; by its end
     // gossip has told every node that all members speak the newest version.
@@ -240,6 +225,73 @@ async fn rolling_upgrade(world: &mut World, at: impl Fn(f64) -> Duration) -> any
     }
     world.end_span(span);
     Ok(())
+}
+
+/// Stops `node` (SIGTERM, a graceful leave) and starts it from the build the upgrade moves to,
+/// with the same flags, address (hence node id) and data directory; its restart window runs
+/// until clients had time to refetch the table.
+async fn upgrade_node(world: &mut World, node: usize) -> anyhow::Result<()> {
+    let new_node = world
+        .upgrade_to
+        .clone()
+        .ok_or_else(|| anyhow::anyhow!("an upgrade scenario needs the build to upgrade to"))?;
+    let from = world.now_ns();
+    world.stop(node).await;
+    world.note(format!(
+        "node {node}: old build stopped, starting {}",
+        new_node.display()
+    ));
+    world.setup.binary = new_node;
+    world.start_node(node).await?;
+    // Let clients refetch the table before the next node goes.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    world.restart_window(format!("node {node} upgraded"), from);
+    Ok(())
+}
+
+/// `region-upgrade`: region 1 moves to this build node by node, the two regions run on
+/// different builds for a stretch, then region 0 moves. What each region's exchange carried in
+/// the two stretches is kept for `region_upgrade::judge`.
+async fn region_upgrade(world: &mut World, at: impl Fn(f64) -> Duration) -> anyhow::Result<()> {
+    anyhow::ensure!(world.layout.regions == 2, "region-upgrade runs two regions");
+    world.until(at(0.15)).await;
+    let before = cluster_version(world).await?;
+    world.note(format!("the old build speaks protocol version {before}"));
+    world.findings.insert(
+        region_upgrade::OLD_VERSION.into(),
+        serde_json::json!(before),
+    );
+    let span = world.begin_span("region upgrade");
+    for node in world.region_nodes(1) {
+        upgrade_node(world, node).await?;
+    }
+    let mixed = world.begin_span("region 0 old, region 1 new");
+    let start = region_upgrade::exchange_counts(world).await;
+    world.until(stretch_end(world, at(0.5))).await;
+    let end = region_upgrade::exchange_counts(world).await;
+    world.end_span(mixed);
+    world.findings.insert(
+        region_upgrade::MIXED.into(),
+        region_upgrade::counts_between(&start, &end),
+    );
+    for node in world.region_nodes(0) {
+        upgrade_node(world, node).await?;
+    }
+    let start = region_upgrade::exchange_counts(world).await;
+    world.until(stretch_end(world, at(0.85))).await;
+    let end = region_upgrade::exchange_counts(world).await;
+    world.findings.insert(
+        region_upgrade::ALL_NEW.into(),
+        region_upgrade::counts_between(&start, &end),
+    );
+    world.end_span(span);
+    Ok(())
+}
+
+/// When a stretch measured by `region-upgrade` ends: at `planned`, or later if the restarts
+/// before it ran long, so the exchange has a few sync intervals' worth of messages to count.
+fn stretch_end(world: &World, planned: Duration) -> Duration {
+    planned.max(world.origin.elapsed() + Duration::from_secs(2))
 }
 
 async fn skewed_node_leaves(world: &mut World, at: impl Fn(f64) -> Duration) {

@@ -2,6 +2,7 @@
 //! the clock of the run. The timeline acts on it; dropping it kills every node.
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -58,8 +59,10 @@ pub struct World {
     pub health: Arc<crate::load::NodeHealth>,
     /// Gateways whose client runs on a runtime of its own, so the timeline can kill them.
     pub gateway_runtimes: Vec<(usize, GatewayRuntime)>,
-    /// `rolling-upgrade`: the builds to upgrade to and the gateway processes.
+    /// `rolling-upgrade`: the gateway builds to upgrade to and the gateway processes.
     pub upgrade: Option<Upgrade>,
+    /// The upgrade scenarios: the node build the timeline moves every node to.
+    pub upgrade_to: Option<PathBuf>,
     /// Each node's or gateway's restart (stop to ready, and the wait after), where a check may
     /// go undecided; outside them none may (`rolling-upgrade`).
     pub restart_windows: Vec<FaultSpan>,
@@ -161,6 +164,7 @@ impl World {
             events: Vec::new(),
             gateway_runtimes: Vec::new(),
             upgrade: None,
+            upgrade_to: None,
             restart_windows: Vec::new(),
             findings: serde_json::Map::new(),
             shutdown,

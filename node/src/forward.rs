@@ -458,17 +458,24 @@ impl<'a> Batch<'a> {
     }
 
     /// Refuses (`not_owner`: the client's failure mode decides) the groups to be sent to
-    /// another node that carry a peek or a charge while some member reads neither: an older
-    /// receiver would refuse the whole frame, with the other groups in it.
+    /// another node that carry a peek or a charge when the receiver may read neither: an older
+    /// receiver would refuse the whole frame, with the other groups in it. An owner in this
+    /// region is asked for by its own version; a home region's owner is not known here, so
+    /// there every member must read them.
     fn refuse_unreadable_metered(&self, placed: &mut [GroupState]) {
-        let cluster_version = self.checks.members.cluster_version();
-        if Feature::MeteredCosts.readable_at(cluster_version) {
+        let members = &self.checks.members;
+        if Feature::MeteredCosts.readable_at(members.cluster_version()) {
             return;
         }
         for (i, place) in placed.iter_mut().enumerate() {
-            if matches!(place, GroupState::Remote(_) | GroupState::Home)
-                && is_metered(&self.groups[i])
-            {
+            let unreadable = match place {
+                GroupState::Remote(owner) => {
+                    !Feature::MeteredCosts.readable_at(members.version_with(owner))
+                }
+                GroupState::Home => true,
+                _ => false,
+            };
+            if unreadable && is_metered(&self.groups[i]) {
                 *place = GroupState::Refused(ErrorCode::NotOwner);
             }
         }
@@ -690,8 +697,8 @@ impl Batch<'_> {
     /// Sends each owner its `Remote` groups (re-encoded from the validated archive) as one
     /// forwarded frame, all owners at once, and records what comes back in time. The frames
     /// carry `table_version` (the table that placed them) as their request id. Groups with
-    /// `global` checks travel with their scopes (kind 20) once every member reads that kind;
-    /// before, they are answered `not_owner` (the client's failure mode decides).
+    /// `global` checks travel with their scopes (kind 20) to an owner that reads that kind; to
+    /// an older one they are answered `not_owner` (the client's failure mode decides).
     async fn forward(
         &self,
         archived: Option<&ArchivedCheckBatch>,
@@ -700,19 +707,29 @@ impl Batch<'_> {
     ) {
         let checks = self.checks;
         let groups = self.groups;
-        let scoped_forwards =
-            Feature::ForwardedScopes.readable_at(checks.members.cluster_version());
         let mut remote: BTreeMap<String, Vec<usize>> = BTreeMap::new();
         for (i, place) in placed.iter_mut().enumerate() {
             if let GroupState::Remote(owner) = place {
-                if *self.reach(i) == Reach::Global && !scoped_forwards {
-                    *place = GroupState::Refused(ErrorCode::NotOwner);
-                    continue;
-                }
                 remote.entry(std::mem::take(owner)).or_default().push(i);
                 *place = GroupState::Unanswered;
             }
         }
+        // A forwarded batch is decided by its owner and never sent on, so the owner's version
+        // says whether it reads scopes: other regions' members (on another build while regions
+        // are upgraded one after the other) do not count.
+        for (owner, indices) in &mut remote {
+            if Feature::ForwardedScopes.readable_at(checks.members.version_with(owner)) {
+                continue;
+            }
+            indices.retain(|&i| {
+                let global = *self.reach(i) == Reach::Global;
+                if global {
+                    placed[i] = GroupState::Refused(ErrorCode::NotOwner);
+                }
+                !global
+            });
+        }
+        remote.retain(|_, indices| !indices.is_empty());
         let batches = owner_batches::batches(archived, remote, |indices, batch| {
             let mut frame = Vec::new();
             if indices.iter().any(|&i| *self.reach(i) == Reach::Global) {

@@ -294,25 +294,13 @@ async fn with_a_member_of_an_older_version_each_node_keeps_its_own_shares() {
         };
     })
     .await;
-    let old = floodgate::cluster::membership::MemberDigest {
-        info: floodgate::cluster::MemberInfo {
-            id: "old-peer".to_owned(),
-            addr: "127.0.0.1:9".to_owned(),
-            region: "local".to_owned(),
-        },
-        incarnation: 1,
-        heartbeat: 1,
-        left: false,
-        versions: floodgate::protocol::VersionRange::new(2, 6),
-        joining: false,
-    };
-    let mut frame = Vec::new();
-    let gossip = floodgate::cluster::Gossip { members: vec![old] };
-    floodgate::wire::encode_gossip(&mut frame, floodgate::protocol::NEWEST, &gossip);
-    let connection = connect(node.node.local_addr(), peer_config(&node.certs)).await;
-    let mut stream = connection.open_uni().await.unwrap();
-    stream.write_all(&frame).await.unwrap();
-    stream.finish().unwrap();
+    gossip_silent_member(
+        &node,
+        "old-peer",
+        "local",
+        floodgate::protocol::VersionRange::new(2, 6),
+    )
+    .await;
     let mut tables = node.node.watch_slot_table();
     let known = tokio::time::timeout(
         Duration::from_secs(10),

@@ -267,27 +267,13 @@ async fn lone_envoy_beside_a_silent_region(
         };
     })
     .await;
-    let silent = floodgate::cluster::membership::MemberDigest {
-        info: floodgate::cluster::MemberInfo {
-            id: "silent-peer".to_owned(),
-            addr: "127.0.0.1:9".to_owned(),
-            region: "b".to_owned(),
-        },
-        incarnation: 1,
-        heartbeat: 1,
-        left: false,
-        versions: floodgate::protocol::VersionRange::new(versions.0, versions.1),
-        joining: false,
-    };
-    let mut frame = Vec::new();
-    let gossip = floodgate::cluster::Gossip {
-        members: vec![silent],
-    };
-    floodgate::wire::encode_gossip(&mut frame, floodgate::protocol::NEWEST, &gossip);
-    let connection = connect(node.node.local_addr(), peer_config(&node.certs)).await;
-    let mut stream = connection.open_uni().await.unwrap();
-    stream.write_all(&frame).await.unwrap();
-    stream.finish().unwrap();
+    gossip_silent_member(
+        &node,
+        "silent-peer",
+        "b",
+        floodgate::protocol::VersionRange::new(versions.0, versions.1),
+    )
+    .await;
     let mut tables = node.node.watch_slot_table();
     let known = tokio::time::timeout(WAIT, async {
         while node.node.member_addr("silent-peer").is_none() {

@@ -107,3 +107,58 @@ async fn scoped_groups_for_another_owner_are_forwarded_and_decided_exactly() {
     second.shutdown().await;
     first.node.shutdown().await;
 }
+
+/// A member of another region that speaks only version 2 holds the cluster version at 2, but
+/// a forwarded batch goes to its owner alone: two members of one region that both read scopes
+/// forward a `global` group between them and decide it, rather than answering `not_owner`
+/// until every region is upgraded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_global_group_is_forwarded_to_an_owner_that_reads_scopes_whatever_other_regions_speak() {
+    let in_region_a = |config: &mut NodeConfig| {
+        config.cluster.region = "a".to_owned();
+        // The silent member below stays alive for the whole test.
+        config.cluster.membership = MembershipConfig {
+            gossip_interval_ns: 20 * MS,
+            suspect_after_ns: 600_000 * MS,
+            dead_after_ns: 1_200_000 * MS,
+            ..MembershipConfig::default()
+        };
+    };
+    let first = start_node(in_region_a).await;
+    let mut config = NodeConfig::for_tests(&first.certs);
+    in_region_a(&mut config);
+    config.cluster.seeds = vec![first.node.local_addr().into()];
+    let second = Node::start(config).await.unwrap();
+    for node in [&first.node, &second] {
+        converge(node, 2).await;
+    }
+    gossip_silent_member(
+        &first,
+        "silent-peer",
+        "b",
+        floodgate::protocol::VersionRange::new(2, 2),
+    )
+    .await;
+    let mut tables = first.node.watch_slot_table();
+    let heard = tokio::time::timeout(Duration::from_secs(10), async {
+        while first.node.cluster_version() != 2 {
+            tables.changed().await.unwrap();
+        }
+    })
+    .await;
+    assert!(heard.is_ok(), "the version 2 member's gossip was not taken");
+    // Sent to `first`; `second` owns the key. A limit of 20 has a share of 10 a region, so
+    // the five checks pass the admission rule with nothing confirmed by region b.
+    let theirs = key_owned_by(&first.node, second.node_id(), "theirs-global-");
+    let groups: [(&[u8], Scope); 1] = [(&theirs, Scope::Global)];
+    let connection = connect(first.node.local_addr(), client_config(&first.certs, false)).await;
+    let answers = exchange(&connection, &frames(&groups, &per_hour(20), 5)).await;
+    assert!(answers.errors.is_empty(), "{:?}", answers.errors);
+    assert_eq!(
+        allowed_per_group(&answers, 1),
+        vec![Ok(5)],
+        "forwarded to the owner and decided there: {answers:?}"
+    );
+    second.shutdown().await;
+    first.node.shutdown().await;
+}

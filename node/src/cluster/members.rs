@@ -113,6 +113,21 @@ impl Members {
         self.membership.lock().cluster_version().unwrap_or(0)
     }
 
+    /// The highest protocol version this node and the member with this id both speak, as far
+    /// as gossip has told this node (0: an unknown member, or ranges that share none): what a
+    /// message for that member alone, never passed on, may use. Members of other regions on
+    /// another build hold the cluster version down, not this.
+    pub(crate) fn version_with(&self, id: &str) -> u8 {
+        let membership = self.membership.lock();
+        let mine = membership
+            .versions_of(&self.me.id)
+            .unwrap_or(floodgate::protocol::SUPPORTED);
+        membership
+            .versions_of(id)
+            .and_then(|theirs| mine.highest_shared(theirs))
+            .unwrap_or(0)
+    }
+
     /// Applies `change` to the membership and reads what a table update needs: the owners, the
     /// members that left, and the cluster version. Logs the members whose state changed,
     /// teaches the peers the members' ids, and has `regions` follow the other regions' rings.

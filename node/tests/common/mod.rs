@@ -107,6 +107,42 @@ pub async fn connect(addr: SocketAddr, config: quinn::ClientConfig) -> quinn::Co
     endpoint.connect(addr, "localhost").unwrap().await.unwrap()
 }
 
+/// Tells `node` by gossip, over a peer connection as a member would, of a live member `id` of
+/// `region` speaking `versions` (`None`: a range no digest gave), which never speaks again: the
+/// other side of a mixed-version cluster. The node keeps it alive only under a membership
+/// config that suspects late; the caller waits for the gossip's effect.
+pub async fn gossip_silent_member(
+    node: &TestNode,
+    id: &str,
+    region: &str,
+    versions: Option<floodgate::protocol::VersionRange>,
+) {
+    let member = floodgate::cluster::membership::MemberDigest {
+        info: floodgate::cluster::MemberInfo {
+            id: id.to_owned(),
+            addr: "127.0.0.1:9".to_owned(),
+            region: region.to_owned(),
+        },
+        incarnation: 1,
+        heartbeat: 1,
+        left: false,
+        versions,
+        joining: false,
+    };
+    let mut frame = Vec::new();
+    let gossip = floodgate::cluster::Gossip {
+        members: vec![member],
+    };
+    floodgate::wire::encode_gossip(&mut frame, floodgate::protocol::NEWEST, &gossip);
+    let connection = connect(node.node.local_addr(), peer_config(&node.certs)).await;
+    let mut stream = connection.open_uni().await.unwrap();
+    stream.write_all(&frame).await.unwrap();
+    stream.finish().unwrap();
+    // Read to the end by the node before the connection goes (bounded: the caller's wait for
+    // the gossip's effect says whether it was taken).
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(10), stream.stopped()).await;
+}
+
 /// What came back on a stream: decoded frames until the node finished or reset the stream.
 #[derive(Debug, Default)]
 pub struct Answers {

@@ -1,0 +1,228 @@
+//! `region-upgrade`'s own measure: what each region's exchange carried while the regions ran
+//! different builds and once every node ran this one, read from the nodes' counters, and the
+//! verdict on it. The bound on the global keys is the checker's, as for every scenario; this
+//! says whether the exchange itself kept flowing across the builds, on the version each link
+//! could speak.
+
+use floodgate::protocol::NEWEST;
+use serde_json::{Map, Value};
+
+use crate::world::World;
+
+/// The findings' names: the old build's protocol version (its cluster's), and what the
+/// exchange carried with the regions on different builds and with every node on this one.
+pub const OLD_VERSION: &str = "old_version";
+pub const MIXED: &str = "mixed_builds";
+pub const ALL_NEW: &str = "every_node_new";
+
+/// One region's counters, summed over its running nodes.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ExchangeCounts {
+    received_newest: f64,
+    received_older: f64,
+    applied: f64,
+}
+
+/// Per region: delta messages received at the newest protocol version and at older ones (an
+/// older build's nodes do not label the version: they count as older, the only ones they
+/// read), and messages applied.
+pub async fn exchange_counts(world: &World) -> [ExchangeCounts; 2] {
+    const RECEIVED: &str = "floodgate_region_frames_received_total";
+    let newest = format!("version=\"{NEWEST}\"");
+    let mut counts = [ExchangeCounts::default(); 2];
+    for node in world.nodes.iter().filter(|n| n.is_running()) {
+        let admin = node.spec.admin;
+        let all = crate::procs::metric_sum(admin, RECEIVED, &["kind=\"deltas\""]).await;
+        let at_newest =
+            crate::procs::metric_sum(admin, RECEIVED, &["kind=\"deltas\"", &newest]).await;
+        let applied =
+            crate::procs::metric_sum(admin, "floodgate_region_applied_messages", &[]).await;
+        let region = &mut counts[node.spec.region.min(1)];
+        let (all, at_newest) = (all.unwrap_or(0.0), at_newest.unwrap_or(0.0));
+        region.received_newest += at_newest;
+        region.received_older += all - at_newest;
+        region.applied += applied.unwrap_or(0.0);
+    }
+    counts
+}
+
+/// What each region's counters rose by from `start` to `end` (no node restarted between).
+pub fn counts_between(start: &[ExchangeCounts; 2], end: &[ExchangeCounts; 2]) -> Value {
+    let region = |r: usize| {
+        serde_json::json!({
+            "delta_messages_received_at_newest": end[r].received_newest - start[r].received_newest,
+            "delta_messages_received_at_older": end[r].received_older - start[r].received_older,
+            "messages_applied": end[r].applied - start[r].applied,
+        })
+    };
+    serde_json::json!({ "region 0": region(0), "region 1": region(1) })
+}
+
+/// The verdict on the findings (`extra`), one line per failure:
+/// - with region 0 on the old build and region 1 on this one, each read the other's deltas:
+///   region 0 applied messages, and region 1 received delta messages, at an older version
+///   only when the old build speaks one;
+/// - with every node on this build, both regions received deltas at the newest version and
+///   none at an older one: the links moved to the newest layout.
+pub fn judge(extra: &Map<String, Value>) -> Vec<String> {
+    let mut found = Vec::new();
+    let count = |stretch: &str, region: &str, what: &str| {
+        extra
+            .get(stretch)
+            .and_then(|s| s.get(region))
+            .and_then(|r| r.get(what))
+            .and_then(Value::as_f64)
+    };
+    let mut expect =
+        |stretch: &str, region: &str, what: &str, ok: fn(f64) -> bool, want: &str| match count(
+            stretch, region, what,
+        ) {
+            Some(n) if ok(n) => {}
+            Some(n) => found.push(format!("{stretch}: {region}'s {what} was {n}, {want}")),
+            None => found.push(format!("{stretch}: {region}'s {what} was not measured")),
+        };
+    expect(
+        MIXED,
+        "region 0",
+        "messages_applied",
+        |n| n > 0.0,
+        "expected some: the old build read none of the new build's deltas",
+    );
+    let newer_than_old = extra
+        .get(OLD_VERSION)
+        .and_then(Value::as_u64)
+        .is_some_and(|old| old < u64::from(NEWEST));
+    if newer_than_old {
+        expect(
+            MIXED,
+            "region 1",
+            "delta_messages_received_at_older",
+            |n| n > 0.0,
+            "expected some: the new build read none of the old build's deltas",
+        );
+        expect(
+            MIXED,
+            "region 1",
+            "delta_messages_received_at_newest",
+            |n| n == 0.0,
+            "expected none: a link to the old build cannot speak the newest version",
+        );
+    } else {
+        expect(
+            MIXED,
+            "region 1",
+            "delta_messages_received_at_newest",
+            |n| n > 0.0,
+            "expected some: the new build read none of the old build's deltas",
+        );
+    }
+    for region in ["region 0", "region 1"] {
+        expect(
+            ALL_NEW,
+            region,
+            "delta_messages_received_at_newest",
+            |n| n > 0.0,
+            "expected some: the upgraded links did not move to the newest version",
+        );
+        expect(
+            ALL_NEW,
+            region,
+            "delta_messages_received_at_older",
+            |n| n == 0.0,
+            "expected none: every node runs this build",
+        );
+    }
+    found
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn region(newest: f64, older: f64, applied: f64) -> Value {
+        serde_json::json!({
+            "delta_messages_received_at_newest": newest,
+            "delta_messages_received_at_older": older,
+            "messages_applied": applied,
+        })
+    }
+
+    fn findings(old: u8, mixed: [Value; 2], all_new: [Value; 2]) -> Map<String, Value> {
+        let [m0, m1] = mixed;
+        let [n0, n1] = all_new;
+        let mut extra = Map::new();
+        extra.insert(OLD_VERSION.into(), serde_json::json!(old));
+        extra.insert(
+            MIXED.into(),
+            serde_json::json!({"region 0": m0, "region 1": m1}),
+        );
+        extra.insert(
+            ALL_NEW.into(),
+            serde_json::json!({"region 0": n0, "region 1": n1}),
+        );
+        extra
+    }
+
+    fn upgraded() -> [Value; 2] {
+        [region(40.0, 0.0, 40.0), region(38.0, 0.0, 38.0)]
+    }
+
+    #[test]
+    fn an_exchange_that_flowed_on_each_stretchs_version_passes() {
+        // The old build counts what it received as older (it labels no version).
+        let mixed = [region(0.0, 35.0, 35.0), region(0.0, 33.0, 33.0)];
+        assert_eq!(judge(&findings(2, mixed, upgraded())), Vec::<String>::new());
+    }
+
+    #[test]
+    fn each_missing_direction_or_version_is_named() {
+        // The old region applied nothing of the new one's.
+        let found = judge(&findings(
+            2,
+            [region(0.0, 30.0, 0.0), region(0.0, 33.0, 33.0)],
+            upgraded(),
+        ));
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert!(
+            found[0].contains("region 0's messages_applied"),
+            "{found:?}"
+        );
+        // The new region heard nothing, and a link to the old build claimed the newest version.
+        let found = judge(&findings(
+            2,
+            [region(0.0, 35.0, 35.0), region(5.0, 0.0, 5.0)],
+            upgraded(),
+        ));
+        assert_eq!(found.len(), 2, "{found:?}");
+        // After the upgrade one region still received at an older version, the other nothing.
+        let found = judge(&findings(
+            2,
+            [region(0.0, 35.0, 35.0), region(0.0, 33.0, 33.0)],
+            [region(40.0, 3.0, 43.0), region(0.0, 0.0, 0.0)],
+        ));
+        assert_eq!(found.len(), 2, "{found:?}");
+        assert!(
+            found
+                .iter()
+                .any(|f| f.contains("region 0's delta_messages_received_at_older"))
+        );
+        assert!(
+            found
+                .iter()
+                .any(|f| f.contains("region 1's delta_messages_received_at_newest"))
+        );
+    }
+
+    #[test]
+    fn an_old_build_as_new_as_this_one_must_speak_the_newest_while_mixed() {
+        let mixed = [region(35.0, 0.0, 35.0), region(33.0, 0.0, 33.0)];
+        assert!(judge(&findings(NEWEST, mixed, upgraded())).is_empty());
+        let older = [region(0.0, 35.0, 35.0), region(0.0, 33.0, 33.0)];
+        assert_eq!(judge(&findings(NEWEST, older, upgraded())).len(), 1);
+    }
+
+    #[test]
+    fn stretches_not_measured_fail() {
+        assert_eq!(judge(&Map::new()).len(), 6);
+    }
+}
