@@ -7,7 +7,10 @@
 //! every node knows the **cluster version**, the highest version every member speaks. A frame
 //! kind or field new in version `v` goes only over a connection that agreed on `v` or later;
 //! behaviour that needs every member (a message that may be forwarded, replicated or relayed to
-//! a third node) waits for the cluster version to reach `v`. Release N speaks N-1's version
+//! a third node) waits for the cluster version to reach `v`, or for the **region version** (the
+//! same, over this region's members) when it never leaves the region: replicas, hand-offs, lease
+//! syncs and deltas passed on stay in one region's ring, so regions can be upgraded one after the
+//! other without the last one holding every other back. Release N speaks N-1's version
 //! too, so nodes and gateways can be upgraded one at a time in either order.
 
 use std::fmt;
@@ -163,7 +166,8 @@ pub enum Feature {
     /// to an owner that does not read it, such a group is answered `not_owner`.
     ForwardedScopes,
     /// A node passes region deltas for keys another member of its region decides on to that
-    /// member (kind 13 from its own region), where an older member refuses them.
+    /// member (kind 13 from its own region), where an older member refuses them: only once the
+    /// region version has it.
     RegionPassOn,
     /// A check may be a peek (decide its cost, take nothing) or a charge (take its cost after
     /// the fact, never refused), and a charge whose outcome a node cannot know is answered
@@ -188,18 +192,19 @@ pub enum Feature {
     /// newcomer waits for them only once the cluster version has it.
     SettledJoins,
     /// Lease ids are 128 bits in kinds 15-17 (64 before). A caller speaking an older version is
-    /// granted 64-bit ids, and so is every caller while the cluster version is older (a lease
-    /// is replicated to members that must read its id).
+    /// granted 64-bit ids, and so is every caller while the region version is older (a lease
+    /// is replicated to members of the region that must read its id).
     WideLeaseIds,
     /// A node handing off slots sends the new owner, before the buckets, the units of global
     /// keys in them that other regions have not confirmed (kind 25), which the new owner counts
     /// against each key's share; an older member refuses the kind, so it is sent only once the
-    /// cluster version has it.
+    /// region version has it.
     UnconfirmedHandoff,
     /// Replicate frames (kind 7) carry GCRA buckets, nearly every bucket replicated, as three
     /// columns (key, arrival time, margin: 28 bytes a bucket where a flat bucket takes 96),
     /// windows and logs flat as before. Replicas go to one peer and are not passed on, but a
-    /// hand-off's may be, so it is used only once the cluster version has it.
+    /// hand-off's may be (within the region), so it is used only once the region version has
+    /// it.
     CompactReplicas,
     /// Region deltas (kind 13) go as columns, each distinct limit once and each delta's units
     /// and age as LEB128 integers: about 19 bytes a delta where version 4's layout takes 64.

@@ -36,11 +36,11 @@ pub(crate) async fn answer_lease_requests(
         }
     };
     checks.slots.wait_until_joined().await;
-    // 128-bit ids for a caller whose frame has them, once every member reads them too (its
-    // replicas carry the ids).
+    // 128-bit ids for a caller whose frame has them, once every member of the region reads
+    // them too (its replicas carry the ids).
     let wide = Feature::WideLeaseIds;
     let width =
-        if wide.readable_at(frame.version) && wide.readable_at(checks.members.cluster_version()) {
+        if wide.readable_at(frame.version) && wide.readable_at(checks.members.region_version()) {
             LeaseIdWidth::Bits128
         } else {
             LeaseIdWidth::Bits64

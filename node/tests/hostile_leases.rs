@@ -350,3 +350,59 @@ async fn ids_are_128_bits_for_a_caller_of_version_10_and_64_for_an_older_one() {
     );
     node.node.shutdown().await;
 }
+
+/// A lease is replicated within its region only, so 128-bit ids wait for that region's members:
+/// a member of another region speaking 9 does not hold them back, one of this region does.
+#[tokio::test]
+async fn ids_wait_for_the_members_of_this_region_not_of_others() {
+    let node = start_node(|c| {
+        c.cluster.region = "a".to_owned();
+        // The silent members below stay alive for the whole test.
+        c.cluster.membership = floodgate::cluster::MembershipConfig {
+            gossip_interval_ns: 20_000_000,
+            suspect_after_ns: 600 * SEC,
+            dead_after_ns: 1_200 * SEC,
+            ..floodgate::cluster::MembershipConfig::default()
+        };
+    })
+    .await;
+    let nine = floodgate::protocol::VersionRange::new(2, 9);
+    let wait = std::time::Duration::from_secs(10);
+    let mut tables = node.node.watch_slot_table();
+    gossip_silent_member(&node, ("old-elsewhere", "127.0.0.1:9"), "b", nine).await;
+    let heard = tokio::time::timeout(wait, async {
+        while node.node.cluster_version() != 9 {
+            tables.changed().await.unwrap();
+        }
+    })
+    .await;
+    assert!(heard.is_ok(), "the other region's member was not taken");
+    let connection = connect(node.node.local_addr(), client_config(&node.certs, false)).await;
+    let mut wide = 0;
+    for i in 0..8 {
+        let key = format!("elsewhere-{i}");
+        let id = granted_id(&connection, acquire(key.as_bytes(), 100, 60 * SEC)).await;
+        wide += u32::from(id >> 64 != 0);
+    }
+    assert!(
+        wide > 0,
+        "an old member of region b held this region's ids to 64 bits"
+    );
+    gossip_silent_member(&node, ("old-here", "127.0.0.1:7"), "a", nine).await;
+    // `is_ok` at once: the table's guard must not outlive the wait (it would hold up the node's
+    // next table switch).
+    let joined = tokio::time::timeout(
+        wait,
+        tables.wait_for(|table| table.nodes().iter().any(|n| n == "old-here")),
+    )
+    .await
+    .is_ok();
+    assert!(joined, "this region's old member was not taken");
+    for i in 0..8 {
+        // Keys this node still owns: the silent member's are not decided here.
+        let key = key_owned_by(&node.node, node.node.node_id(), &format!("here-{i}-"));
+        let id = granted_id(&connection, acquire(&key, 100, 60 * SEC)).await;
+        assert!(id != 0 && id >> 64 == 0, "{id:#x}");
+    }
+    node.node.shutdown().await;
+}

@@ -296,7 +296,7 @@ async fn with_a_member_of_an_older_version_each_node_keeps_its_own_shares() {
     .await;
     gossip_silent_member(
         &node,
-        "old-peer",
+        ("old-peer", "127.0.0.1:9"),
         "local",
         floodgate::protocol::VersionRange::new(2, 6),
     )

@@ -269,7 +269,7 @@ async fn lone_envoy_beside_a_silent_region(
     .await;
     gossip_silent_member(
         &node,
-        "silent-peer",
+        ("silent-peer", "127.0.0.1:9"),
         "b",
         floodgate::protocol::VersionRange::new(versions.0, versions.1),
     )

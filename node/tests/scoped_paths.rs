@@ -134,7 +134,7 @@ async fn a_global_group_is_forwarded_to_an_owner_that_reads_scopes_whatever_othe
     }
     gossip_silent_member(
         &first,
-        "silent-peer",
+        ("silent-peer", "127.0.0.1:9"),
         "b",
         floodgate::protocol::VersionRange::new(2, 2),
     )

@@ -399,6 +399,22 @@ impl Membership {
         )
     }
 
+    /// The highest protocol version every slot-owning member of `region` speaks (as
+    /// [`Membership::cluster_version`], counting that region's members alone). What only that
+    /// region's members exchange (replicas, hand-offs, lease syncs, deltas passed on between
+    /// them) may use it while another region still runs an older build.
+    /// `None` also for a region with no such member.
+    pub fn region_version(&self, region: &str) -> Option<u8> {
+        let mut ranges = self
+            .members
+            .values()
+            .filter(|m| m.state.owns_slots() && m.info.region == region)
+            .map(|m| m.versions.unwrap_or(protocol::UNKNOWN_MEMBER))
+            .peekable();
+        ranges.peek()?;
+        protocol::cluster_version(ranges)
+    }
+
     /// Increments whenever the set of slot-owning members changes.
     pub fn epoch(&self) -> u64 {
         self.epoch
@@ -945,6 +961,44 @@ mod tests {
         drop(me.handle_gossip(NOW, &digest("victim", incarnation, 3, false)));
         assert_eq!(me.state_of("victim"), Some(MemberState::Alive));
         me
+    }
+
+    #[test]
+    fn a_regions_version_counts_its_own_members_only() {
+        let mut me = knowing_victim(NOW / MS);
+        let old_elsewhere = MemberDigest {
+            info: MemberInfo {
+                region: "us".into(),
+                ..info("old")
+            },
+            versions: Some(VersionRange::new(2, 2).unwrap()),
+            ..digest("old", NOW / MS, 1, false).members[0].clone()
+        };
+        drop(me.handle_gossip(
+            NOW,
+            &Gossip {
+                members: vec![old_elsewhere],
+            },
+        ));
+        // `victim` gossiped no range: version 2 alone, as far as anyone can tell.
+        assert_eq!(me.region_version("eu"), Some(2));
+        drop(me.handle_gossip(
+            NOW + MS,
+            &Gossip {
+                members: vec![MemberDigest {
+                    versions: Some(protocol::SUPPORTED),
+                    ..digest("victim", NOW / MS, 4, false).members[0].clone()
+                }],
+            },
+        ));
+        assert_eq!(
+            me.cluster_version(),
+            Some(2),
+            "the old member of `us` counts"
+        );
+        assert_eq!(me.region_version("eu"), Some(protocol::NEWEST));
+        assert_eq!(me.region_version("us"), Some(2));
+        assert_eq!(me.region_version("nowhere"), None);
     }
 
     #[test]

@@ -66,8 +66,9 @@ impl LeaseReplication {
                 sets: sets[start..end].iter().map(WireLeaseSet::from).collect(),
             };
             let mut frame = Vec::new();
-            // In the layout every member reads: 128-bit ids once the cluster version has them.
-            let left_out = encode_lease_sync(&mut frame, self.members.cluster_version(), &message);
+            // In the layout every member of the region (the ring leases are replicated in)
+            // reads: 128-bit ids once its version has them.
+            let left_out = encode_lease_sync(&mut frame, self.members.region_version(), &message);
             if left_out > 0 {
                 metrics::counter!("floodgate_lease_sync_left_out_total").increment(left_out as u64);
             }

@@ -113,6 +113,16 @@ impl Members {
         self.membership.lock().cluster_version().unwrap_or(0)
     }
 
+    /// The highest protocol version every member of this node's region speaks, as far as
+    /// gossip has told this node: what stays among them (replicas, hand-offs, lease syncs,
+    /// deltas passed on) may use it, though another region still runs an older build.
+    pub(crate) fn region_version(&self) -> u8 {
+        self.membership
+            .lock()
+            .region_version(&self.me.region)
+            .unwrap_or(0)
+    }
+
     /// The highest protocol version this node and the member with this id both speak, as far
     /// as gossip has told this node (0: an unknown member, or ranges that share none): what a
     /// message for that member alone, never passed on, may use. Members of other regions on

@@ -167,9 +167,9 @@ impl Replication {
         handoff: Option<(u64, Vec<u16>)>,
         buckets: &[BucketState],
     ) -> Vec<Vec<u8>> {
-        // Every member reads the cluster version's layout, whoever a hand-off's buckets are
-        // passed on to.
-        let version = self.members.cluster_version();
+        // Every member of the region reads its version's layout, whoever of them a hand-off's
+        // buckets are passed on to (buckets never leave the region's ring).
+        let version = self.members.region_version();
         let chunks = chunk_by_size(version, buckets, self.bucket_bytes_per_frame);
         let parts = chunks.len() as u32;
         let mut frames = Vec::new();

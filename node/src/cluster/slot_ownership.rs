@@ -377,15 +377,15 @@ impl SlotOwnership {
     /// addressed them by its view of this region's ring, which lags an ownership move here):
     /// call it, and apply what it says, under the deciding gate ([`SlotOwnership::deciding`]),
     /// so the table cannot switch (and a hand-off leave) between the route and the units
-    /// landing. Units of a key another member decides are passed on only once every member
-    /// takes them (an older build refuses deltas from its own region); until then they land
-    /// here, as before.
+    /// landing. Units of a key another member decides are passed on only once every member of
+    /// this region takes them (an older build refuses deltas from its own region); until then
+    /// they land here, as before.
     pub(crate) fn delta_router(
         &self,
         region: RegionName,
         now_ns: u64,
     ) -> impl Fn(BucketKey) -> Route + '_ {
-        let pass_on = Feature::RegionPassOn.readable_at(self.members.cluster_version());
+        let pass_on = Feature::RegionPassOn.readable_at(self.members.region_version());
         move |key: BucketKey| {
             let slot = key.slot();
             let ownership = self.ownership();

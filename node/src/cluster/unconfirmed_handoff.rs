@@ -38,7 +38,7 @@ impl Cluster {
     }
 
     /// For each hand-off (by `carrier`, the hand-off index per slot), the kind 25 frames of the
-    /// units its slots carry; none while a member may not read kind 25.
+    /// units its slots carry; none while a member of the region may not read kind 25.
     pub(super) fn unconfirmed_frames(
         &self,
         carrier: &[Option<usize>],
@@ -48,7 +48,8 @@ impl Cluster {
         let Some(source) = self.unconfirmed_source.get() else {
             return frames;
         };
-        if !Feature::UnconfirmedHandoff.readable_at(self.members.cluster_version()) {
+        // Hand-offs stay in the region's ring: its members' versions are what count.
+        if !Feature::UnconfirmedHandoff.readable_at(self.members.region_version()) {
             return frames;
         }
         let mut moved: Vec<Vec<UnconfirmedUnits>> = vec![Vec::new(); handoffs];

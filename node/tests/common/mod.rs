@@ -108,19 +108,20 @@ pub async fn connect(addr: SocketAddr, config: quinn::ClientConfig) -> quinn::Co
 }
 
 /// Tells `node` by gossip, over a peer connection as a member would, of a live member `id` of
-/// `region` speaking `versions` (`None`: a range no digest gave), which never speaks again: the
-/// other side of a mixed-version cluster. The node keeps it alive only under a membership
-/// config that suspects late; the caller waits for the gossip's effect.
+/// `region` at `addr` (one nothing answers on; a node id has one address, so one each) speaking
+/// `versions` (`None`: a range no digest gave), which never speaks again: the other side of a
+/// mixed-version cluster. The node keeps it alive only under a membership config that
+/// suspects late; the caller waits for the gossip's effect.
 pub async fn gossip_silent_member(
     node: &TestNode,
-    id: &str,
+    (id, addr): (&str, &str),
     region: &str,
     versions: Option<floodgate::protocol::VersionRange>,
 ) {
     let member = floodgate::cluster::membership::MemberDigest {
         info: floodgate::cluster::MemberInfo {
             id: id.to_owned(),
-            addr: "127.0.0.1:9".to_owned(),
+            addr: addr.to_owned(),
             region: region.to_owned(),
         },
         incarnation: 1,
