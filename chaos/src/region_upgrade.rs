@@ -1,11 +1,19 @@
 //! `region-upgrade`'s own measure: what each region's exchange carried while the regions ran
 //! different builds and once every node ran this one, read from the nodes' counters, and the
 //! verdict on it. The bound on the global keys is the checker's, as for every scenario; this
-//! says whether the exchange itself kept flowing across the builds, on the version each link
-//! could speak.
+//! says whether the exchange itself kept flowing across the builds, in the layout each link
+//! could speak. A delta frame's `version` label is the layout it was written in: the newest
+//! layout of kind 13 on a link of this build's version, an older one on a link to an older
+//! build.
 
 use floodgate::protocol::NEWEST;
+use floodgate::wire::FrameKind;
 use serde_json::{Map, Value};
+
+/// The layout this build writes delta frames in to another node of this build.
+fn newest_layout() -> u8 {
+    FrameKind::RegionDeltas.layout_at(NEWEST)
+}
 
 use crate::world::World;
 
@@ -23,12 +31,12 @@ pub struct ExchangeCounts {
     applied: f64,
 }
 
-/// Per region: delta messages received at the newest protocol version and at older ones (an
-/// older build's nodes do not label the version: they count as older, the only ones they
-/// read), and messages applied.
+/// Per region: delta messages received in the newest layout and in older ones (an older
+/// build's nodes do not label the version: they count as older, the only ones they read), and
+/// messages applied.
 pub async fn exchange_counts(world: &World) -> [ExchangeCounts; 2] {
     const RECEIVED: &str = "floodgate_region_frames_received_total";
-    let newest = format!("version=\"{NEWEST}\"");
+    let newest = format!("version=\"{}\"", newest_layout());
     let mut counts = [ExchangeCounts::default(); 2];
     for node in world.nodes.iter().filter(|n| n.is_running()) {
         let admin = node.spec.admin;
@@ -50,8 +58,8 @@ pub async fn exchange_counts(world: &World) -> [ExchangeCounts; 2] {
 pub fn counts_between(start: &[ExchangeCounts; 2], end: &[ExchangeCounts; 2]) -> Value {
     let region = |r: usize| {
         serde_json::json!({
-            "delta_messages_received_at_newest": end[r].received_newest - start[r].received_newest,
-            "delta_messages_received_at_older": end[r].received_older - start[r].received_older,
+            "delta_messages_received_in_newest_layout": end[r].received_newest - start[r].received_newest,
+            "delta_messages_received_in_older_layouts": end[r].received_older - start[r].received_older,
             "messages_applied": end[r].applied - start[r].applied,
         })
     };
@@ -60,10 +68,10 @@ pub fn counts_between(start: &[ExchangeCounts; 2], end: &[ExchangeCounts; 2]) ->
 
 /// The verdict on the findings (`extra`), one line per failure:
 /// - with region 0 on the old build and region 1 on this one, each read the other's deltas:
-///   region 0 applied messages, and region 1 received delta messages, at an older version
-///   only when the old build speaks one;
-/// - with every node on this build, both regions received deltas at the newest version and
-///   none at an older one: the links moved to the newest layout.
+///   region 0 applied messages, and region 1 received delta messages, in older layouts only
+///   when the old build writes an older one;
+/// - with every node on this build, both regions received deltas in the newest layout and
+///   none in an older one: the links moved to the newest version.
 pub fn judge(extra: &Map<String, Value>) -> Vec<String> {
     let mut found = Vec::new();
     let count = |stretch: &str, region: &str, what: &str| {
@@ -91,27 +99,28 @@ pub fn judge(extra: &Map<String, Value>) -> Vec<String> {
     let newer_than_old = extra
         .get(OLD_VERSION)
         .and_then(Value::as_u64)
-        .is_some_and(|old| old < u64::from(NEWEST));
+        .and_then(|old| u8::try_from(old).ok())
+        .is_some_and(|old| FrameKind::RegionDeltas.layout_at(old) < newest_layout());
     if newer_than_old {
         expect(
             MIXED,
             "region 1",
-            "delta_messages_received_at_older",
+            "delta_messages_received_in_older_layouts",
             |n| n > 0.0,
             "expected some: the new build read none of the old build's deltas",
         );
         expect(
             MIXED,
             "region 1",
-            "delta_messages_received_at_newest",
+            "delta_messages_received_in_newest_layout",
             |n| n == 0.0,
-            "expected none: a link to the old build cannot speak the newest version",
+            "expected none: a link to the old build cannot speak the newest layout",
         );
     } else {
         expect(
             MIXED,
             "region 1",
-            "delta_messages_received_at_newest",
+            "delta_messages_received_in_newest_layout",
             |n| n > 0.0,
             "expected some: the new build read none of the old build's deltas",
         );
@@ -120,14 +129,14 @@ pub fn judge(extra: &Map<String, Value>) -> Vec<String> {
         expect(
             ALL_NEW,
             region,
-            "delta_messages_received_at_newest",
+            "delta_messages_received_in_newest_layout",
             |n| n > 0.0,
-            "expected some: the upgraded links did not move to the newest version",
+            "expected some: the upgraded links did not move to the newest layout",
         );
         expect(
             ALL_NEW,
             region,
-            "delta_messages_received_at_older",
+            "delta_messages_received_in_older_layouts",
             |n| n == 0.0,
             "expected none: every node runs this build",
         );
@@ -141,8 +150,8 @@ mod tests {
 
     fn region(newest: f64, older: f64, applied: f64) -> Value {
         serde_json::json!({
-            "delta_messages_received_at_newest": newest,
-            "delta_messages_received_at_older": older,
+            "delta_messages_received_in_newest_layout": newest,
+            "delta_messages_received_in_older_layouts": older,
             "messages_applied": applied,
         })
     }
@@ -171,7 +180,15 @@ mod tests {
     fn an_exchange_that_flowed_on_each_stretchs_version_passes() {
         // The old build counts what it received as older (it labels no version).
         let mixed = [region(0.0, 35.0, 35.0), region(0.0, 33.0, 33.0)];
-        assert_eq!(judge(&findings(2, mixed, upgraded())), Vec::<String>::new());
+        assert_eq!(
+            judge(&findings(2, mixed.clone(), upgraded())),
+            Vec::<String>::new()
+        );
+        // A build on 12 negotiates, but writes deltas in version 4's layout: older too.
+        assert_eq!(
+            judge(&findings(12, mixed, upgraded())),
+            Vec::<String>::new()
+        );
     }
 
     #[test]
@@ -204,12 +221,12 @@ mod tests {
         assert!(
             found
                 .iter()
-                .any(|f| f.contains("region 0's delta_messages_received_at_older"))
+                .any(|f| f.contains("region 0's delta_messages_received_in_older_layouts"))
         );
         assert!(
             found
                 .iter()
-                .any(|f| f.contains("region 1's delta_messages_received_at_newest"))
+                .any(|f| f.contains("region 1's delta_messages_received_in_newest_layout"))
         );
     }
 

@@ -251,8 +251,9 @@ fn on_region_frame(messages: &PeerMessages, remote: &Remote, frame: &floodgate::
         &region_of,
         &route,
     ) {
-        // The version says which layout the link agreed on: during an upgrade across regions
-        // an operator (and the upgrade test) sees a link move to the newest one.
+        // The layout the frame was written in, which for deltas follows the version the link
+        // agreed on: during an upgrade across regions an operator (and the upgrade test) sees
+        // a link move to the newest one.
         Ok(()) => metrics::counter!("floodgate_region_frames_received_total",
             "kind" => if frame.kind == FrameKind::RegionDeltas { "deltas" } else { "ack" },
             "version" => frame.version.to_string())
