@@ -271,14 +271,19 @@ pub async fn metric(admin: SocketAddr, name: &str) -> Option<f64> {
 /// The sum of a metric's samples on a node's `/metrics` whose labels hold every one of
 /// `labels` (e.g. `region="r1"`); `None` when the page cannot be read or no sample matches.
 pub async fn metric_sum(admin: SocketAddr, name: &str, labels: &[&str]) -> Option<f64> {
-    let text = tokio::task::spawn_blocking(move || http_get(admin, "/metrics"))
-        .await
-        .ok()?
-        .ok()?;
-    sum_samples(&text, name, labels)
+    sum_samples(&metrics_page(admin).await?, name, labels)
 }
 
-fn sum_samples(text: &str, name: &str, labels: &[&str]) -> Option<f64> {
+/// A node's `/metrics` page, or `None` when it cannot be read.
+pub async fn metrics_page(admin: SocketAddr) -> Option<String> {
+    tokio::task::spawn_blocking(move || http_get(admin, "/metrics"))
+        .await
+        .ok()?
+        .ok()
+}
+
+/// As [`metric_sum`], on a page already read.
+pub fn sum_samples(text: &str, name: &str, labels: &[&str]) -> Option<f64> {
     let mut found = None;
     for line in text.lines().filter(|l| !l.starts_with('#')) {
         let Some(rest) = line.strip_prefix(name) else {

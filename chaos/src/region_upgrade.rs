@@ -10,12 +10,13 @@ use floodgate::protocol::NEWEST;
 use floodgate::wire::FrameKind;
 use serde_json::{Map, Value};
 
+use crate::procs::{metrics_page, sum_samples};
+use crate::world::World;
+
 /// The layout this build writes delta frames in to another node of this build.
 fn newest_layout() -> u8 {
     FrameKind::RegionDeltas.layout_at(NEWEST)
 }
-
-use crate::world::World;
 
 /// The findings' names: the old build's protocol version (its cluster's), and what the
 /// exchange carried with the regions on different builds and with every node on this one.
@@ -39,12 +40,11 @@ pub async fn exchange_counts(world: &World) -> [ExchangeCounts; 2] {
     let newest = format!("version=\"{}\"", newest_layout());
     let mut counts = [ExchangeCounts::default(); 2];
     for node in world.nodes.iter().filter(|n| n.is_running()) {
-        let admin = node.spec.admin;
-        let all = crate::procs::metric_sum(admin, RECEIVED, &["kind=\"deltas\""]).await;
-        let at_newest =
-            crate::procs::metric_sum(admin, RECEIVED, &["kind=\"deltas\"", &newest]).await;
-        let applied =
-            crate::procs::metric_sum(admin, "floodgate_region_applied_messages", &[]).await;
+        // One read of the page, so the three counts are of one moment.
+        let page = metrics_page(node.spec.admin).await.unwrap_or_default();
+        let all = sum_samples(&page, RECEIVED, &["kind=\"deltas\""]);
+        let at_newest = sum_samples(&page, RECEIVED, &["kind=\"deltas\"", &newest]);
+        let applied = sum_samples(&page, "floodgate_region_applied_messages", &[]);
         let region = &mut counts[node.spec.region.min(1)];
         let (all, at_newest) = (all.unwrap_or(0.0), at_newest.unwrap_or(0.0));
         region.received_newest += at_newest;
