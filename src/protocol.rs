@@ -178,7 +178,9 @@ pub enum Feature {
     MeteredCosts,
     /// A node accepting an Envoy's RLQS stream relays the usage of each bucket to the bucket's
     /// owner (kind 21) and takes the assignments it sends back (kind 22), where an older
-    /// cluster's nodes each split a bucket's limit among their own Envoys.
+    /// cluster's nodes each split a bucket's limit among their own Envoys. The owner is the one
+    /// in the node's region, and relays go no further, so it is used once the region version
+    /// has it.
     RlqsRelay,
     /// A region's owner of a `scope: global` RLQS bucket asks the bucket's owner in the deciding
     /// region for its region's part of the limit (kinds 23 and 24), where an older cluster's
@@ -335,5 +337,25 @@ mod tests {
         assert_eq!(range(2, 3).to_string(), "2-3");
         assert_eq!(SUPPORTED.to_string(), format!("{OLDEST}-{NEWEST}"));
         assert_eq!(range(2, 2).to_string(), "2");
+    }
+
+    #[test]
+    fn the_docs_name_the_range_this_build_speaks() {
+        // Operators read the range there before an upgrade; a new version must update both.
+        let stated = [
+            (
+                include_str!("../docs/OPERATIONS.md"),
+                "docs/OPERATIONS.md",
+                format!("This build speaks **{OLDEST}–{NEWEST}**"),
+            ),
+            (
+                include_str!("../docs/PROTOCOL.md"),
+                "docs/PROTOCOL.md",
+                format!("this build speaks {OLDEST} to {NEWEST}."),
+            ),
+        ];
+        for (text, file, words) in stated {
+            assert!(text.contains(&words), "{file} must say `{words}`");
+        }
     }
 }

@@ -1,7 +1,8 @@
 //! RLQS across a cluster: Envoys (tonic clients) streaming one bucket to different nodes share
 //! one limit, computed by the bucket's owner; the owner crashing (its state rebuilt from the
 //! next reports, each carrying what its Envoy holds); and a member of an older protocol
-//! version, with which every node keeps its own shares as before.
+//! version, with which every node keeps its own shares as before, unless that member is of
+//! another region.
 //!
 //! Every wait is for answers the nodes send at once, bounded by a timeout; nothing sleeps.
 
@@ -176,6 +177,25 @@ async fn settled_within(changes: &watch::Sender<u64>, envoys: &[&Envoy], bound: 
     );
 }
 
+/// An Envoy on `first` and one on `second` report `bucket` once each and take their first
+/// assignments; returns once together they commit at most the limit (with the sender their
+/// assignments are counted on).
+async fn one_envoy_on_each(
+    first: &Node,
+    second: &Node,
+    bucket: &BucketId,
+) -> (watch::Sender<u64>, Envoy, Envoy) {
+    let (changes, _) = watch::channel(0);
+    let mut a = open(rlqs_addr(first), &changes).await;
+    let mut b = open(rlqs_addr(second), &changes).await;
+    a.report(bucket, 1, 0).await;
+    a.next_after(0).await;
+    b.report(bucket, 1, 0).await;
+    b.next_after(0).await;
+    settled_within(&changes, &[&a, &b], LIMIT).await;
+    (changes, a, b)
+}
+
 fn rlqs_addr(node: &Node) -> SocketAddr {
     node.rlqs_addr().unwrap()
 }
@@ -243,14 +263,7 @@ async fn the_owner_crashing_rebuilds_the_shares_from_the_next_reports_within_the
     let doomed = nodes.pop().unwrap();
     let name = user_owned_by(&first.node, doomed.node_id());
     let bucket = user(&name);
-    let (changes, _) = watch::channel(0);
-    let mut a = open(rlqs_addr(&first.node), &changes).await;
-    let mut b = open(rlqs_addr(&nodes[0]), &changes).await;
-    a.report(&bucket, 1, 0).await;
-    a.next_after(0).await;
-    b.report(&bucket, 1, 0).await;
-    b.next_after(0).await;
-    settled_within(&changes, &[&a, &b], LIMIT).await;
+    let (changes, mut a, mut b) = one_envoy_on_each(&first.node, &nodes[0], &bucket).await;
     let before = (a.tokens(), b.tokens());
 
     doomed.crash();
@@ -316,6 +329,44 @@ async fn with_a_member_of_an_older_version_each_node_keeps_its_own_shares() {
     envoy.report(&user(&name), 1, 0).await;
     assert_eq!(envoy.next_after(0).await, LIMIT as u32 - 1);
     node.node.shutdown().await;
+}
+
+/// A relay goes to the bucket's owner in this region's table and no further, so a member of
+/// another region on a build before relaying (2 to 6) leaves the cluster version at 6 and this
+/// region's nodes still relay: Envoys streaming one bucket to both nodes share one limit.
+#[tokio::test]
+async fn an_older_member_of_another_region_does_not_stop_relaying() {
+    let (_dir, file) = config_file();
+    let (nodes, first) = cluster_with(2, |c| {
+        with_rlqs(&file)(c);
+        // The other region's member stays alive for the whole test without gossiping again.
+        c.cluster.membership.suspect_after_ns = 600 * 1_000_000_000;
+        c.cluster.membership.dead_after_ns = 1_200 * 1_000_000_000;
+    })
+    .await;
+    let mut tables = first.node.watch_slot_table();
+    gossip_silent_member(
+        &first,
+        ("old-elsewhere", "127.0.0.1:9"),
+        "elsewhere",
+        floodgate::protocol::VersionRange::new(2, 6),
+    )
+    .await;
+    let heard = tokio::time::timeout(Duration::from_secs(10), async {
+        while first.node.cluster_version() != 6 {
+            tables.changed().await.unwrap();
+        }
+    })
+    .await;
+    assert!(heard.is_ok(), "the other region's member was not taken");
+    let bucket = user(&user_owned_by(&first.node, nodes[0].node_id()));
+    // One Envoy streams to the node that relays, the other to the owner.
+    let envoys = one_envoy_on_each(&first.node, &nodes[0], &bucket).await;
+    drop(envoys);
+    for node in nodes {
+        node.shutdown().await;
+    }
+    first.node.shutdown().await;
 }
 
 /// What a peer (a node certificate) sends as RLQS relays is validated before anything is kept:

@@ -194,11 +194,13 @@ impl Hub {
         gauge!("floodgate_rlqs_streams_open").decrement(1.0);
     }
 
-    /// The owner of `key`'s slot when it is another node and every member relays (protocol
-    /// version 7); `None`: the shares are computed here.
+    /// The owner of `key`'s slot when it is another node and every member of this region relays
+    /// (protocol version 7); `None`: the shares are computed here. A relay goes to the owner in
+    /// this region's table and no further, so another region's older build does not hold it
+    /// back.
     fn owner_elsewhere(&self, key: &BucketKey) -> Option<String> {
         let cluster = self.cluster.as_ref()?;
-        if !Feature::RlqsRelay.readable_at(cluster.members.cluster_version()) {
+        if !Feature::RlqsRelay.readable_at(cluster.members.region_version()) {
             return None;
         }
         let table = cluster.slots.table();
