@@ -9,9 +9,9 @@
 //! behaviour that needs every member (a message that may be forwarded, replicated or relayed to
 //! a third node) waits for the cluster version to reach `v`, or for the **region version** (the
 //! same, over this region's members) when it never leaves the region: replicas, hand-offs, lease
-//! syncs and deltas passed on stay in one region's ring, so regions can be upgraded one after the
-//! other without the last one holding every other back. Release N speaks N-1's version
-//! too, so nodes and gateways can be upgraded one at a time in either order.
+//! syncs, deltas passed on and RLQS relays stay in one region's ring, so regions can be upgraded
+//! one after the other without the last one holding every other back. Release N speaks N-1's
+//! version too, so nodes and gateways can be upgraded one at a time in either order.
 
 use std::fmt;
 

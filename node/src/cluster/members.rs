@@ -115,7 +115,8 @@ impl Members {
 
     /// The highest protocol version every member of this node's region speaks, as far as
     /// gossip has told this node: what stays among them (replicas, hand-offs, lease syncs,
-    /// deltas passed on) may use it, though another region still runs an older build.
+    /// deltas passed on, RLQS relays) may use it, though another region still runs an older
+    /// build.
     pub(crate) fn region_version(&self) -> u8 {
         self.membership
             .lock()
