@@ -8,8 +8,8 @@
 //! kind or field new in version `v` goes only over a connection that agreed on `v` or later;
 //! behaviour that needs every member (a message that may be forwarded, replicated or relayed to
 //! a third node) waits for the cluster version to reach `v`, or for the **region version** (the
-//! same, over this region's members) when it never leaves the region: replicas, hand-offs, lease
-//! syncs, deltas passed on and RLQS relays stay in one region's ring, so regions can be upgraded
+//! same, over this region's members) when it never leaves the region: replicas, hand-offs and
+//! releases, lease syncs, deltas passed on and RLQS relays stay in one region's ring, so regions can be upgraded
 //! one after the other without the last one holding every other back. Release N speaks N-1's
 //! version too, so nodes and gateways can be upgraded one at a time in either order.
 
@@ -191,7 +191,8 @@ pub enum Feature {
     /// sends each newcomer in its table a release (a hand-off listing every slot it does not
     /// decide), and a newcomer decides a gained slot once every member's release or hand-off
     /// has listed it, not on a guess of who owned it before. An older member sends none, so a
-    /// newcomer waits for them only once the cluster version has it.
+    /// newcomer waits for them only once the region version has it (releases go only to the
+    /// members of one region's table).
     SettledJoins,
     /// Lease ids are 128 bits in kinds 15-17 (64 before). A caller speaking an older version is
     /// granted 64-bit ids, and so is every caller while the region version is older (a lease

@@ -53,7 +53,9 @@ pub(super) struct OwnersNow {
     /// of other regions only): the first of its region, with nobody to wait for (as a node
     /// whose seeds are all itself).
     pub(super) first_of_region: bool,
-    pub(super) cluster_version: u8,
+    /// What every slot-owning member of this region speaks: the ownership machine's messages
+    /// (releases, hand-offs) go only to members of this region's table.
+    pub(super) region_version: u8,
 }
 
 impl Members {
@@ -114,8 +116,8 @@ impl Members {
     }
 
     /// The highest protocol version every member of this node's region speaks, as far as
-    /// gossip has told this node: what stays among them (replicas, hand-offs, lease syncs,
-    /// deltas passed on, RLQS relays) may use it, though another region still runs an older
+    /// gossip has told this node: what stays among them (replicas, hand-offs and releases,
+    /// lease syncs, deltas passed on, RLQS relays) may use it, though another region still runs an older
     /// build.
     pub(crate) fn region_version(&self) -> u8 {
         self.membership
@@ -165,7 +167,7 @@ impl Members {
             owners,
             departed,
             first_of_region,
-            cluster_version: membership.cluster_version().unwrap_or(0),
+            region_version: membership.region_version(&self.me.region).unwrap_or(0),
         }
     }
 

@@ -462,4 +462,46 @@ mod tests {
             .0;
         assert_eq!(placed, vec![Placement::Takeover]);
     }
+
+    /// Releases (settled joins) pass only between the members of one region's table, so an
+    /// older build in another region must not turn them off here: a switch gives the ownership
+    /// machine this region's version, not the cluster's.
+    #[tokio::test]
+    async fn a_switch_hears_its_regions_version_not_the_clusters() {
+        use floodgate::cluster::membership::MemberDigest;
+        use floodgate::cluster::{Gossip, MemberInfo};
+        use floodgate::protocol::{Feature, NEWEST, OLDEST, VersionRange};
+        let a = cluster_alone();
+        let now = a.clock.now_ns();
+        let before_releases = Feature::SettledJoins.since() - 1;
+        let member = |id: &str, region: &str, versions: VersionRange| MemberDigest {
+            info: MemberInfo {
+                id: id.into(),
+                addr: format!("127.0.0.1:{}", 7100 + id.len()),
+                region: region.into(),
+            },
+            incarnation: 1,
+            heartbeat: 1,
+            left: false,
+            versions: Some(versions),
+            joining: false,
+        };
+        let hear = |digest: MemberDigest| {
+            let gossip = Gossip {
+                members: vec![digest],
+            };
+            a.members
+                .change(|m| drop(m.handle_gossip(now, &gossip)), &a.regions)
+        };
+        let old = VersionRange::new(OLDEST, before_releases).unwrap();
+        let heard = hear(member("old-far", "far", old));
+        assert_eq!(a.members.cluster_version(), before_releases);
+        assert_eq!(
+            heard.region_version, NEWEST,
+            "region `far` holds back only itself"
+        );
+        // One of this region's own members on that build does hold it back.
+        let heard = hear(member("old-near", "local", old));
+        assert_eq!(heard.region_version, before_releases);
+    }
 }

@@ -337,20 +337,21 @@ impl SlotOwnership {
 
     /// Switches to `new` under the deciding gate, once no decision under the old table is in
     /// flight (the hand-offs exported after it hold them all); `departed` are the members that
-    /// announced their leave, `cluster_version` what every member speaks.
+    /// announced their leave, `region_version` what every member of this region speaks.
     pub(super) fn switch(
         &self,
         now_ns: u64,
         new: Arc<SlotTable>,
         join_base: Option<Arc<SlotTable>>,
         departed: &[String],
-        cluster_version: u8,
+        region_version: u8,
     ) -> Switched {
         let _no_decisions = self.deciding.write();
         let mut ownership = self.ownership.lock();
         // Whether this switch sends releases to newcomers, and a join waits for every member's,
-        // follows what every member speaks.
-        ownership.handle_cluster_version(cluster_version);
+        // follows what every member of this region's table speaks: members of other regions
+        // never send or receive them, so an older build there holds nothing back here.
+        ownership.handle_region_version(region_version);
         let old = ownership.handle_table_with(now_ns, new.clone(), join_base, |id| {
             departed.iter().any(|d| d == id)
         });

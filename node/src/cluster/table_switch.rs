@@ -31,7 +31,7 @@ impl Cluster {
             owners,
             departed,
             first_of_region,
-            cluster_version,
+            region_version,
         } = self.members.change(change, &self.regions);
         let old = self.slots.table();
         if old.epoch() == epoch {
@@ -49,7 +49,7 @@ impl Cluster {
             waiting,
         } = self
             .slots
-            .switch(now_ns, new, join_base, &departed, cluster_version);
+            .switch(now_ns, new, join_base, &departed, region_version);
         self.metrics.table_epoch.set(epoch as f64);
         self.members.publish_members();
         tracing::info!(epoch, owners = ?owners, gained, waiting, "slot table changed");

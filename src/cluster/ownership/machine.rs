@@ -114,7 +114,7 @@ pub struct Ownership {
     unconfirmed: BTreeMap<u16, Window>,
     joining: bool,
     decided_alone: bool,
-    /// Every member speaks releases ([`Ownership::handle_cluster_version`]): a member tells
+    /// Every member speaks releases ([`Ownership::handle_region_version`]): a member tells
     /// each newcomer in its table which slots it does not decide, and a newcomer decides a
     /// gained slot only once every member has.
     releases: bool,
@@ -183,10 +183,10 @@ impl Ownership {
             .set_waits(|from| wait_for(&config, suspected.contains(from)));
     }
 
-    /// The highest protocol version every member speaks, as membership last said: from
-    /// [`Feature::SettledJoins`]'s version on, newcomers hear from every member (see
-    /// [`Ownership::handle_table`]).
-    pub fn handle_cluster_version(&mut self, version: u8) {
+    /// The highest protocol version every member of this node's region speaks (the members its
+    /// tables name), as membership last said: from [`Feature::SettledJoins`]'s version on,
+    /// newcomers hear from every member (see [`Ownership::handle_table`]).
+    pub fn handle_region_version(&mut self, version: u8) {
         self.releases = Feature::SettledJoins.readable_at(version);
     }
 
@@ -808,7 +808,7 @@ mod tests {
     fn a_young_node_waits_for_no_newcomer_whose_release_came_first() {
         const MS: u64 = 1_000_000;
         let mut n1 = machine("n1", table(0, &["n1"]), true);
-        n1.handle_cluster_version(Feature::SettledJoins.since());
+        n1.handle_region_version(Feature::SettledJoins.since());
         let first = table(1, &["p", "n1"]);
         n1.handle_table(0, first.clone(), NO_ONE_LEFT);
         let mine = |t: &SlotTable| -> Vec<u16> {

@@ -517,6 +517,9 @@ const TABLE_CATCH_UP_NS: u64 = 300_000_000;
 /// Lines of trace kept for a failure report.
 const TRACE_LINES: usize = 60;
 
+/// The one region every simulated node is a member of.
+const SIM_REGION: &str = "sim";
+
 /// With `rolling_upgrade`: time between two nodes' upgrades.
 pub const UPGRADE_STEP_NS: u64 = 400_000_000;
 
@@ -793,7 +796,7 @@ impl Sim {
         let info = MemberInfo {
             id: id.clone(),
             addr: id.clone(),
-            region: "sim".to_owned(),
+            region: SIM_REGION.to_owned(),
         };
         self.nodes[index].lives += 1;
         // A later life has a later incarnation, as a restart's start time is.
@@ -1074,15 +1077,15 @@ impl Sim {
         let id = self.nodes[index].id.clone();
         let life = self.nodes[index].life.as_mut().expect("running");
         // As the node's driver does: a node that founded the cluster (its membership joined
-        // with nobody else) joins nothing, and the machine hears the cluster version before
-        // each switch.
+        // with nobody else) joins nothing, and the machine hears its region's version before
+        // each switch (every simulated node is of one region).
         if owners.len() == 1 && !life.membership.is_joining() && life.ownership.is_joining() {
             life.ownership.handle_no_one_to_join(now);
             self.report.foundings += 1;
         }
         if !self.config.guessing_newcomers {
-            let version = life.membership.cluster_version().unwrap_or(0);
-            life.ownership.handle_cluster_version(version);
+            let version = life.membership.region_version(SIM_REGION).unwrap_or(0);
+            life.ownership.handle_region_version(version);
         }
         let membership = &life.membership;
         let announced_leave = |member: &str| membership.state_of(member) == Some(MemberState::Left);
