@@ -2,9 +2,11 @@
 //! different builds and once every node ran this one, read from the nodes' counters, and the
 //! verdict on it. The bound on the global keys is the checker's, as for every scenario; this
 //! says whether the exchange itself kept flowing across the builds, in the layout each link
-//! could speak. A delta frame's `version` label is the layout it was written in: the newest
-//! layout of kind 13 on a link of this build's version, an older one on a link to an older
-//! build.
+//! could speak, and whether a region already upgraded replicated and handed off in the newest
+//! layouts though the other region was still old. A frame's `version` label is the layout it
+//! was written in: for deltas the newest layout of kind 13 on a link of this build's version,
+//! an older one on a link to an older build; for replicas and hand-offs (kind 7) the newest
+//! once every member of the sender's region runs this build.
 
 use floodgate::protocol::NEWEST;
 use floodgate::wire::FrameKind;
@@ -18,11 +20,20 @@ fn newest_layout() -> u8 {
     FrameKind::RegionDeltas.layout_at(NEWEST)
 }
 
+/// The layout this build writes replicas and hand-offs in within a region of this build.
+fn newest_replicate_layout() -> u8 {
+    FrameKind::Replicate.layout_at(NEWEST)
+}
+
 /// The findings' names: the old build's protocol version (its cluster's), and what the
 /// exchange carried with the regions on different builds and with every node on this one.
 pub const OLD_VERSION: &str = "old_version";
 pub const MIXED: &str = "mixed_builds";
 pub const ALL_NEW: &str = "every_node_new";
+/// Within `MIXED`, beside the regions: the hand-offs received by region 1's node upgraded last
+/// (when it joined its region, the other member already of this build), read as it ends.
+/// Reported, not judged (see [`judge`]).
+pub const LAST_JOIN: &str = "last_join_of_region_1";
 
 /// One region's counters, summed over its running nodes.
 #[derive(Debug, Clone, Copy, Default)]
@@ -30,37 +41,79 @@ pub struct ExchangeCounts {
     received_newest: f64,
     received_older: f64,
     applied: f64,
+    replicas: Layouts,
+}
+
+/// Frames received in the newest layout and in older ones.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Layouts {
+    newest: f64,
+    older: f64,
+}
+
+impl Layouts {
+    /// `name`'s samples of kind-7 frames carrying `of` (`replicas` or `handoff`) on a metrics
+    /// page (an older build labels none: it counts as nothing received).
+    fn of_replicate(page: &str, of: &str) -> Layouts {
+        const RECEIVED: &str = "floodgate_replicate_frames_received_total";
+        let of = format!("of=\"{of}\"");
+        let newest = format!("version=\"{}\"", newest_replicate_layout());
+        let all = sum_samples(page, RECEIVED, &[&of]).unwrap_or(0.0);
+        let newest = sum_samples(page, RECEIVED, &[&of, &newest]).unwrap_or(0.0);
+        Layouts {
+            newest,
+            older: all - newest,
+        }
+    }
 }
 
 /// Per region: delta messages received in the newest layout and in older ones (an older
-/// build's nodes do not label the version: they count as older, the only ones they read), and
-/// messages applied.
+/// build's nodes do not label the version: they count as older, the only ones they read),
+/// messages applied, and replicate frames of replicas received by layout.
 pub async fn exchange_counts(world: &World) -> [ExchangeCounts; 2] {
     const RECEIVED: &str = "floodgate_region_frames_received_total";
     let newest = format!("version=\"{}\"", newest_layout());
     let mut counts = [ExchangeCounts::default(); 2];
     for node in world.nodes.iter().filter(|n| n.is_running()) {
-        // One read of the page, so the three counts are of one moment.
+        // One read of the page, so the counts are of one moment.
         let page = metrics_page(node.spec.admin).await.unwrap_or_default();
         let all = sum_samples(&page, RECEIVED, &["kind=\"deltas\""]);
         let at_newest = sum_samples(&page, RECEIVED, &["kind=\"deltas\"", &newest]);
         let applied = sum_samples(&page, "floodgate_region_applied_messages", &[]);
+        let replicas = Layouts::of_replicate(&page, "replicas");
         let region = &mut counts[node.spec.region.min(1)];
         let (all, at_newest) = (all.unwrap_or(0.0), at_newest.unwrap_or(0.0));
         region.received_newest += at_newest;
         region.received_older += all - at_newest;
         region.applied += applied.unwrap_or(0.0);
+        region.replicas.newest += replicas.newest;
+        region.replicas.older += replicas.older;
     }
     counts
+}
+
+/// The hand-off frames `node` received since it started, by layout.
+pub async fn handoffs_received(world: &World, node: usize) -> Value {
+    let page = metrics_page(world.nodes[node].spec.admin)
+        .await
+        .unwrap_or_default();
+    let handoffs = Layouts::of_replicate(&page, "handoff");
+    serde_json::json!({
+        "handoff_frames_received_in_newest_layout": handoffs.newest,
+        "handoff_frames_received_in_older_layouts": handoffs.older,
+    })
 }
 
 /// What each region's counters rose by from `start` to `end` (no node restarted between).
 pub fn counts_between(start: &[ExchangeCounts; 2], end: &[ExchangeCounts; 2]) -> Value {
     let region = |r: usize| {
+        let (start, end) = (&start[r], &end[r]);
         serde_json::json!({
-            "delta_messages_received_in_newest_layout": end[r].received_newest - start[r].received_newest,
-            "delta_messages_received_in_older_layouts": end[r].received_older - start[r].received_older,
-            "messages_applied": end[r].applied - start[r].applied,
+            "delta_messages_received_in_newest_layout": end.received_newest - start.received_newest,
+            "delta_messages_received_in_older_layouts": end.received_older - start.received_older,
+            "messages_applied": end.applied - start.applied,
+            "replica_frames_received_in_newest_layout": end.replicas.newest - start.replicas.newest,
+            "replica_frames_received_in_older_layouts": end.replicas.older - start.replicas.older,
         })
     };
     serde_json::json!({ "region 0": region(0), "region 1": region(1) })
@@ -71,7 +124,15 @@ pub fn counts_between(start: &[ExchangeCounts; 2], end: &[ExchangeCounts; 2]) ->
 ///   region 0 applied messages, and region 1 received delta messages, in older layouts only
 ///   when the old build writes an older one;
 /// - with every node on this build, both regions received deltas in the newest layout and
-///   none in an older one: the links moved to the newest version.
+///   none in an older one: the links moved to the newest version;
+/// - in a region whose nodes all run this build (region 1 while mixed, both after), replicas
+///   went in the newest layout of kind 7 and none in an older one: what stays in a region
+///   follows that region's version, not the other region's older build.
+///
+/// The hand-off to region 1's node upgraded last (`LAST_JOIN`) is reported, not judged: when
+/// the old region's gossip tells of that node's restart before the node's own gossip does, the
+/// relay carries no version range (the old build's layout has none), so for that moment its
+/// region counts it as speaking version 2, and the hand-off goes in version 2's layout.
 pub fn judge(extra: &Map<String, Value>) -> Vec<String> {
     let mut found = Vec::new();
     let count = |stretch: &str, region: &str, what: &str| {
@@ -125,6 +186,27 @@ pub fn judge(extra: &Map<String, Value>) -> Vec<String> {
             "expected some: the new build read none of the old build's deltas",
         );
     }
+    let replicated = [
+        (MIXED, "region 1"),
+        (ALL_NEW, "region 0"),
+        (ALL_NEW, "region 1"),
+    ];
+    for (stretch, region) in replicated {
+        expect(
+            stretch,
+            region,
+            "replica_frames_received_in_newest_layout",
+            |n| n > 0.0,
+            "expected some: its nodes all run this build",
+        );
+        expect(
+            stretch,
+            region,
+            "replica_frames_received_in_older_layouts",
+            |n| n == 0.0,
+            "expected none: its nodes all run this build",
+        );
+    }
     for region in ["region 0", "region 1"] {
         expect(
             ALL_NEW,
@@ -148,22 +230,38 @@ pub fn judge(extra: &Map<String, Value>) -> Vec<String> {
 mod tests {
     use super::*;
 
+    /// A region's counts, its replicas all in the newest layout (as a region of this build's
+    /// are; the judge reads no replicas of a region on the old build).
     fn region(newest: f64, older: f64, applied: f64) -> Value {
         serde_json::json!({
             "delta_messages_received_in_newest_layout": newest,
             "delta_messages_received_in_older_layouts": older,
             "messages_applied": applied,
+            "replica_frames_received_in_newest_layout": 12.0,
+            "replica_frames_received_in_older_layouts": 0.0,
         })
     }
 
+    fn with_replicas(mut region: Value, newest: f64, older: f64) -> Value {
+        region["replica_frames_received_in_newest_layout"] = newest.into();
+        region["replica_frames_received_in_older_layouts"] = older.into();
+        region
+    }
+
+    /// The findings, region 1's last node having received its join's hand-off in the newest
+    /// layout.
     fn findings(old: u8, mixed: [Value; 2], all_new: [Value; 2]) -> Map<String, Value> {
         let [m0, m1] = mixed;
         let [n0, n1] = all_new;
         let mut extra = Map::new();
         extra.insert(OLD_VERSION.into(), serde_json::json!(old));
+        let last_join = serde_json::json!({
+            "handoff_frames_received_in_newest_layout": 1.0,
+            "handoff_frames_received_in_older_layouts": 0.0,
+        });
         extra.insert(
             MIXED.into(),
-            serde_json::json!({"region 0": m0, "region 1": m1}),
+            serde_json::json!({"region 0": m0, "region 1": m1, LAST_JOIN: last_join}),
         );
         extra.insert(
             ALL_NEW.into(),
@@ -238,8 +336,34 @@ mod tests {
         assert_eq!(judge(&findings(NEWEST, older, upgraded())).len(), 1);
     }
 
+    /// Region 1, all on this build while region 0 is old, must replicate in the newest layout:
+    /// an older one says it followed the cluster's version, not its region's. Its last node's
+    /// join hand-off is only reported.
+    #[test]
+    fn a_region_of_this_build_replicating_in_an_older_layout_is_named() {
+        let mixed = || [region(0.0, 35.0, 35.0), region(0.0, 33.0, 33.0)];
+        let [m0, m1] = mixed();
+        let found = judge(&findings(2, [m0, with_replicas(m1, 0.0, 9.0)], upgraded()));
+        assert_eq!(found.len(), 2, "{found:?}");
+        assert!(
+            found
+                .iter()
+                .all(|f| f.contains("region 1's replica_frames"))
+        );
+        let mut extra = findings(2, mixed(), upgraded());
+        extra[MIXED][LAST_JOIN]["handoff_frames_received_in_newest_layout"] = 0.0.into();
+        extra[MIXED][LAST_JOIN]["handoff_frames_received_in_older_layouts"] = 1.0.into();
+        assert!(judge(&extra).is_empty());
+        // After the upgrade, a region that replicated nothing.
+        let [n0, n1] = upgraded();
+        let found = judge(&findings(2, mixed(), [with_replicas(n0, 0.0, 0.0), n1]));
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert!(found[0].contains("every_node_new: region 0's replica_frames_received_in_newest"));
+    }
+
     #[test]
     fn stretches_not_measured_fail() {
-        assert_eq!(judge(&Map::new()).len(), 6);
+        // Deltas 6, replicas 6 (three regions' stretches).
+        assert_eq!(judge(&Map::new()).len(), 12);
     }
 }

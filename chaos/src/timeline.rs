@@ -270,10 +270,14 @@ async fn region_upgrade(world: &mut World, at: impl Fn(f64) -> Duration) -> anyh
     world.until(stretch_end(world, at(0.5))).await;
     let end = region_upgrade::exchange_counts(world).await;
     world.end_span(mixed);
-    world.findings.insert(
-        region_upgrade::MIXED.into(),
-        region_upgrade::counts_between(&start, &end),
-    );
+    let mut mixed_counts = region_upgrade::counts_between(&start, &end);
+    if let Some(&last) = world.region_nodes(1).last() {
+        mixed_counts[region_upgrade::LAST_JOIN] =
+            region_upgrade::handoffs_received(world, last).await;
+    }
+    world
+        .findings
+        .insert(region_upgrade::MIXED.into(), mixed_counts);
     for node in world.region_nodes(0) {
         upgrade_node(world, node).await?;
     }

@@ -181,6 +181,13 @@ async fn on_replicate(
         );
         return;
     }
+    // The layout the frame was written in, which follows the sender's region version: during
+    // an upgrade region by region, an operator (and the upgrade test) sees a region's replicas
+    // and hand-offs move to the newest layout once its own members all run the new build.
+    metrics::counter!("floodgate_replicate_frames_received_total",
+        "of" => if handoff.is_some() { "handoff" } else { "replicas" },
+        "version" => frame.version.to_string())
+    .increment(1);
     let replication = &messages.replication;
     // Only a panic or the runtime shutting down: nothing merged, nothing counted.
     let Some((buckets, refused)) = replication.merge(buckets, now_ns).await else {
