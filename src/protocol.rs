@@ -8,7 +8,7 @@
 //! kind or field new in version `v` goes only over a connection that agreed on `v` or later;
 //! behaviour that needs every member (a message that may be forwarded, replicated or relayed to
 //! a third node) waits for the cluster version to reach `v`, or for the **region version** (the
-//! same, over this region's members) when it never leaves the region: replicas, hand-offs and
+//! same, over this region's members) when it never leaves the region: replicas, a join's
 //! releases, lease syncs, deltas passed on and RLQS relays stay in one region's ring, so regions can be upgraded
 //! one after the other without the last one holding every other back. Release N speaks N-1's
 //! version too, so nodes and gateways can be upgraded one at a time in either order.
@@ -200,14 +200,16 @@ pub enum Feature {
     WideLeaseIds,
     /// A node handing off slots sends the new owner, before the buckets, the units of global
     /// keys in them that other regions have not confirmed (kind 25), which the new owner counts
-    /// against each key's share; an older member refuses the kind, so it is sent only once the
-    /// region version has it.
+    /// against each key's share; an older member refuses the kind, so it is sent only to a new
+    /// owner whose link agreed on this version (the receiver alone reads it: a member that
+    /// hands the slots on sends its own).
     UnconfirmedHandoff,
     /// Replicate frames (kind 7) carry GCRA buckets, nearly every bucket replicated, as three
     /// columns (key, arrival time, margin: 28 bytes a bucket where a flat bucket takes 96),
-    /// windows and logs flat as before. Replicas go to one peer and are not passed on, but a
-    /// hand-off's may be (within the region), so it is used only once the region version has
-    /// it.
+    /// windows and logs flat as before. A round's replicas are written once the region version
+    /// has it (they are made off the runtime's workers, where no link is at hand); a hand-off's
+    /// buckets in the layout of the link to the new owner (a member that passes buckets on
+    /// writes them again for its own link).
     CompactReplicas,
     /// Region deltas (kind 13) go as columns, each distinct limit once and each delta's units
     /// and age as LEB128 integers: about 19 bytes a delta where version 4's layout takes 64.

@@ -32,7 +32,6 @@ pub const MIXED: &str = "mixed_builds";
 pub const ALL_NEW: &str = "every_node_new";
 /// Within `MIXED`, beside the regions: the hand-offs received by region 1's node upgraded last
 /// (when it joined its region, the other member already of this build), read as it ends.
-/// Reported, not judged (see [`judge`]).
 pub const LAST_JOIN: &str = "last_join_of_region_1";
 
 /// One region's counters, summed over its running nodes.
@@ -127,12 +126,10 @@ pub fn counts_between(start: &[ExchangeCounts; 2], end: &[ExchangeCounts; 2]) ->
 ///   none in an older one: the links moved to the newest version;
 /// - in a region whose nodes all run this build (region 1 while mixed, both after), replicas
 ///   went in the newest layout of kind 7 and none in an older one: what stays in a region
-///   follows that region's version, not the other region's older build.
-///
-/// The hand-off to region 1's node upgraded last (`LAST_JOIN`) is reported, not judged: when
-/// the old region's gossip tells of that node's restart before the node's own gossip does, the
-/// relay carries no version range (the old build's layout has none), so for that moment its
-/// region counts it as speaking version 2, and the hand-off goes in version 2's layout.
+///   follows that region's version, not the other region's older build;
+/// - region 1's node upgraded last received its join's hand-off in the newest layout, none in
+///   an older one: a hand-off follows its link, though the old region's gossip told of that
+///   node's restart first, with no version range (the old build's layout has none).
 pub fn judge(extra: &Map<String, Value>) -> Vec<String> {
     let mut found = Vec::new();
     let count = |stretch: &str, region: &str, what: &str| {
@@ -207,6 +204,20 @@ pub fn judge(extra: &Map<String, Value>) -> Vec<String> {
             "expected none: its nodes all run this build",
         );
     }
+    expect(
+        MIXED,
+        LAST_JOIN,
+        "handoff_frames_received_in_newest_layout",
+        |n| n > 0.0,
+        "expected some: it joined a member of this build",
+    );
+    expect(
+        MIXED,
+        LAST_JOIN,
+        "handoff_frames_received_in_older_layouts",
+        |n| n == 0.0,
+        "expected none: its link to the other member speaks the newest",
+    );
     for region in ["region 0", "region 1"] {
         expect(
             ALL_NEW,
@@ -336,9 +347,9 @@ mod tests {
         assert_eq!(judge(&findings(NEWEST, older, upgraded())).len(), 1);
     }
 
-    /// Region 1, all on this build while region 0 is old, must replicate in the newest layout:
-    /// an older one says it followed the cluster's version, not its region's. Its last node's
-    /// join hand-off is only reported.
+    /// Region 1, all on this build while region 0 is old, must replicate in the newest layout
+    /// (an older one says it followed the cluster's version, not its region's), and its last
+    /// node's join hand-off must come in it (an older one: not the link's version).
     #[test]
     fn a_region_of_this_build_replicating_in_an_older_layout_is_named() {
         let mixed = || [region(0.0, 35.0, 35.0), region(0.0, 33.0, 33.0)];
@@ -353,7 +364,9 @@ mod tests {
         let mut extra = findings(2, mixed(), upgraded());
         extra[MIXED][LAST_JOIN]["handoff_frames_received_in_newest_layout"] = 0.0.into();
         extra[MIXED][LAST_JOIN]["handoff_frames_received_in_older_layouts"] = 1.0.into();
-        assert!(judge(&extra).is_empty());
+        let found = judge(&extra);
+        assert_eq!(found.len(), 2, "{found:?}");
+        assert!(found.iter().all(|f| f.contains(LAST_JOIN)), "{found:?}");
         // After the upgrade, a region that replicated nothing.
         let [n0, n1] = upgraded();
         let found = judge(&findings(2, mixed(), [with_replicas(n0, 0.0, 0.0), n1]));
@@ -363,7 +376,7 @@ mod tests {
 
     #[test]
     fn stretches_not_measured_fail() {
-        // Deltas 6, replicas 6 (three regions' stretches).
-        assert_eq!(judge(&Map::new()).len(), 12);
+        // Deltas 6, replicas 6 (three regions' stretches), the last join's hand-offs 2.
+        assert_eq!(judge(&Map::new()).len(), 14);
     }
 }

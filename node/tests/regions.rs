@@ -298,21 +298,59 @@ async fn a_bad_scoped_batch_is_refused_in_words_and_decides_nothing() {
 /// more of each (the region's unconfirmed units at twice its share).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unconfirmed_units_go_with_their_slot_to_the_new_owner() {
+    units_go_with_their_slots(None).await;
+}
+
+/// The units follow the link to the new owner, not the region's oldest member: with a member
+/// of `eu` that speaks no version with kind 25 (2-10, silent, so `eu`'s region version is 10),
+/// the first node still hands its units to a second one of this build. (Gated on the region
+/// version, they were not sent, and the new owner inherited nothing. A restart heard of first
+/// through an older build's gossip, which carries no versions, counted the same way.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unconfirmed_units_go_to_a_new_owner_that_reads_them_beside_an_older_member() {
+    let before_units = floodgate::protocol::Feature::UnconfirmedHandoff.since() - 1;
+    let old = floodgate::protocol::VersionRange::new(2, before_units);
+    units_go_with_their_slots(old).await;
+}
+
+/// The body of the two tests above; `old_member`: the versions of a silent member of `eu`,
+/// told to the first node before the second joins.
+async fn units_go_with_their_slots(old_member: Option<floodgate::protocol::VersionRange>) {
+    let patient = |c: &mut NodeConfig, region: &str| {
+        fast(c, region);
+        if old_member.is_some() {
+            // The silent member must stay alive (an owner) for the whole test.
+            c.cluster.membership.suspect_after_ns = 600 * NANOS_PER_SEC;
+            c.cluster.membership.dead_after_ns = 1_200 * NANOS_PER_SEC;
+        }
+    };
     let first = start_node(|c| {
-        fast(c, "eu");
+        patient(c, "eu");
         c.cluster.region_sync_interval = Duration::from_secs(3_600);
     })
     .await;
     let seed = first.node.local_addr();
     let mut config = NodeConfig::for_tests(&first.certs);
-    fast(&mut config, "us");
+    patient(&mut config, "us");
     config.cluster.seeds = vec![seed.into()];
     let us = Node::start(config).await.unwrap();
     let a = &first.node;
+    let mut owners = 1;
+    if let Some(versions) = old_member {
+        gossip_silent_member(&first, ("old-here", "127.0.0.1:7"), "eu", Some(versions)).await;
+        owners += 1;
+        converge(a, owners).await;
+    }
     let limit = Limit::gcra(20, 3_600 * NANOS_PER_SEC, 20).unwrap();
-    let keys: Vec<Vec<u8>> = (0..64)
+    // Keys the first node decides (with the silent member, not those it owns, which nothing
+    // would answer).
+    let table = a.slot_table();
+    let keys: Vec<Vec<u8>> = (0..10_000)
         .map(|i| format!("moving-{i}").into_bytes())
+        .filter(|k| table.owner(floodgate::cluster::slot_of(k)) == Some(a.node_id()))
+        .take(64)
         .collect();
+    assert_eq!(keys.len(), 64);
     let to_a = connect(a.local_addr(), client_config(&first.certs, false)).await;
     holds_back_for(a, &to_a, &us).await;
     for key in &keys {
@@ -335,14 +373,14 @@ async fn unconfirmed_units_go_with_their_slot_to_the_new_owner() {
     );
 
     let mut config = NodeConfig::for_tests(&first.certs);
-    fast(&mut config, "eu");
+    patient(&mut config, "eu");
     config.cluster.seeds = vec![seed.into()];
     // The inherited units count this long: longer than a loaded host may take from the
     // hand-off to the checks below (2 s by default).
     config.cluster.region_unreachable_after = Duration::from_secs(60);
     let b = Node::start(config).await.unwrap();
-    converge(a, 2).await;
-    converge(&b, 2).await;
+    converge(a, owners + 1).await;
+    converge(&b, owners + 1).await;
     b.handoffs_settled().await;
     let table = b.slot_table();
     let moved: Vec<&Vec<u8>> = keys
@@ -416,7 +454,7 @@ async fn refuses_units_from_outside_its_region(
 
 /// Waits (bounded) until `node` counts `other` (a node of another region) as an owner, then
 /// shows it holds global checks back to that region's share: one frame of two checks of a fresh
-/// key of burst 2 (a share of 1), decided in one pass, admits the first and holds the second
+/// key of burst 2 (a share of 1) that `node` owns, decided in one pass, admits the first and holds the second
 /// back. That unit is the first `node` sends `other`, at once: returns once it is confirmed, so
 /// what `node` admits next waits for its next sync interval.
 async fn holds_back_for(node: &Node, connection: &quinn::Connection, other: &Node) {
@@ -428,7 +466,11 @@ async fn holds_back_for(node: &Node, connection: &quinn::Connection, other: &Nod
         other.node_id()
     );
     let limit = Limit::gcra(2, 3_600 * NANOS_PER_SEC, 2).unwrap();
-    let key = format!("probe-{}-{}", node.node_id(), other.node_id()).into_bytes();
+    let key = key_owned_by(
+        node,
+        node.node_id(),
+        &format!("probe-{}-{}-", node.node_id(), other.node_id()),
+    );
     let check = WireCheck::new(key, &limit, 1);
     let batch = CheckBatch {
         groups: vec![vec![check.clone()], vec![check]],

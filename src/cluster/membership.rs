@@ -401,8 +401,8 @@ impl Membership {
 
     /// The highest protocol version every slot-owning member of `region` speaks (as
     /// [`Membership::cluster_version`], counting that region's members alone). What only that
-    /// region's members exchange (replicas, hand-offs and releases, lease syncs, deltas passed
-    /// on between them, RLQS relays) may use it while another region still runs an older build.
+    /// region's members exchange (replicas, a join's releases, lease syncs, deltas passed on
+    /// between them, RLQS relays) may use it while another region still runs an older build.
     /// `None` also for a region with no such member.
     pub fn region_version(&self, region: &str) -> Option<u8> {
         let mut ranges = self

@@ -116,8 +116,8 @@ impl Members {
     }
 
     /// The highest protocol version every member of this node's region speaks, as far as
-    /// gossip has told this node: what stays among them (replicas, hand-offs and releases,
-    /// lease syncs, deltas passed on, RLQS relays) may use it, though another region still runs an older
+    /// gossip has told this node: what stays among them (replicas, a join's releases, lease
+    /// syncs, deltas passed on, RLQS relays) may use it, though another region still runs an older
     /// build.
     pub(crate) fn region_version(&self) -> u8 {
         self.membership

@@ -316,6 +316,17 @@ impl Peers {
         })
     }
 
+    /// The protocol version the connection to the peer at `addr` agreed on (made now if
+    /// there is none), within the peer timeout: exactly what that peer reads, whatever gossip
+    /// has told of it yet. `None` when it cannot be reached.
+    pub(crate) async fn agreed_version(&self, addr: &str) -> Option<u8> {
+        let connection = tokio::time::timeout(PEER_TIMEOUT, self.connection(addr))
+            .await
+            .ok()?
+            .ok()?;
+        Some(crate::tls::agreed_version(&connection))
+    }
+
     /// Sends a request of a hand-off (`frame`, answered with a frame of `kind`) and waits for
     /// its answer, tried up to [`HANDOFF_TRIES`] times like the hand-off's buckets. True once
     /// answered.

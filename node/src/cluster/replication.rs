@@ -119,57 +119,47 @@ impl Replication {
         let mut sent = 0;
         for (owner, buckets) in stranded(table, &self.me, from, buckets) {
             sent += buckets.len();
-            drop(self.send_buckets(owner, None, &buckets));
+            drop(self.send_replicas(owner, &buckets));
         }
         sent
     }
 
-    /// Sends `buckets` to a node, split into frames; `handoff` is the hand-off's id and the
-    /// slots it carries (`None`: replicas, which the next round sends again; a hand-off's
-    /// frames are tried again until delivered, a few times).
-    pub(super) fn send_buckets(
-        &self,
-        owner_id: &str,
-        handoff: Option<(u64, Vec<u16>)>,
-        buckets: &[BucketState],
-    ) -> Vec<tokio::task::JoinHandle<bool>> {
-        let is_handoff = handoff.is_some();
-        let frames = self.addressed_bucket_frames(owner_id, handoff, buckets);
-        if !is_handoff {
-            return self.send_frames(frames);
-        }
-        frames
-            .into_iter()
-            .map(|(addr, frame)| self.peers.send_handoff(addr, frame))
-            .collect()
+    /// What every member of this node's region speaks.
+    pub(super) fn region_version(&self) -> u8 {
+        self.members.region_version()
     }
 
-    /// [`Replication::bucket_frames`] with the address of the node they go to (none when it is not
-    /// known).
-    fn addressed_bucket_frames(
+    /// Sends `buckets` to a node as replicas, split into frames (not tried again: the next
+    /// round sends what changes again).
+    fn send_replicas(
         &self,
         owner_id: &str,
-        handoff: Option<(u64, Vec<u16>)>,
         buckets: &[BucketState],
-    ) -> Vec<(String, Vec<u8>)> {
+    ) -> Vec<tokio::task::JoinHandle<bool>> {
+        self.send_frames(self.replica_frames(owner_id, buckets))
+    }
+
+    /// `buckets` as replica frames for the node `owner_id`, with its address (none when it is
+    /// not known). Written in the region version's layout: they are made for a round off the
+    /// runtime's workers, where no link's version is at hand.
+    fn replica_frames(&self, owner_id: &str, buckets: &[BucketState]) -> Vec<(String, Vec<u8>)> {
         let Some(addr) = self.members.addr_of(owner_id) else {
             return Vec::new();
         };
-        self.bucket_frames(handoff, buckets)
+        self.bucket_frames(self.members.region_version(), None, buckets)
             .into_iter()
             .map(|frame| (addr.clone(), frame))
             .collect()
     }
 
-    /// `buckets` as replicate frames (at least one, so an empty hand-off is still announced).
+    /// `buckets` as replicate frames for a peer speaking `version` (at least one, so an empty
+    /// hand-off is still announced).
     pub(super) fn bucket_frames(
         &self,
+        version: u8,
         handoff: Option<(u64, Vec<u16>)>,
         buckets: &[BucketState],
     ) -> Vec<Vec<u8>> {
-        // Every member of the region reads its version's layout, whoever of them a hand-off's
-        // buckets are passed on to (buckets never leave the region's ring).
-        let version = self.members.region_version();
         let chunks = chunk_by_size(version, buckets, self.bucket_bytes_per_frame);
         let parts = chunks.len() as u32;
         let mut frames = Vec::new();
@@ -233,7 +223,7 @@ impl Replication {
                 continue;
             }
             self.metrics.replicated.increment(buckets.len() as u64);
-            frames.extend(self.addressed_bucket_frames(target, None, &buckets));
+            frames.extend(self.replica_frames(target, &buckets));
         }
         frames
     }

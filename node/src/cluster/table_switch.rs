@@ -4,8 +4,10 @@
 
 use std::sync::Arc;
 
+use floodgate::BucketState;
 use floodgate::cluster::Membership;
 use floodgate::cluster::ownership::{Action, HandOff};
+use floodgate::protocol::Feature;
 
 use super::Cluster;
 use super::members::OwnersNow;
@@ -116,14 +118,6 @@ impl Cluster {
                 buckets = buckets.len(),
                 "handing off"
             );
-            let carried = Some((handoff.id, handoff.slots.clone()));
-            if lease_sets.is_empty() && unit_frames.is_empty() {
-                sends.extend(
-                    self.replication
-                        .send_buckets(&handoff.to, carried, &buckets),
-                );
-                continue;
-            }
             let Some(addr) = self.members.addr_of(&handoff.to) else {
                 continue;
             };
@@ -131,50 +125,65 @@ impl Cluster {
                 metrics::counter!("floodgate_handoff_lease_sets_total", "direction" => "sent")
                     .increment(lease_sets.len() as u64);
             }
-            // The region units and the leases first, answered or delivered before the buckets
-            // go: the bucket hand-off is what lets the new owner decide the slots, and it must
-            // find them there.
             let lease_frames = self.lease_replication.lease_frames(true, &lease_sets);
-            let bucket_frames = self.replication.bucket_frames(carried, &buckets);
-            let first = FirstFrames {
+            let pending = PendingHandOff {
                 units: unit_frames,
                 leases: lease_frames,
+                carried: (handoff.id, handoff.slots.clone()),
+                buckets,
             };
             sends.push(tokio::spawn(send_in_order(
                 self.peers.clone(),
+                self.replication.clone(),
                 addr,
-                first,
-                bucket_frames,
+                pending,
             )));
         }
         sends
     }
 }
 
-/// What a hand-off sends before its buckets: its region units (kind 25 requests) and its
-/// lease sets.
-struct FirstFrames {
+/// One hand-off to send: its region units (kind 25 requests) and lease sets, which go first,
+/// then its id and slots with their buckets.
+struct PendingHandOff {
     units: Vec<Vec<u8>>,
     leases: Vec<Vec<u8>>,
+    carried: (u64, Vec<u16>),
+    buckets: Vec<BucketState>,
 }
 
-/// Sends one hand-off to `addr`: the region units answered and the leases delivered first,
-/// then the buckets. True when every bucket frame was delivered.
+/// Sends one hand-off to `addr`: the region units answered and the leases delivered first
+/// (the bucket hand-off is what lets the new owner decide the slots, and it must find them
+/// there), then the buckets. True when every bucket frame was delivered.
+///
+/// The units and the buckets' layout follow the version the link to the new owner agreed on:
+/// what it reads, where gossip may not have said yet (a restart heard of first through an
+/// older build's relay has no versions, and would count as version 2 for a while). Neither is
+/// passed on as sent: a member handing the buckets on writes them again for its own link, and
+/// sends its own units. Without a link yet, what gossip says of the region (the units and
+/// the frames are tried again, and may reach the owner then).
 async fn send_in_order(
-    peers: std::sync::Arc<super::Peers>,
+    peers: Arc<super::Peers>,
+    replication: Arc<super::Replication>,
     addr: String,
-    first: FirstFrames,
-    bucket_frames: Vec<Vec<u8>>,
+    pending: PendingHandOff,
 ) -> bool {
-    if !first.units.is_empty()
-        && !super::unconfirmed_handoff::deliver_unconfirmed(&peers, &addr, first.units).await
-    {
-        metrics::counter!("floodgate_handoff_unconfirmed_undelivered_total").increment(1);
+    let link = peers.agreed_version(&addr).await;
+    let version = link.unwrap_or_else(|| replication.region_version());
+    if !pending.units.is_empty() {
+        if !Feature::UnconfirmedHandoff.readable_at(version) {
+            tracing::debug!(peer = %addr, version, "the new owner does not read a hand-off's region units");
+        } else if !super::unconfirmed_handoff::deliver_unconfirmed(&peers, &addr, pending.units)
+            .await
+        {
+            metrics::counter!("floodgate_handoff_unconfirmed_undelivered_total").increment(1);
+        }
     }
-    for frame in first.leases {
+    for frame in pending.leases {
         let _ = peers.send(addr.clone(), frame).await;
     }
-    let sent: Vec<_> = bucket_frames
+    let frames = replication.bucket_frames(version, Some(pending.carried), &pending.buckets);
+    let sent: Vec<_> = frames
         .into_iter()
         .map(|frame| peers.send_handoff(addr.clone(), frame))
         .collect();

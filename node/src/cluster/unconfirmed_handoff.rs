@@ -7,7 +7,6 @@
 use std::sync::Arc;
 
 use floodgate::BucketKey;
-use floodgate::protocol::Feature;
 use floodgate::region::UnconfirmedUnits;
 use floodgate::wire::{FrameKind, RegionUnconfirmedMessage, WireUnconfirmed, encode_message};
 
@@ -38,7 +37,8 @@ impl Cluster {
     }
 
     /// For each hand-off (by `carrier`, the hand-off index per slot), the kind 25 frames of the
-    /// units its slots carry; none while a member of the region may not read kind 25.
+    /// units its slots carry. Whether its new owner reads them is the link's to say, as it is
+    /// sent (`table_switch::send_in_order`).
     pub(super) fn unconfirmed_frames(
         &self,
         carrier: &[Option<usize>],
@@ -48,10 +48,6 @@ impl Cluster {
         let Some(source) = self.unconfirmed_source.get() else {
             return frames;
         };
-        // Hand-offs stay in the region's ring: its members' versions are what count.
-        if !Feature::UnconfirmedHandoff.readable_at(self.members.region_version()) {
-            return frames;
-        }
         let mut moved: Vec<Vec<UnconfirmedUnits>> = vec![Vec::new(); handoffs];
         let moving = |key: BucketKey| carrier[usize::from(key.slot())].is_some();
         for units in source.hand_over_unconfirmed(&moving) {
