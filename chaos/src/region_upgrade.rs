@@ -5,8 +5,8 @@
 //! could speak, and whether a region already upgraded replicated and handed off in the newest
 //! layouts though the other region was still old. A frame's `version` label is the layout it
 //! was written in: for deltas the newest layout of kind 13 on a link of this build's version,
-//! an older one on a link to an older build; for replicas and hand-offs (kind 7) the newest
-//! once every member of the sender's region runs this build.
+//! an older one on a link to an older build; for replicas (kind 7) the newest once every
+//! member of the sender's region runs this build; for a hand-off, the newest its link speaks.
 
 use floodgate::protocol::NEWEST;
 use floodgate::wire::FrameKind;
@@ -20,7 +20,8 @@ fn newest_layout() -> u8 {
     FrameKind::RegionDeltas.layout_at(NEWEST)
 }
 
-/// The layout this build writes replicas and hand-offs in within a region of this build.
+/// The layout this build writes replicas in within a region of this build, and hand-offs in
+/// to a node of this build.
 fn newest_replicate_layout() -> u8 {
     FrameKind::Replicate.layout_at(NEWEST)
 }
@@ -51,8 +52,8 @@ pub struct Layouts {
 }
 
 impl Layouts {
-    /// `name`'s samples of kind-7 frames carrying `of` (`replicas` or `handoff`) on a metrics
-    /// page (an older build labels none: it counts as nothing received).
+    /// The kind 7 frames carrying `of` (`replicas` or `handoff`) that a metrics page counts
+    /// (an older build has no such counter: nothing received).
     fn of_replicate(page: &str, of: &str) -> Layouts {
         const RECEIVED: &str = "floodgate_replicate_frames_received_total";
         let of = format!("of=\"{of}\"");

@@ -342,8 +342,7 @@ async fn units_go_with_their_slots(old_member: Option<floodgate::protocol::Versi
         converge(a, owners).await;
     }
     let limit = Limit::gcra(20, 3_600 * NANOS_PER_SEC, 20).unwrap();
-    // Keys the first node decides (with the silent member, not those it owns, which nothing
-    // would answer).
+    // Keys the first node decides (not the silent member's, which nothing would answer).
     let table = a.slot_table();
     let keys: Vec<Vec<u8>> = (0..10_000)
         .map(|i| format!("moving-{i}").into_bytes())
@@ -454,8 +453,8 @@ async fn refuses_units_from_outside_its_region(
 
 /// Waits (bounded) until `node` counts `other` (a node of another region) as an owner, then
 /// shows it holds global checks back to that region's share: one frame of two checks of a fresh
-/// key of burst 2 (a share of 1) that `node` owns, decided in one pass, admits the first and holds the second
-/// back. That unit is the first `node` sends `other`, at once: returns once it is confirmed, so
+/// key of burst 2 (a share of 1) that `node` owns, decided in one pass, admits the first and
+/// holds the second back. That unit is the first `node` sends `other`, at once: returns once it is confirmed, so
 /// what `node` admits next waits for its next sync interval.
 async fn holds_back_for(node: &Node, connection: &quinn::Connection, other: &Node) {
     let counted = tokio::time::timeout(WAIT, node.reaches(&[other.node_id()])).await;
