@@ -92,6 +92,21 @@ pub async fn exchange_counts(world: &World) -> [ExchangeCounts; 2] {
     counts
 }
 
+/// The lowest region version the running nodes of `region` publish
+/// (`floodgate_region_protocol_version`; 0 where a node publishes none).
+pub async fn region_version(world: &World, region: usize) -> f64 {
+    let mut lowest: Option<f64> = None;
+    for node in world.nodes.iter().filter(|n| n.is_running()) {
+        if node.spec.region.min(1) != region {
+            continue;
+        }
+        let page = metrics_page(node.spec.admin).await.unwrap_or_default();
+        let version = sum_samples(&page, "floodgate_region_protocol_version", &[]).unwrap_or(0.0);
+        lowest = Some(lowest.map_or(version, |l| l.min(version)));
+    }
+    lowest.unwrap_or(0.0)
+}
+
 /// The hand-off frames `node` received since it started, by layout.
 pub async fn handoffs_received(world: &World, node: usize) -> Value {
     let page = metrics_page(world.nodes[node].spec.admin)
@@ -126,8 +141,9 @@ pub fn counts_between(start: &[ExchangeCounts; 2], end: &[ExchangeCounts; 2]) ->
 /// - with every node on this build, both regions received deltas in the newest layout and
 ///   none in an older one: the links moved to the newest version;
 /// - in a region whose nodes all run this build (region 1 while mixed, both after), replicas
-///   went in the newest layout of kind 7 and none in an older one: what stays in a region
-///   follows that region's version, not the other region's older build;
+///   went in the newest layout of kind 7 and none in an older one, and (region 1 while mixed)
+///   its nodes published this build's newest region version: what stays in a region follows
+///   that region's version, not the other region's older build;
 /// - region 1's node upgraded last received its join's hand-off in the newest layout, none in
 ///   an older one: a hand-off follows its link, though the old region's gossip told of that
 ///   node's restart first, with no version range (the old build's layout has none).
@@ -207,6 +223,13 @@ pub fn judge(extra: &Map<String, Value>) -> Vec<String> {
     }
     expect(
         MIXED,
+        "region 1",
+        "region_protocol_version",
+        |n| n == f64::from(NEWEST),
+        "expected this build's newest: its nodes all run this build",
+    );
+    expect(
+        MIXED,
         LAST_JOIN,
         "handoff_frames_received_in_newest_layout",
         |n| n > 0.0,
@@ -251,6 +274,7 @@ mod tests {
             "messages_applied": applied,
             "replica_frames_received_in_newest_layout": 12.0,
             "replica_frames_received_in_older_layouts": 0.0,
+            "region_protocol_version": f64::from(NEWEST),
         })
     }
 
@@ -362,6 +386,11 @@ mod tests {
                 .iter()
                 .all(|f| f.contains("region 1's replica_frames"))
         );
+        let [m0, mut m1] = mixed();
+        m1["region_protocol_version"] = 2.0.into();
+        let found = judge(&findings(2, [m0, m1], upgraded()));
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert!(found[0].contains("region 1's region_protocol_version was 2"));
         let mut extra = findings(2, mixed(), upgraded());
         extra[MIXED][LAST_JOIN]["handoff_frames_received_in_newest_layout"] = 0.0.into();
         extra[MIXED][LAST_JOIN]["handoff_frames_received_in_older_layouts"] = 1.0.into();
@@ -377,7 +406,8 @@ mod tests {
 
     #[test]
     fn stretches_not_measured_fail() {
-        // Deltas 6, replicas 6 (three regions' stretches), the last join's hand-offs 2.
-        assert_eq!(judge(&Map::new()).len(), 14);
+        // Deltas 6, replicas 6 (three regions' stretches), region 1's version while mixed 1,
+        // the last join's hand-offs 2.
+        assert_eq!(judge(&Map::new()).len(), 15);
     }
 }

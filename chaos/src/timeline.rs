@@ -271,6 +271,8 @@ async fn region_upgrade(world: &mut World, at: impl Fn(f64) -> Duration) -> anyh
     let end = region_upgrade::exchange_counts(world).await;
     world.end_span(mixed);
     let mut mixed_counts = region_upgrade::counts_between(&start, &end);
+    mixed_counts["region 1"]["region_protocol_version"] =
+        region_upgrade::region_version(world, 1).await.into();
     if let Some(&last) = world.region_nodes(1).last() {
         mixed_counts[region_upgrade::LAST_JOIN] =
             region_upgrade::handoffs_received(world, last).await;

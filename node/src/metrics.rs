@@ -124,6 +124,8 @@ pub struct NodeMetrics {
     pub unproven_conflicts: Counter,
     /// The highest protocol version every member speaks, as gossip told this node (0: none).
     pub cluster_version: Gauge,
+    /// The same over the members of this node's region: what stays in the region uses it.
+    pub region_version: Gauge,
     /// Peers this node dialed that share no protocol version with it (callers refused for the
     /// same reason are counted by the TLS layer, `direction="inbound"`).
     pub outbound_version_mismatches: Counter,
@@ -164,6 +166,7 @@ pub struct ClusterMetrics {
     pub peer_handshake_failures: Counter,
     pub unproven_conflicts: Counter,
     pub cluster_version: Gauge,
+    pub region_version: Gauge,
     pub outbound_version_mismatches: Counter,
     pub replicated: Counter,
     pub handed_off: Counter,
@@ -179,6 +182,7 @@ impl NodeMetrics {
             peer_handshake_failures: self.peer_handshake_failures.clone(),
             unproven_conflicts: self.unproven_conflicts.clone(),
             cluster_version: self.cluster_version.clone(),
+            region_version: self.region_version.clone(),
             outbound_version_mismatches: self.outbound_version_mismatches.clone(),
             replicated: self.replicated.clone(),
             handed_off: self.handed_off.clone(),
@@ -219,6 +223,7 @@ impl NodeMetrics {
             peer_handshake_failures: counter!("floodgate_peer_handshake_failures_total"),
             unproven_conflicts: counter!("floodgate_unproven_id_conflicts_total"),
             cluster_version: gauge!("floodgate_cluster_protocol_version"),
+            region_version: gauge!("floodgate_region_protocol_version"),
             outbound_version_mismatches: counter!("floodgate_protocol_mismatches_total", "direction" => "outbound"),
             forwarded: counter!("floodgate_forwarded_checks_total"),
             forward_refused: counter!("floodgate_forward_refused_checks_total"),

@@ -301,10 +301,14 @@ impl Members {
                 .is_ok()
     }
 
-    /// Publishes the cluster version, and logs when it changes: at INFO as the last member of
-    /// an older build leaves or the first joins, at ERROR when the members share no version
-    /// (a member that shares none with this node cannot connect; one between two others can).
+    /// Publishes the cluster version and the region version, and logs when the cluster
+    /// version changes: at INFO as the last member of an older build leaves or the first joins,
+    /// at ERROR when the members share no version (a member that shares none with this node
+    /// cannot connect; one between two others can).
     pub(super) fn publish_cluster_version(&self) {
+        self.metrics
+            .region_version
+            .set(f64::from(self.region_version()));
         let version = self.cluster_version();
         let before = self
             .published_cluster_version
