@@ -15,7 +15,7 @@ impl Cluster {
         drop(self.update_table(now_ns, |membership| {
             conflicts = membership.handle_gossip_from(now_ns, own, gossip)
         }));
-        self.members.publish_cluster_version();
+        self.members.publish_versions();
         self.members.tell_conflicts(conflicts, now_ns);
     }
 
@@ -58,7 +58,7 @@ impl Cluster {
             self.slots.follow_suspicion(suspected, now_ns);
         }
         self.members.gossip(now_ns);
-        self.members.publish_cluster_version();
+        self.members.publish_versions();
         // Members declared suspect or dead by `poll` change the owners.
         drop(self.update_table(now_ns, |_| {}));
     }

@@ -305,7 +305,7 @@ impl Members {
     /// version changes: at INFO as the last member of an older build leaves or the first joins,
     /// at ERROR when the members share no version (a member that shares none with this node
     /// cannot connect; one between two others can).
-    pub(super) fn publish_cluster_version(&self) {
+    pub(super) fn publish_versions(&self) {
         self.metrics
             .region_version
             .set(f64::from(self.region_version()));
