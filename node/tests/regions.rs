@@ -454,8 +454,8 @@ async fn refuses_units_from_outside_its_region(
 /// Waits (bounded) until `node` counts `other` (a node of another region) as an owner, then
 /// shows it holds global checks back to that region's share: one frame of two checks of a fresh
 /// key of burst 2 (a share of 1) that `node` owns, decided in one pass, admits the first and
-/// holds the second back. That unit is the first `node` sends `other`, at once: returns once it is confirmed, so
-/// what `node` admits next waits for its next sync interval.
+/// holds the second back. That unit is the first `node` sends `other`, at once: returns once
+/// it is confirmed, so what `node` admits next waits for its next sync interval.
 async fn holds_back_for(node: &Node, connection: &quinn::Connection, other: &Node) {
     let counted = tokio::time::timeout(WAIT, node.reaches(&[other.node_id()])).await;
     assert!(

@@ -53,8 +53,8 @@ pub(super) struct OwnersNow {
     /// of other regions only): the first of its region, with nobody to wait for (as a node
     /// whose seeds are all itself).
     pub(super) first_of_region: bool,
-    /// What every slot-owning member of this region speaks: the ownership machine's messages
-    /// (releases, hand-offs) go only to members of this region's table.
+    /// What every slot-owning member of this region speaks: the ownership machine's releases
+    /// go only to members of this region's table.
     pub(super) region_version: u8,
 }
 
@@ -117,8 +117,8 @@ impl Members {
 
     /// The highest protocol version every member of this node's region speaks, as far as
     /// gossip has told this node: what stays among them (replicas, a join's releases, lease
-    /// syncs, deltas passed on, RLQS relays) may use it, though another region still runs an older
-    /// build.
+    /// syncs, deltas passed on, RLQS relays) may use it, though another region still runs an
+    /// older build.
     pub(crate) fn region_version(&self) -> u8 {
         self.membership
             .lock()

@@ -172,7 +172,11 @@ async fn send_in_order(
     let version = link.unwrap_or_else(|| replication.region_version());
     if !pending.units.is_empty() {
         if !Feature::UnconfirmedHandoff.readable_at(version) {
-            tracing::debug!(peer = %addr, version, "the new owner does not read a hand-off's region units");
+            tracing::debug!(
+                peer = %addr,
+                version,
+                "the new owner does not read a hand-off's region units"
+            );
         } else if !super::unconfirmed_handoff::deliver_unconfirmed(&peers, &addr, pending.units)
             .await
         {

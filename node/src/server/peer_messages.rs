@@ -181,9 +181,10 @@ async fn on_replicate(
         );
         return;
     }
-    // The layout the frame was written in, which follows the sender's region version: during
-    // an upgrade region by region, an operator (and the upgrade test) sees a region's replicas
-    // and hand-offs move to the newest layout once its own members all run the new build.
+    // The layout the frame was written in: for replicas the sender's region version, for a
+    // hand-off its link's. During an upgrade region by region, an operator (and the upgrade
+    // test) sees a region's replicas move to the newest layout once its own members all run
+    // the new build.
     metrics::counter!("floodgate_replicate_frames_received_total",
         "of" => if handoff.is_some() { "handoff" } else { "replicas" },
         "version" => frame.version.to_string())
