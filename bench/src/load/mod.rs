@@ -166,7 +166,7 @@ fn progress_bar(args: &LoadArgs, workloads: usize) -> ProgressBar {
         workloads
     } else {
         let regions = if args.with_regions() {
-            regions::STEPS
+            regions::steps(args)
         } else {
             0
         };

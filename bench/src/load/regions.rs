@@ -1,8 +1,11 @@
 //! Global scope beside region scope: two regions of one node each on this machine, the gateway
-//! in region `a`. The same uniform 1-check workload runs twice, each time on a fresh pair of
-//! nodes: every check of scope `region` (decided by `a`'s node alone), then of scope `global`
-//! (decided by `a`'s node through the region exchange, its units merged by `b`'s node). Server
-//! CPU is both nodes summed, `a`'s alone beside it (`first_node_cpu_s_per_million`).
+//! in region `a`. The same workloads run twice, each time on a fresh pair of nodes: every check
+//! of scope `region` (decided by `a`'s node alone), then of scope `global` (decided by `a`'s
+//! node through the region exchange, its units merged by `b`'s node). Server CPU is both nodes
+//! summed, `a`'s alone beside it (`first_node_cpu_s_per_million`). The target is judged on
+//! uniform keys, the exchange's worst case (no key is checked twice in a round, so every
+//! admission is a delta of its own); zipf keys, when the run has them, show a skewed traffic's
+//! cost beside it, where a busy key's units go as one delta a round.
 
 use indicatif::ProgressBar;
 
@@ -12,15 +15,33 @@ use super::measure::run_system;
 use super::systems::start_floodgate_regions;
 use super::{Gateway, KeySpread, LoadArgs, Record, Workload};
 
-/// The workload both scopes run: uniform keys, one check per request.
+/// The workload both scopes run and the target is judged on: uniform keys, one check per
+/// request.
 const WORKLOAD: Workload = Workload {
     spread: KeySpread::Uniform,
     checks_per_request: 1,
 };
 
-/// Steps of the progress bar the two systems take (for each: loading, the closed loop, and the
-/// first offered rate).
-pub(super) const STEPS: usize = 2 * 3;
+/// Shown beside it when the run's spreads include zipf.
+const SKEWED: Workload = Workload {
+    spread: KeySpread::Zipf,
+    checks_per_request: 1,
+};
+
+/// The workloads the two systems run for these flags: uniform, then zipf if asked for.
+fn workloads(args: &LoadArgs) -> Vec<Workload> {
+    let mut workloads = vec![WORKLOAD];
+    if args.spreads.contains(&KeySpread::Zipf) {
+        workloads.push(SKEWED);
+    }
+    workloads
+}
+
+/// Steps of the progress bar the two systems take: for each, loading, then per workload its
+/// closed loop and the first offered rate.
+pub(super) fn steps(args: &LoadArgs) -> usize {
+    2 * (1 + 2 * workloads(args).len())
+}
 
 /// The flags for the two systems' runs: the run's, with only its first offered rate (the
 /// comparison is the closed loop's CPU; one open-loop step shows the latency a global check
@@ -41,6 +62,7 @@ pub(super) async fn run_regions(
     notes: &mut Vec<String>,
 ) -> anyhow::Result<()> {
     let args = regions_args(args);
+    let workloads = workloads(&args);
     for (scope, data_dir) in [
         (Scope::Region, "regions-region-data"),
         (Scope::Global, "regions-global-data"),
@@ -50,7 +72,7 @@ pub(super) async fn run_regions(
             &args,
             Some(&server),
             target,
-            &[WORKLOAD],
+            &workloads,
             progress,
             records,
             notes,
@@ -65,7 +87,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_workload_is_the_uniform_one_check_one_and_one_rate_runs() {
+    fn uniform_runs_zipf_beside_it_when_asked_and_one_rate_runs() {
         assert_eq!(WORKLOAD.to_string(), "uniform/1-check");
         use clap::Parser;
         #[derive(Debug, Parser)]
@@ -77,6 +99,13 @@ mod tests {
             .unwrap()
             .load;
         assert_eq!(regions_args(&args).rates, [10]);
+        assert_eq!(workloads(&args), [WORKLOAD, SKEWED]);
+        assert_eq!(steps(&args), 2 * 5);
+        let uniform_only = Cli::try_parse_from(["load", "--spreads", "uniform,hot"])
+            .unwrap()
+            .load;
+        assert_eq!(workloads(&uniform_only), [WORKLOAD]);
+        assert_eq!(steps(&uniform_only), 2 * 3);
         assert!(args.with_regions());
         let skipped = Cli::try_parse_from(["load", "--no-regions"]).unwrap().load;
         assert!(!skipped.with_regions());
