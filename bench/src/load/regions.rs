@@ -2,10 +2,10 @@
 //! in region `a`. The same workloads run twice, each time on a fresh pair of nodes: every check
 //! of scope `region` (decided by `a`'s node alone), then of scope `global` (decided by `a`'s
 //! node through the region exchange, its units merged by `b`'s node). Server CPU is both nodes
-//! summed, `a`'s alone beside it (`first_node_cpu_s_per_million`). The target is judged on
-//! uniform keys, the exchange's worst case (no key is checked twice in a round, so every
-//! admission is a delta of its own); zipf keys, when the run has them, show a skewed traffic's
-//! cost beside it, where a busy key's units go as one delta a round.
+//! summed, `a`'s alone beside it (`first_node_cpu_s_per_million`). Uniform keys always: the
+//! exchange's worst case (no key is checked twice in a round, so every admission is a delta of
+//! its own); zipf keys too when the run has them, a skewed traffic where a busy key's units go
+//! as one delta a round. The target is judged on each.
 
 use indicatif::ProgressBar;
 
@@ -15,14 +15,13 @@ use super::measure::run_system;
 use super::systems::start_floodgate_regions;
 use super::{Gateway, KeySpread, LoadArgs, Record, Workload};
 
-/// The workload both scopes run and the target is judged on: uniform keys, one check per
-/// request.
+/// The workload both scopes always run: uniform keys, one check per request.
 const WORKLOAD: Workload = Workload {
     spread: KeySpread::Uniform,
     checks_per_request: 1,
 };
 
-/// Shown beside it when the run's spreads include zipf.
+/// Run beside it when the run's spreads include zipf.
 const SKEWED: Workload = Workload {
     spread: KeySpread::Zipf,
     checks_per_request: 1,
