@@ -87,7 +87,9 @@ mod tests {
 
     #[test]
     fn uniform_runs_zipf_beside_it_when_asked_and_one_rate_runs() {
+        // The names the targets judge them by (`targets::GLOBAL_WORKLOADS`).
         assert_eq!(WORKLOAD.to_string(), "uniform/1-check");
+        assert_eq!(SKEWED.to_string(), "zipf/1-check");
         use clap::Parser;
         #[derive(Debug, Parser)]
         struct Cli {

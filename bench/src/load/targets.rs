@@ -291,6 +291,10 @@ pub fn rls_markdown(records: &[Record]) -> String {
 /// Most a global check's node CPU may be, as a multiple of a region check's.
 const GLOBAL_OVER_REGION: f64 = 1.5;
 
+/// The workloads the two regions' systems run (`regions.rs`): uniform keys always, zipf when
+/// the run has them.
+const GLOBAL_WORKLOADS: [&str; 2] = ["uniform/1-check", "zipf/1-check"];
+
 /// One row of the global scope's target: `global` over `region` (CPU s/M, as `figure` reads it
 /// from a record), judged at most [`GLOBAL_OVER_REGION`]; unmeasured when either is missing.
 fn global_over_region(
@@ -316,7 +320,7 @@ fn global_over_region(
 /// run had them. None when neither scope ran.
 pub(super) fn regions_verdicts(records: &[Record]) -> Vec<Verdict> {
     let mut verdicts = Vec::new();
-    for workload in &LATENCY_WORKLOADS[..2] {
+    for workload in GLOBAL_WORKLOADS {
         let global = find(records, REGIONS_GLOBAL, workload, 0);
         let region = find(records, REGIONS_REGION, workload, 0);
         if global.is_none() && region.is_none() {
