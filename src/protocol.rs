@@ -204,8 +204,8 @@ pub enum Feature {
     /// owner whose link agreed on this version (the receiver alone reads it: a member that
     /// hands the slots on sends its own).
     UnconfirmedHandoff,
-    /// Replicate frames (kind 7) carry GCRA buckets, nearly every bucket replicated, as three
-    /// columns (key, arrival time, margin: 28 bytes a bucket where a flat bucket takes 96),
+    /// Replicate frames (kind 7) carry GCRA buckets, nearly every bucket replicated, as four
+    /// columns (24 bytes a bucket where a flat bucket takes 96),
     /// windows and logs flat as before. A round's replicas are written once the region version
     /// has it (they are made off the runtime's workers, where no link is at hand); a hand-off's
     /// buckets in the layout of the link to the new owner (a member that passes buckets on

@@ -245,3 +245,77 @@ async fn a_peer_connection_takes_any_number_of_one_way_messages() {
     assert!(all, "received {} of {MESSAGES}", *received.borrow());
     assert_eq!(node.node.live_buckets(), MESSAGES as usize);
 }
+
+/// A hand-off's lease sets are written for the link to the new owner, as its buckets are: with
+/// a member of the region that reads no 128-bit lease ids (so the region version, which a
+/// round's replicas follow, is 9), leases granted such ids before it came still reach a node
+/// that joins (in version 2's layout they would be left out, and the newcomer would grant
+/// those keys' leases again). The same happens when a restart is heard of first through an
+/// older build's relay, which carries no versions.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wide_lease_ids_reach_a_new_owner_beside_a_member_that_cannot_read_them() {
+    use floodgate::protocol::{Feature, VersionRange};
+    use floodgate_client::{Acquire, Client, ClientConfig};
+
+    // The silent member must stay alive (an owner) for the whole test.
+    let patient = |c: &mut floodgate_node::NodeConfig| {
+        fast(c);
+        c.cluster.membership.suspect_after_ns = 600 * floodgate::NANOS_PER_SEC;
+        c.cluster.membership.dead_after_ns = 1_200 * floodgate::NANOS_PER_SEC;
+    };
+    let first = start_node(patient).await;
+    let a = &first.node;
+    let mut config = ClientConfig::with_ca_file(&first.certs.ca);
+    config.timeout = Duration::from_secs(10);
+    let client = Client::connect(&[a.local_addr()], config).await.unwrap();
+    let keys: Vec<String> = (0..48).map(|i| format!("exports:wide-{i}")).collect();
+    for key in &keys {
+        let answer = client
+            .acquire(key.as_bytes(), 1, Duration::from_secs(600))
+            .await
+            .unwrap();
+        assert!(matches!(answer, Acquire::Granted(_)), "{key}: {answer:?}");
+    }
+
+    let before_wide_ids = Feature::WideLeaseIds.since() - 1;
+    let old = VersionRange::new(2, before_wide_ids);
+    gossip_silent_member(&first, ("old-here", "127.0.0.1:7"), "local", old).await;
+    converge(a, 2).await;
+    assert_eq!(
+        a.cluster_version(),
+        before_wide_ids,
+        "the region reads no wide ids"
+    );
+
+    let mut config = floodgate_node::NodeConfig::for_tests(&first.certs);
+    patient(&mut config);
+    config.cluster.seeds = vec![a.local_addr().into()];
+    let joiner = Node::start(config).await.unwrap();
+    converge(a, 3).await;
+    converge(&joiner, 3).await;
+    let table = joiner.slot_table();
+    let moved: Vec<&String> = keys
+        .iter()
+        .filter(|k| table.owner(slot_of(k.as_bytes())) == Some(joiner.node_id()))
+        .collect();
+    assert!(!moved.is_empty(), "some keys moved to the joiner");
+    // Delivered before the buckets that settled the hand-off: merged by now, or about to be.
+    let mut received = joiner.watch_received_lease_sets();
+    let held = |k: &&String| joiner.leases_in_use(k.as_bytes()) == 1;
+    let all_held = tokio::time::timeout(Duration::from_secs(10), async {
+        while !moved.iter().all(held) {
+            received.changed().await.unwrap();
+        }
+    })
+    .await;
+    let missing: Vec<&&String> = moved.iter().filter(|k| !held(k)).collect();
+    assert!(
+        all_held.is_ok(),
+        "the joiner holds no lease for {} of {} moved keys: {missing:?}",
+        missing.len(),
+        moved.len()
+    );
+    client.close().await;
+    joiner.shutdown().await;
+    first.node.shutdown().await;
+}

@@ -44,9 +44,16 @@ impl LeaseReplication {
         }
     }
 
-    /// Kind 17 frames carrying `sets`, each within the replication frame budget (at least one
-    /// set per frame); none when there is nothing to send.
-    pub(super) fn lease_frames(&self, handoff: bool, sets: &[LeaseSetState]) -> Vec<Vec<u8>> {
+    /// Kind 17 frames carrying `sets` in the layout of protocol `version`, each within the
+    /// replication frame budget (at least one set per frame); none when there is nothing to
+    /// send. A round's replicas are written for the region's version (every member of the
+    /// ring reads them: 128-bit ids once it has them), a hand-off's for its link's.
+    pub(super) fn lease_frames(
+        &self,
+        version: u8,
+        handoff: bool,
+        sets: &[LeaseSetState],
+    ) -> Vec<Vec<u8>> {
         let mut frames = Vec::new();
         let mut start = 0;
         while start < sets.len() {
@@ -66,9 +73,7 @@ impl LeaseReplication {
                 sets: sets[start..end].iter().map(WireLeaseSet::from).collect(),
             };
             let mut frame = Vec::new();
-            // In the layout every member of the region (the ring leases are replicated in)
-            // reads: 128-bit ids once its version has them.
-            let left_out = encode_lease_sync(&mut frame, self.members.region_version(), &message);
+            let left_out = encode_lease_sync(&mut frame, version, &message);
             if left_out > 0 {
                 metrics::counter!("floodgate_lease_sync_left_out_total").increment(left_out as u64);
             }
@@ -106,7 +111,7 @@ impl LeaseReplication {
             };
             metrics::counter!("floodgate_replicated_lease_sets_total", "direction" => "sent")
                 .increment(sets.len() as u64);
-            for frame in self.lease_frames(false, &sets) {
+            for frame in self.lease_frames(self.members.region_version(), false, &sets) {
                 frames.push((addr.clone(), frame));
             }
         }

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use floodgate::BucketState;
 use floodgate::cluster::Membership;
 use floodgate::cluster::ownership::{Action, HandOff};
+use floodgate::lease::LeaseSetState;
 use floodgate::protocol::Feature;
 
 use super::Cluster;
@@ -125,19 +126,18 @@ impl Cluster {
                 metrics::counter!("floodgate_handoff_lease_sets_total", "direction" => "sent")
                     .increment(lease_sets.len() as u64);
             }
-            let lease_frames = self.lease_replication.lease_frames(true, &lease_sets);
             let pending = PendingHandOff {
                 units: unit_frames,
-                leases: lease_frames,
+                lease_sets,
                 carried: (handoff.id, handoff.slots.clone()),
                 buckets,
             };
-            sends.push(tokio::spawn(send_in_order(
-                self.peers.clone(),
-                self.replication.clone(),
-                addr,
-                pending,
-            )));
+            let senders = HandOffSenders {
+                peers: self.peers.clone(),
+                replication: self.replication.clone(),
+                leases: self.lease_replication.clone(),
+            };
+            sends.push(tokio::spawn(send_in_order(senders, addr, pending)));
         }
         sends
     }
@@ -147,27 +147,35 @@ impl Cluster {
 /// then its id and slots with their buckets.
 struct PendingHandOff {
     units: Vec<Vec<u8>>,
-    leases: Vec<Vec<u8>>,
+    lease_sets: Vec<LeaseSetState>,
     carried: (u64, Vec<u16>),
     buckets: Vec<BucketState>,
+}
+
+/// What a hand-off's task writes and sends its frames with.
+struct HandOffSenders {
+    peers: Arc<super::Peers>,
+    replication: Arc<super::Replication>,
+    leases: Arc<super::LeaseReplication>,
 }
 
 /// Sends one hand-off to `addr`: the region units answered and the leases delivered first
 /// (the bucket hand-off is what lets the new owner decide the slots, and it must find them
 /// there), then the buckets. True when every bucket frame was delivered.
 ///
-/// The units and the buckets' layout follow the version the link to the new owner agreed on:
-/// what it reads, where gossip may not have said yet (a restart heard of first through an
-/// older build's relay has no versions, and would count as version 2 for a while). Neither is
-/// passed on as sent: a member handing the buckets on writes them again for its own link, and
-/// sends its own units. Without a link yet, what gossip says of the region (the units and
-/// the frames are tried again, and may reach the owner then).
-async fn send_in_order(
-    peers: Arc<super::Peers>,
-    replication: Arc<super::Replication>,
-    addr: String,
-    pending: PendingHandOff,
-) -> bool {
+/// The units, and the layouts of the lease sets and the buckets, follow the version the link
+/// to the new owner agreed on: what it reads, where gossip may not have said yet (a restart
+/// heard of first through an older build's relay has no versions, and would count as version
+/// 2 for a while: its lease sets would lose their 128-bit ids). None is passed on as sent: a
+/// member handing the buckets on writes them again for its own link, and sends its own units.
+/// Without a link yet, what gossip says of the region (the units and the frames are tried
+/// again, and may reach the owner then).
+async fn send_in_order(senders: HandOffSenders, addr: String, pending: PendingHandOff) -> bool {
+    let HandOffSenders {
+        peers,
+        replication,
+        leases,
+    } = senders;
     let link = peers.agreed_version(&addr).await;
     let version = link.unwrap_or_else(|| replication.region_version());
     if !pending.units.is_empty() {
@@ -183,8 +191,15 @@ async fn send_in_order(
             metrics::counter!("floodgate_handoff_unconfirmed_undelivered_total").increment(1);
         }
     }
-    for frame in pending.leases {
-        let _ = peers.send(addr.clone(), frame).await;
+    // All at once, each within the peer timeout, and all done before the buckets go: one
+    // after another, an unreachable owner held the buckets back a timeout per frame.
+    let lease_sends: Vec<_> = leases
+        .lease_frames(version, true, &pending.lease_sets)
+        .into_iter()
+        .map(|frame| peers.send(addr.clone(), frame))
+        .collect();
+    for send in lease_sends {
+        let _ = send.await;
     }
     let frames = replication.bucket_frames(version, Some(pending.carried), &pending.buckets);
     let sent: Vec<_> = frames
