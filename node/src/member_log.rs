@@ -52,12 +52,18 @@ impl MemberLog {
                 }
             }
         }
-        if self.last.len() > membership.members().count() {
-            let known: std::collections::HashSet<&str> =
-                membership.members().map(|(m, _)| m.id.as_str()).collect();
-            self.last.retain(|id, _| known.contains(id.as_str()));
-        }
+        forget_the_forgotten(&mut self.last, membership);
         changes
+    }
+}
+
+/// Drops from `by_member` the members the membership no longer knows (it forgets the dead and
+/// departed after a while): a table kept per member stays within the membership's bound.
+pub(crate) fn forget_the_forgotten<V>(by_member: &mut HashMap<String, V>, membership: &Membership) {
+    if by_member.len() > membership.members().count() {
+        let known: std::collections::HashSet<&str> =
+            membership.members().map(|(m, _)| m.id.as_str()).collect();
+        by_member.retain(|id, _| known.contains(id.as_str()));
     }
 }
 

@@ -18,6 +18,7 @@ use crate::address::HostPort;
 use crate::member_log::MemberLog;
 use crate::metrics::ClusterMetrics;
 
+use super::lives::Lives;
 use super::{COMPLAINT_INTERVAL_NS, JOIN_WAIT, OtherRegions, Peers};
 
 /// Who is in the cluster, where, and in what state, as this node's gossip knows them.
@@ -30,6 +31,8 @@ pub(crate) struct Members {
     metrics: ClusterMetrics,
     /// Members' states as last logged: suspicion and death are logged at WARN as they happen.
     member_log: Mutex<MemberLog>,
+    /// Members' incarnations as last seen: a restarted member's kept connections are closed.
+    lives: Mutex<Lives>,
     /// Set (with the reason) once another node proved to hold this node's id first: this node
     /// is out of the cluster and its process should stop.
     refused: watch::Sender<Option<String>>,
@@ -72,6 +75,7 @@ impl Members {
             peers,
             metrics,
             member_log: Mutex::new(MemberLog::default()),
+            lives: Mutex::new(Lives::default()),
             refused: watch::Sender::new(None),
             next_join_complaint_ns: AtomicU64::new(now_ns + JOIN_WAIT.as_nanos() as u64),
             next_conflict_complaint_ns: AtomicU64::new(0),
@@ -142,8 +146,9 @@ impl Members {
     }
 
     /// Applies `change` to the membership and reads what a table update needs: the owners, the
-    /// members that left, and the cluster version. Logs the members whose state changed,
-    /// teaches the peers the members' ids, and has `regions` follow the other regions' rings.
+    /// members that left, and the cluster version. Logs the members whose state changed, has
+    /// the peers close what they keep to a restarted member and learn the members' ids, and
+    /// has `regions` follow the other regions' rings.
     pub(super) fn change(
         &self,
         change: impl FnOnce(&mut Membership),
@@ -152,6 +157,9 @@ impl Members {
         let mut membership = self.membership.lock();
         change(&mut membership);
         drop(self.member_log.lock().observe(&membership));
+        for addr in self.lives.lock().restarted(&membership) {
+            self.peers.forget(&addr);
+        }
         self.peers
             .learn_ids(membership.members().map(|(info, _)| info));
         let departed: Vec<String> = membership

@@ -15,7 +15,8 @@
 //!   into frames, a peer's buckets merged; `lease_replication`: `LeaseReplication`, the same
 //!   for concurrency leases (kind 17), and leases in hand-offs.
 //! - `region_rings`: `OtherRegions`, the other regions' rings, followed from the membership.
-//! - `peers`: `Peers`, connections to other nodes, dialed by id and reused.
+//! - `peers`: `Peers`, connections to other nodes, dialed by id and reused (`lives`: those to a
+//!   restarted member are closed, as they lead to its previous life).
 //!
 //! The driver, `Cluster` (its loop is `run`: gossip rounds and replication rounds):
 //! - `gossip`: the gossip round, a peer's gossip in, readiness and a graceful leave.
@@ -26,6 +27,7 @@
 
 mod gossip;
 mod lease_replication;
+mod lives;
 mod members;
 mod peers;
 mod region_rings;

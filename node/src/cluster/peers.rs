@@ -140,6 +140,19 @@ impl Peers {
         Ok(connection)
     }
 
+    /// Closes the connections kept to `addr`: the member there restarted (see `lives.rs`), and
+    /// they lead to its previous life. Sends still on them fail at once instead of at their
+    /// timeout; the next send dials the new one.
+    pub(crate) fn forget(&self, addr: &str) {
+        self.connections.lock().retain(|(to, _), connection| {
+            let keep = to != addr;
+            if !keep {
+                connection.close(0u32.into(), b"peer restarted");
+            }
+            keep
+        });
+    }
+
     /// True when the node at `addr` presents a certificate for node id `id` (its handshake as
     /// that id succeeds within the peer timeout). A fresh connection, kept nowhere: it only
     /// proves who is there.

@@ -1,0 +1,87 @@
+//! [`Lives`]: the incarnation each member was last seen in. A larger one is a restart, and a
+//! connection kept to the member's address belongs to its previous life: after a crash (no
+//! close sent) the new process cannot end it for us (its stateless resets carry another key),
+//! so until the connection's idle timeout everything sent on it (gossip, forwards, hand-offs)
+//! would be lost, and the restarted node, hearing nothing back, would wait that long to join.
+
+use std::collections::HashMap;
+
+use floodgate::cluster::Membership;
+
+use crate::member_log::forget_the_forgotten;
+
+/// The incarnation of each member as last seen. Holds one entry per member the membership
+/// knows (bounded by its `max_members`); forgotten members are dropped.
+#[derive(Debug, Default)]
+pub(super) struct Lives {
+    last: HashMap<String, u64>,
+}
+
+impl Lives {
+    /// The addresses of members seen in a later life than at the last call (not this node,
+    /// nor a member seen for the first time), then remembers every member's.
+    pub(super) fn restarted(&mut self, membership: &Membership) -> Vec<String> {
+        let mut addrs = Vec::new();
+        let me = membership.me();
+        for (info, _) in membership.members() {
+            if info.id == me {
+                continue;
+            }
+            let Some(incarnation) = membership.incarnation_of(&info.id) else {
+                continue;
+            };
+            match self.last.insert(info.id.clone(), incarnation) {
+                Some(before) if before < incarnation => addrs.push(info.addr.clone()),
+                _ => {}
+            }
+        }
+        forget_the_forgotten(&mut self.last, membership);
+        addrs
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use floodgate::cluster::membership::MemberDigest;
+    use floodgate::cluster::{Gossip, MemberInfo, MembershipConfig};
+
+    use super::*;
+
+    fn info(id: &str) -> MemberInfo {
+        MemberInfo {
+            id: id.to_owned(),
+            addr: format!("127.0.0.1:{}", 7100 + id.len()),
+            region: "local".to_owned(),
+        }
+    }
+
+    fn digest(id: &str, incarnation: u64) -> Gossip {
+        Gossip {
+            members: vec![MemberDigest {
+                info: info(id),
+                incarnation,
+                heartbeat: 1,
+                left: false,
+                versions: None,
+                joining: false,
+            }],
+        }
+    }
+
+    #[test]
+    fn a_later_incarnation_is_a_restart_at_its_address_once() {
+        let config = MembershipConfig::default();
+        let mut membership = Membership::new(info("me"), 1, Vec::new(), config, 0, 7);
+        let mut lives = Lives::default();
+        assert!(lives.restarted(&membership).is_empty(), "not this node");
+        membership.handle_gossip(0, &digest("peer", 5));
+        assert!(lives.restarted(&membership).is_empty(), "first seen");
+        membership.handle_gossip(1, &digest("peer", 5));
+        assert!(lives.restarted(&membership).is_empty(), "the same life");
+        // Its own word of a new life (gossip from the member itself).
+        drop(membership.handle_gossip_from(2, &|id| id == "peer", &digest("peer", 9)));
+        assert_eq!(membership.incarnation_of("peer"), Some(9));
+        assert_eq!(lives.restarted(&membership), [info("peer").addr]);
+        assert!(lives.restarted(&membership).is_empty(), "told once");
+    }
+}
