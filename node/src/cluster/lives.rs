@@ -30,9 +30,18 @@ impl Lives {
             let Some(incarnation) = membership.incarnation_of(&info.id) else {
                 continue;
             };
-            match self.last.insert(info.id.clone(), incarnation) {
-                Some(before) if before < incarnation => addrs.push(info.addr.clone()),
-                _ => {}
+            // Looked up before inserting: runs on every gossip handled, where an id cloned per
+            // member would allocate for nothing.
+            match self.last.get_mut(info.id.as_str()) {
+                Some(before) => {
+                    if *before < incarnation {
+                        addrs.push(info.addr.clone());
+                    }
+                    *before = incarnation;
+                }
+                None => {
+                    self.last.insert(info.id.clone(), incarnation);
+                }
             }
         }
         forget_the_forgotten(&mut self.last, membership);
