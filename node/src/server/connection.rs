@@ -76,26 +76,30 @@ pub(super) async fn serve_connection(
     };
     let mut streams = JoinSet::new();
     let subscribed = Arc::new(AtomicBool::new(false));
+    let stop_messages = shutdown.clone();
+    let take_one_way = |streams: &mut JoinSet<()>, recv: quinn::RecvStream| {
+        // Finished tasks count until joined: gossip and replication use one stream per
+        // message, so without this a quiet connection would drop every message after 256.
+        while streams.try_join_next().is_some() {}
+        if streams.len() < 256 {
+            let from = UniSender {
+                remote: remote.clone(),
+                subscribed: subscribed.clone(),
+            };
+            streams.spawn(serve_uni_message(
+                recv,
+                from,
+                connections.clone(),
+                messages.clone(),
+                stop_messages.clone(),
+            ));
+        }
+    };
     loop {
         let accepted = tokio::select! {
             accepted = connection.accept_bi() => accepted.map(Some),
             accepted = connection.accept_uni() => accepted.map(|recv| {
-                // Finished tasks count until joined: gossip and replication use one stream per
-                // message, so without this a quiet connection would drop every message after 256.
-                while streams.try_join_next().is_some() {}
-                if streams.len() < 256 {
-                    let from = UniSender {
-                        remote: remote.clone(),
-                        subscribed: subscribed.clone(),
-                    };
-                    streams.spawn(serve_uni_message(
-                        recv,
-                        from,
-                        connections.clone(),
-                        messages.clone(),
-                        shutdown.clone(),
-                    ));
-                }
+                take_one_way(&mut streams, recv);
                 None
             }),
             _ = shutdown.changed() => break,
@@ -116,6 +120,13 @@ pub(super) async fn serve_connection(
             Ok(None) => {}
             Err(e) => {
                 tracing::debug!(peer = %connection.remote_address(), "connection ended: {e}");
+                // One-way messages received whole before the close are still handed out (a
+                // closed connection's accept yields them before its error): a sender that
+                // closed right after its message was acknowledged must not lose it because
+                // `select!` happened to poll `accept_bi` first.
+                while let Ok(recv) = connection.accept_uni().await {
+                    take_one_way(&mut streams, recv);
+                }
                 break;
             }
         }

@@ -111,7 +111,8 @@ pub async fn connect(addr: SocketAddr, config: quinn::ClientConfig) -> quinn::Co
 /// `region` at `addr` (one nothing answers on; a node id has one address, so one each) speaking
 /// `versions` (`None`: a range no digest gave), which never speaks again: the other side of a
 /// mixed-version cluster. The node keeps it alive only under a membership config that
-/// suspects late; the caller waits for the gossip's effect.
+/// suspects late. Returns once the node knows the member (bounded: 10 s, or it panics); the
+/// caller waits for whatever else the gossip changes.
 pub async fn gossip_silent_member(
     node: &TestNode,
     (id, addr): (&str, &str),
@@ -135,13 +136,22 @@ pub async fn gossip_silent_member(
         members: vec![member],
     };
     floodgate::wire::encode_gossip(&mut frame, floodgate::protocol::NEWEST, &gossip);
+    // A new member changes the owners, so the node publishes a table once it has taken it.
+    let mut tables = node.node.watch_slot_table();
     let connection = connect(node.node.local_addr(), peer_config(&node.certs)).await;
     let mut stream = connection.open_uni().await.unwrap();
     stream.write_all(&frame).await.unwrap();
     stream.finish().unwrap();
-    // Read to the end by the node before the connection goes (bounded: the caller's wait for
-    // the gossip's effect says whether it was taken).
-    let _ = tokio::time::timeout(std::time::Duration::from_secs(10), stream.stopped()).await;
+    // The connection must outlive the node's read of the stream: closed once the data is only
+    // acknowledged (what `stopped` waits for), a busy node may find the stream gone unread.
+    let known = tokio::time::timeout(std::time::Duration::from_secs(10), async {
+        while node.node.member_addr(id).as_deref() != Some(addr) {
+            tables.changed().await.unwrap();
+        }
+    })
+    .await;
+    assert!(known.is_ok(), "the node did not take the gossip of {id}");
+    drop(connection);
 }
 
 /// What came back on a stream: decoded frames until the node finished or reset the stream.
