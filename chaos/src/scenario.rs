@@ -82,6 +82,7 @@ impl Bound {
 pub enum Plan {
     Steady,
     Kill,
+    CrashRestart,
     Pause,
     RollingRestart,
     Churn,
@@ -166,6 +167,19 @@ pub fn catalogue() -> Vec<Scenario> {
             Bound::crash(),
             0.80,
         ),
+        Scenario {
+            bound: Bound {
+                why: "crash, then a restart at the same address: the successors decide the moved keys from replicas at most one sync interval old; the new life joins and takes them back by hand-off (exact)",
+                ..Bound::crash()
+            },
+            ..base(
+                "crash-restart",
+                "kill -9 of a key's owner under load, started again at its address 0.3 s later (a supervisor's restart), before the failure detector declares it dead",
+                Plan::CrashRestart,
+                Bound::crash(),
+                0.80,
+            )
+        },
         Scenario {
             bound: Bound::partition(
                 "pause: the paused owner is declared dead (1 s) and its successor takes over; on SIGCONT it decides again from its 3 s old buckets until tables agree: a partition, up to twice the limit",
@@ -469,6 +483,11 @@ mod tests {
     fn the_new_scenarios_run_in_all_and_stall_and_region_keys_are_exact() {
         let all = names(&select("all", false).unwrap());
         assert!(all.contains(&"stall") && all.contains(&"region-restart"));
+        assert!(all.contains(&"crash-restart"));
+        assert_eq!(
+            find("crash-restart").unwrap().bound.short(),
+            find("kill").unwrap().bound.short()
+        );
         assert_eq!(find("stall").unwrap().bound.short(), "exact");
         assert_eq!(find("region-partition").unwrap().bound.short(), "exact");
         assert_eq!(find("region-restart").unwrap().layout, Some((2, 2)));

@@ -50,6 +50,7 @@ pub async fn play(
         Plan::Steady => {}
         Plan::KeyFlood | Plan::HostileFlood => flood_window(scenario, world, at).await,
         Plan::Kill => kill_owner(world, at).await?,
+        Plan::CrashRestart => crash_and_restart_owner(world, at).await?,
         Plan::Pause => pause_owner(world, at).await?,
         Plan::RollingRestart => rolling_restart(world, at).await?,
         Plan::Churn => churn(world, at).await?,
@@ -83,6 +84,24 @@ async fn kill_owner(world: &mut World, at: impl Fn(f64) -> Duration) -> anyhow::
     world.kill(owner).await;
     // It stays down: the span runs to the end of the run.
     let _ = span;
+    Ok(())
+}
+
+/// `crash-restart`: how long the killed owner stays down, well inside the failure detector's
+/// 1 s to dead, as a supervisor restarting a crashed process would.
+pub const CRASH_DOWN_FOR: Duration = Duration::from_millis(300);
+
+async fn crash_and_restart_owner(
+    world: &mut World,
+    at: impl Fn(f64) -> Duration,
+) -> anyhow::Result<()> {
+    world.until(at(0.3)).await;
+    let owner = world.owner_of(VICTIM_KEY)?;
+    let span = world.begin_span(format!("kill -9 node {owner}, restarted at its address"));
+    world.kill(owner).await;
+    tokio::time::sleep(CRASH_DOWN_FOR).await;
+    world.start_node(owner).await?;
+    world.end_span(span);
     Ok(())
 }
 
