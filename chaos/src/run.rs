@@ -527,6 +527,9 @@ async fn plan_findings(scenario: &Scenario, world: &mut World, run: &mut Driven)
     if scenario.plan == Plan::Stall {
         stall_findings(world, extra).await;
     }
+    if scenario.plan == Plan::CrashRestart {
+        violations.extend(crate::timeline::judge_restart(&world.findings));
+    }
     for (name, value) in std::mem::take(&mut world.findings) {
         extra.insert(name, value);
     }

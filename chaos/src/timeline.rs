@@ -90,6 +90,10 @@ async fn kill_owner(world: &mut World, at: impl Fn(f64) -> Duration) -> anyhow::
 /// `crash-restart`: how long the killed owner stays down, well inside the failure detector's
 /// 1 s to dead, as a supervisor restarting a crashed process would.
 pub const CRASH_DOWN_FOR: Duration = Duration::from_millis(300);
+/// `crash-restart`: the longest the new life may take from its start to ready (joined). A
+/// survivor's connection to the dead process, kept, would swallow its answers to the join
+/// until QUIC's 5 s idle timeout; the join itself takes a gossip round trip.
+pub const CRASH_READY_WITHIN: Duration = Duration::from_secs(2);
 
 async fn crash_and_restart_owner(
     world: &mut World,
@@ -100,9 +104,26 @@ async fn crash_and_restart_owner(
     let span = world.begin_span(format!("kill -9 node {owner}, restarted at its address"));
     world.kill(owner).await;
     tokio::time::sleep(CRASH_DOWN_FOR).await;
+    let started = std::time::Instant::now();
     world.start_node(owner).await?;
+    let ready_ms = started.elapsed().as_millis() as u64;
     world.end_span(span);
+    world
+        .findings
+        .insert("restart_ready_ms".into(), serde_json::json!(ready_ms));
     Ok(())
+}
+
+/// `crash-restart`'s own invariant: the new life was ready within [`CRASH_READY_WITHIN`].
+pub fn judge_restart(findings: &serde_json::Map<String, serde_json::Value>) -> Option<String> {
+    let limit = CRASH_READY_WITHIN.as_millis() as u64;
+    match findings.get("restart_ready_ms").and_then(|v| v.as_u64()) {
+        Some(ms) if ms <= limit => None,
+        Some(ms) => Some(format!(
+            "the restarted node took {ms} ms to be ready (joined), over {limit} ms"
+        )),
+        None => Some("the restarted node was never ready".to_owned()),
+    }
 }
 
 async fn pause_owner(world: &mut World, at: impl Fn(f64) -> Duration) -> anyhow::Result<()> {
@@ -462,4 +483,28 @@ async fn cluster_version(world: &World) -> anyhow::Result<u8> {
         .await
         .context("fetching the slot table for the cluster version")?;
     Ok(table.cluster_version())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_restart_is_judged_on_its_time_to_ready() {
+        let with = |ms: Option<u64>| {
+            let mut findings = serde_json::Map::new();
+            if let Some(ms) = ms {
+                findings.insert("restart_ready_ms".into(), serde_json::json!(ms));
+            }
+            judge_restart(&findings)
+        };
+        assert_eq!(with(Some(120)), None);
+        assert_eq!(with(Some(2_000)), None);
+        let slow = with(Some(4_800)).unwrap();
+        assert!(
+            slow.contains("4800 ms") && slow.contains("over 2000 ms"),
+            "{slow}"
+        );
+        assert_eq!(with(None).unwrap(), "the restarted node was never ready");
+    }
 }
