@@ -505,6 +505,7 @@ fn token_lease_stats(world: &World) -> serde_json::Value {
 /// own counters), before the records are checked.
 async fn plan_findings(scenario: &Scenario, world: &mut World, run: &mut Driven) {
     let Driven {
+        records,
         live,
         extra,
         violations,
@@ -528,7 +529,7 @@ async fn plan_findings(scenario: &Scenario, world: &mut World, run: &mut Driven)
         stall_findings(world, extra).await;
     }
     if scenario.plan == Plan::CrashRestart {
-        violations.extend(crate::timeline::judge_restart(&world.findings));
+        violations.extend(crate::timeline::judge_restarts(&world.findings, records));
     }
     for (name, value) in std::mem::take(&mut world.findings) {
         extra.insert(name, value);

@@ -169,12 +169,12 @@ pub fn catalogue() -> Vec<Scenario> {
         ),
         Scenario {
             bound: Bound {
-                why: "crash, then a restart at the same address: the successors decide the moved keys from replicas at most one sync interval old; the new life joins and takes them back by hand-off (exact)",
+                why: "crash, then a restart at the same address: the successors decide the moved keys from replicas at most one sync interval old; the new life joins and takes them back by hand-off (exact); each new life ready within 2 s, and after the restart the clients saw, the checks routed to it 0.2-3 s after it was ready decided by a node (all but 3)",
                 ..Bound::crash()
             },
             ..base(
                 "crash-restart",
-                "kill -9 of a key's owner under load, started again at its address 0.3 s later (a supervisor's restart), before the failure detector declares it dead",
+                "kill -9 of a key's owner under load, started again at its address 0.3 s later (a supervisor's restart, before the failure detector declares it dead); at 60% again, down 1.5 s (declared dead first, so the clients see it leave their tables and come back)",
                 Plan::CrashRestart,
                 Bound::crash(),
                 0.80,

@@ -130,6 +130,11 @@ impl SharedBreaker {
         self.breaker.lock().admit(Instant::now())
     }
 
+    /// True while no call has failed since the last success (or reset).
+    pub(crate) fn is_pristine(&self) -> bool {
+        self.pristine.load(Ordering::Relaxed)
+    }
+
     pub(crate) fn on_success(&self) {
         if !self.pristine.load(Ordering::Relaxed) {
             self.update(Breaker::on_success);

@@ -133,11 +133,27 @@ impl NodeLink {
     /// The table names this node again after it had left it: until this link connects, a
     /// check the node owns goes through another node, which forwards it, and is not a
     /// takeover (the node is alive; a takeover would make two deciders). Reconnects at once.
+    ///
+    /// A link still connected whose calls have failed since their last success is taken to
+    /// lead to the node's previous life (a crash, then a restart at the same address): the
+    /// dead process sent no close, and the new one cannot end the connection for us (its
+    /// stateless resets carry another key), so until the idle timeout it would swallow every
+    /// call to a node that is back. It is closed, and the link reconnects at once.
     pub(crate) fn mark_rejoined(&self) {
-        if !self.is_connected() {
-            self.rejoined.store(true, Ordering::Relaxed);
-            self.reconnect_now.notify_one();
+        if self.is_connected() {
+            if self.breaker.is_pristine() {
+                return;
+            }
+            if let Some(stale) = self.connection() {
+                tracing::info!(
+                    node = %self.addr,
+                    "the node is back in the table and calls on its connection failed: reconnecting"
+                );
+                stale.close(0u32.into(), b"node restarted");
+            }
         }
+        self.rejoined.store(true, Ordering::Relaxed);
+        self.reconnect_now.notify_one();
     }
 
     /// Sets the link's state as its supervisor would (tests that play the link).
@@ -302,4 +318,77 @@ async fn dial(
         None => link.addr,
     };
     connect(endpoint, addr, &link.server_name, timeout).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Waits (bounded: 10 s) until the link is connected by a connection other than `not`.
+    async fn connected_anew(link: &NodeLink, not: Option<usize>) -> quinn::Connection {
+        let mut states = link.subscribe();
+        let connected = tokio::time::timeout(Duration::from_secs(10), async {
+            loop {
+                if link.is_connected()
+                    && let Some(connection) = link.connection()
+                    && Some(connection.stable_id()) != not
+                {
+                    return connection;
+                }
+                states.changed().await.unwrap();
+            }
+        })
+        .await;
+        connected.expect("the link connects")
+    }
+
+    /// A node back in the table while the link still holds a connection: kept while calls on
+    /// it succeed (the node did not restart, or the connection is already to its new life),
+    /// closed and dialed again at once when calls on it failed since (after a crash and a
+    /// restart at the same address it leads to the dead process, which would swallow calls
+    /// until the idle timeout).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_node_back_in_the_table_is_dialed_again_when_calls_to_it_failed() {
+        let dir = tempfile::tempdir().unwrap();
+        let certs = floodgate_node::ensure_dev_certs(dir.path()).unwrap();
+        let node = floodgate_node::Node::start(floodgate_node::NodeConfig::for_tests(&certs))
+            .await
+            .unwrap();
+        let config = ClientConfig::with_ca_file(&certs.ca);
+        let addr = node.local_addr();
+        let link = Arc::new(NodeLink::new(addr, &config));
+        let endpoint =
+            crate::dial::endpoint_for(addr, crate::tls::quinn_config(&config).unwrap()).unwrap();
+        let (stop, stopped) = watch::channel(false);
+        let supervisor = tokio::spawn(supervise(
+            link.clone(),
+            endpoint,
+            Arc::new(LinkSettings::new(&config)),
+            stopped,
+        ));
+        let first = connected_anew(&link, None).await;
+
+        link.mark_rejoined();
+        assert!(
+            first.close_reason().is_none(),
+            "a healthy connection is kept"
+        );
+        assert!(!link.is_rejoined());
+
+        link.breaker.on_failure();
+        link.mark_rejoined();
+        assert!(
+            first.close_reason().is_some(),
+            "a connection whose calls failed is closed"
+        );
+        assert!(link.is_rejoined(), "relayed until the link is back");
+        let second = connected_anew(&link, Some(first.stable_id())).await;
+        assert!(second.close_reason().is_none());
+        assert!(!link.is_rejoined(), "connected again");
+        assert!(link.breaker.is_pristine());
+
+        stop.send_replace(true);
+        supervisor.await.unwrap();
+        node.shutdown().await;
+    }
 }
