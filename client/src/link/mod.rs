@@ -138,21 +138,25 @@ impl NodeLink {
     /// lead to the node's previous life (a crash, then a restart at the same address): the
     /// dead process sent no close, and the new one cannot end the connection for us (its
     /// stateless resets carry another key), so until the idle timeout it would swallow every
-    /// call to a node that is back. It is closed, and the link reconnects at once.
+    /// call to a node that is back. It is closed, and the link reconnects at once (down from
+    /// here on, so calls meanwhile are relayed rather than queued on the closed connection).
     pub(crate) fn mark_rejoined(&self) {
-        if self.is_connected() {
+        let stale = if self.is_connected() {
             if self.breaker.is_pristine() {
                 return;
             }
-            if let Some(stale) = self.connection() {
-                tracing::info!(
-                    node = %self.addr,
-                    "the node is back in the table and calls on its connection failed: reconnecting"
-                );
-                stale.close(0u32.into(), b"node restarted");
-            }
-        }
+            self.connection()
+        } else {
+            None
+        };
         self.rejoined.store(true, Ordering::Relaxed);
+        if let Some(stale) = stale {
+            self.went_down(
+                "the node is back in the table and calls on its connection failed: reconnecting"
+                    .to_owned(),
+            );
+            stale.close(0u32.into(), b"node restarted");
+        }
         self.reconnect_now.notify_one();
     }
 
