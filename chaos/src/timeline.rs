@@ -98,19 +98,21 @@ pub const CRASH_DOWN_FOR: [Duration; 2] =
 /// survivor's connection to the dead process, kept, would swallow its answers to the join
 /// until QUIC's 5 s idle timeout; the join itself takes a gossip round trip.
 pub const CRASH_READY_WITHIN: Duration = Duration::from_secs(2);
-/// `crash-restart`: after a restart down past the failure detector (the clients saw it), the
-/// window from this long after the node is ready to [`RESTARTED_WINDOW_END`] in which the
-/// checks routed to it must be decided by a node: a client's connection to the dead process,
-/// kept, would swallow them until the client's 3 s idle timeout.
+/// `crash-restart`: after each restart, the window from this long after the node is ready to
+/// [`RESTARTED_WINDOW_END`] in which the checks routed to it must be decided by a node. A
+/// client's connection to the dead process, kept, would swallow them until the client's 3 s
+/// idle timeout: the new life resets such connections at their next packet (it signs resets
+/// with its previous life's keys), and a client that saw the node leave its table dials it
+/// again when it comes back.
 pub const RESTARTED_WINDOW_START: Duration = Duration::from_millis(200);
 pub const RESTARTED_WINDOW_END: Duration = Duration::from_secs(3);
 /// `crash-restart`: the most of those checks a failure mode may decide instead (machine noise:
 /// a check that missed its 50 ms deadline). Most checks reach the node through its successor
 /// even while a connection swallows calls (the client's breaker is open), so a count, not a
-/// share: with the swallowing connection kept, 10 and 14 in two runs; without, none.
+/// share: with the swallowing connection kept, two runs left 10 and 14 after the second
+/// restart (a client that did not dial again), 24 and 18 after the first (a node whose resets
+/// the client could not verify); without, none.
 pub const RESTARTED_MAX_UNDECIDED: usize = 3;
-/// The failure detector's time to dead the nodes run with (the node's default).
-const DEAD_AFTER: Duration = Duration::from_secs(1);
 
 /// `crash-restart`: `kill -9` of the victim key's owner and a start at its address, once per
 /// [`CRASH_DOWN_FOR`]; each restart's node, time down, time to ready and when it was ready go
@@ -149,8 +151,8 @@ async fn crash_and_restart_owner(
 }
 
 /// `crash-restart`'s own invariants: every new life was ready within [`CRASH_READY_WITHIN`],
-/// and after a restart the clients saw, the checks routed to the node in the window after it
-/// was ready were decided by a node (all but [`RESTARTED_MAX_UNDECIDED`], and at least one
+/// and after each restart, the checks routed to the node in the window after it was ready
+/// were decided by a node (all but [`RESTARTED_MAX_UNDECIDED`], and at least one
 /// was routed there: else the premise was not reached).
 pub fn judge_restarts(
     findings: &serde_json::Map<String, serde_json::Value>,
@@ -175,9 +177,6 @@ pub fn judge_restarts(
             violations.push(format!(
                 "node {node}, down {down_ms} ms, took {ready_ms} ms to be ready (joined), over {limit} ms"
             ));
-        }
-        if down_ms <= DEAD_AFTER.as_millis() as u64 {
-            continue;
         }
         let ready_at = field("ready_at_ns");
         let window = ready_at + RESTARTED_WINDOW_START.as_nanos() as u64
@@ -602,7 +601,8 @@ mod tests {
 
     #[test]
     fn restarts_are_judged_on_their_time_to_ready() {
-        let served = checks(1, 10_600, 200, Via::Node);
+        let mut served = checks(1, 600, 200, Via::Node);
+        served.extend(checks(1, 10_600, 200, Via::Node));
         assert!(
             judge_restarts(&findings(&[(300, 120, 0), (1_500, 2_000, 10_000)]), &served).is_empty()
         );
@@ -620,27 +620,43 @@ mod tests {
         );
     }
 
-    /// Checks routed to a node the clients saw restart, 0.2-3 s after it was ready: a failure
-    /// mode may decide at most 3 of them, and some must have been routed there. Checks before
-    /// the window, to other nodes, or after a restart inside the failure detector do not count.
+    /// Checks routed to a restarted node 0.2-3 s after it was ready: a failure mode may decide
+    /// at most 3 of them, and some must have been routed there. Checks before the window, or to
+    /// other nodes, do not count.
     #[test]
-    fn a_restart_the_clients_saw_must_be_reached_right_after_it_is_ready() {
+    fn a_restarted_node_must_be_reached_right_after_it_is_ready() {
         let restarts = findings(&[(300, 100, 0), (1_500, 100, 10_000)]);
-        let mut records = checks(1, 10_600, 200, Via::Node);
+        let mut records = checks(1, 600, 200, Via::Node);
+        records.extend(checks(1, 10_600, 200, Via::Node));
         records.extend(checks(1, 10_000, 200, Via::Fallback));
         records.extend(checks(1, 13_000, 100, Via::Fallback));
         records.extend(checks(2, 10_600, 400, Via::Fallback));
-        records.extend(checks(1, 500, 100, Via::Fallback));
+        records.extend(checks(1, 100, 100, Via::Fallback));
         records.extend(checks(1, 10_900, 3, Via::Fallback));
         assert!(judge_restarts(&restarts, &records).is_empty());
 
         records.extend(checks(1, 11_000, 1, Via::FailClosed));
         let swallowed = judge_restarts(&restarts, &records);
         assert_eq!(swallowed.len(), 1, "{swallowed:?}");
-        assert!(swallowed[0].contains("4 of 204 checks"), "{swallowed:?}");
+        assert!(
+            swallowed[0].contains("down 1500 ms: 4 of 204 checks"),
+            "{swallowed:?}"
+        );
+
+        // A restart inside the failure detector's second is held to the same window.
+        records.extend(checks(1, 2_000, 4, Via::Fallback));
+        let quick = judge_restarts(&restarts, &records);
+        assert_eq!(quick.len(), 2, "{quick:?}");
+        assert!(
+            quick[0].contains("down 300 ms: 4 of 204 checks"),
+            "{quick:?}"
+        );
 
         let nothing_routed = judge_restarts(&restarts, &checks(2, 10_600, 10, Via::Node));
-        assert_eq!(nothing_routed.len(), 1);
-        assert!(nothing_routed[0].starts_with("premise not reached"));
+        assert_eq!(nothing_routed.len(), 2, "{nothing_routed:?}");
+        assert!(
+            (nothing_routed.iter()).all(|v| v.starts_with("premise not reached")),
+            "{nothing_routed:?}"
+        );
     }
 }

@@ -1,13 +1,18 @@
-//! Start-up and shutdown: flags are validated with clear errors, development certificates are
-//! created once and reused, and SIGTERM drains and closes with `shutting_down`.
+//! Start-up, restart and shutdown: flags are validated with clear errors, development
+//! certificates are created once and reused, a node started again at its address resets its
+//! previous life's connections, and SIGTERM drains and closes with `shutting_down`.
 
 mod common;
 
 use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
 use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
 
 use common::*;
 use floodgate::wire::ErrorCode;
+use floodgate_node::{Node, NodeConfig, ensure_dev_certs};
 
 #[tokio::test]
 async fn shutdown_answers_what_was_received_then_closes_with_shutting_down() {
@@ -31,6 +36,100 @@ async fn shutdown_answers_what_was_received_then_closes_with_shutting_down() {
             );
         }
         other => panic!("expected an application close with shutting_down, got {other:?}"),
+    }
+}
+
+/// A crashed node started again at its address resets its previous life's connections at
+/// their next packet: its stateless resets carry the tokens that life announced, so a client
+/// (or peer) redials at once instead of sending into a dead connection until its idle timeout
+/// (5 s). A relay stands for the address: the first life keeps its socket and its connections,
+/// as a process that died without a word would, while the relay hands the address to the
+/// second.
+#[tokio::test]
+async fn a_node_started_again_resets_its_previous_lifes_connections() {
+    let dir = tempfile::tempdir().unwrap();
+    let certs = ensure_dev_certs(dir.path()).unwrap();
+    let relay = Relay::start().await;
+    let life = || {
+        let mut config = NodeConfig::for_tests(&certs);
+        config.cluster.advertise = Some(relay.addr);
+        Node::start(config)
+    };
+    let first = life().await.unwrap();
+    relay.lead_to(first.local_addr());
+    let mut endpoint = quinn::Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
+    endpoint.set_default_client_config(client_config(&certs, false));
+    let connect = || async { endpoint.connect(relay.addr, "localhost").unwrap().await };
+    let connection = connect().await.unwrap();
+    let answers = exchange(&connection, &check_frame(1, &[b"k"], &per_hour(5))).await;
+    assert_eq!(answers.decisions.len(), 1, "the first life answers");
+
+    let second = life().await.unwrap();
+    relay.lead_to(second.local_addr());
+    // The next packet on the old connection reaches the second life, which resets it.
+    if let Ok(mut stream) = connection.open_uni().await {
+        let _ = stream.write_all(b"x").await;
+    }
+    let closed = tokio::time::timeout(Duration::from_secs(10), connection.closed()).await;
+    assert!(
+        matches!(closed, Ok(quinn::ConnectionError::Reset)),
+        "the previous life's connection is reset by the second life, got {closed:?}"
+    );
+    let connection = connect().await.unwrap();
+    let answers = exchange(&connection, &check_frame(2, &[b"k"], &per_hour(5))).await;
+    assert_eq!(answers.decisions.len(), 1, "the second life answers");
+    first.crash();
+    second.shutdown().await;
+}
+
+/// A UDP relay on 127.0.0.1 for one client: what the client sends goes to the node it leads
+/// to, and only that node's datagrams come back.
+struct Relay {
+    addr: SocketAddr,
+    to: Arc<parking_lot::Mutex<Option<SocketAddr>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Relay {
+    async fn start() -> Relay {
+        let outer = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        let inner = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        let addr = outer.local_addr().unwrap();
+        let to = Arc::new(parking_lot::Mutex::new(None::<SocketAddr>));
+        let lead = to.clone();
+        let task = tokio::spawn(async move {
+            let (mut from_client, mut from_node) = (vec![0u8; 65_536], vec![0u8; 65_536]);
+            let mut client = None;
+            loop {
+                tokio::select! {
+                    Ok((n, sender)) = outer.recv_from(&mut from_client) => {
+                        client = Some(sender);
+                        let node = *lead.lock();
+                        if let Some(node) = node {
+                            let _ = inner.send_to(&from_client[..n], node).await;
+                        }
+                    }
+                    Ok((n, sender)) = inner.recv_from(&mut from_node) => {
+                        let node = *lead.lock();
+                        if let Some(client) = client.filter(|_| node == Some(sender)) {
+                            let _ = outer.send_to(&from_node[..n], client).await;
+                        }
+                    }
+                    else => return,
+                }
+            }
+        });
+        Relay { addr, to, task }
+    }
+
+    fn lead_to(&self, node: SocketAddr) {
+        *self.to.lock() = Some(node);
+    }
+}
+
+impl Drop for Relay {
+    fn drop(&mut self) {
+        self.task.abort();
     }
 }
 

@@ -136,10 +136,11 @@ impl NodeLink {
     ///
     /// A link still connected whose calls have failed since their last success is taken to
     /// lead to the node's previous life (a crash, then a restart at the same address): the
-    /// dead process sent no close, and the new one cannot end the connection for us (its
-    /// stateless resets carry another key), so until the idle timeout it would swallow every
-    /// call to a node that is back. It is closed, and the link reconnects at once (down from
-    /// here on, so calls meanwhile are relayed rather than queued on the closed connection).
+    /// dead process sent no close, and the new one ends the connection only when one of its
+    /// packets arrives (with a reset the node signs with keys its lives share), which a call
+    /// already lost waits for, or never when the node's private key changed across the restart.
+    /// It is closed, and the link reconnects at once (down from here on, so calls meanwhile are
+    /// relayed rather than queued on the closed connection).
     pub(crate) fn mark_rejoined(&self) {
         let stale = if self.is_connected() {
             if self.breaker.is_pristine() {

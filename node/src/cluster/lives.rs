@@ -1,8 +1,9 @@
 //! [`Lives`]: the incarnation each member was last seen in. A larger one is a restart, and a
 //! connection kept to the member's address belongs to its previous life: after a crash (no
-//! close sent) the new process cannot end it for us (its stateless resets carry another key),
-//! so until the connection's idle timeout everything sent on it (gossip, forwards, hand-offs)
-//! would be lost, and the restarted node, hearing nothing back, would wait that long to join.
+//! close sent) the new process resets it only once a packet of it arrives (signed with keys its
+//! lives share; never when its private key changed across the restart), and what was sent on
+//! it (gossip, forwards, hand-offs) is lost; the restarted node, hearing nothing back to its
+//! join, would wait for it. Closing it at once, on gossip of the new life, loses nothing more.
 
 use std::collections::HashMap;
 
