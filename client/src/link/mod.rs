@@ -142,15 +142,17 @@ impl NodeLink {
     /// It is closed, and the link reconnects at once (down from here on, so calls meanwhile are
     /// relayed rather than queued on the closed connection).
     pub(crate) fn mark_rejoined(&self) {
-        let stale = if self.is_connected() {
-            if self.breaker.is_pristine() {
+        let stale = {
+            // `went_up` clears the flag under this lock, so a rejoin seen while the link
+            // connects is cleared by it or finds the link connected, never left on a fresh one.
+            let connection = self.connection.lock();
+            let connected = self.is_connected();
+            if connected && self.breaker.is_pristine() {
                 return;
             }
-            self.connection()
-        } else {
-            None
+            self.rejoined.store(true, Ordering::Relaxed);
+            connection.clone().filter(|_| connected)
         };
-        self.rejoined.store(true, Ordering::Relaxed);
         if let Some(stale) = stale {
             self.went_down(
                 "the node is back in the table and calls on its connection failed: reconnecting"
@@ -222,6 +224,17 @@ impl NodeLink {
         self.set_link_state(LinkState::Disconnected);
     }
 
+    /// A new connection is up: its calls start afresh, and the node is reached directly.
+    fn went_up(&self, conn: &quinn::Connection, generation: u64) {
+        self.answered.store(false, Ordering::Relaxed);
+        self.breaker.reset();
+        self.queue.set_up(generation);
+        let mut connection = self.connection.lock();
+        *connection = Some(conn.clone());
+        self.rejoined.store(false, Ordering::Relaxed);
+        self.set_link_state(LinkState::Connected);
+    }
+
     /// The client is closing: like `went_down`, but expected.
     fn closed(&self) {
         self.queue.set_down();
@@ -262,12 +275,7 @@ pub(crate) async fn supervise(
         match attempt {
             Ok(conn) => {
                 generation += 1;
-                link.answered.store(false, Ordering::Relaxed);
-                link.breaker.reset();
-                link.rejoined.store(false, Ordering::Relaxed);
-                link.queue.set_up(generation);
-                *link.connection.lock() = Some(conn.clone());
-                link.set_link_state(LinkState::Connected);
+                link.went_up(&conn, generation);
                 tracing::info!(node = %link.addr, "connected to floodgate node");
                 if let Some(hint) = link.table_hint.get() {
                     // Ends with the connection.
