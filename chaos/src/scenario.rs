@@ -169,7 +169,7 @@ pub fn catalogue() -> Vec<Scenario> {
         ),
         Scenario {
             bound: Bound {
-                why: "crash, then a restart at the same address: the successors decide the moved keys from replicas at most one sync interval old; the new life joins and takes them back by hand-off (exact); each new life ready within 2 s, and after the restart the clients saw, the checks routed to it 0.2-3 s after it was ready decided by a node (all but 3)",
+                why: "crash, then a restart at the same address: the successors decide the moved keys from replicas at most one sync interval old; the new life joins and takes them back by hand-off (exact); each new life ready within 2 s, and after each restart the checks routed to it 0.2-3 s after it was ready (until the next kill) decided by a node (all but 3)",
                 ..Bound::crash()
             },
             ..base(

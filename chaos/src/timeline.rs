@@ -129,6 +129,7 @@ async fn crash_and_restart_owner(
             "kill -9 node {owner}, restarted at its address after {} ms",
             down.as_millis()
         ));
+        let killed_at_ns = world.now_ns();
         world.kill(owner).await;
         tokio::time::sleep(down).await;
         let started = std::time::Instant::now();
@@ -139,6 +140,7 @@ async fn crash_and_restart_owner(
             "node": owner,
             "down_ms": down.as_millis() as u64,
             "ready_ms": ready_ms,
+            "killed_at_ns": killed_at_ns,
             "ready_at_ns": world.now_ns(),
         }));
         // After each: a later start that fails still leaves the earlier ones judged.
@@ -170,17 +172,23 @@ pub fn judge_restarts(
         ));
     }
     let limit = CRASH_READY_WITHIN.as_millis() as u64;
-    for restart in restarts {
-        let field = |name: &str| restart.get(name).and_then(|v| v.as_u64()).unwrap_or(0);
+    let value_of = |restart: &serde_json::Value, name: &str| {
+        restart.get(name).and_then(|v| v.as_u64()).unwrap_or(0)
+    };
+    for (i, restart) in restarts.iter().enumerate() {
+        let field = |name: &str| value_of(restart, name);
         let (node, down_ms, ready_ms) = (field("node"), field("down_ms"), field("ready_ms"));
         if ready_ms > limit {
             violations.push(format!(
                 "node {node}, down {down_ms} ms, took {ready_ms} ms to be ready (joined), over {limit} ms"
             ));
         }
+        // Up to the next kill, where a short run puts it inside the window.
         let ready_at = field("ready_at_ns");
+        let next_kill =
+            (restarts.get(i + 1)).map_or(u64::MAX, |next| value_of(next, "killed_at_ns"));
         let window = ready_at + RESTARTED_WINDOW_START.as_nanos() as u64
-            ..ready_at + RESTARTED_WINDOW_END.as_nanos() as u64;
+            ..next_kill.min(ready_at + RESTARTED_WINDOW_END.as_nanos() as u64);
         let routed: Vec<_> = records
             .iter()
             .filter(|r| u64::from(r.routed_to) == node && window.contains(&r.sent_ns))
@@ -573,8 +581,10 @@ mod tests {
         let restarts = restarts
             .iter()
             .map(|&(down_ms, ready_ms, ready_at_ms)| {
+                let killed_at_ms = ready_at_ms.saturating_sub(down_ms + ready_ms);
                 serde_json::json!({
-                    "node": 1, "down_ms": down_ms, "ready_ms": ready_ms, "ready_at_ns": ready_at_ms * MS,
+                    "node": 1, "down_ms": down_ms, "ready_ms": ready_ms,
+                    "killed_at_ns": killed_at_ms * MS, "ready_at_ns": ready_at_ms * MS,
                 })
             })
             .collect();
@@ -643,7 +653,14 @@ mod tests {
             "{swallowed:?}"
         );
 
-        // A restart inside the failure detector's second is held to the same window.
+        // A restart inside the failure detector's second is held to the same window, which
+        // ends at the next kill (here 2,400 ms) where a short run puts it earlier.
+        let short = findings(&[(300, 100, 0), (1_500, 100, 4_000)]);
+        let mut short_run = checks(1, 600, 200, Via::Node);
+        short_run.extend(checks(1, 2_450, 100, Via::Fallback));
+        short_run.extend(checks(1, 4_600, 200, Via::Node));
+        assert!(judge_restarts(&short, &short_run).is_empty());
+
         records.extend(checks(1, 2_000, 4, Via::Fallback));
         let quick = judge_restarts(&restarts, &records);
         assert_eq!(quick.len(), 2, "{quick:?}");

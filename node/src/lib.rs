@@ -56,6 +56,7 @@ mod alloc_counter;
 mod budget;
 mod caller;
 mod check_path;
+mod endpoint_keys;
 mod forward;
 mod front_batch;
 mod lease;

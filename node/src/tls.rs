@@ -23,13 +23,14 @@ use floodgate::protocol::{self, SUPPORTED, VersionRange};
 use floodgate::wire::{ACK_ELICITING_THRESHOLD, MAX_ACK_DELAY, MAX_DATAGRAM_BYTES};
 use rustls::client::WebPkiServerVerifier;
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
+use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use rustls::server::WebPkiClientVerifier;
 use rustls::server::danger::ClientCertVerifier;
 use rustls::{CertificateError, DigitallySignedStruct, RootCertStore, SignatureScheme};
 
 use crate::certs::{load_certs, load_key};
 use crate::config::{NodeLimits, TlsConfig};
+use crate::endpoint_keys::LifeKeys;
 use crate::node_id::validate_node_id;
 
 /// The crypto provider, named explicitly so the build never depends on a process-wide default.
@@ -554,34 +555,23 @@ fn path_mtu_discovery() -> quinn::MtuDiscoveryConfig {
     discovery
 }
 
-/// The node's endpoint settings: it accepts datagrams up to [`MAX_DATAGRAM_BYTES`], and answers
-/// a packet of a connection it does not hold with a stateless reset the sender can trust.
-///
-/// After a crash, clients and peers would otherwise keep sending into the dead process's
-/// connections until their idle timeout. The process started again at the same address does
-/// answer them with a stateless reset, but only when the connection id is one its id generator
-/// recognizes as its own (quinn's ids carry a keyed hash, to ignore stray datagrams cheaply),
-/// and the sender acts on the reset only when it carries the token the connection's previous
-/// life announced, HMAC(reset key, connection id). quinn draws both keys at random for each
-/// process. So with `stable_as` (the node's id) both are derived from the node's private key
-/// and that id: every life of the node shares them, nodes sharing one certificate still get
-/// their own, and whoever saw a connection id cannot forge a reset without the private key.
-/// `None` (an ephemeral port, where no later life is reached at the same address) keeps
-/// quinn's random keys. A key rotated across the restart gives the next life other keys:
-/// those connections then wait for their idle timeout, as before.
+/// The node's endpoint settings: it accepts datagrams up to [`MAX_DATAGRAM_BYTES`], and with
+/// `stable_as` (the node's id) signs its stateless resets and makes its connection ids with
+/// keys every life of the node shares ([`LifeKeys`]), so a life started after a crash ends the
+/// connections its predecessor left open at their next packet. `None` (an ephemeral port,
+/// where no later life is reached at the same address) keeps quinn's random keys.
 pub(crate) fn endpoint_config(
     tls: &TlsConfig,
     stable_as: Option<&str>,
 ) -> anyhow::Result<quinn::EndpointConfig> {
     let mut config = match stable_as {
         Some(id) => {
-            let keys = LifeKeys::derive(&load_key(&tls.key)?, id)?;
-            let mut config = quinn::EndpointConfig::new(Arc::new(keys.reset));
-            config.cid_generator(move || {
-                Box::new(quinn_proto::HashedConnectionIdGenerator::from_key(
-                    keys.connection_ids,
-                ))
-            });
+            let LifeKeys {
+                reset,
+                connection_ids,
+            } = LifeKeys::derive(&load_key(&tls.key)?, id)?;
+            let mut config = quinn::EndpointConfig::new(Arc::new(reset));
+            config.cid_generator(move || Box::new(connection_ids.clone()));
             config
         }
         None => quinn::EndpointConfig::default(),
@@ -590,78 +580,15 @@ pub(crate) fn endpoint_config(
     let _ = config.max_udp_payload_size(MAX_DATAGRAM_BYTES);
     // quinn's default, one reset per 20 ms for the whole endpoint, would reach fifty of a
     // restarted node's former clients and peers a second. A reset is always smaller than the
-    // packet that drew it, so a thousand a second amplify nothing.
+    // packet that drew it, so a thousand a second amplify nothing; what they can reflect to a
+    // spoofed source is bounded by that rate.
     config.min_reset_interval(Duration::from_millis(1));
     Ok(config)
-}
-
-/// The keys every life of a node shares: HKDF-SHA256 of its private key, one per use.
-struct LifeKeys {
-    /// Signs the stateless-reset tokens.
-    reset: ring::hmac::Key,
-    /// Keys the hash that marks connection ids as this node's.
-    connection_ids: u64,
-}
-
-impl LifeKeys {
-    fn derive(key: &PrivateKeyDer<'_>, id: &str) -> anyhow::Result<LifeKeys> {
-        let salt = ring::hkdf::Salt::new(ring::hkdf::HKDF_SHA256, b"floodgate QUIC endpoint keys");
-        let prk = salt.extract(key.secret_der());
-        let failed = |_| anyhow::anyhow!("deriving the QUIC endpoint's keys");
-        let reset_context = [b"stateless reset ".as_slice(), id.as_bytes()];
-        let reset = prk
-            .expand(&reset_context, ring::hmac::HMAC_SHA256)
-            .map_err(failed)?
-            .into();
-        let mut connection_ids = [0u8; 8];
-        let ids_context = [b"connection ids ".as_slice(), id.as_bytes()];
-        prk.expand(&ids_context, Bytes(connection_ids.len()))
-            .and_then(|okm| okm.fill(&mut connection_ids))
-            .map_err(failed)?;
-        Ok(LifeKeys {
-            reset,
-            connection_ids: u64::from_le_bytes(connection_ids),
-        })
-    }
-}
-
-/// An HKDF output of this many bytes.
-struct Bytes(usize);
-
-impl ring::hkdf::KeyType for Bytes {
-    fn len(&self) -> usize {
-        self.0
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn a_private_key() -> PrivateKeyDer<'static> {
-        let pair = rcgen::KeyPair::generate().unwrap();
-        PrivateKeyDer::try_from(pair.serialize_der()).unwrap()
-    }
-
-    /// What one life's keys sign, and the key of its connection ids.
-    fn fingerprint(key: &PrivateKeyDer<'_>, id: &str) -> (Vec<u8>, u64) {
-        let keys = LifeKeys::derive(key, id).unwrap();
-        let token = ring::hmac::sign(&keys.reset, b"a connection id");
-        (token.as_ref().to_vec(), keys.connection_ids)
-    }
-
-    #[test]
-    fn every_life_of_a_node_shares_its_endpoint_keys_and_no_other_node_does() {
-        let (key, other_key) = (a_private_key(), a_private_key());
-        let life = fingerprint(&key, "10.0.0.1:7100");
-        assert_eq!(fingerprint(&key, "10.0.0.1:7100"), life, "the next life");
-        let other_id = fingerprint(&key, "10.0.0.2:7100");
-        let other_certificate = fingerprint(&other_key, "10.0.0.1:7100");
-        for other in [other_id, other_certificate] {
-            assert_ne!(other.0, life.0, "the reset tokens");
-            assert_ne!(other.1, life.1, "the connection ids' key");
-        }
-    }
 
     #[test]
     fn addresses_name_their_ip_and_ids_themselves() {

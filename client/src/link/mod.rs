@@ -77,7 +77,9 @@ pub(crate) struct NodeLink {
     /// Cuts a reconnect backoff short (the node is back).
     reconnect_now: tokio::sync::Notify,
     /// The live connection, for one-off requests on their own stream beside the check streams
-    /// (concurrency and token leases); `None` while down.
+    /// (concurrency and token leases); `None` while down. The link goes up and down, and a
+    /// rejoin looks at it, under this lock, so each sees the others whole. Lock order: this
+    /// lock, then the state's watch and `last_error`; never one of those held while taking it.
     connection: Mutex<Option<quinn::Connection>>,
 }
 
@@ -142,23 +144,23 @@ impl NodeLink {
     /// It is closed, and the link reconnects at once (down from here on, so calls meanwhile are
     /// relayed rather than queued on the closed connection).
     pub(crate) fn mark_rejoined(&self) {
-        let stale = {
-            // `went_up` clears the flag under this lock, so a rejoin seen while the link
-            // connects is cleared by it or finds the link connected, never left on a fresh one.
-            let connection = self.connection.lock();
+        {
+            let mut connection = self.connection.lock();
             let connected = self.is_connected();
             if connected && self.breaker.is_pristine() {
                 return;
             }
             self.rejoined.store(true, Ordering::Relaxed);
-            connection.clone().filter(|_| connected)
-        };
-        if let Some(stale) = stale {
-            self.went_down(
-                "the node is back in the table and calls on its connection failed: reconnecting"
-                    .to_owned(),
-            );
-            stale.close(0u32.into(), b"node restarted");
+            // Only the connection still up: one that ended meanwhile is the supervisor's, and
+            // a newer one is not the stale one.
+            if let Some(stale) = connection.clone().filter(|_| connected) {
+                self.take_down(
+                    &mut connection,
+                    "the node is back in the table and calls on its connection failed: reconnecting"
+                        .to_owned(),
+                );
+                stale.close(0u32.into(), b"node restarted");
+            }
         }
         self.reconnect_now.notify_one();
     }
@@ -187,14 +189,15 @@ impl NodeLink {
     }
 
     pub(crate) fn status(&self) -> NodeStatus {
+        // One lock at a time (see `connection` for their order).
+        let transport = (self.connection().as_ref()).map(crate::status::TransportStats::of);
+        let state = *self.state.borrow();
+        let last_error = self.last_error.lock().clone();
         NodeStatus {
             addr: self.addr,
-            state: *self.state.borrow(),
-            last_error: self.last_error.lock().clone(),
-            transport: self
-                .connection()
-                .as_ref()
-                .map(crate::status::TransportStats::of),
+            state,
+            last_error,
+            transport,
         }
     }
 
@@ -205,8 +208,14 @@ impl NodeLink {
     /// No connection: fail queued calls over and record why. Warns once per outage; repeated
     /// failed reconnect attempts are logged at debug level.
     fn went_down(&self, why: String) {
+        let mut connection = self.connection.lock();
+        self.take_down(&mut connection, why);
+    }
+
+    /// [`NodeLink::went_down`], the connection's lock held.
+    fn take_down(&self, connection: &mut Option<quinn::Connection>, why: String) {
         self.queue.set_down();
-        *self.connection.lock() = None;
+        *connection = None;
         let state = *self.state.borrow();
         match state {
             LinkState::Disconnected => {
@@ -226,10 +235,10 @@ impl NodeLink {
 
     /// A new connection is up: its calls start afresh, and the node is reached directly.
     fn went_up(&self, conn: &quinn::Connection, generation: u64) {
+        let mut connection = self.connection.lock();
         self.answered.store(false, Ordering::Relaxed);
         self.breaker.reset();
         self.queue.set_up(generation);
-        let mut connection = self.connection.lock();
         *connection = Some(conn.clone());
         self.rejoined.store(false, Ordering::Relaxed);
         self.set_link_state(LinkState::Connected);
@@ -237,8 +246,9 @@ impl NodeLink {
 
     /// The client is closing: like `went_down`, but expected.
     fn closed(&self) {
+        let mut connection = self.connection.lock();
         self.queue.set_down();
-        *self.connection.lock() = None;
+        *connection = None;
         self.set_link_state(LinkState::Disconnected);
     }
 }
