@@ -252,7 +252,7 @@ fn starting_membership(
 
 /// This node as a member: its id (`--node-id`, or its address), the address it advertises
 /// (`--advertise`, or the one it listens on), its region.
-fn me_at(config: &ClusterConfig, listen: SocketAddr) -> MemberInfo {
+pub(crate) fn me_at(config: &ClusterConfig, listen: SocketAddr) -> MemberInfo {
     let addr = config.advertise.unwrap_or(listen).to_string();
     MemberInfo {
         id: config.node_id.clone().unwrap_or_else(|| addr.clone()),

@@ -424,14 +424,15 @@ impl Node {
 /// The QUIC endpoint on `--listen`: as `Endpoint::server`, with the node's endpoint settings.
 fn bind_endpoint(config: &NodeConfig) -> anyhow::Result<quinn::Endpoint> {
     let server_config = tls::server_config(&config.tls, &config.limits)?;
-    // The id every life of this node has (its `--node-id` or the address it is reached at), so
-    // a restarted node can reset its previous life's connections; none on an ephemeral port.
-    let cluster = &config.cluster;
-    let stable_as = (cluster.node_id.clone())
-        .or_else(|| cluster.advertise.map(|addr| addr.to_string()))
-        .or_else(|| (config.listen.port() != 0).then(|| config.listen.to_string()));
     let socket = std::net::UdpSocket::bind(config.listen)
         .with_context(|| format!("binding the QUIC endpoint on {}", config.listen))?;
+    // The node's id, which every life of it has, so a restarted node can reset its previous
+    // life's connections; none when it is an ephemeral port's address.
+    let cluster = &config.cluster;
+    let ephemeral =
+        config.listen.port() == 0 && cluster.node_id.is_none() && cluster.advertise.is_none();
+    let bound = socket.local_addr()?;
+    let stable_as = (!ephemeral).then(|| crate::cluster::me_at(cluster, bound).id);
     quinn::Endpoint::new(
         tls::endpoint_config(&config.tls, stable_as.as_deref())?,
         Some(server_config),
