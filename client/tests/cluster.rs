@@ -10,9 +10,9 @@ mod common;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant, SystemTime};
 
 use tokio::sync::Notify;
 
@@ -35,7 +35,27 @@ fn node_config(certs: &Certs, seeds: Vec<SocketAddr>) -> NodeConfig {
         dead_after_ns: 500_000_000,
         ..MembershipConfig::default()
     };
+    config.test_only_clock_skew_ns = mid_hour_skew_ns();
     config
+}
+
+/// How far the nodes' clocks read from the system's, so that no hour window turns over while
+/// this binary runs. The window algorithms count in hours aligned to the clock (`now / period`),
+/// and a key whose window turns over mid-test may be admitted its limit again, legitimately,
+/// which the exactness tests would read as over-admission. The skew puts the nodes' clocks at
+/// the half hour when the first node starts, 30 minutes from either boundary; it is one value
+/// for the whole binary, so restarted nodes agree with the rest. The clients' clocks are not
+/// skewed: only their fail-open buckets read them, and no check carries a time.
+fn mid_hour_skew_ns() -> i64 {
+    static SKEW: OnceLock<i64> = OnceLock::new();
+    *SKEW.get_or_init(|| {
+        const HOUR_NS: i64 = 3_600 * floodgate::NANOS_PER_SEC as i64;
+        let since_epoch = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .expect("the system clock reads after 1970");
+        let into_hour = (since_epoch.as_nanos() % HOUR_NS as u128) as i64;
+        HOUR_NS / 2 - into_hour
+    })
 }
 
 async fn start(certs: &Certs, seeds: Vec<SocketAddr>) -> Node {
