@@ -47,12 +47,17 @@ descriptors:
       requests_per_unit: 1000
 ";
 
-/// A node serving `CONFIG` on its RLS listener (cleartext).
+/// A node serving `config` on its RLS listener (cleartext), its clock reading midday (UTC) when
+/// this binary's first node starts (a test-only skew): the grpc-go client's exact counts are of
+/// `unit: day` fixed windows, aligned to Unix time, which would let a key be admitted its limit
+/// again if one turned over while it ran. (h2spec's answers do not depend on what is admitted.)
 async fn start_rls(config: &str) -> (common::TestNode, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("config.yaml");
     std::fs::write(&path, config).unwrap();
     let node = start_node(|c| {
+        c.test_only_clock_skew_ns =
+            common::mid_window_skew_ns(floodgate::rls::Unit::Day.period_ns());
         c.rls = Some(common::rls_settings(path));
     })
     .await;

@@ -2,8 +2,10 @@
 //! the detailed cases, and through the Python `envoy-data-plane` package (a client written
 //! elsewhere) driven by `rls_client.py`.
 //!
-//! Limits are per day (or gcra per day) so a test never straddles a window boundary it could
-//! notice, except at midnight UTC.
+//! Limits are per day (or gcra per day), and every node here that counts has its clock read
+//! midday (UTC) when the binary's first node starts (a test-only skew, [`midday`]), so no test
+//! straddles a day window's boundary: one would let a key be admitted its limit again, failing
+//! the exact counts asserted below.
 
 mod common;
 
@@ -20,6 +22,8 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::R
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use envoy_types::pb::google::protobuf::UInt64Value;
 use envoy_types::pb::google::protobuf::value::Kind;
+use floodgate::rls::Unit;
+use floodgate_node::NodeConfig;
 use floodgate_node::rls::RlsSettings;
 use tonic::transport::Channel;
 
@@ -58,6 +62,13 @@ descriptors:
     rate_limit: {unit: day, requests_per_unit: 100, algorithm: gcra, metered: true, estimate: 10, name: tokens}
 ";
 
+/// Sets `config`'s clock to read midday (UTC) when this binary's first node starts, the same
+/// for every node: the fixed windows of `unit: day` are aligned to Unix time, and midday is 12
+/// hours from either of a day window's ends.
+fn midday(config: &mut NodeConfig) {
+    config.test_only_clock_skew_ns = mid_window_skew_ns(Unit::Day.period_ns());
+}
+
 struct RlsNode {
     node: TestNode,
     client: RateLimitServiceClient<Channel>,
@@ -77,6 +88,7 @@ async fn start_rls_with(adjust: impl FnOnce(&mut RlsSettings)) -> RlsNode {
     let mut settings = rls_settings(config_file.clone());
     adjust(&mut settings);
     let node = start_node(|c| {
+        midday(c);
         c.rls = Some(settings);
         c.admin = Some("127.0.0.1:0".parse().unwrap());
     })
@@ -575,6 +587,7 @@ async fn descriptors_are_decided_by_their_owner_across_the_cluster() {
     std::fs::write(&config_file, CONFIG).unwrap();
     let settings = rls_settings(config_file);
     let fast = |c: &mut floodgate_node::NodeConfig| {
+        midday(c);
         c.cluster.membership = MembershipConfig {
             gossip_interval_ns: 20 * MS,
             suspect_after_ns: 150 * MS,
@@ -700,7 +713,11 @@ async fn with_rls_tls_the_service_presents_the_node_certificate() {
         tls: true,
         ..rls_settings(config_file)
     };
-    let node = start_node(|c| c.rls = Some(settings)).await;
+    let node = start_node(|c| {
+        midday(c);
+        c.rls = Some(settings);
+    })
+    .await;
     let addr = node.node.rls_addr().unwrap();
     let ca = std::fs::read(&node.certs.ca).unwrap();
     let tls = ClientTlsConfig::new()
@@ -744,6 +761,7 @@ async fn with_rls_client_auth_only_callers_with_a_client_certificate_are_answere
     std::fs::write(&config_file, CONFIG).unwrap();
     let certs = floodgate_node::ensure_dev_certs(dir.path()).unwrap();
     let mut config = floodgate_node::NodeConfig::for_tests(&certs);
+    midday(&mut config);
     config.tls.client_ca = Some(certs.client_ca.clone());
     config.rls = Some(RlsSettings {
         tls: true,
@@ -844,6 +862,7 @@ async fn connections_beyond_the_allowance_wait_until_one_closes() {
     std::fs::write(&config_file, CONFIG).unwrap();
     let settings = rls_settings(config_file);
     let node = start_node(|c| {
+        midday(c);
         c.rls = Some(settings);
         c.limits.max_connections = 1;
     })

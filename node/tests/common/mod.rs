@@ -7,7 +7,7 @@ pub mod envoy;
 pub mod resp;
 
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use floodgate::wire::{
     CheckBatch, ErrorCode, FrameKind, FrameReader, WireCheck, decode_decision_batch,
@@ -98,6 +98,31 @@ pub fn quic_client_config_speaking(
     tls.alpn_protocols = versions.alpn_ids();
     quinn::ClientConfig::new(Arc::new(
         quinn::crypto::rustls::QuicClientConfig::try_from(tls).unwrap(),
+    ))
+}
+
+/// A QUIC server's configuration presenting `cert` and `key` (PEM files), offering the ALPN ids
+/// of `versions`: a peer of this test's own making, standing where a node would.
+pub fn quic_server_config(
+    cert: &std::path::Path,
+    key: &std::path::Path,
+    versions: floodgate::protocol::VersionRange,
+) -> quinn::ServerConfig {
+    let chain = CertificateDer::pem_file_iter(cert)
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    let key = rustls::pki_types::PrivateKeyDer::from_pem_file(key).unwrap();
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut tls = rustls::ServerConfig::builder_with_provider(provider)
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(chain, key)
+        .unwrap();
+    tls.alpn_protocols = versions.alpn_ids();
+    quinn::ServerConfig::with_crypto(Arc::new(
+        quinn::crypto::rustls::QuicServerConfig::try_from(tls).unwrap(),
     ))
 }
 
@@ -205,6 +230,29 @@ pub fn parse_answers(bytes: &[u8]) -> Answers {
         }
     }
     answers
+}
+
+/// How far a test node's clock must read from the system's (`NodeConfig::test_only_clock_skew_ns`)
+/// to read at the middle of a window of `period_ns`, so that no such window turns over while a
+/// test runs: fixed and sliding windows count in windows aligned to the clock
+/// (`[k * period, (k + 1) * period)` of Unix time), and a key whose window turns over mid-test is
+/// admitted its limit again, legitimately, which a test asserting exact counts would read as a
+/// failure. The system time it starts from is read once per test binary, at its first use, so
+/// every node given the skew of one period (restarted ones too) reads the same time: half a
+/// period from either end of its window at that first use. Half a period is the margin: give it
+/// a period far longer than the binary runs (an hour, a day). It keeps windows of that period
+/// whole, not shorter ones: the middle of a day is the start of an hour, a minute and a second.
+pub fn mid_window_skew_ns(period_ns: u64) -> i64 {
+    static UNIX_NS_AT_FIRST_USE: OnceLock<u128> = OnceLock::new();
+    let unix_ns = *UNIX_NS_AT_FIRST_USE.get_or_init(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("the system clock reads after 1970")
+            .as_nanos()
+    });
+    let period = u128::from(period_ns);
+    let into_window = unix_ns % period;
+    i64::try_from(period / 2).unwrap() - i64::try_from(into_window).unwrap()
 }
 
 pub fn per_hour(n: u64) -> Limit {
@@ -338,6 +386,12 @@ pub fn python_venv(
     ready: impl Fn(&std::path::Path) -> bool,
 ) -> Result<std::path::PathBuf, String> {
     use std::process::Command;
+    // One test at a time makes or checks a venv: two tests of a binary running at once on a
+    // fresh checkout would otherwise both create it and pip-install into it together.
+    static MAKING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _making = MAKING
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     let venv = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../target")
         .join(name);
