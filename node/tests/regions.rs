@@ -313,27 +313,177 @@ async fn unconfirmed_units_go_to_a_new_owner_that_reads_them_beside_an_older_mem
     units_go_with_their_slots(old).await;
 }
 
+/// The other side of the test above, seen on the wire: a new owner whose link agreed on a version
+/// before kind 25 is sent the hand-off's buckets but no units (it would refuse the kind), and one
+/// whose link agreed on kind 25's version is sent the units before the buckets.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hand_off_sends_units_only_to_a_new_owner_whose_link_reads_them() {
+    let units_since = floodgate::protocol::Feature::UnconfirmedHandoff.since();
+    let older = floodgate::protocol::VersionRange::new(2, units_since - 1).unwrap();
+    let heard = hand_off_to_a_recording_member(older).await;
+    assert!(
+        !heard.iter().any(|h| matches!(h, Heard::Units(_))),
+        "a new owner speaking {older:?} was sent kind 25: {heard:?}"
+    );
+
+    let reading = floodgate::protocol::VersionRange::new(2, units_since).unwrap();
+    let heard = hand_off_to_a_recording_member(reading).await;
+    let units = heard
+        .iter()
+        .position(|h| matches!(h, Heard::Units(n) if *n > 0));
+    let buckets = heard.iter().position(|h| *h == Heard::HandoffBuckets);
+    assert!(
+        units.is_some() && units < buckets,
+        "a new owner speaking {reading:?} was not sent its units before the buckets: {heard:?}"
+    );
+}
+
+/// What a [`RecordingMember`] was sent, in the order it read it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Heard {
+    /// A kind 25 with this many units' entries.
+    Units(usize),
+    /// A kind 7 frame that is part of a hand-off.
+    HandoffBuckets,
+    /// Any other frame (gossip, replicas, releases).
+    Other(FrameKind),
+}
+
+/// A member of `eu`'s own address that speaks only the versions it was given and records every
+/// frame sent to it (never gossiping, so the node must be patient with it). It answers a kind 25
+/// as this build does, an empty kind 25, so a sender waiting for that answer goes on.
+struct RecordingMember {
+    addr: std::net::SocketAddr,
+    heard: tokio::sync::watch::Receiver<Vec<Heard>>,
+    _endpoint: quinn::Endpoint,
+}
+
+impl RecordingMember {
+    async fn start(
+        certs: &floodgate_node::DevCerts,
+        versions: floodgate::protocol::VersionRange,
+    ) -> Self {
+        let server = quic_server_config(&certs.node_cert, &certs.node_key, versions);
+        let endpoint = quinn::Endpoint::server(server, "127.0.0.1:0".parse().unwrap()).unwrap();
+        let (record, heard) = tokio::sync::watch::channel(Vec::new());
+        let accepting = endpoint.clone();
+        tokio::spawn(async move {
+            while let Some(incoming) = accepting.accept().await {
+                let record = record.clone();
+                tokio::spawn(async move {
+                    let Ok(connection) = incoming.await else {
+                        return;
+                    };
+                    loop {
+                        let record = record.clone();
+                        tokio::select! {
+                            uni = connection.accept_uni() => {
+                                let Ok(mut recv) = uni else { return };
+                                tokio::spawn(async move {
+                                    if let Ok(bytes) = recv.read_to_end(MOST_FRAME_BYTES).await {
+                                        Self::record(&record, &bytes);
+                                    }
+                                });
+                            }
+                            bi = connection.accept_bi() => {
+                                let Ok((mut send, mut recv)) = bi else { return };
+                                tokio::spawn(async move {
+                                    let Ok(bytes) = recv.read_to_end(MOST_FRAME_BYTES).await else {
+                                        return;
+                                    };
+                                    let answer = Self::record(&record, &bytes);
+                                    let _ = send.write_all(&answer).await;
+                                    let _ = send.finish();
+                                });
+                            }
+                        }
+                    }
+                });
+            }
+        });
+        RecordingMember {
+            addr: endpoint.local_addr().unwrap(),
+            heard,
+            _endpoint: endpoint,
+        }
+    }
+
+    /// Records the frames of one stream; returns the answer to send back (kind 25s only).
+    fn record(record: &tokio::sync::watch::Sender<Vec<Heard>>, bytes: &[u8]) -> Vec<u8> {
+        let mut reader = floodgate::wire::FrameReader::new(MOST_FRAME_BYTES);
+        reader.extend(bytes);
+        let mut answer = Vec::new();
+        while let Ok(Some(frame)) = reader.next_frame() {
+            let heard = match frame.kind {
+                FrameKind::RegionUnconfirmed => {
+                    let units = floodgate::wire::decode_region_unconfirmed(&frame.payload)
+                        .map_or(0, |m| m.units.len());
+                    let empty = floodgate::wire::RegionUnconfirmedMessage {
+                        from: "recording".into(),
+                        units: Vec::new(),
+                    };
+                    encode_message(
+                        &mut answer,
+                        FrameKind::RegionUnconfirmed,
+                        frame.request_id,
+                        &empty,
+                    );
+                    Heard::Units(units)
+                }
+                FrameKind::Replicate
+                    if floodgate::wire::decode_replicate(frame.version, &frame.payload)
+                        .is_ok_and(|r| r.handoff.is_some()) =>
+                {
+                    Heard::HandoffBuckets
+                }
+                kind => Heard::Other(kind),
+            };
+            record.send_modify(|all| all.push(heard));
+        }
+        answer
+    }
+}
+
+/// More than any frame a node sends a peer in these tests.
+const MOST_FRAME_BYTES: usize = 16 << 20;
+
+/// `eu`'s first node admits a share of 64 global keys, none of it confirmed (a sync interval of
+/// an hour), then hears of a [`RecordingMember`] of `eu` speaking `versions` and hands it the
+/// slots it now owns. Returns what the member was sent, once a hand-off's buckets came.
+async fn hand_off_to_a_recording_member(versions: floodgate::protocol::VersionRange) -> Vec<Heard> {
+    let (first, us) = eu_and_us(true).await;
+    let a = &first.node;
+    let to_a = connect(a.local_addr(), client_config(&first.certs, false)).await;
+    holds_back_for(a, &to_a, &us).await;
+    let keys: Vec<Vec<u8>> = (0..64)
+        .map(|i| format!("moving-{i}").into_bytes())
+        .collect();
+    admits_an_unconfirmed_share(a, &to_a, &keys).await;
+
+    let member = RecordingMember::start(&first.certs, versions).await;
+    let addr = member.addr.to_string();
+    gossip_silent_member(&first, (&addr, &addr), "eu", Some(versions)).await;
+    let mut heard = member.heard.clone();
+    let handed =
+        tokio::time::timeout(WAIT, heard.wait_for(|h| h.contains(&Heard::HandoffBuckets))).await;
+    assert!(
+        handed.is_ok(),
+        "no hand-off reached the new member: {:?}",
+        *member.heard.borrow()
+    );
+    let heard = member.heard.borrow().clone();
+    // Stopped at once: a graceful stop would wait for `us` to confirm the units, and for the
+    // recording member to take a leaving node's slots, neither of which comes.
+    us.crash();
+    first.node.crash();
+    heard
+}
+
 /// The body of the two tests above; `old_member`: the versions of a silent member of `eu`,
 /// told to the first node before the second joins.
 async fn units_go_with_their_slots(old_member: Option<floodgate::protocol::VersionRange>) {
-    let patient = |c: &mut NodeConfig, region: &str| {
-        fast(c, region);
-        if old_member.is_some() {
-            // The silent member must stay alive (an owner) for the whole test.
-            c.cluster.membership.suspect_after_ns = 600 * NANOS_PER_SEC;
-            c.cluster.membership.dead_after_ns = 1_200 * NANOS_PER_SEC;
-        }
-    };
-    let first = start_node(|c| {
-        patient(c, "eu");
-        c.cluster.region_sync_interval = Duration::from_secs(3_600);
-    })
-    .await;
+    let (first, us) = eu_and_us(old_member.is_some()).await;
     let seed = first.node.local_addr();
-    let mut config = NodeConfig::for_tests(&first.certs);
-    patient(&mut config, "us");
-    config.cluster.seeds = vec![seed.into()];
-    let us = Node::start(config).await.unwrap();
     let a = &first.node;
     let mut owners = 1;
     if let Some(versions) = old_member {
@@ -352,27 +502,10 @@ async fn units_go_with_their_slots(old_member: Option<floodgate::protocol::Versi
     assert_eq!(keys.len(), 64);
     let to_a = connect(a.local_addr(), client_config(&first.certs, false)).await;
     holds_back_for(a, &to_a, &us).await;
-    for key in &keys {
-        let allowed = round(
-            &[a],
-            std::slice::from_ref(&to_a),
-            key,
-            &limit,
-            12,
-            &Scope::Global,
-        )
-        .await;
-        // Its region's share, none of it confirmed.
-        assert_eq!(allowed, vec![10], "{}", String::from_utf8_lossy(key));
-    }
-    assert_eq!(
-        a.region_sync().unconfirmed_units(),
-        64 * 10,
-        "a share of each key unconfirmed"
-    );
+    admits_an_unconfirmed_share(a, &to_a, &keys).await;
 
     let mut config = NodeConfig::for_tests(&first.certs);
-    patient(&mut config, "eu");
+    patient(&mut config, "eu", old_member.is_some());
     config.cluster.seeds = vec![seed.into()];
     // The inherited units count this long: longer than a loaded host may take from the
     // hand-off to the checks below (2 s by default).
@@ -411,6 +544,60 @@ async fn units_go_with_their_slots(old_member: Option<floodgate::protocol::Versi
     refuses_units_from_outside_its_region(&b, us.node_id(), a.node_id(), &first).await;
     b.shutdown().await;
     us.shutdown().await;
+}
+
+/// `eu`'s first node, with a sync interval of an hour (nothing it admits is confirmed within a
+/// test), and a node of `us` joined through it. `silent_member`: a member that never gossips
+/// will be told of in `eu`, so both suspect late enough to keep it an owner for the whole test.
+async fn eu_and_us(silent_member: bool) -> (TestNode, Node) {
+    let first = start_node(|c| {
+        patient(c, "eu", silent_member);
+        c.cluster.region_sync_interval = Duration::from_secs(3_600);
+    })
+    .await;
+    let mut config = NodeConfig::for_tests(&first.certs);
+    patient(&mut config, "us", silent_member);
+    config.cluster.seeds = vec![first.node.local_addr().into()];
+    let us = Node::start(config).await.unwrap();
+    (first, us)
+}
+
+/// [`fast`], and with `silent_member` a failure detector that keeps a member that never gossips
+/// alive (an owner) for the whole test.
+fn patient(config: &mut NodeConfig, region: &str, silent_member: bool) {
+    fast(config, region);
+    if silent_member {
+        config.cluster.membership.suspect_after_ns = 600 * NANOS_PER_SEC;
+        config.cluster.membership.dead_after_ns = 1_200 * NANOS_PER_SEC;
+    }
+}
+
+/// Twelve global checks of each of `keys` (a burst of 20 an hour) on `node`, through
+/// `connection`: each admits its region's share, 10, and none of it is confirmed yet (the
+/// caller's sync interval is an hour).
+async fn admits_an_unconfirmed_share(
+    node: &Node,
+    connection: &quinn::Connection,
+    keys: &[Vec<u8>],
+) {
+    let limit = Limit::gcra(20, 3_600 * NANOS_PER_SEC, 20).unwrap();
+    for key in keys {
+        let allowed = round(
+            &[node],
+            std::slice::from_ref(connection),
+            key,
+            &limit,
+            12,
+            &Scope::Global,
+        )
+        .await;
+        assert_eq!(allowed, vec![10], "{}", String::from_utf8_lossy(key));
+    }
+    assert_eq!(
+        node.region_sync().unconfirmed_units(),
+        10 * keys.len() as u64,
+        "a share of each key unconfirmed"
+    );
 }
 
 /// Kind 25 is taken only from a member of the receiver's own region, and answered once the

@@ -472,28 +472,14 @@ async fn a_takeover_for_an_owner_the_successor_hears_from_is_decided_by_the_owne
 /// counted in `floodgate_peer_handshake_failures_total` (and logged at ERROR).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_seed_with_a_foreign_certificate_is_counted_as_a_handshake_failure() {
-    use rustls::pki_types::pem::PemObject;
-    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
-
     let dir = tempfile::tempdir().unwrap();
     let foreign = TestCa::new(dir.path(), "foreign-ca");
     let impostor = foreign.node("impostor", &["127.0.0.1", "localhost"]);
-    let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(&impostor.cert)
-        .unwrap()
-        .map(Result::unwrap)
-        .collect();
-    let key = PrivateKeyDer::from_pem_file(&impostor.key).unwrap();
-    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
-    let mut tls = rustls::ServerConfig::builder_with_provider(provider)
-        .with_protocol_versions(&[&rustls::version::TLS13])
-        .unwrap()
-        .with_no_client_auth()
-        .with_single_cert(chain, key)
-        .unwrap();
-    tls.alpn_protocols = floodgate::protocol::SUPPORTED.alpn_ids();
-    let server = quinn::ServerConfig::with_crypto(std::sync::Arc::new(
-        quinn::crypto::rustls::QuicServerConfig::try_from(tls).unwrap(),
-    ));
+    let server = quic_server_config(
+        &impostor.cert,
+        &impostor.key,
+        floodgate::protocol::SUPPORTED,
+    );
     let seed = quinn::Endpoint::server(server, "127.0.0.1:0".parse().unwrap()).unwrap();
 
     let node = start_node(|c| {
