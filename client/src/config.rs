@@ -23,6 +23,11 @@ pub const MAX_CHECKS_PER_FRAME: usize = 4_096;
 /// work, so throughput comes from more connections, not more streams.
 pub const MAX_STREAMS_PER_CONNECTION: usize = 16;
 
+/// The longest any of the client's durations may be: timeouts, the breaker's cooldown, reconnect
+/// pauses and token leases' periods. Longer is never meant (a call waits a day at most), and
+/// deadlines are sums with `Instant`s that must not overflow.
+pub const MAX_DURATION: Duration = Duration::from_secs(24 * 3_600);
+
 /// Where the certificate authorities that sign node certificates come from.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum CaSource {
@@ -210,12 +215,8 @@ impl ClientConfig {
 
     /// Timeouts, streams and frames, the queue, and idle connections.
     fn validate_calls(&self) -> Result<(), ConfigError> {
-        if self.timeout.is_zero() {
-            return invalid("timeout", "must be more than zero");
-        }
-        if self.connect_timeout.is_zero() {
-            return invalid("connect_timeout", "must be more than zero");
-        }
+        positive_within_a_day("timeout", self.timeout)?;
+        positive_within_a_day("connect_timeout", self.connect_timeout)?;
         if !(1..=MAX_STREAMS_PER_CONNECTION).contains(&self.streams_per_connection) {
             return invalid(
                 "streams_per_connection",
@@ -261,12 +262,9 @@ impl ClientConfig {
         if self.breaker.failure_threshold == 0 {
             return invalid("breaker.failure_threshold", "must be at least 1");
         }
-        if self.breaker.cooldown.is_zero() {
-            return invalid("breaker.cooldown", "must be more than zero");
-        }
-        if self.reconnect.initial.is_zero() {
-            return invalid("reconnect.initial", "must be more than zero");
-        }
+        positive_within_a_day("breaker.cooldown", self.breaker.cooldown)?;
+        positive_within_a_day("reconnect.initial", self.reconnect.initial)?;
+        positive_within_a_day("reconnect.max", self.reconnect.max)?;
         if self.reconnect.max < self.reconnect.initial {
             return invalid(
                 "reconnect.max",
@@ -288,17 +286,27 @@ impl ClientConfig {
         if leases.hot_above_per_sec == 0 {
             return invalid("token_leases.hot_above_per_sec", "must be at least 1");
         }
-        if leases.lease_period.is_zero() || leases.ttl < leases.lease_period {
-            return invalid(
-                "token_leases.ttl",
-                "must be at least lease_period, and lease_period more than zero",
-            );
+        positive_within_a_day("token_leases.lease_period", leases.lease_period)?;
+        positive_within_a_day("token_leases.ttl", leases.ttl)?;
+        if leases.ttl < leases.lease_period {
+            return invalid("token_leases.ttl", "must be at least lease_period");
         }
         if !(1..=1 << 20).contains(&leases.max_keys) {
             return invalid("token_leases.max_keys", "must be between 1 and 1048576");
         }
         Ok(())
     }
+}
+
+/// More than zero and at most [`MAX_DURATION`].
+fn positive_within_a_day(field: &'static str, value: Duration) -> Result<(), ConfigError> {
+    if value.is_zero() || value > MAX_DURATION {
+        return invalid(
+            field,
+            &format!("{value:?} is outside 0 (exclusive) to {MAX_DURATION:?}"),
+        );
+    }
+    Ok(())
 }
 
 fn invalid(field: &'static str, problem: &str) -> Result<(), ConfigError> {
@@ -350,6 +358,23 @@ mod tests {
                 Box::new(|c| c.server_name = Some("no spaces".into())),
             ),
             ("timeout", Box::new(|c| c.timeout = Duration::ZERO)),
+            ("timeout", Box::new(|c| c.timeout = Duration::MAX)),
+            (
+                "connect_timeout",
+                Box::new(|c| c.connect_timeout = MAX_DURATION + Duration::from_nanos(1)),
+            ),
+            (
+                "breaker.cooldown",
+                Box::new(|c| c.breaker.cooldown = Duration::MAX),
+            ),
+            (
+                "token_leases.lease_period",
+                Box::new(|c| c.token_leases.lease_period = Duration::ZERO),
+            ),
+            (
+                "token_leases.ttl",
+                Box::new(|c| c.token_leases.ttl = Duration::MAX),
+            ),
             (
                 "connect_timeout",
                 Box::new(|c| c.connect_timeout = Duration::ZERO),
@@ -402,6 +427,10 @@ mod tests {
             (
                 "reconnect.max",
                 Box::new(|c| c.reconnect.max = Duration::from_millis(1)),
+            ),
+            (
+                "reconnect.max",
+                Box::new(|c| c.reconnect.max = Duration::MAX),
             ),
             ("fallback_store", Box::new(|c| c.fallback_store.shards = 3)),
         ];

@@ -103,7 +103,7 @@ pub use client::Client;
 pub use cluster_table::{ClusterMember, ClusterTable};
 pub use config::{
     BackoffConfig, BreakerConfig, CaSource, ClientAuth, ClientConfig, MAX_CHECKS_PER_FRAME,
-    MAX_KEY_BYTES, MAX_STREAMS_PER_CONNECTION, TokenLeaseConfig,
+    MAX_DURATION, MAX_KEY_BYTES, MAX_STREAMS_PER_CONNECTION, TokenLeaseConfig,
 };
 pub use error::{ClientError, ConfigError, ErrorKind, classify_code};
 /// What a caller sends and gets back: the core's types, re-exported.

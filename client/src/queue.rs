@@ -74,10 +74,11 @@ struct Inner {
     /// busy the link is now.
     last_frame: Option<SentFrame>,
     /// The latest deadline of any call pushed: calls of a client share one timeout, so a call
-    /// pushed later is due no sooner, and the reaper need not hear of it before then.
+    /// pushed later is mostly due no sooner, and the reaper need not hear of it before then.
     latest_deadline: Option<Instant>,
-    /// The reaper waits for a call to arrive (no timer set): the next push wakes it.
-    reaper_idle: bool,
+    /// When the reaper looks next; `None`: it waits for a push to wake it. A call pushed due
+    /// before then wakes it early (a call sent again after `try_again` keeps its deadline).
+    reaper_wakes_at: Option<Instant>,
 }
 
 /// Calls' room a drained queue keeps: a few full frames of single-check calls. A burst can
@@ -182,7 +183,7 @@ impl CallQueue {
                 frames_in_flight: 0,
                 last_frame: None,
                 latest_deadline: None,
-                reaper_idle: true,
+                reaper_wakes_at: None,
             }),
             spare_keys: SpareKeys::default(),
             ready: Notify::new(),
@@ -211,8 +212,22 @@ impl CallQueue {
         let could_send = inner.may_send(self.busy_batch_checks);
         inner.queued_checks += call.checks.len();
         inner.latest_deadline = inner.latest_deadline.max(Some(call.deadline));
-        let wake_reaper = std::mem::take(&mut inner.reaper_idle);
-        inner.calls.push_back(call);
+        let wake_reaper = inner.reaper_wakes_at.is_none_or(|at| call.deadline < at);
+        if wake_reaper {
+            inner.reaper_wakes_at = Some(call.deadline);
+        }
+        // Calls stay in deadline order, which the reaper relies on: a call sent again after
+        // `try_again` keeps its first deadline and goes ahead of the calls due after it.
+        if inner
+            .calls
+            .back()
+            .is_none_or(|last| last.deadline <= call.deadline)
+        {
+            inner.calls.push_back(call);
+        } else {
+            let at = inner.calls.partition_point(|c| c.deadline <= call.deadline);
+            inner.calls.insert(at, call);
+        }
         // A stream woken while the call must wait would only go back to sleep.
         let wake_stream = !could_send && inner.may_send(self.busy_batch_checks);
         drop(inner);
@@ -323,8 +338,8 @@ impl CallQueue {
     /// Answers `Timeout` to the queued calls whose deadline has passed; returns when to look
     /// again: the deadline of the oldest call left or, with none left, the latest deadline
     /// pushed (calls pushed until then are due no sooner), or `None` once that has passed (the
-    /// reaper then waits for the next push). Calls queue in deadline order (one timeout per
-    /// client), so only the head is ever due.
+    /// reaper then waits for the next push). Calls queue in deadline order (`push` keeps it),
+    /// so only the head is ever due.
     fn expire(&self, now: Instant) -> Option<Instant> {
         let mut expired = Vec::new();
         let mut inner = self.inner.lock();
@@ -340,7 +355,7 @@ impl CallQueue {
             Some(oldest) => Some(oldest.deadline),
             None => inner.latest_deadline.filter(|&latest| latest > now),
         };
-        inner.reaper_idle = next.is_none();
+        inner.reaper_wakes_at = next;
         drop(inner);
         expired.into_iter().for_each(Call::time_out);
         next
@@ -350,7 +365,8 @@ impl CallQueue {
     /// or the first connection attempt still under way). Sleeps on one timer, for the oldest
     /// call, or, when calls keep leaving on streams, for the latest deadline pushed: at 10,000
     /// calls a second it wakes every timeout instead of once a call (each call found the
-    /// queue empty and woke it). Only a push to an idle reaper wakes it.
+    /// queue empty and woke it). Only a push to an idle reaper, or of a call due before the
+    /// reaper's timer, wakes it.
     pub(crate) async fn reap_expired(&self) {
         loop {
             #[cfg(test)]
@@ -360,7 +376,13 @@ impl CallQueue {
             let mut first_call = std::pin::pin!(first_call);
             first_call.as_mut().enable();
             match self.expire(Instant::now()) {
-                Some(deadline) => tokio::time::sleep_until(deadline).await,
+                // Woken early by a call due sooner.
+                Some(deadline) => {
+                    tokio::select! {
+                        () = tokio::time::sleep_until(deadline) => {}
+                        () = first_call => {}
+                    }
+                }
                 None => first_call.await,
             }
         }
@@ -828,6 +850,37 @@ mod tests {
         queue.push(c).unwrap();
         assert!(timed_out(rx_c.await));
         assert_eq!(Instant::now() - start, Duration::from_millis(11));
+        reaper.abort();
+    }
+
+    /// A call sent again after `try_again` keeps its first deadline, earlier than those of
+    /// calls pushed since: it goes ahead of them and is timed out at its own deadline, not
+    /// theirs.
+    #[tokio::test(start_paused = true)]
+    async fn a_call_due_before_those_queued_is_timed_out_at_its_deadline() {
+        let queue = Arc::new(CallQueue::new(1_000, 1));
+        let reaper = spawn_reaper(&queue);
+        let start = Instant::now();
+        let (fresh, rx_fresh) = call_due(1, Duration::from_millis(50));
+        let (retried, rx_retried) = call_due(2, Duration::from_millis(5));
+        queue.push(fresh).unwrap();
+        // Let the reaper set its timer for the fresh call first.
+        tokio::task::yield_now().await;
+        queue.push(retried).unwrap();
+        assert!(timed_out(rx_retried.await));
+        assert_eq!(Instant::now() - start, Duration::from_millis(5));
+        assert_eq!(queue.queued_checks(), 1);
+        assert!(timed_out(rx_fresh.await));
+        assert_eq!(Instant::now() - start, Duration::from_millis(50));
+        // Taken in deadline order too.
+        let (later, _rx_later) = call_due(1, Duration::from_millis(30));
+        let (sooner, _rx_sooner) = call_due(3, Duration::from_millis(20));
+        queue.push(later).unwrap();
+        queue.push(sooner).unwrap();
+        queue.set_up(1);
+        let mut out = Vec::new();
+        assert!(queue.next_batch(1, 10, &mut out).await.is_some());
+        assert_eq!(sizes(&out), [3, 1]);
         reaper.abort();
     }
 

@@ -12,8 +12,8 @@
 //! - and every [`REFRESH_PERIOD`] in any case, so a crashed owner's slots move even when no
 //!   answer says so,
 //!
-//! by one background task ([`Refresher`]): at most one fetch in flight, at most one every
-//! [`MIN_FETCH_INTERVAL`]. A call whose owner cannot be reached (its link is down or its breaker
+//! by one background task ([`Refresher`]): at most one fetch in flight, and a table taken,
+//! fetched or pushed, at most every [`MIN_FETCH_INTERVAL`]. A call whose owner cannot be reached (its link is down or its breaker
 //! open, or the call failed on it) goes to the slot's successor, marked as a takeover: the
 //! successor holds the owner's replicas (at most one sync interval old) and decides from them.
 //! An owner the table names again after it had left (a restart) is alive: until our link to it
@@ -30,6 +30,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use floodgate::cluster::membership::MAX_MEMBERS;
 use floodgate::cluster::{MemberState, SLOTS};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -154,13 +155,8 @@ impl Refresher {
                 () = hint.wake.notified() => {}
                 () = tokio::time::sleep_until(last + REFRESH_PERIOD) => {}
             }
-            // A pushed table needs no fetch.
-            let pushed = hint.pushed.lock().take();
-            if let Some(table) = pushed {
-                self.apply(table);
-                last = Instant::now();
-                continue;
-            }
+            // Tables are taken at most every MIN_FETCH_INTERVAL, pushed or fetched: each may
+            // start and retire links, and a node pushing without pause must not churn them.
             let earliest = last + MIN_FETCH_INTERVAL;
             if Instant::now() < earliest {
                 tokio::select! {
@@ -168,6 +164,13 @@ impl Refresher {
                     _ = shutdown.wait_for(|&stop| stop) => break,
                     () = tokio::time::sleep_until(earliest) => {}
                 }
+            }
+            // A pushed table needs no fetch (the latest pushed, if several came meanwhile).
+            let pushed = hint.pushed.lock().take();
+            if let Some(table) = pushed {
+                self.apply(table);
+                last = Instant::now();
+                continue;
             }
             last = Instant::now();
             tokio::select! {
@@ -395,6 +398,15 @@ impl Refresher {
             if let Some(entry) = self.discovered.remove(&addr) {
                 log_departure(table, addr);
                 self.retiring.push((retire_at, entry));
+            }
+        }
+        // A table names at most MAX_MEMBERS members; past as many links in their grace, the
+        // oldest close at once, so tables that keep naming new members cannot pile links up.
+        let excess = self.retiring.len().saturating_sub(MAX_MEMBERS);
+        if excess > 0 {
+            self.retiring.sort_by_key(|(at, _)| *at);
+            for (_, entry) in self.retiring.drain(..excess) {
+                entry.stop.send_replace(true);
             }
         }
     }

@@ -260,16 +260,17 @@ impl TokenLeases {
             let mut shard = self.shard(&refill.key).lock();
             match (shard.get_mut(refill.key.as_slice()), asked) {
                 (Some(entry), Ok(grant)) if entry.limit == refill.limit => {
-                    self.counters
-                        .granted
-                        .fetch_add(grant.granted, Ordering::Relaxed);
+                    // A node grants at most what was asked for; more is not spent here but
+                    // given back, so a faulty owner cannot hand this gateway a limit's worth.
+                    let kept = grant.granted.min(refill.want);
+                    self.counters.granted.fetch_add(kept, Ordering::Relaxed);
                     entry.allowance.granted(
-                        grant.granted,
+                        kept,
                         grant.retry_after_ns,
                         refill.sent_at_ns,
                         self.sizing.ttl_ns,
                     );
-                    0
+                    grant.granted - kept
                 }
                 (Some(entry), Err(_)) => {
                     entry.allowance.refill_failed();
@@ -419,7 +420,7 @@ impl TokenLeases {
         };
         for shard in self.shards.iter() {
             for entry in shard.lock().values() {
-                stats.held += entry.allowance.tokens();
+                stats.held = stats.held.saturating_add(entry.allowance.tokens());
                 stats.refilling += u64::from(entry.allowance.is_refilling());
                 stats.keys += 1;
             }

@@ -256,7 +256,9 @@ fn more_after_ns(limit: &Limit, decision: &Decision) -> u64 {
             if remaining >= limit.burst() {
                 0
             } else {
-                (reset_after_ns + (remaining + 1) * limit.interval_ns())
+                // `reset_after_ns` comes from a node: saturate rather than trust its size.
+                reset_after_ns
+                    .saturating_add((remaining + 1) * limit.interval_ns())
                     .saturating_sub(limit.capacity_ns())
             }
         }
@@ -318,5 +320,31 @@ impl RequestVerdict {
             };
         }
         self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A node's answer is outside input: a GCRA decision whose reset time no bucket could have
+    /// gives the longest wait, not an overflow.
+    #[test]
+    fn a_reset_time_no_bucket_could_have_saturates() {
+        let limit = Limit::gcra(10, NANOS_PER_SEC, 10).unwrap();
+        let decision = Decision::Allowed {
+            remaining: 0,
+            reset_after_ns: u64::MAX,
+        };
+        assert_eq!(
+            more_after_ns(&limit, &decision),
+            u64::MAX - limit.capacity_ns()
+        );
+        // An ordinary one: one token back after an interval from empty.
+        let decision = Decision::Allowed {
+            remaining: 0,
+            reset_after_ns: limit.capacity_ns(),
+        };
+        assert_eq!(more_after_ns(&limit, &decision), limit.interval_ns());
     }
 }

@@ -812,6 +812,17 @@ pub fn decode_slot_table(layout: u8, payload: &[u8]) -> Result<SlotTableMessage,
             cluster_version: BASE_LAYOUT,
         }
     };
+    // A node tracks at most this many members, and a client dials each one a table lists.
+    if table.members.len() > crate::cluster::membership::MAX_MEMBERS {
+        return Err((
+            ErrorCode::MalformedPayload,
+            format!(
+                "slot table with {} members; a cluster has at most {}",
+                table.members.len(),
+                crate::cluster::membership::MAX_MEMBERS
+            ),
+        ));
+    }
     if table.owners.len() != SLOTS || table.successors.len() != SLOTS {
         return Err((
             ErrorCode::MalformedPayload,
@@ -987,6 +998,46 @@ mod tests {
             crate::cluster::MembershipConfig::default().max_members <= MAX_GOSSIP_DIGESTS,
             "a membership gossips every member it tracks"
         );
+    }
+
+    /// A client dials every member a table lists: a table may name no more members than a
+    /// node tracks, in either layout.
+    #[test]
+    fn a_table_naming_more_members_than_a_membership_tracks_is_refused() {
+        let most = crate::cluster::membership::MAX_MEMBERS;
+        let table = |n: usize| SlotTableMessage {
+            version: 7,
+            epoch: 2,
+            from: "node-0".into(),
+            members: (0..n)
+                .map(|i| TableMember {
+                    id: format!("node-{i}"),
+                    addr: format!("10.0.{}.{}:7100", i / 256, i % 256),
+                    region: "eu".into(),
+                    state: 0,
+                    versions: None,
+                })
+                .collect(),
+            owners: vec![0; SLOTS],
+            successors: vec![u16::MAX; SLOTS],
+            cluster_version: 2,
+        };
+        for layout in [2, 3] {
+            let mut bytes = Vec::new();
+            encode_slot_table(&mut bytes, layout, 1, &table(most));
+            let frame = read_back(&bytes);
+            let taken = decode_slot_table(frame.version, &frame.payload);
+            assert_eq!(taken.map(|t| t.members.len()), Ok(most));
+
+            let mut bytes = Vec::new();
+            encode_slot_table(&mut bytes, layout, 1, &table(most + 1));
+            let frame = read_back(&bytes);
+            let Err((code, message)) = decode_slot_table(frame.version, &frame.payload) else {
+                panic!("a table of {} members was taken", most + 1);
+            };
+            assert_eq!(code, ErrorCode::MalformedPayload);
+            assert!(message.contains("1025 members"), "{message}");
+        }
     }
 
     #[test]
