@@ -148,3 +148,38 @@ async fn clients_at_their_limit_do_not_keep_a_peer_out() {
     second.shutdown().await;
     first.node.shutdown().await;
 }
+
+/// A small frame can draw a large answer (a slot table, about 16 KiB, for a 16-byte request):
+/// the node answers a read's frames a bounded batch at a time, writing each batch before it
+/// answers the next, and still answers every frame the read brought.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_of_small_frames_with_large_answers_is_answered_whole() {
+    const REQUESTS: usize = 1_024;
+    let node = start_node(|_| {}).await;
+    let connection = connect(node.node.local_addr(), client_config(&node.certs, false)).await;
+    let mut frames = Vec::new();
+    for id in 0..REQUESTS {
+        encode_frame(&mut frames, FrameKind::TableRequest, id as u64, &[]);
+    }
+    let (mut send, mut recv) = connection.open_bi().await.unwrap();
+    send.write_all(&frames).await.unwrap();
+    send.finish().unwrap();
+    let answers = tokio::time::timeout(WAIT, recv.read_to_end(64 << 20))
+        .await
+        .expect("the answers in time")
+        .unwrap();
+    let mut reader = floodgate::wire::FrameReader::new(1 << 20);
+    reader.extend(&answers);
+    let mut ids = Vec::new();
+    while let Some(frame) = reader.next_frame().unwrap() {
+        assert_eq!(frame.kind, FrameKind::SlotTable);
+        ids.push(frame.request_id);
+    }
+    assert_eq!(ids, (0..REQUESTS as u64).collect::<Vec<_>>());
+    // Far past the bytes a stream holds before writing them (64 KiB): many batches.
+    assert!(
+        answers.len() > 8 << 20,
+        "{} bytes of answers",
+        answers.len()
+    );
+}

@@ -613,7 +613,14 @@ impl Hub {
                 owner: owner.clone(),
                 seq,
             };
-            local.hold(&push.bucket, held, self.settings.max_buckets_per_stream);
+            // Held ids are bounded in count; a refused one (over the size limit, answered with
+            // a denial) is not held at all, so each held id is bounded in bytes too.
+            let id_bytes: usize = (push.bucket.entries.iter())
+                .map(|(k, v)| k.len() + v.len())
+                .sum();
+            if id_bytes <= self.settings.max_bucket_id_bytes {
+                local.hold(&push.bucket, held, self.settings.max_buckets_per_stream);
+            }
             let action = action_of(push.assignment, ttl);
             // A map compares equal whatever its order: the Envoy recognises its own BucketId.
             let bucket_id = BucketId {

@@ -57,7 +57,7 @@ pub(super) async fn serve_stream(
                 return;
             }
         };
-        let fatal = match read {
+        let mut fatal = match read {
             Ok(Some(ref chunk)) => match reader.extend(&chunk.bytes) {
                 Ok(()) => {
                     let fatal = answer_available(&answering, &remote, &mut reader, &mut out).await;
@@ -78,22 +78,18 @@ pub(super) async fn serve_stream(
             }),
             Err(_) => return,
         };
-        if !out.is_empty() {
-            let timeout = connections.limits.write_timeout;
-            match tokio::time::timeout(timeout, send.write_all(&out)).await {
-                Ok(Ok(())) => {}
-                Ok(Err(_)) => return,
-                Err(_) => {
-                    // The caller stopped reading its answers: what it sent stays decided, but
-                    // the node holds no more of its bytes for it.
-                    connections.metrics.write_timeouts.increment(1);
-                    tracing::debug!(from = %remote.connection.remote_address(), "a caller took no answer for {timeout:?}: stream reset");
-                    let _ = send.reset(quinn::VarInt::from_u32(ErrorCode::Overloaded as u32));
-                    let _ = recv.stop(quinn::VarInt::from_u32(ErrorCode::Overloaded as u32));
-                    return;
-                }
+        // Answers go out ANSWER_BYTES at a time: the frames of one read left unanswered when
+        // that much was written are answered next, before anything more is read.
+        loop {
+            let full = out.len() >= ANSWER_BYTES;
+            if !write_answers(&mut send, &mut recv, &remote, &connections, &mut out).await {
+                return;
             }
-            out.clear();
+            if !full || fatal.is_some() {
+                break;
+            }
+            fatal = answer_available(&answering, &remote, &mut reader, &mut out).await;
+            reader.settle();
         }
         if fatal == Some(ErrorCode::Forbidden) {
             return;
@@ -109,6 +105,41 @@ pub(super) async fn serve_stream(
         }
     }
 }
+
+/// Writes `out` (cleared after) within the write timeout; false when the stream is done: it
+/// failed, or the caller took no answer in time and the stream was reset.
+async fn write_answers(
+    send: &mut quinn::SendStream,
+    recv: &mut quinn::RecvStream,
+    remote: &Remote,
+    connections: &Connections,
+    out: &mut Vec<u8>,
+) -> bool {
+    if out.is_empty() {
+        return true;
+    }
+    let timeout = connections.limits.write_timeout;
+    match tokio::time::timeout(timeout, send.write_all(out)).await {
+        Ok(Ok(())) => {}
+        Ok(Err(_)) => return false,
+        Err(_) => {
+            // The caller stopped reading its answers: what it sent stays decided, but the node
+            // holds no more of its bytes for it.
+            connections.metrics.write_timeouts.increment(1);
+            tracing::debug!(from = %remote.connection.remote_address(), "a caller took no answer for {timeout:?}: stream reset");
+            let _ = send.reset(quinn::VarInt::from_u32(ErrorCode::Overloaded as u32));
+            let _ = recv.stop(quinn::VarInt::from_u32(ErrorCode::Overloaded as u32));
+            return false;
+        }
+    }
+    out.clear();
+    true
+}
+
+/// Most answer bytes a stream holds before writing them (plus the one answer that passed it):
+/// a small frame can draw a large answer (a slot table, about 16 KiB, for a 16-byte request),
+/// so answering a whole read at once let 64 KiB of requests hold tens of megabytes.
+pub(super) const ANSWER_BYTES: usize = crate::budget::READ_BYTES;
 
 /// How often a caller speaking another protocol version is logged at ERROR.
 const COMPLAINT_INTERVAL_NS: u64 = 10_000_000_000;
@@ -129,7 +160,8 @@ fn time_to_complain(now_ns: u64) -> bool {
             .is_ok()
 }
 
-/// Answers every complete frame in `reader`; returns the code of an error that ends the stream.
+/// Answers the complete frames in `reader` until `out` holds [`ANSWER_BYTES`]; returns the code
+/// of an error that ends the stream.
 pub(super) async fn answer_available(
     answering: &Answering,
     remote: &Remote,
@@ -142,6 +174,10 @@ pub(super) async fn answer_available(
     let started = Instant::now();
     let mut frames = 0;
     let fatal = loop {
+        if out.len() >= ANSWER_BYTES {
+            // The rest stays in the reader, answered once these answers are written.
+            break None;
+        }
         match reader.next_frame() {
             Ok(Some(frame)) if frame.kind.peer_only() && !remote.is_peer() => {
                 remote.forbid(metrics, frame.kind);
