@@ -79,6 +79,7 @@ mod tls;
 mod token_leases;
 
 pub use address::HostPort;
+pub use admin::MAX_CONNECTIONS as MAX_ADMIN_CONNECTIONS;
 pub use certs::{DevCerts, ensure_dev_certs};
 pub use config::{
     ClusterConfig, NodeConfig, NodeLimits, RespFailureMode, RespSettings, RlqsSettings, TlsConfig,

@@ -123,6 +123,43 @@ async fn admin_serves_metrics_health_and_readiness() {
     node.node.shutdown().await;
 }
 
+/// The admin port holds at most `MAX_ADMIN_CONNECTIONS` connections: callers that never finish
+/// a request cannot pin more of the node's memory and descriptors. With every place taken by a
+/// caller that sent half a request, a scrape waits (in the kernel's backlog), and is answered
+/// once one of them goes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_port_holds_a_bounded_number_of_connections() {
+    use tokio::io::AsyncWriteExt;
+    let node = start_node(|c| c.admin = Some("127.0.0.1:0".parse().unwrap())).await;
+    let admin = node.node.admin_addr().unwrap();
+    let mut stalled = Vec::new();
+    for _ in 0..floodgate_node::MAX_ADMIN_CONNECTIONS {
+        let mut stream = tokio::net::TcpStream::connect(admin).await.unwrap();
+        stream
+            .write_all(b"GET /healthz HTTP/1.1\r\n")
+            .await
+            .unwrap();
+        stalled.push(stream);
+    }
+    // Connected after them, the scrape is accepted after them (the backlog is in order).
+    let mut scrape = tokio::spawn(http_get(admin, "/healthz"));
+    // Not answered while every place is held (a window, not a speed: answered at once without
+    // the bound, never with it).
+    let waited = tokio::time::timeout(std::time::Duration::from_millis(300), &mut scrape).await;
+    assert!(
+        waited.is_err(),
+        "answered with every place held: {waited:?}"
+    );
+    drop(stalled.pop());
+    let (status, body) = tokio::time::timeout(std::time::Duration::from_secs(10), scrape)
+        .await
+        .expect("answered once a place was free")
+        .unwrap();
+    assert_eq!((status, body.as_str()), (200, "ok\n"));
+    drop(stalled);
+    node.node.shutdown().await;
+}
+
 /// A minimal HTTP/1.1 GET over TCP (the admin port is plain HTTP on loopback).
 async fn http_get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
