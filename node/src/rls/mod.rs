@@ -72,7 +72,8 @@ pub(crate) async fn start(
         max_message: limits.max_frame_bytes,
     };
     // The same allowance as the QUIC endpoint's clients, counted apart.
-    let incoming = incoming::bounded(listener, limits.max_connections, shutdown.clone());
+    // Its own handshake and idle timeouts bound a quiet caller (`http2`).
+    let incoming = incoming::bounded(listener, limits.max_connections, None, shutdown.clone());
     let service = Arc::new(service::RlsService {
         front,
         config: handle.clone(),

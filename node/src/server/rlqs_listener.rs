@@ -45,7 +45,17 @@ pub(super) async fn start(
         .max_decoding_message_size(limits.max_frame_bytes)
         .max_encoding_message_size(limits.max_frame_bytes);
     let windows = limits.http2_windows();
-    let incoming = crate::rls::bounded_incoming(listener, limits.max_connections, shutdown.clone());
+    // tonic's TLS handshake and hyper's HTTP/2 preface wait without a timeout: a caller that
+    // sends nothing would hold a place for good. Once connected, hyper's keepalive PINGs draw
+    // an answer at least every interval plus its timeout, so twice that is never reached by a
+    // live caller.
+    let read_idle = 2 * (HTTP2_KEEPALIVE_INTERVAL + HTTP2_KEEPALIVE_TIMEOUT);
+    let incoming = crate::rls::bounded_incoming(
+        listener,
+        limits.max_connections,
+        Some(read_idle),
+        shutdown.clone(),
+    );
     let mut stop = shutdown.clone();
     let mut builder = tonic::transport::Server::builder();
     if let Some(tls) = tls {
