@@ -511,7 +511,7 @@ impl Hub {
         let Some(id) = usage.bucket_id.as_ref().filter(|id| !id.bucket.is_empty()) else {
             return Planned::Ignored("empty_bucket_id");
         };
-        let bytes: usize = id.bucket.iter().map(|(k, v)| k.len() + v.len()).sum();
+        let bytes = id_bytes(id.bucket.iter());
         if id.bucket.len() > MAX_BUCKET_ENTRIES || bytes > self.settings.max_bucket_id_bytes {
             return Planned::Refused(id.clone(), "bucket_id_too_large");
         }
@@ -615,10 +615,9 @@ impl Hub {
             };
             // Held ids are bounded in count; a refused one (over the size limit, answered with
             // a denial) is not held at all, so each held id is bounded in bytes too.
-            let id_bytes: usize = (push.bucket.entries.iter())
-                .map(|(k, v)| k.len() + v.len())
-                .sum();
-            if id_bytes <= self.settings.max_bucket_id_bytes {
+            if id_bytes(push.bucket.entries.iter().map(|(k, v)| (k, v)))
+                <= self.settings.max_bucket_id_bytes
+            {
                 local.hold(&push.bucket, held, self.settings.max_buckets_per_stream);
             }
             let action = action_of(push.assignment, ttl);
@@ -773,6 +772,11 @@ fn blanket(ttl: Option<PbDuration>, rule: BlanketRule) -> bucket_action::BucketA
 }
 
 /// A bucket: the domain and the `BucketId`'s entries, sorted by key.
+/// The bytes of a bucket id's keys and values: what `max_bucket_id_bytes` bounds.
+fn id_bytes<'a>(entries: impl Iterator<Item = (&'a String, &'a String)>) -> usize {
+    entries.map(|(k, v)| k.len() + v.len()).sum()
+}
+
 fn key_of(domain: &str, id: &BucketId) -> BucketKey {
     let mut sorted: Vec<(String, String)> = id
         .bucket
