@@ -177,6 +177,7 @@ async fn run(args: RunArgs) -> anyhow::Result<bool> {
     let old_builds = args.old_node_bin.is_some() && args.old_gateway_bin.is_some();
     let scenarios = scenario::select(&args.scenario, old_builds).map_err(anyhow::Error::msg)?;
     let settings = run_settings(&args, &scenarios)?;
+    log_clients_to(&args.out.join("clients.log"))?;
     let reports = run_each(&scenarios, &settings).await?;
     report::write_json(&reports, &args.out.join("report.json"))?;
     println!("{}", report::table(&reports));
@@ -184,12 +185,29 @@ async fn run(args: RunArgs) -> anyhow::Result<bool> {
         println!("{line}");
     }
     println!(
-        "(report: {}, plots: {}/SCENARIO/SCENARIO.svg, node logs: {}/SCENARIO/logs)",
+        "(report: {}, plots: {}/SCENARIO/SCENARIO.svg, node logs: {}/SCENARIO/logs, client logs: {})",
         args.out.join("report.json").display(),
         args.out.display(),
-        args.out.display()
+        args.out.display(),
+        args.out.join("clients.log").display()
     );
     Ok(reports.iter().all(|r| r.passed))
+}
+
+/// Sends the log lines of the in-process gateways' clients (links going down, reconnects, tables
+/// taken) to `path`, filtered by `RUST_LOG` (default: the client's info lines), so a scenario's
+/// failure can be read against the node logs' timestamps.
+fn log_clients_to(path: &std::path::Path) -> anyhow::Result<()> {
+    let file =
+        std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))?;
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("floodgate_client=info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(false)
+        .with_writer(std::sync::Mutex::new(file))
+        .try_init()
+        .map_err(|e| anyhow::anyhow!("installing the client log: {e}"))
 }
 
 /// The settings every scenario runs with; creates the output directory.

@@ -193,21 +193,43 @@ pub fn judge_restarts(
             .iter()
             .filter(|r| u64::from(r.routed_to) == node && window.contains(&r.sent_ns))
             .collect();
-        let undecided = routed.iter().filter(|r| !r.via.by_a_node()).count();
+        let undecided: Vec<&crate::load::Record> = (routed.iter().copied())
+            .filter(|r| !r.via.by_a_node())
+            .collect();
         if routed.is_empty() {
             violations.push(format!(
                 "premise not reached: no check was routed to node {node} after its restart"
             ));
-        } else if undecided > RESTARTED_MAX_UNDECIDED {
+        } else if undecided.len() > RESTARTED_MAX_UNDECIDED {
             violations.push(format!(
-                "node {node}, down {down_ms} ms: {undecided} of {} checks routed to it {}-{} ms after it was ready were not decided by a node (at most {RESTARTED_MAX_UNDECIDED})",
+                "node {node}, down {down_ms} ms: {} of {} checks routed to it {}-{} ms after it was ready were not decided by a node (at most {RESTARTED_MAX_UNDECIDED}): {}",
+                undecided.len(),
                 routed.len(),
                 RESTARTED_WINDOW_START.as_millis(),
                 RESTARTED_WINDOW_END.as_millis(),
+                why_undecided(&undecided),
             ));
         }
     }
     violations
+}
+
+/// How many of `undecided` took each way and reason (`fallback: timeout x12, ...`), so a
+/// failed window says what the client saw.
+fn why_undecided(undecided: &[&crate::load::Record]) -> String {
+    let mut counts = std::collections::BTreeMap::<String, usize>::new();
+    for record in undecided {
+        let why = match record.reason {
+            Some(reason) => format!("{:?}: {reason}", record.via),
+            None => format!("{:?}", record.via),
+        };
+        *counts.entry(why).or_default() += 1;
+    }
+    let parts: Vec<String> = counts
+        .iter()
+        .map(|(why, n)| format!("{why} x{n}"))
+        .collect();
+    parts.join(", ")
 }
 
 async fn pause_owner(world: &mut World, at: impl Fn(f64) -> Duration) -> anyhow::Result<()> {
