@@ -133,8 +133,17 @@ async fn write_answers(
         }
     }
     out.clear();
+    // A stream keeps the buffer for its next answers, but not one grown by a large answer
+    // (a slot table, a full batch's decisions): idle streams would each hold that much for good.
+    if out.capacity() > KEPT_ANSWER_CAPACITY {
+        *out = Vec::new();
+    }
     true
 }
+
+/// Most answer buffer a stream keeps between reads: room for the answers of ordinary check
+/// frames (a few hundred decisions), not for the rare large answer.
+const KEPT_ANSWER_CAPACITY: usize = 16 * 1024;
 
 /// Most answer bytes a stream holds before writing them (plus the one answer that passed it):
 /// a small frame can draw a large answer (a slot table, about 16 KiB, for a 16-byte request),
