@@ -131,6 +131,10 @@ pub const MAX_HTTP2_WINDOW: u32 = i32::MAX as u32;
 pub const HTTP2_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(60);
 /// How long a caller has to answer a keepalive PING.
 pub const HTTP2_KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(20);
+/// How long the HTTP/2 listeners (the RLS and RLQS fronts) give a caller for its TLS handshake,
+/// and then as long for its HTTP/2 connection preface: a caller that stalls them holds a place
+/// of `--max-connections`. Envoy takes milliseconds.
+pub(crate) const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The windows of an HTTP/2 listener (the RLS and RLQS fronts): the QUIC ones, each at most
 /// [`MAX_HTTP2_WINDOW`] (a large `--max-buffered-bytes` share would pass it).

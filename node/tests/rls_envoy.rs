@@ -34,15 +34,31 @@ const PER_CLIENT_ROUTE: &str = r#"                          route:
                                   - request_headers: {header_name: x-client, descriptor_key: client}"#;
 
 /// Envoy listening on `listen` in front of `upstream`, asking floodgate's RLS on `rls` for
-/// `route` (the route's part after its match), with `filters` before the rate limit filter.
+/// `route` (the route's part after its match), with `filters` before the rate limit filter;
+/// over TLS trusting `rls_ca`, when given, with Envoy's default TLS parameters (an upstream's
+/// TLS is at most 1.2 unless configured otherwise).
 fn envoy_config(
     listen: u16,
     upstream: u16,
-    rls: u16,
+    (rls, rls_ca): (u16, Option<&std::path::Path>),
     admin: u16,
     route: &str,
     filters: &str,
 ) -> String {
+    let tls = rls_ca.map_or_else(String::new, |ca| {
+        format!(
+            r#"
+      transport_socket:
+        name: envoy.transport_sockets.tls
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext
+          sni: localhost
+          common_tls_context:
+            alpn_protocols: ["h2"]
+            validation_context: {{trusted_ca: {{filename: "{}"}}}}"#,
+            ca.display()
+        )
+    });
     format!(
         r#"
 static_resources:
@@ -90,7 +106,7 @@ static_resources:
       typed_extension_protocol_options:
         envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
           "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
-          explicit_http_config: {{http2_protocol_options: {{}}}}
+          explicit_http_config: {{http2_protocol_options: {{}}}}{tls}
       load_assignment:
         cluster_name: floodgate
         endpoints: [{{lb_endpoints: [{{endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {rls}}}}}}}}}]}}]
@@ -127,9 +143,9 @@ fn curl_with(port: u16, header: &str) -> (u16, Vec<(String, String)>) {
     (status, headers)
 }
 
-/// A node serving `rls_config` on its RLS listener, an upstream (answering `upstream_header`),
-/// and a real Envoy in front of both configured with `route` and `filters` (see
-/// [`envoy_config`]); returns Envoy's listening port.
+/// A node serving `rls_config` on its RLS listener (over TLS with `rls_tls`), an upstream
+/// (answering `upstream_header`), and a real Envoy in front of both configured with `route` and
+/// `filters` (see [`envoy_config`]); returns Envoy's listening port.
 struct Stack {
     node: Node,
     listen: u16,
@@ -142,6 +158,7 @@ async fn start(
     upstream_header: (&'static str, &'static str),
     route: &str,
     filters: &str,
+    rls_tls: bool,
 ) -> Stack {
     let envoy = envoy_binary();
     let dir = tempfile::tempdir().unwrap();
@@ -154,13 +171,17 @@ async fn start(
     // window turning over between a test's requests would admit a key's limit again, failing its
     // exact counts. Half an hour is far more than Envoy's start and a test's requests take.
     config.test_only_clock_skew_ns = common::mid_window_skew_ns(Unit::Hour.period_ns());
-    config.rls = Some(common::rls_settings(rls_file));
+    config.rls = Some(floodgate_node::rls::RlsSettings {
+        tls: rls_tls,
+        ..common::rls_settings(rls_file)
+    });
     let node = Node::start(config).await.unwrap();
     let upstream = upstream_with_header(upstream_header.0, upstream_header.1).await;
     let (listen, admin) = (free_port(), free_port());
     let envoy_yaml = dir.path().join("envoy.yaml");
     let rls_port = node.rls_addr().unwrap().port();
-    let yaml = envoy_config(listen, upstream, rls_port, admin, route, filters);
+    let rls = (rls_port, rls_tls.then_some(certs.ca.as_path()));
+    let yaml = envoy_config(listen, upstream, rls, admin, route, filters);
     std::fs::write(&envoy_yaml, yaml).unwrap();
     let mut child = Command::new(envoy)
         .arg("-c")
@@ -199,7 +220,24 @@ async fn start(
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "starts a real Envoy; run with `make envoy-test`"]
 async fn envoy_returns_429_on_the_fourth_request_of_three_an_hour() {
-    let stack = start(RLS_CONFIG, ("x-upstream", "1"), PER_CLIENT_ROUTE, "").await;
+    let stack = start(RLS_CONFIG, ("x-upstream", "1"), PER_CLIENT_ROUTE, "", false).await;
+    the_fourth_request_of_three_is_refused(&stack).await;
+    stack.node.shutdown().await;
+}
+
+/// The same through `--rls-tls`, Envoy's TLS left at its defaults (TLS 1.2 at most, toward an
+/// upstream): the listener must take what a stock Envoy offers.
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "starts a real Envoy; run with `make envoy-test`"]
+async fn envoy_at_its_default_tls_versions_is_served_by_the_rls_front_over_tls() {
+    let stack = start(RLS_CONFIG, ("x-upstream", "1"), PER_CLIENT_ROUTE, "", true).await;
+    the_fourth_request_of_three_is_refused(&stack).await;
+    stack.node.shutdown().await;
+}
+
+/// Four requests of one client through `stack`'s Envoy: three pass, the fourth is refused,
+/// with the limit's headers.
+async fn the_fourth_request_of_three_is_refused(stack: &Stack) {
     let listen = stack.listen;
     // Four requests of one client, all in one hour window (the node's clock is mid-hour).
     let mut statuses = Vec::new();
@@ -225,7 +263,6 @@ async fn envoy_returns_429_on_the_fourth_request_of_three_an_hour() {
         Some(true),
         "{last:?}"
     );
-    stack.node.shutdown().await;
 }
 
 /// floodgate's RLS configuration for the metered test: 100 tokens a day per API key.
@@ -286,6 +323,7 @@ async fn envoy_charges_the_tokens_a_response_reports_after_the_stream() {
             ("x-usage-tokens", "40"),
             &metered_route(hits),
             filters,
+            false,
         )
         .await;
         charges_past_the_limit_then_refuses(&stack).await;

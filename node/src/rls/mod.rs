@@ -27,7 +27,7 @@ use tokio::task::JoinSet;
 
 pub use config_file::RlsConfigHandle;
 /// The bounded accept loop, shared with the RLQS listener.
-pub(crate) use incoming::bounded as bounded_incoming;
+pub(crate) use incoming::{HeldConnection, bounded as bounded_incoming};
 
 use crate::front_batch::FrontContext;
 
@@ -47,13 +47,12 @@ pub(crate) async fn start(
     settings.validate(&front.config.tls)?;
     let handle = RlsConfigHandle::load(&settings.config)?;
     let tls = if settings.tls {
-        let mut config = crate::tls::tcp_server_config(
+        let config = crate::tls::http2_server_config(
             &front.config.tls,
             settings.client_auth,
             "--rls-client-auth",
         )
         .context("the RLS listener's TLS configuration")?;
-        config.alpn_protocols = vec![b"h2".to_vec()];
         Some(tokio_rustls::TlsAcceptor::from(Arc::new(config)))
     } else {
         None
@@ -73,7 +72,7 @@ pub(crate) async fn start(
     };
     // The same allowance as the QUIC endpoint's clients, counted apart.
     // Its own handshake and idle timeouts bound a quiet caller (`http2`).
-    let incoming = incoming::bounded(listener, limits.max_connections, None, shutdown.clone());
+    let incoming = incoming::bounded(listener, limits.max_connections, shutdown.clone());
     let service = Arc::new(service::RlsService {
         front,
         config: handle.clone(),
@@ -100,30 +99,4 @@ pub(crate) async fn start(
         "RLS (Envoy rate limit service) listening"
     );
     Ok((addr, handle))
-}
-
-/// The node's own certificate and key, as the QUIC endpoint presents them; with `client_auth`,
-/// a client certificate signed by the client CA is required (no certificate, or another CA's:
-/// the handshake fails and nothing is served).
-pub(crate) fn tls_config(
-    tls: &crate::config::TlsConfig,
-    client_auth: bool,
-) -> anyhow::Result<tonic::transport::ServerTlsConfig> {
-    let cert = std::fs::read(&tls.cert)
-        .with_context(|| format!("reading the certificate {}", tls.cert.display()))?;
-    let key = std::fs::read(&tls.key)
-        .with_context(|| format!("reading the key {}", tls.key.display()))?;
-    let mut config = tonic::transport::ServerTlsConfig::new()
-        .identity(tonic::transport::Identity::from_pem(cert, key));
-    if client_auth {
-        let Some(client_ca) = &tls.client_ca else {
-            anyhow::bail!("--rls-client-auth needs --client-ca PEM");
-        };
-        let ca = std::fs::read(client_ca)
-            .with_context(|| format!("reading the client CA {}", client_ca.display()))?;
-        config = config
-            .client_ca_root(tonic::transport::Certificate::from_pem(ca))
-            .client_auth_optional(false);
-    }
-    Ok(config)
 }

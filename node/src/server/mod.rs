@@ -10,7 +10,8 @@
 //! - `peer_messages`: one-way streams: gossip, replicas and hand-offs in; table pushes out
 //!   (`PeerMessages`).
 //! - `unconfirmed`: a hand-off's unconfirmed region units (kind 25), counted, then answered.
-//! - `rlqs_listener`: the `--rlqs-listen` gRPC server around the node's RLQS hub.
+//! - `rlqs_listener`: the `--rlqs-listen` gRPC server around the node's RLQS hub;
+//!   `rlqs_handshake`: its connections' TLS handshake and HTTP/2 preface, each by a deadline.
 //! - `sweeper`: expired buckets forgotten a slice of a shard at a time, leases a shard at a
 //!   time; the stores' counters published (`Swept`).
 
@@ -19,6 +20,7 @@ mod allocations;
 mod connection;
 mod peer_messages;
 mod remote;
+mod rlqs_handshake;
 mod rlqs_listener;
 mod streams;
 mod sweeper;

@@ -1,5 +1,6 @@
-//! The RLQS listener (`--rlqs-listen`): tonic's server around the node's RLQS hub, with the
-//! RLS front's TLS set-up and bounded accept loop.
+//! The RLQS listener (`--rlqs-listen`): tonic's server around the node's RLQS hub, behind the
+//! RLS front's bounded accept loop and TLS set-up, with deadlines for the handshake
+//! (`rlqs_handshake`).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -27,7 +28,10 @@ pub(super) async fn start(
 ) -> anyhow::Result<SocketAddr> {
     settings.validate(&node.tls)?;
     let tls = if settings.tls {
-        Some(crate::rls::tls_config(&node.tls, settings.client_auth)?)
+        let config =
+            crate::tls::http2_server_config(&node.tls, settings.client_auth, "--rlqs-client-auth")
+                .context("the RLQS listener's TLS configuration")?;
+        Some(tokio_rustls::TlsAcceptor::from(Arc::new(config)))
     } else {
         None
     };
@@ -45,26 +49,12 @@ pub(super) async fn start(
         .max_decoding_message_size(limits.max_frame_bytes)
         .max_encoding_message_size(limits.max_frame_bytes);
     let windows = limits.http2_windows();
-    // tonic's TLS handshake and hyper's HTTP/2 preface wait without a timeout: a caller that
-    // sends nothing would hold a place for good. Once connected, hyper's keepalive PINGs draw
-    // an answer at least every interval plus its timeout, so twice that is never reached by a
-    // live caller.
-    let read_idle = 2 * (HTTP2_KEEPALIVE_INTERVAL + HTTP2_KEEPALIVE_TIMEOUT);
-    let incoming = crate::rls::bounded_incoming(
-        listener,
-        limits.max_connections,
-        Some(read_idle),
-        shutdown.clone(),
-    );
+    // The handshake, the preface and every read after them have their deadlines there.
+    let accepted = crate::rls::bounded_incoming(listener, limits.max_connections, shutdown.clone());
+    let incoming = super::rlqs_handshake::ready_connections(accepted, tls, shutdown.clone());
     let mut stop = shutdown.clone();
-    let mut builder = tonic::transport::Server::builder();
-    if let Some(tls) = tls {
-        builder = builder
-            .tls_config(tls)
-            .context("the RLQS listener's TLS configuration")?;
-    }
     tasks.spawn(async move {
-        let served = builder
+        let served = tonic::transport::Server::builder()
             .initial_stream_window_size(windows.stream)
             .initial_connection_window_size(windows.connection)
             .max_concurrent_streams(MAX_STREAMS_PER_CONNECTION)

@@ -47,15 +47,12 @@ use tonic_health::pb::health_check_response::ServingStatus;
 use self::connection::{Broken, Call, Connection};
 use self::grpc::{Refusal, Route};
 use super::incoming::HeldConnection;
-use crate::config::{HTTP2_KEEPALIVE_INTERVAL, HTTP2_KEEPALIVE_TIMEOUT};
+use crate::config::{HANDSHAKE_TIMEOUT, HTTP2_KEEPALIVE_INTERVAL, HTTP2_KEEPALIVE_TIMEOUT};
 
 pub(crate) use self::grpc::CALL_TIMEOUT;
 
 /// Most concurrent calls per HTTP/2 connection (Envoy multiplexes its calls over few).
 pub(crate) const MAX_STREAMS_PER_CONNECTION: u32 = 1_024;
-/// How long a TLS handshake and the HTTP/2 preface may take: a caller that stalls them holds a
-/// place of the listener's allowance.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Most bytes of one call's headers, decoded (Envoy sends a few hundred).
 const MAX_HEADER_LIST_BYTES: usize = 16 * 1024;
 /// A connection with no call open and none arriving for this long is closed (GOAWAY): it
