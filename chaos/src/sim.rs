@@ -73,11 +73,12 @@ pub fn describe(outcome: &SeedOutcome) -> String {
         Ok(r) => {
             let _ = writeln!(
                 out,
-                "  ownership       pass  checks={} windows={} switches={} handoffs={} messages={} digest={:016x}",
+                "  ownership       pass  checks={} windows={} switches={} handoffs={} restart-releases={} messages={} digest={:016x}",
                 r.checks,
                 r.windows_seen,
                 r.table_switches,
                 r.handoffs_completed,
+                r.restart_releases,
                 r.messages,
                 r.digest
             );
@@ -120,8 +121,16 @@ pub fn summarize(seeds: &RangeInclusive<u64>, outcomes: &[SeedOutcome]) -> Strin
     let mut out = String::new();
     let mut digest = TraceDigest::default();
     let mut failed = 0;
+    let mut releasing = 0;
     for outcome in outcomes {
         digest.add(&format!("{:016x}", outcome.digest()));
+        if outcome
+            .ownership
+            .as_ref()
+            .is_ok_and(|r| r.restart_releases > 0)
+        {
+            releasing += 1;
+        }
         if !outcome.passed() {
             failed += 1;
             out.push_str(&describe(outcome));
@@ -129,7 +138,7 @@ pub fn summarize(seeds: &RangeInclusive<u64>, outcomes: &[SeedOutcome]) -> Strin
     }
     let _ = writeln!(
         out,
-        "seeds {}-{}: {} run, {} passed, {} failed, digest {:016x}",
+        "seeds {}-{}: {} run, {} passed, {} failed, digest {:016x} ({releasing} released to an owner restarted unseen)",
         seeds.start(),
         seeds.end(),
         outcomes.len(),

@@ -7,7 +7,7 @@
 
 use std::collections::HashMap;
 
-use floodgate::cluster::Membership;
+use floodgate::cluster::{MemberInfo, Membership};
 
 use crate::member_log::forget_the_forgotten;
 
@@ -19,10 +19,10 @@ pub(super) struct Lives {
 }
 
 impl Lives {
-    /// The addresses of members seen in a later life than at the last call (not this node,
-    /// nor a member seen for the first time), then remembers every member's.
-    pub(super) fn restarted(&mut self, membership: &Membership) -> Vec<String> {
-        let mut addrs = Vec::new();
+    /// The members seen in a later life than at the last call (not this node, nor a member
+    /// seen for the first time), then remembers every member's.
+    pub(super) fn restarted<'m>(&mut self, membership: &'m Membership) -> Vec<&'m MemberInfo> {
+        let mut lives = Vec::new();
         let me = membership.me();
         for (info, _) in membership.members() {
             if info.id == me {
@@ -36,7 +36,7 @@ impl Lives {
             match self.last.get_mut(info.id.as_str()) {
                 Some(before) => {
                     if *before < incarnation {
-                        addrs.push(info.addr.clone());
+                        lives.push(info);
                     }
                     *before = incarnation;
                 }
@@ -46,7 +46,7 @@ impl Lives {
             }
         }
         forget_the_forgotten(&mut self.last, membership);
-        addrs
+        lives
     }
 }
 
@@ -91,7 +91,7 @@ mod tests {
         // Its own word of a new life (gossip from the member itself).
         drop(membership.handle_gossip_from(2, &|id| id == "peer", &digest("peer", 9)));
         assert_eq!(membership.incarnation_of("peer"), Some(9));
-        assert_eq!(lives.restarted(&membership), [info("peer").addr]);
+        assert_eq!(lives.restarted(&membership), [&info("peer")]);
         assert!(lives.restarted(&membership).is_empty(), "told once");
     }
 }

@@ -59,6 +59,9 @@ pub(super) struct OwnersNow {
     /// What every slot-owning member of this region speaks: the ownership machine's releases
     /// go only to members of this region's table.
     pub(super) region_version: u8,
+    /// Members of this region's owners just heard from in a new life: a restart this node's
+    /// table never saw (the new life joined before its word came), whose release is owed.
+    pub(super) restarted_owners: Vec<String>,
 }
 
 impl Members {
@@ -146,9 +149,9 @@ impl Members {
     }
 
     /// Applies `change` to the membership and reads what a table update needs: the owners, the
-    /// members that left, and the cluster version. Logs the members whose state changed, has
-    /// the peers close what they keep to a restarted member and learn the members' ids, and
-    /// has `regions` follow the other regions' rings.
+    /// members that left, the cluster version, the owners heard from in a new life. Logs the
+    /// members whose state changed, has the peers close what they keep to a restarted member
+    /// and learn the members' ids, and has `regions` follow the other regions' rings.
     pub(super) fn change(
         &self,
         change: impl FnOnce(&mut Membership),
@@ -157,8 +160,13 @@ impl Members {
         let mut membership = self.membership.lock();
         change(&mut membership);
         drop(self.member_log.lock().observe(&membership));
-        for addr in self.lives.lock().restarted(&membership) {
-            self.peers.forget(&addr);
+        let owners = membership.owners_in(&self.me.region);
+        let mut restarted_owners = Vec::new();
+        for life in self.lives.lock().restarted(&membership) {
+            self.peers.forget(&life.addr);
+            if owners.contains(&life.id) {
+                restarted_owners.push(life.id.clone());
+            }
         }
         self.peers
             .learn_ids(membership.members().map(|(info, _)| info));
@@ -167,7 +175,6 @@ impl Members {
             .filter(|(_, state)| *state == MemberState::Left)
             .map(|(info, _)| info.id.clone())
             .collect();
-        let owners = membership.owners_in(&self.me.region);
         let first_of_region = owners.len() == 1 && !membership.is_joining();
         regions.follow(&membership, &self.me.region);
         OwnersNow {
@@ -176,6 +183,7 @@ impl Members {
             departed,
             first_of_region,
             region_version: membership.region_version(&self.me.region).unwrap_or(0),
+            restarted_owners,
         }
     }
 

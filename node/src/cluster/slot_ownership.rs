@@ -374,6 +374,16 @@ impl SlotOwnership {
         }
     }
 
+    /// The release an owner's new life waits for (`Ownership::handle_restarted`), queued under
+    /// the deciding gate: the buckets exported after hold every decision made here on its
+    /// slots before (takeovers while it was silent).
+    pub(super) fn release_to_restarted(&self, member: &str) -> Vec<Action> {
+        let _no_decisions = self.deciding.write();
+        let mut ownership = self.ownership.lock();
+        ownership.handle_restarted(member);
+        std::iter::from_fn(|| ownership.poll_action()).collect()
+    }
+
     /// A router for received region deltas, by the table in force at `now_ns` (their sender
     /// addressed them by its view of this region's ring, which lags an ownership move here):
     /// call it, and apply what it says, under the deciding gate ([`SlotOwnership::deciding`]),

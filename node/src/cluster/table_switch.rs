@@ -16,8 +16,9 @@ use super::slot_ownership::{Switched, compute_table, off_the_worker};
 
 impl Cluster {
     /// Applies `change` to the membership; when the owners changed, switches to the new slot
-    /// table and hands the buckets of every slot this node no longer owns to its new owner.
-    /// Returns the hand-off sends (already running).
+    /// table and hands the buckets of every slot this node no longer owns to its new owner;
+    /// releases to an owner heard from in a new life what it owns. Returns the hand-off sends
+    /// (already running).
     pub(super) fn update_table(
         &self,
         now_ns: u64,
@@ -35,10 +36,12 @@ impl Cluster {
             departed,
             first_of_region,
             region_version,
+            restarted_owners,
         } = self.members.change(change, &self.regions);
         let old = self.slots.table();
+        let mut sends = self.release_to_restarted(&restarted_owners, &old, now_ns);
         if old.epoch() == epoch {
-            return Vec::new();
+            return sends;
         }
         if first_of_region && self.slots.ownership().is_joining() {
             let actions = self.slots.no_one_to_join(now_ns);
@@ -56,7 +59,27 @@ impl Cluster {
         self.metrics.table_epoch.set(epoch as f64);
         self.members.publish_members();
         tracing::info!(epoch, owners = ?owners, gained, waiting, "slot table changed");
-        self.carry_out(actions, now_ns)
+        sends.extend(self.carry_out(actions, now_ns));
+        sends
+    }
+
+    /// Owners of this node's table heard from in a new life that was already joined: their
+    /// new lives wait for this node's release of their slots, which no switch here sends (the
+    /// table never lost them; see `Ownership::handle_restarted`). An owner new to the table is
+    /// released by the switch that takes it in.
+    fn release_to_restarted(
+        &self,
+        restarted: &[String],
+        table: &floodgate::cluster::SlotTable,
+        now_ns: u64,
+    ) -> Vec<tokio::task::JoinHandle<bool>> {
+        let mut sends = Vec::new();
+        for member in restarted.iter().filter(|m| table.contains(m)) {
+            tracing::info!(%member, "an owner restarted unseen: releasing its slots to its new life");
+            let actions = self.slots.release_to_restarted(member);
+            sends.extend(self.carry_out(actions, now_ns));
+        }
+        sends
     }
 
     /// Carries out the machine's actions: wakes checks waiting for the join, exports (once)

@@ -327,6 +327,29 @@ impl Ownership {
         old
     }
 
+    /// `member` of this node's table restarted, and its new life was first heard of already
+    /// joined (it learned the cluster from other members before its word reached this node):
+    /// the new life waits for this node's release of the slots it owns (a join expects one
+    /// from every member, or from their previous owner), and no switch here sends one, as
+    /// this table never lost the member. Queues that hand-off: the slots the table gives
+    /// `member`, with what this node holds of them (the replicas it keeps as their successor,
+    /// takeovers while the member was silent), which its new life would otherwise start
+    /// without. Nothing for this node, a member not in the table (a switch that takes it in
+    /// releases it), or while joining (this node owns nothing yet).
+    pub fn handle_restarted(&mut self, member: &str) {
+        if member == self.me || self.joining || !self.table.contains(member) {
+            return;
+        }
+        let slots = Self::owned_by(&self.table, member);
+        let id = self.fresh_handoff_id();
+        self.actions.push_back(Action::HandOff(HandOff {
+            to: member.to_owned(),
+            id,
+            slots,
+        }));
+        self.changes += 1;
+    }
+
     /// Every seed turned out to be this node: it is the first of its cluster, with nobody to
     /// wait for.
     pub fn handle_no_one_to_join(&mut self, now_ns: u64) {
@@ -839,6 +862,62 @@ mod tests {
             gained.iter().all(|&s| n1.decides(s, 40 * MS)),
             "the gained slots wait for n2, who has nothing to send"
         );
+    }
+
+    /// A member restarts and its new life joins before the other member hears of it: the
+    /// other's table never loses it, so no switch releases its slots, and the new life, whose
+    /// join waits for every member, answered `try_again` for all of them for the 5 s wait
+    /// (seen in `crash-restart` when the restart beat the other's news of it). The release
+    /// [`Ownership::handle_restarted`] queues ends that wait at once, with both versions of the
+    /// join protocol.
+    #[test]
+    fn a_member_restarted_and_joined_unseen_is_released_at_once() {
+        const MS: u64 = 1_000_000;
+        for releases in [true, false] {
+            let pair = table(5, &["a", "b"]);
+            let mut a = machine("a", pair.clone(), false);
+            let mut b = machine("b", table(0, &["b"]), true);
+            if releases {
+                a.handle_region_version(Feature::SettledJoins.since());
+                b.handle_region_version(Feature::SettledJoins.since());
+            }
+            // b's new life joins with the table a has had all along.
+            b.handle_table(0, table(3, &["a", "b"]), NO_ONE_LEFT);
+            let announced = actions(&mut b);
+            assert!(announced.contains(&Action::Joined));
+            let mine: Vec<u16> = (0..SLOTS as u16)
+                .filter(|&s| pair.owner(s) == Some("b"))
+                .collect();
+            assert!(
+                mine.iter().all(|&s| !b.decides(s, MS)),
+                "b waits for a (releases: {releases})"
+            );
+            assert!(
+                !mine.iter().any(|&s| b.decides(s, ALIVE_WAIT - MS)),
+                "for the alive wait, without a's release"
+            );
+
+            a.handle_restarted("b");
+            let released = actions(&mut a);
+            let [Action::HandOff(handoff)] = released.as_slice() else {
+                panic!("one release, not {released:?}");
+            };
+            assert_eq!((handoff.to.as_str(), &handoff.slots), ("b", &mine));
+            assert!(b.handle_handoff(2 * MS, "a", part(handoff.id, &handoff.slots)));
+            assert!(
+                mine.iter().all(|&s| b.decides(s, 2 * MS)),
+                "a's release ends b's wait (releases: {releases})"
+            );
+        }
+
+        // Nothing for a member the table does not name, for itself, or while joining.
+        let mut a = machine("a", table(1, &["a", "b"]), false);
+        a.handle_restarted("c");
+        a.handle_restarted("a");
+        assert!(actions(&mut a).is_empty());
+        let mut joining = machine("j", table(0, &["j"]), true);
+        joining.handle_restarted("b");
+        assert!(actions(&mut joining).is_empty());
     }
 
     /// A lone node that leaves knowing nobody keeps its buckets; when members turn up before

@@ -394,6 +394,9 @@ struct Running {
     known: BTreeMap<u16, u64>,
     /// With `switch_lag_ns`: when the membership's news reaches the table.
     switch_due: Option<u64>,
+    /// The incarnation each member was last seen in, as the node's driver keeps them: an owner
+    /// seen in a later one restarted, and is owed a release.
+    lives: BTreeMap<String, u64>,
 }
 
 impl Running {
@@ -441,6 +444,8 @@ pub struct SimReport {
     pub windows_seen: u64,
     pub table_switches: u64,
     pub handoffs_completed: u64,
+    /// Releases sent to an owner seen in a new life it joined before the sender heard of it.
+    pub restart_releases: u64,
     pub messages: u64,
     /// Every event of the run, in order, in one number (see [`TraceDigest`]).
     pub digest: u64,
@@ -570,6 +575,7 @@ impl Sim {
                 windows_seen: 0,
                 table_switches: 0,
                 handoffs_completed: 0,
+                restart_releases: 0,
                 messages: 0,
                 digest: 0,
                 newest_cluster_version: 0,
@@ -846,6 +852,7 @@ impl Sim {
             catching_up: Vec::new(),
             known: BTreeMap::new(),
             switch_due: None,
+            lives: BTreeMap::new(),
         });
         self.log(format!(
             "{id} starts (life {}, seeds {seeds:?})",
@@ -1053,8 +1060,42 @@ impl Sim {
         }
     }
 
+    /// As the node's driver does at every membership change: owners of the node's table seen
+    /// in a later life (already joined, so still owners) get the release their new life waits
+    /// for ([`Ownership::handle_restarted`]).
+    fn release_to_restarted(&mut self, index: usize) {
+        let Some(life) = self.nodes[index].life.as_mut() else {
+            return;
+        };
+        let owners = life.membership.owners();
+        let mut restarted = Vec::new();
+        for (info, _) in life.membership.members() {
+            let Some(incarnation) = life.membership.incarnation_of(&info.id) else {
+                continue;
+            };
+            let before = life.lives.insert(info.id.clone(), incarnation);
+            if before.is_some_and(|b| b < incarnation)
+                && owners.contains(&info.id)
+                && life.ownership.table().contains(&info.id)
+            {
+                restarted.push(info.id.clone());
+            }
+        }
+        if restarted.is_empty() {
+            return;
+        }
+        for member in &restarted {
+            life.ownership.handle_restarted(member);
+        }
+        self.report.restart_releases += restarted.len() as u64;
+        let id = self.nodes[index].id.clone();
+        self.log(format!("{id} releases to restarted owners {restarted:?}"));
+        self.carry_out(index);
+    }
+
     /// Switches a node's table when its membership moved owners, and carries out its actions.
     fn update_table(&mut self, index: usize) {
+        self.release_to_restarted(index);
         let now = self.now_ns;
         let (epoch, owners) = {
             let Some(life) = self.nodes[index].life.as_ref() else {
