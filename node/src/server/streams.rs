@@ -133,17 +133,19 @@ async fn write_answers(
         }
     }
     out.clear();
-    // A stream keeps the buffer for its next answers, but not one grown by a large answer
-    // (a slot table, a full batch's decisions): idle streams would each hold that much for good.
+    // A stream keeps the buffer for its next answers, but not one grown past what checks
+    // need by a rare large answer (a policy carries the rules text): idle streams would each
+    // hold that much for good.
     if out.capacity() > KEPT_ANSWER_CAPACITY {
         *out = Vec::new();
     }
     true
 }
 
-/// Most answer buffer a stream keeps between reads: room for the answers of ordinary check
-/// frames (a few hundred decisions), not for the rare large answer.
-const KEPT_ANSWER_CAPACITY: usize = 16 * 1024;
+/// Most answer buffer a stream keeps between reads: what a busy stream's check answers take
+/// (up to [`ANSWER_BYTES`] plus one full batch's decisions, about 130 KiB at 4,096 checks),
+/// rounded up as the buffer grows, so a busy stream never allocates it again.
+const KEPT_ANSWER_CAPACITY: usize = 4 * ANSWER_BYTES;
 
 /// Most answer bytes a stream holds before writing them (plus the one answer that passed it):
 /// a small frame can draw a large answer (a slot table, about 16 KiB, for a 16-byte request),
