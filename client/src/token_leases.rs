@@ -256,7 +256,16 @@ impl TokenLeases {
         let asked = self
             .ask(&refill.key, &refill.limit, refill.want, refill.returning)
             .await;
-        let unclaimed = {
+        let unclaimed = self.take_grant(&refill, asked);
+        if unclaimed > 0 {
+            self.spawn_return(refill.key, refill.limit, unclaimed);
+        }
+    }
+
+    /// Applies the owner's answer to `refill`; returns the tokens granted and not kept, to
+    /// give back.
+    fn take_grant(&self, refill: &Refill, asked: Result<Grant, String>) -> u64 {
+        {
             let mut shard = self.shard(&refill.key).lock();
             match (shard.get_mut(refill.key.as_slice()), asked) {
                 (Some(entry), Ok(grant)) if entry.limit == refill.limit => {
@@ -286,9 +295,6 @@ impl TokenLeases {
                 }
                 (None, Err(_)) => 0,
             }
-        };
-        if unclaimed > 0 {
-            self.spawn_return(refill.key, refill.limit, unclaimed);
         }
     }
 
@@ -479,6 +485,40 @@ mod tests {
         entry
             .allowance
             .granted(tokens, 0, now, leases.sizing.ttl_ns);
+    }
+
+    /// A faulty owner's grant of more than was asked for: the ask is kept, the rest is to be
+    /// given back, and only the ask is spent here.
+    #[tokio::test(start_paused = true)]
+    async fn a_grant_past_the_ask_keeps_the_ask_and_gives_the_rest_back() {
+        let leases = offline();
+        let check = Check::new("k", limit());
+        assert_eq!(leases.decide(&check), None, "nothing leased yet");
+        let now = leases.now_ns();
+        let refill = {
+            let mut shard = leases.shard(b"k").lock();
+            let entry = shard.get_mut(b"k".as_slice()).expect("the key is metered");
+            entry.allowance.start_refill(now);
+            Refill {
+                key: b"k".to_vec(),
+                limit: limit(),
+                want: 5,
+                returning: 0,
+                sent_at_ns: now,
+            }
+        };
+        let lying = Grant {
+            granted: 1_000_000,
+            remaining: 0,
+            retry_after_ns: 0,
+        };
+        assert_eq!(leases.take_grant(&refill, Ok(lying)), 1_000_000 - 5);
+        assert_eq!(leases.stats().held, 5);
+        assert_eq!(leases.stats().granted, 5);
+        for _ in 0..5 {
+            assert!(leases.decide(&check).unwrap().is_allowed());
+        }
+        assert_eq!(leases.decide(&check), None, "the ask is used up");
     }
 
     #[tokio::test(start_paused = true)]
