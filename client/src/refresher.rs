@@ -81,6 +81,8 @@ pub(crate) struct Refresher {
     /// Links to members that left the table, closed at their deadline: calls routed just before
     /// the table changed, and frames in flight, are still answered over them.
     retiring: Vec<(Instant, Discovered)>,
+    /// Most links in their grace at once ([`MAX_MEMBERS`]; fewer in tests).
+    max_retiring: usize,
     /// How long a departed member's link stays open.
     grace: Duration,
     /// The connection fetches go over, and its node.
@@ -110,6 +112,7 @@ impl Refresher {
             seeds,
             discovered: BTreeMap::new(),
             retiring: Vec::new(),
+            max_retiring: MAX_MEMBERS,
             grace,
             control: None,
             endpoint: None,
@@ -402,7 +405,7 @@ impl Refresher {
         }
         // A table names at most MAX_MEMBERS members; past as many links in their grace, the
         // oldest close at once, so tables that keep naming new members cannot pile links up.
-        let excess = self.retiring.len().saturating_sub(MAX_MEMBERS);
+        let excess = self.retiring.len().saturating_sub(self.max_retiring);
         if excess > 0 {
             self.retiring.sort_by_key(|(at, _)| *at);
             for (_, entry) in self.retiring.drain(..excess) {
@@ -593,6 +596,49 @@ mod tests {
         let eu_again = in_region(&["node-a", "node-b", "node-c"], "eu");
         refresher.apply(eu_again.clone());
         assert_eq!(routing.table().unwrap().version(), eu_again.version());
+    }
+
+    /// Tables that keep naming new members cannot pile up links in their grace: past the cap,
+    /// the oldest close at once.
+    #[tokio::test]
+    async fn links_in_their_grace_are_capped() {
+        let dir = tempfile::tempdir().unwrap();
+        let certs = floodgate_node::ensure_dev_certs(dir.path()).unwrap();
+        let mut config = ClientConfig::with_ca_file(&certs.ca);
+        config.connect_timeout = Duration::from_millis(50);
+        let quic = crate::tls::quinn_config(&config).unwrap();
+        let seed = Arc::new(NodeLink::new("127.0.0.1:7100".parse().unwrap(), &config));
+        let routing = Arc::new(Routing::new(vec![seed.clone()]));
+        let factory = LinkFactory {
+            quic,
+            settings: Arc::new(LinkSettings::new(&config)),
+            config,
+        };
+        let mut refresher = Refresher::new(routing.clone(), factory, vec![seed]);
+        refresher.max_retiring = 2;
+        // The seed and two members of their own each time, at ports of their own.
+        let table = |round: u16| {
+            let (a, b) = (format!("a{round}"), format!("b{round}"));
+            let mut table = message(&["seed", &a, &b]);
+            for (i, member) in table.members.iter_mut().enumerate().skip(1) {
+                member.addr = format!("127.0.0.1:{}", 8000 + 10 * round + i as u16);
+            }
+            ClusterTable::from_message(table).unwrap()
+        };
+        refresher.apply(table(1));
+        refresher.apply(table(2));
+        let first: Vec<_> = (refresher.retiring.iter())
+            .map(|(_, e)| e.stop.subscribe())
+            .collect();
+        assert_eq!(first.len(), 2, "round 1's links in their grace");
+        assert!(first.iter().all(|stop| !*stop.borrow()));
+        refresher.apply(table(3));
+        assert_eq!(refresher.retiring.len(), 2, "at the cap");
+        assert!(
+            first.iter().all(|stop| *stop.borrow()),
+            "round 1's links closed at once"
+        );
+        refresher.stop().await;
     }
 
     /// Links follow the table: one per member that owns slots, each key routed to its owner's;
