@@ -557,16 +557,13 @@ mod tests {
     use super::*;
     use crate::cluster_table::tests::message;
 
-    /// A client with no region routes by the first table's region and ignores another region's
-    /// tables from then on: each region places slots among its own nodes, so taking both would
-    /// flip one key between two owners.
-    #[tokio::test]
-    async fn a_client_with_no_region_keeps_the_first_tables_region() {
+    /// A refresher over one seed link at 127.0.0.1:7100 (nothing listens there), its routing,
+    /// and the directory of the certificates it trusts (to keep while the test runs).
+    fn offline_refresher() -> (Refresher, Arc<Routing>, tempfile::TempDir) {
         let dir = tempfile::tempdir().unwrap();
         let certs = floodgate_node::ensure_dev_certs(dir.path()).unwrap();
         let mut config = ClientConfig::with_ca_file(&certs.ca);
         config.connect_timeout = Duration::from_millis(50);
-        assert_eq!(config.region, None);
         let quic = crate::tls::quinn_config(&config).unwrap();
         let seed = Arc::new(NodeLink::new("127.0.0.1:7100".parse().unwrap(), &config));
         let routing = Arc::new(Routing::new(vec![seed.clone()]));
@@ -575,7 +572,20 @@ mod tests {
             settings: Arc::new(LinkSettings::new(&config)),
             config,
         };
-        let mut refresher = Refresher::new(routing.clone(), factory, vec![seed]);
+        (
+            Refresher::new(routing.clone(), factory, vec![seed]),
+            routing,
+            dir,
+        )
+    }
+
+    /// A client with no region routes by the first table's region and ignores another region's
+    /// tables from then on: each region places slots among its own nodes, so taking both would
+    /// flip one key between two owners.
+    #[tokio::test]
+    async fn a_client_with_no_region_keeps_the_first_tables_region() {
+        let (mut refresher, routing, _certs) = offline_refresher();
+        assert_eq!(refresher.factory.config.region, None);
         let in_region = |ids: &[&str], region: &str| {
             let mut table = message(ids);
             for member in &mut table.members {
@@ -602,19 +612,7 @@ mod tests {
     /// the oldest close at once.
     #[tokio::test]
     async fn links_in_their_grace_are_capped() {
-        let dir = tempfile::tempdir().unwrap();
-        let certs = floodgate_node::ensure_dev_certs(dir.path()).unwrap();
-        let mut config = ClientConfig::with_ca_file(&certs.ca);
-        config.connect_timeout = Duration::from_millis(50);
-        let quic = crate::tls::quinn_config(&config).unwrap();
-        let seed = Arc::new(NodeLink::new("127.0.0.1:7100".parse().unwrap(), &config));
-        let routing = Arc::new(Routing::new(vec![seed.clone()]));
-        let factory = LinkFactory {
-            quic,
-            settings: Arc::new(LinkSettings::new(&config)),
-            config,
-        };
-        let mut refresher = Refresher::new(routing.clone(), factory, vec![seed]);
+        let (mut refresher, _routing, _certs) = offline_refresher();
         refresher.max_retiring = 2;
         // The seed and two members of their own each time, at ports of their own.
         let table = |round: u16| {
@@ -645,19 +643,7 @@ mod tests {
     /// a departed member's link retires after a grace period, and comes back if it returns.
     #[tokio::test]
     async fn routes_follow_the_table() {
-        let dir = tempfile::tempdir().unwrap();
-        let certs = floodgate_node::ensure_dev_certs(dir.path()).unwrap();
-        let mut config = ClientConfig::with_ca_file(&certs.ca);
-        config.connect_timeout = Duration::from_millis(50);
-        let quic = crate::tls::quinn_config(&config).unwrap();
-        let seed = Arc::new(NodeLink::new("127.0.0.1:7100".parse().unwrap(), &config));
-        let routing = Arc::new(Routing::new(vec![seed.clone()]));
-        let factory = LinkFactory {
-            quic,
-            settings: Arc::new(LinkSettings::new(&config)),
-            config,
-        };
-        let mut refresher = Refresher::new(routing.clone(), factory, vec![seed]);
+        let (mut refresher, routing, _certs) = offline_refresher();
         assert!(routing.table().is_none());
         assert_eq!(
             routing.routes().route(b"any"),
