@@ -236,8 +236,11 @@ pub fn default_redis_cell_module() -> PathBuf {
     target.join("redis-cell").join("libredis_cell.so")
 }
 
-/// Starts redis-server with persistence off on a free port, loading `module` if given; returns
-/// once it answers.
+/// Starts redis-server on a free loopback port (with `module` loaded, if given); returns once
+/// it answers there. A port found free can be taken before the server binds it (by a test
+/// running beside this one, say): the server then exits while the other answers at the address,
+/// and calls made there fail once that one stops. So the start-up check asks whoever answers for
+/// its process id, and a server that could not bind is started again on another port.
 pub fn start_redis(module: Option<&Path>) -> anyhow::Result<Server> {
     if let Some(module) = module {
         anyhow::ensure!(
@@ -246,8 +249,25 @@ pub fn start_redis(module: Option<&Path>) -> anyhow::Result<Server> {
             module.display()
         );
     }
-    let port = free_port(false)?;
-    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    const ATTEMPTS: usize = 3;
+    for _ in 0..ATTEMPTS {
+        if let Some(server) = start_redis_on_a_free_port(module)? {
+            return Ok(server);
+        }
+    }
+    bail!("redis-server found its port taken {ATTEMPTS} times in a row")
+}
+
+/// One try of [`start_redis`]: the server, or `None` when another process took its port.
+fn start_redis_on_a_free_port(module: Option<&Path>) -> anyhow::Result<Option<Server>> {
+    let addr = SocketAddr::from(([127, 0, 0, 1], free_port(false)?));
+    start_redis_at(addr, module)
+}
+
+/// Starts redis-server at `addr`: the server once it answers there, or `None` when another
+/// process holds the address.
+fn start_redis_at(addr: SocketAddr, module: Option<&Path>) -> anyhow::Result<Option<Server>> {
+    let port = addr.port();
     let mut command = Command::new("redis-server");
     if let Some(module) = module {
         command.arg("--loadmodule").arg(module);
@@ -269,10 +289,18 @@ pub fn start_redis(module: Option<&Path>) -> anyhow::Result<Server> {
         .stderr(Stdio::null())
         .spawn()
         .context("redis-server is not on PATH: install it with `apt-get install redis-server`")?;
+    let pid = child.id();
     let mut server = Server::new(addr, child);
     let deadline = Instant::now() + Duration::from_secs(10);
-    while TcpStream::connect_timeout(&addr, Duration::from_millis(100)).is_err() {
+    loop {
+        let answering = redis_process_id(addr);
+        if answering == Some(pid) {
+            return Ok(Some(server));
+        }
         if let Some(status) = server.child.try_wait()? {
+            if answering.is_some() {
+                return Ok(None);
+            }
             bail!(
                 "redis-server exited during start-up ({status}){}",
                 module.map_or(String::new(), |m| format!(
@@ -282,9 +310,57 @@ pub fn start_redis(module: Option<&Path>) -> anyhow::Result<Server> {
             );
         }
         if Instant::now() > deadline {
-            bail!("redis-server did not listen on {addr} within 10 s");
+            bail!("redis-server did not answer on {addr} within 10 s");
         }
         std::thread::sleep(Duration::from_millis(20));
     }
-    Ok(server)
+}
+
+/// The process id of the Redis answering at `addr` (`INFO server`), if one does.
+fn redis_process_id(addr: SocketAddr) -> Option<u32> {
+    use std::io::{Read, Write};
+    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_millis(100)).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(1))).ok()?;
+    stream.write_all(b"INFO server\r\n").ok()?;
+    let mut text = Vec::new();
+    let mut buf = [0u8; 4096];
+    // The section is a few KiB; its process id is near the top.
+    while text.len() < 64 * 1024 {
+        let n = stream.read(&mut buf).ok()?;
+        if n == 0 {
+            break;
+        }
+        text.extend_from_slice(&buf[..n]);
+        // Whole lines only: a read may end inside the number.
+        let whole = &text[..text.iter().rposition(|b| *b == b'\n').unwrap_or(0)];
+        let found = String::from_utf8_lossy(whole)
+            .lines()
+            .find_map(|line| line.strip_prefix("process_id:")?.trim().parse().ok());
+        if found.is_some() {
+            return found;
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A port taken by another Redis between the pick and the start is not mistaken for ours:
+    /// the start reports it taken (it was taken as its own, and calls failed once the other
+    /// stopped). Skipped without redis-server.
+    #[test]
+    fn a_port_another_redis_holds_is_reported_taken() {
+        let other = match start_redis(None) {
+            Ok(server) => server,
+            Err(e) => {
+                eprintln!("skipped: {e:#}");
+                return;
+            }
+        };
+        let started = start_redis_at(other.addr, None).unwrap();
+        assert!(started.is_none(), "took the other Redis for its own");
+        assert_eq!(redis_process_id(other.addr), Some(other.child.id()));
+    }
 }
