@@ -513,6 +513,70 @@ async fn with_rlqs_tls_the_stream_is_served_over_the_node_certificate() {
     node.node.node.shutdown().await;
 }
 
+/// `--rlqs-client-auth`: only an Envoy presenting a certificate of the client CA gets a
+/// stream; none, or another CA's, is refused in the handshake (the listener's own, since it
+/// does TLS itself).
+#[tokio::test]
+async fn with_rlqs_client_auth_only_envoys_with_a_client_certificate_get_a_stream() {
+    const WAIT: Duration = Duration::from_secs(10);
+    use tonic::transport::Identity;
+    let dir = tempfile::tempdir().unwrap();
+    let config_file = dir.path().join("config.yaml");
+    std::fs::write(&config_file, CONFIG).unwrap();
+    let node = start_node(|c| {
+        // The development client CA, beside the node certificate.
+        c.tls.client_ca = Some(c.tls.cert.with_file_name("client-ca.pem"));
+        c.rls = Some(rls_settings(config_file));
+        c.rlqs = Some(RlqsSettings {
+            tls: true,
+            client_auth: true,
+            ..RlqsSettings::new("127.0.0.1:0".parse().unwrap())
+        });
+    })
+    .await;
+    let url = format!("https://{}", node.node.rlqs_addr().unwrap());
+    let minute = bucket(&[("name", "minute")]);
+    let certs = &node.certs;
+    let report = |identity: Option<Identity>| {
+        let (url, minute) = (url.clone(), minute.clone());
+        async move {
+            let channel = tls_channel(&url, certs, identity).await?;
+            let mut client = RateLimitQuotaServiceClient::new(channel);
+            let (reports_in, receiver) = mpsc::channel(4);
+            reports_in
+                .send(reports("edge", vec![usage(minute.clone(), 1, 0, 0)]))
+                .await
+                .unwrap();
+            let opened = client.stream_rate_limit_quotas(ReceiverStream::new(receiver));
+            let mut answers = tokio::time::timeout(WAIT, opened)
+                .await
+                .expect("the listener answers or refuses in time")
+                .map_err(|e| e.to_string())?
+                .into_inner();
+            let answer = tokio::time::timeout(WAIT, answers.message())
+                .await
+                .expect("an answer or an error in time")
+                .map_err(|e| e.to_string())?
+                .ok_or("the stream ended")?;
+            drop(reports_in);
+            Ok::<_, String>(tokens(&answer, &minute))
+        }
+    };
+    let without = report(None).await;
+    assert!(
+        without.is_err(),
+        "a stream without a client certificate: {without:?}"
+    );
+    let other_ca = report(Some(identity(&certs.node_cert, &certs.node_key))).await;
+    assert!(
+        other_ca.is_err(),
+        "a stream with another CA's certificate: {other_ca:?}"
+    );
+    let client = identity(&certs.client_cert, &certs.client_key);
+    assert_eq!(report(Some(client)).await, Ok(599));
+    node.node.shutdown().await;
+}
+
 #[tokio::test]
 async fn rlqs_client_auth_without_tls_or_a_client_ca_stops_the_start() {
     for (tls, expected) in [

@@ -755,7 +755,7 @@ async fn with_rls_tls_the_service_presents_the_node_certificate() {
 /// no answer.
 #[tokio::test]
 async fn with_rls_client_auth_only_callers_with_a_client_certificate_are_answered() {
-    use tonic::transport::{Certificate, ClientTlsConfig, Identity};
+    use tonic::transport::Identity;
     let dir = tempfile::tempdir().unwrap();
     let config_file = dir.path().join("config.yaml");
     std::fs::write(&config_file, CONFIG).unwrap();
@@ -770,24 +770,11 @@ async fn with_rls_client_auth_only_callers_with_a_client_certificate_are_answere
     });
     let node = floodgate_node::Node::start(config).await.unwrap();
     let url = format!("https://{}", node.rls_addr().unwrap());
-    let ca = std::fs::read(&certs.ca).unwrap();
     let call = || request(vec![descriptor(&[("generic_key", "three")])]);
     let answered = |identity: Option<Identity>| {
-        let mut tls = ClientTlsConfig::new()
-            .ca_certificate(Certificate::from_pem(&ca))
-            .domain_name("localhost");
-        if let Some(identity) = identity {
-            tls = tls.identity(identity);
-        }
-        let url = url.clone();
+        let (url, certs) = (url.clone(), &certs);
         async move {
-            let channel = Channel::from_shared(url)
-                .unwrap()
-                .tls_config(tls)
-                .unwrap()
-                .connect()
-                .await
-                .map_err(|e| e.to_string())?;
+            let channel = tls_channel(&url, certs, identity).await?;
             let mut client = RateLimitServiceClient::new(channel);
             tokio::time::timeout(Duration::from_secs(10), client.should_rate_limit(call()))
                 .await
@@ -801,20 +788,14 @@ async fn with_rls_client_auth_only_callers_with_a_client_certificate_are_answere
         without.is_err(),
         "answered without a client certificate: {without:?}"
     );
-    let node_identity = Identity::from_pem(
-        std::fs::read(&certs.node_cert).unwrap(),
-        std::fs::read(&certs.node_key).unwrap(),
-    );
-    let other_ca = answered(Some(node_identity)).await;
+    let other_ca = answered(Some(identity(&certs.node_cert, &certs.node_key))).await;
     assert!(
         other_ca.is_err(),
         "answered a certificate of another CA: {other_ca:?}"
     );
-    let client_identity = Identity::from_pem(
-        std::fs::read(&certs.client_cert).unwrap(),
-        std::fs::read(&certs.client_key).unwrap(),
-    );
-    let answer = answered(Some(client_identity)).await.unwrap();
+    let answer = answered(Some(identity(&certs.client_cert, &certs.client_key)))
+        .await
+        .unwrap();
     // The refused calls counted nothing: this is the key's first unit.
     assert_eq!((answer.overall_code, remaining(&answer)), (OK, vec![2]));
     node.shutdown().await;

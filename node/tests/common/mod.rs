@@ -493,3 +493,33 @@ pub fn rls_settings(config: std::path::PathBuf) -> floodgate_node::rls::RlsSetti
         allow_negative_hits: false,
     }
 }
+
+/// A gRPC channel over TLS to `url` (`https://ADDR`), trusting the development CA `certs.ca`
+/// for the name `localhost`, presenting `identity` (a certificate and key) when given; the
+/// connection's error as text.
+pub async fn tls_channel(
+    url: &str,
+    certs: &DevCerts,
+    identity: Option<tonic::transport::Identity>,
+) -> Result<tonic::transport::Channel, String> {
+    use tonic::transport::{Certificate, Channel, ClientTlsConfig};
+    let ca = std::fs::read(&certs.ca).unwrap();
+    let mut tls = ClientTlsConfig::new()
+        .ca_certificate(Certificate::from_pem(ca))
+        .domain_name("localhost");
+    if let Some(identity) = identity {
+        tls = tls.identity(identity);
+    }
+    Channel::from_shared(url.to_owned())
+        .unwrap()
+        .tls_config(tls)
+        .unwrap()
+        .connect()
+        .await
+        .map_err(|e| e.to_string())
+}
+
+/// The identity (certificate and key) of `cert` and `key`, PEM files.
+pub fn identity(cert: &std::path::Path, key: &std::path::Path) -> tonic::transport::Identity {
+    tonic::transport::Identity::from_pem(std::fs::read(cert).unwrap(), std::fs::read(key).unwrap())
+}
