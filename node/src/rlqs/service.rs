@@ -771,12 +771,12 @@ fn blanket(ttl: Option<PbDuration>, rule: BlanketRule) -> bucket_action::BucketA
     })
 }
 
-/// A bucket: the domain and the `BucketId`'s entries, sorted by key.
 /// The bytes of a bucket id's keys and values: what `max_bucket_id_bytes` bounds.
 fn id_bytes<'a>(entries: impl Iterator<Item = (&'a String, &'a String)>) -> usize {
     entries.map(|(k, v)| k.len() + v.len()).sum()
 }
 
+/// A bucket: the domain and the `BucketId`'s entries, sorted by key.
 fn key_of(domain: &str, id: &BucketId) -> BucketKey {
     let mut sorted: Vec<(String, String)> = id
         .bucket

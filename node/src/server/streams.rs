@@ -32,7 +32,7 @@ pub(super) struct Answering {
 }
 
 /// Serves one long-lived stream: reads whatever bytes arrive, answers every complete frame, and
-/// writes all answers of one read at once.
+/// writes the answers of one read [`ANSWER_BYTES`] at a time before reading more.
 pub(super) async fn serve_stream(
     mut send: quinn::SendStream,
     mut recv: quinn::RecvStream,
