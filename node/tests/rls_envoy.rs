@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use common::envoy::{Envoy, envoy_binary, free_port, upstream_with_header};
 use floodgate::rls::Unit;
-use floodgate_node::{Node, NodeConfig, ensure_dev_certs};
+use floodgate_node::{DevCerts, Node, NodeConfig, ensure_dev_certs};
 
 /// A fixed window (the RLS default) of an hour: the node's clock reads at the half hour (see
 /// [`start`]), so no window turns over while a test runs.
@@ -33,21 +33,36 @@ const PER_CLIENT_ROUTE: &str = r#"                          route:
                               - actions:
                                   - request_headers: {header_name: x-client, descriptor_key: client}"#;
 
-/// Envoy listening on `listen` in front of `upstream`, asking floodgate's RLS on `rls` for
-/// `route` (the route's part after its match), with `filters` before the rate limit filter;
-/// over TLS trusting `rls_ca`, when given, with Envoy's default TLS parameters (an upstream's
-/// TLS is at most 1.2 unless configured otherwise).
-fn envoy_config(
-    listen: u16,
-    upstream: u16,
-    (rls, rls_ca): (u16, Option<&std::path::Path>),
-    admin: u16,
-    route: &str,
-    filters: &str,
-) -> String {
-    let tls = rls_ca.map_or_else(String::new, |ca| {
+/// How Envoy reaches the RLS front: in the clear, over TLS, or over TLS presenting a client
+/// certificate (`--rls-client-auth`).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum RlsTls {
+    Plain,
+    Tls,
+    ClientAuth,
+}
+
+/// Envoy's `transport_socket` toward the RLS front for `tls` (none in the clear): trusting the
+/// dev CA, presenting the dev client certificate with [`RlsTls::ClientAuth`], with Envoy's
+/// default TLS parameters (an upstream's TLS is at most 1.2 unless configured otherwise).
+fn envoy_tls(tls: RlsTls, certs: &DevCerts) -> String {
+    if tls == RlsTls::Plain {
+        return String::new();
+    }
+    let certificate = if tls == RlsTls::ClientAuth {
         format!(
             r#"
+            tls_certificates:
+              - certificate_chain: {{filename: "{}"}}
+                private_key: {{filename: "{}"}}"#,
+            certs.client_cert.display(),
+            certs.client_key.display()
+        )
+    } else {
+        String::new()
+    };
+    format!(
+        r#"
       transport_socket:
         name: envoy.transport_sockets.tls
         typed_config:
@@ -55,10 +70,22 @@ fn envoy_config(
           sni: localhost
           common_tls_context:
             alpn_protocols: ["h2"]
-            validation_context: {{trusted_ca: {{filename: "{}"}}}}"#,
-            ca.display()
-        )
-    });
+            validation_context: {{trusted_ca: {{filename: "{}"}}}}{certificate}"#,
+        certs.ca.display()
+    )
+}
+
+/// Envoy listening on `listen` in front of `upstream`, asking floodgate's RLS on `rls` for
+/// `route` (the route's part after its match), with `filters` before the rate limit filter;
+/// `tls` is the RLS cluster's transport socket ([`envoy_tls`]).
+fn envoy_config(
+    listen: u16,
+    upstream: u16,
+    (rls, tls): (u16, String),
+    admin: u16,
+    route: &str,
+    filters: &str,
+) -> String {
     format!(
         r#"
 static_resources:
@@ -143,12 +170,14 @@ fn curl_with(port: u16, header: &str) -> (u16, Vec<(String, String)>) {
     (status, headers)
 }
 
-/// A node serving `rls_config` on its RLS listener (over TLS with `rls_tls`), an upstream
+/// A node serving `rls_config` on its RLS listener (as `tls` says), an upstream
 /// (answering `upstream_header`), and a real Envoy in front of both configured with `route` and
-/// `filters` (see [`envoy_config`]); returns Envoy's listening port.
+/// `filters` (see [`envoy_config`]), listening on `listen`.
 struct Stack {
     node: Node,
     listen: u16,
+    upstream: u16,
+    certs: DevCerts,
     _envoy: Envoy,
     _dir: tempfile::TempDir,
 }
@@ -158,9 +187,8 @@ async fn start(
     upstream_header: (&'static str, &'static str),
     route: &str,
     filters: &str,
-    rls_tls: bool,
+    tls: RlsTls,
 ) -> Stack {
-    let envoy = envoy_binary();
     let dir = tempfile::tempdir().unwrap();
     let rls_file = dir.path().join("ratelimit.yaml");
     std::fs::write(&rls_file, rls_config).unwrap();
@@ -171,19 +199,39 @@ async fn start(
     // window turning over between a test's requests would admit a key's limit again, failing its
     // exact counts. Half an hour is far more than Envoy's start and a test's requests take.
     config.test_only_clock_skew_ns = common::mid_window_skew_ns(Unit::Hour.period_ns());
+    if tls == RlsTls::ClientAuth {
+        config.tls.client_ca = Some(certs.client_ca.clone());
+    }
     config.rls = Some(floodgate_node::rls::RlsSettings {
-        tls: rls_tls,
+        tls: tls != RlsTls::Plain,
+        client_auth: tls == RlsTls::ClientAuth,
         ..common::rls_settings(rls_file)
     });
     let node = Node::start(config).await.unwrap();
     let upstream = upstream_with_header(upstream_header.0, upstream_header.1).await;
-    let (listen, admin) = (free_port(), free_port());
-    let envoy_yaml = dir.path().join("envoy.yaml");
     let rls_port = node.rls_addr().unwrap().port();
-    let rls = (rls_port, rls_tls.then_some(certs.ca.as_path()));
-    let yaml = envoy_config(listen, upstream, rls, admin, route, filters);
-    std::fs::write(&envoy_yaml, yaml).unwrap();
-    let mut child = Command::new(envoy)
+    let yaml = |listen, admin| {
+        let rls = (rls_port, envoy_tls(tls, &certs));
+        envoy_config(listen, upstream, rls, admin, route, filters)
+    };
+    let (envoy, listen) = start_envoy(dir.path(), yaml);
+    Stack {
+        node,
+        listen,
+        upstream,
+        certs,
+        _envoy: envoy,
+        _dir: dir,
+    }
+}
+
+/// A real Envoy running the configuration `yaml` makes for its listening and admin ports
+/// (written into `dir`); returns it with its listening port once its workers run.
+fn start_envoy(dir: &std::path::Path, yaml: impl FnOnce(u16, u16) -> String) -> (Envoy, u16) {
+    let (listen, admin) = (free_port(), free_port());
+    let envoy_yaml = dir.join(format!("envoy-{listen}.yaml"));
+    std::fs::write(&envoy_yaml, yaml(listen, admin)).unwrap();
+    let mut child = Command::new(envoy_binary())
         .arg("-c")
         .arg(&envoy_yaml)
         .args(["--log-level", "info", "--base-id"])
@@ -209,18 +257,20 @@ async fn start(
         running.recv_timeout(Duration::from_secs(30)).is_ok(),
         "Envoy did not start within 30 s"
     );
-    Stack {
-        node,
-        listen,
-        _envoy: envoy,
-        _dir: dir,
-    }
+    (envoy, listen)
 }
 
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "starts a real Envoy; run with `make envoy-test`"]
 async fn envoy_returns_429_on_the_fourth_request_of_three_an_hour() {
-    let stack = start(RLS_CONFIG, ("x-upstream", "1"), PER_CLIENT_ROUTE, "", false).await;
+    let stack = start(
+        RLS_CONFIG,
+        ("x-upstream", "1"),
+        PER_CLIENT_ROUTE,
+        "",
+        RlsTls::Plain,
+    )
+    .await;
     the_fourth_request_of_three_is_refused(&stack).await;
     stack.node.shutdown().await;
 }
@@ -230,7 +280,43 @@ async fn envoy_returns_429_on_the_fourth_request_of_three_an_hour() {
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "starts a real Envoy; run with `make envoy-test`"]
 async fn envoy_at_its_default_tls_versions_is_served_by_the_rls_front_over_tls() {
-    let stack = start(RLS_CONFIG, ("x-upstream", "1"), PER_CLIENT_ROUTE, "", true).await;
+    let stack = start(
+        RLS_CONFIG,
+        ("x-upstream", "1"),
+        PER_CLIENT_ROUTE,
+        "",
+        RlsTls::Tls,
+    )
+    .await;
+    the_fourth_request_of_three_is_refused(&stack).await;
+    stack.node.shutdown().await;
+}
+
+/// With `--rls-client-auth`: a second Envoy, over TLS without a client certificate, gets no
+/// answer (its filter fails closed: 500) and charges nothing; the first, presenting the client
+/// CA's certificate (its `tls_certificates`) at its default TLS versions, is served.
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "starts a real Envoy; run with `make envoy-test`"]
+async fn under_rls_client_auth_only_an_envoy_presenting_a_client_certificate_is_served() {
+    let stack = start(
+        RLS_CONFIG,
+        ("x-upstream", "1"),
+        PER_CLIENT_ROUTE,
+        "",
+        RlsTls::ClientAuth,
+    )
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let rls_port = stack.node.rls_addr().unwrap().port();
+    let (_certless, certless) = start_envoy(dir.path(), |listen, admin| {
+        let rls = (rls_port, envoy_tls(RlsTls::Tls, &stack.certs));
+        envoy_config(listen, stack.upstream, rls, admin, PER_CLIENT_ROUTE, "")
+    });
+    let statuses: Vec<u16> =
+        tokio::task::spawn_blocking(move || (0..2).map(|_| curl(certless, "client-1").0).collect())
+            .await
+            .unwrap();
+    assert_eq!(statuses, vec![500, 500], "an Envoy without a certificate");
     the_fourth_request_of_three_is_refused(&stack).await;
     stack.node.shutdown().await;
 }
@@ -323,7 +409,7 @@ async fn envoy_charges_the_tokens_a_response_reports_after_the_stream() {
             ("x-usage-tokens", "40"),
             &metered_route(hits),
             filters,
-            false,
+            RlsTls::Plain,
         )
         .await;
         charges_past_the_limit_then_refuses(&stack).await;
