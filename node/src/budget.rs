@@ -1,8 +1,10 @@
 //! The node-wide budget for bytes buffered from streams: every stream reserves what it holds from
-//! one shared count, so all connections together never buffer more than `--max-buffered-bytes`.
+//! one shared count, its partial frames and its answers not yet written, so all connections
+//! together buffer at most `--max-buffered-bytes`, but for answers of checks already decided
+//! (counted, past it, until written: nothing else grows meanwhile).
 //!
-//! Accounting is one atomic update per read (not per frame), and a reservation gives its bytes
-//! back when dropped, however its stream ends.
+//! Accounting is one atomic update per read (not per frame) and per growth of an answer buffer,
+//! and a reservation gives its bytes back when dropped, however its stream ends.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -100,6 +102,21 @@ impl Reservation<'_> {
     pub(crate) fn held(&self) -> usize {
         self.held
     }
+
+    /// Holds exactly `bytes`, past the ceiling if need be: for bytes the node already holds and
+    /// must count (an answer of checks already decided), so that other holdings see them.
+    fn hold(&mut self, bytes: usize) {
+        if bytes <= self.held {
+            // Shrinking cannot fail.
+            let _ = self.resize(bytes, false);
+            return;
+        }
+        let budget = self.budget;
+        let grow = bytes - self.held;
+        let before = budget.used.fetch_add(grow, Ordering::Relaxed);
+        budget.peak.fetch_max(before + grow, Ordering::Relaxed);
+        self.held = bytes;
+    }
 }
 
 impl Drop for Reservation<'_> {
@@ -168,6 +185,95 @@ impl<'a> BudgetedReader<'a> {
     }
 }
 
+/// A stream's answers, held from when they are encoded until they are written, and counted in
+/// the budget by the room their buffer takes: a small request can draw a large answer (the rules
+/// text, up to 1 MiB, for a policy request of a few bytes), and a caller that stops reading keeps
+/// it held until the write times out.
+#[derive(Debug)]
+pub(crate) struct BudgetedAnswers<'a> {
+    bytes: Vec<u8>,
+    reservation: Reservation<'a>,
+    privileged: bool,
+}
+
+/// Whether the budget took an answer (see [`BudgetedAnswers::count`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Counted {
+    Fits,
+    /// Counted past the budget: the answer decided something, so it is kept and written.
+    Kept,
+    /// Taken back: answering it changed nothing, and the budget could not take it.
+    Undone,
+}
+
+impl<'a> BudgetedAnswers<'a> {
+    /// Answers of a stream whose holdings may use the whole budget with `privileged` (a peer's).
+    pub(crate) fn new(budget: &'a BufferBudget, privileged: bool) -> Self {
+        BudgetedAnswers {
+            bytes: Vec::new(),
+            reservation: budget.reservation(),
+            privileged,
+        }
+    }
+
+    /// The buffer answers are encoded into; [`count`](Self::count) after each.
+    pub(crate) fn out(&mut self) -> &mut Vec<u8> {
+        &mut self.bytes
+    }
+
+    pub(crate) fn bytes(&self) -> &[u8] {
+        &self.bytes
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.bytes.len()
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.bytes.is_empty()
+    }
+
+    /// Counts the buffer after an answer was encoded from `before` (its length then). When the
+    /// budget cannot take it, an `undoable` answer (a copy of state, that decided nothing) is
+    /// taken back, the buffer given back to what was counted; any other is kept, counted past
+    /// the ceiling until written.
+    pub(crate) fn count(&mut self, before: usize, undoable: bool) -> Counted {
+        let room = self.bytes.capacity();
+        // Most answers fit the room the buffer already had: no update of the shared count.
+        if room <= self.reservation.held() {
+            return Counted::Fits;
+        }
+        if self.reservation.resize(room, self.privileged).is_ok() {
+            return Counted::Fits;
+        }
+        if undoable {
+            self.bytes.truncate(before);
+            self.bytes.shrink_to(self.reservation.held());
+            self.reservation.hold(self.bytes.capacity());
+            return Counted::Undone;
+        }
+        self.reservation.hold(room);
+        Counted::Kept
+    }
+
+    /// After the answers were written: empties the buffer, keeping its room for the next answers
+    /// unless that is more than `keep` bytes (idle streams would each hold a rare large answer's
+    /// room for good), or more than a small holding while the budget is over half used (the
+    /// room idle streams keep would crowd out the frames of busy ones), and counts what it keeps.
+    pub(crate) fn written(&mut self, keep: usize) {
+        self.bytes.clear();
+        let room = self.bytes.capacity();
+        let budget = self.reservation.budget;
+        if room > keep || (room > SMALL_BYTES && budget.used() > budget.limit() / 2) {
+            self.bytes = Vec::new();
+        }
+        // Shrinking cannot fail.
+        let _ = self
+            .reservation
+            .resize(self.bytes.capacity(), self.privileged);
+    }
+}
+
 /// Reads a whole one-way message of at most `readable` bytes (counting `header`, the bytes
 /// already read from it) into a reader of frames up to `max_frame_bytes`, reserving its bytes
 /// from the budget as they arrive. `Err(None)` when the stream failed or was longer than
@@ -225,6 +331,66 @@ mod tests {
         drop(b);
         assert_eq!(budget.used(), 0);
         assert_eq!(budget.peak(), 64 * 1024);
+    }
+
+    #[test]
+    fn answers_are_counted_by_their_room_and_undone_or_kept_past_the_budget() {
+        let budget = BufferBudget::new(64 * 1024);
+        let mut reader = budget.reservation();
+        assert_eq!(reader.resize(40 * 1024, false), Ok(()));
+        let mut answers = BudgetedAnswers::new(&budget, false);
+        answers.out().extend_from_slice(&[1; 8 * 1024]);
+        assert_eq!(answers.count(0, true), Counted::Fits);
+        let room = answers.out().capacity();
+        assert_eq!(budget.used(), 40 * 1024 + room);
+        // A copy that would pass seven eighths is taken back, the room to what was counted.
+        let before = answers.len();
+        answers.out().extend_from_slice(&[2; 16 * 1024]);
+        assert_eq!(answers.count(before, true), Counted::Undone);
+        assert_eq!(answers.bytes(), &[1; 8 * 1024][..]);
+        assert_eq!(budget.used(), 40 * 1024 + answers.out().capacity());
+        assert!(budget.used() <= 64 * 1024);
+        // An answer that decided something is kept and counted, past the ceiling.
+        answers.out().extend_from_slice(&[3; 16 * 1024]);
+        assert_eq!(answers.count(before, false), Counted::Kept);
+        assert_eq!(answers.len(), 24 * 1024);
+        assert_eq!(budget.used(), 40 * 1024 + answers.out().capacity());
+        assert!(budget.used() > 56 * 1024);
+        // Nothing else grows meanwhile, a small holding neither.
+        let mut small = budget.reservation();
+        assert_eq!(small.resize(16 * 1024, false), Err(OverBudget));
+        // Written: room past `keep` is let go; room within it is kept, and counted.
+        answers.written(32 * 1024);
+        assert_eq!(answers.out().capacity(), 0);
+        assert_eq!(budget.used(), 40 * 1024);
+        answers.out().extend_from_slice(&[4; 100]);
+        assert_eq!(answers.count(0, false), Counted::Fits);
+        answers.written(32 * 1024);
+        assert!(answers.out().capacity() >= 100);
+        assert_eq!(budget.used(), 40 * 1024 + answers.out().capacity());
+        drop(answers);
+        assert_eq!(budget.used(), 40 * 1024);
+        // More than a small holding's room is kept only while the budget is under half used.
+        assert_eq!(reader.resize(24 * 1024, false), Ok(()));
+        let mut answers = BudgetedAnswers::new(&budget, false);
+        answers.out().extend_from_slice(&[5; 20 * 1024]);
+        assert_eq!(answers.count(0, false), Counted::Fits);
+        answers.written(32 * 1024);
+        assert_eq!(
+            answers.out().capacity(),
+            0,
+            "kept with the budget over half used"
+        );
+        drop(reader);
+        answers.out().extend_from_slice(&[5; 20 * 1024]);
+        assert_eq!(answers.count(0, false), Counted::Fits);
+        answers.written(32 * 1024);
+        assert!(
+            answers.out().capacity() >= 20 * 1024,
+            "let go with the budget under half used"
+        );
+        drop(answers);
+        assert_eq!(budget.used(), 0);
     }
 
     #[test]

@@ -66,8 +66,9 @@ pub struct NodeLimits {
     /// Most concurrent peer connections (a certificate from the cluster CA), counted apart
     /// from clients so a flood of clients cannot cut the node off from gossip.
     pub max_peer_connections: usize,
-    /// Most bytes buffered from all streams of all connections together (partial frames and
-    /// peer messages); a stream that would go over is closed with `overloaded`.
+    /// Most bytes buffered for all streams of all connections together (partial frames, peer
+    /// messages, answers not yet written); a stream whose frames would go over is closed with
+    /// `overloaded`, a table or the rules whose answer would is answered `overloaded`.
     pub max_buffered_bytes: usize,
     /// Most concurrent streams per connection (QUIC flow control enforces it).
     pub max_streams_per_connection: u32,

@@ -70,7 +70,8 @@ struct Flags {
     /// Most concurrent peer connections, counted apart from clients.
     #[arg(long, default_value_t = NodeLimits::default().max_peer_connections)]
     max_peer_connections: usize,
-    /// Most bytes buffered from all streams together (partial frames, peer messages).
+    /// Most bytes buffered for all streams together (partial frames, peer messages, answers
+    /// not yet written).
     #[arg(long, default_value_t = NodeLimits::default().max_buffered_bytes)]
     max_buffered_bytes: usize,
     /// Most concurrency leases held at once (all keys, replicas included); beyond it an

@@ -1,15 +1,20 @@
 //! Node-wide bounds: all streams together buffer at most `max_buffered_bytes` (a stream that
-//! would pass it is closed with `overloaded`) while small checks keep being answered, and peers
+//! would pass it is closed with `overloaded`, a table or the rules it could not hold as answers
+//! are refused as `overloaded`) while small checks keep being answered, and peers
 //! have their own connection allowance, so clients at their limit cannot keep a peer out.
 //! Waits are on answers and table changes, bounded by timeouts.
 
 mod common;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
 use floodgate::cluster::MembershipConfig;
-use floodgate::wire::{ErrorCode, FrameKind, encode_frame};
+use floodgate::wire::{
+    ErrorCode, FrameKind, FrameReader, PolicyRequest, decode_policy_message, encode_frame,
+    encode_message,
+};
 use floodgate_node::{Node, NodeConfig};
 
 const WAIT: Duration = Duration::from_secs(10);
@@ -82,6 +87,98 @@ async fn many_partial_large_frames_stay_within_the_buffer_budget() {
     let newcomer = connect(addr, client_config(&node.certs, false)).await;
     witness_check(&newcomer, 997).await;
     drop(open);
+    node.node.shutdown().await;
+}
+
+/// A small request can draw a large answer (the rules text for a policy request of a few
+/// bytes), held until its caller takes it: answers count against the budget. A caller whose
+/// receive window takes 4 KiB asks for 120 KiB of rules and reads 1 KiB of it, so the node holds
+/// the rest; the same ask on a second stream would pass what large holdings may take (seven
+/// eighths of 256 KiB) and is refused as `overloaded`, while checks are answered. Once the first
+/// answer is taken whole, its bytes are given back and the rules are sent again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn answers_not_yet_taken_count_against_the_buffer_budget() {
+    const BUDGET: usize = 256 * 1024;
+    const RULES_BYTES: usize = 120 * 1024;
+    let dir = tempfile::tempdir().unwrap();
+    let rules_file = dir.path().join("rules.yaml");
+    let mut rules = "rules:\n  - name: a\n    path: /**\n    key: ip\n    limit: 5/s\n".to_owned();
+    while rules.len() < RULES_BYTES {
+        rules.push_str("# a comment the rules' text carries to every client that asks\n");
+    }
+    std::fs::write(&rules_file, &rules).unwrap();
+    let node = start_node(|c| {
+        c.limits.max_frame_bytes = 64 * 1024;
+        c.limits.max_buffered_bytes = BUDGET;
+        // The held answer stays held for the whole test.
+        c.limits.write_timeout = Duration::from_secs(600);
+        c.rules = Some(rules_file.clone());
+    })
+    .await;
+    let addr = node.node.local_addr();
+    let ask = |id| {
+        let mut frame = Vec::new();
+        let request = PolicyRequest {
+            version: String::new(),
+        };
+        encode_message(&mut frame, FrameKind::PolicyRequest, id, &request);
+        frame
+    };
+    let mut config = client_config(&node.certs, false);
+    let mut transport = quinn::TransportConfig::default();
+    transport.stream_receive_window(quinn::VarInt::from_u32(4 * 1024));
+    config.transport_config(Arc::new(transport));
+    let slow = connect(addr, config).await;
+    let (mut send, mut held) = slow.open_bi().await.unwrap();
+    send.write_all(&ask(1)).await.unwrap();
+    let mut first = vec![0; 1024];
+    tokio::time::timeout(WAIT, held.read_exact(&mut first))
+        .await
+        .expect("the answer's first bytes in time")
+        .unwrap();
+    let (used, _) = node.node.buffered_bytes();
+    assert!(used >= RULES_BYTES, "the held answer counts: {used} bytes");
+
+    let (mut second, mut refused) = slow.open_bi().await.unwrap();
+    second.write_all(&ask(2)).await.unwrap();
+    second.finish().unwrap();
+    let bytes = tokio::time::timeout(WAIT, refused.read_to_end(1 << 20))
+        .await
+        .expect("the second ask answered in time")
+        .unwrap();
+    let answers = parse_answers(&bytes);
+    assert_eq!(answers.errors.len(), 1, "{:?}", answers.errors);
+    assert_eq!(answers.errors[0].0, 2);
+    assert_eq!(
+        answers.errors[0].1,
+        ErrorCode::Overloaded,
+        "{:?}",
+        answers.errors
+    );
+    let witness = connect(addr, client_config(&node.certs, false)).await;
+    witness_check(&witness, 999).await;
+    let (_, peak) = node.node.buffered_bytes();
+    assert!(peak <= BUDGET, "held {peak} bytes, budget {BUDGET}");
+
+    // The first answer taken whole: the rules as they are, and its bytes given back.
+    send.finish().unwrap();
+    let rest = tokio::time::timeout(WAIT, held.read_to_end(1 << 20))
+        .await
+        .expect("the rest of the answer in time")
+        .unwrap();
+    first.extend_from_slice(&rest);
+    let policy = |bytes: &[u8]| {
+        let mut reader = FrameReader::new(1 << 20);
+        reader.extend(bytes);
+        let frame = reader.next_frame().unwrap().expect("one whole frame");
+        assert_eq!(frame.kind, FrameKind::Policy, "{frame:?}");
+        decode_policy_message(&frame.payload).unwrap().text
+    };
+    assert_eq!(policy(&first), rules);
+    let again = floodgate_node::exchange::round_trip(&witness, &ask(3), 1 << 20)
+        .await
+        .unwrap();
+    assert_eq!(policy(&again), rules);
     node.node.shutdown().await;
 }
 

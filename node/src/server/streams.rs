@@ -1,6 +1,7 @@
 //! Long-lived bidirectional streams: whatever bytes arrive are read into frames, every complete
 //! frame is answered (checks decided or forwarded, leases, rules, the table, RLQS reports and
-//! claims from peers), answers written at once.
+//! claims from peers), and the answers are written before more is read. Both the partial frames
+//! and the answers not yet written are counted in the node's buffer budget.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -10,7 +11,7 @@ use floodgate::Clock;
 use floodgate::wire::{ErrorCode, Frame, FrameKind};
 use tokio::sync::watch;
 
-use crate::budget::BudgetedReader;
+use crate::budget::{BudgetedAnswers, BudgetedReader, Counted};
 use crate::caller::Caller;
 use crate::check_path::CheckPath;
 use crate::cluster::TableMessages;
@@ -41,10 +42,10 @@ pub(super) async fn serve_stream(
     answering: Arc<Answering>,
     mut shutdown: watch::Receiver<bool>,
 ) {
-    // Buffered bytes are reserved from the node-wide budget; quinn's chunks are read directly,
-    // so a stream holds no read buffer of its own.
+    // Buffered bytes are reserved from the node-wide budget, the answers' as the requests';
+    // quinn's chunks are read directly, so a stream holds no read buffer of its own.
     let mut reader = BudgetedReader::new(&connections.budget, connections.limits.max_frame_bytes);
-    let mut out = Vec::new();
+    let mut answers = BudgetedAnswers::new(&connections.budget, remote.is_peer());
     loop {
         let read = tokio::select! {
             read = recv.read_chunk(crate::budget::READ_BYTES, true) => read,
@@ -57,40 +58,44 @@ pub(super) async fn serve_stream(
                 return;
             }
         };
-        let mut fatal = match read {
+        let mut pass = match read {
             Ok(Some(ref chunk)) => match reader.extend(&chunk.bytes) {
                 Ok(()) => {
-                    let fatal = answer_available(&answering, &remote, &mut reader, &mut out).await;
+                    let pass =
+                        answer_available(&answering, &remote, &mut reader, &mut answers).await;
                     reader.settle();
-                    fatal
+                    pass
                 }
                 Err(e) => {
                     connections.metrics.over_buffer_budget.increment(1);
                     connections.metrics.frame_error(e.code);
-                    encode_error(&mut out, e.request_id, e.code, e.message);
-                    Some(e.code)
+                    encode_error(answers.out(), e.request_id, e.code, e.message);
+                    Pass::fatal(e.code)
                 }
             },
-            Ok(None) => reader.finish().err().map(|e| {
-                connections.metrics.frame_error(e.code);
-                encode_error(&mut out, e.request_id, e.code, e.message);
-                e.code
-            }),
+            Ok(None) => match reader.finish() {
+                Ok(()) => Pass::default(),
+                Err(e) => {
+                    connections.metrics.frame_error(e.code);
+                    encode_error(answers.out(), e.request_id, e.code, e.message);
+                    Pass::fatal(e.code)
+                }
+            },
             Err(_) => return,
         };
         // Answers go out ANSWER_BYTES at a time: the frames of one read left unanswered when
-        // that much was written are answered next, before anything more is read.
+        // that much was held are answered once it is written, before anything more is read.
         loop {
-            let full = out.len() >= ANSWER_BYTES;
-            if !write_answers(&mut send, &mut recv, &remote, &connections, &mut out).await {
+            if !write_answers(&mut send, &mut recv, &remote, &connections, &mut answers).await {
                 return;
             }
-            if !full || fatal.is_some() {
+            if !pass.more || pass.fatal.is_some() {
                 break;
             }
-            fatal = answer_available(&answering, &remote, &mut reader, &mut out).await;
+            pass = answer_available(&answering, &remote, &mut reader, &mut answers).await;
             reader.settle();
         }
+        let fatal = pass.fatal;
         if fatal == Some(ErrorCode::Forbidden) {
             return;
         }
@@ -106,20 +111,22 @@ pub(super) async fn serve_stream(
     }
 }
 
-/// Writes `out` (cleared after) within the write timeout; false when the stream is done: it
-/// failed, or the caller took no answer in time and the stream was reset.
+/// Writes the answers (emptied after) within the write timeout; false when the stream is done:
+/// it failed, or the caller took no answer in time and the stream was reset.
 async fn write_answers(
     send: &mut quinn::SendStream,
     recv: &mut quinn::RecvStream,
     remote: &Remote,
     connections: &Connections,
-    out: &mut Vec<u8>,
+    answers: &mut BudgetedAnswers<'_>,
 ) -> bool {
-    if out.is_empty() {
+    if answers.is_empty() {
         return true;
     }
+    // Held until written: counted (an error encoded outside a pass was not yet).
+    answers.count(0, false);
     let timeout = connections.limits.write_timeout;
-    match tokio::time::timeout(timeout, send.write_all(out)).await {
+    match tokio::time::timeout(timeout, send.write_all(answers.bytes())).await {
         Ok(Ok(())) => {}
         Ok(Err(_)) => return false,
         Err(_) => {
@@ -132,13 +139,9 @@ async fn write_answers(
             return false;
         }
     }
-    out.clear();
     // A stream keeps the buffer for its next answers, but not one grown past what checks
-    // need by a rare large answer (a policy carries the rules text): idle streams would each
-    // hold that much for good.
-    if out.capacity() > KEPT_ANSWER_CAPACITY {
-        *out = Vec::new();
-    }
+    // need by a rare large answer (a policy carries the rules text).
+    answers.written(KEPT_ANSWER_CAPACITY);
     true
 }
 
@@ -171,31 +174,54 @@ fn time_to_complain(now_ns: u64) -> bool {
             .is_ok()
 }
 
-/// Answers the complete frames in `reader` until `out` holds [`ANSWER_BYTES`]; returns the code
-/// of an error that ends the stream.
+/// What a pass over a stream's complete frames left: the code of an error that ends the stream,
+/// and whether frames are left to answer once the answers held are written.
+#[derive(Debug, Default)]
+pub(super) struct Pass {
+    fatal: Option<ErrorCode>,
+    more: bool,
+}
+
+impl Pass {
+    fn fatal(code: ErrorCode) -> Self {
+        Pass {
+            fatal: Some(code),
+            more: false,
+        }
+    }
+}
+
+/// Answers the complete frames in `reader` until [`ANSWER_BYTES`] of answers are held, or the
+/// budget took an answer only past its ceiling (see [`BudgetedAnswers::count`]): a table or the
+/// rules it could not take are refused as `overloaded`, other answers are written before more.
 pub(super) async fn answer_available(
     answering: &Answering,
     remote: &Remote,
     reader: &mut BudgetedReader<'_>,
-    out: &mut Vec<u8>,
-) -> Option<ErrorCode> {
+    answers: &mut BudgetedAnswers<'_>,
+) -> Pass {
     let metrics = &answering.checks.metrics;
     // One clock read for all frames of this read: checks that arrive together decide at one instant.
     let now_ns = answering.checks.clock.now_ns();
     let started = Instant::now();
     let mut frames = 0;
-    let fatal = loop {
-        if out.len() >= ANSWER_BYTES {
+    let pass = loop {
+        if answers.len() >= ANSWER_BYTES {
             // The rest stays in the reader, answered once these answers are written.
-            break None;
+            break Pass {
+                fatal: None,
+                more: true,
+            };
         }
         match reader.next_frame() {
             Ok(Some(frame)) if frame.kind.peer_only() && !remote.is_peer() => {
                 remote.forbid(metrics, frame.kind);
-                break Some(ErrorCode::Forbidden);
+                break Pass::fatal(ErrorCode::Forbidden);
             }
             Ok(Some(frame)) => {
                 frames += 1;
+                let before = answers.len();
+                let out = answers.out();
                 let refused = match frame.kind {
                     FrameKind::RlqsReports | FrameKind::RlqsRegionClaims => {
                         answer_rlqs(answering, remote, &frame, out)
@@ -214,16 +240,44 @@ pub(super) async fn answer_available(
                 if let Some(code) = refused {
                     metrics.frame_error(code);
                 }
+                let copy = matches!(
+                    frame.kind,
+                    FrameKind::TableRequest | FrameKind::PolicyRequest
+                );
+                match answers.count(before, copy) {
+                    Counted::Fits => {}
+                    Counted::Kept => {
+                        break Pass {
+                            fatal: None,
+                            more: true,
+                        };
+                    }
+                    Counted::Undone => {
+                        metrics.over_buffer_budget.increment(1);
+                        metrics.frame_error(ErrorCode::Overloaded);
+                        let message = over_budget_answer(&answering.checks, frame.kind);
+                        encode_error(
+                            answers.out(),
+                            frame.request_id,
+                            ErrorCode::Overloaded,
+                            message,
+                        );
+                        break Pass {
+                            fatal: None,
+                            more: true,
+                        };
+                    }
+                }
             }
-            Ok(None) => break None,
+            Ok(None) => break Pass::default(),
             Err(e) => {
                 metrics.frame_error(e.code);
                 if e.code == ErrorCode::UnsupportedVersion && time_to_complain(now_ns) {
                     complain_of_version(remote, &e.message);
                 }
-                encode_error(out, e.request_id, e.code, e.message);
+                encode_error(answers.out(), e.request_id, e.code, e.message);
                 if e.code.closes_stream() {
-                    break Some(e.code);
+                    break Pass::fatal(e.code);
                 }
             }
         }
@@ -233,7 +287,17 @@ pub(super) async fn answer_available(
             .frame_seconds
             .record(started.elapsed().as_secs_f64() / f64::from(frames));
     }
-    fatal
+    pass
+}
+
+/// Why a table or the rules were not sent: the node holds too many answers and partial frames
+/// for its budget (`--max-buffered-bytes`); the caller asks again later.
+fn over_budget_answer(checks: &CheckPath, kind: FrameKind) -> String {
+    format!(
+        "the node is buffering too much for all its clients (limit {} bytes) to answer a \
+         {kind:?} now: ask again later",
+        checks.limits.max_buffered_bytes
+    )
 }
 
 /// Answers an RLQS frame between nodes: relayed reports (kind 21) or a region's claims (kind
