@@ -639,6 +639,38 @@ mod tests {
         refresher.stop().await;
     }
 
+    /// Pushed tables are taken at most every `MIN_FETCH_INTERVAL`: a node pushing without pause
+    /// (each table may start and retire links) is not followed faster than that, and the latest
+    /// pushed meanwhile is the one taken.
+    #[tokio::test(start_paused = true)]
+    async fn pushed_tables_are_taken_at_most_every_min_fetch_interval() {
+        let (refresher, routing, _certs) = offline_refresher();
+        let hint = routing.hint.clone();
+        let (stop, stopped) = watch::channel(false);
+        let task = tokio::spawn(refresher.run(stopped));
+        let table = |ids: &[&str]| ClusterTable::from_message(message(ids)).unwrap();
+        let version = || routing.table().map(|t| t.version());
+        let (first, second, third) = (
+            table(&["node-a", "node-b"]),
+            table(&["node-a", "node-b", "node-c"]),
+            table(&["node-a", "node-c"]),
+        );
+        tokio::time::sleep(MIN_FETCH_INTERVAL).await;
+        hint.pushed(first.clone());
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        assert_eq!(version(), Some(first.version()), "taken at once");
+        // Two more pushed right after: neither is taken within the interval, then the latest.
+        hint.pushed(second);
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        hint.pushed(third.clone());
+        tokio::time::sleep(MIN_FETCH_INTERVAL - Duration::from_millis(10)).await;
+        assert_eq!(version(), Some(first.version()), "within the interval");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert_eq!(version(), Some(third.version()), "the latest, after it");
+        stop.send_replace(true);
+        task.await.unwrap();
+    }
+
     /// Links follow the table: one per member that owns slots, each key routed to its owner's;
     /// a departed member's link retires after a grace period, and comes back if it returns.
     #[tokio::test]

@@ -1019,4 +1019,39 @@ descriptors:
         hub.deliver("node-2", vec![assignment(1, 30)]);
         assert_eq!(last_tokens(&mut answers), 30, "another owner's count");
     }
+
+    /// What a stream holds is bounded: at most `max_buckets_per_stream` buckets (a later one's
+    /// assignment is sent, not held), and none whose id passes `max_bucket_id_bytes`.
+    #[test]
+    fn a_stream_holds_at_most_its_bucket_cap_and_no_oversized_id() {
+        let mut settings = RlqsSettings::new("127.0.0.1:0".parse().unwrap());
+        settings.max_buckets_per_stream = 2;
+        settings.max_bucket_id_bytes = 32;
+        let hub = Hub::new(settings, None);
+        let (stream, mut answers) = hub.open_stream();
+        let assignment = |name: &str| WireRlqsAssignment {
+            stream,
+            seq: 1,
+            bucket: super::super::remote::wire_bucket(&BucketKey {
+                domain: "edge".to_owned(),
+                entries: vec![("name".to_owned(), name.to_owned())],
+            }),
+            action: RLQS_TOKEN_BUCKET,
+            tokens_per_fill: 10,
+            fill_interval_s: 60,
+        };
+        let held = |hub: &Hub| hub.streams.lock()[&stream].held.len();
+        hub.deliver("node-1", vec![assignment(&"x".repeat(40))]);
+        assert_eq!(held(&hub), 0, "an id over 32 bytes is not held");
+        hub.deliver("node-1", vec![assignment("a"), assignment("b")]);
+        assert_eq!(held(&hub), 2);
+        hub.deliver("node-1", vec![assignment("c")]);
+        assert_eq!(held(&hub), 2, "a third bucket is not held");
+        // Every assignment was still sent.
+        let mut sent = 0;
+        while let Ok(answer) = answers.try_recv() {
+            sent += answer.unwrap().bucket_action.len();
+        }
+        assert_eq!(sent, 4);
+    }
 }
