@@ -279,4 +279,8 @@ async fn a_read_of_small_frames_with_large_answers_is_answered_whole() {
         "{} bytes of answers",
         answers.len()
     );
+    // Held at most 64 KiB of answers and the one that passed it (a table), in a buffer grown
+    // by doubling, beside the read's 16 KiB of requests: never the read's answers at once.
+    let (_, peak) = node.node.buffered_bytes();
+    assert!(peak <= 256 * 1024, "held {peak} bytes at once");
 }
