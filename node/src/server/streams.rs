@@ -147,7 +147,8 @@ async fn write_answers(
 
 /// Most answer buffer a stream keeps between reads: what a busy stream's check answers take
 /// (up to [`ANSWER_BYTES`] plus one full batch's decisions, about 130 KiB at 4,096 checks),
-/// rounded up as the buffer grows, so a busy stream never allocates it again.
+/// rounded up as the buffer grows, so a busy stream does not allocate it again (while the
+/// budget is under half used: see [`BudgetedAnswers::written`]).
 const KEPT_ANSWER_CAPACITY: usize = 4 * ANSWER_BYTES;
 
 /// Most answer bytes a stream holds before writing them (plus the one answer that passed it):
