@@ -1,7 +1,7 @@
 //! The node-wide budget for bytes buffered from streams: every stream reserves what it holds from
-//! one shared count, its partial frames and its answers not yet written, so all connections
-//! together buffer at most `--max-buffered-bytes`, but for answers of checks already decided
-//! (counted, past it, until written: nothing else grows meanwhile).
+//! one shared count, its partial frames and its answers not yet written (their room reserved
+//! before a frame is answered), so all connections together buffer at most
+//! `--max-buffered-bytes`.
 //!
 //! Accounting is one atomic update per read (not per frame) and per growth of an answer buffer,
 //! and a reservation gives its bytes back when dropped, however its stream ends.
@@ -233,10 +233,34 @@ impl<'a> BudgetedAnswers<'a> {
         self.bytes.is_empty()
     }
 
+    /// Makes room for `extra` more bytes of answers, reserved from the budget before they are
+    /// encoded; false, changing nothing, when the budget cannot take it. The room doubles, as a
+    /// vector's does, or grows to what is needed when the budget cannot take double.
+    pub(crate) fn make_room(&mut self, extra: usize) -> bool {
+        let room = self.bytes.capacity();
+        let needed = self.bytes.len().saturating_add(extra);
+        if needed <= room {
+            return true;
+        }
+        let doubled = needed.max(room.saturating_mul(2));
+        let target = if self.reservation.resize(doubled, self.privileged).is_ok() {
+            doubled
+        } else if self.reservation.resize(needed, self.privileged).is_ok() {
+            needed
+        } else {
+            return false;
+        };
+        self.bytes.reserve_exact(target - self.bytes.len());
+        // The allocator may give more than asked for: what the buffer holds is counted.
+        self.reservation.hold(self.bytes.capacity().max(target));
+        true
+    }
+
     /// Counts the buffer after an answer was encoded from `before` (its length then). When the
     /// budget cannot take it, an `undoable` answer (a copy of state, that decided nothing) is
-    /// taken back, the buffer given back to what was counted; any other is kept, counted past
-    /// the ceiling until written.
+    /// taken back, the buffer given back to what was counted; any other (one that outgrew the
+    /// room [`make_room`](Self::make_room) reserved for it) is kept, counted past the ceiling
+    /// until written.
     pub(crate) fn count(&mut self, before: usize, undoable: bool) -> Counted {
         let room = self.bytes.capacity();
         // Most answers fit the room the buffer already had: no update of the shared count.
@@ -331,6 +355,39 @@ mod tests {
         drop(b);
         assert_eq!(budget.used(), 0);
         assert_eq!(budget.peak(), 64 * 1024);
+    }
+
+    #[test]
+    fn room_for_answers_is_reserved_before_they_are_encoded() {
+        let budget = BufferBudget::new(64 * 1024);
+        let mut reader = budget.reservation();
+        assert_eq!(reader.resize(40 * 1024, false), Ok(()));
+        let mut answers = BudgetedAnswers::new(&budget, false);
+        assert!(answers.make_room(8 * 1024));
+        answers.out().extend_from_slice(&[1; 8 * 1024]);
+        assert_eq!(answers.count(0, false), Counted::Fits);
+        assert_eq!(budget.used(), 40 * 1024 + answers.out().capacity());
+        // Doubled where the budget takes it: 16 KiB, a small holding, up to the whole limit.
+        assert!(answers.make_room(4 * 1024));
+        assert!(answers.out().capacity() >= 16 * 1024);
+        assert_eq!(budget.used(), 40 * 1024 + answers.out().capacity());
+        // 24 KiB would be a large holding past seven eighths: refused, nothing changed.
+        let (room, used) = (answers.out().capacity(), budget.used());
+        assert!(!answers.make_room(16 * 1024));
+        assert_eq!((answers.out().capacity(), budget.used()), (room, used));
+        // Within the room already held, nothing is asked of the budget.
+        assert!(answers.make_room(room - answers.len()));
+        assert_eq!(budget.used(), used);
+        // Less pressing on the budget, the same room is granted: only what is needed when
+        // double does not fit (24 KiB; 32 KiB would pass seven eighths).
+        assert_eq!(reader.resize(32 * 1024, false), Ok(()));
+        assert!(answers.make_room(16 * 1024));
+        let room = answers.out().capacity();
+        assert!((24 * 1024..32 * 1024).contains(&room), "{room}");
+        assert_eq!(budget.used(), 32 * 1024 + room);
+        drop(answers);
+        drop(reader);
+        assert_eq!(budget.used(), 0);
     }
 
     #[test]

@@ -68,7 +68,7 @@ pub struct NodeLimits {
     pub max_peer_connections: usize,
     /// Most bytes buffered for all streams of all connections together (partial frames, peer
     /// messages, answers not yet written); a stream whose frames would go over is closed with
-    /// `overloaded`, a table or the rules whose answer would is answered `overloaded`.
+    /// `overloaded`, a frame whose answers would is answered `overloaded`, undecided.
     pub max_buffered_bytes: usize,
     /// Most concurrent streams per connection (QUIC flow control enforces it).
     pub max_streams_per_connection: u32,

@@ -182,6 +182,109 @@ async fn answers_not_yet_taken_count_against_the_buffer_budget() {
     node.node.shutdown().await;
 }
 
+/// Checks decided cannot be taken back, so the room their answers may take (twice the frame)
+/// is reserved before they are decided: a caller that reads none of its answers gets frames
+/// answered while their room fits under seven eighths of the budget, then the next frame
+/// refused as `overloaded` and left undecided, and the budget is never passed; small checks
+/// are answered throughout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn checks_are_decided_only_when_their_answers_room_fits_the_budget() {
+    const BUDGET: usize = 256 * 1024;
+    const STREAMS: usize = 8;
+    let node = start_node(|c| {
+        c.limits.max_frame_bytes = 64 * 1024;
+        c.limits.max_buffered_bytes = BUDGET;
+        // The held answers stay held for the whole test.
+        c.limits.write_timeout = Duration::from_secs(600);
+    })
+    .await;
+    let addr = node.node.local_addr();
+    let mut config = client_config(&node.certs, false);
+    let mut transport = quinn::TransportConfig::default();
+    transport.stream_receive_window(quinn::VarInt::from_u32(1024));
+    config.transport_config(Arc::new(transport));
+    let slow = connect(addr, config).await;
+    let limit = per_hour(1_000);
+    // About 24 KiB of checks a frame, so about 49 KiB of room for each frame's answers: four
+    // such streams fit under seven eighths of 256 KiB beside a read, the fifth does not.
+    let keys = |stream: usize| -> Vec<Vec<u8>> {
+        (0..1_000)
+            .map(|i| format!("s{stream}:{i}").into_bytes())
+            .collect()
+    };
+    let mut held = Vec::new();
+    let mut outcomes = Vec::new();
+    for stream in 0..STREAMS {
+        let names = keys(stream);
+        let names: Vec<&[u8]> = names.iter().map(Vec::as_slice).collect();
+        let frame = check_frame(stream as u64 + 1, &names, &limit);
+        let (mut send, mut recv) = slow.open_bi().await.unwrap();
+        send.write_all(&frame).await.unwrap();
+        // The answer's first bytes: a refusal whole, or the start of a decision batch (its rest
+        // held by the node, the caller's window taking 1 KiB).
+        let mut reader = FrameReader::new(1 << 20);
+        let mut read = 0;
+        let whole = loop {
+            let mut chunk = [0; 512];
+            let n = tokio::time::timeout(WAIT, recv.read(&mut chunk))
+                .await
+                .expect("an answer's first bytes in time")
+                .unwrap()
+                .expect("the stream stays open");
+            reader.extend(&chunk[..n]);
+            read += n;
+            if let Some(frame) = reader.next_frame().unwrap() {
+                break Some(frame);
+            }
+            if read >= 512 {
+                break None;
+            }
+        };
+        let refused = whole.is_some_and(|frame| {
+            assert_eq!(frame.kind, FrameKind::Error, "{frame:?}");
+            let error = floodgate::wire::decode_error_frame(&frame.payload).unwrap();
+            assert_eq!(
+                error.code,
+                ErrorCode::Overloaded as u16,
+                "{}",
+                error.message
+            );
+            true
+        });
+        outcomes.push(refused);
+        held.push((send, recv));
+    }
+    let answered = outcomes.iter().take_while(|refused| !**refused).count();
+    assert!(
+        (1..STREAMS).contains(&answered),
+        "answered then refused: {outcomes:?}"
+    );
+    assert!(
+        outcomes[answered..].iter().all(|refused| *refused),
+        "once the budget is taken, every later frame is refused: {outcomes:?}"
+    );
+    let (_, peak) = node.node.buffered_bytes();
+    assert!(peak <= BUDGET, "held {peak} bytes, budget {BUDGET}");
+    // A refused frame decided nothing; an answered one did. Small checks are answered.
+    let witness = connect(addr, client_config(&node.certs, false)).await;
+    let remaining = |key: String| {
+        let witness = witness.clone();
+        async move {
+            let answers = exchange(&witness, &check_frame(1, &[key.as_bytes()], &limit)).await;
+            assert!(answers.errors.is_empty(), "{:?}", answers.errors);
+            answers.decisions[0].1[0].unwrap().remaining()
+        }
+    };
+    assert_eq!(
+        remaining(format!("s{answered}:0")).await,
+        999,
+        "refused: undecided"
+    );
+    assert_eq!(remaining("s0:0".to_owned()).await, 998, "answered: decided");
+    drop(held);
+    node.node.shutdown().await;
+}
+
 const MS: u64 = 1_000_000;
 
 fn fast(config: &mut NodeConfig) {

@@ -146,10 +146,10 @@ async fn write_answers(
 }
 
 /// Most answer buffer a stream keeps between reads: what a busy stream's check answers take
-/// (up to [`ANSWER_BYTES`] plus one full batch's decisions, about 130 KiB at 4,096 checks),
+/// (up to [`ANSWER_BYTES`] plus the room reserved for the next frame's, twice its size),
 /// rounded up as the buffer grows, so a busy stream does not allocate it again (while the
 /// budget is under half used: see [`BudgetedAnswers::written`]).
-const KEPT_ANSWER_CAPACITY: usize = 4 * ANSWER_BYTES;
+const KEPT_ANSWER_CAPACITY: usize = 8 * ANSWER_BYTES;
 
 /// Most answer bytes a stream holds before writing them (plus the one answer that passed it):
 /// a small frame can draw a large answer (a slot table, about 16 KiB, for a 16-byte request),
@@ -193,8 +193,9 @@ impl Pass {
 }
 
 /// Answers the complete frames in `reader` until [`ANSWER_BYTES`] of answers are held, or the
-/// budget took an answer only past its ceiling (see [`BudgetedAnswers::count`]): a table or the
-/// rules it could not take are refused as `overloaded`, other answers are written before more.
+/// budget could not take a frame's answer: that frame is refused as `overloaded`, unanswered
+/// (its answer's room is reserved before it decides anything; a table or the rules are taken
+/// back once encoded), and the answers held are written before more.
 pub(super) async fn answer_available(
     answering: &Answering,
     remote: &Remote,
@@ -221,6 +222,20 @@ pub(super) async fn answer_available(
             }
             Ok(Some(frame)) => {
                 frames += 1;
+                // An answer that decides something cannot be taken back once encoded: its room
+                // is reserved first, and the frame refused unanswered when the budget cannot
+                // take it. A table or the rules are counted once encoded (and taken back).
+                let copy = matches!(
+                    frame.kind,
+                    FrameKind::TableRequest | FrameKind::PolicyRequest
+                );
+                if !copy && !answers.make_room(answer_bound(&frame)) {
+                    refuse_over_budget(answering, answers, &frame);
+                    break Pass {
+                        fatal: None,
+                        more: true,
+                    };
+                }
                 let before = answers.len();
                 let out = answers.out();
                 let refused = match frame.kind {
@@ -241,12 +256,9 @@ pub(super) async fn answer_available(
                 if let Some(code) = refused {
                     metrics.frame_error(code);
                 }
-                let copy = matches!(
-                    frame.kind,
-                    FrameKind::TableRequest | FrameKind::PolicyRequest
-                );
                 match answers.count(before, copy) {
                     Counted::Fits => {}
+                    // Past its reserved room (the bound did not hold): written before more.
                     Counted::Kept => {
                         break Pass {
                             fatal: None,
@@ -254,15 +266,7 @@ pub(super) async fn answer_available(
                         };
                     }
                     Counted::Undone => {
-                        metrics.over_buffer_budget.increment(1);
-                        metrics.frame_error(ErrorCode::Overloaded);
-                        let message = over_budget_answer(&answering.checks, frame.kind);
-                        encode_error(
-                            answers.out(),
-                            frame.request_id,
-                            ErrorCode::Overloaded,
-                            message,
-                        );
+                        refuse_over_budget(answering, answers, &frame);
                         break Pass {
                             fatal: None,
                             more: true,
@@ -291,14 +295,30 @@ pub(super) async fn answer_available(
     pass
 }
 
-/// Why a table or the rules were not sent: the node holds too many answers and partial frames
-/// for its budget (`--max-buffered-bytes`); the caller asks again later.
-fn over_budget_answer(checks: &CheckPath, kind: FrameKind) -> String {
-    format!(
+/// Most bytes the answer to `frame` may take, from its size: a check takes at least 17 bytes
+/// on the wire (16 packed and a byte of key) and its decision at most 25, a lease or token
+/// lease request more than its answer, and a refusal a few hundred bytes of message.
+fn answer_bound(frame: &Frame) -> usize {
+    frame.payload.len().saturating_mul(2).saturating_add(1024)
+}
+
+/// Answers `frame` `overloaded`, unanswered otherwise: the node holds too many answers and
+/// partial frames for its budget (`--max-buffered-bytes`); the caller asks again later.
+fn refuse_over_budget(answering: &Answering, answers: &mut BudgetedAnswers<'_>, frame: &Frame) {
+    let metrics = &answering.checks.metrics;
+    metrics.over_buffer_budget.increment(1);
+    metrics.frame_error(ErrorCode::Overloaded);
+    let message = format!(
         "the node is buffering too much for all its clients (limit {} bytes) to answer a \
-         {kind:?} now: ask again later",
-        checks.limits.max_buffered_bytes
-    )
+         {:?} now: ask again later",
+        answering.checks.limits.max_buffered_bytes, frame.kind
+    );
+    encode_error(
+        answers.out(),
+        frame.request_id,
+        ErrorCode::Overloaded,
+        message,
+    );
 }
 
 /// Answers an RLQS frame between nodes: relayed reports (kind 21) or a region's claims (kind
