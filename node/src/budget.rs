@@ -252,7 +252,7 @@ impl<'a> BudgetedAnswers<'a> {
         };
         self.bytes.reserve_exact(target - self.bytes.len());
         // The allocator may give more than asked for: what the buffer holds is counted.
-        self.reservation.hold(self.bytes.capacity().max(target));
+        self.reservation.hold(self.bytes.capacity());
         true
     }
 

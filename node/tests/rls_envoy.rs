@@ -260,17 +260,15 @@ fn start_envoy(dir: &std::path::Path, yaml: impl FnOnce(u16, u16) -> String) -> 
     (envoy, listen)
 }
 
+/// [`start`] with three requests an hour per client (`x-client`), reached as `tls` says.
+async fn per_client_stack(tls: RlsTls) -> Stack {
+    start(RLS_CONFIG, ("x-upstream", "1"), PER_CLIENT_ROUTE, "", tls).await
+}
+
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "starts a real Envoy; run with `make envoy-test`"]
 async fn envoy_returns_429_on_the_fourth_request_of_three_an_hour() {
-    let stack = start(
-        RLS_CONFIG,
-        ("x-upstream", "1"),
-        PER_CLIENT_ROUTE,
-        "",
-        RlsTls::Plain,
-    )
-    .await;
+    let stack = per_client_stack(RlsTls::Plain).await;
     the_fourth_request_of_three_is_refused(&stack).await;
     stack.node.shutdown().await;
 }
@@ -280,14 +278,7 @@ async fn envoy_returns_429_on_the_fourth_request_of_three_an_hour() {
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "starts a real Envoy; run with `make envoy-test`"]
 async fn envoy_at_its_default_tls_versions_is_served_by_the_rls_front_over_tls() {
-    let stack = start(
-        RLS_CONFIG,
-        ("x-upstream", "1"),
-        PER_CLIENT_ROUTE,
-        "",
-        RlsTls::Tls,
-    )
-    .await;
+    let stack = per_client_stack(RlsTls::Tls).await;
     the_fourth_request_of_three_is_refused(&stack).await;
     stack.node.shutdown().await;
 }
@@ -298,14 +289,7 @@ async fn envoy_at_its_default_tls_versions_is_served_by_the_rls_front_over_tls()
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "starts a real Envoy; run with `make envoy-test`"]
 async fn under_rls_client_auth_only_an_envoy_presenting_a_client_certificate_is_served() {
-    let stack = start(
-        RLS_CONFIG,
-        ("x-upstream", "1"),
-        PER_CLIENT_ROUTE,
-        "",
-        RlsTls::ClientAuth,
-    )
-    .await;
+    let stack = per_client_stack(RlsTls::ClientAuth).await;
     let dir = tempfile::tempdir().unwrap();
     let rls_port = stack.node.rls_addr().unwrap().port();
     let (_certless, certless) = start_envoy(dir.path(), |listen, admin| {

@@ -184,6 +184,14 @@ pub(super) struct Pass {
 }
 
 impl Pass {
+    /// Frames are left to answer once the answers held are written.
+    fn more() -> Self {
+        Pass {
+            fatal: None,
+            more: true,
+        }
+    }
+
     fn fatal(code: ErrorCode) -> Self {
         Pass {
             fatal: Some(code),
@@ -210,10 +218,7 @@ pub(super) async fn answer_available(
     let pass = loop {
         if answers.len() >= ANSWER_BYTES {
             // The rest stays in the reader, answered once these answers are written.
-            break Pass {
-                fatal: None,
-                more: true,
-            };
+            break Pass::more();
         }
         match reader.next_frame() {
             Ok(Some(frame)) if frame.kind.peer_only() && !remote.is_peer() => {
@@ -231,10 +236,7 @@ pub(super) async fn answer_available(
                 );
                 if !copy && !answers.make_room(answer_bound(&frame)) {
                     refuse_over_budget(answering, answers, &frame);
-                    break Pass {
-                        fatal: None,
-                        more: true,
-                    };
+                    break Pass::more();
                 }
                 let before = answers.len();
                 let out = answers.out();
@@ -260,17 +262,11 @@ pub(super) async fn answer_available(
                     Counted::Fits => {}
                     // Past its reserved room (the bound did not hold): written before more.
                     Counted::Kept => {
-                        break Pass {
-                            fatal: None,
-                            more: true,
-                        };
+                        break Pass::more();
                     }
                     Counted::Undone => {
                         refuse_over_budget(answering, answers, &frame);
-                        break Pass {
-                            fatal: None,
-                            more: true,
-                        };
+                        break Pass::more();
                     }
                 }
             }
