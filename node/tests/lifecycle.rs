@@ -170,33 +170,110 @@ fn bad_flags_exit_2_with_a_message() {
 fn the_binary_creates_dev_certs_once_and_stops_cleanly_on_sigterm() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
-    let args = [
-        "--listen",
-        "127.0.0.1:0",
-        "--admin",
-        "off",
-        "--data-dir",
-        data.to_str().unwrap(),
-    ];
+    let args = alone_on_any_port(data.to_str().unwrap());
     let mut first_ca = None;
     for _ in 0..2 {
-        let mut child = node_command(&args).spawn().unwrap();
-        let mut stderr = BufReader::new(child.stderr.take().unwrap());
-        let mut line = String::new();
-        // Bounded: the node prints this line once it serves, or exits (EOF) on error.
-        while stderr.read_line(&mut line).unwrap() > 0 && !line.contains("serving on") {}
-        assert!(line.contains("serving on"), "{line}");
+        let node = spawn_serving(&args);
         let ca = std::fs::read_to_string(data.join("ca.pem")).unwrap();
         assert_eq!(
             *first_ca.get_or_insert(ca.clone()),
             ca,
             "the CA is reused, not regenerated"
         );
-        let killed = Command::new("kill")
-            .args(["-TERM", &child.id().to_string()])
-            .status()
-            .unwrap();
-        assert!(killed.success());
-        assert_eq!(child.wait().unwrap().code(), Some(0));
+        stop_with_sigterm(node);
     }
+}
+
+/// A node alone on a free port, no admin port, with development certificates in `data`.
+fn alone_on_any_port(data: &str) -> [&str; 6] {
+    [
+        "--listen",
+        "127.0.0.1:0",
+        "--admin",
+        "off",
+        "--data-dir",
+        data,
+    ]
+}
+
+/// A node binary that said it serves; its stderr is held open (a node writing to a closed pipe
+/// would fail) until it is stopped.
+struct Serving {
+    child: std::process::Child,
+    _stderr: BufReader<std::process::ChildStderr>,
+}
+
+/// Starts the node binary with `args` and returns once it says it serves.
+fn spawn_serving(args: &[&str]) -> Serving {
+    let mut child = node_command(args).spawn().unwrap();
+    let mut stderr = BufReader::new(child.stderr.take().unwrap());
+    let mut lines = String::new();
+    // Bounded: the node prints this line once it serves, or exits (EOF) on error.
+    while stderr.read_line(&mut lines).unwrap() > 0 && !lines.contains("serving on") {}
+    assert!(lines.contains("serving on"), "{lines}");
+    Serving {
+        child,
+        _stderr: stderr,
+    }
+}
+
+/// Sends SIGTERM and expects a clean exit.
+fn stop_with_sigterm(mut node: Serving) {
+    let killed = Command::new("kill")
+        .args(["-TERM", &node.child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    assert_eq!(node.child.wait().unwrap().code(), Some(0));
+}
+
+/// Every thread of a node runs under SCHED_BATCH by default (so a node woken by a datagram
+/// does not preempt its callers on a shared core), and under the policy it was started with
+/// given `--scheduling inherit`. Read from /proc once the node serves; a policy other than the
+/// default given to this test is kept either way.
+#[cfg(target_os = "linux")]
+#[test]
+fn a_node_runs_its_threads_under_sched_batch_unless_told_to_inherit() {
+    const SCHED_OTHER: u32 = 0;
+    const SCHED_BATCH: u32 = 3;
+    let ours = policy_in(&std::fs::read_to_string("/proc/self/stat").unwrap());
+    let batch = if ours == SCHED_OTHER {
+        SCHED_BATCH
+    } else {
+        ours
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    for (scheduling, expected) in [("batch", batch), ("inherit", ours)] {
+        let extra = ["--worker-threads", "2", "--scheduling", scheduling];
+        let args = [&alone_on_any_port(data.to_str().unwrap())[..], &extra].concat();
+        let node = spawn_serving(&args);
+        let tasks = std::fs::read_dir(format!("/proc/{}/task", node.child.id())).unwrap();
+        let policies: Vec<u32> = tasks
+            .map(|task| {
+                let stat = task.unwrap().path().join("stat");
+                policy_in(&std::fs::read_to_string(stat).unwrap())
+            })
+            .collect();
+        // The main thread and the runtime's two workers at least.
+        assert!(policies.len() >= 3, "{policies:?}");
+        assert!(
+            policies.iter().all(|&p| p == expected),
+            "--scheduling {scheduling}: {policies:?}, expected {expected} for every thread"
+        );
+        stop_with_sigterm(node);
+    }
+}
+
+/// The scheduling policy (field 41) of a `/proc/.../stat` line; the command name (field 2) is
+/// in parentheses and may hold spaces, so fields are counted after its closing one.
+#[cfg(target_os = "linux")]
+fn policy_in(stat: &str) -> u32 {
+    let after_name = &stat[stat.rfind(')').unwrap() + 1..];
+    after_name
+        .split_whitespace()
+        .nth(41 - 3)
+        .unwrap()
+        .parse()
+        .unwrap()
 }
