@@ -203,6 +203,14 @@ struct Serving {
     _stderr: BufReader<std::process::ChildStderr>,
 }
 
+/// A test that fails before stopping its node does not leave it running.
+impl Drop for Serving {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 /// Starts the node binary with `args` and returns once it says it serves.
 fn spawn_serving(args: &[&str]) -> Serving {
     let mut child = node_command(args).spawn().unwrap();
