@@ -4,9 +4,10 @@
 //! sidecar, or a cluster's nodes sharing hosts). Under Linux's default policy a thread woken by
 //! a datagram may preempt whatever runs on its core, and one that has mostly slept usually does:
 //! the caller is switched out mid-batch, the node decides the one frame that woke it, answers
-//! and sleeps, so frames stay small and each costs a pair of context switches. Under `SCHED_BATCH` a node's wake-up does not preempt: it runs at
-//! once on an idle core, else when the running thread blocks or its slice ends, and then finds
-//! the frames queued meanwhile. With a core idle, nothing changes.
+//! and sleeps, so frames stay small and each costs a pair of context switches. Under
+//! `SCHED_BATCH` a node's wake-up does not preempt: it runs at once on an idle core, else when
+//! the running thread blocks or its slice ends, and then finds the frames queued meanwhile.
+//! With a core idle, nothing changes.
 
 /// `--scheduling`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]

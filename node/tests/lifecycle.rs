@@ -184,18 +184,6 @@ fn the_binary_creates_dev_certs_once_and_stops_cleanly_on_sigterm() {
     }
 }
 
-/// A node alone on a free port, no admin port, with development certificates in `data`.
-fn alone_on_any_port(data: &str) -> [&str; 6] {
-    [
-        "--listen",
-        "127.0.0.1:0",
-        "--admin",
-        "off",
-        "--data-dir",
-        data,
-    ]
-}
-
 /// A node binary that said it serves; its stderr is held open (a node writing to a closed pipe
 /// would fail) until it is stopped.
 struct Serving {

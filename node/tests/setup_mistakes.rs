@@ -282,14 +282,7 @@ fn the_binary_with_a_live_nodes_id_exits_2_naming_the_id_and_the_holder() {
     use std::io::{BufRead, BufReader};
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().to_str().unwrap();
-    let common = [
-        "--listen",
-        "127.0.0.1:0",
-        "--admin",
-        "off",
-        "--data-dir",
-        data,
-    ];
+    let common = alone_on_any_port(data);
     let mut holder = node_binary(&[&common[..], &["--node-id", "twin"]].concat());
     let mut stderr = BufReader::new(holder.stderr.take().unwrap());
     let mut line = String::new();

@@ -523,3 +523,16 @@ pub async fn tls_channel(
 pub fn identity(cert: &std::path::Path, key: &std::path::Path) -> tonic::transport::Identity {
     tonic::transport::Identity::from_pem(std::fs::read(cert).unwrap(), std::fs::read(key).unwrap())
 }
+
+/// The node binary's flags for a node alone on a free port, no admin port, with development
+/// certificates in `data`.
+pub fn alone_on_any_port(data: &str) -> [&str; 6] {
+    [
+        "--listen",
+        "127.0.0.1:0",
+        "--admin",
+        "off",
+        "--data-dir",
+        data,
+    ]
+}
