@@ -114,9 +114,9 @@ fn a_short_load_run_writes_a_well_formed_report() {
         .into_iter()
         .filter(|name| !stderr.contains(&format!("skipping the {name} baseline")))
         .collect();
-    // Per system (the node, the 3-node cluster, the RLS front, the baselines): 2 workloads x
-    // (1 closed + 2 open steps), unless a step saturates.
-    let systems = 3 + baselines_ran.len();
+    // Per system (the node, the 3-node cluster, the RLS front, the cluster's RLS fronts, the
+    // baselines): 2 workloads x (1 closed + 2 open steps), unless a step saturates.
+    let systems = 4 + baselines_ran.len();
     assert!(
         records.len() >= systems * 2 && records.len() <= systems * 6,
         "{records:?}"
@@ -167,9 +167,11 @@ fn a_short_load_run_writes_a_well_formed_report() {
         }
         assert_eq!(record["errors"].as_u64(), Some(0), "{record}");
     }
-    // The cluster's records say so; every other system here is one server.
+    // The cluster's records say so (through the client or the RLS fronts); every other system
+    // here is one server.
     for record in &records {
-        let nodes = if record["system"] == "floodgate-cluster" {
+        let clusters = ["floodgate-cluster", "floodgate-cluster+rls"];
+        let nodes = if clusters.iter().any(|c| record["system"] == *c) {
             3
         } else {
             1
@@ -181,7 +183,13 @@ fn a_short_load_run_writes_a_well_formed_report() {
             .contains("met in this run (floodgate-cluster of 3 nodes against one floodgate node)"),
         "{stdout}"
     );
-    for system in ["floodgate", "floodgate-cluster", "floodgate+rls"] {
+    let systems = [
+        "floodgate",
+        "floodgate-cluster",
+        "floodgate+rls",
+        "floodgate-cluster+rls",
+    ];
+    for system in systems {
         for mode in ["closed", "open"] {
             assert!(
                 records
@@ -196,6 +204,12 @@ fn a_short_load_run_writes_a_well_formed_report() {
         stdout.contains("### floodgate+rls: Envoy's rate limit service"),
         "{stdout}"
     );
+    // The cluster behind its RLS fronts beside one node's front and the cluster's own client.
+    assert!(
+        stdout.contains("### floodgate-cluster+rls: 3 nodes on this machine behind their RLS"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("ratio to floodgate+rls |"), "{stdout}");
     assert!(stdout.contains("ratio to floodgate |"), "{stdout}");
     for name in &baselines_ran {
         assert!(

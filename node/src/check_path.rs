@@ -33,6 +33,8 @@ pub(crate) struct CheckPath {
     pub(crate) members: Arc<Members>,
     /// Connections to the nodes groups are forwarded to.
     pub(crate) peers: Arc<Peers>,
+    /// Groups waiting to be forwarded to an owner in this region, sent together.
+    pub(crate) forwards: Arc<crate::forward_queue::ForwardQueues>,
     /// The other regions' rings: where a global group's units and a home group go.
     pub(crate) regions: Arc<OtherRegions>,
     /// The inter-region exchange global groups are decided through.

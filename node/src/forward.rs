@@ -37,7 +37,7 @@ use crate::caller::{Caller, REFUND_REFUSED};
 use crate::check_path::CheckPath;
 use crate::cluster::RegionRings;
 use crate::metrics::DecisionTally;
-use crate::owner_batches;
+use crate::owner_batches::{self, Outgoing};
 use crate::reach::Reach;
 use crate::region_sync::GlobalChecks;
 use crate::service::{decide_group, decode_frame_into, finish_batch, prefetch_before};
@@ -731,8 +731,8 @@ impl Batch<'_> {
         }
         remote.retain(|_, indices| !indices.is_empty());
         let batches = owner_batches::batches(archived, remote, |indices, batch| {
-            let mut frame = Vec::new();
-            if indices.iter().any(|&i| *self.reach(i) == Reach::Global) {
+            let outgoing = if indices.iter().any(|&i| *self.reach(i) == Reach::Global) {
+                let mut frame = Vec::new();
                 let scopes: Vec<Scope> = indices
                     .iter()
                     .flat_map(|&i| self.scopes_of(i).iter().cloned())
@@ -743,14 +743,13 @@ impl Batch<'_> {
                     table_version,
                     &ScopedCheckBatch::new(batch, &scopes),
                 );
+                Outgoing::Frame(frame)
             } else {
-                encode_message(
-                    &mut frame,
-                    FrameKind::ForwardedCheckBatch,
+                Outgoing::Coalesced {
+                    groups: batch.groups,
                     table_version,
-                    &batch,
-                );
-            }
+                }
+            };
             checks
                 .metrics
                 .forwarded
@@ -767,7 +766,7 @@ impl Batch<'_> {
             } else {
                 FORWARD_TIMEOUT
             };
-            (frame, within)
+            (outgoing, within)
         });
         for answer in owner_batches::send(checks, batches, groups).await {
             placed[answer.group] = if answer

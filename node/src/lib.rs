@@ -58,6 +58,7 @@ mod caller;
 mod check_path;
 mod endpoint_keys;
 mod forward;
+mod forward_queue;
 mod front_batch;
 mod lease;
 mod member_log;

@@ -1,23 +1,38 @@
 //! Sends groups of a received batch on to the nodes that decide them, one forwarded frame per
 //! node, all at once, and splits each node's answer back into its groups. Used for a group's
-//! owner in this region (`forward.rs`) and in a home region (`reach.rs`).
+//! owner in this region (`forward.rs`, its plain groups coalesced with other batches' by
+//! `forward_queue`) and in a home region (`reach.rs`).
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
 use floodgate::wire::{
-    ArchivedCheckBatch, CheckBatch, CheckGroups, FrameKind, WireDecision, decode_decisions,
+    ArchivedCheckBatch, CheckBatch, CheckGroups, FrameKind, WireCheck, WireDecision,
+    decode_decisions,
 };
 
 use crate::check_path::CheckPath;
+use crate::forward_queue::RoundLimits;
 
-/// What one node is sent: the indices of its groups and the encoded frame that carries them.
+/// What one node is sent: the indices of its groups and what carries them.
 pub(crate) struct OwnerBatch {
     pub(crate) owner: String,
     pub(crate) indices: Vec<usize>,
-    pub(crate) frame: Vec<u8>,
+    pub(crate) outgoing: Outgoing,
     /// How long to wait for its answer.
     pub(crate) within: Duration,
+}
+
+/// How a node's groups travel.
+pub(crate) enum Outgoing {
+    /// A kind 10 frame of the table of this version, with what other batches forward to the
+    /// same owner meanwhile (`forward_queue`).
+    Coalesced {
+        groups: Vec<Vec<WireCheck>>,
+        table_version: u64,
+    },
+    /// An encoded frame of their own.
+    Frame(Vec<u8>),
 }
 
 /// One group's answer from the node it was sent to.
@@ -28,12 +43,12 @@ pub(crate) struct GroupAnswer {
 }
 
 /// Builds one batch per node of `by_owner` from the received frame: `encode` turns a node's
-/// indices and its groups into the frame and the time to wait for it. Nothing when the frame
+/// indices and its groups into what carries them and the time to wait for it. Nothing when the frame
 /// does not unpack (it was validated when read, so it does).
 pub(crate) fn batches(
     archived: Option<&ArchivedCheckBatch>,
     by_owner: BTreeMap<String, Vec<usize>>,
-    mut encode: impl FnMut(&[usize], CheckBatch) -> (Vec<u8>, Duration),
+    mut encode: impl FnMut(&[usize], CheckBatch) -> (Outgoing, Duration),
 ) -> Vec<OwnerBatch> {
     let Some(Ok(mut sent)) = archived.map(ArchivedCheckBatch::unpack) else {
         return Vec::new();
@@ -48,11 +63,11 @@ pub(crate) fn batches(
                     .filter_map(|&i| sent.groups.get_mut(i).map(std::mem::take))
                     .collect(),
             };
-            let (frame, within) = encode(&indices, batch);
+            let (outgoing, within) = encode(&indices, batch);
             OwnerBatch {
                 owner,
                 indices,
-                frame,
+                outgoing,
                 within,
             }
         })
@@ -67,29 +82,50 @@ pub(crate) async fn send(
     batches: Vec<OwnerBatch>,
     groups: &CheckGroups,
 ) -> Vec<GroupAnswer> {
-    let max = checks.limits.max_frame_bytes;
+    let max_answer_bytes = checks.limits.max_frame_bytes + 64;
+    let limits = RoundLimits::of(&checks.limits);
     let mut forwards = tokio::task::JoinSet::new();
     for batch in batches {
         let Some(addr) = checks.members.addr_of(&batch.owner) else {
             continue;
         };
-        let peers = checks.peers.clone();
+        let (peers, queues) = (checks.peers.clone(), checks.forwards.clone());
         forwards.spawn(async move {
-            let answer = peers
-                .request_within(
-                    batch.within,
-                    &addr,
-                    &batch.frame,
-                    max + 64,
-                    FrameKind::DecisionBatch,
-                )
-                .await;
-            (batch.owner, batch.indices, answer)
+            let decisions = match batch.outgoing {
+                Outgoing::Coalesced {
+                    groups,
+                    table_version,
+                } => {
+                    let within = batch.within;
+                    queues
+                        .forward(
+                            &peers,
+                            &addr,
+                            groups,
+                            table_version,
+                            within,
+                            limits,
+                            max_answer_bytes,
+                        )
+                        .await
+                }
+                Outgoing::Frame(frame) => {
+                    let kind = FrameKind::DecisionBatch;
+                    let answer = peers
+                        .request_within(batch.within, &addr, &frame, max_answer_bytes, kind)
+                        .await;
+                    answer
+                        .ok()
+                        .and_then(|f| decode_decisions(&f.payload).ok())
+                        .map(|(decisions, _)| decisions)
+                }
+            };
+            (batch.owner, batch.indices, decisions)
         });
     }
     let mut answers = Vec::new();
-    while let Some(Ok((owner, indices, answer))) = forwards.join_next().await {
-        let Ok(Ok((decisions, _))) = answer.map(|f| decode_decisions(&f.payload)) else {
+    while let Some(Ok((owner, indices, decisions))) = forwards.join_next().await {
+        let Some(decisions) = decisions else {
             continue;
         };
         let sizes: Vec<usize> = indices.iter().map(|&i| groups[i].len()).collect();

@@ -74,7 +74,7 @@ pub(crate) async fn forward_home(
         let mut frame = Vec::new();
         // Request id 0: no table of this region orders the home region's tables.
         encode_message(&mut frame, FrameKind::ForwardedCheckBatch, 0, &batch);
-        (frame, PEER_TIMEOUT)
+        (owner_batches::Outgoing::Frame(frame), PEER_TIMEOUT)
     });
     owner_batches::send(checks, batches, groups)
         .await

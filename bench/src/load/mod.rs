@@ -49,7 +49,7 @@ use measure::{run_generator, run_system};
 use side_by_side::{keeps_up, side_by_side};
 use systems::{
     start_envoy_ratelimit, start_floodgate_cluster, start_floodgate_node, start_gubernator,
-    start_redis_baseline, start_rls_node,
+    start_redis_baseline, start_rls_cluster, start_rls_node,
 };
 
 pub(crate) use args::parse_duration;
@@ -156,6 +156,7 @@ fn progress_bar(args: &LoadArgs, workloads: usize) -> ProgressBar {
     let systems = 1
         + usize::from(args.with_cluster())
         + usize::from(args.with_rls())
+        + usize::from(args.with_rls() && args.with_cluster())
         + if args.no_redis { 0 } else { 2 }
         + if args.with_peers() {
             1 + usize::from(args.with_rls())
@@ -281,6 +282,12 @@ async fn run_one_system_at_a_time(
     // The same node behind its gRPC front (a fresh one, so its memory and buckets are its own).
     if args.with_rls() {
         let (server, target) = start_rls_node(args, gateway).await?;
+        measure(Some(&server), target).await?;
+    }
+
+    // A cluster behind its nodes' gRPC fronts, the calls spread over every node.
+    if args.with_rls() && args.with_cluster() {
+        let (server, target) = start_rls_cluster(args, gateway).await?;
         measure(Some(&server), target).await?;
     }
 

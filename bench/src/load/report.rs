@@ -9,7 +9,7 @@ use plotters::prelude::*;
 use serde::Serialize;
 
 use super::driver::RunResult;
-use super::target::{CLUSTER, GENERATOR, REGIONS_GLOBAL, REGIONS_REGION, RLS};
+use super::target::{CLUSTER, CLUSTER_RLS, GENERATOR, REGIONS_GLOBAL, REGIONS_REGION, RLS};
 
 #[derive(Debug, Clone, Serialize)]
 pub struct Record {
@@ -236,6 +236,23 @@ pub fn markdown(records: &[Record]) -> String {
         let references = ran(&[FLOODGATE, BASELINES[0]]);
         comparison(&mut out, records, &workloads, RLS, &references, "####");
     }
+    if let Some(cluster) = records.iter().find(|r| r.system == CLUSTER_RLS) {
+        let _ = writeln!(
+            out,
+            "\n### {CLUSTER_RLS}: {} nodes on this machine behind their RLS fronts, the calls \
+             spread over every node, beside one node's\n",
+            cluster.nodes
+        );
+        let references = ran(&[RLS, CLUSTER]);
+        comparison(
+            &mut out,
+            records,
+            &workloads,
+            CLUSTER_RLS,
+            &references,
+            "####",
+        );
+    }
     if !ran(&[GUBERNATOR]).is_empty() {
         let _ = writeln!(
             out,
@@ -312,7 +329,14 @@ fn regions_section(out: &mut String, records: &[Record], workloads: &[&str]) {
 
 /// Each system's bytes per key, in the tables' order.
 fn memory_line(out: &mut String, records: &[Record]) {
-    let mut every = vec![FLOODGATE, CLUSTER, REGIONS_REGION, REGIONS_GLOBAL, RLS];
+    let mut every = vec![
+        FLOODGATE,
+        CLUSTER,
+        REGIONS_REGION,
+        REGIONS_GLOBAL,
+        RLS,
+        CLUSTER_RLS,
+    ];
     every.extend(BASELINES);
     every.extend([GUBERNATOR, ENVOY_RATELIMIT]);
     let memory: Vec<String> = every

@@ -85,8 +85,14 @@ impl std::fmt::Debug for RlsChannels {
 }
 
 impl RlsChannels {
-    pub async fn connect(addr: std::net::SocketAddr, channels: usize) -> anyhow::Result<Self> {
-        let connections = Connections::open(&vec![addr; channels.max(1)])
+    /// `channels` connections spread over the listeners at `addrs` (at least one each), as an
+    /// Envoy's cluster of several hosts spreads its calls.
+    pub async fn connect(addrs: &[std::net::SocketAddr], channels: usize) -> anyhow::Result<Self> {
+        anyhow::ensure!(!addrs.is_empty(), "no RLS listener to connect to");
+        let each = channels.div_ceil(addrs.len()).max(1);
+        let addrs: Vec<std::net::SocketAddr> =
+            (0..each).flat_map(|_| addrs.iter().copied()).collect();
+        let connections = Connections::open(&addrs)
             .await
             .context("connecting to the RLS listener")?;
         let rls = RlsChannels { connections };

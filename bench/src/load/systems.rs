@@ -35,26 +35,10 @@ pub(super) async fn start_floodgate_cluster(
     gateway: &Gateway,
     data_dir: &str,
 ) -> anyhow::Result<(Server, Targets)> {
-    let (binary, data_dir) = (args.node_binary(), args.out.join(data_dir));
-    let mut nodes: Vec<Server> = Vec::with_capacity(args.cluster_nodes);
-    for _ in 0..args.cluster_nodes {
-        let seeds = match nodes.first() {
-            Some(first) => vec!["--seeds".to_owned(), first.addr.to_string()],
-            None => Vec::new(),
-        };
-        nodes.push(process::start_node_with(
-            &binary,
-            &data_dir,
-            Some(args.cluster_node_threads),
-            None,
-            &seeds,
-        )?);
-    }
-    let mut nodes = nodes.into_iter();
-    let first = nodes.next().context("a cluster needs at least one node")?;
-    let (addr, ca, count) = (first.addr, data_dir.join("ca.pem"), args.cluster_nodes);
+    let data_dir = args.out.join(data_dir);
+    let (server, _) = start_cluster_nodes(args, &data_dir, None)?;
+    let (addr, ca, count) = (server.addr, data_dir.join("ca.pem"), args.cluster_nodes);
     let limit = args.floodgate_limit();
-    let server = first.with(nodes.collect());
     let target = gateway
         .connect(|| {
             let ca = ca.clone();
@@ -62,6 +46,40 @@ pub(super) async fn start_floodgate_cluster(
         })
         .await?;
     Ok((server, target))
+}
+
+/// Starts `args.cluster_nodes` nodes in `data_dir`, one runtime thread each, every one seeded
+/// at the first, each serving the RLS configuration `rls` on a listener of its own if given.
+/// Returns them as one server (the first, the others its companions) and the RLS listeners.
+fn start_cluster_nodes(
+    args: &LoadArgs,
+    data_dir: &std::path::Path,
+    rls: Option<&std::path::Path>,
+) -> anyhow::Result<(Server, Vec<std::net::SocketAddr>)> {
+    let binary = args.node_binary();
+    let mut nodes: Vec<Server> = Vec::with_capacity(args.cluster_nodes);
+    let mut listens = Vec::new();
+    for _ in 0..args.cluster_nodes {
+        let seeds = match nodes.first() {
+            Some(first) => vec!["--seeds".to_owned(), first.addr.to_string()],
+            None => Vec::new(),
+        };
+        let front = match rls {
+            Some(config) => Some((config, process::free_tcp_addr()?)),
+            None => None,
+        };
+        listens.extend(front.map(|(_, listen)| listen));
+        nodes.push(process::start_node_with(
+            &binary,
+            data_dir,
+            Some(args.cluster_node_threads),
+            front,
+            &seeds,
+        )?);
+    }
+    let mut nodes = nodes.into_iter();
+    let first = nodes.next().context("a cluster needs at least one node")?;
+    Ok((first.with(nodes.collect()), listens))
 }
 
 /// Starts two regions of one node each (`--region a`, then `--region b` seeded at `a`; one
@@ -99,21 +117,46 @@ pub(super) async fn start_rls_node(
     args: &LoadArgs,
     gateway: &Gateway,
 ) -> anyhow::Result<(Server, Targets)> {
-    let binary = args.node_binary();
-    let config = args.out.join("rls.yaml");
-    std::fs::write(&config, args.rls_config_yaml()?)
-        .with_context(|| format!("writing {}", config.display()))?;
+    let config = write_rls_config(args)?;
     let listen = process::free_tcp_addr()?;
     let data_dir = args.out.join("rls-node-data");
     let server = process::start_node(
-        &binary,
+        &args.node_binary(),
         &data_dir,
         args.node_threads,
         Some((&config, listen)),
     )?;
     let channels = args.rls_channels;
-    let target = gateway.connect(|| Target::rls(listen, channels)).await?;
+    let target = gateway
+        .connect(|| Target::rls(vec![listen], channels))
+        .await?;
     Ok((server, target))
+}
+
+/// [`start_rls_node`] on a cluster of `args.cluster_nodes` nodes (as [`start_floodgate_cluster`]
+/// starts them), each serving the RLS configuration; the RLS target's connections are spread
+/// over every node's listener once every node owns slots.
+pub(super) async fn start_rls_cluster(
+    args: &LoadArgs,
+    gateway: &Gateway,
+) -> anyhow::Result<(Server, Targets)> {
+    let config = write_rls_config(args)?;
+    let data_dir = args.out.join("rls-cluster-data");
+    let (server, listens) = start_cluster_nodes(args, &data_dir, Some(&config))?;
+    super::target::await_cluster(server.addr, &data_dir.join("ca.pem"), args.cluster_nodes).await?;
+    let channels = args.rls_channels;
+    let target = gateway
+        .connect(|| Target::rls(listens.clone(), channels))
+        .await?;
+    Ok((server, target))
+}
+
+/// Writes the RLS configuration to `out/rls.yaml` and returns its path.
+fn write_rls_config(args: &LoadArgs) -> anyhow::Result<std::path::PathBuf> {
+    let config = args.out.join("rls.yaml");
+    std::fs::write(&config, args.rls_config_yaml()?)
+        .with_context(|| format!("writing {}", config.display()))?;
+    Ok(config)
 }
 
 /// Starts a Gubernator cluster and connects the target of every gateway worker to all its

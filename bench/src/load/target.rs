@@ -68,8 +68,12 @@ pub enum Target {
         throttle: CellThrottle,
     },
     /// The node's RLS listener: one `ShouldRateLimit` call per request, one descriptor per key
-    /// (all-or-nothing, as the node refunds the others when one is over its limit).
-    Rls(super::rls::RlsChannels),
+    /// (all-or-nothing, as the node refunds the others when one is over its limit); with
+    /// `nodes` above 1, the listeners of a cluster's nodes, the calls spread over them.
+    Rls {
+        channels: super::rls::RlsChannels,
+        nodes: usize,
+    },
     /// envoyproxy/ratelimit over Redis, fed the same RLS calls as the node's RLS listener.
     EnvoyRatelimit(super::rls::RlsChannels),
     /// A Gubernator cluster: one `GetRateLimits` call per request, one token-bucket request
@@ -122,6 +126,10 @@ pub const GENERATOR: &str = "generator";
 pub const CLUSTER: &str = "floodgate-cluster";
 /// The same node through Envoy's rate limit service (RLS v3 gRPC) instead of its QUIC client.
 pub const RLS: &str = "floodgate+rls";
+/// A cluster's nodes through their RLS fronts, the calls spread over every node as an Envoy
+/// spreads them over its cluster's hosts: each descriptor decided by its key's owner, most of
+/// them forwarded there by the node that was called.
+pub const CLUSTER_RLS: &str = "floodgate-cluster+rls";
 /// Two regions of one node each on this machine, the gateway in region `a`: every check of
 /// scope `global` (decided in `a`, its units merged in `b` as deltas) ...
 pub const REGIONS_GLOBAL: &str = "floodgate-regions-global-scope";
@@ -343,12 +351,14 @@ impl Target {
         Ok(Target::RedisCell { pool, throttle })
     }
 
-    /// The node's RLS listener, over `channels` HTTP/2 connections; the node enforces the limit
-    /// its `--rls-config` (written by [`super::args::LoadArgs::rls_config_yaml`]) gives.
-    pub async fn rls(addr: std::net::SocketAddr, channels: usize) -> anyhow::Result<Self> {
-        Ok(Target::Rls(
-            super::rls::RlsChannels::connect(addr, channels).await?,
-        ))
+    /// The RLS listeners of a node or a cluster's nodes, over `channels` HTTP/2 connections
+    /// spread over them; the nodes enforce the limit their `--rls-config` (written by
+    /// [`super::args::LoadArgs::rls_config_yaml`]) gives.
+    pub async fn rls(addrs: Vec<std::net::SocketAddr>, channels: usize) -> anyhow::Result<Self> {
+        Ok(Target::Rls {
+            channels: super::rls::RlsChannels::connect(&addrs, channels).await?,
+            nodes: addrs.len(),
+        })
     }
 
     /// envoyproxy/ratelimit's gRPC listener, over `channels` HTTP/2 connections.
@@ -357,7 +367,7 @@ impl Target {
         channels: usize,
     ) -> anyhow::Result<Self> {
         Ok(Target::EnvoyRatelimit(
-            super::rls::RlsChannels::connect(addr, channels).await?,
+            super::rls::RlsChannels::connect(&[addr], channels).await?,
         ))
     }
 
@@ -375,7 +385,8 @@ impl Target {
     pub fn name(&self) -> &'static str {
         match self {
             Target::Floodgate { name, .. } => name,
-            Target::Rls(_) => "floodgate+rls",
+            Target::Rls { nodes: 1, .. } => RLS,
+            Target::Rls { .. } => CLUSTER_RLS,
             Target::EnvoyRatelimit(_) => "envoy-ratelimit",
             Target::Gubernator(_) => "gubernator",
             Target::Redis { .. } => "redis+lua",
@@ -387,7 +398,7 @@ impl Target {
     /// The server processes that decide (the cluster's nodes; 1 for a single server).
     pub fn nodes(&self) -> usize {
         match self {
-            Target::Floodgate { nodes, .. } => *nodes,
+            Target::Floodgate { nodes, .. } | Target::Rls { nodes, .. } => *nodes,
             Target::Gubernator(channels) => channels.nodes(),
             _ => 1,
         }
@@ -439,7 +450,9 @@ impl Target {
     /// Checks one request's keys all-or-nothing.
     pub async fn check(&self, keys: &[String]) -> anyhow::Result<Outcome> {
         match self {
-            Target::Rls(channels) | Target::EnvoyRatelimit(channels) => channels.check(keys).await,
+            Target::Rls { channels, .. } | Target::EnvoyRatelimit(channels) => {
+                channels.check(keys).await
+            }
             Target::Gubernator(cluster) => cluster.check(keys).await,
             Target::Noop => {
                 tokio::task::yield_now().await;
@@ -527,6 +540,22 @@ async fn await_members(client: &Client, nodes: usize) -> anyhow::Result<()> {
     tokio::time::timeout_at(deadline, client.wait_connected())
         .await
         .context("connecting to every member")
+}
+
+/// Waits until the cluster seeded at `node` has `nodes` members that all own slots, through a
+/// client that is then dropped (for the systems called through another front).
+pub async fn await_cluster(
+    node: std::net::SocketAddr,
+    ca: &std::path::Path,
+    nodes: usize,
+) -> anyhow::Result<()> {
+    let client = Client::connect(
+        &[floodgate_client::HostPort::from(node)],
+        ClientConfig::with_ca_file(ca),
+    )
+    .await
+    .context("connecting to the cluster's first node")?;
+    await_members(&client, nodes).await
 }
 
 /// Waits until `client`'s table (from region `a`'s node) names a member of region `b` too,

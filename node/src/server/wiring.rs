@@ -95,6 +95,7 @@ pub(super) fn wire(
         slots: parts.slots.clone(),
         members: parts.members.clone(),
         peers: parts.peers.clone(),
+        forwards: Default::default(),
         regions: parts.regions.clone(),
         region_sync,
     });
