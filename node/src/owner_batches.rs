@@ -43,8 +43,8 @@ pub(crate) struct GroupAnswer {
 }
 
 /// Builds one batch per node of `by_owner` from the received frame: `encode` turns a node's
-/// indices and its groups into what carries them and the time to wait for it. Nothing when the frame
-/// does not unpack (it was validated when read, so it does).
+/// indices and its groups into what carries them and the time to wait for it. Nothing when the
+/// frame does not unpack (it was validated when read, so it does).
 pub(crate) fn batches(
     archived: Option<&ArchivedCheckBatch>,
     by_owner: BTreeMap<String, Vec<usize>>,
