@@ -10,9 +10,9 @@
 //! Only batches placed by the same table travel together (the frame's request id is that
 //! table's version, which the owner may wait to catch up with). Bounded: a round carries at
 //! most the node's `max_batch` checks and half its `max_frame_bytes`, counted generously;
-//! at most [`WAITING_ROUNDS`] rounds' worth waits for one owner, beyond which a forward is
-//! refused at once (its groups unanswered, as when the owner does not answer); a batch whose
-//! wait ended is dropped before its groups are sent.
+//! at most [`WAITING_ROUNDS`] rounds' worth (checks and bytes) waits for one owner, beyond
+//! which a forward is refused at once (its groups unanswered, as when the owner does not
+//! answer); a batch whose wait ended is dropped before its groups are sent.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
@@ -27,7 +27,7 @@ use tokio::time::Instant;
 
 use crate::cluster::Peers;
 
-/// How many rounds' worth of checks may wait for one owner.
+/// How many rounds' worth of checks and bytes may wait for one owner.
 const WAITING_ROUNDS: usize = 4;
 
 /// A round of fewer checks is light: forwards come slower than round trips, so the next one
@@ -185,7 +185,9 @@ impl Waiter {
 #[derive(Default)]
 struct Queue {
     waiting: VecDeque<Waiter>,
+    /// The waiting batches' checks and bytes (counted as a round's are).
     waiting_checks: usize,
+    waiting_bytes: usize,
     /// Tasks sending this owner's rounds, each one round at a time.
     senders: usize,
     /// The last round sent was light.
@@ -200,11 +202,13 @@ impl Queue {
     /// Queues `waiter`; true when the caller is to start a task sending this owner's rounds:
     /// none does yet, or the rounds out are light and another may go beside them.
     fn push(&mut self, waiter: Waiter, limits: RoundLimits) -> Result<bool, Full> {
-        let bound = limits.checks.saturating_mul(WAITING_ROUNDS);
-        if !self.waiting.is_empty() && self.waiting_checks + waiter.checks > bound {
+        let over = self.waiting_checks + waiter.checks > limits.checks * WAITING_ROUNDS
+            || self.waiting_bytes + waiter.bytes > limits.bytes * WAITING_ROUNDS;
+        if !self.waiting.is_empty() && over {
             return Err(Full);
         }
         self.waiting_checks += waiter.checks;
+        self.waiting_bytes += waiter.bytes;
         self.waiting.push_back(waiter);
         let start = self.senders == 0 || (self.light && self.senders < MAX_SENDERS);
         self.senders += usize::from(start);
@@ -217,6 +221,7 @@ impl Queue {
     fn take_round(&mut self, limits: RoundLimits) -> Option<Round> {
         self.waiting.retain(|w| !w.answer.is_closed());
         self.waiting_checks = self.waiting.iter().map(|w| w.checks).sum();
+        self.waiting_bytes = self.waiting.iter().map(|w| w.bytes).sum();
         let Some(first) = self.waiting.front() else {
             self.senders = self.senders.saturating_sub(1);
             return None;
@@ -240,6 +245,7 @@ impl Queue {
             checks += waiter.checks;
             bytes += waiter.bytes;
             self.waiting_checks -= waiter.checks;
+            self.waiting_bytes -= waiter.bytes;
             round.deadline = round.deadline.max(waiter.deadline);
             round.batch.groups.extend(waiter.groups);
             round.answers.push((waiter.checks, waiter.answer));
@@ -453,6 +459,21 @@ mod tests {
         }
         let (over, _rx) = waiter(&[&["over"]], 1, now);
         assert_eq!(queue.push(over, LIMITS), Err(Full));
+        // Bytes bound what waits as checks do: rounds of 2 one-byte keys' worth here.
+        let narrow = RoundLimits {
+            checks: 100,
+            bytes: 2 * (CHECK_OVERHEAD_BYTES + 1),
+        };
+        let mut bytes_queue = Queue::default();
+        let mut kept = Vec::new();
+        for i in 0..2 * WAITING_ROUNDS {
+            let key = (i % 10).to_string();
+            let (w, rx) = waiter(&[&[key.as_str()]], 1, now);
+            assert!(bytes_queue.push(w, narrow).is_ok(), "{i}");
+            kept.push(rx);
+        }
+        let (w, _rx) = waiter(&[&["x"]], 1, now);
+        assert_eq!(bytes_queue.push(w, narrow), Err(Full));
         // Every caller but the last stops waiting: only its batch is sent.
         let last = receivers.pop().unwrap();
         drop(receivers);
