@@ -126,7 +126,7 @@ bench-core:      ## criterion micro-benchmarks of the bucket store beside govern
 	$(CARGO) bench -p floodgate-bench --bench memory --locked
 	$(CARGO) bench -p floodgate-bench --bench transport --locked
 
-bench-load:      ## floodgate (one node, a 3-node cluster, Envoy RLS, and global beside region checks on two regions) beside Redis + Lua, Redis + redis-cell, Gubernator and envoyproxy/ratelimit, same workloads, RUNS runs (default 1; RUNS=3 judges the targets on medians): markdown tables, target/bench/{report.json,latency.svg} (run-K/ each with RUNS>1)
+bench-load:      ## floodgate (one node, a 3-node cluster, Envoy RLS on one node and on the cluster, and global beside region checks on two regions) beside Redis + Lua, Redis + redis-cell, Gubernator and envoyproxy/ratelimit, same workloads, RUNS runs (default 1; RUNS=3 judges the targets on medians): markdown tables, target/bench/{report.json,latency.svg} (run-K/ each with RUNS>1)
 	@command -v redis-server >/dev/null || (apt-get install -y redis-server >/dev/null 2>&1 || echo "redis-server missing and not installable: the Redis baselines will be skipped")
 	@bash bench/redis-cell.sh >/dev/null || echo "the redis+cell baseline will be skipped"
 	@bash bench/go-peer.sh gubernator >/dev/null || echo "the gubernator peer will be skipped"
