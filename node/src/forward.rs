@@ -37,7 +37,7 @@ use crate::caller::{Caller, REFUND_REFUSED};
 use crate::check_path::CheckPath;
 use crate::cluster::RegionRings;
 use crate::metrics::DecisionTally;
-use crate::owner_batches::{self, Outgoing};
+use crate::owner_batches::{self, Outgoing, Received};
 use crate::reach::Reach;
 use crate::region_sync::GlobalChecks;
 use crate::service::{decide_group, decode_frame_into, finish_batch, prefetch_before};
@@ -147,14 +147,18 @@ pub(crate) async fn answer_check_batch(
         return Some(code);
     }
     // Already validated by decode_frame_into, so this access succeeds.
-    let archived = || rkyv::access::<ArchivedCheckBatch, rancor::Error>(&frame.payload).ok();
+    let received = || {
+        rkyv::access::<ArchivedCheckBatch, rancor::Error>(&frame.payload)
+            .ok()
+            .map(Received::Archived)
+    };
     let refused = answer_groups(
         checks,
         caller,
         frame,
         &groups,
         &[],
-        archived,
+        received,
         now_ns,
         &mut buffers,
         out,
@@ -167,7 +171,7 @@ pub(crate) async fn answer_check_batch(
 
 /// Answers a validated batch's `groups` (kinds 1, 10, 12 and 20) whose checks have `scopes`
 /// (one per check in flattened order; none: every check `region`): every scope takes the
-/// same path through the gate, hand-off, forwarding and takeover. `archived` gives the
+/// same path through the gate, hand-off, forwarding and takeover. `received` gives the
 /// validated batch again, for what is forwarded. A refund group the caller may not make is
 /// refused before it is placed.
 #[allow(clippy::too_many_arguments)]
@@ -177,7 +181,7 @@ pub(crate) async fn answer_groups<'f>(
     frame: &Frame,
     groups: &CheckGroups,
     scopes: &[Scope],
-    archived: impl FnOnce() -> Option<&'f ArchivedCheckBatch>,
+    received: impl FnOnce() -> Option<Received<'f>>,
     now_ns: u64,
     buffers: &mut BatchBuffers,
     out: &mut Vec<u8>,
@@ -193,7 +197,7 @@ pub(crate) async fn answer_groups<'f>(
         forwarded_by,
         groups,
         scopes,
-        archived,
+        received,
         now_ns,
         buffers,
     )
@@ -228,7 +232,7 @@ pub(crate) async fn decide_groups<'f>(
     forwarded_by: Option<u64>,
     groups: &CheckGroups,
     scopes: &[Scope],
-    archived: impl FnOnce() -> Option<&'f ArchivedCheckBatch>,
+    received: impl FnOnce() -> Option<Received<'f>>,
     now_ns: u64,
     buffers: &mut BatchBuffers,
 ) -> Decided {
@@ -256,20 +260,20 @@ pub(crate) async fn decide_groups<'f>(
         .iter()
         .any(|p| matches!(p, GroupState::Remote(_) | GroupState::Home))
     {
-        let archived = archived();
+        let received = received();
         batch.refuse_unreadable_metered(&mut placed);
         let homes: Vec<usize> = (0..placed.len())
             .filter(|&i| placed[i] == GroupState::Home)
             .collect();
         if !homes.is_empty() {
             let answers =
-                crate::reach::forward_home(checks, archived, &batch.reach, groups, &homes).await;
+                crate::reach::forward_home(checks, received, &batch.reach, groups, &homes).await;
             for (i, answer) in answers {
                 placed[i] = GroupState::Answered(answer);
             }
         }
         batch
-            .forward_rounds(archived, &mut placed, table_version)
+            .forward_rounds(received, &mut placed, table_version)
             .await;
     }
     let Batch { tally, local, .. } = batch;
@@ -541,7 +545,7 @@ impl<'a> Batch<'a> {
     /// once (the machine's `place_again`) and, if sent on, their answers taken as they come.
     async fn forward_rounds(
         &mut self,
-        archived: Option<&ArchivedCheckBatch>,
+        received: Option<Received<'_>>,
         placed: &mut [GroupState],
         table_version: u64,
     ) {
@@ -551,7 +555,7 @@ impl<'a> Batch<'a> {
             if !placed.iter().any(|p| matches!(p, GroupState::Remote(_))) {
                 return;
             }
-            self.forward(archived, placed, version).await;
+            self.forward(received, placed, version).await;
             for (i, place) in placed.iter_mut().enumerate() {
                 // The owner may have taken it: sending it again could count it twice.
                 if *place == GroupState::Unanswered && is_charge(&self.groups[i]) {
@@ -694,14 +698,14 @@ fn assemble(
 }
 
 impl Batch<'_> {
-    /// Sends each owner its `Remote` groups (re-encoded from the validated archive) as one
+    /// Sends each owner its `Remote` groups (re-encoded from the batch received) as one
     /// forwarded frame, all owners at once, and records what comes back in time. The frames
     /// carry `table_version` (the table that placed them) as their request id. Groups with
     /// `global` checks travel with their scopes (kind 20) to an owner that reads that kind; to
     /// an older one they are answered `not_owner` (the client's failure mode decides).
     async fn forward(
         &self,
-        archived: Option<&ArchivedCheckBatch>,
+        received: Option<Received<'_>>,
         placed: &mut [GroupState],
         table_version: u64,
     ) {
@@ -730,7 +734,7 @@ impl Batch<'_> {
             });
         }
         remote.retain(|_, indices| !indices.is_empty());
-        let batches = owner_batches::batches(archived, remote, |indices, batch| {
+        let batches = owner_batches::batches(received, remote, |indices, batch| {
             let outgoing = if indices.iter().any(|&i| *self.reach(i) == Reach::Global) {
                 let mut frame = Vec::new();
                 let scopes: Vec<Scope> = indices

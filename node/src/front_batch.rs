@@ -3,21 +3,21 @@
 //! and [`FrontContext`], what those fronts are handed.
 
 use std::future::Future;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use floodgate::Clock;
 use floodgate::wire::{
-    ArchivedCheckBatch, CheckBatch, CheckGroups, ErrorCode, HEADER_BYTES, WireCheck, WireDecision,
+    CheckBatch, CheckGroups, ErrorCode, HEADER_BYTES, WireCheck, WireDecision,
     decode_check_batch_into, validate_check_batch_into,
 };
 use rkyv::rancor;
-use rkyv::util::AlignedVec;
 
 use crate::budget::BufferBudget;
 use crate::caller::Caller;
 use crate::check_path::CheckPath;
 use crate::config::NodeConfig;
+use crate::owner_batches::Received;
 use crate::service::record_batch;
 
 /// What the fronts beside QUIC (the RLS and RESP) share: the node's configuration (their TLS
@@ -117,9 +117,8 @@ where
 /// One round of [`run_batch`], handing the groups back. The batch is held to the limits a
 /// client's is: validated as the decoder validates it archived
 /// (`validate_check_batch_into`, without archiving it, when it surely fits a frame; archived,
-/// sized and decoded otherwise). It is archived, as a client would send it, only when a group
-/// is forwarded: the archive is what a forward to another owner carries. No frame is built or
-/// read around it, and the decisions are taken as they are.
+/// sized and decoded otherwise). What is forwarded to another owner is copied from the groups
+/// themselves. No frame is built or read around it, and the decisions are taken as they are.
 async fn decide_once(
     front: &FrontContext,
     groups: Vec<Vec<WireCheck>>,
@@ -136,26 +135,19 @@ async fn decide_batch(
     let expected: usize = batch.groups.iter().map(Vec::len).sum();
     let path = &front.checks;
     let limits = path.limits;
-    let payload: OnceLock<Option<AlignedVec>> = OnceLock::new();
     let mut buffers = crate::forward::BatchBuffers::take();
     let mut checks = std::mem::take(&mut buffers.groups);
     let validated = if batch.fits_packed(limits.max_frame_bytes.saturating_sub(HEADER_BYTES)) {
         validate_check_batch_into(batch, &limits.wire(), &mut checks).map_err(|(_, m)| Undecided(m))
     } else {
-        archive_and_decode(batch, &limits, &payload, &mut checks)
+        archive_and_decode(batch, &limits, &mut checks)
     };
     if let Err(why) = validated {
         buffers.groups = checks;
         buffers.give_back();
         return Err(why);
     }
-    // Packed on the first forward; it packed before (`fits_packed`) or already.
-    let archived = || {
-        let payload = payload
-            .get_or_init(|| rkyv::to_bytes::<rancor::Error>(batch).ok())
-            .as_ref()?;
-        rkyv::access::<ArchivedCheckBatch, rancor::Error>(payload).ok()
-    };
+    let received = || Some(Received::Groups(&batch.groups));
     let now_ns = path.clock.now_ns();
     // Neither an Envoy nor a Redis client can be told to try again: the call waits (at most
     // 500 ms) for a moving slot's hand-off instead, as for a client of an older version. The
@@ -167,7 +159,7 @@ async fn decide_batch(
         None,
         &checks,
         &[],
-        archived,
+        received,
         now_ns,
         &mut buffers,
     )
@@ -183,12 +175,11 @@ async fn decide_batch(
     Ok(decided.decisions)
 }
 
-/// A batch that may not fit a frame: archived into `payload`, refused if it does not fit, and
-/// decoded as a client's frame would be.
+/// A batch that may not fit a frame: archived, refused if it does not fit, and decoded as a
+/// client's frame would be.
 fn archive_and_decode(
     batch: &CheckBatch,
     limits: &crate::config::NodeLimits,
-    payload: &OnceLock<Option<AlignedVec>>,
     checks: &mut CheckGroups,
 ) -> Result<(), Undecided> {
     let archived = rkyv::to_bytes::<rancor::Error>(batch)
@@ -200,9 +191,7 @@ fn archive_and_decode(
             limits.max_frame_bytes
         )));
     }
-    decode_check_batch_into(&archived, &limits.wire(), checks).map_err(|(_, m)| Undecided(m))?;
-    let _ = payload.set(Some(archived));
-    Ok(())
+    decode_check_batch_into(&archived, &limits.wire(), checks).map_err(|(_, m)| Undecided(m))
 }
 
 #[cfg(test)]

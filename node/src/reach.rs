@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 
 use floodgate::region::{Peer, RegionName, Scope};
 use floodgate::wire::{
-    ArchivedCheckBatch, CheckGroups, ErrorCode, FrameKind, ValidCheck, WireDecision, encode_message,
+    CheckGroups, ErrorCode, FrameKind, ValidCheck, WireDecision, encode_message,
 };
 use floodgate::{BucketCheck, EpochClock};
 
@@ -52,7 +52,7 @@ impl Reach {
 /// (a group no answer came for is left out).
 pub(crate) async fn forward_home(
     checks: &CheckPath,
-    archived: Option<&ArchivedCheckBatch>,
+    received: Option<owner_batches::Received<'_>>,
     reach: &[Reach],
     groups: &CheckGroups,
     wanted: &[usize],
@@ -70,7 +70,7 @@ pub(crate) async fn forward_home(
     if homes.is_empty() {
         return Vec::new();
     }
-    let batches = owner_batches::batches(archived, homes, |_, batch| {
+    let batches = owner_batches::batches(received, homes, |_, batch| {
         let mut frame = Vec::new();
         // Request id 0: no table of this region orders the home region's tables.
         encode_message(&mut frame, FrameKind::ForwardedCheckBatch, 0, &batch);

@@ -89,13 +89,13 @@ async fn answer_scopes(
         };
     }
     // Already validated by the decoder, so this access succeeds.
-    let archived = || {
+    let received = || {
         rkyv::access::<ArchivedScopedCheckBatch, rancor::Error>(&frame.payload)
             .ok()
-            .map(|scoped| &scoped.batch)
+            .map(|scoped| crate::owner_batches::Received::Archived(&scoped.batch))
     };
     Ok(crate::forward::answer_groups(
-        checks, caller, frame, groups, scopes, archived, now_ns, buffers, out,
+        checks, caller, frame, groups, scopes, received, now_ns, buffers, out,
     )
     .await)
 }
