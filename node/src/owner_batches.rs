@@ -55,6 +55,22 @@ pub(crate) enum Received<'a> {
     Groups(&'a [Vec<WireCheck>]),
 }
 
+/// The groups a batch's forwards are taken from.
+enum SentGroups<'a> {
+    Unpacked(Vec<Vec<WireCheck>>),
+    Borrowed(&'a [Vec<WireCheck>]),
+}
+
+impl SentGroups<'_> {
+    /// Group `i`: each goes to one node, so an unpacked one is moved, a borrowed one copied.
+    fn take(&mut self, i: usize) -> Option<Vec<WireCheck>> {
+        match self {
+            SentGroups::Unpacked(groups) => groups.get_mut(i).map(std::mem::take),
+            SentGroups::Borrowed(groups) => groups.get(i).cloned(),
+        }
+    }
+}
+
 /// Builds one batch per node of `by_owner` from the received batch: `encode` turns a node's
 /// indices and its groups into what carries them and the time to wait for it. Nothing when the
 /// archive does not unpack (it was validated when read, so it does).
@@ -63,26 +79,19 @@ pub(crate) fn batches(
     by_owner: BTreeMap<String, Vec<usize>>,
     mut encode: impl FnMut(&[usize], CheckBatch) -> (Outgoing, Duration),
 ) -> Vec<OwnerBatch> {
-    let (mut unpacked, owned) = match received {
+    let mut sent = match received {
         Some(Received::Archived(archived)) => match archived.unpack() {
-            Ok(batch) => (batch.groups, &[][..]),
+            Ok(batch) => SentGroups::Unpacked(batch.groups),
             Err(_) => return Vec::new(),
         },
-        Some(Received::Groups(groups)) => (Vec::new(), groups),
+        Some(Received::Groups(groups)) => SentGroups::Borrowed(groups),
         None => return Vec::new(),
     };
     by_owner
         .into_iter()
         .map(|(owner, indices)| {
-            // Each group goes to one node, so an unpacked one is moved, not copied.
             let batch = CheckBatch {
-                groups: indices
-                    .iter()
-                    .filter_map(|&i| match unpacked.get_mut(i) {
-                        Some(group) => Some(std::mem::take(group)),
-                        None => owned.get(i).cloned(),
-                    })
-                    .collect(),
+                groups: indices.iter().filter_map(|&i| sent.take(i)).collect(),
             };
             let (outgoing, within) = encode(&indices, batch);
             OwnerBatch {
