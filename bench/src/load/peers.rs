@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use floodgate::Limit;
 
-use super::process::{Server, free_port, start_redis};
+use super::process::{Server, free_port, free_port_both, start_redis};
 
 /// Gubernator's nodes in the bench: as many as floodgate's `make run` cluster has.
 pub const GUBERNATOR_NODES: usize = 3;
@@ -51,6 +51,11 @@ fn log_file(path: &Path) -> anyhow::Result<std::fs::File> {
 /// Gubernator tells member-list peers apart by IP address and gossips under the host's name, as
 /// on one node per host: here node `i` listens on 127.0.0.`i+1` and runs in a UTS namespace of
 /// its own (`unshare --uts`, as root) named `bench-i`.
+///
+/// Nodes that do not all see each other within [`START_UP`] are stopped and started once more
+/// on fresh ports (that try's logs in `dir/second-try`): what is measured is a converged
+/// cluster's service, and one set of runs on a slower host lost a run's Gubernator rows to a
+/// start-up that never converged.
 pub async fn start_gubernator(
     binary: &Path,
     dir: &Path,
@@ -58,9 +63,35 @@ pub async fn start_gubernator(
     keys: u64,
 ) -> anyhow::Result<(Server, Vec<SocketAddr>)> {
     ensure_built(binary, "gubernator")?;
+    match start_gubernator_once(binary, dir, nodes, keys).await {
+        Ok(Started::Converged(server, addrs)) => return Ok((server, addrs)),
+        Ok(Started::NotConverged(why)) => {
+            eprintln!("{why}; starting Gubernator's nodes again on fresh ports");
+        }
+        Err(e) => return Err(e),
+    }
+    match start_gubernator_once(binary, &dir.join("second-try"), nodes, keys).await? {
+        Started::Converged(server, addrs) => Ok((server, addrs)),
+        Started::NotConverged(why) => bail!("{why}, twice"),
+    }
+}
+
+/// What one start of Gubernator's nodes came to.
+enum Started {
+    Converged(Server, Vec<SocketAddr>),
+    /// They serve but not all see each other: why (the nodes are stopped).
+    NotConverged(String),
+}
+
+async fn start_gubernator_once(
+    binary: &Path,
+    dir: &Path,
+    nodes: usize,
+    keys: u64,
+) -> anyhow::Result<Started> {
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     let ip = |i: usize| std::net::Ipv4Addr::new(127, 0, 0, 1 + i as u8);
-    let gossip_port = free_port(false)?;
+    let gossip_port = free_port_both()?;
     let known = format!("{}:{gossip_port}", ip(0));
     let mut servers = Vec::with_capacity(nodes);
     let mut addrs = Vec::with_capacity(nodes);
@@ -106,9 +137,10 @@ pub async fn start_gubernator(
             match super::gubernator::peer_count(addr).await {
                 Ok(count) if count as usize >= nodes => break,
                 _ if Instant::now() > deadline => {
-                    bail!(
+                    // Dropping the servers stops the nodes.
+                    return Ok(Started::NotConverged(format!(
                         "Gubernator node {i} on {addr} did not see {nodes} peers within {START_UP:?}"
-                    )
+                    )));
                 }
                 _ => tokio::time::sleep(Duration::from_millis(100)).await,
             }
@@ -116,7 +148,7 @@ pub async fn start_gubernator(
     }
     let mut servers = servers.into_iter();
     let first = servers.next().context("no Gubernator node")?;
-    Ok((first.with(servers.collect()), addrs))
+    Ok(Started::Converged(first.with(servers.collect()), addrs))
 }
 
 /// envoyproxy/ratelimit's configuration: the domain and descriptor keys of floodgate's RLS

@@ -142,6 +142,19 @@ pub fn free_port(udp: bool) -> anyhow::Result<u16> {
     })
 }
 
+/// A loopback port free for both TCP and UDP at the time of the call (member-list gossip binds
+/// both on one port): a port free for TCP may be held by a UDP socket, a QUIC endpoint say.
+pub fn free_port_both() -> anyhow::Result<u16> {
+    for _ in 0..64 {
+        let tcp = std::net::TcpListener::bind("127.0.0.1:0")?;
+        let port = tcp.local_addr()?.port();
+        if UdpSocket::bind(("127.0.0.1", port)).is_ok() {
+            return Ok(port);
+        }
+    }
+    anyhow::bail!("no loopback port free for both TCP and UDP in 64 tries")
+}
+
 /// The `floodgate-node` binary beside this one (both are built into the same target folder).
 pub fn default_node_binary() -> PathBuf {
     let me = std::env::current_exe().unwrap_or_default();
