@@ -357,3 +357,25 @@ fn both_gateway_shapes_run_and_hold_the_leased_key_to_its_limit() {
         }
     }
 }
+
+#[test]
+fn only_the_side_by_side_step_without_redis_is_refused_with_a_reason() {
+    let out = tempfile::tempdir().unwrap();
+    let output = Command::new(bench())
+        .args([
+            "load",
+            "--only-side-by-side",
+            "--no-redis",
+            "--quiet",
+            "--out",
+        ])
+        .arg(out.path())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("--only-side-by-side sets floodgate beside Redis"),
+        "{stderr}"
+    );
+}

@@ -131,7 +131,8 @@ pub struct LoadArgs {
     #[arg(long, default_value = "target/bench")]
     pub out: PathBuf,
     /// Run only the side-by-side step (every system at the first rate, in turns of 50 ms):
-    /// the quick way to compare tails at low load, repeated, on a noisy machine.
+    /// the quick way to compare tails at low load, repeated, on a noisy machine. Floodgate is set
+    /// beside Redis there, so not with `--no-redis` or `--seeds`.
     #[arg(long)]
     pub only_side_by_side: bool,
     /// No progress bar (for logs and CI).

@@ -95,6 +95,12 @@ async fn run_once(args: &LoadArgs) -> anyhow::Result<(Vec<Record>, Vec<verdict::
         !args.duration.is_zero() && args.duration <= MAX_STEP,
         "--duration must be more than 0 and at most 10min"
     );
+    // The step compares floodgate with Redis in turns (Gubernator joins only after its own steps
+    // kept up): without Redis, or with seeds, it would print nothing.
+    anyhow::ensure!(
+        !args.only_side_by_side || (!args.no_redis && args.seeds.is_empty()),
+        "--only-side-by-side sets floodgate beside Redis: it cannot run with --no-redis or --seeds"
+    );
     std::fs::create_dir_all(&args.out)
         .with_context(|| format!("creating {}", args.out.display()))?;
     let workloads = args.workloads();
