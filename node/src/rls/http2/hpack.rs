@@ -3,9 +3,11 @@
 //! is encoded without the dynamic table (`frame`).
 //!
 //! Decoding is cheap where it matters: fields the caller indexed (Envoy's and gRPC clients'
-//! steady state: the same method, path and content type on every call) are read from the
-//! tables without a copy, and a Huffman-coded literal is decoded bit by bit against the
-//! canonical code's per-length ranges, with no table built per string.
+//! steady state: the same method and content type on every call) are read from the tables
+//! without a copy, and a Huffman-coded literal is decoded bit by bit against the canonical
+//! code's per-length ranges, with no table built per string. Encoders that follow nghttp2 (h2,
+//! Envoy's) never index `:path`, so each call carries the same Huffman-coded path: the last such
+//! literal's decoding is kept and reused while the coded bytes are the same.
 
 use std::borrow::Cow;
 use std::collections::VecDeque;
@@ -44,6 +46,41 @@ pub(super) struct Decoder {
     max_size: usize,
     /// What the node's SETTINGS allow the caller to make `max_size`.
     allowed: usize,
+    last_huffman: LastHuffman,
+}
+
+/// The last Huffman-coded literal value decoded, coded and decoded, both within
+/// [`LastHuffman::MOST`] bytes coded (so a connection holds at most about a kilobyte for it).
+/// The same coded bytes always decode the same, so a hit is the decoding itself.
+#[derive(Debug, Default)]
+struct LastHuffman {
+    coded: Vec<u8>,
+    decoded: Vec<u8>,
+}
+
+impl LastHuffman {
+    /// Longest coded literal kept: a gRPC path is under a hundred bytes.
+    const MOST: usize = 256;
+
+    /// The literal value at `block[*at]`, decoded: from the last one when its coded bytes are
+    /// the same; a short Huffman-coded one decoded is kept in its place.
+    fn value<'a>(&'a mut self, block: &'a [u8], at: &mut usize) -> Result<Cow<'a, [u8]>, Error> {
+        let (huffman, coded) = literal(block, at)?;
+        if !huffman {
+            return Ok(Cow::Borrowed(coded));
+        }
+        if coded.len() > Self::MOST {
+            return huffman_decode(coded).map(Cow::Owned);
+        }
+        if coded != self.coded.as_slice() {
+            // Decoded into the kept buffer (its capacity reused): an error leaves it empty,
+            // so no bad string is ever taken for a good one.
+            self.coded.clear();
+            huffman_decode_into(coded, &mut self.decoded)?;
+            self.coded.extend_from_slice(coded);
+        }
+        Ok(Cow::Borrowed(&self.decoded))
+    }
 }
 
 impl Decoder {
@@ -53,6 +90,7 @@ impl Decoder {
             size: 0,
             max_size: allowed,
             allowed,
+            last_huffman: LastHuffman::default(),
         }
     }
 
@@ -67,7 +105,7 @@ impl Decoder {
         while let Some(&first) = block.get(at) {
             if first & 0x80 != 0 {
                 let index = integer(block, &mut at, 7)?;
-                let (name, value) = self.entry(index)?;
+                let (name, value) = entry(&self.table, index)?;
                 field(name, value);
             } else if first & 0xe0 == 0x20 {
                 if fields > 0 {
@@ -87,9 +125,9 @@ impl Decoder {
                 let name = if index == 0 {
                     string(block, &mut at)?
                 } else {
-                    Cow::Borrowed(self.entry(index)?.0)
+                    Cow::Borrowed(entry(&self.table, index)?.0)
                 };
-                let value = string(block, &mut at)?;
+                let value = self.last_huffman.value(block, &mut at)?;
                 field(&name, &value);
                 if indexing {
                     let entry = (Box::from(&name[..]), Box::from(&value[..]));
@@ -99,18 +137,6 @@ impl Decoder {
             fields += 1;
         }
         Ok(())
-    }
-
-    fn entry(&self, index: usize) -> Result<(&[u8], &[u8]), Error> {
-        match index {
-            0 => Err(Error::BadIndex(0)),
-            1..=61 => Ok(STATIC_TABLE[index - 1]),
-            _ => self
-                .table
-                .get(index - 62)
-                .map(|(name, value)| (&name[..], &value[..]))
-                .ok_or(Error::BadIndex(index)),
-        }
     }
 
     fn insert(&mut self, entry: Entry) {
@@ -134,6 +160,18 @@ impl Decoder {
             };
             self.size -= name.len() + value.len() + ENTRY_OVERHEAD;
         }
+    }
+}
+
+/// The field at `index` of the static table or of `table`, the dynamic one (newest first).
+fn entry(table: &VecDeque<Entry>, index: usize) -> Result<(&[u8], &[u8]), Error> {
+    match index {
+        0 => Err(Error::BadIndex(0)),
+        1..=61 => Ok(STATIC_TABLE[index - 1]),
+        _ => table
+            .get(index - 62)
+            .map(|(name, value)| (&name[..], &value[..]))
+            .ok_or(Error::BadIndex(index)),
     }
 }
 
@@ -163,6 +201,16 @@ fn integer(block: &[u8], at: &mut usize, prefix: u8) -> Result<usize, Error> {
 /// A string literal at `block[*at]` (RFC 7541 §5.2): borrowed when plain, decoded when
 /// Huffman-coded.
 fn string<'a>(block: &'a [u8], at: &mut usize) -> Result<Cow<'a, [u8]>, Error> {
+    let (huffman, raw) = literal(block, at)?;
+    if huffman {
+        Ok(Cow::Owned(huffman_decode(raw)?))
+    } else {
+        Ok(Cow::Borrowed(raw))
+    }
+}
+
+/// A string literal's bytes as sent at `block[*at]`, and whether they are Huffman-coded.
+fn literal<'a>(block: &'a [u8], at: &mut usize) -> Result<(bool, &'a [u8]), Error> {
     let huffman = block.get(*at).ok_or(Error::Truncated)? & 0x80 != 0;
     let length = integer(block, at, 7)?;
     let end = at
@@ -171,11 +219,7 @@ fn string<'a>(block: &'a [u8], at: &mut usize) -> Result<Cow<'a, [u8]>, Error> {
         .ok_or(Error::Truncated)?;
     let raw = &block[*at..end];
     *at = end;
-    if huffman {
-        Ok(Cow::Owned(huffman_decode(raw)?))
-    } else {
-        Ok(Cow::Borrowed(raw))
-    }
+    Ok((huffman, raw))
 }
 
 /// The canonical Huffman code's ranges per length: codes of one length are consecutive, so a
@@ -218,10 +262,28 @@ static CANONICAL: LazyLock<Canonical> = LazyLock::new(|| {
 /// The end-of-string symbol: never valid inside a string.
 const EOS: u16 = 256;
 
+/// A Huffman-coded string decoded (RFC 7541 §5.2 and Appendix B).
 fn huffman_decode(coded: &[u8]) -> Result<Vec<u8>, Error> {
-    let canonical = &*CANONICAL;
+    let mut decoded = Vec::new();
+    huffman_decode_into(coded, &mut decoded)?;
+    Ok(decoded)
+}
+
+/// [`huffman_decode`] into `decoded` (cleared first; left empty on an error).
+fn huffman_decode_into(coded: &[u8], decoded: &mut Vec<u8>) -> Result<(), Error> {
+    decoded.clear();
     // At least 5 bits a symbol.
-    let mut decoded = Vec::with_capacity(coded.len() * 8 / 5);
+    decoded.reserve(coded.len() * 8 / 5);
+    let result = huffman_symbols(coded, decoded);
+    if result.is_err() {
+        decoded.clear();
+    }
+    result
+}
+
+/// The symbols of `coded` pushed onto `decoded`, then its padding checked.
+fn huffman_symbols(coded: &[u8], decoded: &mut Vec<u8>) -> Result<(), Error> {
+    let canonical = &*CANONICAL;
     let (mut code, mut length) = (0u32, 0usize);
     for &byte in coded {
         for bit in (0..8).rev() {
@@ -246,7 +308,7 @@ fn huffman_decode(coded: &[u8]) -> Result<Vec<u8>, Error> {
     if length > 7 || code != (1 << length) - 1 {
         return Err(Error::BadHuffman);
     }
-    Ok(decoded)
+    Ok(())
 }
 
 /// RFC 7541 Appendix A.
@@ -664,6 +726,63 @@ mod tests {
             ]
         );
         assert_eq!(decoder.size, 164, "the RFC's table size after C.4.3");
+    }
+
+    /// A literal field with an indexed name (`:path`, static index 4), never indexed, its value
+    /// Huffman-coded, as h2 and Envoy send each call's path.
+    fn path_block(coded: &[u8]) -> Vec<u8> {
+        let mut block = vec![0x04, 0x80 | coded.len() as u8];
+        block.extend_from_slice(coded);
+        block
+    }
+
+    fn path_of(decoder: &mut Decoder, block: &[u8]) -> Result<Vec<u8>, Error> {
+        let mut path = Vec::new();
+        decoder.decode(block, |_, value| path = value.to_vec())?;
+        Ok(path)
+    }
+
+    #[test]
+    fn a_repeated_huffman_literal_decodes_the_same_and_a_bad_one_is_still_refused() {
+        let mut decoder = Decoder::new(4_096);
+        let rls = b"/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
+        let other = b"/envoy.service.ratelimit.v2.RateLimitService/ShouldRateLimit";
+        let (rls_block, other_block) = (
+            path_block(&huffman_encode(rls)),
+            path_block(&huffman_encode(other)),
+        );
+        for block in [&rls_block, &rls_block, &other_block, &rls_block] {
+            let expected: &[u8] = if block == &other_block { other } else { rls };
+            assert_eq!(path_of(&mut decoder, block).unwrap(), expected);
+        }
+        // A bad string after a good one, then the same bad string again: refused both times, and
+        // the good one still decodes after.
+        let mut bad = huffman_encode(rls);
+        bad.push(0x00);
+        for _ in 0..2 {
+            assert_eq!(
+                path_of(&mut decoder, &path_block(&bad)),
+                Err(Error::BadHuffman)
+            );
+        }
+        assert_eq!(path_of(&mut decoder, &rls_block).unwrap(), rls);
+        // An empty Huffman-coded string after a refused one is the empty string.
+        assert_eq!(
+            path_of(&mut decoder, &path_block(&bad)),
+            Err(Error::BadHuffman)
+        );
+        assert_eq!(path_of(&mut decoder, &path_block(&[])).unwrap(), b"");
+        // One longer than what is kept (500 symbols of 5 bits: 313 bytes coded) decodes all the
+        // same, and is not kept: the empty string before it still is.
+        let long = vec![b'a'; 500];
+        let mut block = vec![0x04, 0x80 | 0x7f];
+        let coded = huffman_encode(&long);
+        block.push((coded.len() - 0x7f) as u8 & 0x7f | 0x80);
+        block.push(((coded.len() - 0x7f) >> 7) as u8);
+        block.extend_from_slice(&coded);
+        assert!(coded.len() > LastHuffman::MOST);
+        assert_eq!(path_of(&mut decoder, &block).unwrap(), long);
+        assert!(decoder.last_huffman.coded.is_empty() && decoder.last_huffman.decoded.is_empty());
     }
 
     #[test]
