@@ -9,9 +9,10 @@
 //! are left, taking nothing; one with hits is charged them, never refused (Envoy's
 //! `apply_on_stream_done` descriptors, whose `hits_addend` reads the response).
 
-use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
+
+use hashbrown::HashMap;
 
 use crate::limit::{Algorithm, Limit, NANOS_PER_SEC};
 use crate::policy::PolicyError;
@@ -235,13 +236,23 @@ impl RlsConfig {
     /// `key_value` match, else the first wildcard whose prefix matches, else the `key` default;
     /// the rule found at the node of the last entry applies; `None` when nothing does.
     pub fn find(&self, domain: &str, entries: &[(&str, &str)]) -> Option<Arc<RateRule>> {
+        self.find_in(domain, entries.iter().copied())
+    }
+
+    /// [`find`](RlsConfig::find) over entries as the caller holds them.
+    pub fn find_in<'e>(
+        &self,
+        domain: &str,
+        entries: impl ExactSizeIterator<Item = (&'e str, &'e str)>,
+    ) -> Option<Arc<RateRule>> {
         let mut level = self.domains.get(domain)?;
         let mut found = None;
-        for (i, (key, value)) in entries.iter().enumerate() {
+        let last = entries.len().checked_sub(1)?;
+        for (i, (key, value)) in entries.enumerate() {
             let Some(next) = level.step(key, value) else {
                 break;
             };
-            if i == entries.len() - 1 {
+            if i == last {
                 found = next.rule.clone();
             }
             if next.children.by_key.is_empty() {
@@ -317,18 +328,34 @@ impl Level {
     /// Where one entry leads from this level, by envoyproxy/ratelimit's rules: the `key_value`
     /// match, else the first wildcard whose prefix matches, else the `key` default.
     fn step(&self, key: &str, value: &str) -> Option<&Descriptor> {
-        let key_value = format!("{key}_{value}");
+        // `key_value` is joined on the stack when it fits: this runs for every entry of every
+        // descriptor Envoy sends.
+        let mut joined = [0u8; JOINED_ON_STACK];
+        let long;
+        let length = key.len() + 1 + value.len();
+        let key_value = if length <= JOINED_ON_STACK {
+            joined[..key.len()].copy_from_slice(key.as_bytes());
+            joined[key.len()] = b'_';
+            joined[key.len() + 1..length].copy_from_slice(value.as_bytes());
+            std::str::from_utf8(&joined[..length]).expect("two strs joined by '_' are UTF-8")
+        } else {
+            long = format!("{key}_{value}");
+            long.as_str()
+        };
         self.by_key
-            .get(&key_value)
+            .get(key_value)
             .or_else(|| {
                 self.wildcards
                     .iter()
                     .find(|w| key_value.starts_with(w.trim_end_matches('*')))
-                    .and_then(|w| self.by_key.get(w))
+                    .and_then(|w| self.by_key.get(w.as_str()))
             })
             .or_else(|| self.by_key.get(key))
     }
 }
+
+/// Longest `key_value` a lookup joins without allocating.
+const JOINED_ON_STACK: usize = 256;
 
 const DESCRIPTOR_FIELDS: &[&str] = &[
     "key",

@@ -105,13 +105,14 @@ pub fn plan_request(
             let Some(counted) = rule.counted.clone() else {
                 return Planned::Unlimited(rule.clone());
             };
-            let identity = bucket_key(domain, descriptor);
-            if identity.len() > MAX_RLS_KEY_BYTES {
-                return Planned::Invalid(format!(
-                    "descriptor is {} bytes; the most is {MAX_RLS_KEY_BYTES}",
-                    identity.len()
-                ));
-            }
+            let key = match bucket_key(domain, descriptor) {
+                Ok(key) => key,
+                Err(TooLong(length)) => {
+                    return Planned::Invalid(format!(
+                        "descriptor is {length} bytes; the most is {MAX_RLS_KEY_BYTES}"
+                    ));
+                }
+            };
             let hits = descriptor.hits_addend.unwrap_or(request_hits);
             let (cost, peek, charge) = match counted.metered_estimate {
                 // A metered rule: no hits of its own (or 0) asks; hits are a cost spent.
@@ -124,7 +125,7 @@ pub fn plan_request(
             };
             Planned::Check {
                 rule: rule.clone(),
-                key: hashed_key(&identity),
+                key,
                 counted,
                 cost,
                 refund: descriptor.negative_hits,
@@ -159,39 +160,73 @@ fn rule_for(
             counted: Some(counted),
         })));
     }
-    let entries: Vec<(&str, &str)> = descriptor
+    let entries = descriptor
         .entries
         .iter()
-        .map(|(k, v)| (k.as_str(), v.as_str()))
-        .collect();
-    Ok(config.find(domain, &entries))
+        .map(|(k, v)| (k.as_str(), v.as_str()));
+    Ok(config.find_in(domain, entries))
 }
 
-/// The key sent to the bucket store: a 128-bit digest of the identity, so any descriptor fits
-/// the node's key length bound and every bucket key has the same size.
-fn hashed_key(identity: &[u8]) -> Vec<u8> {
-    let mut key = b"rls:".to_vec();
-    key.extend_from_slice(&xxhash_rust::xxh3::xxh3_128(identity).to_le_bytes());
-    key
-}
+/// A descriptor's identity over [`MAX_RLS_KEY_BYTES`]: its length.
+struct TooLong(usize);
 
-/// Length-prefixed parts, so no two descriptors share a key by concatenation. An override's
-/// limit is part of the identity: a new override never inherits another's counter.
-fn bucket_key(domain: &str, descriptor: &DescriptorRequest) -> Vec<u8> {
-    let mut key = b"rls\0".to_vec();
-    let mut part = |bytes: &[u8]| {
-        key.extend_from_slice(&(bytes.len() as u32).to_le_bytes());
-        key.extend_from_slice(bytes);
+/// Identities up to this length are put together on the stack: every descriptor Envoy sends
+/// is keyed, and its identity is only hashed.
+const IDENTITY_ON_STACK: usize = 512;
+
+/// The key sent to the bucket store: `rls:` and a 128-bit digest of the descriptor's identity
+/// (see [`identity_parts`]), so any descriptor fits the node's key length bound and every
+/// bucket key has the same size. The key is part of the wire and of replicas: a node of
+/// another version must key a descriptor the same.
+fn bucket_key(domain: &str, descriptor: &DescriptorRequest) -> Result<Vec<u8>, TooLong> {
+    let limit_override = descriptor
+        .limit_override
+        .map(|(requests_per_unit, unit)| format!("override {requests_per_unit}/{unit}"));
+    let parts = || identity_parts(domain, descriptor, limit_override.as_deref());
+    let length = IDENTITY_TAG.len() + parts().map(|p| 4 + p.len()).sum::<usize>();
+    if length > MAX_RLS_KEY_BYTES {
+        return Err(TooLong(length));
+    }
+    let mut on_stack = [0u8; IDENTITY_ON_STACK];
+    let mut spilled = Vec::new();
+    let identity: &mut [u8] = if length <= IDENTITY_ON_STACK {
+        &mut on_stack[..length]
+    } else {
+        spilled.resize(length, 0);
+        &mut spilled
     };
-    part(domain.as_bytes());
-    for (k, v) in &descriptor.entries {
-        part(k.as_bytes());
-        part(v.as_bytes());
+    identity[..IDENTITY_TAG.len()].copy_from_slice(IDENTITY_TAG);
+    let mut at = IDENTITY_TAG.len();
+    for part in parts() {
+        identity[at..at + 4].copy_from_slice(&(part.len() as u32).to_le_bytes());
+        identity[at + 4..at + 4 + part.len()].copy_from_slice(part);
+        at += 4 + part.len();
     }
-    if let Some((requests_per_unit, unit)) = descriptor.limit_override {
-        part(format!("override {requests_per_unit}/{unit}").as_bytes());
-    }
-    key
+    let mut key = Vec::with_capacity(KEY_TAG.len() + 16);
+    key.extend_from_slice(KEY_TAG);
+    key.extend_from_slice(&xxhash_rust::xxh3::xxh3_128(identity).to_le_bytes());
+    Ok(key)
+}
+
+const IDENTITY_TAG: &[u8] = b"rls\0";
+const KEY_TAG: &[u8] = b"rls:";
+
+/// The identity's parts, each written length-prefixed after [`IDENTITY_TAG`] so no two
+/// descriptors share a key by concatenation: the domain, each entry's key and value, and an
+/// override's limit (a new override never inherits another's counter).
+fn identity_parts<'a>(
+    domain: &'a str,
+    descriptor: &'a DescriptorRequest,
+    limit_override: Option<&'a str>,
+) -> impl Iterator<Item = &'a [u8]> {
+    std::iter::once(domain.as_bytes())
+        .chain(
+            descriptor
+                .entries
+                .iter()
+                .flat_map(|(k, v)| [k.as_bytes(), v.as_bytes()]),
+        )
+        .chain(limit_override.map(str::as_bytes))
 }
 
 #[cfg(test)]
@@ -402,11 +437,53 @@ mod tests {
         assert_eq!(allowed[2], Planned::NoLimit);
     }
 
+    fn key(domain: &str, descriptor: &DescriptorRequest) -> Vec<u8> {
+        bucket_key(domain, descriptor).unwrap_or_else(|TooLong(n)| panic!("{n} bytes"))
+    }
+
     #[test]
     fn keys_do_not_collide_by_concatenation() {
         assert_ne!(
-            bucket_key("d", &descriptor(&[("ab", "c")])),
-            bucket_key("d", &descriptor(&[("a", "bc")]))
+            key("d", &descriptor(&[("ab", "c")])),
+            key("d", &descriptor(&[("a", "bc")]))
         );
+    }
+
+    #[test]
+    fn a_descriptor_keys_the_same_bucket_as_earlier_versions_did() {
+        // Nodes of two versions share buckets through forwards and replicas during an
+        // upgrade: these are the keys the versions before this one computed.
+        assert_eq!(
+            key("edge", &descriptor(&[("remote_address", "10.0.0.1")])),
+            [
+                0x72, 0x6c, 0x73, 0x3a, 0xc2, 0x1a, 0xc0, 0x3c, 0x74, 0xf0, 0x10, 0x5f, 0xd7, 0x76,
+                0x64, 0xee, 0x34, 0xa0, 0x1f, 0x38
+            ]
+        );
+        let mut with_override = descriptor(&[("api_key", "k1"), ("path", "/v1/x")]);
+        with_override.limit_override = Some((10, 2));
+        assert_eq!(
+            key("edge", &with_override),
+            [
+                0x72, 0x6c, 0x73, 0x3a, 0xa6, 0x98, 0xd1, 0xf7, 0x42, 0x5f, 0x7f, 0xaf, 0xc6, 0xca,
+                0xc1, 0x2a, 0xfd, 0xa3, 0x83, 0x6e
+            ]
+        );
+    }
+
+    #[test]
+    fn identities_past_the_stack_are_keyed_and_past_the_bound_refused() {
+        let long = "v".repeat(IDENTITY_ON_STACK);
+        let spilled = key("d", &descriptor(&[("k", &long)]));
+        assert_eq!(spilled.len(), KEY_TAG.len() + 16);
+        assert_ne!(spilled, key("d", &descriptor(&[("k", &long[1..])])));
+        // Tag, domain and key parts: 4 + 5 + 5 bytes; the value's part brings it to the bound.
+        let at_bound = "v".repeat(MAX_RLS_KEY_BYTES - 14 - 4);
+        assert!(bucket_key("d", &descriptor(&[("k", &at_bound)])).is_ok());
+        let over = format!("{at_bound}v");
+        assert!(matches!(
+            bucket_key("d", &descriptor(&[("k", &over)])),
+            Err(TooLong(n)) if n == MAX_RLS_KEY_BYTES + 1
+        ));
     }
 }
