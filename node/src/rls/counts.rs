@@ -4,11 +4,10 @@
 //! again for each descriptor (its labels' strings, the registry's lookup) cost about a
 //! twentieth of a call.
 
-use std::collections::HashMap;
-
 use floodgate::rls::StatusCode;
 use metrics::{Counter, Histogram, counter, histogram};
 use parking_lot::RwLock;
+use rustc_hash::FxHashMap;
 
 /// Most rules whose handles are kept. The label set is bounded by the configuration, but every
 /// reload may name new rules; past this many the handles are dropped and registered again as
@@ -48,8 +47,10 @@ impl Outcome {
     }
 }
 
-/// Each rule's counters, by domain and rule name, one per outcome once used.
-type RuleCounters = HashMap<String, HashMap<String, [Option<Counter>; 4]>>;
+/// Each rule's counters, by domain and rule name, one per outcome once used. Looked up for
+/// every descriptor counted; only names from the configuration are ever inserted (a counted
+/// descriptor's domain and rule are configured), so a fast unkeyed hash is safe here.
+type RuleCounters = FxHashMap<String, FxHashMap<String, [Option<Counter>; 4]>>;
 
 #[derive(Debug)]
 pub(crate) struct RlsMetrics {
@@ -70,7 +71,7 @@ impl RlsMetrics {
         RlsMetrics {
             request_seconds: histogram!("floodgate_rls_request_seconds"),
             over_budget: counter!("floodgate_rls_refused_total", "reason" => "over_budget"),
-            descriptors: RwLock::new((HashMap::new(), 0)),
+            descriptors: RwLock::new((FxHashMap::default(), 0)),
         }
     }
 
