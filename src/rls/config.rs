@@ -330,17 +330,14 @@ impl Level {
     fn step(&self, key: &str, value: &str) -> Option<&Descriptor> {
         // `key_value` is joined on the stack when it fits: this runs for every entry of every
         // descriptor Envoy sends.
-        let mut joined = [0u8; JOINED_ON_STACK];
+        let mut on_stack = [0u8; JOINED_ON_STACK];
         let long;
-        let length = key.len() + 1 + value.len();
-        let key_value = if length <= JOINED_ON_STACK {
-            joined[..key.len()].copy_from_slice(key.as_bytes());
-            joined[key.len()] = b'_';
-            joined[key.len() + 1..length].copy_from_slice(value.as_bytes());
-            std::str::from_utf8(&joined[..length]).expect("two strs joined by '_' are UTF-8")
-        } else {
-            long = format!("{key}_{value}");
-            long.as_str()
+        let key_value = match join(&mut on_stack, key, value) {
+            Some(joined) => joined,
+            None => {
+                long = format!("{key}_{value}");
+                long.as_str()
+            }
         };
         self.by_key
             .get(key_value)
@@ -356,6 +353,17 @@ impl Level {
 
 /// Longest `key_value` a lookup joins without allocating.
 const JOINED_ON_STACK: usize = 256;
+
+/// `{key}_{value}` in `buffer`, or `None` when it does not fit.
+fn join<'b>(buffer: &'b mut [u8; JOINED_ON_STACK], key: &str, value: &str) -> Option<&'b str> {
+    let joined = buffer.get_mut(..key.len() + 1 + value.len())?;
+    let (key_part, rest) = joined.split_at_mut(key.len());
+    key_part.copy_from_slice(key.as_bytes());
+    rest[0] = b'_';
+    rest[1..].copy_from_slice(value.as_bytes());
+    // Two strs joined by an ASCII byte are UTF-8; checked rather than assumed.
+    std::str::from_utf8(joined).ok()
+}
 
 const DESCRIPTOR_FIELDS: &[&str] = &[
     "key",
@@ -710,6 +718,25 @@ descriptors:
                 .is_none()
         );
         assert!(c.find_unordered("edge", &[]).is_none());
+    }
+
+    #[test]
+    fn a_key_value_past_the_stack_buffer_matches_as_a_short_one_does() {
+        // `key_value` past JOINED_ON_STACK is joined on the heap: exact, wildcard and `key`
+        // matches must not tell the two apart.
+        let long = "v".repeat(JOINED_ON_STACK);
+        let text = format!(
+            "domain: d\ndescriptors:\n  - key: exact\n    value: {long}\n    rate_limit: {{unit: second, requests_per_unit: 1, name: exact}}\n  - key: wild\n    value: vvv*\n    rate_limit: {{unit: second, requests_per_unit: 2, name: wild}}\n  - key: any\n    rate_limit: {{unit: second, requests_per_unit: 3, name: any}}\n"
+        );
+        let c = RlsConfig::from_files([("d.yaml", text.as_str())]).unwrap();
+        let name =
+            |entries: &[(&str, &str)]| c.find("d", entries).map(|r| r.display_name().to_owned());
+        assert_eq!(name(&[("exact", &long)]).as_deref(), Some("exact"));
+        assert_eq!(name(&[("exact", &long[1..])]), None);
+        assert_eq!(name(&[("wild", &long)]).as_deref(), Some("wild"));
+        assert_eq!(name(&[("wild", "vvvshort")]).as_deref(), Some("wild"));
+        assert_eq!(name(&[("any", &long)]).as_deref(), Some("any"));
+        assert_eq!(name(&[("any", "short")]).as_deref(), Some("any"));
     }
 
     #[test]
