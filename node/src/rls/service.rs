@@ -247,7 +247,37 @@ impl RlsService {
 
 #[cfg(test)]
 mod tests {
+    use floodgate::rls::RlsConfig;
+
     use super::*;
+    use crate::alloc_counter::allocations_during;
+
+    #[test]
+    fn planning_allocates_the_plans_and_one_key_per_counted_descriptor_only() {
+        // Every descriptor Envoy sends is planned: its rule is found and its bucket keyed
+        // without allocating per entry (the key is the one allocation a counted descriptor
+        // needs; the request's plans and their rules are the other two).
+        let config = RlsConfig::from_files([(
+            "d.yaml",
+            "domain: d\ndescriptors:\n  - key: api_key\n    descriptors:\n      - key: path\n        value: api*\n        rate_limit: {unit: second, requests_per_unit: 5}\n",
+        )])
+        .unwrap();
+        let descriptor = |key: &str| DescriptorRequest {
+            entries: vec![
+                ("api_key".to_owned(), key.to_owned()),
+                ("path".to_owned(), "api/v1/items".to_owned()),
+            ],
+            ..Default::default()
+        };
+        for count in [1, 3] {
+            let descriptors: Vec<_> = (0..count).map(|i| descriptor(&format!("k{i}"))).collect();
+            let (plans, allocations) = allocations_during(|| {
+                plan_request(&config, "d", &descriptors, 0, PlanOptions::default())
+            });
+            assert!(plans.iter().all(|p| matches!(p, Planned::Check { .. })));
+            assert_eq!(allocations, 2 + count as u64, "{count} descriptors");
+        }
+    }
 
     #[test]
     fn a_call_is_held_in_the_buffer_budget_and_refused_when_it_is_spent() {
