@@ -73,6 +73,8 @@ pub mod rlqs;
 pub mod rls;
 pub mod rules;
 mod scoped;
+#[cfg(test)]
+mod seeded;
 mod server;
 mod service;
 pub mod snapshot;

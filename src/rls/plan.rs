@@ -11,10 +11,10 @@ use super::config::{Counted, RateRule, RlsConfig, Unit};
 /// Longest bucket key built from a descriptor; longer ones are refused (hostile input).
 pub const MAX_RLS_KEY_BYTES: usize = 4096;
 
-/// One descriptor as Envoy sent it.
+/// One descriptor as Envoy sent it, its entries borrowed from the request's message.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct DescriptorRequest {
-    pub entries: Vec<(String, String)>,
+pub struct DescriptorRequest<'a> {
+    pub entries: Vec<(&'a str, &'a str)>,
     /// The per-descriptor `limit` override: (requests_per_unit, proto unit number).
     pub limit_override: Option<(u32, i32)>,
     /// The per-descriptor `hits_addend`; `Some(0)` peeks.
@@ -160,11 +160,7 @@ fn rule_for(
             counted: Some(counted),
         })));
     }
-    let entries = descriptor
-        .entries
-        .iter()
-        .map(|(k, v)| (k.as_str(), v.as_str()));
-    Ok(config.find_in(domain, entries))
+    Ok(config.find_in(domain, descriptor.entries.iter().copied()))
 }
 
 /// A descriptor's identity over [`MAX_RLS_KEY_BYTES`]: its length.
@@ -241,12 +237,9 @@ mod tests {
         .unwrap()
     }
 
-    fn descriptor(entries: &[(&str, &str)]) -> DescriptorRequest {
+    fn descriptor<'a>(entries: &[(&'a str, &'a str)]) -> DescriptorRequest<'a> {
         DescriptorRequest {
-            entries: entries
-                .iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect(),
+            entries: entries.to_vec(),
             ..Default::default()
         }
     }

@@ -241,6 +241,7 @@ impl RegionShare {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::seeded::Seeded;
     use floodgate::NANOS_PER_SEC;
 
     const S: u64 = NANOS_PER_SEC;
@@ -325,23 +326,6 @@ mod tests {
         assert_eq!(s.report(0, &other, 10, &k, "eu", word(1, 0)), Some(10));
     }
 
-    /// A small seeded generator (splitmix64): the runs are the same on every machine.
-    struct Rng(u64);
-
-    impl Rng {
-        fn next(&mut self) -> u64 {
-            self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-            let mut z = self.0;
-            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-            z ^ (z >> 31)
-        }
-
-        fn below(&mut self, n: u64) -> u64 {
-            self.next() % n
-        }
-    }
-
     /// A region in the simulation: the part it was given and what its Envoys hold (they move
     /// to a new part only at a later step, as Envoys do at their next report; an assignment
     /// above the part runs out a time to live after the part fell).
@@ -364,7 +348,7 @@ mod tests {
         const N: u64 = 600;
         let step_ns = S / 4;
         for seed in 0..300u64 {
-            let mut rng = Rng(seed);
+            let mut rng = Seeded(seed);
             let mut decider = splits();
             let names = known(&["ap", "eu", "us"]);
             let mut regions: Vec<SimRegion> = names

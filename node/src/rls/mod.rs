@@ -8,7 +8,8 @@
 //! - `incoming`: the listener's connections, at most `max_connections` open at once.
 //! - `decide`: a request's checks through `front_batch::run_batch`, refunds when denied.
 //! - `http2`: gRPC over HTTP/2, a connection's calls answered together.
-//! - `service`: the proto in and out.
+//! - `request`: a call's `RateLimitRequest` read in place.
+//! - `service`: the request in, the proto response out.
 //! - `counts`: its metrics, their handles registered once.
 
 mod config_file;
@@ -16,6 +17,7 @@ mod counts;
 mod decide;
 mod http2;
 mod incoming;
+mod request;
 mod service;
 
 use std::net::SocketAddr;

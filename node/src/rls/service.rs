@@ -1,32 +1,30 @@
-//! `envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit`: the proto request into the
-//! core's plan, the cluster's decisions back into the proto response.
+//! `envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit`: the request (read in place,
+//! `request`) into the core's plan, the cluster's decisions back into the proto response.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
 
+use bytes::Bytes;
 use envoy_types::pb::envoy::config::core::v3::HeaderValue;
-use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
     DescriptorStatus, RateLimit,
 };
-use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use envoy_types::pb::google::protobuf::{self as pbuf, value::Kind};
 use floodgate::NANOS_PER_SEC;
 use floodgate::rls::{
-    DescriptorAnswer, DescriptorRequest, PlanOptions, Planned, StatusCode, answer_descriptor,
-    overall_code, plan_request, ratelimit_headers,
+    DescriptorAnswer, PlanOptions, Planned, StatusCode, answer_descriptor, overall_code,
+    plan_request, ratelimit_headers,
 };
 use tonic::Status;
 
 use super::config_file::RlsConfigHandle;
 use super::counts::{Outcome, RlsMetrics};
 use super::decide::{Undecided, decide};
+use super::request::read_request;
 use crate::budget::{BufferBudget, Reservation};
 use crate::front_batch::FrontContext;
-
-/// Most entries in one descriptor (Envoy sends a handful).
-pub const MAX_ENTRIES: usize = 64;
 
 /// The service: what the fronts share (the node's configuration, the buffer budget, the check
 /// path), the configuration in force, the header flag, and what descriptors may ask for
@@ -41,18 +39,15 @@ pub(crate) struct RlsService {
 }
 
 impl super::http2::RateLimiter for RlsService {
-    async fn should_rate_limit(
-        &self,
-        request: RateLimitRequest,
-        bytes: usize,
-    ) -> Result<RateLimitResponse, Status> {
+    async fn should_rate_limit(&self, message: Bytes) -> Result<RateLimitResponse, Status> {
         let started = Instant::now();
-        // The decoded request is held until it is answered: it counts in the node's buffer
-        // budget beside the QUIC streams', so neither front can starve the other.
-        let _held = reserve_call(&self.front.budget, bytes).inspect_err(|_| {
+        // The message is held until it is answered (the request read from it borrows it): it
+        // counts in the node's buffer budget beside the QUIC streams', so neither front can
+        // starve the other.
+        let _held = reserve_call(&self.front.budget, message.len()).inspect_err(|_| {
             self.metrics.over_budget.increment(1);
         })?;
-        let result = self.answer(request).await;
+        let result = self.answer(&message).await;
         self.metrics
             .request_seconds
             .record(started.elapsed().as_secs_f64());
@@ -75,13 +70,14 @@ fn reserve_call(budget: &BufferBudget, bytes: usize) -> Result<Reservation<'_>, 
 }
 
 impl RlsService {
-    async fn answer(&self, mut request: RateLimitRequest) -> Result<RateLimitResponse, Status> {
-        let descriptors = validate(&mut request, self.front.config.limits.max_batch)?;
+    async fn answer(&self, message: &[u8]) -> Result<RateLimitResponse, Status> {
+        let request = read_request(message, self.front.config.limits.max_batch)
+            .map_err(|unread| Status::invalid_argument(unread.to_string()))?;
         let config = self.config.current();
         let plans = plan_request(
             &config,
-            &request.domain,
-            &descriptors,
+            request.domain,
+            &request.descriptors,
             u64::from(request.hits_addend),
             self.plan,
         );
@@ -103,7 +99,7 @@ impl RlsService {
             .map(|(plan, decision)| answer_descriptor(plan, decision.as_ref()))
             .collect();
         let overall = overall_code(&answers);
-        self.record_metrics(&request.domain, &answers, overall);
+        self.record_metrics(request.domain, &answers, overall);
         let mut response = RateLimitResponse {
             overall_code: overall as i32,
             statuses: answers.iter().map(status_of).collect(),
@@ -122,56 +118,6 @@ impl RlsService {
         }
         Ok(response)
     }
-}
-
-/// The request's descriptors in the core's terms (taken out of it), refusing what no Envoy
-/// sends.
-fn validate(
-    request: &mut RateLimitRequest,
-    max_batch: usize,
-) -> Result<Vec<DescriptorRequest>, Status> {
-    if request.domain.is_empty() {
-        return Err(Status::invalid_argument(
-            "rate limit domain must not be empty",
-        ));
-    }
-    if request.descriptors.is_empty() {
-        return Err(Status::invalid_argument(
-            "rate limit descriptor list must not be empty",
-        ));
-    }
-    if request.descriptors.len() > max_batch {
-        return Err(Status::invalid_argument(format!(
-            "{} descriptors; the most in one request is {max_batch}",
-            request.descriptors.len()
-        )));
-    }
-    std::mem::take(&mut request.descriptors)
-        .into_iter()
-        .map(descriptor_request)
-        .collect()
-}
-
-fn descriptor_request(descriptor: RateLimitDescriptor) -> Result<DescriptorRequest, Status> {
-    if descriptor.entries.is_empty() || descriptor.entries.len() > MAX_ENTRIES {
-        return Err(Status::invalid_argument(format!(
-            "a descriptor has {} entries; expected 1 to {MAX_ENTRIES}",
-            descriptor.entries.len()
-        )));
-    }
-    Ok(DescriptorRequest {
-        entries: descriptor
-            .entries
-            .into_iter()
-            .map(|e| (e.key, e.value))
-            .collect(),
-        limit_override: descriptor
-            .limit
-            .as_ref()
-            .map(|l| (l.requests_per_unit, l.unit)),
-        hits_addend: descriptor.hits_addend.as_ref().map(|h| h.value),
-        negative_hits: descriptor.is_negative_hits,
-    })
 }
 
 fn status_of(answer: &DescriptorAnswer) -> DescriptorStatus {
@@ -247,7 +193,7 @@ impl RlsService {
 
 #[cfg(test)]
 mod tests {
-    use floodgate::rls::RlsConfig;
+    use floodgate::rls::{DescriptorRequest, RlsConfig};
 
     use super::*;
     use crate::alloc_counter::allocations_during;
@@ -262,15 +208,13 @@ mod tests {
             "domain: d\ndescriptors:\n  - key: api_key\n    descriptors:\n      - key: path\n        value: api*\n        rate_limit: {unit: second, requests_per_unit: 5}\n",
         )])
         .unwrap();
-        let descriptor = |key: &str| DescriptorRequest {
-            entries: vec![
-                ("api_key".to_owned(), key.to_owned()),
-                ("path".to_owned(), "api/v1/items".to_owned()),
-            ],
+        let keys = ["k0", "k1", "k2"];
+        let descriptor = |key| DescriptorRequest {
+            entries: vec![("api_key", key), ("path", "api/v1/items")],
             ..Default::default()
         };
         for count in [1, 3] {
-            let descriptors: Vec<_> = (0..count).map(|i| descriptor(&format!("k{i}"))).collect();
+            let descriptors: Vec<_> = keys[..count].iter().map(|&k| descriptor(k)).collect();
             let (plans, allocations) = allocations_during(|| {
                 plan_request(&config, "d", &descriptors, 0, PlanOptions::default())
             });

@@ -280,9 +280,11 @@ impl Connection {
                 input.reserve(frame::HEAD_BYTES + head.length - input.len());
                 break;
             }
-            input.advance(frame::HEAD_BYTES);
-            let payload = input.split_to(head.length).freeze();
-            self.frame(head, payload, now)?;
+            // Read in place: only a message's bytes are copied out, into a buffer of its own,
+            // so a call never holds the read buffer (nor counts references to it).
+            let end = frame::HEAD_BYTES + head.length;
+            self.frame(head, &input[frame::HEAD_BYTES..end], now)?;
+            input.advance(end);
         }
         for id in std::mem::take(&mut self.refusing) {
             let refused = match self.streams.get_mut(&id) {
@@ -301,7 +303,7 @@ impl Connection {
         Ok(left)
     }
 
-    fn frame(&mut self, head: Head, payload: Bytes, now: Instant) -> Result<(), Broken> {
+    fn frame(&mut self, head: Head, payload: &[u8], now: Instant) -> Result<(), Broken> {
         if !self.settings_read && head.kind != frame::SETTINGS {
             return Err(broken(
                 Reason::PROTOCOL_ERROR,
@@ -329,7 +331,7 @@ impl Connection {
                         Reason::FRAME_SIZE_ERROR,
                         "PRIORITY not 5 bytes long",
                     )
-                } else if frame::read_u31(&payload) == head.stream {
+                } else if frame::read_u31(payload) == head.stream {
                     self.stream_error(
                         head.stream,
                         Reason::PROTOCOL_ERROR,
@@ -339,9 +341,9 @@ impl Connection {
                     Ok(())
                 }
             }
-            frame::RST_STREAM => self.caller_reset(head, &payload),
-            frame::SETTINGS => self.settings(head, &payload),
-            frame::PING => self.ping_frame(head, &payload),
+            frame::RST_STREAM => self.caller_reset(head, payload),
+            frame::SETTINGS => self.settings(head, payload),
+            frame::PING => self.ping_frame(head, payload),
             frame::GOAWAY => {
                 if head.stream != 0 {
                     return Err(broken(Reason::PROTOCOL_ERROR, "GOAWAY on a stream"));
@@ -349,7 +351,7 @@ impl Connection {
                 self.caller_going_away = true;
                 Ok(())
             }
-            frame::WINDOW_UPDATE => self.window_update(head, &payload),
+            frame::WINDOW_UPDATE => self.window_update(head, payload),
             frame::PUSH_PROMISE => Err(broken(
                 Reason::PROTOCOL_ERROR,
                 "a client may not send PUSH_PROMISE",
@@ -359,7 +361,7 @@ impl Connection {
         }
     }
 
-    fn data(&mut self, head: Head, payload: Bytes) -> Result<(), Broken> {
+    fn data(&mut self, head: Head, payload: &[u8]) -> Result<(), Broken> {
         if head.stream == 0 || head.stream.is_multiple_of(2) {
             return Err(broken(
                 Reason::PROTOCOL_ERROR,
@@ -438,7 +440,7 @@ impl Connection {
         Ok(())
     }
 
-    fn headers(&mut self, head: Head, payload: Bytes, now: Instant) -> Result<(), Broken> {
+    fn headers(&mut self, head: Head, payload: &[u8], now: Instant) -> Result<(), Broken> {
         if head.stream == 0 || head.stream.is_multiple_of(2) {
             return Err(broken(
                 Reason::PROTOCOL_ERROR,
@@ -459,20 +461,20 @@ impl Connection {
                     "HEADERS too short for its priority",
                 ));
             }
-            if frame::read_u31(&block) == head.stream {
+            if frame::read_u31(block) == head.stream {
                 // Kept in the flags (the bit is spent) for the block's end: a stream error.
                 flags |= SELF_DEPENDENT;
             }
-            block.advance(5);
+            block = &block[5..];
         }
         if head.flags & frame::END_HEADERS == 0 {
-            self.continuing = Some((head.stream, flags, BytesMut::from(&block[..])));
+            self.continuing = Some((head.stream, flags, BytesMut::from(block)));
             return Ok(());
         }
-        self.header_block(head.stream, flags, &block, now)
+        self.header_block(head.stream, flags, block, now)
     }
 
-    fn continuation(&mut self, head: Head, payload: Bytes, now: Instant) -> Result<(), Broken> {
+    fn continuation(&mut self, head: Head, payload: &[u8], now: Instant) -> Result<(), Broken> {
         let Some((stream, flags, mut block)) = self.continuing.take() else {
             return Err(broken(
                 Reason::PROTOCOL_ERROR,
@@ -491,7 +493,7 @@ impl Connection {
                 format!("a header block over {MAX_HEADER_BLOCK_BYTES} bytes"),
             ));
         }
-        block.extend_from_slice(&payload);
+        block.extend_from_slice(payload);
         if head.flags & frame::END_HEADERS == 0 {
             self.continuing = Some((stream, flags, block));
             return Ok(());

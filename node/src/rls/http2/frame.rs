@@ -2,7 +2,7 @@
 //! header blocks it sends. Those are HPACK-encoded without the dynamic table (RFC 7541 §6.2.2,
 //! "literal without indexing"), so the node keeps no encoder state for its callers.
 
-use bytes::{BufMut, Bytes, BytesMut};
+use bytes::{BufMut, BytesMut};
 
 /// What a caller sends before its first frame.
 pub(super) const PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
@@ -89,17 +89,12 @@ pub(super) fn read_u31(bytes: &[u8]) -> u32 {
 
 /// A DATA or HEADERS payload without its padding; `None` when the padding says it is longer
 /// than the payload (a PROTOCOL_ERROR).
-pub(super) fn unpadded(flags: u8, mut payload: Bytes) -> Option<Bytes> {
+pub(super) fn unpadded(flags: u8, payload: &[u8]) -> Option<&[u8]> {
     if flags & PADDED == 0 {
         return Some(payload);
     }
-    let (&pad, _) = payload.split_first()?;
-    let pad = usize::from(pad);
-    if pad >= payload.len() {
-        return None;
-    }
-    let end = payload.len() - pad;
-    Some(payload.split_to(end).slice(1..))
+    let (&pad, rest) = payload.split_first()?;
+    rest.get(..rest.len().checked_sub(usize::from(pad))?)
 }
 
 pub(super) fn put_head(out: &mut BytesMut, length: usize, kind: u8, flags: u8, stream: u32) {
@@ -240,14 +235,12 @@ mod tests {
 
     #[test]
     fn padding_is_taken_off_and_padding_past_the_payload_is_refused() {
-        let padded = Bytes::from_static(b"\x02abc\0\0");
-        assert_eq!(unpadded(PADDED, padded).unwrap(), &b"abc"[..]);
-        assert_eq!(
-            unpadded(0, Bytes::from_static(b"abc")).unwrap(),
-            &b"abc"[..]
-        );
-        assert!(unpadded(PADDED, Bytes::from_static(b"\x03ab")).is_none());
-        assert!(unpadded(PADDED, Bytes::new()).is_none());
+        assert_eq!(unpadded(PADDED, b"\x02abc\0\0"), Some(&b"abc"[..]));
+        assert_eq!(unpadded(0, b"abc"), Some(&b"abc"[..]));
+        // Padding may take the whole payload after its length, but no more.
+        assert_eq!(unpadded(PADDED, b"\x02ab"), Some(&b""[..]));
+        assert!(unpadded(PADDED, b"\x03ab").is_none());
+        assert!(unpadded(PADDED, b"").is_none());
     }
 
     #[test]

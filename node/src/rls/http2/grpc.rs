@@ -4,7 +4,7 @@
 use std::fmt::Write;
 use std::time::Duration;
 
-use bytes::{BufMut, Bytes, BytesMut};
+use bytes::{Buf, BufMut, Bytes, BytesMut};
 use prost::Message;
 use tonic::Status;
 use tonic_health::pb::health_check_response::ServingStatus;
@@ -149,7 +149,7 @@ pub(super) fn over_limit(max_message: usize) -> Status {
 }
 
 /// The message inside a unary call's body: exactly one, uncompressed.
-pub(super) fn unframe(body: Bytes, max_message: usize) -> Result<Bytes, Status> {
+pub(super) fn unframe(mut body: Bytes, max_message: usize) -> Result<Bytes, Status> {
     let Some((prefix, _)) = body.split_first_chunk::<PREFIX_BYTES>() else {
         return Err(Status::internal("the call carried no message"));
     };
@@ -176,7 +176,9 @@ pub(super) fn unframe(body: Bytes, max_message: usize) -> Result<Bytes, Status> 
             "a unary call carries one message of {length} bytes; this one carried {carried}"
         )));
     }
-    Ok(body.slice(PREFIX_BYTES..))
+    // Advanced rather than sliced: the message stays the body's one owner.
+    body.advance(PREFIX_BYTES);
+    Ok(body)
 }
 
 /// The length of `message` with its prefix, or why it is not sent.

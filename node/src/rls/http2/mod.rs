@@ -33,10 +33,9 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::{Buf, Bytes, BytesMut};
-use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
 use futures_util::future::{AbortHandle, Abortable};
 use futures_util::stream::{FuturesUnordered, StreamExt};
-use prost::Message;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
@@ -63,13 +62,13 @@ const READ_BYTES: usize = 64 * 1024;
 /// How long a closing connection may take to write its last frames (its GOAWAY).
 const CLOSING_TIMEOUT: Duration = Duration::from_secs(1);
 
-/// What answers `ShouldRateLimit` (the node's `RlsService`), given the request and its size in
-/// bytes as it arrived.
+/// What answers `ShouldRateLimit` (the node's `RlsService`).
 pub(crate) trait RateLimiter: Send + Sync + 'static {
+    /// Answers one call; `message` is its request as it arrived, without the gRPC prefix, in a
+    /// buffer of its own (read, it is held until answered).
     fn should_rate_limit(
         &self,
-        request: RateLimitRequest,
-        bytes: usize,
+        message: Bytes,
     ) -> impl Future<Output = Result<RateLimitResponse, Status>> + Send;
 }
 
@@ -177,8 +176,8 @@ where
     let mut driver = Driver {
         connection: &mut connection,
         input: BytesMut::with_capacity(READ_BYTES),
-        start: |stream, request, bytes| {
-            let deciding = service.should_rate_limit(request, bytes);
+        start: |stream, message| {
+            let deciding = service.should_rate_limit(message);
             async move { (stream, deciding.await) }
         },
         calls: FuturesUnordered::new(),
@@ -258,7 +257,7 @@ type Decided = (u32, Result<RateLimitResponse, Status>);
 impl<F, G> Driver<'_, F, G>
 where
     F: Future<Output = Decided>,
-    G: FnMut(u32, RateLimitRequest, usize) -> F,
+    G: FnMut(u32, Bytes) -> F,
 {
     /// Turns until the connection ends: reads what arrived, starts and answers calls, minds
     /// the timers, and writes the turn's bytes.
@@ -376,20 +375,12 @@ where
             }
             match call.route {
                 Route::ShouldRateLimit => {
-                    let bytes = call.message.len();
-                    match RateLimitRequest::decode(call.message) {
-                        Ok(request) => {
-                            let (stop, stopped) = AbortHandle::new_pair();
-                            let deciding = (self.start)(stream, request, bytes);
-                            self.calls.push(Abortable::new(deciding, stopped));
-                            self.connection.decide_with(stream, stop);
-                        }
-                        Err(e) => {
-                            let status =
-                                Status::invalid_argument(format!("not a RateLimitRequest: {e}"));
-                            self.connection.refuse(stream, &Refusal::Grpc(status));
-                        }
-                    }
+                    // Read by the service in the call's own future: what it borrows from the
+                    // message lives as long as the call.
+                    let (stop, stopped) = AbortHandle::new_pair();
+                    let deciding = (self.start)(stream, call.message);
+                    self.calls.push(Abortable::new(deciding, stopped));
+                    self.connection.decide_with(stream, stop);
                 }
                 Route::HealthCheck => {
                     let health = grpc::decode_health(call.message)
@@ -515,10 +506,12 @@ fn io_ended(doing: &str, e: &io::Error) -> Ended {
 mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
 
+    use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
     use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
     use h2::RecvStream;
     use http::header::CONTENT_TYPE;
     use http::{Method, Request, StatusCode};
+    use prost::Message;
     use tokio::io::ReadBuf;
     use tonic_health::pb::{HealthCheckRequest, HealthCheckResponse};
 
@@ -531,11 +524,9 @@ mod tests {
     struct AllowsAll;
 
     impl RateLimiter for AllowsAll {
-        async fn should_rate_limit(
-            &self,
-            request: RateLimitRequest,
-            _bytes: usize,
-        ) -> Result<RateLimitResponse, Status> {
+        async fn should_rate_limit(&self, message: Bytes) -> Result<RateLimitResponse, Status> {
+            let request = RateLimitRequest::decode(message)
+                .map_err(|e| Status::invalid_argument(format!("not a RateLimitRequest: {e}")))?;
             assert_eq!(request.domain, "edge");
             Ok(RateLimitResponse {
                 overall_code: Code::Ok as i32,

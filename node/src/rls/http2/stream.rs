@@ -88,8 +88,9 @@ pub(super) enum Phase {
     Draining,
 }
 
-/// A request's body as it arrives: a message in one DATA frame (Envoy's usual) is kept as it
-/// was read, without a copy.
+/// A request's body as it arrives, in a buffer of its own: a call may outlive the read that
+/// brought it (its decision waits on a bucket's owner), and a slice of the read buffer would
+/// keep that whole buffer from being reused meanwhile.
 #[derive(Debug, Default)]
 pub(super) enum Body {
     #[default]
@@ -107,17 +108,17 @@ impl Body {
         }
     }
 
-    pub(super) fn push(&mut self, data: Bytes) {
+    pub(super) fn push(&mut self, data: &[u8]) {
         *self = match std::mem::take(self) {
-            Body::Empty => Body::One(data),
+            Body::Empty => Body::One(Bytes::copy_from_slice(data)),
             Body::One(first) => {
                 let mut joined = BytesMut::with_capacity(first.len() + data.len());
                 joined.extend_from_slice(&first);
-                joined.extend_from_slice(&data);
+                joined.extend_from_slice(data);
                 Body::Joined(joined)
             }
             Body::Joined(mut joined) => {
-                joined.extend_from_slice(&data);
+                joined.extend_from_slice(data);
                 Body::Joined(joined)
             }
         };
