@@ -4,8 +4,8 @@
 //!
 //! It reads what prost reads and refuses what prost refuses (a test holds the two together):
 //! the fields below, unknown fields skipped by their wire type (groups too, nested at most
-//! [`DEPTH`] deep, as prost's recursion limit), the last value of a repeated scalar, message
-//! fields merged, strings checked to be UTF-8. On top of that, what no Envoy sends is refused
+//! [`DEPTH`] deep, as prost's recursion limit), the last value of a scalar field sent twice,
+//! a message field sent twice merged, strings checked to be UTF-8. On top of that, what no Envoy sends is refused
 //! here with the words the caller sees: an empty domain, no descriptors or more than the node
 //! decides in one batch, a descriptor without entries or with more than [`MAX_ENTRIES`]. Past
 //! those bounds descriptors and entries are only counted, so what a request makes the node
@@ -63,9 +63,9 @@ pub(crate) fn read_request(
         descriptors: Vec::new(),
         hits_addend: 0,
     };
-    // Descriptors seen, and the first descriptor (index, entries) with too few or too many.
+    // Descriptors seen, and the entries of the first with too few or too many.
     let mut seen = 0usize;
-    let mut bad_entries: Option<(usize, usize)> = None;
+    let mut bad_entries: Option<usize> = None;
     let mut input = Input(message);
     while let Some((field, wire)) = input.key()? {
         match (field, wire) {
@@ -76,7 +76,7 @@ pub(crate) fn read_request(
                 let keep = seen < max_descriptors;
                 let entries = read_descriptor(body, &mut descriptor, keep)?;
                 if !(1..=MAX_ENTRIES).contains(&entries) && bad_entries.is_none() {
-                    bad_entries = Some((seen, entries));
+                    bad_entries = Some(entries);
                 }
                 if keep {
                     request.descriptors.push(descriptor);
@@ -103,7 +103,7 @@ pub(crate) fn read_request(
             "{seen} descriptors; the most in one request is {max_descriptors}"
         )));
     }
-    if let Some((_, entries)) = bad_entries {
+    if let Some(entries) = bad_entries {
         return Err(Unread::Refused(format!(
             "a descriptor has {entries} entries; expected 1 to {MAX_ENTRIES}"
         )));
