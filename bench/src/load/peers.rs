@@ -52,10 +52,11 @@ fn log_file(path: &Path) -> anyhow::Result<std::fs::File> {
 /// on one node per host: here node `i` listens on 127.0.0.`i+1` and runs in a UTS namespace of
 /// its own (`unshare --uts`, as root) named `bench-i`.
 ///
-/// Nodes that do not all see each other within [`START_UP`] are stopped and started once more
-/// on fresh ports (that try's logs in `dir/second-try`): what is measured is a converged
-/// cluster's service, and one set of runs on a slower host lost a run's Gubernator rows to a
-/// start-up that never converged.
+/// Nodes that do not all see each other within [`START_UP`], or of which one exits while
+/// starting, are stopped and started once more on fresh ports (that try's logs in
+/// `dir/second-try`): what is measured is a converged cluster's service, and sets of runs on a
+/// slower host lost a run's Gubernator rows to a start-up that never converged and to a node
+/// whose port, found free, was taken before it bound it.
 pub async fn start_gubernator(
     binary: &Path,
     dir: &Path,
@@ -79,7 +80,7 @@ pub async fn start_gubernator(
 /// What one start of Gubernator's nodes came to.
 enum Started {
     Converged(Server, Vec<SocketAddr>),
-    /// They serve but not all see each other: why (the nodes are stopped).
+    /// A node exited, or they serve but not all see each other: why (the nodes are stopped).
     NotConverged(String),
 }
 
@@ -128,11 +129,13 @@ async fn start_gubernator_once(
     for (i, &addr) in addrs.iter().enumerate() {
         loop {
             if let Some(status) = servers[i].exited()? {
-                bail!(
+                // Tried once more on fresh ports, as for nodes that do not converge: a port
+                // found free can be taken before the node binds it.
+                return Ok(Started::NotConverged(format!(
                     "Gubernator node {i} exited during start-up ({status}; log: {}; \
                      `unshare --uts` needs root)",
                     dir.join(format!("node-{i}.log")).display()
-                );
+                )));
             }
             match super::gubernator::peer_count(addr).await {
                 Ok(count) if count as usize >= nodes => break,
