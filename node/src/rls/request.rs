@@ -22,7 +22,7 @@
 use floodgate::rls::DescriptorRequest;
 
 /// Most entries in one descriptor; Envoy's actions make a handful.
-pub const MAX_ENTRIES: usize = 64;
+pub(crate) const MAX_ENTRIES: usize = 64;
 
 /// How deep messages and groups may nest, as prost's default recursion limit.
 const DEPTH: u32 = 100;

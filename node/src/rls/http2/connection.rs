@@ -573,7 +573,7 @@ impl Connection {
             Ok((route, asked)) => (
                 Phase::Receiving {
                     route,
-                    body: Body::Empty,
+                    body: Body::default(),
                 },
                 route,
                 asked,

@@ -92,44 +92,25 @@ pub(super) enum Phase {
 /// brought it (its decision waits on a bucket's owner), and a slice of the read buffer would
 /// keep that whole buffer from being reused meanwhile.
 #[derive(Debug, Default)]
-pub(super) enum Body {
-    #[default]
-    Empty,
-    One(Bytes),
-    Joined(BytesMut),
-}
+pub(super) struct Body(BytesMut);
 
 impl Body {
     pub(super) fn len(&self) -> usize {
-        match self {
-            Body::Empty => 0,
-            Body::One(bytes) => bytes.len(),
-            Body::Joined(joined) => joined.len(),
-        }
+        self.0.len()
     }
 
     pub(super) fn push(&mut self, data: &[u8]) {
-        *self = match std::mem::take(self) {
-            Body::Empty => Body::One(Bytes::copy_from_slice(data)),
-            Body::One(first) => {
-                let mut joined = BytesMut::with_capacity(first.len() + data.len());
-                joined.extend_from_slice(&first);
-                joined.extend_from_slice(data);
-                Body::Joined(joined)
-            }
-            Body::Joined(mut joined) => {
-                joined.extend_from_slice(data);
-                Body::Joined(joined)
-            }
-        };
+        if self.0.is_empty() {
+            // At its size: a message in one DATA frame (Envoy's usual) is frozen without a
+            // second allocation.
+            self.0 = BytesMut::from(data);
+        } else {
+            self.0.extend_from_slice(data);
+        }
     }
 
     pub(super) fn whole(self) -> Bytes {
-        match self {
-            Body::Empty => Bytes::new(),
-            Body::One(bytes) => bytes,
-            Body::Joined(joined) => joined.freeze(),
-        }
+        self.0.freeze()
     }
 }
 
