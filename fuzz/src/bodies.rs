@@ -16,6 +16,10 @@ use floodgate::policy::{
 };
 use floodgate::priority::Priority;
 use floodgate::resp::{Parsed, RespLimits, parse_command};
+use floodgate::rls::{
+    DescriptorRequest, MAX_ENTRIES, NEGATIVE_HITS_OFF, PlanOptions, Planned, RequestView,
+    RlsConfig, Unread, plan_request, read_request,
+};
 use floodgate::store::snapshot::{
     SNAPSHOT_HEADER_BYTES, SNAPSHOT_TRAILER_BYTES, SnapshotError, decode_snapshot,
     decode_snapshot_limited, encode_snapshot, is_live, is_long_period,
@@ -126,6 +130,10 @@ pub const TARGETS: &[Target] = &[
     Target {
         name: "resp_command",
         run: resp_command,
+    },
+    Target {
+        name: "rls_request",
+        run: rls_request,
     },
 ];
 
@@ -1312,4 +1320,172 @@ pub fn resp_command(data: &[u8]) -> Outcome {
         }
     }
     Outcome::Accepted
+}
+
+/// The RLS front's configuration the `rls_request` target plans against (domain `edge`): a
+/// rule by value, one by key alone, an unlimited one, a nested pair whose inner rule replaces
+/// another, and a metered rule.
+const RLS_TARGET_CONFIG: &str = "\
+domain: edge
+descriptors:
+  - key: generic_key
+    value: slow
+    rate_limit: {unit: minute, requests_per_unit: 3, name: slow}
+  - key: remote_address
+    rate_limit: {unit: second, requests_per_unit: 10}
+  - key: user
+    value: admin
+    rate_limit: {unlimited: true}
+  - key: destination
+    descriptors:
+      - key: source
+        value: internal
+        rate_limit: {unit: day, requests_per_unit: 5, algorithm: gcra, burst: 2, replaces: [{name: slow}]}
+  - key: tokens
+    rate_limit: {unit: minute, requests_per_unit: 1000, metered: true, estimate: 50}
+";
+
+fn rls_target_config() -> &'static RlsConfig {
+    static CONFIG: OnceLock<RlsConfig> = OnceLock::new();
+    CONFIG.get_or_init(|| {
+        RlsConfig::from_files([("edge.yaml", RLS_TARGET_CONFIG)])
+            .expect("the target's RLS rules load")
+    })
+}
+
+/// An Envoy `RateLimitRequest` read as the RLS front reads it, then planned as the front plans
+/// it. The first byte picks the most descriptors a request may have (1 to 16) and whether
+/// negative hits are on; the rest is the message. Read: the domain and every entry borrowed
+/// from the message, within the bounds, and the request written back reads the same; refused:
+/// in words. Planned: one plan a descriptor, every bucket key of one size, the same descriptor
+/// on the same key and different ones on different keys, negative hits only where they are on.
+pub fn rls_request(data: &[u8]) -> Outcome {
+    let Some((&first, message)) = data.split_first() else {
+        return Outcome::Refused;
+    };
+    let max_descriptors = 1 + usize::from(first & 0x0f);
+    let options = PlanOptions {
+        allow_negative_hits: first & 0x10 != 0,
+    };
+    let request = match read_request(message, max_descriptors) {
+        Ok(request) => request,
+        Err(Unread::Refused(why)) => {
+            assert!(!why.is_empty());
+            return Outcome::Refused;
+        }
+        Err(Unread::Malformed(why)) => {
+            assert!(!why.is_empty());
+            return Outcome::Refused;
+        }
+    };
+    let within = message.as_ptr_range();
+    let borrowed = |text: &str| {
+        text.is_empty()
+            || (within.start <= text.as_ptr() && text.as_bytes().as_ptr_range().end <= within.end)
+    };
+    assert!(!request.domain.is_empty() && borrowed(request.domain));
+    assert!((1..=max_descriptors).contains(&request.descriptors.len()));
+    for descriptor in &request.descriptors {
+        assert!((1..=MAX_ENTRIES).contains(&descriptor.entries.len()));
+        assert!(
+            descriptor
+                .entries
+                .iter()
+                .all(|(key, value)| borrowed(key) && borrowed(value))
+        );
+    }
+    let again = encode_rls_request(&request);
+    assert_eq!(read_request(&again, max_descriptors).as_ref(), Ok(&request));
+
+    let plans = plan_request(
+        rls_target_config(),
+        request.domain,
+        &request.descriptors,
+        u64::from(request.hits_addend),
+        options,
+    );
+    assert_eq!(plans.len(), request.descriptors.len());
+    let mut keyed: Vec<(&DescriptorRequest, &[u8])> = Vec::new();
+    for (descriptor, plan) in request.descriptors.iter().zip(&plans) {
+        if descriptor.negative_hits && !options.allow_negative_hits {
+            assert_eq!(plan, &Planned::Invalid(NEGATIVE_HITS_OFF.to_owned()));
+        }
+        match plan {
+            Planned::Check {
+                key,
+                refund,
+                peek,
+                charge,
+                ..
+            } => {
+                assert!(key.len() == 20 && key.starts_with(b"rls:"), "{key:?}");
+                assert_eq!(*refund, descriptor.negative_hits);
+                assert!(!(*peek && *charge) && !(*refund && (*peek || *charge)));
+                keyed.push((descriptor, key));
+            }
+            Planned::Invalid(why) => assert!(!why.is_empty()),
+            Planned::NoLimit | Planned::Unlimited(_) => {}
+        }
+    }
+    for (i, (a, a_key)) in keyed.iter().enumerate() {
+        for (b, b_key) in &keyed[i + 1..] {
+            let same = a.entries == b.entries && a.limit_override == b.limit_override;
+            assert_eq!(same, a_key == b_key, "{a:?} and {b:?}");
+        }
+    }
+    Outcome::Accepted
+}
+
+/// `request` as a `RateLimitRequest` message, every field it holds written once (the seeds and
+/// the `rls_request` target's round trip).
+pub fn encode_rls_request(request: &RequestView) -> Vec<u8> {
+    fn key(out: &mut Vec<u8>, field: u32, wire: u8) {
+        varint(out, u64::from(field << 3 | u32::from(wire)));
+    }
+    fn varint(out: &mut Vec<u8>, mut value: u64) {
+        while value >= 0x80 {
+            out.push(value as u8 | 0x80);
+            value >>= 7;
+        }
+        out.push(value as u8);
+    }
+    fn bytes(out: &mut Vec<u8>, field: u32, body: &[u8]) {
+        key(out, field, 2);
+        varint(out, body.len() as u64);
+        out.extend_from_slice(body);
+    }
+    let mut out = Vec::new();
+    bytes(&mut out, 1, request.domain.as_bytes());
+    for descriptor in &request.descriptors {
+        let mut body = Vec::new();
+        for (entry_key, value) in &descriptor.entries {
+            let mut entry = Vec::new();
+            bytes(&mut entry, 1, entry_key.as_bytes());
+            bytes(&mut entry, 2, value.as_bytes());
+            bytes(&mut body, 1, &entry);
+        }
+        if let Some((requests_per_unit, unit)) = descriptor.limit_override {
+            let mut limit = Vec::new();
+            key(&mut limit, 1, 0);
+            varint(&mut limit, u64::from(requests_per_unit));
+            key(&mut limit, 2, 0);
+            // An enum is an int32, sign-extended to 64 bits on the wire.
+            varint(&mut limit, i64::from(unit) as u64);
+            bytes(&mut body, 2, &limit);
+        }
+        if let Some(hits) = descriptor.hits_addend {
+            let mut value = Vec::new();
+            key(&mut value, 1, 0);
+            varint(&mut value, hits);
+            bytes(&mut body, 3, &value);
+        }
+        if descriptor.negative_hits {
+            key(&mut body, 4, 0);
+            varint(&mut body, 1);
+        }
+        bytes(&mut out, 2, &body);
+    }
+    key(&mut out, 3, 0);
+    varint(&mut out, u64::from(request.hits_addend));
+    out
 }

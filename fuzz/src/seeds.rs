@@ -19,7 +19,12 @@ use floodgate::{
 
 use floodgate::store::snapshot::{SNAPSHOT_HEADER_BYTES, SNAPSHOT_TRAILER_BYTES, encode_snapshot};
 
-use crate::bodies::{CHECK_TARGET_LIMITS, EXAMPLE_RULES, FRAME_TARGET_MAX_BYTES, Outcome, reframe};
+use floodgate::rls::{DescriptorRequest, RequestView};
+
+use crate::bodies::{
+    CHECK_TARGET_LIMITS, EXAMPLE_RULES, FRAME_TARGET_MAX_BYTES, Outcome, encode_rls_request,
+    reframe,
+};
 
 /// One seed: the target it is for, a file name, the bytes, and the outcome it must give.
 #[derive(Debug, Clone)]
@@ -59,6 +64,7 @@ pub fn all() -> Vec<Seed> {
     seeds.extend(rules_seeds());
     seeds.extend(rate_seeds());
     seeds.extend(resp_seeds());
+    seeds.extend(rls_seeds());
     seeds.extend(request_seeds());
     seeds.extend(snapshot_seeds());
     seeds.extend(region_seeds());
@@ -1165,6 +1171,93 @@ fn rate_seeds() -> Vec<Seed> {
         seed("rate_text", "huge", text("18446744073709551615d"), Refused),
         seed("rate_text", "no-count", text("/s"), Refused),
         seed("rate_text", "dot", text("."), Refused),
+    ]
+}
+
+/// The `rls_request` target's requests: its first byte is `0x0f` (16 descriptors at most,
+/// negative hits off) unless a seed says otherwise.
+fn rls_seeds() -> Vec<Seed> {
+    use Outcome::{Accepted, Refused};
+    let descriptor = |entries: &[(&'static str, &'static str)]| DescriptorRequest {
+        entries: entries.to_vec(),
+        ..DescriptorRequest::default()
+    };
+    let request = |first: u8, descriptors: Vec<DescriptorRequest<'static>>| {
+        let mut bytes = vec![first];
+        bytes.extend(encode_rls_request(&RequestView {
+            domain: "edge",
+            descriptors,
+            hits_addend: 0,
+        }));
+        bytes
+    };
+    let nested = descriptor(&[("destination", "db"), ("source", "internal")]);
+    let overridden = DescriptorRequest {
+        limit_override: Some((7, 2)),
+        hits_addend: Some(3),
+        ..descriptor(&[("remote_address", "10.0.0.1")])
+    };
+    let refund = DescriptorRequest {
+        negative_hits: true,
+        ..descriptor(&[("remote_address", "10.0.0.1")])
+    };
+    let metered_peek = DescriptorRequest {
+        hits_addend: Some(0),
+        ..descriptor(&[("tokens", "tenant-a")])
+    };
+    let one = request(0x0f, vec![descriptor(&[("remote_address", "10.0.0.1")])]);
+    // Unknown fields of every wire type, and a group, after the request's own.
+    let mut unknown = one.clone();
+    unknown.extend_from_slice(&[0x20, 0x01, 0x29, 0, 0, 0, 0, 0, 0, 0, 0, 0x35, 0, 0, 0, 0]);
+    unknown.extend_from_slice(&[0x3b, 0x08, 0x01, 0x3c]);
+    vec![
+        seed("rls_request", "one", one.clone(), Accepted),
+        seed(
+            "rls_request",
+            "several",
+            request(
+                0x0f,
+                vec![
+                    descriptor(&[("generic_key", "slow")]),
+                    nested,
+                    descriptor(&[("user", "admin")]),
+                    overridden.clone(),
+                    overridden,
+                    metered_peek,
+                    descriptor(&[("unknown", "x")]),
+                ],
+            ),
+            Accepted,
+        ),
+        seed(
+            "rls_request",
+            "refund-on",
+            request(0x1f, vec![refund.clone()]),
+            Accepted,
+        ),
+        seed(
+            "rls_request",
+            "refund-off",
+            request(0x0f, vec![refund]),
+            Accepted,
+        ),
+        seed("rls_request", "unknown-fields", unknown, Accepted),
+        seed(
+            "rls_request",
+            "too-many",
+            request(
+                0x00,
+                vec![descriptor(&[("a", "b")]), descriptor(&[("c", "d")])],
+            ),
+            Refused,
+        ),
+        seed(
+            "rls_request",
+            "no-entries",
+            request(0x0f, vec![descriptor(&[])]),
+            Refused,
+        ),
+        seed("rls_request", "cut", one[..one.len() - 3].to_vec(), Refused),
     ]
 }
 

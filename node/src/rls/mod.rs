@@ -8,7 +8,7 @@
 //! - `incoming`: the listener's connections, at most `max_connections` open at once.
 //! - `decide`: a request's checks through `front_batch::run_batch`, refunds when denied.
 //! - `http2`: gRPC over HTTP/2, a connection's calls answered together.
-//! - `request`: a call's `RateLimitRequest` read in place.
+//! - `reads_as_prost` (tests): the core's request reader held to prost's decoding.
 //! - `service`: the request in, the proto response out.
 //! - `counts`: its metrics, their handles registered once.
 
@@ -17,7 +17,8 @@ mod counts;
 mod decide;
 mod http2;
 mod incoming;
-mod request;
+#[cfg(test)]
+mod reads_as_prost;
 mod service;
 
 use std::net::SocketAddr;

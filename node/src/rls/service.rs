@@ -15,14 +15,13 @@ use envoy_types::pb::google::protobuf::{self as pbuf, value::Kind};
 use floodgate::NANOS_PER_SEC;
 use floodgate::rls::{
     DescriptorAnswer, PlanOptions, Planned, StatusCode, answer_descriptor, overall_code,
-    plan_request, ratelimit_headers,
+    plan_request, ratelimit_headers, read_request,
 };
 use tonic::Status;
 
 use super::config_file::RlsConfigHandle;
 use super::counts::{Outcome, RlsMetrics};
 use super::decide::{Undecided, decide};
-use super::request::read_request;
 use crate::budget::{BufferBudget, Reservation};
 use crate::front_batch::FrontContext;
 
