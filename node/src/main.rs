@@ -25,6 +25,20 @@ mod scheduling;
 #[cfg(not(target_env = "msvc"))]
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
+/// jemalloc's options, read once as it starts. Blocks over 64 KiB (the store's shard tables,
+/// whole frames) come from its arena for large blocks, which gives pages back as soon as they
+/// are freed: jemalloc otherwise keeps freed pages for about ten seconds, and a table given up
+/// as the store resizes or evicts would count in the node's resident memory meanwhile, past
+/// what `--max-store-bytes` promises.
+#[cfg(not(target_env = "msvc"))]
+#[allow(unsafe_code, non_upper_case_globals)]
+// SAFETY: the symbol jemalloc reads its options from (`malloc_conf`, prefixed as
+// tikv-jemalloc-sys builds it): a pointer to a NUL-terminated string that lives as long as the
+// process and is never written.
+#[unsafe(export_name = "_rjem_malloc_conf")]
+static malloc_conf: Option<&'static std::ffi::c_char> =
+    Some(unsafe { &*c"oversize_threshold:65536".as_ptr() });
 use logging::LogFormat;
 use scheduling::Scheduling;
 

@@ -45,6 +45,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             "node log:\n{}",
             process.log.lock().unwrap_or_else(|e| e.into_inner())
         );
+        // `exit` runs no destructors: stop the node first, or it outlives the run.
+        drop(runtime);
+        drop(process);
         std::process::exit(1);
     }
     Ok(())
