@@ -17,6 +17,8 @@ use floodgate_node::{
 
 mod logging;
 mod scheduling;
+use logging::LogFormat;
+use scheduling::Scheduling;
 
 /// jemalloc instead of glibc's allocator. A call through the RLS front allocates its decision's
 /// future (several KB, past glibc's per-thread cache) beside many small buffers, and glibc
@@ -39,8 +41,6 @@ static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 #[unsafe(export_name = "_rjem_malloc_conf")]
 static malloc_conf: Option<&'static std::ffi::c_char> =
     Some(unsafe { &*c"oversize_threshold:65536".as_ptr() });
-use logging::LogFormat;
-use scheduling::Scheduling;
 
 /// A floodgate limiter node: answers batched rate-limit checks over QUIC (TLS 1.3, ALPN
 /// floodgate/1).
